@@ -1,0 +1,202 @@
+"""IR to the Python source of pure JAX functions over a params pytree.
+
+Each entry becomes `entry(params, state, *args) -> (result, state)`; the state
+(the cache) is threaded through and donated to XLA by the runtime's `JaxModel`.
+"""
+
+from __future__ import annotations
+
+from linnet.codegen_common import (entry_dim_sources, param_table, rope_key, rope_table_args, rope_tables,
+                                   state_table, tied_params)
+from linnet.ir import nodes as ir
+from linnet.ir.passes import inline_calls
+from linnet.ir.types import NoneType
+from linnet.pyemit import PythonEmitter
+
+JNP_DTYPES = {"f32": "jnp.float32", "bf16": "jnp.bfloat16", "f16": "jnp.float16", "i32": "jnp.int32",
+              "i64": "jnp.int64", "bool": "jnp.bool_"}
+UNARY = {"exp": "jnp.exp", "log": "jnp.log", "sqrt": "jnp.sqrt", "rsqrt": "jax.lax.rsqrt", "tanh": "jnp.tanh",
+         "sigmoid": "jax.nn.sigmoid", "silu": "jax.nn.silu", "gelu": "rt.gelu", "relu": "jax.nn.relu",
+         "sin": "jnp.sin", "cos": "jnp.cos", "erf": "jax.scipy.special.erf", "abs": "jnp.abs"}
+
+
+def generate(module: ir.Module) -> str:
+    """The source of a module defining one pure function per entry and `Model(params)`."""
+    return _JaxEmitter(inline_calls(module)).module_source()
+
+
+class _JaxEmitter(PythonEmitter):
+    backend = "jax"
+
+    def __init__(self, module):
+        super().__init__(module)
+        self.ropes = rope_tables(module)
+
+    def module_source(self) -> str:
+        m = self.module
+        self.header("JAX functions")
+        self.line("import jax")
+        self.line("import jax.numpy as jnp")
+        self.line("")
+        self.line("from linnet.codegen_jax import runtime as rt")
+        self.line("")
+        self.config_lines()
+        self.line(f"FAST = {m.bindings['numerics'] == 'fast'}")
+        self.line("")
+        self.line("# Each param's shape and element type; stacked params lead with their loop count.")
+        self.line("PARAMS = {")
+        for name, shape, dtype in param_table(m):
+            self.line(f"    {name!r}: ({shape}, {dtype!r}),")
+        self.line("}")
+        self.line(f"TIED = {tied_params(m)!r}")
+        self.line("STATE = {")
+        for name, shape, dtype in state_table(m):
+            self.line(f"    {name!r}: ({shape}, {dtype!r}),")
+        self.line("}")
+        if self.ropes:
+            self.line("")
+            self.line("# Rotary tables (cos, sin) for every position, computed once.")
+        for key, name in self.ropes.items():
+            self.line(f"{name.upper()} = rt.rope_table({rope_table_args(key, m)})")
+        for fn in m.entries.values():
+            self.entry(fn)
+        self.line("")
+        self.line("")
+        self.line("class Model(rt.JaxModel):")
+        self.depth += 1
+        self.line('"""Weights and cache as device arrays; entries jitted, the cache donated."""')
+        self.line("")
+        self.line("params, tied, state = PARAMS, TIED, STATE")
+        self.line(f"entries = {{{', '.join(f'{n!r}: {n}' for n in m.entries)}}}")
+        self.line("fast = FAST")
+        self.depth -= 1
+        return self.source()
+
+    def entry(self, fn: ir.Function):
+        self.line("")
+        self.line("")
+        self.line(f"def {fn.name}(params, state, {', '.join(n for n, _ in fn.args)}):")
+        self.depth += 1
+        self.last_comment = None
+        self.iota_rows = set()
+        written = [s for s in self.module.state]
+        self.line(f"{', '.join(written)}{',' if len(written) == 1 else ''} = {', '.join(f'state[{n!r}]' for n in written)}")
+        for d, arg, axis in entry_dim_sources(fn):
+            self.line(f"{d} = {arg}.shape[{axis}]")
+        self.state_dict = "{" + ", ".join(f"{n!r}: {n}" for n in written) + "}"
+        self.body(fn.body)
+        if isinstance(fn.ret, NoneType):
+            self.line(f"return None, {self.state_dict}")
+        self.depth -= 1
+
+    def var(self, v: ir.Var) -> str:
+        return f'params["{v.name}"]' if v.kind == "param" else v.name
+
+    def store(self, s: ir.Store):
+        if not s.indices:
+            self.line(f"{s.state} = {self.expr(s.value)}")
+            return
+        self.line(f"{s.state} = {s.state}.at[{', '.join(self.expr(i) for i in s.indices)}].set({self.expr(s.value)})")
+
+    def ret(self, s: ir.Return):
+        self.line(f"return {self.expr(s.value)}, {self.state_dict}")
+
+    # -- ops
+    def op_cast(self, v, k):
+        return f"{self.paren(k['x'], 89)}.astype({JNP_DTYPES[self.dtype_of(v.type)]})"
+
+    def op_linear(self, v, k):
+        bias = f", {self.expr(k['bias'])}" if "bias" in k else ""
+        return f"rt.linear({self.expr(k['x'])}, {self.expr(k['w'])}{bias})"
+
+    def op_einsum(self, v, k):
+        return f"jnp.einsum({self.expr(k['spec'])}, {', '.join(self.expr(a) for a in v.args)})"
+
+    def op_where(self, v, k):
+        return f"jnp.where({self.expr(k['cond'])}, {self.expr(k['a'])}, {self.expr(k['b'])})"
+
+    def op_maximum(self, v, k):
+        return f"jnp.maximum({self.expr(k['a'])}, {self.expr(k['b'])})"
+
+    def op_minimum(self, v, k):
+        return f"jnp.minimum({self.expr(k['a'])}, {self.expr(k['b'])})"
+
+    def op_and(self, v, k):
+        return f"jnp.logical_and({self.expr(k['a'])}, {self.expr(k['b'])})"
+
+    def op_or(self, v, k):
+        return f"jnp.logical_or({self.expr(k['a'])}, {self.expr(k['b'])})"
+
+    def op_not(self, v, k):
+        return f"jnp.logical_not({self.expr(k['x'])})"
+
+    def _reduce(self, v, k, fn):
+        keep = ", keepdims=True" if "keepdim" in k and k["keepdim"].value else ""
+        return f"{fn}({self.expr(k['x'])}, axis={self.axis(k.get('axis'))}{keep})"
+
+    def op_sum(self, v, k):
+        return self._reduce(v, k, "jnp.sum")
+
+    def op_mean(self, v, k):
+        return self._reduce(v, k, "jnp.mean")
+
+    def op_max(self, v, k):
+        return self._reduce(v, k, "jnp.max")
+
+    def op_min(self, v, k):
+        return self._reduce(v, k, "jnp.min")
+
+    def op_argmax(self, v, k):
+        return self._reduce(v, k, "jnp.argmax") + ".astype(jnp.int32)"
+
+    def op_softmax(self, v, k):
+        return f"rt.softmax({self.expr(k['x'])}, {self.axis(k.get('axis'))})"
+
+    def op_rmsnorm(self, v, k):
+        return f"rt.rmsnorm({self.expr(k['x'])}, {self.expr(k['weight'])}, {self.expr(k['eps']) if 'eps' in k else '1e-6'})"
+
+    def op_rope(self, v, k):
+        return f"rt.rope({self.expr(k['x'])}, {self.expr(k['positions'])}, {self.ropes[rope_key(v, self.module)].upper()})"
+
+    def op_attention(self, v, k):
+        args = [self.expr(k["q"]), self.expr(k["k_cache"]), self.expr(k["v_cache"]), self.expr(k["positions"])]
+        if "rows" in k and not self.is_iota_rows(k["rows"]):
+            args.append(f"rows={self.expr(k['rows'])}")
+        for name in ("window", "sinks", "scale"):
+            if name in k:
+                args.append(f"{name}={self.expr(k[name])}")
+        args.append("fast=FAST")
+        return f"rt.attention({', '.join(args)})"
+
+    def op_reshape(self, v, k):
+        return f"{self.paren(k['x'], 89)}.reshape({self.dims(v.dims)})"
+
+    def op_transpose(self, v, k):
+        return f"jnp.transpose({self.expr(k['x'])}, ({', '.join(str(a.value) for a in v.args)},))"
+
+    def op_unsqueeze(self, v, k):
+        return f"jnp.expand_dims({self.expr(k['x'])}, {self.axis(k['axis'])})"
+
+    def op_concat(self, v, k):
+        return f"jnp.concatenate({self.expr(k['items'])}, axis={self.axis(k.get('axis'))})"
+
+    def op_take(self, v, k):
+        return f"jnp.take({self.expr(k['x'])}, {self.expr(k['indices'])}, axis={self.axis(k.get('axis'), 0)})"
+
+    def op_iota(self, v, k):
+        return f"jnp.arange({self.dims(v.dims)}, dtype=jnp.int32)"
+
+    def op_zeros(self, v, k):
+        return f"jnp.zeros(({self.dims(v.dims)},), dtype={JNP_DTYPES[self.dtype_of(v.type)]})"
+
+    def op_topk(self, v, k):
+        return f"rt.topk({self.expr(k['x'])}, {self.dims(v.dims)})"
+
+    def op_copy_rows(self, v, k):
+        return f"rt.copy_rows({self.expr(k['cache'])}, {self.expr(k['src'])}, {self.expr(k['dst'])}, {self.expr(k['upto'])})"
+
+    def __getattr__(self, name):
+        if name.startswith("op_") and name[3:] in UNARY:
+            fn = UNARY[name[3:]]
+            return lambda v, k: f"{fn}({self.expr(k['x'])})"
+        raise AttributeError(name)

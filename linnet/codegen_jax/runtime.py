@@ -1,0 +1,171 @@
+"""The small runtime that generated JAX modules import: the named high-level ops and `JaxModel`.
+
+Exact numerics use plain attention in f32 and the highest matmul precision;
+fast numerics use `jax.nn.dot_product_attention`, compute in the model's dtype,
+norms and softmax in f32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from linnet.rope_tables import inv_frequencies
+
+DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16, "i32": jnp.int32, "i64": jnp.int64,
+          "bool": jnp.bool_}
+
+# Bounds the keys gathered at once in packed attention: [chunk, MaxSeq, kv_heads, head_dim].
+_GATHER_ELEMENTS = 1 << 24
+
+
+def linear(x, w, bias=None):
+    y = jax.lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())))
+    return y if bias is None else y + bias
+
+
+def gelu(x):
+    return jax.nn.gelu(x, approximate=False)
+
+
+def rmsnorm(x, weight, eps: float):
+    h = x.astype(jnp.float32)
+    h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + eps)
+    return weight * h.astype(x.dtype)
+
+
+def softmax(x, axis: int = -1):
+    return jax.nn.softmax(x.astype(jnp.float32), axis=axis).astype(x.dtype)
+
+
+def rope_table(head_dim: int, max_seq: int, theta: float, scaling: str = "none", factor: float = 1.0,
+               low_freq_factor: float = 1.0, high_freq_factor: float = 4.0, original_max: int = 8192,
+               beta_fast: float = 32.0, beta_slow: float = 1.0) -> np.ndarray:
+    """cos and sin for every position: [max_seq, 2, head_dim // 2], f32 (a constant of the program)."""
+    inv_freq, attention_factor = inv_frequencies(head_dim, theta, scaling, factor, low_freq_factor,
+                                                 high_freq_factor, original_max, beta_fast, beta_slow)
+    angles = np.outer(np.arange(max_seq, dtype=np.float64), inv_freq)
+    return (np.stack([np.cos(angles), np.sin(angles)], axis=1) * attention_factor).astype(np.float32)
+
+
+def rope(x, positions, table):
+    cs = jnp.asarray(table)[positions]
+    cos, sin = cs[:, 0, None, :], cs[:, 1, None, :]
+    h = x.astype(jnp.float32)
+    x1, x2 = jnp.split(h, 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def attention(q, k_cache, v_cache, positions, rows=None, window: int = 0, sinks=None, scale=None, fast: bool = False):
+    """Token i attends to cache row rows[i] (row i when rows is None) at positions <= positions[i]."""
+    n, heads, head_dim = q.shape
+    scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
+    if rows is None:
+        return _attend(q, k_cache[:n], v_cache[:n], positions, window, sinks, scale, fast)
+    per_token = k_cache.shape[1] * k_cache.shape[2] * k_cache.shape[3]
+    chunk = max(1, _GATHER_ELEMENTS // per_token)
+    outs = [_attend(q[s:s + chunk], k_cache[rows[s:s + chunk]], v_cache[rows[s:s + chunk]],
+                    positions[s:s + chunk], window, sinks, scale, fast) for s in range(0, n, chunk)]
+    return outs[0] if len(outs) == 1 else jnp.concatenate(outs)
+
+
+def _attend(q, keys, values, positions, window, sinks, scale, fast):
+    n, heads, head_dim = q.shape
+    seq, kv_heads = keys.shape[1], keys.shape[2]
+    span = jnp.arange(seq)
+    visible = span[None, :] <= positions[:, None]
+    if window:
+        visible = visible & (span[None, :] > positions[:, None] - window)
+    if fast and sinks is None:
+        out = jax.nn.dot_product_attention(q[:, None], keys, values, mask=visible[:, None, None, :], scale=scale)
+        return out[:, 0]
+    group = heads // kv_heads
+    qg = q.reshape(n, kv_heads, group, head_dim).astype(jnp.float32)
+    scores = jnp.einsum("nkgd,nskd->nkgs", qg, keys.astype(jnp.float32),
+                        precision=jax.lax.Precision.HIGHEST) * scale
+    scores = jnp.where(visible[:, None, None, :], scores, -jnp.inf)
+    if sinks is not None:
+        sink = jnp.broadcast_to(sinks.astype(jnp.float32).reshape(1, kv_heads, group, 1), (n, kv_heads, group, 1))
+        probs = jax.nn.softmax(jnp.concatenate([scores, sink], axis=-1), axis=-1)[..., :-1]
+    else:
+        probs = jax.nn.softmax(scores, axis=-1)
+    out = jnp.einsum("nkgs,nskd->nkgd", probs, values.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+    return out.reshape(n, heads, values.shape[-1]).astype(q.dtype)
+
+
+def copy_rows(cache, src, dst, upto):
+    """Row dst[i] takes row src[i]'s first upto[i] positions, in every layer."""
+    seq = cache.shape[2]
+    keep = jnp.arange(seq)[None, :] < upto[:, None]
+    keep = keep.reshape((1,) + keep.shape + (1,) * (cache.ndim - 3))
+    return cache.at[:, dst].set(jnp.where(keep, cache[:, src], cache[:, dst]))
+
+
+def topk(x, k: int):
+    values, indices = jax.lax.top_k(x, k)
+    return values, indices.astype(jnp.int32)
+
+
+class JaxModel:
+    """Base of generated models: params and state as device arrays, each entry jitted once.
+
+    Calls look like the torch model's: `model.decode(tokens, positions)` returns
+    the logits and keeps the new cache, whose old buffers XLA reuses (donation).
+    """
+
+    params: dict = {}
+    tied: dict = {}
+    state: dict = {}
+    entries: dict = {}
+    fast: bool = False
+
+    def __init__(self, weights: dict, device=None):
+        self.device = device or jax.devices()[0]
+        arrays = {}
+        for name, (shape, dtype) in self.params.items():
+            if name in self.tied:
+                continue
+            if name not in weights:
+                raise KeyError(f"no weights for param `{name}` {list(shape)} {dtype}")
+            a = weights[name]
+            a = jnp.asarray(a.float().numpy() if dtype == "f32" and hasattr(a, "numpy") and hasattr(a, "float")
+                            else _to_numpy(a))
+            if tuple(a.shape) != tuple(shape):
+                raise ValueError(f"param `{name}` must be {list(shape)}, but the weights given are {list(a.shape)}")
+            if a.dtype != DTYPES[dtype]:
+                raise TypeError(f"param `{name}` must be {dtype}, but the weights given are {a.dtype}")
+            arrays[name] = jax.device_put(a, self.device)
+        for name, other in self.tied.items():
+            arrays[name] = arrays[other]
+        self.weights = arrays
+        self.reset_state()
+        self.compiled = {name: jax.jit(fn, donate_argnums=(1,)) for name, fn in self.entries.items()}
+
+    def reset_state(self):
+        self.cache = {name: jax.device_put(jnp.zeros(shape, DTYPES[dtype]), self.device)
+                      for name, (shape, dtype) in self.state.items()}
+
+    def call(self, entry: str, *args):
+        args = tuple(jnp.asarray(_to_numpy(a)) for a in args)
+        with jax.default_matmul_precision("default" if self.fast else "highest"):
+            result, self.cache = self.compiled[entry](self.weights, self.cache, *args)
+        return result
+
+    def __getattr__(self, name):
+        entries = type(self).entries
+        if name in entries:
+            return lambda *args: self.call(name, *args)
+        raise AttributeError(name)
+
+
+def _to_numpy(a):
+    if hasattr(a, "detach"):  # a torch tensor: bf16 has no numpy type, go through f32 and ml_dtypes
+        import torch
+
+        if a.dtype == torch.bfloat16:
+            return np.asarray(a.detach().cpu().float().numpy()).astype(jnp.bfloat16)
+        return a.detach().cpu().numpy()
+    return np.asarray(a)

@@ -1,0 +1,203 @@
+"""IR to the Python source of a PyTorch module."""
+
+from __future__ import annotations
+
+from linnet.codegen_common import (entry_dim_sources, param_table, rope_key, rope_table_args, rope_tables,
+                                   state_table, tied_params)
+from linnet.ir import nodes as ir
+from linnet.ir.passes import inline_calls
+from linnet.ir.types import NoneType
+from linnet.pyemit import PythonEmitter
+
+TORCH_DTYPES = {"f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.float16", "i32": "torch.int32",
+                "i64": "torch.int64", "bool": "torch.bool"}
+UNARY = {"exp": "torch.exp", "log": "torch.log", "sqrt": "torch.sqrt", "rsqrt": "torch.rsqrt", "tanh": "torch.tanh",
+         "sigmoid": "torch.sigmoid", "silu": "F.silu", "gelu": "F.gelu", "relu": "F.relu", "sin": "torch.sin",
+         "cos": "torch.cos", "erf": "torch.erf", "abs": "torch.abs"}
+
+
+def generate(module: ir.Module) -> str:
+    """The source of a module defining `Model(params, device)` with one method per entry."""
+    return _TorchEmitter(inline_calls(module)).module_source()
+
+
+class _TorchEmitter(PythonEmitter):
+    backend = "torch"
+
+    def __init__(self, module):
+        super().__init__(module)
+        self.ropes = rope_tables(module)
+
+    def module_source(self) -> str:
+        m = self.module
+        self.header("PyTorch module")
+        self.line("import torch")
+        self.line("import torch.nn.functional as F")
+        self.line("")
+        self.line("from linnet.codegen_torch import runtime as rt")
+        self.line("")
+        self.config_lines()
+        self.line(f"FAST = {m.bindings['numerics'] == 'fast'}")
+        self.line("")
+        self.line("# Each param's shape and element type; stacked params lead with their loop count.")
+        self.line("PARAMS = {")
+        for name, shape, dtype in param_table(m):
+            self.line(f"    {name!r}: ({shape}, {dtype!r}),")
+        self.line("}")
+        self.line(f"TIED = {tied_params(m)!r}")
+        self.line("STATE = {")
+        for name, shape, dtype in state_table(m):
+            self.line(f"    {name!r}: ({shape}, {dtype!r}),")
+        self.line("}")
+        self.line("")
+        self.line("")
+        self.line("class Model(rt.TorchModel):")
+        self.depth += 1
+        self.line('"""Weights and cache on one device; each entry runs under inference mode."""')
+        self.line("")
+        self.line("params, tied, state = PARAMS, TIED, STATE")
+        self.line("")
+        self.line("def init_tables(self):")
+        self.depth += 1
+        if not self.ropes:
+            self.line("pass")
+        for key, name in self.ropes.items():
+            self.line(f"self.{name} = rt.rope_table({rope_table_args(key, m)}).to(self.device)")
+        self.depth -= 1
+        for fn in m.entries.values():
+            self.entry(fn)
+        self.depth -= 1
+        return self.source()
+
+    def entry(self, fn: ir.Function):
+        self.line("")
+        self.line("@torch.inference_mode()")
+        self.line(f"def {fn.name}(self, {', '.join(n for n, _ in fn.args)}):")
+        self.depth += 1
+        self.last_comment = None
+        self.iota_rows = set()
+        for d, arg, axis in entry_dim_sources(fn):
+            self.line(f"{d} = {arg}.shape[{axis}]")
+        self.body(fn.body)
+        if isinstance(fn.ret, NoneType):
+            self.line("return None")
+        self.depth -= 1
+
+    # -- names and statements
+    def var(self, v: ir.Var) -> str:
+        return f"self.{v.name}" if v.kind in ("param", "state") else v.name
+
+    def store(self, s: ir.Store):
+        if not s.indices:
+            value = s.value
+            if isinstance(value, ir.Op) and value.op == "copy_rows" and \
+                    isinstance(value.kwargs["cache"], ir.Var) and value.kwargs["cache"].name == s.state:
+                k = value.kwargs
+                self.line(f"rt.copy_rows_(self.{s.state}, {self.expr(k['src'])}, {self.expr(k['dst'])}, {self.expr(k['upto'])})")
+            else:
+                self.line(f"self.{s.state}.copy_({self.expr(value)})")
+            return
+        self.line(f"self.{s.state}[{', '.join(self.expr(i) for i in s.indices)}] = {self.expr(s.value)}")
+
+    def ret(self, s: ir.Return):
+        self.line(f"return {self.expr(s.value)}")
+
+    # -- ops
+    def op_cast(self, v, k):
+        return f"{self.paren(k['x'], 89)}.to({TORCH_DTYPES[self.dtype_of(v.type)]})"
+
+    def op_linear(self, v, k):
+        bias = f", {self.expr(k['bias'])}" if "bias" in k else ""
+        return f"F.linear({self.expr(k['x'])}, {self.expr(k['w'])}{bias})"
+
+    def op_einsum(self, v, k):
+        return f"torch.einsum({self.expr(k['spec'])}, {', '.join(self.expr(a) for a in v.args)})"
+
+    def op_where(self, v, k):
+        return f"torch.where({self.expr(k['cond'])}, {self.expr(k['a'])}, {self.expr(k['b'])})"
+
+    def op_maximum(self, v, k):
+        return f"torch.maximum({self.expr(k['a'])}, {self.expr(k['b'])})"
+
+    def op_minimum(self, v, k):
+        return f"torch.minimum({self.expr(k['a'])}, {self.expr(k['b'])})"
+
+    def op_and(self, v, k):
+        return f"torch.logical_and({self.expr(k['a'])}, {self.expr(k['b'])})"
+
+    def op_or(self, v, k):
+        return f"torch.logical_or({self.expr(k['a'])}, {self.expr(k['b'])})"
+
+    def op_not(self, v, k):
+        return f"torch.logical_not({self.expr(k['x'])})"
+
+    def _reduce(self, v, k, method):
+        keep = ", keepdim=True" if "keepdim" in k and k["keepdim"].value else ""
+        return f"{self.paren(k['x'], 89)}.{method}(dim={self.axis(k.get('axis'))}{keep})"
+
+    def op_sum(self, v, k):
+        return self._reduce(v, k, "sum")
+
+    def op_mean(self, v, k):
+        return self._reduce(v, k, "mean")
+
+    def op_max(self, v, k):
+        return self._reduce(v, k, "amax")
+
+    def op_min(self, v, k):
+        return self._reduce(v, k, "amin")
+
+    def op_argmax(self, v, k):
+        return self._reduce(v, k, "argmax") + ".to(torch.int32)"
+
+    def op_softmax(self, v, k):
+        return f"rt.softmax({self.expr(k['x'])}, {self.axis(k.get('axis'))})"
+
+    def op_rmsnorm(self, v, k):
+        return f"rt.rmsnorm({self.expr(k['x'])}, {self.expr(k['weight'])}, {self.expr(k['eps']) if 'eps' in k else '1e-6'})"
+
+    def op_rope(self, v, k):
+        return f"rt.rope({self.expr(k['x'])}, {self.expr(k['positions'])}, self.{self.ropes[rope_key(v, self.module)]})"
+
+    def op_attention(self, v, k):
+        args = [self.expr(k["q"]), self.expr(k["k_cache"]), self.expr(k["v_cache"]), self.expr(k["positions"])]
+        if "rows" in k and not self.is_iota_rows(k["rows"]):
+            args.append(f"rows={self.expr(k['rows'])}")
+        for name in ("window", "sinks", "scale"):
+            if name in k:
+                args.append(f"{name}={self.expr(k[name])}")
+        args.append("fast=FAST")
+        return f"rt.attention({', '.join(args)})"
+
+    def op_reshape(self, v, k):
+        return f"{self.paren(k['x'], 89)}.reshape({self.dims(v.dims)})"
+
+    def op_transpose(self, v, k):
+        return f"{self.paren(k['x'], 89)}.permute({', '.join(str(a.value) for a in v.args)})"
+
+    def op_unsqueeze(self, v, k):
+        return f"{self.paren(k['x'], 89)}.unsqueeze({self.axis(k['axis'])})"
+
+    def op_concat(self, v, k):
+        return f"torch.cat({self.expr(k['items'])}, dim={self.axis(k.get('axis'))})"
+
+    def op_take(self, v, k):
+        return f"rt.take({self.expr(k['x'])}, {self.expr(k['indices'])}, {self.axis(k.get('axis'), 0)})"
+
+    def op_iota(self, v, k):
+        return f"torch.arange({self.dims(v.dims)}, dtype=torch.int32, device=self.device)"
+
+    def op_zeros(self, v, k):
+        return f"torch.zeros(({self.dims(v.dims)},), dtype={TORCH_DTYPES[self.dtype_of(v.type)]}, device=self.device)"
+
+    def op_topk(self, v, k):
+        return f"rt.topk({self.expr(k['x'])}, {self.dims(v.dims)})"
+
+    def op_copy_rows(self, v, k):
+        return f"rt.copy_rows_({self.expr(k['cache'])}.clone(), {self.expr(k['src'])}, {self.expr(k['dst'])}, {self.expr(k['upto'])})"
+
+    def __getattr__(self, name):
+        if name.startswith("op_") and name[3:] in UNARY:
+            fn = UNARY[name[3:]]
+            return lambda v, k: f"{fn}({self.expr(k['x'])})"
+        raise AttributeError(name)

@@ -1,0 +1,69 @@
+"""Errors in Linnet source, reported as `path:line:col: error: message` with a caret.
+
+Every stage that reads source raises `LinnetError`; the CLI prints `str(err)`
+and exits 1, so bad source never shows a Python traceback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Loc:
+    """A span of source text: 1-based line and column, end exclusive."""
+
+    path: str
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+    source: str | None = None  # the whole file, kept so errors can quote it
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}:{self.col}"
+
+    def __repr__(self) -> str:
+        return f"Loc({self})"
+
+    def __eq__(self, other) -> bool:  # the source text is not part of a location's identity
+        return isinstance(other, Loc) and self.key() == other.key()
+
+    def __hash__(self) -> int:
+        return hash(self.key())
+
+    def key(self):
+        return (self.path, self.line, self.col, self.end_line, self.end_col)
+
+
+UNKNOWN = Loc("<unknown>", 0, 0, 0, 0)
+
+
+class LinnetError(Exception):
+    """An error in a model's source: where, what, and notes that explain it."""
+
+    def __init__(self, loc: Loc | None, message: str, notes: list[str] | tuple[str, ...] = ()):
+        self.loc = loc or UNKNOWN
+        self.message = message
+        self.notes = list(notes)
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        loc = self.loc
+        lines = [f"{loc}: error: {self.message}"]
+        text = _source_line(loc)
+        if text is not None:
+            lines.append("    " + text)
+            width = (loc.end_col - loc.col) if loc.end_line == loc.line else len(text) - loc.col + 1
+            lines.append("    " + " " * (loc.col - 1) + "^" * max(1, width))
+        lines.extend("  " + note for note in self.notes)
+        return "\n".join(lines)
+
+
+def _source_line(loc: Loc) -> str | None:
+    if loc.source is None or loc.line <= 0:
+        return None
+    lines = loc.source.splitlines()
+    if loc.line > len(lines):
+        return None
+    return lines[loc.line - 1].rstrip().expandtabs(1)

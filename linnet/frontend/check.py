@@ -1,0 +1,633 @@
+"""Syntax tree to typed IR: names resolved, element types and symbolic shapes checked.
+
+One pass over an architecture (and the card that fills its config). Every
+error is a `LinnetError` at the span of source that caused it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+from linnet.errors import LinnetError, Loc
+from linnet.frontend import ast
+from linnet.frontend.scope import RESERVED, suggest
+from linnet.ir import nodes as ir
+from linnet.ir.dims import Dim
+from linnet.ir.ops import OPS, index_type
+from linnet.ir.types import (BOOL, DTYPES, FLOAT, GENERIC_DTYPE, INT, SCALAR_KINDS, SIZE_GENERICS, STR, NoneType,
+                             ScalarType, TensorType, TupleType)
+
+_BINARY = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "%": "mod", "@": "matmul",
+           "**": "pow", "==": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge", "and": "and",
+           "or": "or"}
+TRANSFORMS = {"unpermute_rope": 1, "transpose": 0}
+DIM_OPS = {"reshape": "dims", "iota": "n", "zeros": "dims", "topk": "k"}
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+
+
+def check(arch: ast.File, card: ast.File | None = None) -> ir.Module:
+    """Builds the typed module of `arch`; `card`, when given, fills its config."""
+    return _Checker(arch, card).run()
+
+
+class _Checker:
+    def __init__(self, arch: ast.File, card: ast.File | None):
+        self.arch = arch
+        self.card = card
+        self.config: dict[str, ir.ConfigValue] = {}
+        self.params: dict[str, ir.Param] = {}
+        self.state: dict[str, ir.State] = {}
+        self.fns: dict[str, ast.FnDef] = {}
+        self.signatures: dict[str, ir.Function] = {}
+        self.module_names: dict[str, Loc] = {}
+
+    # ------------------------------------------------------------ top level
+
+    def run(self) -> ir.Module:
+        a = self.arch
+        if a.arch is None:
+            raise LinnetError(Loc(a.path, 1, 1, 1, 2, a.source), "an architecture file must start with `arch NAME`")
+        self._check_config()
+        config_values = self._card_values()
+        for p in a.params:
+            self._check_param(p)
+        for p in a.params:
+            self._check_tie(p)
+        for s in a.state:
+            self._declare(s.name, s.loc)
+            self.state[s.name] = ir.State(s.name, self._tensor_type(s.type, {}), s.loc)
+        for f in a.fns + a.entries:
+            if f.name in self.fns or f.name in self.signatures:
+                raise LinnetError(f.loc, f"`{f.name}` is defined twice")
+            self._declare(f.name, f.loc)
+            if f.kind == "fn" and f.name in OPS:
+                raise LinnetError(f.loc, f"`{f.name}` is a built-in op; choose another name")
+            self.fns[f.name] = f
+            self.signatures[f.name] = self._signature(f)
+        fns = {f.name: self._body(f) for f in a.fns}
+        entries = {f.name: self._body(f) for f in a.entries}
+        if not entries:
+            raise LinnetError(a.arch.loc, f"architecture `{a.arch.name}` defines no entry",
+                              ["the engine calls entries: prefill, decode, copy_rows"])
+        meta = {}
+        for m in (self.card.meta if self.card else []) + a.meta:
+            meta.setdefault(m.name, self._literal(m.value, "a meta value"))
+        return ir.Module(
+            name=a.arch.name, path=a.path, config=self.config, params=self.params, state=self.state,
+            fns=fns, entries=entries, card=self.card.card.name if self.card and self.card.card else None,
+            meta=meta, config_values=config_values,
+            sources={a.path: a.source, **({self.card.path: self.card.source} if self.card else {})})
+
+    def _declare(self, name: str, loc: Loc):
+        if name in self.module_names:
+            prev = self.module_names[name]
+            raise LinnetError(loc, f"`{name}` is already defined", [f"first defined at {prev}"])
+        if name in RESERVED:
+            raise LinnetError(loc, f"`{name}` is a reserved word; choose another name")
+        if name in SIZE_GENERICS or name == GENERIC_DTYPE or name in DTYPES:
+            raise LinnetError(loc, f"`{name}` is a built-in type or generic; choose another name")
+        self.module_names[name] = loc
+
+    # ------------------------------------------------------------ config
+
+    def _check_config(self):
+        for c in self.arch.config:
+            if isinstance(c, ast.ConfigSet):
+                raise LinnetError(c.loc, f"an architecture declares config values with a type: `{c.name}: int = ...`")
+            self._declare(c.name, c.loc)
+            if c.type_name not in SCALAR_KINDS:
+                raise LinnetError(c.type_loc, f"unknown config type `{c.type_name}`; one of {', '.join(SCALAR_KINDS)}")
+            typ = ScalarType(c.type_name)
+            default = None
+            if c.default is not None:
+                default = self._expr(c.default, _Scope(self, {}, {}))
+                if not _assignable(default.type, typ):
+                    raise LinnetError(c.default.loc, f"the default of `{c.name}` is {default.type}, not {typ}")
+            self.config[c.name] = ir.ConfigValue(c.name, typ, default, c.loc)
+
+    def _card_values(self) -> dict:
+        if self.card is None:
+            return {}
+        values = {}
+        for c in self.card.config:
+            if isinstance(c, ast.ConfigDecl):
+                raise LinnetError(c.loc, "a card sets config values (`dim = 4096`); it does not declare them")
+            if c.name not in self.config:
+                raise LinnetError(c.loc, f"architecture `{self.arch.arch.name}` has no config value `{c.name}`",
+                                  suggest(c.name, self.config))
+            if c.name in values:
+                raise LinnetError(c.loc, f"`{c.name}` is set twice")
+            value = self._literal(c.value, f"the value of `{c.name}`")
+            want = self.config[c.name].type
+            if not _assignable(_type_of_literal(value), want):
+                raise LinnetError(c.value.loc, f"`{c.name}` is {want}, but is set to {value!r}")
+            values[c.name] = float(value) if want.kind == "float" else value
+        return values
+
+    def _literal(self, e: ast.Node, what: str):
+        if isinstance(e, (ast.Number, ast.String, ast.Bool)):
+            return e.value
+        if isinstance(e, ast.Unary) and e.op == "-" and isinstance(e.operand, ast.Number):
+            return -e.operand.value
+        if isinstance(e, ast.ListExpr):
+            return [self._literal(x, what) for x in e.items]
+        raise LinnetError(e.loc, f"{what} must be a literal: a number, a string, true or false")
+
+    # ------------------------------------------------------------ params
+
+    def _check_param(self, p: ast.ParamDecl):
+        self._declare(p.name, p.loc)
+        typ = self._tensor_type(p.type, {})
+        if p.loop_var is not None:
+            count = self._dim(p.loop_count, {})
+            typ = TensorType(typ.dtype, (count,) + typ.shape)
+        sources = []
+        seen_formats = set()
+        for s in p.sources:
+            if s.format not in ("hf", "gguf"):
+                raise LinnetError(s.format_loc, f"unknown checkpoint format `{s.format}`; one of hf, gguf")
+            if s.format in seen_formats:
+                raise LinnetError(s.format_loc, f"`{p.name}` names two `{s.format}` sources")
+            seen_formats.add(s.format)
+            for m in _PLACEHOLDER.finditer(s.pattern):
+                if m.group(1) != p.loop_var:
+                    col = s.pattern_loc.col + 1 + m.start()
+                    loc = Loc(s.pattern_loc.path, s.pattern_loc.line, col, s.pattern_loc.line, col + len(m.group(0)),
+                              s.pattern_loc.source)
+                    known = f"the loop variable is `{p.loop_var}`" if p.loop_var else "this param is not in a loop"
+                    raise LinnetError(loc, f"the weight name pattern names `{{{m.group(1)}}}`, which is not a loop variable",
+                                      [known])
+            if p.loop_var is not None and "{" + p.loop_var + "}" not in s.pattern:
+                raise LinnetError(s.pattern_loc, f"a param stacked over `{p.loop_var}` needs `{{{p.loop_var}}}` in its name pattern")
+            transforms = []
+            for t in s.transforms:
+                if t.name not in TRANSFORMS:
+                    raise LinnetError(t.loc, f"unknown weight transform `{t.name}`", suggest(t.name, TRANSFORMS)
+                                      or [f"known: {', '.join(TRANSFORMS)}"])
+                if len(t.args) != TRANSFORMS[t.name]:
+                    raise LinnetError(t.loc, f"`{t.name}` takes {TRANSFORMS[t.name]} argument(s), not {len(t.args)}")
+                transforms.append((t.name, [self._dim(a, {}) for a in t.args]))
+            sources.append(ir.WeightSource(s.format, s.pattern, transforms, s.loc))
+        self.params[p.name] = ir.Param(p.name, typ, sources, p.loc, loop_var=p.loop_var)
+
+    def _check_tie(self, p: ast.ParamDecl):
+        if p.tie is None:
+            if not p.sources:
+                raise LinnetError(p.loc, f"param `{p.name}` says nowhere where its weights come from",
+                                  ['add `from hf "checkpoint.name"`'])
+            return
+        other, loc, cond = p.tie
+        if other not in self.params:
+            raise LinnetError(loc, f"unknown param `{other}`", suggest(other, self.params))
+        mine, theirs = self.params[p.name].type, self.params[other].type
+        if mine != theirs:
+            raise LinnetError(loc, f"`{p.name}` is {mine} but `{other}` is {theirs}: a tied param must have the same type")
+        c = self._expr(cond, _Scope(self, {}, {}))
+        if c.type != BOOL:
+            raise LinnetError(cond.loc, f"the condition of a tie must be a static bool, not {c.type}")
+        self.params[p.name].tie = (other, c)
+
+    # ------------------------------------------------------------ types and dims
+
+    def _tensor_type(self, t: ast.TypeExpr, dims: dict) -> TensorType:
+        if t.dtype not in DTYPES and t.dtype != GENERIC_DTYPE:
+            raise LinnetError(t.dtype_loc, f"unknown element type `{t.dtype}`",
+                              suggest(t.dtype, DTYPES + (GENERIC_DTYPE,)) or [f"one of T, {', '.join(DTYPES)}"])
+        if t.dims is None:
+            raise LinnetError(t.loc, f"a tensor type needs its dims: `{t.dtype}[...]`")
+        return TensorType(t.dtype, tuple(self._dim(d, dims) for d in t.dims))
+
+    def _type(self, t: ast.TypeExpr, dims: dict):
+        if t.dims is None and t.dtype in SCALAR_KINDS:
+            return ScalarType(t.dtype)
+        return self._tensor_type(t, dims)
+
+    def _dim(self, e: ast.Node, dims: dict) -> Dim:
+        """A size: literals, int config values, generics and call dims, with + - * / //."""
+        if isinstance(e, ast.Number):
+            if not isinstance(e.value, int) or e.value < 0:
+                raise LinnetError(e.loc, f"a dim must be a non-negative integer, not {e.value}")
+            return Dim.const(e.value)
+        if isinstance(e, ast.Name):
+            if e.id in dims or e.id in SIZE_GENERICS:
+                return Dim.name(e.id)
+            if e.id in self.config:
+                kind = self.config[e.id].type.kind
+                if kind != "int":
+                    raise LinnetError(e.loc, f"`{e.id}` is a {kind} config value; a dim must be an int")
+                return Dim.name(e.id)
+            if e.id == GENERIC_DTYPE:
+                raise LinnetError(e.loc, "`T` is the element type, not a size")
+            raise LinnetError(e.loc, f"unknown dim `{e.id}`",
+                              suggest(e.id, list(dims) + list(SIZE_GENERICS) + [c for c, v in self.config.items() if v.type == INT])
+                              or ["a dim is a literal, an int config value, Batch, MaxSeq or a size declared as fn<n>"])
+        if isinstance(e, ast.Binary) and e.op in ("+", "-", "*", "/", "//"):
+            a, b = self._dim(e.left, dims), self._dim(e.right, dims)
+            if e.op in ("/", "//") and not b.terms:
+                raise LinnetError(e.loc, "division of a dim by zero")
+            return {"+": a.__add__, "-": a.__sub__, "*": a.__mul__, "/": a.__floordiv__, "//": a.__floordiv__}[e.op](b)
+        raise LinnetError(e.loc, "a dim must be built from numbers, config values and generics with + - * /")
+
+    # ------------------------------------------------------------ functions
+
+    def _signature(self, f: ast.FnDef) -> ir.Function:
+        dims = {}
+        for name, loc in f.dim_params:
+            if name in self.module_names or name in SIZE_GENERICS or name in dims:
+                raise LinnetError(loc, f"the size `{name}` hides another name; choose another")
+            dims[name] = loc
+        args, seen = [], set()
+        for arg in f.args:
+            if arg.name in seen:
+                raise LinnetError(arg.loc, f"argument `{arg.name}` is declared twice")
+            if arg.name in self.module_names or arg.name in RESERVED or arg.name in dims:
+                raise LinnetError(arg.loc, f"argument `{arg.name}` hides another name; choose another")
+            seen.add(arg.name)
+            typ = self._type(arg.type, dims)
+            if f.kind == "entry" and not isinstance(typ, TensorType):
+                raise LinnetError(arg.type.loc, "entry arguments must be tensors")
+            args.append((arg.name, typ))
+        ret = self._type(f.ret, dims) if f.ret is not None else NoneType()
+        return ir.Function(f.name, f.kind, list(dims), args, ret, [], f.loc)
+
+    def _body(self, f: ast.FnDef) -> ir.Function:
+        sig = self.signatures[f.name]
+        scope = _Scope(self, {n: t for n, t in sig.args}, {d: True for d in sig.dims}, fn=f)
+        body = self._block(f.body, scope, top=True)
+        if not isinstance(sig.ret, NoneType) and not (body and isinstance(body[-1], ir.Return)):
+            raise LinnetError(f.loc, f"`{f.name}` must end with `return` of {sig.ret}")
+        return ir.Function(sig.name, sig.kind, sig.dims, sig.args, sig.ret, body, sig.loc)
+
+    def _block(self, stmts: list, scope: "_Scope", top: bool = False) -> list:
+        out = []
+        for i, s in enumerate(stmts):
+            if isinstance(s, ast.Return):
+                if not top or i != len(stmts) - 1:
+                    raise LinnetError(s.loc, "`return` must be the last statement of a fn or entry")
+                out.append(self._return(s, scope))
+            elif isinstance(s, ast.Assign):
+                out.append(self._assign(s, scope))
+            elif isinstance(s, ast.Store):
+                out.append(self._store(s, scope))
+            elif isinstance(s, ast.For):
+                out.append(self._for(s, scope))
+        return out
+
+    def _return(self, s: ast.Return, scope: "_Scope") -> ir.Return:
+        want = self.signatures[scope.fn.name].ret
+        if isinstance(want, NoneType):
+            raise LinnetError(s.loc, f"`{scope.fn.name}` declares no result, but returns one")
+        v = self._expr(s.value, scope)
+        if v.type != want and not _assignable(v.type, want):
+            raise LinnetError(s.value.loc, f"`{scope.fn.name}` returns {v.type}, but declares {want}")
+        return ir.Return(v, s.loc)
+
+    def _assign(self, s: ast.Assign, scope: "_Scope"):
+        if len(s.targets) == 1 and s.targets[0][0] in self.state:
+            name, loc = s.targets[0]
+            v = self._expr(s.value, scope)
+            if v.type != self.state[name].type:
+                raise LinnetError(s.value.loc, f"state `{name}` is {self.state[name].type}; cannot assign {v.type}")
+            return ir.Store(name, [], v, s.loc)
+        v = self._expr(s.value, scope)
+        if len(s.targets) > 1:
+            if not isinstance(v.type, TupleType) or len(v.type.items) != len(s.targets):
+                n = len(v.type.items) if isinstance(v.type, TupleType) else 1
+                raise LinnetError(s.loc, f"{len(s.targets)} names are assigned, but the value has {n} part(s)")
+            types = list(v.type.items)
+        else:
+            if isinstance(v.type, TupleType):
+                raise LinnetError(s.loc, f"the value has {len(v.type.items)} parts; assign them to as many names")
+            types = [v.type]
+        for (name, loc), t in zip(s.targets, types):
+            scope.bind(name, t, loc)
+        return ir.Assign([n for n, _ in s.targets], v, s.loc)
+
+    def _store(self, s: ast.Store, scope: "_Scope") -> ir.Store:
+        if s.target not in self.state:
+            if scope.lookup(s.target) is not None or s.target in self.params:
+                raise LinnetError(s.target_loc, f"only state can be written in place; `{s.target}` is not state")
+            raise LinnetError(s.target_loc, f"unknown state `{s.target}`", suggest(s.target, self.state))
+        st = self.state[s.target]
+        indices = [self._index(i, scope) for i in s.indices]
+        slot = index_type(st.type, indices, s.loc)
+        v = self._expr(s.value, scope)
+        if not isinstance(v.type, TensorType) or v.type.dtype != slot.dtype or v.type.shape != slot.shape:
+            raise LinnetError(s.value.loc, f"cannot store {v.type} into `{s.target}[...]`, which is {slot}")
+        return ir.Store(s.target, indices, v, s.loc)
+
+    def _for(self, s: ast.For, scope: "_Scope") -> ir.For:
+        count = self._expr(s.count, scope)
+        if count.type != INT:
+            raise LinnetError(s.count.loc, f"a loop runs over a static int count, not {count.type}")
+        inner = scope.child()
+        inner.bind(s.var, INT, s.var_loc, loop=True)
+        body = self._block(s.body, inner)
+        for name, (t, loc) in inner.assigned.items():
+            outer = scope.lookup(name)
+            if outer is not None and outer != t:
+                raise LinnetError(loc, f"`{name}` is {outer} before the loop but {t} inside it",
+                                  ["a value carried through a loop keeps its type"])
+        return ir.For(s.var, count, body, s.loc)
+
+    # ------------------------------------------------------------ expressions
+
+    def _expr(self, e: ast.Node, scope: "_Scope") -> ir.Value:
+        if isinstance(e, ast.Number):
+            return ir.Const(INT if isinstance(e.value, int) else FLOAT, e.loc, e.value)
+        if isinstance(e, ast.String):
+            return ir.Const(STR, e.loc, e.value)
+        if isinstance(e, ast.Bool):
+            return ir.Const(BOOL, e.loc, e.value)
+        if isinstance(e, ast.Name):
+            return self._name(e, scope)
+        if isinstance(e, ast.ListExpr):
+            items = [self._expr(x, scope) for x in e.items]
+            return ir.Op(TupleType(tuple(i.type for i in items)), e.loc, "list", items)
+        if isinstance(e, ast.Binary):
+            return self._op(_BINARY[e.op], [e.left, e.right], [], e.loc, scope)
+        if isinstance(e, ast.Unary):
+            return self._op("neg" if e.op == "-" else "not", [e.operand], [], e.loc, scope)
+        if isinstance(e, ast.IfExpr):
+            return self._if(e, scope)
+        if isinstance(e, ast.Cast):
+            if e.dtype not in DTYPES and e.dtype != GENERIC_DTYPE:
+                raise LinnetError(e.dtype_loc, f"unknown element type `{e.dtype}`", suggest(e.dtype, DTYPES + (GENERIC_DTYPE,)))
+            x = self._expr(e.value, scope)
+            spec = OPS["cast"]
+            t = spec.infer(x, ir.Const(STR, e.dtype_loc, e.dtype), loc=e.loc)
+            return ir.Op(t, e.loc, "cast", [], {"x": x, "dtype": ir.Const(STR, e.dtype_loc, e.dtype)})
+        if isinstance(e, ast.Subscript):
+            x = self._expr(e.value, scope)
+            indices = [self._index(i, scope) for i in e.indices]
+            t = OPS["index"].infer(x, *indices, loc=e.loc)
+            return ir.Op(t, e.loc, "index", indices, {"x": x})
+        if isinstance(e, ast.Call):
+            if e.func in self.fns and (self.fns[e.func].kind == "fn" or e.func not in OPS):
+                return self._call_fn(e, scope)
+            if e.func not in OPS or e.func in ("index", "list", "call"):
+                if scope.lookup(e.func) is not None or e.func in self.params or e.func in self.config:
+                    raise LinnetError(e.func_loc, f"`{e.func}` is a value, not a function")
+                raise LinnetError(e.func_loc, f"unknown function `{e.func}`",
+                                  suggest(e.func, [o for o in OPS if o not in ("index", "list")] + list(self.fns)))
+            return self._op(e.func, e.args, e.kwargs, e.loc, scope)
+        if isinstance(e, ast.Slice):
+            raise LinnetError(e.loc, "a slice `a:b` can only appear inside [...]")
+        raise LinnetError(e.loc, "unsupported expression")
+
+    def _name(self, e: ast.Name, scope: "_Scope") -> ir.Value:
+        t = scope.lookup(e.id)
+        if t is not None:
+            return ir.Var(t, e.loc, e.id, scope.kind_of(e.id))
+        if e.id in self.params:
+            return ir.Var(self.params[e.id].type, e.loc, e.id, "param")
+        if e.id in self.state:
+            return ir.Var(self.state[e.id].type, e.loc, e.id, "state")
+        if e.id in self.config:
+            return ir.Var(self.config[e.id].type, e.loc, e.id, "config")
+        if e.id in SIZE_GENERICS or e.id in scope.dims:
+            return ir.Var(INT, e.loc, e.id, "dim")
+        if e.id in self.fns or e.id in OPS:
+            raise LinnetError(e.loc, f"`{e.id}` is a function; call it: `{e.id}(...)`")
+        candidates = list(scope.names()) + list(self.params) + list(self.state) + list(self.config)
+        raise LinnetError(e.loc, f"unknown name `{e.id}`", suggest(e.id, candidates))
+
+    def _index(self, e: ast.Node, scope: "_Scope") -> ir.Value:
+        if isinstance(e, ast.Slice):
+            start = self._expr(e.start, scope) if e.start is not None else None
+            stop = self._expr(e.stop, scope) if e.stop is not None else None
+            for b, src in ((start, e.start), (stop, e.stop)):
+                if b is not None and b.type != INT:
+                    raise LinnetError(src.loc, f"slice bounds must be static ints, not {b.type}")
+            return ir.Slice(None, e.loc, start, stop,
+                            self._dim(e.start, scope.dims) if e.start is not None else None,
+                            self._dim(e.stop, scope.dims) if e.stop is not None else None)
+        return self._expr(e, scope)
+
+    def _if(self, e: ast.IfExpr, scope: "_Scope") -> ir.Value:
+        c = self._expr(e.cond, scope)
+        if c.type != BOOL:
+            raise LinnetError(e.cond.loc, f"`if` needs a static bool condition, not {c.type}",
+                              ["to choose elementwise between tensors, use where(cond, a, b)"])
+        a, b = self._expr(e.then, scope), self._expr(e.orelse, scope)
+        if a.type != b.type:
+            if isinstance(a.type, ScalarType) and isinstance(b.type, ScalarType) and {a.type.kind, b.type.kind} == {"int", "float"}:
+                return ir.Op(FLOAT, e.loc, "if", [], {"cond": c, "then": a, "orelse": b})
+            raise LinnetError(e.loc, f"the branches of `if` differ: {a.type} vs {b.type}")
+        return ir.Op(a.type, e.loc, "if", [], {"cond": c, "then": a, "orelse": b})
+
+    def _op(self, name: str, args: list, kwargs: list, loc: Loc, scope: "_Scope") -> ir.Op:
+        spec = OPS[name]
+        dims = ()
+        dim_param = DIM_OPS.get(name)
+        pos = list(args)
+        extra = {}
+        if dim_param == "dims":  # reshape(x, a, b), zeros(a, b): every positional size after x
+            first = 1 if name == "reshape" else 0
+            dims = tuple(self._dim(a, scope.dims) for a in pos[first:])
+            pos = pos[:first]
+        elif dim_param is not None:  # iota(n), topk(x, k): one size
+            idx = 0 if name == "iota" else 1
+            kw = [k for k in kwargs if k[0] == dim_param]
+            src = pos[idx] if len(pos) > idx else (kw[0][2] if kw else None)
+            if src is None:
+                raise LinnetError(loc, f"`{name}` needs its size `{dim_param}`")
+            dims = (self._dim(src, scope.dims),)
+        if name == "zeros":
+            kw = dict((k[0], k[2]) for k in kwargs)
+            dt = kw.get("dtype")
+            extra["dtype"] = dt.id if isinstance(dt, ast.Name) else GENERIC_DTYPE
+            if extra["dtype"] not in DTYPES and extra["dtype"] != GENERIC_DTYPE:
+                raise LinnetError(dt.loc, f"unknown element type `{extra['dtype']}`")
+            kwargs = [k for k in kwargs if k[0] != "dtype"]
+        values = [self._expr(a, scope) for a in pos]
+        named = {}
+        for kname, kloc, kval in kwargs:
+            if kname in named:
+                raise LinnetError(kloc, f"argument `{kname}` is given twice")
+            named[kname] = (kloc, self._expr(kval, scope))
+        sig = inspect.signature(spec.infer)
+        accepted = [p for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        var = next((p for p in sig.parameters.values() if p.kind == p.VAR_POSITIONAL), None)
+        for kname, (kloc, _) in named.items():
+            if kname not in [p.name for p in accepted] and not (dim_param and kname == dim_param):
+                raise LinnetError(kloc, f"`{name}` has no argument `{kname}`",
+                                  suggest(kname, [p.name for p in accepted]) or
+                                  [f"`{name}` takes {', '.join(p.name for p in accepted) or 'no named arguments'}"])
+        if dim_param and dim_param not in ("dims",):
+            named.pop(dim_param, None)
+            if name in ("iota",):
+                values = []
+            if name == "topk":
+                values = values[:1]
+        bound: dict = {}
+        rest: list = []
+        for i, v in enumerate(values):
+            if i < len(accepted):
+                bound[accepted[i].name] = v
+            elif var is not None:
+                rest.append(v)
+            else:
+                raise LinnetError(v.loc, f"`{name}` takes at most {len(accepted)} argument(s)")
+        for kname, (kloc, v) in named.items():
+            if kname in bound:
+                raise LinnetError(kloc, f"argument `{kname}` is given twice")
+            bound[kname] = v
+        for p in accepted:
+            if p.default is inspect.Parameter.empty and p.name not in bound:
+                raise LinnetError(loc, f"`{name}` needs its argument `{p.name}`")
+        extra_kw = {}
+        if "dim_values" in sig.parameters:
+            extra_kw["dim_values"] = dims
+        if "dtype" in sig.parameters and name == "zeros":
+            extra_kw["dtype"] = extra["dtype"]
+        t = spec.infer(*[bound.get(p.name) for p in accepted], *rest, loc=loc, **extra_kw)
+        return ir.Op(t, loc, name, rest, bound, dims, extra)
+
+    def _call_fn(self, e: ast.Call, scope: "_Scope") -> ir.Op:
+        sig = self.signatures[e.func]
+        if sig.kind == "entry":
+            raise LinnetError(e.func_loc, f"`{e.func}` is an entry; entries are called by the engine, not by the model")
+        if e.func == scope.fn.name or self._calls(e.func, scope.fn.name, set()):
+            raise LinnetError(e.func_loc, f"`{e.func}` is recursive; a model's functions cannot call themselves")
+        values = [self._expr(a, scope) for a in e.args]
+        for kname, kloc, kval in e.kwargs:
+            names = [n for n, _ in sig.args]
+            if kname not in names:
+                raise LinnetError(kloc, f"`{e.func}` has no argument `{kname}`", suggest(kname, names))
+        kw = {k: (l, self._expr(v, scope)) for k, l, v in e.kwargs}
+        if len(values) > len(sig.args):
+            raise LinnetError(e.loc, f"`{e.func}` takes {len(sig.args)} argument(s), not {len(values) + len(kw)}")
+        bound = {}
+        for (name, _), v in zip(sig.args, values):
+            bound[name] = v
+        for k, (l, v) in kw.items():
+            if k in bound:
+                raise LinnetError(l, f"argument `{k}` is given twice")
+            bound[k] = v
+        missing = [n for n, _ in sig.args if n not in bound]
+        if missing:
+            raise LinnetError(e.loc, f"`{e.func}` needs its argument `{missing[0]}`")
+        sizes: dict = {}
+        for name, want in sig.args:
+            v = bound[name]
+            _unify(want, v, sizes, set(sig.dims), e.func, name)
+        ret = sig.ret.substitute(sizes) if isinstance(sig.ret, TensorType) else sig.ret
+        return ir.Op(ret, e.loc, "call", [], {n: bound[n] for n, _ in sig.args},
+                     tuple(sizes.get(d, Dim.name(d)) for d in sig.dims), {"fn": e.func})
+
+    def _calls(self, caller: str, target: str, seen: set) -> bool:
+        """Whether fn `caller` reaches fn `target` through calls (to refuse recursion)."""
+        if caller in seen:
+            return False
+        seen.add(caller)
+        for node in _walk(self.fns[caller].body):
+            if isinstance(node, ast.Call) and node.func in self.fns:
+                if node.func == target or self._calls(node.func, target, seen):
+                    return True
+        return False
+
+
+def _walk(nodes):
+    stack = list(nodes)
+    while stack:
+        n = stack.pop()
+        if isinstance(n, list):
+            stack.extend(n)
+            continue
+        if not isinstance(n, ast.Node):
+            if isinstance(n, tuple):
+                stack.extend(n)
+            continue
+        yield n
+        for v in vars(n).values():
+            if isinstance(v, (ast.Node, list, tuple)):
+                stack.append(v)
+
+
+def _unify(want, v: ir.Value, sizes: dict, free: set, fn: str, arg: str):
+    got = v.type
+    if isinstance(want, ScalarType):
+        if not _assignable(got, want):
+            raise LinnetError(v.loc, f"argument `{arg}` of `{fn}` is {want}, not {got}")
+        return
+    if not isinstance(got, TensorType) or got.rank != want.rank or (want.dtype != got.dtype):
+        raise LinnetError(v.loc, f"argument `{arg}` of `{fn}` must be {want}, not {got}")
+    for w, g in zip(want.shape, got.shape):
+        names = w.names()
+        if len(w.terms) == 1 and w.terms[0][1] == 1 and len(w.terms[0][0]) == 1 and w.terms[0][0][0][1] == 1 \
+                and isinstance(w.terms[0][0][0][0], str) and w.terms[0][0][0][0] in free and w.terms[0][0][0][0] not in sizes:
+            sizes[w.terms[0][0][0][0]] = g
+            continue
+        if names & free - set(sizes):
+            continue  # checked once the simple sizes are bound
+        if w.substitute(sizes) != g:
+            raise LinnetError(v.loc, f"argument `{arg}` of `{fn}` must be {want.substitute(sizes)}, not {got}",
+                              [f"dim {w.substitute(sizes)} vs {g}"])
+
+
+def _assignable(got, want) -> bool:
+    if got == want:
+        return True
+    return isinstance(got, ScalarType) and isinstance(want, ScalarType) and got.kind == "int" and want.kind == "float"
+
+
+def _type_of_literal(value) -> ScalarType:
+    if isinstance(value, bool):
+        return BOOL
+    if isinstance(value, int):
+        return INT
+    if isinstance(value, float):
+        return FLOAT
+    if isinstance(value, str):
+        return STR
+    return ScalarType("list")
+
+
+class _Scope:
+    """Locals of a fn body; loops open a child scope whose new names end with the loop."""
+
+    def __init__(self, checker: _Checker, args: dict, dims: dict, fn=None, parent=None):
+        self.checker = checker
+        self.vars: dict = dict(args)
+        self.kinds: dict = {n: "arg" for n in args}
+        self.dims = dims
+        self.fn = fn
+        self.parent = parent
+        self.assigned: dict = {}
+
+    def child(self) -> "_Scope":
+        return _Scope(self.checker, {}, self.dims, self.fn, self)
+
+    def lookup(self, name: str):
+        if name in self.vars:
+            return self.vars[name]
+        return self.parent.lookup(name) if self.parent else None
+
+    def kind_of(self, name: str) -> str:
+        if name in self.kinds:
+            return self.kinds[name]
+        return self.parent.kind_of(name) if self.parent else "local"
+
+    def names(self):
+        yield from self.vars
+        if self.parent:
+            yield from self.parent.names()
+
+    def bind(self, name: str, t, loc: Loc, loop: bool = False):
+        c = self.checker
+        if name in c.params or name in c.config or name in c.fns or name in OPS or name in self.dims \
+                or name in SIZE_GENERICS or name in RESERVED or name in DTYPES or name == GENERIC_DTYPE:
+            what = ("a param" if name in c.params else "a config value" if name in c.config else
+                    "a function" if name in c.fns or name in OPS else "a reserved word or built-in")
+            raise LinnetError(loc, f"`{name}` is {what}; a local cannot take its name")
+        if self.kind_of(name) in ("loop",) and self.lookup(name) is not None:
+            raise LinnetError(loc, f"`{name}` is a loop variable; it cannot be assigned")
+        if self.lookup(name) is not None and self.kind_of(name) == "arg" and self.lookup(name) != t:
+            pass  # rebinding an argument is fine; its type may change outside loops
+        if self.parent is not None and self.parent.lookup(name) is not None:
+            self.assigned[name] = (t, loc)
+            # a carried value: keep the outer binding's type visible to later statements
+        self.vars[name] = t
+        self.kinds[name] = "loop" if loop else self.kinds.get(name, "local")

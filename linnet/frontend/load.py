@@ -1,0 +1,57 @@
+"""Reading a `.linnet` file: an architecture alone, or a card with the architecture it imports."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+from linnet.errors import LinnetError, Loc
+from linnet.frontend import ast
+from linnet.frontend.check import check
+from linnet.frontend.parser import parse
+from linnet.ir.nodes import Module
+
+
+def arch_dirs(near: Path | None) -> list[Path]:
+    """Where `import NAME` looks, in order: beside the card, its arch/ folder, then the built-in architectures."""
+    dirs = []
+    if near is not None:
+        dirs += [near, near / "arch"]
+    dirs.append(Path(str(resources.files("linnet").joinpath("nest/cards/arch"))))
+    return dirs
+
+
+def load_file(path: str | Path) -> Module:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise LinnetError(None, f"cannot read {path}: {err.strerror or err}") from None
+    return load_source(text, str(path), near=path.parent)
+
+
+def load_source(text: str, path: str = "<string>", near: Path | None = None) -> Module:
+    f = parse(text, path)
+    if f.card is None:
+        if f.imports:
+            raise LinnetError(f.imports[0].loc, "only a card imports an architecture; start the file with `card \"name\"`")
+        return check(f)
+    if f.arch is not None:
+        raise LinnetError(f.arch.loc, "a card fills an architecture's config; it does not declare one itself")
+    for items, what in ((f.params, "params"), (f.state, "state"), (f.fns, "functions"), (f.entries, "entries")):
+        if items:
+            raise LinnetError(items[0].loc, f"a card cannot declare {what}; they belong in the architecture")
+    if len(f.imports) != 1:
+        loc = f.imports[1].loc if f.imports else f.card.loc
+        raise LinnetError(loc, "a card imports exactly one architecture: `import llama`")
+    imp = f.imports[0]
+    looked = []
+    for d in arch_dirs(near):
+        candidate = d / f"{imp.name}.linnet"
+        looked.append(str(candidate))
+        if candidate.is_file():
+            arch = parse(candidate.read_text(), str(candidate))
+            if arch.arch is None or arch.arch.name != imp.name:
+                raise LinnetError(imp.loc, f"{candidate} does not declare `arch {imp.name}`")
+            return check(arch, f)
+    raise LinnetError(imp.loc, f"cannot find architecture `{imp.name}`", [f"looked in {p}" for p in looked])

@@ -1,0 +1,291 @@
+"""Text to syntax tree: the Lark LALR parser over grammar/linnet.lark."""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+
+import lark
+from lark import Token, Transformer, v_args
+
+from linnet.errors import LinnetError, Loc
+from linnet.frontend import ast
+
+# Friendly names for the terminals an error message may list as expected.
+_TOKEN_NAMES = {
+    "NAME": "a name", "NUMBER": "a number", "STRING": "a string", "LBRACE": "'{'",
+    "RBRACE": "'}'", "LPAR": "'('", "RPAR": "')'", "LSQB": "'['", "RSQB": "']'",
+    "COMMA": "','", "COLON": "':'", "EQUAL": "'='", "DOT": "'.'", "MORETHAN": "'>'",
+    "LESSTHAN": "'<'", "__ANON_0": "'->'", "ADD_OP": "'+' or '-'", "MUL_OP": "an operator",
+    "CMP_OP": "a comparison", "POW_OP": "'**'", "MINUS": "'-'", "$END": "the end of the file",
+}
+
+
+@functools.lru_cache(maxsize=1)
+def _parser() -> lark.Lark:
+    grammar = resources.files("linnet").joinpath("grammar/linnet.lark").read_text()
+    return lark.Lark(grammar, parser="lalr", strict=True, propagate_positions=True, maybe_placeholders=True)
+
+
+def parse(source: str, path: str = "<string>") -> ast.File:
+    """Parses one file; syntax errors are raised as `LinnetError` with the offending token."""
+    try:
+        tree = _parser().parse(source)
+    except lark.exceptions.UnexpectedInput as err:
+        raise _syntax_error(err, source, path) from None
+    return _ToAst(path, source).transform(tree)
+
+
+def _syntax_error(err: lark.exceptions.UnexpectedInput, source: str, path: str) -> LinnetError:
+    line, col = max(err.line, 1), max(err.column, 1)
+    if isinstance(err, lark.exceptions.UnexpectedCharacters):
+        char = source[err.pos_in_stream] if err.pos_in_stream < len(source) else ""
+        return LinnetError(Loc(path, line, col, line, col + 1, source), f"unexpected character {char!r}")
+    token = getattr(err, "token", None)
+    expected = sorted({_TOKEN_NAMES.get(t, repr(t.lower()) if t.isupper() else t) for t in (err.expected or ())})
+    hint = f"; expected {_join(expected)}" if expected and len(expected) <= 8 else ""
+    if token is None or token.type == "$END":
+        lines = source.splitlines() or [""]
+        last = len(lines)
+        end_col = len(lines[-1]) + 1
+        return LinnetError(Loc(path, last, end_col, last, end_col + 1, source), f"unexpected end of file{hint}")
+    width = max(1, len(str(token)))
+    return LinnetError(Loc(path, line, col, line, col + width, source), f"unexpected {str(token)!r}{hint}")
+
+
+def _join(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " or " + items[-1]
+
+
+def _number(text: str) -> int | float:
+    if any(c in text for c in ".eE"):
+        return float(text)
+    return int(text)
+
+
+def _unquote(text: str) -> str:
+    return bytes(text[1:-1], "utf-8").decode("unicode_escape")
+
+
+@v_args(meta=True)
+class _ToAst(Transformer):
+    """Builds `ast` nodes from the parse tree, each with its source span."""
+
+    def __init__(self, path: str, source: str):
+        super().__init__()
+        self.path = path
+        self.source = source
+
+    def _loc(self, meta) -> Loc:
+        if getattr(meta, "empty", True):
+            return Loc(self.path, 0, 0, 0, 0, self.source)
+        return Loc(self.path, meta.line, meta.column, meta.end_line, meta.end_column, self.source)
+
+    def _tok(self, tok: Token) -> Loc:
+        return Loc(self.path, tok.line, tok.column, tok.end_line, tok.end_column, self.source)
+
+    # -- file
+    def start(self, meta, items):
+        f = ast.File(self.path, self.source)
+        for item in items:
+            if isinstance(item, ast.ArchDecl):
+                f.arch = f.arch or item
+                if f.arch is not item:
+                    raise LinnetError(item.loc, "a file declares at most one `arch`")
+            elif isinstance(item, ast.CardDecl):
+                if f.card is not None:
+                    raise LinnetError(item.loc, "a file declares at most one `card`")
+                f.card = item
+            elif isinstance(item, ast.ImportDecl):
+                f.imports.append(item)
+            elif isinstance(item, tuple) and item[0] == "config":
+                f.config.extend(item[1])
+            elif isinstance(item, tuple) and item[0] == "meta":
+                f.meta.extend(item[1])
+            elif isinstance(item, tuple) and item[0] == "params":
+                f.params.extend(item[1])
+            elif isinstance(item, tuple) and item[0] == "state":
+                f.state.extend(item[1])
+            elif isinstance(item, ast.FnDef):
+                (f.entries if item.kind == "entry" else f.fns).append(item)
+        return f
+
+    def arch_decl(self, meta, c):
+        return ast.ArchDecl(self._loc(meta), str(c[0]))
+
+    def card_decl(self, meta, c):
+        return ast.CardDecl(self._loc(meta), _unquote(str(c[0])))
+
+    def import_decl(self, meta, c):
+        return ast.ImportDecl(self._loc(meta), str(c[0]))
+
+    def config_block(self, meta, c):
+        return ("config", c)
+
+    def config_decl(self, meta, c):
+        name, type_name, default = c
+        return ast.ConfigDecl(self._loc(meta), str(name), str(type_name), self._tok(type_name), default)
+
+    def config_set(self, meta, c):
+        return ast.ConfigSet(self._loc(meta), str(c[0]), c[1])
+
+    def meta_block(self, meta, c):
+        return ("meta", c)
+
+    def meta_item(self, meta, c):
+        return ast.MetaItem(self._loc(meta), str(c[0]), c[1])
+
+    def params_block(self, meta, c):
+        flat = []
+        for item in c:
+            flat.extend(item if isinstance(item, list) else [item])
+        return ("params", flat)
+
+    def param_loop(self, meta, c):
+        var, count, *decls = c
+        for d in decls:
+            d.loop_var, d.loop_count = str(var), count
+        return decls
+
+    def param_decl(self, meta, c):
+        name, typ, tie, *sources = c
+        return ast.ParamDecl(self._loc(meta), str(name), typ, tie, sources)
+
+    def param_tie(self, meta, c):
+        return (str(c[0]), self._tok(c[0]), c[1])
+
+    def param_source(self, meta, c):
+        fmt, pattern, *transforms = c
+        return ast.Source(self._loc(meta), str(fmt), self._tok(fmt), _unquote(str(pattern)), self._tok(pattern), transforms)
+
+    def param_transform(self, meta, c):
+        name, *args = c
+        return ast.Transform(self._loc(meta), str(name), [a for a in args if a is not None])
+
+    def state_block(self, meta, c):
+        return ("state", c)
+
+    def state_decl(self, meta, c):
+        return ast.StateDecl(self._loc(meta), str(c[0]), c[1])
+
+    def type(self, meta, c):
+        dtype, *dims = c
+        if len(dims) == 1 and dims[0] is None:
+            dims = None  # no brackets: a scalar type
+        elif dims == [None, None] or (dims and all(d is None for d in dims)):
+            dims = []
+        return ast.TypeExpr(self._loc(meta), str(dtype), self._tok(dtype), [d for d in dims] if dims is not None else None)
+
+    def _fn(self, kind, meta, c):
+        name, dim_params, *rest = c
+        ret, body = rest[-2], rest[-1]
+        args = [a for a in rest[:-2] if a is not None]
+        return ast.FnDef(self._loc(meta), kind, str(name), dim_params or [], args, ret, body)
+
+    def fn_def(self, meta, c):
+        return self._fn("fn", meta, c)
+
+    def entry_def(self, meta, c):
+        return self._fn("entry", meta, c)
+
+    def dim_params(self, meta, c):
+        return [(str(t), self._tok(t)) for t in c]
+
+    def arg(self, meta, c):
+        return ast.Arg(self._loc(meta), str(c[0]), c[1])
+
+    def block(self, meta, c):
+        return list(c)
+
+    # -- statements
+    def assign(self, meta, c):
+        return ast.Assign(self._loc(meta), [(str(c[0]), self._tok(c[0]))], c[1])
+
+    def assign_multi(self, meta, c):
+        *names, value = c
+        return ast.Assign(self._loc(meta), [(str(n), self._tok(n)) for n in names], value)
+
+    def store(self, meta, c):
+        target, *indices, value = c
+        return ast.Store(self._loc(meta), str(target), self._tok(target), indices, value)
+
+    def for_stmt(self, meta, c):
+        return ast.For(self._loc(meta), str(c[0]), self._tok(c[0]), c[1], c[2])
+
+    def return_stmt(self, meta, c):
+        return ast.Return(self._loc(meta), c[0])
+
+    # -- expressions
+    def if_expr(self, meta, c):
+        return ast.IfExpr(self._loc(meta), *c)
+
+    def or_op(self, meta, c):
+        return ast.Binary(self._loc(meta), "or", c[0], c[1])
+
+    def and_op(self, meta, c):
+        return ast.Binary(self._loc(meta), "and", c[0], c[1])
+
+    def not_op(self, meta, c):
+        return ast.Unary(self._loc(meta), "not", c[0])
+
+    def compare(self, meta, c):
+        return ast.Binary(self._loc(meta), str(c[1]), c[0], c[2])
+
+    def binary(self, meta, c):
+        return ast.Binary(self._loc(meta), str(c[1]), c[0], c[2])
+
+    def neg(self, meta, c):
+        return ast.Unary(self._loc(meta), "-", c[0])
+
+    def subscript(self, meta, c):
+        return ast.Subscript(self._loc(meta), c[0], list(c[1:]))
+
+    def slice(self, meta, c):
+        return ast.Slice(self._loc(meta), c[0], c[1])
+
+    def method_call(self, meta, c):
+        receiver, name, *args = c
+        pos, kw = self._split_args(args)
+        return ast.Call(self._loc(meta), str(name), self._tok(name), [receiver] + pos, kw)
+
+    def call(self, meta, c):
+        name, *args = c
+        pos, kw = self._split_args(args)
+        return ast.Call(self._loc(meta), str(name), self._tok(name), pos, kw)
+
+    def _split_args(self, args):
+        pos, kw = [], []
+        for a in args:
+            if a is None:
+                continue
+            if isinstance(a, tuple):
+                kw.append(a)
+            else:
+                if kw:
+                    raise LinnetError(a.loc, "a positional argument cannot follow a keyword argument")
+                pos.append(a)
+        return pos, kw
+
+    def kwarg(self, meta, c):
+        return (str(c[0]), self._tok(c[0]), c[1])
+
+    def cast(self, meta, c):
+        return ast.Cast(self._loc(meta), c[0], str(c[1]), self._tok(c[1]))
+
+    def number(self, meta, c):
+        return ast.Number(self._loc(meta), _number(str(c[0])))
+
+    def string(self, meta, c):
+        return ast.String(self._loc(meta), _unquote(str(c[0])))
+
+    def name(self, meta, c):
+        return ast.Name(self._loc(meta), str(c[0]))
+
+    def true(self, meta, c):
+        return ast.Bool(self._loc(meta), True)
+
+    def false(self, meta, c):
+        return ast.Bool(self._loc(meta), False)
+
+    def list(self, meta, c):
+        return ast.ListExpr(self._loc(meta), [x for x in c if x is not None])

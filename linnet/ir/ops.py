@@ -1,0 +1,501 @@
+"""The ops of the IR and their typing rules.
+
+Each op is registered once with the function that computes its result type
+from its arguments' types (or raises a `LinnetError` saying why the call is
+wrong). Both code generators map every op here; nothing else is an op.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from linnet.errors import LinnetError, Loc
+from linnet.ir.dims import Dim
+from linnet.ir.nodes import Const, Slice, Value
+from linnet.ir.types import (BOOL, FLOAT, INT, STR, ScalarType, TensorType, TupleType, is_float, is_int,
+                             shape_str)
+
+Infer = Callable[..., object]
+
+
+class OpSpec:
+    def __init__(self, name: str, infer: Infer, params: tuple, doc: str):
+        self.name = name
+        self.infer = infer
+        self.params = params  # positional parameter names; "*name" takes the rest
+        self.doc = doc
+
+
+OPS: dict[str, OpSpec] = {}
+
+
+def op(name: str, params: tuple = (), doc: str = ""):
+    def register(fn: Infer) -> Infer:
+        OPS[name] = OpSpec(name, fn, params, doc)
+        return fn
+
+    return register
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _err(loc: Loc, msg: str, *notes: str) -> LinnetError:
+    return LinnetError(loc, msg, list(notes))
+
+
+def _tensor(v: Value, what: str, loc: Loc) -> TensorType:
+    if not isinstance(v.type, TensorType):
+        raise _err(v.loc or loc, f"{what} must be a tensor, not {v.type}")
+    return v.type
+
+
+def _static(v: Value | None, kind: str, what: str, loc: Loc):
+    if v is None:
+        return None
+    if not (isinstance(v.type, ScalarType) and (v.type.kind == kind or (kind == "float" and v.type.kind == "int"))):
+        raise _err(v.loc or loc, f"{what} must be a static {kind}, not {v.type}")
+    return v
+
+
+def _axis(v: Value | None, rank: int, loc: Loc, default: int = -1) -> int:
+    if v is None:
+        return default % rank if rank else 0
+    if not isinstance(v, Const) or not isinstance(v.value, int):
+        raise _err(v.loc or loc, "an axis must be an integer literal")
+    if not -rank <= v.value < rank:
+        raise _err(v.loc, f"axis {v.value} is out of range for a tensor of rank {rank}")
+    return v.value % rank
+
+
+def broadcast(a: tuple, b: tuple, loc: Loc, what: str, ta=None, tb=None) -> tuple:
+    out = []
+    for i in range(1, max(len(a), len(b)) + 1):
+        da = a[-i] if i <= len(a) else Dim.const(1)
+        db = b[-i] if i <= len(b) else Dim.const(1)
+        if da == db or db == Dim.const(1):
+            out.append(da)
+        elif da == Dim.const(1):
+            out.append(db)
+        else:
+            raise _err(loc, f"cannot {what} {ta} and {tb}", f"dim {-i}: {da} vs {db}")
+    return tuple(reversed(out))
+
+
+def same_dtype(a: TensorType, b: TensorType, loc: Loc, what: str) -> str:
+    if a.dtype != b.dtype:
+        raise _err(loc, f"cannot {what} {a} and {b}: element types differ",
+                   f"convert one with `as`, e.g. `x as {b.dtype}`")
+    return a.dtype
+
+
+def numel_equal(a: tuple, b: tuple) -> bool:
+    pa, pb = Dim.const(1), Dim.const(1)
+    for d in a:
+        pa = pa * d
+    for d in b:
+        pb = pb * d
+    return pa == pb
+
+
+# ---------------------------------------------------------------- elementwise
+
+_ARITH_VERBS = {"add": "add", "sub": "subtract", "mul": "multiply", "div": "divide", "floordiv": "divide",
+                "mod": "take the remainder of", "pow": "raise", "lt": "compare", "le": "compare",
+                "gt": "compare", "ge": "compare", "eq": "compare", "ne": "compare", "and": "combine",
+                "or": "combine", "maximum": "take the maximum of", "minimum": "take the minimum of"}
+COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
+
+
+def _binary(name):
+    def infer(a: Value, b: Value, *, loc: Loc):
+        verb = _ARITH_VERBS[name]
+        ta, tb = a.type, b.type
+        if isinstance(ta, ScalarType) and isinstance(tb, ScalarType):
+            return _static_binary(name, ta, tb, loc)
+        if isinstance(ta, TensorType) and isinstance(tb, TensorType):
+            shape = broadcast(ta.shape, tb.shape, loc, verb, ta, tb)
+            dtype = same_dtype(ta, tb, loc, verb)
+        else:
+            t = ta if isinstance(ta, TensorType) else tb
+            s = tb if t is ta else ta
+            if not isinstance(t, TensorType) or not isinstance(s, ScalarType):
+                raise _err(loc, f"cannot {verb} {ta} and {tb}")
+            if s.kind == "str":
+                raise _err(loc, f"cannot {verb} {t} and a string")
+            if s.kind == "float" and not is_float(t.dtype):
+                raise _err(loc, f"cannot {verb} {t} and a float: convert with `as`")
+            shape, dtype = t.shape, t.dtype
+        if name in ("and", "or") and dtype != "bool":
+            raise _err(loc, f"`{name}` needs bool tensors, not {dtype}")
+        if name in ("floordiv", "mod") and not is_int(dtype):
+            raise _err(loc, f"`{'//' if name == 'floordiv' else '%'}` needs integer tensors, not {dtype}")
+        return TensorType("bool" if name in COMPARISONS else dtype, shape)
+
+    return infer
+
+
+def _static_binary(name: str, ta: ScalarType, tb: ScalarType, loc: Loc) -> ScalarType:
+    if name in COMPARISONS:
+        return BOOL
+    if name in ("and", "or"):
+        if ta.kind != "bool" or tb.kind != "bool":
+            raise _err(loc, f"`{name}` needs bools, not {ta} and {tb}")
+        return BOOL
+    if "str" in (ta.kind, tb.kind) or "bool" in (ta.kind, tb.kind):
+        raise _err(loc, f"cannot {_ARITH_VERBS[name]} {ta} and {tb}")
+    if name in ("floordiv", "mod") and (ta.kind != "int" or tb.kind != "int"):
+        raise _err(loc, f"`{'//' if name == 'floordiv' else '%'}` needs ints, not {ta} and {tb}")
+    return INT if ta.kind == tb.kind == "int" else FLOAT
+
+
+for _name in _ARITH_VERBS:
+    op(_name, ("a", "b"))(_binary(_name))
+
+
+def _unary(name: str, float_only: bool):
+    def infer(x: Value, *, loc: Loc):
+        if isinstance(x.type, ScalarType):
+            if name == "not":
+                if x.type.kind != "bool":
+                    raise _err(loc, f"`not` needs a bool, not {x.type}")
+                return BOOL
+            if name == "neg" and x.type.kind in ("int", "float"):
+                return x.type
+            if x.type.kind in ("int", "float") and name in ("exp", "log", "sqrt"):
+                return FLOAT
+            raise _err(loc, f"`{name}` needs a tensor, not {x.type}")
+        t = _tensor(x, f"the argument of `{name}`", loc)
+        if name == "not" and t.dtype != "bool":
+            raise _err(loc, f"`not` needs a bool tensor, not {t}")
+        if float_only and not is_float(t.dtype):
+            raise _err(loc, f"`{name}` needs a float tensor, not {t}", f"convert it first: `x as f32`")
+        return t
+
+    return infer
+
+
+UNARY_FLOAT = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "relu", "sin", "cos", "erf")
+for _name in UNARY_FLOAT:
+    op(_name, ("x",))(_unary(_name, True))
+op("neg", ("x",))(_unary("neg", False))
+op("abs", ("x",))(_unary("abs", False))
+op("not", ("x",))(_unary("not", False))
+
+
+@op("cast", ("x", "dtype"), "x converted to another element type")
+def _cast(x: Value, dtype: Value, *, loc: Loc):
+    t = _tensor(x, "a value converted with `as`", loc)
+    return TensorType(dtype.value, t.shape)
+
+
+@op("where", ("cond", "a", "b"), "elementwise choice")
+def _where(cond: Value, a: Value, b: Value, *, loc: Loc):
+    c = cond
+    tc = _tensor(c, "the condition of `where`", loc)
+    if tc.dtype != "bool":
+        raise _err(c.loc, f"the condition of `where` must be bool, not {tc}")
+    ta, tb = a.type, b.type
+    if isinstance(ta, TensorType) and isinstance(tb, TensorType):
+        same_dtype(ta, tb, loc, "choose between")
+        shape = broadcast(ta.shape, tb.shape, loc, "choose between", ta, tb)
+        dtype = ta.dtype
+    else:
+        t = ta if isinstance(ta, TensorType) else tb
+        if not isinstance(t, TensorType):
+            raise _err(loc, "`where` needs at least one tensor to choose from")
+        shape, dtype = t.shape, t.dtype
+    return TensorType(dtype, broadcast(tc.shape, shape, loc, "choose with", tc, TensorType(dtype, shape)))
+
+
+# ---------------------------------------------------------------- contraction
+
+
+@op("matmul", ("a", "b"), "a @ b over the last two dims, batch dims equal")
+def _matmul(a: Value, b: Value, *, loc: Loc):
+    ta, tb = _tensor(a, "the left side of `@`", loc), _tensor(b, "the right side of `@`", loc)
+    dtype = same_dtype(ta, tb, loc, "multiply")
+    if ta.rank < 1 or tb.rank < 1:
+        raise _err(loc, f"cannot multiply {ta} and {tb}: `@` needs tensors of rank >= 1")
+    ka = ta.shape[-1]
+    kb = tb.shape[-2] if tb.rank >= 2 else tb.shape[-1]
+    if ka != kb:
+        raise _err(loc, f"cannot multiply {ta} and {tb}", f"contracted dims differ: {ka} vs {kb}")
+    batch = broadcast(ta.shape[:-2], tb.shape[:-2], loc, "multiply", ta, tb)
+    out = batch + (ta.shape[-2:-1] if ta.rank >= 2 else ()) + (tb.shape[-1:] if tb.rank >= 2 else ())
+    return TensorType(dtype, out)
+
+
+@op("linear", ("x", "w", "bias"), "x @ w.T (+ bias): w is [out, in], as checkpoints store it")
+def _linear(x: Value, w: Value, bias: Value | None = None, *, loc: Loc):
+    tx, tw = _tensor(x, "the input of `linear`", loc), _tensor(w, "the weight of `linear`", loc)
+    dtype = same_dtype(tx, tw, loc, "multiply")
+    if tw.rank != 2:
+        raise _err(w.loc, f"the weight of `linear` must be [out, in], not {tw}")
+    if tx.rank < 1 or tx.shape[-1] != tw.shape[1]:
+        raise _err(loc, f"cannot apply {tw} to {tx}",
+                   f"the input's last dim {tx.shape[-1] if tx.rank else '()'} must equal the weight's `in` dim {tw.shape[1]}")
+    if bias is not None:
+        tb = _tensor(bias, "the bias of `linear`", loc)
+        same_dtype(tx, tb, loc, "add")
+        if tb.shape != (tw.shape[0],):
+            raise _err(bias.loc, f"the bias must be [{tw.shape[0]}], not {tb}")
+    return TensorType(dtype, tx.shape[:-1] + (tw.shape[0],))
+
+
+@op("einsum", ("spec", "*operands"), "einsum with a literal spec such as \"nhd,hkd->nhk\"")
+def _einsum(spec: Value, *operands: Value, loc: Loc):
+    if not isinstance(spec, Const) or not isinstance(spec.value, str):
+        raise _err(spec.loc, "the first argument of `einsum` must be a string literal")
+    text = spec.value.replace(" ", "")
+    if "->" not in text:
+        raise _err(spec.loc, "an einsum spec needs an explicit output: \"ab,bc->ac\"")
+    ins, out = text.split("->")
+    ins = ins.split(",")
+    if len(ins) != len(operands):
+        raise _err(loc, f"the spec names {len(ins)} operands but {len(operands)} were given")
+    sizes: dict = {}
+    dtype = None
+    for letters, v in zip(ins, operands):
+        t = _tensor(v, "an einsum operand", loc)
+        dtype = dtype or t.dtype
+        if t.dtype != dtype:
+            raise _err(v.loc, f"einsum operands must share an element type: {dtype} vs {t.dtype}")
+        if len(letters) != t.rank or not letters.isalpha():
+            raise _err(v.loc, f"`{letters}` does not fit {t}: one letter per dim")
+        for ch, d in zip(letters, t.shape):
+            if ch in sizes and sizes[ch] != d:
+                raise _err(v.loc, f"einsum index `{ch}` is {sizes[ch]} in one operand and {d} in another")
+            sizes[ch] = d
+    for ch in out:
+        if ch not in sizes:
+            raise _err(spec.loc, f"output index `{ch}` appears in no operand")
+    return TensorType(dtype, tuple(sizes[ch] for ch in out))
+
+
+# ---------------------------------------------------------------- reductions and norms
+
+
+def _reduction(name):
+    def infer(x: Value, axis: Value | None = None, keepdim: Value | None = None, *, loc: Loc):
+        t = _tensor(x, f"the argument of `{name}`", loc)
+        ax = _axis(axis, t.rank, loc)
+        keep = keepdim is not None and isinstance(keepdim, Const) and keepdim.value
+        shape = t.shape[:ax] + ((Dim.const(1),) if keep else ()) + t.shape[ax + 1:]
+        return TensorType("i32" if name == "argmax" else t.dtype, shape)
+
+    return infer
+
+
+for _name in ("sum", "mean", "max", "min", "argmax"):
+    op(_name, ("x", "axis", "keepdim"))(_reduction(_name))
+
+
+@op("softmax", ("x", "axis"), "softmax, computed in f32")
+def _softmax(x: Value, axis: Value | None = None, *, loc: Loc):
+    t = _tensor(x, "the argument of `softmax`", loc)
+    if not is_float(t.dtype):
+        raise _err(loc, f"`softmax` needs a float tensor, not {t}")
+    _axis(axis, t.rank, loc)
+    return t
+
+
+@op("rmsnorm", ("x", "weight", "eps"), "x / rms(x) * weight over the last dim, in f32")
+def _rmsnorm(x: Value, weight: Value, eps: Value | None = None, *, loc: Loc):
+    tx, tw = _tensor(x, "the input of `rmsnorm`", loc), _tensor(weight, "the weight of `rmsnorm`", loc)
+    same_dtype(tx, tw, loc, "normalize")
+    if tw.rank != 1 or tx.shape[-1:] != tw.shape:
+        raise _err(loc, f"cannot normalize {tx} with a weight {tw}", f"the weight must be [{tx.shape[-1]}]")
+    _static(eps, "float", "eps", loc)
+    return tx
+
+
+# ---------------------------------------------------------------- positions and attention
+
+ROPE_SCALINGS = ("none", "llama3", "yarn", "linear")
+
+
+@op("rope", ("x", "positions", "theta", "scaling", "factor", "low_freq_factor", "high_freq_factor",
+             "original_max", "beta_fast", "beta_slow"),
+    "rotary position embedding of x[n, heads, head_dim] at positions[n]")
+def _rope(x: Value, positions: Value, theta=None, scaling=None, factor=None, low_freq_factor=None,
+          high_freq_factor=None, original_max=None, beta_fast=None, beta_slow=None, *, loc: Loc):
+    t = _tensor(x, "the input of `rope`", loc)
+    tp = _tensor(positions, "the positions of `rope`", loc)
+    if t.rank != 3:
+        raise _err(x.loc, f"`rope` takes x as [n, heads, head_dim], not {t}")
+    if tp.dtype != "i32" or tp.shape != t.shape[:1]:
+        raise _err(positions.loc, f"the positions of `rope` must be i32[{t.shape[0]}], not {tp}")
+    for v, name in ((theta, "theta"), (factor, "factor"), (low_freq_factor, "low_freq_factor"),
+                    (high_freq_factor, "high_freq_factor"), (beta_fast, "beta_fast"), (beta_slow, "beta_slow")):
+        _static(v, "float", name, loc)
+    _static(original_max, "int", "original_max", loc)
+    _static(scaling, "str", "scaling", loc)
+    if isinstance(scaling, Const) and scaling.value not in ROPE_SCALINGS:
+        raise _err(scaling.loc, f"unknown rope scaling {scaling.value!r}; one of {', '.join(ROPE_SCALINGS)}")
+    return t
+
+
+@op("attention", ("q", "k_cache", "v_cache", "positions", "rows", "window", "sinks", "scale"),
+    "causal attention of q[n, heads, d] over the cache rows of each token (GQA, window, sinks)")
+def _attention(q: Value, k_cache: Value, v_cache: Value, positions: Value, rows: Value | None = None,
+               window: Value | None = None, sinks: Value | None = None, scale: Value | None = None, *, loc: Loc):
+    tq = _tensor(q, "the queries", loc)
+    tk, tv = _tensor(k_cache, "the key cache", loc), _tensor(v_cache, "the value cache", loc)
+    tp = _tensor(positions, "the positions", loc)
+    if tq.rank != 3:
+        raise _err(q.loc, f"queries must be [n, heads, head_dim], not {tq}")
+    if tk.rank != 4 or tv.rank != 4:
+        raise _err(k_cache.loc, f"caches must be [rows, positions, kv_heads, head_dim], not {tk} and {tv}")
+    same_dtype(tq, tk, loc, "attend with")
+    same_dtype(tq, tv, loc, "attend with")
+    if tk.shape[:3] != tv.shape[:3]:
+        raise _err(loc, f"the key and value caches disagree: {tk} vs {tv}")
+    if tq.shape[2] != tk.shape[3]:
+        raise _err(loc, f"queries {tq} and keys {tk} differ in head_dim: {tq.shape[2]} vs {tk.shape[3]}")
+    n = tq.shape[0]
+    if tp.dtype != "i32" or tp.shape != (n,):
+        raise _err(positions.loc, f"positions must be i32[{n}], not {tp}")
+    if rows is None:
+        if n != tk.shape[0]:
+            raise _err(loc, f"without `rows`, token i attends to cache row i, so n ({n}) must equal the cache's rows ({tk.shape[0]})",
+                       "pass rows=... to say which row each token belongs to")
+    else:
+        tr = _tensor(rows, "rows", loc)
+        if tr.dtype != "i32" or tr.shape != (n,):
+            raise _err(rows.loc, f"rows must be i32[{n}], not {tr}")
+    _static(window, "int", "window", loc)
+    _static(scale, "float", "scale", loc)
+    if sinks is not None:
+        ts = _tensor(sinks, "sinks", loc)
+        if ts.shape != (tq.shape[1],):
+            raise _err(sinks.loc, f"sinks must be one per head, [{tq.shape[1]}], not {ts}")
+    return TensorType(tq.dtype, (n, tq.shape[1], tv.shape[3]))
+
+
+# ---------------------------------------------------------------- shapes
+
+
+@op("reshape", ("x", "*dims"), "the same elements in another shape")
+def _reshape(x: Value, *dims: Value, loc: Loc, dim_values: tuple = ()):
+    t = _tensor(x, "the input of `reshape`", loc)
+    if not numel_equal(t.shape, dim_values):
+        raise _err(loc, f"cannot reshape {t} to {shape_str(dim_values)}: the element counts differ")
+    return TensorType(t.dtype, tuple(dim_values))
+
+
+@op("transpose", ("x", "*perm"), "dims permuted: transpose(x, 1, 0)")
+def _transpose(x: Value, *perm: Value, loc: Loc):
+    t = _tensor(x, "the input of `transpose`", loc)
+    axes = [_axis(p, t.rank, loc) for p in perm]
+    if sorted(axes) != list(range(t.rank)):
+        raise _err(loc, f"transpose of {t} needs a permutation of 0..{t.rank - 1}, not {axes}")
+    return TensorType(t.dtype, tuple(t.shape[a] for a in axes))
+
+
+@op("unsqueeze", ("x", "axis"), "a new dim of size 1")
+def _unsqueeze(x: Value, axis: Value, *, loc: Loc):
+    t = _tensor(x, "the input of `unsqueeze`", loc)
+    ax = _axis(axis, t.rank + 1, loc)
+    return TensorType(t.dtype, t.shape[:ax] + (Dim.const(1),) + t.shape[ax:])
+
+
+@op("concat", ("items", "axis"), "tensors joined along one dim")
+def _concat(items: Value, axis: Value | None = None, *, loc: Loc):
+    if not isinstance(items.type, TupleType) or not items.type.items:
+        raise _err(items.loc, "`concat` takes a list of tensors: concat([a, b], axis=-1)")
+    types = list(items.type.items)
+    for t in types:
+        if not isinstance(t, TensorType):
+            raise _err(items.loc, f"`concat` takes tensors, not {t}")
+    first = types[0]
+    ax = _axis(axis, first.rank, loc)
+    total = Dim.const(0)
+    for t in types:
+        same_dtype(first, t, loc, "concatenate")
+        if t.rank != first.rank or any(a != b for i, (a, b) in enumerate(zip(t.shape, first.shape)) if i != ax):
+            raise _err(loc, f"cannot concatenate {first} and {t} along dim {ax}")
+        total = total + t.shape[ax]
+    return TensorType(first.dtype, first.shape[:ax] + (total,) + first.shape[ax + 1:])
+
+
+@op("take", ("x", "indices", "axis"), "x gathered at integer indices along one dim")
+def _take(x: Value, indices: Value, axis: Value | None = None, *, loc: Loc):
+    t = _tensor(x, "the input of `take`", loc)
+    ti = _tensor(indices, "the indices of `take`", loc)
+    if not is_int(ti.dtype):
+        raise _err(indices.loc, f"indices must be integers, not {ti}")
+    ax = _axis(axis, t.rank, loc, default=0)
+    return TensorType(t.dtype, t.shape[:ax] + ti.shape + t.shape[ax + 1:])
+
+
+@op("iota", ("n",), "i32[n]: 0, 1, ..., n - 1")
+def _iota(*, loc: Loc, dim_values: tuple = ()):
+    return TensorType("i32", tuple(dim_values))
+
+
+@op("zeros", ("*dims", "dtype"), "a tensor of zeros")
+def _zeros(*dims: Value, loc: Loc, dim_values: tuple = (), dtype: str = "T"):
+    return TensorType(dtype, tuple(dim_values))
+
+
+@op("topk", ("x", "k"), "the k largest values along the last dim and their indices")
+def _topk(x: Value, *, loc: Loc, dim_values: tuple = ()):
+    t = _tensor(x, "the input of `topk`", loc)
+    (kd,) = dim_values
+    return TupleType((TensorType(t.dtype, t.shape[:-1] + (kd,)), TensorType("i32", t.shape[:-1] + (kd,))))
+
+
+@op("copy_rows", ("cache", "src", "dst", "upto"),
+    "cache with row dst[i] taking row src[i]'s first upto[i] positions (dims: [layers, rows, positions, ...])")
+def _copy_rows(cache: Value, src: Value, dst: Value, upto: Value, *, loc: Loc):
+    t = _tensor(cache, "the cache of `copy_rows`", loc)
+    if t.rank < 3:
+        raise _err(cache.loc, f"`copy_rows` needs a cache [layers, rows, positions, ...], not {t}")
+    ts = _tensor(src, "src", loc)
+    for v in (dst, upto):
+        tv = _tensor(v, "an argument of `copy_rows`", loc)
+        if tv.dtype != "i32" or tv.shape != ts.shape or ts.rank != 1:
+            raise _err(v.loc, f"src, dst and upto must be i32 vectors of one length, not {ts} and {tv}")
+    return t
+
+
+# ---------------------------------------------------------------- indexing
+
+
+@op("index", ("x", "*indices"), "x[i, j:k, idx]: numbers and slices pick, integer tensors gather")
+def _index(x: Value, *indices: Value, loc: Loc):
+    t = _tensor(x, "an indexed value", loc)
+    return index_type(t, list(indices), loc)
+
+
+def index_type(t: TensorType, indices: list, loc: Loc) -> TensorType:
+    """numpy's rule, restricted: static ints and integer tensors are gathered together and must be adjacent."""
+    if len(indices) > t.rank:
+        raise _err(loc, f"too many indices for {t}: {len(indices)} for rank {t.rank}")
+    advanced = []
+    out_before, out_after = [], []
+    gather_shape: tuple = ()
+    for i, ix in enumerate(indices):
+        d = t.shape[i]
+        if isinstance(ix, Slice):
+            start = ix.start_dim if ix.start is not None else Dim.const(0)
+            stop = ix.stop_dim if ix.stop is not None else d
+            (out_after if advanced else out_before).append(stop - start)
+        elif isinstance(ix.type, ScalarType):
+            if ix.type.kind != "int":
+                raise _err(ix.loc, f"an index must be an int or an integer tensor, not {ix.type}")
+            if advanced and advanced[-1] != i - 1:
+                raise _err(ix.loc, "gathered indices must be adjacent")
+            advanced.append(i)
+        elif isinstance(ix.type, TensorType):
+            if not is_int(ix.type.dtype):
+                raise _err(ix.loc, f"an index tensor must hold integers, not {ix.type}")
+            if advanced and advanced[-1] != i - 1:
+                raise _err(ix.loc, "gathered indices must be adjacent")
+            advanced.append(i)
+            gather_shape = broadcast(gather_shape, ix.type.shape, ix.loc, "index with", None, ix.type)
+        else:
+            raise _err(ix.loc, f"cannot index with {ix.type}")
+    rest = list(t.shape[len(indices):])
+    return TensorType(t.dtype, tuple(out_before) + gather_shape + tuple(out_after) + tuple(rest))

@@ -1,0 +1,78 @@
+"""Element types and the types of IR values: tensors, static scalars, tuples."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from linnet.ir.dims import Dim
+
+GENERIC_DTYPE = "T"
+FLOAT_DTYPES = ("f32", "bf16", "f16")
+INT_DTYPES = ("i32", "i64")
+DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
+SCALAR_KINDS = ("int", "float", "bool", "str")
+SIZE_GENERICS = ("Batch", "MaxSeq")
+
+
+def is_float(dtype: str) -> bool:
+    return dtype in FLOAT_DTYPES or dtype == GENERIC_DTYPE
+
+
+def is_int(dtype: str) -> bool:
+    return dtype in INT_DTYPES
+
+
+@dataclass(frozen=True)
+class TensorType:
+    dtype: str  # one of DTYPES or the generic "T"
+    shape: tuple  # of Dim
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def __str__(self) -> str:
+        return f"{self.dtype}[{', '.join(str(d) for d in self.shape)}]"
+
+    def substitute(self, values) -> "TensorType":
+        return TensorType(self.dtype, tuple(d.substitute(values) for d in self.shape))
+
+
+@dataclass(frozen=True)
+class ScalarType:
+    """A value known when the model is specialized: a config value, a loop index, a literal."""
+
+    kind: str  # one of SCALAR_KINDS
+
+    def __str__(self) -> str:
+        return self.kind
+
+
+@dataclass(frozen=True)
+class TupleType:
+    items: tuple
+
+    def __str__(self) -> str:
+        return "(" + ", ".join(str(t) for t in self.items) + ")"
+
+
+@dataclass(frozen=True)
+class NoneType:
+    """The type of an entry that returns nothing (it only updates state)."""
+
+    def __str__(self) -> str:
+        return "()"
+
+
+INT = ScalarType("int")
+FLOAT = ScalarType("float")
+BOOL = ScalarType("bool")
+STR = ScalarType("str")
+
+
+def tensor(dtype: str, *shape) -> TensorType:
+    return TensorType(dtype, tuple(Dim.of(d) for d in shape))
+
+
+def shape_str(shape) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"

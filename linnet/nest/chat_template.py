@@ -1,0 +1,88 @@
+"""Render a model's Jinja chat template the way transformers does.
+
+Templates come from model repositories, so they run in Jinja's immutable
+sandbox. The environment matches transformers' so that templates written for
+it render identically: trim_blocks and lstrip_blocks, the loopcontrols
+extension ({% break %}/{% continue %}), a `tojson` filter that does not
+HTML-escape, and the globals `raise_exception` and `strftime_now`. The
+`{% generation %}` tag (transformers' assistant-mask marker) is accepted and
+renders its body unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from functools import lru_cache
+from typing import Any
+
+from .errors import TokenizerError
+
+
+def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _raise_exception(message):
+    from jinja2.exceptions import TemplateError
+
+    raise TemplateError(message)
+
+
+def _strftime_now(fmt):
+    return datetime.now().strftime(fmt)
+
+
+@lru_cache(maxsize=16)
+def compile_template(source: str):
+    """The compiled template (cached: one model keeps rendering the same one)."""
+    import jinja2
+    from jinja2 import nodes
+    from jinja2.ext import Extension, loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class Generation(Extension):
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return nodes.Scope(body).set_lineno(lineno)
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, Generation]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    try:
+        return env.from_string(source)
+    except jinja2.TemplateSyntaxError as e:
+        raise TokenizerError(f"chat template, line {e.lineno}: {e.message}") from None
+
+
+def render_chat_template(
+    source: str,
+    messages: list[dict[str, Any]],
+    *,
+    add_generation_prompt: bool = True,
+    special_tokens: dict[str, str | None] | None = None,
+    **extra: Any,
+) -> str:
+    """Render `source` for `messages`.
+
+    `special_tokens` (bos_token, eos_token, ...) become template variables, as
+    do `extra` ones (tools=..., documents=..., enable_thinking=...).
+    """
+    import jinja2
+
+    # transformers always defines tools and documents (as none when not given)
+    variables: dict[str, Any] = {"tools": None, "documents": None}
+    variables.update(special_tokens or {})
+    variables.update(extra)
+    variables["messages"] = messages
+    variables["add_generation_prompt"] = add_generation_prompt
+    try:
+        return compile_template(source).render(**variables)
+    except jinja2.TemplateError as e:
+        raise TokenizerError(f"chat template: {e}") from None

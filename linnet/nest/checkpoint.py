@@ -1,0 +1,437 @@
+"""Read tensors and a config from a checkpoint, one tensor at a time.
+
+Two formats, one interface (`Checkpoint`):
+
+- a Hugging Face model directory: config.json plus model.safetensors, or
+  shards listed in model.safetensors.index.json (`SafetensorsCheckpoint`);
+- a llama.cpp GGUF file (`GGUFCheckpoint`), dequantized to float32 on load.
+
+Names are the checkpoint's own (HF names for a directory, GGUF names for a
+GGUF); mapping them onto a model is the card's job, not this module's. Shapes
+are always in the PyTorch convention (out, in), also for GGUF, whose own
+dimension order is the reverse.
+
+Files are memory-mapped: opening a checkpoint reads headers only, and
+`load` touches the bytes of the one tensor asked for.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import WeightsError
+
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+CONFIG_FILE = "config.json"
+
+# safetensors' dtype names -> ours (short, lower case, as in the IR)
+_ST_DTYPES = {
+    "F64": "f64", "F32": "f32", "F16": "f16", "BF16": "bf16",
+    "I64": "i64", "I32": "i32", "I16": "i16", "I8": "i8", "U8": "u8",
+    "BOOL": "bool", "F8_E4M3": "f8_e4m3", "F8_E5M2": "f8_e5m2",
+}
+
+
+class Checkpoint(ABC):
+    """A set of named tensors plus a Hugging Face style config."""
+
+    path: str     # for messages
+    format: str   # "safetensors" | "gguf"
+
+    @abstractmethod
+    def names(self) -> list[str]:
+        """Every tensor name, in the checkpoint's own naming."""
+
+    @abstractmethod
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Logical shape in the PyTorch convention, e.g. (vocab, dim) for embeddings."""
+
+    @abstractmethod
+    def stored_dtype(self, name: str) -> str:
+        """How the tensor is stored: "f32", "bf16", "q4_1", ..."""
+
+    @abstractmethod
+    def load(self, name: str, framework: str = "numpy"):
+        """One tensor: a numpy array (framework="numpy") or a torch tensor ("torch")."""
+
+    @abstractmethod
+    def config(self) -> dict:
+        """A config.json-style dict (hidden_size, num_hidden_layers, ...)."""
+
+    def __contains__(self, name: str) -> bool:
+        return name in set(self.names())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.path!r})"
+
+    def _unknown(self, name: str) -> WeightsError:
+        close = difflib.get_close_matches(name, self.names(), n=3)
+        hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+        return WeightsError(f"{self.path}: no tensor named {name!r}{hint}")
+
+
+def _check_framework(framework: str) -> None:
+    if framework not in ("numpy", "torch"):
+        raise ValueError(f"framework must be 'numpy' or 'torch', not {framework!r}")
+
+
+# ---------------------------------------------------------------- safetensors
+
+
+class SafetensorsCheckpoint(Checkpoint):
+    """A Hugging Face model directory of safetensors files.
+
+    All shard headers are read on construction, so a missing or corrupt
+    shard is reported at once rather than halfway through a load.
+    """
+
+    format = "safetensors"
+
+    def __init__(self, directory: str | os.PathLike):
+        self.dir = Path(directory)
+        self.path = str(self.dir)
+        if not self.dir.is_dir():
+            raise WeightsError(f"{self.path}: not a directory")
+        self._files = self._shard_files()
+        self._where: dict[str, Path] = {}                 # tensor name -> file
+        self._meta: dict[str, tuple[str, tuple]] = {}     # name -> (dtype, shape)
+        self._handles: dict[tuple[Path, str], Any] = {}   # (file, framework) -> safe_open
+        for file in self._files:
+            handle = self._open(file, "numpy")
+            for name in handle.keys():
+                sl = handle.get_slice(name)
+                dtype = sl.get_dtype()
+                self._meta[name] = (_ST_DTYPES.get(dtype, dtype.lower()), tuple(sl.get_shape()))
+                self._where[name] = file
+        if self._index is not None:
+            for name, shard in self._index.items():
+                if self._where.get(name) != self.dir / shard:
+                    raise WeightsError(
+                        f"{self.dir / SAFETENSORS_INDEX}: says tensor {name!r} is in "
+                        f"{shard}, but {self.dir / shard} does not hold it"
+                    )
+
+    def _shard_files(self) -> list[Path]:
+        index_path = self.dir / SAFETENSORS_INDEX
+        self._index: dict[str, str] | None = None
+        if index_path.is_file():
+            try:
+                self._index = dict(json.loads(index_path.read_text())["weight_map"])
+            except (ValueError, KeyError, TypeError) as e:
+                raise WeightsError(f"{index_path}: not a valid safetensors index ({e})") from None
+            files = []
+            for shard in sorted(set(self._index.values())):
+                if not (self.dir / shard).is_file():
+                    raise WeightsError(
+                        f"{self.dir / shard}: missing; shard {shard} is named in {index_path} "
+                        "(the download may be incomplete)"
+                    )
+                files.append(self.dir / shard)
+            return files
+        single = self.dir / SAFETENSORS_FILE
+        if single.is_file():
+            return [single]
+        present = sorted(p.name for p in self.dir.iterdir())
+        if any(p.endswith(".bin") or p.endswith(".pt") for p in present):
+            why = "only PyTorch pickle weights (.bin/.pt) are here; linnet reads safetensors"
+        else:
+            why = f"found: {', '.join(present[:10]) or 'nothing'}"
+        raise WeightsError(f"{self.path}: no {SAFETENSORS_FILE} or {SAFETENSORS_INDEX} ({why})")
+
+    def _open(self, file: Path, framework: str):
+        key = (file, framework)
+        if key not in self._handles:
+            from safetensors import safe_open
+
+            try:
+                self._handles[key] = safe_open(str(file), framework="pt" if framework == "torch" else "numpy")
+            except Exception as e:  # SafetensorError, OSError: truncated, corrupt, unreadable
+                raise WeightsError(f"{file}: cannot read safetensors file ({e}); it may be truncated or corrupt") from None
+        return self._handles[key]
+
+    def names(self) -> list[str]:
+        return list(self._meta)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._meta
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        if name not in self._meta:
+            raise self._unknown(name)
+        return self._meta[name][1]
+
+    def stored_dtype(self, name: str) -> str:
+        if name not in self._meta:
+            raise self._unknown(name)
+        return self._meta[name][0]
+
+    def load(self, name: str, framework: str = "numpy"):
+        """The tensor as stored (no dtype change).
+
+        framework="torch" returns a torch tensor straight from the memory map.
+        framework="numpy" returns an array; bf16 needs `ml_dtypes` for its dtype.
+        """
+        _check_framework(framework)
+        if name not in self._meta:
+            raise self._unknown(name)
+        file = self._where[name]
+        try:
+            if framework == "torch":
+                return self._open(file, "torch").get_tensor(name)
+            if self._meta[name][0] == "bf16":
+                return self._bf16_numpy(file, name)
+            return self._open(file, "numpy").get_tensor(name)
+        except WeightsError:
+            raise
+        except Exception as e:
+            raise WeightsError(f"{file}: cannot read tensor {name!r} ({e})") from None
+
+    def _bf16_numpy(self, file: Path, name: str) -> np.ndarray:
+        # numpy has no bfloat16: take the bits through torch and view them as
+        # ml_dtypes.bfloat16 (no copy beyond torch's own read).
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise WeightsError(
+                f"{file}: tensor {name!r} is bf16, which numpy cannot hold without the "
+                "ml_dtypes package; install it or load with framework='torch'"
+            ) from None
+        import torch
+
+        bits = self._open(file, "torch").get_tensor(name).view(torch.int16)
+        return bits.numpy().view(ml_dtypes.bfloat16)
+
+    def config(self) -> dict:
+        path = self.dir / CONFIG_FILE
+        if not path.is_file():
+            raise WeightsError(
+                f"{self.path}: no {CONFIG_FILE}; a Hugging Face model directory needs one "
+                "(download the whole repository, not only the weights)"
+            )
+        try:
+            return json.loads(path.read_text())
+        except ValueError as e:
+            raise WeightsError(f"{path}: not valid JSON ({e})") from None
+
+
+# ----------------------------------------------------------------------- GGUF
+
+# GGUF architecture -> (model_type, architectures) for the config we build.
+_GGUF_ARCHS = {
+    "llama": ("llama", ["LlamaForCausalLM"]),
+}
+
+# Types that hold plain numbers rather than quantized blocks.
+_GGUF_PLAIN_INT = {"I8", "I16", "I32", "I64"}
+
+
+def _field_value(field) -> Any:
+    """A GGUF metadata field as a Python value (str, int, float, bool, list)."""
+    if hasattr(field, "contents"):
+        return field.contents()
+    # older gguf packages: decode the parts ourselves
+    from gguf import GGUFValueType
+
+    def one(part, vtype):
+        if vtype == GGUFValueType.STRING:
+            return bytes(part).decode("utf-8")
+        value = part.tolist()[0]
+        return bool(value) if vtype == GGUFValueType.BOOL else value
+
+    if field.types[0] == GGUFValueType.ARRAY:
+        return [one(field.parts[i], field.types[-1]) for i in field.data]
+    return one(field.parts[field.data[0]], field.types[0])
+
+
+class GGUFCheckpoint(Checkpoint):
+    """A llama.cpp GGUF file.
+
+    `load` dequantizes with the gguf package's own routines to float32
+    (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K and whatever else it
+    supports). Names stay GGUF's (`blk.0.attn_q.weight`), and q/k rows stay
+    in llama.cpp's rope order: see `transforms.unpermute_rope`.
+    """
+
+    format = "gguf"
+
+    def __init__(self, file: str | os.PathLike):
+        self.path = str(file)
+        if not Path(file).is_file():
+            raise WeightsError(f"{self.path}: no such file")
+        try:
+            import gguf
+        except ImportError:
+            raise WeightsError(f"{self.path}: reading GGUF files needs the 'gguf' package (pip install gguf)") from None
+        try:
+            self._reader = gguf.GGUFReader(self.path)
+        except Exception as e:  # truncated, not GGUF, unsupported version
+            raise WeightsError(f"{self.path}: cannot read GGUF file ({e}); it may be truncated or corrupt") from None
+        self._tensors = {t.name: t for t in self._reader.tensors}
+        self._values: dict[str, Any] = {}
+
+    # -- metadata
+
+    def metadata_keys(self) -> list[str]:
+        return list(self._reader.fields)
+
+    def metadata(self, key: str, default: Any = None) -> Any:
+        """A metadata value by its GGUF key, e.g. "llama.block_count"."""
+        if key not in self._values:
+            field = self._reader.fields.get(key)
+            if field is None:
+                return default
+            self._values[key] = _field_value(field)
+        return self._values[key]
+
+    @property
+    def architecture(self) -> str:
+        return self.metadata("general.architecture", "")
+
+    # -- tensors
+
+    def names(self) -> list[str]:
+        return list(self._tensors)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._tensors
+
+    def _tensor(self, name: str):
+        t = self._tensors.get(name)
+        if t is None:
+            raise self._unknown(name)
+        return t
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        # GGUF lists dims fastest-first (ggml's ne); PyTorch lists them slowest-first.
+        return tuple(int(n) for n in reversed(self._tensor(name).shape.tolist()))
+
+    def stored_dtype(self, name: str) -> str:
+        return self._tensor(name).tensor_type.name.lower()
+
+    def load(self, name: str, framework: str = "numpy"):
+        """Float32 for every float or quantized type (integers keep theirs).
+
+        An F32 tensor comes back as a read-only view of the file for numpy;
+        torch gets a private copy, as torch tensors are writable.
+        """
+        _check_framework(framework)
+        t = self._tensor(name)
+        kind = t.tensor_type.name
+        shape = self.shape(name)
+        if kind in _GGUF_PLAIN_INT:
+            arr = np.asarray(t.data).reshape(shape)
+        else:
+            from gguf.quants import dequantize
+
+            try:
+                arr = dequantize(t.data, t.tensor_type)
+            except NotImplementedError:
+                raise WeightsError(
+                    f"{self.path}: tensor {name!r} is {kind}, which this gguf package cannot dequantize"
+                ) from None
+            arr = np.asarray(arr, dtype=np.float32).reshape(shape)
+        if framework == "numpy":
+            return arr
+        import torch
+
+        if not arr.flags.writeable:
+            arr = arr.copy()
+        return torch.from_numpy(arr)
+
+    # -- config
+
+    def config(self) -> dict:
+        """A Hugging Face config built from the GGUF metadata.
+
+        Llama 3.x GGUFs carry their rope scaling as a `rope_freqs.weight`
+        tensor (precomputed per-frequency factors), not as metadata; that
+        cannot be expressed as `rope_scaling` here and is left to the card.
+        """
+        arch = self.architecture
+        if not arch:
+            raise WeightsError(f"{self.path}: no general.architecture in the GGUF metadata")
+
+        def get(key, default=None):
+            return self.metadata(f"{arch}.{key}", default)
+
+        heads = get("attention.head_count")
+        hidden = get("embedding_length")
+        tokens = self.metadata("tokenizer.ggml.tokens")
+        vocab = get("vocab_size") or (len(tokens) if tokens else None)
+        if vocab is None and "token_embd.weight" in self._tensors:
+            vocab = self.shape("token_embd.weight")[0]
+        model_type, architectures = _GGUF_ARCHS.get(arch, (arch, None))
+
+        cfg: dict[str, Any] = {"model_type": model_type}
+        if architectures:
+            cfg["architectures"] = architectures
+        cfg.update(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            num_hidden_layers=get("block_count"),
+            num_attention_heads=heads,
+            num_key_value_heads=get("attention.head_count_kv", heads),
+            intermediate_size=get("feed_forward_length"),
+            rms_norm_eps=get("attention.layer_norm_rms_epsilon"),
+            rope_theta=get("rope.freq_base", 10000.0),
+            max_position_embeddings=get("context_length"),
+            tie_word_embeddings="output.weight" not in self._tensors,
+        )
+        head_dim = get("attention.key_length") or (hidden // heads if hidden and heads else None)
+        if head_dim is not None:
+            cfg["head_dim"] = head_dim
+        if model_type == "llama":
+            cfg["hidden_act"] = "silu"
+            cfg["attention_bias"] = "blk.0.attn_q.bias" in self._tensors
+            cfg["mlp_bias"] = "blk.0.ffn_up.bias" in self._tensors
+        scaling = self._rope_scaling(get)
+        if scaling:
+            cfg["rope_scaling"] = scaling
+        for key in ("bos", "eos", "padding"):
+            token_id = self.metadata(f"tokenizer.ggml.{key}_token_id")
+            if token_id is not None:
+                cfg["pad_token_id" if key == "padding" else f"{key}_token_id"] = token_id
+        return {k: v for k, v in cfg.items() if v is not None}
+
+    @staticmethod
+    def _rope_scaling(get) -> dict | None:
+        kind = get("rope.scaling.type")
+        factor = get("rope.scaling.factor")
+        if kind in (None, "none") or factor is None:
+            return None
+        scaling: dict[str, Any] = {"rope_type": kind, "factor": float(factor)}
+        original = get("rope.scaling.original_context_length")
+        if original is not None:
+            scaling["original_max_position_embeddings"] = int(original)
+        attn = get("rope.scaling.attn_factor")
+        if attn is not None:
+            scaling["attention_factor"] = float(attn)
+        return scaling
+
+
+# --------------------------------------------------------------------- choose
+
+
+def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
+    """A directory -> safetensors; a *.gguf file -> GGUF; anything else is an error."""
+    p = Path(path)
+    if p.is_dir():
+        return SafetensorsCheckpoint(p)
+    if p.is_file():
+        if p.suffix.lower() == ".gguf":
+            return GGUFCheckpoint(p)
+        if p.name in (SAFETENSORS_FILE, SAFETENSORS_INDEX, CONFIG_FILE):
+            return SafetensorsCheckpoint(p.parent)
+        raise WeightsError(
+            f"{p}: not a checkpoint linnet can read; give a Hugging Face model directory "
+            "(config.json + *.safetensors) or a .gguf file"
+        )
+    raise WeightsError(f"{p}: no such file or directory")

@@ -1,0 +1,13 @@
+"""Errors that nest raises about weights and tokenizers.
+
+Each message names the file or directory at fault, so a user can act on it
+without reading a traceback.
+"""
+
+
+class WeightsError(Exception):
+    """A checkpoint is missing, incomplete, corrupt, or lacks a tensor asked for."""
+
+
+class TokenizerError(Exception):
+    """A tokenizer cannot be built from the files given, or a chat template fails."""

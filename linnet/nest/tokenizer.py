@@ -1,0 +1,250 @@
+"""Text <-> token ids, streaming decode, and chat templates.
+
+One `Tokenizer` over a `tokenizers` backend, built either from a Hugging Face
+directory (tokenizer.json and friends) or from a GGUF's metadata. Nothing of
+transformers is used: it matches transformers' behaviour, and the tests hold
+it to that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from .chat_template import render_chat_template
+from .errors import TokenizerError
+
+_REPLACEMENT = "\ufffd"  # what a decoder yields for an incomplete UTF-8 sequence
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise TokenizerError(f"{path}: not valid JSON ({e})") from None
+
+
+def _token_text(value) -> str | None:
+    # tokenizer_config writes special tokens as "text" or {"content": "text", ...}
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _as_id_list(value) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value]
+
+
+def _unique(ids: Iterable[int]) -> list[int]:
+    out: list[int] = []
+    for i in ids:
+        if i is not None and i not in out:
+            out.append(i)
+    return out
+
+
+class Tokenizer:
+    """encode/decode plus what generation needs: stop tokens and the chat template."""
+
+    def __init__(
+        self,
+        backend,
+        *,
+        bos_token: str | None = None,
+        eos_token: str | None = None,
+        eos_token_ids: Iterable[int] = (),
+        bos_token_id: int | None = None,
+        chat_template: str | None = None,
+        special_tokens: dict[str, str | None] | None = None,
+        source: str = "",
+    ):
+        self.backend = backend          # a tokenizers.Tokenizer
+        self.source = source            # where it came from, for messages
+        self.bos_token = bos_token
+        self.eos_token = eos_token
+        if bos_token_id is None and bos_token is not None:
+            bos_token_id = backend.token_to_id(bos_token)
+        self.bos_token_id: int | None = bos_token_id
+        eos = list(eos_token_ids)
+        if eos_token is not None:
+            eos.append(backend.token_to_id(eos_token))
+        self.eos_token_ids: list[int] = _unique(eos)
+        self.chat_template: str | None = chat_template
+        # variables a chat template sees besides messages (bos_token, eos_token, ...)
+        self.special_tokens = {"bos_token": bos_token, "eos_token": eos_token, **(special_tokens or {})}
+
+    # ---------------------------------------------------------------- build
+
+    @classmethod
+    def from_dir(cls, hf_dir: str | os.PathLike) -> "Tokenizer":
+        """From a Hugging Face model directory: tokenizer.json, tokenizer_config.json,
+        generation_config.json (and chat_template.jinja, special_tokens_map.json,
+        config.json where present)."""
+        from tokenizers import Tokenizer as Backend
+
+        d = Path(hf_dir)
+        path = d / "tokenizer.json"
+        if not path.is_file():
+            raise TokenizerError(f"{d}: no tokenizer.json (linnet reads fast tokenizers only)")
+        try:
+            backend = Backend.from_file(str(path))
+        except Exception as e:
+            raise TokenizerError(f"{path}: cannot load ({e})") from None
+        tc = _read_json(d / "tokenizer_config.json")
+        stm = _read_json(d / "special_tokens_map.json")
+        gen = _read_json(d / "generation_config.json")
+        model_cfg = _read_json(d / "config.json")
+
+        def special(name):
+            return _token_text(tc.get(name)) or _token_text(stm.get(name))
+
+        template = None
+        jinja = d / "chat_template.jinja"
+        if jinja.is_file():
+            template = jinja.read_text(encoding="utf-8")
+        else:
+            template = tc.get("chat_template")
+            if isinstance(template, list):  # named templates: use "default"
+                named = {t.get("name"): t.get("template") for t in template}
+                template = named.get("default") or next(iter(named.values()), None)
+        eos_ids = _as_id_list(gen.get("eos_token_id")) or _as_id_list(model_cfg.get("eos_token_id"))
+        bos_id = None
+        if special("bos_token") is None:
+            bos_id = gen.get("bos_token_id", model_cfg.get("bos_token_id"))
+        return cls(
+            backend,
+            bos_token=special("bos_token"),
+            eos_token=special("eos_token"),
+            eos_token_ids=eos_ids,
+            bos_token_id=bos_id,
+            chat_template=template,
+            special_tokens={"unk_token": special("unk_token"), "pad_token": special("pad_token")},
+            source=str(d),
+        )
+
+    @classmethod
+    def from_gguf(cls, gguf) -> "Tokenizer":
+        """From a GGUF file path or an open `GGUFCheckpoint` (to read the file once)."""
+        from .checkpoint import GGUFCheckpoint
+        from .gguf_tokenizer import build_bpe_tokenizer
+
+        ckpt = gguf if isinstance(gguf, GGUFCheckpoint) else GGUFCheckpoint(gguf)
+        meta = ckpt.metadata
+        try:
+            backend = build_bpe_tokenizer(meta)
+        except TokenizerError as e:
+            raise TokenizerError(f"{ckpt.path}: {e}") from None
+        tokens = meta("tokenizer.ggml.tokens")
+
+        def text(key):
+            tid = meta(f"tokenizer.ggml.{key}_token_id")
+            return tokens[tid] if tid is not None and 0 <= tid < len(tokens) else None
+
+        # llama.cpp ends generation on EOS and also on EOT/EOM where the file names them.
+        stops = [meta(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+        return cls(
+            backend,
+            bos_token=text("bos"),
+            eos_token=text("eos"),
+            eos_token_ids=[s for s in stops if s is not None],
+            bos_token_id=meta("tokenizer.ggml.bos_token_id"),
+            chat_template=meta("tokenizer.chat_template"),
+            special_tokens={"unk_token": text("unknown"), "pad_token": text("padding")},
+            source=ckpt.path,
+        )
+
+    # ---------------------------------------------------------------- use
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.backend.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self.backend.id_to_token(token_id)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Special tokens written in `text` (e.g. <|im_start|>) always map to their ids;
+        add_special_tokens adds the BOS/EOS the tokenizer's post-processor asks for."""
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def incremental_decoder(self, skip_special_tokens: bool = False) -> "IncrementalDecoder":
+        return IncrementalDecoder(self, skip_special_tokens=skip_special_tokens)
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+    ) -> str:
+        """The prompt text for `messages`; extra kwargs (tools=...) go to the template."""
+        if not self.chat_template:
+            raise TokenizerError(f"{self.source or 'this tokenizer'}: no chat template")
+        return render_chat_template(
+            self.chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            special_tokens=self.special_tokens,
+            **kwargs,
+        )
+
+
+class IncrementalDecoder:
+    """Turns token ids, one at a time, into text pieces for streaming.
+
+    Byte-level tokens may end inside a multi-byte UTF-8 character; a piece is
+    held back until the character is complete. Each step decodes a small
+    window starting one emitted token back (so decoders that treat the first
+    token specially, e.g. strip a leading space, see the same context as in a
+    full decode), and emits the text beyond what the window already gave.
+    The concatenated pieces plus `flush()` equal `decode(all_ids)`.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False):
+        self._tok = tokenizer
+        self._skip = skip_special_tokens
+        self._ids: list[int] = []   # the window: ids from the last context token on
+        self._read = 0              # ids in the window whose text is already emitted
+
+    def _text(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=self._skip) if ids else ""
+
+    def push(self, token_id: int) -> str:
+        """Add one id; return the new text it completes ("" if none yet)."""
+        self._ids.append(int(token_id))
+        before = self._text(self._ids[: self._read])
+        after = self._text(self._ids)
+        if len(after) <= len(before) or after.endswith(_REPLACEMENT):
+            return ""
+        # slide the window: the newest emitted token becomes the context
+        self._ids = self._ids[self._read :]
+        self._read = len(self._ids)
+        return after[len(before) :]
+
+    def flush(self) -> str:
+        """Whatever is held back (an incomplete character decodes as U+FFFD)."""
+        before = self._text(self._ids[: self._read])
+        after = self._text(self._ids)
+        self._ids = self._ids[-1:] if self._ids else []
+        self._read = len(self._ids)
+        return after[len(before) :]
+
+    def stream(self, ids: Iterable[int]) -> Iterator[str]:
+        """Yield text pieces as ids arrive, then what flush() gives."""
+        for token_id in ids:
+            piece = self.push(token_id)
+            if piece:
+                yield piece
+        tail = self.flush()
+        if tail:
+            yield tail

@@ -1,0 +1,177 @@
+"""The Python source writer both code generators share.
+
+It walks an inlined, specialized module and writes one line per statement,
+preceded by a comment naming the `.linnet` line it came from. Backends
+subclass it and say how each op is spelled in their library.
+"""
+
+from __future__ import annotations
+
+import os
+
+from linnet.ir import nodes as ir
+from linnet.ir.dims import Dim, Quotient
+from linnet.ir.types import GENERIC_DTYPE, ScalarType, TensorType
+
+ATOM, POSTFIX, POWER, UNARY, MUL, ADD, CMP, NOT, AND, OR, IF = 100, 90, 80, 70, 60, 50, 40, 30, 20, 10, 5
+
+BINARY_SYNTAX = {"add": ("+", ADD), "sub": ("-", ADD), "mul": ("*", MUL), "div": ("/", MUL), "floordiv": ("//", MUL),
+                 "mod": ("%", MUL), "matmul": ("@", MUL), "pow": ("**", POWER), "lt": ("<", CMP), "le": ("<=", CMP),
+                 "gt": (">", CMP), "ge": (">=", CMP), "eq": ("==", CMP), "ne": ("!=", CMP)}
+
+
+def dim_py(d: Dim) -> str:
+    """A dim as a Python int expression over the generated module's names."""
+    if not d.terms:
+        return "0"
+    parts = []
+    for m, c in d.terms:
+        factors = []
+        for a, p in m:
+            s = a if isinstance(a, str) else f"({dim_py(a.num)} // {_paren_dim(a.den)})"
+            factors.extend([s] * p)
+        body = " * ".join(([str(abs(c))] if abs(c) != 1 or not factors else []) + factors)
+        parts.append(("- " if c < 0 else "+ ") + body)
+    text = " ".join(parts)
+    return text[2:] if text.startswith("+ ") else "-" + text[2:]
+
+
+def _paren_dim(d: Dim) -> str:
+    s = dim_py(d)
+    return s if s.isidentifier() or s.isdigit() else f"({s})"
+
+
+class PythonEmitter:
+    backend = "python"
+
+    def __init__(self, module: ir.Module):
+        self.module = module
+        self.lines: list[str] = []
+        self.depth = 0
+        self.last_comment = None
+        self.iota_rows: set = set()  # locals known to hold iota(Batch): token i is row i
+
+    # ------------------------------------------------------------ writing
+
+    def line(self, text: str = ""):
+        self.lines.append(("    " * self.depth + text) if text else "")
+
+    def where(self, loc) -> str:
+        path = os.path.basename(loc.path)
+        return f"{path}:{loc.line}"
+
+    def comment_for(self, loc):
+        ref = self.where(loc)
+        if ref != self.last_comment:
+            self.line(f"# {ref}")
+            self.last_comment = ref
+
+    def source(self) -> str:
+        return "\n".join(self.lines).rstrip() + "\n"
+
+    # ------------------------------------------------------------ expressions
+
+    def expr(self, v: ir.Value) -> str:
+        return self.emit(v)[0]
+
+    def paren(self, v: ir.Value, prec: int) -> str:
+        text, p = self.emit(v)
+        return text if p > prec or (p == prec and p == ATOM) else f"({text})"
+
+    def emit(self, v: ir.Value) -> tuple[str, int]:
+        if isinstance(v, ir.Const):
+            if isinstance(v.value, float):
+                return repr(v.value), ATOM
+            return repr(v.value), ATOM
+        if isinstance(v, ir.Var):
+            return self.var(v), ATOM
+        if isinstance(v, ir.Slice):
+            a = self.expr(v.start) if v.start is not None else ""
+            b = self.expr(v.stop) if v.stop is not None else ""
+            return f"{a}:{b}", ATOM
+        assert isinstance(v, ir.Op)
+        k = v.kwargs
+        if v.op in BINARY_SYNTAX:
+            sym, prec = BINARY_SYNTAX[v.op]
+            if v.op == "div" and isinstance(v.type, ScalarType) and v.type.kind == "int":
+                sym = "//"  # static ints divide exactly (checked when specialized)
+            if prec == POWER:  # right-associative
+                return f"{self.paren(k['a'], prec)} {sym} {self.paren(k['b'], prec - 1)}", prec
+            return f"{self.paren(k['a'], prec - 1)} {sym} {self.paren(k['b'], prec)}", prec
+        if v.op in ("and", "or") and isinstance(v.type, ScalarType):
+            prec = AND if v.op == "and" else OR
+            return f"{self.paren(k['a'], prec)} {v.op} {self.paren(k['b'], prec + 1)}", prec
+        if v.op == "neg":
+            return f"-{self.paren(k['x'], UNARY - 1)}", UNARY
+        if v.op == "not" and isinstance(v.type, ScalarType):
+            return f"not {self.paren(k['x'], NOT - 1)}", NOT
+        if v.op == "if":
+            return f"{self.paren(k['then'], IF)} if {self.paren(k['cond'], IF)} else {self.paren(k['orelse'], IF - 1)}", IF
+        if v.op == "dim_expr":
+            return f"({dim_py(v.dims[0])})", ATOM
+        if v.op == "list":
+            return "[" + ", ".join(self.expr(a) for a in v.args) + "]", ATOM
+        if v.op == "index":
+            return f"{self.paren(k['x'], POSTFIX - 1)}[{', '.join(self.expr(i) for i in v.args)}]", POSTFIX
+        method = getattr(self, "op_" + v.op, None)
+        if method is None:
+            raise NotImplementedError(f"{self.backend} has no spelling for op `{v.op}`")
+        return method(v, k), POSTFIX
+
+    def dims(self, dims) -> str:
+        return ", ".join(dim_py(d) for d in dims)
+
+    def axis(self, v: ir.Value | None, default: int = -1) -> int:
+        return default if v is None else v.value
+
+    def dtype_of(self, t) -> str:
+        d = t.dtype if isinstance(t, TensorType) else t
+        return self.module.bindings["T"] if d == GENERIC_DTYPE else d
+
+    def is_iota_rows(self, v: ir.Value | None) -> bool:
+        return isinstance(v, ir.Var) and v.name in self.iota_rows
+
+    # ------------------------------------------------------------ statements
+
+    def body(self, stmts: list):
+        for s in stmts:
+            self.comment_for(s.loc)
+            if isinstance(s, ir.Assign):
+                if (len(s.targets) == 1 and isinstance(s.value, ir.Op) and s.value.op == "iota"
+                        and isinstance(s.value.type, TensorType)):
+                    self.iota_rows.add(s.targets[0])
+                else:
+                    self.iota_rows.difference_update(s.targets)
+                self.line(f"{', '.join(s.targets)} = {self.expr(s.value)}")
+            elif isinstance(s, ir.Store):
+                self.store(s)
+            elif isinstance(s, ir.For):
+                self.line(f"for {s.var} in range({self.expr(s.count)}):")
+                self.depth += 1
+                self.last_comment = None
+                self.body(s.body)
+                self.depth -= 1
+                self.last_comment = None
+            elif isinstance(s, ir.Return):
+                self.ret(s)
+
+    # ------------------------------------------------------------ the module header
+
+    def config_lines(self):
+        b = self.module.bindings
+        self.line("# Config values and generics, as specialized.")
+        for name in self.module.config:
+            self.line(f"{name} = {b[name]!r}")
+        self.line(f"Batch = {b['Batch']}")
+        self.line(f"MaxSeq = {b['MaxSeq']}")
+
+    def header(self, what: str):
+        m = self.module
+        origin = os.path.basename(m.path)
+        card = next((os.path.basename(p) for p in m.sources if p != m.path), None)
+        b = m.bindings
+        self.line(f'"""{what} of `{m.card or m.name}`, generated by Linnet from {card + " and " if card else ""}{origin}.')
+        self.line("")
+        self.line(f"Generics: Batch={b['Batch']}, MaxSeq={b['MaxSeq']}, T={b['T']}; numerics: {b['numerics']}.")
+        self.line("Regenerate with `linnet compile` rather than editing by hand.")
+        self.line('"""')

@@ -1,0 +1,48 @@
+"""Rotary embedding frequencies for every scaling Linnet supports (none, linear, llama3, yarn).
+
+Plain numpy in float64, shared by both backends' runtimes so that their
+tables agree to the last bit.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def inv_frequencies(head_dim: int, theta: float, scaling: str = "none", factor: float = 1.0,
+                    low_freq_factor: float = 1.0, high_freq_factor: float = 4.0, original_max: int = 8192,
+                    beta_fast: float = 32.0, beta_slow: float = 1.0) -> tuple[np.ndarray, float]:
+    """Returns (inverse frequencies [head_dim // 2], attention factor applied to cos and sin)."""
+    exponents = np.arange(0, head_dim, 2, dtype=np.float64) / head_dim
+    inv_freq = 1.0 / (theta ** exponents)
+    if scaling in ("none", ""):
+        return inv_freq, 1.0
+    if scaling == "linear":
+        return inv_freq / factor, 1.0
+    if scaling == "llama3":
+        # Long wavelengths are slowed by `factor`, short ones kept, the band between blended.
+        low_wavelen = original_max / low_freq_factor
+        high_wavelen = original_max / high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+        smooth = (original_max / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return np.where(medium, blended, scaled), 1.0
+    if scaling == "yarn":
+        def correction_dim(rotations: float) -> float:
+            return (head_dim * math.log(original_max / (rotations * 2 * math.pi))) / (2 * math.log(theta))
+
+        low = max(math.floor(correction_dim(beta_fast)), 0)
+        high = min(math.ceil(correction_dim(beta_slow)), head_dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((np.arange(head_dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+        extrapolation = 1 - ramp
+        interpolated = inv_freq / factor
+        inv = interpolated * (1 - extrapolation) + inv_freq * extrapolation
+        attention_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+        return inv, attention_factor
+    raise ValueError(f"unknown rope scaling {scaling!r}")

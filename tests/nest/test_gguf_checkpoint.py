@@ -1,0 +1,207 @@
+"""GGUFCheckpoint: real SmolLM2 tensors against transformers' GGUF loader, and
+dequantization accuracy on small tensors written here."""
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType as Q  # noqa: E402
+from gguf.quants import dequantize, quantize  # noqa: E402
+
+from linnet.nest.checkpoint import GGUFCheckpoint, open_checkpoint  # noqa: E402
+from linnet.nest.errors import WeightsError  # noqa: E402
+from linnet.nest.transforms import unpermute_rope  # noqa: E402
+
+# GGUF -> HF names for llama. The production mapping lives in the .linnet card;
+# this one is only the test's, to line our tensors up with transformers'.
+_BLOCK = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj", "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+}
+_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+def hf_name(gguf_name: str) -> str:
+    stem, suffix = gguf_name.rsplit(".", 1)
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)", stem)
+    if m:
+        return f"model.layers.{m[1]}.{_BLOCK[m[2]]}.{suffix}"
+    return f"{_TOP[stem]}.{suffix}"
+
+
+@pytest.fixture(scope="module")
+def hf_reference(gguf_path, gguf_ckpt):
+    """transformers' dequantized, un-permuted tensors under HF names, and its config.
+
+    `from_pretrained(dir, gguf_file=...)` needs accelerate, which linnet does not
+    install; `load_gguf_checkpoint` is the function it calls to read the file.
+    It wants a model only to learn the parameter names, so a skeleton on the
+    meta device (no memory) stands in; transformers derives the head counts
+    it un-permutes with from the file itself.
+    """
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    with torch.device("meta"):
+        skeleton = LlamaForCausalLM(LlamaConfig(**gguf_ckpt.config()))
+    loaded = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=skeleton)
+    return loaded["tensors"], dict(loaded["config"])
+
+
+def test_every_tensor_matches_transformers(gguf_ckpt, hf_reference):
+    tensors, config = hf_reference
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    names = gguf_ckpt.names()
+    assert len(names) == len(tensors) == 272
+    for name in names:
+        ours = gguf_ckpt.load(name)
+        if ".attn_q." in name:
+            ours = unpermute_rope(ours, heads)
+        elif ".attn_k." in name:
+            ours = unpermute_rope(ours, kv_heads)
+        ref = tensors[hf_name(name)].numpy()
+        assert ours.dtype == np.float32
+        assert ours.shape == ref.shape == gguf_ckpt.shape(name), name
+        np.testing.assert_array_equal(ours, ref, err_msg=name)
+
+
+def test_config_matches_transformers(gguf_ckpt, hf_reference):
+    _, ref = hf_reference
+    cfg = gguf_ckpt.config()
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "intermediate_size", "rms_norm_eps", "rope_theta",
+                "max_position_embeddings", "tie_word_embeddings", "bos_token_id", "eos_token_id", "head_dim"):
+        assert cfg[key] == ref[key], key
+    assert cfg["architectures"] == ["LlamaForCausalLM"]
+    assert cfg["tie_word_embeddings"] is True and "output.weight" not in gguf_ckpt
+    assert "rope_scaling" not in cfg
+
+
+def test_shapes_dtypes_and_torch(gguf_ckpt):
+    assert gguf_ckpt.format == "gguf"
+    assert gguf_ckpt.shape("token_embd.weight") == (49152, 576)
+    assert gguf_ckpt.shape("blk.0.attn_k.weight") == (192, 576)
+    assert gguf_ckpt.shape("blk.0.ffn_down.weight") == (576, 1536)
+    assert gguf_ckpt.stored_dtype("token_embd.weight") == "q8_0"
+    assert gguf_ckpt.stored_dtype("blk.0.attn_q.weight") == "q4_1"
+    assert gguf_ckpt.stored_dtype("blk.0.attn_norm.weight") == "f32"
+    t = gguf_ckpt.load("blk.0.attn_norm.weight", framework="torch")
+    assert isinstance(t, torch.Tensor) and t.dtype == torch.float32 and t.shape == (576,)
+    np.testing.assert_array_equal(t.numpy(), gguf_ckpt.load("blk.0.attn_norm.weight"))
+    assert gguf_ckpt.metadata("general.architecture") == "llama"
+
+
+def test_unknown_tensor_names_close_matches(gguf_ckpt):
+    with pytest.raises(WeightsError, match=r"no tensor named 'blk\.0\.attn_qq\.weight'.*blk\.0\.attn_q\.weight"):
+        gguf_ckpt.load("blk.0.attn_qq.weight")
+
+
+# ------------------------------------------------------------ written here
+
+
+def write_gguf(path, tensors: dict, arch="llama"):
+    """tensors: name -> (array to store, GGML type or None for plain float)."""
+    w = gguf.GGUFWriter(str(path), arch)
+    for name, (data, qtype) in tensors.items():
+        w.add_tensor(name, data, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def block_error_bound(x: np.ndarray, qtype) -> np.ndarray:
+    """Largest error each 32-value block may have after quantizing, per type."""
+    blocks = x.reshape(-1, 32)
+    amax = np.abs(blocks).max(axis=1, keepdims=True)
+    if qtype == Q.Q8_0:      # scale amax/127, round to nearest
+        bound = amax / 127 / 2
+    elif qtype == Q.Q4_0:    # scale amax/8, the top value may clip by one step
+        bound = amax / 8
+    elif qtype == Q.Q4_1:    # 16 levels from min to max, round to nearest
+        span = blocks.max(axis=1, keepdims=True) - blocks.min(axis=1, keepdims=True)
+        bound = span / 15 / 2
+    else:
+        raise AssertionError(qtype)
+    # the scale itself is stored as f16
+    return np.broadcast_to(bound * 1.01 + amax * 2e-3, blocks.shape).reshape(x.shape)
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1])
+def test_block_quant_round_trip(tmp_path, qtype):
+    rng = np.random.default_rng(int(qtype))
+    x = rng.standard_normal((6, 4, 64)).astype(np.float32) * rng.uniform(0.01, 3.0, (6, 4, 1)).astype(np.float32)
+    path = write_gguf(tmp_path / "q.gguf", {"w": (quantize(x, qtype), qtype)})
+    ckpt = GGUFCheckpoint(path)
+    assert ckpt.stored_dtype("w") == qtype.name.lower()
+    assert ckpt.shape("w") == x.shape
+    got = ckpt.load("w")
+    assert got.dtype == np.float32 and got.shape == x.shape
+    err = np.abs(got - x)
+    assert (err <= block_error_bound(x, qtype)).all(), float(err.max())
+
+
+@pytest.mark.parametrize("qtype, rel", [(Q.F32, 0.0), (Q.F16, 2.0**-11), (Q.BF16, 2.0**-8)])
+def test_float_types(tmp_path, qtype, rel):
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((5, 32)).astype(np.float32)
+    stored = quantize(x, qtype)
+    path = write_gguf(tmp_path / "f.gguf", {"w": (stored, qtype if stored.dtype == np.uint8 else None)})
+    ckpt = open_checkpoint(path)
+    assert ckpt.stored_dtype("w") == qtype.name.lower()
+    got = ckpt.load("w")
+    assert got.dtype == np.float32 and got.shape == (5, 32)
+    np.testing.assert_allclose(got, x, rtol=rel, atol=0)
+    assert torch.equal(ckpt.load("w", framework="torch"), torch.from_numpy(got.copy()))
+
+
+# The gguf package cannot quantize Q4_K or Q6_K. Dequantizing them is gguf's
+# own code, which transformers and llama.cpp's tools share; what is ours is
+# the plumbing (256-value super-blocks, byte shapes, shape order), tested here
+# on random blocks with sane scales.
+_K_LAYOUT = {Q.Q4_K: ((0, 2),), Q.Q6_K: ((208, 2),)}  # where each block keeps its f16 scales
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K])
+def test_k_quant_plumbing(tmp_path, qtype):
+    block_values, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    rows, blocks = 3, 2
+    rng = np.random.default_rng(int(qtype))
+    raw = rng.integers(0, 256, (rows, blocks, block_bytes), dtype=np.uint8)
+    for offset, _ in _K_LAYOUT[qtype]:
+        raw[..., offset:offset + 2] = np.frombuffer(np.float16(0.01).tobytes(), np.uint8)
+    if qtype == Q.Q4_K:
+        raw[..., 2:4] = np.frombuffer(np.float16(0.005).tobytes(), np.uint8)  # dmin
+    raw = raw.reshape(rows, blocks * block_bytes)
+    path = write_gguf(tmp_path / "k.gguf", {"w": (raw, qtype)})
+    ckpt = GGUFCheckpoint(path)
+    assert ckpt.stored_dtype("w") == qtype.name.lower()
+    assert ckpt.shape("w") == (rows, blocks * block_values)
+    got = ckpt.load("w")
+    want = dequantize(raw, qtype).reshape(rows, blocks * block_values)
+    assert np.isfinite(got).all()
+    np.testing.assert_array_equal(got, want)
+
+
+def test_truncated_gguf(tmp_path):
+    x = np.ones((4, 32), np.float32)
+    path = write_gguf(tmp_path / "t.gguf", {"w": (x, None)})
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(WeightsError, match=r"t\.gguf: cannot read GGUF file"):
+        GGUFCheckpoint(path)
+
+
+def test_open_checkpoint_errors(tmp_path):
+    with pytest.raises(WeightsError, match="no such file or directory"):
+        open_checkpoint(tmp_path / "nope.gguf")
+    other = tmp_path / "weights.bin"
+    other.write_bytes(b"\0")
+    with pytest.raises(WeightsError, match=r"weights\.bin: not a checkpoint linnet can read"):
+        open_checkpoint(other)
