@@ -6,7 +6,7 @@ from linnet.codegen_common import (entry_dim_sources, param_table, rope_key, rop
                                    state_table, tied_params)
 from linnet.ir import nodes as ir
 from linnet.ir.passes import inline_calls
-from linnet.ir.types import NoneType
+from linnet.ir.types import NoneType, TensorType
 from linnet.pyemit import PythonEmitter
 
 TORCH_DTYPES = {"f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.float16", "i32": "torch.int32",
@@ -76,6 +76,9 @@ class _TorchEmitter(PythonEmitter):
         self.depth += 1
         self.last_comment = None
         self.iota_rows = set()
+        tensors = [n for n, t in fn.args if isinstance(t, TensorType)]
+        if tensors:  # numpy arrays and tensors on another device are taken too
+            self.line(f"{', '.join(tensors)}{',' * (len(tensors) == 1)} = rt.as_tensors(self.device, {', '.join(tensors)})")
         for d, arg, axis in entry_dim_sources(fn):
             self.line(f"{d} = {arg}.shape[{axis}]")
         self.body(fn.body)

@@ -105,6 +105,11 @@ def copy_rows_(cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, upto: 
     return cache
 
 
+def as_tensors(device: torch.device, *arrays) -> tuple:
+    """An entry's arguments as tensors on the model's device: numpy arrays are taken as well as tensors."""
+    return tuple(torch.as_tensor(a, device=device) for a in arrays)
+
+
 def take(x: torch.Tensor, indices: torch.Tensor, axis: int = 0) -> torch.Tensor:
     flat = x.index_select(axis, indices.reshape(-1).long())
     return flat.reshape(x.shape[:axis] + indices.shape + x.shape[axis + 1:])

@@ -33,7 +33,12 @@ def parse(source: str, path: str = "<string>") -> ast.File:
         tree = _parser().parse(source)
     except lark.exceptions.UnexpectedInput as err:
         raise _syntax_error(err, source, path) from None
-    return _ToAst(path, source).transform(tree)
+    try:
+        return _ToAst(path, source).transform(tree)
+    except lark.exceptions.VisitError as err:  # a LinnetError raised while building the AST
+        if isinstance(err.orig_exc, LinnetError):
+            raise err.orig_exc from None
+        raise
 
 
 def _syntax_error(err: lark.exceptions.UnexpectedInput, source: str, path: str) -> LinnetError:

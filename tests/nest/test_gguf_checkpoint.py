@@ -41,15 +41,26 @@ def hf_reference(gguf_path, gguf_ckpt):
     install; `load_gguf_checkpoint` is the function it calls to read the file.
     It wants a model only to learn the parameter names, so a skeleton on the
     meta device (no memory) stands in; transformers derives the head counts
-    it un-permutes with from the file itself.
+    it un-permutes with from the file itself. The skeleton hides its
+    submodules: transformers would rebuild gguf's name table for each of
+    them (~400 times, seconds), and its top-level pass already names every
+    tensor (the test checks all 272 arrive).
     """
     pytest.importorskip("transformers")
     from transformers import LlamaConfig, LlamaForCausalLM
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     with torch.device("meta"):
-        skeleton = LlamaForCausalLM(LlamaConfig(**gguf_ckpt.config()))
-    loaded = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=skeleton)
+        model = LlamaForCausalLM(LlamaConfig(**gguf_ckpt.config()))
+
+    class Skeleton:
+        config = model.config
+        state_dict = model.state_dict
+
+        def named_children(self):
+            return iter(())
+
+    loaded = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=Skeleton())
     return loaded["tensors"], dict(loaded["config"])
 
 

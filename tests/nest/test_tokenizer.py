@@ -1,0 +1,197 @@
+"""Tokenizer against transformers' on the embedded SmolLM2 GGUF and on a
+Hugging Face tokenizer directory; streaming decode; chat templates."""
+
+import json
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from linnet.nest.errors import TokenizerError
+from linnet.nest.tokenizer import Tokenizer
+
+regex = pytest.importorskip("regex")
+
+TEXTS = [
+    "Hello, world!",
+    "Café déjà vu — naïve façade, Ærø, Straße",
+    "日本語のテキストと中文，한국어",
+    "emoji: 😀👍🏽 🇫🇷 👨‍👩‍👧 done",
+    "tabs\tand\nnewlines\n\n\nend\r\n",
+    "trailing spaces   ",
+    "   leading spaces and    inner runs",
+    "digits 12345 and 3.14159 and 1,000,000; x42 a1b2c3",
+    "<|im_start|>user\nhi there<|im_end|>\n<|im_start|>assistant\n",
+    "code: def f(x):\n    return x ** 2  # square\n",
+    "I'm sure they'll've done it, can't we?",
+    "",
+]
+
+# Whitespace runs right before a digit: llama.cpp's "smollm" splitting (digits
+# isolated first) and transformers' GGUF tokenizer (GPT-2 regex only) part ways.
+DIGIT_AFTER_SPACE = ["a  1", "x\n\n2", "total:\t\t42", "line\n 7", "year   2024\n\n 3"]
+
+GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+
+
+def llama_cpp_smollm_ids(hf_tok, text):
+    """llama.cpp's tokenization for pre-tokenizer "smollm": split off every \\p{N},
+    split each piece with GPT-2's regex, BPE each part (transformers' BPE)."""
+    ids = []
+    for chunk in regex.split(r"(\p{N})", text):
+        for piece in regex.findall(GPT2_SPLIT, chunk):
+            ids += hf_tok.encode(piece, add_special_tokens=False)
+    return ids
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_gguf_encode_decode_match_transformers(gguf_tokenizer, hf_gguf_tokenizer, text):
+    ids = gguf_tokenizer.encode(text)
+    assert ids == hf_gguf_tokenizer.encode(text)
+    assert gguf_tokenizer.decode(ids) == hf_gguf_tokenizer.decode(ids) == text
+    assert gguf_tokenizer.decode(ids, skip_special_tokens=True) == hf_gguf_tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def test_special_tokens_are_single_ids(gguf_tokenizer):
+    ids = gguf_tokenizer.encode("<|im_start|>user<|im_end|><|endoftext|>")
+    assert ids[0] == 1 and ids[-2:] == [2, 0]
+    assert gguf_tokenizer.decode(ids, skip_special_tokens=True) == "user"
+
+
+@pytest.mark.parametrize("text", DIGIT_AFTER_SPACE + TEXTS[:-4])
+def test_gguf_pretokenizer_is_llama_cpps(gguf_tokenizer, hf_gguf_tokenizer, text):
+    assert gguf_tokenizer.encode(text) == llama_cpp_smollm_ids(hf_gguf_tokenizer, text)
+    assert gguf_tokenizer.decode(gguf_tokenizer.encode(text)) == text
+
+
+def test_digits_split_one_by_one(gguf_tokenizer):
+    ids = gguf_tokenizer.encode("a  1")
+    assert [gguf_tokenizer.id_to_token(i) for i in ids] == ["a", "ĠĠ", "1"]
+    assert [gguf_tokenizer.id_to_token(i) for i in gguf_tokenizer.encode("2024")] == ["2", "0", "2", "4"]
+
+
+_ALPHABET = st.sampled_from(list("ab Z é日本 😀👍\n\t019.,'-_") + ["  ", "'s", "<|im_end|>"])
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(parts=st.lists(_ALPHABET, max_size=14))
+def test_random_texts_match_llama_cpp(gguf_tokenizer, hf_gguf_tokenizer, parts):
+    text = "".join(parts)
+    ids = gguf_tokenizer.encode(text)
+    assert gguf_tokenizer.decode(ids) == text
+    want = []
+    for i, chunk in enumerate(text.split("<|im_end|>")):
+        if i:
+            want.append(2)
+        want += llama_cpp_smollm_ids(hf_gguf_tokenizer, chunk)
+    assert ids == want
+
+
+def test_gguf_special_ids(gguf_tokenizer):
+    assert gguf_tokenizer.eos_token_ids == [2]
+    assert gguf_tokenizer.bos_token_id == 1
+    assert gguf_tokenizer.bos_token == "<|im_start|>" and gguf_tokenizer.eos_token == "<|im_end|>"
+    assert gguf_tokenizer.encode("hi", add_special_tokens=True) == gguf_tokenizer.encode("hi", add_special_tokens=False)
+    assert gguf_tokenizer.vocab_size == 49152
+
+
+CHATS = [
+    [{"role": "user", "content": "What is 2+2?"}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi ☕"}],
+    [{"role": "system", "content": "S"}, {"role": "user", "content": "a"},
+     {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}],
+]
+
+
+@pytest.mark.parametrize("messages", CHATS)
+@pytest.mark.parametrize("gen", [True, False])
+def test_chat_template_matches_transformers(gguf_tokenizer, hf_gguf_tokenizer, messages, gen):
+    ours = gguf_tokenizer.apply_chat_template(messages, add_generation_prompt=gen)
+    want = hf_gguf_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=gen)
+    assert ours == want
+    assert ours.endswith("<|im_start|>assistant\n") == gen
+
+
+# ------------------------------------------------------------ streaming
+
+
+STREAM_TEXTS = TEXTS + ["🤖🎉🧠 multi-token emoji ✨🫠", "<|im_start|>assistant\nSure! 👋<|im_end|>"]
+
+
+@pytest.mark.parametrize("skip", [False, True])
+@pytest.mark.parametrize("text", STREAM_TEXTS)
+def test_incremental_decoder_concatenates_to_decode(gguf_tokenizer, text, skip):
+    ids = gguf_tokenizer.encode(text)
+    pieces = list(gguf_tokenizer.incremental_decoder(skip_special_tokens=skip).stream(ids))
+    assert "".join(pieces) == gguf_tokenizer.decode(ids, skip_special_tokens=skip)
+    assert not any("\ufffd" in p for p in pieces)
+
+
+def test_emoji_split_across_tokens_is_held_back(gguf_tokenizer):
+    ids = gguf_tokenizer.encode("ok 🫠!")
+    alone = [gguf_tokenizer.decode([i]) for i in ids]
+    assert any("\ufffd" in a for a in alone), "the emoji should span several byte-level tokens"
+    dec = gguf_tokenizer.incremental_decoder()
+    pieces = [dec.push(i) for i in ids]
+    assert "".join(pieces) + dec.flush() == "ok 🫠!"
+    assert "" in pieces  # a partial character produced nothing yet
+    assert all("\ufffd" not in p for p in pieces)
+
+
+def test_flush_emits_incomplete_tail(gguf_tokenizer):
+    ids = gguf_tokenizer.encode("🫠")
+    dec = gguf_tokenizer.incremental_decoder()
+    assert dec.push(ids[0]) == ""
+    assert dec.flush() == gguf_tokenizer.decode(ids[:1])  # U+FFFD: the bytes never completed
+
+
+# ------------------------------------------------------------ from a directory
+
+
+@pytest.fixture(scope="module")
+def hf_dir(hf_gguf_tokenizer, tmp_path_factory):
+    """A tokenizer directory as transformers writes it, plus a generation_config."""
+    d = tmp_path_factory.mktemp("tok")
+    hf_gguf_tokenizer.save_pretrained(d)
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0], "bos_token_id": 1}))
+    return d
+
+
+def test_from_dir_matches_transformers(hf_dir, hf_gguf_tokenizer, gguf_tokenizer):
+    tok = Tokenizer.from_dir(hf_dir)
+    for text in TEXTS + DIGIT_AFTER_SPACE:
+        ids = tok.encode(text)
+        assert ids == hf_gguf_tokenizer.encode(text), text
+        assert tok.decode(ids) == hf_gguf_tokenizer.decode(ids)
+    assert tok.eos_token_ids == [2, 0]
+    assert tok.bos_token_id == 1 and tok.bos_token == "<|im_start|>"
+    assert tok.chat_template == gguf_tokenizer.chat_template
+    for messages in CHATS:
+        assert tok.apply_chat_template(messages) == gguf_tokenizer.apply_chat_template(messages)
+
+
+def test_from_dir_template_in_tokenizer_config(hf_dir, tmp_path):
+    import shutil
+
+    d = tmp_path / "t"
+    shutil.copytree(hf_dir, d)
+    (d / "chat_template.jinja").unlink()
+    (d / "generation_config.json").unlink()
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "{{ bos_token }}D"}]
+    cfg["eos_token"] = {"content": "<|endoftext|>", "special": True}
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    tok = Tokenizer.from_dir(d)
+    assert tok.apply_chat_template([]) == "<|im_start|>D"
+    assert tok.eos_token_ids == [0]
+
+
+def test_from_dir_errors(tmp_path):
+    with pytest.raises(TokenizerError, match="no tokenizer.json"):
+        Tokenizer.from_dir(tmp_path)
+
+
+def test_no_chat_template(hf_dir, tmp_path):
+    tok = Tokenizer.from_dir(hf_dir)
+    tok.chat_template = None
+    with pytest.raises(TokenizerError, match="no chat template"):
+        tok.apply_chat_template([{"role": "user", "content": "x"}])
