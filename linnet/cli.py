@@ -23,7 +23,10 @@ def cmd_check(args) -> int:
     from linnet.compiler import check_file
 
     module = check_file(args.file)
-    if args.generic:
+    complete = all(name in module.config_values or c.default is not None for name, c in module.config.items())
+    if args.generic or module.card is not None or complete:
+        # What only numbers can tell (a missing config value, an inexact division) is checked
+        # whenever the config is known: for a card, or an architecture whose every value has a default.
         from linnet.ir.specialize import specialize
 
         specialize(module, _generics(args.generic), args.numerics)

@@ -80,8 +80,8 @@ class PythonEmitter:
 
     def emit(self, v: ir.Value) -> tuple[str, int]:
         if isinstance(v, ir.Const):
-            if isinstance(v.value, float):
-                return repr(v.value), ATOM
+            if isinstance(v.value, (int, float)) and not isinstance(v.value, bool) and v.value < 0:
+                return repr(v.value), UNARY  # `(-1) ** 2` keeps its parentheses
             return repr(v.value), ATOM
         if isinstance(v, ir.Var):
             return self.var(v), ATOM

@@ -234,20 +234,26 @@ class _Checker:
     def _signature(self, f: ast.FnDef) -> ir.Function:
         dims = {}
         for name, loc in f.dim_params:
-            if name in self.module_names or name in SIZE_GENERICS or name in dims:
+            if name in self.module_names or name in SIZE_GENERICS or name in dims or name in RESERVED \
+                    or name in DTYPES or name == GENERIC_DTYPE:
                 raise LinnetError(loc, f"the size `{name}` hides another name; choose another")
             dims[name] = loc
         args, seen = [], set()
         for arg in f.args:
             if arg.name in seen:
                 raise LinnetError(arg.loc, f"argument `{arg.name}` is declared twice")
-            if arg.name in self.module_names or arg.name in RESERVED or arg.name in dims:
+            if arg.name in self.module_names or arg.name in RESERVED or arg.name in dims \
+                    or arg.name in SIZE_GENERICS or arg.name in DTYPES or arg.name == GENERIC_DTYPE:
                 raise LinnetError(arg.loc, f"argument `{arg.name}` hides another name; choose another")
             seen.add(arg.name)
             typ = self._type(arg.type, dims)
             if f.kind == "entry" and not isinstance(typ, TensorType):
                 raise LinnetError(arg.type.loc, "entry arguments must be tensors")
             args.append((arg.name, typ))
+        for name, loc in dims.items():  # each call reads its sizes off its arguments' shapes
+            if not any(isinstance(t, TensorType) and Dim.name(name) in t.shape for _, t in args):
+                raise LinnetError(loc, f"the size `{name}` must be a dim of one of the arguments, so that each call binds it",
+                                  [f"e.g. `x: T[{name}, dim]`"])
         ret = self._type(f.ret, dims) if f.ret is not None else NoneType()
         return ir.Function(f.name, f.kind, list(dims), args, ret, [], f.loc)
 
@@ -347,6 +353,9 @@ class _Checker:
             return ir.Op(TupleType(tuple(i.type for i in items)), e.loc, "list", items)
         if isinstance(e, ast.Binary):
             return self._op(_BINARY[e.op], [e.left, e.right], [], e.loc, scope)
+        if isinstance(e, ast.Unary) and e.op == "-" and isinstance(e.operand, ast.Number):
+            value = -e.operand.value  # a negative literal, so that `axis=-1` is an integer literal
+            return ir.Const(INT if isinstance(value, int) else FLOAT, e.loc, value)
         if isinstance(e, ast.Unary):
             return self._op("neg" if e.op == "-" else "not", [e.operand], [], e.loc, scope)
         if isinstance(e, ast.IfExpr):
@@ -426,6 +435,8 @@ class _Checker:
         if dim_param == "dims":  # reshape(x, a, b), zeros(a, b): every positional size after x
             first = 1 if name == "reshape" else 0
             dims = tuple(self._dim(a, scope.dims) for a in pos[first:])
+            if not dims:
+                raise LinnetError(loc, f"`{name}` needs at least one size: `{name}({'x, ' if first else ''}n, d)`")
             pos = pos[:first]
         elif dim_param is not None:  # iota(n), topk(x, k): one size
             idx = 0 if name == "iota" else 1
@@ -437,6 +448,8 @@ class _Checker:
         if name == "zeros":
             kw = dict((k[0], k[2]) for k in kwargs)
             dt = kw.get("dtype")
+            if dt is not None and not isinstance(dt, ast.Name):
+                raise LinnetError(dt.loc, "the dtype of `zeros` is an element type, written as a name: dtype=f32")
             extra["dtype"] = dt.id if isinstance(dt, ast.Name) else GENERIC_DTYPE
             if extra["dtype"] not in DTYPES and extra["dtype"] != GENERIC_DTYPE:
                 raise LinnetError(dt.loc, f"unknown element type `{extra['dtype']}`")
@@ -510,9 +523,9 @@ class _Checker:
         if missing:
             raise LinnetError(e.loc, f"`{e.func}` needs its argument `{missing[0]}`")
         sizes: dict = {}
-        for name, want in sig.args:
-            v = bound[name]
-            _unify(want, v, sizes, set(sig.dims), e.func, name)
+        for _ in range(2):  # the first pass binds the sizes; the second checks dims built from them
+            for name, want in sig.args:
+                _unify(want, bound[name], sizes, set(sig.dims), e.func, name)
         ret = sig.ret.substitute(sizes) if isinstance(sig.ret, TensorType) else sig.ret
         return ir.Op(ret, e.loc, "call", [], {n: bound[n] for n, _ in sig.args},
                      tuple(sizes.get(d, Dim.name(d)) for d in sig.dims), {"fn": e.func})

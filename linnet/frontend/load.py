@@ -23,11 +23,16 @@ def arch_dirs(near: Path | None) -> list[Path]:
 
 def load_file(path: str | Path) -> Module:
     path = Path(path)
+    return load_source(_read(path), str(path), near=path.parent)
+
+
+def _read(path: Path, loc: Loc | None = None) -> str:
     try:
-        text = path.read_text()
+        return path.read_text(encoding="utf-8")
     except OSError as err:
-        raise LinnetError(None, f"cannot read {path}: {err.strerror or err}") from None
-    return load_source(text, str(path), near=path.parent)
+        raise LinnetError(loc, f"cannot read {path}: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise LinnetError(loc, f"{path} is not UTF-8 text: byte {err.object[err.start]:#04x} at offset {err.start}") from None
 
 
 def load_source(text: str, path: str = "<string>", near: Path | None = None) -> Module:
@@ -50,7 +55,7 @@ def load_source(text: str, path: str = "<string>", near: Path | None = None) -> 
         candidate = d / f"{imp.name}.linnet"
         looked.append(str(candidate))
         if candidate.is_file():
-            arch = parse(candidate.read_text(), str(candidate))
+            arch = parse(_read(candidate, imp.loc), str(candidate))
             if arch.arch is None or arch.arch.name != imp.name:
                 raise LinnetError(imp.loc, f"{candidate} does not declare `arch {imp.name}`")
             return check(arch, f)

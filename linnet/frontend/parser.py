@@ -68,8 +68,11 @@ def _number(text: str) -> int | float:
     return int(text)
 
 
-def _unquote(text: str) -> str:
-    return bytes(text[1:-1], "utf-8").decode("unicode_escape")
+def _unquote(text: str, loc: Loc | None = None) -> str:
+    try:  # non-ASCII characters pass through as themselves; backslash escapes are Python's
+        return text[1:-1].encode("latin-1", "backslashreplace").decode("unicode_escape")
+    except UnicodeDecodeError as err:
+        raise LinnetError(loc, f"bad escape in string {text}: {err.reason}") from None
 
 
 @v_args(meta=True)
@@ -119,7 +122,7 @@ class _ToAst(Transformer):
         return ast.ArchDecl(self._loc(meta), str(c[0]))
 
     def card_decl(self, meta, c):
-        return ast.CardDecl(self._loc(meta), _unquote(str(c[0])))
+        return ast.CardDecl(self._loc(meta), _unquote(str(c[0]), self._tok(c[0])))
 
     def import_decl(self, meta, c):
         return ast.ImportDecl(self._loc(meta), str(c[0]))
@@ -161,7 +164,7 @@ class _ToAst(Transformer):
 
     def param_source(self, meta, c):
         fmt, pattern, *transforms = c
-        return ast.Source(self._loc(meta), str(fmt), self._tok(fmt), _unquote(str(pattern)), self._tok(pattern), transforms)
+        return ast.Source(self._loc(meta), str(fmt), self._tok(fmt), _unquote(str(pattern), self._tok(pattern)), self._tok(pattern), transforms)
 
     def param_transform(self, meta, c):
         name, *args = c
@@ -281,7 +284,7 @@ class _ToAst(Transformer):
         return ast.Number(self._loc(meta), _number(str(c[0])))
 
     def string(self, meta, c):
-        return ast.String(self._loc(meta), _unquote(str(c[0])))
+        return ast.String(self._loc(meta), _unquote(str(c[0]), self._tok(c[0])))
 
     def name(self, meta, c):
         return ast.Name(self._loc(meta), str(c[0]))

@@ -280,7 +280,9 @@ def _reduction(name):
     def infer(x: Value, axis: Value | None = None, keepdim: Value | None = None, *, loc: Loc):
         t = _tensor(x, f"the argument of `{name}`", loc)
         ax = _axis(axis, t.rank, loc)
-        keep = keepdim is not None and isinstance(keepdim, Const) and keepdim.value
+        if keepdim is not None and not (isinstance(keepdim, Const) and isinstance(keepdim.value, bool)):
+            raise _err(keepdim.loc or loc, "keepdim must be true or false, written as such")
+        keep = keepdim is not None and keepdim.value
         shape = t.shape[:ax] + ((Dim.const(1),) if keep else ()) + t.shape[ax + 1:]
         return TensorType("i32" if name == "argmax" else t.dtype, shape)
 

@@ -13,6 +13,7 @@ from dataclasses import replace
 from linnet.errors import LinnetError, Loc
 from linnet.ir import nodes as ir
 from linnet.ir.dims import Dim
+from linnet.ir.ops import ROPE_SCALINGS
 from linnet.ir.types import FLOAT_DTYPES, GENERIC_DTYPE, SIZE_GENERICS, TensorType
 from linnet.ir.walk import all_values
 
@@ -86,6 +87,11 @@ def specialize(module: ir.Module, generics: dict | None = None, numerics: str = 
     for fn in list(module.entries.values()) + list(module.fns.values()):
         for v in all_values(fn.body):
             check_type(v.type, v.loc, "this value")
+            if isinstance(v, ir.Op) and v.op == "rope" and "scaling" in v.kwargs:
+                scaling = evaluate(v.kwargs["scaling"], values)
+                if scaling not in ROPE_SCALINGS:
+                    raise LinnetError(v.kwargs["scaling"].loc, f"unknown rope scaling {scaling!r}; one of {', '.join(ROPE_SCALINGS)}",
+                                      [f"`{v.kwargs['scaling'].name}` is {scaling!r}"] if isinstance(v.kwargs["scaling"], ir.Var) else [])
             if isinstance(v, ir.Op) and v.op == "attention":
                 h, kvh = v.kwargs["q"].type.shape[1], v.kwargs["k_cache"].type.shape[2]
                 try:
@@ -125,7 +131,11 @@ def evaluate(v: ir.Value, env: dict):
                 if b == 0 or a % b:
                     raise LinnetError(v.loc, f"{a} / {b} is not a whole number")
                 return a // b
-            return STATIC_BINARY[v.op](a, b)
+            try:
+                return STATIC_BINARY[v.op](a, b)
+            except (ZeroDivisionError, OverflowError, TypeError) as err:
+                reason = err.args[-1] if err.args else err
+                raise LinnetError(v.loc, f"cannot evaluate {a!r} {_SYMBOL.get(v.op, v.op)} {b!r}: {reason}") from None
     raise LinnetError(v.loc, "this must be known before the model runs (a config value, a literal)")
 
 
@@ -136,6 +146,9 @@ STATIC_BINARY = {
     "eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "and": lambda a, b: a and b, "or": lambda a, b: a or b,
     "maximum": max, "minimum": min,
 }
+
+
+_SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%", "pow": "**"}
 
 
 def dim_value(d: Dim, module: ir.Module) -> int:

@@ -140,7 +140,10 @@ class SafetensorsCheckpoint(Checkpoint):
         if single.is_file():
             return [single]
         present = sorted(p.name for p in self.dir.iterdir())
-        if any(p.endswith(".bin") or p.endswith(".pt") for p in present):
+        ggufs = [p for p in present if p.lower().endswith(".gguf")]
+        if ggufs:
+            why = f"to read a GGUF here, pass the file itself: {self.dir / ggufs[0]}"
+        elif any(p.endswith(".bin") or p.endswith(".pt") for p in present):
             why = "only PyTorch pickle weights (.bin/.pt) are here; linnet reads safetensors"
         else:
             why = f"found: {', '.join(present[:10]) or 'nothing'}"

@@ -118,6 +118,9 @@ def test_no_weights(tmp_path):
     (tmp_path / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(WeightsError, match=r"no model\.safetensors.*pickle weights"):
         SafetensorsCheckpoint(tmp_path)
+    (tmp_path / "m.Q4_0.gguf").write_bytes(b"")
+    with pytest.raises(WeightsError, match=r"pass the file itself: .*m\.Q4_0\.gguf"):
+        SafetensorsCheckpoint(tmp_path)
 
 
 def test_index_names_tensor_its_shard_lacks(tiny_copy):

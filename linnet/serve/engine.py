@@ -1,0 +1,425 @@
+"""The serving engine: continuous batching over the fixed cache rows of a compiled model.
+
+Each request in flight owns one cache row. Every step is one pass of the
+model: prompts waiting together are packed end to end into one prefill (no
+padding), and the rows already decoding join that pass with one token each;
+when no prompt waits, the step is the fixed-shape decode over every row.
+Prompts sharing a prefix with a cached row are copied, not recomputed.
+
+The engine knows the model only through its entries (prefill, decode,
+copy_rows) and its sizes (rows, positions, vocabulary).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from linnet.serve.request import Completion, Request, RequestError, TokenLogprob
+from linnet.serve.runners import make_runner
+from linnet.serve.sampling import SamplingBatch
+from linnet.serve.stats import Stats
+
+
+@dataclass
+class _Live:
+    """A request in flight: its row, its tokens, how many of them are in the cache."""
+
+    req: Request
+    comp: Completion
+    row: int
+    seed: int
+    tokens: list  # prompt + generated
+    cached: int = 0  # positions of the row holding this request's tokens
+    leader: "_Live | None" = None  # a request prefilling the same prompt, to copy from once it has
+    text_len: int = 0
+    listeners: list = field(default_factory=list)
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.req.prompt)
+
+    @property
+    def generated(self) -> list:
+        return self.tokens[self.prompt_len:]
+
+
+def common_prefix(a: list, b: list) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Engine:
+    def __init__(self, model, token_budget: int | None = None, prefix_min: int = 64, seed: int = 0):
+        """`token_budget`: most tokens in one pass (default: 2048 on a GPU, 512 on a CPU).
+        `prefix_min`: shortest shared prefix worth copying from another row (equal prompts always are)."""
+        self.model = model
+        self.runner = make_runner(model)
+        self.rows = model.batch
+        self.max_seq = model.max_seq
+        self.vocab = model.vocab
+        on_gpu = str(getattr(model, "device", "cpu")).startswith("cuda")
+        self.token_budget = token_budget or (2048 if on_gpu else 512)
+        if self.token_budget < self.rows:
+            raise ValueError(f"token_budget ({self.token_budget}) must hold one token per row ({self.rows})")
+        self.prefix_min = prefix_min
+        self.rng = random.Random(seed)
+        self.tokenizer = getattr(model, "tokenizer", None)
+        self.eos = set(self.tokenizer.eos_token_ids) if self.tokenizer is not None else set()
+        self.free_rows = list(range(self.rows))
+        self.row_tokens: list = [[] for _ in range(self.rows)]  # tokens whose k/v each row holds, from 0
+        self.waiting: list = []  # _Live without a row yet (row = -1)
+        self.live: list = []
+        self.cancelled: set = set()
+        self.stats = Stats()
+        self.lock = threading.Lock()
+        self.wakeup = threading.Event()
+        self._thread = None
+        self._stopping = False
+
+    # ------------------------------------------------------------ submitting
+
+    def submit(self, req: Request) -> Completion:
+        """Queues a request; raises `RequestError` at once if it can never run."""
+        req.validate(self.vocab, self.max_seq)
+        if req.stop and self.tokenizer is None:
+            raise RequestError(f"{req.id}: stop strings need a tokenizer, and this model has none")
+        comp = Completion(req, submitted_at=time.perf_counter())
+        seed = req.seed if req.seed is not None else self.rng.getrandbits(31)
+        item = _Live(req, comp, -1, seed, list(req.prompt))
+        with self.lock:
+            self.waiting.append(item)
+            self.stats.prompt_tokens += len(req.prompt)
+        self.wakeup.set()
+        return comp
+
+    def cancel(self, request_id: str) -> None:
+        """Stops a request; its row is freed before the next pass."""
+        with self.lock:
+            self.cancelled.add(request_id)
+        self.wakeup.set()
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.live)
+
+    # ------------------------------------------------------------ running
+
+    def warmup(self, prompt_lengths=()) -> None:
+        """Compiles (JAX) or captures (CUDA) everything a run over such prompts needs."""
+        lengths = list(prompt_lengths)
+        if self.model.backend == "jax":
+            sizes = self.runner.pass_sizes(min(self.token_budget, max(sum(lengths), self.rows) if lengths
+                                               else self.token_budget))
+        else:
+            sizes = sorted({min(n, self.token_budget) for n in lengths})[:4] or [16]
+        self.runner.warmup(sizes)
+        logits = self.runner.decode(np.zeros(self.rows, np.int32), np.full(self.rows, self.max_seq - 1, np.int32))
+        for temperature in (0.0, 1.0):
+            req = Request([0], temperature=temperature)
+            self.runner.sample(logits, SamplingBatch.of([req] * self.rows, [0] * self.rows, [0] * self.rows))
+        self.model.reset()
+        self.row_tokens = [[] for _ in range(self.rows)]
+
+    def run(self, requests: list) -> tuple[list, Stats]:
+        """Runs every request to its end; returns their completions (in order) and the run's stats.
+
+        A request that cannot run is returned with finish_reason "error" and its message; the rest run.
+        """
+        self.stats = Stats()
+        compiles = self.runner.compiles
+        completions = []
+        for req in requests:
+            try:
+                completions.append(self.submit(req))
+            except RequestError as err:
+                completions.append(Completion(req, finish_reason="error", error=str(err)))
+        start = time.perf_counter()
+        while self.has_work():
+            self.step()
+        self.stats.seconds = time.perf_counter() - start
+        self.stats.compiles = self.runner.compiles - compiles
+        return completions, self.stats
+
+    def step(self) -> None:
+        """One pass: admit, copy shared prefixes, then a packed prefill or a decode."""
+        with self.lock:
+            self._drop_cancelled()
+            self._admit()
+        self._copy_shared()
+        prefilling = [x for x in self.live if x.cached < x.prompt_len and x.leader is None]
+        decoding = [x for x in self.live if len(x.tokens) > x.prompt_len and x.cached == len(x.tokens) - 1]
+        if prefilling:
+            self._packed_pass(prefilling, decoding)
+        elif decoding:
+            self._decode_pass(decoding)
+
+    # ------------------------------------------------------------ admission and sharing
+
+    def _admit(self):
+        while self.waiting and self.free_rows:
+            item = self.waiting.pop(0)
+            prompt = item.req.prompt
+            # Prefer a free row that still holds this prompt's prefix: it is reused in place.
+            row = max(self.free_rows, key=lambda r: (common_prefix(self.row_tokens[r], prompt), -len(self.row_tokens[r])))
+            self.free_rows.remove(row)
+            item.row = row
+            reuse = min(common_prefix(self.row_tokens[row], prompt), len(prompt) - 1)
+            if reuse >= self._worth(prompt):
+                item.cached = reuse
+                self.stats.copied_tokens += reuse
+            self.row_tokens[row] = self.row_tokens[row][:item.cached]
+            self._find_source(item)
+            self.live.append(item)
+
+    def _worth(self, prompt: list) -> int:
+        """The shortest prefix worth reusing: prefix_min, or the whole prompt but its last token."""
+        return max(1, min(self.prefix_min, len(prompt) - 1))
+
+    def _find_source(self, item: _Live):
+        """Looks for a longer prefix in another row, or in a request still prefilling it."""
+        prompt = item.req.prompt
+        best_row, best = -1, item.cached
+        for r in range(self.rows):
+            if r == item.row:
+                continue
+            n = min(common_prefix(self.row_tokens[r], prompt), len(prompt) - 1)
+            if n > best and n >= self._worth(prompt):
+                best_row, best = r, n
+        leader = None
+        for other in self.live:
+            n = min(common_prefix(other.req.prompt, prompt), len(prompt) - 1)
+            if other is not item and other.cached < n and n > best and n >= self._worth(prompt) and other.leader is None:
+                leader, best = other, n
+        if leader is not None:
+            item.leader = leader
+            item.comp.__dict__["_share"] = best
+        elif best_row >= 0:
+            item.comp.__dict__["_copy"] = (best_row, best)
+
+    def _copy_shared(self):
+        copies = []
+        for item in self.live:
+            if item.leader is not None:
+                leader, n = item.leader, item.comp.__dict__["_share"]
+                if leader.comp.finish_reason is not None or leader.cached >= n:
+                    item.leader = None
+                    src_tokens = self.row_tokens[leader.row]
+                    n = min(n, common_prefix(src_tokens, item.req.prompt))
+                    if n >= self._worth(item.req.prompt) and n > item.cached:
+                        copies.append((leader.row, item, n))
+            elif "_copy" in item.comp.__dict__:
+                row, n = item.comp.__dict__.pop("_copy")
+                n = min(n, common_prefix(self.row_tokens[row], item.req.prompt))
+                if n > item.cached:
+                    copies.append((row, item, n))
+        if not copies:
+            return
+        src = np.array([r for r, _, _ in copies], np.int32)
+        dst = np.array([x.row for _, x, _ in copies], np.int32)
+        upto = np.array([n for _, _, n in copies], np.int32)
+        self.runner.copy_rows(src, dst, upto)
+        self.stats.passes["copy"] += 1
+        for r, item, n in copies:
+            self.row_tokens[item.row] = self.row_tokens[r][:n]
+            self.stats.copied_tokens += n - item.cached
+            item.cached = n
+
+    # ------------------------------------------------------------ passes
+
+    def _packed_pass(self, prefilling: list, decoding: list):
+        tokens, positions, rows, last, sampled = [], [], [], [], []
+        for x in decoding:  # one token for each decoding row
+            tokens.append(x.tokens[x.cached])
+            positions.append(x.cached)
+            rows.append(x.row)
+            last.append(len(tokens) - 1)
+            sampled.append(x)
+        budget = self.token_budget - len(tokens)
+        chunks = []
+        for x in prefilling:
+            take = min(x.prompt_len - x.cached, budget)
+            if take <= 0:
+                break
+            tokens.extend(x.tokens[x.cached:x.cached + take])
+            positions.extend(range(x.cached, x.cached + take))
+            rows.extend([x.row] * take)
+            budget -= take
+            chunks.append((x, take))
+            self.stats.prefill_tokens += take
+            if x.cached + take == x.prompt_len:
+                last.append(len(tokens) - 1)
+                sampled.append(x)
+        logits = self.runner.prefill(np.array(tokens, np.int32), np.array(positions, np.int32),
+                                     np.array(rows, np.int32), np.array(last, np.int32))
+        self.stats.passes["mixed" if decoding else "prefill"] += 1
+        self.stats.occupancy.append(len(self.live) / self.rows)
+        for x in decoding:
+            self._wrote(x, 1)
+        for x, take in chunks:
+            self._wrote(x, take)
+        if sampled:
+            self._sample(logits, sampled, list(range(len(sampled))))
+
+    def _decode_pass(self, decoding: list):
+        tokens = np.zeros(self.rows, np.int32)
+        positions = np.full(self.rows, self.max_seq - 1, np.int32)  # idle rows write where no one reads
+        for x in decoding:
+            tokens[x.row] = x.tokens[x.cached]
+            positions[x.row] = x.cached
+        logits = self.runner.decode(tokens, positions)
+        self.stats.passes["decode"] += 1
+        self.stats.occupancy.append(len(self.live) / self.rows)
+        for x in decoding:
+            self._wrote(x, 1)
+        self._sample(logits, decoding, [x.row for x in decoding])
+
+    def _wrote(self, x: _Live, n: int):
+        start = x.cached
+        self.row_tokens[x.row] = self.row_tokens[x.row][:start] + x.tokens[start:start + n]
+        x.cached += n
+
+    def _sample(self, logits, items: list, logit_rows: list):
+        batch = SamplingBatch.of([x.req for x in items], [x.seed for x in items],
+                                 [len(x.generated) for x in items])
+        if logit_rows != list(range(len(items))):
+            logits = logits[np.asarray(logit_rows)]
+        histories = [(x.req.prompt, x.generated) for x in items] if batch.penalties else None
+        out = self.runner.sample(logits, batch, histories)
+        now = time.perf_counter()
+        for i, x in enumerate(items):
+            token = int(out.tokens[i])
+            comp = x.comp
+            x.tokens.append(token)
+            comp.tokens.append(token)
+            if comp.first_token_at is None:
+                comp.first_token_at = now
+                self.stats.ttft.append(now - comp.submitted_at)
+            elif comp.token_times:
+                self.stats.token_latency.append(now - comp.token_times[-1])
+            comp.token_times.append(now)
+            self.stats.generated_tokens += 1
+            if x.req.logprobs is not None:
+                top = [] if out.top_ids is None else [(int(t), float(v)) for t, v in
+                                                      zip(out.top_ids[i][:x.req.logprobs], out.top_values[i][:x.req.logprobs])]
+                comp.logprobs.append(TokenLogprob(token, float(out.chosen[i]), top))
+            reason = self._finished(x, token)
+            if reason:
+                self._finish(x, reason)
+            self._notify(x)
+
+    def _finished(self, x: _Live, token: int) -> str | None:
+        req = x.req
+        if token in req.stop_token_ids or (not req.ignore_eos and token in self.eos):
+            return "stop"
+        if req.stop:
+            text = self.tokenizer.decode(x.generated, skip_special_tokens=True)
+            for s in req.stop:
+                at = text.find(s)
+                if at >= 0:
+                    x.comp.text = text[:at]
+                    return "stop"
+        if len(x.generated) >= req.max_new_tokens:
+            return "length"
+        return None
+
+    def _finish(self, x: _Live, reason: str):
+        x.comp.finish_reason = reason
+        if x.comp.text is None and self.tokenizer is not None:
+            x.comp.text = self.tokenizer.decode(x.generated, skip_special_tokens=True)
+        self.live.remove(x)
+        self.free_rows.append(x.row)
+        for other in self.live:
+            if other.leader is x:
+                pass  # it copies what x cached (its row keeps it) on the next step
+
+    def _drop_cancelled(self):
+        if not self.cancelled:
+            return
+        for x in list(self.live) + list(self.waiting):
+            if x.req.id in self.cancelled:
+                x.comp.finish_reason = "cancelled"
+                if x in self.live:
+                    self.live.remove(x)
+                    self.free_rows.append(x.row)
+                    # Only what is in the cache stays valid for reuse.
+                    self.row_tokens[x.row] = self.row_tokens[x.row][:x.cached]
+                else:
+                    self.waiting.remove(x)
+                for other in self.live:
+                    if other.leader is x:
+                        other.leader = None
+                        other.comp.__dict__.pop("_share", None)
+                self._notify(x)
+        self.cancelled.clear()
+
+    # ------------------------------------------------------------ incremental API (the server's)
+
+    def _notify(self, x: _Live):
+        for loop, queue in x.listeners:
+            loop.call_soon_threadsafe(queue.put_nowait, (list(x.comp.tokens), x.comp.finish_reason))
+
+    def start(self) -> None:
+        """Runs steps on a background thread whenever there is work (for `stream`)."""
+        if self._thread is not None:
+            return
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="linnet-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self.wakeup.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def _loop(self):
+        while not self._stopping:
+            if not self.has_work() and not self.cancelled:
+                self.wakeup.wait(0.05)
+                self.wakeup.clear()
+                continue
+            try:
+                self.step()
+            except Exception as err:  # a failed pass fails the requests in it, not the server
+                for x in list(self.live) + list(self.waiting):
+                    x.comp.finish_reason, x.comp.error = "error", f"engine error: {err}"
+                    self._notify(x)
+                self.live.clear()
+                self.waiting.clear()
+                self.free_rows = list(range(self.rows))
+                self.row_tokens = [[] for _ in range(self.rows)]
+
+    async def stream(self, req: Request):
+        """Submits `req` and yields (new token ids, finish_reason or None) as they come."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        comp = self.submit_with_listener(req, loop, queue)
+        seen = 0
+        try:
+            while True:
+                tokens, reason = await queue.get()
+                if len(tokens) > seen or reason is not None:
+                    yield tokens[seen:], reason
+                    seen = len(tokens)
+                if reason is not None:
+                    return
+        finally:
+            if comp.finish_reason is None:
+                self.cancel(req.id)
+
+    def submit_with_listener(self, req: Request, loop, queue) -> Completion:
+        comp = self.submit(req)
+        with self.lock:
+            for x in self.waiting:
+                if x.comp is comp:
+                    x.listeners.append((loop, queue))
+        return comp

@@ -1,0 +1,84 @@
+"""What a user asks of the engine (`Request`) and what they get back (`Completion`)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+_ids = itertools.count()
+
+
+class RequestError(ValueError):
+    """A request the engine cannot run as given; the message says why. Other requests go on."""
+
+
+@dataclass
+class Request:
+    prompt: list  # token ids
+    max_new_tokens: int = 16
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: no limit
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None  # the same seed gives the same tokens, whatever else is in the batch
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    stop_token_ids: list = field(default_factory=list)
+    stop: list = field(default_factory=list)  # stop strings (needs the model's tokenizer)
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; k: the chosen token's logprob and the top k alternatives
+    id: str = field(default_factory=lambda: f"req-{next(_ids)}")
+
+    def validate(self, vocab: int, max_seq: int) -> None:
+        if not isinstance(self.prompt, (list, tuple)) or not self.prompt:
+            raise RequestError(f"{self.id}: the prompt is empty")
+        bad = [t for t in self.prompt if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"{self.id}: token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise RequestError(f"{self.id}: max_new_tokens must be a positive integer, not {self.max_new_tokens!r}")
+        need = len(self.prompt) + self.max_new_tokens
+        if need > max_seq:
+            raise RequestError(f"{self.id}: the prompt ({len(self.prompt)} tokens) plus max_new_tokens "
+                               f"({self.max_new_tokens}) is {need} positions, more than a cache row holds "
+                               f"(MaxSeq = {max_seq})")
+        if self.temperature < 0:
+            raise RequestError(f"{self.id}: temperature must be >= 0, not {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise RequestError(f"{self.id}: top_p must be in (0, 1], not {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise RequestError(f"{self.id}: min_p must be in [0, 1], not {self.min_p}")
+        if self.top_k < 0:
+            raise RequestError(f"{self.id}: top_k must be >= 0, not {self.top_k}")
+        if self.repetition_penalty <= 0:
+            raise RequestError(f"{self.id}: repetition_penalty must be > 0, not {self.repetition_penalty}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise RequestError(f"{self.id}: logprobs must be between 0 and 20, not {self.logprobs}")
+        bad_stop = [t for t in self.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        if bad_stop:
+            raise RequestError(f"{self.id}: stop token id {bad_stop[0]!r} is outside the vocabulary")
+
+
+@dataclass
+class TokenLogprob:
+    token: int
+    logprob: float
+    top: list  # [(token, logprob)], best first
+
+
+@dataclass
+class Completion:
+    request: Request
+    tokens: list = field(default_factory=list)
+    finish_reason: str | None = None  # "length" | "stop" | "cancelled" | "error"
+    error: str | None = None
+    logprobs: list = field(default_factory=list)  # [TokenLogprob] when asked for
+    text: str | None = None  # decoded text, cut at a stop string, when the model has a tokenizer
+    submitted_at: float = 0.0
+    first_token_at: float | None = None
+    token_times: list = field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return self.request.id

@@ -1,0 +1,192 @@
+"""How the engine calls a compiled model: one runner per backend.
+
+The engine speaks numpy (token ids, positions, rows); a runner moves them to
+the model's device, calls the entries, samples on the device, and gives back
+numpy token ids. The torch runner replays decode as a CUDA graph on CUDA (the
+same static-buffer path runs eagerly on the CPU); the JAX runner pads every
+pass to a bucketed length, so that a bounded set of executables serves a run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from linnet.serve.sampling import SamplingBatch, pad_to
+
+
+def bucket(n: int, smallest: int = 16) -> int:
+    """The padded length of a pass of n tokens: the next power of two, at least `smallest`."""
+    size = smallest
+    while size < n:
+        size *= 2
+    return size
+
+
+class Sampled:
+    """One pass's draws, on the host: tokens[K], and logprobs when asked for."""
+
+    def __init__(self, tokens, chosen=None, top_values=None, top_ids=None):
+        self.tokens = tokens
+        self.chosen = chosen
+        self.top_values = top_values
+        self.top_ids = top_ids
+
+
+def penalty_arrays(histories: list, vocab: int, k: int):
+    """seen (prompt and output) and counts (output only) for each sampled row, padded to k rows."""
+    seen = np.zeros((k, vocab), dtype=bool)
+    counts = np.zeros((k, vocab), dtype=np.int32)
+    for i, (prompt, output) in enumerate(histories):
+        seen[i, prompt] = True
+        if output:
+            seen[i, output] = True
+            np.add.at(counts[i], output, 1)
+    return seen, counts
+
+
+class TorchRunner:
+    def __init__(self, model):
+        import torch
+
+        self.torch = torch
+        self.model = model
+        self.device = torch.device(model.device)
+        self.batch = model.batch
+        self.compiles = 0
+        self.use_cuda_graph = self.device.type == "cuda" and model.compile
+        self._graph = None
+        self._static_tokens = torch.zeros(self.batch, dtype=torch.int32, device=self.device)
+        self._static_positions = torch.zeros(self.batch, dtype=torch.int32, device=self.device)
+        self._static_logits = None
+
+    def _t(self, a):
+        return self.torch.as_tensor(np.ascontiguousarray(a), device=self.device)
+
+    def prefill(self, tokens, positions, rows, last):
+        return self.model.prefill(self._t(tokens), self._t(positions), self._t(rows), self._t(last))
+
+    def decode(self, tokens, positions):
+        """One step over every row, replayed from the captured graph (captured on first use)."""
+        self._static_tokens.copy_(self._t(tokens))
+        self._static_positions.copy_(self._t(positions))
+        if self._graph is None:
+            self._capture()
+        if self.use_cuda_graph:
+            self._graph.replay()
+            return self._static_logits
+        return self.model.decode(self._static_tokens, self._static_positions)
+
+    def _capture(self):
+        """Captures decode as a CUDA graph over static buffers; on the CPU the buffers are the whole story."""
+        torch = self.torch
+        self.compiles += 1
+        if not self.use_cuda_graph:
+            self._graph = "eager"
+            return
+        # Warm the kernels up on a side stream before capturing, as CUDA graphs require. The cache
+        # is saved and restored around it, since these steps write into it.
+        saved = {name: getattr(self.model.runner, name).clone() for name in self.model.runner.state}
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self.model.decode(self._static_tokens, self._static_positions)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self._static_logits = self.model.decode(self._static_tokens, self._static_positions)
+        for name, value in saved.items():
+            getattr(self.model.runner, name).copy_(value)
+        self._graph = graph
+
+    def copy_rows(self, src, dst, upto):
+        self.model.copy_rows(self._t(src), self._t(dst), self._t(upto))
+
+    def sample(self, logits, batch: SamplingBatch, histories=None) -> Sampled:
+        from linnet.serve.sampling_torch import sample
+
+        k = len(batch.temperature)
+        seen = counts = None
+        if batch.penalties:
+            s, c = penalty_arrays(histories, logits.shape[-1], k)
+            seen, counts = self._t(s), self._t(c)
+        tokens, chosen, top = sample(logits[:k], batch, seen, counts)
+        return Sampled(tokens.cpu().numpy(), None if chosen is None else chosen.cpu().numpy(),
+                       None if top is None else top[0].cpu().numpy(), None if top is None else top[1].cpu().numpy())
+
+    def warmup(self, pack_lengths):
+        for n in sorted(set(pack_lengths)):
+            self.prefill(np.zeros(n, np.int32), np.full(n, self.model.max_seq - 1, np.int32), np.zeros(n, np.int32),
+                         np.zeros(1, np.int32))
+        self.decode(np.zeros(self.batch, np.int32), np.full(self.batch, self.model.max_seq - 1, np.int32))
+
+
+class JaxRunner:
+    def __init__(self, model, smallest_bucket: int = 16):
+        self.model = model
+        self.batch = model.batch
+        self.smallest = smallest_bucket
+        self.shapes: set = set()
+        self.compiles = 0
+        self.scratch = model.max_seq - 1  # a position no request ever needs: padding writes land there
+
+    def _note(self, key):
+        if key not in self.shapes:
+            self.shapes.add(key)
+            self.compiles += 1
+
+    def prefill(self, tokens, positions, rows, last):
+        n, k = len(tokens), len(last)
+        size = bucket(n, self.smallest)
+        pad = size - n
+        tokens = np.concatenate([tokens, np.zeros(pad, np.int32)]).astype(np.int32)
+        positions = np.concatenate([positions, np.full(pad, self.scratch, np.int32)]).astype(np.int32)
+        rows = np.concatenate([rows, np.zeros(pad, np.int32)]).astype(np.int32)
+        last = np.concatenate([last, np.zeros(self.batch - k, np.int32)]).astype(np.int32)
+        self._note(("prefill", size))
+        return self.model.prefill(tokens, positions, rows, last)
+
+    def decode(self, tokens, positions):
+        self._note(("decode",))
+        return self.model.decode(np.asarray(tokens, np.int32), np.asarray(positions, np.int32))
+
+    def copy_rows(self, src, dst, upto):
+        k = len(src)
+        fill = lambda a: np.concatenate([a, np.full(self.batch - k, a[0], np.int32)]).astype(np.int32)
+        self._note(("copy_rows",))
+        self.model.copy_rows(fill(src), fill(dst), fill(upto))
+
+    def sample(self, logits, batch: SamplingBatch, histories=None) -> Sampled:
+        import jax.numpy as jnp
+
+        from linnet.serve.sampling_jax import sample
+
+        k = len(batch.temperature)
+        padded = pad_to(batch, logits.shape[0])
+        self._note(("sample", padded.greedy_only, padded.penalties, padded.logprobs))
+        seen = counts = None
+        if batch.penalties:
+            s, c = penalty_arrays(histories, logits.shape[-1], logits.shape[0])
+            seen, counts = jnp.asarray(s), jnp.asarray(c)
+        tokens, chosen, top = sample(logits, padded, seen, counts)
+        tokens = np.asarray(tokens)[:k]
+        return Sampled(tokens, None if chosen is None else np.asarray(chosen)[:k],
+                       None if top is None else np.asarray(top[0])[:k], None if top is None else np.asarray(top[1])[:k])
+
+    def pass_sizes(self, budget: int) -> list:
+        sizes, size = [], self.smallest
+        while size < bucket(budget, self.smallest):
+            sizes.append(size)
+            size *= 2
+        return sizes + [size]
+
+    def warmup(self, pack_lengths):
+        for size in sorted({bucket(n, self.smallest) for n in pack_lengths}):
+            np.asarray(self.prefill(np.zeros(size, np.int32), np.full(size, self.scratch, np.int32),
+                                    np.zeros(size, np.int32), np.zeros(1, np.int32)))
+        np.asarray(self.decode(np.zeros(self.batch, np.int32), np.full(self.batch, self.scratch, np.int32)))
+        self.copy_rows(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32))
+
+
+def make_runner(model):
+    return TorchRunner(model) if model.backend == "torch" else JaxRunner(model)

@@ -1,0 +1,54 @@
+"""Per-request sampling settings packed into arrays for the on-device samplers.
+
+The samplers themselves (sampling_torch, sampling_jax) do the same math:
+penalties, temperature, top-k, top-p, min-p, then a draw made with Gumbel
+noise that depends only on (seed, token index), so a seeded request gets the
+same tokens whatever else shares its batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class SamplingBatch:
+    temperature: np.ndarray  # f32[K]
+    top_k: np.ndarray  # i32[K], 0 = off
+    top_p: np.ndarray  # f32[K]
+    min_p: np.ndarray  # f32[K]
+    repetition: np.ndarray  # f32[K]
+    presence: np.ndarray  # f32[K]
+    frequency: np.ndarray  # f32[K]
+    seed: np.ndarray  # i64[K]
+    step: np.ndarray  # i64[K]: index of the token being drawn in its request
+    greedy_only: bool
+    penalties: bool
+    logprobs: int  # the most top alternatives any row asked for (0: none); -1: no logprobs at all
+
+    @staticmethod
+    def of(requests: list, seeds: list, steps: list) -> "SamplingBatch":
+        f = lambda attr: np.array([getattr(r, attr) for r in requests], dtype=np.float32)
+        temp = f("temperature")
+        rep, pres, freq = f("repetition_penalty"), f("presence_penalty"), f("frequency_penalty")
+        penalties = bool(np.any(rep != 1) or np.any(pres != 0) or np.any(freq != 0))
+        asked = [r.logprobs for r in requests if r.logprobs is not None]
+        return SamplingBatch(
+            temperature=temp, top_k=np.array([r.top_k for r in requests], dtype=np.int32), top_p=f("top_p"),
+            min_p=f("min_p"), repetition=rep, presence=pres, frequency=freq,
+            seed=np.array(seeds, dtype=np.int64), step=np.array(steps, dtype=np.int64),
+            greedy_only=bool(np.all(temp == 0)), penalties=penalties,
+            logprobs=max(asked) if asked else -1)
+
+
+def pad_to(batch: SamplingBatch, k: int) -> SamplingBatch:
+    """The same batch with rows repeated up to k (for fixed-shape executables)."""
+    n = len(batch.temperature)
+    if n == k:
+        return batch
+    idx = np.concatenate([np.arange(n), np.zeros(k - n, dtype=np.int64)])
+    fields = {name: getattr(batch, name)[idx] for name in
+              ("temperature", "top_k", "top_p", "min_p", "repetition", "presence", "frequency", "seed", "step")}
+    return SamplingBatch(**fields, greedy_only=batch.greedy_only, penalties=batch.penalties, logprobs=batch.logprobs)

@@ -1,0 +1,69 @@
+"""The sampler for the JAX backend: the same math as sampling_torch, jitted per shape and mode."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from linnet.serve.sampling import SamplingBatch
+
+
+def _noise(seed, step, vocab):
+    key = jax.random.fold_in(jax.random.PRNGKey(seed), step)
+    return jax.random.uniform(key, (vocab,), minval=1e-12, maxval=1 - 1e-12)
+
+
+@functools.partial(jax.jit, static_argnames=("greedy_only", "penalties", "top_logprobs", "want_logprobs"))
+def _sample(logits, temp, top_k, top_p, min_p, rep, pres, freq, seed, step, seen, counts, *, greedy_only, penalties,
+            top_logprobs, want_logprobs):
+    logits = logits.astype(jnp.float32)
+    logprobs = jax.nn.log_softmax(logits, axis=-1)
+    if penalties:
+        penalized = jnp.where(logits > 0, logits / rep[:, None], logits * rep[:, None])
+        logits = jnp.where(seen, penalized, logits)
+        c = counts.astype(jnp.float32)
+        logits = logits - freq[:, None] * c - pres[:, None] * (c > 0)
+    greedy = jnp.argmax(logits, axis=-1)
+    if greedy_only:
+        tokens = greedy
+    else:
+        vocab = logits.shape[-1]
+        scaled = logits / jnp.maximum(temp, 1e-5)[:, None]
+        order = jnp.argsort(-scaled, axis=-1)
+        sorted_logits = jnp.take_along_axis(scaled, order, axis=-1)
+        ranks = jnp.arange(vocab)[None, :]
+        k = jnp.where(top_k > 0, top_k, vocab)[:, None]
+        keep = ranks < k
+        probs = jax.nn.softmax(jnp.where(keep, sorted_logits, -jnp.inf), axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs
+        keep = keep & (before < top_p[:, None]) & (probs >= min_p[:, None] * probs[:, :1])
+        keep = keep.at[:, 0].set(True)
+        masked_sorted = jnp.where(keep, sorted_logits, -jnp.inf)
+        rows = jnp.arange(logits.shape[0])[:, None]
+        masked = jnp.full_like(scaled, -jnp.inf).at[rows, order].set(masked_sorted)
+        noise = jax.vmap(_noise, in_axes=(0, 0, None))(seed, step, vocab)
+        drawn = jnp.argmax(masked - jnp.log(-jnp.log(noise)), axis=-1)
+        tokens = jnp.where(temp > 0, drawn, greedy)
+    tokens = tokens.astype(jnp.int32)
+    if not want_logprobs:
+        return tokens, None, None, None
+    chosen = jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
+    if top_logprobs > 0:
+        values, ids = jax.lax.top_k(logprobs, top_logprobs)
+        return tokens, chosen, values, ids.astype(jnp.int32)
+    return tokens, chosen, None, None
+
+
+def sample(logits, batch: SamplingBatch, seen=None, counts=None):
+    k = logits.shape[0]
+    if seen is None:
+        seen = jnp.zeros((k, 1), bool)
+        counts = jnp.zeros((k, 1), jnp.int32)
+    tokens, chosen, values, ids = _sample(
+        logits, batch.temperature, batch.top_k, batch.top_p, batch.min_p, batch.repetition, batch.presence,
+        batch.frequency, batch.seed.astype("uint32"), batch.step.astype("int32"), seen, counts,
+        greedy_only=batch.greedy_only, penalties=batch.penalties and seen.shape[-1] > 1,
+        top_logprobs=max(batch.logprobs, 0), want_logprobs=batch.logprobs >= 0)
+    return tokens, chosen, (values, ids) if values is not None else None

@@ -1,0 +1,208 @@
+"""Shared helpers of the compiler tests, reached through the session fixture `kit`.
+
+Everything here is a reference or plumbing: transformers' `LlamaForCausalLM`
+built from a card's specialized config, packing of prompts into the
+`prefill` contract, conversion of either backend's outputs to numpy, and the
+relative error every comparison uses. Measured parity errors are collected
+in `PARITY` and printed at the end of the run.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+import linnet
+from linnet.compiler import generate, import_source
+
+# transformers must never reach for the network in these tests
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+CARDS = Path(linnet.__file__).parent / "nest" / "cards"
+ARCH = CARDS / "arch" / "llama.linnet"
+
+# (test id, what) -> measured relative error, printed in the terminal summary.
+PARITY: dict = {}
+
+
+# ------------------------------------------------------------------ numbers
+
+
+def to_np(x) -> np.ndarray:
+    """A torch tensor or a JAX array (any float dtype) as a float32 numpy array."""
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().float().numpy()
+    return np.asarray(x).astype(np.float32)
+
+
+def rel_err(a, ref) -> float:
+    """max|a - ref| / max|ref|: the one metric of every numeric comparison here."""
+    a, ref = to_np(a), to_np(ref)
+    assert a.shape == ref.shape, f"shapes differ: {a.shape} vs {ref.shape}"
+    scale = float(np.abs(ref).max())
+    assert scale > 0, "the reference is all zeros; the comparison would mean nothing"
+    return float(np.abs(a - ref).max()) / scale
+
+
+def i32(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.int32)
+
+
+def as_inputs(backend: str, *arrays):
+    """Entry arguments: torch int32 tensors for the torch backend, numpy int32 arrays for JAX."""
+    if backend == "torch":
+        return tuple(torch.from_numpy(i32(a)) for a in arrays)
+    return tuple(i32(a) for a in arrays)
+
+
+# ------------------------------------------------------------------ packing
+
+
+def pack(prompts, rows=None, starts=None):
+    """The `prefill` arguments for prompts packed end to end, no padding.
+
+    Prompt j goes to cache row rows[j] (default j) from position starts[j]
+    (default 0); `last` picks each prompt's final token. Returns
+    (tokens, positions, rows, last), all i32 numpy arrays.
+    """
+    rows = list(range(len(prompts))) if rows is None else list(rows)
+    starts = [0] * len(prompts) if starts is None else list(starts)
+    tokens, positions, row_ids, last = [], [], [], []
+    for p, r, s in zip(prompts, rows, starts):
+        tokens.extend(int(t) for t in p)
+        positions.extend(range(s, s + len(p)))
+        row_ids.extend([r] * len(p))
+        last.append(len(tokens) - 1)
+    return i32(tokens), i32(positions), i32(row_ids), i32(last)
+
+
+def cache_of(model, name: str) -> np.ndarray:
+    """A state buffer of either backend's Model, as numpy."""
+    if hasattr(model, "cache"):  # the JAX model threads its state through `self.cache`
+        return to_np(model.cache[name])
+    return to_np(getattr(model, name))
+
+
+# ------------------------------------------------------------------ building
+
+
+def compiled(module, backend: str, generics: dict, numerics: str = "exact"):
+    """The imported generated module (equal sources share one module, and JAX its compiled entries)."""
+    return import_source(generate(module, backend, generics, numerics))
+
+
+def random_checkpoint(spec, seed: int, fmt: str = "hf") -> dict:
+    """{checkpoint name: tensor} for every weight the specialized module declares, seeded.
+
+    Norm weights are near 1, everything else is scaled so that activations
+    stay near unit size whatever the dims.
+    """
+    from linnet.ir.specialize import param_shape
+    from linnet.nest.bind import checkpoint_names
+
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, ckpt_names in checkpoint_names(spec, fmt).items():
+        shape = param_shape(spec, name)
+        shape = shape[1:] if spec.params[name].loop_var else shape
+        for ckpt in ckpt_names:
+            t = torch.randn(shape, generator=g, dtype=torch.float32)
+            if len(shape) == 1:
+                t = 1.0 + 0.1 * t
+            elif name != "embed":
+                t = t / shape[-1] ** 0.5
+            out[ckpt] = t
+    return out
+
+
+def hf_config(bindings: dict, max_seq: int):
+    """A `LlamaConfig` equal to a specialized llama card's config."""
+    from transformers import LlamaConfig
+
+    b = bindings
+    if b["rope_scaling"] == "llama3":
+        rope = {"rope_type": "llama3", "rope_theta": b["rope_theta"], "factor": b["rope_factor"],
+                "low_freq_factor": b["rope_low_freq_factor"], "high_freq_factor": b["rope_high_freq_factor"],
+                "original_max_position_embeddings": b["rope_original_max"]}
+    else:
+        assert b["rope_scaling"] == "none", b["rope_scaling"]
+        rope = {"rope_type": "default", "rope_theta": b["rope_theta"]}
+    config = LlamaConfig(
+        vocab_size=b["vocab"], hidden_size=b["dim"], num_hidden_layers=b["layers"],
+        num_attention_heads=b["heads"], num_key_value_heads=b["kv_heads"], head_dim=b["head_dim"],
+        intermediate_size=b["ffn"], rms_norm_eps=b["norm_eps"], rope_theta=b["rope_theta"],
+        rope_scaling=rope, max_position_embeddings=max_seq, tie_word_embeddings=b["tie_embeddings"],
+        attention_bias=False, mlp_bias=False, hidden_act="silu", attn_implementation="eager")
+    # transformers 5 folds rope_theta and rope_scaling into rope_parameters: check it kept ours
+    params = getattr(config, "rope_parameters", None) or {**(config.rope_scaling or {}), "rope_theta": config.rope_theta}
+    for key, value in rope.items():
+        assert params.get(key) == value, f"transformers changed rope {key}: {params}"
+    assert config.rms_norm_eps == b["norm_eps"]
+    return config
+
+
+def hf_reference(spec, seed: int, max_seq: int):
+    """A random `LlamaForCausalLM` (f32, eager attention) with the card's config, every weight seeded.
+
+    Every weight is drawn here (norms included, which transformers would set
+    to ones), so a param bound to the wrong checkpoint name cannot go unseen.
+    """
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(hf_config(spec.bindings, max_seq)).float().eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # tied weights are one parameter, drawn once
+            t = torch.randn(p.shape, generator=g)
+            if p.dim() == 1:
+                t = 1.0 + 0.1 * t
+            elif "embed_tokens" not in name:
+                t = t / p.shape[-1] ** 0.5
+            p.copy_(t)
+    if spec.bindings["tie_embeddings"]:
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    return model
+
+
+def hf_greedy(model, prompts, steps: int):
+    """The reference's greedy run, each step recomputed over the whole sequence so far.
+
+    Returns (logits, tokens): logits[s] is [len(prompts), vocab] for the last
+    position after s generated tokens, tokens[s] its argmax.
+    """
+    seqs = [list(map(int, p)) for p in prompts]
+    logits, tokens = [], []
+    with torch.no_grad():
+        for _ in range(steps + 1):
+            step = torch.stack([model(torch.tensor([s])).logits[0, -1] for s in seqs]).numpy()
+            choice = step.argmax(-1).astype(np.int32)
+            logits.append(step)
+            tokens.append(choice)
+            for s, t in zip(seqs, choice):
+                s.append(int(t))
+    return logits, tokens
+
+
+@pytest.fixture(scope="session")
+def kit():
+    return SimpleNamespace(
+        CARDS=CARDS, ARCH=ARCH, PARITY=PARITY, to_np=to_np, rel_err=rel_err, i32=i32, as_inputs=as_inputs,
+        pack=pack, cache_of=cache_of, compiled=compiled, random_checkpoint=random_checkpoint,
+        hf_config=hf_config, hf_reference=hf_reference, hf_greedy=hf_greedy)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not PARITY:
+        return
+    tr = terminalreporter
+    tr.section("linnet parity (max|a-b| / max|ref|)")
+    width = max(len(k) for k in PARITY)
+    for key in sorted(PARITY):
+        tr.write_line(f"{key:<{width}}  {PARITY[key]:.3e}")

@@ -1,0 +1,99 @@
+"""Both backends against transformers' `LlamaForCausalLM` on the tiny Llama cards.
+
+The reference has the card's config (llama3 RoPE scaling and GQA in
+`tiny-llama`, tied embeddings in `tiny-llama-tied`) and random weights; its
+state dict is bound through the checkpoint names the `.linnet` source
+declares. Four prompts of different lengths are prefilled in one pack, then
+16 greedy steps are decoded; each step is compared with the reference run
+over the whole sequence so far.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from linnet.compiler import BACKENDS, check_file, generate
+from linnet.ir.specialize import specialize
+from linnet.nest.bind import bind_weights
+
+GENERICS = {"Batch": 4, "MaxSeq": 32}
+PROMPT_LENGTHS = (7, 13, 4, 10)
+STEPS = 16
+# mode -> (numerics, T, bound on max|a-b| / max|ref|, greedy tokens must match)
+MODES = {
+    "exact": ("exact", "f32", 1e-4, True),
+    "fast-f32": ("fast", "f32", 1e-4, True),
+    "fast-bf16": ("fast", "bf16", 2e-2, False),
+}
+
+
+@pytest.fixture(scope="module", params=["tiny-llama", "tiny-llama-tied"])
+def card(request, kit):
+    """The card's module, a seeded reference with its config, prompts, and the reference's greedy run."""
+    name = request.param
+    module = check_file(kit.CARDS / f"{name}.linnet")
+    spec = specialize(module, GENERICS, "exact")
+    reference = kit.hf_reference(spec, seed=1234, max_seq=GENERICS["MaxSeq"])
+    assert reference.config._attn_implementation == "eager"
+    vocab = spec.bindings["vocab"]
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(0, vocab, n).astype(np.int32) for n in PROMPT_LENGTHS]
+    assert max(PROMPT_LENGTHS) + STEPS <= GENERICS["MaxSeq"]
+    logits, tokens = kit.hf_greedy(reference, prompts, STEPS)
+    return dict(name=name, module=module, spec=spec, state=reference.state_dict(), prompts=prompts,
+                ref_logits=logits, ref_tokens=tokens)
+
+
+def test_cards_are_what_the_tests_claim(card):
+    b = card["spec"].bindings
+    if card["name"] == "tiny-llama":
+        assert b["rope_scaling"] == "llama3" and b["kv_heads"] < b["heads"] and not b["tie_embeddings"]
+    else:
+        assert b["tie_embeddings"] and b["rope_scaling"] == "none"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("mode", list(MODES))
+def test_matches_transformers(card, backend, mode, kit):
+    numerics, dtype, bound, same_tokens = MODES[mode]
+    generics = {**GENERICS, "T": dtype}
+    spec = specialize(card["module"], generics, numerics)
+    assert spec.bindings["T"] == dtype
+    weights = bind_weights(spec, card["state"].__getitem__)
+    model = kit.compiled(card["module"], backend, generics, numerics).Model(weights)
+
+    lengths = np.array(PROMPT_LENGTHS)
+    logits = [model.prefill(*kit.as_inputs(backend, *kit.pack(card["prompts"])))]
+    for step in range(1, STEPS + 1):
+        # the reference's greedy tokens; ours are checked to be the same below
+        tokens, positions = card["ref_tokens"][step - 1], lengths + step - 1
+        logits.append(model.decode(*kit.as_inputs(backend, tokens, positions)))
+
+    errors = [kit.rel_err(ours, ref) for ours, ref in zip(logits, card["ref_logits"])]
+    ours_tokens = [kit.to_np(x).argmax(-1) for x in logits]
+    agree = np.mean([np.array_equal(a, b) for a, b in zip(ours_tokens, card["ref_tokens"])])
+    key = f"{card['name']:<15} {backend:<5} {mode:<9}"
+    kit.PARITY[key + " prefill"] = errors[0]
+    kit.PARITY[key + " decode (worst of 16)"] = max(errors[1:])
+    if not same_tokens:
+        kit.PARITY[key + " greedy steps agreeing (fraction)"] = float(agree)
+
+    assert errors[0] <= bound, f"prefill logits off by {errors[0]:.2e} (bound {bound:.0e})"
+    worst = int(np.argmax(errors[1:])) + 1
+    assert max(errors[1:]) <= bound, f"decode step {worst} off by {errors[worst]:.2e} (bound {bound:.0e})"
+    if same_tokens:
+        for step, (a, b) in enumerate(zip(ours_tokens, card["ref_tokens"])):
+            assert np.array_equal(a, b), f"greedy tokens differ at step {step}: {a} vs {b}"
+
+
+def test_exact_computes_in_f32_whatever_t(card):
+    """numerics="exact" forces T to f32: in the bindings, in the weights bound, and in the code."""
+    spec = specialize(card["module"], {**GENERICS, "T": "bf16"}, "exact")
+    assert spec.bindings["T"] == "f32"
+    weights = bind_weights(spec, card["state"].__getitem__)
+    assert {str(t.dtype) for t in weights.values()} == {"torch.float32"}
+    for backend in BACKENDS:
+        source = generate(card["module"], backend, {**GENERICS, "T": "bf16"}, "exact")
+        assert "T=f32; numerics: exact" in source
+        assert "'bf16'" not in source and "bfloat16" not in source

@@ -1,0 +1,84 @@
+"""Building a tokenizer from GGUF metadata, on small GGUFs written here."""
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+
+from linnet.nest.errors import TokenizerError  # noqa: E402
+from linnet.nest.gguf_tokenizer import PRE_TOKENIZERS, _pre_tokenizer, byte_alphabet  # noqa: E402
+from linnet.nest.tokenizer import Tokenizer  # noqa: E402
+
+CONTROL, USER_DEFINED, NORMAL = 3, 4, 1
+
+
+def write_tokenizer_gguf(path, *, model="gpt2", pre="smollm", add_bos=True):
+    alphabet = list(byte_alphabet().values())
+    merges = ["h e", "l l", "he ll", "Ġ w", "o r"]
+    tokens = ["<s>", "</s>", "<eot>", "<think>"] + alphabet + ["he", "ll", "hell", "Ġw", "or"]
+    types = [CONTROL, CONTROL, CONTROL, USER_DEFINED] + [NORMAL] * (len(tokens) - 4)
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model(model)
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_merges(merges)
+    w.add_token_types(types)
+    w.add_bos_token_id(0)
+    w.add_eos_token_id(1)
+    w.add_eot_token_id(2)
+    w.add_add_bos_token(add_bos)
+    w.add_chat_template("{{ bos_token }}{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}")
+    w.add_tensor("dummy", np.zeros(32, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return tokens
+
+
+def test_small_gguf_tokenizer(tmp_path):
+    tokens = write_tokenizer_gguf(tmp_path / "t.gguf")
+    tok = Tokenizer.from_gguf(tmp_path / "t.gguf")
+    ids = tok.encode("hello world<think>é")
+    assert ids[0] == 0  # add_bos_token: the BOS is prepended
+    pieces = [tokens[i] for i in ids]
+    assert pieces == ["<s>", "hell", "o", "Ġw", "or", "l", "d", "<think>", "Ã", "©"]
+    assert tok.decode(ids) == "<s>hello world<think>é"
+    assert tok.decode(ids, skip_special_tokens=True) == "hello world<think>é"  # user-defined stays
+    assert tok.encode("hi", add_special_tokens=False)[0] != 0
+    assert tok.eos_token_ids == [1, 2]  # EOS and EOT both stop generation
+    assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "<s>x</s>"
+
+
+def test_unsupported_model_is_named(tmp_path):
+    write_tokenizer_gguf(tmp_path / "spm.gguf", model="llama")
+    with pytest.raises(TokenizerError, match=r"spm\.gguf: .*'llama' is not supported"):
+        Tokenizer.from_gguf(tmp_path / "spm.gguf")
+
+
+def test_unknown_pre_tokenizer(tmp_path):
+    write_tokenizer_gguf(tmp_path / "p.gguf", pre="no-such-pre")
+    with pytest.raises(TokenizerError, match="'no-such-pre' is not supported"):
+        Tokenizer.from_gguf(tmp_path / "p.gguf")
+
+
+def split(pre, text):
+    return [piece for piece, _ in _pre_tokenizer(pre).pre_tokenize_str(text)]
+
+
+def test_pre_tokenizer_table():
+    text = "Hello  world 12345\n\n ok"
+    for name in PRE_TOKENIZERS:  # every entry builds and loses nothing
+        pieces = split(name, text)
+        assert "".join(pieces) == "".join(byte_alphabet()[b] for b in text.encode())
+    assert split("smollm", "a  12") == ["a", "ĠĠ", "1", "2"]
+    assert split("gpt2", "a  12") == ["a", "Ġ", "Ġ12"]
+    assert split("llama-bpe", "x 12345") == ["x", "Ġ", "123", "45"]
+    assert split("qwen2", "x12") == ["x", "1", "2"]
+    assert split("gpt-4o", "HelloWorld's") == ["Hello", "World's"]
+
+
+def test_byte_alphabet():
+    alphabet = byte_alphabet()
+    assert len(set(alphabet.values())) == 256
+    assert alphabet[ord(" ")] == "Ġ" and alphabet[ord("\n")] == "Ċ" and alphabet[ord("a")] == "a"
