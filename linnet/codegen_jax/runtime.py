@@ -122,7 +122,10 @@ class JaxModel:
     entries: dict = {}
     fast: bool = False
 
-    def __init__(self, weights: dict, device=None):
+    def __init__(self, weights: dict, device=None, consume: bool = False):
+        """`weights`: {param: torch tensor, numpy or jax array}. With `consume`, each entry is
+        popped from `weights` as it is placed, so that the caller's copy of the model is freed
+        one param at a time and loading never holds two copies (`nest.load` does this)."""
         self.device = device or jax.devices()[0]
         arrays = {}
         for name, (shape, dtype) in self.params.items():
@@ -130,14 +133,20 @@ class JaxModel:
                 continue
             if name not in weights:
                 raise KeyError(f"no weights for param `{name}` {list(shape)} {dtype}")
-            a = weights[name]
-            a = jnp.asarray(a.float().numpy() if dtype == "f32" and hasattr(a, "numpy") and hasattr(a, "float")
-                            else _to_numpy(a))
+            a = weights.pop(name) if consume else weights[name]
+            if dtype == "f32" and hasattr(a, "detach") and a.is_floating_point():
+                a = a.float()
+            host = _to_numpy(a)
+            # On the CPU, device_put keeps an aligned host array as it is (no copy): right when the
+            # caller hands its weights over (consume), while a caller who keeps them gets a copy.
+            # Elsewhere it copies to the device, and the host array is dropped with `a`.
+            a = jax.device_put(host if consume else jnp.array(host, copy=True), self.device)
+            del host
             if tuple(a.shape) != tuple(shape):
                 raise ValueError(f"param `{name}` must be {list(shape)}, but the weights given are {list(a.shape)}")
             if a.dtype != DTYPES[dtype]:
                 raise TypeError(f"param `{name}` must be {dtype}, but the weights given are {a.dtype}")
-            arrays[name] = jax.device_put(a, self.device)
+            arrays[name] = a
         for name, other in self.tied.items():
             arrays[name] = arrays[other]
         self.weights = arrays
@@ -162,10 +171,16 @@ class JaxModel:
 
 
 def _to_numpy(a):
-    if hasattr(a, "detach"):  # a torch tensor: bf16 has no numpy type, go through f32 and ml_dtypes
+    """A host array for a torch tensor (no copy on the CPU; bf16 as ml_dtypes' bfloat16), numpy or jax array."""
+    if hasattr(a, "detach"):
         import torch
 
-        if a.dtype == torch.bfloat16:
-            return np.asarray(a.detach().cpu().float().numpy()).astype(jnp.bfloat16)
-        return a.detach().cpu().numpy()
+        t = a.detach()
+        if t.device.type != "cpu":
+            t = t.cpu()
+        if t.dtype == torch.bfloat16:  # numpy has no bf16: reinterpret the bits
+            return t.contiguous().view(torch.int16).numpy().view(jnp.bfloat16)
+        return t.numpy()
+    if isinstance(a, jax.Array):
+        return a
     return np.asarray(a)

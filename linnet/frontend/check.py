@@ -441,6 +441,10 @@ class _Checker:
         elif dim_param is not None:  # iota(n), topk(x, k): one size
             idx = 0 if name == "iota" else 1
             kw = [k for k in kwargs if k[0] == dim_param]
+            if len(pos) > idx + 1:
+                raise LinnetError(pos[idx + 1].loc, f"`{name}` takes at most {idx + 1} argument(s)")
+            if len(pos) > idx and kw:
+                raise LinnetError(kw[0][1], f"argument `{dim_param}` is given twice")
             src = pos[idx] if len(pos) > idx else (kw[0][2] if kw else None)
             if src is None:
                 raise LinnetError(loc, f"`{name}` needs its size `{dim_param}`")
@@ -464,7 +468,7 @@ class _Checker:
         accepted = [p for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
         var = next((p for p in sig.parameters.values() if p.kind == p.VAR_POSITIONAL), None)
         for kname, (kloc, _) in named.items():
-            if kname not in [p.name for p in accepted] and not (dim_param and kname == dim_param):
+            if kname not in [p.name for p in accepted] and not (dim_param not in (None, "dims") and kname == dim_param):
                 raise LinnetError(kloc, f"`{name}` has no argument `{kname}`",
                                   suggest(kname, [p.name for p in accepted]) or
                                   [f"`{name}` takes {', '.join(p.name for p in accepted) or 'no named arguments'}"])
@@ -631,8 +635,9 @@ class _Scope:
     def bind(self, name: str, t, loc: Loc, loop: bool = False):
         c = self.checker
         if name in c.params or name in c.config or name in c.fns or name in OPS or name in self.dims \
-                or name in SIZE_GENERICS or name in RESERVED or name in DTYPES or name == GENERIC_DTYPE:
+                or name in c.state or name in SIZE_GENERICS or name in RESERVED or name in DTYPES or name == GENERIC_DTYPE:
             what = ("a param" if name in c.params else "a config value" if name in c.config else
+                    "state" if name in c.state else
                     "a function" if name in c.fns or name in OPS else "a reserved word or built-in")
             raise LinnetError(loc, f"`{name}` is {what}; a local cannot take its name")
         if self.kind_of(name) in ("loop",) and self.lookup(name) is not None:

@@ -12,7 +12,7 @@ from typing import Callable
 from linnet.errors import LinnetError, Loc
 from linnet.ir.dims import Dim
 from linnet.ir.nodes import Const, Slice, Value
-from linnet.ir.types import (BOOL, FLOAT, INT, STR, ScalarType, TensorType, TupleType, is_float, is_int,
+from linnet.ir.types import (BOOL, DTYPES, FLOAT, INT, STR, ScalarType, TensorType, TupleType, is_float, is_int,
                              shape_str)
 
 Infer = Callable[..., object]
@@ -186,6 +186,9 @@ op("not", ("x",))(_unary("not", False))
 @op("cast", ("x", "dtype"), "x converted to another element type")
 def _cast(x: Value, dtype: Value, *, loc: Loc):
     t = _tensor(x, "a value converted with `as`", loc)
+    if not isinstance(dtype, Const) or dtype.value not in DTYPES + ("T",):
+        raise _err(dtype.loc or loc, f"cannot convert to {getattr(dtype, 'value', dtype.type)!r}: "
+                                     f"the element type is one of T, {', '.join(DTYPES)}")
     return TensorType(dtype.value, t.shape)
 
 

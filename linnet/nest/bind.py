@@ -1,8 +1,14 @@
 """Weights for a module's params, by the checkpoint names its `.linnet` source declares.
 
 `bind_weights` reads one tensor at a time through a getter, applies the
-declared transforms, casts, and stacks the tensors of params declared inside
-`for l in layers` into one tensor per param.
+declared transforms, and copies it straight into a target allocated once per
+param in the module's dtype on the target device; params declared inside
+`for l in layers` are one stacked tensor, filled layer by layer. So loading
+never holds more than the model plus the one tensor in flight (which, for a
+memory-mapped safetensors file, is the file's own pages, not process memory).
+
+`check_checkpoint` validates a checkpoint against a module from its headers
+alone (names, shapes, stored dtypes) before a byte of tensor data is read.
 """
 
 from __future__ import annotations
@@ -36,33 +42,99 @@ def checkpoint_names(module: Module, fmt: str) -> dict:
     return out
 
 
+def expected_shapes(module: Module, fmt: str) -> dict:
+    """{checkpoint name: (param, shape the checkpoint must store it in)}: the declared
+    shape with the declared transforms undone (a `.transpose()` swaps the first two dims)."""
+    out = {}
+    for name, ckpt_names in checkpoint_names(module, fmt).items():
+        p = module.params[name]
+        shape = list(param_shape(module, name))
+        per_layer = shape[1:] if p.loop_var else shape
+        src = next(s for s in p.sources if s.format == fmt)
+        stored = list(per_layer)
+        for tname, _ in reversed(src.transforms):
+            if tname == "transpose" and len(stored) >= 2:
+                stored[0], stored[1] = stored[1], stored[0]
+        for ckpt in ckpt_names:
+            out[ckpt] = (name, tuple(stored))
+    return out
+
+
+def check_checkpoint(module: Module, ckpt, fmt: str, cast_dtype: bool) -> list:
+    """Raises `WeightsError` for a tensor the card needs that `ckpt` lacks, one stored in
+    another shape, or (without `cast_dtype`) one stored in another float type than T.
+    Returns the checkpoint's tensors the card does not use, sorted."""
+    expected = expected_shapes(module, fmt)
+    where = f" ({module.path})"
+    missing = [n for n in expected if n not in ckpt]
+    if missing:
+        more = f", and {len(missing) - 1} more" if len(missing) > 1 else ""
+        raise WeightsError(f"{ckpt.path}: the checkpoint has no tensor {missing[0]!r}, which param "
+                           f"`{expected[missing[0]][0]}` needs{more}{where}")
+    bad = [(n, p, shape, tuple(ckpt.shape(n))) for n, (p, shape) in expected.items() if tuple(ckpt.shape(n)) != shape]
+    if bad:
+        lines = [f"{_file_of(ckpt, n)}: tensor {n!r} is {list(got)}, but param `{p}` declares {list(want)}"
+                 for n, p, want, got in bad[:5]]
+        more = f"\n  ... and {len(bad) - 5} more" if len(bad) > 5 else ""
+        raise WeightsError("shapes differ between the checkpoint and the card" + where + ":\n  "
+                           + "\n  ".join(lines) + more)
+    if not cast_dtype and fmt != "gguf":
+        target = module.bindings.get("T")
+        for n, (p, _) in expected.items():
+            want = concrete_dtype(module.params[p].type.dtype, module)
+            stored = ckpt.stored_dtype(n)
+            if stored in TORCH_DTYPES and stored != want:
+                others = sum(1 for m, (q, _) in expected.items()
+                             if ckpt.stored_dtype(m) != concrete_dtype(module.params[q].type.dtype, module))
+                more = f" (and {others - 1} more tensors)" if others > 1 else ""
+                raise WeightsError(f"{_file_of(ckpt, n)}: tensor {n!r} is stored as {stored}, but param `{p}` is "
+                                   f"{want}{' (T = ' + target + ')' if target else ''}{more}; pass cast_dtype=True "
+                                   f"to convert it, or load with generics T={stored!r}")
+    return sorted(set(ckpt.names()) - set(expected))
+
+
+def _file_of(ckpt, name: str) -> str:
+    return ckpt.file_of(name) if hasattr(ckpt, "file_of") else str(getattr(ckpt, "path", "the checkpoint"))
+
+
 def bind_weights(module: Module, get: Callable[[str], torch.Tensor], fmt: str = "hf", cast_dtype: bool = True,
-                 device: str | torch.device = "cpu", where: str = "the checkpoint") -> dict:
-    """{param name: tensor} in the module's dtype, read through `get(checkpoint_name)`."""
+                 device: str | torch.device = "cpu", where: str | Callable[[str], str] = "the checkpoint",
+                 progress: Callable[[str], None] | None = None) -> dict:
+    """{param name: tensor} in the module's dtype on `device`, read through `get(checkpoint_name)`.
+
+    `where` names the file a tensor comes from in messages (a string, or a function of the
+    tensor's name, for sharded checkpoints); `progress(name)` is called after each tensor.
+    """
+    file_of = where if callable(where) else (lambda _name: where)
     out = {}
     for name, ckpt_names in checkpoint_names(module, fmt).items():
         p = module.params[name]
         shape = param_shape(module, name)
         dtype = TORCH_DTYPES[concrete_dtype(p.type.dtype, module)]
         src = next(s for s in p.sources if s.format == fmt)
-        per_layer = shape[1:] if p.loop_var else shape
-        target = torch.empty(shape, dtype=dtype, device=device) if p.loop_var else None
+        per_layer = tuple(shape[1:] if p.loop_var else shape)
+        target = torch.empty(shape, dtype=dtype, device=device)
         for i, ckpt in enumerate(ckpt_names):
             t = get(ckpt)
             for tname, args in src.transforms:
                 t = apply_transform(tname, t, [evaluate_dim(a, module) for a in args])
-            if tuple(t.shape) != tuple(per_layer):
-                raise WeightsError(f"{where}: tensor {ckpt!r} is {list(t.shape)}, but `{name}` declares "
-                                   f"{list(per_layer)} ({module.path})")
+            if tuple(t.shape) != per_layer:
+                after = f" after {', '.join(n for n, _ in src.transforms)}" if src.transforms else ""
+                raise WeightsError(f"{file_of(ckpt)}: tensor {ckpt!r} is {list(t.shape)}{after}, but param `{name}` "
+                                   f"declares {list(per_layer)} ({module.path})")
             if t.dtype != dtype and not cast_dtype and t.is_floating_point():
-                raise WeightsError(f"{where}: tensor {ckpt!r} is {t.dtype}, but the model runs in {dtype}; "
-                                   "pass cast_dtype=True to convert it")
-            if p.loop_var:
-                target[i].copy_(t)
-            else:
-                target = t.to(device=device, dtype=dtype)
+                raise WeightsError(f"{file_of(ckpt)}: tensor {ckpt!r} is {_short(t.dtype)}, but param `{name}` is "
+                                   f"{_short(dtype)}; pass cast_dtype=True to convert it")
+            (target[i] if p.loop_var else target).copy_(t)
+            del t  # the next tensor replaces this one: one in flight at a time
+            if progress is not None:
+                progress(ckpt)
         out[name] = target
     return out
+
+
+def _short(dtype: torch.dtype) -> str:
+    return {v: k for k, v in TORCH_DTYPES.items()}.get(dtype, str(dtype).replace("torch.", ""))
 
 
 def evaluate_dim(d, module: Module) -> int:

@@ -69,6 +69,10 @@ class Checkpoint(ABC):
     def __contains__(self, name: str) -> bool:
         return name in set(self.names())
 
+    def file_of(self, name: str) -> str:
+        """The file holding tensor `name` (the shard, for a sharded checkpoint), for messages."""
+        return self.path
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path!r})"
 
@@ -157,8 +161,13 @@ class SafetensorsCheckpoint(Checkpoint):
             try:
                 self._handles[key] = safe_open(str(file), framework="pt" if framework == "torch" else "numpy")
             except Exception as e:  # SafetensorError, OSError: truncated, corrupt, unreadable
-                raise WeightsError(f"{file}: cannot read safetensors file ({e}); it may be truncated or corrupt") from None
+                detail = _safetensors_overrun(file)
+                raise WeightsError(f"{file}: cannot read safetensors file ({e}){detail}; "
+                                   "it may be truncated or corrupt") from None
         return self._handles[key]
+
+    def file_of(self, name: str) -> str:
+        return str(self._where[name]) if name in self._where else self.path
 
     def names(self) -> list[str]:
         return list(self._meta)
@@ -225,6 +234,27 @@ class SafetensorsCheckpoint(Checkpoint):
             raise WeightsError(f"{path}: not valid JSON ({e})") from None
 
 
+def _safetensors_overrun(file: Path) -> str:
+    """", tensor 'x' needs bytes up to N but the file has M" for a file cut short, else ""."""
+    try:
+        size = file.stat().st_size
+        with open(file, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if n <= 0 or 8 + n > size:
+                return f": its header says it is {n} bytes, but the file has {size}" if size >= 8 else ""
+            header = json.loads(f.read(n))
+        start = 8 + n
+        for name, info in sorted(((k, v) for k, v in header.items() if k != "__metadata__"),
+                                 key=lambda kv: kv[1]["data_offsets"][1]):
+            end = start + int(info["data_offsets"][1])
+            if end > size:
+                return (f": tensor {name!r} {info.get('shape')} needs bytes up to {end}, "
+                        f"but the file has {size}")
+    except Exception:  # the header itself is unreadable: nothing more to say
+        return ""
+    return ""
+
+
 # ----------------------------------------------------------------------- GGUF
 
 # GGUF architecture -> (model_type, architectures) for the config we build.
@@ -276,7 +306,9 @@ class GGUFCheckpoint(Checkpoint):
         try:
             self._reader = gguf.GGUFReader(self.path)
         except Exception as e:  # truncated, not GGUF, unsupported version
-            raise WeightsError(f"{self.path}: cannot read GGUF file ({e}); it may be truncated or corrupt") from None
+            detail = _gguf_overrun(self.path)
+            raise WeightsError(f"{self.path}: cannot read GGUF file ({e}){detail}; "
+                               "it may be truncated or corrupt") from None
         self._tensors = {t.name: t for t in self._reader.tensors}
         self._values: dict[str, Any] = {}
 
@@ -418,6 +450,82 @@ class GGUFCheckpoint(Checkpoint):
         if attn is not None:
             scaling["attention_factor"] = float(attn)
         return scaling
+
+
+def _gguf_overrun(path: str) -> str:
+    """", tensor 'x' needs bytes up to N but the file has M" for a GGUF cut short, else "".
+
+    Walks the header by hand (GGUFReader gives up on a short file without
+    saying which tensor): metadata, then each tensor's name, dims, type and
+    offset; data starts at the next multiple of general.alignment."""
+    import struct
+
+    try:
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        import mmap
+
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        pos = 0
+
+        def take(fmt):
+            nonlocal pos
+            vals = struct.unpack_from("<" + fmt, data, pos)
+            pos += struct.calcsize("<" + fmt)
+            return vals[0] if len(vals) == 1 else vals
+
+        def string():
+            nonlocal pos
+            n = take("Q")
+            s = data[pos:pos + n].decode("utf-8", "replace")
+            pos += n
+            return s
+
+        scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+        def value(vtype):
+            if vtype == 8:
+                return string()
+            if vtype == 9:
+                etype, count = take("I"), take("Q")
+                if etype in scalar:
+                    nonlocal pos
+                    pos += struct.calcsize("<" + scalar[etype]) * count
+                    return None
+                return [value(etype) for _ in range(count)]
+            return take(scalar[vtype])
+
+        if data[:4] != b"GGUF":
+            return ""
+        pos = 4
+        take("I")  # version
+        n_tensors, n_kv = take("Q"), take("Q")
+        alignment = 32
+        for _ in range(n_kv):
+            key, vtype = string(), take("I")
+            v = value(vtype)
+            if key == "general.alignment":
+                alignment = int(v)
+        infos = []
+        for _ in range(n_tensors):
+            name = string()
+            dims = [take("Q") for _ in range(take("I"))]
+            ttype, offset = take("I"), take("Q")
+            block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
+            count = 1
+            for d in dims:
+                count *= d
+            infos.append((name, list(reversed(dims)), offset, count // block * nbytes))
+        start = (pos + alignment - 1) // alignment * alignment
+        for name, shape, offset, nbytes in sorted(infos, key=lambda i: i[2] + i[3]):
+            end = start + offset + nbytes
+            if end > size:
+                return f": tensor {name!r} {shape} needs bytes up to {end}, but the file has {size}"
+    except Exception:  # cut inside the header, or not GGUF at all
+        return ""
+    return ""
 
 
 # --------------------------------------------------------------------- choose

@@ -1,0 +1,222 @@
+"""Generated code is a product: deterministic, importable on its own, and traceable to its source.
+
+`linnet compile` is run in-process (`linnet.cli.main`) and as a command in
+fresh interpreters with different hash seeds; the file it writes is loaded
+by path in a fresh interpreter and run; and its `# llama.linnet:<line>`
+comments are held against the lines of llama.linnet.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+from linnet import cli
+from linnet.compiler import BACKENDS, check_file, generate, import_source
+from linnet.ir.specialize import specialize
+from linnet.nest.bind import bind_weights
+
+GENERIC_ARGS = ["--generic", "Batch=3", "--generic", "MaxSeq=24"]
+GENERICS = {"Batch": 3, "MaxSeq": 24}
+
+
+def compile_args(kit, backend, card="tiny-llama", numerics="exact"):
+    return ["compile", str(kit.CARDS / f"{card}.linnet"), "--backend", backend, "--numerics", numerics, *GENERIC_ARGS]
+
+
+def run_cli(kit, backend, capsys, **kw) -> str:
+    assert cli.main(compile_args(kit, backend, **kw)) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    return out
+
+
+@pytest.fixture(scope="module")
+def sources(kit):
+    """{backend: source} of tiny-llama as the library generates it."""
+    module = check_file(kit.CARDS / "tiny-llama.linnet")
+    return {b: generate(module, b, GENERICS) for b in BACKENDS}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("card", ["tiny-llama", "tiny-llama-tied"])
+@pytest.mark.parametrize("numerics", ["exact", "fast"])
+def test_compile_is_deterministic_in_process(backend, card, numerics, kit, capsys, tmp_path):
+    first = run_cli(kit, backend, capsys, card=card, numerics=numerics)
+    second = run_cli(kit, backend, capsys, card=card, numerics=numerics)
+    assert first == second and first.strip()
+    out = tmp_path / "model.py"
+    assert cli.main(compile_args(kit, backend, card=card, numerics=numerics) + ["-o", str(out)]) == 0
+    assert capsys.readouterr().out == ""
+    assert out.read_bytes() == first.encode()
+    compile(first, str(out), "exec")  # valid Python
+
+
+def test_compile_is_deterministic_across_processes(kit, sources, tmp_path):
+    """The command in fresh interpreters, under different hash seeds, writes the same bytes as the library."""
+    for backend in BACKENDS:
+        outputs = []
+        for seed in ("0", "4242"):
+            out = tmp_path / f"{backend}-{seed}.py"
+            env = {**os.environ, "PYTHONHASHSEED": seed}
+            proc = subprocess.run([sys.executable, "-m", "linnet.cli", *compile_args(kit, backend), "-o", str(out)],
+                                  env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+            assert proc.returncode == 0, proc.stderr
+            outputs.append(out.read_bytes())
+        assert outputs[0] == outputs[1] == sources[backend].encode()
+
+
+RUNNER = textwrap.dedent("""
+    import importlib.util, sys
+    import numpy as np
+    import torch
+
+    out = {}
+    weights = dict(np.load(sys.argv[1]))
+    for backend, path in (("torch", sys.argv[2]), ("jax", sys.argv[3])):
+        spec = importlib.util.spec_from_file_location("generated_" + backend, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        model = mod.Model({k: torch.from_numpy(v) for k, v in weights.items()})
+        tokens = np.array([5, 6, 7, 8, 9], np.int32)
+        positions = np.array([0, 1, 2, 0, 1], np.int32)
+        rows = np.array([0, 0, 0, 2, 2], np.int32)
+        out[backend + "_prefill"] = np.asarray(model.prefill(tokens, positions, rows, np.array([2, 4], np.int32)))
+        model.copy_rows(np.array([0], np.int32), np.array([1], np.int32), np.array([3], np.int32))
+        out[backend + "_decode"] = np.asarray(model.decode(np.array([10, 10, 11], np.int32),
+                                                           np.array([3, 3, 2], np.int32)))
+    np.savez(sys.argv[4], **out)
+    print("ran", " ".join(sorted(out)))
+""")
+
+
+def test_written_file_runs_on_its_own(kit, tmp_path):
+    """`linnet compile -o` output, loaded by path in a fresh interpreter, runs prefill, copy_rows and decode."""
+    paths = {}
+    for backend in BACKENDS:
+        paths[backend] = tmp_path / f"tiny_llama_{backend}.py"
+        assert cli.main(compile_args(kit, backend) + ["-o", str(paths[backend])]) == 0
+    module = check_file(kit.CARDS / "tiny-llama.linnet")
+    spec = specialize(module, GENERICS)
+    weights = bind_weights(spec, kit.random_checkpoint(spec, seed=21).__getitem__)
+    np.savez(tmp_path / "weights.npz", **{k: v.numpy() for k, v in weights.items()})
+    (tmp_path / "runner.py").write_text(RUNNER)
+    proc = subprocess.run([sys.executable, "runner.py", "weights.npz", str(paths["torch"]), str(paths["jax"]),
+                           "out.npz"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["ran", "jax_decode", "jax_prefill", "torch_decode", "torch_prefill"]
+    got = dict(np.load(tmp_path / "out.npz"))
+    assert got["torch_prefill"].shape == got["jax_prefill"].shape == (2, 128)
+    assert got["torch_decode"].shape == got["jax_decode"].shape == (3, 128)
+
+    # the same steps in this process: row 1 decodes from its copy of row 0, so it must equal row 0
+    model = import_source(paths["torch"].read_text()).Model(weights)
+    prefill = model.prefill(*kit.as_inputs("torch", [5, 6, 7, 8, 9], [0, 1, 2, 0, 1], [0, 0, 0, 2, 2], [2, 4]))
+    model.copy_rows(*kit.as_inputs("torch", [0], [1], [3]))
+    decode = model.decode(*kit.as_inputs("torch", [10, 10, 11], [3, 3, 2]))
+    for backend in BACKENDS:
+        assert kit.rel_err(got[backend + "_prefill"], prefill) <= 1e-5
+        assert kit.rel_err(got[backend + "_decode"], decode) <= 1e-5
+        assert kit.rel_err(got[backend + "_decode"][1], got[backend + "_decode"][0]) <= 1e-5
+
+
+# ---------------------------------------------------------------- source comments
+
+COMMENT = re.compile(r"^\s*# (llama\.linnet):(\d+)$")
+WORD = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
+# names of the generated code's libraries, not of the model
+PLUMBING = {"self", "rt", "F", "torch", "jax", "jnp", "nn", "params", "at", "set", "to", "astype", "range",
+            "reshape", "shape", "float32", "int32", "dtype", "device", "arange", "return", "in", "for", "None"}
+# what a generated statement must find on the line its comment names
+STATEMENTS = {
+    "torch": [
+        (r"self\.k_cache\[l, rows, positions\] = k$", "k_cache[l, rows, positions] = k"),
+        (r"self\.v_cache\[l, rows, positions\] = v$", "v_cache[l, rows, positions] = v"),
+        (r"a = rt\.attention\(q, self\.k_cache\[l\]", "a = attention(q, k_cache[l], v_cache[l], positions"),
+        (r"q = rt\.rope\(", "q = rotate(linear(h, wq[l])"),
+        (r"k = rt\.rope\(", "k = rotate(linear(h, wk[l])"),
+        (r"h = rt\.rmsnorm\(x, self\.attn_norm\[l\]", "h = rmsnorm(x, attn_norm[l]"),
+        (r"h = rt\.rmsnorm\(x, self\.mlp_norm\[l\]", "h = rmsnorm(x, mlp_norm[l]"),
+        (r"x = x \+ F\.linear\(F\.silu", "x = x + linear(silu(linear(h, w_gate[l]))"),
+        (r"for l in range\(layers\):", "for l in layers {"),
+        (r"return F\.linear\(x\[last\], self\.lm_head\)", "return linear(x[last], lm_head) as f32"),
+        (r"return F\.linear\(x, self\.lm_head\)", "return linear(x, lm_head) as f32"),
+        (r"rt\.copy_rows_\(self\.k_cache", "k_cache = copy_rows(k_cache, src, dst, upto)"),
+        (r"rt\.copy_rows_\(self\.v_cache", "v_cache = copy_rows(v_cache, src, dst, upto)"),
+    ],
+    "jax": [
+        (r"k_cache = k_cache\.at\[l, rows, positions\]\.set\(k\)$", "k_cache[l, rows, positions] = k"),
+        (r"v_cache = v_cache\.at\[l, rows, positions\]\.set\(v\)$", "v_cache[l, rows, positions] = v"),
+        (r"a = rt\.attention\(q, k_cache\[l\]", "a = attention(q, k_cache[l], v_cache[l], positions"),
+        (r"q = rt\.rope\(", "q = rotate(linear(h, wq[l])"),
+        (r"k = rt\.rope\(", "k = rotate(linear(h, wk[l])"),
+        (r"h = rt\.rmsnorm\(x, params\[\"attn_norm\"\]\[l\]", "h = rmsnorm(x, attn_norm[l]"),
+        (r"h = rt\.rmsnorm\(x, params\[\"mlp_norm\"\]\[l\]", "h = rmsnorm(x, mlp_norm[l]"),
+        (r"x = x \+ rt\.linear\(jax\.nn\.silu", "x = x + linear(silu(linear(h, w_gate[l]))"),
+        (r"for l in range\(layers\):", "for l in layers {"),
+        (r"return rt\.linear\(x\[last\], params\[\"lm_head\"\]\)", "return linear(x[last], lm_head) as f32"),
+        (r"return rt\.linear\(x, params\[\"lm_head\"\]\)", "return linear(x, lm_head) as f32"),
+        (r"k_cache = rt\.copy_rows\(k_cache", "k_cache = copy_rows(k_cache, src, dst, upto)"),
+        (r"v_cache = rt\.copy_rows\(v_cache", "v_cache = copy_rows(v_cache, src, dst, upto)"),
+    ],
+}
+
+
+def commented_statements(source: str) -> list:
+    """[(line number named by the comment, generated statement)] for every statement under a comment."""
+    out, current, depth = [], None, None
+    for text in source.splitlines():
+        m = COMMENT.match(text)
+        if m:
+            current, depth = int(m.group(2)), len(text) - len(text.lstrip())
+            continue
+        indent = len(text) - len(text.lstrip())
+        if text.strip() == "return None":  # an entry without a result: code's own epilogue, no source
+            continue
+        if current is not None and text.strip() and indent >= depth:
+            out.append((current, text.strip()))
+        elif text.strip():
+            current = None
+    return out
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_comments_name_the_source_lines(backend, kit, sources):
+    source = sources[backend]
+    arch = kit.ARCH.read_text().splitlines()
+    pairs = commented_statements(source)
+    assert len(pairs) >= 30, "the generated code has lost its source comments"
+    assert set(re.findall(r"# ([\w.-]+\.linnet):\d+", source)) == {"llama.linnet"}
+
+    for line, stmt in pairs:  # every comment names a statement line, one sharing a name with the code
+        assert 1 <= line <= len(arch), f"llama.linnet:{line} does not exist ({stmt})"
+        text = arch[line - 1].split("#")[0]
+        assert text.strip(), f"llama.linnet:{line} is blank or a comment, yet names `{stmt}`"
+        names = set(WORD.findall(stmt.replace('params["', "").replace('"]', ""))) - PLUMBING
+        assert names & set(WORD.findall(text)), f"llama.linnet:{line} `{text.strip()}` shares nothing with `{stmt}`"
+
+    for pattern, expected in STATEMENTS[backend]:  # and the statements that matter name exactly their line
+        hits = [(line, stmt) for line, stmt in pairs if re.search(pattern, stmt)]
+        assert hits, f"no generated statement matches {pattern!r}"
+        for line, stmt in hits:
+            assert expected in arch[line - 1], f"`{stmt}` is said to come from llama.linnet:{line}: " \
+                                              f"`{arch[line - 1].strip()}`, not `{expected}`"
+
+
+def test_comments_follow_the_source_when_it_moves(kit, tmp_path):
+    """Lines are read from the source, not fixed: shift llama.linnet down and the comments shift with it."""
+    shifted = tmp_path / "arch"
+    shifted.mkdir()
+    (shifted / "llama.linnet").write_text("# one\n# two\n\n" + kit.ARCH.read_text())
+    card = tmp_path / "tiny-llama.linnet"
+    card.write_text((kit.CARDS / "tiny-llama.linnet").read_text())
+    before = generate(check_file(kit.CARDS / "tiny-llama.linnet"), "torch", GENERICS)
+    after = generate(check_file(card), "torch", GENERICS)
+    assert after == re.sub(r"# llama\.linnet:(\d+)", lambda m: f"# llama.linnet:{int(m.group(1)) + 3}", before)

@@ -1,0 +1,686 @@
+"""Bad source is reported as `path:line:col: error: message`, the source line and a caret: never a traceback.
+
+Each case of the table is a small broken `.linnet` file (an architecture, or
+a card with the architecture it imports written beside it) and where the
+error must point. Every case runs through `linnet check` and through
+`linnet compile --backend torch`, in-process, and both must say the same.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from linnet.cli import main
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    files: dict  # file name -> source; the first is the one checked and compiled
+    line: int
+    col: int
+    message: str  # a substring of the first line's message
+    at: str | None = None  # the file the error points into, when not the one checked
+    args: tuple = ()  # more arguments for both commands, such as --generic
+
+    def __str__(self) -> str:
+        return self.id
+
+
+def arch(id: str, source: str, line: int, col: int, message: str, args: tuple = ()) -> Case:
+    return Case(id, {"model.linnet": source}, line, col, message, None, args)
+
+
+def card(id: str, card_source: str, line: int, col: int, message: str, *, arch_source: str | None = None,
+         at: str | None = None, args: tuple = ()) -> Case:
+    files = {"card.linnet": card_source}
+    if arch_source is not None:
+        files["mini.linnet"] = arch_source
+    return Case(id, files, line, col, message, at, args)
+
+
+# An architecture whose cases append to it. It is 19 lines long, so what a
+# case appends starts on line 20.
+HEAD = """\
+arch mini
+
+config {
+  vocab: int = 16
+  dim: int = 8
+  heads: int = 2
+  head_dim: int = dim / heads
+}
+
+params {
+  embed: T[vocab, dim]
+    from hf "embed.weight"
+  wq: T[heads * head_dim, dim]
+    from hf "wq.weight"
+}
+
+state {
+  cache: T[Batch, MaxSeq, dim]
+}
+"""
+
+# The architecture the cards import (`import mini`, found beside the card).
+MINI = """\
+arch mini
+
+config {
+  vocab: int
+  dim: int
+  heads: int
+  kv_heads: int = heads
+  head_dim: int = dim / heads
+  rope_scaling: str = "none"
+}
+
+params {
+  embed: T[vocab, dim]
+    from hf "model.embed_tokens.weight"
+  wq: T[heads * head_dim, dim]
+    from hf "model.q_proj.weight"
+  wk: T[kv_heads * head_dim, dim]
+    from hf "model.k_proj.weight"
+}
+
+state {
+  k_cache: T[Batch, MaxSeq, kv_heads, head_dim]
+}
+
+entry decode(tokens: i32[Batch], positions: i32[Batch]) -> T[Batch, heads, head_dim] {
+  x = embed[tokens]
+  q = rope(linear(x, wq).reshape(Batch, heads, head_dim), positions, scaling=rope_scaling)
+  k_cache[iota(Batch), positions] = linear(x, wk).reshape(Batch, kv_heads, head_dim)
+  return attention(q, k_cache, k_cache, positions)
+}
+"""
+
+# A card for MINI; its config block runs from line 4 to line 8.
+CARD = """\
+card "mini-test"
+import mini
+
+config {
+  vocab = 16
+  dim = 8
+  heads = 2
+}
+"""
+
+
+def with_config(text: str, *lines: str) -> str:
+    """CARD with lines added at the end of its config block (from line 8 on)."""
+    return text.replace("}\n", "".join(f"  {x}\n" for x in lines) + "}\n")
+
+
+CASES = [
+    # ---------------------------------------------------------------- syntax
+    arch("missing-closing-brace", """\
+arch mini
+entry decode(tokens: i32[Batch]) -> f32[Batch] {
+  x = tokens as f32
+  return x
+""", 4, 11, "unexpected end of file"),
+    arch("stray-character", """\
+arch mini
+entry decode(tokens: i32[Batch]) -> f32[Batch] {
+  x = tokens as f32 $
+  return x
+}
+""", 3, 21, "unexpected character '$'"),
+    arch("unexpected-end-in-expression", """\
+arch mini
+config {
+  dim: int = 8 *""", 3, 17, "unexpected end of file"),
+    arch("bad-token-operator", """\
+arch mini
+entry decode(tokens: i32[Batch]) -> i32[Batch] {
+  return tokens + * 2
+}
+""", 3, 19, "unexpected '*'"),
+    arch("missing-closing-paren", """\
+arch mini
+entry decode(tokens: i32[Batch] -> f32[Batch] {
+  return tokens as f32
+}
+""", 2, 33, "unexpected '->'"),
+    arch("unterminated-string", """\
+arch mini
+config {
+  name: str = "abc
+}
+""", 3, 15, "unexpected character '\"'"),
+    arch("bad-escape-in-string", """\
+arch mini
+config {
+  name: str = "a\\x"
+}
+""", 3, 15, "bad escape in string"),
+    arch("positional-after-keyword", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return softmax(axis=0, embed[tokens])
+}
+""", 21, 26, "a positional argument cannot follow a keyword argument"),
+    arch("two-arch-declarations", """\
+arch mini
+arch other
+""", 2, 1, "at most one `arch`"),
+
+    # ---------------------------------------------------------------- names
+    arch("unknown-local", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  x = embed[tokens]
+  return y
+}
+""", 22, 10, "unknown name `y`"),
+    arch("unknown-param", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return embedd[tokens]
+}
+""", 21, 10, "unknown name `embedd`"),
+    arch("unknown-function", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return rmsnrom(embed[tokens], embed[0])
+}
+""", 21, 10, "unknown function `rmsnrom`"),
+    arch("unknown-dim-in-type", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dimm] {
+  return embed[tokens]
+}
+""", 20, 46, "unknown dim `dimm`"),
+    arch("unknown-op-keyword", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return softmax(embed[tokens], axes=-1)
+}
+""", 21, 33, "`softmax` has no argument `axes`"),
+    arch("unknown-fn-keyword", HEAD + """\
+fn double<n>(x: T[n, dim]) -> T[n, dim] {
+  return x + x
+}
+
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return double(y=embed[tokens])
+}
+""", 25, 17, "`double` has no argument `y`"),
+    arch("unknown-element-type", HEAD + """\
+entry decode(tokens: i32[Batch]) -> f64[Batch, dim] {
+  return embed[tokens]
+}
+""", 20, 37, "unknown element type `f64`"),
+    arch("unknown-cast-type", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return embed[tokens] as float32
+}
+""", 21, 27, "unknown element type `float32`"),
+    arch("value-called-as-function", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return embed(tokens)
+}
+""", 21, 10, "`embed` is a value, not a function"),
+    card("unknown-config-value-in-card", with_config(CARD, "hidden = 3"), 8, 3,
+         "has no config value `hidden`", arch_source=MINI),
+    arch("unknown-state", HEAD + """\
+entry decode(tokens: i32[Batch], positions: i32[Batch]) {
+  kache[iota(Batch), positions] = embed[tokens]
+}
+""", 21, 3, "unknown state `kache`"),
+    arch("entry-called-by-the-model", HEAD + """\
+entry prefill(tokens: i32[Batch]) -> T[Batch, dim] {
+  return embed[tokens]
+}
+
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return prefill(tokens)
+}
+""", 25, 10, "`prefill` is an entry"),
+
+    # ---------------------------------------------------------------- shapes
+    arch("add-shape-mismatch", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  x = embed[tokens]
+  return x + embed
+}
+""", 22, 10, "cannot add T[Batch, dim] and T[vocab, dim]"),
+    arch("matmul-shape-mismatch", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, vocab] {
+  x = embed[tokens]
+  return x @ embed
+}
+""", 22, 10, "cannot multiply T[Batch, dim] and T[vocab, dim]"),
+    arch("linear-shape-mismatch", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, vocab] {
+  x = embed[tokens]
+  return linear(x.transpose(1, 0), embed)
+}
+""", 22, 10, "cannot apply T[vocab, dim] to T[dim, Batch]"),
+    arch("reshape-element-count", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, heads, dim] {
+  return linear(embed[tokens], wq).reshape(Batch, heads, dim)
+}
+""", 21, 10, "the element counts differ"),
+    arch("store-wrong-shape", HEAD + """\
+entry decode(tokens: i32[Batch], positions: i32[Batch]) {
+  cache[iota(Batch), positions] = embed
+}
+""", 21, 35, "cannot store T[vocab, dim] into `cache[...]`, which is T[Batch, dim]"),
+    arch("store-wrong-dtype", HEAD + """\
+entry decode(tokens: i32[Batch], positions: i32[Batch]) {
+  cache[iota(Batch), positions] = embed[tokens] as f16
+}
+""", 21, 35, "cannot store f16[Batch, dim]"),
+    arch("assign-state-wrong-type", HEAD + """\
+entry decode(tokens: i32[Batch], positions: i32[Batch]) {
+  cache = embed
+}
+""", 21, 11, "state `cache` is T[Batch, MaxSeq, dim]; cannot assign T[vocab, dim]"),
+    arch("return-type-mismatch", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, vocab] {
+  return embed[tokens]
+}
+""", 21, 10, "`decode` returns T[Batch, dim], but declares T[Batch, vocab]"),
+    arch("fn-argument-shape", HEAD + """\
+fn double<n>(x: T[n, dim]) -> T[n, dim] {
+  return x + x
+}
+
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return double(embed[tokens].transpose(1, 0))
+}
+""", 25, 17, "argument `x` of `double` must be T[dim, dim], not T[dim, Batch]"),
+    arch("fn-argument-derived-dim", HEAD + """\
+fn halves<n>(x: T[2 * n], y: T[n]) -> T[n] {
+  return y
+}
+
+entry decode(tokens: i32[Batch]) -> T[3] {
+  return halves(zeros(5), zeros(3))
+}
+""", 25, 17, "argument `x` of `halves` must be T[6], not T[5]"),
+    arch("size-not-bound-by-arguments", HEAD + """\
+entry decode<K>(tokens: i32[Batch]) -> T[K, dim] {
+  return zeros(K, dim)
+}
+""", 20, 14, "the size `K` must be a dim of one of the arguments"),
+    arch("axis-out-of-range", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return softmax(embed[tokens], axis=2)
+}
+""", 21, 38, "axis 2 is out of range"),
+    arch("multi-assign-count", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, 2] {
+  v, i, j = topk(embed[tokens], 2)
+  return v
+}
+""", 21, 3, "3 names are assigned, but the value has 2 part(s)"),
+
+    # ---------------------------------------------------------------- element types
+    arch("generic-plus-f32", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  x = embed[tokens]
+  return x + x as f32
+}
+""", 22, 10, "element types differ"),
+    arch("where-non-bool-condition", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  x = embed[tokens]
+  return where(x, x, x)
+}
+""", 22, 16, "the condition of `where` must be bool, not T[Batch, dim]"),
+    arch("float-op-on-ints", """\
+arch mini
+entry decode(tokens: i32[Batch]) -> i32[Batch] {
+  return exp(tokens)
+}
+""", 3, 10, "`exp` needs a float tensor, not i32[Batch]"),
+    arch("int-tensor-plus-float", """\
+arch mini
+entry decode(tokens: i32[Batch]) -> i32[Batch] {
+  return tokens + 0.5
+}
+""", 3, 10, "cannot add i32[Batch] and a float"),
+    arch("integer-op-on-floats", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  x = embed[tokens]
+  return x % x
+}
+""", 22, 10, "`%` needs integer tensors"),
+    arch("if-non-bool-condition", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return if dim then embed[tokens] else embed[tokens]
+}
+""", 21, 13, "`if` needs a static bool condition, not int"),
+    arch("keepdim-not-literal", HEAD.replace("  heads: int = 2\n", "  heads: int = 2\n  keep: bool = true\n") + """\
+entry decode(tokens: i32[Batch]) -> T[Batch] {
+  return embed[tokens].sum(axis=1, keepdim=keep)
+}
+""", 22, 44, "keepdim must be true or false"),
+    arch("zeros-dtype-string", HEAD + """\
+entry decode(tokens: i32[Batch]) -> f32[Batch] {
+  return zeros(Batch, dtype="f32")
+}
+""", 21, 29, "the dtype of `zeros` is an element type"),
+
+    # ---------------------------------------------------------------- generics and config values
+    card("generic-batch-zero", CARD, 1, 1, "generic `Batch` must be a positive integer, not 0",
+         arch_source=MINI, args=("--generic", "Batch=0")),
+    card("generic-t-int", CARD, 1, 1, "generic `T` must be a float type", arch_source=MINI,
+         args=("--generic", "T=i32")),
+    card("generic-maxseq-not-a-number", CARD, 1, 1, "generic `MaxSeq` must be a positive integer, not 'abc'",
+         arch_source=MINI, args=("--generic", "MaxSeq=abc")),
+    card("unknown-generic", CARD, 1, 1, "unknown generic `Seq`", arch_source=MINI, args=("--generic", "Seq=4")),
+    card("missing-config-value", CARD.replace("  heads = 2\n", ""), 1, 1, "config value `heads` has no value",
+         arch_source=MINI),
+    card("config-value-wrong-type", CARD.replace("dim = 8", "dim = 8.0"), 6, 9, "`dim` is int, but is set to 8.0",
+         arch_source=MINI),
+    card("config-value-not-literal", CARD.replace("dim = 8", "dim = 4 * 2"), 6, 9, "must be a literal",
+         arch_source=MINI),
+    card("config-value-set-twice", with_config(CARD, "dim = 16"), 8, 3, "`dim` is set twice", arch_source=MINI),
+    card("config-declared-in-card", with_config(CARD, "extra: int = 3"), 8, 3, "it does not declare them",
+         arch_source=MINI),
+    card("inexact-division", CARD.replace("heads = 2", "heads = 3"), 8, 19, "8 / 3 is not a whole number",
+         arch_source=MINI, at="mini.linnet"),
+    card("heads-not-multiple-of-kv-heads", with_config(CARD.replace("dim = 8", "dim = 12").replace("heads = 2", "heads = 4"),
+                                                       "kv_heads = 3"),
+         29, 10, "4 query heads cannot share 3 key/value heads evenly", arch_source=MINI, at="mini.linnet"),
+    card("unknown-rope-scaling", with_config(CARD, 'rope_scaling = "yarnn"'), 27, 78,
+         "unknown rope scaling 'yarnn'", arch_source=MINI, at="mini.linnet"),
+    card("size-not-positive", CARD.replace("vocab = 16", "vocab = 0"), 4, 3, "`vocab` is a size and must be positive",
+         arch_source=MINI, at="mini.linnet"),
+    arch("config-division-by-zero", """\
+arch mini
+config {
+  dim: int = 8
+  eps: float = 1.0 / 0
+}
+entry decode(tokens: i32[Batch]) -> i32[Batch] {
+  return tokens
+}
+""", 4, 16, "cannot evaluate 1.0 / 0"),
+    arch("config-default-wrong-type", """\
+arch mini
+config {
+  dim: int = 8.5
+}
+""", 3, 14, "the default of `dim` is float, not int"),
+    arch("unknown-config-type", """\
+arch mini
+config {
+  dim: double = 8
+}
+""", 3, 8, "unknown config type `double`"),
+    arch("config-set-in-architecture", """\
+arch mini
+config {
+  dim = 8
+}
+""", 3, 3, "an architecture declares config values with a type"),
+
+    # ---------------------------------------------------------------- cards and imports
+    card("unknown-architecture", CARD.replace("import mini", "import lama"), 2, 1, "cannot find architecture `lama`"),
+    card("import-names-another-arch", CARD, 2, 1, "does not declare `arch mini`",
+         arch_source=MINI.replace("arch mini", "arch mini2")),
+    arch("architecture-imports", """\
+arch mini
+import llama
+""", 2, 1, "only a card imports an architecture"),
+    card("card-declares-params", CARD + """\
+
+params {
+  w: T[dim]
+    from hf "w"
+}
+""", 11, 3, "a card cannot declare params", arch_source=MINI),
+
+    # ---------------------------------------------------------------- weights
+    arch("unknown-loop-variable-in-pattern", """\
+arch mini
+config {
+  dim: int = 8
+  layers: int = 2
+}
+params {
+  for l in layers {
+    w: T[dim]
+      from hf "layers.{layer}.w"
+  }
+}
+""", 9, 23, "names `{layer}`, which is not a loop variable"),
+    arch("stacked-pattern-without-loop-variable", """\
+arch mini
+config {
+  dim: int = 8
+  layers: int = 2
+}
+params {
+  for l in layers {
+    w: T[dim]
+      from hf "layers.w"
+  }
+}
+""", 9, 15, "needs `{l}` in its name pattern"),
+    arch("unknown-weight-transform", """\
+arch mini
+config {
+  dim: int = 8
+}
+params {
+  w: T[dim, dim]
+    from gguf "w.weight" .transpos()
+}
+""", 7, 26, "unknown weight transform `transpos`"),
+    arch("weight-transform-arity", """\
+arch mini
+config {
+  dim: int = 8
+}
+params {
+  w: T[dim, dim]
+    from gguf "w.weight" .unpermute_rope()
+}
+""", 7, 26, "`unpermute_rope` takes 1 argument(s), not 0"),
+    arch("unknown-checkpoint-format", """\
+arch mini
+config {
+  dim: int = 8
+}
+params {
+  w: T[dim]
+    from safetensors "w.weight"
+}
+""", 7, 10, "unknown checkpoint format `safetensors`"),
+    arch("param-without-source", """\
+arch mini
+config {
+  dim: int = 8
+}
+params {
+  w: T[dim]
+}
+""", 6, 3, "param `w` says nowhere where its weights come from"),
+    arch("tie-to-unknown-param", HEAD.replace('    from hf "wq.weight"\n', '    from hf "wq.weight"\n  head: T[vocab, dim] = embd if true\n    from hf "h"\n'),
+         15, 25, "unknown param `embd`"),
+    arch("tie-of-another-type", HEAD.replace('    from hf "wq.weight"\n', '    from hf "wq.weight"\n  head: T[dim, vocab] = embed if true\n    from hf "h"\n'),
+         15, 25, "a tied param must have the same type"),
+
+    # ---------------------------------------------------------------- definitions and statements
+    arch("duplicate-definition", HEAD + """\
+fn f(x: T[dim]) -> T[dim] {
+  return x
+}
+
+fn f(x: T[dim]) -> T[dim] {
+  return x
+}
+""", 24, 1, "`f` is defined twice"),
+    arch("duplicate-param", HEAD.replace("  wq: T[heads", "  embed: T[heads"), 13, 3, "`embed` is already defined"),
+    arch("local-shadows-param", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  embed = embed[tokens]
+  return embed
+}
+""", 21, 3, "`embed` is a param; a local cannot take its name"),
+    arch("local-shadows-state", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, 2] {
+  cache, i = topk(embed[tokens], 2)
+  return cache
+}
+""", 21, 3, "`cache` is state; a local cannot take its name"),
+    arch("argument-shadows-generic", HEAD + """\
+entry decode(Batch: i32[4]) -> T[4, dim] {
+  return embed[Batch]
+}
+""", 20, 14, "argument `Batch` hides another name"),
+    arch("recursion", HEAD + """\
+fn f<n>(x: T[n, dim]) -> T[n, dim] {
+  return g(x)
+}
+
+fn g<n>(x: T[n, dim]) -> T[n, dim] {
+  return f(x)
+}
+""", 21, 10, "`g` is recursive"),
+    arch("loop-carried-type-change", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  x = embed[tokens]
+  for i in 2 {
+    x = x.sum(axis=-1)
+  }
+  return x
+}
+""", 23, 5, "`x` is T[Batch, dim] before the loop but T[Batch] inside it"),
+    arch("loop-variable-assigned", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  x = embed[tokens]
+  for l in 2 {
+    l = 3
+  }
+  return x
+}
+""", 23, 5, "`l` is a loop variable; it cannot be assigned"),
+    arch("return-not-last", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return embed[tokens]
+  x = 1
+}
+""", 21, 3, "`return` must be the last statement"),
+    arch("missing-return", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  x = embed[tokens]
+}
+""", 20, 1, "`decode` must end with `return` of T[Batch, dim]"),
+    arch("store-into-undeclared-state", HEAD + """\
+entry decode(tokens: i32[Batch], positions: i32[Batch]) {
+  v_cache[iota(Batch), positions] = embed[tokens]
+}
+""", 21, 3, "unknown state `v_cache`"),
+    arch("store-into-param", HEAD + """\
+entry decode(tokens: i32[Batch], positions: i32[Batch]) {
+  embed[tokens] = embed[tokens]
+}
+""", 21, 3, "only state can be written in place"),
+    arch("no-entry", """\
+arch mini
+config {
+  dim: int = 8
+}
+""", 1, 1, "architecture `mini` defines no entry"),
+]
+
+
+def test_the_table_is_large_and_its_ids_unique():
+    assert len(CASES) >= 35
+    assert len({c.id for c in CASES}) == len(CASES)
+
+
+def test_head_is_19_lines():
+    assert HEAD.count("\n") == 19
+
+
+@pytest.fixture(scope="module")
+def valid_card(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("valid")
+    (d / "mini.linnet").write_text(MINI)
+    (d / "card.linnet").write_text(CARD)
+    return d / "card.linnet"
+
+
+def test_the_bases_are_valid(valid_card, tmp_path, capsys):
+    """What the cases break is valid as it stands, so each case fails for its own reason."""
+    head = tmp_path / "head.linnet"
+    head.write_text(HEAD + "entry decode(tokens: i32[Batch]) -> T[Batch, dim] {\n  return embed[tokens]\n}\n")
+    for path in (valid_card, head):
+        assert main(["check", str(path)]) == 0, capsys.readouterr().err
+        assert main(["compile", str(path), "--backend", "torch"]) == 0, capsys.readouterr().err
+
+
+def _write(case: Case, tmp_path: Path) -> tuple[Path, Path]:
+    for name, text in case.files.items():
+        (tmp_path / name).write_text(text)
+    target = tmp_path / next(iter(case.files))
+    return target, tmp_path / (case.at or target.name)
+
+
+def _assert_rendered(err: str, case: Case, at: Path):
+    assert "Traceback" not in err
+    lines = err.splitlines()
+    assert len(lines) >= 3, err
+    assert re.match(rf"^{re.escape(str(at))}:{case.line}:{case.col}: error: ", lines[0]), err
+    assert case.message in lines[0], err
+    source_line = at.read_text().split("\n")[case.line - 1].rstrip().expandtabs(1)
+    assert lines[1] == "    " + source_line, err
+    caret = lines[2]
+    assert set(caret.strip()) == {"^"}, err
+    assert caret.index("^") == 4 + case.col - 1, err
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("command", ["check", "compile"])
+def test_error(case: Case, command: str, tmp_path, capsys):
+    target, at = _write(case, tmp_path)
+    argv = [command, str(target), *case.args] + (["--backend", "torch"] if command == "compile" else [])
+    status = main(argv)
+    captured = capsys.readouterr()
+    assert status == 1, captured.err
+    assert "Traceback" not in captured.out
+    _assert_rendered(captured.err, case, at)
+
+
+_BY_ID = {c.id: c for c in CASES}
+
+
+@pytest.mark.parametrize("case_id, command", [
+    ("missing-closing-brace", "check"),
+    ("bad-escape-in-string", "check"),
+    ("fn-argument-shape", "compile"),
+    ("generic-maxseq-not-a-number", "check"),
+    ("inexact-division", "compile"),
+])
+def test_error_in_a_subprocess(case_id: str, command: str, tmp_path):
+    """End to end: the real command line exits 1 and shows the error, never a traceback."""
+    case = _BY_ID[case_id]
+    target, at = _write(case, tmp_path)
+    argv = [sys.executable, "-m", "linnet.cli", command, str(target), *case.args]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stdout == ""
+    _assert_rendered(proc.stderr, case, at)
+
+
+@pytest.mark.parametrize("command", ["check", "compile"])
+def test_unreadable_files(command: str, tmp_path, capsys):
+    """A missing file or one that is not UTF-8 text is an error message, not a traceback."""
+    binary = tmp_path / "binary.linnet"
+    binary.write_bytes(b"arch mini \xff\xfe\n")
+    for path, message in ((tmp_path / "missing.linnet", "cannot read"), (binary, "is not UTF-8 text")):
+        assert main([command, str(path)]) == 1
+        err = capsys.readouterr().err
+        assert message in err and str(path) in err
+        assert "Traceback" not in err

@@ -1,0 +1,142 @@
+"""The engine against the simplest reference: each request run alone, greedy, one row."""
+
+import random
+
+import numpy as np
+import pytest
+
+from linnet.serve import Engine, Request, RequestError
+
+
+def prompts(n, lo, hi, seed=0, vocab=128):
+    rng = random.Random(seed)
+    return [[rng.randrange(1, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+def reference_greedy(model, prompt, new):
+    """Plain prefill of the prompt in row 0, then decode one token at a time: no engine at all.
+
+    The prefill is padded to a fixed 64 tokens (padding goes to row 1's last position, which no
+    token reads), so that the JAX model compiles one shape for every prompt.
+    """
+    model.reset()
+    n = len(prompt)
+    pad = 64 - n
+    tokens = np.array(prompt + [0] * pad, np.int32)
+    positions = np.concatenate([np.arange(n), np.full(pad, model.max_seq - 1)]).astype(np.int32)
+    rows = np.concatenate([np.zeros(n), np.ones(pad)]).astype(np.int32)
+    logits = np.asarray(model.prefill(tokens, positions, rows, np.array([n - 1], np.int32)))
+    out = [int(logits[0].argmax())]
+    tokens = np.zeros(model.batch, np.int32)
+    positions = np.full(model.batch, model.max_seq - 1, np.int32)
+    while len(out) < new:
+        tokens[0], positions[0] = out[-1], n + len(out) - 1
+        logits = np.asarray(model.decode(tokens, positions))
+        out.append(int(logits[0].argmax()))
+    model.reset()
+    return out
+
+
+def test_64_mixed_requests_equal_each_alone(model):
+    ps = prompts(64, 4, 40)
+    engine = Engine(model, token_budget=128)
+    engine.warmup(len(p) for p in ps)
+    done, stats = engine.run([Request(prompt=p, max_new_tokens=12) for p in ps])
+    assert all(c.finish_reason == "length" for c in done)
+    for p, c in zip(ps, done):
+        assert c.tokens == reference_greedy(model, p, 12)
+    assert stats.generated_tokens == 64 * 12
+    assert stats.passes["mixed"] > 0  # prompts joined passes while others decoded
+    assert stats.passes["decode"] > 0
+
+
+def test_shared_prompts_prefill_once(model):
+    base = prompts(3, 60, 62, seed=3)
+    shared_prefix = base[0][:58]
+    ps = [base[0], base[0], base[1], base[0], shared_prefix + [5, 6, 7], base[2], base[1]]
+    requests = [Request(prompt=p, max_new_tokens=6) for p in ps]
+    engine = Engine(model, token_budget=256, prefix_min=32)
+    done, stats = engine.run(requests)
+    for p, c in zip(ps, done):
+        assert c.tokens == reference_greedy(model, p, 6)
+    total = sum(len(p) for p in ps)
+    assert stats.prefill_tokens < total
+    assert stats.copied_tokens + stats.prefill_tokens == total
+    # base[0] and base[1] are computed once (but for the last token of each copy); base[2] once.
+    assert stats.prefill_tokens <= len(base[0]) + len(base[1]) + len(base[2]) + 3 + 4
+
+
+def test_seeded_sampling_is_independent_of_the_batch(model):
+    ps = prompts(8, 5, 20, seed=5)
+    target = Request(prompt=ps[0], max_new_tokens=10, temperature=0.9, top_p=0.9, top_k=40, seed=1234)
+    alone, _ = Engine(model).run([target])
+    crowd = [Request(prompt=p, max_new_tokens=10, temperature=1.0, seed=i) for i, p in enumerate(ps[1:])]
+    again = Request(prompt=ps[0], max_new_tokens=10, temperature=0.9, top_p=0.9, top_k=40, seed=1234)
+    mixed, _ = Engine(model).run(crowd[:3] + [again] + crowd[3:])
+    assert mixed[3].tokens == alone[0].tokens
+    other_seed, _ = Engine(model).run([Request(prompt=ps[0], max_new_tokens=10, temperature=0.9, seed=99)])
+    assert other_seed[0].tokens != alone[0].tokens
+
+
+def test_temperature_zero_is_greedy(model):
+    p = prompts(1, 10, 10, seed=7)[0]
+    done, _ = Engine(model).run([Request(prompt=p, max_new_tokens=8, temperature=0.0, seed=3, top_k=5)])
+    assert done[0].tokens == reference_greedy(model, p, 8)
+
+
+def test_cancel_frees_the_row_and_others_finish(model):
+    ps = prompts(20, 5, 15, seed=9)
+    engine = Engine(model)
+    comps = [engine.submit(Request(prompt=p, max_new_tokens=10)) for p in ps]
+    victim = comps[2]
+    for _ in range(3):
+        engine.step()
+    engine.cancel(victim.id)
+    while engine.has_work():
+        engine.step()
+    assert victim.finish_reason == "cancelled"
+    assert len(victim.tokens) < 10
+    assert len(engine.free_rows) == model.batch
+    for p, c in zip(ps, comps):
+        if c is not victim:
+            assert c.finish_reason == "length"
+            assert c.tokens == reference_greedy(model, p, 10)
+
+
+def test_bad_requests_are_rejected_and_others_run(model):
+    good = prompts(2, 5, 8, seed=11)
+    bad = [Request(prompt=[], max_new_tokens=4), Request(prompt=[1, 2, 999999], max_new_tokens=4),
+           Request(prompt=[1] * 90, max_new_tokens=10), Request(prompt=[1, 2], max_new_tokens=0)]
+    done, stats = Engine(model).run([Request(prompt=good[0], max_new_tokens=4)] + bad +
+                                    [Request(prompt=good[1], max_new_tokens=4)])
+    assert [c.finish_reason for c in done] == ["length", "error", "error", "error", "error", "length"]
+    assert "empty" in done[1].error
+    assert "outside the vocabulary" in done[2].error
+    assert "MaxSeq" in done[3].error
+    assert "max_new_tokens" in done[4].error
+    with pytest.raises(RequestError, match="MaxSeq = 96"):
+        Engine(model).submit(Request(prompt=[1] * 90, max_new_tokens=10))
+
+
+def test_stop_token_ids_and_logprobs(model):
+    p = prompts(1, 12, 12, seed=13)[0]
+    ref = reference_greedy(model, p, 8)
+    done, _ = Engine(model).run([Request(prompt=p, max_new_tokens=8, stop_token_ids=[ref[3]], logprobs=3)])
+    c = done[0]
+    stop_at = ref.index(ref[3])
+    assert c.tokens == ref[:stop_at + 1] and c.finish_reason == "stop"
+    assert len(c.logprobs) == len(c.tokens)
+    for lp in c.logprobs:
+        assert lp.logprob <= 0 and len(lp.top) == 3
+        assert lp.top[0][0] == lp.token  # greedy: the chosen token is the most likely
+        assert abs(lp.top[0][1] - lp.logprob) < 1e-5
+
+
+def test_no_compilation_after_warmup(model):
+    ps = prompts(24, 5, 40, seed=17)
+    engine = Engine(model, token_budget=128)
+    engine.warmup(len(p) for p in ps)
+    done, stats = engine.run([Request(prompt=p, max_new_tokens=5, temperature=0.5 * (i % 2), seed=i)
+                              for i, p in enumerate(ps)])
+    assert all(c.finish_reason == "length" for c in done)
+    assert stats.compiles == 0
