@@ -1,4 +1,4 @@
-"""The `linnet` command: compile | check | ir (and, as they land, generate | serve | export | cards)."""
+"""The `linnet` command: compile | check | ir | cards | generate (and, as they land, serve | export)."""
 
 from __future__ import annotations
 
@@ -53,6 +53,112 @@ def cmd_compile(args) -> int:
     return 0
 
 
+def _count(n: float, units=("", "K", "M", "B", "T")) -> str:
+    for unit in units:
+        if abs(n) < 1000 or unit == units[-1]:
+            return f"{n:.0f}{unit}" if unit == "" or n >= 100 else f"{n:.1f}{unit}"
+        n /= 1000
+    return str(n)
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if n >= 100 or unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+def cmd_cards(args) -> int:
+    from linnet import nest
+    from linnet.nest.locate import download_command
+
+    rows = [("CARD", "PARAMS", "SIZE (bf16)", "SOURCE", "WEIGHTS")]
+    for info in nest.cards():
+        n = info.parameters()
+        repo = info.hf_repo
+        found, _ = info.weights()
+        if found:
+            where = found
+        elif repo:
+            where = f"not found ({download_command(repo)})"
+        else:
+            where = 'none (a test card: weights="random")'
+        rows.append((info.name, _count(n), _bytes(2 * n), repo or "-", where))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])
+    return 0
+
+
+def cmd_generate(args) -> int:
+    import time
+
+    from linnet import nest
+    from linnet.nest.progress import Progress
+    from linnet.serve.engine import Engine
+    from linnet.serve.request import Request
+
+    if args.system is not None and not args.chat:
+        raise _UsageError("--system needs --chat")
+    generics = {"Batch": 1, "MaxSeq": args.max_seq, "T": args.dtype}
+    model = nest.load(args.card, backend=args.backend, device=args.device, numerics=args.numerics,
+                      compile=args.backend == "torch" and str(args.device or "").startswith("cuda"),
+                      generics=generics, cast_dtype=True, weights=args.weights)
+    tok = model.tokenizer
+    if tok is None:
+        raise _UsageError(f"{model.weights}: no tokenizer found with these weights; `generate` needs one")
+    if args.chat:
+        messages = [{"role": "system", "content": args.system}] if args.system is not None else []
+        messages.append({"role": "user", "content": args.prompt})
+        # the template writes the special tokens itself (as transformers' apply_chat_template does)
+        ids = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True), add_special_tokens=False)
+    else:
+        ids = tok.encode(args.prompt)
+    room = model.max_seq - len(ids)
+    if room < 1:
+        raise _UsageError(f"the prompt is {len(ids)} tokens; --max-seq {model.max_seq} leaves no room to generate")
+    max_new = min(args.max_new_tokens, room)
+    if max_new < args.max_new_tokens:
+        print(f"linnet: note: generating at most {max_new} tokens (--max-seq {model.max_seq})", file=sys.stderr)
+
+    engine = Engine(model, seed=args.seed or 0)
+    if model.backend == "jax" or model.compile:  # compile (XLA) or capture (CUDA graphs) before the clock starts
+        bar = Progress(f"compiling {model.card}")
+        engine.runner.warmup([len(ids)])
+        model.reset()
+        bar.close()
+    req = Request(prompt=ids, max_new_tokens=max_new, temperature=args.temperature, top_p=args.top_p,
+                  seed=args.seed)
+    decoder = tok.incremental_decoder(skip_special_tokens=True)
+    out = sys.stdout
+    start = time.perf_counter()
+    comp = engine.submit(req)
+    shown = 0
+    while engine.has_work():
+        engine.step()
+        for token in comp.tokens[shown:]:
+            piece = decoder.push(token)
+            if piece:
+                out.write(piece)
+                out.flush()
+        shown = len(comp.tokens)
+    seconds = time.perf_counter() - start
+    out.write(decoder.flush() + "\n")
+    out.flush()
+    if comp.finish_reason == "error":
+        raise _UsageError(comp.error or "generation failed")
+    n = len(comp.tokens)
+    first = (comp.first_token_at - comp.submitted_at) if comp.first_token_at else 0.0
+    print(f"[{n} tokens in {seconds:.2f} s: {n / seconds if seconds else 0.0:.1f} tokens/s; prompt {len(ids)} "
+          f"tokens, first token after {first:.2f} s; {model.backend}, {model.dtype}]", file=sys.stderr)
+    return 0
+
+
+class _UsageError(Exception):
+    """A problem with what was asked, reported as one line."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="linnet", description="Compile and serve language models written in Linnet.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -71,16 +177,46 @@ def build_parser() -> argparse.ArgumentParser:
     c.set_defaults(run=cmd_compile)
     source_cmd("check", "parse and check a model, print nothing else").set_defaults(run=cmd_check)
     source_cmd("ir", "print the checked IR").set_defaults(run=cmd_ir)
+
+    sub.add_parser("cards", help="list the model cards: size, source, and where their weights were found") \
+        .set_defaults(run=cmd_cards)
+
+    g = sub.add_parser("generate", help="generate text from a prompt, printed as it comes")
+    g.add_argument("card", help="a card name (see `linnet cards`), a .linnet file, or a local HF dir or .gguf file")
+    g.add_argument("prompt")
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--system", help="a system message (with --chat)")
+    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 (the default) is greedy")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--backend", choices=["torch", "jax"], default="torch")
+    g.add_argument("--weights", help='a model directory, a .gguf file, or "random" (default: found as nest.load does)')
+    g.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda if there is one)")
+    g.add_argument("--numerics", choices=["exact", "fast"], default="exact")
+    g.add_argument("--dtype", choices=["f32", "bf16", "f16"], default="bf16",
+                   help="T with --numerics fast (exact always computes in f32)")
+    g.add_argument("--max-seq", type=int, default=2048, help="positions in the cache: prompt plus completion")
+    g.set_defaults(run=cmd_generate)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from linnet.nest.errors import CardError, TokenizerError, WeightsError
+    from linnet.serve.request import RequestError
+
     try:
         return args.run(args)
     except LinnetError as err:
         print(err.render(), file=sys.stderr)
         return 1
+    except (CardError, WeightsError, TokenizerError, RequestError, _UsageError) as err:
+        print(f"linnet: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -60,16 +60,78 @@ def rope(x, positions, table):
 
 
 def attention(q, k_cache, v_cache, positions, rows=None, window: int = 0, sinks=None, scale=None, fast: bool = False):
-    """Token i attends to cache row rows[i] (row i when rows is None) at positions <= positions[i]."""
+    """Token i attends to cache row rows[i] (row i when rows is None) at positions <= positions[i].
+
+    Any pack is attended correctly. A pack laid out as the engine's JAX runner lays it out is
+    attended cheaply: its first HEAD tokens (one per row at most: decoding rows, one-token
+    prompt rests) each read their own row, and the tokens after them come in blocks of BLOCK
+    tokens of one row, each block reading one row. A pack that is not laid out so (checked on
+    the device) falls back to reading one row per token.
+    """
     n, heads, head_dim = q.shape
     scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
     if rows is None:
         return _attend(q, k_cache[:n], v_cache[:n], positions, window, sinks, scale, fast)
+    head = head_tokens(k_cache.shape[0])
+    if n <= head or n % BLOCK:
+        return _attend_gathered(q, k_cache, v_cache, positions, rows, window, sinks, scale, fast)
+    first = _attend_gathered(q[:head], k_cache, v_cache, positions[:head], rows[:head], window, sinks, scale, fast)
+    q2, p2, r2 = q[head:], positions[head:], rows[head:]
+    blocks = r2.reshape(-1, BLOCK)
+    per_block = lambda: _attend_blocks(q2, k_cache, v_cache, p2, blocks[:, 0], window, sinks, scale, fast)
+    per_token = lambda: _attend_gathered(q2, k_cache, v_cache, p2, r2, window, sinks, scale, fast)
+    rest = jax.lax.cond(jnp.all(blocks == blocks[:, :1]), per_block, per_token)
+    return jnp.concatenate([first, rest])
+
+
+BLOCK = 8
+
+
+def head_tokens(rows: int) -> int:
+    """Tokens at the start of a pack that read one row each: the cache rows, rounded up to BLOCK."""
+    return -(-rows // BLOCK) * BLOCK
+
+
+def _attend_gathered(q, k_cache, v_cache, positions, rows, window, sinks, scale, fast):
+    n = q.shape[0]
     per_token = k_cache.shape[1] * k_cache.shape[2] * k_cache.shape[3]
     chunk = max(1, _GATHER_ELEMENTS // per_token)
     outs = [_attend(q[s:s + chunk], k_cache[rows[s:s + chunk]], v_cache[rows[s:s + chunk]],
                     positions[s:s + chunk], window, sinks, scale, fast) for s in range(0, n, chunk)]
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs)
+
+
+def _attend_blocks(q, k_cache, v_cache, positions, block_rows, window, sinks, scale, fast):
+    """Each block of BLOCK queries against the one cache row it belongs to."""
+    n, heads, head_dim = q.shape
+    nb = n // BLOCK
+    keys, values = k_cache[block_rows], v_cache[block_rows]  # [nb, S, kvh, d]
+    seq, kv_heads = keys.shape[1], keys.shape[2]
+    pos = positions.reshape(nb, BLOCK)
+    span = jnp.arange(seq)
+    visible = span[None, None, :] <= pos[:, :, None]  # [nb, BLOCK, S]
+    if window:
+        visible = visible & (span[None, None, :] > pos[:, :, None] - window)
+    qb = q.reshape(nb, BLOCK, heads, head_dim)
+    if fast and sinks is None:
+        out = jax.nn.dot_product_attention(qb, keys, values, mask=visible[:, None], scale=scale)
+        return out.reshape(n, heads, values.shape[-1])
+    group = heads // kv_heads
+    qg = qb.reshape(nb, BLOCK, kv_heads, group, head_dim).astype(jnp.float32)
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, keys.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST) * scale
+    scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
+    probs = _softmax_with_sinks(scores, sinks, kv_heads, group)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, values.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+    return out.reshape(n, heads, values.shape[-1]).astype(q.dtype)
+
+
+def _softmax_with_sinks(scores, sinks, kv_heads, group):
+    """Softmax over the last axis; a sink adds one more logit per head to the denominator only."""
+    if sinks is None:
+        return jax.nn.softmax(scores, axis=-1)
+    shape = (1, kv_heads, group) + (1,) * (scores.ndim - 3)
+    sink = jnp.broadcast_to(sinks.astype(jnp.float32).reshape(shape), scores.shape[:-1] + (1,))
+    return jax.nn.softmax(jnp.concatenate([scores, sink], axis=-1), axis=-1)[..., :-1]
 
 
 def _attend(q, keys, values, positions, window, sinks, scale, fast):
@@ -87,11 +149,7 @@ def _attend(q, keys, values, positions, window, sinks, scale, fast):
     scores = jnp.einsum("nkgd,nskd->nkgs", qg, keys.astype(jnp.float32),
                         precision=jax.lax.Precision.HIGHEST) * scale
     scores = jnp.where(visible[:, None, None, :], scores, -jnp.inf)
-    if sinks is not None:
-        sink = jnp.broadcast_to(sinks.astype(jnp.float32).reshape(1, kv_heads, group, 1), (n, kv_heads, group, 1))
-        probs = jax.nn.softmax(jnp.concatenate([scores, sink], axis=-1), axis=-1)[..., :-1]
-    else:
-        probs = jax.nn.softmax(scores, axis=-1)
+    probs = _softmax_with_sinks(scores, sinks, kv_heads, group)
     out = jnp.einsum("nkgs,nskd->nkgd", probs, values.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
     return out.reshape(n, heads, values.shape[-1]).astype(q.dtype)
 

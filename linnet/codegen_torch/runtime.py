@@ -17,10 +17,6 @@ from linnet.rope_tables import inv_frequencies
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "i32": torch.int32,
           "i64": torch.int64, "bool": torch.bool}
 
-# Bounds the keys gathered at once in packed attention: [chunk, MaxSeq, kv_heads, head_dim].
-_GATHER_ELEMENTS = 1 << 24
-
-
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
@@ -56,18 +52,76 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
               scale: float | None = None, fast: bool = False) -> torch.Tensor:
     """Token i attends to cache row rows[i] (row i when rows is None) at positions <= positions[i]."""
     n, heads, head_dim = q.shape
-    seq = k_cache.shape[1]
     scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
     if rows is None:
         return _attend(q, k_cache[:n], v_cache[:n], positions, window, sinks, scale, fast)
-    per_token = seq * k_cache.shape[2] * k_cache.shape[3]
-    chunk = max(1, _GATHER_ELEMENTS // per_token)
-    outs = []
-    for start in range(0, n, chunk):
-        r = rows[start:start + chunk]
-        outs.append(_attend(q[start:start + chunk], k_cache[r], v_cache[r], positions[start:start + chunk],
-                            window, sinks, scale, fast))
-    return outs[0] if len(outs) == 1 else torch.cat(outs)
+    out = torch.empty(q.shape[:2] + v_cache.shape[-1:], dtype=q.dtype, device=q.device)
+    singles, runs = _segments(rows, positions)
+    if singles:  # one-token segments (decoding rows in a mixed pass): batched over their rows
+        idx = torch.as_tensor(singles, device=q.device)
+        r = rows[idx]
+        out[idx] = _attend(q[idx], k_cache[r], v_cache[r], positions[idx], window, sinks, scale, fast)
+    for start, end, row, top in runs:  # a prompt's tokens: its own row, up to its last position
+        keys, values = k_cache[row, None, :top + 1], v_cache[row, None, :top + 1]
+        out[start:end] = _attend_row(q[start:end], keys, values, positions[start:end], window, sinks, scale, fast)
+    return out
+
+
+_SEGMENTS_CACHE: dict = {}
+
+
+def _segments(rows: torch.Tensor, positions: torch.Tensor):
+    """Runs of equal rows in a pack: ([indices of one-token runs], [(start, end, row, last position)]).
+
+    Read on the host once per pass; every layer's attention reuses it. `as_tensors`, which starts
+    every entry call, empties the cache, so a key (the tensors' addresses) never outlives its pass.
+    """
+    key = (rows.data_ptr(), positions.data_ptr(), rows.shape[0])
+    if key in _SEGMENTS_CACHE:
+        return _SEGMENTS_CACHE[key]
+    r, p = rows.tolist(), positions.tolist()
+    singles, runs = [], []
+    start = 0
+    for i in range(1, len(r) + 1):
+        if i == len(r) or r[i] != r[start]:
+            if i - start == 1:
+                singles.append(start)
+            else:
+                runs.append((start, i, r[start], max(p[start:i])))
+            start = i
+    _SEGMENTS_CACHE.clear()
+    _SEGMENTS_CACHE[key] = (singles, runs)
+    return singles, runs
+
+
+def _attend_row(q, keys, values, positions, window, sinks, scale, fast):
+    """q[m, h, d] of one row against keys/values[1, L, kvh, d] of that row."""
+    m, heads, head_dim = q.shape
+    length, kv_heads = keys.shape[1], keys.shape[2]
+    span = torch.arange(length, device=q.device)
+    visible = span[None, :] <= positions[:, None].long()
+    if window:
+        visible &= span[None, :] > positions[:, None].long() - window
+    if fast and sinks is None:
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1)[None], keys[0].transpose(0, 1)[None], values[0].transpose(0, 1)[None],
+            attn_mask=visible[None, None], scale=scale, enable_gqa=kv_heads != heads)
+        return out[0].transpose(0, 1)
+    group = heads // kv_heads
+    qg = q.reshape(m, kv_heads, group, head_dim).float()
+    scores = torch.einsum("mkgd,skd->mkgs", qg, keys[0].float()) * scale
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    probs = _softmax_with_sinks(scores, sinks, kv_heads, group)
+    out = torch.einsum("mkgs,skd->mkgd", probs, values[0].float())
+    return out.reshape(m, heads, values.shape[-1]).to(q.dtype)
+
+
+def _softmax_with_sinks(scores, sinks, kv_heads, group):
+    """Softmax over the keys; a sink adds one more logit per head to the denominator only."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    sink = sinks.float().reshape(1, kv_heads, group, 1).expand(scores.shape[0], kv_heads, group, 1)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
 
 
 def _attend(q, keys, values, positions, window, sinks, scale, fast):
@@ -87,11 +141,7 @@ def _attend(q, keys, values, positions, window, sinks, scale, fast):
     qg = q.reshape(n, kv_heads, group, head_dim).float()
     scores = torch.einsum("nkgd,nskd->nkgs", qg, keys.float()) * scale
     scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
-    if sinks is not None:
-        sink = sinks.float().reshape(1, kv_heads, group, 1).expand(n, kv_heads, group, 1)
-        probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
-    else:
-        probs = torch.softmax(scores, dim=-1)
+    probs = _softmax_with_sinks(scores, sinks, kv_heads, group)
     out = torch.einsum("nkgs,nskd->nkgd", probs, values.float())
     return out.reshape(n, heads, values.shape[-1]).to(q.dtype)
 
@@ -106,7 +156,11 @@ def copy_rows_(cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, upto: 
 
 
 def as_tensors(device: torch.device, *arrays) -> tuple:
-    """An entry's arguments as tensors on the model's device: numpy arrays are taken as well as tensors."""
+    """An entry's arguments as tensors on the model's device: numpy arrays are taken as well as tensors.
+
+    Called first by every entry, it also ends the previous call's per-pass caches.
+    """
+    _SEGMENTS_CACHE.clear()
     return tuple(torch.as_tensor(a, device=device) for a in arrays)
 
 

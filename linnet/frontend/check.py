@@ -254,6 +254,9 @@ class _Checker:
             if not any(isinstance(t, TensorType) and Dim.name(name) in t.shape for _, t in args):
                 raise LinnetError(loc, f"the size `{name}` must be a dim of one of the arguments, so that each call binds it",
                                   [f"e.g. `x: T[{name}, dim]`"])
+        if f.kind == "fn" and f.ret is None:
+            raise LinnetError(f.loc, f"fn `{f.name}` declares no result; a fn is called for its value: `-> T[...]`",
+                              ["state is written by entries, or by a fn that also returns a value"])
         ret = self._type(f.ret, dims) if f.ret is not None else NoneType()
         return ir.Function(f.name, f.kind, list(dims), args, ret, [], f.loc)
 

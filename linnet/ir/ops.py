@@ -323,7 +323,7 @@ ROPE_SCALINGS = ("none", "llama3", "yarn", "linear")
 @op("rope", ("x", "positions", "theta", "scaling", "factor", "low_freq_factor", "high_freq_factor",
              "original_max", "beta_fast", "beta_slow"),
     "rotary position embedding of x[n, heads, head_dim] at positions[n]")
-def _rope(x: Value, positions: Value, theta=None, scaling=None, factor=None, low_freq_factor=None,
+def _rope(x: Value, positions: Value, theta: Value, scaling=None, factor=None, low_freq_factor=None,
           high_freq_factor=None, original_max=None, beta_fast=None, beta_slow=None, *, loc: Loc):
     t = _tensor(x, "the input of `rope`", loc)
     tp = _tensor(positions, "the positions of `rope`", loc)

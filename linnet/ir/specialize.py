@@ -87,6 +87,14 @@ def specialize(module: ir.Module, generics: dict | None = None, numerics: str = 
     for fn in list(module.entries.values()) + list(module.fns.values()):
         for v in all_values(fn.body):
             check_type(v.type, v.loc, "this value")
+            if isinstance(v, ir.Op) and v.op == "rope":
+                try:
+                    head_dim = v.kwargs["x"].type.shape[2].evaluate(sizes)
+                except KeyError:
+                    head_dim = 0  # a per-call size: checked where the fn is called
+                if head_dim % 2:
+                    raise LinnetError(v.loc, f"`rope` rotates pairs of dims, so head_dim must be even, not {head_dim}",
+                                      [f"x is {v.kwargs['x'].type}"])
             if isinstance(v, ir.Op) and v.op == "rope" and "scaling" in v.kwargs:
                 scaling = evaluate(v.kwargs["scaling"], values)
                 if scaling not in ROPE_SCALINGS:

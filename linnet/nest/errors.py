@@ -11,3 +11,10 @@ class WeightsError(Exception):
 
 class TokenizerError(Exception):
     """A tokenizer cannot be built from the files given, or a chat template fails."""
+
+
+class CardError(KeyError):
+    """A card name that is not in the registry; the message suggests the close names."""
+
+    def __str__(self) -> str:  # KeyError would print the message quoted
+        return str(self.args[0]) if self.args else ""

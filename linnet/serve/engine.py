@@ -68,8 +68,8 @@ class Engine:
         self.vocab = model.vocab
         on_gpu = str(getattr(model, "device", "cpu")).startswith("cuda")
         self.token_budget = token_budget or (2048 if on_gpu else 512)
-        if self.token_budget < self.rows:
-            raise ValueError(f"token_budget ({self.token_budget}) must hold one token per row ({self.rows})")
+        if self.token_budget < self.runner.overhead + 2 * self.rows:
+            raise ValueError(f"token_budget ({self.token_budget}) is too small for {self.rows} rows")
         self.prefix_min = prefix_min
         self.rng = random.Random(seed)
         self.tokenizer = getattr(model, "tokenizer", None)
@@ -116,8 +116,8 @@ class Engine:
         """Compiles (JAX) or captures (CUDA) everything a run over such prompts needs."""
         lengths = list(prompt_lengths)
         if self.model.backend == "jax":
-            sizes = self.runner.pass_sizes(min(self.token_budget, max(sum(lengths), self.rows) if lengths
-                                               else self.token_budget))
+            packed = self.runner.overhead + sum(self.runner.chunk_cost(n) for n in lengths) if lengths else 0
+            sizes = self.runner.pass_sizes(min(self.token_budget, packed) if lengths else self.token_budget)
         else:
             sizes = sorted({min(n, self.token_budget) for n in lengths})[:4] or [16]
         self.runner.warmup(sizes)
@@ -242,16 +242,20 @@ class Engine:
             rows.append(x.row)
             last.append(len(tokens) - 1)
             sampled.append(x)
-        budget = self.token_budget - len(tokens)
+        # The budget counts what the runner really computes: its fixed slots, padding of chunks.
+        runner = self.runner
+        budget = self.token_budget - runner.overhead - sum(runner.chunk_cost(1) for _ in decoding)
         chunks = []
         for x in prefilling:
-            take = min(x.prompt_len - x.cached, budget)
-            if take <= 0:
+            rest = x.prompt_len - x.cached
+            take = rest if runner.chunk_cost(rest) <= budget else budget // runner.chunk_granule() * runner.chunk_granule()
+            take = min(take, rest)
+            if take <= 0 or runner.chunk_cost(take) > budget:
                 break
             tokens.extend(x.tokens[x.cached:x.cached + take])
             positions.extend(range(x.cached, x.cached + take))
             rows.extend([x.row] * take)
-            budget -= take
+            budget -= runner.chunk_cost(take)
             chunks.append((x, take))
             self.stats.prefill_tokens += take
             if x.cached + take == x.prompt_len:

@@ -59,6 +59,14 @@ class TorchRunner:
         self._static_positions = torch.zeros(self.batch, dtype=torch.int32, device=self.device)
         self._static_logits = None
 
+    overhead = 0  # packs go to the model as they are
+
+    def chunk_cost(self, n: int) -> int:
+        return n
+
+    def chunk_granule(self) -> int:
+        return 1
+
     def _t(self, a):
         return self.torch.as_tensor(np.ascontiguousarray(a), device=self.device)
 
@@ -129,6 +137,9 @@ class JaxRunner:
         self.shapes: set = set()
         self.compiles = 0
         self.scratch = model.max_seq - 1  # a position no request ever needs: padding writes land there
+        from linnet.codegen_jax.runtime import head_tokens
+
+        self.overhead = head_tokens(self.batch)  # every pack starts with this many one-token slots
 
     def _note(self, key):
         if key not in self.shapes:
@@ -136,15 +147,53 @@ class JaxRunner:
             self.compiles += 1
 
     def prefill(self, tokens, positions, rows, last):
-        n, k = len(tokens), len(last)
-        size = bucket(n, self.smallest)
-        pad = size - n
+        tokens, positions, rows, last = self.align(tokens, positions, rows, last)
+        size = bucket(len(tokens), self.smallest)
+        pad = size - len(tokens)
         tokens = np.concatenate([tokens, np.zeros(pad, np.int32)]).astype(np.int32)
         positions = np.concatenate([positions, np.full(pad, self.scratch, np.int32)]).astype(np.int32)
         rows = np.concatenate([rows, np.zeros(pad, np.int32)]).astype(np.int32)
-        last = np.concatenate([last, np.zeros(self.batch - k, np.int32)]).astype(np.int32)
+        last = np.concatenate([last, np.zeros(self.batch - len(last), np.int32)]).astype(np.int32)
         self._note(("prefill", size))
         return self.model.prefill(tokens, positions, rows, last)
+
+    def align(self, tokens, positions, rows, last):
+        """Lays a pack out for the JAX attention (linnet.codegen_jax.runtime.attention): one-token
+        segments first, padded to `head_tokens(rows)`; then each longer segment padded to a
+        multiple of BLOCK. Padding tokens go to the scratch position, which no real token reads.
+        """
+        starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+        ends = np.r_[starts[1:], len(rows)]
+        singles = [s for s, e in zip(starts, ends) if e - s == 1]
+        runs = [(s, e) for s, e in zip(starts, ends) if e - s > 1]
+        where = np.zeros(len(rows), np.int64)
+        head = self.overhead
+        where[singles] = np.arange(len(singles))
+        out_t = [tokens[singles], np.zeros(head - len(singles), np.int32)]
+        out_p = [positions[singles], np.full(head - len(singles), self.scratch, np.int32)]
+        out_r = [rows[singles], np.zeros(head - len(singles), np.int32)]
+        at = head
+        for s, e in runs:
+            n = e - s
+            padded = self.chunk_cost(n)
+            where[s:e] = np.arange(at, at + n)
+            out_t += [tokens[s:e], np.zeros(padded - n, np.int32)]
+            out_p += [positions[s:e], np.full(padded - n, self.scratch, np.int32)]
+            out_r.append(np.full(padded, rows[s], np.int32))
+            at += padded
+        return (np.concatenate(out_t).astype(np.int32), np.concatenate(out_p).astype(np.int32),
+                np.concatenate(out_r).astype(np.int32), where[last].astype(np.int32))
+
+    # What a pass costs in padded tokens, so the engine packs within its budget.
+    def chunk_cost(self, n: int) -> int:
+        from linnet.codegen_jax.runtime import BLOCK
+
+        return 0 if n == 1 else -(-n // BLOCK) * BLOCK
+
+    def chunk_granule(self) -> int:
+        from linnet.codegen_jax.runtime import BLOCK
+
+        return BLOCK
 
     def decode(self, tokens, positions):
         self._note(("decode",))
@@ -182,8 +231,9 @@ class JaxRunner:
 
     def warmup(self, pack_lengths):
         for size in sorted({bucket(n, self.smallest) for n in pack_lengths}):
-            np.asarray(self.prefill(np.zeros(size, np.int32), np.full(size, self.scratch, np.int32),
-                                    np.zeros(size, np.int32), np.zeros(1, np.int32)))
+            self._note(("prefill", size))
+            np.asarray(self.model.prefill(np.zeros(size, np.int32), np.full(size, self.scratch, np.int32),
+                                          np.zeros(size, np.int32), np.zeros(self.batch, np.int32)))
         np.asarray(self.decode(np.zeros(self.batch, np.int32), np.full(self.batch, self.scratch, np.int32)))
         self.copy_rows(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32))
 

@@ -35,10 +35,14 @@ PARITY: dict = {}
 
 
 def to_np(x) -> np.ndarray:
-    """A torch tensor or a JAX array (any float dtype) as a float32 numpy array."""
+    """A torch tensor or a JAX array (any float dtype) as a float32 numpy array of its own.
+
+    Always a copy: a torch model updates its cache in place, and a view of it
+    would change under the test.
+    """
     if isinstance(x, torch.Tensor):
-        return x.detach().cpu().float().numpy()
-    return np.asarray(x).astype(np.float32)
+        return x.detach().cpu().float().numpy().copy()
+    return np.array(x, dtype=np.float32)
 
 
 def rel_err(a, ref) -> float:

@@ -97,7 +97,7 @@ state {
 
 entry decode(tokens: i32[Batch], positions: i32[Batch]) -> T[Batch, heads, head_dim] {
   x = embed[tokens]
-  q = rope(linear(x, wq).reshape(Batch, heads, head_dim), positions, scaling=rope_scaling)
+  q = rope(linear(x, wq).reshape(Batch, heads, head_dim), positions, theta=1e4, scaling=rope_scaling)
   k_cache[iota(Batch), positions] = linear(x, wk).reshape(Batch, kv_heads, head_dim)
   return attention(q, k_cache, k_cache, positions)
 }
@@ -387,11 +387,13 @@ entry decode(tokens: i32[Batch]) -> f32[Batch] {
          arch_source=MINI),
     card("inexact-division", CARD.replace("heads = 2", "heads = 3"), 8, 19, "8 / 3 is not a whole number",
          arch_source=MINI, at="mini.linnet"),
-    card("heads-not-multiple-of-kv-heads", with_config(CARD.replace("dim = 8", "dim = 12").replace("heads = 2", "heads = 4"),
+    card("heads-not-multiple-of-kv-heads", with_config(CARD.replace("dim = 8", "dim = 16").replace("heads = 2", "heads = 4"),
                                                        "kv_heads = 3"),
          29, 10, "4 query heads cannot share 3 key/value heads evenly", arch_source=MINI, at="mini.linnet"),
-    card("unknown-rope-scaling", with_config(CARD, 'rope_scaling = "yarnn"'), 27, 78,
+    card("unknown-rope-scaling", with_config(CARD, 'rope_scaling = "yarnn"'), 27, 89,
          "unknown rope scaling 'yarnn'", arch_source=MINI, at="mini.linnet"),
+    card("rope-odd-head-dim", CARD.replace("dim = 8", "dim = 6"), 27, 7, "head_dim must be even, not 3",
+         arch_source=MINI, at="mini.linnet"),
     card("size-not-positive", CARD.replace("vocab = 16", "vocab = 0"), 4, 3, "`vocab` is a size and must be positive",
          arch_source=MINI, at="mini.linnet"),
     arch("config-division-by-zero", """\
@@ -521,6 +523,16 @@ fn f(x: T[dim]) -> T[dim] {
 }
 """, 24, 1, "`f` is defined twice"),
     arch("duplicate-param", HEAD.replace("  wq: T[heads", "  embed: T[heads"), 13, 3, "`embed` is already defined"),
+    arch("fn-without-result", HEAD + """\
+fn write<n>(x: T[n, dim], rows: i32[n]) {
+  cache[rows, 0] = x
+}
+""", 20, 1, "fn `write` declares no result"),
+    arch("rope-without-theta", HEAD + """\
+entry decode(tokens: i32[Batch], positions: i32[Batch]) -> T[Batch, heads, head_dim] {
+  return rope(linear(embed[tokens], wq).reshape(Batch, heads, head_dim), positions)
+}
+""", 21, 10, "`rope` needs its argument `theta`"),
     arch("local-shadows-param", HEAD + """\
 entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
   embed = embed[tokens]
