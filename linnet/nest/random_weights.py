@@ -11,7 +11,10 @@ from linnet.nest.bind import TORCH_DTYPES
 
 def random_weights(module: Module, seed: int = 0, device: str | torch.device = "cpu") -> dict:
     """Normal(0, 0.02) matrices, norm-like vectors near 1; made one param at a time on `device`."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    # On a GPU the noise is made there (a big model's worth of CPU random numbers takes minutes);
+    # elsewhere on the CPU, so that a seed gives the same weights on every machine.
+    maker = torch.device(device) if torch.device(device).type == "cuda" else torch.device("cpu")
+    gen = torch.Generator(device=maker).manual_seed(seed)
     out = {}
     for p in module.params.values():
         if p.tie and evaluate(p.tie[1], module.bindings):
@@ -20,10 +23,9 @@ def random_weights(module: Module, seed: int = 0, device: str | torch.device = "
         dtype = TORCH_DTYPES[concrete_dtype(p.type.dtype, module)]
         vector = len(shape) - (1 if p.loop_var else 0) == 1
         t = torch.empty(shape, dtype=dtype, device=device)
-        # Generated in f32 on the CPU one layer at a time, so that the same seed gives the
-        # same weights on every device and peak memory stays one layer above the model.
+        # Made in f32 one layer at a time: peak memory stays one layer above the model.
         for i, part in enumerate(t if p.loop_var else [t]):
-            values = torch.randn(part.shape, generator=gen) * 0.02
+            values = torch.randn(part.shape, generator=gen, device=maker) * 0.02
             if vector:
                 values = values + 1.0
             part.copy_(values)

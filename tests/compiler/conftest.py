@@ -86,6 +86,44 @@ def pack(prompts, rows=None, starts=None):
     return i32(tokens), i32(positions), i32(row_ids), i32(last)
 
 
+def pack_in_blocks(prompts, rows, starts=None, *, batch: int, max_seq: int):
+    """The same pack laid out as the JAX attention reads it cheaply (linnet.codegen_jax.runtime).
+
+    One-token prompts first, padded to `head_tokens(batch)` slots; then every
+    longer prompt padded to a multiple of BLOCK. Padding tokens go to position
+    max_seq - 1 of their block's row (the engine's scratch position, which no
+    real token may use) and get no logits. Any layout must give the same
+    logits; this one takes the blocked path.
+    """
+    from linnet.codegen_jax.runtime import BLOCK, head_tokens
+
+    rows = list(range(len(prompts))) if rows is None else list(rows)
+    starts = [0] * len(prompts) if starts is None else list(starts)
+    scratch = max_seq - 1
+    singles = [j for j, p in enumerate(prompts) if len(p) == 1]
+    longer = [j for j, p in enumerate(prompts) if len(p) > 1]
+    head = head_tokens(batch)
+    assert len(singles) <= head
+    tokens, positions, row_ids, last = [], [], [], {}
+    for j in singles:
+        last[j] = len(tokens)
+        tokens.append(int(prompts[j][0]))
+        positions.append(starts[j])
+        row_ids.append(rows[j])
+    pad = head - len(tokens)
+    tokens, positions, row_ids = tokens + [0] * pad, positions + [scratch] * pad, row_ids + [0] * pad
+    for j in longer:
+        n = len(prompts[j])
+        assert starts[j] + n <= scratch, "a real token may not use the scratch position"
+        pad = -n % BLOCK
+        tokens += [int(t) for t in prompts[j]] + [0] * pad
+        positions += list(range(starts[j], starts[j] + n)) + [scratch] * pad
+        row_ids += [rows[j]] * (n + pad)
+        last[j] = len(tokens) - pad - 1
+    assert len(tokens) % BLOCK == 0
+    return i32(tokens), i32(positions), i32(row_ids), i32([last[j] for j in range(len(prompts))])
+
+
 def cache_of(model, name: str) -> np.ndarray:
     """A state buffer of either backend's Model, as numpy."""
     if hasattr(model, "cache"):  # the JAX model threads its state through `self.cache`
@@ -198,7 +236,7 @@ def hf_greedy(model, prompts, steps: int):
 def kit():
     return SimpleNamespace(
         CARDS=CARDS, ARCH=ARCH, PARITY=PARITY, to_np=to_np, rel_err=rel_err, i32=i32, as_inputs=as_inputs,
-        pack=pack, cache_of=cache_of, compiled=compiled, random_checkpoint=random_checkpoint,
+        pack=pack, pack_in_blocks=pack_in_blocks, cache_of=cache_of, compiled=compiled, random_checkpoint=random_checkpoint,
         hf_config=hf_config, hf_reference=hf_reference, hf_greedy=hf_greedy)
 
 

@@ -57,15 +57,51 @@ def close(kit, a, b, what):
     assert err <= BOUND, f"{what}: off by {err:.2e}"
 
 
-def test_packed_prefill_equals_each_prompt_alone(model, prompts, kit, fresh):
-    packed = kit.to_np(fresh(model).prefill(*kit.pack(prompts, PROMPT_ROWS)))
+def scratch_padded(packed, to: int):
+    """A pack with padding tokens appended (row 0, the scratch position) up to `to` tokens."""
+    tokens, positions, rows, last = packed
+    pad = to - len(tokens)
+    scratch = GENERICS["MaxSeq"] - 1
+    return (np.r_[tokens, np.zeros(pad, np.int32)].astype(np.int32),
+            np.r_[positions, np.full(pad, scratch, np.int32)].astype(np.int32),
+            np.r_[rows, np.zeros(pad, np.int32)].astype(np.int32), last)
+
+
+def layout(kit, name, prompts, rows, starts=None):
+    """One pack, three ways: as it comes; in JAX's blocks (the engine's layout); padded to a
+    multiple of the block size without being in blocks (JAX checks on the device and falls back)."""
+    from linnet.codegen_jax.runtime import BLOCK
+
+    if name == "plain":
+        return kit.pack(prompts, rows, starts)
+    if name == "blocks":
+        return kit.pack_in_blocks(prompts, rows, starts, batch=GENERICS["Batch"], max_seq=GENERICS["MaxSeq"])
+    packed = kit.pack(prompts, rows, starts)
+    padded = scratch_padded(packed, -(-len(packed[0]) // BLOCK) * BLOCK + BLOCK)
+    assert len(set(padded[2][BLOCK:BLOCK * 2])) > 1, "this layout must not be in blocks"
+    return padded
+
+
+@pytest.fixture(scope="module")
+def alone(model, prompts, kit):
+    """Each prompt prefilled alone into its row of a fresh cache: (logits [vocab], keys of its row)."""
+    out = []
+    for p, row in zip(prompts, PROMPT_ROWS):
+        model.reset_state()
+        logits = kit.to_np(model.prefill(*kit.pack([p], [row])))
+        out.append((logits[0], kit.cache_of(model, "k_cache")[:, row, :len(p)]))
+    return out
+
+
+@pytest.mark.parametrize("how", ["plain", "blocks", "unaligned"])
+def test_packed_prefill_equals_each_prompt_alone(how, model, prompts, alone, kit, fresh):
+    packed = kit.to_np(fresh(model).prefill(*layout(kit, how, prompts, PROMPT_ROWS)))
     assert packed.shape == (len(prompts), 128)
-    packed_k = kit.cache_of(model, "k_cache")
+    keys = kit.cache_of(model, "k_cache")
     for j, (p, row) in enumerate(zip(prompts, PROMPT_ROWS)):
-        alone = kit.to_np(fresh(model).prefill(*kit.pack([p], [row])))
-        close(kit, packed[j], alone[0], f"prompt {j} (row {row})")
+        close(kit, packed[j], alone[j][0], f"prompt {j} (row {row})")
         # and the cache row it wrote holds the same keys
-        close(kit, packed_k[:, row, :len(p)], kit.cache_of(model, "k_cache")[:, row, :len(p)], f"keys of row {row}")
+        close(kit, keys[:, row, :len(p)], alone[j][1], f"keys of row {row}")
 
 
 def test_decode_after_prefill_equals_prefill_of_the_whole_sequence(model, prompts, kit, fresh):
@@ -151,7 +187,8 @@ def test_idle_rows_do_not_disturb_active_rows(model, prompts, kit, fresh):
             close(kit, got, want, f"trial {trial}: {what}")
 
 
-def test_prompt_joins_while_rows_decode(model, prompts, kit, fresh):
+@pytest.mark.parametrize("how", ["plain", "blocks"])
+def test_prompt_joins_while_rows_decode(how, model, prompts, kit, fresh):
     """A prefill whose pack holds one token for each decoding row plus a new prompt (DESIGN.md)."""
     lengths = np.array(PROMPT_LENGTHS)
     rng = np.random.default_rng(9)
@@ -160,8 +197,7 @@ def test_prompt_joins_while_rows_decode(model, prompts, kit, fresh):
 
     fresh(model).prefill(*kit.pack(prompts, PROMPT_ROWS))
     rows = list(PROMPT_ROWS)
-    mixed = kit.to_np(model.prefill(*kit.pack([[t] for t in step] + [newcomer], rows,
-                                              list(lengths[:3]) + [0])))
+    mixed = kit.to_np(model.prefill(*layout(kit, how, [[t] for t in step] + [newcomer], rows, list(lengths[:3]) + [0])))
 
     fresh(model).prefill(*kit.pack(prompts, PROMPT_ROWS))
     tokens, positions = np.zeros(4, np.int32), np.zeros(4, np.int32)
@@ -172,3 +208,23 @@ def test_prompt_joins_while_rows_decode(model, prompts, kit, fresh):
     for j in range(3):
         close(kit, mixed[j], decoded[rows[j]], f"decoding row {rows[j]} inside the pack")
     close(kit, mixed[3], alone[0], "the prompt that joined")
+
+
+@pytest.mark.parametrize("model", ["jax"], indirect=True)
+def test_packed_attention_in_chunks(model, prompts, kit, fresh, monkeypatch):
+    """Long caches make JAX's packed attention gather keys a few tokens at a time; the result must not change.
+
+    The bound on gathered elements is lowered so that the tiny model takes that
+    path too (3 tokens a chunk). JAX reads it when tracing, so the pack has a
+    shape no other test compiles.
+    """
+    import importlib
+
+    runtime = importlib.import_module("linnet.codegen_jax.runtime")
+    group = prompts[:3]
+    alone = [kit.to_np(fresh(model).prefill(*kit.pack([p], [PROMPT_ROWS[j]])))[0] for j, p in enumerate(group)]
+    per_token = GENERICS["MaxSeq"] * 2 * 16  # MaxSeq * kv_heads * head_dim of tiny-llama
+    monkeypatch.setattr(runtime, "_GATHER_ELEMENTS", 3 * per_token)
+    chunked = kit.to_np(fresh(model).prefill(*kit.pack(group, PROMPT_ROWS[:3])))
+    for j in range(len(group)):
+        close(kit, chunked[j], alone[j], f"prompt {j} with attention in chunks of 3 tokens")

@@ -43,3 +43,63 @@ def gguf_tokenizer(gguf_ckpt):
     from linnet.nest.tokenizer import Tokenizer
 
     return Tokenizer.from_gguf(gguf_ckpt)
+
+
+@pytest.fixture(scope="session")
+def hf_gguf_reference(gguf_path, gguf_ckpt):
+    """transformers' dequantized, un-permuted tensors of the GGUF under HF names, and its config.
+
+    Session-wide: the tensor checks and the real-weights model tests share one read.
+    `from_pretrained(dir, gguf_file=...)` needs accelerate, which linnet does not
+    install; `load_gguf_checkpoint` is the function it calls to read the file.
+    It wants a model only to learn the parameter names, so a skeleton on the
+    meta device (no memory) stands in; transformers derives the head counts
+    it un-permutes with from the file itself. The skeleton hides its
+    submodules: transformers would rebuild gguf's name table for each of
+    them (~400 times, seconds), and its top-level pass already names every
+    tensor (the tests check all 272 arrive).
+    """
+    pytest.importorskip("transformers")
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(**gguf_ckpt.config()))
+
+    class Skeleton:
+        config = model.config
+        state_dict = model.state_dict
+
+        def named_children(self):
+            return iter(())
+
+    loaded = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=Skeleton())
+    return loaded["tensors"], dict(loaded["config"])
+
+
+TINY_LLAMA = dict(vocab_size=256, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=96, max_position_embeddings=128, rms_norm_eps=1e-5,
+                  rope_theta=10000.0, tie_word_embeddings=False, hidden_act="silu")
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory):
+    """A random tiny Llama from transformers, f32, saved by save_pretrained in >= 3 shards with an index.
+
+    Returns (the transformers model, its directory); tests that change files copy the directory first.
+    """
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(**TINY_LLAMA)
+    cfg._attn_implementation = "eager"
+    model = transformers.LlamaForCausalLM(cfg).float().eval()
+    with torch.no_grad():  # norms away from 1, so that a misplaced norm weight shows
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+    path = tmp_path_factory.mktemp("tiny-hf") / "Tiny-Llama"
+    model.save_pretrained(path, max_shard_size="150KB")
+    return model, path

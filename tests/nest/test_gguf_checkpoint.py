@@ -34,34 +34,9 @@ def hf_name(gguf_name: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def hf_reference(gguf_path, gguf_ckpt):
-    """transformers' dequantized, un-permuted tensors under HF names, and its config.
-
-    `from_pretrained(dir, gguf_file=...)` needs accelerate, which linnet does not
-    install; `load_gguf_checkpoint` is the function it calls to read the file.
-    It wants a model only to learn the parameter names, so a skeleton on the
-    meta device (no memory) stands in; transformers derives the head counts
-    it un-permutes with from the file itself. The skeleton hides its
-    submodules: transformers would rebuild gguf's name table for each of
-    them (~400 times, seconds), and its top-level pass already names every
-    tensor (the test checks all 272 arrive).
-    """
-    pytest.importorskip("transformers")
-    from transformers import LlamaConfig, LlamaForCausalLM
-    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
-
-    with torch.device("meta"):
-        model = LlamaForCausalLM(LlamaConfig(**gguf_ckpt.config()))
-
-    class Skeleton:
-        config = model.config
-        state_dict = model.state_dict
-
-        def named_children(self):
-            return iter(())
-
-    loaded = load_gguf_checkpoint(str(gguf_path), return_tensors=True, model_to_load=Skeleton())
-    return loaded["tensors"], dict(loaded["config"])
+def hf_reference(hf_gguf_reference):
+    """transformers' dequantized, un-permuted tensors under HF names, and its config (see conftest)."""
+    return hf_gguf_reference
 
 
 def test_every_tensor_matches_transformers(gguf_ckpt, hf_reference):

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The GPU check: run on a machine with an NVIDIA GPU (about 10 minutes in all).
+# Prints a table: throughput.py's load with random Llama 3.1 8B weights in bf16 on torch and on
+# JAX, one request (128 prompt, 128 new tokens) on both, and transformers' generate on the same load.
+#   bash benchmarks/gpu_check.sh [--quick]
+# lark and gguf may be missing there: put wheels in .whl/ and they are installed to /tmp/site first.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.85}
+REQ=256; [ "${1:-}" = "--quick" ] && REQ=64
+T=examples/04-serve/throughput.py
+OUT=${OUT:-/tmp}
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+python3 -c "import torch, jax; print('torch', torch.__version__, '| jax', jax.__version__, jax.devices())"
+
+run() {  # name, command...
+  local name=$1; shift
+  echo "== $name" >&2
+  local line
+  line=$(timeout 420 "$@" 2>&1 | tee -a "$OUT/gpu_check.log" | grep -E "tokens/s" | tail -1)
+  printf '%-34s %s\n' "$name" "${line:-FAILED (see $OUT/gpu_check.log)}" >> "$OUT/gpu_table.txt"
+}
+: > "$OUT/gpu_table.txt"
+run "torch, $REQ requests, 64 rows"  python3 $T --weights random --requests $REQ
+run "jax, $REQ requests, 64 rows"    python3 $T --weights random --requests $REQ --backend jax
+run "torch, one request"             python3 $T --weights random --requests 1 --rows 1 --min-prompt 128 --max-prompt 128
+run "jax, one request"               python3 $T --weights random --requests 1 --rows 1 --min-prompt 128 --max-prompt 128 --backend jax
+run "transformers generate, $REQ req" python3 benchmarks/transformers_peer.py --requests $REQ
+echo
+echo "Llama 3.1 8B shape, random weights, bf16 (targets on an H200: torch >= 7000, jax >= 6000, one request >= 200)"
+cat "$OUT/gpu_table.txt"

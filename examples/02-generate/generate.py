@@ -1,0 +1,41 @@
+"""Chats with the embedded default model (SmolLM2-135M-Instruct), streaming the answer.
+
+    python examples/02-generate/generate.py "What is the capital of France?" [--backend jax]
+"""
+
+import argparse
+import asyncio
+import sys
+import time
+
+from linnet import nest
+from linnet.serve import Engine, Request
+
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("prompt", nargs="?", default="What is the capital of France?")
+parser.add_argument("--backend", choices=["torch", "jax"], default="torch")
+parser.add_argument("--max-new-tokens", type=int, default=64)
+args = parser.parse_args()
+
+model = nest.load("smollm2-135m-instruct", backend=args.backend, generics={"Batch": 1, "MaxSeq": 512})
+tok = model.tokenizer
+text = tok.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True)
+request = Request(prompt=tok.encode(text), max_new_tokens=args.max_new_tokens)
+
+
+async def main():
+    engine = Engine(model)
+    engine.start()
+    decoder = tok.incremental_decoder(skip_special_tokens=True)
+    start, count = time.perf_counter(), 0
+    async for new, _ in engine.stream(request):
+        for t in new:
+            sys.stdout.write(decoder.push(t))
+            sys.stdout.flush()
+        count += len(new)
+    sys.stdout.write(decoder.flush() + "\n")
+    engine.stop()
+    print(f"[{count} tokens in {time.perf_counter() - start:.2f} s]", file=sys.stderr)
+
+
+asyncio.run(main())

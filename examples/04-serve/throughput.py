@@ -1,0 +1,63 @@
+"""Serves Llama 3.1 8B from Nest with `linnet.serve` under the benchmarks'
+load: 256 requests of 128 to 512 prompt tokens, at most 64 in flight, each
+generating 128 tokens. Prints the generated tokens per second.
+
+Without a GPU or the weights, try a small card with random weights:
+    python examples/04-serve/throughput.py --card smollm2-135m-instruct --weights random \\
+        --requests 32 --rows 16 --min-prompt 32 --max-prompt 128 --new 32 --dtype f32
+"""
+
+import argparse
+import random
+import time
+
+import torch
+
+from linnet import nest
+from linnet.serve import Engine, Request
+
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--card", default="llama-3.1-8b-instruct")
+parser.add_argument("--backend", choices=["torch", "jax"], default="torch")
+parser.add_argument("--requests", type=int, default=256)
+parser.add_argument("--rows", type=int, default=64, help="requests in flight")
+parser.add_argument("--new", type=int, default=128, help="tokens each request generates")
+parser.add_argument("--min-prompt", type=int, default=128)
+parser.add_argument("--max-prompt", type=int, default=512)
+parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="torch device (default: cuda when present)")
+parser.add_argument("--weights", default=None,
+                    help="a checkpoint path, or 'random' to benchmark without the files (default: the card's)")
+parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"], help="the element type T")
+parser.add_argument("--token-budget", type=int, default=None, help="most tokens in one pass")
+args = parser.parse_args()
+
+rng = random.Random(0)
+prompts = [
+    [rng.randrange(100, 20000) for _ in range(rng.randint(args.min_prompt, args.max_prompt))]
+    for _ in range(args.requests)
+]
+# One cache row per request in flight, long enough for the longest prompt
+# and its completion.
+generics = {"Batch": args.rows, "MaxSeq": args.max_prompt + args.new, "T": args.dtype}
+if args.backend == "torch":
+    # Generated PyTorch, each step replayed as one CUDA graph.
+    model = nest.load(args.card, backend="torch", device=args.device, numerics="fast", compile=True,
+                      generics=generics, cast_dtype=True, weights=args.weights, tokenizer=False)
+else:
+    # Every entry over one copy of the weights, compiled by XLA.
+    model = nest.load(args.card, backend="jax_model", numerics="fast", generics=generics, cast_dtype=True,
+                      weights=args.weights, tokenizer=False)
+
+engine = Engine(model, token_budget=args.token_budget)
+start = time.perf_counter()
+engine.warmup(len(prompt) for prompt in prompts)
+print(f"compiled in {time.perf_counter() - start:.0f} s")
+
+# No end token: every request generates all its tokens, as in the benchmarks.
+done, stats = engine.run([Request(prompt=prompt, max_new_tokens=args.new, ignore_eos=True) for prompt in prompts])
+failed = [c for c in done if c.finish_reason == "error"]
+if failed:
+    print(f"{len(failed)} requests failed; the first: {failed[0].error}")
+rate = stats.generated_tokens / stats.seconds
+print(f"{stats.generated_tokens} tokens in {stats.seconds:.2f} s: {rate:.0f} tokens/s")

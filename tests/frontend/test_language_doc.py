@@ -1,0 +1,72 @@
+"""docs/language.md stays true to the compiler: its examples check, its op table is the compiler's."""
+
+from __future__ import annotations
+
+import inspect
+import re
+from pathlib import Path
+
+import pytest
+
+import linnet
+from linnet.cli import main
+from linnet.compiler import check_file
+from linnet.ir.ops import OPS
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "language.md"
+LLAMA = Path(linnet.__file__).parent / "nest" / "cards" / "arch" / "llama.linnet"
+
+
+def _blocks(lang: str) -> list[str]:
+    return re.findall(rf"^```{lang}\n(.*?)^```", DOC.read_text(), flags=re.S | re.M)
+
+
+def op_signature(name: str) -> str:
+    """How the doc writes an op: its parameters, `=…` for the optional ones."""
+    spec = OPS[name]
+    params = inspect.signature(spec.infer).parameters
+    out = []
+    for p in spec.params:
+        bare = p.lstrip("*")
+        optional = (bare in params and params[bare].default is not inspect.Parameter.empty) \
+            or (name == "zeros" and bare == "dtype")
+        out.append(p if p.startswith("*") else f"{bare}=…" if optional else bare)
+    return f"{name}({', '.join(out)})"
+
+
+def test_every_op_is_documented_with_its_signature():
+    table = DOC.read_text().split("<!-- ops:begin -->")[1].split("<!-- ops:end -->")[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `")]
+    documented = [re.match(r"\| `([^`]*)`", r).group(1) for r in rows]
+    expected = [op_signature(name) for name in OPS]
+    assert documented == expected, "the op table must list OPS in order:\n" + "\n".join(expected)
+
+
+@pytest.mark.parametrize("index", range(len(_blocks("linnet"))))
+def test_examples_check_and_compile(index, tmp_path, capsys):
+    source = _blocks("linnet")[index]
+    path = tmp_path / "example.linnet"
+    path.write_text(source)
+    assert source.startswith(("arch ", "card ", "#"))
+    assert main(["check", str(path)]) == 0, capsys.readouterr().err
+    module = check_file(path)
+    if not all(n in module.config_values or c.default is not None for n, c in module.config.items()):
+        return  # an architecture that leaves config values to its cards: nothing to compile alone
+    for backend in ("torch", "jax"):
+        assert main(["compile", str(path), "--backend", backend, "-o", str(tmp_path / "out.py")]) == 0, \
+            capsys.readouterr().err
+
+
+def test_the_worked_example_quotes_llama_linnet():
+    """Every line the walk-through quotes is in llama.linnet, in the same order."""
+    section = DOC.read_text().split("## Worked example: llama.linnet")[1].split("\n## ")[0]
+    llama = [line.rstrip() for line in LLAMA.read_text().splitlines()]
+    blocks = re.findall(r"^```\n(.*?)^```", section, flags=re.S | re.M)
+    assert len(blocks) >= 6
+    for block in blocks:
+        at = 0
+        for line in block.rstrip("\n").splitlines():
+            if line.strip() == "...":
+                continue
+            assert line.rstrip() in llama[at:], f"not in llama.linnet (after line {at}): {line!r}"
+            at = llama.index(line.rstrip(), at) + 1

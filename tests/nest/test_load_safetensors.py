@@ -1,0 +1,125 @@
+"""Safetensors weights: a random tiny Llama written by transformers' save_pretrained (>= 3 shards and
+an index) loads through nest.load, from its directory and from a fake Hugging Face cache, and gives
+transformers' logits on both backends."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from linnet import nest
+
+PROMPTS = [[5, 17, 200, 3, 99, 41, 7], [250, 1, 64, 128, 9], [33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43]]
+GENERICS = {"Batch": 4, "MaxSeq": 32}
+REPO = "linnet-test/Tiny-Llama"
+
+CARD = f"""# The tiny Llama of these tests, as a card whose weights live in the Hugging Face cache.
+card "tiny-cached"
+import llama
+
+config {{
+  vocab = 256
+  dim = 64
+  layers = 3
+  heads = 4
+  kv_heads = 2
+  ffn = 96
+  norm_eps = 1e-5
+  rope_theta = 10000.0
+}}
+
+meta {{
+  hf_repo = "{REPO}"
+}}
+"""
+
+
+def reference_logits(hf_model) -> list:
+    with torch.no_grad():
+        return [hf_model(input_ids=torch.tensor([p])).logits[0, -1].numpy() for p in PROMPTS]
+
+
+def packed_logits(model) -> np.ndarray:
+    tokens = np.concatenate([np.array(p, np.int32) for p in PROMPTS])
+    positions = np.concatenate([np.arange(len(p), dtype=np.int32) for p in PROMPTS])
+    rows = np.concatenate([np.full(len(p), i, np.int32) for i, p in enumerate(PROMPTS)])
+    last = np.cumsum([len(p) for p in PROMPTS]).astype(np.int32) - 1
+    model.reset()
+    return np.asarray(model.prefill(tokens, positions, rows, last))
+
+
+def assert_matches(model, hf_model):
+    ours, ref = packed_logits(model), reference_logits(hf_model)
+    for i, r in enumerate(ref):
+        err = np.abs(ours[i] - r).max() / np.abs(r).max()
+        assert err <= 1e-4, (i, err)
+
+
+def test_written_sharded(tiny_hf):
+    _, path = tiny_hf
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) >= 3
+    assert len(list(path.glob("*.safetensors"))) >= 3
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_load_from_directory(tiny_hf, backend):
+    hf_model, path = tiny_hf
+    model = nest.load(path, backend=backend, generics=GENERICS, tokenizer=False)
+    assert model.card == "Tiny-Llama" and model.weights == str(path)
+    assert model.info["unused_tensors"] == []
+    assert_matches(model, hf_model)
+
+
+@pytest.fixture
+def hf_home(tiny_hf, tmp_path, monkeypatch):
+    """The tiny model in a fake $HF_HOME, laid out as huggingface_hub does: blobs, snapshot symlinks, refs/main."""
+    _, path = tiny_hf
+    repo = tmp_path / "hf" / "hub" / ("models--" + REPO.replace("/", "--"))
+    rev = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = repo / "snapshots" / rev
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for i, f in enumerate(sorted(path.iterdir())):
+        blob = repo / "blobs" / f"blob{i:04d}"
+        shutil.copy(f, blob)
+        os.symlink(os.path.relpath(blob, snapshot), snapshot / f.name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(rev)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "LINNET_WEIGHTS"):
+        monkeypatch.delenv(var, raising=False)
+    card = tmp_path / "tiny-cached.linnet"
+    card.write_text(CARD)
+    return card, snapshot
+
+
+def test_load_from_hf_cache(tiny_hf, hf_home):
+    hf_model, _ = tiny_hf
+    card, snapshot = hf_home
+    model = nest.load(card, backend="torch", generics=GENERICS, tokenizer=False)
+    assert model.weights == str(snapshot)
+    assert_matches(model, hf_model)
+
+
+def test_linnet_weights_dir_comes_before_the_cache(tiny_hf, hf_home, tmp_path, monkeypatch):
+    _, path = tiny_hf
+    card, _ = hf_home
+    shutil.copytree(path, tmp_path / "mine" / "tiny-cached")
+    monkeypatch.setenv("LINNET_WEIGHTS", str(tmp_path / "mine"))
+    model = nest.load(card, backend="torch", generics=GENERICS, tokenizer=False)
+    assert model.weights == str(tmp_path / "mine" / "tiny-cached")
+
+
+def test_explicit_weights_and_bf16_cast(tiny_hf):
+    """weights= overrides the search; T=bf16 from f32 files needs (and with it gets) cast_dtype."""
+    hf_model, path = tiny_hf
+    model = nest.load(path, backend="jax", numerics="fast", generics={**GENERICS, "T": "bf16"}, cast_dtype=True,
+                      weights=path, tokenizer=False)
+    assert model.dtype == "bf16"
+    ours, ref = packed_logits(model), reference_logits(hf_model)
+    for i, r in enumerate(ref):
+        assert int(np.argmax(ours[i])) == int(np.argmax(r)) or np.abs(ours[i] - r).max() / np.abs(r).max() < 0.05

