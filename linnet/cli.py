@@ -159,6 +159,17 @@ class _UsageError(Exception):
     """A problem with what was asked, reported as one line."""
 
 
+def cmd_serve(args) -> int:
+    from linnet import nest
+    from linnet.serve.server import serve
+
+    generics = {"Batch": args.batch, "MaxSeq": args.max_seq, "T": args.dtype}
+    model = nest.load(args.card, backend=args.backend, device=args.device, numerics=args.numerics,
+                      compile=True, generics=generics, cast_dtype=True, weights=args.weights)
+    serve(model, args.name or model.card, host=args.host, port=args.port, token_budget=args.token_budget)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="linnet", description="Compile and serve language models written in Linnet.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -198,6 +209,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="T with --numerics fast (exact always computes in f32)")
     g.add_argument("--max-seq", type=int, default=2048, help="positions in the cache: prompt plus completion")
     g.set_defaults(run=cmd_generate)
+    sv = sub.add_parser("serve", help="an OpenAI-compatible server (completions and chat completions)")
+    sv.add_argument("card", help="a card name (see `linnet cards`), a .linnet file, or a checkpoint path")
+    sv.add_argument("--batch", type=int, default=8, help="cache rows: requests in flight")
+    sv.add_argument("--max-seq", type=int, default=2048, help="positions per row: prompt plus completion")
+    sv.add_argument("--backend", choices=["torch", "jax"], default="torch")
+    sv.add_argument("--device", default=None, help="torch device (default: cuda when present)")
+    sv.add_argument("--dtype", choices=["f32", "bf16", "f16"], default="f32", help="the element type T")
+    sv.add_argument("--numerics", choices=["exact", "fast"], default="fast")
+    sv.add_argument("--weights", default=None, help="a checkpoint path, or 'random'")
+    sv.add_argument("--token-budget", type=int, default=None, help="most tokens in one pass")
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--name", default=None, help="the model name clients send (default: the card's)")
+    sv.set_defaults(run=cmd_serve)
     return p
 
 

@@ -87,14 +87,17 @@ class Engine:
 
     # ------------------------------------------------------------ submitting
 
-    def submit(self, req: Request) -> Completion:
-        """Queues a request; raises `RequestError` at once if it can never run."""
+    def submit(self, req: Request, listener=None) -> Completion:
+        """Queues a request; raises `RequestError` at once if it can never run.
+
+        `listener`, an (event loop, asyncio.Queue) pair, is told of every new token and of the end.
+        """
         req.validate(self.vocab, self.max_seq)
         if req.stop and self.tokenizer is None:
             raise RequestError(f"{req.id}: stop strings need a tokenizer, and this model has none")
         comp = Completion(req, submitted_at=time.perf_counter())
         seed = req.seed if req.seed is not None else self.rng.getrandbits(31)
-        item = _Live(req, comp, -1, seed, list(req.prompt))
+        item = _Live(req, comp, -1, seed, list(req.prompt), listeners=[listener] if listener else [])
         with self.lock:
             self.waiting.append(item)
             self.stats.prompt_tokens += len(req.prompt)
@@ -402,28 +405,29 @@ class Engine:
                 self.free_rows = list(range(self.rows))
                 self.row_tokens = [[] for _ in range(self.rows)]
 
-    async def stream(self, req: Request):
-        """Submits `req` and yields (new token ids, finish_reason or None) as they come."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue = asyncio.Queue()
-        comp = self.submit_with_listener(req, loop, queue)
+    def stream(self, req: Request) -> "TokenStream":
+        """Submits `req` (from a coroutine); iterate the result for (new token ids, finish_reason or None)."""
+        return TokenStream(self, req)
+
+
+class TokenStream:
+    """One request's tokens as they come; `completion` holds the whole result. Leaving early cancels it."""
+
+    def __init__(self, engine: Engine, req: Request):
+        self.engine = engine
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.completion = engine.submit(req, listener=(asyncio.get_running_loop(), self.queue))
+
+    async def __aiter__(self):
         seen = 0
         try:
             while True:
-                tokens, reason = await queue.get()
+                tokens, reason = await self.queue.get()
                 if len(tokens) > seen or reason is not None:
                     yield tokens[seen:], reason
                     seen = len(tokens)
                 if reason is not None:
                     return
         finally:
-            if comp.finish_reason is None:
-                self.cancel(req.id)
-
-    def submit_with_listener(self, req: Request, loop, queue) -> Completion:
-        comp = self.submit(req)
-        with self.lock:
-            for x in self.waiting:
-                if x.comp is comp:
-                    x.listeners.append((loop, queue))
-        return comp
+            if self.completion.finish_reason is None:
+                self.engine.cancel(self.completion.id)

@@ -6,6 +6,7 @@ the card needs that the checkpoint lacks, a truncated file, a dtype mismatch wit
 cast_dtype, and unused tensors (reported once, not dropped silently).
 """
 
+import copy
 import json
 import shutil
 import warnings
@@ -143,8 +144,7 @@ def test_corrupt_header(ckpt_dir):
 def test_dtype_mismatch_needs_cast_dtype(tiny_hf, tmp_path):
     hf_model, _ = tiny_hf
     path = tmp_path / "bf16"
-    hf_model.to(torch.bfloat16).save_pretrained(path, max_shard_size="150KB")
-    hf_model.float()
+    copy.deepcopy(hf_model).to(torch.bfloat16).save_pretrained(path, max_shard_size="150KB")
     with pytest.raises(WeightsError) as e:
         load(path)
     msg = str(e.value)
