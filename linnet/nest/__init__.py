@@ -15,8 +15,20 @@ Submodules, each with one job:
 """
 
 from .errors import TokenizerError, WeightsError
-from .load import load
-from .model import LoadedModel
-from .registry import card, cards
+
+# Loading pulls in torch; `linnet check` and `linnet compile --backend jax` must not need it,
+# so the loading names are imported on first use.
+_LAZY = {"load": ".load", "LoadedModel": ".model", "card": ".registry", "cards": ".registry"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = ["LoadedModel", "TokenizerError", "WeightsError", "card", "cards", "load"]
