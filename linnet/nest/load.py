@@ -45,14 +45,12 @@ from linnet.frontend import load_file, load_source
 from linnet.ir.nodes import Module
 from linnet.ir.specialize import specialize
 from linnet.nest import registry
-from linnet.nest.bind import bind_weights, check_checkpoint
 from linnet.nest.checkpoint import Checkpoint, GGUFCheckpoint, open_checkpoint
 from linnet.nest.embedded import EMBEDDED_INSTALL, embedded_gguf_path
 from linnet.nest.errors import WeightsError
 from linnet.nest.locate import find_weights, is_model_dir, weights_not_found_message
 from linnet.nest.model import LoadedModel
 from linnet.nest.progress import Progress
-from linnet.nest.random_weights import random_weights
 
 BACKENDS = {"torch": "torch", "jax": "jax", "jax_model": "jax"}
 EMBEDDED_CARD = "smollm2-135m-instruct"
@@ -81,6 +79,8 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
 
     info: dict = {}
     if isinstance(weights, str) and weights == "random":
+        from linnet.nest.random_weights import random_weights
+
         params = random_weights(spec, seed=seed, device=bind_device)
         source = "random"
     else:
@@ -175,13 +175,13 @@ def find_card_weights(card_name: str, module: Module, raise_missing: bool = Fals
 
 def _read(module: Module, ckpt: Checkpoint, cast_dtype: bool, device: str, progress: bool | None):
     """({param: tensor}, unused checkpoint tensors), after checking every header against the card."""
+    from linnet.nest.bind import bind_weights, check_checkpoint, checkpoint_names  # torch: only when loading
+
     fmt = "gguf" if ckpt.format == "gguf" else "hf"
     unused = check_checkpoint(module, ckpt, fmt, cast_dtype)
     if unused:
         warnings.warn(f"{ckpt.path}: {len(unused)} checkpoint tensor(s) not used by the card: "
                       f"{', '.join(unused[:8])}{' ...' if len(unused) > 8 else ''}", stacklevel=3)
-    from linnet.nest.bind import checkpoint_names
-
     total = sum(len(v) for v in checkpoint_names(module, fmt).values())
     bar = Progress(f"loading {Path(ckpt.path).name}", total=total, enabled=progress)
 
