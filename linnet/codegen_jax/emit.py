@@ -10,7 +10,7 @@ from linnet.codegen_common import (entry_dim_sources, param_table, rope_key, rop
                                    state_table, tied_params)
 from linnet.ir import nodes as ir
 from linnet.ir.passes import inline_calls
-from linnet.ir.types import NoneType
+from linnet.ir.types import NoneType, ScalarType
 from linnet.pyemit import PythonEmitter
 
 JNP_DTYPES = {"f32": "jnp.float32", "bf16": "jnp.bfloat16", "f16": "jnp.float16", "i32": "jnp.int32",
@@ -35,6 +35,8 @@ class _JaxEmitter(PythonEmitter):
     def module_source(self) -> str:
         m = self.module
         self.header("JAX functions")
+        self.line("import math")
+        self.line("")
         self.line("import jax")
         self.line("import jax.numpy as jnp")
         self.line("")
@@ -116,10 +118,12 @@ class _JaxEmitter(PythonEmitter):
         return f"jnp.where({self.expr(k['cond'])}, {self.expr(k['a'])}, {self.expr(k['b'])})"
 
     def op_maximum(self, v, k):
-        return f"jnp.maximum({self.expr(k['a'])}, {self.expr(k['b'])})"
+        fn = "max" if isinstance(v.type, ScalarType) else "jnp.maximum"
+        return f"{fn}({self.expr(k['a'])}, {self.expr(k['b'])})"
 
     def op_minimum(self, v, k):
-        return f"jnp.minimum({self.expr(k['a'])}, {self.expr(k['b'])})"
+        fn = "min" if isinstance(v.type, ScalarType) else "jnp.minimum"
+        return f"{fn}({self.expr(k['a'])}, {self.expr(k['b'])})"
 
     def op_and(self, v, k):
         return f"jnp.logical_and({self.expr(k['a'])}, {self.expr(k['b'])})"
@@ -198,5 +202,7 @@ class _JaxEmitter(PythonEmitter):
     def __getattr__(self, name):
         if name.startswith("op_") and name[3:] in UNARY:
             fn = UNARY[name[3:]]
-            return lambda v, k: f"{fn}({self.expr(k['x'])})"
+            # A static number (a config value) takes Python's math, not the tensor library's.
+            return lambda v, k: (f"math.{name[3:]}({self.expr(k['x'])})" if isinstance(v.type, ScalarType)
+                                 else f"{fn}({self.expr(k['x'])})")
         raise AttributeError(name)

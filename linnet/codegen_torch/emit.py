@@ -6,7 +6,7 @@ from linnet.codegen_common import (entry_dim_sources, param_table, rope_key, rop
                                    state_table, tied_params)
 from linnet.ir import nodes as ir
 from linnet.ir.passes import inline_calls
-from linnet.ir.types import NoneType, TensorType
+from linnet.ir.types import NoneType, ScalarType, TensorType
 from linnet.pyemit import PythonEmitter
 
 TORCH_DTYPES = {"f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.float16", "i32": "torch.int32",
@@ -31,6 +31,8 @@ class _TorchEmitter(PythonEmitter):
     def module_source(self) -> str:
         m = self.module
         self.header("PyTorch module")
+        self.line("import math")
+        self.line("")
         self.line("import torch")
         self.line("import torch.nn.functional as F")
         self.line("")
@@ -120,10 +122,19 @@ class _TorchEmitter(PythonEmitter):
         return f"torch.where({self.expr(k['cond'])}, {self.expr(k['a'])}, {self.expr(k['b'])})"
 
     def op_maximum(self, v, k):
-        return f"torch.maximum({self.expr(k['a'])}, {self.expr(k['b'])})"
+        return self._extremum(v, k, "max", "maximum", "min")
 
     def op_minimum(self, v, k):
-        return f"torch.minimum({self.expr(k['a'])}, {self.expr(k['b'])})"
+        return self._extremum(v, k, "min", "minimum", "max")
+
+    def _extremum(self, v, k, python, tensors, bound):
+        a, b = k["a"], k["b"]
+        if isinstance(v.type, ScalarType):
+            return f"{python}({self.expr(a)}, {self.expr(b)})"
+        if isinstance(a.type, ScalarType) or isinstance(b.type, ScalarType):  # torch.maximum takes tensors only
+            t, s = (b, a) if isinstance(a.type, ScalarType) else (a, b)
+            return f"torch.clamp({self.expr(t)}, {bound}={self.expr(s)})"
+        return f"torch.{tensors}({self.expr(a)}, {self.expr(b)})"
 
     def op_and(self, v, k):
         return f"torch.logical_and({self.expr(k['a'])}, {self.expr(k['b'])})"
@@ -202,5 +213,7 @@ class _TorchEmitter(PythonEmitter):
     def __getattr__(self, name):
         if name.startswith("op_") and name[3:] in UNARY:
             fn = UNARY[name[3:]]
-            return lambda v, k: f"{fn}({self.expr(k['x'])})"
+            # A static number (a config value) takes Python's math, not the tensor library's.
+            return lambda v, k: (f"math.{name[3:]}({self.expr(k['x'])})" if isinstance(v.type, ScalarType)
+                                 else f"{fn}({self.expr(k['x'])})")
         raise AttributeError(name)
