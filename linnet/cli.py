@@ -123,13 +123,12 @@ def cmd_generate(args) -> int:
         print(f"linnet: note: generating at most {max_new} tokens (--max-seq {model.max_seq})", file=sys.stderr)
 
     engine = Engine(model, seed=args.seed or 0)
-    if model.backend == "jax" or model.compile:  # compile (XLA) or capture (CUDA graphs) before the clock starts
-        bar = Progress(f"compiling {model.card}")
-        engine.runner.warmup([len(ids)])
-        model.reset()
-        bar.close()
     req = Request(prompt=ids, max_new_tokens=max_new, temperature=args.temperature, top_p=args.top_p,
                   seed=args.seed)
+    if model.backend == "jax" or model.compile:  # compile (XLA) or capture (CUDA graphs) before the clock starts
+        bar = Progress(f"compiling {model.card} ({model.backend})")
+        _warm_up(engine, req)
+        bar.close()
     decoder = tok.incremental_decoder(skip_special_tokens=True)
     out = sys.stdout
     start = time.perf_counter()
@@ -153,6 +152,21 @@ def cmd_generate(args) -> int:
     print(f"[{n} tokens in {seconds:.2f} s: {n / seconds if seconds else 0.0:.1f} tokens/s; prompt {len(ids)} "
           f"tokens, first token after {first:.2f} s; {model.backend}, {model.dtype}]", file=sys.stderr)
     return 0
+
+
+def _warm_up(engine, req) -> None:
+    """What one prompt's run compiles: its prefill pass, decode, and its sampler, and no other pass size
+    (`Engine.warmup` prepares every pass size a server may meet)."""
+    import numpy as np
+
+    from linnet.serve.sampling import SamplingBatch
+
+    runner, rows = engine.runner, engine.rows
+    packed = runner.overhead + runner.chunk_cost(len(req.prompt))
+    runner.warmup([min(engine.token_budget, packed)])
+    logits = runner.decode(np.zeros(rows, np.int32), np.full(rows, engine.max_seq - 1, np.int32))
+    runner.sample(logits, SamplingBatch.of([req] * rows, [0] * rows, [0] * rows))
+    engine.model.reset()
 
 
 class _UsageError(Exception):

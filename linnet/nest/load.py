@@ -90,7 +90,7 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
         params, info["unused_tensors"] = _read(spec, ckpt, cast_dtype, bind_device, progress)
         source = ckpt.path
 
-    bar = Progress(f"compiling {card_name} for {kind}", enabled=progress)
+    bar = Progress(f"generating {kind} code for {card_name}", enabled=progress)
     if kind == "torch":
         from linnet.codegen_torch.emit import generate
     else:

@@ -36,7 +36,7 @@ class Progress:
     def close(self, note: str = "") -> None:
         if self.enabled:
             self.done = max(self.done, self.total)
-            self._draw(note or f"{time.perf_counter() - self.start:.1f}s")
+            self._draw(note or (f"{time.perf_counter() - self.start:.1f}s" if self.total else "done"))
             self.stream.write("\n")
             self.stream.flush()
 
