@@ -3,9 +3,9 @@
 The load: 64 requests of 32 to 128 random prompt tokens (random.Random(0)), 16 in
 flight, 32 new tokens each, no end token, on SmolLM2-135M-Instruct (the
 embedded GGUF's weights, dequantized). transformers runs the same prompts with
-batched `generate` in f32, 16 at a time, left-padded. llama.cpp joins when
-llama-cpp-python is installed. Then one request (128 prompt tokens, 128 new)
-for the single-stream decode rate. Prints tokens/s and the ratios.
+batched `generate` in f32, 16 at a time, left-padded. Then one request (128
+prompt tokens, 128 new) for the single-stream rate. Prints tokens/s and the
+ratios. (llama.cpp, the issue's other peer, is not wired in yet.)
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import random
 import statistics
 import time
 
-import numpy as np
 import torch
 
 from linnet import nest
@@ -28,6 +27,36 @@ CARD = "smollm2-135m-instruct"
 def load_prompts(n: int, lo: int, hi: int, vocab: int) -> list:
     rng = random.Random(0)
     return [[rng.randrange(100, min(vocab, 20000)) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+def linnet_single(backend: str, dtype: str, prompt: list, new: int, repeats: int) -> float:
+    """Decode tokens/s of one request: tokens after the first over the time after the first."""
+    model = nest.load(CARD, backend=backend, numerics="fast", cast_dtype=True, tokenizer=False,
+                      generics={"Batch": 1, "MaxSeq": len(prompt) + new, "T": dtype})
+    engine = Engine(model)
+    engine.warmup([len(prompt)])
+    rates = []
+    for _ in range(repeats):
+        model.reset()
+        done, stats = engine.run([Request(prompt=prompt, max_new_tokens=new, ignore_eos=True)])
+        c = done[0]
+        rates.append((len(c.tokens) - 1) / (c.token_times[-1] - c.first_token_at))
+    return statistics.median(rates)
+
+
+def transformers_single(ref, prompt: list, new: int, repeats: int) -> float:
+    ids = torch.tensor([prompt])
+    rates = []
+    for _ in range(repeats):
+        with torch.inference_mode():
+            start = time.perf_counter()
+            ref.generate(input_ids=ids, max_new_tokens=1, do_sample=False, pad_token_id=0)
+            first = time.perf_counter() - start
+            start = time.perf_counter()
+            ref.generate(input_ids=ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+            total = time.perf_counter() - start
+        rates.append((new - 1) / (total - first))
+    return statistics.median(rates)
 
 
 def linnet_run(backend: str, dtype: str, prompts: list, rows: int, new: int, repeats: int) -> tuple[float, float]:
@@ -87,20 +116,13 @@ def transformers_run(ref, prompts: list, rows: int, new: int, repeats: int) -> f
     return statistics.median(rates)
 
 
-def llama_cpp_run(prompts, rows, new):
-    try:
-        import llama_cpp  # noqa: F401
-    except ImportError:
-        return None
-    return None  # batched llama.cpp needs an F16 GGUF written from these weights: not wired yet
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--new", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3, help="runs per system; the median is printed")
+    parser.add_argument("--no-single", action="store_true", help="skip the one-request measurement")
     parser.add_argument("--only", nargs="*", help="subset: torch-f32 torch-bf16 jax-f32 jax-bf16 transformers")
     args = parser.parse_args()
     prompts = load_prompts(args.requests, 32, 128, 49152)
@@ -126,6 +148,20 @@ def main():
             print(f"  {name:20s} {rate / base:5.2f}x")
     if "linnet torch f32" in results and "linnet jax f32" in results:
         print(f"  jax / torch (f32): {results['linnet jax f32'] / results['linnet torch f32']:.2f}x")
+    if args.no_single:
+        return
+    prompt = load_prompts(1, 128, 128, 49152)[0]
+    print("one request, 128 prompt tokens, 128 new: decode tokens/s")
+    single = {}
+    if "transformers" in systems:
+        single["transformers f32"] = transformers_single(ref, prompt, 128, args.repeats)
+        print(f"  transformers f32    {single['transformers f32']:8.1f} tokens/s", flush=True)
+    for system in systems:
+        if system == "transformers":
+            continue
+        backend, dtype = system.split("-")
+        single[system] = linnet_single(backend, dtype, prompt, 128, args.repeats)
+        print(f"  linnet {backend:5s} {dtype:4s}  {single[system]:8.1f} tokens/s", flush=True)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from linnet.ir import nodes as ir
-from linnet.ir.dims import Dim, Quotient
+from linnet.ir.dims import Dim
 from linnet.ir.types import GENERIC_DTYPE, ScalarType, TensorType
 
 ATOM, POSTFIX, POWER, UNARY, MUL, ADD, CMP, NOT, AND, OR, IF = 100, 90, 80, 70, 60, 50, 40, 30, 20, 10, 5
@@ -164,6 +164,49 @@ class PythonEmitter:
             self.line(f"{name} = {b[name]!r}")
         self.line(f"Batch = {b['Batch']}")
         self.line(f"MaxSeq = {b['MaxSeq']}")
+
+    def tables(self):
+        """PARAMS, TIED and STATE: what the runtime's model class binds and allocates."""
+        from linnet.codegen_common import param_table, state_table, tied_params
+
+        m = self.module
+        self.line("# Each param's shape and element type; stacked params lead with their loop count.")
+        self.line("PARAMS = {")
+        for name, shape, dtype in param_table(m):
+            self.line(f"    {name!r}: ({shape}, {dtype!r}),")
+        self.line("}")
+        self.line(f"TIED = {tied_params(m)!r}")
+        self.line("STATE = {")
+        for name, shape, dtype in state_table(m):
+            self.line(f"    {name!r}: ({shape}, {dtype!r}),")
+        self.line("}")
+
+    # ------------------------------------------------------------ ops both runtimes spell alike (rt.*)
+
+    def op_softmax(self, v, k):
+        return f"rt.softmax({self.expr(k['x'])}, {self.axis(k.get('axis'))})"
+
+    def op_rmsnorm(self, v, k):
+        return f"rt.rmsnorm({self.expr(k['x'])}, {self.expr(k['weight'])}, {self.expr(k['eps']) if 'eps' in k else '1e-6'})"
+
+    def op_rope(self, v, k):
+        return f"rt.rope({self.expr(k['x'])}, {self.expr(k['positions'])}, {self.rope_table(v)})"
+
+    def op_attention(self, v, k):
+        args = [self.expr(k["q"]), self.expr(k["k_cache"]), self.expr(k["v_cache"]), self.expr(k["positions"])]
+        if "rows" in k and not self.is_iota_rows(k["rows"]):
+            args.append(f"rows={self.expr(k['rows'])}")
+        for name in ("window", "sinks", "scale"):
+            if name in k:
+                args.append(f"{name}={self.expr(k[name])}")
+        args.append("fast=FAST")
+        return f"rt.attention({', '.join(args)})"
+
+    def op_reshape(self, v, k):
+        return f"{self.paren(k['x'], POSTFIX - 1)}.reshape({self.dims(v.dims)})"
+
+    def op_topk(self, v, k):
+        return f"rt.topk({self.expr(k['x'])}, {self.dims(v.dims)})"
 
     def header(self, what: str):
         m = self.module

@@ -6,8 +6,7 @@ Each entry becomes `entry(params, state, *args) -> (result, state)`; the state
 
 from __future__ import annotations
 
-from linnet.codegen_common import (entry_dim_sources, param_table, rope_key, rope_table_args, rope_tables,
-                                   state_table, tied_params)
+from linnet.codegen_common import entry_dim_sources, rope_key, rope_table_args, rope_tables
 from linnet.ir import nodes as ir
 from linnet.ir.passes import inline_calls
 from linnet.ir.types import NoneType, ScalarType
@@ -45,16 +44,7 @@ class _JaxEmitter(PythonEmitter):
         self.config_lines()
         self.line(f"FAST = {m.bindings['numerics'] == 'fast'}")
         self.line("")
-        self.line("# Each param's shape and element type; stacked params lead with their loop count.")
-        self.line("PARAMS = {")
-        for name, shape, dtype in param_table(m):
-            self.line(f"    {name!r}: ({shape}, {dtype!r}),")
-        self.line("}")
-        self.line(f"TIED = {tied_params(m)!r}")
-        self.line("STATE = {")
-        for name, shape, dtype in state_table(m):
-            self.line(f"    {name!r}: ({shape}, {dtype!r}),")
-        self.line("}")
+        self.tables()
         if self.ropes:
             self.line("")
             self.line("# Rotary tables (cos, sin) for every position, computed once.")
@@ -153,27 +143,8 @@ class _JaxEmitter(PythonEmitter):
     def op_argmax(self, v, k):
         return self._reduce(v, k, "jnp.argmax") + ".astype(jnp.int32)"
 
-    def op_softmax(self, v, k):
-        return f"rt.softmax({self.expr(k['x'])}, {self.axis(k.get('axis'))})"
-
-    def op_rmsnorm(self, v, k):
-        return f"rt.rmsnorm({self.expr(k['x'])}, {self.expr(k['weight'])}, {self.expr(k['eps']) if 'eps' in k else '1e-6'})"
-
-    def op_rope(self, v, k):
-        return f"rt.rope({self.expr(k['x'])}, {self.expr(k['positions'])}, {self.ropes[rope_key(v, self.module)].upper()})"
-
-    def op_attention(self, v, k):
-        args = [self.expr(k["q"]), self.expr(k["k_cache"]), self.expr(k["v_cache"]), self.expr(k["positions"])]
-        if "rows" in k and not self.is_iota_rows(k["rows"]):
-            args.append(f"rows={self.expr(k['rows'])}")
-        for name in ("window", "sinks", "scale"):
-            if name in k:
-                args.append(f"{name}={self.expr(k[name])}")
-        args.append("fast=FAST")
-        return f"rt.attention({', '.join(args)})"
-
-    def op_reshape(self, v, k):
-        return f"{self.paren(k['x'], 89)}.reshape({self.dims(v.dims)})"
+    def rope_table(self, v) -> str:
+        return self.ropes[rope_key(v, self.module)].upper()
 
     def op_transpose(self, v, k):
         return f"jnp.transpose({self.expr(k['x'])}, ({', '.join(str(a.value) for a in v.args)},))"
@@ -192,9 +163,6 @@ class _JaxEmitter(PythonEmitter):
 
     def op_zeros(self, v, k):
         return f"jnp.zeros(({self.dims(v.dims)},), dtype={JNP_DTYPES[self.dtype_of(v.type)]})"
-
-    def op_topk(self, v, k):
-        return f"rt.topk({self.expr(k['x'])}, {self.dims(v.dims)})"
 
     def op_copy_rows(self, v, k):
         return f"rt.copy_rows({self.expr(k['cache'])}, {self.expr(k['src'])}, {self.expr(k['dst'])}, {self.expr(k['upto'])})"

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from linnet.codegen_common import (entry_dim_sources, param_table, rope_key, rope_table_args, rope_tables,
-                                   state_table, tied_params)
+from linnet.codegen_common import entry_dim_sources, rope_key, rope_table_args, rope_tables
 from linnet.ir import nodes as ir
 from linnet.ir.passes import inline_calls
 from linnet.ir.types import NoneType, ScalarType, TensorType
@@ -41,16 +40,7 @@ class _TorchEmitter(PythonEmitter):
         self.config_lines()
         self.line(f"FAST = {m.bindings['numerics'] == 'fast'}")
         self.line("")
-        self.line("# Each param's shape and element type; stacked params lead with their loop count.")
-        self.line("PARAMS = {")
-        for name, shape, dtype in param_table(m):
-            self.line(f"    {name!r}: ({shape}, {dtype!r}),")
-        self.line("}")
-        self.line(f"TIED = {tied_params(m)!r}")
-        self.line("STATE = {")
-        for name, shape, dtype in state_table(m):
-            self.line(f"    {name!r}: ({shape}, {dtype!r}),")
-        self.line("}")
+        self.tables()
         self.line("")
         self.line("")
         self.line("class Model(rt.TorchModel):")
@@ -164,27 +154,8 @@ class _TorchEmitter(PythonEmitter):
     def op_argmax(self, v, k):
         return self._reduce(v, k, "argmax") + ".to(torch.int32)"
 
-    def op_softmax(self, v, k):
-        return f"rt.softmax({self.expr(k['x'])}, {self.axis(k.get('axis'))})"
-
-    def op_rmsnorm(self, v, k):
-        return f"rt.rmsnorm({self.expr(k['x'])}, {self.expr(k['weight'])}, {self.expr(k['eps']) if 'eps' in k else '1e-6'})"
-
-    def op_rope(self, v, k):
-        return f"rt.rope({self.expr(k['x'])}, {self.expr(k['positions'])}, self.{self.ropes[rope_key(v, self.module)]})"
-
-    def op_attention(self, v, k):
-        args = [self.expr(k["q"]), self.expr(k["k_cache"]), self.expr(k["v_cache"]), self.expr(k["positions"])]
-        if "rows" in k and not self.is_iota_rows(k["rows"]):
-            args.append(f"rows={self.expr(k['rows'])}")
-        for name in ("window", "sinks", "scale"):
-            if name in k:
-                args.append(f"{name}={self.expr(k[name])}")
-        args.append("fast=FAST")
-        return f"rt.attention({', '.join(args)})"
-
-    def op_reshape(self, v, k):
-        return f"{self.paren(k['x'], 89)}.reshape({self.dims(v.dims)})"
+    def rope_table(self, v) -> str:
+        return f"self.{self.ropes[rope_key(v, self.module)]}"
 
     def op_transpose(self, v, k):
         return f"{self.paren(k['x'], 89)}.permute({', '.join(str(a.value) for a in v.args)})"
@@ -203,9 +174,6 @@ class _TorchEmitter(PythonEmitter):
 
     def op_zeros(self, v, k):
         return f"torch.zeros(({self.dims(v.dims)},), dtype={TORCH_DTYPES[self.dtype_of(v.type)]}, device=self.device)"
-
-    def op_topk(self, v, k):
-        return f"rt.topk({self.expr(k['x'])}, {self.dims(v.dims)})"
 
     def op_copy_rows(self, v, k):
         return f"rt.copy_rows_({self.expr(k['cache'])}.clone(), {self.expr(k['src'])}, {self.expr(k['dst'])}, {self.expr(k['upto'])})"

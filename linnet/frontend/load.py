@@ -6,7 +6,6 @@ from importlib import resources
 from pathlib import Path
 
 from linnet.errors import LinnetError, Loc
-from linnet.frontend import ast
 from linnet.frontend.check import check
 from linnet.frontend.parser import parse
 from linnet.ir.nodes import Module

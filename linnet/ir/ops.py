@@ -12,7 +12,7 @@ from typing import Callable
 from linnet.errors import LinnetError, Loc
 from linnet.ir.dims import Dim
 from linnet.ir.nodes import Const, Slice, Value
-from linnet.ir.types import (BOOL, DTYPES, FLOAT, INT, STR, ScalarType, TensorType, TupleType, is_float, is_int,
+from linnet.ir.types import (BOOL, DTYPES, FLOAT, INT, ScalarType, TensorType, TupleType, is_float, is_int,
                              shape_str)
 
 Infer = Callable[..., object]
@@ -169,7 +169,7 @@ def _unary(name: str, float_only: bool):
         if name == "not" and t.dtype != "bool":
             raise _err(loc, f"`not` needs a bool tensor, not {t}")
         if float_only and not is_float(t.dtype):
-            raise _err(loc, f"`{name}` needs a float tensor, not {t}", f"convert it first: `x as f32`")
+            raise _err(loc, f"`{name}` needs a float tensor, not {t}", "convert it first: `x as f32`")
         return t
 
     return infer
