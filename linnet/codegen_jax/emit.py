@@ -60,6 +60,8 @@ class _JaxEmitter(PythonEmitter):
         self.line("")
         self.line("params, tied, state = PARAMS, TIED, STATE")
         self.line(f"entries = {{{', '.join(f'{n!r}: {n}' for n in m.entries)}}}")
+        stacked = tuple(p.name for p in m.params.values() if p.loop_var)
+        self.line(f"stacked = {stacked!r}  # params with one array per layer")
         self.line("fast = FAST")
         self.depth -= 1
         return self.source()

@@ -178,6 +178,7 @@ class JaxModel:
     tied: dict = {}
     state: dict = {}
     entries: dict = {}
+    stacked: tuple = ()  # params declared in a loop: kept as one array per layer (see below)
     fast: bool = False
 
     def __init__(self, weights: dict, device=None, consume: bool = False):
@@ -204,6 +205,11 @@ class JaxModel:
                 raise ValueError(f"param `{name}` must be {list(shape)}, but the weights given are {list(a.shape)}")
             if a.dtype != DTYPES[dtype]:
                 raise TypeError(f"param `{name}` must be {dtype}, but the weights given are {a.dtype}")
+            if name in self.stacked:
+                # XLA's CPU backend copies a static slice of a parameter (`wq[l]`) before a dot,
+                # which costs a pass over every weight per step; a list of per-layer arrays
+                # reads the same in the generated code (`params["wq"][l]`) and is not copied.
+                a = [a[i] for i in range(a.shape[0])]
             arrays[name] = a
         for name, other in self.tied.items():
             arrays[name] = arrays[other]
