@@ -97,11 +97,8 @@ def _segments(rows: torch.Tensor, positions: torch.Tensor):
 def _attend_row(q, keys, values, positions, window, sinks, scale, fast):
     """q[m, h, d] of one row against keys/values[1, L, kvh, d] of that row."""
     m, heads, head_dim = q.shape
-    length, kv_heads = keys.shape[1], keys.shape[2]
-    span = torch.arange(length, device=q.device)
-    visible = span[None, :] <= positions[:, None].long()
-    if window:
-        visible &= span[None, :] > positions[:, None].long() - window
+    kv_heads = keys.shape[2]
+    visible = _visible(positions, keys.shape[1], window)
     if fast and sinks is None:
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1)[None], keys[0].transpose(0, 1)[None], values[0].transpose(0, 1)[None],
@@ -116,6 +113,16 @@ def _attend_row(q, keys, values, positions, window, sinks, scale, fast):
     return out.reshape(m, heads, values.shape[-1]).to(q.dtype)
 
 
+def _visible(positions: torch.Tensor, length: int, window: int) -> torch.Tensor:
+    """[n, length] bool: key j is seen by token i when j <= positions[i] (and within the window)."""
+    span = torch.arange(length, device=positions.device)
+    pos = positions[:, None].long()
+    visible = span[None, :] <= pos
+    if window:
+        visible &= span[None, :] > pos - window
+    return visible
+
+
 def _softmax_with_sinks(scores, sinks, kv_heads, group):
     """Softmax over the keys; a sink adds one more logit per head to the denominator only."""
     if sinks is None:
@@ -127,11 +134,8 @@ def _softmax_with_sinks(scores, sinks, kv_heads, group):
 def _attend(q, keys, values, positions, window, sinks, scale, fast):
     """q[n, h, d] against keys/values[n, S, kvh, d], one cache row per token."""
     n, heads, head_dim = q.shape
-    seq, kv_heads = keys.shape[1], keys.shape[2]
-    span = torch.arange(seq, device=q.device)
-    visible = span[None, :] <= positions[:, None].long()
-    if window:
-        visible &= span[None, :] > positions[:, None].long() - window
+    kv_heads = keys.shape[2]
+    visible = _visible(positions, keys.shape[1], window)
     if fast and sinks is None:
         out = F.scaled_dot_product_attention(
             q[:, :, None, :], keys.transpose(1, 2), values.transpose(1, 2),
