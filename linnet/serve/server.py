@@ -188,4 +188,7 @@ def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, **engine_
     import uvicorn
 
     engine = Engine(model, **engine_options)
+    start = time.perf_counter()
+    engine.warmup()  # every pass size the engine will use, compiled before the first request
+    print(f"linnet: {name} ready in {time.perf_counter() - start:.0f} s (warmup)", flush=True)
     uvicorn.run(OpenAIServer(engine, name), host=host, port=port, log_level="info")
