@@ -37,6 +37,8 @@ class _Live:
     tokens: list  # prompt + generated
     cached: int = 0  # positions of the row holding this request's tokens
     leader: "_Live | None" = None  # a request prefilling the same prompt, to copy from once it has
+    share: int = 0  # how many prompt tokens to copy from the leader
+    copy_from: tuple | None = None  # (row, tokens): a prefix to copy from another row before the next pass
     text_len: int = 0
     listeners: list = field(default_factory=list)
 
@@ -203,23 +205,23 @@ class Engine:
                 leader, best = other, n
         if leader is not None:
             item.leader = leader
-            item.comp.__dict__["_share"] = best
+            item.share = best
         elif best_row >= 0:
-            item.comp.__dict__["_copy"] = (best_row, best)
+            item.copy_from = (best_row, best)
 
     def _copy_shared(self):
         copies = []
         for item in self.live:
             if item.leader is not None:
-                leader, n = item.leader, item.comp.__dict__["_share"]
+                leader, n = item.leader, item.share
                 if leader.comp.finish_reason is not None or leader.cached >= n:
                     item.leader = None
                     src_tokens = self.row_tokens[leader.row]
                     n = min(n, common_prefix(src_tokens, item.req.prompt))
                     if n >= self._worth(item.req.prompt) and n > item.cached:
                         copies.append((leader.row, item, n))
-            elif "_copy" in item.comp.__dict__:
-                row, n = item.comp.__dict__.pop("_copy")
+            elif item.copy_from is not None:
+                (row, n), item.copy_from = item.copy_from, None
                 n = min(n, common_prefix(self.row_tokens[row], item.req.prompt))
                 if n > item.cached:
                     copies.append((row, item, n))
@@ -342,10 +344,9 @@ class Engine:
         if x.comp.text is None and self.tokenizer is not None:
             x.comp.text = self.tokenizer.decode(x.generated, skip_special_tokens=True)
         self.live.remove(x)
+        # The row keeps what x cached: a follower of x copies it on the next step, unless the row
+        # is taken first, in which case the follower copies only what is still valid (_copy_shared).
         self.free_rows.append(x.row)
-        for other in self.live:
-            if other.leader is x:
-                pass  # it copies what x cached (its row keeps it) on the next step
 
     def _drop_cancelled(self):
         if not self.cancelled:
@@ -363,7 +364,7 @@ class Engine:
                 for other in self.live:
                     if other.leader is x:
                         other.leader = None
-                        other.comp.__dict__.pop("_share", None)
+                        other.share = 0
                 self._notify(x)
         self.cancelled.clear()
 
