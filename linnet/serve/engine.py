@@ -298,10 +298,8 @@ class Engine:
     def _sample(self, logits, items: list, logit_rows: list):
         batch = SamplingBatch.of([x.req for x in items], [x.seed for x in items],
                                  [len(x.generated) for x in items])
-        if logit_rows != list(range(len(items))):
-            logits = logits[np.asarray(logit_rows)]
         histories = [(x.req.prompt, x.generated) for x in items] if batch.penalties else None
-        out = self.runner.sample(logits, batch, histories)
+        out = self.runner.sample(logits, batch, histories, logit_rows)
         now = time.perf_counter()
         for i, x in enumerate(items):
             token = int(out.tokens[i])

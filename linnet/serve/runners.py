@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from linnet.serve.sampling import SamplingBatch, pad_to
+from linnet.serve.sampling import SamplingBatch, place
 
 
 def bucket(n: int, smallest: int = 16) -> int:
@@ -32,11 +32,12 @@ class Sampled:
         self.top_ids = top_ids
 
 
-def penalty_arrays(histories: list, vocab: int, k: int):
-    """seen (prompt and output) and counts (output only) for each sampled row, padded to k rows."""
+def penalty_arrays(histories: list, vocab: int, k: int, rows=None):
+    """seen (prompt and output) and counts (output only) of each sampled request, in k rows:
+    request i in row rows[i] (default: row i)."""
     seen = np.zeros((k, vocab), dtype=bool)
     counts = np.zeros((k, vocab), dtype=np.int32)
-    for i, (prompt, output) in enumerate(histories):
+    for i, (prompt, output) in zip(rows if rows is not None else range(len(histories)), histories):
         seen[i, prompt] = True
         if output:
             seen[i, output] = True
@@ -110,15 +111,17 @@ class TorchRunner:
     def copy_rows(self, src, dst, upto):
         self.model.copy_rows(self._t(src), self._t(dst), self._t(upto))
 
-    def sample(self, logits, batch: SamplingBatch, histories=None) -> Sampled:
+    def sample(self, logits, batch: SamplingBatch, histories=None, rows=None) -> Sampled:
+        """Draws for request i from logits row rows[i] (default: row i)."""
         from linnet.serve.sampling_torch import sample
 
         k = len(batch.temperature)
+        logits = logits[:k] if rows is None else logits[self._t(np.asarray(rows, np.int64))]
         seen = counts = None
         if batch.penalties:
             s, c = penalty_arrays(histories, logits.shape[-1], k)
             seen, counts = self._t(s), self._t(c)
-        tokens, chosen, top = sample(logits[:k], batch, seen, counts)
+        tokens, chosen, top = sample(logits, batch, seen, counts)
         return Sampled(tokens.cpu().numpy(), None if chosen is None else chosen.cpu().numpy(),
                        None if top is None else top[0].cpu().numpy(), None if top is None else top[1].cpu().numpy())
 
@@ -205,22 +208,24 @@ class JaxRunner:
         self._note(("copy_rows",))
         self.model.copy_rows(fill(src), fill(dst), fill(upto))
 
-    def sample(self, logits, batch: SamplingBatch, histories=None) -> Sampled:
+    def sample(self, logits, batch: SamplingBatch, histories=None, rows=None) -> Sampled:
+        """Draws for request i from logits row rows[i] (default: row i), always over all the rows
+        of `logits` ([Batch, vocab] here), so that one executable serves every step."""
         import jax.numpy as jnp
 
         from linnet.serve.sampling_jax import sample
 
-        k = len(batch.temperature)
-        padded = pad_to(batch, logits.shape[0])
-        self._note(("sample", padded.greedy_only, padded.penalties, padded.logprobs))
+        rows = list(range(len(batch.temperature))) if rows is None else list(rows)
+        placed = place(batch, rows, logits.shape[0])
+        self._note(("sample", placed.greedy_only, placed.penalties, placed.logprobs))
         seen = counts = None
         if batch.penalties:
-            s, c = penalty_arrays(histories, logits.shape[-1], logits.shape[0])
+            s, c = penalty_arrays(histories, logits.shape[-1], logits.shape[0], rows)
             seen, counts = jnp.asarray(s), jnp.asarray(c)
-        tokens, chosen, top = sample(logits, padded, seen, counts)
-        tokens = np.asarray(tokens)[:k]
-        return Sampled(tokens, None if chosen is None else np.asarray(chosen)[:k],
-                       None if top is None else np.asarray(top[0])[:k], None if top is None else np.asarray(top[1])[:k])
+        tokens, chosen, top = sample(logits, placed, seen, counts)
+        pick = lambda a: np.asarray(a)[rows]
+        return Sampled(pick(tokens), None if chosen is None else pick(chosen),
+                       None if top is None else pick(top[0]), None if top is None else pick(top[1]))
 
     def pass_sizes(self, budget: int) -> list:
         sizes, size = [], self.smallest

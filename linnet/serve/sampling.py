@@ -43,12 +43,16 @@ class SamplingBatch:
             logprobs=max(asked) if asked else -1)
 
 
-def pad_to(batch: SamplingBatch, k: int) -> SamplingBatch:
-    """The same batch with rows repeated up to k (for fixed-shape executables)."""
+def place(batch: SamplingBatch, rows: list, k: int) -> SamplingBatch:
+    """A batch of k rows where row rows[i] holds request i's settings (for fixed-shape executables).
+
+    The other rows repeat request 0's settings; what is drawn for them is thrown away.
+    """
     n = len(batch.temperature)
-    if n == k:
+    if list(rows) == list(range(k)) and n == k:
         return batch
-    idx = np.concatenate([np.arange(n), np.zeros(k - n, dtype=np.int64)])
+    idx = np.zeros(k, dtype=np.int64)
+    idx[np.asarray(rows, dtype=np.int64)] = np.arange(n)
     fields = {name: getattr(batch, name)[idx] for name in
               ("temperature", "top_k", "top_p", "min_p", "repetition", "presence", "frequency", "seed", "step")}
     return SamplingBatch(**fields, greedy_only=batch.greedy_only, penalties=batch.penalties, logprobs=batch.logprobs)
