@@ -643,12 +643,11 @@ class _Scope:
                     "state" if name in c.state else
                     "a function" if name in c.fns or name in OPS else "a reserved word or built-in")
             raise LinnetError(loc, f"`{name}` is {what}; a local cannot take its name")
-        if self.kind_of(name) in ("loop",) and self.lookup(name) is not None:
+        if self.kind_of(name) == "loop" and self.lookup(name) is not None:
             raise LinnetError(loc, f"`{name}` is a loop variable; it cannot be assigned")
-        if self.lookup(name) is not None and self.kind_of(name) == "arg" and self.lookup(name) != t:
-            pass  # rebinding an argument is fine; its type may change outside loops
+        # Rebinding a name (an argument too) may change its type, except a value carried
+        # through a loop: the loop checks `assigned` against the outer binding when it ends.
         if self.parent is not None and self.parent.lookup(name) is not None:
             self.assigned[name] = (t, loc)
-            # a carried value: keep the outer binding's type visible to later statements
         self.vars[name] = t
         self.kinds[name] = "loop" if loop else self.kinds.get(name, "local")
