@@ -125,8 +125,7 @@ class Engine:
             sizes = self.runner.pass_sizes(min(self.token_budget, packed) if lengths else self.token_budget)
         else:
             sizes = sorted({min(n, self.token_budget) for n in lengths})[:4] or [16]
-        self.runner.warmup(sizes)
-        logits = self.runner.decode(np.zeros(self.rows, np.int32), np.full(self.rows, self.max_seq - 1, np.int32))
+        logits = self.runner.warmup(sizes)  # the logits of its decode step, to warm the samplers on
         for temperature in (0.0, 1.0):
             req = Request([0], temperature=temperature)
             self.runner.sample(logits, SamplingBatch.of([req] * self.rows, [0] * self.rows, [0] * self.rows))

@@ -126,10 +126,11 @@ class TorchRunner:
                        None if top is None else top[0].cpu().numpy(), None if top is None else top[1].cpu().numpy())
 
     def warmup(self, pack_lengths):
+        """Runs every pass size given and one decode step; returns that step's logits."""
         for n in sorted(set(pack_lengths)):
             self.prefill(np.zeros(n, np.int32), np.full(n, self.model.max_seq - 1, np.int32), np.zeros(n, np.int32),
                          np.zeros(1, np.int32))
-        self.decode(np.zeros(self.batch, np.int32), np.full(self.batch, self.model.max_seq - 1, np.int32))
+        return self.decode(np.zeros(self.batch, np.int32), np.full(self.batch, self.model.max_seq - 1, np.int32))
 
 
 class JaxRunner:
@@ -235,12 +236,13 @@ class JaxRunner:
         return sizes + [size]
 
     def warmup(self, pack_lengths):
+        """Runs every pass size given and one decode step; returns that step's logits."""
         for size in sorted({bucket(n, self.smallest) for n in pack_lengths}):
             self._note(("prefill", size))
             np.asarray(self.model.prefill(np.zeros(size, np.int32), np.full(size, self.scratch, np.int32),
                                           np.zeros(size, np.int32), np.zeros(self.batch, np.int32)))
-        np.asarray(self.decode(np.zeros(self.batch, np.int32), np.full(self.batch, self.scratch, np.int32)))
         self.copy_rows(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32))
+        return self.decode(np.zeros(self.batch, np.int32), np.full(self.batch, self.scratch, np.int32))
 
 
 def make_runner(model):
