@@ -135,8 +135,7 @@ tied = type(model.runner).tied
 if backend == "jax":
     weights = sum(a.nbytes for p, a in model.runner.weights.items() if p not in tied)
 else:
-    weights = sum(getattr(model.runner, p).numel() * getattr(model.runner, p).element_size()
-                  for p in model.module.params if p not in tied)
+    weights = model.runner.weight_bytes()
 print(json.dumps({"baseline": baseline, "peak": peak[0], "after": anon(), "weights_bytes": weights,
                   "seconds": seconds, "dtype": model.dtype}))
 """

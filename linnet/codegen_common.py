@@ -66,3 +66,28 @@ def state_table(module: ir.Module) -> list:
 def tied_params(module: ir.Module) -> dict:
     """Params that are another param under this config: {name: other}."""
     return {p.name: p.tie[0] for p in module.params.values() if p.tie and evaluate(p.tie[1], module.bindings)}
+
+
+def linear_weights(module: ir.Module) -> dict:
+    """Params read only as the weight of `linear`, whole or one layer at a time: {name: stacked}.
+
+    A backend may keep these in the layout its matmul prefers (torch on the CPU packs them for
+    oneDNN). A tied param counts on its own uses: a head tied to an embedding that is also
+    gathered from is listed, and the backend then packs a copy of the shared tensor for it.
+    `module` must have its fns inlined, so that every use is in an entry.
+    """
+    uses: dict = {}
+    as_weight: dict = {}
+    for fn in module.entries.values():
+        for v in all_values(fn.body):
+            if isinstance(v, ir.Var) and v.kind == "param":
+                uses[v.name] = uses.get(v.name, 0) + 1
+            if isinstance(v, ir.Op) and v.op == "linear":
+                w, layer = v.kwargs["w"], False
+                if isinstance(w, ir.Op) and w.op == "index" and len(w.args) == 1 and isinstance(w.args[0], ir.Var) \
+                        and w.args[0].kind == "loop":
+                    w, layer = w.kwargs["x"], True
+                # one layer of a stacked param, or a whole unstacked one
+                if isinstance(w, ir.Var) and w.kind == "param" and layer == (module.params[w.name].loop_var is not None):
+                    as_weight[w.name] = as_weight.get(w.name, 0) + 1
+    return {name: module.params[name].loop_var is not None for name, n in as_weight.items() if n == uses[name]}

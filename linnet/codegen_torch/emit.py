@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from linnet.codegen_common import entry_dim_sources, rope_key, rope_table_args, rope_tables
+from linnet.codegen_common import entry_dim_sources, linear_weights, rope_key, rope_table_args, rope_tables
 from linnet.ir import nodes as ir
 from linnet.ir.passes import inline_calls
 from linnet.ir.types import NoneType, ScalarType, TensorType
@@ -48,6 +48,10 @@ class _TorchEmitter(PythonEmitter):
         self.line('"""Weights and cache on one device; each entry runs under inference mode."""')
         self.line("")
         self.line("params, tied, state = PARAMS, TIED, STATE")
+        self.line(f"linear_weights = {linear_weights(m)!r}  # name -> stacked: the runtime may pack these")
+        self.line("fast = FAST")
+        if "Batch" in m.bindings:
+            self.line("pack_rows = Batch  # a decode step's rows")
         self.line("")
         self.line("def init_tables(self):")
         self.depth += 1
@@ -103,7 +107,7 @@ class _TorchEmitter(PythonEmitter):
 
     def op_linear(self, v, k):
         bias = f", {self.expr(k['bias'])}" if "bias" in k else ""
-        return f"F.linear({self.expr(k['x'])}, {self.expr(k['w'])}{bias})"
+        return f"rt.linear({self.expr(k['x'])}, {self.expr(k['w'])}{bias})"
 
     def op_einsum(self, v, k):
         return f"torch.einsum({self.expr(k['spec'])}, {', '.join(self.expr(a) for a in v.args)})"

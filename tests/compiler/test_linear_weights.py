@@ -1,0 +1,73 @@
+"""Which params are only linear weights, and torch's CPU packing of them under fast numerics.
+
+Packing changes where the weights live, not what the model computes: the packed model is checked
+against the same model with plain weights (and the parity tests check fast f32 against transformers).
+"""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import linnet
+from linnet import nest
+from linnet.codegen_common import linear_weights
+from linnet.codegen_torch import runtime as rt
+from linnet.frontend import load_file
+from linnet.ir.passes import inline_calls
+from linnet.ir.specialize import specialize
+
+CARDS = Path(linnet.__file__).parent / "nest" / "cards"
+LAYER_WEIGHTS = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"}
+
+
+def weights_of(card: str) -> dict:
+    module = specialize(load_file(CARDS / f"{card}.linnet"), {"Batch": 2, "MaxSeq": 16, "T": "f32"})
+    return linear_weights(inline_calls(module))
+
+
+def test_layer_weights_are_stacked_and_an_untied_head_is_whole():
+    assert weights_of("tiny-llama") == {**{name: True for name in LAYER_WEIGHTS}, "lm_head": False}
+
+
+def test_a_head_tied_to_the_embedding_is_listed_and_the_embedding_is_not():
+    # the embedding is also gathered from, so only the head's own uses qualify
+    assert weights_of("tiny-llama-tied") == {**{name: True for name in LAYER_WEIGHTS}, "lm_head": False}
+
+
+def load(card, numerics):
+    return nest.load(card, backend="torch", numerics=numerics, weights="random", tokenizer=False,
+                     generics={"Batch": 3, "MaxSeq": 24, "T": "f32"})
+
+
+@pytest.mark.skipif(not rt.packs_linear_weights(torch.device("cpu"), torch.float32),
+                    reason="this torch has no oneDNN linear packing")
+def test_fast_f32_on_the_cpu_packs_and_computes_the_same():
+    fast, exact = load("tiny-llama", "fast"), load("tiny-llama", "exact")
+    assert all(w.is_mkldnn for w in fast.runner.wq) and len(fast.runner.wq) == 2
+    assert fast.runner.lm_head.is_mkldnn
+    assert not exact.runner.lm_head.is_mkldnn and not exact.runner.wq.is_mkldnn
+    assert fast.runner.weight_bytes() == exact.runner.weight_bytes()  # packing moves, it does not copy
+
+    tied = load("tiny-llama-tied", "fast")
+    assert tied.runner.lm_head.is_mkldnn and not tied.runner.embed.is_mkldnn  # the head's own packed copy
+
+    tokens = np.array([5, 9, 13, 2, 7, 1, 100], np.int32)
+    positions = np.array([0, 1, 2, 3, 0, 1, 2], np.int32)
+    rows = np.array([0, 0, 0, 0, 2, 2, 2], np.int32)
+    last = np.array([3, 6], np.int32)
+    want = exact.runner.prefill(tokens, positions, rows, last).numpy()
+    got = fast.runner.prefill(tokens, positions, rows, last).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    step = (np.array([3, 4, 8], np.int32), np.array([4, 0, 3], np.int32))
+    want, got = exact.runner.decode(*step).numpy(), fast.runner.decode(*step).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_linear_takes_packed_and_plain_weights_alike():
+    x, w, b = torch.randn(5, 7), torch.randn(6, 7), torch.randn(6)
+    np.testing.assert_allclose(rt.linear(x, w, b), x @ w.T + b, rtol=1e-5, atol=1e-5)
+    if rt.packs_linear_weights(torch.device("cpu"), torch.float32):
+        packed = rt.pack_linear_weight(w, rows=16)  # tuned for 16 rows, right for any
+        np.testing.assert_allclose(rt.linear(x, packed, b), x @ w.T + b, rtol=1e-5, atol=1e-5)
