@@ -1,16 +1,20 @@
-"""Throughput on this machine: Linnet (torch and JAX, f32 and bf16) against transformers, one run.
+"""Throughput on this machine: Linnet (torch and JAX, f32 and bf16) against transformers and llama.cpp, one run.
 
 The load: 64 requests of 32 to 128 random prompt tokens (random.Random(0)), 16 in
 flight, 32 new tokens each, no end token, on SmolLM2-135M-Instruct (the
 embedded GGUF's weights, dequantized). transformers runs the same prompts with
-batched `generate` in f32, 16 at a time, left-padded. Then one request (128
-prompt tokens, 128 new) for the single-stream rate. Prints tokens/s and the
-ratios. (llama.cpp, the issue's other peer, is not wired in yet.)
+batched `generate` in f32, 16 at a time, left-padded. llama.cpp (when
+llama-cpp-python is installed) runs them with continuous batching over 16
+sequences, on F16 and F32 GGUFs written from the same weights
+(llamacpp_peer.py). Then one request (128 prompt tokens, 128 new) for the
+single-stream rate. Prints tokens/s and the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import random
 import statistics
 import time
@@ -20,6 +24,9 @@ import torch
 from linnet import nest
 from linnet.nest.bind import checkpoint_names
 from linnet.serve import Engine, Request
+
+# this folder's; it imports llama_cpp only inside its functions
+from llamacpp_peer import cached_gguf, run_batched, run_single
 
 CARD = "smollm2-135m-instruct"
 
@@ -76,6 +83,7 @@ def linnet_run(backend: str, dtype: str, prompts: list, rows: int, new: int, rep
     return statistics.median(rates), setup
 
 
+@functools.cache  # built once, for the load and the one request
 def transformers_model():
     """transformers' LlamaForCausalLM holding the very weights Linnet loads."""
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -116,31 +124,67 @@ def transformers_run(ref, prompts: list, rows: int, new: int, repeats: int) -> f
     return statistics.median(rates)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--rows", type=int, default=16)
-    parser.add_argument("--new", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3, help="runs per system; the median is printed")
-    parser.add_argument("--no-single", action="store_true", help="skip the one-request measurement")
-    parser.add_argument("--only", nargs="*", help="subset: torch-f32 torch-bf16 jax-f32 jax-bf16 transformers")
-    args = parser.parse_args()
-    prompts = load_prompts(args.requests, 32, 128, 49152)
-    systems = args.only or ["torch-f32", "torch-bf16", "jax-f32", "jax-bf16", "transformers"]
+LINNET = ["torch-f32", "torch-bf16", "jax-f32", "jax-bf16"]
+LLAMACPP = ["llamacpp-f16", "llamacpp-f32"]
+
+
+def llamacpp_installed() -> bool:
+    try:
+        importlib.import_module("llama_cpp")
+    except ImportError:
+        return False
+    return True
+
+
+def llamacpp_gguf(system: str) -> str:
+    """The GGUF for "llamacpp-f16" / "llamacpp-f32", written (and cached) on first use."""
+    return cached_gguf(system.split("-")[1])
+
+
+def label(system: str) -> str:
+    """The name printed for a system: "linnet torch f32", "llama.cpp f16", "transformers f32"."""
+    if system == "transformers":
+        return "transformers f32"
+    kind, dtype = system.split("-")
+    return f"llama.cpp {dtype}" if kind == "llamacpp" else f"linnet {kind} {dtype}"
+
+
+def chosen_systems(only: list | None) -> list:
+    """The systems to run: --only's, or every one; llama.cpp's dropped, with a line, when it is not installed."""
+    systems = only or LINNET + ["transformers"] + LLAMACPP
+    if any(s in LLAMACPP for s in systems) and not llamacpp_installed():
+        print("llama.cpp: not installed (pip install llama-cpp-python), skipped")
+        systems = [s for s in systems if s not in LLAMACPP]
+    return systems
+
+
+def run_load(systems: list, prompts: list, args) -> dict:
+    """Generated tokens/s of each system on the load, printed as they come."""
+    threads = torch.get_num_threads()
     results = {}
-    print(f"load: {args.requests} requests, 32-128 prompt tokens, {args.rows} in flight, {args.new} new tokens; "
-          f"{torch.get_num_threads()} threads; median of {args.repeats}")
     if "transformers" in systems:
         ref = transformers_model()
         results["transformers f32"] = transformers_run(ref, prompts, args.rows, args.new, args.repeats)
         print(f"  transformers f32    {results['transformers f32']:8.1f} tokens/s", flush=True)
     for system in systems:
-        if system == "transformers":
+        if system in LLAMACPP:
+            start = time.perf_counter()
+            path = llamacpp_gguf(system)
+            ready = time.perf_counter() - start
+            rate = run_batched(path, prompts, args.rows, args.new, threads, args.repeats)
+            note = f"(GGUF ready in {ready:.0f} s)"
+        elif system != "transformers":
+            backend, dtype = system.split("-")
+            rate, setup = linnet_run(backend, dtype, prompts, args.rows, args.new, args.repeats)
+            note = f"(load + warmup {setup:.0f} s)"
+        else:
             continue
-        backend, dtype = system.split("-")
-        rate, setup = linnet_run(backend, dtype, prompts, args.rows, args.new, args.repeats)
-        results[f"linnet {backend} {dtype}"] = rate
-        print(f"  linnet {backend:5s} {dtype:4s}  {rate:8.1f} tokens/s   (load + warmup {setup:.0f} s)", flush=True)
+        results[label(system)] = rate
+        print(f"  {label(system):19s} {rate:8.1f} tokens/s   {note}", flush=True)
+    return results
+
+
+def print_ratios(results: dict) -> None:
     base = results.get("transformers f32")
     if base:
         print("ratios against transformers f32:")
@@ -148,20 +192,41 @@ def main():
             print(f"  {name:20s} {rate / base:5.2f}x")
     if "linnet torch f32" in results and "linnet jax f32" in results:
         print(f"  jax / torch (f32): {results['linnet jax f32'] / results['linnet torch f32']:.2f}x")
-    if args.no_single:
-        return
+
+
+def run_single_request(systems: list, repeats: int) -> None:
+    """Decode tokens/s of one request (128 prompt tokens, 128 new) on each system."""
     prompt = load_prompts(1, 128, 128, 49152)[0]
+    threads = torch.get_num_threads()
     print("one request, 128 prompt tokens, 128 new: decode tokens/s")
-    single = {}
-    if "transformers" in systems:
-        single["transformers f32"] = transformers_single(ref, prompt, 128, args.repeats)
-        print(f"  transformers f32    {single['transformers f32']:8.1f} tokens/s", flush=True)
     for system in systems:
         if system == "transformers":
-            continue
-        backend, dtype = system.split("-")
-        single[system] = linnet_single(backend, dtype, prompt, 128, args.repeats)
-        print(f"  linnet {backend:5s} {dtype:4s}  {single[system]:8.1f} tokens/s", flush=True)
+            rate = transformers_single(transformers_model(), prompt, 128, repeats)
+        elif system in LLAMACPP:
+            rate = run_single(llamacpp_gguf(system), prompt, 128, threads, repeats)
+        else:
+            backend, dtype = system.split("-")
+            rate = linnet_single(backend, dtype, prompt, 128, repeats)
+        print(f"  {label(system):19s} {rate:8.1f} tokens/s", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--new", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per system; the median is printed")
+    parser.add_argument("--no-single", action="store_true", help="skip the one-request measurement")
+    parser.add_argument("--only", nargs="*", choices=LINNET + ["transformers"] + LLAMACPP, metavar="SYSTEM",
+                        help="subset: " + " ".join(LINNET + ["transformers"] + LLAMACPP))
+    args = parser.parse_args()
+    prompts = load_prompts(args.requests, 32, 128, 49152)
+    systems = chosen_systems(args.only)
+    print(f"load: {args.requests} requests, 32-128 prompt tokens, {args.rows} in flight, {args.new} new tokens; "
+          f"{torch.get_num_threads()} threads; median of {args.repeats}")
+    print_ratios(run_load(systems, prompts, args))
+    if not args.no_single:
+        run_single_request(systems, args.repeats)
 
 
 if __name__ == "__main__":
