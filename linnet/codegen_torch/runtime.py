@@ -67,12 +67,18 @@ def rope_table(head_dim: int, max_seq: int, theta: float, scaling: str = "none",
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """Rotates halves of x[n, heads, head_dim] (the Hugging Face Llama layout)."""
-    cs = table[positions]  # [n, 2, head_dim // 2]
-    cos, sin = cs[:, 0, None, :], cs[:, 1, None, :]
+    """Rotates halves of x[n, heads, head_dim] (the Hugging Face Llama layout):
+    [x1 * cos - x2 * sin, x2 * cos + x1 * sin], written as x * cos + roll(x) * signed sin."""
+    cos, sin = per_pass("rope", (positions, table), lambda: _rope_factors(positions, table))
     h = x.float()
-    x1, x2 = h.chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    return torch.addcmul(h * cos, h.roll(h.shape[-1] // 2, dims=-1), sin).to(x.dtype)
+
+
+def _rope_factors(positions: torch.Tensor, table: torch.Tensor) -> tuple:
+    """Each token's [cos, cos] and [-sin, sin], [n, 1, head_dim]: the same for every layer of a pass."""
+    cs = table[positions]  # [n, 2, head_dim // 2]
+    cos, sin = cs[:, 0], cs[:, 1]
+    return torch.cat([cos, cos], dim=-1)[:, None], torch.cat([-sin, sin], dim=-1)[:, None]
 
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor,
@@ -85,15 +91,14 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
         span = _key_span(positions, k_cache.shape[1])
         return _attend(q, k_cache[:n, :span], v_cache[:n, :span], positions, window, sinks, scale, fast)
     out = torch.empty(q.shape[:2] + v_cache.shape[-1:], dtype=q.dtype, device=q.device)
-    singles, runs = _segments(rows, positions)
-    if singles:  # one-token segments (decoding rows in a mixed pass): batched over their rows
-        idx = torch.as_tensor(singles, device=q.device)
-        r, pos = rows[idx], positions[idx]
+    singles, runs = per_pass("segments", (rows, positions), lambda: _segments(rows, positions))
+    if singles is not None:  # one-token segments (decoding rows in a mixed pass): batched over their rows
+        idx, r, pos = singles
         span = _key_span(pos, k_cache.shape[1])
         out[idx] = _attend(q[idx], k_cache[r, :span], v_cache[r, :span], pos, window, sinks, scale, fast)
-    for start, end, row, top in runs:  # a prompt's tokens: its own row, up to its last position
+    for start, end, row, top, pos in runs:  # a prompt's tokens: its own row, up to its last position
         keys, values = k_cache[row, None, :top + 1], v_cache[row, None, :top + 1]
-        out[start:end] = _attend_row(q[start:end], keys, values, positions[start:end], window, sinks, scale, fast)
+        out[start:end] = _attend_row(q[start:end], keys, values, pos, window, sinks, scale, fast)
     return out
 
 
@@ -108,18 +113,28 @@ def _key_span(positions: torch.Tensor, max_seq: int) -> int:
     return min(int(positions.max()) + 1, max_seq)
 
 
-_SEGMENTS_CACHE: dict = {}
+_PASS_MEMO: dict = {}
+
+
+def per_pass(what: str, tensors: tuple, compute):
+    """compute() once per entry call for these very tensors: every layer of a pass asks the same.
+
+    Keys are the tensors' identities, and the memo holds the tensors, so no other tensor can take
+    an address (or id) that is in it. `as_tensors`, which starts every entry call, empties it.
+    """
+    key = (what,) + tuple(id(t) for t in tensors)
+    hit = _PASS_MEMO.get(key)
+    if hit is None:
+        hit = _PASS_MEMO[key] = (tensors, compute())
+    return hit[1]
 
 
 def _segments(rows: torch.Tensor, positions: torch.Tensor):
-    """Runs of equal rows in a pack: ([indices of one-token runs], [(start, end, row, last position)]).
+    """Runs of equal rows in a pack, read on the host: (singles, [(start, end, row, last position,
+    the run's positions)]). singles: the one-token runs as tensors (indices, rows, positions), or None.
 
-    Read on the host once per pass; every layer's attention reuses it. `as_tensors`, which starts
-    every entry call, empties the cache, so a key (the tensors' addresses) never outlives its pass.
+    The tensors are made once here, so the per-pass memo of their masks hits in every layer.
     """
-    key = (rows.data_ptr(), positions.data_ptr(), rows.shape[0])
-    if key in _SEGMENTS_CACHE:
-        return _SEGMENTS_CACHE[key]
     r, p = rows.tolist(), positions.tolist()
     singles, runs = [], []
     start = 0
@@ -128,11 +143,12 @@ def _segments(rows: torch.Tensor, positions: torch.Tensor):
             if i - start == 1:
                 singles.append(start)
             else:
-                runs.append((start, i, r[start], max(p[start:i])))
+                runs.append((start, i, r[start], max(p[start:i]), positions[start:i]))
             start = i
-    _SEGMENTS_CACHE.clear()
-    _SEGMENTS_CACHE[key] = (singles, runs)
-    return singles, runs
+    if not singles:
+        return None, runs
+    idx = torch.as_tensor(singles, device=rows.device)
+    return (idx, rows[idx], positions[idx]), runs
 
 
 def _attend_row(q, keys, values, positions, window, sinks, scale, fast):
@@ -156,6 +172,10 @@ def _attend_row(q, keys, values, positions, window, sinks, scale, fast):
 
 def _visible(positions: torch.Tensor, length: int, window: int) -> torch.Tensor:
     """[n, length] bool: key j is seen by token i when j <= positions[i] (and within the window)."""
+    return per_pass(f"visible {length} {window}", (positions,), lambda: _visible_mask(positions, length, window))
+
+
+def _visible_mask(positions: torch.Tensor, length: int, window: int) -> torch.Tensor:
     span = torch.arange(length, device=positions.device)
     pos = positions[:, None].long()
     visible = span[None, :] <= pos
@@ -203,9 +223,9 @@ def copy_rows_(cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, upto: 
 def as_tensors(device: torch.device, *arrays) -> tuple:
     """An entry's arguments as tensors on the model's device: numpy arrays are taken as well as tensors.
 
-    Called first by every entry, it also ends the previous call's per-pass caches.
+    Called first by every entry, it also ends the previous call's per-pass memo.
     """
-    _SEGMENTS_CACHE.clear()
+    _PASS_MEMO.clear()
     return tuple(torch.as_tensor(a, device=device) for a in arrays)
 
 
