@@ -15,11 +15,27 @@ from linnet.serve.sampling import SamplingBatch, place
 
 
 def bucket(n: int, smallest: int = 16) -> int:
-    """The padded length of a pass of n tokens: the next power of two, at least `smallest`."""
+    """The padded length of a pass of n tokens: the next power of two, at least `smallest`, or three
+    quarters of it from 192 on. Passes that arrive while rows decode hold a few prompts, often just
+    past a power of two: the quarter steps cut their padding from up to 50% to up to 33%, for one
+    more shape to compile per octave.
+    """
     size = smallest
     while size < n:
         size *= 2
+    if size >= 256 and n <= size * 3 // 4:
+        return size * 3 // 4
     return size
+
+
+def bucket_sizes(limit: int, smallest: int = 16) -> list:
+    """Every bucket up to bucket(limit), ascending: the pass shapes a JAX warmup compiles."""
+    sizes, size = [], smallest
+    while size < bucket(limit, smallest):
+        sizes += [size * 3 // 2] if size >= 128 else []
+        size *= 2
+        sizes.append(size)
+    return [smallest] + [s for s in sizes if s <= bucket(limit, smallest)]
 
 
 class Sampled:
@@ -229,11 +245,7 @@ class JaxRunner:
                        None if top is None else pick(top[0]), None if top is None else pick(top[1]))
 
     def pass_sizes(self, budget: int) -> list:
-        sizes, size = [], self.smallest
-        while size < bucket(budget, self.smallest):
-            sizes.append(size)
-            size *= 2
-        return sizes + [size]
+        return bucket_sizes(budget, self.smallest)
 
     def warmup(self, pack_lengths):
         """Runs every pass size given and one decode step; returns that step's logits."""
