@@ -71,6 +71,8 @@ def attention(q, k_cache, v_cache, positions, rows=None, window: int = 0, sinks=
     n, heads, head_dim = q.shape
     scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
     if rows is None:
+        if fast and _walks_keys(k_cache.shape[1]):
+            return _attend_walking(q, k_cache[:n], v_cache[:n], positions, window, sinks, scale)
         return _attend(q, k_cache[:n], v_cache[:n], positions, window, sinks, scale, fast)
     head = head_tokens(k_cache.shape[0])
     if n <= head or n % BLOCK:
@@ -152,6 +154,59 @@ def _attend(q, keys, values, positions, window, sinks, scale, fast):
     probs = _softmax_with_sinks(scores, sinks, kv_heads, group)
     out = jnp.einsum("nkgs,nskd->nkgd", probs, values.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
     return out.reshape(n, heads, values.shape[-1]).astype(q.dtype)
+
+
+KEY_CHUNK = 128
+
+
+def _walks_keys(max_seq: int) -> bool:
+    """Whether decode walks the keys chunk by chunk, up to the furthest position only: on the CPU,
+    where attending over all MaxSeq keys of every row grew a SmolLM2 decode step from 105 ms at
+    MaxSeq 160 to 256 ms at 640. The one device check for it; GPUs keep the fused attention."""
+    return max_seq > KEY_CHUNK and jax.default_backend() == "cpu"
+
+
+def _attend_walking(q, keys, values, positions, window, sinks, scale):
+    """`_attend` in KEY_CHUNK-key steps with an online softmax, stopping after the chunk that holds
+    the furthest position: the work follows the tokens' positions instead of MaxSeq.
+
+    q[n, h, d] against keys/values[n, S, kvh, d], token i reading row i. The last chunk is
+    aligned to end at S (overlapping its predecessor; overlapped keys are masked out of it).
+    """
+    n, heads, head_dim = q.shape
+    seq, kv_heads = keys.shape[1], keys.shape[2]
+    group = heads // kv_heads
+    qg = q.reshape(n, kv_heads, group, head_dim).astype(jnp.float32) * scale
+    pos = positions[:, None]
+
+    def step(c, carry):
+        best, total, acc = carry
+        start = jnp.minimum(c * KEY_CHUNK, seq - KEY_CHUNK)
+        k = jax.lax.dynamic_slice_in_dim(keys, start, KEY_CHUNK, axis=1).astype(jnp.float32)
+        v = jax.lax.dynamic_slice_in_dim(values, start, KEY_CHUNK, axis=1).astype(jnp.float32)
+        span = start + jnp.arange(KEY_CHUNK)
+        visible = (span[None, :] <= pos) & (span[None, :] >= c * KEY_CHUNK)  # not the overlap again
+        if window:
+            visible = visible & (span[None, :] > pos - window)
+        scores = jnp.einsum("nkgd,nskd->nkgs", qg, k)
+        scores = jnp.where(visible[:, None, None, :], scores, -jnp.inf)
+        new_best = jnp.maximum(best, scores.max(axis=-1))
+        safe = jnp.where(jnp.isfinite(new_best), new_best, 0.0)  # no key seen yet: nothing to rescale
+        weights = jnp.exp(scores - safe[..., None])
+        rescale = jnp.exp(best - safe)
+        return (new_best, total * rescale + weights.sum(axis=-1),
+                acc * rescale[..., None] + jnp.einsum("nkgs,nskd->nkgd", weights, v))
+
+    chunks = jnp.max(positions) // KEY_CHUNK + 1
+    init = (jnp.full((n, kv_heads, group), -jnp.inf, jnp.float32), jnp.zeros((n, kv_heads, group), jnp.float32),
+            jnp.zeros((n, kv_heads, group, values.shape[-1]), jnp.float32))
+    best, total, acc = jax.lax.fori_loop(0, chunks, step, init)
+    if sinks is not None:  # one more logit per head, in the denominator only
+        sink = sinks.astype(jnp.float32).reshape(1, kv_heads, group)
+        top = jnp.maximum(best, sink)
+        total = total * jnp.exp(best - top) + jnp.exp(sink - top)
+        acc = acc * jnp.exp(best - top)[..., None]
+    return (acc / total[..., None]).reshape(n, heads, values.shape[-1]).astype(q.dtype)
 
 
 def copy_rows(cache, src, dst, upto):

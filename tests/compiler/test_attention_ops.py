@@ -91,3 +91,42 @@ def test_jax_block_layout_matches_the_definition(fast, window, use_sinks):
                                    window=window, sinks=s, fast=fast))
     want = reference(q, kc, vc, positions, rows, window, s, 1 / np.sqrt(q.shape[-1]))
     np.testing.assert_allclose(got[order >= 0], want[order[order >= 0]], atol=2e-5)
+
+
+@pytest.mark.parametrize("window,use_sinks", [(0, False), (50, False), (0, True), (7, True)])
+def test_jax_decode_walking_the_keys_in_chunks_matches_the_definition(window, use_sinks):
+    """Past KEY_CHUNK positions, JAX's CPU decode reads keys a chunk at a time up to the furthest
+    position; tokens in the first chunk, on a chunk's edges and at the last position agree."""
+    rng = np.random.default_rng(3)
+    n, seq, heads, kvh, d = 6, 300, 6, 2, 8
+    assert jrt._walks_keys(seq) and seq > 2 * jrt.KEY_CHUNK
+    kc = rng.normal(size=(n, seq, kvh, d)).astype(np.float32)
+    vc = rng.normal(size=(n, seq, kvh, d)).astype(np.float32)
+    q = rng.normal(size=(n, heads, d)).astype(np.float32)
+    positions = np.array([0, 5, seq - 1, 127, 128, 200], np.int32)
+    sinks = rng.normal(size=heads).astype(np.float32) if use_sinks else None
+    want = reference(q, kc, vc, positions, np.arange(n), window, sinks, 0.3)
+    got = np.asarray(jrt.attention(q, kc, vc, positions, window=window, sinks=sinks, scale=0.3, fast=True))
+    np.testing.assert_allclose(got, want, atol=2e-5)
+
+
+def test_jax_decode_past_a_key_chunk_agrees_with_exact_numerics():
+    """The same model, fast (walking the keys) against exact (all MaxSeq keys), rows at 200+ positions."""
+    from linnet import nest
+
+    models = [nest.load("tiny-llama", backend="jax", weights="random", seed=2, numerics=numerics,
+                        tokenizer=False, generics={"Batch": 2, "MaxSeq": 288, "T": "f32"})
+              for numerics in ("fast", "exact")]
+    rng = np.random.default_rng(4)
+    lengths = [200, 9]
+    tokens = rng.integers(1, 128, sum(lengths)).astype(np.int32)
+    positions = np.concatenate([np.arange(k) for k in lengths]).astype(np.int32)
+    rows = np.repeat(np.arange(2), lengths).astype(np.int32)
+    last = (np.cumsum(lengths) - 1).astype(np.int32)
+    outs = [[np.asarray(m.prefill(tokens, positions, rows, last))] for m in models]
+    for step in range(3):
+        for m, out in zip(models, outs):
+            out.append(np.asarray(m.decode(np.array([5 + step, 7], np.int32),
+                                           np.array([200 + step, 9 + step], np.int32))))
+    for fast, exact in zip(*outs):
+        np.testing.assert_allclose(fast, exact, atol=1e-4 * np.abs(exact).max())
