@@ -110,10 +110,7 @@ def _attend_blocks(q, k_cache, v_cache, positions, block_rows, window, sinks, sc
     keys, values = k_cache[block_rows], v_cache[block_rows]  # [nb, S, kvh, d]
     seq, kv_heads = keys.shape[1], keys.shape[2]
     pos = positions.reshape(nb, BLOCK)
-    span = jnp.arange(seq)
-    visible = span[None, None, :] <= pos[:, :, None]  # [nb, BLOCK, S]
-    if window:
-        visible = visible & (span[None, None, :] > pos[:, :, None] - window)
+    visible = _visible(jnp.arange(seq)[None, None, :], pos[:, :, None], window)  # [nb, BLOCK, S]
     qb = q.reshape(nb, BLOCK, heads, head_dim)
     if fast and sinks is None:
         out = jax.nn.dot_product_attention(qb, keys, values, mask=visible[:, None], scale=scale)
@@ -125,6 +122,15 @@ def _attend_blocks(q, k_cache, v_cache, positions, block_rows, window, sinks, sc
     probs = _softmax_with_sinks(scores, sinks, kv_heads, group)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, values.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
     return out.reshape(n, heads, values.shape[-1]).astype(q.dtype)
+
+
+def _visible(key_positions, positions, window: int):
+    """Key at key_positions seen by a token at positions (broadcast together): at or before it, and
+    within the window when there is one."""
+    visible = key_positions <= positions
+    if window:
+        visible = visible & (key_positions > positions - window)
+    return visible
 
 
 def _softmax_with_sinks(scores, sinks, kv_heads, group):
@@ -139,10 +145,7 @@ def _softmax_with_sinks(scores, sinks, kv_heads, group):
 def _attend(q, keys, values, positions, window, sinks, scale, fast):
     n, heads, head_dim = q.shape
     seq, kv_heads = keys.shape[1], keys.shape[2]
-    span = jnp.arange(seq)
-    visible = span[None, :] <= positions[:, None]
-    if window:
-        visible = visible & (span[None, :] > positions[:, None] - window)
+    visible = _visible(jnp.arange(seq)[None, :], positions[:, None], window)  # [n, S]
     if fast and sinks is None:
         out = jax.nn.dot_product_attention(q[:, None], keys, values, mask=visible[:, None, None, :], scale=scale)
         return out[:, 0]
@@ -185,9 +188,7 @@ def _attend_walking(q, keys, values, positions, window, sinks, scale):
         k = jax.lax.dynamic_slice_in_dim(keys, start, KEY_CHUNK, axis=1).astype(jnp.float32)
         v = jax.lax.dynamic_slice_in_dim(values, start, KEY_CHUNK, axis=1).astype(jnp.float32)
         span = start + jnp.arange(KEY_CHUNK)
-        visible = (span[None, :] <= pos) & (span[None, :] >= c * KEY_CHUNK)  # not the overlap again
-        if window:
-            visible = visible & (span[None, :] > pos - window)
+        visible = _visible(span[None, :], pos, window) & (span[None, :] >= c * KEY_CHUNK)  # not the overlap again
         scores = jnp.einsum("nkgd,nskd->nkgs", qg, k)
         scores = jnp.where(visible[:, None, None, :], scores, -jnp.inf)
         new_best = jnp.maximum(best, scores.max(axis=-1))
