@@ -107,10 +107,11 @@ def _key_span(positions: torch.Tensor, max_seq: int) -> int:
 
     On the CPU this read is free and saves attending over all MaxSeq positions of every row; on a
     GPU it would sync the stream and change shapes under a captured graph, so the span stays MaxSeq.
+    Read once per pass: every layer asks it of the same positions.
     """
     if positions.device.type != "cpu":
         return max_seq
-    return min(int(positions.max()) + 1, max_seq)
+    return per_pass(f"span {max_seq}", (positions,), lambda: min(int(positions.max()) + 1, max_seq))
 
 
 _PASS_MEMO: dict = {}
