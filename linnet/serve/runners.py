@@ -29,13 +29,9 @@ def bucket(n: int, smallest: int = 16) -> int:
 
 
 def bucket_sizes(limit: int, smallest: int = 16) -> list:
-    """Every bucket up to bucket(limit), ascending: the pass shapes a JAX warmup compiles."""
-    sizes, size = [], smallest
-    while size < bucket(limit, smallest):
-        sizes += [size * 3 // 2] if size >= 128 else []
-        size *= 2
-        sizes.append(size)
-    return [smallest] + [s for s in sizes if s <= bucket(limit, smallest)]
+    """Every bucket a pass of up to `limit` tokens can take, ascending: the shapes a JAX warmup
+    compiles. Read off `bucket` itself, so the two can never disagree."""
+    return sorted({bucket(n, smallest) for n in range(1, max(limit, 1) + 1)})
 
 
 class Sampled:
