@@ -157,14 +157,11 @@ def cmd_generate(args) -> int:
 def _warm_up(engine, req) -> None:
     """What one prompt's run compiles: its prefill pass, decode, and its sampler, and no other pass size
     (`Engine.warmup` prepares every pass size a server may meet)."""
-    import numpy as np
-
     from linnet.serve.sampling import SamplingBatch
 
     runner, rows = engine.runner, engine.rows
     packed = runner.overhead + runner.chunk_cost(len(req.prompt))
-    runner.warmup([min(engine.token_budget, packed)])
-    logits = runner.decode(np.zeros(rows, np.int32), np.full(rows, engine.max_seq - 1, np.int32))
+    logits = runner.warmup([min(engine.token_budget, packed)])  # the logits of its decode step
     runner.sample(logits, SamplingBatch.of([req] * rows, [0] * rows, [0] * rows))
     engine.model.reset()
 
