@@ -39,11 +39,11 @@ _GGML_TYPE_F16 = 1
 
 # -- the GGUF
 
-def _copy_metadata(source: str, writer, file_type: int) -> None:
+def _copy_metadata(src: GGUFCheckpoint, writer, file_type: int) -> None:
     """Every key/value of the source file, with its value type (arrays keep their element type)."""
-    from gguf import GGUFReader, GGUFValueType
+    from gguf import GGUFValueType
 
-    for key, field in GGUFReader(source).fields.items():
+    for key, field in src.fields().items():  # the file as already parsed, not read again
         # GGUF.* are the reader's view of the header; the writer writes its own
         # header and general.architecture (from its `arch` argument).
         if key.startswith("GGUF.") or key == "general.architecture":
@@ -76,7 +76,7 @@ def write_gguf(dst_path: str | os.PathLike, dtype: str) -> str:
     dst = Path(dst_path)
     partial = dst.with_name(dst.name + ".partial")  # renamed when complete, so a cache hit is never half written
     writer = gguf.GGUFWriter(str(partial), src.architecture)
-    _copy_metadata(source, writer, int(file_type))
+    _copy_metadata(src, writer, int(file_type))
     for name in src.names():
         array = src.load(name)
         if dtype == "f16" and array.ndim > 1:

@@ -317,6 +317,10 @@ class GGUFCheckpoint(Checkpoint):
     def metadata_keys(self) -> list[str]:
         return list(self._reader.fields)
 
+    def fields(self) -> dict:
+        """The raw key/value fields (gguf's ReaderField, value types included), for copying them out."""
+        return dict(self._reader.fields)
+
     def metadata(self, key: str, default: Any = None) -> Any:
         """A metadata value by its GGUF key, e.g. "llama.block_count"."""
         if key not in self._values:
