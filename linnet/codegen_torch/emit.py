@@ -96,7 +96,9 @@ class _TorchEmitter(PythonEmitter):
             else:
                 self.line(f"self.{s.state}.copy_({self.expr(value)})")
             return
-        self.line(f"self.{s.state}[{', '.join(self.expr(i) for i in s.indices)}] = {self.expr(s.value)}")
+        # rt.put_ is `self.{state}[indices] = value` that drops entries outside the state (padding tokens)
+        indices = ", ".join(self.expr(i) for i in s.indices) + ("," if len(s.indices) == 1 else "")
+        self.line(f"rt.put_(self.{s.state}, ({indices}), {self.expr(s.value)})")
 
     def ret(self, s: ir.Return):
         self.line(f"return {self.expr(s.value)}")

@@ -76,7 +76,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> torch
 
 def _rope_factors(positions: torch.Tensor, table: torch.Tensor) -> tuple:
     """Each token's [cos, cos] and [-sin, sin], [n, 1, head_dim]: the same for every layer of a pass."""
-    cs = table[positions]  # [n, 2, head_dim // 2]
+    cs = table[positions.clamp(max=table.shape[0] - 1)]  # [n, 2, head_dim // 2]; padding past the table: any
     cos, sin = cs[:, 0], cs[:, 1]
     return torch.cat([cos, cos], dim=-1)[:, None], torch.cat([-sin, sin], dim=-1)[:, None]
 
@@ -104,6 +104,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
 
 def _key_span(positions: torch.Tensor, max_seq: int) -> int:
     """How many cache positions the tokens can see: up to the furthest one, read on the host.
+    Padding tokens (positions >= MaxSeq: idle rows) do not count.
 
     On the CPU this read is free and saves attending over all MaxSeq positions of every row; on a
     GPU it would sync the stream and change shapes under a captured graph, so the span stays MaxSeq.
@@ -111,7 +112,8 @@ def _key_span(positions: torch.Tensor, max_seq: int) -> int:
     """
     if positions.device.type != "cpu":
         return max_seq
-    return per_pass(f"span {max_seq}", (positions,), lambda: min(int(positions.max()) + 1, max_seq))
+    furthest = lambda: int(torch.where(positions < max_seq, positions, 0).max()) + 1
+    return per_pass(f"span {max_seq}", (positions,), furthest)
 
 
 _PASS_MEMO: dict = {}
@@ -210,6 +212,51 @@ def _attend(q, keys, values, positions, window, sinks, scale, fast):
     probs = _softmax_with_sinks(scores, sinks, kv_heads, group)
     out = torch.einsum("nkgs,nskd->nkgd", probs, values.float())
     return out.reshape(n, heads, values.shape[-1]).to(q.dtype)
+
+
+def put_(state: torch.Tensor, index: tuple, value: torch.Tensor) -> None:
+    """state[index] = value, in place, except where an index falls outside `state`: those entries
+    write nothing (JAX's scatter semantics). That is how padding tokens, at position MaxSeq, leave
+    the cache alone (vLLM's slot -1).
+
+    Index tensors are 1-D and `value`'s first axis runs along them. On the CPU the entries outside
+    are found on the host, once per pass for the same indices; on a GPU (no host reads under a
+    captured graph) they are clamped into range and write back what is already there.
+    """
+    tensors = [(axis, i) for axis, i in enumerate(index) if isinstance(i, torch.Tensor)]
+    if not tensors:
+        state[index] = value
+    elif state.device.type == "cpu":
+        _put_inside(state, index, value, tensors)
+    else:
+        _put_clamped(state, index, value, tensors)
+
+
+def _put_inside(state, index, value, tensors):
+    key = "fits " + " ".join(str(state.shape[axis]) for axis, _ in tensors)
+    fits = per_pass(key, tuple(i for _, i in tensors), lambda: _fits(state.shape, tensors))
+    if not per_pass(key + " all", (fits,), lambda: bool(fits.all())):
+        index = tuple(i[fits] if isinstance(i, torch.Tensor) else i for i in index)
+        value = value[fits]
+    state[index] = value
+
+
+def _put_clamped(state, index, value, tensors):
+    clamped = list(index)
+    for axis, i in tensors:
+        clamped[axis] = i.clamp(max=state.shape[axis] - 1)
+    clamped = tuple(clamped)
+    fits = _fits(state.shape, tensors).reshape((-1,) + (1,) * (value.dim() - 1))
+    state[clamped] = torch.where(fits, value, state[clamped])
+
+
+def _fits(shape, tensors) -> torch.Tensor:
+    """[n] bool: entries whose every index (1-D tensors, (axis, indices)) falls inside `shape`."""
+    fits = None
+    for axis, i in tensors:
+        inside = i < shape[axis]
+        fits = inside if fits is None else fits & inside
+    return fits
 
 
 def copy_rows_(cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor, upto: torch.Tensor) -> torch.Tensor:

@@ -140,9 +140,9 @@ class TorchRunner:
     def warmup(self, pack_lengths):
         """Runs every pass size given and one decode step; returns that step's logits."""
         for n in sorted(set(pack_lengths)):
-            self.prefill(np.zeros(n, np.int32), np.full(n, self.model.max_seq - 1, np.int32), np.zeros(n, np.int32),
+            self.prefill(np.zeros(n, np.int32), np.full(n, self.model.max_seq, np.int32), np.zeros(n, np.int32),
                          np.zeros(1, np.int32))
-        return self.decode(np.zeros(self.batch, np.int32), np.full(self.batch, self.model.max_seq - 1, np.int32))
+        return self.decode(np.zeros(self.batch, np.int32), np.full(self.batch, self.model.max_seq, np.int32))
 
 
 class JaxRunner:
@@ -152,7 +152,7 @@ class JaxRunner:
         self.smallest = smallest_bucket
         self.shapes: set = set()
         self.compiles = 0
-        self.scratch = model.max_seq - 1  # a position no request ever needs: padding writes land there
+        self.padding = model.max_seq  # one past the cache: a padding token's writes are dropped
         from linnet.codegen_jax.runtime import head_tokens
 
         self.overhead = head_tokens(self.batch)  # every pack starts with this many one-token slots
@@ -167,7 +167,7 @@ class JaxRunner:
         size = bucket(len(tokens), self.smallest)
         pad = size - len(tokens)
         tokens = np.concatenate([tokens, np.zeros(pad, np.int32)]).astype(np.int32)
-        positions = np.concatenate([positions, np.full(pad, self.scratch, np.int32)]).astype(np.int32)
+        positions = np.concatenate([positions, np.full(pad, self.padding, np.int32)]).astype(np.int32)
         rows = np.concatenate([rows, np.zeros(pad, np.int32)]).astype(np.int32)
         last = np.concatenate([last, np.zeros(self.batch - len(last), np.int32)]).astype(np.int32)
         self._note(("prefill", size))
@@ -176,7 +176,7 @@ class JaxRunner:
     def align(self, tokens, positions, rows, last):
         """Lays a pack out for the JAX attention (linnet.codegen_jax.runtime.attention): one-token
         segments first, padded to `head_tokens(rows)`; then each longer segment padded to a
-        multiple of BLOCK. Padding tokens go to the scratch position, which no real token reads.
+        multiple of BLOCK. Padding tokens sit at position MaxSeq: they write nothing and widen no attention span.
         """
         starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
         ends = np.r_[starts[1:], len(rows)]
@@ -186,7 +186,7 @@ class JaxRunner:
         head = self.overhead
         where[singles] = np.arange(len(singles))
         out_t = [tokens[singles], np.zeros(head - len(singles), np.int32)]
-        out_p = [positions[singles], np.full(head - len(singles), self.scratch, np.int32)]
+        out_p = [positions[singles], np.full(head - len(singles), self.padding, np.int32)]
         out_r = [rows[singles], np.zeros(head - len(singles), np.int32)]
         at = head
         for s, e in runs:
@@ -194,7 +194,7 @@ class JaxRunner:
             padded = self.chunk_cost(n)
             where[s:e] = np.arange(at, at + n)
             out_t += [tokens[s:e], np.zeros(padded - n, np.int32)]
-            out_p += [positions[s:e], np.full(padded - n, self.scratch, np.int32)]
+            out_p += [positions[s:e], np.full(padded - n, self.padding, np.int32)]
             out_r.append(np.full(padded, rows[s], np.int32))
             at += padded
         return (np.concatenate(out_t).astype(np.int32), np.concatenate(out_p).astype(np.int32),
@@ -247,10 +247,10 @@ class JaxRunner:
         """Runs every pass size given and one decode step; returns that step's logits."""
         for size in sorted({bucket(n, self.smallest) for n in pack_lengths}):
             self._note(("prefill", size))
-            np.asarray(self.model.prefill(np.zeros(size, np.int32), np.full(size, self.scratch, np.int32),
+            np.asarray(self.model.prefill(np.zeros(size, np.int32), np.full(size, self.padding, np.int32),
                                           np.zeros(size, np.int32), np.zeros(self.batch, np.int32)))
         self.copy_rows(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32))
-        return self.decode(np.zeros(self.batch, np.int32), np.full(self.batch, self.scratch, np.int32))
+        return self.decode(np.zeros(self.batch, np.int32), np.full(self.batch, self.padding, np.int32))
 
 
 def make_runner(model):

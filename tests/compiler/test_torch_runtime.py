@@ -1,6 +1,8 @@
-"""torch runtime pieces the parity tests reach only as a whole: rope's written form, the per-pass memo."""
+"""torch runtime pieces the parity tests reach only as a whole: rope's written form, the per-pass memo,
+the cache store that drops padding."""
 
 import numpy as np
+import pytest
 import torch
 
 from linnet.codegen_torch import runtime as rt
@@ -39,3 +41,25 @@ def test_per_pass_computes_once_per_entry_call_and_per_tensor():
     rt.as_tensors("cpu")  # the next entry call starts empty
     rt.per_pass("double", (a,), lambda: compute(a))
     assert len(calls) == 4
+
+
+@pytest.mark.parametrize("put", ["put_", "_put_clamped"])
+def test_put_drops_entries_past_the_state(put):
+    """Padding tokens at position MaxSeq write nothing, on the CPU's path and the GPU's (clamped)."""
+    rng = np.random.default_rng(5)
+    cache = rng.normal(size=(2, 3, 6, 4)).astype(np.float32)  # [layers, rows, MaxSeq, dim]
+    rows = np.array([0, 2, 1, 2, 0])
+    positions = np.array([1, 6, 5, 3, 6])  # two at MaxSeq
+    value = rng.normal(size=(5, 4)).astype(np.float32)
+    want = cache.copy()
+    for r, p, v in zip(rows, positions, value):
+        if p < 6:
+            want[1, r, p] = v
+    got = torch.from_numpy(cache.copy())
+    index = (1, torch.from_numpy(rows), torch.from_numpy(positions))
+    rt.as_tensors("cpu")  # a new pass for the per-pass memo
+    if put == "put_":
+        rt.put_(got, index, torch.from_numpy(value))
+    else:
+        rt._put_clamped(got, index, torch.from_numpy(value), [(1, index[1]), (2, index[2])])
+    np.testing.assert_array_equal(got.numpy(), want)
