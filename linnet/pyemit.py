@@ -192,8 +192,12 @@ class PythonEmitter:
     def op_rope(self, v, k):
         return f"rt.rope({self.expr(k['x'])}, {self.expr(k['positions'])}, {self.rope_table(v)})"
 
+    def cache_arg(self, c: ir.Value) -> str:
+        """How a backend spells a cache handed to attention."""
+        return self.expr(c)
+
     def op_attention(self, v, k):
-        args = [self.expr(k["q"]), self.expr(k["k_cache"]), self.expr(k["v_cache"]), self.expr(k["positions"])]
+        args = [self.expr(k["q"]), self.cache_arg(k["k_cache"]), self.cache_arg(k["v_cache"]), self.expr(k["positions"])]
         if "rows" in k and not self.is_iota_rows(k["rows"]):
             args.append(f"rows={self.expr(k['rows'])}")
         for name in ("window", "sinks", "scale"):

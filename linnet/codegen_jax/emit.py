@@ -90,7 +90,8 @@ class _JaxEmitter(PythonEmitter):
         if not s.indices:
             self.line(f"{s.state} = {self.expr(s.value)}")
             return
-        self.line(f"{s.state} = {s.state}.at[{', '.join(self.expr(i) for i in s.indices)}].set({self.expr(s.value)})")
+        # entries outside the state (padding tokens at position MaxSeq) write nothing
+        self.line(f"{s.state} = {s.state}.at[{', '.join(self.expr(i) for i in s.indices)}].set({self.expr(s.value)}, mode=\"drop\")")
 
     def ret(self, s: ir.Return):
         self.line(f"return {self.expr(s.value)}, {self.state_dict}")
@@ -165,6 +166,13 @@ class _JaxEmitter(PythonEmitter):
 
     def op_zeros(self, v, k):
         return f"jnp.zeros(({self.dims(v.dims)},), dtype={JNP_DTYPES[self.dtype_of(v.type)]})"
+
+    def cache_arg(self, c: ir.Value) -> str:
+        # One layer of a stacked cache (`k_cache[l]`) goes to attention unsliced, as `rt.layer(k_cache, l)`:
+        # its chunk walks read straight from the stack, where a slice would be copied whole first.
+        if isinstance(c, ir.Op) and c.op == "index" and len(c.args) == 1 and isinstance(c.kwargs["x"], ir.Var):
+            return f"rt.layer({self.expr(c.kwargs['x'])}, {self.expr(c.args[0])})"
+        return self.expr(c)
 
     def op_copy_rows(self, v, k):
         return f"rt.copy_rows({self.expr(k['cache'])}, {self.expr(k['src'])}, {self.expr(k['dst'])}, {self.expr(k['upto'])})"

@@ -8,6 +8,7 @@ norms and softmax in f32.
 from __future__ import annotations
 
 import math
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -59,20 +60,79 @@ def rope(x, positions, table):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
+class CacheLayer(NamedTuple):
+    """Layer `index` of a stacked cache [layers, Batch, MaxSeq, ...], not sliced out: what
+    generated code hands `attention` (`rt.layer(k_cache, l)`). The chunk walks read their keys
+    straight from the stack; a slice handed to a loop would first be copied whole (about 1 ms a
+    layer and a cache at Batch 16, MaxSeq 640)."""
+
+    stack: jax.Array
+    index: Any
+
+    @property
+    def shape(self) -> tuple:
+        return self.stack.shape[1:]
+
+    def whole(self):
+        return self.stack[self.index]
+
+    def at(self, rows, positions):
+        """[n, ...]: the entries at (rows[i], positions[i])."""
+        return self.stack[self.index, rows, positions]
+
+    def chunk(self, rows, start, size: int, nb: int):
+        """[b, size, ...]: positions start .. start + size of rows[b] (rows 0 .. nb - 1 when None)."""
+        if rows is None:
+            starts = (self.index, 0, start) + (0,) * (self.stack.ndim - 3)
+            return jax.lax.dynamic_slice(self.stack, starts, (1, nb, size) + self.stack.shape[3:])[0]
+        batch, seq = self.stack.shape[1:3]
+        flat = self.stack.reshape((-1,) + self.stack.shape[3:])
+        return flat[((self.index * batch + rows) * seq + start)[:, None] + jnp.arange(size)]
+
+
+def layer(stack, index) -> CacheLayer:
+    return CacheLayer(stack, index)
+
+
 def attention(q, k_cache, v_cache, positions, rows=None, window: int = 0, sinks=None, scale=None, fast: bool = False):
     """Token i attends to cache row rows[i] (row i when rows is None) at positions <= positions[i].
+    The caches are [Batch, MaxSeq, kv_heads, head_dim] arrays or `CacheLayer`s of a stack.
 
     Any pack is attended correctly. A pack laid out as the engine's JAX runner lays it out is
     attended cheaply: its first HEAD tokens (one per row at most: decoding rows, one-token
     prompt rests) each read their own row, and the tokens after them come in blocks of BLOCK
     tokens of one row, each block reading one row. A pack that is not laid out so (checked on
-    the device) falls back to reading one row per token.
+    the device) falls back to reading one row per token. Padding tokens, at positions >= MaxSeq,
+    get some output and widen no walk.
     """
     n, heads, head_dim = q.shape
     scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
+    if not isinstance(k_cache, CacheLayer):
+        k_cache, v_cache = CacheLayer(jnp.asarray(k_cache)[None], 0), CacheLayer(jnp.asarray(v_cache)[None], 0)
+    batch, seq = k_cache.shape[:2]
+    if not (fast and _walks_keys(seq)):
+        return _attend_reading_rows(q, k_cache.whole(), v_cache.whole(), positions, rows, window, sinks, scale, fast)
     if rows is None:
-        if fast and _walks_keys(k_cache.shape[1]):
-            return _attend_walking(q, k_cache[:n], v_cache[:n], positions, window, sinks, scale)
+        return _attend_walking(q[:, None], k_cache, v_cache, positions[:, None], None, window, sinks, scale)
+    head = head_tokens(batch)
+    if n <= head or n % BLOCK:
+        return _attend_walking(q[:, None], k_cache, v_cache, positions[:, None], rows, window, sinks, scale)
+    first = _attend_walking(q[:head, None], k_cache, v_cache, positions[:head, None], rows[:head], window, sinks, scale)
+    q2, p2, r2 = q[head:], positions[head:], rows[head:]
+    blocks = r2.reshape(-1, BLOCK)
+    own = _own_keys(r2, p2, seq)
+    laid_out = jnp.all(blocks == blocks[:, :1]) & _runs_are_whole(own, p2, seq)
+    # Both paths, the fallback walking no chunk unless needed: a select rather than a lax.cond.
+    rest = jnp.where(laid_out, _attend_pass(q2, k_cache, v_cache, p2, r2, own, window, sinks, scale),
+                     _attend_walking(q2[:, None], k_cache, v_cache, p2[:, None], r2, window, sinks, scale,
+                                     needed=~laid_out))
+    return jnp.concatenate([first, rest])
+
+
+def _attend_reading_rows(q, k_cache, v_cache, positions, rows, window, sinks, scale, fast):
+    """`attention` reading whole cache rows: GPUs (fused attention over fixed shapes) and exact numerics."""
+    n = q.shape[0]
+    if rows is None:
         return _attend(q, k_cache[:n], v_cache[:n], positions, window, sinks, scale, fast)
     head = head_tokens(k_cache.shape[0])
     if n <= head or n % BLOCK:
@@ -82,8 +142,7 @@ def attention(q, k_cache, v_cache, positions, rows=None, window: int = 0, sinks=
     blocks = r2.reshape(-1, BLOCK)
     per_block = lambda: _attend_blocks(q2, k_cache, v_cache, p2, blocks[:, 0], window, sinks, scale, fast)
     per_token = lambda: _attend_gathered(q2, k_cache, v_cache, p2, r2, window, sinks, scale, fast)
-    rest = jax.lax.cond(jnp.all(blocks == blocks[:, :1]), per_block, per_token)
-    return jnp.concatenate([first, rest])
+    return jnp.concatenate([first, jax.lax.cond(jnp.all(blocks == blocks[:, :1]), per_block, per_token)])
 
 
 BLOCK = 8
@@ -163,51 +222,134 @@ KEY_CHUNK = 128
 
 
 def _walks_keys(max_seq: int) -> bool:
-    """Whether decode walks the keys chunk by chunk, up to the furthest position only: on the CPU,
-    where attending over all MaxSeq keys of every row grew a SmolLM2 decode step from 105 ms at
-    MaxSeq 160 to 256 ms at 640. The one device check for it; GPUs keep the fused attention."""
+    """Whether attention walks the keys chunk by chunk, up to the furthest position only: on the
+    CPU, where attending over all MaxSeq keys of every row grew a SmolLM2 decode step from 105 ms
+    at MaxSeq 160 to 256 ms at 640. The one device check for it; GPUs keep the fused attention."""
     return max_seq > KEY_CHUNK and jax.default_backend() == "cpu"
 
 
-def _attend_walking(q, keys, values, positions, window, sinks, scale):
-    """`_attend` in KEY_CHUNK-key steps with an online softmax, stopping after the chunk that holds
-    the furthest position: the work follows the tokens' positions instead of MaxSeq.
+def _attend_walking(q, k_cache, v_cache, positions, rows, window, sinks, scale, needed=True):
+    """Groups of queries, each group reading one cache row, against the keys in KEY_CHUNK steps,
+    stopping after the chunk that holds the furthest position: the work follows the tokens'
+    positions instead of MaxSeq, and only the chunks walked are read.
 
-    q[n, h, d] against keys/values[n, S, kvh, d], token i reading row i. The last chunk is
-    aligned to end at S (overlapping its predecessor; overlapped keys are masked out of it).
+    q[b, t, h, d] and positions[b, t]: group b's t tokens read row rows[b] (row b when rows is
+    None). Padding tokens (positions >= MaxSeq) do not extend the walk. Returns [b * t, h, d];
+    zeros, having walked nothing, where `needed` (on the device) is false.
     """
-    n, heads, head_dim = q.shape
-    seq, kv_heads = keys.shape[1], keys.shape[2]
+    nb, t, heads, head_dim = q.shape
+    seq, kv_heads = k_cache.shape[1], k_cache.shape[2]
     group = heads // kv_heads
-    qg = q.reshape(n, kv_heads, group, head_dim).astype(jnp.float32) * scale
-    pos = positions[:, None]
+    qk = (q.reshape(nb, t, kv_heads, group, head_dim).transpose(0, 2, 1, 3, 4)
+          .reshape(nb, kv_heads, t * group, head_dim).astype(jnp.float32) * scale)
+    pos = jnp.repeat(positions, group, axis=1)[:, :, None]  # [b, t * g, 1]: a query per head of a token
+    furthest = jnp.max(jnp.where(positions < seq, positions, 0))
+    chunks = jnp.where(needed, furthest // KEY_CHUNK + 1, 0)
+    carry = _walk(qk, k_cache, v_cache, rows, lambda span: _visible(span, pos, window), chunks)
+    out = _finish(carry, None if sinks is None else jnp.tile(sinks.reshape(kv_heads, group), (1, t)))
+    out = out.reshape(nb, kv_heads, t, group, head_dim).transpose(0, 2, 1, 3, 4)
+    return out.reshape(nb * t, heads, head_dim).astype(q.dtype)
+
+
+def _own_keys(rows, positions, seq: int):
+    """[m, m] bool: key j of the pass is in query i's row (and is no padding token)."""
+    return (rows[:, None] == rows[None, :]) & (positions < seq)[None, :]
+
+
+def _runs_are_whole(own, positions, seq: int):
+    """Whether each token's row holds, in this pass, every position from the row's first one in
+    the pass up to the token's own: what `_attend_pass` assumes of a pack."""
+    start = jnp.min(jnp.where(own, positions[None, :], seq), axis=1)
+    count = jnp.sum(own & (positions[None, :] <= positions[:, None]), axis=1)
+    return jnp.all((count == positions - start + 1) | (positions >= seq))
+
+
+def _attend_pass(q, k_cache, v_cache, positions, rows, own, window, sinks, scale):
+    """Runs of a packed pass (blocks of BLOCK tokens of one row; each row's positions in the pass
+    consecutive) in two parts joined by one softmax: the pass's own keys, all against all with a
+    mask (dense matmuls, the bulk of a fresh prompt's attention), and the keys cached before each
+    row's first position in the pass, walked in chunks (none for a fresh prompt).
+
+    q[m, h, d]; own: `_own_keys(rows, positions, MaxSeq)`. Queries are laid out a KV head at a
+    time ([kvh, m * g, d]), so that every matmul has its batch axis first: XLA's CPU dots run
+    about three times faster so than with the batch axis in the middle.
+    """
+    m, heads, head_dim = q.shape
+    seq, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group, nb = heads // kv_heads, m // BLOCK
+    qk = q.reshape(m, kv_heads, group, head_dim).transpose(1, 0, 2, 3).reshape(kv_heads, m * group, head_dim)
+    qk = qk.astype(jnp.float32) * scale
+    start = jnp.min(jnp.where(own, positions[None, :], seq), axis=1)  # the row's first position in the pass
+    pos = jnp.repeat(positions, group).reshape(nb, BLOCK * group, 1)
+    before = jnp.repeat(start, group).reshape(nb, BLOCK * group, 1)
+    cached = lambda span: _visible(span, pos, window) & (span < before)
+    furthest = jnp.max(jnp.where(positions < seq, start, 0))  # keys below it come from the cache
+    carry = _walk(qk.reshape(kv_heads, nb, BLOCK * group, head_dim).transpose(1, 0, 2, 3), k_cache, v_cache,
+                  rows.reshape(nb, BLOCK)[:, 0], cached, (furthest + KEY_CHUNK - 1) // KEY_CHUNK)
+    carry = tuple(c.transpose((1, 0) + tuple(range(2, c.ndim))).reshape((kv_heads, m * group) + c.shape[3:])
+                  for c in carry)
+    at = jnp.minimum(positions, seq - 1)  # this pass's keys, where it has just written them
+    keys = k_cache.at(rows, at).astype(jnp.float32).transpose(1, 0, 2)  # [kvh, m, d]
+    values = v_cache.at(rows, at).astype(jnp.float32).transpose(1, 0, 2)
+    visible = jnp.repeat(own & _visible(positions[None, :], positions[:, None], window), group, axis=0)
+    scores = jnp.where(visible[None], jnp.einsum("kqd,kjd->kqj", qk, keys), -jnp.inf)
+    carry = _merge(carry, _part(scores, lambda w: jnp.einsum("kqj,kjd->kqd", w, values)))
+    out = _finish(carry, None if sinks is None else jnp.tile(sinks.reshape(kv_heads, group), (1, m)))
+    return out.reshape(kv_heads, m, group, head_dim).transpose(1, 0, 2, 3).reshape(m, heads, head_dim).astype(q.dtype)
+
+
+def _walk(qk, k_cache, v_cache, rows, visible, chunks):
+    """A running softmax over KEY_CHUNK-key chunks 0 .. chunks - 1 of each group's cache row.
+
+    qk[b, kvh, q, d] (scaled, f32); rows[b] (row b when None); visible(span[C]) -> [b, q, C].
+    Returns (best, total, acc): [b, kvh, q] twice and [b, kvh, q, d]. The last chunk is aligned
+    to end at MaxSeq, overlapping its predecessor, whose keys are masked out of it.
+    """
+    nb = qk.shape[0]
+    seq = k_cache.shape[1]
+
+    def read(cache, start):
+        return cache.chunk(rows, start, KEY_CHUNK, nb).astype(jnp.float32).transpose(0, 2, 1, 3)  # [b, kvh, C, d]
 
     def step(c, carry):
-        best, total, acc = carry
         start = jnp.minimum(c * KEY_CHUNK, seq - KEY_CHUNK)
-        k = jax.lax.dynamic_slice_in_dim(keys, start, KEY_CHUNK, axis=1).astype(jnp.float32)
-        v = jax.lax.dynamic_slice_in_dim(values, start, KEY_CHUNK, axis=1).astype(jnp.float32)
         span = start + jnp.arange(KEY_CHUNK)
-        visible = _visible(span[None, :], pos, window) & (span[None, :] >= c * KEY_CHUNK)  # not the overlap again
-        scores = jnp.einsum("nkgd,nskd->nkgs", qg, k)
-        scores = jnp.where(visible[:, None, None, :], scores, -jnp.inf)
-        new_best = jnp.maximum(best, scores.max(axis=-1))
-        safe = jnp.where(jnp.isfinite(new_best), new_best, 0.0)  # no key seen yet: nothing to rescale
-        weights = jnp.exp(scores - safe[..., None])
-        rescale = jnp.exp(best - safe)
-        return (new_best, total * rescale + weights.sum(axis=-1),
-                acc * rescale[..., None] + jnp.einsum("nkgs,nskd->nkgd", weights, v))
+        seen = visible(span) & (span >= c * KEY_CHUNK)  # not the overlap again
+        scores = jnp.where(seen[:, None], jnp.einsum("bkqd,bksd->bkqs", qk, read(k_cache, start)), -jnp.inf)
+        return _merge(carry, _part(scores, lambda w: jnp.einsum("bkqs,bksd->bkqd", w, read(v_cache, start))))
 
-    chunks = jnp.max(positions) // KEY_CHUNK + 1
-    init = (jnp.full((n, kv_heads, group), -jnp.inf, jnp.float32), jnp.zeros((n, kv_heads, group), jnp.float32),
-            jnp.zeros((n, kv_heads, group, values.shape[-1]), jnp.float32))
-    best, total, acc = jax.lax.fori_loop(0, chunks, step, init)
-    if sinks is not None:  # one more logit per head, in the denominator only
-        sink = sinks.astype(jnp.float32).reshape(1, kv_heads, group)
-        top = jnp.maximum(best, sink)
-        total = total * jnp.exp(best - top) + jnp.exp(sink - top)
+    shape = qk.shape[:-1]
+    init = (jnp.full(shape, -jnp.inf, jnp.float32), jnp.zeros(shape, jnp.float32),
+            jnp.zeros(shape + (v_cache.shape[-1],), jnp.float32))
+    return jax.lax.fori_loop(0, chunks, step, init)
+
+
+def _part(scores, weigh):
+    """The softmax of one set of keys as (best logit, total weight, weighted values): scores[..., s],
+    -inf where not visible; weigh(weights[..., s]) -> [..., d]. Kept apart from any running state
+    until `_merge`: folded straight into one, XLA's CPU fusion ran the dense part 2-3x slower."""
+    best = scores.max(axis=-1)
+    weights = jnp.exp(scores - jnp.where(jnp.isfinite(best), best, 0.0)[..., None])  # no key seen: all 0
+    return best, weights.sum(axis=-1), weigh(weights)
+
+
+def _merge(a, b):
+    """Two softmax parts over disjoint keys as one."""
+    top = jnp.maximum(a[0], b[0])
+    safe = jnp.where(jnp.isfinite(top), top, 0.0)
+    wa, wb = jnp.exp(a[0] - safe), jnp.exp(b[0] - safe)
+    return top, a[1] * wa + b[1] * wb, a[2] * wa[..., None] + b[2] * wb[..., None]
+
+
+def _finish(carry, sinks):
+    """The running softmax's output [..., d]; sinks (broadcast against the totals) add one logit
+    per head to the denominator only. A padding token may have seen no key: 0, not NaN."""
+    best, total, acc = carry
+    if sinks is not None:
+        top = jnp.maximum(best, sinks)
+        total = total * jnp.exp(best - top) + jnp.exp(sinks - top)
         acc = acc * jnp.exp(best - top)[..., None]
-    return (acc / total[..., None]).reshape(n, heads, values.shape[-1]).astype(q.dtype)
+    return acc / jnp.where(total > 0, total, 1.0)[..., None]
 
 
 def copy_rows(cache, src, dst, upto):

@@ -25,14 +25,16 @@ def reference(q, kc, vc, positions, rows, window, sinks, scale):
     return out
 
 
-def case(seed):
+def case(seed, seq=24):
     rng = np.random.default_rng(seed)
-    batch, seq, heads, kvh, d = 3, 24, 4, 2, 8
+    batch, heads, kvh, d = 3, 4, 2, 8
     kc = rng.normal(size=(batch, seq, kvh, d)).astype(np.float32)
     vc = rng.normal(size=(batch, seq, kvh, d)).astype(np.float32)
     # A pack: a 9-token prompt in row 2, one decode token in row 0, a 6-token chunk in row 1 from position 5.
+    # Past two key chunks: the prompt after a 140-token prefix, the chunk across a chunk's edge.
     rows = np.array([2] * 9 + [0] + [1] * 6, np.int32)
-    positions = np.array(list(range(9)) + [17] + list(range(5, 11)), np.int32)
+    prompt, decode, chunk = (0, 17, 5) if seq < 2 * jrt.KEY_CHUNK else (140, seq - 10, jrt.KEY_CHUNK - 3)
+    positions = np.array(list(range(prompt, prompt + 9)) + [decode] + list(range(chunk, chunk + 6)), np.int32)
     q = rng.normal(size=(len(rows), heads, d)).astype(np.float32)
     sinks = rng.normal(size=heads).astype(np.float32)
     return q, kc, vc, positions, rows, sinks
@@ -70,11 +72,14 @@ def test_rows_omitted_means_token_i_is_row_i(backend):
 
 @pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("window,use_sinks", [(0, False), (4, True)])
-def test_jax_block_layout_matches_the_definition(fast, window, use_sinks):
-    """The engine's JAX layout: one-token segments first (padded to head_tokens), then BLOCK-aligned runs."""
-    q, kc, vc, positions, rows, sinks = case(2)
+@pytest.mark.parametrize("seq,pad", [(24, "last"), (24, "past"), (300, "last"), (300, "past")])
+def test_jax_block_layout_matches_the_definition(fast, window, use_sinks, seq, pad):
+    """The engine's JAX layout: one-token segments first (padded to head_tokens), then BLOCK-aligned
+    runs; padding at the last cache position or one past it (where its writes are dropped). At 300
+    positions fast numerics walk the keys in chunks, gathering each block's row a chunk at a time."""
+    q, kc, vc, positions, rows, sinks = case(2, seq)
     s = sinks if use_sinks else None
-    head, block, scratch = jrt.head_tokens(kc.shape[0]), jrt.BLOCK, kc.shape[1] - 1
+    head, block, scratch = jrt.head_tokens(kc.shape[0]), jrt.BLOCK, seq - 1 if pad == "last" else seq
     order, lay_rows, lay_pos = [], [], []
 
     def put(indices, row, size):
@@ -108,6 +113,13 @@ def test_jax_decode_walking_the_keys_in_chunks_matches_the_definition(window, us
     want = reference(q, kc, vc, positions, np.arange(n), window, sinks, 0.3)
     got = np.asarray(jrt.attention(q, kc, vc, positions, window=window, sinks=sinks, scale=0.3, fast=True))
     np.testing.assert_allclose(got, want, atol=2e-5)
+    # Idle rows at the padding position (MaxSeq) neither widen the walk nor disturb the others.
+    idle = np.array([0, 5, seq, 127, seq, 100], np.int32)
+    got = np.asarray(jrt.attention(q, kc, vc, idle, window=window, sinks=sinks, scale=0.3, fast=True))
+    real = idle < seq
+    want = reference(q[real], kc[real], vc[real], idle[real], np.arange(real.sum()), window, sinks, 0.3)
+    np.testing.assert_allclose(got[real], want, atol=2e-5)
+    assert np.isfinite(got).all()
 
 
 def test_jax_decode_past_a_key_chunk_agrees_with_exact_numerics():

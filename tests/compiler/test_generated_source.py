@@ -134,8 +134,8 @@ PLUMBING = {"self", "rt", "F", "torch", "jax", "jnp", "nn", "params", "at", "set
 # what a generated statement must find on the line its comment names
 STATEMENTS = {
     "torch": [
-        (r"self\.k_cache\[l, rows, positions\] = k$", "k_cache[l, rows, positions] = k"),
-        (r"self\.v_cache\[l, rows, positions\] = v$", "v_cache[l, rows, positions] = v"),
+        (r"rt\.put_\(self\.k_cache, \(l, rows, positions\), k\)$", "k_cache[l, rows, positions] = k"),
+        (r"rt\.put_\(self\.v_cache, \(l, rows, positions\), v\)$", "v_cache[l, rows, positions] = v"),
         (r"a = rt\.attention\(q, self\.k_cache\[l\]", "a = attention(q, k_cache[l], v_cache[l], positions"),
         (r"q = rt\.rope\(", "q = rotate(linear(h, wq[l])"),
         (r"k = rt\.rope\(", "k = rotate(linear(h, wk[l])"),
@@ -149,9 +149,9 @@ STATEMENTS = {
         (r"rt\.copy_rows_\(self\.v_cache", "v_cache = copy_rows(v_cache, src, dst, upto)"),
     ],
     "jax": [
-        (r"k_cache = k_cache\.at\[l, rows, positions\]\.set\(k\)$", "k_cache[l, rows, positions] = k"),
-        (r"v_cache = v_cache\.at\[l, rows, positions\]\.set\(v\)$", "v_cache[l, rows, positions] = v"),
-        (r"a = rt\.attention\(q, k_cache\[l\]", "a = attention(q, k_cache[l], v_cache[l], positions"),
+        (r"k_cache = k_cache\.at\[l, rows, positions\]\.set\(k, mode=\"drop\"\)$", "k_cache[l, rows, positions] = k"),
+        (r"v_cache = v_cache\.at\[l, rows, positions\]\.set\(v, mode=\"drop\"\)$", "v_cache[l, rows, positions] = v"),
+        (r"a = rt\.attention\(q, rt\.layer\(k_cache, l\), rt\.layer\(v_cache, l\)", "a = attention(q, k_cache[l], v_cache[l], positions"),
         (r"q = rt\.rope\(", "q = rotate(linear(h, wq[l])"),
         (r"k = rt\.rope\(", "k = rotate(linear(h, wk[l])"),
         (r"h = rt\.rmsnorm\(x, params\[\"attn_norm\"\]\[l\]", "h = rmsnorm(x, attn_norm[l]"),
