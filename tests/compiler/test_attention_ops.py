@@ -78,6 +78,7 @@ def test_jax_block_layout_matches_the_definition(fast, window, use_sinks, seq, p
     runs; padding at the last cache position or one past it (where its writes are dropped). At 300
     positions fast numerics walk the keys in chunks, gathering each block's row a chunk at a time."""
     q, kc, vc, positions, rows, sinks = case(2, seq)
+    assert jrt._walks_keys(seq) == (seq == 300)
     s = sinks if use_sinks else None
     head, block, scratch = jrt.head_tokens(kc.shape[0]), jrt.BLOCK, seq - 1 if pad == "last" else seq
     order, lay_rows, lay_pos = [], [], []
