@@ -6,7 +6,7 @@ from linnet.ir import nodes as ir
 from linnet.ir.dims import Dim
 from linnet.ir.specialize import concrete_dtype, evaluate
 from linnet.ir.types import TensorType
-from linnet.ir.walk import all_values
+from linnet.ir.walk import all_values, stmt_values, values
 from linnet.pyemit import dim_py
 
 ROPE_ARGS = ("theta", "scaling", "factor", "low_freq_factor", "high_freq_factor", "original_max", "beta_fast", "beta_slow")
@@ -91,3 +91,52 @@ def linear_weights(module: ir.Module) -> dict:
                 if isinstance(w, ir.Var) and w.kind == "param" and layer == (module.params[w.name].loop_var is not None):
                     as_weight[w.name] = as_weight.get(w.name, 0) + 1
     return {name: module.params[name].loop_var is not None for name, n in as_weight.items() if n == uses[name]}
+
+
+def linear_groups(module: ir.Module) -> list:
+    """Linear weights that multiply the very same input, to be fused into one matmul: [(name, ...)].
+
+    Two `linear` ops share an input when it is the same local, not reassigned between them (q, k
+    and v of one norm's output; gate and up). Only weights from `linear_weights`, untied, without
+    a bias, stacked alike and of one input width are grouped, and a weight in two different groups
+    (across entries) is left out of both. A wrong guess costs speed only: the runtime computes a
+    group's matmul per input tensor and hands each member its columns.
+    """
+    listed = linear_weights(module)
+    ties = tied_params(module)
+    tied = set(ties) | set(ties.values())
+    found: dict = {}
+    for entry, fn in module.entries.items():
+        generation: dict = {}
+
+        def visit(body):
+            for s in body:
+                for top in stmt_values(s):
+                    for v in values(top):
+                        if not (isinstance(v, ir.Op) and v.op == "linear" and "bias" not in v.kwargs):
+                            continue
+                        x, w = v.kwargs["x"], v.kwargs["w"]
+                        if isinstance(w, ir.Op) and w.op == "index":
+                            w = w.kwargs["x"]
+                        if not (isinstance(x, ir.Var) and x.kind == "local" and isinstance(w, ir.Var)):
+                            continue
+                        if w.name in listed and w.name not in tied:
+                            members = found.setdefault((entry, x.name, generation.get(x.name, 0)), [])
+                            if w.name not in members:
+                                members.append(w.name)
+                if isinstance(s, ir.Assign):
+                    for name in s.targets:
+                        generation[name] = generation.get(name, 0) + 1
+                if isinstance(s, ir.For):
+                    visit(s.body)
+
+        visit(fn.body)
+    groups = {tuple(sorted(m)) for m in found.values() if len(m) > 1}
+    shape = lambda n: module.params[n].type
+    groups = {g for g in groups
+              if len({(listed[n], str(shape(n).shape[-1]), concrete_dtype(shape(n).dtype, module)) for n in g}) == 1}
+    counts: dict = {}
+    for g in groups:
+        for n in g:
+            counts[n] = counts.get(n, 0) + 1
+    return sorted(g for g in groups if all(counts[n] == 1 for n in g))

@@ -1,4 +1,5 @@
-"""Which params are only linear weights, and torch's CPU packing of them under fast numerics.
+"""Which params are only linear weights, which share an input, and torch's CPU packing and fusing of them
+under fast numerics.
 
 Packing changes where the weights live, not what the model computes: the packed model is checked
 against the same model with plain weights (and the parity tests check fast f32 against transformers).
@@ -12,7 +13,7 @@ import torch
 
 import linnet
 from linnet import nest
-from linnet.codegen_common import linear_weights
+from linnet.codegen_common import linear_groups, linear_weights
 from linnet.codegen_torch import runtime as rt
 from linnet.frontend import load_file
 from linnet.ir.passes import inline_calls
@@ -22,18 +23,46 @@ CARDS = Path(linnet.__file__).parent / "nest" / "cards"
 LAYER_WEIGHTS = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"}
 
 
+def module_of(card: str):
+    return inline_calls(specialize(load_file(CARDS / f"{card}.linnet"), {"Batch": 2, "MaxSeq": 16, "T": "f32"}))
+
+
 def weights_of(card: str) -> dict:
-    module = specialize(load_file(CARDS / f"{card}.linnet"), {"Batch": 2, "MaxSeq": 16, "T": "f32"})
-    return linear_weights(inline_calls(module))
+    return linear_weights(module_of(card))
 
 
-def test_layer_weights_are_stacked_and_an_untied_head_is_whole():
-    assert weights_of("tiny-llama") == {**{name: True for name in LAYER_WEIGHTS}, "lm_head": False}
+@pytest.mark.parametrize("card", ["tiny-llama", "tiny-llama-tied"])
+def test_weights_of_one_input_are_grouped(card):
+    # q, k, v read the attention norm's output; gate and up the MLP norm's; wo, w_down and the head stand alone
+    assert linear_groups(module_of(card)) == [("w_gate", "w_up"), ("wk", "wq", "wv")]
 
 
-def test_a_head_tied_to_the_embedding_is_listed_and_the_embedding_is_not():
-    # the embedding is also gathered from, so only the head's own uses qualify
-    assert weights_of("tiny-llama-tied") == {**{name: True for name in LAYER_WEIGHTS}, "lm_head": False}
+def test_a_reassigned_input_is_not_the_same_input():
+    from linnet.frontend import load_source
+
+    source = """
+arch two_inputs
+config {
+  dim: int = 8
+}
+params {
+  a: T[dim, dim] from hf "a"
+  b: T[dim, dim] from hf "b"
+  c: T[dim, dim] from hf "c"
+}
+state {
+  seen: T[Batch, dim]
+}
+entry run<N>(x: T[N, dim]) -> T[N, dim] {
+  h = x * 2.0
+  p = linear(h, a)
+  q = linear(h, b)
+  h = x * 3.0
+  return p + q + linear(h, c)
+}
+"""
+    module = inline_calls(specialize(load_source(source, "two_inputs.linnet"), {"Batch": 1, "T": "f32"}))
+    assert linear_groups(module) == [("a", "b")]
 
 
 def load(card, numerics):
@@ -45,8 +74,9 @@ def load(card, numerics):
                     reason="this torch has no oneDNN linear packing")
 def test_fast_f32_on_the_cpu_packs_and_computes_the_same():
     fast, exact = load("tiny-llama", "fast"), load("tiny-llama", "exact")
-    assert all(w.is_mkldnn for w in fast.runner.wq) and len(fast.runner.wq) == 2
-    assert fast.runner.lm_head.is_mkldnn
+    assert all(isinstance(w, rt.FusedPart) and w.fused.is_mkldnn for w in fast.runner.wq) and len(fast.runner.wq) == 2
+    assert fast.runner.wq[1].fused is fast.runner.wv[1].fused is not fast.runner.wq[0].fused  # one per layer
+    assert all(w.is_mkldnn for w in fast.runner.wo) and fast.runner.lm_head.is_mkldnn
     assert not exact.runner.lm_head.is_mkldnn and not exact.runner.wq.is_mkldnn
     assert fast.runner.weight_bytes() == exact.runner.weight_bytes()  # packing moves, it does not copy
 
@@ -71,3 +101,16 @@ def test_linear_takes_packed_and_plain_weights_alike():
     if rt.packs_linear_weights(torch.device("cpu"), torch.float32):
         packed = rt.pack_linear_weight(w, rows=16)  # tuned for 16 rows, right for any
         np.testing.assert_allclose(rt.linear(x, packed, b), x @ w.T + b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not rt.packs_linear_weights(torch.device("cpu"), torch.float32),
+                    reason="this torch has no oneDNN linear packing")
+def test_fused_parts_give_each_member_its_own_product():
+    rt.as_tensors("cpu")
+    x, y = torch.randn(5, 7), torch.randn(5, 7)
+    a, b = torch.randn(6, 7), torch.randn(3, 7)
+    whole = rt.pack_linear_weight(torch.cat([a, b]), rows=16)
+    pa, pb = rt.FusedPart(whole, 0, 6, 0), rt.FusedPart(whole, 6, 9, 0)
+    for inp in (x, y, x):  # a new input is multiplied afresh, never answered from the last one
+        np.testing.assert_allclose(rt.linear(inp, pb), inp @ b.T, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(rt.linear(inp, pa), inp @ a.T, rtol=1e-5, atol=1e-5)
