@@ -278,7 +278,7 @@ class Engine:
 
     def _decode_pass(self, decoding: list):
         tokens = np.zeros(self.rows, np.int32)
-        positions = np.full(self.rows, self.max_seq, np.int32)  # idle rows: padding, which writes nothing
+        positions = np.full(self.rows, self.runner.padding, np.int32)  # idle rows: padding, which writes nothing
         for x in decoding:
             tokens[x.row] = x.tokens[x.cached]
             positions[x.row] = x.cached

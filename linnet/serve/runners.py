@@ -65,6 +65,7 @@ class TorchRunner:
         self.model = model
         self.device = torch.device(model.device)
         self.batch = model.batch
+        self.padding = model.max_seq  # one past the cache: a padding token's writes are dropped
         self.compiles = 0
         self.use_cuda_graph = self.device.type == "cuda" and model.compile
         self._graph = None
@@ -140,9 +141,9 @@ class TorchRunner:
     def warmup(self, pack_lengths):
         """Runs every pass size given and one decode step; returns that step's logits."""
         for n in sorted(set(pack_lengths)):
-            self.prefill(np.zeros(n, np.int32), np.full(n, self.model.max_seq, np.int32), np.zeros(n, np.int32),
+            self.prefill(np.zeros(n, np.int32), np.full(n, self.padding, np.int32), np.zeros(n, np.int32),
                          np.zeros(1, np.int32))
-        return self.decode(np.zeros(self.batch, np.int32), np.full(self.batch, self.model.max_seq, np.int32))
+        return self.decode(np.zeros(self.batch, np.int32), np.full(self.batch, self.padding, np.int32))
 
 
 class JaxRunner:
