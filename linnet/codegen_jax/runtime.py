@@ -121,9 +121,10 @@ def attention(q, k_cache, v_cache, positions, rows=None, window: int = 0, sinks=
     q2, p2, r2 = q[head:], positions[head:], rows[head:]
     blocks = r2.reshape(-1, BLOCK)
     own = _own_keys(r2, p2, seq)
-    laid_out = jnp.all(blocks == blocks[:, :1]) & _runs_are_whole(own, p2, seq)
+    start = jnp.min(jnp.where(own, p2[None, :], seq), axis=1)  # each token's row's first position in the pass
+    laid_out = jnp.all(blocks == blocks[:, :1]) & _runs_are_whole(own, p2, start, seq)
     # Both paths, the fallback walking no chunk unless needed: a select rather than a lax.cond.
-    rest = jnp.where(laid_out, _attend_pass(q2, k_cache, v_cache, p2, r2, own, window, sinks, scale),
+    rest = jnp.where(laid_out, _attend_pass(q2, k_cache, v_cache, p2, r2, own, start, window, sinks, scale),
                      _attend_walking(q2[:, None], k_cache, v_cache, p2[:, None], r2, window, sinks, scale,
                                      needed=~laid_out))
     return jnp.concatenate([first, rest])
@@ -258,21 +259,21 @@ def _own_keys(rows, positions, seq: int):
     return (rows[:, None] == rows[None, :]) & (positions < seq)[None, :]
 
 
-def _runs_are_whole(own, positions, seq: int):
+def _runs_are_whole(own, positions, start, seq: int):
     """Whether each token's row holds, in this pass, every position from the row's first one in
-    the pass up to the token's own: what `_attend_pass` assumes of a pack."""
-    start = jnp.min(jnp.where(own, positions[None, :], seq), axis=1)
+    the pass (`start`) up to the token's own: what `_attend_pass` assumes of a pack."""
     count = jnp.sum(own & (positions[None, :] <= positions[:, None]), axis=1)
     return jnp.all((count == positions - start + 1) | (positions >= seq))
 
 
-def _attend_pass(q, k_cache, v_cache, positions, rows, own, window, sinks, scale):
+def _attend_pass(q, k_cache, v_cache, positions, rows, own, start, window, sinks, scale):
     """Runs of a packed pass (blocks of BLOCK tokens of one row; each row's positions in the pass
     consecutive) in two parts joined by one softmax: the pass's own keys, all against all with a
     mask (dense matmuls, the bulk of a fresh prompt's attention), and the keys cached before each
     row's first position in the pass, walked in chunks (none for a fresh prompt).
 
-    q[m, h, d]; own: `_own_keys(rows, positions, MaxSeq)`. Queries are laid out a KV head at a
+    q[m, h, d]; own: `_own_keys(rows, positions, MaxSeq)`; start: each token's row's first position
+    in the pass. Queries are laid out a KV head at a
     time ([kvh, m * g, d]), so that every matmul has its batch axis first: XLA's CPU dots run
     about three times faster so than with the batch axis in the middle.
     """
@@ -281,7 +282,6 @@ def _attend_pass(q, k_cache, v_cache, positions, rows, own, window, sinks, scale
     group, nb = heads // kv_heads, m // BLOCK
     qk = q.reshape(m, kv_heads, group, head_dim).transpose(1, 0, 2, 3).reshape(kv_heads, m * group, head_dim)
     qk = qk.astype(jnp.float32) * scale
-    start = jnp.min(jnp.where(own, positions[None, :], seq), axis=1)  # the row's first position in the pass
     pos = jnp.repeat(positions, group).reshape(nb, BLOCK * group, 1)
     before = jnp.repeat(start, group).reshape(nb, BLOCK * group, 1)
     cached = lambda span: _visible(span, pos, window) & (span < before)
