@@ -13,15 +13,15 @@ def prompts(n, lo, hi, seed=0, vocab=128):
     return [[rng.randrange(1, vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
 
 
-def reference_greedy(model, prompt, new):
+def reference_greedy(model, prompt, new, pad_to=128):
     """Plain prefill of the prompt in row 0, then decode one token at a time: no engine at all.
 
-    The prefill is padded to a fixed 128 tokens (padding goes to row 1's last position, which no
-    token reads), so that the JAX model compiles one shape for every prompt.
+    The prefill is padded to `pad_to` tokens (padding goes to row 1's last position, which no
+    token reads), so that the JAX model compiles one shape for every prompt; None: no padding.
     """
     model.reset()
     n = len(prompt)
-    pad = 128 - n
+    pad = 0 if pad_to is None else pad_to - n
     tokens = np.array(prompt + [0] * pad, np.int32)
     positions = np.concatenate([np.arange(n), np.full(pad, model.max_seq - 1)]).astype(np.int32)
     rows = np.concatenate([np.zeros(n), np.ones(pad)]).astype(np.int32)
@@ -178,21 +178,6 @@ def test_stop_strings_end_the_text_before_them(model):
     assert c.text.strip() == " ".join(f"t{t}" for t in ref[:first])
 
 
-def plain_greedy(model, prompt, new):
-    """Greedy tokens from a plain prefill of the whole prompt in row 0, then one decode a token."""
-    model.reset()
-    n = len(prompt)
-    logits = np.asarray(model.prefill(np.array(prompt, np.int32), np.arange(n, dtype=np.int32),
-                                      np.zeros(n, np.int32), np.array([n - 1], np.int32)))
-    out = [int(logits[0].argmax())]
-    tokens, positions = np.zeros(model.batch, np.int32), np.full(model.batch, model.max_seq, np.int32)
-    while len(out) < new:
-        tokens[0], positions[0] = out[-1], n + len(out) - 1
-        out.append(int(np.asarray(model.decode(tokens, positions))[0].argmax()))
-    model.reset()
-    return out
-
-
 def test_jax_walking_keys_through_the_engine_matches_exact_numerics():
     """Past two key chunks, fast JAX on the CPU walks the cache in chunks: prompts packed in
     blocks, chunked after a cached prefix, sharing a long prefix, with idle rows padded. Greedy
@@ -206,5 +191,5 @@ def test_jax_walking_keys_through_the_engine_matches_exact_numerics():
     engine = Engine(fast, token_budget=96, prefix_min=64)
     done, stats = engine.run([Request(prompt=p, max_new_tokens=6) for p in ps])
     for p, c in zip(ps, done):
-        assert c.tokens == plain_greedy(exact, p, 6)
+        assert c.tokens == reference_greedy(exact, p, 6, pad_to=None)
     assert stats.copied_tokens >= 200  # the shared prefix was reused, not prefilled again
