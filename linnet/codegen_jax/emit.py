@@ -90,8 +90,9 @@ class _JaxEmitter(PythonEmitter):
         if not s.indices:
             self.line(f"{s.state} = {self.expr(s.value)}")
             return
-        # entries outside the state (padding tokens at position MaxSeq) write nothing
-        self.line(f"{s.state} = {s.state}.at[{', '.join(self.expr(i) for i in s.indices)}].set({self.expr(s.value)}, mode=\"drop\")")
+        indices = ", ".join(self.expr(i) for i in s.indices) + ("," if len(s.indices) == 1 else "")
+        # rt.put is `{state}.at[indices].set(value, mode="drop")`: entries outside the state (padding tokens) write nothing
+        self.line(f"{s.state} = rt.put({s.state}, ({indices}), {self.expr(s.value)})")
 
     def ret(self, s: ir.Return):
         self.line(f"return {self.expr(s.value)}, {self.state_dict}")

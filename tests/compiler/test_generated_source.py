@@ -149,8 +149,8 @@ STATEMENTS = {
         (r"rt\.copy_rows_\(self\.v_cache", "v_cache = copy_rows(v_cache, src, dst, upto)"),
     ],
     "jax": [
-        (r"k_cache = k_cache\.at\[l, rows, positions\]\.set\(k, mode=\"drop\"\)$", "k_cache[l, rows, positions] = k"),
-        (r"v_cache = v_cache\.at\[l, rows, positions\]\.set\(v, mode=\"drop\"\)$", "v_cache[l, rows, positions] = v"),
+        (r"k_cache = rt\.put\(k_cache, \(l, rows, positions\), k\)$", "k_cache[l, rows, positions] = k"),
+        (r"v_cache = rt\.put\(v_cache, \(l, rows, positions\), v\)$", "v_cache[l, rows, positions] = v"),
         (r"a = rt\.attention\(q, rt\.layer\(k_cache, l\), rt\.layer\(v_cache, l\)", "a = attention(q, k_cache[l], v_cache[l], positions"),
         (r"q = rt\.rope\(", "q = rotate(linear(h, wq[l])"),
         (r"k = rt\.rope\(", "k = rotate(linear(h, wk[l])"),
