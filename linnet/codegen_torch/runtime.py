@@ -35,7 +35,26 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor
         return out[..., w.start:w.stop]
     if w.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
+    if x.device.type == "cpu" and x.numel() > x.shape[-1] and not multiplies_natively(x.dtype):
+        return _widened_linear(x, w, bias)
     return F.linear(x, w, bias)
+
+
+WIDEN_SLICE = 1 << 22  # weight elements widened at a time: 16 MB of f32
+
+
+def _widened_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """A bf16 / f16 linear on a CPU without instructions for the type, over more than one row:
+    x and slices of w widened to f32 (exact), multiplied by MKL and rounded back to x's type,
+    as a native kernel, which accumulates in f32, would. torch's own bf16 matmul there is a
+    generic loop: 2x slower at 16 rows and 6x at 64 (SmolLM2's gate/up). One row keeps the
+    native type, whose matrix-vector kernel reads half the bytes and runs faster than f32's.
+    The slices bound the f32 copy (a 128k-vocabulary head would take 2 GB at once)."""
+    xf = x.float()
+    step = max(1, WIDEN_SLICE // w.shape[1])
+    parts = [F.linear(xf, w[i:i + step].float(), None if bias is None else bias[i:i + step].float())
+             for i in range(0, w.shape[0], step)]
+    return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)).to(x.dtype)
 
 
 class FusedPart(NamedTuple):
@@ -57,15 +76,24 @@ def packs_linear_weights(device: torch.device, dtype: torch.dtype) -> bool:
 
     On the CPU, MKL's sgemm reads a plain [N, K] weight slowly when few rows multiply it (decode
     steps: one token a cache row), and oneDNN's prepacked layout runs about twice as fast there;
-    on CUDA, cuBLAS takes the plain layout as it is. bf16 packing needs AVX-512 or AVX-NE-CONVERT.
+    on CUDA, cuBLAS takes the plain layout as it is. bf16 packing needs the CPU's bf16 support.
     """
     if device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
     if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):  # an internal op: older or newer torch may lack it
         return False
-    if dtype == torch.float32:
-        return True
-    return dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and multiplies_natively(dtype))
+
+
+def multiplies_natively(dtype: torch.dtype) -> bool:
+    """Whether this CPU has the instructions for `dtype`'s matmuls (bf16: AVX-512 or AVX-NE-CONVERT;
+    f16: AVX-512 FP16 or AMX): without them torch's bf16 / f16 matmul and SDPA are generic loops,
+    and the runtime widens to f32 around them (`_widened_linear`, `_sdpa_inputs`)."""
+    if dtype == torch.bfloat16:
+        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    if dtype == torch.float16:
+        return torch.ops.mkldnn._is_mkldnn_fp16_supported()
+    return True
 
 
 def pack_linear_weight(w: torch.Tensor, rows: int) -> torch.Tensor:
@@ -179,13 +207,15 @@ def _segments(rows: torch.Tensor, positions: torch.Tensor):
 def _attend_row(q, keys, values, positions, window, sinks, scale, fast):
     """q[m, h, d] of one row against keys/values[1, L, kvh, d] of that row."""
     m, heads, head_dim = q.shape
+    dtype = q.dtype
     kv_heads = keys.shape[2]
     visible = _visible(positions, keys.shape[1], window)
     if fast and sinks is None:
+        q, keys, values = _sdpa_inputs(q, keys, values)
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1)[None], keys[0].transpose(0, 1)[None], values[0].transpose(0, 1)[None],
             attn_mask=visible[None, None], scale=scale, enable_gqa=kv_heads != heads)
-        return out[0].transpose(0, 1)
+        return out[0].transpose(0, 1).to(dtype)
     group = heads // kv_heads
     qg = q.reshape(m, kv_heads, group, head_dim).float()
     scores = torch.einsum("mkgd,skd->mkgs", qg, keys[0].float()) * scale
@@ -209,6 +239,14 @@ def _visible_mask(positions: torch.Tensor, length: int, window: int) -> torch.Te
     return visible
 
 
+def _sdpa_inputs(q, keys, values) -> tuple:
+    """SDPA's inputs in a type it runs fast in: f32 for bf16 / f16 on a CPU without instructions
+    for them (bf16 SDPA there took 3x as long as f32 in a decode step, widening included)."""
+    if q.device.type != "cpu" or multiplies_natively(q.dtype):
+        return q, keys, values
+    return q.float(), keys.float(), values.float()
+
+
 def _softmax_with_sinks(scores, sinks, kv_heads, group):
     """Softmax over the keys; a sink adds one more logit per head to the denominator only."""
     if sinks is None:
@@ -220,13 +258,15 @@ def _softmax_with_sinks(scores, sinks, kv_heads, group):
 def _attend(q, keys, values, positions, window, sinks, scale, fast):
     """q[n, h, d] against keys/values[n, S, kvh, d], one cache row per token."""
     n, heads, head_dim = q.shape
+    dtype = q.dtype
     kv_heads = keys.shape[2]
     visible = _visible(positions, keys.shape[1], window)
     if fast and sinks is None:
+        q, keys, values = _sdpa_inputs(q, keys, values)
         out = F.scaled_dot_product_attention(
             q[:, :, None, :], keys.transpose(1, 2), values.transpose(1, 2),
             attn_mask=visible[:, None, None, :], scale=scale, enable_gqa=kv_heads != heads)
-        return out[:, :, 0, :]
+        return out[:, :, 0, :].to(dtype)
     group = heads // kv_heads
     qg = q.reshape(n, kv_heads, group, head_dim).float()
     scores = torch.einsum("nkgd,nskd->nkgs", qg, keys.float()) * scale

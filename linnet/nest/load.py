@@ -90,6 +90,9 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
         params, info["unused_tensors"] = _read(spec, ckpt, cast_dtype, bind_device, progress)
         source = ckpt.path
 
+    note = _slow_type_note(kind, device, spec.bindings["T"])
+    if note:
+        warnings.warn(note, stacklevel=2)
     bar = Progress(f"generating {kind} code for {card_name}", enabled=progress)
     if kind == "torch":
         from linnet.codegen_torch.emit import generate
@@ -105,6 +108,26 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     tok = _tokenizer(ckpt) if tokenizer and ckpt is not None else None
     return LoadedModel(runner=runner, module=spec, backend=kind, device=device, tokenizer=tok,
                        card=card_name, numerics=numerics, compile=compile, weights=source, info=info)
+
+
+def _slow_type_note(kind: str, device, dtype: str) -> str | None:
+    """Why T=bf16 / f16 will run slower than f32 on this CPU, or None. The weights stay in T (half
+    of f32's memory), so the trade is the user's to make, as llama.cpp and vLLM's CPU backend
+    leave it. The figures are SmolLM2-135M's on a 2-core AVX2 machine."""
+    if dtype not in ("bf16", "f16") or str(device) != "cpu":
+        return None
+    if kind == "torch":
+        from linnet.codegen_torch.runtime import DTYPES, multiplies_natively
+
+        if multiplies_natively(DTYPES[dtype]):
+            return None
+        why = (f"this CPU has no {dtype} matmul instructions (AVX-512 BF16 / FP16, AMX), so matmuls over "
+               f"several rows widen to f32 at each call: a 16-row decode step took 2.5x as long as with "
+               f"T=f32 (one row ran faster in {dtype})")
+    else:
+        why = (f"XLA's CPU backend widens each {dtype} matmul's weights to f32 at every call: decode steps "
+               f"took 3x (16 rows) to 9x (one row) as long as with T=f32")
+    return f"T={dtype} on the CPU: {why}. T=f32 takes twice the weights' memory."
 
 
 def _cuda_available() -> bool:

@@ -5,6 +5,7 @@ Packing changes where the weights live, not what the model computes: the packed 
 against the same model with plain weights (and the parity tests check fast f32 against transformers).
 """
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -65,9 +66,9 @@ entry run<N>(x: T[N, dim]) -> T[N, dim] {
     assert linear_groups(module) == [("a", "b")]
 
 
-def load(card, numerics):
+def load(card, numerics, dtype="f32"):
     return nest.load(card, backend="torch", numerics=numerics, weights="random", tokenizer=False,
-                     generics={"Batch": 3, "MaxSeq": 24, "T": "f32"})
+                     generics={"Batch": 3, "MaxSeq": 24, "T": dtype})
 
 
 @pytest.mark.skipif(not rt.packs_linear_weights(torch.device("cpu"), torch.float32),
@@ -114,3 +115,39 @@ def test_fused_parts_give_each_member_its_own_product():
     for inp in (x, y, x):  # a new input is multiplied afresh, never answered from the last one
         np.testing.assert_allclose(rt.linear(inp, pb), inp @ b.T, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(rt.linear(inp, pa), inp @ a.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_low_precision_linear_rounds_an_f32_product(dtype, rows, monkeypatch):
+    # Native bf16 / f16 kernels, the widened f32 ones (CPUs without the instructions, several rows)
+    # and packed weights all multiply exactly, accumulate in f32 and round once.
+    monkeypatch.setattr(rt, "WIDEN_SLICE", 7 * 64)  # a widened weight in slices of 7 rows, the last short
+    x, w, b = torch.randn(rows, 64).to(dtype), torch.randn(48, 64).to(dtype), torch.randn(48).to(dtype)
+    want = (x.double() @ w.double().T + b.double()).to(dtype).double()
+    weights = [w] + ([rt.pack_linear_weight(w, rows=16)] if rt.packs_linear_weights(torch.device("cpu"), dtype) else [])
+    for weight in weights:
+        got = rt.linear(x, weight, b)
+        assert got.dtype == dtype and got.shape == (rows, 48)
+        np.testing.assert_allclose(got.double(), want, rtol=2 ** -7, atol=1e-2)
+
+
+def test_fast_bf16_on_the_cpu_keeps_bf16_weights_and_agrees_with_exact():
+    # exact numerics computes in f32 whatever T is: the reference for bf16 within bf16's precision
+    native = rt.multiplies_natively(torch.bfloat16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fast = load("tiny-llama", "fast", "bf16")
+    assert any("T=bf16 on the CPU" in str(w.message) for w in caught) == (not native)
+    exact = load("tiny-llama", "exact", "bf16")
+    assert fast.runner.weight_bytes() * 2 == exact.runner.weight_bytes()  # bf16 weights: half of f32's
+    tokens = np.array([5, 9, 13, 2, 7, 1, 100], np.int32)
+    positions = np.array([0, 1, 2, 3, 0, 1, 2], np.int32)
+    rows = np.array([0, 0, 0, 0, 2, 2, 2], np.int32)
+    last = np.array([3, 6], np.int32)
+    want = exact.runner.prefill(tokens, positions, rows, last).float().numpy()
+    got = fast.runner.prefill(tokens, positions, rows, last).float().numpy()
+    np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max())
+    step = (np.array([3, 4, 8], np.int32), np.array([4, 0, 3], np.int32))
+    want, got = exact.runner.decode(*step).float().numpy(), fast.runner.decode(*step).float().numpy()
+    np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max())
