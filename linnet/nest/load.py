@@ -111,23 +111,19 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
 
 
 def _slow_type_note(kind: str, device, dtype: str) -> str | None:
-    """Why T=bf16 / f16 will run slower than f32 on this CPU, or None. The weights stay in T (half
-    of f32's memory), so the trade is the user's to make, as llama.cpp and vLLM's CPU backend
-    leave it. The figures are SmolLM2-135M's on a 2-core AVX2 machine."""
-    if dtype not in ("bf16", "f16") or str(device) != "cpu":
+    """Why T=bf16 / f16 will run much slower than f32 on this CPU, or None. The weights stay in T
+    (half of f32's memory), so the trade is the user's to make, as llama.cpp and vLLM's CPU
+    backend leave it. The figures are SmolLM2-135M's on a 2-core AVX2 machine. (JAX needs no
+    note: its decode steps read bf16 weights through a fused multiply-and-sum, 1.1-1.5x f32's.)"""
+    if kind != "torch" or dtype not in ("bf16", "f16") or str(device) != "cpu":
         return None
-    if kind == "torch":
-        from linnet.codegen_torch.runtime import DTYPES, multiplies_natively
+    from linnet.codegen_torch.runtime import DTYPES, multiplies_natively
 
-        if multiplies_natively(DTYPES[dtype]):
-            return None
-        why = (f"this CPU has no {dtype} matmul instructions (AVX-512 BF16 / FP16, AMX), so matmuls over "
-               f"several rows widen to f32 at each call: a 16-row decode step took 2.5x as long as with "
-               f"T=f32 (one row ran faster in {dtype})")
-    else:
-        why = (f"XLA's CPU backend widens each {dtype} matmul's weights to f32 at every call: decode steps "
-               f"took 3x (16 rows) to 9x (one row) as long as with T=f32")
-    return f"T={dtype} on the CPU: {why}. T=f32 takes twice the weights' memory."
+    if multiplies_natively(DTYPES[dtype]):
+        return None
+    return (f"T={dtype} on the CPU: this CPU has no {dtype} matmul instructions (AVX-512 BF16 / FP16, AMX), "
+            f"so matmuls over several rows widen to f32 at each call: a 16-row decode step took 2.5x as long "
+            f"as with T=f32 (one row ran faster in {dtype}). T=f32 takes twice the weights' memory.")
 
 
 def _cuda_available() -> bool:

@@ -1,5 +1,5 @@
 """JAX runtime pieces the parity tests reach only as a whole: the cache store that drops padding and
-writes 16-bit floats as their bits."""
+writes 16-bit floats as their bits, and bf16 linears that read their weight as it is."""
 
 import jax
 import jax.numpy as jnp
@@ -32,3 +32,34 @@ def test_a_bf16_put_widens_nothing():
     index = (1, jnp.array([0, 2]), jnp.array([1, 6]))
     hlo = jax.jit(rt.put).lower(cache, index, jnp.ones((2, 4), jnp.bfloat16)).compile().as_text()
     assert "f32[2,3,6,4]" not in hlo
+
+
+@pytest.mark.parametrize("lead", [(1,), (3,), (2, 5), (80,)])
+def test_low_precision_linear_is_the_f32_product_rounded(lead):
+    # 1, 3 and 10 rows take the multiply-and-sum on the CPU, 80 the dot: all round the f32 product once
+    rng = np.random.default_rng(len(lead) * 10 + lead[0])
+    x = rng.normal(size=lead + (64,)).astype(jnp.bfloat16)
+    w = rng.normal(size=(48, 64)).astype(jnp.bfloat16)
+    b = rng.normal(size=(48,)).astype(jnp.bfloat16)
+    got = jax.jit(rt.linear)(jnp.asarray(x), jnp.asarray(w), jnp.asarray(b))
+    assert got.dtype == jnp.bfloat16 and got.shape == lead + (48,)
+    product = (x.astype(np.float64) @ w.astype(np.float64).T).astype(jnp.bfloat16).astype(np.float64)
+    want = (product + b.astype(np.float64)).astype(jnp.bfloat16).astype(np.float64)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2 ** -6, atol=2e-2)
+
+
+def entry_buffers(fn, *args) -> str:
+    """The optimized HLO's entry computation: the buffers a call materializes (fusion bodies excluded)."""
+    hlo = jax.jit(fn).lower(*args).compile().as_text()
+    return hlo[hlo.index("ENTRY"):]
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the multiply-and-sum is the CPU's")
+@pytest.mark.parametrize("rows", [1, 16])
+def test_a_decode_steps_bf16_linear_widens_no_weight(rows):
+    # XLA's CPU dot widens a bf16 weight to an f32 buffer at every call (SmolLM2's down projection
+    # shape here); a decode step's linear must read it as it is
+    x, w = jnp.zeros((rows, 576), jnp.bfloat16), jnp.zeros((1536, 576), jnp.bfloat16)
+    assert "f32[1536,576]" not in entry_buffers(rt.linear, x, w)
+    dot = lambda x, w: jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())))
+    assert "f32[1536,576]" in entry_buffers(dot, x, w)  # what it avoids
