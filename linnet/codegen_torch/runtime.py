@@ -7,6 +7,7 @@ dtype with norms and softmax in f32.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple
 
@@ -85,6 +86,7 @@ def packs_linear_weights(device: torch.device, dtype: torch.dtype) -> bool:
     return dtype == torch.float32 or (dtype == torch.bfloat16 and multiplies_natively(dtype))
 
 
+@functools.cache  # asked at every linear: the CPU does not change
 def multiplies_natively(dtype: torch.dtype) -> bool:
     """Whether this CPU has the instructions for `dtype`'s matmuls (bf16: AVX-512 or AVX-NE-CONVERT;
     f16: AVX-512 FP16 or AMX): without them torch's bf16 / f16 matmul and SDPA are generic loops,

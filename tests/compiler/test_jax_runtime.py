@@ -63,3 +63,22 @@ def test_a_decode_steps_bf16_linear_widens_no_weight(rows):
     assert "f32[1536,576]" not in entry_buffers(rt.linear, x, w)
     dot = lambda x, w: jax.lax.dot_general(x, w, (((1,), (1,)), ((), ())))
     assert "f32[1536,576]" in entry_buffers(dot, x, w)  # what it avoids
+
+
+def test_a_bf16_cache_is_held_as_bits_and_never_copied_whole():
+    # State is donated as uint16 bits: the bf16 views inside the program fold away, where a bf16
+    # state met `put`'s bits with a copy of the whole cache at each boundary.
+    from linnet import nest
+
+    model = nest.load("tiny-llama", backend="jax", numerics="fast", weights="random", tokenizer=False,
+                      generics={"Batch": 2, "MaxSeq": 16, "T": "bf16"}).runner
+    assert model.state_bits["k_cache"].dtype == jnp.uint16 and model.cache["k_cache"].dtype == jnp.bfloat16
+    step = (np.array([3, 4], np.int32), np.array([0, 16], np.int32))  # row 1 idle, at MaxSeq
+    hlo = model.compiled["decode"].lower(model.weights, model.state_bits, *step).compile().as_text()
+    whole = "[" + ",".join(map(str, model.state_bits["k_cache"].shape)) + "]"
+    defined = [line.strip().split(" = ", 1) for line in hlo[hlo.index("ENTRY"):].splitlines() if " = " in line]
+    copies = [name for name, op in defined if "bitcast-convert" in name and op.split("{")[0].endswith(whole)]
+    assert not copies
+    model.decode(*step)
+    k = np.asarray(model.cache["k_cache"], np.float32)
+    assert np.abs(k[:, 0, 0]).sum() > 0 and not k[:, 1].any() and not k[:, 0, 1:].any()  # row 0 at 0 only
