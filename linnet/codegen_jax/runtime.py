@@ -33,6 +33,7 @@ def linear(x, w, bias=None):
 
 
 NARROW_REDUCE_ROWS = 64
+HALF_FLOATS = (jnp.bfloat16, jnp.float16)  # the 16-bit floats XLA's CPU backend widens: see `linear`, `put`
 
 
 def _reduces_narrow_weight(x, w) -> bool:
@@ -43,7 +44,7 @@ def _reduces_narrow_weight(x, w) -> bool:
     2 rows: 7 ms against the dot's 67 (f32's dot: 13); 64 rows: 31 against 90; by 256 rows the
     dot wins. Products are exact in f32 and summed in f32, as the dot does."""
     rows = math.prod(x.shape[:-1])
-    return (w.dtype in (jnp.bfloat16, jnp.float16) and rows <= NARROW_REDUCE_ROWS
+    return (w.dtype in HALF_FLOATS and rows <= NARROW_REDUCE_ROWS
             and jax.default_backend() == "cpu")
 
 
@@ -402,11 +403,17 @@ def put(state, index: tuple, value):
     passes over every layer's cache at each layer's write (a 16-row bf16 SmolLM2 decode step took
     750 ms, and 389 written as bits). The same bits scattered as uint16 are the same write.
     """
-    if state.dtype in (jnp.bfloat16, jnp.float16):
-        bits = jax.lax.bitcast_convert_type(state, jnp.uint16)
-        value = jax.lax.bitcast_convert_type(jnp.asarray(value, state.dtype), jnp.uint16)
-        return jax.lax.bitcast_convert_type(bits.at[index].set(value, mode="drop"), state.dtype)
-    return state.at[index].set(value, mode="drop")
+    written = _bits(state).at[index].set(_bits(jnp.asarray(value, state.dtype)), mode="drop")
+    return _unbits(written, state.dtype)
+
+
+def _bits(a):
+    """A 16-bit float array as its uint16 bits; others as they are."""
+    return jax.lax.bitcast_convert_type(a, jnp.uint16) if a.dtype in HALF_FLOATS else a
+
+
+def _unbits(a, dtype):
+    return jax.lax.bitcast_convert_type(a, dtype) if a.dtype != dtype else a
 
 
 def topk(x, k: int):
@@ -485,15 +492,6 @@ class JaxModel:
         if name in entries:
             return lambda *args: self.call(name, *args)
         raise AttributeError(name)
-
-
-def _bits(a):
-    """A 16-bit float array as its uint16 bits; others as they are."""
-    return jax.lax.bitcast_convert_type(a, jnp.uint16) if a.dtype in (jnp.bfloat16, jnp.float16) else a
-
-
-def _unbits(a, dtype):
-    return jax.lax.bitcast_convert_type(a, dtype) if a.dtype != dtype else a
 
 
 def _on_bits(entry, types: dict):
