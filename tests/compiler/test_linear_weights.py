@@ -71,6 +71,18 @@ def load(card, numerics, dtype="f32"):
                      generics={"Batch": 3, "MaxSeq": 24, "T": dtype})
 
 
+def assert_agrees(fast, exact, rtol: float, atol_of_max: float):
+    """A packed prefill (two prompts, one row left empty) and a decode step: fast against exact logits."""
+    tokens = np.array([5, 9, 13, 2, 7, 1, 100], np.int32)
+    positions = np.array([0, 1, 2, 3, 0, 1, 2], np.int32)
+    rows = np.array([0, 0, 0, 0, 2, 2, 2], np.int32)
+    last = np.array([3, 6], np.int32)
+    step = (np.array([3, 4, 8], np.int32), np.array([4, 0, 3], np.int32))
+    for call in (lambda m: m.runner.prefill(tokens, positions, rows, last), lambda m: m.runner.decode(*step)):
+        want, got = call(exact).float().numpy(), call(fast).float().numpy()
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol_of_max * np.abs(want).max())
+
+
 @pytest.mark.skipif(not rt.packs_linear_weights(torch.device("cpu"), torch.float32),
                     reason="this torch has no oneDNN linear packing")
 def test_fast_f32_on_the_cpu_packs_and_computes_the_same():
@@ -84,16 +96,7 @@ def test_fast_f32_on_the_cpu_packs_and_computes_the_same():
     tied = load("tiny-llama-tied", "fast")
     assert tied.runner.lm_head.is_mkldnn and not tied.runner.embed.is_mkldnn  # the head's own packed copy
 
-    tokens = np.array([5, 9, 13, 2, 7, 1, 100], np.int32)
-    positions = np.array([0, 1, 2, 3, 0, 1, 2], np.int32)
-    rows = np.array([0, 0, 0, 0, 2, 2, 2], np.int32)
-    last = np.array([3, 6], np.int32)
-    want = exact.runner.prefill(tokens, positions, rows, last).numpy()
-    got = fast.runner.prefill(tokens, positions, rows, last).numpy()
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
-    step = (np.array([3, 4, 8], np.int32), np.array([4, 0, 3], np.int32))
-    want, got = exact.runner.decode(*step).numpy(), fast.runner.decode(*step).numpy()
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    assert_agrees(fast, exact, rtol=1e-4, atol_of_max=1e-4)
 
 
 def test_linear_takes_packed_and_plain_weights_alike():
@@ -141,13 +144,4 @@ def test_fast_bf16_on_the_cpu_keeps_bf16_weights_and_agrees_with_exact():
     assert any("T=bf16 on the CPU" in str(w.message) for w in caught) == (not native)
     exact = load("tiny-llama", "exact", "bf16")
     assert fast.runner.weight_bytes() * 2 == exact.runner.weight_bytes()  # bf16 weights: half of f32's
-    tokens = np.array([5, 9, 13, 2, 7, 1, 100], np.int32)
-    positions = np.array([0, 1, 2, 3, 0, 1, 2], np.int32)
-    rows = np.array([0, 0, 0, 0, 2, 2, 2], np.int32)
-    last = np.array([3, 6], np.int32)
-    want = exact.runner.prefill(tokens, positions, rows, last).float().numpy()
-    got = fast.runner.prefill(tokens, positions, rows, last).float().numpy()
-    np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max())
-    step = (np.array([3, 4, 8], np.int32), np.array([4, 0, 3], np.int32))
-    want, got = exact.runner.decode(*step).float().numpy(), fast.runner.decode(*step).float().numpy()
-    np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max())
+    assert_agrees(fast, exact, rtol=1e-7, atol_of_max=0.05)
