@@ -82,3 +82,33 @@ def test_a_bf16_cache_is_held_as_bits_and_never_copied_whole():
     model.decode(*step)
     k = np.asarray(model.cache["k_cache"], np.float32)
     assert np.abs(k[:, 0, 0]).sum() > 0 and not k[:, 1].any() and not k[:, 0, 1:].any()  # row 0 at 0 only
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_fused_linear_groups_are_one_matmul_and_change_no_value(dtype, monkeypatch):
+    # q/k/v and gate/up are held as one array per layer; their members' matmuls merge into one op.
+    # The logits and the cache equal those of the model whose groups are left apart, bit for bit.
+    from linnet import nest
+
+    def load():
+        return nest.load("tiny-llama", backend="jax", numerics="fast", weights="random", tokenizer=False,
+                         generics={"Batch": 3, "MaxSeq": 16, "T": dtype}).runner
+
+    fused = load()
+    groups = type(fused).linear_groups
+    assert groups == [("w_gate", "w_up"), ("wk", "wq", "wv")]
+    assert {"w_gate+w_up", "wk+wq+wv"} <= set(fused.weights) and "wq" not in fused.weights
+    monkeypatch.setattr(type(fused), "linear_groups", [])
+    apart = load()
+    pack = (np.array([5, 6, 7, 8, 9], np.int32), np.array([0, 1, 2, 0, 1], np.int32),
+            np.array([0, 0, 0, 2, 2], np.int32), np.array([2, 4, 0], np.int32))
+    step = (np.array([3, 4, 5], np.int32), np.array([3, 16, 2], np.int32))  # row 1 idle
+    logits = {id(m): [np.asarray(m.prefill(*pack)), np.asarray(m.decode(*step))] for m in (fused, apart)}
+    for got, want in zip(logits[id(fused)], logits[id(apart)]):
+        np.testing.assert_array_equal(got, want)
+    for name in ("k_cache", "v_cache"):
+        np.testing.assert_array_equal(np.asarray(fused.cache[name]), np.asarray(apart.cache[name]))
+    if dtype == "f32":  # the dots of a decode step: per layer 2 groups + wo + w_down + attention's 2, and the head
+        layers = len(fused.weights["wo"])
+        count = lambda m: m.compiled["decode"].lower(m.weights, m.state_bits, *step).compile().as_text().count(" dot(")
+        assert count(fused) == count(apart) - 3 * layers
