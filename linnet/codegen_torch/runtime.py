@@ -147,7 +147,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
     if singles is not None:  # one-token segments (decoding rows in a mixed pass): batched over their rows
         idx, r, pos = singles
         span = _key_span(pos, k_cache.shape[1])
-        # index_select of the span's view: 4x faster than k_cache[r, :span], which gathers element-wise
+        # index_select of the span's view: 3x faster than k_cache[r, :span], which gathers element-wise
         keys, values = k_cache[:, :span].index_select(0, r), v_cache[:, :span].index_select(0, r)
         out[idx] = _attend(q[idx], keys, values, pos, window, sinks, scale, fast)
     for start, end, row, top, pos in runs:  # a prompt's tokens: its own row, up to its last position
