@@ -87,7 +87,9 @@ def test_a_bf16_cache_is_held_as_bits_and_never_copied_whole():
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_fused_linear_groups_are_one_matmul_and_change_no_value(dtype, monkeypatch):
     # q/k/v and gate/up are held as one array per layer; their members' matmuls merge into one op.
-    # The logits and the cache equal those of the model whose groups are left apart, bit for bit.
+    # The logits and the cache equal those of the model whose groups are left apart: bit for bit on
+    # the CPUs measured, and to rounding here, since another CPU's kernel may block a wider product
+    # differently.
     from linnet import nest
 
     def load():
@@ -104,10 +106,12 @@ def test_fused_linear_groups_are_one_matmul_and_change_no_value(dtype, monkeypat
             np.array([0, 0, 0, 2, 2], np.int32), np.array([2, 4, 0], np.int32))
     step = (np.array([3, 4, 5], np.int32), np.array([3, 16, 2], np.int32))  # row 1 idle
     logits = {id(m): [np.asarray(m.prefill(*pack)), np.asarray(m.decode(*step))] for m in (fused, apart)}
+    tol = 1e-6 if dtype == "f32" else 2 ** -6  # bf16: a few roundings of the activations may differ
     for got, want in zip(logits[id(fused)], logits[id(apart)]):
-        np.testing.assert_array_equal(got, want)
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
     for name in ("k_cache", "v_cache"):
-        np.testing.assert_array_equal(np.asarray(fused.cache[name]), np.asarray(apart.cache[name]))
+        want = np.asarray(apart.cache[name], np.float32)
+        np.testing.assert_allclose(np.asarray(fused.cache[name], np.float32), want, rtol=tol, atol=tol * np.abs(want).max())
     if dtype == "f32":  # the dots of a decode step: per layer 2 groups + wo + w_down + attention's 2, and the head
         layers = len(fused.weights["wo"])
         count = lambda m: m.compiled["decode"].lower(m.weights, m.state_bits, *step).compile().as_text().count(" dot(")
