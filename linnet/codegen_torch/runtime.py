@@ -33,7 +33,8 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor
         if x_last is not x or fused is not w.fused:
             out = torch.ops.mkldnn._linear_pointwise(x, w.fused, None, "none", [], "")
             _FUSED[w.group] = (x, w.fused, out)
-        return out[..., w.start:w.stop]
+        y = out[..., w.start:w.stop]
+        return y if bias is None else y + bias
     if w.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
     if x.device.type == "cpu" and x.numel() > x.shape[-1] and not multiplies_natively(x.dtype):
@@ -90,7 +91,7 @@ def packs_linear_weights(device: torch.device, dtype: torch.dtype) -> bool:
 def multiplies_natively(dtype: torch.dtype) -> bool:
     """Whether this CPU has the instructions for `dtype`'s matmuls (bf16: AVX-512 or AVX-NE-CONVERT;
     f16: AVX-512 FP16 or AMX): without them torch's bf16 / f16 matmul and SDPA are generic loops,
-    and the runtime widens to f32 around them (`_widened_linear`, `_sdpa_inputs`)."""
+    and the runtime widens to f32 around them (`_widened_linear`, `_sdpa`)."""
     if dtype == torch.bfloat16:
         return torch.ops.mkldnn._is_mkldnn_bf16_supported()
     if dtype == torch.float16:
@@ -211,15 +212,12 @@ def _segments(rows: torch.Tensor, positions: torch.Tensor):
 def _attend_row(q, keys, values, positions, window, sinks, scale, fast):
     """q[m, h, d] of one row against keys/values[1, L, kvh, d] of that row."""
     m, heads, head_dim = q.shape
-    dtype = q.dtype
     kv_heads = keys.shape[2]
     visible = _visible(positions, keys.shape[1], window)
     if fast and sinks is None:
-        q, keys, values = _sdpa_inputs(q, keys, values)
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1)[None], keys[0].transpose(0, 1)[None], values[0].transpose(0, 1)[None],
-            attn_mask=visible[None, None], scale=scale, enable_gqa=kv_heads != heads)
-        return out[0].transpose(0, 1).to(dtype)
+        out = _sdpa(q.transpose(0, 1)[None], keys[0].transpose(0, 1)[None], values[0].transpose(0, 1)[None],
+                    visible[None, None], scale)
+        return out[0].transpose(0, 1)
     group = heads // kv_heads
     qg = q.reshape(m, kv_heads, group, head_dim).float()
     scores = torch.einsum("mkgd,skd->mkgs", qg, keys[0].float()) * scale
@@ -243,12 +241,16 @@ def _visible_mask(positions: torch.Tensor, length: int, window: int) -> torch.Te
     return visible
 
 
-def _sdpa_inputs(q, keys, values) -> tuple:
-    """SDPA's inputs in a type it runs fast in: f32 for bf16 / f16 on a CPU without instructions
-    for them (bf16 SDPA there took 3x as long as f32 in a decode step, widening included)."""
-    if q.device.type != "cpu" or multiplies_natively(q.dtype):
-        return q, keys, values
-    return q.float(), keys.float(), values.float()
+def _sdpa(q, keys, values, mask, scale):
+    """SDPA over [b, heads, m, d] queries and [b, kv_heads, S, d] keys and values, in q's type. On a
+    CPU without instructions for bf16 / f16 the inputs are widened to f32 and the output rounded
+    back (bf16 SDPA there took 3x as long as f32 in a decode step, widening included)."""
+    dtype = q.dtype
+    if q.device.type == "cpu" and not multiplies_natively(dtype):
+        q, keys, values = q.float(), keys.float(), values.float()
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
+                                         enable_gqa=keys.shape[1] != q.shape[1])
+    return out.to(dtype)
 
 
 def _softmax_with_sinks(scores, sinks, kv_heads, group):
@@ -262,15 +264,11 @@ def _softmax_with_sinks(scores, sinks, kv_heads, group):
 def _attend(q, keys, values, positions, window, sinks, scale, fast):
     """q[n, h, d] against keys/values[n, S, kvh, d], one cache row per token."""
     n, heads, head_dim = q.shape
-    dtype = q.dtype
     kv_heads = keys.shape[2]
     visible = _visible(positions, keys.shape[1], window)
     if fast and sinks is None:
-        q, keys, values = _sdpa_inputs(q, keys, values)
-        out = F.scaled_dot_product_attention(
-            q[:, :, None, :], keys.transpose(1, 2), values.transpose(1, 2),
-            attn_mask=visible[:, None, None, :], scale=scale, enable_gqa=kv_heads != heads)
-        return out[:, :, 0, :].to(dtype)
+        out = _sdpa(q[:, :, None, :], keys.transpose(1, 2), values.transpose(1, 2), visible[:, None, None, :], scale)
+        return out[:, :, 0, :]
     group = heads // kv_heads
     qg = q.reshape(n, kv_heads, group, head_dim).float()
     scores = torch.einsum("nkgd,nskd->nkgs", qg, keys.float()) * scale
