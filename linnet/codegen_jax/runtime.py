@@ -26,8 +26,8 @@ _GATHER_ELEMENTS = 1 << 24
 
 def linear(x, w, bias=None):
     if isinstance(w, FusedPart):  # the group's whole matmul; XLA's CSE leaves one for all members
-        return linear(x, w.fused, bias)[..., w.start:w.stop]
-    if _reduces_narrow_weight(x, w):
+        y = linear(x, w.fused)[..., w.start:w.stop]
+    elif _reduces_narrow_weight(x, w):
         y = _multiply_and_sum(x, w)
     else:
         y = jax.lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())))
