@@ -14,6 +14,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from linnet.kernels import cpu_linear
+from linnet.kernels.cpu_linear import PanelWeight
 from linnet.rope_tables import inv_frequencies
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "i32": torch.int32,
@@ -26,20 +28,28 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ w.T (+ bias). A weight packed by `pack_linear_weight` runs oneDNN's kernel for its layout;
+    """x @ w.T (+ bias). A weight packed by `pack_linear_weight` runs the kernel for its layout;
     a `FusedPart` runs its group's one matmul on x (once for the group's members) and takes its columns."""
     if isinstance(w, FusedPart):
         x_last, fused, out = _FUSED.get(w.group, (None, None, None))
         if x_last is not x or fused is not w.fused:
-            out = torch.ops.mkldnn._linear_pointwise(x, w.fused, None, "none", [], "")
+            out = _packed_linear(x, w.fused)
             _FUSED[w.group] = (x, w.fused, out)
         y = out[..., w.start:w.stop]
         return y if bias is None else y + bias
+    if isinstance(w, PanelWeight):
+        return cpu_linear.matmul(x, w, bias)
     if w.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
     if x.device.type == "cpu" and x.numel() > x.shape[-1] and not multiplies_natively(x.dtype):
         return _widened_linear(x, w, bias)
     return F.linear(x, w, bias)
+
+
+def _packed_linear(x: torch.Tensor, w) -> torch.Tensor:
+    if isinstance(w, PanelWeight):
+        return cpu_linear.matmul(x, w)
+    return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
 
 
 WIDEN_SLICE = 1 << 22  # weight elements widened at a time: 16 MB of f32
@@ -76,22 +86,32 @@ _FUSED: dict = {}  # group -> (its last input, fused weight, output): one layer'
 def packs_linear_weights(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether linear weights are packed on this device: the one device check for it.
 
-    On the CPU, MKL's sgemm reads a plain [N, K] weight slowly when few rows multiply it (decode
-    steps: one token a cache row), and oneDNN's prepacked layout runs about twice as fast there;
-    on CUDA, cuBLAS takes the plain layout as it is. bf16 packing needs the CPU's bf16 support.
+    On the CPU, libraries' matmuls read a plain [N, K] weight slowly when few rows multiply it
+    (decode steps: one token a cache row). Linnet's own kernel (`cpu_linear`, on AVX2 CPUs) takes
+    f32, bf16 and f16 weights in its panels; elsewhere oneDNN's prepacked layout runs about twice
+    as fast as MKL's plain sgemm, for f32, and for bf16 where the CPU has bf16 instructions. On
+    CUDA, cuBLAS takes the plain layout as it is.
     """
-    if device.type != "cpu" or not torch.backends.mkldnn.is_available():
+    if device.type != "cpu":
         return False
-    if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):  # an internal op: older or newer torch may lack it
-        return False
+    if _panels_for(dtype):
+        return True
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return False  # an internal op: older or newer torch may lack it
     return dtype == torch.float32 or (dtype == torch.bfloat16 and multiplies_natively(dtype))
+
+
+def _panels_for(dtype: torch.dtype) -> bool:
+    """Linnet's kernel, unless the CPU multiplies the type natively (AMX / AVX-512 BF16 run bf16
+    matmuls faster than the kernel's f32 arithmetic)."""
+    return cpu_linear.available(dtype) and (dtype == torch.float32 or not multiplies_natively(dtype))
 
 
 @functools.cache  # asked at every linear: the CPU does not change
 def multiplies_natively(dtype: torch.dtype) -> bool:
     """Whether this CPU has the instructions for `dtype`'s matmuls (bf16: AVX-512 or AVX-NE-CONVERT;
     f16: AVX-512 FP16 or AMX): without them torch's bf16 / f16 matmul and SDPA are generic loops,
-    and the runtime widens to f32 around them (`_widened_linear`, `_sdpa`)."""
+    and the runtime widens to f32 around them (`cpu_linear`, `_widened_linear`, `_sdpa`)."""
     if dtype == torch.bfloat16:
         return torch.ops.mkldnn._is_mkldnn_bf16_supported()
     if dtype == torch.float16:
@@ -99,9 +119,20 @@ def multiplies_natively(dtype: torch.dtype) -> bool:
     return True
 
 
-def pack_linear_weight(w: torch.Tensor, rows: int) -> torch.Tensor:
-    """w [N, K] in oneDNN's blocked layout, tuned for `rows` rows of input (it runs for any)."""
+def pack_linear_weight(w: torch.Tensor, rows: int, in_place: bool = False):
+    """w [N, K] packed for this CPU: Linnet's panels (in w's own memory with `in_place`), or a copy
+    in oneDNN's blocked layout tuned for `rows` rows of input (it runs for any)."""
+    if _panels_for(w.dtype):
+        return cpu_linear.pack(w, in_place)
     return torch.ops.mkldnn._reorder_linear_weight(w, rows)
+
+
+def pack_linear_group(members: list, rows: int, in_place: bool = False):
+    """Weights [N_i, K] that multiply one input, packed as one: their outputs side by side. Linnet's
+    panels join the members where they lie; oneDNN's layout needs them concatenated first."""
+    if _panels_for(members[0].dtype):
+        return PanelWeight.join([cpu_linear.pack(m, in_place) for m in members])
+    return torch.ops.mkldnn._reorder_linear_weight(torch.cat(members), rows)
 
 
 def softmax(x: torch.Tensor, axis: int = -1) -> torch.Tensor:
@@ -361,16 +392,19 @@ class TorchModel:
     linear_weights: dict = {}
     linear_groups: list = []
     fast = False
-    pack_rows = 16  # input rows oneDNN tunes packed weights for: a decode step's, typically
+    pack_rows = 16  # input rows oneDNN tunes packed weights for (its layout only): a decode step's, typically
 
-    def __init__(self, weights: dict, device: str | torch.device = "cpu"):
+    def __init__(self, weights: dict, device: str | torch.device = "cpu", consume: bool = False):
+        """`weights`: {param: tensor or numpy array}. With `consume` the model takes the tensors as
+        its own: each entry is popped from `weights`, and packing lays a linear weight out in its
+        own memory rather than in a copy (`nest.load` does this: loading never holds two copies)."""
         self.device = torch.device(device)
         for name, (shape, dtype) in self.params.items():
             if name in self.tied:
                 continue
             if name not in weights:
                 raise KeyError(f"no weights for param `{name}` {list(shape)} {dtype}")
-            t = torch.as_tensor(weights[name])
+            t = torch.as_tensor(weights.pop(name) if consume else weights[name])
             if tuple(t.shape) != tuple(shape):
                 raise ValueError(f"param `{name}` must be {list(shape)}, but the weights given are {list(t.shape)}")
             if t.dtype != DTYPES[dtype]:
@@ -378,12 +412,13 @@ class TorchModel:
             setattr(self, name, t.to(self.device))
         for name, other in self.tied.items():
             setattr(self, name, getattr(self, other))
-        self.pack_linear_weights()
+        self.pack_linear_weights(in_place=consume)
         self.reset_state()
         self.init_tables()
 
-    def pack_linear_weights(self):
-        """Fast numerics on the CPU: linear weights in oneDNN's layout, a stacked one layer by layer.
+    def pack_linear_weights(self, in_place: bool = False):
+        """Fast numerics on the CPU: linear weights packed (`pack_linear_weight`), a stacked one layer
+        by layer; `in_place` where the model owns them.
 
         A tied param shares its target's packed tensor when the target is packed too; otherwise (a
         head tied to an embedding that is gathered from) it gets a packed copy of its own: one more
@@ -391,7 +426,7 @@ class TorchModel:
         """
         if not self.fast:
             return
-        packed = self.fuse_linear_groups()
+        packed = self.fuse_linear_groups(in_place)
         for name in sorted(self.linear_weights, key=lambda n: n in self.tied):  # targets before their aliases
             if name in packed:
                 continue
@@ -402,14 +437,15 @@ class TorchModel:
             if not packs_linear_weights(w.device, w.dtype):
                 continue
             stacked, rows = self.linear_weights[name], self.pack_rows
-            setattr(self, name, [pack_linear_weight(layer, rows) for layer in w] if stacked
-                    else pack_linear_weight(w, rows))
+            own = in_place and name not in self.tied  # an alias's target is read otherwise too
+            setattr(self, name, [pack_linear_weight(layer, rows, own) for layer in w] if stacked
+                    else pack_linear_weight(w, rows, own))
             packed.add(name)
 
-    def fuse_linear_groups(self) -> set:
+    def fuse_linear_groups(self, in_place: bool = False) -> set:
         """Each of `linear_groups` (untied weights of one input, as the code generator found them),
-        where all can be packed: concatenated layer by layer, packed, and handed out as FusedParts.
-        Returns the names fused."""
+        where all can be packed: packed as one layer by layer (`pack_linear_group`) and handed out
+        as FusedParts. Returns the names fused."""
         fused = set()
         for slot, group in enumerate(self.linear_groups):
             weights = [getattr(self, name) for name in group]
@@ -419,7 +455,7 @@ class TorchModel:
             layers = [list(layer) for layer in zip(*weights)] if stacked else [weights]
             parts = {name: [] for name in group}
             for members in layers:
-                whole = pack_linear_weight(torch.cat(members), self.pack_rows)
+                whole = pack_linear_group(members, self.pack_rows, in_place)
                 start = 0
                 for name, m in zip(group, members):
                     parts[name].append(FusedPart(whole, start, start + m.shape[0], slot))
@@ -438,7 +474,7 @@ class TorchModel:
                 t = t.fused if isinstance(t, FusedPart) else t
                 if id(t) not in seen:
                     seen.add(id(t))
-                    total += t.numel() * t.element_size()
+                    total += t.nbytes if isinstance(t, PanelWeight) else t.numel() * t.element_size()
         return total
 
     def reset_state(self):

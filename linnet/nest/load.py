@@ -100,7 +100,7 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
         from linnet.codegen_jax.emit import generate
     gen = import_source(generate(spec))
     if kind == "torch":
-        runner = gen.Model(params, device=device)
+        runner = gen.Model(params, device=device, consume=True)
     else:
         runner = gen.Model(params, device=jax_device, consume=True)
     del params
@@ -113,20 +113,23 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
 def _slow_type_note(kind: str, device, dtype: str) -> str | None:
     """Why T=bf16 / f16 will run much slower than f32 on this CPU, or None. The weights stay in T
     (half of f32's memory), so the trade is the user's to make, as llama.cpp and vLLM's CPU
-    backend leave it. The figures are SmolLM2-135M's on a 2-core AVX2 machine. (JAX needs no
-    note: its linears over up to 64 rows read bf16 weights through a fused multiply-and-sum, and
-    the benchmark load ran at 0.97x f32's rate, 77.8 against 80.3 tokens/s.)"""
+    backend leave it. Only torch without Linnet's CPU kernel gets the note: the kernel reads bf16
+    and f16 weights in f32 arithmetic at f32's speed or better, and JAX's linears over up to 64
+    rows read bf16 weights through a fused multiply-and-sum (the benchmark load ran at 0.97x f32's
+    rate, 77.8 against 80.3 tokens/s). The figures are SmolLM2-135M's on a 2-core AVX2 machine."""
     if kind != "torch" or dtype not in ("bf16", "f16"):
         return None
     import torch
 
     from linnet.codegen_torch.runtime import DTYPES, multiplies_natively
+    from linnet.kernels import cpu_linear
 
-    if torch.device(device).type != "cpu" or multiplies_natively(DTYPES[dtype]):
+    if torch.device(device).type != "cpu" or multiplies_natively(DTYPES[dtype]) or cpu_linear.available(DTYPES[dtype]):
         return None
-    return (f"T={dtype} on the CPU: this CPU has no {dtype} matmul instructions (AVX-512 BF16 / FP16, AMX), "
-            f"so matmuls over several rows widen to f32 at each call: a 16-row decode step took 2.5x as long "
-            f"as with T=f32 (one row ran faster in {dtype}). T=f32 takes twice the weights' memory.")
+    return (f"T={dtype} on the CPU: this CPU has no {dtype} matmul instructions (AVX-512 BF16 / FP16, AMX) "
+            f"and Linnet's CPU kernel is not built here, so matmuls over several rows widen to f32 at each "
+            f"call: a 16-row decode step took 2.5x as long as with T=f32 (one row ran faster in {dtype}). "
+            f"T=f32 takes twice the weights' memory.")
 
 
 def _cuda_available() -> bool:

@@ -19,6 +19,7 @@ from linnet.codegen_torch import runtime as rt
 from linnet.frontend import load_file
 from linnet.ir.passes import inline_calls
 from linnet.ir.specialize import specialize
+from linnet.kernels import cpu_linear
 
 CARDS = Path(linnet.__file__).parent / "nest" / "cards"
 LAYER_WEIGHTS = {"wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down"}
@@ -83,33 +84,46 @@ def assert_agrees(fast, exact, rtol: float, atol_of_max: float):
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol_of_max * np.abs(want).max())
 
 
-@pytest.mark.skipif(not rt.packs_linear_weights(torch.device("cpu"), torch.float32),
-                    reason="this torch has no oneDNN linear packing")
-def test_fast_f32_on_the_cpu_packs_and_computes_the_same():
+@pytest.fixture(params=["panels", "onednn"])
+def layout(request, monkeypatch):
+    """Each packed layout the CPU may use: Linnet's panels where its kernel runs, oneDNN's otherwise."""
+    if request.param == "panels" and not cpu_linear.available(torch.float32):
+        pytest.skip("Linnet's CPU kernel does not run here")
+    if request.param == "onednn":
+        monkeypatch.setattr(cpu_linear, "available", lambda dtype: False)
+        if not rt.packs_linear_weights(torch.device("cpu"), torch.float32):
+            pytest.skip("this torch has no oneDNN linear packing")
+    return request.param
+
+
+def is_packed(w, layout: str) -> bool:
+    return isinstance(w, cpu_linear.PanelWeight) if layout == "panels" else isinstance(w, torch.Tensor) and w.is_mkldnn
+
+
+def test_fast_f32_on_the_cpu_packs_and_computes_the_same(layout):
     fast, exact = load("tiny-llama", "fast"), load("tiny-llama", "exact")
-    assert all(isinstance(w, rt.FusedPart) and w.fused.is_mkldnn for w in fast.runner.wq) and len(fast.runner.wq) == 2
+    assert all(isinstance(w, rt.FusedPart) and is_packed(w.fused, layout) for w in fast.runner.wq)
+    assert len(fast.runner.wq) == 2
     assert fast.runner.wq[1].fused is fast.runner.wv[1].fused is not fast.runner.wq[0].fused  # one per layer
-    assert all(w.is_mkldnn for w in fast.runner.wo) and fast.runner.lm_head.is_mkldnn
-    assert not exact.runner.lm_head.is_mkldnn and not exact.runner.wq.is_mkldnn
+    assert all(is_packed(w, layout) for w in fast.runner.wo) and is_packed(fast.runner.lm_head, layout)
+    assert not is_packed(exact.runner.lm_head, layout) and not is_packed(exact.runner.wq, layout)
     assert fast.runner.weight_bytes() == exact.runner.weight_bytes()  # packing moves, it does not copy
 
     tied = load("tiny-llama-tied", "fast")
-    assert tied.runner.lm_head.is_mkldnn and not tied.runner.embed.is_mkldnn  # the head's own packed copy
+    assert is_packed(tied.runner.lm_head, layout) and not is_packed(tied.runner.embed, layout)  # the head's own copy
 
     assert_agrees(fast, exact, rtol=1e-4, atol_of_max=1e-4)
 
 
-def test_linear_takes_packed_and_plain_weights_alike():
+def test_linear_takes_packed_and_plain_weights_alike(layout):
     x, w, b = torch.randn(5, 7), torch.randn(6, 7), torch.randn(6)
     np.testing.assert_allclose(rt.linear(x, w, b), x @ w.T + b, rtol=1e-5, atol=1e-5)
-    if rt.packs_linear_weights(torch.device("cpu"), torch.float32):
-        packed = rt.pack_linear_weight(w, rows=16)  # tuned for 16 rows, right for any
-        np.testing.assert_allclose(rt.linear(x, packed, b), x @ w.T + b, rtol=1e-5, atol=1e-5)
+    packed = rt.pack_linear_weight(w, rows=16)  # oneDNN's is tuned for 16 rows, right for any
+    assert is_packed(packed, layout)
+    np.testing.assert_allclose(rt.linear(x, packed, b), x @ w.T + b, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.skipif(not rt.packs_linear_weights(torch.device("cpu"), torch.float32),
-                    reason="this torch has no oneDNN linear packing")
-def test_fused_parts_give_each_member_its_own_product():
+def test_fused_parts_give_each_member_its_own_product(layout):
     rt.as_tensors("cpu")
     x, y = torch.randn(5, 7), torch.randn(5, 7)
     a, b = torch.randn(6, 7), torch.randn(3, 7)
@@ -122,7 +136,7 @@ def test_fused_parts_give_each_member_its_own_product():
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("rows", [1, 5])
-def test_low_precision_linear_rounds_an_f32_product(dtype, rows, monkeypatch):
+def test_low_precision_linear_rounds_an_f32_product(dtype, rows, layout, monkeypatch):
     # Native bf16 / f16 kernels, the widened f32 ones (CPUs without the instructions, several rows)
     # and packed weights all multiply exactly, accumulate in f32 and round once.
     monkeypatch.setattr(rt, "WIDEN_SLICE", 7 * 64)  # a widened weight in slices of 7 rows, the last short
@@ -135,13 +149,13 @@ def test_low_precision_linear_rounds_an_f32_product(dtype, rows, monkeypatch):
         np.testing.assert_allclose(got.double(), want, rtol=2 ** -7, atol=1e-2)
 
 
-def test_fast_bf16_on_the_cpu_keeps_bf16_weights_and_agrees_with_exact():
+def test_fast_bf16_on_the_cpu_keeps_bf16_weights_and_agrees_with_exact(layout):
     # exact numerics computes in f32 whatever T is: the reference for bf16 within bf16's precision
-    native = rt.multiplies_natively(torch.bfloat16)
+    slow = not rt.multiplies_natively(torch.bfloat16) and not cpu_linear.available(torch.bfloat16)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fast = load("tiny-llama", "fast", "bf16")
-    assert any("T=bf16 on the CPU" in str(w.message) for w in caught) == (not native)
+    assert any("T=bf16 on the CPU" in str(w.message) for w in caught) == slow
     exact = load("tiny-llama", "exact", "bf16")
     assert fast.runner.weight_bytes() * 2 == exact.runner.weight_bytes()  # bf16 weights: half of f32's
     assert_agrees(fast, exact, rtol=1e-7, atol_of_max=0.05)

@@ -1,0 +1,177 @@
+/* Linnet's CPU matmul for linear weights: y[M, N] = x[M, K] @ w[N, K]^T, in f32 arithmetic.
+ *
+ * The weight is packed once, at load and in its own memory, in panels of 16 output columns:
+ * panel p holds w[16p : 16p + 16, :] transposed, K rows of 16 values, so a step over K reads one
+ * contiguous 64-byte (f32) or 32-byte (bf16 / f16) line. A 6x16 register tile (12 AVX2
+ * accumulators) walks K once for six input rows; threads split the panels, which the caller
+ * lists (pointer, width, output column), so one call can run the weights of a fused group.
+ * Nothing is packed per call: at the few rows of a decode step, packing a library does per
+ * call costs as much as the product.
+ *
+ * bf16 / f16 weights are widened in registers (a shift, F16C), so one row reads half the bytes
+ * of f32; from 12 rows on, each thread widens its panel once into an f32 buffer.
+ *
+ * Kernels carry target attributes, not global -m flags: linnet_cpu_supported() runs on any
+ * x86-64 and tells the caller whether the rest may run.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NR 16     /* output columns a panel */
+#define MR 6      /* input rows a register tile */
+#define MC 240    /* input rows a block: its x stays in cache while every panel passes */
+#define WIDEN_FROM 12  /* rows from which a bf16 / f16 panel is widened once, not at each tile */
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+int linnet_cpu_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+}
+
+enum { F32 = 0, BF16 = 1, F16 = 2 };
+
+/* Panel row k as two 8-wide f32 vectors. */
+static inline AVX2 __attribute__((always_inline)) void load_row(const void *panel, int type, long k,
+                                                                __m256 *lo, __m256 *hi) {
+    if (type == F32) {
+        const float *p = (const float *)panel + k * NR;
+        *lo = _mm256_loadu_ps(p);
+        *hi = _mm256_loadu_ps(p + 8);
+    } else {
+        const __m128i *p = (const __m128i *)((const uint16_t *)panel + k * NR);
+        __m128i a = _mm_loadu_si128(p), b = _mm_loadu_si128(p + 1);
+        if (type == BF16) {  /* bf16 is f32's high half: widen and shift */
+            *lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(a), 16));
+            *hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
+        } else {
+            *lo = _mm256_cvtph_ps(a);
+            *hi = _mm256_cvtph_ps(b);
+        }
+    }
+}
+
+#define ROW(r)                                                    \
+    if (mr > r) {                                                 \
+        __m256 a = _mm256_broadcast_ss(x + (long)r * K + k);      \
+        c##r##0 = _mm256_fmadd_ps(a, lo, c##r##0);                \
+        c##r##1 = _mm256_fmadd_ps(a, hi, c##r##1);                \
+    }
+#define STORE(r)                                                                  \
+    if (mr > r) {                                                                 \
+        _mm256_storeu_ps(out + (long)r * ldo, c##r##0);                           \
+        _mm256_storeu_ps(out + (long)r * ldo + 8, c##r##1);                       \
+    }
+
+/* mr (1..6) rows of x [., K] times one panel: out[r, 0:16], rows ldo apart. mr and type are
+ * constants at each call site below, so the compiler drops the branches. */
+static inline AVX2 __attribute__((always_inline)) void tile(int mr, int type, const float *x, const void *panel,
+                                                            long K, float *out, long ldo) {
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
+           c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    for (long k = 0; k < K; k++) {
+        __m256 lo, hi;
+        load_row(panel, type, k, &lo, &hi);
+        ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5)
+    }
+    STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5)
+}
+
+static inline AVX2 __attribute__((always_inline)) void tile_any(int mr, int type, const float *x,
+                                                                const void *panel, long K, float *out, long ldo) {
+    switch (mr) {
+    case 6: tile(6, type, x, panel, K, out, ldo); break;
+    case 5: tile(5, type, x, panel, K, out, ldo); break;
+    case 4: tile(4, type, x, panel, K, out, ldo); break;
+    case 3: tile(3, type, x, panel, K, out, ldo); break;
+    case 2: tile(2, type, x, panel, K, out, ldo); break;
+    default: tile(1, type, x, panel, K, out, ldo); break;
+    }
+}
+
+/* rows [m0, m1) of x times one panel of `width` (<= 16) columns, into y's columns from `col`;
+ * a panel narrower than 16 goes through a scratch tile. */
+static inline AVX2 __attribute__((always_inline)) void rows_times_panel(int type, const float *x, long m0, long m1,
+                                                                        const void *panel, int width, long K,
+                                                                        float *y, long N, long col) {
+    for (long m = m0; m < m1; m += MR) {
+        int mr = m1 - m < MR ? (int)(m1 - m) : MR;
+        if (width == NR) {
+            tile_any(mr, type, x + m * K, panel, K, y + m * N + col, N);
+        } else {
+            float scratch[MR * NR];
+            tile_any(mr, type, x + m * K, panel, K, scratch, NR);
+            for (int r = 0; r < mr; r++)
+                memcpy(y + (m + r) * N + col, scratch + r * NR, width * sizeof(float));
+        }
+    }
+}
+
+static AVX2 void run(int type, const float *x, long M, long K, long P, const void *const *panels,
+                     const long *cols, const int *widths, float *y, long N, int threads) {
+    int widen = type != F32 && M >= WIDEN_FROM;
+#pragma omp parallel num_threads(threads)
+    {
+        float *wide = widen ? (float *)malloc(K * NR * sizeof(float)) : NULL;
+        for (long m0 = 0; m0 < M; m0 += MC) {
+            long m1 = m0 + MC < M ? m0 + MC : M;
+#pragma omp for schedule(static)
+            for (long p = 0; p < P; p++) {
+                if (!widen) {
+                    if (type == F32) rows_times_panel(F32, x, m0, m1, panels[p], widths[p], K, y, N, cols[p]);
+                    else if (type == BF16) rows_times_panel(BF16, x, m0, m1, panels[p], widths[p], K, y, N, cols[p]);
+                    else rows_times_panel(F16, x, m0, m1, panels[p], widths[p], K, y, N, cols[p]);
+                } else {
+                    for (long k = 0; k < K; k++) {
+                        __m256 lo, hi;
+                        if (type == BF16) load_row(panels[p], BF16, k, &lo, &hi);
+                        else load_row(panels[p], F16, k, &lo, &hi);
+                        _mm256_storeu_ps(wide + k * NR, lo);
+                        _mm256_storeu_ps(wide + k * NR + 8, hi);
+                    }
+                    rows_times_panel(F32, x, m0, m1, wide, widths[p], K, y, N, cols[p]);
+                }
+            }
+        }
+        free(wide);
+    }
+}
+
+/* y [M, N] f32 = x [M, K] f32 times P panels of `type`: panel p is K rows of 16 values and gives
+ * y's columns cols[p] .. cols[p] + widths[p]. The panels of several weights (a fused group) can
+ * be listed together: their outputs land side by side, in one pass over x. */
+void linnet_linear(int type, const float *x, long M, long K, long P, const void *const *panels, const long *cols,
+                   const int *widths, float *y, long N, int threads) {
+    run(type, x, M, K, P, panels, cols, widths, y, N, threads);
+}
+
+#define TRANSPOSE(E)                                                  \
+    for (long k = 0; k < K; k++)                                      \
+        for (int r = 0; r < NR; r++)                                  \
+            ((E *)dst)[k * NR + r] = ((const E *)block)[r * K + k]
+
+/* In place: each of the N / 16 blocks of 16 rows of w [N, K] (elements of `elem` bytes) becomes
+ * its panel, K rows of 16, through a block-sized buffer a thread. */
+int linnet_pack_panels(int elem, void *w, long N, long K, int threads) {
+    long blocks = N / NR, bytes = NR * K * elem;
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        char *block = (char *)malloc(bytes);
+        if (!block) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (long b = 0; b < blocks; b++) {
+            if (!block) continue;
+            char *dst = (char *)w + b * bytes;
+            memcpy(block, dst, bytes);
+            if (elem == 4) TRANSPOSE(uint32_t);
+            else TRANSPOSE(uint16_t);
+        }
+        free(block);
+    }
+    return failed ? -1 : 0;
+}

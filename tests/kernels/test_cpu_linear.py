@@ -1,0 +1,119 @@
+"""Linnet's CPU linear kernel against float64 matmuls: every shape the panels and row tiles can
+meet (a last panel narrower than 16, row counts around the 6-row tile, the 12-row widening and
+the 240-row block), each weight type, and the build itself."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from linnet.kernels import cpu_linear
+
+pytestmark = pytest.mark.skipif(not cpu_linear.available(torch.float32), reason="Linnet's CPU kernel does not run here")
+
+TYPES = [torch.float32, torch.bfloat16, torch.float16]
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, bias=None) -> np.ndarray:
+    out = x.double() @ w.double().T
+    return (out if bias is None else out + bias.double()).numpy()
+
+
+def assert_product(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias=None):
+    want = reference(x, w, bias)
+    # f32 accumulation over K terms: error within K ulps of the magnitudes summed
+    scale = (x.double().abs() @ w.double().abs().T).numpy() + 1e-30
+    assert np.all(np.abs(got.double().numpy() - want) <= 4 * x.shape[-1] * 2 ** -24 * scale)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.sampled_from([1, 2, 5, 6, 7, 11, 12, 13, 17, 64]), n=st.integers(1, 70), k=st.integers(1, 90),
+       dtype=st.sampled_from(TYPES), seed=st.integers(0, 2 ** 31 - 1))
+def test_matmul_is_the_product_for_any_shape_and_weight_type(rows, n, k, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g).to(dtype)
+    before = w.clone()
+    packed = cpu_linear.pack(w)
+    assert torch.equal(w, before)  # a copy unless asked
+    assert (packed.n, packed.k, packed.dtype, packed.table.count) == (n, k, dtype, -(-n // 16))
+    got = cpu_linear.matmul(x, packed)
+    assert got.shape == (rows, n) and got.dtype == torch.float32
+    assert_product(got, x, w)
+    in_place = cpu_linear.pack(w, in_place=True)
+    assert in_place.buffers[0].data_ptr() == w.data_ptr() or n < 16  # the panels are w's own memory
+    assert torch.equal(cpu_linear.matmul(x, in_place), got)
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.sampled_from([1, 6, 13]), ns=st.lists(st.integers(1, 40), min_size=1, max_size=4),
+       k=st.integers(1, 50), dtype=st.sampled_from(TYPES))
+def test_joined_weights_give_their_products_side_by_side(rows, ns, k, dtype):
+    x = torch.randn(rows, k)
+    ws = [torch.randn(n, k).to(dtype) for n in ns]
+    joined = cpu_linear.PanelWeight.join([cpu_linear.pack(w) for w in ws])
+    assert joined.n == sum(ns)
+    got = cpu_linear.matmul(x, joined)
+    assert_product(got, x, torch.cat(ws))
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+def test_many_rows_cross_the_row_blocks(dtype):
+    x, w = torch.randn(487, 40), torch.randn(37, 40).to(dtype)  # two full 240-row blocks and 7 rows
+    assert_product(cpu_linear.matmul(x, cpu_linear.pack(w)), x, w)
+
+
+def test_batched_strided_and_low_precision_inputs():
+    w, bias = torch.randn(24, 32), torch.randn(24)
+    packed = cpu_linear.pack(w)
+    x = torch.randn(3, 4, 64)[..., ::2]  # [3, 4, 32], not contiguous
+    got = cpu_linear.matmul(x, packed, bias)
+    assert got.shape == (3, 4, 24)
+    assert_product(got.reshape(12, 24), x.reshape(12, 32), w, bias)
+    xb = x.to(torch.bfloat16)
+    got = cpu_linear.matmul(xb, packed, bias)
+    assert got.dtype == torch.bfloat16  # one rounding of the f32 sum, bias included
+    want = torch.from_numpy(reference(xb.reshape(12, 32), w, bias)).float()
+    assert torch.all((got.reshape(12, 24).float() - want).abs() <= 2 ** -8 * want.abs())  # within one bf16 rounding
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_any_thread_count_gives_the_same_product(threads):
+    x, w = torch.randn(9, 50), torch.randn(100, 50)
+    packed = cpu_linear.pack(w)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        got = cpu_linear.matmul(x, packed)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(got, cpu_linear.matmul(x, packed))  # each output is one thread's sum, in one order
+
+
+def test_the_kernel_builds_from_source_into_a_fresh_cache(tmp_path):
+    # a clean process with an empty cache: builds, loads, multiplies; a second process reuses the file
+    code = ("import torch; from linnet.kernels import cpu_linear as c; w = torch.eye(20); "
+            "assert torch.equal(c.matmul(torch.arange(40.).reshape(2, 20), c.pack(w)), torch.arange(40.).reshape(2, 20))")
+    env = dict(os.environ, LINNET_CACHE=str(tmp_path))
+    for _ in range(2):
+        subprocess.run([sys.executable, "-c", code], env=env, check=True)
+    assert len(list((tmp_path / "kernels").glob("cpu_linear-*.so"))) == 1
+    assert not list((tmp_path / "kernels").glob("tmp*"))
+
+
+def test_linnet_cpu_kernels_0_turns_the_kernel_off():
+    code = "import torch; from linnet.kernels import cpu_linear as c; assert not c.available(torch.float32)"
+    subprocess.run([sys.executable, "-c", code], env=dict(os.environ, LINNET_CPU_KERNELS="0"), check=True)
+
+
+def test_a_missing_compiler_falls_back_with_a_warning(tmp_path):
+    code = ("import torch, warnings; from linnet.kernels import cpu_linear as c\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always'); assert not c.available(torch.float32)\n"
+            "assert any('could not be built' in str(m.message) for m in w), w")
+    env = dict(os.environ, LINNET_CACHE=str(tmp_path), CC=str(tmp_path / "no-such-cc"))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
