@@ -6,7 +6,8 @@ Each entry becomes `entry(params, state, *args) -> (result, state)`; the state
 
 from __future__ import annotations
 
-from linnet.codegen_common import entry_dim_sources, linear_groups, rope_key, rope_table_args, rope_tables
+from linnet.codegen_common import (entry_dim_sources, linear_groups, linear_weights, rope_key, rope_table_args,
+                                   rope_tables)
 from linnet.ir import nodes as ir
 from linnet.ir.passes import inline_calls
 from linnet.ir.types import NoneType, ScalarType
@@ -63,6 +64,7 @@ class _JaxEmitter(PythonEmitter):
         stacked = tuple(p.name for p in m.params.values() if p.loop_var)
         self.line(f"stacked = {stacked!r}  # params with one array per layer")
         self.line(f"linear_groups = {linear_groups(m)!r}  # weights of one input: with fast numerics, one matmul")
+        self.line(f"linear_weights = {linear_weights(m)!r}  # name -> stacked: the runtime may hold these as panels")
         self.line("fast = FAST")
         self.depth -= 1
         return self.source()

@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linnet.kernels import xla_linear
+from linnet.kernels.xla_linear import Panels
 from linnet.rope_tables import inv_frequencies
 
 DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16, "i32": jnp.int32, "i64": jnp.int64,
@@ -27,6 +29,8 @@ _GATHER_ELEMENTS = 1 << 24
 def linear(x, w, bias=None):
     if isinstance(w, FusedPart):  # the group's whole matmul; XLA's CSE leaves one for all members
         y = linear(x, w.fused)[..., w.start:w.stop]
+    elif isinstance(w, Panels):
+        y = xla_linear.linear(x, w)
     elif _reduces_narrow_weight(x, w):
         y = _multiply_and_sum(x, w)
     else:
@@ -448,6 +452,7 @@ class JaxModel:
     entries: dict = {}
     stacked: tuple = ()  # params declared in a loop: kept as one array per layer (see below)
     linear_groups: list = []  # weights of one input, fused with fast numerics (see fuse_linear_groups)
+    linear_weights: dict = {}  # params read only as linear's weight: {name: stacked} (see pack_linear_weights)
     fast: bool = False
 
     def __init__(self, weights: dict, device=None, consume: bool = False):
@@ -484,9 +489,11 @@ class JaxModel:
             arrays[name] = arrays[other]
         self.weights = arrays
         parts = self.fuse_linear_groups() if self.fast else {}
+        panels = self.pack_linear_weights(parts) if self.fast else {}
         self.reset_state()
         types = {name: DTYPES[dtype] for name, (_, dtype) in self.state.items()}
-        self.compiled = {name: jax.jit(_on_bits(_on_parts(fn, parts), types), donate_argnums=(1,))
+        self.compiled = {name: jax.jit(_on_bits(_on_panels(_on_parts(fn, parts), panels), types),
+                                       donate_argnums=(1,))
                          for name, fn in self.entries.items()}
 
     def fuse_linear_groups(self) -> dict:
@@ -506,6 +513,28 @@ class JaxModel:
                 parts[name] = (key, start, start + rows)
                 start += rows
         return parts
+
+    def pack_linear_weights(self, parts: dict) -> dict:
+        """On the CPU, where Linnet's kernel runs (`xla_linear.available`): each linear weight and
+        fused group held as panels, layer by layer, for `linear` to call the kernel on. A tied
+        alias shares its target's panels when the target is a linear weight too; otherwise (a head
+        tied to an embedding that is gathered from) it gets panels of its own.
+        Returns {weights key: the weight's N} for `_on_panels`."""
+        keys = [n for n in self.linear_weights if n not in parts] + sorted({key for key, _, _ in parts.values()})
+        panels = {}
+        for key in sorted(keys, key=lambda k: k in self.tied):  # targets before their aliases
+            if self.tied.get(key) in panels:
+                self.weights[key] = self.weights[self.tied[key]]
+                panels[key] = panels[self.tied[key]]
+                continue
+            value = self.weights[key]
+            layers = value if isinstance(value, list) else [value]
+            if not xla_linear.available(layers[0].dtype, self.device.platform):
+                continue
+            packed = [jax.device_put(xla_linear.pack(layer), self.device) for layer in layers]
+            self.weights[key] = packed if isinstance(value, list) else packed[0]
+            panels[key] = layers[0].shape[0]
+        return panels
 
     def reset_state(self):
         self.state_bits = {name: jax.device_put(_bits(jnp.zeros(shape, DTYPES[dtype])), self.device)
@@ -544,6 +573,22 @@ def _on_parts(entry, parts: dict):
                             else FusedPart(whole, start, stop))
         return entry(params, state, *args)
     return on_parts
+
+
+def _on_panels(entry, panels: dict):
+    """`entry` over params of which some are held as panels (`JaxModel.pack_linear_weights`): it
+    sees each as `Panels` (the array and its weight's N), made inside the trace."""
+    if not panels:
+        return entry
+
+    @functools.wraps(entry)
+    def on_panels(params, state, *args):
+        params = dict(params)
+        for key, n in panels.items():
+            value = params[key]
+            params[key] = [Panels(a, n) for a in value] if isinstance(value, list) else Panels(value, n)
+        return entry(params, state, *args)
+    return on_panels
 
 
 def _on_bits(entry, types: dict):

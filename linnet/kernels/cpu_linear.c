@@ -15,9 +15,12 @@
  * x86-64 and tells the caller whether the rest may run.
  */
 #include <immintrin.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "cpu_linear.h"
 
 #define NR 16     /* output columns a panel */
 #define MR 6      /* input rows a register tile */
@@ -108,42 +111,76 @@ static inline AVX2 __attribute__((always_inline)) void rows_times_panel(int type
     }
 }
 
-static AVX2 void run(int type, const float *x, long M, long K, long P, const void *const *panels,
-                     const long *cols, const int *widths, float *y, long N, int threads) {
-    int widen = type != F32 && M >= WIDEN_FROM;
-#pragma omp parallel num_threads(threads)
-    {
-        float *wide = widen ? (float *)malloc(K * NR * sizeof(float)) : NULL;
-        for (long m0 = 0; m0 < M; m0 += MC) {
-            long m1 = m0 + MC < M ? m0 + MC : M;
-#pragma omp for schedule(static)
-            for (long p = 0; p < P; p++) {
-                if (!widen) {
-                    if (type == F32) rows_times_panel(F32, x, m0, m1, panels[p], widths[p], K, y, N, cols[p]);
-                    else if (type == BF16) rows_times_panel(BF16, x, m0, m1, panels[p], widths[p], K, y, N, cols[p]);
-                    else rows_times_panel(F16, x, m0, m1, panels[p], widths[p], K, y, N, cols[p]);
-                } else {
-                    for (long k = 0; k < K; k++) {
-                        __m256 lo, hi;
-                        if (type == BF16) load_row(panels[p], BF16, k, &lo, &hi);
-                        else load_row(panels[p], F16, k, &lo, &hi);
-                        _mm256_storeu_ps(wide + k * NR, lo);
-                        _mm256_storeu_ps(wide + k * NR + 8, hi);
-                    }
-                    rows_times_panel(F32, x, m0, m1, wide, widths[p], K, y, N, cols[p]);
-                }
+/* Panels [p0, p1) times every row of x. `wide`: a K x 16 f32 buffer where a bf16 / f16 panel
+ * is widened once (from WIDEN_FROM rows), or NULL. */
+static AVX2 void panel_range(int type, const float *x, long M, long K, const void *const *panels,
+                             const long *cols, const int *widths, float *y, long N, long p0, long p1,
+                             float *wide) {
+    for (long m0 = 0; m0 < M; m0 += MC) {
+        long m1 = m0 + MC < M ? m0 + MC : M;
+        for (long p = p0; p < p1; p++) {
+            if (!wide) {
+                if (type == F32) rows_times_panel(F32, x, m0, m1, panels[p], widths[p], K, y, N, cols[p]);
+                else if (type == BF16) rows_times_panel(BF16, x, m0, m1, panels[p], widths[p], K, y, N, cols[p]);
+                else rows_times_panel(F16, x, m0, m1, panels[p], widths[p], K, y, N, cols[p]);
+                continue;
             }
+            for (long k = 0; k < K; k++) {
+                __m256 lo, hi;
+                if (type == BF16) load_row(panels[p], BF16, k, &lo, &hi);
+                else load_row(panels[p], F16, k, &lo, &hi);
+                _mm256_storeu_ps(wide + k * NR, lo);
+                _mm256_storeu_ps(wide + k * NR + 8, hi);
+            }
+            rows_times_panel(F32, x, m0, m1, wide, widths[p], K, y, N, cols[p]);
         }
-        free(wide);
     }
 }
 
+static int widens(int type, long M) { return type != F32 && M >= WIDEN_FROM; }
+
 /* y [M, N] f32 = x [M, K] f32 times P panels of `type`: panel p is K rows of 16 values and gives
  * y's columns cols[p] .. cols[p] + widths[p]. The panels of several weights (a fused group) can
- * be listed together: their outputs land side by side, in one pass over x. */
-void linnet_linear(int type, const float *x, long M, long K, long P, const void *const *panels, const long *cols,
-                   const int *widths, float *y, long N, int threads) {
-    run(type, x, M, K, P, panels, cols, widths, y, N, threads);
+ * be listed together: their outputs land side by side, in one pass over x. `threads` OpenMP
+ * threads (the pool torch uses) take equal runs of panels. Returns -1 if out of memory. */
+int linnet_linear(int type, const float *x, long M, long K, long P, const void *const *panels, const long *cols,
+                  const int *widths, float *y, long N, int threads) {
+    int failed = 0;
+#pragma omp parallel num_threads(threads)
+    {
+        long t = omp_get_thread_num(), n = omp_get_num_threads();
+        float *wide = widens(type, M) ? (float *)malloc(K * NR * sizeof(float)) : NULL;
+        if (widens(type, M) && !wide) {
+#pragma omp atomic write
+            failed = 1;
+        } else {
+            panel_range(type, x, M, K, panels, cols, widths, y, N, P * t / n, P * (t + 1) / n, wide);
+        }
+        free(wide);
+    }
+    return failed ? -1 : 0;
+}
+
+/* The same product in chunks of panels that any thread may claim: for a caller with a thread
+ * pool of its own (XLA's), which runs linnet_chunks on as many threads as it likes. The job is
+ * shared by reference count, so a helper that starts late finds nothing left and lets go. */
+
+void linnet_chunks(struct linnet_job *job) {
+    float *wide = NULL;
+    for (long c; (c = atomic_fetch_add(&job->next, 1)) < job->chunks;) {
+        if (widens(job->type, job->M) && !wide && !(wide = (float *)malloc(job->K * NR * sizeof(float))))
+            atomic_store(&job->failed, 1);
+        else
+            panel_range(job->type, job->x, job->M, job->K, job->panels, job->cols, job->widths, job->y, job->N,
+                        job->P * c / job->chunks, job->P * (c + 1) / job->chunks, wide);
+        atomic_fetch_add(&job->done, 1);
+    }
+    free(wide);
+}
+
+void linnet_release(struct linnet_job *job) {
+    if (atomic_fetch_sub(&job->refs, 1) == 1)
+        free(job);
 }
 
 #define TRANSPOSE(E)                                                  \

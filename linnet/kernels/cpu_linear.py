@@ -7,33 +7,23 @@ linears (2-core AVX2 EPYC), against oneDNN's prepacked f32: one row 22.0 against
 16-row decode step's 36.2 against 51.0, a 512-token prefill's 863 against 913; bf16 panels read
 half the bytes, so one row takes 12.5.
 
-`available()` is the one check: an x86-64 CPU with AVX2, FMA and F16C whose widest vectors are
-AVX2 (with AVX-512, oneDNN's kernels are twice as wide as these), a C compiler with OpenMP, and
-LINNET_CPU_KERNELS not set to 0. Where it fails the runtime keeps oneDNN's and MKL's kernels.
-The OpenMP runtime is the one torch loaded (libgomp, by soname), so both share its threads.
+`available()` is the one check: `build.runs_here()` (an AVX2 CPU, LINNET_CPU_KERNELS not 0) and
+a C compiler with OpenMP. Where it fails the runtime keeps oneDNN's and MKL's kernels. The OpenMP
+runtime is the one torch loaded (libgomp, by soname), so both share its threads.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import sys
-import tempfile
-import warnings
-from pathlib import Path
 from typing import NamedTuple
 
 import torch
 
+from linnet.kernels import build
+
 PANEL = 16  # output columns a panel: two AVX2 vectors
-SOURCE = Path(__file__).with_name("cpu_linear.c")
 TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
-FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp"]
 
 
 class PanelWeight:
@@ -119,8 +109,9 @@ def matmul(x: torch.Tensor, w: PanelWeight, bias: torch.Tensor | None = None) ->
         rows = rows.float().contiguous()
     out = torch.empty(rows.shape[0], w.n, dtype=torch.float32)
     t = w.table
-    library().linnet_linear(TYPES[w.dtype], rows.data_ptr(), rows.shape[0], w.k, t.count, t.panels, t.cols,
-                            t.widths, out.data_ptr(), w.n, torch.get_num_threads())
+    if library().linnet_linear(TYPES[w.dtype], rows.data_ptr(), rows.shape[0], w.k, t.count, t.panels, t.cols,
+                               t.widths, out.data_ptr(), w.n, torch.get_num_threads()):
+        raise MemoryError(f"no memory for a {w.k} x {PANEL} f32 panel to widen {w.dtype} weights into")
     if bias is not None:
         out += bias
     out = out.reshape(*x.shape[:-1], w.n)
@@ -134,46 +125,14 @@ def available(dtype: torch.dtype) -> bool:
 
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    if os.environ.get("LINNET_CPU_KERNELS", "1") == "0":
+    if not build.runs_here():
         return None
-    if platform.machine().lower() not in ("x86_64", "amd64") or not sys.platform.startswith("linux"):
-        return None
-    if torch.backends.cpu.get_cpu_capability() != "AVX2":
-        return None
-    try:
-        lib = ctypes.CDLL(str(_built()))
-    except (OSError, subprocess.CalledProcessError, FileNotFoundError) as e:
-        warnings.warn(f"linnet: the CPU linear kernel could not be built ({e}); linears run on "
-                      f"torch's oneDNN / MKL kernels, slower in decode steps", stacklevel=2)
-        return None
-    if not lib.linnet_cpu_supported():
+    lib = build.shared_library("cpu_linear", ["cpu_linear.c"])
+    if lib is None or not lib.linnet_cpu_supported():
         return None
     vp, long, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     lib.linnet_linear.argtypes = [i32, vp, long, long, long, vp, vp, vp, vp, long, i32]
-    lib.linnet_linear.restype = None
+    lib.linnet_linear.restype = i32
     lib.linnet_pack_panels.argtypes = [i32, vp, long, long, i32]
     lib.linnet_pack_panels.restype = i32
     return lib
-
-
-def _built() -> Path:
-    """The shared library for this source and compiler, from the cache or compiled into it."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-    if compiler is None:
-        raise FileNotFoundError("no C compiler (cc, gcc or clang) on PATH; set CC")
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + compiler.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("LINNET_CACHE") or Path.home() / ".cache" / "linnet") / "kernels"
-    target = cache / f"cpu_linear-{key}.so"
-    if target.exists():
-        return target
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=cache, suffix=".so", delete=False) as tmp:
-        pass
-    try:
-        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp.name], check=True, capture_output=True, text=True)
-        os.replace(tmp.name, target)  # atomic: a process racing this one loads a whole file or builds its own
-    finally:
-        if os.path.exists(tmp.name):
-            os.unlink(tmp.name)
-    return target

@@ -112,7 +112,42 @@ def test_fused_linear_groups_are_one_matmul_and_change_no_value(dtype, monkeypat
     for name in ("k_cache", "v_cache"):
         want = np.asarray(apart.cache[name], np.float32)
         np.testing.assert_allclose(np.asarray(fused.cache[name], np.float32), want, rtol=tol, atol=tol * np.abs(want).max())
-    if dtype == "f32":  # the dots of a decode step: per layer 2 groups + wo + w_down + attention's 2, and the head
+    if dtype == "f32":  # the matmuls of a decode step: per layer 2 groups + wo + w_down + attention's 2, and the head
         layers = len(fused.weights["wo"])
-        count = lambda m: m.compiled["decode"].lower(m.weights, m.state_bits, *step).compile().as_text().count(" dot(")
+
+        def count(m):  # XLA's dots and calls of Linnet's CPU kernel (`xla_linear`), where it holds the weights
+            text = m.compiled["decode"].lower(m.weights, m.state_bits, *step).compile().as_text()
+            return text.count(" dot(") + text.count('custom_call_target="linnet_linear"')
         assert count(fused) == count(apart) - 3 * layers
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_linear_weights_held_as_panels_change_no_value(dtype, monkeypatch):
+    # On an AVX2 CPU, fast numerics hold every linear weight (and fused group) as Linnet's panels and
+    # run them through the kernel's XLA handler; XLA's own dot / multiply-and-sum is the reference.
+    from linnet import nest
+    from linnet.kernels import xla_linear
+
+    if not xla_linear.available(np.float32, "cpu"):
+        pytest.skip("Linnet's CPU kernel does not run here")
+
+    def load(card):
+        return nest.load(card, backend="jax", numerics="fast", weights="random", tokenizer=False,
+                         generics={"Batch": 3, "MaxSeq": 16, "T": dtype}).runner
+
+    panels = load("tiny-llama")
+    w = panels.weights
+    assert w["wk+wq+wv"][0].shape == (8, 64, 16) and w["wo"][0].shape == (4, 64, 16) and w["lm_head"].shape == (8, 64, 16)
+    tied = load("tiny-llama-tied")
+    assert tied.weights["lm_head"].shape == (8, 48, 16) and tied.weights["embed"].shape == (128, 48)  # its own panels
+    monkeypatch.setattr(xla_linear, "available", lambda dtype, platform: False)
+    plain = load("tiny-llama")
+    assert plain.weights["wo"][0].shape == (64, 64)
+    pack = (np.array([5, 6, 7, 8, 9], np.int32), np.array([0, 1, 2, 0, 1], np.int32),
+            np.array([0, 0, 0, 2, 2], np.int32), np.array([2, 4, 0], np.int32))
+    step = (np.array([3, 4, 5], np.int32), np.array([3, 16, 2], np.int32))  # row 1 idle
+    tol = 1e-5 if dtype == "f32" else 2 ** -6  # another summation order; bf16 rounds activations
+    for m in (panels, plain):
+        m.logits = [np.asarray(m.prefill(*pack), np.float32), np.asarray(m.decode(*step), np.float32)]
+    for got, want in zip(panels.logits, plain.logits):
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())

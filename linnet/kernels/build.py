@@ -1,0 +1,84 @@
+"""Building Linnet's C kernels: once per source, flags and compiler, into a user cache; and the one
+check of whether this CPU should run them.
+
+The libraries go to `$LINNET_CACHE/kernels` (default `~/.cache/linnet/kernels`), named by a hash
+of what went into them, and are written atomically: processes racing to build each load a whole
+file. A failed build warns once and leaves the caller on its library's kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+HERE = Path(__file__).parent
+FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp"]
+
+
+@functools.cache
+def runs_here() -> bool:
+    """An x86-64 Linux CPU with AVX2, FMA and F16C whose widest vectors are AVX2 (with AVX-512,
+    oneDNN's and XLA's kernels are twice as wide as ours), and LINNET_CPU_KERNELS not set to 0."""
+    if os.environ.get("LINNET_CPU_KERNELS", "1") == "0":
+        return False
+    if platform.machine().lower() not in ("x86_64", "amd64") or not sys.platform.startswith("linux"):
+        return False
+    flags = _cpu_flags()
+    return {"avx2", "fma", "f16c"} <= flags and "avx512f" not in flags
+
+
+def _cpu_flags() -> set:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def shared_library(name: str, sources: list[str], extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
+    """`sources` (files in this folder) built into one shared library and loaded; None, with a
+    warning, when it cannot be built."""
+    try:
+        return ctypes.CDLL(str(_built(name, [HERE / s for s in sources], [*FLAGS, *extra_flags])))
+    except (OSError, subprocess.CalledProcessError) as e:
+        detail = e.stderr.strip().splitlines()[-1] if isinstance(e, subprocess.CalledProcessError) and e.stderr else e
+        warnings.warn(f"linnet: the CPU kernel {name} could not be built ({detail}); its work runs on the "
+                      f"library's own kernels, slower in decode steps", stacklevel=3)
+        return None
+
+
+def _built(name: str, sources: list[Path], flags: list[str]) -> Path:
+    """The shared library for these sources, flags and compiler, from the cache or compiled into it."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
+    if compiler is None:
+        raise FileNotFoundError("no C compiler (cc, gcc or clang) on PATH; set CC")
+    digest = hashlib.sha256(compiler.encode() + " ".join(flags).encode())
+    for source in sorted(set(sources) | set(HERE.glob("*.h"))):
+        digest.update(source.read_bytes())
+    cache = Path(os.environ.get("LINNET_CACHE") or Path.home() / ".cache" / "linnet") / "kernels"
+    target = cache / f"{name}-{digest.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=cache, suffix=".so", delete=False) as tmp:
+        pass
+    try:
+        subprocess.run([compiler, *flags, *map(str, sources), "-o", tmp.name], check=True, capture_output=True,
+                       text=True)
+        os.replace(tmp.name, target)
+    finally:
+        if os.path.exists(tmp.name):
+            os.unlink(tmp.name)
+    return target
