@@ -21,7 +21,7 @@ import warnings
 from pathlib import Path
 
 HERE = Path(__file__).parent
-FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp"]
+FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-lm"]
 
 
 @functools.cache

@@ -1,0 +1,67 @@
+"""Linnet's CPU attention for one query a cache row against a float64 reference written here:
+any grouping of query heads to KV heads, head sizes, windows, sink logits, cache types, rows
+read in any order, and padding tokens."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from linnet.kernels import cpu_attention
+
+pytestmark = pytest.mark.skipif(cpu_attention.library() is None, reason="Linnet's CPU kernels do not run here")
+
+
+def reference(q, k, v, rows, positions, window, sinks, scale):
+    """Softmax attention of token i over row rows[i], positions max(0, p - window + 1) .. p, in float64."""
+    n, heads, d = q.shape
+    kv_heads, max_seq = k.shape[2], k.shape[1]
+    group = heads // kv_heads
+    out = np.zeros((n, heads, d))
+    for i in range(n):
+        p = int(positions[i])
+        if p >= max_seq:
+            continue  # padding
+        lo = max(0, p - window + 1) if window else 0
+        for h in range(heads):
+            keys = k[rows[i], lo:p + 1, h // group].double().numpy()
+            values = v[rows[i], lo:p + 1, h // group].double().numpy()
+            logits = keys @ q[i, h].double().numpy() * scale
+            extra = [] if sinks is None else [float(sinks[h])]
+            top = max(list(logits) + extra)
+            weights = np.exp(logits - top)
+            total = weights.sum() + sum(np.exp(e - top) for e in extra)
+            out[i, h] = weights @ values / total
+    return out
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 6), kv_heads=st.integers(1, 3), group=st.sampled_from([1, 2, 3, 4, 5, 8]),
+       head_dim=st.sampled_from([8, 16, 64, 72]), max_seq=st.integers(1, 40), window=st.sampled_from([0, 1, 5]),
+       with_sinks=st.booleans(), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+       seed=st.integers(0, 2 ** 31 - 1))
+def test_attend_rows_is_softmax_attention(n, kv_heads, group, head_dim, max_seq, window, with_sinks, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    batch, heads = 4, kv_heads * group
+    k = torch.randn(batch, max_seq, kv_heads, head_dim, generator=g).to(dtype)
+    v = torch.randn(batch, max_seq, kv_heads, head_dim, generator=g).to(dtype)
+    q = torch.randn(n, heads, head_dim, generator=g)
+    rows = torch.randint(0, batch, (n,), generator=g)
+    positions = torch.randint(0, max_seq + 2, (n,), generator=g, dtype=torch.int32)  # some are padding
+    sinks = torch.randn(heads, generator=g) if with_sinks else None
+    scale = head_dim ** -0.5
+    got = cpu_attention.attend_rows(q, k, v, rows, positions, window, sinks, scale)
+    want = reference(q, k, v, rows, positions, window, sinks, scale)
+    assert got.shape == (n, heads, head_dim) and got.dtype == torch.float32
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_layer_of_a_stacked_cache_and_a_bf16_query():
+    k, v = torch.randn(2, 3, 10, 2, 16), torch.randn(2, 3, 10, 2, 16)  # [layers, rows, positions, kv heads, d]
+    q = torch.randn(3, 4, 16).to(torch.bfloat16)
+    rows, positions = torch.tensor([2, 0, 1]), torch.tensor([9, 3, 0])
+    got = cpu_attention.attend_rows(q, k[1], v[1], rows, positions, 0, None, 0.25)
+    assert got.dtype == torch.bfloat16
+    want = reference(q.float(), k[1], v[1], rows, positions, 0, None, 0.25)
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=2 ** -8, atol=2 ** -8)
