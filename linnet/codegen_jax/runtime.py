@@ -15,8 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linnet.kernels import xla_linear
-from linnet.kernels.xla_linear import Panels
+from linnet.kernels import xla_kernels
+from linnet.kernels.xla_kernels import Panels
 from linnet.rope_tables import inv_frequencies
 
 DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16, "i32": jnp.int32, "i64": jnp.int64,
@@ -30,7 +30,7 @@ def linear(x, w, bias=None):
     if isinstance(w, FusedPart):  # the group's whole matmul; XLA's CSE leaves one for all members
         y = linear(x, w.fused)[..., w.start:w.stop]
     elif isinstance(w, Panels):
-        y = xla_linear.linear(x, w)
+        y = xla_kernels.linear(x, w)
     elif _reduces_narrow_weight(x, w):
         y = _multiply_and_sum(x, w)
     else:
@@ -160,14 +160,21 @@ def attention(q, k_cache, v_cache, positions, rows=None, window: int = 0, sinks=
     if not isinstance(k_cache, CacheLayer):
         k_cache, v_cache = CacheLayer(jnp.asarray(k_cache)[None], 0), CacheLayer(jnp.asarray(v_cache)[None], 0)
     batch, seq = k_cache.shape[:2]
-    if not (fast and _walks_keys(seq)):
+    kernel = fast and xla_kernels.attends_here(k_cache.stack, head_dim)  # Linnet's, for one query a row
+    if not (kernel or (fast and _walks_keys(seq))):
         return _attend_reading_rows(q, k_cache.whole(), v_cache.whole(), positions, rows, window, sinks, scale, fast)
-    if rows is None:
-        return _attend_walking(q[:, None], k_cache, v_cache, positions[:, None], None, window, sinks, scale)
-    head = head_tokens(batch)
-    if n <= head or n % BLOCK:
+
+    def one_per_row(q, positions, rows):  # token i reads row rows[i] (row i when rows is None)
+        if kernel:
+            rows = jnp.arange(q.shape[0], dtype=jnp.int32) if rows is None else rows
+            return xla_kernels.attention_rows(q, k_cache.stack, v_cache.stack, k_cache.index, rows, positions,
+                                              window, sinks, scale)
         return _attend_walking(q[:, None], k_cache, v_cache, positions[:, None], rows, window, sinks, scale)
-    first = _attend_walking(q[:head, None], k_cache, v_cache, positions[:head, None], rows[:head], window, sinks, scale)
+
+    head = head_tokens(batch)
+    if rows is None or n <= head or n % BLOCK:
+        return one_per_row(q, positions, rows)
+    first = one_per_row(q[:head], positions[:head], rows[:head])
     q2, p2, r2 = q[head:], positions[head:], rows[head:]
     blocks = r2.reshape(-1, BLOCK)
     own = _own_keys(r2, p2, seq)
@@ -515,7 +522,7 @@ class JaxModel:
         return parts
 
     def pack_linear_weights(self, parts: dict) -> dict:
-        """On the CPU, where Linnet's kernel runs (`xla_linear.available`): each linear weight and
+        """On the CPU, where Linnet's kernel runs (`xla_kernels.available`): each linear weight and
         fused group held as panels, layer by layer, for `linear` to call the kernel on. A tied
         alias shares its target's panels when the target is a linear weight too; otherwise (a head
         tied to an embedding that is gathered from) it gets panels of its own.
@@ -529,9 +536,9 @@ class JaxModel:
                 continue
             value = self.weights[key]
             layers = value if isinstance(value, list) else [value]
-            if not xla_linear.available(layers[0].dtype, self.device.platform):
+            if not xla_kernels.available(layers[0].dtype, self.device.platform):
                 continue
-            packed = [jax.device_put(xla_linear.pack(layer), self.device) for layer in layers]
+            packed = [jax.device_put(xla_kernels.pack(layer), self.device) for layer in layers]
             self.weights[key] = packed if isinstance(value, list) else packed[0]
             panels[key] = layers[0].shape[0]
         return panels

@@ -174,7 +174,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
     one_row_kernel = fast and cpu_attention.available(k_cache, head_dim)  # Linnet's, for one query a row
     if rows is None:
         if one_row_kernel:
-            rows = per_pass("rows", (positions,), lambda: torch.arange(n))
+            rows = per_pass("rows", (positions,), lambda: torch.arange(n, dtype=torch.int32))
             return cpu_attention.attend_rows(q, k_cache, v_cache, rows, positions, window, sinks, scale)
         span = _key_span(positions, k_cache.shape[1])
         return _attend(q, k_cache[:n, :span], v_cache[:n, :span], positions, window, sinks, scale, fast)

@@ -47,6 +47,25 @@ def _cpu_flags() -> set:
     return set()
 
 
+@functools.cache
+def cpu_kernels() -> ctypes.CDLL | None:
+    """cpu_linear.c and cpu_attention.c as one library, its functions typed for ctypes; None where
+    they do not run (`runs_here`, a build that failed, a CPU that fails the library's own check)."""
+    if not runs_here():
+        return None
+    lib = shared_library("cpu_kernels", ["cpu_linear.c", "cpu_attention.c"])
+    if lib is None or not lib.linnet_cpu_supported():
+        return None
+    vp, long, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
+    lib.linnet_linear.argtypes = [i32, vp, long, long, long, vp, vp, vp, vp, long, i32]
+    lib.linnet_pack_panels.argtypes = [i32, vp, long, long, i32]
+    lib.linnet_attention.argtypes = [i32, vp, long, long, long, long, vp, vp, long, long, long, vp, vp, long, vp,
+                                     ctypes.c_float, vp, i32]
+    for f in (lib.linnet_linear, lib.linnet_pack_panels, lib.linnet_attention):
+        f.restype = i32
+    return lib
+
+
 def shared_library(name: str, sources: list[str], extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """`sources` (files in this folder) built into one shared library and loaded; None, with a
     warning, when it cannot be built."""

@@ -14,6 +14,8 @@
 #include <stdint.h>
 #include <stdlib.h>
 
+#include "kernels.h"
+
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 
 static inline AVX2 __attribute__((always_inline)) __m256 load8(const void *p, int type, long i) {
@@ -87,38 +89,54 @@ static AVX2 void attend(int type, const float *q, long G, long D, const char *k,
     }
 }
 
+/* Tokens [i0, i1) on the calling thread; `scores` holds G * max_seq floats. */
+static AVX2 void attend_tokens(int type, const float *q, long H, long KVH, long D, const void *k, const void *v,
+                               long row_stride, long pos_stride, long max_seq, const int32_t *rows,
+                               const int32_t *positions, long window, const float *sinks, float scale, float *out,
+                               long i0, long i1, float *scores) {
+    long G = H / KVH, elem = type == 0 ? 4 : 2;
+    for (long i = i0; i < i1; i++) {  /* a token's KV heads in turn: its row's positions read in order */
+        long pos = positions[i];
+        for (long h = 0; h < KVH; h++) {
+            float *o = out + (i * H + h * G) * D;
+            if (pos >= max_seq || pos < 0 || rows[i] < 0) {  /* padding */
+                for (long e = 0; e < G * D; e++) o[e] = 0.0f;
+                continue;
+            }
+            long j0 = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+            long base = (rows[i] * row_stride + h * D) * elem;
+            attend(type, q + (i * H + h * G) * D, G, D, (const char *)k + base, (const char *)v + base, pos_stride,
+                   j0, pos + 1, sinks ? sinks + h * G : NULL, scale, scores, o);
+        }
+    }
+}
+
 /* q [n, H, D] f32; k and v point at position 0 of row 0, KV head 0 of one layer's cache, whose
  * rows are row_stride elements apart and positions pos_stride apart (KV heads D apart); out
  * [n, H, D] f32. A token at a position >= max_seq is padding: its output is zero. sinks: [H] or
- * NULL. Returns -1 if out of memory. */
-int linnet_decode_attention(int type, const float *q, long n, long H, long KVH, long D, const void *k, const void *v,
-                            long row_stride, long pos_stride, long max_seq, const long *rows, const long *positions,
-                            long window, const float *sinks, float scale, float *out, int threads) {
-    long G = H / KVH, elem = type == 0 ? 4 : 2;
+ * NULL. Tokens [i0, i1) on the calling thread, for a caller with a pool of its own (XLA's). */
+int linnet_attention_tokens(int type, const float *q, long H, long KVH, long D, const void *k, const void *v,
+                            long row_stride, long pos_stride, long max_seq, const int32_t *rows,
+                            const int32_t *positions, long window, const float *sinks, float scale, float *out,
+                            long i0, long i1) {
+    float *scores = malloc((H / KVH) * max_seq * sizeof(float));
+    if (!scores)
+        return -1;
+    attend_tokens(type, q, H, KVH, D, k, v, row_stride, pos_stride, max_seq, rows, positions, window, sinks, scale,
+                  out, i0, i1, scores);
+    free(scores);
+    return 0;
+}
+
+/* The same over n tokens, on `threads` OpenMP threads (the pool torch uses), a token at a time.
+ * Returns -1 if out of memory. */
+int linnet_attention(int type, const float *q, long n, long H, long KVH, long D, const void *k, const void *v,
+                     long row_stride, long pos_stride, long max_seq, const int32_t *rows, const int32_t *positions,
+                     long window, const float *sinks, float scale, float *out, int threads) {
     int failed = 0;
-#pragma omp parallel num_threads(threads)
-    {
-        float *scores = malloc(G * max_seq * sizeof(float));
-        if (!scores) {
-#pragma omp atomic write
-            failed = 1;
-        }
-#pragma omp for schedule(dynamic, 1)
-        for (long i = 0; i < n; i++) {  /* a token's KV heads in turn: its row's positions read in order */
-            long pos = positions[i];
-            for (long h = 0; h < KVH; h++) {
-                float *o = out + (i * H + h * G) * D;
-                if (!scores || pos >= max_seq || pos < 0) {
-                    for (long e = 0; e < G * D; e++) o[e] = 0.0f;
-                    continue;
-                }
-                long j0 = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
-                long base = (rows[i] * row_stride + h * D) * elem;
-                attend(type, q + (i * H + h * G) * D, G, D, (const char *)k + base, (const char *)v + base,
-                       pos_stride, j0, pos + 1, sinks ? sinks + h * G : NULL, scale, scores, o);
-            }
-        }
-        free(scores);
-    }
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(| : failed)
+    for (long i = 0; i < n; i++)
+        failed |= linnet_attention_tokens(type, q, H, KVH, D, k, v, row_stride, pos_stride, max_seq, rows, positions,
+                                          window, sinks, scale, out, i, i + 1);
     return failed ? -1 : 0;
 }

@@ -10,7 +10,6 @@ sink logit per head, if any) and sums the values, all in f32, reading an f32, bf
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import torch
 
@@ -35,10 +34,10 @@ def attend_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, r
     if v_cache.stride() != k_cache.stride():
         raise ValueError("keys and values must share a layout")
     qf = q.float().contiguous()
-    rows, positions = rows.long().contiguous(), positions.long().contiguous()
+    rows, positions = rows.to(torch.int32).contiguous(), positions.to(torch.int32).contiguous()
     sink = None if sinks is None else sinks.float().contiguous()
     out = torch.empty(n, heads, head_dim, dtype=torch.float32)
-    if library().linnet_decode_attention(
+    if library().linnet_attention(
             TYPES[k_cache.dtype], qf.data_ptr(), n, heads, kv_heads, head_dim, k_cache.data_ptr(), v_cache.data_ptr(),
             k_cache.stride(0), k_cache.stride(1), max_seq, rows.data_ptr(), positions.data_ptr(), window,
             None if sink is None else sink.data_ptr(), scale, out.data_ptr(), torch.get_num_threads()):
@@ -46,15 +45,5 @@ def attend_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, r
     return out if q.dtype == torch.float32 else out.to(q.dtype)
 
 
-@functools.cache
 def library() -> ctypes.CDLL | None:
-    if not build.runs_here():
-        return None
-    lib = build.shared_library("cpu_attention", ["cpu_attention.c"])
-    if lib is None:
-        return None
-    vp, long, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
-    lib.linnet_decode_attention.argtypes = [i32, vp, long, long, long, long, vp, vp, long, long, long, vp, vp, long,
-                                            vp, ctypes.c_float, vp, i32]
-    lib.linnet_decode_attention.restype = i32
-    return lib
+    return build.cpu_kernels()

@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu_linear.h"
+#include "kernels.h"
 
 #define NR 16     /* output columns a panel */
 #define MR 6      /* input rows a register tile */
@@ -161,26 +161,16 @@ int linnet_linear(int type, const float *x, long M, long K, long P, const void *
     return failed ? -1 : 0;
 }
 
-/* The same product in chunks of panels that any thread may claim: for a caller with a thread
- * pool of its own (XLA's), which runs linnet_chunks on as many threads as it likes. The job is
- * shared by reference count, so a helper that starts late finds nothing left and lets go. */
-
-void linnet_chunks(struct linnet_job *job) {
-    float *wide = NULL;
-    for (long c; (c = atomic_fetch_add(&job->next, 1)) < job->chunks;) {
-        if (widens(job->type, job->M) && !wide && !(wide = (float *)malloc(job->K * NR * sizeof(float))))
-            atomic_store(&job->failed, 1);
-        else
-            panel_range(job->type, job->x, job->M, job->K, job->panels, job->cols, job->widths, job->y, job->N,
-                        job->P * c / job->chunks, job->P * (c + 1) / job->chunks, wide);
-        atomic_fetch_add(&job->done, 1);
-    }
+/* Panels [p0, p1) only, on the calling thread: for a caller with a thread pool of its own (XLA's
+ * handler in xla_kernels.c), which splits the panels among its threads. */
+int linnet_linear_panels(int type, const float *x, long M, long K, const void *const *panels, const long *cols,
+                         const int *widths, float *y, long N, long p0, long p1) {
+    float *wide = widens(type, M) ? (float *)malloc(K * NR * sizeof(float)) : NULL;
+    if (widens(type, M) && !wide)
+        return -1;
+    panel_range(type, x, M, K, panels, cols, widths, y, N, p0, p1, wide);
     free(wide);
-}
-
-void linnet_release(struct linnet_job *job) {
-    if (atomic_fetch_sub(&job->refs, 1) == 1)
-        free(job);
+    return 0;
 }
 
 #define TRANSPOSE(E)                                                  \

@@ -15,7 +15,6 @@ runtime is the one torch loaded (libgomp, by soname), so both share its threads.
 from __future__ import annotations
 
 import ctypes
-import functools
 from typing import NamedTuple
 
 import torch
@@ -123,16 +122,5 @@ def available(dtype: torch.dtype) -> bool:
     return dtype in TYPES and library() is not None
 
 
-@functools.cache
 def library() -> ctypes.CDLL | None:
-    if not build.runs_here():
-        return None
-    lib = build.shared_library("cpu_linear", ["cpu_linear.c"])
-    if lib is None or not lib.linnet_cpu_supported():
-        return None
-    vp, long, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
-    lib.linnet_linear.argtypes = [i32, vp, long, long, long, vp, vp, vp, vp, long, i32]
-    lib.linnet_linear.restype = i32
-    lib.linnet_pack_panels.argtypes = [i32, vp, long, long, i32]
-    lib.linnet_pack_panels.restype = i32
-    return lib
+    return build.cpu_kernels()

@@ -115,7 +115,7 @@ def test_fused_linear_groups_are_one_matmul_and_change_no_value(dtype, monkeypat
     if dtype == "f32":  # the matmuls of a decode step: per layer 2 groups + wo + w_down + attention's 2, and the head
         layers = len(fused.weights["wo"])
 
-        def count(m):  # XLA's dots and calls of Linnet's CPU kernel (`xla_linear`), where it holds the weights
+        def count(m):  # XLA's dots and calls of Linnet's CPU kernel (`xla_kernels`), where it holds the weights
             text = m.compiled["decode"].lower(m.weights, m.state_bits, *step).compile().as_text()
             return text.count(" dot(") + text.count('custom_call_target="linnet_linear"')
         assert count(fused) == count(apart) - 3 * layers
@@ -126,9 +126,9 @@ def test_linear_weights_held_as_panels_change_no_value(dtype, monkeypatch):
     # On an AVX2 CPU, fast numerics hold every linear weight (and fused group) as Linnet's panels and
     # run them through the kernel's XLA handler; XLA's own dot / multiply-and-sum is the reference.
     from linnet import nest
-    from linnet.kernels import xla_linear
+    from linnet.kernels import xla_kernels
 
-    if not xla_linear.available(np.float32, "cpu"):
+    if not xla_kernels.available(np.float32, "cpu"):
         pytest.skip("Linnet's CPU kernel does not run here")
 
     def load(card):
@@ -140,7 +140,7 @@ def test_linear_weights_held_as_panels_change_no_value(dtype, monkeypatch):
     assert w["wk+wq+wv"][0].shape == (8, 64, 16) and w["wo"][0].shape == (4, 64, 16) and w["lm_head"].shape == (8, 64, 16)
     tied = load("tiny-llama-tied")
     assert tied.weights["lm_head"].shape == (8, 48, 16) and tied.weights["embed"].shape == (128, 48)  # its own panels
-    monkeypatch.setattr(xla_linear, "available", lambda dtype, platform: False)
+    monkeypatch.setattr(xla_kernels, "available", lambda dtype, platform: False)
     plain = load("tiny-llama")
     assert plain.weights["wo"][0].shape == (64, 64)
     pack = (np.array([5, 6, 7, 8, 9], np.int32), np.array([0, 1, 2, 0, 1], np.int32),

@@ -8,32 +8,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from attention_reference import reference
 from linnet.kernels import cpu_attention
 
 pytestmark = pytest.mark.skipif(cpu_attention.library() is None, reason="Linnet's CPU kernels do not run here")
-
-
-def reference(q, k, v, rows, positions, window, sinks, scale):
-    """Softmax attention of token i over row rows[i], positions max(0, p - window + 1) .. p, in float64."""
-    n, heads, d = q.shape
-    kv_heads, max_seq = k.shape[2], k.shape[1]
-    group = heads // kv_heads
-    out = np.zeros((n, heads, d))
-    for i in range(n):
-        p = int(positions[i])
-        if p >= max_seq:
-            continue  # padding
-        lo = max(0, p - window + 1) if window else 0
-        for h in range(heads):
-            keys = k[rows[i], lo:p + 1, h // group].double().numpy()
-            values = v[rows[i], lo:p + 1, h // group].double().numpy()
-            logits = keys @ q[i, h].double().numpy() * scale
-            extra = [] if sinks is None else [float(sinks[h])]
-            top = max(list(logits) + extra)
-            weights = np.exp(logits - top)
-            total = weights.sum() + sum(np.exp(e - top) for e in extra)
-            out[i, h] = weights @ values / total
-    return out
 
 
 @settings(max_examples=40, deadline=None)
@@ -52,7 +30,8 @@ def test_attend_rows_is_softmax_attention(n, kv_heads, group, head_dim, max_seq,
     sinks = torch.randn(heads, generator=g) if with_sinks else None
     scale = head_dim ** -0.5
     got = cpu_attention.attend_rows(q, k, v, rows, positions, window, sinks, scale)
-    want = reference(q, k, v, rows, positions, window, sinks, scale)
+    want = reference(*(a.float().numpy() for a in (q, k, v)), rows, positions, window,
+                     None if sinks is None else sinks.numpy(), scale)
     assert got.shape == (n, heads, head_dim) and got.dtype == torch.float32
     np.testing.assert_allclose(got.double().numpy(), want, rtol=1e-5, atol=1e-5)
 
@@ -63,5 +42,5 @@ def test_a_layer_of_a_stacked_cache_and_a_bf16_query():
     rows, positions = torch.tensor([2, 0, 1]), torch.tensor([9, 3, 0])
     got = cpu_attention.attend_rows(q, k[1], v[1], rows, positions, 0, None, 0.25)
     assert got.dtype == torch.bfloat16
-    want = reference(q.float(), k[1], v[1], rows, positions, 0, None, 0.25)
+    want = reference(q.float().numpy(), k[1].numpy(), v[1].numpy(), rows, positions, 0, None, 0.25)
     np.testing.assert_allclose(got.double().numpy(), want, rtol=2 ** -8, atol=2 ** -8)

@@ -101,7 +101,7 @@ def test_the_kernel_builds_from_source_into_a_fresh_cache(tmp_path):
     env = dict(os.environ, LINNET_CACHE=str(tmp_path))
     for _ in range(2):
         subprocess.run([sys.executable, "-c", code], env=env, check=True)
-    assert len(list((tmp_path / "kernels").glob("cpu_linear-*.so"))) == 1
+    assert len(list((tmp_path / "kernels").glob("cpu_kernels-*.so"))) == 1
     assert not list((tmp_path / "kernels").glob("tmp*"))
 
 

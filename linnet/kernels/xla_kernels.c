@@ -1,0 +1,211 @@
+/* Linnet's CPU kernels as XLA FFI handlers, for JAX's CPU backend (jax.ffi.ffi_call), built with
+ * cpu_linear.c and cpu_attention.c against the C header jaxlib ships (jax.ffi.include_dir()).
+ *
+ * The work runs on XLA's own thread pool, not OpenMP's: the calling thread and helpers it
+ * schedules claim chunks of the work until none is left. An OpenMP team started from XLA's
+ * threads spun against them and ran one row of linears at half the speed of XLA's own dot.
+ */
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "kernels.h"
+#include "xla/ffi/api/c_api.h"
+
+#define CHUNKS_A_THREAD 4  /* claimed dynamically: a busy helper's share goes to the others */
+
+/* One call's work in `chunks` pieces. The job is shared by reference count: a helper that starts
+ * after the last chunk was claimed finds nothing to do and lets go, touching only the job. */
+struct job {
+    int (*work)(void *task, long chunk, long chunks);
+    void *task; /* the handler's: read only while chunks remain */
+    long chunks;
+    atomic_long next, done;
+    atomic_int refs, failed;
+};
+
+static void claim(struct job *job) {
+    for (long c; (c = atomic_fetch_add(&job->next, 1)) < job->chunks;) {
+        if (job->work(job->task, c, job->chunks))
+            atomic_store(&job->failed, 1);
+        atomic_fetch_add(&job->done, 1);
+    }
+}
+
+static void release(struct job *job) {
+    if (atomic_fetch_sub(&job->refs, 1) == 1)
+        free(job);
+}
+
+static void helper(void *data) {
+    claim(data);
+    release(data);
+}
+
+static XLA_FFI_Error *fail(XLA_FFI_CallFrame *frame, const char *message) {
+    XLA_FFI_Error_Create_Args args = {XLA_FFI_Error_Create_Args_STRUCT_SIZE, NULL, message,
+                                      XLA_FFI_Error_Code_INVALID_ARGUMENT};
+    return frame->api->XLA_FFI_Error_Create(&args);
+}
+
+static void forget(XLA_FFI_CallFrame *frame, XLA_FFI_Error *error) {
+    XLA_FFI_Error_Destroy_Args args = {XLA_FFI_Error_Destroy_Args_STRUCT_SIZE, NULL, error};
+    frame->api->XLA_FFI_Error_Destroy(&args);
+}
+
+static long pool_threads(XLA_FFI_CallFrame *frame) {
+    int64_t n = 1;
+    XLA_FFI_ThreadPool_NumThreads_Args args = {XLA_FFI_ThreadPool_NumThreads_Args_STRUCT_SIZE, NULL, frame->ctx, &n};
+    XLA_FFI_Error *error = frame->api->XLA_FFI_ThreadPool_NumThreads(&args);
+    if (error) {
+        forget(frame, error);
+        return 1;
+    }
+    return n > 0 ? n : 1;
+}
+
+/* work(task, c, chunks) for c < chunks (at most `limit` chunks) on this thread and XLA's pool;
+ * returns once every chunk is done: -1 if out of memory, -2 if any chunk failed. */
+static int run_on_pool(XLA_FFI_CallFrame *frame, int (*work)(void *, long, long), void *task, long limit) {
+    long threads = pool_threads(frame), chunks = threads * CHUNKS_A_THREAD;
+    struct job *job = malloc(sizeof *job);
+    if (!job)
+        return -1;
+    job->work = work, job->task = task, job->chunks = chunks < limit ? chunks : limit;
+    atomic_init(&job->next, 0), atomic_init(&job->done, 0), atomic_init(&job->refs, 1), atomic_init(&job->failed, 0);
+    for (long i = 1; i < threads && i < job->chunks; i++) {
+        atomic_fetch_add(&job->refs, 1);
+        XLA_FFI_ThreadPool_Schedule_Args args = {XLA_FFI_ThreadPool_Schedule_Args_STRUCT_SIZE, NULL, frame->ctx,
+                                                 helper, job};
+        XLA_FFI_Error *error = frame->api->XLA_FFI_ThreadPool_Schedule(&args);
+        if (error) { /* no pool: this thread does it all */
+            forget(frame, error);
+            atomic_fetch_sub(&job->refs, 1);
+            break;
+        }
+    }
+    claim(job);
+    while (atomic_load(&job->done) < job->chunks) /* only chunks a helper has claimed are left */
+        sched_yield();
+    int failed = atomic_load(&job->failed);
+    release(job);
+    return failed ? -2 : 0;
+}
+
+/* Answers XLA's question of which API a handler speaks; true if that was the call. */
+static int metadata(XLA_FFI_CallFrame *frame) {
+    XLA_FFI_Extension_Base *ext = frame->extension_start;
+    if (!ext || ext->type != XLA_FFI_Extension_Metadata)
+        return 0;
+    XLA_FFI_Metadata *meta = ((XLA_FFI_Metadata_Extension *)ext)->metadata;
+    meta->api_version.major_version = XLA_FFI_API_MAJOR;
+    meta->api_version.minor_version = XLA_FFI_API_MINOR;
+    meta->traits = 0;
+    return 1;
+}
+
+static int type_of(XLA_FFI_DataType dtype) {
+    return dtype == XLA_FFI_DataType_F32 ? 0 : dtype == XLA_FFI_DataType_BF16 ? 1 : dtype == XLA_FFI_DataType_F16 ? 2 : -1;
+}
+
+/* ---- linear: x [M, K] f32, w [P, K, 16] panels (cpu_linear.c's layout, the last one zero-padded) -> y [M, N] f32 */
+
+struct linear_task {
+    int type;
+    const float *x;
+    long M, K, N, P;
+    const void **panels;
+    const long *cols;
+    const int *widths;
+    float *y;
+};
+
+static int linear_chunk(void *data, long c, long chunks) {
+    struct linear_task *t = data;
+    return linnet_linear_panels(t->type, t->x, t->M, t->K, t->panels, t->cols, t->widths, t->y, t->N,
+                                t->P * c / chunks, t->P * (c + 1) / chunks);
+}
+
+XLA_FFI_Error *linnet_xla_linear(XLA_FFI_CallFrame *frame) {
+    if (metadata(frame) || frame->stage != XLA_FFI_ExecutionStage_EXECUTE)
+        return NULL;
+    if (frame->args.size != 2 || frame->rets.size != 1)
+        return fail(frame, "linnet_linear takes x and w and returns y");
+    XLA_FFI_Buffer *x = frame->args.args[0], *w = frame->args.args[1], *y = frame->rets.rets[0];
+    int type = type_of(w->dtype);
+    if (type < 0 || x->dtype != XLA_FFI_DataType_F32 || y->dtype != XLA_FFI_DataType_F32 || x->rank != 2 ||
+        w->rank != 3 || y->rank != 2 || w->dims[2] != 16 || x->dims[1] != w->dims[1] || y->dims[0] != x->dims[0] ||
+        y->dims[1] > 16 * w->dims[0])
+        return fail(frame, "linnet_linear: x [M, K] f32, w [P, K, 16] f32 / bf16 / f16, y [M, N <= 16 P] f32");
+    long M = x->dims[0], K = x->dims[1], N = y->dims[1], P = (N + 15) / 16, elem = type == 0 ? 4 : 2;
+    const void **panels = malloc(P * sizeof(void *));
+    long *cols = malloc(P * sizeof(long));
+    int *widths = malloc(P * sizeof(int));
+    int status = -1;
+    if (panels && cols && widths) {
+        for (long p = 0; p < P; p++) {
+            panels[p] = (const char *)w->data + p * K * 16 * elem;
+            cols[p] = p * 16;
+            widths[p] = N - p * 16 < 16 ? (int)(N - p * 16) : 16;
+        }
+        struct linear_task task = {type, x->data, M, K, N, P, panels, cols, widths, y->data};
+        status = run_on_pool(frame, linear_chunk, &task, P);
+    }
+    free(panels), free(cols), free(widths);
+    return status ? fail(frame, "linnet_linear: out of memory") : NULL;
+}
+
+/* ---- attention of one query a cache row: q [n, H, D] f32, the stacked caches [L, B, S, KVH, D]
+ * (f32, or a 16-bit float's bits as u16), rows [n] i32, positions [n] i32, [layer, window, type]
+ * i32 (type: 0 f32, 1 bf16, 2 f16), scale [] f32, sinks [H] or [0] f32 -> out [n, H, D] f32
+ * (cpu_attention.c) */
+
+struct attention_task {
+    int type;
+    const float *q;
+    long n, H, KVH, D;
+    const void *k, *v;
+    long row_stride, pos_stride, max_seq;
+    const int32_t *rows, *positions;
+    long window;
+    const float *sinks;
+    float scale;
+    float *out;
+};
+
+static int attention_chunk(void *data, long c, long chunks) {
+    struct attention_task *t = data;
+    return linnet_attention_tokens(t->type, t->q, t->H, t->KVH, t->D, t->k, t->v, t->row_stride, t->pos_stride,
+                                   t->max_seq, t->rows, t->positions, t->window, t->sinks, t->scale, t->out,
+                                   t->n * c / chunks, t->n * (c + 1) / chunks);
+}
+
+XLA_FFI_Error *linnet_xla_attention(XLA_FFI_CallFrame *frame) {
+    if (metadata(frame) || frame->stage != XLA_FFI_ExecutionStage_EXECUTE)
+        return NULL;
+    if (frame->args.size != 8 || frame->rets.size != 1)
+        return fail(frame, "linnet_attention takes q, k, v, rows, positions, [layer, window, type], scale, sinks");
+    XLA_FFI_Buffer **a = (XLA_FFI_Buffer **)frame->args.args, *out = frame->rets.rets[0];
+    XLA_FFI_Buffer *q = a[0], *k = a[1], *v = a[2], *rows = a[3], *positions = a[4], *scalars = a[5], *scale = a[6],
+                   *sinks = a[7];
+    const int32_t *lw = scalars->data;
+    int type = k->dtype == XLA_FFI_DataType_F32 ? 0 : k->dtype == XLA_FFI_DataType_U16 ? lw[2] : -1;
+    if (type < 0 || type > 2 || (type == 0) != (k->dtype == XLA_FFI_DataType_F32) || v->dtype != k->dtype ||
+        q->dtype != XLA_FFI_DataType_F32 || q->rank != 3 || k->rank != 5 ||
+        v->rank != 5 || rows->dtype != XLA_FFI_DataType_S32 || positions->dtype != XLA_FFI_DataType_S32 ||
+        scalars->dtype != XLA_FFI_DataType_S32 || scale->dtype != XLA_FFI_DataType_F32 ||
+        sinks->dtype != XLA_FFI_DataType_F32 || out->dtype != XLA_FFI_DataType_F32 || k->dims[4] != q->dims[2] ||
+        q->dims[2] % 8 || q->dims[1] % k->dims[3] || rows->rank != 1 || rows->dims[0] != q->dims[0] ||
+        positions->rank != 1 || positions->dims[0] != q->dims[0] || scalars->rank != 1 || scalars->dims[0] != 3)
+        return fail(frame, "linnet_attention: q [n, H, D] f32, caches [L, B, S, KVH, D] f32 / u16, rows / positions "
+                           "[n] i32, [layer, window, type] i32, scale f32, sinks [H] or [0] f32");
+    long n = q->dims[0], H = q->dims[1], D = q->dims[2], B = k->dims[1], S = k->dims[2], KVH = k->dims[3];
+    long layer = (long)B * S * KVH * D * lw[0] * (type == 0 ? 4 : 2);
+    int with_sinks = sinks->rank == 1 && sinks->dims[0] == H;
+    struct attention_task task = {type, q->data, n, H, KVH, D, (const char *)k->data + layer,
+                                  (const char *)v->data + layer, S * KVH * D, KVH * D, S, rows->data,
+                                  positions->data, lw[1], with_sinks ? sinks->data : NULL,
+                                  *(const float *)scale->data, out->data};
+    int status = n ? run_on_pool(frame, attention_chunk, &task, n) : 0;
+    return status ? fail(frame, "linnet_attention: out of memory") : NULL;
+}

@@ -1,0 +1,109 @@
+"""Linnet's CPU kernels inside XLA programs: `xla_kernels.c`, XLA FFI handlers over
+`cpu_linear.c` and `cpu_attention.c`, called with `jax.ffi.ffi_call` on JAX's CPU backend.
+
+- `linear`: XLA's CPU dot reads few rows against a weight slowly (decode steps) and widens a bf16
+  weight to f32 in memory at every call. With weights held as panels (`pack`, the layout
+  `cpu_linear` documents) a linear is one custom call. SmolLM2-135M's linears in a jitted chain,
+  16 rows: 48-58 ms against XLA's dot at 72-87; one row on a par (22.6 / 21.5).
+- `attention_rows`: one query a cache row (decode steps, a mixed pass's decoding rows), reading
+  the stacked cache's layer where it lies.
+
+The handlers run on XLA's own thread pool.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from linnet.kernels import build
+
+PANEL = 16
+
+
+class Panels(NamedTuple):
+    """A linear weight [n, K] as panels [ceil(n / 16), K, 16], inside an entry's trace."""
+
+    array: Any
+    n: int
+
+
+def pack(w) -> np.ndarray:
+    """w [N, K] (a host array, f32 / bf16 / f16) as zero-padded panels [ceil(N / 16), K, 16]."""
+    w = np.asarray(w)
+    n, k = w.shape
+    if n % PANEL:
+        w = np.concatenate([w, np.zeros((-n % PANEL, k), w.dtype)])
+    return np.ascontiguousarray(w.reshape(-1, PANEL, k).transpose(0, 2, 1))
+
+
+def linear(x, w: Panels):
+    """x [..., K] @ w.T in f32 arithmetic, rounded to x's type."""
+    import jax
+    import jax.numpy as jnp
+
+    lead, k = x.shape[:-1], x.shape[-1]
+    rows = x.reshape(-1, k).astype(jnp.float32)
+    y = jax.ffi.ffi_call("linnet_linear", jax.ShapeDtypeStruct((rows.shape[0], w.n), jnp.float32))(rows, w.array)
+    return y.reshape(lead + (w.n,)).astype(x.dtype)
+
+
+def attention_rows(q, k_stack, v_stack, layer, rows, positions, window: int, sinks, scale: float):
+    """q [n, H, D]: token i against row rows[i] of layer `layer` of the stacked caches [L, B, S, KVH, D]
+    at positions up to positions[i] (the last `window`, if any), with a sink logit per head if
+    `sinks`; a position >= S is padding and gives zeros. f32 arithmetic; returns q's type."""
+    import jax
+    import jax.numpy as jnp
+
+    sinks = jnp.zeros((0,), jnp.float32) if sinks is None else sinks.astype(jnp.float32)
+    kind = _CACHE_TYPES[np.dtype(k_stack.dtype)]
+    if kind:  # a 16-bit cache goes as its bits: the state is held so, and XLA folds the two views away
+        k_stack, v_stack = (jax.lax.bitcast_convert_type(a, jnp.uint16) for a in (k_stack, v_stack))
+    scalars = jnp.stack([jnp.asarray(layer, jnp.int32), jnp.asarray(window, jnp.int32), jnp.asarray(kind, jnp.int32)])
+    out = jax.ffi.ffi_call("linnet_attention", jax.ShapeDtypeStruct(q.shape, jnp.float32))(
+        q.astype(jnp.float32), k_stack, v_stack, rows.astype(jnp.int32), positions.astype(jnp.int32), scalars,
+        jnp.asarray(scale, jnp.float32), sinks)
+    return out.astype(q.dtype)
+
+
+_CACHE_TYPES = {np.dtype(np.float32): 0, np.dtype("bfloat16"): 1, np.dtype(np.float16): 2}
+
+
+def attends_here(stack, head_dim: int) -> bool:
+    """Whether `attention_rows` serves a stacked cache of this type and head size here."""
+    return head_dim % 8 == 0 and available(stack.dtype, "cpu") and _on_cpu()
+
+
+def _on_cpu() -> bool:
+    import jax
+
+    return jax.default_backend() == "cpu"
+
+
+def available(dtype, platform: str) -> bool:
+    """Whether arrays of `dtype` on a device of `platform` go to the kernels here."""
+    import jax.numpy as jnp
+
+    return platform == "cpu" and np.dtype(dtype) in (np.dtype(jnp.float32), np.dtype(jnp.bfloat16),
+                                                     np.dtype(jnp.float16)) and registered()
+
+
+@functools.cache
+def registered() -> bool:
+    """Builds the handler and registers it with XLA, once: False where it cannot run."""
+    if not build.runs_here():
+        return False
+    import jax
+
+    ffi = getattr(jax, "ffi", None)
+    if ffi is None or not hasattr(ffi, "include_dir"):
+        return False  # a JAX older than its FFI module
+    lib = build.shared_library("xla_kernels", ["cpu_linear.c", "cpu_attention.c", "xla_kernels.c"],
+                               ("-I", ffi.include_dir()))
+    if lib is None or not lib.linnet_cpu_supported():
+        return False
+    for name in ("linear", "attention"):
+        ffi.register_ffi_target(f"linnet_{name}", ffi.pycapsule(getattr(lib, f"linnet_xla_{name}")), platform="cpu")
+    return True

@@ -1,0 +1,63 @@
+"""Linnet's CPU linear kernel as an XLA FFI handler, inside jitted programs, against float64."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+jax = pytest.importorskip("jax")
+import jax.numpy as jnp  # noqa: E402
+
+from attention_reference import reference  # noqa: E402
+from linnet.kernels import xla_kernels  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not xla_kernels.available(np.float32, "cpu") or jax.default_backend() != "cpu",
+                                reason="Linnet's CPU kernel does not run here")
+
+
+@settings(max_examples=40, deadline=None)
+@given(lead=st.sampled_from([(1,), (5,), (13,), (2, 7), (250,)]), n=st.integers(1, 60), k=st.integers(1, 70),
+       dtype=st.sampled_from([jnp.float32, jnp.bfloat16, jnp.float16]), seed=st.integers(0, 2 ** 31 - 1))
+def test_the_handler_is_the_product_for_any_shape_and_type(lead, n, k, dtype, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(lead + (k,)).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(dtype)
+    panels = xla_kernels.pack(w)
+    assert panels.shape == (-(-n // 16), k, 16) and panels.dtype == w.dtype
+    got = jax.jit(lambda x, p: xla_kernels.linear(x, xla_kernels.Panels(p, n)))(x, panels)
+    assert got.shape == lead + (n,) and got.dtype == jnp.float32
+    wd = w.astype(np.float64)
+    want = x.astype(np.float64) @ wd.T
+    scale = np.abs(x.astype(np.float64)) @ np.abs(wd).T + 1e-30
+    assert np.all(np.abs(np.asarray(got, np.float64) - want) <= 4 * k * 2 ** -24 * scale)
+
+
+def test_a_bf16_input_comes_back_rounded_to_bf16():
+    x = jnp.asarray(np.linspace(-1, 1, 3 * 32, dtype=np.float32).reshape(3, 32), jnp.bfloat16)
+    w = np.linspace(-2, 2, 20 * 32, dtype=np.float32).reshape(20, 32).astype(jnp.bfloat16)
+    got = jax.jit(lambda x, p: xla_kernels.linear(x, xla_kernels.Panels(p, 20)))(x, xla_kernels.pack(w))
+    want = (np.asarray(x, np.float64) @ w.astype(np.float64).T).astype(np.float32)
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(got, np.float32), want, rtol=2 ** -8, atol=1e-6)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 6), kv_heads=st.integers(1, 3), group=st.sampled_from([1, 3, 4]),
+       head_dim=st.sampled_from([8, 64]), max_seq=st.integers(1, 30), window=st.sampled_from([0, 4]),
+       with_sinks=st.booleans(), dtype=st.sampled_from([jnp.float32, jnp.bfloat16, jnp.float16]),
+       layer=st.integers(0, 1), seed=st.integers(0, 2 ** 31 - 1))
+def test_the_attention_handler_reads_a_layer_of_the_stack(n, kv_heads, group, head_dim, max_seq, window, with_sinks,
+                                                          dtype, layer, seed):
+    rng = np.random.default_rng(seed)
+    heads, batch = kv_heads * group, 3
+    k = rng.standard_normal((2, batch, max_seq, kv_heads, head_dim)).astype(dtype)
+    v = rng.standard_normal((2, batch, max_seq, kv_heads, head_dim)).astype(dtype)
+    q = rng.standard_normal((n, heads, head_dim)).astype(np.float32)
+    rows = rng.integers(0, batch, n).astype(np.int32)
+    positions = rng.integers(0, max_seq + 2, n).astype(np.int32)  # some are padding
+    sinks = rng.standard_normal(heads).astype(np.float32) if with_sinks else None
+    scale = head_dim ** -0.5
+    got = jax.jit(lambda q, k, v, r, p, s: xla_kernels.attention_rows(q, k, v, layer, r, p, window, s, scale))(
+        q, k, v, rows, positions, sinks)
+    want = reference(q, k[layer].astype(np.float32), v[layer].astype(np.float32), rows, positions, window, sinks, scale)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5)
