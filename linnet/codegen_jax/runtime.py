@@ -522,11 +522,13 @@ class JaxModel:
         return parts
 
     def pack_linear_weights(self, parts: dict) -> dict:
-        """On the CPU, where Linnet's kernel runs (`xla_kernels.available`): each linear weight and
-        fused group held as panels, layer by layer, for `linear` to call the kernel on. A tied
-        alias shares its target's panels when the target is a linear weight too; otherwise (a head
-        tied to an embedding that is gathered from) it gets panels of its own.
-        Returns {weights key: the weight's N} for `_on_panels`."""
+        """On the CPU, where Linnet's kernels run (`xla_kernels.available`): each linear weight and
+        fused group held as panels for `linear` to call the kernel on, a stacked one as one array
+        [layers, P, K, 16] that the kernel indexes by layer (a few arrays per param rather than one a
+        layer: the executable's arguments are what each call's dispatch walks). A tied alias shares
+        its target's panels when the target is a linear weight too; otherwise (a head tied to an
+        embedding that is gathered from) it gets panels of its own.
+        Returns {weights key: (the weight's N, its layers or None)} for `_on_panels`."""
         keys = [n for n in self.linear_weights if n not in parts] + sorted({key for key, _, _ in parts.values()})
         panels = {}
         for key in sorted(keys, key=lambda k: k in self.tied):  # targets before their aliases
@@ -538,9 +540,13 @@ class JaxModel:
             layers = value if isinstance(value, list) else [value]
             if not xla_kernels.available(layers[0].dtype, self.device.platform):
                 continue
-            packed = [jax.device_put(xla_kernels.pack(layer), self.device) for layer in layers]
-            self.weights[key] = packed if isinstance(value, list) else packed[0]
-            panels[key] = layers[0].shape[0]
+            host = None
+            for i, layer in enumerate(layers):  # one layer's copy at a time besides the result
+                one = xla_kernels.pack(layer)
+                host = np.empty((len(layers),) + one.shape, one.dtype) if host is None else host
+                host[i] = one
+            self.weights[key] = jax.device_put(host if isinstance(value, list) else host[0], self.device)
+            panels[key] = (layers[0].shape[0], len(layers) if isinstance(value, list) else None)
         return panels
 
     def reset_state(self):
@@ -553,7 +559,7 @@ class JaxModel:
         return {name: _unbits(a, DTYPES[self.state[name][1]]) for name, a in self.state_bits.items()}
 
     def call(self, entry: str, *args):
-        args = tuple(jnp.asarray(_to_numpy(a)) for a in args)
+        args = tuple(_to_numpy(a) for a in args)  # host arrays go to the executable as they are: no eager transfer op
         with jax.default_matmul_precision("default" if self.fast else "highest"):
             result, self.state_bits = self.compiled[entry](self.weights, self.state_bits, *args)
         return result
@@ -584,16 +590,17 @@ def _on_parts(entry, parts: dict):
 
 def _on_panels(entry, panels: dict):
     """`entry` over params of which some are held as panels (`JaxModel.pack_linear_weights`): it
-    sees each as `Panels` (the array and its weight's N), made inside the trace."""
+    sees each as `Panels` (a list of them, one a layer of the stack, for a stacked param), made
+    inside the trace."""
     if not panels:
         return entry
 
     @functools.wraps(entry)
     def on_panels(params, state, *args):
         params = dict(params)
-        for key, n in panels.items():
-            value = params[key]
-            params[key] = [Panels(a, n) for a in value] if isinstance(value, list) else Panels(value, n)
+        for key, (n, layers) in panels.items():
+            a = params[key]
+            params[key] = Panels(a, n) if layers is None else [Panels(a, n, layer) for layer in range(layers)]
         return entry(params, state, *args)
     return on_panels
 

@@ -108,7 +108,8 @@ static int type_of(XLA_FFI_DataType dtype) {
     return dtype == XLA_FFI_DataType_F32 ? 0 : dtype == XLA_FFI_DataType_BF16 ? 1 : dtype == XLA_FFI_DataType_F16 ? 2 : -1;
 }
 
-/* ---- linear: x [M, K] f32, w [P, K, 16] panels (cpu_linear.c's layout, the last one zero-padded) -> y [M, N] f32 */
+/* ---- linear: x [M, K] f32, w [P, K, 16] panels (cpu_linear.c's layout, the last one zero-padded)
+ * or [L, P, K, 16] with the layer [] i32 to use -> y [M, N] f32 */
 
 struct linear_task {
     int type;
@@ -129,22 +130,27 @@ static int linear_chunk(void *data, long c, long chunks) {
 XLA_FFI_Error *linnet_xla_linear(XLA_FFI_CallFrame *frame) {
     if (metadata(frame) || frame->stage != XLA_FFI_ExecutionStage_EXECUTE)
         return NULL;
-    if (frame->args.size != 2 || frame->rets.size != 1)
-        return fail(frame, "linnet_linear takes x and w and returns y");
-    XLA_FFI_Buffer *x = frame->args.args[0], *w = frame->args.args[1], *y = frame->rets.rets[0];
-    int type = type_of(w->dtype);
+    if (frame->args.size != 3 || frame->rets.size != 1)
+        return fail(frame, "linnet_linear takes x, w and a layer and returns y");
+    XLA_FFI_Buffer *x = frame->args.args[0], *w = frame->args.args[1], *at = frame->args.args[2],
+                   *y = frame->rets.rets[0];
+    int type = type_of(w->dtype), stacked = w->rank == 4;
+    int64_t *dims = w->dims + stacked; /* [P, K, 16] */
     if (type < 0 || x->dtype != XLA_FFI_DataType_F32 || y->dtype != XLA_FFI_DataType_F32 || x->rank != 2 ||
-        w->rank != 3 || y->rank != 2 || w->dims[2] != 16 || x->dims[1] != w->dims[1] || y->dims[0] != x->dims[0] ||
-        y->dims[1] > 16 * w->dims[0])
-        return fail(frame, "linnet_linear: x [M, K] f32, w [P, K, 16] f32 / bf16 / f16, y [M, N <= 16 P] f32");
+        (w->rank != 3 && !stacked) || at->dtype != XLA_FFI_DataType_S32 || y->rank != 2 || dims[2] != 16 ||
+        x->dims[1] != dims[1] || y->dims[0] != x->dims[0] || y->dims[1] > 16 * dims[0] ||
+        (stacked && (*(int32_t *)at->data < 0 || *(int32_t *)at->data >= w->dims[0])))
+        return fail(frame, "linnet_linear: x [M, K] f32, w [(L,) P, K, 16] f32 / bf16 / f16, layer i32, "
+                           "y [M, N <= 16 P] f32");
     long M = x->dims[0], K = x->dims[1], N = y->dims[1], P = (N + 15) / 16, elem = type == 0 ? 4 : 2;
+    const char *base = (const char *)w->data + (stacked ? *(int32_t *)at->data * dims[0] * K * 16 * elem : 0);
     const void **panels = malloc(P * sizeof(void *));
     long *cols = malloc(P * sizeof(long));
     int *widths = malloc(P * sizeof(int));
     int status = -1;
     if (panels && cols && widths) {
         for (long p = 0; p < P; p++) {
-            panels[p] = (const char *)w->data + p * K * 16 * elem;
+            panels[p] = base + p * K * 16 * elem;
             cols[p] = p * 16;
             widths[p] = N - p * 16 < 16 ? (int)(N - p * 16) : 16;
         }

@@ -24,10 +24,12 @@ PANEL = 16
 
 
 class Panels(NamedTuple):
-    """A linear weight [n, K] as panels [ceil(n / 16), K, 16], inside an entry's trace."""
+    """A linear weight [n, K] as panels [ceil(n / 16), K, 16] inside an entry's trace: `array`, or
+    layer `layer` of a stacked `array` [layers, ceil(n / 16), K, 16]."""
 
     array: Any
     n: int
+    layer: int | None = None
 
 
 def pack(w) -> np.ndarray:
@@ -46,7 +48,8 @@ def linear(x, w: Panels):
 
     lead, k = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, k).astype(jnp.float32)
-    y = jax.ffi.ffi_call("linnet_linear", jax.ShapeDtypeStruct((rows.shape[0], w.n), jnp.float32))(rows, w.array)
+    layer = jnp.asarray(w.layer or 0, jnp.int32)
+    y = jax.ffi.ffi_call("linnet_linear", jax.ShapeDtypeStruct((rows.shape[0], w.n), jnp.float32))(rows, w.array, layer)
     return y.reshape(lead + (w.n,)).astype(x.dtype)
 
 

@@ -6,6 +6,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from linnet.serve.sampling import SamplingBatch
 
@@ -58,9 +59,9 @@ def _sample(logits, temp, top_k, top_p, min_p, rep, pres, freq, seed, step, seen
 
 def sample(logits, batch: SamplingBatch, seen=None, counts=None):
     k = logits.shape[0]
-    if seen is None:
-        seen = jnp.zeros((k, 1), bool)
-        counts = jnp.zeros((k, 1), jnp.int32)
+    if seen is None:  # host arrays: eager jnp.zeros would dispatch two ops a step
+        seen = np.zeros((k, 1), bool)
+        counts = np.zeros((k, 1), np.int32)
     tokens, chosen, values, ids = _sample(
         logits, batch.temperature, batch.top_k, batch.top_p, batch.min_p, batch.repetition, batch.presence,
         batch.frequency, batch.seed.astype("uint32"), batch.step.astype("int32"), seen, counts,

@@ -61,3 +61,13 @@ def test_the_attention_handler_reads_a_layer_of_the_stack(n, kv_heads, group, he
         q, k, v, rows, positions, sinks)
     want = reference(q, k[layer].astype(np.float32), v[layer].astype(np.float32), rows, positions, window, sinks, scale)
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_stacked_weight_is_read_at_its_layer():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 24)).astype(np.float32)
+    ws = rng.standard_normal((3, 21, 24)).astype(np.float32)
+    stack = np.stack([xla_kernels.pack(w) for w in ws])  # [3, 2, 24, 16]
+    run = jax.jit(lambda x, s: [xla_kernels.linear(x, xla_kernels.Panels(s, 21, layer)) for layer in range(3)])
+    for got, w in zip(run(x, stack), ws):
+        np.testing.assert_allclose(np.asarray(got), x @ w.T, rtol=1e-5, atol=1e-5)
