@@ -21,7 +21,8 @@ import warnings
 from pathlib import Path
 
 HERE = Path(__file__).parent
-FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp", "-lm"]
+FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp"]
+LIBS = ["-lm"]  # after the sources, where a linker that drops unused libraries still keeps it
 
 
 @functools.cache
@@ -83,7 +84,7 @@ def _built(name: str, sources: list[Path], flags: list[str]) -> Path:
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
     if compiler is None:
         raise FileNotFoundError("no C compiler (cc, gcc or clang) on PATH; set CC")
-    digest = hashlib.sha256(compiler.encode() + " ".join(flags).encode())
+    digest = hashlib.sha256(compiler.encode() + " ".join(flags + LIBS).encode())
     for source in sorted(set(sources) | set(HERE.glob("*.h"))):
         digest.update(source.read_bytes())
     cache = Path(os.environ.get("LINNET_CACHE") or Path.home() / ".cache" / "linnet") / "kernels"
@@ -94,8 +95,8 @@ def _built(name: str, sources: list[Path], flags: list[str]) -> Path:
     with tempfile.NamedTemporaryFile(dir=cache, suffix=".so", delete=False) as tmp:
         pass
     try:
-        subprocess.run([compiler, *flags, *map(str, sources), "-o", tmp.name], check=True, capture_output=True,
-                       text=True)
+        subprocess.run([compiler, *flags, *map(str, sources), *LIBS, "-o", tmp.name], check=True,
+                       capture_output=True, text=True)
         os.replace(tmp.name, target)
     finally:
         if os.path.exists(tmp.name):

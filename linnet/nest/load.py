@@ -113,10 +113,10 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
 def _slow_type_note(kind: str, device, dtype: str) -> str | None:
     """Why T=bf16 / f16 will run much slower than f32 on this CPU, or None. The weights stay in T
     (half of f32's memory), so the trade is the user's to make, as llama.cpp and vLLM's CPU
-    backend leave it. Only torch without Linnet's CPU kernel gets the note: the kernel reads bf16
-    and f16 weights in f32 arithmetic at f32's speed or better, and JAX's linears over up to 64
-    rows read bf16 weights through a fused multiply-and-sum (the benchmark load ran at 0.97x f32's
-    rate, 77.8 against 80.3 tokens/s). The figures are SmolLM2-135M's on a 2-core AVX2 machine."""
+    backend leave it. Only torch without Linnet's CPU kernels gets the note: the kernels read bf16
+    and f16 weights in f32 arithmetic at f32's speed or better (torch and JAX), and without them
+    JAX's linears over up to 64 rows read bf16 weights through a fused multiply-and-sum (the
+    benchmark load ran at 0.97x f32's rate). The figures are SmolLM2-135M's on a 2-core AVX2 machine."""
     if kind != "torch" or dtype not in ("bf16", "f16"):
         return None
     import torch

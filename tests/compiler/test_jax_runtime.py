@@ -151,3 +151,23 @@ def test_linear_weights_held_as_panels_change_no_value(dtype, monkeypatch):
         m.logits = [np.asarray(m.prefill(*pack), np.float32), np.asarray(m.decode(*step), np.float32)]
     for got, want in zip(panels.logits, plain.logits):
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+
+
+def test_a_bf16_prefill_converts_no_whole_cache_to_f32():
+    # A prompt's keys are gathered from the stacked cache and widened; gathered as bf16, XLA moved the
+    # convert in front of the gather and widened every layer's whole stack, twice a layer.
+    from linnet import nest
+
+    model = nest.load("tiny-llama", backend="jax", numerics="fast", weights="random", tokenizer=False,
+                      generics={"Batch": 2, "MaxSeq": 32, "T": "bf16"}).runner
+    cache_elements = int(np.prod(model.state_bits["k_cache"].shape))
+    head = rt.head_tokens(2)
+    tokens = np.arange(head + 16, dtype=np.int32) % 100
+    positions = np.r_[np.full(head, 32), np.arange(16)].astype(np.int32)  # one 16-token prompt in row 1
+    rows = np.r_[np.zeros(head), np.ones(16)].astype(np.int32)
+    last = np.array([head + 15, 0], np.int32)
+    hlo = model.compiled["prefill"].lower(model.weights, model.state_bits, tokens, positions, rows, last)
+    text = hlo.compile().as_text()
+    widened = [line for line in text[text.index("ENTRY"):].splitlines() if " = f32[" in line
+               and int(np.prod([int(d) for d in line.split(" = f32[", 1)[1].split("]")[0].split(",") if d])) == cache_elements]
+    assert not widened, widened[:2]
