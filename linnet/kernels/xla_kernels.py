@@ -61,7 +61,7 @@ def attention_rows(q, k_stack, v_stack, layer, rows, positions, window: int, sin
     import jax.numpy as jnp
 
     sinks = jnp.zeros((0,), jnp.float32) if sinks is None else sinks.astype(jnp.float32)
-    kind = _CACHE_TYPES[np.dtype(k_stack.dtype)]
+    kind = [jnp.float32, jnp.bfloat16, jnp.float16].index(k_stack.dtype)
     if kind:  # a 16-bit cache goes as its bits: the state is held so, and XLA folds the two views away
         k_stack, v_stack = (jax.lax.bitcast_convert_type(a, jnp.uint16) for a in (k_stack, v_stack))
     scalars = jnp.stack([jnp.asarray(layer, jnp.int32), jnp.asarray(window, jnp.int32), jnp.asarray(kind, jnp.int32)])
@@ -69,9 +69,6 @@ def attention_rows(q, k_stack, v_stack, layer, rows, positions, window: int, sin
         q.astype(jnp.float32), k_stack, v_stack, rows.astype(jnp.int32), positions.astype(jnp.int32), scalars,
         jnp.asarray(scale, jnp.float32), sinks)
     return out.astype(q.dtype)
-
-
-_CACHE_TYPES = {np.dtype(np.float32): 0, np.dtype("bfloat16"): 1, np.dtype(np.float16): 2}
 
 
 def attends_here(stack, head_dim: int) -> bool:
