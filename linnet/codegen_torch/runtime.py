@@ -37,19 +37,17 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor
             _FUSED[w.group] = (x, w.fused, out)
         y = out[..., w.start:w.stop]
         return y if bias is None else y + bias
-    if isinstance(w, PanelWeight):
-        return cpu_linear.matmul(x, w, bias)
-    if w.is_mkldnn:
-        return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
+    if isinstance(w, PanelWeight) or w.is_mkldnn:
+        return _packed_linear(x, w, bias)
     if x.device.type == "cpu" and x.numel() > x.shape[-1] and not multiplies_natively(x.dtype):
         return _widened_linear(x, w, bias)
     return F.linear(x, w, bias)
 
 
-def _packed_linear(x: torch.Tensor, w) -> torch.Tensor:
+def _packed_linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
     if isinstance(w, PanelWeight):
-        return cpu_linear.matmul(x, w)
-    return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+        return cpu_linear.matmul(x, w, bias)
+    return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
 
 
 WIDEN_SLICE = 1 << 22  # weight elements widened at a time: 16 MB of f32
