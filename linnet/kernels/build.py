@@ -60,8 +60,8 @@ def cpu_kernels() -> ctypes.CDLL | None:
     vp, long, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     lib.linnet_linear.argtypes = [i32, vp, long, long, long, vp, vp, vp, vp, long, i32]
     lib.linnet_pack_panels.argtypes = [i32, vp, long, long, i32]
-    lib.linnet_attention.argtypes = [i32, vp, long, long, long, long, vp, vp, long, long, long, vp, vp, long, vp,
-                                     ctypes.c_float, vp, i32]
+    lib.linnet_attention.argtypes = [i32, vp, long, long, long, long, vp, vp, long, long, long, long, vp, vp, long,
+                                     vp, ctypes.c_float, vp, i32]
     for f in (lib.linnet_linear, lib.linnet_pack_panels, lib.linnet_attention):
         f.restype = i32
     return lib

@@ -91,7 +91,7 @@ static AVX2 void attend(int type, const float *q, long G, long D, const char *k,
 
 /* Tokens [i0, i1) on the calling thread; `scores` holds G * max_seq floats. */
 static AVX2 void attend_tokens(int type, const float *q, long H, long KVH, long D, const void *k, const void *v,
-                               long row_stride, long pos_stride, long max_seq, const int32_t *rows,
+                               long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
                                const int32_t *positions, long window, const float *sinks, float scale, float *out,
                                long i0, long i1, float *scores) {
     long G = H / KVH, elem = type == 0 ? 4 : 2;
@@ -99,7 +99,7 @@ static AVX2 void attend_tokens(int type, const float *q, long H, long KVH, long 
         long pos = positions[i];
         for (long h = 0; h < KVH; h++) {
             float *o = out + (i * H + h * G) * D;
-            if (pos >= max_seq || pos < 0 || rows[i] < 0) {  /* padding */
+            if (pos >= max_seq || pos < 0 || rows[i] < 0 || rows[i] >= batch) {  /* padding, or no such row */
                 for (long e = 0; e < G * D; e++) o[e] = 0.0f;
                 continue;
             }
@@ -113,17 +113,18 @@ static AVX2 void attend_tokens(int type, const float *q, long H, long KVH, long 
 
 /* q [n, H, D] f32; k and v point at position 0 of row 0, KV head 0 of one layer's cache, whose
  * rows are row_stride elements apart and positions pos_stride apart (KV heads D apart); out
- * [n, H, D] f32. A token at a position >= max_seq is padding: its output is zero. sinks: [H] or
+ * [n, H, D] f32. A token at a position >= max_seq is padding, and one whose row is not in
+ * [0, batch) reads nothing: their output is zero. sinks: [H] or
  * NULL. Tokens [i0, i1) on the calling thread, for a caller with a pool of its own (XLA's). */
 int linnet_attention_tokens(int type, const float *q, long H, long KVH, long D, const void *k, const void *v,
-                            long row_stride, long pos_stride, long max_seq, const int32_t *rows,
+                            long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
                             const int32_t *positions, long window, const float *sinks, float scale, float *out,
                             long i0, long i1) {
     float *scores = malloc((H / KVH) * max_seq * sizeof(float));
     if (!scores)
         return -1;
-    attend_tokens(type, q, H, KVH, D, k, v, row_stride, pos_stride, max_seq, rows, positions, window, sinks, scale,
-                  out, i0, i1, scores);
+    attend_tokens(type, q, H, KVH, D, k, v, row_stride, pos_stride, batch, max_seq, rows, positions, window, sinks,
+                  scale, out, i0, i1, scores);
     free(scores);
     return 0;
 }
@@ -131,12 +132,12 @@ int linnet_attention_tokens(int type, const float *q, long H, long KVH, long D, 
 /* The same over n tokens, on `threads` OpenMP threads (the pool torch uses), a token at a time.
  * Returns -1 if out of memory. */
 int linnet_attention(int type, const float *q, long n, long H, long KVH, long D, const void *k, const void *v,
-                     long row_stride, long pos_stride, long max_seq, const int32_t *rows, const int32_t *positions,
-                     long window, const float *sinks, float scale, float *out, int threads) {
+                     long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
+                     const int32_t *positions, long window, const float *sinks, float scale, float *out, int threads) {
     int failed = 0;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(| : failed)
     for (long i = 0; i < n; i++)
-        failed |= linnet_attention_tokens(type, q, H, KVH, D, k, v, row_stride, pos_stride, max_seq, rows, positions,
-                                          window, sinks, scale, out, i, i + 1);
+        failed |= linnet_attention_tokens(type, q, H, KVH, D, k, v, row_stride, pos_stride, batch, max_seq, rows,
+                                          positions, window, sinks, scale, out, i, i + 1);
     return failed ? -1 : 0;
 }

@@ -27,8 +27,8 @@ def available(cache: torch.Tensor, head_dim: int) -> bool:
 def attend_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: torch.Tensor,
                 positions: torch.Tensor, window: int, sinks: torch.Tensor | None, scale: float) -> torch.Tensor:
     """q [n, H, D]: token i against row rows[i] of the layer's cache [B, S, kv_heads, D] at positions
-    up to positions[i] (the last `window` of them, if window); a position >= S is padding and gives
-    zeros. Returns [n, H, D] in q's type."""
+    up to positions[i] (the last `window` of them, if window); a position >= S (padding) or a row
+    outside [0, B) gives zeros. Returns [n, H, D] in q's type."""
     n, heads, head_dim = q.shape
     kv_heads, max_seq = k_cache.shape[2], k_cache.shape[1]
     if v_cache.stride() != k_cache.stride():
@@ -39,7 +39,7 @@ def attend_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, r
     out = torch.empty(n, heads, head_dim, dtype=torch.float32)
     if library().linnet_attention(
             TYPES[k_cache.dtype], qf.data_ptr(), n, heads, kv_heads, head_dim, k_cache.data_ptr(), v_cache.data_ptr(),
-            k_cache.stride(0), k_cache.stride(1), max_seq, rows.data_ptr(), positions.data_ptr(), window,
+            k_cache.stride(0), k_cache.stride(1), k_cache.shape[0], max_seq, rows.data_ptr(), positions.data_ptr(), window,
             None if sink is None else sink.data_ptr(), scale, out.data_ptr(), torch.get_num_threads()):
         raise MemoryError(f"no memory for {max_seq} attention scores a thread")
     return out if q.dtype == torch.float32 else out.to(q.dtype)

@@ -14,10 +14,10 @@ int linnet_pack_panels(int elem, void *w, long N, long K, int threads);
 
 /* cpu_attention.c */
 int linnet_attention(int type, const float *q, long n, long H, long KVH, long D, const void *k, const void *v,
-                     long row_stride, long pos_stride, long max_seq, const int32_t *rows, const int32_t *positions,
-                     long window, const float *sinks, float scale, float *out, int threads);
+                     long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
+                     const int32_t *positions, long window, const float *sinks, float scale, float *out, int threads);
 int linnet_attention_tokens(int type, const float *q, long H, long KVH, long D, const void *k, const void *v,
-                            long row_stride, long pos_stride, long max_seq, const int32_t *rows,
+                            long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
                             const int32_t *positions, long window, const float *sinks, float scale, float *out,
                             long i0, long i1);
 

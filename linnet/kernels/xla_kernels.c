@@ -171,7 +171,7 @@ struct attention_task {
     const float *q;
     long n, H, KVH, D;
     const void *k, *v;
-    long row_stride, pos_stride, max_seq;
+    long row_stride, pos_stride, batch, max_seq;
     const int32_t *rows, *positions;
     long window;
     const float *sinks;
@@ -182,7 +182,7 @@ struct attention_task {
 static int attention_chunk(void *data, long c, long chunks) {
     struct attention_task *t = data;
     return linnet_attention_tokens(t->type, t->q, t->H, t->KVH, t->D, t->k, t->v, t->row_stride, t->pos_stride,
-                                   t->max_seq, t->rows, t->positions, t->window, t->sinks, t->scale, t->out,
+                                   t->batch, t->max_seq, t->rows, t->positions, t->window, t->sinks, t->scale, t->out,
                                    t->n * c / chunks, t->n * (c + 1) / chunks);
 }
 
@@ -194,6 +194,8 @@ XLA_FFI_Error *linnet_xla_attention(XLA_FFI_CallFrame *frame) {
     XLA_FFI_Buffer **a = (XLA_FFI_Buffer **)frame->args.args, *out = frame->rets.rets[0];
     XLA_FFI_Buffer *q = a[0], *k = a[1], *v = a[2], *rows = a[3], *positions = a[4], *scalars = a[5], *scale = a[6],
                    *sinks = a[7];
+    if (scalars->dtype != XLA_FFI_DataType_S32 || scalars->rank != 1 || scalars->dims[0] != 3)
+        return fail(frame, "linnet_attention: [layer, window, type] must be 3 i32");
     const int32_t *lw = scalars->data;
     int type = k->dtype == XLA_FFI_DataType_F32 ? 0 : k->dtype == XLA_FFI_DataType_U16 ? lw[2] : -1;
     if (type < 0 || type > 2 || (type == 0) != (k->dtype == XLA_FFI_DataType_F32) || v->dtype != k->dtype ||
@@ -205,11 +207,14 @@ XLA_FFI_Error *linnet_xla_attention(XLA_FFI_CallFrame *frame) {
         positions->rank != 1 || positions->dims[0] != q->dims[0] || scalars->rank != 1 || scalars->dims[0] != 3)
         return fail(frame, "linnet_attention: q [n, H, D] f32, caches [L, B, S, KVH, D] f32 / u16, rows / positions "
                            "[n] i32, [layer, window, type] i32, scale f32, sinks [H] or [0] f32");
+    if (lw[0] < 0 || lw[0] >= k->dims[0] || k->dims[1] != v->dims[1] || k->dims[2] != v->dims[2] ||
+        k->dims[3] != v->dims[3] || k->dims[0] != v->dims[0])
+        return fail(frame, "linnet_attention: the layer is outside the stacked caches, or k and v differ in shape");
     long n = q->dims[0], H = q->dims[1], D = q->dims[2], B = k->dims[1], S = k->dims[2], KVH = k->dims[3];
     long layer = (long)B * S * KVH * D * lw[0] * (type == 0 ? 4 : 2);
     int with_sinks = sinks->rank == 1 && sinks->dims[0] == H;
     struct attention_task task = {type, q->data, n, H, KVH, D, (const char *)k->data + layer,
-                                  (const char *)v->data + layer, S * KVH * D, KVH * D, S, rows->data,
+                                  (const char *)v->data + layer, S * KVH * D, KVH * D, B, S, rows->data,
                                   positions->data, lw[1], with_sinks ? sinks->data : NULL,
                                   *(const float *)scale->data, out->data};
     int status = n ? run_on_pool(frame, attention_chunk, &task, n) : 0;

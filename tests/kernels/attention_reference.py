@@ -14,8 +14,8 @@ def reference(q, k, v, rows, positions, window, sinks, scale):
     out = np.zeros((n, heads, d))
     for i in range(n):
         p = int(positions[i])
-        if p >= max_seq:
-            continue  # padding
+        if p >= max_seq or not 0 <= rows[i] < k.shape[0]:
+            continue  # padding, or no such row
         lo = max(0, p - window + 1) if window else 0
         for h in range(heads):
             keys = k[rows[i], lo:p + 1, h // group]

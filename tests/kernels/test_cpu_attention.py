@@ -25,7 +25,7 @@ def test_attend_rows_is_softmax_attention(n, kv_heads, group, head_dim, max_seq,
     k = torch.randn(batch, max_seq, kv_heads, head_dim, generator=g).to(dtype)
     v = torch.randn(batch, max_seq, kv_heads, head_dim, generator=g).to(dtype)
     q = torch.randn(n, heads, head_dim, generator=g)
-    rows = torch.randint(0, batch, (n,), generator=g)
+    rows = torch.randint(0, batch + 1, (n,), generator=g)  # row `batch` does not exist: zeros, like padding
     positions = torch.randint(0, max_seq + 2, (n,), generator=g, dtype=torch.int32)  # some are padding
     sinks = torch.randn(heads, generator=g) if with_sinks else None
     scale = head_dim ** -0.5
