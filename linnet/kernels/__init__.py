@@ -1,4 +1,8 @@
-"""Linnet's own compute kernels, for where the libraries torch and XLA call leave speed behind.
+"""Linnet's own compute kernels, for where the libraries torch and XLA call leave speed behind on the CPU.
 
-`cpu_linear`: the CPU matmul for linear weights (C, built on first use with the system compiler).
+- `build`: compiles the C sources on first use with the system compiler, caches them, and holds
+  the one check of whether they run here (`runs_here`).
+- `cpu_linear`: linears over weights packed in panels (torch, through ctypes).
+- `cpu_attention`: attention of one query a cache row (torch, through ctypes).
+- `xla_kernels`: the same two as XLA FFI handlers, for JAX's CPU backend.
 """
