@@ -9,21 +9,11 @@
  * time, as independent FMA chains). The cache is f32, bf16 or f16, widened in registers;
  * head_dim is a multiple of 8.
  */
-#include <immintrin.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "kernels.h"
-
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
-
-static inline AVX2 __attribute__((always_inline)) __m256 load8(const void *p, int type, long i) {
-    if (type == 0) return _mm256_loadu_ps((const float *)p + i);
-    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
-    if (type == 1) return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-    return _mm256_cvtph_ps(h);
-}
 
 static inline AVX2 float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -38,7 +28,7 @@ static inline AVX2 float hsum(__m256 v) {
 /* Scores of query heads g0 .. g0 + gn (gn <= 4) against keys j0 .. j1, scaled, into s[g][j]. */
 static AVX2 void score(int type, const float *q, long gn, long D, const char *k, long pos_stride, long j0, long j1,
                        float scale, float *s, long L) {
-    long elem = type == 0 ? 4 : 2;
+    long elem = type_bytes(type);
     for (long j = j0; j < j1; j++) {
         const char *kj = k + j * pos_stride * elem;
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
@@ -59,7 +49,7 @@ static AVX2 void score(int type, const float *q, long gn, long D, const char *k,
 /* One token's G query heads (q, G x D) against keys/values j0..j1 of one KV head. */
 static AVX2 void attend(int type, const float *q, long G, long D, const char *k, const char *v, long pos_stride,
                         long j0, long j1, const float *sinks, float scale, float *scores, float *out) {
-    long elem = type == 0 ? 4 : 2, L = j1 - j0;
+    long elem = type_bytes(type), L = j1 - j0;
     for (long g = 0; g < G; g += HEADS_AT_ONCE)
         score(type, q + g * D, G - g < HEADS_AT_ONCE ? G - g : HEADS_AT_ONCE, D, k, pos_stride, j0, j1, scale,
               scores + g * L, L);
@@ -94,7 +84,7 @@ static AVX2 void attend_tokens(int type, const float *q, long H, long KVH, long 
                                long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
                                const int32_t *positions, long window, const float *sinks, float scale, float *out,
                                long i0, long i1, float *scores) {
-    long G = H / KVH, elem = type == 0 ? 4 : 2;
+    long G = H / KVH, elem = type_bytes(type);
     for (long i = i0; i < i1; i++) {  /* a token's KV heads in turn: its row's positions read in order */
         long pos = positions[i];
         for (long h = 0; h < KVH; h++) {

@@ -2,9 +2,10 @@
 mixed pass): `cpu_attention.c`, built and loaded like `cpu_linear`.
 
 SDPA's CPU flash-attention kernel blocks over queries, and with one query a row it is slow: a
-16-row SmolLM2 layer took about 415 us of a decode step. `attend_rows` gives each (token, KV head)
-to one thread, which scores its query heads against the visible keys, takes the softmax (with a
-sink logit per head, if any) and sums the values, all in f32, reading an f32, bf16 or f16 cache.
+16-row SmolLM2 layer took about 415 us of a decode step. `attend_rows` gives each token to one
+thread, which, KV head by KV head, scores its query heads against the visible keys, takes the
+softmax (with a sink logit per head, if any) and sums the values, all in f32, reading an f32,
+bf16 or f16 cache.
 """
 
 from __future__ import annotations
@@ -14,8 +15,7 @@ import ctypes
 import torch
 
 from linnet.kernels import build
-
-TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+from linnet.kernels.cpu_linear import TYPES
 
 
 def available(cache: torch.Tensor, head_dim: int) -> bool:
@@ -39,8 +39,8 @@ def attend_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, r
     out = torch.empty(n, heads, head_dim, dtype=torch.float32)
     if library().linnet_attention(
             TYPES[k_cache.dtype], qf.data_ptr(), n, heads, kv_heads, head_dim, k_cache.data_ptr(), v_cache.data_ptr(),
-            k_cache.stride(0), k_cache.stride(1), k_cache.shape[0], max_seq, rows.data_ptr(), positions.data_ptr(), window,
-            None if sink is None else sink.data_ptr(), scale, out.data_ptr(), torch.get_num_threads()):
+            k_cache.stride(0), k_cache.stride(1), k_cache.shape[0], max_seq, rows.data_ptr(), positions.data_ptr(),
+            window, None if sink is None else sink.data_ptr(), scale, out.data_ptr(), torch.get_num_threads()):
         raise MemoryError(f"no memory for {max_seq} attention scores a thread")
     return out if q.dtype == torch.float32 else out.to(q.dtype)
 

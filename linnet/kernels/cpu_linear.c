@@ -26,33 +26,17 @@
 #define MR 6      /* input rows a register tile */
 #define MC 240    /* input rows a block: its x stays in cache while every panel passes */
 #define WIDEN_FROM 12  /* rows from which a bf16 / f16 panel is widened once, not at each tile */
-#define AVX2 __attribute__((target("avx2,fma,f16c")))
 
 int linnet_cpu_supported(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
-enum { F32 = 0, BF16 = 1, F16 = 2 };
-
 /* Panel row k as two 8-wide f32 vectors. */
 static inline AVX2 __attribute__((always_inline)) void load_row(const void *panel, int type, long k,
                                                                 __m256 *lo, __m256 *hi) {
-    if (type == F32) {
-        const float *p = (const float *)panel + k * NR;
-        *lo = _mm256_loadu_ps(p);
-        *hi = _mm256_loadu_ps(p + 8);
-    } else {
-        const __m128i *p = (const __m128i *)((const uint16_t *)panel + k * NR);
-        __m128i a = _mm_loadu_si128(p), b = _mm_loadu_si128(p + 1);
-        if (type == BF16) {  /* bf16 is f32's high half: widen and shift */
-            *lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(a), 16));
-            *hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
-        } else {
-            *lo = _mm256_cvtph_ps(a);
-            *hi = _mm256_cvtph_ps(b);
-        }
-    }
+    *lo = load8(panel, type, k * NR);
+    *hi = load8(panel, type, k * NR + 8);
 }
 
 #define ROW(r)                                                    \
@@ -139,30 +123,8 @@ static AVX2 void panel_range(int type, const float *x, long M, long K, const voi
 
 static int widens(int type, long M) { return type != F32 && M >= WIDEN_FROM; }
 
-/* y [M, N] f32 = x [M, K] f32 times P panels of `type`: panel p is K rows of 16 values and gives
- * y's columns cols[p] .. cols[p] + widths[p]. The panels of several weights (a fused group) can
- * be listed together: their outputs land side by side, in one pass over x. `threads` OpenMP
- * threads (the pool torch uses) take equal runs of panels. Returns -1 if out of memory. */
-int linnet_linear(int type, const float *x, long M, long K, long P, const void *const *panels, const long *cols,
-                  const int *widths, float *y, long N, int threads) {
-    int failed = 0;
-#pragma omp parallel num_threads(threads)
-    {
-        long t = omp_get_thread_num(), n = omp_get_num_threads();
-        float *wide = widens(type, M) ? (float *)malloc(K * NR * sizeof(float)) : NULL;
-        if (widens(type, M) && !wide) {
-#pragma omp atomic write
-            failed = 1;
-        } else {
-            panel_range(type, x, M, K, panels, cols, widths, y, N, P * t / n, P * (t + 1) / n, wide);
-        }
-        free(wide);
-    }
-    return failed ? -1 : 0;
-}
-
 /* Panels [p0, p1) only, on the calling thread: for a caller with a thread pool of its own (XLA's
- * handler in xla_kernels.c), which splits the panels among its threads. */
+ * handler in xla_kernels.c), which splits the panels among its threads. -1 if out of memory. */
 int linnet_linear_panels(int type, const float *x, long M, long K, const void *const *panels, const long *cols,
                          const int *widths, float *y, long N, long p0, long p1) {
     float *wide = widens(type, M) ? (float *)malloc(K * NR * sizeof(float)) : NULL;
@@ -171,6 +133,21 @@ int linnet_linear_panels(int type, const float *x, long M, long K, const void *c
     panel_range(type, x, M, K, panels, cols, widths, y, N, p0, p1, wide);
     free(wide);
     return 0;
+}
+
+/* y [M, N] f32 = x [M, K] f32 times P panels of `type`: panel p is K rows of 16 values and gives
+ * y's columns cols[p] .. cols[p] + widths[p]. The panels of several weights (a fused group) can
+ * be listed together: their outputs land side by side, in one pass over x. `threads` OpenMP
+ * threads (the pool torch uses) take equal runs of panels. Returns -1 if out of memory. */
+int linnet_linear(int type, const float *x, long M, long K, long P, const void *const *panels, const long *cols,
+                  const int *widths, float *y, long N, int threads) {
+    int failed = 0;
+#pragma omp parallel num_threads(threads) reduction(| : failed)
+    {
+        long t = omp_get_thread_num(), n = omp_get_num_threads();
+        failed |= linnet_linear_panels(type, x, M, K, panels, cols, widths, y, N, P * t / n, P * (t + 1) / n);
+    }
+    return failed ? -1 : 0;
 }
 
 #define TRANSPOSE(E)                                                  \

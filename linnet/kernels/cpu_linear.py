@@ -22,7 +22,7 @@ import torch
 from linnet.kernels import build
 
 PANEL = 16  # output columns a panel: two AVX2 vectors
-TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # kernels.h's type codes
 
 
 class PanelWeight:

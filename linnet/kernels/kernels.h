@@ -1,8 +1,28 @@
-/* What Linnet's CPU kernels export: for their Python callers (ctypes) and their XLA handlers. */
+/* What Linnet's CPU kernels export, for their Python callers (ctypes) and their XLA handlers, and
+ * what the kernels share: the weight / cache types and how one is widened to f32. */
 #ifndef LINNET_KERNELS_H
 #define LINNET_KERNELS_H
 
+#include <immintrin.h>
 #include <stdint.h>
+
+/* Kernels carry target attributes, not global -m flags: linnet_cpu_supported() runs on any x86-64. */
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+enum { F32 = 0, BF16 = 1, F16 = 2 }; /* the type codes callers pass */
+
+static inline long type_bytes(int type) { return type == F32 ? 4 : 2; }
+
+/* Elements i .. i + 7 of an array of `type` as eight f32: bf16 is f32's high half (widen and
+ * shift), f16 goes through F16C. */
+static inline AVX2 __attribute__((always_inline)) __m256 load8(const void *p, int type, long i) {
+    if (type == F32)
+        return _mm256_loadu_ps((const float *)p + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)p + i));
+    if (type == BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    return _mm256_cvtph_ps(h);
+}
 
 /* cpu_linear.c */
 int linnet_cpu_supported(void);

@@ -105,7 +105,10 @@ static int metadata(XLA_FFI_CallFrame *frame) {
 }
 
 static int type_of(XLA_FFI_DataType dtype) {
-    return dtype == XLA_FFI_DataType_F32 ? 0 : dtype == XLA_FFI_DataType_BF16 ? 1 : dtype == XLA_FFI_DataType_F16 ? 2 : -1;
+    return dtype == XLA_FFI_DataType_F32    ? F32
+           : dtype == XLA_FFI_DataType_BF16 ? BF16
+           : dtype == XLA_FFI_DataType_F16  ? F16
+                                            : -1;
 }
 
 /* ---- linear: x [M, K] f32, w [P, K, 16] panels (cpu_linear.c's layout, the last one zero-padded)
@@ -142,7 +145,7 @@ XLA_FFI_Error *linnet_xla_linear(XLA_FFI_CallFrame *frame) {
         (stacked && (*(int32_t *)at->data < 0 || *(int32_t *)at->data >= w->dims[0])))
         return fail(frame, "linnet_linear: x [M, K] f32, w [(L,) P, K, 16] f32 / bf16 / f16, layer i32, "
                            "y [M, N <= 16 P] f32");
-    long M = x->dims[0], K = x->dims[1], N = y->dims[1], P = (N + 15) / 16, elem = type == 0 ? 4 : 2;
+    long M = x->dims[0], K = x->dims[1], N = y->dims[1], P = (N + 15) / 16, elem = type_bytes(type);
     const char *base = (const char *)w->data + (stacked ? *(int32_t *)at->data * dims[0] * K * 16 * elem : 0);
     const void **panels = malloc(P * sizeof(void *));
     long *cols = malloc(P * sizeof(long));
@@ -197,8 +200,8 @@ XLA_FFI_Error *linnet_xla_attention(XLA_FFI_CallFrame *frame) {
     if (scalars->dtype != XLA_FFI_DataType_S32 || scalars->rank != 1 || scalars->dims[0] != 3)
         return fail(frame, "linnet_attention: [layer, window, type] must be 3 i32");
     const int32_t *lw = scalars->data;
-    int type = k->dtype == XLA_FFI_DataType_F32 ? 0 : k->dtype == XLA_FFI_DataType_U16 ? lw[2] : -1;
-    if (type < 0 || type > 2 || (type == 0) != (k->dtype == XLA_FFI_DataType_F32) || v->dtype != k->dtype ||
+    int type = k->dtype == XLA_FFI_DataType_F32 ? F32 : k->dtype == XLA_FFI_DataType_U16 ? lw[2] : -1;
+    if (type < F32 || type > F16 || (type == F32) != (k->dtype == XLA_FFI_DataType_F32) || v->dtype != k->dtype ||
         q->dtype != XLA_FFI_DataType_F32 || q->rank != 3 || k->rank != 5 ||
         v->rank != 5 || rows->dtype != XLA_FFI_DataType_S32 || positions->dtype != XLA_FFI_DataType_S32 ||
         scalars->dtype != XLA_FFI_DataType_S32 || scale->dtype != XLA_FFI_DataType_F32 ||
@@ -211,7 +214,7 @@ XLA_FFI_Error *linnet_xla_attention(XLA_FFI_CallFrame *frame) {
         k->dims[3] != v->dims[3] || k->dims[0] != v->dims[0])
         return fail(frame, "linnet_attention: the layer is outside the stacked caches, or k and v differ in shape");
     long n = q->dims[0], H = q->dims[1], D = q->dims[2], B = k->dims[1], S = k->dims[2], KVH = k->dims[3];
-    long layer = (long)B * S * KVH * D * lw[0] * (type == 0 ? 4 : 2);
+    long layer = (long)B * S * KVH * D * lw[0] * type_bytes(type);
     int with_sinks = sinks->rank == 1 && sinks->dims[0] == H;
     struct attention_task task = {type, q->data, n, H, KVH, D, (const char *)k->data + layer,
                                   (const char *)v->data + layer, S * KVH * D, KVH * D, B, S, rows->data,
