@@ -20,8 +20,8 @@ from typing import NamedTuple
 import torch
 
 from linnet.kernels import build
+from linnet.kernels.panels import PANEL, places
 
-PANEL = 16  # output columns a panel: two AVX2 vectors
 TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # kernels.h's type codes
 
 
@@ -88,12 +88,13 @@ def pack(w: torch.Tensor, in_place: bool = False) -> PanelWeight:
     n, k = w.shape
     full = n // PANEL * PANEL
     body = w[:full] if in_place and w.is_contiguous() else w[:full].clone(memory_format=torch.contiguous_format)
-    if full and library().linnet_pack_panels(w.element_size(), body.data_ptr(), full, k, torch.get_num_threads()):
+    if full and library().linnet_pack_panels(TYPES[w.dtype], body.data_ptr(), full, k, torch.get_num_threads()):
         raise MemoryError(f"no memory for a {PANEL} x {k} block to pack a linear weight with")
     buffers, addresses = [body], [body.data_ptr() + p * k * PANEL * w.element_size() for p in range(full // PANEL)]
     if full < n:
         tail = w.new_zeros(k, PANEL)
         tail[:, :n - full] = w[full:].T
+        tail = tail[:, places(w.dtype)].contiguous()
         buffers.append(tail)
         addresses.append(tail.data_ptr())
     widths = [PANEL] * (full // PANEL) + ([n - full] if full < n else [])

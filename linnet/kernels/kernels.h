@@ -30,7 +30,7 @@ int linnet_linear(int type, const float *x, long M, long K, long P, const void *
                   const int *widths, float *y, long N, int threads);
 int linnet_linear_panels(int type, const float *x, long M, long K, const void *const *panels, const long *cols,
                          const int *widths, float *y, long N, long p0, long p1);
-int linnet_pack_panels(int elem, void *w, long N, long K, int threads);
+int linnet_pack_panels(int type, void *w, long N, long K, int threads);
 
 /* cpu_attention.c */
 int linnet_attention(int type, const float *q, long n, long H, long KVH, long D, const void *k, const void *v,

@@ -19,8 +19,8 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from linnet.kernels import build
+from linnet.kernels.panels import PANEL, places
 
-PANEL = 16
 
 
 class Panels(NamedTuple):
@@ -33,12 +33,13 @@ class Panels(NamedTuple):
 
 
 def pack(w) -> np.ndarray:
-    """w [N, K] (a host array, f32 / bf16 / f16) as zero-padded panels [ceil(N / 16), K, 16]."""
+    """w [N, K] (a host array, f32 / bf16 / f16) as zero-padded panels [ceil(N / 16), K, 16], each
+    row's columns in the places cpu_linear.c reads them from."""
     w = np.asarray(w)
     n, k = w.shape
     if n % PANEL:
         w = np.concatenate([w, np.zeros((-n % PANEL, k), w.dtype)])
-    return np.ascontiguousarray(w.reshape(-1, PANEL, k).transpose(0, 2, 1))
+    return np.ascontiguousarray(w.reshape(-1, PANEL, k)[:, places(w.dtype)].transpose(0, 2, 1))
 
 
 def linear(x, w: Panels):
