@@ -39,8 +39,10 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor
         return y if bias is None else y + bias
     if isinstance(w, PanelWeight) or w.is_mkldnn:
         return _packed_linear(x, w, bias)
-    if x.device.type == "cpu" and x.numel() > x.shape[-1] and not multiplies_natively(x.dtype):
+    if x.device.type == "cpu" and x.numel() > x.shape[-1] and not multiplies_natively(w.dtype):
         return _widened_linear(x, w, bias)
+    if x.dtype != w.dtype:  # f32 activations (gather_rows) and a 16-bit weight at one row: in its type
+        return F.linear(x.to(w.dtype), w, bias).to(x.dtype)
     return F.linear(x, w, bias)
 
 
@@ -131,6 +133,21 @@ def pack_linear_group(members: list, rows: int, in_place: bool = False):
     if _panels_for(members[0].dtype):
         return PanelWeight.join([cpu_linear.pack(m, in_place) for m in members])
     return torch.ops.mkldnn._reorder_linear_weight(torch.cat(members), rows)
+
+
+def gather_rows(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """table[ids]: a param's rows (an embedding's), where a pass's activations begin.
+
+    A bf16 / f16 table on a CPU without instructions for its type gives f32 rows, and the pass
+    then carries its activations in f32: every op there computes in f32 anyway, and rounding to
+    the table's type between ops cost a conversion each (about 800 a SmolLM2 decode step). The
+    weights and the cache keep their type; the linear kernel and attention read them as they are.
+    """
+    rows = table[ids]
+    if rows.device.type == "cpu" and rows.dtype in (torch.bfloat16, torch.float16) \
+            and not multiplies_natively(rows.dtype):
+        return rows.float()
+    return rows
 
 
 def softmax(x: torch.Tensor, axis: int = -1) -> torch.Tensor:
@@ -279,10 +296,11 @@ def _visible_mask(positions: torch.Tensor, length: int, window: int) -> torch.Te
 
 def _sdpa(q, keys, values, mask, scale):
     """SDPA over [b, heads, m, d] queries and [b, kv_heads, S, d] keys and values, in q's type. On a
-    CPU without instructions for bf16 / f16 the inputs are widened to f32 and the output rounded
-    back (bf16 SDPA there took 3x as long as f32 in a decode step, widening included)."""
+    CPU without instructions for the cache's bf16 / f16 the inputs are widened to f32 and the output
+    is given in q's type, f32 there too (`gather_rows`): bf16 SDPA there took 3x as long as f32 in
+    a decode step, widening included."""
     dtype = q.dtype
-    if q.device.type == "cpu" and not multiplies_natively(dtype):
+    if q.device.type == "cpu" and not multiplies_natively(keys.dtype):
         q, keys, values = q.float(), keys.float(), values.float()
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
                                          enable_gqa=keys.shape[1] != q.shape[1])
@@ -323,6 +341,7 @@ def put_(state: torch.Tensor, index: tuple, value: torch.Tensor) -> None:
     are found on the host, once per pass for the same indices; on a GPU (no host reads under a
     captured graph) they are clamped into range and write back what is already there.
     """
+    value = value.to(state.dtype)  # f32 activations (gather_rows) into a bf16 / f16 cache
     tensors = [(axis, i) for axis, i in enumerate(index) if isinstance(i, torch.Tensor)]
     if not tensors:
         state[index] = value

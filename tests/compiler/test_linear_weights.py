@@ -16,6 +16,7 @@ import linnet
 from linnet import nest
 from linnet.codegen_common import linear_groups, linear_weights
 from linnet.codegen_torch import runtime as rt
+from linnet.compiler import compile_file
 from linnet.frontend import load_file
 from linnet.ir.passes import inline_calls
 from linnet.ir.specialize import specialize
@@ -158,4 +159,27 @@ def test_fast_bf16_on_the_cpu_keeps_bf16_weights_and_agrees_with_exact(layout):
     assert any("T=bf16 on the CPU" in str(w.message) for w in caught) == slow
     exact = load("tiny-llama", "exact", "bf16")
     assert fast.runner.weight_bytes() * 2 == exact.runner.weight_bytes()  # bf16 weights: half of f32's
+    assert_agrees(fast, exact, rtol=1e-7, atol_of_max=0.05)
+
+
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_activations_are_f32_on_a_cpu_without_bf16_instructions(native, monkeypatch):
+    # There every op computes in f32: the pass carries f32 activations from the embedding's rows on,
+    # while the weights and the cache keep bf16. A CPU with the instructions keeps bf16 throughout.
+    monkeypatch.setattr(rt, "multiplies_natively", lambda dtype: native or dtype == torch.float32)
+    table = torch.randn(10, 4).to(torch.bfloat16)
+    rows = rt.gather_rows(table, torch.tensor([3, 3, 7]))
+    assert torch.equal(rows.to(torch.bfloat16), table[[3, 3, 7]])
+    assert rows.dtype == (torch.bfloat16 if native else torch.float32)
+    if native:
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fast = load("tiny-llama", "fast", "bf16")
+    source = compile_file(CARDS / "tiny-llama.linnet", "torch", {"Batch": 3, "MaxSeq": 24, "T": "bf16"}, "fast")
+    assert "x = rt.gather_rows(self.embed, tokens)" in source
+    before = fast.runner.k_cache.clone()
+    fast.runner.decode(np.array([3, 4, 8], np.int32), np.array([4, 0, 3], np.int32))
+    assert fast.runner.k_cache.dtype == torch.bfloat16 and not torch.equal(fast.runner.k_cache, before)
+    exact = load("tiny-llama", "exact", "bf16")
     assert_agrees(fast, exact, rtol=1e-7, atol_of_max=0.05)
