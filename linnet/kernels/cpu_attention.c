@@ -22,6 +22,49 @@ static inline AVX2 float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* e^x of eight floats, for the softmax (x <= 0 there): x = n ln2 + r with |r| <= ln2 / 2, e^r by
+ * Cephes' polynomial (within 2 ulp of expf), 2^n put into the exponent bits. x below -87 (e^x
+ * under f32's normal range) is taken as -87: about 1e-38, where a softmax weight is 0. */
+static inline AVX2 __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x); /* ln 2 in two parts: r stays exact */
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
+}
+
+/* s[0 .. L) = e^(s - top), in place; returns their sum. */
+static inline AVX2 float exp_and_sum(float *s, long L, float top) {
+    __m256 vtop = _mm256_set1_ps(top), sum = _mm256_setzero_ps();
+    long j = 0;
+    for (; j + 8 <= L; j += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vtop));
+        _mm256_storeu_ps(s + j, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    if (j < L) { /* the last few through a buffer of eight, so every weight comes from exp8 */
+        float tail[8];
+        for (long m = 0; m < 8; m++)
+            tail[m] = j + m < L ? s[j + m] - top : -INFINITY;
+        __m256 e = exp8(_mm256_loadu_ps(tail));
+        _mm256_storeu_ps(tail, e);
+        for (long m = 0; j + m < L; m++)
+            s[j + m] = tail[m];
+        /* the places past L hold e^-87 each: too small to move a sum of at least 1 */
+        sum = _mm256_add_ps(sum, e);
+    }
+    return hsum(sum);
+}
+
 #define HEADS_AT_ONCE 4   /* query heads scored together: each key is loaded once for them */
 #define CHUNKS_AT_ONCE 8  /* 8-float chunks of an output head summed together: independent FMA chains */
 
@@ -57,11 +100,7 @@ static AVX2 void attend(int type, const float *q, long G, long D, const char *k,
         float *s = scores + g * L, top = sinks ? sinks[g] : -INFINITY;
         for (long j = 0; j < L; j++)
             top = s[j] > top ? s[j] : top;
-        float total = sinks ? expf(sinks[g] - top) : 0.0f;
-        for (long j = 0; j < L; j++) {
-            s[j] = expf(s[j] - top);
-            total += s[j];
-        }
+        float total = (sinks ? expf(sinks[g] - top) : 0.0f) + exp_and_sum(s, L, top);
         __m256 norm = _mm256_set1_ps(1.0f / total);
         for (long d0 = 0; d0 < D; d0 += 8 * CHUNKS_AT_ONCE) {
             long chunks = (D - d0) / 8 < CHUNKS_AT_ONCE ? (D - d0) / 8 : CHUNKS_AT_ONCE;
