@@ -65,13 +65,18 @@ static inline AVX2 __attribute__((always_inline)) void load_row(const void *pane
     }
 
 /* mr (1..6) rows of x [., K] times one panel: out[r, 0:16], rows ldo apart. mr and type are
- * constants at each call site below, so the compiler drops the branches. */
+ * constants at each call site below, so the compiler drops the branches. `ahead`, if not NULL,
+ * is the next panel, asked for a row (`ahead_row` bytes) at each k: read from memory while this
+ * one computes, it is in cache when its turn comes. */
 static inline AVX2 __attribute__((always_inline)) void tile(int mr, int type, const float *x, const void *panel,
-                                                            long K, float *out, long ldo) {
+                                                            long K, float *out, long ldo, const char *ahead,
+                                                            long ahead_row) {
     __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00,
            c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     for (long k = 0; k < K; k++) {
         __m256 lo, hi;
+        if (ahead)
+            _mm_prefetch(ahead + k * ahead_row, _MM_HINT_T0);
         load_row(panel, type, k, &lo, &hi);
         ROW(0) ROW(1) ROW(2) ROW(3) ROW(4) ROW(5)
     }
@@ -112,29 +117,34 @@ static inline AVX2 __attribute__((always_inline)) void tile1(int type, const flo
 }
 
 static inline AVX2 __attribute__((always_inline)) void tile_any(int mr, int type, const float *x,
-                                                                const void *panel, long K, float *out, long ldo) {
+                                                                const void *panel, long K, float *out, long ldo,
+                                                                const char *ahead, long ahead_row) {
     switch (mr) {
-    case 6: tile(6, type, x, panel, K, out, ldo); break;
-    case 5: tile(5, type, x, panel, K, out, ldo); break;
-    case 4: tile(4, type, x, panel, K, out, ldo); break;
-    case 3: tile(3, type, x, panel, K, out, ldo); break;
-    case 2: tile(2, type, x, panel, K, out, ldo); break;
+    case 6: tile(6, type, x, panel, K, out, ldo, ahead, ahead_row); break;
+    case 5: tile(5, type, x, panel, K, out, ldo, ahead, ahead_row); break;
+    case 4: tile(4, type, x, panel, K, out, ldo, ahead, ahead_row); break;
+    case 3: tile(3, type, x, panel, K, out, ldo, ahead, ahead_row); break;
+    case 2: tile(2, type, x, panel, K, out, ldo, ahead, ahead_row); break;
     default: tile1(type, x, panel, K, out); break;
     }
 }
 
 /* rows [m0, m1) of x times one panel of `width` (<= 16) columns, into y's columns from `col`;
- * a panel narrower than 16 goes through a scratch tile. */
+ * a panel narrower than 16 goes through a scratch tile. The first tile asks for the next panel
+ * (`ahead`, rows of `ahead_row` bytes), so that a few rows' product, which reads each panel from
+ * memory once, overlaps the reading with the arithmetic. */
 static inline AVX2 __attribute__((always_inline)) void rows_times_panel(int type, const float *x, long m0, long m1,
                                                                         const void *panel, int width, long K,
-                                                                        float *y, long N, long col) {
+                                                                        float *y, long N, long col,
+                                                                        const char *ahead, long ahead_row) {
     for (long m = m0; m < m1; m += MR) {
         int mr = m1 - m < MR ? (int)(m1 - m) : MR;
+        const char *next = m == m0 ? ahead : NULL;
         if (width == NR) {
-            tile_any(mr, type, x + m * K, panel, K, y + m * N + col, N);
+            tile_any(mr, type, x + m * K, panel, K, y + m * N + col, N, next, ahead_row);
         } else {
             float scratch[MR * NR];
-            tile_any(mr, type, x + m * K, panel, K, scratch, NR);
+            tile_any(mr, type, x + m * K, panel, K, scratch, NR, next, ahead_row);
             for (int r = 0; r < mr; r++)
                 memcpy(y + (m + r) * N + col, scratch + r * NR, width * sizeof(float));
         }
@@ -146,13 +156,15 @@ static inline AVX2 __attribute__((always_inline)) void rows_times_panel(int type
 static AVX2 void panel_range(int type, const float *x, long M, long K, const void *const *panels,
                              const long *cols, const int *widths, float *y, long N, long p0, long p1,
                              float *wide) {
+    long row = NR * type_bytes(type);
     for (long m0 = 0; m0 < M; m0 += MC) {
         long m1 = m0 + MC < M ? m0 + MC : M;
         for (long p = p0; p < p1; p++) {
+            const char *next = p + 1 < p1 ? (const char *)panels[p + 1] : NULL;
             if (!wide) {
-                if (type == F32) rows_times_panel(F32, x, m0, m1, panels[p], widths[p], K, y, N, cols[p]);
-                else if (type == BF16) rows_times_panel(BF16, x, m0, m1, panels[p], widths[p], K, y, N, cols[p]);
-                else rows_times_panel(F16, x, m0, m1, panels[p], widths[p], K, y, N, cols[p]);
+                if (type == F32) rows_times_panel(F32, x, m0, m1, panels[p], widths[p], K, y, N, cols[p], next, row);
+                else if (type == BF16) rows_times_panel(BF16, x, m0, m1, panels[p], widths[p], K, y, N, cols[p], next, row);
+                else rows_times_panel(F16, x, m0, m1, panels[p], widths[p], K, y, N, cols[p], next, row);
                 continue;
             }
             for (long k = 0; k < K; k++) {
@@ -162,7 +174,7 @@ static AVX2 void panel_range(int type, const float *x, long M, long K, const voi
                 _mm256_storeu_ps(wide + k * NR, lo);
                 _mm256_storeu_ps(wide + k * NR + 8, hi);
             }
-            rows_times_panel(F32, x, m0, m1, wide, widths[p], K, y, N, cols[p]);
+            rows_times_panel(F32, x, m0, m1, wide, widths[p], K, y, N, cols[p], next, row);
         }
     }
 }
