@@ -8,8 +8,9 @@
  * Nothing is packed per call: at the few rows of a decode step, packing a library does per
  * call costs as much as the product.
  *
- * bf16 / f16 weights are widened in registers (a shift, F16C), so one row reads half the bytes
- * of f32; from 12 rows on, each thread widens its panel once into an f32 buffer.
+ * bf16 / f16 weights are widened in registers (bf16 by unpacking with zeros, in the column order
+ * BF16_PLACES gives; f16 by F16C), so one row reads half the bytes of f32; from 12 rows on, each
+ * thread widens its panel once into an f32 buffer.
  *
  * Kernels carry target attributes, not global -m flags: linnet_cpu_supported() runs on any
  * x86-64 and tells the caller whether the rest may run.

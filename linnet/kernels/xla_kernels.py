@@ -22,7 +22,6 @@ from linnet.kernels import build
 from linnet.kernels.panels import PANEL, places
 
 
-
 class Panels(NamedTuple):
     """A linear weight [n, K] as panels [ceil(n / 16), K, 16] inside an entry's trace: `array`, or
     layer `layer` of a stacked `array` [layers, ceil(n / 16), K, 16]."""
