@@ -215,7 +215,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--backend", choices=["torch", "jax"], default="torch")
     g.add_argument("--weights", help='a model directory, a .gguf file, or "random" (default: found as nest.load does)')
     g.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda if there is one)")
-    g.add_argument("--numerics", choices=["exact", "fast"], default="exact")
+    g.add_argument("--numerics", choices=["exact", "fast"], default="fast",
+                   help="fast (the default, as `serve`): packed weights, fused attention, T's weights and cache; "
+                        "exact: the reference semantics, in f32")
     g.add_argument("--dtype", choices=["f32", "bf16", "f16"], default="bf16",
                    help="T with --numerics fast (exact always computes in f32)")
     g.add_argument("--max-seq", type=int, default=2048, help="positions in the cache: prompt plus completion")
