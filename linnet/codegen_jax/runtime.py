@@ -169,15 +169,17 @@ def attention(q, k_cache, v_cache, positions, rows=None, window: int = 0, sinks=
     if not isinstance(k_cache, CacheLayer):
         k_cache, v_cache = CacheLayer(jnp.asarray(k_cache)[None], 0), CacheLayer(jnp.asarray(v_cache)[None], 0)
     batch, seq = k_cache.shape[:2]
-    kernel = fast and xla_kernels.attends_here(k_cache.stack, head_dim)  # Linnet's, for one query a row
-    if not (kernel or (fast and _walks_keys(seq))):
+    if fast and xla_kernels.attends_here(k_cache.stack, head_dim):
+        # Linnet's kernel, a token at a time, each reading its own row up to its own position: a
+        # prompt's tokens too, whose keys the pass has written to the cache by now. A 480-token
+        # prefill of SmolLM2 (f32): 1.70 s, against 2.10 with prompts in the blocked path below.
+        rows = jnp.arange(n, dtype=jnp.int32) if rows is None else rows
+        return xla_kernels.attention_rows(q, k_cache.stack, v_cache.stack, k_cache.index, rows, positions,
+                                          window, sinks, scale)
+    if not (fast and _walks_keys(seq)):
         return _attend_reading_rows(q, k_cache.whole(), v_cache.whole(), positions, rows, window, sinks, scale, fast)
 
     def one_per_row(q, positions, rows):  # token i reads row rows[i] (row i when rows is None)
-        if kernel:
-            rows = jnp.arange(q.shape[0], dtype=jnp.int32) if rows is None else rows
-            return xla_kernels.attention_rows(q, k_cache.stack, v_cache.stack, k_cache.index, rows, positions,
-                                              window, sinks, scale)
         return _attend_walking(q[:, None], k_cache, v_cache, positions[:, None], rows, window, sinks, scale)
 
     head = head_tokens(batch)
