@@ -186,19 +186,19 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
     """Token i attends to cache row rows[i] (row i when rows is None) at positions <= positions[i]."""
     n, heads, head_dim = q.shape
     scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
-    one_row_kernel = fast and cpu_attention.available(k_cache, head_dim)  # Linnet's, for one query a row
-    if rows is None:
-        if one_row_kernel:
+    if fast and cpu_attention.available(k_cache, head_dim):
+        # Linnet's kernel, a token at a time, each reading its own row up to its own position: prompts'
+        # tokens too, whose keys the pass has written to the cache by now. A 480-token SmolLM2 f32
+        # prefill: 1.57 s, against 1.67 with SDPA over each prompt.
+        if rows is None:
             rows = per_pass("rows", (positions,), lambda: torch.arange(n, dtype=torch.int32))
-            return cpu_attention.attend_rows(q, k_cache, v_cache, rows, positions, window, sinks, scale)
+        return cpu_attention.attend_rows(q, k_cache, v_cache, rows, positions, window, sinks, scale)
+    if rows is None:
         span = _key_span(positions, k_cache.shape[1])
         return _attend(q, k_cache[:n, :span], v_cache[:n, :span], positions, window, sinks, scale, fast)
     out = torch.empty(q.shape[:2] + v_cache.shape[-1:], dtype=q.dtype, device=q.device)
     singles, runs = per_pass("segments", (rows, positions), lambda: _segments(rows, positions))
-    if singles is not None and one_row_kernel:
-        idx, r, pos = singles
-        out[idx] = cpu_attention.attend_rows(q[idx], k_cache, v_cache, r, pos, window, sinks, scale)
-    elif singles is not None:  # one-token segments (decoding rows in a mixed pass): batched over their rows
+    if singles is not None:  # one-token segments (decoding rows in a mixed pass): batched over their rows
         idx, r, pos = singles
         span = _key_span(pos, k_cache.shape[1])
         # index_select of the span's view: 3x faster than k_cache[r, :span], which gathers element-wise

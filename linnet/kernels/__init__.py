@@ -4,6 +4,6 @@
   the one check of whether they run here (`runs_here`).
 - `panels`: the layout linear weights are packed in, for both runtimes.
 - `cpu_linear`: linears over weights packed in panels (torch, through ctypes).
-- `cpu_attention`: attention of one query a cache row (torch, through ctypes).
+- `cpu_attention`: attention of tokens that each read one cache row (torch, through ctypes).
 - `xla_kernels`: the same two as XLA FFI handlers, for JAX's CPU backend.
 """

@@ -1,6 +1,7 @@
-/* Linnet's CPU attention for tokens that each read one cache row: decode steps, and the decoding
- * rows of a mixed pass. Token i's query heads attend to row rows[i] of the cache at positions
- * [max(0, positions[i] - window + 1), positions[i]], with an optional sink logit per head.
+/* Linnet's CPU attention for tokens that each read one cache row: decode steps, the decoding rows
+ * of a mixed pass, and prompts' tokens once the pass has written their keys. Token i's query heads
+ * attend to row rows[i] of the cache at positions [max(0, positions[i] - window + 1), positions[i]],
+ * with an optional sink logit per head.
  *
  * SDPA's CPU kernel (flash attention) blocks over queries; with one query a row it ran a 16-row
  * SmolLM2 layer in ~415 us, a third of a decode step's non-linear time. Here each token is a

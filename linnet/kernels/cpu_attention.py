@@ -1,5 +1,6 @@
 """The CPU attention for tokens that each read one cache row (decode steps, the decoding rows of a
-mixed pass): `cpu_attention.c`, built and loaded like `cpu_linear`.
+mixed pass, prompts' tokens once the pass has written their keys): `cpu_attention.c`, built and
+loaded like `cpu_linear`.
 
 SDPA's CPU flash-attention kernel blocks over queries, and with one query a row it is slow: a
 16-row SmolLM2 layer took about 415 us of a decode step. `attend_rows` gives each token to one

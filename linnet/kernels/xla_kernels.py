@@ -5,7 +5,7 @@
   weight to f32 in memory at every call. With weights held as panels (`pack`, the layout
   `cpu_linear` documents) a linear is one custom call. SmolLM2-135M's linears in a jitted chain,
   16 rows: 48-58 ms against XLA's dot at 72-87; one row on a par (22.6 / 21.5).
-- `attention_rows`: one query a cache row (decode steps, a mixed pass's decoding rows), reading
+- `attention_rows`: tokens that each read one cache row (every token of a pass), reading
   the stacked cache's layer where it lies.
 
 The handlers run on XLA's own thread pool.
