@@ -39,7 +39,7 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor
         return y if bias is None else y + bias
     if isinstance(w, PanelWeight) or w.is_mkldnn:
         return _packed_linear(x, w, bias)
-    if x.device.type == "cpu" and x.numel() > x.shape[-1] and not multiplies_natively(w.dtype):
+    if x.numel() > x.shape[-1] and computed_in_f32(w):
         return _widened_linear(x, w, bias)
     if x.dtype != w.dtype:  # f32 activations (gather_rows) and a 16-bit weight at one row: in its type
         return F.linear(x.to(w.dtype), w, bias).to(x.dtype)
@@ -107,6 +107,11 @@ def _panels_for(dtype: torch.dtype) -> bool:
     return cpu_linear.available(dtype) and (dtype == torch.float32 or not multiplies_natively(dtype))
 
 
+def computed_in_f32(t: torch.Tensor) -> bool:
+    """Whether ops on `t` run in f32 here: a bf16 / f16 tensor on a CPU without instructions for its type."""
+    return t.device.type == "cpu" and not multiplies_natively(t.dtype)
+
+
 @functools.cache  # asked at every linear: the CPU does not change
 def multiplies_natively(dtype: torch.dtype) -> bool:
     """Whether this CPU has the instructions for `dtype`'s matmuls (bf16: AVX-512 or AVX-NE-CONVERT;
@@ -144,10 +149,7 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     weights and the cache keep their type; the linear kernel and attention read them as they are.
     """
     rows = table[ids]
-    if rows.device.type == "cpu" and rows.dtype in (torch.bfloat16, torch.float16) \
-            and not multiplies_natively(rows.dtype):
-        return rows.float()
-    return rows
+    return rows.float() if computed_in_f32(rows) else rows
 
 
 def softmax(x: torch.Tensor, axis: int = -1) -> torch.Tensor:
@@ -300,7 +302,7 @@ def _sdpa(q, keys, values, mask, scale):
     is given in q's type, f32 there too (`gather_rows`): bf16 SDPA there took 3x as long as f32 in
     a decode step, widening included."""
     dtype = q.dtype
-    if q.device.type == "cpu" and not multiplies_natively(keys.dtype):
+    if computed_in_f32(keys):
         q, keys, values = q.float(), keys.float(), values.float()
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale,
                                          enable_gqa=keys.shape[1] != q.shape[1])
