@@ -92,19 +92,32 @@ def packs_linear_weights(device: torch.device, dtype: torch.dtype) -> bool:
     as fast as MKL's plain sgemm, for f32, and for bf16 where the CPU has bf16 instructions. On
     CUDA, cuBLAS takes the plain layout as it is.
     """
-    if device.type != "cpu":
-        return False
-    if _panels_for(dtype):
-        return True
+    return device.type == "cpu" and (_panels_for(dtype) or _onednn_packs(dtype))
+
+
+def _onednn_packs(dtype: torch.dtype) -> bool:
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
         return False  # an internal op: older or newer torch may lack it
     return dtype == torch.float32 or (dtype == torch.bfloat16 and multiplies_natively(dtype))
 
 
-def _panels_for(dtype: torch.dtype) -> bool:
-    """Linnet's kernel, unless the CPU multiplies the type natively (AMX / AVX-512 BF16 run bf16
-    matmuls faster than the kernel's f32 arithmetic)."""
-    return cpu_linear.available(dtype) and (dtype == torch.float32 or not multiplies_natively(dtype))
+def _panels_for(dtype: torch.dtype, k: int | None = None) -> bool:
+    """Linnet's kernel for weights of this type (and K, if given), unless the CPU multiplies the type
+    natively and the kernel would not: there oneDNN's bf16 matmul runs many rows at twice the
+    kernel's f32 arithmetic. With AVX-512 BF16 the kernel takes a bf16 weight of even K in pairs
+    (`cpu_linear.pairs`) and multiplies it in bf16, as fast as oneDNN and packed in the weight's
+    own memory (oneDNN's layout is a copy)."""
+    if not cpu_linear.available(dtype):
+        return False
+    if dtype == torch.float32 or not multiplies_natively(dtype):
+        return True
+    return cpu_linear.pairs(dtype, 2 if k is None else k)
+
+
+def _packs_in_panels(w: torch.Tensor) -> bool:
+    """A weight that `packs_linear_weights` packs goes to Linnet's panels, or to oneDNN's layout
+    where `_panels_for` prefers it and oneDNN can."""
+    return _panels_for(w.dtype, w.shape[1]) or not _onednn_packs(w.dtype)
 
 
 def computed_in_f32(t: torch.Tensor) -> bool:
@@ -127,7 +140,7 @@ def multiplies_natively(dtype: torch.dtype) -> bool:
 def pack_linear_weight(w: torch.Tensor, rows: int, in_place: bool = False):
     """w [N, K] packed for this CPU: Linnet's panels (in w's own memory with `in_place`), or a copy
     in oneDNN's blocked layout tuned for `rows` rows of input (it runs for any)."""
-    if _panels_for(w.dtype):
+    if _packs_in_panels(w):
         return cpu_linear.pack(w, in_place)
     return torch.ops.mkldnn._reorder_linear_weight(w, rows)
 
@@ -135,7 +148,7 @@ def pack_linear_weight(w: torch.Tensor, rows: int, in_place: bool = False):
 def pack_linear_group(members: list, rows: int, in_place: bool = False):
     """Weights [N_i, K] that multiply one input, packed as one: their outputs side by side. Linnet's
     panels join the members where they lie; oneDNN's layout needs them concatenated first."""
-    if _panels_for(members[0].dtype):
+    if _packs_in_panels(members[0]):
         return PanelWeight.join([cpu_linear.pack(m, in_place) for m in members])
     return torch.ops.mkldnn._reorder_linear_weight(torch.cat(members), rows)
 

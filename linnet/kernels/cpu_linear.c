@@ -34,6 +34,21 @@ int linnet_cpu_supported(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
+static int has_avx512_bf16(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+}
+
+/* Whether a weight of `type` and K is packed in pairs of K (see the top): the one rule, which the
+ * packers (here and in Python) and the kernel all follow. */
+int linnet_panel_pairs(int type, long K) {
+    static int bf16 = -1;
+    if (bf16 < 0)
+        bf16 = has_avx512_bf16();
+    return type == BF16 && K % 2 == 0 && bf16;
+}
+
 /* The column a bf16 panel row holds at each of its 16 places: interleaving a row's 16 values with
  * zeros (unpack, which works within 128-bit halves) puts each in the high half of an f32 in this
  * order, which gives columns 0-7 and 8-15 in one load and two instructions. Widening in column
@@ -180,12 +195,147 @@ static AVX2 void panel_range(int type, const float *x, long M, long K, const voi
     }
 }
 
+/* ---- bf16 weights in pairs of K, on AVX-512 BF16 (see the top) */
+
+#define AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
+#define PREFETCH_PAIRS 8 /* a one-row product asks for its panel this many pair-rows (512 B) ahead */
+#define MRP 12 /* input rows a pair tile: 12 x 2 panels are 24 of the 32 vector registers */
+
+/* Output columns [0, width) of a panel, as a store mask. */
+static inline __mmask16 width_mask(int width) { return (__mmask16)((1u << width) - 1); }
+
+/* mr (1..MRP) rows of xp (bf16 pairs, K2 a row) times one or two panels (a; b when two): out_a and
+ * out_b get the rows' 16 columns each, masked to their widths, rows ldo apart. The tile asks for
+ * the next two panels (na, nb, if not NULL) a line at each pair-row. */
+static inline AVX512BF16 __attribute__((always_inline)) void tile_pairs(
+    int mr, int two, const uint32_t *xp, long K2, const __m512i *a, const __m512i *b, float *out_a, float *out_b,
+    long ldo, __mmask16 mask_a, __mmask16 mask_b, const char *na, const char *nb) {
+    __m512 ca[MRP], cb[MRP];
+    for (int r = 0; r < MRP; r++)
+        ca[r] = cb[r] = _mm512_setzero_ps();
+    for (long j = 0; j < K2; j++) {
+        if (na) {
+            _mm_prefetch(na + j * 64, _MM_HINT_T0);
+            if (nb) _mm_prefetch(nb + j * 64, _MM_HINT_T0);
+        }
+        __m512bh wa = (__m512bh)_mm512_loadu_si512(a + j), wb;
+        if (two) wb = (__m512bh)_mm512_loadu_si512(b + j);
+        for (int r = 0; r < MRP; r++) {
+            if (r >= mr) break;
+            __m512bh xr = (__m512bh)_mm512_set1_epi32((int)xp[r * K2 + j]);
+            ca[r] = _mm512_dpbf16_ps(ca[r], xr, wa);
+            if (two) cb[r] = _mm512_dpbf16_ps(cb[r], xr, wb);
+        }
+    }
+    for (int r = 0; r < MRP; r++) {
+        if (r >= mr) break;
+        _mm512_mask_storeu_ps(out_a + r * ldo, mask_a, ca[r]);
+        if (two) _mm512_mask_storeu_ps(out_b + r * ldo, mask_b, cb[r]);
+    }
+}
+
+/* One row times one panel, read at memory speed: four pair-rows at a time in four chains, the
+ * panel asked for PREFETCH_PAIRS pair-rows ahead. SmolLM2's 121 one-row linears take 10.4 ms in
+ * a jitted chain, as with the panels widened to f32 (2-core Zen 4 reading 27 GB/s: they read
+ * 268 MB); 16 rows 15.4 against 32.3. */
+static inline AVX512BF16 void tile1_pairs(const uint32_t *xp, long K2, const __m512i *panel, float *out,
+                                          __mmask16 mask) {
+    __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
+    long j = 0;
+    for (; j + 4 <= K2; j += 4) {
+        for (int u = 0; u < 4; u++) /* a pair-row is a line */
+            _mm_prefetch((const char *)(panel + j + PREFETCH_PAIRS + u), _MM_HINT_T0);
+        c0 = _mm512_dpbf16_ps(c0, (__m512bh)_mm512_set1_epi32((int)xp[j]), (__m512bh)_mm512_loadu_si512(panel + j));
+        c1 = _mm512_dpbf16_ps(c1, (__m512bh)_mm512_set1_epi32((int)xp[j + 1]),
+                              (__m512bh)_mm512_loadu_si512(panel + j + 1));
+        c2 = _mm512_dpbf16_ps(c2, (__m512bh)_mm512_set1_epi32((int)xp[j + 2]),
+                              (__m512bh)_mm512_loadu_si512(panel + j + 2));
+        c3 = _mm512_dpbf16_ps(c3, (__m512bh)_mm512_set1_epi32((int)xp[j + 3]),
+                              (__m512bh)_mm512_loadu_si512(panel + j + 3));
+    }
+    for (; j < K2; j++)
+        c0 = _mm512_dpbf16_ps(c0, (__m512bh)_mm512_set1_epi32((int)xp[j]), (__m512bh)_mm512_loadu_si512(panel + j));
+    _mm512_mask_storeu_ps(out, mask, _mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)));
+}
+
+#define PAIR_TILE(mr)                                                                                    \
+    case mr:                                                                                             \
+        if (two) tile_pairs(mr, 1, xp + m * K2, K2, a, b, oa, ob, N, ma, mb, na, nb);                   \
+        else tile_pairs(mr, 0, xp + m * K2, K2, a, a, oa, oa, N, ma, ma, na, NULL);                      \
+        break;
+
+/* Panels [p0, p1), two at a time, times every row of x (bf16, K a row, K even). */
+static AVX512BF16 void pair_range(const uint16_t *x, long M, long K, const void *const *panels, const long *cols,
+                                  const int *widths, float *y, long N, long p0, long p1) {
+    const uint32_t *xp = (const uint32_t *)x;
+    long K2 = K / 2;
+    if (M == 1) {
+        for (long p = p0; p < p1; p++)
+            tile1_pairs(xp, K2, panels[p], y + cols[p], width_mask(widths[p]));
+        return;
+    }
+    for (long m0 = 0; m0 < M; m0 += MC) {
+        long m1 = m0 + MC < M ? m0 + MC : M;
+        for (long p = p0; p < p1; p += 2) {
+            int two = p + 1 < p1;
+            const __m512i *a = panels[p], *b = two ? panels[p + 1] : NULL;
+            __mmask16 ma = width_mask(widths[p]), mb = two ? width_mask(widths[p + 1]) : 0;
+            for (long m = m0; m < m1; m += MRP) {
+                float *oa = y + m * N + cols[p], *ob = two ? y + m * N + cols[p + 1] : NULL;
+                const char *na = NULL, *nb = NULL;
+                if (m == m0 && p + 2 < p1) {
+                    na = panels[p + 2];
+                    nb = p + 3 < p1 ? panels[p + 3] : NULL;
+                }
+                switch (m1 - m < MRP ? m1 - m : MRP) {
+                    PAIR_TILE(1) PAIR_TILE(2) PAIR_TILE(3) PAIR_TILE(4) PAIR_TILE(5) PAIR_TILE(6)
+                    PAIR_TILE(7) PAIR_TILE(8) PAIR_TILE(9) PAIR_TILE(10) PAIR_TILE(11) PAIR_TILE(12)
+                }
+            }
+        }
+    }
+}
+
+/* x [M, K] f32 rounded to bf16 (to nearest, even), as the pair kernel reads it. */
+static AVX512BF16 void round_to_bf16(const float *x, long count, uint16_t *out) {
+    long i = 0;
+    for (; i + 16 <= count; i += 16)
+        _mm256_storeu_si256((__m256i *)(out + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
+    if (i < count) {
+        __mmask16 m = (__mmask16)((1u << (count - i)) - 1);
+        _mm256_mask_storeu_epi16(out + i, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x + i)));
+    }
+}
+
 static int widens(int type, long M) { return type != F32 && M >= WIDEN_FROM; }
 
+/* x [M, K] of x_type (F32 or BF16) as the kernel for `type` panels reads it: bf16 for pairs, f32
+ * otherwise. Returns x itself, or a copy in *scratch, which the caller frees; NULL if out of memory. */
+const void *linnet_linear_input(int type, int x_type, const void *x, long M, long K, void **scratch) {
+    int pairs = linnet_panel_pairs(type, K);
+    *scratch = NULL;
+    if (x_type == (pairs ? BF16 : F32))
+        return x;
+    long count = M * K;
+    if (!(*scratch = malloc(count * (pairs ? 2 : 4))))
+        return NULL;
+    if (pairs)
+        round_to_bf16(x, count, *scratch);
+    else
+        for (long i = 0; i < count; i++) /* bf16 to f32: exact */
+            ((uint32_t *)*scratch)[i] = (uint32_t)((const uint16_t *)x)[i] << 16;
+    return *scratch;
+}
+
 /* Panels [p0, p1) only, on the calling thread: for a caller with a thread pool of its own (XLA's
- * handler in xla_kernels.c), which splits the panels among its threads. -1 if out of memory. */
-int linnet_linear_panels(int type, const float *x, long M, long K, const void *const *panels, const long *cols,
+ * handler in xla_kernels.c), which splits the panels among its threads. x is as
+ * `linnet_linear_input` gives it. -1 if out of memory. */
+int linnet_linear_panels(int type, const void *x, long M, long K, const void *const *panels, const long *cols,
                          const int *widths, float *y, long N, long p0, long p1) {
+    if (linnet_panel_pairs(type, K)) {
+        pair_range(x, M, K, panels, cols, widths, y, N, p0, p1);
+        return 0;
+    }
     float *wide = widens(type, M) ? (float *)malloc(K * NR * sizeof(float)) : NULL;
     if (widens(type, M) && !wide)
         return -1;
@@ -194,18 +344,24 @@ int linnet_linear_panels(int type, const float *x, long M, long K, const void *c
     return 0;
 }
 
-/* y [M, N] f32 = x [M, K] f32 times P panels of `type`: panel p is K rows of 16 values and gives
- * y's columns cols[p] .. cols[p] + widths[p]. The panels of several weights (a fused group) can
- * be listed together: their outputs land side by side, in one pass over x. `threads` OpenMP
- * threads (the pool torch uses) take equal runs of panels. Returns -1 if out of memory. */
-int linnet_linear(int type, const float *x, long M, long K, long P, const void *const *panels, const long *cols,
-                  const int *widths, float *y, long N, int threads) {
+/* y [M, N] f32 = x [M, K] (f32 or bf16: x_type) times P panels of `type`: panel p is K rows of 16
+ * values and gives y's columns cols[p] .. cols[p] + widths[p]. The panels of several weights (a
+ * fused group) can be listed together: their outputs land side by side, in one pass over x.
+ * `threads` OpenMP threads (the pool torch uses) take equal runs of panels. Returns -1 if out of
+ * memory. */
+int linnet_linear(int type, int x_type, const void *x, long M, long K, long P, const void *const *panels,
+                  const long *cols, const int *widths, float *y, long N, int threads) {
+    void *scratch;
+    const void *input = linnet_linear_input(type, x_type, x, M, K, &scratch);
+    if (!input)
+        return -1;
     int failed = 0;
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
         long t = omp_get_thread_num(), n = omp_get_num_threads();
-        failed |= linnet_linear_panels(type, x, M, K, panels, cols, widths, y, N, P * t / n, P * (t + 1) / n);
+        failed |= linnet_linear_panels(type, input, M, K, panels, cols, widths, y, N, P * t / n, P * (t + 1) / n);
     }
+    free(scratch);
     return failed ? -1 : 0;
 }
 
@@ -214,10 +370,18 @@ int linnet_linear(int type, const float *x, long M, long K, long P, const void *
         for (int r = 0; r < NR; r++)                                  \
             ((E *)dst)[k * NR + r] = ((const E *)block)[(column) * K + k]
 
+/* Pair-row j of a panel: column r's values at K = 2j and 2j + 1, side by side. */
+#define PAIR_UP()                                                                   \
+    for (long k = 0; k < K; k++)                                                    \
+        for (int r = 0; r < NR; r++)                                                \
+            ((uint16_t *)dst)[(k / 2) * 2 * NR + 2 * r + k % 2] = ((const uint16_t *)block)[r * K + k]
+
 /* In place: each of the N / 16 blocks of 16 rows of w [N, K] of `type` becomes its panel, K rows
- * of 16 (bf16's in BF16_PLACES' order), through a block-sized buffer a thread. */
+ * of 16 (bf16's in BF16_PLACES' order, or in pairs of K: linnet_panel_pairs), through a
+ * block-sized buffer a thread. */
 int linnet_pack_panels(int type, void *w, long N, long K, int threads) {
     long blocks = N / NR, bytes = NR * K * type_bytes(type);
+    int pairs = linnet_panel_pairs(type, K);
     int failed = 0;
 #pragma omp parallel num_threads(threads)
     {
@@ -232,6 +396,7 @@ int linnet_pack_panels(int type, void *w, long N, long K, int threads) {
             char *dst = (char *)w + b * bytes;
             memcpy(block, dst, bytes);
             if (type == F32) TRANSPOSE(uint32_t, r);
+            else if (pairs) PAIR_UP();
             else if (type == BF16) TRANSPOSE(uint16_t, BF16_PLACES[r]);
             else TRANSPOSE(uint16_t, r);
         }

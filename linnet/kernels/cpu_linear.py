@@ -5,7 +5,8 @@ A weight packed by `pack` (panels of 16 output columns, K-major, f32, bf16 or f1
 memory when the caller gives it up) is multiplied by `matmul` in f32 arithmetic. SmolLM2-135M's
 linears (2-core AVX2 EPYC), against oneDNN's prepacked f32: one row 22.0 against 30.1 ms, a
 16-row decode step's 36.2 against 51.0, a 512-token prefill's 863 against 913; bf16 panels read
-half the bytes, so one row takes 12.5.
+half the bytes, so one row takes 12.5. With AVX-512 BF16, a bf16 weight of even K is packed in
+pairs of K (`pairs`) and multiplied in bf16 by VDPBF16PS, at twice f32's rate over many rows.
 
 `available()` is the one check: `build.runs_here()` (an AVX2 CPU, LINNET_CPU_KERNELS not 0) and
 a C compiler with OpenMP. Where it fails the runtime keeps oneDNN's and MKL's kernels. The OpenMP
@@ -20,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from linnet.kernels import build
-from linnet.kernels.panels import PANEL, places
+from linnet.kernels.panels import PANEL, arranged
 
 TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # kernels.h's type codes
 
@@ -94,7 +95,7 @@ def pack(w: torch.Tensor, in_place: bool = False) -> PanelWeight:
     if full < n:
         tail = w.new_zeros(k, PANEL)
         tail[:, :n - full] = w[full:].T
-        tail = tail[:, places(w.dtype)].contiguous()
+        tail = arranged(tail, w.dtype, pairs(w.dtype, k)).contiguous()
         buffers.append(tail)
         addresses.append(tail.data_ptr())
     widths = [PANEL] * (full // PANEL) + ([n - full] if full < n else [])
@@ -102,20 +103,29 @@ def pack(w: torch.Tensor, in_place: bool = False) -> PanelWeight:
 
 
 def matmul(x: torch.Tensor, w: PanelWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] @ w.T (+ bias): f32 arithmetic, rounded once to x's dtype (a bf16 x is widened,
-    exactly), as a native bf16 kernel accumulating in f32 would."""
+    """x [..., K] @ w.T (+ bias): f32 sums, rounded once to x's dtype, as a native bf16 kernel
+    accumulating in f32 would. The products are f32's (a bf16 x is widened, exactly), or, for a
+    weight in pairs (`pairs`), bf16's: x rounded to bf16, which a bf16 model's activations are."""
     rows = x.reshape(-1, w.k)
-    if rows.dtype != torch.float32 or not rows.is_contiguous():
-        rows = rows.float().contiguous()
+    if rows.dtype not in (torch.float32, torch.bfloat16):
+        rows = rows.float()
+    rows = rows.contiguous()
     out = torch.empty(rows.shape[0], w.n, dtype=torch.float32)
     t = w.table
-    if library().linnet_linear(TYPES[w.dtype], rows.data_ptr(), rows.shape[0], w.k, t.count, t.panels, t.cols,
-                               t.widths, out.data_ptr(), w.n, torch.get_num_threads()):
-        raise MemoryError(f"no memory for a {w.k} x {PANEL} f32 panel to widen {w.dtype} weights into")
+    if library().linnet_linear(TYPES[w.dtype], TYPES[rows.dtype], rows.data_ptr(), rows.shape[0], w.k, t.count,
+                               t.panels, t.cols, t.widths, out.data_ptr(), w.n, torch.get_num_threads()):
+        raise MemoryError(f"no memory for x's {rows.shape[0]} x {w.k} copy, or a {w.k} x {PANEL} f32 panel to "
+                          f"widen {w.dtype} weights into")
     if bias is not None:
         out += bias
     out = out.reshape(*x.shape[:-1], w.n)
     return out if x.dtype == torch.float32 else out.to(x.dtype)
+
+
+def pairs(dtype: torch.dtype, k: int) -> bool:
+    """Whether a weight of this type and K is packed in pairs of K here (cpu_linear.c: AVX-512 BF16,
+    bf16, K even), which the kernel multiplies in bf16 at twice f32's rate."""
+    return bool(library().linnet_panel_pairs(TYPES[dtype], k))
 
 
 def available(dtype: torch.dtype) -> bool:

@@ -26,9 +26,11 @@ static inline AVX2 __attribute__((always_inline)) __m256 load8(const void *p, in
 
 /* cpu_linear.c */
 int linnet_cpu_supported(void);
-int linnet_linear(int type, const float *x, long M, long K, long P, const void *const *panels, const long *cols,
-                  const int *widths, float *y, long N, int threads);
-int linnet_linear_panels(int type, const float *x, long M, long K, const void *const *panels, const long *cols,
+int linnet_panel_pairs(int type, long K);
+const void *linnet_linear_input(int type, int x_type, const void *x, long M, long K, void **scratch);
+int linnet_linear(int type, int x_type, const void *x, long M, long K, long P, const void *const *panels,
+                  const long *cols, const int *widths, float *y, long N, int threads);
+int linnet_linear_panels(int type, const void *x, long M, long K, const void *const *panels, const long *cols,
                          const int *widths, float *y, long N, long p0, long p1);
 int linnet_pack_panels(int type, void *w, long N, long K, int threads);
 

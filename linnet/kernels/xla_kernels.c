@@ -111,12 +111,12 @@ static int type_of(XLA_FFI_DataType dtype) {
                                             : -1;
 }
 
-/* ---- linear: x [M, K] f32, w [P, K, 16] panels (cpu_linear.c's layout, the last one zero-padded)
+/* ---- linear: x [M, K] f32 (bf16 for panels in pairs), w [P, K, 16] panels (cpu_linear.c's layout, the last one zero-padded)
  * or [L, P, K, 16] with the layer [] i32 to use -> y [M, N] f32 */
 
 struct linear_task {
     int type;
-    const float *x;
+    const void *x;
     long M, K, N, P;
     const void **panels;
     const long *cols;
@@ -139,28 +139,31 @@ XLA_FFI_Error *linnet_xla_linear(XLA_FFI_CallFrame *frame) {
                    *y = frame->rets.rets[0];
     int type = type_of(w->dtype), stacked = w->rank == 4;
     int64_t *dims = w->dims + stacked; /* [P, K, 16] */
-    if (type < 0 || x->dtype != XLA_FFI_DataType_F32 || y->dtype != XLA_FFI_DataType_F32 || x->rank != 2 ||
+    int x_type = type_of(x->dtype);
+    if (type < 0 || (x_type != F32 && x_type != BF16) || y->dtype != XLA_FFI_DataType_F32 || x->rank != 2 ||
         (w->rank != 3 && !stacked) || at->dtype != XLA_FFI_DataType_S32 || y->rank != 2 || dims[2] != 16 ||
         x->dims[1] != dims[1] || y->dims[0] != x->dims[0] || y->dims[1] > 16 * dims[0] ||
         (stacked && (*(int32_t *)at->data < 0 || *(int32_t *)at->data >= w->dims[0])))
-        return fail(frame, "linnet_linear: x [M, K] f32, w [(L,) P, K, 16] f32 / bf16 / f16, layer i32, "
+        return fail(frame, "linnet_linear: x [M, K] f32 / bf16, w [(L,) P, K, 16] f32 / bf16 / f16, layer i32, "
                            "y [M, N <= 16 P] f32");
     long M = x->dims[0], K = x->dims[1], N = y->dims[1], P = (N + 15) / 16, elem = type_bytes(type);
     const char *base = (const char *)w->data + (stacked ? *(int32_t *)at->data * dims[0] * K * 16 * elem : 0);
     const void **panels = malloc(P * sizeof(void *));
     long *cols = malloc(P * sizeof(long));
     int *widths = malloc(P * sizeof(int));
+    void *scratch = NULL;
+    const void *input = panels && cols && widths ? linnet_linear_input(type, x_type, x->data, M, K, &scratch) : NULL;
     int status = -1;
-    if (panels && cols && widths) {
+    if (input) {
         for (long p = 0; p < P; p++) {
             panels[p] = base + p * K * 16 * elem;
             cols[p] = p * 16;
             widths[p] = N - p * 16 < 16 ? (int)(N - p * 16) : 16;
         }
-        struct linear_task task = {type, x->data, M, K, N, P, panels, cols, widths, y->data};
+        struct linear_task task = {type, input, M, K, N, P, panels, cols, widths, y->data};
         status = run_on_pool(frame, linear_chunk, &task, P);
     }
-    free(panels), free(cols), free(widths);
+    free(panels), free(cols), free(widths), free(scratch);
     return status ? fail(frame, "linnet_linear: out of memory") : NULL;
 }
 

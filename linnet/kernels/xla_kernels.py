@@ -4,7 +4,8 @@
 - `linear`: XLA's CPU dot reads few rows against a weight slowly (decode steps) and widens a bf16
   weight to f32 in memory at every call. With weights held as panels (`pack`, the layout
   `cpu_linear` documents) a linear is one custom call. SmolLM2-135M's linears in a jitted chain,
-  16 rows: 48-58 ms against XLA's dot at 72-87; one row on a par (22.6 / 21.5).
+  16 rows: 48-58 ms against XLA's dot at 72-87; one row on a par (22.6 / 21.5). Panels in pairs
+  of K (`pairs`: bf16 on AVX-512 BF16) take x in bf16.
 - `attention_rows`: tokens that each read one cache row (every token of a pass), reading
   the stacked cache's layer where it lies.
 
@@ -19,7 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from linnet.kernels import build
-from linnet.kernels.panels import PANEL, places
+from linnet.kernels.panels import PANEL, arranged
 
 
 class Panels(NamedTuple):
@@ -32,13 +33,22 @@ class Panels(NamedTuple):
 
 
 def pack(w) -> np.ndarray:
-    """w [N, K] (a host array, f32 / bf16 / f16) as zero-padded panels [ceil(N / 16), K, 16], each
-    row's columns in the places cpu_linear.c reads them from."""
+    """w [N, K] (a host array, f32 / bf16 / f16) as zero-padded panels [ceil(N / 16), K, 16], laid
+    out as cpu_linear.c reads them (`panels.arranged`)."""
     w = np.asarray(w)
     n, k = w.shape
     if n % PANEL:
         w = np.concatenate([w, np.zeros((-n % PANEL, k), w.dtype)])
-    return np.ascontiguousarray(w.reshape(-1, PANEL, k)[:, places(w.dtype)].transpose(0, 2, 1))
+    return np.ascontiguousarray(arranged(w.reshape(-1, PANEL, k).transpose(0, 2, 1), w.dtype, pairs(w.dtype, k)))
+
+
+def pairs(dtype, k: int) -> bool:
+    """Whether panels of this type and K hold their values in pairs of K here (cpu_linear.c's
+    `linnet_panel_pairs`): then the kernel takes x in bf16."""
+    import jax.numpy as jnp
+
+    kinds = [np.dtype(jnp.float32), np.dtype(jnp.bfloat16), np.dtype(jnp.float16)]
+    return np.dtype(dtype) in kinds and bool(_library().linnet_panel_pairs(kinds.index(np.dtype(dtype)), k))
 
 
 def linear(x, w: Panels):
@@ -47,7 +57,7 @@ def linear(x, w: Panels):
     import jax.numpy as jnp
 
     lead, k = x.shape[:-1], x.shape[-1]
-    rows = x.reshape(-1, k).astype(jnp.float32)
+    rows = x.reshape(-1, k).astype(jnp.bfloat16 if pairs(w.array.dtype, k) else jnp.float32)
     layer = jnp.asarray(w.layer or 0, jnp.int32)
     y = jax.ffi.ffi_call("linnet_linear", jax.ShapeDtypeStruct((rows.shape[0], w.n), jnp.float32))(rows, w.array, layer)
     return y.reshape(lead + (w.n,)).astype(x.dtype)
@@ -90,20 +100,27 @@ def available(dtype, platform: str) -> bool:
                                                      np.dtype(jnp.float16)) and registered()
 
 
-@functools.cache
 def registered() -> bool:
-    """Builds the handler and registers it with XLA, once: False where it cannot run."""
+    """Builds the handlers and registers them with XLA, once: False where they cannot run."""
+    return _library() is not None
+
+
+@functools.cache
+def _library():
     if not build.runs_here():
-        return False
+        return None
+    import ctypes
+
     import jax
 
     ffi = getattr(jax, "ffi", None)
     if ffi is None or not hasattr(ffi, "include_dir"):
-        return False  # a JAX older than its FFI module
+        return None  # a JAX older than its FFI module
     lib = build.shared_library("xla_kernels", ["cpu_linear.c", "cpu_attention.c", "xla_kernels.c"],
                                ("-I", ffi.include_dir()))
     if lib is None or not lib.linnet_cpu_supported():
-        return False
+        return None
+    lib.linnet_panel_pairs.argtypes = [ctypes.c_int, ctypes.c_long]
     for name in ("linear", "attention"):
         ffi.register_ffi_target(f"linnet_{name}", ffi.pycapsule(getattr(lib, f"linnet_xla_{name}")), platform="cpu")
-    return True
+    return lib

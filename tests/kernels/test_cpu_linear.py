@@ -25,6 +25,8 @@ def reference(x: torch.Tensor, w: torch.Tensor, bias=None) -> np.ndarray:
 
 
 def assert_product(got: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias=None):
+    if cpu_linear.pairs(w.dtype, w.shape[1]):  # AVX-512 BF16 multiplies bf16 by bf16: x is rounded first
+        x = x.bfloat16()
     want = reference(x, w, bias)
     # f32 accumulation over K terms: error within K ulps of the magnitudes summed
     scale = (x.double().abs() @ w.double().abs().T).numpy() + 1e-30
@@ -79,6 +81,26 @@ def test_batched_strided_and_low_precision_inputs():
     assert got.dtype == torch.bfloat16  # one rounding of the f32 sum, bias included
     want = torch.from_numpy(reference(xb.reshape(12, 32), w, bias)).float()
     assert torch.all((got.reshape(12, 24).float() - want).abs() <= 2 ** -8 * want.abs())  # within one bf16 rounding
+
+
+@pytest.mark.parametrize("k", [64, 63])
+def test_a_bf16_weight_multiplies_bf16_rows_as_they_are(k):
+    # on AVX-512 BF16 an even K is packed in pairs and read by VDPBF16PS; an odd K, or another CPU,
+    # widens both to f32: either way the sum of exact products, rounded once to bf16
+    x, w = torch.randn(29, k).bfloat16(), torch.randn(45, k).bfloat16()
+    got = cpu_linear.matmul(x, cpu_linear.pack(w))
+    assert got.dtype == torch.bfloat16
+    want = torch.from_numpy(reference(x, w)).float()
+    scale = (x.double().abs() @ w.double().abs().T).float()
+    assert torch.all((got.float() - want).abs() <= 2 ** -8 * want.abs() + 4 * k * 2 ** -24 * scale)
+
+
+def test_pairs_are_the_kernels_rule_for_bf16_of_even_k():
+    assert not cpu_linear.pairs(torch.float32, 64) and not cpu_linear.pairs(torch.float16, 64)
+    assert not cpu_linear.pairs(torch.bfloat16, 63)
+    with open("/proc/cpuinfo") as f:
+        bf16_instructions = "avx512_bf16" in f.read()
+    assert cpu_linear.pairs(torch.bfloat16, 64) == bf16_instructions
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])

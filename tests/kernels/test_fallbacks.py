@@ -1,4 +1,4 @@
-"""Without Linnet's CPU kernels (no compiler, AVX-512, LINNET_CPU_KERNELS=0, a GPU) the runtimes take
+"""Without Linnet's CPU kernels (no compiler, no AVX2, LINNET_CPU_KERNELS=0, a GPU) the runtimes take
 their libraries' paths: oneDNN and SDPA under torch, XLA's dots and the chunked key walk under JAX.
 Those paths must give what the kernels give: the same model, loaded both ways, on a packed prefill
 and a decode step (one row idle)."""
