@@ -497,10 +497,12 @@ class JaxModel:
                 raise ValueError(f"param `{name}` must be {list(shape)}, but the weights given are {list(a.shape)}")
             if a.dtype != DTYPES[dtype]:
                 raise TypeError(f"param `{name}` must be {dtype}, but the weights given are {a.dtype}")
-            if name in self.stacked:
+            if name in self.stacked and name in self.linear_weights:
                 # XLA's CPU backend copies a static slice of a parameter (`wq[l]`) before a dot,
                 # which costs a pass over every weight per step; a list of per-layer arrays
                 # reads the same in the generated code (`params["wq"][l]`) and is not copied.
+                # Other stacked params (norms' weights) stay one array, sliced inside the fusion
+                # that reads them: each array is an argument the executable's dispatch walks.
                 a = [a[i] for i in range(a.shape[0])]
             arrays[name] = a
         for name, other in self.tied.items():
