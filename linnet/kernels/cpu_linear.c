@@ -313,10 +313,10 @@ static int widens(int type, long M) { return type != F32 && M >= WIDEN_FROM; }
  * otherwise. Returns x itself, or a copy in *scratch, which the caller frees; NULL if out of memory. */
 const void *linnet_linear_input(int type, int x_type, const void *x, long M, long K, void **scratch) {
     int pairs = linnet_panel_pairs(type, K);
+    long count = M * K;
     *scratch = NULL;
     if (x_type == (pairs ? BF16 : F32))
         return x;
-    long count = M * K;
     if (!(*scratch = malloc(count * (pairs ? 2 : 4))))
         return NULL;
     if (pairs)
@@ -351,6 +351,8 @@ int linnet_linear_panels(int type, const void *x, long M, long K, const void *co
  * memory. */
 int linnet_linear(int type, int x_type, const void *x, long M, long K, long P, const void *const *panels,
                   const long *cols, const int *widths, float *y, long N, int threads) {
+    if (M == 0 || P == 0)
+        return 0;
     void *scratch;
     const void *input = linnet_linear_input(type, x_type, x, M, K, &scratch);
     if (!input)

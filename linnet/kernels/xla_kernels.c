@@ -147,6 +147,8 @@ XLA_FFI_Error *linnet_xla_linear(XLA_FFI_CallFrame *frame) {
         return fail(frame, "linnet_linear: x [M, K] f32 / bf16, w [(L,) P, K, 16] f32 / bf16 / f16, layer i32, "
                            "y [M, N <= 16 P] f32");
     long M = x->dims[0], K = x->dims[1], N = y->dims[1], P = (N + 15) / 16, elem = type_bytes(type);
+    if (M == 0 || N == 0)
+        return NULL;
     const char *base = (const char *)w->data + (stacked ? *(int32_t *)at->data * dims[0] * K * 16 * elem : 0);
     const void **panels = malloc(P * sizeof(void *));
     long *cols = malloc(P * sizeof(long));

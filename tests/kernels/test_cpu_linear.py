@@ -103,6 +103,13 @@ def test_pairs_are_the_kernels_rule_for_bf16_of_even_k():
     assert cpu_linear.pairs(torch.bfloat16, 64) == bf16_instructions
 
 
+@pytest.mark.parametrize("dtype", TYPES)
+def test_no_rows_give_no_rows(dtype):
+    for x in (torch.empty(0, 32), torch.empty(0, 32, dtype=torch.bfloat16)):
+        got = cpu_linear.matmul(x, cpu_linear.pack(torch.randn(24, 32).to(dtype)))
+        assert got.shape == (0, 24) and got.dtype == x.dtype
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_any_thread_count_gives_the_same_product(threads):
     x, w = torch.randn(9, 50), torch.randn(100, 50)
