@@ -31,9 +31,8 @@ def runs_here() -> bool:
 
     AVX-512 CPUs run them too: their wider vectors make oneDNN's many-row products no faster than
     ours, while its few-row products and SDPA's one-query attention stay slow (a 2-core Zen 4
-    with AVX-512 BF16: the benchmark load, torch f32 135 -> 162 tokens/s; JAX bf16 one request
-    31 -> 95). Where a CPU multiplies bf16 natively, torch keeps oneDNN's bf16 matmul
-    (`rt._panels_for`), which runs many rows at twice f32's rate."""
+    with AVX-512 BF16: the benchmark load, torch f32 135 -> 162 tokens/s in one run each). There
+    cpu_linear.c multiplies bf16 weights with AVX-512 BF16's own instructions (`linnet_panel_pairs`)."""
     if os.environ.get("LINNET_CPU_KERNELS", "1") == "0":
         return False
     if platform.machine().lower() not in ("x86_64", "amd64") or not sys.platform.startswith("linux"):

@@ -45,10 +45,15 @@ def pack(w) -> np.ndarray:
 def pairs(dtype, k: int) -> bool:
     """Whether panels of this type and K hold their values in pairs of K here (cpu_linear.c's
     `linnet_panel_pairs`): then the kernel takes x in bf16."""
+    code = _type_code(dtype)
+    return code is not None and bool(_library().linnet_panel_pairs(code, k))
+
+
+def _type_code(dtype) -> int | None:
+    """kernels.h's code for f32, bf16 and f16 (0, 1, 2); None for another type."""
     import jax.numpy as jnp
 
-    kinds = [np.dtype(jnp.float32), np.dtype(jnp.bfloat16), np.dtype(jnp.float16)]
-    return np.dtype(dtype) in kinds and bool(_library().linnet_panel_pairs(kinds.index(np.dtype(dtype)), k))
+    return {np.dtype(jnp.float32): 0, np.dtype(jnp.bfloat16): 1, np.dtype(jnp.float16): 2}.get(np.dtype(dtype))
 
 
 def linear(x, w: Panels):
@@ -71,7 +76,7 @@ def attention_rows(q, k_stack, v_stack, layer, rows, positions, window: int, sin
     import jax.numpy as jnp
 
     sinks = jnp.zeros((0,), jnp.float32) if sinks is None else sinks.astype(jnp.float32)
-    kind = [jnp.float32, jnp.bfloat16, jnp.float16].index(k_stack.dtype)
+    kind = _type_code(k_stack.dtype)
     if kind:  # a 16-bit cache goes as its bits: the state is held so, and XLA folds the two views away
         k_stack, v_stack = (jax.lax.bitcast_convert_type(a, jnp.uint16) for a in (k_stack, v_stack))
     scalars = jnp.stack([jnp.asarray(layer, jnp.int32), jnp.asarray(window, jnp.int32), jnp.asarray(kind, jnp.int32)])
@@ -94,10 +99,7 @@ def _on_cpu() -> bool:
 
 def available(dtype, platform: str) -> bool:
     """Whether arrays of `dtype` on a device of `platform` go to the kernels here."""
-    import jax.numpy as jnp
-
-    return platform == "cpu" and np.dtype(dtype) in (np.dtype(jnp.float32), np.dtype(jnp.bfloat16),
-                                                     np.dtype(jnp.float16)) and registered()
+    return platform == "cpu" and _type_code(dtype) is not None and registered()
 
 
 def registered() -> bool:
