@@ -51,6 +51,21 @@ def test_matmul_is_the_product_for_any_shape_and_weight_type(rows, n, k, dtype, 
     assert torch.equal(cpu_linear.matmul(x, in_place), got)
 
 
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(100, 300), k=st.integers(1, 40), dtype=st.sampled_from(TYPES),
+       threads=st.sampled_from([1, 2, 3]))
+def test_one_row_reads_any_count_of_panels(n, k, dtype, threads):
+    # a decode step's row: read up to eight panels side by side, the threads' runs ending anywhere
+    x, w = torch.randn(1, k), torch.randn(n, k).to(dtype)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = cpu_linear.matmul(x, cpu_linear.pack(w))
+    finally:
+        torch.set_num_threads(before)
+    assert_product(got, x, w)
+
+
 @settings(max_examples=30, deadline=None)
 @given(rows=st.sampled_from([1, 6, 13]), ns=st.lists(st.integers(1, 40), min_size=1, max_size=4),
        k=st.integers(1, 50), dtype=st.sampled_from(TYPES))
