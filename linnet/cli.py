@@ -157,12 +157,9 @@ def cmd_generate(args) -> int:
 def _warm_up(engine, req) -> None:
     """What one prompt's run compiles: its prefill pass, decode, and its sampler, and no other pass size
     (`Engine.warmup` prepares every pass size a server may meet)."""
-    from linnet.serve.sampling import SamplingBatch
-
-    runner, rows = engine.runner, engine.rows
+    runner = engine.runner
     packed = runner.overhead + runner.chunk_cost(len(req.prompt))
-    logits = runner.warmup([min(engine.token_budget, packed)])  # the logits of its decode step
-    runner.sample(logits, SamplingBatch.of([req] * rows, [0] * rows, [0] * rows))
+    runner.warmup([min(engine.token_budget, packed)], [engine.sampling_mode(req)])
     engine.model.reset()
 
 

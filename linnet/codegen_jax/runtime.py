@@ -512,9 +512,10 @@ class JaxModel:
         panels = self.pack_linear_weights(parts) if self.fast else {}
         self.reset_state()
         types = {name: DTYPES[dtype] for name, (_, dtype) in self.state.items()}
-        self.compiled = {name: jax.jit(_on_bits(_on_panels(_on_parts(fn, parts), panels), types),
-                                       donate_argnums=(1,))
-                         for name, fn in self.entries.items()}
+        self.traced = {name: _on_bits(_on_panels(_on_parts(fn, parts), panels), types)
+                       for name, fn in self.entries.items()}
+        self.compiled = {name: jax.jit(fn, donate_argnums=(1,)) for name, fn in self.traced.items()}
+        self.compiled_then: dict = {}
 
     def fuse_linear_groups(self) -> dict:
         """Each of `linear_groups` (untied weights of one input, as the code generator found them)
@@ -572,10 +573,29 @@ class JaxModel:
         return {name: _unbits(a, DTYPES[self.state[name][1]]) for name, a in self.state_bits.items()}
 
     def call(self, entry: str, *args):
-        args = tuple(_to_numpy(a) for a in args)  # host arrays go to the executable as they are: no eager transfer op
+        return self._run(self.compiled[entry], *args)
+
+    def _run(self, executable, *args):
+        """Runs an executable over the params and the state, keeping the state it returns."""
+        args = jax.tree.map(_to_numpy, args)  # host arrays go to the executable as they are: no eager transfer op
         with jax.default_matmul_precision("default" if self.fast else "highest"):
-            result, self.state_bits = self.compiled[entry](self.weights, self.state_bits, *args)
+            result, self.state_bits = executable(self.weights, self.state_bits, *args)
         return result
+
+    def call_then(self, entry: str, then, args: tuple, then_args: tuple):
+        """`then(entry(*args), *then_args)` as one executable, compiled once per (entry, then): a
+        sampler run inside the decode step, whose logits never leave it. `then` must be the same
+        function object from call to call (a cached one), as it keys the executable."""
+        key = (entry, then)
+        if key not in self.compiled_then:
+            traced = self.traced[entry]
+
+            @functools.wraps(traced)
+            def entry_then(params, state_bits, args, then_args):
+                result, state_bits = traced(params, state_bits, *args)
+                return then(result, *then_args), state_bits
+            self.compiled_then[key] = jax.jit(entry_then, donate_argnums=(1,))
+        return self._run(self.compiled_then[key], tuple(args), tuple(then_args))
 
     def __getattr__(self, name):
         entries = type(self).entries

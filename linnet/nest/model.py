@@ -51,6 +51,10 @@ class LoadedModel:
     def decode(self, tokens, positions):
         return self.runner.decode(tokens, positions)
 
+    def call_then(self, entry: str, then, args: tuple, then_args: tuple):
+        """JAX: `then(entry(*args), *then_args)` in one executable (`JaxModel.call_then`)."""
+        return self.runner.call_then(entry, then, args, then_args)
+
     def copy_rows(self, src, dst, upto):
         return self.runner.copy_rows(src, dst, upto)
 

@@ -6,6 +6,11 @@ padding), and the rows already decoding join that pass with one token each;
 when no prompt waits, the step is the fixed-shape decode over every row.
 Prompts sharing a prefix with a cached row are copied, not recomputed.
 
+Where the runner's device works apart from the host (`looks_ahead`), a run of
+decode steps is pipelined: step t + 1 is dispatched from step t's draws, still
+on the device, before the host reads them; a request that ends at step t wastes
+its row's share of step t + 1, whose draw is dropped.
+
 The engine knows the model only through its entries (prefill, decode,
 copy_rows) and its sizes (rows, positions, vocabulary).
 """
@@ -51,6 +56,14 @@ class _Live:
         return self.tokens[self.prompt_len:]
 
 
+@dataclass
+class _Decode:
+    """A dispatched decode step: the requests it draws for, in order, and its draws."""
+
+    items: list
+    pending: object  # runners.Pending
+
+
 def common_prefix(a: list, b: list) -> int:
     n = min(len(a), len(b))
     i = 0
@@ -86,6 +99,7 @@ class Engine:
         self.wakeup = threading.Event()
         self._thread = None
         self._stopping = False
+        self._ahead: _Decode | None = None  # a decode step dispatched and not yet read
 
     # ------------------------------------------------------------ submitting
 
@@ -125,12 +139,14 @@ class Engine:
             sizes = self.runner.pass_sizes(min(self.token_budget, packed) if lengths else self.token_budget)
         else:
             sizes = sorted({min(n, self.token_budget) for n in lengths})[:4] or [16]
-        logits = self.runner.warmup(sizes)  # the logits of its decode step, to warm the samplers on
-        for temperature in (0.0, 1.0):
-            req = Request([0], temperature=temperature)
-            self.runner.sample(logits, SamplingBatch.of([req] * self.rows, [0] * self.rows, [0] * self.rows))
+        self.runner.warmup(sizes, [self.sampling_mode(Request([0], temperature=t)) for t in (0.0, 1.0)])
         self.model.reset()
         self.row_tokens = [[] for _ in range(self.rows)]
+        self._ahead = None
+
+    def sampling_mode(self, req: Request) -> SamplingBatch:
+        """Every row drawing as `req` does: what a warmup compiles the draws of a step for."""
+        return SamplingBatch.of([req] * self.rows, [0] * self.rows, [0] * self.rows)
 
     def run(self, requests: list) -> tuple[list, Stats]:
         """Runs every request to its end; returns their completions (in order) and the run's stats.
@@ -148,6 +164,9 @@ class Engine:
         start = time.perf_counter()
         while self.has_work():
             self.step()
+        if self._ahead is not None:  # a step past the last request's end: wait it out, draws dropped
+            self._settle(self._ahead)
+            self._ahead = None
         self.stats.seconds = time.perf_counter() - start
         self.stats.compiles = self.runner.compiles - compiles
         return completions, self.stats
@@ -158,12 +177,27 @@ class Engine:
             self._drop_cancelled()
             self._admit()
         self._copy_shared()
-        prefilling = [x for x in self.live if x.cached < x.prompt_len and x.leader is None]
-        decoding = [x for x in self.live if len(x.tokens) > x.prompt_len and x.cached == len(x.tokens) - 1]
+        prefilling, decoding = self._prefilling(), self._decoding()
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            going = [x for x in ahead.items if x.comp.finish_reason is None]
+            if not prefilling and len(decoding) == len(going) and all(x is y for x, y in zip(decoding, going)):
+                # Steady decoding: the step after `ahead` goes out before `ahead` is read.
+                self._ahead = self._look_ahead(ahead) if self._may_look_ahead() else None
+                self._settle(ahead)
+                return
+            self._settle(ahead)  # the rows changed: read it, then this step as usual
+            prefilling, decoding = self._prefilling(), self._decoding()
         if prefilling:
             self._packed_pass(prefilling, decoding)
         elif decoding:
             self._decode_pass(decoding)
+
+    def _prefilling(self) -> list:
+        return [x for x in self.live if x.cached < x.prompt_len and x.leader is None]
+
+    def _decoding(self) -> list:
+        return [x for x in self.live if len(x.tokens) > x.prompt_len and x.cached == len(x.tokens) - 1]
 
     # ------------------------------------------------------------ admission and sharing
 
@@ -278,16 +312,49 @@ class Engine:
 
     def _decode_pass(self, decoding: list):
         tokens = np.zeros(self.rows, np.int32)
-        positions = np.full(self.rows, self.runner.padding, np.int32)  # idle rows: padding, which writes nothing
         for x in decoding:
             tokens[x.row] = x.tokens[x.cached]
-            positions[x.row] = x.cached
-        logits = self.runner.decode(tokens, positions)
+        step = self._dispatch(decoding, tokens, ahead=0)
+        if self._may_look_ahead():
+            self._ahead = self._look_ahead(step)
+        self._settle(step)
+
+    def _dispatch(self, items: list, tokens, ahead: int) -> _Decode:
+        """Sends a decode step for `items`, `ahead` tokens past what the host has of each: their
+        tokens are host ids or the previous step's `Pending`."""
+        positions = np.full(self.rows, self.runner.padding, np.int32)  # idle rows: padding, which writes nothing
+        for x in items:
+            positions[x.row] = x.cached + ahead
+        batch = SamplingBatch.of([x.req for x in items], [x.seed for x in items],
+                                 [len(x.generated) + ahead for x in items])
+        histories = [(x.req.prompt, x.generated) for x in items] if batch.penalties else None
+        pending = self.runner.decode_sample(tokens, positions, batch, [x.row for x in items], histories)
         self.stats.passes["decode"] += 1
         self.stats.occupancy.append(len(self.live) / self.rows)
-        for x in decoding:
-            self._wrote(x, 1)
-        self._sample(logits, decoding, [x.row for x in decoding])
+        return _Decode(items, pending)
+
+    def _may_look_ahead(self) -> bool:
+        """Whether the next step can go out before this one is read: the runner's device works
+        apart from the host, no prompt could be admitted to the next pass, and no request counts
+        its output tokens into penalties (the host keeps those counts)."""
+        return (self.runner.looks_ahead and not (self.waiting and self.free_rows) and not self.cancelled
+                and not any(x.req.repetition_penalty != 1 or x.req.presence_penalty or x.req.frequency_penalty
+                            for x in self.live))
+
+    def _look_ahead(self, step: _Decode) -> _Decode | None:
+        """The step after `step`, from its draws on the device, for the requests it does not end
+        by length (a stop token it may draw only wastes that row's share)."""
+        items = [x for x in step.items if x.comp.finish_reason is None and len(x.generated) + 1 < x.req.max_new_tokens]
+        return self._dispatch(items, step.pending, ahead=1) if items else None
+
+    def _settle(self, step: _Decode):
+        """Reads a decode step's draws and takes them, but a request's that ended or was cancelled
+        since the step went out."""
+        out = step.pending.result()
+        keep = [i for i, x in enumerate(step.items) if x.comp.finish_reason is None]
+        for i in keep:
+            self._wrote(step.items[i], 1)
+        self._take(out, [step.items[i] for i in keep], keep)
 
     def _wrote(self, x: _Live, n: int):
         start = x.cached
@@ -298,9 +365,12 @@ class Engine:
         batch = SamplingBatch.of([x.req for x in items], [x.seed for x in items],
                                  [len(x.generated) for x in items])
         histories = [(x.req.prompt, x.generated) for x in items] if batch.penalties else None
-        out = self.runner.sample(logits, batch, histories, logit_rows)
+        self._take(self.runner.sample(logits, batch, histories, logit_rows), items, range(len(items)))
+
+    def _take(self, out, items: list, at):
+        """Appends draw at[i] of `out` to items[i]; ends those it ends."""
         now = time.perf_counter()
-        for i, x in enumerate(items):
+        for i, x in zip(at, items):
             token = int(out.tokens[i])
             comp = x.comp
             x.tokens.append(token)
@@ -400,6 +470,7 @@ class Engine:
                     self._notify(x)
                 self.live.clear()
                 self.waiting.clear()
+                self._ahead = None
                 self.free_rows = list(range(self.rows))
                 self.row_tokens = [[] for _ in range(self.rows)]
 

@@ -4,7 +4,14 @@ The engine speaks numpy (token ids, positions, rows); a runner moves them to
 the model's device, calls the entries, samples on the device, and gives back
 numpy token ids. The torch runner replays decode as a CUDA graph on CUDA (the
 same static-buffer path runs eagerly on the CPU); the JAX runner pads every
-pass to a bucketed length, so that a bounded set of executables serves a run.
+pass to a bucketed length, so that a bounded set of executables serves a run,
+and draws inside the decode executable.
+
+A decode step comes back as a `Pending`: its draws stay on the device until
+asked for, and can feed the next step as they are. Where the device runs
+apart from the host (JAX; torch on CUDA: `looks_ahead`), the engine dispatches
+step t + 1 from step t's tokens before it reads them, so the host's work on
+step t overlaps the device's on t + 1.
 """
 
 from __future__ import annotations
@@ -44,6 +51,22 @@ class Sampled:
         self.top_ids = top_ids
 
 
+class Pending:
+    """A dispatched decode step's draws, not yet read: `tokens` ([Batch], on the device, each row's
+    draw at its row) is what the next step takes as its tokens; `result()` waits for the step and
+    gives its `Sampled`, request by request as they were passed."""
+
+    def __init__(self, tokens, fetch):
+        self.tokens = tokens
+        self._fetch = fetch
+        self._result = None
+
+    def result(self) -> Sampled:
+        if self._result is None:
+            self._result = self._fetch()
+        return self._result
+
+
 def penalty_arrays(histories: list, vocab: int, k: int, rows=None):
     """seen (prompt and output) and counts (output only) of each sampled request, in k rows:
     request i in row rows[i] (default: row i)."""
@@ -68,6 +91,7 @@ class TorchRunner:
         self.padding = model.max_seq  # one past the cache: a padding token's writes are dropped
         self.compiles = 0
         self.use_cuda_graph = self.device.type == "cuda" and model.compile
+        self.looks_ahead = self.device.type == "cuda"  # a CPU tensor op returns when it is done
         self._graph = None
         self._static_tokens = torch.zeros(self.batch, dtype=torch.int32, device=self.device)
         self._static_positions = torch.zeros(self.batch, dtype=torch.int32, device=self.device)
@@ -88,8 +112,9 @@ class TorchRunner:
         return self.model.prefill(self._t(tokens), self._t(positions), self._t(rows), self._t(last))
 
     def decode(self, tokens, positions):
-        """One step over every row, replayed from the captured graph (captured on first use)."""
-        self._static_tokens.copy_(self._t(tokens))
+        """One step over every row, replayed from the captured graph (captured on first use).
+        `tokens`: host ids or a tensor on the device (a `Pending`'s)."""
+        self._static_tokens.copy_(tokens if isinstance(tokens, self.torch.Tensor) else self._t(tokens))
         self._static_positions.copy_(self._t(positions))
         if self._graph is None:
             self._capture()
@@ -124,8 +149,8 @@ class TorchRunner:
     def copy_rows(self, src, dst, upto):
         self.model.copy_rows(self._t(src), self._t(dst), self._t(upto))
 
-    def sample(self, logits, batch: SamplingBatch, histories=None, rows=None) -> Sampled:
-        """Draws for request i from logits row rows[i] (default: row i)."""
+    def _draw(self, logits, batch: SamplingBatch, histories, rows):
+        """The draws for request i from logits row rows[i] (default: row i), left on the device."""
         from linnet.serve.sampling_torch import sample
 
         k = len(batch.temperature)
@@ -134,16 +159,34 @@ class TorchRunner:
         if batch.penalties:
             s, c = penalty_arrays(histories, logits.shape[-1], k)
             seen, counts = self._t(s), self._t(c)
-        tokens, chosen, top = sample(logits, batch, seen, counts)
+        return sample(logits, batch, seen, counts)
+
+    @staticmethod
+    def _to_host(tokens, chosen, top) -> Sampled:
         return Sampled(tokens.cpu().numpy(), None if chosen is None else chosen.cpu().numpy(),
                        None if top is None else top[0].cpu().numpy(), None if top is None else top[1].cpu().numpy())
 
-    def warmup(self, pack_lengths):
-        """Runs every pass size given and one decode step; returns that step's logits."""
+    def sample(self, logits, batch: SamplingBatch, histories=None, rows=None) -> Sampled:
+        """Draws for request i from logits row rows[i] (default: row i)."""
+        return self._to_host(*self._draw(logits, batch, histories, rows))
+
+    def decode_sample(self, tokens, positions, batch: SamplingBatch, rows, histories=None) -> Pending:
+        """A decode step over every row (tokens: host ids, or a `Pending`'s), then the draws for
+        request i from row rows[i]."""
+        logits = self.decode(tokens.tokens if isinstance(tokens, Pending) else tokens, positions)
+        drawn = self._draw(logits, batch, histories, rows)
+        by_row = self._static_tokens.clone()  # rows not drawn for keep their token: their position is padding
+        by_row[self._t(np.asarray(rows, np.int64))] = drawn[0]
+        return Pending(by_row, lambda: self._to_host(*drawn))
+
+    def warmup(self, pack_lengths, batches):
+        """Runs every pass size given, and a decode step and its draws for each sampling batch."""
         for n in sorted(set(pack_lengths)):
             self.prefill(np.zeros(n, np.int32), np.full(n, self.padding, np.int32), np.zeros(n, np.int32),
                          np.zeros(1, np.int32))
-        return self.decode(np.zeros(self.batch, np.int32), np.full(self.batch, self.padding, np.int32))
+        for batch in batches:
+            self.decode_sample(np.zeros(self.batch, np.int32), np.full(self.batch, self.padding, np.int32), batch,
+                               list(range(len(batch.temperature)))).result()
 
 
 class JaxRunner:
@@ -157,6 +200,8 @@ class JaxRunner:
         from linnet.codegen_jax.runtime import head_tokens
 
         self.overhead = head_tokens(self.batch)  # every pack starts with this many one-token slots
+
+    looks_ahead = True  # an executable's call returns before it has run (JAX's async dispatch)
 
     def _note(self, key):
         if key not in self.shapes:
@@ -212,9 +257,29 @@ class JaxRunner:
 
         return BLOCK
 
-    def decode(self, tokens, positions):
-        self._note(("decode",))
-        return self.model.decode(np.asarray(tokens, np.int32), np.asarray(positions, np.int32))
+    def decode_sample(self, tokens, positions, batch: SamplingBatch, rows, histories=None) -> Pending:
+        """A decode step over every row (tokens: host ids, or a `Pending`'s), then the draws for
+        request i from row rows[i]: one executable, whose logits never leave it. Every row is drawn
+        for (a row without a request repeats request 0's settings), so that one executable serves
+        every step and the draws come back laid out by row."""
+        from linnet.serve.sampling_jax import arguments, mode, sampler
+
+        rows = list(rows)
+        placed = place(batch, rows, self.batch)
+        seen = counts = None
+        if batch.penalties:
+            seen, counts = penalty_arrays(histories, self.model.vocab, self.batch, rows)
+        key = mode(placed, seen)
+        self._note(("decode",) + key)
+        tokens = tokens.tokens if isinstance(tokens, Pending) else np.asarray(tokens, np.int32)
+        drawn = self.model.call_then("decode", sampler(*key), (tokens, np.asarray(positions, np.int32)),
+                                     arguments(placed, seen, counts))
+        return Pending(drawn[0], lambda: self._to_host(drawn, rows))
+
+    @staticmethod
+    def _to_host(drawn, rows) -> Sampled:
+        tokens, chosen, values, ids = (None if a is None else np.asarray(a)[rows] for a in drawn)
+        return Sampled(tokens, chosen, values, ids)
 
     def copy_rows(self, src, dst, upto):
         k = len(src)
@@ -225,33 +290,35 @@ class JaxRunner:
     def sample(self, logits, batch: SamplingBatch, histories=None, rows=None) -> Sampled:
         """Draws for request i from logits row rows[i] (default: row i), always over all the rows
         of `logits` ([Batch, vocab] here), so that one executable serves every step."""
-        import jax.numpy as jnp
-
-        from linnet.serve.sampling_jax import sample
+        from linnet.serve.sampling_jax import mode, sample
 
         rows = list(range(len(batch.temperature))) if rows is None else list(rows)
         placed = place(batch, rows, logits.shape[0])
-        self._note(("sample", placed.greedy_only, placed.penalties, placed.logprobs))
         seen = counts = None
         if batch.penalties:
-            s, c = penalty_arrays(histories, logits.shape[-1], logits.shape[0], rows)
-            seen, counts = jnp.asarray(s), jnp.asarray(c)
+            seen, counts = penalty_arrays(histories, logits.shape[-1], logits.shape[0], rows)
+        self._note(("sample",) + mode(placed, seen))
         tokens, chosen, top = sample(logits, placed, seen, counts)
-        pick = lambda a: np.asarray(a)[rows]
-        return Sampled(pick(tokens), None if chosen is None else pick(chosen),
-                       None if top is None else pick(top[0]), None if top is None else pick(top[1]))
+        return self._to_host((tokens, chosen) + (top if top is not None else (None, None)), rows)
 
     def pass_sizes(self, budget: int) -> list:
         return bucket_sizes(budget, self.smallest)
 
-    def warmup(self, pack_lengths):
-        """Runs every pass size given and one decode step; returns that step's logits."""
+    def warmup(self, pack_lengths, batches):
+        """Compiles every pass size given, copy_rows, and for each sampling batch the decode step
+        that draws so and the draw after a prefill."""
+        logits = None
         for size in sorted({bucket(n, self.smallest) for n in pack_lengths}):
             self._note(("prefill", size))
-            np.asarray(self.model.prefill(np.zeros(size, np.int32), np.full(size, self.padding, np.int32),
-                                          np.zeros(size, np.int32), np.zeros(self.batch, np.int32)))
+            logits = self.model.prefill(np.zeros(size, np.int32), np.full(size, self.padding, np.int32),
+                                        np.zeros(size, np.int32), np.zeros(self.batch, np.int32))
         self.copy_rows(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32))
-        return self.decode(np.zeros(self.batch, np.int32), np.full(self.batch, self.padding, np.int32))
+        idle = np.full(self.batch, self.padding, np.int32)
+        for batch in batches:
+            rows = list(range(len(batch.temperature)))
+            self.decode_sample(np.zeros(self.batch, np.int32), idle, batch, rows).result()
+            if logits is not None:
+                self.sample(logits, batch, rows=rows)
 
 
 def make_runner(model):

@@ -16,9 +16,8 @@ def _noise(seed, step, vocab):
     return jax.random.uniform(key, (vocab,), minval=1e-12, maxval=1 - 1e-12)
 
 
-@functools.partial(jax.jit, static_argnames=("greedy_only", "penalties", "top_logprobs", "want_logprobs"))
-def _sample(logits, temp, top_k, top_p, min_p, rep, pres, freq, seed, step, seen, counts, *, greedy_only, penalties,
-            top_logprobs, want_logprobs):
+def _draw(logits, temp, top_k, top_p, min_p, rep, pres, freq, seed, step, seen, counts, *, greedy_only, penalties,
+          top_logprobs, want_logprobs):
     logits = logits.astype(jnp.float32)
     logprobs = jax.nn.log_softmax(logits, axis=-1)
     if penalties:
@@ -57,14 +56,36 @@ def _sample(logits, temp, top_k, top_p, min_p, rep, pres, freq, seed, step, seen
     return tokens, chosen, None, None
 
 
-def sample(logits, batch: SamplingBatch, seen=None, counts=None):
-    k = logits.shape[0]
+def mode(batch: SamplingBatch, seen=None) -> tuple:
+    """What a batch's draw compiles for: (greedy only, penalties, top logprobs, logprobs at all)."""
+    return (batch.greedy_only, bool(batch.penalties and seen is not None and seen.shape[-1] > 1),
+            max(batch.logprobs, 0), batch.logprobs >= 0)
+
+
+@functools.cache
+def sampler(greedy_only: bool, penalties: bool, top_logprobs: int, want_logprobs: bool):
+    """The draw for one mode (`mode`), as a function of (logits, *`arguments`): one object per mode,
+    so that it can key an executable that runs it after the model's decode (`JaxModel.call_then`)."""
+    return functools.partial(_draw, greedy_only=greedy_only, penalties=penalties, top_logprobs=top_logprobs,
+                             want_logprobs=want_logprobs)
+
+
+def arguments(batch: SamplingBatch, seen=None, counts=None) -> tuple:
+    """The batch's settings as the arrays `sampler`'s functions take after the logits."""
+    k = len(batch.temperature)
     if seen is None:  # host arrays: eager jnp.zeros would dispatch two ops a step
         seen = np.zeros((k, 1), bool)
         counts = np.zeros((k, 1), np.int32)
-    tokens, chosen, values, ids = _sample(
-        logits, batch.temperature, batch.top_k, batch.top_p, batch.min_p, batch.repetition, batch.presence,
-        batch.frequency, batch.seed.astype("uint32"), batch.step.astype("int32"), seen, counts,
-        greedy_only=batch.greedy_only, penalties=batch.penalties and seen.shape[-1] > 1,
-        top_logprobs=max(batch.logprobs, 0), want_logprobs=batch.logprobs >= 0)
+    return (batch.temperature, batch.top_k, batch.top_p, batch.min_p, batch.repetition, batch.presence,
+            batch.frequency, batch.seed.astype("uint32"), batch.step.astype("int32"), seen, counts)
+
+
+@functools.cache
+def _jitted(key: tuple):
+    return jax.jit(sampler(*key))
+
+
+def sample(logits, batch: SamplingBatch, seen=None, counts=None):
+    """Draws over logits that are already on the device, in an executable of their own."""
+    tokens, chosen, values, ids = _jitted(mode(batch, seen))(logits, *arguments(batch, seen, counts))
     return tokens, chosen, (values, ids) if values is not None else None
