@@ -4,8 +4,8 @@
  * with an optional sink logit per head.
  *
  * SDPA's CPU kernel (flash attention) blocks over queries; with one query a row it ran a 16-row
- * SmolLM2 layer in ~415 us, a third of a decode step's non-linear time. Here each token is a
- * task, its KV heads in turn: scores of its G query heads against the visible keys (up to four
+ * SmolLM2 layer in ~415 us, a third of a decode step's non-linear time. Here each token's KV head
+ * is a task: scores of its G query heads against the visible keys (up to four
  * heads a key load), a softmax, then the weighted sum of the values (eight chunks of a head at a
  * time, as independent FMA chains). The cache is f32, bf16 or f16, widened in registers;
  * head_dim is a multiple of 8.
@@ -70,7 +70,7 @@ static inline AVX2 float exp_and_sum(float *s, long L, float top) {
 #define CHUNKS_AT_ONCE 8  /* 8-float chunks of an output head summed together: independent FMA chains */
 
 /* Scores of query heads g0 .. g0 + gn (gn <= 4) against keys j0 .. j1, scaled, into s[g][j]. */
-static AVX2 void score(int type, const float *q, long gn, long D, const char *k, long pos_stride, long j0, long j1,
+static inline AVX2 __attribute__((always_inline)) void score(int type, const float *q, long gn, long D, const char *k, long pos_stride, long j0, long j1,
                        float scale, float *s, long L) {
     long elem = type_bytes(type);
     for (long j = j0; j < j1; j++) {
@@ -90,19 +90,40 @@ static AVX2 void score(int type, const float *q, long gn, long D, const char *k,
     }
 }
 
-/* One token's G query heads (q, G x D) against keys/values j0..j1 of one KV head. */
-static AVX2 void attend(int type, const float *q, long G, long D, const char *k, const char *v, long pos_stride,
-                        long j0, long j1, const float *sinks, float scale, float *scores, float *out) {
+/* The softmax of each of G heads' L scores (rows of s) in place, unnormalized, with a sink logit
+ * per head if any; norm[g] gets 1 / head g's sum. */
+static inline AVX2 void softmax_rows(float *scores, long G, long L, const float *sinks, float *norm) {
+    for (long g = 0; g < G; g++) {
+        float *s = scores + g * L, top = sinks ? sinks[g] : -INFINITY;
+        __m256 tops = _mm256_set1_ps(top); /* eight running maxima: one was a chain of L dependent compares */
+        long j = 0;
+        for (; j + 8 <= L; j += 8)
+            tops = _mm256_max_ps(tops, _mm256_loadu_ps(s + j));
+        float lanes[8];
+        _mm256_storeu_ps(lanes, tops);
+        for (int m = 0; m < 8; m++)
+            top = lanes[m] > top ? lanes[m] : top;
+        for (; j < L; j++)
+            top = s[j] > top ? s[j] : top;
+        norm[g] = 1.0f / ((sinks ? expf(sinks[g] - top) : 0.0f) + exp_and_sum(s, L, top));
+    }
+}
+
+/* One token's G query heads (q, G x D) against keys/values j0..j1 of one KV head, 8 floats a
+ * vector (AVX2). */
+static inline AVX2 __attribute__((always_inline)) void attend(int type, const float *q, long G, long D, const char *k,
+                                                               const char *v, long pos_stride, long j0, long j1,
+                                                               const float *sinks, float scale, float *scores,
+                                                               float *out) {
     long elem = type_bytes(type), L = j1 - j0;
+    float norms[G];
     for (long g = 0; g < G; g += HEADS_AT_ONCE)
         score(type, q + g * D, G - g < HEADS_AT_ONCE ? G - g : HEADS_AT_ONCE, D, k, pos_stride, j0, j1, scale,
               scores + g * L, L);
+    softmax_rows(scores, G, L, sinks, norms);
     for (long g = 0; g < G; g++) {
-        float *s = scores + g * L, top = sinks ? sinks[g] : -INFINITY;
-        for (long j = 0; j < L; j++)
-            top = s[j] > top ? s[j] : top;
-        float total = (sinks ? expf(sinks[g] - top) : 0.0f) + exp_and_sum(s, L, top);
-        __m256 norm = _mm256_set1_ps(1.0f / total);
+        float *s = scores + g * L;
+        __m256 norm = _mm256_set1_ps(norms[g]);
         for (long d0 = 0; d0 < D; d0 += 8 * CHUNKS_AT_ONCE) {
             long chunks = (D - d0) / 8 < CHUNKS_AT_ONCE ? (D - d0) / 8 : CHUNKS_AT_ONCE;
             __m256 acc[CHUNKS_AT_ONCE];
@@ -119,72 +140,226 @@ static AVX2 void attend(int type, const float *q, long G, long D, const char *k,
     }
 }
 
-/* Asks for positions j0 .. j1 of a cache row, every KV head (`span` bytes from each position's
- * start), ahead of the walks over them. A decode step finds its row's keys and values in memory,
- * not in cache (the weights streamed past since): walked a head at a time, 128 bytes every 384, the
- * loads waited on memory one after another, and attention took 2 ms of SmolLM2's one-row bf16 step
- * at position 250 (against 0.45 with the row in cache). Asked for all at once, the lines arrive
- * together while the first head's scores are computed. */
+/* ---- the same with 16 floats a vector, for AVX-512 CPUs and head_dim a multiple of 16. A
+ * SmolLM2 layer's row at position 250 (3 KV heads of 3 query heads, bf16): 18-19 us in cache on
+ * AVX2, as each key's widening is repeated for every query head it serves and each value's too. Here
+ * a key or value is widened once for up to four heads (`gn`, a constant in each copy), a head's
+ * query is read from L1 by the FMAs, and a value's 64 floats are summed into four heads' 16
+ * accumulators at once. */
+
+#define AVX512 __attribute__((target("avx512f,avx2,fma,f16c")))
+
+static inline AVX512 __attribute__((always_inline)) __m512 load16(const void *p, int type, long i) {
+    if (type == F32)
+        return _mm512_loadu_ps((const float *)p + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+    if (type == BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return _mm512_cvtph_ps(h);
+}
+
+/* The four lane sums of a, b, c, d: [sum a, sum b, sum c, sum d]. */
+static inline AVX512 __attribute__((always_inline)) __m128 sum4(__m512 a, __m512 b, __m512 c, __m512 d) {
+#define HALVES(x) _mm256_add_ps(_mm512_castps512_ps256(x), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)))
+    __m256 ab = _mm256_hadd_ps(HALVES(a), HALVES(b)), cd = _mm256_hadd_ps(HALVES(c), HALVES(d));
+#undef HALVES
+    __m256 abcd = _mm256_hadd_ps(ab, cd); /* each 128-bit half: the four sums of its half of the lanes */
+    return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+}
+
+/* Scores of gn (1..4) query heads against keys j0..j1, scaled, into s[g][j - j0]: four keys at a
+ * time, whose sums over their lanes are taken together (`sum4`), not one after another. */
+static inline AVX512 __attribute__((always_inline)) void score16(int type, int gn, const float *q, long D,
+                                                                  const char *k, long pos_stride, long j0, long j1,
+                                                                  float scale, float *s, long L) {
+    long elem = type_bytes(type), j = j0;
+    __m128 vscale = _mm_set1_ps(scale);
+    for (; j + 4 <= j1; j += 4) {
+        __m512 a[4][4];
+        for (int g = 0; g < 4; g++)
+            for (int t = 0; t < 4; t++)
+                a[g][t] = _mm512_setzero_ps();
+        for (long d = 0; d < D; d += 16)
+            for (int t = 0; t < 4; t++) {
+                __m512 kv = load16(k + (j + t) * pos_stride * elem, type, d);
+                for (int g = 0; g < gn; g++)
+                    a[g][t] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + d), kv, a[g][t]);
+            }
+        for (int g = 0; g < gn; g++)
+            _mm_storeu_ps(s + g * L + j - j0, _mm_mul_ps(sum4(a[g][0], a[g][1], a[g][2], a[g][3]), vscale));
+    }
+    for (; j < j1; j++) {
+        const char *kj = k + j * pos_stride * elem;
+        __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (long d = 0; d < D; d += 16) {
+            __m512 kv = load16(kj, type, d);
+            for (int g = 0; g < gn; g++)
+                a[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + d), kv, a[g]);
+        }
+        for (int g = 0; g < gn; g++)
+            s[g * L + j - j0] = _mm512_reduce_add_ps(a[g]) * scale;
+    }
+}
+
+/* out[g] = norm[g] * sum_j s[g][j] v_j over columns [d0, d0 + 16 chunks) for gn (1..4) heads. */
+static inline AVX512 __attribute__((always_inline)) void weigh16(int type, int gn, int chunks, const char *v,
+                                                                  long pos_stride, long j0, long L, const float *s,
+                                                                  const float *norm, long D, long d0, float *out) {
+    long elem = type_bytes(type);
+    __m512 acc[4][4];
+    for (int g = 0; g < 4; g++)
+        for (int c = 0; c < 4; c++)
+            acc[g][c] = _mm512_setzero_ps();
+    for (long j = 0; j < L; j++) {
+        const char *vj = v + (j0 + j) * pos_stride * elem;
+        __m512 x[4];
+        for (int c = 0; c < chunks; c++)
+            x[c] = load16(vj, type, d0 + 16 * c);
+        for (int g = 0; g < gn; g++) {
+            __m512 p = _mm512_set1_ps(s[g * L + j]);
+            for (int c = 0; c < chunks; c++)
+                acc[g][c] = _mm512_fmadd_ps(p, x[c], acc[g][c]);
+        }
+    }
+    for (int g = 0; g < gn; g++)
+        for (int c = 0; c < chunks; c++)
+            _mm512_storeu_ps(out + g * D + d0 + 16 * c, _mm512_mul_ps(acc[g][c], _mm512_set1_ps(norm[g])));
+}
+
+static inline AVX512 __attribute__((always_inline)) void attend16_heads(int type, int gn, const float *q, long D,
+                                                                         const char *k, const char *v,
+                                                                         long pos_stride, long j0, long j1,
+                                                                         const float *sinks, float scale,
+                                                                         float *scores, float *out) {
+    long L = j1 - j0, d0 = 0;
+    float norm[4];
+    score16(type, gn, q, D, k, pos_stride, j0, j1, scale, scores, L);
+    softmax_rows(scores, gn, L, sinks, norm);
+    for (; d0 + 64 <= D; d0 += 64)
+        weigh16(type, gn, 4, v, pos_stride, j0, L, scores, norm, D, d0, out);
+    for (; d0 < D; d0 += 16)
+        weigh16(type, gn, 1, v, pos_stride, j0, L, scores, norm, D, d0, out);
+}
+
+/* `attend` with 16 floats a vector: the heads four at a time. */
+static inline AVX512 __attribute__((always_inline)) void attend16(int type, const float *q, long G, long D,
+                                                                   const char *k, const char *v, long pos_stride,
+                                                                   long j0, long j1, const float *sinks, float scale,
+                                                                   float *scores, float *out) {
+    for (long g = 0; g < G; g += 4) {
+        const float *qg = q + g * D, *sg = sinks ? sinks + g : NULL;
+        float *og = out + g * D;
+        switch (G - g < 4 ? G - g : 4) {
+        case 1: attend16_heads(type, 1, qg, D, k, v, pos_stride, j0, j1, sg, scale, scores, og); break;
+        case 2: attend16_heads(type, 2, qg, D, k, v, pos_stride, j0, j1, sg, scale, scores, og); break;
+        case 3: attend16_heads(type, 3, qg, D, k, v, pos_stride, j0, j1, sg, scale, scores, og); break;
+        default: attend16_heads(type, 4, qg, D, k, v, pos_stride, j0, j1, sg, scale, scores, og);
+        }
+    }
+}
+
+static AVX512 void attend16_typed(int type, const float *q, long G, long D, const char *k, const char *v,
+                                  long pos_stride, long j0, long j1, const float *sinks, float scale, float *scores,
+                                  float *out) {
+    switch (type) { /* a copy for each type, whose loads the compiler then knows */
+    case F32: attend16(F32, q, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out); break;
+    case BF16: attend16(BF16, q, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out); break;
+    default: attend16(F16, q, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out);
+    }
+}
+
+static AVX2 void attend8_typed(int type, const float *q, long G, long D, const char *k, const char *v,
+                               long pos_stride, long j0, long j1, const float *sinks, float scale, float *scores,
+                               float *out) {
+    switch (type) {
+    case F32: attend(F32, q, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out); break;
+    case BF16: attend(BF16, q, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out); break;
+    default: attend(F16, q, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out);
+    }
+}
+
+/* Asks for positions j0 .. j1 of one KV head of a cache row (`span` bytes at each position)
+ * ahead of the walks over them. A decode step finds its row's keys and values in memory, not in
+ * cache (the weights streamed past since): walked a position at a time, each load waited on the
+ * last, and attention grew SmolLM2's one-row bf16 step by 1.6-1.7 ms from position 5 to 250 (1.3
+ * with the whole span asked for at once, and less again with the heads split among threads). */
 static inline void prefetch_span(const char *base, long j0, long j1, long stride, long span) {
     for (long j = j0; j < j1; j++)
         for (long b = 0; b < span; b += 64)
             _mm_prefetch(base + j * stride + b, _MM_HINT_T0);
 }
 
-/* Tokens [i0, i1) on the calling thread; `scores` holds G * max_seq floats. */
-static AVX2 void attend_tokens(int type, const float *q, long H, long KVH, long D, const void *k, const void *v,
-                               long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
-                               const int32_t *positions, long window, const float *sinks, float scale, float *out,
-                               long i0, long i1, float *scores) {
+/* Units [u0, u1) on the calling thread, unit u being token u / KVH's KV head u % KVH (its G query
+ * heads); `scores` holds G * max_seq floats. */
+static AVX2 void attend_units(int type, const float *q, long H, long KVH, long D, const void *k, const void *v,
+                              long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
+                              const int32_t *positions, long window, const float *sinks, float scale, float *out,
+                              long u0, long u1, float *scores) {
     long G = H / KVH, elem = type_bytes(type);
-    for (long i = i0; i < i1; i++) {  /* a token's KV heads in turn: its row's positions read in order */
+    int wide = __builtin_cpu_supports("avx512f");
+    for (long u = u0; u < u1; u++) {
+        long i = u / KVH, h = u % KVH, pos = positions[i];
+        float *o = out + (i * H + h * G) * D;
+        if (pos >= max_seq || pos < 0 || rows[i] < 0 || rows[i] >= batch) {  /* padding, or no such row */
+            for (long e = 0; e < G * D; e++) o[e] = 0.0f;
+            continue;
+        }
+        long j0 = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+        long base = (rows[i] * row_stride + h * D) * elem;
+        prefetch_span((const char *)k + base, j0, pos + 1, pos_stride * elem, D * elem);
+        prefetch_span((const char *)v + base, j0, pos + 1, pos_stride * elem, D * elem);
+        const float *qh = q + (i * H + h * G) * D, *sh = sinks ? sinks + h * G : NULL;
+        const char *kh = (const char *)k + base, *vh = (const char *)v + base;
+        (wide && D % 16 == 0 ? attend16_typed : attend8_typed)(type, qh, G, D, kh, vh, pos_stride, j0, pos + 1, sh,
+                                                               scale, scores, o);
+    }
+}
+
+/* Asks for what tokens [0, n) will read of a cache laid out as linnet_attention_units reads it,
+ * every KV head: for a caller that knows the next layer's cache, whose lines then come in while
+ * the layer's other work runs, and wait in the last-level cache. */
+void linnet_attention_prefetch(int type, long KVH, long D, const void *k, const void *v, long row_stride,
+                               long pos_stride, long batch, long max_seq, const int32_t *rows,
+                               const int32_t *positions, long window, long n) {
+    long elem = type_bytes(type);
+    for (long i = 0; i < n; i++) {
         long pos = positions[i];
-        if (pos < max_seq && pos >= 0 && rows[i] >= 0 && rows[i] < batch) {
-            long j0 = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0, row = rows[i] * row_stride * elem;
-            prefetch_span((const char *)k + row, j0, pos + 1, pos_stride * elem, KVH * D * elem);
-            prefetch_span((const char *)v + row, j0, pos + 1, pos_stride * elem, KVH * D * elem);
-        }
-        for (long h = 0; h < KVH; h++) {
-            float *o = out + (i * H + h * G) * D;
-            if (pos >= max_seq || pos < 0 || rows[i] < 0 || rows[i] >= batch) {  /* padding, or no such row */
-                for (long e = 0; e < G * D; e++) o[e] = 0.0f;
-                continue;
-            }
-            long j0 = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
-            long base = (rows[i] * row_stride + h * D) * elem;
-            attend(type, q + (i * H + h * G) * D, G, D, (const char *)k + base, (const char *)v + base, pos_stride,
-                   j0, pos + 1, sinks ? sinks + h * G : NULL, scale, scores, o);
-        }
+        if (pos >= max_seq || pos < 0 || rows[i] < 0 || rows[i] >= batch)
+            continue;
+        long j0 = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0, base = rows[i] * row_stride * elem;
+        prefetch_span((const char *)k + base, j0, pos + 1, pos_stride * elem, KVH * D * elem);
+        prefetch_span((const char *)v + base, j0, pos + 1, pos_stride * elem, KVH * D * elem);
     }
 }
 
 /* q [n, H, D] f32; k and v point at position 0 of row 0, KV head 0 of one layer's cache, whose
  * rows are row_stride elements apart and positions pos_stride apart (KV heads D apart); out
  * [n, H, D] f32. A token at a position >= max_seq is padding, and one whose row is not in
- * [0, batch) reads nothing: their output is zero. sinks: [H] or
- * NULL. Tokens [i0, i1) on the calling thread, for a caller with a pool of its own (XLA's). */
-int linnet_attention_tokens(int type, const float *q, long H, long KVH, long D, const void *k, const void *v,
-                            long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
-                            const int32_t *positions, long window, const float *sinks, float scale, float *out,
-                            long i0, long i1) {
+ * [0, batch) reads nothing: their output is zero. sinks: [H] or NULL. Units [u0, u1) of the
+ * n * KVH (token i's KV head h is unit i * KVH + h) on the calling thread, for a caller with a
+ * pool of its own (XLA's): one token's heads can go to several threads. */
+int linnet_attention_units(int type, const float *q, long H, long KVH, long D, const void *k, const void *v,
+                           long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
+                           const int32_t *positions, long window, const float *sinks, float scale, float *out,
+                           long u0, long u1) {
     float *scores = malloc((H / KVH) * max_seq * sizeof(float));
     if (!scores)
         return -1;
-    attend_tokens(type, q, H, KVH, D, k, v, row_stride, pos_stride, batch, max_seq, rows, positions, window, sinks,
-                  scale, out, i0, i1, scores);
+    attend_units(type, q, H, KVH, D, k, v, row_stride, pos_stride, batch, max_seq, rows, positions, window, sinks,
+                 scale, out, u0, u1, scores);
     free(scores);
     return 0;
 }
 
-/* The same over n tokens, on `threads` OpenMP threads (the pool torch uses), a token at a time.
- * Returns -1 if out of memory. */
+/* The same over n tokens, on `threads` OpenMP threads (the pool torch uses), a unit (a token's KV
+ * head) at a time. Returns -1 if out of memory. */
 int linnet_attention(int type, const float *q, long n, long H, long KVH, long D, const void *k, const void *v,
                      long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
                      const int32_t *positions, long window, const float *sinks, float scale, float *out, int threads) {
     int failed = 0;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(| : failed)
-    for (long i = 0; i < n; i++)
-        failed |= linnet_attention_tokens(type, q, H, KVH, D, k, v, row_stride, pos_stride, batch, max_seq, rows,
-                                          positions, window, sinks, scale, out, i, i + 1);
+    for (long u = 0; u < n * KVH; u++)
+        failed |= linnet_attention_units(type, q, H, KVH, D, k, v, row_stride, pos_stride, batch, max_seq, rows,
+                                         positions, window, sinks, scale, out, u, u + 1);
     return failed ? -1 : 0;
 }

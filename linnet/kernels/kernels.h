@@ -38,9 +38,12 @@ int linnet_pack_panels(int type, void *w, long N, long K, int threads);
 int linnet_attention(int type, const float *q, long n, long H, long KVH, long D, const void *k, const void *v,
                      long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
                      const int32_t *positions, long window, const float *sinks, float scale, float *out, int threads);
-int linnet_attention_tokens(int type, const float *q, long H, long KVH, long D, const void *k, const void *v,
-                            long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
-                            const int32_t *positions, long window, const float *sinks, float scale, float *out,
-                            long i0, long i1);
+int linnet_attention_units(int type, const float *q, long H, long KVH, long D, const void *k, const void *v,
+                           long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
+                           const int32_t *positions, long window, const float *sinks, float scale, float *out,
+                           long u0, long u1);
+void linnet_attention_prefetch(int type, long KVH, long D, const void *k, const void *v, long row_stride,
+                               long pos_stride, long batch, long max_seq, const int32_t *rows,
+                               const int32_t *positions, long window, long n);
 
 #endif

@@ -169,6 +169,10 @@ XLA_FFI_Error *linnet_xla_linear(XLA_FFI_CallFrame *frame) {
     return status ? fail(frame, "linnet_linear: out of memory") : NULL;
 }
 
+/* Up to this many tokens (decode steps, few rows), an attention call asks for the next layer's
+ * keys and values of the same rows once it is done: they arrive during the layer's other work. */
+#define PREFETCH_NEXT_LAYER 16
+
 /* ---- attention of one query a cache row: q [n, H, D] f32, the stacked caches [L, B, S, KVH, D]
  * (f32, or a 16-bit float's bits as u16), rows [n] i32, positions [n] i32, [layer, window, type]
  * i32 (type: 0 f32, 1 bf16, 2 f16), scale [] f32, sinks [H] or [0] f32 -> out [n, H, D] f32
@@ -189,9 +193,10 @@ struct attention_task {
 
 static int attention_chunk(void *data, long c, long chunks) {
     struct attention_task *t = data;
-    return linnet_attention_tokens(t->type, t->q, t->H, t->KVH, t->D, t->k, t->v, t->row_stride, t->pos_stride,
-                                   t->batch, t->max_seq, t->rows, t->positions, t->window, t->sinks, t->scale, t->out,
-                                   t->n * c / chunks, t->n * (c + 1) / chunks);
+    long units = t->n * t->KVH; /* a token's KV heads can go to different threads: one decode row has work for all */
+    return linnet_attention_units(t->type, t->q, t->H, t->KVH, t->D, t->k, t->v, t->row_stride, t->pos_stride,
+                                  t->batch, t->max_seq, t->rows, t->positions, t->window, t->sinks, t->scale, t->out,
+                                  units * c / chunks, units * (c + 1) / chunks);
 }
 
 XLA_FFI_Error *linnet_xla_attention(XLA_FFI_CallFrame *frame) {
@@ -225,6 +230,11 @@ XLA_FFI_Error *linnet_xla_attention(XLA_FFI_CallFrame *frame) {
                                   (const char *)v->data + layer, S * KVH * D, KVH * D, B, S, rows->data,
                                   positions->data, lw[1], with_sinks ? sinks->data : NULL,
                                   *(const float *)scale->data, out->data};
-    int status = n ? run_on_pool(frame, attention_chunk, &task, n) : 0;
+    int status = n ? run_on_pool(frame, attention_chunk, &task, n * KVH) : 0;
+    if (n <= PREFETCH_NEXT_LAYER && lw[0] + 1 < k->dims[0]) { /* the same rows' keys and values in the next layer */
+        long next = (long)B * S * KVH * D * type_bytes(type);
+        linnet_attention_prefetch(type, KVH, D, (const char *)task.k + next, (const char *)task.v + next, task.row_stride, task.pos_stride, B, S,
+                                  task.rows, task.positions, task.window, n);
+    }
     return status ? fail(frame, "linnet_attention: out of memory") : NULL;
 }
