@@ -16,6 +16,15 @@ def _noise(seed, step, vocab):
     return jax.random.uniform(key, (vocab,), minval=1e-12, maxval=1 - 1e-12)
 
 
+def _argmax(x):
+    """The first index of each row's largest value, as two plain reductions: XLA's CPU backend
+    runs argmax's (value, index) reduction an element at a time, 0.2 ms over SmolLM2's 49152
+    logits, a fiftieth of its one-row decode step."""
+    top = jnp.max(x, axis=-1, keepdims=True)
+    index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+    return jnp.min(jnp.where(x == top, index, x.shape[-1]), axis=-1)
+
+
 def _draw(logits, temp, top_k, top_p, min_p, rep, pres, freq, seed, step, seen, counts, *, greedy_only, penalties,
           top_logprobs, want_logprobs):
     logits = logits.astype(jnp.float32)
@@ -25,7 +34,7 @@ def _draw(logits, temp, top_k, top_p, min_p, rep, pres, freq, seed, step, seen, 
         logits = jnp.where(seen, penalized, logits)
         c = counts.astype(jnp.float32)
         logits = logits - freq[:, None] * c - pres[:, None] * (c > 0)
-    greedy = jnp.argmax(logits, axis=-1)
+    greedy = _argmax(logits)
     if greedy_only:
         tokens = greedy
     else:
@@ -44,7 +53,7 @@ def _draw(logits, temp, top_k, top_p, min_p, rep, pres, freq, seed, step, seen, 
         rows = jnp.arange(logits.shape[0])[:, None]
         masked = jnp.full_like(scaled, -jnp.inf).at[rows, order].set(masked_sorted)
         noise = jax.vmap(_noise, in_axes=(0, 0, None))(seed, step, vocab)
-        drawn = jnp.argmax(masked - jnp.log(-jnp.log(noise)), axis=-1)
+        drawn = _argmax(masked - jnp.log(-jnp.log(noise)))
         tokens = jnp.where(temp > 0, drawn, greedy)
     tokens = tokens.astype(jnp.int32)
     if not want_logprobs:
