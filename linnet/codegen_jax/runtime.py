@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from linnet.kernels import xla_kernels
+from linnet.kernels import pages, xla_kernels
 from linnet.kernels.xla_kernels import Panels
 from linnet.rope_tables import inv_frequencies
 
@@ -559,12 +559,14 @@ class JaxModel:
                 one = xla_kernels.pack(layer)
                 host = np.empty((len(layers),) + one.shape, one.dtype) if host is None else host
                 host[i] = one
-            self.weights[key] = jax.device_put(host if isinstance(value, list) else host[0], self.device)
+            self.weights[key] = _on_huge_pages(jax.device_put(host if isinstance(value, list) else host[0],
+                                                              self.device))
             panels[key] = (layers[0].shape[0], len(layers) if isinstance(value, list) else None)
         return panels
 
     def reset_state(self):
-        self.state_bits = {name: jax.device_put(_bits(jnp.zeros(shape, DTYPES[dtype])), self.device)
+        # Donated at every call, each buffer is the one the next call writes: read where it lies.
+        self.state_bits = {name: _on_huge_pages(jax.device_put(_bits(jnp.zeros(shape, DTYPES[dtype])), self.device))
                            for name, (shape, dtype) in self.state.items()}
 
     @property
@@ -649,6 +651,15 @@ def _on_bits(entry, types: dict):
         result, state = entry(params, {n: _unbits(a, types[n]) for n, a in state_bits.items()}, *args)
         return result, {n: _bits(a) for n, a in state.items()}
     return on_bits
+
+
+def _on_huge_pages(a):
+    """`a` with its memory moved onto huge pages where it lies in this process's memory (the CPU
+    backend's buffers): the panels a decode step streams through, the caches it reads (`pages`)."""
+    if a.devices() and next(iter(a.devices())).platform == "cpu":
+        a.block_until_ready()
+        pages.back_with_huge_pages(a.unsafe_buffer_pointer(), a.nbytes)
+    return a
 
 
 def _to_numpy(a):

@@ -234,38 +234,25 @@ static inline AVX512BF16 __attribute__((always_inline)) void tile_pairs(
     }
 }
 
-/* One row times n (1 .. PANELS_AT_ONCE) panels, read side by side at memory speed: eight streams
- * through memory rather than one, which the core's prefetchers fetch more of at once, each panel
- * asked for PREFETCH_PAIRS pair-rows ahead. A jitted chain of SmolLM2's 121 one-row linears
- * (2-core Zen 4, reading 268 MB): 7.7-7.9 ms against 8.8-8.9 a panel at a time in the same
- * process (four at once: 8.3-8.4). */
-#define PANELS_AT_ONCE 8
-static inline AVX512BF16 __attribute__((always_inline)) void tile1_panels(
-    int n, const uint32_t *xp, long K2, const void *const *panels, float *y, const long *cols, const int *widths) {
-    const __m512i *pa[PANELS_AT_ONCE];
-    __m512 c0[PANELS_AT_ONCE], c1[PANELS_AT_ONCE];
-    for (int i = 0; i < PANELS_AT_ONCE; i++) {
-        pa[i] = i < n ? panels[i] : panels[0];
-        c0[i] = c1[i] = _mm512_setzero_ps();
-    }
+/* One row times one panel, a pair-row (a line) a step in two chains, the panel asked for
+ * PREFETCH_PAIRS pair-rows ahead. The panels are read one after another: with the weights on
+ * huge pages (`kernels/pages.py`) one stream reads fastest; on 4 KB pages, eight panels read side
+ * by side were as fast, not faster. A jitted chain of SmolLM2's 121 one-row linears: 7.2 ms on
+ * huge pages, 8.7 on 4 KB pages (both ways), in the same process. */
+static inline AVX512BF16 void tile1_pairs(const uint32_t *xp, long K2, const __m512i *panel, float *out,
+                                          __mmask16 mask) {
+    __m512 c0 = _mm512_setzero_ps(), c1 = c0;
     long j = 0;
     for (; j + 2 <= K2; j += 2) {
-        __m512bh x0 = (__m512bh)_mm512_set1_epi32((int)xp[j]), x1 = (__m512bh)_mm512_set1_epi32((int)xp[j + 1]);
-        for (int i = 0; i < PANELS_AT_ONCE; i++) {
-            if (i >= n) break;
-            _mm_prefetch((const char *)(pa[i] + j + PREFETCH_PAIRS), _MM_HINT_T0); /* a pair-row is a line */
-            _mm_prefetch((const char *)(pa[i] + j + PREFETCH_PAIRS + 1), _MM_HINT_T0);
-            c0[i] = _mm512_dpbf16_ps(c0[i], x0, (__m512bh)_mm512_loadu_si512(pa[i] + j));
-            c1[i] = _mm512_dpbf16_ps(c1[i], x1, (__m512bh)_mm512_loadu_si512(pa[i] + j + 1));
-        }
+        _mm_prefetch((const char *)(panel + j + PREFETCH_PAIRS), _MM_HINT_T0);
+        _mm_prefetch((const char *)(panel + j + PREFETCH_PAIRS + 1), _MM_HINT_T0);
+        c0 = _mm512_dpbf16_ps(c0, (__m512bh)_mm512_set1_epi32((int)xp[j]), (__m512bh)_mm512_loadu_si512(panel + j));
+        c1 = _mm512_dpbf16_ps(c1, (__m512bh)_mm512_set1_epi32((int)xp[j + 1]),
+                              (__m512bh)_mm512_loadu_si512(panel + j + 1));
     }
-    if (j < K2) {
-        __m512bh x0 = (__m512bh)_mm512_set1_epi32((int)xp[j]);
-        for (int i = 0; i < n; i++)
-            c0[i] = _mm512_dpbf16_ps(c0[i], x0, (__m512bh)_mm512_loadu_si512(pa[i] + j));
-    }
-    for (int i = 0; i < n; i++)
-        _mm512_mask_storeu_ps(y + cols[i], width_mask(widths[i]), _mm512_add_ps(c0[i], c1[i]));
+    if (j < K2)
+        c0 = _mm512_dpbf16_ps(c0, (__m512bh)_mm512_set1_epi32((int)xp[j]), (__m512bh)_mm512_loadu_si512(panel + j));
+    _mm512_mask_storeu_ps(out, mask, _mm512_add_ps(c0, c1));
 }
 
 #define PAIR_TILE(mr)                                                                                    \
@@ -280,12 +267,8 @@ static AVX512BF16 void pair_range(const uint16_t *x, long M, long K, const void 
     const uint32_t *xp = (const uint32_t *)x;
     long K2 = K / 2;
     if (M == 1) {
-        for (long p = p0; p < p1; p += PANELS_AT_ONCE)
-            switch (p1 - p < PANELS_AT_ONCE ? p1 - p : PANELS_AT_ONCE) { /* n a constant in each copy */
-#define ONE_ROW(n) case n: tile1_panels(n, xp, K2, panels + p, y, cols + p, widths + p); break;
-            ONE_ROW(1) ONE_ROW(2) ONE_ROW(3) ONE_ROW(4) ONE_ROW(5) ONE_ROW(6) ONE_ROW(7) ONE_ROW(8)
-#undef ONE_ROW
-            }
+        for (long p = p0; p < p1; p++)
+            tile1_pairs(xp, K2, panels[p], y + cols[p], width_mask(widths[p]));
         return;
     }
     for (long m0 = 0; m0 < M; m0 += MC) {

@@ -21,6 +21,7 @@ from typing import NamedTuple
 import torch
 
 from linnet.kernels import build
+from linnet.kernels.pages import back_with_huge_pages
 from linnet.kernels.panels import PANEL, arranged
 
 TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # kernels.h's type codes
@@ -91,6 +92,7 @@ def pack(w: torch.Tensor, in_place: bool = False) -> PanelWeight:
     body = w[:full] if in_place and w.is_contiguous() else w[:full].clone(memory_format=torch.contiguous_format)
     if full and library().linnet_pack_panels(TYPES[w.dtype], body.data_ptr(), full, k, torch.get_num_threads()):
         raise MemoryError(f"no memory for a {PANEL} x {k} block to pack a linear weight with")
+    back_with_huge_pages(body.data_ptr(), body.nbytes)  # a decode step streams through it (`pages`)
     buffers, addresses = [body], [body.data_ptr() + p * k * PANEL * w.element_size() for p in range(full // PANEL)]
     if full < n:
         tail = w.new_zeros(k, PANEL)

@@ -55,7 +55,7 @@ def test_matmul_is_the_product_for_any_shape_and_weight_type(rows, n, k, dtype, 
 @given(n=st.integers(100, 300), k=st.integers(1, 40), dtype=st.sampled_from(TYPES),
        threads=st.sampled_from([1, 2, 3]))
 def test_one_row_reads_any_count_of_panels(n, k, dtype, threads):
-    # a decode step's row: read up to eight panels side by side, the threads' runs ending anywhere
+    # a decode step's row, the threads' runs of panels ending anywhere
     x, w = torch.randn(1, k), torch.randn(n, k).to(dtype)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

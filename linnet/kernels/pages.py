@@ -1,0 +1,49 @@
+"""Weights on huge pages: what a CPU decode step streams through, read with fewer TLB misses.
+
+A one-row decode step reads every linear weight once, from memory. On 4 KB pages
+the hardware prefetchers stop at each page's end and every page costs a TLB
+miss: a 2-core Zen 4 read 268 MB in 9-10 ms so (a C read loop: 29-34 GB/s),
+against 5.2-5.8 ms (47-54 GB/s) on 2 MB pages; SmolLM2's 121 one-row linears in
+a jitted chain took 7.2 ms against 8.7, in the same process.
+
+`back_with_huge_pages` asks Linux for them over memory that is already written
+(`madvise` MADV_HUGEPAGE, then MADV_COLLAPSE, Linux 6.1 on, which moves the
+pages over at once, the same addresses, the same contents). Where Linux cannot
+(no such advice, no free 2 MB pages, another system) the memory stays as it is.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import sys
+
+HUGE_PAGE = 2 << 20
+_MADV_HUGEPAGE = 14
+_MADV_COLLAPSE = 25
+
+
+@functools.cache
+def _madvise():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.madvise.restype = ctypes.c_int
+    return libc.madvise
+
+
+def back_with_huge_pages(address: int, nbytes: int) -> int:
+    """Moves the whole 2 MB pages inside [address, address + nbytes) of this process's written,
+    private memory onto huge pages; returns the bytes now on them (0 where none could be)."""
+    madvise = _madvise()
+    start = -(-address // HUGE_PAGE) * HUGE_PAGE
+    end = (address + nbytes) // HUGE_PAGE * HUGE_PAGE
+    if madvise is None or end <= start:
+        return 0
+    madvise(start, end - start, _MADV_HUGEPAGE)  # also where a later collapse (khugepaged's) may act
+    return end - start if madvise(start, end - start, _MADV_COLLAPSE) == 0 else 0

@@ -1,0 +1,54 @@
+"""`pages.back_with_huge_pages` against what Linux reports of this process's memory
+(/proc/self/smaps): the whole 2 MB pages of a range move onto huge pages, and no byte changes."""
+
+import sys
+
+import numpy as np
+import pytest
+
+from linnet.kernels.pages import HUGE_PAGE, back_with_huge_pages
+
+
+def huge_bytes_of_mapping(address: int) -> int:
+    """AnonHugePages of the mapping holding `address`, from /proc/self/smaps."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= address < hi
+            elif inside and head == "AnonHugePages:":
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def test_a_written_array_moves_onto_huge_pages_unchanged():
+    data = np.random.default_rng(0).integers(0, 255, size=9 * HUGE_PAGE, dtype=np.uint8)
+    before = data.copy()
+    moved = back_with_huge_pages(data.ctypes.data, data.nbytes)
+    assert np.array_equal(data, before)
+    assert moved % HUGE_PAGE == 0 and moved <= data.nbytes
+    if not moved:
+        pytest.skip("this system gives no huge pages on request (no Linux 6.1 MADV_COLLAPSE, THP off, or none free)")
+    assert moved >= 8 * HUGE_PAGE  # every whole 2 MB page inside the array
+    first = -(-data.ctypes.data // HUGE_PAGE) * HUGE_PAGE  # the advice splits the mapping there
+    assert huge_bytes_of_mapping(first) >= moved
+
+
+def test_a_range_without_a_whole_huge_page_is_left_alone():
+    data = np.ones(HUGE_PAGE, dtype=np.uint8)
+    start = data.ctypes.data
+    assert back_with_huge_pages(start, HUGE_PAGE - (start % HUGE_PAGE or 1)) == 0
+    assert back_with_huge_pages(start, 0) == 0
+    assert np.all(data == 1)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="smaps is Linux's")
+def test_memory_linux_cannot_collapse_is_reported_as_not_moved():
+    # pages never written are not there to move: MADV_COLLAPSE refuses, and nothing is claimed
+    import mmap
+
+    region = mmap.mmap(-1, 4 * HUGE_PAGE)
+    address = np.frombuffer(region, np.uint8).ctypes.data
+    assert back_with_huge_pages(address, 4 * HUGE_PAGE) == 0
