@@ -172,7 +172,9 @@ class Engine:
         return completions, self.stats
 
     def step(self) -> None:
-        """One pass: admit, copy shared prefixes, then a packed prefill or a decode."""
+        """One pass: admit, copy shared prefixes, then a packed prefill or a decode. With a decode
+        step out ahead and the same rows decoding, this step's work is that one's: the next goes
+        out, then it is read."""
         with self.lock:
             self._drop_cancelled()
             self._admit()
