@@ -217,14 +217,16 @@ def main():
     parser.add_argument("--new", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3, help="runs per system; the median is printed")
     parser.add_argument("--no-single", action="store_true", help="skip the one-request measurement")
+    parser.add_argument("--no-load", action="store_true", help="skip the load; measure one request only")
     parser.add_argument("--only", nargs="*", choices=LINNET + ["transformers"] + LLAMACPP, metavar="SYSTEM",
                         help="subset: " + " ".join(LINNET + ["transformers"] + LLAMACPP))
     args = parser.parse_args()
     prompts = load_prompts(args.requests, 32, 128, 49152)
     systems = chosen_systems(args.only)
-    print(f"load: {args.requests} requests, 32-128 prompt tokens, {args.rows} in flight, {args.new} new tokens; "
-          f"{torch.get_num_threads()} threads; median of {args.repeats}")
-    print_ratios(run_load(systems, prompts, args))
+    if not args.no_load:
+        print(f"load: {args.requests} requests, 32-128 prompt tokens, {args.rows} in flight, {args.new} new tokens; "
+              f"{torch.get_num_threads()} threads; median of {args.repeats}")
+        print_ratios(run_load(systems, prompts, args))
     if not args.no_single:
         run_single_request(systems, args.repeats)
 

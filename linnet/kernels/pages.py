@@ -8,8 +8,9 @@ a jitted chain took 7.2 ms against 8.7, in the same process.
 
 `back_with_huge_pages` asks Linux for them over memory that is already written
 (`madvise` MADV_HUGEPAGE, then MADV_COLLAPSE, Linux 6.1 on, which moves the
-pages over at once, the same addresses, the same contents). Where Linux cannot
-(no such advice, no free 2 MB pages, another system) the memory stays as it is.
+pages over at once, the same addresses, the same contents, whatever the system's
+transparent-huge-page setting). Where Linux cannot (an older kernel, no free
+2 MB pages, another system) the memory stays as it is.
 """
 
 from __future__ import annotations
