@@ -514,8 +514,14 @@ class JaxModel:
         types = {name: DTYPES[dtype] for name, (_, dtype) in self.state.items()}
         self.traced = {name: _on_bits(_on_panels(_on_parts(fn, parts), panels), types)
                        for name, fn in self.entries.items()}
-        self.compiled = {name: jax.jit(fn, donate_argnums=(1,)) for name, fn in self.traced.items()}
+        self.compiled = {name: self._jit(fn) for name, fn in self.traced.items()}
         self.compiled_then: dict = {}
+
+    def _jit(self, fn):
+        """fn jitted with the state donated and every argument placed on the model's device: a host
+        array and an array another executable left there (a decode step's tokens, fed to the next)
+        then meet one executable; unplaced, the second compiled one of its own."""
+        return jax.jit(fn, donate_argnums=(1,), in_shardings=jax.sharding.SingleDeviceSharding(self.device))
 
     def fuse_linear_groups(self) -> dict:
         """Each of `linear_groups` (untied weights of one input, as the code generator found them)
@@ -596,7 +602,7 @@ class JaxModel:
             def entry_then(params, state_bits, args, then_args):
                 result, state_bits = traced(params, state_bits, *args)
                 return then(result, *then_args), state_bits
-            self.compiled_then[key] = jax.jit(entry_then, donate_argnums=(1,))
+            self.compiled_then[key] = self._jit(entry_then)
         return self._run(self.compiled_then[key], tuple(args), tuple(then_args))
 
     def __getattr__(self, name):

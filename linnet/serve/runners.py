@@ -194,19 +194,20 @@ class JaxRunner:
         self.model = model
         self.batch = model.batch
         self.smallest = smallest_bucket
-        self.shapes: set = set()
-        self.compiles = 0
         self.padding = model.max_seq  # one past the cache: a padding token's writes are dropped
         from linnet.codegen_jax.runtime import head_tokens
 
         self.overhead = head_tokens(self.batch)  # every pack starts with this many one-token slots
+        _xla_compiles()  # listening from here on
 
     looks_ahead = True  # an executable's call returns before it has run (JAX's async dispatch)
 
-    def _note(self, key):
-        if key not in self.shapes:
-            self.shapes.add(key)
-            self.compiles += 1
+    @property
+    def compiles(self) -> int:
+        """XLA compilations in this process so far, whatever asked for them: counted as XLA reports
+        them, so that a run compiling anything after its warmup (a new shape, or an argument on
+        another device placement) shows."""
+        return _xla_compiles()
 
     def prefill(self, tokens, positions, rows, last):
         tokens, positions, rows, last = self.align(tokens, positions, rows, last)
@@ -216,7 +217,6 @@ class JaxRunner:
         positions = np.concatenate([positions, np.full(pad, self.padding, np.int32)]).astype(np.int32)
         rows = np.concatenate([rows, np.zeros(pad, np.int32)]).astype(np.int32)
         last = np.concatenate([last, np.zeros(self.batch - len(last), np.int32)]).astype(np.int32)
-        self._note(("prefill", size))
         return self.model.prefill(tokens, positions, rows, last)
 
     def align(self, tokens, positions, rows, last):
@@ -270,7 +270,6 @@ class JaxRunner:
         if batch.penalties:
             seen, counts = penalty_arrays(histories, self.model.vocab, self.batch, rows)
         key = mode(placed, seen)
-        self._note(("decode",) + key)
         tokens = tokens.tokens if isinstance(tokens, Pending) else np.asarray(tokens, np.int32)
         drawn = self.model.call_then("decode", sampler(*key), (tokens, np.asarray(positions, np.int32)),
                                      arguments(placed, seen, counts))
@@ -284,20 +283,18 @@ class JaxRunner:
     def copy_rows(self, src, dst, upto):
         k = len(src)
         fill = lambda a: np.concatenate([a, np.full(self.batch - k, a[0], np.int32)]).astype(np.int32)
-        self._note(("copy_rows",))
         self.model.copy_rows(fill(src), fill(dst), fill(upto))
 
     def sample(self, logits, batch: SamplingBatch, histories=None, rows=None) -> Sampled:
         """Draws for request i from logits row rows[i] (default: row i), always over all the rows
         of `logits` ([Batch, vocab] here), so that one executable serves every step."""
-        from linnet.serve.sampling_jax import mode, sample
+        from linnet.serve.sampling_jax import sample
 
         rows = list(range(len(batch.temperature))) if rows is None else list(rows)
         placed = place(batch, rows, logits.shape[0])
         seen = counts = None
         if batch.penalties:
             seen, counts = penalty_arrays(histories, logits.shape[-1], logits.shape[0], rows)
-        self._note(("sample",) + mode(placed, seen))
         tokens, chosen, top = sample(logits, placed, seen, counts)
         return self._to_host((tokens, chosen) + (top if top is not None else (None, None)), rows)
 
@@ -309,7 +306,6 @@ class JaxRunner:
         that draws so and the draw after a prefill."""
         logits = None
         for size in sorted({bucket(n, self.smallest) for n in pack_lengths}):
-            self._note(("prefill", size))
             logits = self.model.prefill(np.zeros(size, np.int32), np.full(size, self.padding, np.int32),
                                         np.zeros(size, np.int32), np.zeros(self.batch, np.int32))
         self.copy_rows(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32))
@@ -319,6 +315,21 @@ class JaxRunner:
             self.decode_sample(np.zeros(self.batch, np.int32), idle, batch, rows).result()
             if logits is not None:
                 self.sample(logits, batch, rows=rows)
+
+
+_COMPILES = [0, False]  # XLA compilations seen, and whether the listener is in
+
+
+def _xla_compiles() -> int:
+    if not _COMPILES[1]:
+        import jax
+
+        def heard(event: str, seconds: float, **kwargs):
+            if event == "/jax/core/compile/backend_compile_duration":
+                _COMPILES[0] += 1
+        jax.monitoring.register_event_duration_secs_listener(heard)
+        _COMPILES[1] = True
+    return _COMPILES[0]
 
 
 def make_runner(model):
