@@ -289,6 +289,16 @@ static inline void prefetch_span(const char *base, long j0, long j1, long stride
             _mm_prefetch(base + j * stride + b, _MM_HINT_T0);
 }
 
+/* The first position token i reads (its window's start), or -1 if it reads none: padding at a
+ * position >= max_seq, or a row outside [0, batch). */
+static inline long first_visible(long i, const int32_t *rows, const int32_t *positions, long batch, long max_seq,
+                                 long window) {
+    long pos = positions[i];
+    if (pos >= max_seq || pos < 0 || rows[i] < 0 || rows[i] >= batch)
+        return -1;
+    return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+}
+
 /* Units [u0, u1) on the calling thread, unit u being token u / KVH's KV head u % KVH (its G query
  * heads); `scores` holds G * max_seq floats. */
 static AVX2 void attend_units(int type, const float *q, long H, long KVH, long D, const void *k, const void *v,
@@ -299,12 +309,12 @@ static AVX2 void attend_units(int type, const float *q, long H, long KVH, long D
     int wide = __builtin_cpu_supports("avx512f");
     for (long u = u0; u < u1; u++) {
         long i = u / KVH, h = u % KVH, pos = positions[i];
+        long j0 = first_visible(i, rows, positions, batch, max_seq, window);
         float *o = out + (i * H + h * G) * D;
-        if (pos >= max_seq || pos < 0 || rows[i] < 0 || rows[i] >= batch) {  /* padding, or no such row */
+        if (j0 < 0) {
             for (long e = 0; e < G * D; e++) o[e] = 0.0f;
             continue;
         }
-        long j0 = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
         long base = (rows[i] * row_stride + h * D) * elem;
         prefetch_span((const char *)k + base, j0, pos + 1, pos_stride * elem, D * elem);
         prefetch_span((const char *)v + base, j0, pos + 1, pos_stride * elem, D * elem);
@@ -323,12 +333,11 @@ void linnet_attention_prefetch(int type, long KVH, long D, const void *k, const 
                                const int32_t *positions, long window, long n) {
     long elem = type_bytes(type);
     for (long i = 0; i < n; i++) {
-        long pos = positions[i];
-        if (pos >= max_seq || pos < 0 || rows[i] < 0 || rows[i] >= batch)
+        long j0 = first_visible(i, rows, positions, batch, max_seq, window), base = rows[i] * row_stride * elem;
+        if (j0 < 0)
             continue;
-        long j0 = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0, base = rows[i] * row_stride * elem;
-        prefetch_span((const char *)k + base, j0, pos + 1, pos_stride * elem, KVH * D * elem);
-        prefetch_span((const char *)v + base, j0, pos + 1, pos_stride * elem, KVH * D * elem);
+        prefetch_span((const char *)k + base, j0, positions[i] + 1, pos_stride * elem, KVH * D * elem);
+        prefetch_span((const char *)v + base, j0, positions[i] + 1, pos_stride * elem, KVH * D * elem);
     }
 }
 
@@ -357,9 +366,16 @@ int linnet_attention(int type, const float *q, long n, long H, long KVH, long D,
                      long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
                      const int32_t *positions, long window, const float *sinks, float scale, float *out, int threads) {
     int failed = 0;
-#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) reduction(| : failed)
-    for (long u = 0; u < n * KVH; u++)
-        failed |= linnet_attention_units(type, q, H, KVH, D, k, v, row_stride, pos_stride, batch, max_seq, rows,
-                                         positions, window, sinks, scale, out, u, u + 1);
+#pragma omp parallel num_threads(threads) reduction(| : failed)
+    {
+        float *scores = malloc((H / KVH) * max_seq * sizeof(float)); /* a thread's, for all its units */
+        failed = !scores;
+#pragma omp for schedule(dynamic, 1)
+        for (long u = 0; u < n * KVH; u++)
+            if (scores)
+                attend_units(type, q, H, KVH, D, k, v, row_stride, pos_stride, batch, max_seq, rows, positions,
+                             window, sinks, scale, out, u, u + 1, scores);
+        free(scores);
+    }
     return failed ? -1 : 0;
 }

@@ -233,8 +233,8 @@ XLA_FFI_Error *linnet_xla_attention(XLA_FFI_CallFrame *frame) {
     int status = n ? run_on_pool(frame, attention_chunk, &task, n * KVH) : 0;
     if (n <= PREFETCH_NEXT_LAYER && lw[0] + 1 < k->dims[0]) { /* the same rows' keys and values in the next layer */
         long next = (long)B * S * KVH * D * type_bytes(type);
-        linnet_attention_prefetch(type, KVH, D, (const char *)task.k + next, (const char *)task.v + next, task.row_stride, task.pos_stride, B, S,
-                                  task.rows, task.positions, task.window, n);
+        linnet_attention_prefetch(type, KVH, D, (const char *)task.k + next, (const char *)task.v + next,
+                                  task.row_stride, task.pos_stride, B, S, task.rows, task.positions, task.window, n);
     }
     return status ? fail(frame, "linnet_attention: out of memory") : NULL;
 }

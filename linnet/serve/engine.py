@@ -340,8 +340,7 @@ class Engine:
         apart from the host, no prompt could be admitted to the next pass, and no request counts
         its output tokens into penalties (the host keeps those counts)."""
         return (self.runner.looks_ahead and not (self.waiting and self.free_rows) and not self.cancelled
-                and not any(x.req.repetition_penalty != 1 or x.req.presence_penalty or x.req.frequency_penalty
-                            for x in self.live))
+                and not any(x.req.penalized for x in self.live))
 
     def _look_ahead(self, step: _Decode) -> _Decode | None:
         """The step after `step`, from its draws on the device, for the requests it does not end

@@ -30,6 +30,11 @@ class Request:
     logprobs: int | None = None  # None: none; k: the chosen token's logprob and the top k alternatives
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
 
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty moves this request's logits (the host then counts its tokens)."""
+        return self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
+
     def validate(self, vocab: int, max_seq: int) -> None:
         if not isinstance(self.prompt, (list, tuple)) or not self.prompt:
             raise RequestError(f"{self.id}: the prompt is empty")

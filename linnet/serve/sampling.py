@@ -33,7 +33,7 @@ class SamplingBatch:
         f = lambda attr: np.array([getattr(r, attr) for r in requests], dtype=np.float32)
         temp = f("temperature")
         rep, pres, freq = f("repetition_penalty"), f("presence_penalty"), f("frequency_penalty")
-        penalties = bool(np.any(rep != 1) or np.any(pres != 0) or np.any(freq != 0))
+        penalties = any(r.penalized for r in requests)
         asked = [r.logprobs for r in requests if r.logprobs is not None]
         return SamplingBatch(
             temperature=temp, top_k=np.array([r.top_k for r in requests], dtype=np.int32), top_p=f("top_p"),
