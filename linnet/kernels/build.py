@@ -54,19 +54,24 @@ def _cpu_flags() -> set:
 
 @functools.cache
 def cpu_kernels() -> ctypes.CDLL | None:
-    """cpu_linear.c and cpu_attention.c as one library, its functions typed for ctypes; None where
+    """cpu_linear.c, cpu_attention.c and cpu_ops.c as one library, its functions typed for ctypes; None where
     they do not run (`runs_here`, a build that failed, a CPU that fails the library's own check)."""
     if not runs_here():
         return None
-    lib = shared_library("cpu_kernels", ["cpu_linear.c", "cpu_attention.c"])
+    lib = shared_library("cpu_kernels", ["cpu_linear.c", "cpu_attention.c", "cpu_ops.c"])
     if lib is None or not lib.linnet_cpu_supported():
         return None
     vp, long, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
-    lib.linnet_linear.argtypes = [i32, i32, vp, long, long, long, vp, vp, vp, vp, long, i32]
+    lib.linnet_linear.argtypes = [i32, i32, vp, long, long, long, vp, vp, vp, i32, vp, long, i32]
     lib.linnet_pack_panels.argtypes = [i32, vp, long, long, i32]
     lib.linnet_panel_pairs.argtypes = [i32, long]
-    lib.linnet_attention.argtypes = [i32, vp, long, long, long, long, vp, vp, long, long, long, long, vp, vp, long,
-                                     vp, ctypes.c_float, vp, i32]
+    lib.linnet_attention.argtypes = [i32, i32, vp, long, long, long, long, vp, vp, long, long, long, long, vp, vp,
+                                     long, vp, ctypes.c_float, vp, i32]
+    lib.linnet_rmsnorm.argtypes = [i32, vp, long, long, long, i32, vp, ctypes.c_float, i32, vp, i32]
+    lib.linnet_rope.argtypes = [i32, vp, long, long, long, long, long, vp, vp, long, vp, i32]
+    lib.linnet_put_rows.argtypes = [i32, vp, long, vp, long, long, vp, long, long, long, i32, vp, long, i32]
+    for f in (lib.linnet_rmsnorm, lib.linnet_rope, lib.linnet_put_rows):
+        f.restype = None
     for f in (lib.linnet_linear, lib.linnet_pack_panels, lib.linnet_attention, lib.linnet_panel_pairs):
         f.restype = i32
     return lib

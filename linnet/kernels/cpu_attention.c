@@ -13,6 +13,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kernels.h"
 
@@ -300,28 +301,38 @@ static inline long first_visible(long i, const int32_t *rows, const int32_t *pos
 }
 
 /* Units [u0, u1) on the calling thread, unit u being token u / KVH's KV head u % KVH (its G query
- * heads); `scores` holds G * max_seq floats. */
-static AVX2 void attend_units(int type, const float *q, long H, long KVH, long D, const void *k, const void *v,
-                              long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
-                              const int32_t *positions, long window, const float *sinks, float scale, float *out,
-                              long u0, long u1, float *scores) {
+ * heads); q and out are of q_type. `scores` holds G * max_seq floats and, for a q_type other than
+ * F32, `staging` 2 * G * D: a unit's queries widened and its output before it is rounded. */
+static AVX2 void attend_units(int type, int q_type, const void *q, long H, long KVH, long D, const void *k,
+                              const void *v, long row_stride, long pos_stride, long batch, long max_seq,
+                              const int32_t *rows, const int32_t *positions, long window, const float *sinks,
+                              float scale, void *out, long u0, long u1, float *scores, float *staging) {
     long G = H / KVH, elem = type_bytes(type);
     int wide = __builtin_cpu_supports("avx512f");
     for (long u = u0; u < u1; u++) {
-        long i = u / KVH, h = u % KVH, pos = positions[i];
+        long i = u / KVH, h = u % KVH, pos = positions[i], at = (i * H + h * G) * D;
         long j0 = first_visible(i, rows, positions, batch, max_seq, window);
-        float *o = out + (i * H + h * G) * D;
         if (j0 < 0) {
-            for (long e = 0; e < G * D; e++) o[e] = 0.0f;
+            memset((char *)out + at * type_bytes(q_type), 0, G * D * type_bytes(q_type));
             continue;
         }
         long base = (rows[i] * row_stride + h * D) * elem;
         prefetch_span((const char *)k + base, j0, pos + 1, pos_stride * elem, D * elem);
         prefetch_span((const char *)v + base, j0, pos + 1, pos_stride * elem, D * elem);
-        const float *qh = q + (i * H + h * G) * D, *sh = sinks ? sinks + h * G : NULL;
+        const float *qh = (const float *)q + at;
+        float *o = (float *)out + at;
+        if (q_type != F32) {
+            for (long e = 0; e < G * D; e += 8)
+                _mm256_storeu_ps(staging + e, load8(q, q_type, at + e));
+            qh = staging, o = staging + G * D;
+        }
+        const float *sh = sinks ? sinks + h * G : NULL;
         const char *kh = (const char *)k + base, *vh = (const char *)v + base;
         (wide && D % 16 == 0 ? attend16_typed : attend8_typed)(type, qh, G, D, kh, vh, pos_stride, j0, pos + 1, sh,
                                                                scale, scores, o);
+        if (q_type != F32)
+            for (long e = 0; e < G * D; e += 8)
+                store8(out, q_type, at + e, _mm256_loadu_ps(o + e));
     }
 }
 
@@ -354,27 +365,29 @@ int linnet_attention_units(int type, const float *q, long H, long KVH, long D, c
     float *scores = malloc((H / KVH) * max_seq * sizeof(float));
     if (!scores)
         return -1;
-    attend_units(type, q, H, KVH, D, k, v, row_stride, pos_stride, batch, max_seq, rows, positions, window, sinks,
-                 scale, out, u0, u1, scores);
+    attend_units(type, F32, q, H, KVH, D, k, v, row_stride, pos_stride, batch, max_seq, rows, positions, window,
+                 sinks, scale, out, u0, u1, scores, NULL);
     free(scores);
     return 0;
 }
 
 /* The same over n tokens, on `threads` OpenMP threads (the pool torch uses), a unit (a token's KV
- * head) at a time. Returns -1 if out of memory. */
-int linnet_attention(int type, const float *q, long n, long H, long KVH, long D, const void *k, const void *v,
-                     long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
-                     const int32_t *positions, long window, const float *sinks, float scale, float *out, int threads) {
+ * head) at a time; q [n, H, D] and out of q_type (F32, BF16 or F16). Returns -1 if out of memory. */
+int linnet_attention(int type, int q_type, const void *q, long n, long H, long KVH, long D, const void *k,
+                     const void *v, long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
+                     const int32_t *positions, long window, const float *sinks, float scale, void *out, int threads) {
+    long G = H / KVH;
     int failed = 0;
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
-        float *scores = malloc((H / KVH) * max_seq * sizeof(float)); /* a thread's, for all its units */
+        /* a thread's scores and staging, for all its units */
+        float *scores = malloc((G * max_seq + (q_type == F32 ? 0 : 2 * G * D)) * sizeof(float));
         failed = !scores;
 #pragma omp for schedule(dynamic, 1)
         for (long u = 0; u < n * KVH; u++)
             if (scores)
-                attend_units(type, q, H, KVH, D, k, v, row_stride, pos_stride, batch, max_seq, rows, positions,
-                             window, sinks, scale, out, u, u + 1, scores);
+                attend_units(type, q_type, q, H, KVH, D, k, v, row_stride, pos_stride, batch, max_seq, rows,
+                             positions, window, sinks, scale, out, u, u + 1, scores, scores + G * max_seq);
         free(scores);
     }
     return failed ? -1 : 0;

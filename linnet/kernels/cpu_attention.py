@@ -17,6 +17,7 @@ import torch
 
 from linnet.kernels import build
 from linnet.kernels.cpu_linear import TYPES
+from linnet.kernels.cpu_ops import as_int32
 
 
 def available(cache: torch.Tensor, head_dim: int) -> bool:
@@ -34,16 +35,19 @@ def attend_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, r
     kv_heads, max_seq = k_cache.shape[2], k_cache.shape[1]
     if v_cache.stride() != k_cache.stride():
         raise ValueError("keys and values must share a layout")
-    qf = q.float().contiguous()
-    rows, positions = rows.to(torch.int32).contiguous(), positions.to(torch.int32).contiguous()
+    if q.dtype not in TYPES:
+        q = q.float()
+    q = q.contiguous()
+    rows, positions = as_int32(rows), as_int32(positions)
     sink = None if sinks is None else sinks.float().contiguous()
-    out = torch.empty(n, heads, head_dim, dtype=torch.float32)
+    out = torch.empty_like(q)
     if library().linnet_attention(
-            TYPES[k_cache.dtype], qf.data_ptr(), n, heads, kv_heads, head_dim, k_cache.data_ptr(), v_cache.data_ptr(),
-            k_cache.stride(0), k_cache.stride(1), k_cache.shape[0], max_seq, rows.data_ptr(), positions.data_ptr(),
-            window, None if sink is None else sink.data_ptr(), scale, out.data_ptr(), torch.get_num_threads()):
+            TYPES[k_cache.dtype], TYPES[q.dtype], q.data_ptr(), n, heads, kv_heads, head_dim, k_cache.data_ptr(),
+            v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1), k_cache.shape[0], max_seq, rows.data_ptr(),
+            positions.data_ptr(), window, None if sink is None else sink.data_ptr(), scale, out.data_ptr(),
+            torch.get_num_threads()):
         raise MemoryError(f"no memory for {max_seq} attention scores a thread")
-    return out if q.dtype == torch.float32 else out.to(q.dtype)
+    return out
 
 
 def library() -> ctypes.CDLL | None:

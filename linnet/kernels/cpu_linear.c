@@ -341,26 +341,46 @@ int linnet_linear_panels(int type, const void *x, long M, long K, const void *co
     return 0;
 }
 
-/* y [M, N] f32 = x [M, K] (f32 or bf16: x_type) times P panels of `type`: panel p is K rows of 16
- * values and gives y's columns cols[p] .. cols[p] + widths[p]. The panels of several weights (a
- * fused group) can be listed together: their outputs land side by side, in one pass over x.
- * `threads` OpenMP threads (the pool torch uses) take equal runs of panels. Returns -1 if out of
- * memory. */
+/* Columns of panels [p0, p1) of y [M, N] f32 rounded into out, of out_type. */
+static AVX2 void round_columns(const float *y, long M, long N, const long *cols, const int *widths, long p0, long p1,
+                               int out_type, void *out) {
+    for (long p = p0; p < p1; p++)
+        for (long m = 0; m < M; m++) {
+            long at = m * N + cols[p], j = 0;
+            for (; j + 8 <= widths[p]; j += 8)
+                store8(out, out_type, at + j, _mm256_loadu_ps(y + at + j));
+            for (; j < widths[p]; j++)
+                store1(out, out_type, at + j, y[at + j]);
+        }
+}
+
+/* y [M, N] (y_type: F32, BF16 or F16) = x [M, K] (f32 or bf16: x_type) times P panels of `type`:
+ * panel p is K rows of 16 values and gives y's columns cols[p] .. cols[p] + widths[p]. The panels
+ * of several weights (a fused group) can be listed together: their outputs land side by side, in
+ * one pass over x. Sums are f32's, rounded once to y_type. `threads` OpenMP threads (the pool
+ * torch uses) take equal runs of panels. Returns -1 if out of memory. */
 int linnet_linear(int type, int x_type, const void *x, long M, long K, long P, const void *const *panels,
-                  const long *cols, const int *widths, float *y, long N, int threads) {
+                  const long *cols, const int *widths, int y_type, void *y, long N, int threads) {
     if (M == 0 || P == 0)
         return 0;
     void *scratch;
     const void *input = linnet_linear_input(type, x_type, x, M, K, &scratch);
-    if (!input)
+    float *sums = y_type == F32 ? (float *)y : (float *)malloc(M * N * sizeof(float));
+    if (!input || !sums) {
+        free(scratch);
         return -1;
+    }
     int failed = 0;
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
-        long t = omp_get_thread_num(), n = omp_get_num_threads();
-        failed |= linnet_linear_panels(type, input, M, K, panels, cols, widths, y, N, P * t / n, P * (t + 1) / n);
+        long t = omp_get_thread_num(), n = omp_get_num_threads(), p0 = P * t / n, p1 = P * (t + 1) / n;
+        failed |= linnet_linear_panels(type, input, M, K, panels, cols, widths, sums, N, p0, p1);
+        if (y_type != F32)
+            round_columns(sums, M, N, cols, widths, p0, p1, y_type, y);
     }
     free(scratch);
+    if (sums != y)
+        free(sums);
     return failed ? -1 : 0;
 }
 

@@ -37,10 +37,12 @@ class PanelWeight:
     memory behind those addresses alive.
     """
 
-    __slots__ = ("n", "k", "dtype", "buffers", "table")
+    __slots__ = ("n", "k", "dtype", "buffers", "table", "type_code", "panel_args")
 
     def __init__(self, n: int, k: int, dtype: torch.dtype, buffers: tuple, table: "PanelTable"):
         self.n, self.k, self.dtype, self.buffers, self.table = n, k, dtype, buffers, table
+        self.type_code = TYPES[dtype]
+        self.panel_args = (k, table.count, table.panels, table.cols, table.widths)  # as linnet_linear takes them
 
     @property
     def nbytes(self) -> int:
@@ -108,20 +110,26 @@ def matmul(x: torch.Tensor, w: PanelWeight, bias: torch.Tensor | None = None) ->
     """x [..., K] @ w.T (+ bias): f32 sums, rounded once to x's dtype, as a native bf16 kernel
     accumulating in f32 would. The products are f32's (a bf16 x is widened, exactly), or, for a
     weight in pairs (`pairs`), bf16's: x rounded to bf16, which a bf16 model's activations are."""
-    rows = x.reshape(-1, w.k)
-    if rows.dtype not in (torch.float32, torch.bfloat16):
+    rows = x if x.dim() == 2 else x.reshape(-1, w.k)
+    if rows.dtype not in _READS:
         rows = rows.float()
-    rows = rows.contiguous()
-    out = torch.empty(rows.shape[0], w.n, dtype=torch.float32)
-    t = w.table
-    if library().linnet_linear(TYPES[w.dtype], TYPES[rows.dtype], rows.data_ptr(), rows.shape[0], w.k, t.count,
-                               t.panels, t.cols, t.widths, out.data_ptr(), w.n, torch.get_num_threads()):
-        raise MemoryError(f"no memory for x's {rows.shape[0]} x {w.k} copy, or a {w.k} x {PANEL} f32 panel to "
-                          f"widen {w.dtype} weights into")
+    if not rows.is_contiguous():
+        rows = rows.contiguous()
+    # Sums are rounded to x's type in the kernel, unless a bias is still to be added to them.
+    out_type = x.dtype if bias is None and x.dtype in TYPES else torch.float32
+    out = torch.empty(rows.shape[0], w.n, dtype=out_type)
+    if library().linnet_linear(w.type_code, TYPES[rows.dtype], rows.data_ptr(), rows.shape[0], *w.panel_args,
+                               TYPES[out_type], out.data_ptr(), w.n, torch.get_num_threads()):
+        raise MemoryError(f"no memory for x's {rows.shape[0]} x {w.k} copy, f32 sums, or a {w.k} x {PANEL} f32 "
+                          f"panel to widen {w.dtype} weights into")
     if bias is not None:
         out += bias
-    out = out.reshape(*x.shape[:-1], w.n)
-    return out if x.dtype == torch.float32 else out.to(x.dtype)
+    if x.dim() != 2:
+        out = out.reshape(*x.shape[:-1], w.n)
+    return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
+_READS = (torch.float32, torch.bfloat16)  # x's types the kernel reads as they are
 
 
 def pairs(dtype: torch.dtype, k: int) -> bool:

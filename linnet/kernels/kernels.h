@@ -5,6 +5,7 @@
 
 #include <immintrin.h>
 #include <stdint.h>
+#include <string.h>
 
 /* Kernels carry target attributes, not global -m flags: linnet_cpu_supported() runs on any x86-64. */
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -24,20 +25,96 @@ static inline AVX2 __attribute__((always_inline)) __m256 load8(const void *p, in
     return _mm256_cvtph_ps(h);
 }
 
+/* Element i of an array of `type` as f32, and set to f (rounded): load8 and store8 one at a time. */
+static inline AVX2 float load1(const void *p, int type, long i) {
+    if (type == F32)
+        return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    if (type == F16)
+        return _cvtsh_ss(h);
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline AVX2 void store1(void *p, int type, long i, float f) {
+    if (type == F32) {
+        ((float *)p)[i] = f;
+        return;
+    }
+    if (type == F16) {
+        ((uint16_t *)p)[i] = _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+        return;
+    }
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN stays NaN (quiet), whatever its low bits */
+        u = (u >> 16 | 0x40u) << 16;
+    else
+        u += 0x7fffu + ((u >> 16) & 1u);
+    ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
+}
+
+/* f rounded to `type` and back: the value a tensor of that type holds. */
+static inline AVX2 float round_to(int type, float f) {
+    if (type == F32)
+        return f;
+    uint16_t h;
+    store1(&h, type, 0, f);
+    return load1(&h, type, 0);
+}
+
+/* Eight f32 rounded to bf16 (nearest, ties to even; NaN kept quiet), still as f32 bit patterns
+ * whose low halves are zero. */
+static inline AVX2 __attribute__((always_inline)) __m256i bf16_bits8(__m256 v) {
+    __m256i u = _mm256_castps_si256(v);
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i rounded = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                     _mm256_set1_epi32(0x7f800000));
+    rounded = _mm256_blendv_epi8(rounded, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
+    return _mm256_and_si256(rounded, _mm256_set1_epi32((int)0xffff0000u));
+}
+
+static inline AVX2 __attribute__((always_inline)) __m256 round8(int type, __m256 v) {
+    if (type == BF16)
+        return _mm256_castsi256_ps(bf16_bits8(v));
+    if (type == F16)
+        return _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    return v;
+}
+
+/* Elements i .. i + 7 of an array of `type` set to v, rounded (load8's inverse). */
+static inline AVX2 __attribute__((always_inline)) void store8(void *p, int type, long i, __m256 v) {
+    if (type == F32) {
+        _mm256_storeu_ps((float *)p + i, v);
+        return;
+    }
+    __m128i h;
+    if (type == F16) {
+        h = _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT);
+    } else {
+        __m256i top = _mm256_srli_epi32(bf16_bits8(v), 16);
+        h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(top, top), 0x08));
+    }
+    _mm_storeu_si128((__m128i *)((uint16_t *)p + i), h);
+}
+
 /* cpu_linear.c */
 int linnet_cpu_supported(void);
 int linnet_panel_pairs(int type, long K);
 const void *linnet_linear_input(int type, int x_type, const void *x, long M, long K, void **scratch);
 int linnet_linear(int type, int x_type, const void *x, long M, long K, long P, const void *const *panels,
-                  const long *cols, const int *widths, float *y, long N, int threads);
+                  const long *cols, const int *widths, int y_type, void *y, long N, int threads);
 int linnet_linear_panels(int type, const void *x, long M, long K, const void *const *panels, const long *cols,
                          const int *widths, float *y, long N, long p0, long p1);
 int linnet_pack_panels(int type, void *w, long N, long K, int threads);
 
 /* cpu_attention.c */
-int linnet_attention(int type, const float *q, long n, long H, long KVH, long D, const void *k, const void *v,
+int linnet_attention(int type, int q_type, const void *q, long n, long H, long KVH, long D, const void *k, const void *v,
                      long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
-                     const int32_t *positions, long window, const float *sinks, float scale, float *out, int threads);
+                     const int32_t *positions, long window, const float *sinks, float scale, void *out, int threads);
 int linnet_attention_units(int type, const float *q, long H, long KVH, long D, const void *k, const void *v,
                            long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
                            const int32_t *positions, long window, const float *sinks, float scale, float *out,

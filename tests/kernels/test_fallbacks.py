@@ -1,5 +1,5 @@
 """Without Linnet's CPU kernels (no compiler, no AVX2, LINNET_CPU_KERNELS=0, a GPU) the runtimes take
-their libraries' paths: oneDNN and SDPA under torch, XLA's dots and the chunked key walk under JAX.
+their libraries' paths: oneDNN, SDPA and aten's own ops under torch, XLA's dots and the chunked key walk under JAX.
 Those paths must give what the kernels give: the same model, loaded both ways, on a packed prefill
 and a decode step (one row idle)."""
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from linnet import nest
-from linnet.kernels import cpu_attention, cpu_linear, xla_kernels
+from linnet.kernels import cpu_attention, cpu_linear, cpu_ops, xla_kernels
 
 pytestmark = pytest.mark.skipif(cpu_linear.library() is None, reason="Linnet's CPU kernels do not run here")
 
@@ -15,6 +15,7 @@ pytestmark = pytest.mark.skipif(cpu_linear.library() is None, reason="Linnet's C
 def kernels_off(monkeypatch):
     monkeypatch.setattr(cpu_linear, "available", lambda dtype: False)
     monkeypatch.setattr(cpu_attention, "available", lambda cache, head_dim: False)
+    monkeypatch.setattr(cpu_ops, "serves", lambda *tensors: False)
     monkeypatch.setattr(xla_kernels, "available", lambda dtype, platform: False)
     monkeypatch.setattr(xla_kernels, "attends_here", lambda stack, head_dim: False)
 

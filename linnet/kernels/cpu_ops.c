@@ -1,0 +1,112 @@
+/* The small ops of a pass on the CPU, one call each: RMSNorm, rotary embedding and the cache write.
+ *
+ * In eager torch each is several aten ops with a dtype conversion or two (rmsnorm eight, rope
+ * six, the cache write a mask, an index and a scatter), about 20 us a call at one decode row,
+ * where the arithmetic takes well under one: SmolLM2's 30 layers call them 241 times a step.
+ * Here each reads its input once and writes its output once, rounding where the reference
+ * (codegen_torch/runtime.py) rounds, so a result differs from torch's only in the order of
+ * the f32 sum inside a norm.
+ *
+ * Activations and weights are f32, bf16 or f16 (kernels.h's type codes); every value is
+ * computed in f32 and rounded to nearest, ties to even, where it is stored.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels.h"
+
+/* Work below this many elements runs on the calling thread: a thread team costs more than it. */
+#define PARALLEL_FROM 32768
+
+static inline AVX2 float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+/* out [n, d] (out_type) = w * round_x(x * rsqrt(mean(x^2) + eps)), row by row; x [n, d] (x_type)
+ * with rows x_stride elements apart, w [d] (w_type). */
+AVX2 void linnet_rmsnorm(int x_type, const void *x, long x_stride, long n, long d, int w_type, const void *w,
+                         float eps, int out_type, void *out, int threads) {
+    long d8 = d / 8 * 8;
+#pragma omp parallel for num_threads(threads) if (n * d >= PARALLEL_FROM) schedule(static)
+    for (long i = 0; i < n; i++) {
+        long in = i * x_stride, o = i * d;
+        __m256 acc = _mm256_setzero_ps();
+        for (long j = 0; j < d8; j += 8) {
+            __m256 v = load8(x, x_type, in + j);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        float sum = hsum8(acc);
+        for (long j = d8; j < d; j++) {
+            float v = load1(x, x_type, in + j);
+            sum += v * v;
+        }
+        float r = 1.0f / sqrtf(sum / (float)d + eps);
+        __m256 r8 = _mm256_set1_ps(r);
+        for (long j = 0; j < d8; j += 8)
+            store8(out, out_type, o + j,
+                   _mm256_mul_ps(load8(w, w_type, j), round8(x_type, _mm256_mul_ps(load8(x, x_type, in + j), r8))));
+        for (long j = d8; j < d; j++)
+            store1(out, out_type, o + j, load1(w, w_type, j) * round_to(x_type, load1(x, x_type, in + j) * r));
+    }
+}
+
+/* out [n, H, D] (x's type, contiguous) = x rotated by each token's position: halves of each head
+ * (the Hugging Face layout), [x1 cos - x2 sin, x2 cos + x1 sin]. x [n, H, D] has its tokens
+ * token_stride and its heads head_stride elements apart (a view into a fused q/k/v output);
+ * table [rows, 2, D / 2] f32 holds cos and sin for every position; a position past it takes the
+ * last row (padding tokens: any value). */
+AVX2 void linnet_rope(int type, const void *x, long n, long H, long D, long token_stride, long head_stride,
+                 const int32_t *positions, const float *table, long rows, void *out, int threads) {
+    long half = D / 2;
+#pragma omp parallel for num_threads(threads) if (n * H * D >= PARALLEL_FROM) schedule(static)
+    for (long i = 0; i < n; i++) {
+        long pos = positions[i] < 0 ? 0 : positions[i] >= rows ? rows - 1 : positions[i];
+        const float *cos = table + pos * D, *sin = cos + half;
+        for (long h = 0; h < H; h++) {
+            long in = i * token_stride + h * head_stride, o = (i * H + h) * D;
+            long j = 0;
+            for (; j + 8 <= half; j += 8) {
+                __m256 x1 = load8(x, type, in + j), x2 = load8(x, type, in + half + j);
+                __m256 c = _mm256_loadu_ps(cos + j), s = _mm256_loadu_ps(sin + j);
+                store8(out, type, o + j, _mm256_sub_ps(_mm256_mul_ps(x1, c), _mm256_mul_ps(x2, s)));
+                store8(out, type, o + half + j, _mm256_add_ps(_mm256_mul_ps(x2, c), _mm256_mul_ps(x1, s)));
+            }
+            for (; j < half; j++) {
+                float x1 = load1(x, type, in + j), x2 = load1(x, type, in + half + j);
+                store1(out, type, o + j, x1 * cos[j] - x2 * sin[j]);
+                store1(out, type, o + half + j, x2 * cos[j] + x1 * sin[j]);
+            }
+        }
+    }
+}
+
+/* state[offset + a[i] * a_stride + b[i] * b_stride ..+ block] = value[i] for each of n entries: a
+ * and b (i32; b may be NULL: one index) run along consecutive axes of a contiguous state, of
+ * a_limit and b_limit positions. An entry with an index outside [0, limit) writes nothing (JAX's
+ * scatter: padding tokens at position MaxSeq leave the cache alone). value [n, block] of
+ * value_type, rounded to state_type. */
+AVX2 void linnet_put_rows(int state_type, void *state, long offset, const int32_t *a, long a_stride, long a_limit,
+                          const int32_t *b, long b_stride, long b_limit, long n, int value_type, const void *value,
+                          long block, int threads) {
+    long elem = type_bytes(state_type);
+#pragma omp parallel for num_threads(threads) if (n * block >= PARALLEL_FROM) schedule(static)
+    for (long i = 0; i < n; i++) {
+        long ai = a[i], bi = b ? b[i] : 0;
+        if (ai < 0 || ai >= a_limit || bi < 0 || (b && bi >= b_limit))
+            continue;
+        char *at = (char *)state + (offset + ai * a_stride + bi * b_stride) * elem;
+        if (value_type == state_type) {
+            memcpy(at, (const char *)value + i * block * elem, block * elem);
+            continue;
+        }
+        long j = 0;
+        for (; j + 8 <= block; j += 8)
+            store8(at, state_type, j, load8(value, value_type, i * block + j));
+        for (; j < block; j++)
+            store1(at, state_type, j, load1(value, value_type, i * block + j));
+    }
+}

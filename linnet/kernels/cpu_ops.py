@@ -1,0 +1,107 @@
+"""The small ops of a pass on the CPU, one C call each (`cpu_ops.c`): RMSNorm, rotary embedding
+and the cache write, built and loaded with `cpu_linear`'s library.
+
+Eager torch spends about 20 us in each of them at one decode row (several aten ops and dtype
+conversions apiece) for well under a microsecond of arithmetic; a SmolLM2 decode step calls
+them 241 times. Each function here takes what the runtime's reference takes and gives the
+same values, rounded where the reference rounds; `serves` is the one check of whether it may.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+
+import torch
+
+from linnet.kernels import build
+from linnet.kernels.cpu_linear import TYPES
+
+
+def serves(*tensors: torch.Tensor) -> bool:
+    """Whether these tensors are ones the kernels take: on the CPU, of a type they read, and the
+    library built and loaded here."""
+    for t in tensors:
+        if t.device.type != "cpu" or t.dtype not in TYPES:
+            return False
+    return library() is not None
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * round(x * rsqrt(mean(x^2) + eps)) over x's last axis, x rounded to its own type
+    before the weight multiplies it (the runtime's `rmsnorm`). x's rows may lie apart (a view);
+    its last axis and the weight are dense."""
+    d = x.shape[-1]
+    rows = x.reshape(-1, d) if x.dim() != 2 else x
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    weight = weight.contiguous()
+    out = _empty(x, torch.promote_types(weight.dtype, x.dtype))
+    library().linnet_rmsnorm(TYPES[x.dtype], rows.data_ptr(), rows.stride(0), rows.shape[0], d,
+                             TYPES[weight.dtype], weight.data_ptr(), eps, TYPES[out.dtype], out.data_ptr(),
+                             torch.get_num_threads())
+    return out
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """x [n, heads, head_dim] rotated at each token's position by `table` [rows, 2, head_dim / 2]
+    f32 (`runtime.rope_table`), in x's type. x may be a view whose tokens and heads lie apart
+    (the q, k or v columns of a fused matmul's output)."""
+    n, heads, head_dim = x.shape
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    positions = as_int32(positions)
+    table = table.contiguous()
+    out = torch.empty(n, heads, head_dim, dtype=x.dtype)
+    library().linnet_rope(TYPES[x.dtype], x.data_ptr(), n, heads, head_dim, x.stride(0), x.stride(1),
+                          positions.data_ptr(), table.data_ptr(), table.shape[0], out.data_ptr(),
+                          torch.get_num_threads())
+    return out
+
+
+def put_rows(state: torch.Tensor, index: tuple, value: torch.Tensor) -> bool:
+    """state[index] = value in place, entries with an index outside `state` writing nothing (the
+    runtime's `put_`), where index is ints then one or two 1-D index tensors (a cache write:
+    layer, row, position), state is contiguous and value is [n, the axes after them]. Returns
+    False, having written nothing, for any other index."""
+    ints = 0
+    while ints < len(index) and isinstance(index[ints], int):
+        ints += 1
+    tensors = index[ints:]
+    if not 1 <= len(tensors) <= 2 or not state.is_contiguous():
+        return False
+    shape, strides = state.shape, state.stride()
+    offset = 0
+    for axis in range(ints):
+        if not 0 <= index[axis] < shape[axis]:
+            return False
+        offset += index[axis] * strides[axis]
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or t.dim() != 1:
+            return False
+    n, rest = tensors[0].shape[0], shape[ints + len(tensors):]
+    if tensors[-1].shape[0] != n or value.shape != (n, *rest):
+        return False
+    a, b = as_int32(tensors[0]), as_int32(tensors[-1]) if len(tensors) == 2 else None
+    value = value.contiguous()
+    library().linnet_put_rows(TYPES[state.dtype], state.data_ptr(), offset, a.data_ptr(), strides[ints],
+                              shape[ints], None if b is None else b.data_ptr(), strides[-len(rest) - 1],
+                              shape[-len(rest) - 1], n, TYPES[value.dtype], value.data_ptr(), math.prod(rest),
+                              torch.get_num_threads())
+    return True
+
+
+def _empty(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A dense tensor of like's shape: empty_like, when it can, takes a third of torch.empty's time."""
+    if dtype == like.dtype and like.is_contiguous():
+        return torch.empty_like(like)
+    return torch.empty(like.shape, dtype=dtype)
+
+
+def as_int32(t: torch.Tensor) -> torch.Tensor:
+    """t as a dense i32 tensor, as the kernels read index arrays (itself when it is one)."""
+    return t if t.dtype == torch.int32 and t.is_contiguous() else t.to(torch.int32).contiguous()
+
+
+def library() -> ctypes.CDLL | None:
+    return build.cpu_kernels()

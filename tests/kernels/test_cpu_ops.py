@@ -1,0 +1,107 @@
+"""Linnet's small CPU ops (RMSNorm, rotary embedding, the cache write) against float64 references
+written here: any row count and width, every activation / weight / cache type, strided inputs
+(the columns of a fused matmul's output), padding tokens and rows outside the cache."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from linnet.kernels import cpu_ops
+
+pytestmark = pytest.mark.skipif(cpu_ops.library() is None, reason="Linnet's CPU kernels do not run here")
+
+TYPES = [torch.float32, torch.bfloat16, torch.float16]
+ULP = {torch.float32: 2 ** -22, torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}  # two units in the last place
+
+
+def close(got: torch.Tensor, want: np.ndarray, dtype: torch.dtype):
+    """got equals want rounded to dtype, up to a unit or two in its last place: the f32 sums inside
+    differ from float64's in their last bits, which a rounding can carry up."""
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=ULP[dtype], atol=ULP[dtype])
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 70), d=st.integers(1, 80), x_type=st.sampled_from(TYPES), w_type=st.sampled_from(TYPES),
+       gap=st.integers(0, 9), seed=st.integers(0, 2 ** 31 - 1))
+def test_rmsnorm_is_the_normalized_row_times_the_weight(n, d, x_type, w_type, gap, seed):
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(n, d + gap, generator=g) * 3).to(x_type)[:, :d]  # rows `gap` apart
+    w = torch.randn(d, generator=g).to(w_type)
+    got = cpu_ops.rmsnorm(x, w, 1e-5)
+    xd = x.double().numpy()
+    h = xd / np.sqrt((xd * xd).mean(-1, keepdims=True) + 1e-5)
+    h = torch.from_numpy(h).to(x_type).double().numpy()  # the reference rounds to x's type before the weight
+    assert got.shape == x.shape
+    close(got, w.double().numpy() * h, torch.promote_types(x_type, w_type))
+
+
+def test_rmsnorm_of_a_large_pack_runs_on_the_threads_and_keeps_leading_axes():
+    x, w = torch.randn(3, 300, 256), torch.randn(256)  # past the kernel's single-thread size
+    got = cpu_ops.rmsnorm(x, w, 1e-6)
+    xd = x.double().numpy()
+    close(got, w.double().numpy() * xd / np.sqrt((xd * xd).mean(-1, keepdims=True) + 1e-6), torch.float32)
+
+
+def rope_table(head_dim: int, rows: int) -> torch.Tensor:
+    angles = np.outer(np.arange(rows), 10000.0 ** (-np.arange(0, head_dim, 2) / head_dim))
+    return torch.from_numpy(np.stack([np.cos(angles), np.sin(angles)], axis=1)).float()
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 20), heads=st.integers(1, 5), half=st.integers(1, 40), dtype=st.sampled_from(TYPES),
+       extra=st.integers(0, 3), seed=st.integers(0, 2 ** 31 - 1))
+def test_rope_rotates_each_half_pair_by_its_position(n, heads, half, dtype, extra, seed):
+    g = torch.Generator().manual_seed(seed)
+    head_dim, rows = 2 * half, 12
+    fused = torch.randn(n, (heads + extra) * head_dim, generator=g).to(dtype)  # q's columns of a wider output
+    x = fused[:, extra * head_dim:].reshape(n, heads, head_dim)
+    positions = torch.randint(0, rows + 3, (n,), generator=g, dtype=torch.int32)  # past the table: its last row
+    table = rope_table(head_dim, rows)
+    got = cpu_ops.rope(x, positions, table)
+    cs = table.double().numpy()[np.minimum(positions.numpy(), rows - 1)]  # [n, 2, half]
+    cos, sin = cs[:, None, 0], cs[:, None, 1]
+    x1, x2 = x.double().numpy()[..., :half], x.double().numpy()[..., half:]
+    want = np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    assert got.shape == x.shape and got.is_contiguous()
+    close(got, want, dtype)
+
+
+@settings(max_examples=60, deadline=None)
+@given(layers=st.integers(1, 3), batch=st.integers(1, 4), seq=st.integers(1, 9), n=st.integers(1, 8),
+       state_type=st.sampled_from(TYPES), value_type=st.sampled_from(TYPES), two=st.booleans(),
+       seed=st.integers(0, 2 ** 31 - 1))
+def test_put_rows_writes_each_entry_inside_and_drops_the_rest(layers, batch, seq, n, state_type, value_type, two,
+                                                              seed):
+    g = torch.Generator().manual_seed(seed)
+    state = torch.randn(layers, batch, seq, 2, 3, generator=g).to(state_type)
+    before = state.clone()
+    layer = int(torch.randint(0, layers, (), generator=g))
+    # distinct (row, position) targets, so that no two entries write one place: row `batch` is
+    # outside the cache and position `seq` is padding, both dropped
+    if two:
+        positions = torch.randperm(seq + 1, generator=g)[:n].to(torch.int32)
+        rows = torch.randint(0, batch + 1, (len(positions),), generator=g)
+        index = (layer, rows, positions)
+    else:
+        rows = torch.randperm(batch + 1, generator=g)[:n].to(torch.int32)
+        index = (layer, rows)
+    value = torch.randn(len(rows), *state.shape[len(index):], generator=g).to(value_type)
+    assert cpu_ops.put_rows(state, index, value)
+    want = before.clone()
+    for i in range(len(rows)):
+        if rows[i] < batch and (not two or positions[i] < seq):
+            want[tuple(int(a[i]) if isinstance(a, torch.Tensor) else a for a in index)] = value[i].to(state_type)
+    assert torch.equal(state, want)  # rounded as torch rounds
+
+
+def test_put_rows_declines_what_it_does_not_take():
+    state, value = torch.zeros(2, 4, 3), torch.ones(2, 3)
+    idx = torch.tensor([0, 1])
+    assert not cpu_ops.put_rows(state.transpose(0, 1), (idx, idx), value)  # not contiguous
+    assert not cpu_ops.put_rows(state, (idx, idx, idx), torch.ones(2))  # three index tensors
+    assert not cpu_ops.put_rows(state, (5, idx), value)  # an int outside its axis
+    assert not cpu_ops.put_rows(state, (idx, idx), torch.ones(2, 4))  # a value of the wrong shape
+    assert torch.equal(state, torch.zeros(2, 4, 3))
