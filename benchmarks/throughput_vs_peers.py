@@ -38,7 +38,7 @@ def load_prompts(n: int, lo: int, hi: int, vocab: int) -> list:
 
 def linnet_single(backend: str, dtype: str, prompt: list, new: int, repeats: int) -> float:
     """Decode tokens/s of one request: tokens after the first over the time after the first."""
-    model = nest.load(CARD, backend=backend, numerics="fast", cast_dtype=True, tokenizer=False,
+    model = nest.load(CARD, backend=backend, numerics="fast", compile=True, cast_dtype=True, tokenizer=False,
                       generics={"Batch": 1, "MaxSeq": len(prompt) + new, "T": dtype})
     engine = Engine(model)
     engine.warmup([len(prompt)])
@@ -69,7 +69,7 @@ def transformers_single(ref, prompt: list, new: int, repeats: int) -> float:
 def linnet_run(backend: str, dtype: str, prompts: list, rows: int, new: int, repeats: int) -> tuple[float, float]:
     """(generated tokens/s, seconds to load and warm up): median over `repeats` runs."""
     start = time.perf_counter()
-    model = nest.load(CARD, backend=backend, numerics="fast", cast_dtype=True, tokenizer=False,
+    model = nest.load(CARD, backend=backend, numerics="fast", compile=True, cast_dtype=True, tokenizer=False,
                       generics={"Batch": rows, "MaxSeq": max(len(p) for p in prompts) + new, "T": dtype})
     engine = Engine(model)
     engine.warmup(len(p) for p in prompts)

@@ -102,8 +102,7 @@ def cmd_generate(args) -> int:
     if args.system is not None and not args.chat:
         raise _UsageError("--system needs --chat")
     generics = {"Batch": 1, "MaxSeq": args.max_seq, "T": args.dtype}
-    model = nest.load(args.card, backend=args.backend, device=args.device, numerics=args.numerics,
-                      compile=args.backend == "torch" and str(args.device or "").startswith("cuda"),
+    model = nest.load(args.card, backend=args.backend, device=args.device, numerics=args.numerics, compile=True,
                       generics=generics, cast_dtype=True, weights=args.weights)
     tok = model.tokenizer
     if tok is None:

@@ -536,8 +536,14 @@ class TorchModel:
         return total
 
     def reset_state(self):
+        """Every state tensor zeroed, in place once it exists: a captured decode step (a CUDA graph,
+        or a CPU graph: `serve.runners`) keeps the addresses it was captured with."""
         for name, (shape, dtype) in self.state.items():
-            setattr(self, name, torch.zeros(shape, dtype=DTYPES[dtype], device=self.device))
+            current = getattr(self, name, None)
+            if isinstance(current, torch.Tensor):
+                current.zero_()
+            else:
+                setattr(self, name, torch.zeros(shape, dtype=DTYPES[dtype], device=self.device))
 
     def init_tables(self):
         pass

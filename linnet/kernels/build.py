@@ -20,7 +20,10 @@ import tempfile
 import warnings
 from pathlib import Path
 
+import torch
+
 HERE = Path(__file__).parent
+TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # kernels.h's type codes, for torch's types
 FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp"]
 LIBS = ["-lm"]  # after the sources, where a linker that drops unused libraries still keeps it
 
@@ -54,11 +57,11 @@ def _cpu_flags() -> set:
 
 @functools.cache
 def cpu_kernels() -> ctypes.CDLL | None:
-    """cpu_linear.c, cpu_attention.c and cpu_ops.c as one library, its functions typed for ctypes; None where
+    """cpu_linear.c, cpu_attention.c, cpu_ops.c and cpu_graph.c as one library, its functions typed for ctypes; None where
     they do not run (`runs_here`, a build that failed, a CPU that fails the library's own check)."""
     if not runs_here():
         return None
-    lib = shared_library("cpu_kernels", ["cpu_linear.c", "cpu_attention.c", "cpu_ops.c"])
+    lib = shared_library("cpu_kernels", ["cpu_linear.c", "cpu_attention.c", "cpu_ops.c", "cpu_graph.c"])
     if lib is None or not lib.linnet_cpu_supported():
         return None
     vp, long, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
@@ -70,8 +73,12 @@ def cpu_kernels() -> ctypes.CDLL | None:
     lib.linnet_rmsnorm.argtypes = [i32, vp, long, long, long, i32, vp, ctypes.c_float, i32, vp, i32]
     lib.linnet_rope.argtypes = [i32, vp, long, long, long, long, long, vp, vp, long, vp, i32]
     lib.linnet_put_rows.argtypes = [i32, vp, long, vp, long, long, vp, long, long, long, i32, vp, long, i32]
-    for f in (lib.linnet_rmsnorm, lib.linnet_rope, lib.linnet_put_rows):
+    lib.linnet_elementwise.argtypes = [i32, i32, vp, long, vp, long, i32, vp, long, long, long, i32]
+    lib.linnet_gather_rows.argtypes = [i32, vp, long, long, vp, long, i32, vp, i32]
+    for f in (lib.linnet_rmsnorm, lib.linnet_rope, lib.linnet_put_rows, lib.linnet_elementwise, lib.linnet_gather_rows):
         f.restype = None
+    lib.linnet_replay.argtypes = [long, vp, vp]
+    lib.linnet_replay.restype = long
     for f in (lib.linnet_linear, lib.linnet_pack_panels, lib.linnet_attention, lib.linnet_panel_pairs):
         f.restype = i32
     return lib

@@ -24,26 +24,6 @@ static inline AVX2 float hsum(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-/* e^x of eight floats, for the softmax (x <= 0 there): x = n ln2 + r with |r| <= ln2 / 2, e^r by
- * Cephes' polynomial (within 2 ulp of expf), 2^n put into the exponent bits. x below -87 (e^x
- * under f32's normal range) is taken as -87: about 1e-38, where a softmax weight is 0. */
-static inline AVX2 __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x); /* ln 2 in two parts: r stays exact */
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
-}
-
 /* s[0 .. L) = e^(s - top), in place; returns their sum. */
 static inline AVX2 float exp_and_sum(float *s, long L, float top) {
     __m256 vtop = _mm256_set1_ps(top), sum = _mm256_setzero_ps();

@@ -21,10 +21,11 @@ from typing import NamedTuple
 import torch
 
 from linnet.kernels import build
+from linnet.kernels.build import TYPES
+from linnet.kernels.cpu_graph import call
 from linnet.kernels.pages import back_with_huge_pages
 from linnet.kernels.panels import PANEL, arranged
 
-TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # kernels.h's type codes
 
 
 class PanelWeight:
@@ -118,7 +119,7 @@ def matmul(x: torch.Tensor, w: PanelWeight, bias: torch.Tensor | None = None) ->
     # Sums are rounded to x's type in the kernel, unless a bias is still to be added to them.
     out_type = x.dtype if bias is None and x.dtype in TYPES else torch.float32
     out = torch.empty(rows.shape[0], w.n, dtype=out_type)
-    if library().linnet_linear(w.type_code, TYPES[rows.dtype], rows.data_ptr(), rows.shape[0], *w.panel_args,
+    if call("linear", w.type_code, TYPES[rows.dtype], rows.data_ptr(), rows.shape[0], *w.panel_args,
                                TYPES[out_type], out.data_ptr(), w.n, torch.get_num_threads()):
         raise MemoryError(f"no memory for x's {rows.shape[0]} x {w.k} copy, f32 sums, or a {w.k} x {PANEL} f32 "
                           f"panel to widen {w.dtype} weights into")

@@ -1,4 +1,5 @@
-/* The small ops of a pass on the CPU, one call each: RMSNorm, rotary embedding and the cache write.
+/* The small ops of a pass on the CPU, one call each: RMSNorm, rotary embedding, the cache write,
+ * and the elementwise ops and embedding gather that a replayed decode step (cpu_graph.c) runs.
  *
  * In eager torch each is several aten ops with a dtype conversion or two (rmsnorm eight, rope
  * six, the cache write a mask, an index and a scatter), about 20 us a call at one decode row,
@@ -108,5 +109,69 @@ AVX2 void linnet_put_rows(int state_type, void *state, long offset, const int32_
             store8(at, state_type, j, load8(value, value_type, i * block + j));
         for (; j < block; j++)
             store1(at, state_type, j, load1(value, value_type, i * block + j));
+    }
+}
+
+/* SiLU of eight: x / (1 + e^-x), e^-x taken at most at 88 (beyond, x / e^88 is 0 in f32 anyway). */
+static inline AVX2 __m256 silu8(__m256 x) {
+    __m256 e = exp8(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), x), _mm256_set1_ps(88.0f)));
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+static inline AVX2 __m256 apply8(int op, __m256 a, __m256 b) {
+    switch (op) {
+    case OP_ADD: return _mm256_add_ps(a, b);
+    case OP_MUL: return _mm256_mul_ps(a, b);
+    case OP_SILU: return silu8(a);
+    default: return a;
+    }
+}
+
+/* out[r, c] = a[r, c] op b[r, c] (b unused by SILU and COPY) over rows x cols, each operand's rows
+ * its own stride apart (a view's: the gate columns of a fused gate / up output): a and b of
+ * `type`, computed in f32 and rounded to out_type, as torch computes a 16-bit type's
+ * elementwise ops. */
+AVX2 void linnet_elementwise(int op, int type, const void *a, long a_stride, const void *b, long b_stride,
+                             int out_type, void *out, long out_stride, long rows, long cols, int threads) {
+    int two = op == OP_ADD || op == OP_MUL;
+#pragma omp parallel for num_threads(threads) if (rows * cols >= PARALLEL_FROM) schedule(static)
+    for (long r = 0; r < rows; r++) {
+        long ia = r * a_stride, ib = r * b_stride, io = r * out_stride, c = 0;
+        for (; c + 8 <= cols; c += 8) {
+            __m256 bv = two ? load8(b, type, ib + c) : _mm256_setzero_ps();
+            store8(out, out_type, io + c, apply8(op, load8(a, type, ia + c), bv));
+        }
+        if (c == cols)
+            continue;
+        float av[8] = {0}, bv[8] = {0}, ov[8];
+        for (long j = c; j < cols; j++) {
+            av[j - c] = load1(a, type, ia + j);
+            if (two)
+                bv[j - c] = load1(b, type, ib + j);
+        }
+        _mm256_storeu_ps(ov, apply8(op, _mm256_loadu_ps(av), _mm256_loadu_ps(bv)));
+        for (long j = c; j < cols; j++)
+            store1(out, out_type, io + j, ov[j - c]);
+    }
+}
+
+/* out[i] = table[ids[i]] for n ids, rows of `width` values, converted from `type` to out_type; an id
+ * outside [0, rows) gives a row of zeros. */
+AVX2 void linnet_gather_rows(int type, const void *table, long rows, long width, const int32_t *ids, long n,
+                             int out_type, void *out, int threads) {
+#pragma omp parallel for num_threads(threads) if (n * width >= PARALLEL_FROM) schedule(static)
+    for (long i = 0; i < n; i++) {
+        long id = ids[i], o = i * width;
+        if (id < 0 || id >= rows) {
+            memset((char *)out + o * type_bytes(out_type), 0, width * type_bytes(out_type));
+            continue;
+        }
+        if (type == out_type) {
+            memcpy((char *)out + o * type_bytes(type), (const char *)table + id * width * type_bytes(type),
+                   width * type_bytes(type));
+            continue;
+        }
+        for (long j = 0; j < width; j++)
+            store1(out, out_type, o + j, load1(table, type, id * width + j));
     }
 }

@@ -15,7 +15,8 @@ import math
 import torch
 
 from linnet.kernels import build
-from linnet.kernels.cpu_linear import TYPES
+from linnet.kernels.build import TYPES
+from linnet.kernels.cpu_graph import call
 
 
 def serves(*tensors: torch.Tensor) -> bool:
@@ -37,7 +38,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         rows = rows.contiguous()
     weight = weight.contiguous()
     out = _empty(x, torch.promote_types(weight.dtype, x.dtype))
-    library().linnet_rmsnorm(TYPES[x.dtype], rows.data_ptr(), rows.stride(0), rows.shape[0], d,
+    call("rmsnorm", TYPES[x.dtype], rows.data_ptr(), rows.stride(0), rows.shape[0], d,
                              TYPES[weight.dtype], weight.data_ptr(), eps, TYPES[out.dtype], out.data_ptr(),
                              torch.get_num_threads())
     return out
@@ -53,7 +54,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> torch
     positions = as_int32(positions)
     table = table.contiguous()
     out = torch.empty(n, heads, head_dim, dtype=x.dtype)
-    library().linnet_rope(TYPES[x.dtype], x.data_ptr(), n, heads, head_dim, x.stride(0), x.stride(1),
+    call("rope", TYPES[x.dtype], x.data_ptr(), n, heads, head_dim, x.stride(0), x.stride(1),
                           positions.data_ptr(), table.data_ptr(), table.shape[0], out.data_ptr(),
                           torch.get_num_threads())
     return out
@@ -84,7 +85,7 @@ def put_rows(state: torch.Tensor, index: tuple, value: torch.Tensor) -> bool:
         return False
     a, b = as_int32(tensors[0]), as_int32(tensors[-1]) if len(tensors) == 2 else None
     value = value.contiguous()
-    library().linnet_put_rows(TYPES[state.dtype], state.data_ptr(), offset, a.data_ptr(), strides[ints],
+    call("put_rows", TYPES[state.dtype], state.data_ptr(), offset, a.data_ptr(), strides[ints],
                               shape[ints], None if b is None else b.data_ptr(), strides[-len(rest) - 1],
                               shape[-len(rest) - 1], n, TYPES[value.dtype], value.data_ptr(), math.prod(rest),
                               torch.get_num_threads())

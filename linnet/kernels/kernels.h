@@ -101,6 +101,26 @@ static inline AVX2 __attribute__((always_inline)) void store8(void *p, int type,
     _mm_storeu_si128((__m128i *)((uint16_t *)p + i), h);
 }
 
+/* e^x of eight floats, for the softmax (x <= 0 there) and SiLU (x <= 88): x = n ln2 + r with |r| <= ln2 / 2, e^r by
+ * Cephes' polynomial (within 2 ulp of expf), 2^n put into the exponent bits. x below -87 (e^x
+ * under f32's normal range) is taken as -87: about 1e-38, where a softmax weight is 0. */
+static inline AVX2 __attribute__((always_inline)) __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x); /* ln 2 in two parts: r stays exact */
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i two_n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
+}
+
 /* cpu_linear.c */
 int linnet_cpu_supported(void);
 int linnet_panel_pairs(int type, long K);
@@ -122,5 +142,19 @@ int linnet_attention_units(int type, const float *q, long H, long KVH, long D, c
 void linnet_attention_prefetch(int type, long KVH, long D, const void *k, const void *v, long row_stride,
                                long pos_stride, long batch, long max_seq, const int32_t *rows,
                                const int32_t *positions, long window, long n);
+
+/* cpu_ops.c */
+enum { OP_ADD = 0, OP_MUL = 1, OP_SILU = 2, OP_COPY = 3 }; /* linnet_elementwise's ops */
+void linnet_rmsnorm(int x_type, const void *x, long x_stride, long n, long d, int w_type, const void *w, float eps,
+                    int out_type, void *out, int threads);
+void linnet_rope(int type, const void *x, long n, long H, long D, long token_stride, long head_stride,
+                 const int32_t *positions, const float *table, long rows, void *out, int threads);
+void linnet_put_rows(int state_type, void *state, long offset, const int32_t *a, long a_stride, long a_limit,
+                     const int32_t *b, long b_stride, long b_limit, long n, int value_type, const void *value,
+                     long block, int threads);
+void linnet_elementwise(int op, int type, const void *a, long a_stride, const void *b, long b_stride, int out_type,
+                        void *out, long out_stride, long rows, long cols, int threads);
+void linnet_gather_rows(int type, const void *table, long rows, long width, const int32_t *ids, long n, int out_type,
+                        void *out, int threads);
 
 #endif

@@ -62,6 +62,8 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
          progress: bool | None = None) -> LoadedModel:
     """A model ready for the engine: `load("smollm2-135m-instruct", backend="jax", generics={...})`.
 
+    `compile` (torch): the engine captures the decode step once and replays it, as a CUDA graph on
+    CUDA, and on the CPU, with fast numerics, as one call of Linnet's kernels (`kernels.cpu_graph`).
     `progress`: draw a progress bar on standard error while loading and compiling;
     None (the default) draws it when standard error is a terminal.
     """

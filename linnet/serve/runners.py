@@ -2,8 +2,9 @@
 
 The engine speaks numpy (token ids, positions, rows); a runner moves them to
 the model's device, calls the entries, samples on the device, and gives back
-numpy token ids. The torch runner replays decode as a CUDA graph on CUDA (the
-same static-buffer path runs eagerly on the CPU); the JAX runner pads every
+numpy token ids. With `compile`, the torch runner replays decode from static
+buffers: a CUDA graph on CUDA, a CPU graph of Linnet's kernels on the CPU
+(`kernels.cpu_graph`), eagerly where neither can be captured; the JAX runner pads every
 pass to a bucketed length, so that a bounded set of executables serves a run,
 and draws inside the decode executable.
 
@@ -80,6 +81,12 @@ def penalty_arrays(histories: list, vocab: int, k: int, rows=None):
     return seen, counts
 
 
+def _cpu_graphs() -> bool:
+    from linnet.kernels import cpu_graph
+
+    return cpu_graph.available()
+
+
 class TorchRunner:
     def __init__(self, model):
         import torch
@@ -91,6 +98,8 @@ class TorchRunner:
         self.padding = model.max_seq  # one past the cache: a padding token's writes are dropped
         self.compiles = 0
         self.use_cuda_graph = self.device.type == "cuda" and model.compile
+        self.use_cpu_graph = self.device.type == "cpu" and model.compile and model.numerics == "fast" and _cpu_graphs()
+        self.not_replayed = None  # why decode runs eagerly, where a capture was tried and could not be
         self.looks_ahead = self.device.type == "cuda"  # a CPU tensor op returns when it is done
         self._graph = None
         self._static_tokens = torch.zeros(self.batch, dtype=torch.int32, device=self.device)
@@ -112,24 +121,41 @@ class TorchRunner:
         return self.model.prefill(self._t(tokens), self._t(positions), self._t(rows), self._t(last))
 
     def decode(self, tokens, positions):
-        """One step over every row, replayed from the captured graph (captured on first use).
+        """One step over every row, replayed from the captured graph (captured on first use). The
+        logits are the graph's own tensor, which the next step overwrites.
         `tokens`: host ids or a tensor on the device (a `Pending`'s)."""
         self._static_tokens.copy_(tokens if isinstance(tokens, self.torch.Tensor) else self._t(tokens))
         self._static_positions.copy_(self._t(positions))
         if self._graph is None:
-            self._capture()
-        if self.use_cuda_graph:
-            self._graph.replay()
-            return self._static_logits
-        return self.model.decode(self._static_tokens, self._static_positions)
+            return self._capture()
+        if self._graph == "eager":
+            return self.model.decode(self._static_tokens, self._static_positions)
+        self._graph.replay()
+        return self._static_logits
 
     def _capture(self):
-        """Captures decode as a CUDA graph over static buffers; on the CPU the buffers are the whole story."""
-        torch = self.torch
+        """Captures decode over the static buffers (a CUDA graph on CUDA, a CPU graph of Linnet's
+        kernels on the CPU, `kernels.cpu_graph`), or settles on running it eagerly; returns this
+        step's logits."""
         self.compiles += 1
-        if not self.use_cuda_graph:
-            self._graph = "eager"
-            return
+        if self.use_cuda_graph:
+            self._capture_cuda()
+            self._graph.replay()
+            return self._static_logits
+        if self.use_cpu_graph:
+            from linnet.kernels import cpu_graph
+
+            with cpu_graph.capture() as graph:  # the capture is this step, run for real
+                logits = self.model.decode(self._static_tokens, self._static_positions)
+            if graph.unsupported is None:
+                self._graph, self._static_logits = graph, logits
+                return logits
+            self.not_replayed = graph.unsupported
+        self._graph = "eager"
+        return self.model.decode(self._static_tokens, self._static_positions)
+
+    def _capture_cuda(self):
+        torch = self.torch
         # Warm the kernels up on a side stream before capturing, as CUDA graphs require. The cache
         # is saved and restored around it, since these steps write into it.
         saved = {name: getattr(self.model.runner, name).clone() for name in self.model.runner.state}

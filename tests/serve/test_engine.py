@@ -193,3 +193,23 @@ def test_jax_walking_keys_through_the_engine_matches_exact_numerics():
     for p, c in zip(ps, done):
         assert c.tokens == reference_greedy(exact, p, 6, pad_to=None)
     assert stats.copied_tokens >= 200  # the shared prefix was reused, not prefilled again
+
+
+def test_a_compiled_torch_model_replays_its_decode_step(model):
+    """compile=True on torch: decode is captured once, at warmup, and every later step replays it
+    (a CPU graph here: `kernels.cpu_graph`), with the outputs the eager tests above compare."""
+    if model.backend != "torch" or not model.compile:
+        pytest.skip("only a compiled torch model captures its decode step")
+    from linnet.kernels import cpu_graph
+
+    if model.device != "cpu" or not cpu_graph.available():
+        pytest.skip("no CPU graph here")
+    engine = Engine(model)
+    engine.warmup([10])
+    assert engine.runner.compiles == 1 and engine.runner.not_replayed is None
+    assert isinstance(engine.runner._graph, cpu_graph.CpuGraph) and len(engine.runner._graph) > 0
+    ps = prompts(5, 5, 20, seed=23)
+    done, stats = engine.run([Request(prompt=p, max_new_tokens=6) for p in ps])
+    assert stats.compiles == 0 and engine.runner.compiles == 1
+    for p, c in zip(ps, done):
+        assert c.tokens == reference_greedy(model, p, 6)

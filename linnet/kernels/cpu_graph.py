@@ -1,0 +1,191 @@
+"""A torch decode step on the CPU captured once and replayed as one C call (`cpu_graph.c`): the
+CPU's counterpart of the CUDA graph the torch runner captures on a GPU.
+
+Eager, a SmolLM2 one-row step spends about 4 ms of its 12 in Python and torch's dispatch around
+241 small kernel calls and the aten ops between them. Captured, the step is a list of kernel
+calls with their arguments; replayed, it is those calls in a C loop, and the Python is gone.
+
+`capture(step)` runs step() once, for real, while it records:
+- every call of Linnet's CPU kernels (`call`, through which the kernels' wrappers go);
+- every aten op, through a dispatch mode: views, allocations and constants (factory ops on no
+  tensor) need no replay; elementwise add / mul / SiLU / dtype copies and an embedding gather
+  become kernel calls of their own; any other op, or a read of a value on the host, means the
+  step cannot be replayed (`CpuGraph.unsupported` says which), and the runner stays eager.
+Every tensor the step made is kept, so each keeps its address. The caller copies each step's
+inputs into the tensors the capture read, as for a CUDA graph, and must not reallocate what
+the step reads or writes (the cache: `TorchModel.reset_state` zeroes it in place).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from contextlib import contextmanager
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from linnet.kernels import build
+from linnet.kernels.build import TYPES
+
+aten = torch.ops.aten
+OP_ADD, OP_MUL, OP_SILU, OP_COPY = range(4)  # kernels.h's elementwise ops
+_ELEMENTWISE = {aten.add.Tensor: OP_ADD, aten.add_.Tensor: OP_ADD, aten.mul.Tensor: OP_MUL,
+                aten.mul_.Tensor: OP_MUL, aten.silu.default: OP_SILU, aten._to_copy.default: OP_COPY}
+# ops that, when they do not return a view, copy their input (maybe to another type) in row order;
+# under inference mode the dispatch mode sees them whole, not as the clone they decompose into
+_COPIES = {aten.contiguous.default, aten.reshape.default, aten.clone.default, aten.to.dtype, aten.to.device,
+           aten.to.dtype_layout, aten.to.other}
+# no arithmetic: new memory, or the same memory seen anew
+_NOTHING_TO_REPLAY = {aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default,
+                      aten.new_empty.default, aten._unsafe_view.default, aten.lift_fresh.default}
+
+_recording: "CpuGraph | None" = None
+
+
+def call(name: str, *args):
+    """linnet_<name>(*args) of the CPU kernel library; under `capture`, also recorded for replay."""
+    result = getattr(build.cpu_kernels(), "linnet_" + name)(*args)
+    if _recording is not None:
+        _recording.record(name, args)
+    return result
+
+
+def available() -> bool:
+    """Whether a step can be captured here: the kernel library built, with its replay."""
+    return build.cpu_kernels() is not None
+
+
+class CpuGraph:
+    """The kernel calls of one captured step, and the tensors whose addresses they hold."""
+
+    def __init__(self):
+        self.tasks, self.words, self.keep = [], [], []
+        self.unsupported: str | None = None  # the first op that cannot be replayed, if any
+        self._arrays = None
+
+    def record(self, name: str, args: tuple):
+        words = (ctypes.c_int64 * len(args))(*(_word(a) for a in args))
+        self.tasks.append(ctypes.cast(getattr(build.cpu_kernels(), "linnet_task_" + name), ctypes.c_void_p).value)
+        self.words.append(words)
+        self._arrays = None
+
+    def replay(self):
+        """Runs the captured calls again, in order, in one C call."""
+        if self._arrays is None:
+            count = len(self.tasks)
+            self._arrays = (count, (ctypes.c_void_p * count)(*self.tasks),
+                            (ctypes.c_void_p * count)(*(ctypes.addressof(w) for w in self.words)))
+        failed = build.cpu_kernels().linnet_replay(*self._arrays)
+        if failed >= 0:
+            raise MemoryError(f"the replayed decode step's kernel {failed} ran out of memory")
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    # What the dispatch mode sees.
+
+    def note(self, func, args: tuple, kwargs: dict, out):
+        self.keep.append(out)
+        if self.unsupported is not None or func in _NOTHING_TO_REPLAY:
+            return
+        tensors = [t for a in (*args, *kwargs.values()) for t in (a if isinstance(a, (list, tuple)) else [a])
+                   if isinstance(t, torch.Tensor)]
+        if not tensors:
+            return  # a constant (arange, zeros): its values stay as the capture made them
+        if _shares_memory(out, tensors):
+            return  # a view (select, slice, a reshape or contiguous() that copied nothing)
+        if func in _ELEMENTWISE and self._elementwise(_ELEMENTWISE[func], args, kwargs, out):
+            return
+        if func in _COPIES and self._elementwise(OP_COPY, args[:1], {}, out):
+            return
+        if func is aten.index.Tensor and self._gather(args, out):
+            return
+        self.unsupported = str(func)
+
+    def _elementwise(self, op, args, kwargs, out) -> bool:
+        a = args[0]
+        b = args[1] if op in (OP_ADD, OP_MUL) and len(args) > 1 else a
+        if op == OP_COPY and set(kwargs) - {"dtype", "layout", "device", "memory_format"} or \
+                op != OP_COPY and (kwargs.get("alpha", 1) != 1 or len(args) > 2):
+            return False
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and isinstance(out, torch.Tensor)
+                and a.dtype == b.dtype and (op == OP_COPY or a.shape == out.shape == b.shape)):
+            return False
+        views = [_rows(t) for t in (a, b, out)]
+        if None in views or len({v[2:] for v in views}) != 1:
+            return False  # a layout the kernel does not walk, or a copy that moves values across rows
+        (ap, ast, rows, cols), (bp, bst, _, _), (op_, ost, _, _) = views
+        self.record("elementwise", (op, TYPES[a.dtype], ap, ast, bp, bst, TYPES[out.dtype], op_, ost, rows, cols,
+                                    torch.get_num_threads()))
+        return True
+
+    def _gather(self, args, out) -> bool:
+        table, index = args
+        ids = index[0] if len(index) == 1 else None
+        if not (_dense(table) and _dense(out) and table.dim() == 2 and isinstance(ids, torch.Tensor)
+                and ids.dtype == torch.int32 and ids.dim() == 1 and ids.is_contiguous()):
+            return False
+        self.record("gather_rows", (TYPES[table.dtype], table.data_ptr(), table.shape[0], table.shape[1],
+                                    ids.data_ptr(), ids.shape[0], TYPES[out.dtype], out.data_ptr(),
+                                    torch.get_num_threads()))
+        return True
+
+
+def _rows(t: torch.Tensor):
+    """t as (address, row stride, rows, columns), as the elementwise kernel walks it: rows along its
+    first axis, each dense (any tensor dense itself, or a view whose rows lie apart: the columns
+    of a fused output); None for any other layout or type."""
+    if t.device.type != "cpu" or t.dtype not in TYPES:
+        return None
+    if t.dim() == 0:
+        return t.data_ptr(), 1, 1, 1
+    rows, dense = t.shape[0], 1
+    for size, stride in reversed(list(zip(t.shape[1:], t.stride()[1:]))):
+        if size != 1 and stride != dense:
+            return None
+        dense *= size
+    return t.data_ptr(), t.stride(0), rows, dense
+
+
+def _shares_memory(out, tensors: list) -> bool:
+    outs = out if isinstance(out, (list, tuple)) else [out]
+    inputs = {t.untyped_storage().data_ptr() for t in tensors}
+    return all(isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() in inputs for o in outs)
+
+
+def _dense(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dtype in TYPES and t.is_contiguous()
+
+
+def _word(a) -> int:
+    if a is None:
+        return 0
+    if isinstance(a, float):
+        return struct.unpack("<I", struct.pack("<f", a))[0]
+    return int(a)
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self, graph: CpuGraph):
+        super().__init__()
+        self.graph = graph
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)  # the capture runs the step for real
+        self.graph.note(func, args, kwargs, out)  # a read on the host (_local_scalar_dense) is not replayable
+        return out
+
+
+@contextmanager
+def capture():
+    """Records, into the CpuGraph it yields, the kernel calls and aten ops of what runs inside."""
+    global _recording
+    graph = CpuGraph()
+    _recording = graph
+    try:
+        with _Recorder(graph):
+            yield graph
+    finally:
+        _recording = None

@@ -1,0 +1,85 @@
+"""`cpu_graph`: a step captured once and replayed with new inputs gives what torch computes on
+those inputs eagerly: elementwise ops, dtype copies, an embedding gather and Linnet's kernels,
+in every type; a step with an op the replay lacks says which, and is not replayed."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from linnet.codegen_torch import runtime as rt
+from linnet.kernels import cpu_graph, cpu_linear
+
+pytestmark = pytest.mark.skipif(not cpu_graph.available(), reason="Linnet's CPU kernels do not run here")
+
+TYPES = [torch.float32, torch.bfloat16, torch.float16]
+TOL = {torch.float32: 1e-5, torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}
+
+
+def step(table, ids, w, norm):
+    """A little decode-like step: gather, norm, linear, SiLU-gated product, residual, widen."""
+    x = rt.gather_rows(table, ids)
+    h = rt.rmsnorm(x, norm, 1e-5)
+    gate, up = rt.linear(h, w), rt.linear(h, w)
+    return (x + torch.nn.functional.silu(gate) * up).to(torch.float32)
+
+
+@settings(max_examples=15, deadline=None)
+@given(dtype=st.sampled_from(TYPES), n=st.integers(1, 5), dim=st.sampled_from([8, 24, 40]),
+       seed=st.integers(0, 2 ** 31 - 1))
+def test_a_replay_computes_what_torch_computes_on_the_new_inputs(dtype, n, dim, seed):
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randn(50, dim, generator=g).to(dtype)
+    w = cpu_linear.pack(torch.randn(dim, dim, generator=g).to(dtype) / dim ** 0.5)
+    norm = torch.randn(dim, generator=g).to(dtype)
+    ids = torch.randint(0, 50, (n,), generator=g, dtype=torch.int32)
+    with cpu_graph.capture() as graph:
+        out = step(table, ids, w, norm)
+    assert graph.unsupported is None and len(graph) > 0
+    for _ in range(3):
+        ids.copy_(torch.randint(0, 50, (n,), generator=g, dtype=torch.int32))
+        graph.replay()
+        want = step(table, ids, w, norm)
+        tol = TOL[dtype]
+        np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=tol, atol=tol * float(want.abs().max()))
+
+
+def test_an_id_outside_the_table_gathers_zeros():
+    table, ids = torch.randn(4, 8), torch.tensor([1, 2], dtype=torch.int32)
+    with cpu_graph.capture() as graph:
+        out = rt.gather_rows(table, ids)
+    assert graph.unsupported is None
+    ids.copy_(torch.tensor([3, 4], dtype=torch.int32))
+    graph.replay()
+    assert torch.equal(out[0], table[3]) and torch.equal(out[1], torch.zeros(8))
+
+
+def test_an_op_the_replay_lacks_is_named_and_the_step_still_runs():
+    x = torch.randn(3, 8)
+    with cpu_graph.capture() as graph:
+        y = torch.softmax(x, -1)
+    assert graph.unsupported is not None and "softmax" in graph.unsupported
+    assert torch.allclose(y, torch.softmax(x, -1))
+
+
+def test_a_python_number_in_an_elementwise_op_is_not_replayed():
+    x = torch.randn(3)
+    with cpu_graph.capture() as graph:
+        x * 2.0  # the replay's elementwise ops take two tensors
+    assert graph.unsupported is not None and "mul" in graph.unsupported
+
+
+def test_a_value_read_on_the_host_is_not_replayable():
+    x = torch.randn(3)
+    with cpu_graph.capture() as graph:
+        int(x.argmax())
+    assert graph.unsupported is not None
+
+
+def test_outside_a_capture_nothing_is_recorded():
+    x, w = torch.randn(2, 16), cpu_linear.pack(torch.randn(16, 16))
+    with cpu_graph.capture() as graph:
+        pass
+    rt.linear(x, w)
+    assert len(graph) == 0 and cpu_graph._recording is None
