@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import threading
 from contextlib import contextmanager
 
 import torch
@@ -40,14 +41,18 @@ _COPIES = {aten.contiguous.default, aten.reshape.default, aten.clone.default, at
 _NOTHING_TO_REPLAY = {aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default,
                       aten.new_empty.default, aten._unsafe_view.default, aten.lift_fresh.default}
 
-_recording: "CpuGraph | None" = None
+class _Recording(threading.local):
+    graph: "CpuGraph | None" = None  # the capture running on this thread, if any (a server steps on its own)
+
+
+_recording = _Recording()
 
 
 def call(name: str, *args):
     """linnet_<name>(*args) of the CPU kernel library; under `capture`, also recorded for replay."""
     result = getattr(build.cpu_kernels(), "linnet_" + name)(*args)
-    if _recording is not None:
-        _recording.record(name, args)
+    if _recording.graph is not None:
+        _recording.graph.record(name, args)
     return result
 
 
@@ -181,11 +186,10 @@ class _Recorder(TorchDispatchMode):
 @contextmanager
 def capture():
     """Records, into the CpuGraph it yields, the kernel calls and aten ops of what runs inside."""
-    global _recording
     graph = CpuGraph()
-    _recording = graph
+    _recording.graph = graph
     try:
         with _Recorder(graph):
             yield graph
     finally:
-        _recording = None
+        _recording.graph = None

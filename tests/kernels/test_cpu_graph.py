@@ -2,6 +2,8 @@
 those inputs eagerly: elementwise ops, dtype copies, an embedding gather and Linnet's kernels,
 in every type; a step with an op the replay lacks says which, and is not replayed."""
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -82,4 +84,14 @@ def test_outside_a_capture_nothing_is_recorded():
     with cpu_graph.capture() as graph:
         pass
     rt.linear(x, w)
-    assert len(graph) == 0 and cpu_graph._recording is None
+    assert len(graph) == 0 and cpu_graph._recording.graph is None
+
+
+def test_a_capture_records_its_own_thread_only():
+    x, w = torch.randn(2, 16), cpu_linear.pack(torch.randn(16, 16))
+    other = threading.Thread(target=lambda: [rt.linear(x, w) for _ in range(20)])
+    with cpu_graph.capture() as graph:
+        other.start()
+        other.join()
+        rt.linear(x, w)
+    assert len(graph) == 1
