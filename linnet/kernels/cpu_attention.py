@@ -36,7 +36,8 @@ def attend_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, r
     kv_heads, max_seq = k_cache.shape[2], k_cache.shape[1]
     if v_cache.stride() != k_cache.stride():
         raise ValueError("keys and values must share a layout")
-    if q.dtype not in TYPES:
+    dtype = q.dtype
+    if dtype not in TYPES:
         q = q.float()
     q = q.contiguous()
     rows, positions = as_int32(rows), as_int32(positions)
@@ -48,7 +49,7 @@ def attend_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, r
             positions.data_ptr(), window, None if sink is None else sink.data_ptr(), scale, out.data_ptr(),
             torch.get_num_threads()):
         raise MemoryError(f"no memory for {max_seq} attention scores a thread")
-    return out
+    return out if out.dtype == dtype else out.to(dtype)
 
 
 def library() -> ctypes.CDLL | None:

@@ -98,15 +98,18 @@ class CpuGraph:
                    if isinstance(t, torch.Tensor)]
         if not tensors:
             return  # a constant (arange, zeros): its values stay as the capture made them
-        if _shares_memory(out, tensors):
+        if func in _ELEMENTWISE:
+            replayed = self._elementwise(_ELEMENTWISE[func], args, kwargs, out)
+        elif func._schema.is_mutable:
+            replayed = False  # an in-place op (index_put_, copy_) writes what a view of its output would hide
+        elif _shares_memory(out, tensors):
             return  # a view (select, slice, a reshape or contiguous() that copied nothing)
-        if func in _ELEMENTWISE and self._elementwise(_ELEMENTWISE[func], args, kwargs, out):
-            return
-        if func in _COPIES and self._elementwise(OP_COPY, args[:1], {}, out):
-            return
-        if func is aten.index.Tensor and self._gather(args, out):
-            return
-        self.unsupported = str(func)
+        elif func in _COPIES:
+            replayed = self._elementwise(OP_COPY, args[:1], {}, out)
+        else:
+            replayed = func is aten.index.Tensor and self._gather(args, out)
+        if not replayed:
+            self.unsupported = str(func)
 
     def _elementwise(self, op, args, kwargs, out) -> bool:
         a = args[0]

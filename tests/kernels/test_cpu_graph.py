@@ -72,6 +72,20 @@ def test_a_python_number_in_an_elementwise_op_is_not_replayed():
     assert graph.unsupported is not None and "mul" in graph.unsupported
 
 
+def test_an_in_place_write_is_replayed_or_refused_never_dropped():
+    state, value = torch.zeros(4, 3), torch.ones(2, 3)
+    idx, bias = torch.tensor([0, 2]), torch.randn(2, 3)
+    with cpu_graph.capture() as graph:
+        value.add_(bias)  # replayed: an elementwise op writing its first operand
+    assert graph.unsupported is None
+    value.copy_(torch.ones(2, 3))
+    graph.replay()
+    assert torch.equal(value, torch.ones(2, 3) + bias)
+    with cpu_graph.capture() as graph:
+        state.index_put_((idx,), value)  # its output is its input: not a view to skip
+    assert graph.unsupported is not None and "index_put" in graph.unsupported
+
+
 def test_a_value_read_on_the_host_is_not_replayable():
     x = torch.randn(3)
     with cpu_graph.capture() as graph:
