@@ -27,7 +27,7 @@ def step(table, ids, w, norm):
     return (x + torch.nn.functional.silu(gate) * up).to(torch.float32)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=15, deadline=None, derandomize=True, database=None)
 @given(dtype=st.sampled_from(TYPES), n=st.integers(1, 5), dim=st.sampled_from([8, 24, 40]),
        seed=st.integers(0, 2 ** 31 - 1))
 def test_a_replay_computes_what_torch_computes_on_the_new_inputs(dtype, n, dim, seed):

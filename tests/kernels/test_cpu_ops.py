@@ -16,14 +16,16 @@ TYPES = [torch.float32, torch.bfloat16, torch.float16]
 ULP = {torch.float32: 2 ** -22, torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}  # two units in the last place
 
 
-def close(got: torch.Tensor, want: np.ndarray, dtype: torch.dtype):
-    """got equals want rounded to dtype, up to a unit or two in its last place: the f32 sums inside
-    differ from float64's in their last bits, which a rounding can carry up."""
+def close(got: torch.Tensor, want: np.ndarray, dtype: torch.dtype, rounded_in: torch.dtype | None = None):
+    """got equals want rounded to dtype, up to a unit or two in its last place (of `rounded_in`'s, if
+    a value was rounded to that type on the way): the f32 sums inside differ from float64's in their
+    last bits, which a rounding can carry up."""
     assert got.dtype == dtype
-    np.testing.assert_allclose(got.double().numpy(), want, rtol=ULP[dtype], atol=ULP[dtype])
+    tol = max(ULP[dtype], ULP[rounded_in or dtype])
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=tol, atol=tol)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
 @given(n=st.integers(1, 70), d=st.integers(1, 80), x_type=st.sampled_from(TYPES), w_type=st.sampled_from(TYPES),
        gap=st.integers(0, 9), seed=st.integers(0, 2 ** 31 - 1))
 def test_rmsnorm_is_the_normalized_row_times_the_weight(n, d, x_type, w_type, gap, seed):
@@ -35,7 +37,7 @@ def test_rmsnorm_is_the_normalized_row_times_the_weight(n, d, x_type, w_type, ga
     h = xd / np.sqrt((xd * xd).mean(-1, keepdims=True) + 1e-5)
     h = torch.from_numpy(h).to(x_type).double().numpy()  # the reference rounds to x's type before the weight
     assert got.shape == x.shape
-    close(got, w.double().numpy() * h, torch.promote_types(x_type, w_type))
+    close(got, w.double().numpy() * h, torch.promote_types(x_type, w_type), rounded_in=x_type)
 
 
 def test_rmsnorm_of_a_large_pack_runs_on_the_threads_and_keeps_leading_axes():
@@ -50,7 +52,7 @@ def rope_table(head_dim: int, rows: int) -> torch.Tensor:
     return torch.from_numpy(np.stack([np.cos(angles), np.sin(angles)], axis=1)).float()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
 @given(n=st.integers(1, 20), heads=st.integers(1, 5), half=st.integers(1, 40), dtype=st.sampled_from(TYPES),
        extra=st.integers(0, 3), seed=st.integers(0, 2 ** 31 - 1))
 def test_rope_rotates_each_half_pair_by_its_position(n, heads, half, dtype, extra, seed):
@@ -66,10 +68,13 @@ def test_rope_rotates_each_half_pair_by_its_position(n, heads, half, dtype, extr
     x1, x2 = x.double().numpy()[..., :half], x.double().numpy()[..., half:]
     want = np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     assert got.shape == x.shape and got.is_contiguous()
-    close(got, want, dtype)
+    # a difference of two products can cancel: its f32 error is relative to the products, not to it
+    tol = ULP[dtype] * max(1.0, 2 * float(x.double().abs().max()))
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=ULP[dtype], atol=tol)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
 @given(layers=st.integers(1, 3), batch=st.integers(1, 4), seq=st.integers(1, 9), n=st.integers(1, 8),
        state_type=st.sampled_from(TYPES), value_type=st.sampled_from(TYPES), two=st.booleans(),
        seed=st.integers(0, 2 ** 31 - 1))
