@@ -186,7 +186,8 @@ def rope_table(head_dim: int, max_seq: int, theta: float, scaling: str = "none",
 def rope(x: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """Rotates halves of x[n, heads, head_dim] (the Hugging Face Llama layout):
     [x1 * cos - x2 * sin, x2 * cos + x1 * sin], written as x * cos + roll(x) * signed sin."""
-    if cpu_ops.serves(x, table) and table.dtype == torch.float32 and table.shape[-1] * 2 == x.shape[-1]:
+    if (cpu_ops.serves(x, table) and x.dim() == 3 and table.dtype == torch.float32
+            and table.shape[-1] * 2 == x.shape[-1]):
         return cpu_ops.rope(x, positions, table)
     cos, sin = per_pass("rope", (positions, table), lambda: _rope_factors(positions, table))
     h = x.float()

@@ -57,8 +57,9 @@ def _cpu_flags() -> set:
 
 @functools.cache
 def cpu_kernels() -> ctypes.CDLL | None:
-    """cpu_linear.c, cpu_attention.c, cpu_ops.c and cpu_graph.c as one library, its functions typed for ctypes; None where
-    they do not run (`runs_here`, a build that failed, a CPU that fails the library's own check)."""
+    """cpu_linear.c, cpu_attention.c, cpu_ops.c and cpu_graph.c as one library, its functions typed
+    for ctypes; None where they do not run (`runs_here`, a build that failed, a CPU that fails the
+    library's own check)."""
     if not runs_here():
         return None
     lib = shared_library("cpu_kernels", ["cpu_linear.c", "cpu_attention.c", "cpu_ops.c", "cpu_graph.c"])
@@ -75,7 +76,8 @@ def cpu_kernels() -> ctypes.CDLL | None:
     lib.linnet_put_rows.argtypes = [i32, vp, long, vp, long, long, vp, long, long, long, i32, vp, long, i32]
     lib.linnet_elementwise.argtypes = [i32, i32, vp, long, vp, long, i32, vp, long, long, long, i32]
     lib.linnet_gather_rows.argtypes = [i32, vp, long, long, vp, long, i32, vp, i32]
-    for f in (lib.linnet_rmsnorm, lib.linnet_rope, lib.linnet_put_rows, lib.linnet_elementwise, lib.linnet_gather_rows):
+    for f in (lib.linnet_rmsnorm, lib.linnet_rope, lib.linnet_put_rows, lib.linnet_elementwise,
+              lib.linnet_gather_rows):
         f.restype = None
     lib.linnet_replay.argtypes = [long, vp, vp]
     lib.linnet_replay.restype = long

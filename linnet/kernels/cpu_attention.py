@@ -43,7 +43,7 @@ def attend_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, r
     rows, positions = as_int32(rows), as_int32(positions)
     sink = None if sinks is None else sinks.float().contiguous()
     out = torch.empty_like(q)
-    if call("attention", 
+    if call("attention",
             TYPES[k_cache.dtype], TYPES[q.dtype], q.data_ptr(), n, heads, kv_heads, head_dim, k_cache.data_ptr(),
             v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1), k_cache.shape[0], max_seq, rows.data_ptr(),
             positions.data_ptr(), window, None if sink is None else sink.data_ptr(), scale, out.data_ptr(),

@@ -5,7 +5,7 @@ Eager, a SmolLM2 one-row step spends about 4 ms of its 12 in Python and torch's 
 241 small kernel calls and the aten ops between them. Captured, the step is a list of kernel
 calls with their arguments; replayed, it is those calls in a C loop, and the Python is gone.
 
-`capture(step)` runs step() once, for real, while it records:
+`with capture() as graph:` runs what it holds (a decode step) once, for real, while it records:
 - every call of Linnet's CPU kernels (`call`, through which the kernels' wrappers go);
 - every aten op, through a dispatch mode: views, allocations and constants (factory ops on no
   tensor) need no replay; elementwise add / mul / SiLU / dtype copies and an embedding gather
@@ -37,9 +37,8 @@ _ELEMENTWISE = {aten.add.Tensor: OP_ADD, aten.add_.Tensor: OP_ADD, aten.mul.Tens
 # under inference mode the dispatch mode sees them whole, not as the clone they decompose into
 _COPIES = {aten.contiguous.default, aten.reshape.default, aten.clone.default, aten.to.dtype, aten.to.device,
            aten.to.dtype_layout, aten.to.other}
-# no arithmetic: new memory, or the same memory seen anew
-_NOTHING_TO_REPLAY = {aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default,
-                      aten.new_empty.default, aten._unsafe_view.default, aten.lift_fresh.default}
+_ALLOCATES = {aten.empty.memory_format, aten.empty_like.default, aten.empty_strided.default, aten.new_empty.default}
+
 
 class _Recording(threading.local):
     graph: "CpuGraph | None" = None  # the capture running on this thread, if any (a server steps on its own)
@@ -92,7 +91,7 @@ class CpuGraph:
 
     def note(self, func, args: tuple, kwargs: dict, out):
         self.keep.append(out)
-        if self.unsupported is not None or func in _NOTHING_TO_REPLAY:
+        if self.unsupported is not None or func in _ALLOCATES:  # new memory: nothing to compute
             return
         tensors = [t for a in (*args, *kwargs.values()) for t in (a if isinstance(a, (list, tuple)) else [a])
                    if isinstance(t, torch.Tensor)]

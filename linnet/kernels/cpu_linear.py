@@ -120,7 +120,7 @@ def matmul(x: torch.Tensor, w: PanelWeight, bias: torch.Tensor | None = None) ->
     out_type = x.dtype if bias is None and x.dtype in TYPES else torch.float32
     out = torch.empty(rows.shape[0], w.n, dtype=out_type)
     if call("linear", w.type_code, TYPES[rows.dtype], rows.data_ptr(), rows.shape[0], *w.panel_args,
-                               TYPES[out_type], out.data_ptr(), w.n, torch.get_num_threads()):
+            TYPES[out_type], out.data_ptr(), w.n, torch.get_num_threads()):
         raise MemoryError(f"no memory for x's {rows.shape[0]} x {w.k} copy, f32 sums, or a {w.k} x {PANEL} f32 "
                           f"panel to widen {w.dtype} weights into")
     if bias is not None:

@@ -38,9 +38,8 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         rows = rows.contiguous()
     weight = weight.contiguous()
     out = _empty(x, torch.promote_types(weight.dtype, x.dtype))
-    call("rmsnorm", TYPES[x.dtype], rows.data_ptr(), rows.stride(0), rows.shape[0], d,
-                             TYPES[weight.dtype], weight.data_ptr(), eps, TYPES[out.dtype], out.data_ptr(),
-                             torch.get_num_threads())
+    call("rmsnorm", TYPES[x.dtype], rows.data_ptr(), rows.stride(0), rows.shape[0], d, TYPES[weight.dtype],
+         weight.data_ptr(), eps, TYPES[out.dtype], out.data_ptr(), torch.get_num_threads())
     return out
 
 
@@ -54,9 +53,8 @@ def rope(x: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> torch
     positions = as_int32(positions)
     table = table.contiguous()
     out = torch.empty(n, heads, head_dim, dtype=x.dtype)
-    call("rope", TYPES[x.dtype], x.data_ptr(), n, heads, head_dim, x.stride(0), x.stride(1),
-                          positions.data_ptr(), table.data_ptr(), table.shape[0], out.data_ptr(),
-                          torch.get_num_threads())
+    call("rope", TYPES[x.dtype], x.data_ptr(), n, heads, head_dim, x.stride(0), x.stride(1), positions.data_ptr(),
+         table.data_ptr(), table.shape[0], out.data_ptr(), torch.get_num_threads())
     return out
 
 
@@ -85,10 +83,9 @@ def put_rows(state: torch.Tensor, index: tuple, value: torch.Tensor) -> bool:
         return False
     a, b = as_int32(tensors[0]), as_int32(tensors[-1]) if len(tensors) == 2 else None
     value = value.contiguous()
-    call("put_rows", TYPES[state.dtype], state.data_ptr(), offset, a.data_ptr(), strides[ints],
-                              shape[ints], None if b is None else b.data_ptr(), strides[-len(rest) - 1],
-                              shape[-len(rest) - 1], n, TYPES[value.dtype], value.data_ptr(), math.prod(rest),
-                              torch.get_num_threads())
+    call("put_rows", TYPES[state.dtype], state.data_ptr(), offset, a.data_ptr(), strides[ints], shape[ints],
+         None if b is None else b.data_ptr(), strides[-len(rest) - 1], shape[-len(rest) - 1], n, TYPES[value.dtype],
+         value.data_ptr(), math.prod(rest), torch.get_num_threads())
     return True
 
 
