@@ -3,11 +3,16 @@
 # Prints a table: throughput.py's load with random Llama 3.1 8B weights in bf16 on torch and on
 # JAX, one request (128 prompt, 128 new tokens) on both, and transformers' generate on the same load.
 #   bash benchmarks/gpu_check.sh [--quick]
-# lark and gguf may be missing there: put wheels in .whl/ and they are installed to /tmp/site first.
+# lark and gguf may be missing there: put their wheels in .whl/ first (here, with the network:
+#   pip download --no-deps -d .whl lark gguf), bring .whl along, and they are installed to /tmp/site.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+if ! PYTHONPATH=/tmp/site:${PYTHONPATH:-} python3 -c "import lark" 2>/dev/null; then
+  echo "gpu_check: lark is not installed and no wheel of it is in .whl/ (see the top of this script)" >&2
+  exit 2
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.85}
 REQ=256; [ "${1:-}" = "--quick" ] && REQ=64
