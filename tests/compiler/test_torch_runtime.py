@@ -63,3 +63,18 @@ def test_put_drops_entries_past_the_state(put):
     else:
         rt._put_clamped(got, index, torch.from_numpy(value), [(1, index[1]), (2, index[2])])
     np.testing.assert_array_equal(got.numpy(), want)
+
+
+@pytest.mark.parametrize("heads, kv_heads, m", [(8, 2, 1), (6, 3, 5), (4, 4, 3), (12, 1, 2)])
+def test_sdpa_folds_grouped_heads_into_queries_exactly(heads, kv_heads, m):
+    """`rt._sdpa` runs grouped query heads as extra queries of their KV head (so CUDA's fused kernels
+    take the call): the result is SDPA's own grouped attention, on masks that differ by token."""
+    g = torch.Generator().manual_seed(heads * 7 + m)
+    b, length, d = 3, 11, 16
+    q = torch.randn(b, heads, m, d, generator=g)
+    k, v = torch.randn(b, kv_heads, length, d, generator=g), torch.randn(b, kv_heads, length, d, generator=g)
+    visible = torch.rand(b, 1, m, length, generator=g) < 0.6
+    visible[..., 0] = True  # every query sees a key
+    got = rt._sdpa(q, k, v, visible, 0.3)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=0.3, enable_gqa=True)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
