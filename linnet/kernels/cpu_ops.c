@@ -6,7 +6,7 @@
  * where the arithmetic takes well under one: SmolLM2's 30 layers call them 241 times a step.
  * Here each reads its input once and writes its output once, rounding where the reference
  * (codegen_torch/runtime.py) rounds, so a result differs from torch's only in the order of
- * the f32 sum inside a norm.
+ * the f32 sum inside a norm (and SiLU's exponential, kernels.h's exp8, within 2 ulp of expf).
  *
  * Activations and weights are f32, bf16 or f16 (kernels.h's type codes); every value is
  * computed in f32 and rounded to nearest, ties to even, where it is stored.
@@ -61,7 +61,7 @@ AVX2 void linnet_rmsnorm(int x_type, const void *x, long x_stride, long n, long 
  * table [rows, 2, D / 2] f32 holds cos and sin for every position; a position past it takes the
  * last row (padding tokens: any value). */
 AVX2 void linnet_rope(int type, const void *x, long n, long H, long D, long token_stride, long head_stride,
-                 const int32_t *positions, const float *table, long rows, void *out, int threads) {
+                      const int32_t *positions, const float *table, long rows, void *out, int threads) {
     long half = D / 2;
 #pragma omp parallel for num_threads(threads) if (n * H * D >= PARALLEL_FROM) schedule(static)
     for (long i = 0; i < n; i++) {
