@@ -144,3 +144,24 @@ def test_a_replayed_decode_step_equals_the_eager_step(card, dtype):
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
         for name in state:
             torch.testing.assert_close(getattr(model.runner, name), want_state[name], rtol=tol, atol=tol)
+
+
+def test_a_step_the_replay_cannot_take_stays_eager_and_right(monkeypatch):
+    """With the small ops on aten's path (pow, mean, rsqrt: nothing the replay runs), the runner's
+    capture says which op stopped it, and every step runs eagerly, as the model's own decode."""
+    from linnet import nest
+    from linnet.kernels import cpu_ops
+    from linnet.serve.runners import TorchRunner
+
+    monkeypatch.setattr(cpu_ops, "serves", lambda *tensors: False)
+    model = nest.load("tiny-llama", backend="torch", weights="random", seed=3, numerics="fast", compile=True,
+                      generics={"Batch": 2, "MaxSeq": 16})
+    runner = TorchRunner(model)
+    tokens, positions = np.array([3, 4], np.int32), np.array([0, 16], np.int32)
+    got = np.asarray(runner.decode(tokens, positions)).copy()
+    assert runner._graph == "eager" and runner.not_replayed is not None
+    model.reset()
+    np.testing.assert_allclose(got, np.asarray(model.decode(tokens, positions)), rtol=1e-6, atol=1e-6)
+    again = np.asarray(runner.decode(tokens, positions))  # eager from now on: the same step, the same logits
+    np.testing.assert_allclose(again, got, rtol=1e-6, atol=1e-6)
+    assert runner.compiles == 1
