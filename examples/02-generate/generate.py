@@ -17,7 +17,10 @@ parser.add_argument("--backend", choices=["torch", "jax"], default="torch")
 parser.add_argument("--max-new-tokens", type=int, default=64)
 args = parser.parse_args()
 
-model = nest.load("smollm2-135m-instruct", backend=args.backend, generics={"Batch": 1, "MaxSeq": 512})
+# fast numerics and compile=True, as `linnet generate` and `linnet serve` load it: torch captures the
+# decode step once and replays it (a CUDA graph, or a CPU graph of Linnet's kernels)
+model = nest.load("smollm2-135m-instruct", backend=args.backend, numerics="fast", compile=True,
+                  generics={"Batch": 1, "MaxSeq": 512})
 tok = model.tokenizer
 text = tok.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True)
 request = Request(prompt=tok.encode(text), max_new_tokens=args.max_new_tokens)
