@@ -4,9 +4,9 @@ The engine speaks numpy (token ids, positions, rows); a runner moves them to
 the model's device, calls the entries, samples on the device, and gives back
 numpy token ids. With `compile`, the torch runner replays decode from static
 buffers: a CUDA graph on CUDA, a CPU graph of Linnet's kernels on the CPU
-(`kernels.cpu_graph`), eagerly where neither can be captured; the JAX runner pads every
-pass to a bucketed length, so that a bounded set of executables serves a run,
-and draws inside the decode executable.
+(`kernels.cpu_graph`), eagerly where neither can be captured; the JAX runner
+pads every pass to a bucketed length, so that a bounded set of executables
+serves a run, and draws inside the decode executable.
 
 A decode step comes back as a `Pending`: its draws stay on the device until
 asked for, and can feed the next step as they are. Where the device runs
@@ -98,7 +98,8 @@ class TorchRunner:
         self.padding = model.max_seq  # one past the cache: a padding token's writes are dropped
         self.compiles = 0
         self.use_cuda_graph = self.device.type == "cuda" and model.compile
-        self.use_cpu_graph = self.device.type == "cpu" and model.compile and model.numerics == "fast" and _cpu_graphs()
+        self.use_cpu_graph = (self.device.type == "cpu" and model.compile and model.numerics == "fast"
+                              and _cpu_graphs())
         self.not_replayed = None  # why decode runs eagerly, where a capture was tried and could not be
         self.looks_ahead = self.device.type == "cuda"  # a CPU tensor op returns when it is done
         self._graph = None
@@ -149,8 +150,9 @@ class TorchRunner:
                 logits = self.model.decode(self._static_tokens, self._static_positions)
             if graph.unsupported is None:
                 self._graph, self._static_logits = graph, logits
-                return logits
-            self.not_replayed = graph.unsupported
+            else:
+                self._graph, self.not_replayed = "eager", graph.unsupported
+            return logits
         self._graph = "eager"
         return self.model.decode(self._static_tokens, self._static_positions)
 
