@@ -17,13 +17,6 @@
 
 #include "kernels.h"
 
-static inline AVX2 float hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* s[0 .. L) = e^(s - top), in place; returns their sum. */
 static inline AVX2 float exp_and_sum(float *s, long L, float top) {
     __m256 vtop = _mm256_set1_ps(top), sum = _mm256_setzero_ps();
@@ -44,15 +37,16 @@ static inline AVX2 float exp_and_sum(float *s, long L, float top) {
         /* the places past L hold e^-87 each: too small to move a sum of at least 1 */
         sum = _mm256_add_ps(sum, e);
     }
-    return hsum(sum);
+    return hsum8(sum);
 }
 
 #define HEADS_AT_ONCE 4   /* query heads scored together: each key is loaded once for them */
 #define CHUNKS_AT_ONCE 8  /* 8-float chunks of an output head summed together: independent FMA chains */
 
 /* Scores of query heads g0 .. g0 + gn (gn <= 4) against keys j0 .. j1, scaled, into s[g][j]. */
-static inline AVX2 __attribute__((always_inline)) void score(int type, const float *q, long gn, long D, const char *k, long pos_stride, long j0, long j1,
-                       float scale, float *s, long L) {
+static inline AVX2 __attribute__((always_inline)) void score(int type, const float *q, long gn, long D, const char *k,
+                                                              long pos_stride, long j0, long j1, float scale, float *s,
+                                                              long L) {
     long elem = type_bytes(type);
     for (long j = j0; j < j1; j++) {
         const char *kj = k + j * pos_stride * elem;
@@ -64,10 +58,10 @@ static inline AVX2 __attribute__((always_inline)) void score(int type, const flo
             if (gn > 2) a2 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 2 * D + d), kv, a2);
             if (gn > 3) a3 = _mm256_fmadd_ps(_mm256_loadu_ps(q + 3 * D + d), kv, a3);
         }
-        s[j - j0] = hsum(a0) * scale;
-        if (gn > 1) s[L + j - j0] = hsum(a1) * scale;
-        if (gn > 2) s[2 * L + j - j0] = hsum(a2) * scale;
-        if (gn > 3) s[3 * L + j - j0] = hsum(a3) * scale;
+        s[j - j0] = hsum8(a0) * scale;
+        if (gn > 1) s[L + j - j0] = hsum8(a1) * scale;
+        if (gn > 2) s[2 * L + j - j0] = hsum8(a2) * scale;
+        if (gn > 3) s[3 * L + j - j0] = hsum8(a3) * scale;
     }
 }
 

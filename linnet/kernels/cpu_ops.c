@@ -21,12 +21,6 @@
 /* Work below this many elements runs on the calling thread: a thread team costs more than it. */
 #define PARALLEL_FROM 32768
 
-static inline AVX2 float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
 /* out [n, d] (out_type) = w * round_x(x * rsqrt(mean(x^2) + eps)), row by row; x [n, d] (x_type)
  * with rows x_stride elements apart, w [d] (w_type). */
 AVX2 void linnet_rmsnorm(int x_type, const void *x, long x_stride, long n, long d, int w_type, const void *w,

@@ -25,6 +25,13 @@ static inline AVX2 __attribute__((always_inline)) __m256 load8(const void *p, in
     return _mm256_cvtph_ps(h);
 }
 
+/* The sum of eight floats' lanes. */
+static inline AVX2 __attribute__((always_inline)) float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
 /* Element i of an array of `type` as f32, and set to f (rounded): load8 and store8 one at a time. */
 static inline AVX2 float load1(const void *p, int type, long i) {
     if (type == F32)

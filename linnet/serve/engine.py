@@ -327,9 +327,7 @@ class Engine:
         positions = np.full(self.rows, self.runner.padding, np.int32)  # idle rows: padding, which writes nothing
         for x in items:
             positions[x.row] = x.cached + ahead
-        batch = SamplingBatch.of([x.req for x in items], [x.seed for x in items],
-                                 [len(x.generated) + ahead for x in items])
-        histories = [(x.req.prompt, x.generated) for x in items] if batch.penalties else None
+        batch, histories = self._sampling(items, ahead)
         pending = self.runner.decode_sample(tokens, positions, batch, [x.row for x in items], histories)
         self.stats.passes["decode"] += 1
         self.stats.occupancy.append(len(self.live) / self.rows)
@@ -362,10 +360,16 @@ class Engine:
         self.row_tokens[x.row] = self.row_tokens[x.row][:start] + x.tokens[start:start + n]
         x.cached += n
 
-    def _sample(self, logits, items: list, logit_rows: list):
+    def _sampling(self, items: list, ahead: int = 0):
+        """How each of `items` draws its next token, `ahead` tokens past what the host has of it: the
+        batch of settings, and the prompt and output tokens where penalties count them."""
         batch = SamplingBatch.of([x.req for x in items], [x.seed for x in items],
-                                 [len(x.generated) for x in items])
+                                 [len(x.generated) + ahead for x in items])
         histories = [(x.req.prompt, x.generated) for x in items] if batch.penalties else None
+        return batch, histories
+
+    def _sample(self, logits, items: list, logit_rows: list):
+        batch, histories = self._sampling(items)
         self._take(self.runner.sample(logits, batch, histories, logit_rows), items, range(len(items)))
 
     def _take(self, out, items: list, at):
