@@ -9,7 +9,8 @@ from linnet.ir.types import TensorType
 from linnet.ir.walk import all_values, stmt_values, values
 from linnet.pyemit import dim_py
 
-ROPE_ARGS = ("theta", "scaling", "factor", "low_freq_factor", "high_freq_factor", "original_max", "beta_fast", "beta_slow")
+ROPE_ARGS = ("theta", "scaling", "factor", "low_freq_factor", "high_freq_factor", "original_max", "beta_fast", "beta_slow",
+             "truncate")
 
 
 def rope_tables(module: ir.Module) -> dict:

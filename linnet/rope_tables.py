@@ -13,7 +13,7 @@ import numpy as np
 
 def inv_frequencies(head_dim: int, theta: float, scaling: str = "none", factor: float = 1.0,
                     low_freq_factor: float = 1.0, high_freq_factor: float = 4.0, original_max: int = 8192,
-                    beta_fast: float = 32.0, beta_slow: float = 1.0) -> tuple[np.ndarray, float]:
+                    beta_fast: float = 32.0, beta_slow: float = 1.0, truncate: bool = True) -> tuple[np.ndarray, float]:
     """Returns (inverse frequencies [head_dim // 2], attention factor applied to cos and sin)."""
     exponents = np.arange(0, head_dim, 2, dtype=np.float64) / head_dim
     inv_freq = 1.0 / (theta ** exponents)
@@ -35,8 +35,11 @@ def inv_frequencies(head_dim: int, theta: float, scaling: str = "none", factor: 
         def correction_dim(rotations: float) -> float:
             return (head_dim * math.log(original_max / (rotations * 2 * math.pi))) / (2 * math.log(theta))
 
-        low = max(math.floor(correction_dim(beta_fast)), 0)
-        high = min(math.ceil(correction_dim(beta_slow)), head_dim - 1)
+        # The ramp's ends, rounded outward to whole dims unless `truncate` is off (gpt-oss).
+        low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+        if truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, head_dim - 1)
         if low == high:
             high += 0.001
         ramp = np.clip((np.arange(head_dim // 2, dtype=np.float64) - low) / (high - low), 0, 1)

@@ -92,12 +92,9 @@ def softmax(x, axis: int = -1):
     return jax.nn.softmax(x.astype(jnp.float32), axis=axis).astype(x.dtype)
 
 
-def rope_table(head_dim: int, max_seq: int, theta: float, scaling: str = "none", factor: float = 1.0,
-               low_freq_factor: float = 1.0, high_freq_factor: float = 4.0, original_max: int = 8192,
-               beta_fast: float = 32.0, beta_slow: float = 1.0) -> np.ndarray:
+def rope_table(head_dim: int, max_seq: int, theta: float, **scaling) -> np.ndarray:
     """cos and sin for every position: [max_seq, 2, head_dim // 2], f32 (a constant of the program)."""
-    inv_freq, attention_factor = inv_frequencies(head_dim, theta, scaling, factor, low_freq_factor,
-                                                 high_freq_factor, original_max, beta_fast, beta_slow)
+    inv_freq, attention_factor = inv_frequencies(head_dim, theta, **scaling)  # scaling: rope's static kwargs
     angles = np.outer(np.arange(max_seq, dtype=np.float64), inv_freq)
     return (np.stack([np.cos(angles), np.sin(angles)], axis=1) * attention_factor).astype(np.float32)
 
@@ -450,6 +447,29 @@ def _bits(a):
 
 def _unbits(a, dtype):
     return jax.lax.bitcast_convert_type(a, dtype) if a.dtype != dtype else a
+
+
+# [m, in] rows grouped by expert, times [experts, out, in]: contract `in`, ragged over the rows.
+_BY_EXPERT = jax.lax.RaggedDotDimensionNumbers(dot_dimension_numbers=(([1], [2]), ([], [])),
+                                                lhs_ragged_dimensions=[0], rhs_group_dimensions=[0])
+
+
+def expert_linear(x, w, experts, bias=None):
+    """y[i, j] = x[i] @ w[experts[i, j]].T (+ bias[experts[i, j]]): [n, k, out] for x [n, in] or [n, k, in].
+
+    The n * k (token, expert) pairs are sorted by expert and multiplied as one ragged dot, whose
+    groups are the experts' row counts: static shapes, no weight gathered per token. (XLA's CPU
+    backend lowers a ragged dot to a masked dense one over every expert: right, not fast.)"""
+    n, k = experts.shape
+    rows = jnp.broadcast_to(x.reshape(n, -1, x.shape[-1]), (n, k, x.shape[-1])).reshape(n * k, x.shape[-1])
+    chosen = experts.reshape(-1)
+    order = jnp.argsort(chosen, stable=True)
+    counts = jnp.bincount(chosen, length=w.shape[0]).astype(jnp.int32)
+    out = jax.lax.ragged_dot_general(rows[order], w, counts, _BY_EXPERT, preferred_element_type=x.dtype)
+    y = jnp.zeros_like(out).at[order].set(out, unique_indices=True)
+    if bias is not None:
+        y = y + bias[chosen]
+    return y.reshape(n, k, w.shape[1])
 
 
 def topk(x, k: int):

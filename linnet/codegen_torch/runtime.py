@@ -172,12 +172,9 @@ def softmax(x: torch.Tensor, axis: int = -1) -> torch.Tensor:
     return torch.softmax(x.float(), dim=axis).to(x.dtype)
 
 
-def rope_table(head_dim: int, max_seq: int, theta: float, scaling: str = "none", factor: float = 1.0,
-               low_freq_factor: float = 1.0, high_freq_factor: float = 4.0, original_max: int = 8192,
-               beta_fast: float = 32.0, beta_slow: float = 1.0) -> torch.Tensor:
+def rope_table(head_dim: int, max_seq: int, theta: float, **scaling) -> torch.Tensor:
     """cos and sin for every position: [max_seq, 2, head_dim // 2], f32."""
-    inv_freq, attention_factor = inv_frequencies(head_dim, theta, scaling, factor, low_freq_factor,
-                                                 high_freq_factor, original_max, beta_fast, beta_slow)
+    inv_freq, attention_factor = inv_frequencies(head_dim, theta, **scaling)  # scaling: rope's static kwargs
     angles = torch.outer(torch.arange(max_seq, dtype=torch.float64), torch.from_numpy(inv_freq))
     table = torch.stack([torch.cos(angles), torch.sin(angles)], dim=1) * attention_factor
     return table.to(torch.float32)
@@ -436,6 +433,41 @@ def as_tensors(device: torch.device, *arrays) -> tuple:
 def take(x: torch.Tensor, indices: torch.Tensor, axis: int = 0) -> torch.Tensor:
     flat = x.index_select(axis, indices.reshape(-1).long())
     return flat.reshape(x.shape[:axis] + indices.shape + x.shape[axis + 1:])
+
+
+def expert_linear(x: torch.Tensor, w: torch.Tensor, experts: torch.Tensor,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y[i, j] = x[i] @ w[experts[i, j]].T (+ bias[experts[i, j]]): [n, k, out] for x [n, in] or [n, k, in].
+
+    The n * k (token, expert) pairs are sorted by expert, so that each expert multiplies all of
+    its rows at once and no weight is gathered per token (an 8B-class expert is tens of MB)."""
+    n, k = experts.shape
+    rows = x.reshape(n, -1, x.shape[-1]).expand(n, k, x.shape[-1]).reshape(n * k, x.shape[-1])
+    chosen = experts.reshape(-1).long()
+    order = torch.argsort(chosen, stable=True)
+    # (bincount would read the largest id on the host, which a CUDA graph cannot hold)
+    counts = torch.zeros(w.shape[0], dtype=torch.int64, device=x.device).scatter_add_(0, chosen, torch.ones_like(chosen))
+    grouped = rows.index_select(0, order)
+    if _grouped_mm_serves(grouped, w):  # CUDA: one kernel over every group, no host read (graph-safe)
+        out = torch._grouped_mm(grouped, w.transpose(-2, -1), offs=torch.cumsum(counts, 0, dtype=torch.int32))
+        if bias is not None:
+            out = out + bias.index_select(0, chosen.index_select(0, order))
+    else:  # one matmul per expert that has rows; reads the counts on the host
+        parts, start = [], 0
+        for e, count in enumerate(counts.tolist()):
+            if count:
+                parts.append(linear(grouped[start:start + count], w[e], None if bias is None else bias[e]))
+                start += count
+        out = torch.cat(parts) if parts else grouped.new_zeros(0, w.shape[1])
+    result = torch.empty_like(out)
+    result.index_copy_(0, order, out)  # back to (token, choice) order
+    return result.reshape(n, k, w.shape[1])
+
+
+def _grouped_mm_serves(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """torch's grouped GEMM: bf16 on a CUDA device of compute capability 9.0 or later (Hopper)."""
+    return (x.is_cuda and x.dtype == w.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
+            and torch.cuda.get_device_capability(x.device) >= (9, 0))
 
 
 def topk(x: torch.Tensor, k: int):

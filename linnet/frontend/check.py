@@ -21,7 +21,7 @@ from linnet.ir.types import (BOOL, DTYPES, FLOAT, GENERIC_DTYPE, INT, SCALAR_KIN
 _BINARY = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "%": "mod", "@": "matmul",
            "**": "pow", "==": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge", "and": "and",
            "or": "or"}
-TRANSFORMS = {"unpermute_rope": 1, "transpose": 0}
+TRANSFORMS = {"unpermute_rope": (1,), "transpose": (0, 2)}  # name -> the argument counts it takes
 DIM_OPS = {"reshape": "dims", "iota": "n", "zeros": "dims", "topk": "k"}
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 
@@ -165,11 +165,23 @@ class _Checker:
                 if t.name not in TRANSFORMS:
                     raise LinnetError(t.loc, f"unknown weight transform `{t.name}`", suggest(t.name, TRANSFORMS)
                                       or [f"known: {', '.join(TRANSFORMS)}"])
-                if len(t.args) != TRANSFORMS[t.name]:
-                    raise LinnetError(t.loc, f"`{t.name}` takes {TRANSFORMS[t.name]} argument(s), not {len(t.args)}")
-                transforms.append((t.name, [self._dim(a, {}) for a in t.args]))
+                if len(t.args) not in TRANSFORMS[t.name]:
+                    counts = " or ".join(map(str, TRANSFORMS[t.name]))
+                    raise LinnetError(t.loc, f"`{t.name}` takes {counts} argument(s), not {len(t.args)}")
+                args = [self._dim(a, {}) for a in t.args]
+                if t.name == "transpose":
+                    self._check_transpose_axes(t, args, typ.rank - (p.loop_var is not None))
+                transforms.append((t.name, args))
             sources.append(ir.WeightSource(s.format, s.pattern, transforms, s.loc))
         self.params[p.name] = ir.Param(p.name, typ, sources, p.loc, loop_var=p.loop_var)
+
+    @staticmethod
+    def _check_transpose_axes(t: ast.Transform, args: list, rank: int):
+        """`.transpose()` swaps the stored tensor's first two dims; `.transpose(a, b)` dims a and b."""
+        axes = [a.value() if a.is_const() else None for a in args] if args else [0, 1]
+        if None in axes or len(set(axes)) != 2 or not all(0 <= a < rank for a in axes):
+            raise LinnetError(t.loc, f"`.transpose` needs two different dims of the stored tensor (rank {rank}) "
+                                     f"as integer literals, not {', '.join(map(str, args))}")
 
     def _check_tie(self, p: ast.ParamDecl):
         if p.tie is None:

@@ -246,6 +246,31 @@ def _linear(x: Value, w: Value, bias: Value | None = None, *, loc: Loc):
     return TensorType(dtype, tx.shape[:-1] + (tw.shape[0],))
 
 
+@op("expert_linear", ("x", "w", "experts", "bias"),
+    "each token through its chosen experts: y[i, j] = x[i] @ w[experts[i, j]].T (+ bias[experts[i, j]])")
+def _expert_linear(x: Value, w: Value, experts: Value, bias: Value | None = None, *, loc: Loc):
+    tx = _tensor(x, "the input of `expert_linear`", loc)
+    tw = _tensor(w, "the weights of `expert_linear`", loc)
+    te = _tensor(experts, "the experts of `expert_linear`", loc)
+    dtype = same_dtype(tx, tw, loc, "multiply")
+    if tw.rank != 3:
+        raise _err(w.loc, f"the weights of `expert_linear` must be [experts, out, in], not {tw}")
+    if te.dtype != "i32" or te.rank != 2:
+        raise _err(experts.loc, f"the experts of `expert_linear` must be i32[n, k], not {te}")
+    n, k = te.shape
+    if tx.rank not in (2, 3) or tx.shape[0] != n or (tx.rank == 3 and tx.shape[1] != k):
+        raise _err(x.loc, f"the input of `expert_linear` must be [{n}, in] or [{n}, {k}, in] for experts {te}, not {tx}")
+    if tx.shape[-1] != tw.shape[2]:
+        raise _err(loc, f"cannot apply {tw} to {tx}",
+                   f"the input's last dim {tx.shape[-1]} must equal the weights' `in` dim {tw.shape[2]}")
+    if bias is not None:
+        tb = _tensor(bias, "the bias of `expert_linear`", loc)
+        same_dtype(tx, tb, loc, "add")
+        if tb.shape != tw.shape[:2]:
+            raise _err(bias.loc, f"the bias must be [{tw.shape[0]}, {tw.shape[1]}] (one row per expert), not {tb}")
+    return TensorType(dtype, (n, k, tw.shape[1]))
+
+
 @op("einsum", ("spec", "*operands"), "einsum with a literal spec such as \"nhd,hkd->nhk\"")
 def _einsum(spec: Value, *operands: Value, loc: Loc):
     if not isinstance(spec, Const) or not isinstance(spec.value, str):
@@ -321,10 +346,10 @@ ROPE_SCALINGS = ("none", "llama3", "yarn", "linear")
 
 
 @op("rope", ("x", "positions", "theta", "scaling", "factor", "low_freq_factor", "high_freq_factor",
-             "original_max", "beta_fast", "beta_slow"),
+             "original_max", "beta_fast", "beta_slow", "truncate"),
     "rotary position embedding of x[n, heads, head_dim] at positions[n]")
 def _rope(x: Value, positions: Value, theta: Value, scaling=None, factor=None, low_freq_factor=None,
-          high_freq_factor=None, original_max=None, beta_fast=None, beta_slow=None, *, loc: Loc):
+          high_freq_factor=None, original_max=None, beta_fast=None, beta_slow=None, truncate=None, *, loc: Loc):
     t = _tensor(x, "the input of `rope`", loc)
     tp = _tensor(positions, "the positions of `rope`", loc)
     if t.rank != 3:
@@ -336,6 +361,7 @@ def _rope(x: Value, positions: Value, theta: Value, scaling=None, factor=None, l
         _static(v, "float", name, loc)
     _static(original_max, "int", "original_max", loc)
     _static(scaling, "str", "scaling", loc)
+    _static(truncate, "bool", "truncate", loc)
     if isinstance(scaling, Const) and scaling.value not in ROPE_SCALINGS:
         raise _err(scaling.loc, f"unknown rope scaling {scaling.value!r}; one of {', '.join(ROPE_SCALINGS)}")
     return t

@@ -44,7 +44,7 @@ def checkpoint_names(module: Module, fmt: str) -> dict:
 
 def expected_shapes(module: Module, fmt: str) -> dict:
     """{checkpoint name: (param, shape the checkpoint must store it in)}: the declared
-    shape with the declared transforms undone (a `.transpose()` swaps the first two dims)."""
+    shape with the declared transforms undone (a `.transpose(a, b)` swaps two dims back)."""
     out = {}
     for name, ckpt_names in checkpoint_names(module, fmt).items():
         p = module.params[name]
@@ -52,9 +52,10 @@ def expected_shapes(module: Module, fmt: str) -> dict:
         per_layer = shape[1:] if p.loop_var else shape
         src = next(s for s in p.sources if s.format == fmt)
         stored = list(per_layer)
-        for tname, _ in reversed(src.transforms):
-            if tname == "transpose" and len(stored) >= 2:
-                stored[0], stored[1] = stored[1], stored[0]
+        for tname, args in reversed(src.transforms):
+            if tname == "transpose":
+                a, b = transpose_axes(args, module)
+                stored[a], stored[b] = stored[b], stored[a]
         for ckpt in ckpt_names:
             out[ckpt] = (name, tuple(stored))
     return out
@@ -142,10 +143,15 @@ def evaluate_dim(d, module: Module) -> int:
     return d.evaluate(sizes)
 
 
+def transpose_axes(args: list, module: Module) -> tuple:
+    """The two dims a `.transpose(...)` swaps: its arguments, or the first two."""
+    return tuple(evaluate_dim(a, module) for a in args) if args else (0, 1)
+
+
 def apply_transform(name: str, t: torch.Tensor, args: list) -> torch.Tensor:
     """A weight transform declared in `.linnet` (`.unpermute_rope(heads)`, `.transpose()`)."""
     if name == "unpermute_rope":
         return unpermute_rope(t, args[0])
     if name == "transpose":
-        return t.transpose(0, 1)
+        return t.transpose(*(args or (0, 1)))
     raise WeightsError(f"unknown weight transform `{name}`")

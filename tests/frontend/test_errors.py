@@ -320,6 +320,24 @@ entry decode(tokens: i32[Batch]) -> T[Batch, 2] {
   return v
 }
 """, 21, 3, "3 names are assigned, but the value has 2 part(s)"),
+    arch("expert-weights-not-stacked", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, 2, dim] {
+  v, chosen = topk(embed[tokens], 2)
+  return expert_linear(embed[tokens], wq, chosen)
+}
+""", 22, 39, "the weights of `expert_linear` must be [experts, out, in]"),
+    arch("experts-of-another-batch", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, 2, 8] {
+  v, chosen = topk(embed, 2)
+  return expert_linear(embed[tokens], zeros(2, 8, dim), chosen)
+}
+""", 22, 24, "the input of `expert_linear` must be [vocab, in] or [vocab, 2, in]"),
+    arch("expert-indices-float", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, 2, 8] {
+  v, chosen = topk(embed[tokens], 2)
+  return expert_linear(embed[tokens], zeros(2, 8, dim), v)
+}
+""", 22, 57, "the experts of `expert_linear` must be i32[n, k]"),
 
     # ---------------------------------------------------------------- element types
     arch("generic-plus-f32", HEAD + """\
@@ -488,6 +506,18 @@ params {
     from gguf "w.weight" .unpermute_rope()
 }
 """, 7, 26, "`unpermute_rope` takes 1 argument(s), not 0"),
+    arch("weight-transpose-dim-outside", """\
+arch mini
+config {
+  dim: int = 8
+}
+params {
+  for l in 2 {
+    w: T[4, dim, dim]
+      from hf "w.{l}" .transpose(1, 3)
+  }
+}
+""", 8, 23, "`.transpose` needs two different dims of the stored tensor (rank 3)"),
     arch("unknown-checkpoint-format", """\
 arch mini
 config {
