@@ -2,7 +2,9 @@
 # The GPU check: run on a machine with an NVIDIA GPU (about 10 minutes in all).
 # Prints a table: throughput.py's load with random Llama 3.1 8B weights in bf16 on torch and on
 # JAX, one request (128 prompt, 128 new tokens) on both, and transformers' generate on the same load.
-#   bash benchmarks/gpu_check.sh [--quick]
+#   bash benchmarks/gpu_check.sh [--quick] [--gpt-oss]
+# --quick: 64 requests instead of 256. --gpt-oss: also gpt-oss-20b (random weights, 42 GB in bf16)
+# on both backends, after the table's other rows (a few minutes more).
 # lark and gguf may be missing there: put their wheels in .whl/ first (here, with the network:
 #   pip download --no-deps -d .whl lark gguf), bring .whl along, and they are installed to /tmp/site.
 set -uo pipefail
@@ -15,7 +17,14 @@ if ! PYTHONPATH=/tmp/site:${PYTHONPATH:-} python3 -c "import lark" 2>/dev/null; 
   exit 2
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.85}
-REQ=256; [ "${1:-}" = "--quick" ] && REQ=64
+REQ=256; GPT_OSS=0
+for flag in "$@"; do
+  case $flag in
+    --quick) REQ=64 ;;
+    --gpt-oss) GPT_OSS=1 ;;
+    *) echo "gpu_check: unknown flag $flag (flags: --quick, --gpt-oss)" >&2; exit 2 ;;
+  esac
+done
 T=examples/04-serve/throughput.py
 OUT=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
@@ -34,6 +43,10 @@ run "jax, $REQ requests, 64 rows"    python3 $T --weights random --requests $REQ
 run "torch, one request"             python3 $T --weights random --requests 1 --rows 1 --min-prompt 128 --max-prompt 128
 run "jax, one request"               python3 $T --weights random --requests 1 --rows 1 --min-prompt 128 --max-prompt 128 --backend jax
 run "transformers generate, $REQ req" python3 benchmarks/transformers_peer.py --requests $REQ
+if [ $GPT_OSS = 1 ]; then
+  run "gpt-oss-20b torch, $REQ requests" python3 $T --card gpt-oss-20b --weights random --requests $REQ
+  run "gpt-oss-20b jax, $REQ requests"   python3 $T --card gpt-oss-20b --weights random --requests $REQ --backend jax
+fi
 echo
 echo "Llama 3.1 8B shape, random weights, bf16 (targets on an H200: torch >= 7000, jax >= 6000, one request >= 200)"
 cat "$OUT/gpu_table.txt"

@@ -32,11 +32,6 @@ parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"], h
 parser.add_argument("--token-budget", type=int, default=None, help="most tokens in one pass")
 args = parser.parse_args()
 
-rng = random.Random(0)
-prompts = [
-    [rng.randrange(100, 20000) for _ in range(rng.randint(args.min_prompt, args.max_prompt))]
-    for _ in range(args.requests)
-]
 # One cache row per request in flight, long enough for the longest prompt
 # and its completion.
 generics = {"Batch": args.rows, "MaxSeq": args.max_prompt + args.new, "T": args.dtype}
@@ -49,6 +44,12 @@ else:
     model = nest.load(args.card, backend="jax_model", numerics="fast", generics=generics, cast_dtype=True,
                       weights=args.weights, tokenizer=False)
 
+rng = random.Random(0)
+top = min(20000, model.vocab)  # the seed's ids, 100 to 20000; a small test card's own vocabulary
+prompts = [
+    [rng.randrange(min(100, top // 2), top) for _ in range(rng.randint(args.min_prompt, args.max_prompt))]
+    for _ in range(args.requests)
+]
 engine = Engine(model, token_budget=args.token_budget)
 start = time.perf_counter()
 engine.warmup(len(prompt) for prompt in prompts)

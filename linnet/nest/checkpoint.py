@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from . import mxfp4
 from .errors import WeightsError
 
 SAFETENSORS_FILE = "model.safetensors"
@@ -115,6 +116,11 @@ class SafetensorsCheckpoint(Checkpoint):
                 dtype = sl.get_dtype()
                 self._meta[name] = (_ST_DTYPES.get(dtype, dtype.lower()), tuple(sl.get_shape()))
                 self._where[name] = file
+        # gpt-oss's experts on the hub are MXFP4: each `X_blocks` + `X_scales` pair reads as `X`, in bf16.
+        self._mxfp4 = mxfp4.quantized_names(self._meta)
+        for name, (blocks, _) in self._mxfp4.items():
+            self._meta[name] = ("bf16", mxfp4.dequantized_shape(self._meta[blocks][1]))
+            self._where[name] = self._where[blocks]
         if self._index is not None:
             for name, shard in self._index.items():
                 if self._where.get(name) != self.dir / shard:
@@ -170,7 +176,8 @@ class SafetensorsCheckpoint(Checkpoint):
         return str(self._where[name]) if name in self._where else self.path
 
     def names(self) -> list[str]:
-        return list(self._meta)
+        parts = {p for pair in self._mxfp4.values() for p in pair}
+        return [n for n in self._meta if n not in parts]
 
     def __contains__(self, name: str) -> bool:
         return name in self._meta
@@ -196,6 +203,10 @@ class SafetensorsCheckpoint(Checkpoint):
             raise self._unknown(name)
         file = self._where[name]
         try:
+            if name in self._mxfp4:
+                blocks, scales = (self.load(part, "torch") for part in self._mxfp4[name])
+                t = mxfp4.dequantize(blocks, scales)
+                return t if framework == "torch" else _bf16_as_numpy(t.contiguous(), file, name)
             if framework == "torch":
                 return self._open(file, "torch").get_tensor(name)
             if self._meta[name][0] == "bf16":
@@ -207,19 +218,7 @@ class SafetensorsCheckpoint(Checkpoint):
             raise WeightsError(f"{file}: cannot read tensor {name!r} ({e})") from None
 
     def _bf16_numpy(self, file: Path, name: str) -> np.ndarray:
-        # numpy has no bfloat16: take the bits through torch and view them as
-        # ml_dtypes.bfloat16 (no copy beyond torch's own read).
-        try:
-            import ml_dtypes
-        except ImportError:
-            raise WeightsError(
-                f"{file}: tensor {name!r} is bf16, which numpy cannot hold without the "
-                "ml_dtypes package; install it or load with framework='torch'"
-            ) from None
-        import torch
-
-        bits = self._open(file, "torch").get_tensor(name).view(torch.int16)
-        return bits.numpy().view(ml_dtypes.bfloat16)
+        return _bf16_as_numpy(self._open(file, "torch").get_tensor(name), file, name)
 
     def config(self) -> dict:
         path = self.dir / CONFIG_FILE
@@ -232,6 +231,21 @@ class SafetensorsCheckpoint(Checkpoint):
             return json.loads(path.read_text())
         except ValueError as e:
             raise WeightsError(f"{path}: not valid JSON ({e})") from None
+
+
+def _bf16_as_numpy(t, file: Path, name: str) -> np.ndarray:
+    """A bf16 torch tensor as numpy: numpy has no bfloat16, so its bits are viewed as
+    ml_dtypes.bfloat16 (no copy)."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise WeightsError(
+            f"{file}: tensor {name!r} is bf16, which numpy cannot hold without the "
+            "ml_dtypes package; install it or load with framework='torch'"
+        ) from None
+    import torch
+
+    return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
 
 
 def _safetensors_overrun(file: Path) -> str:

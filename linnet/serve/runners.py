@@ -17,6 +17,8 @@ step t overlaps the device's on t + 1.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from linnet.serve.sampling import SamplingBatch, place
@@ -141,6 +143,8 @@ class TorchRunner:
         self.compiles += 1
         if self.use_cuda_graph:
             self._capture_cuda()
+            if self._graph == "eager":
+                return self.model.decode(self._static_tokens, self._static_positions)
             self._graph.replay()
             return self._static_logits
         if self.use_cpu_graph:
@@ -168,11 +172,16 @@ class TorchRunner:
                 self.model.decode(self._static_tokens, self._static_positions)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self._static_logits = self.model.decode(self._static_tokens, self._static_positions)
+        try:
+            with torch.cuda.graph(graph):
+                self._static_logits = self.model.decode(self._static_tokens, self._static_positions)
+            self._graph = graph
+        except RuntimeError as e:  # an op that reads the device on the host (a mixture's routing without grouped GEMM)
+            torch.cuda.synchronize()
+            self._graph, self.not_replayed = "eager", f"CUDA graph capture: {str(e).splitlines()[0]}"
+            warnings.warn(f"the decode step runs eagerly: {self.not_replayed}")
         for name, value in saved.items():
             getattr(self.model.runner, name).copy_(value)
-        self._graph = graph
 
     def copy_rows(self, src, dst, upto):
         self.model.copy_rows(self._t(src), self._t(dst), self._t(upto))

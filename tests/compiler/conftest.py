@@ -1,7 +1,7 @@
 """Shared helpers of the compiler tests, reached through the session fixture `kit`.
 
 Everything here is a reference or plumbing: transformers' `LlamaForCausalLM`
-built from a card's specialized config, packing of prompts into the
+or `GptOssForCausalLM` built from a card's specialized config, packing of prompts into the
 `prefill` contract, conversion of either backend's outputs to numpy, and the
 relative error every comparison uses. Measured parity errors are collected
 in `PARITY` and printed at the end of the run.
@@ -142,24 +142,21 @@ def compiled(module, backend: str, generics: dict, numerics: str = "exact"):
 def random_checkpoint(spec, seed: int, fmt: str = "hf") -> dict:
     """{checkpoint name: tensor} for every weight the specialized module declares, seeded.
 
+    Each is stored in the checkpoint's layout (the declared transforms undone).
     Norm weights are near 1, everything else is scaled so that activations
     stay near unit size whatever the dims.
     """
-    from linnet.ir.specialize import param_shape
-    from linnet.nest.bind import checkpoint_names
+    from linnet.nest.bind import expected_shapes
 
     g = torch.Generator().manual_seed(seed)
     out = {}
-    for name, ckpt_names in checkpoint_names(spec, fmt).items():
-        shape = param_shape(spec, name)
-        shape = shape[1:] if spec.params[name].loop_var else shape
-        for ckpt in ckpt_names:
-            t = torch.randn(shape, generator=g, dtype=torch.float32)
-            if len(shape) == 1:
-                t = 1.0 + 0.1 * t
-            elif name != "embed":
-                t = t / shape[-1] ** 0.5
-            out[ckpt] = t
+    for ckpt, (name, shape) in expected_shapes(spec, fmt).items():
+        t = torch.randn(shape, generator=g, dtype=torch.float32)
+        if len(shape) == 1:
+            t = 1.0 + 0.1 * t
+        elif name != "embed":
+            t = t / shape[-1] ** 0.5
+        out[ckpt] = t
     return out
 
 
@@ -189,16 +186,42 @@ def hf_config(bindings: dict, max_seq: int):
     return config
 
 
+def hf_gpt_oss_config(bindings: dict, max_seq: int):
+    """A `GptOssConfig` equal to a specialized gpt-oss card's config: even layers slide."""
+    from transformers import GptOssConfig
+
+    b = bindings
+    rope = {"rope_type": "yarn", "rope_theta": b["rope_theta"], "factor": b["rope_factor"],
+            "beta_fast": b["rope_beta_fast"], "beta_slow": b["rope_beta_slow"], "truncate": b["rope_truncate"],
+            "original_max_position_embeddings": b["rope_original_max"]}
+    config = GptOssConfig(
+        vocab_size=b["vocab"], hidden_size=b["dim"], num_hidden_layers=b["layers"],
+        num_attention_heads=b["heads"], num_key_value_heads=b["kv_heads"], head_dim=b["head_dim"],
+        intermediate_size=b["ffn"], num_local_experts=b["experts"], num_experts_per_tok=b["experts_per_token"],
+        sliding_window=b["sliding_window"], swiglu_limit=b["swiglu_limit"], rms_norm_eps=b["norm_eps"],
+        rope_parameters=rope, max_position_embeddings=max_seq, tie_word_embeddings=False,
+        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(b["layers"])],
+        attn_implementation="eager")
+    assert config.rope_parameters["truncate"] is b["rope_truncate"] and config.swiglu_alpha == b["swiglu_alpha"]
+    return config
+
+
 def hf_reference(spec, seed: int, max_seq: int):
-    """A random `LlamaForCausalLM` (f32, eager attention) with the card's config, every weight seeded.
+    """A random `LlamaForCausalLM` or `GptOssForCausalLM` (f32, eager attention) with the card's
+    config, every weight seeded.
 
     Every weight is drawn here (norms included, which transformers would set
     to ones), so a param bound to the wrong checkpoint name cannot go unseen.
+    Matrices are scaled by their input width: dim -1 of a linear, dim -2 of a
+    stack of experts ([experts, in, out]).
     """
-    from transformers import LlamaForCausalLM
+    from transformers import GptOssForCausalLM, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(hf_config(spec.bindings, max_seq)).float().eval()
+    if spec.name == "gpt_oss":
+        model = GptOssForCausalLM(hf_gpt_oss_config(spec.bindings, max_seq)).float().eval()
+    else:
+        model = LlamaForCausalLM(hf_config(spec.bindings, max_seq)).float().eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():  # tied weights are one parameter, drawn once
@@ -206,9 +229,9 @@ def hf_reference(spec, seed: int, max_seq: int):
             if p.dim() == 1:
                 t = 1.0 + 0.1 * t
             elif "embed_tokens" not in name:
-                t = t / p.shape[-1] ** 0.5
+                t = t / p.shape[-1 if p.dim() == 2 else -2] ** 0.5
             p.copy_(t)
-    if spec.bindings["tie_embeddings"]:
+    if spec.bindings.get("tie_embeddings"):
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     return model
 
@@ -237,7 +260,7 @@ def kit():
     return SimpleNamespace(
         CARDS=CARDS, ARCH=ARCH, PARITY=PARITY, to_np=to_np, rel_err=rel_err, i32=i32, as_inputs=as_inputs,
         pack=pack, pack_in_blocks=pack_in_blocks, cache_of=cache_of, compiled=compiled, random_checkpoint=random_checkpoint,
-        hf_config=hf_config, hf_reference=hf_reference, hf_greedy=hf_greedy)
+        hf_config=hf_config, hf_gpt_oss_config=hf_gpt_oss_config, hf_reference=hf_reference, hf_greedy=hf_greedy)
 
 
 def pytest_terminal_summary(terminalreporter):

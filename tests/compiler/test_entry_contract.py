@@ -29,17 +29,21 @@ def prompts():
     return [rng.integers(0, 128, n).astype(np.int32) for n in PROMPT_LENGTHS]
 
 
-@pytest.fixture(scope="module", params=BACKENDS)
+@pytest.fixture(scope="module", params=[(b, c) for c in ("tiny-llama", "tiny-gpt-oss") for b in BACKENDS],
+                ids=lambda p: f"{p[1]}-{p[0]}")
 def model(request, kit):
-    """One model per backend; tests call reset_state() for fresh state (JAX keeps its compiled entries)."""
+    """One model per backend and architecture (a dense Llama; gpt-oss, whose sliding window is
+    shorter than the longest prompt and whose tokens each take their own experts); tests call
+    reset_state() for fresh state (JAX keeps its compiled entries)."""
     from linnet.ir.specialize import specialize
     from linnet.nest.bind import bind_weights
 
-    module = check_file(kit.CARDS / "tiny-llama.linnet")
+    backend, card = request.param
+    module = check_file(kit.CARDS / f"{card}.linnet")
     spec = specialize(module, GENERICS, "exact")
     weights = bind_weights(spec, kit.random_checkpoint(spec, seed=5).__getitem__)
-    m = kit.compiled(module, request.param, GENERICS).Model(weights)
-    m.backend = request.param
+    m = kit.compiled(module, backend, GENERICS).Model(weights)
+    m.backend = backend
     return m
 
 

