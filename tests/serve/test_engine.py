@@ -221,12 +221,12 @@ def test_a_mixture_of_experts_model_through_the_engine_equals_each_alone(backend
     knows nothing of the architecture, so its outputs must equal each request run alone."""
     from linnet import nest
 
-    model = nest.load("tiny-gpt-oss", backend=backend, weights="random", seed=3, generics={"Batch": 8, "MaxSeq": 96})
-    ps = prompts(20, 4, 40, seed=5)
-    engine = Engine(model, token_budget=128)
+    model = nest.load("tiny-gpt-oss", backend=backend, weights="random", seed=3, generics={"Batch": 4, "MaxSeq": 64})
+    ps = prompts(10, 4, 30, seed=5)
+    engine = Engine(model, token_budget=64)
     engine.warmup(len(p) for p in ps)
     done, stats = engine.run([Request(prompt=p, max_new_tokens=10) for p in ps])
     for p, c in zip(ps, done):
-        assert c.tokens == reference_greedy(model, p, 10)
+        assert c.tokens == reference_greedy(model, p, 10, pad_to=64)
     assert stats.passes["mixed"] > 0 and stats.passes["decode"] > 0
     assert stats.compiles == 0
