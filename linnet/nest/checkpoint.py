@@ -405,8 +405,8 @@ class GGUFCheckpoint(Checkpoint):
         """A Hugging Face config built from the GGUF metadata.
 
         Llama 3.x GGUFs carry their rope scaling as a `rope_freqs.weight`
-        tensor (precomputed per-frequency factors), not as metadata; that
-        cannot be expressed as `rope_scaling` here and is left to the card.
+        tensor (a divisor per frequency), not as metadata; the llama3
+        parameters that give that table become `rope_scaling`.
         """
         arch = self.architecture
         if not arch:
@@ -445,7 +445,7 @@ class GGUFCheckpoint(Checkpoint):
             cfg["hidden_act"] = "silu"
             cfg["attention_bias"] = "blk.0.attn_q.bias" in self._tensors
             cfg["mlp_bias"] = "blk.0.ffn_up.bias" in self._tensors
-        scaling = self._rope_scaling(get)
+        scaling = self._rope_scaling(get) or self._llama3_scaling(cfg)
         if scaling:
             cfg["rope_scaling"] = scaling
         for key in ("bos", "eos", "padding"):
@@ -453,6 +453,22 @@ class GGUFCheckpoint(Checkpoint):
             if token_id is not None:
                 cfg["pad_token_id" if key == "padding" else f"{key}_token_id"] = token_id
         return {k: v for k, v in cfg.items() if v is not None}
+
+    # tensors that are config, not weights: the card reads them as `rope_scaling`
+    config_tensors = ("rope_freqs.weight",)
+
+    def _llama3_scaling(self, cfg: dict) -> dict | None:
+        from linnet.rope_tables import llama3_from_divisors
+
+        if "rope_freqs.weight" not in self._tensors or "head_dim" not in cfg:
+            return None
+        params = llama3_from_divisors(self.load("rope_freqs.weight"), cfg["head_dim"], cfg["rope_theta"])
+        if params is None:
+            raise WeightsError(f"{self.path}: its rope_freqs.weight table is not a llama3 rope scaling; "
+                               "Linnet cannot express it")
+        return {"rope_type": "llama3", "factor": params["factor"], "low_freq_factor": params["low_freq_factor"],
+                "high_freq_factor": params["high_freq_factor"],
+                "original_max_position_embeddings": params["original_max"]}
 
     @staticmethod
     def _rope_scaling(get) -> dict | None:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from linnet.compiler import import_source
@@ -69,8 +70,6 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; one of {', '.join(BACKENDS)}")
-    module, card_name, ckpt = _resolve_card(name, weights)
-    spec = specialize(module, dict(generics or {}), numerics)
     kind = BACKENDS[backend]
     if kind == "torch":
         device = device or ("cuda" if _cuda_available() else "cpu")
@@ -78,19 +77,8 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
         jax_device = _jax_device(device)
         device = device or ("cuda" if jax_device.platform == "gpu" else jax_device.platform)
     bind_device = device if kind == "torch" else "cpu"  # the JAX runtime moves host arrays to its device
-
-    info: dict = {}
-    if isinstance(weights, str) and weights == "random":
-        from linnet.nest.random_weights import random_weights
-
-        params = random_weights(spec, seed=seed, device=bind_device)
-        source = "random"
-    else:
-        if ckpt is None:
-            ckpt = weights if isinstance(weights, Checkpoint) else open_checkpoint(
-                weights if weights is not None else find_card_weights(card_name, module, raise_missing=True)[0])
-        params, info["unused_tensors"] = _read(spec, ckpt, cast_dtype, bind_device, progress)
-        source = ckpt.path
+    bound = read_weights(name, generics, numerics, cast_dtype, weights, seed, tokenizer, bind_device, progress)
+    spec, card_name, params = bound.module, bound.card, bound.params
 
     note = _slow_type_note(kind, device, spec.bindings["T"])
     if note:
@@ -106,10 +94,44 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     else:
         runner = gen.Model(params, device=jax_device, consume=True)
     del params
+    bound.params = None
     bar.close()
-    tok = _tokenizer(ckpt) if tokenizer and ckpt is not None else None
-    return LoadedModel(runner=runner, module=spec, backend=kind, device=device, tokenizer=tok,
-                       card=card_name, numerics=numerics, compile=compile, weights=source, info=info)
+    return LoadedModel(runner=runner, module=spec, backend=kind, device=device, tokenizer=bound.tokenizer,
+                       card=card_name, numerics=numerics, compile=compile, weights=bound.source, info=bound.info)
+
+
+@dataclass
+class BoundWeights:
+    """A card specialized and its weights read, before any code is generated (`read_weights`)."""
+
+    module: Module  # specialized
+    card: str
+    params: dict | None  # {param: torch tensor in T}
+    tokenizer: object | None
+    source: str  # the checkpoint's path, or "random"
+    checkpoint: Checkpoint | None = None
+    info: dict = field(default_factory=dict)
+    tokenizer_from: Checkpoint | None = None  # the checkpoint the tokenizer was read from
+
+
+def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics: str = "exact",
+                 cast_dtype: bool = False, weights: str | os.PathLike | Checkpoint | None = None, seed: int = 0,
+                 tokenizer: bool = True, device: str = "cpu", progress: bool | None = None) -> BoundWeights:
+    """The first half of `load` (same arguments): the card, specialized, with its weights bound as torch
+    tensors on `device` and its tokenizer; what `load` compiles and what `linnet export` writes out."""
+    module, card_name, ckpt = resolve_card(name, weights)
+    spec = specialize(module, dict(generics or {}), numerics)
+    info: dict = {}
+    if isinstance(weights, str) and weights == "random":
+        from linnet.nest.random_weights import random_weights
+
+        return BoundWeights(spec, card_name, random_weights(spec, seed=seed, device=device), None, "random")
+    if ckpt is None:
+        ckpt = weights if isinstance(weights, Checkpoint) else open_checkpoint(
+            weights if weights is not None else find_card_weights(card_name, module, raise_missing=True)[0])
+    params, info["unused_tensors"] = _read(spec, ckpt, cast_dtype, device, progress)
+    tok = _tokenizer(ckpt) if tokenizer else None
+    return BoundWeights(spec, card_name, params, tok, ckpt.path, ckpt, info, tokenizer_from=ckpt if tok else None)
 
 
 def _slow_type_note(kind: str, device, dtype: str) -> str | None:
@@ -150,7 +172,7 @@ def _jax_device(device: str | None):
     return jax.devices(platform)[int(index or 0)]
 
 
-def _resolve_card(name, weights) -> tuple[Module, str, Checkpoint | None]:
+def resolve_card(name, weights) -> tuple[Module, str, Checkpoint | None]:
     """(checked module, card name, the open checkpoint if `name` itself was one)."""
     text = str(name)
     p = Path(text).expanduser()
@@ -208,7 +230,7 @@ def _read(module: Module, ckpt: Checkpoint, cast_dtype: bool, device: str, progr
     unused = check_checkpoint(module, ckpt, fmt, cast_dtype)
     if unused:
         warnings.warn(f"{ckpt.path}: {len(unused)} checkpoint tensor(s) not used by the card: "
-                      f"{', '.join(unused[:8])}{' ...' if len(unused) > 8 else ''}", stacklevel=3)
+                      f"{', '.join(unused[:8])}{' ...' if len(unused) > 8 else ''}", stacklevel=4)
     total = sum(len(v) for v in checkpoint_names(module, fmt).values())
     bar = Progress(f"loading {Path(ckpt.path).name}", total=total, enabled=progress)
 
@@ -223,17 +245,24 @@ def _read(module: Module, ckpt: Checkpoint, cast_dtype: bool, device: str, progr
     return params, unused
 
 
-def _tokenizer(ckpt: Checkpoint):
+def tokenizer_of(ckpt: Checkpoint):
+    """The tokenizer a checkpoint holds (tokenizer.json beside safetensors, a GGUF's metadata); raises
+    `TokenizerError` when it has none."""
     from linnet.nest.tokenizer import Tokenizer
 
+    if isinstance(ckpt, GGUFCheckpoint):
+        return Tokenizer.from_gguf(ckpt)  # the open file: its metadata is read once
+    return Tokenizer.from_dir(Path(ckpt.path))
+
+
+def _tokenizer(ckpt: Checkpoint):
     try:
-        if isinstance(ckpt, GGUFCheckpoint):
-            return Tokenizer.from_gguf(ckpt)  # the open file: its metadata is read once
-        return Tokenizer.from_dir(Path(ckpt.path))
+        return tokenizer_of(ckpt)
     except Exception as err:  # a model without tokenizer files still runs on token ids
-        warnings.warn(f"no tokenizer loaded from {ckpt.path}: {err}", stacklevel=3)
+        warnings.warn(f"no tokenizer loaded from {ckpt.path}: {err}", stacklevel=4)
         return None
 
 
-__all__ = ["BACKENDS", "EMBEDDED_CARD", "find_card_weights", "load"]
+__all__ = ["BACKENDS", "EMBEDDED_CARD", "BoundWeights", "find_card_weights", "load", "read_weights", "resolve_card",
+           "tokenizer_of"]
 

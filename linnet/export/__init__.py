@@ -1,0 +1,71 @@
+"""linnet.export: a card with its weights, written out for another server to run.
+
+  hf_dir    a Hugging Face model directory (config.json, safetensors, tokenizer):
+            what vLLM serves (`vllm serve DIR`), and transformers loads
+  gguf      one GGUF file for llama.cpp (`llama-server -m FILE`), Llama architecture
+  triton    a Triton Inference Server model repository whose Python backend runs
+            the card on Linnet's own engine
+  hf_config the config.json of each architecture Linnet writes in `.linnet`
+
+    from linnet.export import export
+    export("smollm2-135m-instruct", "vllm", "out/smollm2")
+"""
+
+from __future__ import annotations
+
+import os
+
+
+class ExportError(Exception):
+    """A card cannot be written for the target asked for; the message says why and what would do."""
+
+
+TARGETS = ("vllm", "llama.cpp", "triton")
+DTYPES = ("bf16", "f16", "f32")
+
+
+def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=None, dtype: str = "bf16",
+           seed: int = 0, tokenizer: str | os.PathLike | None = None, name: str | None = None,
+           progress: bool | None = None) -> str:
+    """Writes `card` (a registered card, a `.linnet` file or a checkpoint path) with its weights
+    (found as `nest.load` finds them, or `weights=`; "random" for seeded random ones) for `to`:
+
+    - "vllm": a Hugging Face model directory at `out`;
+    - "llama.cpp": a GGUF file at `out` (a directory gets `<card>.<DTYPE>.gguf` inside);
+    - "triton": a model repository at `out` holding the model `name` (default: the card's name).
+
+    `dtype` is the element type the weights are written in; `tokenizer`, a model directory or GGUF
+    whose tokenizer to write instead of the weights' own (random weights have none). Returns the
+    path written."""
+    if to not in TARGETS:
+        raise ExportError(f"unknown export target {to!r}; one of {', '.join(TARGETS)}")
+    if dtype not in DTYPES:
+        raise ExportError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
+    if to == "triton":
+        from linnet.export.triton import write_repository
+
+        return write_repository(card, out, weights=weights, dtype=dtype, name=name)
+    from linnet.nest.load import resolve_card, read_weights
+
+    module = resolve_card(card, weights)[0]
+    if to == "llama.cpp" and module.name != "llama":  # before a byte of the weights is read
+        raise ExportError(f"the llama.cpp export covers Llama-architecture cards; {str(card)!r} is {module.name!r} "
+                          f"(export it with --to vllm instead)")
+    bound = read_weights(card, generics={"T": dtype}, numerics="fast", cast_dtype=True, weights=weights, seed=seed,
+                         progress=progress)
+    if tokenizer is not None:
+        from linnet.nest.checkpoint import open_checkpoint
+        from linnet.nest.load import tokenizer_of
+
+        bound.tokenizer_from = open_checkpoint(tokenizer)
+        bound.tokenizer = tokenizer_of(bound.tokenizer_from)
+    if to == "vllm":
+        from linnet.export.hf_dir import write_hf_dir
+
+        return write_hf_dir(bound, out)
+    from linnet.export.gguf import write_gguf
+
+    return write_gguf(bound, out)
+
+
+__all__ = ["DTYPES", "ExportError", "TARGETS", "export"]

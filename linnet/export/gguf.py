@@ -1,0 +1,145 @@
+"""One GGUF file for llama.cpp (`llama-server -m FILE`): Llama-architecture cards.
+
+Metadata is written from the card's config under llama.cpp's `llama.*` keys; tensors under the
+names of the card's `from gguf` lines, with the declared transforms undone (q and k rows back in
+llama.cpp's rope order). llama3 rope scaling goes in as llama.cpp's `rope_freqs.weight`, one
+divisor per frequency. Matrices are written in the model's type, 1-D tensors (norms) in f32, as
+llama.cpp's own converter does. The tokenizer's keys are copied from the source when it was a
+GGUF; otherwise they are written from the byte-level BPE tokenizer Nest loaded (tokenizer.json).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from linnet.export import ExportError
+from linnet.nest.bind import unbind_weights
+from linnet.nest.checkpoint import GGUFCheckpoint
+from linnet.nest.gguf_tokenizer import CONTROL, NORMAL, PRE_TOKENIZERS, UNUSED, USER_DEFINED
+from linnet.rope_tables import llama3_divisors
+
+# llama.cpp's canonical tokenizer.ggml.pre name for each pre-tokenizer Nest reads
+PRE_NAMES = ("gpt2", "smollm", "llama-bpe", "qwen2", "gpt-4o")
+
+
+def write_gguf(bound, out) -> str:
+    """Writes `bound` (`nest.read_weights`) as a GGUF at `out` (a directory gets
+    `<card>.<DTYPE>.gguf`); returns the file's path."""
+    import gguf
+
+    spec = bound.module
+    if spec.name != "llama":
+        raise ExportError(f"the llama.cpp export covers Llama-architecture cards; {bound.card!r} is {spec.name!r}")
+    if bound.tokenizer is None:
+        raise ExportError(f"{bound.card}: llama.cpp needs a tokenizer in the GGUF, and these weights "
+                          f"({bound.source}) came without one")
+    b = spec.bindings
+    dtype = b["T"]
+    path = Path(out)
+    if path.is_dir() or not path.suffix:
+        path.mkdir(parents=True, exist_ok=True)
+        path = path / f"{bound.card}.{dtype.upper()}.gguf"
+    partial = path.with_name(path.name + ".partial")  # renamed when whole: never a half-written model
+    writer = gguf.GGUFWriter(str(partial), "llama")
+    writer.add_name(bound.card)
+    writer.add_file_type(int({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
+                              "bf16": gguf.LlamaFileType.MOSTLY_BF16}[dtype]))
+    writer.add_context_length(int(spec.meta.get("max_context", 8192)))
+    writer.add_vocab_size(b["vocab"])
+    writer.add_embedding_length(b["dim"])
+    writer.add_block_count(b["layers"])
+    writer.add_feed_forward_length(b["ffn"])
+    writer.add_head_count(b["heads"])
+    writer.add_head_count_kv(b["kv_heads"])
+    writer.add_key_length(b["head_dim"])
+    writer.add_value_length(b["head_dim"])
+    writer.add_rope_dimension_count(b["head_dim"])
+    writer.add_rope_freq_base(b["rope_theta"])
+    writer.add_layer_norm_rms_eps(b["norm_eps"])
+    if b["rope_scaling"] == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(b["rope_factor"])
+    elif b["rope_scaling"] == "llama3":
+        divisors = llama3_divisors(b["head_dim"], b["rope_theta"], b["rope_factor"], b["rope_low_freq_factor"],
+                                   b["rope_high_freq_factor"], b["rope_original_max"])
+        writer.add_tensor("rope_freqs.weight", divisors.astype(np.float32))
+    elif b["rope_scaling"] != "none":
+        raise ExportError(f"rope scaling {b['rope_scaling']!r} has no llama.cpp form for Llama")
+    if isinstance(bound.tokenizer_from, GGUFCheckpoint):
+        _copy_tokenizer_keys(bound.tokenizer_from, writer)
+    else:
+        _write_tokenizer_keys(bound.tokenizer, writer)
+
+    for name, t in unbind_weights(spec, bound.params, "gguf"):
+        t = t.contiguous()
+        if t.dim() == 1 or dtype == "f32":
+            writer.add_tensor(name, t.float().numpy())
+        elif dtype == "f16":
+            writer.add_tensor(name, t.to(torch.float16).numpy())
+        else:  # bf16: numpy has no such type; its bytes, which the writer measures in bf16 elements
+            writer.add_tensor(name, t.view(torch.uint8).numpy(), raw_dtype=gguf.GGMLQuantizationType.BF16)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    partial.replace(path)
+    return str(path)
+
+
+def _copy_tokenizer_keys(src: GGUFCheckpoint, writer) -> None:
+    """Every `tokenizer.*` key of the source GGUF, with its value type (arrays keep their element type)."""
+    from gguf import GGUFValueType
+
+    for key, field in src.fields().items():
+        if key.startswith("tokenizer."):
+            vtype = field.types[0]
+            writer.add_key_value(key, field.contents(), vtype, field.types[-1] if vtype == GGUFValueType.ARRAY else None)
+
+
+def _write_tokenizer_keys(tok, writer) -> None:
+    """A byte-level BPE tokenizer (tokenizer.json) as llama.cpp's `gpt2` tokenizer keys."""
+    data = json.loads(tok.backend.to_str())
+    model = data.get("model") or {}
+    if model.get("type") != "BPE":
+        raise ExportError(f"{tok.source}: only byte-level BPE tokenizers can be written to a GGUF, not {model.get('type')!r}")
+    vocab = tok.backend.get_vocab(with_added_tokens=True)
+    size = max(vocab.values()) + 1
+    tokens = [f"[PAD{i}]" for i in range(size)]
+    types = [UNUSED] * size
+    for text, i in vocab.items():
+        tokens[i], types[i] = text, NORMAL
+    for added in data.get("added_tokens") or []:
+        types[added["id"]] = CONTROL if added.get("special") else USER_DEFINED
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(_pre_name(data.get("pre_tokenizer"), tok.source))
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    if tok.bos_token_id is not None:
+        writer.add_bos_token_id(tok.bos_token_id)
+        probe = tok.backend.encode("a", add_special_tokens=True).ids
+        writer.add_add_bos_token(bool(probe) and probe[0] == tok.bos_token_id)
+    if tok.eos_token_ids:
+        writer.add_eos_token_id(tok.eos_token_ids[0])
+        if len(tok.eos_token_ids) > 1:
+            writer.add_eot_token_id(tok.eos_token_ids[1])
+    if tok.chat_template:
+        writer.add_chat_template(tok.chat_template)
+
+
+def _pre_name(pre: dict | None, source: str) -> str:
+    """The llama.cpp pre-tokenizer whose splitting regexes are this tokenizer.json's."""
+    steps = (pre or {}).get("pretokenizers") if (pre or {}).get("type") == "Sequence" else [pre or {}]
+    regexes = tuple(s["pattern"]["Regex"] for s in steps if s.get("type") == "Split" and "Regex" in s.get("pattern", {}))
+    if not regexes and any(s.get("type") == "ByteLevel" and s.get("use_regex", True) for s in steps):
+        regexes = PRE_TOKENIZERS["gpt2"][0]  # ByteLevel's own regex is GPT-2's
+    for name in PRE_NAMES:
+        if PRE_TOKENIZERS[name][0] == regexes:
+            return name
+    raise ExportError(f"{source}: this tokenizer splits text in a way llama.cpp is not known to "
+                      f"(pre-tokenizer regexes {list(regexes)}); known: {', '.join(PRE_NAMES)}")

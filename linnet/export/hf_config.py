@@ -1,0 +1,70 @@
+"""The Hugging Face config.json of a specialized module, for each architecture Linnet writes.
+
+The inverse of `nest.autocard`: autocard reads a config.json into a card, this writes a card's
+config values back as one, under the keys transformers and vLLM read.
+"""
+
+from __future__ import annotations
+
+from linnet.export import ExportError
+from linnet.ir.nodes import Module
+
+TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
+
+
+def hf_config(module: Module, tokenizer=None) -> dict:
+    """config.json for `module` (specialized), with the tokenizer's BOS/EOS ids when there is one."""
+    if module.name not in _WRITERS:
+        raise ExportError(f"{module.path}: no Hugging Face config is known for architecture {module.name!r}; "
+                          f"known: {', '.join(_WRITERS)}")
+    b = module.bindings
+    config = _WRITERS[module.name](b)
+    config["max_position_embeddings"] = int(module.meta.get("max_context", config.get("max_position_embeddings", 8192)))
+    config["torch_dtype"] = TORCH_DTYPE_NAMES[b["T"]]
+    if tokenizer is not None:
+        if tokenizer.bos_token_id is not None:
+            config["bos_token_id"] = tokenizer.bos_token_id
+        if tokenizer.eos_token_ids:
+            eos = tokenizer.eos_token_ids
+            config["eos_token_id"] = eos[0] if len(eos) == 1 else eos
+    return config
+
+
+def _llama(b: dict) -> dict:
+    rope = None
+    if b["rope_scaling"] == "llama3":
+        rope = {"rope_type": "llama3", "factor": b["rope_factor"], "low_freq_factor": b["rope_low_freq_factor"],
+                "high_freq_factor": b["rope_high_freq_factor"],
+                "original_max_position_embeddings": b["rope_original_max"]}
+    elif b["rope_scaling"] == "linear":
+        rope = {"rope_type": "linear", "factor": b["rope_factor"]}
+    elif b["rope_scaling"] != "none":
+        raise ExportError(f"rope scaling {b['rope_scaling']!r} has no Llama config.json form")
+    return {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "vocab_size": b["vocab"], "hidden_size": b["dim"], "intermediate_size": b["ffn"],
+        "num_hidden_layers": b["layers"], "num_attention_heads": b["heads"], "num_key_value_heads": b["kv_heads"],
+        "head_dim": b["head_dim"], "rms_norm_eps": b["norm_eps"], "rope_theta": b["rope_theta"], "rope_scaling": rope,
+        "tie_word_embeddings": b["tie_embeddings"], "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+    }
+
+
+def _gpt_oss(b: dict) -> dict:
+    return {
+        "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+        "vocab_size": b["vocab"], "hidden_size": b["dim"], "intermediate_size": b["ffn"],
+        "num_hidden_layers": b["layers"], "num_attention_heads": b["heads"], "num_key_value_heads": b["kv_heads"],
+        "head_dim": b["head_dim"], "num_local_experts": b["experts"], "num_experts_per_tok": b["experts_per_token"],
+        "experts_per_token": b["experts_per_token"], "sliding_window": b["sliding_window"],
+        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(b["layers"])],
+        "swiglu_alpha": b["swiglu_alpha"], "swiglu_limit": b["swiglu_limit"], "rms_norm_eps": b["norm_eps"],
+        "rope_theta": b["rope_theta"],
+        "rope_scaling": {"rope_type": "yarn", "factor": b["rope_factor"], "beta_fast": b["rope_beta_fast"],
+                         "beta_slow": b["rope_beta_slow"], "truncate": b["rope_truncate"],
+                         "original_max_position_embeddings": b["rope_original_max"]},
+        "tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": True,
+        "initial_context_length": b["rope_original_max"],
+    }
+
+
+_WRITERS = {"llama": _llama, "gpt_oss": _gpt_oss}

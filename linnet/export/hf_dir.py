@@ -1,0 +1,76 @@
+"""A Hugging Face model directory: what vLLM serves (`vllm serve DIR`) and transformers loads.
+
+config.json from the card's config (`hf_config`), the weights as safetensors under the names the
+card's `from hf` lines declare (in shards of at most SHARD_BYTES, with an index), and the
+tokenizer: copied as it was when the weights came from a model directory, else written from the
+tokenizer Nest built (a GGUF's), with its chat template.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from linnet.export.hf_config import hf_config
+from linnet.nest.bind import unbind_weights
+from linnet.nest.checkpoint import SafetensorsCheckpoint
+
+SHARD_BYTES = 4 << 30
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "generation_config.json")
+
+
+def write_hf_dir(bound, out) -> str:
+    """Writes `bound` (`nest.read_weights`) as a model directory at `out`; returns its path."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    config = hf_config(bound.module, bound.tokenizer)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+    shards, current, size = [], {}, 0
+    for name, t in unbind_weights(bound.module, bound.params, "hf"):
+        nbytes = t.numel() * t.element_size()
+        if current and size + nbytes > SHARD_BYTES:
+            shards.append(current)
+            current, size = {}, 0
+        current[name] = t.contiguous()
+        size += nbytes
+    shards.append(current)
+    if len(shards) == 1:
+        save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
+    else:
+        weight_map, total = {}, 0
+        for i, shard in enumerate(shards):
+            file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(out / file), metadata={"format": "pt"})
+            weight_map.update({name: file for name in shard})
+            total += sum(t.numel() * t.element_size() for t in shard.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    _write_tokenizer(bound, out, config)
+    return str(out)
+
+
+def _write_tokenizer(bound, out: Path, config: dict) -> None:
+    if isinstance(bound.tokenizer_from, SafetensorsCheckpoint):
+        for file in TOKENIZER_FILES:
+            if (bound.tokenizer_from.dir / file).is_file():
+                shutil.copyfile(bound.tokenizer_from.dir / file, out / file)
+        return
+    tok = bound.tokenizer
+    if tok is None:  # random weights, or a checkpoint without one: vLLM then needs --tokenizer
+        return
+    tok.backend.save(str(out / "tokenizer.json"))
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
+                "model_max_length": config["max_position_embeddings"]}
+    for key, value in tok.special_tokens.items():
+        if value is not None:
+            settings[key] = value
+    if tok.chat_template:
+        settings["chat_template"] = tok.chat_template
+    (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
+    generation = {k: config[k] for k in ("bos_token_id", "eos_token_id") if k in config}
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")

@@ -1,0 +1,36 @@
+"""`linnet export` on the command line: what it prints, and one line of error for what cannot be done."""
+
+import json
+
+from linnet.cli import main
+
+
+def test_writes_and_says_how_to_serve(tmp_path, capsys):
+    assert main(["export", "tiny-llama", "--to", "vllm", "-o", str(tmp_path / "m"), "--weights", "random"]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {tmp_path / 'm'}" in out and f"vllm serve {tmp_path / 'm'}" in out
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+
+
+def test_triton_repository(tmp_path, capsys):
+    assert main(["export", "tiny-llama", "--to", "triton", "-o", str(tmp_path), "--weights", "random",
+                 "--batch", "8", "--max-seq", "256", "--name", "tiny"]) == 0
+    assert f"tritonserver --model-repository {tmp_path}" in capsys.readouterr().out
+    config = (tmp_path / "tiny" / "config.pbtxt").read_text()
+    assert 'name: "tiny"' in config and 'key: "batch" value: { string_value: "8" }' in config
+    assert (tmp_path / "tiny" / "1" / "model.py").read_text().count("TritonPythonModel") == 1
+
+
+def test_errors_are_one_line_and_write_nothing(tmp_path, capsys):
+    cases = [
+        (["no-such-card", "--to", "vllm"], "unknown card 'no-such-card'"),
+        (["tiny-gpt-oss", "--to", "llama.cpp", "--weights", "random"], "covers Llama-architecture cards"),
+        (["llama-3.1-8b-instruct", "--to", "vllm"], "huggingface-cli download meta-llama/Llama-3.1-8B-Instruct"),
+        (["tiny-llama", "--to", "triton", "--weights", str(tmp_path / "nowhere")], "no such checkpoint"),
+    ]
+    for args, message in cases:
+        assert main(["export", *args, "-o", str(tmp_path / "out")]) == 1, args
+        err = capsys.readouterr().err
+        assert err.startswith("linnet: error: ") and message in err, (args, err)
+        assert "Traceback" not in err
+    assert not (tmp_path / "out").exists()

