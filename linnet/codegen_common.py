@@ -141,3 +141,76 @@ def linear_groups(module: ir.Module) -> list:
         for n in g:
             counts[n] = counts.get(n, 0) + 1
     return sorted(g for g in groups if all(counts[n] == 1 for n in g))
+
+
+# ops whose result is spread over features like their inputs (elementwise, shapes, rope): split if any input is
+_REDUCING = {"rmsnorm", "sum", "mean", "max", "min", "argmax", "softmax", "topk", "einsum", "matmul", "index",
+             "take", "concat", "expert_linear"}
+
+
+def shard_plan(module: ir.Module) -> tuple[dict, dict]:
+    """Tensor parallelism, Megatron's way, read off the dataflow: ({param: axis}, {state: axis}).
+
+    A `linear` whose input is whole (a norm's output) splits its weight's output rows over the
+    devices (column parallel: each device computes its share of the features); one whose input is
+    already split (attention's heads, or a column-parallel output through elementwise ops) splits
+    its weight's input columns (row parallel: XLA sums the partial products once). A column-
+    parallel bias splits with its rows. Experts split over the expert axis. A cache handed to
+    `attention` splits over its kv heads. Every other param is replicated. Axes count the stacked
+    layer dim. A backend places each array so (where the axis divides evenly) and XLA's
+    partitioner inserts the collectives; the plan costs speed when wrong, never correctness.
+    `module` must have its fns inlined.
+    """
+    params: dict = {}
+    states: dict = {}
+
+    def weight_of(w):
+        if isinstance(w, ir.Op) and w.op == "index" and w.args and isinstance(w.kwargs.get("x"), ir.Var):
+            w = w.kwargs["x"]
+        return w.name if isinstance(w, ir.Var) and w.kind == "param" else None
+
+    def split(v, env) -> bool:
+        if isinstance(v, ir.Var):
+            return env.get(v.name, False) if v.kind == "local" else False
+        if not isinstance(v, ir.Op):
+            return False
+        if v.op == "linear":
+            name, inner = weight_of(v.kwargs["w"]), split(v.kwargs["x"], env)
+            if name is not None:
+                stacked = module.params[name].loop_var is not None
+                params.setdefault(name, int(stacked) + (1 if inner else 0))
+                bias = weight_of(v.kwargs["bias"]) if "bias" in v.kwargs else None
+                if bias is not None and not inner:
+                    params.setdefault(bias, int(module.params[bias].loop_var is not None))
+            return not inner
+        if v.op == "attention":
+            for cache in (v.kwargs["k_cache"], v.kwargs["v_cache"]):
+                c = cache.kwargs["x"] if isinstance(cache, ir.Op) and cache.op == "index" else cache
+                if isinstance(c, ir.Var) and c.kind == "state":
+                    states[c.name] = module.state[c.name].type.rank - 2  # [..., kv_heads, head_dim]
+            for child in v.kwargs.values():
+                split(child, env)
+            return True
+        if v.op == "expert_linear":
+            for key in ("w", "bias"):
+                name = weight_of(v.kwargs[key]) if key in v.kwargs else None
+                if name is not None:
+                    params.setdefault(name, int(module.params[name].loop_var is not None))
+        parts = [split(c, env) for c in list(v.kwargs.values()) + list(v.args) if isinstance(c, ir.Value)]
+        return any(parts) and v.op not in _REDUCING
+
+    def visit(body, env):
+        for s in body:
+            if isinstance(s, ir.Assign):
+                value = split(s.value, env)
+                for t in s.targets:
+                    env[t] = value
+            elif isinstance(s, ir.For):
+                visit(s.body, env)
+            else:
+                for v in stmt_values(s):
+                    split(v, env)
+
+    for fn in module.entries.values():
+        visit(fn.body, {})
+    return params, states

@@ -7,7 +7,7 @@ Each entry becomes `entry(params, state, *args) -> (result, state)`; the state
 from __future__ import annotations
 
 from linnet.codegen_common import (entry_dim_sources, linear_groups, linear_weights, rope_key, rope_table_args,
-                                   rope_tables)
+                                   rope_tables, shard_plan)
 from linnet.ir import nodes as ir
 from linnet.ir.passes import inline_calls
 from linnet.ir.types import NoneType, ScalarType
@@ -65,6 +65,9 @@ class _JaxEmitter(PythonEmitter):
         self.line(f"stacked = {stacked!r}  # params with one array per layer")
         self.line(f"linear_groups = {linear_groups(m)!r}  # weights of one input: with fast numerics, one matmul")
         self.line(f"linear_weights = {linear_weights(m)!r}  # name -> stacked: the runtime may hold these as panels")
+        shard_params, shard_state = shard_plan(m)
+        self.line(f"shard_params = {shard_params!r}  # on a mesh: the axis each param splits on (tensor parallel)")
+        self.line(f"shard_state = {shard_state!r}  # the caches split over their kv heads")
         self.line("fast = FAST")
         self.depth -= 1
         return self.source()

@@ -7,7 +7,9 @@ norms and softmax in f32.
 
 from __future__ import annotations
 
+import contextvars
 import functools
+import inspect
 import math
 from typing import Any, NamedTuple
 
@@ -21,6 +23,11 @@ from linnet.rope_tables import inv_frequencies
 
 DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16, "i32": jnp.int32, "i64": jnp.int64,
           "bool": jnp.bool_}
+
+# True while an entry over arrays spread on a mesh is traced: Linnet's CPU kernels (XLA custom calls,
+# which the partitioner cannot split) give way to XLA's own ops.
+_SHARDED = contextvars.ContextVar("linnet_sharded", default=False)
+MESH_AXIS = "model"  # the mesh axis tensor parallelism splits over
 
 # Bounds the keys gathered at once in packed attention: [chunk, MaxSeq, kv_heads, head_dim].
 _GATHER_ELEMENTS = 1 << 24
@@ -166,7 +173,7 @@ def attention(q, k_cache, v_cache, positions, rows=None, window: int = 0, sinks=
     if not isinstance(k_cache, CacheLayer):
         k_cache, v_cache = CacheLayer(jnp.asarray(k_cache)[None], 0), CacheLayer(jnp.asarray(v_cache)[None], 0)
     batch, seq = k_cache.shape[:2]
-    if fast and xla_kernels.attends_here(k_cache.stack, head_dim):
+    if fast and not _SHARDED.get() and xla_kernels.attends_here(k_cache.stack, head_dim):
         # Linnet's kernel, a token at a time, each reading its own row up to its own position: a
         # prompt's tokens too, whose keys the pass has written to the cache by now. A 480-token
         # prefill of SmolLM2 (f32): 1.70 s, against 2.10 with prompts in the blocked path below.
@@ -491,13 +498,21 @@ class JaxModel:
     stacked: tuple = ()  # params declared in a loop: kept as one array per layer (see below)
     linear_groups: list = []  # weights of one input, fused with fast numerics (see fuse_linear_groups)
     linear_weights: dict = {}  # params read only as linear's weight: {name: stacked} (see pack_linear_weights)
+    shard_params: dict = {}  # tensor parallelism: {param: the axis it splits on} (codegen_common.shard_plan)
+    shard_state: dict = {}  # {state: axis}
     fast: bool = False
 
-    def __init__(self, weights: dict, device=None, consume: bool = False):
+    def __init__(self, weights: dict, device=None, consume: bool = False, mesh=None):
         """`weights`: {param: torch tensor, numpy or jax array}. With `consume`, each entry is
         popped from `weights` as it is placed, so that the caller's copy of the model is freed
-        one param at a time and loading never holds two copies (`nest.load` does this)."""
-        self.device = device or jax.devices()[0]
+        one param at a time and loading never holds two copies (`nest.load` does this).
+        `mesh`: a `jax.sharding.Mesh` with an axis named "model" to spread the model over (tensor
+        parallel, as `shard_params` says); then `device` is ignored."""
+        self.mesh = mesh
+        self.device = mesh.devices.flat[0] if mesh is not None else (device or jax.devices()[0])
+        for alias, target in self.tied.items():  # a tied pair is one array: the alias's split, if only it has one
+            if alias in self.shard_params and target not in self.shard_params:
+                self.shard_params = {**self.shard_params, target: self.shard_params[alias]}
         arrays = {}
         for name, (shape, dtype) in self.params.items():
             if name in self.tied:
@@ -511,7 +526,8 @@ class JaxModel:
             # On the CPU, device_put keeps an aligned host array as it is (no copy): right when the
             # caller hands its weights over (consume), while a caller who keeps them gets a copy.
             # Elsewhere it copies to the device, and the host array is dropped with `a`.
-            a = jax.device_put(host if consume else jnp.array(host, copy=True), self.device)
+            a = jax.device_put(host if consume else jnp.array(host, copy=True),
+                               self._placement(self.shard_params.get(name), shape))
             del host
             if tuple(a.shape) != tuple(shape):
                 raise ValueError(f"param `{name}` must be {list(shape)}, but the weights given are {list(a.shape)}")
@@ -528,20 +544,42 @@ class JaxModel:
         for name, other in self.tied.items():
             arrays[name] = arrays[other]
         self.weights = arrays
-        parts = self.fuse_linear_groups() if self.fast else {}
-        panels = self.pack_linear_weights(parts) if self.fast else {}
+        # Fused groups and panels serve one CPU device; on a mesh each weight stays as it was split.
+        parts = self.fuse_linear_groups() if self.fast and mesh is None else {}
+        panels = self.pack_linear_weights(parts) if self.fast and mesh is None else {}
         self.reset_state()
         types = {name: DTYPES[dtype] for name, (_, dtype) in self.state.items()}
-        self.traced = {name: _on_bits(_on_panels(_on_parts(fn, parts), panels), types)
+        self.traced = {name: _on_mesh(_on_bits(_on_panels(_on_parts(fn, parts), panels), types), mesh)
                        for name, fn in self.entries.items()}
         self.compiled = {name: self._jit(fn) for name, fn in self.traced.items()}
         self.compiled_then: dict = {}
 
+    def _placement(self, axis, shape):
+        """Where an array goes: the model's device; on a mesh, split on `axis` when the mesh divides
+        that dim evenly, else a copy on every device."""
+        if self.mesh is None:
+            return self.device
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        parts = self.mesh.shape[MESH_AXIS]
+        if axis is None or shape[axis] % parts:
+            return NamedSharding(self.mesh, PartitionSpec())
+        return NamedSharding(self.mesh, PartitionSpec(*([None] * axis), MESH_AXIS))
+
     def _jit(self, fn):
         """fn jitted with the state donated and every argument placed on the model's device: a host
         array and an array another executable left there (a decode step's tokens, fed to the next)
-        then meet one executable; unplaced, the second compiled one of its own."""
-        return jax.jit(fn, donate_argnums=(1,), in_shardings=jax.sharding.SingleDeviceSharding(self.device))
+        then meet one executable; unplaced, the second compiled one of its own. On a mesh, the
+        params and the state keep their splits, in and out, and the other arguments and the
+        results are whole on every device."""
+        if self.mesh is None:
+            return jax.jit(fn, donate_argnums=(1,), in_shardings=jax.sharding.SingleDeviceSharding(self.device))
+        whole = self._placement(None, ())
+        params = jax.tree.map(lambda a: a.sharding, self.weights)
+        state = jax.tree.map(lambda a: a.sharding, self.state_bits)
+        others = len(inspect.signature(fn).parameters) - 2
+        return jax.jit(fn, donate_argnums=(1,), in_shardings=(params, state) + (whole,) * others,
+                       out_shardings=(whole, state))
 
     def fuse_linear_groups(self) -> dict:
         """Each of `linear_groups` (untied weights of one input, as the code generator found them)
@@ -592,7 +630,8 @@ class JaxModel:
 
     def reset_state(self):
         # Donated at every call, each buffer is the one the next call writes: read where it lies.
-        self.state_bits = {name: _on_huge_pages(jax.device_put(_bits(jnp.zeros(shape, DTYPES[dtype])), self.device))
+        self.state_bits = {name: _on_huge_pages(jax.device_put(_bits(jnp.zeros(shape, DTYPES[dtype])),
+                                                               self._placement(self.shard_state.get(name), shape)))
                            for name, (shape, dtype) in self.state.items()}
 
     @property
@@ -606,6 +645,11 @@ class JaxModel:
     def _run(self, executable, *args):
         """Runs an executable over the params and the state, keeping the state it returns."""
         args = jax.tree.map(_to_numpy, args)  # host arrays go to the executable as they are: no eager transfer op
+        if self.mesh is not None:
+            # On a mesh an array's type names the mesh: a host array and one a step left on the mesh
+            # (a decode step's tokens) would trace twice. Both go in as arrays on the mesh.
+            whole = self._placement(None, ())
+            args = jax.tree.map(lambda a: a if isinstance(a, jax.Array) else jax.device_put(a, whole), args)
         with jax.default_matmul_precision("default" if self.fast else "highest"):
             result, self.state_bits = executable(self.weights, self.state_bits, *args)
         return result
@@ -679,10 +723,25 @@ def _on_bits(entry, types: dict):
     return on_bits
 
 
+def _on_mesh(entry, mesh):
+    """`entry` traced with Linnet's CPU kernels off when its arrays are spread on a mesh (`_SHARDED`)."""
+    if mesh is None:
+        return entry
+
+    @functools.wraps(entry)
+    def on_mesh(*args):
+        token = _SHARDED.set(True)
+        try:
+            return entry(*args)
+        finally:
+            _SHARDED.reset(token)
+    return on_mesh
+
+
 def _on_huge_pages(a):
     """`a` with its memory moved onto huge pages where it lies in this process's memory (the CPU
     backend's buffers): the panels a decode step streams through, the caches it reads (`pages`)."""
-    if a.devices() and next(iter(a.devices())).platform == "cpu":
+    if len(a.devices()) == 1 and next(iter(a.devices())).platform == "cpu":
         a.block_until_ready()
         pages.back_with_huge_pages(a.unsafe_buffer_pointer(), a.nbytes)
     return a

@@ -60,17 +60,21 @@ EMBEDDED_CARD = "smollm2-135m-instruct"
 def load(name: str | os.PathLike, backend: str = "torch", device: str | None = None, numerics: str = "exact",
          compile: bool = False, generics: dict | None = None, cast_dtype: bool = False,
          weights: str | os.PathLike | Checkpoint | None = None, seed: int = 0, tokenizer: bool = True,
-         progress: bool | None = None) -> LoadedModel:
+         progress: bool | None = None, shards: int | None = None) -> LoadedModel:
     """A model ready for the engine: `load("smollm2-135m-instruct", backend="jax", generics={...})`.
 
     `compile` (torch): the engine captures the decode step once and replays it, as a CUDA graph on
     CUDA, and on the CPU, with fast numerics, as one call of Linnet's kernels (`kernels.cpu_graph`).
     `progress`: draw a progress bar on standard error while loading and compiling;
     None (the default) draws it when standard error is a terminal.
+    `shards` (JAX): spread the model over that many devices of `device`'s platform, tensor parallel
+    (`codegen_common.shard_plan`; XLA's partitioner adds the collectives).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; one of {', '.join(BACKENDS)}")
     kind = BACKENDS[backend]
+    if shards is not None and kind != "jax":
+        raise ValueError("shards= spreads a JAX model over devices; the torch backend runs on one")
     if kind == "torch":
         device = device or ("cuda" if _cuda_available() else "cpu")
     else:
@@ -92,7 +96,7 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     if kind == "torch":
         runner = gen.Model(params, device=device, consume=True)
     else:
-        runner = gen.Model(params, device=jax_device, consume=True)
+        runner = gen.Model(params, device=jax_device, consume=True, mesh=_mesh(jax_device, shards))
     del params
     bound.params = None
     bar.close()
@@ -160,6 +164,21 @@ def _cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def _mesh(first, shards: int | None):
+    """A one-axis mesh ("model") of `shards` devices of `first`'s platform, or None."""
+    if shards is None:
+        return None
+    import jax
+    import numpy as np
+
+    devices = jax.devices(first.platform)
+    if not 1 <= shards <= len(devices):
+        hint = (" (on the CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N before jax is imported "
+                "makes N)" if first.platform == "cpu" else "")
+        raise ValueError(f"shards={shards}, but there are {len(devices)} {first.platform} devices{hint}")
+    return jax.sharding.Mesh(np.array(devices[:shards]), ("model",))
 
 
 def _jax_device(device: str | None):

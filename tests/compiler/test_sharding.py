@@ -1,0 +1,107 @@
+"""Tensor parallelism under JAX: `codegen_common.shard_plan` reads Megatron's split off the IR, and a
+model spread over several devices (`nest.load(..., shards=N)`) computes what one device does.
+
+Several CPU devices exist only if XLA is told before JAX starts, so the mesh runs in a subprocess
+with XLA_FLAGS=--xla_force_host_platform_device_count=4."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from linnet.codegen_common import shard_plan
+from linnet.compiler import check_file
+from linnet.ir.passes import inline_calls
+from linnet.ir.specialize import specialize
+
+
+def plan(kit, card):
+    return shard_plan(inline_calls(specialize(check_file(kit.CARDS / f"{card}.linnet"), {"Batch": 2, "MaxSeq": 16}, "exact")))
+
+
+def test_the_plan_is_megatrons(kit):
+    params, states = plan(kit, "tiny-llama")
+    # stacked [layers, out, in]: q, k, v, gate and up split their rows (axis 1), o and down their columns
+    assert {n: params[n] for n in ("wq", "wk", "wv", "w_gate", "w_up")} == dict.fromkeys(("wq", "wk", "wv", "w_gate", "w_up"), 1)
+    assert params["wo"] == 2 and params["w_down"] == 2
+    assert params["lm_head"] == 0  # the vocabulary
+    assert "embed" not in params and "attn_norm" not in params
+    assert states == {"k_cache": 3, "v_cache": 3}  # [layers, Batch, MaxSeq, kv_heads, head_dim]
+
+
+def test_the_plan_splits_experts_and_column_biases(kit):
+    params, _ = plan(kit, "tiny-gpt-oss")
+    assert params["bq"] == 1 and params["wo"] == 2 and "bo" not in params  # a row-parallel bias is added once
+    assert params["w_gate_up"] == 1 and params["w_down"] == 1 and params["b_down"] == 1  # [layers, experts, ...]
+
+
+SCRIPT = textwrap.dedent("""
+    import json, random
+    import numpy as np
+    from linnet import nest
+    from linnet.serve import Engine, Request
+
+    out = {}
+    rng = random.Random(0)
+    prompts = [[rng.randrange(1, 128) for _ in range(rng.randint(4, 14))] for _ in range(5)]
+    for card, counts in (("tiny-llama", (None, 2, 4)), ("tiny-gpt-oss", (None, 2))):
+        for shards in counts:
+            model = nest.load(card, backend="jax", weights="random", seed=2, generics={"Batch": 4, "MaxSeq": 32},
+                              numerics="fast", shards=shards)
+            engine = Engine(model, token_budget=32)
+            engine.warmup(len(p) for p in prompts)
+            done, stats = engine.run([Request(prompt=p, max_new_tokens=6) for p in prompts])
+            n = len(prompts[0])
+            model.reset()
+            logits = np.asarray(model.prefill(np.array(prompts[0], np.int32), np.arange(n, dtype=np.int32),
+                                              np.zeros(n, np.int32), np.array([n - 1], np.int32)))
+            out[f"{card}/{shards}"] = dict(tokens=[c.tokens for c in done], compiles=stats.compiles,
+                                           logits=logits[0].tolist())
+            if shards:  # (on one device, fast numerics fuse q, k and v into one weight)
+                wq = model.runner.weights["wq"][0]
+                out[f"{card}/{shards}"].update(
+                    wq_devices=len(wq.devices()), wq_shard=list(wq.addressable_shards[0].data.shape),
+                    cache_spec=str(model.runner.state_bits["k_cache"].sharding.spec))
+    try:
+        nest.load("tiny-llama", backend="jax", weights="random", shards=5)
+    except ValueError as err:
+        out["too_many"] = str(err)
+    print("RESULT " + json.dumps(out))
+""")
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    run = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    line = next(line for line in run.stdout.splitlines() if line.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+@pytest.mark.parametrize("card, shards", [("tiny-llama", 2), ("tiny-llama", 4), ("tiny-gpt-oss", 2)])
+def test_a_model_over_several_devices_computes_what_one_does(results, card, shards):
+    import numpy as np
+
+    one, many = results[f"{card}/None"], results[f"{card}/{shards}"]
+    assert many["tokens"] == one["tokens"]
+    a, b = np.array(one["logits"]), np.array(many["logits"])
+    assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
+    assert many["compiles"] == 0  # the mesh adds no compile after warmup
+    assert many["wq_devices"] == shards and many["wq_shard"][0] == 64 // shards  # q's rows are split
+    # the caches split over kv heads where the mesh divides them (2 kv heads), else stay whole
+    assert many["cache_spec"] == ("P(None, None, None, 'model')" if shards == 2 else "P()")
+
+
+def test_more_shards_than_devices_is_a_clear_error(results):
+    assert "shards=5, but there are 4 cpu devices" in results["too_many"]
+
+
+def test_torch_takes_no_shards():
+    from linnet import nest
+
+    with pytest.raises(ValueError, match="torch backend runs on one"):
+        nest.load("tiny-llama", backend="torch", weights="random", shards=2)
