@@ -448,8 +448,8 @@ def expert_linear(x: torch.Tensor, w: torch.Tensor, experts: torch.Tensor,
     # (bincount would read the largest id on the host, which a CUDA graph cannot hold)
     counts = torch.zeros(w.shape[0], dtype=torch.int64, device=x.device).scatter_add_(0, chosen, torch.ones_like(chosen))
     grouped = rows.index_select(0, order)
-    if _grouped_mm_serves(grouped, w):  # CUDA: one kernel over every group, no host read (graph-safe)
-        out = torch._grouped_mm(grouped, w.transpose(-2, -1), offs=torch.cumsum(counts, 0, dtype=torch.int32))
+    out = _grouped_mm(grouped, w, counts) if _grouped_mm_serves(grouped, w) else None
+    if out is not None:  # CUDA: one kernel over every group, no host read (graph-safe)
         if bias is not None:
             out = out + bias.index_select(0, chosen.index_select(0, order))
     else:  # one matmul per expert that has rows; reads the counts on the host
@@ -464,10 +464,25 @@ def expert_linear(x: torch.Tensor, w: torch.Tensor, experts: torch.Tensor,
     return result.reshape(n, k, w.shape[1])
 
 
+_GROUPED_MM = {"works": True}  # set False the first time torch refuses it: the per-expert loop from then on
+
+
 def _grouped_mm_serves(x: torch.Tensor, w: torch.Tensor) -> bool:
     """torch's grouped GEMM: bf16 on a CUDA device of compute capability 9.0 or later (Hopper)."""
-    return (x.is_cuda and x.dtype == w.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm")
-            and torch.cuda.get_device_capability(x.device) >= (9, 0))
+    return (_GROUPED_MM["works"] and x.is_cuda and x.dtype == w.dtype == torch.bfloat16
+            and hasattr(torch, "_grouped_mm") and torch.cuda.get_device_capability(x.device) >= (9, 0))
+
+
+def _grouped_mm(rows: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor | None:
+    """rows (grouped by expert, counts[e] for expert e) times each group's w[e].T, or None where this
+    torch refuses the call (a private op whose layout rules vary between versions; untested here)."""
+    try:
+        return torch._grouped_mm(rows, w.transpose(-2, -1), offs=torch.cumsum(counts, 0, dtype=torch.int32))
+    except RuntimeError:
+        if torch.cuda.is_current_stream_capturing():
+            raise  # a CUDA graph capture: the runner settles on running the step eagerly
+        _GROUPED_MM["works"] = False
+        return None
 
 
 def topk(x: torch.Tensor, k: int):
