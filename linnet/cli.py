@@ -171,8 +171,13 @@ def cmd_serve(args) -> int:
     from linnet.serve.server import serve
 
     generics = {"Batch": args.batch, "MaxSeq": args.max_seq, "T": args.dtype}
-    model = nest.load(args.card, backend=args.backend, device=args.device, numerics=args.numerics,
-                      compile=True, generics=generics, cast_dtype=True, weights=args.weights)
+    if args.shards is not None and args.backend != "jax":
+        raise _UsageError("--shards spreads a JAX model over devices: pass --backend jax")
+    try:
+        model = nest.load(args.card, backend=args.backend, device=args.device, numerics=args.numerics,
+                          compile=True, generics=generics, cast_dtype=True, weights=args.weights, shards=args.shards)
+    except ValueError as err:  # what was asked cannot be had: more shards than devices, an unknown device
+        raise _UsageError(str(err)) from None
     serve(model, args.name or model.card, host=args.host, port=args.port, token_budget=args.token_budget)
     return 0
 
@@ -248,6 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--numerics", choices=["exact", "fast"], default="fast")
     sv.add_argument("--weights", default=None, help="a checkpoint path, or 'random'")
     sv.add_argument("--token-budget", type=int, default=None, help="most tokens in one pass")
+    sv.add_argument("--shards", type=int, default=None,
+                    help="jax: spread the model over this many devices (tensor parallel)")
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--name", default=None, help="the model name clients send (default: the card's)")

@@ -30,6 +30,7 @@ parser.add_argument("--weights", default=None,
                     help="a checkpoint path, or 'random' to benchmark without the files (default: the card's)")
 parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"], help="the element type T")
 parser.add_argument("--token-budget", type=int, default=None, help="most tokens in one pass")
+parser.add_argument("--shards", type=int, default=None, help="jax: spread the model over this many devices")
 args = parser.parse_args()
 
 # One cache row per request in flight, long enough for the longest prompt
@@ -42,7 +43,7 @@ if args.backend == "torch":
 else:
     # Every entry over one copy of the weights, compiled by XLA.
     model = nest.load(args.card, backend="jax_model", numerics="fast", generics=generics, cast_dtype=True,
-                      weights=args.weights, tokenizer=False)
+                      weights=args.weights, tokenizer=False, shards=args.shards)
 
 rng = random.Random(0)
 top = min(20000, model.vocab)  # the seed's ids, 100 to 20000; a small test card's own vocabulary

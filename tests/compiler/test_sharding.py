@@ -105,3 +105,12 @@ def test_torch_takes_no_shards():
 
     with pytest.raises(ValueError, match="torch backend runs on one"):
         nest.load("tiny-llama", backend="torch", weights="random", shards=2)
+
+
+def test_linnet_serve_says_what_is_wrong_with_shards(capsys):
+    from linnet.cli import main
+
+    assert main(["serve", "tiny-llama", "--weights", "random", "--shards", "2"]) == 1
+    assert "pass --backend jax" in capsys.readouterr().err
+    assert main(["serve", "tiny-llama", "--weights", "random", "--backend", "jax", "--shards", "64"]) == 1
+    assert "shards=64, but there are" in capsys.readouterr().err
