@@ -17,7 +17,7 @@ import json
 import os
 from pathlib import Path
 
-MODEL_PY = '''\\
+MODEL_PY = '''\
 """Triton's Python-backend entry point for a Linnet card: see linnet/export/triton_model.py.
 
 Written by `linnet export --to triton`; the card and its sizes are in ../config.pbtxt.

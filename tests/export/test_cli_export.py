@@ -34,3 +34,15 @@ def test_errors_are_one_line_and_write_nothing(tmp_path, capsys):
         assert err.startswith("linnet: error: ") and message in err, (args, err)
         assert "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_model_py_is_clean_python(tmp_path):
+    import ast
+
+    from linnet.export.triton import write_repository
+
+    model_dir = write_repository("tiny-llama", tmp_path, weights="random", name="tiny")
+    source = open(f"{model_dir}/1/model.py").read()
+    assert source.startswith('"""Triton')
+    tree = ast.parse(source)
+    assert [n.names[0].name for n in tree.body if isinstance(n, ast.ImportFrom)] == ["TritonPythonModel"]
