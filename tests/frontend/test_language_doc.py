@@ -70,3 +70,26 @@ def test_the_worked_example_quotes_llama_linnet():
                 continue
             assert line.rstrip() in llama[at:], f"not in llama.linnet (after line {at}): {line!r}"
             at = llama.index(line.rstrip(), at) + 1
+
+
+def test_the_tour_runs_alike_on_both_backends(tmp_path):
+    """The tour of the ops, as the page says: both backends run it and agree (random weights, exact)."""
+    import numpy as np
+
+    from linnet.compiler import generate, import_source
+    from linnet.ir.specialize import specialize
+    from linnet.nest.random_weights import random_weights
+
+    section = DOC.read_text().split("## A tour of the ops")[1]
+    path = tmp_path / "tour.linnet"
+    path.write_text(re.search(r"```linnet\n(.*?)```", section, flags=re.S).group(1))
+    module = check_file(path)
+    generics = {"Batch": 3, "MaxSeq": 16}
+    weights = random_weights(specialize(module, generics, "exact"), seed=4)
+    tokens, positions = np.array([1, 7, 30], np.int32), np.array([0, 3, 9], np.int32)
+    out = {}
+    for backend in ("torch", "jax"):
+        model = import_source(generate(module, backend, generics, "exact")).Model(dict(weights))
+        out[backend] = np.asarray(model.decode(tokens, positions), dtype=np.float64)
+    assert out["torch"].shape == (3, 32)
+    np.testing.assert_allclose(out["jax"], out["torch"], rtol=1e-5, atol=1e-5 * np.abs(out["torch"]).max())
