@@ -35,6 +35,15 @@ def _rope_theta(config: dict, default: float) -> float:
 
 
 def _llama_values(config: dict, name: str) -> dict:
+    # Llama checkpoints with biases (attention_bias, mlp_bias) exist; loaded without them they would
+    # give wrong logits with nothing but an unused-tensor warning, so they are refused here.
+    biased = [key for key in ("attention_bias", "mlp_bias") if config.get(key)]
+    if biased:
+        raise WeightsError(f"{name}: this Llama checkpoint has {' and '.join(biased)} set, and the llama "
+                           f"architecture has no biases; write a card over an architecture that has them")
+    act = config.get("hidden_act", "silu")
+    if act != "silu":
+        raise WeightsError(f"{name}: hidden_act {act!r}; the llama architecture's MLP is SwiGLU (silu)")
     heads = int(config["num_attention_heads"])
     dim = int(config["hidden_size"])
     values = {

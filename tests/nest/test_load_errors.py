@@ -173,3 +173,15 @@ def test_not_a_llama_checkpoint(ckpt_dir):
     (ckpt_dir / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(WeightsError, match=r"Tiny-Llama: architecture \['MistralForCausalLM'\] is not supported"):
         load(ckpt_dir)
+
+
+@pytest.mark.parametrize("key, value, message", [("attention_bias", True, "has attention_bias set"),
+                                                 ("mlp_bias", True, "has mlp_bias set"),
+                                                 ("hidden_act", "gelu", "hidden_act 'gelu'")])
+def test_a_llama_the_architecture_cannot_express_is_refused(ckpt_dir, key, value, message):
+    """Loaded as plain Llama, these would give wrong logits with only an unused-tensor warning."""
+    cfg = json.loads((ckpt_dir / "config.json").read_text())
+    cfg[key] = value
+    (ckpt_dir / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(WeightsError, match=f"Tiny-Llama: .*{message}"):
+        load(ckpt_dir)
