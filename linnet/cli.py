@@ -189,14 +189,9 @@ SERVE_HINTS = {"vllm": "vllm serve {path}", "llama.cpp": "llama-server -m {path}
 def cmd_export(args) -> int:
     from linnet.export import export
 
-    if args.to == "triton":
-        from linnet.export.triton import write_repository
-
-        path = write_repository(args.card, args.output, weights=args.weights, dtype=args.dtype, name=args.name,
-                                batch=args.batch, max_seq=args.max_seq, backend=args.backend)
-    else:
-        path = export(args.card, args.to, args.output, weights=args.weights, dtype=args.dtype, seed=args.seed,
-                      tokenizer=args.tokenizer)
+    path = export(args.card, args.to, args.output, weights=args.weights, dtype=args.dtype, seed=args.seed,
+                  tokenizer=args.tokenizer, name=args.name, batch=args.batch, max_seq=args.max_seq,
+                  backend=args.backend)
     print(f"linnet: wrote {path}")
     print(f"  serve it with: {SERVE_HINTS[args.to].format(path=path, parent=Path(path).parent)}")
     return 0

@@ -143,7 +143,8 @@ def linear_groups(module: ir.Module) -> list:
     return sorted(g for g in groups if all(counts[n] == 1 for n in g))
 
 
-# ops whose result is spread over features like their inputs (elementwise, shapes, rope): split if any input is
+# ops whose result is whole even when an input is split (they reduce over, or regather, the features);
+# any other op (elementwise, shapes, rope) is split when one of its inputs is
 _REDUCING = {"rmsnorm", "sum", "mean", "max", "min", "argmax", "softmax", "topk", "einsum", "matmul", "index",
              "take", "concat", "expert_linear"}
 

@@ -510,6 +510,7 @@ class JaxModel:
         parallel, as `shard_params` says); then `device` is ignored."""
         self.mesh = mesh
         self.device = mesh.devices.flat[0] if mesh is not None else (device or jax.devices()[0])
+        self.whole = self._placement(None, ())  # on a mesh: a copy on every device (the entries' other arguments)
         for alias, target in self.tied.items():  # a tied pair is one array: the alias's split, if only it has one
             if alias in self.shard_params and target not in self.shard_params:
                 self.shard_params = {**self.shard_params, target: self.shard_params[alias]}
@@ -574,12 +575,11 @@ class JaxModel:
         results are whole on every device."""
         if self.mesh is None:
             return jax.jit(fn, donate_argnums=(1,), in_shardings=jax.sharding.SingleDeviceSharding(self.device))
-        whole = self._placement(None, ())
         params = jax.tree.map(lambda a: a.sharding, self.weights)
         state = jax.tree.map(lambda a: a.sharding, self.state_bits)
         others = len(inspect.signature(fn).parameters) - 2
-        return jax.jit(fn, donate_argnums=(1,), in_shardings=(params, state) + (whole,) * others,
-                       out_shardings=(whole, state))
+        return jax.jit(fn, donate_argnums=(1,), in_shardings=(params, state) + (self.whole,) * others,
+                       out_shardings=(self.whole, state))
 
     def fuse_linear_groups(self) -> dict:
         """Each of `linear_groups` (untied weights of one input, as the code generator found them)
@@ -648,8 +648,7 @@ class JaxModel:
         if self.mesh is not None:
             # On a mesh an array's type names the mesh: a host array and one a step left on the mesh
             # (a decode step's tokens) would trace twice. Both go in as arrays on the mesh.
-            whole = self._placement(None, ())
-            args = jax.tree.map(lambda a: a if isinstance(a, jax.Array) else jax.device_put(a, whole), args)
+            args = jax.tree.map(lambda a: a if isinstance(a, jax.Array) else jax.device_put(a, self.whole), args)
         with jax.default_matmul_precision("default" if self.fast else "highest"):
             result, self.state_bits = executable(self.weights, self.state_bits, *args)
         return result

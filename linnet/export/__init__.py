@@ -26,13 +26,14 @@ DTYPES = ("bf16", "f16", "f32")
 
 def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=None, dtype: str = "bf16",
            seed: int = 0, tokenizer: str | os.PathLike | None = None, name: str | None = None,
-           progress: bool | None = None) -> str:
+           progress: bool | None = None, batch: int = 32, max_seq: int = 4096, backend: str = "torch") -> str:
     """Writes `card` (a registered card, a `.linnet` file or a checkpoint path) with its weights
     (found as `nest.load` finds them, or `weights=`; "random" for seeded random ones) for `to`:
 
     - "vllm": a Hugging Face model directory at `out`;
     - "llama.cpp": a GGUF file at `out` (a directory gets `<card>.<DTYPE>.gguf` inside);
-    - "triton": a model repository at `out` holding the model `name` (default: the card's name).
+    - "triton": a model repository at `out` holding the model `name` (default: the card's name),
+      which serves `batch` rows of `max_seq` positions on `backend`.
 
     `dtype` is the element type the weights are written in; `tokenizer`, a model directory or GGUF
     whose tokenizer to write instead of the weights' own (random weights have none). Returns the
@@ -44,15 +45,17 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
     if to == "triton":
         from linnet.export.triton import write_repository
 
-        return write_repository(card, out, weights=weights, dtype=dtype, name=name)
-    from linnet.nest.load import resolve_card, read_weights
+        return write_repository(card, out, weights=weights, dtype=dtype, name=name, batch=batch, max_seq=max_seq,
+                                backend=backend)
+    from linnet.nest.load import read_weights, resolve_card
 
-    module = resolve_card(card, weights)[0]
-    if to == "llama.cpp" and module.name != "llama":  # before a byte of the weights is read
-        raise ExportError(f"the llama.cpp export covers Llama-architecture cards; {str(card)!r} is {module.name!r} "
-                          f"(export it with --to vllm instead)")
+    resolved = resolve_card(card, weights)
+    if to == "llama.cpp":  # before a byte of the weights is read
+        from linnet.export.gguf import check_architecture
+
+        check_architecture(resolved[0], str(card))
     bound = read_weights(card, generics={"T": dtype}, numerics="fast", cast_dtype=True, weights=weights, seed=seed,
-                         progress=progress)
+                         progress=progress, resolved=resolved)
     if tokenizer is not None:
         from linnet.nest.checkpoint import open_checkpoint
         from linnet.nest.load import tokenizer_of

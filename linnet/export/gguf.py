@@ -26,14 +26,20 @@ from linnet.rope_tables import llama3_divisors
 PRE_NAMES = ("gpt2", "smollm", "llama-bpe", "qwen2", "gpt-4o")
 
 
+def check_architecture(module, card: str) -> None:
+    """Raises `ExportError` unless `module` is a Llama-architecture card, the one kind written here."""
+    if module.name != "llama":
+        raise ExportError(f"the llama.cpp export covers Llama-architecture cards; {card!r} is {module.name!r} "
+                          f"(export it with --to vllm instead)")
+
+
 def write_gguf(bound, out) -> str:
     """Writes `bound` (`nest.read_weights`) as a GGUF at `out` (a directory gets
     `<card>.<DTYPE>.gguf`); returns the file's path."""
     import gguf
 
     spec = bound.module
-    if spec.name != "llama":
-        raise ExportError(f"the llama.cpp export covers Llama-architecture cards; {bound.card!r} is {spec.name!r}")
+    check_architecture(spec, bound.card)
     if bound.tokenizer is None:
         raise ExportError(f"{bound.card}: llama.cpp needs a tokenizer in the GGUF, and these weights "
                           f"({bound.source}) came without one")

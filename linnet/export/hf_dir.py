@@ -30,7 +30,7 @@ def write_hf_dir(bound, out) -> str:
     config = hf_config(bound.module, bound.tokenizer)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
-    shards, current, size = [], {}, 0
+    shards, current, size, total = [], {}, 0, 0
     for name, t in unbind_weights(bound.module, bound.params, "hf"):
         nbytes = t.numel() * t.element_size()
         if current and size + nbytes > SHARD_BYTES:
@@ -38,16 +38,16 @@ def write_hf_dir(bound, out) -> str:
             current, size = {}, 0
         current[name] = t.contiguous()
         size += nbytes
+        total += nbytes
     shards.append(current)
     if len(shards) == 1:
         save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
     else:
-        weight_map, total = {}, 0
+        weight_map = {}
         for i, shard in enumerate(shards):
             file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
             save_file(shard, str(out / file), metadata={"format": "pt"})
             weight_map.update({name: file for name in shard})
-            total += sum(t.numel() * t.element_size() for t in shard.values())
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     _write_tokenizer(bound, out, config)

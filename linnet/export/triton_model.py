@@ -48,8 +48,7 @@ class TritonPythonModel:
             try:
                 req, prompt_text, stream, echo = self._parse(request)
             except Exception as err:  # an ApiError or RequestError: this request only
-                sender.send(self.pb.InferenceResponse(output_tensors=[], error=self.pb.TritonError(str(err))),
-                            flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                sender.send(self._failure(str(err)), flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
             asyncio.run_coroutine_threadsafe(self._respond(req, prompt_text, stream, echo, sender), self.loop)
         return None
@@ -86,6 +85,9 @@ class TritonPythonModel:
         echo = not bool(self._input(request, "exclude_input_in_output") or False)
         return req, text, stream, echo
 
+    def _failure(self, message: str):
+        return self.pb.InferenceResponse(output_tensors=[], error=self.pb.TritonError(message))
+
     def _response(self, text: str):
         out = self.pb.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_))
         return self.pb.InferenceResponse(output_tensors=[out])
@@ -105,8 +107,7 @@ class TritonPythonModel:
                     first = False
         comp = tokens.completion
         if comp.finish_reason == "error":
-            sender.send(self.pb.InferenceResponse(output_tensors=[], error=self.pb.TritonError(comp.error or "failed")),
-                        flags=final)
+            sender.send(self._failure(comp.error or "failed"), flags=final)
             return
         if stream:
             tail = pieces.finish(comp.text)

@@ -120,10 +120,12 @@ class BoundWeights:
 
 def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics: str = "exact",
                  cast_dtype: bool = False, weights: str | os.PathLike | Checkpoint | None = None, seed: int = 0,
-                 tokenizer: bool = True, device: str = "cpu", progress: bool | None = None) -> BoundWeights:
+                 tokenizer: bool = True, device: str = "cpu", progress: bool | None = None,
+                 resolved: tuple | None = None) -> BoundWeights:
     """The first half of `load` (same arguments): the card, specialized, with its weights bound as torch
-    tensors on `device` and its tokenizer; what `load` compiles and what `linnet export` writes out."""
-    module, card_name, ckpt = resolve_card(name, weights)
+    tensors on `device` and its tokenizer; what `load` compiles and what `linnet export` writes out.
+    `resolved`: what `resolve_card(name, weights)` gave, for a caller that has already asked."""
+    module, card_name, ckpt = resolved or resolve_card(name, weights)
     spec = specialize(module, dict(generics or {}), numerics)
     info: dict = {}
     if isinstance(weights, str) and weights == "random":
