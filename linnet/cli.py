@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -103,10 +104,11 @@ def cmd_generate(args) -> int:
         raise _UsageError("--system needs --chat")
     generics = {"Batch": 1, "MaxSeq": args.max_seq, "T": args.dtype}
     model = nest.load(args.card, backend=args.backend, device=args.device, numerics=args.numerics, compile=True,
-                      generics=generics, cast_dtype=True, weights=args.weights)
+                      generics=generics, cast_dtype=True, weights=args.weights, tokenizer=args.tokenizer or True)
     tok = model.tokenizer
     if tok is None:
-        raise _UsageError(f"{model.weights}: no tokenizer found with these weights; `generate` needs one")
+        raise _UsageError(f"{model.weights}: no tokenizer found with these weights; `generate` needs one "
+                          f"(--tokenizer names a model directory or GGUF to take it from)")
     if args.chat:
         messages = [{"role": "system", "content": args.system}] if args.system is not None else []
         messages.append({"role": "user", "content": args.prompt})
@@ -175,10 +177,13 @@ def cmd_serve(args) -> int:
         raise _UsageError("--shards spreads a JAX model over devices: pass --backend jax")
     try:
         model = nest.load(args.card, backend=args.backend, device=args.device, numerics=args.numerics,
-                          compile=True, generics=generics, cast_dtype=True, weights=args.weights, shards=args.shards)
+                          compile=True, generics=generics, cast_dtype=True, weights=args.weights, shards=args.shards,
+                          tokenizer=args.tokenizer or True)
     except ValueError as err:  # what was asked cannot be had: more shards than devices, an unknown device
         raise _UsageError(str(err)) from None
-    serve(model, args.name or model.card, host=args.host, port=args.port, token_budget=args.token_budget)
+    api_key = args.api_key or os.environ.get("LINNET_API_KEY") or None
+    serve(model, args.name or model.card, host=args.host, port=args.port, api_key=api_key,
+          token_budget=args.token_budget)
     return 0
 
 
@@ -231,6 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--backend", choices=["torch", "jax"], default="torch")
     g.add_argument("--weights", help='a model directory, a .gguf file, or "random" (default: found as nest.load does)')
     g.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda if there is one)")
+    g.add_argument("--tokenizer", default=None,
+                   help="a model directory or .gguf file whose tokenizer to use (default: the weights' own)")
     g.add_argument("--numerics", choices=["exact", "fast"], default="fast",
                    help="fast (the default, as `serve`): packed weights, fused attention, T's weights and cache; "
                         "exact: the reference semantics, in f32")
@@ -248,11 +255,15 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--numerics", choices=["exact", "fast"], default="fast")
     sv.add_argument("--weights", default=None, help="a checkpoint path, or 'random'")
     sv.add_argument("--token-budget", type=int, default=None, help="most tokens in one pass")
+    sv.add_argument("--tokenizer", default=None,
+                    help="a model directory or .gguf file whose tokenizer to use (default: the weights' own)")
     sv.add_argument("--shards", type=int, default=None,
                     help="jax: spread the model over this many devices (tensor parallel)")
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--name", default=None, help="the model name clients send (default: the card's)")
+    sv.add_argument("--api-key", default=None,
+                    help="require 'Authorization: Bearer KEY' on /v1/ routes (default: $LINNET_API_KEY, else none)")
     sv.set_defaults(run=cmd_serve)
     ex = sub.add_parser("export", help="write a card with its weights for vLLM, llama.cpp or Triton Inference Server",
                         description="vllm: a Hugging Face model directory (config.json, safetensors, tokenizer). "
@@ -267,7 +278,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--weights", default=None, help="a checkpoint path, or 'random' (default: the card's)")
     ex.add_argument("--dtype", choices=["bf16", "f16", "f32"], default="bf16", help="the type the weights are written in")
     ex.add_argument("--tokenizer", default=None,
-                    help="a model directory or GGUF whose tokenizer to write (random weights have none)")
+                    help="a model directory or GGUF whose tokenizer to write, or for triton to serve with "
+                         "(random weights have none)")
     ex.add_argument("--seed", type=int, default=0, help="for --weights random")
     ex.add_argument("--name", default=None, help="triton: the model's name (default: the card's)")
     ex.add_argument("--batch", type=int, default=32, help="triton: cache rows, the requests in flight")

@@ -46,7 +46,7 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
         from linnet.export.triton import write_repository
 
         return write_repository(card, out, weights=weights, dtype=dtype, name=name, batch=batch, max_seq=max_seq,
-                                backend=backend)
+                                backend=backend, tokenizer=tokenizer)
     from linnet.nest.load import read_weights, resolve_card
 
     resolved = resolve_card(card, weights)
@@ -55,13 +55,7 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
 
         check_architecture(resolved[0], str(card))
     bound = read_weights(card, generics={"T": dtype}, numerics="fast", cast_dtype=True, weights=weights, seed=seed,
-                         progress=progress, resolved=resolved)
-    if tokenizer is not None:
-        from linnet.nest.checkpoint import open_checkpoint
-        from linnet.nest.load import tokenizer_of
-
-        bound.tokenizer_from = open_checkpoint(tokenizer)
-        bound.tokenizer = tokenizer_of(bound.tokenizer_from)
+                         tokenizer=True if tokenizer is None else tokenizer, progress=progress, resolved=resolved)
     if to == "vllm":
         from linnet.export.hf_dir import write_hf_dir
 

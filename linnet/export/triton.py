@@ -46,12 +46,14 @@ def config_pbtxt(name: str, parameters: dict) -> str:
 
 
 def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str | None = None, batch: int = 32,
-                     max_seq: int = 4096, backend: str = "torch") -> str:
+                     max_seq: int = 4096, backend: str = "torch", tokenizer=None) -> str:
     """Writes the repository at `out`, holding one model (`name`, default the card's name); returns
-    the model's directory. Nothing is loaded now: the card is checked, and a checkpoint path given
-    as `weights` is made absolute, since Triton loads the model from its own working directory."""
+    the model's directory. Nothing is loaded now: the card is checked, and the paths given as
+    `weights` and `tokenizer` (a model directory or GGUF whose tokenizer to serve with) are checked
+    and made absolute, since Triton loads the model from its own working directory."""
     from linnet.export import ExportError
-    from linnet.nest.load import resolve_card
+    from linnet.nest.load import resolve_card, tokenizer_of
+    from linnet.nest.checkpoint import open_checkpoint
 
     resolve_card(card, weights)  # an unknown card, a bad .linnet file or checkpoint fails here, not in Triton
     card = os.path.abspath(card) if os.path.exists(str(card)) else str(card)
@@ -59,12 +61,17 @@ def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str 
         if not os.path.exists(str(weights)):
             raise ExportError(f"{weights}: no such checkpoint")
         weights = os.path.abspath(weights)
+    if tokenizer is not None:
+        tokenizer_of(open_checkpoint(tokenizer))  # one that cannot be read fails here too
+        tokenizer = os.path.abspath(tokenizer)
     name = name or Path(str(card)).stem
     model_dir = Path(out) / name
     (model_dir / "1").mkdir(parents=True, exist_ok=True)
     parameters = {"card": card, "dtype": dtype, "batch": batch, "max_seq": max_seq, "backend": backend}
     if weights is not None:
         parameters["weights"] = weights
+    if tokenizer is not None:
+        parameters["tokenizer"] = tokenizer
     (model_dir / "config.pbtxt").write_text(config_pbtxt(name, parameters))
     (model_dir / "1" / "model.py").write_text(MODEL_PY)
     return str(model_dir)

@@ -34,7 +34,8 @@ class TritonPythonModel:
         self.model = nest.load(p["card"], backend=backend, numerics="fast", compile=backend == "torch",
                                generics={"Batch": int(p.get("batch", 32)), "MaxSeq": int(p.get("max_seq", 4096)),
                                          "T": p.get("dtype", "bf16")},
-                               cast_dtype=True, weights=p.get("weights") or None)
+                               cast_dtype=True, weights=p.get("weights") or None,
+                               tokenizer=p.get("tokenizer") or True)
         self.engine = Engine(self.model)
         self.engine.warmup()
         self.engine.start()
@@ -67,7 +68,7 @@ class TritonPythonModel:
         return value.decode("utf-8") if isinstance(value, bytes) else value
 
     def _parse(self, request):
-        from linnet.serve.openai_api import ApiError, check_fits, completion_request
+        from linnet.serve.openai_api import ApiError, check_fits, completion_job
 
         text = self._input(request, "text_input")
         if not isinstance(text, str) or not text:
@@ -79,7 +80,10 @@ class TritonPythonModel:
             raise ApiError(400, f"sampling_parameters is not valid JSON: {err}", "sampling_parameters") from None
         if not isinstance(sampling, dict):
             raise ApiError(400, "sampling_parameters must be a JSON object", "sampling_parameters")
-        req = completion_request({**sampling, "prompt": text}, self.model.tokenizer, self.model.vocab)
+        job = completion_job({**sampling, "prompt": text, "echo": False}, self.model.tokenizer, self.model.max_seq)
+        if len(job.requests) != 1:
+            raise ApiError(400, "one text_output per request: n must be 1", "n")
+        req = job.requests[0]
         check_fits(req, self.model.vocab, self.model.max_seq)
         stream = bool(self._input(request, "stream") or False)
         echo = not bool(self._input(request, "exclude_input_in_output") or False)
@@ -96,7 +100,7 @@ class TritonPythonModel:
         from linnet.serve.server import TextStream
 
         final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        pieces = TextStream(self.model.tokenizer, req.stop)
+        pieces = TextStream(self.model.tokenizer, req)
         tokens = self.engine.stream(req)
         first = echo
         async for new, reason in tokens:

@@ -48,7 +48,7 @@ from linnet.ir.specialize import specialize
 from linnet.nest import registry
 from linnet.nest.checkpoint import Checkpoint, GGUFCheckpoint, open_checkpoint
 from linnet.nest.embedded import EMBEDDED_INSTALL, embedded_gguf_path
-from linnet.nest.errors import WeightsError
+from linnet.nest.errors import TokenizerError, WeightsError
 from linnet.nest.locate import find_weights, is_model_dir, weights_not_found_message
 from linnet.nest.model import LoadedModel
 from linnet.nest.progress import Progress
@@ -59,8 +59,9 @@ EMBEDDED_CARD = "smollm2-135m-instruct"
 
 def load(name: str | os.PathLike, backend: str = "torch", device: str | None = None, numerics: str = "exact",
          compile: bool = False, generics: dict | None = None, cast_dtype: bool = False,
-         weights: str | os.PathLike | Checkpoint | None = None, seed: int = 0, tokenizer: bool = True,
-         progress: bool | None = None, shards: int | None = None) -> LoadedModel:
+         weights: str | os.PathLike | Checkpoint | None = None, seed: int = 0,
+         tokenizer: bool | str | os.PathLike = True, progress: bool | None = None,
+         shards: int | None = None) -> LoadedModel:
     """A model ready for the engine: `load("smollm2-135m-instruct", backend="jax", generics={...})`.
 
     `compile` (torch): the engine captures the decode step once and replays it, as a CUDA graph on
@@ -69,6 +70,8 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     None (the default) draws it when standard error is a terminal.
     `shards` (JAX): spread the model over that many devices of `device`'s platform, tensor parallel
     (`codegen_common.shard_plan`; XLA's partitioner adds the collectives).
+    `tokenizer`: True, the weights' own (if they have one); False, none; or the path of a model
+    directory or GGUF file whose tokenizer to use (random weights have none of their own).
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; one of {', '.join(BACKENDS)}")
@@ -120,7 +123,7 @@ class BoundWeights:
 
 def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics: str = "exact",
                  cast_dtype: bool = False, weights: str | os.PathLike | Checkpoint | None = None, seed: int = 0,
-                 tokenizer: bool = True, device: str = "cpu", progress: bool | None = None,
+                 tokenizer: bool | str | os.PathLike = True, device: str = "cpu", progress: bool | None = None,
                  resolved: tuple | None = None) -> BoundWeights:
     """The first half of `load` (same arguments): the card, specialized, with its weights bound as torch
     tensors on `device` and its tokenizer; what `load` compiles and what `linnet export` writes out.
@@ -128,16 +131,28 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
     module, card_name, ckpt = resolved or resolve_card(name, weights)
     spec = specialize(module, dict(generics or {}), numerics)
     info: dict = {}
+    # A tokenizer named by path is opened first: a wrong path fails before the weights are read.
+    tok_from = open_checkpoint(tokenizer) if not isinstance(tokenizer, bool) else None
     if isinstance(weights, str) and weights == "random":
         from linnet.nest.random_weights import random_weights
 
-        return BoundWeights(spec, card_name, random_weights(spec, seed=seed, device=device), None, "random")
-    if ckpt is None:
-        ckpt = weights if isinstance(weights, Checkpoint) else open_checkpoint(
-            weights if weights is not None else find_card_weights(card_name, module, raise_missing=True)[0])
-    params, info["unused_tensors"] = _read(spec, ckpt, cast_dtype, device, progress)
-    tok = _tokenizer(ckpt) if tokenizer else None
-    return BoundWeights(spec, card_name, params, tok, ckpt.path, ckpt, info, tokenizer_from=ckpt if tok else None)
+        bound = BoundWeights(spec, card_name, random_weights(spec, seed=seed, device=device), None, "random")
+    else:
+        if ckpt is None:
+            ckpt = weights if isinstance(weights, Checkpoint) else open_checkpoint(
+                weights if weights is not None else find_card_weights(card_name, module, raise_missing=True)[0])
+        params, info["unused_tensors"] = _read(spec, ckpt, cast_dtype, device, progress)
+        bound = BoundWeights(spec, card_name, params, None, ckpt.path, ckpt, info)
+    if tok_from is not None:
+        bound.tokenizer, bound.tokenizer_from = tokenizer_of(tok_from), tok_from
+        vocab = spec.bindings.get("vocab")
+        if vocab is not None and bound.tokenizer.vocab_size > vocab:
+            raise TokenizerError(f"{tok_from.path}: its tokenizer has {bound.tokenizer.vocab_size} tokens, more than "
+                                 f"the {vocab} of {card_name}'s vocabulary")
+    elif tokenizer and bound.checkpoint is not None:
+        bound.tokenizer = _tokenizer(bound.checkpoint)  # none, with a warning, where it has none
+        bound.tokenizer_from = bound.checkpoint if bound.tokenizer is not None else None
+    return bound
 
 
 def _slow_type_note(kind: str, device, dtype: str) -> str | None:

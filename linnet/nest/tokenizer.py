@@ -17,6 +17,7 @@ from .chat_template import render_chat_template
 from .errors import TokenizerError
 
 _REPLACEMENT = "\ufffd"  # what a decoder yields for an incomplete UTF-8 sequence
+_CONTEXT_IDS = 4  # prompt ids decoded before a completion's, for the decoder's view of where it starts
 
 
 def _read_json(path: Path) -> dict:
@@ -181,8 +182,28 @@ class Tokenizer:
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def incremental_decoder(self, skip_special_tokens: bool = False) -> "IncrementalDecoder":
-        return IncrementalDecoder(self, skip_special_tokens=skip_special_tokens)
+    def decode_after(self, context: Iterable[int], ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        """The text `ids` add after `context` (a prompt): decoders that treat a text's first token
+        specially (SentencePiece's strip its leading space) see the first id mid-text, where it is."""
+        context = self._context(context, skip_special_tokens)
+        ids = list(ids)
+        if not context:
+            return self.decode(ids, skip_special_tokens)
+        before = self.decode(context, skip_special_tokens)
+        whole = self.decode(context + ids, skip_special_tokens)
+        return whole[len(before):] if whole.startswith(before) else self.decode(ids, skip_special_tokens)
+
+    def _context(self, context: Iterable[int], skip_special_tokens: bool) -> list[int]:
+        """The last few ids of `context`, or none where their text ends inside a character."""
+        tail = [int(t) for t in list(context)[-_CONTEXT_IDS:]]
+        if tail and self.decode(tail, skip_special_tokens).endswith(_REPLACEMENT):
+            return []
+        return tail
+
+    def incremental_decoder(self, skip_special_tokens: bool = False, context: Iterable[int] = ()) -> "IncrementalDecoder":
+        """Pieces of text as ids come; with `context` (the prompt) they add up to `decode_after`."""
+        return IncrementalDecoder(self, skip_special_tokens=skip_special_tokens,
+                                  context=self._context(context, skip_special_tokens))
 
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
@@ -207,14 +228,15 @@ class IncrementalDecoder:
     window starting one emitted token back (so decoders that treat the first
     token specially, e.g. strip a leading space, see the same context as in a
     full decode), and emits the text beyond what the window already gave.
-    The concatenated pieces plus `flush()` equal `decode(all_ids)`.
+    The concatenated pieces plus `flush()` equal `decode(all_ids)`, or with a
+    context (the prompt's last ids) `decode_after(context, all_ids)`.
     """
 
-    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False):
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False, context: list[int] = ()):
         self._tok = tokenizer
         self._skip = skip_special_tokens
-        self._ids: list[int] = []   # the window: ids from the last context token on
-        self._read = 0              # ids in the window whose text is already emitted
+        self._ids: list[int] = list(context)  # the window: ids from the last context token on
+        self._read = len(self._ids)           # ids in the window whose text is already emitted
 
     def _text(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=self._skip) if ids else ""

@@ -31,6 +31,9 @@ from linnet.serve.sampling import SamplingBatch
 from linnet.serve.stats import Stats
 
 
+SERVING_WINDOW = 1 << 16  # latency samples a serving engine keeps for its percentiles
+
+
 @dataclass
 class _Live:
     """A request in flight: its row, its tokens, how many of them are in the cache."""
@@ -44,7 +47,8 @@ class _Live:
     leader: "_Live | None" = None  # a request prefilling the same prompt, to copy from once it has
     share: int = 0  # how many prompt tokens to copy from the leader
     copy_from: tuple | None = None  # (row, tokens): a prefix to copy from another row before the next pass
-    text_len: int = 0
+    text: str = ""  # with stop strings: the generated text so far, decoded as the tokens come
+    decoder: object = None
     listeners: list = field(default_factory=list)
 
     @property
@@ -401,20 +405,25 @@ class Engine:
         if token in req.stop_token_ids or (not req.ignore_eos and token in self.eos):
             return "stop"
         if req.stop:
-            text = self.tokenizer.decode(x.generated, skip_special_tokens=True)
-            for s in req.stop:
-                at = text.find(s)
-                if at >= 0:
-                    x.comp.text = text[:at]
-                    return "stop"
+            # Only the new text, and the stop-length tail before it, can hold a stop string that was not there.
+            if x.decoder is None:
+                x.decoder = self.tokenizer.incremental_decoder(skip_special_tokens=True, context=req.prompt)
+            seen = len(x.text)
+            x.text += x.decoder.push(token)
+            start = max(0, seen - max(len(s) for s in req.stop) + 1)
+            found = [at for at in (x.text.find(s, start) for s in req.stop) if at >= 0]
+            if found:
+                x.comp.text = x.text[:min(found)]
+                return "stop"
         if len(x.generated) >= req.max_new_tokens:
             return "length"
         return None
 
     def _finish(self, x: _Live, reason: str):
         x.comp.finish_reason = reason
+        self.stats.ended(reason)
         if x.comp.text is None and self.tokenizer is not None:
-            x.comp.text = self.tokenizer.decode(x.generated, skip_special_tokens=True)
+            x.comp.text = self.tokenizer.decode_after(x.req.prompt, x.generated, skip_special_tokens=True)
         self.live.remove(x)
         # The row keeps what x cached: a follower of x copies it on the next step, unless the row
         # is taken first, in which case the follower copies only what is still valid (_copy_shared).
@@ -426,6 +435,7 @@ class Engine:
         for x in list(self.live) + list(self.waiting):
             if x.req.id in self.cancelled:
                 x.comp.finish_reason = "cancelled"
+                self.stats.ended("cancelled")
                 if x in self.live:
                     self.live.remove(x)
                     self.free_rows.append(x.row)
@@ -451,6 +461,7 @@ class Engine:
         if self._thread is not None:
             return
         self._stopping = False
+        self.stats = Stats(window=SERVING_WINDOW)
         self._thread = threading.Thread(target=self._loop, name="linnet-engine", daemon=True)
         self._thread.start()
 
@@ -472,6 +483,7 @@ class Engine:
             except Exception as err:  # a failed pass fails the requests in it, not the server
                 for x in list(self.live) + list(self.waiting):
                     x.comp.finish_reason, x.comp.error = "error", f"engine error: {err}"
+                    self.stats.ended("error")
                     self._notify(x)
                 self.live.clear()
                 self.waiting.clear()

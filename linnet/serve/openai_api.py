@@ -2,14 +2,24 @@
 
 Pure functions, no I/O: the server (server.py) does the HTTP. Every bad body
 becomes an `ApiError` carrying the HTTP status and OpenAI's error object.
+
+One body may ask for several choices: `n` samples of each prompt, and on
+/v1/completions a list of prompts. They become one `Job` of engine requests,
+choice i being prompt i // n's copy i % n, as OpenAI and vLLM number them.
+The copies of a prompt share it, so the engine prefills it once.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from dataclasses import dataclass
 
 from linnet.serve.request import Request, RequestError
+
+MAX_CHOICES = 256  # choices one body may ask for: prompts x n
+MAX_LOGPROBS = 20
+COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat's is the rest of the context
 
 
 class ApiError(Exception):
@@ -20,6 +30,16 @@ class ApiError(Exception):
         self.body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
+@dataclass
+class Job:
+    """What one body asks of the engine."""
+
+    requests: list  # choice i's request
+    prompt_tokens: int  # each prompt counted once, however many choices sample it
+    echo: list | None = None  # completions with echo: the prompt text to put before choice i's text
+    include_usage: bool = False  # streamed: a last chunk with the usage
+
+
 def _number(body: dict, name: str, default, lo=None, hi=None, integer=False):
     value = body.get(name, default)
     if value is None:
@@ -28,7 +48,8 @@ def _number(body: dict, name: str, default, lo=None, hi=None, integer=False):
     if isinstance(value, bool) or not ok:
         raise ApiError(400, f"'{name}' must be {'an integer' if integer else 'a number'}, not {value!r}", name)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
-        raise ApiError(400, f"'{name}' must be between {lo} and {hi}, not {value}", name)
+        bounds = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
+        raise ApiError(400, f"'{name}' must be {bounds}, not {value}", name)
     return value
 
 
@@ -43,12 +64,57 @@ def _stops(body: dict) -> list:
     return stop
 
 
-def sampling_request(body: dict, prompt: list, max_tokens_default: int) -> Request:
-    """The engine request for a body's sampling fields (OpenAI's, plus vLLM's top_k, min_p, ...)."""
-    if body.get("n", 1) != 1:
-        raise ApiError(400, "only n=1 is supported", "n")
+def _refuse_unsupported(body: dict, chat: bool) -> None:
+    """Fields that would change the answer and that this server cannot honour: refused, never ignored."""
+    if body.get("logit_bias"):
+        raise ApiError(400, "'logit_bias' is not supported", "logit_bias")
+    fmt = body.get("response_format")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type", "text") != "text"):
+        raise ApiError(400, "only response_format {'type': 'text'} is supported", "response_format")
+    if chat:
+        if body.get("tools") and body.get("tool_choice", "auto") != "none":
+            raise ApiError(400, "tool calls are not supported: send tool_choice 'none' to show the tools to "
+                                "the model through its chat template", "tool_choice")
+        if body.get("functions"):
+            raise ApiError(400, "'functions' is not supported", "functions")
+    else:
+        if body.get("suffix"):
+            raise ApiError(400, "'suffix' is not supported", "suffix")
+        if body.get("echo") and body.get("logprobs") is not None:
+            raise ApiError(400, "'echo' with 'logprobs' needs the prompt's logprobs, which this server does not "
+                                "compute", "echo")
+
+
+def _choices_per_prompt(body: dict) -> int:
+    n = _number(body, "n", 1, 1, MAX_CHOICES, integer=True)
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != n:
+        raise ApiError(400, "'best_of' is not supported (other than best_of = n)", "best_of")
+    return n
+
+
+def _include_usage(body: dict) -> bool:
+    options = body.get("stream_options")
+    if options is None:
+        return False
+    if not isinstance(options, dict):
+        raise ApiError(400, "'stream_options' must be an object", "stream_options")
+    if not body.get("stream"):
+        raise ApiError(400, "'stream_options' is only allowed with 'stream': true", "stream_options")
+    return bool(options.get("include_usage", False))
+
+
+def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens: int | None) -> Request:
+    """The engine request for a body's sampling fields (OpenAI's, plus vLLM's top_k, min_p, ...).
+
+    Without max_tokens a request may fill its row: `default_max_tokens` (None: no limit) cut to what
+    the row has left; a max_tokens asked for is kept, and `check_fits` refuses it if it cannot fit."""
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    max_tokens = _number({"max_tokens": max_tokens}, "max_tokens", max_tokens_default, 1, None, integer=True)
+    if max_tokens is None:
+        room = max(1, max_seq - len(prompt))
+        max_tokens = room if default_max_tokens is None else min(default_max_tokens, room)
+    else:
+        max_tokens = _number({"max_tokens": max_tokens}, "max_tokens", None, 1, None, integer=True)
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ApiError(400, f"'seed' must be an integer, not {seed!r}", "seed")
@@ -69,67 +135,124 @@ def sampling_request(body: dict, prompt: list, max_tokens_default: int) -> Reque
     )
 
 
-def completion_request(body: dict, tokenizer, vocab: int) -> Request:
+def _copies(body: dict, prompt: list, max_seq: int, default_max_tokens: int | None, n: int) -> list:
+    """n requests sampling one prompt; with a seed, copy j draws with seed + j (as vLLM's do)."""
+    first = sampling_request(body, prompt, max_seq, default_max_tokens)
+    out = [first]
+    for j in range(1, n):
+        seed = None if first.seed is None else (first.seed + j) & 0x7FFFFFFF
+        out.append(Request(**{**_fields(first), "seed": seed}))
+    return out
+
+
+def _fields(req: Request) -> dict:
+    return {name: getattr(req, name) for name in req.__dataclass_fields__ if name != "id"}
+
+
+def _prompts(body: dict, tokenizer) -> tuple[list, list]:
+    """The body's prompts as token ids, and as given (text, or None where ids were sent)."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one
-    if isinstance(prompt, str):
-        if tokenizer is None:
-            raise ApiError(400, "this model has no tokenizer: send the prompt as token ids", "prompt")
-        ids = tokenizer.encode(prompt)
-    elif isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        ids = prompt
-    elif isinstance(prompt, list) and len(prompt) > 1:
-        raise ApiError(400, "batched prompts are not supported: send one prompt per request", "prompt")
-    else:
-        raise ApiError(400, "'prompt' must be a non-empty string or a list of token ids", "prompt")
-    if body.get("echo"):
-        raise ApiError(400, "'echo' is not supported", "echo")
-    req = sampling_request(body, ids, 16)
+    is_ids = lambda p: isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+    if isinstance(prompt, str) or is_ids(prompt):
+        prompt = [prompt]
+    elif not (isinstance(prompt, list) and prompt and all(isinstance(p, str) or is_ids(p) for p in prompt)):
+        raise ApiError(400, "'prompt' must be a non-empty string, a list of token ids, or a list of either",
+                       "prompt")
+    ids, texts = [], []
+    for p in prompt:
+        if isinstance(p, str):
+            if tokenizer is None:
+                raise ApiError(400, "this model has no tokenizer: send the prompt as token ids", "prompt")
+            if not p:
+                raise ApiError(400, "'prompt' must not be empty", "prompt")
+            ids.append(tokenizer.encode(p))
+            texts.append(p)
+        else:
+            ids.append(p)
+            texts.append(None)
+    return ids, texts
+
+
+def completion_job(body: dict, tokenizer, max_seq: int) -> Job:
+    _refuse_unsupported(body, chat=False)
+    n = _choices_per_prompt(body)
+    prompts, texts = _prompts(body, tokenizer)
+    if len(prompts) * n > MAX_CHOICES:
+        raise ApiError(400, f"{len(prompts)} prompts x n = {n} is {len(prompts) * n} choices; at most "
+                            f"{MAX_CHOICES} per request", "n")
+    requests = []
+    for ids in prompts:
+        requests += _copies(body, ids, max_seq, COMPLETION_MAX_TOKENS, n)
     logprobs = body.get("logprobs")
     if logprobs is not None:
-        req.logprobs = int(_number(body, "logprobs", 0, 0, 5, integer=True))
-    return req
+        k = int(_number(body, "logprobs", 0, 0, MAX_LOGPROBS, integer=True))
+        for req in requests:
+            req.logprobs = k
+    echo = None
+    if body.get("echo"):
+        shown = [t if t is not None else (tokenizer.decode(ids) if tokenizer else "") for ids, t in zip(prompts, texts)]
+        echo = [text for text in shown for _ in range(n)]
+    return Job(requests, sum(len(p) for p in prompts), echo, _include_usage(body))
 
 
-def chat_request(body: dict, tokenizer) -> Request:
+def _message(i: int, m) -> dict:
+    """One chat message as the template sees it: text content (parts joined), developer as system."""
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+        raise ApiError(400, f"messages[{i}] must be an object with a 'role'", f"messages[{i}]")
+    if m["role"] not in ("system", "user", "assistant", "developer", "tool"):
+        raise ApiError(400, f"messages[{i}].role {m['role']!r} is not one of system, developer, user, assistant, "
+                            f"tool", f"messages[{i}].role")
+    content = m.get("content")
+    if content is None:
+        content = ""
+    if isinstance(content, list):  # content parts: text only
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ApiError(400, f"messages[{i}].content: only text parts are supported", f"messages[{i}].content")
+            parts.append(part["text"])
+        content = "".join(parts)
+    if not isinstance(content, str):
+        raise ApiError(400, f"messages[{i}].content must be a string", f"messages[{i}].content")
+    out = {"role": "system" if m["role"] == "developer" else m["role"], "content": content}
+    for key in ("name", "tool_calls", "tool_call_id"):  # what templates read of tool turns
+        if m.get(key) is not None:
+            out[key] = m[key]
+    return out
+
+
+def chat_prompt(body: dict, tokenizer) -> list:
+    """The token ids of the chat template applied to the body's messages (and tools, if shown)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list", "messages")
-    clean = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise ApiError(400, f"messages[{i}] must be an object with a 'role'", f"messages[{i}]")
-        if m["role"] not in ("system", "user", "assistant", "developer", "tool"):
-            raise ApiError(400, f"messages[{i}].role {m['role']!r} is not one of system, user, assistant, tool",
-                           f"messages[{i}].role")
-        content = m.get("content", "")
-        if isinstance(content, list):  # content parts: text only
-            parts = []
-            for part in content:
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise ApiError(400, f"messages[{i}].content: only text parts are supported", f"messages[{i}].content")
-                parts.append(part["text"])
-            content = "".join(parts)
-        if not isinstance(content, str):
-            raise ApiError(400, f"messages[{i}].content must be a string", f"messages[{i}].content")
-        clean.append({"role": "system" if m["role"] == "developer" else m["role"], "content": content})
+    clean = [_message(i, m) for i, m in enumerate(messages)]
     if tokenizer is None or tokenizer.chat_template is None:
         raise ApiError(400, "this model has no chat template; use /v1/completions", "messages")
+    extra = {"tools": body["tools"]} if body.get("tools") else {}
     try:
-        text = tokenizer.apply_chat_template(clean, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(clean, add_generation_prompt=body.get("add_generation_prompt", True),
+                                             **extra)
     except Exception as err:
         raise ApiError(400, f"the chat template rejected the messages: {err}", "messages") from None
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    req = sampling_request(body, ids, 512)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def chat_job(body: dict, tokenizer, max_seq: int) -> Job:
+    _refuse_unsupported(body, chat=True)
+    n = _choices_per_prompt(body)
+    ids = chat_prompt(body, tokenizer)
+    requests = _copies(body, ids, max_seq, None, n)
     if body.get("logprobs"):
-        req.logprobs = int(_number(body, "top_logprobs", 0, 0, 20, integer=True))
-    return req
+        k = int(_number(body, "top_logprobs", 0, 0, MAX_LOGPROBS, integer=True))
+        for req in requests:
+            req.logprobs = k
+    return Job(requests, len(ids), None, _include_usage(body))
 
 
-def check_fits(req: Request, vocab: int, max_seq: int, limit_tokens: bool = True) -> None:
+def check_fits(req: Request, vocab: int, max_seq: int) -> None:
     """A request that cannot fit a cache row is a 400, as OpenAI answers a too-long context."""
-    if limit_tokens and len(req.prompt) + req.max_new_tokens > max_seq:
+    if len(req.prompt) + req.max_new_tokens > max_seq:
         room = max_seq - len(req.prompt)
         if room < 1:
             raise ApiError(400, f"the prompt is {len(req.prompt)} tokens; this server's context is {max_seq}",
@@ -152,38 +275,108 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def completion_logprobs(comp, tokenizer) -> dict | None:
-    if comp.request.logprobs is None:
-        return None
-    text = (lambda t: tokenizer.decode([t])) if tokenizer else str
-    return {"tokens": [text(lp.token) for lp in comp.logprobs],
-            "token_logprobs": [lp.logprob for lp in comp.logprobs],
-            "top_logprobs": [{text(t): v for t, v in lp.top} for lp in comp.logprobs],
-            "text_offset": []}
+def _token_text(tokenizer):
+    return (lambda t: tokenizer.decode([t])) if tokenizer else str
 
 
-def chat_logprobs(comp, tokenizer) -> dict | None:
-    if comp.request.logprobs is None:
-        return None
-    text = (lambda t: tokenizer.decode([t])) if tokenizer else str
+class TextOffsets:
+    """Where each token's text starts in a choice's text: the length of what decoding emitted before it."""
+
+    def __init__(self, tokenizer, req: Request, start: int = 0):
+        self.decoder = tokenizer.incremental_decoder(skip_special_tokens=True, context=req.prompt) if tokenizer else None
+        self.at = start
+
+    def of(self, tokens: list) -> list:
+        out = []
+        for t in tokens:
+            out.append(self.at)
+            if self.decoder is not None:
+                self.at += len(self.decoder.push(t))
+        return out
+
+
+def completion_logprobs(lps: list, tokenizer, offsets: TextOffsets) -> dict:
+    """OpenAI's legacy logprobs for some tokens of a choice, the next ones `offsets` will place."""
+    text = _token_text(tokenizer)
+    return {"tokens": [text(lp.token) for lp in lps], "token_logprobs": [lp.logprob for lp in lps],
+            "top_logprobs": [{text(t): v for t, v in lp.top} for lp in lps],
+            "text_offset": offsets.of([lp.token for lp in lps])}
+
+
+def chat_logprobs(lps: list, tokenizer) -> dict:
+    text = _token_text(tokenizer)
     entry = lambda t, v: {"token": text(t), "logprob": v, "bytes": list(text(t).encode())}
     return {"content": [dict(entry(lp.token, lp.logprob), top_logprobs=[entry(t, v) for t, v in lp.top])
-                        for lp in comp.logprobs]}
-
-
-def completion_response(comp, model: str, text: str, tokenizer) -> dict:
-    return {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": completion_logprobs(comp, tokenizer),
-                         "finish_reason": finish_reason(comp)}],
-            "usage": usage(len(comp.request.prompt), len(comp.tokens))}
-
-
-def chat_response(comp, model: str, text: str, tokenizer) -> dict:
-    return {"id": new_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "logprobs": chat_logprobs(comp, tokenizer), "finish_reason": finish_reason(comp)}],
-            "usage": usage(len(comp.request.prompt), len(comp.tokens))}
+                        for lp in lps]}
 
 
 def finish_reason(comp) -> str | None:
     return {"cancelled": "stop"}.get(comp.finish_reason, comp.finish_reason)
+
+
+def _text(comp) -> str:
+    return comp.text if comp.text is not None else ""  # no tokenizer: the token ids are all there is
+
+
+def completion_response(job: Job, comps: list, model: str, tokenizer) -> dict:
+    choices = []
+    for i, comp in enumerate(comps):
+        before = job.echo[i] if job.echo else ""
+        logprobs = None if comp.request.logprobs is None else completion_logprobs(
+            comp.logprobs, tokenizer, TextOffsets(tokenizer, comp.request, len(before)))
+        choices.append({"index": i, "text": before + _text(comp), "logprobs": logprobs,
+                        "finish_reason": finish_reason(comp)})
+    return {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": choices, "usage": usage(job.prompt_tokens, sum(len(c.tokens) for c in comps))}
+
+
+def chat_response(job: Job, comps: list, model: str, tokenizer) -> dict:
+    choices = [{"index": i, "message": {"role": "assistant", "content": _text(comp)},
+                "logprobs": None if comp.request.logprobs is None else chat_logprobs(comp.logprobs, tokenizer),
+                "finish_reason": finish_reason(comp)} for i, comp in enumerate(comps)]
+    return {"id": new_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": choices, "usage": usage(job.prompt_tokens, sum(len(c.tokens) for c in comps))}
+
+
+class ChunkWriter:
+    """The server-sent chunks of one streamed response, for either endpoint."""
+
+    def __init__(self, chat: bool, model: str, tokenizer, include_usage: bool):
+        self.chat, self.model, self.tokenizer = chat, model, tokenizer
+        self.id = new_id("chatcmpl" if chat else "cmpl")
+        self.created = int(time.time())
+        self.include_usage = include_usage
+
+    def _chunk(self, choices: list, **extra) -> dict:
+        chunk = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                 "created": self.created, "model": self.model, "choices": choices}
+        if self.include_usage:
+            chunk["usage"] = extra.get("usage")
+        return chunk
+
+    def start(self, index: int) -> dict | None:
+        """Chat opens each choice with the assistant's role; completions have no opening."""
+        if not self.chat:
+            return None
+        return self._chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None}])
+
+    def piece(self, index: int, text: str, lps: list | None = None, offsets: TextOffsets | None = None,
+              reason: str | None = None) -> dict:
+        """New text of choice `index` (and its tokens' logprobs, when asked for), or its end."""
+        if self.chat:
+            logprobs = None if lps is None else chat_logprobs(lps, self.tokenizer)
+            choice = {"index": index, "delta": {"content": text} if text else {}, "logprobs": logprobs,
+                      "finish_reason": reason}
+        else:
+            logprobs = None if lps is None else completion_logprobs(lps, self.tokenizer, offsets)
+            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+        return self._chunk([choice])
+
+    def usage(self, job: Job, comps: list) -> dict:
+        return self._chunk([], usage=usage(job.prompt_tokens, sum(len(c.tokens) for c in comps)))
+
+
+def error_body(message: str, status: int = 500) -> dict:
+    return {"error": {"message": message, "type": "server_error" if status >= 500 else "invalid_request_error",
+                      "param": None, "code": status}}

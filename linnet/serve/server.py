@@ -1,20 +1,24 @@
 """The OpenAI-compatible HTTP server: `linnet serve CARD --batch 32 --max-seq 4096 --port 8000`.
 
 A plain ASGI application (run by uvicorn) over one `Engine` stepping on its
-own thread. Routes: GET /v1/models, GET /health, POST /v1/completions,
-POST /v1/chat/completions (both with "stream": true as server-sent events).
+own thread. Routes: POST /v1/completions and /v1/chat/completions (with
+"stream": true as server-sent events), GET /v1/models[/ID]; vLLM's POST
+/tokenize and /detokenize; GET /health and /metrics (Prometheus).
 A bad request gets OpenAI's error object with its status; it never stops the
-engine or the other requests.
+engine or the other requests. A client that disconnects cancels its requests.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
 from linnet.serve.engine import Engine
-from linnet.serve.openai_api import (ApiError, chat_request, chat_response, check_fits, completion_request,
-                                     completion_response, finish_reason, new_id)
+from linnet.serve.metrics import prometheus_text
+from linnet.serve.openai_api import (ApiError, ChunkWriter, Job, TextOffsets, chat_job, chat_prompt, chat_response,
+                                     check_fits, completion_job, completion_response, error_body, finish_reason)
+from linnet.serve.request import RequestError
 
 MAX_BODY = 4 << 20
 
@@ -22,9 +26,9 @@ MAX_BODY = 4 << 20
 class TextStream:
     """Token ids to text as they come, holding back what may yet turn out to be a stop string."""
 
-    def __init__(self, tokenizer, stops: list):
-        self.decoder = tokenizer.incremental_decoder(skip_special_tokens=True) if tokenizer else None
-        self.hold = max((len(s) for s in stops), default=1) - 1
+    def __init__(self, tokenizer, req):
+        self.decoder = tokenizer.incremental_decoder(skip_special_tokens=True, context=req.prompt) if tokenizer else None
+        self.hold = max((len(s) for s in req.stop), default=1) - 1
         self.text = ""
         self.sent = 0
 
@@ -52,11 +56,16 @@ class TextStream:
 
 
 class OpenAIServer:
-    def __init__(self, engine: Engine, model_name: str):
+    def __init__(self, engine: Engine, model_name: str, api_key: str | None = None):
         self.engine = engine
         self.model_name = model_name
         self.model = engine.model
         self.tokenizer = engine.tokenizer
+        self.api_key = api_key
+        self.routes = {"/v1/models": ("GET", self._models), "/health": ("GET", self._health),
+                       "/metrics": ("GET", self._metrics), "/v1/completions": ("POST", self._generate),
+                       "/v1/chat/completions": ("POST", self._generate), "/tokenize": ("POST", self._tokenize),
+                       "/detokenize": ("POST", self._detokenize)}
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -69,8 +78,7 @@ class OpenAIServer:
         except ApiError as err:
             await _json(send, err.status, err.body)
         except Exception as err:  # a bug answers 500 for this request only
-            await _json(send, 500, {"error": {"message": f"internal error: {err}", "type": "server_error",
-                                              "param": None, "code": None}})
+            await _json(send, 500, error_body(f"internal error: {err}"))
 
     async def _lifespan(self, receive, send):
         while True:
@@ -85,75 +93,171 @@ class OpenAIServer:
 
     async def _route(self, scope, receive, send):
         path, method = scope["path"].rstrip("/") or "/", scope["method"]
-        routes = {"/v1/models": "GET", "/health": "GET", "/v1/completions": "POST", "/v1/chat/completions": "POST"}
-        if path not in routes:
+        if path.startswith("/v1/models/"):  # one model's card
+            route = ("GET", self._models)
+        elif path in self.routes:
+            route = self.routes[path]
+        else:
             raise ApiError(404, f"no route {path}", code="not_found")
-        if method != routes[path]:
-            raise ApiError(405, f"{path} takes {routes[path]}, not {method}", code="method_not_allowed")
-        if path == "/health":
-            await _json(send, 200, {"status": "ok"})
-            return
+        if method != route[0]:
+            raise ApiError(405, f"{path} takes {route[0]}, not {method}", code="method_not_allowed")
+        if self.api_key is not None and path.startswith("/v1/"):
+            given = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+            if given != f"Bearer {self.api_key}":
+                raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer <key>'",
+                               code="invalid_api_key")
+        await route[1](path, receive, send)
+
+    async def _health(self, path, receive, send):
+        await _json(send, 200, {"status": "ok"})
+
+    async def _models(self, path, receive, send):
+        card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "linnet",
+                "max_model_len": self.model.max_seq}
         if path == "/v1/models":
-            await _json(send, 200, {"object": "list", "data": [
-                {"id": self.model_name, "object": "model", "created": 0, "owned_by": "linnet",
-                 "max_model_len": self.model.max_seq}]})
-            return
+            await _json(send, 200, {"object": "list", "data": [card]})
+        elif path[len("/v1/models/"):] == self.model_name:
+            await _json(send, 200, card)
+        else:
+            raise ApiError(404, f"the model {path[len('/v1/models/'):]!r} does not exist", "model", "model_not_found")
+
+    async def _metrics(self, path, receive, send):
+        data = prometheus_text(self.engine).encode()
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/plain; version=0.0.4"),
+                                (b"content-length", str(len(data)).encode())]})
+        await send({"type": "http.response.body", "body": data})
+
+    async def _body(self, receive) -> dict:
         body = await _read_json(receive)
         model = body.get("model")
         if model is not None and model != self.model_name:
             raise ApiError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}",
                            "model", "model_not_found")
-        chat = path.endswith("chat/completions")
-        req = chat_request(body, self.tokenizer) if chat else completion_request(body, self.tokenizer, self.model.vocab)
-        check_fits(req, self.model.vocab, self.model.max_seq)
-        if body.get("stream"):
-            await self._stream(req, chat, send)
+        return body
+
+    async def _tokenize(self, path, receive, send):
+        """vLLM's /tokenize: a prompt (or chat messages, through the template) to token ids."""
+        body = await self._body(receive)
+        if self.tokenizer is None:
+            raise ApiError(400, "this model has no tokenizer")
+        if "messages" in body:
+            ids = chat_prompt(body, self.tokenizer)
+        elif isinstance(body.get("prompt"), str):
+            ids = self.tokenizer.encode(body["prompt"], add_special_tokens=bool(body.get("add_special_tokens", True)))
         else:
-            await self._complete(req, chat, send)
+            raise ApiError(400, "send 'prompt' (a string) or 'messages'", "prompt")
+        await _json(send, 200, {"count": len(ids), "max_model_len": self.model.max_seq, "tokens": ids})
 
-    async def _complete(self, req, chat: bool, send):
-        tokens_stream = self.engine.stream(req)
-        async for _ in tokens_stream:
+    async def _detokenize(self, path, receive, send):
+        body = await self._body(receive)
+        if self.tokenizer is None:
+            raise ApiError(400, "this model has no tokenizer")
+        ids = body.get("tokens")
+        if not isinstance(ids, list) or not all(isinstance(t, int) and 0 <= t < self.model.vocab for t in ids):
+            raise ApiError(400, f"'tokens' must be a list of token ids in [0, {self.model.vocab})", "tokens")
+        await _json(send, 200, {"prompt": self.tokenizer.decode(ids)})
+
+    async def _generate(self, path, receive, send):
+        body = await self._body(receive)
+        chat = path.endswith("chat/completions")
+        job = (chat_job if chat else completion_job)(body, self.tokenizer, self.model.max_seq)
+        for req in job.requests:
+            check_fits(req, self.model.vocab, self.model.max_seq)
+        streams = []
+        try:
+            for req in job.requests:
+                streams.append(self.engine.stream(req))
+        except RequestError as err:  # checked above; whatever still slips through is the client's
+            for s in streams:
+                self.engine.cancel(s.completion.id)
+            raise ApiError(400, str(err)) from None
+        # A client that goes away takes its requests with it: their rows go to others.
+        watcher = asyncio.create_task(self._cancel_on_disconnect(receive, [s.completion for s in streams]))
+        try:
+            if body.get("stream"):
+                await self._stream(job, streams, chat, send)
+            else:
+                await self._complete(job, streams, chat, send)
+        finally:
+            watcher.cancel()
+            for s in streams:
+                if s.completion.finish_reason is None:
+                    self.engine.cancel(s.completion.id)
+
+    async def _cancel_on_disconnect(self, receive, comps: list):
+        while (await receive())["type"] != "http.disconnect":
             pass
-        comp = tokens_stream.completion
-        if comp.finish_reason == "error":
-            raise ApiError(500, comp.error or "the request failed", kind="server_error")
-        text = comp.text
-        if text is None:  # no tokenizer: token ids are all there is
-            text = ""
-        respond = chat_response if chat else completion_response
-        await _json(send, 200, respond(comp, self.model_name, text, self.tokenizer))
+        for comp in comps:
+            if comp.finish_reason is None:
+                self.engine.cancel(comp.id)
 
-    async def _stream(self, req, chat: bool, send):
+    async def _complete(self, job: Job, streams: list, chat: bool, send):
+        async def drain(stream):
+            async for _ in stream:
+                pass
+            return stream.completion
+
+        comps = await asyncio.gather(*(drain(s) for s in streams))
+        failed = [c for c in comps if c.finish_reason == "error"]
+        if failed:
+            raise ApiError(500, failed[0].error or "the request failed", kind="server_error")
+        respond = chat_response if chat else completion_response
+        await _json(send, 200, respond(job, comps, self.model_name, self.tokenizer))
+
+    async def _stream(self, job: Job, streams: list, chat: bool, send):
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
-        rid, created = new_id("chatcmpl" if chat else "cmpl"), int(time.time())
-        kind = "chat.completion.chunk" if chat else "text_completion"
 
-        async def event(text: str | None, reason: str | None, first: bool = False):
-            if chat:
-                delta = {"role": "assistant", "content": ""} if first else ({"content": text} if text else {})
-                choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
-            else:
-                choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}
-            chunk = {"id": rid, "object": kind, "created": created, "model": self.model_name, "choices": [choice]}
-            await send({"type": "http.response.body", "body": f"data: {json.dumps(chunk)}\n\n".encode(),
-                        "more_body": True})
+        async def event(chunk: dict | None):
+            if chunk is not None:
+                await send({"type": "http.response.body", "body": f"data: {json.dumps(chunk)}\n\n".encode(),
+                            "more_body": True})
 
-        stream = TextStream(self.tokenizer, req.stop)
-        if chat:
-            await event(None, None, first=True)
-        tokens_stream = self.engine.stream(req)
-        async for tokens, reason in tokens_stream:
-            if reason is None:
-                text = stream.push(tokens)
-                if text:
-                    await event(text, None)
-        comp = tokens_stream.completion
-        tail = stream.finish(comp.text)
-        if tail:
-            await event(tail, None)
-        await event(None, finish_reason(comp))
+        writer = ChunkWriter(chat, self.model_name, self.tokenizer, job.include_usage)
+        merged: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i: int, stream):
+            try:
+                async for tokens, reason in stream:
+                    await merged.put((i, tokens, reason))
+            finally:
+                await merged.put((i, None, "closed"))
+
+        pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+        texts = [TextStream(self.tokenizer, s.completion.request) for s in streams]
+        shown = [0] * len(streams)  # tokens (and their logprobs) already sent, per choice
+        offsets = [TextOffsets(self.tokenizer, s.completion.request, len(job.echo[i]) if job.echo else 0)
+                   for i, s in enumerate(streams)]
+        try:
+            for i in range(len(streams)):
+                await event(writer.start(i))
+                if job.echo:
+                    await event(writer.piece(i, job.echo[i]))
+            open_choices = len(streams)
+            while open_choices:
+                i, tokens, reason = await merged.get()
+                if reason == "closed":
+                    open_choices -= 1
+                    continue
+                comp = streams[i].completion
+                if comp.finish_reason == "error":
+                    await event(error_body(comp.error or "the request failed"))
+                    continue
+                lps = comp.logprobs[shown[i]:shown[i] + len(tokens)] if comp.request.logprobs is not None else None
+                shown[i] += len(tokens)
+                text = texts[i].push(tokens) if reason is None else texts[i].finish(comp.text)
+                if text or lps:
+                    await event(writer.piece(i, text, lps, offsets[i]))
+                if reason is not None:
+                    await event(writer.piece(i, "", reason=finish_reason(comp)))
+            if job.include_usage:
+                await event(writer.usage(job, [s.completion for s in streams]))
+        except Exception as err:  # the response has started: the error goes in the stream
+            await event(error_body(f"internal error: {err}"))
+        finally:
+            for p in pumps:
+                p.cancel()
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
 
 
@@ -184,11 +288,12 @@ async def _json(send, status: int, body: dict):
     await send({"type": "http.response.body", "body": data})
 
 
-def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, **engine_options) -> None:
+def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+          **engine_options) -> None:
     import uvicorn
 
     engine = Engine(model, **engine_options)
     start = time.perf_counter()
     engine.warmup()  # every pass size the engine will use, compiled before the first request
     print(f"linnet: {name} ready in {time.perf_counter() - start:.0f} s (warmup)", flush=True)
-    uvicorn.run(OpenAIServer(engine, name), host=host, port=port, log_level="info")
+    uvicorn.run(OpenAIServer(engine, name, api_key=api_key), host=host, port=port, log_level="info")

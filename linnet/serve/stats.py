@@ -1,7 +1,8 @@
-"""Counters and latencies of one `Engine.run`."""
+"""Counters and latencies of one `Engine.run`, or of a serving engine since it started."""
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 
@@ -24,6 +25,16 @@ class Stats:
     token_latency: list = field(default_factory=list)  # seconds between a request's tokens
     occupancy: list = field(default_factory=list)  # rows in use / rows, per pass
     compiles: int = 0  # new executables or graphs made during the run (0 after a complete warmup)
+    finished: dict = field(default_factory=dict)  # requests ended, by finish reason
+    window: int | None = None  # a server's: latencies and occupancy kept for the latest `window` samples only
+
+    def __post_init__(self):
+        if self.window is not None:  # a server runs for weeks: its samples must not grow without end
+            self.ttft, self.token_latency, self.occupancy = (deque(x, maxlen=self.window) for x in
+                                                             (self.ttft, self.token_latency, self.occupancy))
+
+    def ended(self, reason: str) -> None:
+        self.finished[reason] = self.finished.get(reason, 0) + 1
 
     def summary(self) -> dict:
         return {
@@ -34,5 +45,5 @@ class Stats:
             "passes": dict(self.passes),
             "ttft_s": percentiles(self.ttft), "token_latency_s": percentiles(self.token_latency),
             "occupancy": round(sum(self.occupancy) / len(self.occupancy), 3) if self.occupancy else 0.0,
-            "compiles": self.compiles,
+            "compiles": self.compiles, "finished": dict(self.finished),
         }

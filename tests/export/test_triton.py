@@ -8,6 +8,7 @@ and its answers are checked against Linnet's engine run directly on the same car
 
 import importlib.util
 import json
+import re
 import sys
 import threading
 import types
@@ -79,22 +80,34 @@ class FakeRequest:
         return self.sender
 
 
+def config_parameters(config: str) -> dict:
+    """The parameters of a config.pbtxt, as Triton hands them to `initialize` (its JSON form)."""
+    pattern = r'parameters: \{ key: "([^"]+)" value: \{ string_value: ("(?:[^"\\]|\\.)*") \} \}'
+    return {key: {"string_value": json.loads(value)} for key, value in re.findall(pattern, config)}
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """(TritonPythonModel after initialize, the stand-in module, the repository's model directory)."""
+    """(TritonPythonModel after initialize, the stand-in module, the repository's model directory).
+    The weights and the tokenizer are named by path, as a user serving a checkpoint of theirs would."""
     pb = stand_in()
     sys.modules["triton_python_backend_utils"] = pb
     repo = tmp_path_factory.mktemp("repo")
-    model_dir = write_repository("smollm2-135m-instruct", repo, dtype="f32", batch=4, max_seq=96)
+    gguf = embedded_gguf_path()
+    model_dir = write_repository("smollm2-135m-instruct", repo, dtype="f32", batch=4, max_seq=96, weights=gguf,
+                                 tokenizer=gguf)
     config = (repo / "smollm2-135m-instruct" / "config.pbtxt").read_text()
-    assert "decoupled: true" in config and 'string_value: "smollm2-135m-instruct"' in config
+    assert "decoupled: true" in config
+    parameters = config_parameters(config)
+    assert {k: v["string_value"] for k, v in parameters.items()} == {
+        "card": "smollm2-135m-instruct", "dtype": "f32", "batch": "4", "max_seq": "96", "backend": "torch",
+        "weights": str(gguf), "tokenizer": str(gguf)}
     spec = importlib.util.spec_from_file_location("triton_model_py", f"{model_dir}/1/model.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     model = module.TritonPythonModel()
-    parameters = {k: {"string_value": v} for k, v in
-                  {"card": "smollm2-135m-instruct", "dtype": "f32", "batch": "4", "max_seq": "96", "backend": "torch"}.items()}
     model.initialize({"model_config": json.dumps({"name": "smollm2", "parameters": parameters})})
+    assert model.model.tokenizer is not None
     yield model, pb, model_dir
     model.finalize()
     del sys.modules["triton_python_backend_utils"]
@@ -153,3 +166,5 @@ def test_a_bad_request_gets_an_error_and_the_others_are_answered(served):
 def test_the_repository_checks_the_card_when_written(tmp_path):
     with pytest.raises(nest.CardError):
         write_repository("no-such-card", tmp_path)
+    with pytest.raises(nest.WeightsError, match="no-such-dir"):
+        write_repository("smollm2-135m-instruct", tmp_path, weights="random", tokenizer=tmp_path / "no-such-dir")

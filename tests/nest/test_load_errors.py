@@ -185,3 +185,16 @@ def test_a_llama_the_architecture_cannot_express_is_refused(ckpt_dir, key, value
     (ckpt_dir / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(WeightsError, match=f"Tiny-Llama: .*{message}"):
         load(ckpt_dir)
+
+
+def test_a_tokenizer_named_by_path(gguf_path, gguf_tokenizer, tmp_path):
+    """Random weights take the tokenizer of the path given; a path that is not there fails before
+    any weight is made, and a tokenizer with more tokens than the card's vocabulary is refused."""
+    model = nest.load("smollm2-135m-instruct", weights="random", tokenizer=gguf_path, generics=GENERICS)
+    text = "Hello, world! 12345"
+    assert model.tokenizer.encode(text) == gguf_tokenizer.encode(text)
+    assert model.tokenizer.eos_token_ids == gguf_tokenizer.eos_token_ids
+    with pytest.raises(WeightsError, match="nothing-here"):
+        nest.load("tiny-llama", weights="random", tokenizer=tmp_path / "nothing-here", generics=GENERICS)
+    with pytest.raises(nest.TokenizerError, match="49152 tokens, more than the"):
+        nest.load("tiny-llama", weights="random", tokenizer=gguf_path, generics=GENERICS)

@@ -144,6 +144,40 @@ def test_flush_emits_incomplete_tail(gguf_tokenizer):
     assert dec.flush() == gguf_tokenizer.decode(ids[:1])  # U+FFFD: the bytes never completed
 
 
+@pytest.mark.parametrize("split", [1, 3, 6])
+@pytest.mark.parametrize("text", STREAM_TEXTS[:-1])
+def test_text_after_a_prompt_is_the_whole_decode_past_the_prompts(gguf_tokenizer, hf_gguf_tokenizer, text, split):
+    """A completion's text is what decoding prompt + completion adds to the prompt's text (transformers'
+    decode is the reference); streamed with the prompt as context, the pieces add up to the same."""
+    ids = gguf_tokenizer.encode(text)
+    if len(ids) <= split:
+        return
+    prompt, gen = ids[:split], ids[split:]
+    before, whole = hf_gguf_tokenizer.decode(prompt), hf_gguf_tokenizer.decode(ids)
+    after = gguf_tokenizer.decode_after(prompt, gen)
+    if "\ufffd" not in before:  # a prompt that ends inside a character is decoded apart
+        assert after == whole[len(before):]
+    dec = gguf_tokenizer.incremental_decoder(context=prompt)
+    assert "".join(dec.push(t) for t in gen) + dec.flush() == after
+
+
+def test_a_sentencepiece_completion_keeps_its_leading_space():
+    """SentencePiece's decoder strips the first token's leading space: a completion decoded alone
+    would lose the space between the prompt and it."""
+    from tokenizers import Tokenizer as Backend, decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "\u2581The": 1, "\u2581capital": 2, "\u2581is": 3, "\u2581Paris": 4, ".": 5}
+    backend = Backend(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.decoder = decoders.Metaspace()
+    tok = Tokenizer(backend)
+    prompt, gen = [1, 2, 3], [4, 5]
+    assert tok.decode(gen) == "Paris."
+    assert tok.decode(prompt) + tok.decode_after(prompt, gen) == tok.decode(prompt + gen) == "The capital is Paris."
+    dec = tok.incremental_decoder(context=prompt)
+    assert [dec.push(t) for t in gen] == [" Paris", "."]
+
+
 # ------------------------------------------------------------ from a directory
 
 

@@ -1,6 +1,12 @@
+import socket
+import threading
+import time
+
 import pytest
 
 from linnet import nest
+
+TEMPLATE = "{% for m in messages %}t1 {{ m['content'] }} t2 {% endfor %}{% if add_generation_prompt %}t3{% endif %}"
 
 
 def make_model(backend: str, rows: int = 16, max_seq: int = 96, numerics: str = "exact", compile: bool = False):
@@ -15,3 +21,34 @@ def model(request):
     if request.param == "torch-replayed":
         return make_model("torch", numerics="fast", compile=True)
     return make_model(request.param)
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The OpenAI server over a tiny model with a word tokenizer (token i is `t{i}`), on a real socket;
+    yields (base url, engine, model)."""
+    import uvicorn
+
+    from linnet.serve import Engine
+    from linnet.serve.server import OpenAIServer
+
+    from .test_engine import word_tokenizer
+
+    model = make_model("torch", rows=4, max_seq=96)
+    model.tokenizer = word_tokenizer(model.vocab)
+    model.tokenizer.chat_template = TEMPLATE
+    engine = Engine(model)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    config = uvicorn.Config(OpenAIServer(engine, "tiny"), host="127.0.0.1", port=port, log_level="warning")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if srv.started:
+            break
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", engine, model
+    srv.should_exit = True
+    thread.join(timeout=10)

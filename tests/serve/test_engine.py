@@ -178,6 +178,24 @@ def test_stop_strings_end_the_text_before_them(model):
     assert c.text.strip() == " ".join(f"t{t}" for t in ref[:first])
 
 
+def test_the_earliest_of_several_stop_strings_ends_the_text(model):
+    """Stop strings are looked for as the text grows; the one that appears first wins, whatever
+    their order in the request, including one that spans two tokens."""
+    p = prompts(1, 9, 9, seed=31)[0]
+    ref = reference_greedy(model, p, 12)
+    full = "".join(f" t{t}" for t in ref)  # the word tokenizer's text after a prompt
+    spanning = f"{ref[6]} t{ref[7]}"[1:]  # the end of token 6's word, the space, and token 7's word
+    late, early = f"t{ref[9]}", spanning
+    model.tokenizer = word_tokenizer(model.vocab)
+    try:
+        done, _ = Engine(model).run([Request(prompt=p, max_new_tokens=12, stop=[late, early])])
+    finally:
+        model.tokenizer = None
+    at, stop = min((full.find(s), s) for s in (late, early))
+    assert done[0].finish_reason == "stop" and done[0].text == full[:at]
+    assert done[0].tokens == ref[:len(full[:at + len(stop)].split())]  # up to the token completing it
+
+
 def test_jax_walking_keys_through_the_engine_matches_exact_numerics():
     """Past two key chunks, fast JAX on the CPU walks the cache in chunks: prompts packed in
     blocks, chunked after a cached prefix, sharing a long prefix, with idle rows padded. Greedy

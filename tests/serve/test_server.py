@@ -1,45 +1,17 @@
 """The OpenAI-compatible server over a real socket: responses, streaming, and errors with their statuses."""
 
+import asyncio
 import json
-import socket
-import threading
-import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-import uvicorn
 
 from linnet.serve import Engine, Request
 from linnet.serve.server import OpenAIServer
 
 from .conftest import make_model
-from .test_engine import word_tokenizer
-
-TEMPLATE = "{% for m in messages %}t1 {{ m['content'] }} t2 {% endfor %}{% if add_generation_prompt %}t3{% endif %}"
-
-
-@pytest.fixture(scope="module")
-def server():
-    model = make_model("torch", rows=4, max_seq=96)
-    model.tokenizer = word_tokenizer(model.vocab)
-    model.tokenizer.chat_template = TEMPLATE
-    engine = Engine(model)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    config = uvicorn.Config(OpenAIServer(engine, "tiny"), host="127.0.0.1", port=port, log_level="warning")
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", engine, model
-    srv.should_exit = True
-    thread.join(timeout=10)
 
 
 def call(base, path, body=None, method=None, raw=None):
@@ -113,7 +85,19 @@ def test_chat_uses_the_template(server):
     ("/v1/completions", {"prompt": [1, 99999]}, None, None, 400, "outside the vocabulary"),
     ("/v1/completions", {"prompt": []}, None, None, 400, "prompt"),
     ("/v1/completions", {"prompt": [1], "temperature": "hot"}, None, None, 400, "temperature"),
-    ("/v1/completions", {"prompt": [1], "n": 3}, None, None, 400, "n=1"),
+    ("/v1/completions", {"prompt": [1], "n": 1000}, None, None, 400, "'n'"),
+    ("/v1/completions", {"prompt": [[1], [2]], "n": 200}, None, None, 400, "choices"),
+    ("/v1/completions", {"prompt": [1], "best_of": 3}, None, None, 400, "best_of"),
+    ("/v1/completions", {"prompt": [1], "logit_bias": {"5": 10}}, None, None, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": [1], "echo": True, "logprobs": 1}, None, None, 400, "echo"),
+    ("/v1/completions", {"prompt": [1], "stream_options": {"include_usage": True}}, None, None, 400,
+     "stream_options"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "t1"}], "tools": [{"type": "function"}]},
+     None, None, 400, "tool"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "t1"}],
+                              "response_format": {"type": "json_object"}}, None, None, 400, "response_format"),
+    ("/tokenize", {"prompt": 5}, None, None, 400, "prompt"),
+    ("/detokenize", {"tokens": [1, -2]}, None, None, 400, "tokens"),
     ("/v1/completions", {"model": "gpt-4", "prompt": [1]}, None, None, 404, "does not exist"),
     ("/v1/chat/completions", {"messages": "hi"}, None, None, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, None, None, 400, "role"),
@@ -144,3 +128,198 @@ def test_concurrent_requests_and_a_bad_one(server):
         if i != 3:
             assert status == 200
             assert json.loads(body)["choices"][0]["text"].split() == [f"t{t}" for t in engine_greedy(engine, prompts[i], 5)]
+
+
+def sse(text: str) -> list:
+    """The chunks of a server-sent event stream, checked to end with [DONE]."""
+    events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    return [json.loads(e) for e in events[:-1]]
+
+
+def engine_sampled(ids, n, seed):
+    if "model" not in _REFERENCE:
+        _REFERENCE["model"] = make_model("torch", rows=4, max_seq=96)
+    done, _ = Engine(_REFERENCE["model"]).run([Request(prompt=ids, max_new_tokens=n, temperature=1.0, seed=seed)])
+    return done[0].tokens
+
+
+def words(tokens):
+    return [f"t{t}" for t in tokens]
+
+
+def test_n_choices_sample_with_seed_plus_index_and_prefill_the_prompt_once(server):
+    base, engine, _ = server
+    prompt = [31, 32, 33, 34, 35, 36]
+    before = engine.stats.prefill_tokens
+    status, body = call(base, "/v1/completions", {"prompt": prompt, "n": 3, "max_tokens": 5, "seed": 11,
+                                                   "temperature": 1.0})
+    assert status == 200
+    out = json.loads(body)
+    assert [c["index"] for c in out["choices"]] == [0, 1, 2]
+    for j, choice in enumerate(out["choices"]):
+        assert choice["text"].split() == words(engine_sampled(prompt, 5, 11 + j))
+    assert out["usage"] == {"prompt_tokens": 6, "completion_tokens": 15, "total_tokens": 21}
+    # One prefill; each copy computes only the last prompt token, whose logits it draws from.
+    assert engine.stats.prefill_tokens - before == len(prompt) + 2
+
+
+def test_a_list_of_prompts_gives_their_choices_in_order(server):
+    base, engine, _ = server
+    prompts = [[3, 4, 5], [6, 7]]
+    status, body = call(base, "/v1/completions", {"prompt": prompts, "n": 2, "max_tokens": 4, "temperature": 0})
+    assert status == 200
+    out = json.loads(body)
+    texts = [c["text"].split() for c in out["choices"]]
+    assert texts == [words(engine_greedy(engine, p, 4)) for p in prompts for _ in range(2)]
+    assert out["usage"]["prompt_tokens"] == 5 and out["usage"]["completion_tokens"] == 16
+
+
+def test_streamed_choices_logprobs_and_usage_equal_the_whole(server):
+    base, _, _ = server
+    body = {"prompt": [[9, 8, 7], [1, 2]], "max_tokens": 6, "temperature": 0, "logprobs": 2}
+    whole = json.loads(call(base, "/v1/completions", body)[1])
+    status, text = call(base, "/v1/completions", dict(body, stream=True, stream_options={"include_usage": True}))
+    assert status == 200
+    chunks = sse(text)
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
+    assert all(c["usage"] is None for c in chunks[:-1])
+    for i, choice in enumerate(whole["choices"]):
+        mine = [c["choices"][0] for c in chunks[:-1] if c["choices"][0]["index"] == i]
+        assert "".join(c["text"] for c in mine) == choice["text"]
+        assert [c["finish_reason"] for c in mine][-1] == "length"
+        streamed = [(t, v) for c in mine if c["logprobs"] for t, v in zip(c["logprobs"]["tokens"],
+                                                                         c["logprobs"]["token_logprobs"])]
+        assert [t for t, _ in streamed] == choice["logprobs"]["tokens"]
+        assert [v for _, v in streamed] == pytest.approx(choice["logprobs"]["token_logprobs"], abs=1e-4)
+        offsets = [o for c in mine if c["logprobs"] for o in c["logprobs"]["text_offset"]]
+        assert offsets == choice["logprobs"]["text_offset"]
+        assert [choice["text"][o:].split()[0] for o in offsets] == choice["logprobs"]["tokens"]
+
+
+def test_streamed_chat_with_n_and_logprobs(server):
+    base, _, _ = server
+    body = {"messages": [{"role": "user", "content": "t40 t41"}], "max_tokens": 4, "temperature": 0, "n": 2,
+            "logprobs": True, "top_logprobs": 3}
+    whole = json.loads(call(base, "/v1/chat/completions", body)[1])
+    chunks = sse(call(base, "/v1/chat/completions", dict(body, stream=True))[1])
+    assert "usage" not in chunks[0]
+    for i, choice in enumerate(whole["choices"]):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == i]
+        assert mine[0]["delta"] == {"role": "assistant", "content": ""}
+        assert "".join(c["delta"].get("content", "") for c in mine) == choice["message"]["content"]
+        got = [e for c in mine if c["logprobs"] for e in c["logprobs"]["content"]]
+        want = choice["logprobs"]["content"]
+        # The same tokens; their logprobs to float32 rounding (the passes are packed differently).
+        flat = lambda es: [(e["token"], e["logprob"]) for e in es] + [(t["token"], t["logprob"])
+                                                                      for e in es for t in e["top_logprobs"]]
+        assert [t for t, _ in flat(got)] == [t for t, _ in flat(want)]
+        assert [v for _, v in flat(got)] == pytest.approx([v for _, v in flat(want)], abs=1e-4)
+        assert all(len(e["top_logprobs"]) == 3 for e in got)
+    assert whole["choices"][0]["message"] == whole["choices"][1]["message"]  # greedy: the same twice
+
+
+def test_without_max_tokens_a_request_fills_what_its_row_has_left(server):
+    base, _, model = server
+    prompt = list(range(1, model.max_seq - 2))  # room for 3
+    status, body = call(base, "/v1/completions", {"prompt": prompt, "temperature": 0, "ignore_eos": True})
+    assert status == 200
+    assert json.loads(body)["usage"]["completion_tokens"] == 3  # not a 400 for the default of 16
+    status, body = call(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "t3"}],
+                                                       "temperature": 0})
+    out = json.loads(body)
+    assert status == 200 and out["usage"]["prompt_tokens"] + out["usage"]["completion_tokens"] == model.max_seq
+
+
+def test_echo_puts_the_prompt_before_the_text(server):
+    base, engine, _ = server
+    out = json.loads(call(base, "/v1/completions", {"prompt": "t5 t6", "max_tokens": 3, "temperature": 0,
+                                                     "echo": True})[1])
+    assert out["choices"][0]["text"].split() == ["t5", "t6"] + words(engine_greedy(engine, [5, 6], 3))
+
+
+def test_tokenize_detokenize_models_and_metrics(server):
+    base, engine, model = server
+    out = json.loads(call(base, "/tokenize", {"prompt": "t7 t8 t9"})[1])
+    assert out == {"count": 3, "max_model_len": model.max_seq, "tokens": [7, 8, 9]}
+    chat = json.loads(call(base, "/tokenize", {"messages": [{"role": "user", "content": "t7"}]})[1])
+    assert chat["tokens"] == [1, 7, 2, 3]  # through the template
+    assert json.loads(call(base, "/detokenize", {"tokens": [7, 8]})[1]) == {"prompt": "t7 t8"}
+    assert json.loads(call(base, "/v1/models/tiny")[1])["id"] == "tiny"
+    assert call(base, "/v1/models/other")[0] == 404
+    call(base, "/v1/completions", {"prompt": [4, 4], "max_tokens": 2})
+    status, text = call(base, "/metrics")
+    assert status == 200
+    values = dict(line.rsplit(" ", 1) for line in text.splitlines() if not line.startswith("#"))
+    assert int(values["linnet_generation_tokens_total"]) == engine.stats.generated_tokens > 0
+    assert int(values['linnet_requests_finished_total{reason="length"}']) > 0
+    assert values["linnet_cache_rows"] == str(model.batch)
+
+
+# ---------------------------------------------------------------- the ASGI app driven directly
+
+def asgi(app, method, path, body=None, headers=(), disconnect=None):
+    """One request through the app as an ASGI server would send it; `disconnect`, an asyncio.Event,
+    makes the client go away once it is set. Returns (status, body bytes)."""
+    import asyncio
+
+    async def go():
+        sent, data = [], json.dumps(body).encode() if body is not None else b""
+        messages = [{"type": "http.request", "body": data, "more_body": False}]
+
+        async def receive():
+            if messages:
+                return messages.pop(0)
+            if disconnect is not None:
+                await disconnect.wait()
+            else:
+                await asyncio.Event().wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "method": method, "path": path, "headers": list(headers)}
+        await app(scope, receive, send)
+        status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+        return status, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+
+    return go
+
+
+def test_a_client_that_goes_away_frees_its_row():
+    """The engine steps by hand here: the request is queued, the client leaves, and the next
+    step ends it as cancelled, its row free, before it drew a single token."""
+    model = make_model("torch", rows=2, max_seq=64)
+    engine = Engine(model)
+    app = OpenAIServer(engine, "tiny")
+
+    async def scenario(stream: bool):
+        gone = asyncio.Event()
+        task = asyncio.ensure_future(asgi(app, "POST", "/v1/completions",
+                                          {"prompt": [5, 6, 7], "max_tokens": 40, "stream": stream},
+                                          disconnect=gone)())
+        while not engine.waiting:
+            await asyncio.sleep(0.01)
+        comp = engine.waiting[0].comp
+        gone.set()
+        while not engine.cancelled:
+            await asyncio.sleep(0.01)
+        engine.step()
+        await task
+        return comp
+
+    for stream in (False, True):
+        comp = asyncio.run(scenario(stream))
+        assert comp.finish_reason == "cancelled" and comp.tokens == []
+        assert not engine.live and not engine.waiting and len(engine.free_rows) == 2
+    assert engine.stats.finished == {"cancelled": 2}
+
+
+def test_an_api_key_guards_the_v1_routes():
+    app = OpenAIServer(Engine(make_model("torch", rows=2, max_seq=64)), "tiny", api_key="sesame")
+    status, body = asyncio.run(asgi(app, "GET", "/v1/models")())
+    assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
+    status, _ = asyncio.run(asgi(app, "GET", "/v1/models", headers=[(b"authorization", b"Bearer sesame")])())
+    assert status == 200
+    assert asyncio.run(asgi(app, "GET", "/health")())[0] == 200  # a load balancer's probe needs no key
