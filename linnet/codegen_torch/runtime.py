@@ -449,7 +449,7 @@ def expert_linear(x: torch.Tensor, w: torch.Tensor, experts: torch.Tensor,
     counts = torch.zeros(w.shape[0], dtype=torch.int64, device=x.device).scatter_add_(0, chosen, torch.ones_like(chosen))
     grouped = rows.index_select(0, order)
     out = _grouped_mm(grouped, w, counts) if _grouped_mm_serves(grouped, w) else None
-    if out is not None:  # CUDA: one kernel over every group, no host read (graph-safe)
+    if out is not None:  # one kernel over every group, no host read (graph-safe on CUDA)
         if bias is not None:
             out = out + bias.index_select(0, chosen.index_select(0, order))
     else:  # one matmul per expert that has rows; reads the counts on the host
@@ -464,24 +464,29 @@ def expert_linear(x: torch.Tensor, w: torch.Tensor, experts: torch.Tensor,
     return result.reshape(n, k, w.shape[1])
 
 
-_GROUPED_MM = {"works": True}  # set False the first time torch refuses it: the per-expert loop from then on
+_GROUPED_MM = {"cpu": True, "cuda": True}  # False once torch refuses it there: the per-expert loop from then on
 
 
 def _grouped_mm_serves(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """torch's grouped GEMM: bf16 on a CUDA device of compute capability 9.0 or later (Hopper)."""
-    return (_GROUPED_MM["works"] and x.is_cuda and x.dtype == w.dtype == torch.bfloat16
-            and hasattr(torch, "_grouped_mm") and torch.cuda.get_device_capability(x.device) >= (9, 0))
+    """torch's grouped GEMM where it runs: on CUDA in bf16 from compute capability 9.0 (Hopper), and
+    on the CPU, where recent torch has a fallback taking the same arguments (so the CUDA path's call
+    is what the CPU tests run)."""
+    if not (hasattr(torch, "_grouped_mm") and _GROUPED_MM.get(x.device.type, False) and x.dtype == w.dtype):
+        return False
+    if x.is_cuda:
+        return x.dtype == torch.bfloat16 and torch.cuda.get_device_capability(x.device) >= (9, 0)
+    return x.dtype.is_floating_point
 
 
 def _grouped_mm(rows: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> torch.Tensor | None:
     """rows (grouped by expert, counts[e] for expert e) times each group's w[e].T, or None where this
-    torch refuses the call (a private op whose layout rules vary between versions; untested here)."""
+    torch refuses the call (a private op, whose layout rules may vary between versions)."""
     try:
         return torch._grouped_mm(rows, w.transpose(-2, -1), offs=torch.cumsum(counts, 0, dtype=torch.int32))
     except RuntimeError:
-        if torch.cuda.is_current_stream_capturing():
+        if rows.is_cuda and torch.cuda.is_current_stream_capturing():
             raise  # a CUDA graph capture: the runner settles on running the step eagerly
-        _GROUPED_MM["works"] = False
+        _GROUPED_MM[rows.device.type] = False
         return None
 
 

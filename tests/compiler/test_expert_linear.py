@@ -23,12 +23,37 @@ def reference(x, w, experts, bias):
     return out
 
 
+def torch_expert_linear(x, w, experts, bias, grouped: bool):
+    """torch's op through its grouped GEMM (the call CUDA makes; torch's CPU fallback here), or
+    through its per-expert loop."""
+    saved = trt._GROUPED_MM["cpu"]
+    trt._GROUPED_MM["cpu"] = grouped
+    try:
+        return trt.expert_linear(x, w, experts, bias)
+    finally:
+        trt._GROUPED_MM["cpu"] = saved
+
+
 def run_both(x, w, experts, bias):
-    ours_torch = trt.expert_linear(torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(experts),
-                                   None if bias is None else torch.from_numpy(bias)).numpy()
+    """(torch grouped, torch per expert, JAX), each on numpy arrays."""
+    args = (torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(experts),
+            None if bias is None else torch.from_numpy(bias))
+    ours_torch = [torch_expert_linear(*args, grouped=g).numpy() for g in (True, False)]
     ours_jax = np.asarray(jrt.expert_linear(jnp.asarray(x), jnp.asarray(w), jnp.asarray(experts),
                                             None if bias is None else jnp.asarray(bias)))
-    return ours_torch, ours_jax
+    return ours_torch + [ours_jax]
+
+
+def test_the_grouped_gemm_runs_on_this_torch():
+    """Where torch has the grouped GEMM, the grouped path above is really taken (not its fallback)."""
+    if not hasattr(torch, "_grouped_mm"):
+        pytest.skip("this torch has no _grouped_mm")
+    x, w = torch.randn(4, 8), torch.randn(3, 5, 8)
+    assert trt._grouped_mm_serves(x, w)
+    counts = torch.tensor([1, 0, 3])
+    out = trt._grouped_mm(x, w, counts)
+    ref = torch.cat([x[:1] @ w[0].T, x[1:] @ w[2].T])
+    torch.testing.assert_close(out, ref)
 
 
 @settings(max_examples=15, deadline=None, derandomize=True)
@@ -41,7 +66,7 @@ def test_each_token_through_its_experts(n, k, experts, d_in, d_out, per_choice, 
     chosen = rng.integers(0, experts, (n, k)).astype(np.int32)  # repeats and unused experts both occur
     bias = rng.standard_normal((experts, d_out)).astype(np.float32) if with_bias else None
     ref = reference(x, w, chosen, bias)
-    for name, out in zip(("torch", "jax"), run_both(x, w, chosen, bias)):
+    for name, out in zip(("torch grouped", "torch per expert", "jax"), run_both(x, w, chosen, bias)):
         assert out.shape == (n, k, d_out), name
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max(), err_msg=name)
 
@@ -64,8 +89,9 @@ def test_16_bit_types_round_once(dtype):
     w = (rng.standard_normal((3, 16, 32)) / 6).astype(np.float32)
     chosen = rng.integers(0, 3, (6, 2)).astype(np.int32)
     xt, wt = torch.from_numpy(x).to(dtype), torch.from_numpy(w).to(dtype)
-    out = trt.expert_linear(xt, wt, torch.from_numpy(chosen))
-    assert out.dtype == dtype
     ref = reference(xt.float().numpy(), wt.float().numpy(), chosen, None)
     eps = torch.finfo(dtype).eps
-    assert np.abs(out.float().numpy() - ref).max() <= 4 * eps * np.abs(ref).max()
+    for grouped in (True, False):
+        out = torch_expert_linear(xt, wt, torch.from_numpy(chosen), None, grouped)
+        assert out.dtype == dtype
+        assert np.abs(out.float().numpy() - ref).max() <= 4 * eps * np.abs(ref).max(), grouped
