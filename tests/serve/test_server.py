@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -303,8 +304,11 @@ def test_a_client_that_goes_away_frees_its_row():
             await asyncio.sleep(0.01)
         comp = engine.waiting[0].comp
         gone.set()
-        while not engine.cancelled:
+        for _ in range(500):  # the app's watcher cancels within a few loop turns
+            if engine.cancelled:
+                break
             await asyncio.sleep(0.01)
+        assert engine.cancelled, "the client left and its request was not cancelled"
         engine.step()
         await task
         return comp
@@ -323,3 +327,38 @@ def test_an_api_key_guards_the_v1_routes():
     status, _ = asyncio.run(asgi(app, "GET", "/v1/models", headers=[(b"authorization", b"Bearer sesame")])())
     assert status == 200
     assert asyncio.run(asgi(app, "GET", "/health")())[0] == 200  # a load balancer's probe needs no key
+
+
+def test_streams_that_leave_early_free_their_rows_for_the_others(server):
+    """Twelve streamed requests over four rows; half the clients hang up after their first chunk.
+    Those requests end cancelled, and the rest finish with the text each gets alone."""
+    import http.client
+    from urllib.parse import urlparse
+
+    base, engine, _ = server
+    url = urlparse(base)
+    before = engine.stats.finished.get("cancelled", 0)
+
+    def one(i):
+        prompt = [10 + i, 20 + i, 30 + i]
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+        body = {"prompt": prompt, "max_tokens": 90 if i % 2 else 8, "temperature": 0, "stream": True,
+                "ignore_eos": True}
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        if i % 2:  # read one event, then go away
+            resp.fp.readline()
+            conn.sock.close()
+            return None
+        return prompt, sse(resp.read().decode())
+
+    with ThreadPoolExecutor(12) as pool:
+        results = list(pool.map(one, range(12)))
+    for result in filter(None, results):
+        prompt, chunks = result
+        assert "".join(c["choices"][0]["text"] for c in chunks).split() == words(engine_greedy(engine, prompt, 8))
+    deadline = time.time() + 30
+    while (engine.live or engine.waiting) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not engine.live and not engine.waiting and len(engine.free_rows) == engine.rows
+    assert engine.stats.finished.get("cancelled", 0) - before == 6
