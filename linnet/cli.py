@@ -109,6 +109,7 @@ def cmd_generate(args) -> int:
     if tok is None:
         raise _UsageError(f"{model.weights}: no tokenizer found with these weights; `generate` needs one "
                           f"(--tokenizer names a model directory or GGUF to take it from)")
+    _use_chat_template(model, args.chat_template)
     if args.chat:
         messages = [{"role": "system", "content": args.system}] if args.system is not None else []
         messages.append({"role": "user", "content": args.prompt})
@@ -130,7 +131,7 @@ def cmd_generate(args) -> int:
         bar = Progress(f"compiling {model.card} ({model.backend})")
         _warm_up(engine, req)
         bar.close()
-    decoder = tok.incremental_decoder(skip_special_tokens=True)
+    decoder = tok.incremental_decoder(skip_special_tokens=True, context=ids)
     out = sys.stdout
     start = time.perf_counter()
     comp = engine.submit(req)
@@ -168,6 +169,29 @@ class _UsageError(Exception):
     """A problem with what was asked, reported as one line."""
 
 
+def _use_chat_template(model, given: str | None) -> None:
+    """--chat-template (as vLLM's): a file, or the Jinja template itself, in place of the tokenizer's."""
+    if given is None:
+        return
+    if model.tokenizer is None:
+        raise _UsageError("--chat-template needs a tokenizer, and these weights have none (see --tokenizer)")
+    try:
+        is_file = Path(given).is_file()
+    except OSError:  # a template too long to be a file name
+        is_file = False
+    if is_file:
+        template = Path(given).read_text()
+    elif "{{" in given or "{%" in given:
+        template = given
+    else:
+        raise _UsageError(f"--chat-template {given}: no such file, nor a Jinja template")
+    model.tokenizer.chat_template = template
+    try:
+        model.tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True)
+    except Exception as err:  # a syntax error, or a template that cannot render a plain user turn
+        raise _UsageError(f"--chat-template: the template does not render a user message: {err}") from None
+
+
 def cmd_serve(args) -> int:
     from linnet import nest
     from linnet.serve.server import serve
@@ -181,6 +205,7 @@ def cmd_serve(args) -> int:
                           tokenizer=args.tokenizer or True)
     except ValueError as err:  # what was asked cannot be had: more shards than devices, an unknown device
         raise _UsageError(str(err)) from None
+    _use_chat_template(model, args.chat_template)
     api_key = args.api_key or os.environ.get("LINNET_API_KEY") or None
     serve(model, args.name or model.card, host=args.host, port=args.port, api_key=api_key,
           token_budget=args.token_budget)
@@ -229,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("prompt")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--system", help="a system message (with --chat)")
+    g.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template (a file, or the template itself) in place of the tokenizer's")
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--temperature", type=float, default=0.0, help="0 (the default) is greedy")
     g.add_argument("--top-p", type=float, default=1.0)
@@ -255,6 +282,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--numerics", choices=["exact", "fast"], default="fast")
     sv.add_argument("--weights", default=None, help="a checkpoint path, or 'random'")
     sv.add_argument("--token-budget", type=int, default=None, help="most tokens in one pass")
+    sv.add_argument("--chat-template", default=None,
+                    help="a Jinja chat template (a file, or the template itself) in place of the tokenizer's")
     sv.add_argument("--tokenizer", default=None,
                     help="a model directory or .gguf file whose tokenizer to use (default: the weights' own)")
     sv.add_argument("--shards", type=int, default=None,

@@ -54,3 +54,26 @@ def test_generate_errors(capsys):
 def test_generate_random_weights_runs_without_a_tokenizer(capsys):
     assert main(["generate", "tiny-llama", "hi", "--weights", "random"]) == 1
     assert "no tokenizer" in capsys.readouterr().err
+
+
+def test_a_chat_template_given_on_the_command_line(tmp_path, gguf_path, capsys):
+    """--chat-template: the template itself, or a file holding it; one that cannot render a user
+    turn, or a name that is neither, is refused before anything runs."""
+    from linnet import nest
+    from linnet.cli import _UsageError, _use_chat_template
+
+    model = nest.load("smollm2-135m-instruct", weights="random", tokenizer=gguf_path,
+                      generics={"Batch": 1, "MaxSeq": 32})
+    hi = [{"role": "user", "content": "hi"}]
+    _use_chat_template(model, "{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}")
+    assert model.tokenizer.apply_chat_template(hi) == "<<hi>>"
+    (tmp_path / "t.jinja").write_text("[{{ messages[0]['content'] }}]")
+    _use_chat_template(model, str(tmp_path / "t.jinja"))
+    assert model.tokenizer.apply_chat_template(hi) == "[hi]"
+    with pytest.raises(_UsageError, match="no such file"):
+        _use_chat_template(model, str(tmp_path / "missing.jinja"))
+    with pytest.raises(_UsageError, match="does not render a user message"):
+        _use_chat_template(model, "{{ messages[0]['content'] }")
+    assert main(["generate", "smollm2-135m-instruct", "hi", "--chat", "--weights", "random", "--tokenizer",
+                 str(gguf_path), "--chat-template", "{% if %}", "--max-seq", "32"]) == 1
+    assert "--chat-template: the template does not render" in capsys.readouterr().err
