@@ -366,10 +366,11 @@ class Engine:
 
     def _sampling(self, items: list, ahead: int = 0):
         """How each of `items` draws its next token, `ahead` tokens past what the host has of it: the
-        batch of settings, and the prompt and output tokens where penalties count them."""
+        batch of settings, and where the host adjusts logits, each one's prompt and output tokens (which
+        penalties count) and logit bias."""
         batch = SamplingBatch.of([x.req for x in items], [x.seed for x in items],
                                  [len(x.generated) + ahead for x in items])
-        histories = [(x.req.prompt, x.generated) for x in items] if batch.penalties else None
+        histories = [(x.req.prompt, x.generated, x.req.logit_bias) for x in items] if batch.adjusted else None
         return batch, histories
 
     def _sample(self, logits, items: list, logit_rows: list):

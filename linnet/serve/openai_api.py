@@ -66,8 +66,6 @@ def _stops(body: dict) -> list:
 
 def _refuse_unsupported(body: dict, chat: bool) -> None:
     """Fields that would change the answer and that this server cannot honour: refused, never ignored."""
-    if body.get("logit_bias"):
-        raise ApiError(400, "'logit_bias' is not supported", "logit_bias")
     fmt = body.get("response_format")
     if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type", "text") != "text"):
         raise ApiError(400, "only response_format {'type': 'text'} is supported", "response_format")
@@ -104,6 +102,25 @@ def _include_usage(body: dict) -> bool:
     return bool(options.get("include_usage", False))
 
 
+def _logit_bias(body: dict) -> dict | None:
+    """OpenAI's logit_bias, {"token id": bias}, with integer keys (their range is checked with the prompt's)."""
+    bias = body.get("logit_bias")
+    if not bias:
+        return None
+    if not isinstance(bias, dict):
+        raise ApiError(400, "'logit_bias' must be an object mapping token ids to numbers", "logit_bias")
+    out = {}
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise ApiError(400, f"'logit_bias' keys must be token ids, not {key!r}", "logit_bias") from None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise ApiError(400, f"'logit_bias' values must be numbers in [-100, 100], not {value!r}", "logit_bias")
+        out[token] = float(value)
+    return out
+
+
 def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens: int | None) -> Request:
     """The engine request for a body's sampling fields (OpenAI's, plus vLLM's top_k, min_p, ...).
 
@@ -131,7 +148,7 @@ def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens:
         frequency_penalty=float(_number(body, "frequency_penalty", 0.0, -2, 2)),
         repetition_penalty=float(_number(body, "repetition_penalty", 1.0, 0.01, 10)),
         seed=None if seed is None else seed & 0x7FFFFFFF, stop=_stops(body), stop_token_ids=stop_ids,
-        ignore_eos=bool(body.get("ignore_eos", False)),
+        ignore_eos=bool(body.get("ignore_eos", False)), logit_bias=_logit_bias(body),
     )
 
 
@@ -263,7 +280,9 @@ def check_fits(req: Request, vocab: int, max_seq: int) -> None:
     try:
         req.validate(vocab, max_seq)
     except RequestError as err:
-        raise ApiError(400, str(err).split(": ", 1)[-1], "prompt") from None
+        message = str(err).split(": ", 1)[-1]
+        param = next((p for p in ("logit_bias", "stop_token_ids") if p.split("_")[0] in message), "prompt")
+        raise ApiError(400, message, param) from None
 
 
 def new_id(prefix: str) -> str:

@@ -28,12 +28,18 @@ class Request:
     stop: list = field(default_factory=list)  # stop strings (needs the model's tokenizer)
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; k: the chosen token's logprob and the top k alternatives
+    logit_bias: dict | None = None  # {token id: added to its logit}, as OpenAI's (-100 bans, 100 forces)
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
 
     @property
     def penalized(self) -> bool:
         """Whether any penalty moves this request's logits (the host then counts its tokens)."""
         return self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
+
+    @property
+    def adjusted(self) -> bool:
+        """Whether arrays made on the host move this request's logits: penalties, or a logit bias."""
+        return self.penalized or bool(self.logit_bias)
 
     def validate(self, vocab: int, max_seq: int) -> None:
         if not isinstance(self.prompt, (list, tuple)) or not self.prompt:
@@ -60,6 +66,11 @@ class Request:
             raise RequestError(f"{self.id}: repetition_penalty must be > 0, not {self.repetition_penalty}")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise RequestError(f"{self.id}: logprobs must be between 0 and 20, not {self.logprobs}")
+        for t, v in (self.logit_bias or {}).items():
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                raise RequestError(f"{self.id}: logit_bias token id {t!r} is outside the vocabulary [0, {vocab})")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
+                raise RequestError(f"{self.id}: logit_bias values must be numbers in [-100, 100], not {v!r}")
         bad_stop = [t for t in self.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad_stop:
             raise RequestError(f"{self.id}: stop token id {bad_stop[0]!r} is outside the vocabulary")

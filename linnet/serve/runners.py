@@ -70,17 +70,21 @@ class Pending:
         return self._result
 
 
-def penalty_arrays(histories: list, vocab: int, k: int, rows=None):
-    """seen (prompt and output) and counts (output only) of each sampled request, in k rows:
-    request i in row rows[i] (default: row i)."""
+def logit_adjustments(histories: list, vocab: int, k: int, rows=None) -> tuple:
+    """The host's arrays that move each sampled request's logits, in k rows (request i in row
+    rows[i], default row i), from its (prompt, output, logit_bias): seen (prompt and output tokens,
+    for the repetition penalty), counts (output tokens, for presence and frequency) and bias."""
     seen = np.zeros((k, vocab), dtype=bool)
     counts = np.zeros((k, vocab), dtype=np.int32)
-    for i, (prompt, output) in zip(rows if rows is not None else range(len(histories)), histories):
+    bias = np.zeros((k, vocab), dtype=np.float32)
+    for i, (prompt, output, logit_bias) in zip(rows if rows is not None else range(len(histories)), histories):
         seen[i, prompt] = True
         if output:
             seen[i, output] = True
             np.add.at(counts[i], output, 1)
-    return seen, counts
+        if logit_bias:
+            bias[i, list(logit_bias)] = list(logit_bias.values())
+    return seen, counts, bias
 
 
 def _cpu_graphs() -> bool:
@@ -192,11 +196,10 @@ class TorchRunner:
 
         k = len(batch.temperature)
         logits = logits[:k] if rows is None else logits[self._t(np.asarray(rows, np.int64))]
-        seen = counts = None
-        if batch.penalties:
-            s, c = penalty_arrays(histories, logits.shape[-1], k)
-            seen, counts = self._t(s), self._t(c)
-        return sample(logits, batch, seen, counts)
+        adjustments = None
+        if batch.adjusted:
+            adjustments = tuple(self._t(a) for a in logit_adjustments(histories, logits.shape[-1], k))
+        return sample(logits, batch, adjustments)
 
     @staticmethod
     def _to_host(tokens, chosen, top) -> Sampled:
@@ -303,13 +306,11 @@ class JaxRunner:
 
         rows = list(rows)
         placed = place(batch, rows, self.batch)
-        seen = counts = None
-        if batch.penalties:
-            seen, counts = penalty_arrays(histories, self.model.vocab, self.batch, rows)
-        key = mode(placed, seen)
+        adjustments = logit_adjustments(histories, self.model.vocab, self.batch, rows) if batch.adjusted else None
+        key = mode(placed, adjustments)
         tokens = tokens.tokens if isinstance(tokens, Pending) else np.asarray(tokens, np.int32)
         drawn = self.model.call_then("decode", sampler(*key), (tokens, np.asarray(positions, np.int32)),
-                                     arguments(placed, seen, counts))
+                                     arguments(placed, adjustments))
         return Pending(drawn[0], lambda: self._to_host(drawn, rows))
 
     @staticmethod
@@ -329,10 +330,10 @@ class JaxRunner:
 
         rows = list(range(len(batch.temperature))) if rows is None else list(rows)
         placed = place(batch, rows, logits.shape[0])
-        seen = counts = None
-        if batch.penalties:
-            seen, counts = penalty_arrays(histories, logits.shape[-1], logits.shape[0], rows)
-        tokens, chosen, top = sample(logits, placed, seen, counts)
+        adjustments = None
+        if batch.adjusted:
+            adjustments = logit_adjustments(histories, logits.shape[-1], logits.shape[0], rows)
+        tokens, chosen, top = sample(logits, placed, adjustments)
         return self._to_host((tokens, chosen) + (top if top is not None else (None, None)), rows)
 
     def pass_sizes(self, budget: int) -> list:

@@ -1,7 +1,7 @@
 """Per-request sampling settings packed into arrays for the on-device samplers.
 
 The samplers themselves (sampling_torch, sampling_jax) do the same math:
-penalties, temperature, top-k, top-p, min-p, then a draw made with Gumbel
+penalties and logit bias, temperature, top-k, top-p, min-p, then a draw made with Gumbel
 noise that depends only on (seed, token index), so a seeded request gets the
 same tokens whatever else shares its batch.
 """
@@ -25,7 +25,7 @@ class SamplingBatch:
     seed: np.ndarray  # i64[K]
     step: np.ndarray  # i64[K]: index of the token being drawn in its request
     greedy_only: bool
-    penalties: bool
+    adjusted: bool  # some row's logits move by arrays made on the host (penalties, logit bias)
     logprobs: int  # the most top alternatives any row asked for (0: none); -1: no logprobs at all
 
     @staticmethod
@@ -33,13 +33,12 @@ class SamplingBatch:
         f = lambda attr: np.array([getattr(r, attr) for r in requests], dtype=np.float32)
         temp = f("temperature")
         rep, pres, freq = f("repetition_penalty"), f("presence_penalty"), f("frequency_penalty")
-        penalties = any(r.penalized for r in requests)
         asked = [r.logprobs for r in requests if r.logprobs is not None]
         return SamplingBatch(
             temperature=temp, top_k=np.array([r.top_k for r in requests], dtype=np.int32), top_p=f("top_p"),
             min_p=f("min_p"), repetition=rep, presence=pres, frequency=freq,
             seed=np.array(seeds, dtype=np.int64), step=np.array(steps, dtype=np.int64),
-            greedy_only=bool(np.all(temp == 0)), penalties=penalties,
+            greedy_only=bool(np.all(temp == 0)), adjusted=any(r.adjusted for r in requests),
             logprobs=max(asked) if asked else -1)
 
 
@@ -55,4 +54,4 @@ def place(batch: SamplingBatch, rows: list, k: int) -> SamplingBatch:
     idx[np.asarray(rows, dtype=np.int64)] = np.arange(n)
     fields = {name: getattr(batch, name)[idx] for name in
               ("temperature", "top_k", "top_p", "min_p", "repetition", "presence", "frequency", "seed", "step")}
-    return SamplingBatch(**fields, greedy_only=batch.greedy_only, penalties=batch.penalties, logprobs=batch.logprobs)
+    return SamplingBatch(**fields, greedy_only=batch.greedy_only, adjusted=batch.adjusted, logprobs=batch.logprobs)

@@ -25,15 +25,15 @@ def _argmax(x):
     return jnp.min(jnp.where(x == top, index, x.shape[-1]), axis=-1)
 
 
-def _draw(logits, temp, top_k, top_p, min_p, rep, pres, freq, seed, step, seen, counts, *, greedy_only, penalties,
-          top_logprobs, want_logprobs):
+def _draw(logits, temp, top_k, top_p, min_p, rep, pres, freq, seed, step, seen, counts, bias, *, greedy_only,
+          adjusted, top_logprobs, want_logprobs):
     logits = logits.astype(jnp.float32)
     logprobs = jax.nn.log_softmax(logits, axis=-1)
-    if penalties:
+    if adjusted:
         penalized = jnp.where(logits > 0, logits / rep[:, None], logits * rep[:, None])
         logits = jnp.where(seen, penalized, logits)
         c = counts.astype(jnp.float32)
-        logits = logits - freq[:, None] * c - pres[:, None] * (c > 0)
+        logits = logits - freq[:, None] * c - pres[:, None] * (c > 0) + bias
     greedy = _argmax(logits)
     if greedy_only:
         tokens = greedy
@@ -65,28 +65,28 @@ def _draw(logits, temp, top_k, top_p, min_p, rep, pres, freq, seed, step, seen, 
     return tokens, chosen, None, None
 
 
-def mode(batch: SamplingBatch, seen=None) -> tuple:
-    """What a batch's draw compiles for: (greedy only, penalties, top logprobs, logprobs at all)."""
-    return (batch.greedy_only, bool(batch.penalties and seen is not None and seen.shape[-1] > 1),
-            max(batch.logprobs, 0), batch.logprobs >= 0)
+def mode(batch: SamplingBatch, adjustments=None) -> tuple:
+    """What a batch's draw compiles for: (greedy only, logits adjusted, top logprobs, logprobs at all)."""
+    return (batch.greedy_only, bool(batch.adjusted and adjustments is not None), max(batch.logprobs, 0),
+            batch.logprobs >= 0)
 
 
 @functools.cache
-def sampler(greedy_only: bool, penalties: bool, top_logprobs: int, want_logprobs: bool):
+def sampler(greedy_only: bool, adjusted: bool, top_logprobs: int, want_logprobs: bool):
     """The draw for one mode (`mode`), as a function of (logits, *`arguments`): one object per mode,
     so that it can key an executable that runs it after the model's decode (`JaxModel.call_then`)."""
-    return functools.partial(_draw, greedy_only=greedy_only, penalties=penalties, top_logprobs=top_logprobs,
+    return functools.partial(_draw, greedy_only=greedy_only, adjusted=adjusted, top_logprobs=top_logprobs,
                              want_logprobs=want_logprobs)
 
 
-def arguments(batch: SamplingBatch, seen=None, counts=None) -> tuple:
-    """The batch's settings as the arrays `sampler`'s functions take after the logits."""
+def arguments(batch: SamplingBatch, adjustments=None) -> tuple:
+    """The batch's settings as the arrays `sampler`'s functions take after the logits;
+    `adjustments`: runners.logit_adjustments' (seen, counts, bias)."""
     k = len(batch.temperature)
-    if seen is None:  # host arrays: eager jnp.zeros would dispatch two ops a step
-        seen = np.zeros((k, 1), bool)
-        counts = np.zeros((k, 1), np.int32)
+    if adjustments is None:  # host arrays: eager jnp.zeros would dispatch ops every step
+        adjustments = (np.zeros((k, 1), bool), np.zeros((k, 1), np.int32), np.zeros((k, 1), np.float32))
     return (batch.temperature, batch.top_k, batch.top_p, batch.min_p, batch.repetition, batch.presence,
-            batch.frequency, batch.seed.astype("uint32"), batch.step.astype("int32"), seen, counts)
+            batch.frequency, batch.seed.astype("uint32"), batch.step.astype("int32"), *adjustments)
 
 
 @functools.cache
@@ -94,7 +94,7 @@ def _jitted(key: tuple):
     return jax.jit(sampler(*key))
 
 
-def sample(logits, batch: SamplingBatch, seen=None, counts=None):
+def sample(logits, batch: SamplingBatch, adjustments=None):
     """Draws over logits that are already on the device, in an executable of their own."""
-    tokens, chosen, values, ids = _jitted(mode(batch, seen))(logits, *arguments(batch, seen, counts))
+    tokens, chosen, values, ids = _jitted(mode(batch, adjustments))(logits, *arguments(batch, adjustments))
     return tokens, chosen, (values, ids) if values is not None else None

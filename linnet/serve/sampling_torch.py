@@ -27,19 +27,21 @@ def uniform(seed: torch.Tensor, step: torch.Tensor, vocab: int) -> torch.Tensor:
     return u.clamp_(1e-12, 1 - 1e-12).to(torch.float32)
 
 
-def sample(logits: torch.Tensor, batch: SamplingBatch, seen: torch.Tensor | None = None,
-           counts: torch.Tensor | None = None):
-    """-> (tokens i32[K], chosen logprobs f32[K] or None, (top values, top ids) or None)."""
+def sample(logits: torch.Tensor, batch: SamplingBatch, adjustments: tuple | None = None):
+    """-> (tokens i32[K], chosen logprobs f32[K] or None, (top values, top ids) or None).
+    `adjustments`: (seen, counts, bias) tensors, runners.logit_adjustments' arrays."""
     logits = logits.float()
     logprobs = torch.log_softmax(logits, dim=-1) if batch.logprobs >= 0 else None
     device = logits.device
-    if batch.penalties and seen is not None:
+    if batch.adjusted and adjustments is not None:
+        seen, counts, bias = adjustments
         rep = torch.as_tensor(batch.repetition, device=device)[:, None]
         penalized = torch.where(logits > 0, logits / rep, logits * rep)
         logits = torch.where(seen, penalized, logits)
         c = counts.float()
         logits = logits - torch.as_tensor(batch.frequency, device=device)[:, None] * c
         logits = logits - torch.as_tensor(batch.presence, device=device)[:, None] * (c > 0).float()
+        logits = logits + bias
     if batch.greedy_only:
         tokens = logits.argmax(dim=-1)
     else:

@@ -84,6 +84,19 @@ def test_temperature_zero_is_greedy(model):
     assert done[0].tokens == reference_greedy(model, p, 8)
 
 
+def test_a_logit_bias_moves_its_own_row_only(model):
+    """One request forced to a token (+100) and one with its greedy first token banned (-100), in a
+    batch with plain greedy ones: those get the tokens they get alone."""
+    ps = prompts(4, 6, 14, seed=41)
+    refs = [reference_greedy(model, p, 6) for p in ps]
+    forced = Request(prompt=ps[0], max_new_tokens=6, logit_bias={42: 100.0})
+    banned = Request(prompt=ps[1], max_new_tokens=6, logit_bias={refs[1][0]: -100.0})
+    done, _ = Engine(model).run([forced, banned] + [Request(prompt=p, max_new_tokens=6) for p in ps[2:]])
+    assert done[0].tokens == [42] * 6
+    assert refs[1][0] not in done[1].tokens
+    assert [c.tokens for c in done[2:]] == refs[2:]
+
+
 def test_cancel_frees_the_row_and_others_finish(model):
     ps = prompts(20, 5, 15, seed=9)
     engine = Engine(model)

@@ -11,21 +11,22 @@ from linnet.serve import sampling_jax, sampling_torch
 
 def run(backend, logits, requests, seeds, steps, histories=None):
     batch = SamplingBatch.of(requests, seeds, steps)
-    seen = counts = None
-    if batch.penalties:
-        from linnet.serve.runners import penalty_arrays
+    adjustments = None
+    if batch.adjusted:
+        from linnet.serve.runners import logit_adjustments
 
-        seen, counts = penalty_arrays(histories, logits.shape[-1], len(requests))
+        histories = histories or [(r.prompt, [], None) for r in requests]
+        adjustments = logit_adjustments([(p, o, r.logit_bias) for (p, o, *_), r in zip(histories, requests)],
+                                        logits.shape[-1], len(requests))
     if backend == "torch":
         out = sampling_torch.sample(torch.from_numpy(logits), batch,
-                                    None if seen is None else torch.from_numpy(seen),
-                                    None if counts is None else torch.from_numpy(counts))
+                                    None if adjustments is None else tuple(torch.from_numpy(a) for a in adjustments))
         return [None if x is None else (np.asarray(x) if not isinstance(x, tuple) else tuple(np.asarray(y) for y in x))
                 for x in out]
     import jax.numpy as jnp
 
-    out = sampling_jax.sample(jnp.asarray(logits), batch, None if seen is None else jnp.asarray(seen),
-                              None if counts is None else jnp.asarray(counts))
+    out = sampling_jax.sample(jnp.asarray(logits), batch,
+                              None if adjustments is None else tuple(jnp.asarray(a) for a in adjustments))
     return [None if x is None else (np.asarray(x) if not isinstance(x, tuple) else tuple(np.asarray(y) for y in x))
             for x in out]
 
@@ -100,6 +101,25 @@ def test_penalties_match_their_definition(backend):
         z -= r.frequency_penalty * counts + r.presence_penalty * (counts > 0)
         want.append(int(z.argmax()))
     assert tokens.tolist() == want
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_logit_bias_bans_forces_and_shifts(backend):
+    """OpenAI's logit_bias adds to the logits before the draw: -100 keeps a token out of every draw,
+    +100 makes one the only draw, and a small bias moves the greedy choice as plain addition does."""
+    rng = np.random.default_rng(5)
+    logits = rng.normal(size=(3, 12)).astype(np.float32)
+    best = logits.argmax(axis=-1)
+    second = np.argsort(-logits, axis=-1)[:, 1]
+    nudge = float(logits[2, best[2]] - logits[2, second[2]]) + 0.01
+    reqs = [Request([1], logit_bias={int(best[0]): -100.0}),
+            Request([1], logit_bias={7: 100.0}, temperature=1.0),
+            Request([1], logit_bias={int(second[2]): nudge})]
+    tokens = run(backend, logits, reqs, [0, 1, 2], [0, 0, 0])[0]
+    assert tokens.tolist() == [int(second[0]), 7, int(second[2])]
+    banned = [Request([1], temperature=1.5, logit_bias={int(best[0]): -100.0}) for _ in range(64)]
+    draws = run(backend, np.repeat(logits[:1], 64, axis=0), banned, list(range(64)), [0] * 64)[0]
+    assert best[0] not in draws.tolist() and len(set(draws.tolist())) > 3
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

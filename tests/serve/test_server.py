@@ -89,7 +89,9 @@ def test_chat_uses_the_template(server):
     ("/v1/completions", {"prompt": [1], "n": 1000}, None, None, 400, "'n'"),
     ("/v1/completions", {"prompt": [[1], [2]], "n": 200}, None, None, 400, "choices"),
     ("/v1/completions", {"prompt": [1], "best_of": 3}, None, None, 400, "best_of"),
-    ("/v1/completions", {"prompt": [1], "logit_bias": {"5": 10}}, None, None, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": [1], "logit_bias": {"99999": 10}}, None, None, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": [1], "logit_bias": {"five": 10}}, None, None, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": [1], "logit_bias": {"5": 300}}, None, None, 400, "logit_bias"),
     ("/v1/completions", {"prompt": [1], "echo": True, "logprobs": 1}, None, None, 400, "echo"),
     ("/v1/completions", {"prompt": [1], "stream_options": {"include_usage": True}}, None, None, 400,
      "stream_options"),
@@ -230,6 +232,13 @@ def test_without_max_tokens_a_request_fills_what_its_row_has_left(server):
                                                        "temperature": 0})
     out = json.loads(body)
     assert status == 200 and out["usage"]["prompt_tokens"] + out["usage"]["completion_tokens"] == model.max_seq
+
+
+def test_logit_bias_forces_a_token(server):
+    base, _, _ = server
+    out = json.loads(call(base, "/v1/completions", {"prompt": [4, 5], "max_tokens": 3, "temperature": 0.8,
+                                                     "logit_bias": {"77": 100}})[1])
+    assert out["choices"][0]["text"].split() == ["t77"] * 3
 
 
 def test_echo_puts_the_prompt_before_the_text(server):
