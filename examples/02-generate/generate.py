@@ -29,7 +29,7 @@ request = Request(prompt=tok.encode(text), max_new_tokens=args.max_new_tokens)
 async def main():
     engine = Engine(model)
     engine.start()
-    decoder = tok.incremental_decoder(skip_special_tokens=True)
+    decoder = tok.incremental_decoder(skip_special_tokens=True, context=request.prompt)  # the text as it follows the prompt
     start, count = time.perf_counter(), 0
     async for new, _ in engine.stream(request):
         for t in new:

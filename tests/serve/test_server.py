@@ -371,3 +371,21 @@ def test_streams_that_leave_early_free_their_rows_for_the_others(server):
         time.sleep(0.05)
     assert not engine.live and not engine.waiting and len(engine.free_rows) == engine.rows
     assert engine.stats.finished.get("cancelled", 0) - before == 6
+
+
+def test_tools_shown_through_the_template_with_tool_choice_none():
+    """With tool_choice "none" the tools go to the chat template (as transformers' apply_chat_template
+    passes them), and a tool turn keeps what templates read of it; tool calls themselves are refused."""
+    from linnet.serve.openai_api import ApiError, chat_job
+
+    from .test_engine import word_tokenizer
+
+    tok = word_tokenizer(128)
+    tok.chat_template = ("{% for t in tools or [] %}t9 {{ t['function']['name'] }} {% endfor %}"
+                         "{% for m in messages %}{{ m['content'] }} {{ m.get('tool_call_id', '') }} {% endfor %}")
+    tools = [{"type": "function", "function": {"name": "t50"}}]
+    messages = [{"role": "user", "content": "t4"}, {"role": "tool", "content": "t5", "tool_call_id": "t6"}]
+    job = chat_job({"messages": messages, "tools": tools, "tool_choice": "none"}, tok, 96)
+    assert job.requests[0].prompt == [9, 50, 4, 5, 6]
+    with pytest.raises(ApiError, match="tool calls are not supported"):
+        chat_job({"messages": messages, "tools": tools}, tok, 96)
