@@ -104,6 +104,7 @@ class Engine:
         self._thread = None
         self._stopping = False
         self._ahead: _Decode | None = None  # a decode step dispatched and not yet read
+        self._news: dict = {}  # event loop -> [(queue, (tokens so far, finish reason))] this step
 
     # ------------------------------------------------------------ submitting
 
@@ -178,7 +179,13 @@ class Engine:
     def step(self) -> None:
         """One pass: admit, copy shared prefixes, then a packed prefill or a decode. With a decode
         step out ahead and the same rows decoding, this step's work is that one's: the next goes
-        out, then it is read."""
+        out, then it is read. Listeners hear of the step's tokens once it is done."""
+        try:
+            self._step()
+        finally:
+            self._tell_listeners()
+
+    def _step(self) -> None:
         with self.lock:
             self._drop_cancelled()
             self._admit()
@@ -454,8 +461,16 @@ class Engine:
     # ------------------------------------------------------------ incremental API (the server's)
 
     def _notify(self, x: _Live):
+        """Notes that x has new tokens or has ended, for its listeners (told at the step's end)."""
         for loop, queue in x.listeners:
-            loop.call_soon_threadsafe(queue.put_nowait, (list(x.comp.tokens), x.comp.finish_reason))
+            self._news.setdefault(loop, []).append((queue, (len(x.comp.tokens), x.comp.finish_reason)))
+
+    def _tell_listeners(self):
+        """One wake-up per event loop a step, however many of its requests moved: a step of a
+        64-row batch would otherwise cross threads 64 times."""
+        news, self._news = self._news, {}
+        for loop, items in news.items():
+            loop.call_soon_threadsafe(_deliver, items)
 
     def start(self) -> None:
         """Runs steps on a background thread whenever there is work (for `stream`)."""
@@ -491,10 +506,16 @@ class Engine:
                 self._ahead = None
                 self.free_rows = list(range(self.rows))
                 self.row_tokens = [[] for _ in range(self.rows)]
+                self._tell_listeners()
 
     def stream(self, req: Request) -> "TokenStream":
         """Submits `req` (from a coroutine); iterate the result for (new token ids, finish_reason or None)."""
         return TokenStream(self, req)
+
+
+def _deliver(items: list):
+    for queue, item in items:
+        queue.put_nowait(item)
 
 
 class TokenStream:
@@ -509,10 +530,10 @@ class TokenStream:
         seen = 0
         try:
             while True:
-                tokens, reason = await self.queue.get()
-                if len(tokens) > seen or reason is not None:
-                    yield tokens[seen:], reason
-                    seen = len(tokens)
+                count, reason = await self.queue.get()
+                if count > seen or reason is not None:
+                    yield self.completion.tokens[seen:count], reason  # its tokens only grow
+                    seen = count
                 if reason is not None:
                     return
         finally:
