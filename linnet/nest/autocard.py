@@ -19,10 +19,17 @@ def card_source_from_config(config: dict, name: str) -> str:
     linnet_arch, values_of = SUPPORTED[arch]
     lines = [f'card "{name}"', f"import {linnet_arch}", "", "config {"]
     for key, value in values_of(config, name).items():
-        text = ("true" if value else "false") if isinstance(value, bool) else (f'"{value}"' if isinstance(value, str) else repr(value))
-        lines.append(f"  {key} = {text}")
+        lines.append(f"  {key} = {_literal(value)}")
     lines.append("}")
+    if config.get("max_position_embeddings"):  # what the model was trained to attend over
+        lines += ["", "meta {", f"  max_context = {int(config['max_position_embeddings'])}", "}"]
     return "\n".join(lines) + "\n"
+
+
+def _literal(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f'"{value}"' if isinstance(value, str) else repr(value)
 
 
 def _rope_scaling(config: dict) -> tuple[dict, str]:

@@ -130,6 +130,10 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
     `resolved`: what `resolve_card(name, weights)` gave, for a caller that has already asked."""
     module, card_name, ckpt = resolved or resolve_card(name, weights)
     spec = specialize(module, dict(generics or {}), numerics)
+    trained = module.meta.get("max_context")
+    if trained and spec.bindings.get("MaxSeq", 0) > trained:  # as llama.cpp, a warning: the user may know better
+        warnings.warn(f"MaxSeq = {spec.bindings['MaxSeq']} is longer than {card_name}'s context of {trained} "
+                      f"positions (its meta max_context); positions past it were never trained", stacklevel=3)
     info: dict = {}
     # A tokenizer named by path is opened first: a wrong path fails before the weights are read.
     tok_from = open_checkpoint(tokenizer) if not isinstance(tokenizer, bool) else None

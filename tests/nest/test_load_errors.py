@@ -198,3 +198,15 @@ def test_a_tokenizer_named_by_path(gguf_path, gguf_tokenizer, tmp_path):
         nest.load("tiny-llama", weights="random", tokenizer=tmp_path / "nothing-here", generics=GENERICS)
     with pytest.raises(nest.TokenizerError, match="49152 tokens, more than the"):
         nest.load("tiny-llama", weights="random", tokenizer=gguf_path, generics=GENERICS)
+
+
+def test_a_cache_longer_than_the_trained_context_is_warned_of(tiny_hf):
+    """As llama.cpp warns when n_ctx passes n_ctx_train: the card's meta max_context, and for a checkpoint
+    without a card, its config's max_position_embeddings."""
+    _, path = tiny_hf
+    trained = json.load(open(f"{path}/config.json"))["max_position_embeddings"]
+    with pytest.warns(UserWarning, match=f"longer than .* context of {trained} positions"):
+        nest.load(path, generics={"Batch": 1, "MaxSeq": trained + 1}, tokenizer=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        nest.load(path, generics={"Batch": 1, "MaxSeq": trained}, tokenizer=False)
