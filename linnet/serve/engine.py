@@ -347,9 +347,9 @@ class Engine:
     def _may_look_ahead(self) -> bool:
         """Whether the next step can go out before this one is read: the runner's device works
         apart from the host, no prompt could be admitted to the next pass, and no request counts
-        its output tokens into penalties (the host keeps those counts)."""
+        its output tokens into penalties or still bans its enders (the host keeps those counts)."""
         return (self.runner.looks_ahead and not (self.waiting and self.free_rows) and not self.cancelled
-                and not any(x.req.penalized for x in self.live))
+                and not any(x.req.penalized or len(x.generated) < x.req.min_tokens for x in self.live))
 
     def _look_ahead(self, step: _Decode) -> _Decode | None:
         """The step after `step`, from its draws on the device, for the requests it does not end
@@ -377,8 +377,16 @@ class Engine:
         penalties count) and logit bias."""
         batch = SamplingBatch.of([x.req for x in items], [x.seed for x in items],
                                  [len(x.generated) + ahead for x in items])
-        histories = [(x.req.prompt, x.generated, x.req.logit_bias) for x in items] if batch.adjusted else None
+        histories = [(x.req.prompt, x.generated, self._bias(x, ahead)) for x in items] if batch.adjusted else None
         return batch, histories
+
+    def _bias(self, x: _Live, ahead: int) -> dict | None:
+        """x's logit bias for its next draw: its own, and before min_tokens, the tokens that would end it banned."""
+        req = x.req
+        if len(x.generated) + ahead >= req.min_tokens:
+            return req.logit_bias
+        enders = set(req.stop_token_ids) | (set() if req.ignore_eos else self.eos)
+        return {**(req.logit_bias or {}), **{t: float("-inf") for t in enders}}
 
     def _sample(self, logits, items: list, logit_rows: list):
         batch, histories = self._sampling(items)
@@ -410,7 +418,8 @@ class Engine:
 
     def _finished(self, x: _Live, token: int) -> str | None:
         req = x.req
-        if token in req.stop_token_ids or (not req.ignore_eos and token in self.eos):
+        held = len(x.generated) < req.min_tokens  # its enders were banned from the draw; stop strings wait too
+        if not held and (token in req.stop_token_ids or (not req.ignore_eos and token in self.eos)):
             return "stop"
         if req.stop:
             # Only the new text, and the stop-length tail before it, can hold a stop string that was not there.
@@ -420,7 +429,7 @@ class Engine:
             x.text += x.decoder.push(token)
             start = max(0, seen - max(len(s) for s in req.stop) + 1)
             found = [at for at in (x.text.find(s, start) for s in req.stop) if at >= 0]
-            if found:
+            if found and not held:
                 x.comp.text = x.text[:min(found)]
                 return "stop"
         if len(x.generated) >= req.max_new_tokens:

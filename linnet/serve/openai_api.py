@@ -149,6 +149,7 @@ def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens:
         repetition_penalty=float(_number(body, "repetition_penalty", 1.0, 0.01, 10)),
         seed=None if seed is None else seed & 0x7FFFFFFF, stop=_stops(body), stop_token_ids=stop_ids,
         ignore_eos=bool(body.get("ignore_eos", False)), logit_bias=_logit_bias(body),
+        min_tokens=int(_number(body, "min_tokens", 0, 0, max_tokens, integer=True)),
     )
 
 

@@ -27,6 +27,7 @@ class Request:
     stop_token_ids: list = field(default_factory=list)
     stop: list = field(default_factory=list)  # stop strings (needs the model's tokenizer)
     ignore_eos: bool = False
+    min_tokens: int = 0  # end tokens and stop token ids are kept from being drawn, and stop strings ignored, before this many
     logprobs: int | None = None  # None: none; k: the chosen token's logprob and the top k alternatives
     logit_bias: dict | None = None  # {token id: added to its logit}, as OpenAI's (-100 bans, 100 forces)
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
@@ -39,7 +40,7 @@ class Request:
     @property
     def adjusted(self) -> bool:
         """Whether arrays made on the host move this request's logits: penalties, or a logit bias."""
-        return self.penalized or bool(self.logit_bias)
+        return self.penalized or bool(self.logit_bias) or self.min_tokens > 0
 
     def validate(self, vocab: int, max_seq: int) -> None:
         if not isinstance(self.prompt, (list, tuple)) or not self.prompt:
@@ -66,6 +67,9 @@ class Request:
             raise RequestError(f"{self.id}: repetition_penalty must be > 0, not {self.repetition_penalty}")
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise RequestError(f"{self.id}: logprobs must be between 0 and 20, not {self.logprobs}")
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_new_tokens:
+            raise RequestError(f"{self.id}: min_tokens must be between 0 and max_new_tokens ({self.max_new_tokens}), "
+                               f"not {self.min_tokens!r}")
         for t, v in (self.logit_bias or {}).items():
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
                 raise RequestError(f"{self.id}: logit_bias token id {t!r} is outside the vocabulary [0, {vocab})")

@@ -97,6 +97,18 @@ def test_a_logit_bias_moves_its_own_row_only(model):
     assert [c.tokens for c in done[2:]] == refs[2:]
 
 
+def test_min_tokens_keeps_the_enders_out_until_then(model):
+    """A stop token id the greedy run draws second ends the run there; with min_tokens = 5 it is kept
+    from being drawn for the first five tokens, and the request goes on; the first token is the same."""
+    p = next(q for q in prompts(20, 8, 8, seed=43) if len(set(reference_greedy(model, q, 2))) == 2)
+    ref = reference_greedy(model, p, 2)
+    plain, _ = Engine(model).run([Request(prompt=p, max_new_tokens=12, stop_token_ids=[ref[1]])])
+    assert plain[0].tokens == ref and plain[0].finish_reason == "stop"
+    held, _ = Engine(model).run([Request(prompt=p, max_new_tokens=12, stop_token_ids=[ref[1]], min_tokens=5)])
+    tokens = held[0].tokens
+    assert tokens[0] == ref[0] and ref[1] not in tokens[:5] and len(tokens) >= 5
+
+
 def test_cancel_frees_the_row_and_others_finish(model):
     ps = prompts(20, 5, 15, seed=9)
     engine = Engine(model)

@@ -92,6 +92,7 @@ def test_chat_uses_the_template(server):
     ("/v1/completions", {"prompt": [1], "logit_bias": {"99999": 10}}, None, None, 400, "logit_bias"),
     ("/v1/completions", {"prompt": [1], "logit_bias": {"five": 10}}, None, None, 400, "logit_bias"),
     ("/v1/completions", {"prompt": [1], "logit_bias": {"5": 300}}, None, None, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": [1], "max_tokens": 4, "min_tokens": 5}, None, None, 400, "min_tokens"),
     ("/v1/completions", {"prompt": [1], "echo": True, "logprobs": 1}, None, None, 400, "echo"),
     ("/v1/completions", {"prompt": [1], "stream_options": {"include_usage": True}}, None, None, 400,
      "stream_options"),
