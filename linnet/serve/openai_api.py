@@ -19,6 +19,7 @@ from linnet.serve.request import Request, RequestError
 
 MAX_CHOICES = 256  # choices one body may ask for: prompts x n
 MAX_LOGPROBS = 20
+MAX_STOPS = 64
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat's is the rest of the context
 
 
@@ -59,8 +60,9 @@ def _stops(body: dict) -> list:
         return []
     if isinstance(stop, str):
         stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 4:
-        raise ApiError(400, "'stop' must be a string or a list of at most 4 non-empty strings", "stop")
+    # OpenAI takes at most 4; vLLM any number. Each is looked for in every new piece of text, so some bound.
+    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop) or len(stop) > MAX_STOPS:
+        raise ApiError(400, f"'stop' must be a string or a list of at most {MAX_STOPS} non-empty strings", "stop")
     return stop
 
 

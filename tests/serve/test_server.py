@@ -93,6 +93,8 @@ def test_chat_uses_the_template(server):
     ("/v1/completions", {"prompt": [1], "logit_bias": {"five": 10}}, None, None, 400, "logit_bias"),
     ("/v1/completions", {"prompt": [1], "logit_bias": {"5": 300}}, None, None, 400, "logit_bias"),
     ("/v1/completions", {"prompt": [1], "max_tokens": 4, "min_tokens": 5}, None, None, 400, "min_tokens"),
+    ("/v1/completions", {"prompt": [1], "stop": ["t1", ""]}, None, None, 400, "stop"),
+    ("/v1/completions", {"prompt": [1], "stop": [f"t{i}" for i in range(65)]}, None, None, 400, "stop"),
     ("/v1/completions", {"prompt": [1], "echo": True, "logprobs": 1}, None, None, 400, "echo"),
     ("/v1/completions", {"prompt": [1], "stream_options": {"include_usage": True}}, None, None, 400,
      "stream_options"),
@@ -233,6 +235,17 @@ def test_without_max_tokens_a_request_fills_what_its_row_has_left(server):
                                                        "temperature": 0})
     out = json.loads(body)
     assert status == 200 and out["usage"]["prompt_tokens"] + out["usage"]["completion_tokens"] == model.max_seq
+
+
+def test_more_stop_strings_than_openais_four(server):
+    """vLLM takes any number of stop strings (OpenAI four): the sixth here ends the text."""
+    base, engine, _ = server
+    ref = words(engine_greedy(engine, [8, 9], 6))
+    stops = [f"t{t}" for t in range(100, 105) if f"t{t}" not in ref] + [ref[3]]
+    out = json.loads(call(base, "/v1/completions", {"prompt": [8, 9], "max_tokens": 6, "temperature": 0,
+                                                     "stop": stops})[1])
+    assert out["choices"][0]["finish_reason"] == "stop"
+    assert out["choices"][0]["text"].split() == ref[:ref.index(ref[3])]
 
 
 def test_logit_bias_forces_a_token(server):
