@@ -169,6 +169,13 @@ class _UsageError(Exception):
     """A problem with what was asked, reported as one line."""
 
 
+_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "f16", "half": "f16", "float32": "f32", "float": "f32"}
+
+
+def _dtype_name(text: str) -> str:
+    return _DTYPE_NAMES.get(text, text)
+
+
 def _use_chat_template(model, given: str | None) -> None:
     """--chat-template (as vLLM's): a file, or the Jinja template itself, in place of the tokenizer's."""
     if given is None:
@@ -274,23 +281,28 @@ def build_parser() -> argparse.ArgumentParser:
     g.set_defaults(run=cmd_generate)
     sv = sub.add_parser("serve", help="an OpenAI-compatible server (completions and chat completions)")
     sv.add_argument("card", help="a card name (see `linnet cards`), a .linnet file, or a checkpoint path")
-    sv.add_argument("--batch", type=int, default=8, help="cache rows: requests in flight")
-    sv.add_argument("--max-seq", type=int, default=2048, help="positions per row: prompt plus completion")
+    # vLLM's spellings are taken too, so that a vLLM command line needs only its first word changed.
+    sv.add_argument("--batch", "--max-num-seqs", type=int, default=8, help="cache rows: requests in flight")
+    sv.add_argument("--max-seq", "--max-model-len", type=int, default=2048,
+                    help="positions per row: prompt plus completion")
     sv.add_argument("--backend", choices=["torch", "jax"], default="torch")
     sv.add_argument("--device", default=None, help="torch device (default: cuda when present)")
-    sv.add_argument("--dtype", choices=["f32", "bf16", "f16"], default="f32", help="the element type T")
+    sv.add_argument("--dtype", type=_dtype_name, choices=["f32", "bf16", "f16"], default="f32",
+                    help="the element type T (bfloat16, float16, half and float32 are taken too)")
     sv.add_argument("--numerics", choices=["exact", "fast"], default="fast")
     sv.add_argument("--weights", default=None, help="a checkpoint path, or 'random'")
-    sv.add_argument("--token-budget", type=int, default=None, help="most tokens in one pass")
+    sv.add_argument("--token-budget", "--max-num-batched-tokens", type=int, default=None,
+                    help="most tokens in one pass")
     sv.add_argument("--chat-template", default=None,
                     help="a Jinja chat template (a file, or the template itself) in place of the tokenizer's")
     sv.add_argument("--tokenizer", default=None,
                     help="a model directory or .gguf file whose tokenizer to use (default: the weights' own)")
-    sv.add_argument("--shards", type=int, default=None,
+    sv.add_argument("--shards", "--tensor-parallel-size", type=int, default=None,
                     help="jax: spread the model over this many devices (tensor parallel)")
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
-    sv.add_argument("--name", default=None, help="the model name clients send (default: the card's)")
+    sv.add_argument("--name", "--served-model-name", default=None,
+                    help="the model name clients send (default: the card's)")
     sv.add_argument("--api-key", default=None,
                     help="require 'Authorization: Bearer KEY' on /v1/ routes (default: $LINNET_API_KEY, else none)")
     sv.set_defaults(run=cmd_serve)

