@@ -52,8 +52,8 @@ def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str 
     `weights` and `tokenizer` (a model directory or GGUF whose tokenizer to serve with) are checked
     and made absolute, since Triton loads the model from its own working directory."""
     from linnet.export import ExportError
-    from linnet.nest.load import resolve_card, tokenizer_of
     from linnet.nest.checkpoint import open_checkpoint
+    from linnet.nest.load import resolve_card, tokenizer_of
 
     resolve_card(card, weights)  # an unknown card, a bad .linnet file or checkpoint fails here, not in Triton
     card = os.path.abspath(card) if os.path.exists(str(card)) else str(card)
