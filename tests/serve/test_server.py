@@ -403,3 +403,31 @@ def test_tools_shown_through_the_template_with_tool_choice_none():
     assert job.requests[0].prompt == [9, 50, 4, 5, 6]
     with pytest.raises(ApiError, match="tool calls are not supported"):
         chat_job({"messages": messages, "tools": tools}, tok, 96)
+
+
+def test_a_jax_engine_behind_the_app():
+    """The same app over the JAX backend (its decode and draw one executable): two streamed greedy
+    choices and a biased one, each as the JAX engine gives it alone."""
+    from .test_engine import word_tokenizer
+
+    model = make_model("jax", rows=4, max_seq=64)
+    model.tokenizer = word_tokenizer(model.vocab)
+    prompt = [5, 6, 7]
+    alone, _ = Engine(model).run([Request(prompt=prompt, max_new_tokens=5),
+                                  Request(prompt=prompt, max_new_tokens=5, logit_bias={9: 100.0})])
+    engine = Engine(model)
+    engine.start()
+    try:
+        app = OpenAIServer(engine, "tiny")
+        status, body = asyncio.run(asgi(app, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 5, "n": 2,
+                                                                         "temperature": 0, "stream": True})())
+        biased = asyncio.run(asgi(app, "POST", "/v1/completions", {"prompt": prompt, "max_tokens": 5, "temperature": 0,
+                                                                   "logit_bias": {"9": 100}})())
+    finally:
+        engine.stop()
+    assert status == 200
+    chunks = sse(body.decode())
+    for i in range(2):
+        text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"][0]["index"] == i)
+        assert text.split() == words(alone[0].tokens)
+    assert json.loads(biased[1])["choices"][0]["text"].split() == words(alone[1].tokens) == ["t9"] * 5
