@@ -135,8 +135,14 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
         warnings.warn(f"MaxSeq = {spec.bindings['MaxSeq']} is longer than {card_name}'s context of {trained} "
                       f"positions (its meta max_context); positions past it were never trained", stacklevel=3)
     info: dict = {}
-    # A tokenizer named by path is opened first: a wrong path fails before the weights are read.
-    tok_from = open_checkpoint(tokenizer) if not isinstance(tokenizer, bool) else None
+    tok_from = tok = None
+    if not isinstance(tokenizer, bool):  # read and checked first: a wrong one fails before the weights are read
+        tok_from = open_checkpoint(tokenizer)
+        tok = tokenizer_of(tok_from)
+        vocab = spec.bindings.get("vocab")
+        if vocab is not None and tok.vocab_size > vocab:
+            raise TokenizerError(f"{tok_from.path}: its tokenizer has {tok.vocab_size} tokens, more than "
+                                 f"the {vocab} of {card_name}'s vocabulary")
     if isinstance(weights, str) and weights == "random":
         from linnet.nest.random_weights import random_weights
 
@@ -147,12 +153,8 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
                 weights if weights is not None else find_card_weights(card_name, module, raise_missing=True)[0])
         params, info["unused_tensors"] = _read(spec, ckpt, cast_dtype, device, progress)
         bound = BoundWeights(spec, card_name, params, None, ckpt.path, ckpt, info)
-    if tok_from is not None:
-        bound.tokenizer, bound.tokenizer_from = tokenizer_of(tok_from), tok_from
-        vocab = spec.bindings.get("vocab")
-        if vocab is not None and bound.tokenizer.vocab_size > vocab:
-            raise TokenizerError(f"{tok_from.path}: its tokenizer has {bound.tokenizer.vocab_size} tokens, more than "
-                                 f"the {vocab} of {card_name}'s vocabulary")
+    if tok is not None:
+        bound.tokenizer, bound.tokenizer_from = tok, tok_from
     elif tokenizer and bound.checkpoint is not None:
         bound.tokenizer = _tokenizer(bound.checkpoint)  # none, with a warning, where it has none
         bound.tokenizer_from = bound.checkpoint if bound.tokenizer is not None else None

@@ -105,21 +105,18 @@ def _include_usage(body: dict) -> bool:
 
 
 def _logit_bias(body: dict) -> dict | None:
-    """OpenAI's logit_bias, {"token id": bias}, with integer keys (their range is checked with the prompt's)."""
+    """OpenAI's logit_bias, {"token id": bias}, with integer keys."""
     bias = body.get("logit_bias")
     if not bias:
         return None
     if not isinstance(bias, dict):
         raise ApiError(400, "'logit_bias' must be an object mapping token ids to numbers", "logit_bias")
     out = {}
-    for key, value in bias.items():
+    for key, value in bias.items():  # the ids' range and the values are checked with the request (check_fits)
         try:
-            token = int(key)
+            out[int(key)] = value
         except ValueError:
             raise ApiError(400, f"'logit_bias' keys must be token ids, not {key!r}", "logit_bias") from None
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
-            raise ApiError(400, f"'logit_bias' values must be numbers in [-100, 100], not {value!r}", "logit_bias")
-        out[token] = float(value)
     return out
 
 
@@ -155,18 +152,17 @@ def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens:
     )
 
 
-def _copies(body: dict, prompt: list, max_seq: int, default_max_tokens: int | None, n: int) -> list:
+def _copies(body: dict, prompt: list, max_seq: int, default_max_tokens: int | None, n: int,
+            logprobs: int | None) -> list:
     """n requests sampling one prompt; with a seed, copy j draws with seed + j (as vLLM's do)."""
-    first = sampling_request(body, prompt, max_seq, default_max_tokens)
-    out = [first]
-    for j in range(1, n):
-        seed = None if first.seed is None else (first.seed + j) & 0x7FFFFFFF
-        out.append(Request(**{**_fields(first), "seed": seed}))
+    out = []
+    for j in range(n):
+        req = sampling_request(body, prompt, max_seq, default_max_tokens)
+        if req.seed is not None:
+            req.seed = (req.seed + j) & 0x7FFFFFFF
+        req.logprobs = logprobs
+        out.append(req)
     return out
-
-
-def _fields(req: Request) -> dict:
-    return {name: getattr(req, name) for name in req.__dataclass_fields__ if name != "id"}
 
 
 def _prompts(body: dict, tokenizer) -> tuple[list, list]:
@@ -200,14 +196,10 @@ def completion_job(body: dict, tokenizer, max_seq: int) -> Job:
     if len(prompts) * n > MAX_CHOICES:
         raise ApiError(400, f"{len(prompts)} prompts x n = {n} is {len(prompts) * n} choices; at most "
                             f"{MAX_CHOICES} per request", "n")
+    logprobs = None if body.get("logprobs") is None else _number(body, "logprobs", 0, 0, MAX_LOGPROBS, integer=True)
     requests = []
     for ids in prompts:
-        requests += _copies(body, ids, max_seq, COMPLETION_MAX_TOKENS, n)
-    logprobs = body.get("logprobs")
-    if logprobs is not None:
-        k = int(_number(body, "logprobs", 0, 0, MAX_LOGPROBS, integer=True))
-        for req in requests:
-            req.logprobs = k
+        requests += _copies(body, ids, max_seq, COMPLETION_MAX_TOKENS, n, logprobs)
     echo = None
     if body.get("echo"):
         shown = [t if t is not None else (tokenizer.decode(ids) if tokenizer else "") for ids, t in zip(prompts, texts)]
@@ -262,11 +254,8 @@ def chat_job(body: dict, tokenizer, max_seq: int) -> Job:
     _refuse_unsupported(body, chat=True)
     n = _choices_per_prompt(body)
     ids = chat_prompt(body, tokenizer)
-    requests = _copies(body, ids, max_seq, None, n)
-    if body.get("logprobs"):
-        k = int(_number(body, "top_logprobs", 0, 0, MAX_LOGPROBS, integer=True))
-        for req in requests:
-            req.logprobs = k
+    logprobs = _number(body, "top_logprobs", 0, 0, MAX_LOGPROBS, integer=True) if body.get("logprobs") else None
+    requests = _copies(body, ids, max_seq, None, n, logprobs)
     return Job(requests, len(ids), None, _include_usage(body))
 
 
@@ -301,28 +290,58 @@ def _token_text(tokenizer):
     return (lambda t: tokenizer.decode([t])) if tokenizer else str
 
 
-class TextOffsets:
-    """Where each token's text starts in a choice's text: the length of what decoding emitted before it."""
+class TextStream:
+    """A choice's text as its tokens come, decoded with the prompt as context, holding back what
+    may yet turn out to be a stop string. `start`: where the choice's text begins in the response's
+    (past an echoed prompt), for the tokens' text offsets."""
 
     def __init__(self, tokenizer, req: Request, start: int = 0):
         self.decoder = tokenizer.incremental_decoder(skip_special_tokens=True, context=req.prompt) if tokenizer else None
-        self.at = start
+        self.hold = max((len(s) for s in req.stop), default=1) - 1
+        self.start = start
+        self.text = ""
+        self.sent = 0
+        self.tokens = 0  # how many have been added
 
-    def of(self, tokens: list) -> list:
-        out = []
+    def add(self, tokens: list) -> list:
+        """Decodes `tokens` onto the text; returns where each one's text starts."""
+        at = []
         for t in tokens:
-            out.append(self.at)
+            at.append(self.start + len(self.text))
             if self.decoder is not None:
-                self.at += len(self.decoder.push(t))
+                self.text += self.decoder.push(t)
+        self.tokens += len(tokens)
+        return at
+
+    def ready(self) -> str:
+        """The text not sent yet that can no longer turn out to be a stop string."""
+        return self._emit(len(self.text) - self.hold)
+
+    def push(self, tokens: list) -> str:
+        self.add(tokens)
+        return self.ready()
+
+    def finish(self, final_text: str | None) -> str:
+        """The rest of the text: the engine's final text (cut at a stop string) where it has one."""
+        if self.decoder is not None:
+            self.text += self.decoder.flush()
+        if final_text is not None:
+            self.text = final_text
+        return self._emit(len(self.text))
+
+    def _emit(self, upto: int) -> str:
+        if upto <= self.sent:
+            return ""
+        out = self.text[self.sent:upto]
+        self.sent = upto
         return out
 
 
-def completion_logprobs(lps: list, tokenizer, offsets: TextOffsets) -> dict:
-    """OpenAI's legacy logprobs for some tokens of a choice, the next ones `offsets` will place."""
+def completion_logprobs(lps: list, tokenizer, offsets: list) -> dict:
+    """OpenAI's legacy logprobs for some tokens of a choice; `offsets`: where each one's text starts."""
     text = _token_text(tokenizer)
     return {"tokens": [text(lp.token) for lp in lps], "token_logprobs": [lp.logprob for lp in lps],
-            "top_logprobs": [{text(t): v for t, v in lp.top} for lp in lps],
-            "text_offset": offsets.of([lp.token for lp in lps])}
+            "top_logprobs": [{text(t): v for t, v in lp.top} for lp in lps], "text_offset": offsets}
 
 
 def chat_logprobs(lps: list, tokenizer) -> dict:
@@ -345,7 +364,7 @@ def completion_response(job: Job, comps: list, model: str, tokenizer) -> dict:
     for i, comp in enumerate(comps):
         before = job.echo[i] if job.echo else ""
         logprobs = None if comp.request.logprobs is None else completion_logprobs(
-            comp.logprobs, tokenizer, TextOffsets(tokenizer, comp.request, len(before)))
+            comp.logprobs, tokenizer, TextStream(tokenizer, comp.request, len(before)).add(comp.tokens))
         choices.append({"index": i, "text": before + _text(comp), "logprobs": logprobs,
                         "finish_reason": finish_reason(comp)})
     return {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": model,
@@ -383,7 +402,7 @@ class ChunkWriter:
         return self._chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                              "finish_reason": None}])
 
-    def piece(self, index: int, text: str, lps: list | None = None, offsets: TextOffsets | None = None,
+    def piece(self, index: int, text: str, lps: list | None = None, offsets: list | None = None,
               reason: str | None = None) -> dict:
         """New text of choice `index` (and its tokens' logprobs, when asked for), or its end."""
         if self.chat:

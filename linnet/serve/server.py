@@ -16,43 +16,11 @@ import time
 
 from linnet.serve.engine import Engine
 from linnet.serve.metrics import prometheus_text
-from linnet.serve.openai_api import (ApiError, ChunkWriter, Job, TextOffsets, chat_job, chat_prompt, chat_response,
+from linnet.serve.openai_api import (ApiError, ChunkWriter, Job, TextStream, chat_job, chat_prompt, chat_response,
                                      check_fits, completion_job, completion_response, error_body, finish_reason)
 from linnet.serve.request import RequestError
 
 MAX_BODY = 4 << 20
-
-
-class TextStream:
-    """Token ids to text as they come, holding back what may yet turn out to be a stop string."""
-
-    def __init__(self, tokenizer, req):
-        self.decoder = tokenizer.incremental_decoder(skip_special_tokens=True, context=req.prompt) if tokenizer else None
-        self.hold = max((len(s) for s in req.stop), default=1) - 1
-        self.text = ""
-        self.sent = 0
-
-    def push(self, tokens: list) -> str:
-        if self.decoder is None:
-            return ""
-        for t in tokens:
-            self.text += self.decoder.push(t)
-        safe = len(self.text) - self.hold
-        return self._emit(safe)
-
-    def finish(self, final_text: str | None) -> str:
-        if self.decoder is not None:
-            self.text += self.decoder.flush()
-        if final_text is not None:
-            self.text = final_text
-        return self._emit(len(self.text))
-
-    def _emit(self, upto: int) -> str:
-        if upto <= self.sent:
-            return ""
-        out = self.text[self.sent:upto]
-        self.sent = upto
-        return out
 
 
 class OpenAIServer:
@@ -225,10 +193,8 @@ class OpenAIServer:
                 await merged.put((i, None, "closed"))
 
         pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-        texts = [TextStream(self.tokenizer, s.completion.request) for s in streams]
-        shown = [0] * len(streams)  # tokens (and their logprobs) already sent, per choice
-        offsets = [TextOffsets(self.tokenizer, s.completion.request, len(job.echo[i]) if job.echo else 0)
-                   for i, s in enumerate(streams)]
+        texts = [TextStream(self.tokenizer, s.completion.request, len(job.echo[i]) if job.echo else 0)
+                 for i, s in enumerate(streams)]
         try:
             for i in range(len(streams)):
                 await event(writer.start(i))
@@ -244,11 +210,12 @@ class OpenAIServer:
                 if comp.finish_reason == "error":
                     await event(error_body(comp.error or "the request failed"))
                     continue
-                lps = comp.logprobs[shown[i]:shown[i] + len(tokens)] if comp.request.logprobs is not None else None
-                shown[i] += len(tokens)
-                text = texts[i].push(tokens) if reason is None else texts[i].finish(comp.text)
+                choice = texts[i]
+                offsets = choice.add(tokens)
+                lps = None if comp.request.logprobs is None else comp.logprobs[choice.tokens - len(tokens):choice.tokens]
+                text = choice.ready() if reason is None else choice.finish(comp.text)
                 if text or lps:
-                    await event(writer.piece(i, text, lps, offsets[i]))
+                    await event(writer.piece(i, text, lps, offsets))
                 if reason is not None:
                     await event(writer.piece(i, "", reason=finish_reason(comp)))
             if job.include_usage:
