@@ -95,7 +95,9 @@ def test_batched_strided_and_low_precision_inputs():
     got = cpu_linear.matmul(xb, packed, bias)
     assert got.dtype == torch.bfloat16  # one rounding of the f32 sum, bias included
     want = torch.from_numpy(reference(xb.reshape(12, 32), w, bias)).float()
-    assert torch.all((got.reshape(12, 24).float() - want).abs() <= 2 ** -8 * want.abs())  # within one bf16 rounding
+    # within one bf16 rounding, plus the f32 sum's own error where the terms cancel
+    scale = (xb.reshape(12, 32).double().abs() @ w.double().abs().T + bias.double().abs()).float()
+    assert torch.all((got.reshape(12, 24).float() - want).abs() <= 2 ** -8 * want.abs() + 4 * 33 * 2 ** -24 * scale)
 
 
 @pytest.mark.parametrize("k", [64, 63])
