@@ -218,6 +218,9 @@ class Engine:
         while self.waiting and self.free_rows:
             item = self.waiting.pop(0)
             prompt = item.req.prompt
+            if item.req.prompt_logprobs is not None:
+                self._admit_scored(item)
+                continue
             # Prefer a free row that still holds this prompt's prefix: it is reused in place.
             row = max(self.free_rows, key=lambda r: (common_prefix(self.row_tokens[r], prompt), -len(self.row_tokens[r])))
             self.free_rows.remove(row)
@@ -229,6 +232,16 @@ class Engine:
             self.row_tokens[row] = self.row_tokens[row][:item.cached]
             self._find_source(item)
             self.live.append(item)
+
+    def _admit_scored(self, item: _Live):
+        """A request scoring its prompt needs every prompt position's logits, so it reuses no cached
+        prefix; it takes the free row holding the least, sparing others' prefixes."""
+        row = min(self.free_rows, key=lambda r: len(self.row_tokens[r]))
+        self.free_rows.remove(row)
+        item.row = row
+        self.row_tokens[row] = []
+        item.comp.prompt_logprobs = [None]  # the first token has nothing before it
+        self.live.append(item)
 
     def _worth(self, prompt: list) -> int:
         """The shortest prefix worth reusing: prefix_min, or the whole prompt but its last token."""
@@ -287,6 +300,7 @@ class Engine:
 
     def _packed_pass(self, prefilling: list, decoding: list):
         tokens, positions, rows, last, sampled = [], [], [], [], []
+        scored, prefilled = [], []  # (request, pack index, next prompt token); requests asking for no token
         for x in decoding:  # one token for each decoding row
             tokens.append(x.tokens[x.cached])
             positions.append(x.cached)
@@ -303,6 +317,9 @@ class Engine:
             take = min(take, rest)
             if take <= 0 or runner.chunk_cost(take) > budget:
                 break
+            if x.req.prompt_logprobs is not None:  # position j's logits score prompt token j + 1
+                scored += [(x, len(tokens) + j - x.cached, x.tokens[j + 1])
+                           for j in range(x.cached, min(x.cached + take, x.prompt_len - 1))]
             tokens.extend(x.tokens[x.cached:x.cached + take])
             positions.extend(range(x.cached, x.cached + take))
             rows.extend([x.row] * take)
@@ -310,18 +327,33 @@ class Engine:
             chunks.append((x, take))
             self.stats.prefill_tokens += take
             if x.cached + take == x.prompt_len:
-                last.append(len(tokens) - 1)
-                sampled.append(x)
-        logits = self.runner.prefill(np.array(tokens, np.int32), np.array(positions, np.int32),
-                                     np.array(rows, np.int32), np.array(last, np.int32))
+                if x.req.max_new_tokens == 0:
+                    prefilled.append(x)
+                else:
+                    last.append(len(tokens) - 1)
+                    sampled.append(x)
+        logits = self.runner.prefill(np.array(tokens, np.int32), np.array(positions, np.int32), np.array(rows, np.int32),
+                                     np.array(last + [at for _, at, _ in scored], np.int32))
         self.stats.passes["mixed" if decoding else "prefill"] += 1
         self.stats.occupancy.append(len(self.live) / self.rows)
         for x in decoding:
             self._wrote(x, 1)
         for x, take in chunks:
             self._wrote(x, take)
+        if scored:
+            self._score(logits, len(last), scored)
         if sampled:
             self._sample(logits, sampled, list(range(len(sampled))))
+        for x in prefilled:
+            self._finish(x, "length")
+            self._notify(x)
+
+    def _score(self, logits, start: int, scored: list):
+        """Appends each scored prompt token's logprob, rank and top alternatives to its request's."""
+        out = self.runner.score(logits, start, [t for _, _, t in scored], max(x.req.prompt_logprobs for x, _, _ in scored))
+        for i, (x, _, token) in enumerate(scored):
+            x.comp.prompt_logprobs.append(TokenLogprob(token, float(out.chosen[i]), _top(out, i, x.req.prompt_logprobs),
+                                                       int(out.ranks[i])))
 
     def _decode_pass(self, decoding: list):
         tokens = np.zeros(self.rows, np.int32)
@@ -408,9 +440,7 @@ class Engine:
             comp.token_times.append(now)
             self.stats.generated_tokens += 1
             if x.req.logprobs is not None:
-                top = [] if out.top_ids is None else [(int(t), float(v)) for t, v in
-                                                      zip(out.top_ids[i][:x.req.logprobs], out.top_values[i][:x.req.logprobs])]
-                comp.logprobs.append(TokenLogprob(token, float(out.chosen[i]), top))
+                comp.logprobs.append(TokenLogprob(token, float(out.chosen[i]), _top(out, i, x.req.logprobs)))
             reason = self._finished(x, token)
             if reason:
                 self._finish(x, reason)
@@ -520,6 +550,13 @@ class Engine:
     def stream(self, req: Request) -> "TokenStream":
         """Submits `req` (from a coroutine); iterate the result for (new token ids, finish_reason or None)."""
         return TokenStream(self, req)
+
+
+def _top(out, i: int, k: int) -> list:
+    """Row i's k likeliest tokens, [(token, logprob)], from a pass's `Sampled`."""
+    if not k or out.top_ids is None:
+        return []
+    return [(int(t), float(v)) for t, v in zip(out.top_ids[i][:k], out.top_values[i][:k])]
 
 
 def _deliver(items: list):

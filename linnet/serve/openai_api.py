@@ -6,7 +6,9 @@ becomes an `ApiError` carrying the HTTP status and OpenAI's error object.
 One body may ask for several choices: `n` samples of each prompt, and on
 /v1/completions a list of prompts. They become one `Job` of engine requests,
 choice i being prompt i // n's copy i % n, as OpenAI and vLLM number them.
-The copies of a prompt share it, so the engine prefills it once.
+The copies of a prompt share it, so the engine prefills it once. Where the
+prompt's own logprobs are asked for (echo with logprobs, or vLLM's
+`prompt_logprobs`), copy 0 scores it and the others share its scores.
 """
 
 from __future__ import annotations
@@ -39,6 +41,13 @@ class Job:
     prompt_tokens: int  # each prompt counted once, however many choices sample it
     echo: list | None = None  # completions with echo: the prompt text to put before choice i's text
     include_usage: bool = False  # streamed: a last chunk with the usage
+    n: int = 1  # choices per prompt: choice i's prompt is scored by choice i - i % n
+    echo_logprobs: bool = False  # echo with logprobs: the prompt's tokens lead each choice's logprobs
+    prompt_logprobs: bool = False  # vLLM's prompt_logprobs: returned beside the choices
+
+    def prompt_scores(self, comps: list, i: int) -> list:
+        """Choice i's prompt logprobs, [None, TokenLogprob, ...], from the copy that scored them."""
+        return comps[i - i % self.n].prompt_logprobs
 
 
 def _number(body: dict, name: str, default, lo=None, hi=None, integer=False):
@@ -80,9 +89,8 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
     else:
         if body.get("suffix"):
             raise ApiError(400, "'suffix' is not supported", "suffix")
-        if body.get("echo") and body.get("logprobs") is not None:
-            raise ApiError(400, "'echo' with 'logprobs' needs the prompt's logprobs, which this server does not "
-                                "compute", "echo")
+    if body.get("prompt_logprobs") is not None and body.get("stream"):
+        raise ApiError(400, "'prompt_logprobs' is not supported with 'stream': true", "prompt_logprobs")
 
 
 def _choices_per_prompt(body: dict) -> int:
@@ -120,17 +128,19 @@ def _logit_bias(body: dict) -> dict | None:
     return out
 
 
-def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens: int | None) -> Request:
+def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens: int | None,
+                     fewest_tokens: int = 1) -> Request:
     """The engine request for a body's sampling fields (OpenAI's, plus vLLM's top_k, min_p, ...).
 
     Without max_tokens a request may fill its row: `default_max_tokens` (None: no limit) cut to what
-    the row has left; a max_tokens asked for is kept, and `check_fits` refuses it if it cannot fit."""
+    the row has left; a max_tokens asked for is kept, and `check_fits` refuses it if it cannot fit.
+    `fewest_tokens`: the least max_tokens may be (0 where an echo alone is an answer)."""
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is None:
         room = max(1, max_seq - len(prompt))
         max_tokens = room if default_max_tokens is None else min(default_max_tokens, room)
     else:
-        max_tokens = _number({"max_tokens": max_tokens}, "max_tokens", None, 1, None, integer=True)
+        max_tokens = _number({"max_tokens": max_tokens}, "max_tokens", None, fewest_tokens, None, integer=True)
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ApiError(400, f"'seed' must be an integer, not {seed!r}", "seed")
@@ -153,16 +163,25 @@ def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens:
 
 
 def _copies(body: dict, prompt: list, max_seq: int, default_max_tokens: int | None, n: int,
-            logprobs: int | None) -> list:
-    """n requests sampling one prompt; with a seed, copy j draws with seed + j (as vLLM's do)."""
+            logprobs: int | None, prompt_logprobs: int | None = None, fewest_tokens: int = 1) -> list:
+    """n requests sampling one prompt; with a seed, copy j draws with seed + j (as vLLM's do). Copy 0
+    alone scores the prompt, when asked: a scoring request reuses no cached prompt, the others can."""
     out = []
     for j in range(n):
-        req = sampling_request(body, prompt, max_seq, default_max_tokens)
+        req = sampling_request(body, prompt, max_seq, default_max_tokens, fewest_tokens)
         if req.seed is not None:
             req.seed = (req.seed + j) & 0x7FFFFFFF
         req.logprobs = logprobs
+        req.prompt_logprobs = prompt_logprobs if j == 0 else None
         out.append(req)
     return out
+
+
+def _prompt_logprobs(body: dict) -> int | None:
+    """vLLM's prompt_logprobs: how many alternatives to give for each prompt token, if any."""
+    if body.get("prompt_logprobs") is None:
+        return None
+    return _number(body, "prompt_logprobs", 0, 0, MAX_LOGPROBS, integer=True)
 
 
 def _prompts(body: dict, tokenizer) -> tuple[list, list]:
@@ -197,14 +216,21 @@ def completion_job(body: dict, tokenizer, max_seq: int) -> Job:
         raise ApiError(400, f"{len(prompts)} prompts x n = {n} is {len(prompts) * n} choices; at most "
                             f"{MAX_CHOICES} per request", "n")
     logprobs = None if body.get("logprobs") is None else _number(body, "logprobs", 0, 0, MAX_LOGPROBS, integer=True)
+    echoed = bool(body.get("echo"))
+    asked = _prompt_logprobs(body)
+    # Echo with logprobs gives the prompt's tokens their logprobs, as OpenAI's legacy API did.
+    wanted = [k for k in (asked, logprobs if echoed else None) if k is not None]
     requests = []
     for ids in prompts:
-        requests += _copies(body, ids, max_seq, COMPLETION_MAX_TOKENS, n, logprobs)
+        requests += _copies(body, ids, max_seq, COMPLETION_MAX_TOKENS, n, logprobs, max(wanted, default=None),
+                            fewest_tokens=0 if echoed else 1)
     echo = None
-    if body.get("echo"):
-        shown = [t if t is not None else (tokenizer.decode(ids) if tokenizer else "") for ids, t in zip(prompts, texts)]
+    if echoed:
+        shown = [t if t is not None else (tokenizer.decode(ids, skip_special_tokens=True) if tokenizer else "")
+                 for ids, t in zip(prompts, texts)]
         echo = [text for text in shown for _ in range(n)]
-    return Job(requests, sum(len(p) for p in prompts), echo, _include_usage(body))
+    return Job(requests, sum(len(p) for p in prompts), echo, _include_usage(body), n,
+               echo_logprobs=echoed and logprobs is not None, prompt_logprobs=asked is not None)
 
 
 def _message(i: int, m) -> dict:
@@ -255,8 +281,9 @@ def chat_job(body: dict, tokenizer, max_seq: int) -> Job:
     n = _choices_per_prompt(body)
     ids = chat_prompt(body, tokenizer)
     logprobs = _number(body, "top_logprobs", 0, 0, MAX_LOGPROBS, integer=True) if body.get("logprobs") else None
-    requests = _copies(body, ids, max_seq, None, n, logprobs)
-    return Job(requests, len(ids), None, _include_usage(body))
+    asked = _prompt_logprobs(body)
+    requests = _copies(body, ids, max_seq, None, n, logprobs, asked)
+    return Job(requests, len(ids), None, _include_usage(body), n, prompt_logprobs=asked is not None)
 
 
 def check_fits(req: Request, vocab: int, max_seq: int) -> None:
@@ -337,11 +364,42 @@ class TextStream:
         return out
 
 
-def completion_logprobs(lps: list, tokenizer, offsets: list) -> dict:
-    """OpenAI's legacy logprobs for some tokens of a choice; `offsets`: where each one's text starts."""
+def completion_logprobs(lps: list, tokenizer, offsets: list, prompt: tuple | None = None) -> dict:
+    """OpenAI's legacy logprobs for some tokens of a choice; `offsets`: where each one's text starts.
+    `prompt`: an echoed prompt's (ids, scores, offsets), whose tokens lead, the first without a logprob."""
     text = _token_text(tokenizer)
-    return {"tokens": [text(lp.token) for lp in lps], "token_logprobs": [lp.logprob for lp in lps],
-            "top_logprobs": [{text(t): v for t, v in lp.top} for lp in lps], "text_offset": offsets}
+    ids, scores, before = prompt if prompt is not None else ([], [], [])
+    every = list(zip(ids, scores)) + [(lp.token, lp) for lp in lps]
+    return {"tokens": [text(t) for t, _ in every],
+            "token_logprobs": [None if lp is None else lp.logprob for _, lp in every],
+            "top_logprobs": [None if lp is None else {text(t): v for t, v in lp.top} for _, lp in every],
+            "text_offset": list(before) + list(offsets)}
+
+
+def prompt_offsets(tokenizer, ids: list) -> list:
+    """Where each prompt token's text starts in the prompt's text, as it is echoed."""
+    if tokenizer is None:
+        return [0] * len(ids)
+    decoder, at, length = tokenizer.incremental_decoder(skip_special_tokens=True), [], 0
+    for t in ids:
+        at.append(length)
+        length += len(decoder.push(t))
+    return at
+
+
+def vllm_prompt_logprobs(scores: list, tokenizer) -> list:
+    """vLLM's prompt_logprobs: per prompt token, None (the first) or {id: {logprob, rank, decoded_token}}
+    holding the token itself and its top alternatives."""
+    text = _token_text(tokenizer)
+    out = []
+    for lp in scores:
+        if lp is None:
+            out.append(None)
+            continue
+        entry = {str(t): {"logprob": v, "rank": r, "decoded_token": text(t)} for r, (t, v) in enumerate(lp.top, 1)}
+        entry[str(lp.token)] = {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": text(lp.token)}
+        out.append(entry)
+    return out
 
 
 def chat_logprobs(lps: list, tokenizer) -> dict:
@@ -359,14 +417,25 @@ def _text(comp) -> str:
     return comp.text if comp.text is not None else ""  # no tokenizer: the token ids are all there is
 
 
+def echoed_prompt(job: Job, comps: list, i: int, tokenizer) -> tuple | None:
+    """Choice i's prompt (ids, scores, offsets) where it leads the choice's logprobs (echo with logprobs)."""
+    if not job.echo_logprobs:
+        return None
+    ids = comps[i].request.prompt
+    return ids, job.prompt_scores(comps, i), prompt_offsets(tokenizer, ids)
+
+
 def completion_response(job: Job, comps: list, model: str, tokenizer) -> dict:
     choices = []
     for i, comp in enumerate(comps):
         before = job.echo[i] if job.echo else ""
         logprobs = None if comp.request.logprobs is None else completion_logprobs(
-            comp.logprobs, tokenizer, TextStream(tokenizer, comp.request, len(before)).add(comp.tokens))
-        choices.append({"index": i, "text": before + _text(comp), "logprobs": logprobs,
-                        "finish_reason": finish_reason(comp)})
+            comp.logprobs, tokenizer, TextStream(tokenizer, comp.request, len(before)).add(comp.tokens),
+            echoed_prompt(job, comps, i, tokenizer))
+        choice = {"index": i, "text": before + _text(comp), "logprobs": logprobs, "finish_reason": finish_reason(comp)}
+        if job.prompt_logprobs:
+            choice["prompt_logprobs"] = vllm_prompt_logprobs(job.prompt_scores(comps, i), tokenizer)
+        choices.append(choice)
     return {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": model,
             "choices": choices, "usage": usage(job.prompt_tokens, sum(len(c.tokens) for c in comps))}
 
@@ -375,8 +444,11 @@ def chat_response(job: Job, comps: list, model: str, tokenizer) -> dict:
     choices = [{"index": i, "message": {"role": "assistant", "content": _text(comp)},
                 "logprobs": None if comp.request.logprobs is None else chat_logprobs(comp.logprobs, tokenizer),
                 "finish_reason": finish_reason(comp)} for i, comp in enumerate(comps)]
-    return {"id": new_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": choices, "usage": usage(job.prompt_tokens, sum(len(c.tokens) for c in comps))}
+    response = {"id": new_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()), "model": model,
+                "choices": choices, "usage": usage(job.prompt_tokens, sum(len(c.tokens) for c in comps))}
+    if job.prompt_logprobs:  # one prompt: vLLM gives its logprobs once, beside the choices
+        response["prompt_logprobs"] = vllm_prompt_logprobs(job.prompt_scores(comps, 0), tokenizer)
+    return response
 
 
 class ChunkWriter:
@@ -403,14 +475,15 @@ class ChunkWriter:
                              "finish_reason": None}])
 
     def piece(self, index: int, text: str, lps: list | None = None, offsets: list | None = None,
-              reason: str | None = None) -> dict:
-        """New text of choice `index` (and its tokens' logprobs, when asked for), or its end."""
+              reason: str | None = None, prompt: tuple | None = None) -> dict:
+        """New text of choice `index` (and its tokens' logprobs, when asked for), or its end;
+        `prompt`: an echoed prompt's (ids, scores, offsets), whose logprobs lead."""
         if self.chat:
             logprobs = None if lps is None else chat_logprobs(lps, self.tokenizer)
             choice = {"index": index, "delta": {"content": text} if text else {}, "logprobs": logprobs,
                       "finish_reason": reason}
         else:
-            logprobs = None if lps is None else completion_logprobs(lps, self.tokenizer, offsets)
+            logprobs = None if lps is None else completion_logprobs(lps, self.tokenizer, offsets, prompt)
             choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
         return self._chunk([choice])
 

@@ -29,6 +29,7 @@ class Request:
     ignore_eos: bool = False
     min_tokens: int = 0  # end tokens and stop token ids are kept from being drawn, and stop strings ignored, before this many
     logprobs: int | None = None  # None: none; k: the chosen token's logprob and the top k alternatives
+    prompt_logprobs: int | None = None  # None: none; k: each prompt token's logprob (past the first), rank, top k
     logit_bias: dict | None = None  # {token id: added to its logit}, as OpenAI's (-100 bans, 100 forces)
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
 
@@ -48,8 +49,8 @@ class Request:
         bad = [t for t in self.prompt if not isinstance(t, int) or not 0 <= t < vocab]
         if bad:
             raise RequestError(f"{self.id}: token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise RequestError(f"{self.id}: max_new_tokens must be a positive integer, not {self.max_new_tokens!r}")
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0:
+            raise RequestError(f"{self.id}: max_new_tokens must be an integer >= 0, not {self.max_new_tokens!r}")
         need = len(self.prompt) + self.max_new_tokens
         if need > max_seq:
             raise RequestError(f"{self.id}: the prompt ({len(self.prompt)} tokens) plus max_new_tokens "
@@ -65,8 +66,10 @@ class Request:
             raise RequestError(f"{self.id}: top_k must be >= 0, not {self.top_k}")
         if self.repetition_penalty <= 0:
             raise RequestError(f"{self.id}: repetition_penalty must be > 0, not {self.repetition_penalty}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            raise RequestError(f"{self.id}: logprobs must be between 0 and 20, not {self.logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 20):
+                raise RequestError(f"{self.id}: {name} must be an integer between 0 and 20, not {k!r}")
         if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_new_tokens:
             raise RequestError(f"{self.id}: min_tokens must be between 0 and max_new_tokens ({self.max_new_tokens}), "
                                f"not {self.min_tokens!r}")
@@ -85,6 +88,7 @@ class TokenLogprob:
     token: int
     logprob: float
     top: list  # [(token, logprob)], best first
+    rank: int | None = None  # a prompt token's: 1 + how many tokens were likelier
 
 
 @dataclass
@@ -94,6 +98,7 @@ class Completion:
     finish_reason: str | None = None  # "length" | "stop" | "cancelled" | "error"
     error: str | None = None
     logprobs: list = field(default_factory=list)  # [TokenLogprob] when asked for
+    prompt_logprobs: list = field(default_factory=list)  # [None, TokenLogprob, ...]: one a prompt token, when asked for
     text: str | None = None  # decoded text, cut at a stop string, when the model has a tokenizer
     submitted_at: float = 0.0
     first_token_at: float | None = None

@@ -45,13 +45,15 @@ def bucket_sizes(limit: int, smallest: int = 16) -> list:
 
 
 class Sampled:
-    """One pass's draws, on the host: tokens[K], and logprobs when asked for."""
+    """One pass's draws, on the host: tokens[K], and logprobs when asked for; or a pass's scored
+    prompt tokens (`score`), which also have their ranks."""
 
-    def __init__(self, tokens, chosen=None, top_values=None, top_ids=None):
+    def __init__(self, tokens, chosen=None, top_values=None, top_ids=None, ranks=None):
         self.tokens = tokens
         self.chosen = chosen
         self.top_values = top_values
         self.top_ids = top_ids
+        self.ranks = ranks
 
 
 class Pending:
@@ -210,6 +212,16 @@ class TorchRunner:
         """Draws for request i from logits row rows[i] (default: row i)."""
         return self._to_host(*self._draw(logits, batch, histories, rows))
 
+    def score(self, logits, start: int, targets: list, k: int) -> Sampled:
+        """The logprob and rank of targets[i] under logits row start + i, and that row's k best."""
+        from linnet.serve.sampling_torch import score
+
+        rows = logits[start:start + len(targets)]
+        chosen, ranks, top = score(rows, self._t(np.asarray(targets, np.int64)), k)
+        out = self._to_host(self._t(np.asarray(targets, np.int32)), chosen, top)
+        out.ranks = ranks.cpu().numpy()
+        return out
+
     def decode_sample(self, tokens, positions, batch: SamplingBatch, rows, histories=None) -> Pending:
         """A decode step over every row (tokens: host ids, or a `Pending`'s), then the draws for
         request i from row rows[i]."""
@@ -250,13 +262,16 @@ class JaxRunner:
         return _xla_compiles()
 
     def prefill(self, tokens, positions, rows, last):
+        """The logits at `last`, in [Batch, vocab]; or, where a pass scores a prompt's tokens and
+        wants more rows than Batch, in a bucketed number of rows (a shape compiled when first met)."""
         tokens, positions, rows, last = self.align(tokens, positions, rows, last)
         size = bucket(len(tokens), self.smallest)
         pad = size - len(tokens)
         tokens = np.concatenate([tokens, np.zeros(pad, np.int32)]).astype(np.int32)
         positions = np.concatenate([positions, np.full(pad, self.padding, np.int32)]).astype(np.int32)
         rows = np.concatenate([rows, np.zeros(pad, np.int32)]).astype(np.int32)
-        last = np.concatenate([last, np.zeros(self.batch - len(last), np.int32)]).astype(np.int32)
+        wanted = self.batch if len(last) <= self.batch else bucket(len(last), self.batch)
+        last = np.concatenate([last, np.zeros(wanted - len(last), np.int32)]).astype(np.int32)
         return self.model.prefill(tokens, positions, rows, last)
 
     def align(self, tokens, positions, rows, last):
@@ -328,6 +343,8 @@ class JaxRunner:
         of `logits` ([Batch, vocab] here), so that one executable serves every step."""
         from linnet.serve.sampling_jax import sample
 
+        if logits.shape[0] != self.batch:  # a pass that also scored prompt tokens: draws come from its first rows
+            logits = logits[:self.batch]
         rows = list(range(len(batch.temperature))) if rows is None else list(rows)
         placed = place(batch, rows, logits.shape[0])
         adjustments = None
@@ -335,6 +352,18 @@ class JaxRunner:
             adjustments = logit_adjustments(histories, logits.shape[-1], logits.shape[0], rows)
         tokens, chosen, top = sample(logits, placed, adjustments)
         return self._to_host((tokens, chosen) + (top if top is not None else (None, None)), rows)
+
+    def score(self, logits, start: int, targets: list, k: int) -> Sampled:
+        """The logprob and rank of targets[i] under logits row start + i, and that row's k best:
+        computed over every row of `logits`, so that one executable serves each (rows, k)."""
+        from linnet.serve.sampling_jax import score
+
+        padded = np.zeros(logits.shape[0], np.int32)
+        padded[start:start + len(targets)] = targets
+        chosen, ranks, top = score(logits, padded, k)
+        at = slice(start, start + len(targets))
+        values, ids = (None, None) if top is None else (np.asarray(top[0])[at], np.asarray(top[1])[at])
+        return Sampled(padded[at], np.asarray(chosen)[at], values, ids, np.asarray(ranks)[at])
 
     def pass_sizes(self, budget: int) -> list:
         return bucket_sizes(budget, self.smallest)

@@ -58,11 +58,31 @@ def _draw(logits, temp, top_k, top_p, min_p, rep, pres, freq, seed, step, seen, 
     tokens = tokens.astype(jnp.int32)
     if not want_logprobs:
         return tokens, None, None, None
+    return (tokens, *_picked(logprobs, tokens, top_logprobs))
+
+
+def _picked(logprobs, tokens, k: int):
+    """Each row's logprob of its token, and its k best values and ids (None, None for k = 0)."""
     chosen = jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
-    if top_logprobs > 0:
-        values, ids = jax.lax.top_k(logprobs, top_logprobs)
-        return tokens, chosen, values, ids.astype(jnp.int32)
-    return tokens, chosen, None, None
+    if k == 0:
+        return chosen, None, None
+    values, ids = jax.lax.top_k(logprobs, k)
+    return chosen, values, ids.astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames="k")
+def _score(logits, targets, k: int):
+    logprobs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    chosen, values, ids = _picked(logprobs, targets, k)
+    return chosen, jnp.sum(logprobs > chosen[:, None], axis=-1) + 1, values, ids
+
+
+def score(logits, targets, k: int):
+    """Prompt tokens as the model saw them: row i's logprob of targets[i], with no penalty or bias,
+    its rank among the vocabulary (1: the likeliest) and the row's k best; jitted per (rows, k).
+    -> (logprobs f32[M], ranks i32[M], (top values, top ids) or None)"""
+    chosen, ranks, values, ids = _score(logits, targets, k)
+    return chosen, ranks, (values, ids) if values is not None else None
 
 
 def mode(batch: SamplingBatch, adjustments=None) -> tuple:

@@ -68,6 +68,20 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, adjustments: tuple | None
     tokens = tokens.to(torch.int32)
     if logprobs is None:
         return tokens, None, None
+    return (tokens, *_picked(logprobs, tokens, batch.logprobs))
+
+
+def _picked(logprobs: torch.Tensor, tokens: torch.Tensor, k: int):
+    """Each row's logprob of its token, and its k best (values, ids), or None for k = 0."""
     chosen = logprobs.gather(1, tokens.long()[:, None])[:, 0]
-    top = torch.topk(logprobs, batch.logprobs, dim=-1) if batch.logprobs > 0 else None
-    return tokens, chosen, (top.values, top.indices.to(torch.int32)) if top is not None else None
+    top = torch.topk(logprobs, k, dim=-1) if k > 0 else None
+    return chosen, (top.values, top.indices.to(torch.int32)) if top is not None else None
+
+
+def score(logits: torch.Tensor, targets: torch.Tensor, k: int):
+    """Prompt tokens as the model saw them: row i's logprob of targets[i], with no penalty or bias,
+    its rank among the vocabulary (1: the likeliest) and the row's k best.
+    -> (logprobs f32[M], ranks i64[M], (top values, top ids) or None)"""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen, top = _picked(logprobs, targets, k)
+    return chosen, (logprobs > chosen[:, None]).sum(dim=-1) + 1, top

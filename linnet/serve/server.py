@@ -17,7 +17,8 @@ import time
 from linnet.serve.engine import Engine
 from linnet.serve.metrics import prometheus_text
 from linnet.serve.openai_api import (ApiError, ChunkWriter, Job, TextStream, chat_job, chat_prompt, chat_response,
-                                     check_fits, completion_job, completion_response, error_body, finish_reason)
+                                     check_fits, completion_job, completion_response, echoed_prompt, error_body,
+                                     finish_reason)
 from linnet.serve.request import RequestError
 
 MAX_BODY = 4 << 20
@@ -195,21 +196,29 @@ class OpenAIServer:
         pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
         texts = [TextStream(self.tokenizer, s.completion.request, len(job.echo[i]) if job.echo else 0)
                  for i, s in enumerate(streams)]
+        comps = [s.completion for s in streams]
+        # An echo goes first; with logprobs, once its prompt is scored: with the choice's first news.
+        unechoed = set(range(len(streams))) if job.echo else set()
         try:
             for i in range(len(streams)):
                 await event(writer.start(i))
-                if job.echo:
+                if job.echo and not job.echo_logprobs:
                     await event(writer.piece(i, job.echo[i]))
+                    unechoed.discard(i)
             open_choices = len(streams)
             while open_choices:
                 i, tokens, reason = await merged.get()
                 if reason == "closed":
                     open_choices -= 1
                     continue
-                comp = streams[i].completion
+                comp = comps[i]
                 if comp.finish_reason == "error":
                     await event(error_body(comp.error or "the request failed"))
                     continue
+                if i in unechoed and len(job.prompt_scores(comps, i)) == len(comp.request.prompt):
+                    prompt = echoed_prompt(job, comps, i, self.tokenizer)
+                    await event(writer.piece(i, job.echo[i], [], [], prompt=prompt))
+                    unechoed.discard(i)
                 choice = texts[i]
                 offsets = choice.add(tokens)
                 lps = None if comp.request.logprobs is None else comp.logprobs[choice.tokens - len(tokens):choice.tokens]
@@ -219,7 +228,7 @@ class OpenAIServer:
                 if reason is not None:
                     await event(writer.piece(i, "", reason=finish_reason(comp)))
             if job.include_usage:
-                await event(writer.usage(job, [s.completion for s in streams]))
+                await event(writer.usage(job, comps))
         except Exception as err:  # the response has started: the error goes in the stream
             await event(error_body(f"internal error: {err}"))
         finally:

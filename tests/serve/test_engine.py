@@ -131,10 +131,11 @@ def test_cancel_frees_the_row_and_others_finish(model):
 def test_bad_requests_are_rejected_and_others_run(model):
     good = prompts(2, 5, 8, seed=11)
     bad = [Request(prompt=[], max_new_tokens=4), Request(prompt=[1, 2, 999999], max_new_tokens=4),
-           Request(prompt=[1] * 90, max_new_tokens=10), Request(prompt=[1, 2], max_new_tokens=0)]
+           Request(prompt=[1] * 90, max_new_tokens=10), Request(prompt=[1, 2], max_new_tokens=-1)]
     done, stats = Engine(model).run([Request(prompt=good[0], max_new_tokens=4)] + bad +
-                                    [Request(prompt=good[1], max_new_tokens=4)])
-    assert [c.finish_reason for c in done] == ["length", "error", "error", "error", "error", "length"]
+                                    [Request(prompt=good[1], max_new_tokens=4), Request(prompt=[3, 4], max_new_tokens=0)])
+    assert [c.finish_reason for c in done] == ["length", "error", "error", "error", "error", "length", "length"]
+    assert done[-1].tokens == []  # max_new_tokens 0: the prompt is prefilled, nothing drawn
     assert "empty" in done[1].error
     assert "outside the vocabulary" in done[2].error
     assert "MaxSeq" in done[3].error

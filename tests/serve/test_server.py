@@ -95,7 +95,9 @@ def test_chat_uses_the_template(server):
     ("/v1/completions", {"prompt": [1], "max_tokens": 4, "min_tokens": 5}, None, None, 400, "min_tokens"),
     ("/v1/completions", {"prompt": [1], "stop": ["t1", ""]}, None, None, 400, "stop"),
     ("/v1/completions", {"prompt": [1], "stop": [f"t{i}" for i in range(65)]}, None, None, 400, "stop"),
-    ("/v1/completions", {"prompt": [1], "echo": True, "logprobs": 1}, None, None, 400, "echo"),
+    ("/v1/completions", {"prompt": [1], "prompt_logprobs": 1, "stream": True}, None, None, 400, "prompt_logprobs"),
+    ("/v1/completions", {"prompt": [1], "prompt_logprobs": 21}, None, None, 400, "prompt_logprobs"),
+    ("/v1/completions", {"prompt": [1], "max_tokens": 0}, None, None, 400, "max_tokens"),
     ("/v1/completions", {"prompt": [1], "stream_options": {"include_usage": True}}, None, None, 400,
      "stream_options"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "t1"}], "tools": [{"type": "function"}]},
@@ -260,6 +262,88 @@ def test_echo_puts_the_prompt_before_the_text(server):
     out = json.loads(call(base, "/v1/completions", {"prompt": "t5 t6", "max_tokens": 3, "temperature": 0,
                                                      "echo": True})[1])
     assert out["choices"][0]["text"].split() == ["t5", "t6"] + words(engine_greedy(engine, [5, 6], 3))
+
+
+def engine_scores(ids, k):
+    """The prompt's logprobs as the engine gives them (checked against transformers'), on its own model."""
+    if "model" not in _REFERENCE:
+        _REFERENCE["model"] = make_model("torch", rows=4, max_seq=96)
+    done, _ = Engine(_REFERENCE["model"]).run([Request(prompt=ids, max_new_tokens=0, prompt_logprobs=k)])
+    return done[0].prompt_logprobs
+
+
+def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_asks(server):
+    """lm-evaluation-harness's loglikelihood: token-id prompts, echo, max_tokens 1, logprobs 1; it reads
+    the prompt's token_logprobs and checks each against its top_logprobs for greediness."""
+    base, engine, _ = server
+    prompts = [[5, 6, 7, 8, 9], [30, 31]]
+    out = json.loads(call(base, "/v1/completions", {"prompt": prompts, "echo": True, "max_tokens": 1,
+                                                     "logprobs": 1, "temperature": 0})[1])
+    for p, choice in zip(prompts, out["choices"]):
+        lp = choice["logprobs"]
+        ref = engine_scores(p, 1)
+        generated = words(engine_greedy(engine, p, 1))
+        assert choice["text"].split() == words(p) + generated
+        assert lp["tokens"] == words(p) + generated
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        assert lp["token_logprobs"][1:len(p)] == pytest.approx([s.logprob for s in ref[1:]], abs=1e-5)
+        assert [list(t) for t in lp["top_logprobs"][1:len(p)]] == [[f"t{s.top[0][0]}"] for s in ref[1:]]
+        assert [choice["text"][o:].split()[0] for o in lp["text_offset"]] == lp["tokens"]
+    assert out["usage"]["completion_tokens"] == 2
+
+
+def test_echo_with_no_tokens_to_generate_is_the_scored_prompt(server):
+    base, _, _ = server
+    body = {"prompt": "t11 t12 t13", "echo": True, "max_tokens": 0, "logprobs": 0}
+    out = json.loads(call(base, "/v1/completions", body)[1])
+    choice = out["choices"][0]
+    assert choice["text"] == "t11 t12 t13" and choice["finish_reason"] == "length"
+    assert choice["logprobs"]["tokens"] == ["t11", "t12", "t13"]
+    assert choice["logprobs"]["token_logprobs"][1:] == pytest.approx(
+        [s.logprob for s in engine_scores([11, 12, 13], 0)[1:]], abs=1e-5)
+    assert out["usage"] == {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}
+    chunks = sse(call(base, "/v1/completions", dict(body, stream=True))[1])
+    assert "".join(c["choices"][0]["text"] for c in chunks) == choice["text"]
+    streamed = [v for c in chunks if c["choices"][0]["logprobs"] for v in c["choices"][0]["logprobs"]["token_logprobs"]]
+    assert streamed[0] is None and streamed[1:] == pytest.approx(choice["logprobs"]["token_logprobs"][1:], abs=1e-6)
+
+
+def test_streamed_echo_with_logprobs_equals_the_whole(server):
+    base, _, _ = server
+    body = {"prompt": [[21, 22, 23], [24, 25]], "echo": True, "max_tokens": 3, "logprobs": 2, "temperature": 0,
+            "n": 2}
+    whole = json.loads(call(base, "/v1/completions", body)[1])
+    chunks = sse(call(base, "/v1/completions", dict(body, stream=True))[1])
+    for i, choice in enumerate(whole["choices"]):
+        mine = [c["choices"][0] for c in chunks if c["choices"][0]["index"] == i]
+        assert "".join(c["text"] for c in mine) == choice["text"]
+        for key in ("tokens", "text_offset"):
+            assert [x for c in mine if c["logprobs"] for x in c["logprobs"][key]] == choice["logprobs"][key]
+        got = [x for c in mine if c["logprobs"] for x in c["logprobs"]["token_logprobs"]]
+        assert got[0] is None and got[1:] == pytest.approx(choice["logprobs"]["token_logprobs"][1:], abs=1e-4)
+    # the copies of a prompt share its scores
+    assert whole["choices"][0]["logprobs"]["token_logprobs"][:3] == whole["choices"][1]["logprobs"]["token_logprobs"][:3]
+
+
+def test_vllm_prompt_logprobs_on_both_endpoints(server):
+    base, _, _ = server
+    out = json.loads(call(base, "/v1/completions", {"prompt": [40, 41, 42], "max_tokens": 2, "prompt_logprobs": 2,
+                                                     "n": 2, "temperature": 0})[1])
+    ref = engine_scores([40, 41, 42], 2)
+    for choice in out["choices"]:
+        got = choice["prompt_logprobs"]
+        assert got[0] is None and len(got) == 3
+        for entry, s in zip(got[1:], ref[1:]):
+            assert entry[str(s.token)]["rank"] == s.rank and entry[str(s.token)]["decoded_token"] == f"t{s.token}"
+            assert entry[str(s.token)]["logprob"] == pytest.approx(s.logprob, abs=1e-5)
+            assert {int(t) for t in entry} == {s.token} | {t for t, _ in s.top}
+        assert choice["logprobs"] is None  # the generated tokens' logprobs were not asked for
+    chat = json.loads(call(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "t40"}],
+                                                          "max_tokens": 2, "prompt_logprobs": 0})[1])
+    ids = [1, 40, 2, 3]  # through the template
+    assert [None if e is None else list(e) for e in chat["prompt_logprobs"]] == [None] + [[str(t)] for t in ids[1:]]
+    assert [e[str(t)]["logprob"] for e, t in zip(chat["prompt_logprobs"][1:], ids[1:])] == pytest.approx(
+        [s.logprob for s in engine_scores(ids, 0)[1:]], abs=1e-5)
 
 
 def test_tokenize_detokenize_models_and_metrics(server):

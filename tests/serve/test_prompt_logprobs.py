@@ -1,0 +1,80 @@
+"""Prompt logprobs (`Request.prompt_logprobs`) against transformers: a random tiny Llama saved by
+save_pretrained and loaded through nest.load, its prompts scored by the engine in packed, chunked
+passes beside requests that only generate, and by transformers run on each prompt alone."""
+
+import random
+
+import numpy as np
+import pytest
+
+from linnet import nest
+from linnet.serve import Engine, Request
+
+transformers = pytest.importorskip("transformers")
+import torch  # noqa: E402
+
+CONFIG = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              intermediate_size=96, max_position_embeddings=128, rms_norm_eps=1e-5, rope_theta=10000.0,
+              tie_word_embeddings=False, hidden_act="silu")
+K = 3
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    torch.manual_seed(5)
+    config = transformers.LlamaConfig(**CONFIG)
+    config._attn_implementation = "eager"
+    hf_model = transformers.LlamaForCausalLM(config).float().eval()
+    path = tmp_path_factory.mktemp("tiny-hf") / "Tiny-Llama"
+    hf_model.save_pretrained(path)
+    return hf_model, path
+
+
+def hf_prompt_logprobs(hf_model, prompt: list) -> np.ndarray:
+    """log_softmax of transformers' logits at every prompt position, in float64: [len - 1, vocab]."""
+    with torch.no_grad():
+        logits = hf_model(input_ids=torch.tensor([prompt])).logits[0, :-1].double()
+    return torch.log_softmax(logits, dim=-1).numpy()
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_prompt_logprobs_equal_transformers_in_packed_chunked_passes(reference, backend):
+    hf_model, path = reference
+    model = nest.load(path, backend=backend, generics={"Batch": 4, "MaxSeq": 96}, tokenizer=False)
+    rng = random.Random(11)
+    prompts = [[rng.randrange(256) for _ in range(n)] for n in (9, 70, 33, 2, 51, 17)]
+    scored = [Request(prompt=p, max_new_tokens=4, prompt_logprobs=K) for p in prompts]
+    scored[3].max_new_tokens = 0  # scoring only
+    plain = [Request(prompt=p, max_new_tokens=4) for p in prompts]
+    # Budget 48: the long prompts are prefilled in chunks; 12 requests through 4 rows, mixed passes.
+    engine = Engine(model, token_budget=48, prefix_min=8)
+    done, stats = engine.run([r for pair in zip(scored, plain) for r in pair])
+    scored_done, plain_done = done[0::2], done[1::2]
+    for p, comp, twin in zip(prompts, scored_done, plain_done):
+        assert len(comp.prompt_logprobs) == len(p) and comp.prompt_logprobs[0] is None
+        ref = hf_prompt_logprobs(hf_model, p)
+        for j, lp in enumerate(comp.prompt_logprobs[1:]):
+            assert lp.token == p[j + 1]
+            assert abs(lp.logprob - ref[j, p[j + 1]]) < 1e-4
+            assert lp.rank == 1 + int(np.sum(ref[j] > ref[j, p[j + 1]]))
+            best = np.argsort(-ref[j])[:K]
+            assert [t for t, _ in lp.top] == best.tolist()
+            assert np.allclose([v for _, v in lp.top], ref[j, best], atol=1e-4)
+        if comp.request.max_new_tokens == 0:
+            assert comp.tokens == [] and comp.finish_reason == "length"
+        else:
+            assert comp.tokens == twin.tokens  # scoring a prompt does not change what follows it
+        assert twin.prompt_logprobs == []
+    # Each scored prompt is prefilled whole: its twin may copy it, never the other way round.
+    assert stats.prefill_tokens >= sum(len(p) for p in prompts)
+
+
+def test_scoring_only_requests_need_no_room_to_generate(reference):
+    hf_model, path = reference
+    model = nest.load(path, backend="torch", generics={"Batch": 2, "MaxSeq": 32}, tokenizer=False)
+    prompt = list(range(3, 35))  # fills the row: nothing could be generated after it
+    done, _ = Engine(model).run([Request(prompt=prompt, max_new_tokens=0, prompt_logprobs=0)])
+    ref = hf_prompt_logprobs(hf_model, prompt)
+    got = [lp.logprob for lp in done[0].prompt_logprobs[1:]]
+    assert np.allclose(got, ref[np.arange(31), prompt[1:]], atol=1e-4)
+    assert all(lp.top == [] for lp in done[0].prompt_logprobs[1:])
