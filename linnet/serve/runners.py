@@ -216,11 +216,9 @@ class TorchRunner:
         """The logprob and rank of targets[i] under logits row start + i, and that row's k best."""
         from linnet.serve.sampling_torch import score
 
-        rows = logits[start:start + len(targets)]
-        chosen, ranks, top = score(rows, self._t(np.asarray(targets, np.int64)), k)
-        out = self._to_host(self._t(np.asarray(targets, np.int32)), chosen, top)
-        out.ranks = ranks.cpu().numpy()
-        return out
+        chosen, ranks, top = score(logits[start:start + len(targets)], self._t(np.asarray(targets, np.int64)), k)
+        return Sampled(np.asarray(targets, np.int32), chosen.cpu().numpy(), None if top is None else top[0].cpu().numpy(),
+                       None if top is None else top[1].cpu().numpy(), ranks.cpu().numpy())
 
     def decode_sample(self, tokens, positions, batch: SamplingBatch, rows, histories=None) -> Pending:
         """A decode step over every row (tokens: host ids, or a `Pending`'s), then the draws for
