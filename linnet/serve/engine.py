@@ -49,6 +49,7 @@ class _Live:
     copy_from: tuple | None = None  # (row, tokens): a prefix to copy from another row before the next pass
     text: str = ""  # with stop strings: the generated text so far, decoded as the tokens come
     decoder: object = None
+    matcher: object = None  # a structured output's llguidance matcher, following the tokens drawn
     listeners: list = field(default_factory=list)
 
     @property
@@ -105,6 +106,7 @@ class Engine:
         self._stopping = False
         self._ahead: _Decode | None = None  # a decode step dispatched and not yet read
         self._news: dict = {}  # event loop -> [(queue, (tokens so far, finish reason))] this step
+        self._guide = None  # structured.Guide, made for the first structured request
 
     # ------------------------------------------------------------ submitting
 
@@ -116,14 +118,25 @@ class Engine:
         req.validate(self.vocab, self.max_seq)
         if req.stop and self.tokenizer is None:
             raise RequestError(f"{req.id}: stop strings need a tokenizer, and this model has none")
+        matcher = None if req.structure is None else self.guide().matcher(req.structure, req.id)
         comp = Completion(req, submitted_at=time.perf_counter())
         seed = req.seed if req.seed is not None else self.rng.getrandbits(31)
-        item = _Live(req, comp, -1, seed, list(req.prompt), listeners=[listener] if listener else [])
+        item = _Live(req, comp, -1, seed, list(req.prompt), matcher=matcher, listeners=[listener] if listener else [])
         with self.lock:
             self.waiting.append(item)
             self.stats.prompt_tokens += len(req.prompt)
         self.wakeup.set()
         return comp
+
+    def guide(self):
+        """The structured outputs' guide over this model's tokenizer (made once: reading the vocabulary takes a while)."""
+        if self._guide is None:
+            if self.tokenizer is None:
+                raise RequestError("structured outputs need a tokenizer, and this model has none")
+            from linnet.serve.structured import Guide
+
+            self._guide = Guide(self.tokenizer, self.vocab, sorted(self.eos))
+        return self._guide
 
     def cancel(self, request_id: str) -> None:
         """Stops a request; its row is freed before the next pass."""
@@ -379,9 +392,11 @@ class Engine:
     def _may_look_ahead(self) -> bool:
         """Whether the next step can go out before this one is read: the runner's device works
         apart from the host, no prompt could be admitted to the next pass, and no request counts
-        its output tokens into penalties or still bans its enders (the host keeps those counts)."""
+        its output tokens into penalties, still bans its enders, or is held to a structure (the host
+        keeps those counts, and a structure's next mask follows the token drawn)."""
         return (self.runner.looks_ahead and not (self.waiting and self.free_rows) and not self.cancelled
-                and not any(x.req.penalized or len(x.generated) < x.req.min_tokens for x in self.live))
+                and not any(x.req.penalized or len(x.generated) < x.req.min_tokens or x.matcher is not None
+                            for x in self.live))
 
     def _look_ahead(self, step: _Decode) -> _Decode | None:
         """The step after `step`, from its draws on the device, for the requests it does not end
@@ -409,7 +424,10 @@ class Engine:
         penalties count) and logit bias."""
         batch = SamplingBatch.of([x.req for x in items], [x.seed for x in items],
                                  [len(x.generated) + ahead for x in items])
-        histories = [(x.req.prompt, x.generated, self._bias(x, ahead)) for x in items] if batch.adjusted else None
+        histories = None
+        if batch.adjusted:
+            histories = [(x.req.prompt, x.generated, self._bias(x, ahead),
+                          None if x.matcher is None else self._guide.allowed(x.matcher)) for x in items]
         return batch, histories
 
     def _bias(self, x: _Live, ahead: int) -> dict | None:
@@ -451,6 +469,13 @@ class Engine:
         held = len(x.generated) < req.min_tokens  # its enders were banned from the draw; stop strings wait too
         if not held and (token in req.stop_token_ids or (not req.ignore_eos and token in self.eos)):
             return "stop"
+        if x.matcher is not None:
+            x.matcher.consume_token(token)
+            if x.matcher.is_error():
+                x.comp.error = f"structured output: {x.matcher.get_error()}"
+                return "error"
+            if x.matcher.is_stopped():  # the output is complete: nothing but an end token may follow
+                return "stop"
         if req.stop:
             # Only the new text, and the stop-length tail before it, can hold a stop string that was not there.
             if x.decoder is None:

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from linnet.serve.structured import Structure
 
 _ids = itertools.count()
 
@@ -31,6 +35,7 @@ class Request:
     logprobs: int | None = None  # None: none; k: the chosen token's logprob and the top k alternatives
     prompt_logprobs: int | None = None  # None: none; k: each prompt token's logprob (past the first), rank, top k
     logit_bias: dict | None = None  # {token id: added to its logit}, as OpenAI's (-100 bans, 100 forces)
+    structure: "Structure | None" = None  # what the output must be: a JSON schema, regex, choice or grammar
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
 
     @property
@@ -41,7 +46,7 @@ class Request:
     @property
     def adjusted(self) -> bool:
         """Whether arrays made on the host move this request's logits: penalties, or a logit bias."""
-        return self.penalized or bool(self.logit_bias) or self.min_tokens > 0
+        return self.penalized or bool(self.logit_bias) or self.min_tokens > 0 or self.structure is not None
 
     def validate(self, vocab: int, max_seq: int) -> None:
         if not isinstance(self.prompt, (list, tuple)) or not self.prompt:

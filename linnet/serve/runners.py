@@ -74,18 +74,21 @@ class Pending:
 
 def logit_adjustments(histories: list, vocab: int, k: int, rows=None) -> tuple:
     """The host's arrays that move each sampled request's logits, in k rows (request i in row
-    rows[i], default row i), from its (prompt, output, logit_bias): seen (prompt and output tokens,
-    for the repetition penalty), counts (output tokens, for presence and frequency) and bias."""
+    rows[i], default row i), from its (prompt, output, logit_bias, allowed tokens or None): seen
+    (prompt and output tokens, for the repetition penalty), counts (output tokens, for presence and
+    frequency) and bias (-inf on the tokens a structured output does not allow)."""
     seen = np.zeros((k, vocab), dtype=bool)
     counts = np.zeros((k, vocab), dtype=np.int32)
     bias = np.zeros((k, vocab), dtype=np.float32)
-    for i, (prompt, output, logit_bias) in zip(rows if rows is not None else range(len(histories)), histories):
+    for i, (prompt, output, logit_bias, allowed) in zip(rows if rows is not None else range(len(histories)), histories):
         seen[i, prompt] = True
         if output:
             seen[i, output] = True
             np.add.at(counts[i], output, 1)
         if logit_bias:
             bias[i, list(logit_bias)] = list(logit_bias.values())
+        if allowed is not None:
+            bias[i, ~allowed] = -np.inf
     return seen, counts, bias
 
 

@@ -16,7 +16,7 @@ def run(backend, logits, requests, seeds, steps, histories=None):
         from linnet.serve.runners import logit_adjustments
 
         histories = histories or [(r.prompt, [], None) for r in requests]
-        adjustments = logit_adjustments([(p, o, r.logit_bias) for (p, o, *_), r in zip(histories, requests)],
+        adjustments = logit_adjustments([(p, o, r.logit_bias, None) for (p, o, *_), r in zip(histories, requests)],
                                         logits.shape[-1], len(requests))
     if backend == "torch":
         out = sampling_torch.sample(torch.from_numpy(logits), batch,

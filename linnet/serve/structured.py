@@ -1,0 +1,88 @@
+"""Structured outputs: a request's text held to a JSON schema, a regular expression, a choice of
+strings or a grammar, by masking the logits of every draw (llguidance's matcher).
+
+Each such request has its own matcher, which follows its tokens: before each draw the host asks
+it which tokens may come next and bans the others with the logit adjustments every backend
+already applies (`runners.logit_adjustments`); after it, the matcher takes the drawn token. Once
+the matcher has a complete output it stops, and so does the request.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from linnet.serve.request import RequestError
+
+KINDS = ("json", "regex", "choice", "grammar")
+# JSON laid out as json.dumps does, with no other whitespace: a model let to put whitespace
+# anywhere can spend its tokens on newlines without end.
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+@dataclass(frozen=True)
+class Structure:
+    """What a request's output must be.
+
+    kind "json": `spec` is a JSON schema (a dict, or its text; {"type": "object"} for any object);
+    "regex": a regular expression the whole output matches; "choice": a list of strings, one of
+    which is the output; "grammar": a Lark grammar (llguidance's dialect), or llama.cpp's GBNF.
+    """
+
+    kind: str
+    spec: object
+
+    def grammar(self) -> str:
+        """llguidance's grammar for it; ValueError where the spec cannot be one."""
+        import llguidance
+
+        if self.kind not in KINDS:
+            raise ValueError(f"structure kind {self.kind!r} is not one of {', '.join(KINDS)}")
+        if self.kind == "choice":
+            if not isinstance(self.spec, list) or not self.spec or not all(isinstance(s, str) and s for s in self.spec):
+                raise ValueError("a choice must be a non-empty list of non-empty strings")
+            return llguidance.grammar_from("choice", self.spec)
+        if self.kind == "json":
+            schema = json.loads(self.spec) if isinstance(self.spec, str) else self.spec
+            if not isinstance(schema, dict):
+                raise ValueError("a JSON schema must be an object")
+            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
+        if not isinstance(self.spec, str) or not self.spec:
+            raise ValueError(f"a {self.kind} must be a non-empty string")
+        return llguidance.grammar_from("regex" if self.kind == "regex" else "grammar", self.spec)
+
+
+class Guide:
+    """llguidance over one model's tokenizer: a matcher per structured request."""
+
+    def __init__(self, tokenizer, vocab: int, eos_token_ids: list):
+        import llguidance
+
+        if not eos_token_ids:
+            raise RequestError("structured outputs need the tokenizer's end token, and it has none")
+        # The tokenizer's JSON, as llguidance reads it; ids past the tokenizer's (padding) are never allowed.
+        self.tokenizer = llguidance.LLTokenizer(tokenizer.backend.to_str(), n_vocab=vocab, eos_token=list(eos_token_ids))
+        self.vocab = vocab
+
+    def matcher(self, structure: Structure, request_id: str):
+        """A matcher for one request; RequestError if its structure is not a valid one."""
+        import llguidance
+
+        try:
+            grammar = structure.grammar()
+        except (ValueError, TypeError) as err:
+            raise RequestError(f"{request_id}: {err}") from None
+        matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise RequestError(f"{request_id}: the {structure.kind} cannot be used: {matcher.get_error()}")
+        return matcher
+
+    def allowed(self, matcher) -> np.ndarray:
+        """bool[vocab]: the tokens the matcher takes next."""
+        from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+
+        mask = allocate_token_bitmask(1, self.vocab)
+        fill_next_token_bitmask(matcher, mask, 0)
+        return np.unpackbits(mask[0].view(np.uint8), bitorder="little")[:self.vocab].astype(bool)

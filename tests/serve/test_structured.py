@@ -1,0 +1,102 @@
+"""Structured outputs through the engine, on a random tiny model whose tokens are single bytes
+(a byte-level BPE with no merges): whatever the model would say, each output parses as its
+structure asks, checked by an independent reader (json, re); the requests beside them draw as they
+would alone."""
+
+import json
+import re
+
+import pytest
+
+from linnet.serve import Engine, Request, RequestError
+from linnet.serve.structured import Structure
+
+from .test_engine import prompts, reference_greedy
+
+pytest.importorskip("llguidance")
+
+EOS = 0
+
+
+def byte_tokenizer(vocab: int):
+    """Token 0 ends; tokens 1.. are newline and the printable ASCII bytes, GPT-2's byte-level spelling."""
+    from tokenizers import AddedToken, Tokenizer as Backend, decoders, models, pre_tokenizers
+
+    from linnet.nest.tokenizer import Tokenizer
+
+    spell = lambda b: chr(b) if 33 <= b <= 126 else chr(256 + b)
+    table = {"<eos>": EOS, **{spell(b): i + 1 for i, b in enumerate([10] + list(range(32, 127)))}}
+    assert len(table) <= vocab
+    backend = Backend(models.BPE(vocab=table, merges=[]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    backend.decoder = decoders.ByteLevel()
+    backend.add_special_tokens([AddedToken("<eos>", special=True)])
+    return Tokenizer(backend, eos_token_ids=[EOS])
+
+
+@pytest.fixture
+def engine(model):
+    model.tokenizer = byte_tokenizer(model.vocab)
+    try:
+        yield Engine(model, token_budget=128)
+    finally:
+        model.tokenizer = None
+
+
+SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "n", "ok"],
+          "properties": {"name": {"type": "string", "maxLength": 6}, "n": {"type": "integer", "minimum": 0,
+                                                                           "maximum": 999},
+                         "ok": {"type": "boolean"}}}
+
+
+def test_each_output_is_what_its_structure_asks_and_the_others_draw_as_alone(engine, model):
+    p = prompts(6, 3, 12, seed=31)
+    structures = [Structure("json", SCHEMA), Structure("regex", r"(yes|no), [0-9]{3}"),
+                  Structure("choice", ["red", "green", "blue"]), Structure("grammar", 'start: ("x" | "y")+ "!"'),
+                  Structure("grammar", 'root ::= "ok" | "no" "pe"'), Structure("json", {"type": "object"})]
+    structured = [Request(prompt=q, max_new_tokens=48, temperature=1.0, seed=i, structure=s)
+                  for i, (q, s) in enumerate(zip(p, structures))]
+    plain = [Request(prompt=q, max_new_tokens=8) for q in p[:3]]
+    done, _ = engine.run(structured + plain)
+    texts = [c.text for c in done[:len(structured)]]
+    value = json.loads(texts[0])
+    assert set(value) == {"name", "n", "ok"} and isinstance(value["name"], str) and len(value["name"]) <= 6
+    assert isinstance(value["n"], int) and 0 <= value["n"] <= 999 and isinstance(value["ok"], bool)
+    assert re.fullmatch(r"(yes|no), [0-9]{3}", texts[1])
+    assert texts[2] in ("red", "green", "blue")
+    assert re.fullmatch(r"[xy]+!", texts[3]) or done[3].finish_reason == "length"
+    assert texts[4] in ("ok", "nope")
+    assert done[5].finish_reason == "length" or isinstance(json.loads(texts[5]), dict)
+    assert texts[5].startswith("{")
+    for i in (0, 1, 2, 4):  # bounded structures end when complete, not at the token limit
+        assert done[i].finish_reason == "stop" and EOS not in done[i].tokens[:-1]
+    for q, c in zip(p, done[len(structured):]):
+        assert c.tokens == reference_greedy(model, q, 8)
+
+
+def test_a_structure_with_the_same_seed_draws_the_same_whatever_shares_the_batch(engine):
+    req = lambda: Request(prompt=[5, 6, 7], max_new_tokens=40, temperature=1.0, seed=3, structure=Structure("json", SCHEMA))
+    alone, _ = engine.run([req()])
+    crowded, _ = engine.run([Request(prompt=q, max_new_tokens=12, temperature=0.7, seed=9) for q in prompts(5, 2, 9)] +
+                            [req()])
+    assert crowded[-1].tokens == alone[0].tokens and crowded[-1].text == alone[0].text
+
+
+@pytest.mark.parametrize("structure,needle", [
+    (Structure("regex", "(unclosed"), "cannot be used"),
+    (Structure("json", ["not", "a", "schema"]), "JSON schema"),
+    (Structure("choice", []), "choice"),
+    (Structure("grammar", "start: undefined_rule"), "cannot be used"),
+    (Structure("yaml", "a: b"), "kind"),
+])
+def test_a_bad_structure_is_refused_at_submission(engine, structure, needle):
+    with pytest.raises(RequestError, match=needle):
+        engine.submit(Request(prompt=[1, 2], max_new_tokens=4, structure=structure))
+    done, _ = engine.run([Request(prompt=[1, 2], max_new_tokens=4, structure=structure),
+                          Request(prompt=[1, 2], max_new_tokens=4)])
+    assert done[0].finish_reason == "error" and done[1].finish_reason == "length"
+
+
+def test_without_a_tokenizer_a_structure_is_refused(model):
+    with pytest.raises(RequestError, match="tokenizer"):
+        Engine(model).submit(Request(prompt=[1], max_new_tokens=2, structure=Structure("regex", "a")))
