@@ -13,11 +13,13 @@ prompt's own logprobs are asked for (echo with logprobs, or vLLM's
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass
 
 from linnet.serve.request import Request, RequestError
+from linnet.serve.structured import Structure
 
 MAX_CHOICES = 256  # choices one body may ask for: prompts x n
 MAX_LOGPROBS = 20
@@ -42,6 +44,7 @@ class Job:
     echo: list | None = None  # completions with echo: the prompt text to put before choice i's text
     include_usage: bool = False  # streamed: a last chunk with the usage
     n: int = 1  # choices per prompt: choice i's prompt is scored by choice i - i % n
+    tool_call: str | None = None  # chat: "required", or the function named by tool_choice; the output is its call
     echo_logprobs: bool = False  # echo with logprobs: the prompt's tokens lead each choice's logprobs
     prompt_logprobs: bool = False  # vLLM's prompt_logprobs: returned beside the choices
 
@@ -77,20 +80,97 @@ def _stops(body: dict) -> list:
 
 def _refuse_unsupported(body: dict, chat: bool) -> None:
     """Fields that would change the answer and that this server cannot honour: refused, never ignored."""
-    fmt = body.get("response_format")
-    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type", "text") != "text"):
-        raise ApiError(400, "only response_format {'type': 'text'} is supported", "response_format")
     if chat:
-        if body.get("tools") and body.get("tool_choice", "auto") != "none":
-            raise ApiError(400, "tool calls are not supported: send tool_choice 'none' to show the tools to "
-                                "the model through its chat template", "tool_choice")
-        if body.get("functions"):
-            raise ApiError(400, "'functions' is not supported", "functions")
+        if body.get("functions") or body.get("function_call"):
+            raise ApiError(400, "'functions' is not supported: send 'tools'", "functions")
     else:
         if body.get("suffix"):
             raise ApiError(400, "'suffix' is not supported", "suffix")
     if body.get("prompt_logprobs") is not None and body.get("stream"):
         raise ApiError(400, "'prompt_logprobs' is not supported with 'stream': true", "prompt_logprobs")
+
+
+_GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
+
+
+def _structure(body: dict) -> Structure | None:
+    """What the body holds the output to: OpenAI's response_format, or vLLM's structured_outputs
+    ({json | regex | choice | grammar | json_object}) and its older guided_* fields; one at most."""
+    found = []
+    fmt = body.get("response_format")
+    if fmt is not None:
+        kind = fmt.get("type") if isinstance(fmt, dict) else None
+        if kind == "json_object":
+            found.append(("response_format", Structure("json", {"type": "object"})))
+        elif kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+                raise ApiError(400, "response_format.json_schema must be an object with a 'schema' object",
+                               "response_format")
+            found.append(("response_format", Structure("json", spec.get("schema") or {"type": "object"})))
+        elif kind != "text":
+            raise ApiError(400, "response_format.type must be 'text', 'json_object' or 'json_schema'", "response_format")
+    outputs = body.get("structured_outputs")
+    if outputs is not None:
+        asked = {k: v for k, v in outputs.items() if v not in (None, False)} if isinstance(outputs, dict) else None
+        if not asked or len(asked) != 1 or next(iter(asked)) not in ("json", "regex", "choice", "grammar", "json_object"):
+            raise ApiError(400, "'structured_outputs' must hold one of json, regex, choice, grammar, json_object",
+                           "structured_outputs")
+        kind, spec = next(iter(asked.items()))
+        found.append(("structured_outputs", Structure("json", {"type": "object"}) if kind == "json_object"
+                      else Structure(kind, spec)))
+    found += [(key, Structure(kind, body[key])) for key, kind in _GUIDED.items() if body.get(key) is not None]
+    if len(found) > 1:
+        raise ApiError(400, f"ask for one structure of the output, not '{found[0][0]}' and '{found[1][0]}'", found[1][0])
+    return found[0][1] if found else None
+
+
+def _tool_call(body: dict) -> tuple:
+    """(what tool_choice asks for: None, "required" or a function's name; the structure its call
+    takes). "none" shows the tools to the model through its chat template and calls none. A named
+    function's call is its arguments, held to its parameters' schema; "required" is a JSON list
+    of {name, parameters}, as vLLM's. "auto" needs a parser of the model's own tool-call format."""
+    tools, choice = body.get("tools"), body.get("tool_choice")
+    if not tools:
+        if choice not in (None, "none", "auto"):
+            raise ApiError(400, "'tool_choice' needs 'tools'", "tool_choice")
+        return None, None
+    functions = {}
+    for i, tool in enumerate(tools if isinstance(tools, list) else [None]):
+        fn = tool.get("function") if isinstance(tool, dict) and tool.get("type", "function") == "function" else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("parameters", {}), dict):
+            raise ApiError(400, f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., "
+                                f"'parameters': {{...}}}}}}", f"tools[{i}]")
+        functions[fn["name"]] = fn.get("parameters") or {"type": "object", "properties": {}}
+    if choice == "none":
+        return None, None
+    if choice in (None, "auto"):
+        raise ApiError(400, "tool_choice 'auto' is not supported (it needs a parser of the model's own tool-call "
+                            "format): send 'required', a named function, or 'none'", "tool_choice")
+    if choice == "required":
+        calls = [{"type": "object", "additionalProperties": False, "required": ["name", "parameters"],
+                  "properties": {"name": {"const": name}, "parameters": params}} for name, params in functions.items()]
+        schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+        if body.get("parallel_tool_calls") is False:
+            schema["maxItems"] = 1
+        return "required", Structure("json", schema)
+    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    if name not in functions:
+        raise ApiError(400, "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
+                            "{'name': ...}} naming one of the tools", "tool_choice")
+    return name, Structure("json", functions[name])
+
+
+def tool_calls(job: Job, text: str) -> list | None:
+    """The tool calls a chat choice's text makes, as OpenAI gives them; None where the text is not
+    a whole call (it was cut short)."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    calls = value if job.tool_call == "required" else [{"name": job.tool_call, "parameters": value}]
+    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+             "function": {"name": c["name"], "arguments": json.dumps(c["parameters"])}} for c in calls]
 
 
 def _choices_per_prompt(body: dict) -> int:
@@ -148,7 +228,7 @@ def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens:
     if not isinstance(stop_ids, list) or not all(isinstance(t, int) for t in stop_ids):
         raise ApiError(400, "'stop_token_ids' must be a list of integers", "stop_token_ids")
     return Request(
-        prompt=prompt, max_new_tokens=max_tokens,
+        prompt=prompt, max_new_tokens=max_tokens, structure=_structure(body),
         temperature=float(_number(body, "temperature", 1.0, 0, 2)),
         top_p=float(_number(body, "top_p", 1.0, 0, 1)) or 1e-6,
         top_k=int(_number(body, "top_k", 0, -1, None, integer=True)) if body.get("top_k", 0) != -1 else 0,
@@ -282,8 +362,15 @@ def chat_job(body: dict, tokenizer, max_seq: int) -> Job:
     ids = chat_prompt(body, tokenizer)
     logprobs = _number(body, "top_logprobs", 0, 0, MAX_LOGPROBS, integer=True) if body.get("logprobs") else None
     asked = _prompt_logprobs(body)
+    tool_call, structure = _tool_call(body)
     requests = _copies(body, ids, max_seq, None, n, logprobs, asked)
-    return Job(requests, len(ids), None, _include_usage(body), n, prompt_logprobs=asked is not None)
+    if tool_call is not None:
+        if any(r.structure is not None for r in requests):
+            raise ApiError(400, "a tool call's output is its arguments: send no other structure with it", "tool_choice")
+        for r in requests:
+            r.structure = structure
+    return Job(requests, len(ids), None, _include_usage(body), n, prompt_logprobs=asked is not None,
+               tool_call=tool_call)
 
 
 def check_fits(req: Request, vocab: int, max_seq: int) -> None:
@@ -440,10 +527,20 @@ def completion_response(job: Job, comps: list, model: str, tokenizer) -> dict:
             "choices": choices, "usage": usage(job.prompt_tokens, sum(len(c.tokens) for c in comps))}
 
 
+def chat_message(job: Job, comp) -> tuple:
+    """A chat choice's (message, finish_reason): its text, or the tool calls it makes."""
+    calls = tool_calls(job, _text(comp)) if job.tool_call is not None else None
+    if calls is None:
+        return {"role": "assistant", "content": _text(comp)}, finish_reason(comp)
+    return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
+
+
 def chat_response(job: Job, comps: list, model: str, tokenizer) -> dict:
-    choices = [{"index": i, "message": {"role": "assistant", "content": _text(comp)},
-                "logprobs": None if comp.request.logprobs is None else chat_logprobs(comp.logprobs, tokenizer),
-                "finish_reason": finish_reason(comp)} for i, comp in enumerate(comps)]
+    choices = []
+    for i, comp in enumerate(comps):
+        message, reason = chat_message(job, comp)
+        choices.append({"index": i, "message": message, "finish_reason": reason,
+                        "logprobs": None if comp.request.logprobs is None else chat_logprobs(comp.logprobs, tokenizer)})
     response = {"id": new_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()), "model": model,
                 "choices": choices, "usage": usage(job.prompt_tokens, sum(len(c.tokens) for c in comps))}
     if job.prompt_logprobs:  # one prompt: vLLM gives its logprobs once, beside the choices
@@ -486,6 +583,11 @@ class ChunkWriter:
             logprobs = None if lps is None else completion_logprobs(lps, self.tokenizer, offsets, prompt)
             choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
         return self._chunk([choice])
+
+    def tool_calls(self, index: int, calls: list) -> dict:
+        """A chat choice's tool calls, whole, in one delta."""
+        delta = {"tool_calls": [dict(call, index=k) for k, call in enumerate(calls)]}
+        return self._chunk([{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}])
 
     def usage(self, job: Job, comps: list) -> dict:
         return self._chunk([], usage=usage(job.prompt_tokens, sum(len(c.tokens) for c in comps)))

@@ -16,9 +16,9 @@ import time
 
 from linnet.serve.engine import Engine
 from linnet.serve.metrics import prometheus_text
-from linnet.serve.openai_api import (ApiError, ChunkWriter, Job, TextStream, chat_job, chat_prompt, chat_response,
-                                     check_fits, completion_job, completion_response, echoed_prompt, error_body,
-                                     finish_reason)
+from linnet.serve.openai_api import (ApiError, ChunkWriter, Job, TextStream, chat_job, chat_message, chat_prompt,
+                                     chat_response, check_fits, completion_job, completion_response, echoed_prompt,
+                                     error_body, finish_reason)
 from linnet.serve.request import RequestError
 
 MAX_BODY = 4 << 20
@@ -222,6 +222,15 @@ class OpenAIServer:
                 choice = texts[i]
                 offsets = choice.add(tokens)
                 lps = None if comp.request.logprobs is None else comp.logprobs[choice.tokens - len(tokens):choice.tokens]
+                if job.tool_call is not None:  # a call is sent whole, once its text is
+                    if lps:
+                        await event(writer.piece(i, "", lps))
+                    if reason is not None:
+                        message, why = chat_message(job, comp)
+                        await event(writer.tool_calls(i, message["tool_calls"]) if "tool_calls" in message
+                                    else writer.piece(i, choice.finish(comp.text)))
+                        await event(writer.piece(i, "", reason=why))
+                    continue
                 text = choice.ready() if reason is None else choice.finish(comp.text)
                 if text or lps:
                     await event(writer.piece(i, text, lps, offsets))

@@ -1,3 +1,4 @@
+import contextlib
 import socket
 import threading
 import time
@@ -23,25 +24,17 @@ def model(request):
     return make_model(request.param)
 
 
-@pytest.fixture(scope="module")
-def server():
-    """The OpenAI server over a tiny model with a word tokenizer (token i is `t{i}`), on a real socket;
-    yields (base url, engine, model)."""
+@contextlib.contextmanager
+def running(engine, name: str = "tiny", **options):
+    """The OpenAI server over `engine` on a real socket, in a thread; yields its base url."""
     import uvicorn
 
-    from linnet.serve import Engine
     from linnet.serve.server import OpenAIServer
 
-    from .test_engine import word_tokenizer
-
-    model = make_model("torch", rows=4, max_seq=96)
-    model.tokenizer = word_tokenizer(model.vocab)
-    model.tokenizer.chat_template = TEMPLATE
-    engine = Engine(model)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    config = uvicorn.Config(OpenAIServer(engine, "tiny"), host="127.0.0.1", port=port, log_level="warning")
+    config = uvicorn.Config(OpenAIServer(engine, name, **options), host="127.0.0.1", port=port, log_level="warning")
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
@@ -49,6 +42,24 @@ def server():
         if srv.started:
             break
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", engine, model
-    srv.should_exit = True
-    thread.join(timeout=10)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server():
+    """The OpenAI server over a tiny model with a word tokenizer (token i is `t{i}`), on a real socket;
+    yields (base url, engine, model)."""
+    from linnet.serve import Engine
+
+    from .test_engine import word_tokenizer
+
+    model = make_model("torch", rows=4, max_seq=96)
+    model.tokenizer = word_tokenizer(model.vocab)
+    model.tokenizer.chat_template = TEMPLATE
+    engine = Engine(model)
+    with running(engine) as base:
+        yield base, engine, model

@@ -103,7 +103,7 @@ def test_chat_uses_the_template(server):
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "t1"}], "tools": [{"type": "function"}]},
      None, None, 400, "tool"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "t1"}],
-                              "response_format": {"type": "json_object"}}, None, None, 400, "response_format"),
+                              "response_format": {"type": "xml"}}, None, None, 400, "response_format"),
     ("/tokenize", {"prompt": 5}, None, None, 400, "prompt"),
     ("/detokenize", {"tokens": [1, -2]}, None, None, 400, "tokens"),
     ("/v1/completions", {"model": "gpt-4", "prompt": [1]}, None, None, 404, "does not exist"),
@@ -473,7 +473,7 @@ def test_streams_that_leave_early_free_their_rows_for_the_others(server):
 
 def test_tools_shown_through_the_template_with_tool_choice_none():
     """With tool_choice "none" the tools go to the chat template (as transformers' apply_chat_template
-    passes them), and a tool turn keeps what templates read of it; tool calls themselves are refused."""
+    passes them), and a tool turn keeps what templates read of it; "auto" tool calls are refused."""
     from linnet.serve.openai_api import ApiError, chat_job
 
     from .test_engine import word_tokenizer
@@ -485,7 +485,7 @@ def test_tools_shown_through_the_template_with_tool_choice_none():
     messages = [{"role": "user", "content": "t4"}, {"role": "tool", "content": "t5", "tool_call_id": "t6"}]
     job = chat_job({"messages": messages, "tools": tools, "tool_choice": "none"}, tok, 96)
     assert job.requests[0].prompt == [9, 50, 4, 5, 6]
-    with pytest.raises(ApiError, match="tool calls are not supported"):
+    with pytest.raises(ApiError, match="tool_choice 'auto' is not supported"):
         chat_job({"messages": messages, "tools": tools}, tok, 96)
 
 

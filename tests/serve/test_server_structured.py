@@ -1,0 +1,124 @@
+"""Structured outputs and tool calls through the server, over a random tiny model whose tokens are
+bytes (test_structured.byte_tokenizer): each answer is read back by an independent reader (json, re)
+and held to what the body asked; OpenAI's client reads the tool calls."""
+
+import json
+import re
+
+import pytest
+
+from linnet.serve import Engine
+
+from .conftest import make_model, running
+from .test_server import call, sse
+from .test_structured import byte_tokenizer
+
+pytest.importorskip("llguidance")
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["city", "days"],
+    "properties": {"city": {"type": "string", "maxLength": 8}, "days": {"type": "integer", "minimum": 1, "maximum": 7}}}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["zone"],
+    "properties": {"zone": {"enum": ["UTC", "CET"]}}}}}
+USER = [{"role": "user", "content": "Weather?"}]
+
+
+@pytest.fixture(scope="module")
+def base():
+    model = make_model("torch", rows=4, max_seq=128)
+    model.tokenizer = byte_tokenizer(model.vocab)
+    model.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    with running(Engine(model)) as url:
+        yield url
+
+
+def chat(base, **body):
+    status, text = call(base, "/v1/chat/completions", dict({"messages": USER, "max_tokens": 60, "seed": 1}, **body))
+    assert status == 200, text
+    return json.loads(text)
+
+
+def test_response_format_json_schema_and_json_object(base):
+    schema = WEATHER["function"]["parameters"]
+    out = chat(base, response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": schema}}, n=3)
+    for choice in out["choices"]:
+        value = json.loads(choice["message"]["content"])
+        assert set(value) == {"city", "days"} and len(value["city"]) <= 8 and 1 <= value["days"] <= 7
+        assert choice["finish_reason"] == "stop"
+    anything = chat(base, response_format={"type": "json_object"}, max_tokens=40)["choices"][0]
+    assert anything["message"]["content"].startswith("{")
+    if anything["finish_reason"] == "stop":
+        assert isinstance(json.loads(anything["message"]["content"]), dict)
+
+
+def test_vllm_structured_outputs_and_guided_fields_on_completions(base):
+    for body in ({"structured_outputs": {"regex": "[0-9]{2}-[a-c]{3}"}}, {"guided_regex": "[0-9]{2}-[a-c]{3}"}):
+        out = json.loads(call(base, "/v1/completions", dict(body, prompt="Code:", max_tokens=20, n=2, seed=4))[1])
+        assert all(re.fullmatch("[0-9]{2}-[a-c]{3}", c["text"]) for c in out["choices"])
+    out = json.loads(call(base, "/v1/completions", {"prompt": "Pick:", "max_tokens": 20, "temperature": 0,
+                                                     "structured_outputs": {"choice": ["alpha", "beta"]}})[1])
+    assert out["choices"][0]["text"] in ("alpha", "beta")
+    streamed = sse(call(base, "/v1/completions", {"prompt": "Pick:", "max_tokens": 20, "temperature": 0,
+                                                   "guided_choice": ["alpha", "beta"], "stream": True})[1])
+    assert "".join(c["choices"][0]["text"] for c in streamed) == out["choices"][0]["text"]
+    grammar = 'root ::= "(" [a-z] ")" | "[" [0-9] "]"'
+    out = json.loads(call(base, "/v1/completions", {"prompt": "G:", "max_tokens": 10, "guided_grammar": grammar})[1])
+    assert re.fullmatch(r"\([a-z]\)|\[[0-9]\]", out["choices"][0]["text"])
+
+
+def test_a_named_tool_choice_calls_that_function_with_valid_arguments(base):
+    body = dict(tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    out = chat(base, **body)
+    choice = out["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    [tool_call] = choice["message"]["tool_calls"]
+    assert tool_call["type"] == "function" and tool_call["function"]["name"] == "get_weather"
+    args = json.loads(tool_call["function"]["arguments"])
+    assert set(args) == {"city", "days"} and 1 <= args["days"] <= 7
+    chunks = sse(call(base, "/v1/chat/completions", dict({"messages": USER, "max_tokens": 60, "seed": 1},
+                                                          stream=True, **body))[1])
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    [streamed] = [d["tool_calls"] for d in deltas if "tool_calls" in d]
+    assert streamed[0]["index"] == 0 and streamed[0]["function"] == tool_call["function"]  # the same seed
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "tool_calls"
+
+
+def test_required_calls_any_of_the_tools_and_parallel_false_calls_one(base):
+    out = chat(base, tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False, n=4,
+               max_tokens=100)
+    for choice in out["choices"]:
+        [tool_call] = choice["message"]["tool_calls"]
+        args = json.loads(tool_call["function"]["arguments"])
+        if tool_call["function"]["name"] == "get_time":
+            assert args["zone"] in ("UTC", "CET")
+        else:
+            assert tool_call["function"]["name"] == "get_weather" and set(args) == {"city", "days"}
+
+
+def test_openais_client_reads_the_tool_calls(base):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+    out = client.chat.completions.create(model="tiny", messages=USER, tools=[TIME], max_tokens=40, seed=2,
+                                         tool_choice={"type": "function", "function": {"name": "get_time"}})
+    call_ = out.choices[0].message.tool_calls[0]
+    assert call_.function.name == "get_time" and json.loads(call_.function.arguments)["zone"] in ("UTC", "CET")
+
+
+@pytest.mark.parametrize("body,needle", [
+    ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "one structure"),
+    ({"guided_regex": "(unclosed"}, "cannot be used"),
+    ({"guided_json": "{not json"}, "Expecting"),
+    ({"structured_outputs": {"yaml": "a"}}, "structured_outputs"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": [1]}}}, "response_format"),
+    ({"tools": [WEATHER]}, "'auto' is not supported"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "naming one of"),
+    ({"tools": [{"type": "function"}], "tool_choice": "required"}, "tools[0]"),
+    ({"tool_choice": "required"}, "needs 'tools'"),
+    ({"tools": [WEATHER], "tool_choice": "required", "guided_regex": "a"}, "no other structure"),
+])
+def test_bad_structures_get_a_400_and_the_server_goes_on(base, body, needle):
+    status, text = call(base, "/v1/chat/completions", dict({"messages": USER, "max_tokens": 5}, **body))
+    assert status == 400, text
+    assert needle in json.loads(text)["error"]["message"]
+    assert chat(base, max_tokens=3)["choices"][0]["finish_reason"] in ("length", "stop")
