@@ -214,8 +214,11 @@ def cmd_serve(args) -> int:
         raise _UsageError(str(err)) from None
     _use_chat_template(model, args.chat_template)
     api_key = args.api_key or os.environ.get("LINNET_API_KEY") or None
+    parser = args.tool_call_parser or model.module.meta.get("tool_call_parser")
+    if args.enable_auto_tool_choice and parser is None:
+        raise _UsageError("--enable-auto-tool-choice needs --tool-call-parser (the card names none)")
     serve(model, args.name or model.card, host=args.host, port=args.port, api_key=api_key,
-          token_budget=args.token_budget)
+          tool_parser=parser, token_budget=args.token_budget)
     return 0
 
 
@@ -235,6 +238,8 @@ def cmd_export(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from linnet.serve.tool_parsers import PARSERS
+
     p = argparse.ArgumentParser(prog="linnet", description="Compile and serve language models written in Linnet.")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -305,6 +310,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the model name clients send (default: the card's)")
     sv.add_argument("--api-key", default=None,
                     help="require 'Authorization: Bearer KEY' on /v1/ routes (default: $LINNET_API_KEY, else none)")
+    sv.add_argument("--tool-call-parser", choices=sorted(PARSERS), default=None,
+                    help="how the model writes tool calls, for tool_choice 'auto' (default: the card's meta "
+                         "tool_call_parser; without one, 'auto' is refused)")
+    sv.add_argument("--enable-auto-tool-choice", action="store_true",
+                    help="vLLM's flag, taken as it is: 'auto' is on wherever a tool-call parser is known")
     sv.set_defaults(run=cmd_serve)
     ex = sub.add_parser("export", help="write a card with its weights for vLLM, llama.cpp or Triton Inference Server",
                         description="vllm: a Hugging Face model directory (config.json, safetensors, tokenizer). "

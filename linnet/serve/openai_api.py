@@ -44,7 +44,8 @@ class Job:
     echo: list | None = None  # completions with echo: the prompt text to put before choice i's text
     include_usage: bool = False  # streamed: a last chunk with the usage
     n: int = 1  # choices per prompt: choice i's prompt is scored by choice i - i % n
-    tool_call: str | None = None  # chat: "required", or the function named by tool_choice; the output is its call
+    tool_call: str | None = None  # chat: "auto", "required", or the function tool_choice names
+    tool_parser: object = None  # with "auto": the reader of the model's own calls (tool_parsers)
     echo_logprobs: bool = False  # echo with logprobs: the prompt's tokens lead each choice's logprobs
     prompt_logprobs: bool = False  # vLLM's prompt_logprobs: returned beside the choices
 
@@ -125,11 +126,12 @@ def _structure(body: dict) -> Structure | None:
     return found[0][1] if found else None
 
 
-def _tool_call(body: dict) -> tuple:
-    """(what tool_choice asks for: None, "required" or a function's name; the structure its call
-    takes). "none" shows the tools to the model through its chat template and calls none. A named
-    function's call is its arguments, held to its parameters' schema; "required" is a JSON list
-    of {name, parameters}, as vLLM's. "auto" needs a parser of the model's own tool-call format."""
+def _tool_call(body: dict, parser) -> tuple:
+    """(what tool_choice asks for: None, "auto", "required" or a function's name; the structure its
+    call takes, if any). "none" shows the tools to the model through its chat template and calls
+    none. A named function's call is its arguments, held to its parameters' schema; "required" is
+    a JSON list of {name, parameters}, as vLLM's. "auto" (the default with tools) lets the model
+    answer or call as it will, read by `parser`, the server's reader of its own tool-call format."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     if not tools:
         if choice not in (None, "none", "auto"):
@@ -145,8 +147,11 @@ def _tool_call(body: dict) -> tuple:
     if choice == "none":
         return None, None
     if choice in (None, "auto"):
-        raise ApiError(400, "tool_choice 'auto' is not supported (it needs a parser of the model's own tool-call "
-                            "format): send 'required', a named function, or 'none'", "tool_choice")
+        if parser is None:
+            raise ApiError(400, "tool_choice 'auto' needs the server started with --tool-call-parser (the model's "
+                                "own tool-call format); or send 'required', a named function, or 'none'",
+                           "tool_choice")
+        return "auto", None
     if choice == "required":
         calls = [{"type": "object", "additionalProperties": False, "required": ["name", "parameters"],
                   "properties": {"name": {"const": name}, "parameters": params}} for name, params in functions.items()]
@@ -161,16 +166,22 @@ def _tool_call(body: dict) -> tuple:
     return name, Structure("json", functions[name])
 
 
-def tool_calls(job: Job, text: str) -> list | None:
-    """The tool calls a chat choice's text makes, as OpenAI gives them; None where the text is not
-    a whole call (it was cut short)."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    calls = value if job.tool_call == "required" else [{"name": job.tool_call, "parameters": value}]
-    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-             "function": {"name": c["name"], "arguments": json.dumps(c["parameters"])}} for c in calls]
+def read_tool_calls(job: Job, text: str) -> tuple:
+    """(content, tool calls as OpenAI gives them, or None) of a chat choice's text: no calls where
+    the text makes none, or was cut short in one."""
+    if job.tool_call == "auto":
+        content, calls = job.tool_parser.parse(text)
+    else:
+        try:
+            value = json.loads(text)
+        except ValueError:
+            return text, None
+        content = None
+        calls = [{"name": c["name"], "arguments": json.dumps(c["parameters"])} for c in
+                 (value if job.tool_call == "required" else [{"name": job.tool_call, "parameters": value}])]
+    if not calls:
+        return text, None
+    return content, [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": c} for c in calls]
 
 
 def _choices_per_prompt(body: dict) -> int:
@@ -356,21 +367,21 @@ def chat_prompt(body: dict, tokenizer) -> list:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def chat_job(body: dict, tokenizer, max_seq: int) -> Job:
+def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None) -> Job:
     _refuse_unsupported(body, chat=True)
     n = _choices_per_prompt(body)
     ids = chat_prompt(body, tokenizer)
     logprobs = _number(body, "top_logprobs", 0, 0, MAX_LOGPROBS, integer=True) if body.get("logprobs") else None
     asked = _prompt_logprobs(body)
-    tool_call, structure = _tool_call(body)
+    tool_call, structure = _tool_call(body, tool_parser)
     requests = _copies(body, ids, max_seq, None, n, logprobs, asked)
-    if tool_call is not None:
+    if structure is not None:
         if any(r.structure is not None for r in requests):
             raise ApiError(400, "a tool call's output is its arguments: send no other structure with it", "tool_choice")
         for r in requests:
             r.structure = structure
     return Job(requests, len(ids), None, _include_usage(body), n, prompt_logprobs=asked is not None,
-               tool_call=tool_call)
+               tool_call=tool_call, tool_parser=tool_parser if tool_call == "auto" else None)
 
 
 def check_fits(req: Request, vocab: int, max_seq: int) -> None:
@@ -427,9 +438,9 @@ class TextStream:
         self.tokens += len(tokens)
         return at
 
-    def ready(self) -> str:
-        """The text not sent yet that can no longer turn out to be a stop string."""
-        return self._emit(len(self.text) - self.hold)
+    def ready(self, upto: int | None = None) -> str:
+        """The text not sent yet that can no longer turn out to be a stop string (nor pass `upto`)."""
+        return self._emit(min(len(self.text) - self.hold, len(self.text) if upto is None else upto))
 
     def push(self, tokens: list) -> str:
         self.add(tokens)
@@ -529,10 +540,10 @@ def completion_response(job: Job, comps: list, model: str, tokenizer) -> dict:
 
 def chat_message(job: Job, comp) -> tuple:
     """A chat choice's (message, finish_reason): its text, or the tool calls it makes."""
-    calls = tool_calls(job, _text(comp)) if job.tool_call is not None else None
+    content, calls = read_tool_calls(job, _text(comp)) if job.tool_call is not None else (None, None)
     if calls is None:
         return {"role": "assistant", "content": _text(comp)}, finish_reason(comp)
-    return {"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"
+    return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
 
 
 def chat_response(job: Job, comps: list, model: str, tokenizer) -> dict:

@@ -25,8 +25,13 @@ MAX_BODY = 4 << 20
 
 
 class OpenAIServer:
-    def __init__(self, engine: Engine, model_name: str, api_key: str | None = None):
+    def __init__(self, engine: Engine, model_name: str, api_key: str | None = None, tool_parser: str | None = None):
+        """`tool_parser`: the name of the reader of the model's own tool calls (`tool_parsers`), which
+        lets a request with tools leave tool_choice "auto"."""
+        from linnet.serve.tool_parsers import tool_parser as find_parser
+
         self.engine = engine
+        self.tool_parser = None if tool_parser is None else find_parser(tool_parser)
         self.model_name = model_name
         self.model = engine.model
         self.tokenizer = engine.tokenizer
@@ -130,7 +135,10 @@ class OpenAIServer:
     async def _generate(self, path, receive, send):
         body = await self._body(receive)
         chat = path.endswith("chat/completions")
-        job = (chat_job if chat else completion_job)(body, self.tokenizer, self.model.max_seq)
+        if chat:
+            job = chat_job(body, self.tokenizer, self.model.max_seq, self.tool_parser)
+        else:
+            job = completion_job(body, self.tokenizer, self.model.max_seq)
         for req in job.requests:
             check_fits(req, self.model.vocab, self.model.max_seq)
         streams = []
@@ -222,20 +230,22 @@ class OpenAIServer:
                 choice = texts[i]
                 offsets = choice.add(tokens)
                 lps = None if comp.request.logprobs is None else comp.logprobs[choice.tokens - len(tokens):choice.tokens]
-                if job.tool_call is not None:  # a call is sent whole, once its text is
-                    if lps:
-                        await event(writer.piece(i, "", lps))
-                    if reason is not None:
-                        message, why = chat_message(job, comp)
-                        await event(writer.tool_calls(i, message["tool_calls"]) if "tool_calls" in message
-                                    else writer.piece(i, choice.finish(comp.text)))
-                        await event(writer.piece(i, "", reason=why))
+                if reason is None:
+                    text = choice.ready(_sendable(job, choice.text))
+                    if text or lps:
+                        await event(writer.piece(i, text, lps, offsets))
                     continue
-                text = choice.ready() if reason is None else choice.finish(comp.text)
-                if text or lps:
-                    await event(writer.piece(i, text, lps, offsets))
-                if reason is not None:
-                    await event(writer.piece(i, "", reason=finish_reason(comp)))
+                message, why = chat_message(job, comp) if chat else (None, finish_reason(comp))
+                if message is not None and "tool_calls" in message:  # the calls go whole, after any text before them
+                    text = (message["content"] or "")[choice.sent:]
+                    if text or lps:
+                        await event(writer.piece(i, text, lps, offsets))
+                    await event(writer.tool_calls(i, message["tool_calls"]))
+                else:
+                    text = choice.finish(comp.text)
+                    if text or lps:
+                        await event(writer.piece(i, text, lps, offsets))
+                await event(writer.piece(i, "", reason=why))
             if job.include_usage:
                 await event(writer.usage(job, comps))
         except Exception as err:  # the response has started: the error goes in the stream
@@ -244,6 +254,17 @@ class OpenAIServer:
             for p in pumps:
                 p.cancel()
         await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+
+def _sendable(job: Job, text: str) -> int | None:
+    """How much of a choice's text may be streamed now: all of it (None), but where a tool call may be
+    being written: a forced call is sent whole at the end; with "auto", text stops where one may begin."""
+    if job.tool_call is None:
+        return None
+    if job.tool_call != "auto":
+        return 0
+    start = job.tool_parser.call_start(text)
+    return start if start is not None else len(text) - job.tool_parser.hold
 
 
 async def _read_json(receive) -> dict:
@@ -274,6 +295,7 @@ async def _json(send, status: int, body: dict):
 
 
 def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+          tool_parser: str | None = None,
           **engine_options) -> None:
     import uvicorn
 
@@ -281,4 +303,5 @@ def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: 
     start = time.perf_counter()
     engine.warmup()  # every pass size the engine will use, compiled before the first request
     print(f"linnet: {name} ready in {time.perf_counter() - start:.0f} s (warmup)", flush=True)
-    uvicorn.run(OpenAIServer(engine, name, api_key=api_key), host=host, port=port, log_level="info")
+    app = OpenAIServer(engine, name, api_key=api_key, tool_parser=tool_parser)
+    uvicorn.run(app, host=host, port=port, log_level="info")

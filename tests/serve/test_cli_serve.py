@@ -44,7 +44,7 @@ def test_serve_with_a_key_a_tokenizer_and_a_chat_template(tmp_path):
                              "--tokenizer", str(embedded_gguf_path()), "--chat-template", str(tmp_path / "t.jinja"),
                              # vLLM's spellings of --batch, --max-seq, --name and a dtype
                              "--max-num-seqs", "2", "--max-model-len", "64", "--dtype", "float32",
-                             "--served-model-name", "smol", "--port", str(port)],
+                             "--served-model-name", "smol", "--tool-call-parser", "hermes", "--port", str(port)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -63,6 +63,18 @@ def test_serve_with_a_key_a_tokenizer_and_a_chat_template(tmp_path):
         status, out = get(base + "/v1/chat/completions", key="sesame",
                           body={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0})
         assert status == 200 and out["usage"]["completion_tokens"] == 3
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+        status, out = get(base + "/v1/chat/completions", key="sesame",  # "auto": the parser is the server's
+                          body={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "tools": tools})
+        assert status == 200 and out["choices"][0]["finish_reason"] == "length"
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_auto_tool_choice_without_a_parser_is_a_usage_error(capsys):
+    from linnet.cli import main
+
+    assert main(["serve", "tiny-llama", "--weights", "random", "--batch", "2", "--max-seq", "32",
+                 "--enable-auto-tool-choice"]) == 1
+    assert "--tool-call-parser" in capsys.readouterr().err

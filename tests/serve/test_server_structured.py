@@ -111,7 +111,7 @@ def test_openais_client_reads_the_tool_calls(base):
     ({"guided_json": "{not json"}, "Expecting"),
     ({"structured_outputs": {"yaml": "a"}}, "structured_outputs"),
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": [1]}}}, "response_format"),
-    ({"tools": [WEATHER]}, "'auto' is not supported"),
+    ({"tools": [WEATHER]}, "needs the server started with --tool-call-parser"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "naming one of"),
     ({"tools": [{"type": "function"}], "tool_choice": "required"}, "tools[0]"),
     ({"tool_choice": "required"}, "needs 'tools'"),
@@ -122,3 +122,45 @@ def test_bad_structures_get_a_400_and_the_server_goes_on(base, body, needle):
     assert status == 400, text
     assert needle in json.loads(text)["error"]["message"]
     assert chat(base, max_tokens=3)["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+@pytest.fixture(scope="module", params=["hermes", "llama3_json"])
+def auto_base(request):
+    """A server that reads tool_choice "auto" replies in one family's format."""
+    model = make_model("torch", rows=4, max_seq=160)
+    model.tokenizer = byte_tokenizer(model.vocab)
+    model.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    with running(Engine(model), tool_parser=request.param) as url:
+        yield url, request.param
+
+
+def forced(text: str) -> dict:
+    """A body field making the random model write `text` (a regex matching it alone)."""
+    return {"guided_regex": re.escape(text)}
+
+
+def test_auto_tells_a_call_from_text_in_the_models_own_format(auto_base):
+    base, parser = auto_base
+    args = {"zone": "CET"}
+    if parser == "hermes":
+        reply = 'Let me see.<tool_call>{"name": "get_time", "arguments": ' + json.dumps(args) + "}</tool_call>"
+        content = "Let me see."
+    else:
+        reply = '{"name": "get_time", "parameters": ' + json.dumps(args) + "}"
+        content = None
+    body = dict({"messages": USER, "max_tokens": 120, "tools": [TIME, WEATHER]}, **forced(reply))
+    choice = json.loads(call(base, "/v1/chat/completions", body)[1])["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == content
+    [tool_call] = choice["message"]["tool_calls"]
+    assert tool_call["function"]["name"] == "get_time" and json.loads(tool_call["function"]["arguments"]) == args
+    chunks = sse(call(base, "/v1/chat/completions", dict(body, stream=True))[1])
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert "".join(d.get("content") or "" for d in deltas) == (content or "")  # the call's text is never streamed
+    [streamed] = [d["tool_calls"] for d in deltas if "tool_calls" in d]
+    assert streamed[0]["function"] == tool_call["function"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    plain = dict({"messages": USER, "max_tokens": 40, "tools": [TIME]}, **forced("It is noon {UTC}."))
+    choice = json.loads(call(base, "/v1/chat/completions", plain)[1])["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": "It is noon {UTC}."} and choice["finish_reason"] == "stop"
+    chunks = sse(call(base, "/v1/chat/completions", dict(plain, stream=True))[1])
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "It is noon {UTC}."
