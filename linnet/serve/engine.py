@@ -135,7 +135,10 @@ class Engine:
                 raise RequestError("structured outputs need a tokenizer, and this model has none")
             from linnet.serve.structured import Guide
 
-            self._guide = Guide(self.tokenizer, self.vocab, sorted(self.eos))
+            try:
+                self._guide = Guide(self.tokenizer, self.vocab, sorted(self.eos))
+            except ImportError:
+                raise RequestError("structured outputs need llguidance: pip install llguidance") from None
         return self._guide
 
     def cancel(self, request_id: str) -> None:
