@@ -44,9 +44,14 @@ class Request:
         return self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
 
     @property
+    def biased(self) -> bool:
+        """Whether a bias moves this request's logits: its logit_bias, or its enders banned before min_tokens."""
+        return bool(self.logit_bias) or self.min_tokens > 0
+
+    @property
     def adjusted(self) -> bool:
-        """Whether arrays made on the host move this request's logits: penalties, or a logit bias."""
-        return self.penalized or bool(self.logit_bias) or self.min_tokens > 0 or self.structure is not None
+        """Whether arrays made on the host move this request's logits: penalties, a bias, or a structure's mask."""
+        return self.penalized or self.biased or self.structure is not None
 
     def validate(self, vocab: int, max_seq: int) -> None:
         if not isinstance(self.prompt, (list, tuple)) or not self.prompt:

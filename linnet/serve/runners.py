@@ -72,24 +72,35 @@ class Pending:
         return self._result
 
 
-def logit_adjustments(histories: list, vocab: int, k: int, rows=None) -> tuple:
+def logit_adjustments(batch: SamplingBatch, histories: list, vocab: int, k: int, rows=None) -> tuple:
     """The host's arrays that move each sampled request's logits, in k rows (request i in row
     rows[i], default row i), from its (prompt, output, logit_bias, allowed tokens or None): seen
-    (prompt and output tokens, for the repetition penalty), counts (output tokens, for presence and
-    frequency) and bias (-inf on the tokens a structured output does not allow)."""
-    seen = np.zeros((k, vocab), dtype=bool)
-    counts = np.zeros((k, vocab), dtype=np.int32)
-    bias = np.zeros((k, vocab), dtype=np.float32)
+    (prompt and output tokens, for the repetition penalty) and counts (output tokens, for presence
+    and frequency), bias, and allowed: the tokens a structured output allows, packed 32 to an int32
+    (bit j of word w is token 32 w + j; `structured.Guide.allowed`), unpacked on the device.
+    Only what `batch.adjusting` asks for is made, the rest is None: over a 128k vocabulary and 64
+    rows, seen, counts and bias are 72 MB a step to fill and send, the mask 1 MB."""
+    penalized, biased, masked = batch.adjusting
+    seen = np.zeros((k, vocab), dtype=bool) if penalized else None
+    counts = np.zeros((k, vocab), dtype=np.int32) if penalized else None
+    bias = np.zeros((k, vocab), dtype=np.float32) if biased else None
+    allowed_bits = np.full((k, mask_words(vocab)), -1, dtype=np.int32) if masked else None
     for i, (prompt, output, logit_bias, allowed) in zip(rows if rows is not None else range(len(histories)), histories):
-        seen[i, prompt] = True
-        if output:
-            seen[i, output] = True
-            np.add.at(counts[i], output, 1)
+        if penalized:
+            seen[i, prompt] = True
+            if output:
+                seen[i, output] = True
+                np.add.at(counts[i], output, 1)
         if logit_bias:
             bias[i, list(logit_bias)] = list(logit_bias.values())
         if allowed is not None:
-            bias[i, ~allowed] = -np.inf
-    return seen, counts, bias
+            allowed_bits[i] = allowed
+    return seen, counts, bias, allowed_bits
+
+
+def mask_words(vocab: int) -> int:
+    """int32 words of a packed token mask over `vocab` tokens."""
+    return (vocab + 31) // 32
 
 
 def _cpu_graphs() -> bool:
@@ -203,7 +214,8 @@ class TorchRunner:
         logits = logits[:k] if rows is None else logits[self._t(np.asarray(rows, np.int64))]
         adjustments = None
         if batch.adjusted:
-            adjustments = tuple(self._t(a) for a in logit_adjustments(histories, logits.shape[-1], k))
+            adjustments = tuple(None if a is None else self._t(a)
+                                for a in logit_adjustments(batch, histories, logits.shape[-1], k))
         return sample(logits, batch, adjustments)
 
     @staticmethod
@@ -322,7 +334,7 @@ class JaxRunner:
 
         rows = list(rows)
         placed = place(batch, rows, self.batch)
-        adjustments = logit_adjustments(histories, self.model.vocab, self.batch, rows) if batch.adjusted else None
+        adjustments = logit_adjustments(batch, histories, self.model.vocab, self.batch, rows) if batch.adjusted else None
         key = mode(placed, adjustments)
         tokens = tokens.tokens if isinstance(tokens, Pending) else np.asarray(tokens, np.int32)
         drawn = self.model.call_then("decode", sampler(*key), (tokens, np.asarray(positions, np.int32)),
@@ -350,7 +362,7 @@ class JaxRunner:
         placed = place(batch, rows, logits.shape[0])
         adjustments = None
         if batch.adjusted:
-            adjustments = logit_adjustments(histories, logits.shape[-1], logits.shape[0], rows)
+            adjustments = logit_adjustments(batch, histories, logits.shape[-1], logits.shape[0], rows)
         tokens, chosen, top = sample(logits, placed, adjustments)
         return self._to_host((tokens, chosen) + (top if top is not None else (None, None)), rows)
 

@@ -25,8 +25,14 @@ class SamplingBatch:
     seed: np.ndarray  # i64[K]
     step: np.ndarray  # i64[K]: index of the token being drawn in its request
     greedy_only: bool
-    adjusted: bool  # some row's logits move by arrays made on the host (penalties, logit bias)
+    # Which of the host's arrays move some row's logits: (penalties, bias, token mask);
+    # `runners.logit_adjustments` makes those, and only those.
+    adjusting: tuple
     logprobs: int  # the most top alternatives any row asked for (0: none); -1: no logprobs at all
+
+    @property
+    def adjusted(self) -> bool:
+        return any(self.adjusting)
 
     @staticmethod
     def of(requests: list, seeds: list, steps: list) -> "SamplingBatch":
@@ -38,7 +44,9 @@ class SamplingBatch:
             temperature=temp, top_k=np.array([r.top_k for r in requests], dtype=np.int32), top_p=f("top_p"),
             min_p=f("min_p"), repetition=rep, presence=pres, frequency=freq,
             seed=np.array(seeds, dtype=np.int64), step=np.array(steps, dtype=np.int64),
-            greedy_only=bool(np.all(temp == 0)), adjusted=any(r.adjusted for r in requests),
+            greedy_only=bool(np.all(temp == 0)),
+            adjusting=(any(r.penalized for r in requests), any(r.biased for r in requests),
+                       any(r.structure is not None for r in requests)),
             logprobs=max(asked) if asked else -1)
 
 
@@ -54,4 +62,4 @@ def place(batch: SamplingBatch, rows: list, k: int) -> SamplingBatch:
     idx[np.asarray(rows, dtype=np.int64)] = np.arange(n)
     fields = {name: getattr(batch, name)[idx] for name in
               ("temperature", "top_k", "top_p", "min_p", "repetition", "presence", "frequency", "seed", "step")}
-    return SamplingBatch(**fields, greedy_only=batch.greedy_only, adjusted=batch.adjusted, logprobs=batch.logprobs)
+    return SamplingBatch(**fields, greedy_only=batch.greedy_only, adjusting=batch.adjusting, logprobs=batch.logprobs)

@@ -25,15 +25,27 @@ def _argmax(x):
     return jnp.min(jnp.where(x == top, index, x.shape[-1]), axis=-1)
 
 
-def _draw(logits, temp, top_k, top_p, min_p, rep, pres, freq, seed, step, seen, counts, bias, *, greedy_only,
+def _unpack_bits(words, n: int):
+    """bool[K, n] from int32[K, ceil(n / 32)]: bit j of word w is element 32 w + j."""
+    bits = jnp.right_shift(words[:, :, None], jnp.arange(32, dtype=jnp.int32)) & 1
+    return bits.astype(bool).reshape(words.shape[0], -1)[:, :n]
+
+
+def _draw(logits, temp, top_k, top_p, min_p, rep, pres, freq, seed, step, seen, counts, bias, allowed_bits, *,
+          greedy_only,
           adjusted, top_logprobs, want_logprobs):
     logits = logits.astype(jnp.float32)
     logprobs = jax.nn.log_softmax(logits, axis=-1)
-    if adjusted:
-        penalized = jnp.where(logits > 0, logits / rep[:, None], logits * rep[:, None])
-        logits = jnp.where(seen, penalized, logits)
-        c = counts.astype(jnp.float32)
-        logits = logits - freq[:, None] * c - pres[:, None] * (c > 0) + bias
+    if adjusted:  # each array None where no row needs it: a trace of its own
+        if seen is not None:
+            penalized = jnp.where(logits > 0, logits / rep[:, None], logits * rep[:, None])
+            logits = jnp.where(seen, penalized, logits)
+            c = counts.astype(jnp.float32)
+            logits = logits - freq[:, None] * c - pres[:, None] * (c > 0)
+        if bias is not None:
+            logits = logits + bias
+        if allowed_bits is not None:
+            logits = jnp.where(_unpack_bits(allowed_bits, logits.shape[-1]), logits, -jnp.inf)
     greedy = _argmax(logits)
     if greedy_only:
         tokens = greedy
@@ -101,10 +113,11 @@ def sampler(greedy_only: bool, adjusted: bool, top_logprobs: int, want_logprobs:
 
 def arguments(batch: SamplingBatch, adjustments=None) -> tuple:
     """The batch's settings as the arrays `sampler`'s functions take after the logits;
-    `adjustments`: runners.logit_adjustments' (seen, counts, bias)."""
+    `adjustments`: runners.logit_adjustments' (seen, counts, bias, allowed bits)."""
     k = len(batch.temperature)
     if adjustments is None:  # host arrays: eager jnp.zeros would dispatch ops every step
-        adjustments = (np.zeros((k, 1), bool), np.zeros((k, 1), np.int32), np.zeros((k, 1), np.float32))
+        adjustments = (np.zeros((k, 1), bool), np.zeros((k, 1), np.int32), np.zeros((k, 1), np.float32),
+                       np.full((k, 1), -1, np.int32))
     return (batch.temperature, batch.top_k, batch.top_p, batch.min_p, batch.repetition, batch.presence,
             batch.frequency, batch.seed.astype("uint32"), batch.step.astype("int32"), *adjustments)
 

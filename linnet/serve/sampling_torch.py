@@ -29,19 +29,23 @@ def uniform(seed: torch.Tensor, step: torch.Tensor, vocab: int) -> torch.Tensor:
 
 def sample(logits: torch.Tensor, batch: SamplingBatch, adjustments: tuple | None = None):
     """-> (tokens i32[K], chosen logprobs f32[K] or None, (top values, top ids) or None).
-    `adjustments`: (seen, counts, bias) tensors, runners.logit_adjustments' arrays."""
+    `adjustments`: (seen, counts, bias, allowed bits) tensors, runners.logit_adjustments' arrays."""
     logits = logits.float()
     logprobs = torch.log_softmax(logits, dim=-1) if batch.logprobs >= 0 else None
     device = logits.device
     if batch.adjusted and adjustments is not None:
-        seen, counts, bias = adjustments
-        rep = torch.as_tensor(batch.repetition, device=device)[:, None]
-        penalized = torch.where(logits > 0, logits / rep, logits * rep)
-        logits = torch.where(seen, penalized, logits)
-        c = counts.float()
-        logits = logits - torch.as_tensor(batch.frequency, device=device)[:, None] * c
-        logits = logits - torch.as_tensor(batch.presence, device=device)[:, None] * (c > 0).float()
-        logits = logits + bias
+        seen, counts, bias, allowed_bits = adjustments  # None where no row needs it
+        if seen is not None:
+            rep = torch.as_tensor(batch.repetition, device=device)[:, None]
+            penalized = torch.where(logits > 0, logits / rep, logits * rep)
+            logits = torch.where(seen, penalized, logits)
+            c = counts.float()
+            logits = logits - torch.as_tensor(batch.frequency, device=device)[:, None] * c
+            logits = logits - torch.as_tensor(batch.presence, device=device)[:, None] * (c > 0).float()
+        if bias is not None:
+            logits = logits + bias
+        if allowed_bits is not None:
+            logits = logits.masked_fill(~unpack_bits(allowed_bits, logits.shape[-1]), float("-inf"))
     if batch.greedy_only:
         tokens = logits.argmax(dim=-1)
     else:
@@ -69,6 +73,12 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, adjustments: tuple | None
     if logprobs is None:
         return tokens, None, None
     return (tokens, *_picked(logprobs, tokens, batch.logprobs))
+
+
+def unpack_bits(words: torch.Tensor, n: int) -> torch.Tensor:
+    """bool[K, n] from int32[K, ceil(n / 32)]: bit j of word w is element 32 w + j."""
+    shifts = torch.arange(32, device=words.device, dtype=torch.int32)
+    return ((words[:, :, None] >> shifts) & 1).bool().reshape(words.shape[0], -1)[:, :n]
 
 
 def _picked(logprobs: torch.Tensor, tokens: torch.Tensor, k: int):

@@ -80,9 +80,11 @@ class Guide:
         return matcher
 
     def allowed(self, matcher) -> np.ndarray:
-        """bool[vocab]: the tokens the matcher takes next."""
+        """The tokens the matcher takes next, packed: int32[(vocab + 31) // 32], bit j of word w for
+        token 32 w + j. Sent so and unpacked on the device: a bool row of a 128k vocabulary per
+        request each step would be the host's slowest work."""
         from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
 
         mask = allocate_token_bitmask(1, self.vocab)
         fill_next_token_bitmask(matcher, mask, 0)
-        return np.unpackbits(mask[0].view(np.uint8), bitorder="little")[:self.vocab].astype(bool)
+        return mask[0]

@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from linnet.serve.request import Request
 from linnet.serve.sampling import SamplingBatch
@@ -16,17 +18,18 @@ def run(backend, logits, requests, seeds, steps, histories=None):
         from linnet.serve.runners import logit_adjustments
 
         histories = histories or [(r.prompt, [], None) for r in requests]
-        adjustments = logit_adjustments([(p, o, r.logit_bias, None) for (p, o, *_), r in zip(histories, requests)],
+        adjustments = logit_adjustments(batch, [(p, o, r.logit_bias, None) for (p, o, *_), r in zip(histories, requests)],
                                         logits.shape[-1], len(requests))
     if backend == "torch":
         out = sampling_torch.sample(torch.from_numpy(logits), batch,
-                                    None if adjustments is None else tuple(torch.from_numpy(a) for a in adjustments))
+                                    None if adjustments is None else tuple(None if a is None else torch.from_numpy(a)
+                                                                          for a in adjustments))
         return [None if x is None else (np.asarray(x) if not isinstance(x, tuple) else tuple(np.asarray(y) for y in x))
                 for x in out]
     import jax.numpy as jnp
 
     out = sampling_jax.sample(jnp.asarray(logits), batch,
-                              None if adjustments is None else tuple(jnp.asarray(a) for a in adjustments))
+                              None if adjustments is None else tuple(None if a is None else jnp.asarray(a) for a in adjustments))
     return [None if x is None else (np.asarray(x) if not isinstance(x, tuple) else tuple(np.asarray(y) for y in x))
             for x in out]
 
@@ -133,3 +136,35 @@ def test_logprobs_are_the_models_log_softmax(backend):
     np.testing.assert_allclose(chosen, ref[[0, 1], tokens], atol=1e-5)
     np.testing.assert_allclose(values[:, :4], np.sort(ref, -1)[:, ::-1][:, :4], atol=1e-5)
     assert ids[0, 0] == tokens[0]
+
+
+@given(st.integers(1, 200), st.integers(0, 2 ** 32 - 1))
+@settings(max_examples=25, deadline=None)
+def test_packed_token_masks_unpack_on_either_backend_as_numpy_packs_them(n, seed):
+    from linnet.serve.runners import mask_words
+    from linnet.serve.sampling_jax import _unpack_bits
+
+    mask = np.random.default_rng(seed).random((3, n)) < 0.5
+    padded = np.zeros((3, mask_words(n) * 32), bool)
+    padded[:, :n] = mask
+    words = np.packbits(padded, axis=1, bitorder="little").view(np.int32)  # little-endian words, as llguidance's
+    assert np.array_equal(sampling_torch.unpack_bits(torch.from_numpy(words), n).numpy(), mask)
+    assert np.array_equal(np.asarray(_unpack_bits(words, n)), mask)
+
+
+def test_only_the_adjustments_some_row_asks_for_are_made():
+    from linnet.serve.runners import logit_adjustments
+    from linnet.serve.structured import Structure
+
+    plain, penalized = Request([1], temperature=0.5), Request([1], repetition_penalty=1.2)
+    biased, structured = Request([1], logit_bias={3: 5.0}), Request([1], structure=Structure("regex", "a"))
+    bits = np.full(1, 0b101, np.int32)
+    for requests, made in [([plain, penalized], (True, True, False, False)), ([biased, plain], (False, False, True, False)),
+                           ([plain, structured], (False, False, False, True)),
+                           ([penalized, structured], (True, True, False, True))]:
+        batch = SamplingBatch.of(requests, [0, 0], [0, 0])
+        histories = [(r.prompt, [], r.logit_bias, bits if r.structure else None) for r in requests]
+        arrays = logit_adjustments(batch, histories, 32, 2)
+        assert tuple(a is not None for a in arrays) == made
+        if made[3]:  # rows without a structure allow every token
+            assert arrays[3][[r.structure is None for r in requests]].tolist() == [[-1]]
