@@ -429,8 +429,10 @@ class Engine:
                                  [len(x.generated) + ahead for x in items])
         histories = None
         if batch.adjusted:
+            structured = [x.matcher for x in items if x.matcher is not None]
+            masks = iter(self._guide.allowed(structured) if structured else ())
             histories = [(x.req.prompt, x.generated, self._bias(x, ahead),
-                          None if x.matcher is None else self._guide.allowed(x.matcher)) for x in items]
+                          None if x.matcher is None else next(masks)) for x in items]
         return batch, histories
 
     def _bias(self, x: _Live, ahead: int) -> dict | None:

@@ -2,9 +2,10 @@
 strings or a grammar, by masking the logits of every draw (llguidance's matcher).
 
 Each such request has its own matcher, which follows its tokens: before each draw the host asks
-it which tokens may come next and bans the others with the logit adjustments every backend
-already applies (`runners.logit_adjustments`); after it, the matcher takes the drawn token. Once
-the matcher has a complete output it stops, and so does the request.
+the step's matchers, all at once on llguidance's threads, which tokens may come next, and the
+sampler bans the others on the device (a packed mask, one of `runners.logit_adjustments`); after
+it, each matcher takes its drawn token. Once a matcher has a complete output it stops, and so
+does its request.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class Guide:
         # The tokenizer's JSON, as llguidance reads it; ids past the tokenizer's (padding) are never allowed.
         self.tokenizer = llguidance.LLTokenizer(tokenizer.backend.to_str(), n_vocab=vocab, eos_token=list(eos_token_ids))
         self.vocab = vocab
+        self.executor = llguidance.LLExecutor()  # computes many requests' masks at once, on threads of its own
 
     def matcher(self, structure: Structure, request_id: str):
         """A matcher for one request; RequestError if its structure is not a valid one."""
@@ -79,12 +81,12 @@ class Guide:
             raise RequestError(f"{request_id}: the {structure.kind} cannot be used: {matcher.get_error()}")
         return matcher
 
-    def allowed(self, matcher) -> np.ndarray:
-        """The tokens the matcher takes next, packed: int32[(vocab + 31) // 32], bit j of word w for
-        token 32 w + j. Sent so and unpacked on the device: a bool row of a 128k vocabulary per
-        request each step would be the host's slowest work."""
-        from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask
+    def allowed(self, matchers: list) -> np.ndarray:
+        """The tokens each matcher takes next, packed: int32[len(matchers), (vocab + 31) // 32], bit j
+        of word w for token 32 w + j. Sent so and unpacked on the device: a bool row of a 128k
+        vocabulary per request each step would be the host's slowest work."""
+        from llguidance.numpy import allocate_token_bitmask, fill_next_token_bitmask_par
 
-        mask = allocate_token_bitmask(1, self.vocab)
-        fill_next_token_bitmask(matcher, mask, 0)
-        return mask[0]
+        masks = allocate_token_bitmask(len(matchers), self.vocab)
+        fill_next_token_bitmask_par(self.executor, [(m, i) for i, m in enumerate(matchers)], masks)
+        return masks
