@@ -1,11 +1,16 @@
-"""One GGUF file for llama.cpp (`llama-server -m FILE`): Llama-architecture cards.
+"""One GGUF file for llama.cpp (`llama-server -m FILE`): Llama and gpt-oss cards.
 
-Metadata is written from the card's config under llama.cpp's `llama.*` keys; tensors under the
-names of the card's `from gguf` lines, with the declared transforms undone (q and k rows back in
-llama.cpp's rope order). llama3 rope scaling goes in as llama.cpp's `rope_freqs.weight`, one
-divisor per frequency. Matrices are written in the model's type, 1-D tensors (norms) in f32, as
-llama.cpp's own converter does. The tokenizer's keys are copied from the source when it was a
-GGUF; otherwise they are written from the byte-level BPE tokenizer Nest loaded (tokenizer.json).
+Metadata is written from the card's config under llama.cpp's keys for the architecture (`llama.*`,
+`gpt-oss.*`). Llama's tensors go under the names of the card's `from gguf` lines, with the
+declared transforms undone (q and k rows back in llama.cpp's rope order); llama3 rope scaling goes
+in as llama.cpp's `rope_freqs.weight`, one divisor per frequency. gpt-oss's go as llama.cpp's own
+converter writes a Hugging Face checkpoint: its names through gguf's table of them, the experts'
+interleaved gate and up columns split into two tensors, the experts unquantized (llama.cpp reads
+them so, more slowly than MXFP4). Matrices are written in the model's type; 1-D tensors, biases
+and routers in f32, as that converter does. The tokenizer's keys are copied from the source when
+it was a GGUF; otherwise they are written from the byte-level BPE tokenizer Nest loaded
+(tokenizer.json); the token list is padded to the model's vocabulary, as llama.cpp sizes the
+embedding by it.
 """
 
 from __future__ import annotations
@@ -26,11 +31,14 @@ from linnet.rope_tables import llama3_divisors
 PRE_NAMES = ("gpt2", "smollm", "llama-bpe", "qwen2", "gpt-4o")
 
 
+ARCHITECTURES = {"llama": "llama", "gpt_oss": "gpt-oss"}  # Linnet's name -> llama.cpp's
+
+
 def check_architecture(module, card: str) -> None:
-    """Raises `ExportError` unless `module` is a Llama-architecture card, the one kind written here."""
-    if module.name != "llama":
-        raise ExportError(f"the llama.cpp export covers Llama-architecture cards; {card!r} is {module.name!r} "
-                          f"(export it with --to vllm instead)")
+    """Raises `ExportError` unless `module`'s architecture is one written here (Llama, gpt-oss)."""
+    if module.name not in ARCHITECTURES:
+        raise ExportError(f"the llama.cpp export covers {', '.join(ARCHITECTURES)} cards; {card!r} is "
+                          f"{module.name!r} (export it with --to vllm instead)")
 
 
 def write_gguf(bound, out) -> str:
@@ -50,7 +58,7 @@ def write_gguf(bound, out) -> str:
         path.mkdir(parents=True, exist_ok=True)
         path = path / f"{bound.card}.{dtype.upper()}.gguf"
     partial = path.with_name(path.name + ".partial")  # renamed when whole: never a half-written model
-    writer = gguf.GGUFWriter(str(partial), "llama")
+    writer = gguf.GGUFWriter(str(partial), ARCHITECTURES[spec.name])
     writer.add_name(bound.card)
     writer.add_file_type(int({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                               "bf16": gguf.LlamaFileType.MOSTLY_BF16}[dtype]))
@@ -66,23 +74,19 @@ def write_gguf(bound, out) -> str:
     writer.add_rope_dimension_count(b["head_dim"])
     writer.add_rope_freq_base(b["rope_theta"])
     writer.add_layer_norm_rms_eps(b["norm_eps"])
-    if b["rope_scaling"] == "linear":
-        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        writer.add_rope_scaling_factor(b["rope_factor"])
-    elif b["rope_scaling"] == "llama3":
-        divisors = llama3_divisors(b["head_dim"], b["rope_theta"], b["rope_factor"], b["rope_low_freq_factor"],
-                                   b["rope_high_freq_factor"], b["rope_original_max"])
-        writer.add_tensor("rope_freqs.weight", divisors.astype(np.float32))
-    elif b["rope_scaling"] != "none":
-        raise ExportError(f"rope scaling {b['rope_scaling']!r} has no llama.cpp form for Llama")
+    if spec.name == "gpt_oss":
+        tensors = _gpt_oss(spec, bound.params, writer)
+    else:
+        tensors = unbind_weights(spec, bound.params, "gguf")
+        _llama_rope(b, writer)
     if isinstance(bound.tokenizer_from, GGUFCheckpoint):
         _copy_tokenizer_keys(bound.tokenizer_from, writer)
     else:
-        _write_tokenizer_keys(bound.tokenizer, writer)
+        _write_tokenizer_keys(bound.tokenizer, writer, b["vocab"])
 
-    for name, t in unbind_weights(spec, bound.params, "gguf"):
+    for name, t in tensors:
         t = t.contiguous()
-        if t.dim() == 1 or dtype == "f32":
+        if t.dim() == 1 or dtype == "f32" or name.endswith(".bias") or ".ffn_gate_inp." in name:
             writer.add_tensor(name, t.float().numpy())
         elif dtype == "f16":
             writer.add_tensor(name, t.to(torch.float16).numpy())
@@ -96,6 +100,62 @@ def write_gguf(bound, out) -> str:
     return str(path)
 
 
+def _llama_rope(b: dict, writer) -> None:
+    """Llama's rope scaling as llama.cpp reads it."""
+    import gguf
+
+    if b["rope_scaling"] == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(b["rope_factor"])
+    elif b["rope_scaling"] == "llama3":
+        divisors = llama3_divisors(b["head_dim"], b["rope_theta"], b["rope_factor"], b["rope_low_freq_factor"],
+                                   b["rope_high_freq_factor"], b["rope_original_max"])
+        writer.add_tensor("rope_freqs.weight", divisors.astype(np.float32))
+    elif b["rope_scaling"] != "none":
+        raise ExportError(f"rope scaling {b['rope_scaling']!r} has no llama.cpp form for Llama")
+
+
+def _gpt_oss(spec, params: dict, writer) -> list:
+    """gpt-oss's keys, and its tensors as (GGUF name, tensor): what llama.cpp's converter makes of
+    the Hugging Face checkpoint these params bind to."""
+    import gguf
+
+    b = spec.bindings
+    if (b["swiglu_alpha"], b["swiglu_limit"]) != (1.702, 7.0) or (b["rope_beta_fast"], b["rope_beta_slow"]) != (32.0, 1.0):
+        raise ExportError("llama.cpp's gpt-oss fixes swiglu alpha 1.702 and limit 7.0, and YaRN's betas 32 and 1; "
+                          "this card changes them")
+    writer.add_expert_feed_forward_length(b["ffn"])
+    writer.add_expert_count(b["experts"])
+    writer.add_expert_used_count(b["experts_per_token"])
+    writer.add_sliding_window(b["sliding_window"])
+    writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(b["rope_factor"])
+    writer.add_rope_scaling_orig_ctx_len(b["rope_original_max"])
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT_OSS, b["layers"])
+
+    def gguf_name(hf_name: str) -> str:
+        found = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if found is None:
+            raise ExportError(f"gguf names no gpt-oss tensor for {hf_name!r}")
+        return found
+
+    out = []
+    for hf_name, t in unbind_weights(spec, params, "hf"):
+        if ".experts." not in hf_name:
+            out.append((gguf_name(hf_name + ".weight" if hf_name.endswith(".sinks") else hf_name), t))
+            continue
+        bias = hf_name.endswith("_bias")
+        stem, suffix = hf_name.removesuffix("_bias"), ".bias" if bias else ".weight"
+        if not bias:  # checkpoints store expert matrices [experts, in, out]; llama.cpp [experts, out, in]
+            t = t.transpose(-1, -2)
+        if stem.endswith("gate_up_proj"):  # gate and up rows interleave: gate, up, gate, up, ...
+            base = stem.removesuffix("gate_up_proj")
+            out += [(gguf_name(base + "gate_proj" + suffix), t[:, 0::2]), (gguf_name(base + "up_proj" + suffix), t[:, 1::2])]
+        else:
+            out.append((gguf_name(stem + suffix), t))
+    return out
+
+
 def _copy_tokenizer_keys(src: GGUFCheckpoint, writer) -> None:
     """Every `tokenizer.*` key of the source GGUF, with its value type (arrays keep their element type)."""
     from gguf import GGUFValueType
@@ -106,14 +166,15 @@ def _copy_tokenizer_keys(src: GGUFCheckpoint, writer) -> None:
             writer.add_key_value(key, field.contents(), vtype, field.types[-1] if vtype == GGUFValueType.ARRAY else None)
 
 
-def _write_tokenizer_keys(tok, writer) -> None:
-    """A byte-level BPE tokenizer (tokenizer.json) as llama.cpp's `gpt2` tokenizer keys."""
+def _write_tokenizer_keys(tok, writer, vocab_size: int) -> None:
+    """A byte-level BPE tokenizer (tokenizer.json) as llama.cpp's `gpt2` tokenizer keys, its token
+    list padded to the model's `vocab_size`."""
     data = json.loads(tok.backend.to_str())
     model = data.get("model") or {}
     if model.get("type") != "BPE":
         raise ExportError(f"{tok.source}: only byte-level BPE tokenizers can be written to a GGUF, not {model.get('type')!r}")
     vocab = tok.backend.get_vocab(with_added_tokens=True)
-    size = max(vocab.values()) + 1
+    size = max(max(vocab.values()) + 1, vocab_size)
     tokens = [f"[PAD{i}]" for i in range(size)]
     types = [UNUSED] * size
     for text, i in vocab.items():

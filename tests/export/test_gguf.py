@@ -118,9 +118,56 @@ def test_16_bit_files_hold_the_rounded_weights(cards, tmp_path, dtype):
     assert ckpt.load("blk.0.attn_norm.weight").dtype == np.float32  # 1-D tensors stay f32
 
 
-def test_only_llama_cards_and_only_with_a_tokenizer(tmp_path):
-    with pytest.raises(ExportError, match="covers Llama-architecture cards; 'tiny-gpt-oss' is 'gpt_oss'"):
-        export("tiny-gpt-oss", "llama.cpp", tmp_path, weights="random")
+# gpt-oss at toy sizes, SmolLM2's vocabulary: sinks, biases, routed experts, and a window of 6
+# over a 40-token prompt, so that the sliding layers' masks matter.
+GPT_OSS = """\
+card "small-gpt-oss"
+import gpt_oss
+config {{
+  vocab = 49152
+  dim = 64
+  layers = 4
+  heads = 4
+  kv_heads = 2
+  head_dim = 16
+  experts = 8
+  experts_per_token = 2
+  ffn = 32
+  sliding_window = 6
+  rope_original_max = 64
+  rope_truncate = {truncate}
+}}
+"""
+
+
+@pytest.mark.parametrize("truncate,bound", [("true", 1e-4), ("false", 1e-3)])
+def test_llama_cpp_computes_gpt_oss_as_linnet_does(tmp_path, truncate, bound):
+    """The experts' gate and up split apart, sinks, router and every bias where llama.cpp reads
+    them. llama.cpp rounds YaRN's ramp out to whole dims, as `rope_truncate = true` does; gpt-oss
+    itself does not, which moves llama.cpp's logits by about 1e-4 of their size from Linnet's."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    card = tmp_path / "small-gpt-oss.linnet"
+    card.write_text(GPT_OSS.format(truncate=truncate))
+    path = export(card, "llama.cpp", tmp_path, weights="random", seed=5, dtype="f32", tokenizer=embedded_gguf_path())
+    ckpt = GGUFCheckpoint(path)
+    assert ckpt.metadata("general.architecture") == "gpt-oss" and ckpt.metadata("gpt-oss.attention.sliding_window") == 6
+    assert ckpt.load("blk.0.ffn_gate_exps.weight").shape == (8, 32, 64)  # [experts, ffn, dim], numpy's order
+    llm = llama_cpp.Llama(model_path=path, n_ctx=128, logits_all=True, verbose=False, n_threads=2)
+    llm.eval(PROMPT)
+    ref = np.array(llm.scores[:len(PROMPT)])
+    ours = prefill_all(nest.load(str(card), weights="random", seed=5, generics={"Batch": 1, "MaxSeq": 64}), PROMPT)
+    assert float((np.abs(ours - ref).max(axis=1) / np.abs(ref).max(axis=1)).max()) <= bound
+
+
+def test_only_llama_and_gpt_oss_cards_and_only_with_a_tokenizer(tmp_path):
+    from types import SimpleNamespace
+
+    from linnet.export.gguf import check_architecture
+
+    with pytest.raises(ExportError, match="covers llama, gpt_oss cards; 'm' is 'mamba'"):
+        check_architecture(SimpleNamespace(name="mamba"), "m")
     with pytest.raises(ExportError, match="needs a tokenizer"):
-        export("tiny-llama", "llama.cpp", tmp_path, weights="random")
-    assert not list(tmp_path.iterdir())  # nothing half written
+        export("tiny-llama", "llama.cpp", tmp_path / "out", weights="random")
+    with pytest.raises(ExportError, match="needs a tokenizer"):
+        export("tiny-gpt-oss", "llama.cpp", tmp_path / "out", weights="random")
+    assert not (tmp_path / "out").exists()  # nothing half written
