@@ -218,7 +218,8 @@ def cmd_serve(args) -> int:
     if args.enable_auto_tool_choice and parser is None:
         raise _UsageError("--enable-auto-tool-choice needs --tool-call-parser (the card names none)")
     serve(model, args.name or model.card, host=args.host, port=args.port, api_key=api_key,
-          tool_parser=parser, token_budget=args.token_budget)
+          tool_parser=parser, reasoning_parser=args.reasoning_parser or model.module.meta.get("reasoning_parser"),
+          token_budget=args.token_budget)
     return 0
 
 
@@ -238,6 +239,7 @@ def cmd_export(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from linnet.serve.reasoning import PARSERS as REASONING
     from linnet.serve.tool_parsers import PARSERS
 
     p = argparse.ArgumentParser(prog="linnet", description="Compile and serve language models written in Linnet.")
@@ -313,6 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--tool-call-parser", choices=sorted(PARSERS), default=None,
                     help="how the model writes tool calls, for tool_choice 'auto' (default: the card's meta "
                          "tool_call_parser; without one, 'auto' is refused)")
+    sv.add_argument("--reasoning-parser", choices=sorted(REASONING), default=None,
+                    help="how a reasoning model marks its thinking, which chat replies then give apart as "
+                         "reasoning_content (default: the card's meta reasoning_parser)")
     sv.add_argument("--enable-auto-tool-choice", action="store_true",
                     help="vLLM's flag, taken as it is: 'auto' is on wherever a tool-call parser is known")
     sv.set_defaults(run=cmd_serve)

@@ -46,6 +46,7 @@ class Job:
     n: int = 1  # choices per prompt: choice i's prompt is scored by choice i - i % n
     tool_call: str | None = None  # chat: "auto", "required", or the function tool_choice names
     tool_parser: object = None  # with "auto": the reader of the model's own calls (tool_parsers)
+    reasoning: object = None  # chat: the reader of a reasoning model's thinking (reasoning.py), if the server has one
     echo_logprobs: bool = False  # echo with logprobs: the prompt's tokens lead each choice's logprobs
     prompt_logprobs: bool = False  # vLLM's prompt_logprobs: returned beside the choices
 
@@ -367,7 +368,7 @@ def chat_prompt(body: dict, tokenizer) -> list:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None) -> Job:
+def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=None) -> Job:
     _refuse_unsupported(body, chat=True)
     n = _choices_per_prompt(body)
     ids = chat_prompt(body, tokenizer)
@@ -381,7 +382,7 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None) -> Job:
         for r in requests:
             r.structure = structure
     return Job(requests, len(ids), None, _include_usage(body), n, prompt_logprobs=asked is not None,
-               tool_call=tool_call, tool_parser=tool_parser if tool_call == "auto" else None)
+               tool_call=tool_call, tool_parser=tool_parser if tool_call == "auto" else None, reasoning=reasoning)
 
 
 def check_fits(req: Request, vocab: int, max_seq: int) -> None:
@@ -539,11 +540,17 @@ def completion_response(job: Job, comps: list, model: str, tokenizer) -> dict:
 
 
 def chat_message(job: Job, comp) -> tuple:
-    """A chat choice's (message, finish_reason): its text, or the tool calls it makes."""
-    content, calls = read_tool_calls(job, _text(comp)) if job.tool_call is not None else (None, None)
+    """A chat choice's (message, finish_reason): its text, or the tool calls it makes; a reasoning
+    model's thinking apart, as `reasoning_content`."""
+    message = {"role": "assistant", "content": _text(comp)}
+    if job.reasoning is not None:
+        message["reasoning_content"], message["content"] = job.reasoning.split(_text(comp))
+    content, calls = (None, None)
+    if job.tool_call is not None and message["content"] is not None:
+        content, calls = read_tool_calls(job, message["content"])
     if calls is None:
-        return {"role": "assistant", "content": _text(comp)}, finish_reason(comp)
-    return {"role": "assistant", "content": content, "tool_calls": calls}, "tool_calls"
+        return message, finish_reason(comp)
+    return dict(message, content=content, tool_calls=calls), "tool_calls"
 
 
 def chat_response(job: Job, comps: list, model: str, tokenizer) -> dict:
@@ -583,13 +590,16 @@ class ChunkWriter:
                              "finish_reason": None}])
 
     def piece(self, index: int, text: str, lps: list | None = None, offsets: list | None = None,
-              reason: str | None = None, prompt: tuple | None = None) -> dict:
+              reason: str | None = None, prompt: tuple | None = None, reasoning: str = "") -> dict:
         """New text of choice `index` (and its tokens' logprobs, when asked for), or its end;
-        `prompt`: an echoed prompt's (ids, scores, offsets), whose logprobs lead."""
+        `prompt`: an echoed prompt's (ids, scores, offsets), whose logprobs lead; `reasoning`: new
+        thinking of a reasoning model (chat)."""
         if self.chat:
             logprobs = None if lps is None else chat_logprobs(lps, self.tokenizer)
-            choice = {"index": index, "delta": {"content": text} if text else {}, "logprobs": logprobs,
-                      "finish_reason": reason}
+            delta = {"reasoning_content": reasoning} if reasoning else {}
+            if text:
+                delta["content"] = text
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         else:
             logprobs = None if lps is None else completion_logprobs(lps, self.tokenizer, offsets, prompt)
             choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}

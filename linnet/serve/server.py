@@ -25,13 +25,17 @@ MAX_BODY = 4 << 20
 
 
 class OpenAIServer:
-    def __init__(self, engine: Engine, model_name: str, api_key: str | None = None, tool_parser: str | None = None):
+    def __init__(self, engine: Engine, model_name: str, api_key: str | None = None, tool_parser: str | None = None,
+                 reasoning_parser: str | None = None):
         """`tool_parser`: the name of the reader of the model's own tool calls (`tool_parsers`), which
-        lets a request with tools leave tool_choice "auto"."""
+        lets a request with tools leave tool_choice "auto"; `reasoning_parser`, of a reasoning model's
+        thinking (`reasoning`), which chat replies then give apart as `reasoning_content`."""
+        from linnet.serve.reasoning import reasoning_parser as find_reasoning
         from linnet.serve.tool_parsers import tool_parser as find_parser
 
         self.engine = engine
         self.tool_parser = None if tool_parser is None else find_parser(tool_parser)
+        self.reasoning = None if reasoning_parser is None else find_reasoning(reasoning_parser)
         self.model_name = model_name
         self.model = engine.model
         self.tokenizer = engine.tokenizer
@@ -136,7 +140,7 @@ class OpenAIServer:
         body = await self._body(receive)
         chat = path.endswith("chat/completions")
         if chat:
-            job = chat_job(body, self.tokenizer, self.model.max_seq, self.tool_parser)
+            job = chat_job(body, self.tokenizer, self.model.max_seq, self.tool_parser, self.reasoning)
         else:
             job = completion_job(body, self.tokenizer, self.model.max_seq)
         for req in job.requests:
@@ -230,21 +234,25 @@ class OpenAIServer:
                 choice = texts[i]
                 offsets = choice.add(tokens)
                 lps = None if comp.request.logprobs is None else comp.logprobs[choice.tokens - len(tokens):choice.tokens]
+                before = choice.sent
                 if reason is None:
-                    text = choice.ready(_sendable(job, choice.text))
-                    if text or lps:
-                        await event(writer.piece(i, text, lps, offsets))
+                    choice.ready(_sendable(job, choice.text))
+                    thought, text = _divide(job, choice.text, before, choice.sent)
+                    if text or lps or thought:
+                        await event(writer.piece(i, text, lps, offsets, reasoning=thought))
                     continue
                 message, why = chat_message(job, comp) if chat else (None, finish_reason(comp))
                 if message is not None and "tool_calls" in message:  # the calls go whole, after any text before them
-                    text = (message["content"] or "")[choice.sent:]
-                    if text or lps:
-                        await event(writer.piece(i, text, lps, offsets))
+                    thought = _divide(job, choice.text, before, len(choice.text))[0]
+                    text = (message["content"] or "")[len(_divide(job, choice.text, 0, before)[1]):]
+                    if text or lps or thought:
+                        await event(writer.piece(i, text, lps, offsets, reasoning=thought))
                     await event(writer.tool_calls(i, message["tool_calls"]))
                 else:
-                    text = choice.finish(comp.text)
-                    if text or lps:
-                        await event(writer.piece(i, text, lps, offsets))
+                    choice.finish(comp.text)
+                    thought, text = _divide(job, choice.text, before, choice.sent)
+                    if text or lps or thought:
+                        await event(writer.piece(i, text, lps, offsets, reasoning=thought))
                 await event(writer.piece(i, "", reason=why))
             if job.include_usage:
                 await event(writer.usage(job, comps))
@@ -258,13 +266,24 @@ class OpenAIServer:
 
 def _sendable(job: Job, text: str) -> int | None:
     """How much of a choice's text may be streamed now: all of it (None), but where a tool call may be
-    being written: a forced call is sent whole at the end; with "auto", text stops where one may begin."""
+    being written (a forced call is sent whole at the end; with "auto", text stops where one may
+    begin) or a reasoning model's tag may be arriving."""
+    limit = None if job.reasoning is None else job.reasoning.sendable(text)
     if job.tool_call is None:
-        return None
+        return limit
     if job.tool_call != "auto":
         return 0
-    start = job.tool_parser.call_start(text)
-    return start if start is not None else len(text) - job.tool_parser.hold
+    answer = 0 if job.reasoning is None else job.reasoning.content_start(text)
+    if answer is None:  # still thinking: no call yet
+        return limit
+    start = job.tool_parser.call_start(text[answer:])
+    calls = answer + (start if start is not None else len(text) - answer - job.tool_parser.hold)
+    return calls if limit is None else min(limit, calls)
+
+
+def _divide(job: Job, text: str, start: int, stop: int) -> tuple:
+    """text[start:stop], sent, as (thinking, answer): all answer but for a reasoning model."""
+    return ("", text[start:stop]) if job.reasoning is None else job.reasoning.divide(text, start, stop)
 
 
 async def _read_json(receive) -> dict:
@@ -295,7 +314,7 @@ async def _json(send, status: int, body: dict):
 
 
 def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-          tool_parser: str | None = None,
+          tool_parser: str | None = None, reasoning_parser: str | None = None,
           **engine_options) -> None:
     import uvicorn
 
@@ -303,5 +322,5 @@ def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: 
     start = time.perf_counter()
     engine.warmup()  # every pass size the engine will use, compiled before the first request
     print(f"linnet: {name} ready in {time.perf_counter() - start:.0f} s (warmup)", flush=True)
-    app = OpenAIServer(engine, name, api_key=api_key, tool_parser=tool_parser)
+    app = OpenAIServer(engine, name, api_key=api_key, tool_parser=tool_parser, reasoning_parser=reasoning_parser)
     uvicorn.run(app, host=host, port=port, log_level="info")

@@ -164,3 +164,37 @@ def test_auto_tells_a_call_from_text_in_the_models_own_format(auto_base):
     assert choice["message"] == {"role": "assistant", "content": "It is noon {UTC}."} and choice["finish_reason"] == "stop"
     chunks = sse(call(base, "/v1/chat/completions", dict(plain, stream=True))[1])
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "It is noon {UTC}."
+
+
+@pytest.fixture(scope="module", params=[("deepseek_r1", None), ("qwen3", "hermes")])
+def thinking_base(request):
+    """A server for a reasoning model: its thinking given apart, and with Qwen3 its tool calls read."""
+    model = make_model("torch", rows=4, max_seq=160)
+    model.tokenizer = byte_tokenizer(model.vocab)
+    model.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    reasoning, tools = request.param
+    with running(Engine(model), reasoning_parser=reasoning, tool_parser=tools) as url:
+        yield url, reasoning
+
+
+def test_a_reasoning_models_thinking_is_given_apart_whole_and_streamed(thinking_base):
+    base, reasoning = thinking_base
+    opening = "" if reasoning == "deepseek_r1" else "<think>"  # R1's template opens the thinking itself
+    body = dict({"messages": USER, "max_tokens": 100}, **forced(opening + "Two and two.</think>It is 4."))
+    message = json.loads(call(base, "/v1/chat/completions", body)[1])["choices"][0]["message"]
+    assert message == {"role": "assistant", "reasoning_content": "Two and two.", "content": "It is 4."}
+    deltas = [c["choices"][0]["delta"] for c in sse(call(base, "/v1/chat/completions", dict(body, stream=True))[1])]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "Two and two."
+    assert "".join(d.get("content") or "" for d in deltas) == "It is 4."
+    if reasoning == "qwen3":  # thinking, then text and a call in Hermes' tags
+        reply = '<think>Time?</think>Checking.<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>'
+        body = dict({"messages": USER, "max_tokens": 130, "tools": [TIME]}, **forced(reply))
+        choice = json.loads(call(base, "/v1/chat/completions", body)[1])["choices"][0]
+        assert choice["finish_reason"] == "tool_calls"
+        assert choice["message"]["reasoning_content"] == "Time?" and choice["message"]["content"] == "Checking."
+        assert choice["message"]["tool_calls"][0]["function"]["name"] == "get_time"
+        chunks = sse(call(base, "/v1/chat/completions", dict(body, stream=True))[1])
+        deltas = [c["choices"][0]["delta"] for c in chunks]
+        assert "".join(d.get("reasoning_content", "") for d in deltas) == "Time?"
+        assert "".join(d.get("content") or "" for d in deltas) == "Checking."
+        assert [d["tool_calls"][0]["function"]["name"] for d in deltas if "tool_calls" in d] == ["get_time"]

@@ -1,0 +1,73 @@
+"""Reasoning in a reply: what a reasoning model thinks, apart from what it answers.
+
+Reasoning models write their thinking between tags before the answer; the server gives the two
+apart, as vLLM does: the thinking as the message's `reasoning_content`, the answer as its
+`content`. A parser reads one family's tags, by vLLM's name for it:
+
+- "deepseek_r1" (DeepSeek-R1 and its distills): the chat template opens the thinking, so the
+  reply starts inside it (a leading <think> is dropped) and it runs to </think>, or to the end
+  of a reply cut short.
+- "qwen3" (Qwen3, QwQ): a reply that opens with <think> thinks until </think>; one that does not
+  is all answer.
+
+The tags are dropped. A reply's text is [<think>] reasoning </think> content, in that order, so a
+streamed reply is sent through one cursor: `sendable` says how far it may go (not into what may
+be a tag still arriving), `divide` splits what it passes into its reasoning and content.
+"""
+
+from __future__ import annotations
+
+
+class ThinkTags:
+    OPEN, CLOSE = "<think>", "</think>"
+
+    def __init__(self, name: str, starts_inside: bool):
+        self.name = name
+        self.starts_inside = starts_inside
+
+    def regions(self, text: str) -> tuple:
+        """(reasoning start, reasoning end, content start) in `text`: the ends None while the
+        reasoning is still open; (0, 0, 0) for a reply with no reasoning."""
+        lead = len(text) - len(text.lstrip())
+        opened = text.startswith(self.OPEN, lead)
+        if not opened and not self.starts_inside:
+            return 0, 0, 0
+        start = lead + len(self.OPEN) if opened else 0
+        end = text.find(self.CLOSE, start)
+        return (start, None, None) if end < 0 else (start, end, end + len(self.CLOSE))
+
+    def split(self, text: str) -> tuple:
+        """A whole reply's (reasoning, content), each None where empty."""
+        start, end, content = self.regions(text)
+        if end is None:  # cut short while thinking
+            return text[start:] or None, None
+        return text[start:end] or None, text[content:] or None
+
+    def sendable(self, text: str) -> int:
+        """How much of a reply's text so far can no longer turn out to be part of a tag."""
+        stripped = text.lstrip()
+        if not self.starts_inside and len(stripped) < len(self.OPEN) and self.OPEN.startswith(stripped):
+            return 0  # may be the opening tag (after whitespace), arriving a piece at a time
+        _, end, _ = self.regions(text)
+        return len(text) - (len(self.CLOSE) - 1) if end is None else len(text)
+
+    def divide(self, text: str, start: int, stop: int) -> tuple:
+        """text[start:stop], sent, as (its reasoning, its content), the tags left out."""
+        r_start, r_end, c_start = self.regions(text)
+        r_end = len(text) if r_end is None else r_end
+        c_start = len(text) if c_start is None else c_start
+        clip = lambda lo, hi: text[max(start, lo):min(stop, hi)] if min(stop, hi) > max(start, lo) else ""
+        return clip(r_start, r_end), clip(c_start, len(text))
+
+    def content_start(self, text: str) -> int | None:
+        """Where the answer begins (None while the reply is still thinking)."""
+        return self.regions(text)[2]
+
+
+PARSERS = {p.name: p for p in (ThinkTags("deepseek_r1", starts_inside=True), ThinkTags("qwen3", starts_inside=False))}
+
+
+def reasoning_parser(name: str):
+    if name not in PARSERS:
+        raise ValueError(f"no reasoning parser {name!r}; there are {', '.join(sorted(PARSERS))}")
+    return PARSERS[name]

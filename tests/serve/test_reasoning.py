@@ -1,0 +1,54 @@
+"""The readers of reasoning models' thinking: whole replies split as each family writes them, and
+the same replies streamed in any pieces, through the one cursor the server moves."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from linnet.serve.reasoning import PARSERS, reasoning_parser
+
+plain = st.text(alphabet=st.characters(blacklist_characters="<>"), max_size=30)
+
+
+def streamed(parser, reply: str, cuts: list) -> tuple:
+    """The reply sent as the server sends it, its text growing at `cuts`: (reasoning, content)."""
+    reasoning = content = ""
+    sent = 0
+    for end in sorted(set(cuts)) + [len(reply)]:
+        text = reply[:end]
+        stop = len(text) if end == len(reply) else max(sent, min(parser.sendable(text), len(text)))
+        r, c = parser.divide(text, sent, stop)
+        reasoning, content, sent = reasoning + r, content + c, stop
+    return reasoning or None, content or None
+
+
+@settings(max_examples=80, deadline=None)
+@given(name=st.sampled_from(sorted(PARSERS)), thought=plain, answer=plain, lead=st.sampled_from(["", "\n"]),
+       data=st.data())
+def test_a_reply_thinks_then_answers_whole_and_streamed(name, thought, answer, lead, data):
+    parser = reasoning_parser(name)
+    reply = f"{lead}<think>{thought}</think>{answer}"
+    want = (thought or None, answer or None)
+    assert parser.split(reply) == want
+    cuts = data.draw(st.lists(st.integers(0, len(reply)), max_size=8))
+    assert streamed(parser, reply, cuts) == want
+
+
+@settings(max_examples=40, deadline=None)
+@given(text=plain, data=st.data())
+def test_without_tags_r1_is_all_thinking_and_qwen3_all_answer(text, data):
+    cuts = data.draw(st.lists(st.integers(0, len(text)), max_size=6))
+    r1, qwen3 = reasoning_parser("deepseek_r1"), reasoning_parser("qwen3")
+    assert r1.split(text) == streamed(r1, text, cuts) == (text or None, None)  # its template opened the thinking
+    assert qwen3.split(text) == streamed(qwen3, text, cuts) == (None, text or None)
+
+
+def test_edges():
+    r1, qwen3 = reasoning_parser("deepseek_r1"), reasoning_parser("qwen3")
+    assert r1.split("hmm</think>\n\nFour.") == ("hmm", "\n\nFour.")
+    assert qwen3.split("<think>cut short") == ("cut short", None)
+    assert qwen3.split("a <think> later is text") == (None, "a <think> later is text")
+    assert qwen3.sendable("<thi") == 0 and qwen3.sendable("<b>") == 3  # the opening tag may be arriving
+    assert r1.sendable("so</thi") == len("so</thi") - len("</think>") + 1
+    with pytest.raises(ValueError, match="no reasoning parser"):
+        reasoning_parser("granite")
