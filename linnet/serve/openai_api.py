@@ -421,8 +421,10 @@ class TextStream:
     may yet turn out to be a stop string. `start`: where the choice's text begins in the response's
     (past an echoed prompt), for the tokens' text offsets."""
 
-    def __init__(self, tokenizer, req: Request, start: int = 0):
-        self.decoder = tokenizer.incremental_decoder(skip_special_tokens=True, context=req.prompt) if tokenizer else None
+    def __init__(self, tokenizer, req: Request, start: int = 0, special: bool = False):
+        """`special`: keep the special tokens' text (a reply whose markers are special tokens, harmony's)."""
+        self.decoder = (tokenizer.incremental_decoder(skip_special_tokens=not special, context=req.prompt)
+                        if tokenizer else None)
         self.hold = max((len(s) for s in req.stop), default=1) - 1
         self.start = start
         self.text = ""
@@ -539,15 +541,20 @@ def completion_response(job: Job, comps: list, model: str, tokenizer) -> dict:
             "choices": choices, "usage": usage(job.prompt_tokens, sum(len(c.tokens) for c in comps))}
 
 
-def chat_message(job: Job, comp) -> tuple:
+def chat_message(job: Job, comp, tokenizer) -> tuple:
     """A chat choice's (message, finish_reason): its text, or the tool calls it makes; a reasoning
     model's thinking apart, as `reasoning_content`."""
-    message = {"role": "assistant", "content": _text(comp)}
+    text = _text(comp)
+    if job.reasoning is not None and job.reasoning.keeps_special and tokenizer is not None:
+        text = tokenizer.decode_after(comp.request.prompt, comp.tokens, skip_special_tokens=False)
+    message = {"role": "assistant", "content": text}
     if job.reasoning is not None:
-        message["reasoning_content"], message["content"] = job.reasoning.split(_text(comp))
+        message["reasoning_content"], message["content"] = job.reasoning.split(text)
     content, calls = (None, None)
-    if job.tool_call is not None and message["content"] is not None:
-        content, calls = read_tool_calls(job, message["content"])
+    if job.tool_call is not None:
+        source = text if getattr(job.tool_parser, "reads_whole_reply", False) else message["content"]
+        if source is not None:
+            content, calls = read_tool_calls(job, source)
     if calls is None:
         return message, finish_reason(comp)
     return dict(message, content=content, tool_calls=calls), "tool_calls"
@@ -556,7 +563,7 @@ def chat_message(job: Job, comp) -> tuple:
 def chat_response(job: Job, comps: list, model: str, tokenizer) -> dict:
     choices = []
     for i, comp in enumerate(comps):
-        message, reason = chat_message(job, comp)
+        message, reason = chat_message(job, comp, tokenizer)
         choices.append({"index": i, "message": message, "finish_reason": reason,
                         "logprobs": None if comp.request.logprobs is None else chat_logprobs(comp.logprobs, tokenizer)})
     response = {"id": new_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()), "model": model,

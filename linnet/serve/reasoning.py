@@ -9,6 +9,8 @@ apart, as vLLM does: the thinking as the message's `reasoning_content`, the answ
   of a reply cut short.
 - "qwen3" (Qwen3, QwQ): a reply that opens with <think> thinks until </think>; one that does not
   is all answer.
+- "openai_gptoss" (gpt-oss): harmony's channels, analysis the thinking, final the answer; it
+  reads the tool calls too (`Harmony`).
 
 The tags are dropped. A reply's text is [<think>] reasoning </think> content, in that order, so a
 streamed reply is sent through one cursor: `sendable` says how far it may go (not into what may
@@ -17,9 +19,14 @@ be a tag still arriving), `divide` splits what it passes into its reasoning and 
 
 from __future__ import annotations
 
+import json
+import re
+
 
 class ThinkTags:
     OPEN, CLOSE = "<think>", "</think>"
+    keeps_special = False  # the tags are plain text
+    reads_whole_reply = False
 
     def __init__(self, name: str, starts_inside: bool):
         self.name = name
@@ -64,7 +71,82 @@ class ThinkTags:
         return self.regions(text)[2]
 
 
-PARSERS = {p.name: p for p in (ThinkTags("deepseek_r1", starts_inside=True), ThinkTags("qwen3", starts_inside=False))}
+class Harmony:
+    """gpt-oss's harmony format: a reply is messages, each a header then a body,
+
+        <|channel|>analysis<|message|>thinking<|end|><|start|>assistant<|channel|>final<|message|>answer<|return|>
+
+    with a tool call a commentary message to a function, its body the arguments:
+
+        <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}<|call|>
+
+    The analysis channel is the reasoning; final (and commentary to no one: preambles) the content.
+    The markers are special tokens, so the reply is read with them (`keeps_special`). This one
+    parser also reads the calls, from the whole reply (`reads_whole_reply`), as a tool parser."""
+
+    name = "openai_gptoss"
+    keeps_special = True
+    reads_whole_reply = True
+    MESSAGE, ENDS = "<|message|>", ("<|end|>", "<|return|>", "<|call|>")
+    MARKS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>")
+    CHANNEL, RECIPIENT = re.compile(r"<\|channel\|>\s*(\w+)"), re.compile(r"\bto=([^\s<]+)")
+
+    def messages(self, text: str) -> list:
+        """[(kind, body start, body end, recipient, closed)]: kind "reasoning", "content" or "call"."""
+        out, at = [], 0
+        while (head := text.find(self.MESSAGE, at)) >= 0:
+            header, start = text[at:head], head + len(self.MESSAGE)
+            ends = [(i, mark) for i, mark in ((text.find(m, start), m) for m in self.ENDS) if i >= 0]
+            end, mark = min(ends) if ends else (len(text), "")
+            channel = self.CHANNEL.search(header)
+            to = self.RECIPIENT.search(header)
+            recipient = to.group(1) if to else None
+            kind = ("call" if recipient and recipient.startswith("functions.") else
+                    "reasoning" if channel and channel.group(1) == "analysis" else "content")
+            out.append((kind, start, end, recipient, bool(ends)))
+            if not ends:
+                break
+            at = end + len(mark)
+        return out
+
+    def split(self, text: str) -> tuple:
+        reasoning = "".join(text[s:e] for kind, s, e, _, _ in self.messages(text) if kind == "reasoning")
+        content = "".join(text[s:e] for kind, s, e, _, _ in self.messages(text) if kind == "content")
+        return reasoning or None, content or None
+
+    def sendable(self, text: str) -> int:
+        """All but what may be a marker arriving, and a call's arguments (sent whole, at the end)."""
+        limit = len(text) - (max(map(len, self.MARKS)) - 1)
+        calls = [s for kind, s, _, _, _ in self.messages(text) if kind == "call"]
+        return max(0, min([limit] + calls))
+
+    def divide(self, text: str, start: int, stop: int) -> tuple:
+        parts = {"reasoning": "", "content": "", "call": ""}
+        for kind, s, e, _, _ in self.messages(text):
+            lo, hi = max(start, s), min(stop, e)
+            if hi > lo:
+                parts[kind] += text[lo:hi]
+        return parts["reasoning"], parts["content"]
+
+    def content_start(self, text: str) -> int | None:
+        return None  # calls are read here, from the whole reply: no answer for a tool parser to search
+
+    def parse(self, text: str) -> tuple:
+        """As a tool parser: (content, calls) of a whole reply; a call cut short is not one."""
+        calls = []
+        for kind, s, e, recipient, closed in self.messages(text):
+            if kind != "call" or not closed:
+                continue
+            try:
+                arguments = json.loads(text[s:e])
+            except ValueError:
+                continue
+            calls.append({"name": recipient.removeprefix("functions."), "arguments": json.dumps(arguments)})
+        return self.split(text)[1], calls
+
+
+PARSERS = {p.name: p for p in (ThinkTags("deepseek_r1", starts_inside=True), ThinkTags("qwen3", starts_inside=False),
+                               Harmony())}
 
 
 def reasoning_parser(name: str):

@@ -34,8 +34,10 @@ class OpenAIServer:
         from linnet.serve.tool_parsers import tool_parser as find_parser
 
         self.engine = engine
-        self.tool_parser = None if tool_parser is None else find_parser(tool_parser)
         self.reasoning = None if reasoning_parser is None else find_reasoning(reasoning_parser)
+        self.tool_parser = None if tool_parser is None else find_parser(tool_parser)
+        if self.tool_parser is None and self.reasoning is not None and self.reasoning.reads_whole_reply:
+            self.tool_parser = self.reasoning  # harmony's calls are its own messages
         self.model_name = model_name
         self.model = engine.model
         self.tokenizer = engine.tokenizer
@@ -206,7 +208,8 @@ class OpenAIServer:
                 await merged.put((i, None, "closed"))
 
         pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-        texts = [TextStream(self.tokenizer, s.completion.request, len(job.echo[i]) if job.echo else 0)
+        special = job.reasoning is not None and job.reasoning.keeps_special
+        texts = [TextStream(self.tokenizer, s.completion.request, len(job.echo[i]) if job.echo else 0, special)
                  for i, s in enumerate(streams)]
         comps = [s.completion for s in streams]
         # An echo goes first; with logprobs, once its prompt is scored: with the choice's first news.
@@ -241,7 +244,7 @@ class OpenAIServer:
                     if text or lps or thought:
                         await event(writer.piece(i, text, lps, offsets, reasoning=thought))
                     continue
-                message, why = chat_message(job, comp) if chat else (None, finish_reason(comp))
+                message, why = chat_message(job, comp, self.tokenizer) if chat else (None, finish_reason(comp))
                 if message is not None and "tool_calls" in message:  # the calls go whole, after any text before them
                     thought = _divide(job, choice.text, before, len(choice.text))[0]
                     text = (message["content"] or "")[len(_divide(job, choice.text, 0, before)[1]):]
@@ -249,7 +252,7 @@ class OpenAIServer:
                         await event(writer.piece(i, text, lps, offsets, reasoning=thought))
                     await event(writer.tool_calls(i, message["tool_calls"]))
                 else:
-                    choice.finish(comp.text)
+                    choice.finish(None if special else comp.text)  # the engine's text has no markers
                     thought, text = _divide(job, choice.text, before, choice.sent)
                     if text or lps or thought:
                         await event(writer.piece(i, text, lps, offsets, reasoning=thought))
@@ -273,6 +276,8 @@ def _sendable(job: Job, text: str) -> int | None:
         return limit
     if job.tool_call != "auto":
         return 0
+    if job.tool_parser is job.reasoning:  # it holds back calls itself
+        return limit
     answer = 0 if job.reasoning is None else job.reasoning.content_start(text)
     if answer is None:  # still thinking: no call yet
         return limit

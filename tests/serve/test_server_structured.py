@@ -198,3 +198,47 @@ def test_a_reasoning_models_thinking_is_given_apart_whole_and_streamed(thinking_
         assert "".join(d.get("reasoning_content", "") for d in deltas) == "Time?"
         assert "".join(d.get("content") or "" for d in deltas) == "Checking."
         assert [d["tool_calls"][0]["function"]["name"] for d in deltas if "tool_calls" in d] == ["get_time"]
+
+
+HARMONY = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"]
+
+
+@pytest.fixture(scope="module")
+def harmony_base():
+    """gpt-oss's way: harmony's markers are special tokens of the tokenizer."""
+    from tokenizers import AddedToken
+
+    model = make_model("torch", rows=4, max_seq=200)
+    model.tokenizer = byte_tokenizer(model.vocab)
+    model.tokenizer.backend.add_special_tokens([AddedToken(m, special=True) for m in HARMONY])
+    model.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}<|start|>assistant"
+    with running(Engine(model), reasoning_parser="openai_gptoss") as url:
+        yield url
+
+
+def harmony(*parts) -> dict:
+    """A body field making the model write these strings and special tokens (a Lark grammar)."""
+    return {"guided_grammar": "start: " + " ".join(p if p in HARMONY else json.dumps(p) for p in parts)}
+
+
+def test_gpt_oss_channels_and_calls_through_the_server(harmony_base):
+    base = harmony_base
+    body = dict({"messages": USER, "max_tokens": 150}, **harmony(
+        "<|channel|>", "analysis", "<|message|>", "Two and two.", "<|end|>", "<|start|>", "assistant", "<|channel|>",
+        "final", "<|message|>", "It is 4.", "<|return|>"))
+    message = json.loads(call(base, "/v1/chat/completions", body)[1])["choices"][0]["message"]
+    assert message == {"role": "assistant", "reasoning_content": "Two and two.", "content": "It is 4."}
+    deltas = [c["choices"][0]["delta"] for c in sse(call(base, "/v1/chat/completions", dict(body, stream=True))[1])]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "Two and two."
+    assert "".join(d.get("content") or "" for d in deltas) == "It is 4."
+    body = dict({"messages": USER, "max_tokens": 150, "tools": [TIME]}, **harmony(
+        "<|channel|>", "analysis", "<|message|>", "Time?", "<|end|>", "<|start|>", "assistant", "<|channel|>",
+        "commentary to=functions.get_time ", "<|constrain|>", "json", "<|message|>", '{"zone": "CET"}', "<|call|>"))
+    choice = json.loads(call(base, "/v1/chat/completions", body)[1])["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["reasoning_content"] == "Time?"
+    assert choice["message"]["content"] is None
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in choice["message"]["tool_calls"]] \
+        == [("get_time", {"zone": "CET"})]
+    deltas = [c["choices"][0]["delta"] for c in sse(call(base, "/v1/chat/completions", dict(body, stream=True))[1])]
+    assert not any(d.get("content") for d in deltas)  # the arguments never leak as text
+    assert [d["tool_calls"][0]["function"]["name"] for d in deltas if "tool_calls" in d] == ["get_time"]
