@@ -126,7 +126,7 @@ def cmd_generate(args) -> int:
 
     engine = Engine(model, seed=args.seed or 0)
     req = Request(prompt=ids, max_new_tokens=max_new, temperature=args.temperature, top_p=args.top_p,
-                  seed=args.seed)
+                  seed=args.seed, structure=_structure(args))
     if model.backend == "jax" or model.compile:  # compile (XLA) or capture (CUDA graphs) before the clock starts
         bar = Progress(f"compiling {model.card} ({model.backend})")
         _warm_up(engine, req)
@@ -154,6 +154,23 @@ def cmd_generate(args) -> int:
     print(f"[{n} tokens in {seconds:.2f} s: {n / seconds if seconds else 0.0:.1f} tokens/s; prompt {len(ids)} "
           f"tokens, first token after {first:.2f} s; {model.backend}, {model.dtype}]", file=sys.stderr)
     return 0
+
+
+def _structure(args):
+    """The structure `generate` holds its output to (--json-schema, --regex, --grammar), if any; a
+    schema or grammar is the text itself or a file holding it."""
+    from linnet.serve.structured import Structure
+
+    asked = [(kind, value) for kind, value in (("json", args.json_schema), ("regex", args.regex),
+                                               ("grammar", args.grammar)) if value is not None]
+    if len(asked) > 1:
+        raise _UsageError("give one of --json-schema, --regex, --grammar")
+    if not asked:
+        return None
+    kind, value = asked[0]
+    if kind != "regex" and os.path.isfile(value):
+        value = Path(value).read_text()
+    return Structure(kind, value)
 
 
 def _warm_up(engine, req) -> None:
@@ -285,6 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", choices=["f32", "bf16", "f16"], default="bf16",
                    help="T with --numerics fast (exact always computes in f32)")
     g.add_argument("--max-seq", type=int, default=2048, help="positions in the cache: prompt plus completion")
+    g.add_argument("--json-schema", "-j", default=None,
+                   help="hold the output to a JSON schema (its text, or a file); '{}' for any JSON object")
+    g.add_argument("--regex", default=None, help="hold the output to a regular expression")
+    g.add_argument("--grammar", "--grammar-file", default=None,
+                   help="hold the output to a grammar, Lark or llama.cpp's GBNF (its text, or a file)")
     g.set_defaults(run=cmd_generate)
     sv = sub.add_parser("serve", help="an OpenAI-compatible server (completions and chat completions)")
     sv.add_argument("card", help="a card name (see `linnet cards`), a .linnet file, or a checkpoint path")

@@ -213,7 +213,7 @@ class TorchRunner:
         k = len(batch.temperature)
         logits = logits[:k] if rows is None else logits[self._t(np.asarray(rows, np.int64))]
         adjustments = None
-        if batch.adjusted:
+        if batch.adjusted and histories is not None:  # a warmup's draw has no histories: it moves nothing
             adjustments = tuple(None if a is None else self._t(a)
                                 for a in logit_adjustments(batch, histories, logits.shape[-1], k))
         return sample(logits, batch, adjustments)
@@ -334,7 +334,9 @@ class JaxRunner:
 
         rows = list(rows)
         placed = place(batch, rows, self.batch)
-        adjustments = logit_adjustments(batch, histories, self.model.vocab, self.batch, rows) if batch.adjusted else None
+        adjustments = None
+        if batch.adjusted and histories is not None:  # a warmup's draw has no histories: it moves nothing
+            adjustments = logit_adjustments(batch, histories, self.model.vocab, self.batch, rows)
         key = mode(placed, adjustments)
         tokens = tokens.tokens if isinstance(tokens, Pending) else np.asarray(tokens, np.int32)
         drawn = self.model.call_then("decode", sampler(*key), (tokens, np.asarray(positions, np.int32)),
@@ -361,7 +363,7 @@ class JaxRunner:
         rows = list(range(len(batch.temperature))) if rows is None else list(rows)
         placed = place(batch, rows, logits.shape[0])
         adjustments = None
-        if batch.adjusted:
+        if batch.adjusted and histories is not None:
             adjustments = logit_adjustments(batch, histories, logits.shape[-1], logits.shape[0], rows)
         tokens, chosen, top = sample(logits, placed, adjustments)
         return self._to_host((tokens, chosen) + (top if top is not None else (None, None)), rows)

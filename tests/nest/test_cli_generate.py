@@ -26,6 +26,26 @@ def test_generate_capital_of_france(gguf_path):
     assert "<|im_end|>" not in proc.stdout  # special tokens are not printed
 
 
+def test_generate_held_to_a_schema_a_regex_or_a_grammar(capsys, gguf_path, tmp_path):
+    """llama.cpp's --json-schema / --grammar-file, and a regex: the real model's reply, read back by json and re."""
+    import json
+
+    schema = tmp_path / "cat.json"
+    schema.write_text(json.dumps({"type": "object", "additionalProperties": False, "required": ["name", "legs"],
+                                  "properties": {"name": {"type": "string", "maxLength": 12},
+                                                 "legs": {"type": "integer", "minimum": 0, "maximum": 8}}}))
+    base = ["generate", "smollm2-135m-instruct", "--chat", "--max-new-tokens", "40", "--max-seq", "128"]
+    assert main(base + ["Describe a cat.", "--json-schema", str(schema)]) == 0
+    cat = json.loads(capsys.readouterr().out)
+    assert set(cat) == {"name", "legs"} and 0 <= cat["legs"] <= 8
+    assert main(base + ["Is Paris in France?", "--regex", "(Yes|No)[.!]"]) == 0
+    assert re.fullmatch(r"(Yes|No)[.!]\n", capsys.readouterr().out)
+    assert main(base + ["Pick a colour.", "--grammar", 'root ::= "red" | "green" | "blue"']) == 0
+    assert capsys.readouterr().out in ("red\n", "green\n", "blue\n")
+    assert main(base + ["x", "--regex", "(", "--max-new-tokens", "2"]) == 1
+    assert "the regex cannot be used" in capsys.readouterr().err
+
+
 def test_cards_lists_every_card(capsys, gguf_path):
     from linnet import nest
 
