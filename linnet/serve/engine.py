@@ -243,7 +243,7 @@ class Engine:
             item.row = row
             reuse = min(common_prefix(self.row_tokens[row], prompt), len(prompt) - 1)
             if reuse >= self._worth(prompt):
-                item.cached = reuse
+                item.cached = item.comp.cached_tokens = reuse
                 self.stats.copied_tokens += reuse
             self.row_tokens[row] = self.row_tokens[row][:item.cached]
             self._find_source(item)
@@ -310,6 +310,7 @@ class Engine:
         for r, item, n in copies:
             self.row_tokens[item.row] = self.row_tokens[r][:n]
             self.stats.copied_tokens += n - item.cached
+            item.comp.cached_tokens += n - item.cached
             item.cached = n
 
     # ------------------------------------------------------------ passes

@@ -407,9 +407,13 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+def usage(job: Job, comps: list) -> dict:
+    """OpenAI's usage: each prompt counted once, with the tokens of it the cache held (read off the
+    copy that prefilled it: the others copy it whole but for its last token)."""
+    completion = sum(len(c.tokens) for c in comps)
+    cached = sum(c.cached_tokens for i, c in enumerate(comps) if i % job.n == 0)
+    return {"prompt_tokens": job.prompt_tokens, "completion_tokens": completion,
+            "total_tokens": job.prompt_tokens + completion, "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _token_text(tokenizer):
@@ -538,7 +542,7 @@ def completion_response(job: Job, comps: list, model: str, tokenizer) -> dict:
             choice["prompt_logprobs"] = vllm_prompt_logprobs(job.prompt_scores(comps, i), tokenizer)
         choices.append(choice)
     return {"id": new_id("cmpl"), "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": choices, "usage": usage(job.prompt_tokens, sum(len(c.tokens) for c in comps))}
+            "choices": choices, "usage": usage(job, comps)}
 
 
 def chat_message(job: Job, comp, tokenizer) -> tuple:
@@ -567,7 +571,7 @@ def chat_response(job: Job, comps: list, model: str, tokenizer) -> dict:
         choices.append({"index": i, "message": message, "finish_reason": reason,
                         "logprobs": None if comp.request.logprobs is None else chat_logprobs(comp.logprobs, tokenizer)})
     response = {"id": new_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()), "model": model,
-                "choices": choices, "usage": usage(job.prompt_tokens, sum(len(c.tokens) for c in comps))}
+                "choices": choices, "usage": usage(job, comps)}
     if job.prompt_logprobs:  # one prompt: vLLM gives its logprobs once, beside the choices
         response["prompt_logprobs"] = vllm_prompt_logprobs(job.prompt_scores(comps, 0), tokenizer)
     return response
@@ -618,7 +622,7 @@ class ChunkWriter:
         return self._chunk([{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}])
 
     def usage(self, job: Job, comps: list) -> dict:
-        return self._chunk([], usage=usage(job.prompt_tokens, sum(len(c.tokens) for c in comps)))
+        return self._chunk([], usage=usage(job, comps))
 
 
 def error_body(message: str, status: int = 500) -> dict:

@@ -110,6 +110,7 @@ class Completion:
     logprobs: list = field(default_factory=list)  # [TokenLogprob] when asked for
     prompt_logprobs: list = field(default_factory=list)  # [None, TokenLogprob, ...]: one a prompt token, when asked for
     text: str | None = None  # decoded text, cut at a stop string, when the model has a tokenizer
+    cached_tokens: int = 0  # prompt tokens not computed: reused in place or copied from another row
     submitted_at: float = 0.0
     first_token_at: float | None = None
     token_times: list = field(default_factory=list)

@@ -53,7 +53,8 @@ def test_completion_matches_the_engine(server):
     out = json.loads(body)
     ref = engine_greedy(engine, [5, 6, 7], 6)
     assert out["choices"][0]["text"].split() == [f"t{t}" for t in ref]
-    assert out["usage"] == {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
+    assert {k: out["usage"][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")} == \
+        {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
 
 
 def test_streamed_text_equals_the_whole(server):
@@ -167,7 +168,8 @@ def test_n_choices_sample_with_seed_plus_index_and_prefill_the_prompt_once(serve
     assert [c["index"] for c in out["choices"]] == [0, 1, 2]
     for j, choice in enumerate(out["choices"]):
         assert choice["text"].split() == words(engine_sampled(prompt, 5, 11 + j))
-    assert out["usage"] == {"prompt_tokens": 6, "completion_tokens": 15, "total_tokens": 21}
+    assert out["usage"] == {"prompt_tokens": 6, "completion_tokens": 15, "total_tokens": 21,
+                            "prompt_tokens_details": {"cached_tokens": 0}}  # the copies' copying is not counted
     # One prefill; each copy computes only the last prompt token, whose logits it draws from.
     assert engine.stats.prefill_tokens - before == len(prompt) + 2
 
@@ -190,7 +192,9 @@ def test_streamed_choices_logprobs_and_usage_equal_the_whole(server):
     status, text = call(base, "/v1/completions", dict(body, stream=True, stream_options={"include_usage": True}))
     assert status == 200
     chunks = sse(text)
-    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"] == whole["usage"]
+    counts = lambda u: {k: u[k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+    assert chunks[-1]["choices"] == [] and counts(chunks[-1]["usage"]) == counts(whole["usage"])
+    assert chunks[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 2 + 1}  # the same prompts, again
     assert all(c["usage"] is None for c in chunks[:-1])
     for i, choice in enumerate(whole["choices"]):
         mine = [c["choices"][0] for c in chunks[:-1] if c["choices"][0]["index"] == i]
@@ -301,7 +305,8 @@ def test_echo_with_no_tokens_to_generate_is_the_scored_prompt(server):
     assert choice["logprobs"]["tokens"] == ["t11", "t12", "t13"]
     assert choice["logprobs"]["token_logprobs"][1:] == pytest.approx(
         [s.logprob for s in engine_scores([11, 12, 13], 0)[1:]], abs=1e-5)
-    assert out["usage"] == {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}
+    assert out["usage"] == {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3,
+                            "prompt_tokens_details": {"cached_tokens": 0}}  # a scored prompt reuses nothing
     chunks = sse(call(base, "/v1/completions", dict(body, stream=True))[1])
     assert "".join(c["choices"][0]["text"] for c in chunks) == choice["text"]
     streamed = [v for c in chunks if c["choices"][0]["logprobs"] for v in c["choices"][0]["logprobs"]["token_logprobs"]]
@@ -344,6 +349,18 @@ def test_vllm_prompt_logprobs_on_both_endpoints(server):
     assert [None if e is None else list(e) for e in chat["prompt_logprobs"]] == [None] + [[str(t)] for t in ids[1:]]
     assert [e[str(t)]["logprob"] for e, t in zip(chat["prompt_logprobs"][1:], ids[1:])] == pytest.approx(
         [s.logprob for s in engine_scores(ids, 0)[1:]], abs=1e-5)
+
+
+def test_usage_counts_the_prompt_tokens_the_cache_held(server):
+    """A prompt sent again finds its tokens still in the row it freed: all but the last, whose logits
+    are recomputed, are reused, and the usage says so, as OpenAI's cached_tokens."""
+    base, _, _ = server
+    prompt = [91, 92, 93, 94, 95, 96, 97, 98]
+    body = {"prompt": prompt, "max_tokens": 2, "temperature": 0}
+    first = json.loads(call(base, "/v1/completions", body)[1])["usage"]
+    again = json.loads(call(base, "/v1/completions", body)[1])["usage"]
+    assert first["prompt_tokens_details"] == {"cached_tokens": 0}
+    assert again["prompt_tokens_details"] == {"cached_tokens": len(prompt) - 1}
 
 
 def test_tokenize_detokenize_models_and_metrics(server):
