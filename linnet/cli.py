@@ -236,7 +236,7 @@ def cmd_serve(args) -> int:
         raise _UsageError("--enable-auto-tool-choice needs --tool-call-parser (the card names none)")
     serve(model, args.name or model.card, host=args.host, port=args.port, api_key=api_key,
           tool_parser=parser, reasoning_parser=args.reasoning_parser or model.module.meta.get("reasoning_parser"),
-          token_budget=args.token_budget)
+          structure_in_reasoning=args.structured_outputs_in_reasoning, token_budget=args.token_budget)
     return 0
 
 
@@ -340,6 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--reasoning-parser", choices=sorted(REASONING), default=None,
                     help="how a reasoning model marks its thinking, which chat replies then give apart as "
                          "reasoning_content (default: the card's meta reasoning_parser)")
+    sv.add_argument("--structured-outputs-in-reasoning", action="store_true",
+                    help="a structured output holds a reasoning model's thinking too, not just its answer "
+                         "(vLLM's structured_outputs_config.enable_in_reasoning)")
     sv.add_argument("--enable-auto-tool-choice", action="store_true",
                     help="vLLM's flag, taken as it is: 'auto' is on wherever a tool-call parser is known")
     sv.set_defaults(run=cmd_serve)

@@ -50,6 +50,7 @@ class _Live:
     text: str = ""  # with stop strings: the generated text so far, decoded as the tokens come
     decoder: object = None
     matcher: object = None  # a structured output's llguidance matcher, following the tokens drawn
+    structuring: bool = False  # whether the structure holds yet (from the start, or once structure_after was drawn)
     listeners: list = field(default_factory=list)
 
     @property
@@ -121,7 +122,8 @@ class Engine:
         matcher = None if req.structure is None else self.guide().matcher(req.structure, req.id)
         comp = Completion(req, submitted_at=time.perf_counter())
         seed = req.seed if req.seed is not None else self.rng.getrandbits(31)
-        item = _Live(req, comp, -1, seed, list(req.prompt), matcher=matcher, listeners=[listener] if listener else [])
+        item = _Live(req, comp, -1, seed, list(req.prompt), matcher=matcher, structuring=req.structure_after is None,
+                     listeners=[listener] if listener else [])
         with self.lock:
             self.waiting.append(item)
             self.stats.prompt_tokens += len(req.prompt)
@@ -430,10 +432,10 @@ class Engine:
                                  [len(x.generated) + ahead for x in items])
         histories = None
         if batch.adjusted:
-            structured = [x.matcher for x in items if x.matcher is not None]
+            structured = [x.matcher for x in items if x.matcher is not None and x.structuring]
             masks = iter(self._guide.allowed(structured) if structured else ())
             histories = [(x.req.prompt, x.generated, self._bias(x, ahead),
-                          None if x.matcher is None else next(masks)) for x in items]
+                          next(masks) if x.matcher is not None and x.structuring else None) for x in items]
         return batch, histories
 
     def _bias(self, x: _Live, ahead: int) -> dict | None:
@@ -475,7 +477,10 @@ class Engine:
         held = len(x.generated) < req.min_tokens  # its enders were banned from the draw; stop strings wait too
         if not held and (token in req.stop_token_ids or (not req.ignore_eos and token in self.eos)):
             return "stop"
-        if x.matcher is not None:
+        if x.matcher is not None and not x.structuring:  # thinking, free, until structure_after is drawn
+            after = req.structure_after
+            x.structuring = x.generated[-len(after):] == after
+        elif x.matcher is not None:
             x.matcher.consume_token(token)
             if x.matcher.is_error():
                 x.comp.error = f"structured output: {x.matcher.get_error()}"

@@ -368,7 +368,10 @@ def chat_prompt(body: dict, tokenizer) -> list:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=None) -> Job:
+def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=None,
+             structure_in_reasoning: bool = False) -> Job:
+    """`structure_in_reasoning`: a structure holds a reasoning model's thinking too (vLLM's
+    structured_outputs_config.enable_in_reasoning), not just its answer."""
     _refuse_unsupported(body, chat=True)
     n = _choices_per_prompt(body)
     ids = chat_prompt(body, tokenizer)
@@ -381,6 +384,13 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=No
             raise ApiError(400, "a tool call's output is its arguments: send no other structure with it", "tool_choice")
         for r in requests:
             r.structure = structure
+    if reasoning is not None and requests[0].structure is not None and tokenizer is not None \
+            and not structure_in_reasoning \
+            and not (structure is not None and reasoning.reads_whole_reply):  # harmony's calls have headers of their own
+        # A reasoning model thinks freely first: the structure holds its answer (as vLLM's reasoning-aware outputs).
+        marker = reasoning.structure_after(tokenizer.decode(ids))
+        for r in requests:
+            r.structure_after = None if marker is None else tokenizer.encode(marker, add_special_tokens=False)
     return Job(requests, len(ids), None, _include_usage(body), n, prompt_logprobs=asked is not None,
                tool_call=tool_call, tool_parser=tool_parser if tool_call == "auto" else None, reasoning=reasoning)
 

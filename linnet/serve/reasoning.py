@@ -70,6 +70,11 @@ class ThinkTags:
         """Where the answer begins (None while the reply is still thinking)."""
         return self.regions(text)[2]
 
+    def structure_after(self, prompt: str) -> str | None:
+        """The text after which a structured answer begins: the end of the thinking, unless the
+        prompt has closed it already (a template told not to think)."""
+        return None if prompt.rstrip().endswith(self.CLOSE) else self.CLOSE
+
 
 class Harmony:
     """gpt-oss's harmony format: a reply is messages, each a header then a body,
@@ -130,6 +135,9 @@ class Harmony:
 
     def content_start(self, text: str) -> int | None:
         return None  # calls are read here, from the whole reply: no answer for a tool parser to search
+
+    def structure_after(self, prompt: str) -> str | None:
+        return "<|channel|>final<|message|>"  # the answer's header
 
     def parse(self, text: str) -> tuple:
         """As a tool parser: (content, calls) of a whole reply; a call cut short is not one."""

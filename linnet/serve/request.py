@@ -36,6 +36,8 @@ class Request:
     prompt_logprobs: int | None = None  # None: none; k: each prompt token's logprob (past the first), rank, top k
     logit_bias: dict | None = None  # {token id: added to its logit}, as OpenAI's (-100 bans, 100 forces)
     structure: "Structure | None" = None  # what the output must be: a JSON schema, regex, choice or grammar
+    structure_after: list | None = None  # token ids after which the structure holds (a reasoning model's end of
+    #                                      thinking); None: from the first token
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
 
     @property
@@ -88,6 +90,9 @@ class Request:
                 raise RequestError(f"{self.id}: logit_bias token id {t!r} is outside the vocabulary [0, {vocab})")
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
                 raise RequestError(f"{self.id}: logit_bias values must be numbers in [-100, 100], not {v!r}")
+        if self.structure_after is not None and (not self.structure_after or not all(
+                isinstance(t, int) and 0 <= t < vocab for t in self.structure_after)):
+            raise RequestError(f"{self.id}: structure_after must be a non-empty list of token ids")
         bad_stop = [t for t in self.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad_stop:
             raise RequestError(f"{self.id}: stop token id {bad_stop[0]!r} is outside the vocabulary")

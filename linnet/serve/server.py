@@ -26,10 +26,12 @@ MAX_BODY = 4 << 20
 
 class OpenAIServer:
     def __init__(self, engine: Engine, model_name: str, api_key: str | None = None, tool_parser: str | None = None,
-                 reasoning_parser: str | None = None):
+                 reasoning_parser: str | None = None, structure_in_reasoning: bool = False):
         """`tool_parser`: the name of the reader of the model's own tool calls (`tool_parsers`), which
         lets a request with tools leave tool_choice "auto"; `reasoning_parser`, of a reasoning model's
-        thinking (`reasoning`), which chat replies then give apart as `reasoning_content`."""
+        thinking (`reasoning`), which chat replies then give apart as `reasoning_content`, and whose
+        structured outputs hold only the answer, unless `structure_in_reasoning`."""
+        self.structure_in_reasoning = structure_in_reasoning
         from linnet.serve.reasoning import reasoning_parser as find_reasoning
         from linnet.serve.tool_parsers import tool_parser as find_parser
 
@@ -142,7 +144,8 @@ class OpenAIServer:
         body = await self._body(receive)
         chat = path.endswith("chat/completions")
         if chat:
-            job = chat_job(body, self.tokenizer, self.model.max_seq, self.tool_parser, self.reasoning)
+            job = chat_job(body, self.tokenizer, self.model.max_seq, self.tool_parser, self.reasoning,
+                           self.structure_in_reasoning)
         else:
             job = completion_job(body, self.tokenizer, self.model.max_seq)
         for req in job.requests:
@@ -319,7 +322,7 @@ async def _json(send, status: int, body: dict):
 
 
 def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-          tool_parser: str | None = None, reasoning_parser: str | None = None,
+          tool_parser: str | None = None, reasoning_parser: str | None = None, structure_in_reasoning: bool = False,
           **engine_options) -> None:
     import uvicorn
 
@@ -327,5 +330,6 @@ def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: 
     start = time.perf_counter()
     engine.warmup()  # every pass size the engine will use, compiled before the first request
     print(f"linnet: {name} ready in {time.perf_counter() - start:.0f} s (warmup)", flush=True)
-    app = OpenAIServer(engine, name, api_key=api_key, tool_parser=tool_parser, reasoning_parser=reasoning_parser)
+    app = OpenAIServer(engine, name, api_key=api_key, tool_parser=tool_parser, reasoning_parser=reasoning_parser,
+                       structure_in_reasoning=structure_in_reasoning)
     uvicorn.run(app, host=host, port=port, log_level="info")

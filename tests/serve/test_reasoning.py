@@ -80,3 +80,20 @@ def test_harmony_calls_are_read_from_the_whole_reply_and_never_streamed_as_text(
     assert parser.parse(reply[:-len("<|call|>") - 2])[1] == []  # cut short: no call
     preamble = "<|channel|>commentary<|message|>One moment.<|end|>"  # commentary to no one is shown
     assert parser.split(preamble) == (None, "One moment.")
+
+
+def test_a_reasoning_models_structured_answer_waits_for_the_end_of_its_thinking():
+    """The server asks the engine to hold a structure only after the thinking's end (the engine's
+    side: test_structured); a template that has closed the thinking already leaves it from the start."""
+    from linnet.serve.openai_api import chat_job
+
+    from .test_structured import byte_tokenizer
+
+    tok = byte_tokenizer(128)
+    body = {"messages": [{"role": "user", "content": "Hi"}], "response_format": {"type": "json_object"}}
+    tok.chat_template = "{{ messages[0]['content'] }}\n<think>\n"
+    job = chat_job(body, tok, 96, reasoning=reasoning_parser("deepseek_r1"))
+    assert job.requests[0].structure_after == tok.encode("</think>", add_special_tokens=False)
+    tok.chat_template = "{{ messages[0]['content'] }}\n<think>\n\n</think>\n\n"  # thinking switched off
+    assert chat_job(body, tok, 96, reasoning=reasoning_parser("qwen3")).requests[0].structure_after is None
+    assert chat_job(body, tok, 96).requests[0].structure_after is None  # no reasoning parser: from the first token

@@ -173,7 +173,8 @@ def thinking_base(request):
     model.tokenizer = byte_tokenizer(model.vocab)
     model.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
     reasoning, tools = request.param
-    with running(Engine(model), reasoning_parser=reasoning, tool_parser=tools) as url:
+    # The replies here are forced whole, thinking included: the structure holds the thinking too.
+    with running(Engine(model), reasoning_parser=reasoning, tool_parser=tools, structure_in_reasoning=True) as url:
         yield url, reasoning
 
 
@@ -212,7 +213,7 @@ def harmony_base():
     model.tokenizer = byte_tokenizer(model.vocab)
     model.tokenizer.backend.add_special_tokens([AddedToken(m, special=True) for m in HARMONY])
     model.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}<|start|>assistant"
-    with running(Engine(model), reasoning_parser="openai_gptoss") as url:
+    with running(Engine(model), reasoning_parser="openai_gptoss", structure_in_reasoning=True) as url:
         yield url
 
 
@@ -242,3 +243,23 @@ def test_gpt_oss_channels_and_calls_through_the_server(harmony_base):
     deltas = [c["choices"][0]["delta"] for c in sse(call(base, "/v1/chat/completions", dict(body, stream=True))[1])]
     assert not any(d.get("content") for d in deltas)  # the arguments never leak as text
     assert [d["tool_calls"][0]["function"]["name"] for d in deltas if "tool_calls" in d] == ["get_time"]
+
+
+def test_a_reasoning_models_structure_holds_its_answer_only():
+    """By default the structure waits for the thinking's end. "</think>" is one token here, and a
+    logit bias draws it first (the structure then bans it): the thinking is empty, and the answer
+    after it is held to the regex; without the bias the structure would never hold (the random
+    model never ends its thinking), which the second request shows."""
+    from tokenizers import AddedToken
+
+    model = make_model("torch", rows=4, max_seq=96)
+    model.tokenizer = byte_tokenizer(model.vocab)
+    model.tokenizer.backend.add_tokens([AddedToken("</think>", special=False)])
+    end = model.tokenizer.backend.token_to_id("</think>")
+    model.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}<think>\n"
+    with running(Engine(model), reasoning_parser="deepseek_r1") as base:
+        body = {"messages": USER, "max_tokens": 30, "guided_regex": "It is [0-9]\\.", "seed": 3}
+        message = chat(base, **dict(body, logit_bias={str(end): 100}))["choices"][0]["message"]
+        assert message["reasoning_content"] is None and re.fullmatch(r"It is [0-9]\.", message["content"])
+        free = chat(base, **body)["choices"][0]
+        assert free["finish_reason"] == "length" and free["message"]["content"] is None  # still thinking, freely
