@@ -303,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="T with --numerics fast (exact always computes in f32)")
     g.add_argument("--max-seq", type=int, default=2048, help="positions in the cache: prompt plus completion")
     g.add_argument("--json-schema", "-j", default=None,
-                   help="hold the output to a JSON schema (its text, or a file); '{}' for any JSON object")
+                   help="hold the output to a JSON schema (its text, or a file); '{\"type\": \"object\"}' for any object")
     g.add_argument("--regex", default=None, help="hold the output to a regular expression")
     g.add_argument("--grammar", "--grammar-file", default=None,
                    help="hold the output to a grammar, Lark or llama.cpp's GBNF (its text, or a file)")
