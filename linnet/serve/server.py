@@ -3,7 +3,7 @@
 A plain ASGI application (run by uvicorn) over one `Engine` stepping on its
 own thread. Routes: POST /v1/completions and /v1/chat/completions (with
 "stream": true as server-sent events), GET /v1/models[/ID]; vLLM's POST
-/tokenize and /detokenize; GET /health and /metrics (Prometheus).
+/tokenize and /detokenize, GET /ping and /version; GET /health and /metrics (Prometheus).
 A bad request gets OpenAI's error object with its status; it never stops the
 engine or the other requests. A client that disconnects cancels its requests.
 """
@@ -45,6 +45,7 @@ class OpenAIServer:
         self.tokenizer = engine.tokenizer
         self.api_key = api_key
         self.routes = {"/v1/models": ("GET", self._models), "/health": ("GET", self._health),
+                       "/ping": ("GET", self._health), "/version": ("GET", self._version),
                        "/metrics": ("GET", self._metrics), "/v1/completions": ("POST", self._generate),
                        "/v1/chat/completions": ("POST", self._generate), "/tokenize": ("POST", self._tokenize),
                        "/detokenize": ("POST", self._detokenize)}
@@ -92,6 +93,11 @@ class OpenAIServer:
 
     async def _health(self, path, receive, send):
         await _json(send, 200, {"status": "ok"})
+
+    async def _version(self, path, receive, send):
+        from linnet import __version__
+
+        await _json(send, 200, {"version": __version__})
 
     async def _models(self, path, receive, send):
         card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "linnet",

@@ -42,7 +42,10 @@ def test_models_and_health(server):
     base, _, _ = server
     status, body = call(base, "/v1/models")
     assert status == 200 and json.loads(body)["data"][0]["id"] == "tiny"
-    assert call(base, "/health")[0] == 200
+    assert call(base, "/health")[0] == 200 and call(base, "/ping")[0] == 200
+    from linnet import __version__
+
+    assert json.loads(call(base, "/version")[1]) == {"version": __version__}
 
 
 def test_completion_matches_the_engine(server):
