@@ -100,7 +100,7 @@ class TritonPythonModel:
         from linnet.serve.openai_api import TextStream
 
         final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        pieces = TextStream(self.model.tokenizer, req)
+        pieces = TextStream(self.model.tokenizer, req.prompt, req.stop)
         tokens = self.engine.stream(req)
         first = echo
         async for new, reason in tokens:

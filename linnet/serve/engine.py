@@ -61,6 +61,11 @@ class _Live:
     def generated(self) -> list:
         return self.tokens[self.prompt_len:]
 
+    @property
+    def masked(self) -> bool:
+        """Whether a structure holds this request's next draw."""
+        return self.matcher is not None and self.structuring
+
 
 @dataclass
 class _Decode:
@@ -432,10 +437,10 @@ class Engine:
                                  [len(x.generated) + ahead for x in items])
         histories = None
         if batch.adjusted:
-            structured = [x.matcher for x in items if x.matcher is not None and x.structuring]
+            structured = [x.matcher for x in items if x.masked]
             masks = iter(self._guide.allowed(structured) if structured else ())
-            histories = [(x.req.prompt, x.generated, self._bias(x, ahead),
-                          next(masks) if x.matcher is not None and x.structuring else None) for x in items]
+            histories = [(x.req.prompt, x.generated, self._bias(x, ahead), next(masks) if x.masked else None)
+                         for x in items]
         return batch, histories
 
     def _bias(self, x: _Live, ahead: int) -> dict | None:
@@ -477,16 +482,15 @@ class Engine:
         held = len(x.generated) < req.min_tokens  # its enders were banned from the draw; stop strings wait too
         if not held and (token in req.stop_token_ids or (not req.ignore_eos and token in self.eos)):
             return "stop"
-        if x.matcher is not None and not x.structuring:  # thinking, free, until structure_after is drawn
-            after = req.structure_after
-            x.structuring = x.generated[-len(after):] == after
-        elif x.matcher is not None:
+        if x.masked:
             x.matcher.consume_token(token)
             if x.matcher.is_error():
                 x.comp.error = f"structured output: {x.matcher.get_error()}"
                 return "error"
             if x.matcher.is_stopped():  # the output is complete: nothing but an end token may follow
                 return "stop"
+        elif x.matcher is not None:  # thinking, free, until structure_after is drawn
+            x.structuring = x.generated[-len(req.structure_after):] == req.structure_after
         if req.stop:
             # Only the new text, and the stop-length tail before it, can hold a stop string that was not there.
             if x.decoder is None:

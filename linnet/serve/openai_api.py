@@ -431,15 +431,15 @@ def _token_text(tokenizer):
 
 
 class TextStream:
-    """A choice's text as its tokens come, decoded with the prompt as context, holding back what
-    may yet turn out to be a stop string. `start`: where the choice's text begins in the response's
+    """A choice's text as its tokens come, decoded after `context` (its prompt's ids), holding back
+    what may yet turn out to be one of `stops`. `start`: where the text begins in the response's
     (past an echoed prompt), for the tokens' text offsets."""
 
-    def __init__(self, tokenizer, req: Request, start: int = 0, special: bool = False):
+    def __init__(self, tokenizer, context: list = (), stops: list = (), start: int = 0, special: bool = False):
         """`special`: keep the special tokens' text (a reply whose markers are special tokens, harmony's)."""
-        self.decoder = (tokenizer.incremental_decoder(skip_special_tokens=not special, context=req.prompt)
+        self.decoder = (tokenizer.incremental_decoder(skip_special_tokens=not special, context=context)
                         if tokenizer else None)
-        self.hold = max((len(s) for s in req.stop), default=1) - 1
+        self.hold = max((len(s) for s in stops), default=1) - 1
         self.start = start
         self.text = ""
         self.sent = 0
@@ -491,17 +491,6 @@ def completion_logprobs(lps: list, tokenizer, offsets: list, prompt: tuple | Non
             "text_offset": list(before) + list(offsets)}
 
 
-def prompt_offsets(tokenizer, ids: list) -> list:
-    """Where each prompt token's text starts in the prompt's text, as it is echoed."""
-    if tokenizer is None:
-        return [0] * len(ids)
-    decoder, at, length = tokenizer.incremental_decoder(skip_special_tokens=True), [], 0
-    for t in ids:
-        at.append(length)
-        length += len(decoder.push(t))
-    return at
-
-
 def vllm_prompt_logprobs(scores: list, tokenizer) -> list:
     """vLLM's prompt_logprobs: per prompt token, None (the first) or {id: {logprob, rank, decoded_token}}
     holding the token itself and its top alternatives."""
@@ -537,7 +526,7 @@ def echoed_prompt(job: Job, comps: list, i: int, tokenizer) -> tuple | None:
     if not job.echo_logprobs:
         return None
     ids = comps[i].request.prompt
-    return ids, job.prompt_scores(comps, i), prompt_offsets(tokenizer, ids)
+    return ids, job.prompt_scores(comps, i), TextStream(tokenizer).add(ids)  # offsets in the echoed text
 
 
 def completion_response(job: Job, comps: list, model: str, tokenizer) -> dict:
@@ -545,7 +534,8 @@ def completion_response(job: Job, comps: list, model: str, tokenizer) -> dict:
     for i, comp in enumerate(comps):
         before = job.echo[i] if job.echo else ""
         logprobs = None if comp.request.logprobs is None else completion_logprobs(
-            comp.logprobs, tokenizer, TextStream(tokenizer, comp.request, len(before)).add(comp.tokens),
+            comp.logprobs, tokenizer,
+            TextStream(tokenizer, comp.request.prompt, comp.request.stop, len(before)).add(comp.tokens),
             echoed_prompt(job, comps, i, tokenizer))
         choice = {"index": i, "text": before + _text(comp), "logprobs": logprobs, "finish_reason": finish_reason(comp)}
         if job.prompt_logprobs:

@@ -231,9 +231,11 @@ class TorchRunner:
         """The logprob and rank of targets[i] under logits row start + i, and that row's k best."""
         from linnet.serve.sampling_torch import score
 
-        chosen, ranks, top = score(logits[start:start + len(targets)], self._t(np.asarray(targets, np.int64)), k)
-        return Sampled(np.asarray(targets, np.int32), chosen.cpu().numpy(), None if top is None else top[0].cpu().numpy(),
-                       None if top is None else top[1].cpu().numpy(), ranks.cpu().numpy())
+        targets = self._t(np.asarray(targets, np.int64))
+        chosen, ranks, top = score(logits[start:start + len(targets)], targets, k)
+        out = self._to_host(targets, chosen, top)
+        out.ranks = ranks.cpu().numpy()
+        return out
 
     def decode_sample(self, tokens, positions, batch: SamplingBatch, rows, histories=None) -> Pending:
         """A decode step over every row (tokens: host ids, or a `Pending`'s), then the draws for

@@ -32,8 +32,7 @@ def _unpack_bits(words, n: int):
 
 
 def _draw(logits, temp, top_k, top_p, min_p, rep, pres, freq, seed, step, seen, counts, bias, allowed_bits, *,
-          greedy_only,
-          adjusted, top_logprobs, want_logprobs):
+          greedy_only, adjusted, top_logprobs, want_logprobs):
     logits = logits.astype(jnp.float32)
     logprobs = jax.nn.log_softmax(logits, axis=-1)
     if adjusted:  # each array None where no row needs it: a trace of its own

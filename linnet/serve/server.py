@@ -217,10 +217,10 @@ class OpenAIServer:
                 await merged.put((i, None, "closed"))
 
         pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-        special = job.reasoning is not None and job.reasoning.keeps_special
-        texts = [TextStream(self.tokenizer, s.completion.request, len(job.echo[i]) if job.echo else 0, special)
-                 for i, s in enumerate(streams)]
         comps = [s.completion for s in streams]
+        special = job.reasoning is not None and job.reasoning.keeps_special
+        texts = [TextStream(self.tokenizer, c.request.prompt, c.request.stop, len(job.echo[i]) if job.echo else 0,
+                            special) for i, c in enumerate(comps)]
         # An echo goes first; with logprobs, once its prompt is scored: with the choice's first news.
         unechoed = set(range(len(streams))) if job.echo else set()
         try:
