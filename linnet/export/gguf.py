@@ -1,9 +1,10 @@
-"""One GGUF file for llama.cpp (`llama-server -m FILE`): Llama and gpt-oss cards.
+"""One GGUF file for llama.cpp (`llama-server -m FILE`): Llama, Qwen2, Qwen3 and gpt-oss cards.
 
 Metadata is written from the card's config under llama.cpp's keys for the architecture (`llama.*`,
-`gpt-oss.*`). Llama's tensors go under the names of the card's `from gguf` lines, with the
-declared transforms undone (q and k rows back in llama.cpp's rope order); llama3 rope scaling goes
-in as llama.cpp's `rope_freqs.weight`, one divisor per frequency. gpt-oss's go as llama.cpp's own
+`qwen2.*`, `qwen3.*`, `gpt-oss.*`). Llama's and Qwen's tensors go under the names of the card's
+`from gguf` lines, with the declared transforms undone (Llama's q and k rows back in llama.cpp's
+rope order); llama3 rope scaling goes in as llama.cpp's `rope_freqs.weight`, one divisor per
+frequency, YaRN and linear scaling as keys. gpt-oss's go as llama.cpp's own
 converter writes a Hugging Face checkpoint: its names through gguf's table of them, the experts'
 interleaved gate and up columns split into two tensors, the experts unquantized (llama.cpp reads
 them so, more slowly than MXFP4). Matrices are written in the model's type; 1-D tensors, biases
@@ -31,14 +32,18 @@ from linnet.rope_tables import llama3_divisors
 PRE_NAMES = ("gpt2", "smollm", "llama-bpe", "qwen2", "gpt-4o")
 
 
-ARCHITECTURES = {"llama": "llama", "gpt_oss": "gpt-oss"}  # Linnet's name -> llama.cpp's
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gpt_oss": "gpt-oss"}  # Linnet's -> llama.cpp's
 
 
 def check_architecture(module, card: str) -> None:
-    """Raises `ExportError` unless `module`'s architecture is one written here (Llama, gpt-oss)."""
+    """Raises `ExportError` unless `module`'s architecture is one written here and llama.cpp can
+    run it as configured."""
     if module.name not in ARCHITECTURES:
         raise ExportError(f"the llama.cpp export covers {', '.join(ARCHITECTURES)} cards; {card!r} is "
                           f"{module.name!r} (export it with --to vllm instead)")
+    if module.name == "llama" and module.bindings.get("sliding_window"):
+        raise ExportError(f"{card!r} attends over a sliding window of {module.bindings['sliding_window']}, "
+                          f"which llama.cpp's llama architecture does not (export it with --to vllm instead)")
 
 
 def write_gguf(bound, out) -> str:
@@ -78,7 +83,7 @@ def write_gguf(bound, out) -> str:
         tensors = _gpt_oss(spec, bound.params, writer)
     else:
         tensors = unbind_weights(spec, bound.params, "gguf")
-        _llama_rope(b, writer)
+        _rope_keys(b, writer)
     if isinstance(bound.tokenizer_from, GGUFCheckpoint):
         _copy_tokenizer_keys(bound.tokenizer_from, writer)
     else:
@@ -100,8 +105,8 @@ def write_gguf(bound, out) -> str:
     return str(path)
 
 
-def _llama_rope(b: dict, writer) -> None:
-    """Llama's rope scaling as llama.cpp reads it."""
+def _rope_keys(b: dict, writer) -> None:
+    """Llama's and Qwen's rope scaling as llama.cpp reads it."""
     import gguf
 
     if b["rope_scaling"] == "linear":
@@ -111,8 +116,14 @@ def _llama_rope(b: dict, writer) -> None:
         divisors = llama3_divisors(b["head_dim"], b["rope_theta"], b["rope_factor"], b["rope_low_freq_factor"],
                                    b["rope_high_freq_factor"], b["rope_original_max"])
         writer.add_tensor("rope_freqs.weight", divisors.astype(np.float32))
+    elif b["rope_scaling"] == "yarn":
+        if (b["rope_beta_fast"], b["rope_beta_slow"]) != (32.0, 1.0):
+            raise ExportError("llama.cpp's YaRN keys have no betas and it takes 32 and 1; this card changes them")
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(b["rope_factor"])
+        writer.add_rope_scaling_orig_ctx_len(b["rope_original_max"])
     elif b["rope_scaling"] != "none":
-        raise ExportError(f"rope scaling {b['rope_scaling']!r} has no llama.cpp form for Llama")
+        raise ExportError(f"rope scaling {b['rope_scaling']!r} has no llama.cpp form")
 
 
 def _gpt_oss(spec, params: dict, writer) -> list:
@@ -171,8 +182,10 @@ def _write_tokenizer_keys(tok, writer, vocab_size: int) -> None:
     list padded to the model's `vocab_size`."""
     data = json.loads(tok.backend.to_str())
     model = data.get("model") or {}
-    if model.get("type") != "BPE":
-        raise ExportError(f"{tok.source}: only byte-level BPE tokenizers can be written to a GGUF, not {model.get('type')!r}")
+    if model.get("type") != "BPE" or model.get("byte_fallback"):
+        kind = "SentencePiece BPE (byte fallback)" if model.get("type") == "BPE" else repr(model.get("type"))
+        raise ExportError(f"{tok.source}: only byte-level BPE tokenizers can be written to a GGUF, not {kind}; "
+                          f"pass --tokenizer a GGUF holding this model's vocabulary to copy its keys")
     vocab = tok.backend.get_vocab(with_added_tokens=True)
     size = max(max(vocab.values()) + 1, vocab_size)
     tokens = [f"[PAD{i}]" for i in range(size)]

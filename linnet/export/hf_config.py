@@ -40,31 +40,54 @@ def _llama(b: dict) -> dict:
         rope = {"rope_type": "linear", "factor": b["rope_factor"]}
     elif b["rope_scaling"] != "none":
         raise ExportError(f"rope scaling {b['rope_scaling']!r} has no Llama config.json form")
+    if b["sliding_window"]:  # transformers' and vLLM's Llama have no window; Mistral is Llama with one
+        return {**_dense(b), "architectures": ["MistralForCausalLM"], "model_type": "mistral",
+                "rope_scaling": rope, "sliding_window": b["sliding_window"]}
+    return {**_dense(b), "architectures": ["LlamaForCausalLM"], "model_type": "llama", "rope_scaling": rope,
+            "attention_bias": False, "mlp_bias": False}
+
+
+def _qwen_rope(b: dict) -> dict | None:
+    if b["rope_scaling"] == "yarn":
+        return {"rope_type": "yarn", "factor": b["rope_factor"], "beta_fast": b["rope_beta_fast"],
+                "beta_slow": b["rope_beta_slow"], "original_max_position_embeddings": b["rope_original_max"]}
+    if b["rope_scaling"] == "linear":
+        return {"rope_type": "linear", "factor": b["rope_factor"]}
+    return None
+
+
+def _qwen2(b: dict) -> dict:
+    return {**_dense(b), "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "rope_scaling": _qwen_rope(b),
+            "use_sliding_window": False}
+
+
+def _qwen3(b: dict) -> dict:
+    return {**_dense(b), "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "rope_scaling": _qwen_rope(b),
+            "attention_bias": False, "use_sliding_window": False}
+
+
+def _dense(b: dict) -> dict:
+    """The keys every Llama-like config shares."""
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "vocab_size": b["vocab"], "hidden_size": b["dim"], "intermediate_size": b["ffn"],
         "num_hidden_layers": b["layers"], "num_attention_heads": b["heads"], "num_key_value_heads": b["kv_heads"],
-        "head_dim": b["head_dim"], "rms_norm_eps": b["norm_eps"], "rope_theta": b["rope_theta"], "rope_scaling": rope,
-        "tie_word_embeddings": b["tie_embeddings"], "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+        "head_dim": b["head_dim"], "rms_norm_eps": b["norm_eps"], "rope_theta": b["rope_theta"],
+        "tie_word_embeddings": b["tie_embeddings"], "hidden_act": "silu",
     }
 
 
 def _gpt_oss(b: dict) -> dict:
     return {
-        "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
-        "vocab_size": b["vocab"], "hidden_size": b["dim"], "intermediate_size": b["ffn"],
-        "num_hidden_layers": b["layers"], "num_attention_heads": b["heads"], "num_key_value_heads": b["kv_heads"],
-        "head_dim": b["head_dim"], "num_local_experts": b["experts"], "num_experts_per_tok": b["experts_per_token"],
+        **_dense({**b, "tie_embeddings": False}), "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
+        "num_local_experts": b["experts"], "num_experts_per_tok": b["experts_per_token"],
         "experts_per_token": b["experts_per_token"], "sliding_window": b["sliding_window"],
         "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(b["layers"])],
-        "swiglu_alpha": b["swiglu_alpha"], "swiglu_limit": b["swiglu_limit"], "rms_norm_eps": b["norm_eps"],
-        "rope_theta": b["rope_theta"],
+        "swiglu_alpha": b["swiglu_alpha"], "swiglu_limit": b["swiglu_limit"],
         "rope_scaling": {"rope_type": "yarn", "factor": b["rope_factor"], "beta_fast": b["rope_beta_fast"],
                          "beta_slow": b["rope_beta_slow"], "truncate": b["rope_truncate"],
                          "original_max_position_embeddings": b["rope_original_max"]},
-        "tie_word_embeddings": False, "hidden_act": "silu", "attention_bias": True,
-        "initial_context_length": b["rope_original_max"],
+        "attention_bias": True, "initial_context_length": b["rope_original_max"],
     }
 
 
-_WRITERS = {"llama": _llama, "gpt_oss": _gpt_oss}
+_WRITERS = {"llama": _llama, "qwen2": _qwen2, "qwen3": _qwen3, "gpt_oss": _gpt_oss}

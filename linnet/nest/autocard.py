@@ -1,11 +1,14 @@
 """A card for a local checkpoint that is not in the registry, written from its config.
 
-Llama-family checkpoints (`architectures: LlamaForCausalLM`, or a GGUF whose
-architecture is llama) get a card over the built-in Llama architecture;
-`GptOssForCausalLM` checkpoints one over the gpt-oss architecture.
+A checkpoint's `architectures` entry (config.json's, or the one a GGUF's `general.architecture`
+stands for) picks the built-in architecture: Llama and Mistral checkpoints get a card over
+llama, Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distills) over qwen2, Qwen3 over qwen3,
+gpt-oss over gpt_oss. Config values the architecture cannot express are refused, not dropped.
 """
 
 from __future__ import annotations
+
+import math
 
 from linnet.nest.errors import WeightsError
 
@@ -41,19 +44,14 @@ def _rope_theta(config: dict, default: float) -> float:
     return float(config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta", default))
 
 
-def _llama_values(config: dict, name: str) -> dict:
-    # Llama checkpoints with biases (attention_bias, mlp_bias) exist; loaded without them they would
-    # give wrong logits with nothing but an unused-tensor warning, so they are refused here.
-    biased = [key for key in ("attention_bias", "mlp_bias") if config.get(key)]
-    if biased:
-        raise WeightsError(f"{name}: this Llama checkpoint has {' and '.join(biased)} set, and the llama "
-                           f"architecture has no biases; write a card over an architecture that has them")
+def _dense_values(config: dict, name: str) -> dict:
+    """What a Llama-like layer (GQA attention, SwiGLU MLP, RMSNorm) reads from any of these configs."""
     act = config.get("hidden_act", "silu")
     if act != "silu":
-        raise WeightsError(f"{name}: hidden_act {act!r}; the llama architecture's MLP is SwiGLU (silu)")
+        raise WeightsError(f"{name}: hidden_act {act!r}; this architecture's MLP is SwiGLU (silu)")
     heads = int(config["num_attention_heads"])
     dim = int(config["hidden_size"])
-    values = {
+    return {
         "vocab": int(config["vocab_size"]),
         "dim": dim,
         "layers": int(config["num_hidden_layers"]),
@@ -65,6 +63,20 @@ def _llama_values(config: dict, name: str) -> dict:
         "rope_theta": _rope_theta(config, 10000.0),
         "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
     }
+
+
+def _refuse_biases(config: dict, name: str, keys=("attention_bias", "mlp_bias")) -> None:
+    # Checkpoints with biases exist; loaded without them they would give wrong logits with
+    # nothing but an unused-tensor warning, so they are refused.
+    biased = [key for key in keys if config.get(key)]
+    if biased:
+        raise WeightsError(f"{name}: this checkpoint has {' and '.join(biased)} set, and its architecture "
+                           f"has no such biases; write a card over an architecture that has them")
+
+
+def _llama_values(config: dict, name: str) -> dict:
+    _refuse_biases(config, name)
+    values = _dense_values(config, name)
     scaling, kind = _rope_scaling(config)
     if kind == "llama3":
         values.update(rope_scaling="llama3", rope_factor=float(scaling["factor"]),
@@ -76,6 +88,48 @@ def _llama_values(config: dict, name: str) -> dict:
     elif kind not in ("default", None):
         raise WeightsError(f"{name}: rope scaling {kind!r} is not supported for Llama checkpoints")
     return values
+
+
+def _mistral_values(config: dict, name: str) -> dict:
+    values = _llama_values(config, name)
+    window = config.get("sliding_window")
+    if window and int(window) < int(config.get("max_position_embeddings") or 1 << 62):
+        values["sliding_window"] = int(window)  # Mistral 7B v0.1: every layer sees the last 4096
+    return values
+
+
+def _qwen_rope(config: dict, name: str, values: dict) -> dict:
+    scaling, kind = _rope_scaling(config)
+    if kind == "yarn":
+        values.update(rope_scaling="yarn", rope_factor=float(scaling["factor"]),
+                      rope_original_max=int(scaling.get("original_max_position_embeddings", 32768)),
+                      rope_beta_fast=float(scaling.get("beta_fast") or 32.0),
+                      rope_beta_slow=float(scaling.get("beta_slow") or 1.0))
+        own = scaling.get("attention_factor")
+        if own is None and scaling.get("mscale") and scaling.get("mscale_all_dim"):
+            own = (0.1 * scaling["mscale"] * math.log(values["rope_factor"]) + 1.0) / (
+                0.1 * scaling["mscale_all_dim"] * math.log(values["rope_factor"]) + 1.0)
+        if own is not None and not math.isclose(float(own), 0.1 * math.log(values["rope_factor"]) + 1.0):
+            raise WeightsError(f"{name}: YaRN with attention_factor {own} is not supported; Linnet scales by "
+                               f"YaRN's own 0.1 ln(factor) + 1")
+    elif kind == "linear":
+        values.update(rope_scaling="linear", rope_factor=float(scaling["factor"]))
+    elif kind not in ("default", None):
+        raise WeightsError(f"{name}: rope scaling {kind!r} is not supported for Qwen checkpoints")
+    if config.get("use_sliding_window"):
+        raise WeightsError(f"{name}: use_sliding_window is set; Linnet's Qwen architectures attend over the "
+                           f"whole row in every layer")
+    return values
+
+
+def _qwen2_values(config: dict, name: str) -> dict:
+    _refuse_biases(config, name, ("mlp_bias",))  # q, k and v have biases in every Qwen2
+    return _qwen_rope(config, name, _dense_values(config, name))
+
+
+def _qwen3_values(config: dict, name: str) -> dict:
+    _refuse_biases(config, name)
+    return _qwen_rope(config, name, _dense_values(config, name))
 
 
 def _gpt_oss_values(config: dict, name: str) -> dict:
@@ -114,4 +168,10 @@ def _gpt_oss_values(config: dict, name: str) -> dict:
 
 
 # a checkpoint's `architectures` entry -> (Linnet architecture, its config values from config.json)
-SUPPORTED = {"LlamaForCausalLM": ("llama", _llama_values), "GptOssForCausalLM": ("gpt_oss", _gpt_oss_values)}
+SUPPORTED = {
+    "LlamaForCausalLM": ("llama", _llama_values),
+    "MistralForCausalLM": ("llama", _mistral_values),
+    "Qwen2ForCausalLM": ("qwen2", _qwen2_values),
+    "Qwen3ForCausalLM": ("qwen3", _qwen3_values),
+    "GptOssForCausalLM": ("gpt_oss", _gpt_oss_values),
+}

@@ -274,6 +274,8 @@ def _safetensors_overrun(file: Path) -> str:
 # GGUF architecture -> (model_type, architectures) for the config we build.
 _GGUF_ARCHS = {
     "llama": ("llama", ["LlamaForCausalLM"]),
+    "qwen2": ("qwen2", ["Qwen2ForCausalLM"]),
+    "qwen3": ("qwen3", ["Qwen3ForCausalLM"]),
 }
 
 # Types that hold plain numbers rather than quantized blocks.

@@ -160,29 +160,45 @@ def random_checkpoint(spec, seed: int, fmt: str = "hf") -> dict:
     return out
 
 
-def hf_config(bindings: dict, max_seq: int):
-    """A `LlamaConfig` equal to a specialized llama card's config."""
-    from transformers import LlamaConfig
+# the transformers class for each architecture of the tiny cards (llama with a window is Mistral)
+HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+              "qwen3": "Qwen3ForCausalLM", "gpt_oss": "GptOssForCausalLM"}
+
+
+def hf_family(spec) -> str:
+    return "mistral" if spec.name == "llama" and spec.bindings["sliding_window"] else spec.name
+
+
+def hf_config(bindings: dict, max_seq: int, family: str = "llama"):
+    """The transformers config equal to a specialized dense card's config: a `LlamaConfig`, or
+    Mistral's (a window), Qwen2's (q/k/v biases) or Qwen3's (q/k norms)."""
+    import transformers
 
     b = bindings
     if b["rope_scaling"] == "llama3":
         rope = {"rope_type": "llama3", "rope_theta": b["rope_theta"], "factor": b["rope_factor"],
                 "low_freq_factor": b["rope_low_freq_factor"], "high_freq_factor": b["rope_high_freq_factor"],
                 "original_max_position_embeddings": b["rope_original_max"]}
+    elif b["rope_scaling"] == "yarn":
+        rope = {"rope_type": "yarn", "rope_theta": b["rope_theta"], "factor": b["rope_factor"],
+                "original_max_position_embeddings": b["rope_original_max"]}
     else:
         assert b["rope_scaling"] == "none", b["rope_scaling"]
         rope = {"rope_type": "default", "rope_theta": b["rope_theta"]}
-    config = LlamaConfig(
+    extra = {"llama": dict(attention_bias=False, mlp_bias=False), "mistral": dict(sliding_window=b.get("sliding_window")),
+             "qwen2": dict(use_sliding_window=False), "qwen3": dict(attention_bias=False, use_sliding_window=False)}[family]
+    config_class = getattr(transformers, HF_CLASSES[family].replace("ForCausalLM", "Config"))
+    config = config_class(
         vocab_size=b["vocab"], hidden_size=b["dim"], num_hidden_layers=b["layers"],
         num_attention_heads=b["heads"], num_key_value_heads=b["kv_heads"], head_dim=b["head_dim"],
         intermediate_size=b["ffn"], rms_norm_eps=b["norm_eps"], rope_theta=b["rope_theta"],
         rope_scaling=rope, max_position_embeddings=max_seq, tie_word_embeddings=b["tie_embeddings"],
-        attention_bias=False, mlp_bias=False, hidden_act="silu", attn_implementation="eager")
+        hidden_act="silu", attn_implementation="eager", **extra)
     # transformers 5 folds rope_theta and rope_scaling into rope_parameters: check it kept ours
     params = getattr(config, "rope_parameters", None) or {**(config.rope_scaling or {}), "rope_theta": config.rope_theta}
     for key, value in rope.items():
         assert params.get(key) == value, f"transformers changed rope {key}: {params}"
-    assert config.rms_norm_eps == b["norm_eps"]
+    assert config.rms_norm_eps == b["norm_eps"] and config.head_dim == b["head_dim"]
     return config
 
 
@@ -207,7 +223,7 @@ def hf_gpt_oss_config(bindings: dict, max_seq: int):
 
 
 def hf_reference(spec, seed: int, max_seq: int):
-    """A random `LlamaForCausalLM` or `GptOssForCausalLM` (f32, eager attention) with the card's
+    """A random transformers model of the card's family (f32, eager attention) with the card's
     config, every weight seeded.
 
     Every weight is drawn here (norms included, which transformers would set
@@ -215,13 +231,13 @@ def hf_reference(spec, seed: int, max_seq: int):
     Matrices are scaled by their input width: dim -1 of a linear, dim -2 of a
     stack of experts ([experts, in, out]).
     """
-    from transformers import GptOssForCausalLM, LlamaForCausalLM
+    import transformers
 
     torch.manual_seed(seed)
-    if spec.name == "gpt_oss":
-        model = GptOssForCausalLM(hf_gpt_oss_config(spec.bindings, max_seq)).float().eval()
-    else:
-        model = LlamaForCausalLM(hf_config(spec.bindings, max_seq)).float().eval()
+    family = hf_family(spec)
+    config = (hf_gpt_oss_config(spec.bindings, max_seq) if family == "gpt_oss"
+              else hf_config(spec.bindings, max_seq, family))
+    model = getattr(transformers, HF_CLASSES[family])(config).float().eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():  # tied weights are one parameter, drawn once

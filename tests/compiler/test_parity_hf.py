@@ -1,8 +1,11 @@
-"""Both backends against transformers on the tiny cards: `LlamaForCausalLM`, `GptOssForCausalLM`.
+"""Both backends against transformers on the tiny cards: `LlamaForCausalLM`, `MistralForCausalLM`,
+`Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `GptOssForCausalLM`.
 
 The reference has the card's config (llama3 RoPE scaling and GQA in
-`tiny-llama`, tied embeddings in `tiny-llama-tied`; in `tiny-gpt-oss`
-biases, sinks, sliding-window layers, YaRN and routed experts) and random weights; its
+`tiny-llama`, tied embeddings in `tiny-llama-tied`, a sliding window in `tiny-mistral`;
+q/k/v biases, YaRN and a tied head in `tiny-qwen2`; per-head q/k norms and a wide head in
+`tiny-qwen3`; in `tiny-gpt-oss` biases, sinks, sliding-window layers, YaRN and routed
+experts) and random weights; its
 state dict is bound through the checkpoint names the `.linnet` source
 declares. Four prompts of different lengths are prefilled in one pack, then
 16 greedy steps are decoded; each step is compared with the reference run
@@ -31,7 +34,8 @@ MODES = {
 }
 
 
-@pytest.fixture(scope="module", params=["tiny-llama", "tiny-llama-tied", "tiny-gpt-oss"])
+@pytest.fixture(scope="module", params=["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-qwen2", "tiny-qwen3",
+                                        "tiny-gpt-oss"])
 def card(request, kit):
     """The card's module, a seeded reference with its config, prompts, and the reference's greedy run."""
     name = request.param
@@ -79,6 +83,13 @@ def test_cards_are_what_the_tests_claim(card):
         # the sliding window is shorter than the prompts, and the router chooses among several experts
         assert b["sliding_window"] < max(PROMPT_LENGTHS) and 1 < b["experts_per_token"] < b["experts"]
         assert b["kv_heads"] < b["heads"] and b["layers"] >= 2
+    elif card["name"] == "tiny-mistral":
+        assert 0 < b["sliding_window"] < max(PROMPT_LENGTHS)
+    elif card["name"] == "tiny-qwen2":
+        assert b["rope_scaling"] == "yarn" and b["rope_original_max"] < max(PROMPT_LENGTHS) + STEPS
+        assert b["tie_embeddings"] and "bq" in card["spec"].params
+    elif card["name"] == "tiny-qwen3":
+        assert b["head_dim"] * b["heads"] != b["dim"] and "q_norm" in card["spec"].params
     else:
         assert b["tie_embeddings"] and b["rope_scaling"] == "none"
 

@@ -32,6 +32,13 @@ def test_the_plan_is_megatrons(kit):
     assert states == {"k_cache": 3, "v_cache": 3}  # [layers, Batch, MaxSeq, kv_heads, head_dim]
 
 
+def test_per_head_norms_and_q_biases_follow_their_heads(kit):
+    params, _ = plan(kit, "tiny-qwen3")
+    assert "q_norm" not in params and "k_norm" not in params  # over head_dim: every shard holds whole heads
+    params, _ = plan(kit, "tiny-qwen2")
+    assert params["bq"] == params["bk"] == params["bv"] == 1
+
+
 def test_the_plan_splits_experts_and_column_biases(kit):
     params, _ = plan(kit, "tiny-gpt-oss")
     assert params["bq"] == 1 and params["wo"] == 2 and "bo" not in params  # a row-parallel bias is added once
@@ -47,7 +54,8 @@ SCRIPT = textwrap.dedent("""
     out = {}
     rng = random.Random(0)
     prompts = [[rng.randrange(1, 128) for _ in range(rng.randint(4, 14))] for _ in range(5)]
-    for card, counts in (("tiny-llama", (None, 2, 4)), ("tiny-gpt-oss", (None, 2))):
+    for card, counts in (("tiny-llama", (None, 2, 4)), ("tiny-gpt-oss", (None, 2)), ("tiny-qwen2", (None, 2)),
+                         ("tiny-qwen3", (None, 2))):
         for shards in counts:
             model = nest.load(card, backend="jax", weights="random", seed=2, generics={"Batch": 4, "MaxSeq": 32},
                               numerics="fast", shards=shards)
@@ -63,7 +71,7 @@ SCRIPT = textwrap.dedent("""
             if shards:  # (on one device, fast numerics fuse q, k and v into one weight)
                 wq = model.runner.weights["wq"][0]
                 out[f"{card}/{shards}"].update(
-                    wq_devices=len(wq.devices()), wq_shard=list(wq.addressable_shards[0].data.shape),
+                    wq_devices=len(wq.devices()), wq_rows=wq.shape[0], wq_shard=list(wq.addressable_shards[0].data.shape),
                     cache_spec=str(model.runner.state_bits["k_cache"].sharding.spec))
     try:
         nest.load("tiny-llama", backend="jax", weights="random", shards=5)
@@ -82,7 +90,8 @@ def results(tmp_path_factory):
     return json.loads(line[len("RESULT "):])
 
 
-@pytest.mark.parametrize("card, shards", [("tiny-llama", 2), ("tiny-llama", 4), ("tiny-gpt-oss", 2)])
+@pytest.mark.parametrize("card, shards", [("tiny-llama", 2), ("tiny-llama", 4), ("tiny-gpt-oss", 2), ("tiny-qwen2", 2),
+                                         ("tiny-qwen3", 2)])
 def test_a_model_over_several_devices_computes_what_one_does(results, card, shards):
     import numpy as np
 
@@ -91,7 +100,7 @@ def test_a_model_over_several_devices_computes_what_one_does(results, card, shar
     a, b = np.array(one["logits"]), np.array(many["logits"])
     assert np.abs(a - b).max() <= 1e-5 * np.abs(a).max()
     assert many["compiles"] == 0  # the mesh adds no compile after warmup
-    assert many["wq_devices"] == shards and many["wq_shard"][0] == 64 // shards  # q's rows are split
+    assert many["wq_devices"] == shards and many["wq_shard"][0] == many["wq_rows"] // shards  # q's rows are split
     # the caches split over kv heads where the mesh divides them (2 kv heads), else stay whole
     assert many["cache_spec"] == ("P(None, None, None, 'model')" if shards == 2 else "P()")
 

@@ -12,23 +12,29 @@ from linnet.nest.embedded import embedded_gguf_path
 from linnet.nest.load import read_weights
 from linnet.nest.tokenizer import Tokenizer
 
-# SmolLM2's vocabulary, so the embedded GGUF's tokenizer fits; llama3 scaling over a short context.
-CARD = """\
-card "small-llama3"
-import llama
+# A small card of an architecture, in SmolLM2's vocabulary so that the embedded GGUF's tokenizer
+# fits, its rope scaled over a short context.
+SMALL = """\
+card "small-{arch}"
+import {arch}
 config {{
   vocab = 49152
   dim = 64
   layers = 2
   heads = 4
   kv_heads = 2
+  head_dim = {head_dim}
   ffn = 128
   rope_theta = 10000.0
   rope_scaling = "{scaling}"
-  rope_factor = 8.0
-  rope_original_max = 64
+  rope_factor = {factor}
+  rope_original_max = {original}
 }}
 """
+
+
+def small_card(arch: str, scaling: str, head_dim: int = 16, factor: float = 8.0, original: int = 64) -> str:
+    return SMALL.format(arch=arch, scaling=scaling, head_dim=head_dim, factor=factor, original=original)
 PROMPT = list(range(100, 140))
 TEXTS = ["The capital of France is", "  spaced  out\n\tand 12345 numbers", "naïve café <|im_end|> end"]
 
@@ -39,7 +45,7 @@ pytestmark = pytest.mark.skipif(embedded_gguf_path() is None, reason="llm-smollm
 def cards(tmp_path_factory):
     d = tmp_path_factory.mktemp("cards")
     for scaling in ("llama3", "none"):
-        (d / f"small-{scaling}.linnet").write_text(CARD.format(scaling=scaling))
+        (d / f"small-{scaling}.linnet").write_text(small_card("llama", scaling))
     return d
 
 
@@ -159,13 +165,39 @@ def test_llama_cpp_computes_gpt_oss_as_linnet_does(tmp_path, truncate, bound):
     assert float((np.abs(ours - ref).max(axis=1) / np.abs(ref).max(axis=1)).max()) <= bound
 
 
-def test_only_llama_and_gpt_oss_cards_and_only_with_a_tokenizer(tmp_path):
+@pytest.mark.parametrize("arch, head_dim", [("qwen2", 16), ("qwen3", 32)])
+def test_llama_cpp_computes_qwen_as_linnet_does(tmp_path, arch, head_dim):
+    """q and k go in their checkpoint order (llama.cpp rotates Qwen's halves NeoX-wise); the
+    biases, the q/k norms (Qwen3's heads wider than dim / heads) and YaRN's keys (over a 40-token
+    prompt from an original context of 16) are where llama.cpp reads them. llama.cpp keeps its
+    cache in f16, which moves its logits by about 1e-4 of their size (as for Llama)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    for scaling in ("yarn", "none"):
+        card = small_card(arch, scaling, head_dim=head_dim, factor=4.0, original=16)
+        (tmp_path / f"{arch}-{scaling}.linnet").write_text(card)
+    path = export(tmp_path / f"{arch}-yarn.linnet", "llama.cpp", tmp_path, weights="random", seed=5, dtype="f32",
+                  tokenizer=embedded_gguf_path())
+    ckpt = GGUFCheckpoint(path)
+    assert ckpt.metadata("general.architecture") == arch and ckpt.config()["rope_scaling"]["rope_type"] == "yarn"
+    llm = llama_cpp.Llama(model_path=path, n_ctx=128, logits_all=True, verbose=False, n_threads=2)
+    llm.eval(PROMPT)
+    ref = np.array(llm.scores[:len(PROMPT)])
+    err = lambda ours: float((np.abs(ours - ref).max(axis=1) / np.abs(ref).max(axis=1)).max())
+    assert err(linnet_logits(tmp_path / f"{arch}-yarn.linnet")) <= 1e-3
+    assert err(linnet_logits(tmp_path / f"{arch}-none.linnet")) > 5e-3  # YaRN's keys were read
+    again = prefill_all(nest.load(path, generics={"Batch": 1, "MaxSeq": 64}), PROMPT)
+    np.testing.assert_allclose(again, linnet_logits(tmp_path / f"{arch}-yarn.linnet"), rtol=0, atol=1e-5)
+
+
+def test_only_the_architectures_llama_cpp_runs_and_only_with_a_tokenizer(tmp_path):
     from types import SimpleNamespace
 
     from linnet.export.gguf import check_architecture
 
-    with pytest.raises(ExportError, match="covers llama, gpt_oss cards; 'm' is 'mamba'"):
+    with pytest.raises(ExportError, match="covers llama, qwen2, qwen3, gpt_oss cards; 'm' is 'mamba'"):
         check_architecture(SimpleNamespace(name="mamba"), "m")
+    with pytest.raises(ExportError, match="sliding window of 6, which llama.cpp's llama architecture does not"):
+        export("tiny-mistral", "llama.cpp", tmp_path / "out", weights="random")
     with pytest.raises(ExportError, match="needs a tokenizer"):
         export("tiny-llama", "llama.cpp", tmp_path / "out", weights="random")
     with pytest.raises(ExportError, match="needs a tokenizer"):

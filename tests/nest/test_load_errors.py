@@ -169,9 +169,9 @@ def test_unused_tensors_reported_once(ckpt_dir):
 
 def test_not_a_llama_checkpoint(ckpt_dir):
     cfg = json.loads((ckpt_dir / "config.json").read_text())
-    cfg["architectures"] = ["MistralForCausalLM"]
+    cfg["architectures"] = ["MixtralForCausalLM"]
     (ckpt_dir / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(WeightsError, match=r"Tiny-Llama: architecture \['MistralForCausalLM'\] is not supported"):
+    with pytest.raises(WeightsError, match=r"Tiny-Llama: architecture \['MixtralForCausalLM'\] is not supported"):
         load(ckpt_dir)
 
 

@@ -1,0 +1,104 @@
+"""Mistral, Qwen2 and Qwen3 checkpoints without a card: a random tiny model saved by transformers
+loads through nest.load with a card written from its config.json (Mistral over the llama
+architecture, its sliding window kept; Qwen2 with its q/k/v biases; Qwen3 with its per-head q/k
+norms) and gives transformers' logits on both backends. Qwen GGUFs, laid out as llama.cpp's
+converter writes them (q and k in checkpoint order), load the same."""
+
+import json
+
+import pytest
+import torch
+
+from linnet import nest
+from linnet.nest.autocard import card_source_from_config
+
+PROMPTS = [[5, 17, 200, 3, 99, 41, 7], [250, 1, 64, 128, 9], [33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43]]
+GENERICS = {"Batch": 4, "MaxSeq": 32}
+COMMON = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+              intermediate_size=96, max_position_embeddings=128, rope_theta=10000.0, attn_implementation="eager")
+# family -> (transformers class, its config's own keys)
+FAMILIES = {
+    "mistral": ("Mistral", dict(sliding_window=4, tie_word_embeddings=False)),  # shorter than two of the prompts
+    "qwen2": ("Qwen2", dict(tie_word_embeddings=True)),
+    "qwen3": ("Qwen3", dict(head_dim=32, tie_word_embeddings=False)),  # heads * head_dim != hidden_size
+}
+pytestmark = pytest.mark.filterwarnings("ignore:no tokenizer loaded")
+
+
+def random_model(family: str, **overrides):
+    import transformers
+
+    prefix, own = FAMILIES[family]
+    config = getattr(transformers, prefix + "Config")(**{**COMMON, **own, **overrides})
+    torch.manual_seed(3)
+    model = getattr(transformers, prefix + "ForCausalLM")(config).float().eval()
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # every weight drawn: norms away from 1, biases away from 0
+        for _, p in model.named_parameters():
+            t = torch.randn(p.shape, generator=g)
+            p.copy_(1.0 + 0.1 * t if p.dim() == 1 else t / p.shape[-1] ** 0.5)
+    return model
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def saved(request, tmp_path_factory):
+    """(family, directory, reference): the tiny model as save_pretrained writes it."""
+    model = random_model(request.param)
+    path = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(path)
+    return request.param, path, model
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_a_saved_checkpoint_loads_with_a_card_from_its_config(saved, backend, prefill_error):
+    family, path, reference = saved
+    model = nest.load(str(path), backend=backend, generics=GENERICS, tokenizer=False)
+    assert model.info["unused_tensors"] == []
+    assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
+
+
+def test_the_cards_say_what_the_configs_do(saved):
+    family, path, _ = saved
+    config = json.loads((path / "config.json").read_text())
+    source = card_source_from_config(config, "tiny")
+    arch = {"mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}[family]
+    assert f"import {arch}\n" in source
+    if family == "mistral":
+        assert "sliding_window = 4" in source
+        # a window as long as the context never binds: no window in the card
+        assert "sliding_window" not in card_source_from_config({**config, "sliding_window": 128}, "tiny")
+    if family == "qwen3":
+        assert "head_dim = 32" in source
+
+
+@pytest.mark.parametrize("family, change, message", [
+    ("qwen2", {"use_sliding_window": True}, "use_sliding_window is set"),
+    ("qwen3", {"attention_bias": True}, "has attention_bias set"),
+    ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "attention_factor": 2.0}}, "attention_factor 2.0"),
+    ("qwen3", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope scaling 'dynamic'"),
+    ("mistral", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+])
+def test_what_the_architectures_cannot_express_is_refused(family, change, message):
+    prefix, _ = FAMILIES[family]
+    config = {"architectures": [prefix + "ForCausalLM"], **COMMON, **change}
+    with pytest.raises(nest.WeightsError, match=message):
+        card_source_from_config(config, "tiny")
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_yarn_as_qwen_long_context_configs_set_it(family, tmp_path, prefill_error):
+    reference = random_model(family, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                      "original_max_position_embeddings": 8})
+    reference.save_pretrained(tmp_path)
+    model = nest.load(str(tmp_path), generics=GENERICS, tokenizer=False)
+    assert model.module.bindings["rope_scaling"] == "yarn"
+    assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_a_qwen_gguf_loads_as_its_checkpoint_does(family, tmp_path, prefill_error, to_gguf):
+    reference = random_model(family)
+    path = to_gguf(reference, tmp_path / f"tiny-{family}.gguf", arch=family)
+    model = nest.load(str(path), generics=GENERICS, tokenizer=False)
+    assert model.module.name == family and model.info["unused_tensors"] == []
+    assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4

@@ -1,0 +1,31 @@
+"""The registry's cards for published models hold those models' shapes: each card's parameter
+count is the total the Hugging Face hub gives for the checkpoint's safetensors (tied heads counted
+once), so a wrong width, depth, head count or vocabulary shows."""
+
+import pytest
+
+from linnet import nest
+
+# hf_repo -> its parameters, as the hub's safetensors metadata counts them
+PUBLISHED = {
+    "meta-llama/Llama-3.1-8B-Instruct": 8_030_261_248,
+    "meta-llama/Llama-3.2-1B-Instruct": 1_235_814_400,
+    "meta-llama/Llama-3.2-3B-Instruct": 3_212_749_824,
+    "mistralai/Mistral-7B-Instruct-v0.3": 7_248_023_552,
+    "Qwen/Qwen2.5-0.5B-Instruct": 494_032_768,
+    "Qwen/Qwen2.5-7B-Instruct": 7_615_616_512,
+    "Qwen/Qwen3-0.6B": 596_049_920,
+    "Qwen/Qwen3-8B": 8_190_735_360,
+    "HuggingFaceTB/SmolLM2-135M-Instruct": 134_515_008,
+    "openai/gpt-oss-20b": 20_914_757_184,
+}
+CARDS = [info for info in nest.cards() if info.hf_repo]
+
+
+def test_every_published_card_is_counted_here():
+    assert sorted(info.hf_repo for info in CARDS) == sorted(PUBLISHED)
+
+
+@pytest.mark.parametrize("info", CARDS, ids=lambda info: info.name)
+def test_a_card_has_its_checkpoints_parameters(info):
+    assert info.parameters() == PUBLISHED[info.hf_repo]
