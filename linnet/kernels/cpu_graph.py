@@ -117,8 +117,22 @@ class CpuGraph:
                 op != OP_COPY and (kwargs.get("alpha", 1) != 1 or len(args) > 2):
             return False
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and isinstance(out, torch.Tensor)
-                and a.dtype == b.dtype and (op == OP_COPY or a.shape == out.shape == b.shape)):
+                and a.dtype == b.dtype):
             return False
+        if op == OP_COPY:
+            if a.shape != out.shape:  # a reshape that copied: the same values in row order, out dense
+                if not (out.is_contiguous() and out.numel() == a.numel()):
+                    return False
+                out = out.view(a.shape)
+        else:
+            if a.shape != out.shape and op in (OP_ADD, OP_MUL):
+                a, b = b, a  # both commute: the operand that broadcasts goes second
+            if a.shape != out.shape:
+                return False
+            try:
+                b = b.expand(out.shape)  # a bias over rows: its row stride is 0 (`_rows` refuses other broadcasts)
+            except RuntimeError:
+                return False
         views = [_rows(t) for t in (a, b, out)]
         if None in views or len({v[2:] for v in views}) != 1:
             return False  # a layout the kernel does not walk, or a copy that moves values across rows

@@ -124,7 +124,7 @@ def matmul(x: torch.Tensor, w: PanelWeight, bias: torch.Tensor | None = None) ->
         raise MemoryError(f"no memory for x's {rows.shape[0]} x {w.k} copy, f32 sums, or a {w.k} x {PANEL} f32 "
                           f"panel to widen {w.dtype} weights into")
     if bias is not None:
-        out += bias
+        out += bias.to(out.dtype)  # (a bf16 model's bias, widened: the sums stay f32 until rounded once)
     if x.dim() != 2:
         out = out.reshape(*x.shape[:-1], w.n)
     return out if out.dtype == x.dtype else out.to(x.dtype)

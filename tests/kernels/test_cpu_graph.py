@@ -112,11 +112,13 @@ def test_a_capture_records_its_own_thread_only():
     assert len(graph) == 1
 
 
-@pytest.mark.parametrize("card", ["tiny-llama", "tiny-llama-tied"])
+@pytest.mark.parametrize("card", ["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-qwen2", "tiny-qwen3"])
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
 def test_a_replayed_decode_step_equals_the_eager_step(card, dtype):
     """The torch runner's captured step against the model's own eager decode, step after step from
-    the same cache: rows at different positions, idle rows (padding), the logits and the cache."""
+    the same cache: rows at different positions, idle rows (padding), the logits and the cache.
+    Qwen2's biases are added over rows (a broadcast the replay reads with a row stride of 0);
+    Qwen3's per-head norms read q and k through a copy of the fused output's columns."""
     from linnet import nest
     from linnet.serve.runners import TorchRunner
 
