@@ -1,8 +1,10 @@
-"""Build a `tokenizers` byte-level BPE tokenizer from a GGUF's metadata.
+"""Build a `tokenizers` tokenizer from a GGUF's metadata: byte-level BPE ("gpt2") or
+SentencePiece's BPE ("llama": Mistral, Llama 2 and their kin).
 
 A GGUF carries no tokenizer.json: it has the vocabulary
-(`tokenizer.ggml.tokens`), the merges, a type per token, and a *name* for how
-text is split before BPE (`tokenizer.ggml.pre`). llama.cpp gives each name a
+(`tokenizer.ggml.tokens`), the merges (byte-level BPE) or a score per token
+(SentencePiece), a type per token, and a *name* for how text is split before
+byte-level BPE (`tokenizer.ggml.pre`). llama.cpp gives each name a
 list of regexes applied in turn, each one splitting the pieces the previous
 one produced; `PRE_TOKENIZERS` below restates those we support as
 `tokenizers` pre-tokenizers.
@@ -87,26 +89,38 @@ def _pre_tokenizer(pre: str):
     return pre_tokenizers.Sequence(steps)
 
 
-def build_bpe_tokenizer(meta) -> "tokenizers.Tokenizer":  # noqa: F821
-    """A `tokenizers.Tokenizer` for a GGUF whose tokenizer.ggml.model is "gpt2".
+def build_gguf_tokenizer(meta) -> "tokenizers.Tokenizer":  # noqa: F821
+    """A `tokenizers.Tokenizer` for a GGUF whose tokenizer.ggml.model is "gpt2" or "llama".
 
     `meta(key, default)` reads GGUF metadata (GGUFCheckpoint.metadata).
     Control and unknown tokens become special added tokens (matched whole in
     text, dropped by skip_special_tokens); user-defined ones become plain
     added tokens. A BOS/EOS is added on encode when the GGUF says so
-    (tokenizer.ggml.add_bos_token / add_eos_token, default off).
+    (tokenizer.ggml.add_bos_token / add_eos_token; when unsaid, llama.cpp's
+    defaults: BOS for SentencePiece vocabularies, neither for byte-level ones).
     """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, processors
-
     kind = meta("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise TokenizerError(f"GGUF tokenizer model {kind!r} is not supported; only byte-level BPE ('gpt2') is")
+    builders = {"gpt2": _byte_level_bpe, "llama": _sentencepiece_bpe}
+    if kind not in builders:
+        raise TokenizerError(f"GGUF tokenizer model {kind!r} is not supported; supported: byte-level BPE "
+                             f"('gpt2') and SentencePiece BPE ('llama')")
     tokens: list[str] = meta("tokenizer.ggml.tokens") or []
-    merges: list[str] = meta("tokenizer.ggml.merges") or []
     types: list[int] = meta("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
+    if not tokens:
+        raise TokenizerError("the GGUF lacks tokenizer.ggml.tokens")
+    tk = builders[kind](meta, tokens, types)
+    _add_special_tokens(tk, tokens, types)
+    _add_bos_eos(tk, meta, tokens, default_bos=kind == "llama")
+    return tk
+
+
+def _byte_level_bpe(meta, tokens: list, types: list):
+    from tokenizers import Tokenizer, decoders, models
+
+    merges: list[str] = meta("tokenizer.ggml.merges") or []
     pre = meta("tokenizer.ggml.pre", "default")
-    if not tokens or not merges:
-        raise TokenizerError("the GGUF lacks tokenizer.ggml.tokens or tokenizer.ggml.merges")
+    if not merges:
+        raise TokenizerError("the GGUF lacks tokenizer.ggml.merges")
 
     alphabet = byte_alphabet()
     spelled = set(alphabet.values())
@@ -122,6 +136,46 @@ def build_bpe_tokenizer(meta) -> "tokenizers.Tokenizer":  # noqa: F821
     tk = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges, fuse_unk=False))
     tk.pre_tokenizer = _pre_tokenizer(pre)
     tk.decoder = decoders.ByteLevel()
+    return tk
+
+
+def _sentencepiece_bpe(meta, tokens: list, types: list):
+    """SentencePiece's BPE as llama.cpp runs it: spaces spelled "▁" (one put before the text, and
+    after each special token, when tokenizer.ggml.add_space_prefix, the default), then the
+    adjacent pair whose join scores highest merged first, bytes with no piece of their own as
+    <0xNN> tokens. As `tokenizers` BPE: merges ranked by the score of what they make, byte
+    fallback on."""
+    from tokenizers import Tokenizer, decoders, models, normalizers
+
+    scores: list[float] = meta("tokenizer.ggml.scores") or []
+    if len(scores) != len(tokens):
+        raise TokenizerError("a SentencePiece GGUF needs one tokenizer.ggml.scores entry per token")
+    vocab = {t: i for i, t in enumerate(tokens)}
+    mergeable = {t for t, k in zip(tokens, types) if k in (NORMAL, USER_DEFINED)}
+    merges = []
+    for token, score in zip(tokens, scores):
+        if token in mergeable and len(token) > 1:
+            for cut in range(1, len(token)):
+                left, right = token[:cut], token[cut:]
+                if left in mergeable and right in mergeable:
+                    merges.append((-score, vocab[left], vocab[right], left, right))
+    merges.sort()
+    unknown = next((t for t, k in zip(tokens, types) if k == UNKNOWN), None)
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[(m[3], m[4]) for m in merges], unk_token=unknown,
+                              fuse_unk=True, byte_fallback=True))
+    # SentencePiece's dummy prefix, before any leading spaces and after each special token, as
+    # llama.cpp (and Mistral's own tokenizer.json) put it; `Metaspace` would skip text already
+    # starting with a space.
+    prefix = bool(meta("tokenizer.ggml.add_space_prefix", True))
+    spaces = [normalizers.Replace(" ", "▁")]
+    tk.normalizer = normalizers.Sequence(([normalizers.Prepend("▁")] if prefix else []) + spaces)
+    steps = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    tk.decoder = decoders.Sequence(steps + ([decoders.Strip(" ", 1, 0)] if prefix else []))
+    return tk
+
+
+def _add_special_tokens(tk, tokens: list, types: list) -> None:
+    from tokenizers import AddedToken
 
     special = [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k in (CONTROL, UNKNOWN)]
     plain = [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == USER_DEFINED]
@@ -130,10 +184,14 @@ def build_bpe_tokenizer(meta) -> "tokenizers.Tokenizer":  # noqa: F821
     if plain:
         tk.add_tokens(plain)
 
+
+def _add_bos_eos(tk, meta, tokens: list, default_bos: bool) -> None:
+    from tokenizers import processors
+
     pieces_single, pieces_pair, used = ["$A:0"], ["$A:0", "$B:1"], []
     for flag, key, front in (("add_bos_token", "bos", True), ("add_eos_token", "eos", False)):
         tid = meta(f"tokenizer.ggml.{key}_token_id")
-        if meta(f"tokenizer.ggml.{flag}", False) and tid is not None:
+        if meta(f"tokenizer.ggml.{flag}", default_bos and front) and tid is not None:
             tok = tokens[tid]
             used.append((tok, tid))
             if front:
@@ -146,4 +204,3 @@ def build_bpe_tokenizer(meta) -> "tokenizers.Tokenizer":  # noqa: F821
         tk.post_processor = processors.TemplateProcessing(
             single=" ".join(pieces_single), pair=" ".join(pieces_pair), special_tokens=used
         )
-    return tk

@@ -135,12 +135,12 @@ class Tokenizer:
     def from_gguf(cls, gguf) -> "Tokenizer":
         """From a GGUF file path or an open `GGUFCheckpoint` (to read the file once)."""
         from .checkpoint import GGUFCheckpoint
-        from .gguf_tokenizer import build_bpe_tokenizer
+        from .gguf_tokenizer import build_gguf_tokenizer
 
         ckpt = gguf if isinstance(gguf, GGUFCheckpoint) else GGUFCheckpoint(gguf)
         meta = ckpt.metadata
         try:
-            backend = build_bpe_tokenizer(meta)
+            backend = build_gguf_tokenizer(meta)
         except TokenizerError as e:
             raise TokenizerError(f"{ckpt.path}: {e}") from None
         tokens = meta("tokenizer.ggml.tokens")
