@@ -68,6 +68,15 @@ def _number(body: dict, name: str, default, lo=None, hi=None, integer=False):
     return value
 
 
+def _boolean(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ApiError(400, f"'{name}' must be true or false, not {value!r}", name)
+    return value
+
+
 def _stops(body: dict) -> list:
     stop = body.get("stop")
     if stop is None:
@@ -345,7 +354,7 @@ def _message(i: int, m) -> dict:
     if not isinstance(content, str):
         raise ApiError(400, f"messages[{i}].content must be a string", f"messages[{i}].content")
     out = {"role": "system" if m["role"] == "developer" else m["role"], "content": content}
-    for key in ("name", "tool_calls", "tool_call_id"):  # what templates read of tool turns
+    for key in ("name", "tool_calls", "tool_call_id", "reasoning_content"):  # what templates read of these turns
         if m.get(key) is not None:
             out[key] = m[key]
     return out
@@ -359,13 +368,38 @@ def chat_prompt(body: dict, tokenizer) -> list:
     clean = [_message(i, m) for i, m in enumerate(messages)]
     if tokenizer is None or tokenizer.chat_template is None:
         raise ApiError(400, "this model has no chat template; use /v1/completions", "messages")
-    extra = {"tools": body["tools"]} if body.get("tools") else {}
+    # vLLM's chat_template_kwargs: more variables for the template (Qwen3's enable_thinking, ...)
+    extra = body.get("chat_template_kwargs") or {}
+    if not isinstance(extra, dict) or not all(isinstance(k, str) for k in extra):
+        raise ApiError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    extra = {k: v for k, v in extra.items() if k not in ("messages", "add_generation_prompt")}
+    if body.get("tools"):
+        extra["tools"] = body["tools"]
+    # vLLM's continue_final_message: the prompt ends inside the last (assistant) message, not after it
+    extend = _boolean(body, "continue_final_message", False)
+    generation_prompt = _boolean(body, "add_generation_prompt", not extend)
+    if extend and (generation_prompt or clean[-1]["role"] != "assistant"):
+        raise ApiError(400, "'continue_final_message' continues a final assistant message, and cannot be "
+                            "sent with 'add_generation_prompt': true", "continue_final_message")
     try:
-        text = tokenizer.apply_chat_template(clean, add_generation_prompt=body.get("add_generation_prompt", True),
-                                             **extra)
+        text = tokenizer.apply_chat_template(clean, add_generation_prompt=generation_prompt, **extra)
     except Exception as err:
         raise ApiError(400, f"the chat template rejected the messages: {err}", "messages") from None
+    if extend:
+        text = _cut_after_final(text, clean[-1]["content"])
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _cut_after_final(text: str, final: str) -> str:
+    """The rendered chat cut where the final message's text ends, as transformers cuts it: the
+    template's end-of-turn marks after it go; its trailing spaces stay if the template kept them."""
+    start = text.rfind(final.strip()) if final.strip() else -1
+    if start < 0:
+        raise ApiError(400, "'continue_final_message': the chat template does not keep the final message's "
+                            "text as it is", "continue_final_message")
+    whole = final.lstrip()
+    kept = text.startswith(whole, start)
+    return text[:start + len(whole if kept else final.strip())]
 
 
 def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=None,

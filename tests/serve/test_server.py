@@ -535,3 +535,64 @@ def test_a_jax_engine_behind_the_app():
         text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"][0]["index"] == i)
         assert text.split() == words(alone[0].tokens)
     assert json.loads(biased[1])["choices"][0]["text"].split() == words(alone[1].tokens) == ["t9"] * 5
+
+
+# A template in the way of Qwen3's: thinking left out when the caller says enable_thinking=false;
+# the assistant's earlier reasoning (reasoning_content) shown in its turn.
+THINKING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m.reasoning_content %}<think>{{ m.reasoning_content }}</think>{% endif %}"
+    "{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
+
+
+@pytest.mark.parametrize("body", [
+    {"chat_template_kwargs": {"enable_thinking": False}},
+    {"chat_template_kwargs": {"enable_thinking": True}},
+    {"continue_final_message": True, "add_generation_prompt": False},
+    {"continue_final_message": True},
+])
+def test_chat_template_kwargs_and_continuing_the_final_message_render_as_transformers_does(body):
+    """vLLM's chat_template_kwargs reach the template; continue_final_message ends the prompt inside
+    the last assistant message. transformers' apply_chat_template, given the same template, is the
+    reference."""
+    from transformers import PreTrainedTokenizerFast
+
+    from linnet.serve.openai_api import chat_job
+
+    from .test_structured import byte_tokenizer
+
+    tok = byte_tokenizer(128)
+    tok.chat_template = THINKING_TEMPLATE
+    messages = [{"role": "user", "content": "Name a colour."},
+                {"role": "assistant", "content": "Red.", "reasoning_content": "Any will do."},
+                {"role": "user", "content": "Another?"}]
+    if body.get("continue_final_message"):
+        messages = messages + [{"role": "assistant", "content": "I would say "}]
+    reference = PreTrainedTokenizerFast(tokenizer_object=tok.backend)
+    reference.chat_template = THINKING_TEMPLATE
+    extend = body.get("continue_final_message", False)
+    expected = reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=not extend,
+                                             continue_final_message=extend, **body.get("chat_template_kwargs", {}))
+    job = chat_job({"messages": messages, **body}, tok, 512)
+    assert tok.decode(job.requests[0].prompt) == expected
+    assert ("<think>\n\n</think>" in expected) == (body.get("chat_template_kwargs") == {"enable_thinking": False})
+
+
+@pytest.mark.parametrize("body, needle", [
+    ({"chat_template_kwargs": ["enable_thinking"]}, "'chat_template_kwargs' must be an object"),
+    ({"continue_final_message": True, "add_generation_prompt": True}, "cannot be sent with 'add_generation_prompt'"),
+    ({"continue_final_message": "yes"}, "'continue_final_message' must be true or false"),
+])
+def test_bad_template_options_are_400s(body, needle):
+    from linnet.serve.openai_api import ApiError, chat_job
+
+    from .test_structured import byte_tokenizer
+
+    tok = byte_tokenizer(128)
+    tok.chat_template = THINKING_TEMPLATE
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    with pytest.raises(ApiError, match=needle) as err:
+        chat_job({"messages": messages, **body}, tok, 512)
+    assert err.value.status == 400
