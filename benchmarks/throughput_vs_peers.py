@@ -8,6 +8,10 @@ llama-cpp-python is installed) runs them with continuous batching over 16
 sequences, on F16 and F32 GGUFs written from the same weights
 (llamacpp_peer.py). Then one request (128 prompt tokens, 128 new) for the
 single-stream rate. Prints tokens/s and the ratios.
+
+`--card` runs another card (Qwen, Mistral, ...) on the same load: its own weights when Nest finds
+them, else random ones (`--weights random`), which transformers then holds too; llama.cpp runs
+only SmolLM2, whose GGUF this folder writes.
 """
 
 from __future__ import annotations
@@ -22,13 +26,24 @@ import time
 import torch
 
 from linnet import nest
+from linnet.ir.specialize import specialize
 from linnet.nest.bind import checkpoint_names
 from linnet.serve import Engine, Request
 
 # this folder's; it imports llama_cpp only inside its functions
 from llamacpp_peer import cached_gguf, run_batched, run_single
 
-CARD = "smollm2-135m-instruct"
+DEFAULT_CARD = "smollm2-135m-instruct"
+
+
+class Chosen:
+    """The card and weights this run measures (set from the command line)."""
+    card = DEFAULT_CARD
+    weights = None  # the card's own (None), or "random"
+
+    @classmethod
+    def load(cls, **kwargs):
+        return nest.load(cls.card, weights=cls.weights, seed=0, tokenizer=False, **kwargs)
 
 
 def load_prompts(n: int, lo: int, hi: int, vocab: int) -> list:
@@ -38,8 +53,8 @@ def load_prompts(n: int, lo: int, hi: int, vocab: int) -> list:
 
 def linnet_single(backend: str, dtype: str, prompt: list, new: int, repeats: int) -> float:
     """Decode tokens/s of one request: tokens after the first over the time after the first."""
-    model = nest.load(CARD, backend=backend, numerics="fast", compile=True, cast_dtype=True, tokenizer=False,
-                      generics={"Batch": 1, "MaxSeq": len(prompt) + new, "T": dtype})
+    model = Chosen.load(backend=backend, numerics="fast", compile=True, cast_dtype=True,
+                        generics={"Batch": 1, "MaxSeq": len(prompt) + new, "T": dtype})
     engine = Engine(model)
     engine.warmup([len(prompt)])
     rates = []
@@ -69,8 +84,8 @@ def transformers_single(ref, prompt: list, new: int, repeats: int) -> float:
 def linnet_run(backend: str, dtype: str, prompts: list, rows: int, new: int, repeats: int) -> tuple[float, float]:
     """(generated tokens/s, seconds to load and warm up): median over `repeats` runs."""
     start = time.perf_counter()
-    model = nest.load(CARD, backend=backend, numerics="fast", compile=True, cast_dtype=True, tokenizer=False,
-                      generics={"Batch": rows, "MaxSeq": max(len(p) for p in prompts) + new, "T": dtype})
+    model = Chosen.load(backend=backend, numerics="fast", compile=True, cast_dtype=True,
+                        generics={"Batch": rows, "MaxSeq": max(len(p) for p in prompts) + new, "T": dtype})
     engine = Engine(model)
     engine.warmup(len(p) for p in prompts)
     setup = time.perf_counter() - start
@@ -85,22 +100,23 @@ def linnet_run(backend: str, dtype: str, prompts: list, rows: int, new: int, rep
 
 @functools.cache  # built once, for the load and the one request
 def transformers_model():
-    """transformers' LlamaForCausalLM holding the very weights Linnet loads."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """transformers' model of the card's family (config.json as `linnet export` writes it) holding
+    the very weights Linnet loads."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    model = nest.load(CARD, backend="torch", tokenizer=False, generics={"Batch": 1, "MaxSeq": 16})
-    b = model.module.bindings
-    cfg = LlamaConfig(vocab_size=b["vocab"], hidden_size=b["dim"], intermediate_size=b["ffn"],
-                      num_hidden_layers=b["layers"], num_attention_heads=b["heads"],
-                      num_key_value_heads=b["kv_heads"], rms_norm_eps=b["norm_eps"], rope_theta=b["rope_theta"],
-                      tie_word_embeddings=b["tie_embeddings"], max_position_embeddings=8192)
-    ref = LlamaForCausalLM(cfg).eval()
+    from linnet.export.hf_config import hf_config
+
+    model = Chosen.load(backend="torch", generics={"Batch": 1, "MaxSeq": 16})
+    config = hf_config(model.module)
+    config.pop("torch_dtype")
+    cfg = AutoConfig.for_model(config.pop("model_type"), **config)
+    ref = AutoModelForCausalLM.from_config(cfg).float().eval()
     state = {}
     for param, names in checkpoint_names(model.module, "hf").items():
         value = getattr(model.runner, param)
         for i, name in enumerate(names):
             state[name] = value[i] if len(names) > 1 or model.module.params[param].loop_var else value
-    if b["tie_embeddings"]:
+    if config["tie_word_embeddings"]:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     ref.load_state_dict(state, strict=True)
     return ref
@@ -150,10 +166,12 @@ def label(system: str) -> str:
 
 
 def chosen_systems(only: list | None) -> list:
-    """The systems to run: --only's, or every one; llama.cpp's dropped, with a line, when it is not installed."""
+    """The systems to run: --only's, or every one; llama.cpp's dropped, with a line, when it is not
+    installed or the card is not SmolLM2."""
     systems = only or LINNET + ["transformers"] + LLAMACPP
-    if any(s in LLAMACPP for s in systems) and not llamacpp_installed():
-        print("llama.cpp: not installed (pip install llama-cpp-python), skipped")
+    if any(s in LLAMACPP for s in systems) and (Chosen.card != DEFAULT_CARD or not llamacpp_installed()):
+        print("llama.cpp: " + ("runs SmolLM2's GGUF only" if Chosen.card != DEFAULT_CARD else
+                               "not installed (pip install llama-cpp-python)") + ", skipped")
         systems = [s for s in systems if s not in LLAMACPP]
     return systems
 
@@ -194,9 +212,9 @@ def print_ratios(results: dict) -> None:
         print(f"  jax / torch (f32): {results['linnet jax f32'] / results['linnet torch f32']:.2f}x")
 
 
-def run_single_request(systems: list, repeats: int) -> None:
+def run_single_request(systems: list, repeats: int, vocab: int) -> None:
     """Decode tokens/s of one request (128 prompt tokens, 128 new) on each system."""
-    prompt = load_prompts(1, 128, 128, 49152)[0]
+    prompt = load_prompts(1, 128, 128, vocab)[0]
     threads = torch.get_num_threads()
     print("one request, 128 prompt tokens, 128 new: decode tokens/s")
     for system in systems:
@@ -220,15 +238,23 @@ def main():
     parser.add_argument("--no-load", action="store_true", help="skip the load; measure one request only")
     parser.add_argument("--only", nargs="*", choices=LINNET + ["transformers"] + LLAMACPP, metavar="SYSTEM",
                         help="subset: " + " ".join(LINNET + ["transformers"] + LLAMACPP))
+    parser.add_argument("--card", default=DEFAULT_CARD, help="the card to run (default: %(default)s)")
+    parser.add_argument("--weights", choices=["random"],
+                        help="random weights instead of the card's own (the default when Nest finds none)")
     args = parser.parse_args()
-    prompts = load_prompts(args.requests, 32, 128, 49152)
+    Chosen.card = args.card
+    info = nest.card(args.card)
+    Chosen.weights = args.weights or (None if info.weights()[0] else "random")
+    vocab = specialize(info.module()).bindings["vocab"]
+    prompts = load_prompts(args.requests, 32, 128, vocab)
     systems = chosen_systems(args.only)
     if not args.no_load:
-        print(f"load: {args.requests} requests, 32-128 prompt tokens, {args.rows} in flight, {args.new} new tokens; "
-              f"{torch.get_num_threads()} threads; median of {args.repeats}")
+        print(f"load: {args.card} ({Chosen.weights or 'its'} weights), {args.requests} requests, 32-128 prompt "
+              f"tokens, {args.rows} in flight, {args.new} new tokens; {torch.get_num_threads()} threads; "
+              f"median of {args.repeats}")
         print_ratios(run_load(systems, prompts, args))
     if not args.no_single:
-        run_single_request(systems, args.repeats)
+        run_single_request(systems, args.repeats, vocab)
 
 
 if __name__ == "__main__":
