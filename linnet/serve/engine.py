@@ -241,30 +241,26 @@ class Engine:
         while self.waiting and self.free_rows:
             item = self.waiting.pop(0)
             prompt = item.req.prompt
-            if item.req.prompt_logprobs is not None:
-                self._admit_scored(item)
-                continue
-            # Prefer a free row that still holds this prompt's prefix: it is reused in place.
-            row = max(self.free_rows, key=lambda r: (common_prefix(self.row_tokens[r], prompt), -len(self.row_tokens[r])))
+            scored = item.req.prompt_logprobs is not None
+            if scored:
+                # Scoring its prompt needs every prompt position's logits, so it reuses no cached prefix;
+                # it takes the free row holding the least, sparing others' prefixes.
+                row = min(self.free_rows, key=lambda r: len(self.row_tokens[r]))
+                item.comp.prompt_logprobs = [None]  # the first token has nothing before it
+            else:
+                # Prefer a free row that still holds this prompt's prefix: it is reused in place.
+                row = max(self.free_rows, key=lambda r: (common_prefix(self.row_tokens[r], prompt),
+                                                         -len(self.row_tokens[r])))
+                reuse = min(common_prefix(self.row_tokens[row], prompt), len(prompt) - 1)
+                if reuse >= self._worth(prompt):
+                    item.cached = item.comp.cached_tokens = reuse
+                    self.stats.copied_tokens += reuse
             self.free_rows.remove(row)
             item.row = row
-            reuse = min(common_prefix(self.row_tokens[row], prompt), len(prompt) - 1)
-            if reuse >= self._worth(prompt):
-                item.cached = item.comp.cached_tokens = reuse
-                self.stats.copied_tokens += reuse
             self.row_tokens[row] = self.row_tokens[row][:item.cached]
-            self._find_source(item)
+            if not scored:
+                self._find_source(item)
             self.live.append(item)
-
-    def _admit_scored(self, item: _Live):
-        """A request scoring its prompt needs every prompt position's logits, so it reuses no cached
-        prefix; it takes the free row holding the least, sparing others' prefixes."""
-        row = min(self.free_rows, key=lambda r: len(self.row_tokens[r]))
-        self.free_rows.remove(row)
-        item.row = row
-        self.row_tokens[row] = []
-        item.comp.prompt_logprobs = [None]  # the first token has nothing before it
-        self.live.append(item)
 
     def _worth(self, prompt: list) -> int:
         """The shortest prefix worth reusing: prefix_min, or the whole prompt but its last token."""
