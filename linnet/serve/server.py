@@ -247,24 +247,25 @@ class OpenAIServer:
                 offsets = choice.add(tokens)
                 lps = None if comp.request.logprobs is None else comp.logprobs[choice.tokens - len(tokens):choice.tokens]
                 before = choice.sent
+                calls = None
                 if reason is None:
                     choice.ready(_sendable(job, choice.text))
                     thought, text = _divide(job, choice.text, before, choice.sent)
-                    if text or lps or thought:
-                        await event(writer.piece(i, text, lps, offsets, reasoning=thought))
-                    continue
-                message, why = chat_message(job, comp, self.tokenizer) if chat else (None, finish_reason(comp))
-                if message is not None and "tool_calls" in message:  # the calls go whole, after any text before them
-                    thought = _divide(job, choice.text, before, len(choice.text))[0]
-                    text = (message["content"] or "")[len(_divide(job, choice.text, 0, before)[1]):]
-                    if text or lps or thought:
-                        await event(writer.piece(i, text, lps, offsets, reasoning=thought))
-                    await event(writer.tool_calls(i, message["tool_calls"]))
                 else:
-                    choice.finish(None if special else comp.text)  # the engine's text has no markers
-                    thought, text = _divide(job, choice.text, before, choice.sent)
-                    if text or lps or thought:
-                        await event(writer.piece(i, text, lps, offsets, reasoning=thought))
+                    message, why = chat_message(job, comp, self.tokenizer) if chat else (None, finish_reason(comp))
+                    calls = None if message is None else message.get("tool_calls")
+                    if calls:  # the calls go whole, after any text before them
+                        thought = _divide(job, choice.text, before, len(choice.text))[0]
+                        text = (message["content"] or "")[len(_divide(job, choice.text, 0, before)[1]):]
+                    else:
+                        choice.finish(None if special else comp.text)  # the engine's text has no markers
+                        thought, text = _divide(job, choice.text, before, choice.sent)
+                if text or lps or thought:
+                    await event(writer.piece(i, text, lps, offsets, reasoning=thought))
+                if reason is None:
+                    continue
+                if calls:
+                    await event(writer.tool_calls(i, calls))
                 await event(writer.piece(i, "", reason=why))
             if job.include_usage:
                 await event(writer.usage(job, comps))
