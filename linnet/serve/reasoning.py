@@ -115,8 +115,7 @@ class Harmony:
         return out
 
     def split(self, text: str) -> tuple:
-        reasoning = "".join(text[s:e] for kind, s, e, _, _ in self.messages(text) if kind == "reasoning")
-        content = "".join(text[s:e] for kind, s, e, _, _ in self.messages(text) if kind == "content")
+        reasoning, content = self.divide(text, 0, len(text))
         return reasoning or None, content or None
 
     def sendable(self, text: str) -> int:
