@@ -74,20 +74,38 @@ def _refuse_biases(config: dict, name: str, keys=("attention_bias", "mlp_bias"))
                            f"has no such biases; write a card over an architecture that has them")
 
 
+def _rope_values(config: dict, name: str, family: str, kinds: tuple) -> dict:
+    """The card's rope settings for config.json's rope scaling, if it is one of `kinds` the family's
+    architecture computes; another is refused."""
+    scaling, kind = _rope_scaling(config)
+    if kind in ("default", None):
+        return {}
+    if kind not in kinds:
+        raise WeightsError(f"{name}: rope scaling {kind!r} is not supported for {family} checkpoints")
+    factor = float(scaling["factor"])
+    if kind == "linear":
+        return {"rope_scaling": "linear", "rope_factor": factor}
+    if kind == "llama3":
+        return {"rope_scaling": "llama3", "rope_factor": factor,
+                "rope_low_freq_factor": float(scaling.get("low_freq_factor", 1.0)),
+                "rope_high_freq_factor": float(scaling.get("high_freq_factor", 4.0)),
+                "rope_original_max": int(scaling.get("original_max_position_embeddings", 8192))}
+    own = scaling.get("attention_factor")  # yarn
+    if own is None and scaling.get("mscale") and scaling.get("mscale_all_dim"):
+        mscale = lambda m: 0.1 * m * math.log(factor) + 1.0
+        own = mscale(scaling["mscale"]) / mscale(scaling["mscale_all_dim"])
+    if own is not None and not math.isclose(float(own), 0.1 * math.log(factor) + 1.0):  # YaRN's own
+        raise WeightsError(f"{name}: YaRN with attention_factor {own} is not supported; Linnet scales by "
+                           f"YaRN's own 0.1 ln(factor) + 1")
+    return {"rope_scaling": "yarn", "rope_factor": factor,
+            "rope_original_max": int(scaling.get("original_max_position_embeddings", 32768)),
+            "rope_beta_fast": float(scaling.get("beta_fast") or 32.0),
+            "rope_beta_slow": float(scaling.get("beta_slow") or 1.0)}
+
+
 def _llama_values(config: dict, name: str) -> dict:
     _refuse_biases(config, name)
-    values = _dense_values(config, name)
-    scaling, kind = _rope_scaling(config)
-    if kind == "llama3":
-        values.update(rope_scaling="llama3", rope_factor=float(scaling["factor"]),
-                      rope_low_freq_factor=float(scaling.get("low_freq_factor", 1.0)),
-                      rope_high_freq_factor=float(scaling.get("high_freq_factor", 4.0)),
-                      rope_original_max=int(scaling.get("original_max_position_embeddings", 8192)))
-    elif kind == "linear":
-        values.update(rope_scaling="linear", rope_factor=float(scaling["factor"]))
-    elif kind not in ("default", None):
-        raise WeightsError(f"{name}: rope scaling {kind!r} is not supported for Llama checkpoints")
-    return values
+    return {**_dense_values(config, name), **_rope_values(config, name, "Llama", ("llama3", "linear"))}
 
 
 def _mistral_values(config: dict, name: str) -> dict:
@@ -98,38 +116,21 @@ def _mistral_values(config: dict, name: str) -> dict:
     return values
 
 
-def _qwen_rope(config: dict, name: str, values: dict) -> dict:
-    scaling, kind = _rope_scaling(config)
-    if kind == "yarn":
-        values.update(rope_scaling="yarn", rope_factor=float(scaling["factor"]),
-                      rope_original_max=int(scaling.get("original_max_position_embeddings", 32768)),
-                      rope_beta_fast=float(scaling.get("beta_fast") or 32.0),
-                      rope_beta_slow=float(scaling.get("beta_slow") or 1.0))
-        own = scaling.get("attention_factor")
-        if own is None and scaling.get("mscale") and scaling.get("mscale_all_dim"):
-            own = (0.1 * scaling["mscale"] * math.log(values["rope_factor"]) + 1.0) / (
-                0.1 * scaling["mscale_all_dim"] * math.log(values["rope_factor"]) + 1.0)
-        if own is not None and not math.isclose(float(own), 0.1 * math.log(values["rope_factor"]) + 1.0):
-            raise WeightsError(f"{name}: YaRN with attention_factor {own} is not supported; Linnet scales by "
-                               f"YaRN's own 0.1 ln(factor) + 1")
-    elif kind == "linear":
-        values.update(rope_scaling="linear", rope_factor=float(scaling["factor"]))
-    elif kind not in ("default", None):
-        raise WeightsError(f"{name}: rope scaling {kind!r} is not supported for Qwen checkpoints")
+def _qwen_values(config: dict, name: str) -> dict:
     if config.get("use_sliding_window"):
         raise WeightsError(f"{name}: use_sliding_window is set; Linnet's Qwen architectures attend over the "
                            f"whole row in every layer")
-    return values
+    return {**_dense_values(config, name), **_rope_values(config, name, "Qwen", ("yarn", "linear"))}
 
 
 def _qwen2_values(config: dict, name: str) -> dict:
     _refuse_biases(config, name, ("mlp_bias",))  # q, k and v have biases in every Qwen2
-    return _qwen_rope(config, name, _dense_values(config, name))
+    return _qwen_values(config, name)
 
 
 def _qwen3_values(config: dict, name: str) -> dict:
     _refuse_biases(config, name)
-    return _qwen_rope(config, name, _dense_values(config, name))
+    return _qwen_values(config, name)
 
 
 def _gpt_oss_values(config: dict, name: str) -> dict:
