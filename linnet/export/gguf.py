@@ -119,11 +119,17 @@ def _rope_keys(b: dict, writer) -> None:
     elif b["rope_scaling"] == "yarn":
         if (b["rope_beta_fast"], b["rope_beta_slow"]) != (32.0, 1.0):
             raise ExportError("llama.cpp's YaRN keys have no betas and it takes 32 and 1; this card changes them")
-        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-        writer.add_rope_scaling_factor(b["rope_factor"])
-        writer.add_rope_scaling_orig_ctx_len(b["rope_original_max"])
+        _yarn_keys(b, writer)
     elif b["rope_scaling"] != "none":
         raise ExportError(f"rope scaling {b['rope_scaling']!r} has no llama.cpp form")
+
+
+def _yarn_keys(b: dict, writer) -> None:
+    import gguf
+
+    writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(b["rope_factor"])
+    writer.add_rope_scaling_orig_ctx_len(b["rope_original_max"])
 
 
 def _gpt_oss(spec, params: dict, writer) -> list:
@@ -139,9 +145,7 @@ def _gpt_oss(spec, params: dict, writer) -> list:
     writer.add_expert_count(b["experts"])
     writer.add_expert_used_count(b["experts_per_token"])
     writer.add_sliding_window(b["sliding_window"])
-    writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
-    writer.add_rope_scaling_factor(b["rope_factor"])
-    writer.add_rope_scaling_orig_ctx_len(b["rope_original_max"])
+    _yarn_keys(b, writer)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT_OSS, b["layers"])
 
     def gguf_name(hf_name: str) -> str:

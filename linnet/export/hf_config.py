@@ -30,16 +30,27 @@ def hf_config(module: Module, tokenizer=None) -> dict:
     return config
 
 
-def _llama(b: dict) -> dict:
-    rope = None
-    if b["rope_scaling"] == "llama3":
-        rope = {"rope_type": "llama3", "factor": b["rope_factor"], "low_freq_factor": b["rope_low_freq_factor"],
+def _rope(b: dict, family: str) -> dict | None:
+    """config.json's rope_scaling for the card's, None for plain rope."""
+    kind = b["rope_scaling"]
+    if kind == "none":
+        return None
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": b["rope_factor"]}
+    if kind == "llama3" and "rope_low_freq_factor" in b:
+        return {"rope_type": "llama3", "factor": b["rope_factor"], "low_freq_factor": b["rope_low_freq_factor"],
                 "high_freq_factor": b["rope_high_freq_factor"],
                 "original_max_position_embeddings": b["rope_original_max"]}
-    elif b["rope_scaling"] == "linear":
-        rope = {"rope_type": "linear", "factor": b["rope_factor"]}
-    elif b["rope_scaling"] != "none":
-        raise ExportError(f"rope scaling {b['rope_scaling']!r} has no Llama config.json form")
+    if kind == "yarn" and "rope_beta_fast" in b:
+        truncate = {"truncate": b["rope_truncate"]} if "rope_truncate" in b else {}
+        return {"rope_type": "yarn", "factor": b["rope_factor"], "beta_fast": b["rope_beta_fast"],
+                "beta_slow": b["rope_beta_slow"], **truncate,
+                "original_max_position_embeddings": b["rope_original_max"]}
+    raise ExportError(f"rope scaling {kind!r} has no {family} config.json form")
+
+
+def _llama(b: dict) -> dict:
+    rope = _rope(b, "Llama")
     if b["sliding_window"]:  # transformers' and vLLM's Llama have no window; Mistral is Llama with one
         return {**_dense(b), "architectures": ["MistralForCausalLM"], "model_type": "mistral",
                 "rope_scaling": rope, "sliding_window": b["sliding_window"]}
@@ -47,22 +58,13 @@ def _llama(b: dict) -> dict:
             "attention_bias": False, "mlp_bias": False}
 
 
-def _qwen_rope(b: dict) -> dict | None:
-    if b["rope_scaling"] == "yarn":
-        return {"rope_type": "yarn", "factor": b["rope_factor"], "beta_fast": b["rope_beta_fast"],
-                "beta_slow": b["rope_beta_slow"], "original_max_position_embeddings": b["rope_original_max"]}
-    if b["rope_scaling"] == "linear":
-        return {"rope_type": "linear", "factor": b["rope_factor"]}
-    return None
-
-
 def _qwen2(b: dict) -> dict:
-    return {**_dense(b), "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "rope_scaling": _qwen_rope(b),
+    return {**_dense(b), "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "rope_scaling": _rope(b, "Qwen"),
             "use_sliding_window": False}
 
 
 def _qwen3(b: dict) -> dict:
-    return {**_dense(b), "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "rope_scaling": _qwen_rope(b),
+    return {**_dense(b), "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "rope_scaling": _rope(b, "Qwen"),
             "attention_bias": False, "use_sliding_window": False}
 
 
@@ -83,9 +85,7 @@ def _gpt_oss(b: dict) -> dict:
         "experts_per_token": b["experts_per_token"], "sliding_window": b["sliding_window"],
         "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(b["layers"])],
         "swiglu_alpha": b["swiglu_alpha"], "swiglu_limit": b["swiglu_limit"],
-        "rope_scaling": {"rope_type": "yarn", "factor": b["rope_factor"], "beta_fast": b["rope_beta_fast"],
-                         "beta_slow": b["rope_beta_slow"], "truncate": b["rope_truncate"],
-                         "original_max_position_embeddings": b["rope_original_max"]},
+        "rope_scaling": _rope({**b, "rope_scaling": "yarn"}, "gpt-oss"),  # gpt-oss's rope is always YaRN
         "attention_bias": True, "initial_context_length": b["rope_original_max"],
     }
 
