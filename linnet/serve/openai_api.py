@@ -278,11 +278,12 @@ def _copies(body: dict, prompt: list, max_seq: int, default_max_tokens: int | No
     return out
 
 
-def _prompt_logprobs(body: dict) -> int | None:
-    """vLLM's prompt_logprobs: how many alternatives to give for each prompt token, if any."""
-    if body.get("prompt_logprobs") is None:
+def _logprob_count(body: dict, name: str) -> int | None:
+    """How many alternatives a logprobs field (completions' logprobs, vLLM's prompt_logprobs) asks
+    for with each token; None where it asks for no logprobs."""
+    if body.get(name) is None:
         return None
-    return _number(body, "prompt_logprobs", 0, 0, MAX_LOGPROBS, integer=True)
+    return _number(body, name, 0, 0, MAX_LOGPROBS, integer=True)
 
 
 def _prompts(body: dict, tokenizer) -> tuple[list, list]:
@@ -316,9 +317,9 @@ def completion_job(body: dict, tokenizer, max_seq: int) -> Job:
     if len(prompts) * n > MAX_CHOICES:
         raise ApiError(400, f"{len(prompts)} prompts x n = {n} is {len(prompts) * n} choices; at most "
                             f"{MAX_CHOICES} per request", "n")
-    logprobs = None if body.get("logprobs") is None else _number(body, "logprobs", 0, 0, MAX_LOGPROBS, integer=True)
+    logprobs = _logprob_count(body, "logprobs")
     echoed = bool(body.get("echo"))
-    asked = _prompt_logprobs(body)
+    asked = _logprob_count(body, "prompt_logprobs")
     # Echo with logprobs gives the prompt's tokens their logprobs, as OpenAI's legacy API did.
     wanted = [k for k in (asked, logprobs if echoed else None) if k is not None]
     requests = []
@@ -410,7 +411,7 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=No
     n = _choices_per_prompt(body)
     ids = chat_prompt(body, tokenizer)
     logprobs = _number(body, "top_logprobs", 0, 0, MAX_LOGPROBS, integer=True) if body.get("logprobs") else None
-    asked = _prompt_logprobs(body)
+    asked = _logprob_count(body, "prompt_logprobs")
     tool_call, structure = _tool_call(body, tool_parser)
     requests = _copies(body, ids, max_seq, None, n, logprobs, asked)
     if structure is not None:
