@@ -117,8 +117,6 @@ def _rope_keys(b: dict, writer) -> None:
                                    b["rope_high_freq_factor"], b["rope_original_max"])
         writer.add_tensor("rope_freqs.weight", divisors.astype(np.float32))
     elif b["rope_scaling"] == "yarn":
-        if (b["rope_beta_fast"], b["rope_beta_slow"]) != (32.0, 1.0):
-            raise ExportError("llama.cpp's YaRN keys have no betas and it takes 32 and 1; this card changes them")
         _yarn_keys(b, writer)
     elif b["rope_scaling"] != "none":
         raise ExportError(f"rope scaling {b['rope_scaling']!r} has no llama.cpp form")
@@ -127,6 +125,8 @@ def _rope_keys(b: dict, writer) -> None:
 def _yarn_keys(b: dict, writer) -> None:
     import gguf
 
+    if (b["rope_beta_fast"], b["rope_beta_slow"]) != (32.0, 1.0):
+        raise ExportError("llama.cpp's YaRN keys have no betas and it takes 32 and 1; this card changes them")
     writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
     writer.add_rope_scaling_factor(b["rope_factor"])
     writer.add_rope_scaling_orig_ctx_len(b["rope_original_max"])
@@ -138,9 +138,8 @@ def _gpt_oss(spec, params: dict, writer) -> list:
     import gguf
 
     b = spec.bindings
-    if (b["swiglu_alpha"], b["swiglu_limit"]) != (1.702, 7.0) or (b["rope_beta_fast"], b["rope_beta_slow"]) != (32.0, 1.0):
-        raise ExportError("llama.cpp's gpt-oss fixes swiglu alpha 1.702 and limit 7.0, and YaRN's betas 32 and 1; "
-                          "this card changes them")
+    if (b["swiglu_alpha"], b["swiglu_limit"]) != (1.702, 7.0):
+        raise ExportError("llama.cpp's gpt-oss fixes swiglu alpha 1.702 and limit 7.0; this card changes them")
     writer.add_expert_feed_forward_length(b["ffn"])
     writer.add_expert_count(b["experts"])
     writer.add_expert_used_count(b["experts_per_token"])
