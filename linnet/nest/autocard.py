@@ -24,8 +24,13 @@ def card_source_from_config(config: dict, name: str) -> str:
     for key, value in values_of(config, name).items():
         lines.append(f"  {key} = {_literal(value)}")
     lines.append("}")
+    meta = []
     if config.get("max_position_embeddings"):  # what the model was trained to attend over
-        lines += ["", "meta {", f"  max_context = {int(config['max_position_embeddings'])}", "}"]
+        meta.append(f"  max_context = {int(config['max_position_embeddings'])}")
+    if arch in TOOL_CALL_PARSERS:  # the family's own way of writing tool calls, where its architecture does not say
+        meta.append(f'  tool_call_parser = "{TOOL_CALL_PARSERS[arch]}"')
+    if meta:
+        lines += ["", "meta {", *meta, "}"]
     return "\n".join(lines) + "\n"
 
 
@@ -167,6 +172,9 @@ def _gpt_oss_values(config: dict, name: str) -> dict:
         "rope_truncate": bool(scaling.get("truncate", True)),
     }
 
+
+# Mistral's checkpoints share Llama's architecture, not its tool calls (Qwen's architectures name theirs).
+TOOL_CALL_PARSERS = {"MistralForCausalLM": "mistral"}
 
 # a checkpoint's `architectures` entry -> (Linnet architecture, its config values from config.json)
 SUPPORTED = {

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from linnet.serve.request import Request, RequestError
 from linnet.serve.structured import Structure
+from linnet.serve.tool_parsers import call_ids, openai_call_id
 
 MAX_CHOICES = 256  # choices one body may ask for: prompts x n
 MAX_LOGPROBS = 20
@@ -46,6 +47,7 @@ class Job:
     n: int = 1  # choices per prompt: choice i's prompt is scored by choice i - i % n
     tool_call: str | None = None  # chat: "auto", "required", or the function tool_choice names
     tool_parser: object = None  # with "auto": the reader of the model's own calls (tool_parsers)
+    call_id: object = openai_call_id  # makes a tool call's id, as the model's template takes them back
     reasoning: object = None  # chat: the reader of a reasoning model's thinking (reasoning.py), if the server has one
     echo_logprobs: bool = False  # echo with logprobs: the prompt's tokens lead each choice's logprobs
     prompt_logprobs: bool = False  # vLLM's prompt_logprobs: returned beside the choices
@@ -191,7 +193,7 @@ def read_tool_calls(job: Job, text: str) -> tuple:
                  (value if job.tool_call == "required" else [{"name": job.tool_call, "parameters": value}])]
     if not calls:
         return text, None
-    return content, [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": c} for c in calls]
+    return content, [{"id": job.call_id(), "type": "function", "function": c} for c in calls]
 
 
 def _choices_per_prompt(body: dict) -> int:
@@ -358,7 +360,33 @@ def _message(i: int, m) -> dict:
     for key in ("name", "tool_calls", "tool_call_id", "reasoning_content"):  # what templates read of these turns
         if m.get(key) is not None:
             out[key] = m[key]
+    if "tool_calls" in out:
+        out["tool_calls"] = _earlier_calls(f"messages[{i}].tool_calls", out["tool_calls"])
     return out
+
+
+def _earlier_calls(where: str, calls) -> list:
+    """An earlier turn's tool calls as chat templates read them: each call's arguments an object.
+    OpenAI's clients send them as JSON text; Llama's, Qwen's and Mistral's templates write them back
+    with `tojson`, which would quote that text (transformers documents them as a dict; vLLM parses
+    them so, too)."""
+    if not isinstance(calls, list):
+        raise ApiError(400, f"'{where}' must be a list", where)
+    read = []
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise ApiError(400, f"'{where}[{j}]' must be {{'id': ..., 'type': 'function', 'function': "
+                                f"{{'name': ..., 'arguments': ...}}}}", f"{where}[{j}]")
+        arguments = fn.get("arguments", {})
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments or "{}")
+            except ValueError as err:
+                raise ApiError(400, f"'{where}[{j}].function.arguments' is not JSON: {err}",
+                               f"{where}[{j}].function.arguments") from None
+        read.append(dict(call, function=dict(fn, arguments=arguments)))
+    return read
 
 
 def chat_prompt(body: dict, tokenizer) -> list:
@@ -427,7 +455,8 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=No
         for r in requests:
             r.structure_after = None if marker is None else tokenizer.encode(marker, add_special_tokens=False)
     return Job(requests, len(ids), None, _include_usage(body), n, prompt_logprobs=asked is not None,
-               tool_call=tool_call, tool_parser=tool_parser if tool_call == "auto" else None, reasoning=reasoning)
+               tool_call=tool_call, tool_parser=tool_parser if tool_call == "auto" else None, reasoning=reasoning,
+               call_id=call_ids(tool_parser))
 
 
 def check_fits(req: Request, vocab: int, max_seq: int) -> None:
@@ -586,6 +615,8 @@ def chat_message(job: Job, comp, tokenizer) -> tuple:
     text = _text(comp)
     if job.reasoning is not None and job.reasoning.keeps_special and tokenizer is not None:
         text = tokenizer.decode_after(comp.request.prompt, comp.tokens, skip_special_tokens=False)
+    elif getattr(job.tool_parser, "marker", None) is not None and tokenizer is not None:
+        text = _with_marker(comp, tokenizer, job.tool_parser.marker, text)
     message = {"role": "assistant", "content": text}
     if job.reasoning is not None:
         message["reasoning_content"], message["content"] = job.reasoning.split(text)
@@ -597,6 +628,25 @@ def chat_message(job: Job, comp, tokenizer) -> tuple:
     if calls is None:
         return message, finish_reason(comp)
     return dict(message, content=content, tool_calls=calls), "tool_calls"
+
+
+def _with_marker(comp, tokenizer, marker: str, text: str) -> str:
+    """A reply's `text` with `marker`, a special token, written where the model drew it: the text
+    has special tokens dropped, and a tool parser reads calls after this one (Mistral's [TOOL_CALLS])."""
+    marker_id = tokenizer.token_to_id(marker)
+    tokens = list(comp.tokens)
+    if marker_id is None or marker_id not in tokens:
+        return text
+    out, seen, start = "", list(comp.request.prompt), 0
+    left = len(text)  # the text may have been cut at a stop string: the marked text is cut where it is
+    for at in [i for i, t in enumerate(tokens) if t == marker_id] + [len(tokens)]:
+        piece = tokenizer.decode_after(seen, tokens[start:at], skip_special_tokens=True)[:left]
+        out, left = out + piece, left - len(piece)
+        if at == len(tokens) or left == 0:  # the end, or a stop string's cut before this marker
+            return out
+        out += marker
+        seen, start = seen + tokens[start:at + 1], at + 1
+    return out
 
 
 def chat_response(job: Job, comps: list, model: str, tokenizer) -> dict:

@@ -6,15 +6,26 @@ Each model family writes its calls its own way; a parser reads one way, by vLLM'
   ";", each {"name": ..., "parameters": {...}} (Llama 3.1 may lead it with <|python_tag|>).
 - "hermes" (Hermes, Qwen 2.5 and 3, SmolLM3): text, then calls each written
   <tool_call>{"name": ..., "arguments": {...}}</tool_call>.
+- "mistral" (Mistral 7B v0.3, Mixtral, Mistral Nemo): text, then the special token [TOOL_CALLS]
+  and a JSON list of {"name": ..., "arguments": {...}}. Mistral's chat templates take only call
+  ids of 9 letters and digits, so this parser makes its ids so.
+- "pythonic" (Llama 3.2 and 4 with their pythonic templates, ToolACE): the whole reply is a
+  Python list of calls, [get_weather(city="Paris"), get_time()], arguments as literals.
 
 `parse` reads a whole reply into its text and its calls. A streamed reply is sent as text until
 `call_start` finds where a call may begin; from there it is held, and read whole at the end.
+A parser whose marker is a special token names it (`marker`): `parse` gets the reply with that
+token written where it was drawn, where other text has special tokens dropped.
 """
 
 from __future__ import annotations
 
+import ast
 import json
+import random
 import re
+import string
+import uuid
 
 
 _DECODER = json.JSONDecoder()
@@ -99,7 +110,104 @@ class Hermes:
         return content or None, calls
 
 
-PARSERS = {p.name: p for p in (Llama3Json(), Hermes())}
+class Mistral:
+    name = "mistral"
+    marker = "[TOOL_CALLS]"
+    CALLS = re.compile(r"\[\s*(\{|$)")  # where the JSON list opens, seen without its marker while streamed
+
+    def call_start(self, text: str) -> int | None:
+        """A streamed reply's text has no special tokens: a call may begin where a list of objects opens."""
+        found = self.CALLS.search(text)
+        return None if found is None else found.start()
+
+    hold = 1  # a "[" at the end may open the list
+
+    def parse(self, text: str) -> tuple:
+        at = text.find(self.marker)
+        if at < 0:
+            return text, []
+        calls = []
+        for part in text[at:].split(self.marker)[1:]:  # each [TOOL_CALLS] opens a list (or one object)
+            try:
+                value = json.loads(part)
+            except ValueError:
+                return text, []
+            for item in value if isinstance(value, list) else [value]:
+                call = _call(item)
+                if call is None:
+                    return text, []
+                calls.append(call)
+        content = text[:at].strip()
+        return content or None, calls
+
+    @staticmethod
+    def call_id() -> str:
+        alphabet = string.ascii_letters + string.digits
+        return "".join(random.SystemRandom().choice(alphabet) for _ in range(9))
+
+
+class Pythonic:
+    name = "pythonic"
+    # Llama 4 wraps the list in these special tokens; dropped as special tokens are, they may stay as text
+    WRAPPERS = ("<|python_start|>", "<|python_end|>")
+    NAMES = {"true": True, "false": False, "null": None}  # models trained on JSON write these too
+
+    def call_start(self, text: str) -> int | None:
+        stripped = text.lstrip()
+        if stripped.startswith("[") or (stripped and self.WRAPPERS[0].startswith(stripped[:len(self.WRAPPERS[0])])):
+            return len(text) - len(stripped)
+        return None
+
+    hold = 0  # the reply's first character decides
+
+    def parse(self, text: str) -> tuple:
+        body = text.strip()
+        for wrapper in self.WRAPPERS:
+            body = body.replace(wrapper, "")
+        body = body.strip()
+        if not body.startswith("["):
+            return text, []
+        try:
+            tree = ast.parse(body, mode="eval").body
+            calls = [self._call(node) for node in tree.elts] if isinstance(tree, ast.List) else [None]
+        except (SyntaxError, ValueError, TypeError, RecursionError):  # not literals, or not JSON's
+            return text, []
+        if not calls or None in calls:
+            return text, []
+        return None, calls
+
+    def _call(self, node) -> dict | None:
+        """{name, arguments} of name(key=literal, ...), or None where the node is not such a call."""
+        if not isinstance(node, ast.Call) or node.args or not isinstance(node.func, ast.Name):
+            return None
+        arguments = {}
+        for keyword in node.keywords:
+            if keyword.arg is None:  # **kwargs
+                return None
+            arguments[keyword.arg] = self._value(keyword.value)
+        return {"name": node.func.id, "arguments": json.dumps(arguments)}
+
+    def _value(self, node):
+        if isinstance(node, ast.Name) and node.id in self.NAMES:
+            return self.NAMES[node.id]
+        if isinstance(node, ast.List):
+            return [self._value(e) for e in node.elts]
+        if isinstance(node, ast.Dict) and None not in node.keys:
+            return {self._value(k): self._value(v) for k, v in zip(node.keys, node.values)}
+        return ast.literal_eval(node)  # numbers, strings, tuples ...; a ValueError for anything else
+
+
+def openai_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def call_ids(parser):
+    """What makes a new tool call's id, in the form the model's chat template takes back (OpenAI's
+    unless the parser says otherwise)."""
+    return getattr(parser, "call_id", openai_call_id)
+
+
+PARSERS = {p.name: p for p in (Llama3Json(), Hermes(), Mistral(), Pythonic())}
 
 
 def tool_parser(name: str):

@@ -64,7 +64,7 @@ def test_the_cards_say_what_the_configs_do(saved):
     arch = {"mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}[family]
     assert f"import {arch}\n" in source
     if family == "mistral":
-        assert "sliding_window = 4" in source
+        assert "sliding_window = 4" in source and 'tool_call_parser = "mistral"' in source
         # a window as long as the context never binds: no window in the card
         assert "sliding_window" not in card_source_from_config({**config, "sliding_window": 128}, "tiny")
     if family == "qwen3":

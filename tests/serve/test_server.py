@@ -596,3 +596,49 @@ def test_bad_template_options_are_400s(body, needle):
     with pytest.raises(ApiError, match=needle) as err:
         chat_job({"messages": messages, **body}, tok, 512)
     assert err.value.status == 400
+
+
+# A template in the way of Qwen2.5's and Llama 3.1's: an earlier turn's tool calls written back as
+# JSON, their arguments through `tojson`, and the tool's answer after them.
+TOOL_HISTORY_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
+    "{% for c in m.tool_calls or [] %}<call>{\"name\": \"{{ c.function.name }}\", \"arguments\": "
+    "{{ c.function.arguments | tojson }}}</call>{% endfor %}"
+    "{% if m.tool_call_id %} ({{ m.tool_call_id }}){% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def test_earlier_tool_calls_reach_the_template_as_transformers_documents_them():
+    """OpenAI's clients send a call's arguments as JSON text; the template gets them as an object, as
+    transformers' apply_chat_template takes them (and vLLM passes them), so `tojson` writes the call
+    the model made, not a quoted string. Arguments that are not JSON are a 400."""
+    from transformers import PreTrainedTokenizerFast
+
+    from linnet.serve.openai_api import ApiError, chat_job
+
+    from .test_structured import byte_tokenizer
+
+    tok = byte_tokenizer(128)
+    tok.chat_template = TOOL_HISTORY_TEMPLATE
+    arguments = {"city": "Paris", "days": [1, 2]}
+
+    def history(args, content=None):  # OpenAI's clients send no content with calls; templates read ""
+        return [{"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": content, "tool_calls": [
+                    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": args}}]},
+                {"role": "tool", "content": "Sunny", "tool_call_id": "call_1"}]
+
+    reference = PreTrainedTokenizerFast(tokenizer_object=tok.backend)
+    reference.chat_template = TOOL_HISTORY_TEMPLATE
+    expected = reference.apply_chat_template(history(arguments, ""), tokenize=False, add_generation_prompt=True)
+    assert '"arguments": {"city": "Paris"' in expected
+    for sent in (json.dumps(arguments), arguments):  # as OpenAI's client sends them, and as an object
+        job = chat_job({"messages": history(sent)}, tok, 512)
+        assert tok.decode(job.requests[0].prompt) == expected
+    for bad, needle in (("{city", "arguments' is not JSON"), (None, "must be {'id'")):
+        messages = history(bad)
+        if bad is None:
+            messages[1]["tool_calls"] = [{"function": "get_weather"}]
+        with pytest.raises(ApiError, match=needle) as err:
+            chat_job({"messages": messages}, tok, 512)
+        assert err.value.status == 400

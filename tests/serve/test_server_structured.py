@@ -124,19 +124,29 @@ def test_bad_structures_get_a_400_and_the_server_goes_on(base, body, needle):
     assert chat(base, max_tokens=3)["choices"][0]["finish_reason"] in ("length", "stop")
 
 
-@pytest.fixture(scope="module", params=["hermes", "llama3_json"])
+@pytest.fixture(scope="module", params=["hermes", "llama3_json", "mistral", "pythonic"])
 def auto_base(request):
-    """A server that reads tool_choice "auto" replies in one family's format."""
+    """A server that reads tool_choice "auto" replies in one family's format (Mistral's marker a
+    special token of the tokenizer, as it is in Mistral's)."""
+    from tokenizers import AddedToken
+
     model = make_model("torch", rows=4, max_seq=160)
     model.tokenizer = byte_tokenizer(model.vocab)
+    model.tokenizer.backend.add_special_tokens([AddedToken("[TOOL_CALLS]", special=True)])
+    assert model.tokenizer.token_to_id("[TOOL_CALLS]") == 97  # as `forced` names it
     model.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
     with running(Engine(model), tool_parser=request.param) as url:
         yield url, request.param
 
 
 def forced(text: str) -> dict:
-    """A body field making the random model write `text` (a regex matching it alone)."""
-    return {"guided_regex": re.escape(text)}
+    """A body field making the random model write `text` (a regex matching it alone); a "<tool_calls>"
+    in it, Mistral's special token [TOOL_CALLS] (a grammar naming it by id)."""
+    if "<tool_calls>" not in text:
+        return {"guided_regex": re.escape(text)}
+    before, after = text.split("<tool_calls>")
+    marker = 97  # byte_tokenizer's 97 tokens, then the first added: [TOOL_CALLS]
+    return {"guided_grammar": f"start: {json.dumps(before)} <[{marker}]> {json.dumps(after)}"}
 
 
 def test_auto_tells_a_call_from_text_in_the_models_own_format(auto_base):
@@ -145,6 +155,12 @@ def test_auto_tells_a_call_from_text_in_the_models_own_format(auto_base):
     if parser == "hermes":
         reply = 'Let me see.<tool_call>{"name": "get_time", "arguments": ' + json.dumps(args) + "}</tool_call>"
         content = "Let me see."
+    elif parser == "mistral":  # the marker is a special token, drawn as one: a grammar names it by id
+        reply = 'Let me see.<tool_calls>[{"name": "get_time", "arguments": ' + json.dumps(args) + "}]"
+        content = "Let me see."
+    elif parser == "pythonic":
+        reply = '[get_time(zone="CET")]'
+        content = None
     else:
         reply = '{"name": "get_time", "parameters": ' + json.dumps(args) + "}"
         content = None
@@ -153,6 +169,7 @@ def test_auto_tells_a_call_from_text_in_the_models_own_format(auto_base):
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == content
     [tool_call] = choice["message"]["tool_calls"]
     assert tool_call["function"]["name"] == "get_time" and json.loads(tool_call["function"]["arguments"]) == args
+    assert (len(tool_call["id"]) == 9) == (parser == "mistral")  # Mistral's templates take back only such ids
     chunks = sse(call(base, "/v1/chat/completions", dict(body, stream=True))[1])
     deltas = [c["choices"][0]["delta"] for c in chunks]
     assert "".join(d.get("content") or "" for d in deltas) == (content or "")  # the call's text is never streamed

@@ -1,7 +1,9 @@
 """The readers of models' own tool-call formats, on replies written as each family writes them
-(Llama 3's JSON, Hermes' <tool_call> tags), and on text that makes no call."""
+(Llama 3's JSON, Hermes' <tool_call> tags, Mistral's [TOOL_CALLS] list, Python calls), and on text
+that makes no call."""
 
 import json
+import keyword
 
 import pytest
 from hypothesis import given, settings
@@ -15,29 +17,41 @@ values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_si
                       max_leaves=6)
 arguments = st.dictionaries(st.text(min_size=1, max_size=6), values, max_size=4)
 calls = st.lists(st.tuples(names, arguments), min_size=1, max_size=3)
+# Python's calls name their arguments with identifiers
+python_calls = st.lists(st.tuples(names, st.dictionaries(names.filter(lambda n: not keyword.iskeyword(n)), values,
+                                                         max_size=4)), min_size=1, max_size=3)
+TAKES_TEXT_BEFORE = ("hermes", "mistral")  # the others write a call as the whole reply
 
 
 def written(parser: str, made: list, before: str = "") -> str:
+    """The reply a model of the family writes to make these calls (Mistral's with its special token
+    as text, as the server gives it to the parser)."""
     if parser == "llama3_json":
         return "; ".join(json.dumps({"name": n, "parameters": a}) for n, a in made)
+    if parser == "mistral":
+        return before + "[TOOL_CALLS] " + json.dumps([{"name": n, "arguments": a} for n, a in made])
+    if parser == "pythonic":
+        return "[" + ", ".join(f"{n}({', '.join(f'{k}={v!r}' for k, v in a.items())})" for n, a in made) + "]"
     return before + "".join(f"<tool_call>\n{json.dumps({'name': n, 'arguments': a})}\n</tool_call>" for n, a in made)
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
-@given(parser=st.sampled_from(sorted(PARSERS)), made=calls, before=st.sampled_from(["", "Let me look. "]))
-def test_calls_written_as_the_family_writes_them_read_back(parser, made, before):
-    before = before if parser == "hermes" else ""  # Llama 3 writes a call as the whole reply
+@given(parser=st.sampled_from(sorted(PARSERS)), data=st.data(), before=st.sampled_from(["", "Let me look. "]))
+def test_calls_written_as_the_family_writes_them_read_back(parser, data, before):
+    made = data.draw(python_calls if parser == "pythonic" else calls)
+    before = before if parser in TAKES_TEXT_BEFORE else ""
     content, got = tool_parser(parser).parse(written(parser, made, before))
     assert [(c["name"], json.loads(c["arguments"])) for c in got] == made
     assert content == (before.strip() or None)
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
-@given(parser=st.sampled_from(sorted(PARSERS)), text=st.text(max_size=40).filter(lambda t: "<tool_call>" not in t))
+@given(parser=st.sampled_from(sorted(PARSERS)),
+       text=st.text(max_size=40).filter(lambda t: "<tool_call>" not in t and "[TOOL_CALLS]" not in t))
 def test_text_without_a_call_is_text(parser, text):
     content, got = tool_parser(parser).parse(text)
-    if got:  # only a reply that is one whole JSON call may read as one
-        assert parser == "llama3_json" and text.strip().startswith("{")
+    if got:  # only a reply that is one whole JSON call, or one whole list of Python calls, may read as one
+        assert (parser, text.strip()[:1]) in (("llama3_json", "{"), ("pythonic", "["))
     else:
         assert content == text
 
@@ -50,6 +64,23 @@ def test_text_without_a_call_is_text(parser, text):
     ("hermes", 'Sure.<tool_call>{"name": "g", "arguments": {}}</tool_call>', "Sure.", [("g", {})]),
     ("hermes", '<tool_call>{"name": "g", "arguments": {"a": [1]}}', None, [("g", {"a": [1]})]),  # unclosed at the end
     ("hermes", '<tool_call>not json</tool_call>', '<tool_call>not json</tool_call>', []),
+    ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": {"x": 1}}, {"name": "g", "arguments": {}}]', None,
+     [("f", {"x": 1}), ("g", {})]),
+    ("mistral", '[TOOL_CALLS]{"name": "f", "arguments": {}}[TOOL_CALLS]{"name": "g", "arguments": {}}', None,
+     [("f", {}), ("g", {})]),  # a marker before each call
+    ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": {"x": 1', '[TOOL_CALLS][{"name": "f", "arguments": {"x": 1',
+     []),  # cut short
+    ("mistral", '[{"name": "f", "arguments": {}}]', '[{"name": "f", "arguments": {}}]', []),  # no marker: text
+    ("pythonic", '[get_weather(city="Paris", days=3), now()]', None, [("get_weather", {"city": "Paris", "days": 3}),
+                                                                     ("now", {})]),
+    ("pythonic", '<|python_start|>[f(flag=true, none=null, xs=[1, (2, 3)])]<|python_end|>', None,
+     [("f", {"flag": True, "none": None, "xs": [1, [2, 3]]})]),
+    ("pythonic", '[f(x=1), "text"]', '[f(x=1), "text"]', []),  # not all calls
+    ("pythonic", '[f(1)]', '[f(1)]', []),  # positional: no names for the arguments
+    ("pythonic", '[f(x=g())]', '[f(x=g())]', []),  # not a literal
+    ("pythonic", '[os.system(x="ls")]', '[os.system(x="ls")]', []),  # not a plain name
+    ("pythonic", '[f(x={1, 2})]', '[f(x={1, 2})]', []),  # a set: no JSON for it
+    ("pythonic", '[f(x=1)', '[f(x=1)', []),  # cut short
 ])
 def test_edges(parser, text, content, made):
     got_content, got = tool_parser(parser).parse(text)
@@ -62,5 +93,20 @@ def test_where_a_streamed_call_may_begin():
     assert llama.call_start("  {\"na") == 2 and llama.call_start("Hello") is None and llama.call_start("<|py") == 0
     assert hermes.call_start("Sure.<tool_call>{") == 5 and hermes.call_start("Sure.<tool") is None
     assert hermes.hold == len("<tool_call>") - 1
+    mistral, pythonic = tool_parser("mistral"), tool_parser("pythonic")
+    # Mistral's marker is a special token, dropped from streamed text: a list of objects opening may be a call
+    assert mistral.call_start('Sure. [{"name"') == 6 and mistral.call_start("Sure. [") == 6
+    assert mistral.call_start("See [1] and [link](x)") is None and mistral.hold == 1
+    assert pythonic.call_start(" [get_") == 1 and pythonic.call_start("<|python") == 0
+    assert pythonic.call_start("Here") is None
     with pytest.raises(ValueError, match="no tool-call parser"):
-        tool_parser("mistral")
+        tool_parser("llama4_json")
+
+
+def test_mistral_call_ids_are_what_its_chat_template_takes_back():
+    """Mistral's templates refuse an earlier call whose id is not 9 letters and digits."""
+    from linnet.serve.tool_parsers import call_ids
+
+    ids = {call_ids(tool_parser("mistral"))() for _ in range(50)}
+    assert len(ids) == 50 and all(len(i) == 9 and i.isalnum() and i.isascii() for i in ids)
+    assert call_ids(tool_parser("hermes"))().startswith("call_") and call_ids(None)().startswith("call_")
