@@ -9,9 +9,9 @@ converter writes a Hugging Face checkpoint: its names through gguf's table of th
 interleaved gate and up columns split into two tensors, the experts unquantized (llama.cpp reads
 them so, more slowly than MXFP4). Matrices are written in the model's type; 1-D tensors, biases
 and routers in f32, as that converter does. The tokenizer's keys are copied from the source when
-it was a GGUF; otherwise they are written from the byte-level BPE tokenizer Nest loaded
-(tokenizer.json); the token list is padded to the model's vocabulary, as llama.cpp sizes the
-embedding by it.
+it was a GGUF; otherwise they are written from the tokenizer.json Nest loaded (byte-level BPE
+as llama.cpp's `gpt2` tokenizer, SentencePiece's BPE as its `llama` one, scored by merge rank);
+the token list is padded to the model's vocabulary, as llama.cpp sizes the embedding by it.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 from linnet.export import ExportError
 from linnet.nest.bind import unbind_weights
 from linnet.nest.checkpoint import GGUFCheckpoint
-from linnet.nest.gguf_tokenizer import CONTROL, NORMAL, PRE_TOKENIZERS, UNUSED, USER_DEFINED
+from linnet.nest.gguf_tokenizer import BYTE, CONTROL, NORMAL, PRE_TOKENIZERS, UNKNOWN, UNUSED, USER_DEFINED
 from linnet.rope_tables import llama3_divisors
 
 # llama.cpp's canonical tokenizer.ggml.pre name for each pre-tokenizer Nest reads
@@ -84,8 +84,8 @@ def write_gguf(bound, out) -> str:
     else:
         tensors = unbind_weights(spec, bound.params, "gguf")
         _rope_keys(b, writer)
-    if isinstance(bound.tokenizer_from, GGUFCheckpoint):
-        _copy_tokenizer_keys(bound.tokenizer_from, writer)
+    if bound.tokenizer_from is not None and bound.tokenizer_from.is_file():  # a GGUF's keys, as they are
+        _copy_tokenizer_keys(GGUFCheckpoint(bound.tokenizer_from), writer)
     else:
         _write_tokenizer_keys(bound.tokenizer, writer, b["vocab"])
 
@@ -181,14 +181,15 @@ def _copy_tokenizer_keys(src: GGUFCheckpoint, writer) -> None:
 
 
 def _write_tokenizer_keys(tok, writer, vocab_size: int) -> None:
-    """A byte-level BPE tokenizer (tokenizer.json) as llama.cpp's `gpt2` tokenizer keys, its token
-    list padded to the model's `vocab_size`."""
+    """A tokenizer.json as llama.cpp's tokenizer keys: byte-level BPE as its `gpt2` tokenizer,
+    SentencePiece's BPE (byte fallback) as its `llama` one; the token list padded to the model's
+    `vocab_size`, as llama.cpp sizes the embedding by it."""
     data = json.loads(tok.backend.to_str())
     model = data.get("model") or {}
-    if model.get("type") != "BPE" or model.get("byte_fallback"):
-        kind = "SentencePiece BPE (byte fallback)" if model.get("type") == "BPE" else repr(model.get("type"))
-        raise ExportError(f"{tok.source}: only byte-level BPE tokenizers can be written to a GGUF, not {kind}; "
-                          f"pass --tokenizer a GGUF holding this model's vocabulary to copy its keys")
+    if model.get("type") != "BPE":
+        raise ExportError(f"{tok.source}: only BPE tokenizers (byte-level, or SentencePiece's with byte fallback) "
+                          f"can be written to a GGUF, not {model.get('type')!r}; pass --tokenizer a GGUF holding "
+                          f"this model's vocabulary to copy its keys")
     vocab = tok.backend.get_vocab(with_added_tokens=True)
     size = max(max(vocab.values()) + 1, vocab_size)
     tokens = [f"[PAD{i}]" for i in range(size)]
@@ -197,12 +198,15 @@ def _write_tokenizer_keys(tok, writer, vocab_size: int) -> None:
         tokens[i], types[i] = text, NORMAL
     for added in data.get("added_tokens") or []:
         types[added["id"]] = CONTROL if added.get("special") else USER_DEFINED
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges") or []]
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(_pre_name(data.get("pre_tokenizer"), tok.source))
+    pairs = [m.split(" ", 1) if isinstance(m, str) else m for m in model.get("merges") or []]
+    if model.get("byte_fallback"):
+        _sentencepiece_keys(tok, data, writer, tokens, types, pairs)
+    else:
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(_pre_name(data.get("pre_tokenizer"), tok.source))
+        writer.add_token_merges([" ".join(p) for p in pairs])
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    writer.add_token_merges(merges)
     if tok.bos_token_id is not None:
         writer.add_bos_token_id(tok.bos_token_id)
         probe = tok.backend.encode("a", add_special_tokens=True).ids
@@ -213,6 +217,50 @@ def _write_tokenizer_keys(tok, writer, vocab_size: int) -> None:
             writer.add_eot_token_id(tok.eos_token_ids[1])
     if tok.chat_template:
         writer.add_chat_template(tok.chat_template)
+
+
+def _sentencepiece_keys(tok, data: dict, writer, tokens: list, types: list, pairs: list) -> None:
+    """llama.cpp's `llama` tokenizer for SentencePiece's BPE (Mistral's, Llama 2's tokenizer.json).
+    llama.cpp merges the adjacent pair whose join scores highest; tokenizer.json ranks its merges,
+    so a piece scores minus the rank of the first merge that makes it (llama.cpp's own converter
+    gives every piece -1000 when there is no tokenizer.model, losing the order). Bytes are <0xNN>
+    tokens; the dummy "▁" before the text is the add_space_prefix key."""
+    made: dict[str, int] = {}
+    for rank, (left, right) in enumerate(pairs):
+        made.setdefault(left + right, rank)
+    last = -float(len(pairs) + 1)  # a piece no merge makes: after all that merges make
+    scores = [0.0] * len(tokens)
+    for i, text in enumerate(tokens):
+        if types[i] != NORMAL:
+            continue
+        if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+            types[i] = BYTE
+        elif text in made:
+            scores[i] = -float(made[text])
+        elif len(text) > 1:
+            scores[i] = last
+    unknown = data["model"].get("unk_token")
+    if unknown is not None and tok.backend.token_to_id(unknown) is not None:
+        types[tok.backend.token_to_id(unknown)] = UNKNOWN
+        writer.add_unk_token_id(tok.backend.token_to_id(unknown))
+    writer.add_tokenizer_model("llama")
+    writer.add_token_scores(scores)
+    writer.add_add_space_prefix(_space_prefix(data, tok.source))
+
+
+def _space_prefix(data: dict, source: str) -> bool:
+    """Whether the tokenizer puts SentencePiece's "▁" before the text: a Prepend normalizer (Mistral's
+    tokenizer.json), or a Metaspace pre-tokenizer that prepends (transformers' conversions)."""
+    norm, pre = data.get("normalizer") or {}, data.get("pre_tokenizer") or {}
+    steps = norm.get("normalizers") if norm.get("type") == "Sequence" else [norm]
+    replaced = any(n.get("type") == "Replace" and n.get("content") == "▁" for n in steps)
+    prepended = any(n.get("type") == "Prepend" and n.get("prepend") == "▁" for n in steps)
+    if replaced and not pre:
+        return prepended
+    if pre.get("type") == "Metaspace" and not norm and not pre.get("split", True):
+        return pre.get("prepend_scheme", "always" if pre.get("add_prefix_space", True) else "never") != "never"
+    raise ExportError(f"{source}: this SentencePiece tokenizer spells spaces in a way llama.cpp is not known "
+                      f"to (normalizer {norm.get('type')!r}, pre-tokenizer {pre.get('type')!r})")
 
 
 def _pre_name(pre: dict | None, source: str) -> str:

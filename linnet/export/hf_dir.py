@@ -14,7 +14,6 @@ from pathlib import Path
 
 from linnet.export.hf_config import hf_config
 from linnet.nest.bind import unbind_weights
-from linnet.nest.checkpoint import SafetensorsCheckpoint
 
 SHARD_BYTES = 4 << 30
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -55,10 +54,10 @@ def write_hf_dir(bound, out) -> str:
 
 
 def _write_tokenizer(bound, out: Path, config: dict) -> None:
-    if isinstance(bound.tokenizer_from, SafetensorsCheckpoint):
+    if bound.tokenizer_from is not None and bound.tokenizer_from.is_dir():  # a model directory's files, as they are
         for file in TOKENIZER_FILES:
-            if (bound.tokenizer_from.dir / file).is_file():
-                shutil.copyfile(bound.tokenizer_from.dir / file, out / file)
+            if (bound.tokenizer_from / file).is_file():
+                shutil.copyfile(bound.tokenizer_from / file, out / file)
         return
     tok = bound.tokenizer
     if tok is None:  # random weights, or a checkpoint without one: vLLM then needs --tokenizer

@@ -118,7 +118,7 @@ class BoundWeights:
     source: str  # the checkpoint's path, or "random"
     checkpoint: Checkpoint | None = None
     info: dict = field(default_factory=dict)
-    tokenizer_from: Checkpoint | None = None  # the checkpoint the tokenizer was read from
+    tokenizer_from: Path | None = None  # where the tokenizer was read: a model directory or a GGUF file
 
 
 def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics: str = "exact",
@@ -137,11 +137,14 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
     info: dict = {}
     tok_from = tok = None
     if not isinstance(tokenizer, bool):  # read and checked first: a wrong one fails before the weights are read
-        tok_from = open_checkpoint(tokenizer)
-        tok = tokenizer_of(tok_from)
+        tok_from = Path(tokenizer)
+        if tok_from.suffix == ".json" and tok_from.is_file():  # tokenizer.json named: its directory
+            tok_from = tok_from.parent
+        # a directory needs only the tokenizer's files (vLLM's --tokenizer takes such), a file is a GGUF
+        tok = tokenizer_of(tok_from if tok_from.is_dir() else open_checkpoint(tok_from))
         vocab = spec.bindings.get("vocab")
         if vocab is not None and tok.vocab_size > vocab:
-            raise TokenizerError(f"{tok_from.path}: its tokenizer has {tok.vocab_size} tokens, more than "
+            raise TokenizerError(f"{tok_from}: its tokenizer has {tok.vocab_size} tokens, more than "
                                  f"the {vocab} of {card_name}'s vocabulary")
     if isinstance(weights, str) and weights == "random":
         from linnet.nest.random_weights import random_weights
@@ -157,7 +160,7 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
         bound.tokenizer, bound.tokenizer_from = tok, tok_from
     elif tokenizer and bound.checkpoint is not None:
         bound.tokenizer = _tokenizer(bound.checkpoint)  # none, with a warning, where it has none
-        bound.tokenizer_from = bound.checkpoint if bound.tokenizer is not None else None
+        bound.tokenizer_from = Path(bound.checkpoint.path) if bound.tokenizer is not None else None
     return bound
 
 
@@ -287,14 +290,14 @@ def _read(module: Module, ckpt: Checkpoint, cast_dtype: bool, device: str, progr
     return params, unused
 
 
-def tokenizer_of(ckpt: Checkpoint):
-    """The tokenizer a checkpoint holds (tokenizer.json beside safetensors, a GGUF's metadata); raises
-    `TokenizerError` when it has none."""
+def tokenizer_of(ckpt: Checkpoint | Path):
+    """The tokenizer a checkpoint holds (tokenizer.json beside safetensors, a GGUF's metadata), or a
+    directory of tokenizer files; raises `TokenizerError` when there is none."""
     from linnet.nest.tokenizer import Tokenizer
 
     if isinstance(ckpt, GGUFCheckpoint):
         return Tokenizer.from_gguf(ckpt)  # the open file: its metadata is read once
-    return Tokenizer.from_dir(Path(ckpt.path))
+    return Tokenizer.from_dir(ckpt if isinstance(ckpt, Path) else Path(ckpt.path))
 
 
 def _tokenizer(ckpt: Checkpoint):

@@ -204,3 +204,62 @@ def test_only_the_architectures_llama_cpp_runs_and_only_with_a_tokenizer(tmp_pat
     with pytest.raises(ExportError, match="needs a tokenizer"):
         export("tiny-gpt-oss", "llama.cpp", tmp_path / "out", weights="random")
     assert not (tmp_path / "out").exists()  # nothing half written
+
+
+# The last two merge differently where every piece scores the same, as llama.cpp's own converter
+# scores a tokenizer.json's pieces.
+SPM_TEXTS = ["the quick brown fox", "The Quick  brown\nfox!", "  leading spaces", "naïve café 😀 end",
+             "dog</s>fox", "the\n\nlazy dog waits", "thethethe foxes", "foroverlazy", "thensleepsbrown"]
+
+
+@pytest.mark.parametrize("form", ["transformers", "mistral"])
+def test_a_sentencepiece_tokenizer_json_is_converted(spm_gguf, tmp_path, form):
+    """SentencePiece's BPE in a tokenizer.json (Mistral's, Llama 2's), in the two forms it comes in:
+    transformers' conversion (a Metaspace pre-tokenizer) and Mistral's own (Prepend and Replace
+    normalizers). Written as llama.cpp's `llama` tokenizer, scored by merge rank, llama.cpp
+    encodes and decodes every text as it does from the GGUF the vocabulary was first learned into,
+    and Nest reads the file back to the same tokenizer."""
+    transformers = pytest.importorskip("transformers")
+    hf_dir = tmp_path / "tok"
+    reference = transformers.AutoTokenizer.from_pretrained(str(spm_gguf.parent), gguf_file=spm_gguf.name)
+    reference.save_pretrained(hf_dir)
+    source = Tokenizer.from_gguf(spm_gguf)
+    if form == "mistral":
+        source.backend.save(str(hf_dir / "tokenizer.json"))
+    pre = Tokenizer.from_dir(hf_dir).backend.pre_tokenizer
+    assert (pre is None) == (form == "mistral")
+    card = tmp_path / "small-spm.linnet"
+    card.write_text(small_card("llama", "none").replace("vocab = 49152", "vocab = 384"))
+    path = export(card, "llama.cpp", tmp_path / "spm.gguf", weights="random", dtype="f32", tokenizer=hf_dir)
+    ckpt = GGUFCheckpoint(path)
+    assert ckpt.metadata("tokenizer.ggml.model") == "llama" and ckpt.metadata("tokenizer.ggml.add_space_prefix")
+    assert len(ckpt.metadata("tokenizer.ggml.tokens")) == 384  # padded to the card's vocabulary
+    again = Tokenizer.from_gguf(ckpt)
+    for text in SPM_TEXTS:
+        assert again.encode(text) == source.encode(text), text
+    llama_cpp = pytest.importorskip("llama_cpp")
+    original = llama_cpp.Llama(model_path=str(spm_gguf), vocab_only=True, verbose=False)
+    written = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+    for text in SPM_TEXTS:
+        ids = original.tokenize(text.encode(), add_bos=True, special=True)
+        assert written.tokenize(text.encode(), add_bos=True, special=True) == ids, text
+        assert written.detokenize(ids) == original.detokenize(ids), text
+
+
+def test_tokenizers_llama_cpp_has_no_form_for_are_refused(tmp_path):
+    """A Unigram vocabulary, or SentencePiece spaces split apart (a Metaspace that splits), have no
+    form in llama.cpp's keys Linnet writes: refused, naming what it found, before any file is left."""
+    from tokenizers import Tokenizer as Backend, models, pre_tokenizers
+
+    card = tmp_path / "small-none.linnet"
+    card.write_text(small_card("llama", "none").replace("vocab = 49152", "vocab = 384"))
+    unigram = Backend(models.Unigram([("<unk>", 0.0), ("a", -1.0)], 0, byte_fallback=False))
+    split = Backend(models.BPE(vocab={"<unk>": 0, "a": 1}, merges=[], unk_token="<unk>", byte_fallback=True))
+    split.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first", split=True)
+    for backend, needle in ((unigram, "not 'Unigram'"), (split, "pre-tokenizer 'Metaspace'")):
+        d = tmp_path / needle[:3].strip("'")
+        d.mkdir()
+        backend.save(str(d / "tokenizer.json"))
+        with pytest.raises(ExportError, match=needle):
+            export(card, "llama.cpp", tmp_path / "out.gguf", weights="random", tokenizer=d)
+    assert not list(tmp_path.glob("out.gguf*"))

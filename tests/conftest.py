@@ -1,0 +1,76 @@
+"""Fixtures shared by the tests of several parts: a SentencePiece vocabulary in a GGUF, which Nest
+reads (tests/nest) and the llama.cpp export writes back (tests/export)."""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6
+CORPUS = ("the quick brown fox jumps over the lazy dog . the dog sleeps , the fox runs away from the dog "
+          "and then the quick fox returns to the brown house where the lazy dog waits for the fox") * 3
+
+
+def learn_pieces(corpus: str, merges: int) -> list:
+    """SentencePiece-style BPE: words are "▁" + word; the most frequent adjacent pair is joined,
+    `merges` times. Returns the learned pieces, first learned first."""
+    words = Counter(tuple("▁" + w) for w in corpus.split())
+    learned = []
+    for _ in range(merges):
+        pairs = Counter()
+        for word, n in words.items():
+            for a, b in zip(word, word[1:]):
+                pairs[a, b] += n
+        if not pairs:
+            break
+        (a, b), _ = max(pairs.items(), key=lambda kv: (kv[1], kv[0]))
+        learned.append(a + b)
+        joined = Counter()
+        for word, n in words.items():
+            out, i = [], 0
+            while i < len(word):
+                if i + 1 < len(word) and (word[i], word[i + 1]) == (a, b):
+                    out.append(a + b)
+                    i += 2
+                else:
+                    out.append(word[i])
+                    i += 1
+            joined[tuple(out)] += n
+        words = joined
+    return learned
+
+
+@pytest.fixture(scope="session")
+def spm_gguf(tmp_path_factory):
+    """A GGUF holding a learned SentencePiece vocabulary: <unk> <s> </s>, the 256 bytes, the
+    corpus's characters, then the learned pieces; a piece's score falls with when it was learned."""
+    gguf = pytest.importorskip("gguf")
+    chars = sorted(set(CORPUS.replace(" ", "")) | {"▁"})
+    pieces = learn_pieces(CORPUS, 60)
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + chars + pieces
+    types = [UNKNOWN, CONTROL, CONTROL] + [BYTE] * 256 + [NORMAL] * (len(chars) + len(pieces))
+    scores = [0.0] * 259 + [-1000.0 - i for i in range(len(chars))] + [-float(i) for i in range(len(pieces))]
+    path = tmp_path_factory.mktemp("spm") / "spm.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_context_length(64)
+    w.add_embedding_length(8)
+    w.add_feed_forward_length(16)
+    w.add_head_count(2)
+    w.add_head_count_kv(2)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_unk_token_id(0)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_add_bos_token(True)
+    w.add_add_eos_token(False)
+    w.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
