@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from linnet.kernels.openmp import release_pool
 from linnet.serve.request import Completion, Request, RequestError, TokenLogprob
 from linnet.serve.runners import make_runner
 from linnet.serve.sampling import SamplingBatch
@@ -551,6 +552,8 @@ class Engine:
         """Runs steps on a background thread whenever there is work (for `stream`)."""
         if self._thread is not None:
             return
+        # The steps' OpenMP regions go to the new thread: this one's idle pool would slow them (kernels.openmp).
+        release_pool()
         self._stopping = False
         self.stats = Stats(window=SERVING_WINDOW)
         self._thread = threading.Thread(target=self._loop, name="linnet-engine", daemon=True)
