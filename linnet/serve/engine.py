@@ -52,6 +52,7 @@ class _Live:
     decoder: object = None
     matcher: object = None  # a structured output's llguidance matcher, following the tokens drawn
     structuring: bool = False  # whether the structure holds yet (from the start, or once structure_after was drawn)
+    allowed: np.ndarray | None = None  # its allowed_token_ids as a packed mask (`runners.logit_adjustments`)
     listeners: list = field(default_factory=list)
 
     @property
@@ -66,6 +67,13 @@ class _Live:
     def masked(self) -> bool:
         """Whether a structure holds this request's next draw."""
         return self.matcher is not None and self.structuring
+
+    def mask(self, structured: np.ndarray | None) -> np.ndarray | None:
+        """The packed mask of the tokens its next draw may take: the structure's (when it holds) and
+        its allowed tokens, both; None where any token may follow."""
+        if self.allowed is None:
+            return structured
+        return self.allowed if structured is None else self.allowed & structured
 
 
 @dataclass
@@ -129,6 +137,7 @@ class Engine:
         comp = Completion(req, submitted_at=time.perf_counter())
         seed = req.seed if req.seed is not None else self.rng.getrandbits(31)
         item = _Live(req, comp, -1, seed, list(req.prompt), matcher=matcher, structuring=req.structure_after is None,
+                     allowed=None if req.allowed_token_ids is None else _packed(req.allowed_token_ids, self.vocab),
                      listeners=[listener] if listener else [])
         with self.lock:
             self.waiting.append(item)
@@ -436,7 +445,7 @@ class Engine:
         if batch.adjusted:
             structured = [x.matcher for x in items if x.masked]
             masks = iter(self._guide.allowed(structured) if structured else ())
-            histories = [(x.req.prompt, x.generated, self._bias(x, ahead), next(masks) if x.masked else None)
+            histories = [(x.req.prompt, x.generated, self._bias(x, ahead), x.mask(next(masks) if x.masked else None))
                          for x in items]
         return batch, histories
 
@@ -491,13 +500,15 @@ class Engine:
         if req.stop:
             # Only the new text, and the stop-length tail before it, can hold a stop string that was not there.
             if x.decoder is None:
-                x.decoder = self.tokenizer.incremental_decoder(skip_special_tokens=True, context=req.prompt)
+                x.decoder = self.tokenizer.incremental_decoder(skip_special_tokens=req.skip_special_tokens,
+                                                               context=req.prompt)
             seen = len(x.text)
             x.text += x.decoder.push(token)
             start = max(0, seen - max(len(s) for s in req.stop) + 1)
-            found = [at for at in (x.text.find(s, start) for s in req.stop) if at >= 0]
+            found = [(at, -len(s)) for at, s in ((x.text.find(s, start), s) for s in req.stop) if at >= 0]
             if found and not held:
-                x.comp.text = x.text[:min(found)]
+                at, minus_length = min(found)  # the first to begin; of those, the longest
+                x.comp.text = x.text[:at - minus_length if req.include_stop else at]
                 return "stop"
         if len(x.generated) >= req.max_new_tokens:
             return "length"
@@ -507,7 +518,8 @@ class Engine:
         x.comp.finish_reason = reason
         self.stats.ended(reason)
         if x.comp.text is None and self.tokenizer is not None:
-            x.comp.text = self.tokenizer.decode_after(x.req.prompt, x.generated, skip_special_tokens=True)
+            x.comp.text = self.tokenizer.decode_after(x.req.prompt, x.generated,
+                                                      skip_special_tokens=x.req.skip_special_tokens)
         self.live.remove(x)
         # The row keeps what x cached: a follower of x copies it on the next step, unless the row
         # is taken first, in which case the follower copies only what is still valid (_copy_shared).
@@ -589,6 +601,13 @@ class Engine:
     def stream(self, req: Request) -> "TokenStream":
         """Submits `req` (from a coroutine); iterate the result for (new token ids, finish_reason or None)."""
         return TokenStream(self, req)
+
+
+def _packed(tokens: list, vocab: int) -> np.ndarray:
+    """Tokens as a packed mask: bit j of int32 word w is token 32 w + j (`structured.Guide.allowed`)."""
+    bits = np.zeros((vocab + 31) // 32 * 32, dtype=bool)
+    bits[tokens] = True
+    return np.packbits(bits, bitorder="little").view("<i4").astype(np.int32)
 
 
 def _top(out, i: int, k: int) -> list:

@@ -101,6 +101,11 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
             raise ApiError(400, "'suffix' is not supported", "suffix")
     if body.get("prompt_logprobs") is not None and body.get("stream"):
         raise ApiError(400, "'prompt_logprobs' is not supported with 'stream': true", "prompt_logprobs")
+    # vLLM's fields this server does not honour
+    for name, unset in (("use_beam_search", False), ("bad_words", None), ("priority", 0),
+                        ("return_tokens_as_token_ids", False), ("prompt_embeds", None)):
+        if body.get(name) not in (unset, None, [], ""):
+            raise ApiError(400, f"'{name}' is not supported", name)
 
 
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
@@ -250,6 +255,10 @@ def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens:
     stop_ids = body.get("stop_token_ids") or []
     if not isinstance(stop_ids, list) or not all(isinstance(t, int) for t in stop_ids):
         raise ApiError(400, "'stop_token_ids' must be a list of integers", "stop_token_ids")
+    allowed = body.get("allowed_token_ids")
+    if allowed is not None and (not isinstance(allowed, list) or not allowed or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in allowed)):
+        raise ApiError(400, "'allowed_token_ids' must be a non-empty list of token ids", "allowed_token_ids")
     return Request(
         prompt=prompt, max_new_tokens=max_tokens, structure=_structure(body),
         temperature=float(_number(body, "temperature", 1.0, 0, 2)),
@@ -261,7 +270,9 @@ def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens:
         repetition_penalty=float(_number(body, "repetition_penalty", 1.0, 0.01, 10)),
         seed=None if seed is None else seed & 0x7FFFFFFF, stop=_stops(body), stop_token_ids=stop_ids,
         ignore_eos=bool(body.get("ignore_eos", False)), logit_bias=_logit_bias(body),
-        min_tokens=int(_number(body, "min_tokens", 0, 0, max_tokens, integer=True)),
+        min_tokens=int(_number(body, "min_tokens", 0, 0, max_tokens, integer=True)), allowed_token_ids=allowed,
+        include_stop=_boolean(body, "include_stop_str_in_output", False),
+        skip_special_tokens=_boolean(body, "skip_special_tokens", True),
     )
 
 
@@ -312,10 +323,24 @@ def _prompts(body: dict, tokenizer) -> tuple[list, list]:
     return ids, texts
 
 
+def _truncated(body: dict, ids: list, max_seq: int) -> list:
+    """vLLM's truncate_prompt_tokens: the prompt's last k tokens (all of it when shorter; -1: as
+    many as a row holds)."""
+    if body.get("truncate_prompt_tokens") is None:
+        return ids
+    k = _number(body, "truncate_prompt_tokens", None, -1, max_seq, integer=True)
+    if k == 0:
+        raise ApiError(400, "'truncate_prompt_tokens' must be -1 or at least 1", "truncate_prompt_tokens")
+    return ids[-(max_seq if k == -1 else k):]
+
+
 def completion_job(body: dict, tokenizer, max_seq: int) -> Job:
     _refuse_unsupported(body, chat=False)
     n = _choices_per_prompt(body)
     prompts, texts = _prompts(body, tokenizer)
+    if body.get("truncate_prompt_tokens") is not None:  # what is echoed is what the model saw
+        prompts = [_truncated(body, ids, max_seq) for ids in prompts]
+        texts = [None] * len(prompts)
     if len(prompts) * n > MAX_CHOICES:
         raise ApiError(400, f"{len(prompts)} prompts x n = {n} is {len(prompts) * n} choices; at most "
                             f"{MAX_CHOICES} per request", "n")
@@ -437,7 +462,7 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=No
     structured_outputs_config.enable_in_reasoning), not just its answer."""
     _refuse_unsupported(body, chat=True)
     n = _choices_per_prompt(body)
-    ids = chat_prompt(body, tokenizer)
+    ids = _truncated(body, chat_prompt(body, tokenizer), max_seq)
     logprobs = _number(body, "top_logprobs", 0, 0, MAX_LOGPROBS, integer=True) if body.get("logprobs") else None
     asked = _logprob_count(body, "prompt_logprobs")
     tool_call, structure = _tool_call(body, tool_parser)

@@ -38,6 +38,9 @@ class Request:
     structure: "Structure | None" = None  # what the output must be: a JSON schema, regex, choice or grammar
     structure_after: list | None = None  # token ids after which the structure holds (a reasoning model's end of
     #                                      thinking); None: from the first token
+    allowed_token_ids: list | None = None  # the only tokens it may draw (vLLM's); None: any
+    include_stop: bool = False  # the text keeps the stop string it ends at (vLLM's include_stop_str_in_output)
+    skip_special_tokens: bool = True  # the text leaves special tokens out, as vLLM's does by default
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
 
     @property
@@ -51,9 +54,14 @@ class Request:
         return bool(self.logit_bias) or self.min_tokens > 0
 
     @property
+    def restricted(self) -> bool:
+        """Whether a mask limits the tokens this request may draw: a structure's, or its allowed tokens."""
+        return self.structure is not None or self.allowed_token_ids is not None
+
+    @property
     def adjusted(self) -> bool:
-        """Whether arrays made on the host move this request's logits: penalties, a bias, or a structure's mask."""
-        return self.penalized or self.biased or self.structure is not None
+        """Whether arrays made on the host move this request's logits: penalties, a bias, or a mask."""
+        return self.penalized or self.biased or self.restricted
 
     def validate(self, vocab: int, max_seq: int) -> None:
         if not isinstance(self.prompt, (list, tuple)) or not self.prompt:
@@ -93,6 +101,9 @@ class Request:
         if self.structure_after is not None and (not self.structure_after or not all(
                 isinstance(t, int) and 0 <= t < vocab for t in self.structure_after)):
             raise RequestError(f"{self.id}: structure_after must be a non-empty list of token ids")
+        if self.allowed_token_ids is not None and (not self.allowed_token_ids or not all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in self.allowed_token_ids)):
+            raise RequestError(f"{self.id}: allowed_token_ids must be a non-empty list of token ids in [0, {vocab})")
         bad_stop = [t for t in self.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
         if bad_stop:
             raise RequestError(f"{self.id}: stop token id {bad_stop[0]!r} is outside the vocabulary")

@@ -46,7 +46,7 @@ class SamplingBatch:
             seed=np.array(seeds, dtype=np.int64), step=np.array(steps, dtype=np.int64),
             greedy_only=bool(np.all(temp == 0)),
             adjusting=(any(r.penalized for r in requests), any(r.biased for r in requests),
-                       any(r.structure is not None for r in requests)),
+                       any(r.restricted for r in requests)),
             logprobs=max(asked) if asked else -1)
 
 

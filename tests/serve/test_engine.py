@@ -188,20 +188,21 @@ def word_tokenizer(vocab: int):
     return Tokenizer(backend, eos_token_ids=[])
 
 
-def test_stop_strings_end_the_text_before_them(model):
+@pytest.mark.parametrize("include_stop", [False, True])
+def test_stop_strings_end_the_text_before_them_or_after_when_asked(model, include_stop):
     p = prompts(1, 12, 12, seed=23)[0]
     ref = reference_greedy(model, p, 10)
     model.tokenizer = word_tokenizer(model.vocab)
     try:
         stop = f"t{ref[4]}"
-        done, _ = Engine(model).run([Request(prompt=p, max_new_tokens=10, stop=[stop])])
+        done, _ = Engine(model).run([Request(prompt=p, max_new_tokens=10, stop=[stop], include_stop=include_stop)])
     finally:
         model.tokenizer = None
     c = done[0]
     first = [f"t{t}" for t in ref].index(stop)
     assert c.finish_reason == "stop"
     assert c.tokens == ref[:first + 1]
-    assert c.text.strip() == " ".join(f"t{t}" for t in ref[:first])
+    assert c.text.strip() == " ".join(f"t{t}" for t in ref[:first + include_stop])
 
 
 def test_the_earliest_of_several_stop_strings_ends_the_text(model):

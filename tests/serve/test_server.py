@@ -104,6 +104,13 @@ def test_chat_uses_the_template(server):
     ("/v1/completions", {"prompt": [1], "max_tokens": 0}, None, None, 400, "max_tokens"),
     ("/v1/completions", {"prompt": [1], "stream_options": {"include_usage": True}}, None, None, 400,
      "stream_options"),
+    ("/v1/completions", {"prompt": [1], "use_beam_search": True}, None, None, 400, "'use_beam_search' is not"),
+    ("/v1/completions", {"prompt": [1], "bad_words": ["t5"]}, None, None, 400, "'bad_words' is not"),
+    ("/v1/completions", {"prompt": [1], "priority": 3}, None, None, 400, "'priority' is not"),
+    ("/v1/completions", {"prompt": [1], "allowed_token_ids": []}, None, None, 400, "allowed_token_ids"),
+    ("/v1/completions", {"prompt": [1], "allowed_token_ids": [99999]}, None, None, 400, "allowed_token_ids"),
+    ("/v1/completions", {"prompt": [1], "truncate_prompt_tokens": 0}, None, None, 400, "truncate_prompt_tokens"),
+    ("/v1/completions", {"prompt": [1], "skip_special_tokens": "no"}, None, None, 400, "skip_special_tokens"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "t1"}], "tools": [{"type": "function"}]},
      None, None, 400, "tool"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "t1"}],
@@ -255,6 +262,49 @@ def test_more_stop_strings_than_openais_four(server):
                                                      "stop": stops})[1])
     assert out["choices"][0]["finish_reason"] == "stop"
     assert out["choices"][0]["text"].split() == ref[:ref.index(ref[3])]
+
+
+def test_a_stop_string_kept_in_the_text_when_asked(server):
+    """vLLM's include_stop_str_in_output: the text runs to the end of the stop string, whole and
+    streamed."""
+    base, engine, _ = server
+    ref = words(engine_greedy(engine, [8, 9], 6))
+    body = {"prompt": [8, 9], "max_tokens": 6, "temperature": 0, "stop": [ref[3]], "include_stop_str_in_output": True}
+    out = json.loads(call(base, "/v1/completions", body)[1])["choices"][0]
+    upto = ref.index(ref[3]) + 1
+    assert out["finish_reason"] == "stop" and out["text"].split() == ref[:upto]
+    streamed = sse(call(base, "/v1/completions", dict(body, stream=True))[1])
+    assert "".join(c["choices"][0]["text"] for c in streamed if c["choices"]) == out["text"]
+
+
+def test_the_allowed_tokens_are_the_only_ones_drawn(server):
+    """vLLM's allowed_token_ids: sampled or greedy, every token is one of them; greedy picks the
+    likeliest of them, as a -100 logit bias on every other token does."""
+    base, _, model = server
+    allowed = [7, 11, 40, 41, 90]
+    sampled = json.loads(call(base, "/v1/completions", {"prompt": [3, 4], "max_tokens": 12, "temperature": 1.5,
+                                                         "seed": 3, "n": 3, "allowed_token_ids": allowed})[1])
+    for choice in sampled["choices"]:
+        assert choice["text"].split() and {int(w[1:]) for w in choice["text"].split()} <= set(allowed)
+    greedy = {"prompt": [3, 4], "max_tokens": 8, "temperature": 0}
+    masked = json.loads(call(base, "/v1/completions", dict(greedy, allowed_token_ids=allowed))[1])
+    banned = {str(t): -100 for t in range(model.vocab) if t not in allowed}
+    biased = json.loads(call(base, "/v1/completions", dict(greedy, logit_bias=banned))[1])
+    assert masked["choices"][0]["text"] == biased["choices"][0]["text"]
+
+
+def test_a_prompt_truncated_to_its_last_tokens(server):
+    """vLLM's truncate_prompt_tokens: the model sees the prompt's last k tokens, and the usage and
+    an echo say so."""
+    base, engine, _ = server
+    prompt = list(range(20, 40))
+    body = {"prompt": prompt, "max_tokens": 5, "temperature": 0, "truncate_prompt_tokens": 6, "echo": True}
+    out = json.loads(call(base, "/v1/completions", body)[1])
+    assert out["usage"]["prompt_tokens"] == 6
+    echoed = words(prompt[-6:])
+    assert out["choices"][0]["text"].split() == echoed + words(engine_greedy(engine, prompt[-6:], 5))
+    whole = json.loads(call(base, "/v1/completions", dict(body, truncate_prompt_tokens=-1))[1])
+    assert whole["usage"]["prompt_tokens"] == 20
 
 
 def test_logit_bias_forces_a_token(server):

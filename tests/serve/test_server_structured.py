@@ -280,3 +280,15 @@ def test_a_reasoning_models_structure_holds_its_answer_only():
         assert message["reasoning_content"] is None and re.fullmatch(r"It is [0-9]\.", message["content"])
         free = chat(base, **body)["choices"][0]
         assert free["finish_reason"] == "length" and free["message"]["content"] is None  # still thinking, freely
+
+
+def test_special_tokens_kept_in_the_text_when_asked(base):
+    """vLLM's skip_special_tokens: false keeps them in the text, whole and streamed; by default they
+    are left out. A bias draws the byte tokenizer's one special token, <eos>, which ignore_eos lets
+    go on."""
+    body = {"prompt": "Hi", "max_tokens": 3, "temperature": 0, "ignore_eos": True, "logit_bias": {"0": 100}}
+    kept = dict(body, skip_special_tokens=False)
+    assert json.loads(call(base, "/v1/completions", kept)[1])["choices"][0]["text"] == "<eos>" * 3
+    assert json.loads(call(base, "/v1/completions", body)[1])["choices"][0]["text"] == ""
+    streamed = sse(call(base, "/v1/completions", dict(kept, stream=True))[1])
+    assert "".join(c["choices"][0]["text"] for c in streamed) == "<eos>" * 3
