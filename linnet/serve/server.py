@@ -2,7 +2,8 @@
 
 A plain ASGI application (run by uvicorn) over one `Engine` stepping on its
 own thread. Routes: POST /v1/completions and /v1/chat/completions (with
-"stream": true as server-sent events), GET /v1/models[/ID]; vLLM's POST
+"stream": true as server-sent events), POST /v1/responses (OpenAI's Responses API, run as the
+chat it means: responses_api.py), GET /v1/models[/ID]; vLLM's POST
 /tokenize and /detokenize, GET /ping and /version; GET /health and /metrics (Prometheus).
 A bad request gets OpenAI's error object with its status; it never stops the
 engine or the other requests. A client that disconnects cancels its requests.
@@ -20,6 +21,7 @@ from linnet.serve.openai_api import (ApiError, ChunkWriter, Job, TextStream, cha
                                      chat_response, check_fits, completion_job, completion_response, echoed_prompt,
                                      error_body, finish_reason)
 from linnet.serve.request import RequestError
+from linnet.serve.responses_api import ResponseWriter, chat_body, response
 
 MAX_BODY = 4 << 20
 
@@ -47,7 +49,8 @@ class OpenAIServer:
         self.routes = {"/v1/models": ("GET", self._models), "/health": ("GET", self._health),
                        "/ping": ("GET", self._health), "/version": ("GET", self._version),
                        "/metrics": ("GET", self._metrics), "/v1/completions": ("POST", self._generate),
-                       "/v1/chat/completions": ("POST", self._generate), "/tokenize": ("POST", self._tokenize),
+                       "/v1/chat/completions": ("POST", self._generate), "/v1/responses": ("POST", self._generate),
+                       "/tokenize": ("POST", self._tokenize),
                        "/detokenize": ("POST", self._detokenize)}
 
     async def __call__(self, scope, receive, send):
@@ -148,7 +151,10 @@ class OpenAIServer:
 
     async def _generate(self, path, receive, send):
         body = await self._body(receive)
-        chat = path.endswith("chat/completions")
+        responses = body if path == "/v1/responses" else None  # the Responses body, run as the chat it means
+        if responses is not None:
+            body = chat_body(responses)
+        chat = responses is not None or path.endswith("chat/completions")
         if chat:
             job = chat_job(body, self.tokenizer, self.model.max_seq, self.tool_parser, self.reasoning,
                            self.structure_in_reasoning)
@@ -168,9 +174,9 @@ class OpenAIServer:
         watcher = asyncio.create_task(self._cancel_on_disconnect(receive, [s.completion for s in streams]))
         try:
             if body.get("stream"):
-                await self._stream(job, streams, chat, send)
+                await self._stream(job, streams, chat, send, responses)
             else:
-                await self._complete(job, streams, chat, send)
+                await self._complete(job, streams, chat, send, responses)
         finally:
             watcher.cancel()
             for s in streams:
@@ -184,7 +190,7 @@ class OpenAIServer:
             if comp.finish_reason is None:
                 self.engine.cancel(comp.id)
 
-    async def _complete(self, job: Job, streams: list, chat: bool, send):
+    async def _complete(self, job: Job, streams: list, chat: bool, send, responses: dict | None = None):
         async def drain(stream):
             async for _ in stream:
                 pass
@@ -194,19 +200,29 @@ class OpenAIServer:
         failed = [c for c in comps if c.finish_reason == "error"]
         if failed:
             raise ApiError(500, failed[0].error or "the request failed", kind="server_error")
+        if responses is not None:
+            message, finish = chat_message(job, comps[0], self.tokenizer)
+            await _json(send, 200, response(responses, job, comps, self.model_name, message, finish, self.tokenizer))
+            return
         respond = chat_response if chat else completion_response
         await _json(send, 200, respond(job, comps, self.model_name, self.tokenizer))
 
-    async def _stream(self, job: Job, streams: list, chat: bool, send):
+    async def _stream(self, job: Job, streams: list, chat: bool, send, responses: dict | None = None):
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+        if responses is not None:  # Responses' typed events, the last one the whole Response
+            writer, job.include_usage = ResponseWriter(responses, job, self.model_name, self.tokenizer), True
+        else:
+            writer = ChunkWriter(chat, self.model_name, self.tokenizer, job.include_usage)
 
-        async def event(chunk: dict | None):
-            if chunk is not None:
-                await send({"type": "http.response.body", "body": f"data: {json.dumps(chunk)}\n\n".encode(),
+        async def event(chunks):
+            for chunk in chunks if isinstance(chunks, list) else [chunks]:
+                if chunk is None:
+                    continue
+                named = f"event: {chunk['type']}\n" if getattr(writer, "sse_events", False) and "type" in chunk else ""
+                await send({"type": "http.response.body", "body": f"{named}data: {json.dumps(chunk)}\n\n".encode(),
                             "more_body": True})
 
-        writer = ChunkWriter(chat, self.model_name, self.tokenizer, job.include_usage)
         merged: asyncio.Queue = asyncio.Queue()
 
         async def pump(i: int, stream):
@@ -275,7 +291,9 @@ class OpenAIServer:
         finally:
             for p in pumps:
                 p.cancel()
-        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+        # chat and completions end with [DONE]; a Responses stream ends with its last event
+        await send({"type": "http.response.body", "body": b"" if responses is not None else b"data: [DONE]\n\n",
+                    "more_body": False})
 
 
 def _sendable(job: Job, text: str) -> int | None:

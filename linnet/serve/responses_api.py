@@ -1,0 +1,293 @@
+"""OpenAI's Responses API (POST /v1/responses) over chat completions.
+
+A Responses body is read into the chat body it means (`chat_body`): its `input` items become
+messages (an earlier `function_call` an assistant turn's tool call, a `function_call_output` a
+tool message), `instructions` a system message first, its flat function tools chat's nested
+ones, `text.format` chat's `response_format`, `max_output_tokens` max_tokens; the sampling
+fields pass as they are. The chat job then runs, and its one choice is written back as a
+Response (`response_object`): a reasoning model's thinking a `reasoning` item, the text an
+assistant `message` item, each tool call a `function_call` item. Streamed, `ResponseWriter`
+sends Responses' typed events in place of chat's chunks. Nothing is stored: a body naming a
+`previous_response_id` is refused, and the conversation goes in `input`.
+"""
+
+from __future__ import annotations
+
+import time
+
+from linnet.serve.openai_api import ApiError, Job, new_id, usage
+
+# Responses' fields that pass to the chat body as they are (sampling, vLLM's extras included)
+PASSED = ("model", "temperature", "top_p", "stream", "parallel_tool_calls", "seed", "top_k", "min_p",
+          "presence_penalty", "frequency_penalty", "repetition_penalty", "stop", "logit_bias", "min_tokens",
+          "ignore_eos", "stop_token_ids", "allowed_token_ids", "chat_template_kwargs", "skip_special_tokens",
+          "include_stop_str_in_output", "truncate_prompt_tokens", "structured_outputs", "guided_json",
+          "guided_regex", "guided_choice", "guided_grammar")
+
+
+def chat_body(body: dict) -> dict:
+    """The chat completions body a Responses body asks for; a bad one is an `ApiError`."""
+    if body.get("previous_response_id") is not None:
+        raise ApiError(400, "'previous_response_id' is not supported: this server stores no responses; send the "
+                            "conversation in 'input'", "previous_response_id")
+    if body.get("background"):
+        raise ApiError(400, "'background' is not supported", "background")
+    if body.get("truncation") not in (None, "disabled"):
+        raise ApiError(400, "'truncation' may only be 'disabled': a prompt too long for the context is refused",
+                       "truncation")
+    chat = {k: body[k] for k in PASSED if body.get(k) is not None}
+    messages = [] if body.get("instructions") is None else [{"role": "system", "content": _text(
+        body["instructions"], "instructions")}]
+    chat["messages"] = messages + _messages(body.get("input"))
+    if body.get("max_output_tokens") is not None:
+        chat["max_tokens"] = body["max_output_tokens"]
+    if body.get("tools"):
+        chat["tools"] = [_tool(i, t) for i, t in enumerate(body["tools"] if isinstance(body["tools"], list)
+                                                              else [None])]
+    if body.get("tool_choice") is not None:
+        chat["tool_choice"] = _tool_choice(body["tool_choice"])
+    fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
+    if fmt is not None:
+        chat["response_format"] = _response_format(fmt)
+    effort = (body.get("reasoning") or {}).get("effort") if isinstance(body.get("reasoning"), dict) else None
+    if effort is not None:  # gpt-oss's template writes it into the system message
+        chat["chat_template_kwargs"] = dict(chat.get("chat_template_kwargs") or {}, reasoning_effort=effort)
+    if body.get("top_logprobs"):
+        raise ApiError(400, "'top_logprobs' is not supported on /v1/responses; chat completions give logprobs",
+                       "top_logprobs")
+    return chat
+
+
+def _text(value, where: str) -> str:
+    """A string, or content parts' texts joined (input_text, output_text, text)."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") in ("input_text", "output_text", "text")
+                                       and isinstance(p.get("text"), str) for p in value):
+        return "".join(p["text"] for p in value)
+    raise ApiError(400, f"'{where}' must be a string or a list of text parts (input_text, output_text)", where)
+
+
+def _messages(items) -> list:
+    """Chat messages for Responses' `input`: a string, or a list of message, function_call and
+    function_call_output items (reasoning items are the model's own, and are left out)."""
+    if isinstance(items, str):
+        if not items:
+            raise ApiError(400, "'input' must not be empty", "input")
+        return [{"role": "user", "content": items}]
+    if not isinstance(items, list) or not items:
+        raise ApiError(400, "'input' must be a string or a non-empty list of items", "input")
+    messages = []
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        kind = item.get("type", "message") if isinstance(item, dict) else None
+        if kind == "message" and isinstance(item.get("role"), str):
+            messages.append({"role": item["role"], "content": _text(item.get("content"), f"{where}.content")})
+        elif kind == "function_call" and all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
+            call = {"id": item["call_id"], "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant" and last.get("tool_calls") is not None:
+                last["tool_calls"].append(call)  # parallel calls: one assistant turn
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output" and isinstance(item.get("call_id"), str):
+            messages.append({"role": "tool", "tool_call_id": item["call_id"],
+                             "content": _text(item.get("output"), f"{where}.output")})
+        elif kind == "reasoning":
+            continue
+        else:
+            raise ApiError(400, f"'{where}' must be a message {{'role', 'content'}}, a function_call {{'call_id', "
+                                f"'name', 'arguments'}} or a function_call_output {{'call_id', 'output'}}", where)
+    return messages
+
+
+def _tool(i: int, tool) -> dict:
+    """Responses' flat function tool as chat's nested one; other tool kinds (web search, files) are not here."""
+    if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("name"), str):
+        raise ApiError(400, f"tools[{i}] must be {{'type': 'function', 'name': ..., 'parameters': {{...}}}}; "
+                            f"this server runs no built-in tools", f"tools[{i}]")
+    fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
+    return {"type": "function", "function": fn}
+
+
+def _tool_choice(choice):
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    return choice  # "auto", "none", "required"; chat's reading refuses anything else
+
+
+def _response_format(fmt) -> dict:
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+        schema = {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}
+        return {"type": "json_schema", "json_schema": schema}
+    if isinstance(fmt, dict) and fmt.get("type") in ("text", "json_object"):
+        return {"type": fmt["type"]}
+    raise ApiError(400, "'text.format' must be {'type': 'text'}, {'type': 'json_object'} or {'type': "
+                        "'json_schema', 'name': ..., 'schema': {...}}", "text.format")
+
+
+# ---------------------------------------------------------------- output items
+
+
+def reasoning_item(item_id: str, text: str) -> dict:
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": [{"type": "reasoning_text", "text": text}],
+            "status": "completed"}
+
+
+def message_item(item_id: str, text: str, status: str = "completed") -> dict:
+    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+    return {"type": "message", "id": item_id, "role": "assistant", "status": status, "content": content}
+
+
+def call_item(item_id: str, call: dict, arguments: str | None = None) -> dict:
+    fn = call["function"]
+    return {"type": "function_call", "id": item_id, "call_id": call["id"], "name": fn["name"],
+            "arguments": fn["arguments"] if arguments is None else arguments, "status": "completed"}
+
+
+def output_items(message: dict) -> list:
+    """A chat message as Responses' output items: thinking, text, tool calls, in that order."""
+    items = []
+    if message.get("reasoning_content"):
+        items.append(reasoning_item(new_id("rs"), message["reasoning_content"]))
+    if message.get("content"):
+        items.append(message_item(new_id("msg"), message["content"]))
+    items += [call_item(new_id("fc"), call) for call in message.get("tool_calls") or []]
+    return items
+
+
+def response_object(body: dict, job: Job, comps: list, model: str, output: list, finish: str | None,
+                    response_id: str, created: int, tokenizer, status: str | None = None) -> dict:
+    """The Response for a finished (or, with `status`, a starting) chat choice's output items."""
+    if status is None:
+        status = "incomplete" if finish == "length" else "completed"
+    counts = usage(job, comps) if comps else None
+    thinking = "".join(i["content"][0]["text"] for i in output if i["type"] == "reasoning" and i["content"])
+    return {
+        "id": response_id, "object": "response", "created_at": created, "status": status, "model": model,
+        "output": output, "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
+        "temperature": body.get("temperature"), "top_p": body.get("top_p"),
+        "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice", "auto"),
+        "parallel_tool_calls": body.get("parallel_tool_calls", True),
+        "text": body.get("text") or {"format": {"type": "text"}}, "reasoning": body.get("reasoning"),
+        "metadata": body.get("metadata"), "previous_response_id": None, "store": False, "truncation": "disabled",
+        "usage": None if counts is None else {
+            "input_tokens": counts["prompt_tokens"],
+            "input_tokens_details": {"cached_tokens": counts["prompt_tokens_details"]["cached_tokens"]},
+            "output_tokens": counts["completion_tokens"],
+            # the thinking's tokens, as its text encodes (where it ends is a text position, not a token's)
+            "output_tokens_details": {"reasoning_tokens": len(tokenizer.encode(thinking, add_special_tokens=False))
+                                      if thinking and tokenizer is not None else 0},
+            "total_tokens": counts["total_tokens"]},
+    }
+
+
+class ResponseWriter:
+    """The typed server-sent events of one streamed Response, in the calls `ChunkWriter` takes: an
+    item opens on its first text, closes when another begins or the reply ends; the last event
+    carries the whole Response, its items as streamed."""
+
+    sse_events = True  # each event's type also goes on the stream's `event:` line
+
+    def __init__(self, body: dict, job: Job, model: str, tokenizer):
+        self.body, self.job, self.model, self.tokenizer = body, job, model, tokenizer
+        self.id, self.created = new_id("resp"), int(time.time())
+        self.sequence = 0
+        self.output: list = []  # finished items
+        self.open: dict | None = None  # the item being written: {"item": ..., "text": ...}
+        self.finish: str | None = None
+
+    def _event(self, kind: str, **fields) -> dict:
+        event = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return event
+
+    def _response(self, status: str | None = None, comps: list = ()) -> dict:
+        return response_object(self.body, self.job, list(comps), self.model, list(self.output), self.finish,
+                                self.id, self.created, self.tokenizer, status)
+
+    def start(self, index: int) -> list:
+        return [self._event("response.created", response=self._response("in_progress")),
+                self._event("response.in_progress", response=self._response("in_progress"))]
+
+    def _opened(self, kind: str) -> list:
+        """Events closing the open item unless it is of `kind`, then opening one of `kind`."""
+        if self.open is not None and self.open["item"]["type"] == kind:
+            return []
+        events = self._close()
+        item = (reasoning_item(new_id("rs"), "") if kind == "reasoning" else message_item(new_id("msg"), None,
+                                                                                         "in_progress"))
+        if kind == "reasoning":
+            item["content"], item["status"] = [], "in_progress"
+        self.open = {"item": item, "text": ""}
+        at = len(self.output)
+        part = {"type": "reasoning_text", "text": ""} if kind == "reasoning" else \
+            {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        return events + [self._event("response.output_item.added", output_index=at, item=item),
+                         self._event("response.content_part.added", item_id=item["id"], output_index=at,
+                                     content_index=0, part=part)]
+
+    def _close(self) -> list:
+        if self.open is None:
+            return []
+        item, text, at = self.open["item"], self.open["text"], len(self.output)
+        done = reasoning_item(item["id"], text) if item["type"] == "reasoning" else message_item(item["id"], text)
+        self.output.append(done)
+        self.open = None
+        if item["type"] == "reasoning":
+            text_done = self._event("response.reasoning_text.done", item_id=item["id"], output_index=at,
+                                    content_index=0, text=text)
+        else:
+            text_done = self._event("response.output_text.done", item_id=item["id"], output_index=at,
+                                    content_index=0, text=text, logprobs=[])
+        return [text_done,
+                self._event("response.content_part.done", item_id=item["id"], output_index=at, content_index=0,
+                            part=done["content"][0]),
+                self._event("response.output_item.done", output_index=at, item=done)]
+
+    def piece(self, index: int, text: str, lps: list | None = None, offsets: list | None = None,
+              reason: str | None = None, prompt: tuple | None = None, reasoning: str = "") -> list:
+        events = []
+        for kind, delta in (("reasoning", reasoning), ("message", text)):
+            if not delta:
+                continue
+            events += self._opened(kind)
+            self.open["text"] += delta
+            name = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
+            extra = {} if kind == "reasoning" else {"logprobs": []}
+            events.append(self._event(name, item_id=self.open["item"]["id"], output_index=len(self.output),
+                                      content_index=0, delta=delta, **extra))
+        if reason is not None:
+            self.finish = reason
+            events += self._close()
+        return events
+
+    def tool_calls(self, index: int, calls: list) -> list:
+        events = self._close()
+        for call in calls:
+            at, item = len(self.output), call_item(new_id("fc"), call)
+            arguments = item["arguments"]
+            events += [self._event("response.output_item.added", output_index=at,
+                                   item=dict(item, arguments="", status="in_progress")),
+                       self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=at,
+                                   delta=arguments),
+                       self._event("response.function_call_arguments.done", item_id=item["id"], output_index=at,
+                                   arguments=arguments),
+                       self._event("response.output_item.done", output_index=at, item=item)]
+            self.output.append(item)
+        return events
+
+    def usage(self, job: Job, comps: list) -> dict:
+        # "response.completed" even for an incomplete response (its status says so), as vLLM sends it:
+        # OpenAI's client's stream helper ends on no other event
+        return self._event("response.completed", response=self._response(comps=comps))
+
+
+def response(body: dict, job: Job, comps: list, model: str, message: dict, finish: str | None, tokenizer) -> dict:
+    """The Response of a finished job: its one choice's chat message, as output items."""
+    return response_object(body, job, comps, model, output_items(message), finish, new_id("resp"), int(time.time()),
+                           tokenizer)
+

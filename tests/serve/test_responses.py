@@ -1,0 +1,156 @@
+"""OpenAI's Responses API (/v1/responses), read by OpenAI's own client: a reply as the chat
+endpoint gives it for the same conversation, streamed as typed events the client's stream helper
+accepts, earlier tool calls and their outputs in the input, a forced function call as a
+function_call item, and bad bodies refused."""
+
+import json
+
+import pytest
+
+from .test_server import call
+
+openai = pytest.importorskip("openai")
+
+
+def client(base):
+    return openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
+
+
+def events_of(text: str) -> list:
+    """A Responses stream's events, each named on its `event:` line as its type says; no [DONE]."""
+    lines = text.splitlines()
+    events = [json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+    assert [line[7:] for line in lines if line.startswith("event: ")] == [e["type"] for e in events]
+    return events
+
+
+def test_a_reply_is_the_chat_reply_for_the_same_conversation(server):
+    base, _, _ = server
+    messages = [{"role": "system", "content": "t9"}, {"role": "user", "content": "t5 t6"}]
+    chat = json.loads(call(base, "/v1/chat/completions", {"messages": messages, "max_tokens": 6,
+                                                          "temperature": 0})[1])
+    out = client(base).responses.create(model="tiny", instructions="t9", input="t5 t6", max_output_tokens=6,
+                                        temperature=0)
+    assert out.output_text == chat["choices"][0]["message"]["content"]
+    [item] = out.output
+    assert item.type == "message" and item.role == "assistant" and item.status == "completed"
+    # the word tokenizer has no end token: the reply ran to max_output_tokens
+    assert out.status == "incomplete" and out.incomplete_details.reason == "max_output_tokens"
+    assert out.usage.input_tokens == chat["usage"]["prompt_tokens"] and out.usage.output_tokens == 6
+    assert out.usage.total_tokens == out.usage.input_tokens + 6 and out.usage.output_tokens_details.reasoning_tokens == 0
+
+
+def test_streamed_as_typed_events_the_clients_helper_accepts(server):
+    base, _, _ = server
+    whole = client(base).responses.create(model="tiny", input="t5 t7", max_output_tokens=8, temperature=0)
+    with client(base).responses.stream(model="tiny", input="t5 t7", max_output_tokens=8, temperature=0) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.completed"]
+    assert final.status == "incomplete"  # cut at max_output_tokens; the client's helper ends on "completed" only
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == whole.output_text
+    assert final.output_text == whole.output_text and final.output[0].id == events[2].item.id
+
+
+def test_earlier_calls_and_their_outputs_are_the_chat_turns_they_mean(server):
+    """A function_call item is an assistant turn's tool call, a function_call_output a tool message:
+    the prompt is the chat endpoint's for those messages (the template reads their content)."""
+    base, _, _ = server
+    items = [{"role": "user", "content": [{"type": "input_text", "text": "t4"}]},
+             {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+             {"type": "function_call", "call_id": "c2", "name": "g", "arguments": "{\"x\": 1}"},
+             {"type": "function_call_output", "call_id": "c1", "output": "t11"},
+             {"type": "function_call_output", "call_id": "c2", "output": "t12"},
+             {"type": "reasoning", "id": "rs_1", "summary": []}]
+    messages = [{"role": "user", "content": "t4"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+                    {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "{\"x\": 1}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "t11"},
+                {"role": "tool", "tool_call_id": "c2", "content": "t12"}]
+    chat = json.loads(call(base, "/v1/chat/completions", {"messages": messages, "max_tokens": 4, "temperature": 0})[1])
+    out = json.loads(call(base, "/v1/responses", {"input": items, "max_output_tokens": 4, "temperature": 0})[1])
+    assert out["usage"]["input_tokens"] == chat["usage"]["prompt_tokens"]
+    assert out["output"][0]["content"][0]["text"] == chat["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("body, needle", [
+    ({"input": "t1", "previous_response_id": "resp_1"}, "stores no responses"),
+    ({"input": []}, "'input' must be"),
+    ({"input": [{"type": "image", "url": "x"}]}, "'input[0]' must be"),
+    ({"input": "t1", "tools": [{"type": "web_search"}]}, "runs no built-in tools"),
+    ({"input": "t1", "text": {"format": {"type": "yaml"}}}, "text.format"),
+    ({"input": "t1", "truncation": "auto"}, "truncation"),
+    ({"input": "t1", "top_logprobs": 3}, "top_logprobs"),
+    ({"input": "t1", "model": "gpt-5"}, "does not exist"),
+])
+def test_bad_bodies_are_refused_and_the_server_goes_on(server, body, needle):
+    base, _, _ = server
+    status, text = call(base, "/v1/responses", body)
+    assert status in (400, 404) and needle in json.loads(text)["error"]["message"]
+    assert call(base, "/v1/responses", {"input": "t1", "max_output_tokens": 2})[0] == 200
+
+
+def test_a_forced_function_call_is_a_function_call_item():
+    """A named tool_choice holds the output to the function's parameters (a structured output, over
+    a byte tokenizer): one function_call item, its arguments valid JSON for them, whole and streamed."""
+    pytest.importorskip("llguidance")
+    from linnet.serve import Engine
+
+    from .conftest import make_model, running
+    from .test_server_structured import TIME, byte_tokenizer
+
+    model = make_model("torch", rows=2, max_seq=128)
+    model.tokenizer = byte_tokenizer(model.vocab)
+    model.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    tool = {"type": "function", **TIME["function"]}
+    body = {"input": "Time?", "tools": [tool], "tool_choice": {"type": "function", "name": "get_time"},
+            "max_output_tokens": 40, "seed": 2, "temperature": 1.0}  # seed: vLLM's extra field
+    with running(Engine(model)) as base:
+        out = client(base).responses.create(model="tiny", **{k: v for k, v in body.items() if k != "seed"},
+                                            extra_body={"seed": 2})
+        [item] = out.output
+        assert item.type == "function_call" and item.name == "get_time" and item.call_id.startswith("call_")
+        assert json.loads(item.arguments)["zone"] in ("UTC", "CET") and out.status == "completed"
+        events = events_of(call(base, "/v1/responses", dict(body, stream=True))[1])
+    added = [e for e in events if e["type"] == "response.output_item.added"]
+    assert [e["item"]["type"] for e in added] == ["function_call"]
+    done = [e for e in events if e["type"] == "response.function_call_arguments.done"]
+    assert [json.loads(e["arguments"]) for e in done] == [json.loads(item.arguments)]  # the same seed
+    assert events[-1]["type"] == "response.completed"
+    assert events[-1]["response"]["output"][0]["arguments"] == done[0]["arguments"]
+
+
+def test_a_reasoning_models_thinking_text_and_call_are_three_items_in_order():
+    """Qwen3's way (its <think> tags and Hermes' calls), forced whole: a reasoning item, a message
+    item, a function_call item, whole and streamed; the thinking's tokens counted apart."""
+    pytest.importorskip("llguidance")
+    from linnet.serve import Engine
+
+    from .conftest import make_model, running
+    from .test_server_structured import TIME, byte_tokenizer, forced
+
+    model = make_model("torch", rows=2, max_seq=160)
+    model.tokenizer = byte_tokenizer(model.vocab)
+    model.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    reply = '<think>Time?</think>Checking.<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>'
+    body = dict({"input": "Time?", "tools": [{"type": "function", **TIME["function"]}], "max_output_tokens": 130},
+                **forced(reply))
+    with running(Engine(model), reasoning_parser="qwen3", tool_parser="hermes", structure_in_reasoning=True) as base:
+        out = json.loads(call(base, "/v1/responses", body)[1])
+        events = events_of(call(base, "/v1/responses", dict(body, stream=True))[1])
+    assert [i["type"] for i in out["output"]] == ["reasoning", "message", "function_call"]
+    assert out["output"][0]["content"][0]["text"] == "Time?"
+    assert out["output"][1]["content"][0]["text"] == "Checking."
+    assert out["output"][2]["name"] == "get_time" and json.loads(out["output"][2]["arguments"]) == {"zone": "UTC"}
+    assert out["usage"]["output_tokens_details"]["reasoning_tokens"] == len("Time?")  # a byte a token
+    assert "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta") == "Time?"
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == "Checking."
+    final = events[-1]["response"]
+    assert [i["type"] for i in final["output"]] == ["reasoning", "message", "function_call"]
+    assert [e["output_index"] for e in events if e["type"] == "response.output_item.added"] == [0, 1, 2]
