@@ -225,8 +225,8 @@ def cmd_serve(args) -> int:
         raise _UsageError("--shards spreads a JAX model over devices: pass --backend jax")
     try:
         model = nest.load(args.card, backend=args.backend, device=args.device, numerics=args.numerics,
-                          compile=True, generics=generics, cast_dtype=True, weights=args.weights, shards=args.shards,
-                          tokenizer=args.tokenizer or True)
+                          compile=not args.enforce_eager, generics=generics, cast_dtype=True, weights=args.weights,
+                          shards=args.shards, tokenizer=args.tokenizer or True)
     except ValueError as err:  # what was asked cannot be had: more shards than devices, an unknown device
         raise _UsageError(str(err)) from None
     _use_chat_template(model, args.chat_template)
@@ -236,7 +236,8 @@ def cmd_serve(args) -> int:
         raise _UsageError("--enable-auto-tool-choice needs --tool-call-parser (the card names none)")
     serve(model, args.name or model.card, host=args.host, port=args.port, api_key=api_key,
           tool_parser=parser, reasoning_parser=args.reasoning_parser or model.module.meta.get("reasoning_parser"),
-          structure_in_reasoning=args.structured_outputs_in_reasoning, token_budget=args.token_budget)
+          structure_in_reasoning=args.structured_outputs_in_reasoning, log_level=args.uvicorn_log_level,
+          token_budget=args.token_budget, seed=args.seed)
     return 0
 
 
@@ -345,6 +346,21 @@ def build_parser() -> argparse.ArgumentParser:
                          "(vLLM's structured_outputs_config.enable_in_reasoning)")
     sv.add_argument("--enable-auto-tool-choice", action="store_true",
                     help="vLLM's flag, taken as it is: 'auto' is on wherever a tool-call parser is known")
+    sv.add_argument("--seed", type=int, default=0, help="seeds the draws of requests that send no seed of their own")
+    sv.add_argument("--enforce-eager", action="store_true",
+                    help="run every step eagerly: no CUDA graph, no CPU graph replay, no compiled model")
+    sv.add_argument("--uvicorn-log-level", default="info",
+                    choices=["critical", "error", "warning", "info", "debug", "trace"])
+    # vLLM's flags that mean nothing here: taken, so that a vLLM command line runs as it is
+    sv.add_argument("--gpu-memory-utilization", type=float, default=None,
+                    help="vLLM sizes its cache by this; Linnet's cache is --batch rows of --max-seq positions, "
+                         "so it is taken and has no effect")
+    sv.add_argument("--kv-cache-dtype", choices=["auto"], default="auto",
+                    help="the cache is held in the model's type T (--dtype)")
+    for flag, why in (("--trust-remote-code", "Linnet runs no code from a checkpoint"),
+                      ("--enable-prefix-caching", "requests sharing a prompt's prefix always share its cache"),
+                      ("--disable-log-requests", "Linnet logs no request's content")):
+        sv.add_argument(flag, action="store_true", help=f"taken as it is: {why}")
     sv.set_defaults(run=cmd_serve)
     ex = sub.add_parser("export", help="write a card with its weights for vLLM, llama.cpp or Triton Inference Server",
                         description="vllm: a Hugging Face model directory (config.json, safetensors, tokenizer). "

@@ -349,7 +349,7 @@ async def _json(send, status: int, body: dict):
 
 def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           tool_parser: str | None = None, reasoning_parser: str | None = None, structure_in_reasoning: bool = False,
-          **engine_options) -> None:
+          log_level: str = "info", **engine_options) -> None:
     import uvicorn
 
     engine = Engine(model, **engine_options)
@@ -358,4 +358,4 @@ def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: 
     print(f"linnet: {name} ready in {time.perf_counter() - start:.0f} s (warmup)", flush=True)
     app = OpenAIServer(engine, name, api_key=api_key, tool_parser=tool_parser, reasoning_parser=reasoning_parser,
                        structure_in_reasoning=structure_in_reasoning)
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    uvicorn.run(app, host=host, port=port, log_level=log_level)

@@ -44,7 +44,10 @@ def test_serve_with_a_key_a_tokenizer_and_a_chat_template(tmp_path):
                              "--tokenizer", str(embedded_gguf_path()), "--chat-template", str(tmp_path / "t.jinja"),
                              # vLLM's spellings of --batch, --max-seq, --name and a dtype
                              "--max-num-seqs", "2", "--max-model-len", "64", "--dtype", "float32",
-                             "--served-model-name", "smol", "--tool-call-parser", "hermes", "--port", str(port)],
+                             "--served-model-name", "smol", "--tool-call-parser", "hermes", "--port", str(port),
+                             # vLLM's flags that mean nothing here are taken
+                             "--gpu-memory-utilization", "0.9", "--trust-remote-code", "--enable-prefix-caching",
+                             "--disable-log-requests", "--kv-cache-dtype", "auto", "--uvicorn-log-level", "warning"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -78,3 +81,18 @@ def test_auto_tool_choice_without_a_parser_is_a_usage_error(capsys):
     assert main(["serve", "tiny-llama", "--weights", "random", "--batch", "2", "--max-seq", "32",
                  "--enable-auto-tool-choice"]) == 1
     assert "--tool-call-parser" in capsys.readouterr().err
+
+
+def test_vllms_seed_and_enforce_eager_reach_the_engine_and_the_model(monkeypatch):
+    """--seed seeds the draws of requests without one; --enforce-eager loads the model uncompiled."""
+    import linnet.serve.server as server
+    from linnet.cli import main
+
+    seen = {}
+    monkeypatch.setattr(server, "serve", lambda model, name, **options: seen.update(options, model=model))
+    assert main(["serve", "tiny-llama", "--weights", "random", "--batch", "2", "--max-seq", "32", "--seed", "7",
+                 "--enforce-eager", "--uvicorn-log-level", "debug"]) == 0
+    assert seen["seed"] == 7 and seen["log_level"] == "debug" and seen["model"].compile is False
+    seen.clear()
+    assert main(["serve", "tiny-llama", "--weights", "random", "--batch", "2", "--max-seq", "32"]) == 0
+    assert seen["seed"] == 0 and seen["model"].compile is True
