@@ -1,5 +1,5 @@
-"""Fixtures shared by the tests of several parts: a SentencePiece vocabulary in a GGUF, which Nest
-reads (tests/nest) and the llama.cpp export writes back (tests/export)."""
+"""Fixtures shared by the tests of several parts: a GGUF writer, and a SentencePiece vocabulary in a
+GGUF, which Nest reads (tests/nest) and the llama.cpp export writes back (tests/export)."""
 
 from collections import Counter
 
@@ -40,37 +40,61 @@ def learn_pieces(corpus: str, merges: int) -> list:
     return learned
 
 
+def _write_gguf(path, arch: str, keys, tensors):
+    """A GGUF file at `path`: `keys(writer)` adds its metadata; `tensors` yields (name, array,
+    llama.cpp quantization type or None), each quantized by gguf's own routine where a type is given."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
+    keys(w)
+    for name, a, qtype in tensors:
+        if qtype is None:
+            w.add_tensor(name, a)
+        else:
+            w.add_tensor(name, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+@pytest.fixture(scope="session")
+def write_gguf():
+    """write_gguf(path, arch, keys, tensors): `_write_gguf`."""
+    pytest.importorskip("gguf")
+    return _write_gguf
+
+
 @pytest.fixture(scope="session")
 def spm_gguf(tmp_path_factory):
     """A GGUF holding a learned SentencePiece vocabulary: <unk> <s> </s>, the 256 bytes, the
     corpus's characters, then the learned pieces; a piece's score falls with when it was learned."""
-    gguf = pytest.importorskip("gguf")
+    pytest.importorskip("gguf")
     chars = sorted(set(CORPUS.replace(" ", "")) | {"▁"})
     pieces = learn_pieces(CORPUS, 60)
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + chars + pieces
     types = [UNKNOWN, CONTROL, CONTROL] + [BYTE] * 256 + [NORMAL] * (len(chars) + len(pieces))
     scores = [0.0] * 259 + [-1000.0 - i for i in range(len(chars))] + [-float(i) for i in range(len(pieces))]
     path = tmp_path_factory.mktemp("spm") / "spm.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_block_count(1)
-    w.add_context_length(64)
-    w.add_embedding_length(8)
-    w.add_feed_forward_length(16)
-    w.add_head_count(2)
-    w.add_head_count_kv(2)
-    w.add_layer_norm_rms_eps(1e-5)
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_unk_token_id(0)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_add_bos_token(True)
-    w.add_add_eos_token(False)
-    w.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+
+    def keys(w):
+        w.add_block_count(1)
+        w.add_context_length(64)
+        w.add_embedding_length(8)
+        w.add_feed_forward_length(16)
+        w.add_head_count(2)
+        w.add_head_count_kv(2)
+        w.add_layer_norm_rms_eps(1e-5)
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_unk_token_id(0)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_add_bos_token(True)
+        w.add_add_eos_token(False)
+
+    _write_gguf(path, "llama", keys, [("token_embd.weight", np.zeros((len(tokens), 8), np.float32), None)])
     return path

@@ -276,7 +276,12 @@ _GGUF_ARCHS = {
     "llama": ("llama", ["LlamaForCausalLM"]),
     "qwen2": ("qwen2", ["Qwen2ForCausalLM"]),
     "qwen3": ("qwen3", ["Qwen3ForCausalLM"]),
+    "gpt-oss": ("gpt_oss", ["GptOssForCausalLM"]),
 }
+
+# gpt-oss's experts: llama.cpp keeps gate and up apart, the architecture (as the Hugging Face
+# checkpoint) takes them as one tensor whose rows interleave gate, up, gate, up, ...
+_JOINED = ("ffn_gate_exps", "ffn_up_exps", "ffn_gate_up_exps")
 
 # Types that hold plain numbers rather than quantized blocks.
 _GGUF_PLAIN_INT = {"I8", "I16", "I32", "I64"}
@@ -327,6 +332,13 @@ class GGUFCheckpoint(Checkpoint):
                                "it may be truncated or corrupt") from None
         self._tensors = {t.name: t for t in self._reader.tensors}
         self._values: dict[str, Any] = {}
+        self._joined: dict[str, tuple[str, str]] = {}  # a gpt-oss name -> its gate and up tensors
+        if self.architecture == "gpt-oss":
+            gate, up, joined = _JOINED
+            for name in list(self._tensors):
+                pair = (name, name.replace(gate, up))
+                if f".{gate}." in name and pair[1] in self._tensors:
+                    self._joined[name.replace(gate, joined)] = pair
 
     # -- metadata
 
@@ -353,10 +365,11 @@ class GGUFCheckpoint(Checkpoint):
     # -- tensors
 
     def names(self) -> list[str]:
-        return list(self._tensors)
+        parts = {p for pair in self._joined.values() for p in pair}
+        return [n for n in self._tensors if n not in parts] + list(self._joined)
 
     def __contains__(self, name: str) -> bool:
-        return name in self._tensors
+        return name in self._tensors or name in self._joined
 
     def _tensor(self, name: str):
         t = self._tensors.get(name)
@@ -365,11 +378,14 @@ class GGUFCheckpoint(Checkpoint):
         return t
 
     def shape(self, name: str) -> tuple[int, ...]:
+        if name in self._joined:  # gate's rows and up's, interleaved
+            gate = self.shape(self._joined[name][0])
+            return (gate[0], 2 * gate[1], *gate[2:])
         # GGUF lists dims fastest-first (ggml's ne); PyTorch lists them slowest-first.
         return tuple(int(n) for n in reversed(self._tensor(name).shape.tolist()))
 
     def stored_dtype(self, name: str) -> str:
-        return self._tensor(name).tensor_type.name.lower()
+        return self._tensor(self._joined.get(name, (name,))[0]).tensor_type.name.lower()
 
     def load(self, name: str, framework: str = "numpy"):
         """Float32 for every float or quantized type (integers keep theirs).
@@ -378,21 +394,12 @@ class GGUFCheckpoint(Checkpoint):
         torch gets a private copy, as torch tensors are writable.
         """
         _check_framework(framework)
-        t = self._tensor(name)
-        kind = t.tensor_type.name
-        shape = self.shape(name)
-        if kind in _GGUF_PLAIN_INT:
-            arr = np.asarray(t.data).reshape(shape)
+        if name in self._joined:
+            gate, up = (self._array(part) for part in self._joined[name])
+            arr = np.empty(self.shape(name), dtype=gate.dtype)
+            arr[:, 0::2], arr[:, 1::2] = gate, up
         else:
-            from gguf.quants import dequantize
-
-            try:
-                arr = dequantize(t.data, t.tensor_type)
-            except NotImplementedError:
-                raise WeightsError(
-                    f"{self.path}: tensor {name!r} is {kind}, which this gguf package cannot dequantize"
-                ) from None
-            arr = np.asarray(arr, dtype=np.float32).reshape(shape)
+            arr = self._array(name)
         if framework == "numpy":
             return arr
         import torch
@@ -400,6 +407,21 @@ class GGUFCheckpoint(Checkpoint):
         if not arr.flags.writeable:
             arr = arr.copy()
         return torch.from_numpy(arr)
+
+    def _array(self, name: str) -> np.ndarray:
+        t = self._tensor(name)
+        kind = t.tensor_type.name
+        if kind in _GGUF_PLAIN_INT:
+            return np.asarray(t.data).reshape(self.shape(name))
+        from gguf.quants import dequantize
+
+        try:
+            arr = dequantize(t.data, t.tensor_type)  # MXFP4 (gpt-oss's experts) too
+        except NotImplementedError:
+            raise WeightsError(
+                f"{self.path}: tensor {name!r} is {kind}, which this gguf package cannot dequantize"
+            ) from None
+        return np.asarray(arr, dtype=np.float32).reshape(self.shape(name))
 
     # -- config
 
@@ -443,11 +465,19 @@ class GGUFCheckpoint(Checkpoint):
         head_dim = get("attention.key_length") or (hidden // heads if hidden and heads else None)
         if head_dim is not None:
             cfg["head_dim"] = head_dim
+        if model_type == "gpt_oss":
+            cfg.update(num_local_experts=get("expert_count"), num_experts_per_tok=get("expert_used_count"),
+                       intermediate_size=get("expert_feed_forward_length"),
+                       sliding_window=get("attention.sliding_window"))
         if model_type == "llama":
             cfg["hidden_act"] = "silu"
             cfg["attention_bias"] = "blk.0.attn_q.bias" in self._tensors
             cfg["mlp_bias"] = "blk.0.ffn_up.bias" in self._tensors
         scaling = self._rope_scaling(get) or self._llama3_scaling(cfg)
+        if scaling and model_type == "gpt_oss":
+            # llama.cpp's keys hold no YaRN betas or truncation: llama.cpp fixes them at gpt-oss's betas and
+            # rounds the ramp, where gpt-oss (and Linnet's card, as transformers) does not round it
+            scaling.update(beta_fast=32.0, beta_slow=1.0, truncate=False)
         if scaling:
             cfg["rope_scaling"] = scaling
         for key in ("bos", "eos", "padding"):

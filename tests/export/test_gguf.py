@@ -165,6 +165,58 @@ def test_llama_cpp_computes_gpt_oss_as_linnet_does(tmp_path, truncate, bound):
     assert float((np.abs(ours - ref).max(axis=1) / np.abs(ref).max(axis=1)).max()) <= bound
 
 
+def test_nest_reads_a_gpt_oss_gguf_back_with_its_experts_mxfp4_or_not(tmp_path, write_gguf):
+    """llama.cpp's gpt-oss GGUF, as its converter writes one (gate and up experts apart): Nest writes
+    a card from its metadata and joins gate and up back into the architecture's interleaved tensor,
+    computing the card's logits. Then with the experts' matrices in MXFP4, as llama.cpp's gpt-oss
+    files hold them: the logits of the weights those blocks stand for (gguf's own dequantization)."""
+    import gguf
+
+    from linnet.nest.autocard import card_source_from_config
+
+    card = tmp_path / "small-gpt-oss.linnet"
+    card.write_text(GPT_OSS.format(truncate="false"))
+    path = export(card, "llama.cpp", tmp_path / "f32.gguf", weights="random", seed=5, dtype="f32",
+                  tokenizer=embedded_gguf_path())
+    ckpt = GGUFCheckpoint(path)
+    source = card_source_from_config(ckpt.config(), "from-gguf")
+    assert "import gpt_oss" in source and "experts = 8" in source and "sliding_window = 6" in source
+    generics = {"Batch": 1, "MaxSeq": 64}
+    ref = prefill_all(nest.load(str(card), weights="random", seed=5, generics=generics), PROMPT)
+    model = nest.load(path, generics=generics)
+    assert model.info["unused_tensors"] == []
+    np.testing.assert_allclose(prefill_all(model, PROMPT), ref, rtol=0, atol=1e-5)
+
+    # The same file with every expert matrix quantized to MXFP4 (blocks of 32 along each row).
+    def keys(writer):
+        for key, field in ckpt.fields().items():
+            if not key.startswith("GGUF.") and key != "general.architecture":
+                vtype = field.types[0]
+                writer.add_key_value(key, field.contents(), vtype,
+                                     field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None)
+
+    def stored(file):  # {name: float32 array}, read by gguf's own reader, not Nest's
+        return {t.name: gguf.quants.dequantize(t.data, t.tensor_type).reshape(tuple(reversed(t.shape.tolist())))
+                for t in gguf.GGUFReader(str(file)).tensors}
+
+    mxfp4 = gguf.GGMLQuantizationType.MXFP4
+    quantized = write_gguf(tmp_path / "mxfp4.gguf", "gpt-oss", keys,
+                           ((name, a, mxfp4 if "_exps.weight" in name else None) for name, a in stored(path).items()))
+    mx = GGUFCheckpoint(quantized)
+    assert mx.stored_dtype("blk.0.ffn_gate_up_exps.weight") == "mxfp4"
+    joined, parts = mx.load("blk.0.ffn_gate_up_exps.weight"), stored(quantized)
+    np.testing.assert_array_equal(joined[:, 0::2], parts["blk.0.ffn_gate_exps.weight"])
+    np.testing.assert_array_equal(joined[:, 1::2], parts["blk.0.ffn_up_exps.weight"])
+    rounded = nest.load(str(quantized), generics=generics)
+    manual = nest.load(str(card), weights="random", seed=5, generics=generics)
+    for l in range(4):  # the card's weights, replaced by what the MXFP4 blocks hold
+        for param, name in (("w_gate_up", "ffn_gate_up_exps"), ("w_down", "ffn_down_exps")):
+            getattr(manual.runner, param)[l].copy_(mx.load(f"blk.{l}.{name}.weight", "torch"))
+    mxfp4_logits = prefill_all(rounded, PROMPT)
+    np.testing.assert_allclose(mxfp4_logits, prefill_all(manual, PROMPT), rtol=0, atol=1e-5)
+    assert np.abs(mxfp4_logits - ref).max() > 1e-4  # ten times the bound: the blocks were read, not the f32 weights
+
+
 @pytest.mark.parametrize("arch, head_dim", [("qwen2", 16), ("qwen3", 32)])
 def test_llama_cpp_computes_qwen_as_linnet_does(tmp_path, arch, head_dim):
     """q and k go in their checkpoint order (llama.cpp rotates Qwen's halves NeoX-wise); the

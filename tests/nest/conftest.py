@@ -130,7 +130,7 @@ def prefill_error():
 
 
 @pytest.fixture(scope="session")
-def to_gguf():
+def to_gguf(write_gguf):
     """to_gguf(hf_model, path, qtype=None, arch="llama"): a transformers model written as llama.cpp's
     converter writes it: names through gguf's table, `<arch>.*` metadata, 1-D tensors in f32, and
     for Llama q and k rows permuted into llama.cpp's rope order (Qwen's stay as they are)."""
@@ -142,35 +142,31 @@ def to_gguf():
         kind = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3}[arch]
         names = gguf.get_tensor_name_map(kind, cfg.num_hidden_layers)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[kind])
-        w.add_block_count(cfg.num_hidden_layers)
-        w.add_context_length(cfg.max_position_embeddings)
-        w.add_embedding_length(cfg.hidden_size)
-        w.add_feed_forward_length(cfg.intermediate_size)
-        w.add_head_count(cfg.num_attention_heads)
-        w.add_head_count_kv(cfg.num_key_value_heads)
-        w.add_key_length(head_dim)
-        w.add_value_length(head_dim)
-        w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-        w.add_rope_freq_base(10000.0)
-        w.add_vocab_size(cfg.vocab_size)
-        for name, t in hf_model.state_dict().items():
-            if name == "lm_head.weight" and cfg.tie_word_embeddings:
-                continue
-            a = t.detach().float().numpy()
-            if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
-                heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
-                a = permute_rope(a, heads)
-            a = np.ascontiguousarray(a)
-            gname = names.get_name(name, try_suffixes=(".weight", ".bias"))
-            if qtype is not None and a.ndim == 2:
-                w.add_tensor(gname, gguf.quants.quantize(a, qtype), raw_dtype=qtype)
-            else:
-                w.add_tensor(gname, a)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        return path
+
+        def keys(w):
+            w.add_block_count(cfg.num_hidden_layers)
+            w.add_context_length(cfg.max_position_embeddings)
+            w.add_embedding_length(cfg.hidden_size)
+            w.add_feed_forward_length(cfg.intermediate_size)
+            w.add_head_count(cfg.num_attention_heads)
+            w.add_head_count_kv(cfg.num_key_value_heads)
+            w.add_key_length(head_dim)
+            w.add_value_length(head_dim)
+            w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+            w.add_rope_freq_base(10000.0)
+            w.add_vocab_size(cfg.vocab_size)
+
+        def tensors():
+            for name, t in hf_model.state_dict().items():
+                if name == "lm_head.weight" and cfg.tie_word_embeddings:
+                    continue
+                a = t.detach().float().numpy()
+                if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
+                    heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
+                    a = permute_rope(a, heads)
+                yield (names.get_name(name, try_suffixes=(".weight", ".bias")), np.ascontiguousarray(a),
+                       qtype if a.ndim == 2 else None)
+
+        return write_gguf(path, gguf.MODEL_ARCH_NAMES[kind], keys, tensors())
 
     return write
