@@ -165,7 +165,7 @@ def test_llama_cpp_computes_gpt_oss_as_linnet_does(tmp_path, truncate, bound):
     assert float((np.abs(ours - ref).max(axis=1) / np.abs(ref).max(axis=1)).max()) <= bound
 
 
-def test_nest_reads_a_gpt_oss_gguf_back_with_its_experts_mxfp4_or_not(tmp_path, write_gguf):
+def test_nest_reads_a_gpt_oss_gguf_back_with_its_experts_mxfp4_or_not(tmp_path, write_gguf, spm_gguf):
     """llama.cpp's gpt-oss GGUF, as its converter writes one (gate and up experts apart): Nest writes
     a card from its metadata and joins gate and up back into the architecture's interleaved tensor,
     computing the card's logits. Then with the experts' matrices in MXFP4, as llama.cpp's gpt-oss
@@ -174,10 +174,10 @@ def test_nest_reads_a_gpt_oss_gguf_back_with_its_experts_mxfp4_or_not(tmp_path, 
 
     from linnet.nest.autocard import card_source_from_config
 
-    card = tmp_path / "small-gpt-oss.linnet"
-    card.write_text(GPT_OSS.format(truncate="false"))
+    card = tmp_path / "small-gpt-oss.linnet"  # a small vocabulary (the SentencePiece one's), for speed
+    card.write_text(GPT_OSS.format(truncate="false").replace("vocab = 49152", "vocab = 384"))
     path = export(card, "llama.cpp", tmp_path / "f32.gguf", weights="random", seed=5, dtype="f32",
-                  tokenizer=embedded_gguf_path())
+                  tokenizer=spm_gguf)
     ckpt = GGUFCheckpoint(path)
     source = card_source_from_config(ckpt.config(), "from-gguf")
     assert "import gpt_oss" in source and "experts = 8" in source and "sliding_window = 6" in source
