@@ -27,7 +27,7 @@ import numpy as np
 
 from linnet.kernels.openmp import release_pool
 from linnet.serve.request import Completion, Request, RequestError, TokenLogprob
-from linnet.serve.runners import make_runner
+from linnet.serve.runners import make_runner, packed_mask
 from linnet.serve.sampling import SamplingBatch
 from linnet.serve.stats import Stats
 
@@ -52,7 +52,7 @@ class _Live:
     decoder: object = None
     matcher: object = None  # a structured output's llguidance matcher, following the tokens drawn
     structuring: bool = False  # whether the structure holds yet (from the start, or once structure_after was drawn)
-    allowed: np.ndarray | None = None  # its allowed_token_ids as a packed mask (`runners.logit_adjustments`)
+    allowed: np.ndarray | None = None  # its allowed_token_ids as a packed mask (`runners.packed_mask`)
     listeners: list = field(default_factory=list)
 
     @property
@@ -137,7 +137,7 @@ class Engine:
         comp = Completion(req, submitted_at=time.perf_counter())
         seed = req.seed if req.seed is not None else self.rng.getrandbits(31)
         item = _Live(req, comp, -1, seed, list(req.prompt), matcher=matcher, structuring=req.structure_after is None,
-                     allowed=None if req.allowed_token_ids is None else _packed(req.allowed_token_ids, self.vocab),
+                     allowed=None if req.allowed_token_ids is None else packed_mask(req.allowed_token_ids, self.vocab),
                      listeners=[listener] if listener else [])
         with self.lock:
             self.waiting.append(item)
@@ -601,13 +601,6 @@ class Engine:
     def stream(self, req: Request) -> "TokenStream":
         """Submits `req` (from a coroutine); iterate the result for (new token ids, finish_reason or None)."""
         return TokenStream(self, req)
-
-
-def _packed(tokens: list, vocab: int) -> np.ndarray:
-    """Tokens as a packed mask: bit j of int32 word w is token 32 w + j (`structured.Guide.allowed`)."""
-    bits = np.zeros((vocab + 31) // 32 * 32, dtype=bool)
-    bits[tokens] = True
-    return np.packbits(bits, bitorder="little").view("<i4").astype(np.int32)
 
 
 def _top(out, i: int, k: int) -> list:

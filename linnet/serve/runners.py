@@ -103,6 +103,14 @@ def mask_words(vocab: int) -> int:
     return (vocab + 31) // 32
 
 
+def packed_mask(tokens: list, vocab: int) -> np.ndarray:
+    """`tokens` as a packed mask over `vocab` tokens: bit j of int32 word w is token 32 w + j, the
+    layout of a structure's masks (`structured.Guide.allowed`)."""
+    bits = np.zeros(mask_words(vocab) * 32, dtype=bool)
+    bits[tokens] = True
+    return np.packbits(bits, bitorder="little").view("<i4").astype(np.int32)
+
+
 def _cpu_graphs() -> bool:
     from linnet.kernels import cpu_graph
 
