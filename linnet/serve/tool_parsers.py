@@ -46,19 +46,22 @@ def _call(value) -> dict | None:
     return {"name": value["name"], "arguments": json.dumps(arguments)}
 
 
+def _whole_reply_start(text: str, opener: str, tag: str) -> int | None:
+    """Where a call may begin in a family's reply that is its calls whole: at the first character
+    past leading spaces, where that opens `opener`, or may be `tag` arriving a piece at a time."""
+    stripped = text.lstrip()
+    if stripped and (stripped.startswith(opener) or tag.startswith(stripped[:len(tag)])):
+        return len(text) - len(stripped)
+    return None
+
+
 class Llama3Json:
     name = "llama3_json"
     PYTHON_TAG = "<|python_tag|>"
 
     def call_start(self, text: str) -> int | None:
         """Where a call may begin: a reply that opens with "{" (or the python tag) may be one."""
-        stripped = text.lstrip()
-        if not stripped:
-            return None
-        at = len(text) - len(stripped)
-        if stripped.startswith("{") or self.PYTHON_TAG.startswith(stripped[:len(self.PYTHON_TAG)]):
-            return at
-        return None
+        return _whole_reply_start(text, "{", self.PYTHON_TAG)
 
     hold = 0  # text never waits for a marker: only the reply's first character decides
 
@@ -153,10 +156,7 @@ class Pythonic:
     NAMES = {"true": True, "false": False, "null": None}  # models trained on JSON write these too
 
     def call_start(self, text: str) -> int | None:
-        stripped = text.lstrip()
-        if stripped.startswith("[") or (stripped and self.WRAPPERS[0].startswith(stripped[:len(self.WRAPPERS[0])])):
-            return len(text) - len(stripped)
-        return None
+        return _whole_reply_start(text, "[", self.WRAPPERS[0])
 
     hold = 0  # the reply's first character decides
 
@@ -185,7 +185,7 @@ class Pythonic:
             if keyword.arg is None:  # **kwargs
                 return None
             arguments[keyword.arg] = self._value(keyword.value)
-        return {"name": node.func.id, "arguments": json.dumps(arguments)}
+        return _call({"name": node.func.id, "arguments": arguments})
 
     def _value(self, node):
         if isinstance(node, ast.Name) and node.id in self.NAMES:
