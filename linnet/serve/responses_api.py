@@ -135,9 +135,13 @@ def reasoning_item(item_id: str, text: str) -> dict:
             "status": "completed"}
 
 
-def message_item(item_id: str, text: str, status: str = "completed") -> dict:
-    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
-    return {"type": "message", "id": item_id, "role": "assistant", "status": status, "content": content}
+def message_item(item_id: str, text: str) -> dict:
+    return {"type": "message", "id": item_id, "role": "assistant", "status": "completed",
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+
+
+# an item of text, by its type: what makes it, and its id's prefix
+_TEXT_ITEMS = {"reasoning": (reasoning_item, "rs"), "message": (message_item, "msg")}
 
 
 def call_item(item_id: str, call: dict, arguments: str | None = None) -> dict:
@@ -218,23 +222,20 @@ class ResponseWriter:
         if self.open is not None and self.open["item"]["type"] == kind:
             return []
         events = self._close()
-        item = (reasoning_item(new_id("rs"), "") if kind == "reasoning" else message_item(new_id("msg"), None,
-                                                                                         "in_progress"))
-        if kind == "reasoning":
-            item["content"], item["status"] = [], "in_progress"
+        make, prefix = _TEXT_ITEMS[kind]
+        empty = make(new_id(prefix), "")
+        item = dict(empty, content=[], status="in_progress")
         self.open = {"item": item, "text": ""}
         at = len(self.output)
-        part = {"type": "reasoning_text", "text": ""} if kind == "reasoning" else \
-            {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         return events + [self._event("response.output_item.added", output_index=at, item=item),
                          self._event("response.content_part.added", item_id=item["id"], output_index=at,
-                                     content_index=0, part=part)]
+                                     content_index=0, part=empty["content"][0])]
 
     def _close(self) -> list:
         if self.open is None:
             return []
         item, text, at = self.open["item"], self.open["text"], len(self.output)
-        done = reasoning_item(item["id"], text) if item["type"] == "reasoning" else message_item(item["id"], text)
+        done = _TEXT_ITEMS[item["type"]][0](item["id"], text)
         self.output.append(done)
         self.open = None
         if item["type"] == "reasoning":
