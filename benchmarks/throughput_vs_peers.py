@@ -27,7 +27,7 @@ import torch
 
 from linnet import nest
 from linnet.ir.specialize import specialize
-from linnet.nest.bind import checkpoint_names
+from linnet.nest.bind import unbind_weights
 from linnet.serve import Engine, Request
 
 # this folder's; it imports llama_cpp only inside its functions
@@ -111,11 +111,8 @@ def transformers_model():
     config.pop("torch_dtype")
     cfg = AutoConfig.for_model(config.pop("model_type"), **config)
     ref = AutoModelForCausalLM.from_config(cfg).float().eval()
-    state = {}
-    for param, names in checkpoint_names(model.module, "hf").items():
-        value = getattr(model.runner, param)
-        for i, name in enumerate(names):
-            state[name] = value[i] if len(names) > 1 or model.module.params[param].loop_var else value
+    params = {name: getattr(model.runner, name) for name in model.module.params}
+    state = dict(unbind_weights(model.module, params, "hf"))
     if config["tie_word_embeddings"]:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     ref.load_state_dict(state, strict=True)

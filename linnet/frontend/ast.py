@@ -187,8 +187,7 @@ class ParamDecl(Node):
     type: TypeExpr
     tie: tuple | None  # (name, Loc, condition expr)
     sources: list
-    loop_var: str | None = None
-    loop_count: Node | None = None
+    loops: list = field(default_factory=list)  # [(var, count expr, Loc)] of the enclosing loops, outermost first
 
 
 @dataclass

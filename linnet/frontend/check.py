@@ -139,9 +139,12 @@ class _Checker:
     def _check_param(self, p: ast.ParamDecl):
         self._declare(p.name, p.loc)
         typ = self._tensor_type(p.type, {})
-        if p.loop_var is not None:
-            count = self._dim(p.loop_count, {})
-            typ = TensorType(typ.dtype, (count,) + typ.shape)
+        loop_vars = [var for var, _, _ in p.loops]
+        for i, (var, _, loc) in enumerate(p.loops):
+            if var in loop_vars[:i]:
+                raise LinnetError(loc, f"`{var}` already names an enclosing loop's variable")
+        counts = tuple(self._dim(count, {}) for _, count, _ in p.loops)
+        typ = TensorType(typ.dtype, counts + typ.shape)
         sources = []
         seen_formats = set()
         for s in p.sources:
@@ -150,16 +153,7 @@ class _Checker:
             if s.format in seen_formats:
                 raise LinnetError(s.format_loc, f"`{p.name}` names two `{s.format}` sources")
             seen_formats.add(s.format)
-            for m in _PLACEHOLDER.finditer(s.pattern):
-                if m.group(1) != p.loop_var:
-                    col = s.pattern_loc.col + 1 + m.start()
-                    loc = Loc(s.pattern_loc.path, s.pattern_loc.line, col, s.pattern_loc.line, col + len(m.group(0)),
-                              s.pattern_loc.source)
-                    known = f"the loop variable is `{p.loop_var}`" if p.loop_var else "this param is not in a loop"
-                    raise LinnetError(loc, f"the weight name pattern names `{{{m.group(1)}}}`, which is not a loop variable",
-                                      [known])
-            if p.loop_var is not None and "{" + p.loop_var + "}" not in s.pattern:
-                raise LinnetError(s.pattern_loc, f"a param stacked over `{p.loop_var}` needs `{{{p.loop_var}}}` in its name pattern")
+            named = self._pattern_loop_vars(p, s, loop_vars)
             transforms = []
             for t in s.transforms:
                 if t.name not in TRANSFORMS:
@@ -170,10 +164,36 @@ class _Checker:
                     raise LinnetError(t.loc, f"`{t.name}` takes {counts} argument(s), not {len(t.args)}")
                 args = [self._dim(a, {}) for a in t.args]
                 if t.name == "transpose":
-                    self._check_transpose_axes(t, args, typ.rank - (p.loop_var is not None))
+                    self._check_transpose_axes(t, args, typ.rank - named)
                 transforms.append((t.name, args))
-            sources.append(ir.WeightSource(s.format, s.pattern, transforms, s.loc))
-        self.params[p.name] = ir.Param(p.name, typ, sources, p.loc, loop_var=p.loop_var)
+            sources.append(ir.WeightSource(s.format, s.pattern, transforms, s.loc, stacked=named))
+        self.params[p.name] = ir.Param(p.name, typ, sources, p.loc, loops=tuple(loop_vars))
+
+    @staticmethod
+    def _pattern_loop_vars(p: ast.ParamDecl, s: ast.Source, loop_vars: list) -> int:
+        """How many of the enclosing loops' variables a name pattern names: the outermost, in order
+        (`{l}`, then `{e}`). Each stored tensor holds the dims of the loops it leaves out (a GGUF
+        keeps a layer's experts in one tensor where a Hugging Face checkpoint has one per expert)."""
+        found = []
+        for m in _PLACEHOLDER.finditer(s.pattern):
+            if m.group(1) not in loop_vars:
+                col = s.pattern_loc.col + 1 + m.start()
+                loc = Loc(s.pattern_loc.path, s.pattern_loc.line, col, s.pattern_loc.line, col + len(m.group(0)),
+                          s.pattern_loc.source)
+                known = (f"the loop variables are {', '.join(f'`{v}`' for v in loop_vars)}" if loop_vars
+                         else "this param is not in a loop")
+                raise LinnetError(loc, f"the weight name pattern names `{{{m.group(1)}}}`, which is not a loop variable",
+                                  [known])
+            if m.group(1) not in found:
+                found.append(m.group(1))
+        named = len(found)
+        if loop_vars and "{" + loop_vars[0] + "}" not in s.pattern:
+            raise LinnetError(s.pattern_loc, f"a param stacked over `{loop_vars[0]}` needs `{{{loop_vars[0]}}}` in its name pattern")
+        if set(found) != set(loop_vars[:named]):
+            missing = next(v for v in loop_vars[:named] if v not in found)
+            raise LinnetError(s.pattern_loc, f"the name pattern names `{{{found[-1]}}}` but not `{{{missing}}}`, "
+                                             f"the loop around it: a pattern names the loops from the outermost in")
+        return named
 
     @staticmethod
     def _check_transpose_axes(t: ast.Transform, args: list, rank: int):

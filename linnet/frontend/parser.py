@@ -158,9 +158,10 @@ class _ToAst(Transformer):
         return ("params", flat)
 
     def param_loop(self, meta, c):
-        var, count, *decls = c
-        for d in decls:
-            d.loop_var, d.loop_count = str(var), count
+        var, count, *items = c
+        decls = [d for item in items for d in (item if isinstance(item, list) else [item])]
+        for d in decls:  # an inner loop's params were declared first: this loop goes outside
+            d.loops.insert(0, (str(var), count, self._tok(var)))
         return decls
 
     def param_decl(self, meta, c):

@@ -104,19 +104,26 @@ class WeightSource:
     """Where a param comes from in one checkpoint format, and how it is transformed."""
 
     format: str  # "hf" | "gguf"
-    pattern: str  # may name the param's loop variable: "model.layers.{l}.mlp.up_proj.weight"
+    pattern: str  # names the param's loop variables: "model.layers.{l}.mlp.up_proj.weight"
     transforms: list  # [(name, [Value])]
     loc: Loc
+    stacked: int = 0  # how many of the param's loops the pattern names (outermost first); each stored
+    # tensor holds the dims of the rest: "blk.{l}.ffn_up_exps.weight" is all of layer l's experts
 
 
 @dataclass
 class Param:
     name: str
-    type: Any  # TensorType; stacked params have the loop count as first dim
+    type: Any  # TensorType; stacked params have the loop counts as first dims
     sources: list  # [WeightSource]
     loc: Loc
-    loop_var: str | None = None  # params declared in `for l in layers` are stacked over l
+    loops: tuple = ()  # the variables of the `for` loops the param is declared in, outermost first
     tie: tuple | None = None  # (other param name, static condition Value)
+
+    @property
+    def loop_var(self) -> str | None:
+        """The outermost loop's variable: `w[l]` is one layer's weight (all its experts, say)."""
+        return self.loops[0] if self.loops else None
 
 
 @dataclass

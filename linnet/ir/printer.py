@@ -22,7 +22,7 @@ def print_module(module: ir.Module) -> str:
         srcs = "; ".join(f"{s.format} {s.pattern!r}" + "".join(f" .{t}({', '.join(dim_py(a) for a in args)})" for t, args in s.transforms)
                          for s in p.sources)
         tie = f" = {p.tie[0]} if {_v(p.tie[1])}" if p.tie else ""
-        loop = f"  (stacked over {p.loop_var})" if p.loop_var else ""
+        loop = f"  (stacked over {', '.join(p.loops)})" if p.loops else ""
         out.append(f"  {p.name}: {p.type}{tie}{loop}" + (f"  <- {srcs}" if srcs else ""))
     out.append("state:")
     for s in module.state.values():

@@ -3,7 +3,8 @@
 `bind_weights` reads one tensor at a time through a getter, applies the
 declared transforms, and copies it straight into a target allocated once per
 param in the module's dtype on the target device; params declared inside
-`for l in layers` are one stacked tensor, filled layer by layer. So loading
+`for l in layers` are one stacked tensor, filled layer by layer (or expert by
+expert, where the checkpoint stores one tensor per expert). So loading
 never holds more than the model plus the one tensor in flight (which, for a
 memory-mapped safetensors file, is the file's own pages, not process memory).
 
@@ -14,6 +15,7 @@ alone (names, shapes, stored dtypes) before a byte of tensor data is read.
 
 from __future__ import annotations
 
+import itertools
 from typing import Callable
 
 import torch
@@ -26,38 +28,52 @@ from linnet.nest.transforms import permute_rope, unpermute_rope
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
-def checkpoint_names(module: Module, fmt: str) -> dict:
-    """{param: [checkpoint name per layer]} for a specialized module; tied params are left out."""
+def checkpoint_pieces(module: Module, fmt: str) -> dict:
+    """{param: [(index, checkpoint name)]} for a specialized module; tied params are left out.
+
+    Each stored tensor fills `target[index]`: () for an unstacked param, (l,) for one layer of a
+    param declared in `for l in layers`, (l, e) for one expert where the pattern names `{e}` too.
+    """
     out = {}
     for p in module.params.values():
         if p.tie and evaluate(p.tie[1], module.bindings):
             continue
-        src = next((s for s in p.sources if s.format == fmt), None)
-        if src is None:
-            raise WeightsError(f"param `{p.name}` declares no `{fmt}` source in {module.path}")
-        if p.loop_var:
-            count = param_shape(module, p.name)[0]
-            out[p.name] = [src.pattern.replace("{" + p.loop_var + "}", str(i)) for i in range(count)]
-        else:
-            out[p.name] = [src.pattern]
+        src = _source(module, p, fmt)
+        counts = param_shape(module, p.name)[:src.stacked]
+        pieces = []
+        for index in itertools.product(*(range(n) for n in counts)):
+            name = src.pattern
+            for var, i in zip(p.loops, index):
+                name = name.replace("{" + var + "}", str(i))
+            pieces.append((index, name))
+        out[p.name] = pieces
     return out
+
+
+def checkpoint_names(module: Module, fmt: str) -> dict:
+    """{param: [checkpoint name of each stored tensor]}, in the order `checkpoint_pieces` gives."""
+    return {name: [ckpt for _, ckpt in pieces] for name, pieces in checkpoint_pieces(module, fmt).items()}
+
+
+def _source(module: Module, p, fmt: str):
+    src = next((s for s in p.sources if s.format == fmt), None)
+    if src is None:
+        raise WeightsError(f"param `{p.name}` declares no `{fmt}` source in {module.path}")
+    return src
 
 
 def expected_shapes(module: Module, fmt: str) -> dict:
     """{checkpoint name: (param, shape the checkpoint must store it in)}: the declared
     shape with the declared transforms undone (a `.transpose(a, b)` swaps two dims back)."""
     out = {}
-    for name, ckpt_names in checkpoint_names(module, fmt).items():
-        p = module.params[name]
-        shape = list(param_shape(module, name))
-        per_layer = shape[1:] if p.loop_var else shape
-        src = next(s for s in p.sources if s.format == fmt)
-        stored = list(per_layer)
+    for name, pieces in checkpoint_pieces(module, fmt).items():
+        src = _source(module, module.params[name], fmt)
+        stored = list(param_shape(module, name)[src.stacked:])
         for tname, args in reversed(src.transforms):
             if tname == "transpose":
                 a, b = transpose_axes(args, module)
                 stored[a], stored[b] = stored[b], stored[a]
-        for ckpt in ckpt_names:
+        for _, ckpt in pieces:
             out[ckpt] = (name, tuple(stored))
     return out
 
@@ -109,25 +125,25 @@ def bind_weights(module: Module, get: Callable[[str], torch.Tensor], fmt: str = 
     """
     file_of = where if callable(where) else (lambda _name: where)
     out = {}
-    for name, ckpt_names in checkpoint_names(module, fmt).items():
+    for name, pieces in checkpoint_pieces(module, fmt).items():
         p = module.params[name]
         shape = param_shape(module, name)
         dtype = TORCH_DTYPES[concrete_dtype(p.type.dtype, module)]
-        src = next(s for s in p.sources if s.format == fmt)
-        per_layer = tuple(shape[1:] if p.loop_var else shape)
+        src = _source(module, p, fmt)
+        stored = tuple(shape[src.stacked:])
         target = torch.empty(shape, dtype=dtype, device=device)
-        for i, ckpt in enumerate(ckpt_names):
+        for index, ckpt in pieces:
             t = get(ckpt)
             for tname, args in src.transforms:
                 t = apply_transform(tname, t, [evaluate_dim(a, module) for a in args])
-            if tuple(t.shape) != per_layer:
+            if tuple(t.shape) != stored:
                 after = f" after {', '.join(n for n, _ in src.transforms)}" if src.transforms else ""
                 raise WeightsError(f"{file_of(ckpt)}: tensor {ckpt!r} is {list(t.shape)}{after}, but param `{name}` "
-                                   f"declares {list(per_layer)} ({module.path})")
+                                   f"declares {list(stored)} ({module.path})")
             if t.dtype != dtype and not cast_dtype and t.is_floating_point():
                 raise WeightsError(f"{file_of(ckpt)}: tensor {ckpt!r} is {_short(t.dtype)}, but param `{name}` is "
                                    f"{_short(dtype)}; pass cast_dtype=True to convert it")
-            (target[i] if p.loop_var else target).copy_(t)
+            target[index].copy_(t)
             del t  # the next tensor replaces this one: one in flight at a time
             if progress is not None:
                 progress(ckpt)
@@ -137,16 +153,14 @@ def bind_weights(module: Module, get: Callable[[str], torch.Tensor], fmt: str = 
 
 def unbind_weights(module: Module, params: dict, fmt: str = "hf"):
     """The inverse of `bind_weights`: (checkpoint name, tensor as the checkpoint stores it) for every
-    tensor of `params` under `fmt`'s names, each layer of a stacked param apart, the declared
-    transforms undone (`.transpose` is its own inverse, `.unpermute_rope` undoes `permute_rope`).
-    A param tied to another under this config is skipped: the checkpoint holds it once."""
-    for name, ckpt_names in checkpoint_names(module, fmt).items():
-        p = module.params[name]
-        if p.tie and evaluate(p.tie[1], module.bindings):
-            continue
-        src = next(s for s in p.sources if s.format == fmt)
-        for i, ckpt in enumerate(ckpt_names):
-            t = params[name][i] if p.loop_var else params[name]
+    tensor of `params` under `fmt`'s names, each layer (or expert) of a stacked param apart as the
+    pattern names them, the declared transforms undone (`.transpose` is its own inverse,
+    `.unpermute_rope` undoes `permute_rope`). A param tied to another under this config is skipped:
+    the checkpoint holds it once."""
+    for name, pieces in checkpoint_pieces(module, fmt).items():
+        src = _source(module, module.params[name], fmt)
+        for index, ckpt in pieces:
+            t = params[name][index]
             for tname, args in reversed(src.transforms):
                 values = [evaluate_dim(a, module) for a in args]
                 t = permute_rope(t, values[0]) if tname == "unpermute_rope" else apply_transform(tname, t, values)

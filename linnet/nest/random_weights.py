@@ -21,7 +21,7 @@ def random_weights(module: Module, seed: int = 0, device: str | torch.device = "
             continue
         shape = param_shape(module, p.name)
         dtype = TORCH_DTYPES[concrete_dtype(p.type.dtype, module)]
-        vector = len(shape) - (1 if p.loop_var else 0) == 1
+        vector = len(shape) - len(p.loops) == 1
         t = torch.empty(shape, dtype=dtype, device=device)
         # Made in f32 one layer at a time: peak memory stays one layer above the model.
         for i, part in enumerate(t if p.loop_var else [t]):

@@ -486,6 +486,71 @@ params {
   }
 }
 """, 9, 15, "needs `{l}` in its name pattern"),
+    arch("pattern-names-inner-loop-without-outer", """\
+arch mini
+config {
+  dim: int = 8
+  layers: int = 2
+  experts: int = 4
+}
+params {
+  for l in layers {
+    for e in experts {
+      w: T[dim]
+        from hf "layers.{l}.w"
+        from gguf "experts.{e}.w"
+    }
+  }
+}
+""", 12, 19, "needs `{l}` in its name pattern"),
+    arch("pattern-skips-a-loop", """\
+arch mini
+config {
+  dim: int = 8
+  layers: int = 2
+}
+params {
+  for l in layers {
+    for e in 4 {
+      for h in 2 {
+        w: T[dim]
+          from hf "layers.{l}.experts.{h}.w"
+      }
+    }
+  }
+}
+""", 11, 19, "names `{h}` but not `{e}`, the loop around it"),
+    arch("inner-loop-shadows-outer", """\
+arch mini
+config {
+  dim: int = 8
+  layers: int = 2
+}
+params {
+  for l in layers {
+    for l in 2 {
+      w: T[dim]
+        from hf "layers.{l}.w"
+    }
+  }
+}
+""", 8, 9, "`l` already names an enclosing loop's variable"),
+    arch("stacked-transpose-counts-stored-dims", """\
+arch mini
+config {
+  dim: int = 8
+  layers: int = 2
+  experts: int = 4
+}
+params {
+  for l in layers {
+    for e in experts {
+      w: T[dim, 2 * dim]
+        from hf "layers.{l}.experts.{e}.w" .transpose(1, 2)
+    }
+  }
+}
+""", 11, 44, "`.transpose` needs two different dims of the stored tensor (rank 2)"),
     arch("unknown-weight-transform", """\
 arch mini
 config {

@@ -1,0 +1,115 @@
+"""Binding params to checkpoint tensors by the names a `.linnet` source declares, nested loops
+included: one tensor per layer and expert in a Hugging Face checkpoint, one per layer in a GGUF."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from linnet.compiler import check_file
+from linnet.ir.specialize import specialize
+from linnet.nest.bind import bind_weights, checkpoint_pieces, expected_shapes, unbind_weights
+from linnet.nest.errors import WeightsError
+
+SOURCE = """\
+arch experts_only
+
+config {
+  dim: int = 4
+  ffn: int = 3
+  layers: int = 2
+  experts: int = 5
+}
+
+params {
+  for l in layers {
+    for e in experts {
+      w_up: T[ffn, dim]
+        from hf "layers.{l}.experts.{e}.up.weight"
+        from gguf "blk.{l}.ffn_up_exps.weight"
+      w_down: T[dim, ffn]
+        from hf "layers.{l}.experts.{e}.down" .transpose()
+        from gguf "blk.{l}.ffn_down_exps.weight"
+    }
+    router: T[experts, dim]
+      from hf "layers.{l}.router.weight"
+      from gguf "blk.{l}.ffn_gate_inp.weight"
+  }
+}
+
+entry route<N>(x: T[N, dim]) -> T[N, experts] {
+  return linear(x, router[0])
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def spec(tmp_path_factory):
+    path = tmp_path_factory.mktemp("bind") / "experts_only.linnet"
+    path.write_text(SOURCE)
+    return specialize(check_file(path), {}, "exact")
+
+
+def per_expert_checkpoint(seed: int = 0) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    ckpt = {}
+    for l in range(2):
+        ckpt[f"layers.{l}.router.weight"] = torch.randn(5, 4, generator=g)
+        for e in range(5):
+            ckpt[f"layers.{l}.experts.{e}.up.weight"] = torch.randn(3, 4, generator=g)
+            ckpt[f"layers.{l}.experts.{e}.down"] = torch.randn(3, 4, generator=g)  # stored [in, out]
+    return ckpt
+
+
+def test_types_stack_the_loops_outermost_first(spec):
+    assert spec.params["w_up"].loops == ("l", "e")
+    assert spec.params["w_up"].loop_var == "l"  # w_up[l] is one layer's experts
+    assert str(spec.params["w_up"].type).replace(" ", "") == "T[layers,experts,ffn,dim]"
+
+
+def test_each_format_names_its_own_pieces(spec):
+    hf = checkpoint_pieces(spec, "hf")
+    assert hf["w_up"][:3] == [((0, 0), "layers.0.experts.0.up.weight"), ((0, 1), "layers.0.experts.1.up.weight"),
+                              ((0, 2), "layers.0.experts.2.up.weight")]
+    assert len(hf["w_up"]) == 10 and hf["router"] == [((0,), "layers.0.router.weight"), ((1,), "layers.1.router.weight")]
+    gguf = checkpoint_pieces(spec, "gguf")
+    assert gguf["w_up"] == [((0,), "blk.0.ffn_up_exps.weight"), ((1,), "blk.1.ffn_up_exps.weight")]
+    assert expected_shapes(spec, "hf")["layers.1.experts.4.down"] == ("w_down", (3, 4))
+    assert expected_shapes(spec, "gguf")["blk.1.ffn_down_exps.weight"] == ("w_down", (5, 4, 3))
+
+
+def test_per_expert_tensors_bind_as_a_stack(spec):
+    ckpt = per_expert_checkpoint()
+    params = bind_weights(spec, ckpt.__getitem__, "hf")
+    want_up = torch.stack([torch.stack([ckpt[f"layers.{l}.experts.{e}.up.weight"] for e in range(5)]) for l in range(2)])
+    want_down = torch.stack([torch.stack([ckpt[f"layers.{l}.experts.{e}.down"].T for e in range(5)]) for l in range(2)])
+    assert torch.equal(params["w_up"], want_up)
+    assert torch.equal(params["w_down"], want_down)
+    assert params["w_up"].shape == (2, 5, 3, 4)
+
+
+def test_both_formats_give_the_same_params(spec):
+    """A GGUF holding each layer's experts in one tensor binds to what the per-expert files bind to."""
+    hf = bind_weights(spec, per_expert_checkpoint().__getitem__, "hf")
+    gguf_ckpt = {}
+    for l in range(2):
+        gguf_ckpt[f"blk.{l}.ffn_up_exps.weight"] = hf["w_up"][l].clone()
+        gguf_ckpt[f"blk.{l}.ffn_down_exps.weight"] = hf["w_down"][l].clone()
+        gguf_ckpt[f"blk.{l}.ffn_gate_inp.weight"] = hf["router"][l].clone()
+    gguf = bind_weights(spec, gguf_ckpt.__getitem__, "gguf")
+    assert all(torch.equal(hf[name], gguf[name]) for name in hf)
+
+
+def test_unbind_returns_every_stored_tensor(spec):
+    ckpt = per_expert_checkpoint(seed=3)
+    params = bind_weights(spec, ckpt.__getitem__, "hf")
+    back = dict(unbind_weights(spec, params, "hf"))
+    assert back.keys() == ckpt.keys()
+    assert all(torch.equal(back[name], ckpt[name]) for name in ckpt)
+
+
+def test_a_misshapen_expert_is_named(spec):
+    ckpt = per_expert_checkpoint()
+    ckpt["layers.0.experts.2.up.weight"] = torch.zeros(4, 3)
+    with pytest.raises(WeightsError, match=r"'layers.0.experts.2.up.weight' is \[4, 3\], but param `w_up` declares \[3, 4\]"):
+        bind_weights(spec, ckpt.__getitem__, "hf")
