@@ -1,8 +1,8 @@
-"""One GGUF file for llama.cpp (`llama-server -m FILE`): Llama, Qwen2, Qwen3 and gpt-oss cards.
+"""One GGUF file for llama.cpp (`llama-server -m FILE`): Llama, Qwen2, Qwen3, Qwen3-MoE and gpt-oss cards.
 
 Metadata is written from the card's config under llama.cpp's keys for the architecture (`llama.*`,
-`qwen2.*`, `qwen3.*`, `gpt-oss.*`). Llama's and Qwen's tensors go under the names of the card's
-`from gguf` lines, with the declared transforms undone (Llama's q and k rows back in llama.cpp's
+`qwen2.*`, `qwen3.*`, `qwen3moe.*`, `gpt-oss.*`). Llama's and Qwen's tensors go under the names of the card's
+`from gguf` lines (a layer's experts as one tensor each for gate, up and down), with the declared transforms undone (Llama's q and k rows back in llama.cpp's
 rope order); llama3 rope scaling goes in as llama.cpp's `rope_freqs.weight`, one divisor per
 frequency, YaRN and linear scaling as keys. gpt-oss's go as llama.cpp's own
 converter writes a Hugging Face checkpoint: its names through gguf's table of them, the experts'
@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from linnet.export import ExportError
+from linnet.ir.specialize import specialize
 from linnet.nest.bind import unbind_weights
 from linnet.nest.checkpoint import GGUFCheckpoint
 from linnet.nest.gguf_tokenizer import BYTE, CONTROL, NORMAL, PRE_TOKENIZERS, UNKNOWN, UNUSED, USER_DEFINED
@@ -32,7 +33,8 @@ from linnet.rope_tables import llama3_divisors
 PRE_NAMES = ("gpt2", "smollm", "llama-bpe", "qwen2", "gpt-4o")
 
 
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gpt_oss": "gpt-oss"}  # Linnet's -> llama.cpp's
+# Linnet's -> llama.cpp's
+ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
 
 
 def check_architecture(module, card: str) -> None:
@@ -41,8 +43,12 @@ def check_architecture(module, card: str) -> None:
     if module.name not in ARCHITECTURES:
         raise ExportError(f"the llama.cpp export covers {', '.join(ARCHITECTURES)} cards; {card!r} is "
                           f"{module.name!r} (export it with --to vllm instead)")
-    if module.name == "llama" and module.bindings.get("sliding_window"):
-        raise ExportError(f"{card!r} attends over a sliding window of {module.bindings['sliding_window']}, "
+    b = module.bindings or specialize(module, {}, "fast").bindings  # the card's values, defaults included
+    if module.name == "qwen3_moe" and not b["norm_topk_prob"]:
+        raise ExportError(f"{card!r} weighs its experts by their router probabilities unnormalized, and "
+                          f"llama.cpp's qwen3moe always renormalizes them (export it with --to vllm instead)")
+    if module.name == "llama" and b.get("sliding_window"):
+        raise ExportError(f"{card!r} attends over a sliding window of {b['sliding_window']}, "
                           f"which llama.cpp's llama architecture does not (export it with --to vllm instead)")
 
 
@@ -82,6 +88,10 @@ def write_gguf(bound, out) -> str:
     if spec.name == "gpt_oss":
         tensors = _gpt_oss(spec, bound.params, writer)
     else:
+        if spec.name == "qwen3_moe":
+            writer.add_expert_feed_forward_length(b["ffn"])
+            writer.add_expert_count(b["experts"])
+            writer.add_expert_used_count(b["experts_per_token"])
         tensors = unbind_weights(spec, bound.params, "gguf")
         _rope_keys(b, writer)
     if bound.tokenizer_from is not None and bound.tokenizer_from.is_file():  # a GGUF's keys, as they are

@@ -3,7 +3,7 @@
 A checkpoint's `architectures` entry (config.json's, or the one a GGUF's `general.architecture`
 stands for) picks the built-in architecture: Llama and Mistral checkpoints get a card over
 llama, Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distills) over qwen2, Qwen3 over qwen3,
-gpt-oss over gpt_oss. Config values the architecture cannot express are refused, not dropped.
+Qwen3's mixtures of experts over qwen3_moe, gpt-oss over gpt_oss. Config values the architecture cannot express are refused, not dropped.
 """
 
 from __future__ import annotations
@@ -138,6 +138,19 @@ def _qwen3_values(config: dict, name: str) -> dict:
     return _qwen_values(config, name)
 
 
+def _qwen3_moe_values(config: dict, name: str) -> dict:
+    _refuse_biases(config, name)
+    dense = config.get("mlp_only_layers") or []
+    step = int(config.get("decoder_sparse_step") or 1)
+    if dense or step != 1:
+        raise WeightsError(f"{name}: this checkpoint gives some layers a dense MLP (mlp_only_layers {dense}, "
+                           f"decoder_sparse_step {step}); the qwen3_moe architecture routes every layer to its experts")
+    return {**_qwen_values({**config, "intermediate_size": config["moe_intermediate_size"]}, name),
+            "experts": int(config.get("num_experts") or config["num_local_experts"]),  # the hub's name, transformers 5's
+            "experts_per_token": int(config["num_experts_per_tok"]),
+            "norm_topk_prob": bool(config.get("norm_topk_prob", False))}
+
+
 def _gpt_oss_values(config: dict, name: str) -> dict:
     layers = int(config["num_hidden_layers"])
     sliding = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
@@ -182,5 +195,6 @@ SUPPORTED = {
     "MistralForCausalLM": ("llama", _mistral_values),
     "Qwen2ForCausalLM": ("qwen2", _qwen2_values),
     "Qwen3ForCausalLM": ("qwen3", _qwen3_values),
+    "Qwen3MoeForCausalLM": ("qwen3_moe", _qwen3_moe_values),
     "GptOssForCausalLM": ("gpt_oss", _gpt_oss_values),
 }

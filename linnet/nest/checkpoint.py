@@ -276,6 +276,7 @@ _GGUF_ARCHS = {
     "llama": ("llama", ["LlamaForCausalLM"]),
     "qwen2": ("qwen2", ["Qwen2ForCausalLM"]),
     "qwen3": ("qwen3", ["Qwen3ForCausalLM"]),
+    "qwen3moe": ("qwen3_moe", ["Qwen3MoeForCausalLM"]),
     "gpt-oss": ("gpt_oss", ["GptOssForCausalLM"]),
 }
 
@@ -469,6 +470,9 @@ class GGUFCheckpoint(Checkpoint):
             cfg.update(num_local_experts=get("expert_count"), num_experts_per_tok=get("expert_used_count"),
                        intermediate_size=get("expert_feed_forward_length"),
                        sliding_window=get("attention.sliding_window"))
+        if model_type == "qwen3_moe":  # llama.cpp always renormalizes the chosen experts' weights
+            cfg.update(num_experts=get("expert_count"), num_experts_per_tok=get("expert_used_count"),
+                       moe_intermediate_size=get("expert_feed_forward_length"), norm_topk_prob=True)
         if model_type == "llama":
             cfg["hidden_act"] = "silu"
             cfg["attention_bias"] = "blk.0.attn_q.bias" in self._tensors

@@ -162,7 +162,7 @@ def random_checkpoint(spec, seed: int, fmt: str = "hf") -> dict:
 
 # the transformers class for each architecture of the tiny cards (llama with a window is Mistral)
 HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-              "qwen3": "Qwen3ForCausalLM", "gpt_oss": "GptOssForCausalLM"}
+              "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM"}
 
 
 def hf_family(spec) -> str:
@@ -170,8 +170,8 @@ def hf_family(spec) -> str:
 
 
 def hf_config(bindings: dict, max_seq: int, family: str = "llama"):
-    """The transformers config equal to a specialized dense card's config: a `LlamaConfig`, or
-    Mistral's (a window), Qwen2's (q/k/v biases) or Qwen3's (q/k norms)."""
+    """The transformers config equal to a specialized Llama-like card's config: a `LlamaConfig`, or
+    Mistral's (a window), Qwen2's (q/k/v biases), Qwen3's (q/k norms) or Qwen3-MoE's (and experts)."""
     import transformers
 
     b = bindings
@@ -186,7 +186,10 @@ def hf_config(bindings: dict, max_seq: int, family: str = "llama"):
         assert b["rope_scaling"] == "none", b["rope_scaling"]
         rope = {"rope_type": "default", "rope_theta": b["rope_theta"]}
     extra = {"llama": dict(attention_bias=False, mlp_bias=False), "mistral": dict(sliding_window=b.get("sliding_window")),
-             "qwen2": dict(use_sliding_window=False), "qwen3": dict(attention_bias=False, use_sliding_window=False)}[family]
+             "qwen2": dict(use_sliding_window=False), "qwen3": dict(attention_bias=False, use_sliding_window=False),
+             "qwen3_moe": dict(attention_bias=False, use_sliding_window=False, num_experts=b.get("experts"),
+                               num_experts_per_tok=b.get("experts_per_token"), moe_intermediate_size=b["ffn"],
+                               norm_topk_prob=b.get("norm_topk_prob"), decoder_sparse_step=1, mlp_only_layers=[])}[family]
     config_class = getattr(transformers, HF_CLASSES[family].replace("ForCausalLM", "Config"))
     config = config_class(
         vocab_size=b["vocab"], hidden_size=b["dim"], num_hidden_layers=b["layers"],
@@ -228,8 +231,8 @@ def hf_reference(spec, seed: int, max_seq: int):
 
     Every weight is drawn here (norms included, which transformers would set
     to ones), so a param bound to the wrong checkpoint name cannot go unseen.
-    Matrices are scaled by their input width: dim -1 of a linear, dim -2 of a
-    stack of experts ([experts, in, out]).
+    Matrices are scaled by their input width: dim -1 of a linear or of a stack
+    of experts stored [experts, out, in], dim -2 of gpt-oss's [experts, in, out].
     """
     import transformers
 
@@ -245,11 +248,23 @@ def hf_reference(spec, seed: int, max_seq: int):
             if p.dim() == 1:
                 t = 1.0 + 0.1 * t
             elif "embed_tokens" not in name:
-                t = t / p.shape[-1 if p.dim() == 2 else -2] ** 0.5
+                t = t / p.shape[-2 if p.dim() == 3 and family == "gpt_oss" else -1] ** 0.5
             p.copy_(t)
     if spec.bindings.get("tie_embeddings"):
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     return model
+
+
+def saved_state(model, directory) -> dict:
+    """{name: tensor} of the checkpoint `save_pretrained` writes: what users load, in the layout the
+    hub holds (transformers 5 keeps Qwen3-MoE's experts fused in memory, one tensor per expert on disk)."""
+    from safetensors.torch import load_file
+
+    model.save_pretrained(directory)
+    state = {}
+    for file in sorted(Path(directory).glob("*.safetensors")):
+        state.update(load_file(file))
+    return state
 
 
 def hf_greedy(model, prompts, steps: int):
@@ -276,7 +291,8 @@ def kit():
     return SimpleNamespace(
         CARDS=CARDS, ARCH=ARCH, PARITY=PARITY, to_np=to_np, rel_err=rel_err, i32=i32, as_inputs=as_inputs,
         pack=pack, pack_in_blocks=pack_in_blocks, cache_of=cache_of, compiled=compiled, random_checkpoint=random_checkpoint,
-        hf_config=hf_config, hf_gpt_oss_config=hf_gpt_oss_config, hf_reference=hf_reference, hf_greedy=hf_greedy)
+        hf_config=hf_config, hf_gpt_oss_config=hf_gpt_oss_config, hf_reference=hf_reference, hf_greedy=hf_greedy,
+        saved_state=saved_state)
 
 
 def pytest_terminal_summary(terminalreporter):

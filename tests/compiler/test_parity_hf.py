@@ -1,12 +1,12 @@
 """Both backends against transformers on the tiny cards: `LlamaForCausalLM`, `MistralForCausalLM`,
-`Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `GptOssForCausalLM`.
+`Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `GptOssForCausalLM`.
 
 The reference has the card's config (llama3 RoPE scaling and GQA in
 `tiny-llama`, tied embeddings in `tiny-llama-tied`, a sliding window in `tiny-mistral`;
 q/k/v biases, YaRN and a tied head in `tiny-qwen2`; per-head q/k norms and a wide head in
-`tiny-qwen3`; in `tiny-gpt-oss` biases, sinks, sliding-window layers, YaRN and routed
-experts) and random weights; its
-state dict is bound through the checkpoint names the `.linnet` source
+`tiny-qwen3`, and routed experts in `tiny-qwen3-moe`; in `tiny-gpt-oss` biases, sinks,
+sliding-window layers, YaRN and routed experts) and random weights. The checkpoint
+`save_pretrained` writes of it is bound through the names the `.linnet` source
 declares. Four prompts of different lengths are prefilled in one pack, then
 16 greedy steps are decoded; each step is compared with the reference run
 over the whole sequence so far.
@@ -35,8 +35,8 @@ MODES = {
 
 
 @pytest.fixture(scope="module", params=["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-qwen2", "tiny-qwen3",
-                                        "tiny-gpt-oss"])
-def card(request, kit):
+                                        "tiny-qwen3-moe", "tiny-gpt-oss"])
+def card(request, kit, tmp_path_factory):
     """The card's module, a seeded reference with its config, prompts, and the reference's greedy run."""
     name = request.param
     module = check_file(kit.CARDS / f"{name}.linnet")
@@ -48,35 +48,50 @@ def card(request, kit):
     prompts = [rng.integers(0, vocab, n).astype(np.int32) for n in PROMPT_LENGTHS]
     assert max(PROMPT_LENGTHS) + STEPS <= GENERICS["MaxSeq"]
     logits, tokens = kit.hf_greedy(reference, prompts, STEPS)
-    state = {k: v.clone() for k, v in reference.state_dict().items()}
+    state = kit.saved_state(reference, tmp_path_factory.mktemp(name))
     return dict(name=name, module=module, spec=spec, state=state, prompts=prompts,
-                ref_logits=logits, ref_tokens=tokens, bf16_yardstick=_bf16_yardstick(reference, prompts, tokens, logits, kit))
+                ref_logits=logits, ref_tokens=tokens, decided=_decided_by_more_than_bf16(reference, prompts, tokens))
 
 
-def _bf16_yardstick(reference, prompts, tokens, logits, kit) -> float:
-    """The bound on bf16 logits for a model that routes tokens to experts: the worst error of the
-    reference's own bf16 run against its f32 run, with a margin. A rounding that moves a router
-    score past another expert's changes that token's experts, in either model, so bf16 MoE logits
-    stray further than a dense model's; Linnet's must stray no further than transformers' own.
-    For a dense model, the plain bound."""
-    bound = MODES["fast-bf16"][2]
-    if not any("experts" in n for n, _ in reference.named_parameters()):
-        return bound
-    half = reference.to(torch.bfloat16)
-    seqs = [list(map(int, p)) for p in prompts]
-    worst = 0.0
-    with torch.no_grad():
+# A router score within this fraction of the scores' size of the next expert's is a tie bf16 may
+# break either way. bf16 keeps 8 bits of mantissa; a score sums `dim` rounded products whose errors
+# partly cancel, and on these cards bf16 was seen to swap experts whose scores were 1/2000 apart.
+BF16_TIE = 1 / 1024
+
+
+def _decided_by_more_than_bf16(reference, prompts, tokens) -> np.ndarray:
+    """[STEPS + 1, rows] bools: whether every expert choice the reference made for the row up to
+    that step (each layer, each position so far: the cache carries them all) won by more than
+    BF16_TIE. Where one did not, bf16's rounding may send a token to another expert, in any model
+    (transformers' own bf16 included), and the logits then stray by far more than rounding: those
+    rows are left out of the bf16 comparison from that step on. A dense model decides everything."""
+    routers = [m for name, m in reference.named_modules() if name.endswith(("mlp.gate", "mlp.router"))]
+    decided = np.ones((STEPS + 1, len(prompts)), dtype=bool)
+    if not routers:
+        return decided
+    k = reference.config.num_experts_per_tok
+    for row, prompt in enumerate(prompts):
+        margins = []  # per layer: [positions], the k-th score's lead over the next, relative
+        hooks = [m.register_forward_hook(lambda _m, _in, out: margins.append(_lead(out[0], k))) for m in routers]
+        with torch.no_grad():  # causal: one pass over the whole run gives every position's choices
+            reference(torch.tensor([list(map(int, prompt)) + [int(t[row]) for t in tokens[:STEPS]]]))
+        for h in hooks:
+            h.remove()
+        smallest = np.minimum.accumulate(np.min(margins, axis=0))
         for step in range(STEPS + 1):
-            out = torch.stack([half(torch.tensor([s])).logits[0, -1].float() for s in seqs])
-            worst = max(worst, kit.rel_err(out, logits[step]))
-            for s, t in zip(seqs, tokens[step]):
-                s.append(int(t))
-    kit.PARITY[f"{'transformers':<21} bf16 decode (worst, the yardstick)"] = worst
-    return max(bound, 1.25 * worst)
+            decided[step, row] = smallest[len(prompt) - 1 + step] > BF16_TIE
+    return decided
+
+
+def _lead(router_logits: torch.Tensor, k: int) -> np.ndarray:
+    top = router_logits.float().sort(dim=-1, descending=True).values
+    return ((top[:, k - 1] - top[:, k]) / top.abs().max(dim=-1).values).numpy()
 
 
 def test_cards_are_what_the_tests_claim(card):
     b = card["spec"].bindings
+    # near ties in routing leave some rows out of the bf16 comparison, never most of it
+    assert card["decided"].mean() >= 0.5, card["decided"]
     if card["name"] == "tiny-llama":
         assert b["rope_scaling"] == "llama3" and b["kv_heads"] < b["heads"] and not b["tie_embeddings"]
     elif card["name"] == "tiny-gpt-oss":
@@ -90,6 +105,9 @@ def test_cards_are_what_the_tests_claim(card):
         assert b["tie_embeddings"] and "bq" in card["spec"].params
     elif card["name"] == "tiny-qwen3":
         assert b["head_dim"] * b["heads"] != b["dim"] and "q_norm" in card["spec"].params
+    elif card["name"] == "tiny-qwen3-moe":
+        assert 1 < b["experts_per_token"] < b["experts"] and b["norm_topk_prob"] and "q_norm" in card["spec"].params
+        assert "model.layers.1.mlp.experts.7.down_proj.weight" in card["state"]  # one tensor per expert
     else:
         assert b["tie_embeddings"] and b["rope_scaling"] == "none"
 
@@ -98,8 +116,6 @@ def test_cards_are_what_the_tests_claim(card):
 @pytest.mark.parametrize("mode", list(MODES))
 def test_matches_transformers(card, backend, mode, kit):
     numerics, dtype, bound, same_tokens = MODES[mode]
-    if mode == "fast-bf16":
-        bound = card["bf16_yardstick"]
     generics = {**GENERICS, "T": dtype}
     spec = specialize(card["module"], generics, numerics)
     assert spec.bindings["T"] == dtype
@@ -113,7 +129,10 @@ def test_matches_transformers(card, backend, mode, kit):
         tokens, positions = card["ref_tokens"][step - 1], lengths + step - 1
         logits.append(model.decode(*kit.as_inputs(backend, tokens, positions)))
 
-    errors = [kit.rel_err(ours, ref) for ours, ref in zip(logits, card["ref_logits"])]
+    # under bf16, the rows whose experts were a near tie for the reference are left out (see above)
+    compared = card["decided"] if dtype == "bf16" else np.ones_like(card["decided"])
+    errors = [_error(kit.to_np(ours), kit.to_np(ref), rows)
+              for ours, ref, rows in zip(logits, card["ref_logits"], compared)]
     ours_tokens = [kit.to_np(x).argmax(-1) for x in logits]
     agree = np.mean([np.array_equal(a, b) for a, b in zip(ours_tokens, card["ref_tokens"])])
     key = f"{card['name']:<15} {backend:<5} {mode:<9}"
@@ -121,6 +140,8 @@ def test_matches_transformers(card, backend, mode, kit):
     kit.PARITY[key + " decode (worst of 16)"] = max(errors[1:])
     if not same_tokens:
         kit.PARITY[key + " greedy steps agreeing (fraction)"] = float(agree)
+    if not compared.all():
+        kit.PARITY[key + " rows compared, past near-tie routing (fraction)"] = float(compared.mean())
 
     assert errors[0] <= bound, f"prefill logits off by {errors[0]:.2e} (bound {bound:.0e})"
     worst = int(np.argmax(errors[1:])) + 1
@@ -128,6 +149,11 @@ def test_matches_transformers(card, backend, mode, kit):
     if same_tokens:
         for step, (a, b) in enumerate(zip(ours_tokens, card["ref_tokens"])):
             assert np.array_equal(a, b), f"greedy tokens differ at step {step}: {a} vs {b}"
+
+
+def _error(ours: np.ndarray, ref: np.ndarray, rows: np.ndarray) -> float:
+    """max|ours - ref| over the compared rows, over max|ref| of the whole step (kit.rel_err's metric)."""
+    return float(np.abs(ours[rows] - ref[rows]).max() / np.abs(ref).max()) if rows.any() else 0.0
 
 
 def test_exact_computes_in_f32_whatever_t(card):

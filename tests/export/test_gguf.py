@@ -242,13 +242,56 @@ def test_llama_cpp_computes_qwen_as_linnet_does(tmp_path, arch, head_dim):
     np.testing.assert_allclose(again, linnet_logits(tmp_path / f"{arch}-yarn.linnet"), rtol=0, atol=1e-5)
 
 
+QWEN3_MOE = """\
+card "small-qwen3-moe"
+import qwen3_moe
+config {
+  vocab = 49152
+  dim = 64
+  layers = 2
+  heads = 4
+  kv_heads = 2
+  head_dim = 32
+  experts = 8
+  experts_per_token = 2
+  ffn = 32
+  rope_theta = 10000.0
+}
+"""
+
+
+def test_llama_cpp_computes_qwen3_moe_as_linnet_does(tmp_path):
+    """Each layer's experts go in as one tensor for gate, up and down, [experts, out, in], with the
+    router and the expert counts where llama.cpp's qwen3moe reads them; Nest reads the file back."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    card = tmp_path / "small-qwen3-moe.linnet"
+    card.write_text(QWEN3_MOE)
+    path = export(card, "llama.cpp", tmp_path, weights="random", seed=5, dtype="f32", tokenizer=embedded_gguf_path())
+    ckpt = GGUFCheckpoint(path)
+    assert ckpt.metadata("general.architecture") == "qwen3moe" and ckpt.metadata("qwen3moe.expert_used_count") == 2
+    assert ckpt.load("blk.1.ffn_down_exps.weight").shape == (8, 64, 32)  # [experts, dim, ffn]
+    f32 = 0  # GGML_TYPE_F32
+    llm = llama_cpp.Llama(model_path=path, n_ctx=128, logits_all=True, verbose=False, n_threads=2, type_k=f32, type_v=f32)
+    llm.eval(PROMPT)
+    ref = np.array(llm.scores[:len(PROMPT)])
+    ours = linnet_logits(card)
+    assert float((np.abs(ours - ref).max(axis=1) / np.abs(ref).max(axis=1)).max()) <= 1e-5
+    model = nest.load(path, generics={"Batch": 1, "MaxSeq": 64})
+    assert model.module.name == "qwen3_moe" and model.info["unused_tensors"] == []
+    np.testing.assert_allclose(prefill_all(model, PROMPT), ours, rtol=0, atol=1e-5)
+
+
 def test_only_the_architectures_llama_cpp_runs_and_only_with_a_tokenizer(tmp_path):
     from types import SimpleNamespace
 
     from linnet.export.gguf import check_architecture
 
-    with pytest.raises(ExportError, match="covers llama, qwen2, qwen3, gpt_oss cards; 'm' is 'mamba'"):
+    with pytest.raises(ExportError, match="covers llama, qwen2, qwen3, qwen3_moe, gpt_oss cards; 'm' is 'mamba'"):
         check_architecture(SimpleNamespace(name="mamba"), "m")
+    unnormalized = tmp_path / "unnormalized.linnet"
+    unnormalized.write_text(QWEN3_MOE.replace("rope_theta = 10000.0", "norm_topk_prob = false"))
+    with pytest.raises(ExportError, match="llama.cpp's qwen3moe always renormalizes them"):
+        export(unnormalized, "llama.cpp", tmp_path / "out", weights="random")
     with pytest.raises(ExportError, match="sliding window of 6, which llama.cpp's llama architecture does not"):
         export("tiny-mistral", "llama.cpp", tmp_path / "out", weights="random")
     with pytest.raises(ExportError, match="needs a tokenizer"):

@@ -23,7 +23,7 @@ def linnet_logits(model, prompts):
 
 
 @pytest.mark.parametrize("card", ["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-qwen2", "tiny-qwen3",
-                                  "tiny-gpt-oss"])
+                                  "tiny-qwen3-moe", "tiny-gpt-oss"])
 def test_transformers_loads_the_directory_and_agrees(card, tmp_path):
     from transformers import AutoModelForCausalLM
 

@@ -139,7 +139,8 @@ def to_gguf(write_gguf):
 
     def write(hf_model, path, qtype=None, arch="llama"):
         cfg = hf_model.config
-        kind = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3}[arch]
+        kind = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3,
+                "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE}[arch]
         names = gguf.get_tensor_name_map(kind, cfg.num_hidden_layers)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
@@ -155,18 +156,36 @@ def to_gguf(write_gguf):
             w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
             w.add_rope_freq_base(10000.0)
             w.add_vocab_size(cfg.vocab_size)
+            if arch == "qwen3moe":
+                w.add_expert_count(cfg.num_experts)
+                w.add_expert_used_count(cfg.num_experts_per_tok)
+                w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
 
         def tensors():
-            for name, t in hf_model.state_dict().items():
+            for name, t in experts_apart(hf_model.state_dict()):
                 if name == "lm_head.weight" and cfg.tie_word_embeddings:
                     continue
                 a = t.detach().float().numpy()
                 if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
                     heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
                     a = permute_rope(a, heads)
-                yield (names.get_name(name, try_suffixes=(".weight", ".bias")), np.ascontiguousarray(a),
-                       qtype if a.ndim == 2 else None)
+                gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+                if name.endswith("_proj"):  # a stack of experts: the name came without a suffix
+                    gguf_name += ".weight"
+                yield gguf_name, np.ascontiguousarray(a), qtype if a.ndim == 2 else None
 
         return write_gguf(path, gguf.MODEL_ARCH_NAMES[kind], keys, tensors())
 
     return write
+
+
+def experts_apart(state: dict):
+    """(name, tensor) of a state dict, transformers 5's fused experts (gate_up_proj, [experts,
+    2 * ffn, dim], gate rows first) split into gate_proj and up_proj, as llama.cpp keeps them."""
+    for name, t in state.items():
+        if name.endswith(".experts.gate_up_proj"):
+            gate, up = t.chunk(2, dim=1)
+            yield name.replace("gate_up_proj", "gate_proj"), gate
+            yield name.replace("gate_up_proj", "up_proj"), up
+        else:
+            yield name, t

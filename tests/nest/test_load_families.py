@@ -1,8 +1,9 @@
-"""Mistral, Qwen2 and Qwen3 checkpoints without a card: a random tiny model saved by transformers
-loads through nest.load with a card written from its config.json (Mistral over the llama
-architecture, its sliding window kept; Qwen2 with its q/k/v biases; Qwen3 with its per-head q/k
-norms) and gives transformers' logits on both backends. Qwen GGUFs, laid out as llama.cpp's
-converter writes them (q and k in checkpoint order), load the same."""
+"""Mistral, Qwen2, Qwen3 and Qwen3-MoE checkpoints without a card: a random tiny model saved by
+transformers loads through nest.load with a card written from its config.json (Mistral over the
+llama architecture, its sliding window kept; Qwen2 with its q/k/v biases; Qwen3 with its per-head
+q/k norms; Qwen3-MoE with one tensor per expert) and gives transformers' logits on both backends.
+Qwen GGUFs, laid out as llama.cpp's converter writes them (q and k in checkpoint order, a layer's
+experts in one tensor), load the same."""
 
 import json
 
@@ -21,6 +22,8 @@ FAMILIES = {
     "mistral": ("Mistral", dict(sliding_window=4, tie_word_embeddings=False)),  # shorter than two of the prompts
     "qwen2": ("Qwen2", dict(tie_word_embeddings=True)),
     "qwen3": ("Qwen3", dict(head_dim=32, tie_word_embeddings=False)),  # heads * head_dim != hidden_size
+    "qwen3_moe": ("Qwen3Moe", dict(head_dim=32, tie_word_embeddings=False, num_experts=8, num_experts_per_tok=2,
+                                   moe_intermediate_size=32, norm_topk_prob=True)),
 }
 pytestmark = pytest.mark.filterwarnings("ignore:no tokenizer loaded")
 
@@ -61,7 +64,7 @@ def test_the_cards_say_what_the_configs_do(saved):
     family, path, _ = saved
     config = json.loads((path / "config.json").read_text())
     source = card_source_from_config(config, "tiny")
-    arch = {"mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}[family]
+    arch = {"mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}[family]
     assert f"import {arch}\n" in source
     if family == "mistral":
         assert "sliding_window = 4" in source and 'tool_call_parser = "mistral"' in source
@@ -69,6 +72,9 @@ def test_the_cards_say_what_the_configs_do(saved):
         assert "sliding_window" not in card_source_from_config({**config, "sliding_window": 128}, "tiny")
     if family == "qwen3":
         assert "head_dim = 32" in source
+    if family == "qwen3_moe":
+        assert "experts = 8" in source and "experts_per_token = 2" in source and "ffn = 32" in source
+        assert "norm_topk_prob = true" in source
 
 
 @pytest.mark.parametrize("family, change, message", [
@@ -77,6 +83,8 @@ def test_the_cards_say_what_the_configs_do(saved):
     ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "attention_factor": 2.0}}, "attention_factor 2.0"),
     ("qwen3", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope scaling 'dynamic'"),
     ("mistral", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+    ("qwen3_moe", {"mlp_only_layers": [1]}, r"some layers a dense MLP \(mlp_only_layers \[1\]"),
+    ("qwen3_moe", {"decoder_sparse_step": 2}, "decoder_sparse_step 2"),
 ])
 def test_what_the_architectures_cannot_express_is_refused(family, change, message):
     prefix, _ = FAMILIES[family]
@@ -95,10 +103,20 @@ def test_yarn_as_qwen_long_context_configs_set_it(family, tmp_path, prefill_erro
     assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_unnormalized_expert_weights(tmp_path, prefill_error):
+    """norm_topk_prob false (the chosen experts weighed by their softmax over all experts, as
+    Qwen2-MoE does): a case the renormalized default would get wrong."""
+    reference = random_model("qwen3_moe", norm_topk_prob=False)
+    reference.save_pretrained(tmp_path)
+    model = nest.load(str(tmp_path), generics=GENERICS, tokenizer=False)
+    assert model.module.bindings["norm_topk_prob"] is False
+    assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "qwen3_moe"])
 def test_a_qwen_gguf_loads_as_its_checkpoint_does(family, tmp_path, prefill_error, to_gguf):
     reference = random_model(family)
-    path = to_gguf(reference, tmp_path / f"tiny-{family}.gguf", arch=family)
+    path = to_gguf(reference, tmp_path / f"tiny-{family}.gguf", arch=family.replace("_", ""))
     model = nest.load(str(path), generics=GENERICS, tokenizer=False)
     assert model.module.name == family and model.info["unused_tensors"] == []
     assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4

@@ -16,6 +16,7 @@ PUBLISHED = {
     "Qwen/Qwen2.5-7B-Instruct": 7_615_616_512,
     "Qwen/Qwen3-0.6B": 596_049_920,
     "Qwen/Qwen3-8B": 8_190_735_360,
+    "Qwen/Qwen3-30B-A3B": 30_532_122_624,
     "HuggingFaceTB/SmolLM2-135M-Instruct": 134_515_008,
     "openai/gpt-oss-20b": 20_914_757_184,
 }

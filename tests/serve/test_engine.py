@@ -260,13 +260,15 @@ def test_a_compiled_torch_model_replays_its_decode_step(model):
         assert c.tokens == reference_greedy(model, p, 6)
 
 
+@pytest.mark.parametrize("card", ["tiny-gpt-oss", "tiny-qwen3-moe"])
 @pytest.mark.parametrize("backend", ["torch", "jax"])
-def test_a_mixture_of_experts_model_through_the_engine_equals_each_alone(backend):
-    """gpt-oss (routed experts, sinks, a sliding window shorter than most prompts): the engine
-    knows nothing of the architecture, so its outputs must equal each request run alone."""
+def test_a_mixture_of_experts_model_through_the_engine_equals_each_alone(backend, card):
+    """gpt-oss (routed experts, sinks, a sliding window shorter than most prompts) and Qwen3-MoE
+    (experts stored one by one): the engine knows nothing of the architecture, so its outputs must
+    equal each request run alone."""
     from linnet import nest
 
-    model = nest.load("tiny-gpt-oss", backend=backend, weights="random", seed=3, generics={"Batch": 4, "MaxSeq": 64})
+    model = nest.load(card, backend=backend, weights="random", seed=3, generics={"Batch": 4, "MaxSeq": 64})
     ps = prompts(10, 4, 30, seed=5)
     engine = Engine(model, token_budget=64)
     engine.warmup(len(p) for p in ps)
