@@ -467,6 +467,9 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=No
     asked = _logprob_count(body, "prompt_logprobs")
     tool_call, structure = _tool_call(body, tool_parser)
     requests = _copies(body, ids, max_seq, None, n, logprobs, asked)
+    if reasoning is not None and reasoning.keeps_special:
+        for r in requests:  # harmony's markers are special tokens: the engine's text, cut at a stop string, keeps them
+            r.skip_special_tokens = False
     if structure is not None:
         if any(r.structure is not None for r in requests):
             raise ApiError(400, "a tool call's output is its arguments: send no other structure with it", "tool_choice")
@@ -637,10 +640,8 @@ def completion_response(job: Job, comps: list, model: str, tokenizer) -> dict:
 def chat_message(job: Job, comp, tokenizer) -> tuple:
     """A chat choice's (message, finish_reason): its text, or the tool calls it makes; a reasoning
     model's thinking apart, as `reasoning_content`."""
-    text = _text(comp)
-    if job.reasoning is not None and job.reasoning.keeps_special and tokenizer is not None:
-        text = tokenizer.decode_after(comp.request.prompt, comp.tokens, skip_special_tokens=False)
-    elif getattr(job.tool_parser, "marker", None) is not None and tokenizer is not None:
+    text = _text(comp)  # a harmony reply's with its markers (its request keeps special tokens)
+    if getattr(job.tool_parser, "marker", None) is not None and tokenizer is not None:
         text = _with_marker(comp, tokenizer, job.tool_parser.marker, text)
     message = {"role": "assistant", "content": text}
     if job.reasoning is not None:

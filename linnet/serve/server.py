@@ -234,10 +234,9 @@ class OpenAIServer:
 
         pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
         comps = [s.completion for s in streams]
-        # harmony's markers are special tokens its parser reads; a request may ask for them all too
-        markers = job.reasoning is not None and job.reasoning.keeps_special
+        # harmony's requests keep special tokens, as its parser reads its markers; any request may ask to
         texts = [TextStream(self.tokenizer, c.request.prompt, c.request.stop, len(job.echo[i]) if job.echo else 0,
-                            markers or not c.request.skip_special_tokens) for i, c in enumerate(comps)]
+                            not c.request.skip_special_tokens) for i, c in enumerate(comps)]
         # An echo goes first; with logprobs, once its prompt is scored: with the choice's first news.
         unechoed = set(range(len(streams))) if job.echo else set()
         try:
@@ -275,7 +274,7 @@ class OpenAIServer:
                         thought = _divide(job, choice.text, before, len(choice.text))[0]
                         text = (message["content"] or "")[len(_divide(job, choice.text, 0, before)[1]):]
                     else:
-                        choice.finish(None if markers else comp.text)  # the engine's text has no markers
+                        choice.finish(comp.text)  # cut at a stop string, where the engine found one
                         thought, text = _divide(job, choice.text, before, choice.sent)
                 if text or lps or thought:
                     await event(writer.piece(i, text, lps, offsets, reasoning=thought))

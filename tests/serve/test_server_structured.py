@@ -262,6 +262,24 @@ def test_gpt_oss_channels_and_calls_through_the_server(harmony_base):
     assert [d["tool_calls"][0]["function"]["name"] for d in deltas if "tool_calls" in d] == ["get_time"]
 
 
+def test_a_harmony_reply_is_cut_at_a_stop_string(harmony_base):
+    """The engine finds the stop string in the reply's text, markers and all, and the channels are
+    read from what is left: whole and streamed, the answer ends before it."""
+    body = dict({"messages": USER, "max_tokens": 150, "stop": [" 4"]}, **harmony(
+        "<|channel|>", "analysis", "<|message|>", "Two and two.", "<|end|>", "<|start|>", "assistant", "<|channel|>",
+        "final", "<|message|>", "It is 4. Or four.", "<|return|>"))
+    choice = json.loads(call(harmony_base, "/v1/chat/completions", body)[1])["choices"][0]
+    assert choice["message"] == {"role": "assistant", "reasoning_content": "Two and two.", "content": "It is"}
+    assert choice["finish_reason"] == "stop"
+    chunks = sse(call(harmony_base, "/v1/chat/completions", dict(body, stream=True))[1])
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "Two and two."
+    assert "".join(d.get("content") or "" for d in deltas) == "It is"
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+    kept = json.loads(call(harmony_base, "/v1/chat/completions", dict(body, include_stop_str_in_output=True))[1])
+    assert kept["choices"][0]["message"]["content"] == "It is 4"
+
+
 def test_a_reasoning_models_structure_holds_its_answer_only():
     """By default the structure waits for the thinking's end. "</think>" is one token here, and a
     logit bias draws it first (the structure then bans it): the thinking is empty, and the answer
