@@ -46,7 +46,7 @@ class Job:
     include_usage: bool = False  # streamed: a last chunk with the usage
     n: int = 1  # choices per prompt: choice i's prompt is scored by choice i - i % n
     tool_call: str | None = None  # chat: "auto", "required", or the function tool_choice names
-    tool_parser: object = None  # with "auto": the reader of the model's own calls (tool_parsers)
+    tool_parser: object = None  # with "auto" (or harmony's forced calls): the reader of the model's own calls
     call_id: object = openai_call_id  # makes a tool call's id, as the model's template takes them back
     reasoning: object = None  # chat: the reader of a reasoning model's thinking (reasoning.py), if the server has one
     echo_logprobs: bool = False  # echo with logprobs: the prompt's tokens lead each choice's logprobs
@@ -147,8 +147,10 @@ def _tool_call(body: dict, parser) -> tuple:
     """(what tool_choice asks for: None, "auto", "required" or a function's name; the structure its
     call takes, if any). "none" shows the tools to the model through its chat template and calls
     none. A named function's call is its arguments, held to its parameters' schema; "required" is
-    a JSON list of {name, parameters}, as vLLM's. "auto" (the default with tools) lets the model
-    answer or call as it will, read by `parser`, the server's reader of its own tool-call format."""
+    a JSON list of {name, parameters}, as vLLM's; but where `parser` reads a format whose calls
+    have headers of their own (harmony's), a forced call is written in that format, held to it.
+    "auto" (the default with tools) lets the model answer or call as it will, read by `parser`,
+    the server's reader of its own tool-call format."""
     tools, choice = body.get("tools"), body.get("tool_choice")
     if not tools:
         if choice not in (None, "none", "auto"):
@@ -169,6 +171,8 @@ def _tool_call(body: dict, parser) -> tuple:
                                 "own tool-call format); or send 'required', a named function, or 'none'",
                            "tool_choice")
         return "auto", None
+    if choice == "required" and hasattr(parser, "call_structure"):  # a format with headers of its own (harmony)
+        return "required", parser.call_structure(functions)
     if choice == "required":
         calls = [{"type": "object", "additionalProperties": False, "required": ["name", "parameters"],
                   "properties": {"name": {"const": name}, "parameters": params}} for name, params in functions.items()]
@@ -180,13 +184,15 @@ def _tool_call(body: dict, parser) -> tuple:
     if name not in functions:
         raise ApiError(400, "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
                             "{'name': ...}} naming one of the tools", "tool_choice")
+    if hasattr(parser, "call_structure"):
+        return name, parser.call_structure({name: functions[name]})
     return name, Structure("json", functions[name])
 
 
 def read_tool_calls(job: Job, text: str) -> tuple:
     """(content, tool calls as OpenAI gives them, or None) of a chat choice's text: no calls where
     the text makes none, or was cut short in one."""
-    if job.tool_call == "auto":
+    if job.tool_parser is not None:  # "auto", or a call forced in the parser's own format
         content, calls = job.tool_parser.parse(text)
     else:
         try:
@@ -477,13 +483,14 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=No
             r.structure = structure
     if reasoning is not None and requests[0].structure is not None and tokenizer is not None \
             and not structure_in_reasoning \
-            and not (structure is not None and reasoning.reads_whole_reply):  # harmony's calls have headers of their own
+            and not (structure is not None and reasoning.reads_whole_reply):  # harmony's call: thinking and all
         # A reasoning model thinks freely first: the structure holds its answer (as vLLM's reasoning-aware outputs).
         marker = reasoning.structure_after(tokenizer.decode(ids))
         for r in requests:
             r.structure_after = None if marker is None else tokenizer.encode(marker, add_special_tokens=False)
     return Job(requests, len(ids), None, _include_usage(body), n, prompt_logprobs=asked is not None,
-               tool_call=tool_call, tool_parser=tool_parser if tool_call == "auto" else None, reasoning=reasoning,
+               tool_call=tool_call, reasoning=reasoning,
+               tool_parser=tool_parser if tool_call == "auto" or hasattr(tool_parser, "call_structure") else None,
                call_id=call_ids(tool_parser))
 
 

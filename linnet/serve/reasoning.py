@@ -22,6 +22,8 @@ from __future__ import annotations
 import json
 import re
 
+from linnet.serve.structured import JSON_LAYOUT, Structure
+
 
 class ThinkTags:
     OPEN, CLOSE = "<think>", "</think>"
@@ -137,6 +139,25 @@ class Harmony:
 
     def structure_after(self, prompt: str) -> str | None:
         return "<|channel|>final<|message|>"  # the answer's header
+
+    def call_structure(self, functions: dict) -> Structure:
+        """A reply that must call one of `functions` ({name: parameters' JSON schema}): thinking, as
+        the model will, then a commentary message to the function, its arguments held to the
+        schema. The headers are the model's own, so tool_choice keeps it in its format."""
+        def text(s: str) -> str:
+            return json.dumps(s)  # a Lark string literal
+
+        calls = []
+        for i, (name, schema) in enumerate(functions.items()):
+            calls.append(f"call_{i}: <|channel|> {text(f'commentary to=functions.{name} ')} <|constrain|> "
+                         f'{text("json")} <|message|> args_{i} <|call|>\n'
+                         f"args_{i}: %json {json.dumps({**schema, 'x-guidance': JSON_LAYOUT})}")
+        grammar = "\n".join([
+            "start: thinking? (" + " | ".join(f"call_{i}" for i in range(len(functions))) + ")",
+            f'thinking: <|channel|> {text("analysis")} <|message|> THOUGHT <|end|> <|start|> {text("assistant")}',
+            r"THOUGHT: /(.|\n)*/",  # any text: the markers are special tokens, never text
+            *calls])
+        return Structure("grammar", grammar)
 
     def parse(self, text: str) -> tuple:
         """As a tool parser: (content, calls) of a whole reply; a call cut short is not one."""

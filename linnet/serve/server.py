@@ -300,12 +300,10 @@ def _sendable(job: Job, text: str) -> int | None:
     being written (a forced call is sent whole at the end; with "auto", text stops where one may
     begin) or a reasoning model's tag may be arriving."""
     limit = None if job.reasoning is None else job.reasoning.sendable(text)
-    if job.tool_call is None:
-        return limit
+    if job.tool_call is None or (job.reasoning is not None and job.tool_parser is job.reasoning):
+        return limit  # harmony holds back calls itself
     if job.tool_call != "auto":
         return 0
-    if job.tool_parser is job.reasoning:  # it holds back calls itself
-        return limit
     answer = 0 if job.reasoning is None else job.reasoning.content_start(text)
     if answer is None:  # still thinking: no call yet
         return limit

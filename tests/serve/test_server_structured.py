@@ -231,7 +231,7 @@ def harmony_base():
     model.tokenizer.backend.add_special_tokens([AddedToken(m, special=True) for m in HARMONY])
     model.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}<|start|>assistant"
     with running(Engine(model), reasoning_parser="openai_gptoss", structure_in_reasoning=True) as url:
-        yield url
+        yield url, model.tokenizer
 
 
 def harmony(*parts) -> dict:
@@ -240,7 +240,7 @@ def harmony(*parts) -> dict:
 
 
 def test_gpt_oss_channels_and_calls_through_the_server(harmony_base):
-    base = harmony_base
+    base, _ = harmony_base
     body = dict({"messages": USER, "max_tokens": 150}, **harmony(
         "<|channel|>", "analysis", "<|message|>", "Two and two.", "<|end|>", "<|start|>", "assistant", "<|channel|>",
         "final", "<|message|>", "It is 4.", "<|return|>"))
@@ -262,21 +262,56 @@ def test_gpt_oss_channels_and_calls_through_the_server(harmony_base):
     assert [d["tool_calls"][0]["function"]["name"] for d in deltas if "tool_calls" in d] == ["get_time"]
 
 
+def test_a_forced_call_on_harmony_is_written_in_harmony(harmony_base):
+    """tool_choice naming a function (or "required"): the reply may think in the analysis channel,
+    then must be a commentary message to one of the functions, headers and all, its arguments held
+    to the schema. A bias on <|end|> ends the random model's thinking as soon as it may."""
+    from linnet.serve.reasoning import Harmony
+
+    HOUR = {"type": "function", "function": {"name": "get_hour", "parameters": {
+        "type": "object", "properties": {"am": {"type": "boolean"}}, "required": ["am"], "additionalProperties": False}}}
+    base, tokenizer = harmony_base
+    end = tokenizer.token_to_id("<|end|>")
+    for choice, names in (({"type": "function", "function": {"name": "get_time"}}, {"get_time"}),
+                          ("required", {"get_time", "get_hour"})):
+        body = {"messages": USER, "max_tokens": 120, "tools": [TIME, HOUR], "tool_choice": choice, "seed": 4,
+                "logit_bias": {str(end): 30}}
+        response = json.loads(call(base, "/v1/chat/completions", body)[1])
+        choice_ = response["choices"][0]
+        assert choice_["finish_reason"] == "tool_calls", choice_
+        (made,) = choice_["message"]["tool_calls"]
+        assert made["function"]["name"] in names and choice_["message"]["content"] is None
+        arguments = json.loads(made["function"]["arguments"])
+        assert arguments in ({"zone": "UTC"}, {"zone": "CET"}, {"am": True}, {"am": False})
+        message = (f"<|channel|>commentary to=functions.{made['function']['name']} <|constrain|>json<|message|>"
+                   f"{made['function']['arguments']}<|call|>")  # the call's own message: headers, not bare JSON
+        assert response["usage"]["completion_tokens"] >= len(tokenizer.encode(message, add_special_tokens=False))
+        chunks = sse(call(base, "/v1/chat/completions", dict(body, stream=True))[1])
+        deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+        assert not any(d.get("content") for d in deltas)
+        streamed = [d["tool_calls"][0]["function"] for d in deltas if "tool_calls" in d]
+        assert streamed == [{k: made["function"][k] for k in ("name", "arguments")}]
+    # the grammar itself: the model's own headers, the thinking optional
+    grammar = Harmony().call_structure({"get_time": TIME["function"]["parameters"]}).spec
+    assert '"commentary to=functions.get_time "' in grammar and "start: thinking? (call_0)" in grammar
+
+
 def test_a_harmony_reply_is_cut_at_a_stop_string(harmony_base):
     """The engine finds the stop string in the reply's text, markers and all, and the channels are
     read from what is left: whole and streamed, the answer ends before it."""
+    base, _ = harmony_base
     body = dict({"messages": USER, "max_tokens": 150, "stop": [" 4"]}, **harmony(
         "<|channel|>", "analysis", "<|message|>", "Two and two.", "<|end|>", "<|start|>", "assistant", "<|channel|>",
         "final", "<|message|>", "It is 4. Or four.", "<|return|>"))
-    choice = json.loads(call(harmony_base, "/v1/chat/completions", body)[1])["choices"][0]
+    choice = json.loads(call(base, "/v1/chat/completions", body)[1])["choices"][0]
     assert choice["message"] == {"role": "assistant", "reasoning_content": "Two and two.", "content": "It is"}
     assert choice["finish_reason"] == "stop"
-    chunks = sse(call(harmony_base, "/v1/chat/completions", dict(body, stream=True))[1])
+    chunks = sse(call(base, "/v1/chat/completions", dict(body, stream=True))[1])
     deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
     assert "".join(d.get("reasoning_content", "") for d in deltas) == "Two and two."
     assert "".join(d.get("content") or "" for d in deltas) == "It is"
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
-    kept = json.loads(call(harmony_base, "/v1/chat/completions", dict(body, include_stop_str_in_output=True))[1])
+    kept = json.loads(call(base, "/v1/chat/completions", dict(body, include_stop_str_in_output=True))[1])
     assert kept["choices"][0]["message"]["content"] == "It is 4"
 
 
