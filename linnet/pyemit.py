@@ -170,7 +170,7 @@ class PythonEmitter:
         from linnet.codegen_common import param_table, state_table, tied_params
 
         m = self.module
-        self.line("# Each param's shape and element type; stacked params lead with their loop count.")
+        self.line("# Each param's shape and element type; stacked params lead with their loops' counts.")
         self.line("PARAMS = {")
         for name, shape, dtype in param_table(m):
             self.line(f"    {name!r}: ({shape}, {dtype!r}),")

@@ -1,17 +1,18 @@
 """One GGUF file for llama.cpp (`llama-server -m FILE`): Llama, Qwen2, Qwen3, Qwen3-MoE and gpt-oss cards.
 
 Metadata is written from the card's config under llama.cpp's keys for the architecture (`llama.*`,
-`qwen2.*`, `qwen3.*`, `qwen3moe.*`, `gpt-oss.*`). Llama's and Qwen's tensors go under the names of the card's
-`from gguf` lines (a layer's experts as one tensor each for gate, up and down), with the declared transforms undone (Llama's q and k rows back in llama.cpp's
-rope order); llama3 rope scaling goes in as llama.cpp's `rope_freqs.weight`, one divisor per
-frequency, YaRN and linear scaling as keys. gpt-oss's go as llama.cpp's own
-converter writes a Hugging Face checkpoint: its names through gguf's table of them, the experts'
-interleaved gate and up columns split into two tensors, the experts unquantized (llama.cpp reads
-them so, more slowly than MXFP4). Matrices are written in the model's type; 1-D tensors, biases
-and routers in f32, as that converter does. The tokenizer's keys are copied from the source when
-it was a GGUF; otherwise they are written from the tokenizer.json Nest loaded (byte-level BPE
-as llama.cpp's `gpt2` tokenizer, SentencePiece's BPE as its `llama` one, scored by merge rank);
-the token list is padded to the model's vocabulary, as llama.cpp sizes the embedding by it.
+`qwen2.*`, `qwen3.*`, `qwen3moe.*`, `gpt-oss.*`). Llama's and Qwen's tensors go under the names of
+the card's `from gguf` lines (a layer's experts as one tensor each for gate, up and down), with the
+declared transforms undone (Llama's q and k rows back in llama.cpp's rope order); llama3 rope
+scaling goes in as llama.cpp's `rope_freqs.weight`, one divisor per frequency, YaRN and linear
+scaling as keys. gpt-oss's go as llama.cpp's own converter writes a Hugging Face checkpoint: its
+names through gguf's table of them, the experts' interleaved gate and up columns split into two
+tensors, the expert matrices in MXFP4 where the checkpoint stored them so (the same blocks), else
+unquantized. Matrices are written in the model's type; 1-D tensors, biases and routers in f32, as
+that converter does. The tokenizer's keys are copied from the source when it was a GGUF;
+otherwise they are written from the tokenizer.json Nest loaded (byte-level BPE as llama.cpp's
+`gpt2` tokenizer, SentencePiece's BPE as its `llama` one, scored by merge rank). Either way the
+token list is padded to the model's vocabulary, as llama.cpp sizes the embedding by it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import torch
 
 from linnet.export import ExportError
 from linnet.ir.specialize import specialize
-from linnet.nest.bind import unbind_weights
+from linnet.nest.bind import checkpoint_names, unbind_weights
 from linnet.nest.checkpoint import GGUFCheckpoint
 from linnet.nest.gguf_tokenizer import BYTE, CONTROL, NORMAL, PRE_TOKENIZERS, UNKNOWN, UNUSED, USER_DEFINED
 from linnet.rope_tables import llama3_divisors
@@ -85,8 +86,11 @@ def write_gguf(bound, out) -> str:
     writer.add_rope_dimension_count(b["head_dim"])
     writer.add_rope_freq_base(b["rope_theta"])
     writer.add_layer_norm_rms_eps(b["norm_eps"])
+    quantized = set()  # names written as MXFP4
     if spec.name == "gpt_oss":
         tensors = _gpt_oss(spec, bound.params, writer)
+        if _experts_stored_mxfp4(bound):  # as llama.cpp's converter keeps them: the same blocks, requantized
+            quantized = {name for name, t in tensors if name.endswith("_exps.weight")}
     else:
         if spec.name == "qwen3_moe":
             writer.add_expert_feed_forward_length(b["ffn"])
@@ -95,13 +99,16 @@ def write_gguf(bound, out) -> str:
         tensors = unbind_weights(spec, bound.params, "gguf")
         _rope_keys(b, writer)
     if bound.tokenizer_from is not None and bound.tokenizer_from.is_file():  # a GGUF's keys, as they are
-        _copy_tokenizer_keys(GGUFCheckpoint(bound.tokenizer_from), writer)
+        _copy_tokenizer_keys(GGUFCheckpoint(bound.tokenizer_from), writer, b["vocab"])
     else:
         _write_tokenizer_keys(bound.tokenizer, writer, b["vocab"])
 
     for name, t in tensors:
         t = t.contiguous()
-        if t.dim() == 1 or dtype == "f32" or name.endswith(".bias") or ".ffn_gate_inp." in name:
+        if name in quantized:
+            mx = gguf.GGMLQuantizationType.MXFP4
+            writer.add_tensor(name, gguf.quants.quantize(t.float().numpy(), mx), raw_dtype=mx)
+        elif t.dim() == 1 or dtype == "f32" or name.endswith(".bias") or ".ffn_gate_inp." in name:
             writer.add_tensor(name, t.float().numpy())
         elif dtype == "f16":
             writer.add_tensor(name, t.to(torch.float16).numpy())
@@ -180,14 +187,33 @@ def _gpt_oss(spec, params: dict, writer) -> list:
     return out
 
 
-def _copy_tokenizer_keys(src: GGUFCheckpoint, writer) -> None:
-    """Every `tokenizer.*` key of the source GGUF, with its value type (arrays keep their element type)."""
+def _experts_stored_mxfp4(bound) -> bool:
+    """Whether the checkpoint the weights came from stores gpt-oss's expert matrices in MXFP4 (the
+    hub's checkpoints, llama.cpp's files). Written back so they lose nothing: dequantized values
+    requantize to the very blocks, each block's shared exponent being the one its largest value
+    needs. Other weights (a bf16 fine-tune, random ones) keep the model's type."""
+    ckpt = bound.checkpoint
+    if ckpt is None:
+        return False
+    fmt = "gguf" if ckpt.format == "gguf" else "hf"
+    name = checkpoint_names(bound.module, fmt)["w_gate_up"][0]
+    return ckpt.stored_dtype(name) == "mxfp4"
+
+
+def _copy_tokenizer_keys(src: GGUFCheckpoint, writer, vocab_size: int) -> None:
+    """Every `tokenizer.*` key of the source GGUF, with its value type (arrays keep their element
+    type); a token list shorter than the model's vocabulary padded to it, as llama.cpp sizes the
+    embedding by the list (unused pieces, as `_write_tokenizer_keys` pads)."""
     from gguf import GGUFValueType
 
+    per_token = {"tokenizer.ggml.tokens": lambda i: f"[PAD{i}]", "tokenizer.ggml.token_type": lambda i: UNUSED,
+                 "tokenizer.ggml.scores": lambda i: -1000.0}
     for key, field in src.fields().items():
         if key.startswith("tokenizer."):
-            vtype = field.types[0]
-            writer.add_key_value(key, field.contents(), vtype, field.types[-1] if vtype == GGUFValueType.ARRAY else None)
+            vtype, value = field.types[0], field.contents()
+            if key in per_token and len(value) < vocab_size:
+                value = list(value) + [per_token[key](i) for i in range(len(value), vocab_size)]
+            writer.add_key_value(key, value, vtype, field.types[-1] if vtype == GGUFValueType.ARRAY else None)
 
 
 def _write_tokenizer_keys(tok, writer, vocab_size: int) -> None:

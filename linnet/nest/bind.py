@@ -26,6 +26,7 @@ from linnet.nest.errors import WeightsError
 from linnet.nest.transforms import permute_rope, unpermute_rope
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+READS_AS = {"mxfp4": "bf16"}  # a safetensors checkpoint's quantized pairs, as its reader gives them
 
 
 def checkpoint_pieces(module: Module, fmt: str) -> dict:
@@ -100,7 +101,7 @@ def check_checkpoint(module: Module, ckpt, fmt: str, cast_dtype: bool) -> list:
         target = module.bindings.get("T")
         for n, (p, _) in expected.items():
             want = concrete_dtype(module.params[p].type.dtype, module)
-            stored = ckpt.stored_dtype(n)
+            stored = READS_AS.get(ckpt.stored_dtype(n), ckpt.stored_dtype(n))
             if stored in TORCH_DTYPES and stored != want:
                 others = sum(1 for m, (q, _) in expected.items()
                              if ckpt.stored_dtype(m) != concrete_dtype(module.params[q].type.dtype, module))

@@ -116,10 +116,11 @@ class SafetensorsCheckpoint(Checkpoint):
                 dtype = sl.get_dtype()
                 self._meta[name] = (_ST_DTYPES.get(dtype, dtype.lower()), tuple(sl.get_shape()))
                 self._where[name] = file
-        # gpt-oss's experts on the hub are MXFP4: each `X_blocks` + `X_scales` pair reads as `X`, in bf16.
+        # gpt-oss's experts on the hub are MXFP4: each `X_blocks` + `X_scales` pair reads as `X`, in bf16
+        # (stored_dtype "mxfp4").
         self._mxfp4 = mxfp4.quantized_names(self._meta)
         for name, (blocks, _) in self._mxfp4.items():
-            self._meta[name] = ("bf16", mxfp4.dequantized_shape(self._meta[blocks][1]))
+            self._meta[name] = ("mxfp4", mxfp4.dequantized_shape(self._meta[blocks][1]))
             self._where[name] = self._where[blocks]
         if self._index is not None:
             for name, shard in self._index.items():

@@ -216,6 +216,27 @@ def test_nest_reads_a_gpt_oss_gguf_back_with_its_experts_mxfp4_or_not(tmp_path, 
     np.testing.assert_allclose(mxfp4_logits, prefill_all(manual, PROMPT), rtol=0, atol=1e-5)
     assert np.abs(mxfp4_logits - ref).max() > 1e-4  # ten times the bound: the blocks were read, not the f32 weights
 
+    # Exported again, the MXFP4 experts go back as the very blocks (llama.cpp's converter keeps them
+    # so); every other tensor in the type asked for.
+    again = GGUFCheckpoint(export(quantized, "llama.cpp", tmp_path / "again.gguf", dtype="f32"))
+    source = {t.name: t for t in gguf.GGUFReader(str(quantized)).tensors}
+    for t in gguf.GGUFReader(again.path).tensors:
+        if "_exps.weight" in t.name:
+            assert t.tensor_type == mxfp4 and np.array_equal(np.asarray(t.data), np.asarray(source[t.name].data))
+        else:
+            assert t.tensor_type == gguf.GGMLQuantizationType.F32, t.name
+    np.testing.assert_allclose(prefill_all(nest.load(again.path, generics=generics), PROMPT), mxfp4_logits,
+                               rtol=0, atol=1e-5)
+    try:
+        import llama_cpp
+    except ImportError:
+        return
+    # llama.cpp runs the MXFP4 experts; it rounds YaRN's ramp, which this card does not (1e-3, as above)
+    llm = llama_cpp.Llama(model_path=again.path, n_ctx=128, logits_all=True, verbose=False, n_threads=2)
+    llm.eval(PROMPT)
+    theirs = np.array(llm.scores[:len(PROMPT)])
+    assert float((np.abs(mxfp4_logits - theirs).max(axis=1) / np.abs(theirs).max(axis=1)).max()) <= 1e-3
+
 
 @pytest.mark.parametrize("arch, head_dim", [("qwen2", 16), ("qwen3", 32)])
 def test_llama_cpp_computes_qwen_as_linnet_does(tmp_path, arch, head_dim):

@@ -4,6 +4,7 @@ memory or, as on the Hugging Face hub, in MXFP4; both give transformers' logits.
 
 import json
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -112,6 +113,19 @@ def test_mxfp4_experts_load_as_transformers_dequantizes_them(saved, tmp_path, as
     assert not any(n.endswith("_blocks") or n.endswith("_scales") for n in ckpt.names())
     model = nest.load(str(out), backend="torch", weights=str(out), generics=GENERICS, cast_dtype=True)
     assert_matches(model, reference)
+
+    # `linnet export --to llama.cpp` writes these experts back as MXFP4, which loses nothing: gguf's
+    # quantizer gives each block of the dequantized values the shared exponent it came with
+    gguf = pytest.importorskip("gguf")
+    from linnet.export.gguf import _experts_stored_mxfp4
+    from linnet.nest.load import read_weights
+
+    bound = read_weights(str(out), weights=str(out), tokenizer=False, cast_dtype=True)
+    assert ckpt.stored_dtype("model.layers.0.mlp.experts.gate_up_proj") == "mxfp4" and _experts_stored_mxfp4(bound)
+    mx = gguf.GGMLQuantizationType.MXFP4
+    for param in ("w_gate_up", "w_down"):
+        w = bound.params[param].numpy()
+        assert np.array_equal(gguf.quants.dequantize(gguf.quants.quantize(w, mx), mx).reshape(w.shape), w)
 
 
 def test_the_card_config_follows_config_json(saved):
