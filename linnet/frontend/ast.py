@@ -134,6 +134,8 @@ class TypeExpr(Node):
 @dataclass
 class ArchDecl(Node):
     name: str
+    base: str | None = None  # `arch qwen3_moe extends qwen3`
+    base_loc: Loc | None = None
 
 
 @dataclass
@@ -225,3 +227,4 @@ class File:
     state: list = field(default_factory=list)
     fns: list = field(default_factory=list)
     entries: list = field(default_factory=list)
+    bases: dict = field(default_factory=dict)  # path -> text of the architectures this one extends

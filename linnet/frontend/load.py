@@ -1,4 +1,5 @@
-"""Reading a `.linnet` file: an architecture alone, or a card with the architecture it imports."""
+"""Reading a `.linnet` file: an architecture alone, or a card with the architecture it imports;
+an architecture that extends another with that one under it."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 from linnet.errors import LinnetError, Loc
 from linnet.frontend.check import check
+from linnet.frontend.extend import extend
 from linnet.frontend.parser import parse
 from linnet.ir.nodes import Module
 
@@ -39,7 +41,7 @@ def load_source(text: str, path: str = "<string>", near: Path | None = None) -> 
     if f.card is None:
         if f.imports:
             raise LinnetError(f.imports[0].loc, "only a card imports an architecture; start the file with `card \"name\"`")
-        return check(f)
+        return check(_with_bases(f, near))
     if f.arch is not None:
         raise LinnetError(f.arch.loc, "a card fills an architecture's config; it does not declare one itself")
     for items, what in ((f.params, "params"), (f.state, "state"), (f.fns, "functions"), (f.entries, "entries")):
@@ -49,13 +51,32 @@ def load_source(text: str, path: str = "<string>", near: Path | None = None) -> 
         loc = f.imports[1].loc if f.imports else f.card.loc
         raise LinnetError(loc, "a card imports exactly one architecture: `import llama`")
     imp = f.imports[0]
+    return check(_with_bases(_find_arch(imp.name, imp.loc, near), near), f)
+
+
+def _find_arch(name: str, loc: Loc, near: Path | None):
+    """The parsed file of architecture `name`, looked for where `import` looks (`arch_dirs`)."""
     looked = []
     for d in arch_dirs(near):
-        candidate = d / f"{imp.name}.linnet"
+        candidate = d / f"{name}.linnet"
         looked.append(str(candidate))
         if candidate.is_file():
-            arch = parse(_read(candidate, imp.loc), str(candidate))
-            if arch.arch is None or arch.arch.name != imp.name:
-                raise LinnetError(imp.loc, f"{candidate} does not declare `arch {imp.name}`")
-            return check(arch, f)
-    raise LinnetError(imp.loc, f"cannot find architecture `{imp.name}`", [f"looked in {p}" for p in looked])
+            arch = parse(_read(candidate, loc), str(candidate))
+            if arch.arch is None or arch.arch.name != name:
+                raise LinnetError(loc, f"{candidate} does not declare `arch {name}`")
+            return arch
+    raise LinnetError(loc, f"cannot find architecture `{name}`", [f"looked in {p}" for p in looked])
+
+
+def _with_bases(arch, near: Path | None, seen: tuple = ()):
+    """An architecture file with what it extends merged under it, base by base (`extend`). A base is
+    looked for as an import is, from the extending file's folder."""
+    if arch.arch is None or arch.arch.base is None:
+        return arch
+    decl = arch.arch
+    if decl.base in seen + (decl.name,):
+        chain = " extends ".join(seen + (decl.name, decl.base))
+        raise LinnetError(decl.base_loc, f"architectures extend each other in a circle: {chain}")
+    here = Path(arch.path).parent if arch.path != "<string>" else near
+    base = _find_arch(decl.base, decl.base_loc, here)
+    return extend(_with_bases(base, here, seen + (decl.name,)), arch)

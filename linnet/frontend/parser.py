@@ -127,7 +127,9 @@ class _ToAst(Transformer):
         return f
 
     def arch_decl(self, meta, c):
-        return ast.ArchDecl(self._loc(meta), str(c[0]))
+        name, base = c
+        return ast.ArchDecl(self._loc(meta), str(name), None if base is None else str(base),
+                            None if base is None else self._tok(base))
 
     def card_decl(self, meta, c):
         return ast.CardDecl(self._loc(meta), _unquote(str(c[0]), self._tok(c[0])))

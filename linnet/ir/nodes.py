@@ -160,6 +160,8 @@ class Module:
     config_values: dict = field(default_factory=dict)  # values set by a card: name -> python value
     bindings: dict = field(default_factory=dict)  # set by specialize: name -> python value
     sources: dict = field(default_factory=dict)  # path -> text, for error messages
+    card_path: str | None = None  # the card's file, when a card filled the config
+    bases: tuple = ()  # the files of the architectures `path` extends, the nearest last
 
     def entry_names(self) -> list:
         return list(self.entries)

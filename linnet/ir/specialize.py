@@ -28,7 +28,7 @@ def module_loc(module: ir.Module) -> Loc:
 
 def specialize(module: ir.Module, generics: dict | None = None, numerics: str = "exact") -> ir.Module:
     loc = module_loc(module)
-    card_path = next((p for p in module.sources if p != module.path), None)
+    card_path = module.card_path
     card_loc = Loc(card_path, 1, 1, 1, 2, module.sources[card_path]) if card_path else loc
     g = dict(DEFAULT_GENERICS)
     for key, value in (generics or {}).items():

@@ -459,6 +459,20 @@ params {
 }
 """, 11, 3, "a card cannot declare params", arch_source=MINI),
 
+    # ---------------------------------------------------------------- extends
+    arch("extends-an-unknown-architecture", """\
+arch mini2 extends nothing
+""", 1, 20, "cannot find architecture `nothing`"),
+    Case("architectures-extend-in-a-circle", {"model.linnet": "arch mini2 extends mini\n",
+                                              "mini.linnet": "arch mini extends mini2\n"},
+         1, 19, "architectures extend each other in a circle: mini2 extends mini extends mini2", at="mini.linnet"),
+    Case("error-in-a-base-points-into-it", {"model.linnet": "arch mini2 extends mini\n",
+                                            "mini.linnet": MINI.replace("x = embed[tokens]", "x = embed[tokenz]")},
+         26, 13, "unknown name `tokenz`", at="mini.linnet"),
+    Case("extension-conflicts-with-a-base-name", {"model.linnet": "arch mini2 extends mini\nfn wq() -> int {\n  return 1\n}\n",
+                                                  "mini.linnet": MINI},
+         2, 1, "`wq` is already defined", at="model.linnet"),
+
     # ---------------------------------------------------------------- weights
     arch("unknown-loop-variable-in-pattern", """\
 arch mini
