@@ -534,10 +534,13 @@ class TextStream:
     what may yet turn out to be one of `stops`. `start`: where the text begins in the response's
     (past an echoed prompt), for the tokens' text offsets."""
 
-    def __init__(self, tokenizer, context: list = (), stops: list = (), start: int = 0, special: bool = False):
-        """`special`: keep the special tokens' text (a reply whose markers are special tokens, harmony's)."""
+    def __init__(self, tokenizer, context: list = (), stops: list = (), start: int = 0, special: bool = False,
+                 markers: dict | None = None):
+        """`special`: keep the special tokens' text (a reply whose markers are special tokens, harmony's);
+        `markers`: {id: text} of special tokens written though others are dropped (`marker_ids`)."""
         self.decoder = (tokenizer.incremental_decoder(skip_special_tokens=not special, context=context)
                         if tokenizer else None)
+        self.markers = {} if special else dict(markers or {})
         self.hold = max((len(s) for s in stops), default=1) - 1
         self.start = start
         self.text = ""
@@ -549,7 +552,13 @@ class TextStream:
         at = []
         for t in tokens:
             at.append(self.start + len(self.text))
-            if self.decoder is not None:
+            if self.decoder is None:
+                continue
+            if t in self.markers:  # what the decoder holds goes first; the marker stays its context
+                held = self.decoder.flush()
+                self.decoder.push(t)
+                self.text += held + self.markers[t]
+            else:
                 self.text += self.decoder.push(t)
         self.tokens += len(tokens)
         return at
@@ -647,9 +656,7 @@ def completion_response(job: Job, comps: list, model: str, tokenizer) -> dict:
 def chat_message(job: Job, comp, tokenizer) -> tuple:
     """A chat choice's (message, finish_reason): its text, or the tool calls it makes; a reasoning
     model's thinking apart, as `reasoning_content`."""
-    text = _text(comp)  # a harmony reply's with its markers (its request keeps special tokens)
-    if getattr(job.tool_parser, "marker", None) is not None and tokenizer is not None:
-        text = _with_marker(comp, tokenizer, job.tool_parser.marker, text)
+    text = reply_text(job, comp, tokenizer)
     message = {"role": "assistant", "content": text}
     if job.reasoning is not None:
         message["reasoning_content"], message["content"] = job.reasoning.split(text)
@@ -663,21 +670,31 @@ def chat_message(job: Job, comp, tokenizer) -> tuple:
     return dict(message, content=content, tool_calls=calls), "tool_calls"
 
 
-def _with_marker(comp, tokenizer, marker: str, text: str) -> str:
-    """A reply's `text` with `marker`, a special token, written where the model drew it: the text
-    has special tokens dropped, and a tool parser reads calls after this one (Mistral's [TOOL_CALLS])."""
-    marker_id = tokenizer.token_to_id(marker)
+def marker_ids(job: Job, tokenizer) -> dict:
+    """{token id: text} of the special tokens the job's tool parser reads (Mistral's [TOOL_CALLS],
+    [ARGS]): written into a reply's text where special tokens are otherwise dropped."""
+    if tokenizer is None:
+        return {}
+    found = ((tokenizer.token_to_id(m), m) for m in getattr(job.tool_parser, "markers", ()))
+    return {i: m for i, m in found if i is not None}
+
+
+def reply_text(job: Job, comp, tokenizer) -> str:
+    """A chat choice's text as its parsers read it: the engine's (cut at a stop string; a harmony
+    reply's with its markers, as its request keeps special tokens), with the tool parser's
+    markers written where the model drew them."""
+    text, markers = _text(comp), marker_ids(job, tokenizer)
     tokens = list(comp.tokens)
-    if marker_id is None or marker_id not in tokens:
+    if not markers or not markers.keys() & set(tokens):
         return text
     out, seen, start = "", list(comp.request.prompt), 0
     left = len(text)  # the text may have been cut at a stop string: the marked text is cut where it is
-    for at in [i for i, t in enumerate(tokens) if t == marker_id] + [len(tokens)]:
+    for at in [i for i, t in enumerate(tokens) if t in markers] + [len(tokens)]:
         piece = tokenizer.decode_after(seen, tokens[start:at], skip_special_tokens=True)[:left]
         out, left = out + piece, left - len(piece)
         if at == len(tokens) or left == 0:  # the end, or a stop string's cut before this marker
             return out
-        out += marker
+        out += markers[tokens[at]]
         seen, start = seen + tokens[start:at + 1], at + 1
     return out
 

@@ -19,7 +19,7 @@ from linnet.serve.engine import Engine
 from linnet.serve.metrics import prometheus_text
 from linnet.serve.openai_api import (ApiError, ChunkWriter, Job, TextStream, chat_job, chat_message, chat_prompt,
                                      chat_response, check_fits, completion_job, completion_response, echoed_prompt,
-                                     error_body, finish_reason)
+                                     error_body, finish_reason, marker_ids, reply_text)
 from linnet.serve.request import RequestError
 from linnet.serve.responses_api import ResponseWriter, chat_body, response
 
@@ -235,8 +235,9 @@ class OpenAIServer:
         pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
         comps = [s.completion for s in streams]
         # harmony's requests keep special tokens, as its parser reads its markers; any request may ask to
+        markers = marker_ids(job, self.tokenizer)  # a tool parser's special tokens, written in the text
         texts = [TextStream(self.tokenizer, c.request.prompt, c.request.stop, len(job.echo[i]) if job.echo else 0,
-                            not c.request.skip_special_tokens) for i, c in enumerate(comps)]
+                            not c.request.skip_special_tokens, markers) for i, c in enumerate(comps)]
         # An echo goes first; with logprobs, once its prompt is scored: with the choice's first news.
         unechoed = set(range(len(streams))) if job.echo else set()
         try:
@@ -274,7 +275,7 @@ class OpenAIServer:
                         thought = _divide(job, choice.text, before, len(choice.text))[0]
                         text = (message["content"] or "")[len(_divide(job, choice.text, 0, before)[1]):]
                     else:
-                        choice.finish(comp.text)  # cut at a stop string, where the engine found one
+                        choice.finish(reply_text(job, comp, self.tokenizer) if chat else comp.text)  # as parsed
                         thought, text = _divide(job, choice.text, before, choice.sent)
                 if text or lps or thought:
                     await event(writer.piece(i, text, lps, offsets, reasoning=thought))

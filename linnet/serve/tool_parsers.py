@@ -6,16 +6,19 @@ Each model family writes its calls its own way; a parser reads one way, by vLLM'
   ";", each {"name": ..., "parameters": {...}} (Llama 3.1 may lead it with <|python_tag|>).
 - "hermes" (Hermes, Qwen 2.5 and 3, SmolLM3): text, then calls each written
   <tool_call>{"name": ..., "arguments": {...}}</tool_call>.
-- "mistral" (Mistral 7B v0.3, Mixtral, Mistral Nemo): text, then the special token [TOOL_CALLS]
-  and a JSON list of {"name": ..., "arguments": {...}}. Mistral's chat templates take only call
-  ids of 9 letters and digits, so this parser makes its ids so.
+- "mistral": text, then the special token [TOOL_CALLS] and either a JSON list of {"name": ...,
+  "arguments": {...}} (Mistral 7B v0.3, Mixtral, Mistral Nemo) or, from Mistral's v11 tokenizers
+  on (Mistral Small 3.2, Magistral, Devstral), one call per [TOOL_CALLS], written
+  NAME[ARGS]{...} (special tokens too; [CALL_ID] and an id may come between). Mistral's chat
+  templates take only call ids of 9 letters and digits, so this parser makes its ids so.
 - "pythonic" (Llama 3.2 and 4 with their pythonic templates, ToolACE): the whole reply is a
   Python list of calls, [get_weather(city="Paris"), get_time()], arguments as literals.
 
 `parse` reads a whole reply into its text and its calls. A streamed reply is sent as text until
 `call_start` finds where a call may begin; from there it is held, and read whole at the end.
-A parser whose marker is a special token names it (`marker`): `parse` gets the reply with that
-token written where it was drawn, where other text has special tokens dropped.
+A parser whose markers are special tokens names them (`markers`): `parse`, and the stream, get
+the reply with those tokens written where they were drawn, where other text has special tokens
+dropped.
 """
 
 from __future__ import annotations
@@ -115,33 +118,50 @@ class Hermes:
 
 class Mistral:
     name = "mistral"
-    marker = "[TOOL_CALLS]"
-    CALLS = re.compile(r"\[\s*(\{|$)")  # where the JSON list opens, seen without its marker while streamed
+    marker, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+    markers = (marker, ARGS, CALL_ID)
+    CALLS = re.compile(r"\[\s*(\{|$)")  # a JSON list of calls opening, where the marker is not in the text
 
     def call_start(self, text: str) -> int | None:
-        """A streamed reply's text has no special tokens: a call may begin where a list of objects opens."""
+        """At the marker; where it is not written, at a "[" that opens a list of objects or may be
+        the marker's text arriving a piece at a time."""
+        at = text.find(self.marker)
+        if at >= 0:
+            return at
+        tail = text.rfind("[")
+        if tail >= 0 and self.marker.startswith(text[tail:]):
+            return tail
         found = self.CALLS.search(text)
         return None if found is None else found.start()
 
-    hold = 1  # a "[" at the end may open the list
+    hold = 0  # call_start itself holds what may be the marker arriving
 
     def parse(self, text: str) -> tuple:
         at = text.find(self.marker)
         if at < 0:
             return text, []
         calls = []
-        for part in text[at:].split(self.marker)[1:]:  # each [TOOL_CALLS] opens a list (or one object)
+        for part in text[at:].split(self.marker)[1:]:  # each [TOOL_CALLS] opens a list, an object or NAME[ARGS]{...}
             try:
-                value = json.loads(part)
+                found = self._named(part) if self.ARGS in part else self._listed(part)
             except ValueError:
                 return text, []
-            for item in value if isinstance(value, list) else [value]:
-                call = _call(item)
-                if call is None:
-                    return text, []
-                calls.append(call)
+            if None in found:
+                return text, []
+            calls += found
         content = text[:at].strip()
         return content or None, calls
+
+    @staticmethod
+    def _listed(part: str) -> list:
+        value = json.loads(part)
+        return [_call(item) for item in (value if isinstance(value, list) else [value])]
+
+    def _named(self, part: str) -> list:
+        """v11's NAME[ARGS]{...} (or NAME[CALL_ID]ID[ARGS]{...}): the arguments one JSON object."""
+        head, arguments = part.split(self.ARGS, 1)
+        name = head.split(self.CALL_ID, 1)[0].strip()
+        return [_call({"name": name, "arguments": json.loads(arguments)}) if name else None]
 
     @staticmethod
     def call_id() -> str:

@@ -132,21 +132,24 @@ def auto_base(request):
 
     model = make_model("torch", rows=4, max_seq=160)
     model.tokenizer = byte_tokenizer(model.vocab)
-    model.tokenizer.backend.add_special_tokens([AddedToken("[TOOL_CALLS]", special=True)])
-    assert model.tokenizer.token_to_id("[TOOL_CALLS]") == 97  # as `forced` names it
+    model.tokenizer.backend.add_special_tokens([AddedToken(m, special=True) for m in MISTRAL])
+    assert [model.tokenizer.token_to_id(m) for m in MISTRAL] == list(MISTRAL.values())  # as `forced` names them
     model.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
     with running(Engine(model), tool_parser=request.param) as url:
         yield url, request.param
 
 
+# Mistral's special tokens, as `auto_base` adds them: byte_tokenizer's 97 tokens, then these
+MISTRAL = {"[TOOL_CALLS]": 97, "[ARGS]": 98}
+
+
 def forced(text: str) -> dict:
-    """A body field making the random model write `text` (a regex matching it alone); a "<tool_calls>"
-    in it, Mistral's special token [TOOL_CALLS] (a grammar naming it by id)."""
-    if "<tool_calls>" not in text:
+    """A body field making the random model write `text` (a regex matching it alone); with Mistral's
+    special tokens in it, a grammar naming them by id."""
+    parts = [p for p in re.split(r"(\[TOOL_CALLS\]|\[ARGS\])", text) if p]
+    if not any(p in MISTRAL for p in parts):
         return {"guided_regex": re.escape(text)}
-    before, after = text.split("<tool_calls>")
-    marker = 97  # byte_tokenizer's 97 tokens, then the first added: [TOOL_CALLS]
-    return {"guided_grammar": f"start: {json.dumps(before)} <[{marker}]> {json.dumps(after)}"}
+    return {"guided_grammar": "start: " + " ".join(f"<[{MISTRAL[p]}]>" if p in MISTRAL else json.dumps(p) for p in parts)}
 
 
 def test_auto_tells_a_call_from_text_in_the_models_own_format(auto_base):
@@ -156,7 +159,7 @@ def test_auto_tells_a_call_from_text_in_the_models_own_format(auto_base):
         reply = 'Let me see.<tool_call>{"name": "get_time", "arguments": ' + json.dumps(args) + "}</tool_call>"
         content = "Let me see."
     elif parser == "mistral":  # the marker is a special token, drawn as one: a grammar names it by id
-        reply = 'Let me see.<tool_calls>[{"name": "get_time", "arguments": ' + json.dumps(args) + "}]"
+        reply = 'Let me see.[TOOL_CALLS][{"name": "get_time", "arguments": ' + json.dumps(args) + "}]"
         content = "Let me see."
     elif parser == "pythonic":
         reply = '[get_time(zone="CET")]'
@@ -164,18 +167,22 @@ def test_auto_tells_a_call_from_text_in_the_models_own_format(auto_base):
     else:
         reply = '{"name": "get_time", "parameters": ' + json.dumps(args) + "}"
         content = None
-    body = dict({"messages": USER, "max_tokens": 120, "tools": [TIME, WEATHER]}, **forced(reply))
-    choice = json.loads(call(base, "/v1/chat/completions", body)[1])["choices"][0]
-    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == content
-    [tool_call] = choice["message"]["tool_calls"]
-    assert tool_call["function"]["name"] == "get_time" and json.loads(tool_call["function"]["arguments"]) == args
-    assert (len(tool_call["id"]) == 9) == (parser == "mistral")  # Mistral's templates take back only such ids
-    chunks = sse(call(base, "/v1/chat/completions", dict(body, stream=True))[1])
-    deltas = [c["choices"][0]["delta"] for c in chunks]
-    assert "".join(d.get("content") or "" for d in deltas) == (content or "")  # the call's text is never streamed
-    [streamed] = [d["tool_calls"] for d in deltas if "tool_calls" in d]
-    assert streamed[0]["function"] == tool_call["function"]
-    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    replies = [reply]
+    if parser == "mistral":  # and as Mistral's v11 tokenizers write it: the name, then [ARGS], special too
+        replies.append("Let me see.[TOOL_CALLS]get_time[ARGS]" + json.dumps(args))
+    for reply in replies:
+        body = dict({"messages": USER, "max_tokens": 120, "tools": [TIME, WEATHER]}, **forced(reply))
+        choice = json.loads(call(base, "/v1/chat/completions", body)[1])["choices"][0]
+        assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == content
+        [tool_call] = choice["message"]["tool_calls"]
+        assert tool_call["function"]["name"] == "get_time" and json.loads(tool_call["function"]["arguments"]) == args
+        assert (len(tool_call["id"]) == 9) == (parser == "mistral")  # Mistral's templates take back only such ids
+        chunks = sse(call(base, "/v1/chat/completions", dict(body, stream=True))[1])
+        deltas = [c["choices"][0]["delta"] for c in chunks]
+        assert "".join(d.get("content") or "" for d in deltas) == (content or "")  # the call's text is never streamed
+        [streamed] = [d["tool_calls"] for d in deltas if "tool_calls" in d]
+        assert streamed[0]["function"] == tool_call["function"]
+        assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     plain = dict({"messages": USER, "max_tokens": 40, "tools": [TIME]}, **forced("It is noon {UTC}."))
     choice = json.loads(call(base, "/v1/chat/completions", plain)[1])["choices"][0]
     assert choice["message"] == {"role": "assistant", "content": "It is noon {UTC}."} and choice["finish_reason"] == "stop"

@@ -1,5 +1,5 @@
 """The readers of models' own tool-call formats, on replies written as each family writes them
-(Llama 3's JSON, Hermes' <tool_call> tags, Mistral's [TOOL_CALLS] list, Python calls), and on text
+(Llama 3's JSON, Hermes' <tool_call> tags, Mistral's [TOOL_CALLS] list or NAME[ARGS], Python calls), and on text
 that makes no call."""
 
 import json
@@ -30,17 +30,20 @@ def written(parser: str, made: list, before: str = "") -> str:
         return "; ".join(json.dumps({"name": n, "parameters": a}) for n, a in made)
     if parser == "mistral":
         return before + "[TOOL_CALLS] " + json.dumps([{"name": n, "arguments": a} for n, a in made])
+    if parser == "mistral-v11":  # Mistral's v11 tokenizers: a marker, the name and [ARGS] for each call
+        return before + "".join(f"[TOOL_CALLS]{n}[ARGS]{json.dumps(a)}" for n, a in made)
     if parser == "pythonic":
         return "[" + ", ".join(f"{n}({', '.join(f'{k}={v!r}' for k, v in a.items())})" for n, a in made) + "]"
     return before + "".join(f"<tool_call>\n{json.dumps({'name': n, 'arguments': a})}\n</tool_call>" for n, a in made)
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
-@given(parser=st.sampled_from(sorted(PARSERS)), data=st.data(), before=st.sampled_from(["", "Let me look. "]))
+@given(parser=st.sampled_from(sorted(PARSERS) + ["mistral-v11"]), data=st.data(),
+       before=st.sampled_from(["", "Let me look. "]))
 def test_calls_written_as_the_family_writes_them_read_back(parser, data, before):
     made = data.draw(python_calls if parser == "pythonic" else calls)
-    before = before if parser in TAKES_TEXT_BEFORE else ""
-    content, got = tool_parser(parser).parse(written(parser, made, before))
+    before = before if parser.split("-")[0] in TAKES_TEXT_BEFORE else ""
+    content, got = tool_parser(parser.split("-")[0]).parse(written(parser, made, before))
     assert [(c["name"], json.loads(c["arguments"])) for c in got] == made
     assert content == (before.strip() or None)
 
@@ -71,6 +74,11 @@ def test_text_without_a_call_is_text(parser, text):
     ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": {"x": 1', '[TOOL_CALLS][{"name": "f", "arguments": {"x": 1',
      []),  # cut short
     ("mistral", '[{"name": "f", "arguments": {}}]', '[{"name": "f", "arguments": {}}]', []),  # no marker: text
+    ("mistral", 'Sure.[TOOL_CALLS]get_time[ARGS]{"zone": "UTC"}', "Sure.", [("get_time", {"zone": "UTC"})]),  # v11
+    ("mistral", '[TOOL_CALLS]f[CALL_ID]a1B2c3D4e[ARGS]{"x": 1}', None, [("f", {"x": 1})]),  # with the call's id
+    ("mistral", '[TOOL_CALLS]f[ARGS]{"x": 1', '[TOOL_CALLS]f[ARGS]{"x": 1', []),  # cut short
+    ("mistral", '[TOOL_CALLS][ARGS]{}', '[TOOL_CALLS][ARGS]{}', []),  # no name
+    ("mistral", '[TOOL_CALLS]f[ARGS][1]', '[TOOL_CALLS]f[ARGS][1]', []),  # arguments not an object
     ("pythonic", '[get_weather(city="Paris", days=3), now()]', None, [("get_weather", {"city": "Paris", "days": 3}),
                                                                      ("now", {})]),
     ("pythonic", '<|python_start|>[f(flag=true, none=null, xs=[1, (2, 3)])]<|python_end|>', None,
@@ -94,9 +102,11 @@ def test_where_a_streamed_call_may_begin():
     assert hermes.call_start("Sure.<tool_call>{") == 5 and hermes.call_start("Sure.<tool") is None
     assert hermes.hold == len("<tool_call>") - 1
     mistral, pythonic = tool_parser("mistral"), tool_parser("pythonic")
-    # Mistral's marker is a special token, dropped from streamed text: a list of objects opening may be a call
+    # Mistral's markers are special tokens, written into the streamed text: a call begins at one, or
+    # where the marker's text may be arriving, or (with no marker written) a list of objects opens
+    assert mistral.call_start("Sure.[TOOL_CALLS]get") == 5 and mistral.call_start("Sure. [TOOL_CA") == 6
     assert mistral.call_start('Sure. [{"name"') == 6 and mistral.call_start("Sure. [") == 6
-    assert mistral.call_start("See [1] and [link](x)") is None and mistral.hold == 1
+    assert mistral.call_start("See [1] and [link](x)") is None and mistral.hold == 0
     assert pythonic.call_start(" [get_") == 1 and pythonic.call_start("<|python") == 0
     assert pythonic.call_start("Here") is None
     with pytest.raises(ValueError, match="no tool-call parser"):
