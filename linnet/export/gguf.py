@@ -1,9 +1,9 @@
-"""One GGUF file for llama.cpp (`llama-server -m FILE`): Llama, Qwen2, Qwen3, Qwen3-MoE and gpt-oss cards.
+"""One GGUF file for llama.cpp (`llama-server -m FILE`): Llama, Mixtral, Qwen2, Qwen3, Qwen3-MoE and gpt-oss.
 
 Metadata is written from the card's config under llama.cpp's keys for the architecture (`llama.*`,
-`qwen2.*`, `qwen3.*`, `qwen3moe.*`, `gpt-oss.*`). Llama's and Qwen's tensors go under the names of
-the card's `from gguf` lines (a layer's experts as one tensor each for gate, up and down), with the
-declared transforms undone (Llama's q and k rows back in llama.cpp's rope order); llama3 rope
+Mixtral's too, with its experts; `qwen2.*`, `qwen3.*`, `qwen3moe.*`, `gpt-oss.*`). Llama's,
+Mixtral's and Qwen's tensors go under the names of the card's `from gguf` lines (a layer's experts
+as one tensor each for gate, up and down), with the declared transforms undone (Llama's q and k rows back in llama.cpp's rope order); llama3 rope
 scaling goes in as llama.cpp's `rope_freqs.weight`, one divisor per frequency, YaRN and linear
 scaling as keys. gpt-oss's go as llama.cpp's own converter writes a Hugging Face checkpoint: its
 names through gguf's table of them, the experts' interleaved gate and up columns split into two
@@ -35,7 +35,7 @@ PRE_NAMES = ("gpt2", "smollm", "llama-bpe", "qwen2", "gpt-4o")
 
 
 # Linnet's -> llama.cpp's
-ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
+ARCHITECTURES = {"llama": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
 
 
 def check_architecture(module, card: str) -> None:
@@ -48,7 +48,7 @@ def check_architecture(module, card: str) -> None:
     if module.name == "qwen3_moe" and not b["norm_topk_prob"]:
         raise ExportError(f"{card!r} weighs its experts by their router probabilities unnormalized, and "
                           f"llama.cpp's qwen3moe always renormalizes them (export it with --to vllm instead)")
-    if module.name == "llama" and b.get("sliding_window"):
+    if module.name in ("llama", "mixtral") and b.get("sliding_window"):
         raise ExportError(f"{card!r} attends over a sliding window of {b['sliding_window']}, "
                           f"which llama.cpp's llama architecture does not (export it with --to vllm instead)")
 
@@ -94,6 +94,7 @@ def write_gguf(bound, out) -> str:
     else:
         if spec.name == "qwen3_moe":
             writer.add_expert_feed_forward_length(b["ffn"])
+        if spec.name in ("qwen3_moe", "mixtral"):
             writer.add_expert_count(b["experts"])
             writer.add_expert_used_count(b["experts_per_token"])
         tensors = unbind_weights(spec, bound.params, "gguf")

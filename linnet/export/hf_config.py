@@ -58,6 +58,12 @@ def _llama(b: dict) -> dict:
             "attention_bias": False, "mlp_bias": False}
 
 
+def _mixtral(b: dict) -> dict:
+    return {**_dense(b), "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+            "rope_scaling": _rope(b, "Mixtral"), "sliding_window": b["sliding_window"] or None,
+            "num_local_experts": b["experts"], "num_experts_per_tok": b["experts_per_token"]}
+
+
 def _qwen2(b: dict) -> dict:
     return {**_dense(b), "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "rope_scaling": _rope(b, "Qwen"),
             "use_sliding_window": False}
@@ -97,4 +103,4 @@ def _gpt_oss(b: dict) -> dict:
     }
 
 
-_WRITERS = {"llama": _llama, "qwen2": _qwen2, "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "gpt_oss": _gpt_oss}
+_WRITERS = {"llama": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "gpt_oss": _gpt_oss}

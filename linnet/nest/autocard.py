@@ -2,7 +2,7 @@
 
 A checkpoint's `architectures` entry (config.json's, or the one a GGUF's `general.architecture`
 stands for) picks the built-in architecture: Llama and Mistral checkpoints get a card over
-llama, Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distills) over qwen2, Qwen3 over qwen3,
+llama, Mixtral over mixtral, Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distills) over qwen2, Qwen3 over qwen3,
 Qwen3's mixtures of experts over qwen3_moe, gpt-oss over gpt_oss. Config values the architecture cannot express are refused, not dropped.
 """
 
@@ -151,6 +151,11 @@ def _qwen3_moe_values(config: dict, name: str) -> dict:
             "norm_topk_prob": bool(config.get("norm_topk_prob", False))}
 
 
+def _mixtral_values(config: dict, name: str) -> dict:
+    return {**_mistral_values(config, name), "experts": int(config["num_local_experts"]),
+            "experts_per_token": int(config["num_experts_per_tok"])}
+
+
 def _gpt_oss_values(config: dict, name: str) -> dict:
     layers = int(config["num_hidden_layers"])
     sliding = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
@@ -193,6 +198,7 @@ TOOL_CALL_PARSERS = {"MistralForCausalLM": "mistral"}
 SUPPORTED = {
     "LlamaForCausalLM": ("llama", _llama_values),
     "MistralForCausalLM": ("llama", _mistral_values),
+    "MixtralForCausalLM": ("mixtral", _mixtral_values),
     "Qwen2ForCausalLM": ("qwen2", _qwen2_values),
     "Qwen3ForCausalLM": ("qwen3", _qwen3_values),
     "Qwen3MoeForCausalLM": ("qwen3_moe", _qwen3_moe_values),

@@ -448,6 +448,8 @@ class GGUFCheckpoint(Checkpoint):
         if vocab is None and "token_embd.weight" in self._tensors:
             vocab = self.shape("token_embd.weight")[0]
         model_type, architectures = _GGUF_ARCHS.get(arch, (arch, None))
+        if arch == "llama" and get("expert_count"):  # llama.cpp writes Mixtral as llama with experts
+            model_type, architectures = "mixtral", ["MixtralForCausalLM"]
 
         cfg: dict[str, Any] = {"model_type": model_type}
         if architectures:
@@ -474,7 +476,9 @@ class GGUFCheckpoint(Checkpoint):
         if model_type == "qwen3_moe":  # llama.cpp always renormalizes the chosen experts' weights
             cfg.update(num_experts=get("expert_count"), num_experts_per_tok=get("expert_used_count"),
                        moe_intermediate_size=get("expert_feed_forward_length"), norm_topk_prob=True)
-        if model_type == "llama":
+        if model_type == "mixtral":
+            cfg.update(num_local_experts=get("expert_count"), num_experts_per_tok=get("expert_used_count"))
+        if model_type in ("llama", "mixtral"):
             cfg["hidden_act"] = "silu"
             cfg["attention_bias"] = "blk.0.attn_q.bias" in self._tensors
             cfg["mlp_bias"] = "blk.0.ffn_up.bias" in self._tensors

@@ -161,7 +161,8 @@ def random_checkpoint(spec, seed: int, fmt: str = "hf") -> dict:
 
 
 # the transformers class for each architecture of the tiny cards (llama with a window is Mistral)
-HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
+              "qwen2": "Qwen2ForCausalLM",
               "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM"}
 
 
@@ -171,7 +172,8 @@ def hf_family(spec) -> str:
 
 def hf_config(bindings: dict, max_seq: int, family: str = "llama"):
     """The transformers config equal to a specialized Llama-like card's config: a `LlamaConfig`, or
-    Mistral's (a window), Qwen2's (q/k/v biases), Qwen3's (q/k norms) or Qwen3-MoE's (and experts)."""
+    Mistral's (a window), Mixtral's (experts), Qwen2's (q/k/v biases), Qwen3's (q/k norms) or
+    Qwen3-MoE's (and experts)."""
     import transformers
 
     b = bindings
@@ -186,6 +188,8 @@ def hf_config(bindings: dict, max_seq: int, family: str = "llama"):
         assert b["rope_scaling"] == "none", b["rope_scaling"]
         rope = {"rope_type": "default", "rope_theta": b["rope_theta"]}
     extra = {"llama": dict(attention_bias=False, mlp_bias=False), "mistral": dict(sliding_window=b.get("sliding_window")),
+             "mixtral": dict(sliding_window=b.get("sliding_window") or None, num_local_experts=b.get("experts"),
+                             num_experts_per_tok=b.get("experts_per_token")),
              "qwen2": dict(use_sliding_window=False), "qwen3": dict(attention_bias=False, use_sliding_window=False),
              "qwen3_moe": dict(attention_bias=False, use_sliding_window=False, num_experts=b.get("experts"),
                                num_experts_per_tok=b.get("experts_per_token"), moe_intermediate_size=b["ffn"],

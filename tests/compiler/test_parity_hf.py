@@ -1,8 +1,8 @@
 """Both backends against transformers on the tiny cards: `LlamaForCausalLM`, `MistralForCausalLM`,
-`Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `GptOssForCausalLM`.
+`MixtralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `GptOssForCausalLM`.
 
 The reference has the card's config (llama3 RoPE scaling and GQA in
-`tiny-llama`, tied embeddings in `tiny-llama-tied`, a sliding window in `tiny-mistral`;
+`tiny-llama`, tied embeddings in `tiny-llama-tied`, a sliding window in `tiny-mistral`, routed experts in `tiny-mixtral`;
 q/k/v biases, YaRN and a tied head in `tiny-qwen2`; per-head q/k norms and a wide head in
 `tiny-qwen3`, and routed experts in `tiny-qwen3-moe`; in `tiny-gpt-oss` biases, sinks,
 sliding-window layers, YaRN and routed experts) and random weights. The checkpoint
@@ -13,6 +13,8 @@ over the whole sequence so far.
 """
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import pytest
@@ -34,8 +36,8 @@ MODES = {
 }
 
 
-@pytest.fixture(scope="module", params=["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-qwen2", "tiny-qwen3",
-                                        "tiny-qwen3-moe", "tiny-gpt-oss"])
+@pytest.fixture(scope="module", params=["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-mixtral", "tiny-qwen2",
+                                        "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss"])
 def card(request, kit, tmp_path_factory):
     """The card's module, a seeded reference with its config, prompts, and the reference's greedy run."""
     name = request.param
@@ -53,45 +55,51 @@ def card(request, kit, tmp_path_factory):
                 ref_logits=logits, ref_tokens=tokens, decided=_decided_by_more_than_bf16(reference, prompts, tokens))
 
 
-# A router score within this fraction of the scores' size of the next expert's is a tie bf16 may
-# break either way. bf16 keeps 8 bits of mantissa; a score sums `dim` rounded products whose errors
-# partly cancel, and on these cards bf16 was seen to swap experts whose scores were 1/2000 apart.
-BF16_TIE = 1 / 1024
-
-
 def _decided_by_more_than_bf16(reference, prompts, tokens) -> np.ndarray:
     """[STEPS + 1, rows] bools: whether every expert choice the reference made for the row up to
     that step (each layer, each position so far: the cache carries them all) won by more than
-    BF16_TIE. Where one did not, bf16's rounding may send a token to another expert, in any model
-    (transformers' own bf16 included), and the logits then stray by far more than rounding: those
-    rows are left out of the bf16 comparison from that step on. A dense model decides everything."""
-    routers = [m for name, m in reference.named_modules() if name.endswith(("mlp.gate", "mlp.router"))]
+    bf16 moves the scores. How far that is, position by position, transformers' own model says:
+    the same run in bf16 moves each router score by some amount, and a lead smaller than that is
+    bf16's to break. Past such a choice bf16 may send a token to other experts, in any model, and
+    the logits then stray by far more than rounding: those rows are left out of the bf16
+    comparison from that step on. A dense model decides everything."""
     decided = np.ones((STEPS + 1, len(prompts)), dtype=bool)
-    if not routers:
+    if not _routers(reference):
         return decided
+    half = copy.deepcopy(reference).to(torch.bfloat16)
     k = reference.config.num_experts_per_tok
     for row, prompt in enumerate(prompts):
-        margins = []  # per layer: [positions], the k-th score's lead over the next, relative
-        hooks = [m.register_forward_hook(lambda _m, _in, out: margins.append(_lead(out[0], k))) for m in routers]
-        with torch.no_grad():  # causal: one pass over the whole run gives every position's choices
-            reference(torch.tensor([list(map(int, prompt)) + [int(t[row]) for t in tokens[:STEPS]]]))
-        for h in hooks:
-            h.remove()
-        smallest = np.minimum.accumulate(np.min(margins, axis=0))
+        run = torch.tensor([list(map(int, prompt)) + [int(t[row]) for t in tokens[:STEPS]]])
+        exact, rounded = _router_scores(reference, run), _router_scores(half, run)  # [layers, positions, experts]
+        top = exact.sort(dim=-1, descending=True).values
+        lead = top[..., k - 1] - top[..., k]
+        moved = (rounded - exact).abs().amax(dim=-1)
+        close = (lead <= moved).any(dim=0)  # [positions]: some layer's choice was bf16's
         for step in range(STEPS + 1):
-            decided[step, row] = smallest[len(prompt) - 1 + step] > BF16_TIE
+            decided[step, row] = not close[:len(prompt) + step].any()
     return decided
 
 
-def _lead(router_logits: torch.Tensor, k: int) -> np.ndarray:
-    top = router_logits.float().sort(dim=-1, descending=True).values
-    return ((top[:, k - 1] - top[:, k]) / top.abs().max(dim=-1).values).numpy()
+def _routers(model) -> list:
+    return [m for name, m in model.named_modules() if name.endswith(("mlp.gate", "mlp.router"))]
+
+
+def _router_scores(model, run: torch.Tensor) -> torch.Tensor:
+    """[layers, positions, experts]: each layer's router scores at each position of `run`, in f32."""
+    scores = []
+    hooks = [m.register_forward_hook(lambda _m, _in, out: scores.append(out[0].float())) for m in _routers(model)]
+    with torch.no_grad():  # causal: one pass over the whole run gives every position's scores
+        model(run)
+    for h in hooks:
+        h.remove()
+    return torch.stack(scores)
 
 
 def test_cards_are_what_the_tests_claim(card):
     b = card["spec"].bindings
-    # near ties in routing leave some rows out of the bf16 comparison, never most of it
-    assert card["decided"].mean() >= 0.5, card["decided"]
+    # near ties in routing leave rows out of the bf16 comparison (tiny random routers have many;
+    # each row's every choice so far must be clear), never all but a few
+    assert card["decided"].mean() >= 0.25, card["decided"]
     if card["name"] == "tiny-llama":
         assert b["rope_scaling"] == "llama3" and b["kv_heads"] < b["heads"] and not b["tie_embeddings"]
     elif card["name"] == "tiny-gpt-oss":
@@ -105,6 +113,9 @@ def test_cards_are_what_the_tests_claim(card):
         assert b["tie_embeddings"] and "bq" in card["spec"].params
     elif card["name"] == "tiny-qwen3":
         assert b["head_dim"] * b["heads"] != b["dim"] and "q_norm" in card["spec"].params
+    elif card["name"] == "tiny-mixtral":
+        assert 1 < b["experts_per_token"] < b["experts"] and b["kv_heads"] < b["heads"]
+        assert "model.layers.1.block_sparse_moe.experts.7.w2.weight" in card["state"]  # one tensor per expert
     elif card["name"] == "tiny-qwen3-moe":
         assert 1 < b["experts_per_token"] < b["experts"] and b["norm_topk_prob"] and "q_norm" in card["spec"].params
         assert "model.layers.1.mlp.experts.7.down_proj.weight" in card["state"]  # one tensor per expert

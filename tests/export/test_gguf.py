@@ -281,15 +281,17 @@ config {
 """
 
 
-def test_llama_cpp_computes_qwen3_moe_as_linnet_does(tmp_path):
+@pytest.mark.parametrize("arch, gguf_arch", [("qwen3_moe", "qwen3moe"), ("mixtral", "llama")])
+def test_llama_cpp_computes_mixtures_of_experts_as_linnet_does(tmp_path, arch, gguf_arch):
     """Each layer's experts go in as one tensor for gate, up and down, [experts, out, in], with the
-    router and the expert counts where llama.cpp's qwen3moe reads them; Nest reads the file back."""
+    router and the expert counts where llama.cpp reads them (Mixtral as its llama architecture with
+    experts, q and k in its rope order); Nest reads the file back."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    card = tmp_path / "small-qwen3-moe.linnet"
-    card.write_text(QWEN3_MOE)
+    card = tmp_path / f"small-{arch}.linnet"
+    card.write_text(QWEN3_MOE.replace("qwen3_moe", arch).replace("qwen3-moe", arch))
     path = export(card, "llama.cpp", tmp_path, weights="random", seed=5, dtype="f32", tokenizer=embedded_gguf_path())
     ckpt = GGUFCheckpoint(path)
-    assert ckpt.metadata("general.architecture") == "qwen3moe" and ckpt.metadata("qwen3moe.expert_used_count") == 2
+    assert ckpt.metadata("general.architecture") == gguf_arch and ckpt.metadata(f"{gguf_arch}.expert_used_count") == 2
     assert ckpt.load("blk.1.ffn_down_exps.weight").shape == (8, 64, 32)  # [experts, dim, ffn]
     f32 = 0  # GGML_TYPE_F32
     llm = llama_cpp.Llama(model_path=path, n_ctx=128, logits_all=True, verbose=False, n_threads=2, type_k=f32, type_v=f32)
@@ -298,7 +300,7 @@ def test_llama_cpp_computes_qwen3_moe_as_linnet_does(tmp_path):
     ours = linnet_logits(card)
     assert float((np.abs(ours - ref).max(axis=1) / np.abs(ref).max(axis=1)).max()) <= 1e-5
     model = nest.load(path, generics={"Batch": 1, "MaxSeq": 64})
-    assert model.module.name == "qwen3_moe" and model.info["unused_tensors"] == []
+    assert model.module.name == arch and model.info["unused_tensors"] == []
     np.testing.assert_allclose(prefill_all(model, PROMPT), ours, rtol=0, atol=1e-5)
 
 

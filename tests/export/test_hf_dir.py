@@ -22,8 +22,8 @@ def linnet_logits(model, prompts):
     return np.asarray(model.prefill(tokens, positions, rows, last), dtype=np.float32)
 
 
-@pytest.mark.parametrize("card", ["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-qwen2", "tiny-qwen3",
-                                  "tiny-qwen3-moe", "tiny-gpt-oss"])
+@pytest.mark.parametrize("card", ["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-mixtral", "tiny-qwen2",
+                                  "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss"])
 def test_transformers_loads_the_directory_and_agrees(card, tmp_path):
     from transformers import AutoModelForCausalLM
 

@@ -157,9 +157,10 @@ def to_gguf(write_gguf):
             w.add_rope_freq_base(10000.0)
             w.add_vocab_size(cfg.vocab_size)
             if arch == "qwen3moe":
-                w.add_expert_count(cfg.num_experts)
-                w.add_expert_used_count(cfg.num_experts_per_tok)
                 w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+            if hasattr(cfg, "num_experts_per_tok"):  # Qwen3-MoE's, or Mixtral's (llama with experts)
+                w.add_expert_count(getattr(cfg, "num_local_experts", None) or cfg.num_experts)
+                w.add_expert_used_count(cfg.num_experts_per_tok)
 
         def tensors():
             for name, t in experts_apart(hf_model.state_dict()):

@@ -1,6 +1,6 @@
-"""Mistral, Qwen2, Qwen3 and Qwen3-MoE checkpoints without a card: a random tiny model saved by
-transformers loads through nest.load with a card written from its config.json (Mistral over the
-llama architecture, its sliding window kept; Qwen2 with its q/k/v biases; Qwen3 with its per-head
+"""Mistral, Mixtral, Qwen2, Qwen3 and Qwen3-MoE checkpoints without a card: a random tiny model saved
+by transformers loads through nest.load with a card written from its config.json (Mistral over the
+llama architecture, its sliding window kept; Mixtral over mixtral; Qwen2 with its q/k/v biases; Qwen3 with its per-head
 q/k norms; Qwen3-MoE with one tensor per expert) and gives transformers' logits on both backends.
 Qwen GGUFs, laid out as llama.cpp's converter writes them (q and k in checkpoint order, a layer's
 experts in one tensor), load the same."""
@@ -20,6 +20,7 @@ COMMON = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention
 # family -> (transformers class, its config's own keys)
 FAMILIES = {
     "mistral": ("Mistral", dict(sliding_window=4, tie_word_embeddings=False)),  # shorter than two of the prompts
+    "mixtral": ("Mixtral", dict(num_local_experts=8, num_experts_per_tok=2, tie_word_embeddings=False)),
     "qwen2": ("Qwen2", dict(tie_word_embeddings=True)),
     "qwen3": ("Qwen3", dict(head_dim=32, tie_word_embeddings=False)),  # heads * head_dim != hidden_size
     "qwen3_moe": ("Qwen3Moe", dict(head_dim=32, tie_word_embeddings=False, num_experts=8, num_experts_per_tok=2,
@@ -64,7 +65,7 @@ def test_the_cards_say_what_the_configs_do(saved):
     family, path, _ = saved
     config = json.loads((path / "config.json").read_text())
     source = card_source_from_config(config, "tiny")
-    arch = {"mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}[family]
+    arch = {"mistral": "llama", "mixtral": "mixtral", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}[family]
     assert f"import {arch}\n" in source
     if family == "mistral":
         assert "sliding_window = 4" in source and 'tool_call_parser = "mistral"' in source
@@ -72,6 +73,8 @@ def test_the_cards_say_what_the_configs_do(saved):
         assert "sliding_window" not in card_source_from_config({**config, "sliding_window": 128}, "tiny")
     if family == "qwen3":
         assert "head_dim = 32" in source
+    if family == "mixtral":
+        assert "experts = 8" in source and "experts_per_token = 2" in source and "sliding_window" not in source
     if family == "qwen3_moe":
         assert "experts = 8" in source and "experts_per_token = 2" in source and "ffn = 32" in source
         assert "norm_topk_prob = true" in source
@@ -113,10 +116,13 @@ def test_unnormalized_expert_weights(tmp_path, prefill_error):
     assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen3", "qwen3_moe"])
-def test_a_qwen_gguf_loads_as_its_checkpoint_does(family, tmp_path, prefill_error, to_gguf):
+@pytest.mark.parametrize("family", ["qwen2", "qwen3", "qwen3_moe", "mixtral"])
+def test_a_gguf_loads_as_its_checkpoint_does(family, tmp_path, prefill_error, to_gguf):
+    """Qwen's GGUFs (q and k in checkpoint order), and Mixtral's, which llama.cpp writes as its llama
+    architecture with experts (q and k in its rope order)."""
     reference = random_model(family)
-    path = to_gguf(reference, tmp_path / f"tiny-{family}.gguf", arch=family.replace("_", ""))
+    arch = "llama" if family == "mixtral" else family.replace("_", "")
+    path = to_gguf(reference, tmp_path / f"tiny-{family}.gguf", arch=arch)
     model = nest.load(str(path), generics=GENERICS, tokenizer=False)
     assert model.module.name == family and model.info["unused_tensors"] == []
     assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4

@@ -12,6 +12,7 @@ PUBLISHED = {
     "meta-llama/Llama-3.2-1B-Instruct": 1_235_814_400,
     "meta-llama/Llama-3.2-3B-Instruct": 3_212_749_824,
     "mistralai/Mistral-7B-Instruct-v0.3": 7_248_023_552,
+    "mistralai/Mixtral-8x7B-Instruct-v0.1": 46_702_792_704,
     "Qwen/Qwen2.5-0.5B-Instruct": 494_032_768,
     "Qwen/Qwen2.5-7B-Instruct": 7_615_616_512,
     "Qwen/Qwen3-0.6B": 596_049_920,

@@ -260,11 +260,11 @@ def test_a_compiled_torch_model_replays_its_decode_step(model):
         assert c.tokens == reference_greedy(model, p, 6)
 
 
-@pytest.mark.parametrize("card", ["tiny-gpt-oss", "tiny-qwen3-moe"])
+@pytest.mark.parametrize("card", ["tiny-gpt-oss", "tiny-qwen3-moe", "tiny-mixtral"])
 @pytest.mark.parametrize("backend", ["torch", "jax"])
 def test_a_mixture_of_experts_model_through_the_engine_equals_each_alone(backend, card):
-    """gpt-oss (routed experts, sinks, a sliding window shorter than most prompts) and Qwen3-MoE
-    (experts stored one by one): the engine knows nothing of the architecture, so its outputs must
+    """gpt-oss (routed experts, sinks, a sliding window shorter than most prompts), Qwen3-MoE and
+    Mixtral (experts stored one by one): the engine knows nothing of the architecture, so its outputs must
     equal each request run alone."""
     from linnet import nest
 
