@@ -309,7 +309,7 @@ def test_only_the_architectures_llama_cpp_runs_and_only_with_a_tokenizer(tmp_pat
 
     from linnet.export.gguf import check_architecture
 
-    with pytest.raises(ExportError, match="covers llama, qwen2, qwen3, qwen3_moe, gpt_oss cards; 'm' is 'mamba'"):
+    with pytest.raises(ExportError, match="covers llama, mixtral, qwen2, qwen3, qwen3_moe, gpt_oss cards; 'm' is 'mamba'"):
         check_architecture(SimpleNamespace(name="mamba"), "m")
     unnormalized = tmp_path / "unnormalized.linnet"
     unnormalized.write_text(QWEN3_MOE.replace("rope_theta = 10000.0", "norm_topk_prob = false"))
