@@ -3,16 +3,17 @@
 Metadata is written from the card's config under llama.cpp's keys for the architecture (`llama.*`,
 Mixtral's too, with its experts; `qwen2.*`, `qwen3.*`, `qwen3moe.*`, `gpt-oss.*`). Llama's,
 Mixtral's and Qwen's tensors go under the names of the card's `from gguf` lines (a layer's experts
-as one tensor each for gate, up and down), with the declared transforms undone (Llama's q and k rows back in llama.cpp's rope order); llama3 rope
-scaling goes in as llama.cpp's `rope_freqs.weight`, one divisor per frequency, YaRN and linear
-scaling as keys. gpt-oss's go as llama.cpp's own converter writes a Hugging Face checkpoint: its
-names through gguf's table of them, the experts' interleaved gate and up columns split into two
-tensors, the expert matrices in MXFP4 where the checkpoint stored them so (the same blocks), else
-unquantized. Matrices are written in the model's type; 1-D tensors, biases and routers in f32, as
-that converter does. The tokenizer's keys are copied from the source when it was a GGUF;
-otherwise they are written from the tokenizer.json Nest loaded (byte-level BPE as llama.cpp's
-`gpt2` tokenizer, SentencePiece's BPE as its `llama` one, scored by merge rank). Either way the
-token list is padded to the model's vocabulary, as llama.cpp sizes the embedding by it.
+as one tensor each for gate, up and down), with the declared transforms undone (Llama's q and k
+rows back in llama.cpp's rope order); llama3 rope scaling goes in as llama.cpp's
+`rope_freqs.weight`, one divisor per frequency, YaRN and linear scaling as keys. gpt-oss's go as
+llama.cpp's own converter writes a Hugging Face checkpoint: its names through gguf's table of
+them, the experts' interleaved gate and up columns split into two tensors, the expert matrices in
+MXFP4 where the checkpoint stored them so (the same blocks), else unquantized. Matrices are
+written in the model's type; 1-D tensors, biases and routers in f32, as that converter does. The
+tokenizer's keys are copied from the source when it was a GGUF; otherwise they are written from
+the tokenizer.json Nest loaded (byte-level BPE as llama.cpp's `gpt2` tokenizer, SentencePiece's
+BPE as its `llama` one, scored by merge rank). Either way the token list is padded to the model's
+vocabulary, as llama.cpp sizes the embedding by it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ PRE_NAMES = ("gpt2", "smollm", "llama-bpe", "qwen2", "gpt-4o")
 
 
 # Linnet's -> llama.cpp's
-ARCHITECTURES = {"llama": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gpt_oss": "gpt-oss"}
+ARCHITECTURES = {"llama": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
+                 "gpt_oss": "gpt-oss"}
 
 
 def check_architecture(module, card: str) -> None:

@@ -77,7 +77,8 @@ def _qwen3(b: dict) -> dict:
 def _qwen3_moe(b: dict) -> dict:
     # every layer routes to experts (no dense MLP layers), so intermediate_size is never read
     return {**_qwen3(b), "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
-            "moe_intermediate_size": b["ffn"], "num_experts": b["experts"], "num_experts_per_tok": b["experts_per_token"],
+            "moe_intermediate_size": b["ffn"], "num_experts": b["experts"],
+            "num_experts_per_tok": b["experts_per_token"],
             "norm_topk_prob": b["norm_topk_prob"], "decoder_sparse_step": 1, "mlp_only_layers": []}
 
 
@@ -103,4 +104,5 @@ def _gpt_oss(b: dict) -> dict:
     }
 
 
-_WRITERS = {"llama": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen3": _qwen3, "qwen3_moe": _qwen3_moe, "gpt_oss": _gpt_oss}
+_WRITERS = {"llama": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen3": _qwen3, "qwen3_moe": _qwen3_moe,
+            "gpt_oss": _gpt_oss}

@@ -183,13 +183,14 @@ class _Checker:
                           s.pattern_loc.source)
                 known = (f"the loop variables are {', '.join(f'`{v}`' for v in loop_vars)}" if loop_vars
                          else "this param is not in a loop")
-                raise LinnetError(loc, f"the weight name pattern names `{{{m.group(1)}}}`, which is not a loop variable",
-                                  [known])
+                raise LinnetError(loc, f"the weight name pattern names `{{{m.group(1)}}}`, "
+                                       f"which is not a loop variable", [known])
             if m.group(1) not in found:
                 found.append(m.group(1))
         named = len(found)
         if loop_vars and "{" + loop_vars[0] + "}" not in s.pattern:
-            raise LinnetError(s.pattern_loc, f"a param stacked over `{loop_vars[0]}` needs `{{{loop_vars[0]}}}` in its name pattern")
+            raise LinnetError(s.pattern_loc,
+                              f"a param stacked over `{loop_vars[0]}` needs `{{{loop_vars[0]}}}` in its name pattern")
         if set(found) != set(loop_vars[:named]):
             missing = next(v for v in loop_vars[:named] if v not in found)
             raise LinnetError(s.pattern_loc, f"the name pattern names `{{{found[-1]}}}` but not `{{{missing}}}`, "

@@ -2,8 +2,9 @@
 
 A checkpoint's `architectures` entry (config.json's, or the one a GGUF's `general.architecture`
 stands for) picks the built-in architecture: Llama and Mistral checkpoints get a card over
-llama, Mixtral over mixtral, Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distills) over qwen2, Qwen3 over qwen3,
-Qwen3's mixtures of experts over qwen3_moe, gpt-oss over gpt_oss. Config values the architecture cannot express are refused, not dropped.
+llama, Mixtral over mixtral, Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distills) over qwen2,
+Qwen3 over qwen3, Qwen3's mixtures of experts over qwen3_moe, gpt-oss over gpt_oss. Config
+values the architecture cannot express are refused, not dropped.
 """
 
 from __future__ import annotations
@@ -20,8 +21,13 @@ def card_source_from_config(config: dict, name: str) -> str:
         raise WeightsError(f"{name}: architecture {archs or 'unknown'} is not supported for checkpoints "
                            f"without a card; supported: {', '.join(SUPPORTED)}")
     linnet_arch, values_of = SUPPORTED[arch]
+    try:
+        values = values_of(config, name)
+    except KeyError as missing:  # a config.json without a key its family always has
+        raise WeightsError(f"{name}: config.json has no {missing.args[0]!r}, which a {arch} config holds; "
+                           f"the checkpoint's config is incomplete") from None
     lines = [f'card "{name}"', f"import {linnet_arch}", "", "config {"]
-    for key, value in values_of(config, name).items():
+    for key, value in values.items():
         lines.append(f"  {key} = {_literal(value)}")
     lines.append("}")
     meta = []
@@ -146,7 +152,8 @@ def _qwen3_moe_values(config: dict, name: str) -> dict:
         raise WeightsError(f"{name}: this checkpoint gives some layers a dense MLP (mlp_only_layers {dense}, "
                            f"decoder_sparse_step {step}); the qwen3_moe architecture routes every layer to its experts")
     return {**_qwen_values({**config, "intermediate_size": config["moe_intermediate_size"]}, name),
-            "experts": int(config.get("num_experts") or config["num_local_experts"]),  # the hub's name, transformers 5's
+            # the hub's name, and transformers 5's
+            "experts": int(config.get("num_experts") or config["num_local_experts"]),
             "experts_per_token": int(config["num_experts_per_tok"]),
             "norm_topk_prob": bool(config.get("norm_topk_prob", False))}
 

@@ -141,7 +141,7 @@ STATEMENTS = {
         (r"k = rt\.rope\(", "k = rotate(linear(h, wk[l])"),
         (r"h = rt\.rmsnorm\(x, self\.attn_norm\[l\]", "h = rmsnorm(x, attn_norm[l]"),
         (r"h = rt\.rmsnorm\(x, self\.mlp_norm\[l\]", "h = rmsnorm(x, mlp_norm[l]"),
-        (r"x = x \+ rt\.linear\(F\.silu", "x = x + linear(silu(linear(h, w_gate[l]))"),
+        (r"x = x \+ rt\.linear\(F\.silu", "x = x + mlp(h, l)"),  # the MLP fn, inlined where it is called
         (r"for l in range\(layers\):", "for l in layers {"),
         (r"return rt\.linear\(x\[last\], self\.lm_head\)", "return linear(x[last], lm_head) as f32"),
         (r"return rt\.linear\(x, self\.lm_head\)", "return linear(x, lm_head) as f32"),
@@ -156,7 +156,7 @@ STATEMENTS = {
         (r"k = rt\.rope\(", "k = rotate(linear(h, wk[l])"),
         (r"h = rt\.rmsnorm\(x, params\[\"attn_norm\"\]\[l\]", "h = rmsnorm(x, attn_norm[l]"),
         (r"h = rt\.rmsnorm\(x, params\[\"mlp_norm\"\]\[l\]", "h = rmsnorm(x, mlp_norm[l]"),
-        (r"x = x \+ rt\.linear\(jax\.nn\.silu", "x = x + linear(silu(linear(h, w_gate[l]))"),
+        (r"x = x \+ rt\.linear\(jax\.nn\.silu", "x = x + mlp(h, l)"),  # the MLP fn, inlined where it is called
         (r"for l in range\(layers\):", "for l in layers {"),
         (r"return rt\.linear\(x\[last\], params\[\"lm_head\"\]\)", "return linear(x[last], lm_head) as f32"),
         (r"return rt\.linear\(x, params\[\"lm_head\"\]\)", "return linear(x, lm_head) as f32"),

@@ -169,9 +169,19 @@ def test_unused_tensors_reported_once(ckpt_dir):
 
 def test_not_a_llama_checkpoint(ckpt_dir):
     cfg = json.loads((ckpt_dir / "config.json").read_text())
+    cfg["architectures"] = ["FalconForCausalLM"]
+    (ckpt_dir / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(WeightsError, match=r"Tiny-Llama: architecture \['FalconForCausalLM'\] is not supported"):
+        load(ckpt_dir)
+
+
+def test_a_config_without_its_familys_keys(ckpt_dir):
+    """A Mixtral config.json with no expert count: the key named, not a KeyError."""
+    cfg = json.loads((ckpt_dir / "config.json").read_text())
     cfg["architectures"] = ["MixtralForCausalLM"]
     (ckpt_dir / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(WeightsError, match=r"Tiny-Llama: architecture \['MixtralForCausalLM'\] is not supported"):
+    with pytest.raises(WeightsError, match=r"Tiny-Llama: config.json has no 'num_local_experts', which a "
+                                           r"MixtralForCausalLM config holds"):
         load(ckpt_dir)
 
 
