@@ -282,14 +282,14 @@ config {
 
 
 @pytest.mark.parametrize("arch, gguf_arch", [("qwen3_moe", "qwen3moe"), ("mixtral", "llama")])
-def test_llama_cpp_computes_mixtures_of_experts_as_linnet_does(tmp_path, arch, gguf_arch):
+def test_llama_cpp_computes_mixtures_of_experts_as_linnet_does(tmp_path, arch, gguf_arch, spm_gguf):
     """Each layer's experts go in as one tensor for gate, up and down, [experts, out, in], with the
     router and the expert counts where llama.cpp reads them (Mixtral as its llama architecture with
-    experts, q and k in its rope order); Nest reads the file back."""
+    experts, q and k in its rope order); Nest reads the file back. A small vocabulary, for speed."""
     llama_cpp = pytest.importorskip("llama_cpp")
     card = tmp_path / f"small-{arch}.linnet"
-    card.write_text(QWEN3_MOE.replace("qwen3_moe", arch).replace("qwen3-moe", arch))
-    path = export(card, "llama.cpp", tmp_path, weights="random", seed=5, dtype="f32", tokenizer=embedded_gguf_path())
+    card.write_text(QWEN3_MOE.replace("qwen3_moe", arch).replace("qwen3-moe", arch).replace("49152", "384"))
+    path = export(card, "llama.cpp", tmp_path, weights="random", seed=5, dtype="f32", tokenizer=spm_gguf)
     ckpt = GGUFCheckpoint(path)
     assert ckpt.metadata("general.architecture") == gguf_arch and ckpt.metadata(f"{gguf_arch}.expert_used_count") == 2
     assert ckpt.load("blk.1.ffn_down_exps.weight").shape == (8, 64, 32)  # [experts, dim, ffn]
