@@ -94,11 +94,8 @@ def write_gguf(bound, out) -> str:
         if _experts_stored_mxfp4(bound):  # as llama.cpp's converter keeps them: the same blocks, requantized
             quantized = {name for name, t in tensors if name.endswith("_exps.weight")}
     else:
-        if spec.name == "qwen3_moe":
-            writer.add_expert_feed_forward_length(b["ffn"])
-        if spec.name in ("qwen3_moe", "mixtral"):
-            writer.add_expert_count(b["experts"])
-            writer.add_expert_used_count(b["experts_per_token"])
+        if "experts" in b:  # Mixtral's experts are as wide as llama's `feed_forward_length` says
+            _expert_keys(b, writer, width=spec.name != "mixtral")
         tensors = unbind_weights(spec, bound.params, "gguf")
         _rope_keys(b, writer)
     if bound.tokenizer_from is not None and bound.tokenizer_from.is_file():  # a GGUF's keys, as they are
@@ -152,6 +149,14 @@ def _yarn_keys(b: dict, writer) -> None:
     writer.add_rope_scaling_orig_ctx_len(b["rope_original_max"])
 
 
+def _expert_keys(b: dict, writer, width: bool = True) -> None:
+    """A mixture of experts' counts (and, with `width`, each expert's hidden width) as llama.cpp reads them."""
+    if width:
+        writer.add_expert_feed_forward_length(b["ffn"])
+    writer.add_expert_count(b["experts"])
+    writer.add_expert_used_count(b["experts_per_token"])
+
+
 def _gpt_oss(spec, params: dict, writer) -> list:
     """gpt-oss's keys, and its tensors as (GGUF name, tensor): what llama.cpp's converter makes of
     the Hugging Face checkpoint these params bind to."""
@@ -160,9 +165,7 @@ def _gpt_oss(spec, params: dict, writer) -> list:
     b = spec.bindings
     if (b["swiglu_alpha"], b["swiglu_limit"]) != (1.702, 7.0):
         raise ExportError("llama.cpp's gpt-oss fixes swiglu alpha 1.702 and limit 7.0; this card changes them")
-    writer.add_expert_feed_forward_length(b["ffn"])
-    writer.add_expert_count(b["experts"])
-    writer.add_expert_used_count(b["experts_per_token"])
+    _expert_keys(b, writer)
     writer.add_sliding_window(b["sliding_window"])
     _yarn_keys(b, writer)
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GPT_OSS, b["layers"])

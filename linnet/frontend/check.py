@@ -154,7 +154,7 @@ class _Checker:
             if s.format in seen_formats:
                 raise LinnetError(s.format_loc, f"`{p.name}` names two `{s.format}` sources")
             seen_formats.add(s.format)
-            named = self._pattern_loop_vars(p, s, loop_vars)
+            named = self._pattern_loop_vars(s, loop_vars)
             transforms = []
             for t in s.transforms:
                 if t.name not in TRANSFORMS:
@@ -171,7 +171,7 @@ class _Checker:
         self.params[p.name] = ir.Param(p.name, typ, sources, p.loc, loops=tuple(loop_vars))
 
     @staticmethod
-    def _pattern_loop_vars(p: ast.ParamDecl, s: ast.Source, loop_vars: list) -> int:
+    def _pattern_loop_vars(s: ast.Source, loop_vars: list) -> int:
         """How many of the enclosing loops' variables a name pattern names: the outermost, in order
         (`{l}`, then `{e}`). Each stored tensor holds the dims of the loops it leaves out (a GGUF
         keeps a layer's experts in one tensor where a Hugging Face checkpoint has one per expert)."""

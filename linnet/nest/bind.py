@@ -101,15 +101,21 @@ def check_checkpoint(module: Module, ckpt, fmt: str, cast_dtype: bool) -> list:
         target = module.bindings.get("T")
         for n, (p, _) in expected.items():
             want = concrete_dtype(module.params[p].type.dtype, module)
-            stored = READS_AS.get(ckpt.stored_dtype(n), ckpt.stored_dtype(n))
+            stored = _read_as(ckpt, n)
             if stored in TORCH_DTYPES and stored != want:
                 others = sum(1 for m, (q, _) in expected.items()
-                             if ckpt.stored_dtype(m) != concrete_dtype(module.params[q].type.dtype, module))
+                             if _read_as(ckpt, m) != concrete_dtype(module.params[q].type.dtype, module))
                 more = f" (and {others - 1} more tensors)" if others > 1 else ""
                 raise WeightsError(f"{_file_of(ckpt, n)}: tensor {n!r} is stored as {stored}, but param `{p}` is "
                                    f"{want}{' (T = ' + target + ')' if target else ''}{more}; pass cast_dtype=True "
                                    f"to convert it, or load with generics T={stored!r}")
     return sorted(set(ckpt.names()) - set(expected) - set(getattr(ckpt, "config_tensors", ())))
+
+
+def _read_as(ckpt, name: str) -> str:
+    """The type a tensor is read in: as stored, but a safetensors checkpoint's MXFP4 pairs read as bf16."""
+    stored = ckpt.stored_dtype(name)
+    return READS_AS.get(stored, stored)
 
 
 def _file_of(ckpt, name: str) -> str:

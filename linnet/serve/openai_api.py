@@ -171,22 +171,24 @@ def _tool_call(body: dict, parser) -> tuple:
                                 "own tool-call format); or send 'required', a named function, or 'none'",
                            "tool_choice")
         return "auto", None
-    if choice == "required" and hasattr(parser, "call_structure"):  # a format with headers of its own (harmony)
-        return "required", parser.call_structure(functions)
     if choice == "required":
-        calls = [{"type": "object", "additionalProperties": False, "required": ["name", "parameters"],
-                  "properties": {"name": {"const": name}, "parameters": params}} for name, params in functions.items()]
-        schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
-        if body.get("parallel_tool_calls") is False:
-            schema["maxItems"] = 1
-        return "required", Structure("json", schema)
-    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
-    if name not in functions:
-        raise ApiError(400, "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
-                            "{'name': ...}} naming one of the tools", "tool_choice")
-    if hasattr(parser, "call_structure"):
-        return name, parser.call_structure({name: functions[name]})
-    return name, Structure("json", functions[name])
+        forced, offered = "required", functions
+    else:
+        forced = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+        if forced not in functions:
+            raise ApiError(400, "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
+                                "{'name': ...}} naming one of the tools", "tool_choice")
+        offered = {forced: functions[forced]}
+    if hasattr(parser, "call_structure"):  # a format whose calls have headers of their own (harmony)
+        return forced, parser.call_structure(offered)
+    if forced != "required":
+        return forced, Structure("json", functions[forced])
+    calls = [{"type": "object", "additionalProperties": False, "required": ["name", "parameters"],
+              "properties": {"name": {"const": name}, "parameters": params}} for name, params in functions.items()]
+    schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    if body.get("parallel_tool_calls") is False:
+        schema["maxItems"] = 1
+    return "required", Structure("json", schema)
 
 
 def read_tool_calls(job: Job, text: str) -> tuple:

@@ -234,8 +234,9 @@ class OpenAIServer:
 
         pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
         comps = [s.completion for s in streams]
-        # harmony's requests keep special tokens, as its parser reads its markers; any request may ask to
-        markers = marker_ids(job, self.tokenizer)  # a tool parser's special tokens, written in the text
+        # A request may keep every special token (harmony's do: its parser reads its markers); otherwise
+        # only the tool parser's markers are written into the text.
+        markers = marker_ids(job, self.tokenizer)
         texts = [TextStream(self.tokenizer, c.request.prompt, c.request.stop, len(job.echo[i]) if job.echo else 0,
                             not c.request.skip_special_tokens, markers) for i, c in enumerate(comps)]
         # An echo goes first; with logprobs, once its prompt is scored: with the choice's first news.
