@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 from linnet.serve.request import Request, RequestError
 from linnet.serve.structured import Structure
-from linnet.serve.tool_parsers import call_ids, openai_call_id
+from linnet.serve.tool_parsers import call_ids, forced_calls, openai_call_id
+from linnet.serve.tool_stream import CallStream
 
 MAX_CHOICES = 256  # choices one body may ask for: prompts x n
 MAX_LOGPROBS = 20
@@ -46,7 +47,8 @@ class Job:
     include_usage: bool = False  # streamed: a last chunk with the usage
     n: int = 1  # choices per prompt: choice i's prompt is scored by choice i - i % n
     tool_call: str | None = None  # chat: "auto", "required", or the function tool_choice names
-    tool_parser: object = None  # with "auto" (or harmony's forced calls): the reader of the model's own calls
+    tool_parser: object = None  # with a tool_call: the reader of its calls (the model's own format with "auto")
+    tool_names: frozenset = frozenset()  # the functions the request offers
     call_id: object = openai_call_id  # makes a tool call's id, as the model's template takes them back
     reasoning: object = None  # chat: the reader of a reasoning model's thinking (reasoning.py), if the server has one
     echo_logprobs: bool = False  # echo with logprobs: the prompt's tokens lead each choice's logprobs
@@ -194,19 +196,26 @@ def _tool_call(body: dict, parser) -> tuple:
 def read_tool_calls(job: Job, text: str) -> tuple:
     """(content, tool calls as OpenAI gives them, or None) of a chat choice's text: no calls where
     the text makes none, or was cut short in one."""
-    if job.tool_parser is not None:  # "auto", or a call forced in the parser's own format
-        content, calls = job.tool_parser.parse(text)
-    else:
-        try:
-            value = json.loads(text)
-        except ValueError:
-            return text, None
-        content = None
-        calls = [{"name": c["name"], "arguments": json.dumps(c["parameters"])} for c in
-                 (value if job.tool_call == "required" else [{"name": job.tool_call, "parameters": value}])]
+    content, calls = job.tool_parser.parse(text)
     if not calls:
         return text, None
     return content, [{"id": job.call_id(), "type": "function", "function": c} for c in calls]
+
+
+def _call_text(job: Job, text: str) -> str | None:
+    """The part of a chat choice's text its tool parser reads: the answer, past a reasoning model's
+    thinking (None while it thinks), but for a parser that reads the whole reply (harmony)."""
+    if getattr(job.tool_parser, "reads_whole_reply", False) or job.reasoning is None:
+        return text
+    answer = job.reasoning.content_start(text)
+    return None if answer is None else text[answer:]
+
+
+def partial_calls(job: Job, text: str) -> list:
+    """The tool calls a chat choice's text so far is writing, as its tool parser reads them
+    (`partial`): [(name or None, arguments so far or None, closed)]."""
+    source = None if job.tool_call is None else _call_text(job, text)
+    return [] if source is None else job.tool_parser.partial(source)
 
 
 def _choices_per_prompt(body: dict) -> int:
@@ -490,10 +499,12 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=No
         marker = reasoning.structure_after(tokenizer.decode(ids))
         for r in requests:
             r.structure_after = None if marker is None else tokenizer.encode(marker, add_special_tokens=False)
+    call_id = call_ids(tool_parser)  # the model's template's form of ids, however the call is read
+    if tool_call is not None and tool_call != "auto" and not hasattr(tool_parser, "call_structure"):
+        tool_parser = forced_calls(tool_call)  # a call forced as vLLM forms it; harmony's keeps its own format
     return Job(requests, len(ids), None, _include_usage(body), n, prompt_logprobs=asked is not None,
-               tool_call=tool_call, reasoning=reasoning,
-               tool_parser=tool_parser if tool_call == "auto" or hasattr(tool_parser, "call_structure") else None,
-               call_id=call_ids(tool_parser))
+               tool_call=tool_call, reasoning=reasoning, tool_parser=tool_parser if tool_call else None,
+               call_id=call_id, tool_names=frozenset(t["function"]["name"] for t in body.get("tools") or []))
 
 
 def check_fits(req: Request, vocab: int, max_seq: int) -> None:
@@ -662,14 +673,32 @@ def chat_message(job: Job, comp, tokenizer) -> tuple:
     message = {"role": "assistant", "content": text}
     if job.reasoning is not None:
         message["reasoning_content"], message["content"] = job.reasoning.split(text)
-    content, calls = (None, None)
+    content, calls, finish = None, None, "tool_calls"
     if job.tool_call is not None:
         source = text if getattr(job.tool_parser, "reads_whole_reply", False) else message["content"]
         if source is not None:
             content, calls = read_tool_calls(job, source)
+        if calls is None and source is not None:  # cut short in a call, or one that does not read
+            content, calls, finish = _calls_so_far(job, source) + (finish_reason(comp),)
     if calls is None:
         return message, finish_reason(comp)
-    return dict(message, content=content, tool_calls=calls), "tool_calls"
+    return dict(message, content=content, tool_calls=calls), finish
+
+
+def _calls_so_far(job: Job, text: str) -> tuple:
+    """(content, calls or None) of a reply whose calls do not all read whole (cut short by its
+    token limit, say): the calls as far as a stream sends them, each once its name is written,
+    its arguments as far as written, as OpenAI gives a call cut short; the text before them the
+    content. So a reply reads the same streamed and whole."""
+    stream = CallStream(job.call_id, job.tool_names)
+    stream.news(job.tool_parser.partial(text))
+    if not stream.sent:
+        return text, None
+    calls = [{"id": i, "type": "function", "function": {"name": n, "arguments": a}} for i, n, a in stream.sent]
+    if getattr(job.tool_parser, "reads_whole_reply", False):
+        return job.tool_parser.split(text)[1], calls
+    start = job.tool_parser.call_start(text) if hasattr(job.tool_parser, "call_start") else 0
+    return text[:start].strip() or None, calls
 
 
 def marker_ids(job: Job, tokenizer) -> dict:
@@ -753,10 +782,13 @@ class ChunkWriter:
             choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
         return self._chunk([choice])
 
-    def tool_calls(self, index: int, calls: list) -> dict:
-        """A chat choice's tool calls, whole, in one delta."""
-        delta = {"tool_calls": [dict(call, index=k) for k, call in enumerate(calls)]}
-        return self._chunk([{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}])
+    def call(self, index: int, event: tuple) -> dict:
+        """A piece of a chat choice's tool calls (tool_stream.py): call k opening, with its id and
+        name, or more of its arguments."""
+        kind, k, value = event
+        call = dict(value, index=k) if kind == "open" else {"index": k, "function": {"arguments": value}}
+        return self._chunk([{"index": index, "delta": {"tool_calls": [call]}, "logprobs": None,
+                             "finish_reason": None}])
 
     def usage(self, job: Job, comps: list) -> dict:
         return self._chunk([], usage=usage(job, comps))

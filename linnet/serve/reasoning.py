@@ -121,7 +121,7 @@ class Harmony:
         return reasoning or None, content or None
 
     def sendable(self, text: str) -> int:
-        """All but what may be a marker arriving, and a call's arguments (sent whole, at the end)."""
+        """All but what may be a marker arriving, and a call's arguments (which go as its tool call)."""
         limit = len(text) - (max(map(len, self.MARKS)) - 1)
         calls = [s for kind, s, _, _, _ in self.messages(text) if kind == "call"]
         return max(0, min([limit] + calls))
@@ -161,16 +161,32 @@ class Harmony:
 
     def parse(self, text: str) -> tuple:
         """As a tool parser: (content, calls) of a whole reply; a call cut short is not one."""
-        calls = []
+        calls = [self._call(text, s, e, to) for kind, s, e, to, closed in self.messages(text) if kind == "call" and closed]
+        return self.split(text)[1], [c for c in calls if c is not None]
+
+    def partial(self, text: str) -> list:
+        """As a tool parser: the calls written so far, [(name, arguments so far, closed)]; an open
+        call's arguments stop short of what may be a marker arriving."""
+        limit, calls = len(text) - (max(map(len, self.MARKS)) - 1), []
         for kind, s, e, recipient, closed in self.messages(text):
-            if kind != "call" or not closed:
-                continue
-            try:
-                arguments = json.loads(text[s:e])
-            except ValueError:
-                continue
-            calls.append({"name": recipient.removeprefix("functions."), "arguments": json.dumps(arguments)})
-        return self.split(text)[1], calls
+            if kind == "call" and closed:
+                call = self._call(text, s, e, recipient)
+                calls += [] if call is None else [(call["name"], call["arguments"], True)]
+            elif kind == "call":
+                written = text[s:max(s, limit)].strip()
+                calls.append((recipient.removeprefix("functions."), written if written[:1] in ("", "{") else None,
+                              False))
+        return calls
+
+    @staticmethod
+    def _call(text: str, s: int, e: int, recipient: str) -> dict | None:
+        """The call whose arguments are text[s:e], as the model wrote them where they are an object."""
+        try:
+            arguments = json.loads(text[s:e])
+        except ValueError:
+            return None
+        written = text[s:e].strip() if isinstance(arguments, dict) else json.dumps(arguments)
+        return {"name": recipient.removeprefix("functions."), "arguments": written}
 
 
 PARSERS = {p.name: p for p in (ThinkTags("deepseek_r1", starts_inside=True), ThinkTags("qwen3", starts_inside=False),

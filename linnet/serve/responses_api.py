@@ -235,6 +235,13 @@ class ResponseWriter:
         if self.open is None:
             return []
         item, text, at = self.open["item"], self.open["text"], len(self.output)
+        if item["type"] == "function_call":
+            done = dict(item, arguments=text, status="completed")
+            self.output.append(done)
+            self.open = None
+            return [self._event("response.function_call_arguments.done", item_id=item["id"], output_index=at,
+                                arguments=text),
+                    self._event("response.output_item.done", output_index=at, item=done)]
         done = _TEXT_ITEMS[item["type"]][0](item["id"], text)
         self.output.append(done)
         self.open = None
@@ -266,20 +273,19 @@ class ResponseWriter:
             events += self._close()
         return events
 
-    def tool_calls(self, index: int, calls: list) -> list:
-        events = self._close()
-        for call in calls:
-            at, item = len(self.output), call_item(new_id("fc"), call)
-            arguments = item["arguments"]
-            events += [self._event("response.output_item.added", output_index=at,
-                                   item=dict(item, arguments="", status="in_progress")),
-                       self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=at,
-                                   delta=arguments),
-                       self._event("response.function_call_arguments.done", item_id=item["id"], output_index=at,
-                                   arguments=arguments),
-                       self._event("response.output_item.done", output_index=at, item=item)]
-            self.output.append(item)
-        return events
+    def call(self, index: int, event: tuple) -> list:
+        """A piece of the tool calls (tool_stream.py): a function_call item opening (closing the item
+        before it), or more of its arguments."""
+        kind, _, value = event
+        if kind == "open":
+            events = self._close()
+            item = call_item(new_id("fc"), value)
+            self.open = {"item": dict(item, status="in_progress"), "text": ""}
+            return events + [self._event("response.output_item.added", output_index=len(self.output),
+                                         item=self.open["item"])]
+        self.open["text"] += value
+        return [self._event("response.function_call_arguments.delta", item_id=self.open["item"]["id"],
+                            output_index=len(self.output), delta=value)]
 
     def usage(self, job: Job, comps: list) -> dict:
         # "response.completed" even for an incomplete response (its status says so), as vLLM sends it:

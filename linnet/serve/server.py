@@ -19,9 +19,11 @@ from linnet.serve.engine import Engine
 from linnet.serve.metrics import prometheus_text
 from linnet.serve.openai_api import (ApiError, ChunkWriter, Job, TextStream, chat_job, chat_message, chat_prompt,
                                      chat_response, check_fits, completion_job, completion_response, echoed_prompt,
-                                     error_body, finish_reason, marker_ids, reply_text)
+                                     error_body, finish_reason, marker_ids, partial_calls,
+                                     reply_text)
 from linnet.serve.request import RequestError
 from linnet.serve.responses_api import ResponseWriter, chat_body, response
+from linnet.serve.tool_stream import CallStream
 
 MAX_BODY = 4 << 20
 
@@ -239,6 +241,8 @@ class OpenAIServer:
         markers = marker_ids(job, self.tokenizer)
         texts = [TextStream(self.tokenizer, c.request.prompt, c.request.stop, len(job.echo[i]) if job.echo else 0,
                             not c.request.skip_special_tokens, markers) for i, c in enumerate(comps)]
+        # a chat choice's tool calls go as the model writes them
+        calls_out = [CallStream(job.call_id, job.tool_names) for _ in comps]
         # An echo goes first; with logprobs, once its prompt is scored: with the choice's first news.
         unechoed = set(range(len(streams))) if job.echo else set()
         try:
@@ -265,26 +269,27 @@ class OpenAIServer:
                 offsets = choice.add(tokens)
                 lps = None if comp.request.logprobs is None else comp.logprobs[choice.tokens - len(tokens):choice.tokens]
                 before = choice.sent
-                calls = None
                 if reason is None:
                     choice.ready(_sendable(job, choice.text))
                     thought, text = _divide(job, choice.text, before, choice.sent)
+                    # what can no longer turn out to be a stop string
+                    calls = calls_out[i].news(partial_calls(job, choice.text[:len(choice.text) - choice.hold]))
                 else:
                     message, why = chat_message(job, comp, self.tokenizer) if chat else (None, finish_reason(comp))
-                    calls = None if message is None else message.get("tool_calls")
-                    if calls:  # the calls go whole, after any text before them
+                    made = None if message is None else message.get("tool_calls")
+                    if made:  # the rest of the calls, after any text before them
                         thought = _divide(job, choice.text, before, len(choice.text))[0]
                         text = (message["content"] or "")[len(_divide(job, choice.text, 0, before)[1]):]
                     else:
                         choice.finish(reply_text(job, comp, self.tokenizer) if chat else comp.text)  # as parsed
                         thought, text = _divide(job, choice.text, before, choice.sent)
+                    calls = calls_out[i].finish(made or [])
                 if text or lps or thought:
                     await event(writer.piece(i, text, lps, offsets, reasoning=thought))
-                if reason is None:
-                    continue
-                if calls:
-                    await event(writer.tool_calls(i, calls))
-                await event(writer.piece(i, "", reason=why))
+                for piece in calls:
+                    await event(writer.call(i, piece))
+                if reason is not None:
+                    await event(writer.piece(i, "", reason=why))
             if job.include_usage:
                 await event(writer.usage(job, comps))
         except Exception as err:  # the response has started: the error goes in the stream
@@ -298,17 +303,17 @@ class OpenAIServer:
 
 
 def _sendable(job: Job, text: str) -> int | None:
-    """How much of a choice's text may be streamed now: all of it (None), but where a tool call may be
-    being written (a forced call is sent whole at the end; with "auto", text stops where one may
-    begin) or a reasoning model's tag may be arriving."""
+    """How much of a choice's text may be streamed as text now: all of it (None), but where a tool
+    call may be being written (a forced call is the whole answer; with "auto", text stops where one
+    may begin: the calls go as tool calls) or a reasoning model's tag may be arriving."""
     limit = None if job.reasoning is None else job.reasoning.sendable(text)
     if job.tool_call is None or (job.reasoning is not None and job.tool_parser is job.reasoning):
         return limit  # harmony holds back calls itself
-    if job.tool_call != "auto":
-        return 0
     answer = 0 if job.reasoning is None else job.reasoning.content_start(text)
     if answer is None:  # still thinking: no call yet
         return limit
+    if job.tool_call != "auto":  # the answer is the call
+        return answer if limit is None else min(limit, answer)
     start = job.tool_parser.call_start(text[answer:])
     calls = answer + (start if start is not None else len(text) - answer - job.tool_parser.hold)
     return calls if limit is None else min(limit, calls)

@@ -15,7 +15,10 @@ Each model family writes its calls its own way; a parser reads one way, by vLLM'
   Python list of calls, [get_weather(city="Paris"), get_time()], arguments as literals.
 
 `parse` reads a whole reply into its text and its calls. A streamed reply is sent as text until
-`call_start` finds where a call may begin; from there it is held, and read whole at the end.
+`call_start` finds where a call may begin; from there `partial` reads the calls written so far,
+[(name or None, arguments' text so far or None, whether the call is closed)], and the stream
+sends each call's name once written and its arguments as they come (tool_stream.py). The
+arguments are the model's own text, in `parse` as in `partial`, so a stream adds up to the whole.
 A parser whose markers are special tokens names them (`markers`): `parse`, and the stream, get
 the reply with those tokens written where they were drawn, where other text has special tokens
 dropped.
@@ -30,23 +33,98 @@ import re
 import string
 import uuid
 
+from linnet.serve.json_prefix import closed_string, object_fields, value_text
 
 _DECODER = json.JSONDecoder()
+ARGUMENT_KEYS = ("parameters", "arguments")  # the key a call's arguments go under, the first found
 
 
-def _call(value) -> dict | None:
-    """{name, arguments (JSON text)} from a call's object, or None where it is not one."""
+def _call(value, written: str | None = None) -> dict | None:
+    """{name, arguments (JSON text)} from a call's object, or None where it is not one. `written`:
+    the arguments' own text, which they stay as where they were written as an object."""
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
-    arguments = value.get("parameters", value.get("arguments", {}))
+    arguments = next((value[k] for k in ARGUMENT_KEYS if k in value), {})
     if isinstance(arguments, str):  # some models write the arguments as JSON text already
         try:
-            arguments = json.loads(arguments)
+            arguments, written = json.loads(arguments), None
         except ValueError:
             return None
     if not isinstance(arguments, dict):
         return None
-    return {"name": value["name"], "arguments": json.dumps(arguments)}
+    return {"name": value["name"], "arguments": written.strip() if written else json.dumps(arguments)}
+
+
+def _arguments_span(fields) -> tuple | None:
+    return next((fields[k] for k in ARGUMENT_KEYS if k in fields), None)
+
+
+def _call_at(text: str, at: int) -> tuple:
+    """(the call whose object opens at text[at], or None; where the object ends). A ValueError
+    where no JSON value is written there."""
+    value, end = _DECODER.raw_decode(text, at)
+    written = value_text(text, _arguments_span(object_fields(text, at))) if isinstance(value, dict) else None
+    return _call(value, written), end
+
+
+def partial_call(text: str, at: int) -> tuple:
+    """(name or None, arguments' text so far or None, where the object ends or None) of a call
+    being written as an object from text[at]. Arguments that are not an object (some models write
+    them as a string) are None until the call closes; a closed call's are as `parse` gives them."""
+    fields = object_fields(text, at)
+    if fields.end is not None:
+        try:
+            call = _call_at(text, at)[0]
+        except ValueError:
+            call = None
+        return (None, None, fields.end) if call is None else (call["name"], call["arguments"], fields.end)
+    arguments = value_text(text, _arguments_span(fields))
+    return closed_string(text, fields.get("name")), arguments if arguments in (None, "") or arguments[0] == "{" \
+        else None, None
+
+
+def _spaces_after(text: str, at: int) -> int:
+    return len(text) - len(text[at:].lstrip())
+
+
+def partial_list(text: str, at: int) -> list:
+    """The calls of a JSON list of call objects opening at text[at] (or of one object), as far as
+    written: [(name, arguments so far, closed)]."""
+    if at >= len(text) or text[at] not in "[{":
+        return []
+    calls, at = [], at + 1 if text[at] == "[" else at
+    while (at := _spaces_after(text, at)) < len(text) and text[at] == "{":
+        name, arguments, end = partial_call(text, at)
+        calls.append((name, arguments, end is not None))
+        if end is None:
+            break
+        at = _spaces_after(text, end)
+        if not text.startswith(",", at):
+            break
+        at += 1
+    return calls
+
+
+def read_list(text: str) -> list:
+    """The calls of a whole JSON list of call objects (or of one object); a ValueError where the
+    text is not one, a None for an item that is not a call."""
+    at = _spaces_after(text, 0)
+    if text.startswith("{", at):
+        call, end = _call_at(text, at)
+        calls = [call]
+    else:
+        value, end = _DECODER.raw_decode(text, at)
+        if not isinstance(value, list):
+            raise ValueError("not a list of calls")
+        calls, at = [], at + 1
+        for _ in value:  # the list's items again, each read with its arguments' text
+            at = _spaces_after(text, at)
+            call, at = _call_at(text, at)
+            calls.append(call)
+            at = _spaces_after(text, at) + 1  # past the "," (or the "]")
+    if text[end:].strip():
+        raise ValueError("more than a list of calls")
+    return calls
 
 
 def _whole_reply_start(text: str, opener: str, tag: str) -> int | None:
@@ -68,24 +146,43 @@ class Llama3Json:
 
     hold = 0  # text never waits for a marker: only the reply's first character decides
 
+    def _body(self, text: str) -> int:
+        """Where the reply's calls begin: past leading spaces and the python tag."""
+        at = _spaces_after(text, 0)
+        return _spaces_after(text, at + len(self.PYTHON_TAG)) if text.startswith(self.PYTHON_TAG, at) else at
+
+    @staticmethod
+    def _next(text: str, end: int) -> int:
+        """Past the spaces and the ";" that may follow a call's object."""
+        at = _spaces_after(text, end)
+        return _spaces_after(text, at + 1) if text.startswith(";", at) else at
+
     def parse(self, text: str) -> tuple:
-        body = text.strip()
-        if body.startswith(self.PYTHON_TAG):
-            body = body[len(self.PYTHON_TAG):].strip()
-        if not body.startswith("{"):
+        body = text.rstrip()
+        at = self._body(body)
+        if not body.startswith("{", at):
             return text, []
-        calls, at = [], 0
+        calls = []
         while at < len(body):  # objects one after another, ";" between them (and maybe inside their strings)
             try:
-                value, at = _DECODER.raw_decode(body, at)
+                call, end = _call_at(body, at)
             except ValueError:
                 return text, []
-            call = _call(value)
             if call is None:
                 return text, []
             calls.append(call)
-            at = len(body) - len(body[at:].lstrip().removeprefix(";").lstrip())
+            at = self._next(body, end)
         return None, calls
+
+    def partial(self, text: str) -> list:
+        calls, at = [], self._body(text)
+        while text.startswith("{", at):
+            name, arguments, end = partial_call(text, at)
+            calls.append((name, arguments, end is not None))
+            if end is None:
+                break
+            at = self._next(text, end)
+        return calls
 
 
 class Hermes:
@@ -106,14 +203,25 @@ class Hermes:
         calls = []
         for match in self.CALL.finditer(text, at):
             try:
-                call = _call(json.loads(match.group(1)))
+                call, end = _call_at(match.group(1), 0)
             except ValueError:
                 call = None
-            if call is None:
+            if call is None or end != len(match.group(1)):
                 return text, []
             calls.append(call)
         content = text[:at].strip()
         return content or None, calls
+
+    def partial(self, text: str) -> list:
+        calls, at = [], text.find(self.OPEN)
+        while at >= 0:
+            body = _spaces_after(text, at + len(self.OPEN))
+            if body == len(text):
+                break
+            name, arguments, end = partial_call(text, body) if text[body] == "{" else (None, None, None)
+            calls.append((name, arguments, end is not None))
+            at = -1 if end is None else text.find(self.OPEN, end)
+        return calls
 
 
 class Mistral:
@@ -154,14 +262,34 @@ class Mistral:
 
     @staticmethod
     def _listed(part: str) -> list:
-        value = json.loads(part)
-        return [_call(item) for item in (value if isinstance(value, list) else [value])]
+        return read_list(part)
 
     def _named(self, part: str) -> list:
         """v11's NAME[ARGS]{...} (or NAME[CALL_ID]ID[ARGS]{...}): the arguments one JSON object."""
         head, arguments = part.split(self.ARGS, 1)
         name = head.split(self.CALL_ID, 1)[0].strip()
-        return [_call({"name": name, "arguments": json.loads(arguments)}) if name else None]
+        return [_call({"name": name, "arguments": json.loads(arguments)}, arguments) if name else None]
+
+    def partial(self, text: str) -> list:
+        at = text.find(self.marker)
+        if at < 0:
+            return []
+        calls, parts = [], text[at:].split(self.marker)[1:]
+        for k, part in enumerate(parts):
+            last = k == len(parts) - 1  # a part before another marker is closed
+            if self.ARGS in part:
+                head, arguments = part.split(self.ARGS, 1)
+                start = _spaces_after(arguments, 0)
+                end = object_fields(arguments, start).end if arguments.startswith("{", start) else None
+                # arguments that are not an object are read whole, at the end
+                written = arguments[start:end].rstrip() if arguments[start:start + 1] in ("", "{") else None
+                calls.append((head.split(self.CALL_ID, 1)[0].strip() or None, written, end is not None or not last))
+            elif part.lstrip()[:1] in ("[", "{"):
+                calls += [(n, a, closed or not last) for n, a, closed in partial_list(part, _spaces_after(part, 0))]
+            else:
+                calls.append((None, None, False))  # a name being written, or not a call
+                break
+        return calls
 
     @staticmethod
     def call_id() -> str:
@@ -179,6 +307,9 @@ class Pythonic:
         return _whole_reply_start(text, "[", self.WRAPPERS[0])
 
     hold = 0  # the reply's first character decides
+
+    def partial(self, text: str) -> list:
+        return []  # Python's calls are read whole, at the reply's end
 
     def parse(self, text: str) -> tuple:
         body = text.strip()
@@ -215,6 +346,45 @@ class Pythonic:
         if isinstance(node, ast.Dict) and None not in node.keys:
             return {self._value(k): self._value(v) for k, v in zip(node.keys, node.values)}
         return ast.literal_eval(node)  # numbers, strings, tuples ...; a ValueError for anything else
+
+
+class NamedFunction:
+    """The reader of a reply that tool_choice made one function's call: the reply is its arguments,
+    held to their schema by a structure."""
+
+    def __init__(self, function: str):
+        self.function = function
+
+    def parse(self, text: str) -> tuple:
+        try:
+            call = _call({"name": self.function, "arguments": json.loads(text)}, text)
+        except ValueError:
+            call = None
+        return (text, []) if call is None else (None, [call])
+
+    def partial(self, text: str) -> list:
+        arguments = text.strip()
+        return [(self.function, arguments if arguments[:1] in ("", "{") else None, False)]
+
+
+class RequiredCalls:
+    """The reader of a reply that tool_choice "required" held to a JSON list of {name, parameters}
+    (vLLM's form)."""
+
+    def parse(self, text: str) -> tuple:
+        try:
+            calls = read_list(text)
+        except ValueError:
+            return text, []
+        return (text, []) if not calls or None in calls else (None, calls)
+
+    def partial(self, text: str) -> list:
+        return partial_list(text, _spaces_after(text, 0))
+
+
+def forced_calls(tool_call: str):
+    """The reader of a call tool_choice forces: "required", or the function it names."""
+    return RequiredCalls() if tool_call == "required" else NamedFunction(tool_call)
 
 
 def openai_call_id() -> str:

@@ -1,11 +1,15 @@
 """The readers of reasoning models' thinking: whole replies split as each family writes them, and
 the same replies streamed in any pieces, through the one cursor the server moves."""
 
+import json
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from linnet.serve.reasoning import reasoning_parser
+
+from .call_streams import stream
 
 plain = st.text(alphabet=st.characters(blacklist_characters="<>"), max_size=30)
 
@@ -80,6 +84,22 @@ def test_harmony_calls_are_read_from_the_whole_reply_and_never_streamed_as_text(
     assert parser.parse(reply[:-len("<|call|>") - 2])[1] == []  # cut short: no call
     preamble = "<|channel|>commentary<|message|>One moment.<|end|>"  # commentary to no one is shown
     assert parser.split(preamble) == (None, "One moment.")
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, database=None)
+@given(thought=plain, arguments=st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=6), max_size=3),
+       tight=st.booleans())
+def test_harmony_calls_stream_as_they_are_written(thought, arguments, tight):
+    """As a tool parser, harmony's calls go argument by argument, as the model writes them; read a
+    character at a time, what is sent never holds part of a marker."""
+    parser = reasoning_parser("openai_gptoss")
+    written = json.dumps(arguments, separators=(",", ":") if tight else None)
+    reply = harmony_reply(thought, "", call=written)
+    two = reply + "<|start|>assistant<|channel|>commentary to=functions.g <|constrain|>json<|message|>{}<|call|>"
+    got = stream(parser, two, {"f", "g"})
+    assert [(n, a) for _, n, a in got] == [("f", written), ("g", "{}")] and all(i.startswith("call_") for i, *_ in got)
+    for end in range(len(reply)):
+        assert all("<|" not in (a or "") for _, a, _ in parser.partial(reply[:end]))
 
 
 def test_a_reasoning_models_structured_answer_waits_for_the_end_of_its_thinking():

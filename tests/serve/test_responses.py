@@ -122,6 +122,8 @@ def test_a_forced_function_call_is_a_function_call_item():
     assert [e["item"]["type"] for e in added] == ["function_call"]
     done = [e for e in events if e["type"] == "response.function_call_arguments.done"]
     assert [json.loads(e["arguments"]) for e in done] == [json.loads(item.arguments)]  # the same seed
+    deltas = [e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta"]
+    assert len(deltas) > 3 and "".join(deltas) == done[0]["arguments"]  # as the model writes them
     assert events[-1]["type"] == "response.completed"
     assert events[-1]["response"]["output"][0]["arguments"] == done[0]["arguments"]
 
@@ -154,3 +156,5 @@ def test_a_reasoning_models_thinking_text_and_call_are_three_items_in_order():
     final = events[-1]["response"]
     assert [i["type"] for i in final["output"]] == ["reasoning", "message", "function_call"]
     assert [e["output_index"] for e in events if e["type"] == "response.output_item.added"] == [0, 1, 2]
+    assert "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta") \
+        == final["output"][2]["arguments"] == out["output"][2]["arguments"]

@@ -156,6 +156,24 @@ def sse(text: str) -> list:
     return [json.loads(e) for e in events[:-1]]
 
 
+def streamed_calls(deltas: list) -> list:
+    """A streamed choice's tool calls put together as a client does: by index, the id, type and
+    name from the piece that opens each call (once), its arguments the pieces' text joined."""
+    calls: dict = {}
+    for delta in deltas:
+        for piece in delta.get("tool_calls") or []:
+            fn = piece.get("function") or {}
+            if piece["index"] not in calls:
+                assert piece["id"] and piece["type"] == "function" and fn["name"], piece
+                calls[piece["index"]] = {"id": piece["id"], "type": "function",
+                                         "function": {"name": fn["name"], "arguments": ""}}
+            else:
+                assert "id" not in piece and "name" not in fn, piece
+            calls[piece["index"]]["function"]["arguments"] += fn.get("arguments") or ""
+    assert sorted(calls) == list(range(len(calls)))
+    return [calls[k] for k in range(len(calls))]
+
+
 def engine_sampled(ids, n, seed):
     if "model" not in _REFERENCE:
         _REFERENCE["model"] = make_model("torch", rows=4, max_seq=96)

@@ -10,7 +10,7 @@ import pytest
 from linnet.serve import Engine
 
 from .conftest import make_model, running
-from .test_server import call, sse
+from .test_server import call, sse, streamed_calls
 from .test_structured import byte_tokenizer
 
 pytest.importorskip("llguidance")
@@ -79,9 +79,28 @@ def test_a_named_tool_choice_calls_that_function_with_valid_arguments(base):
     chunks = sse(call(base, "/v1/chat/completions", dict({"messages": USER, "max_tokens": 60, "seed": 1},
                                                           stream=True, **body))[1])
     deltas = [c["choices"][0]["delta"] for c in chunks]
-    [streamed] = [d["tool_calls"] for d in deltas if "tool_calls" in d]
-    assert streamed[0]["index"] == 0 and streamed[0]["function"] == tool_call["function"]  # the same seed
+    [streamed] = streamed_calls(deltas)
+    assert streamed["function"] == tool_call["function"]  # the same seed
+    # the arguments go as the model writes them (a byte tokenizer: a character a token), not whole at the end
+    assert sum("tool_calls" in d for d in deltas) > 10
     assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == "tool_calls"
+
+
+def test_a_call_cut_short_reads_the_same_whole_and_streamed(base):
+    """A forced call cut by max_tokens is the call as far as written, as OpenAI gives one, with
+    finish_reason "length": what the stream sent of it, nothing more, nothing as text."""
+    body = dict({"messages": USER, "max_tokens": 9, "seed": 3, "tools": [WEATHER, TIME]},
+                tool_choice={"type": "function", "function": {"name": "get_time"}})
+    choice = chat(base, **body)["choices"][0]
+    assert choice["finish_reason"] == "length" and choice["message"]["content"] is None
+    [cut] = choice["message"]["tool_calls"]
+    assert cut["function"]["name"] == "get_time" and cut["function"]["arguments"].startswith("{")
+    with pytest.raises(ValueError):
+        json.loads(cut["function"]["arguments"])
+    chunks = sse(call(base, "/v1/chat/completions", dict(body, stream=True))[1])
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert [c["function"] for c in streamed_calls(deltas)] == [cut["function"]]  # the same seed
+    assert not any(d.get("content") for d in deltas) and chunks[-1]["choices"][0]["finish_reason"] == "length"
 
 
 def test_required_calls_any_of_the_tools_and_parallel_false_calls_one(base):
@@ -103,6 +122,14 @@ def test_openais_client_reads_the_tool_calls(base):
                                          tool_choice={"type": "function", "function": {"name": "get_time"}})
     call_ = out.choices[0].message.tool_calls[0]
     assert call_.function.name == "get_time" and json.loads(call_.function.arguments)["zone"] in ("UTC", "CET")
+    # streamed, as the client's own stream helper puts the pieces together
+    with client.chat.completions.stream(model="tiny", messages=USER, tools=[TIME], max_tokens=40, seed=2,
+                                        tool_choice={"type": "function", "function": {"name": "get_time"}}) as stream:
+        events = list(stream)
+        final = stream.get_final_completion()
+    assert [(c.function.name, c.function.arguments) for c in final.choices[0].message.tool_calls] \
+        == [(call_.function.name, call_.function.arguments)]
+    assert sum(e.type == "tool_calls.function.arguments.delta" for e in events) > 3
 
 
 @pytest.mark.parametrize("body,needle", [
@@ -180,8 +207,8 @@ def test_auto_tells_a_call_from_text_in_the_models_own_format(auto_base):
         chunks = sse(call(base, "/v1/chat/completions", dict(body, stream=True))[1])
         deltas = [c["choices"][0]["delta"] for c in chunks]
         assert "".join(d.get("content") or "" for d in deltas) == (content or "")  # the call's text is never streamed
-        [streamed] = [d["tool_calls"] for d in deltas if "tool_calls" in d]
-        assert streamed[0]["function"] == tool_call["function"]
+        [streamed] = streamed_calls(deltas)
+        assert streamed["function"] == tool_call["function"] and (len(streamed["id"]) == 9) == (parser == "mistral")
         assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
     plain = dict({"messages": USER, "max_tokens": 40, "tools": [TIME]}, **forced("It is noon {UTC}."))
     choice = json.loads(call(base, "/v1/chat/completions", plain)[1])["choices"][0]
@@ -222,7 +249,7 @@ def test_a_reasoning_models_thinking_is_given_apart_whole_and_streamed(thinking_
         deltas = [c["choices"][0]["delta"] for c in chunks]
         assert "".join(d.get("reasoning_content", "") for d in deltas) == "Time?"
         assert "".join(d.get("content") or "" for d in deltas) == "Checking."
-        assert [d["tool_calls"][0]["function"]["name"] for d in deltas if "tool_calls" in d] == ["get_time"]
+        assert [c["function"] for c in streamed_calls(deltas)] == [choice["message"]["tool_calls"][0]["function"]]
 
 
 HARMONY = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"]
@@ -266,7 +293,7 @@ def test_gpt_oss_channels_and_calls_through_the_server(harmony_base):
         == [("get_time", {"zone": "CET"})]
     deltas = [c["choices"][0]["delta"] for c in sse(call(base, "/v1/chat/completions", dict(body, stream=True))[1])]
     assert not any(d.get("content") for d in deltas)  # the arguments never leak as text
-    assert [d["tool_calls"][0]["function"]["name"] for d in deltas if "tool_calls" in d] == ["get_time"]
+    assert [c["function"] for c in streamed_calls(deltas)] == [choice["message"]["tool_calls"][0]["function"]]
 
 
 def test_a_forced_call_on_harmony_is_written_in_harmony(harmony_base):
@@ -296,8 +323,7 @@ def test_a_forced_call_on_harmony_is_written_in_harmony(harmony_base):
         chunks = sse(call(base, "/v1/chat/completions", dict(body, stream=True))[1])
         deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
         assert not any(d.get("content") for d in deltas)
-        streamed = [d["tool_calls"][0]["function"] for d in deltas if "tool_calls" in d]
-        assert streamed == [{k: made["function"][k] for k in ("name", "arguments")}]
+        assert [c["function"] for c in streamed_calls(deltas)] == [made["function"]]
     # the grammar itself: the model's own headers, the thinking optional
     grammar = Harmony().call_structure({"get_time": TIME["function"]["parameters"]}).spec
     assert '"commentary to=functions.get_time "' in grammar and "start: thinking? (call_0)" in grammar

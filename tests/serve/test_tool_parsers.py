@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from linnet.serve.tool_parsers import PARSERS, tool_parser
 
+from .call_streams import stream
+
 names = st.from_regex(r"[a-z_][a-z0-9_]{0,15}", fullmatch=True)
 values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=8),
                       lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
@@ -23,18 +25,23 @@ python_calls = st.lists(st.tuples(names, st.dictionaries(names.filter(lambda n: 
 TAKES_TEXT_BEFORE = ("hermes", "mistral")  # the others write a call as the whole reply
 
 
-def written(parser: str, made: list, before: str = "") -> str:
+def written(parser: str, made: list, before: str = "", dumps=json.dumps) -> str:
     """The reply a model of the family writes to make these calls (Mistral's with its special token
-    as text, as the server gives it to the parser)."""
+    as text, as the server gives it to the parser); `dumps` writes JSON as the model spaces it."""
     if parser == "llama3_json":
-        return "; ".join(json.dumps({"name": n, "parameters": a}) for n, a in made)
+        return "; ".join(dumps({"name": n, "parameters": a}) for n, a in made)
     if parser == "mistral":
-        return before + "[TOOL_CALLS] " + json.dumps([{"name": n, "arguments": a} for n, a in made])
+        return before + "[TOOL_CALLS] " + dumps([{"name": n, "arguments": a} for n, a in made])
     if parser == "mistral-v11":  # Mistral's v11 tokenizers: a marker, the name and [ARGS] for each call
-        return before + "".join(f"[TOOL_CALLS]{n}[ARGS]{json.dumps(a)}" for n, a in made)
+        return before + "".join(f"[TOOL_CALLS]{n}[ARGS]{dumps(a)}" for n, a in made)
     if parser == "pythonic":
         return "[" + ", ".join(f"{n}({', '.join(f'{k}={v!r}' for k, v in a.items())})" for n, a in made) + "]"
-    return before + "".join(f"<tool_call>\n{json.dumps({'name': n, 'arguments': a})}\n</tool_call>" for n, a in made)
+    return before + "".join(f"<tool_call>\n{dumps({'name': n, 'arguments': a})}\n</tool_call>" for n, a in made)
+
+
+# how models space their JSON: as json.dumps does, tight, or over lines
+SPACINGS = {"default": json.dumps, "tight": lambda v: json.dumps(v, separators=(",", ":")),
+            "lines": lambda v: json.dumps(v, indent=1, ensure_ascii=False)}
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
@@ -120,3 +127,71 @@ def test_mistral_call_ids_are_what_its_chat_template_takes_back():
     ids = {call_ids(tool_parser("mistral"))() for _ in range(50)}
     assert len(ids) == 50 and all(len(i) == 9 and i.isalnum() and i.isascii() for i in ids)
     assert call_ids(tool_parser("hermes"))().startswith("call_") and call_ids(None)().startswith("call_")
+
+
+@settings(max_examples=80, deadline=None, derandomize=True, database=None)
+@given(parser=st.sampled_from(sorted(PARSERS) + ["mistral-v11"]), data=st.data(),
+       before=st.sampled_from(["", "Let me look. "]), spacing=st.sampled_from(sorted(SPACINGS)),
+       step=st.integers(1, 4))
+def test_a_streamed_call_adds_up_to_the_whole_replys(parser, data, before, spacing, step):
+    """Read a prefix at a time (as a stream is), each call's name goes once written and its
+    arguments as they come: put together, the same calls `parse` reads from the whole reply, the
+    arguments the model's own text; every call but Python's (read whole, at the end) is opened
+    before the reply ends."""
+    made = data.draw(python_calls if parser == "pythonic" else calls)
+    before = before if parser.split("-")[0] in TAKES_TEXT_BEFORE else ""
+    reply = written(parser, made, before, SPACINGS[spacing])
+    reader = tool_parser(parser.split("-")[0])
+    _, whole = reader.parse(reply)
+    got = stream(reader, reply, {n for n, _ in made}, step)
+    assert [(name, arguments) for _, name, arguments in got] == [(c["name"], c["arguments"]) for c in whole]
+    assert [(n, json.loads(a)) for _, n, a in got] == made
+    streamed = [i for i, _, _ in got if i.startswith("call_")]
+    assert len(streamed) == (0 if parser == "pythonic" else len(made))
+    if parser != "pythonic" and spacing != "default":  # the arguments as written, not re-spaced
+        assert all(a in reply for _, _, a in got)
+
+
+def test_calls_to_functions_not_offered_are_read_whole_at_the_end():
+    """A Llama 3 reply that is JSON may be an answer: only a call to one of the request's functions
+    is streamed as it is written."""
+    reader = tool_parser("llama3_json")
+    reply = '{"name": "Ada", "parameters": {"born": 1815}}'
+    [(call_id, name, arguments)] = stream(reader, reply, {"get_time"})
+    assert call_id == "end_0" and (name, arguments) == ("Ada", '{"born": 1815}')
+    [(call_id, _, _)] = stream(reader, reply, {"Ada"})
+    assert call_id == "call_0"
+
+
+@pytest.mark.parametrize("reply", [
+    '{"name": "f", "parameters": {"s": "a \\" }, \\\\ ] {"}}',  # brackets and escapes inside a string
+    '{"parameters": {"x": [1, {"y": 2}]}, "name": "f"}',  # the arguments before the name
+    '{"name": "f", "parameters": "{\\"x\\": 1}"}',  # the arguments written as a string
+    '{"name": "f"}',  # no arguments
+])
+def test_partial_reads_what_is_written_so_far(reply):
+    reader = tool_parser("llama3_json")
+    _, whole = reader.parse(reply)
+    [(_, name, arguments)] = stream(reader, reply, {"f"})
+    assert [(name, arguments)] == [(c["name"], c["arguments"]) for c in whole]
+    for end in range(len(reply)):  # every prefix: the name once closed, the arguments a prefix of the whole's
+        for n, a, closed in reader.partial(reply[:end]):
+            assert n in (None, "f") and not closed
+            assert a is None or whole[0]["arguments"].startswith(a)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(made=calls, spacing=st.sampled_from(sorted(SPACINGS)), step=st.integers(1, 3), named=st.booleans())
+def test_forced_calls_stream_as_they_are_written(made, spacing, step, named):
+    """tool_choice naming a function: the reply is its arguments; "required": a JSON list of
+    {name, parameters} (vLLM's form)."""
+    from linnet.serve.tool_parsers import forced_calls
+
+    dumps = SPACINGS[spacing]
+    if named:
+        made, reader, reply = made[:1], forced_calls(made[0][0]), dumps(made[0][1])
+    else:
+        reader, reply = forced_calls("required"), dumps([{"name": n, "parameters": a} for n, a in made])
+    got = stream(reader, reply, {n for n, _ in made}, step)
+    assert [(n, json.loads(a)) for _, n, a in got] == made and all(i.startswith("call_") for i, _, _ in got)
+    assert reader.parse(reply[:-1]) == (reply[:-1], [])  # cut short: no call
