@@ -236,7 +236,8 @@ def cmd_serve(args) -> int:
         raise _UsageError("--enable-auto-tool-choice needs --tool-call-parser (the card names none)")
     serve(model, args.name or model.card, host=args.host, port=args.port, api_key=api_key,
           tool_parser=parser, reasoning_parser=args.reasoning_parser or model.module.meta.get("reasoning_parser"),
-          structure_in_reasoning=args.structured_outputs_in_reasoning, log_level=args.uvicorn_log_level,
+          structure_in_reasoning=args.structured_outputs_in_reasoning, stored_responses=args.stored_responses,
+          log_level=args.uvicorn_log_level,
           token_budget=args.token_budget, seed=args.seed)
     return 0
 
@@ -346,6 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "(vLLM's structured_outputs_config.enable_in_reasoning)")
     sv.add_argument("--enable-auto-tool-choice", action="store_true",
                     help="vLLM's flag, taken as it is: 'auto' is on wherever a tool-call parser is known")
+    sv.add_argument("--stored-responses", type=int, default=1024,
+                    help="how many Responses (/v1/responses) are kept in memory for previous_response_id and "
+                         "GET /v1/responses/ID, the oldest dropped first (0: none)")
     sv.add_argument("--seed", type=int, default=0, help="seeds the draws of requests that send no seed of their own")
     sv.add_argument("--enforce-eager", action="store_true",
                     help="run every step eagerly: no CUDA graph, no CPU graph replay, no compiled model")

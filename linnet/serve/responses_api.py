@@ -7,13 +7,16 @@ ones, `text.format` chat's `response_format`, `max_output_tokens` max_tokens; th
 fields pass as they are. The chat job then runs, and its one choice is written back as a
 Response (`response_object`): a reasoning model's thinking a `reasoning` item, the text an
 assistant `message` item, each tool call a `function_call` item. Streamed, `ResponseWriter`
-sends Responses' typed events in place of chat's chunks. Nothing is stored: a body naming a
-`previous_response_id` is refused, and the conversation goes in `input`.
+sends Responses' typed events in place of chat's chunks. A finished Response is kept (unless
+its body says `store: false`; responses_store.py), and a body naming it as its
+`previous_response_id` continues its conversation.
 """
 
 from __future__ import annotations
 
 import time
+
+from dataclasses import dataclass
 
 from linnet.serve.openai_api import ApiError, Job, new_id, usage
 
@@ -25,11 +28,37 @@ PASSED = ("model", "temperature", "top_p", "stream", "parallel_tool_calls", "see
           "guided_regex", "guided_choice", "guided_grammar")
 
 
-def chat_body(body: dict) -> dict:
+@dataclass
+class ResponsesCall:
+    """A Responses body and the conversation it continues, as chat messages: its previous
+    response's (that one's input and output) and its own input, its `instructions` apart (they do
+    not carry over to a later response)."""
+
+    body: dict
+    conversation: list
+
+    @property
+    def stored(self) -> bool:
+        return self.body.get("store", True)
+
+
+def read_call(body: dict, store) -> ResponsesCall:
+    """A Responses body with the conversation it continues (from `store`, a `ResponseStore`)."""
+    if not isinstance(body.get("store", True), bool):
+        raise ApiError(400, "'store' must be true or false", "store")
+    previous = body.get("previous_response_id")
+    earlier = [] if previous is None else store.conversation(previous)
+    return ResponsesCall(body, earlier + _messages(body.get("input")))
+
+
+def conversation_after(call: ResponsesCall, output: list) -> list:
+    """The conversation a later response continues from this one: its own, then its output's turn."""
+    return call.conversation + _messages([item for item in output if item["type"] != "reasoning"], output=True)
+
+
+def chat_body(call: ResponsesCall) -> dict:
     """The chat completions body a Responses body asks for; a bad one is an `ApiError`."""
-    if body.get("previous_response_id") is not None:
-        raise ApiError(400, "'previous_response_id' is not supported: this server stores no responses; send the "
-                            "conversation in 'input'", "previous_response_id")
+    body = call.body
     if body.get("background"):
         raise ApiError(400, "'background' is not supported", "background")
     if body.get("truncation") not in (None, "disabled"):
@@ -38,7 +67,7 @@ def chat_body(body: dict) -> dict:
     chat = {k: body[k] for k in PASSED if body.get(k) is not None}
     messages = [] if body.get("instructions") is None else [{"role": "system", "content": _text(
         body["instructions"], "instructions")}]
-    chat["messages"] = messages + _messages(body.get("input"))
+    chat["messages"] = messages + call.conversation
     if body.get("max_output_tokens") is not None:
         chat["max_tokens"] = body["max_output_tokens"]
     if body.get("tools"):
@@ -68,9 +97,12 @@ def _text(value, where: str) -> str:
     raise ApiError(400, f"'{where}' must be a string or a list of text parts (input_text, output_text)", where)
 
 
-def _messages(items) -> list:
+def _messages(items, output: bool = False) -> list:
     """Chat messages for Responses' `input`: a string, or a list of message, function_call and
-    function_call_output items (reasoning items are the model's own, and are left out)."""
+    function_call_output items (reasoning items are the model's own, and are left out); with
+    `output`, for a Response's own output items (which may be none)."""
+    if output and not items:
+        return []
     if isinstance(items, str):
         if not items:
             raise ApiError(400, "'input' must not be empty", "input")
@@ -87,8 +119,8 @@ def _messages(items) -> list:
             call = {"id": item["call_id"], "type": "function",
                     "function": {"name": item["name"], "arguments": item["arguments"]}}
             last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant" and last.get("tool_calls") is not None:
-                last["tool_calls"].append(call)  # parallel calls: one assistant turn
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)  # the turn's text and its calls: one turn
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output" and isinstance(item.get("call_id"), str):
@@ -177,7 +209,8 @@ def response_object(body: dict, job: Job, comps: list, model: str, output: list,
         "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice", "auto"),
         "parallel_tool_calls": body.get("parallel_tool_calls", True),
         "text": body.get("text") or {"format": {"type": "text"}}, "reasoning": body.get("reasoning"),
-        "metadata": body.get("metadata"), "previous_response_id": None, "store": False, "truncation": "disabled",
+        "metadata": body.get("metadata"), "previous_response_id": body.get("previous_response_id"),
+        "store": body.get("store", True), "truncation": "disabled",
         "usage": None if counts is None else {
             "input_tokens": counts["prompt_tokens"],
             "input_tokens_details": {"cached_tokens": counts["prompt_tokens_details"]["cached_tokens"]},
@@ -203,6 +236,7 @@ class ResponseWriter:
         self.output: list = []  # finished items
         self.open: dict | None = None  # the item being written: {"item": ..., "text": ...}
         self.finish: str | None = None
+        self.final: dict | None = None  # the whole Response, once the last event is written
 
     def _event(self, kind: str, **fields) -> dict:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -290,7 +324,8 @@ class ResponseWriter:
     def usage(self, job: Job, comps: list) -> dict:
         # "response.completed" even for an incomplete response (its status says so), as vLLM sends it:
         # OpenAI's client's stream helper ends on no other event
-        return self._event("response.completed", response=self._response(comps=comps))
+        self.final = self._response(comps=comps)
+        return self._event("response.completed", response=self.final)
 
 
 def response(body: dict, job: Job, comps: list, model: str, message: dict, finish: str | None, tokenizer) -> dict:

@@ -3,7 +3,7 @@
 A plain ASGI application (run by uvicorn) over one `Engine` stepping on its
 own thread. Routes: POST /v1/completions and /v1/chat/completions (with
 "stream": true as server-sent events), POST /v1/responses (OpenAI's Responses API, run as the
-chat it means: responses_api.py), GET /v1/models[/ID]; vLLM's POST
+chat it means: responses_api.py; GET and DELETE /v1/responses/ID, the ones kept), GET /v1/models[/ID]; vLLM's POST
 /tokenize and /detokenize, GET /ping and /version; GET /health and /metrics (Prometheus).
 A bad request gets OpenAI's error object with its status; it never stops the
 engine or the other requests. A client that disconnects cancels its requests.
@@ -22,7 +22,8 @@ from linnet.serve.openai_api import (ApiError, ChunkWriter, Job, TextStream, cha
                                      error_body, finish_reason, marker_ids, partial_calls,
                                      reply_text)
 from linnet.serve.request import RequestError
-from linnet.serve.responses_api import ResponseWriter, chat_body, response
+from linnet.serve.responses_api import ResponseWriter, ResponsesCall, chat_body, conversation_after, read_call, response
+from linnet.serve.responses_store import ResponseStore
 from linnet.serve.tool_stream import CallStream
 
 MAX_BODY = 4 << 20
@@ -30,12 +31,15 @@ MAX_BODY = 4 << 20
 
 class OpenAIServer:
     def __init__(self, engine: Engine, model_name: str, api_key: str | None = None, tool_parser: str | None = None,
-                 reasoning_parser: str | None = None, structure_in_reasoning: bool = False):
+                 reasoning_parser: str | None = None, structure_in_reasoning: bool = False,
+                 stored_responses: int = 1024):
         """`tool_parser`: the name of the reader of the model's own tool calls (`tool_parsers`), which
         lets a request with tools leave tool_choice "auto"; `reasoning_parser`, of a reasoning model's
         thinking (`reasoning`), which chat replies then give apart as `reasoning_content`, and whose
-        structured outputs hold only the answer, unless `structure_in_reasoning`."""
+        structured outputs hold only the answer, unless `structure_in_reasoning`; `stored_responses`:
+        how many Responses are kept for `previous_response_id` (the newest; 0 keeps none)."""
         self.structure_in_reasoning = structure_in_reasoning
+        self.responses = ResponseStore(stored_responses)
         from linnet.serve.reasoning import reasoning_parser as find_reasoning
         from linnet.serve.tool_parsers import tool_parser as find_parser
 
@@ -83,6 +87,8 @@ class OpenAIServer:
         path, method = scope["path"].rstrip("/") or "/", scope["method"]
         if path.startswith("/v1/models/"):  # one model's card
             route = ("GET", self._models)
+        elif path.startswith("/v1/responses/"):  # a kept Response, read or deleted
+            route = ("DELETE", self._forget_response) if method == "DELETE" else ("GET", self._kept_response)
         elif path in self.routes:
             route = self.routes[path]
         else:
@@ -113,6 +119,12 @@ class OpenAIServer:
             await _json(send, 200, card)
         else:
             raise ApiError(404, f"the model {path[len('/v1/models/'):]!r} does not exist", "model", "model_not_found")
+
+    async def _kept_response(self, path, receive, send):
+        await _json(send, 200, self.responses.response(_response_id(path)))
+
+    async def _forget_response(self, path, receive, send):
+        await _json(send, 200, self.responses.delete(_response_id(path)))
 
     async def _metrics(self, path, receive, send):
         data = prometheus_text(self.engine).encode()
@@ -153,7 +165,8 @@ class OpenAIServer:
 
     async def _generate(self, path, receive, send):
         body = await self._body(receive)
-        responses = body if path == "/v1/responses" else None  # the Responses body, run as the chat it means
+        # a Responses body, with the conversation it continues, runs as the chat it means
+        responses = read_call(body, self.responses) if path == "/v1/responses" else None
         if responses is not None:
             body = chat_body(responses)
         chat = responses is not None or path.endswith("chat/completions")
@@ -192,7 +205,7 @@ class OpenAIServer:
             if comp.finish_reason is None:
                 self.engine.cancel(comp.id)
 
-    async def _complete(self, job: Job, streams: list, chat: bool, send, responses: dict | None = None):
+    async def _complete(self, job: Job, streams: list, chat: bool, send, responses: ResponsesCall | None = None):
         async def drain(stream):
             async for _ in stream:
                 pass
@@ -204,16 +217,18 @@ class OpenAIServer:
             raise ApiError(500, failed[0].error or "the request failed", kind="server_error")
         if responses is not None:
             message, finish = chat_message(job, comps[0], self.tokenizer)
-            await _json(send, 200, response(responses, job, comps, self.model_name, message, finish, self.tokenizer))
+            made = response(responses.body, job, comps, self.model_name, message, finish, self.tokenizer)
+            self._keep(responses, made)
+            await _json(send, 200, made)
             return
         respond = chat_response if chat else completion_response
         await _json(send, 200, respond(job, comps, self.model_name, self.tokenizer))
 
-    async def _stream(self, job: Job, streams: list, chat: bool, send, responses: dict | None = None):
+    async def _stream(self, job: Job, streams: list, chat: bool, send, responses: ResponsesCall | None = None):
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
         if responses is not None:  # Responses' typed events, the last one the whole Response
-            writer, job.include_usage = ResponseWriter(responses, job, self.model_name, self.tokenizer), True
+            writer, job.include_usage = ResponseWriter(responses.body, job, self.model_name, self.tokenizer), True
         else:
             writer = ChunkWriter(chat, self.model_name, self.tokenizer, job.include_usage)
 
@@ -292,6 +307,8 @@ class OpenAIServer:
                     await event(writer.piece(i, "", reason=why))
             if job.include_usage:
                 await event(writer.usage(job, comps))
+            if responses is not None and not any(c.finish_reason == "error" for c in comps):
+                self._keep(responses, writer.final)
         except Exception as err:  # the response has started: the error goes in the stream
             await event(error_body(f"internal error: {err}"))
         finally:
@@ -300,6 +317,20 @@ class OpenAIServer:
         # chat and completions end with [DONE]; a Responses stream ends with its last event
         await send({"type": "http.response.body", "body": b"" if responses is not None else b"data: [DONE]\n\n",
                     "more_body": False})
+
+
+    def _keep(self, call: ResponsesCall, made: dict) -> None:
+        """Keeps a finished Response for later ones to continue, unless its body says store: false."""
+        if call.stored:
+            self.responses.put(made, conversation_after(call, made["output"]))
+
+
+def _response_id(path: str) -> str:
+    response_id = path[len("/v1/responses/"):]
+    if "/" in response_id:
+        raise ApiError(404, f"no route {path}: a kept Response is read whole (its input items are not listed apart)",
+                       code="not_found")
+    return response_id
 
 
 def _sendable(job: Job, text: str) -> int | None:
@@ -353,7 +384,7 @@ async def _json(send, status: int, body: dict):
 
 def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           tool_parser: str | None = None, reasoning_parser: str | None = None, structure_in_reasoning: bool = False,
-          log_level: str = "info", **engine_options) -> None:
+          stored_responses: int = 1024, log_level: str = "info", **engine_options) -> None:
     import uvicorn
 
     engine = Engine(model, **engine_options)
@@ -361,5 +392,5 @@ def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: 
     engine.warmup()  # every pass size the engine will use, compiled before the first request
     print(f"linnet: {name} ready in {time.perf_counter() - start:.0f} s (warmup)", flush=True)
     app = OpenAIServer(engine, name, api_key=api_key, tool_parser=tool_parser, reasoning_parser=reasoning_parser,
-                       structure_in_reasoning=structure_in_reasoning)
+                       structure_in_reasoning=structure_in_reasoning, stored_responses=stored_responses)
     uvicorn.run(app, host=host, port=port, log_level=log_level)

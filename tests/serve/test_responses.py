@@ -1,7 +1,7 @@
 """OpenAI's Responses API (/v1/responses), read by OpenAI's own client: a reply as the chat
 endpoint gives it for the same conversation, streamed as typed events the client's stream helper
 accepts, earlier tool calls and their outputs in the input, a forced function call as a
-function_call item, and bad bodies refused."""
+function_call item, a kept Response continued by a later one, and bad bodies refused."""
 
 import json
 
@@ -80,7 +80,8 @@ def test_earlier_calls_and_their_outputs_are_the_chat_turns_they_mean(server):
 
 
 @pytest.mark.parametrize("body, needle", [
-    ({"input": "t1", "previous_response_id": "resp_1"}, "stores no responses"),
+    ({"input": "t1", "previous_response_id": "resp_1"}, "not found"),
+    ({"input": "t1", "store": "yes"}, "'store' must be"),
     ({"input": []}, "'input' must be"),
     ({"input": [{"type": "image", "url": "x"}]}, "'input[0]' must be"),
     ({"input": "t1", "tools": [{"type": "web_search"}]}, "runs no built-in tools"),
@@ -158,3 +159,79 @@ def test_a_reasoning_models_thinking_text_and_call_are_three_items_in_order():
     assert [e["output_index"] for e in events if e["type"] == "response.output_item.added"] == [0, 1, 2]
     assert "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta") \
         == final["output"][2]["arguments"] == out["output"][2]["arguments"]
+
+
+def chat_reply(base, messages: list, max_tokens: int) -> dict:
+    return json.loads(call(base, "/v1/chat/completions", {"messages": messages, "max_tokens": max_tokens,
+                                                         "temperature": 0})[1])
+
+
+def test_a_later_response_continues_a_kept_one(server):
+    """previous_response_id: the earlier input and output come first, then the new input, as the
+    chat endpoint reads that conversation; the earlier instructions do not carry over. Streamed
+    Responses are kept too."""
+    base, _, _ = server
+    api = client(base)
+    first = api.responses.create(model="tiny", instructions="t9", input="t5 t6", max_output_tokens=3, temperature=0)
+    assert first.store is True and first.previous_response_id is None
+    second = api.responses.create(model="tiny", previous_response_id=first.id, input="t7", max_output_tokens=3,
+                                  temperature=0)
+    conversation = [{"role": "user", "content": "t5 t6"}, {"role": "assistant", "content": first.output_text},
+                    {"role": "user", "content": "t7"}]
+    chat = chat_reply(base, conversation, 3)
+    assert second.output_text == chat["choices"][0]["message"]["content"] and second.previous_response_id == first.id
+    assert second.usage.input_tokens == chat["usage"]["prompt_tokens"]
+    with api.responses.stream(model="tiny", previous_response_id=second.id, input="t8", max_output_tokens=3,
+                              temperature=0) as stream:
+        list(stream)
+        third = stream.get_final_response()
+    conversation += [{"role": "assistant", "content": second.output_text}, {"role": "user", "content": "t8"}]
+    assert third.output_text == chat_reply(base, conversation, 3)["choices"][0]["message"]["content"]
+    fourth = api.responses.create(model="tiny", previous_response_id=third.id, input="t4", max_output_tokens=3,
+                                  temperature=0)
+    conversation += [{"role": "assistant", "content": third.output_text}, {"role": "user", "content": "t4"}]
+    assert fourth.output_text == chat_reply(base, conversation, 3)["choices"][0]["message"]["content"]
+
+
+def test_a_kept_response_is_read_and_deleted_and_store_false_keeps_none(server):
+    base, _, _ = server
+    made = json.loads(call(base, "/v1/responses", {"input": "t3", "max_output_tokens": 2})[1])
+    status, text = call(base, f"/v1/responses/{made['id']}", method="GET")
+    assert status == 200 and json.loads(text) == made
+    status, text = call(base, f"/v1/responses/{made['id']}", method="DELETE")
+    assert status == 200 and json.loads(text) == {"id": made["id"], "object": "response", "deleted": True}
+    for method in ("GET", "DELETE"):
+        status, text = call(base, f"/v1/responses/{made['id']}", method=method)
+        assert status == 404 and "no response with id" in json.loads(text)["error"]["message"]
+    status, text = call(base, "/v1/responses", {"input": "t3", "previous_response_id": made["id"]})
+    error = json.loads(text)["error"]
+    assert status == 400 and error["code"] == "previous_response_not_found" and error["param"] == "previous_response_id"
+    unkept = json.loads(call(base, "/v1/responses", {"input": "t3", "max_output_tokens": 2, "store": False})[1])
+    assert unkept["store"] is False and call(base, f"/v1/responses/{unkept['id']}", method="GET")[0] == 404
+    assert call(base, f"/v1/responses/{made['id']}/input_items", method="GET")[0] == 404
+
+
+def test_the_store_keeps_the_newest_and_a_turns_text_and_calls_are_one_assistant_turn():
+    from linnet.serve.openai_api import ApiError
+    from linnet.serve.responses_api import conversation_after, read_call
+    from linnet.serve.responses_store import ResponseStore
+
+    store = ResponseStore(limit=2)
+    for k in range(3):
+        store.put({"id": f"resp_{k}"}, [{"role": "user", "content": f"t{k}"}])
+    assert list(store.kept) == ["resp_1", "resp_2"]
+    with pytest.raises(ApiError, match="not found"):
+        store.conversation("resp_0")
+    call_ = read_call({"input": "t4", "previous_response_id": "resp_2"}, store)
+    output = [{"type": "reasoning", "id": "rs", "summary": [], "content": [{"type": "reasoning_text", "text": "hm"}]},
+              {"type": "message", "id": "msg", "role": "assistant",
+               "content": [{"type": "output_text", "text": "Checking.", "annotations": []}]},
+              {"type": "function_call", "id": "fc1", "call_id": "c1", "name": "f", "arguments": "{}"},
+              {"type": "function_call", "id": "fc2", "call_id": "c2", "name": "g", "arguments": "{\"x\": 1}"}]
+    assert conversation_after(call_, output) == [
+        {"role": "user", "content": "t2"}, {"role": "user", "content": "t4"},
+        {"role": "assistant", "content": "Checking.", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+            {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "{\"x\": 1}"}}]}]
+    assert conversation_after(read_call({"input": "t5"}, store), []) == [{"role": "user", "content": "t5"}]
+    assert ResponseStore(limit=0).put({"id": "resp_9"}, []) is None
