@@ -59,13 +59,19 @@ class Job:
         return comps[i - i % self.n].prompt_logprobs
 
 
+def shown(value) -> str:
+    """A value as an error message quotes it: its repr, cut short where it is long."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _number(body: dict, name: str, default, lo=None, hi=None, integer=False):
     value = body.get(name, default)
     if value is None:
         return default
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not ok:
-        raise ApiError(400, f"'{name}' must be {'an integer' if integer else 'a number'}, not {value!r}", name)
+        raise ApiError(400, f"'{name}' must be {'an integer' if integer else 'a number'}, not {shown(value)}", name)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         bounds = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
         raise ApiError(400, f"'{name}' must be {bounds}, not {value}", name)
@@ -77,7 +83,7 @@ def _boolean(body: dict, name: str, default: bool) -> bool:
     if value is None:
         return default
     if not isinstance(value, bool):
-        raise ApiError(400, f"'{name}' must be true or false, not {value!r}", name)
+        raise ApiError(400, f"'{name}' must be true or false, not {shown(value)}", name)
     return value
 
 
@@ -95,6 +101,7 @@ def _stops(body: dict) -> list:
 
 def _refuse_unsupported(body: dict, chat: bool) -> None:
     """Fields that would change the answer and that this server cannot honour: refused, never ignored."""
+    _boolean(body, "stream", False)  # a stream or not: nothing else
     if chat:
         if body.get("functions") or body.get("function_call"):
             raise ApiError(400, "'functions' is not supported: send 'tools'", "functions")
@@ -234,7 +241,7 @@ def _include_usage(body: dict) -> bool:
         raise ApiError(400, "'stream_options' must be an object", "stream_options")
     if not body.get("stream"):
         raise ApiError(400, "'stream_options' is only allowed with 'stream': true", "stream_options")
-    return bool(options.get("include_usage", False))
+    return _boolean(options, "include_usage", False)
 
 
 def _logit_bias(body: dict) -> dict | None:

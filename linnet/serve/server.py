@@ -19,8 +19,7 @@ from linnet.serve.engine import Engine
 from linnet.serve.metrics import prometheus_text
 from linnet.serve.openai_api import (ApiError, ChunkWriter, Job, TextStream, chat_job, chat_message, chat_prompt,
                                      chat_response, check_fits, completion_job, completion_response, echoed_prompt,
-                                     error_body, finish_reason, marker_ids, partial_calls,
-                                     reply_text)
+                                     error_body, finish_reason, marker_ids, partial_calls, reply_text, shown)
 from linnet.serve.request import RequestError
 from linnet.serve.responses_api import ResponseWriter, ResponsesCall, chat_body, conversation_after, read_call, response
 from linnet.serve.responses_store import ResponseStore
@@ -137,7 +136,7 @@ class OpenAIServer:
         body = await _read_json(receive)
         model = body.get("model")
         if model is not None and model != self.model_name:
-            raise ApiError(404, f"the model {model!r} does not exist; this server serves {self.model_name!r}",
+            raise ApiError(404, f"the model {shown(model)} does not exist; this server serves {self.model_name!r}",
                            "model", "model_not_found")
         return body
 
