@@ -219,6 +219,7 @@ def _use_chat_template(model, given: str | None) -> None:
 def cmd_serve(args) -> int:
     from linnet import nest
     from linnet.serve.server import serve
+    from linnet.serve.tool_parsers import parser_for_template
 
     generics = {"Batch": args.batch, "MaxSeq": args.max_seq, "T": args.dtype}
     if args.shards is not None and args.backend != "jax":
@@ -231,7 +232,8 @@ def cmd_serve(args) -> int:
         raise _UsageError(str(err)) from None
     _use_chat_template(model, args.chat_template)
     api_key = args.api_key or os.environ.get("LINNET_API_KEY") or None
-    parser = args.tool_call_parser or model.module.meta.get("tool_call_parser")
+    template = getattr(model.tokenizer, "chat_template", None)
+    parser = args.tool_call_parser or parser_for_template(template) or model.module.meta.get("tool_call_parser")
     if args.enable_auto_tool_choice and parser is None:
         raise _UsageError("--enable-auto-tool-choice needs --tool-call-parser (the card names none)")
     serve(model, args.name or model.card, host=args.host, port=args.port, api_key=api_key,
@@ -337,8 +339,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--api-key", default=None,
                     help="require 'Authorization: Bearer KEY' on /v1/ routes (default: $LINNET_API_KEY, else none)")
     sv.add_argument("--tool-call-parser", choices=sorted(PARSERS), default=None,
-                    help="how the model writes tool calls, for tool_choice 'auto' (default: the card's meta "
-                         "tool_call_parser; without one, 'auto' is refused)")
+                    help="how the model writes tool calls, for tool_choice 'auto' (default: the one its chat "
+                         "template shows (Qwen3-Coder's XML), else the card's meta tool_call_parser; without one, "
+                         "'auto' is refused)")
     sv.add_argument("--reasoning-parser", choices=sorted(REASONING), default=None,
                     help="how a reasoning model marks its thinking, which chat replies then give apart as "
                          "reasoning_content (default: the card's meta reasoning_parser)")

@@ -507,11 +507,14 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=No
         for r in requests:
             r.structure_after = None if marker is None else tokenizer.encode(marker, add_special_tokens=False)
     call_id = call_ids(tool_parser)  # the model's template's form of ids, however the call is read
+    schemas = {t["function"]["name"]: t["function"].get("parameters") or {} for t in body.get("tools") or []}
     if tool_call is not None and tool_call != "auto" and not hasattr(tool_parser, "call_structure"):
         tool_parser = forced_calls(tool_call)  # a call forced as vLLM forms it; harmony's keeps its own format
+    elif hasattr(tool_parser, "for_tools"):  # a format whose values the schemas type (Qwen3-Coder's)
+        tool_parser = tool_parser.for_tools(schemas)
     return Job(requests, len(ids), None, _include_usage(body), n, prompt_logprobs=asked is not None,
                tool_call=tool_call, reasoning=reasoning, tool_parser=tool_parser if tool_call else None,
-               call_id=call_id, tool_names=frozenset(t["function"]["name"] for t in body.get("tools") or []))
+               call_id=call_id, tool_names=frozenset(schemas))
 
 
 def check_fits(req: Request, vocab: int, max_seq: int) -> None:

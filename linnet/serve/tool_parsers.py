@@ -13,6 +13,9 @@ Each model family writes its calls its own way; a parser reads one way, by vLLM'
   templates take only call ids of 9 letters and digits, so this parser makes its ids so.
 - "pythonic" (Llama 3.2 and 4 with their pythonic templates, ToolACE): the whole reply is a
   Python list of calls, [get_weather(city="Paris"), get_time()], arguments as literals.
+- "qwen3_coder" (Qwen3-Coder): text, then calls each written <tool_call><function=NAME>
+  <parameter=KEY>VALUE</parameter>...</function></tool_call>, each value bare text, read as the
+  type the request's schema gives the parameter (`for_tools` binds a parser to the schemas).
 
 `parse` reads a whole reply into its text and its calls. A streamed reply is sent as text until
 `call_start` finds where a call may begin; from there `partial` reads the calls written so far,
@@ -387,6 +390,125 @@ def forced_calls(tool_call: str):
     return RequiredCalls() if tool_call == "required" else NamedFunction(tool_call)
 
 
+class Qwen3Coder:
+    name = "qwen3_coder"
+    OPEN, CLOSE = "<tool_call>", "</tool_call>"
+    FUNCTION, PARAMETER = re.compile(r"<function=([^>\n]*)>"), re.compile(r"<parameter=([^>\n]*)>")
+    VALUE_END, FUNCTION_END = "</parameter>", "</function>"
+    hold = len(OPEN) - 1  # a marker may be arriving a piece at a time
+
+    def __init__(self, schemas: dict | None = None):
+        self.schemas = schemas or {}  # {function name: its parameters' JSON schema}
+
+    def for_tools(self, schemas: dict) -> Qwen3Coder:
+        """The parser for one request: its functions' parameter schemas type the values."""
+        return Qwen3Coder(schemas)
+
+    def call_start(self, text: str) -> int | None:
+        at = text.find(self.OPEN)
+        return None if at < 0 else at
+
+    def parse(self, text: str) -> tuple:
+        at = text.find(self.OPEN)
+        if at < 0:
+            return text, []
+        calls = self.partial(text)
+        if not calls or not all(name and closed for name, _, closed in calls):
+            return text, []  # a call cut short, or one without a function
+        return text[:at].strip() or None, [{"name": n, "arguments": a} for n, a, _ in calls]
+
+    def partial(self, text: str) -> list:
+        calls, at = [], text.find(self.OPEN)
+        while at >= 0:
+            body_end = text.find(self.CLOSE, at)
+            body = text[at + len(self.OPEN):] if body_end < 0 else text[at + len(self.OPEN):body_end]
+            name, arguments, closed = self._call(body)
+            calls.append((name, arguments, closed))
+            if not closed:
+                break
+            at = text.find(self.OPEN, body_end)
+        return calls
+
+    def _call(self, body: str) -> tuple:
+        """(name or None, arguments' JSON text so far, closed) of one call's body: the arguments
+        written a parameter at a time, a string's value as it comes."""
+        function = self.FUNCTION.search(body)
+        if function is None:
+            return None, None, False
+        name, at, items = function.group(1).strip(), function.end(), []
+        properties = (self.schemas.get(name) or {}).get("properties") or {}
+        while (found := self.PARAMETER.search(body, at)) is not None and not self._ended(body, at, found.start()):
+            key, start = found.group(1).strip(), found.end()
+            end = body.find(self.VALUE_END, start)
+            kind = _schema_type(properties.get(key))
+            if end < 0:  # being written: a string goes as far as it can no longer be the tag
+                if kind == "string":
+                    written = _without_tail(_trimmed_start(body[start:]), "\n" + self.VALUE_END)
+                    items.append(f"{json.dumps(key)}: {json.dumps(written)[:-1]}")
+                return name, "{" + ", ".join(items), False
+            items.append(f"{json.dumps(key)}: {json.dumps(_typed(_trimmed(body[start:end]), kind))}")
+            at = end + len(self.VALUE_END)
+        closed = self.FUNCTION_END in body[at:]
+        return name, "{" + ", ".join(items) + ("}" if closed else ""), closed
+
+    def _ended(self, body: str, at: int, parameter: int) -> bool:
+        end = body.find(self.FUNCTION_END, at)
+        return 0 <= end < parameter
+
+
+def _schema_type(schema) -> str:
+    """A parameter's JSON schema type, the first of a list but null; "string" where none is given."""
+    kind = schema.get("type") if isinstance(schema, dict) else None
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "string")
+    return kind if isinstance(kind, str) else "string"
+
+
+def _trimmed_start(value: str) -> str:
+    return value[1:] if value.startswith("\n") else value
+
+
+def _trimmed(value: str) -> str:
+    """A value as written between its tags, less the line breaks that set it apart."""
+    value = _trimmed_start(value)
+    return value[:-1] if value.endswith("\n") else value
+
+
+def _without_tail(value: str, tag: str) -> str:
+    """`value` less any end of it that may be `tag` arriving a piece at a time."""
+    for k in range(min(len(tag), len(value)), 0, -1):
+        if tag.startswith(value[-k:]):
+            return value[:-k]
+    return value
+
+
+def _typed(value: str, kind: str):
+    """A value's text as the type its schema gives it; the text itself where it does not read so."""
+    if kind == "string":
+        return value
+    text = value.strip()
+    if text.lower() == "null":
+        return None
+    try:
+        if kind == "integer":
+            return int(text)
+        if kind == "number":
+            number = float(text)
+            return int(number) if number.is_integer() and "." not in text and "e" not in text.lower() else number
+        if kind == "boolean":
+            return {"true": True, "false": False}[text.lower()]
+        return json.loads(text)  # object, array, or a type the schema does not name
+    except (ValueError, KeyError):
+        if kind in ("object", "array"):
+            try:  # Python's literals, as some models write them
+                value = ast.literal_eval(text)
+                json.dumps(value)
+                return value
+            except (ValueError, SyntaxError, TypeError, RecursionError):
+                pass
+        return value
+
+
 def openai_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
@@ -397,7 +519,15 @@ def call_ids(parser):
     return getattr(parser, "call_id", openai_call_id)
 
 
-PARSERS = {p.name: p for p in (Llama3Json(), Hermes(), Mistral(), Pythonic())}
+def parser_for_template(template: str | None) -> str | None:
+    """The format a chat template shows its model for tool calls, where that says more than the
+    architecture does: Qwen3-Coder is a Qwen3 (whose format is Hermes') taught its XML calls."""
+    if template and "<function=" in template and "<parameter=" in template:
+        return "qwen3_coder"
+    return None
+
+
+PARSERS = {p.name: p for p in (Llama3Json(), Hermes(), Mistral(), Pythonic(), Qwen3Coder())}
 
 
 def tool_parser(name: str):

@@ -151,7 +151,7 @@ def test_bad_structures_get_a_400_and_the_server_goes_on(base, body, needle):
     assert chat(base, max_tokens=3)["choices"][0]["finish_reason"] in ("length", "stop")
 
 
-@pytest.fixture(scope="module", params=["hermes", "llama3_json", "mistral", "pythonic"])
+@pytest.fixture(scope="module", params=["hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder"])
 def auto_base(request):
     """A server that reads tool_choice "auto" replies in one family's format (Mistral's marker a
     special token of the tokenizer, as it is in Mistral's)."""
@@ -181,8 +181,13 @@ def forced(text: str) -> dict:
 
 def test_auto_tells_a_call_from_text_in_the_models_own_format(auto_base):
     base, parser = auto_base
-    args = {"zone": "CET"}
-    if parser == "hermes":
+    name, args = "get_time", {"zone": "CET"}
+    if parser == "qwen3_coder":  # values bare, typed by the request's schema: "days" is an integer
+        name, args = "get_weather", {"city": "Paris", "days": 3}
+        reply = ("Let me see.<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>"
+                 "<parameter=days>3</parameter></function></tool_call>")
+        content = "Let me see."
+    elif parser == "hermes":
         reply = 'Let me see.<tool_call>{"name": "get_time", "arguments": ' + json.dumps(args) + "}</tool_call>"
         content = "Let me see."
     elif parser == "mistral":  # the marker is a special token, drawn as one: a grammar names it by id
@@ -198,11 +203,11 @@ def test_auto_tells_a_call_from_text_in_the_models_own_format(auto_base):
     if parser == "mistral":  # and as Mistral's v11 tokenizers write it: the name, then [ARGS], special too
         replies.append("Let me see.[TOOL_CALLS]get_time[ARGS]" + json.dumps(args))
     for reply in replies:
-        body = dict({"messages": USER, "max_tokens": 120, "tools": [TIME, WEATHER]}, **forced(reply))
+        body = dict({"messages": USER, "max_tokens": 140, "tools": [TIME, WEATHER]}, **forced(reply))
         choice = json.loads(call(base, "/v1/chat/completions", body)[1])["choices"][0]
         assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == content
         [tool_call] = choice["message"]["tool_calls"]
-        assert tool_call["function"]["name"] == "get_time" and json.loads(tool_call["function"]["arguments"]) == args
+        assert tool_call["function"]["name"] == name and json.loads(tool_call["function"]["arguments"]) == args
         assert (len(tool_call["id"]) == 9) == (parser == "mistral")  # Mistral's templates take back only such ids
         chunks = sse(call(base, "/v1/chat/completions", dict(body, stream=True))[1])
         deltas = [c["choices"][0]["delta"] for c in chunks]

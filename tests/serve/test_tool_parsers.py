@@ -22,7 +22,8 @@ calls = st.lists(st.tuples(names, arguments), min_size=1, max_size=3)
 # Python's calls name their arguments with identifiers
 python_calls = st.lists(st.tuples(names, st.dictionaries(names.filter(lambda n: not keyword.iskeyword(n)), values,
                                                          max_size=4)), min_size=1, max_size=3)
-TAKES_TEXT_BEFORE = ("hermes", "mistral")  # the others write a call as the whole reply
+TAKES_TEXT_BEFORE = ("hermes", "mistral")
+WRITTEN = sorted(set(PARSERS) - {"qwen3_coder"})  # the families `written` writes (Qwen3-Coder's has tests of its own)  # the others write a call as the whole reply
 
 
 def written(parser: str, made: list, before: str = "", dumps=json.dumps) -> str:
@@ -45,7 +46,7 @@ SPACINGS = {"default": json.dumps, "tight": lambda v: json.dumps(v, separators=(
 
 
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
-@given(parser=st.sampled_from(sorted(PARSERS) + ["mistral-v11"]), data=st.data(),
+@given(parser=st.sampled_from(WRITTEN + ["mistral-v11"]), data=st.data(),
        before=st.sampled_from(["", "Let me look. "]))
 def test_calls_written_as_the_family_writes_them_read_back(parser, data, before):
     made = data.draw(python_calls if parser == "pythonic" else calls)
@@ -130,7 +131,7 @@ def test_mistral_call_ids_are_what_its_chat_template_takes_back():
 
 
 @settings(max_examples=80, deadline=None, derandomize=True, database=None)
-@given(parser=st.sampled_from(sorted(PARSERS) + ["mistral-v11"]), data=st.data(),
+@given(parser=st.sampled_from(WRITTEN + ["mistral-v11"]), data=st.data(),
        before=st.sampled_from(["", "Let me look. "]), spacing=st.sampled_from(sorted(SPACINGS)),
        step=st.integers(1, 4))
 def test_a_streamed_call_adds_up_to_the_whole_replys(parser, data, before, spacing, step):
@@ -195,3 +196,70 @@ def test_forced_calls_stream_as_they_are_written(made, spacing, step, named):
     got = stream(reader, reply, {n for n, _ in made}, step)
     assert [(n, json.loads(a)) for _, n, a in got] == made and all(i.startswith("call_") for i, _, _ in got)
     assert reader.parse(reply[:-1]) == (reply[:-1], [])  # cut short: no call
+
+
+def schema_of(value) -> dict:
+    kinds = {str: "string", bool: "boolean", int: "integer", type(None): "null", list: "array", dict: "object"}
+    return {"type": kinds[type(value)]}
+
+
+def written_as_xml(made: list, before: str = "") -> str:
+    """Qwen3-Coder's calls: each value on lines of its own, strings bare, the rest as JSON."""
+    def value(v):
+        return v if isinstance(v, str) else json.dumps(v)
+    return before + "".join(
+        "<tool_call>\n<function=" + name + ">\n"
+        + "".join(f"<parameter={k}>\n{value(v)}\n</parameter>\n" for k, v in arguments.items())
+        + "</function>\n</tool_call>" for name, arguments in made)
+
+
+xml_keys = st.from_regex(r"[a-z_][a-z0-9_]{0,8}", fullmatch=True)
+xml_values = st.none() | st.booleans() | st.integers() | st.text(max_size=12).filter(lambda t: "</parameter>" not in t) \
+    | st.lists(st.integers(), max_size=3) | st.dictionaries(st.text(max_size=4), st.integers(), max_size=2)
+xml_calls = st.lists(st.tuples(names, st.dictionaries(xml_keys, xml_values, max_size=4)), min_size=1, max_size=3,
+                     unique_by=lambda call: call[0])  # a function, one schema
+
+
+@settings(max_examples=80, deadline=None, derandomize=True, database=None)
+@given(made=xml_calls, before=st.sampled_from(["", "I'll look.\n"]), step=st.integers(1, 5))
+def test_qwen3_coder_calls_read_back_typed_by_their_schemas_whole_and_streamed(made, before, step):
+    """Each value's text is read as the type the request's schema gives its parameter; streamed, a
+    string's value goes as it is written, the others once closed, and the pieces add up to the
+    whole reply's calls."""
+    schemas = {}
+    for name, arguments in made:
+        schemas.setdefault(name, {"type": "object", "properties": {}})["properties"].update(
+            {k: schema_of(v) for k, v in arguments.items()})
+    reply = written_as_xml(made, before)
+    reader = tool_parser("qwen3_coder").for_tools(schemas)
+    content, whole = reader.parse(reply)
+    assert content == (before.strip() or None)
+    assert [(c["name"], json.loads(c["arguments"])) for c in whole] == made
+    got = stream(reader, reply, set(schemas), step)
+    assert [(n, a) for _, n, a in got] == [(c["name"], c["arguments"]) for c in whole]
+    assert all(i.startswith("call_") for i, _, _ in got)  # each opened before the reply ended
+
+
+@pytest.mark.parametrize("reply,made", [
+    ("<tool_call>\n<function=f>\n</function>\n</tool_call>", [("f", {})]),  # no parameters
+    ("<tool_call><function=f><parameter=n>three</parameter></function></tool_call>", [("f", {"n": "three"})]),
+    ("<tool_call><function=f><parameter=o>{'a': (1, 2)}</parameter></function></tool_call>", [("f", {"o": {"a": [1, 2]}})]),
+    ("<tool_call><function=f><parameter=x>\n  two lines\nand more\n\n</parameter></function></tool_call>",
+     [("f", {"x": "  two lines\nand more\n"})]),  # only the line breaks that set a value apart are dropped
+    ("<tool_call><function=f><parameter=x>1</parameter>", []),  # cut short
+    ("<tool_call>\n<parameter=x>1</parameter></tool_call>", []),  # no function
+])
+def test_qwen3_coder_edges(reply, made):
+    reader = tool_parser("qwen3_coder").for_tools({"f": {"properties": {"n": {"type": "integer"},
+                                                                       "o": {"type": "object"}}}})
+    _, got = reader.parse(reply)
+    assert [(c["name"], json.loads(c["arguments"])) for c in got] == made
+
+
+def test_a_template_that_teaches_xml_calls_picks_qwen3_coder():
+    from linnet.serve.tool_parsers import parser_for_template
+
+    coder = "{% for tool in tools %}...{% endfor %}<tool_call>\n<function=example>\n<parameter=p>\nvalue\n</parameter>"
+    assert parser_for_template(coder) == "qwen3_coder"
+    assert parser_for_template("<tool_call>{{ tool_call | tojson }}</tool_call>") is None
+    assert parser_for_template(None) is None
