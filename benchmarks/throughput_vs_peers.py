@@ -7,7 +7,9 @@ batched `generate` in f32, 16 at a time, left-padded. llama.cpp (when
 llama-cpp-python is installed) runs them with continuous batching over 16
 sequences, on F16 and F32 GGUFs written from the same weights
 (llamacpp_peer.py). Then one request (128 prompt tokens, 128 new) for the
-single-stream rate. Prints tokens/s and the ratios.
+single-stream rate. Prints tokens/s and the ratios. Each system runs in a process of its own
+(`--in-process`: all in this one), as a user runs one: threads and allocators of one never slow
+another.
 
 `--card` runs another card (Qwen, Mistral, ...) on the same load: its own weights when Nest finds
 them, else random ones (`--weights random`), which transformers then holds too; llama.cpp runs
@@ -19,8 +21,11 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib
+import json
 import random
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -173,30 +178,57 @@ def chosen_systems(only: list | None) -> list:
     return systems
 
 
-def run_load(systems: list, prompts: list, args) -> dict:
-    """Generated tokens/s of each system on the load, printed as they come."""
+def measure(system: str, prompts: list, args, vocab: int) -> dict:
+    """One system's figures: {"load": tokens/s, "note": its setup time, "single": one request's
+    decode tokens/s}, each left out where the command line skips it."""
     threads = torch.get_num_threads()
-    results = {}
-    if "transformers" in systems:
-        ref = transformers_model()
-        results["transformers f32"] = transformers_run(ref, prompts, args.rows, args.new, args.repeats)
-        print(f"  transformers f32    {results['transformers f32']:8.1f} tokens/s", flush=True)
-    for system in systems:
-        if system in LLAMACPP:
-            start = time.perf_counter()
+    out = {}
+    if not args.no_load:
+        start = time.perf_counter()
+        if system == "transformers":
+            out["load"] = transformers_run(transformers_model(), prompts, args.rows, args.new, args.repeats)
+            out["note"] = ""
+        elif system in LLAMACPP:
             path = llamacpp_gguf(system)
             ready = time.perf_counter() - start
-            rate = run_batched(path, prompts, args.rows, args.new, threads, args.repeats)
-            note = f"(GGUF ready in {ready:.0f} s)"
-        elif system != "transformers":
-            backend, dtype = system.split("-")
-            rate, setup = linnet_run(backend, dtype, prompts, args.rows, args.new, args.repeats)
-            note = f"(load + warmup {setup:.0f} s)"
+            out["load"] = run_batched(path, prompts, args.rows, args.new, threads, args.repeats)
+            out["note"] = f"(GGUF ready in {ready:.0f} s)"
         else:
+            backend, dtype = system.split("-")
+            out["load"], setup = linnet_run(backend, dtype, prompts, args.rows, args.new, args.repeats)
+            out["note"] = f"(load + warmup {setup:.0f} s)"
+    if not args.no_single:
+        prompt = load_prompts(1, 128, 128, vocab)[0]
+        if system == "transformers":
+            out["single"] = transformers_single(transformers_model(), prompt, 128, args.repeats)
+        elif system in LLAMACPP:
+            out["single"] = run_single(llamacpp_gguf(system), prompt, 128, threads, args.repeats)
+        else:
+            backend, dtype = system.split("-")
+            out["single"] = linnet_single(backend, dtype, prompt, 128, args.repeats)
+    return out
+
+
+def measure_apart(system: str, argv: list) -> dict:
+    """`measure` in a process of its own: one system's threads, caches and allocator never share a
+    process with another's (JAX's load ran 20% slower after torch's in the same process)."""
+    done = subprocess.run([sys.executable, __file__, *_without_only(argv), "--only", system, "--report-json"],
+                          stdout=subprocess.PIPE, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _without_only(argv: list) -> list:
+    """The command line less its --only and the systems after it."""
+    out, skipping = [], False
+    for a in argv:
+        if a == "--only":
+            skipping = True
+        elif skipping and not a.startswith("--"):
             continue
-        results[label(system)] = rate
-        print(f"  {label(system):19s} {rate:8.1f} tokens/s   {note}", flush=True)
-    return results
+        else:
+            skipping = False
+            out.append(a)
+    return out
 
 
 def print_ratios(results: dict) -> None:
@@ -205,24 +237,10 @@ def print_ratios(results: dict) -> None:
         print("ratios against transformers f32:")
         for name, rate in results.items():
             print(f"  {name:20s} {rate / base:5.2f}x")
-    if "linnet torch f32" in results and "linnet jax f32" in results:
-        print(f"  jax / torch (f32): {results['linnet jax f32'] / results['linnet torch f32']:.2f}x")
-
-
-def run_single_request(systems: list, repeats: int, vocab: int) -> None:
-    """Decode tokens/s of one request (128 prompt tokens, 128 new) on each system."""
-    prompt = load_prompts(1, 128, 128, vocab)[0]
-    threads = torch.get_num_threads()
-    print("one request, 128 prompt tokens, 128 new: decode tokens/s")
-    for system in systems:
-        if system == "transformers":
-            rate = transformers_single(transformers_model(), prompt, 128, repeats)
-        elif system in LLAMACPP:
-            rate = run_single(llamacpp_gguf(system), prompt, 128, threads, repeats)
-        else:
-            backend, dtype = system.split("-")
-            rate = linnet_single(backend, dtype, prompt, 128, repeats)
-        print(f"  {label(system):19s} {rate:8.1f} tokens/s", flush=True)
+    for dtype in ("f32", "bf16"):
+        torch_rate, jax_rate = results.get(f"linnet torch {dtype}"), results.get(f"linnet jax {dtype}")
+        if torch_rate and jax_rate:
+            print(f"  jax / torch ({dtype}): {jax_rate / torch_rate:.2f}x")
 
 
 def main():
@@ -238,21 +256,38 @@ def main():
     parser.add_argument("--card", default=DEFAULT_CARD, help="the card to run (default: %(default)s)")
     parser.add_argument("--weights", choices=["random"],
                         help="random weights instead of the card's own (the default when Nest finds none)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run every system in this one process (by default each runs in a process of its own)")
+    parser.add_argument("--report-json", action="store_true", help=argparse.SUPPRESS)  # a child's figures, as JSON
     args = parser.parse_args()
     Chosen.card = args.card
     info = nest.card(args.card)
     Chosen.weights = args.weights or (None if info.weights()[0] else "random")
     vocab = specialize(info.module()).bindings["vocab"]
     prompts = load_prompts(args.requests, 32, 128, vocab)
+    if args.report_json:
+        print(json.dumps(measure(args.only[0], prompts, args, vocab)))
+        return
     systems = chosen_systems(args.only)
+    # transformers first: every ratio is against it
+    systems = sorted(systems, key=lambda s: s != "transformers")
     if not args.no_load:
         print(f"load: {args.card} ({Chosen.weights or 'its'} weights), {args.requests} requests, 32-128 prompt "
               f"tokens, {args.rows} in flight, {args.new} new tokens; {torch.get_num_threads()} threads; "
-              f"median of {args.repeats}")
-        print_ratios(run_load(systems, prompts, args))
+              f"median of {args.repeats}; {'one process' if args.in_process else 'a process per system'}")
+    figures = {}
+    for system in systems:
+        figures[system] = (measure(system, prompts, args, vocab) if args.in_process
+                           else measure_apart(system, sys.argv[1:]))
+        if "load" in figures[system]:
+            print(f"  {label(system):19s} {figures[system]['load']:8.1f} tokens/s   {figures[system]['note']}".rstrip(),
+                  flush=True)
+    if not args.no_load:
+        print_ratios({label(s): f["load"] for s, f in figures.items()})
     if not args.no_single:
-        run_single_request(systems, args.repeats, vocab)
-
+        print("one request, 128 prompt tokens, 128 new: decode tokens/s")
+        for system, f in figures.items():
+            print(f"  {label(system):19s} {f['single']:8.1f} tokens/s")
 
 if __name__ == "__main__":
     main()
