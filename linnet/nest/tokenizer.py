@@ -16,6 +16,29 @@ from typing import Any, Iterable, Iterator
 from .chat_template import render_chat_template
 from .errors import TokenizerError
 
+def _gpt2_bytes() -> dict:
+    """GPT-2's byte-level table, reversed: {the character a byte is written as: the byte}. Printable
+    bytes stand for themselves; the rest are written as the characters from U+0100 on, in order."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    shifted = [b for b in range(256) if b not in kept]
+    table = {chr(b): b for b in kept}
+    table.update({chr(256 + i): b for i, b in enumerate(shifted)})
+    return table
+
+
+_UNICODE_TO_BYTE = _gpt2_bytes()
+
+
+def _byte_kind(backend) -> str:
+    """"byte_level" where the decoder maps GPT-2's characters back to bytes, "sentencepiece" where
+    it reads <0xNN> byte tokens (byte fallback), "" otherwise (a token's bytes are its text's)."""
+    decoder = json.loads(backend.to_str()).get("decoder") or {}
+    kinds = [d.get("type") for d in decoder.get("decoders", [decoder])] if isinstance(decoder, dict) else []
+    if "ByteLevel" in kinds:
+        return "byte_level"
+    return "sentencepiece" if "ByteFallback" in kinds else ""
+
+
 _REPLACEMENT = "\ufffd"  # what a decoder yields for an incomplete UTF-8 sequence
 _CONTEXT_IDS = 4  # prompt ids decoded before a completion's, for the decoder's view of where it starts
 
@@ -81,6 +104,9 @@ class Tokenizer:
         self.chat_template: str | None = chat_template
         # variables a chat template sees besides messages (bos_token, eos_token, ...)
         self.special_tokens = {"bos_token": bos_token, "eos_token": eos_token, **(special_tokens or {})}
+        self._byte_kind: str | None = None  # how pieces hold bytes (`token_bytes`), read on first use
+        self._bytes: dict = {}
+        self._added: set | None = None
 
     # ---------------------------------------------------------------- build
 
@@ -173,6 +199,33 @@ class Tokenizer:
 
     def id_to_token(self, token_id: int) -> str | None:
         return self.backend.id_to_token(token_id)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes a token stands for, whole where its text alone is not (OpenAI's logprob
+        `bytes`): a byte-level BPE token's characters map back to bytes (GPT-2's table), a
+        SentencePiece byte token <0xNN> is its byte, its "▁" a space; one that ends inside a
+        character decodes to U+FFFD, which these do not."""
+        if self._byte_kind is None:
+            self._byte_kind = _byte_kind(self.backend)
+        if token_id not in self._bytes:
+            piece = self.backend.id_to_token(token_id)
+            added = token_id in self._added_ids()
+            if piece is None or added or not self._byte_kind:
+                out = self.decode([token_id]).encode()
+            elif self._byte_kind == "byte_level":
+                out = bytes(_UNICODE_TO_BYTE[c] for c in piece) if all(c in _UNICODE_TO_BYTE for c in piece) \
+                    else self.decode([token_id]).encode()
+            elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+                out = bytes([int(piece[3:5], 16)])
+            else:
+                out = piece.replace("\u2581", " ").encode()
+            self._bytes[token_id] = out
+        return self._bytes[token_id]
+
+    def _added_ids(self) -> set:
+        if self._added is None:
+            self._added = set(self.backend.get_added_tokens_decoder())
+        return self._added
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Special tokens written in `text` (e.g. <|im_start|>) always map to their ids;

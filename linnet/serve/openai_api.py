@@ -638,8 +638,10 @@ def vllm_prompt_logprobs(scores: list, tokenizer) -> list:
 
 
 def chat_logprobs(lps: list, tokenizer) -> dict:
+    """OpenAI's chat logprobs; each token's `bytes` whole where its text ends inside a character."""
     text = _token_text(tokenizer)
-    entry = lambda t, v: {"token": text(t), "logprob": v, "bytes": list(text(t).encode())}
+    raw = (lambda t: tokenizer.token_bytes(t)) if hasattr(tokenizer, "token_bytes") else (lambda t: text(t).encode())
+    entry = lambda t, v: {"token": text(t), "logprob": v, "bytes": list(raw(t))}
     return {"content": [dict(entry(lp.token, lp.logprob), top_logprobs=[entry(t, v) for t, v in lp.top])
                         for lp in lps]}
 

@@ -126,6 +126,42 @@ def test_incremental_decoder_concatenates_to_decode(gguf_tokenizer, text, skip):
     assert not any("\ufffd" in p for p in pieces)
 
 
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(text=st.text(min_size=1, max_size=24))
+def test_each_tokens_bytes_add_up_to_the_text(gguf_tokenizer, text):
+    """OpenAI's logprob `bytes`: a token that ends inside a character decodes to U+FFFD, but its
+    bytes are its own, so the tokens' bytes joined are the text's (byte-level BPE: GPT-2's table)."""
+    ids = gguf_tokenizer.encode(text, add_special_tokens=False)
+    joined = b"".join(gguf_tokenizer.token_bytes(i) for i in ids)
+    decoded = gguf_tokenizer.decode(ids)
+    # (a byte the vocabulary has no token for is dropped: then the text is not all there)
+    assert joined.decode("utf-8", errors="replace") == decoded
+    if decoded == text:
+        assert joined == text.encode()
+
+
+def test_chat_logprobs_give_each_tokens_own_bytes(gguf_tokenizer):
+    """An emoji spans byte-level tokens that each decode to U+FFFD: their logprob entries' bytes
+    still add up to it, as OpenAI's do."""
+    from linnet.serve.openai_api import chat_logprobs
+    from linnet.serve.request import TokenLogprob
+
+    ids = gguf_tokenizer.encode("ok 🫠!", add_special_tokens=False)
+    content = chat_logprobs([TokenLogprob(t, -1.0, [(t, -1.0)]) for t in ids], gguf_tokenizer)["content"]
+    assert any(e["token"] == "\ufffd" for e in content)
+    assert bytes(b for e in content for b in e["bytes"]) == "ok 🫠!".encode()
+    assert all(e["top_logprobs"][0]["bytes"] == e["bytes"] for e in content)
+
+
+def test_a_sentencepiece_tokens_bytes(spm_gguf):
+    """SentencePiece: byte tokens <0xNN> are their byte, a piece's "▁" a space."""
+    spm = Tokenizer.from_gguf(spm_gguf)
+    for text in ("naïve café 😀 end", "the quick brown fox"):
+        ids = spm.encode(text, add_special_tokens=False)
+        assert b"".join(spm.token_bytes(i) for i in ids) == b" " + text.encode()  # the dummy prefix's space
+    assert spm.token_bytes(spm.token_to_id("<0xF0>")) == b"\xf0"
+
+
 def test_emoji_split_across_tokens_is_held_back(gguf_tokenizer):
     ids = gguf_tokenizer.encode("ok 🫠!")
     alone = [gguf_tokenizer.decode([i]) for i in ids]
