@@ -53,6 +53,7 @@ class Job:
     reasoning: object = None  # chat: the reader of a reasoning model's thinking (reasoning.py), if the server has one
     echo_logprobs: bool = False  # echo with logprobs: the prompt's tokens lead each choice's logprobs
     prompt_logprobs: bool = False  # vLLM's prompt_logprobs: returned beside the choices
+    continuous_usage: bool = False  # streamed: every chunk with the usage so far (vLLM's continuous_usage_stats)
 
     def prompt_scores(self, comps: list, i: int) -> list:
         """Choice i's prompt logprobs, [None, TokenLogprob, ...], from the copy that scored them."""
@@ -233,6 +234,12 @@ def _choices_per_prompt(body: dict) -> int:
     return n
 
 
+def _continuous_usage(body: dict) -> bool:
+    """vLLM's stream_options.continuous_usage_stats: with include_usage, the usage in every chunk."""
+    options = body.get("stream_options")
+    return _include_usage(body) and _boolean(options, "continuous_usage_stats", False)
+
+
 def _include_usage(body: dict) -> bool:
     options = body.get("stream_options")
     if options is None:
@@ -383,6 +390,7 @@ def completion_job(body: dict, tokenizer, max_seq: int) -> Job:
                  for ids, t in zip(prompts, texts)]
         echo = [text for text in shown for _ in range(n)]
     return Job(requests, sum(len(p) for p in prompts), echo, _include_usage(body), n,
+               continuous_usage=_continuous_usage(body),
                echo_logprobs=echoed and logprobs is not None, prompt_logprobs=asked is not None)
 
 
@@ -512,7 +520,8 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=No
         tool_parser = forced_calls(tool_call)  # a call forced as vLLM forms it; harmony's keeps its own format
     elif hasattr(tool_parser, "for_tools"):  # a format whose values the schemas type (Qwen3-Coder's)
         tool_parser = tool_parser.for_tools(schemas)
-    return Job(requests, len(ids), None, _include_usage(body), n, prompt_logprobs=asked is not None,
+    return Job(requests, len(ids), None, _include_usage(body), n, continuous_usage=_continuous_usage(body),
+               prompt_logprobs=asked is not None,
                tool_call=tool_call, reasoning=reasoning, tool_parser=tool_parser if tool_call else None,
                call_id=call_id, tool_names=frozenset(schemas))
 
@@ -758,17 +767,20 @@ def chat_response(job: Job, comps: list, model: str, tokenizer) -> dict:
 class ChunkWriter:
     """The server-sent chunks of one streamed response, for either endpoint."""
 
-    def __init__(self, chat: bool, model: str, tokenizer, include_usage: bool):
+    def __init__(self, chat: bool, model: str, tokenizer, include_usage: bool, usage_so_far=None):
+        """`usage_so_far`: makes the usage every chunk carries (continuous_usage_stats); else a
+        chunk's is null but the last's."""
         self.chat, self.model, self.tokenizer = chat, model, tokenizer
         self.id = new_id("chatcmpl" if chat else "cmpl")
         self.created = int(time.time())
         self.include_usage = include_usage
+        self.usage_so_far = usage_so_far
 
     def _chunk(self, choices: list, **extra) -> dict:
         chunk = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                  "created": self.created, "model": self.model, "choices": choices}
         if self.include_usage:
-            chunk["usage"] = extra.get("usage")
+            chunk["usage"] = extra["usage"] if "usage" in extra else self.usage_so_far() if self.usage_so_far else None
         return chunk
 
     def start(self, index: int) -> dict | None:

@@ -19,7 +19,8 @@ from linnet.serve.engine import Engine
 from linnet.serve.metrics import prometheus_text
 from linnet.serve.openai_api import (ApiError, ChunkWriter, Job, TextStream, chat_job, chat_message, chat_prompt,
                                      chat_response, check_fits, completion_job, completion_response, echoed_prompt,
-                                     error_body, finish_reason, marker_ids, partial_calls, reply_text, shown)
+                                     error_body, finish_reason, marker_ids, partial_calls, reply_text, shown,
+                                     usage)
 from linnet.serve.request import RequestError
 from linnet.serve.responses_api import ResponseWriter, ResponsesCall, chat_body, conversation_after, read_call, response
 from linnet.serve.responses_store import ResponseStore
@@ -226,10 +227,12 @@ class OpenAIServer:
     async def _stream(self, job: Job, streams: list, chat: bool, send, responses: ResponsesCall | None = None):
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
+        comps = [s.completion for s in streams]
         if responses is not None:  # Responses' typed events, the last one the whole Response
             writer, job.include_usage = ResponseWriter(responses.body, job, self.model_name, self.tokenizer), True
         else:
-            writer = ChunkWriter(chat, self.model_name, self.tokenizer, job.include_usage)
+            writer = ChunkWriter(chat, self.model_name, self.tokenizer, job.include_usage,
+                                 (lambda: usage(job, comps)) if job.continuous_usage else None)
 
         async def event(chunks):
             for chunk in chunks if isinstance(chunks, list) else [chunks]:
@@ -249,7 +252,6 @@ class OpenAIServer:
                 await merged.put((i, None, "closed"))
 
         pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-        comps = [s.completion for s in streams]
         # A request may keep every special token (harmony's do: its parser reads its markers); otherwise
         # only the tool parser's markers are written into the text.
         markers = marker_ids(job, self.tokenizer)

@@ -237,6 +237,27 @@ def test_streamed_choices_logprobs_and_usage_equal_the_whole(server):
         assert [choice["text"][o:].split()[0] for o in offsets] == choice["logprobs"]["tokens"]
 
 
+def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(server):
+    """vLLM's stream_options.continuous_usage_stats: each chunk carries the usage up to it, the
+    completion tokens never fewer than the chunks' text holds, the last the whole count."""
+    base, _, _ = server
+    body = {"prompt": "t5 t6 t7", "max_tokens": 5, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    chunks = sse(call(base, "/v1/completions", body)[1])
+    assert all(c["usage"]["prompt_tokens"] == 3 for c in chunks)
+    seen = 0
+    for c in chunks:
+        seen += sum(len(ch["text"].split()) for ch in c["choices"])
+        assert c["usage"]["completion_tokens"] >= seen
+        assert c["usage"]["total_tokens"] == 3 + c["usage"]["completion_tokens"]
+    assert chunks[-1]["usage"]["completion_tokens"] == 5 and seen == 5
+    alone = dict(body, stream_options={"continuous_usage_stats": True})  # without include_usage: no usage at all
+    assert all("usage" not in c for c in sse(call(base, "/v1/completions", alone)[1]))
+    status, text = call(base, "/v1/completions", dict(body, stream_options={"include_usage": True,
+                                                                            "continuous_usage_stats": "yes"}))
+    assert status == 400 and "continuous_usage_stats" in json.loads(text)["error"]["message"]
+
+
 def test_streamed_chat_with_n_and_logprobs(server):
     base, _, _ = server
     body = {"messages": [{"role": "user", "content": "t40 t41"}], "max_tokens": 4, "temperature": 0, "n": 2,
