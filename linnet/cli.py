@@ -239,6 +239,7 @@ def cmd_serve(args) -> int:
     serve(model, args.name or model.card, host=args.host, port=args.port, api_key=api_key,
           tool_parser=parser, reasoning_parser=args.reasoning_parser or model.module.meta.get("reasoning_parser"),
           structure_in_reasoning=args.structured_outputs_in_reasoning, stored_responses=args.stored_responses,
+          trust_request_chat_template=args.trust_request_chat_template,
           log_level=args.uvicorn_log_level,
           token_budget=args.token_budget, seed=args.seed)
     return 0
@@ -350,6 +351,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "(vLLM's structured_outputs_config.enable_in_reasoning)")
     sv.add_argument("--enable-auto-tool-choice", action="store_true",
                     help="vLLM's flag, taken as it is: 'auto' is on wherever a tool-call parser is known")
+    sv.add_argument("--trust-request-chat-template", action="store_true",
+                    help="let a chat request bring its own 'chat_template' (run sandboxed; refused otherwise)")
     sv.add_argument("--stored-responses", type=int, default=1024,
                     help="how many Responses (/v1/responses) are kept in memory for previous_response_id and "
                          "GET /v1/responses/ID, the oldest dropped first (0: none)")

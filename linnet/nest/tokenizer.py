@@ -259,13 +259,16 @@ class Tokenizer:
                                   context=self._context(context, skip_special_tokens))
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, template: str | None = None,
+        **kwargs: Any
     ) -> str:
-        """The prompt text for `messages`; extra kwargs (tools=...) go to the template."""
-        if not self.chat_template:
+        """The prompt text for `messages`; extra kwargs (tools=...) go to the template. `template`:
+        another template than the tokenizer's (a request's own)."""
+        template = template or self.chat_template
+        if not template:
             raise TokenizerError(f"{self.source or 'this tokenizer'}: no chat template")
         return render_chat_template(
-            self.chat_template,
+            template,
             messages,
             add_generation_prompt=add_generation_prompt,
             special_tokens=self.special_tokens,

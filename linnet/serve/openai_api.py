@@ -452,15 +452,24 @@ def chat_prompt(body: dict, tokenizer) -> list:
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list", "messages")
     clean = [_message(i, m) for i, m in enumerate(messages)]
-    if tokenizer is None or tokenizer.chat_template is None:
+    template = body.get("chat_template")  # vLLM's: the request's own (the server checks it may send one)
+    if template is not None and (not isinstance(template, str) or not template.strip()):
+        raise ApiError(400, "'chat_template' must be a Jinja template, as a string", "chat_template")
+    if tokenizer is None or (tokenizer.chat_template is None and template is None):
         raise ApiError(400, "this model has no chat template; use /v1/completions", "messages")
     # vLLM's chat_template_kwargs: more variables for the template (Qwen3's enable_thinking, ...)
     extra = body.get("chat_template_kwargs") or {}
     if not isinstance(extra, dict) or not all(isinstance(k, str) for k in extra):
         raise ApiError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs")
-    extra = {k: v for k, v in extra.items() if k not in ("messages", "add_generation_prompt")}
+    extra = {k: v for k, v in extra.items() if k not in ("messages", "add_generation_prompt", "template")}
     if body.get("tools"):
         extra["tools"] = body["tools"]
+    documents = body.get("documents")  # vLLM's and transformers': for the templates of retrieval models
+    if documents is not None:
+        if not isinstance(documents, list) or not all(isinstance(d, dict) for d in documents):
+            raise ApiError(400, "'documents' must be a list of objects (each {'title': ..., 'text': ...}, say)",
+                           "documents")
+        extra["documents"] = documents
     # vLLM's continue_final_message: the prompt ends inside the last (assistant) message, not after it
     extend = _boolean(body, "continue_final_message", False)
     generation_prompt = _boolean(body, "add_generation_prompt", not extend)
@@ -468,7 +477,7 @@ def chat_prompt(body: dict, tokenizer) -> list:
         raise ApiError(400, "'continue_final_message' continues a final assistant message, and cannot be "
                             "sent with 'add_generation_prompt': true", "continue_final_message")
     try:
-        text = tokenizer.apply_chat_template(clean, add_generation_prompt=generation_prompt, **extra)
+        text = tokenizer.apply_chat_template(clean, add_generation_prompt=generation_prompt, template=template, **extra)
     except Exception as err:
         raise ApiError(400, f"the chat template rejected the messages: {err}", "messages") from None
     if extend:

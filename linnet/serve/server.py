@@ -32,12 +32,15 @@ MAX_BODY = 4 << 20
 class OpenAIServer:
     def __init__(self, engine: Engine, model_name: str, api_key: str | None = None, tool_parser: str | None = None,
                  reasoning_parser: str | None = None, structure_in_reasoning: bool = False,
-                 stored_responses: int = 1024):
+                 stored_responses: int = 1024, trust_request_chat_template: bool = False):
         """`tool_parser`: the name of the reader of the model's own tool calls (`tool_parsers`), which
         lets a request with tools leave tool_choice "auto"; `reasoning_parser`, of a reasoning model's
         thinking (`reasoning`), which chat replies then give apart as `reasoning_content`, and whose
         structured outputs hold only the answer, unless `structure_in_reasoning`; `stored_responses`:
-        how many Responses are kept for `previous_response_id` (the newest; 0 keeps none)."""
+        how many Responses are kept for `previous_response_id` (the newest; 0 keeps none);
+        `trust_request_chat_template`: a chat body may bring its own `chat_template` (vLLM's flag:
+        a template runs sandboxed, but may run long)."""
+        self.trust_request_chat_template = trust_request_chat_template
         self.structure_in_reasoning = structure_in_reasoning
         self.responses = ResponseStore(stored_responses)
         from linnet.serve.reasoning import reasoning_parser as find_reasoning
@@ -135,6 +138,9 @@ class OpenAIServer:
 
     async def _body(self, receive) -> dict:
         body = await _read_json(receive)
+        if body.get("chat_template") is not None and not self.trust_request_chat_template:
+            raise ApiError(400, "a request's own 'chat_template' needs the server started with "
+                                "--trust-request-chat-template; this one uses the model's", "chat_template")
         model = body.get("model")
         if model is not None and model != self.model_name:
             raise ApiError(404, f"the model {shown(model)} does not exist; this server serves {self.model_name!r}",
@@ -385,7 +391,8 @@ async def _json(send, status: int, body: dict):
 
 def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           tool_parser: str | None = None, reasoning_parser: str | None = None, structure_in_reasoning: bool = False,
-          stored_responses: int = 1024, log_level: str = "info", **engine_options) -> None:
+          stored_responses: int = 1024, trust_request_chat_template: bool = False, log_level: str = "info",
+          **engine_options) -> None:
     import uvicorn
 
     engine = Engine(model, **engine_options)
@@ -393,5 +400,6 @@ def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: 
     engine.warmup()  # every pass size the engine will use, compiled before the first request
     print(f"linnet: {name} ready in {time.perf_counter() - start:.0f} s (warmup)", flush=True)
     app = OpenAIServer(engine, name, api_key=api_key, tool_parser=tool_parser, reasoning_parser=reasoning_parser,
-                       structure_in_reasoning=structure_in_reasoning, stored_responses=stored_responses)
+                       structure_in_reasoning=structure_in_reasoning, stored_responses=stored_responses,
+                       trust_request_chat_template=trust_request_chat_template)
     uvicorn.run(app, host=host, port=port, log_level=log_level)

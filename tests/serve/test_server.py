@@ -731,3 +731,32 @@ def test_earlier_tool_calls_reach_the_template_as_transformers_documents_them():
         with pytest.raises(ApiError, match=needle) as err:
             chat_job({"messages": messages}, tok, 512)
         assert err.value.status == 400
+
+
+def test_a_requests_own_chat_template_and_documents(server):
+    """vLLM's request-level chat_template, only where the server is started trusting it (a
+    template runs sandboxed, but may run long); `documents` reach the template as transformers
+    passes them."""
+    from .conftest import TEMPLATE, running
+    from .test_engine import word_tokenizer
+
+    base, _, _ = server
+    own = "t7 t8 {% for m in messages %}{{ m['content'] }}{% endfor %}"
+    body = {"messages": [{"role": "user", "content": "t5 t6"}], "chat_template": own}
+    status, text = call(base, "/tokenize", body)
+    assert status == 400 and "--trust-request-chat-template" in json.loads(text)["error"]["message"]
+    assert call(base, "/v1/chat/completions", dict(body, max_tokens=2))[0] == 400
+    model = make_model("torch", rows=2, max_seq=64)
+    model.tokenizer = word_tokenizer(model.vocab)
+    model.tokenizer.chat_template = TEMPLATE
+    with running(Engine(model), trust_request_chat_template=True) as trusted:
+        assert json.loads(call(trusted, "/tokenize", body)[1])["tokens"] == [7, 8, 5, 6]
+        reply = json.loads(call(trusted, "/v1/chat/completions", dict(body, max_tokens=2, temperature=0))[1])
+        assert reply["usage"]["prompt_tokens"] == 4
+        cited = {"messages": body["messages"], "documents": [{"title": "a", "text": "t9"}, {"text": "t3"}],
+                 "chat_template": "{% for d in documents %}{{ d.text }} {% endfor %}{{ messages[0].content }}"}
+        assert json.loads(call(trusted, "/tokenize", cited)[1])["tokens"] == [9, 3, 5, 6]
+        for bad, needle in (({"chat_template": 5}, "chat_template"), ({"chat_template": "{% for %}"}, "template"),
+                            ({"documents": "t9"}, "documents")):
+            status, text = call(trusted, "/tokenize", dict(body, **bad))
+            assert status == 400 and needle in json.loads(text)["error"]["message"], text
