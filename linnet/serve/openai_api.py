@@ -53,6 +53,7 @@ class Job:
     reasoning: object = None  # chat: the reader of a reasoning model's thinking (reasoning.py), if the server has one
     echo_logprobs: bool = False  # echo with logprobs: the prompt's tokens lead each choice's logprobs
     prompt_logprobs: bool = False  # vLLM's prompt_logprobs: returned beside the choices
+    token_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:ID"
     continuous_usage: bool = False  # streamed: every chunk with the usage so far (vLLM's continuous_usage_stats)
 
     def prompt_scores(self, comps: list, i: int) -> list:
@@ -112,8 +113,7 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
     if body.get("prompt_logprobs") is not None and body.get("stream"):
         raise ApiError(400, "'prompt_logprobs' is not supported with 'stream': true", "prompt_logprobs")
     # vLLM's fields this server does not honour
-    for name, unset in (("use_beam_search", False), ("bad_words", None), ("priority", 0),
-                        ("return_tokens_as_token_ids", False), ("prompt_embeds", None)):
+    for name, unset in (("use_beam_search", False), ("bad_words", None), ("priority", 0), ("prompt_embeds", None)):
         if body.get(name) not in (unset, None, [], ""):
             raise ApiError(400, f"'{name}' is not supported", name)
 
@@ -390,7 +390,7 @@ def completion_job(body: dict, tokenizer, max_seq: int) -> Job:
                  for ids, t in zip(prompts, texts)]
         echo = [text for text in shown for _ in range(n)]
     return Job(requests, sum(len(p) for p in prompts), echo, _include_usage(body), n,
-               continuous_usage=_continuous_usage(body),
+               continuous_usage=_continuous_usage(body), token_ids=_boolean(body, "return_tokens_as_token_ids", False),
                echo_logprobs=echoed and logprobs is not None, prompt_logprobs=asked is not None)
 
 
@@ -530,6 +530,7 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=No
     elif hasattr(tool_parser, "for_tools"):  # a format whose values the schemas type (Qwen3-Coder's)
         tool_parser = tool_parser.for_tools(schemas)
     return Job(requests, len(ids), None, _include_usage(body), n, continuous_usage=_continuous_usage(body),
+               token_ids=_boolean(body, "return_tokens_as_token_ids", False),
                prompt_logprobs=asked is not None,
                tool_call=tool_call, reasoning=reasoning, tool_parser=tool_parser if tool_call else None,
                call_id=call_id, tool_names=frozenset(schemas))
@@ -566,7 +567,11 @@ def usage(job: Job, comps: list) -> dict:
             "total_tokens": job.prompt_tokens + completion, "prompt_tokens_details": {"cached_tokens": cached}}
 
 
-def _token_text(tokenizer):
+def _token_text(tokenizer, token_ids: bool = False):
+    """A token's name in logprobs: its text, or with `token_ids` (vLLM's return_tokens_as_token_ids,
+    for clients that must know the very ids drawn) "token_id:ID"."""
+    if token_ids:
+        return lambda t: f"token_id:{t}"
     return (lambda t: tokenizer.decode([t])) if tokenizer else str
 
 
@@ -628,10 +633,11 @@ class TextStream:
         return out
 
 
-def completion_logprobs(lps: list, tokenizer, offsets: list, prompt: tuple | None = None) -> dict:
+def completion_logprobs(lps: list, tokenizer, offsets: list, prompt: tuple | None = None,
+                        token_ids: bool = False) -> dict:
     """OpenAI's legacy logprobs for some tokens of a choice; `offsets`: where each one's text starts.
     `prompt`: an echoed prompt's (ids, scores, offsets), whose tokens lead, the first without a logprob."""
-    text = _token_text(tokenizer)
+    text = _token_text(tokenizer, token_ids)
     ids, scores, before = prompt if prompt is not None else ([], [], [])
     every = list(zip(ids, scores)) + [(lp.token, lp) for lp in lps]
     return {"tokens": [text(t) for t, _ in every],
@@ -655,10 +661,11 @@ def vllm_prompt_logprobs(scores: list, tokenizer) -> list:
     return out
 
 
-def chat_logprobs(lps: list, tokenizer) -> dict:
+def chat_logprobs(lps: list, tokenizer, token_ids: bool = False) -> dict:
     """OpenAI's chat logprobs; each token's `bytes` whole where its text ends inside a character."""
-    text = _token_text(tokenizer)
-    raw = (lambda t: tokenizer.token_bytes(t)) if hasattr(tokenizer, "token_bytes") else (lambda t: text(t).encode())
+    text = _token_text(tokenizer, token_ids)
+    raw = (lambda t: tokenizer.token_bytes(t)) if hasattr(tokenizer, "token_bytes") else \
+        (lambda t: _token_text(tokenizer)(t).encode())
     entry = lambda t, v: {"token": text(t), "logprob": v, "bytes": list(raw(t))}
     return {"content": [dict(entry(lp.token, lp.logprob), top_logprobs=[entry(t, v) for t, v in lp.top])
                         for lp in lps]}
@@ -687,7 +694,7 @@ def completion_response(job: Job, comps: list, model: str, tokenizer) -> dict:
         logprobs = None if comp.request.logprobs is None else completion_logprobs(
             comp.logprobs, tokenizer,
             TextStream(tokenizer, comp.request.prompt, comp.request.stop, len(before)).add(comp.tokens),
-            echoed_prompt(job, comps, i, tokenizer))
+            echoed_prompt(job, comps, i, tokenizer), job.token_ids)
         choice = {"index": i, "text": before + _text(comp), "logprobs": logprobs, "finish_reason": finish_reason(comp)}
         if job.prompt_logprobs:
             choice["prompt_logprobs"] = vllm_prompt_logprobs(job.prompt_scores(comps, i), tokenizer)
@@ -765,7 +772,8 @@ def chat_response(job: Job, comps: list, model: str, tokenizer) -> dict:
     for i, comp in enumerate(comps):
         message, reason = chat_message(job, comp, tokenizer)
         choices.append({"index": i, "message": message, "finish_reason": reason,
-                        "logprobs": None if comp.request.logprobs is None else chat_logprobs(comp.logprobs, tokenizer)})
+                        "logprobs": None if comp.request.logprobs is None else
+                        chat_logprobs(comp.logprobs, tokenizer, job.token_ids)})
     response = {"id": new_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()), "model": model,
                 "choices": choices, "usage": usage(job, comps)}
     if job.prompt_logprobs:  # one prompt: vLLM gives its logprobs once, beside the choices
@@ -776,9 +784,11 @@ def chat_response(job: Job, comps: list, model: str, tokenizer) -> dict:
 class ChunkWriter:
     """The server-sent chunks of one streamed response, for either endpoint."""
 
-    def __init__(self, chat: bool, model: str, tokenizer, include_usage: bool, usage_so_far=None):
+    def __init__(self, chat: bool, model: str, tokenizer, include_usage: bool, usage_so_far=None,
+                 token_ids: bool = False):
         """`usage_so_far`: makes the usage every chunk carries (continuous_usage_stats); else a
-        chunk's is null but the last's."""
+        chunk's is null but the last's. `token_ids`: logprobs name tokens by id (`_token_text`)."""
+        self.token_ids = token_ids
         self.chat, self.model, self.tokenizer = chat, model, tokenizer
         self.id = new_id("chatcmpl" if chat else "cmpl")
         self.created = int(time.time())
@@ -805,13 +815,14 @@ class ChunkWriter:
         `prompt`: an echoed prompt's (ids, scores, offsets), whose logprobs lead; `reasoning`: new
         thinking of a reasoning model (chat)."""
         if self.chat:
-            logprobs = None if lps is None else chat_logprobs(lps, self.tokenizer)
+            logprobs = None if lps is None else chat_logprobs(lps, self.tokenizer, self.token_ids)
             delta = {"reasoning_content": reasoning} if reasoning else {}
             if text:
                 delta["content"] = text
             choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         else:
-            logprobs = None if lps is None else completion_logprobs(lps, self.tokenizer, offsets, prompt)
+            logprobs = None if lps is None else completion_logprobs(lps, self.tokenizer, offsets, prompt,
+                                                                    self.token_ids)
             choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
         return self._chunk([choice])
 

@@ -238,7 +238,7 @@ class OpenAIServer:
             writer, job.include_usage = ResponseWriter(responses.body, job, self.model_name, self.tokenizer), True
         else:
             writer = ChunkWriter(chat, self.model_name, self.tokenizer, job.include_usage,
-                                 (lambda: usage(job, comps)) if job.continuous_usage else None)
+                                 (lambda: usage(job, comps)) if job.continuous_usage else None, job.token_ids)
 
         async def event(chunks):
             for chunk in chunks if isinstance(chunks, list) else [chunks]:

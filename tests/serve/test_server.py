@@ -760,3 +760,24 @@ def test_a_requests_own_chat_template_and_documents(server):
                             ({"documents": "t9"}, "documents")):
             status, text = call(trusted, "/tokenize", dict(body, **bad))
             assert status == 400 and needle in json.loads(text)["error"]["message"], text
+
+
+def test_return_tokens_as_token_ids_names_logprob_tokens_by_id(server):
+    """vLLM's return_tokens_as_token_ids: "token_id:ID" where the token's text would be (the word
+    tokenizer's token ID is the text tID), whole and streamed, completions and chat."""
+    base, _, _ = server
+    body = {"prompt": "t5 t6", "max_tokens": 4, "temperature": 0, "logprobs": 2}
+    named = json.loads(call(base, "/v1/completions", body)[1])["choices"][0]["logprobs"]
+    by_id = json.loads(call(base, "/v1/completions", dict(body, return_tokens_as_token_ids=True))[1])["choices"][0]
+    as_id = lambda text: f"token_id:{text[1:]}"
+    assert by_id["logprobs"]["tokens"] == [as_id(t) for t in named["tokens"]]
+    assert [list(d) for d in by_id["logprobs"]["top_logprobs"]] == [[as_id(t) for t in d] for d in named["top_logprobs"]]
+    streamed = sse(call(base, "/v1/completions", dict(body, return_tokens_as_token_ids=True, stream=True))[1])
+    assert [t for c in streamed if c["choices"][0]["logprobs"] for t in c["choices"][0]["logprobs"]["tokens"]] \
+        == by_id["logprobs"]["tokens"]
+    chat = {"messages": [{"role": "user", "content": "t5"}], "max_tokens": 3, "temperature": 0, "logprobs": True,
+            "top_logprobs": 1, "return_tokens_as_token_ids": True}
+    content = json.loads(call(base, "/v1/chat/completions", chat)[1])["choices"][0]["logprobs"]["content"]
+    assert all(e["token"].startswith("token_id:") and e["top_logprobs"][0]["token"].startswith("token_id:")
+               for e in content)
+    assert call(base, "/v1/completions", dict(body, return_tokens_as_token_ids="yes"))[0] == 400
