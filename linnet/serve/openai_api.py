@@ -414,9 +414,15 @@ def _message(i: int, m) -> dict:
     if not isinstance(content, str):
         raise ApiError(400, f"messages[{i}].content must be a string", f"messages[{i}].content")
     out = {"role": "system" if m["role"] == "developer" else m["role"], "content": content}
-    for key in ("name", "tool_calls", "tool_call_id", "reasoning_content"):  # what templates read of these turns
+    for key in ("name", "tool_calls", "tool_call_id", "reasoning_content", "thinking"):  # what templates read
         if m.get(key) is not None:
             out[key] = m[key]
+    # an earlier turn's thinking under both names: vLLM's, and gpt-oss's template's (which refuses
+    # thinking beside the text of a turn that calls tools: it writes that text as the thinking)
+    if "thinking" in out and "reasoning_content" not in out:
+        out["reasoning_content"] = out["thinking"]
+    if "reasoning_content" in out and "thinking" not in out and not (out["content"] and out.get("tool_calls")):
+        out["thinking"] = out["reasoning_content"]
     if "tool_calls" in out:
         out["tool_calls"] = _earlier_calls(f"messages[{i}].tool_calls", out["tool_calls"])
     return out

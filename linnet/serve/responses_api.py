@@ -53,7 +53,7 @@ def read_call(body: dict, store) -> ResponsesCall:
 
 def conversation_after(call: ResponsesCall, output: list) -> list:
     """The conversation a later response continues from this one: its own, then its output's turn."""
-    return call.conversation + _messages([item for item in output if item["type"] != "reasoning"], output=True)
+    return call.conversation + _messages(output, output=True)
 
 
 def chat_body(call: ResponsesCall) -> dict:
@@ -98,9 +98,10 @@ def _text(value, where: str) -> str:
 
 
 def _messages(items, output: bool = False) -> list:
-    """Chat messages for Responses' `input`: a string, or a list of message, function_call and
-    function_call_output items (reasoning items are the model's own, and are left out); with
-    `output`, for a Response's own output items (which may be none)."""
+    """Chat messages for Responses' `input`: a string, or a list of message, function_call,
+    function_call_output and reasoning items (a reasoning item's text the `reasoning_content` of
+    the assistant turn after it, which templates such as gpt-oss's write back before its calls);
+    with `output`, for a Response's own output items (which may be none)."""
     if output and not items:
         return []
     if isinstance(items, str):
@@ -109,7 +110,7 @@ def _messages(items, output: bool = False) -> list:
         return [{"role": "user", "content": items}]
     if not isinstance(items, list) or not items:
         raise ApiError(400, "'input' must be a string or a non-empty list of items", "input")
-    messages = []
+    messages, thought = [], None  # thought: a reasoning item's text, for the assistant turn after it
     for i, item in enumerate(items):
         where = f"input[{i}]"
         kind = item.get("type", "message") if isinstance(item, dict) else None
@@ -119,7 +120,7 @@ def _messages(items, output: bool = False) -> list:
             call = {"id": item["call_id"], "type": "function",
                     "function": {"name": item["name"], "arguments": item["arguments"]}}
             last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
+            if last is not None and last["role"] == "assistant" and thought is None:
                 last.setdefault("tool_calls", []).append(call)  # the turn's text and its calls: one turn
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
@@ -127,11 +128,26 @@ def _messages(items, output: bool = False) -> list:
             messages.append({"role": "tool", "tool_call_id": item["call_id"],
                              "content": _text(item.get("output"), f"{where}.output")})
         elif kind == "reasoning":
+            thought = _thought(item)
             continue
         else:
             raise ApiError(400, f"'{where}' must be a message {{'role', 'content'}}, a function_call {{'call_id', "
                                 f"'name', 'arguments'}} or a function_call_output {{'call_id', 'output'}}", where)
+        if thought is not None and messages[-1]["role"] == "assistant":
+            messages[-1]["reasoning_content"] = thought
+        thought = None
     return messages
+
+
+def _thought(item: dict) -> str | None:
+    """A reasoning item's text: its content's, else its summary's (an encrypted one has none here)."""
+    for key in ("content", "summary"):
+        parts = item.get(key)
+        texts = [p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str)] \
+            if isinstance(parts, list) else []
+        if texts:
+            return "".join(texts)
+    return None
 
 
 def _tool(i: int, tool) -> dict:

@@ -211,7 +211,7 @@ def test_a_kept_response_is_read_and_deleted_and_store_false_keeps_none(server):
     assert call(base, f"/v1/responses/{made['id']}/input_items", method="GET")[0] == 404
 
 
-def test_the_store_keeps_the_newest_and_a_turns_text_and_calls_are_one_assistant_turn():
+def test_the_store_keeps_the_newest_and_a_turns_thinking_text_and_calls_are_one_assistant_turn():
     from linnet.serve.openai_api import ApiError
     from linnet.serve.responses_api import conversation_after, read_call
     from linnet.serve.responses_store import ResponseStore
@@ -230,8 +230,33 @@ def test_the_store_keeps_the_newest_and_a_turns_text_and_calls_are_one_assistant
               {"type": "function_call", "id": "fc2", "call_id": "c2", "name": "g", "arguments": "{\"x\": 1}"}]
     assert conversation_after(call_, output) == [
         {"role": "user", "content": "t2"}, {"role": "user", "content": "t4"},
-        {"role": "assistant", "content": "Checking.", "tool_calls": [
+        {"role": "assistant", "content": "Checking.", "reasoning_content": "hm", "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
             {"id": "c2", "type": "function", "function": {"name": "g", "arguments": "{\"x\": 1}"}}]}]
     assert conversation_after(read_call({"input": "t5"}, store), []) == [{"role": "user", "content": "t5"}]
     assert ResponseStore(limit=0).put({"id": "resp_9"}, []) is None
+
+
+def test_a_reasoning_item_is_the_thinking_of_the_assistant_turn_after_it():
+    """gpt-oss's template writes an earlier tool-calling turn's thinking back (as `thinking`; vLLM
+    calls it reasoning_content): a reasoning item in the input goes to the turn that follows it."""
+    from linnet.serve.openai_api import _message
+    from linnet.serve.responses_api import _messages
+
+    items = [{"role": "user", "content": "t4"},
+             {"type": "reasoning", "id": "rs", "summary": [{"type": "summary_text", "text": "short"}],
+              "content": [{"type": "reasoning_text", "text": "Need "}, {"type": "reasoning_text", "text": "f."}]},
+             {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+             {"type": "function_call_output", "call_id": "c1", "output": "t11"},
+             {"type": "reasoning", "id": "rs2", "summary": [{"type": "summary_text", "text": "Done."}]},
+             {"role": "assistant", "content": "t12"},
+             {"type": "reasoning", "id": "rs3", "summary": [], "encrypted_content": "opaque"}]
+    messages = _messages(items)
+    assert [m.get("reasoning_content") for m in messages] == [None, "Need f.", None, "Done."]
+    assert messages[1]["tool_calls"][0]["id"] == "c1" and messages[3]["content"] == "t12"
+    assert _message(0, messages[1])["thinking"] == "Need f."  # the template's name for it, too
+    assert _message(0, {"role": "assistant", "content": "x", "thinking": "y"})["reasoning_content"] == "y"
+    # text beside calls is what gpt-oss's template writes as that turn's thinking: no second one
+    both = _message(0, {"role": "assistant", "content": "x", "reasoning_content": "y",
+                        "tool_calls": messages[1]["tool_calls"]})
+    assert "thinking" not in both and both["reasoning_content"] == "y"

@@ -22,8 +22,9 @@ calls = st.lists(st.tuples(names, arguments), min_size=1, max_size=3)
 # Python's calls name their arguments with identifiers
 python_calls = st.lists(st.tuples(names, st.dictionaries(names.filter(lambda n: not keyword.iskeyword(n)), values,
                                                          max_size=4)), min_size=1, max_size=3)
-TAKES_TEXT_BEFORE = ("hermes", "mistral")
-WRITTEN = sorted(set(PARSERS) - {"qwen3_coder"})  # the families `written` writes (Qwen3-Coder's has tests of its own)  # the others write a call as the whole reply
+TAKES_TEXT_BEFORE = ("hermes", "mistral")  # the others write a call as the whole reply
+# the families `written` writes (Qwen3-Coder's has tests of its own)
+WRITTEN = sorted(set(PARSERS) - {"qwen3_coder"})
 
 
 def written(parser: str, made: list, before: str = "", dumps=json.dumps) -> str:
