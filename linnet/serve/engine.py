@@ -169,15 +169,20 @@ class Engine:
 
     # ------------------------------------------------------------ running
 
-    def warmup(self, prompt_lengths=()) -> None:
-        """Compiles (JAX) or captures (CUDA) everything a run over such prompts needs."""
+    def warmup(self, prompt_lengths=(), logprobs: bool = False) -> None:
+        """Compiles (JAX) or captures (CUDA) everything a run over such prompts needs: greedy and
+        sampled draws, and with `logprobs` those that also give tokens' logprobs (a server's
+        requests may ask for them). Draws that penalties, biases or structures move compile when a
+        request first needs them."""
         lengths = list(prompt_lengths)
         if self.model.backend == "jax":
             packed = self.runner.overhead + sum(self.runner.chunk_cost(n) for n in lengths) if lengths else 0
             sizes = self.runner.pass_sizes(min(self.token_budget, packed) if lengths else self.token_budget)
         else:
             sizes = sorted({min(n, self.token_budget) for n in lengths})[:4] or [16]
-        self.runner.warmup(sizes, [self.sampling_mode(Request([0], temperature=t)) for t in (0.0, 1.0)])
+        kinds = [None, 1] if logprobs else [None]
+        self.runner.warmup(sizes, [self.sampling_mode(Request([0], temperature=t, logprobs=k))
+                                   for t in (0.0, 1.0) for k in kinds])
         self.model.reset()
         self.row_tokens = [[] for _ in range(self.rows)]
         self._ahead = None

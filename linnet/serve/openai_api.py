@@ -18,13 +18,12 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from linnet.serve.request import Request, RequestError
+from linnet.serve.request import MAX_LOGPROBS, Request, RequestError
 from linnet.serve.structured import Structure
 from linnet.serve.tool_parsers import call_ids, forced_calls, openai_call_id
 from linnet.serve.tool_stream import CallStream
 
 MAX_CHOICES = 256  # choices one body may ask for: prompts x n
-MAX_LOGPROBS = 20
 MAX_STOPS = 64
 COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat's is the rest of the context
 

@@ -12,6 +12,9 @@ if TYPE_CHECKING:
 _ids = itertools.count()
 
 
+MAX_LOGPROBS = 20  # the most top alternatives a token's logprobs may list (OpenAI's bound)
+
+
 class RequestError(ValueError):
     """A request the engine cannot run as given; the message says why. Other requests go on."""
 
@@ -88,8 +91,8 @@ class Request:
             raise RequestError(f"{self.id}: repetition_penalty must be > 0, not {self.repetition_penalty}")
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(self, name)
-            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= 20):
-                raise RequestError(f"{self.id}: {name} must be an integer between 0 and 20, not {k!r}")
+            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_LOGPROBS):
+                raise RequestError(f"{self.id}: {name} must be an integer between 0 and {MAX_LOGPROBS}, not {k!r}")
         if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_new_tokens:
             raise RequestError(f"{self.id}: min_tokens must be between 0 and max_new_tokens ({self.max_new_tokens}), "
                                f"not {self.min_tokens!r}")

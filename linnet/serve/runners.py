@@ -380,12 +380,14 @@ class JaxRunner:
 
     def score(self, logits, start: int, targets: list, k: int) -> Sampled:
         """The logprob and rank of targets[i] under logits row start + i, and that row's k best:
-        computed over every row of `logits`, so that one executable serves each (rows, k)."""
+        computed over every row of `logits`, and always the most alternatives any request may ask
+        for (the engine keeps each request's k), so that one executable serves each row count."""
+        from linnet.serve.request import MAX_LOGPROBS
         from linnet.serve.sampling_jax import score
 
         padded = np.zeros(logits.shape[0], np.int32)
         padded[start:start + len(targets)] = targets
-        chosen, ranks, top = score(logits, padded, k)
+        chosen, ranks, top = score(logits, padded, MAX_LOGPROBS)
         at = slice(start, start + len(targets))
         values, ids = (None, None) if top is None else (np.asarray(top[0])[at], np.asarray(top[1])[at])
         return Sampled(padded[at], np.asarray(chosen)[at], values, ids, np.asarray(ranks)[at])

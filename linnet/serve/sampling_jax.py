@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linnet.serve.request import MAX_LOGPROBS
 from linnet.serve.sampling import SamplingBatch
 
 
@@ -77,7 +78,7 @@ def _picked(logprobs, tokens, k: int):
     chosen = jnp.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
     if k == 0:
         return chosen, None, None
-    values, ids = jax.lax.top_k(logprobs, k)
+    values, ids = jax.lax.top_k(logprobs, min(k, logprobs.shape[-1]))
     return chosen, values, ids.astype(jnp.int32)
 
 
@@ -97,9 +98,11 @@ def score(logits, targets, k: int):
 
 
 def mode(batch: SamplingBatch, adjustments=None) -> tuple:
-    """What a batch's draw compiles for: (greedy only, logits adjusted, top logprobs, logprobs at all)."""
-    return (batch.greedy_only, bool(batch.adjusted and adjustments is not None), max(batch.logprobs, 0),
-            batch.logprobs >= 0)
+    """What a batch's draw compiles for: (greedy only, logits adjusted, top logprobs, logprobs at all).
+    Logprobs always list the most alternatives any request may ask for (the host keeps each
+    request's k), so that one executable serves every k and a warmup can compile it."""
+    wanted = batch.logprobs >= 0
+    return batch.greedy_only, bool(batch.adjusted and adjustments is not None), MAX_LOGPROBS if wanted else 0, wanted
 
 
 @functools.cache

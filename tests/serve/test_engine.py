@@ -166,6 +166,12 @@ def test_no_compilation_after_warmup(model):
                               for i, p in enumerate(ps)])
     assert all(c.finish_reason == "length" for c in done)
     assert stats.compiles == 0
+    # a server's warmup also compiles the draws that give logprobs: any k, greedy or sampled
+    engine.warmup((len(p) for p in ps), logprobs=True)
+    done, stats = engine.run([Request(prompt=p, max_new_tokens=3, temperature=0.5 * (i % 2), seed=i,
+                                      logprobs=i % 21) for i, p in enumerate(ps)])
+    assert [len(c.logprobs[-1].top) for c in done] == [i % 21 for i in range(len(ps))]
+    assert stats.compiles == 0
 
 
 def test_prompts_longer_than_the_budget_are_chunked(model):
