@@ -84,6 +84,12 @@ def chat_body(call: ResponsesCall) -> dict:
     if body.get("top_logprobs"):
         raise ApiError(400, "'top_logprobs' is not supported on /v1/responses; chat completions give logprobs",
                        "top_logprobs")
+    include = body.get("include") or []
+    if not isinstance(include, list) or not all(isinstance(x, str) for x in include):
+        raise ApiError(400, "'include' must be a list of strings", "include")
+    if "message.output_text.logprobs" in include:  # the others name outputs this server never makes: nothing to add
+        raise ApiError(400, "'include': message.output_text.logprobs is not supported on /v1/responses; chat "
+                            "completions give logprobs", "include")
     return chat
 
 

@@ -88,6 +88,8 @@ def test_earlier_calls_and_their_outputs_are_the_chat_turns_they_mean(server):
     ({"input": "t1", "text": {"format": {"type": "yaml"}}}, "text.format"),
     ({"input": "t1", "truncation": "auto"}, "truncation"),
     ({"input": "t1", "top_logprobs": 3}, "top_logprobs"),
+    ({"input": "t1", "include": ["message.output_text.logprobs"]}, "logprobs"),
+    ({"input": "t1", "include": "reasoning"}, "'include' must be"),
     ({"input": "t1", "model": "gpt-5"}, "does not exist"),
 ])
 def test_bad_bodies_are_refused_and_the_server_goes_on(server, body, needle):
@@ -208,6 +210,9 @@ def test_a_kept_response_is_read_and_deleted_and_store_false_keeps_none(server):
     assert status == 400 and error["code"] == "previous_response_not_found" and error["param"] == "previous_response_id"
     unkept = json.loads(call(base, "/v1/responses", {"input": "t3", "max_output_tokens": 2, "store": False})[1])
     assert unkept["store"] is False and call(base, f"/v1/responses/{unkept['id']}", method="GET")[0] == 404
+    # as Codex asks, keeping nothing: encrypted reasoning it may carry is none here, and nothing is refused
+    assert call(base, "/v1/responses", {"input": "t3", "max_output_tokens": 2, "store": False,
+                                        "include": ["reasoning.encrypted_content"]})[0] == 200
     assert call(base, f"/v1/responses/{made['id']}/input_items", method="GET")[0] == 404
 
 
