@@ -12,7 +12,8 @@ Each model family writes its calls its own way; a parser reads one way, by vLLM'
   NAME[ARGS]{...} (special tokens too; [CALL_ID] and an id may come between). Mistral's chat
   templates take only call ids of 9 letters and digits, so this parser makes its ids so.
 - "pythonic" (Llama 3.2 and 4 with their pythonic templates, ToolACE): the whole reply is a
-  Python list of calls, [get_weather(city="Paris"), get_time()], arguments as literals.
+  Python list of calls, [get_weather(city="Paris"), get_time()], arguments as literals (streamed
+  a call at a time: each named at its "(", its arguments read whole at its ")").
 - "qwen3_coder" (Qwen3-Coder): text, then calls each written <tool_call><function=NAME>
   <parameter=KEY>VALUE</parameter>...</function></tool_call>, each value bare text, read as the
   type the request's schema gives the parameter (`for_tools` binds a parser to the schemas).
@@ -311,14 +312,52 @@ class Pythonic:
 
     hold = 0  # the reply's first character decides
 
-    def partial(self, text: str) -> list:
-        return []  # Python's calls are read whole, at the reply's end
+    # a string (closed, or open to the end), or a bracket or comma: what splits a list of calls
+    TOKENS = re.compile(r"""'(?:[^'\\\n]|\\.)*'?|"(?:[^"\\\n]|\\.)*"?|[()\[\]{},]""", re.DOTALL)
+    NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
-    def parse(self, text: str) -> tuple:
+    def _body(self, text: str) -> str:
         body = text.strip()
         for wrapper in self.WRAPPERS:
             body = body.replace(wrapper, "")
-        body = body.strip()
+        return body.strip()
+
+    def partial(self, text: str) -> list:
+        """The calls written so far: each named once its "(" is written, its arguments given whole
+        once its ")" closes it (they are read as Python, whole)."""
+        body, calls, depth, item = self._body(text), [], 0, None
+        if not body.startswith("["):
+            return []
+        for token in self.TOKENS.finditer(body):
+            mark, at = token.group(), token.start()
+            if mark in "([{":
+                depth += 1
+                if depth == 2 and mark == "(":  # a call's name, written whole
+                    name = body[item:at].strip()
+                    if not self.NAME.fullmatch(name):
+                        return calls + [(None, None, False)]
+                    calls.append((name, None, False))
+                elif depth == 1:
+                    item = at + 1
+            elif mark in ")]}":
+                depth -= 1
+                if depth == 1 and mark == ")" and calls:  # the call closes: read it as Python
+                    call = self._read(body[item:at + 1])
+                    calls[-1] = (None, None, True) if call is None else (call["name"], call["arguments"], True)
+                if depth == 0:
+                    break
+            elif mark == "," and depth == 1:
+                item = at + 1
+        return calls
+
+    def _read(self, source: str) -> dict | None:
+        try:
+            return self._call(ast.parse(source.strip(), mode="eval").body)
+        except (SyntaxError, ValueError, TypeError, RecursionError):
+            return None
+
+    def parse(self, text: str) -> tuple:
+        body = self._body(text)
         if not body.startswith("["):
             return text, []
         try:

@@ -4,7 +4,7 @@ piece at a time; calls go in order, each opened once the one before is closed.
 
 `news` takes what the tool parser reads of the reply so far (`partial`); `finish` takes the calls
 the whole reply makes and sends what the stream has not: the rest of a call's arguments, and any
-call read only at the end (Python's calls, arguments written as a string).
+call read only at the end (one whose arguments are written as a JSON string, say).
 """
 
 from __future__ import annotations

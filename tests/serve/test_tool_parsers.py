@@ -138,8 +138,8 @@ def test_mistral_call_ids_are_what_its_chat_template_takes_back():
 def test_a_streamed_call_adds_up_to_the_whole_replys(parser, data, before, spacing, step):
     """Read a prefix at a time (as a stream is), each call's name goes once written and its
     arguments as they come: put together, the same calls `parse` reads from the whole reply, the
-    arguments the model's own text; every call but Python's (read whole, at the end) is opened
-    before the reply ends."""
+    arguments the model's own text (Python's: read whole as each call closes); every call is
+    opened before the reply ends."""
     made = data.draw(python_calls if parser == "pythonic" else calls)
     before = before if parser.split("-")[0] in TAKES_TEXT_BEFORE else ""
     reply = written(parser, made, before, SPACINGS[spacing])
@@ -149,7 +149,7 @@ def test_a_streamed_call_adds_up_to_the_whole_replys(parser, data, before, spaci
     assert [(name, arguments) for _, name, arguments in got] == [(c["name"], c["arguments"]) for c in whole]
     assert [(n, json.loads(a)) for _, n, a in got] == made
     streamed = [i for i, _, _ in got if i.startswith("call_")]
-    assert len(streamed) == (0 if parser == "pythonic" else len(made))
+    assert len(streamed) == len(made)  # each opened before the reply ended
     if parser != "pythonic" and spacing != "default":  # the arguments as written, not re-spaced
         assert all(a in reply for _, _, a in got)
 
