@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import re
+from collections import OrderedDict
 
 # a string (closed, or open to the end of the text), or one of JSON's structural characters;
 # what lies between (spaces, numbers, true/false/null) is skipped by the regex, in C
 _TOKENS = re.compile(r'"(?:[^"\\]|\\.)*(?:"|\\?\Z)|[{}\[\]:,]', re.DOTALL)
+_STRING_REST = re.compile(r'(?:[^"\\]|\\.)*', re.DOTALL)  # a string's characters, up to its quote or a lone "\\"
 
 
 class Fields(dict):
@@ -23,33 +25,97 @@ class Fields(dict):
 
 
 def object_fields(text: str, at: int) -> Fields:
-    """The fields of the object whose "{" is at text[at], as far as `text` goes."""
-    fields, depth, key, start, expect_key = Fields(), 0, None, None, True
-    for token in _TOKENS.finditer(text, at):
-        mark, where = token.group(), token.start()
-        if depth == 1 and not expect_key and start is None and mark[0] in '"{[':
-            start = where  # a value that is a string or a container
-        if mark[0] == '"':
-            if depth == 1 and expect_key:
-                if not _closed(mark):
-                    break  # a key still being written
-                key = json.loads(mark)
-        elif mark in "{[":
-            depth += 1
-        elif mark in "}]":
-            depth -= 1
-            if depth == 0:
-                _record(fields, text, key, start, where)
-                fields.end = where + 1
-                return fields
-        elif depth == 1 and mark == ":":
-            expect_key, start = False, _scalar_start(text, where + 1)
-        elif depth == 1 and mark == ",":
-            _record(fields, text, key, start, where)
-            key, start, expect_key = None, None, True
-    if key is not None and start is not None:
-        fields[key] = (start, None)
+    """The fields of the object whose "{" is at text[at], as far as `text` goes. A long object's
+    scan is kept and resumed when it is asked for again with more text after the same start (a
+    stream's next step), so that a step costs what it adds, not all that was written."""
+    if len(text) - at < _KEPT_FROM:
+        return _Scan(at).advance(text)
+    key = (at, text[at:at + _KEPT_FROM])
+    scan = _SCANS.pop(key, None)
+    if scan is None or not text.startswith(scan.text):  # another text with the same start: anew
+        scan = _Scan(at)
+    fields = scan.advance(text)
+    _SCANS[key] = scan
+    while len(_SCANS) > _KEPT:
+        _SCANS.popitem(last=False)
     return fields
+
+
+_KEPT_FROM = 512  # objects at least this long are scanned a step at a time
+_KEPT = 256  # scans kept, the least recently used dropped first
+_SCANS: OrderedDict = OrderedDict()
+
+
+class _Scan:
+    """One object's scan, resumable: `advance` reads on from where the last call stopped."""
+
+    def __init__(self, at: int):
+        self.text, self.at, self.resume = "", at, at
+        self.fields, self.end = {}, None
+        self.depth, self.key, self.start, self.expect_key, self.colon = 0, None, None, True, None
+        self.open_string, self.string_read = None, 0  # a string being written: where it opens, read up to
+
+    def advance(self, text: str) -> Fields:
+        if self.end is None:
+            if not self.expect_key and self.start is None and self.colon is not None:
+                self.start = _scalar_start(text, self.colon + 1)  # a number may have come since
+            self._read(text)
+        self.text = text
+        out = Fields(self.fields)
+        out.end = self.end
+        if self.end is None and self.key is not None and self.start is not None:
+            out[self.key] = (self.start, None)
+        return out
+
+    def _read(self, text: str) -> None:
+        if self.open_string is not None:  # read on inside the string, from where the last read stopped
+            stop = _STRING_REST.match(text, self.string_read).end()
+            if stop >= len(text) or text[stop] != '"':
+                self.string_read = stop
+                return
+            self._token(text, text[self.open_string:stop + 1], self.open_string)
+            self.open_string, self.resume = None, stop + 1
+        for token in _TOKENS.finditer(text, self.resume):
+            if self.end is not None:
+                return
+            mark, where = token.group(), token.start()
+            if mark[0] == '"' and not _closed(mark):  # a string still being written
+                if self.depth == 1 and not self.expect_key and self.start is None:
+                    self.start = where
+                self.open_string, self.string_read = where, _STRING_REST.match(text, where + 1).end()
+                return
+            self.resume = token.end()
+            self._token(text, mark, where)
+
+    def _token(self, text: str, mark: str, where: int) -> None:
+        """One token read: a whole string, or a structural character."""
+        if self.depth == 1 and not self.expect_key and self.start is None and mark[0] in '"{[':
+            self.start = where  # a value that is a string or a container
+        if mark[0] == '"':
+            if self.depth == 1 and self.expect_key:
+                self.key = _key(mark)
+        elif mark in "{[":
+            self.depth += 1
+        elif mark in "}]":
+            self.depth -= 1
+            if self.depth == 0:
+                _record(self.fields, text, self.key, self.start, where)
+                self.end = where + 1
+        elif self.depth == 1 and mark == ":":
+            self.expect_key, self.colon = False, where
+            self.start = _scalar_start(text, where + 1)
+        elif self.depth == 1 and mark == ",":
+            _record(self.fields, text, self.key, self.start, where)
+            self.key, self.start, self.expect_key, self.colon = None, None, True, None
+
+
+def _key(mark: str) -> str:
+    """A key's text; a key that is not JSON (a model's slip, "\\u12" say) as written, quotes and
+    all, which names no field anyone reads."""
+    try:
+        return json.loads(mark)
+    except ValueError:
+        return mark
 
 
 def _closed(mark: str) -> bool:

@@ -264,3 +264,46 @@ def test_a_template_that_teaches_xml_calls_picks_qwen3_coder():
     assert parser_for_template(coder) == "qwen3_coder"
     assert parser_for_template("<tool_call>{{ tool_call | tojson }}</tool_call>") is None
     assert parser_for_template(None) is None
+
+
+long_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
+                           | st.text(max_size=300),
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                       max_size=4), max_leaves=12)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(value=st.dictionaries(st.text(max_size=10), long_values, min_size=1, max_size=5), data=st.data(),
+       lead=st.sampled_from(["", "<tool_call>\n"]))
+def test_a_long_objects_scan_resumed_step_by_step_reads_as_a_fresh_one(value, data, lead):
+    """object_fields keeps a long object's scan and reads on from where it stopped as the text
+    grows: at every step, what a fresh scan of the same text reads; two texts that share a long
+    start but part later, read in turns, do not mix."""
+    from linnet.serve.json_prefix import _Scan, object_fields
+
+    indent = data.draw(st.sampled_from([None, 1]))
+    text = lead + json.dumps({"pad": "x" * 600, **value}, indent=indent)
+    other = lead + json.dumps({"pad": "x" * 600, "parted": [1, 2, 3]}, indent=indent)  # the same long start
+    at, cut = len(lead), 0
+    while cut < len(text):
+        cut = min(len(text), cut + data.draw(st.integers(1, 60)))
+        for t in (text[:cut], other[:cut]):
+            got, fresh = object_fields(t, at), _Scan(at).advance(t)
+            assert got == fresh and got.end == fresh.end, t[-80:]
+    assert object_fields(text, at).end == len(text)
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, database=None)
+@given(text=st.text(alphabet='{}[]:,"\\u0a1 x', max_size=40))
+def test_a_scan_of_anything_a_model_writes_never_raises(text):
+    """Broken JSON (an escape cut short, a stray quote) reads as far as it goes, without an error."""
+    from linnet.serve.json_prefix import object_fields
+
+    from linnet.serve.reasoning import reasoning_parser
+
+    for parser in [*PARSERS.values(), reasoning_parser("openai_gptoss")]:
+        parser.partial("{" + text)
+        parser.partial('<tool_call>{"name": "f", "arguments": {' + text)
+        parser.partial("<|channel|>commentary to=functions.f <|constrain|>json<|message|>{" + text)
+        parser.parse("[TOOL_CALLS]f[ARGS]{" + text)
+    object_fields("{" + text, 0)
