@@ -559,8 +559,9 @@ def check_fits(req: Request, vocab: int, max_seq: int) -> None:
         raise ApiError(400, message, param) from None
 
 
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+def new_id(prefix: str, sep: str = "-") -> str:
+    """chatcmpl-..., cmpl-... as OpenAI's; its Responses API writes resp_..., msg_... (`sep` "_")."""
+    return f"{prefix}{sep}{uuid.uuid4().hex[:24]}"
 
 
 def usage(job: Job, comps: list) -> dict:

@@ -51,6 +51,18 @@ def read_call(body: dict, store) -> ResponsesCall:
     return ResponsesCall(body, earlier + _messages(body.get("input")))
 
 
+def input_items(body: dict) -> list:
+    """A body's input as OpenAI lists it back: items, a string as one user message, each with an id."""
+    given = body.get("input")
+    items = [{"type": "message", "role": "user", "content": [{"type": "input_text", "text": given}]}] \
+        if isinstance(given, str) else [dict(item) for item in given or [] if isinstance(item, dict)]
+    for item in items:
+        item.setdefault("type", "message")
+        if not item.get("id"):
+            item["id"] = new_id("msg" if item["type"] == "message" else "item", "_")
+    return items
+
+
 def conversation_after(call: ResponsesCall, output: list) -> list:
     """The conversation a later response continues from this one: its own, then its output's turn."""
     return call.conversation + _messages(output, output=True)
@@ -208,10 +220,10 @@ def output_items(message: dict) -> list:
     """A chat message as Responses' output items: thinking, text, tool calls, in that order."""
     items = []
     if message.get("reasoning_content"):
-        items.append(reasoning_item(new_id("rs"), message["reasoning_content"]))
+        items.append(reasoning_item(new_id("rs", "_"), message["reasoning_content"]))
     if message.get("content"):
-        items.append(message_item(new_id("msg"), message["content"]))
-    items += [call_item(new_id("fc"), call) for call in message.get("tool_calls") or []]
+        items.append(message_item(new_id("msg", "_"), message["content"]))
+    items += [call_item(new_id("fc", "_"), call) for call in message.get("tool_calls") or []]
     return items
 
 
@@ -253,7 +265,7 @@ class ResponseWriter:
 
     def __init__(self, body: dict, job: Job, model: str, tokenizer):
         self.body, self.job, self.model, self.tokenizer = body, job, model, tokenizer
-        self.id, self.created = new_id("resp"), int(time.time())
+        self.id, self.created = new_id("resp", "_"), int(time.time())
         self.sequence = 0
         self.output: list = []  # finished items
         self.open: dict | None = None  # the item being written: {"item": ..., "text": ...}
@@ -279,7 +291,7 @@ class ResponseWriter:
             return []
         events = self._close()
         make, prefix = _TEXT_ITEMS[kind]
-        empty = make(new_id(prefix), "")
+        empty = make(new_id(prefix, "_"), "")
         item = dict(empty, content=[], status="in_progress")
         self.open = {"item": item, "text": ""}
         at = len(self.output)
@@ -335,7 +347,7 @@ class ResponseWriter:
         kind, _, value = event
         if kind == "open":
             events = self._close()
-            item = call_item(new_id("fc"), value)
+            item = call_item(new_id("fc", "_"), value)
             self.open = {"item": dict(item, status="in_progress"), "text": ""}
             return events + [self._event("response.output_item.added", output_index=len(self.output),
                                          item=self.open["item"])]
@@ -352,6 +364,6 @@ class ResponseWriter:
 
 def response(body: dict, job: Job, comps: list, model: str, message: dict, finish: str | None, tokenizer) -> dict:
     """The Response of a finished job: its one choice's chat message, as output items."""
-    return response_object(body, job, comps, model, output_items(message), finish, new_id("resp"), int(time.time()),
-                           tokenizer)
+    return response_object(body, job, comps, model, output_items(message), finish, new_id("resp", "_"),
+                           int(time.time()), tokenizer)
 

@@ -19,11 +19,12 @@ class ResponseStore:
         self.limit = limit
         self.kept: OrderedDict = OrderedDict()  # id: (Response, its conversation as chat messages)
 
-    def put(self, response: dict, conversation: list) -> None:
-        """Keeps `response`, whose conversation, its own output's turn included, is `conversation`."""
+    def put(self, response: dict, conversation: list, input_items: list = ()) -> None:
+        """Keeps `response`, whose conversation, its own output's turn included, is `conversation`,
+        and whose body's input was `input_items`."""
         if self.limit <= 0:
             return
-        self.kept[response["id"]] = (response, conversation)
+        self.kept[response["id"]] = (response, conversation, list(input_items))
         while len(self.kept) > self.limit:
             self.kept.popitem(last=False)
 
@@ -40,6 +41,13 @@ class ResponseStore:
             raise ApiError(400, f"previous response with id {response_id!r} not found", "previous_response_id",
                            "previous_response_not_found")
         return list(self.kept[response_id][1])
+
+    def input_items(self, response_id: str) -> dict:
+        """OpenAI's list of a kept Response's input items, in the order sent, each with an id."""
+        self.response(response_id)  # a 404 where there is none
+        items = self.kept[response_id][2]
+        return {"object": "list", "data": items, "first_id": items[0]["id"] if items else None,
+                "last_id": items[-1]["id"] if items else None, "has_more": False}
 
     def delete(self, response_id: str) -> dict:
         self.response(response_id)  # a 404 where there is none

@@ -3,8 +3,9 @@
 A plain ASGI application (run by uvicorn) over one `Engine` stepping on its
 own thread. Routes: POST /v1/completions and /v1/chat/completions (with
 "stream": true as server-sent events), POST /v1/responses (OpenAI's Responses API, run as the
-chat it means: responses_api.py; GET and DELETE /v1/responses/ID, the ones kept), GET /v1/models[/ID]; vLLM's POST
-/tokenize and /detokenize, GET /ping and /version; GET /health and /metrics (Prometheus).
+chat it means: responses_api.py; GET and DELETE /v1/responses/ID and GET .../input_items, the
+ones kept), GET /v1/models[/ID]; vLLM's POST /tokenize and /detokenize, GET /ping and
+/version; GET /health and /metrics (Prometheus).
 A bad request gets OpenAI's error object with its status; it never stops the
 engine or the other requests. A client that disconnects cancels its requests.
 """
@@ -22,7 +23,8 @@ from linnet.serve.openai_api import (ApiError, ChunkWriter, Job, TextStream, cha
                                      error_body, finish_reason, marker_ids, partial_calls, reply_text, shown,
                                      usage)
 from linnet.serve.request import RequestError
-from linnet.serve.responses_api import ResponseWriter, ResponsesCall, chat_body, conversation_after, read_call, response
+from linnet.serve.responses_api import (ResponseWriter, ResponsesCall, chat_body, conversation_after, input_items,
+                                        read_call, response)
 from linnet.serve.responses_store import ResponseStore
 from linnet.serve.tool_stream import CallStream
 
@@ -124,6 +126,9 @@ class OpenAIServer:
             raise ApiError(404, f"the model {path[len('/v1/models/'):]!r} does not exist", "model", "model_not_found")
 
     async def _kept_response(self, path, receive, send):
+        if path.endswith("/input_items"):
+            await _json(send, 200, self.responses.input_items(_response_id(path.removesuffix("/input_items"))))
+            return
         await _json(send, 200, self.responses.response(_response_id(path)))
 
     async def _forget_response(self, path, receive, send):
@@ -329,14 +334,13 @@ class OpenAIServer:
     def _keep(self, call: ResponsesCall, made: dict) -> None:
         """Keeps a finished Response for later ones to continue, unless its body says store: false."""
         if call.stored:
-            self.responses.put(made, conversation_after(call, made["output"]))
+            self.responses.put(made, conversation_after(call, made["output"]), input_items(call.body))
 
 
 def _response_id(path: str) -> str:
     response_id = path[len("/v1/responses/"):]
     if "/" in response_id:
-        raise ApiError(404, f"no route {path}: a kept Response is read whole (its input items are not listed apart)",
-                       code="not_found")
+        raise ApiError(404, f"no route {path}", code="not_found")
     return response_id
 
 

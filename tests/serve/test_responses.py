@@ -200,6 +200,9 @@ def test_a_kept_response_is_read_and_deleted_and_store_false_keeps_none(server):
     made = json.loads(call(base, "/v1/responses", {"input": "t3", "max_output_tokens": 2})[1])
     status, text = call(base, f"/v1/responses/{made['id']}", method="GET")
     assert status == 200 and json.loads(text) == made
+    listed = client(base).responses.input_items.list(made["id"])  # as OpenAI's client reads them
+    assert [(i.type, i.role, i.content[0].text) for i in listed.data] == [("message", "user", "t3")]
+    assert listed.data[0].id.startswith("msg_") and made["id"].startswith("resp_")  # OpenAI's forms
     status, text = call(base, f"/v1/responses/{made['id']}", method="DELETE")
     assert status == 200 and json.loads(text) == {"id": made["id"], "object": "response", "deleted": True}
     for method in ("GET", "DELETE"):
@@ -213,7 +216,7 @@ def test_a_kept_response_is_read_and_deleted_and_store_false_keeps_none(server):
     # as Codex asks, keeping nothing: encrypted reasoning it may carry is none here, and nothing is refused
     assert call(base, "/v1/responses", {"input": "t3", "max_output_tokens": 2, "store": False,
                                         "include": ["reasoning.encrypted_content"]})[0] == 200
-    assert call(base, f"/v1/responses/{made['id']}/input_items", method="GET")[0] == 404
+    assert call(base, f"/v1/responses/{made['id']}/other", method="GET")[0] == 404
 
 
 def test_the_store_keeps_the_newest_and_a_turns_thinking_text_and_calls_are_one_assistant_turn():
