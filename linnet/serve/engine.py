@@ -169,11 +169,12 @@ class Engine:
 
     # ------------------------------------------------------------ running
 
-    def warmup(self, prompt_lengths=(), logprobs: bool = False) -> None:
+    def warmup(self, prompt_lengths=(), logprobs: bool = False, structured: bool = False) -> None:
         """Compiles (JAX) or captures (CUDA) everything a run over such prompts needs: greedy and
-        sampled draws, and with `logprobs` those that also give tokens' logprobs (a server's
-        requests may ask for them). Draws that penalties, biases or structures move compile when a
-        request first needs them."""
+        sampled draws; with `logprobs`, those that also give tokens' logprobs; with `structured`,
+        those a token mask holds (structured outputs, forced tool calls, allowed_token_ids): what a
+        server's requests may ask for. Draws that penalties or biases move compile when a request
+        first needs them."""
         lengths = list(prompt_lengths)
         if self.model.backend == "jax":
             packed = self.runner.overhead + sum(self.runner.chunk_cost(n) for n in lengths) if lengths else 0
@@ -181,8 +182,13 @@ class Engine:
         else:
             sizes = sorted({min(n, self.token_budget) for n in lengths})[:4] or [16]
         kinds = [None, 1] if logprobs else [None]
-        self.runner.warmup(sizes, [self.sampling_mode(Request([0], temperature=t, logprobs=k))
-                                   for t in (0.0, 1.0) for k in kinds])
+        modes = [(self.sampling_mode(Request([0], temperature=t, logprobs=k)), None)
+                 for t in (0.0, 1.0) for k in kinds]
+        if structured:  # every row held to token 0: the draw that a mask moves
+            held = [([0], [], None, packed_mask([0], self.vocab))] * self.rows
+            modes += [(self.sampling_mode(Request([0], temperature=t, allowed_token_ids=[0])), held)
+                      for t in (0.0, 1.0)]
+        self.runner.warmup(sizes, modes)
         self.model.reset()
         self.row_tokens = [[] for _ in range(self.rows)]
         self._ahead = None

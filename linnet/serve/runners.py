@@ -254,14 +254,15 @@ class TorchRunner:
         by_row[self._t(np.asarray(rows, np.int64))] = drawn[0]
         return Pending(by_row, lambda: self._to_host(*drawn))
 
-    def warmup(self, pack_lengths, batches):
-        """Runs every pass size given, and a decode step and its draws for each sampling batch."""
+    def warmup(self, pack_lengths, modes):
+        """Runs every pass size given, and a decode step and its draws for each (sampling batch, its
+        histories or None) in `modes`."""
         for n in sorted(set(pack_lengths)):
             self.prefill(np.zeros(n, np.int32), np.full(n, self.padding, np.int32), np.zeros(n, np.int32),
                          np.zeros(1, np.int32))
-        for batch in batches:
+        for batch, histories in modes:
             self.decode_sample(np.zeros(self.batch, np.int32), np.full(self.batch, self.padding, np.int32), batch,
-                               list(range(len(batch.temperature)))).result()
+                               list(range(len(batch.temperature))), histories).result()
 
 
 class JaxRunner:
@@ -395,20 +396,20 @@ class JaxRunner:
     def pass_sizes(self, budget: int) -> list:
         return bucket_sizes(budget, self.smallest)
 
-    def warmup(self, pack_lengths, batches):
-        """Compiles every pass size given, copy_rows, and for each sampling batch the decode step
-        that draws so and the draw after a prefill."""
+    def warmup(self, pack_lengths, modes):
+        """Compiles every pass size given, copy_rows, and for each (sampling batch, its histories or
+        None) in `modes` the decode step that draws so and the draw after a prefill."""
         logits = None
         for size in sorted({bucket(n, self.smallest) for n in pack_lengths}):
             logits = self.model.prefill(np.zeros(size, np.int32), np.full(size, self.padding, np.int32),
                                         np.zeros(size, np.int32), np.zeros(self.batch, np.int32))
         self.copy_rows(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32))
         idle = np.full(self.batch, self.padding, np.int32)
-        for batch in batches:
+        for batch, histories in modes:
             rows = list(range(len(batch.temperature)))
-            self.decode_sample(np.zeros(self.batch, np.int32), idle, batch, rows).result()
+            self.decode_sample(np.zeros(self.batch, np.int32), idle, batch, rows, histories).result()
             if logits is not None:
-                self.sample(logits, batch, rows=rows)
+                self.sample(logits, batch, histories, rows=rows)
 
 
 _COMPILES = [0, False]  # XLA compilations seen, and whether the listener is in

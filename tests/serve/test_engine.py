@@ -172,6 +172,12 @@ def test_no_compilation_after_warmup(model):
                                       logprobs=i % 21) for i, p in enumerate(ps)])
     assert [len(c.logprobs[-1].top) for c in done] == [i % 21 for i in range(len(ps))]
     assert stats.compiles == 0
+    # and with `structured`, the draws a token mask holds (structured outputs, allowed_token_ids)
+    engine.warmup((len(p) for p in ps), structured=True)
+    done, stats = engine.run([Request(prompt=p, max_new_tokens=3, temperature=0.5 * (i % 2), seed=i,
+                                      allowed_token_ids=[3, 5, 7 + i]) for i, p in enumerate(ps)])
+    assert all(set(c.tokens) <= {3, 5, 7 + i} for i, c in enumerate(done))
+    assert stats.compiles == 0
 
 
 def test_prompts_longer_than_the_budget_are_chunked(model):
