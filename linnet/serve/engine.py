@@ -131,6 +131,9 @@ class Engine:
         `listener`, an (event loop, asyncio.Queue) pair, is told of every new token and of the end.
         """
         req.validate(self.vocab, self.max_seq)
+        if req.allowed_token_ids is not None and req.min_tokens and set(req.allowed_token_ids) <= self._enders(req):
+            raise RequestError(f"{req.id}: every token allowed_token_ids allows would end the request, and min_tokens "
+                               f"({req.min_tokens}) keeps those out until then: nothing could be drawn")
         if req.stop and self.tokenizer is None:
             raise RequestError(f"{req.id}: stop strings need a tokenizer, and this model has none")
         matcher = None if req.structure is None else self.guide().matcher(req.structure, req.id)
@@ -460,13 +463,16 @@ class Engine:
                          for x in items]
         return batch, histories
 
+    def _enders(self, req: Request) -> set:
+        """The tokens that would end `req`, which min_tokens keeps out until then."""
+        return set(req.stop_token_ids) | (set() if req.ignore_eos else self.eos)
+
     def _bias(self, x: _Live, ahead: int) -> dict | None:
         """x's logit bias for its next draw: its own, and before min_tokens, the tokens that would end it banned."""
         req = x.req
         if len(x.generated) + ahead >= req.min_tokens:
             return req.logit_bias
-        enders = set(req.stop_token_ids) | (set() if req.ignore_eos else self.eos)
-        return {**(req.logit_bias or {}), **{t: float("-inf") for t in enders}}
+        return {**(req.logit_bias or {}), **{t: float("-inf") for t in self._enders(req)}}
 
     def _sample(self, logits, items: list, logit_rows: list):
         batch, histories = self._sampling(items)

@@ -1,6 +1,6 @@
 """The engine's one promise, on random loads (hypothesis): whatever shares the batch (how many
 requests, their lengths, shared prompts and prefixes, how the token budget cuts prompts into
-chunks, penalties, biases, stop tokens and min_tokens), each request's tokens are the ones it gets alone: greedy ones as
+chunks, penalties, biases, allowed tokens, stop tokens and min_tokens), each request's tokens are the ones it gets alone: greedy ones as
 a plain prefill-then-decode loop with no engine gives them, seeded draws as the same request
 alone in the engine."""
 
@@ -43,6 +43,8 @@ def loads(draw):
             logit_bias=draw(st.none() | st.dictionaries(st.integers(1, VOCAB - 1), st.sampled_from([-100.0, 5.0]),
                                                         max_size=2)),
             presence_penalty=draw(st.sampled_from([0.0, 0.5])),
+            allowed_token_ids=draw(st.none() | st.lists(st.integers(1, VOCAB - 1), min_size=1, max_size=6,
+                                                        unique=True)),
             temperature=1.0 if sampled else 0.0, seed=draw(st.integers(0, 3)) if sampled else None,
             top_k=draw(st.sampled_from([0, 5])) if sampled else 0,
             repetition_penalty=draw(st.sampled_from([1.0, 1.3])),
@@ -70,10 +72,15 @@ def test_each_request_gets_the_tokens_it_gets_alone(model, load):
     done, stats = engine.run(requests)
     assert [c.request.id for c in done] == [r.id for r in requests]
     for req, comp in zip(requests, done):
+        if comp.finish_reason == "error":  # allowed tokens that all end it, kept out by min_tokens: refused
+            assert "nothing could be drawn" in comp.error and set(req.allowed_token_ids) <= set(req.stop_token_ids)
+            continue
         assert comp.tokens == alone(model, req), req
+        assert req.allowed_token_ids is None or set(comp.tokens) <= set(req.allowed_token_ids)
         assert comp.finish_reason == ("stop" if comp.tokens[-1:] and comp.tokens[-1] in req.stop_token_ids
                                       else "length")
-    assert stats.prefill_tokens + stats.copied_tokens == sum(len(r.prompt) for r in requests)
+    ran = [r for r, c in zip(requests, done) if c.finish_reason != "error"]
+    assert stats.prefill_tokens + stats.copied_tokens == sum(len(r.prompt) for r in ran)
 
 
 def engine_floor(model) -> int:

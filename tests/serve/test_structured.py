@@ -74,6 +74,16 @@ def test_each_output_is_what_its_structure_asks_and_the_others_draw_as_alone(eng
         assert c.tokens == reference_greedy(model, q, 8)
 
 
+def test_a_structure_that_must_end_ends_the_request_before_min_tokens(engine):
+    """min_tokens keeps the end token out, but a structure that is complete and allows nothing more
+    ends the request there, its text whole; allowed tokens that all end the request, with
+    min_tokens, are a contradiction refused at submission."""
+    done, _ = engine.run([Request(prompt=[5, 6], max_new_tokens=12, min_tokens=8, structure=Structure("regex", "ab"))])
+    assert done[0].text == "ab" and done[0].finish_reason == "stop"
+    with pytest.raises(RequestError, match="nothing could be drawn"):
+        engine.submit(Request(prompt=[5], max_new_tokens=4, min_tokens=2, stop_token_ids=[7], allowed_token_ids=[7]))
+
+
 def test_a_structure_with_the_same_seed_draws_the_same_whatever_shares_the_batch(engine):
     req = lambda: Request(prompt=[5, 6, 7], max_new_tokens=40, temperature=1.0, seed=3, structure=Structure("json", SCHEMA))
     alone, _ = engine.run([req()])
