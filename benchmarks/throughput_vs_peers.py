@@ -289,5 +289,6 @@ def main():
         for system, f in figures.items():
             print(f"  {label(system):19s} {f['single']:8.1f} tokens/s")
 
+
 if __name__ == "__main__":
     main()

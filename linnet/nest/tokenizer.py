@@ -16,6 +16,7 @@ from typing import Any, Iterable, Iterator
 from .chat_template import render_chat_template
 from .errors import TokenizerError
 
+
 def _gpt2_bytes() -> dict:
     """GPT-2's byte-level table, reversed: {the character a byte is written as: the byte}. Printable
     bytes stand for themselves; the rest are written as the characters from U+0100 on, in order."""

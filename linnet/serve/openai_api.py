@@ -218,10 +218,11 @@ def _call_text(job: Job, text: str) -> str | None:
     return None if answer is None else text[answer:]
 
 
-def partial_calls(job: Job, text: str) -> list:
-    """The tool calls a chat choice's text so far is writing, as its tool parser reads them
-    (`partial`): [(name or None, arguments so far or None, closed)]."""
-    source = None if job.tool_call is None else _call_text(job, text)
+def partial_calls(job: Job, text: str, upto: int) -> list:
+    """The tool calls text[:upto] of a chat choice is writing, as its tool parser reads them
+    (`partial`): [(name or None, arguments so far or None, closed)]; none without tools (the
+    text is not even cut then: a stream's every step asks)."""
+    source = None if job.tool_call is None else _call_text(job, text[:upto])
     return [] if source is None else job.tool_parser.partial(source)
 
 
@@ -233,10 +234,13 @@ def _choices_per_prompt(body: dict) -> int:
     return n
 
 
-def _continuous_usage(body: dict) -> bool:
-    """vLLM's stream_options.continuous_usage_stats: with include_usage, the usage in every chunk."""
-    options = body.get("stream_options")
-    return _include_usage(body) and _boolean(options, "continuous_usage_stats", False)
+def _reply_options(body: dict) -> dict:
+    """What a body asks of the reply's form, as Job fields: a last chunk with the usage, vLLM's
+    continuous_usage_stats (with it, the usage in every chunk), return_tokens_as_token_ids."""
+    include = _include_usage(body)
+    return {"include_usage": include,
+            "continuous_usage": include and _boolean(body["stream_options"], "continuous_usage_stats", False),
+            "token_ids": _boolean(body, "return_tokens_as_token_ids", False)}
 
 
 def _include_usage(body: dict) -> bool:
@@ -388,8 +392,7 @@ def completion_job(body: dict, tokenizer, max_seq: int) -> Job:
         shown = [t if t is not None else (tokenizer.decode(ids, skip_special_tokens=True) if tokenizer else "")
                  for ids, t in zip(prompts, texts)]
         echo = [text for text in shown for _ in range(n)]
-    return Job(requests, sum(len(p) for p in prompts), echo, _include_usage(body), n,
-               continuous_usage=_continuous_usage(body), token_ids=_boolean(body, "return_tokens_as_token_ids", False),
+    return Job(requests, sum(len(p) for p in prompts), echo, n=n, **_reply_options(body),
                echo_logprobs=echoed and logprobs is not None, prompt_logprobs=asked is not None)
 
 
@@ -534,9 +537,7 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=No
         tool_parser = forced_calls(tool_call)  # a call forced as vLLM forms it; harmony's keeps its own format
     elif hasattr(tool_parser, "for_tools"):  # a format whose values the schemas type (Qwen3-Coder's)
         tool_parser = tool_parser.for_tools(schemas)
-    return Job(requests, len(ids), None, _include_usage(body), n, continuous_usage=_continuous_usage(body),
-               token_ids=_boolean(body, "return_tokens_as_token_ids", False),
-               prompt_logprobs=asked is not None,
+    return Job(requests, len(ids), None, n=n, **_reply_options(body), prompt_logprobs=asked is not None,
                tool_call=tool_call, reasoning=reasoning, tool_parser=tool_parser if tool_call else None,
                call_id=call_id, tool_names=frozenset(schemas))
 

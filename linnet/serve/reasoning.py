@@ -120,9 +120,13 @@ class Harmony:
         reasoning, content = self.divide(text, 0, len(text))
         return reasoning or None, content or None
 
+    def _settled(self, text: str) -> int:
+        """How much of `text` can no longer be part of a marker arriving a piece at a time."""
+        return len(text) - (max(map(len, self.MARKS)) - 1)
+
     def sendable(self, text: str) -> int:
         """All but what may be a marker arriving, and a call's arguments (which go as its tool call)."""
-        limit = len(text) - (max(map(len, self.MARKS)) - 1)
+        limit = self._settled(text)
         calls = [s for kind, s, _, _, _ in self.messages(text) if kind == "call"]
         return max(0, min([limit] + calls))
 
@@ -167,7 +171,7 @@ class Harmony:
     def partial(self, text: str) -> list:
         """As a tool parser: the calls written so far, [(name, arguments so far, closed)]; an open
         call's arguments stop short of what may be a marker arriving."""
-        limit, calls = len(text) - (max(map(len, self.MARKS)) - 1), []
+        limit, calls = self._settled(text), []
         for kind, s, e, recipient, closed in self.messages(text):
             if kind == "call" and closed:
                 call = self._call(text, s, e, recipient)

@@ -299,8 +299,8 @@ class OpenAIServer:
                 if reason is None:
                     choice.ready(_sendable(job, choice.text))
                     thought, text = _divide(job, choice.text, before, choice.sent)
-                    # what can no longer turn out to be a stop string
-                    calls = calls_out[i].news(partial_calls(job, choice.text[:len(choice.text) - choice.hold]))
+                    # up to what can no longer turn out to be a stop string
+                    calls = calls_out[i].news(partial_calls(job, choice.text, len(choice.text) - choice.hold))
                 else:
                     message, why = chat_message(job, comp, self.tokenizer) if chat else (None, finish_reason(comp))
                     made = None if message is None else message.get("tool_calls")
@@ -329,7 +329,6 @@ class OpenAIServer:
         # chat and completions end with [DONE]; a Responses stream ends with its last event
         await send({"type": "http.response.body", "body": b"" if responses is not None else b"data: [DONE]\n\n",
                     "more_body": False})
-
 
     def _keep(self, call: ResponsesCall, made: dict) -> None:
         """Keeps a finished Response for later ones to continue, unless its body says store: false."""

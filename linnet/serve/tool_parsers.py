@@ -63,12 +63,13 @@ def _arguments_span(fields) -> tuple | None:
     return next((fields[k] for k in ARGUMENT_KEYS if k in fields), None)
 
 
-def _call_at(text: str, at: int) -> tuple:
+def _call_at(text: str, at: int, fields=None) -> tuple:
     """(the call whose object opens at text[at], or None; where the object ends). A ValueError
-    where no JSON value is written there."""
+    where no JSON value is written there. `fields`: the object's, where already read."""
     value, end = _DECODER.raw_decode(text, at)
-    written = value_text(text, _arguments_span(object_fields(text, at))) if isinstance(value, dict) else None
-    return _call(value, written), end
+    if not isinstance(value, dict):
+        return _call(value), end
+    return _call(value, value_text(text, _arguments_span(fields or object_fields(text, at)))), end
 
 
 def partial_call(text: str, at: int) -> tuple:
@@ -78,7 +79,7 @@ def partial_call(text: str, at: int) -> tuple:
     fields = object_fields(text, at)
     if fields.end is not None:
         try:
-            call = _call_at(text, at)[0]
+            call = _call_at(text, at, fields)[0]
         except ValueError:
             call = None
         return (None, None, fields.end) if call is None else (call["name"], call["arguments"], fields.end)
@@ -434,7 +435,7 @@ class Qwen3Coder:
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
     FUNCTION, PARAMETER = re.compile(r"<function=([^>\n]*)>"), re.compile(r"<parameter=([^>\n]*)>")
     VALUE_END, FUNCTION_END = "</parameter>", "</function>"
-    hold = len(OPEN) - 1  # a marker may be arriving a piece at a time
+    hold, call_start = Hermes.hold, Hermes.call_start  # a call opens with Hermes' tag
 
     def __init__(self, schemas: dict | None = None):
         self.schemas = schemas or {}  # {function name: its parameters' JSON schema}
@@ -442,10 +443,6 @@ class Qwen3Coder:
     def for_tools(self, schemas: dict) -> Qwen3Coder:
         """The parser for one request: its functions' parameter schemas type the values."""
         return Qwen3Coder(schemas)
-
-    def call_start(self, text: str) -> int | None:
-        at = text.find(self.OPEN)
-        return None if at < 0 else at
 
     def parse(self, text: str) -> tuple:
         at = text.find(self.OPEN)

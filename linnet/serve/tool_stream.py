@@ -30,9 +30,8 @@ class CallStream:
             sent = self.sent[k]
             if sent[1] != name:
                 break  # read otherwise than before: the end sorts it out
-            if arguments is not None and arguments.startswith(sent[2]) and len(arguments) > len(sent[2]):
-                events.append(("arguments", k, arguments[len(sent[2]):]))
-                sent[2] = arguments
+            if arguments is not None:
+                events += self._more(k, arguments)
             if not closed:
                 break
         return events
@@ -47,10 +46,16 @@ class CallStream:
                 events.append(self._open(fn["name"], call["id"]))
             sent = self.sent[k]
             call["id"] = sent[0]  # the whole response, where one is built from these, says what was sent
-            if fn["arguments"].startswith(sent[2]) and len(fn["arguments"]) > len(sent[2]):
-                events.append(("arguments", k, fn["arguments"][len(sent[2]):]))
-                sent[2] = fn["arguments"]
+            events += self._more(k, fn["arguments"])
         return events
+
+    def _more(self, k: int, arguments: str) -> list:
+        """The piece of call k's `arguments` past what was sent, where they go on from it."""
+        sent = self.sent[k]
+        if not arguments.startswith(sent[2]) or len(arguments) == len(sent[2]):
+            return []
+        piece, sent[2] = arguments[len(sent[2]):], arguments
+        return [("arguments", k, piece)]
 
     def _open(self, name: str, call_id: str | None = None) -> tuple:
         call_id = call_id or self.new_id()
