@@ -172,25 +172,29 @@ class Engine:
 
     # ------------------------------------------------------------ running
 
-    def warmup(self, prompt_lengths=(), logprobs: bool = False, structured: bool = False) -> None:
+    def warmup(self, prompt_lengths=(), logprobs: bool = False, structured: bool = False,
+               adjusted: bool = False) -> None:
         """Compiles (JAX) or captures (CUDA) everything a run over such prompts needs: greedy and
         sampled draws; with `logprobs`, those that also give tokens' logprobs; with `structured`,
-        those a token mask holds (structured outputs, forced tool calls, allowed_token_ids): what a
-        server's requests may ask for. Draws that penalties or biases move compile when a request
-        first needs them."""
+        those a token mask holds (structured outputs, forced tool calls, allowed_token_ids); with
+        `adjusted`, those that penalties, a logit bias or min_tokens move: what a server's requests
+        may ask for, each with the others."""
         lengths = list(prompt_lengths)
         if self.model.backend == "jax":
             packed = self.runner.overhead + sum(self.runner.chunk_cost(n) for n in lengths) if lengths else 0
             sizes = self.runner.pass_sizes(min(self.token_budget, packed) if lengths else self.token_budget)
         else:
             sizes = sorted({min(n, self.token_budget) for n in lengths})[:4] or [16]
-        kinds = [None, 1] if logprobs else [None]
-        modes = [(self.sampling_mode(Request([0], temperature=t, logprobs=k)), None)
-                 for t in (0.0, 1.0) for k in kinds]
-        if structured:  # every row held to token 0: the draw that a mask moves
-            held = [([0], [], None, packed_mask([0], self.vocab))] * self.rows
-            modes += [(self.sampling_mode(Request([0], temperature=t, allowed_token_ids=[0])), held)
-                      for t in (0.0, 1.0)]
+        # Each form of the draw, its arrays made for every row as a request that asks for it and
+        # moves nothing: held to token 0 by a mask, or biased by 0.
+        forms = [({}, None)]
+        if structured:
+            forms.append(({"allowed_token_ids": [0]}, ([0], [], None, packed_mask([0], self.vocab))))
+        if adjusted:
+            forms.append(({"logit_bias": {0: 0.0}}, ([0], [], {0: 0.0}, None)))
+        modes = [(self.sampling_mode(Request([0], temperature=t, logprobs=k, **asks)),
+                  None if history is None else [history] * self.rows)
+                 for t in (0.0, 1.0) for k in ([None, 1] if logprobs else [None]) for asks, history in forms]
         self.runner.warmup(sizes, modes)
         self.model.reset()
         self.row_tokens = [[] for _ in range(self.rows)]

@@ -21,7 +21,7 @@ import warnings
 
 import numpy as np
 
-from linnet.serve.sampling import SamplingBatch, place
+from linnet.serve.sampling import MASK, SamplingBatch, place
 
 
 def bucket(n: int, smallest: int = 16) -> int:
@@ -74,28 +74,34 @@ class Pending:
 
 def logit_adjustments(batch: SamplingBatch, histories: list, vocab: int, k: int, rows=None) -> tuple:
     """The host's arrays that move each sampled request's logits, in k rows (request i in row
-    rows[i], default row i), from its (prompt, output, logit_bias, allowed tokens or None): seen
-    (prompt and output tokens, for the repetition penalty) and counts (output tokens, for presence
-    and frequency), bias, and allowed: the tokens a structured output allows, packed 32 to an int32
-    (bit j of word w is token 32 w + j; `structured.Guide.allowed`), unpacked on the device.
-    Only what `batch.adjusting` asks for is made, the rest is None: over a 128k vocabulary and 64
-    rows, seen, counts and bias are 72 MB a step to fill and send, the mask 1 MB."""
-    penalized, biased, masked = batch.adjusting
-    seen = np.zeros((k, vocab), dtype=bool) if penalized else None
-    counts = np.zeros((k, vocab), dtype=np.int32) if penalized else None
-    bias = np.zeros((k, vocab), dtype=np.float32) if biased else None
-    allowed_bits = np.full((k, mask_words(vocab)), -1, dtype=np.int32) if masked else None
-    for i, (prompt, output, logit_bias, allowed) in zip(rows if rows is not None else range(len(histories)), histories):
-        if penalized:
-            seen[i, prompt] = True
-            if output:
-                seen[i, output] = True
-                np.add.at(counts[i], output, 1)
+    rows[i], default row i), from its (prompt, output, logit_bias, allowed tokens or None), in the
+    batch's form (`sampling.MASK`, `sampling.SHIFT`). Masks are packed 32 tokens to an int32 (bit j
+    of word w is token 32 w + j, as `structured.Guide.allowed` gives them) and unpacked on the device.
+    MASK -> (allowed bits i32[k, W],): rows without a mask allow every token.
+    SHIFT -> (seen bits i32[k, W], shift f32[k, vocab]): seen, the prompt's and output's tokens
+    (which the repetition penalty moves); shift, added after it: the bias, minus each output token's
+    count times the frequency penalty and, once it is out, the presence penalty; -inf where a mask bans.
+    Over a 128k vocabulary and 64 rows, a shift is 32 MB a step to fill and send, a mask 1 MB."""
+    rows = list(rows) if rows is not None else list(range(len(histories)))
+    if batch.adjustment == MASK:
+        allowed_bits = np.full((k, mask_words(vocab)), -1, dtype=np.int32)
+        for i, (_, _, _, allowed) in zip(rows, histories):
+            if allowed is not None:
+                allowed_bits[i] = allowed
+        return (allowed_bits,)
+    seen = np.zeros((k, mask_words(vocab) * 32), dtype=bool)
+    shift = np.zeros((k, vocab), dtype=np.float32)
+    for n, (i, (prompt, output, logit_bias, allowed)) in enumerate(zip(rows, histories)):
+        seen[i, prompt] = True
+        if output:
+            seen[i, output] = True
+            ids, counts = np.unique(output, return_counts=True)
+            shift[i, ids] -= batch.frequency[n] * counts + batch.presence[n]
         if logit_bias:
-            bias[i, list(logit_bias)] = list(logit_bias.values())
+            shift[i, list(logit_bias)] += np.array(list(logit_bias.values()), dtype=np.float32)
         if allowed is not None:
-            allowed_bits[i] = allowed
-    return seen, counts, bias, allowed_bits
+            shift[i, ~unpack_mask(allowed, vocab)] = -np.inf
+    return pack_masks(seen), shift
 
 
 def mask_words(vocab: int) -> int:
@@ -103,12 +109,21 @@ def mask_words(vocab: int) -> int:
     return (vocab + 31) // 32
 
 
+def pack_masks(masks: np.ndarray) -> np.ndarray:
+    """bool[k, 32 W] as packed masks i32[k, W]: bit j of word w is element 32 w + j."""
+    return np.packbits(masks, axis=-1, bitorder="little").view("<i4").astype(np.int32)
+
+
+def unpack_mask(words: np.ndarray, vocab: int) -> np.ndarray:
+    """A packed mask's tokens as bool[vocab]."""
+    return np.unpackbits(np.asarray(words, "<i4").view(np.uint8), bitorder="little")[:vocab].astype(bool)
+
+
 def packed_mask(tokens: list, vocab: int) -> np.ndarray:
-    """`tokens` as a packed mask over `vocab` tokens: bit j of int32 word w is token 32 w + j, the
-    layout of a structure's masks (`structured.Guide.allowed`)."""
+    """`tokens` as a packed mask over `vocab` tokens (`pack_masks`' layout, a structure's masks')."""
     bits = np.zeros(mask_words(vocab) * 32, dtype=bool)
     bits[tokens] = True
-    return np.packbits(bits, bitorder="little").view("<i4").astype(np.int32)
+    return pack_masks(bits)
 
 
 def _cpu_graphs() -> bool:
@@ -222,8 +237,7 @@ class TorchRunner:
         logits = logits[:k] if rows is None else logits[self._t(np.asarray(rows, np.int64))]
         adjustments = None
         if batch.adjusted and histories is not None:  # a warmup's draw has no histories: it moves nothing
-            adjustments = tuple(None if a is None else self._t(a)
-                                for a in logit_adjustments(batch, histories, logits.shape[-1], k))
+            adjustments = tuple(self._t(a) for a in logit_adjustments(batch, histories, logits.shape[-1], k))
         return sample(logits, batch, adjustments)
 
     @staticmethod

@@ -1,9 +1,12 @@
 """Per-request sampling settings packed into arrays for the on-device samplers.
 
-The samplers themselves (sampling_torch, sampling_jax) do the same math:
-penalties and logit bias, temperature, top-k, top-p, min-p, then a draw made with Gumbel
-noise that depends only on (seed, token index), so a seeded request gets the
-same tokens whatever else shares its batch.
+The samplers themselves (sampling_torch, sampling_jax) do the same math: penalties and logit
+bias, temperature; then top-k, top-p and min-p as thresholds on each row's values, with no sort
+of the vocabulary where the backend can help it (a sort of 49k logits costs a CPU more than a
+small model's decode step); then an exponential race, the token with the largest kept
+probability / -log(u), which draws as the softmax does. The noise u is a hash of
+(seed, step, token) (`NOISE`), the same on both backends, so a seeded request gets the same
+tokens whatever else shares its batch, and on either backend.
 """
 
 from __future__ import annotations
@@ -11,6 +14,28 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+
+# The two forms of the host's adjustments, each one array set and so one compiled draw (JAX):
+# MASK, token masks alone (structured outputs, allowed_token_ids): the allowed tokens, packed bits;
+# SHIFT, penalties or a bias, with any masks: the tokens each row has seen, packed bits (for the
+# repetition penalty), and one array added to the logits (bias, presence and frequency penalties,
+# a mask's bans as -inf). Two forms, not one per mix, so that a warmup can compile them all; and
+# masks keep theirs, since a structure's is 32 times smaller than an array of logits.
+MASK = "mask"
+SHIFT = "shift"
+
+# The noise: u(seed, step, token) = ((h >> 8) + 0.5) / 2^24, in (0, 1), where, in uint32 arithmetic,
+# h = mix(mix(mix(seed) + step * STEP) + token * TOKEN) and mix is a 32-bit avalanche
+# (x ^= x >> 16; x *= M1; x ^= x >> 15; x *= M2; x ^= x >> 16, Wellons' lowbias32).
+NOISE = {"M1": 0x7FEB352D, "M2": 0x846CA68B, "STEP": 0x9E3779B9, "TOKEN": 0x85EBCA6B}
+
+
+def adjustment_of(requests: list) -> str | None:
+    """The form that moves these requests' logits, or None where nothing does."""
+    if any(r.penalized or r.biased for r in requests):
+        return SHIFT
+    return MASK if any(r.restricted for r in requests) else None
 
 
 @dataclass
@@ -25,14 +50,13 @@ class SamplingBatch:
     seed: np.ndarray  # i64[K]
     step: np.ndarray  # i64[K]: index of the token being drawn in its request
     greedy_only: bool
-    # Which of the host's arrays move some row's logits: (penalties, bias, token mask);
-    # `runners.logit_adjustments` makes those, and only those.
-    adjusting: tuple
+    # How arrays the host makes (`runners.logit_adjustments`) move some row's logits: None, MASK or SHIFT.
+    adjustment: str | None
     logprobs: int  # the most top alternatives any row asked for (0: none); -1: no logprobs at all
 
     @property
     def adjusted(self) -> bool:
-        return any(self.adjusting)
+        return self.adjustment is not None
 
     @staticmethod
     def of(requests: list, seeds: list, steps: list) -> "SamplingBatch":
@@ -45,8 +69,7 @@ class SamplingBatch:
             min_p=f("min_p"), repetition=rep, presence=pres, frequency=freq,
             seed=np.array(seeds, dtype=np.int64), step=np.array(steps, dtype=np.int64),
             greedy_only=bool(np.all(temp == 0)),
-            adjusting=(any(r.penalized for r in requests), any(r.biased for r in requests),
-                       any(r.restricted for r in requests)),
+            adjustment=adjustment_of(requests),
             logprobs=max(asked) if asked else -1)
 
 
@@ -62,4 +85,4 @@ def place(batch: SamplingBatch, rows: list, k: int) -> SamplingBatch:
     idx[np.asarray(rows, dtype=np.int64)] = np.arange(n)
     fields = {name: getattr(batch, name)[idx] for name in
               ("temperature", "top_k", "top_p", "min_p", "repetition", "presence", "frequency", "seed", "step")}
-    return SamplingBatch(**fields, greedy_only=batch.greedy_only, adjusting=batch.adjusting, logprobs=batch.logprobs)
+    return SamplingBatch(**fields, greedy_only=batch.greedy_only, adjustment=batch.adjustment, logprobs=batch.logprobs)

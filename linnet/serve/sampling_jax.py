@@ -1,4 +1,4 @@
-"""The sampler for the JAX backend: the same math as sampling_torch, jitted per shape and mode."""
+"""The sampler for the JAX backend: the math of `sampling`, jitted per shape and mode."""
 
 from __future__ import annotations
 
@@ -6,15 +6,28 @@ import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from linnet.serve.request import MAX_LOGPROBS
-from linnet.serve.sampling import SamplingBatch
+from linnet.serve.sampling import MASK, NOISE, SHIFT, SamplingBatch
 
 
-def _noise(seed, step, vocab):
-    key = jax.random.fold_in(jax.random.PRNGKey(seed), step)
-    return jax.random.uniform(key, (vocab,), minval=1e-12, maxval=1 - 1e-12)
+_U32 = jnp.uint32
+
+
+def _mix(x):
+    x = x ^ (x >> 16)
+    x = x * _U32(NOISE["M1"])
+    x = x ^ (x >> 15)
+    x = x * _U32(NOISE["M2"])
+    return x ^ (x >> 16)
+
+
+def uniform(seed, step, vocab: int):
+    """U(0, 1) noise f32[K, vocab] from (seed u32[K], step i32[K]): `sampling.NOISE`'s hash."""
+    row = _mix(_mix(seed.astype(_U32)) + step.astype(_U32) * _U32(NOISE["STEP"]))
+    token = jax.lax.broadcasted_iota(_U32, (seed.shape[0], vocab), 1)
+    h = _mix(row[:, None] + token * _U32(NOISE["TOKEN"]))
+    return ((h >> 8).astype(jnp.float32) + 0.5) * (1.0 / (1 << 24))
 
 
 def _argmax(x):
@@ -32,40 +45,58 @@ def _unpack_bits(words, n: int):
     return bits.astype(bool).reshape(words.shape[0], -1)[:, :n]
 
 
-def _draw(logits, temp, top_k, top_p, min_p, rep, pres, freq, seed, step, seen, counts, bias, allowed_bits, *,
-          greedy_only, adjusted, top_logprobs, want_logprobs):
+def _order_keys(x):
+    """uint32 keys in the order of x's f32 values."""
+    bits = jax.lax.bitcast_convert_type(x, _U32)
+    return jnp.where(bits >> 31 == 1, ~bits, bits | _U32(0x80000000))
+
+
+def _largest_threshold(keys, weights, goal):
+    """Each row's largest key t with sum(weights where keys >= t) >= goal, found a bit at a time
+    from the top: 32 masked sums over the row, exact, where a sort costs a CPU ten times more."""
+    def settle(bit, t):
+        trial = t | (_U32(1) << (31 - bit).astype(_U32))
+        mass = jnp.sum(jnp.where(keys >= trial[:, None], weights, 0), axis=-1)
+        return jnp.where(mass >= goal, trial, t)
+    return jax.lax.fori_loop(0, 32, settle, jnp.zeros(keys.shape[0], _U32))
+
+
+def kept_weights(scaled, top_k, top_p, min_p):
+    """Each token's unnormalized probability under scaled logits [K, vocab], 0 where top-k, top-p
+    or min-p leave it out: top-k keeps the k largest values (ties with the k-th too), top-p the
+    likeliest tokens whose mass before them is under p (of what top-k keeps), min-p those at least
+    min_p times the likeliest. Each search runs only where some row asks for it."""
+    vocab = scaled.shape[-1]
+    nothing = jnp.zeros(scaled.shape[0], _U32)
+    keys = _order_keys(scaled)
+    kth = jax.lax.cond(jnp.any(top_k > 0), lambda: _largest_threshold(keys, 1, jnp.where(top_k > 0, top_k, vocab)),
+                       lambda: nothing)
+    weights = jnp.where(keys >= kth[:, None], jnp.exp(scaled - jnp.max(scaled, axis=-1, keepdims=True)), 0)
+    probs = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    likeliest = jnp.max(probs, axis=-1, keepdims=True)
+    prob_keys = jax.lax.bitcast_convert_type(probs, _U32)  # a non-negative f32's bits are in its order
+    nucleus = jax.lax.cond(jnp.any(top_p < 1), lambda: _largest_threshold(prob_keys, probs, top_p), lambda: nothing)
+    keep = (prob_keys >= nucleus[:, None]) & (probs >= min_p[:, None] * likeliest)
+    return jnp.where(keep | (probs == likeliest), weights, 0)
+
+
+def _draw(logits, temp, top_k, top_p, min_p, rep, seed, step, *adjustments,
+          greedy_only, adjustment, top_logprobs, want_logprobs):
     logits = logits.astype(jnp.float32)
     logprobs = jax.nn.log_softmax(logits, axis=-1)
-    if adjusted:  # each array None where no row needs it: a trace of its own
-        if seen is not None:
-            penalized = jnp.where(logits > 0, logits / rep[:, None], logits * rep[:, None])
-            logits = jnp.where(seen, penalized, logits)
-            c = counts.astype(jnp.float32)
-            logits = logits - freq[:, None] * c - pres[:, None] * (c > 0)
-        if bias is not None:
-            logits = logits + bias
-        if allowed_bits is not None:
-            logits = jnp.where(_unpack_bits(allowed_bits, logits.shape[-1]), logits, -jnp.inf)
+    if adjustment == MASK:
+        (allowed_bits,) = adjustments
+        logits = jnp.where(_unpack_bits(allowed_bits, logits.shape[-1]), logits, -jnp.inf)
+    elif adjustment == SHIFT:  # the presence and frequency penalties are in the shift
+        seen_bits, shift = adjustments
+        penalized = jnp.where(logits > 0, logits / rep[:, None], logits * rep[:, None])
+        logits = jnp.where(_unpack_bits(seen_bits, logits.shape[-1]), penalized, logits) + shift
     greedy = _argmax(logits)
     if greedy_only:
         tokens = greedy
     else:
-        vocab = logits.shape[-1]
-        scaled = logits / jnp.maximum(temp, 1e-5)[:, None]
-        order = jnp.argsort(-scaled, axis=-1)
-        sorted_logits = jnp.take_along_axis(scaled, order, axis=-1)
-        ranks = jnp.arange(vocab)[None, :]
-        k = jnp.where(top_k > 0, top_k, vocab)[:, None]
-        keep = ranks < k
-        probs = jax.nn.softmax(jnp.where(keep, sorted_logits, -jnp.inf), axis=-1)
-        before = jnp.cumsum(probs, axis=-1) - probs
-        keep = keep & (before < top_p[:, None]) & (probs >= min_p[:, None] * probs[:, :1])
-        keep = keep.at[:, 0].set(True)
-        masked_sorted = jnp.where(keep, sorted_logits, -jnp.inf)
-        rows = jnp.arange(logits.shape[0])[:, None]
-        masked = jnp.full_like(scaled, -jnp.inf).at[rows, order].set(masked_sorted)
-        noise = jax.vmap(_noise, in_axes=(0, 0, None))(seed, step, vocab)
-        drawn = _argmax(masked - jnp.log(-jnp.log(noise)))
+        weights = kept_weights(logits / jnp.maximum(temp, 1e-5)[:, None], top_k, top_p, min_p)
+        drawn = _argmax(weights / -jnp.log(uniform(seed, step, logits.shape[-1])))
         tokens = jnp.where(temp > 0, drawn, greedy)
     tokens = tokens.astype(jnp.int32)
     if not want_logprobs:
@@ -98,30 +129,26 @@ def score(logits, targets, k: int):
 
 
 def mode(batch: SamplingBatch, adjustments=None) -> tuple:
-    """What a batch's draw compiles for: (greedy only, logits adjusted, top logprobs, logprobs at all).
-    Logprobs always list the most alternatives any request may ask for (the host keeps each
-    request's k), so that one executable serves every k and a warmup can compile it."""
+    """What a batch's draw compiles for: (greedy only, the adjustments' form or None, top logprobs,
+    logprobs at all). Logprobs always list the most alternatives any request may ask for (the host
+    keeps each request's k), so that one executable serves every k and a warmup can compile it."""
     wanted = batch.logprobs >= 0
-    return batch.greedy_only, bool(batch.adjusted and adjustments is not None), MAX_LOGPROBS if wanted else 0, wanted
+    return batch.greedy_only, batch.adjustment if adjustments is not None else None, MAX_LOGPROBS if wanted else 0, wanted
 
 
 @functools.cache
-def sampler(greedy_only: bool, adjusted: bool, top_logprobs: int, want_logprobs: bool):
+def sampler(greedy_only: bool, adjustment, top_logprobs: int, want_logprobs: bool):
     """The draw for one mode (`mode`), as a function of (logits, *`arguments`): one object per mode,
     so that it can key an executable that runs it after the model's decode (`JaxModel.call_then`)."""
-    return functools.partial(_draw, greedy_only=greedy_only, adjusted=adjusted, top_logprobs=top_logprobs,
+    return functools.partial(_draw, greedy_only=greedy_only, adjustment=adjustment, top_logprobs=top_logprobs,
                              want_logprobs=want_logprobs)
 
 
 def arguments(batch: SamplingBatch, adjustments=None) -> tuple:
     """The batch's settings as the arrays `sampler`'s functions take after the logits;
-    `adjustments`: runners.logit_adjustments' (seen, counts, bias, allowed bits)."""
-    k = len(batch.temperature)
-    if adjustments is None:  # host arrays: eager jnp.zeros would dispatch ops every step
-        adjustments = (np.zeros((k, 1), bool), np.zeros((k, 1), np.int32), np.zeros((k, 1), np.float32),
-                       np.full((k, 1), -1, np.int32))
-    return (batch.temperature, batch.top_k, batch.top_p, batch.min_p, batch.repetition, batch.presence,
-            batch.frequency, batch.seed.astype("uint32"), batch.step.astype("int32"), *adjustments)
+    `adjustments`: runners.logit_adjustments' arrays, in the batch's form."""
+    return (batch.temperature, batch.top_k, batch.top_p, batch.min_p, batch.repetition,
+            batch.seed.astype("uint32"), batch.step.astype("int32"), *(adjustments or ()))
 
 
 @functools.cache

@@ -1,74 +1,105 @@
-"""The sampler for the torch backend: one batched pass on the logits' device."""
+"""The sampler for the torch backend: the math of `sampling`, one batched pass on the logits' device."""
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
-from linnet.serve.sampling import SamplingBatch
+from linnet.serve.sampling import MASK, NOISE, SHIFT, SamplingBatch
 
-_M1 = -0x40A7B892E31B1A47  # 0xBF58476D1CE4E5B9 as a signed 64-bit number
-_M2 = -0x6B2FB644ECCEEE15  # 0x94D049BB133111EB
-_GOLDEN = -0x61C8864680B583EB  # 0x9E3779B97F4A7C15
+def _signed(c: int) -> int:
+    """A uint32 constant as the int32 of the same bits."""
+    return c - (1 << 32) if c >= 1 << 31 else c
 
 
 def _shr(x: torch.Tensor, bits: int) -> torch.Tensor:
-    """Logical right shift of int64 (torch's >> is arithmetic)."""
-    return (x >> bits) & ((1 << (64 - bits)) - 1)
+    """Logical right shift of int32 (torch's >> is arithmetic)."""
+    return (x >> bits) & ((1 << (32 - bits)) - 1)
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """`sampling.NOISE`'s mix, in place, on uint32 values held as int32: torch's uint32 has few ops
+    on every device, and int64 arithmetic costs a CPU seven times more; products wrap, as uint32's."""
+    x ^= _shr(x, 16)
+    x *= _signed(NOISE["M1"])
+    x ^= _shr(x, 15)
+    x *= _signed(NOISE["M2"])
+    x ^= _shr(x, 16)
+    return x
 
 
 def uniform(seed: torch.Tensor, step: torch.Tensor, vocab: int) -> torch.Tensor:
-    """U(0, 1) noise [K, vocab] from a counter-based hash of (seed, step, token): splitmix64."""
-    idx = torch.arange(vocab, device=seed.device, dtype=torch.int64)
-    x = seed[:, None] * _GOLDEN + step[:, None] * _M1 + idx[None, :] * _M2
-    x = (x ^ _shr(x, 30)) * _M1
-    x = (x ^ _shr(x, 27)) * _M2
-    x = x ^ _shr(x, 31)
-    u = _shr(x, 11).to(torch.float64) * (1.0 / (1 << 53))
-    return u.clamp_(1e-12, 1 - 1e-12).to(torch.float32)
+    """U(0, 1) noise f32[K, vocab] from (seed, step) int64[K]: `sampling.NOISE`'s hash."""
+    low = lambda x: ((x & 0xFFFFFFFF) - ((x & 0x80000000) << 1)).to(torch.int32)  # the low 32 bits, as int32
+    row = _mix(_mix(low(seed)) + low(step) * _signed(NOISE["STEP"]))
+    token = torch.arange(vocab, device=seed.device, dtype=torch.int32)
+    h = _mix(row[:, None] + token * _signed(NOISE["TOKEN"]))
+    return (_shr(h, 8).float() + 0.5) * (1.0 / (1 << 24))
+
+
+def kept_weights(scaled: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Each token's unnormalized probability under scaled logits [K, vocab], 0 where top-k, top-p
+    or min-p leave it out (as sampling_jax.kept_weights): the k-th value from a top-k of the
+    largest k asked, the nucleus from a sort that only a batch asking for top-p pays for."""
+    device = scaled.device
+    weights = torch.exp(scaled - scaled.amax(dim=-1, keepdim=True))
+    limited = batch.top_k > 0
+    if limited.any():
+        k = np.minimum(np.where(limited, batch.top_k, 1), scaled.shape[-1]).astype(np.int64)
+        values = torch.topk(scaled, int(k.max()), dim=-1).values
+        kth = values.gather(1, torch.as_tensor(k - 1, device=device)[:, None])
+        kth = torch.where(torch.as_tensor(limited, device=device)[:, None], kth, float("-inf"))
+        weights = torch.where(scaled >= kth, weights, 0.0)
+    probs = weights / weights.sum(dim=-1, keepdim=True)
+    likeliest = probs.amax(dim=-1, keepdim=True)
+    keep = probs >= torch.as_tensor(batch.min_p, device=device)[:, None] * likeliest
+    if np.any(batch.top_p < 1):
+        top_p = torch.as_tensor(batch.top_p, device=device)[:, None]
+        ranked = _ranked_head(probs, top_p)
+        inside = ((ranked.cumsum(dim=-1) - ranked) < top_p).sum(dim=-1, keepdim=True)  # mass before each < p
+        nucleus = ranked.gather(1, (inside - 1).clamp(min=0))
+        keep &= (probs >= nucleus) | (top_p >= 1)
+    return torch.where(keep | (probs == likeliest), weights, 0.0)
+
+
+def _ranked_head(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Each row's probabilities sorted, at least as far as its nucleus reaches. On a CPU, the top
+    few hundred where they hold every row's nucleus (a tenth of a sort's cost; checking waits on
+    nothing there); on an accelerator, or where they do not, the whole row."""
+    if probs.device.type == "cpu":
+        for head in (256, 4096):
+            if head >= probs.shape[-1]:
+                break
+            ranked = torch.topk(probs, head, dim=-1).values
+            if bool(((ranked.sum(dim=-1, keepdim=True) >= top_p) | (top_p >= 1)).all()):
+                return ranked
+    return probs.sort(dim=-1, descending=True).values
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch, adjustments: tuple | None = None):
     """-> (tokens i32[K], chosen logprobs f32[K] or None, (top values, top ids) or None).
-    `adjustments`: (seen, counts, bias, allowed bits) tensors, runners.logit_adjustments' arrays."""
+    `adjustments`: runners.logit_adjustments' arrays, as tensors, in the batch's form."""
     logits = logits.float()
     logprobs = torch.log_softmax(logits, dim=-1) if batch.logprobs >= 0 else None
     device = logits.device
-    if batch.adjusted and adjustments is not None:
-        seen, counts, bias, allowed_bits = adjustments  # None where no row needs it
-        if seen is not None:
+    if batch.adjustment == MASK and adjustments is not None:
+        (allowed_bits,) = adjustments
+        logits = logits.masked_fill(~unpack_bits(allowed_bits, logits.shape[-1]), float("-inf"))
+    elif batch.adjustment == SHIFT and adjustments is not None:
+        seen_bits, shift = adjustments
+        if np.any(batch.repetition != 1):
             rep = torch.as_tensor(batch.repetition, device=device)[:, None]
             penalized = torch.where(logits > 0, logits / rep, logits * rep)
-            logits = torch.where(seen, penalized, logits)
-            c = counts.float()
-            logits = logits - torch.as_tensor(batch.frequency, device=device)[:, None] * c
-            logits = logits - torch.as_tensor(batch.presence, device=device)[:, None] * (c > 0).float()
-        if bias is not None:
-            logits = logits + bias
-        if allowed_bits is not None:
-            logits = logits.masked_fill(~unpack_bits(allowed_bits, logits.shape[-1]), float("-inf"))
+            logits = torch.where(unpack_bits(seen_bits, logits.shape[-1]), penalized, logits)
+        logits = logits + shift
     if batch.greedy_only:
         tokens = logits.argmax(dim=-1)
     else:
         temp = torch.as_tensor(batch.temperature, device=device)
-        greedy = logits.argmax(dim=-1)
-        scaled = logits / temp.clamp(min=1e-5)[:, None]
-        top_k = torch.as_tensor(batch.top_k, device=device).long()
-        vocab = logits.shape[-1]
-        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
-        ranks = torch.arange(vocab, device=device)[None, :]
-        k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))[:, None]
-        keep = ranks < k
-        probs = torch.softmax(sorted_logits.masked_fill(~keep, float("-inf")), dim=-1)
-        before = probs.cumsum(dim=-1) - probs  # mass of the better tokens
-        keep &= before < torch.as_tensor(batch.top_p, device=device)[:, None]
-        keep &= probs >= torch.as_tensor(batch.min_p, device=device)[:, None] * probs[:, :1]
-        keep[:, 0] = True
-        masked_sorted = sorted_logits.masked_fill(~keep, float("-inf"))
-        masked = torch.full_like(scaled, float("-inf")).scatter(1, order, masked_sorted)
-        noise = uniform(torch.as_tensor(batch.seed, device=device), torch.as_tensor(batch.step, device=device), vocab)
-        gumbel = -torch.log(-torch.log(noise))
-        drawn = (masked + gumbel).argmax(dim=-1)
-        tokens = torch.where(temp > 0, drawn, greedy)
+        weights = kept_weights(logits / temp.clamp(min=1e-5)[:, None], batch)
+        noise = uniform(torch.as_tensor(batch.seed, device=device), torch.as_tensor(batch.step, device=device),
+                        logits.shape[-1])
+        tokens = torch.where(temp > 0, (weights / -torch.log(noise)).argmax(dim=-1), logits.argmax(dim=-1))
     tokens = tokens.to(torch.int32)
     if logprobs is None:
         return tokens, None, None

@@ -172,12 +172,17 @@ def test_no_compilation_after_warmup(model):
                                       logprobs=i % 21) for i, p in enumerate(ps)])
     assert [len(c.logprobs[-1].top) for c in done] == [i % 21 for i in range(len(ps))]
     assert stats.compiles == 0
-    # and with `structured`, the draws a token mask holds (structured outputs, allowed_token_ids)
-    engine.warmup((len(p) for p in ps), structured=True)
-    done, stats = engine.run([Request(prompt=p, max_new_tokens=3, temperature=0.5 * (i % 2), seed=i,
-                                      allowed_token_ids=[3, 5, 7 + i]) for i, p in enumerate(ps)])
-    assert all(set(c.tokens) <= {3, 5, 7 + i} for i, c in enumerate(done))
-    assert stats.compiles == 0
+    # and a server's, everything its requests may mix: masks (structured outputs, allowed_token_ids),
+    # penalties, logit bias and min_tokens, with and without logprobs, greedy or sampled
+    engine.warmup((len(p) for p in ps), logprobs=True, structured=True, adjusted=True)
+    asks = [{}, {"allowed_token_ids": [3, 5, 7]}, {"presence_penalty": 0.5}, {"repetition_penalty": 1.3},
+            {"logit_bias": {3: 2.0}}, {"min_tokens": 2}, {"frequency_penalty": 0.2, "allowed_token_ids": [3, 5]}]
+    for mix in ([0, 1], [2, 3], [0, 4], [5, 1], [6], [1, 3, 4]):
+        done, stats = engine.run([Request(prompt=p, max_new_tokens=3, temperature=0.5 * (i % 2), seed=i,
+                                          logprobs=2 if i % 3 == 0 else None, **asks[mix[i % len(mix)]])
+                                  for i, p in enumerate(ps[:8])])
+        assert all(c.finish_reason == "length" for c in done), mix
+        assert stats.compiles == 0, mix
 
 
 def test_prompts_longer_than_the_budget_are_chunked(model):

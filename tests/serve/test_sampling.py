@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from linnet.serve.request import Request
@@ -22,14 +22,13 @@ def run(backend, logits, requests, seeds, steps, histories=None):
                                         logits.shape[-1], len(requests))
     if backend == "torch":
         out = sampling_torch.sample(torch.from_numpy(logits), batch,
-                                    None if adjustments is None else tuple(None if a is None else torch.from_numpy(a)
-                                                                          for a in adjustments))
+                                    None if adjustments is None else tuple(torch.from_numpy(a) for a in adjustments))
         return [None if x is None else (np.asarray(x) if not isinstance(x, tuple) else tuple(np.asarray(y) for y in x))
                 for x in out]
     import jax.numpy as jnp
 
     out = sampling_jax.sample(jnp.asarray(logits), batch,
-                              None if adjustments is None else tuple(None if a is None else jnp.asarray(a) for a in adjustments))
+                              None if adjustments is None else tuple(jnp.asarray(a) for a in adjustments))
     return [None if x is None else (np.asarray(x) if not isinstance(x, tuple) else tuple(np.asarray(y) for y in x))
             for x in out]
 
@@ -152,19 +151,72 @@ def test_packed_token_masks_unpack_on_either_backend_as_numpy_packs_them(n, seed
     assert np.array_equal(np.asarray(_unpack_bits(words, n)), mask)
 
 
-def test_only_the_adjustments_some_row_asks_for_are_made():
-    from linnet.serve.runners import logit_adjustments
+def test_the_adjustments_take_the_form_the_batch_asks_for():
+    from linnet.serve.runners import logit_adjustments, packed_mask
+    from linnet.serve.sampling import MASK, SHIFT
     from linnet.serve.structured import Structure
 
-    plain, penalized = Request([1], temperature=0.5), Request([1], repetition_penalty=1.2)
-    biased, structured = Request([1], logit_bias={3: 5.0}), Request([1], structure=Structure("regex", "a"))
-    bits = np.full(1, 0b101, np.int32)
-    for requests, made in [([plain, penalized], (True, True, False, False)), ([biased, plain], (False, False, True, False)),
-                           ([plain, structured], (False, False, False, True)),
-                           ([penalized, structured], (True, True, False, True))]:
-        batch = SamplingBatch.of(requests, [0, 0], [0, 0])
-        histories = [(r.prompt, [], r.logit_bias, bits if r.structure else None) for r in requests]
-        arrays = logit_adjustments(batch, histories, 32, 2)
-        assert tuple(a is not None for a in arrays) == made
-        if made[3]:  # rows without a structure allow every token
-            assert arrays[3][[r.structure is None for r in requests]].tolist() == [[-1]]
+    plain, penalized = Request([1], temperature=0.5), Request([1, 4], presence_penalty=0.5, frequency_penalty=0.25)
+    biased, structured = Request([1], logit_bias={3: 5.0, 6: -1.0}), Request([1], structure=Structure("regex", "a"))
+    late = Request([1], min_tokens=2)
+    bits = packed_mask([0, 2, 3], 40)
+    assert SamplingBatch.of([plain, plain], [0, 0], [0, 0]).adjustment is None
+    assert SamplingBatch.of([late, plain], [0, 0], [0, 0]).adjustment == SHIFT  # its enders banned: a bias
+    # masks alone: rows without a structure allow every token
+    batch = SamplingBatch.of([plain, structured], [0, 0], [0, 0])
+    (allowed,) = logit_adjustments(batch, [([1], [], None, None), ([1], [], None, bits)], 40, 3, rows=[2, 0])
+    assert batch.adjustment == MASK and allowed.shape == (3, 2)
+    assert allowed[2].tolist() == [-1, -1] and allowed[0].tolist() == bits.tolist()
+    # penalties, a bias and a mask in one shift, each row's by hand
+    requests = [penalized, biased, structured]
+    batch = SamplingBatch.of(requests, [0] * 3, [0] * 3)
+    histories = [([1, 4], [7, 7, 9], None, None), ([1], [2], {3: 5.0, 6: -1.0}, None), ([1], [5], None, bits)]
+    seen_bits, shift = logit_adjustments(batch, histories, 40, 3)
+    assert batch.adjustment == SHIFT and seen_bits.shape == (3, 2) and shift.shape == (3, 40)
+    seen = np.unpackbits(seen_bits.view(np.uint8), axis=1, bitorder="little")[:, :40].astype(bool)
+    assert [np.flatnonzero(row).tolist() for row in seen] == [[1, 4, 7, 9], [1, 2], [1, 5]]
+    want = np.zeros((3, 40), np.float32)
+    want[0, 7], want[0, 9] = -(0.25 * 2 + 0.5), -(0.25 + 0.5)
+    want[1, 3], want[1, 6] = 5.0, -1.0
+    want[2, [t for t in range(40) if t not in (0, 2, 3)]] = -np.inf
+    assert np.array_equal(shift, want)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(st.integers(0, 2**31 - 1), st.sampled_from([3, 257, 3000]), st.lists(  # few shapes: few JAX compiles
+    st.tuples(st.sampled_from([0.3, 0.7, 1.0, 1.8]), st.sampled_from([0, 1, 2, 5, 40]),
+              st.sampled_from([1.0, 0.95, 0.6, 0.2, 0.01]), st.sampled_from([0.0, 0.05, 0.3])), min_size=4, max_size=4))
+def test_the_kept_tokens_are_those_a_sorted_vocabulary_gives(seed, vocab, rows):
+    """top-k, top-p and min-p as thresholds (no sort on JAX, no full sort on torch without top-p)
+    keep what the rules say over the vocabulary sorted, row by row, whatever the others ask."""
+    logits = np.random.default_rng(seed).normal(size=(len(rows), vocab)).astype(np.float32) * 3
+    reqs = [Request([1], temperature=t, top_k=k, top_p=p, min_p=m) for t, k, p, m in rows]
+    batch = SamplingBatch.of(reqs, [0] * len(reqs), [0] * len(reqs))
+    wants = [allowed(row, r.temperature, r.top_k, r.top_p, r.min_p) for row, r in zip(logits, reqs)]
+    for (keep, p), r in zip(wants, reqs):  # a tie with top_p would round either way: not what is tested here
+        before = np.cumsum(np.sort(p)[::-1]) - np.sort(p)[::-1]
+        assume(np.abs(before - r.top_p).min() > 1e-4)
+    scaled = logits / batch.temperature[:, None]
+    got_torch = sampling_torch.kept_weights(torch.from_numpy(scaled), batch).numpy() > 0
+    got_jax = np.asarray(sampling_jax.kept_weights(scaled, batch.top_k, batch.top_p, batch.min_p)) > 0
+    for i, (keep, _) in enumerate(wants):
+        assert np.array_equal(got_torch[i], keep), i
+        assert np.array_equal(got_jax[i], keep), i
+
+
+def test_both_backends_draw_the_same_tokens_from_the_same_seeds():
+    """The noise is one hash of (seed, step, token) on both backends: equal logits and settings
+    draw equal tokens, whichever backend draws them."""
+    rng = np.random.default_rng(11)
+    logits = rng.normal(size=(48, 500)).astype(np.float32) * 2
+    reqs = [Request([1], temperature=[0.6, 1.0, 1.5][i % 3], top_k=[0, 20][i % 2], top_p=[1.0, 0.9, 0.8][i % 3],
+                    min_p=[0.0, 0.02][i % 2]) for i in range(48)]
+    seeds, steps = [i * 7919 + 3 for i in range(48)], [i % 5 for i in range(48)]
+    u_torch = sampling_torch.uniform(torch.tensor(seeds), torch.tensor(steps), 500).numpy()
+    u_jax = np.asarray(sampling_jax.uniform(np.array(seeds, np.uint32), np.array(steps, np.int32), 500))
+    assert np.array_equal(u_torch, u_jax)
+    assert 0 < u_torch.min() and u_torch.max() < 1 and abs(u_torch.mean() - 0.5) < 0.01
+    a = run("torch", logits, reqs, seeds, steps)[0]
+    b = run("jax", logits, reqs, seeds, steps)[0]
+    assert a.tolist() == b.tolist()
+    assert len(set(a.tolist())) > 30  # draws, not one greedy token

@@ -356,8 +356,8 @@ def test_a_harmony_reply_is_cut_at_a_stop_string(harmony_base):
 def test_a_reasoning_models_structure_holds_its_answer_only():
     """By default the structure waits for the thinking's end. "</think>" is one token here, and a
     logit bias draws it first (the structure then bans it): the thinking is empty, and the answer
-    after it is held to the regex; without the bias the structure would never hold (the random
-    model never ends its thinking), which the second request shows."""
+    after it is held to the regex; with "</think>" banned instead, the thinking never ends, and
+    the structure never holds: the second request runs to its length, freely."""
     from tokenizers import AddedToken
 
     model = make_model("torch", rows=4, max_seq=96)
@@ -369,7 +369,7 @@ def test_a_reasoning_models_structure_holds_its_answer_only():
         body = {"messages": USER, "max_tokens": 30, "guided_regex": "It is [0-9]\\.", "seed": 3}
         message = chat(base, **dict(body, logit_bias={str(end): 100}))["choices"][0]["message"]
         assert message["reasoning_content"] is None and re.fullmatch(r"It is [0-9]\.", message["content"])
-        free = chat(base, **body)["choices"][0]
+        free = chat(base, **dict(body, logit_bias={str(end): -100}, ignore_eos=True))["choices"][0]
         assert free["finish_reason"] == "length" and free["message"]["content"] is None  # still thinking, freely
 
 
