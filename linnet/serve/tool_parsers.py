@@ -460,7 +460,7 @@ class Qwen3Coder:
             body = text[at + len(self.OPEN):] if body_end < 0 else text[at + len(self.OPEN):body_end]
             name, arguments, closed = self._call(body)
             calls.append((name, arguments, closed))
-            if not closed:
+            if not closed or body_end < 0:  # the next call opens after this one's </tool_call>
                 break
             at = text.find(self.OPEN, body_end)
         return calls

@@ -307,3 +307,13 @@ def test_a_scan_of_anything_a_model_writes_never_raises(text):
         parser.partial("<|channel|>commentary to=functions.f <|constrain|>json<|message|>{" + text)
         parser.parse("[TOOL_CALLS]f[ARGS]{" + text)
     object_fields("{" + text, 0)
+
+
+def test_qwen3_coder_partial_call_closed_before_its_tool_call_closes():
+    """A streamed call whose </function> is out and whose </tool_call> is not yet: one call, closed,
+    its arguments whole; the next call can only open after the </tool_call>."""
+    reader = tool_parser("qwen3_coder").for_tools({"f": {"properties": {"n": {"type": "integer"}}}})
+    text = "<tool_call>\n<function=f>\n<parameter=n>\n3\n</parameter>\n</function>\n"
+    assert reader.partial(text) == [("f", '{"n": 3}', True)]
+    assert reader.partial(text + "</tool_call>\n<tool_call>\n<function=f>") == [("f", '{"n": 3}', True),
+                                                                                ("f", "{", False)]
