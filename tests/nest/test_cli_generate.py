@@ -97,3 +97,20 @@ def test_a_chat_template_given_on_the_command_line(tmp_path, gguf_path, capsys):
     assert main(["generate", "smollm2-135m-instruct", "hi", "--chat", "--weights", "random", "--tokenizer",
                  str(gguf_path), "--chat-template", "{% if %}", "--max-seq", "32"]) == 1
     assert "--chat-template: the template does not render" in capsys.readouterr().err
+
+
+def test_jax_keeps_its_executables_between_runs(gguf_path, tmp_path):
+    """--compile-cache: a first run writes XLA's executables there; a second reads them back and
+    says the same."""
+    cache = tmp_path / "xla"
+    run = lambda: subprocess.run([sys.executable, "-m", "linnet.cli", "generate", "smollm2-135m-instruct",
+                                  "The capital of France is", "--backend", "jax", "--max-new-tokens", "4",
+                                  "--max-seq", "64", "--compile-cache", str(cache)],
+                                 capture_output=True, text=True, timeout=600)
+    first = run()
+    assert first.returncode == 0, first.stderr
+    written = sorted(p.name for p in cache.iterdir())
+    assert written  # the decode step and the prompt's pass at least
+    second = run()
+    assert second.returncode == 0, second.stderr
+    assert second.stdout == first.stdout and sorted(p.name for p in cache.iterdir()) == written
