@@ -137,8 +137,8 @@ STATEMENTS = {
         (r"rt\.put_\(self\.k_cache, \(l, rows, positions\), k\)$", "k_cache[l, rows, positions] = k"),
         (r"rt\.put_\(self\.v_cache, \(l, rows, positions\), v\)$", "v_cache[l, rows, positions] = v"),
         (r"a = rt\.attention\(q, self\.k_cache\[l\]", "a = attention(q, k_cache[l], v_cache[l], positions"),
-        (r"q = rt\.rope\(", "q = rotate(linear(h, wq[l])"),
-        (r"k = rt\.rope\(", "k = rotate(linear(h, wk[l])"),
+        (r"q = rt\.rope\(", "q = rotate(query_heads(h, l)"),
+        (r"k = rt\.rope\(", "k = rotate(key_heads(h, l)"),
         (r"h = rt\.rmsnorm\(x, self\.attn_norm\[l\]", "h = rmsnorm(x, attn_norm[l]"),
         (r"h = rt\.rmsnorm\(x, self\.mlp_norm\[l\]", "h = rmsnorm(x, mlp_norm[l]"),
         (r"x = x \+ rt\.linear\(F\.silu", "x = x + mlp(h, l)"),  # the MLP fn, inlined where it is called
@@ -152,8 +152,8 @@ STATEMENTS = {
         (r"k_cache = rt\.put\(k_cache, \(l, rows, positions\), k\)$", "k_cache[l, rows, positions] = k"),
         (r"v_cache = rt\.put\(v_cache, \(l, rows, positions\), v\)$", "v_cache[l, rows, positions] = v"),
         (r"a = rt\.attention\(q, rt\.layer\(k_cache, l\), rt\.layer\(v_cache, l\)", "a = attention(q, k_cache[l], v_cache[l], positions"),
-        (r"q = rt\.rope\(", "q = rotate(linear(h, wq[l])"),
-        (r"k = rt\.rope\(", "k = rotate(linear(h, wk[l])"),
+        (r"q = rt\.rope\(", "q = rotate(query_heads(h, l)"),
+        (r"k = rt\.rope\(", "k = rotate(key_heads(h, l)"),
         (r"h = rt\.rmsnorm\(x, params\[\"attn_norm\"\]\[l\]", "h = rmsnorm(x, attn_norm[l]"),
         (r"h = rt\.rmsnorm\(x, params\[\"mlp_norm\"\]\[l\]", "h = rmsnorm(x, mlp_norm[l]"),
         (r"x = x \+ rt\.linear\(jax\.nn\.silu", "x = x + mlp(h, l)"),  # the MLP fn, inlined where it is called
