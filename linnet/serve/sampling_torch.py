@@ -7,6 +7,7 @@ import torch
 
 from linnet.serve.sampling import MASK, NOISE, SHIFT, SamplingBatch
 
+
 def _signed(c: int) -> int:
     """A uint32 constant as the int32 of the same bits."""
     return c - (1 << 32) if c >= 1 << 31 else c
