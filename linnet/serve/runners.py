@@ -362,10 +362,11 @@ class JaxRunner:
         adjustments = None
         if batch.adjusted and histories is not None:  # a warmup's draw has no histories: it moves nothing
             adjustments = logit_adjustments(batch, histories, self.model.vocab, self.batch, rows)
-        key = mode(placed, adjustments)
         tokens = tokens.tokens if isinstance(tokens, Pending) else np.asarray(tokens, np.int32)
-        drawn = self.model.call_then("decode", sampler(*key), (tokens, np.asarray(positions, np.int32)),
-                                     arguments(placed, adjustments))
+        drawn = self.model.call_then("decode", sampler(mode(placed, adjustments)),
+                                     (tokens, np.asarray(positions, np.int32)), arguments(placed, adjustments))
+        if batch.logprobs < 0:  # the logprobs' zeros stay on the device
+            drawn = (drawn[0], None, None, None)
         return Pending(drawn[0], lambda: self._to_host(drawn, rows))
 
     @staticmethod

@@ -6,6 +6,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from linnet.serve.request import MAX_LOGPROBS
 from linnet.serve.sampling import MASK, NOISE, SHIFT, SamplingBatch
@@ -80,10 +81,12 @@ def kept_weights(scaled, top_k, top_p, min_p):
     return jnp.where(keep | (probs == likeliest), weights, 0)
 
 
-def _draw(logits, temp, top_k, top_p, min_p, rep, seed, step, *adjustments,
-          greedy_only, adjustment, top_logprobs, want_logprobs):
+def _draw(logits, temp, top_k, top_p, min_p, rep, seed, step, want_logprobs, *adjustments, adjustment):
+    """-> (tokens i32[K], each one's logprob f32[K], the top MAX_LOGPROBS (values, ids)); the
+    last three zeros unless `want_logprobs`. Whether any row samples and whether logprobs are
+    wanted are decided on the device (`lax.cond`), so one executable a form serves every batch."""
     logits = logits.astype(jnp.float32)
-    logprobs = jax.nn.log_softmax(logits, axis=-1)
+    raw = logits
     if adjustment == MASK:
         (allowed_bits,) = adjustments
         logits = jnp.where(_unpack_bits(allowed_bits, logits.shape[-1]), logits, -jnp.inf)
@@ -92,16 +95,16 @@ def _draw(logits, temp, top_k, top_p, min_p, rep, seed, step, *adjustments,
         penalized = jnp.where(logits > 0, logits / rep[:, None], logits * rep[:, None])
         logits = jnp.where(_unpack_bits(seen_bits, logits.shape[-1]), penalized, logits) + shift
     greedy = _argmax(logits)
-    if greedy_only:
-        tokens = greedy
-    else:
+
+    def sampled():
         weights = kept_weights(logits / jnp.maximum(temp, 1e-5)[:, None], top_k, top_p, min_p)
-        drawn = _argmax(weights / -jnp.log(uniform(seed, step, logits.shape[-1])))
-        tokens = jnp.where(temp > 0, drawn, greedy)
-    tokens = tokens.astype(jnp.int32)
-    if not want_logprobs:
-        return tokens, None, None, None
-    return (tokens, *_picked(logprobs, tokens, top_logprobs))
+        return jnp.where(temp > 0, _argmax(weights / -jnp.log(uniform(seed, step, logits.shape[-1]))), greedy)
+    tokens = jax.lax.cond(jnp.any(temp > 0), sampled, lambda: greedy).astype(jnp.int32)
+    k = min(MAX_LOGPROBS, logits.shape[-1])
+    nothing = lambda: (jnp.zeros(tokens.shape, jnp.float32), jnp.zeros((tokens.shape[0], k), jnp.float32),
+                       jnp.zeros((tokens.shape[0], k), jnp.int32))
+    return (tokens, *jax.lax.cond(want_logprobs, lambda: _picked(jax.nn.log_softmax(raw, axis=-1), tokens, k),
+                                  nothing))
 
 
 def _picked(logprobs, tokens, k: int):
@@ -128,35 +131,35 @@ def score(logits, targets, k: int):
     return chosen, ranks, (values, ids) if values is not None else None
 
 
-def mode(batch: SamplingBatch, adjustments=None) -> tuple:
-    """What a batch's draw compiles for: (greedy only, the adjustments' form or None, top logprobs,
-    logprobs at all). Logprobs always list the most alternatives any request may ask for (the host
-    keeps each request's k), so that one executable serves every k and a warmup can compile it."""
-    wanted = batch.logprobs >= 0
-    return batch.greedy_only, batch.adjustment if adjustments is not None else None, MAX_LOGPROBS if wanted else 0, wanted
+def mode(batch: SamplingBatch, adjustments=None) -> str | None:
+    """What a batch's draw compiles for: the form of its adjustments (None, MASK or SHIFT). Greedy
+    or sampled, with logprobs or without, is decided inside; logprobs always list the most
+    alternatives any request may ask for (the host keeps each request's k)."""
+    return batch.adjustment if adjustments is not None else None
 
 
 @functools.cache
-def sampler(greedy_only: bool, adjustment, top_logprobs: int, want_logprobs: bool):
-    """The draw for one mode (`mode`), as a function of (logits, *`arguments`): one object per mode,
-    so that it can key an executable that runs it after the model's decode (`JaxModel.call_then`)."""
-    return functools.partial(_draw, greedy_only=greedy_only, adjustment=adjustment, top_logprobs=top_logprobs,
-                             want_logprobs=want_logprobs)
+def sampler(adjustment):
+    """The draw for one form (`mode`), as a function of (logits, *`arguments`): one object per
+    form, so that it can key an executable that runs it after the model's decode
+    (`JaxModel.call_then`)."""
+    return functools.partial(_draw, adjustment=adjustment)
 
 
 def arguments(batch: SamplingBatch, adjustments=None) -> tuple:
     """The batch's settings as the arrays `sampler`'s functions take after the logits;
     `adjustments`: runners.logit_adjustments' arrays, in the batch's form."""
     return (batch.temperature, batch.top_k, batch.top_p, batch.min_p, batch.repetition,
-            batch.seed.astype("uint32"), batch.step.astype("int32"), *(adjustments or ()))
+            batch.seed.astype("uint32"), batch.step.astype("int32"), np.bool_(batch.logprobs >= 0),
+            *(adjustments or ()))
 
 
 @functools.cache
-def _jitted(key: tuple):
-    return jax.jit(sampler(*key))
+def _jitted(key):
+    return jax.jit(sampler(key))
 
 
 def sample(logits, batch: SamplingBatch, adjustments=None):
     """Draws over logits that are already on the device, in an executable of their own."""
     tokens, chosen, values, ids = _jitted(mode(batch, adjustments))(logits, *arguments(batch, adjustments))
-    return tokens, chosen, (values, ids) if values is not None else None
+    return (tokens, None, None) if batch.logprobs < 0 else (tokens, chosen, (values, ids))
