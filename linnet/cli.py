@@ -179,7 +179,7 @@ def _warm_up(engine, req) -> None:
     (`Engine.warmup` prepares every pass size a server may meet)."""
     runner = engine.runner
     packed = runner.overhead + runner.chunk_cost(len(req.prompt))
-    runner.warmup([min(engine.token_budget, packed)], [(engine.sampling_mode(req), None)])
+    runner.warmup([min(engine.token_budget, packed)], [engine.sampling_mode(req)])
     engine.model.reset()
 
 

@@ -185,24 +185,25 @@ class Engine:
             sizes = self.runner.pass_sizes(min(self.token_budget, packed) if lengths else self.token_budget)
         else:
             sizes = sorted({min(n, self.token_budget) for n in lengths})[:4] or [16]
-        # Each form of the draw, its arrays made for every row as a request that asks for it and
-        # moves nothing: held to token 0 by a mask, or biased by 0.
-        forms = [({}, None)]
-        if structured:
-            forms.append(({"allowed_token_ids": [0]}, ([0], [], None, packed_mask([0], self.vocab))))
-        if adjusted:
-            forms.append(({"logit_bias": {0: 0.0}}, ([0], [], {0: 0.0}, None)))
-        modes = [(self.sampling_mode(Request([0], temperature=t, logprobs=k, **asks)),
-                  None if history is None else [history] * self.rows)
-                 for t in (0.0, 1.0) for k in ([None, 1] if logprobs else [None]) for asks, history in forms]
+        # Each form of the draw: a request that asks for a mask, or for a bias (of 0)
+        forms = [{}] + ([{"allowed_token_ids": [0]}] if structured else []) + \
+            ([{"logit_bias": {0: 0.0}}] if adjusted else [])
+        modes = [self.sampling_mode(Request([0], temperature=t, logprobs=k, **asks))
+                 for t in (0.0, 1.0) for k in ([None, 1] if logprobs else [None]) for asks in forms]
         self.runner.warmup(sizes, modes)
         self.model.reset()
         self.row_tokens = [[] for _ in range(self.rows)]
         self._ahead = None
 
-    def sampling_mode(self, req: Request) -> SamplingBatch:
-        """Every row drawing as `req` does: what a warmup compiles the draws of a step for."""
-        return SamplingBatch.of([req] * self.rows, [0] * self.rows, [0] * self.rows)
+    def sampling_mode(self, req: Request) -> tuple:
+        """Every row drawing as `req` does, what a warmup compiles the draws of a step for: (the
+        sampling batch, the rows' histories or None), the arrays of `req`'s form (`sampling.MASK`,
+        `sampling.SHIFT`) made to move nothing: every row held to token 0, or biased by 0."""
+        batch = SamplingBatch.of([req] * self.rows, [0] * self.rows, [0] * self.rows)
+        if not batch.adjusted:
+            return batch, None
+        mask = packed_mask([0], self.vocab) if req.restricted else None
+        return batch, [([0], [], {0: 0.0}, mask)] * self.rows
 
     def run(self, requests: list) -> tuple[list, Stats]:
         """Runs every request to its end; returns their completions (in order) and the run's stats.

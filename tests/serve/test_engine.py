@@ -185,6 +185,21 @@ def test_no_compilation_after_warmup(model):
         assert stats.compiles == 0, mix
 
 
+def test_one_requests_warmup_covers_its_form(model):
+    """What `linnet generate` warms up: one pack size and the draw of its one request, mask and
+    penalties included (`Engine.sampling_mode`): its run then compiles nothing."""
+    prompt = prompts(1, 12, 13, seed=23)[0]
+    engine = Engine(model)
+    for asks in ({"allowed_token_ids": [3, 5, 9]}, {"presence_penalty": 0.4, "allowed_token_ids": [3, 5]}):
+        req = Request(prompt=prompt, max_new_tokens=4, temperature=0.8, seed=1, **asks)
+        engine.runner.warmup([min(engine.token_budget, engine.runner.overhead + engine.runner.chunk_cost(len(prompt)))],
+                             [engine.sampling_mode(req)])
+        model.reset()
+        done, stats = engine.run([req])
+        assert done[0].finish_reason == "length" and set(done[0].tokens) <= set(asks["allowed_token_ids"])
+        assert stats.compiles == 0, asks
+
+
 def test_prompts_longer_than_the_budget_are_chunked(model):
     ps = prompts(6, 50, 80, seed=19)
     engine = Engine(model, token_budget=64)
