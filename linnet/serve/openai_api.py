@@ -218,6 +218,24 @@ def _call_text(job: Job, text: str) -> str | None:
     return None if answer is None else text[answer:]
 
 
+def calls_start(job: Job, text: str) -> int | None:
+    """Where a chat reply's tool calls begin in its text: its answer's start for a forced call, the
+    tool parser's first call's with "auto"; None where none has begun (or still thinking), and for
+    a parser reading the whole reply (harmony's calls are messages apart from its answer)."""
+    if job.tool_call is None or getattr(job.tool_parser, "reads_whole_reply", False):
+        return None
+    answer = 0 if job.reasoning is None else job.reasoning.content_start(text)
+    if answer is None or job.tool_call != "auto":
+        return answer
+    start = job.tool_parser.call_start(text[answer:])
+    return None if start is None else answer + start
+
+
+def divide_reply(job: Job, text: str, start: int, stop: int) -> tuple:
+    """text[start:stop] of a reply as (thinking, answer): all answer but for a reasoning model."""
+    return ("", text[start:stop]) if job.reasoning is None else job.reasoning.divide(text, start, stop)
+
+
 def partial_calls(job: Job, text: str, upto: int) -> list:
     """The tool calls text[:upto] of a chat choice is writing, as its tool parser reads them
     (`partial`): [(name or None, arguments so far or None, closed)]; none without tools (the
@@ -325,9 +343,9 @@ def _copies(body: dict, prompt: list, max_seq: int, default_max_tokens: int | No
     return out
 
 
-def _logprob_count(body: dict, name: str) -> int | None:
-    """How many alternatives a logprobs field (completions' logprobs, vLLM's prompt_logprobs) asks
-    for with each token; None where it asks for no logprobs."""
+def logprob_count(body: dict, name: str) -> int | None:
+    """How many alternatives a logprobs field (completions' logprobs, vLLM's prompt_logprobs,
+    Responses' top_logprobs) asks for with each token; None where it is not given."""
     if body.get(name) is None:
         return None
     return _number(body, name, 0, 0, MAX_LOGPROBS, integer=True)
@@ -378,9 +396,9 @@ def completion_job(body: dict, tokenizer, max_seq: int) -> Job:
     if len(prompts) * n > MAX_CHOICES:
         raise ApiError(400, f"{len(prompts)} prompts x n = {n} is {len(prompts) * n} choices; at most "
                             f"{MAX_CHOICES} per request", "n")
-    logprobs = _logprob_count(body, "logprobs")
+    logprobs = logprob_count(body, "logprobs")
     echoed = bool(body.get("echo"))
-    asked = _logprob_count(body, "prompt_logprobs")
+    asked = logprob_count(body, "prompt_logprobs")
     # Echo with logprobs gives the prompt's tokens their logprobs, as OpenAI's legacy API did.
     wanted = [k for k in (asked, logprobs if echoed else None) if k is not None]
     requests = []
@@ -513,7 +531,7 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=No
     n = _choices_per_prompt(body)
     ids = _truncated(body, chat_prompt(body, tokenizer), max_seq)
     logprobs = _number(body, "top_logprobs", 0, 0, MAX_LOGPROBS, integer=True) if body.get("logprobs") else None
-    asked = _logprob_count(body, "prompt_logprobs")
+    asked = logprob_count(body, "prompt_logprobs")
     tool_call, structure = _tool_call(body, tool_parser)
     requests = _copies(body, ids, max_seq, None, n, logprobs, asked)
     if reasoning is not None and reasoning.keeps_special:
@@ -638,6 +656,14 @@ class TextStream:
         out = self.text[self.sent:upto]
         self.sent = upto
         return out
+
+
+def choice_stream(job: Job, comp, tokenizer, start: int = 0, markers: dict | None = None) -> TextStream:
+    """A choice's text as a stream decodes it: special tokens kept where its request keeps them
+    (harmony's markers), else only the tool parser's markers (`marker_ids`, passed in where known)."""
+    markers = marker_ids(job, tokenizer) if markers is None else markers
+    return TextStream(tokenizer, comp.request.prompt, comp.request.stop, start, not comp.request.skip_special_tokens,
+                      markers)
 
 
 def completion_logprobs(lps: list, tokenizer, offsets: list, prompt: tuple | None = None,
@@ -817,10 +843,12 @@ class ChunkWriter:
                              "finish_reason": None}])
 
     def piece(self, index: int, text: str, lps: list | None = None, offsets: list | None = None,
-              reason: str | None = None, prompt: tuple | None = None, reasoning: str = "") -> dict:
+              reason: str | None = None, prompt: tuple | None = None, reasoning: str = "",
+              reply: tuple | None = None) -> dict:
         """New text of choice `index` (and its tokens' logprobs, when asked for), or its end;
         `prompt`: an echoed prompt's (ids, scores, offsets), whose logprobs lead; `reasoning`: new
-        thinking of a reasoning model (chat)."""
+        thinking of a reasoning model (chat). `reply` is for `ResponseWriter`: a chunk's logprobs
+        are all its tokens', thinking's too (as vLLM's)."""
         if self.chat:
             logprobs = None if lps is None else chat_logprobs(lps, self.tokenizer, self.token_ids)
             delta = {"reasoning_content": reasoning} if reasoning else {}

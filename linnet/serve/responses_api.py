@@ -18,7 +18,8 @@ import time
 
 from dataclasses import dataclass
 
-from linnet.serve.openai_api import ApiError, Job, new_id, usage
+from linnet.serve.openai_api import (ApiError, Job, calls_start, chat_logprobs, choice_stream, divide_reply,
+                                     logprob_count, new_id, reply_text, usage)
 
 # Responses' fields that pass to the chat body as they are (sampling, vLLM's extras included)
 PASSED = ("model", "temperature", "top_p", "stream", "parallel_tool_calls", "seed", "top_k", "min_p",
@@ -93,15 +94,15 @@ def chat_body(call: ResponsesCall) -> dict:
     effort = (body.get("reasoning") or {}).get("effort") if isinstance(body.get("reasoning"), dict) else None
     if effort is not None:  # gpt-oss's template writes it into the system message
         chat["chat_template_kwargs"] = dict(chat.get("chat_template_kwargs") or {}, reasoning_effort=effort)
-    if body.get("top_logprobs"):
-        raise ApiError(400, "'top_logprobs' is not supported on /v1/responses; chat completions give logprobs",
-                       "top_logprobs")
     include = body.get("include") or []
     if not isinstance(include, list) or not all(isinstance(x, str) for x in include):
         raise ApiError(400, "'include' must be a list of strings", "include")
-    if "message.output_text.logprobs" in include:  # the others name outputs this server never makes: nothing to add
-        raise ApiError(400, "'include': message.output_text.logprobs is not supported on /v1/responses; chat "
-                            "completions give logprobs", "include")
+    if body.get("top_logprobs") is not None:
+        chat["top_logprobs"] = logprob_count(body, "top_logprobs")
+    # as OpenAI's (and vLLM's): logprobs come where `include` names them, top_logprobs alone gives none;
+    # the other includes name outputs this server never makes: nothing to add
+    if "message.output_text.logprobs" in include:
+        chat["logprobs"] = True
     return chat
 
 
@@ -201,9 +202,9 @@ def reasoning_item(item_id: str, text: str) -> dict:
             "status": "completed"}
 
 
-def message_item(item_id: str, text: str) -> dict:
+def message_item(item_id: str, text: str, logprobs: list = ()) -> dict:
     return {"type": "message", "id": item_id, "role": "assistant", "status": "completed",
-            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+            "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": list(logprobs)}]}
 
 
 # an item of text, by its type: what makes it, and its id's prefix
@@ -216,15 +217,40 @@ def call_item(item_id: str, call: dict, arguments: str | None = None) -> dict:
             "arguments": fn["arguments"] if arguments is None else arguments, "status": "completed"}
 
 
-def output_items(message: dict) -> list:
-    """A chat message as Responses' output items: thinking, text, tool calls, in that order."""
+def output_items(message: dict, logprobs: list = ()) -> list:
+    """A chat message as Responses' output items: thinking, text (with its tokens' `logprobs`), tool
+    calls, in that order."""
     items = []
     if message.get("reasoning_content"):
         items.append(reasoning_item(new_id("rs", "_"), message["reasoning_content"]))
     if message.get("content"):
-        items.append(message_item(new_id("msg", "_"), message["content"]))
+        items.append(message_item(new_id("msg", "_"), message["content"], logprobs))
     items += [call_item(new_id("fc", "_"), call) for call in message.get("tool_calls") or []]
     return items
+
+
+def answer_logprobs(job: Job, text: str, tokens: list, upto: int) -> tuple:
+    """(the logprobs of the tokens that write a reply's answer, the tokens not yet placed) of
+    `tokens`, [(where its text starts in the reply's `text`, chat logprobs entry)]: a token is
+    placed once the reply is out past where it starts (`upto`), and writes the answer where the
+    text there is answer (not thinking, not a marker) before any tool call. A token whose text is
+    held back (part of a character) is placed by the character it completes; the end token, with
+    no text, is no answer's."""
+    calls = calls_start(job, text)
+    placed = tokens[:sum(at < upto for at, _ in tokens)]  # starts only grow
+    answer = [entry for at, entry in placed if (calls is None or at < calls) and divide_reply(job, text, at, at + 1)[1]]
+    return answer, tokens[len(placed):]
+
+
+def reply_logprobs(job: Job, comp, tokenizer) -> list:
+    """The logprobs of a finished choice's answer tokens (none where none were asked for)."""
+    if comp.request.logprobs is None:
+        return []
+    stream = choice_stream(job, comp, tokenizer)
+    starts = stream.add(list(comp.tokens))
+    stream.finish(reply_text(job, comp, tokenizer))
+    entries = chat_logprobs(comp.logprobs, tokenizer, job.token_ids)["content"]
+    return answer_logprobs(job, stream.text, list(zip(starts, entries)), len(stream.text))[0]
 
 
 def response_object(body: dict, job: Job, comps: list, model: str, output: list, finish: str | None,
@@ -239,7 +265,7 @@ def response_object(body: dict, job: Job, comps: list, model: str, output: list,
         "output": output, "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
-        "temperature": body.get("temperature"), "top_p": body.get("top_p"),
+        "temperature": body.get("temperature"), "top_p": body.get("top_p"), "top_logprobs": body.get("top_logprobs"),
         "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice", "auto"),
         "parallel_tool_calls": body.get("parallel_tool_calls", True),
         "text": body.get("text") or {"format": {"type": "text"}}, "reasoning": body.get("reasoning"),
@@ -268,7 +294,8 @@ class ResponseWriter:
         self.id, self.created = new_id("resp", "_"), int(time.time())
         self.sequence = 0
         self.output: list = []  # finished items
-        self.open: dict | None = None  # the item being written: {"item": ..., "text": ...}
+        self.open: dict | None = None  # the item being written: {"item": ..., "text": ..., "logprobs": [...]}
+        self.unplaced: list = []  # [(text start, logprobs entry)] of tokens not yet known to write the answer or not
         self.finish: str | None = None
         self.final: dict | None = None  # the whole Response, once the last event is written
 
@@ -293,7 +320,7 @@ class ResponseWriter:
         make, prefix = _TEXT_ITEMS[kind]
         empty = make(new_id(prefix, "_"), "")
         item = dict(empty, content=[], status="in_progress")
-        self.open = {"item": item, "text": ""}
+        self.open = {"item": item, "text": "", "logprobs": []}
         at = len(self.output)
         return events + [self._event("response.output_item.added", output_index=at, item=item),
                          self._event("response.content_part.added", item_id=item["id"], output_index=at,
@@ -310,22 +337,33 @@ class ResponseWriter:
             return [self._event("response.function_call_arguments.done", item_id=item["id"], output_index=at,
                                 arguments=text),
                     self._event("response.output_item.done", output_index=at, item=done)]
-        done = _TEXT_ITEMS[item["type"]][0](item["id"], text)
-        self.output.append(done)
+        logprobs = self.open["logprobs"]
         self.open = None
         if item["type"] == "reasoning":
+            done = reasoning_item(item["id"], text)
             text_done = self._event("response.reasoning_text.done", item_id=item["id"], output_index=at,
                                     content_index=0, text=text)
         else:
+            done = message_item(item["id"], text, logprobs)
             text_done = self._event("response.output_text.done", item_id=item["id"], output_index=at,
-                                    content_index=0, text=text, logprobs=[])
+                                    content_index=0, text=text, logprobs=logprobs)
+        self.output.append(done)
         return [text_done,
                 self._event("response.content_part.done", item_id=item["id"], output_index=at, content_index=0,
                             part=done["content"][0]),
                 self._event("response.output_item.done", output_index=at, item=done)]
 
     def piece(self, index: int, text: str, lps: list | None = None, offsets: list | None = None,
-              reason: str | None = None, prompt: tuple | None = None, reasoning: str = "") -> list:
+              reason: str | None = None, prompt: tuple | None = None, reasoning: str = "",
+              reply: tuple | None = None) -> list:
+        """`reply`: (the reply's text so far, how much of it is out with this piece), to place the
+        tokens' logprobs: an answer's token's go with the text delta its text starts in."""
+        if lps:
+            entries = chat_logprobs(lps, self.tokenizer, self.job.token_ids)["content"]
+            self.unplaced += zip(offsets, entries)
+        placed = []
+        if reply is not None and self.unplaced:
+            placed, self.unplaced = answer_logprobs(self.job, reply[0], self.unplaced, reply[1])
         events = []
         for kind, delta in (("reasoning", reasoning), ("message", text)):
             if not delta:
@@ -333,9 +371,14 @@ class ResponseWriter:
             events += self._opened(kind)
             self.open["text"] += delta
             name = "response.reasoning_text.delta" if kind == "reasoning" else "response.output_text.delta"
-            extra = {} if kind == "reasoning" else {"logprobs": []}
+            extra = {} if kind == "reasoning" else {"logprobs": placed}
+            if kind == "message":
+                self.open["logprobs"] += placed
+                placed = []
             events.append(self._event(name, item_id=self.open["item"]["id"], output_index=len(self.output),
                                       content_index=0, delta=delta, **extra))
+        if placed and self.open is not None and self.open["item"]["type"] == "message":
+            self.open["logprobs"] += placed  # this piece sends no answer text for them: they go on the item
         if reason is not None:
             self.finish = reason
             events += self._close()
@@ -364,6 +407,6 @@ class ResponseWriter:
 
 def response(body: dict, job: Job, comps: list, model: str, message: dict, finish: str | None, tokenizer) -> dict:
     """The Response of a finished job: its one choice's chat message, as output items."""
-    return response_object(body, job, comps, model, output_items(message), finish, new_id("resp", "_"),
+    logprobs = reply_logprobs(job, comps[0], tokenizer)
+    return response_object(body, job, comps, model, output_items(message, logprobs), finish, new_id("resp", "_"),
                            int(time.time()), tokenizer)
-

@@ -18,10 +18,10 @@ import time
 
 from linnet.serve.engine import Engine
 from linnet.serve.metrics import prometheus_text
-from linnet.serve.openai_api import (ApiError, ChunkWriter, Job, TextStream, chat_job, chat_message, chat_prompt,
-                                     chat_response, check_fits, completion_job, completion_response, echoed_prompt,
-                                     error_body, finish_reason, marker_ids, partial_calls, reply_text, shown,
-                                     usage)
+from linnet.serve.openai_api import (ApiError, ChunkWriter, Job, calls_start, chat_job, chat_message, chat_prompt,
+                                     chat_response, check_fits, choice_stream, completion_job, completion_response,
+                                     divide_reply, echoed_prompt, error_body, finish_reason, marker_ids, partial_calls,
+                                     reply_text, shown, usage)
 from linnet.serve.request import RequestError
 from linnet.serve.responses_api import (ResponseWriter, ResponsesCall, chat_body, conversation_after, input_items,
                                         read_call, response)
@@ -266,8 +266,8 @@ class OpenAIServer:
         # A request may keep every special token (harmony's do: its parser reads its markers); otherwise
         # only the tool parser's markers are written into the text.
         markers = marker_ids(job, self.tokenizer)
-        texts = [TextStream(self.tokenizer, c.request.prompt, c.request.stop, len(job.echo[i]) if job.echo else 0,
-                            not c.request.skip_special_tokens, markers) for i, c in enumerate(comps)]
+        texts = [choice_stream(job, c, self.tokenizer, len(job.echo[i]) if job.echo else 0, markers)
+                 for i, c in enumerate(comps)]
         # a chat choice's tool calls go as the model writes them
         calls_out = [CallStream(job.call_id, job.tool_names) for _ in comps]
         # An echo goes first; with logprobs, once its prompt is scored: with the choice's first news.
@@ -298,21 +298,22 @@ class OpenAIServer:
                 before = choice.sent
                 if reason is None:
                     choice.ready(_sendable(job, choice.text))
-                    thought, text = _divide(job, choice.text, before, choice.sent)
+                    thought, text = divide_reply(job, choice.text, before, choice.sent)
                     # up to what can no longer turn out to be a stop string
                     calls = calls_out[i].news(partial_calls(job, choice.text, len(choice.text) - choice.hold))
                 else:
                     message, why = chat_message(job, comp, self.tokenizer) if chat else (None, finish_reason(comp))
                     made = None if message is None else message.get("tool_calls")
                     if made:  # the rest of the calls, after any text before them
-                        thought = _divide(job, choice.text, before, len(choice.text))[0]
-                        text = (message["content"] or "")[len(_divide(job, choice.text, 0, before)[1]):]
+                        thought = divide_reply(job, choice.text, before, len(choice.text))[0]
+                        text = (message["content"] or "")[len(divide_reply(job, choice.text, 0, before)[1]):]
                     else:
                         choice.finish(reply_text(job, comp, self.tokenizer) if chat else comp.text)  # as parsed
-                        thought, text = _divide(job, choice.text, before, choice.sent)
+                        thought, text = divide_reply(job, choice.text, before, choice.sent)
                     calls = calls_out[i].finish(made or [])
-                if text or lps or thought:
-                    await event(writer.piece(i, text, lps, offsets, reasoning=thought))
+                if text or lps or thought:  # how far the reply is out, for Responses to place the logprobs
+                    out = choice.sent if reason is None or not made else len(choice.text)
+                    await event(writer.piece(i, text, lps, offsets, reasoning=thought, reply=(choice.text, out)))
                 for piece in calls:
                     await event(writer.call(i, piece))
                 if reason is not None:
@@ -348,21 +349,14 @@ def _sendable(job: Job, text: str) -> int | None:
     call may be being written (a forced call is the whole answer; with "auto", text stops where one
     may begin: the calls go as tool calls) or a reasoning model's tag may be arriving."""
     limit = None if job.reasoning is None else job.reasoning.sendable(text)
-    if job.tool_call is None or (job.reasoning is not None and job.tool_parser is job.reasoning):
+    if job.tool_call is None or getattr(job.tool_parser, "reads_whole_reply", False):
         return limit  # harmony holds back calls itself
-    answer = 0 if job.reasoning is None else job.reasoning.content_start(text)
-    if answer is None:  # still thinking: no call yet
+    if job.reasoning is not None and job.reasoning.content_start(text) is None:  # still thinking: no call yet
         return limit
-    if job.tool_call != "auto":  # the answer is the call
-        return answer if limit is None else min(limit, answer)
-    start = job.tool_parser.call_start(text[answer:])
-    calls = answer + (start if start is not None else len(text) - answer - job.tool_parser.hold)
+    calls = calls_start(job, text)
+    if calls is None:  # none yet: all but what may be the start of one arriving
+        calls = len(text) - job.tool_parser.hold
     return calls if limit is None else min(limit, calls)
-
-
-def _divide(job: Job, text: str, start: int, stop: int) -> tuple:
-    """text[start:stop], sent, as (thinking, answer): all answer but for a reasoning model."""
-    return ("", text[start:stop]) if job.reasoning is None else job.reasoning.divide(text, start, stop)
 
 
 async def _read_json(receive) -> dict:

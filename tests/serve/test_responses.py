@@ -87,8 +87,8 @@ def test_earlier_calls_and_their_outputs_are_the_chat_turns_they_mean(server):
     ({"input": "t1", "tools": [{"type": "web_search"}]}, "runs no built-in tools"),
     ({"input": "t1", "text": {"format": {"type": "yaml"}}}, "text.format"),
     ({"input": "t1", "truncation": "auto"}, "truncation"),
-    ({"input": "t1", "top_logprobs": 3}, "top_logprobs"),
-    ({"input": "t1", "include": ["message.output_text.logprobs"]}, "logprobs"),
+    ({"input": "t1", "top_logprobs": 21, "include": ["message.output_text.logprobs"]}, "top_logprobs"),
+    ({"input": "t1", "top_logprobs": -1}, "top_logprobs"),
     ({"input": "t1", "include": "reasoning"}, "'include' must be"),
     ({"input": "t1", "model": "gpt-5"}, "does not exist"),
 ])
@@ -161,6 +161,72 @@ def test_a_reasoning_models_thinking_text_and_call_are_three_items_in_order():
     assert [e["output_index"] for e in events if e["type"] == "response.output_item.added"] == [0, 1, 2]
     assert "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta") \
         == final["output"][2]["arguments"] == out["output"][2]["arguments"]
+
+
+def test_logprobs_are_the_chat_logprobs_of_the_same_reply_whole_and_streamed(server):
+    """include message.output_text.logprobs: the output_text's tokens with their top_logprobs, as
+    chat completions gives them for the same conversation; streamed, each delta's tokens, which
+    add up to the whole; top_logprobs alone asks for none (as OpenAI's)."""
+    base, _, _ = server
+    chat = json.loads(call(base, "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "t5 t6"}], "max_tokens": 6, "temperature": 0, "logprobs": True,
+        "top_logprobs": 2})[1])["choices"][0]
+    body = {"input": "t5 t6", "max_output_tokens": 6, "temperature": 0, "top_logprobs": 2,
+            "include": ["message.output_text.logprobs"]}
+    out = client(base).responses.create(model="tiny", **body)
+    [part] = out.output[0].content
+    assert part.text == chat["message"]["content"] and out.top_logprobs == 2
+    want = chat["logprobs"]["content"]
+    assert [e.token for e in part.logprobs] == [e["token"] for e in want]
+    assert [e.logprob for e in part.logprobs] == pytest.approx([e["logprob"] for e in want], abs=1e-4)
+    assert [[t.token for t in e.top_logprobs] for e in part.logprobs] == \
+        [[t["token"] for t in e["top_logprobs"]] for e in want]
+    assert all(len(e.top_logprobs) == 2 and e.bytes == list(e.token.encode()) for e in part.logprobs)
+    events = events_of(call(base, "/v1/responses", dict(body, stream=True))[1])
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert [t["token"] for e in deltas for t in e["logprobs"]] == [e["token"] for e in want]
+    [done] = [e for e in events if e["type"] == "response.output_text.done"]
+    assert done["logprobs"] == [t for e in deltas for t in e["logprobs"]]
+    assert events[-1]["response"]["output"][0]["content"][0]["logprobs"] == done["logprobs"]
+    unasked = client(base).responses.create(model="tiny", input="t5 t6", max_output_tokens=2, top_logprobs=2)
+    assert unasked.output[0].content[0].logprobs == []
+
+
+def test_a_reasoning_models_logprobs_are_its_answers_tokens_only():
+    """Thinking, then an answer, then a call (Qwen3's tags, Hermes' call), over a byte tokenizer: the
+    output_text's logprobs are the answer's own tokens, whose texts make it up, whole and streamed;
+    the thinking's, the tags' and the call's are on no item."""
+    pytest.importorskip("llguidance")
+    from linnet.serve import Engine
+
+    from .conftest import make_model, running
+    from .test_server_structured import TIME, byte_tokenizer, forced
+
+    model = make_model("torch", rows=2, max_seq=160)
+    model.tokenizer = byte_tokenizer(model.vocab, "é".encode())
+    model.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    reply = '<think>Time?</think>Checking.<tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>'
+    body = dict({"input": "Time?", "tools": [{"type": "function", **TIME["function"]}], "max_output_tokens": 130,
+                 "include": ["message.output_text.logprobs"], "top_logprobs": 1}, **forced(reply))
+    with running(Engine(model), reasoning_parser="qwen3", tool_parser="hermes", structure_in_reasoning=True) as base:
+        out = json.loads(call(base, "/v1/responses", body)[1])
+        events = events_of(call(base, "/v1/responses", dict(body, stream=True))[1])
+        plain = dict(body, tools=None, **forced("<think>Hm.</think>Noon, café."))
+        noon = json.loads(call(base, "/v1/responses", plain)[1])
+    [message] = [i for i in out["output"] if i["type"] == "message"]
+    logprobs = message["content"][0]["logprobs"]
+    assert "".join(e["token"] for e in logprobs) == "Checking." and all(e["logprob"] <= 0 for e in logprobs)
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert "".join(t["token"] for e in deltas for t in e["logprobs"]) == "Checking."
+    [final] = [i for i in events[-1]["response"]["output"] if i["type"] == "message"]
+    assert [e["token"] for e in final["content"][0]["logprobs"]] == [e["token"] for e in logprobs]
+    # the same draws, so the same scores (to float32 rounding: the passes are packed differently)
+    assert [e["logprob"] for e in final["content"][0]["logprobs"]] == \
+        pytest.approx([e["logprob"] for e in logprobs], abs=1e-4)
+    # no call: the answer runs to the end, the end token (no text) on no item; é's two bytes are two
+    # tokens, the first with no text of its own: both the answer's
+    [answer] = [i for i in noon["output"] if i["type"] == "message"]
+    assert b"".join(bytes(e["bytes"]) for e in answer["content"][0]["logprobs"]) == "Noon, café.".encode()
 
 
 def chat_reply(base, messages: list, max_tokens: int) -> dict:

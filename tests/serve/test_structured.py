@@ -18,14 +18,17 @@ pytest.importorskip("llguidance")
 EOS = 0
 
 
-def byte_tokenizer(vocab: int):
-    """Token 0 ends; tokens 1.. are newline and the printable ASCII bytes, GPT-2's byte-level spelling."""
+def byte_tokenizer(vocab: int, more: bytes = b""):
+    """Token 0 ends; tokens 1.. are newline and the printable ASCII bytes, then the bytes `more`,
+    GPT-2's byte-level spelling."""
     from tokenizers import AddedToken, Tokenizer as Backend, decoders, models, pre_tokenizers
 
     from linnet.nest.tokenizer import Tokenizer
 
-    spell = lambda b: chr(b) if 33 <= b <= 126 else chr(256 + b)
-    table = {"<eos>": EOS, **{spell(b): i + 1 for i, b in enumerate([10] + list(range(32, 127)))}}
+    shown = [*range(33, 127), *range(161, 173), *range(174, 256)]  # GPT-2 spells these bytes as themselves,
+    unshown = [b for b in range(256) if b not in shown]  # and the others as 256, 257, ... in order
+    spell = lambda b: chr(b) if b in shown else chr(256 + unshown.index(b))
+    table = {"<eos>": EOS, **{spell(b): i + 1 for i, b in enumerate([10] + list(range(32, 127)) + list(more))}}
     assert len(table) <= vocab
     backend = Backend(models.BPE(vocab=table, merges=[]))
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
