@@ -97,7 +97,7 @@ class TritonPythonModel:
         return self.pb.InferenceResponse(output_tensors=[out])
 
     async def _respond(self, req, prompt_text: str, stream: bool, echo: bool, sender):
-        from linnet.serve.openai_api import TextStream
+        from linnet.serve.openai_replies import TextStream
 
         final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         pieces = TextStream(self.model.tokenizer, req.prompt, req.stop)

@@ -18,8 +18,9 @@ import time
 
 from dataclasses import dataclass
 
-from linnet.serve.openai_api import (ApiError, Job, calls_start, chat_logprobs, choice_stream, divide_reply,
-                                     logprob_count, new_id, reply_text, usage)
+from linnet.serve.openai_api import ApiError, Job, logprob_count
+from linnet.serve.openai_replies import (calls_start, chat_logprobs, choice_stream, divide_reply, new_id, reply_text,
+                                         usage)
 
 # Responses' fields that pass to the chat body as they are (sampling, vLLM's extras included)
 PASSED = ("model", "temperature", "top_p", "stream", "parallel_tool_calls", "seed", "top_k", "min_p",

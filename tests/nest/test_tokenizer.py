@@ -143,7 +143,7 @@ def test_each_tokens_bytes_add_up_to_the_text(gguf_tokenizer, text):
 def test_chat_logprobs_give_each_tokens_own_bytes(gguf_tokenizer):
     """An emoji spans byte-level tokens that each decode to U+FFFD: their logprob entries' bytes
     still add up to it, as OpenAI's do."""
-    from linnet.serve.openai_api import chat_logprobs
+    from linnet.serve.openai_replies import chat_logprobs
     from linnet.serve.request import TokenLogprob
 
     ids = gguf_tokenizer.encode("ok 🫠!", add_special_tokens=False)
