@@ -146,14 +146,18 @@ class PythonEmitter:
             elif isinstance(s, ir.Store):
                 self.store(s)
             elif isinstance(s, ir.For):
-                self.line(f"for {s.var} in range({self.expr(s.count)}):")
-                self.depth += 1
-                self.last_comment = None
-                self.body(s.body)
-                self.depth -= 1
-                self.last_comment = None
+                self.loop(s)
             elif isinstance(s, ir.Return):
                 self.ret(s)
+
+    def loop(self, s: ir.For):
+        """`for` as Python's (a backend may compile some loops as loops: see the JAX emitter)."""
+        self.line(f"for {s.var} in range({self.expr(s.count)}):")
+        self.depth += 1
+        self.last_comment = None
+        self.body(s.body)
+        self.depth -= 1
+        self.last_comment = None
 
     # ------------------------------------------------------------ the module header
 

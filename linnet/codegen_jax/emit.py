@@ -6,6 +6,7 @@ Each entry becomes `entry(params, state, *args) -> (result, state)`; the state
 
 from __future__ import annotations
 
+from linnet.codegen_jax.loops import compiled_loop
 from linnet.codegen_common import (entry_dim_sources, linear_groups, linear_weights, rope_key, rope_table_args,
                                    rope_tables, shard_plan)
 from linnet.ir import nodes as ir
@@ -79,8 +80,9 @@ class _JaxEmitter(PythonEmitter):
         self.depth += 1
         self.last_comment = None
         self.iota_rows = set()
+        self.fn = fn
         written = [s for s in self.module.state]
-        self.line(f"{', '.join(written)}{',' if len(written) == 1 else ''} = {', '.join(f'state[{n!r}]' for n in written)}")
+        self.line(f"{', '.join(written)} = {', '.join(f'state[{n!r}]' for n in written)}")
         for d, arg, axis in entry_dim_sources(fn):
             self.line(f"{d} = {arg}.shape[{axis}]")
         self.state_dict = "{" + ", ".join(f"{n!r}: {n}" for n in written) + "}"
@@ -88,6 +90,27 @@ class _JaxEmitter(PythonEmitter):
         if isinstance(fn.ret, NoneType):
             self.line(f"return None, {self.state_dict}")
         self.depth -= 1
+
+    def loop(self, s: ir.For):
+        """A loop `loops.compiled_loop` admits, as a function of its index that `rt.loop` runs:
+        XLA compiles its body once rather than once a turn, where the runtime can (see `rt.loop`)."""
+        top = next((i for i, t in enumerate(self.fn.body) if t is s), None)
+        state = {name: st.type for name, st in self.module.state.items()}
+        plan = None if top is None else compiled_loop(s, self.fn, self.fn.body[:top], state)
+        if plan is None:
+            return super().loop(s)
+        names = ", ".join(plan.carried) + ("," if len(plan.carried) == 1 else "")
+        body = f"loop_{s.var}"
+        self.line(f"def {body}({s.var}, carry):")
+        self.depth += 1
+        self.line(f"{names} = carry")
+        self.last_comment = None
+        self.body(s.body)
+        self.line(f"return {names}")
+        self.depth -= 1
+        self.last_comment = None
+        self.comment_for(s.loc)
+        self.line(f"{names} = rt.loop({self.expr(s.count)}, {body}, ({names}))")
 
     def var(self, v: ir.Var) -> str:
         return f'params["{v.name}"]' if v.kind == "param" else v.name

@@ -28,6 +28,9 @@ DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16, "f16": jnp.float16, "i32": j
 # which the partitioner cannot split) give way to XLA's own ops.
 _SHARDED = contextvars.ContextVar("linnet_sharded", default=False)
 MESH_AXIS = "model"  # the mesh axis tensor parallelism splits over
+# True while an entry whose stacked weights are each one array read by layer is traced: `loop` then
+# compiles its body once, as an XLA loop (see JaxModel's `compiles_loops`).
+_COMPILED_LOOPS = contextvars.ContextVar("linnet_compiled_loops", default=False)
 
 # Bounds the keys gathered at once in packed attention: [chunk, MaxSeq, kv_heads, head_dim].
 _GATHER_ELEMENTS = 1 << 24
@@ -151,6 +154,39 @@ def _gather(a, index):
     if a.dtype not in HALF_FLOATS:
         return a[index]
     return jax.lax.bitcast_convert_type(jax.lax.bitcast_convert_type(a, jnp.uint16)[index], a.dtype)
+
+
+def loop(count: int, body, carry):
+    """`for i in range(count): carry = body(i, carry)`; returns the last carry. Generated code
+    writes a layer loop so where its index only picks layers (`codegen_jax.loops`).
+
+    Where the model's stacked weights are each one array that Linnet's kernels read a layer of in
+    place (the CPU's panels), an XLA while loop: the body is traced and compiled once. SmolLM2's
+    30 layers compiled in 1.6-1.9 s per packed-pass shape unrolled, 0.3-0.5 s so. Elsewhere the loop
+    is unrolled as Python's: a GPU holds each layer's weight as an array of its own, which a
+    traced index cannot pick, and which XLA's GPU matmuls read as they lie."""
+    if _COMPILED_LOOPS.get():
+        types = [a.dtype for a in carry]
+
+        def on_bits(i, bits):  # 16-bit floats carried as their bits, as the state is held (`_on_bits`)
+            out = body(i, tuple(_unbits(a, t) for a, t in zip(bits, types)))
+            return tuple(_bits(a) for a in out)
+        out = jax.lax.fori_loop(0, count, on_bits, tuple(_bits(a) for a in carry))
+        return tuple(_unbits(a, t) for a, t in zip(out, types))
+    for i in range(count):
+        carry = body(i, carry)
+    return carry
+
+
+class LayerStack:
+    """A stacked param as generated code reads it, a layer at a time (`params["wq"][l]`), where
+    `l` is a Python int or a traced index: `layer(l)` makes that layer's view inside the trace."""
+
+    def __init__(self, layer):
+        self.layer = layer
+
+    def __getitem__(self, index):
+        return self.layer(index)
 
 
 def layer(stack, index) -> CacheLayer:
@@ -550,7 +586,10 @@ class JaxModel:
         panels = self.pack_linear_weights(parts) if self.fast and mesh is None else {}
         self.reset_state()
         types = {name: DTYPES[dtype] for name, (_, dtype) in self.state.items()}
-        self.traced = {name: _on_mesh(_on_bits(_on_panels(_on_parts(fn, parts), panels), types), mesh)
+        # Layer loops compile as loops where no weight is held a layer per array (`loop`).
+        self.compiles_loops = not any(isinstance(a, list) for a in self.weights.values())
+        self.traced = {name: _traced_with(_traced_with(_on_bits(_on_panels(_on_parts(fn, parts), panels), types),
+                                                       _COMPILED_LOOPS, self.compiles_loops), _SHARDED, mesh is not None)
                        for name, fn in self.entries.items()}
         self.compiled = {name: self._jit(fn) for name, fn in self.traced.items()}
         self.compiled_then: dict = {}
@@ -686,16 +725,19 @@ def _on_parts(entry, parts: dict):
         params = dict(params)
         for name, (key, start, stop) in parts.items():
             whole = params[key]
-            params[name] = ([FusedPart(a, start, stop) for a in whole] if isinstance(whole, list)
-                            else FusedPart(whole, start, stop))
+            if isinstance(whole, list):
+                params[name] = [FusedPart(a, start, stop) for a in whole]
+            elif isinstance(whole, LayerStack):
+                params[name] = LayerStack(lambda i, whole=whole, start=start, stop=stop: FusedPart(whole[i], start, stop))
+            else:
+                params[name] = FusedPart(whole, start, stop)
         return entry(params, state, *args)
     return on_parts
 
 
 def _on_panels(entry, panels: dict):
     """`entry` over params of which some are held as panels (`JaxModel.pack_linear_weights`): it
-    sees each as `Panels` (a list of them, one a layer of the stack, for a stacked param), made
-    inside the trace."""
+    sees each as `Panels` (a `LayerStack` of them for a stacked param), made inside the trace."""
     if not panels:
         return entry
 
@@ -704,7 +746,7 @@ def _on_panels(entry, panels: dict):
         params = dict(params)
         for key, (n, layers) in panels.items():
             a = params[key]
-            params[key] = Panels(a, n) if layers is None else [Panels(a, n, layer) for layer in range(layers)]
+            params[key] = Panels(a, n) if layers is None else LayerStack(lambda i, a=a, n=n: Panels(a, n, i))
         return entry(params, state, *args)
     return on_panels
 
@@ -722,19 +764,20 @@ def _on_bits(entry, types: dict):
     return on_bits
 
 
-def _on_mesh(entry, mesh):
-    """`entry` traced with Linnet's CPU kernels off when its arrays are spread on a mesh (`_SHARDED`)."""
-    if mesh is None:
+def _traced_with(entry, flag: contextvars.ContextVar, on: bool):
+    """`entry` traced with `flag` set, if `on`: `_COMPILED_LOOPS` (layer loops compiled as XLA
+    loops, `loop`) or `_SHARDED` (Linnet's CPU kernels off, the arrays spread on a mesh)."""
+    if not on:
         return entry
 
     @functools.wraps(entry)
-    def on_mesh(*args):
-        token = _SHARDED.set(True)
+    def traced_with(*args):
+        token = flag.set(True)
         try:
             return entry(*args)
         finally:
-            _SHARDED.reset(token)
-    return on_mesh
+            flag.reset(token)
+    return traced_with
 
 
 def _on_huge_pages(a):

@@ -25,7 +25,7 @@ from linnet.kernels.panels import PANEL, arranged
 
 class Panels(NamedTuple):
     """A linear weight [n, K] as panels [ceil(n / 16), K, 16] inside an entry's trace: `array`, or
-    layer `layer` of a stacked `array` [layers, ceil(n / 16), K, 16]."""
+    layer `layer` (an int or a traced index) of a stacked `array` [layers, ceil(n / 16), K, 16]."""
 
     array: Any
     n: int
@@ -63,7 +63,7 @@ def linear(x, w: Panels):
 
     lead, k = x.shape[:-1], x.shape[-1]
     rows = x.reshape(-1, k).astype(jnp.bfloat16 if pairs(w.array.dtype, k) else jnp.float32)
-    layer = jnp.asarray(w.layer or 0, jnp.int32)
+    layer = jnp.asarray(0 if w.layer is None else w.layer, jnp.int32)
     y = jax.ffi.ffi_call("linnet_linear", jax.ShapeDtypeStruct((rows.shape[0], w.n), jnp.float32))(rows, w.array, layer)
     return y.reshape(lead + (w.n,)).astype(x.dtype)
 

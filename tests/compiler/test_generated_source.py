@@ -157,7 +157,8 @@ STATEMENTS = {
         (r"h = rt\.rmsnorm\(x, params\[\"attn_norm\"\]\[l\]", "h = rmsnorm(x, attn_norm[l]"),
         (r"h = rt\.rmsnorm\(x, params\[\"mlp_norm\"\]\[l\]", "h = rmsnorm(x, mlp_norm[l]"),
         (r"x = x \+ rt\.linear\(jax\.nn\.silu", "x = x + mlp(h, l)"),  # the MLP fn, inlined where it is called
-        (r"for l in range\(layers\):", "for l in layers {"),
+        (r"def loop_l\(l, carry\):", "for l in layers {"),  # the layer loop's body, compiled once (rt.loop)
+        (r"= rt\.loop\(layers, loop_l, ", "for l in layers {"),
         (r"return rt\.linear\(x\[last\], params\[\"lm_head\"\]\)", "return linear(x[last], lm_head) as f32"),
         (r"return rt\.linear\(x, params\[\"lm_head\"\]\)", "return linear(x, lm_head) as f32"),
         (r"k_cache = rt\.copy_rows\(k_cache", "k_cache = copy_rows(k_cache, src, dst, upto)"),
@@ -175,8 +176,8 @@ def commented_statements(source: str) -> list:
             current, depth = int(m.group(2)), len(text) - len(text.lstrip())
             continue
         indent = len(text) - len(text.lstrip())
-        if text.strip() == "return None":  # an entry without a result: code's own epilogue, no source
-            continue
+        if text.strip() == "return None" or text.strip().endswith(" = carry"):
+            continue  # code's own plumbing (an entry without a result; a compiled loop's carry), no source
         if current is not None and text.strip() and indent >= depth:
             out.append((current, text.strip()))
         elif text.strip():
