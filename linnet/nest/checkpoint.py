@@ -18,6 +18,7 @@ Files are memory-mapped: opening a checkpoint reads headers only, and
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import json
 import os
 from abc import ABC, abstractmethod
@@ -26,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from . import mxfp4
+from . import gguf_file, mxfp4
 from .errors import WeightsError
 
 SAFETENSORS_FILE = "model.safetensors"
@@ -322,12 +323,10 @@ class GGUFCheckpoint(Checkpoint):
         self.path = str(file)
         if not Path(file).is_file():
             raise WeightsError(f"{self.path}: no such file")
+        if importlib.util.find_spec("gguf") is None:
+            raise WeightsError(f"{self.path}: reading GGUF files needs the 'gguf' package (pip install gguf)")
         try:
-            import gguf
-        except ImportError:
-            raise WeightsError(f"{self.path}: reading GGUF files needs the 'gguf' package (pip install gguf)") from None
-        try:
-            self._reader = gguf.GGUFReader(self.path)
+            self._reader = gguf_file.open_reader(self.path)
         except Exception as e:  # truncated, not GGUF, unsupported version
             detail = _gguf_overrun(self.path)
             raise WeightsError(f"{self.path}: cannot read GGUF file ({e}){detail}; "
