@@ -6,9 +6,9 @@ Each entry becomes `entry(params, state, *args) -> (result, state)`; the state
 
 from __future__ import annotations
 
-from linnet.codegen_jax.loops import compiled_loop
 from linnet.codegen_common import (entry_dim_sources, linear_groups, linear_weights, rope_key, rope_table_args,
                                    rope_tables, shard_plan)
+from linnet.codegen_jax.loops import compiled_loop
 from linnet.ir import nodes as ir
 from linnet.ir.passes import inline_calls
 from linnet.ir.types import NoneType, ScalarType

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from linnet.errors import LinnetError
 from linnet.frontend import load_source
+from linnet.kernels import xla_kernels
 from linnet.ir.specialize import specialize
 from linnet.ir.verify import verify
 from linnet.nest.bind import bind_weights
@@ -60,18 +61,22 @@ def declared_shape(fn, spec, per_call: dict) -> tuple:
     return tuple(d.evaluate({**sizes, **per_call}) for d in fn.ret.shape)
 
 
+# exact: plain ops on both sides; fast: the CPU kernels on both, and JAX's layer loop compiled as an
+# XLA loop (rt.loop) where the kernels hold the weights
+@pytest.mark.parametrize("numerics", ["exact", "fast"])
 @FAST
 @given(card=llama_cards(), data=st.data())
-def test_random_cards_check_and_both_backends_agree(card, data, kit):
+def test_random_cards_check_and_both_backends_agree(numerics, card, data, kit):
     config, generics, seed = card
     module = load_source(card_source(config), "random.linnet", near=kit.CARDS)
     verify(module)
-    spec = specialize(module, generics, "exact")
+    spec = specialize(module, generics, numerics)
     b = spec.bindings
     assert b["head_dim"] == config.get("head_dim", config["dim"] // config["heads"])
 
     weights = bind_weights(spec, kit.random_checkpoint(spec, seed).__getitem__)
-    models = {backend: kit.compiled(module, backend, generics).Model(weights) for backend in ("torch", "jax")}
+    models = {backend: kit.compiled(module, backend, generics, numerics).Model(weights) for backend in ("torch", "jax")}
+    assert models["jax"].compiles_loops == (numerics == "fast" and xla_kernels.available(np.float32, "cpu"))
 
     # a random pack: some rows (in any order) get prompts of any length that leaves room to decode
     batch, max_seq, vocab = generics["Batch"], generics["MaxSeq"], b["vocab"]
@@ -99,8 +104,8 @@ def test_random_cards_check_and_both_backends_agree(card, data, kit):
         out[backend] = prefill, decode
     for what, a, j in zip(("prefill", "decode"), out["torch"], out["jax"]):
         err = kit.rel_err(j, a)
-        kit.PARITY["random cards  torch vs jax  " + what + " (worst)"] = max(
-            err, kit.PARITY.get("random cards  torch vs jax  " + what + " (worst)", 0.0))
+        key = f"random cards  torch vs jax  {numerics}  {what} (worst)"
+        kit.PARITY[key] = max(err, kit.PARITY.get(key, 0.0))
         assert err <= 1e-4, f"{what}: torch and JAX differ by {err:.2e}\n{card_source(config)}{generics}"
 
 
