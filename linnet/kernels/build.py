@@ -114,8 +114,12 @@ def _built(name: str, sources: list[Path], flags: list[str]) -> Path:
     with tempfile.NamedTemporaryFile(dir=cache, suffix=".so", delete=False) as tmp:
         pass
     try:
-        subprocess.run([compiler, *flags, *map(str, sources), *LIBS, "-o", tmp.name], check=True,
-                       capture_output=True, text=True)
+        try:
+            subprocess.run([compiler, *flags, *map(str, sources), *LIBS, "-o", tmp.name], check=True,
+                           capture_output=True, text=True)
+        except OSError as e:  # not there, not a program
+            whence = " (the CC environment variable)" if os.environ.get("CC") else ""
+            raise OSError(f"the C compiler {compiler}{whence} does not run: {e.strerror or e}") from None
         os.replace(tmp.name, target)
     finally:
         if os.path.exists(tmp.name):

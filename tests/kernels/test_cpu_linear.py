@@ -160,6 +160,7 @@ def test_a_missing_compiler_falls_back_with_a_warning(tmp_path):
     code = ("import torch, warnings; from linnet.kernels import cpu_linear as c\n"
             "with warnings.catch_warnings(record=True) as w:\n"
             "    warnings.simplefilter('always'); assert not c.available(torch.float32)\n"
-            "assert any('could not be built' in str(m.message) for m in w), w")
+            "assert any('could not be built' in str(m.message) and 'no-such-cc (the CC environment variable) "
+            "does not run: No such file' in str(m.message) for m in w), [str(m.message) for m in w]")
     env = dict(os.environ, LINNET_CACHE=str(tmp_path), CC=str(tmp_path / "no-such-cc"))
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
