@@ -101,7 +101,7 @@ class _JaxEmitter(PythonEmitter):
             return super().loop(s)
         names = ", ".join(plan.carried) + ("," if len(plan.carried) == 1 else "")
         body = f"loop_{s.var}"
-        self.line(f"def {body}({s.var}, carry):")
+        self.line(f"def {body}({s.var}, carry):  # one turn of the loop; rt.loop may compile it once for every turn")
         self.depth += 1
         self.line(f"{names} = carry")
         self.last_comment = None

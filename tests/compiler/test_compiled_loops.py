@@ -57,7 +57,7 @@ def source(scaled: str = "x = x + h", result: str = "x") -> str:
 
 def test_a_loop_whose_index_picks_layers_is_a_function_of_it():
     text = source()
-    assert "def loop_l(l, carry):" in text and "cache, x = carry" in text
+    assert "def loop_l(l, carry):  # one turn of the loop" in text and "cache, x = carry" in text
     assert "cache, x = rt.loop(layers, loop_l, (cache, x))" in text
     assert "for l in range(" not in text
 
