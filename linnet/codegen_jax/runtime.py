@@ -586,8 +586,9 @@ class JaxModel:
         panels = self.pack_linear_weights(parts) if self.fast and mesh is None else {}
         self.reset_state()
         types = {name: DTYPES[dtype] for name, (_, dtype) in self.state.items()}
-        # Layer loops compile as loops where no weight is held a layer per array (`loop`).
-        self.compiles_loops = not any(isinstance(a, list) for a in self.weights.values())
+        # Layer loops compile as loops on one CPU where no weight is held a layer per array (`loop`).
+        self.compiles_loops = (mesh is None and self.device.platform == "cpu"
+                               and not any(isinstance(a, list) for a in self.weights.values()))
         self.traced = {name: _traced_with(_traced_with(_on_bits(_on_panels(_on_parts(fn, parts), panels), types),
                                                        _COMPILED_LOOPS, self.compiles_loops), _SHARDED, mesh is not None)
                        for name, fn in self.entries.items()}
