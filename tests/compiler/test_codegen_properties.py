@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from linnet.errors import LinnetError
 from linnet.frontend import load_source
-from linnet.kernels import xla_kernels
 from linnet.ir.specialize import specialize
 from linnet.ir.verify import verify
+from linnet.kernels import xla_kernels
 from linnet.nest.bind import bind_weights
 
 FAST = settings(max_examples=10, deadline=None, derandomize=True, database=None,
