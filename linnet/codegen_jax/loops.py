@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from linnet.ir import nodes as ir
 from linnet.ir.types import TensorType
-from linnet.ir.walk import assigned_names, children, stmt_values, values
+from linnet.ir.walk import all_statements, assigned_names, children, stmt_values, values
 
 
 class CompiledLoop(NamedTuple):
@@ -39,18 +39,11 @@ def compiled_loop(loop: ir.For, fn: ir.Function, before: list, state: dict) -> C
         if isinstance(s, ir.Assign):
             for name in s.targets:
                 known[name] = s.value.type if len(s.targets) == 1 else None
-    written = assigned_names(loop.body) | {s.state for s in _statements(loop.body) if isinstance(s, ir.Store)}
+    written = assigned_names(loop.body) | {s.state for s in all_statements(loop.body) if isinstance(s, ir.Store)}
     carried = tuple(sorted(name for name in written if name in known))
     if not carried or not all(isinstance(known[name], TensorType) for name in carried):
         return None
     return CompiledLoop(carried)
-
-
-def _statements(body: list):
-    for s in body:
-        yield s
-        if isinstance(s, ir.For):
-            yield from _statements(s.body)
 
 
 def _index_only(loop: ir.For) -> bool:
@@ -62,7 +55,7 @@ def _index_only(loop: ir.For) -> bool:
         return (isinstance(v, ir.Op) and v.op == "index" and is_index(v.args[0])
                 and isinstance(v.kwargs.get("x"), ir.Var) and v.kwargs["x"].kind in ("param", "state"))
 
-    for s in _statements(loop.body):
+    for s in all_statements(loop.body):
         if isinstance(s, ir.Store) and any(is_index(i) for i in s.indices[1:]):
             return False
         for root in stmt_values(s):

@@ -37,12 +37,18 @@ def stmt_values(s) -> list:
     return []
 
 
-def all_values(body: list) -> Iterator[ir.Value]:
+def all_statements(body: list) -> Iterator:
+    """Every statement of `body`, those inside loops too, each before its loop's body."""
     for s in body:
+        yield s
+        if isinstance(s, ir.For):
+            yield from all_statements(s.body)
+
+
+def all_values(body: list) -> Iterator[ir.Value]:
+    for s in all_statements(body):
         for v in stmt_values(s):
             yield from values(v)
-        if isinstance(s, ir.For):
-            yield from all_values(s.body)
 
 
 def rebuild(v: ir.Value, fn: Callable[[ir.Value], ir.Value | None]) -> ir.Value:

@@ -14,7 +14,7 @@ import inspect
 
 import numpy as np
 
-# The reader's private `_get` that `_PlainViewReader` overrides, as gguf 0.10-0.19 spell it; with
+# The reader's private `_get` that `PlainViewReader` overrides, as gguf 0.19 spells it; with
 # another spelling the stock reader is used as it is.
 _GET_PARAMETERS = ["self", "offset", "dtype", "count", "override_order"]
 
