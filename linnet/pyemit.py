@@ -111,6 +111,9 @@ class PythonEmitter:
             return f"({dim_py(v.dims[0])})", ATOM
         if v.op == "list":
             return "[" + ", ".join(self.expr(a) for a in v.args) + "]", ATOM
+        if v.op == "index" and _gathers_param_rows(v):
+            # where a pass's activations begin (an embedding): the runtime picks their type
+            return f"rt.gather_rows({self.expr(k['x'])}, {self.expr(v.args[0])})", POSTFIX
         if v.op == "index":
             return f"{self.paren(k['x'], POSTFIX - 1)}[{', '.join(self.expr(i) for i in v.args)}]", POSTFIX
         method = getattr(self, "op_" + v.op, None)
@@ -229,6 +232,13 @@ class PythonEmitter:
         self.line(f"Generics: Batch={b['Batch']}, MaxSeq={b['MaxSeq']}, T={b['T']}; numerics: {b['numerics']}.")
         self.line("Regenerate with `linnet compile` rather than editing by hand.")
         self.line('"""')
+
+
+def _gathers_param_rows(v: ir.Op) -> bool:
+    """`param[ids]`: a param's rows gathered by a tensor of ids."""
+    x = v.kwargs["x"]
+    return (len(v.args) == 1 and isinstance(x, ir.Var) and x.kind == "param"
+            and isinstance(v.args[0].type, TensorType))
 
 
 def _listed(names: list) -> str:

@@ -2,7 +2,7 @@
 
 Exact numerics use plain attention in f32 and the highest matmul precision;
 fast numerics use `jax.nn.dot_product_attention`, compute in the model's dtype,
-norms and softmax in f32.
+norms and softmax in f32 (on the CPU, activations in f32 throughout: `gather_rows`).
 """
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ def linear(x, w, bias=None):
     elif _reduces_narrow_weight(x, w):
         y = _multiply_and_sum(x, w)
     else:
+        if x.dtype != w.dtype:  # f32 activations and a 16-bit weight (`gather_rows`): in f32, as XLA's CPU dot does
+            w = w.astype(x.dtype)
         y = jax.lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())))
     return y if bias is None else y + bias
 
@@ -86,6 +88,21 @@ def _multiply_and_sum(x, w):
     else:
         y = jnp.sum(xf[:, None, :] * w.astype(jnp.float32), axis=-1)
     return y.reshape(lead + (w.shape[0],)).astype(x.dtype)
+
+
+def gather_rows(table, ids):
+    """table[ids]: a param's rows (an embedding's), where a pass's activations begin.
+
+    On the CPU a bf16 / f16 table gives f32 rows, and the pass then carries its activations in f32,
+    as torch's runtime does where the CPU has no instructions for the type: XLA's CPU backend
+    computes a 16-bit elementwise op in f32 anyway (x86 has no bf16 arithmetic but dot products),
+    and rounding after each op cost precision for nothing: SmolLM2's bf16 logits drifted from
+    f32's by 0.93 (transformers' bf16: 0.87), and its answer to "What is the capital of France?"
+    began "L'Étoile"; in f32, 0.20, and "The capital of France is Paris." No slower on an AVX2 CPU
+    (a 512-token pass and a 16-row decode step, alternated). The weights and the cache keep their
+    type; the kernels read them as they are."""
+    rows = _gather(table, ids)
+    return rows.astype(jnp.float32) if rows.dtype in HALF_FLOATS and jax.default_backend() == "cpu" else rows
 
 
 def gelu(x):
@@ -281,6 +298,7 @@ def _attend_blocks(q, k_cache, v_cache, positions, block_rows, window, sinks, sc
     visible = _visible(jnp.arange(seq)[None, None, :], pos[:, :, None], window)  # [nb, BLOCK, S]
     qb = q.reshape(nb, BLOCK, heads, head_dim)
     if fast and sinks is None:
+        keys, values = _like(keys, qb), _like(values, qb)
         out = jax.nn.dot_product_attention(qb, keys, values, mask=visible[:, None], scale=scale)
         return out.reshape(n, heads, values.shape[-1])
     group = heads // kv_heads
@@ -290,6 +308,12 @@ def _attend_blocks(q, k_cache, v_cache, positions, block_rows, window, sinks, sc
     probs = _softmax_with_sinks(scores, sinks, kv_heads, group)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, values.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
     return out.reshape(n, heads, values.shape[-1]).astype(q.dtype)
+
+
+def _like(cache_part, q):
+    """Keys or values in q's type, for the fused attention, which takes one type: a 16-bit cache
+    read by f32 activations (the CPU's, `gather_rows`) is widened, exactly."""
+    return cache_part if cache_part.dtype == q.dtype else cache_part.astype(q.dtype)
 
 
 def _visible(key_positions, positions, window: int):
@@ -315,6 +339,7 @@ def _attend(q, keys, values, positions, window, sinks, scale, fast):
     seq, kv_heads = keys.shape[1], keys.shape[2]
     visible = _visible(jnp.arange(seq)[None, :], positions[:, None], window)  # [n, S]
     if fast and sinks is None:
+        keys, values = _like(keys, q), _like(values, q)
         out = jax.nn.dot_product_attention(q[:, None], keys, values, mask=visible[:, None, None, :], scale=scale)
         return out[:, 0]
     group = heads // kv_heads
@@ -508,7 +533,8 @@ def expert_linear(x, w, experts, bias=None):
     chosen = experts.reshape(-1)
     order = jnp.argsort(chosen, stable=True)
     counts = jnp.bincount(chosen, length=w.shape[0]).astype(jnp.int32)
-    out = jax.lax.ragged_dot_general(rows[order], w, counts, _BY_EXPERT, preferred_element_type=x.dtype)
+    # rows in the weight's type (f32 activations meet a 16-bit weight on the CPU: `gather_rows`)
+    out = jax.lax.ragged_dot_general(rows[order].astype(w.dtype), w, counts, _BY_EXPERT, preferred_element_type=x.dtype)
     y = jnp.zeros_like(out).at[order].set(out, unique_indices=True)
     if bias is not None:
         y = y + bias[chosen]

@@ -6,7 +6,7 @@ from linnet.codegen_common import entry_dim_sources, linear_groups, linear_weigh
 from linnet.ir import nodes as ir
 from linnet.ir.passes import inline_calls
 from linnet.ir.types import NoneType, ScalarType, TensorType
-from linnet.pyemit import POSTFIX, PythonEmitter
+from linnet.pyemit import PythonEmitter
 
 TORCH_DTYPES = {"f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.float16", "i32": "torch.int32",
                 "i64": "torch.int64", "bool": "torch.bool"}
@@ -26,18 +26,6 @@ class _TorchEmitter(PythonEmitter):
     def __init__(self, module):
         super().__init__(module)
         self.ropes = rope_tables(module)
-
-    def emit(self, v: ir.Value) -> tuple[str, int]:
-        # A param's rows gathered by a tensor of ids (an embedding): where a pass's activations begin,
-        # and where the runtime picks their type (rt.gather_rows).
-        if isinstance(v, ir.Op) and v.op == "index" and len(v.args) == 1 and self.is_param(v.kwargs["x"]) \
-                and isinstance(v.args[0].type, TensorType):
-            return f"rt.gather_rows({self.expr(v.kwargs['x'])}, {self.expr(v.args[0])})", POSTFIX
-        return super().emit(v)
-
-    @staticmethod
-    def is_param(v: ir.Value) -> bool:
-        return isinstance(v, ir.Var) and v.kind == "param"
 
     def module_source(self) -> str:
         m = self.module
