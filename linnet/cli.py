@@ -46,7 +46,11 @@ def cmd_ir(args) -> int:
 def cmd_compile(args) -> int:
     from linnet.compiler import compile_file
 
-    source = compile_file(args.file, args.backend, _generics(args.generic), args.numerics)
+    generics = _generics(args.generic)
+    if args.numerics == "exact" and generics.get("T") in ("bf16", "f16"):
+        print(f"linnet: note: exact numerics compute in f32; T={generics['T']} takes effect with --numerics fast",
+              file=sys.stderr)
+    source = compile_file(args.file, args.backend, generics, args.numerics)
     if args.output:
         Path(args.output).write_text(source)
     else:
@@ -300,7 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("file", help="a .linnet card or architecture")
         s.add_argument("--generic", action="append", metavar="NAME=VALUE",
                        help="bind a generic: Batch=8, MaxSeq=256, T=bf16 (repeatable)")
-        s.add_argument("--numerics", choices=["exact", "fast"], default="exact")
+        s.add_argument("--numerics", choices=["exact", "fast"], default="exact",
+                       help="exact: the reference semantics, in f32 whatever T is; fast: computes in T, "
+                            "with the backend's fused kernels")
         return s
 
     c = source_cmd("compile", "write the Python source of a model for one backend")

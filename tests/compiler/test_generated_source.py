@@ -58,6 +58,17 @@ def test_compile_is_deterministic_in_process(backend, card, numerics, kit, capsy
     compile(first, str(out), "exec")  # valid Python
 
 
+@pytest.mark.parametrize("numerics", ["exact", "fast"])
+def test_compile_says_when_t_does_not_apply(numerics, kit, capsys):
+    """Exact numerics compute in f32: a T=bf16 asked for with them is named in a note, not dropped silently."""
+    assert cli.main(compile_args(kit, "jax", numerics=numerics) + ["--generic", "T=bf16"]) == 0
+    out, err = capsys.readouterr()
+    if numerics == "exact":
+        assert "T=f32" in out and "exact numerics compute in f32; T=bf16 takes effect with --numerics fast" in err
+    else:
+        assert "T=bf16" in out and err == ""
+
+
 def test_compile_is_deterministic_across_processes(kit, sources, tmp_path):
     """The command in fresh interpreters, under different hash seeds, writes the same bytes as the library."""
     seeds = [s for s in ("0", "4242", "7") if s != os.environ.get("PYTHONHASHSEED")]  # not this process's
