@@ -30,8 +30,14 @@ def _call_text(job: Job, text: str) -> str | None:
     thinking (None while it thinks), but for a parser that reads the whole reply (harmony)."""
     if getattr(job.tool_parser, "reads_whole_reply", False) or job.reasoning is None:
         return text
-    answer = job.reasoning.content_start(text)
+    answer = answer_start(job, text)
     return None if answer is None else text[answer:]
+
+
+def answer_start(job: Job, text: str) -> int | None:
+    """Where a chat reply's answer begins in its text: 0, past a reasoning model's thinking (None
+    while it thinks)."""
+    return 0 if job.reasoning is None else job.reasoning.content_start(text)
 
 
 def calls_start(job: Job, text: str) -> int | None:
@@ -40,7 +46,12 @@ def calls_start(job: Job, text: str) -> int | None:
     a parser reading the whole reply (harmony's calls are messages apart from its answer)."""
     if job.tool_call is None or getattr(job.tool_parser, "reads_whole_reply", False):
         return None
-    answer = 0 if job.reasoning is None else job.reasoning.content_start(text)
+    return calls_after(job, text, answer_start(job, text))
+
+
+def calls_after(job: Job, text: str, answer: int | None) -> int | None:
+    """`calls_start` of a job with tools that its parser reads from the answer, where the answer
+    starts at `answer` (`answer_start`)."""
     if answer is None or job.tool_call != "auto":
         return answer
     start = job.tool_parser.call_start(text[answer:])

@@ -19,7 +19,7 @@ import time
 from linnet.serve.engine import Engine
 from linnet.serve.metrics import prometheus_text
 from linnet.serve.openai_api import ApiError, Job, chat_job, chat_prompt, check_fits, completion_job, shown
-from linnet.serve.openai_replies import (ChunkWriter, calls_start, chat_message, chat_response, choice_stream,
+from linnet.serve.openai_replies import (ChunkWriter, answer_start, calls_after, chat_message, chat_response, choice_stream,
                                          completion_response, divide_reply, echoed_prompt, error_body, finish_reason,
                                          marker_ids, partial_calls, reply_text, usage)
 from linnet.serve.request import RequestError
@@ -351,9 +351,10 @@ def _sendable(job: Job, text: str) -> int | None:
     limit = None if job.reasoning is None else job.reasoning.sendable(text)
     if job.tool_call is None or getattr(job.tool_parser, "reads_whole_reply", False):
         return limit  # harmony holds back calls itself
-    if job.reasoning is not None and job.reasoning.content_start(text) is None:  # still thinking: no call yet
+    answer = answer_start(job, text)
+    if answer is None:  # still thinking: no call yet
         return limit
-    calls = calls_start(job, text)
+    calls = calls_after(job, text, answer)
     if calls is None:  # none yet: all but what may be the start of one arriving
         calls = len(text) - job.tool_parser.hold
     return calls if limit is None else min(limit, calls)
