@@ -113,4 +113,12 @@ def test_jax_keeps_its_executables_between_runs(gguf_path, tmp_path):
     assert written  # the decode step and the prompt's pass at least
     second = run()
     assert second.returncode == 0, second.stderr
-    assert second.stdout == first.stdout and sorted(p.name for p in cache.iterdir()) == written
+    # read back, not written again: the first run's entries are all there, and the entries whose
+    # compile always takes past the cache's 0.1 s threshold (the pass, the decode step) were not
+    # compiled anew; a small one near the threshold (copy_rows, 0.05-0.15 s on a loaded machine)
+    # may be cached by whichever run happened to take longer
+    after = sorted(p.name for p in cache.iterdir())
+    assert second.stdout == first.stdout and set(written) <= set(after)
+    entry = lambda name: name.split("-")[0]
+    for kind in ("jit_prefill", "jit_decode"):
+        assert [n for n in after if entry(n) == kind] == [n for n in written if entry(n) == kind]
