@@ -19,9 +19,9 @@ import time
 from linnet.serve.engine import Engine
 from linnet.serve.metrics import prometheus_text
 from linnet.serve.openai_api import ApiError, Job, chat_job, chat_prompt, check_fits, completion_job, shown
-from linnet.serve.openai_replies import (ChunkWriter, answer_start, calls_after, chat_message, chat_response, choice_stream,
-                                         completion_response, divide_reply, echoed_prompt, error_body, finish_reason,
-                                         marker_ids, partial_calls, reply_text, usage)
+from linnet.serve.openai_replies import (ChunkWriter, answer_start, calls_after, chat_message, chat_response,
+                                         choice_stream, completion_response, divide_reply, echoed_prompt, error_body,
+                                         finish_reason, marker_ids, partial_calls, reply_text, usage)
 from linnet.serve.request import RequestError
 from linnet.serve.responses_api import (ResponseWriter, ResponsesCall, chat_body, conversation_after, input_items,
                                         read_call, response)

@@ -1,10 +1,12 @@
 """Real weights: SmolLM2-135M-Instruct from the embedded GGUF, on the torch and JAX backends
-(f32, exact numerics), against transformers' LlamaForCausalLM built from the same file.
+(f32, exact numerics; and bf16, fast), against transformers' LlamaForCausalLM built from the same file.
 
 - logits over a pack of prompts: max|ours - ref| / max|ref| <= 1e-3 for each prompt;
 - the first 32 greedy tokens of 4 chat prompts (run together through the engine): identical across
   transformers, torch and JAX;
-- the answer to "What is the capital of France?" names Paris.
+- the answer to "What is the capital of France?" names Paris;
+- in bf16 with fast numerics, the logits no further from transformers' f32 ones than transformers'
+  own bf16 allows (`test_bf16_logits_near_transformers_bf16`).
 
 One model per backend is loaded for the whole module (module-scoped, parametrized
 fixture), and the transformers reference shares its dequantized tensors with
