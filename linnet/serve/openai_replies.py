@@ -28,9 +28,9 @@ def read_tool_calls(job: Job, text: str) -> tuple:
 def _call_text(job: Job, text: str) -> str | None:
     """The part of a chat choice's text its tool parser reads: the answer, past a reasoning model's
     thinking (None while it thinks), but for a parser that reads the whole reply (harmony)."""
-    if getattr(job.tool_parser, "reads_whole_reply", False) or job.reasoning is None:
+    if getattr(job.tool_parser, "reads_whole_reply", False):
         return text
-    answer = answer_start(job, text)
+    answer = answer_start(job, text)  # 0 without a reasoning parser
     return None if answer is None else text[answer:]
 
 
