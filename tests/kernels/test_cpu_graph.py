@@ -167,3 +167,21 @@ def test_a_step_the_replay_cannot_take_stays_eager_and_right(monkeypatch):
     again = np.asarray(runner.decode(tokens, positions))  # eager from now on: the same step, the same logits
     np.testing.assert_allclose(again, got, rtol=1e-6, atol=1e-6)
     assert runner.compiles == 1
+
+
+def test_a_capture_does_not_import_dynamo():
+    """A dispatch mode's first call would import torch._dynamo (2.3 s of an eager process's start on
+    this CPU) unless the mode opts out; a fresh process shows whether it did."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, torch\n"
+        "from linnet.kernels import cpu_graph\n"
+        "with cpu_graph.capture() as graph:\n"
+        "    torch.ones(3) + torch.ones(3)\n"
+        "assert graph.unsupported is None, graph.unsupported\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
