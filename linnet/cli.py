@@ -224,7 +224,9 @@ def _use_chat_template(model, given: str | None) -> None:
 def _default_compile_cache() -> str:
     if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         return os.environ["JAX_COMPILATION_CACHE_DIR"]
-    return os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "linnet", "xla")
+    from linnet import user_cache
+
+    return str(user_cache.directory("xla"))
 
 
 def _use_compile_cache(args) -> None:

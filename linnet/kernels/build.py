@@ -1,9 +1,9 @@
 """Building Linnet's C kernels: once per source, flags and compiler, into a user cache; and the one
 check of whether this CPU should run them.
 
-The libraries go to `$LINNET_CACHE/kernels` (default `~/.cache/linnet/kernels`), named by a hash
-of what went into them, and are written atomically: processes racing to build each load a whole
-file. A failed build warns once and leaves the caller on its library's kernels.
+The libraries go to the user cache (`linnet.user_cache`: `~/.cache/linnet/kernels`), named by a
+hash of what went into them, and are written atomically: processes racing to build each load a
+whole file. A failed build warns once and leaves the caller on its library's kernels.
 """
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ import platform
 import shutil
 import subprocess
 import sys
-import tempfile
 import warnings
 from pathlib import Path
 
 import torch
+
+from linnet import user_cache
 
 HERE = Path(__file__).parent
 TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # kernels.h's type codes, for torch's types
@@ -106,22 +107,14 @@ def _built(name: str, sources: list[Path], flags: list[str]) -> Path:
     digest = hashlib.sha256(compiler.encode() + " ".join(flags + LIBS).encode())
     for source in sorted(set(sources) | set(HERE.glob("*.h"))):
         digest.update(source.read_bytes())
-    cache = Path(os.environ.get("LINNET_CACHE") or Path.home() / ".cache" / "linnet") / "kernels"
-    target = cache / f"{name}-{digest.hexdigest()[:16]}.so"
+    target = user_cache.directory("kernels") / f"{name}-{digest.hexdigest()[:16]}.so"
     if target.exists():
         return target
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=cache, suffix=".so", delete=False) as tmp:
-        pass
-    try:
+    with user_cache.replacing(target) as tmp:
         try:
-            subprocess.run([compiler, *flags, *map(str, sources), *LIBS, "-o", tmp.name], check=True,
+            subprocess.run([compiler, *flags, *map(str, sources), *LIBS, "-o", tmp], check=True,
                            capture_output=True, text=True)
         except OSError as e:  # not there, not a program
             whence = " (the CC environment variable)" if os.environ.get("CC") else ""
             raise OSError(f"the C compiler {compiler}{whence} does not run: {e.strerror or e}") from None
-        os.replace(tmp.name, target)
-    finally:
-        if os.path.exists(tmp.name):
-            os.unlink(tmp.name)
     return target
