@@ -210,16 +210,14 @@ def _copy_tokenizer_keys(src: GGUFCheckpoint, writer, vocab_size: int) -> None:
     """Every `tokenizer.*` key of the source GGUF, with its value type (arrays keep their element
     type); a token list shorter than the model's vocabulary padded to it, as llama.cpp sizes the
     embedding by the list (unused pieces, as `_write_tokenizer_keys` pads)."""
-    from gguf import GGUFValueType
-
     per_token = {"tokenizer.ggml.tokens": lambda i: f"[PAD{i}]", "tokenizer.ggml.token_type": lambda i: UNUSED,
                  "tokenizer.ggml.scores": lambda i: -1000.0}
     for key, field in src.fields().items():
         if key.startswith("tokenizer."):
-            vtype, value = field.types[0], field.contents()
+            value = field.value
             if key in per_token and len(value) < vocab_size:
                 value = list(value) + [per_token[key](i) for i in range(len(value), vocab_size)]
-            writer.add_key_value(key, value, vtype, field.types[-1] if vtype == GGUFValueType.ARRAY else None)
+            writer.add_key_value(key, value, field.type, field.element_type)
 
 
 def _write_tokenizer_keys(tok, writer, vocab_size: int) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from . import gguf_file, mxfp4
+from . import mxfp4
 from .errors import WeightsError
 
 SAFETENSORS_FILE = "model.safetensors"
@@ -286,34 +286,13 @@ _GGUF_ARCHS = {
 # checkpoint) takes them as one tensor whose rows interleave gate, up, gate, up, ...
 _JOINED = ("ffn_gate_exps", "ffn_up_exps", "ffn_gate_up_exps")
 
-# Types that hold plain numbers rather than quantized blocks.
-_GGUF_PLAIN_INT = {"I8", "I16", "I32", "I64"}
-
-
-def _field_value(field) -> Any:
-    """A GGUF metadata field as a Python value (str, int, float, bool, list)."""
-    if hasattr(field, "contents"):
-        return field.contents()
-    # older gguf packages: decode the parts ourselves
-    from gguf import GGUFValueType
-
-    def one(part, vtype):
-        if vtype == GGUFValueType.STRING:
-            return bytes(part).decode("utf-8")
-        value = part.tolist()[0]
-        return bool(value) if vtype == GGUFValueType.BOOL else value
-
-    if field.types[0] == GGUFValueType.ARRAY:
-        return [one(field.parts[i], field.types[-1]) for i in field.data]
-    return one(field.parts[field.data[0]], field.types[0])
-
 
 class GGUFCheckpoint(Checkpoint):
     """A llama.cpp GGUF file.
 
-    `load` dequantizes with the gguf package's own routines to float32
-    (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q6_K and whatever else it
-    supports). Names stay GGUF's (`blk.0.attn_q.weight`), and q/k rows stay
+    The header is read by `gguf_file`; `load` dequantizes with the gguf
+    package's own routines to float32 (F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K,
+    Q6_K and whatever else it supports). Names stay GGUF's (`blk.0.attn_q.weight`), and q/k rows stay
     in llama.cpp's rope order: see `transforms.unpermute_rope`.
     """
 
@@ -325,14 +304,13 @@ class GGUFCheckpoint(Checkpoint):
             raise WeightsError(f"{self.path}: no such file")
         if importlib.util.find_spec("gguf") is None:
             raise WeightsError(f"{self.path}: reading GGUF files needs the 'gguf' package (pip install gguf)")
+        from . import gguf_file  # needs the gguf package, which only GGUF files do
+
         try:
-            self._reader = gguf_file.open_reader(self.path)
-        except Exception as e:  # truncated, not GGUF, unsupported version
-            detail = _gguf_overrun(self.path)
-            raise WeightsError(f"{self.path}: cannot read GGUF file ({e}){detail}; "
-                               "it may be truncated or corrupt") from None
-        self._tensors = {t.name: t for t in self._reader.tensors}
-        self._values: dict[str, Any] = {}
+            self._file = gguf_file.GGUFFile(self.path)
+        except gguf_file.GGUFFormatError as e:  # truncated, not GGUF, unsupported version
+            raise WeightsError(f"{self.path}: cannot read GGUF file ({e}); it may be truncated or corrupt") from None
+        self._tensors = self._file.tensors
         self._joined: dict[str, tuple[str, str]] = {}  # a gpt-oss name -> its gate and up tensors
         if self.architecture == "gpt-oss":
             gate, up, joined = _JOINED
@@ -343,21 +321,13 @@ class GGUFCheckpoint(Checkpoint):
 
     # -- metadata
 
-    def metadata_keys(self) -> list[str]:
-        return list(self._reader.fields)
-
     def fields(self) -> dict:
-        """The raw key/value fields (gguf's ReaderField, value types included), for copying them out."""
-        return dict(self._reader.fields)
+        """The metadata's fields (`gguf_file.Field`: value types included), for copying them out."""
+        return dict(self._file.fields)
 
     def metadata(self, key: str, default: Any = None) -> Any:
         """A metadata value by its GGUF key, e.g. "llama.block_count"."""
-        if key not in self._values:
-            field = self._reader.fields.get(key)
-            if field is None:
-                return default
-            self._values[key] = _field_value(field)
-        return self._values[key]
+        return self._file.value(key, default)
 
     @property
     def architecture(self) -> str:
@@ -382,11 +352,10 @@ class GGUFCheckpoint(Checkpoint):
         if name in self._joined:  # gate's rows and up's, interleaved
             gate = self.shape(self._joined[name][0])
             return (gate[0], 2 * gate[1], *gate[2:])
-        # GGUF lists dims fastest-first (ggml's ne); PyTorch lists them slowest-first.
-        return tuple(int(n) for n in reversed(self._tensor(name).shape.tolist()))
+        return self._tensor(name).shape
 
     def stored_dtype(self, name: str) -> str:
-        return self._tensor(self._joined.get(name, (name,))[0]).tensor_type.name.lower()
+        return self._tensor(self._joined.get(name, (name,))[0]).type.name.lower()
 
     def load(self, name: str, framework: str = "numpy"):
         """Float32 for every float or quantized type (integers keep theirs).
@@ -411,18 +380,20 @@ class GGUFCheckpoint(Checkpoint):
 
     def _array(self, name: str) -> np.ndarray:
         t = self._tensor(name)
-        kind = t.tensor_type.name
-        if kind in _GGUF_PLAIN_INT:
-            return np.asarray(t.data).reshape(self.shape(name))
+        if t.data.dtype != np.uint8:  # plain numbers (`gguf_file.PLAIN_TYPES`), not blocks of bytes
+            return t.data if t.data.dtype.kind == "i" else t.data.astype(np.float32, copy=False)
+        if self._file.byte_order != "<":
+            raise WeightsError(f"{self.path}: tensor {name!r} is {t.type.name} in a big-endian GGUF, whose blocks "
+                               "cannot be decoded here")
         from gguf.quants import dequantize
 
         try:
-            arr = dequantize(t.data, t.tensor_type)  # MXFP4 (gpt-oss's experts) too
+            arr = dequantize(t.data, t.type)  # MXFP4 (gpt-oss's experts) too
         except NotImplementedError:
             raise WeightsError(
-                f"{self.path}: tensor {name!r} is {kind}, which this gguf package cannot dequantize"
+                f"{self.path}: tensor {name!r} is {t.type.name}, which this gguf package cannot dequantize"
             ) from None
-        return np.asarray(arr, dtype=np.float32).reshape(self.shape(name))
+        return np.asarray(arr, dtype=np.float32).reshape(t.shape)
 
     # -- config
 
@@ -524,82 +495,6 @@ class GGUFCheckpoint(Checkpoint):
         if attn is not None:
             scaling["attention_factor"] = float(attn)
         return scaling
-
-
-def _gguf_overrun(path: str) -> str:
-    """", tensor 'x' needs bytes up to N but the file has M" for a GGUF cut short, else "".
-
-    Walks the header by hand (GGUFReader gives up on a short file without
-    saying which tensor): metadata, then each tensor's name, dims, type and
-    offset; data starts at the next multiple of general.alignment."""
-    import struct
-
-    try:
-        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
-        import mmap
-
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        pos = 0
-
-        def take(fmt):
-            nonlocal pos
-            vals = struct.unpack_from("<" + fmt, data, pos)
-            pos += struct.calcsize("<" + fmt)
-            return vals[0] if len(vals) == 1 else vals
-
-        def string():
-            nonlocal pos
-            n = take("Q")
-            s = data[pos:pos + n].decode("utf-8", "replace")
-            pos += n
-            return s
-
-        scalar = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-
-        def value(vtype):
-            if vtype == 8:
-                return string()
-            if vtype == 9:
-                etype, count = take("I"), take("Q")
-                if etype in scalar:
-                    nonlocal pos
-                    pos += struct.calcsize("<" + scalar[etype]) * count
-                    return None
-                return [value(etype) for _ in range(count)]
-            return take(scalar[vtype])
-
-        if data[:4] != b"GGUF":
-            return ""
-        pos = 4
-        take("I")  # version
-        n_tensors, n_kv = take("Q"), take("Q")
-        alignment = 32
-        for _ in range(n_kv):
-            key, vtype = string(), take("I")
-            v = value(vtype)
-            if key == "general.alignment":
-                alignment = int(v)
-        infos = []
-        for _ in range(n_tensors):
-            name = string()
-            dims = [take("Q") for _ in range(take("I"))]
-            ttype, offset = take("I"), take("Q")
-            block, nbytes = GGML_QUANT_SIZES[GGMLQuantizationType(ttype)]
-            count = 1
-            for d in dims:
-                count *= d
-            infos.append((name, list(reversed(dims)), offset, count // block * nbytes))
-        start = (pos + alignment - 1) // alignment * alignment
-        for name, shape, offset, nbytes in sorted(infos, key=lambda i: i[2] + i[3]):
-            end = start + offset + nbytes
-            if end > size:
-                return f": tensor {name!r} {shape} needs bytes up to {end}, but the file has {size}"
-    except Exception:  # cut inside the header, or not GGUF at all
-        return ""
-    return ""
 
 
 # --------------------------------------------------------------------- choose

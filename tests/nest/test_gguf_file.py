@@ -1,46 +1,170 @@
-"""`gguf_file.open_reader`: gguf's own reader, parsing through a plain view of its memory map,
-reads what the stock reader reads: every field's parts and every tensor's bytes."""
+"""`gguf_file.GGUFFile`, Linnet's own reading of a GGUF header: it reads what gguf's reader reads
+(the embedded model, a written vocabulary), gives back what gguf's writer was handed (random
+metadata and tensors, either byte order), and a file cut anywhere is a `GGUFFormatError` that
+says where, never another exception."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
-
-from linnet.nest import gguf_file
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 gguf = pytest.importorskip("gguf")
 
+from linnet.nest.gguf_file import GGUFFile, GGUFFormatError  # noqa: E402  (needs gguf)
 
-def same_reading(path):
-    quick, stock = gguf_file.open_reader(str(path)), gguf.GGUFReader(str(path))
-    assert type(quick) is not gguf.GGUFReader  # the plain-view reader is the one in use
-    assert list(quick.fields) == list(stock.fields)
-    for name, field in stock.fields.items():
-        mine = quick.fields[name]
-        assert (mine.offset, mine.types, mine.data) == (field.offset, field.types, field.data), name
-        assert len(mine.parts) == len(field.parts), name
-        for a, b in zip(mine.parts, field.parts):
-            assert a.dtype == b.dtype and np.array_equal(a, b), name
-    assert [t.name for t in quick.tensors] == [t.name for t in stock.tensors]
-    for a, b in zip(quick.tensors, stock.tensors):
-        assert (a.tensor_type, list(a.shape), a.n_elements, a.data_offset) == \
-            (b.tensor_type, list(b.shape), b.n_elements, b.data_offset), a.name
-        assert a.data.dtype == b.data.dtype and a.data.tobytes() == b.data.tobytes(), a.name
-    return quick
+V = gguf.GGUFValueType
+Q = gguf.GGMLQuantizationType
 
 
-def test_the_embedded_gguf_reads_as_the_stock_reader_reads_it(gguf_path):
-    reader = same_reading(gguf_path)
-    assert len(reader.fields["tokenizer.ggml.tokens"].data) == 49152  # SmolLM2's vocabulary, every string
+def reads_as_gguf_reads(path):
+    ours, stock = GGUFFile(str(path)), gguf.GGUFReader(str(path))
+    keys = [k for k in stock.fields if not k.startswith("GGUF.")]  # its own pseudo-keys: version and counts
+    assert list(ours.fields) == keys
+    for key in keys:
+        field, mine = stock.fields[key], ours.fields[key]
+        assert mine.value == field.contents(), key
+        assert mine.type == field.types[0], key
+        assert mine.element_type == (field.types[-1] if field.types[0] == V.ARRAY else None), key
+    assert list(ours.tensors) == [t.name for t in stock.tensors]
+    for t in stock.tensors:
+        mine = ours.tensors[t.name]
+        assert (mine.type, mine.shape, mine.offset) == (t.tensor_type, tuple(reversed(t.shape.tolist())), t.data_offset)
+        assert mine.data.dtype == t.data.dtype and mine.data.shape == t.data.shape, t.name
+        assert mine.data.tobytes() == t.data.tobytes() and not mine.data.flags.writeable, t.name
+    return ours
 
 
-def test_a_written_gguf_reads_the_same(spm_gguf):
-    same_reading(spm_gguf)
+def test_the_embedded_gguf_reads_as_gguf_reads_it(gguf_path):
+    file = reads_as_gguf_reads(gguf_path)
+    assert len(file.fields["tokenizer.ggml.tokens"].value) == 49152  # SmolLM2's vocabulary, every string
 
 
-def test_a_reader_of_another_spelling_is_used_as_it_is():
-    class Other:
-        def _get(self, offset, dtype, count=1):  # not the signature the plain view overrides
-            pass
+def test_a_written_vocabulary_reads_as_gguf_reads_it(spm_gguf):
+    reads_as_gguf_reads(spm_gguf)
 
-    assert gguf_file._reader_class(Other) is Other
+
+# -- what the writer was handed comes back
+
+SCALARS = {
+    V.UINT8: st.integers(0, 2 ** 8 - 1), V.INT8: st.integers(-2 ** 7, 2 ** 7 - 1),
+    V.UINT16: st.integers(0, 2 ** 16 - 1), V.INT16: st.integers(-2 ** 15, 2 ** 15 - 1),
+    V.UINT32: st.integers(0, 2 ** 32 - 1), V.INT32: st.integers(-2 ** 31, 2 ** 31 - 1),
+    V.UINT64: st.integers(0, 2 ** 64 - 1), V.INT64: st.integers(-2 ** 63, 2 ** 63 - 1),
+    V.FLOAT32: st.floats(width=32, allow_nan=False), V.FLOAT64: st.floats(allow_nan=False),
+    V.BOOL: st.booleans(), V.STRING: st.text(max_size=12),
+}
+
+
+@st.composite
+def fields(draw):
+    """(key, value, value type, element type) x a few: scalars of every type, and arrays of them
+    (not empty: gguf's writer refuses those)."""
+    out = []
+    for i in range(draw(st.integers(0, 6))):
+        vtype = draw(st.sampled_from(sorted(SCALARS)))
+        if draw(st.booleans()):
+            out.append((f"test.array{i}", draw(st.lists(SCALARS[vtype], min_size=1, max_size=40)), V.ARRAY, vtype))
+        else:
+            out.append((f"test.scalar{i}", draw(SCALARS[vtype]), vtype, None))
+    return out
+
+
+@st.composite
+def tensors(draw):
+    """name -> (array as stored, GGML type or None for the array's own): plain numbers and Q8_0 blocks."""
+    out = {}
+    for i in range(draw(st.integers(0, 4))):
+        rows = draw(st.integers(1, 3))
+        kind = draw(st.sampled_from(["f32", "f16", "i32", "q8_0"]))
+        rng = np.random.default_rng(draw(st.integers(0, 2 ** 32 - 1)))
+        if kind == "q8_0":
+            values = rng.standard_normal((rows, 32 * draw(st.integers(1, 2)))).astype(np.float32)
+            out[f"t{i}"] = (gguf.quants.quantize(values, Q.Q8_0), Q.Q8_0)
+        elif kind == "i32":
+            out[f"t{i}"] = (rng.integers(-1000, 1000, (rows, draw(st.integers(1, 9)))).astype(np.int32), None)
+        else:
+            out[f"t{i}"] = (rng.standard_normal((rows, draw(st.integers(1, 9)))).astype(kind.replace("f", "float")), None)
+    return out
+
+
+def write(path, keys, stored, byte_order="<"):
+    endian = gguf.GGUFEndian.BIG if byte_order == ">" else gguf.GGUFEndian.LITTLE
+    w = gguf.GGUFWriter(str(path), "llama", endianess=endian)
+    for key, value, vtype, etype in keys:
+        w.add_key_value(key, value, vtype, etype)
+    for name, (data, qtype) in stored.items():
+        w.add_tensor(name, data.copy(), raw_dtype=qtype)  # a copy: a big-endian writer swaps the bytes in place
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def same_value(a, b) -> bool:
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(same_value, a, b))
+    if isinstance(a, float):
+        return a == b or (math.isinf(a) and a == b)
+    return a == b and type(a) is type(b)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(keys=fields(), stored=tensors(), byte_order=st.sampled_from("<>"))
+def test_what_the_writer_was_handed_comes_back(tmp_path_factory, keys, stored, byte_order):
+    path = write(tmp_path_factory.mktemp("g") / "t.gguf", keys, stored, byte_order)
+    file = GGUFFile(str(path))
+    assert file.byte_order == byte_order and file.version == 3
+    assert file.value("general.architecture") == "llama"
+    for key, value, vtype, etype in keys:
+        field = file.fields[key]
+        assert (field.type, field.element_type) == (vtype, etype), key
+        if vtype == V.FLOAT32 or etype == V.FLOAT32:  # written as float32: compare as float32
+            value = np.float32(value).tolist() if vtype != V.ARRAY else np.asarray(value, np.float32).tolist()
+        assert same_value(field.value if vtype != V.BOOL else bool(field.value), value), key
+    assert list(file.tensors) == list(stored)
+    for name, (data, qtype) in stored.items():
+        t = file.tensors[name]
+        assert t.type == (qtype if qtype is not None else {"float32": Q.F32, "float16": Q.F16, "int32": Q.I32}[data.dtype.name])
+        assert t.data.shape == data.shape and t.offset % file.alignment == 0
+        np.testing.assert_array_equal(np.asarray(t.data, data.dtype.newbyteorder("=")), data)
+
+
+def test_a_file_cut_anywhere_says_where(tmp_path):
+    keys = [("test.words", ["one", "two", "three"], V.ARRAY, V.STRING), ("test.n", 7, V.UINT32, None)]
+    stored = {"a": (np.arange(12, dtype=np.float32).reshape(3, 4), None),
+              "b": (np.ones((2, 64), np.float32), None)}
+    whole = write(tmp_path / "whole.gguf", keys, stored).read_bytes()
+    a = GGUFFile(str(tmp_path / "whole.gguf")).tensors["a"]
+    header_end, a_end = a.offset, a.offset + a.nbytes
+    cut = tmp_path / "cut.gguf"
+    for size in range(len(whole)):
+        cut.write_bytes(whole[:size])
+        with pytest.raises(GGUFFormatError) as err:
+            GGUFFile(str(cut))
+        message = str(err.value)
+        if size == 0:
+            assert message == "the file is empty"
+        elif size < 4:
+            assert message.startswith("not a GGUF file")
+        elif size < header_end - 32:  # within the header (its last bytes may be the padding before the data)
+            assert "cut short at byte" in message or message.startswith("not a GGUF file"), (size, message)
+        elif size >= header_end:  # in the data: the tensor that runs past the end is named
+            first_short = "'a'" if size < a_end else "'b'"
+            assert message.startswith(f"tensor {first_short}") and message.endswith(f"but the file has {size}"), (size, message)
+
+
+def test_damaged_headers_are_named(tmp_path):
+    good = write(tmp_path / "good.gguf", [], {"w": (np.ones((1, 4), np.float32), None)}).read_bytes()
+    cases = {
+        b"GGUX" + good[4:]: "not a GGUF file",
+        good[:4] + (9).to_bytes(4, "little") + good[8:]: "GGUF version 9",
+    }
+    for i, (data, message) in enumerate(cases.items()):
+        (tmp_path / f"bad{i}.gguf").write_bytes(data)
+        with pytest.raises(GGUFFormatError, match=message):
+            GGUFFile(str(tmp_path / f"bad{i}.gguf"))
