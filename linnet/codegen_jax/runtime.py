@@ -533,8 +533,10 @@ def expert_linear(x, w, experts, bias=None):
     chosen = experts.reshape(-1)
     order = jnp.argsort(chosen, stable=True)
     counts = jnp.bincount(chosen, length=w.shape[0]).astype(jnp.int32)
-    # rows in the weight's type (f32 activations meet a 16-bit weight on the CPU: `gather_rows`)
-    out = jax.lax.ragged_dot_general(rows[order].astype(w.dtype), w, counts, _BY_EXPERT, preferred_element_type=x.dtype)
+    # f32 activations meet a 16-bit weight on the CPU (`gather_rows`): the weight widens, as in `linear`'s
+    # XLA-dot fallback, rather than the rows rounding (the CPU's ragged dot is a dense one over every expert)
+    w_dot = w.astype(rows.dtype) if rows.dtype != w.dtype else w
+    out = jax.lax.ragged_dot_general(rows[order], w_dot, counts, _BY_EXPERT, preferred_element_type=x.dtype)
     y = jnp.zeros_like(out).at[order].set(out, unique_indices=True)
     if bias is not None:
         y = y + bias[chosen]

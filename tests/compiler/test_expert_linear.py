@@ -95,3 +95,22 @@ def test_16_bit_types_round_once(dtype):
         out = torch_expert_linear(xt, wt, torch.from_numpy(chosen), None, grouped)
         assert out.dtype == dtype
         assert np.abs(out.float().numpy() - ref).max() <= 4 * eps * np.abs(ref).max(), grouped
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_f32_rows_meet_a_16_bit_weight_unrounded(dtype):
+    """The CPU carries activations in f32 over 16-bit weights (`gather_rows`): the rows are not
+    rounded to the weight's type on the way in, in either runtime; f32's accuracy, on the weight's
+    own values."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((7, 64)).astype(np.float32)
+    w32 = (rng.standard_normal((4, 16, 64)) / 8).astype(np.float32)
+    chosen = rng.integers(0, 4, (7, 2)).astype(np.int32)
+    wt = torch.from_numpy(w32).to(getattr(torch, dtype))
+    ref = reference(x, wt.float().numpy(), chosen, None)  # the weight's values, the rows' as they are
+    tol = 1e-5 * np.abs(ref).max()
+    outs = [torch_expert_linear(torch.from_numpy(x), wt, torch.from_numpy(chosen), None, g) for g in (True, False)]
+    outs.append(jrt.expert_linear(jnp.asarray(x), jnp.asarray(wt.float().numpy()).astype(dtype), jnp.asarray(chosen)))
+    for name, out in zip(("torch grouped", "torch per expert", "jax"), outs):
+        out = np.asarray(out.float() if isinstance(out, torch.Tensor) else out, np.float32)
+        assert np.abs(out - ref).max() <= tol, (name, np.abs(out - ref).max() / np.abs(ref).max())
