@@ -513,6 +513,11 @@ def _bits(a):
     return jax.lax.bitcast_convert_type(a, jnp.uint16) if a.dtype in HALF_FLOATS else a
 
 
+def _bits_type(dtype):
+    """The type `_bits` gives an array of `dtype`."""
+    return jnp.uint16 if dtype in HALF_FLOATS else dtype
+
+
 def _unbits(a, dtype):
     return jax.lax.bitcast_convert_type(a, dtype) if a.dtype != dtype else a
 
@@ -698,8 +703,9 @@ class JaxModel:
 
     def reset_state(self):
         # Donated at every call, each buffer is the one the next call writes: read where it lies.
-        self.state_bits = {name: _on_huge_pages(jax.device_put(_bits(jnp.zeros(shape, DTYPES[dtype])),
-                                                               self._placement(self.shard_state.get(name), shape)))
+        # Zeros are zeros in any type: made as their bits, where they go (no conversion to compile).
+        self.state_bits = {name: _on_huge_pages(jnp.zeros(shape, _bits_type(DTYPES[dtype]),
+                                                          device=self._placement(self.shard_state.get(name), shape)))
                            for name, (shape, dtype) in self.state.items()}
 
     @property
