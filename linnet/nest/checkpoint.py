@@ -292,8 +292,9 @@ class GGUFCheckpoint(Checkpoint):
 
     The header is read by `gguf_file`; `load` dequantizes with the gguf
     package's own routines to float32 (F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K,
-    Q6_K and whatever else it supports). Names stay GGUF's (`blk.0.attn_q.weight`), and q/k rows stay
-    in llama.cpp's rope order: see `transforms.unpermute_rope`.
+    Q6_K and whatever else it supports). Names stay GGUF's
+    (`blk.0.attn_q.weight`), and q/k rows stay in llama.cpp's rope order:
+    see `transforms.unpermute_rope`.
     """
 
     format = "gguf"
@@ -381,7 +382,8 @@ class GGUFCheckpoint(Checkpoint):
     def _array(self, name: str) -> np.ndarray:
         t = self._tensor(name)
         if t.data.dtype != np.uint8:  # plain numbers (`gguf_file.PLAIN_TYPES`), not blocks of bytes
-            return t.data if t.data.dtype.kind == "i" else t.data.astype(np.float32, copy=False)
+            native = t.data.dtype.newbyteorder("=") if t.data.dtype.kind == "i" else np.float32
+            return t.data.astype(native, copy=False)  # the file's own bytes where they are already so
         if self._file.byte_order != "<":
             raise WeightsError(f"{self.path}: tensor {name!r} is {t.type.name} in a big-endian GGUF, whose blocks "
                                "cannot be decoded here")

@@ -175,6 +175,30 @@ def test_k_quant_plumbing(tmp_path, qtype):
     np.testing.assert_array_equal(got, want)
 
 
+def test_a_big_endian_gguf_loads_its_plain_tensors(tmp_path):
+    """Written on a big-endian machine: numbers come back as numbers (in this machine's order, for
+    torch too); quantized blocks, whose scales gguf's decoders read in this machine's order, are
+    refused by name rather than decoded wrong."""
+    x = np.arange(8, dtype=np.float32).reshape(2, 4) - 3.5
+    ids = np.arange(6, dtype=np.int32).reshape(2, 3) * 1000
+    q = quantize(np.ones((2, 32), np.float32), Q.Q8_0)
+    w = gguf.GGUFWriter(str(tmp_path / "be.gguf"), "llama", endianess=gguf.GGUFEndian.BIG)
+    for name, data, qtype in (("x", x.copy(), None), ("h", x.astype(np.float16), None), ("ids", ids.copy(), None),
+                              ("q", q, Q.Q8_0)):
+        w.add_tensor(name, data, raw_dtype=qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ckpt = GGUFCheckpoint(tmp_path / "be.gguf")
+    assert ckpt.architecture == "llama"
+    np.testing.assert_array_equal(ckpt.load("x"), x)
+    np.testing.assert_array_equal(ckpt.load("h"), x)
+    np.testing.assert_array_equal(ckpt.load("ids", "torch").numpy(), ids)
+    with pytest.raises(WeightsError, match="tensor 'q' is Q8_0 in a big-endian GGUF"):
+        ckpt.load("q")
+
+
 def test_truncated_gguf(tmp_path):
     x = np.ones((4, 32), np.float32)
     path = write_gguf(tmp_path / "t.gguf", {"w": (x, None)})
