@@ -15,10 +15,17 @@ from pathlib import Path
 
 
 def directory(*parts: str) -> Path:
-    """The cache folder `parts` under the root (not created)."""
+    """The cache folder `parts` under the root (not created). An OSError where there is no root:
+    no LINNET_CACHE or XDG_CACHE_HOME, and no home directory."""
     root = os.environ.get("LINNET_CACHE")
     if not root:
-        root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "linnet"
+        base = os.environ.get("XDG_CACHE_HOME")
+        if not base:
+            try:
+                base = Path.home() / ".cache"
+            except RuntimeError:  # no HOME, and no user entry to find it by
+                raise OSError("no home directory to keep a cache in; set LINNET_CACHE") from None
+        root = Path(base) / "linnet"
     return Path(root, *parts)
 
 

@@ -30,3 +30,14 @@ def test_an_entry_appears_whole_or_not_at_all(tmp_path):
             raise RuntimeError("the writer failed")
     assert target.read_text() == "first"  # the old entry stands, and no temporary is left beside it
     assert sorted(p.name for p in target.parent.iterdir()) == ["entry"]
+
+
+def test_no_home_is_an_os_error_that_says_what_to_set(monkeypatch):
+    monkeypatch.delenv("LINNET_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+
+    def no_home():
+        raise RuntimeError("Could not determine home directory.")
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    with pytest.raises(OSError, match="set LINNET_CACHE"):
+        user_cache.directory("kernels")

@@ -28,13 +28,15 @@ def _parser() -> lark.Lark:
     """The run-time parser, its tables read back from the user cache when an earlier process left
     them there: building them is 0.3-0.5 s of every start on this CPU, reading them 0.02 s. Keyed
     by the grammar and Lark's version; anything wrong with the cache just means building."""
-    grammar = _grammar()
-    key = hashlib.sha256(f"{lark.__version__}\n{grammar}".encode()).hexdigest()[:16]
-    path = user_cache.directory("parser") / f"linnet-{key}.lark"
+    key = hashlib.sha256(f"{lark.__version__}\n{_grammar()}".encode()).hexdigest()[:16]
+    try:
+        path = user_cache.directory("parser") / f"linnet-{key}.lark"
+    except OSError:  # nowhere to keep a cache
+        return build_parser()
     try:
         with open(path, "rb") as f:
             return lark.Lark.load(f)
-    except Exception:  # none yet, or one this Lark cannot read
+    except Exception:  # none yet, or one this Lark cannot read: built, and written (over it)
         pass
     parser = build_parser()
     try:
