@@ -12,6 +12,7 @@ tensor runs past the end of the file, or at which byte the header stops making s
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
 from dataclasses import dataclass
@@ -141,7 +142,7 @@ class _HeaderReader:
         except ValueError:
             raise GGUFFormatError(f"unknown value type {code} at byte {at}") from None
 
-    def value(self, vtype: GGUFValueType) -> tuple[Any, GGUFValueType | None]:
+    def value(self, vtype: GGUFValueType, depth: int = 0) -> tuple[Any, GGUFValueType | None]:
         """(the value, its arrays' innermost element type or None)"""
         if vtype == GGUFValueType.STRING:
             return self.string(), None
@@ -171,9 +172,11 @@ class _HeaderReader:
                 pos += n
             self.pos = pos
             return values, etype
+        if depth >= 8:  # arrays of arrays have a use; arrays nested this deep are a damaged header
+            raise GGUFFormatError(f"arrays nested more than 8 deep at byte {self.pos}")
         values, inner = [], etype  # arrays of arrays
         for _ in range(count):
-            value, inner = self.value(etype)
+            value, inner = self.value(etype, depth + 1)
             values.append(value)
         return values, inner
 
@@ -188,6 +191,8 @@ class _HeaderReader:
         if n_dims > 8:  # ggml has 4; anything past a few is a damaged header, not a tensor
             raise GGUFFormatError(f"tensor {name!r} has {n_dims} dims")
         dims = [self.take("Q") for _ in range(n_dims)]
+        if any(d >= 2 ** 63 for d in dims):  # more than an array can index, even beside a dim of 0
+            raise GGUFFormatError(f"tensor {name!r} has the dims {dims}")
         code = self.take("I")
         try:
             ttype = GGMLQuantizationType(code)
@@ -214,7 +219,7 @@ class _HeaderReader:
                 raise GGUFFormatError(f"tensor {name!r} appears twice")
             names.add(name)
             block, block_bytes = GGML_QUANT_SIZES[ttype]
-            count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+            count = math.prod(shape)  # Python's integers: a damaged dim overflows nothing, and is caught below
             if shape and shape[-1] % block:
                 raise GGUFFormatError(f"tensor {name!r} {list(shape)}: a row of {shape[-1]} is not whole "
                                       f"{ttype.name} blocks of {block}")

@@ -6,6 +6,7 @@ says where, never another exception."""
 from __future__ import annotations
 
 import math
+import struct
 
 import numpy as np
 import pytest
@@ -160,11 +161,38 @@ def test_a_file_cut_anywhere_says_where(tmp_path):
 
 def test_damaged_headers_are_named(tmp_path):
     good = write(tmp_path / "good.gguf", [], {"w": (np.ones((1, 4), np.float32), None)}).read_bytes()
+    # one F32 tensor of dims (0, 2**64 - 1): no values, and a dim no array can have
+    empty_but_vast = (b"GGUF" + struct.pack("<IQQ", 3, 1, 0) + struct.pack("<Q", 1) + b"a"
+                      + struct.pack("<IQQIQ", 2, 0, 2 ** 64 - 1, 0, 0)).ljust(64, b"\0")
     cases = {
         b"GGUX" + good[4:]: "not a GGUF file",
         good[:4] + (9).to_bytes(4, "little") + good[8:]: "GGUF version 9",
+        empty_but_vast: r"tensor 'a' has the dims \[0, 18446744073709551615\]",
     }
     for i, (data, message) in enumerate(cases.items()):
         (tmp_path / f"bad{i}.gguf").write_bytes(data)
         with pytest.raises(GGUFFormatError, match=message):
             GGUFFile(str(tmp_path / f"bad{i}.gguf"))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(data=st.data())
+def test_a_damaged_header_reads_or_says_so(tmp_path_factory, data):
+    """Bytes of the header overwritten at random: the file reads (the damage fell in a value), or
+    is a GGUFFormatError; never another exception, never a hang."""
+    folder = tmp_path_factory.mktemp("d")
+    keys = [("test.words", ["one", "two", "three"], V.ARRAY, V.STRING), ("test.n", 7, V.UINT32, None),
+            ("test.f", [1.5, 2.5], V.ARRAY, V.FLOAT32)]
+    whole = bytearray(write(folder / "whole.gguf", keys, {"a": (np.ones((2, 32), np.float32), None),
+                                                           "q": (gguf.quants.quantize(np.ones((2, 32), np.float32), Q.Q8_0), Q.Q8_0)}).read_bytes())
+    header_end = GGUFFile(str(folder / "whole.gguf")).tensors["a"].offset
+    for _ in range(data.draw(st.integers(1, 4))):
+        at = data.draw(st.integers(4, header_end - 1))
+        whole[at] = data.draw(st.sampled_from([0x00, 0xFF, 0x7F, 0x80, 0x09, 0x08, 0x01]))
+    (folder / "bad.gguf").write_bytes(bytes(whole))
+    try:
+        file = GGUFFile(str(folder / "bad.gguf"))
+    except GGUFFormatError:
+        return
+    for t in file.tensors.values():  # what reads is within the file
+        assert t.offset + t.nbytes <= file.size and t.data.nbytes == t.nbytes
