@@ -191,7 +191,9 @@ class _UsageError(Exception):
     """A problem with what was asked, reported as one line."""
 
 
-_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "f16", "half": "f16", "float32": "f32", "float": "f32"}
+# vLLM's names of the types; its default "auto" (the checkpoint's type) is bf16 here, the type the
+# cards' models are trained and published in
+_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "f16", "half": "f16", "float32": "f32", "float": "f32", "auto": "bf16"}
 
 
 def _dtype_name(text: str) -> str:
@@ -358,8 +360,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="positions per row: prompt plus completion")
     sv.add_argument("--backend", choices=["torch", "jax"], default="torch")
     sv.add_argument("--device", default=None, help="torch device (default: cuda when present)")
-    sv.add_argument("--dtype", type=_dtype_name, choices=["f32", "bf16", "f16"], default="f32",
-                    help="the element type T (bfloat16, float16, half and float32 are taken too)")
+    sv.add_argument("--dtype", type=_dtype_name, choices=["f32", "bf16", "f16"], default="bf16",
+                    help="the element type T of weights and cache (as `generate`'s; vLLM's auto, bfloat16, float16, "
+                         "half and float32 are taken too)")
     sv.add_argument("--numerics", choices=["exact", "fast"], default="fast")
     sv.add_argument("--weights", default=None, help="a checkpoint path, or 'random'")
     sv.add_argument("--token-budget", "--max-num-batched-tokens", type=int, default=None,

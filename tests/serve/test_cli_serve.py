@@ -96,3 +96,15 @@ def test_vllms_seed_and_enforce_eager_reach_the_engine_and_the_model(monkeypatch
     seen.clear()
     assert main(["serve", "tiny-llama", "--weights", "random", "--batch", "2", "--max-seq", "32"]) == 0
     assert seen["seed"] == 0 and seen["model"].compile is True
+    assert seen["model"].dtype == "bf16"  # as `generate`: half f32's memory for weights and cache
+
+
+@pytest.mark.parametrize("given, held", [("auto", "bf16"), ("float32", "f32"), ("half", "f16"), ("bf16", "bf16")])
+def test_serve_takes_vllms_dtype_names(monkeypatch, given, held):
+    import linnet.serve.server as server
+    from linnet.cli import main
+
+    seen = {}
+    monkeypatch.setattr(server, "serve", lambda model, name, **options: seen.update(model=model))
+    assert main(["serve", "tiny-llama", "--weights", "random", "--batch", "2", "--max-seq", "32", "--dtype", given]) == 0
+    assert seen["model"].dtype == held
