@@ -228,7 +228,10 @@ def _default_compile_cache() -> str:
         return os.environ["JAX_COMPILATION_CACHE_DIR"]
     from linnet import user_cache
 
-    return str(user_cache.directory("xla"))
+    try:
+        return str(user_cache.directory("xla"))
+    except OSError:  # no home directory: no cache unless one is named
+        return "none"
 
 
 def _use_compile_cache(args) -> None:
