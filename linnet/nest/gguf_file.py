@@ -124,7 +124,7 @@ class _HeaderReader:
             (value,) = struct.unpack_from(self.order + code, self.buf, self.pos)
         except struct.error:
             raise self.cut_short() from None
-        self.pos += struct.calcsize(code)
+        self.pos += struct.calcsize(self.order + code)  # standard sizes, as the order prefix sets them
         return value
 
     def string(self) -> str:
