@@ -40,6 +40,20 @@ def learn_pieces(corpus: str, merges: int) -> list:
     return learned
 
 
+@pytest.fixture
+def no_home(monkeypatch):
+    """No place for the user cache: LINNET_CACHE and XDG_CACHE_HOME unset, and no home directory
+    (as for a user without an entry in the password file)."""
+    from pathlib import Path
+
+    for var in ("LINNET_CACHE", "XDG_CACHE_HOME", "JAX_COMPILATION_CACHE_DIR"):
+        monkeypatch.delenv(var, raising=False)
+
+    def home():
+        raise RuntimeError("Could not determine home directory.")
+    monkeypatch.setattr(Path, "home", staticmethod(home))
+
+
 def _write_gguf(path, arch: str, keys, tensors):
     """A GGUF file at `path`: `keys(writer)` adds its metadata; `tensors` yields (name, array,
     llama.cpp quantization type or None), each quantized by gguf's own routine where a type is given."""

@@ -32,27 +32,14 @@ def test_an_entry_appears_whole_or_not_at_all(tmp_path):
     assert sorted(p.name for p in target.parent.iterdir()) == ["entry"]
 
 
-def test_no_home_is_an_os_error_that_says_what_to_set(monkeypatch):
-    monkeypatch.delenv("LINNET_CACHE", raising=False)
-    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-
-    def no_home():
-        raise RuntimeError("Could not determine home directory.")
-    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+def test_no_home_is_an_os_error_that_says_what_to_set(no_home):
     with pytest.raises(OSError, match="set LINNET_CACHE"):
         user_cache.directory("kernels")
 
 
-def test_the_cli_starts_without_a_home_for_the_cache(monkeypatch):
+def test_the_cli_starts_without_a_home_for_the_cache(no_home):
     """`linnet` builds its flags' defaults from the cache's place: with none, XLA's cache is off."""
     from linnet.cli import build_parser
 
-    monkeypatch.delenv("LINNET_CACHE", raising=False)
-    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
-
-    def no_home():
-        raise RuntimeError("Could not determine home directory.")
-    monkeypatch.setattr(Path, "home", staticmethod(no_home))
     args = build_parser().parse_args(["generate", "smollm2-135m-instruct", "hi"])
     assert args.compile_cache == "none"

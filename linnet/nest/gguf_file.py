@@ -219,21 +219,19 @@ class _HeaderReader:
                 raise GGUFFormatError(f"tensor {name!r} appears twice")
             names.add(name)
             block, block_bytes = GGML_QUANT_SIZES[ttype]
-            count = math.prod(shape)  # Python's integers: a damaged dim overflows nothing, and is caught below
             if shape and shape[-1] % block:
                 raise GGUFFormatError(f"tensor {name!r} {list(shape)}: a row of {shape[-1]} is not whole "
                                       f"{ttype.name} blocks of {block}")
-            placed.append((name, shape, ttype, data_start + relative, count // block * block_bytes, count))
+            nbytes = math.prod(shape) // block * block_bytes  # Python's integers: a damaged dim overflows nothing
+            if ttype in PLAIN_TYPES:  # the numbers, in their shape
+                view = np.dtype(PLAIN_TYPES[ttype]).newbyteorder(self.order), shape
+            else:  # each row's blocks, as bytes
+                view = np.dtype(np.uint8), (shape[:-1] + (shape[-1] // block * block_bytes,) if shape else (nbytes,))
+            placed.append((name, shape, ttype, data_start + relative, nbytes, view))
         for name, shape, ttype, offset, nbytes, _ in sorted(placed, key=lambda p: p[3] + p[4]):
             if offset + nbytes > file.size:
                 raise GGUFFormatError(f"tensor {name!r} {list(shape)} needs bytes up to {offset + nbytes}, "
                                       f"but the file has {file.size}")
-        for name, shape, ttype, offset, nbytes, count in placed:
-            if ttype in PLAIN_TYPES:
-                dtype = np.dtype(PLAIN_TYPES[ttype]).newbyteorder(self.order)
-                data = np.frombuffer(self.buf, dtype, count, offset).reshape(shape)
-            else:
-                block, block_bytes = GGML_QUANT_SIZES[ttype]
-                rows = shape[:-1] + (shape[-1] // block * block_bytes,) if shape else (nbytes,)
-                data = np.frombuffer(self.buf, np.uint8, nbytes, offset).reshape(rows)
+        for name, shape, ttype, offset, nbytes, (dtype, view_shape) in placed:
+            data = np.frombuffer(self.buf, dtype, nbytes // dtype.itemsize, offset).reshape(view_shape)
             file.tensors[name] = Tensor(name, ttype, shape, offset, nbytes, data)

@@ -84,11 +84,5 @@ def test_a_cache_that_cannot_be_written_still_parses(own_cache, monkeypatch):
     assert parser._parser().parse(SOURCES[0].read_text())
 
 
-def test_without_a_home_for_the_cache_the_parser_is_built(own_cache, monkeypatch):
-    monkeypatch.delenv("LINNET_CACHE")
-    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
-
-    def no_home():
-        raise RuntimeError("Could not determine home directory.")
-    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+def test_without_a_home_for_the_cache_the_parser_is_built(own_cache, no_home):
     assert parser._parser().parse(SOURCES[0].read_text())

@@ -90,11 +90,12 @@ def test_unknown_tensor_names_close_matches(gguf_ckpt):
 # ------------------------------------------------------------ written here
 
 
-def write_gguf(path, tensors: dict, arch="llama"):
-    """tensors: name -> (array to store, GGML type or None for plain float)."""
-    w = gguf.GGUFWriter(str(path), arch)
+def write_gguf(path, tensors: dict, arch="llama", big_endian=False):
+    """tensors: name -> (array to store, GGML type or None for plain float); `big_endian`: as a
+    big-endian machine writes it."""
+    w = gguf.GGUFWriter(str(path), arch, endianess=gguf.GGUFEndian.BIG if big_endian else gguf.GGUFEndian.LITTLE)
     for name, (data, qtype) in tensors.items():
-        w.add_tensor(name, data, raw_dtype=qtype)
+        w.add_tensor(name, data.copy(), raw_dtype=qtype)  # a copy: a big-endian writer swaps bytes in place
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -206,15 +207,9 @@ def test_a_big_endian_gguf_loads_its_plain_tensors(tmp_path):
     x = np.arange(8, dtype=np.float32).reshape(2, 4) - 3.5
     ids = np.arange(6, dtype=np.int32).reshape(2, 3) * 1000
     q = quantize(np.ones((2, 32), np.float32), Q.Q8_0)
-    w = gguf.GGUFWriter(str(tmp_path / "be.gguf"), "llama", endianess=gguf.GGUFEndian.BIG)
-    for name, data, qtype in (("x", x.copy(), None), ("h", x.astype(np.float16), None), ("ids", ids.copy(), None),
-                              ("q", q, Q.Q8_0)):
-        w.add_tensor(name, data, raw_dtype=qtype)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    ckpt = GGUFCheckpoint(tmp_path / "be.gguf")
+    path = write_gguf(tmp_path / "be.gguf", {"x": (x, None), "h": (x.astype(np.float16), None), "ids": (ids, None),
+                                             "q": (q, Q.Q8_0)}, big_endian=True)
+    ckpt = GGUFCheckpoint(path)
     assert ckpt.architecture == "llama"
     np.testing.assert_array_equal(ckpt.load("x"), x)
     np.testing.assert_array_equal(ckpt.load("h"), x)
