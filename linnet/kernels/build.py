@@ -19,12 +19,10 @@ import sys
 import warnings
 from pathlib import Path
 
-import torch
-
 from linnet import user_cache
 
 HERE = Path(__file__).parent
-TYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # kernels.h's type codes, for torch's types
+TYPE_CODES = {"f32": 0, "bf16": 1, "f16": 2}  # kernels.h's type codes (torch_types.TYPES: by torch's types)
 FLAGS = ["-O3", "-fPIC", "-shared", "-fopenmp"]
 LIBS = ["-lm"]  # after the sources, where a linker that drops unused libraries still keeps it
 

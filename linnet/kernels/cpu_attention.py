@@ -16,7 +16,7 @@ import ctypes
 import torch
 
 from linnet.kernels import build
-from linnet.kernels.build import TYPES
+from linnet.kernels.torch_types import TYPES
 from linnet.kernels.cpu_graph import call
 from linnet.kernels.cpu_ops import as_int32
 

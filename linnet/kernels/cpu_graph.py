@@ -27,7 +27,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from linnet.kernels import build
-from linnet.kernels.build import TYPES
+from linnet.kernels.torch_types import TYPES
 
 aten = torch.ops.aten
 OP_ADD, OP_MUL, OP_SILU, OP_COPY = range(4)  # kernels.h's elementwise ops

@@ -21,7 +21,7 @@ from typing import NamedTuple
 import torch
 
 from linnet.kernels import build
-from linnet.kernels.build import TYPES
+from linnet.kernels.torch_types import TYPES
 from linnet.kernels.cpu_graph import call
 from linnet.kernels.pages import back_with_huge_pages
 from linnet.kernels.panels import PANEL, arranged

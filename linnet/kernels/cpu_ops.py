@@ -15,7 +15,7 @@ import math
 import torch
 
 from linnet.kernels import build
-from linnet.kernels.build import TYPES
+from linnet.kernels.torch_types import TYPES
 from linnet.kernels.cpu_graph import call
 
 

@@ -53,7 +53,8 @@ def _type_code(dtype) -> int | None:
     """kernels.h's code for f32, bf16 and f16 (0, 1, 2); None for another type."""
     import jax.numpy as jnp
 
-    return {np.dtype(jnp.float32): 0, np.dtype(jnp.bfloat16): 1, np.dtype(jnp.float16): 2}.get(np.dtype(dtype))
+    names = {np.dtype(jnp.float32): "f32", np.dtype(jnp.bfloat16): "bf16", np.dtype(jnp.float16): "f16"}
+    return build.TYPE_CODES.get(names.get(np.dtype(dtype)))
 
 
 def linear(x, w: Panels):

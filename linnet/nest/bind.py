@@ -11,6 +11,9 @@ memory-mapped safetensors file, is the file's own pages, not process memory).
 `check_checkpoint` validates a checkpoint against a module from its headers
 alone (names, shapes, stored dtypes) before a byte of tensor data is read.
 `unbind_weights` goes the other way, for `linnet export`.
+
+Binding works in torch (the torch backend, export) or in numpy (the JAX backend, which moves host
+arrays to its device): a JAX process need not import torch to load a checkpoint.
 """
 
 from __future__ import annotations
@@ -18,14 +21,14 @@ from __future__ import annotations
 import itertools
 from typing import Callable
 
-import torch
+import numpy as np
 
 from linnet.ir.nodes import Module
 from linnet.ir.specialize import concrete_dtype, evaluate, param_shape
 from linnet.nest.errors import WeightsError
 from linnet.nest.transforms import permute_rope, unpermute_rope
 
-TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+FLOAT_TYPES = ("f32", "bf16", "f16")  # what a param's T can be
 READS_AS = {"mxfp4": "bf16"}  # a safetensors checkpoint's quantized pairs, as its reader gives them
 
 
@@ -102,7 +105,7 @@ def check_checkpoint(module: Module, ckpt, fmt: str, cast_dtype: bool) -> list:
         for n, (p, _) in expected.items():
             want = concrete_dtype(module.params[p].type.dtype, module)
             stored = _read_as(ckpt, n)
-            if stored in TORCH_DTYPES and stored != want:
+            if stored in FLOAT_TYPES and stored != want:
                 others = sum(1 for m, (q, _) in expected.items()
                              if _read_as(ckpt, m) != concrete_dtype(module.params[q].type.dtype, module))
                 more = f" (and {others - 1} more tensors)" if others > 1 else ""
@@ -122,40 +125,97 @@ def _file_of(ckpt, name: str) -> str:
     return ckpt.file_of(name) if hasattr(ckpt, "file_of") else str(getattr(ckpt, "path", "the checkpoint"))
 
 
-def bind_weights(module: Module, get: Callable[[str], torch.Tensor], fmt: str = "hf", cast_dtype: bool = True,
-                 device: str | torch.device = "cpu", where: str | Callable[[str], str] = "the checkpoint",
-                 progress: Callable[[str], None] | None = None) -> dict:
-    """{param name: tensor} in the module's dtype on `device`, read through `get(checkpoint_name)`.
+def bind_weights(module: Module, get: Callable[[str], object], fmt: str = "hf", cast_dtype: bool = True,
+                 device: str = "cpu", where: str | Callable[[str], str] = "the checkpoint",
+                 progress: Callable[[str], None] | None = None, framework: str = "torch") -> dict:
+    """{param name: array} in the module's dtype, read through `get(checkpoint_name)`.
 
-    `where` names the file a tensor comes from in messages (a string, or a function of the
+    framework="torch": torch tensors on `device`, from the torch tensors `get` returns; "numpy":
+    host arrays (bf16 as ml_dtypes' bfloat16), from the numpy arrays `get` returns. `where` names the file a tensor comes from in messages (a string, or a function of the
     tensor's name, for sharded checkpoints); `progress(name)` is called after each tensor.
     """
+    arrays = _ARRAYS[framework]()
     file_of = where if callable(where) else (lambda _name: where)
     out = {}
     for name, pieces in checkpoint_pieces(module, fmt).items():
         p = module.params[name]
         shape = param_shape(module, name)
-        dtype = TORCH_DTYPES[concrete_dtype(p.type.dtype, module)]
+        dtype = concrete_dtype(p.type.dtype, module)
         src = _source(module, p, fmt)
         stored = tuple(shape[src.stacked:])
-        target = torch.empty(shape, dtype=dtype, device=device)
+        target = arrays.empty(shape, dtype, device)
         for index, ckpt in pieces:
-            t = get(ckpt)
+            t = arrays.take(get(ckpt))
             for tname, args in src.transforms:
                 t = apply_transform(tname, t, [evaluate_dim(a, module) for a in args])
             if tuple(t.shape) != stored:
                 after = f" after {', '.join(n for n, _ in src.transforms)}" if src.transforms else ""
                 raise WeightsError(f"{file_of(ckpt)}: tensor {ckpt!r} is {list(t.shape)}{after}, but param `{name}` "
                                    f"declares {list(stored)} ({module.path})")
-            if t.dtype != dtype and not cast_dtype and t.is_floating_point():
-                raise WeightsError(f"{file_of(ckpt)}: tensor {ckpt!r} is {_short(t.dtype)}, but param `{name}` is "
-                                   f"{_short(dtype)}; pass cast_dtype=True to convert it")
-            target[index].copy_(t)
+            have = arrays.type_name(t)
+            if have != dtype and not cast_dtype and arrays.is_float(t):
+                raise WeightsError(f"{file_of(ckpt)}: tensor {ckpt!r} is {have}, but param `{name}` is "
+                                   f"{dtype}; pass cast_dtype=True to convert it")
+            arrays.put(target, index, t)
             del t  # the next tensor replaces this one: one in flight at a time
             if progress is not None:
                 progress(ckpt)
         out[name] = target
     return out
+
+
+class _TorchArrays:
+    """bind_weights' array operations in torch."""
+
+    def __init__(self):
+        import torch
+
+        self.torch = torch
+        self.types = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+    def empty(self, shape, dtype: str, device):
+        return self.torch.empty(shape, dtype=self.types[dtype], device=device)
+
+    def take(self, t):
+        return t
+
+    def type_name(self, t) -> str:
+        return next((k for k, v in self.types.items() if v == t.dtype), str(t.dtype).replace("torch.", ""))
+
+    def is_float(self, t) -> bool:
+        return t.is_floating_point()
+
+    def put(self, target, index, t) -> None:
+        target[index].copy_(t)
+
+
+class _NumpyArrays:
+    """bind_weights' array operations in numpy; bf16 is ml_dtypes' bfloat16 (the type JAX uses)."""
+
+    def __init__(self):
+        import ml_dtypes
+
+        self.types = {"f32": np.dtype(np.float32), "bf16": np.dtype(ml_dtypes.bfloat16), "f16": np.dtype(np.float16)}
+
+    def empty(self, shape, dtype: str, device):
+        if device not in (None, "cpu"):
+            raise ValueError(f"numpy arrays are host arrays; device={device!r}")
+        return np.empty(shape, dtype=self.types[dtype])
+
+    def take(self, t):
+        return np.asarray(t)
+
+    def type_name(self, t) -> str:
+        return next((k for k, v in self.types.items() if v == t.dtype), str(t.dtype))
+
+    def is_float(self, t) -> bool:
+        return t.dtype.kind == "f" or t.dtype in self.types.values()
+
+    def put(self, target, index, t) -> None:
+        target[index] = t  # numpy casts to the target's type, rounding to nearest even as torch does
+
+
+_ARRAYS = {"torch": _TorchArrays, "numpy": _NumpyArrays}
 
 
 def unbind_weights(module: Module, params: dict, fmt: str = "hf"):
@@ -174,10 +234,6 @@ def unbind_weights(module: Module, params: dict, fmt: str = "hf"):
             yield ckpt, t
 
 
-def _short(dtype: torch.dtype) -> str:
-    return {v: k for k, v in TORCH_DTYPES.items()}.get(dtype, str(dtype).replace("torch.", ""))
-
-
 def evaluate_dim(d, module: Module) -> int:
     sizes = {k: v for k, v in module.bindings.items() if isinstance(v, int) and not isinstance(v, bool)}
     return d.evaluate(sizes)
@@ -188,10 +244,11 @@ def transpose_axes(args: list, module: Module) -> tuple:
     return tuple(evaluate_dim(a, module) for a in args) if args else (0, 1)
 
 
-def apply_transform(name: str, t: torch.Tensor, args: list) -> torch.Tensor:
-    """A weight transform declared in `.linnet` (`.unpermute_rope(heads)`, `.transpose()`)."""
+def apply_transform(name: str, t, args: list):
+    """A weight transform declared in `.linnet` (`.unpermute_rope(heads)`, `.transpose()`), on a
+    torch tensor or a numpy array."""
     if name == "unpermute_rope":
         return unpermute_rope(t, args[0])
     if name == "transpose":
-        return t.transpose(*(args or (0, 1)))
+        return t.swapaxes(*(args or (0, 1)))  # torch's transpose(a, b); numpy's transpose permutes
     raise WeightsError(f"unknown weight transform `{name}`")

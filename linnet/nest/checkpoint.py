@@ -111,6 +111,7 @@ class SafetensorsCheckpoint(Checkpoint):
         self._where: dict[str, Path] = {}                 # tensor name -> file
         self._meta: dict[str, tuple[str, tuple]] = {}     # name -> (dtype, shape)
         self._handles: dict[tuple[Path, str], Any] = {}   # (file, framework) -> safe_open
+        self._maps: dict[Path, tuple] = {}                # file -> (its bytes mapped, header, data start)
         for file in self._files:
             handle = self._open(file, "numpy")
             for name in handle.keys():
@@ -206,10 +207,14 @@ class SafetensorsCheckpoint(Checkpoint):
             raise self._unknown(name)
         file = self._where[name]
         try:
-            if name in self._mxfp4:
+            if name in self._mxfp4:  # decoded in torch, whichever framework asks
                 blocks, scales = (self.load(part, "torch") for part in self._mxfp4[name])
                 t = mxfp4.dequantize(blocks, scales)
-                return t if framework == "torch" else _bf16_as_numpy(t.contiguous(), file, name)
+                if framework == "torch":
+                    return t
+                import torch
+
+                return t.contiguous().view(torch.int16).numpy().view(_bfloat16(file, name))
             if framework == "torch":
                 return self._open(file, "torch").get_tensor(name)
             if self._meta[name][0] == "bf16":
@@ -221,7 +226,14 @@ class SafetensorsCheckpoint(Checkpoint):
             raise WeightsError(f"{file}: cannot read tensor {name!r} ({e})") from None
 
     def _bf16_numpy(self, file: Path, name: str) -> np.ndarray:
-        return _bf16_as_numpy(self._open(file, "torch").get_tensor(name), file, name)
+        """A bf16 tensor as a read-only view of the file: numpy (and safetensors' numpy reader) has no
+        bfloat16, so the bytes are viewed as ml_dtypes' (JAX's) bfloat16."""
+        if file not in self._maps:
+            header, start = _safetensors_header(file)
+            self._maps[file] = (np.memmap(file, dtype=np.uint8, mode="r"), header, start)
+        mapped, header, start = self._maps[file]
+        begin, end = header[name]["data_offsets"]
+        return mapped[start + begin:start + end].view(_bfloat16(file, name)).reshape(self._meta[name][1])
 
     def config(self) -> dict:
         path = self.dir / CONFIG_FILE
@@ -236,9 +248,8 @@ class SafetensorsCheckpoint(Checkpoint):
             raise WeightsError(f"{path}: not valid JSON ({e})") from None
 
 
-def _bf16_as_numpy(t, file: Path, name: str) -> np.ndarray:
-    """A bf16 torch tensor as numpy: numpy has no bfloat16, so its bits are viewed as
-    ml_dtypes.bfloat16 (no copy)."""
+def _bfloat16(file: Path, name: str):
+    """ml_dtypes' bfloat16, or a WeightsError saying why tensor `name` of `file` cannot be read."""
     try:
         import ml_dtypes
     except ImportError:
@@ -246,21 +257,32 @@ def _bf16_as_numpy(t, file: Path, name: str) -> np.ndarray:
             f"{file}: tensor {name!r} is bf16, which numpy cannot hold without the "
             "ml_dtypes package; install it or load with framework='torch'"
         ) from None
-    import torch
+    return ml_dtypes.bfloat16
 
-    return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+
+class _HeaderSizeError(ValueError):
+    """A safetensors header whose stated length does not fit in its file."""
+
+
+def _safetensors_header(file: Path) -> tuple[dict, int]:
+    """(a safetensors file's header, where its data starts): an 8-byte little-endian length, then
+    that many bytes of JSON whose `data_offsets` count from the end of the header."""
+    with open(file, "rb") as f:
+        n = int.from_bytes(f.read(8), "little")
+        size = file.stat().st_size
+        if n <= 0 or 8 + n > size:
+            raise _HeaderSizeError(f"its header says it is {n} bytes, but the file has {size}")
+        return json.loads(f.read(n)), 8 + n
 
 
 def _safetensors_overrun(file: Path) -> str:
     """", tensor 'x' needs bytes up to N but the file has M" for a file cut short, else ""."""
     try:
         size = file.stat().st_size
-        with open(file, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            if n <= 0 or 8 + n > size:
-                return f": its header says it is {n} bytes, but the file has {size}" if size >= 8 else ""
-            header = json.loads(f.read(n))
-        start = 8 + n
+        try:
+            header, start = _safetensors_header(file)
+        except _HeaderSizeError as e:
+            return f": {e}" if size >= 8 else ""
         for name, info in sorted(((k, v) for k, v in header.items() if k != "__metadata__"),
                                  key=lambda kv: kv[1]["data_offsets"][1]):
             end = start + int(info["data_offsets"][1])

@@ -83,8 +83,10 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     else:
         jax_device = _jax_device(device)
         device = device or ("cuda" if jax_device.platform == "gpu" else jax_device.platform)
-    bind_device = device if kind == "torch" else "cpu"  # the JAX runtime moves host arrays to its device
-    bound = read_weights(name, generics, numerics, cast_dtype, weights, seed, tokenizer, bind_device, progress)
+    # JAX binds numpy host arrays, which its runtime moves to the device: no torch import on its way
+    bind_device, framework = (device, "torch") if kind == "torch" else ("cpu", "numpy")
+    bound = read_weights(name, generics, numerics, cast_dtype, weights, seed, tokenizer, bind_device, progress,
+                         framework=framework)
     spec, card_name, params = bound.module, bound.card, bound.params
 
     note = _slow_type_note(kind, device, spec.bindings["T"])
@@ -113,7 +115,7 @@ class BoundWeights:
 
     module: Module  # specialized
     card: str
-    params: dict | None  # {param: torch tensor in T}
+    params: dict | None  # {param: array in T}: torch tensors, or numpy arrays where read for JAX
     tokenizer: object | None
     source: str  # the checkpoint's path, or "random"
     checkpoint: Checkpoint | None = None
@@ -124,10 +126,12 @@ class BoundWeights:
 def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics: str = "exact",
                  cast_dtype: bool = False, weights: str | os.PathLike | Checkpoint | None = None, seed: int = 0,
                  tokenizer: bool | str | os.PathLike = True, device: str = "cpu", progress: bool | None = None,
-                 resolved: tuple | None = None) -> BoundWeights:
+                 resolved: tuple | None = None, framework: str = "torch") -> BoundWeights:
     """The first half of `load` (same arguments): the card, specialized, with its weights bound as torch
     tensors on `device` and its tokenizer; what `load` compiles and what `linnet export` writes out.
-    `resolved`: what `resolve_card(name, weights)` gave, for a caller that has already asked."""
+    `resolved`: what `resolve_card(name, weights)` gave, for a caller that has already asked.
+    `framework="numpy"` reads a checkpoint into numpy host arrays instead (`bind.bind_weights`);
+    random weights are made in torch either way, so that a seed gives both backends the same ones."""
     module, card_name, ckpt = resolved or resolve_card(name, weights)
     spec = specialize(module, dict(generics or {}), numerics)
     trained = module.meta.get("max_context")
@@ -154,7 +158,7 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
         if ckpt is None:
             ckpt = weights if isinstance(weights, Checkpoint) else open_checkpoint(
                 weights if weights is not None else find_card_weights(card_name, module, raise_missing=True)[0])
-        params, info["unused_tensors"] = _read(spec, ckpt, cast_dtype, device, progress)
+        params, info["unused_tensors"] = _read(spec, ckpt, cast_dtype, device, progress, framework)
         bound = BoundWeights(spec, card_name, params, None, ckpt.path, ckpt, info)
     if tok is not None:
         bound.tokenizer, bound.tokenizer_from = tok, tok_from
@@ -267,9 +271,9 @@ def find_card_weights(card_name: str, module: Module, raise_missing: bool = Fals
     return found, looked
 
 
-def _read(module: Module, ckpt: Checkpoint, cast_dtype: bool, device: str, progress: bool | None):
-    """({param: tensor}, unused checkpoint tensors), after checking every header against the card."""
-    from linnet.nest.bind import bind_weights, check_checkpoint, checkpoint_names  # torch: only when loading
+def _read(module: Module, ckpt: Checkpoint, cast_dtype: bool, device: str, progress: bool | None, framework: str):
+    """({param: array}, unused checkpoint tensors), after checking every header against the card."""
+    from linnet.nest.bind import bind_weights, check_checkpoint, checkpoint_names
 
     fmt = "gguf" if ckpt.format == "gguf" else "hf"
     unused = check_checkpoint(module, ckpt, fmt, cast_dtype)
@@ -280,11 +284,11 @@ def _read(module: Module, ckpt: Checkpoint, cast_dtype: bool, device: str, progr
     bar = Progress(f"loading {Path(ckpt.path).name}", total=total, enabled=progress)
 
     def get(name):
-        return ckpt.load(name, framework="torch")
+        return ckpt.load(name, framework=framework)
 
     try:
         params = bind_weights(module, get, fmt=fmt, cast_dtype=cast_dtype or fmt == "gguf", device=device,
-                              where=ckpt.file_of, progress=lambda name: bar.update(note=name))
+                              where=ckpt.file_of, progress=lambda name: bar.update(note=name), framework=framework)
     finally:
         bar.close()
     return params, unused

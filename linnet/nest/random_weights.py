@@ -6,7 +6,6 @@ import torch
 
 from linnet.ir.nodes import Module
 from linnet.ir.specialize import concrete_dtype, evaluate, param_shape
-from linnet.nest.bind import TORCH_DTYPES
 
 
 def random_weights(module: Module, seed: int = 0, device: str | torch.device = "cpu") -> dict:
@@ -15,12 +14,13 @@ def random_weights(module: Module, seed: int = 0, device: str | torch.device = "
     # elsewhere on the CPU, so that a seed gives the same weights on every machine.
     maker = torch.device(device) if torch.device(device).type == "cuda" else torch.device("cpu")
     gen = torch.Generator(device=maker).manual_seed(seed)
+    types = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
     out = {}
     for p in module.params.values():
         if p.tie and evaluate(p.tie[1], module.bindings):
             continue
         shape = param_shape(module, p.name)
-        dtype = TORCH_DTYPES[concrete_dtype(p.type.dtype, module)]
+        dtype = types[concrete_dtype(p.type.dtype, module)]
         vector = len(shape) - len(p.loops) == 1
         t = torch.empty(shape, dtype=dtype, device=device)
         # Made in f32 one layer at a time: peak memory stays one layer above the model.

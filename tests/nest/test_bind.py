@@ -3,8 +3,11 @@ included: one tensor per layer and expert in a Hugging Face checkpoint, one per 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from linnet.compiler import check_file
 from linnet.ir.specialize import specialize
@@ -113,3 +116,39 @@ def test_a_misshapen_expert_is_named(spec):
     ckpt["layers.0.experts.2.up.weight"] = torch.zeros(4, 3)
     with pytest.raises(WeightsError, match=r"'layers.0.experts.2.up.weight' is \[4, 3\], but param `w_up` declares \[3, 4\]"):
         bind_weights(spec, ckpt.__getitem__, "hf")
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(dtype=st.sampled_from(["f32", "bf16", "f16"]), seed=st.integers(0, 2**31 - 1),
+       fmt=st.sampled_from(["hf", "gguf"]))
+def test_numpy_binds_the_bits_torch_binds(tmp_path_factory, dtype, seed, fmt):
+    """The JAX backend's numpy binding against torch's: the same values, rounded to T the same way,
+    for f32 tensors of any bit pattern T can hold (ties, subnormals, both signs), with the
+    transpose in place."""
+    path = tmp_path_factory.getbasetemp() / "bind-numpy.linnet"
+    path.write_text(SOURCE)
+    spec_t = specialize(check_file(path), {"T": dtype}, "exact")
+    rng = np.random.default_rng(seed)
+    limit = 65504.0 if dtype == "f16" else 3.0e38  # a value past f16's range is no weight
+
+    def tensor(shape):
+        bits = rng.integers(0, 2**32, size=shape, dtype=np.uint64).astype(np.uint32)
+        values = bits.view(np.float32)
+        return np.where(np.isfinite(values) & (np.abs(values) <= limit), values, np.float32(0.5))
+
+    shapes = {name: shape for name, (_, shape) in expected_shapes(spec_t, fmt).items()}
+    arrays = {name: tensor(shape) for name, shape in shapes.items()}
+    ours = bind_weights(spec_t, arrays.__getitem__, fmt, framework="numpy")
+    ref = bind_weights(spec_t, lambda n: torch.from_numpy(arrays[n].copy()), fmt)
+    for name, want in ref.items():
+        got = ours[name]
+        assert got.shape == tuple(want.shape) and got.flags.c_contiguous
+        width = {2: (np.int16, torch.int16), 4: (np.int32, torch.int32)}[got.itemsize]
+        np.testing.assert_array_equal(got.view(width[0]), want.view(width[1]).numpy(), err_msg=name)
+
+
+def test_numpy_names_a_type_it_may_not_cast(spec):
+    arrays = {name: t.numpy().astype(np.float16) for name, t in per_expert_checkpoint().items()}
+    with pytest.raises(WeightsError, match=r"'layers.0.experts.0.up.weight' is f16, but param `w_up` is f32"):
+        bind_weights(spec, arrays.__getitem__, "hf", cast_dtype=False, framework="numpy")

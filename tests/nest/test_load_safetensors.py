@@ -114,3 +114,39 @@ def test_explicit_weights_win(tiny_hf, hf_home, tmp_path):
     card, _ = hf_home
     model = nest.load(card, backend="torch", generics=GENERICS, weights=path, tokenizer=False)
     assert model.weights == str(path)
+
+
+def test_a_jax_load_does_not_import_torch(tiny_hf, tmp_path):
+    """JAX binds numpy arrays: a fresh process loads the tiny Llama, stored in bf16 (numpy has no bf16
+    of its own), without importing torch, and its logits are transformers'."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    hf_model, path = tiny_hf
+    bf16 = tmp_path / "bf16"
+    shutil.copytree(path, bf16)
+    for shard in bf16.glob("*.safetensors"):
+        save_file({k: v.to(torch.bfloat16) for k, v in load_file(shard).items()}, shard, metadata={"format": "pt"})
+    script = f"""
+import sys
+import numpy as np
+from linnet import nest
+model = nest.load({str(bf16)!r}, backend="jax", numerics="fast", generics={{**{GENERICS!r}, "T": "bf16"}}, tokenizer=False)
+prompt = np.array({PROMPTS[0]!r}, np.int32)
+n = len(prompt)
+logits = model.prefill(prompt, np.arange(n, dtype=np.int32), np.zeros(n, np.int32), np.array([n - 1], np.int32))
+np.save(sys.argv[1], np.asarray(logits, dtype=np.float32)[0])
+print("torch" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "logits.npy")], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False"]
+    ours = np.load(tmp_path / "logits.npy")
+    with torch.no_grad():
+        ref = hf_model(input_ids=torch.tensor([PROMPTS[0]])).logits[0, -1].numpy()
+    assert np.abs(ours - ref).max() / np.abs(ref).max() < 0.02  # bf16 weights' rounding only

@@ -50,13 +50,16 @@ def test_sharded_load_equals_state_dict(tiny):
 
 
 def test_bf16_as_numpy(tiny):
+    """numpy reads bf16 itself (no torch): every tensor's bits as transformers saved them, a
+    read-only view of the file."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
     path, state = tiny
     ckpt = SafetensorsCheckpoint(path)
-    name = "model.layers.1.self_attn.q_proj.weight"
-    got = ckpt.load(name)
-    assert got.dtype == ml_dtypes.bfloat16 and got.shape == (64, 64)
-    np.testing.assert_array_equal(got.astype(np.float32), state[name].float().numpy())
+    for name, want in state.items():
+        got = ckpt.load(name)
+        assert got.dtype == ml_dtypes.bfloat16 and got.shape == tuple(want.shape), name
+        assert not got.flags.writeable
+        np.testing.assert_array_equal(got.view(np.int16), want.view(torch.int16).numpy(), err_msg=name)
 
 
 def test_config_matches(tiny):
