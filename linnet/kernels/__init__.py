@@ -6,4 +6,5 @@
 - `cpu_linear`: linears over weights packed in panels (torch, through ctypes).
 - `cpu_attention`: attention of tokens that each read one cache row (torch, through ctypes).
 - `xla_kernels`: the same two as XLA FFI handlers, for JAX's CPU backend.
+- `gguf_blocks`: GGUF's quantized blocks decoded to f32 when a checkpoint is read (plain C, any CPU).
 """

@@ -177,26 +177,35 @@ def test_k_quant_plumbing(tmp_path, qtype):
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # NaN scales, in every thread
+@pytest.mark.parametrize("decoder", ["c", "gguf"])
 @pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1, Q.Q4_K, Q.Q6_K])
 @pytest.mark.parametrize("shape", [(3, 256), (4, 30, 512), (4099, 256)])  # fewer rows than shares; experts; odd rows
-def test_dequantize_over_cores_decodes_as_gguf_does(qtype, shape, monkeypatch):
-    """Rows shared out over the cores (two at least, whatever this machine has), each decoded by
-    gguf's own routine: every value as gguf's whole-tensor decode gives it (random block bytes:
-    NaN scales and all)."""
+def test_dequantize_over_cores_decodes_as_gguf_does(qtype, shape, decoder, monkeypatch):
+    """Rows shared out over the cores (two at least, whatever this machine has), each share decoded
+    by Linnet's C decoder or, where it is not built, gguf's own routine: every value as gguf's
+    whole-tensor decode gives it (random block bytes: NaN scales and all)."""
+    from linnet.kernels import gguf_blocks
     from linnet.nest import checkpoint
 
     monkeypatch.setattr(checkpoint, "_cores", lambda: 3)
     monkeypatch.setattr(checkpoint, "SPLIT_BYTES", 1)
     calls = []
-    decode = gguf.quants.dequantize
-    monkeypatch.setattr(gguf.quants, "dequantize", lambda rows, q: calls.append(len(rows)) or decode(rows, q))
+    if decoder == "c":
+        if not gguf_blocks.decodes(qtype):
+            pytest.skip("Linnet's C decoders are not built here")
+        decode_c = gguf_blocks.decode
+        monkeypatch.setattr(gguf_blocks, "decode", lambda rows, q, out: calls.append(len(rows)) or decode_c(rows, q, out))
+    else:
+        monkeypatch.setattr(gguf_blocks, "decodes", lambda q: False)
+        decode = gguf.quants.dequantize
+        monkeypatch.setattr(gguf.quants, "dequantize", lambda rows, q: calls.append(len(rows)) or decode(rows, q))
     block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(sum(shape))
     blocks = rng.integers(0, 256, (*shape[:-1], shape[-1] // block * block_bytes), dtype=np.uint8)
     got = checkpoint.dequantize(blocks, qtype)
     want = dequantize(blocks.reshape(-1, blocks.shape[-1]), qtype)
     assert got.dtype == np.float32 and got.shape == (int(np.prod(shape[:-1])), shape[-1])
-    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))  # NaNs' bits too
     assert sum(calls) == len(want) and len(calls) == min(12, len(want))  # four shares a core, each row once
 
 
