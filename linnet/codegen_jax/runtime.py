@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linnet.kernels import pages, xla_kernels
+from linnet.kernels.panels import PANEL
 from linnet.kernels.xla_kernels import Panels
 from linnet.rope_tables import inv_frequencies
 
@@ -593,24 +594,28 @@ class JaxModel:
             if dtype == "f32" and hasattr(a, "detach") and a.is_floating_point():
                 a = a.float()
             host = _to_numpy(a)
-            # On the CPU, device_put keeps an aligned host array as it is (no copy): right when the
-            # caller hands its weights over (consume), while a caller who keeps them gets a copy.
-            # Elsewhere it copies to the device, and the host array is dropped with `a`.
-            a = jax.device_put(host if consume else jnp.array(host, copy=True),
-                               self._placement(self.shard_params.get(name), shape))
-            del host
-            if tuple(a.shape) != tuple(shape):
-                raise ValueError(f"param `{name}` must be {list(shape)}, but the weights given are {list(a.shape)}")
-            if a.dtype != DTYPES[dtype]:
-                raise TypeError(f"param `{name}` must be {dtype}, but the weights given are {a.dtype}")
-            if name in self.stacked and name in self.linear_weights:
+            del a
+            if tuple(host.shape) != tuple(shape):
+                raise ValueError(f"param `{name}` must be {list(shape)}, but the weights given are {list(host.shape)}")
+            if host.dtype != DTYPES[dtype]:
+                raise TypeError(f"param `{name}` must be {dtype}, but the weights given are {host.dtype}")
+            axis = self.shard_params.get(name)
+            if name in self.stacked and name in self.linear_weights and axis != 0:
                 # XLA's CPU backend copies a static slice of a parameter (`wq[l]`) before a dot,
                 # which costs a pass over every weight per step; a list of per-layer arrays
                 # reads the same in the generated code (`params["wq"][l]`) and is not copied.
                 # Other stacked params (norms' weights) stay one array, sliced inside the fusion
                 # that reads them: each array is an argument the executable's dispatch walks.
-                a = [a[i] for i in range(a.shape[0])]
-            arrays[name] = a
+                # Each layer is placed from its slice of the host array (one dispatch, not one a layer).
+                where = self._placement(None if axis is None else axis - 1, tuple(shape[1:]))
+                arrays[name] = jax.device_put([host[i] if consume else _copy(host[i]) for i in range(shape[0])],
+                                              where)
+            else:
+                # On the CPU, device_put keeps an aligned host array as it is (no copy): right when the
+                # caller hands its weights over (consume), while a caller who keeps them gets a copy.
+                # Elsewhere it copies to the device, and the host array is dropped with it.
+                arrays[name] = jax.device_put(host if consume else _copy(host), self._placement(axis, shape))
+            del host
         for name, other in self.tied.items():
             arrays[name] = arrays[other]
         self.weights = arrays
@@ -691,11 +696,10 @@ class JaxModel:
             layers = value if isinstance(value, list) else [value]
             if not xla_kernels.available(layers[0].dtype, self.device.platform):
                 continue
-            host = None
-            for i, layer in enumerate(layers):  # one layer's copy at a time besides the result
-                one = xla_kernels.pack(layer)
-                host = np.empty((len(layers),) + one.shape, one.dtype) if host is None else host
-                host[i] = one
+            n, k = layers[0].shape
+            host = np.empty((len(layers), -(-n // PANEL), k, PANEL), layers[0].dtype)
+            for i, layer in enumerate(layers):  # each layer packed in its place
+                xla_kernels.pack(layer, out=host[i])
             self.weights[key] = _on_huge_pages(jax.device_put(host if isinstance(value, list) else host[0],
                                                               self.device))
             panels[key] = (layers[0].shape[0], len(layers) if isinstance(value, list) else None)
@@ -822,6 +826,11 @@ def _on_huge_pages(a):
         a.block_until_ready()
         pages.back_with_huge_pages(a.unsafe_buffer_pointer(), a.nbytes)
     return a
+
+
+def _copy(a):
+    """A copy of a host or device array, where it is."""
+    return np.array(a) if isinstance(a, np.ndarray) else jnp.array(a, copy=True)
 
 
 def _to_numpy(a):

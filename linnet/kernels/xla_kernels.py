@@ -15,12 +15,13 @@ The handlers run on XLA's own thread pool.
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from linnet.kernels import build
-from linnet.kernels.panels import PANEL, arranged
+from linnet.kernels.panels import PANEL
 
 
 class Panels(NamedTuple):
@@ -32,14 +33,27 @@ class Panels(NamedTuple):
     layer: int | None = None
 
 
-def pack(w) -> np.ndarray:
+def pack(w, out: np.ndarray | None = None) -> np.ndarray:
     """w [N, K] (a host array, f32 / bf16 / f16) as zero-padded panels [ceil(N / 16), K, 16], laid
-    out as cpu_linear.c reads them (`panels.arranged`)."""
+    out as cpu_linear.c reads them (`panels.arranged`), written into `out` if given: rearranged in
+    place by the library's own packer (`linnet_pack_panels`, the one torch's weights go through)."""
     w = np.asarray(w)
     n, k = w.shape
-    if n % PANEL:
-        w = np.concatenate([w, np.zeros((-n % PANEL, k), w.dtype)])
-    return np.ascontiguousarray(arranged(w.reshape(-1, PANEL, k).transpose(0, 2, 1), w.dtype, pairs(w.dtype, k)))
+    shape = (-(-n // PANEL), k, PANEL)
+    if out is None:
+        out = np.empty(shape, w.dtype)
+    elif out.shape != shape or out.dtype != w.dtype or not out.flags.c_contiguous:
+        raise ValueError(f"out must be C-contiguous {w.dtype} {list(shape)}; got {out.dtype} {list(out.shape)}")
+    rows = out.reshape(-1, k)  # the same memory, as the weight padded to whole panels
+    rows[:n], rows[n:] = w, 0
+    if _library().linnet_pack_panels(_type_code(w.dtype), rows.ctypes.data, len(rows), k, _cores()):
+        raise MemoryError(f"no memory for a {PANEL} x {k} block to pack a linear weight with")
+    return out
+
+
+@functools.cache
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def pairs(dtype, k: int) -> bool:
@@ -124,6 +138,8 @@ def _library():
     if lib is None or not lib.linnet_cpu_supported():
         return None
     lib.linnet_panel_pairs.argtypes = [ctypes.c_int, ctypes.c_long]
+    lib.linnet_pack_panels.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_int]
+    lib.linnet_pack_panels.restype = ctypes.c_int
     for name in ("linear", "attention"):
         ffi.register_ffi_target(f"linnet_{name}", ffi.pycapsule(getattr(lib, f"linnet_xla_{name}")), platform="cpu")
     return lib

@@ -73,3 +73,22 @@ def test_a_stacked_weight_is_read_at_its_layer():
     run = jax.jit(lambda x, s: [xla_kernels.linear(x, xla_kernels.Panels(s, 21, layer)) for layer in range(3)])
     for got, w in zip(run(x, stack), ws):
         np.testing.assert_allclose(np.asarray(got), x @ w.T, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=30, deadline=None, derandomize=True, database=None)
+@given(n=st.integers(1, 70), k=st.integers(1, 80), dtype=st.sampled_from([jnp.float32, jnp.bfloat16, jnp.float16]),
+       seed=st.integers(0, 2 ** 31 - 1))
+def test_pack_lays_panels_out_as_the_layout_says(n, k, dtype, seed):
+    """The library's in-place packer against `panels.arranged`, the layout written out in numpy:
+    zero-padded to whole panels, each K rows of 16, in this CPU's order of places (or pairs)."""
+    from linnet.kernels.panels import PANEL, arranged
+
+    w = np.random.default_rng(seed).standard_normal((n, k)).astype(dtype)
+    padded = np.concatenate([w, np.zeros((-n % PANEL, k), w.dtype)])
+    want = arranged(padded.reshape(-1, PANEL, k).transpose(0, 2, 1), w.dtype, xla_kernels.pairs(w.dtype, k))
+    out = np.full((-(-n // PANEL), k, PANEL), 7, w.dtype)
+    assert xla_kernels.pack(w, out=out) is out
+    np.testing.assert_array_equal(out.view(np.uint8), np.ascontiguousarray(want).view(np.uint8))
+    np.testing.assert_array_equal(xla_kernels.pack(w).view(np.uint8), out.view(np.uint8))
+    with pytest.raises(ValueError, match="out must be C-contiguous"):
+        xla_kernels.pack(w, out=np.empty((1, k, PANEL), np.float64))
