@@ -85,8 +85,9 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
         device = device or ("cuda" if jax_device.platform == "gpu" else jax_device.platform)
     # JAX binds numpy host arrays, which its runtime moves to the device: no torch import on its way
     bind_device, framework = (device, "torch") if kind == "torch" else ("cpu", "numpy")
+    runs_on = device if kind == "torch" else ("cuda" if jax_device.platform == "gpu" else "cpu")  # torch's name
     bound = read_weights(name, generics, numerics, cast_dtype, weights, seed, tokenizer, bind_device, progress,
-                         framework=framework)
+                         framework=framework, runs_on=runs_on)
     spec, card_name, params = bound.module, bound.card, bound.params
 
     note = _slow_type_note(kind, device, spec.bindings["T"])
@@ -126,12 +127,13 @@ class BoundWeights:
 def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics: str = "exact",
                  cast_dtype: bool = False, weights: str | os.PathLike | Checkpoint | None = None, seed: int = 0,
                  tokenizer: bool | str | os.PathLike = True, device: str = "cpu", progress: bool | None = None,
-                 resolved: tuple | None = None, framework: str = "torch") -> BoundWeights:
+                 resolved: tuple | None = None, framework: str = "torch", runs_on: str | None = None) -> BoundWeights:
     """The first half of `load` (same arguments): the card, specialized, with its weights bound as torch
     tensors on `device` and its tokenizer; what `load` compiles and what `linnet export` writes out.
     `resolved`: what `resolve_card(name, weights)` gave, for a caller that has already asked.
     `framework="numpy"` reads a checkpoint into numpy host arrays instead (`bind.bind_weights`);
-    random weights are made in torch either way, so that a seed gives both backends the same ones."""
+    random weights are made in torch either way, so that a seed gives both backends the same ones
+    (`runs_on`: the device the model will run on, where its noise is made if that is a GPU)."""
     module, card_name, ckpt = resolved or resolve_card(name, weights)
     spec = specialize(module, dict(generics or {}), numerics)
     trained = module.meta.get("max_context")
@@ -153,7 +155,8 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
     if isinstance(weights, str) and weights == "random":
         from linnet.nest.random_weights import random_weights
 
-        bound = BoundWeights(spec, card_name, random_weights(spec, seed=seed, device=device), None, "random")
+        bound = BoundWeights(spec, card_name, random_weights(spec, seed=seed, device=device, runs_on=runs_on), None,
+                             "random")
     else:
         if ckpt is None:
             ckpt = weights if isinstance(weights, Checkpoint) else open_checkpoint(

@@ -8,11 +8,19 @@ from linnet.ir.nodes import Module
 from linnet.ir.specialize import concrete_dtype, evaluate, param_shape
 
 
-def random_weights(module: Module, seed: int = 0, device: str | torch.device = "cpu") -> dict:
-    """Normal(0, 0.02) matrices, norm-like vectors near 1; made one param at a time on `device`."""
-    # On a GPU the noise is made there (a big model's worth of CPU random numbers takes minutes);
-    # elsewhere on the CPU, so that a seed gives the same weights on every machine.
-    maker = torch.device(device) if torch.device(device).type == "cuda" else torch.device("cpu")
+def random_weights(module: Module, seed: int = 0, device: str | torch.device = "cpu",
+                   runs_on: str | torch.device | None = None) -> dict:
+    """Normal(0, 0.02) matrices, norm-like vectors near 1; made one param at a time on `device`.
+
+    `runs_on`: the device the model will run on, where it is not `device` (JAX's weights are
+    made on the host and moved by its runtime)."""
+    # For a model that runs on a GPU the noise is made there by torch's CUDA generator, for either
+    # backend (a big model's worth of CPU random numbers takes minutes: 8B values, about a minute
+    # and a half on one core), a layer at a time; elsewhere on the CPU, so that a seed gives the
+    # same weights on every machine.
+    maker = torch.device(runs_on or device)
+    if maker.type != "cuda" or not torch.cuda.is_available():
+        maker = torch.device("cpu")
     gen = torch.Generator(device=maker).manual_seed(seed)
     types = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
     out = {}
