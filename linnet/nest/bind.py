@@ -131,8 +131,9 @@ def bind_weights(module: Module, get: Callable[[str], object], fmt: str = "hf", 
     """{param name: array} in the module's dtype, read through `get(checkpoint_name)`.
 
     framework="torch": torch tensors on `device`, from the torch tensors `get` returns; "numpy":
-    host arrays (bf16 as ml_dtypes' bfloat16), from the numpy arrays `get` returns. `where` names the file a tensor comes from in messages (a string, or a function of the
-    tensor's name, for sharded checkpoints); `progress(name)` is called after each tensor.
+    host arrays (bf16 as ml_dtypes' bfloat16), from the numpy arrays `get` returns. `where` names
+    the file a tensor comes from in messages (a string, or a function of the tensor's name, for
+    sharded checkpoints); `progress(name)` is called after each tensor.
     """
     arrays = _ARRAYS[framework]()
     file_of = where if callable(where) else (lambda _name: where)

@@ -135,7 +135,8 @@ def test_a_jax_load_does_not_import_torch(tiny_hf, tmp_path):
 import sys
 import numpy as np
 from linnet import nest
-model = nest.load({str(bf16)!r}, backend="jax", numerics="fast", generics={{**{GENERICS!r}, "T": "bf16"}}, tokenizer=False)
+model = nest.load({str(bf16)!r}, backend="jax", numerics="fast", generics={{**{GENERICS!r}, "T": "bf16"}},
+                  tokenizer=False)
 prompt = np.array({PROMPTS[0]!r}, np.int32)
 n = len(prompt)
 logits = model.prefill(prompt, np.arange(n, dtype=np.int32), np.zeros(n, np.int32), np.array([n - 1], np.int32))
