@@ -25,9 +25,14 @@ import numpy as np
 MASK = "mask"
 SHIFT = "shift"
 
-# The noise: u(seed, step, token) = ((h >> 8) + 0.5) / 2^24, in (0, 1), where, in uint32 arithmetic,
+# The noise: u(seed, step, token) = ((h >> 9) + 0.5) / 2^23, in (0, 1), where, in uint32 arithmetic,
 # h = mix(mix(mix(seed) + step * STEP) + token * TOKEN) and mix is a 32-bit avalanche
 # (x ^= x >> 16; x *= M1; x ^= x >> 15; x *= M2; x ^= x >> 16, Wellons' lowbias32).
+# 23 bits, not 24: (h >> 9) + 0.5 is exact in f32, so u < 1 always. With 24, the largest value
+# (2^24 - 0.5) rounded to 2^24, u was 1, -log(u) 0, and that token won the race whatever its
+# probability (a masked one too): one draw in 2^24 per token, a third of a percent of a
+# 49k-vocabulary model's steps.
+NOISE_BITS = 23
 NOISE = {"M1": 0x7FEB352D, "M2": 0x846CA68B, "STEP": 0x9E3779B9, "TOKEN": 0x85EBCA6B}
 
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linnet.serve.request import MAX_LOGPROBS
-from linnet.serve.sampling import MASK, NOISE, SHIFT, SamplingBatch
+from linnet.serve.sampling import MASK, NOISE, NOISE_BITS, SHIFT, SamplingBatch
 
 
 _U32 = jnp.uint32
@@ -28,7 +28,12 @@ def uniform(seed, step, vocab: int):
     row = _mix(_mix(seed.astype(_U32)) + step.astype(_U32) * _U32(NOISE["STEP"]))
     token = jax.lax.broadcasted_iota(_U32, (seed.shape[0], vocab), 1)
     h = _mix(row[:, None] + token * _U32(NOISE["TOKEN"]))
-    return ((h >> 8).astype(jnp.float32) + 0.5) * (1.0 / (1 << 24))
+    return unit(h)
+
+
+def unit(h):
+    """32-bit hashes (uint32) as f32 in (0, 1): `sampling.NOISE_BITS` of them, and a half."""
+    return ((h >> (32 - NOISE_BITS)).astype(jnp.float32) + 0.5) * (1.0 / (1 << NOISE_BITS))
 
 
 def _argmax(x):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from linnet.serve.sampling import MASK, NOISE, SHIFT, SamplingBatch
+from linnet.serve.sampling import MASK, NOISE, NOISE_BITS, SHIFT, SamplingBatch
 
 
 def _signed(c: int) -> int:
@@ -35,7 +35,12 @@ def uniform(seed: torch.Tensor, step: torch.Tensor, vocab: int) -> torch.Tensor:
     row = _mix(_mix(low(seed)) + low(step) * _signed(NOISE["STEP"]))
     token = torch.arange(vocab, device=seed.device, dtype=torch.int32)
     h = _mix(row[:, None] + token * _signed(NOISE["TOKEN"]))
-    return (_shr(h, 8).float() + 0.5) * (1.0 / (1 << 24))
+    return unit(h)
+
+
+def unit(h: torch.Tensor) -> torch.Tensor:
+    """32-bit hashes (held as int32) as f32 in (0, 1): `sampling.NOISE_BITS` of them, and a half."""
+    return (_shr(h, 32 - NOISE_BITS).float() + 0.5) * (1.0 / (1 << NOISE_BITS))
 
 
 def kept_weights(scaled: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

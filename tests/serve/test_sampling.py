@@ -220,3 +220,57 @@ def test_both_backends_draw_the_same_tokens_from_the_same_seeds():
     b = run("jax", logits, reqs, seeds, steps)[0]
     assert a.tolist() == b.tolist()
     assert len(set(a.tolist())) > 30  # draws, not one greedy token
+
+
+def noise_reference(seed: int, step: int, vocab: int) -> np.ndarray:
+    """`sampling.NOISE` written out in Python integers, then the unit interval in float64."""
+    from linnet.serve.sampling import NOISE, NOISE_BITS
+
+    def mix(x):
+        x ^= x >> 16
+        x = (x * NOISE["M1"]) & 0xFFFFFFFF
+        x ^= x >> 15
+        x = (x * NOISE["M2"]) & 0xFFFFFFFF
+        return x ^ (x >> 16)
+
+    row = mix((mix(seed & 0xFFFFFFFF) + step * NOISE["STEP"]) & 0xFFFFFFFF)
+    h = np.array([mix((row + t * NOISE["TOKEN"]) & 0xFFFFFFFF) for t in range(vocab)], np.uint64)
+    return ((h >> (32 - NOISE_BITS)).astype(np.float64) + 0.5) / 2.0 ** NOISE_BITS
+
+
+@pytest.mark.parametrize("seed, step", [(3, 7), (0, 0), (2**31 + 5, 40)])
+def test_the_noise_is_the_hash_and_never_one(seed, step):
+    """Both backends' noise against the hash in Python integers, on a SmolLM2-sized vocabulary:
+    exact, and inside (0, 1). Seed 3's step 7 held a token whose f32 noise rounded to 1 when the
+    noise took 24 bits: -log(u) was 0, and that token won the draw whatever its probability."""
+    want = noise_reference(seed, step, 49152)
+    u_torch = sampling_torch.uniform(torch.tensor([seed]), torch.tensor([step]), 49152).numpy()[0]
+    u_jax = np.asarray(sampling_jax.uniform(np.array([seed], np.uint64).astype(np.uint32), np.array([step], np.int32),
+                                            49152))[0]
+    np.testing.assert_array_equal(u_torch.astype(np.float64), want)
+    np.testing.assert_array_equal(u_jax.astype(np.float64), want)
+    assert 0 < u_torch.min() and u_torch.max() < 1
+
+
+def test_every_hash_maps_inside_the_unit_interval():
+    """The extremes of the 32-bit hash and every value of its top bits: f32 noise in (0, 1), its
+    -log positive, on both backends."""
+    tops = np.arange(2**16, dtype=np.uint64) << 16
+    h = np.concatenate([tops, tops | 0xFFFF, np.array([0, 1, 2**32 - 1, 2**32 - 2], np.uint64)]).astype(np.uint32)
+    u_torch = sampling_torch.unit(torch.from_numpy(h.view(np.int32))).numpy()
+    u_jax = np.asarray(sampling_jax.unit(h))
+    np.testing.assert_array_equal(u_torch, u_jax)
+    assert u_torch.dtype == np.float32 and 0 < u_torch.min() and u_torch.max() < 1
+    assert np.all(-np.log(u_torch) > 0)
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_top_k_one_is_greedy_at_any_temperature(backend):
+    """Only the kept token can win the draw: top_k=1 at temperature 1 gives the argmax, for the
+    (seed, step) pairs of a vocabulary-sized batch, seed 3's step 7 among them."""
+    rng = np.random.default_rng(5)
+    logits = rng.normal(size=(32, 49152)).astype(np.float32) * 3
+    reqs = [Request([1], temperature=1.0, top_k=1) for _ in range(32)]
+    seeds, steps = [3] * 16 + list(range(16)), list(range(16)) + [7] * 16
+    tokens = run(backend, logits, reqs, seeds, steps)[0]
+    assert np.asarray(tokens).tolist() == logits.argmax(axis=-1).tolist()
