@@ -249,12 +249,14 @@ def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens:
     Without max_tokens a request may fill its row: `default_max_tokens` (None: no limit) cut to what
     the row has left; a max_tokens asked for is kept, and `check_fits` refuses it if it cannot fit.
     `fewest_tokens`: the least max_tokens may be (0 where an echo alone is an answer)."""
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    # max_completion_tokens is chat's new name for max_tokens; an explicit null falls back to the old one (as vLLM's)
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = body.get(name)
     if max_tokens is None:
         room = max(1, max_seq - len(prompt))
         max_tokens = room if default_max_tokens is None else min(default_max_tokens, room)
     else:
-        max_tokens = _number({"max_tokens": max_tokens}, "max_tokens", None, fewest_tokens, None, integer=True)
+        max_tokens = _number(body, name, None, fewest_tokens, None, integer=True)
     seed = body.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ApiError(400, f"'seed' must be an integer, not {seed!r}", "seed")
@@ -484,6 +486,8 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=No
     _refuse_unsupported(body, chat=True)
     n = _choices_per_prompt(body)
     ids = _truncated(body, chat_prompt(body, tokenizer), max_seq)
+    if body.get("top_logprobs") is not None and not body.get("logprobs"):
+        raise ApiError(400, "when using 'top_logprobs', 'logprobs' must be set to true", "top_logprobs")
     logprobs = _number(body, "top_logprobs", 0, 0, MAX_LOGPROBS, integer=True) if body.get("logprobs") else None
     asked = logprob_count(body, "prompt_logprobs")
     tool_call, structure = _tool_call(body, tool_parser)

@@ -162,13 +162,16 @@ def choice_stream(job: Job, comp, tokenizer, start: int = 0, markers: dict | Non
 def completion_logprobs(lps: list, tokenizer, offsets: list, prompt: tuple | None = None,
                         token_ids: bool = False) -> dict:
     """OpenAI's legacy logprobs for some tokens of a choice; `offsets`: where each one's text starts.
-    `prompt`: an echoed prompt's (ids, scores, offsets), whose tokens lead, the first without a logprob."""
+    `prompt`: an echoed prompt's (ids, scores, offsets), whose tokens lead, the first without a logprob.
+    Each token's alternatives hold the token itself too ("up to logprobs + 1 elements", as OpenAI's
+    and vLLM's: first, as vLLM's)."""
     text = _token_text(tokenizer, token_ids)
     ids, scores, before = prompt if prompt is not None else ([], [], [])
     every = list(zip(ids, scores)) + [(lp.token, lp) for lp in lps]
     return {"tokens": [text(t) for t, _ in every],
             "token_logprobs": [None if lp is None else lp.logprob for _, lp in every],
-            "top_logprobs": [None if lp is None else {text(t): v for t, v in lp.top} for _, lp in every],
+            "top_logprobs": [None if lp is None else {text(lp.token): lp.logprob, **{text(t): v for t, v in lp.top}}
+                             for _, lp in every],
             "text_offset": list(before) + list(offsets)}
 
 
@@ -245,6 +248,8 @@ def chat_message(job: Job, comp, tokenizer) -> tuple:
             content, calls, finish = _calls_so_far(job, source) + (finish_reason(comp),)
     if calls is None:
         return message, finish_reason(comp)
+    if job.tool_call not in ("auto", "required"):  # a named function's call ends as "stop", as OpenAI's and vLLM's
+        finish = finish_reason(comp)
     return dict(message, content=content, tool_calls=calls), finish
 
 

@@ -98,12 +98,13 @@ def chat_body(call: ResponsesCall) -> dict:
     include = body.get("include") or []
     if not isinstance(include, list) or not all(isinstance(x, str) for x in include):
         raise ApiError(400, "'include' must be a list of strings", "include")
-    if body.get("top_logprobs") is not None:
-        chat["top_logprobs"] = logprob_count(body, "top_logprobs")
+    top = logprob_count(body, "top_logprobs")  # checked whether or not it is used
     # as OpenAI's (and vLLM's): logprobs come where `include` names them, top_logprobs alone gives none;
     # the other includes name outputs this server never makes: nothing to add
     if "message.output_text.logprobs" in include:
         chat["logprobs"] = True
+        if top is not None:
+            chat["top_logprobs"] = top
     return chat
 
 

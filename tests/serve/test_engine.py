@@ -237,6 +237,24 @@ def test_stop_strings_end_the_text_before_them_or_after_when_asked(model, includ
     assert c.text.strip() == " ".join(f"t{t}" for t in ref[:first + include_stop])
 
 
+@pytest.mark.parametrize("include_stop", [False, True])
+def test_a_stop_token_s_text_is_left_out_unless_asked_for(model, include_stop):
+    """As vLLM's: the text ends before the stop token that ends it (counted, and with its logprob,
+    among the tokens), or after it with include_stop_str_in_output."""
+    p = prompts(1, 12, 12, seed=23)[0]
+    ref = reference_greedy(model, p, 10)
+    model.tokenizer = word_tokenizer(model.vocab)
+    try:
+        done, _ = Engine(model).run([Request(prompt=p, max_new_tokens=10, stop_token_ids=[ref[4]], logprobs=0,
+                                             include_stop=include_stop)])
+    finally:
+        model.tokenizer = None
+    c = done[0]
+    first = ref.index(ref[4])
+    assert c.finish_reason == "stop" and c.tokens == ref[:first + 1] and len(c.logprobs) == first + 1
+    assert c.text.strip() == " ".join(f"t{t}" for t in ref[:first + include_stop])
+
+
 def test_the_earliest_of_several_stop_strings_ends_the_text(model):
     """Stop strings are looked for as the text grows; the one that appears first wins, whatever
     their order in the request, including one that spans two tokens."""

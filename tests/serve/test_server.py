@@ -120,6 +120,10 @@ def test_chat_uses_the_template(server):
     ("/v1/completions", {"model": "gpt-4", "prompt": [1]}, None, None, 404, "does not exist"),
     ("/v1/chat/completions", {"messages": "hi"}, None, None, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, None, None, 400, "role"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "t1"}], "top_logprobs": 2}, None, None, 400,
+     "'logprobs' must be set to true"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "t1"}], "max_completion_tokens": -1}, None,
+     None, 400, "max_completion_tokens"),
     ("/v1/nothing", {}, None, None, 404, "no route"),
     ("/v1/completions", None, None, "GET", 405, "POST"),
 ])
@@ -316,6 +320,47 @@ def test_a_stop_string_kept_in_the_text_when_asked(server):
     assert "".join(c["choices"][0]["text"] for c in streamed if c["choices"]) == out["text"]
 
 
+def test_a_stop_token_ends_the_text_before_it_unless_asked_for(server):
+    """vLLM's stop_token_ids: the token is drawn (and counted) but its text is left out, whole and
+    streamed; include_stop_str_in_output keeps it."""
+    base, engine, _ = server
+    ref = words(engine_greedy(engine, [8, 9], 6))
+    upto = ref.index(ref[3])
+    for keep in (False, True):
+        body = {"prompt": [8, 9], "max_tokens": 6, "temperature": 0, "stop_token_ids": [int(ref[3][1:])],
+                "include_stop_str_in_output": keep}
+        out = json.loads(call(base, "/v1/completions", body)[1])
+        choice = out["choices"][0]
+        assert choice["finish_reason"] == "stop" and choice["text"].split() == ref[:upto + keep]
+        assert out["usage"]["completion_tokens"] == upto + 1
+        streamed = sse(call(base, "/v1/completions", dict(body, stream=True))[1])
+        assert "".join(c["choices"][0]["text"] for c in streamed if c["choices"]) == choice["text"]
+
+
+def test_a_null_max_completion_tokens_leaves_max_tokens_in_force(server):
+    """Clients that send every field send max_completion_tokens: null beside max_tokens (vLLM takes
+    the first that is set)."""
+    base, _, _ = server
+    body = {"messages": [{"role": "user", "content": "t3"}], "temperature": 0, "ignore_eos": True}
+    for extra, want in (({"max_tokens": 3, "max_completion_tokens": None}, 3),
+                        ({"max_tokens": 3, "max_completion_tokens": 5}, 5)):
+        out = json.loads(call(base, "/v1/chat/completions", dict(body, **extra))[1])
+        assert out["usage"]["completion_tokens"] == want
+
+
+def test_legacy_logprobs_always_hold_the_drawn_token(server):
+    """OpenAI's completions logprobs: "the API will always return the logprob of the sampled token,
+    so there may be up to logprobs+1 elements" (vLLM's too): with logprobs 0, the drawn token alone."""
+    base, _, _ = server
+    body = {"prompt": [8, 9], "max_tokens": 5, "temperature": 1.0, "seed": 2, "logprobs": 0}
+    lp = json.loads(call(base, "/v1/completions", body)[1])["choices"][0]["logprobs"]
+    assert [list(top) for top in lp["top_logprobs"]] == [[t] for t in lp["tokens"]]
+    assert [list(top.values()) for top in lp["top_logprobs"]] == [[v] for v in lp["token_logprobs"]]
+    lp = json.loads(call(base, "/v1/completions", dict(body, logprobs=2))[1])["choices"][0]["logprobs"]
+    assert all(2 <= len(top) <= 3 and top[t] == v for t, v, top in zip(lp["tokens"], lp["token_logprobs"],
+                                                                       lp["top_logprobs"]))
+
+
 def test_the_allowed_tokens_are_the_only_ones_drawn(server):
     """vLLM's allowed_token_ids: sampled or greedy, every token is one of them; greedy picks the
     likeliest of them, as a -100 logit bias on every other token does."""
@@ -383,7 +428,10 @@ def test_echo_with_logprobs_scores_the_prompt_as_lm_eval_asks(server):
         assert lp["tokens"] == words(p) + generated
         assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
         assert lp["token_logprobs"][1:len(p)] == pytest.approx([s.logprob for s in ref[1:]], abs=1e-5)
-        assert [list(t) for t in lp["top_logprobs"][1:len(p)]] == [[f"t{s.top[0][0]}"] for s in ref[1:]]
+        # each token's alternatives: its top one and itself (OpenAI's "up to logprobs + 1"), as vLLM's
+        assert [set(t) for t in lp["top_logprobs"][1:len(p)]] == [{f"t{s.token}", f"t{s.top[0][0]}"} for s in ref[1:]]
+        greedy = [tok == max(top.values()) for tok, top in zip(lp["token_logprobs"][1:], lp["top_logprobs"][1:])]
+        assert greedy == [s.token == s.top[0][0] for s in ref[1:]] + [True]  # lm-eval's test; the draw is greedy
         assert [choice["text"][o:].split()[0] for o in lp["text_offset"]] == lp["tokens"]
     assert out["usage"]["completion_tokens"] == 2
 
