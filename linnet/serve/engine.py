@@ -515,6 +515,7 @@ class Engine:
                                                                         or req.skip_special_tokens):
                 x.comp.text = self.tokenizer.decode_after(req.prompt, x.generated[:-1],
                                                           skip_special_tokens=req.skip_special_tokens)
+            x.comp.stop_reason = token if token in req.stop_token_ids else None  # an end token: None, as vLLM's
             return "stop"
         if x.masked:
             x.matcher.consume_token(token)
@@ -537,6 +538,7 @@ class Engine:
             if found and not held:
                 at, minus_length = min(found)  # the first to begin; of those, the longest
                 x.comp.text = x.text[:at - minus_length if req.include_stop else at]
+                x.comp.stop_reason = x.text[at:at - minus_length]
                 return "stop"
         if len(x.generated) >= req.max_new_tokens:
             return "length"

@@ -224,7 +224,8 @@ def completion_response(job: Job, comps: list, model: str, tokenizer) -> dict:
             comp.logprobs, tokenizer,
             TextStream(tokenizer, comp.request.prompt, comp.request.stop, len(before)).add(comp.tokens),
             echoed_prompt(job, comps, i, tokenizer), job.token_ids)
-        choice = {"index": i, "text": before + _text(comp), "logprobs": logprobs, "finish_reason": finish_reason(comp)}
+        choice = {"index": i, "text": before + _text(comp), "logprobs": logprobs, "finish_reason": finish_reason(comp),
+                  "stop_reason": comp.stop_reason}
         if job.prompt_logprobs:
             choice["prompt_logprobs"] = vllm_prompt_logprobs(job.prompt_scores(comps, i), tokenizer)
         choices.append(choice)
@@ -302,7 +303,7 @@ def chat_response(job: Job, comps: list, model: str, tokenizer) -> dict:
     choices = []
     for i, comp in enumerate(comps):
         message, reason = chat_message(job, comp, tokenizer)
-        choices.append({"index": i, "message": message, "finish_reason": reason,
+        choices.append({"index": i, "message": message, "finish_reason": reason, "stop_reason": comp.stop_reason,
                         "logprobs": None if comp.request.logprobs is None else
                         chat_logprobs(comp.logprobs, tokenizer, job.token_ids)})
     response = {"id": new_id("chatcmpl"), "object": "chat.completion", "created": int(time.time()), "model": model,
@@ -342,8 +343,9 @@ class ChunkWriter:
 
     def piece(self, index: int, text: str, lps: list | None = None, offsets: list | None = None,
               reason: str | None = None, prompt: tuple | None = None, reasoning: str = "",
-              reply: tuple | None = None) -> dict:
-        """New text of choice `index` (and its tokens' logprobs, when asked for), or its end;
+              reply: tuple | None = None, stop_reason: int | str | None = None) -> dict:
+        """New text of choice `index` (and its tokens' logprobs, when asked for), or its end (with
+        what stopped it, `Completion.stop_reason`);
         `prompt`: an echoed prompt's (ids, scores, offsets), whose logprobs lead; `reasoning`: new
         thinking of a reasoning model (chat). `reply` is for `ResponseWriter`: a chunk's logprobs
         are all its tokens', thinking's too (as vLLM's)."""
@@ -357,6 +359,8 @@ class ChunkWriter:
             logprobs = None if lps is None else completion_logprobs(lps, self.tokenizer, offsets, prompt,
                                                                     self.token_ids)
             choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": reason}
+        if reason is not None:
+            choice["stop_reason"] = stop_reason
         return self._chunk([choice])
 
     def call(self, index: int, event: tuple) -> dict:

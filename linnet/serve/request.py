@@ -125,6 +125,7 @@ class Completion:
     request: Request
     tokens: list = field(default_factory=list)
     finish_reason: str | None = None  # "length" | "stop" | "cancelled" | "error"
+    stop_reason: int | str | None = None  # what stopped it (vLLM's): a stop_token_ids token or a stop string
     error: str | None = None
     logprobs: list = field(default_factory=list)  # [TokenLogprob] when asked for
     prompt_logprobs: list = field(default_factory=list)  # [None, TokenLogprob, ...]: one a prompt token, when asked for

@@ -357,9 +357,10 @@ class ResponseWriter:
 
     def piece(self, index: int, text: str, lps: list | None = None, offsets: list | None = None,
               reason: str | None = None, prompt: tuple | None = None, reasoning: str = "",
-              reply: tuple | None = None) -> list:
+              reply: tuple | None = None, stop_reason: int | str | None = None) -> list:
         """`reply`: (the reply's text so far, how much of it is out with this piece), to place the
-        tokens' logprobs: an answer's token's go with the text delta its text starts in."""
+        tokens' logprobs: an answer's token's go with the text delta its text starts in. A Response
+        has no stop_reason (ChunkWriter's signature)."""
         if lps:
             entries = chat_logprobs(lps, self.tokenizer, self.job.token_ids)["content"]
             self.unplaced += zip(offsets, entries)

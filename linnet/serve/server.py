@@ -317,7 +317,7 @@ class OpenAIServer:
                 for piece in calls:
                     await event(writer.call(i, piece))
                 if reason is not None:
-                    await event(writer.piece(i, "", reason=why))
+                    await event(writer.piece(i, "", reason=why, stop_reason=comp.stop_reason))
             if job.include_usage:
                 await event(writer.usage(job, comps))
             if responses is not None and not any(c.finish_reason == "error" for c in comps):

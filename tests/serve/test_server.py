@@ -303,7 +303,7 @@ def test_more_stop_strings_than_openais_four(server):
     stops = [f"t{t}" for t in range(100, 105) if f"t{t}" not in ref] + [ref[3]]
     out = json.loads(call(base, "/v1/completions", {"prompt": [8, 9], "max_tokens": 6, "temperature": 0,
                                                      "stop": stops})[1])
-    assert out["choices"][0]["finish_reason"] == "stop"
+    assert out["choices"][0]["finish_reason"] == "stop" and out["choices"][0]["stop_reason"] == ref[3]
     assert out["choices"][0]["text"].split() == ref[:ref.index(ref[3])]
 
 
@@ -332,9 +332,11 @@ def test_a_stop_token_ends_the_text_before_it_unless_asked_for(server):
         out = json.loads(call(base, "/v1/completions", body)[1])
         choice = out["choices"][0]
         assert choice["finish_reason"] == "stop" and choice["text"].split() == ref[:upto + keep]
+        assert choice["stop_reason"] == int(ref[3][1:])  # vLLM's: the token that stopped it
         assert out["usage"]["completion_tokens"] == upto + 1
         streamed = sse(call(base, "/v1/completions", dict(body, stream=True))[1])
         assert "".join(c["choices"][0]["text"] for c in streamed if c["choices"]) == choice["text"]
+        assert [c["choices"][0].get("stop_reason") for c in streamed if c["choices"]][-1] == choice["stop_reason"]
 
 
 def test_a_null_max_completion_tokens_leaves_max_tokens_in_force(server):
