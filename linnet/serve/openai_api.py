@@ -518,13 +518,14 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=No
                call_id=call_id, tool_names=frozenset(schemas))
 
 
-def check_fits(req: Request, vocab: int, max_seq: int) -> None:
-    """A request that cannot fit a cache row is a 400, as OpenAI answers a too-long context."""
+def check_fits(req: Request, vocab: int, max_seq: int, chat: bool = True) -> None:
+    """A request that cannot fit a cache row is a 400, as OpenAI answers a too-long context; the
+    prompt's field is chat's `messages` or completions' `prompt`."""
     if len(req.prompt) + req.max_new_tokens > max_seq:
         room = max_seq - len(req.prompt)
         if room < 1:
             raise ApiError(400, f"the prompt is {len(req.prompt)} tokens; this server's context is {max_seq}",
-                           "messages", "context_length_exceeded")
+                           "messages" if chat else "prompt", "context_length_exceeded")
         raise ApiError(400, f"the prompt ({len(req.prompt)} tokens) plus max_tokens ({req.max_new_tokens}) exceeds "
                             f"the context of {max_seq} tokens; ask for at most {room}", "max_tokens",
                        "context_length_exceeded")

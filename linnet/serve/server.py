@@ -187,7 +187,7 @@ class OpenAIServer:
         else:
             job = completion_job(body, self.tokenizer, self.model.max_seq)
         for req in job.requests:
-            check_fits(req, self.model.vocab, self.model.max_seq)
+            check_fits(req, self.model.vocab, self.model.max_seq, chat)
         streams = []
         try:
             for req in job.requests:

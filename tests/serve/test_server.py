@@ -339,6 +339,15 @@ def test_a_stop_token_ends_the_text_before_it_unless_asked_for(server):
         assert [c["choices"][0].get("stop_reason") for c in streamed if c["choices"]][-1] == choice["stop_reason"]
 
 
+def test_a_prompt_too_long_names_its_own_field(server):
+    base, _, model = server
+    _, text = call(base, "/v1/completions", {"prompt": [5] * model.max_seq})
+    assert json.loads(text)["error"]["param"] == "prompt"
+    _, text = call(base, "/v1/chat/completions", {"messages": [{"role": "user", "content": "t5 " * model.max_seq}]})
+    err = json.loads(text)["error"]
+    assert err["param"] == "messages" and err["code"] == "context_length_exceeded"
+
+
 def test_a_null_max_completion_tokens_leaves_max_tokens_in_force(server):
     """Clients that send every field send max_completion_tokens: null beside max_tokens (vLLM takes
     the first that is set)."""
