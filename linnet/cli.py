@@ -106,6 +106,13 @@ def cmd_generate(args) -> int:
 
     if args.system is not None and not args.chat:
         raise _UsageError("--system needs --chat")
+    # the request's numbers, before minutes may go on loading a model
+    if args.max_new_tokens < 1:
+        raise _UsageError(f"--max-new-tokens must be at least 1, not {args.max_new_tokens}")
+    if not args.temperature >= 0:
+        raise _UsageError(f"--temperature must be 0 or more, not {args.temperature}")
+    if not 0 < args.top_p <= 1:
+        raise _UsageError(f"--top-p must be in (0, 1], not {args.top_p}")
     generics = {"Batch": 1, "MaxSeq": args.max_seq, "T": args.dtype}
     _use_compile_cache(args)
     model = nest.load(args.card, backend=args.backend, device=args.device, numerics=args.numerics, compile=True,
@@ -122,6 +129,8 @@ def cmd_generate(args) -> int:
         ids = tok.encode(tok.apply_chat_template(messages, add_generation_prompt=True), add_special_tokens=False)
     else:
         ids = tok.encode(args.prompt)
+    if not ids:
+        raise _UsageError("the prompt is empty")
     room = model.max_seq - len(ids)
     if room < 1:
         raise _UsageError(f"the prompt is {len(ids)} tokens; --max-seq {model.max_seq} leaves no room to generate")
@@ -299,6 +308,17 @@ def cmd_export(args) -> int:
     return 0
 
 
+def _port(text: str) -> int:
+    """A TCP port for argparse: 0 (any free one) to 65535."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, not {port}")
+    return port
+
+
 def build_parser() -> argparse.ArgumentParser:
     from linnet.serve.reasoning import PARSERS as REASONING
     from linnet.serve.tool_parsers import PARSERS
@@ -377,7 +397,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--shards", "--tensor-parallel-size", type=int, default=None,
                     help="jax: spread the model over this many devices (tensor parallel)")
     sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--port", type=_port, default=8000, help="default: 8000")
     sv.add_argument("--name", "--served-model-name", default=None,
                     help="the model name clients send (default: the card's)")
     sv.add_argument("--api-key", default=None,
@@ -440,10 +460,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _warning_line(message, category, filename, lineno, line=None) -> str:
+    """A warning as the command line shows it: one line of what, not which line of Linnet said so."""
+    return f"linnet: warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
+    import warnings
+
     args = build_parser().parse_args(argv)
+    shown = warnings.formatwarning
+    warnings.formatwarning = _warning_line
+    try:
+        return _run(args)
+    finally:
+        warnings.formatwarning = shown  # a caller's own (main in a test, say) comes back
+
+
+def _run(args) -> int:
+    """A parsed command run, its errors printed as one line each (or as source errors with a caret)."""
     from linnet.export import ExportError
-    from linnet.nest.errors import CardError, TokenizerError, WeightsError
+    from linnet.nest.errors import CardError, DeviceError, TokenizerError, WeightsError
     from linnet.serve.request import RequestError
 
     try:
@@ -451,8 +488,12 @@ def main(argv: list[str] | None = None) -> int:
     except LinnetError as err:
         print(err.render(), file=sys.stderr)
         return 1
-    except (CardError, WeightsError, TokenizerError, RequestError, ExportError, _UsageError) as err:
+    except (CardError, WeightsError, TokenizerError, DeviceError, RequestError, ExportError, _UsageError) as err:
         print(f"linnet: error: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:  # a file the user named that cannot be written or read (-o into no folder, say)
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"linnet: error: {where}{err.strerror or err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(file=sys.stderr)

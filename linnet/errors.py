@@ -21,6 +21,8 @@ class Loc:
     source: str | None = None  # the whole file, kept so errors can quote it
 
     def __str__(self) -> str:
+        if self.line <= 0:  # a whole file (one that cannot be read), or no place at all
+            return self.path
         return f"{self.path}:{self.line}:{self.col}"
 
     def __repr__(self) -> str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 
 MODEL_PY = '''\
@@ -55,7 +56,12 @@ def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str 
     from linnet.nest.checkpoint import open_checkpoint
     from linnet.nest.load import resolve_card, tokenizer_of
 
-    resolve_card(card, weights)  # an unknown card, a bad .linnet file or checkpoint fails here, not in Triton
+    _, card_name, _ = resolve_card(card, weights)  # an unknown card, a bad .linnet file or checkpoint fails here
+    if batch < 1 or max_seq < 2:
+        raise ExportError(f"batch must be at least 1 and max_seq at least 2, not {batch} and {max_seq}")
+    if weights == "random" and tokenizer is None:  # the model reads text_input: without a tokenizer, none
+        warnings.warn("random weights have no tokenizer, and the Triton model takes text: every request will "
+                      "be refused; pass a tokenizer (a model directory or GGUF) to serve with", stacklevel=2)
     card = os.path.abspath(card) if os.path.exists(str(card)) else str(card)
     if weights is not None and weights != "random":
         if not os.path.exists(str(weights)):
@@ -64,7 +70,7 @@ def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str 
     if tokenizer is not None:
         tokenizer_of(open_checkpoint(tokenizer))  # one that cannot be read fails here too
         tokenizer = os.path.abspath(tokenizer)
-    name = name or Path(str(card)).stem
+    name = name or card_name  # a registry card's whole name: llama-3.1-8b-instruct, not llama-3
     model_dir = Path(out) / name
     (model_dir / "1").mkdir(parents=True, exist_ok=True)
     parameters = {"card": card, "dtype": dtype, "batch": batch, "max_seq": max_seq, "backend": backend}

@@ -28,12 +28,19 @@ def load_file(path: str | Path) -> Module:
 
 
 def _read(path: Path, loc: Loc | None = None) -> str:
+    """The text of `path`; an error at `loc` (an import that names it), else at the file itself."""
+    where = loc or Loc(str(path), 0, 0, 0, 0)
     try:
         return path.read_text(encoding="utf-8")
     except OSError as err:
-        raise LinnetError(loc, f"cannot read {path}: {err.strerror or err}") from None
+        raise LinnetError(where, f"cannot read {path}: {err.strerror or err}") from None
     except UnicodeDecodeError as err:
-        raise LinnetError(loc, f"{path} is not UTF-8 text: byte {err.object[err.start]:#04x} at offset {err.start}") from None
+        data = err.object
+        line = data.count(b"\n", 0, err.start) + 1
+        col = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+        at = loc or Loc(str(path), line, col, line, col + 1)
+        raise LinnetError(at, f"{path} is not UTF-8 text: byte {data[err.start]:#04x} at line {line}, "
+                              f"column {col} (offset {err.start})") from None
 
 
 def load_source(text: str, path: str = "<string>", near: Path | None = None) -> Module:

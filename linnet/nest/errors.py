@@ -13,6 +13,10 @@ class TokenizerError(Exception):
     """A tokenizer cannot be built from the files given, or a chat template fails."""
 
 
+class DeviceError(ValueError):
+    """A device that this process cannot run a model on (no such device, or a library without it)."""
+
+
 class CardError(KeyError):
     """A card name that is not in the registry; the message suggests the close names."""
 

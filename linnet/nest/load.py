@@ -48,7 +48,7 @@ from linnet.ir.specialize import specialize
 from linnet.nest import registry
 from linnet.nest.checkpoint import Checkpoint, GGUFCheckpoint, open_checkpoint
 from linnet.nest.embedded import EMBEDDED_INSTALL, embedded_gguf_path
-from linnet.nest.errors import TokenizerError, WeightsError
+from linnet.nest.errors import DeviceError, TokenizerError, WeightsError
 from linnet.nest.locate import find_weights, is_model_dir, weights_not_found_message
 from linnet.nest.model import LoadedModel
 from linnet.nest.progress import Progress
@@ -80,6 +80,7 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
         raise ValueError("shards= spreads a JAX model over devices; the torch backend runs on one")
     if kind == "torch":
         device = device or ("cuda" if _cuda_available() else "cpu")
+        _check_torch_device(device)
     else:
         jax_device = _jax_device(device)
         device = device or ("cuda" if jax_device.platform == "gpu" else jax_device.platform)
@@ -214,6 +215,23 @@ def _mesh(first, shards: int | None):
     return jax.sharding.Mesh(np.array(devices[:shards]), ("model",))
 
 
+def _check_torch_device(device) -> None:
+    """A `DeviceError` for a device torch cannot run on here, before any weight is read."""
+    import torch
+
+    try:
+        where = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise DeviceError(f"device={device!r}: not a torch device ({err})") from None
+    if where.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            why = "this torch has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise DeviceError(f"device={device!r}, but {why} (torch {torch.__version__}); use device='cpu'")
+        if (where.index or 0) >= count:
+            raise DeviceError(f"device={device!r}, but there are {count} CUDA devices")
+
+
 def _jax_device(device: str | None):
     import jax
 
@@ -221,7 +239,14 @@ def _jax_device(device: str | None):
         return jax.devices()[0]
     platform, _, index = str(device).partition(":")
     platform = {"cuda": "gpu", "rocm": "gpu"}.get(platform, platform)
-    return jax.devices(platform)[int(index or 0)]
+    try:
+        devices = jax.devices(platform)
+    except RuntimeError as err:  # a platform this jaxlib lacks, or none of its devices here
+        raise DeviceError(f"device={device!r}: JAX has no {platform} devices here ({err}); "
+                          f"it has {', '.join(str(d) for d in jax.devices())}") from None
+    if index and (not index.isdigit() or int(index) >= len(devices)):
+        raise DeviceError(f"device={device!r}, but JAX has {len(devices)} {platform} devices")
+    return devices[int(index or 0)]
 
 
 def resolve_card(name, weights) -> tuple[Module, str, Checkpoint | None]:

@@ -1,0 +1,60 @@
+"""The command line's answers to what cannot be done: one line that names the thing at fault, exit
+status 1 (2 for a flag argparse refuses), never a traceback."""
+
+import pytest
+import torch
+
+from linnet.cli import main
+
+TINY = "linnet/nest/cards/tiny-llama.linnet"
+
+
+def error_of(capsys, argv) -> str:
+    assert main(argv) == 1, argv
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.startswith(("linnet: error: ", argv[1])), err
+    return err
+
+
+def test_files_that_cannot_be_read_or_written(capsys, tmp_path):
+    assert "/nowhere/dir/out.py: No such file or directory" in error_of(
+        capsys, ["compile", TINY, "-o", "/nowhere/dir/out.py"])
+    assert f"{tmp_path}: Is a directory" in error_of(capsys, ["compile", TINY, "-o", str(tmp_path)])
+    missing = str(tmp_path / "nothere.linnet")
+    assert error_of(capsys, ["compile", missing]).startswith(f"{missing}: error: cannot read")
+    bad = tmp_path / "latin1.linnet"
+    bad.write_bytes(b"arch x\n\n  caf\xe9\n")
+    assert error_of(capsys, ["check", str(bad)]).startswith(f"{bad}:3:6: error: ")
+
+
+def test_request_values_are_checked_before_the_model_loads(capsys):
+    """Wrong numbers answer at once (the model's load takes seconds to minutes)."""
+    base = ["generate", "smollm2-135m-instruct", "hi"]
+    assert "--top-p must be in (0, 1], not 2.0" in error_of(capsys, base + ["--top-p", "2"])
+    assert "--temperature must be 0 or more" in error_of(capsys, base + ["--temperature", "-1"])
+    assert "--max-new-tokens must be at least 1" in error_of(capsys, base + ["--max-new-tokens", "0"])
+
+
+def test_an_empty_prompt_is_refused(capsys, gguf_path):
+    for backend in ("torch", "jax"):
+        err = error_of(capsys, ["generate", "smollm2-135m-instruct", "", "--backend", backend, "--max-seq", "64"])
+        assert "the prompt is empty" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with CUDA runs it")
+def test_a_device_this_process_lacks(capsys):
+    err = error_of(capsys, ["generate", "tiny-llama", "hi", "--weights", "random", "--device", "cuda"])
+    assert "device='cuda', but" in err and "use device='cpu'" in err
+    from linnet import nest
+    from linnet.nest.errors import DeviceError
+
+    with pytest.raises(DeviceError, match="JAX has no gpu devices here"):
+        nest.load("tiny-llama", backend="jax", device="gpu", weights="random")
+    with pytest.raises(DeviceError, match="JAX has 1 cpu devices"):
+        nest.load("tiny-llama", backend="jax", device="cpu:3", weights="random")
+
+
+def test_a_port_out_of_range(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "tiny-llama", "--weights", "random", "--port", "99999"])
+    assert exit_.value.code == 2 and "a port is 0 to 65535, not 99999" in capsys.readouterr().err
