@@ -284,8 +284,16 @@ def cmd_serve(args) -> int:
     parser = args.tool_call_parser or parser_for_template(template) or model.module.meta.get("tool_call_parser")
     if args.enable_auto_tool_choice and parser is None:
         raise _UsageError("--enable-auto-tool-choice needs --tool-call-parser (the card names none)")
+    reasoning = args.reasoning_parser or model.module.meta.get("reasoning_parser")
+    from linnet.serve.reasoning import PARSERS as REASONING
+    from linnet.serve.tool_parsers import PARSERS as TOOLS
+
+    for kind, name, known in (("tool-call", parser, TOOLS), ("reasoning", reasoning, REASONING)):
+        if name is not None and name not in known:  # only a card's meta can name one the flags would refuse
+            raise _UsageError(f"{model.card}: its meta names the {kind} parser {name!r}, which Linnet does not "
+                              f"have; there are {', '.join(sorted(known))}")
     serve(model, args.name or model.card, host=args.host, port=args.port, api_key=api_key,
-          tool_parser=parser, reasoning_parser=args.reasoning_parser or model.module.meta.get("reasoning_parser"),
+          tool_parser=parser, reasoning_parser=reasoning,
           structure_in_reasoning=args.structured_outputs_in_reasoning, stored_responses=args.stored_responses,
           trust_request_chat_template=args.trust_request_chat_template,
           log_level=args.uvicorn_log_level,

@@ -72,7 +72,8 @@ class _Checker:
                               ["the engine calls entries: prefill, decode, copy_rows"])
         meta = {}
         for m in (self.card.meta if self.card else []) + a.meta:
-            meta.setdefault(m.name, self._literal(m.value, "a meta value"))
+            if m.name not in meta:
+                meta[m.name] = _meta_value(m, self._literal(m.value, "a meta value"))
         return ir.Module(
             name=a.arch.name, path=a.path, config=self.config, params=self.params, state=self.state,
             fns=fns, entries=entries, card=self.card.card.name if self.card and self.card.card else None,
@@ -685,3 +686,17 @@ class _Scope:
             self.assigned[name] = (t, loc)
         self.vars[name] = t
         self.kinds[name] = "loop" if loop else self.kinds.get(name, "local")
+
+
+# The meta items Linnet reads (the others are the card's own notes): what each must be.
+META_ITEMS = {"hf_repo": (str, "a string (ORG/NAME)"), "max_context": (int, "a whole number of positions, above 0"),
+              "tool_call_parser": (str, "a string (a parser's name)"), "reasoning_parser": (str, "a string (a parser's name)")}
+
+
+def _meta_value(m: ast.MetaItem, value):
+    """A meta item's value, checked where Linnet reads it (load's max_context, serve's parsers)."""
+    if m.name in META_ITEMS:
+        kind, what = META_ITEMS[m.name]
+        if isinstance(value, bool) or not isinstance(value, kind) or (kind is int and value < 1):
+            raise LinnetError(m.value.loc, f"meta `{m.name}` must be {what}, not {value!r}")
+    return value

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 from importlib import resources
 
 import lark
@@ -316,7 +317,10 @@ class _ToAst(Transformer):
         return ast.Cast(self._loc(meta), c[0], str(c[1]), self._tok(c[1]))
 
     def number(self, meta, c):
-        return ast.Number(self._loc(meta), _number(str(c[0])))
+        value = _number(str(c[0]))
+        if isinstance(value, float) and not math.isfinite(value):
+            raise LinnetError(self._loc(meta), f"{c[0]} is too large for a float: it would be infinite")
+        return ast.Number(self._loc(meta), value)
 
     def string(self, meta, c):
         return ast.String(self._loc(meta), _unquote(str(c[0]), self._tok(c[0])))

@@ -13,12 +13,13 @@ import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from linnet import cli
-from linnet.compiler import BACKENDS, check_file, generate, import_source
+from linnet.compiler import BACKENDS, check_file, compile_file, generate, import_source
 from linnet.ir.specialize import specialize
 from linnet.nest.bind import bind_weights
 
@@ -229,3 +230,15 @@ def test_comments_follow_the_source_when_it_moves(kit, tmp_path):
     before = generate(check_file(kit.CARDS / "tiny-llama.linnet"), "torch", GENERICS)
     after = generate(check_file(card), "torch", GENERICS)
     assert after == re.sub(r"# llama\.linnet:(\d+)", lambda m: f"# llama.linnet:{int(m.group(1)) + 3}", before)
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_names_with_quotes_and_backslashes_stay_inside_the_docstring(tmp_path, backend):
+    """A card's name and file name go into the module's docstring, escaped: the module imports and
+    its docstring reads them as written."""
+    source = (Path(__file__).parents[2] / "linnet/nest/cards/tiny-llama.linnet").read_text()
+    path = tmp_path / 'we"""ird.linnet'
+    path.write_text(source.replace('card "tiny-llama"', 'card "a\\"\\"\\"b\\\\"'))
+    module = import_source(compile_file(str(path), backend, {}, "exact"))
+    assert module.__doc__.startswith('PyTorch module of `a"""b\\`' if backend == "torch" else "JAX")
+    assert 'a"""b\\' in module.__doc__ and 'we"""ird.linnet' in module.__doc__

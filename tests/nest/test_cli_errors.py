@@ -58,3 +58,10 @@ def test_a_port_out_of_range(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["serve", "tiny-llama", "--weights", "random", "--port", "99999"])
     assert exit_.value.code == 2 and "a port is 0 to 65535, not 99999" in capsys.readouterr().err
+
+
+def test_a_parser_a_card_names_that_linnet_lacks(capsys, tmp_path):
+    card = tmp_path / "odd.linnet"
+    card.write_text(open(TINY).read() + '\nmeta {\n  tool_call_parser = "nonexistent"\n}\n')
+    err = error_of(capsys, ["serve", str(card), "--weights", "random", "--batch", "1", "--max-seq", "32"])
+    assert "its meta names the tool-call parser 'nonexistent'" in err and "hermes" in err
