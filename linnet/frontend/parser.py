@@ -78,6 +78,9 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, source: str, path: str) 
     line, col = max(err.line, 1), max(err.column, 1)
     if isinstance(err, lark.exceptions.UnexpectedCharacters):
         char = source[err.pos_in_stream] if err.pos_in_stream < len(source) else ""
+        if char == '"':  # a string is one token: one that fails to lex is a string that does not end
+            return LinnetError(Loc(path, line, col, line, col + 1, source),
+                               "unterminated string: a string closes with `\"` on the line it opens")
         return LinnetError(Loc(path, line, col, line, col + 1, source), f"unexpected character {char!r}")
     token = getattr(err, "token", None)
     expected = sorted({_TOKEN_NAMES.get(t, repr(t.lower()) if t.isupper() else t) for t in (err.expected or ())})

@@ -265,6 +265,9 @@ def resolve_card(name, weights) -> tuple[Module, str, Checkpoint | None]:
         if weights is not None:  # the card from `name`, the tensors from `weights`
             return module, card, None
         return module, card, ckpt
+    if os.sep in text or text.lower().endswith(".gguf"):  # meant as a path: card names hold no separator
+        raise WeightsError(f"{p}: no such file or directory (a model directory, a .gguf file, a .linnet card, "
+                           f"or a card's name: `linnet cards` lists them)")
     return registry.card(text).module(), text, None
 
 

@@ -157,7 +157,7 @@ arch mini
 config {
   name: str = "abc
 }
-""", 3, 15, "unexpected character '\"'"),
+""", 3, 15, "unterminated string: a string closes with `\"` on the line it opens"),
     arch("bad-escape-in-string", """\
 arch mini
 config {

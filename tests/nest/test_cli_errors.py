@@ -65,3 +65,8 @@ def test_a_parser_a_card_names_that_linnet_lacks(capsys, tmp_path):
     card.write_text(open(TINY).read() + '\nmeta {\n  tool_call_parser = "nonexistent"\n}\n')
     err = error_of(capsys, ["serve", str(card), "--weights", "random", "--batch", "1", "--max-seq", "32"])
     assert "its meta names the tool-call parser 'nonexistent'" in err and "hermes" in err
+
+
+def test_a_path_that_is_not_there_is_not_called_an_unknown_card(capsys, tmp_path):
+    err = error_of(capsys, ["generate", str(tmp_path / "no-such-model"), "hi"])
+    assert f"{tmp_path / 'no-such-model'}: no such file or directory" in err and "unknown card" not in err
