@@ -316,6 +316,17 @@ def cmd_export(args) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    """A count for argparse (rows, positions, tokens, devices): a whole number, 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
+    return value
+
+
 def _port(text: str) -> int:
     """A TCP port for argparse: 0 (any free one) to 65535."""
     try:
@@ -375,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "exact: the reference semantics, in f32")
     g.add_argument("--dtype", choices=["f32", "bf16", "f16"], default="bf16",
                    help="T with --numerics fast (exact always computes in f32)")
-    g.add_argument("--max-seq", type=int, default=2048, help="positions in the cache: prompt plus completion")
+    g.add_argument("--max-seq", type=_positive, default=2048, help="positions in the cache: prompt plus completion")
     g.add_argument("--json-schema", "-j", default=None,
                    help="hold the output to a JSON schema (its text, or a file); '{\"type\": \"object\"}' for any object")
     g.add_argument("--regex", default=None, help="hold the output to a regular expression")
@@ -386,8 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("serve", help="an OpenAI-compatible server (completions and chat completions)")
     sv.add_argument("card", help="a card name (see `linnet cards`), a .linnet file, or a checkpoint path")
     # vLLM's spellings are taken too, so that a vLLM command line needs only its first word changed.
-    sv.add_argument("--batch", "--max-num-seqs", type=int, default=8, help="cache rows: requests in flight")
-    sv.add_argument("--max-seq", "--max-model-len", type=int, default=2048,
+    sv.add_argument("--batch", "--max-num-seqs", type=_positive, default=8, help="cache rows: requests in flight")
+    sv.add_argument("--max-seq", "--max-model-len", type=_positive, default=2048,
                     help="positions per row: prompt plus completion")
     sv.add_argument("--backend", choices=["torch", "jax"], default="torch")
     sv.add_argument("--device", default=None, help="torch device (default: cuda when present)")
@@ -396,13 +407,13 @@ def build_parser() -> argparse.ArgumentParser:
                          "half and float32 are taken too)")
     sv.add_argument("--numerics", choices=["exact", "fast"], default="fast")
     sv.add_argument("--weights", default=None, help="a checkpoint path, or 'random'")
-    sv.add_argument("--token-budget", "--max-num-batched-tokens", type=int, default=None,
+    sv.add_argument("--token-budget", "--max-num-batched-tokens", type=_positive, default=None,
                     help="most tokens in one pass")
     sv.add_argument("--chat-template", default=None,
                     help="a Jinja chat template (a file, or the template itself) in place of the tokenizer's")
     sv.add_argument("--tokenizer", default=None,
                     help="a model directory or .gguf file whose tokenizer to use (default: the weights' own)")
-    sv.add_argument("--shards", "--tensor-parallel-size", type=int, default=None,
+    sv.add_argument("--shards", "--tensor-parallel-size", type=_positive, default=None,
                     help="jax: spread the model over this many devices (tensor parallel)")
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=_port, default=8000, help="default: 8000")
@@ -461,8 +472,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "(random weights have none)")
     ex.add_argument("--seed", type=int, default=0, help="for --weights random")
     ex.add_argument("--name", default=None, help="triton: the model's name (default: the card's)")
-    ex.add_argument("--batch", type=int, default=32, help="triton: cache rows, the requests in flight")
-    ex.add_argument("--max-seq", type=int, default=4096, help="triton: positions per row")
+    ex.add_argument("--batch", type=_positive, default=32, help="triton: cache rows, the requests in flight")
+    ex.add_argument("--max-seq", type=_positive, default=4096, help="triton: positions per row")
     ex.add_argument("--backend", choices=["torch", "jax"], default="torch", help="triton: the backend Linnet runs")
     ex.set_defaults(run=cmd_export)
     return p

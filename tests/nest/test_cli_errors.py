@@ -70,3 +70,15 @@ def test_a_parser_a_card_names_that_linnet_lacks(capsys, tmp_path):
 def test_a_path_that_is_not_there_is_not_called_an_unknown_card(capsys, tmp_path):
     err = error_of(capsys, ["generate", str(tmp_path / "no-such-model"), "hi"])
     assert f"{tmp_path / 'no-such-model'}: no such file or directory" in err and "unknown card" not in err
+
+
+@pytest.mark.parametrize("argv", [["generate", "tiny-llama", "hi", "--max-seq", "0"],
+                                  ["serve", "tiny-llama", "--batch", "0"],
+                                  ["serve", "tiny-llama", "--max-model-len", "-5"],
+                                  ["export", "tiny-llama", "--to", "triton", "--batch", "0"]])
+def test_counts_below_one_are_flag_errors(capsys, argv):
+    """A size the user typed is named by its flag, not as a generic at the card's first line."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "must be 1 or more" in err and argv[-2] in err
