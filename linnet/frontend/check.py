@@ -689,8 +689,10 @@ class _Scope:
 
 
 # The meta items Linnet reads (the others are the card's own notes): what each must be.
-META_ITEMS = {"hf_repo": (str, "a string (ORG/NAME)"), "max_context": (int, "a whole number of positions, above 0"),
-              "tool_call_parser": (str, "a string (a parser's name)"), "reasoning_parser": (str, "a string (a parser's name)")}
+META_ITEMS = {"hf_repo": (str, "a string (ORG/NAME)"),
+              "max_context": (int, "a whole number of positions, above 0"),
+              "tool_call_parser": (str, "a string (a parser's name)"),
+              "reasoning_parser": (str, "a string (a parser's name)")}
 
 
 def _meta_value(m: ast.MetaItem, value):

@@ -37,7 +37,8 @@ def _read(path: Path, loc: Loc | None = None) -> str:
     except UnicodeDecodeError as err:
         data = err.object
         line = data.count(b"\n", 0, err.start) + 1
-        col = err.start - (data.rfind(b"\n", 0, err.start) + 1) + 1
+        line_start = data.rfind(b"\n", 0, err.start) + 1
+        col = len(data[line_start:err.start].decode("utf-8")) + 1  # in characters, as every other column
         at = loc or Loc(str(path), line, col, line, col + 1)
         raise LinnetError(at, f"{path} is not UTF-8 text: byte {data[err.start]:#04x} at line {line}, "
                               f"column {col} (offset {err.start})") from None

@@ -42,7 +42,7 @@ class Request:
     structure_after: list | None = None  # token ids after which the structure holds (a reasoning model's end of
     #                                      thinking); None: from the first token
     allowed_token_ids: list | None = None  # the only tokens it may draw (vLLM's); None: any
-    include_stop: bool = False  # the text keeps the stop string or stop token it ends at (vLLM's include_stop_str_in_output)
+    include_stop: bool = False  # the text keeps the stop string or token it ends at (include_stop_str_in_output)
     skip_special_tokens: bool = True  # the text leaves special tokens out, as vLLM's does by default
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
 
