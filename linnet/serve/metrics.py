@@ -1,7 +1,10 @@
 """A serving engine's counters in Prometheus' text format, for GET /metrics.
 
 Counters run from the engine's start; the latencies' quantiles are over the
-latest samples the engine keeps (engine.SERVING_WINDOW).
+latest samples the engine keeps (engine.SERVING_WINDOW). The ones vLLM also
+exports are given again under vLLM's names and `model_name` label
+(`vllm:num_requests_running`, ...), so that dashboards and autoscalers written
+for vLLM read them.
 """
 
 from __future__ import annotations
@@ -14,14 +17,18 @@ def _line(name: str, value, labels: dict | None = None) -> str:
     return f"{name}{tags} {value}"
 
 
-def prometheus_text(engine) -> str:
+# vLLM's finished_reason for an engine's finish reason (an "error" has none of vLLM's)
+VLLM_REASONS = {"stop": "stop", "length": "length", "cancelled": "abort"}
+
+
+def prometheus_text(engine, model_name: str | None = None) -> str:
     s = engine.stats
     out = []
 
-    def metric(name: str, kind: str, help_: str, samples: list):
-        out.append(f"# HELP linnet_{name} {help_}")
-        out.append(f"# TYPE linnet_{name} {kind}")
-        out.extend(_line(f"linnet_{name}", value, labels) for labels, value in samples)
+    def metric(name: str, kind: str, help_: str, samples: list, prefix: str = "linnet_"):
+        out.append(f"# HELP {prefix}{name} {help_}")
+        out.append(f"# TYPE {prefix}{name} {kind}")
+        out.extend(_line(f"{prefix}{name}", value, labels) for labels, value in samples)
 
     metric("requests_running", "gauge", "Requests holding a cache row.", [(None, len(engine.live))])
     metric("requests_waiting", "gauge", "Requests waiting for a cache row.", [(None, len(engine.waiting))])
@@ -38,4 +45,20 @@ def prometheus_text(engine) -> str:
         qs = percentiles(list(samples))
         metric(name, "gauge", f"{help_}, quantiles of the latest samples.",
                [({"quantile": f"0.{q[1:]}"}, v) for q, v in qs.items()])
+    if model_name is not None:
+        model = {"model_name": model_name}
+        vllm = [("num_requests_running", "gauge", "Requests holding a cache row.", len(engine.live)),
+                ("num_requests_waiting", "gauge", "Requests waiting for a cache row.", len(engine.waiting)),
+                ("kv_cache_usage_perc", "gauge", "Cache rows in use, as a fraction (a request holds a whole row).",
+                 len(engine.live) / engine.rows),
+                ("prompt_tokens_total", "counter", "Prompt tokens submitted.", s.prompt_tokens),
+                ("generation_tokens_total", "counter", "Tokens generated.", s.generated_tokens)]
+        for name, kind, help_, value in vllm:
+            metric(name, kind, help_, [(model, value)], prefix="vllm:")
+        ended = {}
+        for reason, n in s.finished.items():
+            if reason in VLLM_REASONS:
+                ended[VLLM_REASONS[reason]] = ended.get(VLLM_REASONS[reason], 0) + n
+        metric("request_success_total", "counter", "Requests ended, by vLLM's finished_reason.",
+               [({**model, "finished_reason": r}, n) for r, n in sorted(ended.items())], prefix="vllm:")
     return "\n".join(out) + "\n"

@@ -135,7 +135,7 @@ class OpenAIServer:
         await _json(send, 200, self.responses.delete(_response_id(path)))
 
     async def _metrics(self, path, receive, send):
-        data = prometheus_text(self.engine).encode()
+        data = prometheus_text(self.engine, self.model_name).encode()
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/plain; version=0.0.4"),
                                 (b"content-length", str(len(data)).encode())]})

@@ -530,6 +530,11 @@ def test_tokenize_detokenize_models_and_metrics(server):
     assert int(values["linnet_generation_tokens_total"]) == engine.stats.generated_tokens > 0
     assert int(values['linnet_requests_finished_total{reason="length"}']) > 0
     assert values["linnet_cache_rows"] == str(model.batch)
+    # again under vLLM's names, for dashboards and autoscalers written for vLLM
+    assert int(values['vllm:generation_tokens_total{model_name="tiny"}']) == engine.stats.generated_tokens
+    assert int(values['vllm:request_success_total{model_name="tiny",finished_reason="length"}']) > 0
+    assert values['vllm:num_requests_running{model_name="tiny"}'] == "0"
+    assert float(values['vllm:kv_cache_usage_perc{model_name="tiny"}']) == 0.0
 
 
 # ---------------------------------------------------------------- the ASGI app driven directly
