@@ -28,6 +28,12 @@ LIBS = ["-lm"]  # after the sources, where a linker that drops unused libraries 
 
 
 @functools.cache
+def cores() -> int:
+    """The cores this process may run on (its affinity mask, where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+@functools.cache
 def runs_here() -> bool:
     """An x86-64 Linux CPU with AVX2, FMA and F16C, and LINNET_CPU_KERNELS not set to 0.
 

@@ -15,7 +15,6 @@ The handlers run on XLA's own thread pool.
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -46,14 +45,9 @@ def pack(w, out: np.ndarray | None = None) -> np.ndarray:
         raise ValueError(f"out must be C-contiguous {w.dtype} {list(shape)}; got {out.dtype} {list(out.shape)}")
     rows = out.reshape(-1, k)  # the same memory, as the weight padded to whole panels
     rows[:n], rows[n:] = w, 0
-    if _library().linnet_pack_panels(_type_code(w.dtype), rows.ctypes.data, len(rows), k, _cores()):
+    if _library().linnet_pack_panels(_type_code(w.dtype), rows.ctypes.data, len(rows), k, build.cores()):
         raise MemoryError(f"no memory for a {PANEL} x {k} block to pack a linear weight with")
     return out
-
-
-@functools.cache
-def _cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def pairs(dtype, k: int) -> bool:

@@ -25,10 +25,10 @@ import numpy as np
 
 from linnet.ir.nodes import Module
 from linnet.ir.specialize import concrete_dtype, evaluate, param_shape
+from linnet.ir.types import FLOAT_DTYPES
 from linnet.nest.errors import WeightsError
 from linnet.nest.transforms import permute_rope, unpermute_rope
 
-FLOAT_TYPES = ("f32", "bf16", "f16")  # what a param's T can be
 READS_AS = {"mxfp4": "bf16"}  # a safetensors checkpoint's quantized pairs, as its reader gives them
 
 
@@ -105,7 +105,7 @@ def check_checkpoint(module: Module, ckpt, fmt: str, cast_dtype: bool) -> list:
         for n, (p, _) in expected.items():
             want = concrete_dtype(module.params[p].type.dtype, module)
             stored = _read_as(ckpt, n)
-            if stored in FLOAT_TYPES and stored != want:
+            if stored in FLOAT_DTYPES and stored != want:
                 others = sum(1 for m, (q, _) in expected.items()
                              if _read_as(ckpt, m) != concrete_dtype(module.params[q].type.dtype, module))
                 more = f" (and {others - 1} more tensors)" if others > 1 else ""
@@ -171,8 +171,10 @@ class _TorchArrays:
     def __init__(self):
         import torch
 
+        from linnet.codegen_torch.runtime import DTYPES
+
         self.torch = torch
-        self.types = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+        self.types = DTYPES
 
     def empty(self, shape, dtype: str, device):
         return self.torch.empty(shape, dtype=self.types[dtype], device=device)

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from linnet.kernels.build import cores as _cores  # the cores a tensor's rows are shared over
+
 from . import mxfp4
 from .errors import WeightsError
 
@@ -551,12 +553,6 @@ def dequantize(blocks: np.ndarray, qtype) -> np.ndarray:
     # list(): a decoder's error is raised here
     list(_decoders().map(lambda i: decode(bounds[i], bounds[i + 1]), range(len(bounds) - 1)))
     return out
-
-
-@functools.cache
-def _cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 @functools.cache

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from linnet.codegen_torch.runtime import DTYPES
 from linnet.ir.nodes import Module
 from linnet.ir.specialize import concrete_dtype, evaluate, param_shape
 
@@ -22,13 +23,12 @@ def random_weights(module: Module, seed: int = 0, device: str | torch.device = "
     if maker.type != "cuda" or not torch.cuda.is_available():
         maker = torch.device("cpu")
     gen = torch.Generator(device=maker).manual_seed(seed)
-    types = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
     out = {}
     for p in module.params.values():
         if p.tie and evaluate(p.tie[1], module.bindings):
             continue
         shape = param_shape(module, p.name)
-        dtype = types[concrete_dtype(p.type.dtype, module)]
+        dtype = DTYPES[concrete_dtype(p.type.dtype, module)]
         vector = len(shape) - len(p.loops) == 1
         t = torch.empty(shape, dtype=dtype, device=device)
         # Made in f32 one layer at a time: peak memory stays one layer above the model.

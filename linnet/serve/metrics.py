@@ -55,10 +55,7 @@ def prometheus_text(engine, model_name: str | None = None) -> str:
                 ("generation_tokens_total", "counter", "Tokens generated.", s.generated_tokens)]
         for name, kind, help_, value in vllm:
             metric(name, kind, help_, [(model, value)], prefix="vllm:")
-        ended = {}
-        for reason, n in s.finished.items():
-            if reason in VLLM_REASONS:
-                ended[VLLM_REASONS[reason]] = ended.get(VLLM_REASONS[reason], 0) + n
+        ended = sorted((VLLM_REASONS[r], n) for r, n in s.finished.items() if r in VLLM_REASONS)  # one name each
         metric("request_success_total", "counter", "Requests ended, by vLLM's finished_reason.",
-               [({**model, "finished_reason": r}, n) for r, n in sorted(ended.items())], prefix="vllm:")
+               [({**model, "finished_reason": r}, n) for r, n in ended], prefix="vllm:")
     return "\n".join(out) + "\n"
