@@ -6,6 +6,7 @@ and exits 1, so bad source never shows a Python traceback.
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass
 
 
@@ -56,10 +57,18 @@ class LinnetError(Exception):
         text = _source_line(loc)
         if text is not None:
             lines.append("    " + text)
-            width = (loc.end_col - loc.col) if loc.end_line == loc.line else len(text) - loc.col + 1
-            lines.append("    " + " " * (loc.col - 1) + "^" * max(1, width))
+            end = loc.end_col - 1 if loc.end_line == loc.line else len(text)
+            lead, marked = text[:loc.col - 1], text[loc.col - 1:end]
+            lines.append("    " + " " * _columns(lead) + "^" * max(1, _columns(marked)))
         lines.extend("  " + note for note in self.notes)
         return "\n".join(lines)
+
+
+def _columns(text: str) -> int:
+    """How many terminal columns `text` takes: a wide (CJK) character two, a combining mark none, so
+    that the caret stands under what it marks (columns in the message count characters, as Python's)."""
+    return sum(0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+               for c in text)
 
 
 def _source_line(loc: Loc) -> str | None:

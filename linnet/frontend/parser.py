@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import re
 from importlib import resources
 
 import lark
@@ -36,7 +37,7 @@ def _parser() -> lark.Lark:
         return build_parser()
     try:
         with open(path, "rb") as f:
-            return lark.Lark.load(f)
+            return _read_parser(f)
     except Exception:  # none yet, or one this Lark cannot read: built, and written (over it)
         pass
     parser = build_parser()
@@ -48,8 +49,37 @@ def _parser() -> lark.Lark:
     return parser
 
 
+def _read_parser(f) -> lark.Lark:
+    """A saved parser with this process's lexer callbacks: `Lark.load` takes no options, its
+    `_load` (what Lark's own cache calls) does. Should a Lark change that, the parser is built."""
+    return lark.Lark.__new__(lark.Lark)._load(f, lexer_callbacks=_LEXER_CALLBACKS)
+
+
 def _grammar() -> str:
     return resources.files("linnet").joinpath("grammar/linnet.lark").read_text()
+
+
+class _KeywordAsName(Exception):
+    def __init__(self, token: Token):
+        self.token = token
+
+
+def _keywords() -> frozenset:
+    """The grammar's words (`for`, `if`, `true`, ...): its quoted literals that look like names."""
+    return frozenset(re.findall(r'"([A-Za-z_][A-Za-z0-9_]*)"', _grammar()))
+
+
+def _name_token(token: Token) -> Token:
+    """Where the grammar takes a name, its lexer reads any word as one, a keyword too (it knows no
+    keyword can stand there): `if = x` would parse, and then fail somewhere far from it. A keyword
+    is never a name."""
+    if token.value in _KEYWORDS:
+        raise _KeywordAsName(token)
+    return token
+
+
+_KEYWORDS = _keywords()
+_LEXER_CALLBACKS = {"NAME": _name_token}
 
 
 def build_parser(strict: bool = False) -> lark.Lark:
@@ -57,7 +87,8 @@ def build_parser(strict: bool = False) -> lark.Lark:
     match the same text (Lark's strict mode, with `interegular`): tests/frontend/test_grammar.py
     builds it so. Every process start would pay for that proof (0.42 s against 0.14), for a
     grammar that does not change under it."""
-    return lark.Lark(_grammar(), strict=strict, parser="lalr", propagate_positions=True, maybe_placeholders=True)
+    return lark.Lark(_grammar(), strict=strict, parser="lalr", propagate_positions=True, maybe_placeholders=True,
+                     lexer_callbacks=_LEXER_CALLBACKS)
 
 
 def parse(source: str, path: str = "<string>") -> ast.File:
@@ -66,12 +97,42 @@ def parse(source: str, path: str = "<string>") -> ast.File:
         tree = _parser().parse(source)
     except lark.exceptions.UnexpectedInput as err:
         raise _syntax_error(err, source, path) from None
+    except _KeywordAsName as err:
+        tok = err.token
+        raise LinnetError(Loc(path, tok.line, tok.column, tok.end_line, tok.end_column, source),
+                          f"`{tok}` is a keyword: it cannot name anything") from None
+    _check_nesting(tree, path, source)
     try:
         return _ToAst(path, source).transform(tree)
     except lark.exceptions.VisitError as err:  # a LinnetError raised while building the AST
         if isinstance(err.orig_exc, LinnetError):
             raise err.orig_exc from None
         raise
+
+
+# Deeper than this, the recursive passes after the parser (building the AST, checking, lowering,
+# Python compiling the generated module) would run out of stack; no model comes near it.
+MAX_NESTING = 200
+
+
+def _check_nesting(tree: lark.Tree, path: str, source: str) -> None:
+    """A syntax tree nested past MAX_NESTING (a chain of some hundreds of `+`, say) is an error at
+    the outermost expression that holds it, found without recursing."""
+    stack = [(tree, 1, None)]
+    while stack:
+        node, depth, outer = stack.pop()
+        outer = outer or (node if node.data in _EXPRESSIONS else None)
+        if depth > MAX_NESTING:
+            meta = (outer or node).meta
+            raise LinnetError(Loc(path, meta.line, meta.column, meta.end_line, meta.end_column, source),
+                              f"expression nested too deeply (over {MAX_NESTING} levels): give some of its parts names")
+        stack.extend((child, depth + 1, outer) for child in node.children if isinstance(child, lark.Tree))
+
+
+# The grammar's expression rules: where an error about nesting points.
+_EXPRESSIONS = frozenset({"if_expr", "or_op", "and_op", "not_op", "compare", "binary", "neg", "subscript",
+                          "method_call", "cast", "call", "slice", "kwarg", "number", "string", "name", "true",
+                          "false", "list"})
 
 
 def _syntax_error(err: lark.exceptions.UnexpectedInput, source: str, path: str) -> LinnetError:

@@ -100,6 +100,8 @@ def specialize(module: ir.Module, generics: dict | None = None, numerics: str = 
                 if scaling not in ROPE_SCALINGS:
                     raise LinnetError(v.kwargs["scaling"].loc, f"unknown rope scaling {scaling!r}; one of {', '.join(ROPE_SCALINGS)}",
                                       [f"`{v.kwargs['scaling'].name}` is {scaling!r}"] if isinstance(v.kwargs["scaling"], ir.Var) else [])
+            if isinstance(v, ir.Op):
+                _check_bounds(v, values)
             if isinstance(v, ir.Op) and v.op == "attention":
                 h, kvh = v.kwargs["q"].type.shape[1], v.kwargs["k_cache"].type.shape[2]
                 try:
@@ -111,6 +113,28 @@ def specialize(module: ir.Module, generics: dict | None = None, numerics: str = 
                                       [f"heads ({h}) must be a multiple of kv_heads ({kvh})"])
     bindings = {**values, "Batch": g["Batch"], "MaxSeq": g["MaxSeq"], "T": g["T"], "numerics": numerics}
     return replace(module, bindings=bindings)
+
+
+# Static arguments whose values have a floor: (op, argument) -> (least, whether the least itself is allowed).
+STATIC_FLOORS = {("attention", "window"): (0, True), ("rope", "theta"): (0, False), ("rope", "factor"): (0, False),
+                 ("rmsnorm", "eps"): (0, True)}
+
+
+def _check_bounds(v: ir.Op, values: dict) -> None:
+    """A static argument below its floor (a negative sliding window, say) is an error at its use,
+    with the value it took: otherwise it compiles and computes nonsense."""
+    for (op, arg), (least, inclusive) in STATIC_FLOORS.items():
+        if v.op != op or v.kwargs.get(arg) is None:
+            continue
+        given = v.kwargs[arg]
+        try:
+            value = evaluate(given, values)
+        except LinnetError:  # known only per call (a fn's argument): nothing to check here
+            continue
+        if value < least or (value == least and not inclusive):
+            bound = f"at least {least}" if inclusive else f"greater than {least}"
+            named = f"`{given.name}` is {value!r}" if isinstance(given, ir.Var) else f"it is {value!r}"
+            raise LinnetError(given.loc or v.loc, f"{arg} of `{op}` must be {bound}", [named])
 
 
 def _used_as_dim(module: ir.Module, name: str) -> bool:

@@ -719,6 +719,36 @@ config {
   dim: int = 8
 }
 """, 1, 1, "architecture `mini` defines no entry"),
+
+    # ---------------------------------------------------------------- words and limits
+    arch("keyword-as-a-local", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  then = embed[tokens]
+  return then
+}
+""", 21, 3, "`then` is a keyword: it cannot name anything"),
+    arch("keyword-as-a-config-name", """\
+arch mini
+config {
+  true: bool = false
+}
+""", 3, 3, "`true` is a keyword"),
+    arch("keyword-as-an-argument", HEAD + """\
+entry decode(in: i32[Batch]) -> T[Batch, dim] {
+  return embed[in]
+}
+""", 20, 14, "`in` is a keyword"),
+    arch("expression-nested-too-deeply", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  x = embed[tokens]
+  return """ + " + ".join(["x"] * 300) + """
+}
+""", 22, 10, "expression nested too deeply (over 200 levels)"),
+    arch("negative-norm-eps", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return rmsnorm(embed[tokens], embed[0], eps=-0.5)
+}
+""", 21, 47, "eps of `rmsnorm` must be at least 0"),
 ]
 
 
@@ -799,6 +829,42 @@ def test_error_in_a_subprocess(case_id: str, command: str, tmp_path):
     assert proc.returncode == 1, proc.stderr
     assert proc.stdout == ""
     _assert_rendered(proc.stderr, case, at)
+
+
+def test_a_value_set_below_its_floor_is_named_with_its_value(tmp_path, capsys):
+    """A card's negative sliding window (an int like any other to the type checker) is an error at
+    the attention that would use it, with the value the card gave."""
+    card_text = (Path(__file__).parents[2] / "linnet/nest/cards/tiny-llama.linnet").read_text()
+    card = tmp_path / "card.linnet"
+    card.write_text(card_text.replace("config {\n", "config {\n  sliding_window = -4\n"))
+    assert main(["check", str(card)]) == 1
+    err = capsys.readouterr().err
+    assert "error: window of `attention` must be at least 0" in err and "`sliding_window` is -4" in err, err
+    assert "llama.linnet:" in err.splitlines()[0]
+
+
+def test_the_caret_stands_under_its_token_after_wide_characters(tmp_path, capsys):
+    """Columns count characters, as Python's do; the caret counts terminal columns, two for each
+    CJK character, so that it stands under the name it marks."""
+    path = tmp_path / "model.linnet"
+    path.write_text(HEAD + 'entry decode(tokens: i32[Batch]) -> T[Batch, dim] {\n  x = "名前" + missing\n  return x\n}\n')
+    assert main(["check", str(path)]) == 1
+    first, source, caret = capsys.readouterr().err.splitlines()[:3]
+    assert first.endswith("21:14: error: unknown name `missing`")
+    assert source == '      x = "名前" + missing'
+    wide = 2 * 2  # two CJK characters, two columns each
+    assert caret == "    " + " " * (len('  x = "') + wide + len('" + ')) + "^" * len("missing")
+
+
+def test_every_keyword_is_a_literal_of_the_grammar_and_no_rule_name_is_missing():
+    """The parser's keyword set and its list of expression rules follow the grammar."""
+    from linnet.frontend import parser
+
+    grammar = parser._grammar()
+    assert {"if", "then", "else", "for", "in", "return", "true", "false", "and", "or", "not", "as"} <= parser._KEYWORDS
+    assert all(f'"{word}"' in grammar for word in parser._KEYWORDS)
+    named = set(re.findall(r"->\s*([a-z_]+)", grammar))
+    assert parser._EXPRESSIONS <= named | {"name"}
 
 
 @pytest.mark.parametrize("command", ["check", "compile"])

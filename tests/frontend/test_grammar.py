@@ -8,6 +8,7 @@ import lark
 import pytest
 
 import linnet
+from linnet.errors import LinnetError
 from linnet.frontend import parser
 from linnet.frontend.parser import build_parser
 
@@ -57,6 +58,8 @@ def test_the_parser_is_read_back_from_the_cache(own_cache, monkeypatch):
     monkeypatch.setattr(parser, "build_parser", lambda: pytest.fail("built again, not read back"))
     cached = parser._parser()
     assert cached is not built
+    with pytest.raises(LinnetError, match="`then` is a keyword"):  # read back with its lexer's callbacks
+        parser.parse("arch m\nconfig {\n  then: int\n}\n")
     for path in SOURCES:
         source = path.read_text()
         assert spans(cached.parse(source)) == spans(built.parse(source)), path.name
