@@ -242,6 +242,12 @@ def _logit_bias(body: dict) -> dict | None:
     return out
 
 
+def length_field(body: dict) -> str:
+    """The field that limits a reply's length: max_completion_tokens is chat's new name for
+    max_tokens; an explicit null falls back to the old one (as vLLM's)."""
+    return "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+
+
 def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens: int | None,
                      fewest_tokens: int = 1) -> Request:
     """The engine request for a body's sampling fields (OpenAI's, plus vLLM's top_k, min_p, ...).
@@ -249,8 +255,7 @@ def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens:
     Without max_tokens a request may fill its row: `default_max_tokens` (None: no limit) cut to what
     the row has left; a max_tokens asked for is kept, and `check_fits` refuses it if it cannot fit.
     `fewest_tokens`: the least max_tokens may be (0 where an echo alone is an answer)."""
-    # max_completion_tokens is chat's new name for max_tokens; an explicit null falls back to the old one (as vLLM's)
-    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    name = length_field(body)
     max_tokens = body.get(name)
     if max_tokens is None:
         room = max(1, max_seq - len(prompt))
@@ -518,16 +523,17 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=No
                call_id=call_id, tool_names=frozenset(schemas))
 
 
-def check_fits(req: Request, vocab: int, max_seq: int, chat: bool = True) -> None:
+def check_fits(req: Request, vocab: int, max_seq: int, chat: bool = True, length: str = "max_tokens") -> None:
     """A request that cannot fit a cache row is a 400, as OpenAI answers a too-long context; the
-    prompt's field is chat's `messages` or completions' `prompt`."""
+    prompt's field is chat's `messages` or completions' `prompt`, the length's `length` (the
+    body's own name for it: `length_field`, or the Responses API's max_output_tokens)."""
     if len(req.prompt) + req.max_new_tokens > max_seq:
         room = max_seq - len(req.prompt)
         if room < 1:
             raise ApiError(400, f"the prompt is {len(req.prompt)} tokens; this server's context is {max_seq}",
                            "messages" if chat else "prompt", "context_length_exceeded")
-        raise ApiError(400, f"the prompt ({len(req.prompt)} tokens) plus max_tokens ({req.max_new_tokens}) exceeds "
-                            f"the context of {max_seq} tokens; ask for at most {room}", "max_tokens",
+        raise ApiError(400, f"the prompt ({len(req.prompt)} tokens) plus {length} ({req.max_new_tokens}) exceeds "
+                            f"the context of {max_seq} tokens; ask for at most {room}", length,
                        "context_length_exceeded")
     try:
         req.validate(vocab, max_seq)

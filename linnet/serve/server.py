@@ -18,7 +18,8 @@ import time
 
 from linnet.serve.engine import Engine
 from linnet.serve.metrics import prometheus_text
-from linnet.serve.openai_api import ApiError, Job, chat_job, chat_prompt, check_fits, completion_job, shown
+from linnet.serve.openai_api import (ApiError, Job, chat_job, chat_prompt, check_fits, completion_job, length_field,
+                                     shown)
 from linnet.serve.openai_replies import (ChunkWriter, answer_start, calls_after, chat_message, chat_response,
                                          choice_stream, completion_response, divide_reply, echoed_prompt, error_body,
                                          finish_reason, marker_ids, partial_calls, reply_text, usage)
@@ -186,8 +187,9 @@ class OpenAIServer:
                            self.structure_in_reasoning)
         else:
             job = completion_job(body, self.tokenizer, self.model.max_seq)
+        length = "max_output_tokens" if responses is not None else length_field(body)
         for req in job.requests:
-            check_fits(req, self.model.vocab, self.model.max_seq, chat)
+            check_fits(req, self.model.vocab, self.model.max_seq, chat, length)
         streams = []
         try:
             for req in job.requests:

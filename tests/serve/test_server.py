@@ -348,6 +348,23 @@ def test_a_prompt_too_long_names_its_own_field(server):
     assert err["param"] == "messages" and err["code"] == "context_length_exceeded"
 
 
+def test_a_reply_too_long_for_the_row_names_the_field_the_body_used(server):
+    """Chat's max_completion_tokens, the older max_tokens, the Responses API's max_output_tokens:
+    the error names the one the client sent."""
+    base, _, model = server
+    messages = [{"role": "user", "content": "t3"}]
+    for path, body, field in (
+            ("/v1/completions", {"prompt": [5, 6], "max_tokens": model.max_seq}, "max_tokens"),
+            ("/v1/chat/completions", {"messages": messages, "max_tokens": model.max_seq}, "max_tokens"),
+            ("/v1/chat/completions", {"messages": messages, "max_completion_tokens": model.max_seq},
+             "max_completion_tokens"),
+            ("/v1/responses", {"input": "t3", "max_output_tokens": model.max_seq}, "max_output_tokens")):
+        status, text = call(base, path, body)
+        err = json.loads(text)["error"]
+        assert status == 400 and err["param"] == field and field in err["message"], (path, err)
+        assert err["code"] == "context_length_exceeded"
+
+
 def test_a_null_max_completion_tokens_leaves_max_tokens_in_force(server):
     """Clients that send every field send max_completion_tokens: null beside max_tokens (vLLM takes
     the first that is set)."""
