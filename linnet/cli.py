@@ -66,17 +66,10 @@ def _count(n: float, units=("", "K", "M", "B", "T")) -> str:
     return str(n)
 
 
-def _bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if n >= 100 or unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return str(n)
-
-
 def cmd_cards(args) -> int:
     from linnet import nest
     from linnet.nest.locate import download_command
+    from linnet.nest.memory import human_bytes
 
     rows = [("CARD", "PARAMS", "SIZE (bf16)", "SOURCE", "WEIGHTS")]
     for info in nest.cards():
@@ -89,7 +82,7 @@ def cmd_cards(args) -> int:
             where = f"not found ({download_command(repo)})"
         else:
             where = 'none (a test card: weights="random")'
-        rows.append((info.name, _count(n), _bytes(2 * n), repo or "-", where))
+        rows.append((info.name, _count(n), human_bytes(2 * n), repo or "-", where))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[-1])

@@ -50,6 +50,7 @@ from linnet.nest.checkpoint import Checkpoint, GGUFCheckpoint, open_checkpoint
 from linnet.nest.embedded import EMBEDDED_INSTALL, embedded_gguf_path
 from linnet.nest.errors import DeviceError, TokenizerError, WeightsError
 from linnet.nest.locate import find_weights, is_model_dir, weights_not_found_message
+from linnet.nest.memory import check_fits, free_jax_bytes, free_torch_bytes
 from linnet.nest.model import LoadedModel
 from linnet.nest.progress import Progress
 
@@ -87,8 +88,13 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     # JAX binds numpy host arrays, which its runtime moves to the device: no torch import on its way
     bind_device, framework = (device, "torch") if kind == "torch" else ("cpu", "numpy")
     runs_on = device if kind == "torch" else ("cuda" if jax_device.platform == "gpu" else "cpu")  # torch's name
+    if kind == "torch":
+        free = free_torch_bytes(device)
+    else:  # spread over devices, each holds a share: left to the runtime
+        free = free_jax_bytes(jax_device) if not shards or shards == 1 else None
+    room = ("this machine" if runs_on == "cpu" else f"device {device}", free)
     bound = read_weights(name, generics, numerics, cast_dtype, weights, seed, tokenizer, bind_device, progress,
-                         framework=framework, runs_on=runs_on)
+                         framework=framework, runs_on=runs_on, room=room)
     spec, card_name, params = bound.module, bound.card, bound.params
 
     note = _slow_type_note(kind, device, spec.bindings["T"])
@@ -128,15 +134,19 @@ class BoundWeights:
 def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics: str = "exact",
                  cast_dtype: bool = False, weights: str | os.PathLike | Checkpoint | None = None, seed: int = 0,
                  tokenizer: bool | str | os.PathLike = True, device: str = "cpu", progress: bool | None = None,
-                 resolved: tuple | None = None, framework: str = "torch", runs_on: str | None = None) -> BoundWeights:
+                 resolved: tuple | None = None, framework: str = "torch", runs_on: str | None = None,
+                 room: tuple | None = None) -> BoundWeights:
     """The first half of `load` (same arguments): the card, specialized, with its weights bound as torch
     tensors on `device` and its tokenizer; what `load` compiles and what `linnet export` writes out.
     `resolved`: what `resolve_card(name, weights)` gave, for a caller that has already asked.
     `framework="numpy"` reads a checkpoint into numpy host arrays instead (`bind.bind_weights`);
     random weights are made in torch either way, so that a seed gives both backends the same ones
-    (`runs_on`: the device the model will run on, where its noise is made if that is a GPU)."""
+    (`runs_on`: the device the model will run on, where its noise is made if that is a GPU).
+    `room`: (the device's name, its free bytes or None) to check the model fits before a weight is read."""
     module, card_name, ckpt = resolved or resolve_card(name, weights)
     spec = specialize(module, dict(generics or {}), numerics)
+    if room is not None:
+        check_fits(spec, card_name, *room)
     trained = module.meta.get("max_context")
     if trained and spec.bindings.get("MaxSeq", 0) > trained:  # as llama.cpp, a warning: the user may know better
         warnings.warn(f"MaxSeq = {spec.bindings['MaxSeq']} is longer than {card_name}'s context of {trained} "
