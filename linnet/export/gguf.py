@@ -32,7 +32,7 @@ from linnet.nest.gguf_tokenizer import BYTE, CONTROL, NORMAL, PRE_TOKENIZERS, UN
 from linnet.rope_tables import llama3_divisors
 
 # llama.cpp's canonical tokenizer.ggml.pre name for each pre-tokenizer Nest reads
-PRE_NAMES = ("gpt2", "smollm", "llama-bpe", "qwen2", "gpt-4o")
+PRE_NAMES = ("gpt-2", "smollm", "llama-bpe", "qwen2", "gpt-4o")  # spelled as llama.cpp reads them
 
 
 # Linnet's -> llama.cpp's
@@ -50,9 +50,12 @@ def check_architecture(module, card: str) -> None:
     if module.name == "qwen3_moe" and not b["norm_topk_prob"]:
         raise ExportError(f"{card!r} weighs its experts by their router probabilities unnormalized, and "
                           f"llama.cpp's qwen3moe always renormalizes them (export it with --to vllm instead)")
-    if module.name in ("llama", "mixtral") and b.get("sliding_window"):
-        raise ExportError(f"{card!r} attends over a sliding window of {b['sliding_window']}, "
-                          f"which llama.cpp's llama architecture does not (export it with --to vllm instead)")
+    if module.name != "gpt_oss" and b.get("sliding_window"):
+        raise ExportError(f"{card!r} attends over a sliding window of {b['sliding_window']}, which llama.cpp's "
+                          f"{ARCHITECTURES[module.name]} architecture does not (export it with --to vllm instead)")
+    if module.name in ("qwen2", "qwen3", "qwen3_moe") and b.get("rope_scaling") == "llama3":
+        raise ExportError(f"{card!r} scales its rope as llama3 does, which llama.cpp reads only for its llama "
+                          f"architecture, not {ARCHITECTURES[module.name]} (export it with --to vllm instead)")
 
 
 def write_gguf(bound, out) -> str:
@@ -304,13 +307,21 @@ def _space_prefix(data: dict, source: str) -> bool:
 
 
 def _pre_name(pre: dict | None, source: str) -> str:
-    """The llama.cpp pre-tokenizer whose splitting regexes are this tokenizer.json's."""
+    """The llama.cpp pre-tokenizer whose splitting regexes are this tokenizer.json's, step by step: a
+    Split's own regex, Digits' (one digit, or a run of them), and ByteLevel's, which is GPT-2's
+    (SmolLM2's tokenizer.json, Digits then ByteLevel, is llama.cpp's "smollm")."""
     steps = (pre or {}).get("pretokenizers") if (pre or {}).get("type") == "Sequence" else [pre or {}]
-    regexes = tuple(s["pattern"]["Regex"] for s in steps if s.get("type") == "Split" and "Regex" in s.get("pattern", {}))
-    if not regexes and any(s.get("type") == "ByteLevel" and s.get("use_regex", True) for s in steps):
-        regexes = PRE_TOKENIZERS["gpt2"][0]  # ByteLevel's own regex is GPT-2's
+    regexes = []
+    for step in steps:
+        kind = step.get("type")
+        if kind == "Split" and "Regex" in step.get("pattern", {}):
+            regexes.append(step["pattern"]["Regex"])
+        elif kind == "Digits":
+            regexes.append(r"\p{N}" if step.get("individual_digits") else r"\p{N}+")
+        elif kind == "ByteLevel" and step.get("use_regex", True):
+            regexes.append(PRE_TOKENIZERS["gpt-2"][0][0])
     for name in PRE_NAMES:
-        if PRE_TOKENIZERS[name][0] == regexes:
+        if PRE_TOKENIZERS[name][0] == tuple(regexes):
             return name
     raise ExportError(f"{source}: this tokenizer splits text in a way llama.cpp is not known to "
-                      f"(pre-tokenizer regexes {list(regexes)}); known: {', '.join(PRE_NAMES)}")
+                      f"(pre-tokenizer regexes {regexes}); known: {', '.join(PRE_NAMES)}")

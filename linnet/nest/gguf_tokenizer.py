@@ -47,7 +47,7 @@ GPT4O_SPLIT = (
 # (llama.cpp does so for llama3's vocabulary, as does its tokenizer.json).
 PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool]] = {}
 for _names, _rule in (
-    (("gpt2", "default", "mpt", "olmo", "jais"), ((GPT2_SPLIT,), False)),
+    (("gpt-2", "gpt2", "default", "mpt", "olmo", "jais", "phi-2"), ((GPT2_SPLIT,), False)),
     (("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"),
      ((r"\p{N}", GPT2_SPLIT), False)),
     (("llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe"), ((LLAMA3_SPLIT,), True)),

@@ -2,6 +2,8 @@
 computes the logits Linnet computes from the card, llama3 rope scaling included; the tokenizer
 goes in from a GGUF or from a tokenizer.json; Nest reads the file back to the same model."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -110,6 +112,36 @@ def test_a_tokenizer_json_is_converted(cards, tmp_path):
     llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
     for text in TEXTS:
         assert llm.tokenize(text.encode(), add_bos=False, special=True) == source.encode(text), text
+
+
+@pytest.mark.parametrize("steps, pre", [("digits+bytelevel", "smollm"), ("bytelevel", "gpt-2")])
+def test_pre_tokenizers_in_the_forms_the_hub_writes_them(cards, tmp_path, steps, pre):
+    """SmolLM2's tokenizer.json on the hub splits digits with a Digits step before ByteLevel (not a
+    Split regex): llama.cpp's "smollm". A plain ByteLevel is GPT-2's, which llama.cpp knows only
+    as "gpt-2". Each is written under llama.cpp's name, and llama.cpp and Nest encode as the
+    tokenizer.json does (digits one by one, or in runs)."""
+    from tokenizers import pre_tokenizers
+
+    d = tmp_path / "tok"
+    d.mkdir()
+    backend = Tokenizer.from_gguf(embedded_gguf_path()).backend
+    level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    backend.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), level])
+                             if steps == "digits+bytelevel" else level)
+    backend.save(str(d / "tokenizer.json"))
+    path = export(cards / "small-none.linnet", "llama.cpp", tmp_path / "g.gguf", weights="random", dtype="f16",
+                  tokenizer=d)
+    assert GGUFCheckpoint(path).metadata("tokenizer.ggml.pre") == pre
+    texts = TEXTS + ["a  1 in 2024, x=3.14", "x   42"]
+    want = {text: backend.encode(text, add_special_tokens=False).ids for text in texts}
+    smollm = Tokenizer.from_gguf(embedded_gguf_path()).encode("x   42")
+    assert (want["x   42"] == smollm) == (pre == "smollm")  # the two split digits apart: the test tells them apart
+    ours = Tokenizer.from_gguf(path)
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+    for text in texts:
+        assert ours.encode(text) == want[text], text
+        assert llm.tokenize(text.encode(), add_bos=False, special=True) == want[text], text
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
@@ -315,6 +347,13 @@ def test_only_the_architectures_llama_cpp_runs_and_only_with_a_tokenizer(tmp_pat
         export(unnormalized, "llama.cpp", tmp_path / "out", weights="random")
     with pytest.raises(ExportError, match="sliding window of 6, which llama.cpp's llama architecture does not"):
         export("tiny-mistral", "llama.cpp", tmp_path / "out", weights="random")
+    qwen = (Path(nest.__file__).parent / "cards" / "tiny-qwen3.linnet").read_text()
+    for change, needle in (("sliding_window = 5", "sliding window of 5, which llama.cpp's qwen3 architecture"),
+                           ('rope_scaling = "llama3"', "llama.cpp reads only for its llama architecture, not qwen3")):
+        card = tmp_path / "qwen.linnet"
+        card.write_text(qwen.replace("config {\n", f"config {{\n  {change}\n").replace('  rope_scaling = "yarn"\n', ""))
+        with pytest.raises(ExportError, match=needle):
+            export(card, "llama.cpp", tmp_path / "out", weights="random")
     with pytest.raises(ExportError, match="needs a tokenizer"):
         export("tiny-llama", "llama.cpp", tmp_path / "out", weights="random")
     with pytest.raises(ExportError, match="needs a tokenizer"):
