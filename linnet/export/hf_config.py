@@ -64,14 +64,23 @@ def _mixtral(b: dict) -> dict:
             "num_local_experts": b["experts"], "num_experts_per_tok": b["experts_per_token"]}
 
 
+def _qwen_window(b: dict) -> dict:
+    """Qwen's window keys: a card's window is every layer's, which Qwen's configs say as a window
+    from layer max_window_layers = 0 on (and, for transformers since layer_types, every layer's type)."""
+    if not b["sliding_window"]:
+        return {"use_sliding_window": False}
+    return {"use_sliding_window": True, "sliding_window": b["sliding_window"], "max_window_layers": 0,
+            "layer_types": ["sliding_attention"] * b["layers"]}
+
+
 def _qwen2(b: dict) -> dict:
     return {**_dense(b), "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "rope_scaling": _rope(b, "Qwen"),
-            "use_sliding_window": False}
+            **_qwen_window(b)}
 
 
 def _qwen3(b: dict) -> dict:
     return {**_dense(b), "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "rope_scaling": _rope(b, "Qwen"),
-            "attention_bias": False, "use_sliding_window": False}
+            "attention_bias": False, **_qwen_window(b)}
 
 
 def _qwen3_moe(b: dict) -> dict:

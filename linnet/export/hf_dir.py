@@ -9,6 +9,7 @@ tokenizer Nest built (a GGUF's), with its chat template.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -24,8 +25,14 @@ def write_hf_dir(bound, out) -> str:
     """Writes `bound` (`nest.read_weights`) as a model directory at `out`; returns its path."""
     from safetensors.torch import save_file
 
+    from linnet.export import ExportError
+
     out = Path(out)
+    sources = [Path(p) for p in (bound.source, bound.tokenizer_from) if p not in (None, "random") and Path(p).is_dir()]
+    if out.is_dir() and any(out.resolve() == s.resolve() for s in sources):
+        raise ExportError(f"{out}: that is where the weights or the tokenizer are read from; write elsewhere")
     out.mkdir(parents=True, exist_ok=True)
+    _clear(out)
     config = hf_config(bound.module, bound.tokenizer)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
@@ -50,7 +57,28 @@ def write_hf_dir(bound, out) -> str:
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     _write_tokenizer(bound, out, config)
+    _readable(out.glob("*.safetensors"))
     return str(out)
+
+
+def _clear(out: Path) -> None:
+    """Removes what an earlier export wrote there (as transformers' save_pretrained clears stale
+    shards): vLLM reads the shards an old index names, and a tokenizer left from another model
+    would be served with this one. Other files are the user's, and stay."""
+    owned = [*out.glob("model*.safetensors"), out / "model.safetensors.index.json", out / "config.json",
+             *(out / f for f in TOKENIZER_FILES)]
+    for path in owned:
+        if path.is_file():
+            path.unlink()
+
+
+def _readable(paths) -> None:
+    """safetensors writes its files 0600 whatever the umask; a server running as another user (a
+    container's, say) must read them: the mode any other new file would have."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in paths:
+        path.chmod(0o666 & ~umask)
 
 
 def _write_tokenizer(bound, out: Path, config: dict) -> None:

@@ -128,10 +128,22 @@ def _mistral_values(config: dict, name: str) -> dict:
 
 
 def _qwen_values(config: dict, name: str) -> dict:
-    if config.get("use_sliding_window"):
-        raise WeightsError(f"{name}: use_sliding_window is set; Linnet's Qwen architectures attend over the "
-                           f"whole row in every layer")
-    return {**_dense_values(config, name), **_rope_values(config, name, "Qwen", ("yarn", "linear"))}
+    values = {**_dense_values(config, name), **_rope_values(config, name, "Qwen", ("yarn", "linear"))}
+    window = config.get("sliding_window") if config.get("use_sliding_window") else None
+    if window:
+        # Qwen slides the window in layers max_window_layers on (transformers now lists each layer's
+        # type): Linnet's Qwen cards have one window for every layer, or none
+        layers = values["layers"]
+        types = config.get("layer_types") or ["sliding_attention" if i >= int(config.get("max_window_layers", 28))
+                                               else "full_attention" for i in range(layers)]
+        sliding = sum(t == "sliding_attention" for t in types)
+        if 0 < sliding < layers:
+            raise WeightsError(f"{name}: use_sliding_window is set for {sliding} of {layers} layers (from "
+                               f"max_window_layers or layer_types); Linnet's Qwen cards slide a window in every "
+                               f"layer or in none")
+        if sliding and int(window) < int(config.get("max_position_embeddings") or 1 << 62):
+            values["sliding_window"] = int(window)
+    return values
 
 
 def _qwen2_values(config: dict, name: str) -> dict:

@@ -2,6 +2,7 @@
 (config.json, safetensors, tokenizer) and computes the logits Linnet computes from the card."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,10 +26,28 @@ def linnet_logits(model, prompts):
 @pytest.mark.parametrize("card", ["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-mixtral", "tiny-qwen2",
                                   "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss"])
 def test_transformers_loads_the_directory_and_agrees(card, tmp_path):
+    agrees_with_transformers(card, tmp_path)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_a_qwen_card_with_a_window_keeps_it(arch, tmp_path):
+    """A Qwen card's window is every layer's: config.json slides it from layer 0 on, and transformers
+    computes what Linnet does past it (the second prompt is longer than the window)."""
+    card = tmp_path / f"win-{arch}.linnet"
+    source = (Path(nest.__file__).parent / "cards" / f"tiny-{arch}.linnet").read_text()
+    card.write_text(source.replace(f'card "tiny-{arch}"', f'card "win-{arch}"')
+                    .replace("config {\n", "config {\n  sliding_window = 5\n"))
+    config = agrees_with_transformers(card, tmp_path)
+    assert config["use_sliding_window"] and config["sliding_window"] == 5 and config["max_window_layers"] == 0
+
+
+def agrees_with_transformers(card, tmp_path) -> dict:
+    """Exports `card` with random weights, checks transformers' logits and Linnet's on the export
+    read back against Linnet's own; returns the config.json written."""
     from transformers import AutoModelForCausalLM
 
-    path = export(card, "vllm", tmp_path / card, weights="random", seed=7, dtype="f32")
-    config = json.loads((tmp_path / card / "config.json").read_text())
+    path = export(card, "vllm", tmp_path / "out", weights="random", seed=7, dtype="f32")
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
     reference = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").float().eval()
     assert config["architectures"][0] == type(reference).__name__
     ours = linnet_logits(nest.load(card, weights="random", seed=7, generics={"Batch": 2, "MaxSeq": 32}), PROMPTS)
@@ -39,6 +58,7 @@ def test_transformers_loads_the_directory_and_agrees(card, tmp_path):
     # and Linnet reads its own export back, the card written from config.json
     again = linnet_logits(nest.load(path, generics={"Batch": 2, "MaxSeq": 32}, tokenizer=False), PROMPTS)
     np.testing.assert_allclose(again, ours, rtol=0, atol=1e-5 * np.abs(ours).max())
+    return config
 
 
 def test_a_tied_head_is_written_once(tmp_path):
@@ -98,3 +118,39 @@ def test_real_weights_agree_with_transformers(smollm2_dir):
     with torch.no_grad():
         ref = reference(torch.tensor([prompt])).logits[0, -1].numpy()
     assert np.abs(ours - ref).max() / np.abs(ref).max() <= 1e-4
+
+
+def test_an_earlier_export_there_is_replaced_not_mixed_in(tmp_path, monkeypatch):
+    """A sharded export, then a single-file one of another card over it: vLLM reads the shards an
+    index names, so the old index and shards go (as save_pretrained clears stale shards), and so
+    does a tokenizer that was another model's; a file of the user's stays. The files are readable
+    as any new file is (safetensors itself writes 0600)."""
+    import os
+
+    import linnet.export.hf_dir as hf_dir
+
+    out = tmp_path / "out"
+    with monkeypatch.context() as m:
+        m.setattr(hf_dir, "SHARD_BYTES", 40_000)
+        export("tiny-llama", "vllm", out, weights="random", dtype="f32")
+    assert (out / "model.safetensors.index.json").is_file()
+    (out / "tokenizer.json").write_text("{}")  # as if another model's
+    (out / "README.md").write_text("mine")
+    export("tiny-qwen3", "vllm", out, weights="random", dtype="f32")
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~umask
+    from transformers import AutoModelForCausalLM
+
+    assert type(AutoModelForCausalLM.from_pretrained(out)).__name__ == "Qwen3ForCausalLM"
+
+
+@pytest.mark.filterwarnings("ignore:no tokenizer loaded")
+def test_the_directory_the_weights_come_from_is_not_written_over(tmp_path):
+    from linnet.export import ExportError
+
+    src = export("tiny-llama", "vllm", tmp_path / "src", weights="random", dtype="f32")
+    with pytest.raises(ExportError, match="where the weights or the tokenizer are read from"):
+        export(src, "vllm", src, dtype="f32")
+    assert (tmp_path / "src" / "model.safetensors").is_file()

@@ -81,7 +81,8 @@ def test_the_cards_say_what_the_configs_do(saved):
 
 
 @pytest.mark.parametrize("family, change, message", [
-    ("qwen2", {"use_sliding_window": True}, "use_sliding_window is set"),
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1},
+     "use_sliding_window is set for 1 of 2 layers"),
     ("qwen3", {"attention_bias": True}, "has attention_bias set"),
     ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "attention_factor": 2.0}}, "attention_factor 2.0"),
     ("qwen3", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope scaling 'dynamic'"),
@@ -104,6 +105,21 @@ def test_yarn_as_qwen_long_context_configs_set_it(family, tmp_path, prefill_erro
     model = nest.load(str(tmp_path), generics=GENERICS, tokenizer=False)
     assert model.module.bindings["rope_scaling"] == "yarn"
     assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_a_qwen_window_in_every_layer_is_the_cards(family, tmp_path, prefill_error):
+    """use_sliding_window from layer max_window_layers = 0 on: every layer sees the last 4 positions,
+    as a card's sliding_window says (two of the prompts are longer). From layer 28 on (Qwen's
+    default), no layer of two slides: no window."""
+    reference = random_model(family, use_sliding_window=True, sliding_window=4, max_window_layers=0)
+    reference.save_pretrained(tmp_path)
+    model = nest.load(str(tmp_path), generics=GENERICS, tokenizer=False)
+    assert model.module.bindings["sliding_window"] == 4
+    assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
+    config = {"architectures": [FAMILIES[family][0] + "ForCausalLM"], **COMMON, **FAMILIES[family][1],
+              "use_sliding_window": True, "sliding_window": 4}
+    assert "sliding_window" not in card_source_from_config(config, "tiny")
 
 
 def test_unnormalized_expert_weights(tmp_path, prefill_error):
