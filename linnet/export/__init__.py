@@ -46,7 +46,7 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
         from linnet.export.triton import write_repository
 
         return write_repository(card, out, weights=weights, dtype=dtype, name=name, batch=batch, max_seq=max_seq,
-                                backend=backend, tokenizer=tokenizer)
+                                backend=backend, tokenizer=tokenizer, seed=seed)
     from linnet.nest.load import read_weights, resolve_card
 
     resolved = resolve_card(card, weights)

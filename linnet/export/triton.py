@@ -3,10 +3,12 @@
     <out>/<name>/config.pbtxt   Python backend, decoupled (streams), one instance
     <out>/<name>/1/model.py     Triton's entry point: `linnet.export.triton_model.TritonPythonModel`
 
-The model's inputs and outputs are those of Triton's vLLM backend, so its clients work unchanged:
-`text_input` (the prompt), optional `stream`, `sampling_parameters` (a JSON object of OpenAI /
-vLLM sampling fields: max_tokens, temperature, top_p, top_k, stop, seed, ...) and
-`exclude_input_in_output`; `text_output` comes back, once or as it is generated. The card, its
+The model's inputs and outputs are those of Triton's vLLM backend, read as it reads them, so its
+clients work unchanged: `text_input` (the prompt), optional `stream`, `sampling_parameters` (a JSON
+object of OpenAI / vLLM sampling fields: max_tokens, temperature, top_p, top_k, stop, seed, ...; else
+the request's own parameters), `exclude_input_in_output` and `return_finish_reason`,
+`return_cumulative_logprob`, `return_num_input_tokens`, `return_num_output_tokens`; `text_output`
+(and what was asked for) comes back, once or as it is generated. The card, its
 weights and the engine's sizes are the config's parameters, read when Triton loads the model.
 Serve with `tritonserver --model-repository <out>`; the server's Python needs linnet installed.
 """
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 from pathlib import Path
 
@@ -27,7 +30,12 @@ from linnet.export.triton_model import TritonPythonModel  # noqa: F401
 '''
 
 INPUTS = (("text_input", "TYPE_STRING", False), ("stream", "TYPE_BOOL", True),
-          ("sampling_parameters", "TYPE_STRING", True), ("exclude_input_in_output", "TYPE_BOOL", True))
+          ("sampling_parameters", "TYPE_STRING", True), ("exclude_input_in_output", "TYPE_BOOL", True),
+          ("return_finish_reason", "TYPE_BOOL", True), ("return_cumulative_logprob", "TYPE_BOOL", True),
+          ("return_num_input_tokens", "TYPE_BOOL", True), ("return_num_output_tokens", "TYPE_BOOL", True))
+OUTPUTS = (("text_output", "TYPE_STRING", "-1"), ("finish_reason", "TYPE_STRING", "-1"),
+           ("cumulative_logprob", "TYPE_FP32", "-1"), ("num_input_tokens", "TYPE_UINT32", "1"),
+           ("num_output_tokens", "TYPE_UINT32", "-1"))
 
 
 def config_pbtxt(name: str, parameters: dict) -> str:
@@ -38,7 +46,11 @@ def config_pbtxt(name: str, parameters: dict) -> str:
         comma = "," if i < len(INPUTS) - 1 else ""
         lines.append(f'  {{ name: "{input_name}" data_type: {dtype} dims: [ 1 ]'
                      f'{" optional: true" if optional else ""} }}{comma}')
-    lines += ["]", "output [", '  { name: "text_output" data_type: TYPE_STRING dims: [ -1 ] }', "]", "",
+    lines += ["]", "output ["]
+    for i, (output_name, dtype, dims) in enumerate(OUTPUTS):
+        comma = "," if i < len(OUTPUTS) - 1 else ""
+        lines.append(f'  {{ name: "{output_name}" data_type: {dtype} dims: [ {dims} ] }}{comma}')
+    lines += ["]", "",
               "# Requests are batched by Linnet's engine (continuous batching over `batch` cache rows), not by Triton.",
               "instance_group [ { count: 1 kind: KIND_MODEL } ]", ""]
     for key, value in parameters.items():
@@ -47,18 +59,30 @@ def config_pbtxt(name: str, parameters: dict) -> str:
 
 
 def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str | None = None, batch: int = 32,
-                     max_seq: int = 4096, backend: str = "torch", tokenizer=None) -> str:
+                     max_seq: int = 4096, backend: str = "torch", tokenizer=None, seed: int = 0) -> str:
     """Writes the repository at `out`, holding one model (`name`, default the card's name); returns
     the model's directory. Nothing is loaded now: the card is checked, and the paths given as
     `weights` and `tokenizer` (a model directory or GGUF whose tokenizer to serve with) are checked
     and made absolute, since Triton loads the model from its own working directory."""
     from linnet.export import ExportError
     from linnet.nest.checkpoint import open_checkpoint
-    from linnet.nest.load import resolve_card, tokenizer_of
+    from linnet.nest.load import find_card_weights, resolve_card, tokenizer_of
 
-    _, card_name, _ = resolve_card(card, weights)  # an unknown card, a bad .linnet file or checkpoint fails here
+    module, card_name, ckpt = resolve_card(card, weights)  # an unknown card, a bad .linnet file or checkpoint fails here
     if batch < 1 or max_seq < 2:
         raise ExportError(f"batch must be at least 1 and max_seq at least 2, not {batch} and {max_seq}")
+    name = name or card_name  # a registry card's whole name: llama-3.1-8b-instruct, not llama-3
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in (".", ".."):
+        raise ExportError(f"{name!r} cannot name a Triton model: it is a folder of the repository "
+                          f"(letters, digits, '_', '-' and '.')")
+    if weights is None and ckpt is None:
+        found, looked = find_card_weights(card_name, module)
+        if found is None and not module.meta.get("hf_repo"):  # nowhere the server could find them either
+            raise ExportError(f"{card_name} has no weights to serve: pass weights (a model directory or GGUF, "
+                              f"or 'random' with a seed)")
+        if found is None:  # the server may have them in its own Hugging Face cache: said, not refused
+            warnings.warn(f"{card_name}'s weights are not on this machine (looked in {', '.join(looked)}): "
+                          f"the Triton server must find them in its own cache, or pass weights", stacklevel=2)
     if weights == "random" and tokenizer is None:  # the model reads text_input: without a tokenizer, none
         warnings.warn("random weights have no tokenizer, and the Triton model takes text: every request will "
                       "be refused; pass a tokenizer (a model directory or GGUF) to serve with", stacklevel=2)
@@ -67,15 +91,16 @@ def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str 
         if not os.path.exists(str(weights)):
             raise ExportError(f"{weights}: no such checkpoint")
         weights = os.path.abspath(weights)
-    if tokenizer is not None:
-        tokenizer_of(open_checkpoint(tokenizer))  # one that cannot be read fails here too
+    if tokenizer is not None:  # one that cannot be read fails here; a directory needs only the tokenizer's files
+        tokenizer_of(Path(tokenizer) if os.path.isdir(tokenizer) else open_checkpoint(tokenizer))
         tokenizer = os.path.abspath(tokenizer)
-    name = name or card_name  # a registry card's whole name: llama-3.1-8b-instruct, not llama-3
     model_dir = Path(out) / name
     (model_dir / "1").mkdir(parents=True, exist_ok=True)
     parameters = {"card": card, "dtype": dtype, "batch": batch, "max_seq": max_seq, "backend": backend}
     if weights is not None:
         parameters["weights"] = weights
+    if weights == "random":
+        parameters["seed"] = seed
     if tokenizer is not None:
         parameters["tokenizer"] = tokenizer
     (model_dir / "config.pbtxt").write_text(config_pbtxt(name, parameters))

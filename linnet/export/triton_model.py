@@ -34,7 +34,7 @@ class TritonPythonModel:
         self.model = nest.load(p["card"], backend=backend, numerics="fast", compile=backend == "torch",
                                generics={"Batch": int(p.get("batch", 32)), "MaxSeq": int(p.get("max_seq", 4096)),
                                          "T": p.get("dtype", "bf16")},
-                               cast_dtype=True, weights=p.get("weights") or None,
+                               cast_dtype=True, weights=p.get("weights") or None, seed=int(p.get("seed", 0)),
                                tokenizer=p.get("tokenizer") or True)
         self.engine = Engine(self.model)
         self.engine.warmup()
@@ -47,11 +47,11 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                req, prompt_text, stream, echo = self._parse(request)
+                req, prompt_text, stream, echo, extra = self._parse(request)
             except Exception as err:  # an ApiError or RequestError: this request only
                 sender.send(self._failure(str(err)), flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 continue
-            asyncio.run_coroutine_threadsafe(self._respond(req, prompt_text, stream, echo, sender), self.loop)
+            asyncio.run_coroutine_threadsafe(self._respond(req, prompt_text, stream, echo, extra, sender), self.loop)
         return None
 
     def finalize(self) -> None:
@@ -68,53 +68,115 @@ class TritonPythonModel:
         return value.decode("utf-8") if isinstance(value, bytes) else value
 
     def _parse(self, request):
+        """(engine request, prompt text, stream, echo, the extra outputs asked for), as Triton's vLLM
+        backend reads a request: the prompt is echoed unless `exclude_input_in_output`, and by
+        default only when not streaming (echoing a stream is refused); the sampling fields come
+        from `sampling_parameters`, else from the request's own parameters (Triton's /generate)."""
         from linnet.serve.openai_api import ApiError, check_fits, completion_job
 
         text = self._input(request, "text_input")
         if not isinstance(text, str) or not text:
             raise ApiError(400, "text_input must be a non-empty string", "text_input")
+        stream = bool(self._input(request, "stream") or False)
+        exclude = self._input(request, "exclude_input_in_output")
+        echo = not stream if exclude is None else not bool(exclude)
+        if echo and stream:
+            raise ApiError(400, "when streaming, exclude_input_in_output = false is not allowed: the prompt "
+                                "is not echoed into a stream", "exclude_input_in_output")
         raw = self._input(request, "sampling_parameters")
+        if raw is None:
+            raw = request.parameters()
         try:
             sampling = json.loads(raw) if raw else {}
         except json.JSONDecodeError as err:
             raise ApiError(400, f"sampling_parameters is not valid JSON: {err}", "sampling_parameters") from None
         if not isinstance(sampling, dict):
             raise ApiError(400, "sampling_parameters must be a JSON object", "sampling_parameters")
-        job = completion_job({**sampling, "prompt": text, "echo": False}, self.model.tokenizer, self.model.max_seq)
+        job = completion_job({**typed_parameters(sampling), "prompt": text, "echo": False}, self.model.tokenizer,
+                             self.model.max_seq)
         if len(job.requests) != 1:
             raise ApiError(400, "one text_output per request: n must be 1", "n")
         req = job.requests[0]
         check_fits(req, self.model.vocab, self.model.max_seq)
-        stream = bool(self._input(request, "stream") or False)
-        echo = not bool(self._input(request, "exclude_input_in_output") or False)
-        return req, text, stream, echo
+        extra = {name for name in EXTRA_OUTPUTS if self._input(request, f"return_{name}")}
+        if "cumulative_logprob" in extra and req.logprobs is None:
+            req.logprobs = 0  # the drawn tokens' own logprobs, summed below
+        return req, text, stream, echo, extra
 
     def _failure(self, message: str):
         return self.pb.InferenceResponse(output_tensors=[], error=self.pb.TritonError(message))
 
-    def _response(self, text: str):
-        out = self.pb.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_))
-        return self.pb.InferenceResponse(output_tensors=[out])
+    def _response(self, text: str, extra: set, req, comp, new_tokens: int):
+        """One response: `text_output`, and the extra outputs asked for, as the vLLM backend gives
+        them (a stream's finish_reason is "None" until its last response; num_output_tokens counts
+        the tokens since the response before, cumulative_logprob the drawn tokens' so far)."""
+        outputs = [self.pb.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_))]
+        if "finish_reason" in extra:
+            reason = str(comp.finish_reason)  # "None" while it runs, as the vLLM backend's str(None)
+            outputs.append(self.pb.Tensor("finish_reason", np.array([reason.encode()], dtype=np.object_)))
+        if "cumulative_logprob" in extra:
+            total = sum(t.logprob for t in comp.logprobs)
+            outputs.append(self.pb.Tensor("cumulative_logprob", np.array([total], dtype=np.float32)))
+        if "num_input_tokens" in extra:
+            outputs.append(self.pb.Tensor("num_input_tokens", np.array([len(req.prompt)], dtype=np.uint32)))
+        if "num_output_tokens" in extra:
+            outputs.append(self.pb.Tensor("num_output_tokens", np.array([new_tokens], dtype=np.uint32)))
+        return self.pb.InferenceResponse(output_tensors=outputs)
 
-    async def _respond(self, req, prompt_text: str, stream: bool, echo: bool, sender):
+    async def _respond(self, req, prompt_text: str, stream: bool, echo: bool, extra: set, sender):
         from linnet.serve.openai_replies import TextStream
 
         final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         pieces = TextStream(self.model.tokenizer, req.prompt, req.stop)
         tokens = self.engine.stream(req)
-        first = echo
+        unsent = 0  # tokens drawn since the last response
         async for new, reason in tokens:
+            unsent += len(new)
             if stream and reason is None:
                 piece = pieces.push(new)
                 if piece:
-                    sender.send(self._response((prompt_text if first else "") + piece))
-                    first = False
+                    sender.send(self._response(piece, extra, req, tokens.completion, unsent))
+                    unsent = 0
         comp = tokens.completion
         if comp.finish_reason == "error":
             sender.send(self._failure(comp.error or "failed"), flags=final)
             return
         if stream:
-            tail = pieces.finish(comp.text)
-            sender.send(self._response((prompt_text if first else "") + tail), flags=final)
+            sender.send(self._response(pieces.finish(comp.text), extra, req, comp, unsent), flags=final)
         else:
-            sender.send(self._response((prompt_text if echo else "") + (comp.text or "")), flags=final)
+            text = (prompt_text if echo else "") + (comp.text or "")
+            sender.send(self._response(text, extra, req, comp, len(comp.tokens)), flags=final)
+
+
+# The outputs a request may ask for with a `return_<name>` input, as of Triton's vLLM backend.
+EXTRA_OUTPUTS = ("finish_reason", "cumulative_logprob", "num_input_tokens", "num_output_tokens")
+
+# Triton's clients (the vLLM backend's own samples among them) send the sampling fields' numbers as
+# strings ({"temperature": "0.1", "max_tokens": "5"}); the vLLM backend converts them to each field's type.
+_NUMBER_FIELDS = {"max_tokens": int, "min_tokens": int, "top_k": int, "seed": int, "n": int, "logprobs": int,
+                  "temperature": float, "top_p": float, "min_p": float, "presence_penalty": float,
+                  "frequency_penalty": float, "repetition_penalty": float}
+_FLAG_FIELDS = ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output")
+
+
+def typed_parameters(sampling: dict) -> dict:
+    """`sampling` with numbers and flags given as strings in their own types, and nulls left out
+    (the default, as the vLLM backend takes them); a string that is not one is a 400."""
+    from linnet.serve.openai_api import ApiError
+
+    out = {}
+    for key, value in sampling.items():
+        if value is None:
+            continue
+        if isinstance(value, str) and key in _NUMBER_FIELDS:
+            try:
+                value = _NUMBER_FIELDS[key](value)
+            except ValueError:
+                kind = "an integer" if _NUMBER_FIELDS[key] is int else "a number"
+                raise ApiError(400, f"{key!r} must be {kind}, not {value!r}", key) from None
+        elif isinstance(value, str) and key in _FLAG_FIELDS:
+            if value.lower() not in ("true", "false"):
+                raise ApiError(400, f"{key!r} must be true or false, not {value!r}", key)
+            value = value.lower() == "true"
+        out[key] = value
+    return out

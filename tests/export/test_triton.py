@@ -68,8 +68,9 @@ class Sender:
 
 
 class FakeRequest:
-    def __init__(self, pb, **inputs):
+    def __init__(self, pb, parameters=None, **inputs):
         self.sender = Sender()
+        self._parameters = json.dumps(parameters or {})  # Triton's request parameters, as JSON
         self.inputs = {}
         for name, value in inputs.items():
             array = np.array([value.encode() if isinstance(value, str) else value],
@@ -78,6 +79,9 @@ class FakeRequest:
 
     def get_response_sender(self):
         return self.sender
+
+    def parameters(self):
+        return self._parameters
 
 
 def config_parameters(config: str) -> dict:
@@ -140,14 +144,71 @@ def test_requests_together_each_get_their_own_answer(served, engine_text):
 
 
 def test_streaming_sends_pieces_that_add_up(served, engine_text):
+    """As Triton's vLLM backend: a stream carries the completion only (the prompt is echoed only
+    when not streaming, and asking for it in a stream is refused)."""
     model, pb, _ = served
     r = FakeRequest(pb, text_input="The capital of France is", stream=True,
                     sampling_parameters=json.dumps({"max_tokens": 12, "temperature": 0}))
-    model.execute([r])
-    assert r.sender.done.wait(120)
+    echoed = FakeRequest(pb, text_input="The capital of France is", stream=True, exclude_input_in_output=False)
+    model.execute([r, echoed])
+    assert r.sender.done.wait(120) and echoed.sender.done.wait(120)
     pieces = r.sender.texts()
     assert len(pieces) > 1
-    assert "".join(pieces) == "The capital of France is" + engine_text("The capital of France is", 12)
+    assert "".join(pieces) == engine_text("The capital of France is", 12)
+    assert "exclude_input_in_output = false is not allowed" in echoed.sender.responses[0].error.message()
+
+
+def test_fields_as_the_vllm_backends_clients_send_them(served, engine_text):
+    """Numbers as strings ({"max_tokens": "5"}), nulls for defaults, and with no sampling_parameters
+    tensor, the request's own parameters (Triton's /generate endpoint puts the body's fields there);
+    the prompt echoed when not streaming unless excluded."""
+    model, pb, _ = served
+    prompt = "Water boils at"
+    strings = FakeRequest(pb, text_input=prompt, sampling_parameters=json.dumps(
+        {"max_tokens": "6", "temperature": "0", "top_p": "1.0", "ignore_eos": "false", "seed": None}))
+    parameters = FakeRequest(pb, text_input=prompt, parameters={"max_tokens": 6, "temperature": 0},
+                             exclude_input_in_output=True)
+    bad = FakeRequest(pb, text_input=prompt, sampling_parameters=json.dumps({"max_tokens": "six"}))
+    model.execute([strings, parameters, bad])
+    for r in (strings, parameters, bad):
+        assert r.sender.done.wait(120)
+    expected = engine_text(prompt, 6)
+    assert strings.sender.texts() == [prompt + expected]
+    assert parameters.sender.texts() == [expected]
+    assert "'max_tokens' must be an integer, not 'six'" in bad.sender.responses[0].error.message()
+
+
+def test_the_extra_outputs_a_request_asks_for(served, engine_text):
+    """return_finish_reason, return_num_input_tokens, return_num_output_tokens and
+    return_cumulative_logprob, as the vLLM backend gives them: in a stream, the finish reason is
+    "None" until the last response and the output tokens are counted per response."""
+    model, pb, _ = served
+    prompt = "One, two, three,"
+    asks = dict(return_finish_reason=True, return_num_input_tokens=True, return_num_output_tokens=True,
+                return_cumulative_logprob=True)
+    sampling = json.dumps({"max_tokens": 7, "temperature": 0, "ignore_eos": True})
+    whole = FakeRequest(pb, text_input=prompt, sampling_parameters=sampling, **asks)
+    streamed = FakeRequest(pb, text_input=prompt, sampling_parameters=sampling, stream=True, **asks)
+    model.execute([whole, streamed])
+    assert whole.sender.done.wait(120) and streamed.sender.done.wait(120)
+
+    def outputs(response):
+        return {t.name(): t.as_numpy() for t in response.output_tensors}
+
+    (one,) = [outputs(r) for r in whole.sender.responses]
+    n_prompt = len(model.model.tokenizer.encode(prompt))
+    assert one["finish_reason"][0] == b"length" and one["num_input_tokens"][0] == n_prompt
+    assert one["num_output_tokens"][0] == 7
+    # the reference: the same request's logprobs from the engine itself
+    reference = nest.load("smollm2-135m-instruct", numerics="fast", cast_dtype=True,
+                          generics={"Batch": 1, "MaxSeq": 96, "T": "f32"})
+    done, _ = Engine(reference).run([Request(prompt=reference.tokenizer.encode(prompt), max_new_tokens=7,
+                                             ignore_eos=True, logprobs=0)])
+    assert one["cumulative_logprob"][0] == pytest.approx(sum(t.logprob for t in done[0].logprobs), abs=1e-3)
+    pieces = [outputs(r) for r in streamed.sender.responses]
+    assert [p["finish_reason"][0] for p in pieces] == [b"None"] * (len(pieces) - 1) + [b"length"]
+    assert sum(int(p["num_output_tokens"][0]) for p in pieces) == 7
+    assert pieces[-1]["cumulative_logprob"][0] == pytest.approx(one["cumulative_logprob"][0], abs=1e-4)
 
 
 def test_a_bad_request_gets_an_error_and_the_others_are_answered(served):
@@ -164,7 +225,30 @@ def test_a_bad_request_gets_an_error_and_the_others_are_answered(served):
 
 
 def test_the_repository_checks_the_card_when_written(tmp_path):
+    from linnet.export import ExportError
+
     with pytest.raises(nest.CardError):
         write_repository("no-such-card", tmp_path)
+    with pytest.raises(ExportError, match="tiny-llama has no weights to serve"):
+        write_repository("tiny-llama", tmp_path)  # a test card: no weights anywhere, nor a repository to fetch
+    for bad in ("../escape", "a/b", ".."):
+        with pytest.raises(ExportError, match="cannot name a Triton model"):
+            write_repository("tiny-llama", tmp_path, weights="random", name=bad)
+    assert list(tmp_path.iterdir()) == []
     with pytest.raises(nest.WeightsError, match="no-such-dir"):
         write_repository("smollm2-135m-instruct", tmp_path, weights="random", tokenizer=tmp_path / "no-such-dir")
+
+
+def test_random_weights_keep_their_seed_and_a_tokenizer_directory_will_do(tmp_path):
+    """The model serves the weights the export was asked for (`--seed`), and `--tokenizer` may be a
+    directory holding only tokenizer files, as it may for the other exports and nest.load."""
+    from linnet.nest.tokenizer import Tokenizer
+
+    tok_dir = tmp_path / "tok"
+    tok_dir.mkdir()
+    Tokenizer.from_gguf(embedded_gguf_path()).backend.save(str(tok_dir / "tokenizer.json"))
+    model_dir = write_repository("smollm2-135m-instruct", tmp_path / "repo", weights="random", seed=5,
+                                 tokenizer=tok_dir)
+    parameters = config_parameters((tmp_path / "repo" / "smollm2-135m-instruct" / "config.pbtxt").read_text())
+    assert parameters["seed"]["string_value"] == "5" and parameters["tokenizer"]["string_value"] == str(tok_dir)
+    assert model_dir.endswith("smollm2-135m-instruct")
