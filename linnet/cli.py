@@ -309,6 +309,17 @@ def cmd_export(args) -> int:
     return 0
 
 
+def _seed(text: str) -> int:
+    """A seed for argparse: a whole number torch's and numpy's generators take (0 to 2**63 - 1)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 0 <= value < 1 << 63:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 2**63 - 1, not {value}")
+    return value
+
+
 def _positive(text: str) -> int:
     """A count for argparse (rows, positions, tokens, devices): a whole number, 1 or more."""
     try:
@@ -368,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--temperature", type=float, default=0.0, help="0 (the default) is greedy")
     g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--seed", type=_seed, default=None)
     g.add_argument("--backend", choices=["torch", "jax"], default="torch")
     g.add_argument("--weights", help='a model directory, a .gguf file, or "random" (default: found as nest.load does)')
     g.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda if there is one)")
@@ -431,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--stored-responses", type=int, default=1024,
                     help="how many Responses (/v1/responses) are kept in memory for previous_response_id and "
                          "GET /v1/responses/ID, the oldest dropped first (0: none)")
-    sv.add_argument("--seed", type=int, default=0, help="seeds the draws of requests that send no seed of their own")
+    sv.add_argument("--seed", type=_seed, default=0, help="seeds the draws of requests that send no seed of their own")
     _add_compile_cache(sv)
     sv.add_argument("--enforce-eager", action="store_true",
                     help="run every step eagerly: no CUDA graph, no CPU graph replay, no compiled model")
@@ -463,7 +474,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--tokenizer", default=None,
                     help="a model directory or GGUF whose tokenizer to write, or for triton to serve with "
                          "(random weights have none)")
-    ex.add_argument("--seed", type=int, default=0, help="for --weights random")
+    ex.add_argument("--seed", type=_seed, default=0, help="for --weights random")
     ex.add_argument("--name", default=None, help="triton: the model's name (default: the card's)")
     ex.add_argument("--batch", type=_positive, default=32, help="triton: cache rows, the requests in flight")
     ex.add_argument("--max-seq", type=_positive, default=4096, help="triton: positions per row")

@@ -82,3 +82,15 @@ def test_counts_below_one_are_flag_errors(capsys, argv):
         main(argv)
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "must be 1 or more" in err and argv[-2] in err
+
+
+@pytest.mark.parametrize("argv", [["export", "tiny-llama", "--to", "vllm", "-o", "out", "--weights", "random",
+                                   "--seed", "99999999999999999999"],
+                                  ["generate", "tiny-llama", "hi", "--seed", "-1"],
+                                  ["serve", "tiny-llama", "--seed", "1.5"]])
+def test_a_seed_the_generators_cannot_take_is_a_flag_error(capsys, argv):
+    """torch's generator takes a signed 64-bit seed: past it, a flag error, not an overflow traceback."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "argument --seed" in err and "Traceback" not in err
