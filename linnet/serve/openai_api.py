@@ -15,6 +15,7 @@ prompt's own logprobs are asked for (echo with logprobs, or vLLM's
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 from linnet.serve.request import MAX_LOGPROBS, Request, RequestError
@@ -68,8 +69,8 @@ def _number(body: dict, name: str, default, lo=None, hi=None, integer=False):
     value = body.get(name, default)
     if value is None:
         return default
-    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok:
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float)) and math.isfinite(value)
+    if isinstance(value, bool) or not ok:  # json reads NaN and Infinity: numbers that are not
         raise ApiError(400, f"'{name}' must be {'an integer' if integer else 'a number'}, not {shown(value)}", name)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         bounds = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 if TYPE_CHECKING:
     from linnet.serve.structured import Structure
@@ -17,6 +20,19 @@ MAX_LOGPROBS = 20  # the most top alternatives a token's logprobs may list (Open
 
 class RequestError(ValueError):
     """A request the engine cannot run as given; the message says why. Other requests go on."""
+
+
+class EngineSettingError(ValueError):
+    """An engine setting this model cannot run with (a token budget too small for its rows)."""
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+    """A real number that is not NaN or infinite (json reads NaN and Infinity)."""
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass
@@ -67,47 +83,57 @@ class Request:
         return self.penalized or self.biased or self.restricted
 
     def validate(self, vocab: int, max_seq: int) -> None:
+        """A `RequestError` naming the first field that cannot run as given: of the wrong type, NaN,
+        or out of its range. Checked at submission, so that a bad request fails alone; nothing
+        that passes may fail inside a step, where it would take the step's other requests with it."""
         if not isinstance(self.prompt, (list, tuple)) or not self.prompt:
             raise RequestError(f"{self.id}: the prompt is empty")
-        bad = [t for t in self.prompt if not isinstance(t, int) or not 0 <= t < vocab]
+        bad = [t for t in self.prompt if not _is_int(t) or not 0 <= t < vocab]
         if bad:
             raise RequestError(f"{self.id}: token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
-        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 0:
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 0:
             raise RequestError(f"{self.id}: max_new_tokens must be an integer >= 0, not {self.max_new_tokens!r}")
         need = len(self.prompt) + self.max_new_tokens
         if need > max_seq:
             raise RequestError(f"{self.id}: the prompt ({len(self.prompt)} tokens) plus max_new_tokens "
                                f"({self.max_new_tokens}) is {need} positions, more than a cache row holds "
                                f"(MaxSeq = {max_seq})")
-        if self.temperature < 0:
-            raise RequestError(f"{self.id}: temperature must be >= 0, not {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise RequestError(f"{self.id}: top_p must be in (0, 1], not {self.top_p}")
-        if not 0 <= self.min_p <= 1:
-            raise RequestError(f"{self.id}: min_p must be in [0, 1], not {self.min_p}")
-        if self.top_k < 0:
-            raise RequestError(f"{self.id}: top_k must be >= 0, not {self.top_k}")
-        if self.repetition_penalty <= 0:
-            raise RequestError(f"{self.id}: repetition_penalty must be > 0, not {self.repetition_penalty}")
+        for name, lo, hi, low_open in (("temperature", 0, None, False), ("top_p", 0, 1, True), ("min_p", 0, 1, False),
+                                       ("repetition_penalty", 0, None, True), ("presence_penalty", -2, 2, False),
+                                       ("frequency_penalty", -2, 2, False)):
+            value = getattr(self, name)
+            if not _is_number(value) or value < lo or (low_open and value == lo) or (hi is not None and value > hi):
+                bounds = f"{'(' if low_open else '['}{lo}, {hi if hi is not None else 'inf'}{']' if hi is not None else ')'}"
+                raise RequestError(f"{self.id}: {name} must be a number in {bounds}, not {value!r}")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise RequestError(f"{self.id}: top_k must be an integer >= 0 (0: no limit), not {self.top_k!r}")
+        if self.seed is not None and not _is_int(self.seed):
+            raise RequestError(f"{self.id}: seed must be an integer, not {self.seed!r}")
+        if not isinstance(self.stop, (list, tuple)) or not all(isinstance(x, str) and x for x in self.stop):
+            raise RequestError(f"{self.id}: stop must be a list of non-empty strings, not {self.stop!r}")
+        if not isinstance(self.stop_token_ids, (list, tuple)):
+            raise RequestError(f"{self.id}: stop_token_ids must be a list of token ids, not {self.stop_token_ids!r}")
+        if self.allowed_token_ids is not None and not isinstance(self.allowed_token_ids, (list, tuple)):
+            raise RequestError(f"{self.id}: allowed_token_ids must be a list of token ids, not {self.allowed_token_ids!r}")
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(self, name)
-            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_LOGPROBS):
+            if k is not None and (not _is_int(k) or not 0 <= k <= MAX_LOGPROBS):
                 raise RequestError(f"{self.id}: {name} must be an integer between 0 and {MAX_LOGPROBS}, not {k!r}")
-        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_new_tokens:
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_new_tokens:
             raise RequestError(f"{self.id}: min_tokens must be between 0 and max_new_tokens ({self.max_new_tokens}), "
                                f"not {self.min_tokens!r}")
         for t, v in (self.logit_bias or {}).items():
-            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+            if not _is_int(t) or not 0 <= t < vocab:
                 raise RequestError(f"{self.id}: logit_bias token id {t!r} is outside the vocabulary [0, {vocab})")
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not -100 <= v <= 100:
+            if not _is_number(v) or not -100 <= v <= 100:
                 raise RequestError(f"{self.id}: logit_bias values must be numbers in [-100, 100], not {v!r}")
         if self.structure_after is not None and (not self.structure_after or not all(
                 isinstance(t, int) and 0 <= t < vocab for t in self.structure_after)):
             raise RequestError(f"{self.id}: structure_after must be a non-empty list of token ids")
         if self.allowed_token_ids is not None and (not self.allowed_token_ids or not all(
-                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in self.allowed_token_ids)):
+                _is_int(t) and 0 <= t < vocab for t in self.allowed_token_ids)):
             raise RequestError(f"{self.id}: allowed_token_ids must be a non-empty list of token ids in [0, {vocab})")
-        bad_stop = [t for t in self.stop_token_ids if not isinstance(t, int) or not 0 <= t < vocab]
+        bad_stop = [t for t in self.stop_token_ids if not _is_int(t) or not 0 <= t < vocab]
         if bad_stop:
             raise RequestError(f"{self.id}: stop token id {bad_stop[0]!r} is outside the vocabulary")
 

@@ -33,6 +33,7 @@ SHIFT = "shift"
 # probability (a masked one too): one draw in 2^24 per token, a third of a percent of a
 # 49k-vocabulary model's steps.
 NOISE_BITS = 23
+TOP_K_MAX = 2**31 - 1
 NOISE = {"M1": 0x7FEB352D, "M2": 0x846CA68B, "STEP": 0x9E3779B9, "TOKEN": 0x85EBCA6B}
 
 
@@ -70,9 +71,10 @@ class SamplingBatch:
         rep, pres, freq = f("repetition_penalty"), f("presence_penalty"), f("frequency_penalty")
         asked = [r.logprobs for r in requests if r.logprobs is not None]
         return SamplingBatch(
-            temperature=temp, top_k=np.array([r.top_k for r in requests], dtype=np.int32), top_p=f("top_p"),
-            min_p=f("min_p"), repetition=rep, presence=pres, frequency=freq,
-            seed=np.array(seeds, dtype=np.int64), step=np.array(steps, dtype=np.int64),
+            # a top_k past the vocabulary limits nothing, as past int32; the noise hashes a seed's low 32 bits
+            temperature=temp, top_k=np.array([min(r.top_k, TOP_K_MAX) for r in requests], dtype=np.int32),
+            top_p=f("top_p"), min_p=f("min_p"), repetition=rep, presence=pres, frequency=freq,
+            seed=np.array([s & 0xFFFFFFFF for s in seeds], dtype=np.int64), step=np.array(steps, dtype=np.int64),
             greedy_only=bool(np.all(temp == 0)),
             adjustment=adjustment_of(requests),
             logprobs=max(asked) if asked else -1)

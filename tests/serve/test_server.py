@@ -90,6 +90,9 @@ def test_chat_uses_the_template(server):
     ("/v1/completions", {"prompt": [1, 99999]}, None, None, 400, "outside the vocabulary"),
     ("/v1/completions", {"prompt": []}, None, None, 400, "prompt"),
     ("/v1/completions", {"prompt": [1], "temperature": "hot"}, None, None, 400, "temperature"),
+    ("/v1/completions", None, b'{"prompt": [1], "temperature": NaN}', None, 400, "'temperature' must be a number"),
+    ("/v1/completions", None, b'{"prompt": [1], "repetition_penalty": NaN}', None, 400, "repetition_penalty"),
+    ("/v1/completions", None, b'{"prompt": [1], "presence_penalty": Infinity}', None, 400, "presence_penalty"),
     ("/v1/completions", {"prompt": [1], "n": 1000}, None, None, 400, "'n'"),
     ("/v1/completions", {"prompt": [[1], [2]], "n": 200}, None, None, 400, "choices"),
     ("/v1/completions", {"prompt": [1], "best_of": 3}, None, None, 400, "best_of"),
@@ -363,6 +366,17 @@ def test_a_reply_too_long_for_the_row_names_the_field_the_body_used(server):
         err = json.loads(text)["error"]
         assert status == 400 and err["param"] == field and field in err["message"], (path, err)
         assert err["code"] == "context_length_exceeded"
+
+
+def test_a_top_k_past_the_vocabulary_limits_nothing(server):
+    """vLLM takes any top_k: past the vocabulary (past int32, even) it is no limit, and the request
+    draws as with none; nothing else in flight is touched."""
+    base, _, _ = server
+    body = {"prompt": [3, 4, 5], "max_tokens": 5, "temperature": 1.0, "seed": 11, "ignore_eos": True}
+    without = json.loads(call(base, "/v1/completions", body)[1])["choices"][0]["text"]
+    for k in (10 ** 6, 10 ** 12):
+        status, text = call(base, "/v1/completions", dict(body, top_k=k))
+        assert status == 200 and json.loads(text)["choices"][0]["text"] == without
 
 
 def test_a_null_max_completion_tokens_leaves_max_tokens_in_force(server):
