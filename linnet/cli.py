@@ -504,14 +504,15 @@ def _run(args) -> int:
     """A parsed command run, its errors printed as one line each (or as source errors with a caret)."""
     from linnet.export import ExportError
     from linnet.nest.errors import CardError, DeviceError, TokenizerError, WeightsError
-    from linnet.serve.request import RequestError
+    from linnet.serve.request import EngineSettingError, RequestError
 
     try:
         return args.run(args)
     except LinnetError as err:
         print(err.render(), file=sys.stderr)
         return 1
-    except (CardError, WeightsError, TokenizerError, DeviceError, RequestError, ExportError, _UsageError) as err:
+    except (CardError, WeightsError, TokenizerError, DeviceError, RequestError, EngineSettingError, ExportError,
+            _UsageError) as err:
         print(f"linnet: error: {err}", file=sys.stderr)
         return 1
     except OSError as err:  # a file the user named that cannot be written or read (-o into no folder, say)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from linnet.kernels.openmp import release_pool
-from linnet.serve.request import Completion, Request, RequestError, TokenLogprob
+from linnet.serve.request import Completion, EngineSettingError, Request, RequestError, TokenLogprob
 from linnet.serve.runners import make_runner, packed_mask
 from linnet.serve.sampling import SamplingBatch
 from linnet.serve.stats import Stats
@@ -103,8 +103,12 @@ class Engine:
         self.vocab = model.vocab
         on_gpu = str(getattr(model, "device", "cpu")).startswith("cuda")
         self.token_budget = token_budget or (2048 if on_gpu else 512)
-        if self.token_budget < self.runner.overhead + 2 * self.rows:
-            raise ValueError(f"token_budget ({self.token_budget}) is too small for {self.rows} rows")
+        # a pass must hold every row's decode token and still one piece of a prompt (JAX's in blocks of 8)
+        runner = self.runner
+        least = runner.overhead + max(2 * self.rows, self.rows * runner.chunk_cost(1) + runner.chunk_granule())
+        if self.token_budget < least:
+            raise EngineSettingError(f"token_budget ({self.token_budget}) is too small for {self.rows} rows: "
+                                     f"at least {least}")
         self.prefix_min = prefix_min
         self.rng = random.Random(seed)
         self.tokenizer = getattr(model, "tokenizer", None)
@@ -527,14 +531,16 @@ class Engine:
         elif x.matcher is not None:  # thinking, free, until structure_after is drawn
             x.structuring = x.generated[-len(req.structure_after):] == req.structure_after
         if req.stop:
-            # Only the new text, and the stop-length tail before it, can hold a stop string that was not there.
+            # Only a stop string that ends in the new text was not there before: each is looked for from
+            # its own length before the new text (as vLLM's), so that one held back by min_tokens stays
+            # passed, whatever other, longer stop strings the request has.
             if x.decoder is None:
                 x.decoder = self.tokenizer.incremental_decoder(skip_special_tokens=req.skip_special_tokens,
                                                                context=req.prompt)
             seen = len(x.text)
             x.text += x.decoder.push(token)
-            start = max(0, seen - max(len(s) for s in req.stop) + 1)
-            found = [(at, -len(s)) for at, s in ((x.text.find(s, start), s) for s in req.stop) if at >= 0]
+            found = [(at, -len(s)) for at, s in ((x.text.find(s, max(0, seen - len(s) + 1)), s) for s in req.stop)
+                     if at >= 0]
             if found and not held:
                 at, minus_length = min(found)  # the first to begin; of those, the longest
                 x.comp.text = x.text[:at - minus_length if req.include_stop else at]

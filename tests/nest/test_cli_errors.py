@@ -94,3 +94,10 @@ def test_a_seed_the_generators_cannot_take_is_a_flag_error(capsys, argv):
         main(argv)
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "argument --seed" in err and "Traceback" not in err
+
+
+def test_a_token_budget_too_small_for_the_rows_is_one_line(capsys):
+    assert main(["serve", "tiny-llama", "--weights", "random", "--backend", "jax", "--batch", "1",
+                 "--token-budget", "12"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("linnet: error: token_budget (12) is too small for 1 rows: at least") and "Traceback" not in err

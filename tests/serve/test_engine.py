@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from linnet.serve import Engine, Request, RequestError
+from linnet.serve import Engine, EngineSettingError, Request, RequestError
 
 
 def prompts(n, lo, hi, seed=0, vocab=128):
@@ -144,6 +144,36 @@ def test_bad_requests_are_rejected_and_others_run(model):
         Engine(model).submit(Request(prompt=[1] * 90, max_new_tokens=10))
 
 
+@pytest.mark.parametrize("field, value, needle", [
+    ("temperature", None, "temperature must be a number"), ("temperature", float("nan"), "temperature"),
+    ("top_k", None, "top_k must be an integer"), ("top_k", 2.5, "top_k"), ("seed", "7", "seed must be an integer"),
+    ("presence_penalty", float("inf"), "presence_penalty"), ("frequency_penalty", 3.0, "frequency_penalty"),
+    ("repetition_penalty", float("nan"), "repetition_penalty"), ("stop", "t5", "stop must be a list"),
+    ("stop", [""], "non-empty strings"), ("stop_token_ids", None, "stop_token_ids must be a list"),
+    ("allowed_token_ids", 5, "allowed_token_ids must be a list"),
+])
+def test_a_field_of_the_wrong_type_fails_its_request_alone(model, field, value, needle):
+    """Checked at submission: a field that would fail inside a step (a NaN, None, a string for a
+    list) is that request's error, and the run's other requests finish; the engine serves on."""
+    good = prompts(2, 5, 8, seed=12)
+    engine = Engine(model)
+    done, _ = engine.run([Request(prompt=good[0], max_new_tokens=3), Request(prompt=[1, 2], **{field: value}),
+                          Request(prompt=good[1], max_new_tokens=3)])
+    assert [c.finish_reason for c in done] == ["length", "error", "length"]
+    assert needle in done[1].error
+    assert [c.tokens for c in (done[0], done[2])] == [reference_greedy(model, p, 3) for p in good]
+    assert not engine.has_work() and len(engine.free_rows) == model.batch
+
+
+def test_a_seed_past_64_bits_and_a_top_k_past_int32_run(model):
+    """A seed is hashed by its low 32 bits (a uint64 hash of a user's id is a fine seed), and a
+    top_k past the vocabulary limits nothing: both draw as their reduced forms do."""
+    p = prompts(1, 6, 6, seed=14)[0]
+    base = dict(prompt=p, max_new_tokens=6, temperature=1.0)
+    done, _ = Engine(model).run([Request(**base, seed=(1 << 64) + 5, top_k=10 ** 12), Request(**base, seed=5)])
+    assert done[0].finish_reason == "length" and done[0].tokens == done[1].tokens
+
+
 def test_stop_token_ids_and_logprobs(model):
     p = prompts(1, 12, 12, seed=13)[0]
     ref = reference_greedy(model, p, 8)
@@ -271,6 +301,44 @@ def test_the_earliest_of_several_stop_strings_ends_the_text(model):
     at, stop = min((full.find(s), s) for s in (late, early))
     assert done[0].finish_reason == "stop" and done[0].text == full[:at]
     assert done[0].tokens == ref[:len(full[:at + len(stop)].split())]  # up to the token completing it
+
+
+@pytest.mark.parametrize("backend, rows", [("torch", 1), ("jax", 1), ("jax", 3)])
+def test_the_least_token_budget_still_moves_a_prompt_on(backend, rows):
+    """A pass holds every row's decode token and still a piece of a prompt: JAX packs prompts in
+    blocks of 8, so a budget with fewer left never prefilled anything, and the engine stepped
+    forever. Below the least it is refused, naming the least; at it, prompts finish."""
+    from tests.serve.conftest import make_model
+
+    model = make_model(backend, rows=rows, max_seq=48)
+    with pytest.raises(EngineSettingError, match="is too small for") as err:
+        Engine(model, token_budget=Engine(model).runner.overhead + 2 * rows - (backend == "torch"))
+    least = int(str(err.value).rsplit(" ", 1)[1])
+    engine = Engine(model, token_budget=least)
+    ps = prompts(2 * rows, 3, 20, seed=17)
+    done, stats = engine.run([Request(prompt=p, max_new_tokens=3) for p in ps])
+    reference = make_model(backend, rows=2, max_seq=48)  # the same weights; the reference pads into row 1
+    assert [c.tokens for c in done] == [reference_greedy(reference, p, 3) for p in ps]
+
+
+def test_a_stop_string_passed_while_min_tokens_held_stays_passed(model):
+    """A stop string wholly inside the text drawn before min_tokens is not found once the hold ends
+    (vLLM looks only at what ends in new text), whatever other, longer stop strings the request has."""
+    for seed in range(40, 80):  # a prompt whose greedy text has a word among its first 3 that occurs once
+        p = prompts(1, 9, 9, seed=seed)[0]
+        ref = reference_greedy(model, p, 8)
+        words = [f"t{t}" for t in ref]
+        once = [w for w in words[:3] if words.count(w) == 1]
+        if once:
+            break
+    stop = once[0]
+    model.tokenizer = word_tokenizer(model.vocab)
+    try:
+        for stops in ([stop], [stop, "a stop string that never appears"]):
+            done, _ = Engine(model).run([Request(prompt=p, max_new_tokens=8, min_tokens=3, stop=stops)])
+            assert done[0].finish_reason == "length" and done[0].tokens == ref, stops
+    finally:
+        model.tokenizer = None
 
 
 def test_jax_walking_keys_through_the_engine_matches_exact_numerics():
