@@ -57,7 +57,7 @@ def write_hf_dir(bound, out) -> str:
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     _write_tokenizer(bound, out, config)
-    _readable(out.glob("*.safetensors"))
+    _readable(out.glob("model*.safetensors"))
     return str(out)
 
 
