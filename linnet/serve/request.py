@@ -122,6 +122,8 @@ class Request:
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_new_tokens:
             raise RequestError(f"{self.id}: min_tokens must be between 0 and max_new_tokens ({self.max_new_tokens}), "
                                f"not {self.min_tokens!r}")
+        if self.logit_bias is not None and not isinstance(self.logit_bias, dict):
+            raise RequestError(f"{self.id}: logit_bias must be a dict of token id -> bias, not {self.logit_bias!r}")
         for t, v in (self.logit_bias or {}).items():
             if not _is_int(t) or not 0 <= t < vocab:
                 raise RequestError(f"{self.id}: logit_bias token id {t!r} is outside the vocabulary [0, {vocab})")

@@ -150,7 +150,7 @@ def test_bad_requests_are_rejected_and_others_run(model):
     ("presence_penalty", float("inf"), "presence_penalty"), ("frequency_penalty", 3.0, "frequency_penalty"),
     ("repetition_penalty", float("nan"), "repetition_penalty"), ("stop", "t5", "stop must be a list"),
     ("stop", [""], "non-empty strings"), ("stop_token_ids", None, "stop_token_ids must be a list"),
-    ("allowed_token_ids", 5, "allowed_token_ids must be a list"),
+    ("allowed_token_ids", 5, "allowed_token_ids must be a list"), ("logit_bias", [(3, 1.0)], "logit_bias must be a dict"),
 ])
 def test_a_field_of_the_wrong_type_fails_its_request_alone(model, field, value, needle):
     """Checked at submission: a field that would fail inside a step (a NaN, None, a string for a
