@@ -309,37 +309,25 @@ def cmd_export(args) -> int:
     return 0
 
 
-def _seed(text: str) -> int:
-    """A seed for argparse: a whole number torch's and numpy's generators take (0 to 2**63 - 1)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 0 <= value < 1 << 63:
-        raise argparse.ArgumentTypeError(f"must be from 0 to 2**63 - 1, not {value}")
-    return value
+def _whole_number(lo: int, hi: int | None, out_of_range: str, what: str = "a whole number"):
+    """An argparse type: an integer from `lo` to `hi` (None: no bound), else an error for the flag;
+    `out_of_range` is its message, formatted with the value."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
+        if value < lo or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(out_of_range.format(value))
+        return value
+
+    return parse
 
 
-def _positive(text: str) -> int:
-    """A count for argparse (rows, positions, tokens, devices): a whole number, 1 or more."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, not {value}")
-    return value
-
-
-def _port(text: str) -> int:
-    """A TCP port for argparse: 0 (any free one) to 65535."""
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, not {port}")
-    return port
+# a seed torch's and numpy's generators take; a count (rows, positions, tokens, devices); a TCP port (0: any free one)
+_seed = _whole_number(0, (1 << 63) - 1, "must be from 0 to 2**63 - 1, not {}")
+_positive = _whole_number(1, None, "must be 1 or more, not {}")
+_port = _whole_number(0, 65535, "a port is 0 to 65535, not {}", what="a port number")
 
 
 def build_parser() -> argparse.ArgumentParser:
