@@ -55,7 +55,9 @@ def _read_parser(f) -> lark.Lark:
     return lark.Lark.__new__(lark.Lark)._load(f, lexer_callbacks=_LEXER_CALLBACKS)
 
 
+@functools.lru_cache(maxsize=1)
 def _grammar() -> str:
+    """The grammar's text, read once: the keywords, the cache key and a build all need it."""
     return resources.files("linnet").joinpath("grammar/linnet.lark").read_text()
 
 
