@@ -79,7 +79,8 @@ class _Checker:
             fns=fns, entries=entries, card=self.card.card.name if self.card and self.card.card else None,
             meta=meta, config_values=config_values,
             sources={a.path: a.source, **({self.card.path: self.card.source} if self.card else {}), **a.bases},
-            card_path=self.card.path if self.card else None, bases=tuple(a.bases))
+            card_path=self.card.path if self.card else None, bases=tuple(a.bases),
+            loc=self.card.card.loc if self.card and self.card.card else a.arch.loc)
 
     def _declare(self, name: str, loc: Loc):
         if name in self.module_names:

@@ -162,6 +162,7 @@ class Module:
     sources: dict = field(default_factory=dict)  # path -> text, for error messages
     card_path: str | None = None  # the card's file, when a card filled the config
     bases: tuple = ()  # the files of the architectures `path` extends, the nearest last
+    loc: Loc | None = None  # where errors about the whole module point: the card's `card` line, else `arch`
 
     def entry_names(self) -> list:
         return list(self.entries)

@@ -22,14 +22,11 @@ DEFAULT_GENERICS = {"Batch": 1, "MaxSeq": 256, "T": "f32"}
 
 def module_loc(module: ir.Module) -> Loc:
     """Where errors about the module as a whole point: its card line, else its arch line."""
-    src = module.sources.get(module.path)
-    return Loc(module.path, 1, 1, 1, 2, src)
+    return module.loc or Loc(module.path, 1, 1, 1, 2, module.sources.get(module.path))
 
 
 def specialize(module: ir.Module, generics: dict | None = None, numerics: str = "exact") -> ir.Module:
-    loc = module_loc(module)
-    card_path = module.card_path
-    card_loc = Loc(card_path, 1, 1, 1, 2, module.sources[card_path]) if card_path else loc
+    card_loc = module_loc(module)
     g = dict(DEFAULT_GENERICS)
     for key, value in (generics or {}).items():
         if key not in DEFAULT_GENERICS:
@@ -58,7 +55,7 @@ def specialize(module: ir.Module, generics: dict | None = None, numerics: str = 
             if c.type.kind == "float":
                 values[name] = float(values[name])
         else:
-            raise LinnetError(card_loc if card_path else c.loc, f"config value `{name}` has no value",
+            raise LinnetError(card_loc if module.card_path else c.loc, f"config value `{name}` has no value",
                               [f"declared at {c.loc} without a default; the card must set `{name} = ...`"])
     sizes = {**{k: v for k, v in values.items() if isinstance(v, int) and not isinstance(v, bool)},
              "Batch": g["Batch"], "MaxSeq": g["MaxSeq"]}
