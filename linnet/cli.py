@@ -152,7 +152,7 @@ def cmd_generate(args) -> int:
                 out.flush()
         shown = len(comp.tokens)
     seconds = time.perf_counter() - start
-    out.write(decoder.flush() + "\n")
+    out.write(decoder.finish() + "\n")
     out.flush()
     if comp.finish_reason == "error":
         raise _UsageError(comp.error or "generation failed")

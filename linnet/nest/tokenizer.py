@@ -8,6 +8,7 @@ it to that.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 from pathlib import Path
@@ -223,6 +224,16 @@ class Tokenizer:
             self._bytes[token_id] = out
         return self._bytes[token_id]
 
+    def without_cut_character(self, text: str, ids: list) -> str:
+        """`text` (the decoding of `ids`, or of ids that end as they do) less the U+FFFD it ends
+        in where the ids stop partway through a character: how a reply cut there ends, as vLLM's
+        detokenizer ends it. A character is at most 4 bytes, so the last 4 ids tell."""
+        if not text.endswith(_REPLACEMENT):
+            return text
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        decoder.decode(b"".join(self.token_bytes(int(t)) for t in ids[-4:]))
+        return text[:-1] if decoder.getstate()[0] else text
+
     def _added_ids(self) -> set:
         if self._added is None:
             self._added = set(self.backend.get_added_tokens_decoder())
@@ -317,6 +328,12 @@ class IncrementalDecoder:
         self._ids = self._ids[-1:] if self._ids else []
         self._read = len(self._ids)
         return after[len(before) :]
+
+    def finish(self) -> str:
+        """What `flush()` gives, less a character the last ids stop inside (its U+FFFD): the end
+        of a reply cut mid-character (by max_tokens), as vLLM's detokenizer ends it."""
+        ids = self._ids
+        return self._tok.without_cut_character(self.flush(), ids)
 
     def stream(self, ids: Iterable[int]) -> Iterator[str]:
         """Yield text pieces as ids arrive, then what flush() gives."""

@@ -137,9 +137,10 @@ class Engine:
         req.validate(self.vocab, self.max_seq)
         if req.allowed_token_ids is not None and req.min_tokens and set(req.allowed_token_ids) <= self._enders(req):
             raise RequestError(f"{req.id}: every token allowed_token_ids allows would end the request, and min_tokens "
-                               f"({req.min_tokens}) keeps those out until then: nothing could be drawn")
+                               f"({req.min_tokens}) keeps those out until then: nothing could be drawn",
+                               "allowed_token_ids")
         if req.stop and self.tokenizer is None:
-            raise RequestError(f"{req.id}: stop strings need a tokenizer, and this model has none")
+            raise RequestError(f"{req.id}: stop strings need a tokenizer, and this model has none", "stop")
         matcher = None if req.structure is None else self.guide().matcher(req.structure, req.id)
         comp = Completion(req, submitted_at=time.perf_counter())
         seed = req.seed if req.seed is not None else self.rng.getrandbits(31)
@@ -156,13 +157,13 @@ class Engine:
         """The structured outputs' guide over this model's tokenizer (made once: reading the vocabulary takes a while)."""
         if self._guide is None:
             if self.tokenizer is None:
-                raise RequestError("structured outputs need a tokenizer, and this model has none")
+                raise RequestError("structured outputs need a tokenizer, and this model has none", "structure")
             from linnet.serve.structured import Guide
 
             try:
                 self._guide = Guide(self.tokenizer, self.vocab, sorted(self.eos))
             except ImportError:
-                raise RequestError("structured outputs need llguidance: pip install llguidance") from None
+                raise RequestError("structured outputs need llguidance: pip install llguidance", "structure") from None
         return self._guide
 
     def cancel(self, request_id: str) -> None:
@@ -554,8 +555,8 @@ class Engine:
         x.comp.finish_reason = reason
         self.stats.ended(reason)
         if x.comp.text is None and self.tokenizer is not None:
-            x.comp.text = self.tokenizer.decode_after(x.req.prompt, x.generated,
-                                                      skip_special_tokens=x.req.skip_special_tokens)
+            text = self.tokenizer.decode_after(x.req.prompt, x.generated, skip_special_tokens=x.req.skip_special_tokens)
+            x.comp.text = self.tokenizer.without_cut_character(text, x.generated)
         self.live.remove(x)
         # The row keeps what x cached: a follower of x copies it on the next step, unless the row
         # is taken first, in which case the follower copies only what is still valid (_copy_shared).

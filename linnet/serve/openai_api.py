@@ -65,7 +65,8 @@ def shown(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _number(body: dict, name: str, default, lo=None, hi=None, integer=False):
+def number_field(body: dict, name: str, default, lo=None, hi=None, integer=False):
+    """body[name] (default where absent or null), a finite number (an int with `integer`) in [lo, hi]."""
     value = body.get(name, default)
     if value is None:
         return default
@@ -105,6 +106,11 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
     if chat:
         if body.get("functions") or body.get("function_call"):
             raise ApiError(400, "'functions' is not supported: send 'tools'", "functions")
+        modalities = body.get("modalities")
+        if modalities is not None and (not isinstance(modalities, list) or set(modalities) - {"text"}):
+            raise ApiError(400, "this model answers in text only: 'modalities' may only be ['text']", "modalities")
+        if body.get("audio") is not None:
+            raise ApiError(400, "this model answers in text only: 'audio' is not supported", "audio")
     else:
         if body.get("suffix"):
             raise ApiError(400, "'suffix' is not supported", "suffix")
@@ -164,8 +170,10 @@ def _tool_call(body: dict, parser) -> tuple:
         if choice not in (None, "none", "auto"):
             raise ApiError(400, "'tool_choice' needs 'tools'", "tool_choice")
         return None, None
+    if not isinstance(tools, list):
+        raise ApiError(400, "'tools' must be a list of function tools", "tools")
     functions = {}
-    for i, tool in enumerate(tools if isinstance(tools, list) else [None]):
+    for i, tool in enumerate(tools):
         fn = tool.get("function") if isinstance(tool, dict) and tool.get("type", "function") == "function" else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(fn.get("parameters", {}), dict):
             raise ApiError(400, f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., "
@@ -182,7 +190,8 @@ def _tool_call(body: dict, parser) -> tuple:
     if choice == "required":
         forced, offered = "required", functions
     else:
-        forced = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+        named = choice.get("function") if isinstance(choice, dict) else None
+        forced = named.get("name") if isinstance(named, dict) else None
         if forced not in functions:
             raise ApiError(400, "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
                                 "{'name': ...}} naming one of the tools", "tool_choice")
@@ -200,7 +209,7 @@ def _tool_call(body: dict, parser) -> tuple:
 
 
 def _choices_per_prompt(body: dict) -> int:
-    n = _number(body, "n", 1, 1, MAX_CHOICES, integer=True)
+    n = number_field(body, "n", 1, 1, MAX_CHOICES, integer=True)
     best_of = body.get("best_of")
     if best_of is not None and best_of != n:
         raise ApiError(400, "'best_of' is not supported (other than best_of = n)", "best_of")
@@ -262,10 +271,8 @@ def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens:
         room = max(1, max_seq - len(prompt))
         max_tokens = room if default_max_tokens is None else min(default_max_tokens, room)
     else:
-        max_tokens = _number(body, name, None, fewest_tokens, None, integer=True)
-    seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ApiError(400, f"'seed' must be an integer, not {seed!r}", "seed")
+        max_tokens = number_field(body, name, None, fewest_tokens, None, integer=True)
+    seed = number_field(body, "seed", None, -(1 << 63), (1 << 63) - 1, integer=True)  # vLLM's: an int64
     stop_ids = body.get("stop_token_ids") or []
     if not isinstance(stop_ids, list) or not all(isinstance(t, int) for t in stop_ids):
         raise ApiError(400, "'stop_token_ids' must be a list of integers", "stop_token_ids")
@@ -275,16 +282,16 @@ def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens:
         raise ApiError(400, "'allowed_token_ids' must be a non-empty list of token ids", "allowed_token_ids")
     return Request(
         prompt=prompt, max_new_tokens=max_tokens, structure=_structure(body),
-        temperature=float(_number(body, "temperature", 1.0, 0, 2)),
-        top_p=float(_number(body, "top_p", 1.0, 0, 1)) or 1e-6,
-        top_k=int(_number(body, "top_k", 0, -1, None, integer=True)) if body.get("top_k", 0) != -1 else 0,
-        min_p=float(_number(body, "min_p", 0.0, 0, 1)),
-        presence_penalty=float(_number(body, "presence_penalty", 0.0, -2, 2)),
-        frequency_penalty=float(_number(body, "frequency_penalty", 0.0, -2, 2)),
-        repetition_penalty=float(_number(body, "repetition_penalty", 1.0, 0.01, 10)),
-        seed=None if seed is None else seed & 0x7FFFFFFF, stop=_stops(body), stop_token_ids=stop_ids,
+        temperature=float(number_field(body, "temperature", 1.0, 0, 2)),
+        top_p=float(number_field(body, "top_p", 1.0, 0, 1)) or 1e-6,
+        top_k=int(number_field(body, "top_k", 0, -1, None, integer=True)) if body.get("top_k", 0) != -1 else 0,
+        min_p=float(number_field(body, "min_p", 0.0, 0, 1)),
+        presence_penalty=float(number_field(body, "presence_penalty", 0.0, -2, 2)),
+        frequency_penalty=float(number_field(body, "frequency_penalty", 0.0, -2, 2)),
+        repetition_penalty=float(number_field(body, "repetition_penalty", 1.0, 0.01, 10)),
+        seed=seed, stop=_stops(body), stop_token_ids=stop_ids,
         ignore_eos=bool(body.get("ignore_eos", False)), logit_bias=_logit_bias(body),
-        min_tokens=int(_number(body, "min_tokens", 0, 0, max_tokens, integer=True)), allowed_token_ids=allowed,
+        min_tokens=int(number_field(body, "min_tokens", 0, 0, max_tokens, integer=True)), allowed_token_ids=allowed,
         include_stop=_boolean(body, "include_stop_str_in_output", False),
         skip_special_tokens=_boolean(body, "skip_special_tokens", True),
     )
@@ -298,7 +305,7 @@ def _copies(body: dict, prompt: list, max_seq: int, default_max_tokens: int | No
     for j in range(n):
         req = sampling_request(body, prompt, max_seq, default_max_tokens, fewest_tokens)
         if req.seed is not None:
-            req.seed = (req.seed + j) & 0x7FFFFFFF
+            req.seed += j
         req.logprobs = logprobs
         req.prompt_logprobs = prompt_logprobs if j == 0 else None
         out.append(req)
@@ -310,7 +317,7 @@ def logprob_count(body: dict, name: str) -> int | None:
     Responses' top_logprobs) asks for with each token; None where it is not given."""
     if body.get(name) is None:
         return None
-    return _number(body, name, 0, 0, MAX_LOGPROBS, integer=True)
+    return number_field(body, name, 0, 0, MAX_LOGPROBS, integer=True)
 
 
 def _prompts(body: dict, tokenizer) -> tuple[list, list]:
@@ -342,7 +349,7 @@ def _truncated(body: dict, ids: list, max_seq: int) -> list:
     many as a row holds)."""
     if body.get("truncate_prompt_tokens") is None:
         return ids
-    k = _number(body, "truncate_prompt_tokens", None, -1, max_seq, integer=True)
+    k = number_field(body, "truncate_prompt_tokens", None, -1, max_seq, integer=True)
     if k == 0:
         raise ApiError(400, "'truncate_prompt_tokens' must be -1 or at least 1", "truncate_prompt_tokens")
     return ids[-(max_seq if k == -1 else k):]
@@ -384,6 +391,11 @@ def _message(i: int, m) -> dict:
         raise ApiError(400, f"messages[{i}].role {m['role']!r} is not one of system, developer, user, assistant, "
                             f"tool", f"messages[{i}].role")
     content = m.get("content")
+    if content is None and m["role"] != "assistant":  # only an assistant's turn may be calls alone
+        raise ApiError(400, f"messages[{i}].content is required in a {m['role']} message", f"messages[{i}].content")
+    if m["role"] == "tool" and not isinstance(m.get("tool_call_id"), str):
+        raise ApiError(400, f"messages[{i}].tool_call_id is required in a tool message: the id of the call it "
+                            f"answers", f"messages[{i}].tool_call_id")
     if content is None:
         content = ""
     if isinstance(content, list):  # content parts: text only
@@ -492,9 +504,10 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=No
     _refuse_unsupported(body, chat=True)
     n = _choices_per_prompt(body)
     ids = _truncated(body, chat_prompt(body, tokenizer), max_seq)
-    if body.get("top_logprobs") is not None and not body.get("logprobs"):
+    wants_logprobs = _boolean(body, "logprobs", False)  # chat's is a flag; completions' a count
+    if body.get("top_logprobs") is not None and not wants_logprobs:
         raise ApiError(400, "when using 'top_logprobs', 'logprobs' must be set to true", "top_logprobs")
-    logprobs = _number(body, "top_logprobs", 0, 0, MAX_LOGPROBS, integer=True) if body.get("logprobs") else None
+    logprobs = number_field(body, "top_logprobs", 0, 0, MAX_LOGPROBS, integer=True) if wants_logprobs else None
     asked = logprob_count(body, "prompt_logprobs")
     tool_call, structure = _tool_call(body, tool_parser)
     requests = _copies(body, ids, max_seq, None, n, logprobs, asked)
@@ -539,8 +552,23 @@ def check_fits(req: Request, vocab: int, max_seq: int, chat: bool = True, length
     try:
         req.validate(vocab, max_seq)
     except RequestError as err:
-        message = str(err).split(": ", 1)[-1]
-        param = next((p for p in ("logit_bias", "stop_token_ids") if p.split("_")[0] in message), "prompt")
-        raise ApiError(400, message, param) from None
+        raise refused(err, req, body_fields(chat, length)) from None
+
+
+def body_fields(chat: bool, length: str, body: dict | None = None) -> dict:
+    """A body's names for the `Request` fields it sets, where they differ (RequestError.field): its
+    prompt's, its length's, its logprobs', and the field its structure came from."""
+    fields = {"prompt": "messages" if chat else "prompt", "max_new_tokens": length,
+              "logprobs": "top_logprobs" if chat else "logprobs"}
+    if body is not None:
+        fields["structure"] = next((k for k in ("response_format", "structured_outputs", *_GUIDED)
+                                    if body.get(k) is not None), "tool_choice")  # else a forced call's
+    return fields
+
+
+def refused(err: RequestError, req: Request, fields: dict) -> ApiError:
+    """The engine's refusal of a request as the 400 for its body: the message without the engine's
+    request id, the param the body's name for the field at fault (`body_fields`)."""
+    return ApiError(400, str(err).removeprefix(f"{req.id}: "), fields.get(err.field, err.field))
 
 

@@ -136,9 +136,10 @@ class TextStream:
         return self.ready()
 
     def finish(self, final_text: str | None) -> str:
-        """The rest of the text: the engine's final text (cut at a stop string) where it has one."""
+        """The rest of the text: the engine's final text (cut at a stop string) where it has one;
+        a character the last tokens stop inside is left out, not ended in U+FFFD."""
         if self.decoder is not None:
-            self.text += self.decoder.flush()
+            self.text += self.decoder.finish()
         if final_text is not None:
             self.text = final_text
         return self._emit(len(self.text))

@@ -19,7 +19,12 @@ MAX_LOGPROBS = 20  # the most top alternatives a token's logprobs may list (Open
 
 
 class RequestError(ValueError):
-    """A request the engine cannot run as given; the message says why. Other requests go on."""
+    """A request the engine cannot run as given; the message says why. Other requests go on.
+    `field`: the `Request` field at fault, where one is (a server names its own parameter by it)."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 class EngineSettingError(ValueError):
@@ -87,57 +92,65 @@ class Request:
         or out of its range. Checked at submission, so that a bad request fails alone; nothing
         that passes may fail inside a step, where it would take the step's other requests with it."""
         if not isinstance(self.prompt, (list, tuple)) or not self.prompt:
-            raise RequestError(f"{self.id}: the prompt is empty")
+            raise RequestError(f"{self.id}: the prompt is empty", "prompt")
         bad = [t for t in self.prompt if not _is_int(t) or not 0 <= t < vocab]
         if bad:
-            raise RequestError(f"{self.id}: token id {bad[0]!r} is outside the vocabulary [0, {vocab})")
+            raise RequestError(f"{self.id}: token id {bad[0]!r} is outside the vocabulary [0, {vocab})", "prompt")
         if not _is_int(self.max_new_tokens) or self.max_new_tokens < 0:
-            raise RequestError(f"{self.id}: max_new_tokens must be an integer >= 0, not {self.max_new_tokens!r}")
+            raise RequestError(f"{self.id}: max_new_tokens must be an integer >= 0, not {self.max_new_tokens!r}",
+                               "max_new_tokens")
         need = len(self.prompt) + self.max_new_tokens
         if need > max_seq:
             raise RequestError(f"{self.id}: the prompt ({len(self.prompt)} tokens) plus max_new_tokens "
                                f"({self.max_new_tokens}) is {need} positions, more than a cache row holds "
-                               f"(MaxSeq = {max_seq})")
+                               f"(MaxSeq = {max_seq})", "max_new_tokens")
         for name, lo, hi, low_open in (("temperature", 0, None, False), ("top_p", 0, 1, True), ("min_p", 0, 1, False),
                                        ("repetition_penalty", 0, None, True), ("presence_penalty", -2, 2, False),
                                        ("frequency_penalty", -2, 2, False)):
             value = getattr(self, name)
             if not _is_number(value) or value < lo or (low_open and value == lo) or (hi is not None and value > hi):
                 bounds = f"{'(' if low_open else '['}{lo}, {hi if hi is not None else 'inf'}{']' if hi is not None else ')'}"
-                raise RequestError(f"{self.id}: {name} must be a number in {bounds}, not {value!r}")
+                raise RequestError(f"{self.id}: {name} must be a number in {bounds}, not {value!r}", name)
         if not _is_int(self.top_k) or self.top_k < 0:
-            raise RequestError(f"{self.id}: top_k must be an integer >= 0 (0: no limit), not {self.top_k!r}")
+            raise RequestError(f"{self.id}: top_k must be an integer >= 0 (0: no limit), not {self.top_k!r}", "top_k")
         if self.seed is not None and not _is_int(self.seed):
-            raise RequestError(f"{self.id}: seed must be an integer, not {self.seed!r}")
+            raise RequestError(f"{self.id}: seed must be an integer, not {self.seed!r}", "seed")
         if not isinstance(self.stop, (list, tuple)) or not all(isinstance(x, str) and x for x in self.stop):
-            raise RequestError(f"{self.id}: stop must be a list of non-empty strings, not {self.stop!r}")
+            raise RequestError(f"{self.id}: stop must be a list of non-empty strings, not {self.stop!r}", "stop")
         if not isinstance(self.stop_token_ids, (list, tuple)):
-            raise RequestError(f"{self.id}: stop_token_ids must be a list of token ids, not {self.stop_token_ids!r}")
+            raise RequestError(f"{self.id}: stop_token_ids must be a list of token ids, not {self.stop_token_ids!r}",
+                               "stop_token_ids")
         if self.allowed_token_ids is not None and not isinstance(self.allowed_token_ids, (list, tuple)):
-            raise RequestError(f"{self.id}: allowed_token_ids must be a list of token ids, not {self.allowed_token_ids!r}")
+            raise RequestError(f"{self.id}: allowed_token_ids must be a list of token ids, not {self.allowed_token_ids!r}",
+                               "allowed_token_ids")
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(self, name)
             if k is not None and (not _is_int(k) or not 0 <= k <= MAX_LOGPROBS):
-                raise RequestError(f"{self.id}: {name} must be an integer between 0 and {MAX_LOGPROBS}, not {k!r}")
+                raise RequestError(f"{self.id}: {name} must be an integer between 0 and {MAX_LOGPROBS}, not {k!r}",
+                                   name)
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_new_tokens:
             raise RequestError(f"{self.id}: min_tokens must be between 0 and max_new_tokens ({self.max_new_tokens}), "
-                               f"not {self.min_tokens!r}")
+                               f"not {self.min_tokens!r}", "min_tokens")
         if self.logit_bias is not None and not isinstance(self.logit_bias, dict):
-            raise RequestError(f"{self.id}: logit_bias must be a dict of token id -> bias, not {self.logit_bias!r}")
+            raise RequestError(f"{self.id}: logit_bias must be a dict of token id -> bias, not {self.logit_bias!r}",
+                               "logit_bias")
         for t, v in (self.logit_bias or {}).items():
             if not _is_int(t) or not 0 <= t < vocab:
-                raise RequestError(f"{self.id}: logit_bias token id {t!r} is outside the vocabulary [0, {vocab})")
+                raise RequestError(f"{self.id}: logit_bias token id {t!r} is outside the vocabulary [0, {vocab})",
+                                   "logit_bias")
             if not _is_number(v) or not -100 <= v <= 100:
-                raise RequestError(f"{self.id}: logit_bias values must be numbers in [-100, 100], not {v!r}")
+                raise RequestError(f"{self.id}: logit_bias values must be numbers in [-100, 100], not {v!r}",
+                                   "logit_bias")
         if self.structure_after is not None and (not self.structure_after or not all(
                 isinstance(t, int) and 0 <= t < vocab for t in self.structure_after)):
-            raise RequestError(f"{self.id}: structure_after must be a non-empty list of token ids")
+            raise RequestError(f"{self.id}: structure_after must be a non-empty list of token ids", "structure_after")
         if self.allowed_token_ids is not None and (not self.allowed_token_ids or not all(
                 _is_int(t) and 0 <= t < vocab for t in self.allowed_token_ids)):
-            raise RequestError(f"{self.id}: allowed_token_ids must be a non-empty list of token ids in [0, {vocab})")
+            raise RequestError(f"{self.id}: allowed_token_ids must be a non-empty list of token ids in [0, {vocab})",
+                               "allowed_token_ids")
         bad_stop = [t for t in self.stop_token_ids if not _is_int(t) or not 0 <= t < vocab]
         if bad_stop:
-            raise RequestError(f"{self.id}: stop token id {bad_stop[0]!r} is outside the vocabulary")
+            raise RequestError(f"{self.id}: stop token id {bad_stop[0]!r} is outside the vocabulary", "stop_token_ids")
 
 
 @dataclass

@@ -14,11 +14,12 @@ its body says `store: false`; responses_store.py), and a body naming it as its
 
 from __future__ import annotations
 
+import json
 import time
 
 from dataclasses import dataclass
 
-from linnet.serve.openai_api import ApiError, Job, logprob_count
+from linnet.serve.openai_api import ApiError, Job, logprob_count, number_field
 from linnet.serve.openai_replies import (calls_start, chat_logprobs, choice_stream, divide_reply, new_id, reply_text,
                                          usage)
 
@@ -50,7 +51,8 @@ def read_call(body: dict, store) -> ResponsesCall:
         raise ApiError(400, "'store' must be true or false", "store")
     previous = body.get("previous_response_id")
     earlier = [] if previous is None else store.conversation(previous)
-    return ResponsesCall(body, earlier + _messages(body.get("input")))
+    called = {call["id"] for m in earlier for call in m.get("tool_calls") or []}
+    return ResponsesCall(body, earlier + _messages(body.get("input"), called=called))
 
 
 def input_items(body: dict) -> list:
@@ -82,14 +84,17 @@ def chat_body(call: ResponsesCall) -> dict:
     messages = [] if body.get("instructions") is None else [{"role": "system", "content": _text(
         body["instructions"], "instructions")}]
     chat["messages"] = messages + call.conversation
-    if body.get("max_output_tokens") is not None:
-        chat["max_tokens"] = body["max_output_tokens"]
+    if body.get("max_output_tokens") is not None:  # checked here, so that an error names it
+        chat["max_tokens"] = number_field(body, "max_output_tokens", None, 1, None, integer=True)
     if body.get("tools"):
         chat["tools"] = [_tool(i, t) for i, t in enumerate(body["tools"] if isinstance(body["tools"], list)
                                                               else [None])]
     if body.get("tool_choice") is not None:
         chat["tool_choice"] = _tool_choice(body["tool_choice"])
-    fmt = (body.get("text") or {}).get("format") if isinstance(body.get("text"), dict) else None
+    text = body.get("text")
+    if text is not None and not isinstance(text, dict):
+        raise ApiError(400, "'text' must be an object, as {'format': {'type': 'text'}}", "text")
+    fmt = (text or {}).get("format")
     if fmt is not None:
         chat["response_format"] = _response_format(fmt)
     effort = (body.get("reasoning") or {}).get("effort") if isinstance(body.get("reasoning"), dict) else None
@@ -118,11 +123,12 @@ def _text(value, where: str) -> str:
     raise ApiError(400, f"'{where}' must be a string or a list of text parts (input_text, output_text)", where)
 
 
-def _messages(items, output: bool = False) -> list:
+def _messages(items, output: bool = False, called: set = frozenset()) -> list:
     """Chat messages for Responses' `input`: a string, or a list of message, function_call,
     function_call_output and reasoning items (a reasoning item's text the `reasoning_content` of
     the assistant turn after it, which templates such as gpt-oss's write back before its calls);
-    with `output`, for a Response's own output items (which may be none)."""
+    with `output`, for a Response's own output items (which may be none). A function_call_output
+    answers a call made before it: in these items, or among the ids `called` earlier."""
     if output and not items:
         return []
     if isinstance(items, str):
@@ -132,12 +138,18 @@ def _messages(items, output: bool = False) -> list:
     if not isinstance(items, list) or not items:
         raise ApiError(400, "'input' must be a string or a non-empty list of items", "input")
     messages, thought = [], None  # thought: a reasoning item's text, for the assistant turn after it
+    called = set(called)
     for i, item in enumerate(items):
         where = f"input[{i}]"
         kind = item.get("type", "message") if isinstance(item, dict) else None
         if kind == "message" and isinstance(item.get("role"), str):
             messages.append({"role": item["role"], "content": _text(item.get("content"), f"{where}.content")})
         elif kind == "function_call" and all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
+            try:
+                json.loads(item["arguments"] or "{}")
+            except ValueError as err:
+                raise ApiError(400, f"'{where}.arguments' is not JSON: {err}", f"{where}.arguments") from None
+            called.add(item["call_id"])
             call = {"id": item["call_id"], "type": "function",
                     "function": {"name": item["name"], "arguments": item["arguments"]}}
             last = messages[-1] if messages else None
@@ -146,6 +158,9 @@ def _messages(items, output: bool = False) -> list:
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output" and isinstance(item.get("call_id"), str):
+            if item["call_id"] not in called:
+                raise ApiError(400, f"'{where}' answers call_id {item['call_id']!r}, but no function_call with that "
+                                    f"id comes before it", f"{where}.call_id")
             messages.append({"role": "tool", "tool_call_id": item["call_id"],
                              "content": _text(item.get("output"), f"{where}.output")})
         elif kind == "reasoning":
@@ -187,7 +202,7 @@ def _tool_choice(choice):
 
 
 def _response_format(fmt) -> dict:
-    if isinstance(fmt, dict) and fmt.get("type") == "json_schema":
+    if isinstance(fmt, dict) and fmt.get("type") == "json_schema" and isinstance(fmt.get("schema"), dict):
         schema = {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}
         return {"type": "json_schema", "json_schema": schema}
     if isinstance(fmt, dict) and fmt.get("type") in ("text", "json_object"):
@@ -332,8 +347,9 @@ class ResponseWriter:
         if self.open is None:
             return []
         item, text, at = self.open["item"], self.open["text"], len(self.output)
+        status = "incomplete" if self.finish == "length" else "completed"  # the item max_output_tokens cut
         if item["type"] == "function_call":
-            done = dict(item, arguments=text, status="completed")
+            done = dict(item, arguments=text, status=status)
             self.output.append(done)
             self.open = None
             return [self._event("response.function_call_arguments.done", item_id=item["id"], output_index=at,
@@ -349,6 +365,7 @@ class ResponseWriter:
             done = message_item(item["id"], text, logprobs)
             text_done = self._event("response.output_text.done", item_id=item["id"], output_index=at,
                                     content_index=0, text=text, logprobs=logprobs)
+        done["status"] = status
         self.output.append(done)
         return [text_done,
                 self._event("response.content_part.done", item_id=item["id"], output_index=at, content_index=0,
@@ -411,5 +428,7 @@ class ResponseWriter:
 def response(body: dict, job: Job, comps: list, model: str, message: dict, finish: str | None, tokenizer) -> dict:
     """The Response of a finished job: its one choice's chat message, as output items."""
     logprobs = reply_logprobs(job, comps[0], tokenizer)
-    return response_object(body, job, comps, model, output_items(message, logprobs), finish, new_id("resp", "_"),
-                           int(time.time()), tokenizer)
+    items = output_items(message, logprobs)
+    if items and finish == "length":  # the item max_output_tokens cut, as OpenAI marks it
+        items[-1]["status"] = "incomplete"
+    return response_object(body, job, comps, model, items, finish, new_id("resp", "_"), int(time.time()), tokenizer)

@@ -37,6 +37,24 @@ TOP_K_MAX = 2**31 - 1
 NOISE = {"M1": 0x7FEB352D, "M2": 0x846CA68B, "STEP": 0x9E3779B9, "TOKEN": 0x85EBCA6B}
 
 
+def noise_key(seed: int) -> int:
+    """The noise's 32-bit key for a request's seed: the seed itself in [0, 2^32), so that those
+    draw as they always have; any other integer (negative, or wider: vLLM takes 64 bits) is
+    hashed whole, 64 bits at a time (splitmix64's finalizer), so that seeds differing only past
+    bit 31 do not draw alike."""
+    if 0 <= seed < 1 << 32:
+        return seed
+    h, rest = (0x5851F42D4C957F2D if seed < 0 else 0x14057B7EF767814F), abs(seed)
+    while True:
+        h = (h ^ (rest & 0xFFFFFFFFFFFFFFFF)) + 0x9E3779B97F4A7C15 & 0xFFFFFFFFFFFFFFFF
+        h = (h ^ h >> 30) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        h = (h ^ h >> 27) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+        h ^= h >> 31
+        rest >>= 64
+        if not rest:
+            return h >> 32
+
+
 def adjustment_of(requests: list) -> str | None:
     """The form that moves these requests' logits, or None where nothing does."""
     if any(r.penalized or r.biased for r in requests):
@@ -71,10 +89,10 @@ class SamplingBatch:
         rep, pres, freq = f("repetition_penalty"), f("presence_penalty"), f("frequency_penalty")
         asked = [r.logprobs for r in requests if r.logprobs is not None]
         return SamplingBatch(
-            # a top_k past the vocabulary limits nothing, as past int32; the noise hashes a seed's low 32 bits
+            # a top_k past the vocabulary limits nothing, as past int32
             temperature=temp, top_k=np.array([min(r.top_k, TOP_K_MAX) for r in requests], dtype=np.int32),
             top_p=f("top_p"), min_p=f("min_p"), repetition=rep, presence=pres, frequency=freq,
-            seed=np.array([s & 0xFFFFFFFF for s in seeds], dtype=np.int64), step=np.array(steps, dtype=np.int64),
+            seed=np.array([noise_key(s) for s in seeds], dtype=np.int64), step=np.array(steps, dtype=np.int64),
             greedy_only=bool(np.all(temp == 0)),
             adjustment=adjustment_of(requests),
             logprobs=max(asked) if asked else -1)

@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 
 from linnet.serve.engine import Engine
 from linnet.serve.metrics import prometheus_text
-from linnet.serve.openai_api import (ApiError, Job, chat_job, chat_prompt, check_fits, completion_job, length_field,
-                                     shown)
+from linnet.serve.openai_api import (ApiError, Job, body_fields, chat_job, chat_prompt, check_fits, completion_job,
+                                     length_field, refused, shown)
 from linnet.serve.openai_replies import (ChunkWriter, answer_start, calls_after, chat_message, chat_response,
                                          choice_stream, completion_response, divide_reply, echoed_prompt, error_body,
                                          finish_reason, marker_ids, partial_calls, reply_text, usage)
@@ -71,12 +72,21 @@ class OpenAIServer:
             return
         if scope["type"] != "http":
             return
+        # Every response names its request (OpenAI's x-request-id): the client's own id where it sent one.
+        given = dict(scope.get("headers") or []).get(b"x-request-id", b"")[:256]
+        request_id = given or f"req-{uuid.uuid4().hex}".encode()
+
+        async def send_named(message):
+            if message["type"] == "http.response.start":
+                message = dict(message, headers=[*message.get("headers", []), (b"x-request-id", request_id)])
+            await send(message)
+
         try:
-            await self._route(scope, receive, send)
+            await self._route(scope, receive, send_named)
         except ApiError as err:
-            await _json(send, err.status, err.body)
+            await _json(send_named, err.status, err.body)
         except Exception as err:  # a bug answers 500 for this request only
-            await _json(send, 500, error_body(f"internal error: {err}"))
+            await _json(send_named, 500, error_body(f"internal error: {err}"))
 
     async def _lifespan(self, receive, send):
         while True:
@@ -194,10 +204,10 @@ class OpenAIServer:
         try:
             for req in job.requests:
                 streams.append(self.engine.stream(req))
-        except RequestError as err:  # checked above; whatever still slips through is the client's
+        except RequestError as err:  # checked above; whatever still slips through (a structure) is the client's
             for s in streams:
                 self.engine.cancel(s.completion.id)
-            raise ApiError(400, str(err)) from None
+            raise refused(err, req, body_fields(chat, length, body)) from None
         # A client that goes away takes its requests with it: their rows go to others.
         watcher = asyncio.create_task(self._cancel_on_disconnect(receive, [s.completion for s in streams]))
         try:

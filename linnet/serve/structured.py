@@ -62,7 +62,7 @@ class Guide:
         import llguidance
 
         if not eos_token_ids:
-            raise RequestError("structured outputs need the tokenizer's end token, and it has none")
+            raise RequestError("structured outputs need the tokenizer's end token, and it has none", "structure")
         # The tokenizer's JSON, as llguidance reads it; ids past the tokenizer's (padding) are never allowed.
         self.tokenizer = llguidance.LLTokenizer(tokenizer.backend.to_str(), n_vocab=vocab, eos_token=list(eos_token_ids))
         self.vocab = vocab
@@ -75,10 +75,11 @@ class Guide:
         try:
             grammar = structure.grammar()
         except (ValueError, TypeError) as err:
-            raise RequestError(f"{request_id}: {err}") from None
+            raise RequestError(f"{request_id}: {err}", "structure") from None
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise RequestError(f"{request_id}: the {structure.kind} cannot be used: {matcher.get_error()}")
+            raise RequestError(f"{request_id}: the {structure.kind} cannot be used: {matcher.get_error()}",
+                               "structure")
         return matcher
 
     def allowed(self, matchers: list) -> np.ndarray:

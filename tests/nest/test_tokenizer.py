@@ -180,6 +180,28 @@ def test_flush_emits_incomplete_tail(gguf_tokenizer):
     assert dec.flush() == gguf_tokenizer.decode(ids[:1])  # U+FFFD: the bytes never completed
 
 
+@pytest.mark.parametrize("text", ["ok 🫠", "日本", "a 🇫🇷"])
+def test_a_reply_cut_inside_a_character_ends_before_it(gguf_tokenizer, text):
+    """As vLLM's detokenizer: the text stops at the last whole character, with no U+FFFD."""
+    ids = gguf_tokenizer.encode(text, add_special_tokens=False)
+    whole = text.encode()
+    cuts = [n for n in range(len(ids)) if gguf_tokenizer.decode(ids[:n]).endswith("\ufffd")]
+    assert cuts, "the text should have a character spread over several tokens"
+    for n in range(len(ids) + 1):
+        spelled = b"".join(gguf_tokenizer.token_bytes(i) for i in ids[:n])
+        expected = spelled.decode("utf-8", errors="ignore")  # only a cut last character can be incomplete here
+        assert whole.startswith(spelled)
+        dec = gguf_tokenizer.incremental_decoder()
+        assert "".join(dec.push(i) for i in ids[:n]) + dec.finish() == expected
+        assert gguf_tokenizer.without_cut_character(gguf_tokenizer.decode(ids[:n]), ids[:n]) == expected
+
+
+def test_a_real_replacement_character_is_kept(gguf_tokenizer):
+    ids = gguf_tokenizer.encode("x\ufffd", add_special_tokens=False)
+    dec = gguf_tokenizer.incremental_decoder()
+    assert "".join(dec.push(i) for i in ids) + dec.finish() == "x\ufffd"
+
+
 @pytest.mark.parametrize("split", [1, 3, 6])
 @pytest.mark.parametrize("text", STREAM_TEXTS[:-1])
 def test_text_after_a_prompt_is_the_whole_decode_past_the_prompts(gguf_tokenizer, hf_gguf_tokenizer, text, split):

@@ -166,12 +166,28 @@ def test_a_field_of_the_wrong_type_fails_its_request_alone(model, field, value, 
 
 
 def test_a_seed_past_64_bits_and_a_top_k_past_int32_run(model):
-    """A seed is hashed by its low 32 bits (a uint64 hash of a user's id is a fine seed), and a
-    top_k past the vocabulary limits nothing: both draw as their reduced forms do."""
+    """Any integer is a seed (a uint64 hash of a user's id is a fine one): one past 32 bits draws
+    as its 32-bit key (`noise_key`), not as its low bits do; a top_k past the vocabulary limits
+    nothing."""
+    from linnet.serve.sampling import noise_key
+
     p = prompts(1, 6, 6, seed=14)[0]
     base = dict(prompt=p, max_new_tokens=6, temperature=1.0)
-    done, _ = Engine(model).run([Request(**base, seed=(1 << 64) + 5, top_k=10 ** 12), Request(**base, seed=5)])
+    wide = (1 << 64) + 5
+    done, _ = Engine(model).run([Request(**base, seed=wide, top_k=10 ** 12), Request(**base, seed=noise_key(wide)),
+                                 Request(**base, seed=5)])
     assert done[0].finish_reason == "length" and done[0].tokens == done[1].tokens
+    assert done[0].tokens != done[2].tokens
+
+
+def test_seeds_that_share_their_low_bits_have_keys_of_their_own():
+    from linnet.serve.sampling import noise_key
+
+    assert [noise_key(s) for s in (0, 7, 2**32 - 1)] == [0, 7, 2**32 - 1]  # as they always drew
+    for low in (0, 1, 2**31 + 3):
+        wide = [low + k * 2**32 for k in range(1, 2000)] + [-low - k * 2**32 for k in range(1, 2000)]
+        keys = [noise_key(s) for s in wide]
+        assert all(0 <= k < 2**32 for k in keys) and len(set(keys + [low])) == len(wide) + 1
 
 
 def test_stop_token_ids_and_logprobs(model):

@@ -33,8 +33,8 @@ def test_a_reply_is_the_chat_reply_for_the_same_conversation(server):
                                         temperature=0)
     assert out.output_text == chat["choices"][0]["message"]["content"]
     [item] = out.output
-    assert item.type == "message" and item.role == "assistant" and item.status == "completed"
-    # the word tokenizer has no end token: the reply ran to max_output_tokens
+    # the word tokenizer has no end token: the reply ran to max_output_tokens, and its item says so (OpenAI's)
+    assert item.type == "message" and item.role == "assistant" and item.status == "incomplete"
     assert out.status == "incomplete" and out.incomplete_details.reason == "max_output_tokens"
     assert out.usage.input_tokens == chat["usage"]["prompt_tokens"] and out.usage.output_tokens == 6
     assert out.usage.total_tokens == out.usage.input_tokens + 6 and out.usage.output_tokens_details.reasoning_tokens == 0
@@ -52,6 +52,7 @@ def test_streamed_as_typed_events_the_clients_helper_accepts(server):
     assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
                           "response.completed"]
     assert final.status == "incomplete"  # cut at max_output_tokens; the client's helper ends on "completed" only
+    assert final.output[0].status == events[-2].item.status == "incomplete"
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == whole.output_text
     assert final.output_text == whole.output_text and final.output[0].id == events[2].item.id

@@ -138,6 +138,59 @@ def test_bad_requests_get_openai_errors(server, path, body, raw, method, status,
     assert needle in err["message"] and err["type"]
 
 
+USER = [{"role": "user", "content": "t1"}]
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize("path, body, param, needle", [
+    ("/v1/chat/completions", {"messages": USER, "tools": TOOLS, "tool_choice": {"type": "function", "function": "f"}},
+     "tool_choice", "tool_choice must be"),
+    ("/v1/chat/completions", {"messages": USER, "tools": TOOLS, "tool_choice": {"type": "function", "function": None}},
+     "tool_choice", "tool_choice must be"),
+    ("/v1/chat/completions", {"messages": USER, "tools": {"a": 1}}, "tools", "'tools' must be a list"),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}]}, "messages[0].content", "content is required"),
+    ("/v1/chat/completions", {"messages": [{"role": "system", "content": None}, *USER]}, "messages[0].content",
+     "content is required in a system message"),
+    ("/v1/chat/completions", {"messages": [*USER, {"role": "tool", "content": "t2"}]}, "messages[1].tool_call_id",
+     "tool_call_id is required"),
+    ("/v1/chat/completions", {"messages": USER, "logprobs": 5}, "logprobs", "'logprobs' must be true or false"),
+    ("/v1/chat/completions", {"messages": USER, "modalities": ["text", "audio"]}, "modalities", "text only"),
+    ("/v1/chat/completions", {"messages": USER, "seed": 2**63}, "seed", "'seed' must be between"),
+    ("/v1/completions", {"prompt": [1], "seed": -2**63 - 1}, "seed", "'seed' must be between"),
+    ("/v1/completions", {"prompt": [1], "allowed_token_ids": [99999]}, "allowed_token_ids", "allowed_token_ids"),
+    ("/v1/completions", {"prompt": [1], "stop_token_ids": [99999]}, "stop_token_ids", "stop token id 99999"),
+    ("/v1/completions", {"prompt": [1, 99999]}, "prompt", "token id 99999 is outside"),
+    ("/v1/responses", {"input": "t1", "max_output_tokens": 0}, "max_output_tokens", "'max_output_tokens' must be"),
+    ("/v1/responses", {"input": "t1", "text": "json"}, "text", "'text' must be an object"),
+    ("/v1/responses", {"input": "t1", "text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format",
+     "'text.format' must be"),
+    ("/v1/responses", {"input": [{"type": "function_call_output", "call_id": "c9", "output": "t1"}]},
+     "input[0].call_id", "no function_call with that id"),
+    ("/v1/responses", {"input": [{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{x"}]},
+     "input[0].arguments", "is not JSON"),
+])
+def test_a_bad_field_is_named_as_the_body_named_it(server, path, body, param, needle):
+    """The error's param is the body's own field (the engine's request ids stay out of the message),
+    and the client gets a 400, never a 500 it would retry."""
+    base, _, _ = server
+    got, text = call(base, path, body)
+    err = json.loads(text)["error"]
+    assert (got, err["param"]) == (400, param) and needle in err["message"], err
+    assert "req-" not in err["message"]
+
+
+def test_every_response_names_its_request(server):
+    base, _, _ = server
+    ask = lambda headers: urllib.request.urlopen(urllib.request.Request(
+        base + "/v1/completions", data=json.dumps({"prompt": [1], "max_tokens": 1}).encode(),
+        headers={"Content-Type": "application/json", **headers}), timeout=60)
+    with ask({"X-Request-Id": "mine-7"}) as resp:
+        assert resp.headers["x-request-id"] == "mine-7"
+    with ask({}) as first, ask({}) as second:
+        assert first.headers["x-request-id"].startswith("req-") and \
+            first.headers["x-request-id"] != second.headers["x-request-id"]
+
+
 def test_concurrent_requests_and_a_bad_one(server):
     base, engine, _ = server
     prompts = [[i + 1, i + 2, i + 3] for i in range(8)]

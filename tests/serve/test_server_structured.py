@@ -137,6 +137,8 @@ def test_openais_client_reads_the_tool_calls(base):
     ({"response_format": {"type": "json_object"}, "guided_regex": "a"}, "one structure"),
     ({"guided_regex": "(unclosed"}, "cannot be used"),
     ({"guided_json": "{not json"}, "Expecting"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "nonsense"}}}}, "cannot be used"),
+    ({"structured_outputs": {"grammar": "start: ("}}, "grammar"),
     ({"structured_outputs": {"yaml": "a"}}, "structured_outputs"),
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": [1]}}}, "response_format"),
     ({"tools": [WEATHER]}, "needs the server started with --tool-call-parser"),
@@ -148,7 +150,10 @@ def test_openais_client_reads_the_tool_calls(base):
 def test_bad_structures_get_a_400_and_the_server_goes_on(base, body, needle):
     status, text = call(base, "/v1/chat/completions", dict({"messages": USER, "max_tokens": 5}, **body))
     assert status == 400, text
-    assert needle in json.loads(text)["error"]["message"]
+    err = json.loads(text)["error"]
+    assert needle in err["message"] and "req-" not in err["message"]
+    # the param is the body's field the structure came from
+    assert err["param"].split("[")[0].split(".")[0] in (*body, "tool_choice"), err
     assert chat(base, max_tokens=3)["choices"][0]["finish_reason"] in ("length", "stop")
 
 

@@ -130,3 +130,21 @@ def test_a_structure_after_a_marker_leaves_the_thinking_before_it_free(engine, m
     assert re.fullmatch(r"[0-9]{3}", model.tokenizer.decode(done[0].tokens[4:])) and done[0].finish_reason == "stop"
     never = Request(prompt=p, max_new_tokens=6, structure=Structure("regex", "[0-9]{3}"), structure_after=[EOS, EOS])
     assert engine.run([never])[0][0].tokens == free  # never drawn: never held
+
+
+@pytest.mark.parametrize("cut, text", [(1, ""), (2, "é"), (3, "é"), (5, "é")])
+def test_a_reply_cut_inside_a_character_ends_before_it(model, cut, text):
+    """max_tokens stopping partway through a character's bytes: the text ends at the last whole
+    character (vLLM's), streamed or not, never in U+FFFD."""
+    from linnet.serve.openai_replies import TextStream
+
+    model.tokenizer = byte_tokenizer(model.vocab, more="é🫠".encode())
+    try:
+        engine = Engine(model, token_budget=128)
+        comp = engine.run([Request(prompt=[5, 6], max_new_tokens=cut, structure=Structure("regex", "é🫠"))])[0][0]
+        assert model.tokenizer.decode(comp.tokens) == "é🫠".encode()[:cut].decode(errors="replace")
+        assert comp.text == text and comp.finish_reason == "length"
+        stream = TextStream(model.tokenizer, context=[5, 6])
+        assert "".join(stream.push([t]) for t in comp.tokens) + stream.finish(None) == text
+    finally:
+        model.tokenizer = None
