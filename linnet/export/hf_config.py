@@ -113,5 +113,21 @@ def _gpt_oss(b: dict) -> dict:
     }
 
 
+def _gemma3(b: dict) -> dict:
+    """Gemma 3's text config in the form vLLM and transformers 4.5x read (transformers 5 reads it too):
+    the full-attention layers' rope as rope_theta and rope_scaling, the sliding ones' as
+    rope_local_base_freq; each layer's kind both as the pattern and as layer_types."""
+    pattern = b["window_pattern"]
+    return {
+        **_dense(b), "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+        "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": b["query_pre_attn_scalar"], "rope_scaling": _rope(b, "Gemma 3"),
+        "rope_local_base_freq": b["rope_local_theta"], "sliding_window": b["sliding_window"],
+        "sliding_window_pattern": pattern,
+        "layer_types": ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(b["layers"])],
+        "attn_logit_softcapping": None, "final_logit_softcapping": None, "attention_bias": False,
+    }
+
+
 _WRITERS = {"llama": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen3": _qwen3, "qwen3_moe": _qwen3_moe,
-            "gpt_oss": _gpt_oss}
+            "gpt_oss": _gpt_oss, "gemma3": _gemma3}

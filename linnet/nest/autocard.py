@@ -3,8 +3,8 @@
 A checkpoint's `architectures` entry (config.json's, or the one a GGUF's `general.architecture`
 stands for) picks the built-in architecture: Llama and Mistral checkpoints get a card over
 llama, Mixtral over mixtral, Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distills) over qwen2,
-Qwen3 over qwen3, Qwen3's mixtures of experts over qwen3_moe, gpt-oss over gpt_oss. Config
-values the architecture cannot express are refused, not dropped.
+Qwen3 over qwen3, Qwen3's mixtures of experts over qwen3_moe, gpt-oss over gpt_oss, Gemma 3's
+text model over gemma3. Config values the architecture cannot express are refused, not dropped.
 """
 
 from __future__ import annotations
@@ -210,6 +210,52 @@ def _gpt_oss_values(config: dict, name: str) -> dict:
     }
 
 
+def _gemma3_values(config: dict, name: str) -> dict:
+    """Gemma 3's text model. Its config names each layer's kind (`layer_types`; older ones a
+    `sliding_window_pattern`) and each kind's rope (`rope_parameters` by kind; older ones
+    `rope_theta`, `rope_local_base_freq` and `rope_scaling` for the full-attention layers)."""
+    _refuse_biases(config, name, ("attention_bias",))
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if config.get(key) is not None:
+            raise WeightsError(f"{name}: {key} is set; the gemma3 architecture caps no logits (Gemma 2 does)")
+    act = config.get("hidden_activation") or config.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise WeightsError(f"{name}: hidden_activation {act!r}; the gemma3 architecture's MLP gates with GELU's "
+                           f"tanh form (gelu_pytorch_tanh)")
+    layers = int(config["num_hidden_layers"])
+    types = config.get("layer_types")
+    pattern = int(config.get("sliding_window_pattern") or config.get("_sliding_window_pattern") or 6)
+    if types is not None:
+        pattern = next((i + 1 for i, t in enumerate(types) if t == "full_attention"), layers + 1)
+        if types != ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]:
+            raise WeightsError(f"{name}: layer_types must put one full-attention layer in every n (the "
+                               f"architecture's window_pattern); this config has {types}")
+    heads, dim = int(config["num_attention_heads"]), int(config["hidden_size"])
+    rope = config.get("rope_parameters") or {}
+    full = rope.get("full_attention") or {"rope_theta": config.get("rope_theta", 1000000.0),
+                                          **(config.get("rope_scaling") or {})}
+    local = rope.get("sliding_attention") or {"rope_theta": config.get("rope_local_base_freq", 10000.0)}
+    kinds = {kind: spec.get("rope_type", spec.get("type", "default")) for kind, spec in
+             (("full-attention", full), ("sliding-window", local))}
+    if kinds["sliding-window"] != "default" or kinds["full-attention"] not in ("default", "linear"):
+        raise WeightsError(f"{name}: rope scaling {kinds}; the gemma3 architecture scales the full-attention "
+                           f"layers' rope linearly, or not at all, and the sliding-window layers' not at all")
+    values = {
+        "vocab": int(config["vocab_size"]), "dim": dim, "layers": layers, "heads": heads,
+        "kv_heads": int(config.get("num_key_value_heads") or heads),
+        "head_dim": int(config.get("head_dim") or dim // heads), "ffn": int(config["intermediate_size"]),
+        "norm_eps": float(config.get("rms_norm_eps", 1e-6)),
+        "query_pre_attn_scalar": int(config.get("query_pre_attn_scalar") or config.get("head_dim") or dim // heads),
+        "rope_theta": float(full.get("rope_theta", 1000000.0)),
+        "rope_local_theta": float(local.get("rope_theta", 10000.0)),
+        "sliding_window": int(config.get("sliding_window") or 512), "window_pattern": pattern,
+        "tie_embeddings": bool(config.get("tie_word_embeddings", True)),
+    }
+    if kinds["full-attention"] == "linear":
+        values.update(rope_scaling="linear", rope_factor=float(full["factor"]))
+    return values
+
+
 # Mistral's checkpoints share Llama's architecture, not its tool calls (Qwen's architectures name theirs).
 TOOL_CALL_PARSERS = {"MistralForCausalLM": "mistral"}
 
@@ -222,4 +268,5 @@ SUPPORTED = {
     "Qwen3ForCausalLM": ("qwen3", _qwen3_values),
     "Qwen3MoeForCausalLM": ("qwen3_moe", _qwen3_moe_values),
     "GptOssForCausalLM": ("gpt_oss", _gpt_oss_values),
+    "Gemma3ForCausalLM": ("gemma3", _gemma3_values),
 }

@@ -1,7 +1,7 @@
-"""Mistral, Mixtral, Qwen2, Qwen3 and Qwen3-MoE checkpoints without a card: a random tiny model saved
+"""Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE and Gemma 3 checkpoints without a card: a random tiny model saved
 by transformers loads through nest.load with a card written from its config.json (Mistral over the
 llama architecture, its sliding window kept; Mixtral over mixtral; Qwen2 with its q/k/v biases; Qwen3 with its per-head
-q/k norms; Qwen3-MoE with one tensor per expert) and gives transformers' logits on both backends.
+q/k norms; Qwen3-MoE with one tensor per expert; Gemma 3 with its two kinds of layer) and gives transformers' logits on both backends.
 Qwen GGUFs, laid out as llama.cpp's converter writes them (q and k in checkpoint order, a layer's
 experts in one tensor), load the same."""
 
@@ -25,7 +25,16 @@ FAMILIES = {
     "qwen3": ("Qwen3", dict(head_dim=32, tie_word_embeddings=False)),  # heads * head_dim != hidden_size
     "qwen3_moe": ("Qwen3Moe", dict(head_dim=32, tie_word_embeddings=False, num_experts=8, num_experts_per_tok=2,
                                    moe_intermediate_size=32, norm_topk_prob=True)),
+    # sliding-window layers (a window shorter than two prompts) with a full-attention one in every two, each
+    # kind with its own rope (the full ones' scaled), q/k norms, norms after each half, a query scale of its own
+    "gemma3": ("Gemma3", dict(head_dim=32, sliding_window=4, query_pre_attn_scalar=24,
+                              layer_types=["sliding_attention", "full_attention"],
+                              rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                               "full_attention": {"rope_type": "linear", "rope_theta": 1e6,
+                                                                  "factor": 8.0}})),
 }
+# transformers' config class where it is not the prefix's (Gemma3Config is the multimodal model's)
+CONFIGS = {"gemma3": "Gemma3TextConfig"}
 pytestmark = pytest.mark.filterwarnings("ignore:no tokenizer loaded")
 
 
@@ -33,7 +42,7 @@ def random_model(family: str, **overrides):
     import transformers
 
     prefix, own = FAMILIES[family]
-    config = getattr(transformers, prefix + "Config")(**{**COMMON, **own, **overrides})
+    config = getattr(transformers, CONFIGS.get(family, prefix + "Config"))(**{**COMMON, **own, **overrides})
     torch.manual_seed(3)
     model = getattr(transformers, prefix + "ForCausalLM")(config).float().eval()
     g = torch.Generator().manual_seed(3)
@@ -65,7 +74,7 @@ def test_the_cards_say_what_the_configs_do(saved):
     family, path, _ = saved
     config = json.loads((path / "config.json").read_text())
     source = card_source_from_config(config, "tiny")
-    arch = {"mistral": "llama", "mixtral": "mixtral", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3_moe"}[family]
+    arch = {"mistral": "llama", "mixtral": "mixtral"}.get(family, family)
     assert f"import {arch}\n" in source
     if family == "mistral":
         assert "sliding_window = 4" in source and 'tool_call_parser = "mistral"' in source
@@ -78,6 +87,28 @@ def test_the_cards_say_what_the_configs_do(saved):
     if family == "qwen3_moe":
         assert "experts = 8" in source and "experts_per_token = 2" in source and "ffn = 32" in source
         assert "norm_topk_prob = true" in source
+    if family == "gemma3":
+        for line in ("window_pattern = 2", "sliding_window = 4", 'rope_scaling = "linear"', "rope_factor = 8.0",
+                     "rope_theta = 1000000.0", "rope_local_theta = 10000.0", "query_pre_attn_scalar = 24"):
+            assert line in source
+
+
+def test_gemma_3_1b_its_config_as_the_hub_ships_it_is_its_registry_card(tmp_path):
+    """The older form of Gemma 3's config (sliding_window_pattern, rope_local_base_freq) gives the
+    values of the registry's card, written from the model card."""
+    config = {"architectures": ["Gemma3ForCausalLM"], "attn_logit_softcapping": None, "final_logit_softcapping": None,
+              "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152,
+              "intermediate_size": 6912, "max_position_embeddings": 32768, "num_attention_heads": 4,
+              "num_hidden_layers": 26, "num_key_value_heads": 1, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+              "rope_local_base_freq": 10000, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": 512,
+              "sliding_window_pattern": 6, "vocab_size": 262144}
+    from linnet.frontend.load import load_file
+    from linnet.ir.specialize import specialize
+
+    written = tmp_path / "gemma-3-1b-it.linnet"
+    written.write_text(card_source_from_config(config, "gemma-3-1b-it"))
+    values = lambda module: {k: v for k, v in specialize(module).bindings.items() if k in module.config}
+    assert values(load_file(written)) == values(nest.registry.card("gemma-3-1b-it").module())
 
 
 @pytest.mark.parametrize("family, change, message", [
@@ -89,6 +120,11 @@ def test_the_cards_say_what_the_configs_do(saved):
     ("mistral", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ("qwen3_moe", {"mlp_only_layers": [1]}, r"some layers a dense MLP \(mlp_only_layers \[1\]"),
     ("qwen3_moe", {"decoder_sparse_step": 2}, "decoder_sparse_step 2"),
+    ("gemma3", {"layer_types": ["full_attention", "sliding_attention"]}, "one full-attention layer in every n"),
+    ("gemma3", {"final_logit_softcapping": 30.0}, "final_logit_softcapping is set"),
+    ("gemma3", {"hidden_activation": "silu"}, "hidden_activation 'silu'"),
+    ("gemma3", {"rope_parameters": {"sliding_attention": {"rope_type": "yarn", "factor": 2.0},
+                                    "full_attention": {"rope_type": "default"}}}, "rope scaling"),
 ])
 def test_what_the_architectures_cannot_express_is_refused(family, change, message):
     prefix, _ = FAMILIES[family]

@@ -20,6 +20,7 @@ PUBLISHED = {
     "Qwen/Qwen3-30B-A3B": 30_532_122_624,
     "HuggingFaceTB/SmolLM2-135M-Instruct": 134_515_008,
     "openai/gpt-oss-20b": 20_914_757_184,
+    "google/gemma-3-1b-it": 999_885_952,
 }
 CARDS = [info for info in nest.cards() if info.hf_repo]
 

@@ -394,12 +394,12 @@ def test_a_compiled_torch_model_replays_its_decode_step(model):
         assert c.tokens == reference_greedy(model, p, 6)
 
 
-@pytest.mark.parametrize("card", ["tiny-gpt-oss", "tiny-qwen3-moe", "tiny-mixtral"])
+@pytest.mark.parametrize("card", ["tiny-gpt-oss", "tiny-qwen3-moe", "tiny-mixtral", "tiny-gemma3"])
 @pytest.mark.parametrize("backend", ["torch", "jax"])
-def test_a_mixture_of_experts_model_through_the_engine_equals_each_alone(backend, card):
+def test_other_architectures_through_the_engine_equal_each_alone(backend, card):
     """gpt-oss (routed experts, sinks, a sliding window shorter than most prompts), Qwen3-MoE and
-    Mixtral (experts stored one by one): the engine knows nothing of the architecture, so its outputs must
-    equal each request run alone."""
+    Mixtral (experts stored one by one), Gemma 3 (windowed and full layers, each with its own rope):
+    the engine knows nothing of the architecture, so its outputs must equal each request run alone."""
     from linnet import nest
 
     model = nest.load(card, backend=backend, weights="random", seed=3, generics={"Batch": 4, "MaxSeq": 64})
