@@ -6,7 +6,7 @@ from linnet.ir import nodes as ir
 from linnet.ir.dims import Dim
 from linnet.ir.specialize import concrete_dtype, evaluate
 from linnet.ir.types import TensorType
-from linnet.ir.walk import all_values, stmt_values, values
+from linnet.ir.walk import all_values, assigned_names, stmt_values, values
 from linnet.pyemit import dim_py
 
 ROPE_ARGS = ("theta", "scaling", "factor", "low_freq_factor", "high_freq_factor", "original_max", "beta_fast", "beta_slow",
@@ -16,12 +16,21 @@ ROPE_ARGS = ("theta", "scaling", "factor", "low_freq_factor", "high_freq_factor"
 def rope_tables(module: ir.Module) -> dict:
     """Each distinct rope configuration in the entries -> (table name, table arguments)."""
     tables: dict = {}
+    # named apart from the model's own names: torch holds a table as `self.rope_0` beside the params
+    # and state, JAX as a module constant `ROPE_0`, which no config value, entry or local may hide
+    taken = {n.lower() for n in (*module.config, *module.params, *module.state, *module.fns, *module.entries)}
+    for fn in module.entries.values():
+        taken |= {n.lower() for n in (*(a for a, _ in fn.args), *fn.dims, *assigned_names(fn.body))}
+    count = 0
     for fn in module.entries.values():
         for v in all_values(fn.body):
             if isinstance(v, ir.Op) and v.op == "rope":
                 key = rope_key(v, module)
                 if key not in tables:
-                    tables[key] = f"rope_{len(tables)}"
+                    while f"rope_{count}" in taken:
+                        count += 1
+                    tables[key] = f"rope_{count}"
+                    count += 1
     return tables
 
 

@@ -20,6 +20,16 @@ BINARY_SYNTAX = {"add": ("+", ADD), "sub": ("-", ADD), "mul": ("*", MUL), "div":
                  "gt": (">", CMP), "ge": (">=", CMP), "eq": ("==", CMP), "ne": ("!=", CMP)}
 
 
+# The float ops on a static number (a config value), in Python's math rather than the tensor
+# library's; `specialize.STATIC_UNARY` computes the same where a config default uses one.
+STATIC_UNARY = {
+    "exp": "math.exp({x})", "log": "math.log({x})", "sqrt": "math.sqrt({x})", "rsqrt": "(1 / math.sqrt({x}))",
+    "tanh": "math.tanh({x})", "sigmoid": "(1 / (1 + math.exp(-{x})))", "silu": "({x} / (1 + math.exp(-{x})))",
+    "gelu": "({x} * (1 + math.erf({x} / math.sqrt(2))) / 2)", "relu": "max({x}, 0.0)", "sin": "math.sin({x})",
+    "cos": "math.cos({x})", "erf": "math.erf({x})", "abs": "abs({x})",
+}
+
+
 def dim_py(d: Dim) -> str:
     """A dim as a Python int expression over the generated module's names."""
     if not d.terms:
@@ -116,10 +126,25 @@ class PythonEmitter:
             return f"rt.gather_rows({self.expr(k['x'])}, {self.expr(v.args[0])})", POSTFIX
         if v.op == "index":
             return f"{self.paren(k['x'], POSTFIX - 1)}[{', '.join(self.expr(i) for i in v.args)}]", POSTFIX
+        if v.op in STATIC_UNARY and isinstance(v.type, ScalarType):
+            x = self.paren(k["x"], UNARY - 1)
+            return STATIC_UNARY[v.op].format(x=x), POSTFIX
         method = getattr(self, "op_" + v.op, None)
         if method is None:
             raise NotImplementedError(f"{self.backend} has no spelling for op `{v.op}`")
         return method(v, k), POSTFIX
+
+    def index_tuple(self, indices: list) -> str:
+        """Indices as a Python tuple, for a runtime call that stores through them: a slice is
+        `slice(a, b)` there, as `a:b` is only valid inside brackets."""
+        parts = []
+        for i in indices:
+            if isinstance(i, ir.Slice):
+                bounds = [self.expr(b) if b is not None else "None" for b in (i.start, i.stop)]
+                parts.append("slice(None)" if bounds == ["None", "None"] else f"slice({', '.join(bounds)})")
+            else:
+                parts.append(self.expr(i))
+        return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
 
     def dims(self, dims) -> str:
         return ", ".join(dim_py(d) for d in dims)
@@ -145,13 +170,21 @@ class PythonEmitter:
                     self.iota_rows.add(s.targets[0])
                 else:
                     self.iota_rows.difference_update(s.targets)
-                self.line(f"{', '.join(s.targets)} = {self.expr(s.value)}")
+                self.line(f"{', '.join(s.targets)} = {self.assigned(s)}{self.assign_note(s)}")
             elif isinstance(s, ir.Store):
                 self.store(s)
             elif isinstance(s, ir.For):
                 self.loop(s)
             elif isinstance(s, ir.Return):
                 self.ret(s)
+
+    def assigned(self, s: ir.Assign) -> str:
+        """The source of an assignment's value (a backend may copy it)."""
+        return self.expr(s.value)
+
+    def assign_note(self, s: ir.Assign) -> str:
+        """A comment at the end of an assignment's line ("" for none)."""
+        return ""
 
     def loop(self, s: ir.For):
         """`for` as Python's (a backend may compile some loops as loops: see the JAX emitter)."""

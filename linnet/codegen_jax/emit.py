@@ -9,9 +9,11 @@ from __future__ import annotations
 from linnet.codegen_common import (entry_dim_sources, linear_groups, linear_weights, rope_key, rope_table_args,
                                    rope_tables, shard_plan)
 from linnet.codegen_jax.loops import compiled_loop
+from linnet.frontend.scope import RESERVED
 from linnet.ir import nodes as ir
 from linnet.ir.passes import inline_calls
-from linnet.ir.types import NoneType, ScalarType
+from linnet.ir.types import SIZE_GENERICS, NoneType, ScalarType
+from linnet.ir.walk import assigned_names
 from linnet.pyemit import PythonEmitter
 
 JNP_DTYPES = {"f32": "jnp.float32", "bf16": "jnp.bfloat16", "f16": "jnp.float16", "i32": "jnp.int32",
@@ -74,6 +76,7 @@ class _JaxEmitter(PythonEmitter):
         return self.source()
 
     def entry(self, fn: ir.Function):
+        m = self.module
         self.line("")
         self.line("")
         self.line(f"def {fn.name}(params, state, {', '.join(n for n, _ in fn.args)}):")
@@ -82,10 +85,14 @@ class _JaxEmitter(PythonEmitter):
         self.iota_rows = set()
         self.fn = fn
         written = [s for s in self.module.state]
-        self.line(f"{', '.join(written)} = {', '.join(f'state[{n!r}]' for n in written)}")
+        if written:  # an architecture without state has nothing to unpack
+            self.line(f"{', '.join(written)} = {', '.join(f'state[{n!r}]' for n in written)}")
         for d, arg, axis in entry_dim_sources(fn):
             self.line(f"{d} = {arg}.shape[{axis}]")
         self.state_dict = "{" + ", ".join(f"{n!r}: {n}" for n in written) + "}"
+        # the names the entry's code reads or binds: a name made up here must be none of them
+        self.taken = ({n for n, _ in fn.args} | set(fn.dims) | assigned_names(fn.body) | set(m.config) | set(m.state)
+                      | set(m.entries) | set(SIZE_GENERICS) | RESERVED)
         self.body(fn.body)
         if isinstance(fn.ret, NoneType):
             self.line(f"return None, {self.state_dict}")
@@ -100,10 +107,10 @@ class _JaxEmitter(PythonEmitter):
         if plan is None:
             return super().loop(s)
         names = ", ".join(plan.carried) + ("," if len(plan.carried) == 1 else "")
-        body = f"loop_{s.var}"
-        self.line(f"def {body}({s.var}, carry):  # one turn of the loop; rt.loop may compile it once for every turn")
+        body, carry = self.fresh(f"loop_{s.var}"), self.fresh("carry")
+        self.line(f"def {body}({s.var}, {carry}):  # one turn of the loop; rt.loop may compile it once for every turn")
         self.depth += 1
-        self.line(f"{names} = carry")
+        self.line(f"{names} = {carry}")
         self.last_comment = None
         self.body(s.body)
         self.line(f"return {names}")
@@ -112,6 +119,15 @@ class _JaxEmitter(PythonEmitter):
         self.comment_for(s.loc)
         self.line(f"{names} = rt.loop({self.expr(s.count)}, {body}, ({names}))")
 
+    def fresh(self, name: str) -> str:
+        """`name`, or `name_1`, `name_2`, ...: the first the entry does not use otherwise (two loops
+        may share one: each is used just after it is defined)."""
+        out, i = name, 0
+        while out in self.taken:
+            i += 1
+            out = f"{name}_{i}"
+        return out
+
     def var(self, v: ir.Var) -> str:
         return f'params["{v.name}"]' if v.kind == "param" else v.name
 
@@ -119,9 +135,8 @@ class _JaxEmitter(PythonEmitter):
         if not s.indices:
             self.line(f"{s.state} = {self.expr(s.value)}")
             return
-        indices = ", ".join(self.expr(i) for i in s.indices) + ("," if len(s.indices) == 1 else "")
         # rt.put is `{state}.at[indices].set(value, mode="drop")`: entries outside the state (padding tokens) write nothing
-        self.line(f"{s.state} = rt.put({s.state}, ({indices}), {self.expr(s.value)})")
+        self.line(f"{s.state} = rt.put({s.state}, {self.index_tuple(s.indices)}, {self.expr(s.value)})")
 
     def ret(self, s: ir.Return):
         self.line(f"return {self.expr(s.value)}, {self.state_dict}")
@@ -209,8 +224,6 @@ class _JaxEmitter(PythonEmitter):
 
     def __getattr__(self, name):
         if name.startswith("op_") and name[3:] in UNARY:
-            fn = UNARY[name[3:]]
-            # A static number (a config value) takes Python's math, not the tensor library's.
-            return lambda v, k: (f"math.{name[3:]}({self.expr(k['x'])})" if isinstance(v.type, ScalarType)
-                                 else f"{fn}({self.expr(k['x'])})")
+            fn = UNARY[name[3:]]  # on a tensor (a static number is the shared emitter's: pyemit.STATIC_UNARY)
+            return lambda v, k: f"{fn}({self.expr(k['x'])})"
         raise AttributeError(name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from linnet.codegen_torch.aliases import state_copies
 from linnet.codegen_common import entry_dim_sources, linear_groups, linear_weights, rope_key, rope_table_args, rope_tables
 from linnet.ir import nodes as ir
 from linnet.ir.passes import inline_calls
@@ -67,6 +68,7 @@ class _TorchEmitter(PythonEmitter):
         return self.source()
 
     def entry(self, fn: ir.Function):
+        m = self.module
         self.line("")
         self.line("@torch.inference_mode()")
         self.line(f"def {fn.name}(self, {', '.join(n for n, _ in fn.args)}):")
@@ -78,6 +80,7 @@ class _TorchEmitter(PythonEmitter):
             self.line(f"{', '.join(tensors)}{',' * (len(tensors) == 1)} = rt.as_tensors(self.device, {', '.join(tensors)})")
         for d, arg, axis in entry_dim_sources(fn):
             self.line(f"{d} = {arg}.shape[{axis}]")
+        self.copies = state_copies(fn, m.bindings)
         self.body(fn.body)
         if isinstance(fn.ret, NoneType):
             self.line("return None")
@@ -87,6 +90,24 @@ class _TorchEmitter(PythonEmitter):
     def var(self, v: ir.Var) -> str:
         return f"self.{v.name}" if v.kind in ("param", "state") else v.name
 
+    def copied(self, v: ir.Value) -> str:
+        # a view of state, copied: the state is written in place, and this must keep its value (`aliases`)
+        return f"{self.paren(v, 89)}.clone()"
+
+    def assign_note(self, s: ir.Assign) -> str:
+        states = sorted(set().union(*(self.copies.bindings.get((id(s), t), ()) for t in s.targets)))
+        if not states:
+            return ""
+        return f"  # copied: {' and '.join(f'self.{n}' for n in states)} changes before this is read"
+
+    def assigned(self, s: ir.Assign) -> str:
+        copy = [(id(s), t) in self.copies.bindings for t in s.targets]
+        if not any(copy):
+            return self.expr(s.value)
+        if len(s.targets) == 1:
+            return self.copied(s.value)
+        return "[" + ", ".join(self.copied(p) if c else self.expr(p) for p, c in zip(s.value.args, copy)) + "]"
+
     def store(self, s: ir.Store):
         if not s.indices:
             value = s.value
@@ -95,14 +116,20 @@ class _TorchEmitter(PythonEmitter):
                 k = value.kwargs
                 self.line(f"rt.copy_rows_(self.{s.state}, {self.expr(k['src'])}, {self.expr(k['dst'])}, {self.expr(k['upto'])})")
             else:
-                self.line(f"self.{s.state}.copy_({self.expr(value)})")
+                self.line(f"self.{s.state}.copy_({self.stored(s)})")
             return
         # rt.put_ is `self.{state}[indices] = value` that drops entries outside the state (padding tokens)
-        indices = ", ".join(self.expr(i) for i in s.indices) + ("," if len(s.indices) == 1 else "")
-        self.line(f"rt.put_(self.{s.state}, ({indices}), {self.expr(s.value)})")
+        self.line(f"rt.put_(self.{s.state}, {self.index_tuple(s.indices)}, {self.stored(s)})")
+
+    def stored(self, s: ir.Store) -> str:
+        # a view of the very state written: copied first, as the two may overlap
+        return self.copied(s.value) if id(s) in self.copies.stores else self.expr(s.value)
 
     def ret(self, s: ir.Return):
-        self.line(f"return {self.expr(s.value)}")
+        if id(s) in self.copies.results:
+            self.line(f"return {self.copied(s.value)}  # a copy: the next call writes this state")
+        else:
+            self.line(f"return {self.expr(s.value)}")
 
     # -- ops
     def op_cast(self, v, k):
@@ -187,8 +214,6 @@ class _TorchEmitter(PythonEmitter):
 
     def __getattr__(self, name):
         if name.startswith("op_") and name[3:] in UNARY:
-            fn = UNARY[name[3:]]
-            # A static number (a config value) takes Python's math, not the tensor library's.
-            return lambda v, k: (f"math.{name[3:]}({self.expr(k['x'])})" if isinstance(v.type, ScalarType)
-                                 else f"{fn}({self.expr(k['x'])})")
+            fn = UNARY[name[3:]]  # on a tensor (a static number is the shared emitter's: pyemit.STATIC_UNARY)
+            return lambda v, k: f"{fn}({self.expr(k['x'])})"
         raise AttributeError(name)

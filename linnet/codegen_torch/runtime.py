@@ -368,7 +368,8 @@ def put_(state: torch.Tensor, index: tuple, value: torch.Tensor) -> None:
     write nothing (JAX's scatter semantics). That is how padding tokens, at position MaxSeq, leave
     the cache alone (vLLM's slot -1).
 
-    Index tensors are 1-D and `value`'s first axis runs along them. On the CPU the entries outside
+    `index` holds ints, slices and index tensors (broadcast together), adjacent as the checker
+    requires, and `value` has the shape numpy gives `state[index]`. On the CPU the entries outside
     are found on the host, once per pass for the same indices; on a GPU (no host reads under a
     captured graph) they are clamped into range and write back what is already there.
     """
@@ -388,8 +389,9 @@ def _put_inside(state, index, value, tensors):
     key = "fits " + " ".join(str(state.shape[axis]) for axis, _ in tensors)
     fits = per_pass(key, tuple(i for _, i in tensors), lambda: _fits(state.shape, tensors))
     if not per_pass(key + " all", (fits,), lambda: bool(fits.all())):
-        index = tuple(i[fits] if isinstance(i, torch.Tensor) else i for i in index)
-        value = value[fits]
+        at = _gathered_at(index)
+        index = tuple(i.expand(fits.shape)[fits] if isinstance(i, torch.Tensor) else i for i in index)
+        value = value[(slice(None),) * at + (fits,)]
     state[index] = value
 
 
@@ -398,12 +400,27 @@ def _put_clamped(state, index, value, tensors):
     for axis, i in tensors:
         clamped[axis] = i.clamp(max=state.shape[axis] - 1)
     clamped = tuple(clamped)
-    fits = _fits(state.shape, tensors).reshape((-1,) + (1,) * (value.dim() - 1))
+    fits = _fits(state.shape, tensors)
+    at = _gathered_at(index)
+    fits = fits.reshape((1,) * at + fits.shape + (1,) * (value.dim() - at - fits.dim()))
     state[clamped] = torch.where(fits, value, state[clamped])
 
 
+def _gathered_at(index: tuple) -> int:
+    """The axis of `value` where the gathered dims stand: after the dims the slices before them
+    keep (numpy's rule, the gathered indices being adjacent: `cache[:, rows, positions]` is
+    [layers, n, ...])."""
+    at = 0
+    for i in index:
+        if not isinstance(i, slice):
+            break
+        at += 1
+    return at
+
+
 def _fits(shape, tensors) -> torch.Tensor:
-    """[n] bool: entries whose every index (1-D tensors, (axis, indices)) falls inside `shape`."""
+    """bool, of the index tensors' broadcast shape ([n] for a cache write): entries whose every index
+    ((axis, indices)) falls inside `shape`."""
     fits = None
     for axis, i in tensors:
         inside = i < shape[axis]

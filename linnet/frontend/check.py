@@ -11,7 +11,7 @@ import re
 
 from linnet.errors import LinnetError, Loc
 from linnet.frontend import ast
-from linnet.frontend.scope import RESERVED, suggest
+from linnet.frontend.scope import JAX_ATTRIBUTES, TORCH_ATTRIBUTES, reserved_reason, suggest
 from linnet.ir import nodes as ir
 from linnet.ir.dims import Dim
 from linnet.ir.ops import OPS, index_type
@@ -55,12 +55,12 @@ class _Checker:
         for p in a.params:
             self._check_tie(p)
         for s in a.state:
-            self._declare(s.name, s.loc)
+            self._declare(s.name, s.loc, "state buffer")
             self.state[s.name] = ir.State(s.name, self._tensor_type(s.type, {}), s.loc)
         for f in a.fns + a.entries:
             if f.name in self.fns or f.name in self.signatures:
                 raise LinnetError(f.loc, f"`{f.name}` is defined twice")
-            self._declare(f.name, f.loc)
+            self._declare(f.name, f.loc, "entry" if f.kind == "entry" else "")
             if f.kind == "fn" and f.name in OPS:
                 raise LinnetError(f.loc, f"`{f.name}` is a built-in op; choose another name")
             self.fns[f.name] = f
@@ -82,14 +82,24 @@ class _Checker:
             card_path=self.card.path if self.card else None, bases=tuple(a.bases),
             loc=self.card.card.loc if self.card and self.card.card else a.arch.loc)
 
-    def _declare(self, name: str, loc: Loc):
+    def _declare(self, name: str, loc: Loc, what: str = ""):
+        """A module-level name; `what` ("param", "state buffer", "entry") for those a generated model
+        class holds as attributes."""
         if name in self.module_names:
             prev = self.module_names[name]
             raise LinnetError(loc, f"`{name}` is already defined", [f"first defined at {prev}"])
-        if name in RESERVED:
-            raise LinnetError(loc, f"`{name}` is a reserved word; choose another name")
+        _not_reserved(name, loc)
         if name in SIZE_GENERICS or name == GENERIC_DTYPE or name in DTYPES:
             raise LinnetError(loc, f"`{name}` is a built-in type or generic; choose another name")
+        # a torch model holds its params, state and entries as attributes, a JAX model its entries
+        holders = ["torch"] if what and name in TORCH_ATTRIBUTES else []
+        holders += ["JAX"] if what == "entry" and name in JAX_ATTRIBUTES else []
+        if holders:
+            raise LinnetError(loc, f"`{name}` is an attribute of the generated {' and '.join(holders)} model "
+                                   f"class{'es' if len(holders) > 1 else ''}; "
+                                   f"{'an' if what[0] in 'aeiou' else 'a'} {what} cannot take its name",
+                              ["a torch model holds its params, state and entries as attributes, a JAX model "
+                               "its entries"])
         self.module_names[name] = loc
 
     # ------------------------------------------------------------ config
@@ -140,7 +150,7 @@ class _Checker:
     # ------------------------------------------------------------ params
 
     def _check_param(self, p: ast.ParamDecl):
-        self._declare(p.name, p.loc)
+        self._declare(p.name, p.loc, "param")
         typ = self._tensor_type(p.type, {})
         loop_vars = [var for var, _, _ in p.loops]
         for i, (var, _, loc) in enumerate(p.loops):
@@ -270,15 +280,18 @@ class _Checker:
     def _signature(self, f: ast.FnDef) -> ir.Function:
         dims = {}
         for name, loc in f.dim_params:
-            if name in self.module_names or name in SIZE_GENERICS or name in dims or name in RESERVED \
-                    or name in DTYPES or name == GENERIC_DTYPE:
+            if name in dims:
+                raise LinnetError(loc, f"the size `{name}` is declared twice")
+            _not_reserved(name, loc)
+            if name in self.module_names or name in SIZE_GENERICS or name in DTYPES or name == GENERIC_DTYPE:
                 raise LinnetError(loc, f"the size `{name}` hides another name; choose another")
             dims[name] = loc
         args, seen = [], set()
         for arg in f.args:
             if arg.name in seen:
                 raise LinnetError(arg.loc, f"argument `{arg.name}` is declared twice")
-            if arg.name in self.module_names or arg.name in RESERVED or arg.name in dims \
+            _not_reserved(arg.name, arg.loc)
+            if arg.name in self.module_names or arg.name in dims \
                     or arg.name in SIZE_GENERICS or arg.name in DTYPES or arg.name == GENERIC_DTYPE:
                 raise LinnetError(arg.loc, f"argument `{arg.name}` hides another name; choose another")
             seen.add(arg.name)
@@ -585,6 +598,12 @@ class _Checker:
         return False
 
 
+def _not_reserved(name: str, loc: Loc):
+    why = reserved_reason(name)
+    if why is not None:
+        raise LinnetError(loc, f"`{name}` is reserved ({why}); choose another name")
+
+
 def _walk(nodes):
     stack = list(nodes)
     while stack:
@@ -673,11 +692,12 @@ class _Scope:
 
     def bind(self, name: str, t, loc: Loc, loop: bool = False):
         c = self.checker
+        _not_reserved(name, loc)
         if name in c.params or name in c.config or name in c.fns or name in OPS or name in self.dims \
-                or name in c.state or name in SIZE_GENERICS or name in RESERVED or name in DTYPES or name == GENERIC_DTYPE:
+                or name in c.state or name in SIZE_GENERICS or name in DTYPES or name == GENERIC_DTYPE:
             what = ("a param" if name in c.params else "a config value" if name in c.config else
                     "state" if name in c.state else
-                    "a function" if name in c.fns or name in OPS else "a reserved word or built-in")
+                    "a function" if name in c.fns or name in OPS else "a built-in type or generic")
             raise LinnetError(loc, f"`{name}` is {what}; a local cannot take its name")
         if self.kind_of(name) == "loop" and self.lookup(name) is not None:
             raise LinnetError(loc, f"`{name}` is a loop variable; it cannot be assigned")

@@ -80,8 +80,34 @@ def _name_token(token: Token) -> Token:
     return token
 
 
+class _BadNumber(Exception):
+    def __init__(self, token: Token, why: str):
+        self.token = token
+        self.why = why
+
+
+_NUMBER = re.compile(r"(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?")
+
+
+def _number_token(token: Token) -> Token:
+    """The lexer reads a number with whatever letters, digits, `_` and `.` touch it (the grammar's
+    NUMBER), so that a malformed one is refused at itself rather than at the token after it."""
+    text = token.value
+    if _NUMBER.fullmatch(text):
+        return token
+    if "_" in text:
+        why = "digits are written without `_`"
+    elif re.fullmatch(r"(\d+\.\d*|\.\d+|\d+)[eE][+-]?", text):
+        why = "an exponent needs its digits, as in `1e5` or `1e-5`"
+    else:
+        why = "a number is digits, with at most one `.` and an exponent (`1.5`, `.5`, `1e-5`)"
+    raise _BadNumber(token, why)
+
+
 _KEYWORDS = _keywords()
-_LEXER_CALLBACKS = {"NAME": _name_token}
+# NAME last: Lark (1.3) chains a callback onto its own keyword check for NAME with a closure over its
+# loop variable, so whichever terminal comes last in this dict is the one that chain tests for.
+_LEXER_CALLBACKS = {"NUMBER": _number_token, "NAME": _name_token}
 
 
 def build_parser(strict: bool = False) -> lark.Lark:
@@ -103,6 +129,10 @@ def parse(source: str, path: str = "<string>") -> ast.File:
         tok = err.token
         raise LinnetError(Loc(path, tok.line, tok.column, tok.end_line, tok.end_column, source),
                           f"`{tok}` is a keyword: it cannot name anything") from None
+    except _BadNumber as err:
+        tok = err.token
+        raise LinnetError(Loc(path, tok.line, tok.column, tok.end_line, tok.end_column, source),
+                          f"`{tok}` is not a number: {err.why}") from None
     _check_nesting(tree, path, source)
     try:
         return _ToAst(path, source).transform(tree)

@@ -112,6 +112,8 @@ def _binary(name):
         verb = _ARITH_VERBS[name]
         ta, tb = a.type, b.type
         if isinstance(ta, ScalarType) and isinstance(tb, ScalarType):
+            if name == "pow":
+                _negative_int_power(a, b, loc)
             return _static_binary(name, ta, tb, loc)
         if isinstance(ta, TensorType) and isinstance(tb, TensorType):
             shape = broadcast(ta.shape, tb.shape, loc, verb, ta, tb)
@@ -149,6 +151,14 @@ def _static_binary(name: str, ta: ScalarType, tb: ScalarType, loc: Loc) -> Scala
     return INT if ta.kind == tb.kind == "int" else FLOAT
 
 
+def _negative_int_power(a: Value, b: Value, loc: Loc):
+    """`2 ** -1` between static ints is not an int (one known only with numbers is refused when
+    specialized)."""
+    if isinstance(b, Const) and isinstance(b.value, int) and not isinstance(b.value, bool) and b.value < 0 \
+            and a.type == INT:
+        raise _err(loc, f"an int to a negative power is not a whole number: write a float, such as 2.0 ** {b.value}")
+
+
 for _name in _ARITH_VERBS:
     op(_name, ("a", "b"))(_binary(_name))
 
@@ -160,11 +170,11 @@ def _unary(name: str, float_only: bool):
                 if x.type.kind != "bool":
                     raise _err(loc, f"`not` needs a bool, not {x.type}")
                 return BOOL
-            if name == "neg" and x.type.kind in ("int", "float"):
+            if name in ("neg", "abs") and x.type.kind in ("int", "float"):
                 return x.type
-            if x.type.kind in ("int", "float") and name in ("exp", "log", "sqrt"):
+            if x.type.kind in ("int", "float") and name in UNARY_FLOAT:  # a static number: Python's math
                 return FLOAT
-            raise _err(loc, f"`{name}` needs a tensor, not {x.type}")
+            raise _err(loc, f"`{name}` needs a tensor or a number, not {x.type}")
         t = _tensor(x, f"the argument of `{name}`", loc)
         if name == "not" and t.dtype != "bool":
             raise _err(loc, f"`not` needs a bool tensor, not {t}")

@@ -2,17 +2,19 @@
 
 Backends emit entries only, each as one straight-line function with its
 loops, so a call to a `fn` is replaced by the fn's body. Arguments used once
-and free of state reads are substituted in place; others are bound to a name
-first, so the generated code still reads like the source.
+and free of state reads are substituted in place; others (a bare state name
+too: the body may write it, and an argument is the value it had at the call)
+are bound to a name first, so the generated code still reads like the source.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from linnet.frontend.scope import RESERVED
 from linnet.ir import nodes as ir
 from linnet.ir.dims import Dim
-from linnet.ir.types import TensorType, TupleType
+from linnet.ir.types import SIZE_GENERICS, TensorType, TupleType
 from linnet.ir.walk import assigned_names, rebuild, reads_state, stmt_values, values
 
 
@@ -35,7 +37,12 @@ class _Inliner:
         self.taken: set = set()
 
     def entry(self, fn: ir.Function) -> ir.Function:
-        self.taken = {n for n, _ in fn.args}
+        # A local made here must not hide a name the entry's generated code reads: its arguments
+        # and sizes, module names (config values are the generated module's constants; JAX binds
+        # the state as locals) and the names the code generators use.
+        m = self.module
+        self.taken = ({n for n, _ in fn.args} | set(fn.dims) | set(m.config) | set(m.params) | set(m.state)
+                      | set(m.fns) | set(m.entries) | set(SIZE_GENERICS) | RESERVED)
         body = self.block(fn.body)
         return replace(fn, body=body)
 
@@ -73,7 +80,9 @@ class _Inliner:
         renames: dict = {}
         for name, _ in fn.args:
             arg = call.kwargs[name]
-            direct = isinstance(arg, ir.Var) or (uses.get(name, 0) <= 1 and not reads_state(arg))
+            # Arguments are values: one that reads state (a bare state name too) is bound before the
+            # body runs, which may write that state.
+            direct = not reads_state(arg) and (isinstance(arg, ir.Var) or uses.get(name, 0) <= 1)
             if direct and name not in reassigned:
                 bound[name] = arg
                 continue

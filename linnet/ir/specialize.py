@@ -8,14 +8,15 @@ kv_heads. The module's dims stay symbolic; codegen names them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from linnet.errors import LinnetError, Loc
 from linnet.ir import nodes as ir
 from linnet.ir.dims import Dim
 from linnet.ir.ops import ROPE_SCALINGS
-from linnet.ir.types import FLOAT_DTYPES, GENERIC_DTYPE, SIZE_GENERICS, TensorType
-from linnet.ir.walk import all_values
+from linnet.ir.types import FLOAT_DTYPES, GENERIC_DTYPE, SIZE_GENERICS, ScalarType, TensorType
+from linnet.ir.walk import all_statements, all_values
 
 DEFAULT_GENERICS = {"Batch": 1, "MaxSeq": 256, "T": "f32"}
 
@@ -54,6 +55,8 @@ def specialize(module: ir.Module, generics: dict | None = None, numerics: str = 
             values[name] = evaluate(c.default, values)
             if c.type.kind == "float":
                 values[name] = float(values[name])
+            elif c.type.kind == "int" and not _is_int(values[name]):
+                raise LinnetError(c.default.loc, f"the default of `{name}` is {values[name]!r}, not an int")
         else:
             raise LinnetError(card_loc if module.card_path else c.loc, f"config value `{name}` has no value",
                               [f"declared at {c.loc} without a default; the card must set `{name} = ...`"])
@@ -81,8 +84,16 @@ def specialize(module: ir.Module, generics: dict | None = None, numerics: str = 
         check_type(p.type, p.loc, f"param `{p.name}`")
     for s in module.state.values():
         check_type(s.type, s.loc, f"state `{s.name}`")
+    static = {**values, "Batch": g["Batch"], "MaxSeq": g["MaxSeq"]}
     for fn in list(module.entries.values()) + list(module.fns.values()):
+        for s in all_statements(fn.body):
+            if isinstance(s, ir.Store):
+                _check_indices(module.state[s.state].type, s.indices, sizes, static)
         for v in all_values(fn.body):
+            if isinstance(v, ir.Op) and v.op == "index":
+                _check_indices(v.kwargs["x"].type, v.args, sizes, static)
+            if isinstance(v, ir.Op) and v.op == "topk":
+                _check_topk(v, sizes)
             check_type(v.type, v.loc, "this value")
             if isinstance(v, ir.Op) and v.op == "rope":
                 try:
@@ -107,7 +118,7 @@ def specialize(module: ir.Module, generics: dict | None = None, numerics: str = 
                     continue
                 if kv == 0 or hv % kv:
                     raise LinnetError(v.loc, f"{hv} query heads cannot share {kv} key/value heads evenly",
-                                      [f"heads ({h}) must be a multiple of kv_heads ({kvh})"])
+                                      [f"{_named(h, hv)} must be a multiple of {_named(kvh, kv)}"])
     bindings = {**values, "Batch": g["Batch"], "MaxSeq": g["MaxSeq"], "T": g["T"], "numerics": numerics}
     return replace(module, bindings=bindings)
 
@@ -134,6 +145,53 @@ def _check_bounds(v: ir.Op, values: dict) -> None:
             raise LinnetError(given.loc or v.loc, f"{arg} of `{op}` must be {bound}", [named])
 
 
+def _named(d: Dim, value: int) -> str:
+    """A dim with its value: `heads = 4`, or `4` where it is a number."""
+    return str(value) if d.is_const() else f"{d} = {value}"
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_indices(t: TensorType, indices: list, sizes: dict, static: dict) -> None:
+    """Indices known with numbers stay inside the dims they index: torch would raise where JAX
+    clamps (an index) or the result would not have its declared type (a slice)."""
+    for ix, d in zip(indices, t.shape):
+        try:
+            n = d.evaluate(sizes)
+        except KeyError:  # a per-call size
+            continue
+        if isinstance(ix, ir.Slice):
+            try:
+                start = ix.start_dim.evaluate(sizes) if ix.start is not None else 0
+                stop = ix.stop_dim.evaluate(sizes) if ix.stop is not None else n
+            except KeyError:
+                continue
+            if stop < start:
+                raise LinnetError(ix.loc, f"the slice {start}:{stop} ends before it starts")
+            if stop > n:
+                raise LinnetError(ix.loc, f"the slice {start}:{stop} runs past the end of a dim of size {n}",
+                                  [f"the value indexed is {t}"])
+        elif isinstance(ix.type, ScalarType):
+            try:
+                i = evaluate(ix, static)
+            except LinnetError:  # a loop variable, a fn's argument: known only as it runs
+                continue
+            if not -n <= i < n:
+                raise LinnetError(ix.loc, f"index {i} is out of range for a dim of size {n}",
+                                  [f"the value indexed is {t}; an index counts from 0, or from -{n} at the end"])
+
+
+def _check_topk(v: ir.Op, sizes: dict) -> None:
+    try:
+        k, n = v.dims[0].evaluate(sizes), v.kwargs["x"].type.shape[-1].evaluate(sizes)
+    except KeyError:
+        return
+    if k > n:
+        raise LinnetError(v.loc, f"`topk` cannot take the {k} largest of {n} values", [f"x is {v.kwargs['x'].type}"])
+
+
 def _used_as_dim(module: ir.Module, name: str) -> bool:
     types = [p.type for p in module.params.values()] + [s.type for s in module.state.values()]
     return any(name in d.names() for t in types for d in t.shape)
@@ -154,12 +212,21 @@ def evaluate(v: ir.Value, env: dict):
         if v.op in ("neg", "not"):
             x = evaluate(k["x"], env)
             return -x if v.op == "neg" else not x
+        if v.op in STATIC_UNARY:
+            x = evaluate(k["x"], env)
+            try:
+                return STATIC_UNARY[v.op](x)
+            except (ValueError, OverflowError, ZeroDivisionError) as err:
+                raise LinnetError(v.loc, f"cannot evaluate {v.op}({x!r}): {err}") from None
         if v.op in STATIC_BINARY:
             a, b = evaluate(k["a"], env), evaluate(k["b"], env)
             if v.op == "div" and isinstance(a, int) and isinstance(b, int):
                 if b == 0 or a % b:
                     raise LinnetError(v.loc, f"{a} / {b} is not a whole number")
                 return a // b
+            if v.op == "pow" and _is_int(a) and _is_int(b) and b < 0:
+                raise LinnetError(v.loc, f"{a} ** {b} is not a whole number: an int to a negative power",
+                                  [f"for a float, write {a}.0 ** {b}"])
             try:
                 return STATIC_BINARY[v.op](a, b)
             except (ZeroDivisionError, OverflowError, TypeError) as err:
@@ -176,6 +243,14 @@ STATIC_BINARY = {
     "maximum": max, "minimum": min,
 }
 
+
+# The float ops on a static number, as the generated code computes them (`pyemit.STATIC_UNARY`).
+STATIC_UNARY = {
+    "exp": math.exp, "log": math.log, "sqrt": math.sqrt, "rsqrt": lambda x: 1 / math.sqrt(x), "tanh": math.tanh,
+    "sigmoid": lambda x: 1 / (1 + math.exp(-x)), "silu": lambda x: x / (1 + math.exp(-x)),
+    "gelu": lambda x: x * (1 + math.erf(x / math.sqrt(2))) / 2, "relu": lambda x: max(x, 0.0), "sin": math.sin,
+    "cos": math.cos, "erf": math.erf, "abs": abs,
+}
 
 _SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%", "pow": "**"}
 

@@ -1,5 +1,7 @@
 """Math on static numbers and tensor-with-number extrema run in both backends, checked against numpy."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -35,3 +37,46 @@ def test_static_math_and_scalar_extrema(backend):
     got = np.asarray(model.run(x))
     want = np.minimum(np.maximum(x * w, 0.25) / np.sqrt(6), 2.0) + 0.25
     np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+UNARY = ["exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "relu", "sin", "cos", "erf", "abs"]
+
+UNARY_SOURCE = """
+arch unary
+config {
+  v: float = 0.7
+  n: int = -2
+  folded: float = gelu(v) + abs(n) + sqrt(4)
+}
+params {
+  w: f32[1] from hf "w"
+}
+entry run(x: f32[1]) -> f32[%d] {
+  acc = x * 0.0
+  for l in 3 {
+    acc = acc + exp(l) + abs(l - 1)
+  }
+  return concat([%s, x * 0.0 + abs(n), x * 0.0 + relu(n), x * 0.0 + folded, acc], axis=0)
+}
+""" % (len(UNARY) + 4, ", ".join(f"x * 0.0 + {op}(v)" for op in UNARY))
+
+
+def _reference(op: str, v: float) -> float:
+    """Each op's definition in the op table, in numpy."""
+    sigmoid = 1 / (1 + np.exp(-v))
+    return {"exp": np.exp(v), "log": np.log(v), "sqrt": np.sqrt(v), "rsqrt": 1 / np.sqrt(v), "tanh": np.tanh(v),
+            "sigmoid": sigmoid, "silu": v * sigmoid, "gelu": v * (1 + math.erf(v / np.sqrt(2))) / 2,
+            "relu": max(v, 0.0), "sin": np.sin(v), "cos": np.cos(v), "erf": math.erf(v), "abs": abs(v)}[op]
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_every_float_op_on_a_static_number(backend):
+    """The unary ops take static numbers as the op table says (Python's math at run time, the same
+    when a config default is evaluated), in a body, on a loop variable and in a config default."""
+    mod = build(load_source(UNARY_SOURCE, "unary.linnet"), backend, {"Batch": 1})
+    model = mod.Model({"w": np.zeros(1, np.float32)})
+    got = np.asarray(model.run(np.ones(1, np.float32)), np.float64)
+    want = [_reference(op, 0.7) for op in UNARY] + [2, 0.0, _reference("gelu", 0.7) + 2 + 2,
+                                                    sum(np.exp(l) + abs(l - 1) for l in range(3))]
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert mod.folded == pytest.approx(_reference("gelu", 0.7) + 4, rel=1e-12)

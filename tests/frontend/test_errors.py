@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from linnet.cli import main
+from linnet.errors import LinnetError
 
 
 @dataclass(frozen=True)
@@ -387,19 +388,10 @@ entry decode(tokens: i32[Batch]) -> f32[Batch] {
 """, 21, 29, "the dtype of `zeros` is an element type"),
 
     # ---------------------------------------------------------------- generics and config values
-    card("generic-batch-zero", CARD, 1, 1, "generic `Batch` must be a positive integer, not 0",
-         arch_source=MINI, args=("--generic", "Batch=0")),
-    card("generic-t-int", CARD, 1, 1, "generic `T` must be a float type", arch_source=MINI,
-         args=("--generic", "T=i32")),
-    card("generic-maxseq-not-a-number", CARD, 1, 1, "generic `MaxSeq` must be a positive integer, not 'abc'",
-         arch_source=MINI, args=("--generic", "MaxSeq=abc")),
-    card("unknown-generic", CARD, 1, 1, "unknown generic `Seq`", arch_source=MINI, args=("--generic", "Seq=4")),
     card("missing-config-value", CARD.replace("  heads = 2\n", ""), 1, 1, "config value `heads` has no value",
          arch_source=MINI),
     card("missing-config-value-under-a-comment", "# a card's comment comes first\n" + CARD.replace("  heads = 2\n", ""),
          2, 1, "config value `heads` has no value", arch_source=MINI),
-    card("generic-under-a-comment", "# a comment\n" + CARD, 2, 1, "unknown generic `Seq`", arch_source=MINI,
-         args=("--generic", "Seq=4")),
     card("config-value-wrong-type", CARD.replace("dim = 8", "dim = 8.0"), 6, 9, "`dim` is int, but is set to 8.0",
          arch_source=MINI),
     card("config-value-not-literal", CARD.replace("dim = 8", "dim = 4 * 2"), 6, 9, "must be a literal",
@@ -753,6 +745,129 @@ entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
   return rmsnorm(embed[tokens], embed[0], eps=-0.5)
 }
 """, 21, 47, "eps of `rmsnorm` must be at least 0"),
+
+    # ---------------------------------------------------------------- bounds known once numbers are bound
+    arch("slice-past-a-dim", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[vocab, 100] {
+  return embed[:, 0:100]
+}
+""", 21, 19, "the slice 0:100 runs past the end of a dim of size 8"),
+    arch("slice-ending-before-it-starts", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[vocab, 0 - 3] {
+  return embed[:, 5:2]
+}
+""", 21, 19, "the slice 5:2 ends before it starts"),
+    arch("index-past-a-dim", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[dim] {
+  return embed[100]
+}
+""", 21, 16, "index 100 is out of range for a dim of size 16"),
+    arch("negative-index-past-a-dim", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[dim] {
+  return embed[-17]
+}
+""", 21, 16, "index -17 is out of range for a dim of size 16"),
+    arch("store-slice-past-a-dim", HEAD + """\
+entry decode(tokens: i32[Batch]) {
+  cache[0, 250:260] = zeros(10, dim)
+}
+""", 21, 12, "the slice 250:260 runs past the end of a dim of size 256"),
+    arch("topk-past-the-last-dim", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[vocab, 9] {
+  values, indices = topk(embed, 9)
+  return values
+}
+""", 21, 21, "`topk` cannot take the 9 largest of 8 values"),
+
+    # ---------------------------------------------------------------- numbers
+    arch("int-to-a-negative-power", """\
+arch mini
+config {
+  half: int = 2 ** -1
+}
+""", 3, 15, "an int to a negative power is not a whole number"),
+    arch("int-config-gets-a-float-with-numbers", """\
+arch mini
+config {
+  e: int = 0 - 1
+  half: int = 2 ** e
+}
+params {
+  w: f32[4]
+    from hf "w"
+}
+entry f(x: f32[4]) -> f32[4] {
+  return x * half
+}
+""", 4, 15, "2 ** -1 is not a whole number"),
+    arch("static-log-of-zero", """\
+arch mini
+config {
+  tiny: float = log(0.0)
+}
+params {
+  w: f32[4]
+    from hf "w"
+}
+entry f(x: f32[4]) -> f32[4] {
+  return x * tiny
+}
+""", 3, 17, "cannot evaluate log(0.0): math domain error"),
+    arch("exponent-without-digits", """\
+arch mini
+config {
+  dim: int = 1e
+}
+""", 3, 14, "`1e` is not a number: an exponent needs its digits"),
+    arch("digits-grouped-with-underscores", """\
+arch mini
+config {
+  dim: int = 1_000
+}
+""", 3, 14, "`1_000` is not a number: digits are written without `_`"),
+    arch("number-with-two-points", """\
+arch mini
+config {
+  dim: float = 8.5.3
+}
+""", 3, 16, "`8.5.3` is not a number"),
+
+    # ---------------------------------------------------------------- names the generated code uses
+    arch("size-declared-twice", HEAD + """\
+entry decode<n, n>(x: T[n, dim]) -> T[n, dim] {
+  return x
+}
+""", 20, 17, "the size `n` is declared twice"),
+    arch("config-named-like-a-module", """\
+arch mini
+config {
+  math: float = 2.0
+}
+""", 3, 3, "`math` is reserved (a module the generated code imports)"),
+    arch("config-named-like-a-constant", """\
+arch mini
+config {
+  TIED: int = 2
+}
+""", 3, 3, "`TIED` is reserved (a constant of the generated module)"),
+    arch("local-named-like-a-builtin", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  slice = embed[tokens]
+  return slice
+}
+""", 21, 3, "`slice` is reserved (a Python built-in the generated code calls)"),
+    arch("param-named-like-a-model-attribute", HEAD.replace("  wq: T[", "  device: T[dim]\n    from hf \"d\"\n  wq: T["), 13, 3,
+         "`device` is an attribute of the generated torch model class; a param cannot take its name"),
+    arch("entry-named-like-a-model-attribute", HEAD + """\
+entry compiled(tokens: i32[Batch]) -> T[Batch, dim] {
+  return embed[tokens]
+}
+""", 20, 1, "`compiled` is an attribute of the generated JAX model class; an entry cannot take its name"),
+    arch("entry-named-like-a-torch-method", HEAD + """\
+entry reset_state(tokens: i32[Batch]) -> T[Batch, dim] {
+  return embed[tokens]
+}
+""", 20, 1, "`reset_state` is an attribute of the generated torch and JAX model classes"),
 ]
 
 
@@ -814,6 +929,25 @@ def test_error(case: Case, command: str, tmp_path, capsys):
     _assert_rendered(captured.err, case, at)
 
 
+@pytest.mark.parametrize("generics, message", [
+    ({"Batch": 0}, "generic `Batch` must be a positive integer, not 0"),
+    ({"T": "i32"}, "generic `T` must be a float type"),
+    ({"MaxSeq": "abc"}, "generic `MaxSeq` must be a positive integer, not 'abc'"),
+    ({"Seq": 4}, "unknown generic `Seq`"),
+])
+def test_a_bad_generic_from_python_is_the_cards_error(generics, message, tmp_path):
+    """Generics passed in Python (nest.load's) are checked at specialization, the error at the
+    card's `card` line (the command line refuses bad ones as its --generic flag's error)."""
+    from linnet.frontend.load import load_file
+    from linnet.ir.specialize import specialize
+
+    case = card("generic", "# a comment first\n" + CARD, 2, 1, message, arch_source=MINI)
+    target, at = _write(case, tmp_path)
+    with pytest.raises(LinnetError) as err:
+        specialize(load_file(target), generics)
+    _assert_rendered(str(err.value).rstrip("\n") + "\n", case, at)
+
+
 _BY_ID = {c.id: c for c in CASES}
 
 
@@ -821,7 +955,7 @@ _BY_ID = {c.id: c for c in CASES}
     ("missing-closing-brace", "check"),
     ("bad-escape-in-string", "check"),
     ("fn-argument-shape", "compile"),
-    ("generic-maxseq-not-a-number", "check"),
+    ("missing-config-value", "check"),
     ("inexact-division", "compile"),
 ])
 def test_error_in_a_subprocess(case_id: str, command: str, tmp_path):
@@ -845,6 +979,13 @@ def test_a_value_set_below_its_floor_is_named_with_its_value(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "error: window of `attention` must be at least 0" in err and "`sliding_window` is -4" in err, err
     assert "llama.linnet:" in err.splitlines()[0]
+
+
+def test_the_grouped_query_note_names_the_numbers(tmp_path, capsys):
+    """The heads that do not divide are named with the numbers the card gave them."""
+    target, _ = _write(_BY_ID["heads-not-multiple-of-kv-heads"], tmp_path)
+    assert main(["check", str(target)]) == 1
+    assert capsys.readouterr().err.splitlines()[3] == "  heads = 4 must be a multiple of kv_heads = 3"
 
 
 def test_the_caret_stands_under_its_token_after_wide_characters(tmp_path, capsys):

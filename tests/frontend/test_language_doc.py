@@ -10,7 +10,7 @@ import pytest
 
 import linnet
 from linnet.cli import main
-from linnet.compiler import check_file
+from linnet.compiler import check_file, import_source
 from linnet.ir.ops import OPS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "language.md"
@@ -53,23 +53,46 @@ def test_examples_check_and_compile(index, tmp_path, capsys):
     if not all(n in module.config_values or c.default is not None for n, c in module.config.items()):
         return  # an architecture that leaves config values to its cards: nothing to compile alone
     for backend in ("torch", "jax"):
-        assert main(["compile", str(path), "--backend", backend, "-o", str(tmp_path / "out.py")]) == 0, \
-            capsys.readouterr().err
+        out = tmp_path / f"{backend}.py"
+        assert main(["compile", str(path), "--backend", backend, "-o", str(out)]) == 0, capsys.readouterr().err
+        # the written code imports: its every line is Python, and the module's own code runs
+        generated = import_source(out.read_text())
+        assert issubclass(generated.Model, object) and set(generated.PARAMS) == set(module.params)
 
 
 def test_the_worked_example_quotes_llama_linnet():
-    """Every line the walk-through quotes is in llama.linnet, in the same order."""
+    """Every line the walk-through quotes is in llama.linnet, in the same order; a block without
+    `...` quotes a whole run of it, leaving out only comment lines (so no config value is missed)."""
     section = DOC.read_text().split("## Worked example: llama.linnet")[1].split("\n## ")[0]
     llama = [line.rstrip() for line in LLAMA.read_text().splitlines()]
     blocks = re.findall(r"^```\n(.*?)^```", section, flags=re.S | re.M)
     assert len(blocks) >= 6
     for block in blocks:
         at = 0
-        for line in block.rstrip("\n").splitlines():
+        lines = block.rstrip("\n").splitlines()
+        for line in lines:
             if line.strip() == "...":
                 continue
             assert line.rstrip() in llama[at:], f"not in llama.linnet (after line {at}): {line!r}"
             at = llama.index(line.rstrip(), at) + 1
+        if "..." not in (line.strip() for line in lines):
+            start = llama.index(lines[0].rstrip())
+            code = [line for line in llama[start:] if not line.lstrip().startswith("#")]
+            assert [line.rstrip() for line in lines] == code[:len(lines)], f"the block from {lines[0]!r} leaves lines out"
+
+
+def test_the_error_example_is_the_compilers(tmp_path, capsys):
+    """The example under Errors is what `linnet check` prints for the card it describes (heads = 4,
+    kv_heads = 3), line number, quoted line, caret and note."""
+    section = DOC.read_text().split("## Errors")[1].split("\n## ")[0]
+    shown = re.search(r"^```\n(.*?)^```", section, flags=re.S | re.M).group(1).rstrip("\n").splitlines()
+    card = tmp_path / "gqa.linnet"
+    card.write_text('card "gqa"\nimport llama\nconfig {\n  vocab = 128\n  dim = 48\n  layers = 1\n  heads = 4\n'
+                    '  kv_heads = 3\n  ffn = 64\n}\n')
+    assert main(["check", str(card)]) == 1
+    printed = capsys.readouterr().err.rstrip("\n").splitlines()
+    assert printed[0].startswith(str(LLAMA) + ":")
+    assert [printed[0].replace(str(LLAMA), LLAMA.name)] + printed[1:] == shown
 
 
 def test_the_tour_runs_alike_on_both_backends(tmp_path):
