@@ -10,14 +10,28 @@ from pathlib import Path
 from linnet.errors import LinnetError
 
 
-def _generics(pairs: list[str]) -> dict:
-    out = {}
-    for pair in pairs or []:
-        if "=" not in pair:
-            raise SystemExit(f"linnet: error: --generic takes NAME=VALUE, not {pair!r}")
-        k, v = pair.split("=", 1)
-        out[k.strip()] = int(v) if v.strip().lstrip("-").isdigit() else v.strip()
-    return out
+def _generic(pair: str) -> tuple:
+    """One --generic NAME=VALUE as (name, value): a bad one is the flag's error, not the source's."""
+    from linnet.ir.specialize import DEFAULT_GENERICS
+    from linnet.ir.types import FLOAT_DTYPES, SIZE_GENERICS
+
+    name, eq, value = (part.strip() for part in pair.partition("="))
+    if not eq or not name:
+        raise argparse.ArgumentTypeError(f"takes NAME=VALUE, not {pair!r}")
+    if name not in DEFAULT_GENERICS:
+        raise argparse.ArgumentTypeError(f"unknown generic {name!r} in {pair!r}; the generics are "
+                                         f"{', '.join(DEFAULT_GENERICS)}")
+    if name in SIZE_GENERICS:
+        if not value.isdigit() or int(value) < 1:
+            raise argparse.ArgumentTypeError(f"{name} must be a positive integer, not {value!r}")
+        return name, int(value)
+    if value not in FLOAT_DTYPES:
+        raise argparse.ArgumentTypeError(f"{name} must be a float type ({', '.join(FLOAT_DTYPES)}), not {value!r}")
+    return name, value
+
+
+def _generics(pairs: list | None) -> dict:
+    return dict(pairs or [])
 
 
 def cmd_check(args) -> int:
@@ -340,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
     def source_cmd(name, help_text):
         s = sub.add_parser(name, help=help_text)
         s.add_argument("file", help="a .linnet card or architecture")
-        s.add_argument("--generic", action="append", metavar="NAME=VALUE",
+        s.add_argument("--generic", action="append", metavar="NAME=VALUE", type=_generic,
                        help="bind a generic: Batch=8, MaxSeq=256, T=bf16 (repeatable)")
         s.add_argument("--numerics", choices=["exact", "fast"], default="exact",
                        help="exact: the reference semantics, in f32 whatever T is; fast: computes in T, "
