@@ -42,7 +42,8 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor
         return y if bias is None else y + bias
     if isinstance(w, PanelWeight) or w.is_mkldnn:
         return _packed_linear(x, w, bias)
-    if x.numel() > x.shape[-1] and computed_in_f32(w):
+    # Over rows, f32 activations meet a 16-bit weight unrounded, whatever the CPU multiplies natively
+    if x.numel() > x.shape[-1] and (computed_in_f32(w) or x.dtype != w.dtype):
         return _widened_linear(x, w, bias)
     if x.dtype != w.dtype:  # f32 activations (gather_rows) and a 16-bit weight at one row: in its type
         return F.linear(x.to(w.dtype), w, bias).to(x.dtype)
