@@ -115,7 +115,8 @@ def _panels_for(dtype: torch.dtype, k: int | None = None) -> bool:
         return False
     if dtype == torch.float32 or not multiplies_natively(dtype):
         return True
-    return cpu_linear.pairs(dtype, 2 if k is None else k)
+    # a type oneDNN does not pack (f16: its plain matmul reads the whole weight per call) stays ours
+    return cpu_linear.pairs(dtype, 2 if k is None else k) or not _onednn_packs(dtype)
 
 
 def _packs_in_panels(w: torch.Tensor) -> bool:
