@@ -52,3 +52,11 @@ def test_04_throughput_prints_its_two_lines():
     compiled, rate = out.strip().splitlines()[-2:]
     assert re.fullmatch(r"compiled in \d+ s", compiled)
     assert re.fullmatch(r"64 tokens in [\d.]+ s: \d+ tokens/s", rate)
+
+
+@pytest.mark.parametrize("path", ["01-compile/compile.py", "04-serve/throughput.py"])
+def test_an_unknown_card_is_one_line(path):
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / path), "--card", "nope"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"{path.split('/')[1]}: error: unknown card 'nope'") and done.stderr.count("\n") == 1

@@ -22,7 +22,10 @@ parser.add_argument("--out", default="/tmp/linnet-out")
 args = parser.parse_args()
 
 generics = {"Batch": 2, "MaxSeq": 64, "T": "f32"}
-module = nest.card(args.card).module()
+try:
+    module = nest.card(args.card).module()
+except nest.CardError as err:
+    parser.exit(1, f"{parser.prog}: error: {err}\n")
 out = Path(args.out)
 out.mkdir(parents=True, exist_ok=True)
 weights = random_weights(specialize(module, generics), seed=0)

@@ -36,14 +36,17 @@ args = parser.parse_args()
 # One cache row per request in flight, long enough for the longest prompt
 # and its completion.
 generics = {"Batch": args.rows, "MaxSeq": args.max_prompt + args.new, "T": args.dtype}
-if args.backend == "torch":
-    # Generated PyTorch, each step replayed as one CUDA graph.
-    model = nest.load(args.card, backend="torch", device=args.device, numerics="fast", compile=True,
-                      generics=generics, cast_dtype=True, weights=args.weights, tokenizer=False)
-else:
-    # Every entry over one copy of the weights, compiled by XLA.
-    model = nest.load(args.card, backend="jax_model", numerics="fast", generics=generics, cast_dtype=True,
-                      weights=args.weights, tokenizer=False, shards=args.shards)
+try:
+    if args.backend == "torch":
+        # Generated PyTorch, each step replayed as one CUDA graph.
+        model = nest.load(args.card, backend="torch", device=args.device, numerics="fast", compile=True,
+                          generics=generics, cast_dtype=True, weights=args.weights, tokenizer=False)
+    else:
+        # Every entry over one copy of the weights, compiled by XLA.
+        model = nest.load(args.card, backend="jax_model", numerics="fast", generics=generics, cast_dtype=True,
+                          weights=args.weights, tokenizer=False, shards=args.shards)
+except (nest.CardError, nest.WeightsError, nest.DeviceError) as err:  # the card, its weights, the device: said why
+    parser.exit(1, f"{parser.prog}: error: {err}\n")
 
 rng = random.Random(0)
 top = min(20000, model.vocab)  # the seed's ids, 100 to 20000; a small test card's own vocabulary

@@ -15,7 +15,7 @@ Submodules, each with one job:
   progress        a progress bar on standard error, on a terminal only
 """
 
-from .errors import CardError, TokenizerError, WeightsError
+from .errors import CardError, DeviceError, TokenizerError, WeightsError
 
 # Importing these needs no torch (`linnet check` and `linnet compile --backend jax` must not need it):
 # loading imports torch when it runs. They are imported eagerly, not on first use, because the
@@ -25,4 +25,4 @@ from .load import load  # noqa: E402
 from .model import LoadedModel  # noqa: E402
 from .registry import card, cards  # noqa: E402
 
-__all__ = ["CardError", "LoadedModel", "TokenizerError", "WeightsError", "card", "cards", "load"]
+__all__ = ["CardError", "DeviceError", "LoadedModel", "TokenizerError", "WeightsError", "card", "cards", "load"]

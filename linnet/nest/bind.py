@@ -91,8 +91,10 @@ def check_checkpoint(module: Module, ckpt, fmt: str, cast_dtype: bool) -> list:
     missing = [n for n in expected if n not in ckpt]
     if missing:
         more = f", and {len(missing) - 1} more" if len(missing) > 1 else ""
+        quantized = _quantization(ckpt) if fmt != "gguf" else ""  # GPTQ and AWQ store qweight, not weight
         raise WeightsError(f"{ckpt.path}: the checkpoint has no tensor {missing[0]!r}, which param "
-                           f"`{expected[missing[0]][0]}` needs{more}{where}")
+                           f"`{expected[missing[0]][0]}` needs{more}{where}"
+                           + (f"; it is quantized{quantized}. {_READABLE}" if quantized else ""))
     bad = [(n, p, shape, tuple(ckpt.shape(n))) for n, (p, shape) in expected.items() if tuple(ckpt.shape(n)) != shape]
     if bad:
         lines = [f"{_file_of(ckpt, n)}: tensor {n!r} is {list(got)}, but param `{p}` declares {list(want)}"
@@ -100,6 +102,8 @@ def check_checkpoint(module: Module, ckpt, fmt: str, cast_dtype: bool) -> list:
         more = f"\n  ... and {len(bad) - 5} more" if len(bad) > 5 else ""
         raise WeightsError("shapes differ between the checkpoint and the card" + where + ":\n  "
                            + "\n  ".join(lines) + more)
+    if fmt != "gguf":
+        _refuse_quantized(module, ckpt, expected)
     if not cast_dtype and fmt != "gguf":
         target = module.bindings.get("T")
         for n, (p, _) in expected.items():
@@ -113,6 +117,30 @@ def check_checkpoint(module: Module, ckpt, fmt: str, cast_dtype: bool) -> list:
                                    f"{want}{' (T = ' + target + ')' if target else ''}{more}; pass cast_dtype=True "
                                    f"to convert it, or load with generics T={stored!r}")
     return sorted(set(ckpt.names()) - set(expected) - set(getattr(ckpt, "config_tensors", ())))
+
+
+def _refuse_quantized(module: Module, ckpt, expected: dict) -> None:
+    """A float param stored otherwise (FP8 with scales beside it, int8, ...) is a quantized
+    checkpoint's: its stored numbers are not the weights, so it is refused, never cast."""
+    for n, (p, _) in expected.items():
+        stored = _read_as(ckpt, n)
+        if stored in (*FLOAT_DTYPES, "f64") or concrete_dtype(module.params[p].type.dtype, module) not in FLOAT_DTYPES:
+            continue
+        raise WeightsError(f"{_file_of(ckpt, n)}: tensor {n!r} is stored as {stored}, but param `{p}` is a float "
+                           f"weight: the checkpoint is quantized{_quantization(ckpt)}. {_READABLE}")
+
+
+_READABLE = ("Linnet reads unquantized safetensors (f32, bf16, f16), gpt-oss's MXFP4 experts and GGUF files; "
+             "load the unquantized checkpoint or a GGUF")
+
+
+def _quantization(ckpt) -> str:
+    """", as config.json's quantization_config names it" where a checkpoint's config has one."""
+    try:
+        method = (ckpt.config().get("quantization_config") or {}).get("quant_method")
+    except WeightsError:  # no config.json: the tensors alone tell
+        return ""
+    return f" (config.json's quantization_config: {method!r})" if method and method != "mxfp4" else ""
 
 
 def _read_as(ckpt, name: str) -> str:

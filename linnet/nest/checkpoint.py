@@ -433,9 +433,16 @@ class GGUFCheckpoint(Checkpoint):
         if not arch:
             raise WeightsError(f"{self.path}: no general.architecture in the GGUF metadata")
 
+        if arch not in _GGUF_ARCHS:
+            raise WeightsError(f"{self.path}: GGUF architecture {arch!r} is not supported; supported: "
+                               f"{', '.join(_GGUF_ARCHS)}")
+
         def get(key, default=None):
             return self.metadata(f"{arch}.{key}", default)
 
+        absent = [key for key in ("embedding_length", "block_count", "attention.head_count") if get(key) is None]
+        if absent:
+            raise WeightsError(f"{self.path}: the GGUF metadata has no {arch}.{absent[0]}, which every {arch} file holds")
         heads = get("attention.head_count")
         hidden = get("embedding_length")
         tokens = self.metadata("tokenizer.ggml.tokens")

@@ -14,7 +14,7 @@ Weights are resolved in this order (the first that exists wins):
 1. `weights=`: a Hugging Face model directory, a .gguf file, an open
    `Checkpoint`, or `"random"` (seeded by `seed`, no files needed);
    when `name` is itself a checkpoint path, that checkpoint;
-2. `$LINNET_WEIGHTS/<card>` (a model directory or a .gguf file), if set;
+2. `$LINNET_WEIGHTS/<card>` (a model directory) or `$LINNET_WEIGHTS/<card>.gguf`, if set;
 3. the Hugging Face cache: `$HF_HUB_CACHE`, else `$HF_HOME/hub` (default
    `~/.cache/huggingface/hub`), `models--ORG--NAME/snapshots/REV/` (the
    revision `refs/main` names, else the newest);
@@ -263,8 +263,9 @@ def resolve_card(name, weights) -> tuple[Module, str, Checkpoint | None]:
     """(checked module, card name, the open checkpoint if `name` itself was one)."""
     text = str(name)
     p = Path(text).expanduser()
-    if text.endswith(".linnet"):
-        return load_file(p), p.stem, None
+    if text.endswith(".linnet"):  # named as its `card` line says (its weights are looked for by that name)
+        module = load_file(p)
+        return module, module.card or p.stem, None
     if p.exists():
         from linnet.nest.autocard import card_source_from_config
 
@@ -286,7 +287,8 @@ def find_card_weights(card_name: str, module: Module, raise_missing: bool = Fals
     repo = module.meta.get("hf_repo")
     extra = []
     if os.environ.get("LINNET_WEIGHTS"):
-        extra.append(Path(os.environ["LINNET_WEIGHTS"]).expanduser() / card_name)
+        root = Path(os.environ["LINNET_WEIGHTS"]).expanduser()
+        extra += [root / card_name, root / f"{card_name}.gguf"]
     if repo:
         found, looked = find_weights(repo, extra)
     else:

@@ -244,3 +244,13 @@ def test_open_checkpoint_errors(tmp_path):
     other.write_bytes(b"\0")
     with pytest.raises(WeightsError, match=r"weights\.bin: not a checkpoint linnet can read"):
         open_checkpoint(other)
+
+
+def test_an_architecture_or_a_key_it_lacks_is_named_as_the_gguf_names_it(tmp_path):
+    """A GGUF of an architecture Nest has none for names it (not a config.json's 'unknown'); a
+    file missing a key every file of its architecture holds names that key, not a config.json's."""
+    embed = {"token_embd.weight": (np.zeros((4, 8), np.float32), None)}
+    with pytest.raises(WeightsError, match=r"GGUF architecture 'gemma' is not supported; supported: llama, qwen2"):
+        GGUFCheckpoint(write_gguf(tmp_path / "g.gguf", embed, arch="gemma")).config()
+    with pytest.raises(WeightsError, match=r"the GGUF metadata has no llama\.embedding_length"):
+        GGUFCheckpoint(write_gguf(tmp_path / "l.gguf", embed)).config()

@@ -220,3 +220,36 @@ def test_a_cache_longer_than_the_trained_context_is_warned_of(tiny_hf):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         nest.load(path, generics={"Batch": 1, "MaxSeq": trained}, tokenizer=False)
+
+
+Q = "model.layers.0.self_attn.q_proj.weight"
+
+
+@pytest.mark.parametrize("dtype, method", [(torch.float8_e4m3fn, "fp8"), (torch.int8, None)])
+@pytest.mark.parametrize("cast_dtype", [True, False])
+def test_a_quantized_weight_is_refused_not_cast(ckpt_dir, dtype, method, cast_dtype):
+    """FP8 weights with their scales beside them (transformers' and vLLM's fp8 checkpoints), or an
+    int8 tensor: the stored numbers are not the weights, so a cast would load nonsense."""
+    w = load_file(shard_of(ckpt_dir, Q))[Q]
+    rewrite(ckpt_dir, Q, (w * 4).to(dtype), extra={Q + "_scale_inv": torch.ones(1, 1)})
+    if method:
+        config = json.loads((ckpt_dir / "config.json").read_text())
+        config["quantization_config"] = {"quant_method": method, "weight_block_size": [128, 128]}
+        (ckpt_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(WeightsError) as e:
+        load(ckpt_dir, cast_dtype=cast_dtype)
+    message = str(e.value)
+    assert f"tensor {Q!r} is stored as" in message and "the checkpoint is quantized" in message
+    assert (f"quantization_config: {method!r}" in message) == bool(method) and "unquantized" in message
+
+
+def test_a_gptq_checkpoint_without_its_weights_says_it_is_quantized(ckpt_dir):
+    w = load_file(shard_of(ckpt_dir, Q))[Q]
+    rewrite(ckpt_dir, Q)
+    rewrite(ckpt_dir, "model.layers.0.self_attn.k_proj.weight", extra={Q.replace("weight", "qweight"): w.to(torch.int32)})
+    config = json.loads((ckpt_dir / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4}
+    (ckpt_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(WeightsError, match=r"has no tensor .*it is quantized \(config.json's quantization_config: "
+                                           r"'gptq'\)"):
+        load(ckpt_dir)

