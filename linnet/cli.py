@@ -12,22 +12,15 @@ from linnet.errors import LinnetError
 
 def _generic(pair: str) -> tuple:
     """One --generic NAME=VALUE as (name, value): a bad one is the flag's error, not the source's."""
-    from linnet.ir.specialize import DEFAULT_GENERICS
-    from linnet.ir.types import FLOAT_DTYPES, SIZE_GENERICS
+    from linnet.ir.specialize import generic_value
 
     name, eq, value = (part.strip() for part in pair.partition("="))
     if not eq or not name:
         raise argparse.ArgumentTypeError(f"takes NAME=VALUE, not {pair!r}")
-    if name not in DEFAULT_GENERICS:
-        raise argparse.ArgumentTypeError(f"unknown generic {name!r} in {pair!r}; the generics are "
-                                         f"{', '.join(DEFAULT_GENERICS)}")
-    if name in SIZE_GENERICS:
-        if not value.isdigit() or int(value) < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be a positive integer, not {value!r}")
-        return name, int(value)
-    if value not in FLOAT_DTYPES:
-        raise argparse.ArgumentTypeError(f"{name} must be a float type ({', '.join(FLOAT_DTYPES)}), not {value!r}")
-    return name, value
+    try:
+        return name, generic_value(name, value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _generics(pairs: list | None) -> dict:

@@ -26,22 +26,29 @@ def module_loc(module: ir.Module) -> Loc:
     return module.loc or Loc(module.path, 1, 1, 1, 2, module.sources.get(module.path))
 
 
+def generic_value(key: str, value):
+    """A generic's value as specialize takes it (a size given as digits becomes an int); a
+    ValueError saying why one cannot be (`linnet`'s --generic flag reports it as its own)."""
+    if key not in DEFAULT_GENERICS:
+        raise ValueError(f"unknown generic `{key}`; the generics are Batch, MaxSeq and T")
+    if key in SIZE_GENERICS:
+        v = int(value) if isinstance(value, str) and value.isdigit() else value
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"generic `{key}` must be a positive integer, not {value!r}")
+        return v
+    if value not in FLOAT_DTYPES:
+        raise ValueError(f"generic `T` must be a float type ({', '.join(FLOAT_DTYPES)}), not {value!r}")
+    return value
+
+
 def specialize(module: ir.Module, generics: dict | None = None, numerics: str = "exact") -> ir.Module:
     card_loc = module_loc(module)
     g = dict(DEFAULT_GENERICS)
     for key, value in (generics or {}).items():
-        if key not in DEFAULT_GENERICS:
-            raise LinnetError(card_loc, f"unknown generic `{key}`; the generics are Batch, MaxSeq and T")
-        g[key] = value
-    for key in SIZE_GENERICS:
-        v = g[key]
-        if isinstance(v, str) and v.isdigit():
-            v = int(v)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise LinnetError(card_loc, f"generic `{key}` must be a positive integer, not {g[key]!r}")
-        g[key] = v
-    if g["T"] not in FLOAT_DTYPES:
-        raise LinnetError(card_loc, f"generic `T` must be a float type ({', '.join(FLOAT_DTYPES)}), not {g['T']!r}")
+        try:
+            g[key] = generic_value(key, value)
+        except ValueError as err:
+            raise LinnetError(card_loc, str(err)) from None
     if numerics not in ("exact", "fast"):
         raise LinnetError(card_loc, f"numerics must be 'exact' or 'fast', not {numerics!r}")
     if numerics == "exact":

@@ -104,10 +104,10 @@ def test_a_token_budget_too_small_for_the_rows_is_one_line(capsys):
 
 
 @pytest.mark.parametrize("command", ["check", "compile", "ir"])
-@pytest.mark.parametrize("generic, needle", [("Batch=0", "Batch must be a positive integer, not '0'"),
-                                             ("MaxSeq=abc", "MaxSeq must be a positive integer"),
-                                             ("T=f64", "T must be a float type (f32, bf16, f16), not 'f64'"),
-                                             ("Seq=4", "unknown generic 'Seq'"), ("T", "takes NAME=VALUE")])
+@pytest.mark.parametrize("generic, needle", [("Batch=0", "generic `Batch` must be a positive integer, not '0'"),
+                                             ("MaxSeq=abc", "generic `MaxSeq` must be a positive integer, not 'abc'"),
+                                             ("T=f64", "generic `T` must be a float type (f32, bf16, f16), not 'f64'"),
+                                             ("Seq=4", "unknown generic `Seq`"), ("T", "takes NAME=VALUE")])
 def test_a_bad_generic_is_its_flags_error(capsys, command, generic, needle):
     """What the user typed is named by its flag, not reported as an error in the card's source."""
     with pytest.raises(SystemExit) as exit_:
