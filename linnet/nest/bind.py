@@ -103,31 +103,30 @@ def check_checkpoint(module: Module, ckpt, fmt: str, cast_dtype: bool) -> list:
         raise WeightsError("shapes differ between the checkpoint and the card" + where + ":\n  "
                            + "\n  ".join(lines) + more)
     if fmt != "gguf":
-        _refuse_quantized(module, ckpt, expected)
-    if not cast_dtype and fmt != "gguf":
-        target = module.bindings.get("T")
-        for n, (p, _) in expected.items():
-            want = concrete_dtype(module.params[p].type.dtype, module)
-            stored = _read_as(ckpt, n)
-            if stored in FLOAT_DTYPES and stored != want:
-                others = sum(1 for m, (q, _) in expected.items()
-                             if _read_as(ckpt, m) != concrete_dtype(module.params[q].type.dtype, module))
-                more = f" (and {others - 1} more tensors)" if others > 1 else ""
-                raise WeightsError(f"{_file_of(ckpt, n)}: tensor {n!r} is stored as {stored}, but param `{p}` is "
-                                   f"{want}{' (T = ' + target + ')' if target else ''}{more}; pass cast_dtype=True "
-                                   f"to convert it, or load with generics T={stored!r}")
+        _check_stored_types(module, ckpt, expected, cast_dtype)
     return sorted(set(ckpt.names()) - set(expected) - set(getattr(ckpt, "config_tensors", ())))
 
 
-def _refuse_quantized(module: Module, ckpt, expected: dict) -> None:
-    """A float param stored otherwise (FP8 with scales beside it, int8, ...) is a quantized
-    checkpoint's: its stored numbers are not the weights, so it is refused, never cast."""
-    for n, (p, _) in expected.items():
-        stored = _read_as(ckpt, n)
-        if stored in (*FLOAT_DTYPES, "f64") or concrete_dtype(module.params[p].type.dtype, module) not in FLOAT_DTYPES:
-            continue
-        raise WeightsError(f"{_file_of(ckpt, n)}: tensor {n!r} is stored as {stored}, but param `{p}` is a float "
-                           f"weight: the checkpoint is quantized{_quantization(ckpt)}. {_READABLE}")
+def _check_stored_types(module: Module, ckpt, expected: dict, cast_dtype: bool) -> None:
+    """Each float param's tensor is stored in a float type: another (FP8 with scales beside it,
+    int8, ...) is a quantized checkpoint's, whose numbers are not the weights, so it is refused,
+    never cast; and without `cast_dtype`, in the param's own type."""
+    types = {n: (p, _read_as(ckpt, n), concrete_dtype(module.params[p].type.dtype, module))
+             for n, (p, _) in expected.items()}
+    for n, (p, stored, want) in types.items():
+        if want in FLOAT_DTYPES and stored not in (*FLOAT_DTYPES, "f64"):
+            raise WeightsError(f"{_file_of(ckpt, n)}: tensor {n!r} is stored as {stored}, but param `{p}` is a "
+                               f"float weight: the checkpoint is quantized{_quantization(ckpt)}. {_READABLE}")
+    if cast_dtype:
+        return
+    target = module.bindings.get("T")
+    for n, (p, stored, want) in types.items():
+        if stored in FLOAT_DTYPES and stored != want:
+            others = sum(1 for _, have, own in types.values() if have != own)
+            more = f" (and {others - 1} more tensors)" if others > 1 else ""
+            raise WeightsError(f"{_file_of(ckpt, n)}: tensor {n!r} is stored as {stored}, but param `{p}` is "
+                               f"{want}{' (T = ' + target + ')' if target else ''}{more}; pass cast_dtype=True "
+                               f"to convert it, or load with generics T={stored!r}")
 
 
 _READABLE = ("Linnet reads unquantized safetensors (f32, bf16, f16), gpt-oss's MXFP4 experts and GGUF files; "
