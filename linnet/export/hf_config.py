@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from linnet.export import ExportError
 from linnet.ir.nodes import Module
+from linnet.nest.autocard import gemma3_layer_types
 
 TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
 
@@ -123,8 +124,7 @@ def _gemma3(b: dict) -> dict:
         "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
         "query_pre_attn_scalar": b["query_pre_attn_scalar"], "rope_scaling": _rope(b, "Gemma 3"),
         "rope_local_base_freq": b["rope_local_theta"], "sliding_window": b["sliding_window"],
-        "sliding_window_pattern": pattern,
-        "layer_types": ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(b["layers"])],
+        "sliding_window_pattern": pattern, "layer_types": gemma3_layer_types(b["layers"], pattern),
         "attn_logit_softcapping": None, "final_logit_softcapping": None, "attention_bias": False,
     }
 

@@ -210,6 +210,11 @@ def _gpt_oss_values(config: dict, name: str) -> dict:
     }
 
 
+def gemma3_layer_types(layers: int, pattern: int) -> list:
+    """Gemma 3's layer kinds as config.json lists them: full attention in every `pattern`-th layer."""
+    return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
+
+
 def _gemma3_values(config: dict, name: str) -> dict:
     """Gemma 3's text model. Its config names each layer's kind (`layer_types`; older ones a
     `sliding_window_pattern`) and each kind's rope (`rope_parameters` by kind; older ones
@@ -227,7 +232,7 @@ def _gemma3_values(config: dict, name: str) -> dict:
     pattern = int(config.get("sliding_window_pattern") or config.get("_sliding_window_pattern") or 6)
     if types is not None:
         pattern = next((i + 1 for i, t in enumerate(types) if t == "full_attention"), layers + 1)
-        if types != ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]:
+        if types != gemma3_layer_types(layers, pattern):
             raise WeightsError(f"{name}: layer_types must put one full-attention layer in every n (the "
                                f"architecture's window_pattern); this config has {types}")
     heads, dim = int(config["num_attention_heads"]), int(config["hidden_size"])
