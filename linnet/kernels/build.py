@@ -74,6 +74,7 @@ def cpu_kernels() -> ctypes.CDLL | None:
     lib.linnet_linear.argtypes = [i32, i32, vp, long, long, long, vp, vp, vp, i32, vp, long, i32]
     lib.linnet_pack_panels.argtypes = [i32, vp, long, long, i32]
     lib.linnet_panel_pairs.argtypes = [i32, long]
+    lib.linnet_amx_tiles.argtypes = []
     lib.linnet_attention.argtypes = [i32, i32, vp, long, long, long, long, vp, vp, long, long, long, long, vp, vp,
                                      long, vp, ctypes.c_float, vp, i32]
     lib.linnet_rmsnorm.argtypes = [i32, vp, long, long, long, i32, vp, ctypes.c_float, i32, vp, i32]
@@ -86,7 +87,8 @@ def cpu_kernels() -> ctypes.CDLL | None:
         f.restype = None
     lib.linnet_replay.argtypes = [long, vp, vp]
     lib.linnet_replay.restype = long
-    for f in (lib.linnet_linear, lib.linnet_pack_panels, lib.linnet_attention, lib.linnet_panel_pairs):
+    for f in (lib.linnet_linear, lib.linnet_pack_panels, lib.linnet_attention, lib.linnet_panel_pairs,
+              lib.linnet_amx_tiles):
         f.restype = i32
     return lib
 

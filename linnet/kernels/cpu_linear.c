@@ -12,14 +12,21 @@
  * BF16_PLACES gives; f16 by F16C), so one row reads half the bytes of f32; from 12 rows on, each
  * thread widens its panel once into an f32 buffer.
  *
+ * On AVX-512, f32 panels over 4 rows or more go through a 12-row tile of two panels; with AVX-512
+ * BF16 a bf16 weight of even K is packed in pairs of K for VDPBF16PS, and with AMX those pairs are
+ * AMX's own operand layout, multiplied in 16 x 16 tiles from 3 rows on (sections below).
+ *
  * Kernels carry target attributes, not global -m flags: linnet_cpu_supported() runs on any
  * x86-64 and tells the caller whether the rest may run.
  */
+#include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "kernels.h"
 
@@ -293,6 +300,145 @@ static AVX512BF16 void pair_range(const uint16_t *x, long M, long K, const void 
     }
 }
 
+/* ---- bf16 pairs over many rows, on AMX */
+
+/* A pair panel is already AMX's operand: 16 of its pair-rows (1 KB, rows 64 bytes apart) are a B
+ * tile of 32 K by 16 columns, as TDPBF16PS reads it; 16 rows of x, 32 K each, are an A tile. A
+ * block of 32 rows by two panels keeps four C tiles (16 x 16 f32) over K, with two A and two B
+ * tiles: the eight tiles there are. TDPBF16PS does 16 x 16 x 32 multiply-adds where VDPBF16PS does
+ * 16 x 2: SmolLM2's [368, 576] x [576, 1536] on two cores of a Xeon with AMX, 0.30 ms against the pair
+ * tile's 3.4 (oneDNN's AMX kernel: 0.34). A bf16 out is rounded from each tile as it is stored, not
+ * from an f32 copy of the whole product after (0.59 ms so). The first block of rows asks for the next
+ * two panels as it reads these: a 16-row decode step reads the weights at memory speed only so. */
+#define AMX_BF16 __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
+#define AMX_FROM 3    /* rows from which bf16 pairs take this path (one or two read faster in the pair chains) */
+#define AMX_K 32      /* K a tile step: K must be a multiple of it */
+#define AMX_ROWS 32   /* input rows a block: two A tiles */
+#define AMX_MC 256    /* input rows a pass over a thread's panels: their x (288 KB at K 576) stays in L2 */
+#define ARCH_REQ_XCOMP_PERM 0x1023 /* Linux: ask for a state component (asm/prctl.h) */
+#define XFEATURE_XTILEDATA 18
+
+/* AMX-TILE and AMX-BF16 here, and Linux lets this process use the tile registers (it asks once;
+ * a process must, before its first tile instruction). */
+static int has_amx_bf16(void) {
+    static int amx = -1;
+    if (amx < 0) {
+        unsigned a, b, c, d;
+        int cpu = __get_cpuid_max(0, NULL) >= 7 && __get_cpuid_count(7, 0, &a, &b, &c, &d) &&
+                  (d >> 22 & 1) && (d >> 24 & 1); /* AMX-BF16, AMX-TILE */
+        amx = cpu && has_avx512_bf16() && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    }
+    return amx;
+}
+
+struct tile_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+/* Tiles 0-3: C (16 rows of 16 f32), 4-5: A, 6-7: B; every one 16 rows of 64 bytes. */
+static AMX_BF16 void amx_configure(void) {
+    struct tile_config config;
+    memset(&config, 0, sizeof config);
+    config.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        config.colsb[t] = 64;
+        config.rows[t] = 16;
+    }
+    _tile_loadconfig(&config);
+}
+
+/* Rows [0, rows) (at most 16), columns [0, width) of a 16 x 16 f32 tile in `scratch` into out (of
+ * out_type, rows ld apart) from element `at`, rounded to out's type there. */
+static AMX_BF16 void tile_out(const float *scratch, long rows, int width, int out_type, void *out, long at,
+                              long ld) {
+    __mmask16 mask = width_mask(width);
+    for (long r = 0; r < rows && r < 16; r++) {
+        __m512 v = _mm512_loadu_ps(scratch + r * NR);
+        long i = at + r * ld;
+        if (out_type == F32)
+            _mm512_mask_storeu_ps((float *)out + i, mask, v);
+        else if (out_type == BF16)
+            _mm256_mask_storeu_epi16((uint16_t *)out + i, mask, (__m256i)_mm512_cvtneps_pbh(v));
+        else
+            _mm256_mask_storeu_epi16((uint16_t *)out + i, mask, _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
+    }
+}
+
+/* C tile `t`: out's rows from element `at` (16 of them, `rows` of which are x's), `width`
+ * columns. Straight into an f32 out where the block is whole; else through a scratch tile,
+ * rounded to out's type as it is copied. */
+#define AMX_STORE(t, at, rows, width)                                                        \
+    do {                                                                                     \
+        if (out_type == F32 && (rows) >= 16 && (width) == NR) {                              \
+            _tile_stored(t, (float *)out + (at), N * (long)sizeof(float));                   \
+        } else if ((rows) > 0) {                                                             \
+            _tile_stored(t, scratch, NR * (long)sizeof(float));                              \
+            tile_out(scratch, rows, width, out_type, out, at, N);                            \
+        }                                                                                    \
+    } while (0)
+
+/* Panels [p0, p1), two at a time, times every row of x (bf16, K a row, K % AMX_K == 0), into out
+ * [M, N] of out_type (the f32 sums rounded once). x's last M % 32 rows go through a zero-padded
+ * copy, so that every A tile reads 16 whole rows. -1 if out of memory. */
+static AMX_BF16 int amx_range(const uint16_t *x, long M, long K, const void *const *panels, const long *cols,
+                              const int *widths, int out_type, void *out, long N, long p0, long p1) {
+    long full = M / AMX_ROWS * AMX_ROWS, ldx = K * 2;
+    uint16_t *tail = NULL;
+    if (full < M) {
+        if (!(tail = calloc(AMX_ROWS * K, 2)))
+            return -1;
+        memcpy(tail, x + full * K, (M - full) * ldx);
+    }
+    float scratch[16 * NR];
+    amx_configure();
+    for (long m0 = 0; m0 < M; m0 += AMX_MC) {
+        long m1 = m0 + AMX_MC < M ? m0 + AMX_MC : M;
+        for (long p = p0; p < p1; p += 2) {
+            int two = p + 1 < p1;
+            const char *a = panels[p], *b = panels[two ? p + 1 : p];
+            const char *na = m0 == 0 && p + 2 < p1 ? panels[p + 2] : NULL;
+            const char *nb = na && p + 3 < p1 ? panels[p + 3] : na;
+            for (long m = m0; m < m1; m += AMX_ROWS) {
+                const char *xs = m < full ? (const char *)(x + m * K) : (const char *)tail;
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+                for (long k = 0; k < K; k += AMX_K) {
+                    if (na && m == m0)
+                        for (int line = 0; line < 16; line++) {
+                            _mm_prefetch(na + k * 32 + line * 64, _MM_HINT_T1);
+                            _mm_prefetch(nb + k * 32 + line * 64, _MM_HINT_T1);
+                        }
+                    /* each load just before its first use, so that it overlaps the products before */
+                    _tile_loadd(4, xs + k * 2, ldx);
+                    _tile_loadd(6, a + k * 32, 64); /* pair-row k / 2, 64 bytes each */
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_loadd(7, b + k * 32, 64);
+                    _tile_dpbf16ps(1, 4, 7);
+                    _tile_loadd(5, xs + 16 * ldx + k * 2, ldx);
+                    _tile_dpbf16ps(2, 5, 6);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
+                long rows = M - m;
+                long at = m * N + cols[p];
+                AMX_STORE(0, at, rows, widths[p]);
+                AMX_STORE(2, at + 16 * N, rows - 16, widths[p]);
+                if (two) {
+                    at = m * N + cols[p + 1];
+                    AMX_STORE(1, at, rows, widths[p + 1]);
+                    AMX_STORE(3, at + 16 * N, rows - 16, widths[p + 1]);
+                }
+            }
+        }
+    }
+    _tile_release();
+    free(tail);
+    return 0;
+}
+
 /* x [M, K] f32 rounded to bf16 (to nearest, even), as the pair kernel reads it. */
 static AVX512BF16 void round_to_bf16(const float *x, long count, uint16_t *out) {
     long i = 0;
@@ -306,13 +452,14 @@ static AVX512BF16 void round_to_bf16(const float *x, long count, uint16_t *out) 
 
 /* ---- f32 weights over many rows, on AVX-512 */
 
-/* A panel row is one 512-bit vector, so a tile of MRF rows keeps MRF accumulators and does twice
- * the AVX2 tile's arithmetic a cycle: SmolLM2's [128, 576] x [576, 1536] took 1.5 ms in the AVX2
- * tile, 0.8 in MKL's sgemm. Few rows (decode steps) read the weight at memory speed either way and
- * keep the AVX2 path, whose one-row tile is tuned for it. */
+/* A panel row is one 512-bit vector, so a tile of MRF rows by two panels keeps 24 accumulators and
+ * does twice the AVX2 tile's arithmetic a cycle. SmolLM2's [368, 576] x [576, 1536] on two Xeon
+ * cores: 2.07 ms (MKL's sgemm 2.14; one panel a tile 2.62, the AVX2 tile about 3.4); a 16-row
+ * decode step's [16, 576] x [576, 1536] 0.11 ms against the AVX2 tile's 0.16. One or two rows
+ * keep the AVX2 path, whose one-row tile reads the weight at memory speed. */
 #define AVX512F32 __attribute__((target("avx512f,avx2,fma")))
 #define MRF 12         /* input rows an f32 tile: 12 of the 32 vector registers accumulate */
-#define WIDE_F32_FROM 32  /* rows from which f32 panels take this path */
+#define WIDE_F32_FROM 4  /* rows from which f32 panels take this path */
 
 static int has_avx512f(void) {
     static int avx512 = -1;
@@ -323,39 +470,67 @@ static int has_avx512f(void) {
     return avx512;
 }
 
-/* mr (1..MRF) rows of x [., K] times one f32 panel: out's rows (ldo apart) get its columns
- * [0, width), masked. mr is a constant at each call site, so the loops unroll. */
-static inline AVX512F32 __attribute__((always_inline)) void tile_f32(int mr, const float *x, const float *panel,
-                                                                   long K, float *out, long ldo, int width) {
-    __m512 c[MRF];
+/* mr (1..MRF) rows of x [., K] times one or two f32 panels (a; b when `two`): out_a and out_b get
+ * the rows' columns [0, width), masked, rows ldo apart. Two panels make 24 accumulators, which
+ * each broadcast of x feeds twice: a step over K loads 2 panel rows and mr values of x for 2 * mr
+ * FMAs (one panel: 1 + mr loads for mr, which the load ports bound). mr and two are constants at
+ * each call site, so the loops unroll. */
+static inline AVX512F32 __attribute__((always_inline)) void tile_f32(int mr, int two, const float *x,
+                                                                   const float *a, const float *b, long K,
+                                                                   float *out_a, float *out_b, long ldo,
+                                                                   __mmask16 mask_a, __mmask16 mask_b,
+                                                                   const float *na, const float *nb) {
+    __m512 ca[MRF], cb[MRF];
     for (int r = 0; r < MRF; r++)
-        c[r] = _mm512_setzero_ps();
+        ca[r] = cb[r] = _mm512_setzero_ps();
     for (long k = 0; k < K; k++) {
-        __m512 w = _mm512_loadu_ps(panel + k * NR);
+        if (na) {
+            _mm_prefetch((const char *)(na + k * NR), _MM_HINT_T0);
+            _mm_prefetch((const char *)(nb + k * NR), _MM_HINT_T0);
+        }
+        __m512 wa = _mm512_loadu_ps(a + k * NR), wb = two ? _mm512_loadu_ps(b + k * NR) : wa;
         for (int r = 0; r < MRF; r++)
-            if (r < mr)
-                c[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[(long)r * K + k]), w, c[r]);
+            if (r < mr) {
+                __m512 xr = _mm512_set1_ps(x[(long)r * K + k]);
+                ca[r] = _mm512_fmadd_ps(xr, wa, ca[r]);
+                if (two) cb[r] = _mm512_fmadd_ps(xr, wb, cb[r]);
+            }
     }
-    __mmask16 mask = (__mmask16)((1u << width) - 1);
     for (int r = 0; r < MRF; r++)
-        if (r < mr)
-            _mm512_mask_storeu_ps(out + (long)r * ldo, mask, c[r]);
+        if (r < mr) {
+            _mm512_mask_storeu_ps(out_a + (long)r * ldo, mask_a, ca[r]);
+            if (two) _mm512_mask_storeu_ps(out_b + (long)r * ldo, mask_b, cb[r]);
+        }
 }
 
-#define TILE_F32(mr) case mr: tile_f32(mr, x + m * K, panels[p], K, y + m * N + cols[p], N, widths[p]); break;
+#define TILE_F32(mr)                                                                                     \
+    case mr:                                                                                             \
+        if (two) tile_f32(mr, 1, xm, panels[p], panels[p + 1], K, oa, oa + cols[p + 1] - cols[p], N, ma, mb, na, nb); \
+        else tile_f32(mr, 0, xm, panels[p], panels[p], K, oa, oa, N, ma, ma, na, nb);                   \
+        break;
 
-/* Panels [p0, p1) times every row of x, as panel_range does for f32, in blocks of MC rows. */
+/* Panels [p0, p1), two at a time, times every row of x, as panel_range does for f32, in blocks of
+ * MC rows. */
 static AVX512F32 void f32_range(const float *x, long M, long K, const void *const *panels, const long *cols,
                                 const int *widths, float *y, long N, long p0, long p1) {
     for (long m0 = 0; m0 < M; m0 += MC) {
         long m1 = m0 + MC < M ? m0 + MC : M;
-        for (long p = p0; p < p1; p++)
+        for (long p = p0; p < p1; p += 2) {
+            int two = p + 1 < p1;
+            __mmask16 ma = width_mask(widths[p]), mb = two ? width_mask(widths[p + 1]) : 0;
             for (long m = m0; m < m1; m += MRF) {
+                const float *xm = x + m * K, *na = NULL, *nb = NULL;
+                float *oa = y + m * N + cols[p];
+                if (m == m0 && p + 2 < p1) { /* the block's first tile asks for the next two panels */
+                    na = panels[p + 2];
+                    nb = panels[p + 3 < p1 ? p + 3 : p + 2];
+                }
                 switch (m1 - m < MRF ? (int)(m1 - m) : MRF) {
                     TILE_F32(12) TILE_F32(11) TILE_F32(10) TILE_F32(9) TILE_F32(8) TILE_F32(7)
                     TILE_F32(6) TILE_F32(5) TILE_F32(4) TILE_F32(3) TILE_F32(2) TILE_F32(1)
                 }
             }
+        }
     }
 }
 
@@ -379,11 +554,21 @@ const void *linnet_linear_input(int type, int x_type, const void *x, long M, lon
     return *scratch;
 }
 
-/* Panels [p0, p1) only, on the calling thread: for a caller with a thread pool of its own (XLA's
- * handler in xla_kernels.c), which splits the panels among its threads. x is as
- * `linnet_linear_input` gives it. -1 if out of memory. */
-int linnet_linear_panels(int type, const void *x, long M, long K, const void *const *panels, const long *cols,
-                         const int *widths, float *y, long N, long p0, long p1) {
+/* Whether this CPU and process multiply bf16 pairs with AMX tiles (from AMX_FROM rows, K a multiple
+ * of AMX_K). */
+int linnet_amx_tiles(void) { return has_amx_bf16(); }
+
+/* Whether bf16 pairs of this K over M rows take AMX tiles here. */
+static int takes_amx(int type, long M, long K) {
+    return linnet_panel_pairs(type, K) && M >= AMX_FROM && K % AMX_K == 0 && has_amx_bf16();
+}
+
+/* Panels [p0, p1) times every row of x into y [M, N]: f32 sums, or, where the kernel rounds
+ * as it stores (`takes_amx`), y_type. -1 if out of memory. */
+static int panels_into(int type, const void *x, long M, long K, const void *const *panels, const long *cols,
+                       const int *widths, int y_type, void *y, long N, long p0, long p1) {
+    if (takes_amx(type, M, K))
+        return amx_range(x, M, K, panels, cols, widths, y_type, y, N, p0, p1);
     if (linnet_panel_pairs(type, K)) {
         pair_range(x, M, K, panels, cols, widths, y, N, p0, p1);
         return 0;
@@ -398,6 +583,14 @@ int linnet_linear_panels(int type, const void *x, long M, long K, const void *co
     panel_range(type, x, M, K, panels, cols, widths, y, N, p0, p1, wide);
     free(wide);
     return 0;
+}
+
+/* Panels [p0, p1) only, on the calling thread, into f32 y: for a caller with a thread pool of its
+ * own (XLA's handler in xla_kernels.c), which splits the panels among its threads. x is as
+ * `linnet_linear_input` gives it. -1 if out of memory. */
+int linnet_linear_panels(int type, const void *x, long M, long K, const void *const *panels, const long *cols,
+                         const int *widths, float *y, long N, long p0, long p1) {
+    return panels_into(type, x, M, K, panels, cols, widths, F32, y, N, p0, p1);
 }
 
 /* Columns of panels [p0, p1) of y [M, N] f32 rounded into out, of out_type. */
@@ -424,7 +617,9 @@ int linnet_linear(int type, int x_type, const void *x, long M, long K, long P, c
         return 0;
     void *scratch;
     const void *input = linnet_linear_input(type, x_type, x, M, K, &scratch);
-    float *sums = y_type == F32 ? (float *)y : (float *)malloc(M * N * sizeof(float));
+    /* f32 sums, rounded to y_type after, unless the kernel rounds as it stores */
+    int direct = y_type == F32 || takes_amx(type, M, K);
+    float *sums = direct ? (float *)y : (float *)malloc(M * N * sizeof(float));
     if (!input || !sums) {
         free(scratch);
         return -1;
@@ -433,12 +628,12 @@ int linnet_linear(int type, int x_type, const void *x, long M, long K, long P, c
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
         long t = omp_get_thread_num(), n = omp_get_num_threads(), p0 = P * t / n, p1 = P * (t + 1) / n;
-        failed |= linnet_linear_panels(type, input, M, K, panels, cols, widths, sums, N, p0, p1);
-        if (y_type != F32)
+        failed |= panels_into(type, input, M, K, panels, cols, widths, direct ? y_type : F32, sums, N, p0, p1);
+        if (!direct)
             round_columns(sums, M, N, cols, widths, p0, p1, y_type, y);
     }
     free(scratch);
-    if (sums != y)
+    if (!direct)
         free(sums);
     return failed ? -1 : 0;
 }

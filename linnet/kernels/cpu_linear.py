@@ -139,6 +139,12 @@ def pairs(dtype: torch.dtype, k: int) -> bool:
     return bool(library().linnet_panel_pairs(TYPES[dtype], k))
 
 
+def amx_tiles() -> bool:
+    """Whether bf16 weights in pairs are multiplied with AMX tiles here (an AMX-BF16 CPU whose OS lets
+    this process use the tile registers), over 3 rows or more where K is a multiple of 32."""
+    return bool(library().linnet_amx_tiles())
+
+
 def available(dtype: torch.dtype) -> bool:
     """Whether `pack` / `matmul` serve this weight type here: the one check (see the module's doc)."""
     return dtype in TYPES and library() is not None

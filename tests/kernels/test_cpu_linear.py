@@ -112,6 +112,41 @@ def test_a_bf16_weight_multiplies_bf16_rows_as_they_are(k):
     assert torch.all((got.float() - want).abs() <= 2 ** -8 * want.abs() + 4 * k * 2 ** -24 * scale)
 
 
+@settings(max_examples=40, deadline=None)
+@given(rows=st.sampled_from([3, 15, 16, 17, 31, 32, 33, 47, 64, 65, 300]), n=st.integers(1, 80),
+       k=st.sampled_from([32, 64, 96, 576]), bf16_rows=st.booleans(), threads=st.sampled_from([1, 2, 3]),
+       seed=st.integers(0, 2 ** 31 - 1))
+def test_bf16_pairs_over_many_rows_are_the_product(rows, n, k, bf16_rows, threads, seed):
+    # where AMX tiles run (K a multiple of 32, from 3 rows): whole and zero-padded 16-row tiles, a
+    # last panel narrower than 16, an odd count of panels a thread; bf16 rows get bf16 sums rounded
+    # as the tiles are stored, f32 rows f32 sums
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g).bfloat16()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = cpu_linear.matmul(x.bfloat16() if bf16_rows else x, cpu_linear.pack(w))
+    finally:
+        torch.set_num_threads(before)
+    if not bf16_rows:
+        assert_product(got, x, w)
+        return
+    assert got.dtype == torch.bfloat16
+    xb = x.bfloat16()
+    want = torch.from_numpy(reference(xb, w)).float()
+    scale = (xb.double().abs() @ w.double().abs().T).float()
+    assert torch.all((got.float() - want).abs() <= 2 ** -8 * want.abs() + 4 * k * 2 ** -24 * scale)
+
+
+def test_amx_tiles_run_only_where_the_cpu_has_them():
+    with open("/proc/cpuinfo") as f:
+        flags = set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
+    has_amx = {"amx_tile", "amx_bf16", "avx512_bf16"} <= flags
+    release = tuple(int(p) for p in os.uname().release.split(".")[:2] if p.isdigit())
+    # Linux lets a process use the tile registers from 5.16 on (it asks, arch_prctl)
+    assert cpu_linear.amx_tiles() == (has_amx and release >= (5, 16))
+
+
 def test_pairs_are_the_kernels_rule_for_bf16_of_even_k():
     assert not cpu_linear.pairs(torch.float32, 64) and not cpu_linear.pairs(torch.float16, 64)
     assert not cpu_linear.pairs(torch.bfloat16, 63)
