@@ -18,7 +18,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from linnet.kernels import pages, xla_kernels
-from linnet.kernels.panels import PANEL
 from linnet.kernels.xla_kernels import Panels
 from linnet.rope_tables import inv_frequencies
 
@@ -585,6 +584,11 @@ class JaxModel:
             if alias in self.shard_params and target not in self.shard_params:
                 self.shard_params = {**self.shard_params, target: self.shard_params[alias]}
         arrays = {}
+        # With fast numerics on one CPU, where Linnet's kernels run, linear weights stay host arrays
+        # until they are packed into panels (`pack_linear_weights`): packed from the host, in their
+        # own memory where they can be, never as a device array and its panels at once.
+        packs = (self.fast and mesh is None and self.device.platform == "cpu" and xla_kernels.registered())
+        kept = {}
         for name, (shape, dtype) in self.params.items():
             if name in self.tied:
                 continue
@@ -600,7 +604,9 @@ class JaxModel:
             if host.dtype != DTYPES[dtype]:
                 raise TypeError(f"param `{name}` must be {dtype}, but the weights given are {host.dtype}")
             axis = self.shard_params.get(name)
-            if name in self.stacked and name in self.linear_weights and axis != 0:
+            if packs and name in self.linear_weights and xla_kernels.available(host.dtype, "cpu"):
+                kept[name] = host
+            elif name in self.stacked and name in self.linear_weights and axis != 0:
                 # XLA's CPU backend copies a static slice of a parameter (`wq[l]`) before a dot,
                 # which costs a pass over every weight per step; a list of per-layer arrays
                 # reads the same in the generated code (`params["wq"][l]`) and is not copied.
@@ -616,12 +622,14 @@ class JaxModel:
                 # Elsewhere it copies to the device, and the host array is dropped with it.
                 arrays[name] = jax.device_put(host if consume else _copy(host), self._placement(axis, shape))
             del host
-        for name, other in self.tied.items():
-            arrays[name] = arrays[other]
         self.weights = arrays
-        # Fused groups and panels serve one CPU device; on a mesh each weight stays as it was split.
-        parts = self.fuse_linear_groups() if self.fast and mesh is None else {}
-        panels = self.pack_linear_weights(parts) if self.fast and mesh is None else {}
+        # Fused groups and panels serve one device; on a mesh each weight stays as it was split.
+        if packs:
+            parts, panels = self.pack_linear_weights(kept, owned=consume)
+        else:
+            for name, other in self.tied.items():
+                arrays[name] = arrays[other]
+            parts, panels = self.fuse_linear_groups() if self.fast and mesh is None else {}, {}
         self.reset_state()
         types = {name: DTYPES[dtype] for name, (_, dtype) in self.state.items()}
         # Layer loops compile as loops on one CPU where no weight is held a layer per array (`loop`).
@@ -677,33 +685,49 @@ class JaxModel:
                 start += rows
         return parts
 
-    def pack_linear_weights(self, parts: dict) -> dict:
-        """On the CPU, where Linnet's kernels run (`xla_kernels.available`): each linear weight and
-        fused group held as panels for `linear` to call the kernel on, a stacked one as one array
-        [layers, P, K, 16] that the kernel indexes by layer (a few arrays per param rather than one a
-        layer: the executable's arguments are what each call's dispatch walks). A tied alias shares
-        its target's panels when the target is a linear weight too; otherwise (a head tied to an
-        embedding that is gathered from) it gets panels of its own.
-        Returns {weights key: (the weight's N, its layers or None)} for `_on_panels`."""
-        keys = [n for n in self.linear_weights if n not in parts] + sorted({key for key, _, _ in parts.values()})
-        panels = {}
-        for key in sorted(keys, key=lambda k: k in self.tied):  # targets before their aliases
-            if self.tied.get(key) in panels:
-                self.weights[key] = self.weights[self.tied[key]]
-                panels[key] = panels[self.tied[key]]
+    def pack_linear_weights(self, kept: dict, owned: bool) -> tuple[dict, dict]:
+        """On one CPU, where Linnet's kernels run (`xla_kernels.available`): `kept`, the linear
+        weights' host arrays, as panels for `linear` to call the kernel on. A fused group (each of
+        `linear_groups` whose members are all kept) is one panel array, its members' rows side by
+        side; a stacked weight is one array [layers, P, K, 16] that the kernel indexes by layer (a
+        few arrays per param rather than one a layer: the executable's arguments are what each
+        call's dispatch walks). `owned`: the arrays are given up (`xla_kernels.pack_side_by_side`
+        packs them in their own memory, or gives their pages back as it copies them).
+        Tied aliases: one of a packed target shares its panels; a linear weight tied to a param
+        that is not one (a head tied to an embedding that is gathered from) gets panels of its own.
+        Returns ({member: (group key, first row, row past the last)} for `_on_parts`,
+        {weights key: (the weight's N, its layers or None)} for `_on_panels`)."""
+        targets = set(self.tied.values())  # packed alone, for their aliases to share
+        groups = [group for group in self.linear_groups if all(n in kept and n not in targets for n in group)]
+        grouped = {name for group in groups for name in group}
+        jobs = [("+".join(group), list(group)) for group in groups]
+        jobs += [(name, [name]) for name in list(kept) if name not in grouped]
+        parts, panels = {}, {}
+        for key, names in jobs:
+            members = [kept.pop(name) for name in names]
+            start = 0
+            for name, m in zip(names, members):
+                if len(names) > 1:
+                    parts[name] = (key, start, start + m.shape[-2])
+                start += m.shape[-2]
+            stacked = members[0].ndim == 3
+            packed = xla_kernels.pack_side_by_side(members, owned=owned)
+            del members
+            self.weights[key] = _on_huge_pages(jax.device_put(packed, self.device))
+            panels[key] = (start, packed.shape[0] if stacked else None)
+            del packed
+        for alias, target in self.tied.items():
+            if target in panels:
+                self.weights[alias], panels[alias] = self.weights[target], panels[target]
                 continue
-            value = self.weights[key]
-            layers = value if isinstance(value, list) else [value]
-            if not xla_kernels.available(layers[0].dtype, self.device.platform):
-                continue
-            n, k = layers[0].shape
-            host = np.empty((len(layers), -(-n // PANEL), k, PANEL), layers[0].dtype)
-            for i, layer in enumerate(layers):  # each layer packed in its place
-                xla_kernels.pack(layer, out=host[i])
-            self.weights[key] = _on_huge_pages(jax.device_put(host if isinstance(value, list) else host[0],
-                                                              self.device))
-            panels[key] = (layers[0].shape[0], len(layers) if isinstance(value, list) else None)
-        return panels
+            value = self.weights[alias] = self.weights[target]
+            if alias in self.linear_weights and not isinstance(value, list) and xla_kernels.available(value.dtype,
+                                                                                                      "cpu"):
+                host = np.asarray(value)  # the target's own array: packed as a copy
+                packed = xla_kernels.pack_side_by_side([host])
+                self.weights[alias] = _on_huge_pages(jax.device_put(packed, self.device))
+                panels[alias] = (host.shape[-2], packed.shape[0] if host.ndim == 3 else None)
+        return parts, panels
 
     def reset_state(self):
         # Donated at every call, each buffer is the one the next call writes: read where it lies.

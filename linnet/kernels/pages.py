@@ -11,6 +11,15 @@ a jitted chain took 7.2 ms against 8.7, in the same process.
 pages over at once, the same addresses, the same contents, whatever the system's
 transparent-huge-page setting). Where Linux cannot (an older kernel, no free
 2 MB pages, another system) the memory stays as it is.
+
+`aligned_empty` makes host arrays that start on a 2 MB boundary (64 bytes, for
+small ones): XLA's CPU client takes such an array as its device array without a
+copy (it needs 64 bytes; numpy's large arrays start 16 bytes into a page, and
+each was copied), and every one of its pages can go onto a huge page.
+
+`give_back` returns the pages of memory whose contents are no longer wanted (a
+weight already copied into its packed form) to the system before the memory is
+freed: loading then never holds both forms of a whole weight.
 """
 
 from __future__ import annotations
@@ -18,9 +27,16 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import math
+import mmap
 import sys
 
+import numpy as np
+
 HUGE_PAGE = 2 << 20
+SMALL_PAGE = mmap.PAGESIZE
+XLA_ALIGNMENT = 64  # what XLA's CPU client needs to take a host array as it is
+_MADV_DONTNEED = 4
 _MADV_HUGEPAGE = 14
 _MADV_COLLAPSE = 25
 
@@ -48,3 +64,28 @@ def back_with_huge_pages(address: int, nbytes: int) -> int:
         return 0
     madvise(start, end - start, _MADV_HUGEPAGE)  # also where a later collapse (khugepaged's) may act
     return end - start if madvise(start, end - start, _MADV_COLLAPSE) == 0 else 0
+
+
+def aligned_empty(shape, dtype) -> np.ndarray:
+    """An uninitialized C-contiguous array whose memory starts on a 2 MB boundary, or a 64-byte one
+    if it is smaller than 2 MB (see the top). Pages it does not fill are never touched: the
+    alignment costs addresses, not memory."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    align = HUGE_PAGE if nbytes >= HUGE_PAGE else XLA_ALIGNMENT
+    buffer = np.empty(nbytes + align, np.uint8)
+    start = -buffer.ctypes.data % align
+    return buffer[start:start + nbytes].view(dtype).reshape(shape)
+
+
+def give_back(address: int, nbytes: int) -> int:
+    """Returns the whole pages (4 KB on x86-64) inside [address, address + nbytes) of this process's private
+    memory to the system (MADV_DONTNEED): their contents are lost (they read as zeros after), the
+    addresses stay valid. For memory the caller owns and will not read again; the bytes around it
+    on its first and last pages are kept. Returns the bytes given back (0 where none could be)."""
+    madvise = _madvise()
+    start = -(-address // SMALL_PAGE) * SMALL_PAGE
+    end = (address + nbytes) // SMALL_PAGE * SMALL_PAGE
+    if madvise is None or end <= start:
+        return 0
+    return end - start if madvise(start, end - start, _MADV_DONTNEED) == 0 else 0

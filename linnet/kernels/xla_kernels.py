@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from linnet.kernels import build
+from linnet.kernels import build, pages
 from linnet.kernels.panels import PANEL
 
 
@@ -40,14 +40,51 @@ def pack(w, out: np.ndarray | None = None) -> np.ndarray:
     n, k = w.shape
     shape = (-(-n // PANEL), k, PANEL)
     if out is None:
-        out = np.empty(shape, w.dtype)
+        out = pages.aligned_empty(shape, w.dtype)
     elif out.shape != shape or out.dtype != w.dtype or not out.flags.c_contiguous:
         raise ValueError(f"out must be C-contiguous {w.dtype} {list(shape)}; got {out.dtype} {list(out.shape)}")
-    rows = out.reshape(-1, k)  # the same memory, as the weight padded to whole panels
-    rows[:n], rows[n:] = w, 0
-    if _library().linnet_pack_panels(_type_code(w.dtype), rows.ctypes.data, len(rows), k, build.cores()):
-        raise MemoryError(f"no memory for a {PANEL} x {k} block to pack a linear weight with")
+    _fill_and_pack(out.reshape(-1, k), [w])
     return out
+
+
+def pack_side_by_side(members: list, owned: bool = False) -> np.ndarray:
+    """Host arrays [N_i, K], or [L, N_i, K] (a stacked param, one L for all), of one type and K,
+    as the panels of their rows side by side (a fused group: q, k and v), zero-padded:
+    [(L,) ceil(sum N_i / 16), K, 16].
+
+    `owned`: the caller gives the members up. Then a lone C-contiguous, writable member whose N is
+    a multiple of 16 is packed in its own memory (no copy); otherwise the panels are a new array,
+    filled a layer at a time, and each member's layer gives its pages back to the system once it
+    is copied (`pages.give_back`), so that packing never holds two copies of a whole weight."""
+    first = members[0]
+    stacked, k = first.ndim == 3, first.shape[-1]
+    n = sum(m.shape[-2] for m in members)
+    lead = first.shape[:1] if stacked else ()
+    if owned and len(members) == 1 and n % PANEL == 0 and first.flags.c_contiguous and first.flags.writeable:
+        _fill_and_pack(first.reshape(-1, k), [])
+        return first.reshape(*lead, n // PANEL, k, PANEL)
+    out = pages.aligned_empty((*lead, -(-n // PANEL), k, PANEL), first.dtype)  # placed without a copy
+    for layer in range(lead[0] if stacked else 1):
+        parts = [m[layer] if stacked else m for m in members]
+        _fill_and_pack((out[layer] if stacked else out).reshape(-1, k), parts,
+                       give_back=owned)
+    return out
+
+
+def _fill_and_pack(rows: np.ndarray, parts: list, give_back: bool = False) -> None:
+    """rows [whole panels x 16, K]: `parts`' rows one after another (none: rows already hold the
+    weight), zeros after them, then rearranged into panels in place. With `give_back`, each part's
+    pages go back to the system once copied."""
+    start = 0
+    for part in parts:
+        rows[start:start + part.shape[0]] = part
+        start += part.shape[0]
+        if give_back and part.flags.c_contiguous:
+            pages.give_back(part.ctypes.data, part.nbytes)
+    if parts:
+        rows[start:] = 0
+    if _library().linnet_pack_panels(_type_code(rows.dtype), rows.ctypes.data, len(rows), rows.shape[1], build.cores()):
+        raise MemoryError(f"no memory for a {PANEL} x {rows.shape[1]} block to pack a linear weight with")
 
 
 def pairs(dtype, k: int) -> bool:

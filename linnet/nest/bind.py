@@ -23,6 +23,7 @@ from typing import Callable
 
 import numpy as np
 
+from linnet.kernels.pages import aligned_empty
 from linnet.ir.nodes import Module
 from linnet.ir.specialize import concrete_dtype, evaluate, param_shape
 from linnet.ir.types import FLOAT_DTYPES
@@ -230,7 +231,7 @@ class _NumpyArrays:
     def empty(self, shape, dtype: str, device):
         if device not in (None, "cpu"):
             raise ValueError(f"numpy arrays are host arrays; device={device!r}")
-        return np.empty(shape, dtype=self.types[dtype])
+        return aligned_empty(shape, self.types[dtype])  # JAX's CPU device array is then this memory, not a copy
 
     def take(self, t):
         return np.asarray(t)

@@ -219,23 +219,27 @@ class SafetensorsCheckpoint(Checkpoint):
                 return t.contiguous().view(torch.int16).numpy().view(_bfloat16(file, name))
             if framework == "torch":
                 return self._open(file, "torch").get_tensor(name)
-            if self._meta[name][0] == "bf16":
-                return self._bf16_numpy(file, name)
-            return self._open(file, "numpy").get_tensor(name)
+            return self._mapped_numpy(file, name)
         except WeightsError:
             raise
         except Exception as e:
             raise WeightsError(f"{file}: cannot read tensor {name!r} ({e})") from None
 
-    def _bf16_numpy(self, file: Path, name: str) -> np.ndarray:
-        """A bf16 tensor as a read-only view of the file: numpy (and safetensors' numpy reader) has no
-        bfloat16, so the bytes are viewed as ml_dtypes' (JAX's) bfloat16."""
+    def _mapped_numpy(self, file: Path, name: str) -> np.ndarray:
+        """The tensor as a read-only view of the file (its pages are the file's, which the system
+        can drop, not a copy in the process's memory: the largest tensor read so had cost its size
+        in anonymous memory at load). bf16 is viewed as ml_dtypes' (JAX's) bfloat16, which numpy
+        and safetensors' numpy reader lack; a type numpy cannot view goes through that reader."""
         if file not in self._maps:
             header, start = _safetensors_header(file)
             self._maps[file] = (np.memmap(file, dtype=np.uint8, mode="r"), header, start)
         mapped, header, start = self._maps[file]
+        code = header[name]["dtype"]
+        dtype = _bfloat16(file, name) if code == "BF16" else _NUMPY_TYPES.get(code)
+        if dtype is None:
+            return self._open(file, "numpy").get_tensor(name)
         begin, end = header[name]["data_offsets"]
-        return mapped[start + begin:start + end].view(_bfloat16(file, name)).reshape(self._meta[name][1])
+        return mapped[start + begin:start + end].view(dtype).reshape(self._meta[name][1])
 
     def config(self) -> dict:
         path = self.dir / CONFIG_FILE
@@ -248,6 +252,12 @@ class SafetensorsCheckpoint(Checkpoint):
             return json.loads(path.read_text())
         except ValueError as e:
             raise WeightsError(f"{path}: not valid JSON ({e})") from None
+
+
+# safetensors' type codes numpy views as they are stored (little-endian), bf16 apart
+_NUMPY_TYPES = {"F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "I64": np.dtype("<i8"),
+                "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"), "U8": np.dtype("u1"),
+                "BOOL": np.dtype("?")}
 
 
 def _bfloat16(file: Path, name: str):

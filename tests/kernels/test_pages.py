@@ -4,12 +4,13 @@
 import numpy as np
 import pytest
 
-from linnet.kernels.pages import HUGE_PAGE, back_with_huge_pages
+from linnet.kernels.pages import HUGE_PAGE, XLA_ALIGNMENT, aligned_empty, back_with_huge_pages, give_back
 
 
-def huge_bytes_of_mappings(start: int, stop: int) -> int:
-    """AnonHugePages of the mappings that overlap [start, stop), from /proc/self/smaps. (Linux may
-    split the array's mapping in more than one, around the advised range or later.)"""
+def smaps_bytes(start: int, stop: int, field: str = "AnonHugePages") -> int:
+    """`field` (AnonHugePages, Rss) summed over the mappings that overlap [start, stop), from
+    /proc/self/smaps. (Linux may split the array's mapping in more than one, around the advised
+    range or later.)"""
     inside, total = False, 0
     with open("/proc/self/smaps") as f:
         for line in f:
@@ -17,7 +18,7 @@ def huge_bytes_of_mappings(start: int, stop: int) -> int:
             if "-" in head and ":" not in head:
                 lo, hi = (int(x, 16) for x in head.split("-"))
                 inside = lo < stop and start < hi
-            elif inside and head == "AnonHugePages:":
+            elif inside and head == field + ":":
                 total += int(line.split()[1]) * 1024
     return total
 
@@ -32,7 +33,7 @@ def test_a_written_array_moves_onto_huge_pages_unchanged():
         pytest.skip("this system gives no huge pages on request (no Linux 6.1 MADV_COLLAPSE, THP off, or none free)")
     assert moved >= 8 * HUGE_PAGE  # every whole 2 MB page inside the array
     first = -(-data.ctypes.data // HUGE_PAGE) * HUGE_PAGE  # the advice splits the mapping there
-    assert huge_bytes_of_mappings(first, first + moved) >= moved
+    assert smaps_bytes(first, first + moved) >= moved
 
 
 def test_a_range_without_a_whole_huge_page_is_left_alone():
@@ -41,3 +42,34 @@ def test_a_range_without_a_whole_huge_page_is_left_alone():
     assert back_with_huge_pages(start, HUGE_PAGE - (start % HUGE_PAGE or 1)) == 0
     assert back_with_huge_pages(start, 0) == 0
     assert np.all(data == 1)
+
+
+@pytest.mark.parametrize("shape, dtype", [((3, 5), np.float32), ((1000, 1000), np.float32), ((0, 4), np.float16),
+                                          ((2, 4096, 576), np.uint16)])
+def test_aligned_arrays_start_on_the_boundary_their_size_asks(shape, dtype):
+    a = aligned_empty(shape, dtype)
+    assert a.shape == shape and a.dtype == dtype and a.flags.c_contiguous and a.flags.writeable
+    align = HUGE_PAGE if a.nbytes >= HUGE_PAGE else XLA_ALIGNMENT
+    assert a.ctypes.data % align == 0 or a.size == 0  # (numpy points an empty array anywhere)
+    a[...] = 3  # all of it is the array's own memory
+    assert np.all(a == 3)
+
+
+def test_an_aligned_array_is_jax_s_device_array_itself():
+    jax = pytest.importorskip("jax")
+    a = aligned_empty((4, HUGE_PAGE // 16), np.float32)
+    a[...] = 1
+    placed = jax.device_put(a, jax.devices("cpu")[0])
+    assert placed.unsafe_buffer_pointer() == a.ctypes.data  # no copy
+
+
+def test_given_back_pages_leave_the_process_and_the_bytes_around_them_stay():
+    data = np.full(64 << 20, 5, dtype=np.uint8)
+    start, stop = data.ctypes.data, data.ctypes.data + data.nbytes
+    before = smaps_bytes(start, stop, "Rss")
+    inner = data[1000:data.nbytes - 1000]
+    given = give_back(inner.ctypes.data, inner.nbytes)
+    assert given >= inner.nbytes - 2 * 4096 and given <= inner.nbytes
+    assert smaps_bytes(start, stop, "Rss") <= before - given + HUGE_PAGE
+    assert np.all(data[:1000] == 5) and np.all(data[-1000:] == 5)  # the first and last pages' other bytes
+    assert give_back(data.ctypes.data + 1, 100) == 0  # no whole page inside

@@ -92,3 +92,25 @@ def test_pack_lays_panels_out_as_the_layout_says(n, k, dtype, seed):
     np.testing.assert_array_equal(xla_kernels.pack(w).view(np.uint8), out.view(np.uint8))
     with pytest.raises(ValueError, match="out must be C-contiguous"):
         xla_kernels.pack(w, out=np.empty((1, k, PANEL), np.float64))
+
+
+@settings(max_examples=30, deadline=None)
+@given(ns=st.lists(st.integers(1, 40), min_size=1, max_size=3), k=st.integers(1, 40), layers=st.sampled_from([None, 1, 3]),
+       dtype=st.sampled_from(["float32", "bfloat16", "float16"]), owned=st.booleans())
+def test_members_side_by_side_are_the_panels_of_their_rows_joined(ns, k, layers, dtype, owned):
+    """A fused group's panels, packed from its members (in place, or a layer at a time giving the
+    members' pages back), against `pack` of the joined weight."""
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(len(ns) * 1000 + k)
+    lead = () if layers is None else (layers,)
+    members = [rng.standard_normal((*lead, n, k)).astype(jnp.dtype(dtype)) for n in ns]
+    joined = np.concatenate(members, axis=-2)
+    want = np.stack([xla_kernels.pack(w) for w in joined]) if layers else xla_kernels.pack(joined)
+    lone = owned and len(ns) == 1 and ns[0] % 16 == 0
+    address = members[0].ctypes.data
+    got = xla_kernels.pack_side_by_side(members, owned=owned)
+    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+    assert (got.ctypes.data == address) == lone  # a lone owned member of whole panels: its own memory
+    if not owned:
+        np.testing.assert_array_equal(np.concatenate(members, axis=-2).view(np.uint8), joined.view(np.uint8))

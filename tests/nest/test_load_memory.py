@@ -45,11 +45,20 @@ def test_written_checkpoint_is_what_transformers_would_read(bench, tmp_path):
     assert seen == params
 
 
-def test_peak_rss_anon_below_1_3x_bf16_size(bench):
-    r = bench.run(bench.SMALL, backends=("torch",))["torch"]
+@pytest.fixture(scope="module")
+def measured(bench):
+    return bench.run(bench.SMALL, backends=("torch", "jax"))
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_peak_rss_anon_below_1_3x_bf16_size(measured, backend):
+    # JAX: the checkpoint read through its memory map, arrays placed without a copy, linear weights
+    # packed in their own memory or a layer at a time (it had peaked at 2.4x and kept 1.7x)
+    r = measured[backend]
     mb = 1 / 1e6
-    print(f"\nRssAnon above baseline: {r['peak_above_baseline'] * mb:.0f} MB for a {r['bf16_bytes'] * mb:.0f} MB "
-          f"bf16 model ({r['f32_bytes'] * mb:.0f} MB f32 on disk): {r['ratio']:.3f}x")
+    print(f"\n{backend}: RssAnon above baseline: {r['peak_above_baseline'] * mb:.0f} MB for a "
+          f"{r['bf16_bytes'] * mb:.0f} MB bf16 model ({r['f32_bytes'] * mb:.0f} MB f32 on disk): {r['ratio']:.3f}x")
     assert r["dtype"] == "bf16" and r["weights_bytes"] == r["bf16_bytes"]
     assert r["peak_above_baseline"] >= 0.9 * r["bf16_bytes"]  # the poller saw the model arrive
     assert r["ratio"] < 1.3
+    assert r["after"] - r["baseline"] < 1.15 * r["bf16_bytes"]  # and nothing but the model is kept
