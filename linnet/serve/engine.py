@@ -190,9 +190,10 @@ class Engine:
             sizes = self.runner.pass_sizes(min(self.token_budget, packed) if lengths else self.token_budget)
         else:
             sizes = sorted({min(n, self.token_budget) for n in lengths})[:4] or [16]
-        # Each form of the draw: a request that asks for a mask, or for a bias (of 0)
+        # Each form of the draw: a request that asks for a mask, or for a bias (of 0), or for a bias
+        # and a repetition penalty (the bias then apart, before the penalty: `sampling.SPLIT`)
         forms = [{}] + ([{"allowed_token_ids": [0]}] if structured else []) + \
-            ([{"logit_bias": {0: 0.0}}] if adjusted else [])
+            ([{"logit_bias": {0: 0.0}}, {"logit_bias": {0: 0.0}, "repetition_penalty": 1.5}] if adjusted else [])
         modes = [self.sampling_mode(Request([0], temperature=t, logprobs=k, **asks))
                  for t in (0.0, 1.0) for k in ([None, 1] if logprobs else [None]) for asks in forms]
         self.runner.warmup(sizes, modes)
@@ -203,7 +204,8 @@ class Engine:
     def sampling_mode(self, req: Request) -> tuple:
         """Every row drawing as `req` does, what a warmup compiles the draws of a step for: (the
         sampling batch, the rows' histories or None), the arrays of `req`'s form (`sampling.MASK`,
-        `sampling.SHIFT`) made to move nothing: every row held to token 0, or biased by 0."""
+        `sampling.SHIFT`, `sampling.SPLIT`) made to move little: every row held to token 0, or
+        biased by 0, having seen token 0 alone (what a warmup draws is thrown away)."""
         batch = SamplingBatch.of([req] * self.rows, [0] * self.rows, [0] * self.rows)
         if not batch.adjusted:
             return batch, None

@@ -21,7 +21,7 @@ import warnings
 
 import numpy as np
 
-from linnet.serve.sampling import MASK, SamplingBatch, place
+from linnet.serve.sampling import MASK, SPLIT, SamplingBatch, place
 
 
 def bucket(n: int, smallest: int = 16) -> int:
@@ -75,12 +75,15 @@ class Pending:
 def logit_adjustments(batch: SamplingBatch, histories: list, vocab: int, k: int, rows=None) -> tuple:
     """The host's arrays that move each sampled request's logits, in k rows (request i in row
     rows[i], default row i), from its (prompt, output, logit_bias, allowed tokens or None), in the
-    batch's form (`sampling.MASK`, `sampling.SHIFT`). Masks are packed 32 tokens to an int32 (bit j
-    of word w is token 32 w + j, as `structured.Guide.allowed` gives them) and unpacked on the device.
+    batch's form (`sampling.MASK`, `sampling.SHIFT`, `sampling.SPLIT`). Masks are packed 32 tokens to
+    an int32 (bit j of word w is token 32 w + j, as `structured.Guide.allowed` gives them) and
+    unpacked on the device.
     MASK -> (allowed bits i32[k, W],): rows without a mask allow every token.
     SHIFT -> (seen bits i32[k, W], shift f32[k, vocab]): seen, the prompt's and output's tokens
     (which the repetition penalty moves); shift, added after it: the bias, minus each output token's
     count times the frequency penalty and, once it is out, the presence penalty; -inf where a mask bans.
+    SPLIT -> (seen bits, bias f32[k, vocab], shift): the bias and the bans in an array of their own,
+    added before the repetition penalty (some row has both), the shift the penalties alone.
     Over a 128k vocabulary and 64 rows, a shift is 32 MB a step to fill and send, a mask 1 MB."""
     rows = list(rows) if rows is not None else list(range(len(histories)))
     if batch.adjustment == MASK:
@@ -91,6 +94,8 @@ def logit_adjustments(batch: SamplingBatch, histories: list, vocab: int, k: int,
         return (allowed_bits,)
     seen = np.zeros((k, mask_words(vocab) * 32), dtype=bool)
     shift = np.zeros((k, vocab), dtype=np.float32)
+    # SHIFT's one array holds the bias too: no row has both a bias and a repetition penalty
+    bias = np.zeros((k, vocab), dtype=np.float32) if batch.adjustment == SPLIT else shift
     for n, (i, (prompt, output, logit_bias, allowed)) in enumerate(zip(rows, histories)):
         seen[i, prompt] = True
         if output:
@@ -98,9 +103,11 @@ def logit_adjustments(batch: SamplingBatch, histories: list, vocab: int, k: int,
             ids, counts = np.unique(output, return_counts=True)
             shift[i, ids] -= batch.frequency[n] * counts + batch.presence[n]
         if logit_bias:
-            shift[i, list(logit_bias)] += np.array(list(logit_bias.values()), dtype=np.float32)
+            bias[i, list(logit_bias)] += np.array(list(logit_bias.values()), dtype=np.float32)
         if allowed is not None:
-            shift[i, ~unpack_mask(allowed, vocab)] = -np.inf
+            bias[i, ~unpack_mask(allowed, vocab)] = -np.inf
+    if batch.adjustment == SPLIT:
+        return pack_masks(seen), bias, shift
     return pack_masks(seen), shift
 
 

@@ -1,7 +1,9 @@
 """Per-request sampling settings packed into arrays for the on-device samplers.
 
-The samplers themselves (sampling_torch, sampling_jax) do the same math: penalties and logit
-bias, temperature; then top-k, top-p and min-p as thresholds on each row's values, with no sort
+The samplers themselves (sampling_torch, sampling_jax) do the same math: the logit bias, then the
+penalties, in vLLM's (and llama.cpp's) order: rep(logits + bias) - frequency * count - presence *
+[count > 0], where rep(z) = z / r if z > 0 else z * r on the tokens of the prompt and output; then
+temperature; then top-k, top-p and min-p as thresholds on each row's values, with no sort
 of the vocabulary where the backend can help it (a sort of 49k logits costs a CPU more than a
 small model's decode step); then an exponential race, the token with the largest kept
 probability / -log(u), which draws as the softmax does. The noise u is a hash of
@@ -16,14 +18,20 @@ from dataclasses import dataclass
 import numpy as np
 
 
-# The two forms of the host's adjustments, each one array set and so one compiled draw (JAX):
+# The three forms of the host's adjustments, each one array set and so one compiled draw (JAX):
 # MASK, token masks alone (structured outputs, allowed_token_ids): the allowed tokens, packed bits;
 # SHIFT, penalties or a bias, with any masks: the tokens each row has seen, packed bits (for the
-# repetition penalty), and one array added to the logits (bias, presence and frequency penalties,
-# a mask's bans as -inf). Two forms, not one per mix, so that a warmup can compile them all; and
-# masks keep theirs, since a structure's is 32 times smaller than an array of logits.
+# repetition penalty), and one array added after it (bias, presence and frequency penalties, a
+# mask's bans as -inf). Adding the bias after the repetition penalty is adding it before where no
+# row has both: rep is the identity at r = 1, and keeps -inf at -inf;
+# SPLIT, SHIFT's arrays where some row has both, with the bias (and bans) apart in a second array
+# added before the repetition penalty, the shift then holding the penalties alone. A second array
+# of logits' size is sent only then, not for every penalized request.
+# Three forms, not one per mix, so that a warmup can compile them all; and masks keep theirs,
+# since a structure's is 32 times smaller than an array of logits.
 MASK = "mask"
 SHIFT = "shift"
+SPLIT = "split"
 
 # The noise: u(seed, step, token) = ((h >> 9) + 0.5) / 2^23, in (0, 1), where, in uint32 arithmetic,
 # h = mix(mix(mix(seed) + step * STEP) + token * TOKEN) and mix is a 32-bit avalanche
@@ -57,6 +65,8 @@ def noise_key(seed: int) -> int:
 
 def adjustment_of(requests: list) -> str | None:
     """The form that moves these requests' logits, or None where nothing does."""
+    if any(r.repetition_penalty != 1 and r.logit_bias for r in requests):  # the bias goes before rep
+        return SPLIT
     if any(r.penalized or r.biased for r in requests):
         return SHIFT
     return MASK if any(r.restricted for r in requests) else None
@@ -74,7 +84,7 @@ class SamplingBatch:
     seed: np.ndarray  # i64[K]
     step: np.ndarray  # i64[K]: index of the token being drawn in its request
     greedy_only: bool
-    # How arrays the host makes (`runners.logit_adjustments`) move some row's logits: None, MASK or SHIFT.
+    # How arrays the host makes (`runners.logit_adjustments`) move some row's logits: None, MASK, SHIFT or SPLIT.
     adjustment: str | None
     logprobs: int  # the most top alternatives any row asked for (0: none); -1: no logprobs at all
 

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from linnet.serve.request import MAX_LOGPROBS
-from linnet.serve.sampling import MASK, NOISE, NOISE_BITS, SHIFT, SamplingBatch
+from linnet.serve.sampling import MASK, NOISE, NOISE_BITS, SHIFT, SPLIT, SamplingBatch
 
 
 _U32 = jnp.uint32
@@ -95,8 +95,12 @@ def _draw(logits, temp, top_k, top_p, min_p, rep, seed, step, want_logprobs, *ad
     if adjustment == MASK:
         (allowed_bits,) = adjustments
         logits = jnp.where(_unpack_bits(allowed_bits, logits.shape[-1]), logits, -jnp.inf)
-    elif adjustment == SHIFT:  # the presence and frequency penalties are in the shift
-        seen_bits, shift = adjustments
+    elif adjustment in (SHIFT, SPLIT):  # the bias (SPLIT's own array), rep, then the shift (`sampling`'s order)
+        if adjustment == SPLIT:
+            seen_bits, bias, shift = adjustments
+            logits = logits + bias
+        else:
+            seen_bits, shift = adjustments
         penalized = jnp.where(logits > 0, logits / rep[:, None], logits * rep[:, None])
         logits = jnp.where(_unpack_bits(seen_bits, logits.shape[-1]), penalized, logits) + shift
     greedy = _argmax(logits)
@@ -137,7 +141,7 @@ def score(logits, targets, k: int):
 
 
 def mode(batch: SamplingBatch, adjustments=None) -> str | None:
-    """What a batch's draw compiles for: the form of its adjustments (None, MASK or SHIFT). Greedy
+    """What a batch's draw compiles for: the form of its adjustments (None, MASK, SHIFT or SPLIT). Greedy
     or sampled, with logprobs or without, is decided inside; logprobs always list the most
     alternatives any request may ask for (the host keeps each request's k)."""
     return batch.adjustment if adjustments is not None else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from linnet.serve.sampling import MASK, NOISE, NOISE_BITS, SHIFT, SamplingBatch
+from linnet.serve.sampling import MASK, NOISE, NOISE_BITS, SHIFT, SPLIT, SamplingBatch
 
 
 def _signed(c: int) -> int:
@@ -84,15 +84,20 @@ def _ranked_head(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
 
 def sample(logits: torch.Tensor, batch: SamplingBatch, adjustments: tuple | None = None):
     """-> (tokens i32[K], chosen logprobs f32[K] or None, (top values, top ids) or None).
-    `adjustments`: runners.logit_adjustments' arrays, as tensors, in the batch's form."""
+    `adjustments`: runners.logit_adjustments' arrays, as tensors, in the batch's form: the bias
+    (SPLIT's own array), then the repetition penalty, then the shift (`sampling`'s order)."""
     logits = logits.float()
     logprobs = torch.log_softmax(logits, dim=-1) if batch.logprobs >= 0 else None
     device = logits.device
     if batch.adjustment == MASK and adjustments is not None:
         (allowed_bits,) = adjustments
         logits = logits.masked_fill(~unpack_bits(allowed_bits, logits.shape[-1]), float("-inf"))
-    elif batch.adjustment == SHIFT and adjustments is not None:
-        seen_bits, shift = adjustments
+    elif batch.adjustment in (SHIFT, SPLIT) and adjustments is not None:
+        if batch.adjustment == SPLIT:  # a row with a bias and a repetition penalty: the bias first
+            seen_bits, bias, shift = adjustments
+            logits = logits + bias
+        else:
+            seen_bits, shift = adjustments
         if np.any(batch.repetition != 1):
             rep = torch.as_tensor(batch.repetition, device=device)[:, None]
             penalized = torch.where(logits > 0, logits / rep, logits * rep)

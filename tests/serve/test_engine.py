@@ -151,6 +151,7 @@ def test_bad_requests_are_rejected_and_others_run(model):
     ("repetition_penalty", float("nan"), "repetition_penalty"), ("stop", "t5", "stop must be a list"),
     ("stop", [""], "non-empty strings"), ("stop_token_ids", None, "stop_token_ids must be a list"),
     ("allowed_token_ids", 5, "allowed_token_ids must be a list"), ("logit_bias", [(3, 1.0)], "logit_bias must be a dict"),
+    ("top_p", 0.0, "top_p must be a number in (0, 1]"),
 ])
 def test_a_field_of_the_wrong_type_fails_its_request_alone(model, field, value, needle):
     """Checked at submission: a field that would fail inside a step (a NaN, None, a string for a
@@ -163,6 +164,19 @@ def test_a_field_of_the_wrong_type_fails_its_request_alone(model, field, value, 
     assert needle in done[1].error
     assert [c.tokens for c in (done[0], done[2])] == [reference_greedy(model, p, 3) for p in good]
     assert not engine.has_work() and len(engine.free_rows) == model.batch
+
+
+@pytest.mark.parametrize("top_p, ok", [(0, False), (0.0, False), (-0.25, False), (1.5, False), (1e-9, True), (1, True)])
+def test_top_p_is_in_0_1_as_vllm_takes_it(top_p, ok):
+    """vLLM refuses a top_p of 0 ("top_p must be in (0, 1], got 0"): so does `Request.validate`,
+    naming the field; the least positive top_p and 1 run."""
+    req = Request([1, 2], top_p=top_p)
+    if ok:
+        req.validate(vocab=8, max_seq=32)
+        return
+    with pytest.raises(RequestError, match=r"top_p must be a number in \(0, 1\]") as err:
+        req.validate(vocab=8, max_seq=32)
+    assert err.value.field == "top_p"
 
 
 def test_a_seed_past_64_bits_and_a_top_k_past_int32_run(model):
@@ -222,8 +236,9 @@ def test_no_compilation_after_warmup(model):
     # penalties, logit bias and min_tokens, with and without logprobs, greedy or sampled
     engine.warmup((len(p) for p in ps), logprobs=True, structured=True, adjusted=True)
     asks = [{}, {"allowed_token_ids": [3, 5, 7]}, {"presence_penalty": 0.5}, {"repetition_penalty": 1.3},
-            {"logit_bias": {3: 2.0}}, {"min_tokens": 2}, {"frequency_penalty": 0.2, "allowed_token_ids": [3, 5]}]
-    for mix in ([0, 1], [2, 3], [0, 4], [5, 1], [6], [1, 3, 4]):
+            {"logit_bias": {3: 2.0}}, {"min_tokens": 2}, {"frequency_penalty": 0.2, "allowed_token_ids": [3, 5]},
+            {"repetition_penalty": 1.3, "logit_bias": {3: 2.0}, "min_tokens": 1}]  # the bias apart: sampling.SPLIT
+    for mix in ([0, 1], [2, 3], [0, 4], [5, 1], [6], [1, 3, 4], [7, 1], [7]):
         done, stats = engine.run([Request(prompt=p, max_new_tokens=3, temperature=0.5 * (i % 2), seed=i,
                                           logprobs=2 if i % 3 == 0 else None, **asks[mix[i % len(mix)]])
                                   for i, p in enumerate(ps[:8])])
@@ -236,7 +251,8 @@ def test_one_requests_warmup_covers_its_form(model):
     penalties included (`Engine.sampling_mode`): its run then compiles nothing."""
     prompt = prompts(1, 12, 13, seed=23)[0]
     engine = Engine(model)
-    for asks in ({"allowed_token_ids": [3, 5, 9]}, {"presence_penalty": 0.4, "allowed_token_ids": [3, 5]}):
+    for asks in ({"allowed_token_ids": [3, 5, 9]}, {"presence_penalty": 0.4, "allowed_token_ids": [3, 5]},
+                 {"repetition_penalty": 1.2, "logit_bias": {5: 1.0}, "allowed_token_ids": [3, 5]}):
         req = Request(prompt=prompt, max_new_tokens=4, temperature=0.8, seed=1, **asks)
         engine.runner.warmup([min(engine.token_budget, engine.runner.overhead + engine.runner.chunk_cost(len(prompt)))],
                              [engine.sampling_mode(req)])

@@ -124,6 +124,79 @@ def test_logit_bias_bans_forces_and_shifts(backend):
     assert best[0] not in draws.tolist() and len(set(draws.tolist())) > 3
 
 
+def vllm_adjusted(logits, prompt, output, r: Request) -> np.ndarray:
+    """vLLM's (and llama.cpp's) order, in float64: the bias; then the repetition penalty on the
+    prompt's and output's tokens; then the frequency and presence penalties on the output's."""
+    z = logits.astype(np.float64)
+    for t, b in (r.logit_bias or {}).items():
+        z[t] += b
+    seen = sorted(set(prompt) | set(output))
+    z[seen] = np.where(z[seen] > 0, z[seen] / r.repetition_penalty, z[seen] * r.repetition_penalty)
+    counts = np.bincount(output, minlength=len(z))
+    return z - r.frequency_penalty * counts - r.presence_penalty * (counts > 0)
+
+
+def bias_after(logits, prompt, output, r: Request) -> np.ndarray:
+    """The order Linnet had: the repetition penalty on the raw logits, the bias after it."""
+    unbiased = Request(r.prompt, repetition_penalty=r.repetition_penalty, presence_penalty=r.presence_penalty,
+                       frequency_penalty=r.frequency_penalty)
+    z = vllm_adjusted(logits, prompt, output, unbiased)
+    for t, b in (r.logit_bias or {}).items():
+        z[t] += b
+    return z
+
+
+def race(z, temperature, seed, step):
+    """The exponential race over softmax(z / temperature), with the samplers' noise; argmax at 0."""
+    if temperature == 0:
+        return int(z.argmax())
+    w = np.exp(z / temperature - (z / temperature).max())
+    return int((w / -np.log(noise_reference(seed, step, len(z)))).argmax())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_bias_comes_before_the_penalties(backend):
+    """A row with a logit bias and a repetition penalty (and presence and frequency) draws as vLLM's
+    order says, rep(logits + bias) - penalties, not rep(logits) + bias: its bias apart, before the
+    repetition penalty (`sampling.SPLIT`). Rows with one or the other share the one shift (SHIFT),
+    where the orders agree."""
+    from linnet.serve.sampling import SHIFT, SPLIT
+
+    rng = np.random.default_rng(9)
+    vocab = 10
+    crafted = np.full(vocab, -3.0, np.float32)
+    crafted[[3, 5, 7]] = [-1.0, 0.3, 0.2]  # 3 biased to +1, halved to 0.5, less 0.15 of penalties: over 5's 0.3
+    both = dict(repetition_penalty=2.0, presence_penalty=0.1, frequency_penalty=0.05)
+    rows = [(crafted, Request([3], logit_bias={3: 2.0}, **both), [3, 7])]
+    shift_rows = [(rng.normal(size=vocab).astype(np.float32), Request([1, 2], logit_bias={2: 1.5, 4: -0.5}), [2, 4]),
+                  (rng.normal(size=vocab).astype(np.float32), Request([1, 2], **both), [2, 2, 6])]
+    rows += shift_rows
+    for i in range(32):  # sampled, the bias raising a seen token from far below
+        logits = rng.normal(size=vocab).astype(np.float32)
+        logits[4] = -5.0
+        rows.append((logits, Request([4, 8], temperature=1.0, logit_bias={4: 9.0}, repetition_penalty=2.0,
+                                     presence_penalty=0.2, frequency_penalty=0.1), [4, 8, 8] if i % 2 else []))
+
+    def check(rows):
+        logits = np.stack([z for z, _, _ in rows])
+        reqs = [r for _, r, _ in rows]
+        seeds, steps = list(range(len(rows))), [len(o) for _, _, o in rows]
+        tokens = run(backend, logits, reqs, seeds, steps, [(r.prompt, o) for _, r, o in rows])[0]
+        want = [race(vllm_adjusted(z, r.prompt, o, r), r.temperature, seed, step)
+                for (z, r, o), seed, step in zip(rows, seeds, steps)]
+        before = [race(bias_after(z, r.prompt, o, r), r.temperature, seed, step)
+                  for (z, r, o), seed, step in zip(rows, seeds, steps)]
+        assert tokens.tolist() == want
+        return want, before
+
+    assert SamplingBatch.of([r for _, r, _ in rows], [0] * len(rows), [0] * len(rows)).adjustment == SPLIT
+    want, before = check(rows)
+    assert want[0] == 3 and before[0] == 5  # the orders differ where the test means them to
+    assert sum(a != b for a, b in zip(want[3:], before[3:])) >= 5  # 6 of these 32 draws
+    assert SamplingBatch.of([r for _, r, _ in shift_rows], [0, 0], [0, 0]).adjustment == SHIFT
+    check(shift_rows)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_logprobs_are_the_models_log_softmax(backend):
     rng = np.random.default_rng(3)
@@ -153,7 +226,7 @@ def test_packed_token_masks_unpack_on_either_backend_as_numpy_packs_them(n, seed
 
 def test_the_adjustments_take_the_form_the_batch_asks_for():
     from linnet.serve.runners import logit_adjustments, packed_mask
-    from linnet.serve.sampling import MASK, SHIFT
+    from linnet.serve.sampling import MASK, SHIFT, SPLIT
     from linnet.serve.structured import Structure
 
     plain, penalized = Request([1], temperature=0.5), Request([1, 4], presence_penalty=0.5, frequency_penalty=0.25)
@@ -180,6 +253,17 @@ def test_the_adjustments_take_the_form_the_batch_asks_for():
     want[1, 3], want[1, 6] = 5.0, -1.0
     want[2, [t for t in range(40) if t not in (0, 2, 3)]] = -np.inf
     assert np.array_equal(shift, want)
+    # a row with a bias and a repetition penalty: the bias and bans apart (before rep), the shift the penalties
+    requests = [Request([1, 4], logit_bias={3: 5.0}, repetition_penalty=1.5, presence_penalty=0.5), structured]
+    batch = SamplingBatch.of(requests, [0] * 2, [0] * 2)
+    histories = [([1, 4], [3, 7, 7], {3: 5.0}, None), ([1], [], None, bits)]
+    seen_bits, bias, shift = logit_adjustments(batch, histories, 40, 3, rows=[0, 2])
+    assert batch.adjustment == SPLIT and seen_bits.shape == (3, 2) and bias.shape == shift.shape == (3, 40)
+    want_bias, want_shift = np.zeros((3, 40), np.float32), np.zeros((3, 40), np.float32)
+    want_bias[0, 3] = 5.0
+    want_bias[2, [t for t in range(40) if t not in (0, 2, 3)]] = -np.inf
+    want_shift[0, 3], want_shift[0, 7] = -0.5, -0.5
+    assert np.array_equal(bias, want_bias) and np.array_equal(shift, want_shift)
 
 
 @settings(max_examples=40, deadline=None, derandomize=True, database=None)
