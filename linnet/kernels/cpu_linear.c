@@ -310,9 +310,14 @@ static AVX512BF16 void pair_range(const uint16_t *x, long M, long K, const void 
  * tile's 3.4 (oneDNN's AMX kernel: 0.34). A bf16 out is rounded from each tile as it is stored, not
  * from an f32 copy of the whole product after (0.59 ms so). The first block of rows asks for the next
  * two panels as it reads these: a 16-row decode step reads the weights at memory speed only so. */
-#define AMX_BF16 __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
+#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
+#define LINNET_AMX 1 /* AMX's intrinsics: GCC 11, Clang 12 on; an older compiler keeps the pair tile */
+#endif
 #define AMX_FROM 3    /* rows from which bf16 pairs take this path (one or two read faster in the pair chains) */
 #define AMX_K 32      /* K a tile step: K must be a multiple of it */
+
+#ifdef LINNET_AMX
+#define AMX_BF16 __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
 #define AMX_ROWS 32   /* input rows a block: two A tiles */
 #define AMX_MC 256    /* input rows a pass over a thread's panels: their x (288 KB at K 576) stays in L2 */
 #define ARCH_REQ_XCOMP_PERM 0x1023 /* Linux: ask for a state component (asm/prctl.h) */
@@ -438,6 +443,14 @@ static AMX_BF16 int amx_range(const uint16_t *x, long M, long K, const void *con
     free(tail);
     return 0;
 }
+
+#else
+static int has_amx_bf16(void) { return 0; }
+static int amx_range(const uint16_t *x, long M, long K, const void *const *panels, const long *cols,
+                     const int *widths, int out_type, void *out, long N, long p0, long p1) {
+    return -1; /* never called: has_amx_bf16() is 0 */
+}
+#endif /* LINNET_AMX */
 
 /* x [M, K] f32 rounded to bf16 (to nearest, even), as the pair kernel reads it. */
 static AVX512BF16 void round_to_bf16(const float *x, long count, uint16_t *out) {
