@@ -142,7 +142,8 @@ def pairs(dtype: torch.dtype, k: int) -> bool:
 def amx_tiles() -> bool:
     """Whether bf16 weights in pairs are multiplied with AMX tiles here (an AMX-BF16 CPU whose OS lets
     this process use the tile registers), over 3 rows or more where K is a multiple of 32."""
-    return bool(library().linnet_amx_tiles())
+    lib = library()
+    return bool(lib is not None and lib.linnet_amx_tiles())
 
 
 def available(dtype: torch.dtype) -> bool:
