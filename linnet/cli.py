@@ -50,13 +50,18 @@ def cmd_ir(args) -> int:
     return 0
 
 
+def _note_exact_numerics(numerics: str, dtype: str | None) -> None:
+    """Says so where a 16-bit T is asked for with exact numerics, which compute in f32."""
+    if numerics == "exact" and dtype in ("bf16", "f16"):
+        print(f"linnet: note: exact numerics compute in f32; T={dtype} takes effect with --numerics fast",
+              file=sys.stderr)
+
+
 def cmd_compile(args) -> int:
     from linnet.compiler import compile_file
 
     generics = _generics(args.generic)
-    if args.numerics == "exact" and generics.get("T") in ("bf16", "f16"):
-        print(f"linnet: note: exact numerics compute in f32; T={generics['T']} takes effect with --numerics fast",
-              file=sys.stderr)
+    _note_exact_numerics(args.numerics, generics.get("T"))
     source = compile_file(args.file, args.backend, generics, args.numerics)
     if args.output:
         Path(args.output).write_text(source)
@@ -113,7 +118,8 @@ def cmd_generate(args) -> int:
         raise _UsageError(f"--temperature must be 0 or more, not {args.temperature}")
     if not 0 < args.top_p <= 1:
         raise _UsageError(f"--top-p must be in (0, 1], not {args.top_p}")
-    generics = {"Batch": 1, "MaxSeq": args.max_seq, "T": args.dtype}
+    _note_exact_numerics(args.numerics, args.dtype)  # (asked for: the default is None, bf16 with fast)
+    generics = {"Batch": 1, "MaxSeq": args.max_seq, "T": args.dtype or "bf16"}
     _use_compile_cache(args)
     model = nest.load(args.card, backend=args.backend, device=args.device, numerics=args.numerics, compile=True,
                       generics=generics, cast_dtype=True, weights=args.weights, tokenizer=args.tokenizer or True)
@@ -383,8 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--numerics", choices=["exact", "fast"], default="fast",
                    help="fast (the default, as `serve`): packed weights, fused attention, T's weights and cache; "
                         "exact: the reference semantics, in f32")
-    g.add_argument("--dtype", choices=["f32", "bf16", "f16"], default="bf16",
-                   help="T with --numerics fast (exact always computes in f32)")
+    g.add_argument("--dtype", choices=["f32", "bf16", "f16"], default=None,
+                   help="T with --numerics fast (default bf16; exact always computes in f32)")
     g.add_argument("--max-seq", type=_positive, default=2048, help="positions in the cache: prompt plus completion")
     g.add_argument("--json-schema", "-j", default=None,
                    help="hold the output to a JSON schema (its text, or a file); '{\"type\": \"object\"}' for any object")

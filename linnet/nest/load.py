@@ -36,6 +36,7 @@ in `model.info["unused_tensors"]`.
 
 from __future__ import annotations
 
+import operator
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -79,6 +80,10 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     kind = BACKENDS[backend]
     if shards is not None and kind != "jax":
         raise ValueError("shards= spreads a JAX model over devices; the torch backend runs on one")
+    try:
+        seed = operator.index(seed)  # an int or numpy's: torch's generator took "x" and failed deep inside
+    except TypeError:
+        raise TypeError(f"seed must be an integer, not {seed!r}") from None
     if kind == "torch":
         device = device or ("cuda" if _cuda_available() else "cpu")
         _check_torch_device(device)
@@ -233,6 +238,8 @@ def _check_torch_device(device) -> None:
         where = torch.device(device)
     except (RuntimeError, TypeError) as err:
         raise DeviceError(f"device={device!r}: not a torch device ({err})") from None
+    if where.type == "cpu" and where.index not in (None, 0):  # torch takes any index and ignores it
+        raise DeviceError(f"device={device!r}, but the CPU is one device: 'cpu'")
     if where.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:

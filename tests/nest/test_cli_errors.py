@@ -52,6 +52,16 @@ def test_a_device_this_process_lacks(capsys):
         nest.load("tiny-llama", backend="jax", device="gpu", weights="random")
     with pytest.raises(DeviceError, match="JAX has 1 cpu devices"):
         nest.load("tiny-llama", backend="jax", device="cpu:3", weights="random")
+    with pytest.raises(DeviceError, match="the CPU is one device"):  # torch would take it and ignore the 3
+        nest.load("tiny-llama", backend="torch", device="cpu:3", weights="random")
+
+
+def test_a_seed_that_is_not_an_integer():
+    from linnet import nest
+
+    for seed in ("x", 1.5, None):
+        with pytest.raises(TypeError, match="seed must be an integer, not"):
+            nest.load("tiny-llama", weights="random", seed=seed)
 
 
 def test_a_port_out_of_range(capsys):

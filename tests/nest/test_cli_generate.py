@@ -122,3 +122,13 @@ def test_jax_keeps_its_executables_between_runs(gguf_path, tmp_path):
     entry = lambda name: name.split("-")[0]
     for kind in ("jit_prefill", "jit_decode"):
         assert [n for n in after if entry(n) == kind] == [n for n in written if entry(n) == kind]
+
+
+def test_a_16_bit_type_asked_for_with_exact_numerics_is_noted(capsys, gguf_path):
+    # exact numerics compute in f32 whatever T says: asked for bf16, the run says so; not asked, no note
+    base = ["generate", "smollm2-135m-instruct", "hi", "--weights", "random", "--tokenizer", str(gguf_path),
+            "--max-seq", "16", "--max-new-tokens", "1", "--numerics", "exact"]
+    assert main(base + ["--dtype", "bf16"]) == 0
+    assert "exact numerics compute in f32; T=bf16 takes effect with --numerics fast" in capsys.readouterr().err
+    assert main(base) == 0
+    assert "exact numerics compute in f32" not in capsys.readouterr().err
