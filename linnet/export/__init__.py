@@ -2,7 +2,8 @@
 
   hf_dir    a Hugging Face model directory (config.json, safetensors, tokenizer):
             what vLLM serves (`vllm serve DIR`), and transformers loads
-  gguf      one GGUF file for llama.cpp (`llama-server -m FILE`): Llama, Qwen2, Qwen3, gpt-oss
+  gguf      one GGUF file for llama.cpp (`llama-server -m FILE`): Llama, Mixtral, Qwen2, Qwen3,
+            Qwen3-MoE, gpt-oss, Gemma 3
   triton    a Triton Inference Server model repository whose Python backend runs
             the card on Linnet's own engine
   hf_config the config.json of each architecture Linnet writes in `.linnet`

@@ -1,10 +1,12 @@
-"""One GGUF file for llama.cpp (`llama-server -m FILE`): Llama, Mixtral, Qwen2, Qwen3, Qwen3-MoE and gpt-oss.
+"""One GGUF file for llama.cpp (`llama-server -m FILE`): Llama, Mixtral, Qwen2, Qwen3, Qwen3-MoE, gpt-oss
+and Gemma 3 (text).
 
 Metadata is written from the card's config under llama.cpp's keys for the architecture (`llama.*`,
-Mixtral's too, with its experts; `qwen2.*`, `qwen3.*`, `qwen3moe.*`, `gpt-oss.*`). Llama's,
-Mixtral's and Qwen's tensors go under the names of the card's `from gguf` lines (a layer's experts
-as one tensor each for gate, up and down), with the declared transforms undone (Llama's q and k
-rows back in llama.cpp's rope order); llama3 rope scaling goes in as llama.cpp's
+Mixtral's too, with its experts; `qwen2.*`, `qwen3.*`, `qwen3moe.*`, `gpt-oss.*`, `gemma3.*`). Llama's,
+Mixtral's, Qwen's and Gemma's tensors go under the names of the card's `from gguf` lines (a layer's
+experts as one tensor each for gate, up and down), with the declared transforms undone (Llama's q and k
+rows back in llama.cpp's rope order) and Gemma's norm weights stored as 1 + w, as llama.cpp's
+converter stores them; llama3 rope scaling goes in as llama.cpp's
 `rope_freqs.weight`, one divisor per frequency, YaRN and linear scaling as keys. gpt-oss's go as
 llama.cpp's own converter writes a Hugging Face checkpoint: its names through gguf's table of
 them, the experts' interleaved gate and up columns split into two tensors, the expert matrices in
@@ -27,7 +29,8 @@ import torch
 from linnet.export import ExportError
 from linnet.ir.specialize import specialize
 from linnet.nest.bind import checkpoint_names, unbind_weights
-from linnet.nest.checkpoint import GGUFCheckpoint
+from linnet.nest.checkpoint import (LLAMA_CPP_GEMMA3_LOCAL_THETA, LLAMA_CPP_GEMMA3_PATTERN, NORMS_PLUS_ONE,
+                                    GGUFCheckpoint, llama_cpp_gemma3_query_scalar)
 from linnet.nest.gguf_tokenizer import BYTE, CONTROL, NORMAL, PRE_TOKENIZERS, UNKNOWN, UNUSED, USER_DEFINED
 from linnet.rope_tables import llama3_divisors
 
@@ -37,7 +40,7 @@ PRE_NAMES = ("gpt-2", "smollm", "llama-bpe", "qwen2", "gpt-4o")  # spelled as ll
 
 # Linnet's -> llama.cpp's
 ARCHITECTURES = {"llama": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
-                 "gpt_oss": "gpt-oss"}
+                 "gpt_oss": "gpt-oss", "gemma3": "gemma3"}
 
 
 def check_architecture(module, card: str) -> None:
@@ -50,12 +53,34 @@ def check_architecture(module, card: str) -> None:
     if module.name == "qwen3_moe" and not b["norm_topk_prob"]:
         raise ExportError(f"{card!r} weighs its experts by their router probabilities unnormalized, and "
                           f"llama.cpp's qwen3moe always renormalizes them (export it with --to vllm instead)")
-    if module.name != "gpt_oss" and b.get("sliding_window"):
+    if module.name == "gemma3":
+        _check_gemma3(b, card)
+    elif module.name != "gpt_oss" and b.get("sliding_window"):
         raise ExportError(f"{card!r} attends over a sliding window of {b['sliding_window']}, which llama.cpp's "
                           f"{ARCHITECTURES[module.name]} architecture does not (export it with --to vllm instead)")
     if module.name in ("qwen2", "qwen3", "qwen3_moe") and b.get("rope_scaling") == "llama3":
         raise ExportError(f"{card!r} scales its rope as llama3 does, which llama.cpp reads only for its llama "
                           f"architecture, not {ARCHITECTURES[module.name]} (export it with --to vllm instead)")
+
+
+def _check_gemma3(b: dict, card: str) -> None:
+    """llama.cpp's gemma3 reads no window pattern, local rope or query scale from the file: it fixes
+    them (`LLAMA_CPP_GEMMA3_*`, `llama_cpp_gemma3_query_scalar`), so a card set otherwise is refused."""
+    instead = "(export it with --to vllm instead)"
+    pattern, window = LLAMA_CPP_GEMMA3_PATTERN, b["sliding_window"]
+    if b["window_pattern"] != pattern or window <= 0:
+        raise ExportError(f"{card!r} has window_pattern {b['window_pattern']} and sliding_window {window}; "
+                          f"llama.cpp's gemma3 slides a window in five layers of every {pattern} {instead}")
+    if b["rope_local_theta"] != LLAMA_CPP_GEMMA3_LOCAL_THETA:
+        raise ExportError(f"{card!r} has rope_local_theta {b['rope_local_theta']}; llama.cpp's gemma3 rotates its "
+                          f"sliding-window layers at base {LLAMA_CPP_GEMMA3_LOCAL_THETA:g} {instead}")
+    scalar = llama_cpp_gemma3_query_scalar(b["dim"], b["heads"], b["head_dim"], b["layers"])
+    if b["query_pre_attn_scalar"] != scalar:
+        raise ExportError(f"{card!r} has query_pre_attn_scalar {b['query_pre_attn_scalar']}; llama.cpp's gemma3 "
+                          f"scales queries by {scalar} ** -0.5 for {b['layers']} layers {instead}")
+    if b["rope_scaling"] not in ("none", "linear"):
+        raise ExportError(f"{card!r} scales its rope as {b['rope_scaling']!r}; llama.cpp's gemma3 takes linear "
+                          f"scaling of the full-attention layers' rope, or none {instead}")
 
 
 def write_gguf(bound, out) -> str:
@@ -99,8 +124,10 @@ def write_gguf(bound, out) -> str:
     else:
         if "experts" in b:  # Mixtral's experts are as wide as llama's `feed_forward_length` says
             _expert_keys(b, writer, width=spec.name != "mixtral")
-        tensors = unbind_weights(spec, bound.params, "gguf")
+        tensors = _norms_plus_one(unbind_weights(spec, bound.params, "gguf"), ARCHITECTURES[spec.name])
         _rope_keys(b, writer)
+        if spec.name == "gemma3":
+            writer.add_sliding_window(b["sliding_window"])
     if bound.tokenizer_from is not None and bound.tokenizer_from.is_file():  # a GGUF's keys, as they are
         _copy_tokenizer_keys(GGUFCheckpoint(bound.tokenizer_from), writer, b["vocab"])
     else:
@@ -125,8 +152,16 @@ def write_gguf(bound, out) -> str:
     return str(path)
 
 
+def _norms_plus_one(tensors, arch: str):
+    """The norm weights of an architecture whose norms multiply by 1 + w (Gemma's) as llama.cpp's
+    converter stores them, 1 added (Nest's GGUF reader takes it off again); other tensors as they are."""
+    suffix = NORMS_PLUS_ONE.get(arch)
+    for name, t in tensors:
+        yield name, (t.float() + 1.0 if suffix and name.endswith(suffix) else t)
+
+
 def _rope_keys(b: dict, writer) -> None:
-    """Llama's and Qwen's rope scaling as llama.cpp reads it."""
+    """Llama's, Qwen's and Gemma's rope scaling as llama.cpp reads it (Gemma's: the full-attention layers')."""
     import gguf
 
     if b["rope_scaling"] == "linear":

@@ -315,7 +315,29 @@ _GGUF_ARCHS = {
     "qwen3": ("qwen3", ["Qwen3ForCausalLM"]),
     "qwen3moe": ("qwen3_moe", ["Qwen3MoeForCausalLM"]),
     "gpt-oss": ("gpt_oss", ["GptOssForCausalLM"]),
+    "gemma3": ("gemma3_text", ["Gemma3ForCausalLM"]),
 }
+
+# keys (`<arch>.key`) every GGUF file holds, and those every file of some architectures does
+_GGUF_KEYS = ("embedding_length", "block_count", "attention.head_count")
+_GGUF_ARCH_KEYS = {"gemma3": ("feed_forward_length",)}
+
+# GGUF architecture -> how the names of the norm weights llama.cpp's converter stores as 1 + w end:
+# Gemma's RMSNorm multiplies by 1 + w, llama.cpp's by its weight, so the converter adds the 1;
+# the architecture (as the Hugging Face checkpoint) holds w
+NORMS_PLUS_ONE = {"gemma3": "norm.weight"}
+
+# llama.cpp's gemma3 takes no pattern or local rope from the file: a window in five layers of every
+# six, and the sliding layers' rope unscaled at base 10000
+LLAMA_CPP_GEMMA3_PATTERN = 6
+LLAMA_CPP_GEMMA3_LOCAL_THETA = 10000.0
+
+
+def llama_cpp_gemma3_query_scalar(dim: int, heads: int, head_dim: int, layers: int) -> int:
+    """The query_pre_attn_scalar whose inverse square root llama.cpp's gemma3 scales queries by: it
+    goes by the layer count, as Google's reference code by the model: dim / heads for the 62-layer
+    model (27B), head_dim for the others."""
+    return dim // heads if layers == 62 else head_dim
 
 # gpt-oss's experts: llama.cpp keeps gate and up apart, the architecture (as the Hugging Face
 # checkpoint) takes them as one tensor whose rows interleave gate, up, gate, up, ...
@@ -329,7 +351,10 @@ class GGUFCheckpoint(Checkpoint):
     (`dequantize`: Linnet's C decoders for the common block types, the gguf
     package's own routines for the rest). Names stay GGUF's
     (`blk.0.attn_q.weight`), and q/k rows stay in llama.cpp's rope order:
-    see `transforms.unpermute_rope`.
+    see `transforms.unpermute_rope`. Two of llama.cpp's layouts are read
+    as the architecture's: gpt-oss's gate and up experts joined
+    (`_JOINED`), and Gemma 3's norm weights less the 1 llama.cpp's
+    converter added (`NORMS_PLUS_ONE`).
     """
 
     format = "gguf"
@@ -348,6 +373,7 @@ class GGUFCheckpoint(Checkpoint):
             raise WeightsError(f"{self.path}: cannot read GGUF file ({e}); it may be truncated or corrupt") from None
         self._tensors = self._file.tensors
         self._joined: dict[str, tuple[str, str]] = {}  # a gpt-oss name -> its gate and up tensors
+        self._plus_one = NORMS_PLUS_ONE.get(self.architecture)  # how the names of norms stored as 1 + w end
         if self.architecture == "gpt-oss":
             gate, up, joined = _JOINED
             for name in list(self._tensors):
@@ -406,6 +432,8 @@ class GGUFCheckpoint(Checkpoint):
             arr[:, 0::2], arr[:, 1::2] = gate, up
         else:
             arr = self._array(name)
+        if self._plus_one and name.endswith(self._plus_one):
+            arr = arr - np.float32(1.0)
         if framework == "numpy":
             return arr
         import torch
@@ -450,7 +478,7 @@ class GGUFCheckpoint(Checkpoint):
         def get(key, default=None):
             return self.metadata(f"{arch}.{key}", default)
 
-        absent = [key for key in ("embedding_length", "block_count", "attention.head_count") if get(key) is None]
+        absent = [key for key in _GGUF_KEYS + _GGUF_ARCH_KEYS.get(arch, ()) if get(key) is None]
         if absent:
             raise WeightsError(f"{self.path}: the GGUF metadata has no {arch}.{absent[0]}, which every {arch} file holds")
         heads = get("attention.head_count")
@@ -490,6 +518,8 @@ class GGUFCheckpoint(Checkpoint):
                        moe_intermediate_size=get("expert_feed_forward_length"), norm_topk_prob=True)
         if model_type == "mixtral":
             cfg.update(num_local_experts=get("expert_count"), num_experts_per_tok=get("expert_used_count"))
+        if model_type == "gemma3_text":
+            cfg.update(self._gemma3_config(get, cfg))
         if model_type in ("llama", "mixtral"):
             cfg["hidden_act"] = "silu"
             cfg["attention_bias"] = "blk.0.attn_q.bias" in self._tensors
@@ -506,6 +536,22 @@ class GGUFCheckpoint(Checkpoint):
             if token_id is not None:
                 cfg["pad_token_id" if key == "padding" else f"{key}_token_id"] = token_id
         return {k: v for k, v in cfg.items() if v is not None}
+
+    @staticmethod
+    def _gemma3_config(get, cfg: dict) -> dict:
+        """Gemma 3's config as llama.cpp's gemma3 reads the file: a window (where the file has one) in
+        five layers of every six, the sliding layers' rope at base 10000, the file's base and scaling
+        the full-attention layers', queries scaled as `llama_cpp_gemma3_query_scalar` says. llama.cpp
+        caps the logits (final_logit_softcapping) only in a file without a window."""
+        from .autocard import gemma3_layer_types
+
+        window, layers = get("attention.sliding_window") or 0, cfg["num_hidden_layers"]
+        pattern = LLAMA_CPP_GEMMA3_PATTERN if window else 1  # 1: every layer attends to its whole row
+        scalar = llama_cpp_gemma3_query_scalar(cfg["hidden_size"], cfg["num_attention_heads"], cfg["head_dim"], layers)
+        return {"sliding_window": window or None, "layer_types": gemma3_layer_types(layers, pattern),
+                "rope_local_base_freq": LLAMA_CPP_GEMMA3_LOCAL_THETA, "query_pre_attn_scalar": scalar,
+                "hidden_activation": "gelu_pytorch_tanh",
+                "final_logit_softcapping": None if window else get("final_logit_softcapping")}
 
     # tensors that are config, not weights: the card reads them as `rope_scaling`
     config_tensors = ("rope_freqs.weight",)

@@ -1,6 +1,7 @@
 """`linnet export --to llama.cpp`: one GGUF file. llama.cpp (llama-cpp-python, where installed)
-computes the logits Linnet computes from the card, llama3 rope scaling included; the tokenizer
-goes in from a GGUF or from a tokenizer.json; Nest reads the file back to the same model."""
+computes the logits Linnet computes from the card, llama3 rope scaling included, and for Gemma 3 the
+logits transformers computes; the tokenizer goes in from a GGUF or from a tokenizer.json; Nest reads
+the file back to the same model."""
 
 from pathlib import Path
 
@@ -339,7 +340,8 @@ def test_only_the_architectures_llama_cpp_runs_and_only_with_a_tokenizer(tmp_pat
 
     from linnet.export.gguf import check_architecture
 
-    with pytest.raises(ExportError, match="covers llama, mixtral, qwen2, qwen3, qwen3_moe, gpt_oss cards; 'm' is 'mamba'"):
+    with pytest.raises(ExportError, match="covers llama, mixtral, qwen2, qwen3, qwen3_moe, gpt_oss, gemma3 cards; "
+                                          "'m' is 'mamba'"):
         check_architecture(SimpleNamespace(name="mamba"), "m")
     unnormalized = tmp_path / "unnormalized.linnet"
     unnormalized.write_text(QWEN3_MOE.replace("rope_theta = 10000.0", "norm_topk_prob = false"))
@@ -352,6 +354,16 @@ def test_only_the_architectures_llama_cpp_runs_and_only_with_a_tokenizer(tmp_pat
                            ('rope_scaling = "llama3"', "llama.cpp reads only for its llama architecture, not qwen3")):
         card = tmp_path / "qwen.linnet"
         card.write_text(qwen.replace("config {\n", f"config {{\n  {change}\n").replace('  rope_scaling = "yarn"\n', ""))
+        with pytest.raises(ExportError, match=needle):
+            export(card, "llama.cpp", tmp_path / "out", weights="random")
+    gemma = (Path(nest.__file__).parent / "cards" / "tiny-gemma3.linnet").read_text()  # window_pattern = 3
+    for change, needle in (
+            ("window_pattern = 3", "window_pattern 3 and sliding_window 4; llama.cpp's gemma3 slides a window in "
+                                   "five layers of every 6"),
+            ("window_pattern = 6\n  rope_local_theta = 20000.0", "rope_local_theta 20000.0"),
+            ("window_pattern = 6\n  query_pre_attn_scalar = 16", r"scales queries by 32 \*\* -0.5")):
+        card = tmp_path / "gemma.linnet"
+        card.write_text(gemma.replace("  window_pattern = 3\n", f"  {change}\n"))
         with pytest.raises(ExportError, match=needle):
             export(card, "llama.cpp", tmp_path / "out", weights="random")
     with pytest.raises(ExportError, match="needs a tokenizer"):
@@ -418,3 +430,56 @@ def test_tokenizers_llama_cpp_has_no_form_for_are_refused(tmp_path):
         with pytest.raises(ExportError, match=needle):
             export(card, "llama.cpp", tmp_path / "out.gguf", weights="random", tokenizer=d)
     assert not list(tmp_path.glob("out.gguf*"))
+
+
+def test_llama_cpp_computes_gemma3_as_transformers_does(tmp_path, spm_gguf):
+    """A tiny random Gemma 3 saved by transformers, exported to a GGUF: llama.cpp computes
+    transformers' logits, and Nest reads the file back to them. Six layers, llama.cpp's fixed pattern
+    (the last attends to its whole row, the others over a window of 4 of a 25-token prompt), the
+    full-attention layers' rope scaled linearly from base 1e6, the sliding ones' at 1e4, and norms
+    away from 0, which the file holds with 1 added, as llama.cpp's converter writes them.
+    llama.cpp's CPU GELU looks its values up in an f16 table: about 8e-4 of the logits' size apart
+    from transformers' exact one with an f32 cache (7.6e-5 against a GELU through that table)."""
+    import gguf
+    import torch
+    import transformers
+
+    from linnet.nest.autocard import gemma3_layer_types
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    config = transformers.Gemma3TextConfig(
+        vocab_size=384, hidden_size=64, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, query_pre_attn_scalar=32, intermediate_size=96, max_position_embeddings=512, sliding_window=4,
+        layer_types=gemma3_layer_types(6, 6), attn_implementation="eager",
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0}})
+    torch.manual_seed(3)
+    reference = transformers.Gemma3ForCausalLM(config).float().eval()
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():  # every weight drawn: norm offsets away from 0
+        for _, p in reference.named_parameters():
+            t = torch.randn(p.shape, generator=g)
+            p.copy_(0.1 * t if p.dim() == 1 else t / p.shape[-1] ** 0.5)
+    reference.save_pretrained(tmp_path / "hf")
+    prompt = list(range(100, 120)) + [5, 7, 300, 2, 250]
+    with torch.no_grad():
+        ref = reference(input_ids=torch.tensor([prompt])).logits[0].numpy()
+    err = lambda ours: float((np.abs(ours - ref).max(axis=1) / np.abs(ref).max(axis=1)).max())
+
+    path = export(tmp_path / "hf", "llama.cpp", tmp_path / "g.gguf", dtype="f32", tokenizer=spm_gguf)
+    ckpt = GGUFCheckpoint(path)
+    assert ckpt.metadata("general.architecture") == "gemma3" and ckpt.metadata("gemma3.attention.sliding_window") == 4
+    assert ckpt.metadata("gemma3.rope.freq_base") == 1e6 and ckpt.metadata("gemma3.rope.scaling.factor") == 8.0
+    stored = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(path).tensors}  # gguf's reader, not Nest's
+    norm = reference.model.layers[2].post_feedforward_layernorm.weight.detach().numpy()
+    np.testing.assert_allclose(stored["blk.2.post_ffw_norm.weight"], 1.0 + norm, rtol=0, atol=1e-7)
+    assert "output.weight" not in stored  # tied: llama.cpp reuses token_embd
+
+    f32 = 0  # GGML_TYPE_F32
+    llm = llama_cpp.Llama(model_path=path, n_ctx=128, logits_all=True, verbose=False, n_threads=2,
+                          type_k=f32, type_v=f32)
+    llm.eval(prompt)
+    assert err(np.array(llm.scores[:len(prompt)])) <= 2e-3
+    model = nest.load(path, generics={"Batch": 1, "MaxSeq": 64})
+    assert model.module.name == "gemma3" and model.info["unused_tensors"] == []
+    assert err(prefill_all(model, prompt)) <= 1e-4

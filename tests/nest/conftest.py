@@ -133,14 +133,16 @@ def prefill_error():
 def to_gguf(write_gguf):
     """to_gguf(hf_model, path, qtype=None, arch="llama"): a transformers model written as llama.cpp's
     converter writes it: names through gguf's table, `<arch>.*` metadata, 1-D tensors in f32, and
-    for Llama q and k rows permuted into llama.cpp's rope order (Qwen's stay as they are)."""
+    for Llama q and k rows permuted into llama.cpp's rope order (Qwen's and Gemma's stay as they
+    are); Gemma 3's norm weights with 1 added, its window, and its full-attention layers' rope as
+    the file's (llama.cpp fixes the sliding ones')."""
     gguf = pytest.importorskip("gguf")
     from linnet.nest.transforms import permute_rope
 
     def write(hf_model, path, qtype=None, arch="llama"):
         cfg = hf_model.config
         kind = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3,
-                "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE}[arch]
+                "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE, "gemma3": gguf.MODEL_ARCH.GEMMA3}[arch]
         names = gguf.get_tensor_name_map(kind, cfg.num_hidden_layers)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
@@ -154,7 +156,10 @@ def to_gguf(write_gguf):
             w.add_key_length(head_dim)
             w.add_value_length(head_dim)
             w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-            w.add_rope_freq_base(10000.0)
+            if arch == "gemma3":
+                gemma3_keys(cfg, w)
+            else:
+                w.add_rope_freq_base(10000.0)
             w.add_vocab_size(cfg.vocab_size)
             if arch == "qwen3moe":
                 w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
@@ -170,6 +175,8 @@ def to_gguf(write_gguf):
                 if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
                     heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
                     a = permute_rope(a, heads)
+                if arch == "gemma3" and name.endswith("norm.weight"):  # Gemma's norms multiply by 1 + w
+                    a = a + 1.0
                 gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
                 if name.endswith("_proj"):  # a stack of experts: the name came without a suffix
                     gguf_name += ".weight"
@@ -178,6 +185,18 @@ def to_gguf(write_gguf):
         return write_gguf(path, gguf.MODEL_ARCH_NAMES[kind], keys, tensors())
 
     return write
+
+
+def gemma3_keys(cfg, w) -> None:
+    """Gemma 3's window and full-attention rope, as llama.cpp's converter writes them."""
+    import gguf
+
+    full = cfg.rope_parameters["full_attention"]
+    w.add_sliding_window(cfg.sliding_window)
+    w.add_rope_freq_base(full["rope_theta"])
+    if full.get("rope_type") == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(full["factor"])
 
 
 def experts_apart(state: dict):

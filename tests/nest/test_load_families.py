@@ -2,11 +2,13 @@
 by transformers loads through nest.load with a card written from its config.json (Mistral over the
 llama architecture, its sliding window kept; Mixtral over mixtral; Qwen2 with its q/k/v biases; Qwen3 with its per-head
 q/k norms; Qwen3-MoE with one tensor per expert; Gemma 3 with its two kinds of layer) and gives transformers' logits on both backends.
-Qwen GGUFs, laid out as llama.cpp's converter writes them (q and k in checkpoint order, a layer's
-experts in one tensor), load the same."""
+Qwen and Gemma 3 GGUFs, laid out as llama.cpp's converter writes them (q and k in checkpoint order, a
+layer's experts in one tensor, Gemma's norm weights with 1 added), load the same."""
 
+import itertools
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -178,3 +180,68 @@ def test_a_gguf_loads_as_its_checkpoint_does(family, tmp_path, prefill_error, to
     model = nest.load(str(path), generics=GENERICS, tokenizer=False)
     assert model.module.name == family and model.info["unused_tensors"] == []
     assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
+
+
+def test_a_gemma3_gguf_loads_as_llama_cpp_reads_it(tmp_path, prefill_error, to_gguf):
+    """Gemma 3 as llama.cpp's converter writes it (norm weights with 1 added, q and k in checkpoint
+    order, the window and the full-attention layers' rope as keys): its card has llama.cpp's fixed
+    settings, a window in five layers of every six and the sliding layers' rope at base 10000, and
+    its logits are transformers'. Six layers, so that the last attends to its whole row; a query
+    scale of head_dim (llama.cpp's), which is not dim / heads."""
+    from linnet.nest.autocard import gemma3_layer_types
+
+    reference = random_model("gemma3", num_hidden_layers=6, layer_types=gemma3_layer_types(6, 6),
+                             query_pre_attn_scalar=32)
+    path = to_gguf(reference, tmp_path / "tiny-gemma3.gguf", arch="gemma3")
+    model = nest.load(str(path), generics=GENERICS, tokenizer=False)
+    b = model.module.bindings
+    assert model.module.name == "gemma3" and model.info["unused_tensors"] == []
+    assert (b["window_pattern"], b["sliding_window"], b["rope_local_theta"], b["rope_theta"]) == (6, 4, 1e4, 1e6)
+    assert (b["rope_scaling"], b["rope_factor"], b["query_pre_attn_scalar"]) == ("linear", 8.0, 32)
+    assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
+
+
+def write_gemma3_keys(write_gguf, path, layers=8, window=4, cap=None, dims=(64, 4, 16), ffn=True):
+    """A gemma3 GGUF of keys alone (and an embedding): `dims` is dim, heads and head_dim."""
+    dim, heads, head_dim = dims
+
+    def keys(w):
+        w.add_embedding_length(dim)
+        w.add_block_count(layers)
+        w.add_head_count(heads)
+        w.add_key_length(head_dim)
+        if ffn:
+            w.add_feed_forward_length(4 * dim)
+        if window:
+            w.add_sliding_window(window)
+        if cap:
+            w.add_final_logit_softcapping(cap)
+
+    return write_gguf(path, "gemma3", keys, [("token_embd.weight", np.zeros((8, dim), np.float32), None)])
+
+
+def test_a_gemma3_gguf_card_takes_what_llama_cpp_fixes(tmp_path, write_gguf):
+    """llama.cpp's gemma3 fixes what the file does not say: a window in five layers of every six, the
+    sliding layers' rope at base 10000, queries scaled by head_dim, or by dim / heads at 62 layers
+    (Gemma 3 27B). Without a window every layer attends to its whole row, and a logit cap, which
+    llama.cpp applies only then, is refused; with one, llama.cpp caps nothing. A file without a key
+    every gemma3 file holds names it."""
+    from linnet.nest.checkpoint import GGUFCheckpoint
+
+    files = (tmp_path / f"g{i}.gguf" for i in itertools.count())  # each its own: a checkpoint maps its file
+
+    def card(**kw):
+        path = write_gemma3_keys(write_gguf, next(files), **kw)
+        return card_source_from_config(GGUFCheckpoint(path).config(), "g")
+
+    source = card(cap=30.0)
+    for line in ("window_pattern = 6", "sliding_window = 4", "rope_local_theta = 10000.0", "query_pre_attn_scalar = 16"):
+        assert line in source
+    assert "query_pre_attn_scalar = 168" in card(layers=62, dims=(5376, 32, 128))
+    assert "window_pattern = 1\n" in card(window=0)
+    with pytest.raises(nest.WeightsError, match="final_logit_softcapping is set"):
+        card(window=0, cap=30.0)
+    path = write_gemma3_keys(write_gguf, tmp_path / "g.gguf", ffn=False)
+    with pytest.raises(nest.WeightsError, match=r"g\.gguf: the GGUF metadata has no gemma3\.feed_forward_length, "
+                                                r"which every gemma3 file holds"):
+        nest.load(str(path), tokenizer=False)
