@@ -93,11 +93,21 @@ def cpu_kernels() -> ctypes.CDLL | None:
     return lib
 
 
+# Built again with these where a build fails: AMX's tile instructions need an assembler that knows
+# them (binutils 2.36), which a compiler new enough for their intrinsics may lack; without them the
+# bf16 pairs keep VDPBF16PS (cpu_linear.c), rather than every kernel being lost.
+WITHOUT_NEWEST = ("-DLINNET_NO_AMX",)
+
+
 def shared_library(name: str, sources: list[str], extra_flags: tuple[str, ...] = ()) -> ctypes.CDLL | None:
     """`sources` (files in this folder) built into one shared library and loaded; None, with a
-    warning, when it cannot be built."""
+    warning, when it cannot be built, even without the newest instructions (`WITHOUT_NEWEST`)."""
+    paths = [HERE / s for s in sources]
     try:
-        return ctypes.CDLL(str(_built(name, [HERE / s for s in sources], [*FLAGS, *extra_flags])))
+        try:
+            return ctypes.CDLL(str(_built(name, paths, [*FLAGS, *extra_flags])))
+        except subprocess.CalledProcessError:
+            return ctypes.CDLL(str(_built(name, paths, [*FLAGS, *extra_flags, *WITHOUT_NEWEST])))
     except (OSError, subprocess.CalledProcessError) as e:
         detail = e.stderr.strip().splitlines()[-1] if isinstance(e, subprocess.CalledProcessError) and e.stderr else e
         warnings.warn(f"linnet: the CPU kernel {name} could not be built ({detail}); its work runs on the "

@@ -310,8 +310,9 @@ static AVX512BF16 void pair_range(const uint16_t *x, long M, long K, const void 
  * tile's 3.4 (oneDNN's AMX kernel: 0.34). A bf16 out is rounded from each tile as it is stored, not
  * from an f32 copy of the whole product after (0.59 ms so). The first block of rows asks for the next
  * two panels as it reads these: a 16-row decode step reads the weights at memory speed only so. */
-#if (defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11)
-#define LINNET_AMX 1 /* AMX's intrinsics: GCC 11, Clang 12 on; an older compiler keeps the pair tile */
+#if !defined(LINNET_NO_AMX) && ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
+#define LINNET_AMX 1 /* AMX's intrinsics: GCC 11, Clang 12 on; an older compiler keeps the pair tile, and so
+                        does a build with LINNET_NO_AMX (build.py's second try, for an assembler without them) */
 #endif
 #define AMX_FROM 3    /* rows from which bf16 pairs take this path (one or two read faster in the pair chains) */
 #define AMX_K 32      /* K a tile step: K must be a multiple of it */
@@ -326,15 +327,22 @@ static AVX512BF16 void pair_range(const uint16_t *x, long M, long K, const void 
 /* AMX-TILE and AMX-BF16 here, and Linux lets this process use the tile registers (it asks once;
  * a process must, before its first tile instruction). */
 static int has_amx_bf16(void) {
-    static int amx = -1;
-    if (amx < 0) {
+    static int amx = -1; /* read and written atomically: XLA's threads may make their first calls at once */
+    int known = __atomic_load_n(&amx, __ATOMIC_RELAXED);
+    if (known < 0) {
         unsigned a, b, c, d;
         int cpu = __get_cpuid_max(0, NULL) >= 7 && __get_cpuid_count(7, 0, &a, &b, &c, &d) &&
                   (d >> 22 & 1) && (d >> 24 & 1); /* AMX-BF16, AMX-TILE */
-        amx = cpu && has_avx512_bf16() && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+        known = cpu && has_avx512_bf16() && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+        __atomic_store_n(&amx, known, __ATOMIC_RELAXED);
     }
-    return amx;
+    return known;
 }
+
+/* GCC's tile intrinsics are asm that names no memory (a load's address is a register operand):
+ * without this the compiler may drop or move the stores a tile instruction reads (the config, a
+ * padded copy of x) or read before a tile store (the scratch tile). */
+#define MEMORY_BARRIER() __asm__ volatile("" ::: "memory")
 
 struct tile_config {
     uint8_t palette, start_row, reserved[14];
@@ -351,6 +359,7 @@ static AMX_BF16 void amx_configure(void) {
         config.colsb[t] = 64;
         config.rows[t] = 16;
     }
+    MEMORY_BARRIER();
     _tile_loadconfig(&config);
 }
 
@@ -380,22 +389,70 @@ static AMX_BF16 void tile_out(const float *scratch, long rows, int width, int ou
             _tile_stored(t, (float *)out + (at), N * (long)sizeof(float));                   \
         } else if ((rows) > 0) {                                                             \
             _tile_stored(t, scratch, NR * (long)sizeof(float));                              \
+            MEMORY_BARRIER();                                                                \
             tile_out(scratch, rows, width, out_type, out, at, N);                            \
         }                                                                                    \
     } while (0)
 
+/* x's last rows, fewer than 16, zero-padded to 16 in a buffer of the thread's own, kept between
+ * calls (a decode step's rows come to this every call); NULL if out of memory. */
+static const uint16_t *padded_rows(const uint16_t *x, long rows, long K) {
+    static __thread uint16_t *buffer;
+    static __thread long held;
+    if (held < 16 * K) {
+        uint16_t *grown = realloc(buffer, 16 * K * sizeof *buffer);
+        if (!grown)
+            return NULL;
+        buffer = grown, held = 16 * K;
+    }
+    memcpy(buffer, x, rows * K * sizeof *buffer);
+    memset(buffer + rows * K, 0, (16 - rows) * K * sizeof *buffer);
+    MEMORY_BARRIER();
+    return buffer;
+}
+
+/* One block of rows (16, or 32 with `both`: x0's and x1's, ldx bytes a row) times panels a and b
+ * over K into C tiles 0 (x0 a), 1 (x0 b) and, with `both`, 2 (x1 a), 3 (x1 b). The first block of
+ * a pass asks for the next two panels (na, nb, if not NULL) as it reads these. */
+static inline AMX_BF16 __attribute__((always_inline)) void amx_block(int both, const char *x0, const char *x1,
+                                                                     long ldx, const char *a, const char *b, long K,
+                                                                     const char *na, const char *nb) {
+    _tile_zero(0);
+    _tile_zero(1);
+    if (both) {
+        _tile_zero(2);
+        _tile_zero(3);
+    }
+    for (long k = 0; k < K; k += AMX_K) {
+        if (na)
+            for (int line = 0; line < 16; line++) {
+                _mm_prefetch(na + k * 32 + line * 64, _MM_HINT_T1);
+                _mm_prefetch(nb + k * 32 + line * 64, _MM_HINT_T1);
+            }
+        /* each load just before its first use, so that it overlaps the products before */
+        _tile_loadd(4, x0 + k * 2, ldx);
+        _tile_loadd(6, a + k * 32, 64); /* pair-row k / 2, 64 bytes each */
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(7, b + k * 32, 64);
+        _tile_dpbf16ps(1, 4, 7);
+        if (both) {
+            _tile_loadd(5, x1 + k * 2, ldx);
+            _tile_dpbf16ps(2, 5, 6);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+}
+
 /* Panels [p0, p1), two at a time, times every row of x (bf16, K a row, K % AMX_K == 0), into out
- * [M, N] of out_type (the f32 sums rounded once). x's last M % 32 rows go through a zero-padded
- * copy, so that every A tile reads 16 whole rows. -1 if out of memory. */
+ * [M, N] of out_type (the f32 sums rounded once): blocks of 32 rows, then 16, then the last
+ * M % 16 rows zero-padded to 16 (`padded_rows`), so that every A tile reads 16 whole rows. -1 if
+ * out of memory. */
 static AMX_BF16 int amx_range(const uint16_t *x, long M, long K, const void *const *panels, const long *cols,
                               const int *widths, int out_type, void *out, long N, long p0, long p1) {
-    long full = M / AMX_ROWS * AMX_ROWS, ldx = K * 2;
-    uint16_t *tail = NULL;
-    if (full < M) {
-        if (!(tail = calloc(AMX_ROWS * K, 2)))
-            return -1;
-        memcpy(tail, x + full * K, (M - full) * ldx);
-    }
+    long whole = M / 16 * 16, ldx = K * 2;
+    const uint16_t *tail = whole < M ? padded_rows(x + whole * K, M - whole, K) : NULL;
+    if (whole < M && !tail)
+        return -1;
     float scratch[16 * NR];
     amx_configure();
     for (long m0 = 0; m0 < M; m0 += AMX_MC) {
@@ -406,41 +463,24 @@ static AMX_BF16 int amx_range(const uint16_t *x, long M, long K, const void *con
             const char *na = m0 == 0 && p + 2 < p1 ? panels[p + 2] : NULL;
             const char *nb = na && p + 3 < p1 ? panels[p + 3] : na;
             for (long m = m0; m < m1; m += AMX_ROWS) {
-                const char *xs = m < full ? (const char *)(x + m * K) : (const char *)tail;
-                _tile_zero(0);
-                _tile_zero(1);
-                _tile_zero(2);
-                _tile_zero(3);
-                for (long k = 0; k < K; k += AMX_K) {
-                    if (na && m == m0)
-                        for (int line = 0; line < 16; line++) {
-                            _mm_prefetch(na + k * 32 + line * 64, _MM_HINT_T1);
-                            _mm_prefetch(nb + k * 32 + line * 64, _MM_HINT_T1);
-                        }
-                    /* each load just before its first use, so that it overlaps the products before */
-                    _tile_loadd(4, xs + k * 2, ldx);
-                    _tile_loadd(6, a + k * 32, 64); /* pair-row k / 2, 64 bytes each */
-                    _tile_dpbf16ps(0, 4, 6);
-                    _tile_loadd(7, b + k * 32, 64);
-                    _tile_dpbf16ps(1, 4, 7);
-                    _tile_loadd(5, xs + 16 * ldx + k * 2, ldx);
-                    _tile_dpbf16ps(2, 5, 6);
-                    _tile_dpbf16ps(3, 5, 7);
-                }
-                long rows = M - m;
-                long at = m * N + cols[p];
+                int both = m1 - m > 16; /* a second block of 16 rows, whole or padded */
+                const char *x0 = m < whole ? (const char *)(x + m * K) : (const char *)tail;
+                const char *x1 = m + 16 < whole ? (const char *)(x + (m + 16) * K) : (const char *)tail;
+                amx_block(both, x0, x1, ldx, a, b, K, m == m0 ? na : NULL, nb);
+                long rows = M - m, at = m * N + cols[p];
                 AMX_STORE(0, at, rows, widths[p]);
-                AMX_STORE(2, at + 16 * N, rows - 16, widths[p]);
+                if (both)
+                    AMX_STORE(2, at + 16 * N, rows - 16, widths[p]);
                 if (two) {
                     at = m * N + cols[p + 1];
                     AMX_STORE(1, at, rows, widths[p + 1]);
-                    AMX_STORE(3, at + 16 * N, rows - 16, widths[p + 1]);
+                    if (both)
+                        AMX_STORE(3, at + 16 * N, rows - 16, widths[p + 1]);
                 }
             }
         }
     }
     _tile_release();
-    free(tail);
     return 0;
 }
 

@@ -142,9 +142,17 @@ def test_amx_tiles_run_only_where_the_cpu_has_them():
     with open("/proc/cpuinfo") as f:
         flags = set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
     has_amx = {"amx_tile", "amx_bf16", "avx512_bf16"} <= flags
-    release = tuple(int(p) for p in os.uname().release.split(".")[:2] if p.isdigit())
-    # Linux lets a process use the tile registers from 5.16 on (it asks, arch_prctl)
-    assert cpu_linear.amx_tiles() == (has_amx and release >= (5, 16))
+    # Linux lets a process use the tile registers once it asks (arch_prctl, Linux 5.16 on); asked
+    # here independently of the library
+    assert cpu_linear.amx_tiles() == (has_amx and tile_registers_granted())
+
+
+def tile_registers_granted() -> bool:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    arch_prctl, req_xcomp_perm, xtiledata = 158, 0x1023, 18  # x86-64's syscall number, asm/prctl.h
+    return libc.syscall(arch_prctl, req_xcomp_perm, xtiledata) == 0
 
 
 def test_pairs_are_the_kernels_rule_for_bf16_of_even_k():
@@ -198,4 +206,21 @@ def test_a_missing_compiler_falls_back_with_a_warning(tmp_path):
             "assert any('could not be built' in str(m.message) and 'no-such-cc (the CC environment variable) "
             "does not run: No such file' in str(m.message) for m in w), [str(m.message) for m in w]")
     env = dict(os.environ, LINNET_CACHE=str(tmp_path), CC=str(tmp_path / "no-such-cc"))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True)
+
+
+def test_an_assembler_without_amx_builds_the_kernels_without_it(tmp_path):
+    # a compiler whose assembler rejects AMX's tile instructions (binutils before 2.36): the library
+    # is built again without them, and bf16 pairs stay on VDPBF16PS rather than every kernel being lost
+    cc = tmp_path / "cc"
+    cc.write_text("#!/bin/sh\ncase \"$*\" in *-DLINNET_NO_AMX*) exec gcc \"$@\";; esac\n"
+                  "echo \"Error: no such instruction: tileloadd\" >&2; exit 1\n")
+    cc.chmod(0o755)
+    code = ("import torch, warnings; from linnet.kernels import cpu_linear as c\n"
+            "with warnings.catch_warnings():\n"
+            "    warnings.simplefilter('error'); assert c.available(torch.float32) and not c.amx_tiles()\n"
+            "x, w = torch.randn(40, 64).bfloat16(), torch.randn(24, 64).bfloat16()\n"
+            "got, want = c.matmul(x, c.pack(w)).float(), (x.double() @ w.double().T).float()\n"
+            "assert torch.allclose(got, want, rtol=2 ** -7, atol=1e-3)")
+    env = dict(os.environ, LINNET_CACHE=str(tmp_path / "cache"), CC=str(cc))
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
