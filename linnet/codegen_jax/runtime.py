@@ -588,7 +588,9 @@ class JaxModel:
         # until they are packed into panels (`pack_linear_weights`): packed from the host, in their
         # own memory where they can be, never as a device array and its panels at once.
         packs = (self.fast and mesh is None and self.device.platform == "cpu" and xla_kernels.registered())
-        kept = {}
+        kept = {}  # name -> (host array, whether it is this model's to rearrange and give back)
+        # a linear weight tied to by a param that is not one (gathered from) stays as it is
+        gathered_targets = {t for alias, t in self.tied.items() if alias not in self.linear_weights}
         for name, (shape, dtype) in self.params.items():
             if name in self.tied:
                 continue
@@ -604,8 +606,9 @@ class JaxModel:
             if host.dtype != DTYPES[dtype]:
                 raise TypeError(f"param `{name}` must be {dtype}, but the weights given are {host.dtype}")
             axis = self.shard_params.get(name)
-            if packs and name in self.linear_weights and xla_kernels.available(host.dtype, "cpu"):
-                kept[name] = host
+            if packs and name in self.linear_weights and name not in gathered_targets and \
+                    xla_kernels.available(host.dtype, "cpu"):
+                kept[name] = (np.asarray(host), consume and xla_kernels.owns_its_memory(host))
             elif name in self.stacked and name in self.linear_weights and axis != 0:
                 # XLA's CPU backend copies a static slice of a parameter (`wq[l]`) before a dot,
                 # which costs a pass over every weight per step; a list of per-layer arrays
@@ -625,7 +628,7 @@ class JaxModel:
         self.weights = arrays
         # Fused groups and panels serve one device; on a mesh each weight stays as it was split.
         if packs:
-            parts, panels = self.pack_linear_weights(kept, owned=consume)
+            parts, panels = self.pack_linear_weights(kept)
         else:
             for name, other in self.tied.items():
                 arrays[name] = arrays[other]
@@ -685,14 +688,16 @@ class JaxModel:
                 start += rows
         return parts
 
-    def pack_linear_weights(self, kept: dict, owned: bool) -> tuple[dict, dict]:
+    def pack_linear_weights(self, kept: dict) -> tuple[dict, dict]:
         """On one CPU, where Linnet's kernels run (`xla_kernels.available`): `kept`, the linear
         weights' host arrays, as panels for `linear` to call the kernel on. A fused group (each of
         `linear_groups` whose members are all kept) is one panel array, its members' rows side by
         side; a stacked weight is one array [layers, P, K, 16] that the kernel indexes by layer (a
         few arrays per param rather than one a layer: the executable's arguments are what each
-        call's dispatch walks). `owned`: the arrays are given up (`xla_kernels.pack_side_by_side`
-        packs them in their own memory, or gives their pages back as it copies them).
+        call's dispatch walks). `kept` maps each name to (its host array, whether the array is the
+        model's own: given up by a caller who passed `consume`, memory no file or other array
+        shares; `xla_kernels.pack_side_by_side` packs such arrays in their own memory, or gives
+        their pages back as it copies them).
         Tied aliases: one of a packed target shares its panels; a linear weight tied to a param
         that is not one (a head tied to an embedding that is gathered from) gets panels of its own.
         Returns ({member: (group key, first row, row past the last)} for `_on_parts`,
@@ -704,20 +709,20 @@ class JaxModel:
         jobs += [(name, [name]) for name in list(kept) if name not in grouped]
         parts, panels = {}, {}
         for key, names in jobs:
-            members = [kept.pop(name) for name in names]
+            members, owned = zip(*(kept.pop(name) for name in names))
             start = 0
             for name, m in zip(names, members):
                 if len(names) > 1:
                     parts[name] = (key, start, start + m.shape[-2])
                 start += m.shape[-2]
             stacked = members[0].ndim == 3
-            packed = xla_kernels.pack_side_by_side(members, owned=owned)
+            packed = xla_kernels.pack_side_by_side(list(members), owned=all(owned))
             del members
             self.weights[key] = _on_huge_pages(jax.device_put(packed, self.device))
             panels[key] = (start, packed.shape[0] if stacked else None)
             del packed
         for alias, target in self.tied.items():
-            if target in panels:
+            if target in panels:  # (a linear weight's: targets of others are not kept)
                 self.weights[alias], panels[alias] = self.weights[target], panels[target]
                 continue
             value = self.weights[alias] = self.weights[target]

@@ -79,10 +79,11 @@ def aligned_empty(shape, dtype) -> np.ndarray:
 
 
 def give_back(address: int, nbytes: int) -> int:
-    """Returns the whole pages (4 KB on x86-64) inside [address, address + nbytes) of this process's private
-    memory to the system (MADV_DONTNEED): their contents are lost (they read as zeros after), the
-    addresses stay valid. For memory the caller owns and will not read again; the bytes around it
-    on its first and last pages are kept. Returns the bytes given back (0 where none could be)."""
+    """Returns the whole pages (4 KB on x86-64) inside [address, address + nbytes) of this
+    process's private memory to the system (MADV_DONTNEED): their contents are lost (anonymous
+    memory reads as zeros after), the addresses stay valid. For memory the caller owns and will not
+    read again; the bytes around it on its first and last pages are kept. Returns the bytes given
+    back (0 where none could be)."""
     madvise = _madvise()
     start = -(-address // SMALL_PAGE) * SMALL_PAGE
     end = (address + nbytes) // SMALL_PAGE * SMALL_PAGE

@@ -15,6 +15,7 @@ The handlers run on XLA's own thread pool.
 from __future__ import annotations
 
 import functools
+import mmap
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -52,10 +53,13 @@ def pack_side_by_side(members: list, owned: bool = False) -> np.ndarray:
     as the panels of their rows side by side (a fused group: q, k and v), zero-padded:
     [(L,) ceil(sum N_i / 16), K, 16].
 
-    `owned`: the caller gives the members up. Then a lone C-contiguous, writable member whose N is
-    a multiple of 16 is packed in its own memory (no copy); otherwise the panels are a new array,
-    filled a layer at a time, and each member's layer gives its pages back to the system once it
-    is copied (`pages.give_back`), so that packing never holds two copies of a whole weight."""
+    `owned`: the caller gives the members up, each holding memory of its own that nothing else
+    reads (`owns_its_memory`; shared memory would be rearranged or lost). Then a lone C-contiguous
+    member whose N is a multiple of 16 is packed in its own memory (no copy); otherwise the panels
+    are a new array, filled a layer at a time, and each member's layer gives its pages back to the
+    system once it is copied (`pages.give_back`), so that packing never holds two copies of a
+    whole weight."""
+    members = [np.asarray(m) for m in members]
     first = members[0]
     stacked, k = first.ndim == 3, first.shape[-1]
     n = sum(m.shape[-2] for m in members)
@@ -69,6 +73,18 @@ def pack_side_by_side(members: list, owned: bool = False) -> np.ndarray:
         _fill_and_pack((out[layer] if stacked else out).reshape(-1, k), parts,
                        give_back=owned)
     return out
+
+
+def owns_its_memory(a) -> bool:
+    """Whether numpy array `a` holds memory of its own to rearrange and give back: writable, and
+    no file's map (np.memmap, mmap) under it. A JAX array's host view is JAX's."""
+    if not isinstance(a, np.ndarray) or not a.flags.writeable:
+        return False
+    while a is not None:
+        if isinstance(a, (np.memmap, mmap.mmap)):
+            return False
+        a = getattr(a, "base", None)
+    return True
 
 
 def _fill_and_pack(rows: np.ndarray, parts: list, give_back: bool = False) -> None:

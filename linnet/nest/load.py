@@ -80,10 +80,9 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     kind = BACKENDS[backend]
     if shards is not None and kind != "jax":
         raise ValueError("shards= spreads a JAX model over devices; the torch backend runs on one")
-    try:
-        seed = operator.index(seed)  # an int or numpy's: torch's generator took "x" and failed deep inside
-    except TypeError:
-        raise TypeError(f"seed must be an integer, not {seed!r}") from None
+    if isinstance(seed, bool) or not hasattr(seed, "__index__"):  # torch's generator took "x", failed inside
+        raise TypeError(f"seed must be an integer, not {seed!r}")
+    seed = operator.index(seed)  # (numpy's integers too)
     if kind == "torch":
         device = device or ("cuda" if _cuda_available() else "cpu")
         _check_torch_device(device)

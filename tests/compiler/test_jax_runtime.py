@@ -157,6 +157,29 @@ def test_linear_weights_held_as_panels_change_no_value(dtype, monkeypatch):
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
 
 
+def test_jax_arrays_handed_over_are_packed_as_copies():
+    # consume=True with JAX arrays (a caller's model, not nest.load's host arrays): their host views
+    # are JAX's, so the panels are copies, and the model computes what one loaded from numpy does
+    from linnet import nest
+    from linnet.kernels import xla_kernels
+
+    if not xla_kernels.available(np.float32, "cpu"):
+        pytest.skip("Linnet's CPU kernel does not run here")
+    loaded = nest.load("tiny-llama", backend="jax", numerics="fast", weights="random", tokenizer=False,
+                       generics={"Batch": 3, "MaxSeq": 16, "T": "f32"}).runner
+    model_class = type(loaded)
+    plain = nest.load("tiny-llama", backend="jax", numerics="exact", weights="random", tokenizer=False,
+                      generics={"Batch": 3, "MaxSeq": 16, "T": "f32"}).runner
+    given = {name: jnp.asarray(np.stack(a) if isinstance(a, list) else a) for name, a in plain.weights.items()
+             if name not in model_class.tied}
+    before = {name: np.array(a) for name, a in given.items()}
+    model = model_class(dict(given), consume=True)
+    step = (np.array([3, 4, 5], np.int32), np.array([3, 16, 2], np.int32))
+    np.testing.assert_allclose(np.asarray(model.decode(*step)), np.asarray(loaded.decode(*step)), rtol=1e-6, atol=1e-6)
+    for name, a in given.items():
+        np.testing.assert_array_equal(np.asarray(a), before[name])
+
+
 def test_a_bf16_prefill_converts_no_whole_cache_to_f32():
     # A prompt's keys are gathered from the stacked cache and widened; gathered as bf16, XLA moved the
     # convert in front of the gather and widened every layer's whole stack, twice a layer.

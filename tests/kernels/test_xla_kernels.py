@@ -114,3 +114,22 @@ def test_members_side_by_side_are_the_panels_of_their_rows_joined(ns, k, layers,
     assert (got.ctypes.data == address) == lone  # a lone owned member of whole panels: its own memory
     if not owned:
         np.testing.assert_array_equal(np.concatenate(members, axis=-2).view(np.uint8), joined.view(np.uint8))
+
+
+def test_only_memory_of_its_own_is_packed_in_place_or_given_back(tmp_path):
+    """A file's map, a read-only array or a JAX array's host view is copied, never rearranged or
+    given back, even when the caller gives it up: the file, or JAX's array, stays as it was."""
+    w = np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)
+    want = xla_kernels.pack(w)
+    path = tmp_path / "w.bin"
+    w.tofile(path)
+    mapped = np.memmap(path, dtype=np.float32, mode="r+", shape=(32, 64))
+    on_jax = jnp.asarray(w)
+    for member in (mapped, mapped[:16], w.copy().view(), on_jax):
+        owned = xla_kernels.owns_its_memory(member)
+        assert not owned or member.base is not None  # (only the plain copy's view is the model's)
+        got = xla_kernels.pack_side_by_side([member], owned=owned)
+        np.testing.assert_array_equal(got[: member.shape[0] // 16], want[: member.shape[0] // 16])
+    assert not xla_kernels.owns_its_memory(mapped) and not xla_kernels.owns_its_memory(on_jax)
+    np.testing.assert_array_equal(np.fromfile(path, dtype=np.float32).reshape(32, 64), w)
+    np.testing.assert_array_equal(np.asarray(on_jax), w)

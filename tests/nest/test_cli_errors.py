@@ -59,7 +59,7 @@ def test_a_device_this_process_lacks(capsys):
 def test_a_seed_that_is_not_an_integer():
     from linnet import nest
 
-    for seed in ("x", 1.5, None):
+    for seed in ("x", 1.5, None, True):
         with pytest.raises(TypeError, match="seed must be an integer, not"):
             nest.load("tiny-llama", weights="random", seed=seed)
 
