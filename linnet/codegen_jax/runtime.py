@@ -695,8 +695,8 @@ class JaxModel:
         side; a stacked weight is one array [layers, P, K, 16] that the kernel indexes by layer (a
         few arrays per param rather than one a layer: the executable's arguments are what each
         call's dispatch walks). `kept` maps each name to (its host array, whether the array is the
-        model's own: given up by a caller who passed `consume`, memory no file or other array
-        shares; `xla_kernels.pack_side_by_side` packs such arrays in their own memory, or gives
+        model's own: handed over whole by a caller who passed `consume`, writable, no file's map
+        under it; `xla_kernels.pack_side_by_side` packs such arrays in their own memory, or gives
         their pages back as it copies them).
         Tied aliases: one of a packed target shares its panels; a linear weight tied to a param
         that is not one (a head tied to an embedding that is gathered from) gets panels of its own.
