@@ -201,14 +201,66 @@ static inline AVX512 __attribute__((always_inline)) void weigh16(int type, int g
             _mm512_storeu_ps(out + g * D + d0 + 16 * c, _mm512_mul_ps(acc[g][c], _mm512_set1_ps(norm[g])));
 }
 
-static inline AVX512 __attribute__((always_inline)) void attend16_heads(int type, int gn, const float *q, long D,
+#define AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
+
+/* Whether bf16 queries against a bf16 cache are scored by VDPBF16PS here (`score_pairs`). */
+static int scores_in_pairs(void) {
+    static int pairs = -1; /* read and written atomically: threads may ask at once */
+    int known = __atomic_load_n(&pairs, __ATOMIC_RELAXED);
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
+        __atomic_store_n(&pairs, known, __ATOMIC_RELAXED);
+    }
+    return known;
+}
+
+/* `score16` for bf16 queries (qb, D a head, D % 32 == 0) against a bf16 cache, by VDPBF16PS: 32
+ * products of a query head and a key an instruction, exact, summed in f32, where score16 widens
+ * each key's values and does 16 (a bf16 model's queries are bf16 already). A packed prompt's
+ * tokens score their whole prefix each, so this is most of a long prompt's attention. */
+static AVX512BF16 void score_pairs(int gn, const uint16_t *qb, long D, const uint16_t *k, long pos_stride, long j0,
+                                   long j1, float scale, float *s, long L) {
+    long j = j0;
+    __m128 vscale = _mm_set1_ps(scale);
+    for (; j + 4 <= j1; j += 4) {
+        __m512 a[4][4];
+        for (int g = 0; g < 4; g++)
+            for (int t = 0; t < 4; t++)
+                a[g][t] = _mm512_setzero_ps();
+        for (long d = 0; d < D; d += 32)
+            for (int t = 0; t < 4; t++) {
+                __m512bh kv = (__m512bh)_mm512_loadu_si512(k + (j + t) * pos_stride + d);
+                for (int g = 0; g < gn; g++)
+                    a[g][t] = _mm512_dpbf16_ps(a[g][t], (__m512bh)_mm512_loadu_si512(qb + g * D + d), kv);
+            }
+        for (int g = 0; g < gn; g++)
+            _mm_storeu_ps(s + g * L + j - j0, _mm_mul_ps(sum4(a[g][0], a[g][1], a[g][2], a[g][3]), vscale));
+    }
+    for (; j < j1; j++) {
+        __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (long d = 0; d < D; d += 32) {
+            __m512bh kv = (__m512bh)_mm512_loadu_si512(k + j * pos_stride + d);
+            for (int g = 0; g < gn; g++)
+                a[g] = _mm512_dpbf16_ps(a[g], (__m512bh)_mm512_loadu_si512(qb + g * D + d), kv);
+        }
+        for (int g = 0; g < gn; g++)
+            s[g * L + j - j0] = _mm512_reduce_add_ps(a[g]) * scale;
+    }
+}
+
+static inline AVX512 __attribute__((always_inline)) void attend16_heads(int type, int gn, const float *q,
+                                                                         const uint16_t *qb, long D,
                                                                          const char *k, const char *v,
                                                                          long pos_stride, long j0, long j1,
                                                                          const float *sinks, float scale,
                                                                          float *scores, float *out) {
     long L = j1 - j0, d0 = 0;
     float norm[4];
-    score16(type, gn, q, D, k, pos_stride, j0, j1, scale, scores, L);
+    if (qb)
+        score_pairs(gn, qb, D, (const uint16_t *)k, pos_stride, j0, j1, scale, scores, L);
+    else
+        score16(type, gn, q, D, k, pos_stride, j0, j1, scale, scores, L);
     softmax_rows(scores, gn, L, sinks, norm);
     for (; d0 + 64 <= D; d0 += 64)
         weigh16(type, gn, 4, v, pos_stride, j0, L, scores, norm, D, d0, out);
@@ -216,30 +268,33 @@ static inline AVX512 __attribute__((always_inline)) void attend16_heads(int type
         weigh16(type, gn, 1, v, pos_stride, j0, L, scores, norm, D, d0, out);
 }
 
-/* `attend` with 16 floats a vector: the heads four at a time. */
-static inline AVX512 __attribute__((always_inline)) void attend16(int type, const float *q, long G, long D,
-                                                                   const char *k, const char *v, long pos_stride,
-                                                                   long j0, long j1, const float *sinks, float scale,
-                                                                   float *scores, float *out) {
+/* `attend` with 16 floats a vector: the heads four at a time. qb: the queries in bf16 for
+ * `score_pairs`, or NULL. */
+static inline AVX512 __attribute__((always_inline)) void attend16(int type, const float *q, const uint16_t *qb,
+                                                                   long G, long D, const char *k, const char *v,
+                                                                   long pos_stride, long j0, long j1,
+                                                                   const float *sinks, float scale, float *scores,
+                                                                   float *out) {
     for (long g = 0; g < G; g += 4) {
         const float *qg = q + g * D, *sg = sinks ? sinks + g : NULL;
+        const uint16_t *qbg = qb ? qb + g * D : NULL;
         float *og = out + g * D;
         switch (G - g < 4 ? G - g : 4) {
-        case 1: attend16_heads(type, 1, qg, D, k, v, pos_stride, j0, j1, sg, scale, scores, og); break;
-        case 2: attend16_heads(type, 2, qg, D, k, v, pos_stride, j0, j1, sg, scale, scores, og); break;
-        case 3: attend16_heads(type, 3, qg, D, k, v, pos_stride, j0, j1, sg, scale, scores, og); break;
-        default: attend16_heads(type, 4, qg, D, k, v, pos_stride, j0, j1, sg, scale, scores, og);
+        case 1: attend16_heads(type, 1, qg, qbg, D, k, v, pos_stride, j0, j1, sg, scale, scores, og); break;
+        case 2: attend16_heads(type, 2, qg, qbg, D, k, v, pos_stride, j0, j1, sg, scale, scores, og); break;
+        case 3: attend16_heads(type, 3, qg, qbg, D, k, v, pos_stride, j0, j1, sg, scale, scores, og); break;
+        default: attend16_heads(type, 4, qg, qbg, D, k, v, pos_stride, j0, j1, sg, scale, scores, og);
         }
     }
 }
 
-static AVX512 void attend16_typed(int type, const float *q, long G, long D, const char *k, const char *v,
-                                  long pos_stride, long j0, long j1, const float *sinks, float scale, float *scores,
-                                  float *out) {
+static AVX512 void attend16_typed(int type, const float *q, const uint16_t *qb, long G, long D, const char *k,
+                                  const char *v, long pos_stride, long j0, long j1, const float *sinks, float scale,
+                                  float *scores, float *out) {
     switch (type) { /* a copy for each type, whose loads the compiler then knows */
-    case F32: attend16(F32, q, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out); break;
-    case BF16: attend16(BF16, q, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out); break;
-    default: attend16(F16, q, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out);
+    case F32: attend16(F32, q, NULL, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out); break;
+    case BF16: attend16(BF16, q, qb, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out); break;
+    default: attend16(F16, q, NULL, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out);
     }
 }
 
@@ -302,8 +357,14 @@ static AVX2 void attend_units(int type, int q_type, const void *q, long H, long 
         }
         const float *sh = sinks ? sinks + h * G : NULL;
         const char *kh = (const char *)k + base, *vh = (const char *)v + base;
-        (wide && D % 16 == 0 ? attend16_typed : attend8_typed)(type, qh, G, D, kh, vh, pos_stride, j0, pos + 1, sh,
-                                                               scale, scores, o);
+        if (wide && D % 16 == 0) {
+            /* bf16 queries and cache: scored as they are, in pairs (`score_pairs`) */
+            const uint16_t *qb = type == BF16 && q_type == BF16 && D % 32 == 0 && scores_in_pairs()
+                                     ? (const uint16_t *)q + at : NULL;
+            attend16_typed(type, qh, qb, G, D, kh, vh, pos_stride, j0, pos + 1, sh, scale, scores, o);
+        } else {
+            attend8_typed(type, qh, G, D, kh, vh, pos_stride, j0, pos + 1, sh, scale, scores, o);
+        }
         if (q_type != F32)
             for (long e = 0; e < G * D; e += 8)
                 store8(out, q_type, at + e, _mm256_loadu_ps(o + e));

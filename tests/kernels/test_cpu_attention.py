@@ -45,3 +45,26 @@ def test_a_layer_of_a_stacked_cache_and_a_bf16_query():
     assert got.dtype == torch.bfloat16
     want = reference(q.float().numpy(), k[1].numpy(), v[1].numpy(), rows, positions, 0, None, 0.25)
     np.testing.assert_allclose(got.double().numpy(), want, rtol=2 ** -8, atol=2 ** -8)
+
+
+@settings(max_examples=30, deadline=None)
+@given(n=st.integers(1, 5), kv_heads=st.integers(1, 3), group=st.sampled_from([1, 3, 4, 5]),
+       head_dim=st.sampled_from([16, 32, 64, 96, 128]), max_seq=st.integers(1, 40), window=st.sampled_from([0, 6]),
+       with_sinks=st.booleans(), seed=st.integers(0, 2 ** 31 - 1))
+def test_bf16_queries_against_a_bf16_cache(n, kv_heads, group, head_dim, max_seq, window, with_sinks, seed):
+    # a bf16 model's pass: queries and cache in bf16, scored as they are where the CPU has AVX-512
+    # BF16 and head_dim is a multiple of 32 (the products exact, the sums f32), else widened
+    g = torch.Generator().manual_seed(seed)
+    batch, heads = 3, kv_heads * group
+    k, v = (torch.randn(batch, max_seq, kv_heads, head_dim, generator=g).bfloat16() for _ in range(2))
+    q = torch.randn(n, heads, head_dim, generator=g).bfloat16()
+    rows = torch.randint(0, batch, (n,), generator=g)
+    positions = torch.randint(0, max_seq, (n,), generator=g, dtype=torch.int32)
+    sinks = torch.randn(heads, generator=g) if with_sinks else None
+    scale = head_dim ** -0.5
+    got = cpu_attention.attend_rows(q, k, v, rows, positions, window, sinks, scale)
+    assert got.dtype == torch.bfloat16
+    want = reference(*(a.float().numpy() for a in (q, k, v)), rows, positions, window,
+                     None if sinks is None else sinks.numpy(), scale)
+    # one bf16 rounding of the output, and the f32 sums' own error
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=2 ** -8, atol=2 ** -8)
