@@ -588,7 +588,7 @@ class JaxModel:
         # until they are packed into panels (`pack_linear_weights`): packed from the host, in their
         # own memory where they can be, never as a device array and its panels at once.
         packs = (self.fast and mesh is None and self.device.platform == "cpu" and xla_kernels.registered())
-        kept = {}  # name -> (host array, whether it is this model's to rearrange and give back)
+        kept = {}  # name -> host array, packed by `pack_linear_weights`
         # a linear weight tied to by a param that is not one (gathered from) stays as it is
         gathered_targets = {t for alias, t in self.tied.items() if alias not in self.linear_weights}
         for name, (shape, dtype) in self.params.items():
@@ -608,7 +608,7 @@ class JaxModel:
             axis = self.shard_params.get(name)
             if packs and name in self.linear_weights and name not in gathered_targets and \
                     xla_kernels.available(host.dtype, "cpu"):
-                kept[name] = (np.asarray(host), consume and xla_kernels.owns_its_memory(host))
+                kept[name] = host
             elif name in self.stacked and name in self.linear_weights and axis != 0:
                 # XLA's CPU backend copies a static slice of a parameter (`wq[l]`) before a dot,
                 # which costs a pass over every weight per step; a list of per-layer arrays
@@ -628,7 +628,7 @@ class JaxModel:
         self.weights = arrays
         # Fused groups and panels serve one device; on a mesh each weight stays as it was split.
         if packs:
-            parts, panels = self.pack_linear_weights(kept)
+            parts, panels = self.pack_linear_weights(kept, owned=consume)
         else:
             for name, other in self.tied.items():
                 arrays[name] = arrays[other]
@@ -688,16 +688,15 @@ class JaxModel:
                 start += rows
         return parts
 
-    def pack_linear_weights(self, kept: dict) -> tuple[dict, dict]:
+    def pack_linear_weights(self, kept: dict, owned: bool) -> tuple[dict, dict]:
         """On one CPU, where Linnet's kernels run (`xla_kernels.available`): `kept`, the linear
         weights' host arrays, as panels for `linear` to call the kernel on. A fused group (each of
         `linear_groups` whose members are all kept) is one panel array, its members' rows side by
         side; a stacked weight is one array [layers, P, K, 16] that the kernel indexes by layer (a
         few arrays per param rather than one a layer: the executable's arguments are what each
-        call's dispatch walks). `kept` maps each name to (its host array, whether the array is the
-        model's own: handed over whole by a caller who passed `consume`, writable, no file's map
-        under it; `xla_kernels.pack_side_by_side` packs such arrays in their own memory, or gives
-        their pages back as it copies them).
+        call's dispatch walks). `kept`: each name's host array; `owned`: the caller handed them over
+        whole (`consume`), so that `xla_kernels.pack_side_by_side` packs those holding memory of
+        their own in place, or gives their pages back as it copies them.
         Tied aliases: one of a packed target shares its panels; a linear weight tied to a param
         that is not one (a head tied to an embedding that is gathered from) gets panels of its own.
         Returns ({member: (group key, first row, row past the last)} for `_on_parts`,
@@ -709,14 +708,14 @@ class JaxModel:
         jobs += [(name, [name]) for name in list(kept) if name not in grouped]
         parts, panels = {}, {}
         for key, names in jobs:
-            members, owned = zip(*(kept.pop(name) for name in names))
+            members = [kept.pop(name) for name in names]
             start = 0
             for name, m in zip(names, members):
                 if len(names) > 1:
                     parts[name] = (key, start, start + m.shape[-2])
                 start += m.shape[-2]
             stacked = members[0].ndim == 3
-            packed = xla_kernels.pack_side_by_side(list(members), owned=all(owned))
+            packed = xla_kernels.pack_side_by_side(members, owned=owned)
             del members
             self.weights[key] = _on_huge_pages(jax.device_put(packed, self.device))
             panels[key] = (start, packed.shape[0] if stacked else None)

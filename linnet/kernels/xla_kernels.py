@@ -53,18 +53,19 @@ def pack_side_by_side(members: list, owned: bool = False) -> np.ndarray:
     as the panels of their rows side by side (a fused group: q, k and v), zero-padded:
     [(L,) ceil(sum N_i / 16), K, 16].
 
-    `owned`: the caller gives the members up, each holding memory of its own that nothing else
-    reads (`owns_its_memory`; shared memory would be rearranged or lost). Then a lone C-contiguous
-    member whose N is a multiple of 16 is packed in its own memory (no copy); otherwise the panels
-    are a new array, filled a layer at a time, and each member's layer gives its pages back to the
-    system once it is copied (`pages.give_back`), so that packing never holds two copies of a
-    whole weight."""
+    `owned`: the caller gives the members up, each whole (nothing else reads their memory). Where
+    each also holds memory of its own (`owns_its_memory`: writable, no file's map under it; a JAX
+    array's host view is JAX's), a lone C-contiguous member whose N is a multiple of 16 is packed
+    in its own memory (no copy); otherwise the panels are a new array, filled a layer at a time,
+    and each member's layer gives its pages back to the system once it is copied
+    (`pages.give_back`), so that packing never holds two copies of a whole weight."""
+    owned = owned and all(owns_its_memory(m) for m in members)
     members = [np.asarray(m) for m in members]
     first = members[0]
     stacked, k = first.ndim == 3, first.shape[-1]
     n = sum(m.shape[-2] for m in members)
     lead = first.shape[:1] if stacked else ()
-    if owned and len(members) == 1 and n % PANEL == 0 and first.flags.c_contiguous and first.flags.writeable:
+    if owned and len(members) == 1 and n % PANEL == 0 and first.flags.c_contiguous:
         _fill_and_pack(first.reshape(-1, k), [])
         return first.reshape(*lead, n // PANEL, k, PANEL)
     out = pages.aligned_empty((*lead, -(-n // PANEL), k, PANEL), first.dtype)  # placed without a copy
