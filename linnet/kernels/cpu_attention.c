@@ -201,20 +201,6 @@ static inline AVX512 __attribute__((always_inline)) void weigh16(int type, int g
             _mm512_storeu_ps(out + g * D + d0 + 16 * c, _mm512_mul_ps(acc[g][c], _mm512_set1_ps(norm[g])));
 }
 
-#define AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
-
-/* Whether bf16 queries against a bf16 cache are scored by VDPBF16PS here (`score_pairs`). */
-static int scores_in_pairs(void) {
-    static int pairs = -1; /* read and written atomically: threads may ask at once */
-    int known = __atomic_load_n(&pairs, __ATOMIC_RELAXED);
-    if (known < 0) {
-        __builtin_cpu_init();
-        known = __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512bf16");
-        __atomic_store_n(&pairs, known, __ATOMIC_RELAXED);
-    }
-    return known;
-}
-
 /* `score16` for bf16 queries (qb, D a head, D % 32 == 0) against a bf16 cache, by VDPBF16PS: 32
  * products of a query head and a key an instruction, exact, summed in f32, where score16 widens
  * each key's values and does 16 (a bf16 model's queries are bf16 already). A packed prompt's
@@ -359,7 +345,7 @@ static AVX2 void attend_units(int type, int q_type, const void *q, long H, long 
         const char *kh = (const char *)k + base, *vh = (const char *)v + base;
         if (wide && D % 16 == 0) {
             /* bf16 queries and cache: scored as they are, in pairs (`score_pairs`) */
-            const uint16_t *qb = type == BF16 && q_type == BF16 && D % 32 == 0 && scores_in_pairs()
+            const uint16_t *qb = type == BF16 && q_type == BF16 && D % 32 == 0 && linnet_avx512_bf16()
                                      ? (const uint16_t *)q + at : NULL;
             attend16_typed(type, qh, qb, G, D, kh, vh, pos_stride, j0, pos + 1, sh, scale, scores, o);
         } else {

@@ -42,19 +42,23 @@ int linnet_cpu_supported(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
-static int has_avx512_bf16(void) {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+/* AVX-512 BF16 here (and the AVX-512 it needs): the pair kernels' and the attention's check. */
+int linnet_avx512_bf16(void) {
+    static int bf16 = -1; /* read and written atomically: XLA's threads may make their first calls at once */
+    int known = __atomic_load_n(&bf16, __ATOMIC_RELAXED);
+    if (known < 0) {
+        __builtin_cpu_init();
+        known = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+        __atomic_store_n(&bf16, known, __ATOMIC_RELAXED);
+    }
+    return known;
 }
 
 /* Whether a weight of `type` and K is packed in pairs of K (see the top): the one rule, which the
  * packers (here and in Python) and the kernel all follow. */
 int linnet_panel_pairs(int type, long K) {
-    static int bf16 = -1;
-    if (bf16 < 0)
-        bf16 = has_avx512_bf16();
-    return type == BF16 && K % 2 == 0 && bf16;
+    return type == BF16 && K % 2 == 0 && linnet_avx512_bf16();
 }
 
 /* The column a bf16 panel row holds at each of its 16 places: interleaving a row's 16 values with
@@ -203,7 +207,6 @@ static AVX2 void panel_range(int type, const float *x, long M, long K, const voi
 
 /* ---- bf16 weights in pairs of K, on AVX-512 BF16 (see the top) */
 
-#define AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
 #define PREFETCH_PAIRS 32 /* a one-row product asks for its panels this many pair-rows (2 KB) ahead: 4 (256 B) ran one
                             * SmolLM2 bf16 request at 76 tokens/s on a 2-core Xeon, 32 at 86 */
 #define MRP 12 /* input rows a pair tile: 12 x 2 panels are 24 of the 32 vector registers */
@@ -333,7 +336,7 @@ static int has_amx_bf16(void) {
         unsigned a, b, c, d;
         int cpu = __get_cpuid_max(0, NULL) >= 7 && __get_cpuid_count(7, 0, &a, &b, &c, &d) &&
                   (d >> 22 & 1) && (d >> 24 & 1); /* AMX-BF16, AMX-TILE */
-        known = cpu && has_avx512_bf16() && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+        known = cpu && linnet_avx512_bf16() && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
         __atomic_store_n(&amx, known, __ATOMIC_RELAXED);
     }
     return known;

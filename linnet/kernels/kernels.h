@@ -9,6 +9,8 @@
 
 /* Kernels carry target attributes, not global -m flags: linnet_cpu_supported() runs on any x86-64. */
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
+/* AVX-512 BF16's instructions (VDPBF16PS), where `linnet_avx512_bf16()` says they run. */
+#define AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
 
 enum { F32 = 0, BF16 = 1, F16 = 2 }; /* the type codes callers pass */
 
@@ -130,6 +132,7 @@ static inline AVX2 __attribute__((always_inline)) __m256 exp8(__m256 x) {
 
 /* cpu_linear.c */
 int linnet_cpu_supported(void);
+int linnet_avx512_bf16(void);
 int linnet_panel_pairs(int type, long K);
 const void *linnet_linear_input(int type, int x_type, const void *x, long M, long K, void **scratch);
 int linnet_linear(int type, int x_type, const void *x, long M, long K, long P, const void *const *panels,
