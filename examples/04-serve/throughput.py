@@ -9,6 +9,7 @@ Without a GPU or the weights, try a small card with random weights:
 
 import argparse
 import random
+import sys
 import time
 
 import torch
@@ -36,6 +37,7 @@ args = parser.parse_args()
 # One cache row per request in flight, long enough for the longest prompt
 # and its completion.
 generics = {"Batch": args.rows, "MaxSeq": args.max_prompt + args.new, "T": args.dtype}
+start = time.perf_counter()
 try:
     if args.backend == "torch":
         # Generated PyTorch, each step replayed as one CUDA graph.
@@ -47,6 +49,7 @@ try:
                           weights=args.weights, tokenizer=False, shards=args.shards)
 except (nest.CardError, nest.WeightsError, nest.DeviceError) as err:  # the card, its weights, the device: said why
     parser.exit(1, f"{parser.prog}: error: {err}\n")
+print(f"loaded in {time.perf_counter() - start:.0f} s", file=sys.stderr)  # apart from the two lines
 
 rng = random.Random(0)
 top = min(20000, model.vocab)  # the seed's ids, 100 to 20000; a small test card's own vocabulary
@@ -57,7 +60,7 @@ prompts = [
 engine = Engine(model, token_budget=args.token_budget)
 start = time.perf_counter()
 engine.warmup(len(prompt) for prompt in prompts)
-print(f"compiled in {time.perf_counter() - start:.0f} s")
+print(f"compiled in {time.perf_counter() - start:.0f} s", flush=True)
 
 # No end token: every request generates all its tokens, as in the benchmarks.
 done, stats = engine.run([Request(prompt=prompt, max_new_tokens=args.new, ignore_eos=True) for prompt in prompts])
