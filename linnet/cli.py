@@ -116,8 +116,8 @@ def cmd_generate(args) -> int:
         raise _UsageError(f"--max-new-tokens must be at least 1, not {args.max_new_tokens}")
     if not args.temperature >= 0:
         raise _UsageError(f"--temperature must be 0 or more, not {args.temperature}")
-    if not 0 < args.top_p <= 1:
-        raise _UsageError(f"--top-p must be in (0, 1], not {args.top_p}")
+    if not 0 <= args.top_p <= 1:
+        raise _UsageError(f"--top-p must be in [0, 1], not {args.top_p}")
     _note_exact_numerics(args.numerics, args.dtype)  # (asked for: the default is None, bf16 with fast)
     generics = {"Batch": 1, "MaxSeq": args.max_seq, "T": args.dtype or "bf16"}
     _use_compile_cache(args)

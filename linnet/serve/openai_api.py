@@ -65,20 +65,16 @@ def shown(value) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def number_field(body: dict, name: str, default, lo=None, hi=None, integer=False, low_open=False):
-    """body[name] (default where absent or null), a finite number (an int with `integer`) in [lo, hi],
-    or (lo, hi] with `low_open` (as `Request.validate`'s bounds)."""
+def number_field(body: dict, name: str, default, lo=None, hi=None, integer=False):
+    """body[name] (default where absent or null), a finite number (an int with `integer`) in [lo, hi]."""
     value = body.get(name, default)
     if value is None:
         return default
     ok = isinstance(value, int) if integer else isinstance(value, (int, float)) and math.isfinite(value)
     if isinstance(value, bool) or not ok:  # json reads NaN and Infinity: numbers that are not
         raise ApiError(400, f"'{name}' must be {'an integer' if integer else 'a number'}, not {shown(value)}", name)
-    if (lo is not None and (value < lo or (low_open and value == lo))) or (hi is not None and value > hi):
-        if low_open:
-            bounds = f"in ({lo}, {hi}]" if hi is not None else f"greater than {lo}"
-        else:
-            bounds = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        bounds = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
         raise ApiError(400, f"'{name}' must be {bounds}, not {value}", name)
     return value
 
@@ -287,7 +283,7 @@ def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens:
     return Request(
         prompt=prompt, max_new_tokens=max_tokens, structure=_structure(body),
         temperature=float(number_field(body, "temperature", 1.0, 0, 2)),
-        top_p=float(number_field(body, "top_p", 1.0, 0, 1, low_open=True)),  # (0, 1], as vLLM takes it
+        top_p=float(number_field(body, "top_p", 1.0, 0, 1)),  # [0, 1], as OpenAI takes it: 0 keeps the likeliest token
         top_k=int(number_field(body, "top_k", 0, -1, None, integer=True)) if body.get("top_k", 0) != -1 else 0,
         min_p=float(number_field(body, "min_p", 0.0, 0, 1)),
         presence_penalty=float(number_field(body, "presence_penalty", 0.0, -2, 2)),

@@ -46,7 +46,7 @@ class Request:
     max_new_tokens: int = 16
     temperature: float = 0.0  # 0: greedy
     top_k: int = 0  # 0: no limit
-    top_p: float = 1.0
+    top_p: float = 1.0  # 0: the likeliest token alone (OpenAI and llama.cpp take it; vLLM refuses it)
     min_p: float = 0.0
     seed: int | None = None  # the same seed gives the same tokens, whatever else is in the batch
     repetition_penalty: float = 1.0
@@ -104,7 +104,7 @@ class Request:
             raise RequestError(f"{self.id}: the prompt ({len(self.prompt)} tokens) plus max_new_tokens "
                                f"({self.max_new_tokens}) is {need} positions, more than a cache row holds "
                                f"(MaxSeq = {max_seq})", "max_new_tokens")
-        for name, lo, hi, low_open in (("temperature", 0, None, False), ("top_p", 0, 1, True), ("min_p", 0, 1, False),
+        for name, lo, hi, low_open in (("temperature", 0, None, False), ("top_p", 0, 1, False), ("min_p", 0, 1, False),
                                        ("repetition_penalty", 0, None, True), ("presence_penalty", -2, 2, False),
                                        ("frequency_penalty", -2, 2, False)):
             value = getattr(self, name)

@@ -30,7 +30,7 @@ def test_files_that_cannot_be_read_or_written(capsys, tmp_path):
 def test_request_values_are_checked_before_the_model_loads(capsys):
     """Wrong numbers answer at once (the model's load takes seconds to minutes)."""
     base = ["generate", "smollm2-135m-instruct", "hi"]
-    assert "--top-p must be in (0, 1], not 2.0" in error_of(capsys, base + ["--top-p", "2"])
+    assert "--top-p must be in [0, 1], not 2.0" in error_of(capsys, base + ["--top-p", "2"])
     assert "--temperature must be 0 or more" in error_of(capsys, base + ["--temperature", "-1"])
     assert "--max-new-tokens must be at least 1" in error_of(capsys, base + ["--max-new-tokens", "0"])
 

@@ -151,7 +151,7 @@ def test_bad_requests_are_rejected_and_others_run(model):
     ("repetition_penalty", float("nan"), "repetition_penalty"), ("stop", "t5", "stop must be a list"),
     ("stop", [""], "non-empty strings"), ("stop_token_ids", None, "stop_token_ids must be a list"),
     ("allowed_token_ids", 5, "allowed_token_ids must be a list"), ("logit_bias", [(3, 1.0)], "logit_bias must be a dict"),
-    ("top_p", 0.0, "top_p must be a number in (0, 1]"),
+    ("top_p", -0.5, "top_p must be a number in [0, 1]"),
 ])
 def test_a_field_of_the_wrong_type_fails_its_request_alone(model, field, value, needle):
     """Checked at submission: a field that would fail inside a step (a NaN, None, a string for a
@@ -166,17 +166,27 @@ def test_a_field_of_the_wrong_type_fails_its_request_alone(model, field, value, 
     assert not engine.has_work() and len(engine.free_rows) == model.batch
 
 
-@pytest.mark.parametrize("top_p, ok", [(0, False), (0.0, False), (-0.25, False), (1.5, False), (1e-9, True), (1, True)])
-def test_top_p_is_in_0_1_as_vllm_takes_it(top_p, ok):
-    """vLLM refuses a top_p of 0 ("top_p must be in (0, 1], got 0"): so does `Request.validate`,
-    naming the field; the least positive top_p and 1 run."""
+@pytest.mark.parametrize("top_p, ok", [(0, True), (0.0, True), (-0.25, False), (1.5, False), (float("nan"), False),
+                                       (1e-9, True), (1, True)])
+def test_top_p_is_in_0_1_as_openai_takes_it(top_p, ok):
+    """OpenAI's API takes a top_p of 0 (llama.cpp's server too: the likeliest token alone; vLLM
+    refuses it): so does `Request.validate`; past [0, 1] it names the field."""
     req = Request([1, 2], top_p=top_p)
     if ok:
         req.validate(vocab=8, max_seq=32)
         return
-    with pytest.raises(RequestError, match=r"top_p must be a number in \(0, 1\]") as err:
+    with pytest.raises(RequestError, match=r"top_p must be a number in \[0, 1\]") as err:
         req.validate(vocab=8, max_seq=32)
     assert err.value.field == "top_p"
+
+
+def test_a_top_p_of_0_draws_the_likeliest_token(model):
+    """top_p 0 keeps the likeliest token alone, at any temperature and seed: greedy's tokens."""
+    ps = prompts(3, 5, 12, seed=21)
+    engine = Engine(model)
+    done, _ = engine.run([Request(prompt=p, max_new_tokens=6, temperature=1.5, top_p=0.0, seed=i)
+                          for i, p in enumerate(ps)])
+    assert [c.tokens for c in done] == [reference_greedy(model, p, 6) for p in ps]
 
 
 def test_a_seed_past_64_bits_and_a_top_k_past_int32_run(model):
