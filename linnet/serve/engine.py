@@ -178,9 +178,10 @@ class Engine:
     # ------------------------------------------------------------ running
 
     def warmup(self, prompt_lengths=(), logprobs: bool = False, structured: bool = False,
-               adjusted: bool = False) -> None:
+               adjusted: bool = False, prompt_logprobs: bool = False) -> None:
         """Compiles (JAX) or captures (CUDA) everything a run over such prompts needs: greedy and
-        sampled draws; with `logprobs`, those that also give tokens' logprobs; with `structured`,
+        sampled draws; with `logprobs`, those that also give tokens' logprobs; with
+        `prompt_logprobs`, the passes that score prompt tokens; with `structured`,
         those a token mask holds (structured outputs, forced tool calls, allowed_token_ids); with
         `adjusted`, those that penalties, a logit bias or min_tokens move: what a server's requests
         may ask for, each with the others."""
@@ -196,7 +197,7 @@ class Engine:
             ([{"logit_bias": {0: 0.0}}, {"logit_bias": {0: 0.0}, "repetition_penalty": 1.5}] if adjusted else [])
         modes = [self.sampling_mode(Request([0], temperature=t, logprobs=k, **asks))
                  for t in (0.0, 1.0) for k in ([None, 1] if logprobs else [None]) for asks in forms]
-        self.runner.warmup(sizes, modes)
+        self.runner.warmup(sizes, modes, scoring=prompt_logprobs)
         self.model.reset()
         self.row_tokens = [[] for _ in range(self.rows)]
         self._ahead = None

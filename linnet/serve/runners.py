@@ -275,9 +275,9 @@ class TorchRunner:
         by_row[self._t(np.asarray(rows, np.int64))] = drawn[0]
         return Pending(by_row, lambda: self._to_host(*drawn))
 
-    def warmup(self, pack_lengths, modes):
+    def warmup(self, pack_lengths, modes, scoring: bool = False):
         """Runs every pass size given, and a decode step and its draws for each (sampling batch, its
-        histories or None) in `modes`."""
+        histories or None) in `modes`. (`scoring`: JAX's; torch's shapes need nothing made ahead.)"""
         for n in sorted(set(pack_lengths)):
             self.prefill(np.zeros(n, np.int32), np.full(n, self.padding, np.int32), np.zeros(n, np.int32),
                          np.zeros(1, np.int32))
@@ -308,14 +308,16 @@ class JaxRunner:
 
     def prefill(self, tokens, positions, rows, last):
         """The logits at `last`, in [Batch, vocab]; or, where a pass scores a prompt's tokens and
-        wants more rows than Batch, in a bucketed number of rows (a shape compiled when first met)."""
+        wants more rows than Batch, in as many rows as the padded pass has tokens."""
         tokens, positions, rows, last = self.align(tokens, positions, rows, last)
         size = bucket(len(tokens), self.smallest)
         pad = size - len(tokens)
         tokens = np.concatenate([tokens, np.zeros(pad, np.int32)]).astype(np.int32)
         positions = np.concatenate([positions, np.full(pad, self.padding, np.int32)]).astype(np.int32)
         rows = np.concatenate([rows, np.zeros(pad, np.int32)]).astype(np.int32)
-        wanted = self.batch if len(last) <= self.batch else bucket(len(last), self.batch)
+        # A pass that scores prompt tokens (prompt_logprobs) has a row of logits for each of its tokens:
+        # one executable a pass size, as many as `warmup` can compile.
+        wanted = self.batch if len(last) <= self.batch else size
         last = np.concatenate([last, np.zeros(wanted - len(last), np.int32)]).astype(np.int32)
         return self.model.prefill(tokens, positions, rows, last)
 
@@ -418,13 +420,22 @@ class JaxRunner:
     def pass_sizes(self, budget: int) -> list:
         return bucket_sizes(budget, self.smallest)
 
-    def warmup(self, pack_lengths, modes):
+    def warmup(self, pack_lengths, modes, scoring: bool = False):
         """Compiles every pass size given, copy_rows, and for each (sampling batch, its histories or
-        None) in `modes` the decode step that draws so and the draw after a prefill."""
+        None) in `modes` the decode step that draws so and the draw after a prefill; with `scoring`,
+        also each size's pass that scores prompt tokens (`prefill`), its scores and its draws."""
         logits = None
-        for size in sorted({bucket(n, self.smallest) for n in pack_lengths}):
+        sizes = sorted({bucket(n, self.smallest) for n in pack_lengths})
+        for size in sizes:
             logits = self.model.prefill(np.zeros(size, np.int32), np.full(size, self.padding, np.int32),
                                         np.zeros(size, np.int32), np.zeros(self.batch, np.int32))
+        for size in sizes if scoring and modes else []:
+            if size > self.batch:  # (a smaller pass scores at most Batch tokens: its logits are the usual)
+                scored = self.model.prefill(np.zeros(size, np.int32), np.full(size, self.padding, np.int32),
+                                            np.zeros(size, np.int32), np.zeros(size, np.int32))
+                self.score(scored, 0, [0], 1)
+                batch, histories = modes[0]
+                self.sample(scored, batch, histories, rows=list(range(len(batch.temperature))))
         self.copy_rows(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32))
         idle = np.full(self.batch, self.padding, np.int32)
         for batch, histories in modes:

@@ -408,8 +408,8 @@ def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: 
     engine = Engine(model, **engine_options)
     start = time.perf_counter()
     # every pass size the engine will use, and every draw a request may ask for (logprobs, a
-    # structure, penalties, a bias), compiled before the first request
-    engine.warmup(logprobs=True, structured=True, adjusted=True)
+    # structure, penalties, a bias, prompt logprobs), compiled before the first request
+    engine.warmup(logprobs=True, prompt_logprobs=True, structured=True, adjusted=True)
     print(f"linnet: {name} ready in {time.perf_counter() - start:.0f} s (warmup)", flush=True)
     app = OpenAIServer(engine, name, api_key=api_key, tool_parser=tool_parser, reasoning_parser=reasoning_parser,
                        structure_in_reasoning=structure_in_reasoning, stored_responses=stored_responses,

@@ -78,3 +78,25 @@ def test_scoring_only_requests_need_no_room_to_generate(reference):
     got = [lp.logprob for lp in done[0].prompt_logprobs[1:]]
     assert np.allclose(got, ref[np.arange(31), prompt[1:]], atol=1e-4)
     assert all(lp.top == [] for lp in done[0].prompt_logprobs[1:])
+
+
+def test_a_warmup_for_prompt_logprobs_leaves_nothing_to_compile(reference):
+    """JAX: a pass that scores prompt tokens has its own executables (a row of logits for each token
+    of the pass, its scores, its draws), one set a pass size: `warmup(prompt_logprobs=True)` compiles
+    them all, as a server's does, so scored prompts of any length mixed into a run compile nothing."""
+    hf_model, path = reference
+    model = nest.load(path, backend="jax", generics={"Batch": 4, "MaxSeq": 96}, tokenizer=False)
+    rng = random.Random(12)
+    prompts = [[rng.randrange(256) for _ in range(n)] for n in (40, 5, 90, 23, 61, 12)]
+    engine = Engine(model, token_budget=128)  # passes 16 ... 128 tokens, the longest chunked
+    engine.warmup(prompt_logprobs=True, logprobs=True)
+    requests = [Request(prompt=p, max_new_tokens=3, prompt_logprobs=i % 3 if i % 2 == 0 else None, logprobs=i % 2)
+                for i, p in enumerate(prompts)]
+    done, stats = engine.run(requests)
+    assert stats.compiles == 0
+    for p, comp in zip(prompts, done):
+        if comp.request.prompt_logprobs is None:
+            continue
+        ref = hf_prompt_logprobs(hf_model, p)
+        assert np.allclose([lp.logprob for lp in comp.prompt_logprobs[1:]], ref[np.arange(len(p) - 1), p[1:]],
+                           atol=1e-4)
