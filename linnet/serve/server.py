@@ -73,7 +73,8 @@ class OpenAIServer:
         if scope["type"] != "http":
             return
         # Every response names its request (OpenAI's x-request-id): the client's own id where it sent one.
-        given = dict(scope.get("headers") or []).get(b"x-request-id", b"")[:256]
+        headers = dict(scope.get("headers") or [])  # ASGI gives their names lowercased
+        given = headers.get(b"x-request-id", b"")[:256]
         request_id = given or f"req-{uuid.uuid4().hex}".encode()
 
         async def send_named(message):
@@ -82,7 +83,7 @@ class OpenAIServer:
             await send(message)
 
         try:
-            await self._route(scope, receive, send_named)
+            await self._route(scope, headers, receive, send_named)
         except ApiError as err:
             await _json(send_named, err.status, err.body)
         except Exception as err:  # a bug answers 500 for this request only
@@ -99,7 +100,7 @@ class OpenAIServer:
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
-    async def _route(self, scope, receive, send):
+    async def _route(self, scope, headers: dict, receive, send):
         path, method = scope["path"].rstrip("/") or "/", scope["method"]
         if path.startswith("/v1/models/"):  # one model's card
             route = ("GET", self._models)
@@ -112,7 +113,7 @@ class OpenAIServer:
         if method != route[0]:
             raise ApiError(405, f"{path} takes {route[0]}, not {method}", code="method_not_allowed")
         if self.api_key is not None and path.startswith("/v1/"):
-            given = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+            given = headers.get(b"authorization", b"").decode("latin-1")
             if given != f"Bearer {self.api_key}":
                 raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer <key>'",
                                code="invalid_api_key")
