@@ -26,6 +26,7 @@ class LoadedModel:
     compile: bool = False
     weights: str = ""
     info: dict = field(default_factory=dict)
+    resets: int = 0  # times the cache was emptied: an engine's record of what its rows hold ends with each
 
     @property
     def batch(self) -> int:
@@ -59,8 +60,10 @@ class LoadedModel:
         return self.runner.copy_rows(src, dst, upto)
 
     def reset(self):
-        """Empties the cache (every row)."""
+        """Empties the cache (every row). An engine over the model sees it at its next step and
+        reuses no row it remembers (not while it has requests in flight: theirs are emptied too)."""
         self.runner.reset_state()
+        self.resets += 1
 
     def __repr__(self) -> str:
         return (f"LoadedModel({self.card!r}, backend={self.backend!r}, device={str(self.device)!r}, "

@@ -115,6 +115,7 @@ class Engine:
         self.eos = set(self.tokenizer.eos_token_ids) if self.tokenizer is not None else set()
         self.free_rows = list(range(self.rows))
         self.row_tokens: list = [[] for _ in range(self.rows)]  # tokens whose k/v each row holds, from 0
+        self._resets = getattr(model, "resets", 0)  # the model's resets that row_tokens has seen
         self.waiting: list = []  # _Live without a row yet (row = -1)
         self.live: list = []
         self.cancelled: set = set()
@@ -246,6 +247,9 @@ class Engine:
             self._tell_listeners()
 
     def _step(self) -> None:
+        if getattr(self.model, "resets", 0) != self._resets:  # the cache was emptied under the engine
+            self._resets = self.model.resets
+            self.row_tokens = [[] for _ in range(self.rows)]
         with self.lock:
             self._drop_cancelled()
             self._admit()

@@ -437,3 +437,17 @@ def test_other_architectures_through_the_engine_equal_each_alone(backend, card):
         assert c.tokens == reference_greedy(model, p, 10, pad_to=64)
     assert stats.passes["mixed"] > 0 and stats.passes["decode"] > 0
     assert stats.compiles == 0
+
+
+def test_a_model_reset_between_runs_is_seen_by_the_engine(model):
+    """`model.reset()` empties the cache (benchmarks do so between repeats): the engine must not
+    then reuse the rows it remembers holding a prompt, and prefills it again, to the same tokens."""
+    prompt = prompts(1, 30, 31, seed=31)[0]
+    engine = Engine(model)
+    first, _ = engine.run([Request(prompt=prompt, max_new_tokens=6)])
+    again, stats = engine.run([Request(prompt=prompt, max_new_tokens=6)])
+    assert again[0].tokens == first[0].tokens and stats.prefill_tokens == 1  # the row kept: its last token only
+    model.reset()
+    cold, stats = engine.run([Request(prompt=prompt, max_new_tokens=6)])
+    assert cold[0].tokens == first[0].tokens == reference_greedy(model, prompt, 6)
+    assert stats.prefill_tokens == len(prompt) and cold[0].cached_tokens == 0
