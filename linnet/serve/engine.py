@@ -187,7 +187,9 @@ class Engine:
         `adjusted`, those that penalties, a logit bias or min_tokens move: what a server's requests
         may ask for, each with the others."""
         lengths = list(prompt_lengths)
-        if self.model.backend == "jax":
+        if self.model.backend == "jax" and len(lengths) == 1:  # one prompt: the passes it makes alone
+            sizes = self._packs_of(lengths[0])
+        elif self.model.backend == "jax":
             packed = self.runner.overhead + sum(self.runner.chunk_cost(n) for n in lengths) if lengths else 0
             sizes = self.runner.pass_sizes(min(self.token_budget, packed) if lengths else self.token_budget)
         else:
@@ -202,6 +204,25 @@ class Engine:
         self.model.reset()
         self.row_tokens = [[] for _ in range(self.rows)]
         self._ahead = None
+
+    def _packs_of(self, n: int) -> list:
+        """The packs a prompt of n tokens makes alone, in the runner's tokens: each chunk after the
+        head of one-token slots; and the head alone, for the prompt asked again (its row kept)."""
+        runner, room = self.runner, self.token_budget - self.runner.overhead
+        packs, rest = [runner.overhead], n
+        while rest > 0:
+            take = self._chunk(rest, room)
+            packs.append(runner.overhead + runner.chunk_cost(take))
+            rest -= take
+        return packs
+
+    def _chunk(self, rest: int, room: int) -> int:
+        """How many of a prompt's `rest` tokens a pass with `room` tokens left takes: all, if they
+        fit; else as many whole granules as fit (0: none)."""
+        runner = self.runner
+        if runner.chunk_cost(rest) <= room:
+            return rest
+        return min(rest, room // runner.chunk_granule() * runner.chunk_granule())
 
     def sampling_mode(self, req: Request) -> tuple:
         """Every row drawing as `req` does, what a warmup compiles the draws of a step for: (the
@@ -373,9 +394,7 @@ class Engine:
         budget = self.token_budget - runner.overhead - sum(runner.chunk_cost(1) for _ in decoding)
         chunks = []
         for x in prefilling:
-            rest = x.prompt_len - x.cached
-            take = rest if runner.chunk_cost(rest) <= budget else budget // runner.chunk_granule() * runner.chunk_granule()
-            take = min(take, rest)
+            take = self._chunk(x.prompt_len - x.cached, budget)
             if take <= 0 or runner.chunk_cost(take) > budget:
                 break
             if x.req.prompt_logprobs is not None:  # position j's logits score prompt token j + 1

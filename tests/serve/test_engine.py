@@ -256,6 +256,23 @@ def test_no_compilation_after_warmup(model):
         assert stats.compiles == 0, mix
 
 
+def test_one_prompts_warmup_compiles_the_passes_it_makes_alone():
+    """JAX: a warmup for one prompt length compiles that prompt's passes (its chunks, past the
+    budget), not every bucket up to it; a run of it, and of it again with its row kept, compile
+    nothing more."""
+    from tests.serve.conftest import make_model
+
+    model = make_model("jax", rows=4, max_seq=96)
+    engine = Engine(model, token_budget=48)  # a head of 8 one-token slots, then 40 tokens of prompt
+    assert engine._packs_of(70) == [8, 8 + 40, 8 + 32]  # chunks of 40 and 30 (32 in blocks of 8)
+    for n in (5, 70):
+        prompt = prompts(1, n, n + 1, seed=n)[0]
+        engine.warmup([n])
+        for _ in range(2):  # the second time, its row kept: the head alone
+            done, stats = engine.run([Request(prompt=prompt, max_new_tokens=4)])
+            assert done[0].tokens == reference_greedy(model, prompt, 4) and stats.compiles == 0
+
+
 def test_one_requests_warmup_covers_its_form(model):
     """What `linnet generate` warms up: one pack size and the draw of its one request, mask and
     penalties included (`Engine.sampling_mode`): its run then compiles nothing."""
