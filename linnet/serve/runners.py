@@ -418,7 +418,10 @@ class JaxRunner:
         return Sampled(padded[at], np.asarray(chosen)[at], values, ids, np.asarray(ranks)[at])
 
     def pass_sizes(self, budget: int) -> list:
-        return bucket_sizes(budget, self.smallest)
+        """The buckets of passes up to `budget` tokens: none below the head of one-token slots that
+        starts every pass (64 rows' head: 64 tokens, so no 16- or 32-token pass to compile)."""
+        least = bucket(self.overhead, self.smallest)
+        return [size for size in bucket_sizes(budget, self.smallest) if size >= least]
 
     def warmup(self, pack_lengths, modes, scoring: bool = False):
         """Compiles every pass size given, copy_rows, and for each (sampling batch, its histories or

@@ -22,3 +22,14 @@ def test_sizes_are_powers_of_two_with_three_quarter_steps():
     assert bucket_sizes(512) == [16, 32, 64, 128, 192, 256, 384, 512]
     assert bucket_sizes(300) == [16, 32, 64, 128, 192, 256, 384]
     assert [bucket(n) for n in (1, 17, 128, 129, 193, 257, 385)] == [16, 32, 128, 192, 256, 384, 512]
+
+
+def test_no_bucket_below_the_head_of_one_token_slots_is_listed():
+    """Every JAX pass starts with a slot for each cache row (`head_tokens`): with 64 rows no pass is
+    shorter than 64 tokens, and warmup compiles no 16- or 32-token shape."""
+    from linnet.serve.runners import JaxRunner
+    from tests.serve.conftest import make_model
+
+    for rows, sizes in ((64, [64, 128, 192, 256, 384, 512]), (4, [16, 32, 64, 128, 192, 256, 384, 512]),
+                        (100, [128, 192, 256, 384, 512])):
+        assert JaxRunner(make_model("jax", rows=rows, max_seq=8)).pass_sizes(512) == sizes
