@@ -268,8 +268,11 @@ class Engine:
             self._tell_listeners()
 
     def _step(self) -> None:
-        if getattr(self.model, "resets", 0) != self._resets:  # the cache was emptied under the engine
-            self._resets = self.model.resets
+        model = self.model
+        if getattr(model, "resets", 0) != self._resets or getattr(model, "holder", self) is not self:
+            # The cache changed under the engine: emptied, or written by another engine over the same
+            # model since this one's last pass. What it remembers its rows holding is gone.
+            self._resets, model.holder = getattr(model, "resets", 0), self
             self.row_tokens = [[] for _ in range(self.rows)]
         with self.lock:
             self._drop_cancelled()

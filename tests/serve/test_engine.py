@@ -468,3 +468,14 @@ def test_a_model_reset_between_runs_is_seen_by_the_engine(model):
     cold, stats = engine.run([Request(prompt=prompt, max_new_tokens=6)])
     assert cold[0].tokens == first[0].tokens == reference_greedy(model, prompt, 6)
     assert stats.prefill_tokens == len(prompt) and cold[0].cached_tokens == 0
+
+
+def test_an_engine_forgets_its_rows_once_another_engine_has_run_the_model(model):
+    """Two engines over one model share its cache: each pass of one overwrites rows the other
+    remembers holding a prompt, so an engine run again after another prefills its prompt again."""
+    prompt, others = prompts(1, 30, 31, seed=32)[0], prompts(model.batch, 20, 40, seed=33)
+    first_engine, second_engine = Engine(model), Engine(model)
+    first, _ = first_engine.run([Request(prompt=prompt, max_new_tokens=6)])
+    second_engine.run([Request(prompt=p, max_new_tokens=2) for p in others])  # every row rewritten
+    again, stats = first_engine.run([Request(prompt=prompt, max_new_tokens=6)])
+    assert again[0].tokens == first[0].tokens and stats.prefill_tokens == len(prompt)
