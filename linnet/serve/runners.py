@@ -432,8 +432,10 @@ class JaxRunner:
         for size in sizes:
             logits = self.model.prefill(np.zeros(size, np.int32), np.full(size, self.padding, np.int32),
                                         np.zeros(size, np.int32), np.zeros(self.batch, np.int32))
+        if scoring and logits is not None:  # a pass scoring at most Batch tokens: the usual logits
+            self.score(logits, 0, [0], 1)
         for size in sizes if scoring and modes else []:
-            if size > self.batch:  # (a smaller pass scores at most Batch tokens: its logits are the usual)
+            if size > self.batch:
                 scored = self.model.prefill(np.zeros(size, np.int32), np.full(size, self.padding, np.int32),
                                             np.zeros(size, np.int32), np.zeros(size, np.int32))
                 self.score(scored, 0, [0], 1)
