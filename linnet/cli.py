@@ -196,9 +196,7 @@ def _structure(args):
 def _warm_up(engine, req) -> None:
     """What one prompt's run compiles: its prefill pass, decode, and its sampler, and no other pass size
     (`Engine.warmup` prepares every pass size a server may meet)."""
-    runner = engine.runner
-    packed = runner.overhead + runner.chunk_cost(len(req.prompt))
-    runner.warmup([min(engine.token_budget, packed)], [engine.sampling_mode(req)])
+    engine.runner.warmup(engine._packs_of(len(req.prompt)), [engine.sampling_mode(req)])
     engine.model.reset()
 
 

@@ -27,7 +27,7 @@ class LoadedModel:
     weights: str = ""
     info: dict = field(default_factory=dict)
     resets: int = 0  # times the cache was emptied: an engine's record of what its rows hold ends with each
-    holder: Any = field(default=None, repr=False, compare=False)  # the engine that last ran a pass on it
+    holder: Any = field(default=None, repr=False, compare=False)  # a weakref to the engine that last ran a pass on it
 
     @property
     def batch(self) -> int:

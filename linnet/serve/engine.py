@@ -21,6 +21,7 @@ import asyncio
 import random
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -185,7 +186,9 @@ class Engine:
         `prompt_logprobs`, the passes that score prompt tokens; with `structured`,
         those a token mask holds (structured outputs, forced tool calls, allowed_token_ids); with
         `adjusted`, those that penalties, a logit bias or min_tokens move: what a server's requests
-        may ask for, each with the others."""
+        may ask for, each with the others. Under JAX, `prompt_lengths` bound the pass sizes compiled:
+        every bucket up to their packed total (or the token budget, if less; with none given, up to
+        the budget); a single length, only the passes that one prompt makes alone."""
         lengths = list(prompt_lengths)
         if self.model.backend == "jax" and len(lengths) == 1:  # one prompt: the passes it makes alone
             sizes = self._packs_of(lengths[0])
@@ -207,9 +210,10 @@ class Engine:
 
     def _packs_of(self, n: int) -> list:
         """The packs a prompt of n tokens makes alone, in the runner's tokens: each chunk after the
-        head of one-token slots; and the head alone, for the prompt asked again (its row kept)."""
+        runner's head of one-token slots (JAX's); and its last token alone, for the prompt asked
+        again (its row kept)."""
         runner, room = self.runner, self.token_budget - self.runner.overhead
-        packs, rest = [runner.overhead], n
+        packs, rest = [runner.overhead + runner.chunk_cost(1)], n
         while rest > 0:
             take = self._chunk(rest, room)
             packs.append(runner.overhead + runner.chunk_cost(take))
@@ -269,10 +273,11 @@ class Engine:
 
     def _step(self) -> None:
         model = self.model
-        if getattr(model, "resets", 0) != self._resets or getattr(model, "holder", self) is not self:
+        holder = getattr(model, "holder", None)
+        if getattr(model, "resets", 0) != self._resets or holder is None or holder() is not self:
             # The cache changed under the engine: emptied, or written by another engine over the same
             # model since this one's last pass. What it remembers its rows holding is gone.
-            self._resets, model.holder = getattr(model, "resets", 0), self
+            self._resets, model.holder = getattr(model, "resets", 0), weakref.ref(self)
             self.row_tokens = [[] for _ in range(self.rows)]
         with self.lock:
             self._drop_cancelled()
@@ -485,7 +490,8 @@ class Engine:
 
     def _wrote(self, x: _Live, n: int):
         start = x.cached
-        self.row_tokens[x.row] = self.row_tokens[x.row][:start] + x.tokens[start:start + n]
+        if len(self.row_tokens[x.row]) >= start:  # else forgotten under a request in flight: it holds no prefix
+            self.row_tokens[x.row] = self.row_tokens[x.row][:start] + x.tokens[start:start + n]
         x.cached += n
 
     def _sampling(self, items: list, ahead: int = 0):

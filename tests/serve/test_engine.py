@@ -267,10 +267,12 @@ def test_one_prompts_warmup_compiles_the_passes_it_makes_alone():
     assert engine._packs_of(70) == [8, 8 + 40, 8 + 32]  # chunks of 40 and 30 (32 in blocks of 8)
     for n in (5, 70):
         prompt = prompts(1, n, n + 1, seed=n)[0]
-        engine.warmup([n])
-        for _ in range(2):  # the second time, its row kept: the head alone
+        expected = reference_greedy(model, prompt, 4)
+        engine.warmup([len(prompt)])
+        for computed in (len(prompt), 1):  # the second time, its row kept: its last token alone, in the head
             done, stats = engine.run([Request(prompt=prompt, max_new_tokens=4)])
-            assert done[0].tokens == reference_greedy(model, prompt, 4) and stats.compiles == 0
+            assert done[0].tokens == expected and stats.compiles == 0
+            assert stats.prefill_tokens == computed
 
 
 def test_one_requests_warmup_covers_its_form(model):
@@ -479,3 +481,19 @@ def test_an_engine_forgets_its_rows_once_another_engine_has_run_the_model(model)
     second_engine.run([Request(prompt=p, max_new_tokens=2) for p in others])  # every row rewritten
     again, stats = first_engine.run([Request(prompt=prompt, max_new_tokens=6)])
     assert again[0].tokens == first[0].tokens and stats.prefill_tokens == len(prompt)
+
+
+def test_rows_forgotten_under_a_request_in_flight_claim_no_prefix(model):
+    """A reset with a request in flight is a misuse (its cache is gone too), but what the engine
+    then remembers of that row must not claim the request's later tokens as a prefix from 0."""
+    prompt = prompts(1, 30, 31, seed=34)[0]
+    engine = Engine(model)
+    comp = engine.submit(Request(prompt=prompt, max_new_tokens=8))
+    for _ in range(3):
+        engine.step()
+    model.reset()
+    while engine.has_work():
+        engine.step()
+    held = [tokens for tokens in engine.row_tokens if tokens]
+    whole = prompt + comp.tokens
+    assert all(tokens == whole[:len(tokens)] for tokens in held)
