@@ -66,8 +66,9 @@ static inline AVX2 __attribute__((always_inline)) void score(int type, const flo
 }
 
 /* The softmax of each of G heads' L scores (rows of s) in place, unnormalized, with a sink logit
- * per head if any; norm[g] gets 1 / head g's sum. */
-static inline AVX2 void softmax_rows(float *scores, long G, long L, const float *sinks, float *norm) {
+ * per head if any; norm[g] gets 1 / head g's sum, and stats (if not NULL) [2g] its largest score
+ * and [2g + 1] its sum, for merging parts of a span (`merge_parts`). */
+static inline AVX2 void softmax_rows(float *scores, long G, long L, const float *sinks, float *norm, float *stats) {
     for (long g = 0; g < G; g++) {
         float *s = scores + g * L, top = sinks ? sinks[g] : -INFINITY;
         __m256 tops = _mm256_set1_ps(top); /* eight running maxima: one was a chain of L dependent compares */
@@ -80,7 +81,10 @@ static inline AVX2 void softmax_rows(float *scores, long G, long L, const float 
             top = lanes[m] > top ? lanes[m] : top;
         for (; j < L; j++)
             top = s[j] > top ? s[j] : top;
-        norm[g] = 1.0f / ((sinks ? expf(sinks[g] - top) : 0.0f) + exp_and_sum(s, L, top));
+        float sum = exp_and_sum(s, L, top);
+        norm[g] = 1.0f / ((sinks ? expf(sinks[g] - top) : 0.0f) + sum);
+        if (stats)
+            stats[2 * g] = top, stats[2 * g + 1] = sum;
     }
 }
 
@@ -89,13 +93,13 @@ static inline AVX2 void softmax_rows(float *scores, long G, long L, const float 
 static inline AVX2 __attribute__((always_inline)) void attend(int type, const float *q, long G, long D, const char *k,
                                                                const char *v, long pos_stride, long j0, long j1,
                                                                const float *sinks, float scale, float *scores,
-                                                               float *out) {
+                                                               float *out, float *stats) {
     long elem = type_bytes(type), L = j1 - j0;
     float norms[G];
     for (long g = 0; g < G; g += HEADS_AT_ONCE)
         score(type, q + g * D, G - g < HEADS_AT_ONCE ? G - g : HEADS_AT_ONCE, D, k, pos_stride, j0, j1, scale,
               scores + g * L, L);
-    softmax_rows(scores, G, L, sinks, norms);
+    softmax_rows(scores, G, L, sinks, norms, stats);
     for (long g = 0; g < G; g++) {
         float *s = scores + g * L;
         __m256 norm = _mm256_set1_ps(norms[g]);
@@ -240,14 +244,14 @@ static inline AVX512 __attribute__((always_inline)) void attend16_heads(int type
                                                                          const char *k, const char *v,
                                                                          long pos_stride, long j0, long j1,
                                                                          const float *sinks, float scale,
-                                                                         float *scores, float *out) {
+                                                                         float *scores, float *out, float *stats) {
     long L = j1 - j0, d0 = 0;
     float norm[4];
     if (qb)
         score_pairs(gn, qb, D, (const uint16_t *)k, pos_stride, j0, j1, scale, scores, L);
     else
         score16(type, gn, q, D, k, pos_stride, j0, j1, scale, scores, L);
-    softmax_rows(scores, gn, L, sinks, norm);
+    softmax_rows(scores, gn, L, sinks, norm, stats);
     for (; d0 + 64 <= D; d0 += 64)
         weigh16(type, gn, 4, v, pos_stride, j0, L, scores, norm, D, d0, out);
     for (; d0 < D; d0 += 16)
@@ -260,37 +264,37 @@ static inline AVX512 __attribute__((always_inline)) void attend16(int type, cons
                                                                    long G, long D, const char *k, const char *v,
                                                                    long pos_stride, long j0, long j1,
                                                                    const float *sinks, float scale, float *scores,
-                                                                   float *out) {
+                                                                   float *out, float *stats) {
     for (long g = 0; g < G; g += 4) {
         const float *qg = q + g * D, *sg = sinks ? sinks + g : NULL;
         const uint16_t *qbg = qb ? qb + g * D : NULL;
-        float *og = out + g * D;
+        float *og = out + g * D, *st = stats ? stats + 2 * g : NULL;
         switch (G - g < 4 ? G - g : 4) {
-        case 1: attend16_heads(type, 1, qg, qbg, D, k, v, pos_stride, j0, j1, sg, scale, scores, og); break;
-        case 2: attend16_heads(type, 2, qg, qbg, D, k, v, pos_stride, j0, j1, sg, scale, scores, og); break;
-        case 3: attend16_heads(type, 3, qg, qbg, D, k, v, pos_stride, j0, j1, sg, scale, scores, og); break;
-        default: attend16_heads(type, 4, qg, qbg, D, k, v, pos_stride, j0, j1, sg, scale, scores, og);
+        case 1: attend16_heads(type, 1, qg, qbg, D, k, v, pos_stride, j0, j1, sg, scale, scores, og, st); break;
+        case 2: attend16_heads(type, 2, qg, qbg, D, k, v, pos_stride, j0, j1, sg, scale, scores, og, st); break;
+        case 3: attend16_heads(type, 3, qg, qbg, D, k, v, pos_stride, j0, j1, sg, scale, scores, og, st); break;
+        default: attend16_heads(type, 4, qg, qbg, D, k, v, pos_stride, j0, j1, sg, scale, scores, og, st);
         }
     }
 }
 
 static AVX512 void attend16_typed(int type, const float *q, const uint16_t *qb, long G, long D, const char *k,
                                   const char *v, long pos_stride, long j0, long j1, const float *sinks, float scale,
-                                  float *scores, float *out) {
+                                  float *scores, float *out, float *stats) {
     switch (type) { /* a copy for each type, whose loads the compiler then knows */
-    case F32: attend16(F32, q, NULL, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out); break;
-    case BF16: attend16(BF16, q, qb, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out); break;
-    default: attend16(F16, q, NULL, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out);
+    case F32: attend16(F32, q, NULL, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out, stats); break;
+    case BF16: attend16(BF16, q, qb, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out, stats); break;
+    default: attend16(F16, q, NULL, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out, stats);
     }
 }
 
 static AVX2 void attend8_typed(int type, const float *q, long G, long D, const char *k, const char *v,
                                long pos_stride, long j0, long j1, const float *sinks, float scale, float *scores,
-                               float *out) {
+                               float *out, float *stats) {
     switch (type) {
-    case F32: attend(F32, q, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out); break;
-    case BF16: attend(BF16, q, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out); break;
-    default: attend(F16, q, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out);
+    case F32: attend(F32, q, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out, stats); break;
+    case BF16: attend(BF16, q, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out, stats); break;
+    default: attend(F16, q, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out, stats);
     }
 }
 
@@ -315,6 +319,34 @@ static inline long first_visible(long i, const int32_t *rows, const int32_t *pos
     return window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
 }
 
+/* Token i's KV head h (its G query heads) over positions [ja, jb): the heads' outputs into o (f32,
+ * G x D), normalized over those positions, and their stats (`softmax_rows`) if not NULL; the
+ * queries widened into `staging` (G x D) where q_type is not F32. */
+static AVX2 void attend_head(int type, int q_type, const void *q, long H, long KVH, long D, const void *k,
+                             const void *v, long row_stride, long pos_stride, const int32_t *rows, long i, long h,
+                             long ja, long jb, const float *sinks, float scale, float *o, float *stats,
+                             float *scores, float *staging) {
+    long G = H / KVH, elem = type_bytes(type), at = (i * H + h * G) * D;
+    long base = (rows[i] * row_stride + h * D) * elem;
+    prefetch_span((const char *)k + base, ja, jb, pos_stride * elem, D * elem);
+    prefetch_span((const char *)v + base, ja, jb, pos_stride * elem, D * elem);
+    const float *qh = (const float *)q + at;
+    if (q_type != F32) {
+        for (long e = 0; e < G * D; e += 8)
+            _mm256_storeu_ps(staging + e, load8(q, q_type, at + e));
+        qh = staging;
+    }
+    const char *kh = (const char *)k + base, *vh = (const char *)v + base;
+    if (__builtin_cpu_supports("avx512f") && D % 16 == 0) {
+        /* bf16 queries and cache: scored as they are, in pairs (`score_pairs`) */
+        const uint16_t *qb = type == BF16 && q_type == BF16 && D % 32 == 0 && linnet_avx512_bf16()
+                                 ? (const uint16_t *)q + at : NULL;
+        attend16_typed(type, qh, qb, G, D, kh, vh, pos_stride, ja, jb, sinks, scale, scores, o, stats);
+    } else {
+        attend8_typed(type, qh, G, D, kh, vh, pos_stride, ja, jb, sinks, scale, scores, o, stats);
+    }
+}
+
 /* Units [u0, u1) on the calling thread, unit u being token u / KVH's KV head u % KVH (its G query
  * heads); q and out are of q_type. `scores` holds G * max_seq floats and, for a q_type other than
  * F32, `staging` 2 * G * D: a unit's queries widened and its output before it is rounded. */
@@ -322,8 +354,7 @@ static AVX2 void attend_units(int type, int q_type, const void *q, long H, long 
                               const void *v, long row_stride, long pos_stride, long batch, long max_seq,
                               const int32_t *rows, const int32_t *positions, long window, const float *sinks,
                               float scale, void *out, long u0, long u1, float *scores, float *staging) {
-    long G = H / KVH, elem = type_bytes(type);
-    int wide = __builtin_cpu_supports("avx512f");
+    long G = H / KVH;
     for (long u = u0; u < u1; u++) {
         long i = u / KVH, h = u % KVH, pos = positions[i], at = (i * H + h * G) * D;
         long j0 = first_visible(i, rows, positions, batch, max_seq, window);
@@ -331,26 +362,9 @@ static AVX2 void attend_units(int type, int q_type, const void *q, long H, long 
             memset((char *)out + at * type_bytes(q_type), 0, G * D * type_bytes(q_type));
             continue;
         }
-        long base = (rows[i] * row_stride + h * D) * elem;
-        prefetch_span((const char *)k + base, j0, pos + 1, pos_stride * elem, D * elem);
-        prefetch_span((const char *)v + base, j0, pos + 1, pos_stride * elem, D * elem);
-        const float *qh = (const float *)q + at;
-        float *o = (float *)out + at;
-        if (q_type != F32) {
-            for (long e = 0; e < G * D; e += 8)
-                _mm256_storeu_ps(staging + e, load8(q, q_type, at + e));
-            qh = staging, o = staging + G * D;
-        }
-        const float *sh = sinks ? sinks + h * G : NULL;
-        const char *kh = (const char *)k + base, *vh = (const char *)v + base;
-        if (wide && D % 16 == 0) {
-            /* bf16 queries and cache: scored as they are, in pairs (`score_pairs`) */
-            const uint16_t *qb = type == BF16 && q_type == BF16 && D % 32 == 0 && linnet_avx512_bf16()
-                                     ? (const uint16_t *)q + at : NULL;
-            attend16_typed(type, qh, qb, G, D, kh, vh, pos_stride, j0, pos + 1, sh, scale, scores, o);
-        } else {
-            attend8_typed(type, qh, G, D, kh, vh, pos_stride, j0, pos + 1, sh, scale, scores, o);
-        }
+        float *o = q_type == F32 ? (float *)out + at : staging + G * D;
+        attend_head(type, q_type, q, H, KVH, D, k, v, row_stride, pos_stride, rows, i, h, j0, pos + 1,
+                    sinks ? sinks + h * G : NULL, scale, o, NULL, scores, staging);
         if (q_type != F32)
             for (long e = 0; e < G * D; e += 8)
                 store8(out, q_type, at + e, _mm256_loadu_ps(o + e));
@@ -392,12 +406,64 @@ int linnet_attention_units(int type, const float *q, long H, long KVH, long D, c
     return 0;
 }
 
+/* Parts each token's span is split into where its units (a token's KV heads) are too few to keep
+ * the threads busy: one or two rows decoding over a long prompt, whose KV heads would otherwise
+ * leave threads idle (SmolLM2's 3 on 2 threads, one idle a third of the time: at position 3000,
+ * 5.6 ms of attention a token for 30 layers, 4.05 split). A part is at least SPAN_PART positions. */
+#define SPAN_PART 256
+#define MOST_PARTS 8
+
+static long span_parts(long n, long KVH, int threads, const int32_t *rows, const int32_t *positions, long batch,
+                       long max_seq, long window) {
+    long units = n * KVH, shortest = -1;
+    if (units >= 2 * threads)
+        return 1;
+    for (long i = 0; i < n; i++) {
+        long j0 = first_visible(i, rows, positions, batch, max_seq, window);
+        if (j0 >= 0 && (shortest < 0 || positions[i] + 1 - j0 < shortest))
+            shortest = positions[i] + 1 - j0;
+    }
+    long parts = (2 * threads + units - 1) / units;
+    parts = parts < shortest / SPAN_PART ? parts : shortest / SPAN_PART;
+    parts = parts < MOST_PARTS ? parts : MOST_PARTS;
+    return parts > 1 ? parts : 1;
+}
+
+/* A unit's G heads from its P parts, each normalized over its positions, with stats (top, sum):
+ * the softmax over the whole span, with each head's sink logit in the sum, into out at `at`. */
+static AVX2 void merge_parts(int q_type, long P, long G, long D, const float *parts, const float *stats,
+                             const float *sinks, void *out, long at) {
+    for (long g = 0; g < G; g++) {
+        float top = sinks ? sinks[g] : -INFINITY, weight[MOST_PARTS], total = 0.0f;
+        for (long p = 0; p < P; p++)
+            top = stats[2 * (p * G + g)] > top ? stats[2 * (p * G + g)] : top;
+        for (long p = 0; p < P; p++) { /* a part's share: its sum, on the whole span's scale */
+            weight[p] = stats[2 * (p * G + g) + 1] * expf(stats[2 * (p * G + g)] - top);
+            total += weight[p];
+        }
+        total += sinks ? expf(sinks[g] - top) : 0.0f;
+        for (long d = 0; d < D; d += 8) {
+            __m256 acc = _mm256_setzero_ps();
+            for (long p = 0; p < P; p++)
+                acc = _mm256_fmadd_ps(_mm256_set1_ps(weight[p]), _mm256_loadu_ps(parts + (p * G + g) * D + d), acc);
+            store8(out, q_type, at + g * D + d, _mm256_mul_ps(acc, _mm256_set1_ps(1.0f / total)));
+        }
+    }
+}
+
 /* The same over n tokens, on `threads` OpenMP threads (the pool torch uses), a unit (a token's KV
- * head) at a time; q [n, H, D] and out of q_type (F32, BF16 or F16). Returns -1 if out of memory. */
+ * head) at a time, or a part of a unit's span at a time where units are few (`span_parts`), the
+ * parts then merged; q [n, H, D] and out of q_type (F32, BF16 or F16). Returns -1 if out of memory. */
 int linnet_attention(int type, int q_type, const void *q, long n, long H, long KVH, long D, const void *k,
                      const void *v, long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
                      const int32_t *positions, long window, const float *sinks, float scale, void *out, int threads) {
-    long G = H / KVH;
+    long G = H / KVH, units = n * KVH;
+    long P = span_parts(n, KVH, threads, rows, positions, batch, max_seq, window);
+    float *parted = P > 1 ? malloc(units * P * (G * D + 2 * G) * sizeof(float)) : NULL; /* outputs, then stats */
+    if (!parted)
+        P = 1;
+    long items = units * P;
+    float *part_stats = parted ? parted + items * G * D : NULL;
     int failed = 0;
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
@@ -405,11 +471,34 @@ int linnet_attention(int type, int q_type, const void *q, long n, long H, long K
         float *scores = malloc((G * max_seq + (q_type == F32 ? 0 : 2 * G * D)) * sizeof(float));
         failed = !scores;
 #pragma omp for schedule(dynamic, 1)
-        for (long u = 0; u < n * KVH; u++)
-            if (scores)
+        for (long it = 0; it < items; it++) {
+            if (!scores)
+                continue;
+            if (P == 1) {
                 attend_units(type, q_type, q, H, KVH, D, k, v, row_stride, pos_stride, batch, max_seq, rows,
-                             positions, window, sinks, scale, out, u, u + 1, scores, scores + G * max_seq);
+                             positions, window, sinks, scale, out, it, it + 1, scores, scores + G * max_seq);
+                continue;
+            }
+            long u = it / P, p = it % P, i = u / KVH, h = u % KVH;
+            long j0 = first_visible(i, rows, positions, batch, max_seq, window), span = positions[i] + 1 - j0;
+            if (j0 >= 0)
+                attend_head(type, q_type, q, H, KVH, D, k, v, row_stride, pos_stride, rows, i, h, j0 + span * p / P,
+                            j0 + span * (p + 1) / P, NULL, scale, parted + it * G * D, part_stats + it * 2 * G,
+                            scores, scores + G * max_seq);
+        }
+        if (P > 1) { /* after the loop's barrier: every part is in */
+#pragma omp for schedule(static)
+            for (long u = 0; u < units; u++) {
+                long i = u / KVH, h = u % KVH, at = (i * H + h * G) * D;
+                if (first_visible(i, rows, positions, batch, max_seq, window) < 0)
+                    memset((char *)out + at * type_bytes(q_type), 0, G * D * type_bytes(q_type));
+                else
+                    merge_parts(q_type, P, G, D, parted + u * P * G * D, part_stats + u * P * 2 * G,
+                                sinks ? sinks + h * G : NULL, out, at);
+            }
+        }
         free(scores);
     }
+    free(parted);
     return failed ? -1 : 0;
 }

@@ -68,3 +68,33 @@ def test_bf16_queries_against_a_bf16_cache(n, kv_heads, group, head_dim, max_seq
                      None if sinks is None else sinks.numpy(), scale)
     # one bf16 rounding of the output, and the f32 sums' own error
     np.testing.assert_allclose(got.double().numpy(), want, rtol=2 ** -8, atol=2 ** -8)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(1, 2), kv_heads=st.integers(1, 3), group=st.sampled_from([1, 3, 4, 5]),
+       head_dim=st.sampled_from([16, 64, 72, 128]), span=st.integers(520, 1400), window=st.sampled_from([0, 700]),
+       with_sinks=st.booleans(), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+       threads=st.integers(1, 3), seed=st.integers(0, 2 ** 31 - 1))
+def test_a_long_span_split_among_threads_is_softmax_attention(n, kv_heads, group, head_dim, span, window,
+                                                               with_sinks, dtype, threads, seed):
+    """One or two rows decoding over a long prompt: fewer KV heads than threads, so each head's
+    positions are attended in parts on several threads and merged (`span_parts`)."""
+    g = torch.Generator().manual_seed(seed)
+    batch, heads, max_seq = 2, kv_heads * group, span + 8
+    k = torch.randn(batch, max_seq, kv_heads, head_dim, generator=g).to(dtype)
+    v = torch.randn(batch, max_seq, kv_heads, head_dim, generator=g).to(dtype)
+    q = (torch.randn(n, heads, head_dim, generator=g) * 2).to(dtype)  # sharper softmaxes: a part's top matters
+    rows = torch.arange(n) % batch
+    positions = torch.tensor([span - 1 - 3 * i for i in range(n)], dtype=torch.int32)
+    sinks = torch.randn(heads, generator=g) if with_sinks else None
+    scale = head_dim ** -0.5
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        got = cpu_attention.attend_rows(q, k, v, rows, positions, window, sinks, scale)
+    finally:
+        torch.set_num_threads(before)
+    want = reference(*(a.float().numpy() for a in (q, k, v)), rows, positions, window,
+                     None if sinks is None else sinks.numpy(), scale)
+    tolerance = 1e-5 if dtype == torch.float32 else 2 ** -8
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=tolerance, atol=tolerance)
