@@ -413,8 +413,8 @@ int linnet_attention_units(int type, const float *q, long H, long KVH, long D, c
 #define SPAN_PART 256
 #define MOST_PARTS 8
 
-static long span_parts(long n, long KVH, int threads, const int32_t *rows, const int32_t *positions, long batch,
-                       long max_seq, long window) {
+long linnet_attention_span_parts(long n, long KVH, long threads, const int32_t *rows, const int32_t *positions,
+                                 long batch, long max_seq, long window) {
     long units = n * KVH, shortest = -1;
     if (units >= 2 * threads)
         return 1;
@@ -451,19 +451,70 @@ static AVX2 void merge_parts(int q_type, long P, long G, long D, const float *pa
     }
 }
 
+/* Item it of units split in P parts (unit it / P's part it % P): its G heads over its share of
+ * the unit's span, outputs and stats into `parted` (items x G x D outputs, then items x 2G stats). */
+static AVX2 void attend_part(int type, int q_type, const void *q, long H, long KVH, long D, const void *k,
+                             const void *v, long row_stride, long pos_stride, long batch, long max_seq,
+                             const int32_t *rows, const int32_t *positions, long window, float scale, long P,
+                             long items, float *parted, long it, float *scores, float *staging) {
+    long G = H / KVH, u = it / P, p = it % P, i = u / KVH, h = u % KVH;
+    long j0 = first_visible(i, rows, positions, batch, max_seq, window), span = positions[i] + 1 - j0;
+    if (j0 >= 0)
+        attend_head(type, q_type, q, H, KVH, D, k, v, row_stride, pos_stride, rows, i, h, j0 + span * p / P,
+                    j0 + span * (p + 1) / P, NULL, scale, parted + it * G * D, parted + items * G * D + it * 2 * G,
+                    scores, staging);
+}
+
+/* Unit u (token u / KVH's KV head u % KVH) from its P parts in `parted`, into out (q_type). */
+static AVX2 void merge_unit(int q_type, long n, long H, long KVH, long D, long P, const float *parted, long batch,
+                            long max_seq, const int32_t *rows, const int32_t *positions, long window,
+                            const float *sinks, void *out, long u) {
+    long G = H / KVH, i = u / KVH, h = u % KVH, at = (i * H + h * G) * D, items = n * KVH * P;
+    if (first_visible(i, rows, positions, batch, max_seq, window) < 0)
+        memset((char *)out + at * type_bytes(q_type), 0, G * D * type_bytes(q_type));
+    else
+        merge_parts(q_type, P, G, D, parted + u * P * G * D, parted + items * G * D + u * P * 2 * G,
+                    sinks ? sinks + h * G : NULL, out, at);
+}
+
+/* For a caller with a pool of its own (XLA's), as linnet_attention_units: items [it0, it1) of the
+ * n * KVH * P parts (`linnet_attention_span_parts`), q f32, into `parted` (n * KVH * P * (G * D + 2 G)
+ * floats); then linnet_attention_merge, once every part is in. Returns -1 if out of memory. */
+int linnet_attention_parts(int type, const float *q, long n, long H, long KVH, long D, const void *k, const void *v,
+                           long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
+                           const int32_t *positions, long window, float scale, long P, float *parted, long it0,
+                           long it1) {
+    float *scores = malloc((H / KVH) * max_seq * sizeof(float));
+    if (!scores)
+        return -1;
+    for (long it = it0; it < it1; it++)
+        attend_part(type, F32, q, H, KVH, D, k, v, row_stride, pos_stride, batch, max_seq, rows, positions, window,
+                    scale, P, n * KVH * P, parted, it, scores, NULL);
+    free(scores);
+    return 0;
+}
+
+/* Units [u0, u1) from their parts, into out [n, H, D] f32. */
+void linnet_attention_merge(long n, long H, long KVH, long D, long P, const float *parted, long batch, long max_seq,
+                            const int32_t *rows, const int32_t *positions, long window, const float *sinks, float *out,
+                            long u0, long u1) {
+    for (long u = u0; u < u1; u++)
+        merge_unit(F32, n, H, KVH, D, P, parted, batch, max_seq, rows, positions, window, sinks, out, u);
+}
+
 /* The same over n tokens, on `threads` OpenMP threads (the pool torch uses), a unit (a token's KV
- * head) at a time, or a part of a unit's span at a time where units are few (`span_parts`), the
- * parts then merged; q [n, H, D] and out of q_type (F32, BF16 or F16). Returns -1 if out of memory. */
+ * head) at a time, or a part of a unit's span at a time where units are few
+ * (`linnet_attention_span_parts`), the parts then merged; q [n, H, D] and out of q_type (F32, BF16
+ * or F16). Returns -1 if out of memory. */
 int linnet_attention(int type, int q_type, const void *q, long n, long H, long KVH, long D, const void *k,
                      const void *v, long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
                      const int32_t *positions, long window, const float *sinks, float scale, void *out, int threads) {
     long G = H / KVH, units = n * KVH;
-    long P = span_parts(n, KVH, threads, rows, positions, batch, max_seq, window);
+    long P = linnet_attention_span_parts(n, KVH, threads, rows, positions, batch, max_seq, window);
     float *parted = P > 1 ? malloc(units * P * (G * D + 2 * G) * sizeof(float)) : NULL; /* outputs, then stats */
     if (!parted)
         P = 1;
     long items = units * P;
-    float *part_stats = parted ? parted + items * G * D : NULL;
     int failed = 0;
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
@@ -479,23 +530,13 @@ int linnet_attention(int type, int q_type, const void *q, long n, long H, long K
                              positions, window, sinks, scale, out, it, it + 1, scores, scores + G * max_seq);
                 continue;
             }
-            long u = it / P, p = it % P, i = u / KVH, h = u % KVH;
-            long j0 = first_visible(i, rows, positions, batch, max_seq, window), span = positions[i] + 1 - j0;
-            if (j0 >= 0)
-                attend_head(type, q_type, q, H, KVH, D, k, v, row_stride, pos_stride, rows, i, h, j0 + span * p / P,
-                            j0 + span * (p + 1) / P, NULL, scale, parted + it * G * D, part_stats + it * 2 * G,
-                            scores, scores + G * max_seq);
+            attend_part(type, q_type, q, H, KVH, D, k, v, row_stride, pos_stride, batch, max_seq, rows, positions,
+                        window, scale, P, items, parted, it, scores, scores + G * max_seq);
         }
         if (P > 1) { /* after the loop's barrier: every part is in */
 #pragma omp for schedule(static)
-            for (long u = 0; u < units; u++) {
-                long i = u / KVH, h = u % KVH, at = (i * H + h * G) * D;
-                if (first_visible(i, rows, positions, batch, max_seq, window) < 0)
-                    memset((char *)out + at * type_bytes(q_type), 0, G * D * type_bytes(q_type));
-                else
-                    merge_parts(q_type, P, G, D, parted + u * P * G * D, part_stats + u * P * 2 * G,
-                                sinks ? sinks + h * G : NULL, out, at);
-            }
+            for (long u = 0; u < units; u++)
+                merge_unit(q_type, n, H, KVH, D, P, parted, batch, max_seq, rows, positions, window, sinks, out, u);
         }
         free(scores);
     }

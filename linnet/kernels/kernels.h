@@ -149,6 +149,15 @@ int linnet_attention_units(int type, const float *q, long H, long KVH, long D, c
                            long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
                            const int32_t *positions, long window, const float *sinks, float scale, float *out,
                            long u0, long u1);
+long linnet_attention_span_parts(long n, long KVH, long threads, const int32_t *rows, const int32_t *positions,
+                                 long batch, long max_seq, long window);
+int linnet_attention_parts(int type, const float *q, long n, long H, long KVH, long D, const void *k, const void *v,
+                           long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
+                           const int32_t *positions, long window, float scale, long P, float *parted, long it0,
+                           long it1);
+void linnet_attention_merge(long n, long H, long KVH, long D, long P, const float *parted, long batch, long max_seq,
+                            const int32_t *rows, const int32_t *positions, long window, const float *sinks, float *out,
+                            long u0, long u1);
 void linnet_attention_prefetch(int type, long KVH, long D, const void *k, const void *v, long row_stride,
                                long pos_stride, long batch, long max_seq, const int32_t *rows,
                                const int32_t *positions, long window, long n);

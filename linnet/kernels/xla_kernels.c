@@ -189,6 +189,8 @@ struct attention_task {
     const float *sinks;
     float scale;
     float *out;
+    long parts;    /* each unit's span in this many parts (1: whole units) */
+    float *parted; /* the parts' outputs and stats, where parts > 1 */
 };
 
 static int attention_chunk(void *data, long c, long chunks) {
@@ -197,6 +199,14 @@ static int attention_chunk(void *data, long c, long chunks) {
     return linnet_attention_units(t->type, t->q, t->H, t->KVH, t->D, t->k, t->v, t->row_stride, t->pos_stride,
                                   t->batch, t->max_seq, t->rows, t->positions, t->window, t->sinks, t->scale, t->out,
                                   units * c / chunks, units * (c + 1) / chunks);
+}
+
+static int attention_part_chunk(void *data, long c, long chunks) {
+    struct attention_task *t = data;
+    long items = t->n * t->KVH * t->parts;
+    return linnet_attention_parts(t->type, t->q, t->n, t->H, t->KVH, t->D, t->k, t->v, t->row_stride, t->pos_stride,
+                                  t->batch, t->max_seq, t->rows, t->positions, t->window, t->scale, t->parts,
+                                  t->parted, items * c / chunks, items * (c + 1) / chunks);
 }
 
 XLA_FFI_Error *linnet_xla_attention(XLA_FFI_CallFrame *frame) {
@@ -229,8 +239,23 @@ XLA_FFI_Error *linnet_xla_attention(XLA_FFI_CallFrame *frame) {
     struct attention_task task = {type, q->data, n, H, KVH, D, (const char *)k->data + layer,
                                   (const char *)v->data + layer, S * KVH * D, KVH * D, B, S, rows->data,
                                   positions->data, lw[1], with_sinks ? sinks->data : NULL,
-                                  *(const float *)scale->data, out->data};
-    int status = n ? run_on_pool(frame, attention_chunk, &task, n * KVH) : 0;
+                                  *(const float *)scale->data, out->data, 1, NULL};
+    /* few units (one or two rows decoding over a long prompt): each span in parts, then merged */
+    long parts = n ? linnet_attention_span_parts(n, KVH, pool_threads(frame), task.rows, task.positions, B, S,
+                                                 task.window) : 1;
+    long G = H / KVH;
+    task.parted = parts > 1 ? malloc(n * KVH * parts * (G * D + 2 * G) * sizeof(float)) : NULL;
+    task.parts = task.parted ? parts : 1;
+    int status = 0;
+    if (task.parts > 1) {
+        status = run_on_pool(frame, attention_part_chunk, &task, n * KVH * task.parts);
+        if (!status)
+            linnet_attention_merge(n, H, KVH, D, task.parts, task.parted, B, S, task.rows, task.positions,
+                                   task.window, task.sinks, task.out, 0, n * KVH);
+        free(task.parted);
+    } else if (n) {
+        status = run_on_pool(frame, attention_chunk, &task, n * KVH);
+    }
     if (n <= PREFETCH_NEXT_LAYER && lw[0] + 1 < k->dims[0]) { /* the same rows' keys and values in the next layer */
         long next = (long)B * S * KVH * D * type_bytes(type);
         linnet_attention_prefetch(type, KVH, D, (const char *)task.k + next, (const char *)task.v + next,

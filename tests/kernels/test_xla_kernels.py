@@ -65,6 +65,30 @@ def test_the_attention_handler_reads_a_layer_of_the_stack(n, kv_heads, group, he
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5)
 
 
+@settings(max_examples=15, deadline=None)
+@given(n=st.integers(1, 2), kv_heads=st.integers(1, 2), group=st.sampled_from([1, 3]), head_dim=st.sampled_from([8, 64]),
+       span=st.integers(520, 1100), window=st.sampled_from([0, 600]), with_sinks=st.booleans(),
+       padding=st.booleans(), seed=st.integers(0, 2 ** 31 - 1))
+def test_a_long_span_is_attended_in_parts_on_the_pool(n, kv_heads, group, head_dim, span, window, with_sinks, padding,
+                                                       seed):
+    """Fewer units (a token's KV heads) than twice XLA's threads: each span in parts on the pool,
+    merged after (`linnet_attention_span_parts`), as torch's OpenMP path does; a padding token among them."""
+    rng = np.random.default_rng(seed)
+    heads, batch, max_seq = kv_heads * group, 2, span + 4
+    k, v = (rng.standard_normal((1, batch, max_seq, kv_heads, head_dim)).astype(np.float32) for _ in range(2))
+    q = rng.standard_normal((n, heads, head_dim)).astype(np.float32) * 2
+    rows = (np.arange(n) % batch).astype(np.int32)
+    positions = np.array([span - 1 - 5 * i for i in range(n)], np.int32)
+    if padding and n > 1:
+        positions[-1] = max_seq  # padding: zeros, and no part of its own to wait for
+    sinks = rng.standard_normal(heads).astype(np.float32) if with_sinks else None
+    scale = head_dim ** -0.5
+    got = jax.jit(lambda q, k, v, r, p, s: xla_kernels.attention_rows(q, k, v, 0, r, p, window, s, scale))(
+        q, k, v, rows, positions, sinks)
+    want = reference(q, k[0], v[0], rows, positions, window, sinks, scale)
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5)
+
+
 def test_a_stacked_weight_is_read_at_its_layer():
     rng = np.random.default_rng(0)
     x = rng.standard_normal((4, 24)).astype(np.float32)
