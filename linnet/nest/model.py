@@ -26,8 +26,8 @@ class LoadedModel:
     compile: bool = False
     weights: str = ""
     info: dict = field(default_factory=dict)
-    resets: int = 0  # times the cache was emptied: an engine's record of what its rows hold ends with each
-    holder: Any = field(default=None, repr=False, compare=False)  # a weakref to the engine that last ran a pass on it
+    # a weakref to the engine that last ran a pass on it; None once the cache is emptied (`reset`)
+    holder: Any = field(default=None, repr=False, compare=False)
 
     @property
     def batch(self) -> int:
@@ -64,7 +64,7 @@ class LoadedModel:
         """Empties the cache (every row). An engine over the model sees it at its next step and
         reuses no row it remembers (not while it has requests in flight: theirs are emptied too)."""
         self.runner.reset_state()
-        self.resets += 1
+        self.holder = None
 
     def __repr__(self) -> str:
         return (f"LoadedModel({self.card!r}, backend={self.backend!r}, device={str(self.device)!r}, "

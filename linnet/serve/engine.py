@@ -116,7 +116,6 @@ class Engine:
         self.eos = set(self.tokenizer.eos_token_ids) if self.tokenizer is not None else set()
         self.free_rows = list(range(self.rows))
         self.row_tokens: list = [[] for _ in range(self.rows)]  # tokens whose k/v each row holds, from 0
-        self._resets = getattr(model, "resets", 0)  # the model's resets that row_tokens has seen
         self.waiting: list = []  # _Live without a row yet (row = -1)
         self.live: list = []
         self.cancelled: set = set()
@@ -204,8 +203,7 @@ class Engine:
         modes = [self.sampling_mode(Request([0], temperature=t, logprobs=k, **asks))
                  for t in (0.0, 1.0) for k in ([None, 1] if logprobs else [None]) for asks in forms]
         self.runner.warmup(sizes, modes, scoring=prompt_logprobs)
-        self.model.reset()
-        self.row_tokens = [[] for _ in range(self.rows)]
+        self.model.reset()  # (the next step forgets what the rows held)
         self._ahead = None
 
     def _packs_of(self, n: int) -> list:
@@ -272,12 +270,12 @@ class Engine:
             self._tell_listeners()
 
     def _step(self) -> None:
-        model = self.model
-        holder = getattr(model, "holder", None)
-        if getattr(model, "resets", 0) != self._resets or holder is None or holder() is not self:
-            # The cache changed under the engine: emptied, or written by another engine over the same
-            # model since this one's last pass. What it remembers its rows holding is gone.
-            self._resets, model.holder = getattr(model, "resets", 0), weakref.ref(self)
+        holder = getattr(self.model, "holder", None)
+        if holder is None or holder() is not self:
+            # The cache changed under the engine: emptied (`model.reset()`), or written by another
+            # engine over the same model since this one's last pass. What it remembers its rows
+            # holding is gone.
+            self.model.holder = weakref.ref(self)
             self.row_tokens = [[] for _ in range(self.rows)]
         with self.lock:
             self._drop_cancelled()
