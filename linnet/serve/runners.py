@@ -427,17 +427,18 @@ class JaxRunner:
         """Compiles every pass size given, copy_rows, and for each (sampling batch, its histories or
         None) in `modes` the decode step that draws so and the draw after a prefill; with `scoring`,
         also each size's pass that scores prompt tokens (`prefill`), its scores and its draws."""
+        def padding_pass(size: int, logit_rows: int):  # a pass of `size` padding tokens
+            return self.model.prefill(np.zeros(size, np.int32), np.full(size, self.padding, np.int32),
+                                      np.zeros(size, np.int32), np.zeros(logit_rows, np.int32))
         logits = None
         sizes = sorted({bucket(n, self.smallest) for n in pack_lengths})
         for size in sizes:
-            logits = self.model.prefill(np.zeros(size, np.int32), np.full(size, self.padding, np.int32),
-                                        np.zeros(size, np.int32), np.zeros(self.batch, np.int32))
+            logits = padding_pass(size, self.batch)
         if scoring and logits is not None:  # a pass scoring at most Batch tokens: the usual logits
             self.score(logits, 0, [0], 1)
         for size in sizes if scoring and modes else []:
             if size > self.batch:
-                scored = self.model.prefill(np.zeros(size, np.int32), np.full(size, self.padding, np.int32),
-                                            np.zeros(size, np.int32), np.zeros(size, np.int32))
+                scored = padding_pass(size, size)
                 self.score(scored, 0, [0], 1)
                 batch, histories = modes[0]
                 self.sample(scored, batch, histories, rows=list(range(len(batch.temperature))))
