@@ -146,38 +146,52 @@ static inline AVX512 __attribute__((always_inline)) __m128 sum4(__m512 a, __m512
     return _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
 }
 
-/* Scores of gn (1..4) query heads against keys j0..j1, scaled, into s[g][j - j0]: four keys at a
- * time, whose sums over their lanes are taken together (`sum4`), not one after another. */
+/* The body of a scorer (`score16`, `score_pairs`), over its j0, j1, D, gn, scale, s and L: the
+ * scores of gn (1..4) query heads against keys j0..j1, scaled, into s[g][j - j0]; four keys at a
+ * time, whose sums over their lanes are taken together (`sum4`), not one after another. Each
+ * product covers STEP elements of a head: KEY_T kv = LOAD_KEY(j, d) is key j's from element d,
+ * and DOT(acc, g, d, kv) is acc plus query head g's times them, in 16 f32 lanes. */
+#define SCORE_KEYS(STEP, KEY_T, LOAD_KEY, DOT)                                                                \
+    do {                                                                                                      \
+        long j = j0;                                                                                          \
+        __m128 vscale = _mm_set1_ps(scale);                                                                   \
+        for (; j + 4 <= j1; j += 4) {                                                                         \
+            __m512 a[4][4];                                                                                   \
+            for (int g = 0; g < 4; g++)                                                                       \
+                for (int t = 0; t < 4; t++)                                                                   \
+                    a[g][t] = _mm512_setzero_ps();                                                            \
+            for (long d = 0; d < D; d += STEP)                                                                \
+                for (int t = 0; t < 4; t++) {                                                                 \
+                    KEY_T kv = LOAD_KEY(j + t, d);                                                            \
+                    for (int g = 0; g < gn; g++)                                                              \
+                        a[g][t] = DOT(a[g][t], g, d, kv);                                                     \
+                }                                                                                             \
+            for (int g = 0; g < gn; g++)                                                                      \
+                _mm_storeu_ps(s + g * L + j - j0, _mm_mul_ps(sum4(a[g][0], a[g][1], a[g][2], a[g][3]), vscale)); \
+        }                                                                                                     \
+        for (; j < j1; j++) {                                                                                 \
+            __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()}; \
+            for (long d = 0; d < D; d += STEP) {                                                              \
+                KEY_T kv = LOAD_KEY(j, d);                                                                    \
+                for (int g = 0; g < gn; g++)                                                                  \
+                    a[g] = DOT(a[g], g, d, kv);                                                               \
+            }                                                                                                 \
+            for (int g = 0; g < gn; g++)                                                                      \
+                s[g * L + j - j0] = _mm512_reduce_add_ps(a[g]) * scale;                                       \
+        }                                                                                                     \
+    } while (0)
+
+/* Scores of gn (1..4) query heads (f32) against keys j0..j1 of any cache type, each key widened
+ * to 16 floats a load (`SCORE_KEYS`). */
 static inline AVX512 __attribute__((always_inline)) void score16(int type, int gn, const float *q, long D,
                                                                   const char *k, long pos_stride, long j0, long j1,
                                                                   float scale, float *s, long L) {
-    long elem = type_bytes(type), j = j0;
-    __m128 vscale = _mm_set1_ps(scale);
-    for (; j + 4 <= j1; j += 4) {
-        __m512 a[4][4];
-        for (int g = 0; g < 4; g++)
-            for (int t = 0; t < 4; t++)
-                a[g][t] = _mm512_setzero_ps();
-        for (long d = 0; d < D; d += 16)
-            for (int t = 0; t < 4; t++) {
-                __m512 kv = load16(k + (j + t) * pos_stride * elem, type, d);
-                for (int g = 0; g < gn; g++)
-                    a[g][t] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + d), kv, a[g][t]);
-            }
-        for (int g = 0; g < gn; g++)
-            _mm_storeu_ps(s + g * L + j - j0, _mm_mul_ps(sum4(a[g][0], a[g][1], a[g][2], a[g][3]), vscale));
-    }
-    for (; j < j1; j++) {
-        const char *kj = k + j * pos_stride * elem;
-        __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-        for (long d = 0; d < D; d += 16) {
-            __m512 kv = load16(kj, type, d);
-            for (int g = 0; g < gn; g++)
-                a[g] = _mm512_fmadd_ps(_mm512_loadu_ps(q + g * D + d), kv, a[g]);
-        }
-        for (int g = 0; g < gn; g++)
-            s[g * L + j - j0] = _mm512_reduce_add_ps(a[g]) * scale;
-    }
+    long elem = type_bytes(type);
+#define KEY16(j, d) load16(k + (j) * pos_stride * elem, type, d)
+#define FMA16(acc, g, d, kv) _mm512_fmadd_ps(_mm512_loadu_ps(q + (g) * D + (d)), kv, acc)
+    SCORE_KEYS(16, __m512, KEY16, FMA16);
+#undef KEY16
+#undef FMA16
 }
 
 /* out[g] = norm[g] * sum_j s[g][j] v_j over columns [d0, d0 + 16 chunks) for gn (1..4) heads. */
@@ -211,32 +225,11 @@ static inline AVX512 __attribute__((always_inline)) void weigh16(int type, int g
  * tokens score their whole prefix each, so this is most of a long prompt's attention. */
 static AVX512BF16 void score_pairs(int gn, const uint16_t *qb, long D, const uint16_t *k, long pos_stride, long j0,
                                    long j1, float scale, float *s, long L) {
-    long j = j0;
-    __m128 vscale = _mm_set1_ps(scale);
-    for (; j + 4 <= j1; j += 4) {
-        __m512 a[4][4];
-        for (int g = 0; g < 4; g++)
-            for (int t = 0; t < 4; t++)
-                a[g][t] = _mm512_setzero_ps();
-        for (long d = 0; d < D; d += 32)
-            for (int t = 0; t < 4; t++) {
-                __m512bh kv = (__m512bh)_mm512_loadu_si512(k + (j + t) * pos_stride + d);
-                for (int g = 0; g < gn; g++)
-                    a[g][t] = _mm512_dpbf16_ps(a[g][t], (__m512bh)_mm512_loadu_si512(qb + g * D + d), kv);
-            }
-        for (int g = 0; g < gn; g++)
-            _mm_storeu_ps(s + g * L + j - j0, _mm_mul_ps(sum4(a[g][0], a[g][1], a[g][2], a[g][3]), vscale));
-    }
-    for (; j < j1; j++) {
-        __m512 a[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-        for (long d = 0; d < D; d += 32) {
-            __m512bh kv = (__m512bh)_mm512_loadu_si512(k + j * pos_stride + d);
-            for (int g = 0; g < gn; g++)
-                a[g] = _mm512_dpbf16_ps(a[g], (__m512bh)_mm512_loadu_si512(qb + g * D + d), kv);
-        }
-        for (int g = 0; g < gn; g++)
-            s[g * L + j - j0] = _mm512_reduce_add_ps(a[g]) * scale;
-    }
+#define KEY_PAIRS(j, d) (__m512bh)_mm512_loadu_si512(k + (j) * pos_stride + (d))
+#define DOT_PAIRS(acc, g, d, kv) _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(qb + (g) * D + (d)), kv)
+    SCORE_KEYS(32, __m512bh, KEY_PAIRS, DOT_PAIRS);
+#undef KEY_PAIRS
+#undef DOT_PAIRS
 }
 
 static inline AVX512 __attribute__((always_inline)) void attend16_heads(int type, int gn, const float *q,
@@ -429,6 +422,12 @@ long linnet_attention_span_parts(long n, long KVH, long threads, const int32_t *
     return parts > 1 ? parts : 1;
 }
 
+/* The floats n tokens' units split in P parts take (`parted`): each part's G x D outputs, then
+ * each part's G (largest score, sum) pairs. */
+long linnet_attention_parted_floats(long n, long H, long KVH, long D, long P) {
+    return n * KVH * P * (H / KVH) * (D + 2);
+}
+
 /* A unit's G heads from its P parts, each normalized over its positions, with stats (top, sum):
  * the softmax over the whole span, with each head's sink logit in the sum, into out at `at`. */
 static AVX2 void merge_parts(int q_type, long P, long G, long D, const float *parts, const float *stats,
@@ -478,8 +477,9 @@ static AVX2 void merge_unit(int q_type, long n, long H, long KVH, long D, long P
 }
 
 /* For a caller with a pool of its own (XLA's), as linnet_attention_units: items [it0, it1) of the
- * n * KVH * P parts (`linnet_attention_span_parts`), q f32, into `parted` (n * KVH * P * (G * D + 2 G)
- * floats); then linnet_attention_merge, once every part is in. Returns -1 if out of memory. */
+ * n * KVH * P parts (`linnet_attention_span_parts`), q f32, into `parted`
+ * (`linnet_attention_parted_floats`); then linnet_attention_merge, once every part is in. Returns
+ * -1 if out of memory. */
 int linnet_attention_parts(int type, const float *q, long n, long H, long KVH, long D, const void *k, const void *v,
                            long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
                            const int32_t *positions, long window, float scale, long P, float *parted, long it0,
@@ -511,7 +511,7 @@ int linnet_attention(int type, int q_type, const void *q, long n, long H, long K
                      const int32_t *positions, long window, const float *sinks, float scale, void *out, int threads) {
     long G = H / KVH, units = n * KVH;
     long P = linnet_attention_span_parts(n, KVH, threads, rows, positions, batch, max_seq, window);
-    float *parted = P > 1 ? malloc(units * P * (G * D + 2 * G) * sizeof(float)) : NULL; /* outputs, then stats */
+    float *parted = P > 1 ? malloc(linnet_attention_parted_floats(n, H, KVH, D, P) * sizeof(float)) : NULL;
     if (!parted)
         P = 1;
     long items = units * P;

@@ -151,6 +151,7 @@ int linnet_attention_units(int type, const float *q, long H, long KVH, long D, c
                            long u0, long u1);
 long linnet_attention_span_parts(long n, long KVH, long threads, const int32_t *rows, const int32_t *positions,
                                  long batch, long max_seq, long window);
+long linnet_attention_parted_floats(long n, long H, long KVH, long D, long P);
 int linnet_attention_parts(int type, const float *q, long n, long H, long KVH, long D, const void *k, const void *v,
                            long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
                            const int32_t *positions, long window, float scale, long P, float *parted, long it0,

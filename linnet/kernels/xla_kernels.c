@@ -243,8 +243,7 @@ XLA_FFI_Error *linnet_xla_attention(XLA_FFI_CallFrame *frame) {
     /* few units (one or two rows decoding over a long prompt): each span in parts, then merged */
     long parts = n ? linnet_attention_span_parts(n, KVH, pool_threads(frame), task.rows, task.positions, B, S,
                                                  task.window) : 1;
-    long G = H / KVH;
-    task.parted = parts > 1 ? malloc(n * KVH * parts * (G * D + 2 * G) * sizeof(float)) : NULL;
+    task.parted = parts > 1 ? malloc(linnet_attention_parted_floats(n, H, KVH, D, parts) * sizeof(float)) : NULL;
     task.parts = task.parted ? parts : 1;
     int status = 0;
     if (task.parts > 1) {
