@@ -106,17 +106,20 @@ def _onednn_packs(dtype: torch.dtype) -> bool:
 
 
 def _panels_for(dtype: torch.dtype, k: int | None = None) -> bool:
-    """Linnet's kernel for weights of this type (and K, if given), unless the CPU multiplies the type
-    natively and the kernel would not: there oneDNN's bf16 matmul runs many rows at twice the
-    kernel's f32 arithmetic. With AVX-512 BF16 the kernel takes a bf16 weight of even K in pairs
-    (`cpu_linear.pairs`) and multiplies it in bf16, as fast as oneDNN and packed in the weight's
-    own memory (oneDNN's layout is a copy)."""
+    """Linnet's kernel for weights of this type (and K, if given), unless the CPU has bf16's dot
+    instructions (AVX-512 BF16, AMX) and the kernel cannot pair this K: there oneDNN's bf16 matmul
+    runs many rows at twice the kernel's f32 arithmetic. With those instructions the kernel takes a
+    bf16 weight of even K in pairs (`cpu_linear.pairs`) and multiplies it in bf16, as fast as
+    oneDNN and packed in the weight's own memory (oneDNN's layout is a copy). Without them (AVX-512
+    alone: Skylake to Ice Lake) oneDNN emulates bf16 and took twice the panels' time at 1 to 368
+    rows (SmolLM2's linears, the instruction sets capped so: `build.isa_cap`)."""
     if not cpu_linear.available(dtype):
         return False
     if dtype == torch.float32 or not multiplies_natively(dtype):
         return True
     # a type oneDNN does not pack (f16: its plain matmul reads the whole weight per call) stays ours
-    return cpu_linear.pairs(dtype, 2 if k is None else k) or not _onednn_packs(dtype)
+    has_bf16_dots = cpu_linear.pairs(torch.bfloat16, 2)
+    return not has_bf16_dots or cpu_linear.pairs(dtype, 2 if k is None else k) or not _onednn_packs(dtype)
 
 
 def _packs_in_panels(w: torch.Tensor) -> bool:

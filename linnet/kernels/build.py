@@ -43,10 +43,23 @@ def runs_here() -> bool:
     cpu_linear.c multiplies bf16 weights with AVX-512 BF16's own instructions (`linnet_panel_pairs`)."""
     if os.environ.get("LINNET_CPU_KERNELS", "1") == "0":
         return False
+    isa_cap()
     if platform.machine().lower() not in ("x86_64", "amd64") or not sys.platform.startswith("linux"):
         return False
     flags = _cpu_flags()
     return {"avx2", "fma", "f16c"} <= flags
+
+
+ISA_CAPS = ("avx2", "avx512", "avx512_bf16", "amx")  # kernels.h's levels, lowest first
+
+
+def isa_cap() -> str | None:
+    """LINNET_CPU_ISA, the highest instruction set the kernels may take (kernels.h's `linnet_isa`;
+    None where unset): the paths of an older CPU, run on this one, as the tests run them."""
+    cap = os.environ.get("LINNET_CPU_ISA") or None
+    if cap is not None and cap not in ISA_CAPS:
+        raise ValueError(f"LINNET_CPU_ISA={cap!r}: not one of {', '.join(ISA_CAPS)}")
+    return cap
 
 
 def _cpu_flags() -> set:
@@ -74,7 +87,7 @@ def cpu_kernels() -> ctypes.CDLL | None:
     lib.linnet_linear.argtypes = [i32, i32, vp, long, long, long, vp, vp, vp, i32, vp, long, i32]
     lib.linnet_pack_panels.argtypes = [i32, vp, long, long, i32]
     lib.linnet_panel_pairs.argtypes = [i32, long]
-    lib.linnet_amx_tiles.argtypes = []
+    lib.linnet_isa.argtypes = []
     lib.linnet_attention.argtypes = [i32, i32, vp, long, long, long, long, vp, vp, long, long, long, long, vp, vp,
                                      long, vp, ctypes.c_float, vp, i32]
     lib.linnet_rmsnorm.argtypes = [i32, vp, long, long, long, i32, vp, ctypes.c_float, i32, vp, i32]
@@ -88,7 +101,7 @@ def cpu_kernels() -> ctypes.CDLL | None:
     lib.linnet_replay.argtypes = [long, vp, vp]
     lib.linnet_replay.restype = long
     for f in (lib.linnet_linear, lib.linnet_pack_panels, lib.linnet_attention, lib.linnet_panel_pairs,
-              lib.linnet_amx_tiles):
+              lib.linnet_isa):
         f.restype = i32
     return lib
 

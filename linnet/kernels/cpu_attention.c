@@ -330,9 +330,9 @@ static AVX2 void attend_head(int type, int q_type, const void *q, long H, long K
         qh = staging;
     }
     const char *kh = (const char *)k + base, *vh = (const char *)v + base;
-    if (__builtin_cpu_supports("avx512f") && D % 16 == 0) {
+    if (linnet_isa() >= ISA_AVX512 && D % 16 == 0) {
         /* bf16 queries and cache: scored as they are, in pairs (`score_pairs`) */
-        const uint16_t *qb = type == BF16 && q_type == BF16 && D % 32 == 0 && linnet_avx512_bf16()
+        const uint16_t *qb = type == BF16 && q_type == BF16 && D % 32 == 0 && linnet_isa() >= ISA_AVX512_BF16
                                  ? (const uint16_t *)q + at : NULL;
         attend16_typed(type, qh, qb, G, D, kh, vh, pos_stride, ja, jb, sinks, scale, scores, o, stats);
     } else {

@@ -97,7 +97,9 @@ class CpuGraph:
                    if isinstance(t, torch.Tensor)]
         if not tensors:
             return  # a constant (arange, zeros): its values stay as the capture made them
-        if func in _ELEMENTWISE:
+        if any(t.is_mkldnn for t in tensors):
+            replayed = False  # oneDNN's packed weights (`runtime.pack_linear_weight`): no address to replay
+        elif func in _ELEMENTWISE:
             replayed = self._elementwise(_ELEMENTWISE[func], args, kwargs, out)
         elif func._schema.is_mutable:
             replayed = False  # an in-place op (index_put_, copy_) writes what a view of its output would hide

@@ -42,15 +42,40 @@ int linnet_cpu_supported(void) {
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
 }
 
-/* AVX-512 BF16 here (and the AVX-512 it needs): the pair kernels' and the attention's check. */
-int linnet_avx512_bf16(void) {
-    static int bf16 = -1; /* read and written atomically: XLA's threads may make their first calls at once */
-    int known = __atomic_load_n(&bf16, __ATOMIC_RELAXED);
+static int amx_granted(void);
+
+/* LINNET_CPU_ISA's level: unset (or "amx"), no cap. Python checks the spelling first
+ * (`build.isa_cap`). */
+static int isa_cap(void) {
+    const char *cap = getenv("LINNET_CPU_ISA");
+    if (!cap || !*cap)
+        return ISA_AMX;
+    if (!strcmp(cap, "avx2"))
+        return ISA_AVX2;
+    if (!strcmp(cap, "avx512"))
+        return ISA_AVX512;
+    return !strcmp(cap, "avx512_bf16") ? ISA_AVX512_BF16 : ISA_AMX;
+}
+
+/* The CPU's level, no higher than `cap`; AMX's tiles are asked for only where the cap allows them. */
+static int cpu_isa(int cap) {
+    __builtin_cpu_init();
+    if (!linnet_cpu_supported())
+        return ISA_NONE;
+    if (cap < ISA_AVX512 || !__builtin_cpu_supports("avx512f"))
+        return ISA_AVX2;
+    if (cap < ISA_AVX512_BF16 || !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl") ||
+        !__builtin_cpu_supports("avx512bf16"))
+        return ISA_AVX512;
+    return cap < ISA_AMX || !amx_granted() ? ISA_AVX512_BF16 : ISA_AMX;
+}
+
+int linnet_isa(void) {
+    static int level = -1; /* read and written atomically: XLA's threads may make their first calls at once */
+    int known = __atomic_load_n(&level, __ATOMIC_RELAXED);
     if (known < 0) {
-        __builtin_cpu_init();
-        known = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
-        __atomic_store_n(&bf16, known, __ATOMIC_RELAXED);
+        known = cpu_isa(isa_cap());
+        __atomic_store_n(&level, known, __ATOMIC_RELAXED);
     }
     return known;
 }
@@ -58,7 +83,7 @@ int linnet_avx512_bf16(void) {
 /* Whether a weight of `type` and K is packed in pairs of K (see the top): the one rule, which the
  * packers (here and in Python) and the kernel all follow. */
 int linnet_panel_pairs(int type, long K) {
-    return type == BF16 && K % 2 == 0 && linnet_avx512_bf16();
+    return type == BF16 && K % 2 == 0 && linnet_isa() >= ISA_AVX512_BF16;
 }
 
 /* The column a bf16 panel row holds at each of its 16 places: interleaving a row's 16 values with
@@ -327,19 +352,13 @@ static AVX512BF16 void pair_range(const uint16_t *x, long M, long K, const void 
 #define ARCH_REQ_XCOMP_PERM 0x1023 /* Linux: ask for a state component (asm/prctl.h) */
 #define XFEATURE_XTILEDATA 18
 
-/* AMX-TILE and AMX-BF16 here, and Linux lets this process use the tile registers (it asks once;
- * a process must, before its first tile instruction). */
-static int has_amx_bf16(void) {
-    static int amx = -1; /* read and written atomically: XLA's threads may make their first calls at once */
-    int known = __atomic_load_n(&amx, __ATOMIC_RELAXED);
-    if (known < 0) {
-        unsigned a, b, c, d;
-        int cpu = __get_cpuid_max(0, NULL) >= 7 && __get_cpuid_count(7, 0, &a, &b, &c, &d) &&
-                  (d >> 22 & 1) && (d >> 24 & 1); /* AMX-BF16, AMX-TILE */
-        known = cpu && linnet_avx512_bf16() && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-        __atomic_store_n(&amx, known, __ATOMIC_RELAXED);
-    }
-    return known;
+/* AMX-TILE and AMX-BF16 here, and Linux lets this process use the tile registers (asked once, by
+ * `linnet_isa`; a process must ask before its first tile instruction). */
+static int amx_granted(void) {
+    unsigned a, b, c, d;
+    int cpu = __get_cpuid_max(0, NULL) >= 7 && __get_cpuid_count(7, 0, &a, &b, &c, &d) &&
+              (d >> 22 & 1) && (d >> 24 & 1); /* AMX-BF16, AMX-TILE */
+    return cpu && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 }
 
 /* GCC's tile intrinsics are asm that names no memory (a load's address is a register operand):
@@ -488,10 +507,10 @@ static AMX_BF16 int amx_range(const uint16_t *x, long M, long K, const void *con
 }
 
 #else
-static int has_amx_bf16(void) { return 0; }
+static int amx_granted(void) { return 0; }
 static int amx_range(const uint16_t *x, long M, long K, const void *const *panels, const long *cols,
                      const int *widths, int out_type, void *out, long N, long p0, long p1) {
-    return -1; /* never called: has_amx_bf16() is 0 */
+    return -1; /* never called: linnet_isa() is below ISA_AMX */
 }
 #endif /* LINNET_AMX */
 
@@ -516,15 +535,6 @@ static AVX512BF16 void round_to_bf16(const float *x, long count, uint16_t *out) 
 #define AVX512F32 __attribute__((target("avx512f,avx2,fma")))
 #define MRF 12         /* input rows an f32 tile: 12 of the 32 vector registers accumulate */
 #define WIDE_F32_FROM 4  /* rows from which f32 panels take this path */
-
-static int has_avx512f(void) {
-    static int avx512 = -1;
-    if (avx512 < 0) {
-        __builtin_cpu_init();
-        avx512 = __builtin_cpu_supports("avx512f");
-    }
-    return avx512;
-}
 
 /* mr (1..MRF) rows of x [., K] times one or two f32 panels (a; b when `two`): out_a and out_b get
  * the rows' columns [0, width), masked, rows ldo apart. Two panels make 24 accumulators, which
@@ -610,13 +620,9 @@ const void *linnet_linear_input(int type, int x_type, const void *x, long M, lon
     return *scratch;
 }
 
-/* Whether this CPU and process multiply bf16 pairs with AMX tiles (from AMX_FROM rows, K a multiple
- * of AMX_K). */
-int linnet_amx_tiles(void) { return has_amx_bf16(); }
-
 /* Whether bf16 pairs of this K over M rows take AMX tiles here. */
 static int takes_amx(int type, long M, long K) {
-    return linnet_panel_pairs(type, K) && M >= AMX_FROM && K % AMX_K == 0 && has_amx_bf16();
+    return linnet_panel_pairs(type, K) && M >= AMX_FROM && K % AMX_K == 0 && linnet_isa() >= ISA_AMX;
 }
 
 /* Panels [p0, p1) times every row of x into y [M, N]: f32 sums, or, where the kernel rounds
@@ -629,7 +635,7 @@ static int panels_into(int type, const void *x, long M, long K, const void *cons
         pair_range(x, M, K, panels, cols, widths, y, N, p0, p1);
         return 0;
     }
-    if (type == F32 && M >= WIDE_F32_FROM && has_avx512f()) {
+    if (type == F32 && M >= WIDE_F32_FROM && linnet_isa() >= ISA_AVX512) {
         f32_range(x, M, K, panels, cols, widths, y, N, p0, p1);
         return 0;
     }

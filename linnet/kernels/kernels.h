@@ -9,7 +9,7 @@
 
 /* Kernels carry target attributes, not global -m flags: linnet_cpu_supported() runs on any x86-64. */
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
-/* AVX-512 BF16's instructions (VDPBF16PS), where `linnet_avx512_bf16()` says they run. */
+/* AVX-512 BF16's instructions (VDPBF16PS), where `linnet_isa()` is ISA_AVX512_BF16 or more. */
 #define AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
 
 enum { F32 = 0, BF16 = 1, F16 = 2 }; /* the type codes callers pass */
@@ -132,7 +132,11 @@ static inline AVX2 __attribute__((always_inline)) __m256 exp8(__m256 x) {
 
 /* cpu_linear.c */
 int linnet_cpu_supported(void);
-int linnet_avx512_bf16(void);
+/* The instruction sets the kernels take here, each level holding the ones below it: the CPU's (with
+ * AMX, Linux's leave to use its tiles), capped by LINNET_CPU_ISA ("avx2", "avx512", "avx512_bf16"),
+ * so that the paths an older CPU takes run, and are tested, on a newer one. */
+enum { ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512_BF16 = 3, ISA_AMX = 4 };
+int linnet_isa(void);
 int linnet_panel_pairs(int type, long K);
 const void *linnet_linear_input(int type, int x_type, const void *x, long M, long K, void **scratch);
 int linnet_linear(int type, int x_type, const void *x, long M, long K, long P, const void *const *panels,

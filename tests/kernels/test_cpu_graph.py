@@ -66,6 +66,18 @@ def test_an_op_the_replay_lacks_is_named_and_the_step_still_runs():
     assert torch.allclose(y, torch.softmax(x, -1))
 
 
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
+def test_a_linear_on_onednns_packed_weight_is_named_and_the_step_still_runs():
+    # the runtime packs a weight its kernel cannot take (bf16 of odd K on an AVX-512 BF16 CPU) in
+    # oneDNN's layout: an opaque tensor, with no storage whose address a replay could hold
+    x, w = torch.randn(3, 8), torch.randn(5, 8)
+    packed = torch.ops.mkldnn._reorder_linear_weight(w, 3)
+    with cpu_graph.capture() as graph:
+        y = rt.linear(x, packed)
+    assert graph.unsupported is not None and "linear" in graph.unsupported
+    torch.testing.assert_close(y, x @ w.T)
+
+
 def test_a_python_number_in_an_elementwise_op_is_not_replayed():
     x = torch.randn(3)
     with cpu_graph.capture() as graph:

@@ -138,13 +138,22 @@ def test_bf16_pairs_over_many_rows_are_the_product(rows, n, k, bf16_rows, thread
     assert torch.all((got.float() - want).abs() <= 2 ** -8 * want.abs() + 4 * k * 2 ** -24 * scale)
 
 
-def test_amx_tiles_run_only_where_the_cpu_has_them():
+def cpu_flags() -> set:
     with open("/proc/cpuinfo") as f:
-        flags = set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
-    has_amx = {"amx_tile", "amx_bf16", "avx512_bf16"} <= flags
-    # Linux lets a process use the tile registers once it asks (arch_prctl, Linux 5.16 on); asked
-    # here independently of the library
-    assert cpu_linear.amx_tiles() == (has_amx and tile_registers_granted())
+        return set(next(line for line in f if line.startswith("flags")).split(":", 1)[1].split())
+
+
+def test_the_kernels_take_the_cpus_instruction_sets_up_to_the_cap():
+    flags, cap = cpu_flags(), os.environ.get("LINNET_CPU_ISA") or "amx"
+    # each level needs the ones below it; AMX needs Linux's leave too (arch_prctl, Linux 5.16 on)
+    held = [{"avx2", "fma", "f16c"} <= flags, "avx512f" in flags,
+            {"avx512bw", "avx512vl", "avx512_bf16"} <= flags,
+            {"amx_tile", "amx_bf16"} <= flags and tile_registers_granted()]
+    levels = ("avx2", "avx512", "avx512_bf16", "amx")
+    reached = 0
+    while reached < levels.index(cap) + 1 and held[reached]:
+        reached += 1
+    assert cpu_linear.isa() == (levels[reached - 1] if reached else None)
 
 
 def tile_registers_granted() -> bool:
@@ -158,9 +167,7 @@ def tile_registers_granted() -> bool:
 def test_pairs_are_the_kernels_rule_for_bf16_of_even_k():
     assert not cpu_linear.pairs(torch.float32, 64) and not cpu_linear.pairs(torch.float16, 64)
     assert not cpu_linear.pairs(torch.bfloat16, 63)
-    with open("/proc/cpuinfo") as f:
-        bf16_instructions = "avx512_bf16" in f.read()
-    assert cpu_linear.pairs(torch.bfloat16, 64) == bf16_instructions
+    assert cpu_linear.pairs(torch.bfloat16, 64) == (cpu_linear.isa() in ("avx512_bf16", "amx"))
 
 
 @pytest.mark.parametrize("dtype", TYPES)
@@ -218,7 +225,7 @@ def test_an_assembler_without_amx_builds_the_kernels_without_it(tmp_path):
     cc.chmod(0o755)
     code = ("import torch, warnings; from linnet.kernels import cpu_linear as c\n"
             "with warnings.catch_warnings():\n"
-            "    warnings.simplefilter('error'); assert c.available(torch.float32) and not c.amx_tiles()\n"
+            "    warnings.simplefilter('error'); assert c.available(torch.float32) and c.isa() != 'amx'\n"
             "x, w = torch.randn(40, 64).bfloat16(), torch.randn(24, 64).bfloat16()\n"
             "got, want = c.matmul(x, c.pack(w)).float(), (x.double() @ w.double().T).float()\n"
             "assert torch.allclose(got, want, rtol=2 ** -7, atol=1e-3)")
