@@ -460,7 +460,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.set_defaults(run=cmd_serve)
     ex = sub.add_parser("export", help="write a card with its weights for vLLM, llama.cpp or Triton Inference Server",
                         description="vllm: a Hugging Face model directory (config.json, safetensors, tokenizer). "
-                                    "llama.cpp: one GGUF file (Llama, Qwen2, Qwen3 or gpt-oss). triton: a model repository "
+                                    "llama.cpp: one GGUF file (Llama, Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, gpt-oss or "
+                                    "Gemma 3). triton: a model repository "
                                     "whose Python backend runs the card on Linnet's engine (the weights stay "
                                     "where they are).")
     ex.add_argument("card", help="a card name, a .linnet file, or a checkpoint path")

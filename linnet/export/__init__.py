@@ -52,9 +52,10 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
 
     resolved = resolve_card(card, weights)
     if to == "llama.cpp":  # before a byte of the weights is read
-        from linnet.export.gguf import check_architecture
+        from linnet.export.gguf import check_architecture, gguf_path
 
         check_architecture(resolved[0], str(card))
+        gguf_path(out, resolved[1], dtype)
     bound = read_weights(card, generics={"T": dtype}, numerics="fast", cast_dtype=True, weights=weights, seed=seed,
                          tokenizer=True if tokenizer is None else tokenizer, progress=progress, resolved=resolved)
     if to == "vllm":

@@ -21,12 +21,14 @@ vocabulary, as llama.cpp sizes the embedding by it.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from linnet.export import ExportError
+from linnet.export.hf_config import context_length
 from linnet.ir.specialize import specialize
 from linnet.nest.bind import checkpoint_names, unbind_weights
 from linnet.nest.checkpoint import (LLAMA_CPP_GEMMA3_LOCAL_THETA, LLAMA_CPP_GEMMA3_PATTERN, NORMS_PLUS_ONE,
@@ -83,6 +85,20 @@ def _check_gemma3(b: dict, card: str) -> None:
                           f"scaling of the full-attention layers' rope, or none {instead}")
 
 
+def gguf_path(out, card: str, dtype: str) -> Path:
+    """The file `write_gguf` writes for `out`: `out` itself where it names a .gguf file or an
+    existing file, else `<card>.<DTYPE>.gguf` inside the folder `out`. A folder that could not be
+    made is said here, before the weights are read; nothing is made until they are."""
+    path = Path(out).expanduser()
+    is_file = path.suffix.lower() == ".gguf" or path.is_file()
+    folder = path.parent if is_file else path
+    there = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
+    if not there.is_dir() or not os.access(there, os.W_OK):
+        why = "not a folder" if not there.is_dir() else "not writable"
+        raise ExportError(f"{out}: cannot make the folder {folder} to write the GGUF in ({there} is {why})")
+    return path if is_file else path / f"{card}.{dtype.upper()}.gguf"
+
+
 def write_gguf(bound, out) -> str:
     """Writes `bound` (`nest.read_weights`) as a GGUF at `out` (a directory gets
     `<card>.<DTYPE>.gguf`); returns the file's path."""
@@ -95,16 +111,14 @@ def write_gguf(bound, out) -> str:
                           f"({bound.source}) came without one")
     b = spec.bindings
     dtype = b["T"]
-    path = Path(out)
-    if path.is_dir() or not path.suffix:
-        path.mkdir(parents=True, exist_ok=True)
-        path = path / f"{bound.card}.{dtype.upper()}.gguf"
+    path = gguf_path(out, bound.card, dtype)
+    path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")  # renamed when whole: never a half-written model
     writer = gguf.GGUFWriter(str(partial), ARCHITECTURES[spec.name])
     writer.add_name(bound.card)
     writer.add_file_type(int({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                               "bf16": gguf.LlamaFileType.MOSTLY_BF16}[dtype]))
-    writer.add_context_length(int(spec.meta.get("max_context", 8192)))
+    writer.add_context_length(context_length(spec))
     writer.add_vocab_size(b["vocab"])
     writer.add_embedding_length(b["dim"])
     writer.add_block_count(b["layers"])
@@ -289,12 +303,29 @@ def _write_tokenizer_keys(tok, writer, vocab_size: int) -> None:
         writer.add_bos_token_id(tok.bos_token_id)
         probe = tok.backend.encode("a", add_special_tokens=True).ids
         writer.add_add_bos_token(bool(probe) and probe[0] == tok.bos_token_id)
-    if tok.eos_token_ids:
-        writer.add_eos_token_id(tok.eos_token_ids[0])
-        if len(tok.eos_token_ids) > 1:
-            writer.add_eot_token_id(tok.eos_token_ids[1])
+    _write_stops(tok, writer)
     if tok.chat_template:
         writer.add_chat_template(tok.chat_template)
+
+
+def _write_stops(tok, writer) -> None:
+    """The ids generation ends on, in GGUF's three keys: EOS the tokenizer's own end token (the chat's
+    end: Llama 3.1's <|eot_id|>, where generation_config lists <|end_of_text|> first), EOM llama's
+    <|eom_id|>, EOT the next other. Readers add the stops llama.cpp knows by their text
+    (`gguf_tokenizer.END_OF_GENERATION`), so a fourth is not lost there."""
+    stops = list(tok.eos_token_ids)
+    if not stops:
+        return
+    own = tok.backend.token_to_id(tok.eos_token) if tok.eos_token is not None else None
+    eos = own if own in stops else stops[0]
+    writer.add_eos_token_id(eos)
+    rest = [i for i in stops if i != eos]
+    eom = next((i for i in rest if tok.backend.id_to_token(i) == "<|eom_id|>"), None)
+    if eom is not None:
+        writer.add_eom_token_id(eom)
+    rest = [i for i in rest if i != eom]
+    if rest:
+        writer.add_eot_token_id(rest[0])
 
 
 def _sentencepiece_keys(tok, data: dict, writer, tokens: list, types: list, pairs: list) -> None:
@@ -333,7 +364,9 @@ def _space_prefix(data: dict, source: str) -> bool:
     steps = norm.get("normalizers") if norm.get("type") == "Sequence" else [norm]
     replaced = any(n.get("type") == "Replace" and n.get("content") == "▁" for n in steps)
     prepended = any(n.get("type") == "Prepend" and n.get("prepend") == "▁" for n in steps)
-    if replaced and not pre:
+    # transformers' Gemma form splits on spaces after the normalizer has replaced them all: a no-op
+    no_op_split = pre.get("type") == "Split" and pre.get("pattern") == {"String": " "}
+    if replaced and (not pre or no_op_split):
         return prepended
     if pre.get("type") == "Metaspace" and not norm and not pre.get("split", True):
         return pre.get("prepend_scheme", "always" if pre.get("add_prefix_space", True) else "never") != "never"

@@ -20,7 +20,7 @@ def hf_config(module: Module, tokenizer=None) -> dict:
                           f"known: {', '.join(_WRITERS)}")
     b = module.bindings
     config = _WRITERS[module.name](b)
-    config["max_position_embeddings"] = int(module.meta.get("max_context", config.get("max_position_embeddings", 8192)))
+    config["max_position_embeddings"] = context_length(module, config.get("max_position_embeddings", 8192))
     config["torch_dtype"] = TORCH_DTYPE_NAMES[b["T"]]
     if tokenizer is not None:
         if tokenizer.bos_token_id is not None:
@@ -29,6 +29,17 @@ def hf_config(module: Module, tokenizer=None) -> dict:
             eos = tokenizer.eos_token_ids
             config["eos_token_id"] = eos[0] if len(eos) == 1 else eos
     return config
+
+
+def context_length(module: Module, otherwise: int = 8192) -> int:
+    """The context the card says it holds; where it says none, YaRN's (its factor times the
+    original context, which transformers checks the config against), else `otherwise`."""
+    b = module.bindings
+    if "max_context" in module.meta:
+        return int(module.meta["max_context"])
+    if b.get("rope_scaling") == "yarn" and "rope_original_max" in b:
+        return int(b["rope_factor"] * b["rope_original_max"])
+    return int(otherwise)
 
 
 def _rope(b: dict, family: str) -> dict | None:

@@ -11,12 +11,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
+
+import linnet
 
 from linnet.export.hf_config import hf_config
 from linnet.nest.bind import unbind_weights
 
 SHARD_BYTES = 4 << 30
+MARK = "exported_by"  # config.json's key that says Linnet wrote the folder (transformers keeps it as an attribute)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json")
 
@@ -31,9 +35,10 @@ def write_hf_dir(bound, out) -> str:
     sources = [Path(p) for p in (bound.source, bound.tokenizer_from) if p not in (None, "random") and Path(p).is_dir()]
     if out.is_dir() and any(out.resolve() == s.resolve() for s in sources):
         raise ExportError(f"{out}: that is where the weights or the tokenizer are read from; write elsewhere")
+    _refuse_another_model(out)
     out.mkdir(parents=True, exist_ok=True)
     _clear(out)
-    config = hf_config(bound.module, bound.tokenizer)
+    config = {**hf_config(bound.module, bound.tokenizer), MARK: f"linnet {linnet.__version__}"}
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
     shards, current, size, total = [], {}, 0, 0
@@ -59,6 +64,23 @@ def write_hf_dir(bound, out) -> str:
     _write_tokenizer(bound, out, config)
     _readable(out.glob("model*.safetensors"))
     return str(out)
+
+
+def _refuse_another_model(out: Path) -> None:
+    """A folder holding a model Linnet did not write (its config.json lacks MARK) is not cleared:
+    its weights and tokenizer would go without a word."""
+    from linnet.export import ExportError
+
+    config = out / "config.json"
+    if not config.is_file():
+        return
+    try:
+        ours = MARK in json.loads(config.read_text())
+    except (ValueError, UnicodeDecodeError):
+        ours = False
+    if not ours:
+        raise ExportError(f"{out}: holds another model (its config.json was not written by Linnet), whose files "
+                          f"the export would replace; write to a new folder, or empty this one first")
 
 
 def _clear(out: Path) -> None:
@@ -88,7 +110,9 @@ def _write_tokenizer(bound, out: Path, config: dict) -> None:
                 shutil.copyfile(bound.tokenizer_from / file, out / file)
         return
     tok = bound.tokenizer
-    if tok is None:  # random weights, or a checkpoint without one: vLLM then needs --tokenizer
+    if tok is None:  # random weights, or a checkpoint without one
+        warnings.warn(f"{out}: no tokenizer written ({bound.source} came without one): vLLM needs "
+                      f"--tokenizer to serve it", stacklevel=3)
         return
     tok.backend.save(str(out / "tokenizer.json"))
     settings = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,

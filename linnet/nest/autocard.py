@@ -40,6 +40,32 @@ def card_source_from_config(config: dict, name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def config_differences(config: dict, module, name: str) -> list[str]:
+    """Where a checkpoint's config says otherwise than `module` (a specialized card) on a value the
+    card sets (rope, norm eps, window, ...; its shapes the tensors show), one line each; none where
+    its architecture is one this module does not read configs of. A `WeightsError` where it is
+    another architecture than the card's."""
+    arch = next((a for a in config.get("architectures") or [] if a in SUPPORTED), None)
+    if arch is None:
+        return []
+    if SUPPORTED[arch][0] != module.name:  # its tensors may even fit (a Qwen3's, less its norms, a Llama's)
+        raise WeightsError(f"the checkpoint is {arch} (linnet's {SUPPORTED[arch][0]}), and {name} is a "
+                           f"{module.name} card")
+    try:
+        values = SUPPORTED[arch][1](config, name)
+    except (KeyError, WeightsError):  # a config the card's own reading refuses: the tensors decide
+        return []
+    card = module.bindings
+    return [f"{key}: the card says {card[key]!r}, the checkpoint's config {value!r}"
+            for key, value in values.items() if key in card and not _same(card[key], value)]
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=1e-6)
+    return a == b
+
+
 def _literal(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -116,7 +142,7 @@ def _rope_values(config: dict, name: str, family: str, kinds: tuple) -> dict:
 
 def _llama_values(config: dict, name: str) -> dict:
     _refuse_biases(config, name)
-    return {**_dense_values(config, name), **_rope_values(config, name, "Llama", ("llama3", "linear"))}
+    return {**_dense_values(config, name), **_rope_values(config, name, "Llama", ("llama3", "linear", "yarn"))}
 
 
 def _mistral_values(config: dict, name: str) -> dict:

@@ -80,9 +80,13 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     kind = BACKENDS[backend]
     if shards is not None and kind != "jax":
         raise ValueError("shards= spreads a JAX model over devices; the torch backend runs on one")
-    if isinstance(seed, bool) or not hasattr(seed, "__index__"):  # torch's generator took "x", failed inside
-        raise TypeError(f"seed must be an integer, not {seed!r}")
-    seed = operator.index(seed)  # (numpy's integers too)
+    seed = _check_arguments(name, compile, cast_dtype, weights, seed, tokenizer, shards)
+    if tokenizer is None:  # as transformers' callers mean it: the default
+        tokenizer = True
+    asked = (generics or {}).get("T")
+    if numerics == "exact" and asked in ("bf16", "f16"):  # (specialize makes it f32: the memory is f32's too)
+        warnings.warn(f"numerics='exact' computes and stores in f32, whatever T; T={asked!r} takes effect with "
+                      f"numerics='fast'", stacklevel=2)
     if kind == "torch":
         device = device or ("cuda" if _cuda_available() else "cpu")
         _check_torch_device(device)
@@ -173,9 +177,10 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
         bound = BoundWeights(spec, card_name, random_weights(spec, seed=seed, device=device, runs_on=runs_on), None,
                              "random")
     else:
-        if ckpt is None:
+        if ckpt is None:  # the card's own, or the caller's: its config may say otherwise than the card
             ckpt = weights if isinstance(weights, Checkpoint) else open_checkpoint(
                 weights if weights is not None else find_card_weights(card_name, module, raise_missing=True)[0])
+            _warn_config_differences(ckpt, spec, card_name)
         params, info["unused_tensors"] = _read(spec, ckpt, cast_dtype, device, progress, framework)
         bound = BoundWeights(spec, card_name, params, None, ckpt.path, ckpt, info)
     if tok is not None:
@@ -184,6 +189,26 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
         bound.tokenizer = _tokenizer(bound.checkpoint)  # none, with a warning, where it has none
         bound.tokenizer_from = Path(bound.checkpoint.path) if bound.tokenizer is not None else None
     return bound
+
+
+def _warn_config_differences(ckpt: Checkpoint, spec: Module, card_name: str) -> None:
+    """A warning where the checkpoint's config sets a value otherwise than the card, which the
+    tensors' shapes cannot show (DeepSeek-R1's Qwen 7B distill under Qwen2.5-7B's card: rope_theta
+    1e4 against 1e6). The card's values run, as asked; the checkpoint's own card is its path's."""
+    from linnet.nest.autocard import config_differences
+
+    try:
+        config = ckpt.config()
+    except WeightsError:  # no config to compare (a directory without config.json): the tensors decide
+        return
+    try:
+        differences = config_differences(config, spec, card_name)
+    except WeightsError as e:
+        raise WeightsError(f"{ckpt.path}: {e}") from None
+    if differences:
+        warnings.warn(f"{ckpt.path}: its config sets what {card_name} sets otherwise, and {card_name}'s values "
+                      f"run: " + "; ".join(differences) + f". For a card written from the checkpoint's config, "
+                      f"load it by its path (nest.load({str(ckpt.path)!r}))", stacklevel=4)
 
 
 def _slow_type_note(kind: str, device, dtype: str) -> str | None:
@@ -229,6 +254,31 @@ def _mesh(first, shards: int | None):
     return jax.sharding.Mesh(np.array(devices[:shards]), ("model",))
 
 
+def _integer(value) -> bool:
+    return not isinstance(value, bool) and hasattr(value, "__index__")  # numpy's integers too
+
+
+def _check_arguments(name, compile, cast_dtype, weights, seed, tokenizer, shards) -> int:
+    """A clear error for an argument of the wrong kind, before anything is read (where each would
+    fail deep inside, or worse, pass: cast_dtype="no" is true); returns the seed as an int."""
+    if not isinstance(name, (str, os.PathLike)) or not str(name):
+        raise ValueError(f"name must be a card's name or a path, not {name!r}")
+    for flag, value in (("compile", compile), ("cast_dtype", cast_dtype)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{flag} must be True or False, not {value!r}")
+    if weights is not None and not isinstance(weights, (str, os.PathLike, Checkpoint)):
+        raise TypeError(f"weights must be a path, \"random\" or None, not {weights!r}")
+    if tokenizer is not None and not isinstance(tokenizer, (bool, str, os.PathLike)):
+        raise TypeError(f"tokenizer must be True, False or a path, not {tokenizer!r}")
+    if shards is not None and not _integer(shards):
+        raise TypeError(f"shards must be an integer, not {shards!r}")
+    if not _integer(seed):  # torch's generator took "x", failed inside
+        raise TypeError(f"seed must be an integer, not {seed!r}")
+    if not 0 <= operator.index(seed) < 2 ** 63:
+        raise ValueError(f"seed must be 0 to 2**63 - 1, not {seed}")
+    return operator.index(seed)
+
+
 def _check_torch_device(device) -> None:
     """A `DeviceError` for a device torch cannot run on here, before any weight is read."""
     import torch
@@ -237,6 +287,9 @@ def _check_torch_device(device) -> None:
         where = torch.device(device)
     except (RuntimeError, TypeError) as err:
         raise DeviceError(f"device={device!r}: not a torch device ({err})") from None
+    if where.type not in ("cpu", "cuda"):  # torch's others (mps, xpu, ...): the runtime is not written for them
+        raise DeviceError(f"device={device!r}: Linnet's torch backend runs on 'cpu' and 'cuda' (ROCm's torch "
+                          f"calls its GPUs cuda too)")
     if where.type == "cpu" and where.index not in (None, 0):  # torch takes any index and ignores it
         raise DeviceError(f"device={device!r}, but the CPU is one device: 'cpu'")
     if where.type == "cuda":

@@ -163,7 +163,7 @@ class Tokenizer:
     def from_gguf(cls, gguf) -> "Tokenizer":
         """From a GGUF file path or an open `GGUFCheckpoint` (to read the file once)."""
         from .checkpoint import GGUFCheckpoint
-        from .gguf_tokenizer import build_gguf_tokenizer
+        from .gguf_tokenizer import END_OF_GENERATION, build_gguf_tokenizer
 
         ckpt = gguf if isinstance(gguf, GGUFCheckpoint) else GGUFCheckpoint(gguf)
         meta = ckpt.metadata
@@ -177,8 +177,10 @@ class Tokenizer:
             tid = meta(f"tokenizer.ggml.{key}_token_id")
             return tokens[tid] if tid is not None and 0 <= tid < len(tokens) else None
 
-        # llama.cpp ends generation on EOS and also on EOT/EOM where the file names them.
+        # llama.cpp ends generation on EOS, on EOT / EOM where the file names them, and on the
+        # tokens it knows by their text
         stops = [meta(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
+        stops += [i for i, t in enumerate(tokens) if t in END_OF_GENERATION]
         return cls(
             backend,
             bos_token=text("bos"),

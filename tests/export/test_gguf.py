@@ -3,6 +3,7 @@ computes the logits Linnet computes from the card, llama3 rope scaling included,
 logits transformers computes; the tokenizer goes in from a GGUF or from a tokenizer.json; Nest reads
 the file back to the same model."""
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -89,6 +90,22 @@ def test_nest_reads_the_file_back(exported, cards):
     np.testing.assert_array_equal(again, linnet_logits(cards / "small-llama3.linnet"))
 
 
+def test_a_llama_with_yarn_is_read_back_from_both_exports(tmp_path):
+    """llama.linnet's YaRN rope: written to a GGUF and to a vLLM directory (whose context is YaRN's,
+    factor times the original, as transformers checks), each read back by Nest to the same logits."""
+    card = tmp_path / "small-yarn.linnet"
+    card.write_text(small_card("llama", "yarn"))
+    want = linnet_logits(card)
+    hf_dir = Path(export(card, "vllm", tmp_path / "hf", weights="random", seed=5, dtype="f32"))
+    config = json.loads((hf_dir / "config.json").read_text())
+    assert config["rope_scaling"]["rope_type"] == "yarn" and config["max_position_embeddings"] == 8 * 64
+    path = export(card, "llama.cpp", tmp_path / "y.gguf", weights="random", seed=5, dtype="f32",
+                  tokenizer=embedded_gguf_path())
+    for exported in (hf_dir, path):
+        got = prefill_all(nest.load(str(exported), generics={"Batch": 1, "MaxSeq": 64}), PROMPT)
+        np.testing.assert_array_equal(got, want)
+
+
 def test_the_tokenizer_from_a_gguf_is_copied(exported):
     ours, source = Tokenizer.from_gguf(exported), Tokenizer.from_gguf(embedded_gguf_path())
     for text in TEXTS:
@@ -113,6 +130,26 @@ def test_a_tokenizer_json_is_converted(cards, tmp_path):
     llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
     for text in TEXTS:
         assert llm.tokenize(text.encode(), add_bos=False, special=True) == source.encode(text), text
+
+
+def test_several_end_tokens_keep_the_chats_own_as_eos(cards, tmp_path):
+    """Llama 3.1's shape: generation_config lists <|end_of_text|> first, and the chat's end
+    (tokenizer_config's eos_token, <|eot_id|>) after it. The GGUF's EOS is the chat's end, the
+    other a key of its own, and every one still ends generation read back."""
+    hf_dir = export("smollm2-135m-instruct", "vllm", tmp_path / "hf", dtype="bf16")
+    hf_dir = Path(hf_dir)
+    (hf_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [0, 2]}))
+    source = Tokenizer.from_dir(hf_dir)
+    assert source.eos_token == "<|im_end|>" and source.eos_token_ids == [0, 2]
+    path = export(cards / "small-none.linnet", "llama.cpp", tmp_path / "g.gguf", weights="random", dtype="f16",
+                  tokenizer=hf_dir)
+    ckpt = GGUFCheckpoint(path)
+    assert ckpt.metadata("tokenizer.ggml.eos_token_id") == 2 and ckpt.metadata("tokenizer.ggml.eot_token_id") == 0
+    ours = Tokenizer.from_gguf(ckpt)
+    assert ours.eos_token == "<|im_end|>" and sorted(ours.eos_token_ids) == [0, 2]
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+    assert llm.token_eos() == 2
 
 
 @pytest.mark.parametrize("steps, pre", [("digits+bytelevel", "smollm"), ("bytelevel", "gpt-2")])
@@ -411,6 +448,48 @@ def test_a_sentencepiece_tokenizer_json_is_converted(spm_gguf, tmp_path, form):
         ids = original.tokenize(text.encode(), add_bos=True, special=True)
         assert written.tokenize(text.encode(), add_bos=True, special=True) == ids, text
         assert written.detokenize(ids) == original.detokenize(ids), text
+
+
+def test_gemmas_tokenizer_json_is_converted(spm_gguf, tmp_path):
+    """transformers writes Gemma's SentencePiece BPE with no "▁" before the text: a Replace
+    normalizer, then a Split on spaces that finds none left. Written as llama.cpp's `llama`
+    tokenizer without the space prefix, llama.cpp and Nest encode as the tokenizer.json does."""
+    from tokenizers import normalizers, pre_tokenizers
+
+    backend = Tokenizer.from_gguf(spm_gguf).backend
+    backend.normalizer = normalizers.Replace(" ", "▁")
+    backend.pre_tokenizer = pre_tokenizers.Split(" ", "merged_with_previous")
+    hf_dir = tmp_path / "tok"
+    hf_dir.mkdir()
+    backend.save(str(hf_dir / "tokenizer.json"))
+    card = tmp_path / "small-spm.linnet"
+    card.write_text(small_card("llama", "none").replace("vocab = 49152", "vocab = 384"))
+    path = export(card, "llama.cpp", tmp_path / "spm.gguf", weights="random", dtype="f32", tokenizer=hf_dir)
+    ckpt = GGUFCheckpoint(path)
+    assert ckpt.metadata("tokenizer.ggml.add_space_prefix") is False
+    again = Tokenizer.from_gguf(ckpt)
+    want = {text: backend.encode(text, add_special_tokens=False).ids for text in SPM_TEXTS}
+    assert want["the quick brown fox"] != Tokenizer.from_gguf(spm_gguf).encode("the quick brown fox")  # no "▁" first
+    for text in SPM_TEXTS:
+        assert again.encode(text, add_special_tokens=False) == want[text], text
+    llama_cpp = pytest.importorskip("llama_cpp")
+    written = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
+    for text in SPM_TEXTS:
+        assert written.tokenize(text.encode(), add_bos=False, special=True) == want[text], text
+
+
+def test_a_gguf_goes_where_a_user_would_look_for_it(cards, tmp_path):
+    """A path ending in .gguf (or an existing file) is the file, its folders made; any other path
+    is a folder (a dot in its name too: models-v1.5), the file named inside it by card and type.
+    A folder that cannot be made is said at once, before the weights are read."""
+    card, tok = cards / "small-none.linnet", embedded_gguf_path()
+    for out, want in (("a/b/x.gguf", "a/b/x.gguf"), ("models-v1.5", "models-v1.5/small-llama.F16.gguf"),
+                      ("plain", "plain/small-llama.F16.gguf")):
+        got = export(card, "llama.cpp", tmp_path / out, weights="random", dtype="f16", tokenizer=tok)
+        assert Path(got) == tmp_path / want and Path(got).is_file()
+    (tmp_path / "blocker").write_text("")
+    with pytest.raises(ExportError, match="cannot make the folder"):
+        export(card, "llama.cpp", tmp_path / "blocker" / "x.gguf", weights="random", dtype="f16", tokenizer=tok)
 
 
 def test_tokenizers_llama_cpp_has_no_form_for_are_refused(tmp_path):

@@ -146,6 +146,24 @@ def test_an_earlier_export_there_is_replaced_not_mixed_in(tmp_path, monkeypatch)
     assert type(AutoModelForCausalLM.from_pretrained(out)).__name__ == "Qwen3ForCausalLM"
 
 
+def test_a_folder_holding_another_model_is_left_as_it_is(tmp_path):
+    """Its weights and tokenizer would be replaced without a word: refused, nothing touched. (A
+    folder Linnet wrote says so in its config.json, and is written over, as above.)"""
+    from linnet.export import ExportError
+
+    other = tmp_path / "other"
+    other.mkdir()
+    files = {"config.json": '{"model_type": "llama"}', "model.safetensors": "weights", "tokenizer.json": "{}"}
+    for name, text in files.items():
+        (other / name).write_text(text)
+    with pytest.raises(ExportError, match="holds another model"):
+        export("tiny-llama", "vllm", other, weights="random", dtype="f32")
+    assert {p.name: p.read_text() for p in other.iterdir()} == files
+    with pytest.warns(UserWarning, match="no tokenizer written .* vLLM needs --tokenizer"):
+        out = export("tiny-llama", "vllm", tmp_path / "new", weights="random", dtype="f32")
+    assert json.loads((Path(out) / "config.json").read_text())["exported_by"].startswith("linnet ")
+
+
 @pytest.mark.filterwarnings("ignore:no tokenizer loaded")
 def test_the_directory_the_weights_come_from_is_not_written_over(tmp_path):
     from linnet.export import ExportError

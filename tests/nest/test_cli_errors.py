@@ -54,6 +54,9 @@ def test_a_device_this_process_lacks(capsys):
         nest.load("tiny-llama", backend="jax", device="cpu:3", weights="random")
     with pytest.raises(DeviceError, match="the CPU is one device"):  # torch would take it and ignore the 3
         nest.load("tiny-llama", backend="torch", device="cpu:3", weights="random")
+    for other in ("mps", "xpu", "meta"):  # torch devices the runtime is not written for
+        with pytest.raises(DeviceError, match="runs on 'cpu' and 'cuda'"):
+            nest.load("tiny-llama", backend="torch", device=other, weights="random")
 
 
 def test_a_seed_that_is_not_an_integer():
@@ -62,6 +65,28 @@ def test_a_seed_that_is_not_an_integer():
     for seed in ("x", 1.5, None, True):
         with pytest.raises(TypeError, match="seed must be an integer, not"):
             nest.load("tiny-llama", weights="random", seed=seed)
+    with pytest.raises(ValueError, match=r"seed must be 0 to 2\*\*63 - 1, not"):
+        nest.load("tiny-llama", weights="random", seed=2 ** 70)
+
+
+def test_arguments_of_the_wrong_kind_are_named_before_anything_is_read():
+    from linnet import nest
+
+    for kwargs, error, says in (
+            (dict(cast_dtype="no"), TypeError, "cast_dtype must be True or False, not 'no'"),
+            (dict(compile=1), TypeError, "compile must be True or False, not 1"),
+            (dict(weights=123), TypeError, "weights must be a path"),
+            (dict(tokenizer=3), TypeError, "tokenizer must be True, False or a path"),
+            (dict(backend="jax", shards="2"), TypeError, "shards must be an integer, not '2'")):
+        with pytest.raises(error, match=says):
+            nest.load("tiny-llama", **{"weights": "random", **kwargs})
+    with pytest.raises(ValueError, match="name must be a card's name or a path, not ''"):
+        nest.load("", weights="random")  # (the current directory, as a path)
+    model = nest.load("tiny-llama", weights="random", tokenizer=None)  # None: the default, as transformers has it
+    assert model.tokenizer is None
+    with pytest.warns(UserWarning, match="numerics='exact' computes and stores in f32, whatever T; T='bf16'"):
+        model = nest.load("tiny-llama", weights="random", generics={"T": "bf16"})
+    assert model.dtype == "f32"
 
 
 def test_a_port_out_of_range(capsys):

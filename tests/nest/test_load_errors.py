@@ -253,3 +253,45 @@ def test_a_gptq_checkpoint_without_its_weights_says_it_is_quantized(ckpt_dir):
     with pytest.raises(WeightsError, match=r"has no tensor .*it is quantized \(config.json's quantization_config: "
                                            r"'gptq'\)"):
         load(ckpt_dir)
+
+
+TINY_CARDS = ["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-mixtral", "tiny-qwen2", "tiny-qwen3",
+              "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma3"]
+
+
+@pytest.mark.parametrize("card", TINY_CARDS)
+def test_a_checkpoint_whose_config_says_otherwise_is_named(card, tmp_path):
+    """A checkpoint of the card's shapes whose config sets a value otherwise (DeepSeek-R1's Qwen 7B
+    distill under Qwen2.5-7B's card: rope_theta 1e4 against 1e6) runs the card's values, with a
+    warning naming each; the card's own export says nothing."""
+    from linnet.export import export
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (random weights: no tokenizer written)
+        out = export(card, "vllm", tmp_path / "hf", weights="random", dtype="f32")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        nest.load(card, weights=out, generics=GENERICS, tokenizer=False)
+    config_path = tmp_path / "hf" / "config.json"
+    config = json.loads(config_path.read_text())
+    theta = config["rope_theta"] if "rope_theta" in config else config["rope_parameters"]["full_attention"]["rope_theta"]
+    changed = {**config, "rope_theta": theta / 10, "rms_norm_eps": 0.25}
+    config_path.write_text(json.dumps(changed))
+    with pytest.warns(UserWarning, match="its config sets what .* otherwise") as caught:
+        nest.load(card, weights=out, generics=GENERICS, tokenizer=False)
+    said = str(caught[0].message)
+    assert "norm_eps: the card says" in said and "the checkpoint's config 0.25" in said
+    if card != "tiny-gemma3":  # (Gemma's rope is read from rope_parameters, which stays)
+        assert f"rope_theta: the card says {theta!r}, the checkpoint's config {theta / 10!r}" in said
+
+
+def test_a_checkpoint_of_another_architecture_is_refused_before_its_tensors_are_read(tmp_path):
+    # a Qwen3's tensors hold a Llama's (and two norms more, which would only be reported unused)
+    from linnet.export import export
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = export("tiny-qwen3", "vllm", tmp_path / "hf", weights="random", dtype="f32")
+    with pytest.raises(WeightsError, match="the checkpoint is Qwen3ForCausalLM .linnet's qwen3., and tiny-llama "
+                                           "is a llama card"):
+        nest.load("tiny-llama", weights=out, generics=GENERICS, tokenizer=False)

@@ -87,7 +87,8 @@ def test_random_texts_match_llama_cpp(gguf_tokenizer, hf_gguf_tokenizer, parts):
 
 
 def test_gguf_special_ids(gguf_tokenizer):
-    assert gguf_tokenizer.eos_token_ids == [2]
+    # the file's EOS, <|im_end|>; and <|endoftext|>, which llama.cpp also ends on by its text
+    assert gguf_tokenizer.eos_token_ids == [2, 0]
     assert gguf_tokenizer.bos_token_id == 1
     assert gguf_tokenizer.bos_token == "<|im_start|>" and gguf_tokenizer.eos_token == "<|im_end|>"
     assert gguf_tokenizer.encode("hi", add_special_tokens=True) == gguf_tokenizer.encode("hi", add_special_tokens=False)
