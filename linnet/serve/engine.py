@@ -119,7 +119,7 @@ class Engine:
         self.waiting: list = []  # _Live without a row yet (row = -1)
         self.live: list = []
         self.cancelled: set = set()
-        self.stats = Stats()
+        self._fresh_stats()
         self.lock = threading.Lock()
         self.wakeup = threading.Event()
         self._thread = None
@@ -242,31 +242,39 @@ class Engine:
 
         A request that cannot run is returned with finish_reason "error" and its message; the rest run.
         """
-        self.stats = Stats()
-        compiles = self.runner.compiles
+        self._fresh_stats()
         completions = []
         for req in requests:
             try:
                 completions.append(self.submit(req))
             except RequestError as err:
                 completions.append(Completion(req, finish_reason="error", error=str(err)))
+                self.stats.ended("error")
         start = time.perf_counter()
         while self.has_work():
             self.step()
         if self._ahead is not None:  # a step past the last request's end: wait it out, draws dropped
             self._settle(self._ahead)
             self._ahead = None
-        self.stats.seconds = time.perf_counter() - start
-        self.stats.compiles = self.runner.compiles - compiles
+        self.stats.seconds = time.perf_counter() - start  # the run's wall time, its steps' and what joins them
+        self.stats.compiles = self.runner.compiles - self._compiles_before
         return completions, self.stats
+
+    def _fresh_stats(self, window: int | None = None) -> None:
+        self.stats = Stats(window=window)
+        self._compiles_before = self.runner.compiles
 
     def step(self) -> None:
         """One pass: admit, copy shared prefixes, then a packed prefill or a decode. With a decode
         step out ahead and the same rows decoding, this step's work is that one's: the next goes
-        out, then it is read. Listeners hear of the step's tokens once it is done."""
+        out, then it is read. Listeners hear of the step's tokens once it is done. The stats count
+        its time and what it compiled (an engine stepped by a server, not by `run`)."""
+        begun = time.perf_counter()
         try:
             self._step()
         finally:
+            self.stats.seconds += time.perf_counter() - begun
+            self.stats.compiles = self.runner.compiles - self._compiles_before
             self._tell_listeners()
 
     def _step(self) -> None:
@@ -637,7 +645,7 @@ class Engine:
         # The steps' OpenMP regions go to the new thread: this one's idle pool would slow them (kernels.openmp).
         release_pool()
         self._stopping = False
-        self.stats = Stats(window=SERVING_WINDOW)
+        self._fresh_stats(window=SERVING_WINDOW)
         self._thread = threading.Thread(target=self._loop, name="linnet-engine", daemon=True)
         self._thread.start()
 

@@ -19,7 +19,9 @@ class Stats:
     prompt_tokens: int = 0
     prefill_tokens: int = 0  # prompt tokens actually computed (shared prefixes are copied, not recomputed)
     copied_tokens: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # `Engine.run`'s wall time; an engine stepped otherwise (a server's), its steps' time
+    # passes sent out, by kind: a decode step sent ahead (JAX, CUDA) counts though its draws are dropped
+    # where every request in it has ended
     passes: dict = field(default_factory=lambda: {"prefill": 0, "mixed": 0, "decode": 0, "copy": 0})
     ttft: list = field(default_factory=list)  # seconds from submission to first token, per request
     token_latency: list = field(default_factory=list)  # seconds between a request's tokens

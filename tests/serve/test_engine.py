@@ -135,6 +135,7 @@ def test_bad_requests_are_rejected_and_others_run(model):
     done, stats = Engine(model).run([Request(prompt=good[0], max_new_tokens=4)] + bad +
                                     [Request(prompt=good[1], max_new_tokens=4), Request(prompt=[3, 4], max_new_tokens=0)])
     assert [c.finish_reason for c in done] == ["length", "error", "error", "error", "error", "length", "length"]
+    assert stats.finished == {"length": 3, "error": 4}  # every request the run was given, refused ones too
     assert done[-1].tokens == []  # max_new_tokens 0: the prompt is prefilled, nothing drawn
     assert "empty" in done[1].error
     assert "outside the vocabulary" in done[2].error
@@ -142,6 +143,21 @@ def test_bad_requests_are_rejected_and_others_run(model):
     assert "max_new_tokens" in done[4].error
     with pytest.raises(RequestError, match="MaxSeq = 96"):
         Engine(model).submit(Request(prompt=[1] * 90, max_new_tokens=10))
+
+
+def test_an_engine_stepped_by_hand_counts_its_time_and_compiles(model):
+    """As a server steps it (submit, then step until done; no `run`): the stats hold the steps'
+    time, and what they compiled or captured, which a warmup would have done before."""
+    engine = Engine(model)
+    ps = prompts(3, 5, 9, seed=21)
+    for p in ps:
+        engine.submit(Request(prompt=p, max_new_tokens=4))
+    compiled_before = engine.runner.compiles
+    while engine.has_work():
+        engine.step()
+    assert engine.stats.generated_tokens == 12 and engine.stats.seconds > 0
+    assert engine.stats.compiles == engine.runner.compiles - compiled_before
+    assert engine.stats.summary()["tokens_per_second"] > 0
 
 
 @pytest.mark.parametrize("field, value, needle", [
