@@ -312,9 +312,13 @@ SERVE_HINTS = {"vllm": "vllm serve {path}", "llama.cpp": "llama-server -m {path}
 def cmd_export(args) -> int:
     from linnet.export import export
 
+    triton = {"name": args.name, "batch": args.batch, "max_seq": args.max_seq, "backend": args.backend}
+    given = [f"--{key.replace('_', '-')}" for key, value in triton.items() if value is not None]
+    if args.to != "triton" and given:
+        raise _UsageError(f"{', '.join(given)}: for --to triton only; a {args.to} export holds the weights, and "
+                          f"its server takes its own settings")
     path = export(args.card, args.to, args.output, weights=args.weights, dtype=args.dtype, seed=args.seed,
-                  tokenizer=args.tokenizer, name=args.name, batch=args.batch, max_seq=args.max_seq,
-                  backend=args.backend)
+                  tokenizer=args.tokenizer, **{key: value for key, value in triton.items() if value is not None})
     print(f"linnet: wrote {path}")
     print(f"  serve it with: {SERVE_HINTS[args.to].format(path=path, parent=Path(path).parent)}")
     return 0
@@ -475,10 +479,11 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a model directory or GGUF whose tokenizer to write, or for triton to serve with "
                          "(random weights have none)")
     ex.add_argument("--seed", type=_seed, default=0, help="for --weights random")
+    # triton's own: None where not given, so that another target can say they mean nothing to it
     ex.add_argument("--name", default=None, help="triton: the model's name (default: the card's)")
-    ex.add_argument("--batch", type=_positive, default=32, help="triton: cache rows, the requests in flight")
-    ex.add_argument("--max-seq", type=_positive, default=4096, help="triton: positions per row")
-    ex.add_argument("--backend", choices=["torch", "jax"], default="torch", help="triton: the backend Linnet runs")
+    ex.add_argument("--batch", type=_positive, default=None, help="triton: cache rows, the requests in flight (32)")
+    ex.add_argument("--max-seq", type=_positive, default=None, help="triton: positions per row (4096)")
+    ex.add_argument("--backend", choices=["torch", "jax"], default=None, help="triton: the backend Linnet runs (torch)")
     ex.set_defaults(run=cmd_export)
     return p
 

@@ -304,6 +304,9 @@ def _write_tokenizer_keys(tok, writer, vocab_size: int) -> None:
         probe = tok.backend.encode("a", add_special_tokens=True).ids
         writer.add_add_bos_token(bool(probe) and probe[0] == tok.bos_token_id)
     _write_stops(tok, writer)
+    pad = tok.special_tokens.get("pad_token")
+    if pad is not None and tok.backend.token_to_id(pad) is not None:  # (llama.cpp's converter writes it too)
+        writer.add_pad_token_id(tok.backend.token_to_id(pad))
     if tok.chat_template:
         writer.add_chat_template(tok.chat_template)
 

@@ -21,8 +21,9 @@ from linnet.nest.bind import unbind_weights
 
 SHARD_BYTES = 4 << 30
 MARK = "exported_by"  # config.json's key that says Linnet wrote the folder (transformers keeps it as an attribute)
+# (tokenizer.model and tekken.json: Mistral's own, which vLLM's --tokenizer-mode mistral reads)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                   "generation_config.json")
+                   "generation_config.json", "tokenizer.model", "tekken.json")
 
 
 def write_hf_dir(bound, out) -> str:

@@ -27,6 +27,8 @@ def test_errors_are_one_line_and_write_nothing(tmp_path, capsys):
         (["tiny-gpt-oss", "--to", "llama.cpp", "--weights", "random"], "llama.cpp needs a tokenizer"),
         (["llama-3.1-8b-instruct", "--to", "vllm"], "huggingface-cli download meta-llama/Llama-3.1-8B-Instruct"),
         (["tiny-llama", "--to", "triton", "--weights", str(tmp_path / "nowhere")], "no such checkpoint"),
+        (["tiny-llama", "--to", "vllm", "--weights", "random", "--batch", "4", "--name", "x"],
+         "--name, --batch: for --to triton only"),
     ]
     for args, message in cases:
         assert main(["export", *args, "-o", str(tmp_path / "out")]) == 1, args

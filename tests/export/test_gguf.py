@@ -122,6 +122,8 @@ def test_a_tokenizer_json_is_converted(cards, tmp_path):
     ckpt = GGUFCheckpoint(path)
     assert ckpt.metadata("tokenizer.ggml.pre") == "smollm" and ckpt.metadata("tokenizer.ggml.model") == "gpt2"
     source = Tokenizer.from_dir(hf_dir)
+    pad = source.special_tokens["pad_token"]
+    assert pad is not None and ckpt.metadata("tokenizer.ggml.padding_token_id") == source.backend.token_to_id(pad)
     ours = Tokenizer.from_gguf(ckpt)
     assert ours.chat_template == source.chat_template
     for text in TEXTS:
