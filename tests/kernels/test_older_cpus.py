@@ -1,6 +1,6 @@
 """The paths an older x86 CPU takes, run on this one: the kernels' tests again in a process whose
 instruction sets are capped (LINNET_CPU_ISA for Linnet's kernels, `build.isa_cap`; oneDNN's,
-ATen's and XLA's own caps beside it, so that each library decides as it would there). On an
+ATen's, MKL's and XLA's own caps beside it, so that each library decides as it would there). On an
 AVX-512 BF16 CPU these are the only runs of the AVX2 and plain AVX-512 kernels; a Cascade Lake's
 bf16 (oneDNN's, emulated) once broke the CPU graph's capture, which no run here could see."""
 
@@ -18,11 +18,12 @@ LEVELS = build.ISA_CAPS
 # each cap as the four libraries spell it, and the CPUs that stop there
 OLDER = {
     "avx2": dict(LINNET_CPU_ISA="avx2", ONEDNN_MAX_CPU_ISA="AVX2", ATEN_CPU_CAPABILITY="avx2",
-                 XLA_FLAGS="--xla_cpu_max_isa=AVX2"),  # Haswell to Zen 3
+                 MKL_ENABLE_INSTRUCTIONS="AVX2", XLA_FLAGS="--xla_cpu_max_isa=AVX2"),  # Haswell to Zen 3
     "avx512": dict(LINNET_CPU_ISA="avx512", ONEDNN_MAX_CPU_ISA="AVX512_CORE", ATEN_CPU_CAPABILITY="avx512",
-                   XLA_FLAGS="--xla_cpu_max_isa=AVX512"),  # Skylake-SP to Ice Lake
+                   MKL_ENABLE_INSTRUCTIONS="AVX512", XLA_FLAGS="--xla_cpu_max_isa=AVX512"),  # Skylake-SP to Ice Lake
     "avx512_bf16": dict(LINNET_CPU_ISA="avx512_bf16", ONEDNN_MAX_CPU_ISA="AVX512_CORE_BF16",
-                        ATEN_CPU_CAPABILITY="avx512", XLA_FLAGS="--xla_cpu_max_isa=AVX512"),  # Cooper Lake, Zen 4
+                        ATEN_CPU_CAPABILITY="avx512", MKL_ENABLE_INSTRUCTIONS="AVX512",
+                        XLA_FLAGS="--xla_cpu_max_isa=AVX512"),  # Cooper Lake, Zen 4
 }
 TESTS = ["tests/kernels/test_cpu_linear.py", "tests/kernels/test_cpu_attention.py",
          "tests/kernels/test_cpu_graph.py", "tests/kernels/test_xla_kernels.py"]
