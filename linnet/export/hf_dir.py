@@ -15,7 +15,6 @@ import warnings
 from pathlib import Path
 
 import linnet
-
 from linnet.export.hf_config import hf_config
 from linnet.nest.bind import unbind_weights
 
