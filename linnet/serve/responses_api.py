@@ -148,6 +148,8 @@ def _messages(items, output: bool = False, called: set = frozenset()) -> list:
             try:
                 json.loads(item["arguments"] or "{}")
             except ValueError as err:
+                if output:  # the server's own call, cut short by max_output_tokens: never made, not continued
+                    continue
                 raise ApiError(400, f"'{where}.arguments' is not JSON: {err}", f"{where}.arguments") from None
             called.add(item["call_id"])
             call = {"id": item["call_id"], "type": "function",

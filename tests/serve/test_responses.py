@@ -335,3 +335,33 @@ def test_a_reasoning_item_is_the_thinking_of_the_assistant_turn_after_it():
     both = _message(0, {"role": "assistant", "content": "x", "reasoning_content": "y",
                         "tool_calls": messages[1]["tool_calls"]})
     assert "thinking" not in both and both["reasoning_content"] == "y"
+
+
+def test_a_call_cut_short_is_kept_and_a_later_response_goes_on_without_it():
+    """tool_choice "required" with max_output_tokens inside the call's arguments: the Response is
+    incomplete, its call listed as the model wrote it, and kept (store's default) without refusing
+    its own half-written arguments as if a client had sent them; a later response continues from
+    it, the call that was never made left out."""
+    pytest.importorskip("llguidance")
+    from linnet.serve import Engine
+
+    from .conftest import make_model, running
+    from .test_server_structured import TIME, byte_tokenizer
+
+    model = make_model("torch", rows=2, max_seq=160)
+    model.tokenizer = byte_tokenizer(model.vocab)
+    model.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    body = {"input": "Time?", "tools": [{"type": "function", **TIME["function"]}], "tool_choice": "required",
+            "max_output_tokens": 42, "temperature": 0}
+    with running(Engine(model)) as base:
+        status, text = call(base, "/v1/responses", body)
+        assert status == 200, text
+        out = json.loads(text)
+        events = events_of(call(base, "/v1/responses", dict(body, stream=True))[1])
+        status, later = call(base, "/v1/responses", {"previous_response_id": out["id"], "input": "Now?",
+                                                     "max_output_tokens": 3, "temperature": 0})
+    assert out["status"] == "incomplete" and out["output"][-1]["type"] == "function_call"
+    with pytest.raises(ValueError):
+        json.loads(out["output"][-1]["arguments"])
+    assert not any("error" in e for e in events) and events[-1]["response"]["status"] == "incomplete"
+    assert status == 200, later
