@@ -70,7 +70,8 @@ def number_field(body: dict, name: str, default, lo=None, hi=None, integer=False
     value = body.get(name, default)
     if value is None:
         return default
-    ok = isinstance(value, int) if integer else isinstance(value, (int, float)) and math.isfinite(value)
+    # (an int is finite, and math.isfinite cannot take one past a float's range)
+    ok = isinstance(value, int) or not integer and isinstance(value, float) and math.isfinite(value)
     if isinstance(value, bool) or not ok:  # json reads NaN and Infinity: numbers that are not
         raise ApiError(400, f"'{name}' must be {'an integer' if integer else 'a number'}, not {shown(value)}", name)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
@@ -290,7 +291,7 @@ def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens:
         frequency_penalty=float(number_field(body, "frequency_penalty", 0.0, -2, 2)),
         repetition_penalty=float(number_field(body, "repetition_penalty", 1.0, 0.01, 10)),
         seed=seed, stop=_stops(body), stop_token_ids=stop_ids,
-        ignore_eos=bool(body.get("ignore_eos", False)), logit_bias=_logit_bias(body),
+        ignore_eos=_boolean(body, "ignore_eos", False), logit_bias=_logit_bias(body),
         min_tokens=int(number_field(body, "min_tokens", 0, 0, max_tokens, integer=True)), allowed_token_ids=allowed,
         include_stop=_boolean(body, "include_stop_str_in_output", False),
         skip_special_tokens=_boolean(body, "skip_special_tokens", True),
@@ -366,7 +367,7 @@ def completion_job(body: dict, tokenizer, max_seq: int) -> Job:
         raise ApiError(400, f"{len(prompts)} prompts x n = {n} is {len(prompts) * n} choices; at most "
                             f"{MAX_CHOICES} per request", "n")
     logprobs = logprob_count(body, "logprobs")
-    echoed = bool(body.get("echo"))
+    echoed = _boolean(body, "echo", False)
     asked = logprob_count(body, "prompt_logprobs")
     # Echo with logprobs gives the prompt's tokens their logprobs, as OpenAI's legacy API did.
     wanted = [k for k in (asked, logprobs if echoed else None) if k is not None]

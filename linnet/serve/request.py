@@ -37,7 +37,10 @@ def _is_int(x) -> bool:
 
 def _is_number(x) -> bool:
     """A real number that is not NaN or infinite (json reads NaN and Infinity)."""
-    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and math.isfinite(x)
+    if isinstance(x, bool):
+        return False
+    # an int is finite (math.isfinite cannot take one past a float's range: temperature 10**400)
+    return isinstance(x, (int, np.integer)) or isinstance(x, (float, np.floating)) and math.isfinite(x)
 
 
 @dataclass

@@ -170,9 +170,13 @@ class OpenAIServer:
         if self.tokenizer is None:
             raise ApiError(400, "this model has no tokenizer")
         if "messages" in body:
-            ids = chat_prompt(body, self.tokenizer)
+            ids = await asyncio.to_thread(chat_prompt, body, self.tokenizer)  # (as `_generate`'s, off the loop)
         elif isinstance(body.get("prompt"), str):
-            ids = self.tokenizer.encode(body["prompt"], add_special_tokens=bool(body.get("add_special_tokens", True)))
+            special = body.get("add_special_tokens", True)
+            if not isinstance(special, bool):
+                raise ApiError(400, f"'add_special_tokens' must be true or false, not {shown(special)}",
+                               "add_special_tokens")
+            ids = await asyncio.to_thread(self.tokenizer.encode, body["prompt"], special)
         else:
             raise ApiError(400, "send 'prompt' (a string) or 'messages'", "prompt")
         await _json(send, 200, {"count": len(ids), "max_model_len": self.model.max_seq, "tokens": ids})
@@ -193,11 +197,13 @@ class OpenAIServer:
         if responses is not None:
             body = chat_body(responses)
         chat = responses is not None or path.endswith("chat/completions")
+        # on a thread of its own: a long prompt's template and tokens (and a structure's grammar) would
+        # hold the event loop, and every stream with it (a 4 MB prompt: 2 s)
         if chat:
-            job = chat_job(body, self.tokenizer, self.model.max_seq, self.tool_parser, self.reasoning,
-                           self.structure_in_reasoning)
+            job = await asyncio.to_thread(chat_job, body, self.tokenizer, self.model.max_seq, self.tool_parser,
+                                          self.reasoning, self.structure_in_reasoning)
         else:
-            job = completion_job(body, self.tokenizer, self.model.max_seq)
+            job = await asyncio.to_thread(completion_job, body, self.tokenizer, self.model.max_seq)
         length = "max_output_tokens" if responses is not None else length_field(body)
         for req in job.requests:
             check_fits(req, self.model.vocab, self.model.max_seq, chat, length)
@@ -384,9 +390,9 @@ async def _read_json(receive) -> dict:
         chunks.append(chunk)
         if not message.get("more_body"):
             break
-    try:
+    try:  # (ValueError: JSON's errors, and an integer of more digits than Python reads; RecursionError: nesting)
         body = json.loads(b"".join(chunks) or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+    except (ValueError, RecursionError) as err:
         raise ApiError(400, f"the body is not valid JSON: {err}") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object")

@@ -288,3 +288,13 @@ def test_no_chat_template(hf_dir, tmp_path):
     tok.chat_template = None
     with pytest.raises(TokenizerError, match="no chat template"):
         tok.apply_chat_template([{"role": "user", "content": "x"}])
+
+
+def test_a_long_text_encodes_as_a_short_one_does(gguf_tokenizer):
+    # past RELEASE_GIL_FROM characters `encode` goes through the batch path, which lets go of the GIL
+    from linnet.nest.tokenizer import RELEASE_GIL_FROM
+
+    text = "<|im_start|>user\nnaïve café 12345, spaced  out\n<|im_end|>" * (RELEASE_GIL_FROM // 40)
+    assert len(text) >= RELEASE_GIL_FROM
+    for special in (True, False):
+        assert gguf_tokenizer.encode(text, special) == gguf_tokenizer.backend.encode(text, add_special_tokens=special).ids

@@ -129,6 +129,15 @@ def test_chat_uses_the_template(server):
      None, 400, "max_completion_tokens"),
     ("/v1/nothing", {}, None, None, 404, "no route"),
     ("/v1/completions", None, None, "GET", 405, "POST"),
+    # bodies json reads with errors other than its own: nesting past Python's recursion, an integer of
+    # more digits than Python reads, numbers past a float's range (a 500, which clients retry, before)
+    ("/v1/completions", None, b"[" * 100_000 + b"]" * 100_000, None, 400, "not valid JSON"),
+    ("/v1/completions", None, b'{"prompt": [1], "seed": ' + b"9" * 5000 + b"}", None, 400, "not valid JSON"),
+    ("/v1/completions", {"prompt": [1], "temperature": 10 ** 400}, None, None, 400, "temperature"),
+    ("/v1/completions", {"prompt": [1], "logit_bias": {"5": 10 ** 400}}, None, None, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": [1], "ignore_eos": "false"}, None, None, 400, "'ignore_eos' must be true or false"),
+    ("/v1/completions", {"prompt": [1], "echo": "no"}, None, None, 400, "'echo' must be true or false"),
+    ("/tokenize", {"prompt": "t1", "add_special_tokens": "no"}, None, None, 400, "add_special_tokens"),
 ])
 def test_bad_requests_get_openai_errors(server, path, body, raw, method, status, needle):
     base, _, _ = server
