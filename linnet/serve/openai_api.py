@@ -29,10 +29,11 @@ COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat's is th
 
 class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 kind: str = "invalid_request_error"):
+                 kind: str = "invalid_request_error", headers: tuple = ()):
         super().__init__(message)
         self.status = status
         self.body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+        self.headers = headers  # (name, value) pairs of bytes the answer carries: a 405's Allow
 
 
 @dataclass

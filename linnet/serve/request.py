@@ -51,7 +51,10 @@ class Request:
     top_k: int = 0  # 0: no limit
     top_p: float = 1.0  # 0: the likeliest token alone (OpenAI and llama.cpp take it; vLLM refuses it)
     min_p: float = 0.0
-    seed: int | None = None  # the same seed gives the same tokens, whatever else is in the batch
+    # the same seed draws the same noise, whatever else is in the batch: the same tokens from the same
+    # logits. In bf16 the logits move by a rounding with the pass's rows or a cached prefix (as vLLM's),
+    # and a near tie may then go either way; f32 is stable to that far smaller rounding.
+    seed: int | None = None
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0

@@ -143,6 +143,9 @@ def _messages(items, output: bool = False, called: set = frozenset()) -> list:
         where = f"input[{i}]"
         kind = item.get("type", "message") if isinstance(item, dict) else None
         if kind == "message" and isinstance(item.get("role"), str):
+            if item["role"] not in ("user", "assistant", "system", "developer"):  # (named here: chat's names messages[i])
+                raise ApiError(400, f"'{where}.role' {item['role']!r} is not one of user, assistant, system, developer",
+                               f"{where}.role")
             messages.append({"role": item["role"], "content": _text(item.get("content"), f"{where}.content")})
         elif kind == "function_call" and all(isinstance(item.get(k), str) for k in ("call_id", "name", "arguments")):
             try:

@@ -13,6 +13,7 @@ engine or the other requests. A client that disconnects cancels its requests.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 import uuid
@@ -59,6 +60,7 @@ class OpenAIServer:
         self.model = engine.model
         self.tokenizer = engine.tokenizer
         self.api_key = api_key
+        self.created = int(time.time())  # /v1/models' created: when the model was loaded to serve
         self.routes = {"/v1/models": ("GET", self._models), "/health": ("GET", self._health),
                        "/ping": ("GET", self._health), "/version": ("GET", self._version),
                        "/metrics": ("GET", self._metrics), "/v1/completions": ("POST", self._generate),
@@ -85,7 +87,7 @@ class OpenAIServer:
         try:
             await self._route(scope, headers, receive, send_named)
         except ApiError as err:
-            await _json(send_named, err.status, err.body)
+            await _json(send_named, err.status, err.body, err.headers)
         except Exception as err:  # a bug answers 500 for this request only
             await _json(send_named, 500, error_body(f"internal error: {err}"))
 
@@ -110,11 +112,17 @@ class OpenAIServer:
             route = self.routes[path]
         else:
             raise ApiError(404, f"no route {path}", code="not_found")
-        if method != route[0]:
-            raise ApiError(405, f"{path} takes {route[0]}, not {method}", code="method_not_allowed")
+        if method == "HEAD" and route[0] == "GET":  # a GET's headers alone (load balancers' probes send HEAD)
+            send = _headers_only(send)
+        elif method != route[0]:
+            allow = route[0] + (", HEAD" if route[0] == "GET" else "")
+            raise ApiError(405, f"{path} takes {route[0]}, not {method}", code="method_not_allowed",
+                           headers=((b"allow", allow.encode()),))
         if self.api_key is not None and path.startswith("/v1/"):
-            given = headers.get(b"authorization", b"").decode("latin-1")
-            if given != f"Bearer {self.api_key}":
+            scheme, _, given = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+            # the scheme's case is the client's (RFC 9110); the key compared in constant time
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode("latin-1"),
+                                                                     self.api_key.encode("latin-1", "replace")):
                 raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer <key>'",
                                code="invalid_api_key")
         await route[1](path, receive, send)
@@ -128,7 +136,7 @@ class OpenAIServer:
         await _json(send, 200, {"version": __version__})
 
     async def _models(self, path, receive, send):
-        card = {"id": self.model_name, "object": "model", "created": 0, "owned_by": "linnet",
+        card = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "linnet",
                 "max_model_len": self.model.max_seq}
         if path == "/v1/models":
             await _json(send, 200, {"object": "list", "data": [card]})
@@ -399,11 +407,21 @@ async def _read_json(receive) -> dict:
     return body
 
 
-async def _json(send, status: int, body: dict):
+async def _json(send, status: int, body: dict, headers: tuple = ()):
     data = json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+                            *headers]})
     await send({"type": "http.response.body", "body": data})
+
+
+def _headers_only(send):
+    """`send` for a HEAD request: the GET's status and headers, its body left out."""
+    async def send_head(message):
+        if message["type"] == "http.response.body":
+            message = dict(message, body=b"", more_body=False)
+        await send(message)
+    return send_head
 
 
 def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,

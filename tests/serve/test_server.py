@@ -181,6 +181,7 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
      "input[0].call_id", "no function_call with that id"),
     ("/v1/responses", {"input": [{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{x"}]},
      "input[0].arguments", "is not JSON"),
+    ("/v1/responses", {"input": [{"role": "wizard", "content": "t1"}]}, "input[0].role", "is not one of user"),
 ])
 def test_a_bad_field_is_named_as_the_body_named_it(server, path, body, param, needle):
     """The error's param is the body's own field (the engine's request ids stay out of the message),
@@ -704,6 +705,32 @@ def test_an_api_key_guards_the_v1_routes():
     status, _ = asyncio.run(asgi(app, "GET", "/v1/models", headers=[(b"authorization", b"Bearer sesame")])())
     assert status == 200
     assert asyncio.run(asgi(app, "GET", "/health")())[0] == 200  # a load balancer's probe needs no key
+    # the scheme in any case (RFC 9110); another key, or none after the scheme, is refused
+    for given, status in ((b"bearer sesame", 200), (b"BEARER  sesame", 200), (b"Bearer sesam", 401),
+                          (b"Bearer", 401), (b"Basic sesame", 401)):
+        assert asyncio.run(asgi(app, "GET", "/v1/models", headers=[(b"authorization", given)])())[0] == status, given
+
+
+def test_head_asks_a_gets_headers_and_a_wrong_method_is_told_the_right_one(server):
+    import http.client
+    from urllib.parse import urlparse
+
+    base, _, _ = server
+    url = urlparse(base)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    connection.request("HEAD", "/health")
+    answer = connection.getresponse()
+    assert answer.status == 200 and answer.read() == b"" and answer.getheader("content-type") == "application/json"
+    connection.request("GET", "/v1/completions")
+    answer = connection.getresponse()
+    assert answer.status == 405 and answer.getheader("allow") == "POST" and b"takes POST" in answer.read()
+    connection.request("DELETE", "/v1/models")
+    answer = connection.getresponse()
+    assert answer.status == 405 and answer.getheader("allow") == "GET, HEAD"
+    answer.read()
+    connection.close()
+    created = json.loads(call(base, "/v1/models")[1])["data"][0]["created"]
+    assert abs(created - time.time()) < 3600  # when the server was started, as vLLM gives it
 
 
 def test_streams_that_leave_early_free_their_rows_for_the_others(server):
