@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
@@ -118,6 +119,7 @@ def cmd_generate(args) -> int:
         raise _UsageError(f"--temperature must be 0 or more, not {args.temperature}")
     if not 0 <= args.top_p <= 1:
         raise _UsageError(f"--top-p must be in [0, 1], not {args.top_p}")
+    structure = _structure(args)
     _note_exact_numerics(args.numerics, args.dtype)  # (asked for: the default is None, bf16 with fast)
     generics = {"Batch": 1, "MaxSeq": args.max_seq, "T": args.dtype or "bf16"}
     _use_compile_cache(args)
@@ -146,7 +148,7 @@ def cmd_generate(args) -> int:
 
     engine = Engine(model, seed=args.seed or 0)
     req = Request(prompt=ids, max_new_tokens=max_new, temperature=args.temperature, top_p=args.top_p,
-                  seed=args.seed, structure=_structure(args))
+                  seed=args.seed, structure=structure)
     if model.backend == "jax" or model.compile:  # compile (XLA) or capture (CUDA graphs) before the clock starts
         bar = Progress(f"compiling {model.card} ({model.backend})")
         _warm_up(engine, req)
@@ -188,8 +190,16 @@ def _structure(args):
     if not asked:
         return None
     kind, value = asked[0]
-    if kind != "regex" and os.path.isfile(value):
+    flag = {"json": "--json-schema", "grammar": "--grammar"}.get(kind)
+    if flag is not None and os.path.isfile(value):
         value = Path(value).read_text()
+    elif kind == "json" and not value.lstrip().startswith("{"):  # a file's name, mistyped: not a schema's text
+        raise _UsageError(f"--json-schema {value}: no such file, nor a JSON schema")
+    if kind == "json":
+        try:
+            json.loads(value)
+        except ValueError as err:
+            raise _UsageError(f"{flag} {asked[0][1]}: not JSON ({err})") from None
     return Structure(kind, value)
 
 
@@ -508,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     """A parsed command run, its errors printed as one line each (or as source errors with a caret)."""
     from linnet.export import ExportError
+    from linnet.kernels.build import KernelSettingError
     from linnet.nest.errors import CardError, DeviceError, TokenizerError, WeightsError
     from linnet.serve.request import EngineSettingError, RequestError
 
@@ -517,7 +528,7 @@ def _run(args) -> int:
         print(err.render(), file=sys.stderr)
         return 1
     except (CardError, WeightsError, TokenizerError, DeviceError, RequestError, EngineSettingError, ExportError,
-            _UsageError) as err:
+            KernelSettingError, _UsageError) as err:
         print(f"linnet: error: {err}", file=sys.stderr)
         return 1
     except OSError as err:  # a file the user named that cannot be written or read (-o into no folder, say)

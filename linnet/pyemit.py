@@ -70,8 +70,13 @@ class PythonEmitter:
         path = os.path.basename(loc.path)
         return f"{path}:{loc.line}"
 
-    def comment_for(self, loc):
+    def comment_for(self, loc, value=None):
+        """`# card:line` above the statements of one source line; where the statement's value is an
+        inlined function's result (`x = layers_forward(...)` ending in its `rmsnorm`), that line too."""
         ref = self.where(loc)
+        inner = getattr(value, "loc", None)
+        if inner is not None and (inner.path, inner.line) != (loc.path, loc.line):
+            ref += f" (value from {self.where(inner)})"
         if ref != self.last_comment:
             self.line(f"# {ref}")
             self.last_comment = ref
@@ -163,7 +168,7 @@ class PythonEmitter:
 
     def body(self, stmts: list):
         for s in stmts:
-            self.comment_for(s.loc)
+            self.comment_for(s.loc, getattr(s, "value", None))
             if isinstance(s, ir.Assign):
                 if (len(s.targets) == 1 and isinstance(s.value, ir.Op) and s.value.op == "iota"
                         and isinstance(s.value.type, TensorType)):

@@ -50,15 +50,21 @@ def runs_here() -> bool:
     return {"avx2", "fma", "f16c"} <= flags
 
 
-ISA_CAPS = ("avx2", "avx512", "avx512_bf16", "amx")  # kernels.h's levels, lowest first
+ISA_CAPS = ("avx2", "avx512", "avx512_bf16", "amx")  # kernels.h's levels, lowest first ("amx": no cap)
+
+
+class KernelSettingError(ValueError):
+    """An environment variable of the kernels' set to what they do not know (the command line
+    prints it as one line)."""
 
 
 def isa_cap() -> str | None:
-    """LINNET_CPU_ISA, the highest instruction set the kernels may take (kernels.h's `linnet_isa`;
-    None where unset): the paths of an older CPU, run on this one, as the tests run them."""
-    cap = os.environ.get("LINNET_CPU_ISA") or None
+    """LINNET_CPU_ISA, the highest instruction set the kernels may take (kernels.h's `linnet_isa`,
+    which reads it in any case too; None where unset): the paths of an older CPU, run on this one,
+    as the tests run them."""
+    cap = (os.environ.get("LINNET_CPU_ISA") or "").lower() or None
     if cap is not None and cap not in ISA_CAPS:
-        raise ValueError(f"LINNET_CPU_ISA={cap!r}: not one of {', '.join(ISA_CAPS)}")
+        raise KernelSettingError(f"LINNET_CPU_ISA={os.environ['LINNET_CPU_ISA']!r}: not one of {', '.join(ISA_CAPS)}")
     return cap
 
 

@@ -25,6 +25,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -44,17 +45,17 @@ int linnet_cpu_supported(void) {
 
 static int amx_granted(void);
 
-/* LINNET_CPU_ISA's level: unset (or "amx"), no cap. Python checks the spelling first
- * (`build.isa_cap`). */
+/* LINNET_CPU_ISA's level, in any case: unset (or "amx"), no cap. Python checks the spelling
+ * first (`build.isa_cap`). */
 static int isa_cap(void) {
     const char *cap = getenv("LINNET_CPU_ISA");
     if (!cap || !*cap)
         return ISA_AMX;
-    if (!strcmp(cap, "avx2"))
+    if (!strcasecmp(cap, "avx2"))
         return ISA_AVX2;
-    if (!strcmp(cap, "avx512"))
+    if (!strcasecmp(cap, "avx512"))
         return ISA_AVX512;
-    return !strcmp(cap, "avx512_bf16") ? ISA_AVX512_BF16 : ISA_AMX;
+    return !strcasecmp(cap, "avx512_bf16") ? ISA_AVX512_BF16 : ISA_AMX;
 }
 
 /* The CPU's level, no higher than `cap`; AMX's tiles are asked for only where the cap allows them. */

@@ -138,7 +138,8 @@ def test_written_file_runs_on_its_own(kit, tmp_path):
 
 # ---------------------------------------------------------------- source comments
 
-COMMENT = re.compile(r"^\s*# (llama\.linnet):(\d+)$")
+# the statement's line; and where its value is an inlined fn's result, the line that returns it
+COMMENT = re.compile(r"^\s*# (llama\.linnet):(\d+)(?: \(value from llama\.linnet:(\d+)\))?$")
 WORD = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
 # names of the generated code's libraries, not of the model
 PLUMBING = {"self", "rt", "F", "torch", "jax", "jnp", "nn", "params", "at", "set", "to", "astype", "range",
@@ -220,6 +221,20 @@ def test_comments_name_the_source_lines(backend, kit, sources):
                                               f"`{arch[line - 1].strip()}`, not `{expected}`"
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_inlined_fns_result_names_the_line_that_returns_it(backend, kit, sources):
+    # `x = layers_forward(...)` ends in the fn's `return rmsnorm(x, norm, ...)`: the final norm's
+    # comment names both lines
+    arch = kit.ARCH.read_text().splitlines()
+    lines = sources[backend].splitlines()
+    norms = [i for i, text in enumerate(lines) if re.search(r"x = rt\.rmsnorm\(x, (self\.norm|params\[.norm.\])", text)]
+    assert norms
+    for i in norms:
+        m = COMMENT.match(lines[i - 1])
+        assert m and m.group(3), lines[i - 1]
+        assert "layers_forward(" in arch[int(m.group(2)) - 1] and "return rmsnorm(x, norm" in arch[int(m.group(3)) - 1]
+
+
 def test_comments_follow_the_source_when_it_moves(kit, tmp_path):
     """Lines are read from the source, not fixed: shift llama.linnet down and the comments shift with it."""
     shifted = tmp_path / "arch"
@@ -229,7 +244,7 @@ def test_comments_follow_the_source_when_it_moves(kit, tmp_path):
     card.write_text((kit.CARDS / "tiny-llama.linnet").read_text())
     before = generate(check_file(kit.CARDS / "tiny-llama.linnet"), "torch", GENERICS)
     after = generate(check_file(card), "torch", GENERICS)
-    assert after == re.sub(r"# llama\.linnet:(\d+)", lambda m: f"# llama.linnet:{int(m.group(1)) + 3}", before)
+    assert after == re.sub(r"llama\.linnet:(\d+)", lambda m: f"llama.linnet:{int(m.group(1)) + 3}", before)
 
 
 @pytest.mark.parametrize("backend", ["torch", "jax"])

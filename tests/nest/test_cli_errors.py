@@ -149,3 +149,25 @@ def test_a_bad_generic_is_its_flags_error(capsys, command, generic, needle):
         main([command, TINY, "--generic", generic])
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "argument --generic" in err and needle in err and "tiny-llama.linnet:" not in err
+
+
+def test_a_structure_file_that_is_not_there_or_not_json(capsys, tmp_path):
+    pytest.importorskip("llguidance")
+    args = ["generate", "smollm2-135m-instruct", "x", "--max-seq", "64", "--json-schema"]
+    assert "--json-schema nope.json: no such file, nor a JSON schema" in error_of(capsys, [*args, "nope.json"])
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"type": "object",')
+    assert f"--json-schema {broken}: not JSON (Expecting property name" in error_of(capsys, [*args, str(broken)])
+
+
+def test_a_cpu_cap_the_kernels_do_not_know_is_one_line():
+    # (in a process of its own: the kernels read the variable once)
+    import os
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "linnet.cli", "generate", "smollm2-135m-instruct", "Hi",
+                          "--max-new-tokens", "1", "--max-seq", "64"], capture_output=True, text=True,
+                         env=dict(os.environ, LINNET_CPU_ISA="AVX3"))
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    assert "linnet: error: LINNET_CPU_ISA='AVX3': not one of avx2, avx512, avx512_bf16, amx" in run.stderr
