@@ -173,7 +173,7 @@ def cmd_generate(args) -> int:
         raise _UsageError(comp.error or "generation failed")
     n = len(comp.tokens)
     first = (comp.first_token_at - comp.submitted_at) if comp.first_token_at else 0.0
-    print(f"[{n} tokens in {seconds:.2f} s: {n / seconds if seconds else 0.0:.1f} tokens/s; prompt {len(ids)} "
+    print(f"[{n} token{'s' if n != 1 else ''} in {seconds:.2f} s: {n / seconds if seconds else 0.0:.1f} tokens/s; prompt {len(ids)} "
           f"tokens, first token after {first:.2f} s; {model.backend}, {model.dtype}]", file=sys.stderr)
     return 0
 
@@ -389,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--system", help="a system message (with --chat)")
     g.add_argument("--chat-template", default=None,
                    help="a Jinja chat template (a file, or the template itself) in place of the tokenizer's")
-    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--max-new-tokens", type=int, default=256, help="most tokens to generate (256)")
     g.add_argument("--temperature", type=float, default=0.0, help="0 (the default) is greedy")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=_seed, default=None)
@@ -403,7 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "exact: the reference semantics, in f32")
     g.add_argument("--dtype", choices=["f32", "bf16", "f16"], default=None,
                    help="T with --numerics fast (default bf16; exact always computes in f32)")
-    g.add_argument("--max-seq", type=_positive, default=2048, help="positions in the cache: prompt plus completion")
+    g.add_argument("--max-seq", type=_positive, default=2048,
+                   help="positions in the cache: prompt plus completion (2048)")
     g.add_argument("--json-schema", "-j", default=None,
                    help="hold the output to a JSON schema (its text, or a file); '{\"type\": \"object\"}' for any object")
     g.add_argument("--regex", default=None, help="hold the output to a regular expression")
@@ -411,18 +412,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hold the output to a grammar, Lark or llama.cpp's GBNF (its text, or a file)")
     _add_compile_cache(g)
     g.set_defaults(run=cmd_generate)
-    sv = sub.add_parser("serve", help="an OpenAI-compatible server (completions and chat completions)")
+    sv = sub.add_parser("serve", help="an OpenAI-compatible server (completions, chat completions, responses)")
     sv.add_argument("card", help="a card name (see `linnet cards`), a .linnet file, or a checkpoint path")
     # vLLM's spellings are taken too, so that a vLLM command line needs only its first word changed.
-    sv.add_argument("--batch", "--max-num-seqs", type=_positive, default=8, help="cache rows: requests in flight")
+    sv.add_argument("--batch", "--max-num-seqs", type=_positive, default=8, help="cache rows: requests in flight (8)")
     sv.add_argument("--max-seq", "--max-model-len", type=_positive, default=2048,
-                    help="positions per row: prompt plus completion")
+                    help="positions per row: prompt plus completion (2048)")
     sv.add_argument("--backend", choices=["torch", "jax"], default="torch")
     sv.add_argument("--device", default=None, help="torch device (default: cuda when present)")
     sv.add_argument("--dtype", type=_dtype_name, choices=["f32", "bf16", "f16"], default="bf16",
                     help="the element type T of weights and cache (as `generate`'s; vLLM's auto, bfloat16, float16, "
                          "half and float32 are taken too)")
-    sv.add_argument("--numerics", choices=["exact", "fast"], default="fast")
+    sv.add_argument("--numerics", choices=["exact", "fast"], default="fast", help="(fast)")
     sv.add_argument("--weights", default=None, help="a checkpoint path, or 'random'")
     sv.add_argument("--token-budget", "--max-num-batched-tokens", type=_positive, default=None,
                     help="most tokens in one pass")
@@ -454,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="let a chat request bring its own 'chat_template' (run sandboxed; refused otherwise)")
     sv.add_argument("--stored-responses", type=int, default=1024,
                     help="how many Responses (/v1/responses) are kept in memory for previous_response_id and "
-                         "GET /v1/responses/ID, the oldest dropped first (0: none)")
+                         "GET /v1/responses/ID, the oldest dropped first (0: none; 1024)")
     sv.add_argument("--seed", type=_seed, default=0, help="seeds the draws of requests that send no seed of their own")
     _add_compile_cache(sv)
     sv.add_argument("--enforce-eager", action="store_true",
@@ -500,7 +501,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _warning_line(message, category, filename, lineno, line=None) -> str:
     """A warning as the command line shows it: one line of what, not which line of Linnet said so."""
-    return f"linnet: warning: {message}\n"
+    text = str(message)
+    return f"linnet: warning: {text.removeprefix('linnet: ')}\n"  # (a library's own warning may name it already)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -100,7 +100,7 @@ def gguf_path(out, card: str, dtype: str) -> Path:
 
 
 def write_gguf(bound, out) -> str:
-    """Writes `bound` (`nest.read_weights`) as a GGUF at `out` (a directory gets
+    """Writes `bound` (`nest.load.read_weights`) as a GGUF at `out` (a directory gets
     `<card>.<DTYPE>.gguf`); returns the file's path."""
     import gguf
 

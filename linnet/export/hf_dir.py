@@ -26,7 +26,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def write_hf_dir(bound, out) -> str:
-    """Writes `bound` (`nest.read_weights`) as a model directory at `out`; returns its path."""
+    """Writes `bound` (`nest.load.read_weights`) as a model directory at `out`; returns its path."""
     from safetensors.torch import save_file
 
     from linnet.export import ExportError
