@@ -33,7 +33,8 @@ from linnet.ir.specialize import specialize
 from linnet.nest.bind import checkpoint_names, unbind_weights
 from linnet.nest.checkpoint import (LLAMA_CPP_GEMMA3_LOCAL_THETA, LLAMA_CPP_GEMMA3_PATTERN, NORMS_PLUS_ONE,
                                     GGUFCheckpoint, llama_cpp_gemma3_query_scalar)
-from linnet.nest.gguf_tokenizer import BYTE, CONTROL, NORMAL, PRE_TOKENIZERS, UNKNOWN, UNUSED, USER_DEFINED
+from linnet.nest.gguf_tokenizer import (BYTE, CONTROL, END_OF_GENERATION, END_OF_TURN, NORMAL, PRE_TOKENIZERS, UNKNOWN,
+                                       UNUSED, USER_DEFINED)
 from linnet.rope_tables import llama3_divisors
 
 # llama.cpp's canonical tokenizer.ggml.pre name for each pre-tokenizer Nest reads
@@ -87,10 +88,10 @@ def _check_gemma3(b: dict, card: str) -> None:
 
 def gguf_path(out, card: str, dtype: str) -> Path:
     """The file `write_gguf` writes for `out`: `out` itself where it names a .gguf file or an
-    existing file, else `<card>.<DTYPE>.gguf` inside the folder `out`. A folder that could not be
+    existing file (not an existing folder, whatever its name), else `<card>.<DTYPE>.gguf` inside the folder `out`. A folder that could not be
     made is said here, before the weights are read; nothing is made until they are."""
     path = Path(out).expanduser()
-    is_file = path.suffix.lower() == ".gguf" or path.is_file()
+    is_file = not path.is_dir() and (path.suffix.lower() == ".gguf" or path.is_file())
     folder = path.parent if is_file else path
     there = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
     if not there.is_dir() or not os.access(there, os.W_OK):
@@ -314,8 +315,9 @@ def _write_tokenizer_keys(tok, writer, vocab_size: int) -> None:
 def _write_stops(tok, writer) -> None:
     """The ids generation ends on, in GGUF's three keys: EOS the tokenizer's own end token (the chat's
     end: Llama 3.1's <|eot_id|>, where generation_config lists <|end_of_text|> first), EOM llama's
-    <|eom_id|>, EOT the next other. Readers add the stops llama.cpp knows by their text
-    (`gguf_tokenizer.END_OF_GENERATION`), so a fourth is not lost there."""
+    <|eom_id|>, EOT an end of turn (llama.cpp's `token_eot()`). Readers add the stops llama.cpp knows
+    by their text (`gguf_tokenizer.END_OF_GENERATION`); EOT takes a stop they would not know only
+    where no end of turn is left, so that it is not lost."""
     stops = list(tok.eos_token_ids)
     if not stops:
         return
@@ -327,8 +329,10 @@ def _write_stops(tok, writer) -> None:
     if eom is not None:
         writer.add_eom_token_id(eom)
     rest = [i for i in rest if i != eom]
-    if rest:
-        writer.add_eot_token_id(rest[0])
+    turn = [i for i in rest if tok.backend.id_to_token(i) in END_OF_TURN]
+    unknown = [i for i in rest if tok.backend.id_to_token(i) not in END_OF_GENERATION]
+    if turn or unknown:
+        writer.add_eot_token_id((turn or unknown)[0])
 
 
 def _sentencepiece_keys(tok, data: dict, writer, tokens: list, types: list, pairs: list) -> None:

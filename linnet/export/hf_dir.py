@@ -67,29 +67,42 @@ def write_hf_dir(bound, out) -> str:
 
 
 def _refuse_another_model(out: Path) -> None:
-    """A folder holding a model Linnet did not write (its config.json lacks MARK) is not cleared:
-    its weights and tokenizer would go without a word."""
+    """A folder holding a model Linnet did not write is not cleared: its weights and tokenizer would
+    go without a word. Linnet's exports say so in config.json (MARK), written before anything else;
+    a folder without one (Mistral's own layout: params.json, consolidated.safetensors,
+    tokenizer.model) is refused where it holds a file the export would replace or that names a
+    model."""
     from linnet.export import ExportError
 
     config = out / "config.json"
-    if not config.is_file():
+    advice = "write to a new folder, or empty this one first"
+    if config.is_file():
+        try:
+            ours = MARK in json.loads(config.read_text())
+        except (ValueError, UnicodeDecodeError):
+            ours = False
+        if not ours:
+            raise ExportError(f"{out}: its config.json has no {MARK!r} key: another model's (or an export by a Linnet "
+                              f"from before exports were marked), whose files the export would replace; {advice}")
         return
-    try:
-        ours = MARK in json.loads(config.read_text())
-    except (ValueError, UnicodeDecodeError):
-        ours = False
-    if not ours:
-        raise ExportError(f"{out}: holds another model (its config.json was not written by Linnet), whose files "
-                          f"the export would replace; write to a new folder, or empty this one first")
+    model_files = sorted(p.name for p in _owned(out) if p.is_file())
+    model_files += sorted(p.name for p in (*out.glob("consolidated*.safetensors"), out / "params.json") if p.is_file())
+    if model_files:
+        raise ExportError(f"{out}: holds another model's files ({', '.join(model_files)}) and no config.json "
+                          f"written by Linnet; the export would replace them; {advice}")
+
+
+def _owned(out: Path) -> list[Path]:
+    """The files an export writes in `out`, whatever an earlier one left there."""
+    return [*out.glob("model*.safetensors"), out / "model.safetensors.index.json", out / "config.json",
+            *(out / f for f in TOKENIZER_FILES)]
 
 
 def _clear(out: Path) -> None:
     """Removes what an earlier export wrote there (as transformers' save_pretrained clears stale
     shards): vLLM reads the shards an old index names, and a tokenizer left from another model
     would be served with this one. Other files are the user's, and stay."""
-    owned = [*out.glob("model*.safetensors"), out / "model.safetensors.index.json", out / "config.json",
-             *(out / f for f in TOKENIZER_FILES)]
-    for path in owned:
+    for path in _owned(out):
         if path.is_file():
             path.unlink()
 

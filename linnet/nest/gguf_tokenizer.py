@@ -28,6 +28,20 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 END_OF_GENERATION = frozenset(("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
                                "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>",
                                "<end_of_utterance>"))
+# Of those, the ones that end a chat turn (what GGUF's EOT key names), not the whole text
+END_OF_TURN = frozenset(("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<EOT>", "_<EOT>",
+                         "<end_of_utterance>"))
+
+
+def end_of_generation(tokens: list[str]) -> list[int]:
+    """The ids of `tokens` that llama.cpp ends generation on by their text. In gpt-oss's harmony
+    format <|end|> closes every message, the reasoning before the answer too, and the reply ends at
+    <|return|> or <|call|>: where both are in the vocabulary, <|end|> is not a stop (llama.cpp's
+    rule for o200k_harmony, and gpt-oss's generation_config)."""
+    found = {t: i for i, t in enumerate(tokens) if t in END_OF_GENERATION}
+    if "<|return|>" in found and "<|call|>" in found:
+        found.pop("<|end|>", None)
+    return sorted(found.values())
 
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3_SPLIT = (

@@ -164,7 +164,7 @@ class Tokenizer:
     def from_gguf(cls, gguf) -> "Tokenizer":
         """From a GGUF file path or an open `GGUFCheckpoint` (to read the file once)."""
         from .checkpoint import GGUFCheckpoint
-        from .gguf_tokenizer import END_OF_GENERATION, build_gguf_tokenizer
+        from .gguf_tokenizer import build_gguf_tokenizer, end_of_generation
 
         ckpt = gguf if isinstance(gguf, GGUFCheckpoint) else GGUFCheckpoint(gguf)
         meta = ckpt.metadata
@@ -181,7 +181,7 @@ class Tokenizer:
         # llama.cpp ends generation on EOS, on EOT / EOM where the file names them, and on the
         # tokens it knows by their text
         stops = [meta(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
-        stops += [i for i, t in enumerate(tokens) if t in END_OF_GENERATION]
+        stops += end_of_generation(tokens)
         return cls(
             backend,
             bos_token=text("bos"),

@@ -134,21 +134,27 @@ def test_a_tokenizer_json_is_converted(cards, tmp_path):
         assert llm.tokenize(text.encode(), add_bos=False, special=True) == source.encode(text), text
 
 
-def test_several_end_tokens_keep_the_chats_own_as_eos(cards, tmp_path):
-    """Llama 3.1's shape: generation_config lists <|end_of_text|> first, and the chat's end
-    (tokenizer_config's eos_token, <|eot_id|>) after it. The GGUF's EOS is the chat's end, the
-    other a key of its own, and every one still ends generation read back."""
+@pytest.mark.parametrize("other, eot", [("<|endoftext|>", None), ("<repo_name>", "<repo_name>")])
+def test_several_end_tokens_keep_the_chats_own_as_eos(cards, tmp_path, other, eot):
+    """Llama 3.1's shape: generation_config lists an end of text first (<|end_of_text|>), and the
+    chat's end (tokenizer_config's eos_token, <|eot_id|>) after it. The GGUF's EOS is the chat's
+    end; EOT (llama.cpp's end of turn) is not given an end of text that readers know by its text,
+    only a stop they would otherwise lose. Read back, every one ends generation."""
     hf_dir = export("smollm2-135m-instruct", "vllm", tmp_path / "hf", dtype="bf16")
     hf_dir = Path(hf_dir)
-    (hf_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [0, 2]}))
     source = Tokenizer.from_dir(hf_dir)
-    assert source.eos_token == "<|im_end|>" and source.eos_token_ids == [0, 2]
+    other_id = source.backend.token_to_id(other)
+    (hf_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [other_id, 2]}))
+    source = Tokenizer.from_dir(hf_dir)
+    assert source.eos_token == "<|im_end|>" and source.eos_token_ids == [other_id, 2]
     path = export(cards / "small-none.linnet", "llama.cpp", tmp_path / "g.gguf", weights="random", dtype="f16",
                   tokenizer=hf_dir)
     ckpt = GGUFCheckpoint(path)
-    assert ckpt.metadata("tokenizer.ggml.eos_token_id") == 2 and ckpt.metadata("tokenizer.ggml.eot_token_id") == 0
+    assert ckpt.metadata("tokenizer.ggml.eos_token_id") == 2
+    assert ckpt.metadata("tokenizer.ggml.eot_token_id") == (None if eot is None else other_id)
     ours = Tokenizer.from_gguf(ckpt)
-    assert ours.eos_token == "<|im_end|>" and sorted(ours.eos_token_ids) == [0, 2]
+    # <|endoftext|> (0) is in the vocabulary: a stop by its text, as in llama.cpp
+    assert ours.eos_token == "<|im_end|>" and set(ours.eos_token_ids) == {other_id, 2, 0}
     llama_cpp = pytest.importorskip("llama_cpp")
     llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
     assert llm.token_eos() == 2
@@ -481,7 +487,7 @@ def test_gemmas_tokenizer_json_is_converted(spm_gguf, tmp_path):
 
 
 def test_a_gguf_goes_where_a_user_would_look_for_it(cards, tmp_path):
-    """A path ending in .gguf (or an existing file) is the file, its folders made; any other path
+    """A path ending in .gguf (or an existing file), not an existing folder, is the file, its folders made; any other path
     is a folder (a dot in its name too: models-v1.5), the file named inside it by card and type.
     A folder that cannot be made is said at once, before the weights are read."""
     card, tok = cards / "small-none.linnet", embedded_gguf_path()
@@ -489,6 +495,9 @@ def test_a_gguf_goes_where_a_user_would_look_for_it(cards, tmp_path):
                       ("plain", "plain/small-llama.F16.gguf")):
         got = export(card, "llama.cpp", tmp_path / out, weights="random", dtype="f16", tokenizer=tok)
         assert Path(got) == tmp_path / want and Path(got).is_file()
+    (tmp_path / "exports.gguf").mkdir()  # an existing folder is a folder, whatever its name
+    got = export(card, "llama.cpp", tmp_path / "exports.gguf", weights="random", dtype="f16", tokenizer=tok)
+    assert Path(got) == tmp_path / "exports.gguf" / "small-llama.F16.gguf" and Path(got).is_file()
     (tmp_path / "blocker").write_text("")
     with pytest.raises(ExportError, match="cannot make the folder"):
         export(card, "llama.cpp", tmp_path / "blocker" / "x.gguf", weights="random", dtype="f16", tokenizer=tok)

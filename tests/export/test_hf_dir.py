@@ -156,9 +156,19 @@ def test_a_folder_holding_another_model_is_left_as_it_is(tmp_path):
     files = {"config.json": '{"model_type": "llama"}', "model.safetensors": "weights", "tokenizer.json": "{}"}
     for name, text in files.items():
         (other / name).write_text(text)
-    with pytest.raises(ExportError, match="holds another model"):
+    with pytest.raises(ExportError, match="config.json has no 'exported_by' key: another model's"):
         export("tiny-llama", "vllm", other, weights="random", dtype="f32")
     assert {p.name: p.read_text() for p in other.iterdir()} == files
+    # Mistral's own layout has no config.json; its tokenizer.model would be replaced too
+    mistral = tmp_path / "mistral"
+    mistral.mkdir()
+    files = {"params.json": "{}", "consolidated.safetensors": "weights", "tokenizer.model": "spm"}
+    for name, text in files.items():
+        (mistral / name).write_text(text)
+    with pytest.raises(ExportError, match=r"another model's files \(tokenizer.model, consolidated.safetensors, "
+                                          r"params.json\) and no config.json"):
+        export("tiny-llama", "vllm", mistral, weights="random", dtype="f32")
+    assert {p.name: p.read_text() for p in mistral.iterdir()} == files
     with pytest.warns(UserWarning, match="no tokenizer written .* vLLM needs --tokenizer"):
         out = export("tiny-llama", "vllm", tmp_path / "new", weights="random", dtype="f32")
     assert json.loads((Path(out) / "config.json").read_text())["exported_by"].startswith("linnet ")

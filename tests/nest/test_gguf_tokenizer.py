@@ -12,11 +12,14 @@ from linnet.nest.tokenizer import Tokenizer  # noqa: E402
 CONTROL, USER_DEFINED, NORMAL = 3, 4, 1
 
 
-def write_tokenizer_gguf(path, *, model="gpt2", pre="smollm", add_bos=True):
+def write_tokenizer_gguf(path, *, model="gpt2", pre="smollm", add_bos=True, control=()):
+    """A byte-level vocabulary with <s> BOS, </s> EOS and <eot> EOT; `control` adds control tokens
+    after the normal ones."""
     alphabet = list(byte_alphabet().values())
     merges = ["h e", "l l", "he ll", "Ġ w", "o r"]
-    tokens = ["<s>", "</s>", "<eot>", "<think>"] + alphabet + ["he", "ll", "hell", "Ġw", "or"]
-    types = [CONTROL, CONTROL, CONTROL, USER_DEFINED] + [NORMAL] * (len(tokens) - 4)
+    tokens = ["<s>", "</s>", "<eot>", "<think>"] + alphabet + ["he", "ll", "hell", "Ġw", "or"] + list(control)
+    types = [CONTROL, CONTROL, CONTROL, USER_DEFINED] + [NORMAL] * (len(tokens) - 4 - len(control))
+    types += [CONTROL] * len(control)
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_tokenizer_model(model)
     w.add_tokenizer_pre(pre)
@@ -48,6 +51,22 @@ def test_small_gguf_tokenizer(tmp_path):
     assert tok.encode("hi", add_special_tokens=False)[0] != 0
     assert tok.eos_token_ids == [1, 2]  # EOS and EOT both stop generation
     assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "<s>x</s>"
+
+
+def test_ends_known_by_their_text_stop_too(tmp_path):
+    """As llama.cpp: a chat's end token stops generation by its text, named by the file or not."""
+    tokens = write_tokenizer_gguf(tmp_path / "t.gguf", control=["<|im_end|>", "<|end|>", "<|endoftext|>"])
+    ends = [tokens.index(t) for t in ("<|im_end|>", "<|end|>", "<|endoftext|>")]
+    assert sorted(Tokenizer.from_gguf(tmp_path / "t.gguf").eos_token_ids) == sorted([1, 2] + ends)
+
+
+def test_harmony_does_not_stop_at_the_end_of_a_message(tmp_path):
+    """gpt-oss's harmony format ends every message with <|end|>, the reasoning before the answer
+    too; the reply ends at <|return|> or <|call|> (its generation_config, llama.cpp's rule)."""
+    tokens = write_tokenizer_gguf(tmp_path / "t.gguf", control=["<|end|>", "<|return|>", "<|call|>", "<|endoftext|>"])
+    stops = Tokenizer.from_gguf(tmp_path / "t.gguf").eos_token_ids
+    assert tokens.index("<|end|>") not in stops
+    assert {tokens.index(t) for t in ("<|return|>", "<|call|>", "<|endoftext|>")} <= set(stops)
 
 
 def test_unsupported_model_is_named(tmp_path):
