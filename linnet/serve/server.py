@@ -105,27 +105,30 @@ class OpenAIServer:
     async def _route(self, scope, headers: dict, receive, send):
         path, method = scope["path"].rstrip("/") or "/", scope["method"]
         if path.startswith("/v1/models/"):  # one model's card
-            route = ("GET", self._models)
-        elif path.startswith("/v1/responses/"):  # a kept Response, read or deleted
-            route = ("DELETE", self._forget_response) if method == "DELETE" else ("GET", self._kept_response)
+            methods = {"GET": self._models}
+        elif path.startswith("/v1/responses/"):  # a kept Response, read or deleted; its input, read
+            methods = {"GET": self._kept_response}
+            if not path.endswith("/input_items"):
+                methods["DELETE"] = self._forget_response
         elif path in self.routes:
-            route = self.routes[path]
+            methods = dict((self.routes[path],))
         else:
             raise ApiError(404, f"no route {path}", code="not_found")
-        if method == "HEAD" and route[0] == "GET":  # a GET's headers alone (load balancers' probes send HEAD)
-            send = _headers_only(send)
-        elif method != route[0]:
-            allow = route[0] + (", HEAD" if route[0] == "GET" else "")
-            raise ApiError(405, f"{path} takes {route[0]}, not {method}", code="method_not_allowed",
+        if method == "HEAD" and "GET" in methods:  # a GET's headers alone (load balancers' probes send HEAD)
+            send, method = _headers_only(send), "GET"
+        elif method not in methods:
+            allow = ", ".join([*methods, *(["HEAD"] if "GET" in methods else [])])
+            raise ApiError(405, f"{path} takes {' or '.join(methods)}, not {method}", code="method_not_allowed",
                            headers=((b"allow", allow.encode()),))
         if self.api_key is not None and path.startswith("/v1/"):
             scheme, _, given = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
-            # the scheme's case is the client's (RFC 9110); the key compared in constant time
+            # the scheme's case is the client's (RFC 9110); the key compared in constant time, as the
+            # bytes sent (latin-1 gives them back) against the key's UTF-8
             if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode("latin-1"),
-                                                                     self.api_key.encode("latin-1", "replace")):
+                                                                     self.api_key.encode("utf-8")):
                 raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer <key>'",
                                code="invalid_api_key")
-        await route[1](path, receive, send)
+        await methods[method](path, receive, send)
 
     async def _health(self, path, receive, send):
         await _json(send, 200, {"status": "ok"})

@@ -144,7 +144,7 @@ def cpu_flags() -> set:
 
 
 def test_the_kernels_take_the_cpus_instruction_sets_up_to_the_cap():
-    flags, cap = cpu_flags(), os.environ.get("LINNET_CPU_ISA") or "amx"
+    flags, cap = cpu_flags(), (os.environ.get("LINNET_CPU_ISA") or "amx").lower()  # read in any case
     # each level needs the ones below it; AMX needs Linux's leave too (arch_prctl, Linux 5.16 on)
     held = [{"avx2", "fma", "f16c"} <= flags, "avx512f" in flags,
             {"avx512bw", "avx512vl", "avx512_bf16"} <= flags,
@@ -165,6 +165,7 @@ def tile_registers_granted() -> bool:
 
 
 def test_pairs_are_the_kernels_rule_for_bf16_of_even_k():
+    # (isa() is checked against /proc/cpuinfo above; pairs must follow it)
     assert not cpu_linear.pairs(torch.float32, 64) and not cpu_linear.pairs(torch.float16, 64)
     assert not cpu_linear.pairs(torch.bfloat16, 63)
     assert cpu_linear.pairs(torch.bfloat16, 64) == (cpu_linear.isa() in ("avx512_bf16", "amx"))

@@ -709,6 +709,10 @@ def test_an_api_key_guards_the_v1_routes():
     for given, status in ((b"bearer sesame", 200), (b"BEARER  sesame", 200), (b"Bearer sesam", 401),
                           (b"Bearer", 401), (b"Basic sesame", 401)):
         assert asyncio.run(asgi(app, "GET", "/v1/models", headers=[(b"authorization", given)])())[0] == status, given
+    # a key past Latin-1 is matched by its UTF-8 bytes as sent, not by as many '?'
+    app = OpenAIServer(Engine(make_model("torch", rows=2, max_seq=64)), "tiny", api_key="€€€€")
+    for given, status in (("Bearer €€€€".encode(), 200), (b"Bearer ????", 401), ("Bearer €€€".encode(), 401)):
+        assert asyncio.run(asgi(app, "GET", "/v1/models", headers=[(b"authorization", given)])())[0] == status, given
 
 
 def test_head_asks_a_gets_headers_and_a_wrong_method_is_told_the_right_one(server):
@@ -728,6 +732,13 @@ def test_head_asks_a_gets_headers_and_a_wrong_method_is_told_the_right_one(serve
     answer = connection.getresponse()
     assert answer.status == 405 and answer.getheader("allow") == "GET, HEAD"
     answer.read()
+    # a kept Response is read or deleted; its input items are only read
+    for path, allow in (("/v1/responses/resp_x", "GET, DELETE, HEAD"), ("/v1/responses/resp_x/input_items", "GET, HEAD")):
+        connection.request("POST", path)
+        answer = connection.getresponse()
+        takes = allow.removesuffix(", HEAD").replace(", ", " or ")
+        assert answer.status == 405 and answer.getheader("allow") == allow
+        assert f"takes {takes}, not POST".encode() in answer.read()
     connection.close()
     created = json.loads(call(base, "/v1/models")[1])["data"][0]["created"]
     assert abs(created - time.time()) < 3600  # when the server was started, as vLLM gives it
