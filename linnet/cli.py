@@ -279,6 +279,7 @@ def _add_compile_cache(parser) -> None:
 
 def cmd_serve(args) -> int:
     from linnet import nest
+    from linnet.serve.cors import CorsPolicy
     from linnet.serve.server import serve
     from linnet.serve.tool_parsers import parser_for_template
 
@@ -310,7 +311,8 @@ def cmd_serve(args) -> int:
           tool_parser=parser, reasoning_parser=reasoning,
           structure_in_reasoning=args.structured_outputs_in_reasoning, stored_responses=args.stored_responses,
           trust_request_chat_template=args.trust_request_chat_template,
-          log_level=args.uvicorn_log_level,
+          log_level=args.uvicorn_log_level, cors=CorsPolicy(args.allowed_origins, args.allowed_methods,
+                                                            args.allowed_headers, args.allow_credentials),
           token_budget=args.token_budget, seed=args.seed)
     return 0
 
@@ -353,6 +355,15 @@ def _whole_number(lo: int, hi: int | None, out_of_range: str, what: str = "a who
 _seed = _whole_number(0, (1 << 63) - 1, "must be from 0 to 2**63 - 1, not {}")
 _positive = _whole_number(1, None, "must be 1 or more, not {}")
 _port = _whole_number(0, 65535, "a port is 0 to 65535, not {}", what="a port number")
+
+
+def _cors_list(text: str) -> list[str]:
+    from linnet.serve.cors import parse_list
+
+    try:
+        return parse_list(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -439,6 +450,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the model name clients send (default: the card's)")
     sv.add_argument("--api-key", default=None,
                     help="require 'Authorization: Bearer KEY' on /v1/ routes (default: $LINNET_API_KEY, else none)")
+    for flag, what in (("origins", "origins whose web pages may call the server (CORS)"),
+                       ("methods", "methods they may use"), ("headers", "headers they may send")):
+        sv.add_argument(f"--allowed-{flag}", type=_cors_list, default=["*"],
+                        help=f"{what}: a JSON list, as vLLM takes it, or commas (default: [\"*\"], any)")
+    sv.add_argument("--allow-credentials", action="store_true",
+                    help="let those pages send cookies and credentials (CORS; each origin is then named)")
     sv.add_argument("--tool-call-parser", choices=sorted(PARSERS), default=None,
                     help="how the model writes tool calls, for tool_choice 'auto' (default: the one its chat "
                          "template shows (Qwen3-Coder's XML), else the card's meta tool_call_parser; without one, "

@@ -8,6 +8,7 @@ ones kept), GET /v1/models[/ID]; vLLM's POST /tokenize and /detokenize, GET /pin
 /version; GET /health and /metrics (Prometheus).
 A bad request gets OpenAI's error object with its status; it never stops the
 engine or the other requests. A client that disconnects cancels its requests.
+Web pages on other origins may call it as `cors.CorsPolicy` allows.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import time
 import uuid
 
+from linnet.serve.cors import CorsPolicy
 from linnet.serve.engine import Engine
 from linnet.serve.metrics import prometheus_text
 from linnet.serve.openai_api import (ApiError, Job, body_fields, chat_job, chat_prompt, check_fits, completion_job,
@@ -37,14 +39,17 @@ MAX_BODY = 4 << 20
 class OpenAIServer:
     def __init__(self, engine: Engine, model_name: str, api_key: str | None = None, tool_parser: str | None = None,
                  reasoning_parser: str | None = None, structure_in_reasoning: bool = False,
-                 stored_responses: int = 1024, trust_request_chat_template: bool = False):
+                 stored_responses: int = 1024, trust_request_chat_template: bool = False,
+                 cors: CorsPolicy | None = None):
         """`tool_parser`: the name of the reader of the model's own tool calls (`tool_parsers`), which
         lets a request with tools leave tool_choice "auto"; `reasoning_parser`, of a reasoning model's
         thinking (`reasoning`), which chat replies then give apart as `reasoning_content`, and whose
         structured outputs hold only the answer, unless `structure_in_reasoning`; `stored_responses`:
         how many Responses are kept for `previous_response_id` (the newest; 0 keeps none);
         `trust_request_chat_template`: a chat body may bring its own `chat_template` (vLLM's flag:
-        a template runs sandboxed, but may run long)."""
+        a template runs sandboxed, but may run long); `cors`: which other origins' pages may call
+        (default: vLLM's, any origin without credentials)."""
+        self.cors = cors or CorsPolicy()
         self.trust_request_chat_template = trust_request_chat_template
         self.structure_in_reasoning = structure_in_reasoning
         self.responses = ResponseStore(stored_responses)
@@ -78,10 +83,15 @@ class OpenAIServer:
         headers = dict(scope.get("headers") or [])  # ASGI gives their names lowercased
         given = headers.get(b"x-request-id", b"")[:256]
         request_id = given or f"req-{uuid.uuid4().hex}".encode()
+        origin = headers.get(b"origin", b"").decode("latin-1")  # a browser's page on another origin
+        if origin and scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
+            await self._preflight(origin, headers, send)
+            return
+        added = [(b"x-request-id", request_id), *(self.cors.answer_headers(origin) if origin else ())]
 
         async def send_named(message):
             if message["type"] == "http.response.start":
-                message = dict(message, headers=[*message.get("headers", []), (b"x-request-id", request_id)])
+                message = dict(message, headers=[*message.get("headers", []), *added])
             await send(message)
 
         try:
@@ -90,6 +100,19 @@ class OpenAIServer:
             await _json(send_named, err.status, err.body, err.headers)
         except Exception as err:  # a bug answers 500 for this request only
             await _json(send_named, 500, error_body(f"internal error: {err}"))
+
+    async def _preflight(self, origin: str, headers: dict, send):
+        """A browser's question before a cross-origin request: may this origin send this method with
+        these headers? Asked without credentials, so before the API key is looked at."""
+        status, allowed, refusal = self.cors.preflight(
+            origin, headers[b"access-control-request-method"].decode("latin-1"),
+            headers.get(b"access-control-request-headers", b"").decode("latin-1"))
+        if refusal:
+            await _json(send, status, error_body(refusal, status), tuple(allowed))
+        else:
+            await send({"type": "http.response.start", "status": status,
+                        "headers": [*allowed, (b"content-length", b"0")]})
+            await send({"type": "http.response.body", "body": b""})
 
     async def _lifespan(self, receive, send):
         while True:
@@ -430,7 +453,7 @@ def _headers_only(send):
 def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           tool_parser: str | None = None, reasoning_parser: str | None = None, structure_in_reasoning: bool = False,
           stored_responses: int = 1024, trust_request_chat_template: bool = False, log_level: str = "info",
-          **engine_options) -> None:
+          cors: CorsPolicy | None = None, **engine_options) -> None:
     import uvicorn
 
     engine = Engine(model, **engine_options)
@@ -441,5 +464,5 @@ def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: 
     print(f"linnet: {name} ready in {time.perf_counter() - start:.0f} s (warmup)", flush=True)
     app = OpenAIServer(engine, name, api_key=api_key, tool_parser=tool_parser, reasoning_parser=reasoning_parser,
                        structure_in_reasoning=structure_in_reasoning, stored_responses=stored_responses,
-                       trust_request_chat_template=trust_request_chat_template)
+                       trust_request_chat_template=trust_request_chat_template, cors=cors)
     uvicorn.run(app, host=host, port=port, log_level=log_level)

@@ -97,6 +97,24 @@ def test_vllms_seed_and_enforce_eager_reach_the_engine_and_the_model(monkeypatch
     assert main(["serve", "tiny-llama", "--weights", "random", "--batch", "2", "--max-seq", "32"]) == 0
     assert seen["seed"] == 0 and seen["model"].compile is True
     assert seen["model"].dtype == "bf16"  # as `generate`: half f32's memory for weights and cache
+    assert seen["cors"].allows("https://any.example") and not seen["cors"].credentials  # vLLM's CORS defaults
+
+
+def test_vllms_cors_flags_reach_the_server(monkeypatch, capsys):
+    import linnet.serve.server as server
+    from linnet.cli import main
+
+    seen = {}
+    monkeypatch.setattr(server, "serve", lambda model, name, **options: seen.update(options))
+    assert main(["serve", "tiny-llama", "--weights", "random", "--batch", "2", "--max-seq", "32",
+                 "--allowed-origins", '["https://ui.example"]', "--allowed-methods", "GET,POST",
+                 "--allowed-headers", '["Content-Type"]', "--allow-credentials"]) == 0
+    cors = seen["cors"]
+    assert cors.origins == ("https://ui.example",) and cors.methods == ("GET", "POST")
+    assert cors.headers == ("content-type",) and cors.credentials
+    with pytest.raises(SystemExit):
+        main(["serve", "tiny-llama", "--allowed-origins", '["https://ui.example"'])
+    assert "--allowed-origins: '[\"https://ui.example\"' is not a JSON list" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("given, held", [("auto", "bf16"), ("float32", "f32"), ("half", "f16"), ("bf16", "bf16")])

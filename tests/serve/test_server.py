@@ -637,9 +637,10 @@ def test_tokenize_detokenize_models_and_metrics(server):
 
 # ---------------------------------------------------------------- the ASGI app driven directly
 
-def asgi(app, method, path, body=None, headers=(), disconnect=None):
+def asgi(app, method, path, body=None, headers=(), disconnect=None, answer_headers=None):
     """One request through the app as an ASGI server would send it; `disconnect`, an asyncio.Event,
-    makes the client go away once it is set. Returns (status, body bytes)."""
+    makes the client go away once it is set; `answer_headers`, a dict, is given the answer's
+    headers. Returns (status, body bytes)."""
     import asyncio
 
     async def go():
@@ -660,7 +661,10 @@ def asgi(app, method, path, body=None, headers=(), disconnect=None):
 
         scope = {"type": "http", "method": method, "path": path, "headers": list(headers)}
         await app(scope, receive, send)
-        status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+        start = next(m for m in sent if m["type"] == "http.response.start")
+        if answer_headers is not None:
+            answer_headers.update((k.decode(), v.decode("latin-1")) for k, v in start.get("headers", []))
+        status = start["status"]
         return status, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
 
     return go
@@ -980,3 +984,76 @@ def test_return_tokens_as_token_ids_names_logprob_tokens_by_id(server):
     assert all(e["token"].startswith("token_id:") and e["top_logprobs"][0]["token"].startswith("token_id:")
                for e in content)
     assert call(base, "/v1/completions", dict(body, return_tokens_as_token_ids="yes"))[0] == 400
+
+
+def test_a_web_page_on_another_origin_may_call_as_vllm_lets_it(server):
+    """CORS, with vLLM's defaults: a browser's preflight (OPTIONS, before the API key is sent) is
+    answered with what may be sent, and every answer to that origin, errors too, names it allowed;
+    a request with no Origin (curl, SDKs) gets no CORS header."""
+    import http.client
+    from urllib.parse import urlparse
+
+    base, _, _ = server
+    url = urlparse(base)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    connection.request("OPTIONS", "/v1/chat/completions", headers={
+        "Origin": "https://ui.example", "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization, content-type"})
+    answer = connection.getresponse()
+    assert answer.status == 200 and answer.read() == b""
+    assert answer.getheader("access-control-allow-origin") == "*"
+    assert "POST" in answer.getheader("access-control-allow-methods").split(", ")
+    assert answer.getheader("access-control-allow-headers") == "authorization, content-type"
+    for headers, allowed in (({"Origin": "https://ui.example"}, "*"), ({}, None)):
+        connection.request("POST", "/v1/completions", body=json.dumps({"prompt": "t1", "max_tokens": 2}),
+                           headers={"Content-Type": "application/json", **headers})
+        answer = connection.getresponse()
+        assert answer.status == 200 and answer.getheader("access-control-allow-origin") == allowed
+        answer.read()
+    connection.request("POST", "/v1/completions", body=b"{", headers={"Origin": "https://ui.example"})
+    answer = connection.getresponse()
+    assert answer.status == 400 and answer.getheader("access-control-allow-origin") == "*"  # the page reads why
+    answer.read()
+    connection.request("OPTIONS", "/v1/completions")  # not a preflight: a method the route does not take
+    answer = connection.getresponse()
+    assert answer.status == 405 and answer.getheader("allow") == "POST"
+    answer.read()
+    connection.close()
+
+
+def test_cors_limited_to_named_origins_methods_and_headers():
+    """--allowed-origins / --allowed-methods / --allowed-headers / --allow-credentials: another origin,
+    method or header is refused at the preflight, naming which; with credentials the origin is named
+    (a browser refuses "*" then) and the answer varies by it."""
+    from linnet.serve.cors import CorsPolicy, parse_list
+
+    assert parse_list('["https://a.example", "https://b.example"]') == parse_list("https://a.example, https://b.example")
+    policy = CorsPolicy(["https://ui.example"], ["GET", "POST"], ["content-type", "Authorization"], credentials=True)
+    app = OpenAIServer(Engine(make_model("torch", rows=2, max_seq=64)), "tiny", api_key="sesame", cors=policy)
+
+    def preflight(origin, method, asked=""):
+        got = {}
+        head = [(b"origin", origin.encode()), (b"access-control-request-method", method.encode())]
+        if asked:
+            head.append((b"access-control-request-headers", asked.encode()))
+        status, body = asyncio.run(asgi(app, "OPTIONS", "/v1/models", headers=head, answer_headers=got)())
+        return status, body, got
+
+    status, _, got = preflight("https://ui.example", "POST", "Authorization, Content-Type")
+    assert status == 200 and got["access-control-allow-origin"] == "https://ui.example"
+    assert got["access-control-allow-credentials"] == "true" and got["vary"] == "Origin"
+    assert got["access-control-allow-methods"] == "GET, POST"
+    for origin, method, asked, needle in (("https://evil.example", "POST", "", "origin 'https://evil.example'"),
+                                          ("https://ui.example", "DELETE", "", "method 'DELETE'"),
+                                          ("https://ui.example", "POST", "x-secret", "header 'x-secret'")):
+        status, body, got = preflight(origin, method, asked)
+        assert status == 400 and needle in json.loads(body)["error"]["message"]
+        assert "access-control-allow-origin" not in got
+    got = {}
+    auth = [(b"origin", b"https://ui.example"), (b"authorization", b"Bearer sesame")]
+    assert asyncio.run(asgi(app, "GET", "/v1/models", headers=auth, answer_headers=got)())[0] == 200
+    assert got["access-control-allow-origin"] == "https://ui.example"
+    got = {}
+    other = [(b"origin", b"https://evil.example"), (b"authorization", b"Bearer sesame")]
+    assert asyncio.run(asgi(app, "GET", "/v1/models", headers=other, answer_headers=got)())[0] == 200
+    assert "access-control-allow-origin" not in got  # answered, but the browser keeps it from that page
