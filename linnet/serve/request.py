@@ -31,6 +31,12 @@ class EngineSettingError(ValueError):
     """An engine setting this model cannot run with (a token budget too small for its rows)."""
 
 
+# The largest temperature or repetition penalty: the step holds it in f32, and XLA divides by one as
+# a product with its reciprocal, which must not be a subnormal (flushed to 0, a banned -inf times it
+# is NaN). Far past any use: 1e4 already draws near uniformly.
+LARGEST_SCALE = 1e30
+
+
 def _is_int(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
@@ -62,7 +68,8 @@ class Request:
     stop: list = field(default_factory=list)  # stop strings (needs the model's tokenizer)
     ignore_eos: bool = False
     min_tokens: int = 0  # end tokens and stop token ids are kept from being drawn, and stop strings ignored, before this many
-    logprobs: int | None = None  # None: none; k: the chosen token's logprob and the top k alternatives
+    logprobs: int | None = None  # None: none; k: the chosen token's logprob and the top k alternatives, raw
+    #                              (the model's, before bias, penalties, temperature and masks, as vLLM's)
     prompt_logprobs: int | None = None  # None: none; k: each prompt token's logprob (past the first), rank, top k
     logit_bias: dict | None = None  # {token id: added to its logit}, as OpenAI's (-100 bans, 100 forces)
     structure: "Structure | None" = None  # what the output must be: a JSON schema, regex, choice or grammar
@@ -110,13 +117,14 @@ class Request:
             raise RequestError(f"{self.id}: the prompt ({len(self.prompt)} tokens) plus max_new_tokens "
                                f"({self.max_new_tokens}) is {need} positions, more than a cache row holds "
                                f"(MaxSeq = {max_seq})", "max_new_tokens")
-        for name, lo, hi, low_open in (("temperature", 0, None, False), ("top_p", 0, 1, False), ("min_p", 0, 1, False),
-                                       ("repetition_penalty", 0, None, True), ("presence_penalty", -2, 2, False),
-                                       ("frequency_penalty", -2, 2, False)):
+        # past LARGEST_SCALE a banned token's logit over the temperature is NaN, and the draw ignores every mask
+        for name, lo, hi, low_open in (("temperature", 0, LARGEST_SCALE, False), ("top_p", 0, 1, False),
+                                       ("min_p", 0, 1, False), ("repetition_penalty", 0, LARGEST_SCALE, True),
+                                       ("presence_penalty", -2, 2, False), ("frequency_penalty", -2, 2, False)):
             value = getattr(self, name)
-            if not _is_number(value) or value < lo or (low_open and value == lo) or (hi is not None and value > hi):
-                bounds = f"{'(' if low_open else '['}{lo}, {hi if hi is not None else 'inf'}{']' if hi is not None else ')'}"
-                raise RequestError(f"{self.id}: {name} must be a number in {bounds}, not {value!r}", name)
+            if not _is_number(value) or value < lo or (low_open and value == lo) or value > hi:
+                raise RequestError(f"{self.id}: {name} must be a number in {'(' if low_open else '['}{lo}, {hi:g}], "
+                                   f"not {value!r}", name)
         if not _is_int(self.top_k) or self.top_k < 0:
             raise RequestError(f"{self.id}: top_k must be an integer >= 0 (0: no limit), not {self.top_k!r}", "top_k")
         if self.seed is not None and not _is_int(self.seed):

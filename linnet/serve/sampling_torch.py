@@ -82,6 +82,9 @@ def _ranked_head(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     return probs.sort(dim=-1, descending=True).values
 
 
+TIE_ROOM = 16  # tokens tied at the k-th alternative's logprob that _top_ids still orders by id
+
+
 def sample(logits: torch.Tensor, batch: SamplingBatch, adjustments: tuple | None = None):
     """-> (tokens i32[K], chosen logprobs f32[K] or None, (top values, top ids) or None).
     `adjustments`: runners.logit_adjustments' arrays, as tensors, in the batch's form: the bias
@@ -126,8 +129,21 @@ def unpack_bits(words: torch.Tensor, n: int) -> torch.Tensor:
 def _picked(logprobs: torch.Tensor, tokens: torch.Tensor, k: int):
     """Each row's logprob of its token, and its k best (values, ids), or None for k = 0."""
     chosen = logprobs.gather(1, tokens.long()[:, None])[:, 0]
-    top = torch.topk(logprobs, k, dim=-1) if k > 0 else None
-    return chosen, (top.values, top.indices.to(torch.int32)) if top is not None else None
+    if k == 0:
+        return chosen, None
+    ids = _top_ids(logprobs, k)
+    return chosen, (logprobs.gather(1, ids), ids.to(torch.int32))
+
+
+def _top_ids(values: torch.Tensor, k: int) -> torch.Tensor:
+    """Each row's k largest values' ids, ties lower id first, as XLA's top_k gives them (and argmax,
+    greedy's token, picks): torch.topk leaves which tie it takes open. A topk of TIE_ROOM more, then
+    those few ordered by (value down, id up): exact unless more than TIE_ROOM tokens past the k-th
+    tie it (a stable sort of the whole row costs the step several times more)."""
+    top = torch.topk(values, min(k + TIE_ROOM, values.shape[-1]), dim=-1)
+    by_id = torch.argsort(top.indices, dim=-1)
+    by_value = torch.argsort(top.values.gather(1, by_id), dim=-1, descending=True, stable=True)
+    return top.indices.gather(1, by_id.gather(1, by_value))[:, :k]
 
 
 def score(logits: torch.Tensor, targets: torch.Tensor, k: int):

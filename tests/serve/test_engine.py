@@ -168,6 +168,9 @@ def test_an_engine_stepped_by_hand_counts_its_time_and_compiles(model):
     ("stop", [""], "non-empty strings"), ("stop_token_ids", None, "stop_token_ids must be a list"),
     ("allowed_token_ids", 5, "allowed_token_ids must be a list"), ("logit_bias", [(3, 1.0)], "logit_bias must be a dict"),
     ("top_p", -0.5, "top_p must be a number in [0, 1]"),
+    # an int no float holds (the step would raise), or a scale whose reciprocal f32 cannot hold
+    ("temperature", 10 ** 400, "temperature must be a number in [0, 1e+30]"), ("temperature", 1e35, "temperature"),
+    ("repetition_penalty", 10 ** 400, "repetition_penalty must be a number in (0, 1e+30]"),
 ])
 def test_a_field_of_the_wrong_type_fails_its_request_alone(model, field, value, needle):
     """Checked at submission: a field that would fail inside a step (a NaN, None, a string for a
@@ -194,6 +197,20 @@ def test_top_p_is_in_0_1_as_openai_takes_it(top_p, ok):
     with pytest.raises(RequestError, match=r"top_p must be a number in \[0, 1\]") as err:
         req.validate(vocab=8, max_seq=32)
     assert err.value.field == "top_p"
+
+
+def test_a_huge_temperature_still_holds_its_masks(model):
+    """The largest temperature taken draws near uniformly, but never a token its allowed ids or
+    min_tokens keep out (past it, the banned tokens' logits over it were NaN)."""
+    engine = Engine(model)
+    ends = model.tokenizer.eos_token_ids if model.tokenizer is not None else []
+    done, _ = engine.run([Request(prompt=[1, 2], max_new_tokens=6, temperature=1e30, seed=s, allowed_token_ids=[3, 4, 5])
+                          for s in range(4)]
+                         + [Request(prompt=[1, 2], max_new_tokens=4, temperature=1e30, seed=9, min_tokens=4,
+                                    stop_token_ids=[0, 1, 2], ignore_eos=not ends)])
+    assert all(set(c.tokens) <= {3, 4, 5} and len(c.tokens) == 6 for c in done[:4])
+    assert len({tuple(c.tokens) for c in done[:4]}) > 1  # drawn, not a collapse onto one token
+    assert not {0, 1, 2} & set(done[4].tokens) and len(done[4].tokens) == 4
 
 
 def test_a_top_p_of_0_draws_the_likeliest_token(model):

@@ -210,6 +210,23 @@ def test_logprobs_are_the_models_log_softmax(backend):
     assert ids[0, 0] == tokens[0]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@given(st.lists(st.integers(-3, 3), min_size=12, max_size=1 + sampling_torch.TIE_ROOM), st.integers(1, 8))
+@settings(max_examples=30, deadline=None, derandomize=True, database=None)
+def test_tied_alternatives_come_lower_id_first(backend, levels, k):
+    """Logits with many exact ties (up to torch's TIE_ROOM past the k-th): the top k alternatives
+    are numpy's stable order (value down, then id up) on both backends, so the first is greedy's
+    token (argmax takes the lowest id)."""
+    logits = np.array([levels, levels[::-1]], np.float32)
+    k = min(k, logits.shape[1])
+    tokens, _, (values, ids) = run(backend, logits, [Request([1], logprobs=k)] * 2, [0, 0], [0, 0])
+    order = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
+    assert tokens.tolist() == order[:, 0].tolist()
+    assert ids[:, :k].tolist() == order.tolist(), (ids, order)
+    ref = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    np.testing.assert_allclose(values[:, :k], np.take_along_axis(ref, order, -1), atol=1e-6)
+
+
 @given(st.integers(1, 200), st.integers(0, 2 ** 32 - 1))
 @settings(max_examples=25, deadline=None, derandomize=True, database=None)
 def test_packed_token_masks_unpack_on_either_backend_as_numpy_packs_them(n, seed):
