@@ -10,6 +10,7 @@ from linnet.errors import LinnetError, Loc
 from linnet.frontend.check import check
 from linnet.frontend.extend import extend
 from linnet.frontend.parser import parse
+from linnet.frontend.scope import suggest
 from linnet.ir.nodes import Module
 
 
@@ -73,7 +74,9 @@ def _find_arch(name: str, loc: Loc, near: Path | None):
             if arch.arch is None or arch.arch.name != name:
                 raise LinnetError(loc, f"{candidate} does not declare `arch {name}`")
             return arch
-    raise LinnetError(loc, f"cannot find architecture `{name}`", [f"looked in {p}" for p in looked])
+    there = sorted({p.stem for d in arch_dirs(near) if d.is_dir() for p in d.glob("*.linnet")})
+    raise LinnetError(loc, f"cannot find architecture `{name}`",
+                      [f"looked in {p}" for p in looked] + suggest(name, there))
 
 
 def _with_bases(arch, near: Path | None, seen: tuple = ()):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import math
@@ -184,7 +185,18 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, source: str, path: str) 
         end_col = len(lines[-1]) + 1
         return LinnetError(Loc(path, last, end_col, last, end_col + 1, source), f"unexpected end of file{hint}")
     width = max(1, len(str(token)))
-    return LinnetError(Loc(path, line, col, line, col + width, source), f"unexpected {str(token)!r}{hint}")
+    return LinnetError(Loc(path, line, col, line, col + width, source), f"unexpected {str(token)!r}{hint}",
+                       _mistyped_keyword(source, err.pos_in_stream))
+
+
+def _mistyped_keyword(source: str, pos: int) -> list[str]:
+    """A note where the word before an unexpected token is a keyword misspelt (`retrun x` reads
+    as a name, then fails at `x`): the keyword meant."""
+    before = re.search(r"([A-Za-z_][A-Za-z0-9_]*)\s*$", source[:pos])
+    if before is None or before[1] in _KEYWORDS or len(before[1]) < 4:  # (short names are too near to tell)
+        return []
+    close = difflib.get_close_matches(before[1], sorted(_KEYWORDS), n=1, cutoff=0.75)
+    return [f"did you mean `{close[0]}` for `{before[1]}`?"] if close else []
 
 
 def _join(items: list[str]) -> str:

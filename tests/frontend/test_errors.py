@@ -1022,3 +1022,25 @@ def test_unreadable_files(command: str, tmp_path, capsys):
         err = capsys.readouterr().err
         assert message in err and str(path) in err
         assert "Traceback" not in err
+
+
+def test_a_mistyped_import_is_given_the_architectures_near_it(tmp_path, capsys):
+    """`import mimi` beside mini.linnet (and `import lama` among the built-in ones): the places looked,
+    then the names that were meant."""
+    for name, meant in (("mimi", "'mini'"), ("lama", "'llama'")):
+        target, _ = _write(card("typo", CARD.replace("import mini", f"import {name}"), 2, 1, "", arch_source=MINI),
+                           tmp_path)
+        assert main(["check", str(target)]) == 1
+        err = capsys.readouterr().err
+        assert f"cannot find architecture `{name}`" in err and err.rstrip().endswith(f"did you mean {meant}?"), err
+
+
+@pytest.mark.parametrize("typo, note", [("retrun", "did you mean `return` for `retrun`?"), ("foo", None)])
+def test_a_misspelt_keyword_is_named_where_the_parse_fails(tmp_path, capsys, typo, note):
+    """`retrun x` reads as a name, then fails at `x`: the error there, and the keyword meant; a name
+    near no keyword gets no guess."""
+    source = MINI.replace("  return attention", f"  {typo} attention")
+    target, _ = _write(arch("typo", source, 0, 0, ""), tmp_path)
+    assert main(["check", str(target)]) == 1
+    err = capsys.readouterr().err
+    assert "unexpected 'attention'" in err and (note in err if note else "did you mean" not in err), err
