@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
@@ -108,7 +109,7 @@ def cmd_generate(args) -> int:
     from linnet import nest
     from linnet.nest.progress import Progress
     from linnet.serve.engine import Engine
-    from linnet.serve.request import Request
+    from linnet.serve.request import Request, tokens
 
     if args.system is not None and not args.chat:
         raise _UsageError("--system needs --chat")
@@ -127,8 +128,11 @@ def cmd_generate(args) -> int:
                       generics=generics, cast_dtype=True, weights=args.weights, tokenizer=args.tokenizer or True)
     tok = model.tokenizer
     if tok is None:
-        raise _UsageError(f"{model.weights}: no tokenizer found with these weights; `generate` needs one "
-                          f"(--tokenizer names a model directory or GGUF to take it from)")
+        whose = (f"random weights come with no tokenizer, and {model.card}'s own weights (whose tokenizer they "
+                 f"take) were not found" if model.weights == "random" else f"{model.weights}: no tokenizer found "
+                 f"with these weights")
+        raise _UsageError(f"{whose}; `generate` needs one (--tokenizer names a model directory or GGUF to take "
+                          f"it from)")
     _use_chat_template(model, args.chat_template)
     if args.chat:
         messages = [{"role": "system", "content": args.system}] if args.system is not None else []
@@ -141,7 +145,7 @@ def cmd_generate(args) -> int:
         raise _UsageError("the prompt is empty")
     room = model.max_seq - len(ids)
     if room < 1:
-        raise _UsageError(f"the prompt is {len(ids)} tokens; --max-seq {model.max_seq} leaves no room to generate")
+        raise _UsageError(f"the prompt is {tokens(len(ids))}; --max-seq {model.max_seq} leaves no room to generate")
     max_new = min(args.max_new_tokens, room)
     if max_new < args.max_new_tokens:
         print(f"linnet: note: generating at most {max_new} tokens (--max-seq {model.max_seq})", file=sys.stderr)
@@ -173,8 +177,11 @@ def cmd_generate(args) -> int:
         raise _UsageError(comp.error or "generation failed")
     n = len(comp.tokens)
     first = (comp.first_token_at - comp.submitted_at) if comp.first_token_at else 0.0
-    print(f"[{n} token{'s' if n != 1 else ''} in {seconds:.2f} s: {n / seconds if seconds else 0.0:.1f} tokens/s; prompt {len(ids)} "
-          f"tokens, first token after {first:.2f} s; {model.backend}, {model.dtype}]", file=sys.stderr)
+    print(f"[{tokens(n)} in {seconds:.2f} s: {n / seconds if seconds else 0.0:.1f} tokens/s; prompt {tokens(len(ids))}, "
+          f"first token after {first:.2f} s; {model.backend}, {model.dtype}]", file=sys.stderr)
+    if comp.finish_reason == "length" and n == max_new:  # not the model's end: the reply may be cut mid-way
+        print(f"[cut at {tokens(n)}: --max-new-tokens{' (or --max-seq)' if max_new < args.max_new_tokens else ''} "
+              f"ended it before the model did]", file=sys.stderr)
     return 0
 
 
@@ -200,7 +207,11 @@ def _structure(args):
             json.loads(value)
         except ValueError as err:
             raise _UsageError(f"{flag} {asked[0][1]}: not JSON ({err})") from None
-    return Structure(kind, value)
+    structure = Structure(kind, value)
+    problem = structure.problem()  # before the model loads
+    if problem is not None:
+        raise _UsageError(f"{flag or '--regex'} {asked[0][1]}: cannot hold an output to it: {problem}")
+    return structure
 
 
 def _warm_up(engine, req) -> None:
@@ -286,6 +297,7 @@ def cmd_serve(args) -> int:
     generics = {"Batch": args.batch, "MaxSeq": args.max_seq, "T": args.dtype}
     if args.shards is not None and args.backend != "jax":
         raise _UsageError("--shards spreads a JAX model over devices: pass --backend jax")
+    _check_address(args.host, args.port)  # before minutes of loading and warming up
     _use_compile_cache(args)
     try:
         model = nest.load(args.card, backend=args.backend, device=args.device, numerics=args.numerics,
@@ -336,6 +348,27 @@ def cmd_export(args) -> int:
     return 0
 
 
+def _check_address(host: str, port: int) -> None:
+    """A usage error where the server could not listen on host:port (taken by another process, or
+    not this machine's address), found by binding it as uvicorn will (SO_REUSEADDR) and letting go."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as err:
+        raise _UsageError(f"--host {host}: {err.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as err:
+            taken = err.errno == errno.EADDRINUSE
+            raise _UsageError(f"cannot listen on {host}:{port}: "
+                              f"{'another process is listening there (--port picks another)' if taken else err.strerror}"
+                              ) from None
+
+
 def _whole_number(lo: int, hi: int | None, out_of_range: str, what: str = "a whole number"):
     """An argparse type: an integer from `lo` to `hi` (None: no bound), else an error for the flag;
     `out_of_range` is its message, formatted with the value."""
@@ -370,21 +403,26 @@ def build_parser() -> argparse.ArgumentParser:
     from linnet.serve.reasoning import PARSERS as REASONING
     from linnet.serve.tool_parsers import PARSERS
 
+    from linnet import __version__
+    from linnet.ir.specialize import DEFAULT_GENERICS
+
     p = argparse.ArgumentParser(prog="linnet", description="Compile and serve language models written in Linnet.")
+    p.add_argument("--version", action="version", version=f"linnet {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     def source_cmd(name, help_text):
         s = sub.add_parser(name, help=help_text)
         s.add_argument("file", help="a .linnet card or architecture")
         s.add_argument("--generic", action="append", metavar="NAME=VALUE", type=_generic,
-                       help="bind a generic: Batch=8, MaxSeq=256, T=bf16 (repeatable)")
+                       help="bind a generic: Batch=8, MaxSeq=256, T=bf16 (repeatable; default: "
+                            + ", ".join(f"{k}={v}" for k, v in DEFAULT_GENERICS.items()) + ")")
         s.add_argument("--numerics", choices=["exact", "fast"], default="exact",
-                       help="exact: the reference semantics, in f32 whatever T is; fast: computes in T, "
-                            "with the backend's fused kernels")
+                       help="exact (the default): the reference semantics, in f32 whatever T is; fast: computes "
+                            "in T, with the backend's fused kernels")
         return s
 
     c = source_cmd("compile", "write the Python source of a model for one backend")
-    c.add_argument("--backend", choices=["torch", "jax"], default="torch")
+    c.add_argument("--backend", choices=["torch", "jax"], default="torch", help="(torch)")
     c.add_argument("-o", "--output", help="write here instead of standard output")
     c.set_defaults(run=cmd_compile)
     source_cmd("check", "parse and check a model, print nothing else").set_defaults(run=cmd_check)
@@ -404,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=0.0, help="0 (the default) is greedy")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=_seed, default=None)
-    g.add_argument("--backend", choices=["torch", "jax"], default="torch")
+    g.add_argument("--backend", choices=["torch", "jax"], default="torch", help="(torch)")
     g.add_argument("--weights", help='a model directory, a .gguf file, or "random" (default: found as nest.load does)')
     g.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda if there is one)")
     g.add_argument("--tokenizer", default=None,
@@ -429,7 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--batch", "--max-num-seqs", type=_positive, default=8, help="cache rows: requests in flight (8)")
     sv.add_argument("--max-seq", "--max-model-len", type=_positive, default=2048,
                     help="positions per row: prompt plus completion (2048)")
-    sv.add_argument("--backend", choices=["torch", "jax"], default="torch")
+    sv.add_argument("--backend", choices=["torch", "jax"], default="torch", help="(torch)")
     sv.add_argument("--device", default=None, help="torch device (default: cuda when present)")
     sv.add_argument("--dtype", type=_dtype_name, choices=["f32", "bf16", "f16"], default="bf16",
                     help="the element type T of weights and cache (as `generate`'s; vLLM's auto, bfloat16, float16, "
@@ -437,14 +475,15 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--numerics", choices=["exact", "fast"], default="fast", help="(fast)")
     sv.add_argument("--weights", default=None, help="a checkpoint path, or 'random'")
     sv.add_argument("--token-budget", "--max-num-batched-tokens", type=_positive, default=None,
-                    help="most tokens in one pass")
+                    help="most tokens in one pass (default: 2048 on a GPU, 512 on a CPU)")
     sv.add_argument("--chat-template", default=None,
                     help="a Jinja chat template (a file, or the template itself) in place of the tokenizer's")
     sv.add_argument("--tokenizer", default=None,
                     help="a model directory or .gguf file whose tokenizer to use (default: the weights' own)")
     sv.add_argument("--shards", "--tensor-parallel-size", type=_positive, default=None,
                     help="jax: spread the model over this many devices (tensor parallel)")
-    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--host", default="127.0.0.1", help="the address to listen on (127.0.0.1: this machine "
+                    "only; 0.0.0.0: every interface)")
     sv.add_argument("--port", type=_port, default=8000, help="default: 8000")
     sv.add_argument("--name", "--served-model-name", default=None,
                     help="the model name clients send (default: the card's)")
@@ -502,7 +541,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="vllm: the model directory; llama.cpp: the .gguf file or a directory for it; "
                          "triton: the model repository")
     ex.add_argument("--weights", default=None, help="a checkpoint path, or 'random' (default: the card's)")
-    ex.add_argument("--dtype", choices=["bf16", "f16", "f32"], default="bf16", help="the type the weights are written in")
+    ex.add_argument("--dtype", choices=["bf16", "f16", "f32"], default="bf16",
+                    help="the type the weights are written in (bf16)")
     ex.add_argument("--tokenizer", default=None,
                     help="a model directory or GGUF whose tokenizer to write, or for triton to serve with "
                          "(random weights have none)")

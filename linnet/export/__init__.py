@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 
 class ExportError(Exception):
@@ -43,6 +44,8 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
         raise ExportError(f"unknown export target {to!r}; one of {', '.join(TARGETS)}")
     if dtype not in DTYPES:
         raise ExportError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
+    if to in ("vllm", "triton") and Path(out).expanduser().exists() and not Path(out).expanduser().is_dir():
+        raise ExportError(f"{out}: is a file; a {to} export is a folder: name a new or an existing one")
     if to == "triton":
         from linnet.export.triton import write_repository
 

@@ -18,7 +18,7 @@ import json
 import math
 from dataclasses import dataclass
 
-from linnet.serve.request import MAX_LOGPROBS, Request, RequestError
+from linnet.serve.request import MAX_LOGPROBS, Request, RequestError, tokens
 from linnet.serve.structured import Structure
 from linnet.serve.tool_parsers import call_ids, forced_calls, openai_call_id
 
@@ -61,8 +61,12 @@ class Job:
 
 
 def shown(value) -> str:
-    """A value as an error message quotes it: its repr, cut short where it is long."""
-    text = repr(value)
+    """A value as an error message quotes it: as JSON, the client's own spelling (true, null, "x"),
+    cut short where it is long."""
+    try:
+        text = json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):  # (what json did not read: a Python caller's own value)
+        text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -77,7 +81,7 @@ def number_field(body: dict, name: str, default, lo=None, hi=None, integer=False
         raise ApiError(400, f"'{name}' must be {'an integer' if integer else 'a number'}, not {shown(value)}", name)
     if (lo is not None and value < lo) or (hi is not None and value > hi):
         bounds = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
-        raise ApiError(400, f"'{name}' must be {bounds}, not {value}", name)
+        raise ApiError(400, f"'{name}' must be {bounds}, not {shown(value)}", name)
     return value
 
 
@@ -546,9 +550,9 @@ def check_fits(req: Request, vocab: int, max_seq: int, chat: bool = True, length
     if len(req.prompt) + req.max_new_tokens > max_seq:
         room = max_seq - len(req.prompt)
         if room < 1:
-            raise ApiError(400, f"the prompt is {len(req.prompt)} tokens; this server's context is {max_seq}",
+            raise ApiError(400, f"the prompt is {tokens(len(req.prompt))}; this server's context is {max_seq}",
                            "messages" if chat else "prompt", "context_length_exceeded")
-        raise ApiError(400, f"the prompt ({len(req.prompt)} tokens) plus {length} ({req.max_new_tokens}) exceeds "
+        raise ApiError(400, f"the prompt ({tokens(len(req.prompt))}) plus {length} ({req.max_new_tokens}) exceeds "
                             f"the context of {max_seq} tokens; ask for at most {room}", length,
                        "context_length_exceeded")
     try:

@@ -37,6 +37,11 @@ class EngineSettingError(ValueError):
 LARGEST_SCALE = 1e30
 
 
+def tokens(n: int) -> str:
+    """'1 token', '5 tokens': a count as messages say it."""
+    return f"{n} token{'' if n == 1 else 's'}"
+
+
 def _is_int(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
@@ -114,7 +119,7 @@ class Request:
                                "max_new_tokens")
         need = len(self.prompt) + self.max_new_tokens
         if need > max_seq:
-            raise RequestError(f"{self.id}: the prompt ({len(self.prompt)} tokens) plus max_new_tokens "
+            raise RequestError(f"{self.id}: the prompt ({tokens(len(self.prompt))}) plus max_new_tokens "
                                f"({self.max_new_tokens}) is {need} positions, more than a cache row holds "
                                f"(MaxSeq = {max_seq})", "max_new_tokens")
         # past LARGEST_SCALE a banned token's logit over the temperature is NaN, and the draw ignores every mask

@@ -54,6 +54,27 @@ class Structure:
             raise ValueError(f"a {self.kind} must be a non-empty string")
         return llguidance.grammar_from("regex" if self.kind == "regex" else "grammar", self.spec)
 
+    def problem(self) -> str | None:
+        """Why no output could be held to it (a regex that does not parse, a schema llguidance
+        cannot follow), found without a tokenizer: None where it can be used."""
+        import llguidance
+
+        try:
+            error = llguidance.LLMatcher.validate_grammar(self.grammar())
+        except (ValueError, TypeError) as err:
+            return str(err)
+        return readable_error(self.kind, error) if error else None
+
+
+def readable_error(kind: str, error: str) -> str:
+    """llguidance's error for a structure of `kind`, without the grammar it wrapped a regex, a
+    schema or a choice in (the user wrote none): a grammar's own lines are kept."""
+    if kind != "grammar":
+        error = error.split("\n   1 | ")[0]  # the wrapping grammar, echoed with a caret
+        if error.startswith("at ") and "): " in error:
+            error = error.split("): ", 1)[1]  # its line and column
+    return error.rstrip()
+
 
 class Guide:
     """llguidance over one model's tokenizer: a matcher per structured request."""
@@ -78,8 +99,8 @@ class Guide:
             raise RequestError(f"{request_id}: {err}", "structure") from None
         matcher = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0)
         if matcher.is_error():
-            raise RequestError(f"{request_id}: the {structure.kind} cannot be used: {matcher.get_error()}",
-                               "structure")
+            raise RequestError(f"{request_id}: the {structure.kind} cannot be used: "
+                               f"{readable_error(structure.kind, matcher.get_error())}", "structure")
         return matcher
 
     def allowed(self, matchers: list) -> np.ndarray:

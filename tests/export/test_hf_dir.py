@@ -182,3 +182,13 @@ def test_the_directory_the_weights_come_from_is_not_written_over(tmp_path):
     with pytest.raises(ExportError, match="where the weights or the tokenizer are read from"):
         export(src, "vllm", src, dtype="f32")
     assert (tmp_path / "src" / "model.safetensors").is_file()
+
+
+def test_a_file_where_the_folder_would_go_is_said_first(tmp_path):
+    from linnet.export import ExportError
+
+    (tmp_path / "f").write_text("mine")
+    for target in ("vllm", "triton"):
+        with pytest.raises(ExportError, match=f"f: is a file; a {target} export is a folder"):
+            export("tiny-llama", target, tmp_path / "f", weights="random", dtype="f32")
+    assert (tmp_path / "f").read_text() == "mine"

@@ -160,6 +160,20 @@ def test_a_structure_file_that_is_not_there_or_not_json(capsys, tmp_path):
     assert f"--json-schema {broken}: not JSON (Expecting property name" in error_of(capsys, [*args, str(broken)])
 
 
+@pytest.mark.parametrize("flag, value, needle", [
+    ("--regex", "(", "--regex (: cannot hold an output to it: invalid regex \"(\""),
+    ("--json-schema", '{"type": "nonsense"}', "cannot hold an output to it: Invalid type: nonsense"),
+    ("--grammar", "start: foo", "cannot hold an output to it: at 1(8): unknown name: \"foo\""),
+])
+def test_a_structure_that_cannot_be_held_is_said_before_the_model_loads(capsys, flag, value, needle):
+    """tiny-llama has no weights here: the structure's error comes first, with no grammar the user
+    did not write (llguidance wraps a regex in one)."""
+    pytest.importorskip("llguidance")
+    err = error_of(capsys, ["generate", "tiny-llama", "x", flag, value])
+    assert needle in err and "weights" not in err
+    assert flag == "--grammar" or "start:" not in err
+
+
 def test_a_cpu_cap_the_kernels_do_not_know_is_one_line():
     # (in a process of its own: the kernels read the variable once)
     import os

@@ -24,6 +24,14 @@ def test_generate_capital_of_france(gguf_path):
     assert 1 <= int(stats[1]) <= 16 and float(stats[3]) > 0
     assert "\r" not in proc.stderr  # no progress bar when standard error is not a terminal
     assert "<|im_end|>" not in proc.stdout  # special tokens are not printed
+    assert "[cut at" not in proc.stderr  # the model ended its answer
+
+
+def test_a_reply_cut_by_the_token_limit_says_so(capsys, gguf_path):
+    assert main(["generate", "smollm2-135m-instruct", "Write a long poem about the sea.", "--chat",
+                 "--max-new-tokens", "3", "--max-seq", "128"]) == 0
+    err = capsys.readouterr().err
+    assert "[3 tokens in" in err and "[cut at 3 tokens: --max-new-tokens ended it before the model did]" in err
 
 
 def test_generate_held_to_a_schema_a_regex_or_a_grammar(capsys, gguf_path, tmp_path):
@@ -43,7 +51,7 @@ def test_generate_held_to_a_schema_a_regex_or_a_grammar(capsys, gguf_path, tmp_p
     assert main(base + ["Pick a colour.", "--grammar", 'root ::= "red" | "green" | "blue"']) == 0
     assert capsys.readouterr().out in ("red\n", "green\n", "blue\n")
     assert main(base + ["x", "--regex", "(", "--max-new-tokens", "2"]) == 1
-    assert "the regex cannot be used" in capsys.readouterr().err
+    assert "--regex (: cannot hold an output to it" in capsys.readouterr().err
 
 
 def test_cards_lists_every_card(capsys, gguf_path):

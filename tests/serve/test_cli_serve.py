@@ -126,3 +126,17 @@ def test_serve_takes_vllms_dtype_names(monkeypatch, given, held):
     monkeypatch.setattr(server, "serve", lambda model, name, **options: seen.update(model=model))
     assert main(["serve", "tiny-llama", "--weights", "random", "--batch", "2", "--max-seq", "32", "--dtype", given]) == 0
     assert seen["model"].dtype == held
+
+
+def test_a_port_in_use_is_said_before_the_model_loads(monkeypatch, capsys):
+    """Another process listens there: one line, and no minutes of loading and warming up first."""
+    from linnet import nest
+    from linnet.cli import main
+
+    monkeypatch.setattr(nest, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["serve", "tiny-llama", "--weights", "random", "--port", str(port)]) == 1
+    assert f"cannot listen on 127.0.0.1:{port}: another process is listening there" in capsys.readouterr().err

@@ -138,6 +138,9 @@ def test_chat_uses_the_template(server):
     ("/v1/completions", {"prompt": [1], "ignore_eos": "false"}, None, None, 400, "'ignore_eos' must be true or false"),
     ("/v1/completions", {"prompt": [1], "echo": "no"}, None, None, 400, "'echo' must be true or false"),
     ("/tokenize", {"prompt": "t1", "add_special_tokens": "no"}, None, None, 400, "add_special_tokens"),
+    # the value as the client wrote it, in JSON
+    ("/v1/completions", {"prompt": [1], "max_tokens": True}, None, None, 400, "'max_tokens' must be an integer, not true"),
+    ("/v1/completions", {"prompt": [1], "echo": None, "ignore_eos": "yes"}, None, None, 400, 'not "yes"'),
 ])
 def test_bad_requests_get_openai_errors(server, path, body, raw, method, status, needle):
     base, _, _ = server

@@ -103,8 +103,10 @@ def test_a_structure_with_the_same_seed_draws_the_same_whatever_shares_the_batch
     (Structure("yaml", "a: b"), "kind"),
 ])
 def test_a_bad_structure_is_refused_at_submission(engine, structure, needle):
-    with pytest.raises(RequestError, match=needle):
+    with pytest.raises(RequestError, match=needle) as err:
         engine.submit(Request(prompt=[1, 2], max_new_tokens=4, structure=structure))
+    assert structure.kind == "grammar" or "start:" not in str(err.value)  # not the grammar llguidance wrapped it in
+    assert structure.problem() is not None  # found without the tokenizer too
     done, _ = engine.run([Request(prompt=[1, 2], max_new_tokens=4, structure=structure),
                           Request(prompt=[1, 2], max_new_tokens=4)])
     assert done[0].finish_reason == "error" and done[1].finish_reason == "length"
