@@ -531,36 +531,61 @@ static AVX512BF16 void round_to_bf16(const float *x, long count, uint16_t *out) 
     }
 }
 
-/* ---- f32 weights over many rows, on AVX-512 */
+/* ---- f32, bf16 and f16 weights over several rows, on AVX-512 */
 
 /* A panel row is one 512-bit vector, so a tile of MRF rows by two panels keeps 24 accumulators and
  * does twice the AVX2 tile's arithmetic a cycle. SmolLM2's [368, 576] x [576, 1536] on two Xeon
  * cores: 2.07 ms (MKL's sgemm 2.14; one panel a tile 2.62, the AVX2 tile about 3.4); a 16-row
  * decode step's [16, 576] x [576, 1536] 0.11 ms against the AVX2 tile's 0.16. One or two rows
- * keep the AVX2 path, whose one-row tile reads the weight at memory speed. */
+ * keep the AVX2 path, whose one-row tile reads the weight at memory speed.
+ * bf16 / f16 panels (AVX-512 without BF16's pairs: Skylake-SP to Ice Lake) are widened in
+ * registers as each row is loaded, two instructions a row that a dozen rows' FMAs share: widening
+ * each panel into an f32 buffer first, as the AVX2 path does, wrote and read back four times
+ * the bytes the panel holds, and a 16-row bf16 decode step ran at 0.57x f32's (SmolLM2, this
+ * host's instructions capped to AVX-512). */
 #define AVX512F32 __attribute__((target("avx512f,avx2,fma,f16c")))
-#define MRF 12         /* input rows an f32 tile: 12 of the 32 vector registers accumulate */
-#define WIDE_F32_FROM 4  /* rows from which f32 panels take this path */
+#define MRF 12         /* input rows a tile: 12 of the 32 vector registers accumulate */
+#define WIDE_FROM 4    /* rows from which panels take this path */
 
-/* mr (1..MRF) rows of x [., K] times one or two f32 panels (a; b when `two`): out_a and out_b get
- * the rows' columns [0, width), masked, rows ldo apart. Two panels make 24 accumulators, which
+/* Row k of a panel of `type` as 16 f32s: f32 and f16 in column order, bf16 in its panels' order
+ * (BF16_PLACES, which `in_columns` undoes once a tile's sums are done). */
+static inline AVX512F32 __attribute__((always_inline)) __m512 load16(int type, const void *panel, long k) {
+    if (type == F32)
+        return _mm512_loadu_ps((const float *)panel + k * NR);
+    __m256i v = _mm256_loadu_si256((const __m256i *)((const uint16_t *)panel + k * NR));
+    if (type == BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16));
+    return _mm512_cvtph_ps(v);
+}
+
+static inline AVX512F32 __attribute__((always_inline)) __m512 in_columns(int type, __m512 sums) {
+    /* BF16_PLACES swaps columns 4-7 with 8-11: its own inverse */
+    return type == BF16 ? _mm512_permutexvar_ps(_mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14,
+                                                                  15), sums)
+                        : sums;
+}
+
+/* mr (1..MRF) rows of x [., K] times one or two panels of `type` (a; b when `two`): out_a and out_b
+ * get the rows' columns [0, width), masked, rows ldo apart. Two panels make 24 accumulators, which
  * each broadcast of x feeds twice: a step over K loads 2 panel rows and mr values of x for 2 * mr
- * FMAs (one panel: 1 + mr loads for mr, which the load ports bound). mr and two are constants at
- * each call site, so the loops unroll. */
-static inline AVX512F32 __attribute__((always_inline)) void tile_f32(int mr, int two, const float *x,
-                                                                   const float *a, const float *b, long K,
-                                                                   float *out_a, float *out_b, long ldo,
-                                                                   __mmask16 mask_a, __mmask16 mask_b,
-                                                                   const float *na, const float *nb) {
+ * FMAs (one panel: 1 + mr loads for mr, which the load ports bound). mr, two and type are
+ * constants at each call site, so the loops unroll and the branches go. `na`, `nb`: the next
+ * panels, asked for a line at a time while this tile computes. */
+static inline AVX512F32 __attribute__((always_inline)) void tile_wide(int mr, int two, int type, const float *x,
+                                                                    const void *a, const void *b, long K,
+                                                                    float *out_a, float *out_b, long ldo,
+                                                                    __mmask16 mask_a, __mmask16 mask_b,
+                                                                    const char *na, const char *nb) {
     __m512 ca[MRF], cb[MRF];
+    long row = NR * type_bytes(type);
     for (int r = 0; r < MRF; r++)
         ca[r] = cb[r] = _mm512_setzero_ps();
     for (long k = 0; k < K; k++) {
-        if (na) {
-            _mm_prefetch((const char *)(na + k * NR), _MM_HINT_T0);
-            _mm_prefetch((const char *)(nb + k * NR), _MM_HINT_T0);
+        if (na && (type == F32 || !(k & 1))) { /* a 16-bit panel's line holds two rows */
+            _mm_prefetch(na + k * row, _MM_HINT_T0);
+            _mm_prefetch(nb + k * row, _MM_HINT_T0);
         }
-        __m512 wa = _mm512_loadu_ps(a + k * NR), wb = two ? _mm512_loadu_ps(b + k * NR) : wa;
+        __m512 wa = load16(type, a, k), wb = two ? load16(type, b, k) : wa;
         for (int r = 0; r < MRF; r++)
             if (r < mr) {
                 __m512 xr = _mm512_set1_ps(x[(long)r * K + k]);
@@ -570,51 +595,51 @@ static inline AVX512F32 __attribute__((always_inline)) void tile_f32(int mr, int
     }
     for (int r = 0; r < MRF; r++)
         if (r < mr) {
-            _mm512_mask_storeu_ps(out_a + (long)r * ldo, mask_a, ca[r]);
-            if (two) _mm512_mask_storeu_ps(out_b + (long)r * ldo, mask_b, cb[r]);
+            _mm512_mask_storeu_ps(out_a + (long)r * ldo, mask_a, in_columns(type, ca[r]));
+            if (two) _mm512_mask_storeu_ps(out_b + (long)r * ldo, mask_b, in_columns(type, cb[r]));
         }
 }
 
-#define TILE_F32(mr)                                                                                     \
-    case mr:                                                                                             \
-        if (two) tile_f32(mr, 1, xm, a, b, K, oa, oa + cols[p + 1] - cols[p], N, ma, mb, na, nb);       \
-        else tile_f32(mr, 0, xm, a, a, K, oa, oa, N, ma, ma, na, nb);                                    \
+#define TILE_WIDE(mr)                                                                                      \
+    case mr:                                                                                               \
+        if (two) tile_wide(mr, 1, type, xm, a, b, K, oa, oa + cols[p + 1] - cols[p], N, ma, mb, na, nb);    \
+        else tile_wide(mr, 0, type, xm, a, a, K, oa, oa, N, ma, ma, na, nb);                               \
         break;
 
-/* Panels [p0, p1), two at a time, times every row of x, as panel_range does for f32, in blocks of
- * MC rows. bf16 / f16 panels (AVX-512 without BF16's pairs: Skylake-SP to Ice Lake) are widened
- * two at a time into `wide` (2 x K x 16 f32) once a block, and multiplied as f32's: their
- * throughput load had run at 0.71x f32's on the AVX2 tile (SmolLM2, this host's instructions
- * capped so). */
-static AVX512F32 void f32_range(int type, const float *x, long M, long K, const void *const *panels,
-                                const long *cols, const int *widths, float *y, long N, long p0, long p1,
-                                float *wide) {
+/* Panels [p0, p1) of `type` (a constant where it is called), two at a time, times every row of x,
+ * in blocks of MC rows: the block's first tile of a pair asks for the next pair. */
+static inline AVX512F32 __attribute__((always_inline)) void wide_range_of(int type, const float *x, long M, long K,
+                                                                        const void *const *panels, const long *cols,
+                                                                        const int *widths, float *y, long N, long p0,
+                                                                        long p1) {
     for (long m0 = 0; m0 < M; m0 += MC) {
         long m1 = m0 + MC < M ? m0 + MC : M;
         for (long p = p0; p < p1; p += 2) {
             int two = p + 1 < p1;
-            const float *a = panels[p], *b = two ? panels[p + 1] : a;
-            if (type != F32) {
-                widen_panel(type, panels[p], K, wide);
-                if (two) widen_panel(type, panels[p + 1], K, wide + K * NR);
-                a = wide;
-                b = two ? wide + K * NR : wide;
-            }
+            const void *a = panels[p], *b = two ? panels[p + 1] : a;
             __mmask16 ma = width_mask(widths[p]), mb = two ? width_mask(widths[p + 1]) : 0;
             for (long m = m0; m < m1; m += MRF) {
-                const float *xm = x + m * K, *na = NULL, *nb = NULL;
+                const float *xm = x + m * K;
+                const char *na = NULL, *nb = NULL;
                 float *oa = y + m * N + cols[p];
-                if (type == F32 && m == m0 && p + 2 < p1) { /* the block's first tile asks for the next two panels */
+                if (m == m0 && p + 2 < p1) {
                     na = panels[p + 2];
                     nb = panels[p + 3 < p1 ? p + 3 : p + 2];
                 }
                 switch (m1 - m < MRF ? (int)(m1 - m) : MRF) {
-                    TILE_F32(12) TILE_F32(11) TILE_F32(10) TILE_F32(9) TILE_F32(8) TILE_F32(7)
-                    TILE_F32(6) TILE_F32(5) TILE_F32(4) TILE_F32(3) TILE_F32(2) TILE_F32(1)
+                    TILE_WIDE(12) TILE_WIDE(11) TILE_WIDE(10) TILE_WIDE(9) TILE_WIDE(8) TILE_WIDE(7)
+                    TILE_WIDE(6) TILE_WIDE(5) TILE_WIDE(4) TILE_WIDE(3) TILE_WIDE(2) TILE_WIDE(1)
                 }
             }
         }
     }
+}
+
+static AVX512F32 void wide_range(int type, const float *x, long M, long K, const void *const *panels,
+                                 const long *cols, const int *widths, float *y, long N, long p0, long p1) {
+    if (type == F32) wide_range_of(F32, x, M, K, panels, cols, widths, y, N, p0, p1);
+    else if (type == BF16) wide_range_of(BF16, x, M, K, panels, cols, widths, y, N, p0, p1);
+    else wide_range_of(F16, x, M, K, panels, cols, widths, y, N, p0, p1);
 }
 
 static int widens(int type, long M) { return type != F32 && M >= WIDEN_FROM; }
@@ -652,14 +677,14 @@ static int panels_into(int type, const void *x, long M, long K, const void *cons
         pair_range(x, M, K, panels, cols, widths, y, N, p0, p1);
         return 0;
     }
-    int avx512 = linnet_isa() >= ISA_AVX512 && (type == F32 ? M >= WIDE_F32_FROM : widens(type, M));
-    float *wide = widens(type, M) ? (float *)malloc((avx512 ? 2 : 1) * K * NR * sizeof(float)) : NULL;
+    if (linnet_isa() >= ISA_AVX512 && M >= WIDE_FROM) {
+        wide_range(type, x, M, K, panels, cols, widths, y, N, p0, p1);
+        return 0;
+    }
+    float *wide = widens(type, M) ? (float *)malloc(K * NR * sizeof(float)) : NULL;
     if (widens(type, M) && !wide)
         return -1;
-    if (avx512)
-        f32_range(type, x, M, K, panels, cols, widths, y, N, p0, p1, wide);
-    else
-        panel_range(type, x, M, K, panels, cols, widths, y, N, p0, p1, wide);
+    panel_range(type, x, M, K, panels, cols, widths, y, N, p0, p1, wide);
     free(wide);
     return 0;
 }
