@@ -128,9 +128,13 @@ def cmd_generate(args) -> int:
                       generics=generics, cast_dtype=True, weights=args.weights, tokenizer=args.tokenizer or True)
     tok = model.tokenizer
     if tok is None:
-        whose = (f"random weights come with no tokenizer, and {model.card}'s own weights (whose tokenizer they "
-                 f"take) were not found" if model.weights == "random" else f"{model.weights}: no tokenizer found "
-                 f"with these weights")
+        whose = f"{model.weights}: no tokenizer found with these weights"
+        if model.weights == "random":  # they take the tokenizer of the card's own weights
+            from linnet.nest.load import find_card_weights
+
+            found = find_card_weights(model.card, model.module)[0]
+            whose = (f"random weights take the tokenizer of {model.card}'s own weights, and "
+                     + (f"{found} holds none" if found else "those were not found"))
         raise _UsageError(f"{whose}; `generate` needs one (--tokenizer names a model directory or GGUF to take "
                           f"it from)")
     _use_chat_template(model, args.chat_template)
@@ -350,21 +354,25 @@ def cmd_export(args) -> int:
 
 def _check_address(host: str, port: int) -> None:
     """A usage error where the server could not listen on host:port (taken by another process, or
-    not this machine's address), found by binding it as uvicorn will (SO_REUSEADDR) and letting go."""
+    not this machine's address), found by binding it as uvicorn's asyncio server will (SO_REUSEADDR,
+    an IPv6 socket for IPv6 alone) and letting go. "" is every interface, as asyncio takes it."""
     import socket
 
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as err:
         raise _UsageError(f"--host {host}: {err.strerror}") from None
+    where = f"[{host}]:{port}" if ":" in host else f"{host or '*'}:{port}"
     family, kind, proto, _, address = infos[0]
     with socket.socket(family, kind, proto) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
         try:
             probe.bind(address)
         except OSError as err:
             taken = err.errno == errno.EADDRINUSE
-            raise _UsageError(f"cannot listen on {host}:{port}: "
+            raise _UsageError(f"cannot listen on {where}: "
                               f"{'another process is listening there (--port picks another)' if taken else err.strerror}"
                               ) from None
 
@@ -545,7 +553,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the type the weights are written in (bf16)")
     ex.add_argument("--tokenizer", default=None,
                     help="a model directory or GGUF whose tokenizer to write, or for triton to serve with "
-                         "(random weights have none)")
+                         "(default: the weights' own; random weights take the card's own weights' tokenizer, "
+                         "where they are found)")
     ex.add_argument("--seed", type=_seed, default=0, help="for --weights random")
     # triton's own: None where not given, so that another target can say they mean nothing to it
     ex.add_argument("--name", default=None, help="triton: the model's name (default: the card's)")

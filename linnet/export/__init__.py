@@ -38,8 +38,8 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
       which serves `batch` rows of `max_seq` positions on `backend`.
 
     `dtype` is the element type the weights are written in; `tokenizer`, a model directory or GGUF
-    whose tokenizer to write instead of the weights' own (random weights have none). Returns the
-    path written."""
+    whose tokenizer to write instead of the weights' own (random weights take that of the card's own
+    weights, where Nest finds them). Returns the path written."""
     if to not in TARGETS:
         raise ExportError(f"unknown export target {to!r}; one of {', '.join(TARGETS)}")
     if dtype not in DTYPES:

@@ -83,9 +83,11 @@ def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str 
         if found is None:  # the server may have them in its own Hugging Face cache: said, not refused
             warnings.warn(f"{card_name}'s weights are not on this machine (looked in {', '.join(looked)}): "
                           f"the Triton server must find them in its own cache, or pass weights", stacklevel=2)
-    if weights == "random" and tokenizer is None:  # the model reads text_input: without a tokenizer, none
-        warnings.warn("random weights have no tokenizer, and the Triton model takes text: every request will "
-                      "be refused; pass a tokenizer (a model directory or GGUF) to serve with", stacklevel=2)
+    if weights == "random" and tokenizer is None and find_card_weights(card_name, module)[0] is None:
+        # the model reads text_input; random weights take the tokenizer of the card's own, not here
+        warnings.warn(f"random weights take the tokenizer of {card_name}'s own weights, which are not on this "
+                      f"machine, and the Triton model takes text: unless the server finds them, every request "
+                      f"will be refused; pass a tokenizer (a model directory or GGUF) to serve with", stacklevel=2)
     card = os.path.abspath(card) if os.path.exists(str(card)) else str(card)
     if weights is not None and weights != "random":
         if not os.path.exists(str(weights)):

@@ -193,7 +193,8 @@ def _mistyped_keyword(source: str, pos: int) -> list[str]:
     """A note where the word before an unexpected token is a keyword misspelt (`retrun x` reads
     as a name, then fails at `x`): the keyword meant."""
     before = re.search(r"([A-Za-z_][A-Za-z0-9_]*)\s*$", source[:pos])
-    if before is None or before[1] in _KEYWORDS or len(before[1]) < 4:  # (short names are too near to tell)
+    # short names are too near to tell; a keyword's plural or longer form (`states`) is a name
+    if before is None or len(before[1]) < 4 or any(before[1].startswith(k) for k in _KEYWORDS if len(k) >= 4):
         return []
     close = difflib.get_close_matches(before[1], sorted(_KEYWORDS), n=1, cutoff=0.75)
     return [f"did you mean `{close[0]}` for `{before[1]}`?"] if close else []

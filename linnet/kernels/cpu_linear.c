@@ -9,10 +9,11 @@
  * call costs as much as the product.
  *
  * bf16 / f16 weights are widened in registers (bf16 by unpacking with zeros, in the column order
- * BF16_PLACES gives; f16 by F16C), so one row reads half the bytes of f32; from 12 rows on, each
- * thread widens its panel once into an f32 buffer.
+ * BF16_PLACES gives; f16 by F16C), so one row reads half the bytes of f32; on AVX2 alone, from 12
+ * rows on, each thread widens its panel once into an f32 buffer.
  *
- * On AVX-512, f32 panels over 4 rows or more go through a 12-row tile of two panels; with AVX-512
+ * On AVX-512, panels over 4 rows or more go through a 12-row tile of two panels (bf16 / f16 widened
+ * in registers as each row loads); with AVX-512
  * BF16 a bf16 weight of even K is packed in pairs of K for VDPBF16PS, and with AMX those pairs are
  * AMX's own operand layout, multiplied in 16 x 16 tiles from 3 rows on (sections below).
  *

@@ -33,15 +33,16 @@ END_OF_TURN = frozenset(("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
                          "<end_of_utterance>"))
 
 
-def end_of_generation(tokens: list[str]) -> list[int]:
-    """The ids of `tokens` that llama.cpp ends generation on by their text. In gpt-oss's harmony
-    format <|end|> closes every message, the reasoning before the answer too, and the reply ends at
-    <|return|> or <|call|>: where both are in the vocabulary, <|end|> is not a stop (llama.cpp's
-    rule for o200k_harmony, and gpt-oss's generation_config)."""
-    found = {t: i for i, t in enumerate(tokens) if t in END_OF_GENERATION}
-    if "<|return|>" in found and "<|call|>" in found:
-        found.pop("<|end|>", None)
-    return sorted(found.values())
+def end_of_generation(tokens: list[str], named=()) -> list[int]:
+    """The ids llama.cpp ends generation on: those the file `named` (its EOS, EOT and EOM keys) and
+    those of `tokens` it knows by their text. In gpt-oss's harmony format <|end|> closes every
+    message, the reasoning before the answer too, and the reply ends at <|return|> or <|call|>:
+    where both are in the vocabulary, <|end|> is not a stop, even one a key names (llama.cpp's rule
+    for o200k_harmony, and gpt-oss's generation_config)."""
+    stops = [i for i in named if i is not None and 0 <= i < len(tokens)]  # the named first, in their order
+    stops += [i for i, t in enumerate(tokens) if t in END_OF_GENERATION]
+    harmony = "<|return|>" in tokens and "<|call|>" in tokens
+    return [i for i in dict.fromkeys(stops) if not (harmony and tokens[i] == "<|end|>")]
 
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3_SPLIT = (

@@ -180,13 +180,12 @@ class Tokenizer:
 
         # llama.cpp ends generation on EOS, on EOT / EOM where the file names them, and on the
         # tokens it knows by their text
-        stops = [meta(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")]
-        stops += end_of_generation(tokens)
+        stops = end_of_generation(tokens, [meta(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")])
         return cls(
             backend,
             bos_token=text("bos"),
             eos_token=text("eos"),
-            eos_token_ids=[s for s in stops if s is not None],
+            eos_token_ids=stops,
             bos_token_id=meta("tokenizer.ggml.bos_token_id"),
             chat_template=meta("tokenizer.chat_template"),
             special_tokens={"unk_token": text("unknown"), "pad_token": text("padding")},

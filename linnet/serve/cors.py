@@ -12,13 +12,16 @@ from __future__ import annotations
 ANY = "*"
 METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
 MAX_AGE = 600  # seconds a browser may keep a preflight's answer
+# Headers always allowed, whatever --allowed-headers names (as Starlette's CORSMiddleware, vLLM's, adds
+# them): a page's JSON POST asks for content-type in its preflight
+ALWAYS_ALLOWED_HEADERS = ("accept", "accept-language", "content-language", "content-type")
 
 
 class CorsPolicy:
     def __init__(self, origins=(ANY,), methods=(ANY,), headers=(ANY,), credentials: bool = False):
         self.origins = tuple(origins)
         self.methods = METHODS if ANY in methods else tuple(m.upper() for m in methods)
-        self.headers = tuple(h.lower() for h in headers)
+        self.headers = tuple(dict.fromkeys(h.lower() for h in (*headers, *ALWAYS_ALLOWED_HEADERS)))
         self.credentials = credentials
 
     def allows(self, origin: str) -> bool:

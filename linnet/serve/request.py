@@ -122,13 +122,15 @@ class Request:
             raise RequestError(f"{self.id}: the prompt ({tokens(len(self.prompt))}) plus max_new_tokens "
                                f"({self.max_new_tokens}) is {need} positions, more than a cache row holds "
                                f"(MaxSeq = {max_seq})", "max_new_tokens")
-        # past LARGEST_SCALE a banned token's logit over the temperature is NaN, and the draw ignores every mask
+        # past LARGEST_SCALE a banned token's logit over the temperature is NaN, and the draw ignores every
+        # mask; a repetition penalty under its reciprocal (0 in f32) makes a seen token's logit infinite
         for name, lo, hi, low_open in (("temperature", 0, LARGEST_SCALE, False), ("top_p", 0, 1, False),
-                                       ("min_p", 0, 1, False), ("repetition_penalty", 0, LARGEST_SCALE, True),
+                                       ("min_p", 0, 1, False), ("repetition_penalty", 1 / LARGEST_SCALE,
+                                                                LARGEST_SCALE, False),
                                        ("presence_penalty", -2, 2, False), ("frequency_penalty", -2, 2, False)):
             value = getattr(self, name)
             if not _is_number(value) or value < lo or (low_open and value == lo) or value > hi:
-                raise RequestError(f"{self.id}: {name} must be a number in {'(' if low_open else '['}{lo}, {hi:g}], "
+                raise RequestError(f"{self.id}: {name} must be a number in {'(' if low_open else '['}{lo:g}, {hi:g}], "
                                    f"not {value!r}", name)
         if not _is_int(self.top_k) or self.top_k < 0:
             raise RequestError(f"{self.id}: top_k must be an integer >= 0 (0: no limit), not {self.top_k!r}", "top_k")

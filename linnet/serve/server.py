@@ -65,6 +65,9 @@ class OpenAIServer:
         self.model = engine.model
         self.tokenizer = engine.tokenizer
         self.api_key = api_key
+        # the bytes a client sends for it: its UTF-8 (an environment's undecodable bytes as they were),
+        # without the spaces around it, which no header value keeps
+        self._key_bytes = None if api_key is None else api_key.strip().encode("utf-8", "surrogateescape")
         self.created = int(time.time())  # /v1/models' created: when the model was loaded to serve
         self.routes = {"/v1/models": ("GET", self._models), "/health": ("GET", self._health),
                        "/ping": ("GET", self._health), "/version": ("GET", self._version),
@@ -84,15 +87,18 @@ class OpenAIServer:
         given = headers.get(b"x-request-id", b"")[:256]
         request_id = given or f"req-{uuid.uuid4().hex}".encode()
         origin = headers.get(b"origin", b"").decode("latin-1")  # a browser's page on another origin
-        if origin and scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
-            await self._preflight(origin, headers, send)
-            return
-        added = [(b"x-request-id", request_id), *(self.cors.answer_headers(origin) if origin else ())]
+        preflight = origin and scope["method"] == "OPTIONS" and b"access-control-request-method" in headers
+        # (a preflight's answer names what it allows itself)
+        added = [(b"x-request-id", request_id), *(self.cors.answer_headers(origin) if origin and not preflight else ())]
 
         async def send_named(message):
             if message["type"] == "http.response.start":
                 message = dict(message, headers=[*message.get("headers", []), *added])
             await send(message)
+
+        if preflight:
+            await self._preflight(origin, headers, send_named)
+            return
 
         try:
             await self._route(scope, headers, receive, send_named)
@@ -147,8 +153,7 @@ class OpenAIServer:
             scheme, _, given = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
             # the scheme's case is the client's (RFC 9110); the key compared in constant time, as the
             # bytes sent (latin-1 gives them back) against the key's UTF-8
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode("latin-1"),
-                                                                     self.api_key.encode("utf-8")):
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode("latin-1"), self._key_bytes):
                 raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer <key>'",
                                code="invalid_api_key")
         await methods[method](path, receive, send)

@@ -1044,3 +1044,11 @@ def test_a_misspelt_keyword_is_named_where_the_parse_fails(tmp_path, capsys, typ
     assert main(["check", str(target)]) == 1
     err = capsys.readouterr().err
     assert "unexpected 'attention'" in err and (note in err if note else "did you mean" not in err), err
+
+
+def test_a_keywords_longer_form_is_not_taken_for_a_typo(tmp_path, capsys):
+    source = MINI.replace("  return attention", "  states attention")
+    target, _ = _write(arch("plural", source, 0, 0, ""), tmp_path)
+    assert main(["check", str(target)]) == 1
+    err = capsys.readouterr().err
+    assert "unexpected 'attention'" in err and "did you mean" not in err, err

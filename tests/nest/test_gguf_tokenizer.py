@@ -12,8 +12,8 @@ from linnet.nest.tokenizer import Tokenizer  # noqa: E402
 CONTROL, USER_DEFINED, NORMAL = 3, 4, 1
 
 
-def write_tokenizer_gguf(path, *, model="gpt2", pre="smollm", add_bos=True, control=()):
-    """A byte-level vocabulary with <s> BOS, </s> EOS and <eot> EOT; `control` adds control tokens
+def write_tokenizer_gguf(path, *, model="gpt2", pre="smollm", add_bos=True, control=(), eot="<eot>"):
+    """A byte-level vocabulary with <s> BOS, </s> EOS and `eot` EOT; `control` adds control tokens
     after the normal ones."""
     alphabet = list(byte_alphabet().values())
     merges = ["h e", "l l", "he ll", "Ġ w", "o r"]
@@ -28,7 +28,7 @@ def write_tokenizer_gguf(path, *, model="gpt2", pre="smollm", add_bos=True, cont
     w.add_token_types(types)
     w.add_bos_token_id(0)
     w.add_eos_token_id(1)
-    w.add_eot_token_id(2)
+    w.add_eot_token_id(tokens.index(eot))
     w.add_add_bos_token(add_bos)
     w.add_chat_template("{{ bos_token }}{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}")
     w.add_tensor("dummy", np.zeros(32, np.float32))
@@ -63,10 +63,14 @@ def test_ends_known_by_their_text_stop_too(tmp_path):
 def test_harmony_does_not_stop_at_the_end_of_a_message(tmp_path):
     """gpt-oss's harmony format ends every message with <|end|>, the reasoning before the answer
     too; the reply ends at <|return|> or <|call|> (its generation_config, llama.cpp's rule)."""
-    tokens = write_tokenizer_gguf(tmp_path / "t.gguf", control=["<|end|>", "<|return|>", "<|call|>", "<|endoftext|>"])
+    harmony = ["<|end|>", "<|return|>", "<|call|>", "<|endoftext|>"]
+    tokens = write_tokenizer_gguf(tmp_path / "t.gguf", control=harmony)
     stops = Tokenizer.from_gguf(tmp_path / "t.gguf").eos_token_ids
     assert tokens.index("<|end|>") not in stops
     assert {tokens.index(t) for t in ("<|return|>", "<|call|>", "<|endoftext|>")} <= set(stops)
+    # even where a key names it, as llama.cpp drops it from the whole set
+    tokens = write_tokenizer_gguf(tmp_path / "k.gguf", control=harmony, eot="<|end|>")
+    assert tokens.index("<|end|>") not in Tokenizer.from_gguf(tmp_path / "k.gguf").eos_token_ids
 
 
 def test_unsupported_model_is_named(tmp_path):

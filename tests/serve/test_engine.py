@@ -170,7 +170,8 @@ def test_an_engine_stepped_by_hand_counts_its_time_and_compiles(model):
     ("top_p", -0.5, "top_p must be a number in [0, 1]"),
     # an int no float holds (the step would raise), or a scale whose reciprocal f32 cannot hold
     ("temperature", 10 ** 400, "temperature must be a number in [0, 1e+30]"), ("temperature", 1e35, "temperature"),
-    ("repetition_penalty", 10 ** 400, "repetition_penalty must be a number in (0, 1e+30]"),
+    ("repetition_penalty", 10 ** 400, "repetition_penalty must be a number in [1e-30, 1e+30]"),
+    ("repetition_penalty", 1e-40, "repetition_penalty"),  # 0 in f32: a seen token's logit over it is infinite
 ])
 def test_a_field_of_the_wrong_type_fails_its_request_alone(model, field, value, needle):
     """Checked at submission: a field that would fail inside a step (a NaN, None, a string for a
