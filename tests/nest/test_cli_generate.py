@@ -79,9 +79,23 @@ def test_generate_errors(capsys):
         main(["generate", "smollm2-135m-instruct", "hi", "--backend", "tpu"])
 
 
-def test_generate_random_weights_runs_without_a_tokenizer(capsys):
+def test_generate_random_weights_without_a_tokenizer_say_where_they_take_one(capsys, tmp_path, monkeypatch):
+    """Random weights take the tokenizer of the card's own weights: tiny-llama's are nowhere, and a
+    model directory without tokenizer files holds none; --tokenizer is the way out."""
     assert main(["generate", "tiny-llama", "hi", "--weights", "random"]) == 1
-    assert "no tokenizer" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "random weights take the tokenizer of tiny-llama's own weights, and those were not found" in err
+    assert "--tokenizer names a model directory or GGUF" in err
+    import warnings
+
+    from linnet.export import export
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (no tokenizer written: the point here)
+        export("tiny-llama", "vllm", tmp_path / "tiny-llama", weights="random", dtype="f32")
+    monkeypatch.setenv("LINNET_WEIGHTS", str(tmp_path))
+    assert main(["generate", "tiny-llama", "hi", "--weights", "random"]) == 1
+    assert f"tiny-llama's own weights, and {tmp_path / 'tiny-llama'} holds none" in capsys.readouterr().err
 
 
 def test_a_chat_template_given_on_the_command_line(tmp_path, gguf_path, capsys):
