@@ -44,7 +44,8 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
         raise ExportError(f"unknown export target {to!r}; one of {', '.join(TARGETS)}")
     if dtype not in DTYPES:
         raise ExportError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
-    if to in ("vllm", "triton") and Path(out).expanduser().exists() and not Path(out).expanduser().is_dir():
+    folder = Path(out).expanduser()
+    if to in ("vllm", "triton") and folder.exists() and not folder.is_dir():
         raise ExportError(f"{out}: is a file; a {to} export is a folder: name a new or an existing one")
     if to == "triton":
         from linnet.export.triton import write_repository

@@ -88,8 +88,9 @@ def _check_gemma3(b: dict, card: str) -> None:
 
 def gguf_path(out, card: str, dtype: str) -> Path:
     """The file `write_gguf` writes for `out`: `out` itself where it names a .gguf file or an
-    existing file (not an existing folder, whatever its name), else `<card>.<DTYPE>.gguf` inside the folder `out`. A folder that could not be
-    made is said here, before the weights are read; nothing is made until they are."""
+    existing file (not an existing folder, whatever its name), else `<card>.<DTYPE>.gguf` inside the
+    folder `out`. A folder that could not be made is said here, before the weights are read; nothing
+    is made until they are."""
     path = Path(out).expanduser()
     is_file = not path.is_dir() and (path.suffix.lower() == ".gguf" or path.is_file())
     folder = path.parent if is_file else path

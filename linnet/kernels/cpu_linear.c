@@ -561,9 +561,7 @@ static inline AVX512F32 __attribute__((always_inline)) __m512 load16(int type, c
 
 static inline AVX512F32 __attribute__((always_inline)) __m512 in_columns(int type, __m512 sums) {
     /* BF16_PLACES swaps columns 4-7 with 8-11: its own inverse */
-    return type == BF16 ? _mm512_permutexvar_ps(_mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14,
-                                                                  15), sums)
-                        : sums;
+    return type == BF16 ? _mm512_permutexvar_ps(_mm512_loadu_si512(BF16_PLACES), sums) : sums;
 }
 
 /* mr (1..MRF) rows of x [., K] times one or two panels of `type` (a; b when `two`): out_a and out_b

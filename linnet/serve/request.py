@@ -124,14 +124,12 @@ class Request:
                                f"(MaxSeq = {max_seq})", "max_new_tokens")
         # past LARGEST_SCALE a banned token's logit over the temperature is NaN, and the draw ignores every
         # mask; a repetition penalty under its reciprocal (0 in f32) makes a seen token's logit infinite
-        for name, lo, hi, low_open in (("temperature", 0, LARGEST_SCALE, False), ("top_p", 0, 1, False),
-                                       ("min_p", 0, 1, False), ("repetition_penalty", 1 / LARGEST_SCALE,
-                                                                LARGEST_SCALE, False),
-                                       ("presence_penalty", -2, 2, False), ("frequency_penalty", -2, 2, False)):
+        for name, lo, hi in (("temperature", 0, LARGEST_SCALE), ("top_p", 0, 1), ("min_p", 0, 1),
+                             ("repetition_penalty", 1 / LARGEST_SCALE, LARGEST_SCALE), ("presence_penalty", -2, 2),
+                             ("frequency_penalty", -2, 2)):
             value = getattr(self, name)
-            if not _is_number(value) or value < lo or (low_open and value == lo) or value > hi:
-                raise RequestError(f"{self.id}: {name} must be a number in {'(' if low_open else '['}{lo:g}, {hi:g}], "
-                                   f"not {value!r}", name)
+            if not _is_number(value) or not lo <= value <= hi:
+                raise RequestError(f"{self.id}: {name} must be a number in [{lo:g}, {hi:g}], not {value!r}", name)
         if not _is_int(self.top_k) or self.top_k < 0:
             raise RequestError(f"{self.id}: top_k must be an integer >= 0 (0: no limit), not {self.top_k!r}", "top_k")
         if self.seed is not None and not _is_int(self.seed):
