@@ -128,10 +128,23 @@ def shared_library(name: str, sources: list[str], extra_flags: tuple[str, ...] =
         except subprocess.CalledProcessError:
             return ctypes.CDLL(str(_built(name, paths, [*FLAGS, *extra_flags, *WITHOUT_NEWEST])))
     except (OSError, subprocess.CalledProcessError) as e:
-        detail = e.stderr.strip().splitlines()[-1] if isinstance(e, subprocess.CalledProcessError) and e.stderr else e
+        detail = _compiler_says(name, e.stderr) if isinstance(e, subprocess.CalledProcessError) and e.stderr else e
         warnings.warn(f"linnet: the CPU kernel {name} could not be built ({detail}); its work runs on the "
                       f"library's own kernels, slower in decode steps", stacklevel=3)
         return None
+
+
+def _compiler_says(name: str, stderr: str) -> str:
+    """A failed build's first error, and where the compiler's whole output was saved (the last line
+    alone is often a caret under source the warning does not show)."""
+    lines = stderr.strip().splitlines()
+    first = next((line.strip() for line in lines if "error" in line.lower()), lines[-1].strip())
+    try:
+        log = user_cache.directory("kernels") / f"{name}-build.log"
+        log.write_text(stderr)
+    except OSError:
+        return first
+    return f"{first}; the compiler's output: {log}"
 
 
 def _built(name: str, sources: list[Path], flags: list[str]) -> Path:

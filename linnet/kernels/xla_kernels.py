@@ -151,7 +151,7 @@ def attention_rows(q, k_stack, v_stack, layer, rows, positions, window: int, sin
 
 def attends_here(stack, head_dim: int) -> bool:
     """Whether `attention_rows` serves a stacked cache of this type and head size here."""
-    return head_dim % 8 == 0 and available(stack.dtype, "cpu") and _on_cpu()
+    return head_dim % 8 == 0 and _on_cpu() and available(stack.dtype, "cpu")  # (no build where JAX runs elsewhere)
 
 
 def _on_cpu() -> bool:

@@ -217,18 +217,40 @@ def test_a_missing_compiler_falls_back_with_a_warning(tmp_path):
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
 
 
+def compiler(folder, script: str) -> str:
+    """A stand-in C compiler: a shell script, for CC."""
+    cc = folder / "cc"
+    cc.write_text(f"#!/bin/sh\n{script}\n")
+    cc.chmod(0o755)
+    return str(cc)
+
+
+def test_a_failed_build_warns_with_its_first_error_and_keeps_the_compilers_output(tmp_path):
+    # gcc ends a diagnostic with a caret line: the warning quotes the error itself, and the whole
+    # output is saved where the warning says
+    cc = compiler(tmp_path, "printf 'k.c: In function f:\\nk.c:3:5: error: unknown type name T\\n    3 | T x;\\n"
+                            "      |     ^\\n' >&2; exit 1")
+    code = ("import torch, warnings; from linnet.kernels import cpu_linear as c\n"
+            "with warnings.catch_warnings(record=True) as w:\n"
+            "    warnings.simplefilter('always'); assert not c.available(torch.float32)\n"
+            "print([str(m.message) for m in w if 'could not be built' in str(m.message)][0])")
+    env = dict(os.environ, LINNET_CACHE=str(tmp_path), CC=cc)
+    said = subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True, text=True).stdout
+    log = tmp_path / "kernels" / "cpu_kernels-build.log"
+    assert "(k.c:3:5: error: unknown type name T; the compiler's output: " + str(log) + ")" in said, said
+    assert log.read_text().splitlines()[-2:] == ["    3 | T x;", "      |     ^"]
+
+
 def test_an_assembler_without_amx_builds_the_kernels_without_it(tmp_path):
     # a compiler whose assembler rejects AMX's tile instructions (binutils before 2.36): the library
     # is built again without them, and bf16 pairs stay on VDPBF16PS rather than every kernel being lost
-    cc = tmp_path / "cc"
-    cc.write_text("#!/bin/sh\ncase \"$*\" in *-DLINNET_NO_AMX*) exec gcc \"$@\";; esac\n"
-                  "echo \"Error: no such instruction: tileloadd\" >&2; exit 1\n")
-    cc.chmod(0o755)
+    cc = compiler(tmp_path, "case \"$*\" in *-DLINNET_NO_AMX*) exec gcc \"$@\";; esac\n"
+                            "echo \"Error: no such instruction: tileloadd\" >&2; exit 1")
     code = ("import torch, warnings; from linnet.kernels import cpu_linear as c\n"
             "with warnings.catch_warnings():\n"
             "    warnings.simplefilter('error'); assert c.available(torch.float32) and c.isa() != 'amx'\n"
             "x, w = torch.randn(40, 64).bfloat16(), torch.randn(24, 64).bfloat16()\n"
             "got, want = c.matmul(x, c.pack(w)).float(), (x.double() @ w.double().T).float()\n"
             "assert torch.allclose(got, want, rtol=2 ** -7, atol=1e-3)")
-    env = dict(os.environ, LINNET_CACHE=str(tmp_path / "cache"), CC=str(cc))
+    env = dict(os.environ, LINNET_CACHE=str(tmp_path / "cache"), CC=cc)
     subprocess.run([sys.executable, "-c", code], env=env, check=True)

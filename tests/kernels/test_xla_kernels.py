@@ -157,3 +157,11 @@ def test_only_memory_of_its_own_is_packed_in_place_or_given_back(tmp_path):
     assert not xla_kernels.owns_its_memory(mapped) and not xla_kernels.owns_its_memory(on_jax)
     np.testing.assert_array_equal(np.fromfile(path, dtype=np.float32).reshape(32, 64), w)
     np.testing.assert_array_equal(np.asarray(on_jax), w)
+
+
+def test_attention_off_the_cpu_builds_nothing(monkeypatch):
+    # JAX on a GPU asks whether the CPU kernels attend its cache: no, without building them (a
+    # compiler there may not take them, and a build is seconds spent for nothing)
+    monkeypatch.setattr(xla_kernels, "_on_cpu", lambda: False)
+    monkeypatch.setattr(xla_kernels, "registered", lambda: pytest.fail("built off the CPU"))
+    assert not xla_kernels.attends_here(jnp.zeros((2, 1, 4, 1, 8), jnp.float32), 8)
