@@ -7,10 +7,12 @@ norms and softmax in f32 (on the CPU, activations in f32 throughout: `gather_row
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextvars
 import functools
 import inspect
 import math
+import os
 from typing import Any, NamedTuple
 
 import jax
@@ -643,6 +645,7 @@ class JaxModel:
                        for name, fn in self.entries.items()}
         self.compiled = {name: self._jit(fn) for name, fn in self.traced.items()}
         self.compiled_then: dict = {}
+        self.ahead: dict = {}  # (id of a jitted entry, its arguments' shapes) -> `compile_ahead`'s executable
 
     def _placement(self, axis, shape):
         """Where an array goes: the model's device; on a mesh, split on `axis` when the mesh divides
@@ -748,16 +751,42 @@ class JaxModel:
     def call(self, entry: str, *args):
         return self._run(self.compiled[entry], *args)
 
-    def _run(self, executable, *args):
-        """Runs an executable over the params and the state, keeping the state it returns."""
+    def _arguments(self, args):
         args = jax.tree.map(_to_numpy, args)  # host arrays go to the executable as they are: no eager transfer op
         if self.mesh is not None:
             # On a mesh an array's type names the mesh: a host array and one a step left on the mesh
             # (a decode step's tokens) would trace twice. Both go in as arrays on the mesh.
             args = jax.tree.map(lambda a: a if isinstance(a, jax.Array) else jax.device_put(a, self.whole), args)
+        return args
+
+    def _run(self, executable, *args):
+        """Runs an executable over the params and the state, keeping the state it returns: the one
+        `compile_ahead` made for arguments of these shapes, if any."""
+        args = self._arguments(args)
+        ahead = self.ahead.get((id(executable), _shapes(args))) if self.ahead else None
         with jax.default_matmul_precision("default" if self.fast else "highest"):
-            result, self.state_bits = executable(self.weights, self.state_bits, *args)
+            result, self.state_bits = (ahead or executable)(self.weights, self.state_bits, *args)
         return result
+
+    def compile_ahead(self, entry: str, calls: list, workers: int | None = None) -> None:
+        """Compiles `entry` for each of `calls` (argument tuples, as `call` takes them) at once, on
+        threads; calls of those shapes then run these executables. XLA compiles without holding
+        Python's lock, so the compiles overlap where tracing does not: an 8B model's pass shape took
+        47-50 s to compile on an H200, one after another, and a warmup ten of them."""
+        jitted = self.compiled[entry]
+        precision = "default" if self.fast else "highest"
+        state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), self.state_bits)
+
+        def compile_one(args):
+            with jax.default_matmul_precision(precision):  # (a thread's own setting)
+                return _shapes(args), jitted.lower(self.weights, state, *args).compile()
+        todo = {_shapes(args): args for args in (self._arguments(tuple(c)) for c in calls)}
+        todo = [args for key, args in todo.items() if (id(jitted), key) not in self.ahead]
+        if not todo:
+            return
+        with concurrent.futures.ThreadPoolExecutor(workers or min(len(todo), os.cpu_count() or 1)) as pool:
+            for key, executable in pool.map(compile_one, todo):
+                self.ahead[(id(jitted), key)] = executable
 
     def call_then(self, entry: str, then, args: tuple, then_args: tuple):
         """`then(entry(*args), *then_args)` as one executable, compiled once per (entry, then): a
@@ -859,6 +888,12 @@ def _on_huge_pages(a):
 def _copy(a):
     """A copy of a host or device array, where it is."""
     return np.array(a) if isinstance(a, np.ndarray) else jnp.array(a, copy=True)
+
+
+def _shapes(args) -> tuple:
+    """What an executable is compiled for, of these arguments: their structure, shapes and types."""
+    leaves, structure = jax.tree.flatten(args)
+    return (structure,) + tuple((a.shape, a.dtype) for a in leaves)
 
 
 def _to_numpy(a):

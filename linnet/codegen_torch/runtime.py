@@ -292,7 +292,7 @@ def _attend_row(q, keys, values, positions, window, sinks, scale, fast):
     visible = _visible(positions, keys.shape[1], window)
     if fast and sinks is None:
         out = _sdpa(q.transpose(0, 1)[None], keys[0].transpose(0, 1)[None], values[0].transpose(0, 1)[None],
-                    visible[None, None], scale)
+                    visible, scale)
         return out[0].transpose(0, 1)
     group = heads // kv_heads
     qg = q.reshape(m, kv_heads, group, head_dim).float()
@@ -317,9 +317,10 @@ def _visible_mask(positions: torch.Tensor, length: int, window: int) -> torch.Te
     return visible
 
 
-def _sdpa(q, keys, values, mask, scale):
-    """SDPA over [b, heads, m, d] queries and [b, kv_heads, S, d] keys and values, with a mask
-    [b, 1, m, S] shared by the heads, in q's type.
+def _sdpa(q, keys, values, visible, scale):
+    """SDPA over [b, heads, m, d] queries and [b, kv_heads, S, d] keys and values, in q's type, each
+    query seeing the keys `visible` [m or b, S] says (a pass's `_visible`): [m, S] where b is 1 (one
+    row's queries), [b, S] where m is 1 (a token a row).
 
     Grouped heads are folded into the query axis: the `heads / kv_heads` query heads of one KV head
     become that head's queries ([b, kv_heads, group * m, d], the mask repeated for each), so the
@@ -338,9 +339,22 @@ def _sdpa(q, keys, values, mask, scale):
     group = heads // kv_heads
     if group > 1:
         q = q.reshape(b, kv_heads, group * m, d)
-        mask = mask.expand(b, 1, m, length)[:, :, None].expand(b, 1, group, m, length).reshape(b, 1, group * m, length)
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
+    # The mask as SDPA adds it, made once a pass for every layer: given as booleans, each call would
+    # convert them anew (three kernels a layer, which a graph replays too)
+    bias = per_pass(f"sdpa bias {b} {m} {length} {group} {q.dtype}", (visible,),
+                    lambda: _sdpa_bias(visible, b, m, length, group, q.dtype))
+    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=scale)
     return out.reshape(b, heads, m, values.shape[-1]).to(dtype)
+
+
+def _sdpa_bias(visible, b: int, m: int, length: int, group: int, dtype) -> torch.Tensor:
+    """`_sdpa`'s `visible` as the additive mask SDPA makes of booleans (0 seen, -inf not), [b, 1, m,
+    length] or broadcast to it, repeated for each query head of a KV head where `_sdpa` folds them
+    into its queries."""
+    mask = visible[None, None] if b == 1 else visible[:, None, None, :]
+    if group > 1:
+        mask = mask.expand(b, 1, m, length)[:, :, None].expand(b, 1, group, m, length).reshape(b, 1, group * m, length)
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))
 
 
 def _softmax_with_sinks(scores, sinks, kv_heads, group):
@@ -357,7 +371,7 @@ def _attend(q, keys, values, positions, window, sinks, scale, fast):
     kv_heads = keys.shape[2]
     visible = _visible(positions, keys.shape[1], window)
     if fast and sinks is None:
-        out = _sdpa(q[:, :, None, :], keys.transpose(1, 2), values.transpose(1, 2), visible[:, None, None, :], scale)
+        out = _sdpa(q[:, :, None, :], keys.transpose(1, 2), values.transpose(1, 2), visible, scale)
         return out[:, :, 0, :]
     group = heads // kv_heads
     qg = q.reshape(n, kv_heads, group, head_dim).float()
@@ -401,14 +415,22 @@ def _put_inside(state, index, value, tensors):
 
 
 def _put_clamped(state, index, value, tensors):
+    # the clamped indices and what fits, once a pass: every layer's two cache writes take the same
+    # (5 of a Llama decode step's 55 kernels a layer, each a launch a graph replays too)
+    key = "clamped " + " ".join(f"{axis}:{state.shape[axis]}" for axis, _ in tensors)
+    inside, fits = per_pass(key, tuple(i for _, i in tensors), lambda: _clamped(state.shape, tensors))
     clamped = list(index)
-    for axis, i in tensors:
-        clamped[axis] = i.clamp(max=state.shape[axis] - 1)
+    for (axis, _), i in zip(tensors, inside):
+        clamped[axis] = i
     clamped = tuple(clamped)
-    fits = _fits(state.shape, tensors)
     at = _gathered_at(index)
     fits = fits.reshape((1,) * at + fits.shape + (1,) * (value.dim() - at - fits.dim()))
     state[clamped] = torch.where(fits, value, state[clamped])
+
+
+def _clamped(shape, tensors) -> tuple:
+    """([each index tensor clamped into `shape`'s axis], `_fits`)."""
+    return [i.clamp(max=shape[axis] - 1) for axis, i in tensors], _fits(shape, tensors)
 
 
 def _gathered_at(index: tuple) -> int:

@@ -17,6 +17,8 @@ step t overlaps the device's on t + 1.
 
 from __future__ import annotations
 
+import functools
+import os
 import warnings
 
 import numpy as np
@@ -139,11 +141,35 @@ def _cpu_graphs() -> bool:
     return cpu_graph.available()
 
 
+def fuses_decode() -> bool:
+    """LINNET_TORCH_INDUCTOR=1: a CUDA decode step goes through torch.compile (Inductor) before it
+    is captured, its elementwise ops fused into a few kernels (an experiment, off by default: a
+    Llama 3.1 8B step is about 1,400 kernels a replay launches one by one, which held one request
+    to 105 tokens/s on an H200; what Inductor's compile costs there is not yet measured)."""
+    return os.environ.get("LINNET_TORCH_INDUCTOR", "0") == "1"
+
+
+def fused_decode(runner):
+    """The generated model's decode step, compiled whole by torch.compile (no graph breaks: the
+    step reads nothing back to the host) for fixed shapes, run in inference mode as the entry is."""
+    import torch
+
+    step = torch.compile(functools.partial(type(runner).decode.__wrapped__, runner), fullgraph=True, dynamic=False)
+
+    def decode(tokens, positions):
+        with torch.inference_mode():
+            return step(tokens, positions)
+    return decode
+
+
 class TorchRunner:
     def __init__(self, model):
         import torch
 
+        from linnet.serve.torch_upload import upload
+
         self.torch = torch
+        self._upload = upload  # (torch's modules load with the first torch model, not with this one)
         self.model = model
         self.device = torch.device(model.device)
         self.batch = model.batch
@@ -168,7 +194,7 @@ class TorchRunner:
         return 1
 
     def _t(self, a):
-        return self.torch.as_tensor(np.ascontiguousarray(a), device=self.device)
+        return self._upload(a, self.device)
 
     def prefill(self, tokens, positions, rows, last):
         return self.model.prefill(self._t(tokens), self._t(positions), self._t(rows), self._t(last))
@@ -212,19 +238,21 @@ class TorchRunner:
 
     def _capture_cuda(self):
         torch = self.torch
-        # Warm the kernels up on a side stream before capturing, as CUDA graphs require. The cache
-        # is saved and restored around it, since these steps write into it.
+        decode = fused_decode(self.model.runner) if fuses_decode() else self.model.decode
+        # Warm the kernels up on a side stream before capturing, as CUDA graphs require (and compile
+        # the fused step, on its first call). The cache is saved and restored around it, since these
+        # steps write into it.
         saved = {name: getattr(self.model.runner, name).clone() for name in self.model.runner.state}
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self.model.decode(self._static_tokens, self._static_positions)
+                decode(self._static_tokens, self._static_positions)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph):
-                self._static_logits = self.model.decode(self._static_tokens, self._static_positions)
+                self._static_logits = decode(self._static_tokens, self._static_positions)
             self._graph = graph
         except RuntimeError as e:  # an op that reads the device on the host (a mixture's routing without grouped GEMM)
             torch.cuda.synchronize()
@@ -427,11 +455,16 @@ class JaxRunner:
         """Compiles every pass size given, copy_rows, and for each (sampling batch, its histories or
         None) in `modes` the decode step that draws so and the draw after a prefill; with `scoring`,
         also each size's pass that scores prompt tokens (`prefill`), its scores and its draws."""
-        def padding_pass(size: int, logit_rows: int):  # a pass of `size` padding tokens
-            return self.model.prefill(np.zeros(size, np.int32), np.full(size, self.padding, np.int32),
-                                      np.zeros(size, np.int32), np.zeros(logit_rows, np.int32))
+        def padding_args(size: int, logit_rows: int):  # a pass of `size` padding tokens
+            return (np.zeros(size, np.int32), np.full(size, self.padding, np.int32), np.zeros(size, np.int32),
+                    np.zeros(logit_rows, np.int32))
+
+        def padding_pass(size: int, logit_rows: int):
+            return self.model.prefill(*padding_args(size, logit_rows))
         logits = None
         sizes = sorted({bucket(n, self.smallest) for n in pack_lengths})
+        # every size's pass compiled at once (on a GPU each took up to 50 s, one after another)
+        self.model.runner.compile_ahead("prefill", [padding_args(size, self.batch) for size in sizes])
         for size in sizes:
             logits = padding_pass(size, self.batch)
         if scoring and logits is not None:  # a pass scoring at most Batch tokens: the usual logits

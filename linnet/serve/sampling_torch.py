@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from linnet.serve.sampling import MASK, NOISE, NOISE_BITS, SHIFT, SPLIT, SamplingBatch
+from linnet.serve.torch_upload import upload
 
 
 def _signed(c: int) -> int:
@@ -53,14 +54,14 @@ def kept_weights(scaled: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     if limited.any():
         k = np.minimum(np.where(limited, batch.top_k, 1), scaled.shape[-1]).astype(np.int64)
         values = torch.topk(scaled, int(k.max()), dim=-1).values
-        kth = values.gather(1, torch.as_tensor(k - 1, device=device)[:, None])
-        kth = torch.where(torch.as_tensor(limited, device=device)[:, None], kth, float("-inf"))
+        kth = values.gather(1, upload(k - 1, device)[:, None])
+        kth = torch.where(upload(limited, device)[:, None], kth, float("-inf"))
         weights = torch.where(scaled >= kth, weights, 0.0)
     probs = weights / weights.sum(dim=-1, keepdim=True)
     likeliest = probs.amax(dim=-1, keepdim=True)
-    keep = probs >= torch.as_tensor(batch.min_p, device=device)[:, None] * likeliest
+    keep = probs >= upload(batch.min_p, device)[:, None] * likeliest
     if np.any(batch.top_p < 1):
-        top_p = torch.as_tensor(batch.top_p, device=device)[:, None]
+        top_p = upload(batch.top_p, device)[:, None]
         ranked = _ranked_head(probs, top_p)
         inside = ((ranked.cumsum(dim=-1) - ranked) < top_p).sum(dim=-1, keepdim=True)  # mass before each < p
         nucleus = ranked.gather(1, (inside - 1).clamp(min=0))
@@ -102,16 +103,16 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, adjustments: tuple | None
         else:
             seen_bits, shift = adjustments
         if np.any(batch.repetition != 1):
-            rep = torch.as_tensor(batch.repetition, device=device)[:, None]
+            rep = upload(batch.repetition, device)[:, None]
             penalized = torch.where(logits > 0, logits / rep, logits * rep)
             logits = torch.where(unpack_bits(seen_bits, logits.shape[-1]), penalized, logits)
         logits = logits + shift
     if batch.greedy_only:
         tokens = logits.argmax(dim=-1)
     else:
-        temp = torch.as_tensor(batch.temperature, device=device)
+        temp = upload(batch.temperature, device)
         weights = kept_weights(logits / temp.clamp(min=1e-5)[:, None], batch)
-        noise = uniform(torch.as_tensor(batch.seed, device=device), torch.as_tensor(batch.step, device=device),
+        noise = uniform(upload(batch.seed, device), upload(batch.step, device),
                         logits.shape[-1])
         tokens = torch.where(temp > 0, (weights / -torch.log(noise)).argmax(dim=-1), logits.argmax(dim=-1))
     tokens = tokens.to(torch.int32)

@@ -198,3 +198,32 @@ def test_a_bf16_prefill_converts_no_whole_cache_to_f32():
     widened = [line for line in text.splitlines() if " = f32[" in line  # any computation: the entry's, a loop body's
                and int(np.prod([int(d) for d in line.split(" = f32[", 1)[1].split("]")[0].split(",") if d])) == cache_elements]
     assert not widened, widened[:2]
+
+
+def test_passes_compiled_ahead_run_as_the_jitted_ones_and_compile_no_more():
+    # compile_ahead compiles a pass's shapes at once, on threads; those calls then run its executables
+    # (XLA compiles nothing more for them), with the logits and the cache a model without them gives
+    from linnet import nest
+    from linnet.serve.runners import _xla_compiles
+
+    def load():
+        return nest.load("tiny-llama", backend="jax", numerics="fast", weights="random", tokenizer=False,
+                         generics={"Batch": 3, "MaxSeq": 32, "T": "f32"}).runner
+
+    def pack(n):  # n tokens of prompts in rows 0 and 2, the logits of the last of each
+        rows = np.repeat(np.array([0, 2], np.int32), [n // 2, n - n // 2])
+        positions = np.r_[np.arange(n // 2), np.arange(n - n // 2)].astype(np.int32)
+        return (np.arange(5, 5 + n, dtype=np.int32) % 50, positions, rows, np.array([n // 2 - 1, n - 1, 0], np.int32))
+
+    ahead, plain = load(), load()
+    ahead.compile_ahead("prefill", [pack(8), pack(16), pack(8)])  # (the same shapes twice: compiled once)
+    assert len(ahead.ahead) == 2
+    before = _xla_compiles()
+    ahead.compile_ahead("prefill", [pack(16)])  # nothing new
+    for n in (16, 8):
+        got = np.asarray(ahead.prefill(*pack(n)))
+        np.testing.assert_array_equal(got, np.asarray(plain.prefill(*pack(n))))
+    assert _xla_compiles() - before == 2  # the plain model's two; none of the model's compiled ahead
+    np.testing.assert_array_equal(np.asarray(ahead.cache["k_cache"]), np.asarray(plain.cache["k_cache"]))
+    got = np.asarray(ahead.prefill(*pack(12)))  # a shape not compiled ahead: jitted as ever
+    np.testing.assert_array_equal(got, np.asarray(plain.prefill(*pack(12))))

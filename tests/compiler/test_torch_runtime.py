@@ -65,16 +65,39 @@ def test_put_drops_entries_past_the_state(put):
     np.testing.assert_array_equal(got.numpy(), want)
 
 
-@pytest.mark.parametrize("heads, kv_heads, m", [(8, 2, 1), (6, 3, 5), (4, 4, 3), (12, 1, 2)])
-def test_sdpa_folds_grouped_heads_into_queries_exactly(heads, kv_heads, m):
+def test_clamped_puts_of_one_pass_share_their_indices_only_where_the_state_is_as_long():
+    """The GPU's clamped write works out its clamped indices once a pass (every layer's k and v take
+    the same): a state of another length along those axes gets its own."""
+    rng = np.random.default_rng(6)
+    rows, positions = torch.tensor([0, 1, 2, 1]), torch.tensor([3, 5, 6, 0])
+    rt.as_tensors("cpu")
+    for max_seq in (6, 4, 6, 7):  # 6 twice: the memo's; 4 and 7 their own
+        cache = rng.normal(size=(2, 3, max_seq, 4)).astype(np.float32)
+        value = rng.normal(size=(4, 4)).astype(np.float32)
+        want = cache.copy()
+        for r, p, v in zip(rows.tolist(), positions.tolist(), value):
+            if p < max_seq:
+                want[0, r, p] = v
+        got = torch.from_numpy(cache.copy())
+        rt._put_clamped(got, (0, rows, positions), torch.from_numpy(value), [(1, rows), (2, positions)])
+        np.testing.assert_array_equal(got.numpy(), want)
+
+
+@pytest.mark.parametrize("heads, kv_heads, b, m", [(8, 2, 3, 1), (6, 3, 1, 5), (4, 4, 1, 3), (12, 1, 4, 1), (8, 2, 1, 1)])
+def test_sdpa_folds_grouped_heads_into_queries_exactly(heads, kv_heads, b, m):
     """`rt._sdpa` runs grouped query heads as extra queries of their KV head (so CUDA's fused kernels
-    take the call): the result is SDPA's own grouped attention, on masks that differ by token."""
-    g = torch.Generator().manual_seed(heads * 7 + m)
-    b, length, d = 3, 11, 16
-    q = torch.randn(b, heads, m, d, generator=g)
-    k, v = torch.randn(b, kv_heads, length, d, generator=g), torch.randn(b, kv_heads, length, d, generator=g)
-    visible = torch.rand(b, 1, m, length, generator=g) < 0.6
+    take the call): the result is SDPA's own grouped attention, on masks that differ by token, for
+    a token a row (b rows, m = 1) and one row's queries (b = 1); the mask made once a pass serves
+    every layer's call, and a call of another grouping gets its own."""
+    g = torch.Generator().manual_seed(heads * 7 + m + b)
+    length, d = 11, 16
+    visible = torch.rand(max(b, m), length, generator=g) < 0.6
     visible[..., 0] = True  # every query sees a key
-    got = rt._sdpa(q, k, v, visible, 0.3)
-    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=0.3, enable_gqa=True)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    mask = visible[None, None] if b == 1 else visible[:, None, None, :]
+    rt.as_tensors("cpu")
+    for heads_now in (heads, heads, kv_heads):  # two layers, then another grouping of the same pass
+        q = torch.randn(b, heads_now, m, d, generator=g)
+        k, v = torch.randn(b, kv_heads, length, d, generator=g), torch.randn(b, kv_heads, length, d, generator=g)
+        got = rt._sdpa(q, k, v, visible, 0.3)
+        want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,43 @@
+"""LINNET_TORCH_INDUCTOR's decode step: the generated step compiled whole by torch.compile, as a
+CUDA capture would take it. No GPU here: the runtime's device checks are turned to the branches a
+GPU takes (cache writes clamped, every key position attended, no Linnet CPU kernel, plain weights),
+and the compiled step must trace without a graph break and give the eager step's logits and cache."""
+
+import torch
+
+from linnet import nest
+from linnet.codegen_torch import runtime as rt
+from linnet.serve import runners
+
+
+def test_the_flag_is_off_unless_set_to_1(monkeypatch):
+    monkeypatch.delenv("LINNET_TORCH_INDUCTOR", raising=False)
+    assert not runners.fuses_decode()
+    monkeypatch.setenv("LINNET_TORCH_INDUCTOR", "1")
+    assert runners.fuses_decode()
+
+
+def test_the_fused_decode_step_is_the_eager_one_on_a_gpus_branches(monkeypatch):
+    monkeypatch.setattr(rt, "_put_inside", rt._put_clamped)
+    monkeypatch.setattr(rt, "_key_span", lambda positions, max_seq: max_seq)
+    monkeypatch.setattr(rt, "packs_linear_weights", lambda device, dtype: False)
+    monkeypatch.setattr(rt.cpu_ops, "serves", lambda *tensors: False)
+    monkeypatch.setattr(rt.cpu_attention, "available", lambda cache, head_dim: False)
+    model = nest.load("tiny-llama", backend="torch", numerics="fast", weights="random", tokenizer=False,
+                      generics={"Batch": 4, "MaxSeq": 32, "T": "f32"})
+    runner = model.runner
+    g = torch.Generator().manual_seed(0)
+    for name in runner.state:  # a cache of noise, as rows that hold prompts
+        getattr(runner, name).normal_(generator=g)
+    start = {name: getattr(runner, name).clone() for name in runner.state}
+    tokens = torch.tensor([3, 9, 0, 27], dtype=torch.int32)
+    positions = torch.tensor([5, 31, 32, 0], dtype=torch.int32)  # row 2 idle: padding at MaxSeq
+
+    want = model.decode(tokens, positions).clone()
+    after = {name: getattr(runner, name).clone() for name in runner.state}
+    for name, value in start.items():
+        getattr(runner, name).copy_(value)
+    got = runners.fused_decode(runner)(tokens, positions)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for name, value in after.items():
+        torch.testing.assert_close(getattr(runner, name), value, rtol=1e-5, atol=1e-6)
