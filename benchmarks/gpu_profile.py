@@ -1,0 +1,117 @@
+"""Where a torch serving step's time goes on the GPU: the parts of throughput.py's load timed apart.
+
+Random weights of a card (default Llama 3.1 8B, bf16) with throughput.py's rows and MaxSeq, its
+cache filled with noise; then, each the median of --steps:
+- the decode step alone: replayed from its CUDA graph, and run eagerly (launch-bound where the two
+  differ by much more than the weights' bytes over the memory's bandwidth);
+- a whole engine step: the step sent ahead and its draws read back (what the engine waits for);
+- a pass of packed prompts (--pack tokens in prompts of --prompt) and a mixed pass (every row's
+  decode token and one prompt), both eager, as the engine runs them;
+then torch's profiler over one of each: the kernels that took the most GPU time.
+
+    python benchmarks/gpu_profile.py [--card llama-3.1-8b-instruct] [--rows 64] [--max-seq 640]
+    python benchmarks/gpu_profile.py --card smollm2-135m-instruct --device cpu --rows 8 --dtype f32  # the script itself
+"""
+
+import argparse
+import math
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from linnet import nest
+from linnet.codegen_torch.runtime import DTYPES
+from linnet.serve.runners import TorchRunner
+from linnet.serve.sampling import SamplingBatch
+from linnet.serve import Request
+
+parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+parser.add_argument("--card", default="llama-3.1-8b-instruct")
+parser.add_argument("--rows", type=int, default=64)
+parser.add_argument("--max-seq", type=int, default=640)
+parser.add_argument("--pack", type=int, default=2048, help="tokens in the packed-prompt pass")
+parser.add_argument("--prompt", type=int, default=512, help="tokens in each of its prompts")
+parser.add_argument("--steps", type=int, default=20)
+parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"])
+parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+parser.add_argument("--kernels", type=int, default=12, help="kernels listed per profile")
+args = parser.parse_args()
+cuda = args.device.startswith("cuda")
+
+
+def sync():
+    if cuda:
+        torch.cuda.synchronize()
+
+
+def median_ms(run, steps=args.steps) -> float:
+    run()  # (first calls: captures, allocations)
+    times = []
+    for _ in range(steps):
+        sync()
+        start = time.perf_counter()
+        run()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1000
+
+
+def profiled(name: str, run) -> None:
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        run()
+        sync()
+    key = "cuda_time_total" if cuda else "cpu_time_total"
+    print(f"\n-- {name}: the kernels that took most {'GPU' if cuda else 'CPU'} time")
+    print(prof.key_averages().table(sort_by=key, row_limit=args.kernels, max_name_column_width=70))
+
+
+start = time.perf_counter()
+model = nest.load(args.card, backend="torch", device=args.device, numerics="fast", compile=True, weights="random",
+                  generics={"Batch": args.rows, "MaxSeq": args.max_seq, "T": args.dtype}, cast_dtype=True,
+                  tokenizer=False)
+print(f"loaded in {time.perf_counter() - start:.0f} s")
+runner, rows, max_seq = TorchRunner(model), args.rows, args.max_seq
+for name in model.runner.state:  # a cache of noise: every row's keys as a long prompt's would be
+    getattr(model.runner, name).normal_()
+rng = np.random.default_rng(0)
+tokens = rng.integers(100, min(20000, model.vocab), size=rows).astype(np.int32)
+positions = rng.integers(max_seq // 4, max_seq - 1, size=rows).astype(np.int32)
+greedy = SamplingBatch.of([Request([0])] * rows, [0] * rows, [0] * rows)
+on_rows = list(range(rows))
+
+# the packed pass: prompts of args.prompt tokens end to end, each in a row of its own
+prompt = min(args.prompt, max_seq - 1)
+count = max(1, min(rows, args.pack // prompt))
+pack = (rng.integers(100, min(20000, model.vocab), size=count * prompt).astype(np.int32),
+        np.tile(np.arange(prompt, dtype=np.int32), count), np.repeat(np.arange(count, dtype=np.int32), prompt),
+        (np.arange(count, dtype=np.int32) + 1) * prompt - 1)
+# the mixed pass: rows 1.. decode, and row 0 takes a prompt
+mixed = (np.r_[tokens[1:], pack[0][:prompt]], np.r_[positions[1:], np.arange(prompt, dtype=np.int32)],
+         np.r_[np.arange(1, rows, dtype=np.int32), np.zeros(prompt, np.int32)],
+         np.r_[np.arange(rows - 1, dtype=np.int32), [rows - 1 + prompt - 1]].astype(np.int32))
+
+replayed = lambda: runner.decode(tokens, positions)
+eager = lambda: model.decode(tokens, positions)
+engine_step = lambda: runner.decode_sample(tokens, positions, greedy, on_rows).result()
+packed = lambda: runner.prefill(*pack)
+joined = lambda: runner.prefill(*mixed)
+
+weights = sum(math.prod(shape) * DTYPES[dtype].itemsize for name, (shape, dtype) in model.runner.params.items()
+              if name not in model.runner.tied)
+print(f"{args.card}, {args.dtype}, {rows} rows, MaxSeq {max_seq}, on {args.device}"
+      f"{' (' + torch.cuda.get_device_name() + ')' if cuda else ''}: weights {weights / 1e9:.1f} GB")
+replay_ms = median_ms(replayed)
+bandwidth = f", {weights / replay_ms / 1e6:.0f} GB/s of weights" if cuda else ""
+print(f"decode step, replayed     {replay_ms:8.2f} ms{bandwidth}"
+      f"{'' if runner._graph not in (None, 'eager') else '  (not replayed: ' + str(runner.not_replayed) + ')'}")
+print(f"decode step, eager        {median_ms(eager):8.2f} ms")
+print(f"engine step (+ greedy)    {median_ms(engine_step):8.2f} ms")
+print(f"packed pass, {len(pack[0])} tokens  {median_ms(packed, max(3, args.steps // 4)):8.2f} ms  "
+      f"({count} prompts of {prompt})")
+print(f"mixed pass, {rows - 1} + {prompt}     {median_ms(joined, max(3, args.steps // 4)):8.2f} ms")
+for name, run in (("decode step, replayed", replayed), ("decode step, eager", eager),
+                  (f"packed pass of {len(pack[0])} tokens", packed)):
+    profiled(name, run)
