@@ -37,7 +37,7 @@ JAX_ATTRIBUTES = frozenset({
     "params", "tied", "state", "entries", "stacked", "linear_groups", "linear_weights", "shard_params",
     "shard_state", "fast", "mesh", "device", "whole", "weights", "compiles_loops", "traced", "compiled",
     "compiled_then", "state_bits", "cache", "reset_state", "fuse_linear_groups", "pack_linear_weights", "call",
-    "call_then", "_placement", "_jit", "_run",
+    "call_then", "_placement", "_jit", "_run", "_arguments", "ahead", "compile_ahead",
 })
 
 
