@@ -57,7 +57,7 @@ run() {  # name, most seconds, seconds kept for the steps after it, command...: 
   timeout -k 10 "$most" "$@" > "$OUT/step.log" 2>&1
   status=$?
   cat "$OUT/step.log" >> "$OUT/gpu_check.log"
-  line=$(grep -E "tokens/s|compiled in|loaded in|^FAIL |^decode step|^engine step|^packed pass|^mixed pass" "$OUT/step.log" | tr '\n' ' ')
+  line=$(grep -E "tokens/s|compiled in|loaded in|^FAIL |^decode step|^engine step|^packed pass|^mixed pass|^passes " "$OUT/step.log" | tr '\n' ' ')
   rm -f "$OUT/step.log"
   if [ $status = 124 ] || [ $status = 137 ]; then
     line="TIMED OUT after $((SECONDS - begun)) s $line"

@@ -97,8 +97,7 @@ def run(backend: str, numerics: str) -> list:
             alone.append(engine.run([r])[0][0].tokens)
         check(f"{name}: {len(prompts)} requests through {args.rows} rows = each alone", *differences(together, alone))
     if backend == "torch" and args.device.startswith("cuda"):
-        replayed = engine.runner._graph not in (None, "eager")
-        check(f"{name}: decode replayed as a CUDA graph", replayed, str(engine.runner.not_replayed or ""))
+        check(f"{name}: decode replayed as a CUDA graph", engine.runner.replays, str(engine.runner.not_replayed or ""))
     check(f"{name}: nothing compiled or captured after warmup", stats.compiles == 0, f"{stats.compiles} compiles")
     print(f"     passes {stats.passes}, prompt tokens {stats.prompt_tokens}, computed {stats.prefill_tokens}, "
           f"{time.perf_counter() - start:.0f} s", flush=True)

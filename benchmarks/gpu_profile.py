@@ -106,7 +106,7 @@ print(f"{args.card}, {args.dtype}, {rows} rows, MaxSeq {max_seq}, on {args.devic
 replay_ms = median_ms(replayed)
 bandwidth = f", {weights / replay_ms / 1e6:.0f} GB/s of weights" if cuda else ""
 print(f"decode step, replayed     {replay_ms:8.2f} ms{bandwidth}"
-      f"{'' if runner._graph not in (None, 'eager') else '  (not replayed: ' + str(runner.not_replayed) + ')'}")
+      f"{'' if runner.replays else '  (not replayed: ' + str(runner.not_replayed) + ')'}")
 print(f"decode step, eager        {median_ms(eager):8.2f} ms")
 print(f"engine step (+ greedy)    {median_ms(engine_step):8.2f} ms")
 print(f"packed pass, {len(pack[0])} tokens  {median_ms(packed, max(3, args.steps // 4)):8.2f} ms  "

@@ -68,4 +68,8 @@ failed = [c for c in done if c.finish_reason == "error"]
 if failed:
     print(f"{len(failed)} requests failed; the first: {failed[0].error}")
 rate = stats.generated_tokens / stats.seconds
+# apart from the two lines: the passes the run made, and how its decode steps ran
+how = "" if args.backend == "jax" else ", decode steps " + (
+    "replayed" if engine.runner.replays else f"eager ({engine.runner.not_replayed or 'no capture on this device'})")
+print(f"passes {stats.passes}{how}", file=sys.stderr)
 print(f"{stats.generated_tokens} tokens in {stats.seconds:.2f} s: {rate:.0f} tokens/s")

@@ -187,6 +187,12 @@ class TorchRunner:
 
     overhead = 0  # packs go to the model as they are
 
+    @property
+    def replays(self) -> bool:
+        """Whether decode steps replay a captured graph (CUDA's, or Linnet's on the CPU) rather than
+        run eagerly; False before the first step captures."""
+        return self._graph not in (None, "eager")
+
     def chunk_cost(self, n: int) -> int:
         return n
 
