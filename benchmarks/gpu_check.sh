@@ -13,6 +13,8 @@
 # on both backends, after the table's other rows (give GPU_CHECK_SECONDS 10 minutes more).
 # --inductor: also the torch rows with LINNET_TORCH_INDUCTOR=1 (the decode step fused by torch.compile
 # before it is captured), after the others (give GPU_CHECK_SECONDS 5 minutes more).
+# GPU_CHECK_ONLY: a bash regex; only the rows whose names match it run (a second, short call:
+#   GPU_CHECK_ONLY=inductor bash benchmarks/gpu_check.sh --inductor).
 # lark, gguf, interegular and llguidance may be missing there: put their wheels in .whl/ first (here,
 # with the network: pip download --no-deps -d .whl lark gguf interegular llguidance, for the GPU
 # machine's Python), bring .whl along, and they are installed to /tmp/site.
@@ -48,6 +50,7 @@ fi
 
 run() {  # name, most seconds, seconds kept for the steps after it, command...: one row of the table
   local name=$1 most=$2 keep=$3; shift 3
+  if [ -n "${GPU_CHECK_ONLY:-}" ] && ! [[ $name =~ $GPU_CHECK_ONLY ]]; then return; fi
   local left=$((DEADLINE - SECONDS - keep - 5)) begun=$SECONDS line status
   [ "$most" -gt "$left" ] && most=$left
   if [ "$most" -lt 20 ]; then
