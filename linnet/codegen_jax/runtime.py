@@ -34,6 +34,8 @@ MESH_AXIS = "model"  # the mesh axis tensor parallelism splits over
 # compiles its body once, as an XLA loop (see JaxModel's `compiles_loops`).
 _COMPILED_LOOPS = contextvars.ContextVar("linnet_compiled_loops", default=False)
 
+COMPILE_THREADS = 8  # most compiles `JaxModel.compile_ahead` runs at once
+
 # Bounds the keys gathered at once in packed attention: [chunk, MaxSeq, kv_heads, head_dim].
 _GATHER_ELEMENTS = 1 << 24
 
@@ -784,7 +786,9 @@ class JaxModel:
         todo = [args for key, args in todo.items() if (id(jitted), key) not in self.ahead]
         if not todo:
             return
-        with concurrent.futures.ThreadPoolExecutor(workers or min(len(todo), os.cpu_count() or 1)) as pool:
+        # a thread a core, up to COMPILE_THREADS: each compile of a large model holds gigabytes
+        workers = workers or min(len(todo), os.cpu_count() or 1, COMPILE_THREADS)
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             for key, executable in pool.map(compile_one, todo):
                 self.ahead[(id(jitted), key)] = executable
 
@@ -891,9 +895,11 @@ def _copy(a):
 
 
 def _shapes(args) -> tuple:
-    """What an executable is compiled for, of these arguments: their structure, shapes and types."""
+    """What an executable is compiled for, of these arguments: their structure, shapes, types and,
+    for arrays already on a device, where they lie (an executable compiled ahead takes its arguments
+    where it was told to, where a jitted entry moves them)."""
     leaves, structure = jax.tree.flatten(args)
-    return (structure,) + tuple((a.shape, a.dtype) for a in leaves)
+    return (structure,) + tuple((a.shape, a.dtype, getattr(a, "sharding", None)) for a in leaves)
 
 
 def _to_numpy(a):

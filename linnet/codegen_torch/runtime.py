@@ -251,12 +251,19 @@ def _key_span(positions: torch.Tensor, max_seq: int) -> int:
 _PASS_MEMO: dict = {}
 
 
+def _compiling() -> bool:
+    compiler = getattr(torch, "compiler", None)  # (torch.compiler.is_compiling: torch 2.3 on)
+    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
+
+
 def per_pass(what: str, tensors: tuple, compute):
     """compute() once per entry call for these very tensors: every layer of a pass asks the same.
 
     Keys are the tensors' identities, and the memo holds the tensors, so no other tensor can take
     an address (or id) that is in it. `as_tensors`, which starts every entry call, empties it.
     """
+    if _compiling():  # torch.compile's trace: the graph's own common subexpressions take the memo's place,
+        return compute()  # and a memo the trace wrote would fail its guards at the next call (a recompile)
     key = (what,) + tuple(id(t) for t in tensors)
     hit = _PASS_MEMO.get(key)
     if hit is None:

@@ -138,7 +138,8 @@ def _compiler_says(name: str, stderr: str) -> str:
     """A failed build's first error, and where the compiler's whole output was saved (the last line
     alone is often a caret under source the warning does not show)."""
     lines = stderr.strip().splitlines()
-    first = next((line.strip() for line in lines if "error" in line.lower()), lines[-1].strip())
+    said = lambda *marks: next((line.strip() for line in lines if any(m in line for m in marks)), None)
+    first = said(": error:", ": fatal error:", "undefined reference") or said("error", "Error") or lines[-1].strip()
     try:
         log = user_cache.directory("kernels") / f"{name}-build.log"
         log.write_text(stderr)

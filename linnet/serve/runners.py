@@ -149,12 +149,14 @@ def fuses_decode() -> bool:
     return os.environ.get("LINNET_TORCH_INDUCTOR", "0") == "1"
 
 
-def fused_decode(runner):
+def fused_decode(runner, backend: str = "inductor"):
     """The generated model's decode step, compiled whole by torch.compile (no graph breaks: the
-    step reads nothing back to the host) for fixed shapes, run in inference mode as the entry is."""
+    step reads nothing back to the host) for fixed shapes, run in inference mode as the entry is;
+    compiled once for the buffers it is called with (the runner's static ones)."""
     import torch
 
-    step = torch.compile(functools.partial(type(runner).decode.__wrapped__, runner), fullgraph=True, dynamic=False)
+    step = torch.compile(functools.partial(type(runner).decode.__wrapped__, runner), fullgraph=True, dynamic=False,
+                         backend=backend)
 
     def decode(tokens, positions):
         with torch.inference_mode():
@@ -244,17 +246,20 @@ class TorchRunner:
 
     def _capture_cuda(self):
         torch = self.torch
-        decode = fused_decode(self.model.runner) if fuses_decode() else self.model.decode
         # Warm the kernels up on a side stream before capturing, as CUDA graphs require (and compile
         # the fused step, on its first call). The cache is saved and restored around it, since these
         # steps write into it.
         saved = {name: getattr(self.model.runner, name).clone() for name in self.model.runner.state}
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                decode(self._static_tokens, self._static_positions)
-        torch.cuda.current_stream().wait_stream(stream)
+        decode = self.model.decode
+        if fuses_decode():
+            try:
+                decode = self._warmed(fused_decode(self.model.runner))
+            except Exception as e:  # torch.compile's own failures: the step as it is, captured all the same
+                warnings.warn(f"LINNET_TORCH_INDUCTOR: torch.compile failed ({str(e).splitlines()[0]}); the "
+                              f"decode step is captured as it is")
+                decode = self.model.decode
+        if decode is self.model.decode:
+            self._warmed(decode)
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph):
@@ -266,6 +271,17 @@ class TorchRunner:
             warnings.warn(f"the decode step runs eagerly: {self.not_replayed}")
         for name, value in saved.items():
             getattr(self.model.runner, name).copy_(value)
+
+    def _warmed(self, decode):
+        """`decode`, run twice over the static buffers on a side stream, as a capture needs first."""
+        torch = self.torch
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                decode(self._static_tokens, self._static_positions)
+        torch.cuda.current_stream().wait_stream(stream)
+        return decode
 
     def copy_rows(self, src, dst, upto):
         self.model.copy_rows(self._t(src), self._t(dst), self._t(upto))

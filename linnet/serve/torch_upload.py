@@ -15,7 +15,9 @@ def upload(a, device: torch.device) -> torch.Tensor:
     through the host's work between the two. The pinned block is torch's cached one, kept from
     reuse until the copy has run. Elsewhere the array itself, as a tensor (shared, not copied).
     """
-    t = torch.as_tensor(np.ascontiguousarray(a))
+    if isinstance(a, np.ndarray) and a.ndim and not a.flags.c_contiguous:
+        a = np.ascontiguousarray(a)
+    t = torch.as_tensor(a)  # (a scalar stays one, a Python float f32, as torch.as_tensor has them)
     if device.type != "cuda":
         return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)

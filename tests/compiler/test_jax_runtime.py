@@ -227,3 +227,5 @@ def test_passes_compiled_ahead_run_as_the_jitted_ones_and_compile_no_more():
     np.testing.assert_array_equal(np.asarray(ahead.cache["k_cache"]), np.asarray(plain.cache["k_cache"]))
     got = np.asarray(ahead.prefill(*pack(12)))  # a shape not compiled ahead: jitted as ever
     np.testing.assert_array_equal(got, np.asarray(plain.prefill(*pack(12))))
+    placed = tuple(jax.device_put(a, jax.devices()[0]) for a in pack(8))  # arrays already on a device
+    np.testing.assert_array_equal(np.asarray(ahead.prefill(*placed)), np.asarray(plain.prefill(*pack(8))))

@@ -254,3 +254,12 @@ def test_an_assembler_without_amx_builds_the_kernels_without_it(tmp_path):
             "assert torch.allclose(got, want, rtol=2 ** -7, atol=1e-3)")
     env = dict(os.environ, LINNET_CACHE=str(tmp_path / "cache"), CC=cc)
     subprocess.run([sys.executable, "-c", code], env=env, check=True)
+
+
+def test_a_link_failure_is_said_by_its_missing_symbol():
+    from linnet.kernels import build
+
+    output = ("/usr/bin/ld: /tmp/cc1.o: in function `f':\nk.c:(.text+0x9): undefined reference to `g'\n"
+              "collect2: error: ld returned 1 exit status\n")
+    said = build._compiler_says("probe", output)
+    assert said.startswith("k.c:(.text+0x9): undefined reference to `g'"), said

@@ -17,14 +17,34 @@ def test_the_flag_is_off_unless_set_to_1(monkeypatch):
     assert runners.fuses_decode()
 
 
-def test_the_fused_decode_step_is_the_eager_one_on_a_gpus_branches(monkeypatch):
+def gpu_branches(monkeypatch):
+    """tiny-llama with the runtime's device checks turned to the branches a GPU takes."""
     monkeypatch.setattr(rt, "_put_inside", rt._put_clamped)
     monkeypatch.setattr(rt, "_key_span", lambda positions, max_seq: max_seq)
     monkeypatch.setattr(rt, "packs_linear_weights", lambda device, dtype: False)
     monkeypatch.setattr(rt.cpu_ops, "serves", lambda *tensors: False)
     monkeypatch.setattr(rt.cpu_attention, "available", lambda cache, head_dim: False)
-    model = nest.load("tiny-llama", backend="torch", numerics="fast", weights="random", tokenizer=False,
-                      generics={"Batch": 4, "MaxSeq": 32, "T": "f32"})
+    return nest.load("tiny-llama", backend="torch", numerics="fast", weights="random", tokenizer=False,
+                     generics={"Batch": 4, "MaxSeq": 32, "T": "f32"})
+
+
+def test_the_fused_decode_step_compiles_once_for_the_runners_buffers(monkeypatch):
+    # the capture calls it three times (two warmups, then under the capture), and steps write new
+    # values into the same static buffers: one compile (the per-pass memo stays out of the trace)
+    from torch._dynamo.testing import CompileCounter
+
+    model = gpu_branches(monkeypatch)
+    counter = CompileCounter()
+    step = runners.fused_decode(model.runner, backend=counter)
+    tokens, positions = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int32)
+    for i in range(4):
+        tokens.copy_(torch.tensor([i, 2 * i, 5, 7])), positions.copy_(torch.tensor([i, i + 3, 32, 1]))
+        step(tokens, positions)
+    assert counter.frame_count == 1
+
+
+def test_the_fused_decode_step_is_the_eager_one_on_a_gpus_branches(monkeypatch):
+    model = gpu_branches(monkeypatch)
     runner = model.runner
     g = torch.Generator().manual_seed(0)
     for name in runner.state:  # a cache of noise, as rows that hold prompts

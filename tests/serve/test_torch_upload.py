@@ -37,3 +37,10 @@ def test_a_gpu_gets_it_from_a_pinned_copy_and_the_next_op_sees_it():
     t = upload(a, device)
     a[:] = -1  # the host array may change at once: the copy came from pinned memory
     assert t.sum().item() == sum(range(1000))
+
+
+def test_scalars_and_python_numbers_come_as_torch_as_tensor_has_them():
+    cpu = torch.device("cpu")
+    for value in (3, 1.5, np.float32(2.5), np.int64(7), True):
+        got, want = upload(value, cpu), torch.as_tensor(value)
+        assert got.shape == want.shape == () and got.dtype == want.dtype and got.item() == want.item()
