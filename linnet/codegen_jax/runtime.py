@@ -647,7 +647,7 @@ class JaxModel:
                        for name, fn in self.entries.items()}
         self.compiled = {name: self._jit(fn) for name, fn in self.traced.items()}
         self.compiled_then: dict = {}
-        self.ahead: dict = {}  # (id of a jitted entry, its arguments' shapes) -> `compile_ahead`'s executable
+        self.ahead: dict = {}  # id of a jitted entry -> {its arguments' `_shapes`: `compile_ahead`'s executable}
 
     def _placement(self, axis, shape):
         """Where an array goes: the model's device; on a mesh, split on `axis` when the mesh divides
@@ -765,7 +765,8 @@ class JaxModel:
         """Runs an executable over the params and the state, keeping the state it returns: the one
         `compile_ahead` made for arguments of these shapes, if any."""
         args = self._arguments(args)
-        ahead = self.ahead.get((id(executable), _shapes(args))) if self.ahead else None
+        table = self.ahead.get(id(executable))  # (only an entry compiled ahead pays for the look-up)
+        ahead = table.get(_shapes(args)) if table else None
         with jax.default_matmul_precision("default" if self.fast else "highest"):
             result, self.state_bits = (ahead or executable)(self.weights, self.state_bits, *args)
         return result
@@ -782,15 +783,16 @@ class JaxModel:
         def compile_one(args):
             with jax.default_matmul_precision(precision):  # (a thread's own setting)
                 return _shapes(args), jitted.lower(self.weights, state, *args).compile()
+        table = self.ahead.setdefault(id(jitted), {})
         todo = {_shapes(args): args for args in (self._arguments(tuple(c)) for c in calls)}
-        todo = [args for key, args in todo.items() if (id(jitted), key) not in self.ahead]
+        todo = [args for key, args in todo.items() if key not in table]
         if not todo:
             return
         # a thread a core, up to COMPILE_THREADS: each compile of a large model holds gigabytes
         workers = workers or min(len(todo), os.cpu_count() or 1, COMPILE_THREADS)
         with concurrent.futures.ThreadPoolExecutor(workers) as pool:
             for key, executable in pool.map(compile_one, todo):
-                self.ahead[(id(jitted), key)] = executable
+                table[key] = executable
 
     def call_then(self, entry: str, then, args: tuple, then_args: tuple):
         """`then(entry(*args), *then_args)` as one executable, compiled once per (entry, then): a
