@@ -250,16 +250,15 @@ class TorchRunner:
         # the fused step, on its first call). The cache is saved and restored around it, since these
         # steps write into it.
         saved = {name: getattr(self.model.runner, name).clone() for name in self.model.runner.state}
-        decode = self.model.decode
+        decode = None
         if fuses_decode():
             try:
                 decode = self._warmed(fused_decode(self.model.runner))
             except Exception as e:  # torch.compile's own failures: the step as it is, captured all the same
                 warnings.warn(f"LINNET_TORCH_INDUCTOR: torch.compile failed ({str(e).splitlines()[0]}); the "
                               f"decode step is captured as it is")
-                decode = self.model.decode
-        if decode is self.model.decode:
-            self._warmed(decode)
+        if decode is None:
+            decode = self._warmed(self.model.decode)
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph):
