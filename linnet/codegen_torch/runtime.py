@@ -7,12 +7,14 @@ dtype with norms and softmax in f32.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from linnet.kernels import cpu_attention, cpu_linear, cpu_ops
 from linnet.kernels.cpu_linear import PanelWeight
@@ -351,8 +353,24 @@ def _sdpa(q, keys, values, visible, scale):
     # convert them anew (three kernels a layer, which a graph replays too)
     bias = per_pass(f"sdpa bias {b} {m} {length} {group} {q.dtype}", (visible,),
                     lambda: _sdpa_bias(visible, b, m, length, group, q.dtype))
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=scale)
+    backends = _sdpa_backends(q)
+    with sdpa_kernel(backends) if backends else contextlib.nullcontext():
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=scale)
     return out.reshape(b, heads, m, values.shape[-1]).to(dtype)
+
+
+def _sdpa_backends(q) -> list | None:
+    """The SDPA kernels a call may take, where not torch's own choice: an eager call on CUDA (a
+    packed or mixed pass, whose shapes change with every prompt) leaves cuDNN's attention out, which
+    builds a plan for each new shape, tens to hundreds of ms (the GPU check's load spent about 16 s
+    of its 23.7 between passes whose kernels took 7). A captured decode step keeps it: one shape,
+    one plan, and there its kernel was the fastest."""
+    if q.is_cuda and not _compiling() and not torch.cuda.is_current_stream_capturing():
+        return _EAGER_SDPA
+    return None
+
+
+_EAGER_SDPA = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]  # no cuDNN
 
 
 def _sdpa_bias(visible, b: int, m: int, length: int, group: int, dtype) -> torch.Tensor:

@@ -1,6 +1,8 @@
 """torch runtime pieces the parity tests reach only as a whole: rope's written form, the per-pass memo,
 the cache store that drops padding."""
 
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -101,3 +103,17 @@ def test_sdpa_folds_grouped_heads_into_queries_exactly(heads, kv_heads, b, m):
         got = rt._sdpa(q, k, v, visible, 0.3)
         want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.3, enable_gqa=True)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_eager_sdpa_on_cuda_leaves_cudnn_out_and_a_capture_keeps_torchs_choice(monkeypatch):
+    # cuDNN's attention builds a plan per new shape (packed passes change shape with every prompt);
+    # no GPU here: a stand-in for a CUDA tensor, and for torch's capture state
+    from torch.nn.attention import SDPBackend
+
+    cuda_q = types.SimpleNamespace(is_cuda=True)
+    assert rt._sdpa_backends(torch.zeros(1)) is None  # the CPU: torch's choice
+    for capturing, want in ((False, True), (True, False)):
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda capturing=capturing: capturing)
+        got = rt._sdpa_backends(cuda_q)
+        assert (got is not None) == want
+        assert got is None or (SDPBackend.CUDNN_ATTENTION not in got and SDPBackend.EFFICIENT_ATTENTION in got)
