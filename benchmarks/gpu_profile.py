@@ -14,7 +14,6 @@ then torch's profiler over one of each: the kernels that took the most GPU time.
 """
 
 import argparse
-import math
 import statistics
 import time
 
@@ -22,7 +21,6 @@ import numpy as np
 import torch
 
 from linnet import nest
-from linnet.codegen_torch.runtime import DTYPES
 from linnet.serve.runners import TorchRunner
 from linnet.serve.sampling import SamplingBatch
 from linnet.serve import Request
@@ -99,8 +97,7 @@ engine_step = lambda: runner.decode_sample(tokens, positions, greedy, on_rows).r
 packed = lambda: runner.prefill(*pack)
 joined = lambda: runner.prefill(*mixed)
 
-weights = sum(math.prod(shape) * DTYPES[dtype].itemsize for name, (shape, dtype) in model.runner.params.items()
-              if name not in model.runner.tied)
+weights = model.runner.weight_bytes()
 print(f"{args.card}, {args.dtype}, {rows} rows, MaxSeq {max_seq}, on {args.device}"
       f"{' (' + torch.cuda.get_device_name() + ')' if cuda else ''}: weights {weights / 1e9:.1f} GB")
 replay_ms = median_ms(replayed)

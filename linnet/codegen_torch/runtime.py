@@ -253,19 +253,16 @@ def _key_span(positions: torch.Tensor, max_seq: int) -> int:
 _PASS_MEMO: dict = {}
 
 
-def _compiling() -> bool:
-    compiler = getattr(torch, "compiler", None)  # (torch.compiler.is_compiling: torch 2.3 on)
-    return compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling()
-
-
 def per_pass(what: str, tensors: tuple, compute):
     """compute() once per entry call for these very tensors: every layer of a pass asks the same.
 
     Keys are the tensors' identities, and the memo holds the tensors, so no other tensor can take
     an address (or id) that is in it. `as_tensors`, which starts every entry call, empties it.
     """
-    if _compiling():  # torch.compile's trace: the graph's own common subexpressions take the memo's place,
-        return compute()  # and a memo the trace wrote would fail its guards at the next call (a recompile)
+    if torch.compiler.is_compiling():
+        # torch.compile's trace: the graph's own common subexpressions take the memo's place, and a
+        # memo the trace wrote would fail its guards at the next call (a recompile)
+        return compute()
     key = (what,) + tuple(id(t) for t in tensors)
     hit = _PASS_MEMO.get(key)
     if hit is None:
@@ -365,7 +362,7 @@ def _sdpa_backends(q) -> list | None:
     builds a plan for each new shape, tens to hundreds of ms (the GPU check's load spent about 16 s
     of its 23.7 between passes whose kernels took 7). A captured decode step keeps it: one shape,
     one plan, and there its kernel was the fastest."""
-    if q.is_cuda and not _compiling() and not torch.cuda.is_current_stream_capturing():
+    if q.is_cuda and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing():
         return _EAGER_SDPA
     return None
 
