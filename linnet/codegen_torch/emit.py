@@ -50,7 +50,7 @@ class _TorchEmitter(PythonEmitter):
         self.line("")
         self.line("params, tied, state = PARAMS, TIED, STATE")
         self.line(f"linear_weights = {linear_weights(m)!r}  # name -> stacked: the runtime may pack these")
-        self.line(f"linear_groups = {linear_groups(m)!r}  # weights of one input: packed, they run as one matmul")
+        self.line(f"linear_groups = {linear_groups(m)!r}  # weights of one input: with fast numerics, one matmul")
         self.line("fast = FAST")
         if "Batch" in m.bindings:
             self.line("pack_rows = Batch  # a decode step's rows")

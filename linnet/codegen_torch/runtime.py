@@ -37,9 +37,14 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor
     """x @ w.T (+ bias). A weight packed by `pack_linear_weight` runs the kernel for its layout;
     a `FusedPart` runs its group's one matmul on x (once for the group's members) and takes its columns."""
     if isinstance(w, FusedPart):
+        if torch.compiler.is_compiling():
+            # torch.compile's trace (a plain weight: CUDA's): a memo the trace wrote fails its guards
+            # at the next call (a recompile), and Inductor keeps repeated matmuls apart; each member
+            # multiplies its own rows
+            return linear(x, w.fused[w.start:w.stop], bias)
         x_last, fused, out = _FUSED.get(w.group, (None, None, None))
         if x_last is not x or fused is not w.fused:
-            out = _packed_linear(x, w.fused)
+            out = linear(x, w.fused)
             _FUSED[w.group] = (x, w.fused, out)
         y = out[..., w.start:w.stop]
         return y if bias is None else y + bias
@@ -77,9 +82,10 @@ def _widened_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None)
 
 
 class FusedPart(NamedTuple):
-    """One member's rows of a packed, fused weight [sum of N, K]: weights that multiply the same
-    input (q, k and v; gate and up) run as one matmul, which reads them faster than three small
-    ones (a single-token decode step: 17 against 25 ms for SmolLM2's q/k/v and gate/up)."""
+    """One member's rows of a fused weight [sum of N, K], packed on the CPU, plain elsewhere: weights
+    that multiply the same input (q, k and v; gate and up) run as one matmul, which reads them
+    faster than three small ones (a single-token decode step on the CPU: 17 against 25 ms for
+    SmolLM2's q/k/v and gate/up)."""
 
     fused: torch.Tensor
     start: int
@@ -195,8 +201,9 @@ def rope(x: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> torch
             and table.shape[-1] * 2 == x.shape[-1]):
         return cpu_ops.rope(x, positions, table)
     cos, sin = per_pass("rope", (positions, table), lambda: _rope_factors(positions, table))
-    h = x.float()
-    return torch.addcmul(h * cos, h.roll(h.shape[-1] // 2, dims=-1), sin).to(x.dtype)
+    # in f32, the tables' type: a 16-bit x is widened inside the ops (bit for bit as x.float() first,
+    # one kernel and one f32 copy of x fewer: 64 kernels of a Llama decode step)
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin).to(x.dtype)
 
 
 def _rope_factors(positions: torch.Tensor, table: torch.Tensor) -> tuple:
@@ -578,6 +585,7 @@ class TorchModel:
         its own: each entry is popped from `weights`, and packing lays a linear weight out in its
         own memory rather than in a copy (`nest.load` does this: loading never holds two copies)."""
         self.device = torch.device(device)
+        joined = {name for group in self._joined_groups() for name in group}
         for name, (shape, dtype) in self.params.items():
             if name in self.tied:
                 continue
@@ -588,7 +596,8 @@ class TorchModel:
                 raise ValueError(f"param `{name}` must be {list(shape)}, but the weights given are {list(t.shape)}")
             if t.dtype != DTYPES[dtype]:
                 raise TypeError(f"param `{name}` must be {dtype}, but the weights given are {t.dtype}")
-            setattr(self, name, t.to(self.device))
+            # a member of a group joined on the device goes there into its rows of the group's tensor
+            setattr(self, name, t if name in joined else t.to(self.device))
         for name, other in self.tied.items():
             setattr(self, name, getattr(self, other))
         self.pack_linear_weights(in_place=consume)
@@ -608,6 +617,7 @@ class TorchModel:
         if in_place:
             self._back_linear_weights_with_huge_pages()
         packed = self.fuse_linear_groups(in_place)
+        packed |= self.join_linear_groups()
         for name in sorted(self.linear_weights, key=lambda n: n in self.tied):  # targets before their aliases
             if name in packed:
                 continue
@@ -630,7 +640,7 @@ class TorchModel:
         SmolLM2 decode step: 13.0 -> 12.2 ms, in one process."""
         for name in self.linear_weights:
             w = getattr(self, name)
-            if name not in self.tied and isinstance(w, torch.Tensor) and packs_linear_weights(w.device, w.dtype):
+            if name not in self.tied and isinstance(w, torch.Tensor) and packs_linear_weights(self.device, w.dtype):
                 back_with_huge_pages(w.data_ptr(), w.nbytes)
 
     def fuse_linear_groups(self, in_place: bool = False) -> set:
@@ -640,21 +650,62 @@ class TorchModel:
         fused = set()
         for slot, group in enumerate(self.linear_groups):
             weights = [getattr(self, name) for name in group]
-            if not all(packs_linear_weights(w.device, w.dtype) for w in weights):
+            if not all(packs_linear_weights(self.device, w.dtype) for w in weights):
                 continue
             stacked = self.linear_weights[group[0]]
             layers = [list(layer) for layer in zip(*weights)] if stacked else [weights]
-            parts = {name: [] for name in group}
-            for members in layers:
-                whole = pack_linear_group(members, self.pack_rows, in_place)
-                start = 0
-                for name, m in zip(group, members):
-                    parts[name].append(FusedPart(whole, start, start + m.shape[0], slot))
-                    start += m.shape[0]
-            for name in group:
-                setattr(self, name, parts[name] if stacked else parts[name][0])
+            self._hand_out_parts(slot, group, [pack_linear_group(members, self.pack_rows, in_place)
+                                               for members in layers])
             fused.update(group)
         return fused
+
+    def _joined_groups(self) -> list:
+        """The `linear_groups` that fast numerics join by rows on this device: those of one type
+        where weights are not packed (CUDA: cuBLAS reads the plain layout). One wider matmul in
+        place of three (q, k, v) or two (gate, up): fewer kernels a step, each reading its weight
+        at a better share of the memory's bandwidth."""
+        if not self.fast:
+            return []
+        dtypes = [{self.params[name][1] for name in group} for group in self.linear_groups]
+        return [group for group, types in zip(self.linear_groups, dtypes)
+                if len(types) == 1 and not packs_linear_weights(self.device, DTYPES[next(iter(types))])]
+
+    def join_linear_groups(self) -> set:
+        """Each of `_joined_groups` as one tensor on the device, its members' rows one after another
+        ([layers, sum of N, K] for stacked weights), handed out as FusedParts. Each member is copied
+        from where it was given straight into its rows: weights on the host never stand on the
+        device twice (an 8B model's gate and up, 7.5 GB, would otherwise be there twice at once).
+        Returns the names joined."""
+        joined = set()
+        for group in self._joined_groups():
+            members = [getattr(self, name) for name in group]
+            rows = sum(m.shape[-2] for m in members)
+            whole = torch.empty(members[0].shape[:-2] + (rows, members[0].shape[-1]), dtype=members[0].dtype,
+                                device=self.device)
+            start = 0
+            for name, m in zip(group, members):
+                whole[..., start:start + m.shape[-2], :].copy_(m)
+                start += m.shape[-2]
+                setattr(self, name, None)  # (the member's own memory goes as soon as nothing else holds it)
+            del members
+            stacked = self.linear_weights[group[0]]
+            self._hand_out_parts(self.linear_groups.index(group), group, list(whole) if stacked else [whole])
+            joined.update(group)
+        return joined
+
+    def _hand_out_parts(self, slot: int, group: tuple, layers: list):
+        """Each member of `group` as its FusedParts of `layers` (the group's weight, a layer each;
+        one for an unstacked group): a list of them for a stacked member, else the one."""
+        stacked = self.linear_weights[group[0]]
+        parts = {name: [] for name in group}
+        for whole in layers:
+            start = 0
+            for name in group:
+                rows = self.params[name][0][-2]
+                parts[name].append(FusedPart(whole, start, start + rows, slot))
+                start += rows
+        for name in group:
+            setattr(self, name, parts[name] if stacked else parts[name][0])
 
     def weight_bytes(self) -> int:
         """Bytes the params take on the device, each tensor counted once (ties share, packing copies)."""

@@ -32,12 +32,13 @@ RESERVED = set(keyword.kwlist) | set(_GENERATED)
 TORCH_ATTRIBUTES = frozenset({
     "params", "tied", "state", "linear_weights", "linear_groups", "fast", "pack_rows", "device", "init_tables",
     "reset_state", "pack_linear_weights", "fuse_linear_groups", "weight_bytes", "_back_linear_weights_with_huge_pages",
+    "join_linear_groups", "_joined_groups", "_hand_out_parts",
 })
 JAX_ATTRIBUTES = frozenset({
     "params", "tied", "state", "entries", "stacked", "linear_groups", "linear_weights", "shard_params",
     "shard_state", "fast", "mesh", "device", "whole", "weights", "compiles_loops", "traced", "compiled",
     "compiled_then", "state_bits", "cache", "reset_state", "fuse_linear_groups", "pack_linear_weights", "call",
-    "call_then", "_placement", "_jit", "_run", "_arguments", "ahead", "compile_ahead",
+    "call_then", "_placement", "_placements", "_jit", "_run", "_arguments", "ahead", "compile_ahead",
 })
 
 

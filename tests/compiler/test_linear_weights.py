@@ -116,6 +116,31 @@ def test_fast_f32_on_the_cpu_packs_and_computes_the_same(layout):
     assert_agrees(fast, exact, rtol=1e-4, atol_of_max=1e-4)
 
 
+def test_fast_joins_each_group_by_rows_where_weights_are_not_packed(monkeypatch):
+    # CUDA's way, run on the CPU: cuBLAS reads plain weights, so q/k/v and gate/up are each one plain
+    # tensor [layers, sum of N, K], and every member's rows of it are that member's weight
+    monkeypatch.setattr(rt, "packs_linear_weights", lambda device, dtype: False)
+    fast, exact = load("tiny-llama", "fast"), load("tiny-llama", "exact")
+    runner = fast.runner
+    for group in type(runner).linear_groups:
+        first = getattr(runner, group[0])
+        assert len(first) == 2 and first[0].fused is not first[1].fused  # a layer each
+        for layer in range(2):
+            whole = first[layer].fused
+            assert type(whole) is torch.Tensor and whole._base is first[0].fused._base  # views of one tensor
+            start = 0
+            for name in group:
+                part, want = getattr(runner, name)[layer], getattr(exact.runner, name)[layer]
+                assert part.fused is whole and (part.start, part.stop) == (start, start + want.shape[0])
+                assert torch.equal(whole[part.start:part.stop], want)
+                start = part.stop
+            assert start == whole.shape[0]
+    assert type(runner.wo) is torch.Tensor  # alone: as it was given
+    assert runner.weight_bytes() == exact.runner.weight_bytes()
+    assert_agrees(fast, exact, rtol=1e-4, atol_of_max=1e-4)
+    assert type(exact.runner.wq) is torch.Tensor  # exact numerics: every weight as it was given
+
+
 def test_linear_takes_packed_and_plain_weights_alike(layout):
     x, w, b = torch.randn(5, 7), torch.randn(6, 7), torch.randn(6)
     np.testing.assert_allclose(rt.linear(x, w, b), x @ w.T + b, rtol=1e-5, atol=1e-5)
@@ -128,11 +153,11 @@ def test_fused_parts_give_each_member_its_own_product(layout):
     rt.as_tensors("cpu")
     x, y = torch.randn(5, 7), torch.randn(5, 7)
     a, b = torch.randn(6, 7), torch.randn(3, 7)
-    whole = rt.pack_linear_weight(torch.cat([a, b]), rows=16)
-    pa, pb = rt.FusedPart(whole, 0, 6, 0), rt.FusedPart(whole, 6, 9, 0)
-    for inp in (x, y, x):  # a new input is multiplied afresh, never answered from the last one
-        np.testing.assert_allclose(rt.linear(inp, pb), inp @ b.T, rtol=1e-5, atol=1e-5)
-        np.testing.assert_allclose(rt.linear(inp, pa), inp @ a.T, rtol=1e-5, atol=1e-5)
+    for whole in (rt.pack_linear_weight(torch.cat([a, b]), rows=16), torch.cat([a, b])):  # packed; plain (CUDA's)
+        pa, pb = rt.FusedPart(whole, 0, 6, 0), rt.FusedPart(whole, 6, 9, 0)
+        for inp in (x, y, x):  # a new input is multiplied afresh, never answered from the last one
+            np.testing.assert_allclose(rt.linear(inp, pb), inp @ b.T, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(rt.linear(inp, pa), inp @ a.T, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -10,20 +10,26 @@ import torch
 from linnet.codegen_torch import runtime as rt
 
 
-def test_rope_rotates_halves_as_the_llama_reference_does():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("generic", [False, True])  # the generic ops (a GPU's), or the CPU's kernel where it runs
+def test_rope_rotates_halves_as_the_llama_reference_does(dtype, generic, monkeypatch):
+    if generic:
+        monkeypatch.setattr(rt.cpu_ops, "serves", lambda *tensors: False)
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(5, 3, 8)).astype(np.float32)
+    x = torch.from_numpy(rng.normal(size=(5, 3, 8)).astype(np.float32)).to(dtype)
     positions = np.array([0, 1, 7, 3, 15], np.int32)
     inv_freq = 1.0 / 10000.0 ** (np.arange(0, 8, 2) / 8)
     angles = positions[:, None] * inv_freq[None, :]  # [n, 4]
     cos, sin = np.cos(angles)[:, None, :], np.sin(angles)[:, None, :]
-    x1, x2 = x[..., :4], x[..., 4:]
+    x1, x2 = x.double().numpy()[..., :4], x.double().numpy()[..., 4:]
     want = np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
 
     rt.as_tensors("cpu")
     table = rt.rope_table(8, 16, 10000.0)
-    got = rt.rope(torch.from_numpy(x), torch.from_numpy(positions), table).numpy()
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    got = rt.rope(x, torch.from_numpy(positions), table)
+    assert got.dtype == dtype
+    ulp = {torch.float32: 1e-6, torch.bfloat16: 2 ** -8, torch.float16: 2 ** -11}[dtype]  # computed in f32, rounded once
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=ulp, atol=4 * ulp)
 
 
 def test_per_pass_computes_once_per_entry_call_and_per_tensor():
