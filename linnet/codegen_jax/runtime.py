@@ -36,6 +36,16 @@ _COMPILED_LOOPS = contextvars.ContextVar("linnet_compiled_loops", default=False)
 
 COMPILE_THREADS = 8  # most compiles `JaxModel.compile_ahead` runs at once
 
+# XLA's options for every entry compiled for a GPU, each where this jaxlib knows it and XLA_FLAGS does
+# not name it (a user's own flag wins): `compiler_options`.
+GPU_COMPILER_OPTIONS = {
+    # cuBLAS for every matmul. XLA otherwise autotunes Triton GEMM kernels for each matmul fusion,
+    # compiling dozens of candidates: an 8B model's packed-pass shape took 47-50 s to compile on an
+    # H200, and a warmup compiles ten of them. cuBLAS alone reads a decode step's weights at the
+    # memory's pace (torch's steps run on it).
+    "xla_gpu_enable_triton_gemm": False,
+}
+
 # Bounds the keys gathered at once in packed attention: [chunk, MaxSeq, kv_heads, head_dim].
 _GATHER_ELEMENTS = 1 << 24
 
@@ -662,18 +672,23 @@ class JaxModel:
         return NamedSharding(self.mesh, PartitionSpec(*([None] * axis), MESH_AXIS))
 
     def _jit(self, fn):
-        """fn jitted with the state donated and every argument placed on the model's device: a host
+        """fn jitted with the state donated, XLA's options for the device (`compiler_options`) and
+        its arguments placed (`_placements`)."""
+        return jax.jit(fn, donate_argnums=(1,), compiler_options=compiler_options(self.device.platform) or None,
+                       **self._placements(fn))
+
+    def _placements(self, fn) -> dict:
+        """jax.jit's shardings for fn: every argument placed on the model's device, so that a host
         array and an array another executable left there (a decode step's tokens, fed to the next)
-        then meet one executable; unplaced, the second compiled one of its own. On a mesh, the
-        params and the state keep their splits, in and out, and the other arguments and the
-        results are whole on every device."""
+        meet one executable; unplaced, the second compiled one of its own. On a mesh, the params
+        and the state keep their splits, in and out, and the other arguments and the results are
+        whole on every device."""
         if self.mesh is None:
-            return jax.jit(fn, donate_argnums=(1,), in_shardings=jax.sharding.SingleDeviceSharding(self.device))
+            return {"in_shardings": jax.sharding.SingleDeviceSharding(self.device)}
         params = jax.tree.map(lambda a: a.sharding, self.weights)
         state = jax.tree.map(lambda a: a.sharding, self.state_bits)
         others = len(inspect.signature(fn).parameters) - 2
-        return jax.jit(fn, donate_argnums=(1,), in_shardings=(params, state) + (self.whole,) * others,
-                       out_shardings=(self.whole, state))
+        return {"in_shardings": (params, state) + (self.whole,) * others, "out_shardings": (self.whole, state)}
 
     def fuse_linear_groups(self) -> dict:
         """Each of `linear_groups` (untied weights of one input, as the code generator found them)
@@ -814,6 +829,27 @@ class JaxModel:
         if name in entries:
             return lambda *args: self.call(name, *args)
         raise AttributeError(name)
+
+
+def compiler_options(platform: str) -> dict:
+    """XLA's options for entries compiled for `platform`: `GPU_COMPILER_OPTIONS` on a GPU, less those
+    XLA_FLAGS names and those this jaxlib does not know (an unknown one fails the compile)."""
+    if platform != "gpu":
+        return {}
+    named = {flag.split("=", 1)[0].lstrip("-") for flag in os.environ.get("XLA_FLAGS", "").split()}
+    return {name: value for name, value in GPU_COMPILER_OPTIONS.items()
+            if name not in named and _knows_option(name, value)}
+
+
+@functools.cache
+def _knows_option(name: str, value) -> bool:
+    """Whether XLA takes this compile option: a one-op program compiled with it, on the default backend
+    (XLA's options are one list for every backend; a GPU's on the CPU are taken and left unused)."""
+    try:
+        jax.jit(lambda x: x + 1, compiler_options={name: value}).lower(np.float32(0)).compile()
+    except Exception:  # (jaxlib's error type for it has moved between versions)
+        return False
+    return True
 
 
 def _on_parts(entry, parts: dict):

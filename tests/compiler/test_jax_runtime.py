@@ -229,3 +229,32 @@ def test_passes_compiled_ahead_run_as_the_jitted_ones_and_compile_no_more():
     np.testing.assert_array_equal(got, np.asarray(plain.prefill(*pack(12))))
     placed = tuple(jax.device_put(a, jax.devices()[0]) for a in pack(8))  # arrays already on a device
     np.testing.assert_array_equal(np.asarray(ahead.prefill(*placed)), np.asarray(plain.prefill(*pack(8))))
+
+
+def test_gpu_compiles_take_the_xla_options_jaxlib_knows_and_xla_flags_leaves_unset(monkeypatch):
+    # An option this jaxlib lacks would fail every compile, and a user's own XLA_FLAGS wins
+    monkeypatch.setattr(rt, "GPU_COMPILER_OPTIONS", {"xla_gpu_enable_triton_gemm": False, "xla_gpu_no_such_option": 1})
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    assert rt.compiler_options("cpu") == {}
+    assert rt.compiler_options("gpu") == {"xla_gpu_enable_triton_gemm": False}
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2 --xla_gpu_enable_triton_gemm=true")
+    assert rt.compiler_options("gpu") == {}
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_triton_gemm_any=true")  # another flag of a longer name
+    assert rt.compiler_options("gpu") == {"xla_gpu_enable_triton_gemm": False}
+
+
+def test_a_models_entries_and_compiles_ahead_are_given_the_devices_options(monkeypatch):
+    # what reaches XLA: an option it does not know fails the compile, naming it
+    from linnet import nest
+
+    asked = []
+    monkeypatch.setattr(rt, "compiler_options", lambda platform: asked.append(platform) or {"xla_no_such_option": 1})
+    model = nest.load("tiny-llama", backend="jax", numerics="fast", weights="random", tokenizer=False,
+                      generics={"Batch": 2, "MaxSeq": 16, "T": "f32"}).runner
+    assert asked and set(asked) == {"cpu"}
+    step = (np.array([3, 4], np.int32), np.array([0, 16], np.int32))
+    with pytest.raises(Exception, match="xla_no_such_option"):
+        model.decode(*step)
+    pack = (np.array([5, 6], np.int32), np.array([0, 1], np.int32), np.array([0, 0], np.int32), np.array([1, 0], np.int32))
+    with pytest.raises(Exception, match="xla_no_such_option"):
+        model.compile_ahead("prefill", [pack])
