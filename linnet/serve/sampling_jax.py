@@ -36,13 +36,28 @@ def unit(h):
     return ((h >> (32 - NOISE_BITS)).astype(jnp.float32) + 0.5) * (1.0 / (1 << NOISE_BITS))
 
 
-def _argmax(x):
-    """The first index of each row's largest value, as two plain reductions: XLA's CPU backend
-    runs argmax's (value, index) reduction an element at a time, 0.2 ms over SmolLM2's 49152
-    logits, a fiftieth of its one-row decode step."""
-    top = jnp.max(x, axis=-1, keepdims=True)
-    index = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
-    return jnp.min(jnp.where(x == top, index, x.shape[-1]), axis=-1)
+def _argmax(x, block: int = 128):
+    """The first index of each row's largest value (the row's length where none is: NaNs), found
+    through each block's largest: XLA's CPU backend runs argmax's (value, index) reduction an
+    element at a time, and one index pass over the whole row widens its max to the row's shape
+    first. SmolLM2's 16 x 49152 logits: 1.5 ms as argmax, 1.2 as max and index, 0.36 so."""
+    rows, n = x.shape
+    blocks = -(-n // block)
+    if blocks * block != n:  # a row ends short of a block: filled with -inf, never the first largest
+        x = jnp.pad(x, ((0, 0), (0, blocks * block - n)), constant_values=-jnp.inf)
+    x = x.reshape(rows, blocks, block)
+    tops = jnp.max(x, axis=-1)  # [rows, blocks]
+    top = jnp.max(tops, axis=-1, keepdims=True)
+    first = _first_index(tops == top)  # the first block holding the row's largest (blocks where none)
+    inside = jnp.take_along_axis(x, jnp.minimum(first, blocks - 1)[:, None, None], axis=1)[:, 0]
+    at = first * block + _first_index(inside == top)
+    return jnp.where(first < blocks, at, n)
+
+
+def _first_index(mask):
+    """Each row's first True column, or the row's length where none is."""
+    index = jax.lax.broadcasted_iota(jnp.int32, mask.shape, mask.ndim - 1)
+    return jnp.min(jnp.where(mask, index, mask.shape[-1]), axis=-1)
 
 
 def _unpack_bits(words, n: int):

@@ -227,6 +227,24 @@ def test_tied_alternatives_come_lower_id_first(backend, levels, k):
     np.testing.assert_allclose(values[:, :k], np.take_along_axis(ref, order, -1), atol=1e-6)
 
 
+@given(rows=st.integers(1, 5), n=st.integers(1, 700), levels=st.integers(1, 4), specials=st.integers(0, 3),
+       seed=st.integers(0, 2 ** 32 - 1))
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+def test_the_jax_argmax_is_the_first_largest(rows, n, levels, specials, seed):
+    # found a block at a time (rows of any length: the last block short), ties to the lowest index as
+    # numpy's; -inf and inf are values like others, and a row of NaN answers its length
+    from linnet.serve.sampling_jax import _argmax
+
+    rng = np.random.default_rng(seed)
+    x = rng.integers(0, levels, size=(rows, n)).astype(np.float32)  # few levels: many ties
+    for _ in range(specials):
+        x[rng.integers(rows), rng.integers(n)] = rng.choice([np.inf, -np.inf])
+    want = np.argmax(x, axis=-1)
+    x[0] = np.nan if specials == 3 else x[0]
+    want[0] = n if specials == 3 else want[0]
+    assert np.asarray(_argmax(x)).tolist() == want.tolist()
+
+
 @given(st.integers(1, 200), st.integers(0, 2 ** 32 - 1))
 @settings(max_examples=25, deadline=None, derandomize=True, database=None)
 def test_packed_token_masks_unpack_on_either_backend_as_numpy_packs_them(n, seed):
