@@ -27,10 +27,10 @@ DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "i
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     if cpu_ops.serves(x, weight) and weight.shape == x.shape[-1:]:
         return cpu_ops.rmsnorm(x, weight, eps)
-    # x * rsqrt(mean(x^2) + eps) in f32, as Hugging Face's RMSNorm; torch's rms_norm is those ops
-    # (bit for bit) where it has no kernel of its own, and one fused kernel on CUDA, not five
-    h = F.rms_norm(x.float(), x.shape[-1:], eps=eps)
-    return weight * h.to(x.dtype)
+    # x * rsqrt(mean(x^2) + eps) in f32, rounded to x's type, as Hugging Face's RMSNorm: torch's
+    # rms_norm computes a 16-bit x in f32 and rounds its output once (bit for bit those ops where it
+    # has no kernel of its own), one fused kernel on CUDA, where the ops would be five
+    return weight * F.rms_norm(x, x.shape[-1:], eps=eps)
 
 
 def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:

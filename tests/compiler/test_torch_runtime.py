@@ -32,6 +32,20 @@ def test_rope_rotates_halves_as_the_llama_reference_does(dtype, generic, monkeyp
     np.testing.assert_allclose(got.double().numpy(), want, rtol=ulp, atol=4 * ulp)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_rmsnorms_generic_path_is_hugging_faces_bit_for_bit(dtype, monkeypatch):
+    # (a GPU's path: the CPU's kernel stood aside) normalized in f32, rounded to x's type, then the weight
+    monkeypatch.setattr(rt.cpu_ops, "serves", lambda *tensors: False)
+    g = torch.Generator().manual_seed(0)
+    for n, d in ((1, 4096), (64, 576), (7, 2048)):
+        x = (torch.randn(n, d, generator=g) * 3).to(dtype)
+        weight = (1 + torch.randn(d, generator=g) / 10).to(dtype)
+        h = x.float()
+        want = weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype)
+        got = rt.rmsnorm(x, weight, 1e-5)
+        assert got.dtype == dtype and torch.equal(got, want)
+
+
 def test_per_pass_computes_once_per_entry_call_and_per_tensor():
     calls = []
     a, b = torch.arange(4), torch.arange(4)  # equal values, different tensors
