@@ -233,8 +233,13 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
         return _attend(q, k_cache[:n, :span], v_cache[:n, :span], positions, window, sinks, scale, fast)
     out = torch.empty(q.shape[:2] + v_cache.shape[-1:], dtype=q.dtype, device=q.device)
     singles, runs = per_pass("segments", (rows, positions), lambda: _segments(rows, positions))
-    if singles is not None:  # one-token segments (decoding rows in a mixed pass): batched over their rows
-        idx, r, pos = singles
+    if singles is not None and fast and sinks is None and flash_decodes(q, k_cache) and singles.distinct:
+        # one-token segments of distinct rows (decoding rows in a mixed pass): as a decode step's
+        order, starts_q, starts_k, used = per_pass(f"flash singles {k_cache.shape[1]}", (rows, positions),
+                                                   lambda: _flash_singles(singles, k_cache.shape[1], q.device))
+        out[order] = _flash_rows(q[order], k_cache, v_cache, starts_q, starts_k, used, window, scale)
+    elif singles is not None:  # one-token segments: batched over their rows
+        idx, r, pos = singles.index, singles.rows, singles.positions
         span = _key_span(pos, k_cache.shape[1])
         # index_select of the span's view: 3x faster than k_cache[r, :span], which gathers element-wise
         keys, values = k_cache[:, :span].index_select(0, r), v_cache[:, :span].index_select(0, r)
@@ -268,25 +273,44 @@ _FLASH_TAKES_USED_KEYS = _flash_takes_used_keys()  # (read once: a torch.compile
 
 def _flash_decode(q, k_cache, v_cache, positions, window: int, scale: float):
     """q [n, heads, d], token i of row i at positions[i], against its row's keys 0 .. positions[i]
-    (the last `window` of them, if set): [n, heads, d]. Each row is one sequence of the
-    variable-length kernel, whose keys start at its row of the cache viewed as [n * MaxSeq, kv_heads, d]
-    (no copy) and run as far as it is told; grouped heads are the kernel's own. A padding token
-    (position >= MaxSeq: an idle row) uses no keys, and the kernel writes it zeros."""
+    (the last `window` of them, if set): [n, heads, d] (`_flash_rows`)."""
     n, seq = q.shape[0], k_cache.shape[1]
     starts_q, starts_k, used = per_pass(f"flash {seq}", (positions,), lambda: _flash_lengths(positions, n, seq))
-    keys = k_cache[:n].reshape((n * seq,) + k_cache.shape[2:])
-    values = v_cache[:n].reshape((n * seq,) + v_cache.shape[2:])
+    return _flash_rows(q, k_cache, v_cache, starts_q, starts_k, used, window, scale)
+
+
+def _flash_rows(q, k_cache, v_cache, starts_q, starts_k, used, window: int, scale: float):
+    """q [n, heads, d], one token a sequence, against its keys: sequence i's start at starts_k[i]
+    of the cache viewed as [Batch * MaxSeq, kv_heads, d] (no copy; starts_k ascending, a row's
+    first position), used[i] of them (the last `window`, if set). Grouped heads are the kernel's
+    own. A sequence that uses no keys (a padding token) gets zeros."""
+    batch, seq = k_cache.shape[:2]
+    keys = k_cache.reshape((batch * seq,) + k_cache.shape[2:])
+    values = v_cache.reshape((batch * seq,) + v_cache.shape[2:])
     window_left = window - 1 if window else None  # key j with positions[i] - j < window
     return _flash_varlen(q, keys, values, starts_q, starts_k, 1, seq, 0.0, False, False, scale=scale,
                          window_size_left=window_left, seqused_k=used)[0]
 
 
 def _flash_lengths(positions, n: int, seq: int) -> tuple:
-    """The variable-length kernel's sequence starts, int32: each row's query ([0, 1, ..., n]) and keys
-    ([0, seq, ..., n * seq]); and the keys each row uses (0 for a padding token)."""
+    """`_flash_rows`' int32 arguments for token i in row i: each query's start ([0, 1, ..., n]),
+    each row's keys' ([0, seq, ..., n * seq]), and the keys each uses (0 for a padding token)."""
     at = torch.arange(n + 1, dtype=torch.int32, device=positions.device)
     used = torch.where(positions < seq, positions + 1, 0).to(torch.int32)
     return at, at * seq, used
+
+
+def _flash_singles(singles, seq: int, device) -> tuple:
+    """`_flash_rows`' arguments for a pack's one-token segments, ordered by row (their keys' starts
+    then ascend), from the host's lists: (the tokens' indices in that order, the query starts, the
+    key starts, the keys used)."""
+    order = sorted(range(len(singles.host_rows)), key=singles.host_rows.__getitem__)
+    rows = [singles.host_rows[i] for i in order]
+    used = [p + 1 if p < seq else 0 for p in (singles.host_positions[i] for i in order)]
+    starts_k = [r * seq for r in rows] + [(rows[-1] + 1) * seq]
+    to = lambda values: torch.tensor(values, dtype=torch.int32, device=device)
+    index = torch.tensor([singles.host_index[i] for i in order], device=device)
+    return index, to(list(range(len(rows) + 1))), to(starts_k), to(used)
 
 
 def _flash_varlen(*args, **kwargs):
@@ -329,9 +353,22 @@ def per_pass(what: str, tensors: tuple, compute):
     return hit[1]
 
 
+class Singles(NamedTuple):
+    """A pack's one-token segments: their indices in the pack, rows and positions as tensors, and
+    as the host read them; `distinct`: no two in one row."""
+
+    index: torch.Tensor
+    rows: torch.Tensor
+    positions: torch.Tensor
+    host_index: list
+    host_rows: list
+    host_positions: list
+    distinct: bool
+
+
 def _segments(rows: torch.Tensor, positions: torch.Tensor):
     """Runs of equal rows in a pack, read on the host: (singles, [(start, end, row, last position,
-    the run's positions)]). singles: the one-token runs as tensors (indices, rows, positions), or None.
+    the run's positions)]). singles: the one-token runs (`Singles`), or None.
 
     The tensors are made once here, so the per-pass memo of their masks hits in every layer.
     """
@@ -348,7 +385,9 @@ def _segments(rows: torch.Tensor, positions: torch.Tensor):
     if not singles:
         return None, runs
     idx = torch.as_tensor(singles, device=rows.device)
-    return (idx, rows[idx], positions[idx]), runs
+    single_rows = [r[i] for i in singles]
+    return Singles(idx, rows[idx], positions[idx], singles, single_rows, [p[i] for i in singles],
+                   len(set(single_rows)) == len(single_rows)), runs
 
 
 def _attend_row(q, keys, values, positions, window, sinks, scale, fast):

@@ -1,4 +1,5 @@
-"""The decode step's attention through flash attention's variable-length kernel, CUDA's path. No GPU
+"""Decoding tokens' attention through flash attention's variable-length kernel (a decode step's, and
+the decoding rows' of a mixed pass), CUDA's path. No GPU
 here: the kernel is stood in for by a statement of what it computes (Flash-Attention 2's varlen
 forward: each sequence's queries bottom-right aligned to its keys, `seqused_k` keys used, grouped
 heads, a left window), and the runtime's arguments to it must give what SDPA's path gives."""
@@ -58,6 +59,33 @@ def test_each_row_attends_to_its_keys_up_to_its_position(window, monkeypatch):
     assert not got[3].any()  # the idle row used no keys
 
 
+@pytest.mark.parametrize("rows", [[4, 1, 3, 3, 3, 0, 2], [4, 1, 3, 3, 1, 0, 2]])
+def test_a_packs_decoding_rows_attend_as_a_decode_steps_do(rows, monkeypatch):
+    # one-token segments in any row order (a padding token among them) beside a prompt's run: the
+    # kernel's path for the singles, SDPA's for the run; two singles in one row (the second case:
+    # tokens 1 and 4, row 1) keep SDPA's path for all
+    g = torch.Generator().manual_seed(2)
+    batch, seq, heads, kv_heads, d = 5, 12, 4, 2, 8
+    rows = torch.tensor(rows, dtype=torch.int32)
+    positions = torch.tensor([6, 0, 2, 3, 4, 12, 9], dtype=torch.int32)  # token 5: padding at MaxSeq
+    q = torch.randn(len(rows), heads, d, generator=g)
+    k_cache, v_cache = torch.randn(batch, seq, kv_heads, d, generator=g), torch.randn(batch, seq, kv_heads, d, generator=g)
+    monkeypatch.setattr(rt.cpu_attention, "available", lambda cache, head_dim: False)
+    rt.as_tensors("cpu")
+    want = rt.attention(q, k_cache, v_cache, positions, rows=rows, window=3, scale=0.3, fast=True)
+    monkeypatch.setattr(rt, "flash_decodes", lambda q, k_cache: True)
+    calls = []
+    monkeypatch.setattr(rt, "_flash_varlen", lambda *a, **k: calls.append(a[4].tolist()) or varlen_reference(*a, **k))
+    rt.as_tensors("cpu")
+    got = rt.attention(q, k_cache, v_cache, positions, rows=rows, window=3, scale=0.3, fast=True)
+    real = [i for i in range(len(rows)) if positions[i] < seq]
+    torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-5)
+    distinct = rows[4] == 3
+    assert calls == ([[0, 1 * seq, 2 * seq, 4 * seq, 5 * seq]] if distinct else [])  # ordered by row
+    if distinct:
+        assert not got[5].any()  # the padding token used no keys
+
+
 def test_flash_serves_16_bit_cuda_tensors_only():
     q = torch.zeros(2, 4, 8, dtype=torch.bfloat16)
     assert not rt.flash_decodes(q, torch.zeros(2, 3, 2, 8, dtype=torch.bfloat16))  # the CPU
@@ -69,9 +97,10 @@ def test_flash_serves_16_bit_cuda_tensors_only():
 
 
 @pytest.mark.parametrize("card", ["tiny-llama", "tiny-mistral"])  # tiny-mistral: a sliding window
-def test_a_decode_step_through_the_kernel_gives_sdpas_logits(card, monkeypatch):
-    # the generated step on a GPU's branches (plain weights, SDPA, no Linnet CPU kernel), with rows
-    # at different positions and one idle: the kernel's path against SDPA's
+def test_decode_steps_and_mixed_passes_through_the_kernel_give_sdpas_logits(card, monkeypatch):
+    # the generated entries on a GPU's branches (plain weights, SDPA, no Linnet CPU kernel), from a
+    # cache of noise: a decode step with rows at different positions and one idle, and a mixed pass
+    # (rows 3 and 0 decode, row 2 takes a 5-token prompt); the kernel's path against SDPA's
     monkeypatch.setattr(rt, "_put_inside", rt._put_clamped)
     monkeypatch.setattr(rt, "_key_span", lambda positions, max_seq: max_seq)
     monkeypatch.setattr(rt, "packs_linear_weights", lambda device, dtype: False)
@@ -81,16 +110,23 @@ def test_a_decode_step_through_the_kernel_gives_sdpas_logits(card, monkeypatch):
                       generics={"Batch": 4, "MaxSeq": 32, "T": "f32"})
     runner = model.runner
     g = torch.Generator().manual_seed(1)
-    for name in runner.state:  # a cache of noise, as rows that hold prompts
-        getattr(runner, name).normal_(generator=g)
-    start = {name: getattr(runner, name).clone() for name in runner.state}
-    tokens = np.array([3, 9, 0, 27], np.int32)
-    positions = np.array([5, 31, 32, 17], np.int32)  # row 2 idle
-    want = model.decode(tokens, positions).clone()
-    for name, value in start.items():
-        getattr(runner, name).copy_(value)
-    monkeypatch.setattr(rt, "flash_decodes", lambda q, k_cache: True)
-    monkeypatch.setattr(rt, "_flash_varlen", varlen_reference)
-    got = model.decode(tokens, positions)
+    start = {name: getattr(runner, name).normal_(generator=g).clone() for name in runner.state}
+    step = (np.array([3, 9, 0, 27], np.int32), np.array([5, 31, 32, 17], np.int32))  # row 2 idle
+    pack = (np.array([4, 8, 15, 16, 23, 42, 7], np.int32), np.array([18, 0, 1, 2, 3, 4, 6], np.int32),
+            np.array([3, 2, 2, 2, 2, 2, 0], np.int32), np.array([0, 5, 6], np.int32))
+
+    def logits(flash: bool) -> list:
+        out = []
+        for call in (lambda: model.decode(*step), lambda: model.prefill(*pack)):
+            for name, value in start.items():
+                getattr(runner, name).copy_(value)
+            with monkeypatch.context() as m:
+                if flash:
+                    m.setattr(rt, "flash_decodes", lambda q, k_cache: True)
+                    m.setattr(rt, "_flash_varlen", varlen_reference)
+                out.append(call().clone())
+        return out
+    (step_want, pack_want), (step_got, pack_got) = logits(False), logits(True)
     busy = [0, 1, 3]
-    torch.testing.assert_close(got[busy], want[busy], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(step_got[busy], step_want[busy], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(pack_got, pack_want, rtol=1e-4, atol=1e-4)
