@@ -69,7 +69,12 @@ if failed:
     print(f"{len(failed)} requests failed; the first: {failed[0].error}")
 rate = stats.generated_tokens / stats.seconds
 # apart from the two lines: the passes the run made, and how its decode steps ran
-how = "" if args.backend == "jax" else ", decode steps " + (
-    "replayed" if engine.runner.replays else f"eager ({engine.runner.not_replayed or 'no capture on this device'})")
+if args.backend == "jax":  # the XLA options its entries compiled with (codegen_jax.runtime.compiler_options)
+    from linnet.codegen_jax.runtime import compiler_options
+
+    how = f", XLA options {compiler_options(model.runner.device.platform)}"
+else:
+    how = ", decode steps " + (
+        "replayed" if engine.runner.replays else f"eager ({engine.runner.not_replayed or 'no capture on this device'})")
 print(f"passes {stats.passes}{how}", file=sys.stderr)
 print(f"{stats.generated_tokens} tokens in {stats.seconds:.2f} s: {rate:.0f} tokens/s")
