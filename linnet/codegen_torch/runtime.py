@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 from typing import NamedTuple
 
 import torch
@@ -263,7 +264,9 @@ def flash_decodes(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
 
 def _flash_takes_used_keys() -> bool:
     """Whether this torch's flash kernel takes `seqused_k` (and is CUDA's: ROCm's has no
-    variable-length form)."""
+    variable-length form), unless LINNET_FLASH_DECODE=0 keeps SDPA (to compare the two)."""
+    if os.environ.get("LINNET_FLASH_DECODE", "1") == "0":
+        return False
     op = getattr(torch.ops.aten, "_flash_attention_forward", None)
     return torch.version.hip is None and op is not None and "seqused_k" in str(op.default._schema)
 

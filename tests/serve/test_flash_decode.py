@@ -86,6 +86,14 @@ def test_a_packs_decoding_rows_attend_as_a_decode_steps_do(rows, monkeypatch):
         assert not got[5].any()  # the padding token used no keys
 
 
+def test_linnet_flash_decode_0_keeps_sdpa(monkeypatch):
+    monkeypatch.setenv("LINNET_FLASH_DECODE", "0")
+    assert not rt._flash_takes_used_keys()
+    monkeypatch.setenv("LINNET_FLASH_DECODE", "1")
+    assert rt._flash_takes_used_keys() == (torch.version.hip is None and "seqused_k" in str(
+        torch.ops.aten._flash_attention_forward.default._schema))
+
+
 def test_flash_serves_16_bit_cuda_tensors_only():
     q = torch.zeros(2, 4, 8, dtype=torch.bfloat16)
     assert not rt.flash_decodes(q, torch.zeros(2, 3, 2, 8, dtype=torch.bfloat16))  # the CPU
