@@ -772,16 +772,17 @@ class TorchModel:
         Returns the names joined."""
         joined = set()
         for group in self._joined_groups():
-            members = [getattr(self, name) for name in group]
-            rows = sum(m.shape[-2] for m in members)
-            whole = torch.empty(members[0].shape[:-2] + (rows, members[0].shape[-1]), dtype=members[0].dtype,
-                                device=self.device)
+            shape, dtype = self.params[group[0]]
+            rows = sum(self.params[name][0][-2] for name in group)
+            whole = torch.empty(tuple(shape[:-2]) + (rows, shape[-1]), dtype=DTYPES[dtype], device=self.device)
             start = 0
-            for name, m in zip(group, members):
-                whole[..., start:start + m.shape[-2], :].copy_(m)
-                start += m.shape[-2]
-                setattr(self, name, None)  # (the member's own memory goes as soon as nothing else holds it)
-            del members
+            for name in group:
+                member = getattr(self, name)
+                whole[..., start:start + member.shape[-2], :].copy_(member)
+                start += member.shape[-2]
+                # the member's own memory goes now, unless the caller holds it (`consume=False`)
+                setattr(self, name, None)
+                del member
             stacked = self.linear_weights[group[0]]
             self._hand_out_parts(self.linear_groups.index(group), group, list(whole) if stacked else [whole])
             joined.update(group)

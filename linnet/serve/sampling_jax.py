@@ -40,7 +40,7 @@ def _argmax(x, block: int = 128):
     """The first index of each row's largest value (the row's length where none is: NaNs), found
     through each block's largest: XLA's CPU backend runs argmax's (value, index) reduction an
     element at a time, and one index pass over the whole row widens its max to the row's shape
-    first. SmolLM2's 16 x 49152 logits: 1.5 ms as argmax, 1.2 as max and index, 0.36 so."""
+    first. SmolLM2's 16 x 49152 logits on this CPU: 1.5 ms as argmax, 1.2 as max and index, 0.45 so."""
     rows, n = x.shape
     blocks = -(-n // block)
     if blocks * block != n:  # a row ends short of a block: filled with -inf, never the first largest
