@@ -259,7 +259,14 @@ def flash_decodes(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     SDPA has no such length: a captured step's shapes are fixed, so it read all MaxSeq positions of
     every row (a Llama 3.1 8B step at 64 rows and MaxSeq 640: 5.4 GB of cache, 2.3 ms of its 10.7 on an H200)."""
     return (q.is_cuda and _FLASH_TAKES_USED_KEYS and q.dtype in (torch.float16, torch.bfloat16)
-            and k_cache.dtype == q.dtype and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256)
+            and k_cache.dtype == q.dtype and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256
+            and _flash_runs_on(q.get_device()))
+
+
+@torch.compiler.assume_constant_result  # (a torch.compile trace takes the answer as it is)
+def _flash_runs_on(device: int) -> bool:
+    """Whether flash attention's kernels run on this CUDA device: Ampere (compute capability 8) on."""
+    return torch.cuda.get_device_capability(device)[0] >= 8
 
 
 def _flash_takes_used_keys() -> bool:
