@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The GPU check: run on a machine with an NVIDIA GPU (about 10 minutes in all).
 # First checks that the engine's tokens on the GPU are right (gpu_parity.py: batched = alone, torch =
-# JAX, the decode step replayed as a CUDA graph, fast f32 and bf16 near exact), then where a torch step's time goes (gpu_profile.py:
-# the decode step replayed and eager, a packed and a mixed pass, their costliest kernels), then prints
-# a table: throughput.py's load with random Llama 3.1 8B weights in bf16 on torch and on JAX, one
-# request (128 prompt, 128 new tokens) on both, and transformers' generate on the same load.
+# JAX, the decode step replayed as a CUDA graph, fast f32 and bf16 near exact), then where a torch
+# step's time goes (gpu_profile.py: the decode step replayed and eager, a packed and a mixed pass,
+# their costliest kernels), then prints a table: throughput.py's load with random Llama 3.1 8B
+# weights in bf16 on torch and on JAX, one request (128 prompt, 128 new tokens) on both, and
+# transformers' generate on the same load.
 #   bash benchmarks/gpu_check.sh [--quick] [--gpt-oss] [--inductor]
 # GPU_CHECK_SECONDS (default 560, under the 10 minutes a borrowed machine gives one command): the
 # whole check's time, from its start. Each step runs for at most its own cap, and never into the

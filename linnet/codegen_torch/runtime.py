@@ -266,7 +266,12 @@ def flash_decodes(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
 @torch.compiler.assume_constant_result  # (a torch.compile trace takes the answer as it is)
 def _flash_runs_on(device: int) -> bool:
     """Whether flash attention's kernels run on this CUDA device: Ampere (compute capability 8) on."""
-    return torch.cuda.get_device_capability(device)[0] >= 8
+    return _capability(device)[0] >= 8
+
+
+@functools.cache  # asked by every layer of an eager pass; kept apart, as Dynamo would trace a cached function
+def _capability(device: int) -> tuple:
+    return torch.cuda.get_device_capability(device)
 
 
 def _flash_takes_used_keys() -> bool:
