@@ -36,6 +36,16 @@ _COMPILED_LOOPS = contextvars.ContextVar("linnet_compiled_loops", default=False)
 
 COMPILE_THREADS = 8  # most compiles `JaxModel.compile_ahead` runs at once
 
+
+def loops_over_stacks(platform: str, mesh) -> bool:
+    """Whether a model keeps each stacked linear weight one array [layers, ...] and compiles its
+    layer loops as XLA loops that read a layer of it at a traced index: on one GPU, unless
+    LINNET_JAX_UNROLL_LAYERS=1 (each layer's weights an array of their own and the loops unrolled,
+    each layer traced and compiled apart: to compare). Unrolled, an 8B model's pass shape took
+    8.5 s to compile alone on an H200 and 68-117 s beside the warmup's other shapes, so that no
+    JAX run of the GPU check got past its warmup. (The CPU's panels loop on their own terms.)"""
+    return mesh is None and platform == "gpu" and os.environ.get("LINNET_JAX_UNROLL_LAYERS", "0") != "1"
+
 # XLA's options for every entry compiled for a GPU, each where this jaxlib knows it and XLA_FLAGS does
 # not name it (a user's own flag wins): `compiler_options`.
 GPU_COMPILER_OPTIONS = {
@@ -191,11 +201,12 @@ def loop(count: int, body, carry):
     """`for i in range(count): carry = body(i, carry)`; returns the last carry. Generated code
     writes a layer loop so where its index only picks layers (`codegen_jax.loops`).
 
-    Where the model's stacked weights are each one array that Linnet's kernels read a layer of in
-    place (the CPU's panels), an XLA while loop: the body is traced and compiled once. SmolLM2's
-    30 layers compiled in 1.6-1.9 s per packed-pass shape unrolled, 0.3-0.5 s so. Elsewhere the loop
-    is unrolled as Python's: a GPU holds each layer's weight as an array of its own, which a
-    traced index cannot pick, and which XLA's GPU matmuls read as they lie."""
+    Where the model's stacked weights are each one array read a layer at a time (the CPU's panels,
+    which Linnet's kernels read in place; a GPU's stacked arrays), an XLA while loop: the body is
+    traced and compiled once. SmolLM2's 30 layers compiled in 1.6-1.9 s per packed-pass shape
+    unrolled on this CPU, 0.3-0.5 s so. Elsewhere (a CPU's exact numerics, which hold each layer's
+    weight as an array of its own that a traced index cannot pick; a mesh; a GPU under
+    LINNET_JAX_UNROLL_LAYERS) the loop is unrolled as Python's."""
     if _COMPILED_LOOPS.get():
         types = [a.dtype for a in carry]
 
@@ -603,6 +614,7 @@ class JaxModel:
         # own memory where they can be, never as a device array and its panels at once.
         packs = (self.fast and mesh is None and self.device.platform == "cpu" and xla_kernels.registered())
         kept = {}  # name -> host array, packed by `pack_linear_weights`
+        loops_on_stacks = loops_over_stacks(self.device.platform, mesh)
         # a linear weight tied to by a param that is not one (gathered from) stays as it is
         gathered_targets = {t for alias, t in self.tied.items() if alias not in self.linear_weights}
         for name, (shape, dtype) in self.params.items():
@@ -623,7 +635,7 @@ class JaxModel:
             if packs and name in self.linear_weights and name not in gathered_targets and \
                     xla_kernels.available(host.dtype, "cpu"):
                 kept[name] = host
-            elif name in self.stacked and name in self.linear_weights and axis != 0:
+            elif name in self.stacked and name in self.linear_weights and axis != 0 and not loops_on_stacks:
                 # XLA's CPU backend copies a static slice of a parameter (`wq[l]`) before a dot,
                 # which costs a pass over every weight per step; a list of per-layer arrays
                 # reads the same in the generated code (`params["wq"][l]`) and is not copied.
@@ -649,9 +661,9 @@ class JaxModel:
             parts, panels = self.fuse_linear_groups() if self.fast and mesh is None else {}, {}
         self.reset_state()
         types = {name: DTYPES[dtype] for name, (_, dtype) in self.state.items()}
-        # Layer loops compile as loops on one CPU where no weight is held a layer per array (`loop`).
-        self.compiles_loops = (mesh is None and self.device.platform == "cpu"
-                               and not any(isinstance(a, list) for a in self.weights.values()))
+        # Layer loops compile as loops on one device where no weight is held a layer per array (`loop`).
+        self.compiles_loops = ((self.device.platform == "cpu" and mesh is None) or loops_on_stacks) and \
+            not any(isinstance(a, list) for a in self.weights.values())
         self.traced = {name: _traced_with(_traced_with(_on_bits(_on_panels(_on_parts(fn, parts), panels), types),
                                                        _COMPILED_LOOPS, self.compiles_loops), _SHARDED, mesh is not None)
                        for name, fn in self.entries.items()}
@@ -693,19 +705,20 @@ class JaxModel:
     def fuse_linear_groups(self) -> dict:
         """Each of `linear_groups` (untied weights of one input, as the code generator found them)
         held as one array, layer by layer: `weights["wk+wq+wv"]` in place of its members.
-        Returns {member: (that key, first row, row past the last)} for `_on_parts`."""
+        Returns {member: (that key, first row, row past the last, stacked)} for `_on_parts`."""
         parts = {}
         for group in self.linear_groups:
             key, members = "+".join(group), [self.weights.pop(name) for name in group]
-            stacked = isinstance(members[0], list)
-            layers = zip(*members) if stacked else [members]
-            fused = [jnp.concatenate(layer) for layer in layers]
-            self.weights[key] = fused if stacked else fused[0]
+            listed = isinstance(members[0], list)  # a layer an array (else one array, stacked or not)
+            layers = zip(*members) if listed else [members]
+            fused = [jnp.concatenate(layer, axis=-2) for layer in layers]  # rows: [..., N, K]
+            del members[:], layers
+            self.weights[key] = fused if listed else fused[0]
             start = 0
-            for name, m in zip(group, members):
-                rows = (m[0] if stacked else m).shape[0]
-                parts[name] = (key, start, start + rows)
-                start += rows
+            for name in group:
+                shape = self.params[name][0]
+                parts[name] = (key, start, start + shape[-2], self.linear_weights.get(name, False))
+                start += shape[-2]
         return parts
 
     def pack_linear_weights(self, kept: dict, owned: bool) -> tuple[dict, dict]:
@@ -719,7 +732,7 @@ class JaxModel:
         their own in place, or gives their pages back as it copies them.
         Tied aliases: one of a packed target shares its panels; a linear weight tied to a param
         that is not one (a head tied to an embedding that is gathered from) gets panels of its own.
-        Returns ({member: (group key, first row, row past the last)} for `_on_parts`,
+        Returns ({member: (group key, first row, row past the last, stacked)} for `_on_parts`,
         {weights key: (the weight's N, its layers or None)} for `_on_panels`)."""
         targets = set(self.tied.values())  # packed alone, for their aliases to share
         groups = [group for group in self.linear_groups if all(n in kept and n not in targets for n in group)]
@@ -729,12 +742,12 @@ class JaxModel:
         parts, panels = {}, {}
         for key, names in jobs:
             members = [kept.pop(name) for name in names]
+            stacked = members[0].ndim == 3
             start = 0
             for name, m in zip(names, members):
                 if len(names) > 1:
-                    parts[name] = (key, start, start + m.shape[-2])
+                    parts[name] = (key, start, start + m.shape[-2], stacked)
                 start += m.shape[-2]
-            stacked = members[0].ndim == 3
             packed = xla_kernels.pack_side_by_side(members, owned=owned)
             del members
             self.weights[key] = _on_huge_pages(jax.device_put(packed, self.device))
@@ -861,11 +874,11 @@ def _on_parts(entry, parts: dict):
     @functools.wraps(entry)
     def on_parts(params, state, *args):
         params = dict(params)
-        for name, (key, start, stop) in parts.items():
+        for name, (key, start, stop, stacked) in parts.items():
             whole = params[key]
             if isinstance(whole, list):
                 params[name] = [FusedPart(a, start, stop) for a in whole]
-            elif isinstance(whole, LayerStack):
+            elif isinstance(whole, LayerStack) or stacked:  # (a stacked array: its layer at a traced index)
                 params[name] = LayerStack(lambda i, whole=whole, start=start, stop=stop: FusedPart(whole[i], start, stop))
             else:
                 params[name] = FusedPart(whole, start, stop)

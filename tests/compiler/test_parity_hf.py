@@ -126,6 +126,31 @@ def test_cards_are_what_the_tests_claim(card):
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mode", list(MODES))
 def test_matches_transformers(card, backend, mode, kit):
+    _compare_with_transformers(card, backend, mode, kit)
+
+
+@pytest.mark.parametrize("mode", ["exact", "fast-bf16"])
+def test_jax_looping_over_stacked_weights_matches_transformers(card, mode, kit, monkeypatch):
+    """JAX as on one GPU (`rt.loops_over_stacks`), here on the CPU: each stacked weight one array
+    (a fused group's too, joined by rows), layer loops compiled as XLA loops reading a layer at a
+    traced index (or, where a card's loop stays Python's, at a static one)."""
+    from linnet.codegen_jax import runtime as rt
+    from linnet.kernels import xla_kernels
+
+    monkeypatch.setattr(rt, "loops_over_stacks", lambda platform, mesh: mesh is None)
+    monkeypatch.setattr(xla_kernels, "registered", lambda: False)  # no panels: plain arrays, as on a GPU
+    model = _compare_with_transformers(card, "jax", mode, kit, label="jax-stacked")
+    stacked = [name for name, is_stacked in model.linear_weights.items() if is_stacked]
+    assert stacked and not any(isinstance(a, list) for a in model.weights.values())
+    assert model.compiles_loops
+    if mode == "fast-bf16" and model.linear_groups:
+        key = "+".join(model.linear_groups[0])
+        assert model.weights[key].ndim == 3 and key.split("+")[0] in stacked
+
+
+def _compare_with_transformers(card, backend, mode, kit, label=None):
+    """Runs the card's prompts and greedy steps through our model and checks each step's logits
+    against the reference's; returns the model."""
     numerics, dtype, bound, same_tokens = MODES[mode]
     generics = {**GENERICS, "T": dtype}
     spec = specialize(card["module"], generics, numerics)
@@ -146,7 +171,7 @@ def test_matches_transformers(card, backend, mode, kit):
               for ours, ref, rows in zip(logits, card["ref_logits"], compared)]
     ours_tokens = [kit.to_np(x).argmax(-1) for x in logits]
     agree = np.mean([np.array_equal(a, b) for a, b in zip(ours_tokens, card["ref_tokens"])])
-    key = f"{card['name']:<15} {backend:<5} {mode:<9}"
+    key = f"{card['name']:<15} {label or backend:<5} {mode:<9}"
     kit.PARITY[key + " prefill"] = errors[0]
     kit.PARITY[key + " decode (worst of 16)"] = max(errors[1:])
     if not same_tokens:
@@ -160,6 +185,7 @@ def test_matches_transformers(card, backend, mode, kit):
     if same_tokens:
         for step, (a, b) in enumerate(zip(ours_tokens, card["ref_tokens"])):
             assert np.array_equal(a, b), f"greedy tokens differ at step {step}: {a} vs {b}"
+    return model
 
 
 def _error(ours: np.ndarray, ref: np.ndarray, rows: np.ndarray) -> float:
