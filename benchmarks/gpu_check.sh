@@ -4,24 +4,25 @@
 # JAX, the decode step replayed as a CUDA graph, fast f32 and bf16 near exact), then where a torch
 # step's time goes (gpu_profile.py: the decode step replayed and eager, a packed and a mixed pass,
 # their costliest kernels), then prints a table: throughput.py's load with random Llama 3.1 8B
-# weights in bf16 on torch and on JAX, one request (128 prompt, 128 new tokens) on both, and
-# transformers' generate on the same load.
-#   bash benchmarks/gpu_check.sh [--quick] [--gpt-oss] [--inductor]
-# GPU_CHECK_SECONDS (default 560, under the 10 minutes a borrowed machine gives one command): the
+# weights in bf16 on torch and on JAX, one request (128 prompt, 128 new tokens) on both,
+# transformers' generate on the same load, JAX's step and passes timed (gpu_profile.py --backend
+# jax), and the torch rows again with LINNET_TORCH_INDUCTOR=1 (the decode step fused by
+# torch.compile before it is captured).
+#   bash benchmarks/gpu_check.sh [--quick] [--gpt-oss] [--no-inductor]
+# GPU_CHECK_SECONDS (default 580, under the 10 minutes a borrowed machine gives one command): the
 # whole check's time, from its start. Each step runs for at most its own cap, and never into the
 # time kept for the steps after it: a slow step (a long compile) costs its own row, not the others'.
 # --quick: 64 requests instead of 256. --gpt-oss: also gpt-oss-20b (random weights, 42 GB in bf16)
 # on both backends, after the table's other rows (give GPU_CHECK_SECONDS 10 minutes more).
-# --inductor: also the torch rows with LINNET_TORCH_INDUCTOR=1 (the decode step fused by torch.compile
-# before it is captured), after the others (give GPU_CHECK_SECONDS 5 minutes more).
+# --no-inductor: without the LINNET_TORCH_INDUCTOR rows.
 # GPU_CHECK_ONLY: a bash regex; only the rows whose names match it run (a second, short call:
-#   GPU_CHECK_ONLY=inductor bash benchmarks/gpu_check.sh --inductor).
+#   GPU_CHECK_ONLY=inductor bash benchmarks/gpu_check.sh).
 # lark, gguf, interegular and llguidance may be missing there: put their wheels in .whl/ first (here,
 # with the network: pip download --no-deps -d .whl lark gguf interegular llguidance, for the GPU
 # machine's Python), bring .whl along, and they are installed to /tmp/site.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-DEADLINE=$((SECONDS + ${GPU_CHECK_SECONDS:-560}))
+DEADLINE=$((SECONDS + ${GPU_CHECK_SECONDS:-580}))
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
@@ -30,13 +31,13 @@ if ! PYTHONPATH=/tmp/site:${PYTHONPATH:-} python3 -c "import lark" 2>/dev/null; 
   exit 2
 fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.85}
-REQ=256; GPT_OSS=0; INDUCTOR=0
+REQ=256; GPT_OSS=0; INDUCTOR=1
 for flag in "$@"; do
   case $flag in
     --quick) REQ=64 ;;
     --gpt-oss) GPT_OSS=1 ;;
-    --inductor) INDUCTOR=1 ;;
-    *) echo "gpu_check: unknown flag $flag (flags: --quick, --gpt-oss, --inductor)" >&2; exit 2 ;;
+    --no-inductor) INDUCTOR=0 ;;
+    *) echo "gpu_check: unknown flag $flag (flags: --quick, --gpt-oss, --no-inductor)" >&2; exit 2 ;;
   esac
 done
 T=examples/04-serve/throughput.py
@@ -64,7 +65,7 @@ run() {  # name, most seconds, seconds kept for the steps after it, command...: 
   timeout -k 10 "$most" "$@" > "$OUT/step.log" 2>&1
   status=$?
   cat "$OUT/step.log" >> "$OUT/gpu_check.log"
-  line=$(grep -E "tokens/s|compiled in|loaded in|^FAIL |^decode step|^engine step|^packed pass|^mixed pass|^passes " "$OUT/step.log" | tr '\n' ' ')
+  line=$(grep -E "tokens/s|compiled in|loaded in|^FAIL |^decode step|^engine step|^packed pass|^mixed pass|^passes |^weight layers " "$OUT/step.log" | tr '\n' ' ')
   rm -f "$OUT/step.log"
   if [ $status = 124 ] || [ $status = 137 ]; then
     line="TIMED OUT after $((SECONDS - begun)) s $line"
@@ -76,20 +77,23 @@ run() {  # name, most seconds, seconds kept for the steps after it, command...: 
   printf '%-34s %s\n' "$name" "$line" >> "$OUT/gpu_table.txt"
 }
 ONE="--requests 1 --rows 1 --min-prompt 128 --max-prompt 128"
-# kept: the least time the steps after it need (the sum of their floors: parity 80, profile 30, torch
-# 45, one request 30, transformers 45, jax 120, jax one request 60), so a shorter GPU_CHECK_SECONDS
-# shortens the first steps rather than skipping the last.
-#   name                                 cap  kept  command
-run "parity (gpu_parity.py)"             140  330  python3 benchmarks/gpu_parity.py
-run "profile (gpu_profile.py)"           60   300  python3 benchmarks/gpu_profile.py
-run "torch, $REQ requests, 64 rows"      130  255  python3 $T --weights random --requests $REQ
-run "torch, one request"                 60   225  python3 $T --weights random $ONE
-run "transformers generate, $REQ req"    90   180  python3 benchmarks/transformers_peer.py --requests $REQ
-run "jax, $REQ requests, 64 rows"        220  60   env JAX_LOG_COMPILES=1 python3 $T --weights random --requests $REQ --backend jax
-run "jax, one request"                   120  0    env JAX_LOG_COMPILES=1 python3 $T --weights random $ONE --backend jax
+# kept: the least time the steps after it need (the sum of their floors: parity 60, profile 30, torch
+# 45, one request 30, transformers 45, jax 90, jax one request 50, jax profile 60, and the inductor
+# rows 60 each where they run), so a shorter GPU_CHECK_SECONDS shortens the first steps rather than
+# skipping the last.
+I=$((INDUCTOR * 120))
+#   name                                 cap  kept        command
+run "parity (gpu_parity.py)"             140  $((350 + I)) python3 benchmarks/gpu_parity.py
+run "profile (gpu_profile.py)"           60   $((320 + I)) python3 benchmarks/gpu_profile.py
+run "torch, $REQ requests, 64 rows"      130  $((275 + I)) python3 $T --weights random --requests $REQ
+run "torch, one request"                 60   $((245 + I)) python3 $T --weights random $ONE
+run "transformers generate, $REQ req"    90   $((200 + I)) python3 benchmarks/transformers_peer.py --requests $REQ
+run "jax, $REQ requests, 64 rows"        220  $((110 + I)) env JAX_LOG_COMPILES=1 python3 $T --weights random --requests $REQ --backend jax
+run "jax, one request"                   120  $((60 + I))  python3 $T --weights random $ONE --backend jax
+run "jax profile (gpu_profile.py)"       120  $I           python3 benchmarks/gpu_profile.py --backend jax
 if [ $INDUCTOR = 1 ]; then
-  run "torch inductor, one request"      150  150  env LINNET_TORCH_INDUCTOR=1 python3 $T --weights random $ONE
-  run "torch inductor, $REQ requests"    150  0    env LINNET_TORCH_INDUCTOR=1 python3 $T --weights random --requests $REQ
+  run "torch inductor, one request"      150  60           env LINNET_TORCH_INDUCTOR=1 python3 $T --weights random $ONE
+  run "torch inductor, $REQ requests"    150  0            env LINNET_TORCH_INDUCTOR=1 python3 $T --weights random --requests $REQ
 fi
 if [ $GPT_OSS = 1 ]; then
   run "gpt-oss-20b torch, $REQ requests" 300  300  python3 $T --card gpt-oss-20b --weights random --requests $REQ

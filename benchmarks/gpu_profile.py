@@ -9,8 +9,10 @@ cache filled with noise; then, each the median of --steps:
 - a pass of packed prompts (--pack tokens in prompts of --prompt) and a mixed pass (every row's
   decode token and one prompt), both eager, as the engine runs them;
 then torch's profiler over one of each: the kernels that took the most GPU time.
+With --backend jax, the same timings of JAX's executables (the engine step, the packed and the mixed
+pass, each compiled first), without the kernel tables.
 
-    python benchmarks/gpu_profile.py [--card llama-3.1-8b-instruct] [--rows 64] [--max-seq 640]
+    python benchmarks/gpu_profile.py [--card llama-3.1-8b-instruct] [--rows 64] [--max-seq 640] [--backend jax]
     python benchmarks/gpu_profile.py --card smollm2-135m-instruct --device cpu --rows 8 --dtype f32  # the script itself
 """
 
@@ -23,7 +25,7 @@ import torch
 
 from linnet import nest
 from linnet.codegen_torch import runtime as rt
-from linnet.serve.runners import TorchRunner
+from linnet.serve.runners import TorchRunner, make_runner
 from linnet.serve.sampling import SamplingBatch
 from linnet.serve import Request
 
@@ -37,12 +39,14 @@ parser.add_argument("--steps", type=int, default=20)
 parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"])
 parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
 parser.add_argument("--kernels", type=int, default=12, help="kernels listed per profile")
+parser.add_argument("--backend", default="torch", choices=["torch", "jax"])
 args = parser.parse_args()
 cuda = args.device.startswith("cuda")
+jax_backend = args.backend == "jax"
 
 
 def sync():
-    if cuda:
+    if cuda and not jax_backend:
         torch.cuda.synchronize()
 
 
@@ -68,13 +72,41 @@ def profiled(name: str, run) -> None:
     print(prof.key_averages().table(sort_by=key, row_limit=args.kernels, max_name_column_width=70))
 
 
+def weight_copies(jax_model, tokens, positions) -> str:
+    """Whether XLA copies a layer of a stacked weight out before multiplying by it, in the decode
+    step as compiled (where a GPU's layer loop reads its weights at a traced index, a copy would
+    double the weights' reads): the instructions of its optimized HLO that make an array of one
+    layer's weight shape, other than views of it."""
+    import re
+
+    import jax
+
+    state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), jax_model.state_bits)
+    text = jax_model.compiled["decode"].lower(jax_model.weights, state, tokens, positions).compile().as_text()
+    shapes = {tuple(a.shape[1:]) for a in jax.tree.leaves(jax_model.weights) if a.ndim == 3}
+    made, inside = [], ""
+    for line in text.splitlines():
+        header = re.match(r"(ENTRY )?%?([\w.-]+) .*\{$", line)
+        if header:  # a computation: a fusion's body makes nothing of its own in memory
+            inside = header.group(2)
+            continue
+        m = re.match(r"\s*(ROOT )?%?[\w.-]+ = \w+\[([\d,]*)\]\S* ([\w-]+)\(", line)
+        if m and not re.search(r"fused|fusion|wrapped|computation", inside) and \
+                m.group(3) not in ("parameter", "get-tuple-element", "bitcast", "tuple") and \
+                tuple(int(d) for d in m.group(2).split(",") if d and d != "1") in shapes:
+            made.append(line.strip()[:160])
+    fused = sorted({k for k in ("dynamic_slice_fusion", "address_computation", "DynamicSliceFusion") if k in text})
+    head = f"weight layers made in the decode step: {len(made)} instructions (dynamic-slice fusion: {fused or 'none'})"
+    return head + "".join(f"\n    {line}" for line in made[:6])
+
+
 start = time.perf_counter()
-model = nest.load(args.card, backend="torch", device=args.device, numerics="fast", compile=True, weights="random",
-                  generics={"Batch": args.rows, "MaxSeq": args.max_seq, "T": args.dtype}, cast_dtype=True,
-                  tokenizer=False)
+model = nest.load(args.card, backend="jax_model" if jax_backend else "torch", device=args.device, numerics="fast",
+                  compile=True, weights="random", generics={"Batch": args.rows, "MaxSeq": args.max_seq, "T": args.dtype},
+                  cast_dtype=True, tokenizer=False)
 print(f"loaded in {time.perf_counter() - start:.0f} s")
-runner, rows, max_seq = TorchRunner(model), args.rows, args.max_seq
-for name in model.runner.state:  # a cache of noise: every row's keys as a long prompt's would be
+runner, rows, max_seq = make_runner(model), args.rows, args.max_seq
+for name in [] if jax_backend else model.runner.state:  # a cache of noise: every row's keys as a long prompt's would be
     getattr(model.runner, name).normal_()
 rng = np.random.default_rng(0)
 tokens = rng.integers(100, min(20000, model.vocab), size=rows).astype(np.int32)
@@ -93,9 +125,22 @@ mixed = (np.r_[tokens[1:], pack[0][:prompt]], np.r_[positions[1:], np.arange(pro
          np.r_[np.arange(1, rows, dtype=np.int32), np.zeros(prompt, np.int32)],
          np.r_[np.arange(rows - 1, dtype=np.int32), [rows - 1 + prompt - 1]].astype(np.int32))
 
+engine_step = lambda: runner.decode_sample(tokens, positions, greedy, on_rows).result()
+if jax_backend:  # a pass's logits made ready on the device, as the engine's draw after it waits for them
+    packed = lambda: runner.prefill(*pack).block_until_ready()
+    joined = lambda: runner.prefill(*mixed).block_until_ready()
+    print(f"{args.card}, {args.dtype}, {rows} rows, MaxSeq {max_seq}, JAX on {model.runner.device}")
+    for name, run, steps in (("engine step (+ greedy)", engine_step, args.steps),
+                             (f"packed pass, {len(pack[0])} tokens", packed, max(3, args.steps // 4)),
+                             (f"mixed pass, {rows - 1} + {prompt}", joined, max(3, args.steps // 4))):
+        compiled = time.perf_counter()
+        run()  # (its compile)
+        compiled = time.perf_counter() - compiled
+        print(f"{name:<26}{median_ms(run, steps):8.2f} ms  (first call, compiling: {compiled:.1f} s)")
+    print(weight_copies(model.runner, tokens, positions))
+    raise SystemExit(0)
 replayed = lambda: runner.decode(tokens, positions)
 eager = lambda: model.decode(tokens, positions)
-engine_step = lambda: runner.decode_sample(tokens, positions, greedy, on_rows).result()
 packed = lambda: runner.prefill(*pack)
 joined = lambda: runner.prefill(*mixed)
 
@@ -111,8 +156,9 @@ if cache is not None and rt.flash_decodes(torch.zeros(1, 1, 128, dtype=cache.dty
     # the same step with SDPA reading every row's whole cache (LINNET_FLASH_DECODE=0), captured anew
     rt._FLASH_TAKES_USED_KEYS = False
     sdpa_runner = TorchRunner(model)
-    print(f"decode step, SDPA         {median_ms(lambda: sdpa_runner.decode(tokens, positions)):8.2f} ms "
-          f"(replayed; LINNET_FLASH_DECODE=0)")
+    sdpa_ms = median_ms(lambda: sdpa_runner.decode(tokens, positions))
+    how = "replayed" if sdpa_runner.replays else f"not replayed: {sdpa_runner.not_replayed}"
+    print(f"decode step, SDPA         {sdpa_ms:8.2f} ms ({how}; LINNET_FLASH_DECODE=0)")
     rt._FLASH_TAKES_USED_KEYS = True
     del sdpa_runner
 print(f"decode step, eager        {median_ms(eager):8.2f} ms")

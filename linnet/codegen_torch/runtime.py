@@ -473,11 +473,28 @@ def _sdpa_backends(q) -> list | None:
     """The SDPA kernels a call may take, where not torch's own choice: an eager call on CUDA (a
     packed or mixed pass, whose shapes change with every prompt) leaves cuDNN's attention out, which
     builds a plan for each new shape, tens to hundreds of ms (the GPU check's load spent about 16 s
-    of its 23.7 between passes whose kernels took 7). A captured decode step keeps it: one shape,
-    one plan, and there its kernel was the fastest."""
-    if q.is_cuda and not torch.compiler.is_compiling() and not torch.cuda.is_current_stream_capturing():
+    of its 23.7 between passes whose kernels took 7). A decode step to be captured keeps it, in its
+    warm-up runs as in its capture (`graph_step`): one shape, one plan, and there its kernel was
+    the fastest. (A capture whose warm-up had left cuDNN out built the plan inside the capture,
+    which failed it.)"""
+    if q.is_cuda and not torch.compiler.is_compiling() and not _GRAPH_STEP[0] and \
+            not torch.cuda.is_current_stream_capturing():
         return _EAGER_SDPA
     return None
+
+
+_GRAPH_STEP = [False]  # inside `graph_step`
+
+
+@contextlib.contextmanager
+def graph_step():
+    """Around a step to be captured as a CUDA graph and the runs that warm it up: its calls choose
+    their kernels as the capture will (`_sdpa_backends`)."""
+    before, _GRAPH_STEP[0] = _GRAPH_STEP[0], True
+    try:
+        yield
+    finally:
+        _GRAPH_STEP[0] = before
 
 
 _EAGER_SDPA = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]  # no cuDNN

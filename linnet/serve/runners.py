@@ -245,29 +245,32 @@ class TorchRunner:
         return self.model.decode(self._static_tokens, self._static_positions)
 
     def _capture_cuda(self):
+        from linnet.codegen_torch import runtime as rt
+
         torch = self.torch
         # Warm the kernels up on a side stream before capturing, as CUDA graphs require (and compile
         # the fused step, on its first call). The cache is saved and restored around it, since these
         # steps write into it.
         saved = {name: getattr(self.model.runner, name).clone() for name in self.model.runner.state}
         decode = None
-        if fuses_decode():
+        with rt.graph_step():  # the warm-up's kernels chosen as the capture's
+            if fuses_decode():
+                try:
+                    decode = self._warmed(fused_decode(self.model.runner))
+                except Exception as e:  # torch.compile's own failures: the step as it is, captured all the same
+                    warnings.warn(f"LINNET_TORCH_INDUCTOR: torch.compile failed ({str(e).splitlines()[0]}); the "
+                                  f"decode step is captured as it is")
+            if decode is None:
+                decode = self._warmed(self.model.decode)
+            graph = torch.cuda.CUDAGraph()
             try:
-                decode = self._warmed(fused_decode(self.model.runner))
-            except Exception as e:  # torch.compile's own failures: the step as it is, captured all the same
-                warnings.warn(f"LINNET_TORCH_INDUCTOR: torch.compile failed ({str(e).splitlines()[0]}); the "
-                              f"decode step is captured as it is")
-        if decode is None:
-            decode = self._warmed(self.model.decode)
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph):
-                self._static_logits = decode(self._static_tokens, self._static_positions)
-            self._graph = graph
-        except RuntimeError as e:  # an op that reads the device on the host (a mixture's routing without grouped GEMM)
-            torch.cuda.synchronize()
-            self._graph, self.not_replayed = "eager", f"CUDA graph capture: {str(e).splitlines()[0]}"
-            warnings.warn(f"the decode step runs eagerly: {self.not_replayed}")
+                with torch.cuda.graph(graph):
+                    self._static_logits = decode(self._static_tokens, self._static_positions)
+                self._graph = graph
+            except RuntimeError as e:  # an op that reads the device on the host (a mixture's routing without grouped GEMM)
+                torch.cuda.synchronize()
+                self._graph, self.not_replayed = "eager", f"CUDA graph capture: {str(e).splitlines()[0]}"
+                warnings.warn(f"the decode step runs eagerly: {self.not_replayed}")
         for name, value in saved.items():
             getattr(self.model.runner, name).copy_(value)
 

@@ -137,3 +137,17 @@ def test_eager_sdpa_on_cuda_leaves_cudnn_out_and_a_capture_keeps_torchs_choice(m
         got = rt._sdpa_backends(cuda_q)
         assert (got is not None) == want
         assert got is None or (SDPBackend.CUDNN_ATTENTION not in got and SDPBackend.EFFICIENT_ATTENTION in got)
+
+
+def test_a_step_to_be_captured_chooses_its_kernels_alike_in_its_warm_up_and_its_capture(monkeypatch):
+    # a warm-up that left cuDNN out made the capture build cuDNN's plan inside it, which failed the
+    # capture (the GPU check's SDPA decode step ran eagerly); no GPU here: stand-ins, as above
+    cuda_q = types.SimpleNamespace(is_cuda=True)
+    chosen = {}
+    for capturing in (False, True):  # the runner's warm-up runs, then its capture
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda capturing=capturing: capturing)
+        with rt.graph_step():
+            chosen[capturing] = rt._sdpa_backends(cuda_q)
+    assert chosen[False] == chosen[True] is None
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    assert rt._sdpa_backends(cuda_q) is not None  # an eager pass after it leaves cuDNN out again

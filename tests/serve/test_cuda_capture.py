@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from linnet import nest
+from linnet.codegen_torch import runtime as rt
 from linnet.serve import runners
 
 
@@ -55,6 +56,7 @@ def capture(monkeypatch):
     def logged(name, step):
         def decode(tokens, positions):
             calls.append((name, cuda.capturing))
+            assert rt._GRAPH_STEP[0]  # the warm-up and the capture choose kernels alike (`rt.graph_step`)
             return step(tokens, positions)
         return decode
     return runner, model, calls, logged
@@ -80,6 +82,6 @@ def test_the_step_is_warmed_twice_then_captured(capture, monkeypatch, fused):
         runner._capture_cuda()
     name = "fused" if fused == "on" else "plain"
     assert calls == [(name, False), (name, False), (name, True)]
-    assert runner.replays and runner.not_replayed is None
+    assert runner.replays and runner.not_replayed is None and not rt._GRAPH_STEP[0]
     for key, value in before.items():  # the warmups' and the capture's writes undone
         assert torch.equal(getattr(model.runner, key), value)
