@@ -232,14 +232,15 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
             return _flash_decode(q, k_cache, v_cache, positions, window, scale)
         span = _key_span(positions, k_cache.shape[1])
         return _attend(q, k_cache[:n, :span], v_cache[:n, :span], positions, window, sinks, scale, fast)
+    if fast and sinks is None and flash_decodes(q, k_cache):
+        seq = k_cache.shape[1]
+        pack = per_pass(f"flash pack {seq}", (rows, positions), lambda: _flash_pack(rows, positions, seq, q.device))
+        if pack is not None:  # every segment of the pack in one call
+            starts_q, starts_k, used, longest = pack
+            return _flash_rows(q, k_cache, v_cache, starts_q, starts_k, used, window, scale, longest)
     out = torch.empty(q.shape[:2] + v_cache.shape[-1:], dtype=q.dtype, device=q.device)
     singles, runs = per_pass("segments", (rows, positions), lambda: _segments(rows, positions))
-    if singles is not None and fast and sinks is None and flash_decodes(q, k_cache) and singles.distinct:
-        # one-token segments of distinct rows (decoding rows in a mixed pass): as a decode step's
-        order, starts_q, starts_k, used = per_pass(f"flash singles {k_cache.shape[1]}", (rows, positions),
-                                                   lambda: _flash_singles(singles, k_cache.shape[1], q.device))
-        out[order] = _flash_rows(q[order], k_cache, v_cache, starts_q, starts_k, used, window, scale)
-    elif singles is not None:  # one-token segments: batched over their rows
+    if singles is not None:  # one-token segments: batched over their rows
         idx, r, pos = singles.index, singles.rows, singles.positions
         span = _key_span(pos, k_cache.shape[1])
         # index_select of the span's view: 3x faster than k_cache[r, :span], which gathers element-wise
@@ -252,9 +253,10 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
 
 
 def flash_decodes(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether a token a row (a decode step) attends through flash attention's variable-length
-    kernel, which reads each row's keys only up to its position (`_flash_decode`): on CUDA, for the
-    16-bit types it takes, where this torch's kernel is told the keys each row uses (`seqused_k`).
+    """Whether tokens attend through flash attention's variable-length kernel, which reads each
+    row's keys only up to its position (a decode step: `_flash_decode`; a pack: `_flash_pack`): on
+    CUDA, for the 16-bit types it takes, where this torch's kernel is told the keys each row uses
+    (`seqused_k`).
 
     SDPA has no such length: a captured step's shapes are fixed, so it read all MaxSeq positions of
     every row (a Llama 3.1 8B step at 64 rows and MaxSeq 640: 5.4 GB of cache, 2.3 ms of its 10.7 on an H200)."""
@@ -294,17 +296,43 @@ def _flash_decode(q, k_cache, v_cache, positions, window: int, scale: float):
     return _flash_rows(q, k_cache, v_cache, starts_q, starts_k, used, window, scale)
 
 
-def _flash_rows(q, k_cache, v_cache, starts_q, starts_k, used, window: int, scale: float):
-    """q [n, heads, d], one token a sequence, against its keys: sequence i's start at starts_k[i]
-    of the cache viewed as [Batch * MaxSeq, kv_heads, d] (no copy; starts_k ascending, a row's
-    first position), used[i] of them (the last `window`, if set). Grouped heads are the kernel's
-    own. A sequence that uses no keys (a padding token) gets zeros."""
+def _flash_rows(q, k_cache, v_cache, starts_q, starts_k, used, window: int, scale: float, longest: int = 1):
+    """q [n, heads, d] in sequences, sequence i's queries from starts_q[i] (`longest` at most), against
+    its keys: from starts_k[i] of the cache viewed as [Batch * MaxSeq, kv_heads, d] (no copy; a row's
+    first position), used[i] of them, each query seeing those up to its own place at their end
+    (flash attention's causal mask, bottom-right aligned: a row's tokens at its last positions)
+    and the last `window` of them, if set. Grouped heads are the kernel's own. A sequence that
+    uses no keys (a padding token) gets zeros."""
     batch, seq = k_cache.shape[:2]
     keys = k_cache.reshape((batch * seq,) + k_cache.shape[2:])
     values = v_cache.reshape((batch * seq,) + v_cache.shape[2:])
     window_left = window - 1 if window else None  # key j with positions[i] - j < window
-    return _flash_varlen(q, keys, values, starts_q, starts_k, 1, seq, 0.0, False, False, scale=scale,
+    return _flash_varlen(q, keys, values, starts_q, starts_k, longest, seq, 0.0, longest > 1, False, scale=scale,
                          window_size_left=window_left, seqused_k=used)[0]
+
+
+def _flash_pack(rows, positions, seq: int, device) -> tuple | None:
+    """`_flash_rows`' arguments for a whole pack, read on the host: each run of one row's tokens a
+    sequence, its keys the row's up to its last position (as written by now), where every run of
+    more than one token holds consecutive positions (a prompt or its chunk, as the engine packs
+    them); None otherwise. A prefill of four 512-token prompts made 4 SDPA calls a layer, each
+    with copies of its queries in and its output out; a mixed pass, one for its decoding rows and
+    one for each prompt."""
+    r, p = rows.tolist(), positions.tolist()
+    starts_q, starts_k, used, longest, start = [0], [], [], 1, 0
+    for i in range(1, len(r) + 1):
+        if i < len(r) and r[i] == r[start]:
+            continue
+        top = p[i - 1]
+        if i - start > 1 and (top >= seq or p[start:i] != list(range(p[start], top + 1))):
+            return None
+        starts_q.append(i)
+        starts_k.append(r[start] * seq)
+        used.append(top + 1 if top < seq else 0)  # a padding token (at MaxSeq or past it): no keys
+        longest, start = max(longest, i - start), i
+    starts_k.append(starts_k[-1] + seq)  # (read where no `used` is given: the kernel's form asks for it)
+    to = lambda values: torch.tensor(values, dtype=torch.int32, device=device)
+    return to(starts_q), to(starts_k), to(used), longest
 
 
 def _flash_lengths(positions, n: int, seq: int) -> tuple:
@@ -313,19 +341,6 @@ def _flash_lengths(positions, n: int, seq: int) -> tuple:
     at = torch.arange(n + 1, dtype=torch.int32, device=positions.device)
     used = torch.where(positions < seq, positions + 1, 0).to(torch.int32)
     return at, at * seq, used
-
-
-def _flash_singles(singles, seq: int, device) -> tuple:
-    """`_flash_rows`' arguments for a pack's one-token segments, ordered by row (their keys' starts
-    then ascend), from the host's lists: (the tokens' indices in that order, the query starts, the
-    key starts, the keys used)."""
-    order = sorted(range(len(singles.host_rows)), key=singles.host_rows.__getitem__)
-    rows = [singles.host_rows[i] for i in order]
-    used = [p + 1 if p < seq else 0 for p in (singles.host_positions[i] for i in order)]
-    starts_k = [r * seq for r in rows] + [(rows[-1] + 1) * seq]
-    to = lambda values: torch.tensor(values, dtype=torch.int32, device=device)
-    index = torch.tensor([singles.host_index[i] for i in order], device=device)
-    return index, to(list(range(len(rows) + 1))), to(starts_k), to(used)
 
 
 def _flash_varlen(*args, **kwargs):
@@ -369,16 +384,11 @@ def per_pass(what: str, tensors: tuple, compute):
 
 
 class Singles(NamedTuple):
-    """A pack's one-token segments: their indices in the pack, rows and positions as tensors, and
-    as the host read them; `distinct`: no two in one row."""
+    """A pack's one-token segments: their indices in the pack, rows and positions."""
 
     index: torch.Tensor
     rows: torch.Tensor
     positions: torch.Tensor
-    host_index: list
-    host_rows: list
-    host_positions: list
-    distinct: bool
 
 
 def _segments(rows: torch.Tensor, positions: torch.Tensor):
@@ -400,9 +410,7 @@ def _segments(rows: torch.Tensor, positions: torch.Tensor):
     if not singles:
         return None, runs
     idx = torch.as_tensor(singles, device=rows.device)
-    single_rows = [r[i] for i in singles]
-    return Singles(idx, rows[idx], positions[idx], singles, single_rows, [p[i] for i in singles],
-                   len(set(single_rows)) == len(single_rows)), runs
+    return Singles(idx, rows[idx], positions[idx]), runs
 
 
 def _attend_row(q, keys, values, positions, window, sinks, scale, fast):

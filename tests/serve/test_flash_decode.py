@@ -1,5 +1,5 @@
-"""Decoding tokens' attention through flash attention's variable-length kernel (a decode step's, and
-the decoding rows' of a mixed pass), CUDA's path. No GPU
+"""Attention through flash attention's variable-length kernel (a decode step's decoding tokens, and
+every segment of a packed or mixed pass), CUDA's path. No GPU
 here: the kernel is stood in for by a statement of what it computes (Flash-Attention 2's varlen
 forward: each sequence's queries bottom-right aligned to its keys, `seqused_k` keys used, grouped
 heads, a left window), and the runtime's arguments to it must give what SDPA's path gives."""
@@ -59,15 +59,20 @@ def test_each_row_attends_to_its_keys_up_to_its_position(window, monkeypatch):
     assert not got[3].any()  # the idle row used no keys
 
 
-@pytest.mark.parametrize("rows", [[4, 1, 3, 3, 3, 0, 2], [4, 1, 3, 3, 1, 0, 2]])
-def test_a_packs_decoding_rows_attend_as_a_decode_steps_do(rows, monkeypatch):
-    # one-token segments in any row order (a padding token among them) beside a prompt's run: the
-    # kernel's path for the singles, SDPA's for the run; two singles in one row (the second case:
-    # tokens 1 and 4, row 1) keep SDPA's path for all
+@pytest.mark.parametrize("rows, positions", [
+    ([4, 1, 3, 3, 3, 0, 2], [6, 0, 2, 3, 4, 12, 9]),  # decoding rows around a prompt's chunk (from 2)
+    ([4, 1, 3, 3, 1, 0, 2], [6, 0, 7, 8, 4, 12, 9]),  # two one-token segments of row 1; a chunk from 7
+    ([3, 3, 3, 1, 1, 1, 1], [0, 1, 2, 0, 1, 2, 3]),  # a prefill: two prompts, end to end
+    ([4, 1, 3, 3, 3, 0, 2], [6, 0, 2, 5, 4, 12, 9]),  # a run out of order: SDPA's path
+])
+def test_a_pack_attends_through_the_kernel_as_through_sdpa(rows, positions, monkeypatch):
+    # each run of a row's tokens one sequence of the kernel's (its queries at the end of its keys,
+    # causal), in pack order; a padding token (at MaxSeq) uses no keys; a pack whose run is not of
+    # consecutive positions keeps SDPA's path
     g = torch.Generator().manual_seed(2)
     batch, seq, heads, kv_heads, d = 5, 12, 4, 2, 8
     rows = torch.tensor(rows, dtype=torch.int32)
-    positions = torch.tensor([6, 0, 2, 3, 4, 12, 9], dtype=torch.int32)  # token 5: padding at MaxSeq
+    positions = torch.tensor(positions, dtype=torch.int32)
     q = torch.randn(len(rows), heads, d, generator=g)
     k_cache, v_cache = torch.randn(batch, seq, kv_heads, d, generator=g), torch.randn(batch, seq, kv_heads, d, generator=g)
     monkeypatch.setattr(rt.cpu_attention, "available", lambda cache, head_dim: False)
@@ -75,15 +80,21 @@ def test_a_packs_decoding_rows_attend_as_a_decode_steps_do(rows, monkeypatch):
     want = rt.attention(q, k_cache, v_cache, positions, rows=rows, window=3, scale=0.3, fast=True)
     monkeypatch.setattr(rt, "flash_decodes", lambda q, k_cache: True)
     calls = []
-    monkeypatch.setattr(rt, "_flash_varlen", lambda *a, **k: calls.append(a[4].tolist()) or varlen_reference(*a, **k))
+    monkeypatch.setattr(rt, "_flash_varlen", lambda *a, **k: calls.append((a[3].tolist(), a[4].tolist(), a[5], a[8]))
+                        or varlen_reference(*a, **k))
     rt.as_tensors("cpu")
     got = rt.attention(q, k_cache, v_cache, positions, rows=rows, window=3, scale=0.3, fast=True)
     real = [i for i in range(len(rows)) if positions[i] < seq]
     torch.testing.assert_close(got[real], want[real], rtol=1e-5, atol=1e-5)
-    distinct = rows[4] == 3
-    assert calls == ([[0, 1 * seq, 2 * seq, 4 * seq, 5 * seq]] if distinct else [])  # ordered by row
-    if distinct:
-        assert not got[5].any()  # the padding token used no keys
+    segments = [i for i in range(1, len(rows) + 1) if i == len(rows) or rows[i] != rows[i - 1]]
+    in_order = all(positions[i] == positions[i - 1] + 1 for i in range(1, len(rows)) if rows[i] == rows[i - 1])
+    if not in_order:
+        assert calls == []
+        return
+    longest = max(b - a for a, b in zip([0] + segments, segments))
+    starts_k = [int(rows[i - 1]) * seq for i in segments]
+    assert calls == [([0] + segments, starts_k + [starts_k[-1] + seq], longest, longest > 1)]  # one call a pass
+    assert not got[[i for i in range(len(rows)) if positions[i] >= seq]].any()  # padding: no keys
 
 
 def test_linnet_flash_decode_0_keeps_sdpa(monkeypatch):
@@ -122,10 +133,13 @@ def test_decode_steps_and_mixed_passes_through_the_kernel_give_sdpas_logits(card
     step = (np.array([3, 9, 0, 27], np.int32), np.array([5, 31, 32, 17], np.int32))  # row 2 idle
     pack = (np.array([4, 8, 15, 16, 23, 42, 7], np.int32), np.array([18, 0, 1, 2, 3, 4, 6], np.int32),
             np.array([3, 2, 2, 2, 2, 2, 0], np.int32), np.array([0, 5, 6], np.int32))
+    # a prompt's later chunk (row 1, positions 20-25: its keys before them are the cache's) beside a prompt
+    chunk = (np.arange(9, dtype=np.int32) + 3, np.r_[np.arange(20, 26), np.arange(3)].astype(np.int32),
+             np.r_[[1] * 6, [3] * 3].astype(np.int32), np.array([5, 8], np.int32))
 
     def logits(flash: bool) -> list:
         out = []
-        for call in (lambda: model.decode(*step), lambda: model.prefill(*pack)):
+        for call in (lambda: model.decode(*step), lambda: model.prefill(*pack), lambda: model.prefill(*chunk)):
             for name, value in start.items():
                 getattr(runner, name).copy_(value)
             with monkeypatch.context() as m:
@@ -134,7 +148,8 @@ def test_decode_steps_and_mixed_passes_through_the_kernel_give_sdpas_logits(card
                     m.setattr(rt, "_flash_varlen", varlen_reference)
                 out.append(call().clone())
         return out
-    (step_want, pack_want), (step_got, pack_got) = logits(False), logits(True)
+    (step_want, pack_want, chunk_want), (step_got, pack_got, chunk_got) = logits(False), logits(True)
     busy = [0, 1, 3]
     torch.testing.assert_close(step_got[busy], step_want[busy], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(pack_got, pack_want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(chunk_got[:2], chunk_want[:2], rtol=1e-4, atol=1e-4)
