@@ -73,31 +73,37 @@ def profiled(name: str, run) -> None:
 
 
 def weight_copies(jax_model, tokens, positions) -> str:
-    """Whether XLA copies a layer of a stacked weight out before multiplying by it, in the decode
-    step as compiled (where a GPU's layer loop reads its weights at a traced index, a copy would
-    double the weights' reads): the instructions of its optimized HLO that make an array of one
-    layer's weight shape, other than views of it."""
+    """Whether XLA copies what a GPU's layer loop should read in place, in the decode step as
+    compiled: a layer of a stacked weight taken out before it is multiplied by (a copy doubles the
+    weights' reads), or a whole cache copied (the loop carries the caches, which copy insertion
+    may duplicate). Counts the instructions of its optimized HLO, outside fusions' bodies, that
+    make an array of a weight layer's shape (other than views), and the copies of a cache."""
     import re
 
     import jax
 
     state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), jax_model.state_bits)
     text = jax_model.compiled["decode"].lower(jax_model.weights, state, tokens, positions).compile().as_text()
-    shapes = {tuple(a.shape[1:]) for a in jax.tree.leaves(jax_model.weights) if a.ndim == 3}
-    made, inside = [], ""
+    layers = {tuple(a.shape[1:]) for a in jax.tree.leaves(jax_model.weights) if a.ndim == 3}
+    caches = {tuple(a.shape) for a in jax.tree.leaves(jax_model.state_bits)}
+    made, copied, inside = [], [], ""
     for line in text.splitlines():
         header = re.match(r"(ENTRY )?%?([\w.-]+) .*\{$", line)
         if header:  # a computation: a fusion's body makes nothing of its own in memory
             inside = header.group(2)
             continue
         m = re.match(r"\s*(ROOT )?%?[\w.-]+ = \w+\[([\d,]*)\]\S* ([\w-]+)\(", line)
-        if m and not re.search(r"fused|fusion|wrapped|computation", inside) and \
-                m.group(3) not in ("parameter", "get-tuple-element", "bitcast", "tuple") and \
-                tuple(int(d) for d in m.group(2).split(",") if d and d != "1") in shapes:
+        if not m or re.search(r"fused|fusion|wrapped|computation", inside):
+            continue
+        dims, op = tuple(int(d) for d in m.group(2).split(",") if d), m.group(3)
+        if op not in ("parameter", "get-tuple-element", "bitcast", "tuple") and tuple(d for d in dims if d != 1) in layers:
             made.append(line.strip()[:160])
+        if op == "copy" and dims in caches:
+            copied.append(line.strip()[:160])
     fused = sorted({k for k in ("dynamic_slice_fusion", "address_computation", "DynamicSliceFusion") if k in text})
-    head = f"weight layers made in the decode step: {len(made)} instructions (dynamic-slice fusion: {fused or 'none'})"
-    return head + "".join(f"\n    {line}" for line in made[:6])
+    head = (f"weight layers made in the decode step: {len(made)} instructions (dynamic-slice fusion: "
+            f"{fused or 'none'}); whole caches copied: {len(copied)}")
+    return head + "".join(f"\n    {line}" for line in (made[:4] + copied[:2]))
 
 
 start = time.perf_counter()
