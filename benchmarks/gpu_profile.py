@@ -75,9 +75,10 @@ def profiled(name: str, run) -> None:
 def weight_copies(jax_model, tokens, positions) -> str:
     """Whether XLA copies what a GPU's layer loop should read in place, in the decode step as
     compiled: a layer of a stacked weight taken out before it is multiplied by (a copy doubles the
-    weights' reads), or a whole cache copied (the loop carries the caches, which copy insertion
-    may duplicate). Counts the instructions of its optimized HLO, outside fusions' bodies, that
-    make an array of a weight layer's shape (other than views), and the copies of a cache."""
+    weights' reads), a layer of a cache read out of its stack before attention reads it, or a whole
+    cache copied (the loop carries the caches, which copy insertion may duplicate). Counts the
+    instructions of its optimized HLO, outside fusions' bodies, that make an array of a weight
+    layer's or a cache layer's shape (other than views), and the copies of a cache."""
     import re
 
     import jax
@@ -86,7 +87,8 @@ def weight_copies(jax_model, tokens, positions) -> str:
     text = jax_model.compiled["decode"].lower(jax_model.weights, state, tokens, positions).compile().as_text()
     layers = {tuple(a.shape[1:]) for a in jax.tree.leaves(jax_model.weights) if a.ndim == 3}
     caches = {tuple(a.shape) for a in jax.tree.leaves(jax_model.state_bits)}
-    made, copied, inside = [], [], ""
+    cache_layers = {shape[1:] for shape in caches}
+    made, copied, cache_made, inside = [], [], [], ""
     for line in text.splitlines():
         header = re.match(r"(ENTRY )?%?([\w.-]+) .*\{$", line)
         if header:  # a computation: a fusion's body makes nothing of its own in memory
@@ -100,10 +102,13 @@ def weight_copies(jax_model, tokens, positions) -> str:
             made.append(line.strip()[:160])
         if op == "copy" and dims in caches:
             copied.append(line.strip()[:160])
+        if op not in ("parameter", "get-tuple-element", "bitcast", "tuple") and \
+                tuple(d for d in dims if d != 1) in cache_layers:  # a layer of a cache, read out of its stack
+            cache_made.append(line.strip()[:160])
     fused = sorted({k for k in ("dynamic_slice_fusion", "address_computation", "DynamicSliceFusion") if k in text})
     head = (f"weight layers made in the decode step: {len(made)} instructions (dynamic-slice fusion: "
-            f"{fused or 'none'}); whole caches copied: {len(copied)}")
-    return head + "".join(f"\n    {line}" for line in (made[:4] + copied[:2]))
+            f"{fused or 'none'}); cache layers made: {len(cache_made)}; whole caches copied: {len(copied)}")
+    return head + "".join(f"\n    {line}" for line in (made[:3] + cache_made[:2] + copied[:2]))
 
 
 start = time.perf_counter()
