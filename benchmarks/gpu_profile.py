@@ -10,13 +10,15 @@ cache filled with noise; then, each the median of --steps:
   decode token and one prompt), both eager, as the engine runs them;
 then torch's profiler over one of each: the kernels that took the most GPU time.
 With --backend jax, the same timings of JAX's executables (the engine step, the packed and the mixed
-pass, each compiled first), without the kernel tables.
+pass, each compiled first; on a GPU the engine step also with XLA's attention in place of cuDNN's),
+without the kernel tables.
 
     python benchmarks/gpu_profile.py [--card llama-3.1-8b-instruct] [--rows 64] [--max-seq 640] [--backend jax]
     python benchmarks/gpu_profile.py --card smollm2-135m-instruct --device cpu --rows 8 --dtype f32  # the script itself
 """
 
 import argparse
+import os
 import statistics
 import time
 
@@ -149,6 +151,15 @@ if jax_backend:  # a pass's logits made ready on the device, as the engine's dra
         compiled = time.perf_counter() - compiled
         print(f"{name:<26}{median_ms(run, steps):8.2f} ms  (first call, compiling: {compiled:.1f} s)")
     print(weight_copies(model.runner, tokens, positions))
+    if model.runner.device.platform == "gpu" and args.dtype != "f32":
+        # the step again with XLA's own attention in place of cuDNN's (LINNET_JAX_CUDNN=0), traced anew
+        import jax
+
+        os.environ["LINNET_JAX_CUDNN"] = "0"
+        jax.clear_caches()
+        model.runner.ahead.clear()
+        engine_step()  # (its compile)
+        print(f"engine step, XLA attention{median_ms(engine_step):8.2f} ms  (LINNET_JAX_CUDNN=0)")
     raise SystemExit(0)
 replayed = lambda: runner.decode(tokens, positions)
 eager = lambda: model.decode(tokens, positions)

@@ -33,6 +33,9 @@ MESH_AXIS = "model"  # the mesh axis tensor parallelism splits over
 # True while an entry whose stacked weights are each one array read by layer is traced: `loop` then
 # compiles its body once, as an XLA loop (see JaxModel's `compiles_loops`).
 _COMPILED_LOOPS = contextvars.ContextVar("linnet_compiled_loops", default=False)
+# True while an entry of a model on one GPU is traced (`cudnn_attends`): the model's device, not
+# JAX's default one, decides (a model placed on the CPU of a machine with a GPU).
+_ON_GPU = contextvars.ContextVar("linnet_on_gpu", default=False)
 
 COMPILE_THREADS = 8  # most compiles `JaxModel.compile_ahead` runs at once
 
@@ -362,6 +365,13 @@ def _softmax_with_sinks(scores, sinks, kv_heads, group):
 def _attend(q, keys, values, positions, window, sinks, scale, fast):
     n, heads, head_dim = q.shape
     seq, kv_heads = keys.shape[1], keys.shape[2]
+    if fast and sinks is None and not window and cudnn_attends(q.dtype, heads, kv_heads, head_dim):
+        # cuDNN's fused attention, each row's keys up to its position given as its length (a padding
+        # token, at MaxSeq, as one key: some output, thrown away)
+        used = jnp.where(positions < seq, positions + 1, 1).astype(jnp.int32)
+        out = jax.nn.dot_product_attention(q[:, None], _like(keys, q), _like(values, q), scale=scale,
+                                           key_value_seq_lengths=used, implementation="cudnn")
+        return out[:, 0]
     visible = _visible(jnp.arange(seq)[None, :], positions[:, None], window)  # [n, S]
     if fast and sinks is None:
         keys, values = _like(keys, q), _like(values, q)
@@ -375,6 +385,33 @@ def _attend(q, keys, values, positions, window, sinks, scale, fast):
     probs = _softmax_with_sinks(scores, sinks, kv_heads, group)
     out = jnp.einsum("nkgs,nskd->nkgd", probs, values.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
     return out.reshape(n, heads, values.shape[-1]).astype(q.dtype)
+
+
+def cudnn_attends(dtype, heads: int, kv_heads: int, head_dim: int) -> bool:
+    """Whether one query a row (decode steps, a pack's one-token segments) attends through cuDNN's
+    fused attention (`jax.nn.dot_product_attention(implementation="cudnn")`), told each row's length:
+    on one GPU (`_ON_GPU`), for 16-bit types, where a small call of these heads compiles (the one
+    device check; LINNET_JAX_CUDNN=0 keeps XLA's own attention, to compare). XLA's reads every
+    MaxSeq position of every row through unfused products, its scores in memory between them."""
+    return (dtype in HALF_FLOATS and _ON_GPU.get() and os.environ.get("LINNET_JAX_CUDNN", "1") != "0"
+            and _cudnn_compiles(np.dtype(dtype).name, heads, kv_heads, head_dim))
+
+
+@functools.cache
+def _cudnn_compiles(dtype: str, heads: int, kv_heads: int, head_dim: int) -> bool:
+    """Whether cuDNN's attention takes these heads and type here (a jaxlib and a cuDNN that may
+    not): a small call compiled once; a refusal keeps XLA's attention rather than failing the model."""
+    t = jnp.dtype(dtype)
+    shapes = [jax.ShapeDtypeStruct((2, 1, heads, head_dim), t), jax.ShapeDtypeStruct((2, 256, kv_heads, head_dim), t),
+              jax.ShapeDtypeStruct((2, 256, kv_heads, head_dim), t), jax.ShapeDtypeStruct((2,), jnp.int32)]
+
+    def call(q, k, v, used):
+        return jax.nn.dot_product_attention(q, k, v, key_value_seq_lengths=used, implementation="cudnn")
+    try:
+        jax.jit(call).lower(*shapes).compile()
+    except Exception:  # (a jaxlib's or cuDNN's refusal: its type has moved between versions)
+        return False
+    return True
 
 
 KEY_CHUNK = 128
@@ -664,8 +701,9 @@ class JaxModel:
         # Layer loops compile as loops on one device where no weight is held a layer per array (`loop`).
         self.compiles_loops = ((self.device.platform == "cpu" and mesh is None) or loops_on_stacks) and \
             not any(isinstance(a, list) for a in self.weights.values())
-        self.traced = {name: _traced_with(_traced_with(_on_bits(_on_panels(_on_parts(fn, parts), panels), types),
-                                                       _COMPILED_LOOPS, self.compiles_loops), _SHARDED, mesh is not None)
+        flags = [flag for flag, on in ((_COMPILED_LOOPS, self.compiles_loops), (_SHARDED, mesh is not None),
+                                       (_ON_GPU, mesh is None and self.device.platform == "gpu")) if on]
+        self.traced = {name: _traced_with(_on_bits(_on_panels(_on_parts(fn, parts), panels), types), flags)
                        for name, fn in self.entries.items()}
         self.compiled = {name: self._jit(fn) for name, fn in self.traced.items()}
         self.compiled_then: dict = {}
@@ -915,19 +953,21 @@ def _on_bits(entry, types: dict):
     return on_bits
 
 
-def _traced_with(entry, flag: contextvars.ContextVar, on: bool):
-    """`entry` traced with `flag` set, if `on`: `_COMPILED_LOOPS` (layer loops compiled as XLA
-    loops, `loop`) or `_SHARDED` (Linnet's CPU kernels off, the arrays spread on a mesh)."""
-    if not on:
+def _traced_with(entry, flags: list):
+    """`entry` traced with each of `flags` set: `_COMPILED_LOOPS` (layer loops compiled as XLA
+    loops, `loop`), `_SHARDED` (Linnet's CPU kernels off, the arrays spread on a mesh), `_ON_GPU`
+    (`cudnn_attends`)."""
+    if not flags:
         return entry
 
     @functools.wraps(entry)
     def traced_with(*args):
-        token = flag.set(True)
+        tokens = [flag.set(True) for flag in flags]
         try:
             return entry(*args)
         finally:
-            flag.reset(token)
+            for flag, token in zip(reversed(flags), reversed(tokens)):
+                flag.reset(token)
     return traced_with
 
 
