@@ -49,6 +49,7 @@ def loops_over_stacks(platform: str, mesh) -> bool:
     JAX run of the GPU check got past its warmup. (The CPU's panels loop on their own terms.)"""
     return mesh is None and platform == "gpu" and os.environ.get("LINNET_JAX_UNROLL_LAYERS", "0") != "1"
 
+
 # XLA's options for every entry compiled for a GPU, each where this jaxlib knows it and XLA_FLAGS does
 # not name it (a user's own flag wins): `compiler_options`.
 GPU_COMPILER_OPTIONS = {

@@ -319,6 +319,8 @@ def _flash_pack(rows, positions, seq: int, device) -> tuple | None:
     with copies of its queries in and its output out; a mixed pass, one for its decoding rows and
     one for each prompt."""
     r, p = rows.tolist(), positions.tolist()
+    if not r:
+        return None
     starts_q, starts_k, used, longest, start = [0], [], [], 1, 0
     for i in range(1, len(r) + 1):
         if i < len(r) and r[i] == r[start]:
