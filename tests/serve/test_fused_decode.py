@@ -3,6 +3,7 @@ CUDA capture would take it. No GPU here: the runtime's device checks are turned 
 GPU takes (cache writes clamped, every key position attended, no Linnet CPU kernel, plain weights),
 and the compiled step must trace without a graph break and give the eager step's logits and cache."""
 
+import pytest
 import torch
 
 from linnet import nest
@@ -61,3 +62,52 @@ def test_the_fused_decode_step_is_the_eager_one_on_a_gpus_branches(monkeypatch):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     for name, value in after.items():
         torch.testing.assert_close(getattr(runner, name), value, rtol=1e-5, atol=1e-6)
+
+
+@pytest.fixture
+def flash_on_the_cpu():
+    """aten's flash attention given a CPU kernel for this test: FA2's varlen forward as
+    test_flash_decode states it, so that the GPU's flash decode branch runs here as the op it is
+    (traced by Dynamo through its own fake implementation, called by Inductor as an extern kernel)."""
+    from tests.serve.test_flash_decode import varlen_reference
+
+    calls = []
+
+    def kernel(q, k, v, starts_q, starts_k, max_q, max_k, dropout, causal, debug, *, scale=None,
+               window_size_left=None, window_size_right=None, seqused_k=None, alibi_slopes=None, block_table=None,
+               num_splits=None):
+        calls.append(q.shape)
+        out = varlen_reference(q, k, v, starts_q, starts_k, max_q, max_k, dropout, causal, debug, scale=scale,
+                               window_size_left=window_size_left, window_size_right=window_size_right,
+                               seqused_k=seqused_k)[0]
+        return (out, torch.zeros(q.shape[1], q.shape[0]), torch.zeros(2, dtype=torch.uint64),
+                torch.zeros((), dtype=torch.uint64), torch.zeros(0, dtype=q.dtype))
+    library = torch.library.Library("aten", "IMPL")
+    library.impl("_flash_attention_forward", kernel, "CPU")
+    yield calls
+    library._destroy()
+
+
+def test_the_fused_decode_step_takes_flash_decode_whole(monkeypatch, flash_on_the_cpu):
+    # the GPU's decode attention (`rt._flash_decode`: aten's flash attention, each row's used keys
+    # made on the device) inside torch.compile's one graph: no break, one compile, the eager logits
+    model = gpu_branches(monkeypatch)
+    monkeypatch.setattr(rt, "flash_decodes", lambda q, k_cache: True)
+    runner = model.runner
+    g = torch.Generator().manual_seed(0)
+    for name in runner.state:
+        getattr(runner, name).normal_(generator=g)
+    start = {name: getattr(runner, name).clone() for name in runner.state}
+    tokens = torch.tensor([3, 9, 0, 27], dtype=torch.int32)
+    positions = torch.tensor([5, 31, 32, 0], dtype=torch.int32)  # row 2 idle: padding at MaxSeq
+    want = model.decode(tokens, positions).clone()
+    for name, value in start.items():
+        getattr(runner, name).copy_(value)
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("inductor")
+    flash_on_the_cpu.clear()
+    got = runners.fused_decode(runner, backend=counter)(tokens, positions)
+    assert counter.frame_count == 1 and len(flash_on_the_cpu) == 2  # a call for each of tiny-llama's layers
+    busy = [0, 1, 3]
+    torch.testing.assert_close(got[busy], want[busy], rtol=1e-5, atol=1e-5)
