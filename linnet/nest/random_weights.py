@@ -36,6 +36,8 @@ def random_weights(module: Module, seed: int = 0, device: str | torch.device = "
             values = torch.randn(part.shape, generator=gen, device=maker) * 0.02
             if vector:
                 values = values + 1.0
-            part.copy_(values)
+            # rounded to the param's type where the noise was made: a GPU's noise for JAX's host
+            # weights then crosses to the host in 16 bits, not as f32 for one CPU core to round
+            part.copy_(values.to(part.dtype))
         out[p.name] = t
     return out
