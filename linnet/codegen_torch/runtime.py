@@ -241,7 +241,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
     out = torch.empty(q.shape[:2] + v_cache.shape[-1:], dtype=q.dtype, device=q.device)
     singles, runs = per_pass("segments", (rows, positions), lambda: _segments(rows, positions))
     if singles is not None:  # one-token segments: batched over their rows
-        idx, r, pos = singles.index, singles.rows, singles.positions
+        idx, r, pos = singles
         span = _key_span(pos, k_cache.shape[1])
         # index_select of the span's view: 3x faster than k_cache[r, :span], which gathers element-wise
         keys, values = k_cache[:, :span].index_select(0, r), v_cache[:, :span].index_select(0, r)
@@ -321,17 +321,15 @@ def _flash_pack(rows, positions, seq: int, device) -> tuple | None:
     r, p = rows.tolist(), positions.tolist()
     if not r:
         return None
-    starts_q, starts_k, used, longest, start = [0], [], [], 1, 0
-    for i in range(1, len(r) + 1):
-        if i < len(r) and r[i] == r[start]:
-            continue
-        top = p[i - 1]
-        if i - start > 1 and (top >= seq or p[start:i] != list(range(p[start], top + 1))):
+    starts_q, starts_k, used, longest = [0], [], [], 1
+    for start, end in _row_runs(r):
+        top = p[end - 1]
+        if end - start > 1 and (top >= seq or p[start:end] != list(range(p[start], top + 1))):
             return None
-        starts_q.append(i)
+        starts_q.append(end)
         starts_k.append(r[start] * seq)
         used.append(top + 1 if top < seq else 0)  # a padding token (at MaxSeq or past it): no keys
-        longest, start = max(longest, i - start), i
+        longest = max(longest, end - start)
     starts_k.append(starts_k[-1] + seq)  # (read where no `used` is given: the kernel's form asks for it)
     to = lambda values: torch.tensor(values, dtype=torch.int32, device=device)
     return to(starts_q), to(starts_k), to(used), longest
@@ -385,34 +383,33 @@ def per_pass(what: str, tensors: tuple, compute):
     return hit[1]
 
 
-class Singles(NamedTuple):
-    """A pack's one-token segments: their indices in the pack, rows and positions."""
-
-    index: torch.Tensor
-    rows: torch.Tensor
-    positions: torch.Tensor
+def _row_runs(r: list) -> list:
+    """[(start, end)] of each run of equal rows in a pack's rows (a host list), in pack order."""
+    runs, start = [], 0
+    for i in range(1, len(r) + 1):
+        if i == len(r) or r[i] != r[start]:
+            runs.append((start, i))
+            start = i
+    return runs
 
 
 def _segments(rows: torch.Tensor, positions: torch.Tensor):
     """Runs of equal rows in a pack, read on the host: (singles, [(start, end, row, last position,
-    the run's positions)]). singles: the one-token runs (`Singles`), or None.
+    the run's positions)]). singles: the one-token runs as tensors (indices, rows, positions), or None.
 
     The tensors are made once here, so the per-pass memo of their masks hits in every layer.
     """
     r, p = rows.tolist(), positions.tolist()
     singles, runs = [], []
-    start = 0
-    for i in range(1, len(r) + 1):
-        if i == len(r) or r[i] != r[start]:
-            if i - start == 1:
-                singles.append(start)
-            else:
-                runs.append((start, i, r[start], max(p[start:i]), positions[start:i]))
-            start = i
+    for start, end in _row_runs(r):
+        if end - start == 1:
+            singles.append(start)
+        else:
+            runs.append((start, end, r[start], max(p[start:end]), positions[start:end]))
     if not singles:
         return None, runs
     idx = torch.as_tensor(singles, device=rows.device)
-    return Singles(idx, rows[idx], positions[idx]), runs
+    return (idx, rows[idx], positions[idx]), runs
 
 
 def _attend_row(q, keys, values, positions, window, sinks, scale, fast):
