@@ -15,6 +15,21 @@ def make_model(backend: str, rows: int = 16, max_seq: int = 96, numerics: str = 
                      generics={"Batch": rows, "MaxSeq": max_seq})
 
 
+def torch_on_gpu_branches(monkeypatch, card: str = "tiny-llama"):
+    """`card` in torch (fast, f32, 4 rows of 32) with the runtime's device checks turned to the
+    branches a GPU takes: cache writes clamped, every key position attended, plain weights, no
+    Linnet CPU kernel."""
+    from linnet.codegen_torch import runtime as rt
+
+    monkeypatch.setattr(rt, "_put_inside", rt._put_clamped)
+    monkeypatch.setattr(rt, "_key_span", lambda positions, max_seq: max_seq)
+    monkeypatch.setattr(rt, "packs_linear_weights", lambda device, dtype: False)
+    monkeypatch.setattr(rt.cpu_ops, "serves", lambda *tensors: False)
+    monkeypatch.setattr(rt.cpu_attention, "available", lambda cache, head_dim: False)
+    return nest.load(card, backend="torch", numerics="fast", weights="random", tokenizer=False,
+                     generics={"Batch": 4, "MaxSeq": 32, "T": "f32"})
+
+
 @pytest.fixture(scope="module", params=["torch", "torch-replayed", "jax"])
 def model(request):
     """Each backend; and torch with its decode step captured and replayed (a CPU graph of Linnet's

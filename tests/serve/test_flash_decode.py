@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from linnet import nest
 from linnet.codegen_torch import runtime as rt
+from tests.serve.conftest import torch_on_gpu_branches
 
 
 def varlen_reference(q, k, v, starts_q, starts_k, max_q, max_k, dropout, is_causal, debug, *, scale,
@@ -120,13 +120,7 @@ def test_decode_steps_and_mixed_passes_through_the_kernel_give_sdpas_logits(card
     # the generated entries on a GPU's branches (plain weights, SDPA, no Linnet CPU kernel), from a
     # cache of noise: a decode step with rows at different positions and one idle, and a mixed pass
     # (rows 3 and 0 decode, row 2 takes a 5-token prompt); the kernel's path against SDPA's
-    monkeypatch.setattr(rt, "_put_inside", rt._put_clamped)
-    monkeypatch.setattr(rt, "_key_span", lambda positions, max_seq: max_seq)
-    monkeypatch.setattr(rt, "packs_linear_weights", lambda device, dtype: False)
-    monkeypatch.setattr(rt.cpu_ops, "serves", lambda *tensors: False)
-    monkeypatch.setattr(rt.cpu_attention, "available", lambda cache, head_dim: False)
-    model = nest.load(card, backend="torch", numerics="fast", weights="random", tokenizer=False,
-                      generics={"Batch": 4, "MaxSeq": 32, "T": "f32"})
+    model = torch_on_gpu_branches(monkeypatch, card)
     runner = model.runner
     g = torch.Generator().manual_seed(1)
     start = {name: getattr(runner, name).normal_(generator=g).clone() for name in runner.state}

@@ -6,9 +6,9 @@ and the compiled step must trace without a graph break and give the eager step's
 import pytest
 import torch
 
-from linnet import nest
 from linnet.codegen_torch import runtime as rt
 from linnet.serve import runners
+from tests.serve.conftest import torch_on_gpu_branches
 
 
 def test_the_flag_is_off_unless_set_to_1(monkeypatch):
@@ -18,23 +18,12 @@ def test_the_flag_is_off_unless_set_to_1(monkeypatch):
     assert runners.fuses_decode()
 
 
-def gpu_branches(monkeypatch):
-    """tiny-llama with the runtime's device checks turned to the branches a GPU takes."""
-    monkeypatch.setattr(rt, "_put_inside", rt._put_clamped)
-    monkeypatch.setattr(rt, "_key_span", lambda positions, max_seq: max_seq)
-    monkeypatch.setattr(rt, "packs_linear_weights", lambda device, dtype: False)
-    monkeypatch.setattr(rt.cpu_ops, "serves", lambda *tensors: False)
-    monkeypatch.setattr(rt.cpu_attention, "available", lambda cache, head_dim: False)
-    return nest.load("tiny-llama", backend="torch", numerics="fast", weights="random", tokenizer=False,
-                     generics={"Batch": 4, "MaxSeq": 32, "T": "f32"})
-
-
 def test_the_fused_decode_step_compiles_once_for_the_runners_buffers(monkeypatch):
     # the capture calls it three times (two warmups, then under the capture), and steps write new
     # values into the same static buffers: one compile (the per-pass memo stays out of the trace)
     from torch._dynamo.testing import CompileCounter
 
-    model = gpu_branches(monkeypatch)
+    model = torch_on_gpu_branches(monkeypatch)
     counter = CompileCounter()
     step = runners.fused_decode(model.runner, backend=counter)
     tokens, positions = torch.zeros(4, dtype=torch.int32), torch.zeros(4, dtype=torch.int32)
@@ -45,7 +34,7 @@ def test_the_fused_decode_step_compiles_once_for_the_runners_buffers(monkeypatch
 
 
 def test_the_fused_decode_step_is_the_eager_one_on_a_gpus_branches(monkeypatch):
-    model = gpu_branches(monkeypatch)
+    model = torch_on_gpu_branches(monkeypatch)
     runner = model.runner
     g = torch.Generator().manual_seed(0)
     for name in runner.state:  # a cache of noise, as rows that hold prompts
@@ -91,7 +80,7 @@ def flash_on_the_cpu():
 def test_the_fused_decode_step_takes_flash_decode_whole(monkeypatch, flash_on_the_cpu):
     # the GPU's decode attention (`rt._flash_decode`: aten's flash attention, each row's used keys
     # made on the device) inside torch.compile's one graph: no break, one compile, the eager logits
-    model = gpu_branches(monkeypatch)
+    model = torch_on_gpu_branches(monkeypatch)
     monkeypatch.setattr(rt, "flash_decodes", lambda q, k_cache: True)
     runner = model.runner
     g = torch.Generator().manual_seed(0)
