@@ -83,11 +83,10 @@ def test_decode_steps_and_mixed_passes_give_the_masked_paths_logits(gpu_branches
                         lambda: runner.prefill(np.array([4, 8, 15, 16, 23, 42, 7], np.int32),
                                                np.array([18, 0, 1, 2, 3, 4, 6], np.int32),
                                                np.array([3, 2, 2, 2, 2, 2, 0], np.int32), np.array([0, 5, 6], np.int32))):
-                model.runner.reset_state()
-                bits = {name: np.random.default_rng(1).integers(0, 2 ** 14, a.shape).astype(a.dtype) if a.dtype == np.uint16
-                        else np.random.default_rng(1).standard_normal(a.shape).astype(a.dtype)
-                        for name, a in model.runner.state_bits.items()}
-                model.runner.state_bits = {name: jax.device_put(a) for name, a in bits.items()}
+                # the same noise before each (an f32 cache, held as it is)
+                model.runner.state_bits = {name: jax.device_put(np.random.default_rng(1).standard_normal(a.shape)
+                                                                .astype(a.dtype))
+                                           for name, a in model.runner.state_bits.items()}
                 out.append(np.asarray(run()))
         return out, calls
     (step_want, pack_want), _ = logits(False)
