@@ -99,14 +99,15 @@ def weight_copies(jax_model, tokens, positions) -> str:
         m = re.match(r"\s*(ROOT )?%?[\w.-]+ = \w+\[([\d,]*)\]\S* ([\w-]+)\(", line)
         if not m or re.search(r"fused|fusion|wrapped|computation", inside):
             continue
-        dims, op = tuple(int(d) for d in m.group(2).split(",") if d), m.group(3)
-        if op not in ("parameter", "get-tuple-element", "bitcast", "tuple") and tuple(d for d in dims if d != 1) in layers:
-            made.append(line.strip()[:160])
+        dims, op, shown = tuple(int(d) for d in m.group(2).split(",") if d), m.group(3), line.strip()[:160]
+        makes = op not in ("parameter", "get-tuple-element", "bitcast", "tuple")  # (not a view)
+        squeezed = tuple(d for d in dims if d != 1)
+        if makes and squeezed in layers:
+            made.append(shown)
+        if makes and squeezed in cache_layers:  # a layer of a cache, read out of its stack
+            cache_made.append(shown)
         if op == "copy" and dims in caches:
-            copied.append(line.strip()[:160])
-        if op not in ("parameter", "get-tuple-element", "bitcast", "tuple") and \
-                tuple(d for d in dims if d != 1) in cache_layers:  # a layer of a cache, read out of its stack
-            cache_made.append(line.strip()[:160])
+            copied.append(shown)
     fused = sorted({k for k in ("dynamic_slice_fusion", "address_computation", "DynamicSliceFusion") if k in text})
     head = (f"weight layers made in the decode step: {len(made)} instructions (dynamic-slice fusion: "
             f"{fused or 'none'}); cache layers made: {len(cache_made)}; whole caches copied: {len(copied)}")
