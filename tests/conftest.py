@@ -1,10 +1,19 @@
 """Fixtures shared by the tests of several parts: a GGUF writer, and a SentencePiece vocabulary in a
-GGUF, which Nest reads (tests/nest) and the llama.cpp export writes back (tests/export)."""
+GGUF, which Nest reads (tests/nest) and the llama.cpp export writes back (tests/export). Also
+Triton's interpreter, asked for on a machine without CUDA."""
 
+import os
 from collections import Counter
 
 import numpy as np
 import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # Linnet's Triton kernels run on CPU tensors in Triton's interpreter: asked for before anything
+    # imports triton (Linnet's kernels, or torch's Inductor), whose own library functions are made
+    # for the interpreter or for a GPU as it is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6
 CORPUS = ("the quick brown fox jumps over the lazy dog . the dog sleeps , the fox runs away from the dog "

@@ -228,6 +228,8 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
             rows = per_pass("rows", (positions,), lambda: torch.arange(n, dtype=torch.int32))
         return cpu_attention.attend_rows(q, k_cache, v_cache, rows, positions, window, sinks, scale)
     if rows is None:
+        if fast and triton_decodes(q, k_cache, v_cache):
+            return _triton_decode(q, k_cache, v_cache, positions, window, sinks, scale)
         if fast and sinks is None and flash_decodes(q, k_cache):
             return _flash_decode(q, k_cache, v_cache, positions, window, scale)
         span = _key_span(positions, k_cache.shape[1])
@@ -250,6 +252,40 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
         keys, values = k_cache[row, None, :top + 1], v_cache[row, None, :top + 1]
         out[start:end] = _attend_row(q[start:end], keys, values, pos, window, sinks, scale, fast)
     return out
+
+
+def triton_decodes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether a decode step's tokens attend through Linnet's Triton kernel (`kernels.triton_attention`:
+    the keys split for more programs than flash's kernel gives a step, sinks, f32 too): on a GPU,
+    where LINNET_TRITON_DECODE=1 asks for it (an experiment until measured against flash's:
+    benchmarks/gpu_profile.py times the step both ways)."""
+    return (q.is_cuda and _TRITON_DECODE and k_cache.dtype == q.dtype == v_cache.dtype
+            and q.shape[-1] == k_cache.shape[-1] == v_cache.shape[-1] <= 256)
+
+
+def _triton_wanted() -> bool:
+    if os.environ.get("LINNET_TRITON_DECODE", "0") != "1":
+        return False
+    from linnet.kernels import triton_attention  # (Triton is imported only where asked for)
+
+    return triton_attention.available()
+
+
+_TRITON_DECODE = _triton_wanted()  # (read once: a torch.compile trace calls triton_decodes)
+
+
+def _triton_decode(q, k_cache, v_cache, positions, window: int, sinks, scale: float):
+    """q [n, heads, d], token i of row i at positions[i], against its row's keys 0 .. positions[i]
+    (the last `window` of them, if set), with `sinks`: [n, heads, d]."""
+    from linnet.kernels import triton_attention
+
+    used = per_pass(f"used {k_cache.shape[1]}", (positions,), lambda: _used_keys(positions, k_cache.shape[1]))
+    return triton_attention.attend(q, k_cache, v_cache, used, window, sinks, scale)
+
+
+def _used_keys(positions: torch.Tensor, seq: int) -> torch.Tensor:
+    """int32: the keys each token attends to, positions + 1 (0 for a padding token, at MaxSeq)."""
+    return torch.where(positions < seq, positions + 1, 0).to(torch.int32)
 
 
 def flash_decodes(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -339,8 +375,7 @@ def _flash_lengths(positions, n: int, seq: int) -> tuple:
     """`_flash_rows`' int32 arguments for token i in row i: each query's start ([0, 1, ..., n]),
     each row's keys' ([0, seq, ..., n * seq]), and the keys each uses (0 for a padding token)."""
     at = torch.arange(n + 1, dtype=torch.int32, device=positions.device)
-    used = torch.where(positions < seq, positions + 1, 0).to(torch.int32)
-    return at, at * seq, used
+    return at, at * seq, _used_keys(positions, seq)
 
 
 def _flash_varlen(*args, **kwargs):
