@@ -7,7 +7,8 @@ replayed as a CUDA graph) and on JAX:
   backends give the same tokens, and nothing compiles or is captured after warmup;
 - fast numerics in f32 and in bf16 (what the benchmarks run: SDPA, on CUDA flash attention's
   variable-length kernel for bf16 decode steps, XLA's default precision, which may be TF32 on a
-  GPU): the tokens agree with exact numerics' for most of their length. Rounding makes a greedy
+  GPU; and torch's again with Linnet's Triton kernel for decode steps): the tokens agree with
+  exact numerics' for most of their length. Rounding makes a greedy
   pick flip now and then, bf16's more often; a wrong mask, row or replayed buffer makes most
   requests differ from their first tokens.
 Prints one line per check and exits 1 if any fails.
@@ -106,6 +107,17 @@ def run(backend: str, numerics: str, dtype: str = "f32") -> list:
     return together
 
 
+def fast_agrees(backend: str, exact: list, label: str = "") -> None:
+    """Fast numerics in each of AGREEING's types, against exact's tokens."""
+    for dtype, least in AGREEING.items():
+        fast = run(backend, "fast", dtype)
+        shared = [common_prefix(a, b) for a, b in zip(exact, fast)]
+        same = sum(shared) / (len(shared) * args.new)
+        check(f"{backend}{label}, fast {dtype} = exact for most tokens", same >= least,
+              f"{same:.0%} of the tokens before a request's first difference (at least {least:.0%}); "
+              f"identical requests {sum(n == args.new for n in shared)}/{len(shared)}")
+
+
 checkpoint = None if args.card else small_llama(tempfile.mkdtemp())
 for backend in ("torch", "jax"):
     exact = run(backend, "exact")
@@ -113,11 +125,13 @@ for backend in ("torch", "jax"):
         torch_exact = exact
     else:
         check("torch = jax, exact", *differences(torch_exact, exact))
-    for dtype, least in AGREEING.items():
-        fast = run(backend, "fast", dtype)
-        shared = [common_prefix(a, b) for a, b in zip(exact, fast)]
-        same = sum(shared) / (len(shared) * args.new)
-        check(f"{backend}, fast {dtype} = exact for most tokens", same >= least,
-              f"{same:.0%} of the tokens before a request's first difference (at least {least:.0%}); "
-              f"identical requests {sum(n == args.new for n in shared)}/{len(shared)}")
+    fast_agrees(backend, exact)
+    if backend == "torch" and args.device.startswith("cuda"):
+        from linnet.codegen_torch import runtime as rt
+        from linnet.kernels import triton_attention
+
+        if triton_attention.available():  # decode steps through Linnet's Triton kernel (LINNET_TRITON_DECODE=1)
+            rt._TRITON_DECODE, before = True, rt._TRITON_DECODE
+            fast_agrees(backend, exact, " (Triton decode)")
+            rt._TRITON_DECODE = before
 sys.exit(0 if passed else 1)

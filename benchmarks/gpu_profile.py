@@ -3,8 +3,9 @@
 Random weights of a card (default Llama 3.1 8B, bf16) with throughput.py's rows and MaxSeq, its
 cache filled with noise; then, each the median of --steps:
 - the decode step alone: replayed from its CUDA graph (where decoding tokens attend through flash
-  attention's variable-length kernel, also with SDPA instead), and run eagerly (launch-bound where
-  the two differ by much more than the weights' bytes over the memory's bandwidth);
+  attention's variable-length kernel, also with SDPA instead, and with Linnet's Triton kernel), and
+  run eagerly (launch-bound where the two differ by much more than the weights' bytes over the
+  memory's bandwidth);
 - a whole engine step: the step sent ahead and its draws read back (what the engine waits for);
 - a pass of packed prompts (--pack tokens in prompts of --prompt) and a mixed pass (every row's
   decode token and one prompt), both eager, as the engine runs them;
@@ -27,6 +28,7 @@ import torch
 
 from linnet import nest
 from linnet.codegen_torch import runtime as rt
+from linnet.kernels import triton_attention
 from linnet.serve.runners import TorchRunner, make_runner
 from linnet.serve.sampling import SamplingBatch
 from linnet.serve import Request
@@ -174,16 +176,27 @@ replay_ms = median_ms(replayed)
 bandwidth = f", {weights / replay_ms / 1e6:.0f} GB/s of weights" if cuda else ""
 print(f"decode step, replayed     {replay_ms:8.2f} ms{bandwidth}"
       f"{'' if runner.replays else '  (not replayed: ' + str(runner.not_replayed) + ')'}")
+
+
+def step_with(flag: str, value, label: str, how_set: str) -> None:
+    """The decode step with the runtime's `flag` set to `value`, captured anew by a runner of its own."""
+    before = getattr(rt, flag)
+    setattr(rt, flag, value)
+    try:
+        other = TorchRunner(model)
+        ms = median_ms(lambda: other.decode(tokens, positions))
+        how = "replayed" if other.replays else f"not replayed: {other.not_replayed}"
+        print(f"decode step, {label:<13}{ms:8.2f} ms ({how}; {how_set})")
+    finally:
+        setattr(rt, flag, before)
+
+
 cache = getattr(model.runner, "k_cache", None)  # (a Llama-like card's: the check asks of its type and device)
 if cache is not None and rt.flash_decodes(torch.zeros(1, 1, 128, dtype=cache.dtype, device=args.device), cache):
-    # the same step with SDPA reading every row's whole cache (LINNET_FLASH_DECODE=0), captured anew
-    rt._FLASH_TAKES_USED_KEYS = False
-    sdpa_runner = TorchRunner(model)
-    sdpa_ms = median_ms(lambda: sdpa_runner.decode(tokens, positions))
-    how = "replayed" if sdpa_runner.replays else f"not replayed: {sdpa_runner.not_replayed}"
-    print(f"decode step, SDPA         {sdpa_ms:8.2f} ms ({how}; LINNET_FLASH_DECODE=0)")
-    rt._FLASH_TAKES_USED_KEYS = True
-    del sdpa_runner
+    # SDPA reading every row's whole cache in place of flash's kernel
+    step_with("_FLASH_TAKES_USED_KEYS", False, "SDPA", "LINNET_FLASH_DECODE=0")
+if cuda and triton_attention.available():
+    step_with("_TRITON_DECODE", True, "Triton", "LINNET_TRITON_DECODE=1")  # Linnet's kernel in place of flash's
 print(f"decode step, eager        {median_ms(eager):8.2f} ms")
 print(f"engine step (+ greedy)    {median_ms(engine_step):8.2f} ms")
 print(f"packed pass, {len(pack[0])} tokens  {median_ms(packed, max(3, args.steps // 4)):8.2f} ms  "
