@@ -9,11 +9,33 @@ import numpy as np
 import pytest
 import torch
 
+
+
+def _interpreter_rounds_to_nearest_bf16() -> None:
+    """Triton's interpreter casts f32 to bf16 by dropping the low bits (its own round-to-nearest
+    adds the cut bit without carrying it into the exponent), where a GPU rounds to nearest even:
+    its casts are made torch's, so the kernels are checked for the numbers a GPU gives."""
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter
+    except ImportError:
+        return
+    truncating = interpreter._convert_float
+
+    def convert(data, from_type, to_type, rounding_mode):
+        if from_type == tl.float32 and to_type == tl.bfloat16:
+            widened = torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32))
+            return widened.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+        return truncating(data, from_type, to_type, rounding_mode)
+    interpreter._convert_float = convert
+
+
 if not torch.cuda.is_available():
     # Linnet's Triton kernels run on CPU tensors in Triton's interpreter: asked for before anything
     # imports triton (Linnet's kernels, or torch's Inductor), whose own library functions are made
     # for the interpreter or for a GPU as it is imported
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    _interpreter_rounds_to_nearest_bf16()
 
 NORMAL, UNKNOWN, CONTROL, BYTE = 1, 2, 3, 6
 CORPUS = ("the quick brown fox jumps over the lazy dog . the dog sleeps , the fox runs away from the dog "

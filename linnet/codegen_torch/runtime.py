@@ -26,12 +26,28 @@ DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "i
           "i64": torch.int64, "bool": torch.bool}
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if cpu_ops.serves(x, weight) and weight.shape == x.shape[-1:]:
-        return cpu_ops.rmsnorm(x, weight, eps)
+    kernels = _small_ops(x, weight)
+    if kernels and weight.shape == x.shape[-1:]:
+        return kernels.rmsnorm(x, weight, eps)
     # x * rsqrt(mean(x^2) + eps) in f32, rounded to x's type, as Hugging Face's RMSNorm: torch's
     # rms_norm computes a 16-bit x in f32 and rounds its output once (bit for bit those ops where it
     # has no kernel of its own), one fused kernel on CUDA, where the ops would be five
     return weight * F.rms_norm(x, x.shape[-1:], eps=eps)
+
+
+def _small_ops(*tensors: torch.Tensor):
+    """The kernels that take these tensors in rmsnorm, rope and put_, one call each: Linnet's CPU
+    ones (`kernels.cpu_ops`), or on a GPU where LINNET_TRITON_OPS=1 asks for them its Triton ones
+    (`kernels.triton_ops`, imported only then: Triton's import takes a tenth of a second); None:
+    torch's own ops."""
+    if cpu_ops.serves(*tensors):
+        return cpu_ops
+    if _TRITON_OPS and tensors[0].is_cuda:
+        from linnet.kernels import triton_ops
+
+        if triton_ops.serves(*tensors):
+            return triton_ops
+    return None
 
 
 def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -198,9 +214,9 @@ def rope_table(head_dim: int, max_seq: int, theta: float, **scaling) -> torch.Te
 def rope(x: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """Rotates halves of x[n, heads, head_dim] (the Hugging Face Llama layout):
     [x1 * cos - x2 * sin, x2 * cos + x1 * sin], written as x * cos + roll(x) * signed sin."""
-    if (cpu_ops.serves(x, table) and x.dim() == 3 and table.dtype == torch.float32
-            and table.shape[-1] * 2 == x.shape[-1]):
-        return cpu_ops.rope(x, positions, table)
+    kernels = _small_ops(x, table)
+    if kernels and x.dim() == 3 and table.dtype == torch.float32 and table.shape[-1] * 2 == x.shape[-1]:
+        return kernels.rope(x, positions, table)
     cos, sin = per_pass("rope", (positions, table), lambda: _rope_factors(positions, table))
     # in f32, the tables' type: a 16-bit x is widened inside the ops (bit for bit as x.float() first,
     # one kernel and one f32 copy of x fewer: 64 kernels of a Llama decode step)
@@ -263,15 +279,18 @@ def triton_decodes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
             and q.shape[-1] == k_cache.shape[-1] == v_cache.shape[-1] <= 256)
 
 
-def _triton_wanted() -> bool:
-    if os.environ.get("LINNET_TRITON_DECODE", "0") != "1":
+def _triton_wanted(flag: str, module: str) -> bool:
+    """Whether `flag`=1 asks for the Triton kernels of `linnet.kernels.<module>` and Triton is here."""
+    if os.environ.get(flag, "0") != "1":
         return False
-    from linnet.kernels import triton_attention  # (Triton is imported only where asked for)
+    import importlib  # (Triton is imported only where asked for)
 
-    return triton_attention.available()
+    return importlib.import_module(f"linnet.kernels.{module}").available()
 
 
-_TRITON_DECODE = _triton_wanted()  # (read once: a torch.compile trace calls triton_decodes)
+# (read once: a torch.compile trace asks them)
+_TRITON_DECODE = _triton_wanted("LINNET_TRITON_DECODE", "triton_attention")
+_TRITON_OPS = _triton_wanted("LINNET_TRITON_OPS", "triton_ops")
 
 
 def _triton_decode(q, k_cache, v_cache, positions, window: int, sinks, scale: float):
@@ -587,7 +606,8 @@ def put_(state: torch.Tensor, index: tuple, value: torch.Tensor) -> None:
     are found on the host, once per pass for the same indices; on a GPU (no host reads under a
     captured graph) they are clamped into range and write back what is already there.
     """
-    if cpu_ops.serves(state, value) and cpu_ops.put_rows(state, index, value):
+    kernels = _small_ops(state, value)
+    if kernels and kernels.put_rows(state, index, value):
         return
     value = value.to(state.dtype)  # f32 activations (gather_rows) into a bf16 / f16 cache
     tensors = [(axis, i) for axis, i in enumerate(index) if isinstance(i, torch.Tensor)]

@@ -10,13 +10,13 @@ same values, rounded where the reference rounds; `serves` is the one check of wh
 from __future__ import annotations
 
 import ctypes
-import math
 
 import torch
 
 from linnet.kernels import build
 from linnet.kernels.torch_types import TYPES
 from linnet.kernels.cpu_graph import call
+from linnet.kernels.row_writes import row_write
 
 
 def serves(*tensors: torch.Tensor) -> bool:
@@ -63,29 +63,14 @@ def put_rows(state: torch.Tensor, index: tuple, value: torch.Tensor) -> bool:
     runtime's `put_`), where index is ints then one or two 1-D index tensors (a cache write:
     layer, row, position), state is contiguous and value is [n, the axes after them]. Returns
     False, having written nothing, for any other index."""
-    ints = 0
-    while ints < len(index) and isinstance(index[ints], int):
-        ints += 1
-    tensors = index[ints:]
-    if not 1 <= len(tensors) <= 2 or not state.is_contiguous():
+    w = row_write(state, index, value)
+    if w is None:
         return False
-    shape, strides = state.shape, state.stride()
-    offset = 0
-    for axis in range(ints):
-        if not 0 <= index[axis] < shape[axis]:
-            return False
-        offset += index[axis] * strides[axis]
-    for t in tensors:
-        if not isinstance(t, torch.Tensor) or t.dim() != 1:
-            return False
-    n, rest = tensors[0].shape[0], shape[ints + len(tensors):]
-    if tensors[-1].shape[0] != n or value.shape != (n, *rest):
-        return False
-    a, b = as_int32(tensors[0]), as_int32(tensors[-1]) if len(tensors) == 2 else None
+    a, b = as_int32(w.a), None if w.b is None else as_int32(w.b)
     value = value.contiguous()
-    call("put_rows", TYPES[state.dtype], state.data_ptr(), offset, a.data_ptr(), strides[ints], shape[ints],
-         None if b is None else b.data_ptr(), strides[-len(rest) - 1], shape[-len(rest) - 1], n, TYPES[value.dtype],
-         value.data_ptr(), math.prod(rest), torch.get_num_threads())
+    call("put_rows", TYPES[state.dtype], state.data_ptr(), w.offset, a.data_ptr(), w.a_stride, w.a_limit,
+         None if b is None else b.data_ptr(), w.b_stride, w.b_limit, w.n, TYPES[value.dtype],
+         value.data_ptr(), w.block, torch.get_num_threads())
     return True
 
 

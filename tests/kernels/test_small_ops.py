@@ -1,6 +1,8 @@
-"""Linnet's small CPU ops (RMSNorm, rotary embedding, the cache write) against float64 references
-written here: any row count and width, every activation / weight / cache type, strided inputs
-(the columns of a fused matmul's output), padding tokens and rows outside the cache."""
+"""Linnet's small ops (RMSNorm, rotary embedding, the cache write), its CPU kernels (`cpu_ops`) and
+their GPU counterparts in Triton (`triton_ops`; here in Triton's interpreter, on the GPU where there
+is one), against float64 references written here: any row count and width, every activation /
+weight / cache type, strided inputs (the columns of a fused matmul's output), padding tokens and
+rows outside the cache."""
 
 import numpy as np
 import pytest
@@ -8,9 +10,19 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from linnet.kernels import cpu_ops
+from linnet.kernels import cpu_ops, triton_ops
 
-pytestmark = pytest.mark.skipif(cpu_ops.library() is None, reason="Linnet's CPU kernels do not run here")
+OPS = [pytest.param(cpu_ops, id="cpu", marks=pytest.mark.skipif(cpu_ops.library() is None,
+                                                                reason="Linnet's CPU kernels do not run here")),
+       pytest.param(triton_ops, id="triton", marks=pytest.mark.skipif(not triton_ops.available(),
+                                                                      reason="Triton is not installed"))]
+pytestmark = pytest.mark.parametrize("ops", OPS)
+
+
+def on(ops, *tensors):
+    """The tensors where `ops` runs: Triton's on the GPU where there is one (else its interpreter's CPU)."""
+    device = "cuda" if ops is triton_ops and torch.cuda.is_available() else "cpu"
+    return [t.to(device) if isinstance(t, torch.Tensor) else t for t in tensors]
 
 TYPES = [torch.float32, torch.bfloat16, torch.float16]
 ULP = {torch.float32: 2 ** -22, torch.bfloat16: 2 ** -7, torch.float16: 2 ** -10}  # two units in the last place
@@ -28,11 +40,11 @@ def close(got: torch.Tensor, want: np.ndarray, dtype: torch.dtype, rounded_in: t
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
 @given(n=st.integers(1, 70), d=st.integers(1, 80), x_type=st.sampled_from(TYPES), w_type=st.sampled_from(TYPES),
        gap=st.integers(0, 9), seed=st.integers(0, 2 ** 31 - 1))
-def test_rmsnorm_is_the_normalized_row_times_the_weight(n, d, x_type, w_type, gap, seed):
+def test_rmsnorm_is_the_normalized_row_times_the_weight(ops, n, d, x_type, w_type, gap, seed):
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(n, d + gap, generator=g) * 3).to(x_type)[:, :d]  # rows `gap` apart
     w = torch.randn(d, generator=g).to(w_type)
-    got = cpu_ops.rmsnorm(x, w, 1e-5)
+    got = ops.rmsnorm(*on(ops, x, w), 1e-5).cpu()
     xd = x.double().numpy()
     h = xd / np.sqrt((xd * xd).mean(-1, keepdims=True) + 1e-5)
     h = torch.from_numpy(h).to(x_type).double().numpy()  # the reference rounds to x's type before the weight
@@ -40,9 +52,9 @@ def test_rmsnorm_is_the_normalized_row_times_the_weight(n, d, x_type, w_type, ga
     close(got, w.double().numpy() * h, torch.promote_types(x_type, w_type), rounded_in=x_type)
 
 
-def test_rmsnorm_of_a_large_pack_runs_on_the_threads_and_keeps_leading_axes():
-    x, w = torch.randn(3, 300, 256), torch.randn(256)  # past the kernel's single-thread size
-    got = cpu_ops.rmsnorm(x, w, 1e-6)
+def test_rmsnorm_of_a_large_pack_runs_on_the_threads_and_keeps_leading_axes(ops):
+    x, w = torch.randn(3, 300, 256), torch.randn(256)  # past the CPU kernel's single-thread size
+    got = ops.rmsnorm(*on(ops, x, w), 1e-6).cpu()
     xd = x.double().numpy()
     close(got, w.double().numpy() * xd / np.sqrt((xd * xd).mean(-1, keepdims=True) + 1e-6), torch.float32)
 
@@ -55,14 +67,14 @@ def rope_table(head_dim: int, rows: int) -> torch.Tensor:
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
 @given(n=st.integers(1, 20), heads=st.integers(1, 5), half=st.integers(1, 40), dtype=st.sampled_from(TYPES),
        extra=st.integers(0, 3), seed=st.integers(0, 2 ** 31 - 1))
-def test_rope_rotates_each_half_pair_by_its_position(n, heads, half, dtype, extra, seed):
+def test_rope_rotates_each_half_pair_by_its_position(ops, n, heads, half, dtype, extra, seed):
     g = torch.Generator().manual_seed(seed)
     head_dim, rows = 2 * half, 12
     fused = torch.randn(n, (heads + extra) * head_dim, generator=g).to(dtype)  # q's columns of a wider output
     x = fused[:, extra * head_dim:].reshape(n, heads, head_dim)
     positions = torch.randint(0, rows + 3, (n,), generator=g, dtype=torch.int32)  # past the table: its last row
     table = rope_table(head_dim, rows)
-    got = cpu_ops.rope(x, positions, table)
+    got = ops.rope(*on(ops, x, positions, table)).cpu()
     cs = table.double().numpy()[np.minimum(positions.numpy(), rows - 1)]  # [n, 2, half]
     cos, sin = cs[:, None, 0], cs[:, None, 1]
     x1, x2 = x.double().numpy()[..., :half], x.double().numpy()[..., half:]
@@ -78,8 +90,8 @@ def test_rope_rotates_each_half_pair_by_its_position(n, heads, half, dtype, extr
 @given(layers=st.integers(1, 3), batch=st.integers(1, 4), seq=st.integers(1, 9), n=st.integers(1, 8),
        state_type=st.sampled_from(TYPES), value_type=st.sampled_from(TYPES), two=st.booleans(),
        seed=st.integers(0, 2 ** 31 - 1))
-def test_put_rows_writes_each_entry_inside_and_drops_the_rest(layers, batch, seq, n, state_type, value_type, two,
-                                                              seed):
+def test_put_rows_writes_each_entry_inside_and_drops_the_rest(ops, layers, batch, seq, n, state_type, value_type,
+                                                              two, seed):
     g = torch.Generator().manual_seed(seed)
     state = torch.randn(layers, batch, seq, 2, 3, generator=g).to(state_type)
     before = state.clone()
@@ -94,7 +106,9 @@ def test_put_rows_writes_each_entry_inside_and_drops_the_rest(layers, batch, seq
         rows = torch.randperm(batch + 1, generator=g)[:n].to(torch.int32)
         index = (layer, rows)
     value = torch.randn(len(rows), *state.shape[len(index):], generator=g).to(value_type)
-    assert cpu_ops.put_rows(state, index, value)
+    state, value, *where = on(ops, state, value, *index)
+    assert ops.put_rows(state, tuple(where), value)
+    state = state.cpu()
     want = before.clone()
     for i in range(len(rows)):
         if rows[i] < batch and (not two or positions[i] < seq):
@@ -102,11 +116,10 @@ def test_put_rows_writes_each_entry_inside_and_drops_the_rest(layers, batch, seq
     assert torch.equal(state, want)  # rounded as torch rounds
 
 
-def test_put_rows_declines_what_it_does_not_take():
-    state, value = torch.zeros(2, 4, 3), torch.ones(2, 3)
-    idx = torch.tensor([0, 1])
-    assert not cpu_ops.put_rows(state.transpose(0, 1), (idx, idx), value)  # not contiguous
-    assert not cpu_ops.put_rows(state, (idx, idx, idx), torch.ones(2))  # three index tensors
-    assert not cpu_ops.put_rows(state, (5, idx), value)  # an int outside its axis
-    assert not cpu_ops.put_rows(state, (idx, idx), torch.ones(2, 4))  # a value of the wrong shape
-    assert torch.equal(state, torch.zeros(2, 4, 3))
+def test_put_rows_declines_what_it_does_not_take(ops):
+    state, value, idx = on(ops, torch.zeros(2, 4, 3), torch.ones(2, 3), torch.tensor([0, 1]))
+    assert not ops.put_rows(state.transpose(0, 1), (idx, idx), value)  # not contiguous
+    assert not ops.put_rows(state, (idx, idx, idx), torch.ones_like(idx))  # three index tensors
+    assert not ops.put_rows(state, (5, idx), value)  # an int outside its axis
+    assert not ops.put_rows(state, (idx, idx), torch.ones_like(state[0]))  # a value of the wrong shape
+    assert not state.any()

@@ -1,16 +1,19 @@
-"""A decode step whose tokens attend through Linnet's Triton kernel (LINNET_TRITON_DECODE=1 on a
-GPU). No GPU here: the generated entries run on a GPU's branches (`torch_on_gpu_branches`) and the
-kernel in Triton's interpreter; the step must give the logits of the runtime's own attention
-(SDPA, or its f32 softmax where there are sinks), eagerly and compiled whole by torch.compile."""
+"""The generated torch entries through Linnet's Triton kernels on a GPU: a decode step's attention
+(LINNET_TRITON_DECODE=1) and the small ops of every pass (LINNET_TRITON_OPS=1: RMSNorm, rope, the
+cache write). No GPU here: the entries run on a GPU's branches (`torch_on_gpu_branches`) and the
+kernels in Triton's interpreter; they must give the logits and cache of the runtime's own ops
+(SDPA, or its f32 softmax where there are sinks; torch's eager ops), eagerly and, for the
+attention, compiled whole by torch.compile."""
 
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 pytest.importorskip("triton")  # (in its interpreter without CUDA: tests/conftest.py)
 
 from linnet.codegen_torch import runtime as rt  # noqa: E402
-from linnet.kernels import triton_attention  # noqa: E402
+from linnet.kernels import triton_attention, triton_ops  # noqa: E402
 from linnet.serve import runners  # noqa: E402
 from tests.serve.conftest import torch_on_gpu_branches  # noqa: E402
 
@@ -21,9 +24,9 @@ def test_the_kernel_is_asked_for_on_a_gpu_only(monkeypatch):
     monkeypatch.setattr(rt, "_TRITON_DECODE", True)
     assert not rt.triton_decodes(q, cache, cache)  # the CPU's tensors
     monkeypatch.delenv("LINNET_TRITON_DECODE", raising=False)
-    assert not rt._triton_wanted()
+    assert not rt._triton_wanted("LINNET_TRITON_DECODE", "triton_attention")
     monkeypatch.setenv("LINNET_TRITON_DECODE", "1")
-    assert rt._triton_wanted() == triton_attention.available()
+    assert rt._triton_wanted("LINNET_TRITON_DECODE", "triton_attention") == triton_attention.available()
 
 
 def noisy(model) -> dict:
@@ -76,3 +79,45 @@ def test_the_fused_decode_step_takes_the_kernel_whole(monkeypatch):
     assert counter.frame_count == 1 and len(calls) == 2  # tiny-llama's two layers
     busy = [0, 1, 3]
     torch.testing.assert_close(got[busy], want[busy], rtol=1e-4, atol=1e-4)
+
+
+class OpNames(TorchDispatchMode):
+    """The names of the aten ops run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("card", ["tiny-llama", "tiny-qwen3", "tiny-gpt-oss", "tiny-gemma3"])
+def test_passes_through_the_small_ops_kernels_give_the_runtimes_logits(card, monkeypatch):
+    # qwen3: q and k normed a head at a time; gpt-oss: biases, sinks; gemma3: norms after each half.
+    # A decode step with a row idle, and a mixed pass (rows 3 and 0 decode, row 2 takes a prompt)
+    model = torch_on_gpu_branches(monkeypatch, card)
+    start = noisy(model)
+    step = (np.array([3, 9, 0, 27], np.int32), np.array([5, 31, 32, 17], np.int32))
+    pack = (np.array([4, 8, 15, 16, 23, 42, 7], np.int32), np.array([18, 0, 1, 2, 3, 4, 6], np.int32),
+            np.array([3, 2, 2, 2, 2, 2, 0], np.int32), np.array([0, 5, 6], np.int32))
+
+    def run(kernels: bool) -> list:
+        out = []
+        for call in (lambda: model.decode(*step), lambda: model.prefill(*pack)):
+            restore(model, start)
+            with monkeypatch.context() as m, OpNames() as ops:
+                if kernels:
+                    m.setattr(rt, "_small_ops", lambda *tensors: triton_ops)
+                logits = call().clone()
+            out.append((logits, {name: getattr(model.runner, name).clone() for name in model.runner.state},
+                        ops.names))
+        return out
+    torch_ops = {"rms_norm", "roll", "addcmul", "index_put_"}  # each a kernel of its own now
+    for (want, want_cache, _), (got, got_cache, names) in zip(run(False), run(True)):
+        torch.testing.assert_close(got[:3], want[:3], rtol=1e-4, atol=1e-4)
+        for name in want_cache:  # the same cache writes, idle rows' and padding's dropped
+            torch.testing.assert_close(got_cache[name], want_cache[name], rtol=1e-5, atol=1e-5)
+        assert not names & torch_ops
+        torch_ops.discard("index_put_")  # (SDPA's path for a mixed pass, here, writes its output with one)
