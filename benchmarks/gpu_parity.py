@@ -7,8 +7,8 @@ replayed as a CUDA graph) and on JAX:
   backends give the same tokens, and nothing compiles or is captured after warmup;
 - fast numerics in f32 and in bf16 (what the benchmarks run: SDPA, on CUDA flash attention's
   variable-length kernel for bf16 decode steps, XLA's default precision, which may be TF32 on a
-  GPU; and torch's again with Linnet's Triton kernel for decode steps): the tokens agree with
-  exact numerics' for most of their length. Rounding makes a greedy
+  GPU; and torch's again with Linnet's Triton kernels: decode steps' attention, every pass's small
+  ops): the tokens agree with exact numerics' for most of their length. Rounding makes a greedy
   pick flip now and then, bf16's more often; a wrong mask, row or replayed buffer makes most
   requests differ from their first tokens.
 Prints one line per check and exits 1 if any fails.
@@ -130,8 +130,9 @@ for backend in ("torch", "jax"):
         from linnet.codegen_torch import runtime as rt
         from linnet.kernels import triton_attention
 
-        if triton_attention.available():  # decode steps through Linnet's Triton kernel (LINNET_TRITON_DECODE=1)
-            rt._TRITON_DECODE, before = True, rt._TRITON_DECODE
-            fast_agrees(backend, exact, " (Triton decode)")
-            rt._TRITON_DECODE = before
+        if triton_attention.available():  # Linnet's Triton kernels (LINNET_TRITON_DECODE=1 LINNET_TRITON_OPS=1)
+            before = rt._TRITON_DECODE, rt._TRITON_OPS
+            rt._TRITON_DECODE = rt._TRITON_OPS = True
+            fast_agrees(backend, exact, " (Triton kernels)")
+            rt._TRITON_DECODE, rt._TRITON_OPS = before
 sys.exit(0 if passed else 1)

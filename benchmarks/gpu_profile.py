@@ -3,12 +3,12 @@
 Random weights of a card (default Llama 3.1 8B, bf16) with throughput.py's rows and MaxSeq, its
 cache filled with noise; then, each the median of --steps:
 - the decode step alone: replayed from its CUDA graph (where decoding tokens attend through flash
-  attention's variable-length kernel, also with SDPA instead, and with Linnet's Triton kernel), and
-  run eagerly (launch-bound where the two differ by much more than the weights' bytes over the
-  memory's bandwidth);
+  attention's variable-length kernel; also with SDPA instead, and with Linnet's Triton kernels: its
+  attention, its small ops, both), and run eagerly (launch-bound where the two differ by much more
+  than the weights' bytes over the memory's bandwidth);
 - a whole engine step: the step sent ahead and its draws read back (what the engine waits for);
 - a pass of packed prompts (--pack tokens in prompts of --prompt) and a mixed pass (every row's
-  decode token and one prompt), both eager, as the engine runs them;
+  decode token and one prompt), both eager, as the engine runs them (also with Triton's small ops);
 then torch's profiler over one of each: the kernels that took the most GPU time.
 With --backend jax, the same timings of JAX's executables (the engine step, the packed and the mixed
 pass, each compiled first; on a GPU the engine step also with XLA's attention in place of cuDNN's),
@@ -19,6 +19,7 @@ without the kernel tables.
 """
 
 import argparse
+import contextlib
 import os
 import statistics
 import time
@@ -178,30 +179,46 @@ print(f"decode step, replayed     {replay_ms:8.2f} ms{bandwidth}"
       f"{'' if runner.replays else '  (not replayed: ' + str(runner.not_replayed) + ')'}")
 
 
-def step_with(flag: str, value, label: str, how_set: str) -> None:
-    """The decode step with the runtime's `flag` set to `value`, captured anew by a runner of its own."""
-    before = getattr(rt, flag)
-    setattr(rt, flag, value)
+@contextlib.contextmanager
+def runtime_flags(**flags):
+    """The runtime's module flags set to these values (as their LINNET_* variables would set them)."""
+    before = {name: getattr(rt, name) for name in flags}
+    for name, value in flags.items():
+        setattr(rt, name, value)
     try:
+        yield
+    finally:
+        for name, value in before.items():
+            setattr(rt, name, value)
+
+
+def step_with(label: str, how_set: str, **flags) -> None:
+    """The decode step with the runtime's `flags` set, captured anew by a runner of its own."""
+    with runtime_flags(**flags):
         other = TorchRunner(model)
         ms = median_ms(lambda: other.decode(tokens, positions))
         how = "replayed" if other.replays else f"not replayed: {other.not_replayed}"
         print(f"decode step, {label:<13}{ms:8.2f} ms ({how}; {how_set})")
-    finally:
-        setattr(rt, flag, before)
 
 
 cache = getattr(model.runner, "k_cache", None)  # (a Llama-like card's: the check asks of its type and device)
 if cache is not None and rt.flash_decodes(torch.zeros(1, 1, 128, dtype=cache.dtype, device=args.device), cache):
     # SDPA reading every row's whole cache in place of flash's kernel
-    step_with("_FLASH_TAKES_USED_KEYS", False, "SDPA", "LINNET_FLASH_DECODE=0")
-if cuda and triton_attention.available():
-    step_with("_TRITON_DECODE", True, "Triton", "LINNET_TRITON_DECODE=1")  # Linnet's kernel in place of flash's
+    step_with("SDPA", "LINNET_FLASH_DECODE=0", _FLASH_TAKES_USED_KEYS=False)
+triton_here = cuda and triton_attention.available()
+if triton_here:  # Linnet's Triton kernels: attention in place of flash's; the small ops in place of torch's
+    step_with("Triton attn.", "LINNET_TRITON_DECODE=1", _TRITON_DECODE=True)
+    step_with("Triton ops", "LINNET_TRITON_OPS=1", _TRITON_OPS=True)
+    step_with("Triton both", "both", _TRITON_DECODE=True, _TRITON_OPS=True)
 print(f"decode step, eager        {median_ms(eager):8.2f} ms")
 print(f"engine step (+ greedy)    {median_ms(engine_step):8.2f} ms")
 print(f"packed pass, {len(pack[0])} tokens  {median_ms(packed, max(3, args.steps // 4)):8.2f} ms  "
       f"({count} prompts of {prompt})")
 print(f"mixed pass, {rows - 1} + {prompt}     {median_ms(joined, max(3, args.steps // 4)):8.2f} ms")
+if triton_here:
+    with runtime_flags(_TRITON_OPS=True):
+        print(f"packed pass, Triton ops   {median_ms(packed, max(3, args.steps // 4)):8.2f} ms (LINNET_TRITON_OPS=1)")
+        print(f"mixed pass, Triton ops    {median_ms(joined, max(3, args.steps // 4)):8.2f} ms (LINNET_TRITON_OPS=1)")
 for name, run in (("decode step, replayed", replayed), ("decode step, eager", eager),
                   (f"packed pass of {len(pack[0])} tokens", packed)):
     profiled(name, run)
