@@ -86,7 +86,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, used: 
     out = q.new_empty(n, heads, d)
     exact_dot = q.dtype == torch.float32 or _interpreted()
     block_g = max(16, triton.next_power_of_2(group))  # (tl.dot takes 16 rows at least)
-    block_d = triton.next_power_of_2(d)
+    block_d = max(16, triton.next_power_of_2(d))  # (and 16 columns at least)
     sinks_arg = sinks if sinks is not None else q  # (a pointer the kernel never reads)
     common = dict(HEAD_DIM=d, BLOCK_D=block_d, SPLITS=splits, HAS_SINKS=sinks is not None)
     if splits == 1:
