@@ -7,7 +7,7 @@ from linnet.codegen_common import entry_dim_sources, linear_groups, linear_weigh
 from linnet.ir import nodes as ir
 from linnet.ir.passes import inline_calls
 from linnet.ir.types import NoneType, ScalarType, TensorType
-from linnet.pyemit import PythonEmitter
+from linnet.pyemit import POSTFIX, PythonEmitter
 
 TORCH_DTYPES = {"f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.float16", "i32": "torch.int32",
                 "i64": "torch.int64", "bool": "torch.bool"}
@@ -132,6 +132,13 @@ class _TorchEmitter(PythonEmitter):
             self.line(f"return {self.expr(s.value)}")
 
     # -- ops
+    def emit(self, v: ir.Value) -> tuple[str, int]:
+        gated = _gated(v)
+        if gated is not None:  # silu(x) * y: the runtime's one call (one kernel on a GPU, with Triton's ops)
+            x, y = gated
+            return f"rt.silu_mul({self.expr(x)}, {self.expr(y)})", POSTFIX
+        return super().emit(v)
+
     def op_cast(self, v, k):
         return f"{self.paren(k['x'], 89)}.to({TORCH_DTYPES[self.dtype_of(v.type)]})"
 
@@ -217,3 +224,15 @@ class _TorchEmitter(PythonEmitter):
             fn = UNARY[name[3:]]  # on a tensor (a static number is the shared emitter's: pyemit.STATIC_UNARY)
             return lambda v, k: f"{fn}({self.expr(k['x'])})"
         raise AttributeError(name)
+
+
+def _gated(v: ir.Value) -> tuple | None:
+    """(x, y) where v is the tensor product silu(x) * y (or y * silu(x)) of one shape: a gated MLP."""
+    if not (isinstance(v, ir.Op) and v.op == "mul" and isinstance(v.type, TensorType)):
+        return None
+    a, b = v.kwargs["a"], v.kwargs["b"]
+    for gate, other in ((a, b), (b, a)):
+        if (isinstance(gate, ir.Op) and gate.op == "silu" and isinstance(other.type, TensorType)
+                and gate.type == other.type == v.type):
+            return gate.kwargs["x"], other
+    return None

@@ -37,17 +37,28 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def _small_ops(*tensors: torch.Tensor):
     """The kernels that take these tensors in rmsnorm, rope and put_, one call each: Linnet's CPU
-    ones (`kernels.cpu_ops`), or on a GPU where LINNET_TRITON_OPS=1 asks for them its Triton ones
-    (`kernels.triton_ops`, imported only then: Triton's import takes a tenth of a second); None:
-    torch's own ops."""
-    if cpu_ops.serves(*tensors):
-        return cpu_ops
+    ones (`kernels.cpu_ops`), or on a GPU its Triton ones (`_triton_ops`); None: torch's own ops."""
+    return cpu_ops if cpu_ops.serves(*tensors) else _triton_ops(*tensors)
+
+
+def _triton_ops(*tensors: torch.Tensor):
+    """`kernels.triton_ops` where LINNET_TRITON_OPS=1 asks for them and these are GPU tensors they
+    take (imported only then: Triton's import takes a tenth of a second); else None."""
     if _TRITON_OPS and tensors[0].is_cuda:
         from linnet.kernels import triton_ops
 
         if triton_ops.serves(*tensors):
             return triton_ops
     return None
+
+
+def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """silu(a) * b, silu(a) rounded to a's type first (a gated MLP's two halves, as the generator
+    writes `silu(x) * y`): on a GPU with Triton's ops one kernel over the two, else torch's two."""
+    kernels = _triton_ops(a, b) if a.shape == b.shape else None
+    if kernels:
+        return kernels.silu_mul(a, b)
+    return F.silu(a) * b
 
 
 def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:

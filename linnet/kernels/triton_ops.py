@@ -1,10 +1,10 @@
 """The small ops of a torch pass on a GPU, one Triton kernel each where torch's eager ops take
 several: RMSNorm (torch's fused norm, then the weight: 2 kernels), rotary embedding (two products,
-a roll and the rounding: 4) and the cache write with its indices outside dropped (gather, select,
-scatter: 3). A Llama decode step launches about 22 such kernels a layer, each a few microseconds
-even replayed from a CUDA graph (2.1 ms of a 64-row Llama 3.1 8B step's 9.7 on an H200); with
-these, 10 (LINNET_TRITON_OPS=1, an experiment until measured on a GPU). In a packed pass they
-also leave out the f32 copies between torch's ops.
+a roll and the rounding: 4), the cache write with its indices outside dropped (gather, select,
+scatter: 3) and a gated MLP's silu(gate) * up (2). A Llama decode step launches about 22 such
+kernels a layer, each a few microseconds even replayed from a CUDA graph (2.1 ms of a 64-row
+Llama 3.1 8B step's 9.7 on an H200); with these, 9 (LINNET_TRITON_OPS=1, an experiment until
+measured on a GPU). In a packed pass they also leave out the copies between torch's ops.
 
 The GPU's counterpart of `cpu_ops`: each function takes what the runtime's reference takes and
 gives its values, rounded where it rounds (up to the order of f32 operations); `serves` is the one
@@ -69,6 +69,21 @@ def rope(x: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> torch
     return out
 
 
+def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """silu(a) * b for a and b of one shape, silu(a) rounded to a's type first (as `F.silu(a) * b`).
+    Their rows may lie apart (the gate and up columns of a fused matmul's output)."""
+    n = a.shape[-1]
+    rows_a, rows_b = a.reshape(-1, n), b.reshape(-1, n)
+    if rows_a.stride(-1) != 1:
+        rows_a = rows_a.contiguous()
+    if rows_b.stride(-1) != 1:
+        rows_b = rows_b.contiguous()
+    out = torch.empty(a.shape, dtype=torch.promote_types(a.dtype, b.dtype), device=a.device)
+    grid = (rows_a.shape[0], triton.cdiv(n, WRITE_BLOCK))
+    _silu_mul[grid](rows_a, rows_b, out, rows_a.stride(0), rows_b.stride(0), n, BLOCK=WRITE_BLOCK)
+    return out
+
+
 def put_rows(state: torch.Tensor, index: tuple, value: torch.Tensor) -> bool:
     """state[index] = value in place, entries with an index outside `state` writing nothing (the
     runtime's `put_`), where index is ints then one or two 1-D index tensors (a cache write:
@@ -118,6 +133,17 @@ if triton is not None:
         to = out_ptr + (i * heads + h) * 2 * half + j
         tl.store(to, (x1 * cos - x2 * sin).to(out_ptr.dtype.element_ty), mask=ok)
         tl.store(to + half, (x2 * cos + x1 * sin).to(out_ptr.dtype.element_ty), mask=ok)
+
+    @triton.jit
+    def _silu_mul(a_ptr, b_ptr, out_ptr, stride_a, stride_b, n, BLOCK: tl.constexpr):
+        """One program: a BLOCK of one row."""
+        row = tl.program_id(0).to(tl.int64)
+        c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        ok = c < n
+        x = tl.load(a_ptr + row * stride_a + c, mask=ok, other=0.0).to(tl.float32)
+        silu = (x / (1.0 + tl.exp(-x))).to(a_ptr.dtype.element_ty).to(tl.float32)
+        y = tl.load(b_ptr + row * stride_b + c, mask=ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row * n + c, (silu * y).to(out_ptr.dtype.element_ty), mask=ok)
 
     @triton.jit
     def _put_rows(state_ptr, offset, a_ptr, a_stride, a_limit, b_ptr, b_stride, b_limit, value_ptr, stride_v,

@@ -154,7 +154,7 @@ STATEMENTS = {
         (r"k = rt\.rope\(", "k = rotate(key_heads(h, l)"),
         (r"h = rt\.rmsnorm\(x, self\.attn_norm\[l\]", "h = rmsnorm(x, attn_norm[l]"),
         (r"h = rt\.rmsnorm\(x, self\.mlp_norm\[l\]", "h = rmsnorm(x, mlp_norm[l]"),
-        (r"x = x \+ rt\.linear\(F\.silu", "x = x + mlp(h, l)"),  # the MLP fn, inlined where it is called
+        (r"x = x \+ rt\.linear\(rt\.silu_mul", "x = x + mlp(h, l)"),  # the MLP fn, inlined where it is called
         (r"for l in range\(layers\):", "for l in layers {"),
         (r"return rt\.linear\(x\[last\], self\.lm_head\)", "return linear(x[last], lm_head) as f32"),
         (r"return rt\.linear\(x, self\.lm_head\)", "return linear(x, lm_head) as f32"),

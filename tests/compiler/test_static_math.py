@@ -80,3 +80,34 @@ def test_every_float_op_on_a_static_number(backend):
                                                     sum(np.exp(l) + abs(l - 1) for l in range(3))]
     np.testing.assert_allclose(got, want, rtol=1e-6)
     assert mod.folded == pytest.approx(_reference("gelu", 0.7) + 4, rel=1e-12)
+
+
+GATED_SOURCE = """
+arch gated
+params {
+  w: f32[1] from hf "w"
+}
+entry run<N>(x: f32[N, 4], y: f32[N, 4], s: f32[N, 1]) -> f32[N, 12] {
+  return concat([silu(x) * y, y * silu(x), silu(x) * s], axis=1)
+}
+"""
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_a_gated_product_is_silu_of_the_one_times_the_other(backend):
+    # the torch generator writes silu(x) * y of one shape as rt.silu_mul (either order); a product
+    # that broadcasts stays two ops
+    from linnet.compiler import generate
+
+    module = load_source(GATED_SOURCE, "gated.linnet")
+    if backend == "torch":
+        source = generate(module, "torch", {})
+        assert source.count("rt.silu_mul(x, y)") == 2 and "F.silu(x) * s" in source
+    mod = build(module, backend, {})
+    rng = np.random.default_rng(1)
+    x, y, s = (rng.normal(size=shape).astype(np.float32) * 3 for shape in ((5, 4), (5, 4), (5, 1)))
+    w = np.zeros(1, np.float32)
+    model = mod.Model({"w": w}) if backend == "jax" else mod.Model({"w": __import__("torch").from_numpy(w)})
+    silu = x / (1 + np.exp(-x))
+    np.testing.assert_allclose(np.asarray(model.run(x, y, s)), np.concatenate([silu * y, silu * y, silu * s], 1),
+                               rtol=1e-5, atol=1e-6)

@@ -123,3 +123,19 @@ def test_put_rows_declines_what_it_does_not_take(ops):
     assert not ops.put_rows(state, (5, idx), value)  # an int outside its axis
     assert not ops.put_rows(state, (idx, idx), torch.ones_like(state[0]))  # a value of the wrong shape
     assert not state.any()
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(n=st.integers(1, 20), width=st.integers(1, 2100), a_type=st.sampled_from(TYPES), b_type=st.sampled_from(TYPES),
+       seed=st.integers(0, 2 ** 31 - 1))
+def test_silu_mul_is_the_rounded_silu_times_the_other(ops, n, width, a_type, b_type, seed):
+    # a gated MLP's gate and up columns of one fused output: rows apart; wider than a program's block
+    if not hasattr(ops, "silu_mul"):
+        pytest.skip("the CPU's decode step replays F.silu and the product as two of its own calls")
+    g = torch.Generator().manual_seed(seed)
+    a = (torch.randn(n, 2 * width, generator=g) * 4).to(a_type)[:, :width]
+    b = (torch.randn(n, width + 3, generator=g) * 4).to(b_type)[:, 3:]
+    got = ops.silu_mul(*on(ops, a, b)).cpu()
+    ad = a.double().numpy()
+    silu = torch.from_numpy(ad / (1 + np.exp(-ad))).to(a_type).double().numpy()  # rounded to a's type first
+    close(got, silu * b.double().numpy(), torch.promote_types(a_type, b_type), rounded_in=a_type)

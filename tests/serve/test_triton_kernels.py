@@ -1,6 +1,6 @@
 """The generated torch entries through Linnet's Triton kernels on a GPU: a decode step's attention
 (LINNET_TRITON_DECODE=1) and the small ops of every pass (LINNET_TRITON_OPS=1: RMSNorm, rope, the
-cache write). No GPU here: the entries run on a GPU's branches (`torch_on_gpu_branches`) and the
+cache write, silu(gate) * up). No GPU here: the entries run on a GPU's branches (`torch_on_gpu_branches`) and the
 kernels in Triton's interpreter; they must give the logits and cache of the runtime's own ops
 (SDPA, or its f32 softmax where there are sinks; torch's eager ops), eagerly and, for the
 attention, compiled whole by torch.compile."""
@@ -109,12 +109,12 @@ def test_passes_through_the_small_ops_kernels_give_the_runtimes_logits(card, mon
             restore(model, start)
             with monkeypatch.context() as m, OpNames() as ops:
                 if kernels:
-                    m.setattr(rt, "_small_ops", lambda *tensors: triton_ops)
+                    m.setattr(rt, "_triton_ops", lambda *tensors: triton_ops)
                 logits = call().clone()
             out.append((logits, {name: getattr(model.runner, name).clone() for name in model.runner.state},
                         ops.names))
         return out
-    torch_ops = {"rms_norm", "roll", "addcmul", "index_put_"}  # each a kernel of its own now
+    torch_ops = {"rms_norm", "roll", "addcmul", "index_put_", "silu"}  # each a kernel of its own now
     for (want, want_cache, _), (got, got_cache, names) in zip(run(False), run(True)):
         torch.testing.assert_close(got[:3], want[:3], rtol=1e-4, atol=1e-4)
         for name in want_cache:  # the same cache writes, idle rows' and padding's dropped
