@@ -115,11 +115,10 @@ if triton is not None:
         return tl.dot(a, b)
 
     @triton.jit
-    def _sink_share(lse, sinks_ptr, heads, heads_ok):
-        """The part of a head's softmax mass its keys keep beside its sink: 1 / (1 + e^(sink - lse)),
-        lse the log (base 2) of the keys' sum of exponentials."""
-        sink = tl.load(sinks_ptr + heads, mask=heads_ok, other=0.0).to(tl.float32) * 1.4426950408889634  # base 2
-        return 1.0 / (1.0 + tl.exp2(sink - lse))
+    def _sink_share(lse, sink):
+        """The part of a head's softmax mass its keys keep beside its sink (a logit): 1 / (1 + e^(sink
+        - lse)), lse the log (base 2) of the keys' sum of exponentials."""
+        return 1.0 / (1.0 + tl.exp2(sink.to(tl.float32) * 1.4426950408889634 - lse))
 
     @triton.jit
     def _decode_split(q_ptr, k_ptr, v_ptr, used_ptr, sinks_ptr, out_ptr, partial_ptr, lse_ptr,
@@ -169,7 +168,7 @@ if triton is not None:
         lse = tl.where(seen, top + tl.log2(tl.where(seen, total, 1.0)), float("-inf"))
         if SPLITS == 1:
             if HAS_SINKS:
-                result = result * _sink_share(lse, sinks_ptr, heads, g_ok)[:, None]
+                result = result * _sink_share(lse, tl.load(sinks_ptr + heads, mask=g_ok, other=0.0))[:, None]
             tl.store(out_ptr + row * stride_on + heads[:, None] * stride_oh + d[None, :],
                      result.to(out_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
         else:
@@ -197,7 +196,7 @@ if triton is not None:
         parts = tl.load(partial_ptr + at[:, None] * HEAD_DIM + d[None, :], mask=sp_ok[:, None] & d_ok[None, :], other=0.0)
         result = tl.sum(parts * weight[:, None], 0) / tl.where(total > 0.0, total, 1.0)
         if HAS_SINKS:
-            result = result * _sink_share(top + tl.log2(tl.where(total > 0.0, total, 1.0)), sinks_ptr, head, True)
+            result = result * _sink_share(top + tl.log2(tl.where(total > 0.0, total, 1.0)), tl.load(sinks_ptr + head))
         tl.store(out_ptr + row * stride_on + head * stride_oh + d, result.to(out_ptr.dtype.element_ty), mask=d_ok)
 
 
