@@ -15,7 +15,8 @@
 # time kept for the steps after it: a slow step (a long compile) costs its own row, not the others'.
 # --quick: 64 requests instead of 256. --gpt-oss: also gpt-oss-20b (random weights, 42 GB in bf16)
 # on both backends, after the table's other rows (give GPU_CHECK_SECONDS 10 minutes more).
-# --no-inductor: without the LINNET_TORCH_INDUCTOR rows.
+# --no-inductor: without the LINNET_TORCH_INDUCTOR rows (which no longer fit in 580 s after the
+# others: run them in a second call, GPU_CHECK_ONLY=inductor).
 # GPU_CHECK_ONLY: a bash regex; only the rows whose names match it run (a second, short call:
 #   GPU_CHECK_ONLY=inductor bash benchmarks/gpu_check.sh).
 # lark, gguf, interegular and llguidance may be missing there: put their wheels in .whl/ first (here,
