@@ -21,6 +21,7 @@ import random
 import sys
 import tempfile
 import time
+from unittest import mock
 
 from linnet import nest
 from linnet.serve import Engine, Request
@@ -131,8 +132,6 @@ for backend in ("torch", "jax"):
         from linnet.kernels import triton_attention
 
         if triton_attention.available():  # Linnet's Triton kernels (LINNET_TRITON_DECODE=1 LINNET_TRITON_OPS=1)
-            before = rt._TRITON_DECODE, rt._TRITON_OPS
-            rt._TRITON_DECODE = rt._TRITON_OPS = True
-            fast_agrees(backend, exact, " (Triton kernels)")
-            rt._TRITON_DECODE, rt._TRITON_OPS = before
+            with mock.patch.multiple(rt, _TRITON_DECODE=True, _TRITON_OPS=True):
+                fast_agrees(backend, exact, " (Triton kernels)")
 sys.exit(0 if passed else 1)

@@ -19,10 +19,10 @@ without the kernel tables.
 """
 
 import argparse
-import contextlib
 import os
 import statistics
 import time
+from unittest import mock
 
 import numpy as np
 import torch
@@ -179,22 +179,10 @@ print(f"decode step, replayed     {replay_ms:8.2f} ms{bandwidth}"
       f"{'' if runner.replays else '  (not replayed: ' + str(runner.not_replayed) + ')'}")
 
 
-@contextlib.contextmanager
-def runtime_flags(**flags):
-    """The runtime's module flags set to these values (as their LINNET_* variables would set them)."""
-    before = {name: getattr(rt, name) for name in flags}
-    for name, value in flags.items():
-        setattr(rt, name, value)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            setattr(rt, name, value)
-
-
 def step_with(label: str, how_set: str, **flags) -> None:
-    """The decode step with the runtime's `flags` set, captured anew by a runner of its own."""
-    with runtime_flags(**flags):
+    """The decode step with the runtime's module `flags` set (as their LINNET_* variables would set
+    them), captured anew by a runner of its own."""
+    with mock.patch.multiple(rt, **flags):
         other = TorchRunner(model)
         ms = median_ms(lambda: other.decode(tokens, positions))
         how = "replayed" if other.replays else f"not replayed: {other.not_replayed}"
@@ -216,7 +204,7 @@ print(f"packed pass, {len(pack[0])} tokens  {median_ms(packed, max(3, args.steps
       f"({count} prompts of {prompt})")
 print(f"mixed pass, {rows - 1} + {prompt}     {median_ms(joined, max(3, args.steps // 4)):8.2f} ms")
 if triton_here:
-    with runtime_flags(_TRITON_OPS=True):
+    with mock.patch.multiple(rt, _TRITON_OPS=True):
         print(f"packed pass, Triton ops   {median_ms(packed, max(3, args.steps // 4)):8.2f} ms (LINNET_TRITON_OPS=1)")
         print(f"mixed pass, Triton ops    {median_ms(joined, max(3, args.steps // 4)):8.2f} ms (LINNET_TRITON_OPS=1)")
 for name, run in (("decode step, replayed", replayed), ("decode step, eager", eager),
