@@ -30,6 +30,20 @@ def torch_on_gpu_branches(monkeypatch, card: str = "tiny-llama"):
                      generics={"Batch": 4, "MaxSeq": 32, "T": "f32"})
 
 
+def noisy_cache(model, seed: int = 0) -> dict:
+    """The model's state (its cache) filled with noise, as rows holding prompts; returns a copy of
+    it, for `restore_cache` to start each run of a comparison from."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    return {name: getattr(model.runner, name).normal_(generator=g).clone() for name in model.runner.state}
+
+
+def restore_cache(model, saved: dict) -> None:
+    for name, value in saved.items():
+        getattr(model.runner, name).copy_(value)
+
+
 @pytest.fixture(scope="module", params=["torch", "torch-replayed", "jax"])
 def model(request):
     """Each backend; and torch with its decode step captured and replayed (a CPU graph of Linnet's

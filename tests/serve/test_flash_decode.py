@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from linnet.codegen_torch import runtime as rt
-from tests.serve.conftest import torch_on_gpu_branches
+from tests.serve.conftest import noisy_cache, restore_cache, torch_on_gpu_branches
 
 
 def varlen_reference(q, k, v, starts_q, starts_k, max_q, max_k, dropout, is_causal, debug, *, scale,
@@ -121,9 +121,7 @@ def test_decode_steps_and_mixed_passes_through_the_kernel_give_sdpas_logits(card
     # cache of noise: a decode step with rows at different positions and one idle, and a mixed pass
     # (rows 3 and 0 decode, row 2 takes a 5-token prompt); the kernel's path against SDPA's
     model = torch_on_gpu_branches(monkeypatch, card)
-    runner = model.runner
-    g = torch.Generator().manual_seed(1)
-    start = {name: getattr(runner, name).normal_(generator=g).clone() for name in runner.state}
+    start = noisy_cache(model, seed=1)
     step = (np.array([3, 9, 0, 27], np.int32), np.array([5, 31, 32, 17], np.int32))  # row 2 idle
     pack = (np.array([4, 8, 15, 16, 23, 42, 7], np.int32), np.array([18, 0, 1, 2, 3, 4, 6], np.int32),
             np.array([3, 2, 2, 2, 2, 2, 0], np.int32), np.array([0, 5, 6], np.int32))
@@ -134,8 +132,7 @@ def test_decode_steps_and_mixed_passes_through_the_kernel_give_sdpas_logits(card
     def logits(flash: bool) -> list:
         out = []
         for call in (lambda: model.decode(*step), lambda: model.prefill(*pack), lambda: model.prefill(*chunk)):
-            for name, value in start.items():
-                getattr(runner, name).copy_(value)
+            restore_cache(model, start)
             with monkeypatch.context() as m:
                 if flash:
                     m.setattr(rt, "flash_decodes", lambda q, k_cache: True)

@@ -8,7 +8,7 @@ import torch
 
 from linnet.codegen_torch import runtime as rt
 from linnet.serve import runners
-from tests.serve.conftest import torch_on_gpu_branches
+from tests.serve.conftest import noisy_cache, restore_cache, torch_on_gpu_branches
 
 
 def test_the_flag_is_off_unless_set_to_1(monkeypatch):
@@ -36,17 +36,13 @@ def test_the_fused_decode_step_compiles_once_for_the_runners_buffers(monkeypatch
 def test_the_fused_decode_step_is_the_eager_one_on_a_gpus_branches(monkeypatch):
     model = torch_on_gpu_branches(monkeypatch)
     runner = model.runner
-    g = torch.Generator().manual_seed(0)
-    for name in runner.state:  # a cache of noise, as rows that hold prompts
-        getattr(runner, name).normal_(generator=g)
-    start = {name: getattr(runner, name).clone() for name in runner.state}
+    start = noisy_cache(model)
     tokens = torch.tensor([3, 9, 0, 27], dtype=torch.int32)
     positions = torch.tensor([5, 31, 32, 0], dtype=torch.int32)  # row 2 idle: padding at MaxSeq
 
     want = model.decode(tokens, positions).clone()
     after = {name: getattr(runner, name).clone() for name in runner.state}
-    for name, value in start.items():
-        getattr(runner, name).copy_(value)
+    restore_cache(model, start)
     got = runners.fused_decode(runner)(tokens, positions)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     for name, value in after.items():
@@ -83,15 +79,11 @@ def test_the_fused_decode_step_takes_flash_decode_whole(monkeypatch, flash_on_th
     model = torch_on_gpu_branches(monkeypatch)
     monkeypatch.setattr(rt, "flash_decodes", lambda q, k_cache: True)
     runner = model.runner
-    g = torch.Generator().manual_seed(0)
-    for name in runner.state:
-        getattr(runner, name).normal_(generator=g)
-    start = {name: getattr(runner, name).clone() for name in runner.state}
+    start = noisy_cache(model)
     tokens = torch.tensor([3, 9, 0, 27], dtype=torch.int32)
     positions = torch.tensor([5, 31, 32, 0], dtype=torch.int32)  # row 2 idle: padding at MaxSeq
     want = model.decode(tokens, positions).clone()
-    for name, value in start.items():
-        getattr(runner, name).copy_(value)
+    restore_cache(model, start)
     from torch._dynamo.testing import CompileCounterWithBackend
 
     counter = CompileCounterWithBackend("inductor")

@@ -15,7 +15,7 @@ pytest.importorskip("triton")  # (in its interpreter without CUDA: tests/conftes
 from linnet.codegen_torch import runtime as rt  # noqa: E402
 from linnet.kernels import triton_attention, triton_ops  # noqa: E402
 from linnet.serve import runners  # noqa: E402
-from tests.serve.conftest import torch_on_gpu_branches  # noqa: E402
+from tests.serve.conftest import noisy_cache, restore_cache, torch_on_gpu_branches  # noqa: E402
 
 
 def test_the_kernel_is_asked_for_on_a_gpu_only(monkeypatch):
@@ -29,26 +29,15 @@ def test_the_kernel_is_asked_for_on_a_gpu_only(monkeypatch):
     assert rt._triton_wanted("LINNET_TRITON_DECODE", "triton_attention") == triton_attention.available()
 
 
-def noisy(model) -> dict:
-    """The model's cache filled with noise (rows holding prompts); returns it, to start each run from."""
-    g = torch.Generator().manual_seed(0)
-    return {name: getattr(model.runner, name).normal_(generator=g).clone() for name in model.runner.state}
-
-
-def restore(model, start: dict) -> None:
-    for name, value in start.items():
-        getattr(model.runner, name).copy_(value)
-
-
 @pytest.mark.parametrize("card", ["tiny-llama", "tiny-mistral", "tiny-gpt-oss"])  # a window; sinks and windows
 def test_decode_steps_through_the_kernel_give_the_runtimes_logits(card, monkeypatch):
     model = torch_on_gpu_branches(monkeypatch, card)
-    start = noisy(model)
+    start = noisy_cache(model)
     tokens = np.array([3, 9, 0, 27], np.int32)
     positions = np.array([5, 31, 32, 17], np.int32)  # row 2 idle: padding at MaxSeq
     want = model.decode(tokens, positions).clone()
     after = {name: getattr(model.runner, name).clone() for name in model.runner.state}
-    restore(model, start)
+    restore_cache(model, start)
     calls = []
     monkeypatch.setattr(rt, "triton_decodes", lambda q, k_cache, v_cache: calls.append(q.shape) or True)
     got = model.decode(tokens, positions)
@@ -66,11 +55,11 @@ def test_the_fused_decode_step_takes_the_kernel_whole(monkeypatch):
 
     model = torch_on_gpu_branches(monkeypatch)
     monkeypatch.setattr(rt, "triton_decodes", lambda q, k_cache, v_cache: True)
-    start = noisy(model)
+    start = noisy_cache(model)
     tokens = torch.tensor([3, 9, 0, 27], dtype=torch.int32)
     positions = torch.tensor([5, 31, 32, 0], dtype=torch.int32)
     want = model.decode(tokens, positions).clone()
-    restore(model, start)
+    restore_cache(model, start)
     calls = []
     decode = triton_attention.decode
     monkeypatch.setattr(triton_attention, "decode", lambda *a, **k: calls.append(a[0].shape) or decode(*a, **k))
@@ -98,7 +87,7 @@ def test_passes_through_the_small_ops_kernels_give_the_runtimes_logits(card, mon
     # qwen3: q and k normed a head at a time; gpt-oss: biases, sinks; gemma3: norms after each half.
     # A decode step with a row idle, and a mixed pass (rows 3 and 0 decode, row 2 takes a prompt)
     model = torch_on_gpu_branches(monkeypatch, card)
-    start = noisy(model)
+    start = noisy_cache(model)
     step = (np.array([3, 9, 0, 27], np.int32), np.array([5, 31, 32, 17], np.int32))
     pack = (np.array([4, 8, 15, 16, 23, 42, 7], np.int32), np.array([18, 0, 1, 2, 3, 4, 6], np.int32),
             np.array([3, 2, 2, 2, 2, 2, 0], np.int32), np.array([0, 5, 6], np.int32))
@@ -106,7 +95,7 @@ def test_passes_through_the_small_ops_kernels_give_the_runtimes_logits(card, mon
     def run(kernels: bool) -> list:
         out = []
         for call in (lambda: model.decode(*step), lambda: model.prefill(*pack)):
-            restore(model, start)
+            restore_cache(model, start)
             with monkeypatch.context() as m, OpNames() as ops:
                 if kernels:
                     m.setattr(rt, "_triton_ops", lambda *tensors: triton_ops)
