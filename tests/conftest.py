@@ -10,7 +10,6 @@ import pytest
 import torch
 
 
-
 def _interpreter_rounds_to_nearest_bf16() -> None:
     """Triton's interpreter casts f32 to bf16 by dropping the low bits (its own round-to-nearest
     adds the cut bit without carrying it into the exponent), where a GPU rounds to nearest even:
@@ -24,8 +23,8 @@ def _interpreter_rounds_to_nearest_bf16() -> None:
 
     def convert(data, from_type, to_type, rounding_mode):
         if from_type == tl.float32 and to_type == tl.bfloat16:
-            widened = torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32))
-            return widened.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+            values = torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32))
+            return values.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
         return truncating(data, from_type, to_type, rounding_mode)
     interpreter._convert_float = convert
 
