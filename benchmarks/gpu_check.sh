@@ -5,7 +5,9 @@
 # step's time goes (gpu_profile.py: the decode step replayed and eager, a packed and a mixed pass,
 # their costliest kernels), then prints a table: throughput.py's load with random Llama 3.1 8B
 # weights in bf16 on torch and on JAX, one request (128 prompt, 128 new tokens) on both,
-# the torch rows again with Linnet's Triton kernels (LINNET_TRITON_DECODE=1 LINNET_TRITON_OPS=1),
+# (torch choosing between its runtime's kernels and Linnet's Triton ones by timing both at the decode
+# step's capture; the choice is in gpu_check.log), the torch rows again with the runtime's kernels
+# only (LINNET_TRITON_DECODE=0 LINNET_TRITON_OPS=0),
 # transformers' generate on the same load, JAX's step and passes timed (gpu_profile.py --backend
 # jax), and the torch rows again with LINNET_TORCH_INDUCTOR=1 (the decode step fused by
 # torch.compile before it is captured).
@@ -79,9 +81,9 @@ run() {  # name, most seconds, seconds kept for the steps after it, command...: 
   printf '%-34s %s\n' "$name" "$line" >> "$OUT/gpu_table.txt"
 }
 ONE="--requests 1 --rows 1 --min-prompt 128 --max-prompt 128"
-TRITON="LINNET_TRITON_DECODE=1 LINNET_TRITON_OPS=1"  # Linnet's Triton kernels (an experiment until measured)
+RUNTIME_KERNELS="LINNET_TRITON_DECODE=0 LINNET_TRITON_OPS=0"  # none of Linnet's Triton kernels, untimed
 # kept: the least time the steps after it need (the sum of their floors: parity 60, profile 30, torch
-# 45, one request 30, the Triton rows 30 each, transformers 45, jax 90, jax one request 50, jax
+# 45, one request 30, the runtime's kernels' rows 30 each, transformers 45, jax 90, jax one request 50, jax
 # profile 60, and the inductor rows 60 each where they run), so a shorter GPU_CHECK_SECONDS shortens
 # the first steps rather than skipping the last.
 I=$((INDUCTOR * 120))
@@ -90,8 +92,8 @@ run "parity (gpu_parity.py)"             140  $((410 + I)) python3 benchmarks/gp
 run "profile (gpu_profile.py)"           75   $((380 + I)) python3 benchmarks/gpu_profile.py
 run "torch, $REQ requests, 64 rows"      130  $((335 + I)) python3 $T --weights random --requests $REQ
 run "torch, one request"                 60   $((305 + I)) python3 $T --weights random $ONE
-run "torch Triton, one request"          45   $((275 + I)) env $TRITON python3 $T --weights random $ONE
-run "torch Triton, $REQ requests"        60   $((245 + I)) env $TRITON python3 $T --weights random --requests $REQ
+run "torch runtime's kernels, one req"   45   $((275 + I)) env $RUNTIME_KERNELS python3 $T --weights random $ONE
+run "torch runtime's kernels, $REQ req"  60   $((245 + I)) env $RUNTIME_KERNELS python3 $T --weights random --requests $REQ
 run "transformers generate, $REQ req"    90   $((200 + I)) python3 benchmarks/transformers_peer.py --requests $REQ
 run "jax, $REQ requests, 64 rows"        220  $((110 + I)) env JAX_LOG_COMPILES=1 python3 $T --weights random --requests $REQ --backend jax
 run "jax, one request"                   120  $((60 + I))  python3 $T --weights random $ONE --backend jax

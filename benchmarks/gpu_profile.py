@@ -177,12 +177,14 @@ replay_ms = median_ms(replayed)
 bandwidth = f", {weights / replay_ms / 1e6:.0f} GB/s of weights" if cuda else ""
 print(f"decode step, replayed     {replay_ms:8.2f} ms{bandwidth}"
       f"{'' if runner.replays else '  (not replayed: ' + str(runner.not_replayed) + ')'}")
+if runner.kernels_chosen:  # (LINNET_TRITON_* unset: each choice of kernels timed at the capture)
+    print(f"  kernels kept: {runner.triton.describe()}; timed: {runner.kernels_chosen}")
 
 
-def step_with(label: str, how_set: str, **flags) -> None:
-    """The decode step with the runtime's module `flags` set (as their LINNET_* variables would set
-    them), captured anew by a runner of its own."""
-    with mock.patch.multiple(rt, **flags):
+def step_with(label: str, how_set: str, kernels) -> None:
+    """The decode step with these of Linnet's Triton kernels (runtime.TritonKernels, as their
+    LINNET_* variables would ask for them), captured anew by a runner of its own."""
+    with mock.patch.object(rt, "TRITON_ASKED", kernels):
         other = TorchRunner(model)
         ms = median_ms(lambda: other.decode(tokens, positions))
         how = "replayed" if other.replays else f"not replayed: {other.not_replayed}"
@@ -190,23 +192,28 @@ def step_with(label: str, how_set: str, **flags) -> None:
 
 
 cache = getattr(model.runner, "k_cache", None)  # (a Llama-like card's: the check asks of its type and device)
+runtime_kernels = rt.TritonKernels(attention=False, ops=False)
 if cache is not None and rt.flash_decodes(torch.zeros(1, 1, 128, dtype=cache.dtype, device=args.device), cache):
     # SDPA reading every row's whole cache in place of flash's kernel
-    step_with("SDPA", "LINNET_FLASH_DECODE=0", _FLASH_TAKES_USED_KEYS=False)
+    with mock.patch.multiple(rt, _FLASH_TAKES_USED_KEYS=False):
+        step_with("SDPA", "LINNET_FLASH_DECODE=0", runtime_kernels)
 triton_here = cuda and triton_attention.available()
 if triton_here:  # Linnet's Triton kernels: attention in place of flash's; the small ops in place of torch's
-    step_with("Triton attn.", "LINNET_TRITON_DECODE=1", _TRITON_DECODE=True)
-    step_with("Triton ops", "LINNET_TRITON_OPS=1", _TRITON_OPS=True)
-    step_with("Triton both", "both", _TRITON_DECODE=True, _TRITON_OPS=True)
+    step_with("runtime's", "LINNET_TRITON_DECODE=0 LINNET_TRITON_OPS=0", runtime_kernels)
+    step_with("Triton attn.", "LINNET_TRITON_DECODE=1 LINNET_TRITON_OPS=0", runtime_kernels._replace(attention=True))
+    step_with("Triton ops", "LINNET_TRITON_DECODE=0 LINNET_TRITON_OPS=1", runtime_kernels._replace(ops=True))
+    step_with("Triton both", "both =1", rt.TritonKernels(attention=True, ops=True))
 print(f"decode step, eager        {median_ms(eager):8.2f} ms")
 print(f"engine step (+ greedy)    {median_ms(engine_step):8.2f} ms")
 print(f"packed pass, {len(pack[0])} tokens  {median_ms(packed, max(3, args.steps // 4)):8.2f} ms  "
       f"({count} prompts of {prompt})")
 print(f"mixed pass, {rows - 1} + {prompt}     {median_ms(joined, max(3, args.steps // 4)):8.2f} ms")
 if triton_here:
-    with mock.patch.multiple(rt, _TRITON_OPS=True):
-        print(f"packed pass, Triton ops   {median_ms(packed, max(3, args.steps // 4)):8.2f} ms (LINNET_TRITON_OPS=1)")
-        print(f"mixed pass, Triton ops    {median_ms(joined, max(3, args.steps // 4)):8.2f} ms (LINNET_TRITON_OPS=1)")
+    for ops in (False, True):
+        with mock.patch.object(runner, "triton", runner.triton._replace(ops=ops)):
+            how = f"LINNET_TRITON_OPS={int(ops)}"
+            print(f"packed pass, Triton ops={int(ops)} {median_ms(packed, max(3, args.steps // 4)):8.2f} ms ({how})")
+            print(f"mixed pass, Triton ops={int(ops)}  {median_ms(joined, max(3, args.steps // 4)):8.2f} ms ({how})")
 for name, run in (("decode step, replayed", replayed), ("decode step, eager", eager),
                   (f"packed pass of {len(pack[0])} tokens", packed)):
     profiled(name, run)

@@ -76,5 +76,7 @@ if args.backend == "jax":  # the XLA options its entries compiled with (codegen_
 else:
     how = ", decode steps " + (
         "replayed" if engine.runner.replays else f"eager ({engine.runner.not_replayed or 'no capture on this device'})")
+    if engine.runner.kernels_chosen:  # each choice of Linnet's Triton kernels, timed at the capture
+        how += f"; kernels timed: {engine.runner.kernels_chosen}"
 print(f"passes {stats.passes}{how}", file=sys.stderr)
 print(f"{stats.generated_tokens} tokens in {stats.seconds:.2f} s: {rate:.0f} tokens/s")

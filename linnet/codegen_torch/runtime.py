@@ -42,9 +42,9 @@ def _small_ops(*tensors: torch.Tensor):
 
 
 def _triton_ops(*tensors: torch.Tensor):
-    """`kernels.triton_ops` where LINNET_TRITON_OPS=1 asks for them and these are GPU tensors they
-    take (imported only then: Triton's import takes a tenth of a second); else None."""
-    if _TRITON_OPS and tensors[0].is_cuda:
+    """`kernels.triton_ops` where the pass takes them (`using_triton`) and these are GPU tensors
+    they take (imported only then: Triton's import takes a tenth of a second); else None."""
+    if _TRITON[0].ops and tensors[0].is_cuda:
         from linnet.kernels import triton_ops
 
         if triton_ops.serves(*tensors):
@@ -284,24 +284,54 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
 def triton_decodes(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
     """Whether a decode step's tokens attend through Linnet's Triton kernel (`kernels.triton_attention`:
     the keys split for more programs than flash's kernel gives a step, sinks, f32 too): on a GPU,
-    where LINNET_TRITON_DECODE=1 asks for it (an experiment until measured against flash's:
-    benchmarks/gpu_profile.py times the step both ways)."""
-    return (q.is_cuda and _TRITON_DECODE and k_cache.dtype == q.dtype == v_cache.dtype
+    where the step takes it (`using_triton`)."""
+    return (q.is_cuda and _TRITON[0].attention and k_cache.dtype == q.dtype == v_cache.dtype
             and q.shape[-1] == k_cache.shape[-1] == v_cache.shape[-1] <= 256)
 
 
-def _triton_wanted(flag: str, module: str) -> bool:
-    """Whether `flag`=1 asks for the Triton kernels of `linnet.kernels.<module>` and Triton is here."""
-    if os.environ.get(flag, "0") != "1":
-        return False
-    import importlib  # (Triton is imported only where asked for)
+class TritonKernels(NamedTuple):
+    """Which of Linnet's Triton kernels a torch pass on a GPU takes in place of the runtime's own."""
+    attention: bool = False  # a decode step's attention (`kernels.triton_attention`), in place of flash's or SDPA
+    ops: bool = False  # RMSNorm, rope, the cache write, silu * up (`kernels.triton_ops`), in place of torch's ops
+    MODULES = ("triton_attention", "triton_ops")  # each field's, in linnet.kernels
+
+    def describe(self) -> str:
+        names = [name for name, on in (("attention", self.attention), ("small ops", self.ops)) if on]
+        return f"Triton {' and '.join(names)}" if names else "the runtime's kernels"
+
+
+def triton_asked(flag: str, module: str) -> bool | None:
+    """What `flag` asks of the Triton kernels of `linnet.kernels.<module>`: "1" them (where Triton is
+    here), "0" not; unset ("auto"): None, the torch runner measures both where it captures a CUDA
+    decode step (`TorchRunner`), and where it captures none the runtime's own are kept."""
+    asked = os.environ.get(flag, "auto")
+    if asked == "auto":
+        return None
+    return asked == "1" and triton_here(module)
+
+
+def triton_here(module: str) -> bool:
+    """Whether Triton, which `linnet.kernels.<module>` needs, is here (imported only when asked)."""
+    import importlib
 
     return importlib.import_module(f"linnet.kernels.{module}").available()
 
 
-# (read once: a torch.compile trace asks them)
-_TRITON_DECODE = _triton_wanted("LINNET_TRITON_DECODE", "triton_attention")
-_TRITON_OPS = _triton_wanted("LINNET_TRITON_OPS", "triton_ops")
+TRITON_ASKED = TritonKernels(*(triton_asked(flag, module) for flag, module in
+                               zip(("LINNET_TRITON_DECODE", "LINNET_TRITON_OPS"), TritonKernels.MODULES)))
+# The kernels the pass being run takes: set by `using_triton`, read at each op (a torch.compile
+# trace reads it as a constant, and cannot read a ContextVar)
+_TRITON = [TritonKernels(TRITON_ASKED.attention is True, TRITON_ASKED.ops is True)]
+
+
+@contextlib.contextmanager
+def using_triton(kernels: TritonKernels):
+    """Around a pass (or a step's capture): its ops take these of Linnet's Triton kernels."""
+    before, _TRITON[0] = _TRITON[0], kernels
+    try:
+        yield
+    finally:
+        _TRITON[0] = before
 
 
 def _triton_decode(q, k_cache, v_cache, positions, window: int, sinks, scale: float):

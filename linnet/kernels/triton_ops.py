@@ -3,8 +3,8 @@ several: RMSNorm (torch's fused norm, then the weight: 2 kernels), rotary embedd
 a roll and the rounding: 4), the cache write with its indices outside dropped (gather, select,
 scatter: 3) and a gated MLP's silu(gate) * up (2). A Llama decode step launches about 22 such
 kernels a layer, each a few microseconds even replayed from a CUDA graph (2.1 ms of a 64-row
-Llama 3.1 8B step's 9.7 on an H200); with these, 9 (LINNET_TRITON_OPS=1, an experiment until
-measured on a GPU). In a packed pass they also leave out the copies between torch's ops.
+Llama 3.1 8B step's 9.7 on an H200); with these, 9. In a packed pass they also leave out the
+copies between torch's ops. Whether a GPU's passes take them is timed there (`serve.kernel_choice`).
 
 The GPU's counterpart of `cpu_ops`: each function takes what the runtime's reference takes and
 gives its values, rounded where it rounds (up to the order of f32 operations); `serves` is the one

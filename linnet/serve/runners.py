@@ -168,6 +168,7 @@ class TorchRunner:
     def __init__(self, model):
         import torch
 
+        from linnet.codegen_torch import runtime as rt
         from linnet.serve.torch_upload import upload
 
         self.torch = torch
@@ -181,6 +182,11 @@ class TorchRunner:
         self.use_cpu_graph = (self.device.type == "cpu" and model.compile and model.numerics == "fast"
                               and _cpu_graphs())
         self.not_replayed = None  # why decode runs eagerly, where a capture was tried and could not be
+        self.rt = rt
+        # Linnet's Triton kernels the passes take (each kernel "auto" until a CUDA capture measures
+        # it: `kernel_choice`); `kernels_chosen`: how they were chosen, where they were measured
+        self.triton = rt.TritonKernels(*(asked is True for asked in rt.TRITON_ASKED))
+        self.kernels_chosen = None
         self.looks_ahead = self.device.type == "cuda"  # a CPU tensor op returns when it is done
         self._graph = None
         self._static_tokens = torch.zeros(self.batch, dtype=torch.int32, device=self.device)
@@ -205,7 +211,12 @@ class TorchRunner:
         return self._upload(a, self.device)
 
     def prefill(self, tokens, positions, rows, last):
-        return self.model.prefill(self._t(tokens), self._t(positions), self._t(rows), self._t(last))
+        with self.rt.using_triton(self.triton):
+            return self.model.prefill(self._t(tokens), self._t(positions), self._t(rows), self._t(last))
+
+    def _eager_decode(self):
+        with self.rt.using_triton(self.triton):
+            return self.model.decode(self._static_tokens, self._static_positions)
 
     def decode(self, tokens, positions):
         """One step over every row, replayed from the captured graph (captured on first use). The
@@ -216,7 +227,7 @@ class TorchRunner:
         if self._graph is None:
             return self._capture()
         if self._graph == "eager":
-            return self.model.decode(self._static_tokens, self._static_positions)
+            return self._eager_decode()
         self._graph.replay()
         return self._static_logits
 
@@ -228,32 +239,46 @@ class TorchRunner:
         if self.use_cuda_graph:
             self._capture_cuda()
             if self._graph == "eager":
-                return self.model.decode(self._static_tokens, self._static_positions)
+                return self._eager_decode()
             self._graph.replay()
             return self._static_logits
         if self.use_cpu_graph:
             from linnet.kernels import cpu_graph
 
             with cpu_graph.capture() as graph:  # the capture is this step, run for real
-                logits = self.model.decode(self._static_tokens, self._static_positions)
+                logits = self._eager_decode()
             if graph.unsupported is None:
                 self._graph, self._static_logits = graph, logits
             else:
                 self._graph, self.not_replayed = "eager", graph.unsupported
             return logits
         self._graph = "eager"
-        return self.model.decode(self._static_tokens, self._static_positions)
+        return self._eager_decode()
 
     def _capture_cuda(self):
-        from linnet.codegen_torch import runtime as rt
+        from linnet.serve import kernel_choice
 
-        torch = self.torch
-        # Warm the kernels up on a side stream before capturing, as CUDA graphs require (and compile
-        # the fused step, on its first call). The cache is saved and restored around it, since these
-        # steps write into it.
+        # The capture's warm-up steps and any timing write into the cache: it is saved and restored
         saved = {name: getattr(self.model.runner, name).clone() for name in self.model.runner.state}
+        tries = kernel_choice.choices(self.rt.TRITON_ASKED, self.rt.triton_here)
+        if len(tries) > 1 and not fuses_decode():  # (Inductor's compile of each would take minutes)
+            self._choose_kernels(tries)
+        else:
+            self.triton = tries[0]
+            try:
+                self._graph, self._static_logits = self._captured(self.triton)
+            except RuntimeError as e:  # an op that reads the device on the host (a mixture's routing without grouped GEMM)
+                self._graph, self.not_replayed = "eager", f"CUDA graph capture: {str(e).splitlines()[0]}"
+                warnings.warn(f"the decode step runs eagerly: {self.not_replayed}")
+        for name, value in saved.items():
+            getattr(self.model.runner, name).copy_(value)
+
+    def _captured(self, kernels):
+        """The decode step over the static buffers with these Triton kernels, captured as a CUDA
+        graph: (graph, its logits tensor). Raises RuntimeError where it cannot be captured."""
+        torch = self.torch
         decode = None
-        with rt.graph_step():  # the warm-up's kernels chosen as the capture's
+        with self.rt.graph_step(), self.rt.using_triton(kernels):  # the warm-up's kernels chosen as the capture's
             if fuses_decode():
                 try:
                     decode = self._warmed(fused_decode(self.model.runner))
@@ -265,14 +290,102 @@ class TorchRunner:
             graph = torch.cuda.CUDAGraph()
             try:
                 with torch.cuda.graph(graph):
-                    self._static_logits = decode(self._static_tokens, self._static_positions)
-                self._graph = graph
-            except RuntimeError as e:  # an op that reads the device on the host (a mixture's routing without grouped GEMM)
+                    logits = decode(self._static_tokens, self._static_positions)
+            except RuntimeError:
                 torch.cuda.synchronize()
-                self._graph, self.not_replayed = "eager", f"CUDA graph capture: {str(e).splitlines()[0]}"
-                warnings.warn(f"the decode step runs eagerly: {self.not_replayed}")
-        for name, value in saved.items():
-            getattr(self.model.runner, name).copy_(value)
+                raise
+        return graph, logits
+
+    def _choose_kernels(self, tries):
+        """Times the decode step captured with each of `tries` (runtime.TritonKernels), and a packed
+        pass run with and without the small ops where those are tried, over a cache of noise at
+        positions spread over MaxSeq; keeps the fastest whose logits agree with the runtime's own
+        kernels' (`kernel_choice`). The cache is left to the caller to restore."""
+        from linnet.serve import kernel_choice
+
+        inputs = self._static_tokens.clone(), self._static_positions.clone()
+        self._probe_inputs()
+        trials, captured, reference = [], [], None
+        for kernels in tries:
+            try:
+                graph, logits = self._captured(kernels)
+            except RuntimeError as e:
+                trials.append(kernel_choice.Trial(kernels, failure=str(e).splitlines()[0]))
+                captured.append(None)
+                continue
+            trial, got = self._trial(kernels, graph.replay, lambda: logits, reference)
+            reference = got if reference is None else reference
+            trials.append(trial)
+            captured.append((graph, logits))
+        kept = kernel_choice.fastest(trials)
+        self.kernels_chosen = "decode step: " + kernel_choice.describe(trials, kept)
+        self.triton = kept.kernels
+        passes = sorted({kernels._replace(attention=False) for kernels in tries})  # (a pack takes no Triton attention)
+        if len(passes) > 1:  # the small ops in an eager pass: another load (its bytes, not its launches)
+            pass_trials = self._pass_trials(passes)
+            pass_kept = kernel_choice.fastest(pass_trials)
+            self.kernels_chosen += "; packed pass: " + kernel_choice.describe(pass_trials, pass_kept)
+            self.triton = self.triton._replace(ops=pass_kept.kernels.ops)
+        self._static_tokens.copy_(inputs[0])
+        self._static_positions.copy_(inputs[1])
+        chosen = captured[next(i for i, trial in enumerate(trials) if trial is kept)]
+        if chosen is None:  # not even the runtime's own kernels could be captured
+            self._graph, self.not_replayed = "eager", f"CUDA graph capture: {kept.failure}"
+            warnings.warn(f"the decode step runs eagerly: {self.not_replayed}")
+        else:
+            self._graph, self._static_logits = chosen
+
+    def _probe_inputs(self):
+        """The static buffers and the cache set for timing: every row busy at a position spread over
+        MaxSeq (the keys a step reads are what its attention's time follows), the cache noise."""
+        torch = self.torch
+        g = torch.Generator(device=self.device).manual_seed(0)
+        for name in self.model.runner.state:
+            value = getattr(self.model.runner, name)
+            if value.is_floating_point():
+                value.normal_(generator=g)
+        seq = self.padding
+        self._static_tokens.random_(0, self.model.vocab, generator=g)
+        self._static_positions.random_(seq // 4, max(seq * 3 // 4, seq // 4 + 1), generator=g)
+
+    def _trial(self, kernels, run, logits, reference):
+        """(kernel_choice.Trial, logits) of `run`, a step or pass with these kernels: its median
+        time, and its `logits()` against `reference`'s (None: these are the reference)."""
+        from linnet.serve import kernel_choice
+
+        with self.rt.using_triton(kernels):
+            run()  # (Triton's compile, where the kernels are first called)
+            got = logits().float().clone()
+            ms = self._median_ms(run, 5)
+        error = 0.0 if reference is None else kernel_choice.relative_error(got, reference)
+        return kernel_choice.Trial(kernels, ms, error), got
+
+    def _pass_trials(self, tries) -> list:
+        """Trials of a packed pass (a prompt of up to 512 tokens in row 0, its logits at 8 of them)
+        run eagerly with each of `tries`."""
+        n = min(512, self.padding)
+        pack = (self._t(np.arange(n, dtype=np.int32) % self.model.vocab), self._t(np.arange(n, dtype=np.int32)),
+                self._t(np.zeros(n, np.int32)), self._t(np.linspace(0, n - 1, 8).astype(np.int32)))
+        trials, reference, out = [], None, {}
+        for kernels in tries:
+            run = lambda: out.__setitem__("logits", self.model.prefill(*pack))
+            trial, got = self._trial(kernels, run, lambda: out["logits"], reference)
+            reference = got if reference is None else reference
+            trials.append(trial)
+        return trials
+
+    def _median_ms(self, run, runs: int) -> float:
+        """The median time of `run` on the GPU, over `runs` runs, in ms."""
+        torch = self.torch
+        times = []
+        for _ in range(runs):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            run()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return float(np.median(times))
 
     def _warmed(self, decode):
         """`decode`, run twice over the static buffers on a side stream, as a capture needs first."""
@@ -329,13 +442,14 @@ class TorchRunner:
 
     def warmup(self, pack_lengths, modes, scoring: bool = False):
         """Runs every pass size given, and a decode step and its draws for each (sampling batch, its
-        histories or None) in `modes`. (`scoring`: JAX's; torch's shapes need nothing made ahead.)"""
-        for n in sorted(set(pack_lengths)):
-            self.prefill(np.zeros(n, np.int32), np.full(n, self.padding, np.int32), np.zeros(n, np.int32),
-                         np.zeros(1, np.int32))
+        histories or None) in `modes`. (`scoring`: JAX's; torch's shapes need nothing made ahead.)
+        The decode step first: its capture chooses the kernels the passes then warm up with."""
         for batch, histories in modes:
             self.decode_sample(np.zeros(self.batch, np.int32), np.full(self.batch, self.padding, np.int32), batch,
                                list(range(len(batch.temperature))), histories).result()
+        for n in sorted(set(pack_lengths)):
+            self.prefill(np.zeros(n, np.int32), np.full(n, self.padding, np.int32), np.zeros(n, np.int32),
+                         np.zeros(1, np.int32))
 
 
 class JaxRunner:

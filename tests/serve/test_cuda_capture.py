@@ -48,6 +48,7 @@ class FakeCuda:
 def capture(monkeypatch):
     model = nest.load("tiny-llama", backend="torch", numerics="fast", weights="random", tokenizer=False,
                       generics={"Batch": 2, "MaxSeq": 16, "T": "f32"})
+    monkeypatch.setattr(rt, "TRITON_ASKED", rt.TritonKernels(False, False))  # one choice: nothing timed (test_kernel_choice)
     runner = runners.TorchRunner(model)
     cuda = FakeCuda()
     runner.torch = types.SimpleNamespace(cuda=cuda)

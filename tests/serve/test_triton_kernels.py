@@ -1,5 +1,5 @@
 """The generated torch entries through Linnet's Triton kernels on a GPU: a decode step's attention
-(LINNET_TRITON_DECODE=1) and the small ops of every pass (LINNET_TRITON_OPS=1: RMSNorm, rope, the
+(`runtime.TritonKernels.attention`) and the small ops of every pass (`.ops`: RMSNorm, rope, the
 cache write, silu(gate) * up). No GPU here: the entries run on a GPU's branches (`torch_on_gpu_branches`) and the
 kernels in Triton's interpreter; they must give the logits and cache of the runtime's own ops
 (SDPA, or its f32 softmax where there are sinks; torch's eager ops), eagerly and, for the
@@ -18,15 +18,21 @@ from linnet.serve import runners  # noqa: E402
 from tests.serve.conftest import noisy_cache, restore_cache, torch_on_gpu_branches  # noqa: E402
 
 
-def test_the_kernel_is_asked_for_on_a_gpu_only(monkeypatch):
+def test_the_kernels_are_taken_on_a_gpu_only(monkeypatch):
     q = torch.zeros(2, 4, 8)
     cache = torch.zeros(2, 3, 2, 8)
-    monkeypatch.setattr(rt, "_TRITON_DECODE", True)
-    assert not rt.triton_decodes(q, cache, cache)  # the CPU's tensors
+    with rt.using_triton(rt.TritonKernels(attention=True, ops=True)):
+        assert not rt.triton_decodes(q, cache, cache)  # the CPU's tensors
+        assert rt._triton_ops(q) is None
+
+
+def test_each_flag_asks_for_its_kernels_or_leaves_them_to_be_measured(monkeypatch):
     monkeypatch.delenv("LINNET_TRITON_DECODE", raising=False)
-    assert not rt._triton_wanted("LINNET_TRITON_DECODE", "triton_attention")
+    assert rt.triton_asked("LINNET_TRITON_DECODE", "triton_attention") is None  # "auto": the runner times them
+    monkeypatch.setenv("LINNET_TRITON_DECODE", "0")
+    assert rt.triton_asked("LINNET_TRITON_DECODE", "triton_attention") is False
     monkeypatch.setenv("LINNET_TRITON_DECODE", "1")
-    assert rt._triton_wanted("LINNET_TRITON_DECODE", "triton_attention") == triton_attention.available()
+    assert rt.triton_asked("LINNET_TRITON_DECODE", "triton_attention") == triton_attention.available()
 
 
 @pytest.mark.parametrize("card", ["tiny-llama", "tiny-mistral", "tiny-gpt-oss"])  # a window; sinks and windows
