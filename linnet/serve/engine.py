@@ -555,10 +555,10 @@ class Engine:
         req = x.req
         held = len(x.generated) < req.min_tokens  # its enders were banned from the draw; stop strings wait too
         if not held and (token in req.stop_token_ids or (not req.ignore_eos and token in self.eos)):
-            # As vLLM: the text ends before the stop token, unless include_stop_str_in_output. An end
-            # token a request keeps special tokens for is kept (harmony's parser reads its markers).
+            # As vLLM: the text ends before the stop token, special or not, unless include_stop_str_in_output
+            # (or, for an end token, keeps_end_token: harmony's parser reads its markers)
             if self.tokenizer is not None and not req.include_stop and (token in req.stop_token_ids
-                                                                        or req.skip_special_tokens):
+                                                                        or not req.keeps_end_token):
                 x.comp.text = self.tokenizer.decode_after(req.prompt, x.generated[:-1],
                                                           skip_special_tokens=req.skip_special_tokens)
             x.comp.stop_reason = token if token in req.stop_token_ids else None  # an end token: None, as vLLM's

@@ -42,7 +42,7 @@ class Job:
 
     requests: list  # choice i's request
     prompt_tokens: int  # each prompt counted once, however many choices sample it
-    echo: list | None = None  # completions with echo: the prompt text to put before choice i's text
+    echo: list | None = None  # with echo, the text to put before choice i's: completions' prompt, chat's last message
     include_usage: bool = False  # streamed: a last chunk with the usage
     n: int = 1  # choices per prompt: choice i's prompt is scored by choice i - i % n
     tool_call: str | None = None  # chat: "auto", "required", or the function tool_choice names
@@ -519,7 +519,7 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=No
     requests = _copies(body, ids, max_seq, None, n, logprobs, asked)
     if reasoning is not None and reasoning.keeps_special:
         for r in requests:  # harmony's markers are special tokens: the engine's text, cut at a stop string, keeps them
-            r.skip_special_tokens = False
+            r.skip_special_tokens, r.keeps_end_token = False, True
     if structure is not None:
         if any(r.structure is not None for r in requests):
             raise ApiError(400, "a tool call's output is its arguments: send no other structure with it", "tool_choice")
@@ -538,9 +538,19 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=No
         tool_parser = forced_calls(tool_call)  # a call forced as vLLM forms it; harmony's keeps its own format
     elif hasattr(tool_parser, "for_tools"):  # a format whose values the schemas type (Qwen3-Coder's)
         tool_parser = tool_parser.for_tools(schemas)
-    return Job(requests, len(ids), None, n=n, **_reply_options(body), prompt_logprobs=asked is not None,
-               tool_call=tool_call, reasoning=reasoning, tool_parser=tool_parser if tool_call else None,
-               call_id=call_id, tool_names=frozenset(schemas))
+    echo = _chat_echo(body)
+    return Job(requests, len(ids), [echo] * n if echo else None, n=n, **_reply_options(body),
+               prompt_logprobs=asked is not None, tool_call=tool_call, reasoning=reasoning,
+               tool_parser=tool_parser if tool_call else None, call_id=call_id, tool_names=frozenset(schemas))
+
+
+def _chat_echo(body: dict) -> str:
+    """vLLM's `echo` for chat: each reply's content starts with the last message's, where that is the
+    assistant's own (the turn the reply continues); nothing to put before it otherwise."""
+    if not _boolean(body, "echo", False):
+        return ""
+    last = _message(len(body["messages"]) - 1, body["messages"][-1])
+    return last["content"] if last["role"] == "assistant" else ""
 
 
 def check_fits(req: Request, vocab: int, max_seq: int, chat: bool = True, length: str = "max_tokens") -> None:

@@ -304,6 +304,8 @@ def chat_response(job: Job, comps: list, model: str, tokenizer) -> dict:
     choices = []
     for i, comp in enumerate(comps):
         message, reason = chat_message(job, comp, tokenizer)
+        if job.echo:
+            message["content"] = job.echo[i] + (message["content"] or "")
         choices.append({"index": i, "message": message, "finish_reason": reason, "stop_reason": comp.stop_reason,
                         "logprobs": None if comp.request.logprobs is None else
                         chat_logprobs(comp.logprobs, tokenizer, job.token_ids)})

@@ -42,7 +42,7 @@ def tokens(n: int) -> str:
     return f"{n} token{'' if n == 1 else 's'}"
 
 
-def _is_int(x) -> bool:
+def is_int(x) -> bool:
     return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
 
 
@@ -83,6 +83,8 @@ class Request:
     allowed_token_ids: list | None = None  # the only tokens it may draw (vLLM's); None: any
     include_stop: bool = False  # the text keeps the stop string or token it ends at (include_stop_str_in_output)
     skip_special_tokens: bool = True  # the text leaves special tokens out, as vLLM's does by default
+    keeps_end_token: bool = False  # the text keeps the end token it ends at, stop strings cut as ever (harmony's
+    #                                parser reads a call's closing marker); otherwise only include_stop keeps it
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
 
     @property
@@ -111,10 +113,10 @@ class Request:
         that passes may fail inside a step, where it would take the step's other requests with it."""
         if not isinstance(self.prompt, (list, tuple)) or not self.prompt:
             raise RequestError(f"{self.id}: the prompt is empty", "prompt")
-        bad = [t for t in self.prompt if not _is_int(t) or not 0 <= t < vocab]
+        bad = [t for t in self.prompt if not is_int(t) or not 0 <= t < vocab]
         if bad:
             raise RequestError(f"{self.id}: token id {bad[0]!r} is outside the vocabulary [0, {vocab})", "prompt")
-        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 0:
+        if not is_int(self.max_new_tokens) or self.max_new_tokens < 0:
             raise RequestError(f"{self.id}: max_new_tokens must be an integer >= 0, not {self.max_new_tokens!r}",
                                "max_new_tokens")
         need = len(self.prompt) + self.max_new_tokens
@@ -130,9 +132,9 @@ class Request:
             value = getattr(self, name)
             if not _is_number(value) or not lo <= value <= hi:
                 raise RequestError(f"{self.id}: {name} must be a number in [{lo:g}, {hi:g}], not {value!r}", name)
-        if not _is_int(self.top_k) or self.top_k < 0:
+        if not is_int(self.top_k) or self.top_k < 0:
             raise RequestError(f"{self.id}: top_k must be an integer >= 0 (0: no limit), not {self.top_k!r}", "top_k")
-        if self.seed is not None and not _is_int(self.seed):
+        if self.seed is not None and not is_int(self.seed):
             raise RequestError(f"{self.id}: seed must be an integer, not {self.seed!r}", "seed")
         if not isinstance(self.stop, (list, tuple)) or not all(isinstance(x, str) and x for x in self.stop):
             raise RequestError(f"{self.id}: stop must be a list of non-empty strings, not {self.stop!r}", "stop")
@@ -144,17 +146,17 @@ class Request:
                                "allowed_token_ids")
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(self, name)
-            if k is not None and (not _is_int(k) or not 0 <= k <= MAX_LOGPROBS):
+            if k is not None and (not is_int(k) or not 0 <= k <= MAX_LOGPROBS):
                 raise RequestError(f"{self.id}: {name} must be an integer between 0 and {MAX_LOGPROBS}, not {k!r}",
                                    name)
-        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_new_tokens:
+        if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_new_tokens:
             raise RequestError(f"{self.id}: min_tokens must be between 0 and max_new_tokens ({self.max_new_tokens}), "
                                f"not {self.min_tokens!r}", "min_tokens")
         if self.logit_bias is not None and not isinstance(self.logit_bias, dict):
             raise RequestError(f"{self.id}: logit_bias must be a dict of token id -> bias, not {self.logit_bias!r}",
                                "logit_bias")
         for t, v in (self.logit_bias or {}).items():
-            if not _is_int(t) or not 0 <= t < vocab:
+            if not is_int(t) or not 0 <= t < vocab:
                 raise RequestError(f"{self.id}: logit_bias token id {t!r} is outside the vocabulary [0, {vocab})",
                                    "logit_bias")
             if not _is_number(v) or not -100 <= v <= 100:
@@ -164,10 +166,10 @@ class Request:
                 isinstance(t, int) and 0 <= t < vocab for t in self.structure_after)):
             raise RequestError(f"{self.id}: structure_after must be a non-empty list of token ids", "structure_after")
         if self.allowed_token_ids is not None and (not self.allowed_token_ids or not all(
-                _is_int(t) and 0 <= t < vocab for t in self.allowed_token_ids)):
+                is_int(t) and 0 <= t < vocab for t in self.allowed_token_ids)):
             raise RequestError(f"{self.id}: allowed_token_ids must be a non-empty list of token ids in [0, {vocab})",
                                "allowed_token_ids")
-        bad_stop = [t for t in self.stop_token_ids if not _is_int(t) or not 0 <= t < vocab]
+        bad_stop = [t for t in self.stop_token_ids if not is_int(t) or not 0 <= t < vocab]
         if bad_stop:
             raise RequestError(f"{self.id}: stop token id {bad_stop[0]!r} is outside the vocabulary", "stop_token_ids")
 

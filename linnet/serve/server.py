@@ -27,7 +27,7 @@ from linnet.serve.openai_api import (ApiError, Job, body_fields, chat_job, chat_
 from linnet.serve.openai_replies import (ChunkWriter, answer_start, calls_after, chat_message, chat_response,
                                          choice_stream, completion_response, divide_reply, echoed_prompt, error_body,
                                          finish_reason, marker_ids, partial_calls, reply_text, usage)
-from linnet.serve.request import RequestError
+from linnet.serve.request import RequestError, is_int
 from linnet.serve.responses_api import (ResponseWriter, ResponsesCall, chat_body, conversation_after, input_items,
                                         read_call, response)
 from linnet.serve.responses_store import ResponseStore
@@ -133,6 +133,15 @@ class OpenAIServer:
 
     async def _route(self, scope, headers: dict, receive, send):
         path, method = scope["path"].rstrip("/") or "/", scope["method"]
+        if self.api_key is not None and (path + "/").startswith("/v1/"):
+            # before the route is looked up, as vLLM's middleware: without the key, nothing about the
+            # routes (which exist, what they take) is told
+            scheme, _, given = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+            # the scheme's case is the client's (RFC 9110); the key compared in constant time, as the
+            # bytes sent (latin-1 gives them back) against the key's UTF-8
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode("latin-1"), self._key_bytes):
+                raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer <key>'",
+                               code="invalid_api_key")
         if path.startswith("/v1/models/"):  # one model's card
             methods = {"GET": self._models}
         elif path.startswith("/v1/responses/"):  # a kept Response, read or deleted; its input, read
@@ -149,13 +158,6 @@ class OpenAIServer:
             allow = ", ".join([*methods, *(["HEAD"] if "GET" in methods else [])])
             raise ApiError(405, f"{path} takes {' or '.join(methods)}, not {method}", code="method_not_allowed",
                            headers=((b"allow", allow.encode()),))
-        if self.api_key is not None and path.startswith("/v1/"):
-            scheme, _, given = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
-            # the scheme's case is the client's (RFC 9110); the key compared in constant time, as the
-            # bytes sent (latin-1 gives them back) against the key's UTF-8
-            if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode("latin-1"), self._key_bytes):
-                raise ApiError(401, "a valid API key is required: send 'Authorization: Bearer <key>'",
-                               code="invalid_api_key")
         await methods[method](path, receive, send)
 
     async def _health(self, path, receive, send):
@@ -225,7 +227,7 @@ class OpenAIServer:
         if self.tokenizer is None:
             raise ApiError(400, "this model has no tokenizer")
         ids = body.get("tokens")
-        if not isinstance(ids, list) or not all(isinstance(t, int) and 0 <= t < self.model.vocab for t in ids):
+        if not isinstance(ids, list) or not all(is_int(t) and 0 <= t < self.model.vocab for t in ids):
             raise ApiError(400, f"'tokens' must be a list of token ids in [0, {self.model.vocab})", "tokens")
         await _json(send, 200, {"prompt": self.tokenizer.decode(ids)})
 

@@ -120,6 +120,7 @@ def test_chat_uses_the_template(server):
                               "response_format": {"type": "xml"}}, None, None, 400, "response_format"),
     ("/tokenize", {"prompt": 5}, None, None, 400, "prompt"),
     ("/detokenize", {"tokens": [1, -2]}, None, None, 400, "tokens"),
+    ("/detokenize", {"tokens": [True]}, None, None, 400, "tokens"),  # JSON's true is no token id
     ("/v1/completions", {"model": "gpt-4", "prompt": [1]}, None, None, 404, "does not exist"),
     ("/v1/chat/completions", {"messages": "hi"}, None, None, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, None, None, 400, "role"),
@@ -355,6 +356,27 @@ def test_streamed_chat_with_n_and_logprobs(server):
         assert [v for _, v in flat(got)] == pytest.approx([v for _, v in flat(want)], abs=1e-4)
         assert all(len(e["top_logprobs"]) == 3 for e in got)
     assert whole["choices"][0]["message"] == whole["choices"][1]["message"]  # greedy: the same twice
+
+
+def test_chat_echo_puts_the_assistants_last_message_before_its_continuation(server):
+    # vLLM's echo for chat: the last message's content leads each reply where it is the assistant's
+    base, _, _ = server
+    turn = [{"role": "user", "content": "t40"}, {"role": "assistant", "content": "t7 t8"}]
+    body = {"messages": turn, "continue_final_message": True, "add_generation_prompt": False, "max_tokens": 4,
+            "temperature": 0, "n": 2}
+    plain = json.loads(call(base, "/v1/chat/completions", body)[1])["choices"][0]["message"]["content"]
+    echoed = json.loads(call(base, "/v1/chat/completions", dict(body, echo=True))[1])
+    assert [c["message"]["content"] for c in echoed["choices"]] == ["t7 t8" + plain] * 2
+    chunks = sse(call(base, "/v1/chat/completions", dict(body, echo=True, stream=True))[1])
+    for i in range(2):
+        deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"][0]["index"] == i]
+        assert deltas[1] == {"content": "t7 t8"}  # after the role's opening, before the reply
+        assert "".join(d.get("content") or "" for d in deltas) == "t7 t8" + plain
+    # the last message the user's: nothing to continue, nothing put before the reply
+    asked = {"messages": turn[:1], "max_tokens": 4, "temperature": 0}
+    plain = json.loads(call(base, "/v1/chat/completions", asked)[1])["choices"][0]["message"]["content"]
+    assert json.loads(call(base, "/v1/chat/completions", dict(asked, echo=True))[1])["choices"][0]["message"][
+        "content"] == plain
 
 
 def test_without_max_tokens_a_request_fills_what_its_row_has_left(server):
@@ -712,6 +734,9 @@ def test_an_api_key_guards_the_v1_routes():
     status, _ = asyncio.run(asgi(app, "GET", "/v1/models", headers=[(b"authorization", b"Bearer sesame")])())
     assert status == 200
     assert asyncio.run(asgi(app, "GET", "/health")())[0] == 200  # a load balancer's probe needs no key
+    # without the key, nothing is told of the routes under /v1: which exist, what methods they take
+    for method, path in (("GET", "/v1/nothing"), ("DELETE", "/v1/models"), ("GET", "/v1")):
+        assert asyncio.run(asgi(app, method, path)())[0] == 401, (method, path)
     # the scheme in any case (RFC 9110); another key, or none after the scheme, is refused
     for given, status in ((b"bearer sesame", 200), (b"BEARER  sesame", 200), (b"Bearer sesam", 401),
                           (b"Bearer", 401), (b"Basic sesame", 401)):

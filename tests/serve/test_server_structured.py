@@ -380,8 +380,8 @@ def test_a_reasoning_models_structure_holds_its_answer_only():
 
 
 def test_special_tokens_kept_in_the_text_when_asked(base):
-    """vLLM's skip_special_tokens: false keeps them in the text, whole and streamed; by default they
-    are left out. A bias draws the byte tokenizer's one special token, <eos>, which ignore_eos lets
+    """vLLM's skip_special_tokens: false keeps them in the text, whole and streamed (but for the end
+    token that ends it); by default they are left out. A bias draws the byte tokenizer's one special token, <eos>, which ignore_eos lets
     go on."""
     body = {"prompt": "Hi", "max_tokens": 3, "temperature": 0, "ignore_eos": True, "logit_bias": {"0": 100}}
     kept = dict(body, skip_special_tokens=False)
@@ -389,3 +389,11 @@ def test_special_tokens_kept_in_the_text_when_asked(base):
     assert json.loads(call(base, "/v1/completions", body)[1])["choices"][0]["text"] == ""
     streamed = sse(call(base, "/v1/completions", dict(kept, stream=True))[1])
     assert "".join(c["choices"][0]["text"] for c in streamed) == "<eos>" * 3
+    # The end token that ends the text is left out even so, as vLLM's stop tokens are, unless
+    # include_stop_str_in_output keeps it
+    ended = dict(kept, ignore_eos=False)
+    for extra, text in (({}, ""), ({"include_stop_str_in_output": True}, "<eos>")):
+        choice = json.loads(call(base, "/v1/completions", dict(ended, **extra))[1])["choices"][0]
+        assert (choice["text"], choice["finish_reason"]) == (text, "stop")
+        streamed = sse(call(base, "/v1/completions", dict(ended, stream=True, **extra))[1])
+        assert "".join(c["choices"][0]["text"] for c in streamed) == text
