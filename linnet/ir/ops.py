@@ -105,6 +105,7 @@ _ARITH_VERBS = {"add": "add", "sub": "subtract", "mul": "multiply", "div": "divi
                 "gt": "compare", "ge": "compare", "eq": "compare", "ne": "compare", "and": "combine",
                 "or": "combine", "maximum": "take the maximum of", "minimum": "take the minimum of"}
 COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
+_ORDERS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 
 def _binary(name):
@@ -139,6 +140,11 @@ def _binary(name):
 
 def _static_binary(name: str, ta: ScalarType, tb: ScalarType, loc: Loc) -> ScalarType:
     if name in COMPARISONS:
+        numbers = ta.kind in ("int", "float") and tb.kind in ("int", "float")
+        if not numbers and ta.kind != tb.kind:
+            raise _err(loc, f"cannot compare {ta} and {tb}")
+        if not numbers and name not in ("eq", "ne"):  # Python's order of strings or bools means nothing here
+            raise _err(loc, f"cannot order {ta} values with `{_ORDERS[name]}`: only == and != compare them")
         return BOOL
     if name in ("and", "or"):
         if ta.kind != "bool" or tb.kind != "bool":
@@ -288,8 +294,13 @@ def _einsum(spec: Value, *operands: Value, loc: Loc):
     text = spec.value.replace(" ", "")
     if "->" not in text:
         raise _err(spec.loc, "an einsum spec needs an explicit output: \"ab,bc->ac\"")
-    ins, out = text.split("->")
+    ins, out = text.split("->", 1)
     ins = ins.split(",")
+    if out and not out.isalpha():
+        raise _err(spec.loc, f"the output `{out}` of an einsum spec must be letters, one per dim")
+    repeated = next((ch for ch in out if out.count(ch) > 1), None)
+    if repeated:
+        raise _err(spec.loc, f"output index `{repeated}` appears twice in `{out}`: each output dim has its own letter")
     if len(ins) != len(operands):
         raise _err(loc, f"the spec names {len(ins)} operands but {len(operands)} were given")
     sizes: dict = {}

@@ -9,14 +9,14 @@ kv_heads. The module's dims stay symbolic; codegen names them.
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from linnet.errors import LinnetError, Loc
 from linnet.ir import nodes as ir
 from linnet.ir.dims import Dim
 from linnet.ir.ops import ROPE_SCALINGS
-from linnet.ir.types import FLOAT_DTYPES, GENERIC_DTYPE, SIZE_GENERICS, ScalarType, TensorType
-from linnet.ir.walk import all_statements, all_values
+from linnet.ir.types import FLOAT_DTYPES, GENERIC_DTYPE, SIZE_GENERICS, ScalarType, TensorType, TupleType
+from linnet.ir.walk import all_values, stmt_values, values as tree_values
 
 DEFAULT_GENERICS = {"Batch": 1, "MaxSeq": 256, "T": "f32"}
 
@@ -74,6 +74,9 @@ def specialize(module: ir.Module, generics: dict | None = None, numerics: str = 
             raise LinnetError(module.config[name].loc, f"`{name}` is a size and must be positive, not {v}")
 
     def check_type(t, where: Loc, what: str):
+        if isinstance(t, TupleType):  # topk's parts, a list's items
+            for item in t.items:
+                check_type(item, where, what)
         if not isinstance(t, TensorType):
             return
         for d in t.shape:
@@ -92,13 +95,11 @@ def specialize(module: ir.Module, generics: dict | None = None, numerics: str = 
     for s in module.state.values():
         check_type(s.type, s.loc, f"state `{s.name}`")
     static = {**values, "Batch": g["Batch"], "MaxSeq": g["MaxSeq"]}
+    _check_static_indices(module, sizes, static)
     for fn in list(module.entries.values()) + list(module.fns.values()):
-        for s in all_statements(fn.body):
-            if isinstance(s, ir.Store):
-                _check_indices(module.state[s.state].type, s.indices, sizes, static)
+        for name, t in fn.args:  # even one no value reads
+            check_type(t, fn.loc, f"argument `{name}` of {fn.kind} `{fn.name}`")
         for v in all_values(fn.body):
-            if isinstance(v, ir.Op) and v.op == "index":
-                _check_indices(v.kwargs["x"].type, v.args, sizes, static)
             if isinstance(v, ir.Op) and v.op == "topk":
                 _check_topk(v, sizes)
             check_type(v.type, v.loc, "this value")
@@ -161,38 +162,130 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _check_indices(t: TensorType, indices: list, sizes: dict, static: dict) -> None:
+def _check_static_indices(module: ir.Module, sizes: dict, static: dict) -> None:
+    """Every index and slice checked with the values it takes as the model runs: a loop variable
+    over its loop's range, a fn's static argument at each call (`w[l + 1]` past the last layer
+    would raise in torch and read the wrong layer in JAX)."""
+    seen = set()
+
+    def visit(fn: ir.Function, args: dict, call: Loc | None) -> None:
+        key = (fn.name, tuple(sorted(args.items())))
+        if key not in seen:
+            seen.add(key)
+            walk(fn.body, {**static, **args}, _Running(args, frozenset(args), fn.name, call))
+
+    def walk(body: list, env: dict, running: "_Running") -> None:
+        for s in body:
+            if isinstance(s, ir.For):
+                try:
+                    count = evaluate(s.count, env)
+                except LinnetError:  # a per-call size, a fn's argument: the body is checked without it
+                    walk(s.body, env, running)
+                    continue
+                for i in _loop_values(count):
+                    walk(s.body, {**env, s.var: i}, running.with_value(s.var, i))
+                continue
+            if isinstance(s, ir.Store):
+                _check_indices(module.state[s.state].type, s.indices, sizes, env, running)
+            for v in (x for top in stmt_values(s) for x in tree_values(top)):
+                if isinstance(v, ir.Op) and v.op == "index":
+                    _check_indices(v.kwargs["x"].type, v.args, sizes, env, running)
+                if isinstance(v, ir.Op) and v.op == "call":
+                    callee = module.fns[v.attrs["fn"]]
+                    known = {}
+                    for name, t in callee.args:
+                        if isinstance(t, ScalarType):
+                            try:
+                                known[name] = evaluate(v.kwargs[name], env)
+                            except LinnetError:  # a local: the indices that use it go unchecked
+                                pass
+                    visit(callee, known, v.loc)
+
+    for fn in list(module.entries.values()) + list(module.fns.values()):
+        visit(fn, {}, None)
+
+
+# How many values of a loop are tried one by one; past it, the first and the last, which suffice
+# for an index affine in the loop variable (the usual `w[l]`, `w[l + 1]`).
+LOOP_VALUES_TRIED = 512
+
+
+def _loop_values(count: int):
+    return range(count) if count <= LOOP_VALUES_TRIED else (0, count - 1)
+
+
+@dataclass(frozen=True)
+class _Running:
+    """The loop variables and fn arguments known at a point of the walk, to name them in a message."""
+
+    values: dict  # name -> value
+    args: frozenset = frozenset()  # those of `values` that are arguments of `fn`, as called at `call`
+    fn: str | None = None
+    call: Loc | None = None
+
+    def with_value(self, name: str, value) -> "_Running":
+        return replace(self, values={**self.values, name: value})
+
+    def notes(self, ix: ir.Value) -> list:
+        used = [n for n in self.values if any(isinstance(x, ir.Var) and x.name == n for x in tree_values(ix))]
+        if not used:
+            return []
+        when = "when " + ", ".join(f"`{n}` = {self.values[n]!r}" for n in used)
+        called = self.call and self.args.intersection(used)
+        return [when + (f", as `{self.fn}` is called at {self.call}" if called else "")]
+
+
+def _check_indices(t: TensorType, indices: list, sizes: dict, static: dict, running: _Running) -> None:
     """Indices known with numbers stay inside the dims they index: torch would raise where JAX
     clamps (an index) or the result would not have its declared type (a slice)."""
     for ix, d in zip(indices, t.shape):
         try:
             n = d.evaluate(sizes)
         except KeyError:  # a per-call size
-            continue
+            n = None
         if isinstance(ix, ir.Slice):
-            try:
-                start = ix.start_dim.evaluate(sizes) if ix.start is not None else 0
-                stop = ix.stop_dim.evaluate(sizes) if ix.stop is not None else n
-            except KeyError:
-                continue
-            if stop < start:
-                raise LinnetError(ix.loc, f"the slice {start}:{stop} ends before it starts")
-            if stop > n:
-                raise LinnetError(ix.loc, f"the slice {start}:{stop} runs past the end of a dim of size {n}",
-                                  [f"the value indexed is {t}"])
-        elif isinstance(ix.type, ScalarType):
+            _check_slice(ix, d, n, t, sizes)
+        elif isinstance(ix.type, ScalarType) and n is not None:
             try:
                 i = evaluate(ix, static)
-            except LinnetError:  # a loop variable, a fn's argument: known only as it runs
+            except LinnetError:  # a local, an argument not known at the call: known only as it runs
                 continue
             if not -n <= i < n:
-                raise LinnetError(ix.loc, f"index {i} is out of range for a dim of size {n}",
+                raise LinnetError(ix.loc, f"index {i} is out of range for a dim of size {n}", running.notes(ix) +
                                   [f"the value indexed is {t}; an index counts from 0, or from -{n} at the end"])
+
+
+def _check_slice(ix: ir.Slice, d: Dim, n: int | None, t: TensorType, sizes: dict) -> None:
+    bounds = []
+    for end, bound, dim, default in (("start", ix.start, ix.start_dim, 0), ("end", ix.stop, ix.stop_dim, n)):
+        try:
+            value = dim.evaluate(sizes) if bound is not None else default
+        except KeyError:  # a per-call size
+            value = None
+        if bound is not None and value is not None and value < 0:  # numpy would count from the end; a dim cannot
+            raise LinnetError(bound.loc, f"a slice cannot {end} at {value}: its bounds are dims, counted from 0",
+                              [f"to count from the end, write `{d} - {-value}`"])
+        bounds.append(value)
+    start, stop = bounds
+    if start is None or stop is None:
+        return
+    if stop < start:
+        raise LinnetError(ix.loc, f"the slice {start}:{stop} ends before it starts")
+    if n is not None and stop > n:
+        raise LinnetError(ix.loc, f"the slice {start}:{stop} runs past the end of a dim of size {n}",
+                          [f"the value indexed is {t}"])
 
 
 def _check_topk(v: ir.Op, sizes: dict) -> None:
     try:
-        k, n = v.dims[0].evaluate(sizes), v.kwargs["x"].type.shape[-1].evaluate(sizes)
+        k = v.dims[0].evaluate(sizes)
+    except KeyError:
+        return
+    if k < 1:
+        raise LinnetError(v.loc, f"`topk` must take at least 1 value, not {k}", [] if v.dims[0].is_const() else
+                          [f"k is {_named(v.dims[0], k)}"])
+    try:
+        n = v.kwargs["x"].type.shape[-1].evaluate(sizes)
     except KeyError:
         return
     if k > n:
@@ -227,19 +320,35 @@ def evaluate(v: ir.Value, env: dict):
                 raise LinnetError(v.loc, f"cannot evaluate {v.op}({x!r}): {err}") from None
         if v.op in STATIC_BINARY:
             a, b = evaluate(k["a"], env), evaluate(k["b"], env)
+            compute = STATIC_BINARY[v.op]
             if v.op == "div" and isinstance(a, int) and isinstance(b, int):
-                if b == 0 or a % b:
+                if b and a % b:
                     raise LinnetError(v.loc, f"{a} / {b} is not a whole number")
-                return a // b
+                compute = STATIC_BINARY["floordiv"]  # exact here; by zero, the error of `//` and `%`
             if v.op == "pow" and _is_int(a) and _is_int(b) and b < 0:
                 raise LinnetError(v.loc, f"{a} ** {b} is not a whole number: an int to a negative power",
                                   [f"for a float, write {a}.0 ** {b}"])
+            if v.op == "pow" and _is_int(a) and _is_int(b) and abs(a) > 1 and b >= INT_BITS:
+                _too_large(v, a, b)  # before Python spends hours computing it
             try:
-                return STATIC_BINARY[v.op](a, b)
+                out = compute(a, b)
             except (ZeroDivisionError, OverflowError, TypeError) as err:
                 reason = err.args[-1] if err.args else err
                 raise LinnetError(v.loc, f"cannot evaluate {a!r} {_SYMBOL.get(v.op, v.op)} {b!r}: {reason}") from None
+            if _is_int(out) and not -2 ** INT_BITS <= out < 2 ** INT_BITS:
+                _too_large(v, a, b)
+            return out
     raise LinnetError(v.loc, "this must be known before the model runs (a config value, a literal)")
+
+
+# Static ints are the model's sizes, indices and settings: past 64 bits they are a mistake, and
+# a power such as 10 ** 10 ** 10 would take Python hours to compute.
+INT_BITS = 63
+
+
+def _too_large(v: ir.Op, a, b):
+    raise LinnetError(v.loc, f"{a!r} {_SYMBOL.get(v.op, v.op)} {b!r} is too large for a static int",
+                      [f"static ints are less than 2 ** {INT_BITS} in size"])
 
 
 STATIC_BINARY = {
