@@ -26,7 +26,12 @@ def _generic(pair: str) -> tuple:
 
 
 def _generics(pairs: list | None) -> dict:
-    return dict(pairs or [])
+    generics = {}
+    for name, value in pairs or []:
+        if name in generics and generics[name] != value:  # which was meant, the command cannot know
+            raise _UsageError(f"--generic {name} is given twice: {name}={generics[name]} and {name}={value}")
+        generics[name] = value
+    return generics
 
 
 def cmd_check(args) -> int:
@@ -122,7 +127,8 @@ def cmd_generate(args) -> int:
         raise _UsageError(f"--top-p must be in [0, 1], not {args.top_p}")
     structure = _structure(args)
     _note_exact_numerics(args.numerics, args.dtype)  # (asked for: the default is None, bf16 with fast)
-    generics = {"Batch": 1, "MaxSeq": args.max_seq, "T": args.dtype or "bf16"}
+    # exact numerics compute in f32 whatever T: the note above says so where a 16-bit T was asked for
+    generics = {"Batch": 1, "MaxSeq": args.max_seq, "T": (args.dtype or "bf16") if args.numerics == "fast" else "f32"}
     _use_compile_cache(args)
     model = nest.load(args.card, backend=args.backend, device=args.device, numerics=args.numerics, compile=True,
                       generics=generics, cast_dtype=True, weights=args.weights, tokenizer=args.tokenizer or True)
@@ -298,7 +304,9 @@ def cmd_serve(args) -> int:
     from linnet.serve.server import serve
     from linnet.serve.tool_parsers import parser_for_template
 
-    generics = {"Batch": args.batch, "MaxSeq": args.max_seq, "T": args.dtype}
+    _note_exact_numerics(args.numerics, args.dtype)  # (as generate's: asked for, bf16 by default with fast)
+    generics = {"Batch": args.batch, "MaxSeq": args.max_seq,
+                "T": (args.dtype or "bf16") if args.numerics == "fast" else "f32"}
     if args.shards is not None and args.backend != "jax":
         raise _UsageError("--shards spreads a JAX model over devices: pass --backend jax")
     _check_address(args.host, args.port)  # before minutes of loading and warming up
@@ -477,9 +485,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="positions per row: prompt plus completion (2048)")
     sv.add_argument("--backend", choices=["torch", "jax"], default="torch", help="(torch)")
     sv.add_argument("--device", default=None, help="torch device (default: cuda when present)")
-    sv.add_argument("--dtype", type=_dtype_name, choices=["f32", "bf16", "f16"], default="bf16",
-                    help="the element type T of weights and cache (as `generate`'s; vLLM's auto, bfloat16, float16, "
-                         "half and float32 are taken too)")
+    sv.add_argument("--dtype", type=_dtype_name, choices=["f32", "bf16", "f16"], default=None,
+                    help="the element type T of weights and cache with --numerics fast (default bf16; as `generate`'s; "
+                         "vLLM's auto, bfloat16, float16, half and float32 are taken too)")
     sv.add_argument("--numerics", choices=["exact", "fast"], default="fast", help="(fast)")
     sv.add_argument("--weights", default=None, help="a checkpoint path, or 'random'")
     sv.add_argument("--token-budget", "--max-num-batched-tokens", type=_positive, default=None,

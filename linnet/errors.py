@@ -71,10 +71,20 @@ def _columns(text: str) -> int:
                for c in text)
 
 
+def source_lines(source: str) -> list[str]:
+    """The lines of `source` as the parser counts them: split at line feeds only (`str.splitlines`
+    also splits at form feeds, U+2028 and others, which would shift every line after one), each
+    without a carriage return before its end; a final line feed ends the last line."""
+    lines = [line.removesuffix("\r") for line in source.split("\n")] if source else []
+    if len(lines) > 1 and lines[-1] == "":
+        lines.pop()
+    return lines
+
+
 def _source_line(loc: Loc) -> str | None:
     if loc.source is None or loc.line <= 0:
         return None
-    lines = loc.source.splitlines()
+    lines = source_lines(loc.source)
     if loc.line > len(lines):
         return None
     return lines[loc.line - 1].rstrip().expandtabs(1)

@@ -7,6 +7,7 @@ error is a `LinnetError` at the span of source that caused it.
 from __future__ import annotations
 
 import inspect
+import json
 import re
 
 from linnet.errors import LinnetError, Loc
@@ -70,8 +71,14 @@ class _Checker:
         if not entries:
             raise LinnetError(a.arch.loc, f"architecture `{a.arch.name}` defines no entry",
                               ["the engine calls entries: prefill, decode, copy_rows"])
+        for items in (self.card.meta if self.card else [], a.meta):  # each file sets an item once, as config
+            first = {}
+            for m in items:
+                if m.name in first:
+                    raise LinnetError(m.loc, f"meta `{m.name}` is set twice", [f"first set at {first[m.name]}"])
+                first[m.name] = m.loc
         meta = {}
-        for m in (self.card.meta if self.card else []) + a.meta:
+        for m in (self.card.meta if self.card else []) + a.meta:  # the card's values win
             if m.name not in meta:
                 meta[m.name] = _meta_value(m, self._literal(m.value, "a meta value"))
         return ir.Module(
@@ -134,7 +141,7 @@ class _Checker:
             value = self._literal(c.value, f"the value of `{c.name}`")
             want = self.config[c.name].type
             if not _assignable(_type_of_literal(value), want):
-                raise LinnetError(c.value.loc, f"`{c.name}` is {want}, but is set to {value!r}")
+                raise LinnetError(c.value.loc, f"`{c.name}` is {want}, but is set to {_spelled(value)}")
             values[c.name] = float(value) if want.kind == "float" else value
         return values
 
@@ -226,12 +233,25 @@ class _Checker:
         other, loc, cond = p.tie
         if other not in self.params:
             raise LinnetError(loc, f"unknown param `{other}`", suggest(other, self.params))
+        if other == p.name:
+            raise LinnetError(loc, f"`{p.name}` is tied to itself",
+                              ["a param is tied to another, which has weights of its own"])
+        # a tie is followed once (the models alias a param to its target's tensor): no chains, so no circles
+        target = next(q for q in self.arch.params if q.name == other)
+        if target.tie is not None:
+            raise LinnetError(loc, f"`{p.name}` is tied to `{other}`, which is itself tied to `{target.tie[0]}`",
+                              [f"tie `{p.name}` to a param that is not tied: one with weights of its own"])
         mine, theirs = self.params[p.name].type, self.params[other].type
         if mine != theirs:
             raise LinnetError(loc, f"`{p.name}` is {mine} but `{other}` is {theirs}: a tied param must have the same type")
         c = self._expr(cond, _Scope(self, {}, {}))
         if c.type != BOOL:
             raise LinnetError(cond.loc, f"the condition of a tie must be a static bool, not {c.type}")
+        if not p.sources and not _always(c):
+            raise LinnetError(p.loc, f"param `{p.name}` has no source, and its tie to `{other}` does not "
+                                     f"always hold",
+                              ["where the condition is false the param is read from its own sources: "
+                               'add `from hf "checkpoint.name"`, or tie it `if true`'])
         self.params[p.name].tie = (other, c)
 
     # ------------------------------------------------------------ types and dims
@@ -716,10 +736,31 @@ META_ITEMS = {"hf_repo": (str, "a string (ORG/NAME)"),
               "reasoning_parser": (str, "a string (a parser's name)")}
 
 
+def _spelled(value) -> str:
+    """A literal as Linnet writes it (`true`, `"none"`), not as Python does (`True`, `'none'`)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_spelled, value)) + "]"
+    return repr(value)
+
+
+def _always(cond: ir.Value) -> bool:
+    """Whether a static condition is true whatever the config: it reads no config value and is true."""
+    from linnet.ir.specialize import evaluate
+
+    try:
+        return evaluate(cond, {}) is True
+    except LinnetError:  # it reads a config value: known only once the model is specialized
+        return False
+
+
 def _meta_value(m: ast.MetaItem, value):
     """A meta item's value, checked where Linnet reads it (load's max_context, serve's parsers)."""
     if m.name in META_ITEMS:
         kind, what = META_ITEMS[m.name]
         if isinstance(value, bool) or not isinstance(value, kind) or (kind is int and value < 1):
-            raise LinnetError(m.value.loc, f"meta `{m.name}` must be {what}, not {value!r}")
+            raise LinnetError(m.value.loc, f"meta `{m.name}` must be {what}, not {_spelled(value)}")
     return value

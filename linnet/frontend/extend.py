@@ -28,10 +28,12 @@ def extend(base: ast.File, derived: ast.File) -> ast.File:
 def _over(base: list, derived: list) -> list:
     out = list(base)
     at = {item.name: i for i, item in enumerate(out)}
+    mine = set()
     for item in derived:
-        if item.name in at:
+        if item.name in at and item.name not in mine:
             out[at[item.name]] = item
-        else:
+        else:  # (one the derived file declares twice stays twice: the checker says so, as without `extends`)
             at[item.name] = len(out)
             out.append(item)
+        mine.add(item.name)
     return out

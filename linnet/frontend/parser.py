@@ -13,7 +13,7 @@ import lark
 from lark import Token, Transformer, v_args
 
 from linnet import user_cache
-from linnet.errors import LinnetError, Loc
+from linnet.errors import LinnetError, Loc, source_lines
 from linnet.frontend import ast
 
 # Friendly names for the terminals an error message may list as expected.
@@ -62,23 +62,24 @@ def _grammar() -> str:
     return resources.files("linnet").joinpath("grammar/linnet.lark").read_text()
 
 
-class _KeywordAsName(Exception):
-    def __init__(self, token: Token):
-        self.token = token
-
-
 def _keywords() -> frozenset:
     """The grammar's words (`for`, `if`, `true`, ...): its quoted literals that look like names."""
     return frozenset(re.findall(r'"([A-Za-z_][A-Za-z0-9_]*)"', _grammar()))
 
 
 def _name_token(token: Token) -> Token:
-    """Where the grammar takes a name, its lexer reads any word as one, a keyword too (it knows no
-    keyword can stand there): `if = x` would parse, and then fail somewhere far from it. A keyword
-    is never a name."""
+    """Where the grammar takes a name but not a keyword, its lexer reads the keyword as a name: `if =
+    x` would parse, and then fail somewhere far from it. A keyword is never a name: it goes back to
+    its own terminal (Lark names a word's terminal by the word in capitals), which the parser
+    refuses there; `parse` then tells a keyword used as a name from one out of place."""
     if token.value in _KEYWORDS:
-        raise _KeywordAsName(token)
+        token.type = token.value.upper()
     return token
+
+
+def _renamed_keyword(token: Token) -> bool:
+    """Whether `token` is a keyword that `_name_token` gave back its terminal."""
+    return token.value in _KEYWORDS and token.type == token.value.upper()
 
 
 class _BadNumber(Exception):
@@ -106,6 +107,7 @@ def _number_token(token: Token) -> Token:
 
 
 _KEYWORDS = _keywords()
+_ITEM_KEYWORDS = frozenset({"arch", "card", "import", "config", "meta", "params", "state", "fn", "entry"})
 # NAME last: Lark (1.3) chains a callback onto its own keyword check for NAME with a closure over its
 # loop variable, so whichever terminal comes last in this dict is the one that chain tests for.
 _LEXER_CALLBACKS = {"NUMBER": _number_token, "NAME": _name_token}
@@ -122,14 +124,17 @@ def build_parser(strict: bool = False) -> lark.Lark:
 
 def parse(source: str, path: str = "<string>") -> ast.File:
     """Parses one file; syntax errors are raised as `LinnetError` with the offending token."""
+    source = source.removeprefix("\ufeff")  # a byte-order mark (some editors write one): no character of the text
     try:
         tree = _parser().parse(source)
+    except lark.exceptions.UnexpectedToken as err:
+        tok = err.token
+        if _names_something(err):
+            raise LinnetError(Loc(path, tok.line, tok.column, tok.end_line, tok.end_column, source),
+                              f"`{tok}` is a keyword: it cannot name anything") from None
+        raise _syntax_error(err, source, path) from None
     except lark.exceptions.UnexpectedInput as err:
         raise _syntax_error(err, source, path) from None
-    except _KeywordAsName as err:
-        tok = err.token
-        raise LinnetError(Loc(path, tok.line, tok.column, tok.end_line, tok.end_column, source),
-                          f"`{tok}` is a keyword: it cannot name anything") from None
     except _BadNumber as err:
         tok = err.token
         raise LinnetError(Loc(path, tok.line, tok.column, tok.end_line, tok.end_column, source),
@@ -141,6 +146,26 @@ def parse(source: str, path: str = "<string>") -> ast.File:
         if isinstance(err.orig_exc, LinnetError):
             raise err.orig_exc from None
         raise
+
+
+def _names_something(err: lark.exceptions.UnexpectedToken) -> bool:
+    """Whether a keyword refused where a name may stand is meant as a name (`then = x`, `true: bool`):
+    read as one, the next two tokens go on. A keyword out of place (`params` after a `config` block
+    left open, `x + if c then ...`) stops there, and is reported as any unexpected token."""
+    tok = err.token
+    if not _renamed_keyword(tok) or "NAME" not in err.expected or err.interactive_parser is None:
+        return False
+    cursor = err.interactive_parser.copy(deepcopy_values=False)  # (the error's own stays as it was)
+    try:
+        cursor.feed_token(Token.new_borrow_pos("NAME", tok.value, tok))
+        for i, token in enumerate(cursor.lexer_thread.lex(cursor.parser_state)):
+            cursor.feed_token(token)
+            if i == 1:
+                return True
+        cursor.feed_eof(tok)  # (the file ends within the two)
+    except (lark.exceptions.UnexpectedInput, _BadNumber):
+        return False
+    return True
 
 
 # Deeper than this, the recursive passes after the parser (building the AST, checking, lowering,
@@ -177,16 +202,25 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, source: str, path: str) 
                                "unterminated string: a string closes with `\"` on the line it opens")
         return LinnetError(Loc(path, line, col, line, col + 1, source), f"unexpected character {char!r}")
     token = getattr(err, "token", None)
-    expected = sorted({_TOKEN_NAMES.get(t, repr(t.lower()) if t.isupper() else t) for t in (err.expected or ())})
-    hint = f"; expected {_join(expected)}" if expected and len(expected) <= 8 else ""
+    expected = err.expected or ()
+    if token is not None and _renamed_keyword(token) and getattr(err, "interactive_parser", None) is not None:
+        # refused before the reductions a name would have made: what the parser takes after those
+        expected = err.interactive_parser.accepts()
+    notes = []
+    if token is not None and token.value in _ITEM_KEYWORDS and "RBRACE" in expected:
+        # a word that starts a top-level block, where a block is still open: most likely its `}` is missing
+        notes = [f"`{token}` begins a top-level declaration, but a block is still open before it: is a `}}` missing?"]
+    expected = sorted({_TOKEN_NAMES.get(t, repr(t.lower()) if t.isupper() else t) for t in expected})
+    hint = f"; expected {_join(expected)}" if expected and len(expected) <= 8 else \
+        "; expected '}' or more of what comes before it" if notes else ""
     if token is None or token.type == "$END":
-        lines = source.splitlines() or [""]
+        lines = source_lines(source) or [""]
         last = len(lines)
         end_col = len(lines[-1]) + 1
         return LinnetError(Loc(path, last, end_col, last, end_col + 1, source), f"unexpected end of file{hint}")
     width = max(1, len(str(token)))
     return LinnetError(Loc(path, line, col, line, col + width, source), f"unexpected {str(token)!r}{hint}",
-                       _mistyped_keyword(source, err.pos_in_stream))
+                       notes or _mistyped_keyword(source, err.pos_in_stream))
 
 
 def _mistyped_keyword(source: str, pos: int) -> list[str]:

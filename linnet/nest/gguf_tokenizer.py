@@ -18,8 +18,12 @@ GPT-2 splitting only around whitespace runs before a digit: "a  1" splits as
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 from .errors import TokenizerError
+
+if TYPE_CHECKING:  # for the annotation alone: each function imports what it uses
+    import tokenizers
 
 # GGUF token types (llama.cpp's llama_token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -109,7 +113,7 @@ def _pre_tokenizer(pre: str):
     return pre_tokenizers.Sequence(steps)
 
 
-def build_gguf_tokenizer(meta) -> "tokenizers.Tokenizer":  # noqa: F821
+def build_gguf_tokenizer(meta) -> "tokenizers.Tokenizer":
     """A `tokenizers.Tokenizer` for a GGUF whose tokenizer.ggml.model is "gpt2" or "llama".
 
     `meta(key, default)` reads GGUF metadata (GGUFCheckpoint.metadata).

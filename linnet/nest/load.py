@@ -43,9 +43,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from linnet.compiler import import_source
+from linnet.errors import LinnetError
 from linnet.frontend import load_file, load_source
+from linnet.ir.dims import Dim
 from linnet.ir.nodes import Module
 from linnet.ir.specialize import specialize
+from linnet.ir.types import NoneType, TensorType, tensor
 from linnet.nest import registry
 from linnet.nest.checkpoint import Checkpoint, GGUFCheckpoint, open_checkpoint
 from linnet.nest.embedded import EMBEDDED_INSTALL, embedded_gguf_path
@@ -102,8 +105,10 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     else:  # spread over devices, each holds a share: left to the runtime
         free = free_jax_bytes(jax_device) if not shards or shards == 1 else None
     room = ("this machine" if runs_on == "cpu" else f"device {device}", free)
+    resolved = resolve_card(name, weights)
+    check_entries(resolved[0])  # before any weight is read: the engine calls these, and only these
     bound = read_weights(name, generics, numerics, cast_dtype, weights, seed, tokenizer, bind_device, progress,
-                         framework=framework, runs_on=runs_on, room=room)
+                         framework=framework, runs_on=runs_on, room=room, resolved=resolved)
     spec, card_name, params = bound.module, bound.card, bound.params
 
     note = _slow_type_note(kind, device, spec.bindings["T"])
@@ -336,6 +341,61 @@ def _jax_device(device: str | None):
     return devices[int(index or 0)]
 
 
+# The entries the engine calls (docs/language.md, "The entries contract"): {name: (sizes, arguments, result)}.
+ENTRIES = {
+    "prefill": (("N", "K"), (("tokens", tensor("i32", "N")), ("positions", tensor("i32", "N")),
+                             ("rows", tensor("i32", "N")), ("last", tensor("i32", "K"))), tensor("f32", "K", "vocab")),
+    "decode": ((), (("tokens", tensor("i32", "Batch")), ("positions", tensor("i32", "Batch"))),
+               tensor("f32", "Batch", "vocab")),
+    "copy_rows": (("K",), (("src", tensor("i32", "K")), ("dst", tensor("i32", "K")), ("upto", tensor("i32", "K"))),
+                  NoneType()),
+}
+
+
+def check_entries(module: Module) -> None:
+    """A `LinnetError` where a module breaks the entries contract, at the entry (or, for one that is
+    missing, at the card or architecture): the engine would fail at its first call, far from the
+    cause. `linnet check` does not ask this of an architecture, which need not be meant for serving."""
+    for name, (sizes, args, ret) in ENTRIES.items():
+        shown = "entry " + name + (f"<{', '.join(sizes)}>" if sizes else "") + \
+            f"({', '.join(f'{a}: {t}' for a, t in args)})" + ("" if isinstance(ret, NoneType) else f" -> {ret}")
+        notes = [f"the engine calls {shown}", "see \"The entries contract\" in docs/language.md"]
+        f = module.entries.get(name)
+        if f is None:
+            where = [f"the architecture is {module.path}"] if module.card else []
+            raise LinnetError(module.loc, f"architecture `{module.name}` defines no entry `{name}`, which the "
+                                          f"engine calls", notes + where)
+        problem = _entry_problem(f, sizes, args, ret)
+        if problem:
+            raise LinnetError(f.loc, f"entry `{name}` {problem}", notes)
+
+
+def _entry_problem(f, sizes: tuple, args: tuple, ret) -> str | None:
+    """How entry `f` differs from the contract's (sizes, arguments, result), or None. Its sizes may
+    be named otherwise; each of the contract's is read off the argument that has it, a size apiece."""
+    if len(f.args) != len(args):
+        return f"takes {len(f.args)} argument{'' if len(f.args) == 1 else 's'}, but the engine passes {len(args)}"
+    own = {Dim.name(d) for d in f.dims}
+    bound = {}
+    for (_, want), (_, got) in zip(args, f.args):
+        if isinstance(got, TensorType) and got.rank == want.rank:
+            for w, g in zip(want.shape, got.shape):
+                if str(w) in sizes and str(w) not in bound and g in own and g not in bound.values():
+                    bound[str(w)] = g
+    for i, ((want_name, want), (name, got)) in enumerate(zip(args, f.args)):
+        if got != want.substitute(bound):
+            return f"takes `{name}` (argument {i + 1}) as {got}, but the engine passes `{want_name}` there: " \
+                   f"{want.substitute(bound)}"
+    want = ret if isinstance(ret, NoneType) else ret.substitute(bound)
+    if f.ret != want:
+        return f"returns {_result(f.ret)}, but the engine takes {_result(want)}"
+    return None
+
+
+def _result(t) -> str:
+    return "nothing" if isinstance(t, NoneType) else str(t)
+
+
 def resolve_card(name, weights) -> tuple[Module, str, Checkpoint | None]:
     """(checked module, card name, the open checkpoint if `name` itself was one)."""
     text = str(name)
@@ -433,6 +493,6 @@ def _tokenizer(ckpt: Checkpoint):
         return None
 
 
-__all__ = ["BACKENDS", "EMBEDDED_CARD", "BoundWeights", "find_card_weights", "load", "read_weights", "resolve_card",
-           "tokenizer_of"]
+__all__ = ["BACKENDS", "EMBEDDED_CARD", "ENTRIES", "BoundWeights", "check_entries", "find_card_weights", "load",
+           "read_weights", "resolve_card", "tokenizer_of"]
 

@@ -130,6 +130,52 @@ entry decode(tokens: i32[Batch]) -> f32[Batch] {
   x = tokens as f32
   return x
 """, 4, 11, "unexpected end of file"),
+    arch("config-left-open", """\
+arch mini
+config {
+  dim: int = 8
+params {
+  w: T[dim]
+    from hf "w"
+}
+""", 4, 1, "unexpected 'params'; expected '}' or more of what comes before it"),
+    arch("params-left-open", """\
+arch mini
+params {
+  w: T[8]
+    from hf "w"
+entry decode(tokens: i32[Batch]) -> T[Batch, 8] {
+  return w[tokens]
+}
+""", 5, 1, "unexpected 'entry'; expected '.', 'for', 'from', '}' or a name"),
+    arch("fn-body-left-open", HEAD + """\
+fn f<n>(x: T[n, dim]) -> T[n, dim] {
+  return x
+
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return embed[tokens]
+}
+""", 23, 1, "unexpected 'entry'; expected '}' or more of what comes before it"),
+    arch("fn-body-not-opened", HEAD + """\
+fn f<n>(x: T[n, dim]) -> T[n, dim]
+  return x
+}
+""", 21, 3, "unexpected 'return'; expected '{'"),
+    arch("if-after-an-operator", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  x = embed[tokens]
+  y = x + if true then x else x
+  return y
+}
+""", 22, 11, "unexpected 'if'; expected '(', '-', '[', 'false', 'true', a name, a number or a string"),
+    arch("line-breaks-only-at-line-feeds", HEAD.replace("arch mini\n", "arch mini\n# a form feed \x0c, a vertical tab "
+                                                          "\x0b, U+0085 \x85 and U+2028 \u2028 break no line\n") + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return embd[tokens]
+}
+""", 22, 10, "unknown name `embd`"),
+    arch("end-of-file-after-a-form-feed", "arch mini\n# \x0c\nconfig {\n  dim: int = 8\n", 4, 15,
+         "unexpected end of file"),
     arch("stray-character", """\
 arch mini
 entry decode(tokens: i32[Batch]) -> f32[Batch] {
@@ -397,10 +443,29 @@ entry decode(tokens: i32[Batch]) -> f32[Batch] {
     card("config-value-not-literal", CARD.replace("dim = 8", "dim = 4 * 2"), 6, 9, "must be a literal",
          arch_source=MINI),
     card("config-value-set-twice", with_config(CARD, "dim = 16"), 8, 3, "`dim` is set twice", arch_source=MINI),
+    card("config-value-spelled-as-linnet-spells-it", CARD.replace("dim = 8", "dim = 8\n  rope_scaling = true"), 7, 18,
+         "`rope_scaling` is str, but is set to true", arch_source=MINI),
+    card("config-string-spelled-as-linnet-spells-it", CARD.replace("dim = 8", 'dim = "8"'), 6, 9,
+         '`dim` is int, but is set to "8"', arch_source=MINI),
+    card("meta-set-twice", CARD + 'meta {\n  max_context = 8\n}\nmeta {\n  max_context = 16\n}\n', 13, 3,
+         "meta `max_context` is set twice", arch_source=MINI),
+    arch("meta-set-twice-in-an-architecture", HEAD + 'meta {\n  hf_repo = "a/b"\n  hf_repo = "a/c"\n}\n'
+         + "entry decode(tokens: i32[Batch]) -> T[Batch, dim] {\n  return embed[tokens]\n}\n", 22, 3,
+         "meta `hf_repo` is set twice"),
+    Case("declared-twice-in-an-extension", {"model.linnet": """\
+arch derived extends mini
+params {
+  head: T[vocab, dim]
+    from hf "h"
+  head: T[vocab, dim]
+    from hf "h2"
+}
+""", "mini.linnet": HEAD + "entry decode(tokens: i32[Batch]) -> T[Batch, dim] {\n  return embed[tokens]\n}\n"},
+         5, 3, "`head` is already defined"),
     card("float-too-large", CARD.replace("heads = 2", "heads = 2\n  eps = 1e999"), 8, 9,
          "1e999 is too large for a float: it would be infinite", arch_source=MINI),
     card("meta-max-context-not-a-number", CARD + 'meta {\n  max_context = "lots"\n}\n', 10, 17,
-         "meta `max_context` must be a whole number of positions, above 0, not 'lots'", arch_source=MINI),
+         "meta `max_context` must be a whole number of positions, above 0, not \"lots\"", arch_source=MINI),
     card("meta-parser-not-a-string", CARD + "meta {\n  tool_call_parser = 3\n}\n", 10, 22,
          "meta `tool_call_parser` must be a string", arch_source=MINI),
     card("config-declared-in-card", with_config(CARD, "extra: int = 3"), 8, 3, "it does not declare them",
@@ -622,6 +687,17 @@ params {
          15, 25, "unknown param `embd`"),
     arch("tie-of-another-type", HEAD.replace('    from hf "wq.weight"\n', '    from hf "wq.weight"\n  head: T[dim, vocab] = embed if true\n    from hf "h"\n'),
          15, 25, "a tied param must have the same type"),
+    arch("tie-to-itself", HEAD.replace('    from hf "wq.weight"\n', '    from hf "wq.weight"\n  head: T[vocab, dim] = head if true\n    from hf "h"\n'),
+         15, 25, "`head` is tied to itself"),
+    arch("ties-in-a-circle", HEAD.replace("  embed: T[vocab, dim]\n", "  embed: T[vocab, dim] = head if true\n")
+         .replace('    from hf "wq.weight"\n', '    from hf "wq.weight"\n  head: T[vocab, dim] = embed if true\n    from hf "h"\n'),
+         11, 26, "`embed` is tied to `head`, which is itself tied to `embed`"),
+    arch("tie-that-never-holds-without-source", HEAD.replace('    from hf "wq.weight"\n', '    from hf "wq.weight"\n  head: T[vocab, dim] = embed if false\n'),
+         15, 3, "param `head` has no source, and its tie to `embed` does not always hold"),
+    arch("tie-on-a-config-value-without-source",
+         HEAD.replace("  head_dim: int = dim / heads\n", "  head_dim: int = dim / heads\n  tie: bool = true\n")
+         .replace('    from hf "wq.weight"\n', '    from hf "wq.weight"\n  head: T[vocab, dim] = embed if tie\n'),
+         16, 3, "param `head` has no source, and its tie to `embed` does not always hold"),
 
     # ---------------------------------------------------------------- definitions and statements
     arch("duplicate-definition", HEAD + """\
@@ -1052,3 +1128,16 @@ def test_a_keywords_longer_form_is_not_taken_for_a_typo(tmp_path, capsys):
     assert main(["check", str(target)]) == 1
     err = capsys.readouterr().err
     assert "unexpected 'attention'" in err and "did you mean" not in err, err
+
+
+def test_a_byte_order_mark_is_skipped(tmp_path, capsys):
+    """Some editors start a UTF-8 file with U+FEFF: it is no character of the text, so line 1's
+    columns count from what follows it, and the quoted line leaves it out."""
+    path = tmp_path / "model.linnet"
+    path.write_text("\ufeff" + HEAD + "entry decode(tokens: i32[Batch]) -> T[Batch, dim] {\n  return embed[tokens]\n}\n")
+    assert main(["check", str(path)]) == 0, capsys.readouterr().err
+    path.write_text("\ufeffarch mini 3\n")
+    assert main(["check", str(path)]) == 1
+    first, source, caret = capsys.readouterr().err.splitlines()[:3]
+    assert first == f"{path}:1:11: error: unexpected '3'"
+    assert source == "    arch mini 3" and caret == "    " + " " * 10 + "^"

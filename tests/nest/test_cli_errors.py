@@ -151,6 +151,15 @@ def test_a_bad_generic_is_its_flags_error(capsys, command, generic, needle):
     assert exit_.value.code == 2 and "argument --generic" in err and needle in err and "tiny-llama.linnet:" not in err
 
 
+@pytest.mark.parametrize("command", ["check", "compile"])
+def test_a_generic_given_twice_is_refused(capsys, command):
+    """Which of two values was meant the command cannot know (it kept the last); the same one twice is
+    no question."""
+    err = error_of(capsys, [command, TINY, "--generic", "Batch=2", "--generic", "Batch=3"])
+    assert "linnet: error: --generic Batch is given twice: Batch=2 and Batch=3" in err
+    assert main(["check", TINY, "--generic", "T=f32", "--generic", "T=f32"]) == 0
+
+
 def test_a_structure_file_that_is_not_there_or_not_json(capsys, tmp_path):
     pytest.importorskip("llguidance")
     args = ["generate", "smollm2-135m-instruct", "x", "--max-seq", "64", "--json-schema"]

@@ -10,6 +10,7 @@ import copy
 import json
 import shutil
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -307,3 +308,60 @@ def test_a_checkpoint_of_another_architecture_is_refused_before_its_tensors_are_
     with pytest.raises(WeightsError, match="the checkpoint is Qwen3ForCausalLM .linnet's qwen3., and tiny-llama "
                                            "is a llama card"):
         nest.load("tiny-llama", weights=out, generics=GENERICS, tokenizer=False)
+
+
+def _llama_beside_a_card(tmp_path, change):
+    """tiny-llama's card beside a copy of llama.linnet that `change` rewrote: (card path, arch path)."""
+    cards = Path(nest.__file__).parent / "cards"
+    arch = tmp_path / "llama.linnet"
+    arch.write_text(change((cards / "arch" / "llama.linnet").read_text()))
+    card = tmp_path / "card.linnet"
+    card.write_text((cards / "tiny-llama.linnet").read_text())
+    return card, arch
+
+
+DECODE = "entry decode(tokens: i32[Batch], positions: i32[Batch]) -> f32[Batch, vocab] {\n" \
+         "  x = layers_forward(embed[tokens], positions, iota(Batch))\n"
+
+
+@pytest.mark.parametrize("change, where, message", [
+    (lambda s: s.replace(DECODE, "entry decode(tokens: i32[Batch]) -> f32[Batch, vocab] {\n"
+                                 "  x = layers_forward(embed[tokens], tokens, iota(Batch))\n"),
+     "decode", "entry `decode` takes 1 argument, but the engine passes 2"),
+    (lambda s: s.replace(DECODE, DECODE.replace("positions: i32[Batch]", "positions: i32[MaxSeq]")
+                         .replace("positions, iota(Batch)", "positions[0:Batch], iota(Batch)")),
+     "decode", "entry `decode` takes `positions` (argument 2) as i32[MaxSeq], but the engine passes `positions` "
+               "there: i32[Batch]"),
+    (lambda s: s.replace("entry copy_rows<K>(src: i32[K], dst: i32[K], upto: i32[K]) {",
+                         "entry copy_rows<K>(src: i32[K], dst: i32[K], upto: i32[K]) -> i32[K] {")
+     .replace("  v_cache = copy_rows(v_cache, src, dst, upto)\n", "  v_cache = copy_rows(v_cache, src, dst, upto)\n"
+              "  return upto\n"),
+     "copy_rows", "entry `copy_rows` returns i32[K], but the engine takes nothing"),
+    (lambda s: s[:s.index("# Prompts packed")] + s[s.index("# One token"):], "card",
+     "architecture `llama` defines no entry `prefill`, which the engine calls"),
+])
+def test_an_architecture_that_breaks_the_entries_contract_is_refused_where_it_does(tmp_path, capsys, change, where,
+                                                                                    message):
+    """`linnet check` takes an architecture with other entries (one need not be meant for serving);
+    loading it for the engine does not: the error is at the entry, or at the card where one is
+    missing, before a weight is read (it was a TypeError or an AttributeError at the first call)."""
+    from linnet.cli import main
+    from linnet.errors import LinnetError
+
+    card, arch = _llama_beside_a_card(tmp_path, change)
+    assert main(["check", str(card)]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    with pytest.raises(LinnetError) as err:
+        nest.load(str(card), weights="random", tokenizer=False, generics=GENERICS)
+    assert err.value.message == message
+    if where == "card":
+        at, line = card, 2  # the `card` line, under its comment
+    else:
+        at = arch
+        line = next(i for i, text in enumerate(arch.read_text().split("\n"), 1) if text.startswith(f"entry {where}"))
+    assert (err.value.loc.path, err.value.loc.line, err.value.loc.col) == (str(at), line, 1)
+    assert main(["generate", str(card), "hi", "--weights", "random", "--max-seq", "16"]) == 1
+    shown = capsys.readouterr().err.splitlines()
+    assert shown[0] == f"{at}:{line}:1: error: {message}"
+    assert shown[1] == "    " + at.read_text().split("\n")[line - 1] and shown[2].startswith("    ^^^^")
+    assert any(s.startswith("  the engine calls entry ") for s in shown[3:])
