@@ -36,7 +36,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def _small_ops(*tensors: torch.Tensor):
-    """The kernels that take these tensors in rmsnorm, rope and put_, one call each: Linnet's CPU
+    """The kernels that take these tensors in rmsnorm, rope, put_ and silu_mul, one call each: Linnet's CPU
     ones (`kernels.cpu_ops`), or on a GPU its Triton ones (`_triton_ops`); None: torch's own ops."""
     return cpu_ops if cpu_ops.serves(*tensors) else _triton_ops(*tensors)
 
@@ -54,8 +54,9 @@ def _triton_ops(*tensors: torch.Tensor):
 
 def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """silu(a) * b, silu(a) rounded to a's type first (a gated MLP's two halves, as the generator
-    writes `silu(x) * y`): on a GPU with Triton's ops one kernel over the two, else torch's two."""
-    kernels = _triton_ops(a, b) if a.shape == b.shape else None
+    writes `silu(x) * y`): one kernel over the two where `_small_ops` has one (Linnet's CPU ones,
+    or on a GPU Triton's), reading a fused matmul's columns where they lie; else torch's two ops."""
+    kernels = _small_ops(a, b) if a.shape == b.shape and a.dtype == b.dtype else None
     if kernels:
         return kernels.silu_mul(a, b)
     return F.silu(a) * b

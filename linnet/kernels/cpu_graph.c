@@ -45,7 +45,7 @@ int linnet_task_rope(const int64_t *a) {
 
 int linnet_task_put_rows(const int64_t *a) {
     linnet_put_rows((int)a[0], P(1), a[2], P(3), a[4], a[5], P(6), a[7], a[8], a[9], (int)a[10], P(11), a[12],
-                    (int)a[13]);
+                    a[13], (int)a[14]);
     return 0;
 }
 

@@ -83,10 +83,11 @@ AVX2 void linnet_rope(int type, const void *x, long n, long H, long D, long toke
  * and b (i32; b may be NULL: one index) run along consecutive axes of a contiguous state, of
  * a_limit and b_limit positions. An entry with an index outside [0, limit) writes nothing (JAX's
  * scatter: padding tokens at position MaxSeq leave the cache alone). value [n, block] of
- * value_type, rounded to state_type. */
+ * value_type, its rows value_stride elements apart (a view's: the v columns of a fused matmul's
+ * output), rounded to state_type. */
 AVX2 void linnet_put_rows(int state_type, void *state, long offset, const int32_t *a, long a_stride, long a_limit,
                           const int32_t *b, long b_stride, long b_limit, long n, int value_type, const void *value,
-                          long block, int threads) {
+                          long value_stride, long block, int threads) {
     long elem = type_bytes(state_type);
 #pragma omp parallel for num_threads(threads) if (n * block >= PARALLEL_FROM) schedule(static)
     for (long i = 0; i < n; i++) {
@@ -95,14 +96,14 @@ AVX2 void linnet_put_rows(int state_type, void *state, long offset, const int32_
             continue;
         char *at = (char *)state + (offset + ai * a_stride + bi * b_stride) * elem;
         if (value_type == state_type) {
-            memcpy(at, (const char *)value + i * block * elem, block * elem);
+            memcpy(at, (const char *)value + i * value_stride * elem, block * elem);
             continue;
         }
         long j = 0;
         for (; j + 8 <= block; j += 8)
-            store8(at, state_type, j, load8(value, value_type, i * block + j));
+            store8(at, state_type, j, load8(value, value_type, i * value_stride + j));
         for (; j < block; j++)
-            store1(at, state_type, j, load1(value, value_type, i * block + j));
+            store1(at, state_type, j, load1(value, value_type, i * value_stride + j));
     }
 }
 
@@ -112,28 +113,30 @@ static inline AVX2 __m256 silu8(__m256 x) {
     return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
 
-static inline AVX2 __m256 apply8(int op, __m256 a, __m256 b) {
+static inline AVX2 __m256 apply8(int op, int type, __m256 a, __m256 b) {
     switch (op) {
     case OP_ADD: return _mm256_add_ps(a, b);
     case OP_MUL: return _mm256_mul_ps(a, b);
     case OP_SILU: return silu8(a);
+    case OP_SILU_MUL: return _mm256_mul_ps(round8(type, silu8(a)), b); /* silu(a) rounded to a's type, as torch's two ops */
     default: return a;
     }
 }
 
-/* out[r, c] = a[r, c] op b[r, c] (b unused by SILU and COPY) over rows x cols, each operand's rows
+/* out[r, c] = a[r, c] op b[r, c] (b unused by SILU and COPY; SILU_MUL: silu(a) * b, a gated MLP's
+ * halves) over rows x cols, each operand's rows
  * its own stride apart (a view's: the gate columns of a fused gate / up output): a and b of
  * `type`, computed in f32 and rounded to out_type, as torch computes a 16-bit type's
  * elementwise ops. */
 AVX2 void linnet_elementwise(int op, int type, const void *a, long a_stride, const void *b, long b_stride,
                              int out_type, void *out, long out_stride, long rows, long cols, int threads) {
-    int two = op == OP_ADD || op == OP_MUL;
+    int two = op == OP_ADD || op == OP_MUL || op == OP_SILU_MUL;
 #pragma omp parallel for num_threads(threads) if (rows * cols >= PARALLEL_FROM) schedule(static)
     for (long r = 0; r < rows; r++) {
         long ia = r * a_stride, ib = r * b_stride, io = r * out_stride, c = 0;
         for (; c + 8 <= cols; c += 8) {
             __m256 bv = two ? load8(b, type, ib + c) : _mm256_setzero_ps();
-            store8(out, out_type, io + c, apply8(op, load8(a, type, ia + c), bv));
+            store8(out, out_type, io + c, apply8(op, type, load8(a, type, ia + c), bv));
         }
         if (c == cols)
             continue;
@@ -143,7 +146,7 @@ AVX2 void linnet_elementwise(int op, int type, const void *a, long a_stride, con
             if (two)
                 bv[j - c] = load1(b, type, ib + j);
         }
-        _mm256_storeu_ps(ov, apply8(op, _mm256_loadu_ps(av), _mm256_loadu_ps(bv)));
+        _mm256_storeu_ps(ov, apply8(op, type, _mm256_loadu_ps(av), _mm256_loadu_ps(bv)));
         for (long j = c; j < cols; j++)
             store1(out, out_type, io + j, ov[j - c]);
     }

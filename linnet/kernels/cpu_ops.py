@@ -1,5 +1,5 @@
-"""The small ops of a pass on the CPU, one C call each (`cpu_ops.c`): RMSNorm, rotary embedding
-and the cache write, built and loaded with `cpu_linear`'s library.
+"""The small ops of a pass on the CPU, one C call each (`cpu_ops.c`): RMSNorm, rotary embedding,
+the cache write and a gated MLP's silu(gate) * up, built and loaded with `cpu_linear`'s library.
 
 Eager torch spends about 20 us in each of them at one decode row (several aten ops and dtype
 conversions apiece) for well under a microsecond of arithmetic; a SmolLM2 decode step calls
@@ -15,8 +15,8 @@ import torch
 
 from linnet.kernels import build
 from linnet.kernels.torch_types import TYPES
-from linnet.kernels.cpu_graph import call
-from linnet.kernels.row_writes import row_write
+from linnet.kernels.cpu_graph import OP_SILU_MUL, call
+from linnet.kernels.row_writes import dense_rows, row_write
 
 
 def serves(*tensors: torch.Tensor) -> bool:
@@ -66,12 +66,26 @@ def put_rows(state: torch.Tensor, index: tuple, value: torch.Tensor) -> bool:
     w = row_write(state, index, value)
     if w is None:
         return False
+    if w.n == 0 or w.block == 0:
+        return True
     a, b = as_int32(w.a), None if w.b is None else as_int32(w.b)
-    value = value.contiguous()
+    rows = dense_rows(value, w.block)
     call("put_rows", TYPES[state.dtype], state.data_ptr(), w.offset, a.data_ptr(), w.a_stride, w.a_limit,
          None if b is None else b.data_ptr(), w.b_stride, w.b_limit, w.n, TYPES[value.dtype],
-         value.data_ptr(), w.block, torch.get_num_threads())
+         rows.data_ptr(), rows.stride(0), w.block, torch.get_num_threads())
     return True
+
+
+def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """silu(a) * b for a and b of one shape and type, silu(a) rounded to their type first (as
+    `F.silu(a) * b`). Their rows may lie apart (the gate and up columns of a fused matmul's output):
+    read where they are, where torch would copy the view first."""
+    n = a.shape[-1]
+    rows_a, rows_b = dense_rows(a, n), dense_rows(b, n)
+    out = torch.empty(a.shape, dtype=a.dtype)
+    call("elementwise", OP_SILU_MUL, TYPES[a.dtype], rows_a.data_ptr(), rows_a.stride(0), rows_b.data_ptr(),
+         rows_b.stride(0), TYPES[out.dtype], out.data_ptr(), n, rows_a.shape[0], n, torch.get_num_threads())
+    return out
 
 
 def _empty(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

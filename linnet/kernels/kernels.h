@@ -168,14 +168,14 @@ void linnet_attention_prefetch(int type, long KVH, long D, const void *k, const 
                                const int32_t *positions, long window, long n);
 
 /* cpu_ops.c */
-enum { OP_ADD = 0, OP_MUL = 1, OP_SILU = 2, OP_COPY = 3 }; /* linnet_elementwise's ops */
+enum { OP_ADD = 0, OP_MUL = 1, OP_SILU = 2, OP_COPY = 3, OP_SILU_MUL = 4 }; /* linnet_elementwise's ops */
 void linnet_rmsnorm(int x_type, const void *x, long x_stride, long n, long d, int w_type, const void *w, float eps,
                     int out_type, void *out, int threads);
 void linnet_rope(int type, const void *x, long n, long H, long D, long token_stride, long head_stride,
                  const int32_t *positions, const float *table, long rows, void *out, int threads);
 void linnet_put_rows(int state_type, void *state, long offset, const int32_t *a, long a_stride, long a_limit,
                      const int32_t *b, long b_stride, long b_limit, long n, int value_type, const void *value,
-                     long block, int threads);
+                     long value_stride, long block, int threads);
 void linnet_elementwise(int op, int type, const void *a, long a_stride, const void *b, long b_stride, int out_type,
                         void *out, long out_stride, long rows, long cols, int threads);
 void linnet_gather_rows(int type, const void *table, long rows, long width, const int32_t *ids, long n, int out_type,

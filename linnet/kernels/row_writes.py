@@ -1,5 +1,6 @@
 """How a cache write `state[ints..., a, (b)] = value` lies in memory, for the kernels that do it in
-one pass (Linnet's CPU kernel, `cpu_ops.put_rows`; its Triton one, `triton_ops.put_rows`)."""
+one pass (Linnet's CPU kernel, `cpu_ops.put_rows`; its Triton one, `triton_ops.put_rows`); and an
+operand's rows as both kernels of the small ops read them (`dense_rows`)."""
 
 from __future__ import annotations
 
@@ -46,3 +47,11 @@ def row_write(state: torch.Tensor, index: tuple, value: torch.Tensor) -> RowWrit
     b = tensors[-1] if len(tensors) == 2 else None
     return RowWrite(offset, tensors[0], strides[ints], shape[ints], b, strides[-len(rest) - 1],
                     shape[-len(rest) - 1], n, math.prod(rest))
+
+
+def dense_rows(t: torch.Tensor, width: int) -> torch.Tensor:
+    """t as rows of `width` elements, each dense, the rows as far apart as t has them (a view where
+    it can be: the columns of a fused matmul's output stay where they are), for a kernel that
+    takes a row stride."""
+    rows = t.reshape(-1, width)
+    return rows if rows.stride(-1) == 1 else rows.contiguous()

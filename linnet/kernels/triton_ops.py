@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from linnet.kernels.row_writes import row_write
+from linnet.kernels.row_writes import dense_rows, row_write
 
 try:
     import triton
@@ -44,7 +44,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     before the weight multiplies it (the runtime's `rmsnorm`). x's rows may lie apart (a view);
     its last axis and the weight are dense."""
     d = x.shape[-1]
-    rows = _rows(x, d)
+    rows = dense_rows(x, d)
     out = torch.empty(x.shape, dtype=torch.promote_types(weight.dtype, x.dtype), device=x.device)
     block = triton.next_power_of_2(d)
     _rmsnorm[(rows.shape[0],)](rows, weight.contiguous(), out, rows.stride(0), d, eps, BLOCK=block,
@@ -71,7 +71,7 @@ def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """silu(a) * b for a and b of one shape, silu(a) rounded to a's type first (as `F.silu(a) * b`).
     Their rows may lie apart (the gate and up columns of a fused matmul's output)."""
     n = a.shape[-1]
-    rows_a, rows_b = _rows(a, n), _rows(b, n)
+    rows_a, rows_b = dense_rows(a, n), dense_rows(b, n)
     out = torch.empty(a.shape, dtype=torch.promote_types(a.dtype, b.dtype), device=a.device)
     grid = (rows_a.shape[0], triton.cdiv(n, WRITE_BLOCK))
     _silu_mul[grid](rows_a, rows_b, out, rows_a.stride(0), rows_b.stride(0), n, BLOCK=WRITE_BLOCK)
@@ -87,19 +87,12 @@ def put_rows(state: torch.Tensor, index: tuple, value: torch.Tensor) -> bool:
     w = row_write(state, index, value)
     if w is None or w.n == 0 or w.block == 0:
         return w is not None
-    rows = _rows(value, w.block)
+    rows = dense_rows(value, w.block)
     b = w.a if w.b is None else w.b.contiguous()  # (never read without one)
     grid = (w.n, triton.cdiv(w.block, WRITE_BLOCK))
     _put_rows[grid](state, w.offset, w.a.contiguous(), w.a_stride, w.a_limit, b, w.b_stride, w.b_limit,
                     rows, rows.stride(0), w.block, HAS_B=w.b is not None, BLOCK=WRITE_BLOCK)
     return True
-
-
-def _rows(t: torch.Tensor, width: int) -> torch.Tensor:
-    """t as rows of `width` elements, each dense, the rows as far apart as t has them (a view where
-    it can be: the columns of a fused matmul's output stay where they are)."""
-    rows = t.reshape(-1, width)
-    return rows if rows.stride(-1) == 1 else rows.contiguous()
 
 
 if triton is not None:
