@@ -17,22 +17,32 @@ import torch
 from linnet import nest
 from linnet.serve import Engine, Request
 
+
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--card", default="llama-3.1-8b-instruct")
 parser.add_argument("--backend", choices=["torch", "jax"], default="torch")
-parser.add_argument("--requests", type=int, default=256)
-parser.add_argument("--rows", type=int, default=64, help="requests in flight")
-parser.add_argument("--new", type=int, default=128, help="tokens each request generates")
-parser.add_argument("--min-prompt", type=int, default=128)
-parser.add_argument("--max-prompt", type=int, default=512)
+parser.add_argument("--requests", type=positive, default=256)
+parser.add_argument("--rows", type=positive, default=64, help="requests in flight")
+parser.add_argument("--new", type=positive, default=128, help="tokens each request generates")
+parser.add_argument("--min-prompt", type=positive, default=128)
+parser.add_argument("--max-prompt", type=positive, default=512)
 parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                     help="torch device (default: cuda when present)")
 parser.add_argument("--weights", default=None,
                     help="a checkpoint path, or 'random' to benchmark without the files (default: the card's)")
 parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"], help="the element type T")
-parser.add_argument("--token-budget", type=int, default=None, help="most tokens in one pass")
-parser.add_argument("--shards", type=int, default=None, help="jax: spread the model over this many devices")
+parser.add_argument("--token-budget", type=positive, default=None, help="most tokens in one pass")
+parser.add_argument("--shards", type=positive, default=None, help="jax: spread the model over this many devices")
 args = parser.parse_args()
+if args.min_prompt > args.max_prompt:
+    parser.error(f"--min-prompt ({args.min_prompt}) is more than --max-prompt ({args.max_prompt})")
 
 # One cache row per request in flight, long enough for the longest prompt
 # and its completion.

@@ -409,7 +409,7 @@ int linnet_attention_units(int type, const float *q, long H, long KVH, long D, c
 long linnet_attention_span_parts(long n, long KVH, long threads, const int32_t *rows, const int32_t *positions,
                                  long batch, long max_seq, long window) {
     long units = n * KVH, shortest = -1;
-    if (units >= 2 * threads)
+    if (units == 0 || units >= 2 * threads) /* (no token: nothing to split) */
         return 1;
     for (long i = 0; i < n; i++) {
         long j0 = first_visible(i, rows, positions, batch, max_seq, window);

@@ -56,12 +56,14 @@ def check_fits(spec: Module, card: str, where: str, free: int | None) -> None:
     b = spec.bindings
     per_row = need.state / max(1, need.rows)
     rows = int((free - need.weights) // per_row) if per_row and free > need.weights else 0
-    hint = (f"at most {rows} rows of MaxSeq {b['MaxSeq']} would fit" if rows >= 1 else
-            "the weights alone do not fit" if free <= need.weights else "fewer positions per row would")
+    # (in the generics' names: a command's flags for them are its own, `linnet serve`'s --batch and --max-seq)
+    hint = (f"at most {rows} rows of MaxSeq {b['MaxSeq']} would fit (a smaller Batch)" if rows >= 1 else
+            "the weights alone do not fit (a 16-bit T, or a device with more memory)" if free <= need.weights else
+            "fewer positions per row would (a smaller MaxSeq)")
     raise DeviceMemoryError(
         f"{card} with Batch={b['Batch']}, MaxSeq={b['MaxSeq']}, T={b['T']} needs {human_bytes(need.total)} "
         f"(cache {human_bytes(need.state)}, weights {human_bytes(need.weights)}), but {where} has {human_bytes(free)} free: "
-        f"{hint} (--batch, --max-seq)")
+        f"{hint}")
 
 
 def free_cpu_bytes() -> int | None:

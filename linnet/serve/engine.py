@@ -188,7 +188,12 @@ class Engine:
         may ask for, each with the others. Under JAX, `prompt_lengths` bound the pass sizes compiled:
         every bucket up to their packed total (or the token budget, if less; with none given, up to
         the budget); a single length, only the passes that one prompt makes alone."""
+        self._not_looping("warmup")
         lengths = list(prompt_lengths)
+        bad = [n for n in lengths if not isinstance(n, (int, np.integer)) or n < 1]
+        if bad:
+            raise ValueError(f"a prompt length must be a whole number of at least 1 (a prompt holds a token), "
+                             f"not {bad[0]!r}")
         if self.model.backend == "jax" and len(lengths) == 1:  # one prompt: the passes it makes alone
             sizes = self._packs_of(lengths[0])
         elif self.model.backend == "jax":
@@ -242,6 +247,7 @@ class Engine:
 
         A request that cannot run is returned with finish_reason "error" and its message; the rest run.
         """
+        self._not_looping("run")
         self._fresh_stats()
         completions = []
         for req in requests:
@@ -571,7 +577,7 @@ class Engine:
             if x.matcher.is_stopped():  # the output is complete: nothing but an end token may follow
                 return "stop"
         elif x.matcher is not None:  # thinking, free, until structure_after is drawn
-            x.structuring = x.generated[-len(req.structure_after):] == req.structure_after
+            x.structuring = x.generated[-len(req.structure_after):] == list(req.structure_after)
         if req.stop:
             # Only a stop string that ends in the new text was not there before: each is looked for from
             # its own length before the new text (as vLLM's), so that one held back by min_tokens stays
@@ -637,6 +643,13 @@ class Engine:
         news, self._news = self._news, {}
         for loop, items in news.items():
             loop.call_soon_threadsafe(_deliver, items)
+
+    def _not_looping(self, what: str) -> None:
+        """Refuses `what` while the background loop steps the engine (`start`): two threads stepping
+        one model's cache would mix their passes."""
+        if self._thread is not None:
+            raise RuntimeError(f"Engine.{what}() while the engine's background loop runs (after start()): submit or "
+                               f"stream requests to it instead, or stop() it first")
 
     def start(self) -> None:
         """Runs steps on a background thread whenever there is work (for `stream`)."""

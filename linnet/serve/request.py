@@ -111,7 +111,10 @@ class Request:
         """A `RequestError` naming the first field that cannot run as given: of the wrong type, NaN,
         or out of its range. Checked at submission, so that a bad request fails alone; nothing
         that passes may fail inside a step, where it would take the step's other requests with it."""
-        if not isinstance(self.prompt, (list, tuple)) or not self.prompt:
+        if not isinstance(self.prompt, (list, tuple)):
+            raise RequestError(f"{self.id}: the prompt must be a list of token ids, not {type(self.prompt).__name__}",
+                               "prompt")
+        if not self.prompt:
             raise RequestError(f"{self.id}: the prompt is empty", "prompt")
         bad = [t for t in self.prompt if not is_int(t) or not 0 <= t < vocab]
         if bad:
@@ -162,8 +165,9 @@ class Request:
             if not _is_number(v) or not -100 <= v <= 100:
                 raise RequestError(f"{self.id}: logit_bias values must be numbers in [-100, 100], not {v!r}",
                                    "logit_bias")
-        if self.structure_after is not None and (not self.structure_after or not all(
-                isinstance(t, int) and 0 <= t < vocab for t in self.structure_after)):
+        if self.structure_after is not None and (not isinstance(self.structure_after, (list, tuple))
+                                                 or not self.structure_after
+                                                 or not all(is_int(t) and 0 <= t < vocab for t in self.structure_after)):
             raise RequestError(f"{self.id}: structure_after must be a non-empty list of token ids", "structure_after")
         if self.allowed_token_ids is not None and (not self.allowed_token_ids or not all(
                 is_int(t) and 0 <= t < vocab for t in self.allowed_token_ids)):
@@ -172,6 +176,14 @@ class Request:
         bad_stop = [t for t in self.stop_token_ids if not is_int(t) or not 0 <= t < vocab]
         if bad_stop:
             raise RequestError(f"{self.id}: stop token id {bad_stop[0]!r} is outside the vocabulary", "stop_token_ids")
+        for name in ("ignore_eos", "include_stop", "skip_special_tokens", "keeps_end_token"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):  # ('false' is true to Python)
+                raise RequestError(f"{self.id}: {name} must be True or False, not {getattr(self, name)!r}", name)
+        from linnet.serve.structured import Structure
+
+        if self.structure is not None and not isinstance(self.structure, Structure):
+            raise RequestError(f"{self.id}: structure must be a linnet.serve.structured.Structure (a JSON schema, "
+                               f"regex, choice or grammar), not {type(self.structure).__name__}", "structure")
 
 
 @dataclass

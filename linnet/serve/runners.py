@@ -131,7 +131,7 @@ def unpack_mask(words: np.ndarray, vocab: int) -> np.ndarray:
 def packed_mask(tokens: list, vocab: int) -> np.ndarray:
     """`tokens` as a packed mask over `vocab` tokens (`pack_masks`' layout, a structure's masks')."""
     bits = np.zeros(mask_words(vocab) * 32, dtype=bool)
-    bits[tokens] = True
+    bits[np.asarray(tokens, dtype=np.int64)] = True  # (a tuple would index as many axes)
     return pack_masks(bits)
 
 
@@ -234,8 +234,9 @@ class TorchRunner:
     def _capture(self):
         """Captures decode over the static buffers (a CUDA graph on CUDA, a CPU graph of Linnet's
         kernels on the CPU, `kernels.cpu_graph`), or settles on running it eagerly; returns this
-        step's logits."""
-        self.compiles += 1
+        step's logits. (A capture counts as a compile; settling on eager, with none tried, does not.)"""
+        if self.use_cuda_graph or self.use_cpu_graph:
+            self.compiles += 1
         if self.use_cuda_graph:
             self._capture_cuda()
             if self._graph == "eager":

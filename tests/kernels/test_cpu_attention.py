@@ -47,6 +47,14 @@ def test_a_layer_of_a_stacked_cache_and_a_bf16_query():
     np.testing.assert_allclose(got.double().numpy(), want, rtol=2 ** -8, atol=2 ** -8)
 
 
+def test_no_token_attends_to_nothing():
+    # a pass of no token: its parts were counted dividing by its units (0), a SIGFPE that took the process down
+    k = v = torch.randn(2, 10, 2, 16)
+    got = cpu_attention.attend_rows(torch.randn(0, 4, 16), k, v, torch.zeros(0, dtype=torch.int32),
+                                    torch.zeros(0, dtype=torch.int32), 0, None, 0.25)
+    assert got.shape == (0, 4, 16)
+
+
 @settings(max_examples=30, deadline=None)
 @given(n=st.integers(1, 5), kv_heads=st.integers(1, 3), group=st.sampled_from([1, 3, 4, 5]),
        head_dim=st.sampled_from([16, 32, 64, 96, 128]), max_seq=st.integers(1, 40), window=st.sampled_from([0, 6]),

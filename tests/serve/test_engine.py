@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from linnet.serve import Engine, EngineSettingError, Request, RequestError
+from tests.serve.conftest import make_model
 
 
 def prompts(n, lo, hi, seed=0, vocab=128):
@@ -131,18 +132,54 @@ def test_cancel_frees_the_row_and_others_finish(model):
 def test_bad_requests_are_rejected_and_others_run(model):
     good = prompts(2, 5, 8, seed=11)
     bad = [Request(prompt=[], max_new_tokens=4), Request(prompt=[1, 2, 999999], max_new_tokens=4),
-           Request(prompt=[1] * 90, max_new_tokens=10), Request(prompt=[1, 2], max_new_tokens=-1)]
+           Request(prompt=[1] * 90, max_new_tokens=10), Request(prompt=[1, 2], max_new_tokens=-1),
+           Request(prompt="t1 t2", max_new_tokens=4)]
     done, stats = Engine(model).run([Request(prompt=good[0], max_new_tokens=4)] + bad +
                                     [Request(prompt=good[1], max_new_tokens=4), Request(prompt=[3, 4], max_new_tokens=0)])
-    assert [c.finish_reason for c in done] == ["length", "error", "error", "error", "error", "length", "length"]
-    assert stats.finished == {"length": 3, "error": 4}  # every request the run was given, refused ones too
+    assert [c.finish_reason for c in done] == ["length", "error", "error", "error", "error", "error", "length", "length"]
+    assert stats.finished == {"length": 3, "error": 5}  # every request the run was given, refused ones too
     assert done[-1].tokens == []  # max_new_tokens 0: the prompt is prefilled, nothing drawn
     assert "empty" in done[1].error
     assert "outside the vocabulary" in done[2].error
     assert "MaxSeq" in done[3].error
     assert "max_new_tokens" in done[4].error
+    assert "the prompt must be a list of token ids, not str" in done[5].error
     with pytest.raises(RequestError, match="MaxSeq = 96"):
         Engine(model).submit(Request(prompt=[1] * 90, max_new_tokens=10))
+
+
+def test_allowed_token_ids_as_a_tuple_hold_the_draws_as_a_list_does(model):
+    p = prompts(1, 5, 5, seed=13)[0]
+    done, _ = Engine(model).run([Request(prompt=p, max_new_tokens=6, temperature=1.0, seed=s, allowed_token_ids=kind)
+                                 for s in (1, 2) for kind in ([3, 4], (3, 4))])
+    assert [c.finish_reason for c in done] == ["length"] * 4 and all(set(c.tokens) <= {3, 4} for c in done)
+    assert done[0].tokens == done[1].tokens and done[2].tokens == done[3].tokens
+
+
+def test_run_and_warmup_are_refused_while_the_background_loop_steps_the_engine(model):
+    # two threads stepping one model's cache would mix their passes (the tokens came out wrong)
+    engine = Engine(model)
+    engine.start()
+    try:
+        for call in (lambda: engine.run([Request(prompt=[1, 2])]), lambda: engine.warmup([4])):
+            with pytest.raises(RuntimeError, match="background loop runs"):
+                call()
+    finally:
+        engine.stop()
+    assert engine.run([Request(prompt=[1, 2], max_new_tokens=2)])[0][0].finish_reason == "length"  # stopped: runs
+
+
+@pytest.mark.parametrize("lengths", [[0], [5, 0], [-3], [2.5]])
+def test_a_warmup_for_an_empty_or_odd_prompt_length_is_refused(model, lengths):
+    with pytest.raises(ValueError, match="a prompt length must be a whole number of at least 1"):
+        Engine(model).warmup(lengths)
+
+
+def test_an_eager_torch_model_counts_no_capture():
+    # compile=False: the decode step is run as it is, nothing captured, and no compile is counted
+    engine = Engine(make_model("torch", rows=2))
+    _, stats = engine.run([Request(prompt=[1, 2, 3], max_new_tokens=3)])
+    assert stats.compiles == 0 and engine.runner.compiles == 0 and not engine.runner.replays
 
 
 def test_an_engine_stepped_by_hand_counts_its_time_and_compiles(model):
@@ -172,6 +209,11 @@ def test_an_engine_stepped_by_hand_counts_its_time_and_compiles(model):
     ("temperature", 10 ** 400, "temperature must be a number in [0, 1e+30]"), ("temperature", 1e35, "temperature"),
     ("repetition_penalty", 10 ** 400, "repetition_penalty must be a number in [1e-30, 1e+30]"),
     ("repetition_penalty", 1e-40, "repetition_penalty"),  # 0 in f32: a seen token's logit over it is infinite
+    # flags ('false' is true to Python; an int failed inside the step, taking its rows with it)
+    ("skip_special_tokens", 1, "skip_special_tokens must be True or False"),
+    ("ignore_eos", "false", "ignore_eos must be True or False"), ("include_stop", None, "include_stop"),
+    ("structure", {"type": "object"}, "structure must be a linnet.serve.structured.Structure"),
+    ("structure_after", (True,), "structure_after must be"), ("structure_after", 3, "structure_after must be"),
 ])
 def test_a_field_of_the_wrong_type_fails_its_request_alone(model, field, value, needle):
     """Checked at submission: a field that would fail inside a step (a NaN, None, a string for a
@@ -294,7 +336,6 @@ def test_one_prompts_warmup_compiles_the_passes_it_makes_alone():
     """JAX: a warmup for one prompt length compiles that prompt's passes (its chunks, past the
     budget), not every bucket up to it; a run of it, and of it again with its row kept, compile
     nothing more."""
-    from tests.serve.conftest import make_model
 
     model = make_model("jax", rows=4, max_seq=96)
     engine = Engine(model, token_budget=48)  # a head of 8 one-token slots, then 40 tokens of prompt
@@ -403,7 +444,6 @@ def test_the_least_token_budget_still_moves_a_prompt_on(backend, rows):
     """A pass holds every row's decode token and still a piece of a prompt: JAX packs prompts in
     blocks of 8, so a budget with fewer left never prefilled anything, and the engine stepped
     forever. Below the least it is refused, naming the least; at it, prompts finish."""
-    from tests.serve.conftest import make_model
 
     model = make_model(backend, rows=rows, max_seq=48)
     with pytest.raises(EngineSettingError, match="is too small for") as err:
@@ -440,7 +480,6 @@ def test_jax_walking_keys_through_the_engine_matches_exact_numerics():
     """Past two key chunks, fast JAX on the CPU walks the cache in chunks: prompts packed in
     blocks, chunked after a cached prefix, sharing a long prefix, with idle rows padded. Greedy
     tokens agree with exact numerics (which read whole rows), each prompt prefilled plainly."""
-    from tests.serve.conftest import make_model
 
     fast = make_model("jax", rows=4, max_seq=320, numerics="fast")
     exact = make_model("jax", rows=1, max_seq=320, numerics="exact")

@@ -117,16 +117,19 @@ def test_without_a_tokenizer_a_structure_is_refused(model):
         Engine(model).submit(Request(prompt=[1], max_new_tokens=2, structure=Structure("regex", "a")))
 
 
-def test_a_structure_after_a_marker_leaves_the_thinking_before_it_free(engine, model):
+@pytest.mark.parametrize("sequence", [list, tuple])
+def test_a_structure_after_a_marker_leaves_the_thinking_before_it_free(engine, model, sequence):
     """A reasoning model thinks freely, then answers as asked: the structure holds only after
     `structure_after` is drawn. The marker here is two tokens the model draws anyway (greedy, from
-    its run without a structure), so the run is its own up to them, and digits after."""
+    its run without a structure), so the run is its own up to them, and digits after. The marker
+    as a tuple is the same marker."""
     for seed in range(41, 80):  # a prompt whose greedy run first draws its 3rd and 4th tokens as a pair there
         p = prompts(1, 5, 5, seed=seed)[0]
         free = reference_greedy(model, p, 6)
         if EOS not in free[:4] and len(set(free[:4])) == 4:
             break
-    req = Request(prompt=p, max_new_tokens=20, structure=Structure("regex", "[0-9]{3}"), structure_after=free[2:4])
+    req = Request(prompt=p, max_new_tokens=20, structure=Structure("regex", "[0-9]{3}"),
+                  structure_after=sequence(free[2:4]))
     done, _ = engine.run([req])
     assert done[0].tokens[:4] == free[:4]
     assert re.fullmatch(r"[0-9]{3}", model.tokenizer.decode(done[0].tokens[4:])) and done[0].finish_reason == "stop"
