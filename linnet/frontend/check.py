@@ -77,6 +77,10 @@ class _Checker:
                 if m.name in first:
                     raise LinnetError(m.loc, f"meta `{m.name}` is set twice", [f"first set at {first[m.name]}"])
                 first[m.name] = m.loc
+        if self.card and self.card.card and not CARD_NAME.fullmatch(self.card.card.name):
+            # a card's name names its weights' folders and files (`linnet cards`, the cache): a plain name
+            raise LinnetError(self.card.card.loc, f"a card's name is letters, digits, '.', '_' and '-', starting "
+                                                  f"with a letter or digit, not {_spelled(self.card.card.name)}")
         meta = {}
         for m in (self.card.meta if self.card else []) + a.meta:  # the card's values win
             if m.name not in meta:
@@ -728,6 +732,8 @@ class _Scope:
         self.vars[name] = t
         self.kinds[name] = "loop" if loop else self.kinds.get(name, "local")
 
+
+CARD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 # The meta items Linnet reads (the others are the card's own notes): what each must be.
 META_ITEMS = {"hf_repo": (str, "a string (ORG/NAME)"),

@@ -416,7 +416,7 @@ def resolve_card(name, weights) -> tuple[Module, str, Checkpoint | None]:
     if os.sep in text or text.lower().endswith(".gguf"):  # meant as a path: card names hold no separator
         raise WeightsError(f"{p}: no such file or directory (a model directory, a .gguf file, a .linnet card, "
                            f"or a card's name: `linnet cards` lists them)")
-    return registry.card(text).module(), text, None
+    return registry.card(text, f", nor a file or directory {p.resolve()}").module(), text, None
 
 
 def find_card_weights(card_name: str, module: Module, raise_missing: bool = False) -> tuple[str | None, list]:

@@ -59,13 +59,15 @@ def cards() -> list[CardInfo]:
     return [CardInfo(p.stem, p) for p in sorted(cards_dir().glob("*.linnet"))]
 
 
-def card(name: str) -> CardInfo:
+def card(name: str, also_looked: str = "") -> CardInfo:
+    """The card named `name`; a CardError saying where it was looked for (`also_looked`: where else,
+    before the registry) and the names nearest it."""
     known = {c.name: c for c in cards()}
     if name in known:
         return known[name]
     close = _close_names(name, list(known))
     hint = f"; did you mean {', '.join(close)}?" if close else f"; known cards: {', '.join(known)}"
-    raise CardError(f"unknown card {name!r}{hint}")
+    raise CardError(f"unknown card {name!r}: no {name}.linnet among the cards in {cards_dir()}{also_looked}{hint}")
 
 
 def _close_names(name: str, known: list) -> list:

@@ -518,6 +518,9 @@ config {
 arch mini
 import llama
 """, 2, 1, "only a card imports an architecture"),
+    card("card-name-a-path", CARD.replace('"mini-test"', '"../../etc/passwd"'), 1, 1,
+         "a card's name is letters, digits, '.', '_' and '-'", arch_source=MINI),
+    card("card-name-empty", CARD.replace('"mini-test"', '""'), 1, 1, "not \"\"", arch_source=MINI),
     card("card-declares-params", CARD + """\
 
 params {

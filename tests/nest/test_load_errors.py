@@ -60,7 +60,12 @@ def load(path, **kw):
 def test_unknown_card_suggests_close_names():
     with pytest.raises(CardError) as e:
         nest.load("smollm2-135m-instrct")
-    assert str(e.value) == "unknown card 'smollm2-135m-instrct'; did you mean smollm2-135m-instruct?"
+    from linnet.nest.registry import cards_dir
+
+    # where it was looked for: among the cards, then as a path
+    assert str(e.value) == (f"unknown card 'smollm2-135m-instrct': no smollm2-135m-instrct.linnet among the cards in "
+                            f"{cards_dir()}, nor a file or directory {Path('smollm2-135m-instrct').resolve()}; "
+                            f"did you mean smollm2-135m-instruct?")
     with pytest.raises(KeyError):  # CardError is a KeyError, for code that catches those
         nest.card("lama-3.1-8b-instruct")
     with pytest.raises(CardError, match="known cards: .*smollm2-135m-instruct"):
