@@ -244,7 +244,16 @@ def _number(text: str) -> int | float:
     return int(text)
 
 
+# Python's string escapes; Python keeps any other backslash as it is (with a warning), which would
+# make a mistyped escape a silent part of a tensor's name
+_ESCAPE = re.compile(r"""\\(?:[\\'"abfnrtv0-7xuUN]|(.))""")
+
+
 def _unquote(text: str, loc: Loc | None = None) -> str:
+    unknown = next((m for m in _ESCAPE.finditer(text[1:-1]) if m.group(1) is not None), None)
+    if unknown is not None:
+        raise LinnetError(loc, f"unknown escape {unknown.group(0)!s} in string {text}",
+                          ["a backslash is written \\\\; the escapes are Python's (\\n, \\t, \\\", \\xNN, ...)"])
     try:  # non-ASCII characters pass through as themselves; backslash escapes are Python's
         return text[1:-1].encode("latin-1", "backslashreplace").decode("unicode_escape")
     except UnicodeDecodeError as err:

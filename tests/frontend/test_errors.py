@@ -619,6 +619,26 @@ params {
   }
 }
 """, 8, 9, "`l` already names an enclosing loop's variable"),
+    arch("unknown-escape-in-a-string", """\
+arch mini
+config {
+  dim: int = 8
+}
+params {
+  w: T[dim, dim]
+    from hf "layers\\q.w"
+}
+""", 7, 13, "unknown escape \\q in string"),
+    arch("transform-without-parentheses", """\
+arch mini
+config {
+  dim: int = 8
+}
+params {
+  w: T[dim, dim]
+    from hf "w" .transpose
+}
+""", 8, 1, "expected '('"),
     arch("stacked-transpose-counts-stored-dims", """\
 arch mini
 config {
