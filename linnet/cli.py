@@ -38,8 +38,11 @@ def cmd_check(args) -> int:
     from linnet.compiler import check_file
 
     module = check_file(args.file)
-    complete = all(name in module.config_values or c.default is not None for name, c in module.config.items())
-    if args.generic or module.card is not None or complete:
+    missing = [name for name, c in module.config.items() if name not in module.config_values and c.default is None]
+    if args.generic and module.card is None and missing:
+        raise _UsageError(f"{args.file} is an architecture whose config value `{missing[0]}` has no default: its "
+                          f"numbers, and so --generic, are checked through a card that imports it")
+    if args.generic or module.card is not None or not missing:
         # What only numbers can tell (a missing config value, an inexact division) is checked
         # whenever the config is known: for a card, or an architecture whose every value has a default.
         from linnet.ir.specialize import specialize

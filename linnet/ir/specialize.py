@@ -66,7 +66,9 @@ def specialize(module: ir.Module, generics: dict | None = None, numerics: str = 
                 raise LinnetError(c.default.loc, f"the default of `{name}` is {values[name]!r}, not an int")
         else:
             raise LinnetError(card_loc if module.card_path else c.loc, f"config value `{name}` has no value",
-                              [f"declared at {c.loc} without a default; the card must set `{name} = ...`"])
+                              [f"declared at {c.loc} without a default; the card must set `{name} = ...`"
+                               if module.card_path else f"a card that imports `{module.name}` sets it "
+                               f"(`{name} = ...`), or a default here does"])
     sizes = {**{k: v for k, v in values.items() if isinstance(v, int) and not isinstance(v, bool)},
              "Batch": g["Batch"], "MaxSeq": g["MaxSeq"]}
     for name, v in sizes.items():

@@ -160,6 +160,15 @@ def test_a_generic_given_twice_is_refused(capsys, command):
     assert main(["check", TINY, "--generic", "T=f32", "--generic", "T=f32"]) == 0
 
 
+def test_generics_for_an_architecture_without_its_config_values_name_what_lacks(capsys):
+    # an architecture alone is checked (ok); its numbers, with --generic, only through a card
+    arch = str(TINY).replace("tiny-llama.linnet", "arch/llama.linnet")
+    assert main(["check", arch]) == 0
+    capsys.readouterr()
+    err = error_of(capsys, ["check", arch, "--generic", "Batch=8"])
+    assert "config value `vocab` has no default" in err and "through a card that imports it" in err
+
+
 def test_a_structure_file_that_is_not_there_or_not_json(capsys, tmp_path):
     pytest.importorskip("llguidance")
     args = ["generate", "smollm2-135m-instruct", "x", "--max-seq", "64", "--json-schema"]
