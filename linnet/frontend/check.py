@@ -585,13 +585,15 @@ class _Checker:
         if e.func == scope.fn.name or self._calls(e.func, scope.fn.name, set()):
             raise LinnetError(e.func_loc, f"`{e.func}` is recursive; a model's functions cannot call themselves")
         values = [self._expr(a, scope) for a in e.args]
+        defined = [f"`{e.func}` is defined at {sig.loc}"]  # (an extension's override, maybe: not the base's)
         for kname, kloc, kval in e.kwargs:
             names = [n for n, _ in sig.args]
             if kname not in names:
-                raise LinnetError(kloc, f"`{e.func}` has no argument `{kname}`", suggest(kname, names))
+                raise LinnetError(kloc, f"`{e.func}` has no argument `{kname}`", suggest(kname, names) + defined)
         kw = {k: (l, self._expr(v, scope)) for k, l, v in e.kwargs}
         if len(values) > len(sig.args):
-            raise LinnetError(e.loc, f"`{e.func}` takes {len(sig.args)} argument(s), not {len(values) + len(kw)}")
+            raise LinnetError(e.loc, f"`{e.func}` takes {len(sig.args)} argument(s), not {len(values) + len(kw)}",
+                              defined)
         bound = {}
         for (name, _), v in zip(sig.args, values):
             bound[name] = v
@@ -601,7 +603,7 @@ class _Checker:
             bound[k] = v
         missing = [n for n, _ in sig.args if n not in bound]
         if missing:
-            raise LinnetError(e.loc, f"`{e.func}` needs its argument `{missing[0]}`")
+            raise LinnetError(e.loc, f"`{e.func}` needs its argument `{missing[0]}`", defined)
         sizes: dict = {}
         for _ in range(2):  # the first pass binds the sizes; the second checks dims built from them
             for name, want in sig.args:
