@@ -331,7 +331,7 @@ class _Checker:
             raise LinnetError(f.loc, f"fn `{f.name}` declares no result; a fn is called for its value: `-> T[...]`",
                               ["state is written by entries, or by a fn that also returns a value"])
         ret = self._type(f.ret, dims) if f.ret is not None else NoneType()
-        return ir.Function(f.name, f.kind, list(dims), args, ret, [], f.loc)
+        return ir.Function(f.name, f.kind, list(dims), args, ret, [], f.loc, [arg.type.loc for arg in f.args])
 
     def _body(self, f: ast.FnDef) -> ir.Function:
         sig = self.signatures[f.name]
@@ -339,7 +339,7 @@ class _Checker:
         body = self._block(f.body, scope, top=True)
         if not isinstance(sig.ret, NoneType) and not (body and isinstance(body[-1], ir.Return)):
             raise LinnetError(f.loc, f"`{f.name}` must end with `return` of {sig.ret}")
-        return ir.Function(sig.name, sig.kind, sig.dims, sig.args, sig.ret, body, sig.loc)
+        return ir.Function(sig.name, sig.kind, sig.dims, sig.args, sig.ret, body, sig.loc, sig.arg_locs)
 
     def _block(self, stmts: list, scope: "_Scope", top: bool = False) -> list:
         out = []

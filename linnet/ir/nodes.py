@@ -144,6 +144,7 @@ class Function:
     ret: Any
     body: list
     loc: Loc
+    arg_locs: list = field(default_factory=list)  # each argument's type, where it is written
 
 
 @dataclass

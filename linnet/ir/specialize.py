@@ -99,8 +99,9 @@ def specialize(module: ir.Module, generics: dict | None = None, numerics: str = 
     static = {**values, "Batch": g["Batch"], "MaxSeq": g["MaxSeq"]}
     _check_static_indices(module, sizes, static)
     for fn in list(module.entries.values()) + list(module.fns.values()):
-        for name, t in fn.args:  # even one no value reads
-            check_type(t, fn.loc, f"argument `{name}` of {fn.kind} `{fn.name}`")
+        for i, (name, t) in enumerate(fn.args):  # even one no value reads
+            where = fn.arg_locs[i] if i < len(fn.arg_locs) else fn.loc
+            check_type(t, where, f"argument `{name}` of {fn.kind} `{fn.name}`")
         for v in all_values(fn.body):
             if isinstance(v, ir.Op) and v.op == "topk":
                 _check_topk(v, sizes)

@@ -126,7 +126,7 @@ CASES = [
           "dim / heads", "cannot evaluate 64 / 0: integer division or modulo by zero",
           card=("heads = 4", "heads = 0")),
     # a negative dim in an entry's argument that nothing reads
-    bigram("negative-dim-in-an-entry-argument", None, "entry",
+    bigram("negative-dim-in-an-entry-argument", None, "i32[0 - 2]",
            "argument `positions` of entry `decode`: dim -2 is negative",
            source=_edit(BIGRAM, "positions: i32[Batch]", "positions: i32[0 - 2]"), line_text="entry decode("),
 ]
