@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import sys
+import warnings
 from pathlib import Path
 
 from linnet.errors import LinnetError
@@ -286,6 +287,12 @@ def _use_compile_cache(args) -> None:
     compiles: a server started again on the same card and shapes reads its executables back
     (SmolLM2's server on this CPU answered 20 s after a cold start, 14 s after a start from the cache)."""
     if args.backend != "jax" or args.compile_cache == "none":
+        return
+    try:  # here, once, rather than JAX's warning at each entry it could not read or write
+        Path(args.compile_cache).mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        warnings.warn(f"--compile-cache {args.compile_cache}: {err.strerror or err}; compiled executables are not "
+                      f"kept this run ('none' says so without this warning)")
         return
     import jax
 

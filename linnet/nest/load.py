@@ -270,7 +270,9 @@ def _mesh(first, shards: int | None):
     import numpy as np
 
     devices = jax.devices(first.platform)
-    if not 1 <= shards <= len(devices):
+    if shards < 1:
+        raise ValueError(f"shards={shards}: a model is spread over 1 device or more")
+    if shards > len(devices):
         hint = (" (on the CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N before jax is imported "
                 "makes N)" if first.platform == "cpu" else "")
         raise ValueError(f"shards={shards}, but there are {len(devices)} {first.platform} devices{hint}")

@@ -103,7 +103,7 @@ class Engine:
         self.max_seq = model.max_seq
         self.vocab = model.vocab
         on_gpu = str(getattr(model, "device", "cpu")).startswith("cuda")
-        self.token_budget = token_budget or (2048 if on_gpu else 512)
+        self.token_budget = token_budget if token_budget is not None else (2048 if on_gpu else 512)  # (0 is too small)
         # a pass must hold every row's decode token and still one piece of a prompt (JAX's in blocks of 8)
         runner = self.runner
         least = runner.overhead + max(2 * self.rows, self.rows * runner.chunk_cost(1) + runner.chunk_granule())

@@ -73,10 +73,11 @@ SCRIPT = textwrap.dedent("""
                 out[f"{card}/{shards}"].update(
                     wq_devices=len(wq.devices()), wq_rows=wq.shape[0], wq_shard=list(wq.addressable_shards[0].data.shape),
                     cache_spec=str(model.runner.state_bits["k_cache"].sharding.spec))
-    try:
-        nest.load("tiny-llama", backend="jax", weights="random", shards=5)
-    except ValueError as err:
-        out["too_many"] = str(err)
+    for name, shards in (("too_many", 5), ("none", 0)):
+        try:
+            nest.load("tiny-llama", backend="jax", weights="random", shards=shards)
+        except ValueError as err:
+            out[name] = str(err)
     print("RESULT " + json.dumps(out))
 """)
 
@@ -107,6 +108,7 @@ def test_a_model_over_several_devices_computes_what_one_does(results, card, shar
 
 def test_more_shards_than_devices_is_a_clear_error(results):
     assert "shards=5, but there are 4 cpu devices" in results["too_many"]
+    assert results["none"] == "shards=0: a model is spread over 1 device or more"  # (not the devices' count)
 
 
 def test_torch_takes_no_shards():

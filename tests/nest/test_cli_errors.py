@@ -203,3 +203,21 @@ def test_a_cpu_cap_the_kernels_do_not_know_is_one_line():
                          env=dict(os.environ, LINNET_CPU_ISA="AVX3"))
     assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
     assert "linnet: error: LINNET_CPU_ISA='AVX3': not one of avx2, avx512, avx512_bf16, amx" in run.stderr
+
+
+def test_a_compile_cache_that_cannot_be_made_is_one_warning_and_the_run_goes_on(tmp_path):
+    # JAX's own warning came at each executable, said "reading", and named an internal op
+    import argparse
+    import warnings
+
+    import jax
+
+    from linnet.cli import _use_compile_cache
+
+    (tmp_path / "a_file").write_text("")
+    before = jax.config.jax_compilation_cache_dir
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        _use_compile_cache(argparse.Namespace(backend="jax", compile_cache=str(tmp_path / "a_file" / "xla")))
+    assert len(seen) == 1 and "compiled executables are not kept this run" in str(seen[0].message)
+    assert jax.config.jax_compilation_cache_dir == before  # left as it was: nothing set

@@ -175,6 +175,12 @@ def test_a_warmup_for_an_empty_or_odd_prompt_length_is_refused(model, lengths):
         Engine(model).warmup(lengths)
 
 
+@pytest.mark.parametrize("budget", [0, 1, -5])
+def test_a_token_budget_too_small_is_refused_0_too(budget):
+    with pytest.raises(EngineSettingError, match=f"token_budget \\({budget}\\) is too small for 2 rows"):
+        Engine(make_model("torch", rows=2), token_budget=budget)
+
+
 def test_an_eager_torch_model_counts_no_capture():
     # compile=False: the decode step is run as it is, nothing captured, and no compile is counted
     engine = Engine(make_model("torch", rows=2))
