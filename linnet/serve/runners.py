@@ -306,35 +306,28 @@ class TorchRunner:
 
         inputs = self._static_tokens.clone(), self._static_positions.clone()
         self._probe_inputs()
-        trials, captured, reference = [], [], None
-        for kernels in tries:
-            try:
-                graph, logits = self._captured(kernels)
-            except RuntimeError as e:
-                trials.append(kernel_choice.Trial(kernels, failure=str(e).splitlines()[0]))
-                captured.append(None)
-                continue
-            trial, got = self._trial(kernels, graph.replay, lambda: logits, reference)
-            reference = got if reference is None else reference
-            trials.append(trial)
-            captured.append((graph, logits))
+        captured = {}  # kernels -> (graph, its logits tensor)
+
+        def step(kernels):
+            graph, logits = captured[kernels] = self._captured(kernels)
+            return graph.replay, lambda: logits
+        trials = self._timed(tries, step)
         kept = kernel_choice.fastest(trials)
         self.kernels_chosen = "decode step: " + kernel_choice.describe(trials, kept)
         self.triton = kept.kernels
         passes = sorted({kernels._replace(attention=False) for kernels in tries})  # (a pack takes no Triton attention)
         if len(passes) > 1:  # the small ops in an eager pass: another load (its bytes, not its launches)
-            pass_trials = self._pass_trials(passes)
+            pass_trials = self._timed(passes, self._packed_pass)
             pass_kept = kernel_choice.fastest(pass_trials)
             self.kernels_chosen += "; packed pass: " + kernel_choice.describe(pass_trials, pass_kept)
             self.triton = self.triton._replace(ops=pass_kept.kernels.ops)
         self._static_tokens.copy_(inputs[0])
         self._static_positions.copy_(inputs[1])
-        chosen = captured[next(i for i, trial in enumerate(trials) if trial is kept)]
-        if chosen is None:  # not even the runtime's own kernels could be captured
+        if kept.kernels not in captured:  # not even the runtime's own kernels could be captured
             self._graph, self.not_replayed = "eager", f"CUDA graph capture: {kept.failure}"
             warnings.warn(f"the decode step runs eagerly: {self.not_replayed}")
         else:
-            self._graph, self._static_logits = chosen
+            self._graph, self._static_logits = captured[kept.kernels]
 
     def _probe_inputs(self):
         """The static buffers and the cache set for timing: every row busy at a position spread over
@@ -349,31 +342,36 @@ class TorchRunner:
         self._static_tokens.random_(0, self.model.vocab, generator=g)
         self._static_positions.random_(seq // 4, max(seq * 3 // 4, seq // 4 + 1), generator=g)
 
-    def _trial(self, kernels, run, logits, reference):
-        """(kernel_choice.Trial, logits) of `run`, a step or pass with these kernels: its median
-        time, and its `logits()` against `reference`'s (None: these are the reference)."""
+    def _timed(self, tries, prepare) -> list:
+        """kernel_choice.Trial of each of `tries`: prepare(kernels) gives (run, logits()) for a step or
+        pass with them, or raises RuntimeError where it cannot (a capture that fails). Each is the
+        median time of `run`, and its logits against those of the first that ran (the reference)."""
         from linnet.serve import kernel_choice
 
-        with self.rt.using_triton(kernels):
-            run()  # (Triton's compile, where the kernels are first called)
-            got = logits().float().clone()
-            ms = self._median_ms(run, 5)
-        error = 0.0 if reference is None else kernel_choice.relative_error(got, reference)
-        return kernel_choice.Trial(kernels, ms, error), got
+        trials, reference = [], None
+        for kernels in tries:
+            try:
+                run, logits = prepare(kernels)
+            except RuntimeError as e:
+                trials.append(kernel_choice.Trial(kernels, failure=str(e).splitlines()[0]))
+                continue
+            with self.rt.using_triton(kernels):
+                run()  # (Triton's compile, where the kernels are first called)
+                got = logits().float().clone()
+                ms = self._median_ms(run, 5)
+            error = 0.0 if reference is None else kernel_choice.relative_error(got, reference)
+            reference = got if reference is None else reference
+            trials.append(kernel_choice.Trial(kernels, ms, error))
+        return trials
 
-    def _pass_trials(self, tries) -> list:
-        """Trials of a packed pass (a prompt of up to 512 tokens in row 0, its logits at 8 of them)
-        run eagerly with each of `tries`."""
+    def _packed_pass(self, kernels):
+        """(run, logits()) of a packed pass run eagerly: a prompt of up to 512 tokens in row 0, its
+        logits at 8 of them (`kernels` are taken around it, by `_timed`)."""
         n = min(512, self.padding)
         pack = (self._t(np.arange(n, dtype=np.int32) % self.model.vocab), self._t(np.arange(n, dtype=np.int32)),
                 self._t(np.zeros(n, np.int32)), self._t(np.linspace(0, n - 1, 8).astype(np.int32)))
-        trials, reference, out = [], None, {}
-        for kernels in tries:
-            run = lambda: out.__setitem__("logits", self.model.prefill(*pack))
-            trial, got = self._trial(kernels, run, lambda: out["logits"], reference)
-            reference = got if reference is None else reference
-            trials.append(trial)
-        return trials
+        out = {}
+        return lambda: out.__setitem__("logits", self.model.prefill(*pack)), lambda: out["logits"]
 
     def _median_ms(self, run, runs: int) -> float:
         """The median time of `run` on the GPU, over `runs` runs, in ms."""
