@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from linnet.kernels.openmp import release_pool
-from linnet.serve.request import Completion, EngineSettingError, Request, RequestError, TokenLogprob
+from linnet.serve.request import Completion, EngineSettingError, Request, RequestError, TokenLogprob, is_int
 from linnet.serve.runners import make_runner, packed_mask
 from linnet.serve.sampling import SamplingBatch
 from linnet.serve.stats import Stats
@@ -190,7 +190,7 @@ class Engine:
         the budget); a single length, only the passes that one prompt makes alone."""
         self._not_looping("warmup")
         lengths = list(prompt_lengths)
-        bad = [n for n in lengths if not isinstance(n, (int, np.integer)) or n < 1]
+        bad = [n for n in lengths if not is_int(n) or n < 1]
         if bad:
             raise ValueError(f"a prompt length must be a whole number of at least 1 (a prompt holds a token), "
                              f"not {bad[0]!r}")
