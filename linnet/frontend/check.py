@@ -6,6 +6,7 @@ error is a `LinnetError` at the span of source that caused it.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import json
 import re
@@ -771,4 +772,11 @@ def _meta_value(m: ast.MetaItem, value):
         kind, what = META_ITEMS[m.name]
         if isinstance(value, bool) or not isinstance(value, kind) or (kind is int and value < 1):
             raise LinnetError(m.value.loc, f"meta `{m.name}` must be {what}, not {_spelled(value)}")
+        return value
+    # Other items are the card's notes, but one spelled almost as an item Linnet reads is a typo that
+    # would drop the setting without a word (`max_contxt`: no warning past the trained context)
+    close = difflib.get_close_matches(m.name, list(META_ITEMS), n=1, cutoff=0.7)
+    if close:
+        raise LinnetError(m.loc, f"meta `{m.name}` is not an item Linnet reads; did you mean `{close[0]}`?",
+                          [f"Linnet reads {', '.join(f'`{k}`' for k in META_ITEMS)}; other names are notes"])
     return value

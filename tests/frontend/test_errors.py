@@ -18,6 +18,7 @@ import pytest
 
 from linnet.cli import main
 from linnet.errors import LinnetError
+from linnet.frontend.load import load_file
 
 
 @dataclass(frozen=True)
@@ -468,6 +469,8 @@ params {
          "meta `max_context` must be a whole number of positions, above 0, not \"lots\"", arch_source=MINI),
     card("meta-parser-not-a-string", CARD + "meta {\n  tool_call_parser = 3\n}\n", 10, 22,
          "meta `tool_call_parser` must be a string", arch_source=MINI),
+    card("meta-item-misspelled", CARD + "meta {\n  max_contxt = 8192\n}\n", 10, 3,
+         "meta `max_contxt` is not an item Linnet reads; did you mean `max_context`?", arch_source=MINI),
     card("config-declared-in-card", with_config(CARD, "extra: int = 3"), 8, 3, "it does not declare them",
          arch_source=MINI),
     card("inexact-division", CARD.replace("heads = 2", "heads = 3"), 8, 19, "8 / 3 is not a whole number",
@@ -1037,7 +1040,6 @@ def test_error(case: Case, command: str, tmp_path, capsys):
 def test_a_bad_generic_from_python_is_the_cards_error(generics, message, tmp_path):
     """Generics passed in Python (nest.load's) are checked at specialization, the error at the
     card's `card` line (the command line refuses bad ones as its --generic flag's error)."""
-    from linnet.frontend.load import load_file
     from linnet.ir.specialize import specialize
 
     case = card("generic", "# a comment first\n" + CARD, 2, 1, message, arch_source=MINI)
@@ -1164,3 +1166,12 @@ def test_a_byte_order_mark_is_skipped(tmp_path, capsys):
     first, source, caret = capsys.readouterr().err.splitlines()[:3]
     assert first == f"{path}:1:11: error: unexpected '3'"
     assert source == "    arch mini 3" and caret == "    " + " " * 10 + "^"
+
+
+def test_meta_items_linnet_does_not_read_are_notes(tmp_path):
+    # a misspelling of an item Linnet reads is an error (the case table); other names are the card's notes
+    (tmp_path / "mini.linnet").write_text(MINI)
+    notes = 'meta {\n  license = "apache-2.0"\n  hf_revision = "main"\n  max_context = 64\n}\n'
+    (tmp_path / "card.linnet").write_text(CARD + notes)
+    module = load_file(tmp_path / "card.linnet")
+    assert module.meta == {"license": "apache-2.0", "hf_revision": "main", "max_context": 64}
