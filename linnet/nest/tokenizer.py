@@ -78,6 +78,19 @@ def _unique(ids: Iterable[int]) -> list[int]:
     return out
 
 
+def _lone_surrogate(text: str) -> str | None:
+    """Why tokenizers will not take `text`, a str: it holds a lone surrogate (JSON's "\\ud800" writes
+    one, and Python reads a command line's bytes that are not UTF-8 as such), which has no UTF-8."""
+    at = next((i for i, c in enumerate(text) if "\ud800" <= c <= "\udfff"), None)
+    if at is None:
+        return None
+    code = ord(text[at])
+    byte = f" (Python's stand-in for the byte 0x{code - 0xDC00:02X}, read where UTF-8 was expected)" \
+        if 0xDC80 <= code <= 0xDCFF else ""
+    return (f"the text holds a lone surrogate, U+{code:04X}{byte}, at character {at}: it is not Unicode text, "
+            f"and has no UTF-8 bytes to tokenize")
+
+
 class Tokenizer:
     """encode/decode plus what generation needs: stop tokens and the chat template."""
 
@@ -247,9 +260,15 @@ class Tokenizer:
 
         A long text is encoded as a batch of one, which lets go of the GIL: `encode` holds it, and
         a 4 MB prompt held a server's engine thread and its event loop for 2.4 s."""
-        if len(text) < RELEASE_GIL_FROM:
-            return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
-        return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        try:
+            if len(text) < RELEASE_GIL_FROM:
+                return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+            return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        except TypeError:
+            why = _lone_surrogate(text) if isinstance(text, str) else None
+            if why is None:
+                raise
+            raise TokenizerError(why) from None
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

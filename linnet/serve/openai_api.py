@@ -18,6 +18,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from linnet.nest.errors import TokenizerError
 from linnet.serve.request import MAX_LOGPROBS, Request, RequestError, tokens
 from linnet.serve.structured import Structure
 from linnet.serve.tool_parsers import call_ids, forced_calls, openai_call_id
@@ -326,6 +327,15 @@ def logprob_count(body: dict, name: str) -> int | None:
     return number_field(body, name, 0, 0, MAX_LOGPROBS, integer=True)
 
 
+def encode_text(tokenizer, text: str, param: str, add_special_tokens: bool = True, what: str = "") -> list:
+    """The ids of a body's text; text the tokenizer cannot take (a lone surrogate, which JSON's \\u
+    escapes can write) is the client's error, at `param`. `what`: the text, where it is not the field's."""
+    try:
+        return tokenizer.encode(text, add_special_tokens)
+    except TokenizerError as err:
+        raise ApiError(400, f"{what or repr(param)}: {err}", param) from None
+
+
 def _prompts(body: dict, tokenizer) -> tuple[list, list]:
     """The body's prompts as token ids, and as given (text, or None where ids were sent)."""
     prompt = body.get("prompt")
@@ -342,7 +352,7 @@ def _prompts(body: dict, tokenizer) -> tuple[list, list]:
                 raise ApiError(400, "this model has no tokenizer: send the prompt as token ids", "prompt")
             if not p:
                 raise ApiError(400, "'prompt' must not be empty", "prompt")
-            ids.append(tokenizer.encode(p))
+            ids.append(encode_text(tokenizer, p, "prompt"))
             texts.append(p)
         else:
             ids.append(p)
@@ -488,7 +498,8 @@ def chat_prompt(body: dict, tokenizer) -> list:
         raise ApiError(400, f"the chat template rejected the messages: {err}", "messages") from None
     if extend:
         text = _cut_after_final(text, clean[-1]["content"])
-    return tokenizer.encode(text, add_special_tokens=False)
+    return encode_text(tokenizer, text, "messages", add_special_tokens=False,
+                       what="the chat template's text of 'messages'")
 
 
 def _cut_after_final(text: str, final: str) -> str:

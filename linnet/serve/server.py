@@ -23,7 +23,7 @@ from linnet.serve.cors import CorsPolicy
 from linnet.serve.engine import Engine
 from linnet.serve.metrics import prometheus_text
 from linnet.serve.openai_api import (ApiError, Job, body_fields, chat_job, chat_prompt, check_fits, completion_job,
-                                     length_field, refused, shown)
+                                     encode_text, length_field, refused, shown)
 from linnet.serve.openai_replies import (ChunkWriter, answer_start, calls_after, chat_message, chat_response,
                                          choice_stream, completion_response, divide_reply, echoed_prompt, error_body,
                                          finish_reason, marker_ids, partial_calls, reply_text, usage)
@@ -217,7 +217,7 @@ class OpenAIServer:
             if not isinstance(special, bool):
                 raise ApiError(400, f"'add_special_tokens' must be true or false, not {shown(special)}",
                                "add_special_tokens")
-            ids = await asyncio.to_thread(self.tokenizer.encode, body["prompt"], special)
+            ids = await asyncio.to_thread(encode_text, self.tokenizer, body["prompt"], "prompt", special)
         else:
             raise ApiError(400, "send 'prompt' (a string) or 'messages'", "prompt")
         await _json(send, 200, {"count": len(ids), "max_model_len": self.model.max_seq, "tokens": ids})

@@ -298,3 +298,22 @@ def test_a_long_text_encodes_as_a_short_one_does(gguf_tokenizer):
     assert len(text) >= RELEASE_GIL_FROM
     for special in (True, False):
         assert gguf_tokenizer.encode(text, special) == gguf_tokenizer.backend.encode(text, add_special_tokens=special).ids
+
+
+@pytest.mark.parametrize("text", ["a\ud800b", "emoji 😀 then \udcff", "x" * (1 << 14) + "\udfff", "caf\udce9"])
+def test_a_lone_surrogate_is_named_where_utf_8_refuses_it(gguf_tokenizer, text):
+    """A str may hold a lone surrogate (JSON's "\\ud800", a command line's bytes that are not UTF-8),
+    which has no UTF-8 bytes: the error names it where Python's own codec does, and the byte that
+    Python's surrogateescape stands it for (it was a TypeError from tokenizers, 'TextInputSequence
+    must be str', and a server's 500)."""
+    with pytest.raises(UnicodeEncodeError) as codec:
+        text.encode("utf-8")
+    at = codec.value.start
+    with pytest.raises(TokenizerError, match=f"lone surrogate, U\\+{ord(text[at]):04X}.*, at character {at}:") as err:
+        gguf_tokenizer.encode(text)
+    try:
+        byte = text[at].encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # not one that stands for a byte
+        assert "stand-in" not in str(err.value)
+    else:
+        assert f"the byte 0x{byte[0]:02X}" in str(err.value)

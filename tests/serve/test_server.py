@@ -173,6 +173,11 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
     ("/v1/completions", {"prompt": [1], "allowed_token_ids": [99999]}, "allowed_token_ids", "allowed_token_ids"),
     ("/v1/completions", {"prompt": [1], "stop_token_ids": [99999]}, "stop_token_ids", "stop token id 99999"),
     ("/v1/completions", {"prompt": [1, 99999]}, "prompt", "token id 99999 is outside"),
+    # a lone surrogate (JSON's \ud800 escape) has no UTF-8 bytes to tokenize: the client's error, not a 500
+    ("/v1/completions", {"prompt": "t1 \ud800"}, "prompt", "lone surrogate, U+D800, at character 3"),
+    ("/v1/completions", {"prompt": ["t1", "\udc00 t2"]}, "prompt", "lone surrogate, U+DC00, at character 0"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "t1\udfff"}]}, "messages", "lone surrogate"),
+    ("/tokenize", {"prompt": "t1\ud800"}, "prompt", "lone surrogate"),
     ("/v1/completions", {"prompt": [1], "top_p": -0.1}, "top_p", "'top_p' must be between 0 and 1, not -0.1"),
     ("/v1/completions", {"prompt": [1], "top_p": 1.5}, "top_p", "'top_p' must be between 0 and 1, not 1.5"),
     ("/v1/chat/completions", {"messages": USER, "top_p": -1}, "top_p", "'top_p' must be between 0 and 1"),
