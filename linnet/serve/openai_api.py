@@ -414,13 +414,13 @@ def _message(i: int, m) -> dict:
                             f"answers", f"messages[{i}].tool_call_id")
     if content is None:
         content = ""
-    if isinstance(content, list):  # content parts: text only
+    if isinstance(content, list):  # content parts: text only, a line each (as vLLM and llama.cpp's server join them)
         parts = []
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise ApiError(400, f"messages[{i}].content: only text parts are supported", f"messages[{i}].content")
             parts.append(part["text"])
-        content = "".join(parts)
+        content = "\n".join(parts)
     if not isinstance(content, str):
         raise ApiError(400, f"messages[{i}].content must be a string", f"messages[{i}].content")
     out = {"role": "system" if m["role"] == "developer" else m["role"], "content": content}

@@ -114,12 +114,12 @@ def chat_body(call: ResponsesCall) -> dict:
 
 
 def _text(value, where: str) -> str:
-    """A string, or content parts' texts joined (input_text, output_text, text)."""
+    """A string, or content parts' texts joined a line each, as chat's (input_text, output_text, text)."""
     if isinstance(value, str):
         return value
     if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") in ("input_text", "output_text", "text")
                                        and isinstance(p.get("text"), str) for p in value):
-        return "".join(p["text"] for p in value)
+        return "\n".join(p["text"] for p in value)
     raise ApiError(400, f"'{where}' must be a string or a list of text parts (input_text, output_text)", where)
 
 

@@ -972,6 +972,32 @@ def test_earlier_tool_calls_reach_the_template_as_transformers_documents_them():
         assert err.value.status == 400
 
 
+def test_text_parts_are_a_line_each_as_vllm_and_llama_cpp_join_them():
+    """A message's text parts reach the template as one text, a line each: vLLM's chat parser and
+    llama.cpp's server join them with a newline (transformers would hand the template the list,
+    which a template of strings cannot read); Responses' input_text parts as chat's. They were
+    joined with nothing, which ran the last word of one part into the first of the next."""
+    from transformers import PreTrainedTokenizerFast
+
+    from linnet.serve.openai_api import chat_job
+    from linnet.serve.responses_api import chat_body, read_call
+
+    from .test_structured import byte_tokenizer
+
+    tok = byte_tokenizer(128)
+    tok.chat_template = TOOL_HISTORY_TEMPLATE
+    reference = PreTrainedTokenizerFast(tokenizer_object=tok.backend)
+    reference.chat_template = TOOL_HISTORY_TEMPLATE
+    expected = reference.apply_chat_template([{"role": "user", "content": "Describe\nthis\n"}], tokenize=False,
+                                             add_generation_prompt=True)
+    texts = ["Describe", "this", ""]
+    chat = chat_job({"messages": [{"role": "user", "content": [{"type": "text", "text": t} for t in texts]}]},
+                    tok, 512)
+    responses = chat_job(chat_body(read_call({"input": [
+        {"role": "user", "content": [{"type": "input_text", "text": t} for t in texts]}]}, None)), tok, 512)
+    assert tok.decode(chat.requests[0].prompt) == tok.decode(responses.requests[0].prompt) == expected
+
+
 def test_a_requests_own_chat_template_and_documents(server):
     """vLLM's request-level chat_template, only where the server is started trusting it (a
     template runs sandboxed, but may run long); `documents` reach the template as transformers
