@@ -565,8 +565,7 @@ class Engine:
             # (or, for an end token, keeps_end_token: harmony's parser reads its markers)
             if self.tokenizer is not None and not req.include_stop and (token in req.stop_token_ids
                                                                         or not req.keeps_end_token):
-                x.comp.text = self.tokenizer.decode_after(req.prompt, x.generated[:-1],
-                                                          skip_special_tokens=req.skip_special_tokens)
+                x.comp.text = self._text(x, x.generated[:-1])
             x.comp.stop_reason = token if token in req.stop_token_ids else None  # an end token: None, as vLLM's
             return "stop"
         if x.masked:
@@ -598,12 +597,18 @@ class Engine:
             return "length"
         return None
 
+    def _text(self, x: _Live, ids: list) -> str:
+        """The text `ids` add after x's prompt, less a character they stop partway through (its
+        U+FFFD): a reply ends there, at max_tokens or before a stop token, as vLLM's detokenizer,
+        which never emits a part of a character, ends it."""
+        text = self.tokenizer.decode_after(x.req.prompt, ids, skip_special_tokens=x.req.skip_special_tokens)
+        return self.tokenizer.without_cut_character(text, ids)
+
     def _finish(self, x: _Live, reason: str):
         x.comp.finish_reason = reason
         self.stats.ended(reason)
         if x.comp.text is None and self.tokenizer is not None:
-            text = self.tokenizer.decode_after(x.req.prompt, x.generated, skip_special_tokens=x.req.skip_special_tokens)
-            x.comp.text = self.tokenizer.without_cut_character(text, x.generated)
+            x.comp.text = self._text(x, x.generated)
         self.live.remove(x)
         # The row keeps what x cached: a follower of x copies it on the next step, unless the row
         # is taken first, in which case the follower copies only what is still valid (_copy_shared).

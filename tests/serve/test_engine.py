@@ -427,6 +427,27 @@ def test_a_stop_token_s_text_is_left_out_unless_asked_for(model, include_stop):
     assert c.text.strip() == " ".join(f"t{t}" for t in ref[:first + include_stop])
 
 
+@pytest.mark.parametrize("ender", ["end token", "stop token id"])
+def test_a_reply_that_stops_inside_a_character_ends_before_it(ender):
+    """A reply whose last token before its stop token is the first byte of a character (of 😀) ends
+    before that character, as a streaming UTF-8 decoder, and vLLM's detokenizer, leave it: it
+    ended in U+FFFD (a reply cut there by max_tokens already did not)."""
+    import codecs
+
+    from .test_structured import EOS, byte_tokenizer
+
+    model = make_model("torch", rows=2, max_seq=32)
+    model.tokenizer = tok = byte_tokenizer(model.vocab, more="😀".encode()[:1])
+    lead, stop = tok.vocab_size - 1, EOS if ender == "end token" else 5  # lead: the byte 0xF0, the last token
+    # min_tokens keeps the ender from the first draw, which is the lead byte; the bias then forces the ender
+    req = Request(prompt=[10, 11, 12], max_new_tokens=8, allowed_token_ids=[lead, stop], logit_bias={stop: 100.0},
+                  min_tokens=1, stop_token_ids=[] if stop == EOS else [stop])
+    done, _ = Engine(model).run([req])
+    assert done[0].tokens == [lead, stop] and done[0].finish_reason == "stop"
+    assert tok.token_bytes(lead) == b"\xf0"
+    assert done[0].text == codecs.getincrementaldecoder("utf-8")().decode(b"\xf0") == ""
+
+
 def test_the_earliest_of_several_stop_strings_ends_the_text(model):
     """Stop strings are looked for as the text grows; the one that appears first wins, whatever
     their order in the request, including one that spans two tokens."""
