@@ -309,8 +309,8 @@ def _write_tokenizer_keys(tok, writer, vocab_size: int) -> None:
     pad = tok.special_tokens.get("pad_token")
     if pad is not None and tok.backend.token_to_id(pad) is not None:  # (llama.cpp's converter writes it too)
         writer.add_pad_token_id(tok.backend.token_to_id(pad))
-    if tok.chat_template:
-        writer.add_chat_template(tok.chat_template)
+    if tok.chat_template:  # with its named ones (tool_use, ...), which the writer keys by name
+        writer.add_chat_template(tok.saved_chat_template())
 
 
 def _write_stops(tok, writer) -> None:

@@ -23,6 +23,7 @@ MARK = "exported_by"  # config.json's key that says Linnet wrote the folder (tra
 # (tokenizer.model and tekken.json: Mistral's own, which vLLM's --tokenizer-mode mistral reads)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json", "tokenizer.model", "tekken.json")
+TEMPLATES_DIR = "additional_chat_templates"
 
 
 def write_hf_dir(bound, out) -> str:
@@ -121,6 +122,9 @@ def _write_tokenizer(bound, out: Path, config: dict) -> None:
         for file in TOKENIZER_FILES:
             if (bound.tokenizer_from / file).is_file():
                 shutil.copyfile(bound.tokenizer_from / file, out / file)
+        named = bound.tokenizer_from / TEMPLATES_DIR  # transformers 5's named templates, a file each
+        if named.is_dir():
+            shutil.copytree(named, out / TEMPLATES_DIR, dirs_exist_ok=True)
         return
     tok = bound.tokenizer
     if tok is None:  # random weights, or a checkpoint without one
@@ -133,8 +137,8 @@ def _write_tokenizer(bound, out: Path, config: dict) -> None:
     for key, value in tok.special_tokens.items():
         if value is not None:
             settings[key] = value
-    if tok.chat_template:
-        settings["chat_template"] = tok.chat_template
+    if tok.chat_template:  # with its named ones (tool_use, ...), a list transformers reads by name
+        settings["chat_template"] = tok.saved_chat_template()
     (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
     generation = {k: config[k] for k in ("bos_token_id", "eos_token_id") if k in config}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")

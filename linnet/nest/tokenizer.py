@@ -105,6 +105,7 @@ class Tokenizer:
         chat_template: str | None = None,
         special_tokens: dict[str, str | None] | None = None,
         source: str = "",
+        chat_templates: dict[str, str] | None = None,
     ):
         self.backend = backend          # a tokenizers.Tokenizer
         self.source = source            # where it came from, for messages
@@ -117,12 +118,33 @@ class Tokenizer:
         if eos_token is not None:
             eos.append(backend.token_to_id(eos_token))
         self.eos_token_ids: list[int] = _unique(eos)
-        self.chat_template: str | None = chat_template
+        self.chat_template = chat_template
+        # the weights' other templates by name ("tool_use", "rag", ...): a model may write its tools'
+        # prompt in a template of its own, which transformers, vLLM and llama.cpp take when tools are given
+        self.chat_templates: dict[str, str] = dict(chat_templates or {})
         # variables a chat template sees besides messages (bos_token, eos_token, ...)
         self.special_tokens = {"bos_token": bos_token, "eos_token": eos_token, **(special_tokens or {})}
         self._byte_kind: str | None = None  # how pieces hold bytes (`token_bytes`), read on first use
         self._bytes: dict = {}
         self._added: set | None = None
+
+    @property
+    def chat_template(self) -> str | None:
+        return self._chat_template
+
+    @chat_template.setter
+    def chat_template(self, template: str | None) -> None:
+        """Another template replaces the weights' named ones too, as vLLM's --chat-template does."""
+        self._chat_template = template
+        self.chat_templates = {}
+
+    def saved_chat_template(self) -> str | list | None:
+        """The templates as tokenizer_config.json and GGUF's writer take them: the template, or with
+        named ones a list of {"name", "template"}, the template as "default"."""
+        if not self.chat_templates or self.chat_template is None:
+            return self.chat_template
+        named = {"default": self.chat_template, **self.chat_templates}
+        return [{"name": name, "template": template} for name, template in named.items()]
 
     # ---------------------------------------------------------------- build
 
@@ -149,15 +171,19 @@ class Tokenizer:
         def special(name):
             return _token_text(tc.get(name)) or _token_text(stm.get(name))
 
-        template = None
+        # named templates: a list in tokenizer_config, or (as transformers 5 saves them) files of their
+        # own beside chat_template.jinja, in additional_chat_templates
+        named = tc.get("chat_template")
+        if not isinstance(named, list):
+            named = [{"name": "default", "template": named}]
+        named = {t.get("name"): t.get("template") for t in named if isinstance(t, dict)}
         jinja = d / "chat_template.jinja"
         if jinja.is_file():
-            template = jinja.read_text(encoding="utf-8")
-        else:
-            template = tc.get("chat_template")
-            if isinstance(template, list):  # named templates: use "default"
-                named = {t.get("name"): t.get("template") for t in template}
-                template = named.get("default") or next(iter(named.values()), None)
+            named["default"] = jinja.read_text(encoding="utf-8")
+        for file in sorted((d / "additional_chat_templates").glob("*.jinja")):
+            named[file.stem] = file.read_text(encoding="utf-8")
+        named = {name: t for name, t in named.items() if isinstance(name, str) and isinstance(t, str)}
+        template = named.pop("default", None) or next(iter(named.values()), None)
         eos_ids = _as_id_list(gen.get("eos_token_id")) or _as_id_list(model_cfg.get("eos_token_id"))
         bos_id = None
         if special("bos_token") is None:
@@ -171,6 +197,7 @@ class Tokenizer:
             chat_template=template,
             special_tokens={"unk_token": special("unk_token"), "pad_token": special("pad_token")},
             source=str(d),
+            chat_templates=named,
         )
 
     @classmethod
@@ -203,6 +230,10 @@ class Tokenizer:
             chat_template=meta("tokenizer.chat_template"),
             special_tokens={"unk_token": text("unknown"), "pad_token": text("padding")},
             source=ckpt.path,
+            # llama.cpp's converter writes a template's other ones by name, listed in tokenizer.chat_templates
+            chat_templates={name: meta(f"tokenizer.chat_template.{name}")
+                            for name in meta("tokenizer.chat_templates") or []
+                            if isinstance(meta(f"tokenizer.chat_template.{name}"), str)},
         )
 
     # ---------------------------------------------------------------- use
@@ -301,7 +332,10 @@ class Tokenizer:
         **kwargs: Any
     ) -> str:
         """The prompt text for `messages`; extra kwargs (tools=...) go to the template. `template`:
-        another template than the tokenizer's (a request's own)."""
+        another template than the tokenizer's (a request's own). Given tools, the weights' template
+        named "tool_use" writes the prompt where they have one (as transformers, vLLM and llama.cpp)."""
+        if template is None and kwargs.get("tools") is not None:
+            template = self.chat_templates.get("tool_use")
         template = template or self.chat_template
         if not template:
             raise TokenizerError(f"{self.source or 'this tokenizer'}: no chat template")

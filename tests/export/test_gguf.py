@@ -573,3 +573,27 @@ def test_llama_cpp_computes_gemma3_as_transformers_does(tmp_path, spm_gguf):
     model = nest.load(path, generics={"Batch": 1, "MaxSeq": 64})
     assert model.module.name == "gemma3" and model.info["unused_tensors"] == []
     assert err(prefill_all(model, prompt)) <= 1e-4
+
+
+def test_named_chat_templates_travel(cards, tmp_path):
+    """A model's named chat templates (tool_use, ...) go with its default: into a GGUF under the keys
+    llama.cpp's converter writes, and into a vLLM directory where transformers reads them back (as
+    transformers 5 saves them, a file each in additional_chat_templates, which was not copied)."""
+    transformers = pytest.importorskip("transformers")
+    source = Tokenizer.from_gguf(embedded_gguf_path())
+    tool_use = "{% for t in tools %}{{ t.function.name }}{% endfor %}{{ messages[-1].content }}"
+    named = {"default": source.chat_template, "tool_use": tool_use}
+    config = tmp_path / "config"
+    config.mkdir()
+    source.backend.save(str(config / "tokenizer.json"))
+    (config / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "chat_template": [{"name": name, "template": t} for name, t in named.items()]}))
+    meta = GGUFCheckpoint(export(cards / "small-none.linnet", "llama.cpp", tmp_path / "g.gguf", weights="random",
+                                 dtype="f16", tokenizer=config)).metadata
+    assert (meta("tokenizer.chat_template"), meta("tokenizer.chat_template.tool_use")) == (named["default"], tool_use)
+    files = tmp_path / "files"
+    transformers.AutoTokenizer.from_pretrained(config).save_pretrained(files)
+    assert (files / "additional_chat_templates" / "tool_use.jinja").is_file()
+    out = export(cards / "small-none.linnet", "vllm", tmp_path / "hf", weights="random", dtype="f16", tokenizer=files)
+    assert transformers.AutoTokenizer.from_pretrained(out).chat_template == named

@@ -12,9 +12,12 @@ from linnet.nest.tokenizer import Tokenizer  # noqa: E402
 CONTROL, USER_DEFINED, NORMAL = 3, 4, 1
 
 
-def write_tokenizer_gguf(path, *, model="gpt2", pre="smollm", add_bos=True, control=(), eot="<eot>"):
+TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}"
+
+
+def write_tokenizer_gguf(path, *, model="gpt2", pre="smollm", add_bos=True, control=(), eot="<eot>", template=TEMPLATE):
     """A byte-level vocabulary with <s> BOS, </s> EOS and `eot` EOT; `control` adds control tokens
-    after the normal ones."""
+    after the normal ones; `template`: the chat template, or named ones as gguf's writer takes them."""
     alphabet = list(byte_alphabet().values())
     merges = ["h e", "l l", "he ll", "Ġ w", "o r"]
     tokens = ["<s>", "</s>", "<eot>", "<think>"] + alphabet + ["he", "ll", "hell", "Ġw", "or"] + list(control)
@@ -30,7 +33,7 @@ def write_tokenizer_gguf(path, *, model="gpt2", pre="smollm", add_bos=True, cont
     w.add_eos_token_id(1)
     w.add_eot_token_id(tokens.index(eot))
     w.add_add_bos_token(add_bos)
-    w.add_chat_template("{{ bos_token }}{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}")
+    w.add_chat_template(template)
     w.add_tensor("dummy", np.zeros(32, np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -71,6 +74,30 @@ def test_harmony_does_not_stop_at_the_end_of_a_message(tmp_path):
     # even where a key names it, as llama.cpp drops it from the whole set
     tokens = write_tokenizer_gguf(tmp_path / "k.gguf", control=harmony, eot="<|end|>")
     assert tokens.index("<|end|>") not in Tokenizer.from_gguf(tmp_path / "k.gguf").eos_token_ids
+
+
+def test_a_tool_use_template_writes_a_prompt_with_tools(tmp_path):
+    """llama.cpp's converter writes a model's named templates as tokenizer.chat_template.NAME, listed
+    in tokenizer.chat_templates; given tools, llama.cpp's server writes the prompt with "tool_use",
+    as transformers (and vLLM) pick it. Only the default was read. Saved, the named ones are the
+    same keys again."""
+    transformers = pytest.importorskip("transformers")
+    tool_use = "{{ bos_token }}{% for t in tools %}[{{ t.function.name }}]{% endfor %}{{ messages[-1].content }}"
+    named = [{"name": "default", "template": TEMPLATE}, {"name": "tool_use", "template": tool_use}]
+    write_tokenizer_gguf(tmp_path / "t.gguf", template=named)
+    tok = Tokenizer.from_gguf(tmp_path / "t.gguf")
+    reference = transformers.PreTrainedTokenizerFast(tokenizer_object=tok.backend, bos_token="<s>", eos_token="</s>")
+    reference.chat_template = {t["name"]: t["template"] for t in named}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    messages = [{"role": "user", "content": "hello"}]
+    for given in (None, tools):
+        assert tok.apply_chat_template(messages, tools=given) == reference.apply_chat_template(
+            messages, tools=given, tokenize=False, add_generation_prompt=True)
+    write_tokenizer_gguf(tmp_path / "saved.gguf", template=tok.saved_chat_template())
+    fields = gguf.GGUFReader(tmp_path / "saved.gguf").fields
+    text = lambda key: fields[key].contents()
+    assert (text("tokenizer.chat_template"), text("tokenizer.chat_template.tool_use")) == (TEMPLATE, tool_use)
+    assert text("tokenizer.chat_templates") == ["tool_use"]
 
 
 def test_unsupported_model_is_named(tmp_path):

@@ -278,6 +278,50 @@ def test_from_dir_template_in_tokenizer_config(hf_dir, tmp_path):
     assert tok.eos_token_ids == [0]
 
 
+TOOL_USE = ("{{ bos_token }}tools: {% for t in tools %}{{ t.function.name }} {% endfor %}"
+            "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+@pytest.mark.parametrize("layout", ["tokenizer_config.json", "additional_chat_templates"])
+def test_from_dir_a_tool_use_template_writes_a_prompt_with_tools(hf_dir, tmp_path, layout):
+    """A model's named templates, as a list in tokenizer_config.json or (as transformers 5 saves them)
+    a file each: given tools, "tool_use" writes the prompt, else the default, as transformers picks
+    (and vLLM, which asks transformers; llama.cpp does the same). Only the default was read. Another
+    template set in its place replaces them all (vLLM's --chat-template does), and the named ones
+    are saved as transformers reads them back."""
+    import shutil
+
+    transformers = pytest.importorskip("transformers")
+    d = tmp_path / "t"
+    shutil.copytree(hf_dir, d)
+    default = (d / "chat_template.jinja").read_text()
+    if layout == "tokenizer_config.json":
+        (d / "chat_template.jinja").unlink()
+        cfg = json.loads((d / "tokenizer_config.json").read_text())
+        cfg["chat_template"] = [{"name": "default", "template": default}, {"name": "tool_use", "template": TOOL_USE}]
+        (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    else:
+        writer = transformers.AutoTokenizer.from_pretrained(hf_dir)
+        writer.chat_template = {"default": default, "tool_use": TOOL_USE}
+        writer.save_pretrained(d)
+        assert (d / layout / "tool_use.jinja").is_file()
+    reference = transformers.AutoTokenizer.from_pretrained(d)
+    tok = Tokenizer.from_dir(d)
+    for messages in CHATS:
+        for tools in (None, WEATHER):
+            expected = reference.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
+            assert tok.apply_chat_template(messages, tools=tools) == expected
+    saved = tmp_path / "saved"
+    shutil.copytree(hf_dir, saved)
+    (saved / "chat_template.jinja").unlink()
+    cfg = json.loads((saved / "tokenizer_config.json").read_text())
+    (saved / "tokenizer_config.json").write_text(json.dumps(dict(cfg, chat_template=tok.saved_chat_template())))
+    assert transformers.AutoTokenizer.from_pretrained(saved).chat_template == reference.chat_template
+    tok.chat_template = "{{ messages[0].content }}"
+    assert tok.apply_chat_template(CHATS[0], tools=WEATHER) == "What is 2+2?"
+
+
 def test_from_dir_errors(tmp_path):
     with pytest.raises(TokenizerError, match="no tokenizer.json"):
         Tokenizer.from_dir(tmp_path)
