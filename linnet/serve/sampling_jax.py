@@ -97,7 +97,10 @@ def kept_weights(scaled, top_k, top_p, min_p):
     likeliest = jnp.max(probs, axis=-1, keepdims=True)
     prob_keys = jax.lax.bitcast_convert_type(probs, _U32)  # a non-negative f32's bits are in its order
     nucleus = jax.lax.cond(jnp.any(top_p < 1), lambda: _largest_threshold(prob_keys, probs, top_p), lambda: nothing)
-    keep = (prob_keys >= nucleus[:, None]) & (probs >= min_p[:, None] * likeliest)
+    # a top_p of 1 keeps every token: the f32 sum of a row's probabilities can pass 1 by a rounding,
+    # and the search then finds a nucleus short of its least likely tokens
+    inside = (prob_keys >= nucleus[:, None]) | (top_p >= 1)[:, None]
+    keep = inside & (probs >= min_p[:, None] * likeliest)
     return jnp.where(keep | (probs == likeliest), weights, 0)
 
 

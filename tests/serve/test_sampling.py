@@ -393,3 +393,23 @@ def test_top_k_one_is_greedy_at_any_temperature(backend):
     seeds, steps = [3] * 16 + list(range(16)), list(range(16)) + [7] * 16
     tokens = run(backend, logits, reqs, seeds, steps)[0]
     assert np.asarray(tokens).tolist() == logits.argmax(axis=-1).tolist()
+
+
+def test_a_top_p_of_1_keeps_every_token_beside_a_row_that_asks_for_a_nucleus():
+    """transformers' TopPLogitsWarper at top_p 1 masks nothing, and neither may either backend where
+    another row of the batch asks for a nucleus. Over a SmolLM2-sized vocabulary the f32 sum of a
+    row's probabilities passes 1 by a rounding, and JAX's search cut its least likely tokens (26
+    of this row's 49152 at scale 2, 1880 at scale 4): tokens the torch draw could give, JAX never."""
+    from transformers import TopPLogitsWarper
+
+    scales = np.array([[0.5], [1], [2], [4]], np.float32)
+    logits = np.random.default_rng(0).normal(size=(4, 49152)).astype(np.float32) * scales
+    reqs = [Request([1], temperature=1.0, top_p=p) for p in (1.0, 0.5, 1.0, 1.0)]
+    batch = SamplingBatch.of(reqs, [0] * 4, [0] * 4)
+    want = np.stack([np.isfinite(TopPLogitsWarper(r.top_p)(None, torch.from_numpy(row[None])).numpy()[0])
+                     for row, r in zip(logits, reqs)])
+    got_torch = sampling_torch.kept_weights(torch.from_numpy(logits), batch).numpy() > 0
+    got_jax = np.asarray(sampling_jax.kept_weights(logits, batch.top_k, batch.top_p, batch.min_p)) > 0
+    assert want[[0, 2, 3]].all() and want[1].sum() < 49152 / 4
+    assert np.array_equal(got_torch, want)
+    assert np.array_equal(got_jax, want)
