@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from linnet.kernels.openmp import release_pool
-from linnet.serve.request import Completion, EngineSettingError, Request, RequestError, TokenLogprob, is_int
+from linnet.serve.request import Completion, EngineSettingError, Request, RequestError, TokenLogprob, is_int, tokens
 from linnet.serve.runners import make_runner, packed_mask
 from linnet.serve.sampling import SamplingBatch
 from linnet.serve.stats import Stats
@@ -54,6 +54,7 @@ class _Live:
     matcher: object = None  # a structured output's llguidance matcher, following the tokens drawn
     structuring: bool = False  # whether the structure holds yet (from the start, or once structure_after was drawn)
     allowed: np.ndarray | None = None  # its allowed_token_ids as a packed mask (`runners.packed_mask`)
+    cornered: bool = False  # its last draw's mask allowed no token (a structure and allowed_token_ids disjoint)
     listeners: list = field(default_factory=list)
 
     @property
@@ -148,6 +149,9 @@ class Engine:
         item = _Live(req, comp, -1, seed, list(req.prompt), matcher=matcher, structuring=req.structure_after is None,
                      allowed=None if req.allowed_token_ids is None else packed_mask(req.allowed_token_ids, self.vocab),
                      listeners=[listener] if listener else [])
+        if item.masked and item.allowed is not None and not item.mask(self._guide.allowed([matcher])[0]).any():
+            raise RequestError(f"{req.id}: no token of allowed_token_ids can begin the structure asked for",
+                               "allowed_token_ids")
         with self.lock:
             self.waiting.append(item)
             self.stats.prompt_tokens += len(req.prompt)
@@ -516,8 +520,11 @@ class Engine:
         if batch.adjusted:
             structured = [x.matcher for x in items if x.masked]
             masks = iter(self._guide.allowed(structured) if structured else ())
-            histories = [(x.req.prompt, x.generated, self._bias(x, ahead), x.mask(next(masks) if x.masked else None))
-                         for x in items]
+            histories = []
+            for x in items:
+                mask = x.mask(next(masks) if x.masked else None)
+                x.cornered = mask is not None and not mask.any()
+                histories.append((x.req.prompt, x.generated, self._bias(x, ahead), mask))
         return batch, histories
 
     def _enders(self, req: Request) -> set:
@@ -539,6 +546,12 @@ class Engine:
         """Appends draw at[i] of `out` to items[i]; ends those it ends."""
         now = time.perf_counter()
         for i, x in zip(at, items):
+            if x.cornered:  # what was drawn for it is no token it may take (every logit was -inf)
+                x.comp.error = (f"no token of allowed_token_ids fits the structure after "
+                                f"{tokens(len(x.generated))}: nothing could be drawn")
+                self._finish(x, "error")
+                self._notify(x)
+                continue
             token = int(out.tokens[i])
             comp = x.comp
             x.tokens.append(token)

@@ -87,6 +87,24 @@ def test_a_structure_that_must_end_ends_the_request_before_min_tokens(engine):
         engine.submit(Request(prompt=[5], max_new_tokens=4, min_tokens=2, stop_token_ids=[7], allowed_token_ids=[7]))
 
 
+
+def test_allowed_token_ids_that_leave_a_structure_no_token_end_it_with_an_error(engine, model):
+    """allowed_token_ids and a structure both hold a draw; where no token is in both, nothing may be
+    drawn. A structure no allowed token can begin is refused at submission; one they leave
+    partway ("n" of "yes|no", and "o" not allowed) ends its request with an error there, the
+    others running on. Each had drawn the argmax of logits all -inf: token 0, the end token, a
+    "stop" with no text, as if the structure had been met."""
+    ids = lambda text: engine.tokenizer.encode(text, add_special_tokens=False)
+    yes_no = Structure("regex", "yes|no")
+    assert not any(re.fullmatch("yes|no", c + d) for c in "n" for d in "n")  # "n" cannot follow "n"
+    with pytest.raises(RequestError, match="no token of allowed_token_ids can begin the structure"):
+        engine.submit(Request(prompt=[5], max_new_tokens=4, structure=yes_no, allowed_token_ids=ids("abc")))
+    cornered = Request(prompt=[5, 6], max_new_tokens=6, structure=yes_no, allowed_token_ids=ids("n"), temperature=1.0)
+    done, _ = engine.run([cornered, Request(prompt=[7, 8], max_new_tokens=6)])
+    assert done[0].finish_reason == "error" and done[0].tokens == ids("n")
+    assert "fits the structure after 1 token" in done[0].error
+    assert done[1].finish_reason == "length" and done[1].tokens == reference_greedy(model, [7, 8], 6)
+
 def test_a_structure_with_the_same_seed_draws_the_same_whatever_shares_the_batch(engine):
     req = lambda: Request(prompt=[5, 6, 7], max_new_tokens=40, temperature=1.0, seed=3, structure=Structure("json", SCHEMA))
     alone, _ = engine.run([req()])
