@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 from linnet.nest.errors import TokenizerError
-from linnet.serve.request import MAX_LOGPROBS, Request, RequestError, tokens
+from linnet.serve.request import MAX_LOGPROBS, Request, RequestError, is_int, tokens
 from linnet.serve.structured import Structure
 from linnet.serve.tool_parsers import call_ids, forced_calls, openai_call_id
 
@@ -281,11 +281,10 @@ def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens:
         max_tokens = number_field(body, name, None, fewest_tokens, None, integer=True)
     seed = number_field(body, "seed", None, -(1 << 63), (1 << 63) - 1, integer=True)  # vLLM's: an int64
     stop_ids = body.get("stop_token_ids") or []
-    if not isinstance(stop_ids, list) or not all(isinstance(t, int) for t in stop_ids):
+    if not isinstance(stop_ids, list) or not all(is_int(t) for t in stop_ids):
         raise ApiError(400, "'stop_token_ids' must be a list of integers", "stop_token_ids")
     allowed = body.get("allowed_token_ids")
-    if allowed is not None and (not isinstance(allowed, list) or not allowed or not all(
-            isinstance(t, int) and not isinstance(t, bool) for t in allowed)):
+    if allowed is not None and (not isinstance(allowed, list) or not allowed or not all(is_int(t) for t in allowed)):
         raise ApiError(400, "'allowed_token_ids' must be a non-empty list of token ids", "allowed_token_ids")
     return Request(
         prompt=prompt, max_new_tokens=max_tokens, structure=_structure(body),

@@ -172,6 +172,7 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
     ("/v1/completions", {"prompt": [1], "seed": -2**63 - 1}, "seed", "'seed' must be between"),
     ("/v1/completions", {"prompt": [1], "allowed_token_ids": [99999]}, "allowed_token_ids", "allowed_token_ids"),
     ("/v1/completions", {"prompt": [1], "stop_token_ids": [99999]}, "stop_token_ids", "stop token id 99999"),
+    ("/v1/completions", {"prompt": [1], "stop_token_ids": [True]}, "stop_token_ids", "must be a list of integers"),
     ("/v1/completions", {"prompt": [1, 99999]}, "prompt", "token id 99999 is outside"),
     # a lone surrogate (JSON's \ud800 escape) has no UTF-8 bytes to tokenize: the client's error, not a 500
     ("/v1/completions", {"prompt": "t1 \ud800"}, "prompt", "lone surrogate, U+D800, at character 3"),
