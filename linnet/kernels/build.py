@@ -81,12 +81,12 @@ def _cpu_flags() -> set:
 
 @functools.cache
 def cpu_kernels() -> ctypes.CDLL | None:
-    """cpu_linear.c, cpu_attention.c, cpu_ops.c and cpu_graph.c as one library, its functions typed
+    """cpu_linear.c, cpu_attention.c, cpu_ops.c, cpu_graph.c and pool.c as one library, its functions typed
     for ctypes; None where they do not run (`runs_here`, a build that failed, a CPU that fails the
     library's own check)."""
     if not runs_here():
         return None
-    lib = shared_library("cpu_kernels", ["cpu_linear.c", "cpu_attention.c", "cpu_ops.c", "cpu_graph.c"])
+    lib = shared_library("cpu_kernels", ["cpu_linear.c", "cpu_attention.c", "cpu_ops.c", "cpu_graph.c", "pool.c"])
     if lib is None or not lib.linnet_cpu_supported():
         return None
     vp, long, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int

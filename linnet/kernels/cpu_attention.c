@@ -364,7 +364,7 @@ static AVX2 void attend_units(int type, int q_type, const void *q, long H, long 
     }
 }
 
-/* Asks for what tokens [0, n) will read of a cache laid out as linnet_attention_units reads it,
+/* Asks for what tokens [0, n) will read of a cache laid out as linnet_attention_run reads it,
  * every KV head: for a caller that knows the next layer's cache, whose lines then come in while
  * the layer's other work runs, and wait in the last-level cache. */
 void linnet_attention_prefetch(int type, long KVH, long D, const void *k, const void *v, long row_stride,
@@ -380,25 +380,6 @@ void linnet_attention_prefetch(int type, long KVH, long D, const void *k, const 
     }
 }
 
-/* q [n, H, D] f32; k and v point at position 0 of row 0, KV head 0 of one layer's cache, whose
- * rows are row_stride elements apart and positions pos_stride apart (KV heads D apart); out
- * [n, H, D] f32. A token at a position >= max_seq is padding, and one whose row is not in
- * [0, batch) reads nothing: their output is zero. sinks: [H] or NULL. Units [u0, u1) of the
- * n * KVH (token i's KV head h is unit i * KVH + h) on the calling thread, for a caller with a
- * pool of its own (XLA's): one token's heads can go to several threads. */
-int linnet_attention_units(int type, const float *q, long H, long KVH, long D, const void *k, const void *v,
-                           long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
-                           const int32_t *positions, long window, const float *sinks, float scale, float *out,
-                           long u0, long u1) {
-    float *scores = malloc((H / KVH) * max_seq * sizeof(float));
-    if (!scores)
-        return -1;
-    attend_units(type, F32, q, H, KVH, D, k, v, row_stride, pos_stride, batch, max_seq, rows, positions, window,
-                 sinks, scale, out, u0, u1, scores, NULL);
-    free(scores);
-    return 0;
-}
-
 /* Parts each token's span is split into where its units (a token's KV heads) are too few to keep
  * the threads busy: one or two rows decoding over a long prompt, whose KV heads would otherwise
  * leave threads idle (SmolLM2's 3 on 2 threads, one idle a third of the time: at position 3000,
@@ -406,7 +387,7 @@ int linnet_attention_units(int type, const float *q, long H, long KVH, long D, c
 #define SPAN_PART 256
 #define MOST_PARTS 8
 
-long linnet_attention_span_parts(long n, long KVH, long threads, const int32_t *rows, const int32_t *positions,
+static long span_parts(long n, long KVH, long threads, const int32_t *rows, const int32_t *positions,
                                  long batch, long max_seq, long window) {
     long units = n * KVH, shortest = -1;
     if (units == 0 || units >= 2 * threads) /* (no token: nothing to split) */
@@ -424,7 +405,7 @@ long linnet_attention_span_parts(long n, long KVH, long threads, const int32_t *
 
 /* The floats n tokens' units split in P parts take (`parted`): each part's G x D outputs, then
  * each part's G (largest score, sum) pairs. */
-long linnet_attention_parted_floats(long n, long H, long KVH, long D, long P) {
+static long parted_floats(long n, long H, long KVH, long D, long P) {
     return n * KVH * P * (H / KVH) * (D + 2);
 }
 
@@ -476,70 +457,81 @@ static AVX2 void merge_unit(int q_type, long n, long H, long KVH, long D, long P
                     sinks ? sinks + h * G : NULL, out, at);
 }
 
-/* For a caller with a pool of its own (XLA's), as linnet_attention_units: items [it0, it1) of the
- * n * KVH * P parts (`linnet_attention_span_parts`), q f32, into `parted`
- * (`linnet_attention_parted_floats`); then linnet_attention_merge, once every part is in. Returns
- * -1 if out of memory. */
-int linnet_attention_parts(int type, const float *q, long n, long H, long KVH, long D, const void *k, const void *v,
-                           long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
-                           const int32_t *positions, long window, float scale, long P, float *parted, long it0,
-                           long it1) {
-    float *scores = malloc((H / KVH) * max_seq * sizeof(float));
+/* One linnet_attention call, for its chunks: runs of items, whole units (P == 1) or parts of them. */
+struct attention_job {
+    int type, q_type;
+    const void *q;
+    long n, H, KVH, D;
+    const void *k, *v;
+    long row_stride, pos_stride, batch, max_seq;
+    const int32_t *rows, *positions;
+    long window;
+    const float *sinks;
+    float scale;
+    void *out;
+    long P, items;
+    float *parted;
+};
+
+static int attention_chunk(void *data, long c, long chunks) {
+    const struct attention_job *t = data;
+    long G = t->H / t->KVH, it0 = t->items * c / chunks, it1 = t->items * (c + 1) / chunks;
+    /* the chunk's scores and staging, for all its items */
+    float *scores = malloc((G * t->max_seq + (t->q_type == F32 ? 0 : 2 * G * t->D)) * sizeof(float));
     if (!scores)
         return -1;
-    for (long it = it0; it < it1; it++)
-        attend_part(type, F32, q, H, KVH, D, k, v, row_stride, pos_stride, batch, max_seq, rows, positions, window,
-                    scale, P, n * KVH * P, parted, it, scores, NULL);
+    if (t->P == 1)
+        attend_units(t->type, t->q_type, t->q, t->H, t->KVH, t->D, t->k, t->v, t->row_stride, t->pos_stride, t->batch,
+                     t->max_seq, t->rows, t->positions, t->window, t->sinks, t->scale, t->out, it0, it1, scores,
+                     scores + G * t->max_seq);
+    else
+        for (long it = it0; it < it1; it++)
+            attend_part(t->type, t->q_type, t->q, t->H, t->KVH, t->D, t->k, t->v, t->row_stride, t->pos_stride,
+                        t->batch, t->max_seq, t->rows, t->positions, t->window, t->scale, t->P, t->items, t->parted,
+                        it, scores, scores + G * t->max_seq);
     free(scores);
     return 0;
 }
 
-/* Units [u0, u1) from their parts, into out [n, H, D] f32. */
-void linnet_attention_merge(long n, long H, long KVH, long D, long P, const float *parted, long batch, long max_seq,
-                            const int32_t *rows, const int32_t *positions, long window, const float *sinks, float *out,
-                            long u0, long u1) {
-    for (long u = u0; u < u1; u++)
-        merge_unit(F32, n, H, KVH, D, P, parted, batch, max_seq, rows, positions, window, sinks, out, u);
+/* Chunks of items a thread: claimed as threads come free, they even out tokens of unequal spans
+ * (a packed prompt's last tokens see the most keys). */
+#define ATTENTION_CHUNKS_A_THREAD 8
+
+/* q [n, H, D] and out [n, H, D] of q_type (F32, BF16 or F16); k and v point at position 0 of row
+ * 0, KV head 0 of one layer's cache, whose rows are row_stride elements apart and positions
+ * pos_stride apart (KV heads D apart). A token at a position >= max_seq is padding, and one whose
+ * row is not in [0, batch) reads nothing: their output is zero. sinks: [H] or NULL. The work goes
+ * to `run` on `pool` (of `threads` threads) in runs of units (a token's KV heads: one token's
+ * heads can go to several threads), or of parts of a unit's span where units are few
+ * (`span_parts`), the parts then merged. Returns -1 if out of memory. */
+int linnet_attention_run(linnet_runner run, void *pool, long threads, int type, int q_type, const void *q, long n,
+                         long H, long KVH, long D, const void *k, const void *v, long row_stride, long pos_stride,
+                         long batch, long max_seq, const int32_t *rows, const int32_t *positions, long window,
+                         const float *sinks, float scale, void *out) {
+    long units = n * KVH;
+    long P = span_parts(n, KVH, threads, rows, positions, batch, max_seq, window);
+    float *parted = P > 1 ? malloc(parted_floats(n, H, KVH, D, P) * sizeof(float)) : NULL;
+    if (!parted)
+        P = 1;
+    struct attention_job job = {type, q_type, q, n, H, KVH, D, k, v, row_stride, pos_stride, batch, max_seq, rows,
+                                positions, window, sinks, scale, out, P, units * P, parted};
+    long most = threads * ATTENTION_CHUNKS_A_THREAD;
+    int status = units ? run(pool, attention_chunk, &job, job.items < most ? job.items : most) : 0;
+    if (P > 1 && !status) /* every part is in */
+        for (long u = 0; u < units; u++)
+            merge_unit(q_type, n, H, KVH, D, P, parted, batch, max_seq, rows, positions, window, sinks, out, u);
+    free(parted);
+    return status ? -1 : 0;
 }
 
-/* The same over n tokens, on `threads` OpenMP threads (the pool torch uses), a unit (a token's KV
- * head) at a time, or a part of a unit's span at a time where units are few
- * (`linnet_attention_span_parts`), the parts then merged; q [n, H, D] and out of q_type (F32, BF16
- * or F16). Returns -1 if out of memory. */
+static int on_threads(void *threads, linnet_work work, void *task, long chunks) {
+    return linnet_parallel(work, task, chunks, *(int *)threads);
+}
+
+/* linnet_attention_run on `threads` threads of pool.c's. */
 int linnet_attention(int type, int q_type, const void *q, long n, long H, long KVH, long D, const void *k,
                      const void *v, long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
                      const int32_t *positions, long window, const float *sinks, float scale, void *out, int threads) {
-    long G = H / KVH, units = n * KVH;
-    long P = linnet_attention_span_parts(n, KVH, threads, rows, positions, batch, max_seq, window);
-    float *parted = P > 1 ? malloc(linnet_attention_parted_floats(n, H, KVH, D, P) * sizeof(float)) : NULL;
-    if (!parted)
-        P = 1;
-    long items = units * P;
-    int failed = 0;
-#pragma omp parallel num_threads(threads) reduction(| : failed)
-    {
-        /* a thread's scores and staging, for all its units */
-        float *scores = malloc((G * max_seq + (q_type == F32 ? 0 : 2 * G * D)) * sizeof(float));
-        failed = !scores;
-#pragma omp for schedule(dynamic, 1)
-        for (long it = 0; it < items; it++) {
-            if (!scores)
-                continue;
-            if (P == 1) {
-                attend_units(type, q_type, q, H, KVH, D, k, v, row_stride, pos_stride, batch, max_seq, rows,
-                             positions, window, sinks, scale, out, it, it + 1, scores, scores + G * max_seq);
-                continue;
-            }
-            attend_part(type, q_type, q, H, KVH, D, k, v, row_stride, pos_stride, batch, max_seq, rows, positions,
-                        window, scale, P, items, parted, it, scores, scores + G * max_seq);
-        }
-        if (P > 1) { /* after the loop's barrier: every part is in */
-#pragma omp for schedule(static)
-            for (long u = 0; u < units; u++)
-                merge_unit(q_type, n, H, KVH, D, P, parted, batch, max_seq, rows, positions, window, sinks, out, u);
-        }
-        free(scores);
-    }
-    free(parted);
-    return failed ? -1 : 0;
+    return linnet_attention_run(on_threads, &threads, threads, type, q_type, q, n, H, KVH, D, k, v, row_stride,
+                                pos_stride, batch, max_seq, rows, positions, window, sinks, scale, out);
 }

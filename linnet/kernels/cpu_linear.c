@@ -709,11 +709,33 @@ static AVX2 void round_columns(const float *y, long M, long N, const long *cols,
         }
 }
 
+/* One linnet_linear call, for its chunks: runs of panels, each also rounding its own columns. */
+struct linear_job {
+    int type, direct, y_type;
+    const void *x;
+    long M, K, N, P;
+    const void *const *panels;
+    const long *cols;
+    const int *widths;
+    float *sums;
+    void *y;
+};
+
+static int linear_chunk(void *data, long c, long chunks) {
+    struct linear_job *t = data;
+    long p0 = t->P * c / chunks, p1 = t->P * (c + 1) / chunks;
+    int failed = panels_into(t->type, t->x, t->M, t->K, t->panels, t->cols, t->widths, t->direct ? t->y_type : F32,
+                             t->sums, t->N, p0, p1);
+    if (!t->direct)
+        round_columns(t->sums, t->M, t->N, t->cols, t->widths, p0, p1, t->y_type, t->y);
+    return failed;
+}
+
 /* y [M, N] (y_type: F32, BF16 or F16) = x [M, K] (f32 or bf16: x_type) times P panels of `type`:
  * panel p is K rows of 16 values and gives y's columns cols[p] .. cols[p] + widths[p]. The panels
  * of several weights (a fused group) can be listed together: their outputs land side by side, in
- * one pass over x. Sums are f32's, rounded once to y_type. `threads` OpenMP threads (the pool
- * torch uses) take equal runs of panels. Returns -1 if out of memory. */
+ * one pass over x. Sums are f32's, rounded once to y_type. `threads` threads (pool.c's) take equal
+ * runs of panels. Returns -1 if out of memory. */
 int linnet_linear(int type, int x_type, const void *x, long M, long K, long P, const void *const *panels,
                   const long *cols, const int *widths, int y_type, void *y, long N, int threads) {
     if (M == 0 || P == 0)
@@ -727,18 +749,12 @@ int linnet_linear(int type, int x_type, const void *x, long M, long K, long P, c
         free(scratch);
         return -1;
     }
-    int failed = 0;
-#pragma omp parallel num_threads(threads) reduction(| : failed)
-    {
-        long t = omp_get_thread_num(), n = omp_get_num_threads(), p0 = P * t / n, p1 = P * (t + 1) / n;
-        failed |= panels_into(type, input, M, K, panels, cols, widths, direct ? y_type : F32, sums, N, p0, p1);
-        if (!direct)
-            round_columns(sums, M, N, cols, widths, p0, p1, y_type, y);
-    }
+    struct linear_job job = {type, direct, y_type, input, M, K, N, P, panels, cols, widths, sums, y};
+    int status = linnet_parallel(linear_chunk, &job, P < threads ? P : threads, threads);
     free(scratch);
     if (!direct)
         free(sums);
-    return failed ? -1 : 0;
+    return status ? -1 : 0;
 }
 
 #define TRANSPOSE(E, column)                                          \

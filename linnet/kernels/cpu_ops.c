@@ -12,22 +12,55 @@
  * computed in f32 and rounded to nearest, ties to even, where it is stored.
  */
 #include <math.h>
-#include <omp.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "kernels.h"
 
-/* Work below this many elements runs on the calling thread: a thread team costs more than it. */
+/* Work below this many elements runs on the calling thread: waking helpers costs more than it. */
 #define PARALLEL_FROM 32768
+
+/* An op's rows [i0, i1), given its arguments. */
+typedef void (*rows_fn)(const void *args, long i0, long i1);
+
+struct rows_job {
+    rows_fn rows;
+    const void *args;
+    long n;
+};
+
+static int rows_chunk(void *data, long c, long chunks) {
+    const struct rows_job *job = data;
+    job->rows(job->args, job->n * c / chunks, job->n * (c + 1) / chunks);
+    return 0;
+}
+
+/* rows(args, 0, n) in runs on `threads` threads (pool.c's) where the op is large (`size`
+ * elements), else on this one. */
+static void over_rows(rows_fn rows, const void *args, long n, long size, int threads) {
+    struct rows_job job = {rows, args, n};
+    if (size < PARALLEL_FROM || threads <= 1 || linnet_parallel(rows_chunk, &job, n < threads ? n : threads, threads))
+        rows(args, 0, n); /* (linnet_parallel fails only before any chunk ran: out of memory) */
+}
 
 /* out [n, d] (out_type) = w * round_x(x * rsqrt(mean(x^2) + eps)), row by row; x [n, d] (x_type)
  * with rows x_stride elements apart, w [d] (w_type). */
-AVX2 void linnet_rmsnorm(int x_type, const void *x, long x_stride, long n, long d, int w_type, const void *w,
-                         float eps, int out_type, void *out, int threads) {
-    long d8 = d / 8 * 8;
-#pragma omp parallel for num_threads(threads) if (n * d >= PARALLEL_FROM) schedule(static)
-    for (long i = 0; i < n; i++) {
+struct rmsnorm_args {
+    int x_type, w_type, out_type;
+    const void *x, *w;
+    long x_stride, d;
+    float eps;
+    void *out;
+};
+
+static AVX2 void rmsnorm_rows(const void *args, long i0, long i1) {
+    const struct rmsnorm_args *a = args;
+    int x_type = a->x_type, w_type = a->w_type, out_type = a->out_type;
+    const void *x = a->x, *w = a->w;
+    long x_stride = a->x_stride, d = a->d, d8 = d / 8 * 8;
+    float eps = a->eps;
+    void *out = a->out;
+    for (long i = i0; i < i1; i++) {
         long in = i * x_stride, o = i * d;
         __m256 acc = _mm256_setzero_ps();
         for (long j = 0; j < d8; j += 8) {
@@ -49,16 +82,35 @@ AVX2 void linnet_rmsnorm(int x_type, const void *x, long x_stride, long n, long 
     }
 }
 
+void linnet_rmsnorm(int x_type, const void *x, long x_stride, long n, long d, int w_type, const void *w, float eps,
+                    int out_type, void *out, int threads) {
+    struct rmsnorm_args args = {x_type, w_type, out_type, x, w, x_stride, d, eps, out};
+    over_rows(rmsnorm_rows, &args, n, n * d, threads);
+}
+
 /* out [n, H, D] (x's type, contiguous) = x rotated by each token's position: halves of each head
  * (the Hugging Face layout), [x1 cos - x2 sin, x2 cos + x1 sin]. x [n, H, D] has its tokens
  * token_stride and its heads head_stride elements apart (a view into a fused q/k/v output);
  * table [rows, 2, D / 2] f32 holds cos and sin for every position; a position past it takes the
  * last row (padding tokens: any value). */
-AVX2 void linnet_rope(int type, const void *x, long n, long H, long D, long token_stride, long head_stride,
-                      const int32_t *positions, const float *table, long rows, void *out, int threads) {
-    long half = D / 2;
-#pragma omp parallel for num_threads(threads) if (n * H * D >= PARALLEL_FROM) schedule(static)
-    for (long i = 0; i < n; i++) {
+struct rope_args {
+    int type;
+    const void *x;
+    long H, D, token_stride, head_stride, rows;
+    const int32_t *positions;
+    const float *table;
+    void *out;
+};
+
+static AVX2 void rope_rows(const void *args, long i0, long i1) {
+    const struct rope_args *a = args;
+    int type = a->type;
+    const void *x = a->x;
+    long H = a->H, D = a->D, token_stride = a->token_stride, head_stride = a->head_stride, rows = a->rows, half = D / 2;
+    const int32_t *positions = a->positions;
+    const float *table = a->table;
+    void *out = a->out;
+    for (long i = i0; i < i1; i++) {
         long pos = positions[i] < 0 ? 0 : positions[i] >= rows ? rows - 1 : positions[i];
         const float *cos = table + pos * D, *sin = cos + half;
         for (long h = 0; h < H; h++) {
@@ -79,18 +131,35 @@ AVX2 void linnet_rope(int type, const void *x, long n, long H, long D, long toke
     }
 }
 
+void linnet_rope(int type, const void *x, long n, long H, long D, long token_stride, long head_stride,
+                 const int32_t *positions, const float *table, long rows, void *out, int threads) {
+    struct rope_args args = {type, x, H, D, token_stride, head_stride, rows, positions, table, out};
+    over_rows(rope_rows, &args, n, n * H * D, threads);
+}
+
 /* state[offset + a[i] * a_stride + b[i] * b_stride ..+ block] = value[i] for each of n entries: a
  * and b (i32; b may be NULL: one index) run along consecutive axes of a contiguous state, of
  * a_limit and b_limit positions. An entry with an index outside [0, limit) writes nothing (JAX's
  * scatter: padding tokens at position MaxSeq leave the cache alone). value [n, block] of
  * value_type, its rows value_stride elements apart (a view's: the v columns of a fused matmul's
  * output), rounded to state_type. */
-AVX2 void linnet_put_rows(int state_type, void *state, long offset, const int32_t *a, long a_stride, long a_limit,
-                          const int32_t *b, long b_stride, long b_limit, long n, int value_type, const void *value,
-                          long value_stride, long block, int threads) {
-    long elem = type_bytes(state_type);
-#pragma omp parallel for num_threads(threads) if (n * block >= PARALLEL_FROM) schedule(static)
-    for (long i = 0; i < n; i++) {
+struct put_args {
+    int state_type, value_type;
+    void *state;
+    const int32_t *a, *b;
+    long offset, a_stride, a_limit, b_stride, b_limit, value_stride, block;
+    const void *value;
+};
+
+static AVX2 void put_rows(const void *args, long i0, long i1) {
+    const struct put_args *p = args;
+    int state_type = p->state_type, value_type = p->value_type;
+    const int32_t *a = p->a, *b = p->b;
+    long offset = p->offset, a_stride = p->a_stride, a_limit = p->a_limit, b_stride = p->b_stride,
+         b_limit = p->b_limit, value_stride = p->value_stride, block = p->block, elem = type_bytes(state_type);
+    void *state = p->state;
+    const void *value = p->value;
+    for (long i = i0; i < i1; i++) {
         long ai = a[i], bi = b ? b[i] : 0;
         if (ai < 0 || ai >= a_limit || bi < 0 || (b && bi >= b_limit))
             continue;
@@ -105,6 +174,14 @@ AVX2 void linnet_put_rows(int state_type, void *state, long offset, const int32_
         for (; j < block; j++)
             store1(at, state_type, j, load1(value, value_type, i * value_stride + j));
     }
+}
+
+void linnet_put_rows(int state_type, void *state, long offset, const int32_t *a, long a_stride, long a_limit,
+                     const int32_t *b, long b_stride, long b_limit, long n, int value_type, const void *value,
+                     long value_stride, long block, int threads) {
+    struct put_args args = {state_type, value_type, state, a, b, offset, a_stride, a_limit, b_stride, b_limit,
+                            value_stride, block, value};
+    over_rows(put_rows, &args, n, n * block, threads);
 }
 
 /* SiLU of eight: x / (1 + e^-x), e^-x taken at most at 88 (beyond, x / e^88 is 0 in f32 anyway). */
@@ -128,11 +205,20 @@ static inline AVX2 __m256 apply8(int op, int type, __m256 a, __m256 b) {
  * its own stride apart (a view's: the gate columns of a fused gate / up output): a and b of
  * `type`, computed in f32 and rounded to out_type, as torch computes a 16-bit type's
  * elementwise ops. */
-AVX2 void linnet_elementwise(int op, int type, const void *a, long a_stride, const void *b, long b_stride,
-                             int out_type, void *out, long out_stride, long rows, long cols, int threads) {
-    int two = op == OP_ADD || op == OP_MUL || op == OP_SILU_MUL;
-#pragma omp parallel for num_threads(threads) if (rows * cols >= PARALLEL_FROM) schedule(static)
-    for (long r = 0; r < rows; r++) {
+struct elementwise_args {
+    int op, type, out_type;
+    const void *a, *b;
+    void *out;
+    long a_stride, b_stride, out_stride, cols;
+};
+
+static AVX2 void elementwise_rows(const void *args, long r0, long r1) {
+    const struct elementwise_args *e = args;
+    int op = e->op, type = e->type, out_type = e->out_type, two = op == OP_ADD || op == OP_MUL || op == OP_SILU_MUL;
+    const void *a = e->a, *b = e->b;
+    void *out = e->out;
+    long a_stride = e->a_stride, b_stride = e->b_stride, out_stride = e->out_stride, cols = e->cols;
+    for (long r = r0; r < r1; r++) {
         long ia = r * a_stride, ib = r * b_stride, io = r * out_stride, c = 0;
         for (; c + 8 <= cols; c += 8) {
             __m256 bv = two ? load8(b, type, ib + c) : _mm256_setzero_ps();
@@ -152,12 +238,30 @@ AVX2 void linnet_elementwise(int op, int type, const void *a, long a_stride, con
     }
 }
 
+void linnet_elementwise(int op, int type, const void *a, long a_stride, const void *b, long b_stride, int out_type,
+                        void *out, long out_stride, long rows, long cols, int threads) {
+    struct elementwise_args args = {op, type, out_type, a, b, out, a_stride, b_stride, out_stride, cols};
+    over_rows(elementwise_rows, &args, rows, rows * cols, threads);
+}
+
 /* out[i] = table[ids[i]] for n ids, rows of `width` values, converted from `type` to out_type; an id
  * outside [0, rows) gives a row of zeros. */
-AVX2 void linnet_gather_rows(int type, const void *table, long rows, long width, const int32_t *ids, long n,
-                             int out_type, void *out, int threads) {
-#pragma omp parallel for num_threads(threads) if (n * width >= PARALLEL_FROM) schedule(static)
-    for (long i = 0; i < n; i++) {
+struct gather_args {
+    int type, out_type;
+    const void *table;
+    long rows, width;
+    const int32_t *ids;
+    void *out;
+};
+
+static AVX2 void gather_rows(const void *args, long i0, long i1) {
+    const struct gather_args *g = args;
+    int type = g->type, out_type = g->out_type;
+    const void *table = g->table;
+    long rows = g->rows, width = g->width;
+    const int32_t *ids = g->ids;
+    void *out = g->out;
+    for (long i = i0; i < i1; i++) {
         long id = ids[i], o = i * width;
         if (id < 0 || id >= rows) {
             memset((char *)out + o * type_bytes(out_type), 0, width * type_bytes(out_type));
@@ -171,4 +275,10 @@ AVX2 void linnet_gather_rows(int type, const void *table, long rows, long width,
         for (long j = 0; j < width; j++)
             store1(out, out_type, o + j, load1(table, type, id * width + j));
     }
+}
+
+void linnet_gather_rows(int type, const void *table, long rows, long width, const int32_t *ids, long n, int out_type,
+                        void *out, int threads) {
+    struct gather_args args = {type, out_type, table, rows, width, ids, out};
+    over_rows(gather_rows, &args, n, n * width, threads);
 }

@@ -130,6 +130,22 @@ static inline AVX2 __attribute__((always_inline)) __m256 exp8(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(two_n));
 }
 
+/* pool.c: work(task, c, chunks) for each chunk c < chunks, on the calling thread and up to
+ * threads - 1 helpers; returns once all are done: -1 if out of memory, -2 if a chunk returned
+ * nonzero. */
+typedef int (*linnet_work)(void *task, long chunk, long chunks);
+int linnet_parallel(linnet_work work, void *task, long chunks, int threads);
+/* A job, for a caller with a pool of its own (XLA's): made with one reference, the caller's;
+ * shared once for each helper it schedules, each of which calls linnet_job_help; the caller then
+ * calls linnet_job_finish, which claims chunks too and returns once all are done, as above. */
+struct linnet_job;
+struct linnet_job *linnet_job_new(linnet_work work, void *task, long chunks);
+void linnet_job_share(struct linnet_job *job);
+void linnet_job_help(struct linnet_job *job);
+int linnet_job_finish(struct linnet_job *job);
+/* Runs work's chunks on `pool` (linnet_parallel's threads or XLA's), as linnet_parallel does. */
+typedef int (*linnet_runner)(void *pool, linnet_work work, void *task, long chunks);
+
 /* cpu_linear.c */
 int linnet_cpu_supported(void);
 /* The instruction sets the kernels take here, each level holding the ones below it: the CPU's (with
@@ -149,20 +165,10 @@ int linnet_pack_panels(int type, void *w, long N, long K, int threads);
 int linnet_attention(int type, int q_type, const void *q, long n, long H, long KVH, long D, const void *k, const void *v,
                      long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
                      const int32_t *positions, long window, const float *sinks, float scale, void *out, int threads);
-int linnet_attention_units(int type, const float *q, long H, long KVH, long D, const void *k, const void *v,
-                           long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
-                           const int32_t *positions, long window, const float *sinks, float scale, float *out,
-                           long u0, long u1);
-long linnet_attention_span_parts(long n, long KVH, long threads, const int32_t *rows, const int32_t *positions,
-                                 long batch, long max_seq, long window);
-long linnet_attention_parted_floats(long n, long H, long KVH, long D, long P);
-int linnet_attention_parts(int type, const float *q, long n, long H, long KVH, long D, const void *k, const void *v,
-                           long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
-                           const int32_t *positions, long window, float scale, long P, float *parted, long it0,
-                           long it1);
-void linnet_attention_merge(long n, long H, long KVH, long D, long P, const float *parted, long batch, long max_seq,
-                            const int32_t *rows, const int32_t *positions, long window, const float *sinks, float *out,
-                            long u0, long u1);
+int linnet_attention_run(linnet_runner run, void *pool, long threads, int type, int q_type, const void *q, long n,
+                         long H, long KVH, long D, const void *k, const void *v, long row_stride, long pos_stride,
+                         long batch, long max_seq, const int32_t *rows, const int32_t *positions, long window,
+                         const float *sinks, float scale, void *out);
 void linnet_attention_prefetch(int type, long KVH, long D, const void *k, const void *v, long row_stride,
                                long pos_stride, long batch, long max_seq, const int32_t *rows,
                                const int32_t *positions, long window, long n);

@@ -1,4 +1,5 @@
-"""The process's OpenMP runtime, which torch's CPU ops and Linnet's C kernels share.
+"""The process's OpenMP runtime: torch's CPU ops' threads (Linnet's C kernels have their own, pool.c, but
+for packing weights at load).
 
 GNU OpenMP keeps a pool of worker threads for each thread that opens a parallel region. The thread
 that loads a model (packing its weights, warming it up) keeps its pool after it hands the steps to

@@ -2,48 +2,23 @@
  * cpu_linear.c and cpu_attention.c against the C header jaxlib ships (jax.ffi.include_dir()).
  *
  * The work runs on XLA's own thread pool, not OpenMP's: the calling thread and helpers it
- * schedules claim chunks of the work until none is left. An OpenMP team started from XLA's
- * threads spun against them and ran one row of linears at half the speed of XLA's own dot.
+ * schedules claim chunks of the work until none is left (pool.c's jobs). An OpenMP team started
+ * from XLA's threads spun against them and ran one row of linears at half the speed of XLA's own
+ * dot.
  */
-#include <sched.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "kernels.h"
 #include "xla/ffi/api/c_api.h"
 
-/* Chunks a thread, claimed dynamically: a helper that starts late finds its share taken. One each,
- * a contiguous run of panels a thread as OpenMP's static schedule gives torch's kernel: SmolLM2's
- * load ran 4-5% faster so than with four each (JAX bf16 539 -> 560, f32 211 -> 222 tokens/s,
- * medians of four alternating runs on 2 cores). */
+/* Chunks a thread for a linear, claimed dynamically (pool.c's jobs): a helper that starts late
+ * finds its share taken. One each, a contiguous run of panels a thread as pool.c gives torch's
+ * kernel: SmolLM2's load ran 4-5% faster so than with four each (JAX bf16 539 -> 560, f32 211 ->
+ * 222 tokens/s, medians of four alternating runs on 2 cores). */
 #define CHUNKS_A_THREAD 1
 
-/* One call's work in `chunks` pieces. The job is shared by reference count: a helper that starts
- * after the last chunk was claimed finds nothing to do and lets go, touching only the job. */
-struct job {
-    int (*work)(void *task, long chunk, long chunks);
-    void *task; /* the handler's: read only while chunks remain */
-    long chunks;
-    atomic_long next, done;
-    atomic_int refs, failed;
-};
-
-static void claim(struct job *job) {
-    for (long c; (c = atomic_fetch_add(&job->next, 1)) < job->chunks;) {
-        if (job->work(job->task, c, job->chunks))
-            atomic_store(&job->failed, 1);
-        atomic_fetch_add(&job->done, 1);
-    }
-}
-
-static void release(struct job *job) {
-    if (atomic_fetch_sub(&job->refs, 1) == 1)
-        free(job);
-}
-
-static void helper(void *data) {
-    claim(data);
-    release(data);
+static void helper(void *job) {
+    linnet_job_help(job);
 }
 
 static XLA_FFI_Error *fail(XLA_FFI_CallFrame *frame, const char *message) {
@@ -68,32 +43,25 @@ static long pool_threads(XLA_FFI_CallFrame *frame) {
     return n > 0 ? n : 1;
 }
 
-/* work(task, c, chunks) for c < chunks (at most `limit` chunks) on this thread and XLA's pool;
- * returns once every chunk is done: -1 if out of memory, -2 if any chunk failed. */
-static int run_on_pool(XLA_FFI_CallFrame *frame, int (*work)(void *, long, long), void *task, long limit) {
-    long threads = pool_threads(frame), chunks = threads * CHUNKS_A_THREAD;
-    struct job *job = malloc(sizeof *job);
+/* work(task, c, chunks) for each c < chunks on this thread and XLA's pool (`frame`); returns once
+ * every chunk is done: -1 if out of memory, -2 if any chunk failed. A linnet_runner. */
+static int run_on_pool(void *frame, linnet_work work, void *task, long chunks) {
+    struct linnet_job *job = linnet_job_new(work, task, chunks);
     if (!job)
         return -1;
-    job->work = work, job->task = task, job->chunks = chunks < limit ? chunks : limit;
-    atomic_init(&job->next, 0), atomic_init(&job->done, 0), atomic_init(&job->refs, 1), atomic_init(&job->failed, 0);
-    for (long i = 1; i < threads && i < job->chunks; i++) {
-        atomic_fetch_add(&job->refs, 1);
-        XLA_FFI_ThreadPool_Schedule_Args args = {XLA_FFI_ThreadPool_Schedule_Args_STRUCT_SIZE, NULL, frame->ctx,
-                                                 helper, job};
-        XLA_FFI_Error *error = frame->api->XLA_FFI_ThreadPool_Schedule(&args);
+    long threads = pool_threads(frame);
+    for (long i = 1; i < threads && i < chunks; i++) {
+        linnet_job_share(job);
+        XLA_FFI_ThreadPool_Schedule_Args args = {XLA_FFI_ThreadPool_Schedule_Args_STRUCT_SIZE, NULL,
+                                                 ((XLA_FFI_CallFrame *)frame)->ctx, helper, job};
+        XLA_FFI_Error *error = ((XLA_FFI_CallFrame *)frame)->api->XLA_FFI_ThreadPool_Schedule(&args);
         if (error) { /* no pool: this thread does it all */
             forget(frame, error);
-            atomic_fetch_sub(&job->refs, 1);
+            linnet_job_help(job); /* this thread takes the share, dropping the reference taken for it */
             break;
         }
     }
-    claim(job);
-    while (atomic_load(&job->done) < job->chunks) /* only chunks a helper has claimed are left */
-        sched_yield();
-    int failed = atomic_load(&job->failed);
-    release(job);
-    return failed ? -2 : 0;
+    return linnet_job_finish(job);
 }
 
 /* Answers XLA's question of which API a handler speaks; true if that was the call. */
@@ -167,7 +135,8 @@ XLA_FFI_Error *linnet_xla_linear(XLA_FFI_CallFrame *frame) {
             widths[p] = N - p * 16 < 16 ? (int)(N - p * 16) : 16;
         }
         struct linear_task task = {type, input, M, K, N, P, panels, cols, widths, y->data};
-        status = run_on_pool(frame, linear_chunk, &task, P);
+        long chunks = pool_threads(frame) * CHUNKS_A_THREAD;
+        status = run_on_pool(frame, linear_chunk, &task, P < chunks ? P : chunks);
     }
     free(panels), free(cols), free(widths), free(scratch);
     return status ? fail(frame, "linnet_linear: out of memory") : NULL;
@@ -181,37 +150,6 @@ XLA_FFI_Error *linnet_xla_linear(XLA_FFI_CallFrame *frame) {
  * (f32, or a 16-bit float's bits as u16), rows [n] i32, positions [n] i32, [layer, window, type]
  * i32 (type: 0 f32, 1 bf16, 2 f16), scale [] f32, sinks [H] or [0] f32 -> out [n, H, D] f32
  * (cpu_attention.c) */
-
-struct attention_task {
-    int type;
-    const float *q;
-    long n, H, KVH, D;
-    const void *k, *v;
-    long row_stride, pos_stride, batch, max_seq;
-    const int32_t *rows, *positions;
-    long window;
-    const float *sinks;
-    float scale;
-    float *out;
-    long parts;    /* each unit's span in this many parts (1: whole units) */
-    float *parted; /* the parts' outputs and stats, where parts > 1 */
-};
-
-static int attention_chunk(void *data, long c, long chunks) {
-    struct attention_task *t = data;
-    long units = t->n * t->KVH; /* a token's KV heads can go to different threads: one decode row has work for all */
-    return linnet_attention_units(t->type, t->q, t->H, t->KVH, t->D, t->k, t->v, t->row_stride, t->pos_stride,
-                                  t->batch, t->max_seq, t->rows, t->positions, t->window, t->sinks, t->scale, t->out,
-                                  units * c / chunks, units * (c + 1) / chunks);
-}
-
-static int attention_part_chunk(void *data, long c, long chunks) {
-    struct attention_task *t = data;
-    long items = t->n * t->KVH * t->parts;
-    return linnet_attention_parts(t->type, t->q, t->n, t->H, t->KVH, t->D, t->k, t->v, t->row_stride, t->pos_stride,
-                                  t->batch, t->max_seq, t->rows, t->positions, t->window, t->scale, t->parts,
-                                  t->parted, items * c / chunks, items * (c + 1) / chunks);
-}
 
 XLA_FFI_Error *linnet_xla_attention(XLA_FFI_CallFrame *frame) {
     if (metadata(frame) || frame->stage != XLA_FFI_ExecutionStage_EXECUTE)
@@ -240,29 +178,14 @@ XLA_FFI_Error *linnet_xla_attention(XLA_FFI_CallFrame *frame) {
     long n = q->dims[0], H = q->dims[1], D = q->dims[2], B = k->dims[1], S = k->dims[2], KVH = k->dims[3];
     long layer = (long)B * S * KVH * D * lw[0] * type_bytes(type);
     int with_sinks = sinks->rank == 1 && sinks->dims[0] == H;
-    struct attention_task task = {type, q->data, n, H, KVH, D, (const char *)k->data + layer,
-                                  (const char *)v->data + layer, S * KVH * D, KVH * D, B, S, rows->data,
-                                  positions->data, lw[1], with_sinks ? sinks->data : NULL,
-                                  *(const float *)scale->data, out->data, 1, NULL};
-    /* few units (one or two rows decoding over a long prompt): each span in parts, then merged */
-    long parts = n ? linnet_attention_span_parts(n, KVH, pool_threads(frame), task.rows, task.positions, B, S,
-                                                 task.window) : 1;
-    task.parted = parts > 1 ? malloc(linnet_attention_parted_floats(n, H, KVH, D, parts) * sizeof(float)) : NULL;
-    task.parts = task.parted ? parts : 1;
-    int status = 0;
-    if (task.parts > 1) {
-        status = run_on_pool(frame, attention_part_chunk, &task, n * KVH * task.parts);
-        if (!status)
-            linnet_attention_merge(n, H, KVH, D, task.parts, task.parted, B, S, task.rows, task.positions,
-                                   task.window, task.sinks, task.out, 0, n * KVH);
-        free(task.parted);
-    } else if (n) {
-        status = run_on_pool(frame, attention_chunk, &task, n * KVH);
-    }
+    const char *k_layer = (const char *)k->data + layer, *v_layer = (const char *)v->data + layer;
+    int status = linnet_attention_run(run_on_pool, frame, pool_threads(frame), type, F32, q->data, n, H, KVH, D,
+                                      k_layer, v_layer, S * KVH * D, KVH * D, B, S, rows->data, positions->data, lw[1],
+                                      with_sinks ? sinks->data : NULL, *(const float *)scale->data, out->data);
     if (n <= PREFETCH_NEXT_LAYER && lw[0] + 1 < k->dims[0]) { /* the same rows' keys and values in the next layer */
         long next = (long)B * S * KVH * D * type_bytes(type);
-        linnet_attention_prefetch(type, KVH, D, (const char *)task.k + next, (const char *)task.v + next,
-                                  task.row_stride, task.pos_stride, B, S, task.rows, task.positions, task.window, n);
+        linnet_attention_prefetch(type, KVH, D, k_layer + next, v_layer + next, S * KVH * D, KVH * D, B, S, rows->data,
+                                  positions->data, lw[1], n);
     }
     return status ? fail(frame, "linnet_attention: out of memory") : NULL;
 }

@@ -181,7 +181,7 @@ def _library():
     ffi = getattr(jax, "ffi", None)
     if ffi is None or not hasattr(ffi, "include_dir"):
         return None  # a JAX older than its FFI module
-    lib = build.shared_library("xla_kernels", ["cpu_linear.c", "cpu_attention.c", "xla_kernels.c"],
+    lib = build.shared_library("xla_kernels", ["cpu_linear.c", "cpu_attention.c", "pool.c", "xla_kernels.c"],
                                ("-I", ffi.include_dir()))
     if lib is None or not lib.linnet_cpu_supported():
         return None
