@@ -124,13 +124,36 @@ class TritonPythonModel:
         return self.pb.InferenceResponse(output_tensors=outputs)
 
     async def _respond(self, req, prompt_text: str, stream: bool, echo: bool, extra: set, sender):
+        """Runs `req` and answers it. Every request ends with a final response, whatever happens: an
+        exception here would only be kept in the future `execute` drops, and Triton's client would
+        wait for the final flag for ever."""
+        from linnet.serve.openai_api import refused
+        from linnet.serve.request import RequestError
+
+        final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        try:
+            tokens = self.engine.stream(req)
+        except RequestError as err:  # what only the engine checks: a structure that does not compile
+            sender.send(self._failure(str(refused(err, req, {}))), flags=final)
+            return
+        try:
+            await self._generate(req, tokens, prompt_text, stream, echo, extra, sender)
+        except Exception as err:  # (as Triton's vLLM backend does: said to the client, not lost)
+            sender.send(self._failure(f"the request failed: {err}"), flags=final)
+
+    async def _generate(self, req, tokens, prompt_text: str, stream: bool, echo: bool, extra: set, sender):
         from linnet.serve.openai_replies import TextStream
 
         final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-        pieces = TextStream(self.model.tokenizer, req.prompt, req.stop)
-        tokens = self.engine.stream(req)
+        # special tokens kept in the stream as in the whole text, where the request keeps them
+        pieces = TextStream(self.model.tokenizer, req.prompt, req.stop, special=not req.skip_special_tokens)
         unsent = 0  # tokens drawn since the last response
         async for new, reason in tokens:
+            if sender.is_cancelled():  # the client has gone (as the vLLM backend, its request ends: its row is freed)
+                self.engine.cancel(tokens.completion.id)
+                sender.send(self.pb.InferenceResponse(output_tensors=[], error=self.pb.TritonError(
+                    "Request was cancelled", code=self.pb.TritonError.CANCELLED)), flags=final)
+                return
             unsent += len(new)
             if stream and reason is None:
                 piece = pieces.push(new)

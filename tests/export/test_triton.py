@@ -39,11 +39,16 @@ def stand_in() -> types.ModuleType:
             return self._array
 
     class TritonError:
-        def __init__(self, message):
-            self._message = message
+        INTERNAL, CANCELLED = "INTERNAL", "CANCELLED"  # two of its codes (Triton's are numbers)
+
+        def __init__(self, message, code=INTERNAL):
+            self._message, self._code = message, code
 
         def message(self):
             return self._message
+
+        def code(self):
+            return self._code
 
     class InferenceResponse:
         def __init__(self, output_tensors, error=None):
@@ -55,21 +60,25 @@ def stand_in() -> types.ModuleType:
 
 
 class Sender:
-    def __init__(self):
-        self.responses, self.done = [], threading.Event()
+    def __init__(self, cancel_after=None):
+        """`cancel_after`: the client cancels the request once it has that many responses."""
+        self.responses, self.done, self.cancel_after = [], threading.Event(), cancel_after
 
     def send(self, response, flags=0):
         self.responses.append(response)
         if flags & 1:
             self.done.set()
 
+    def is_cancelled(self):
+        return self.cancel_after is not None and len(self.responses) >= self.cancel_after
+
     def texts(self):
         return [r.output_tensors[0].as_numpy()[0].decode() for r in self.responses if r.output_tensors]
 
 
 class FakeRequest:
-    def __init__(self, pb, parameters=None, **inputs):
-        self.sender = Sender()
+    def __init__(self, pb, parameters=None, cancel_after=None, **inputs):
+        self.sender = Sender(cancel_after)
         self._parameters = json.dumps(parameters or {})  # Triton's request parameters, as JSON
         self.inputs = {}
         for name, value in inputs.items():
@@ -222,6 +231,66 @@ def test_a_bad_request_gets_an_error_and_the_others_are_answered(served):
     assert "not valid JSON" in bad.sender.responses[0].error.message()
     assert "exceeds the context of 96 tokens" in too_long.sender.responses[0].error.message()
     assert good.sender.responses[0].error is None and good.sender.texts()[0].startswith("Hello")
+
+
+def test_a_structure_the_engine_refuses_is_answered(served):
+    """A regex or grammar that does not compile is refused by the engine when the request is
+    submitted, after the parse: the client gets the error (it waited for ever), the others their answers."""
+    model, pb, _ = served
+    bad = [FakeRequest(pb, text_input="Hello", sampling_parameters=json.dumps({"max_tokens": 3, key: value}))
+           for key, value in (("guided_regex", "("), ("guided_grammar", "root ::= ("))]
+    good = FakeRequest(pb, text_input="Hello", sampling_parameters=json.dumps({"max_tokens": 3, "guided_regex": "[a-z]+"}),
+                       exclude_input_in_output=True)
+    model.execute([*bad, good])
+    for r in (*bad, good):
+        assert r.sender.done.wait(120)
+    for r in bad:
+        (response,) = r.sender.responses
+        assert response.error is not None and response.error.message()
+    assert re.fullmatch("[a-z]+", good.sender.texts()[0])
+
+
+CHAT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_a_stream_keeps_the_special_tokens_a_request_keeps(served):
+    """skip_special_tokens = false: the stream's pieces hold the special tokens, as the whole text
+    does (the stream left them out, and its last piece repeated text to make up the length). The
+    reference: the tokens decoded by the tokenizers library."""
+    model, pb, _ = served
+    sampling = json.dumps({"max_tokens": 16, "temperature": 0, "ignore_eos": True, "skip_special_tokens": False})
+    asks = dict(text_input=CHAT, sampling_parameters=sampling)
+    whole, streamed = FakeRequest(pb, exclude_input_in_output=True, **asks), FakeRequest(pb, stream=True, **asks)
+    model.execute([whole, streamed])
+    assert whole.sender.done.wait(120) and streamed.sender.done.wait(120)
+    tok = model.model.tokenizer
+    done, _ = Engine(nest.load("smollm2-135m-instruct", numerics="fast", cast_dtype=True,
+                               generics={"Batch": 1, "MaxSeq": 96, "T": "f32"})).run(
+        [Request(prompt=tok.encode(CHAT), max_new_tokens=16, ignore_eos=True)])
+    expected = tok.backend.decode(done[0].tokens, skip_special_tokens=False)
+    assert "<|im_end|>" in expected  # the case: greedy SmolLM2 ends its answer and goes on
+    assert whole.sender.texts() == [expected]
+    assert "".join(streamed.sender.texts()) == expected
+
+
+def test_a_cancelled_request_ends_and_frees_its_row(served):
+    """As the vLLM backend: once the client cancels (the response sender says so), the request
+    stops, its last response is a CANCELLED error, and the engine has no work left of it."""
+    model, pb, _ = served
+    sampling = json.dumps({"max_tokens": 60, "temperature": 0, "ignore_eos": True})
+    streamed = FakeRequest(pb, text_input="Once upon a time", stream=True, sampling_parameters=sampling,
+                           cancel_after=2)
+    whole = FakeRequest(pb, text_input="Once upon a time", sampling_parameters=sampling, cancel_after=0)
+    model.execute([streamed, whole])
+    assert streamed.sender.done.wait(120) and whole.sender.done.wait(120)
+    assert len(streamed.sender.texts()) == 2 and len(streamed.sender.responses) == 3
+    for r in (streamed, whole):
+        assert r.sender.responses[-1].error.code() == pb.TritonError.CANCELLED
+    for _ in range(200):  # the engine's thread frees the rows before its next pass
+        if not model.engine.has_work():
+            break
+        threading.Event().wait(0.05)
+    assert not model.engine.has_work()
 
 
 def test_the_repository_checks_the_card_when_written(tmp_path):
