@@ -44,8 +44,8 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
         raise ExportError(f"unknown export target {to!r}; one of {', '.join(TARGETS)}")
     if dtype not in DTYPES:
         raise ExportError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
-    folder = Path(out).expanduser()
-    if to in ("vllm", "triton") and folder.exists() and not folder.is_dir():
+    out = Path(out).expanduser()  # (a shell expands ~ on the command line; a caller's string is taken as it)
+    if to in ("vllm", "triton") and out.exists() and not out.is_dir():
         raise ExportError(f"{out}: is a file; a {to} export is a folder: name a new or an existing one")
     if to == "triton":
         from linnet.export.triton import write_repository
@@ -60,6 +60,10 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
 
         check_architecture(resolved[0], str(card))
         gguf_path(out, resolved[1], dtype)
+    else:
+        from linnet.export.hf_dir import check_destination
+
+        check_destination(out)
     bound = read_weights(card, generics={"T": dtype}, numerics="fast", cast_dtype=True, weights=weights, seed=seed,
                          tokenizer=True if tokenizer is None else tokenizer, progress=progress, resolved=resolved)
     if to == "vllm":
@@ -71,4 +75,14 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
     return write_gguf(bound, out)
 
 
-__all__ = ["DTYPES", "ExportError", "TARGETS", "export"]
+def check_folder(out, folder: Path, what: str) -> None:
+    """Raises `ExportError` where `folder` cannot be made or written in (a file in its way, a folder
+    that is not writable): said before the weights are read, not after."""
+    there = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
+    if not there.is_dir():
+        raise ExportError(f"{out}: cannot make the folder {folder} to write {what} in ({there} is not a folder)")
+    if not os.access(there, os.W_OK):
+        raise ExportError(f"{out}: cannot write {what} there ({there} is not writable)")
+
+
+__all__ = ["DTYPES", "ExportError", "TARGETS", "check_folder", "export"]

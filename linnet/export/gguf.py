@@ -21,13 +21,12 @@ vocabulary, as llama.cpp sizes the embedding by it.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from linnet.export import ExportError
+from linnet.export import ExportError, check_folder
 from linnet.export.hf_config import context_length
 from linnet.ir.specialize import specialize
 from linnet.nest.bind import checkpoint_names, unbind_weights
@@ -93,11 +92,7 @@ def gguf_path(out, card: str, dtype: str) -> Path:
     is made until they are."""
     path = Path(out).expanduser()
     is_file = not path.is_dir() and (path.suffix.lower() == ".gguf" or path.is_file())
-    folder = path.parent if is_file else path
-    there = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
-    if not there.is_dir() or not os.access(there, os.W_OK):
-        why = "not a folder" if not there.is_dir() else "not writable"
-        raise ExportError(f"{out}: cannot make the folder {folder} to write the GGUF in ({there} is {why})")
+    check_folder(out, path.parent if is_file else path, "the GGUF")
     return path if is_file else path / f"{card}.{dtype.upper()}.gguf"
 
 
@@ -114,6 +109,10 @@ def write_gguf(bound, out) -> str:
     b = spec.bindings
     dtype = b["T"]
     path = gguf_path(out, bound.card, dtype)
+    sources = [Path(p) for p in (bound.source, bound.tokenizer_from) if p not in (None, "random")]
+    if path.is_file() and any(path.samefile(s) for s in sources if s.is_file()):  # (as the vLLM export's folder)
+        raise ExportError(f"{out}: that is the file the weights or the tokenizer are read from, which the export "
+                          f"would replace; write elsewhere")
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")  # renamed when whole: never a half-written model
     writer = gguf.GGUFWriter(str(partial), ARCHITECTURES[spec.name])

@@ -36,7 +36,7 @@ def write_hf_dir(bound, out) -> str:
     sources = [Path(p) for p in (bound.source, bound.tokenizer_from) if p not in (None, "random") and Path(p).is_dir()]
     if out.is_dir() and any(out.resolve() == s.resolve() for s in sources):
         raise ExportError(f"{out}: that is where the weights or the tokenizer are read from; write elsewhere")
-    _refuse_another_model(out)
+    check_destination(out)
     out.mkdir(parents=True, exist_ok=True)
     _clear(out)
     config = {**hf_config(bound.module, bound.tokenizer), MARK: f"linnet {linnet.__version__}"}
@@ -65,6 +65,16 @@ def write_hf_dir(bound, out) -> str:
     _write_tokenizer(bound, out, config)
     _readable(out.glob("model*.safetensors"))
     return str(out)
+
+
+def check_destination(out: Path) -> None:
+    """Raises `ExportError` where the export could not be written at `out`: a folder that cannot be
+    made there, or one holding another model (`_refuse_another_model`). `export` asks before the
+    weights are read (an 8B model's take minutes), `write_hf_dir` again."""
+    from linnet.export import check_folder
+
+    check_folder(out, out, "the model")
+    _refuse_another_model(out)
 
 
 def _refuse_another_model(out: Path) -> None:

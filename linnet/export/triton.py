@@ -64,7 +64,7 @@ def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str 
     the model's directory. Nothing is loaded now: the card is checked, and the paths given as
     `weights` and `tokenizer` (a model directory or GGUF whose tokenizer to serve with) are checked
     and made absolute, since Triton loads the model from its own working directory."""
-    from linnet.export import ExportError
+    from linnet.export import ExportError, check_folder
     from linnet.nest.checkpoint import open_checkpoint
     from linnet.nest.load import find_card_weights, resolve_card, tokenizer_of
 
@@ -75,6 +75,7 @@ def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str 
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in (".", ".."):
         raise ExportError(f"{name!r} cannot name a Triton model: it is a folder of the repository "
                           f"(letters, digits, '_', '-' and '.')")
+    check_folder(out, Path(out) / name, "the model")
     if weights is None and ckpt is None:
         found, looked = find_card_weights(card_name, module)
         if found is None and not module.meta.get("hf_repo"):  # nowhere the server could find them either

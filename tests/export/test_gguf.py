@@ -503,6 +503,18 @@ def test_a_gguf_goes_where_a_user_would_look_for_it(cards, tmp_path):
         export(card, "llama.cpp", tmp_path / "blocker" / "x.gguf", weights="random", dtype="f16", tokenizer=tok)
 
 
+def test_the_file_read_from_is_not_written_over(cards, tmp_path):
+    """As the vLLM export's folder: a GGUF named as the output that is also the weights' or the
+    tokenizer's source (a Q4_1 file re-exported to itself as BF16, say) is refused and kept."""
+    card, tok = cards / "small-none.linnet", embedded_gguf_path()
+    path = Path(export(card, "llama.cpp", tmp_path / "a.gguf", weights="random", dtype="f16", tokenizer=tok))
+    before = path.read_bytes()
+    for source, kwargs in ((path, {}), (card, {"weights": "random", "tokenizer": path}), (card, {"weights": path})):
+        with pytest.raises(ExportError, match="the file the weights or the tokenizer are read from"):
+            export(source, "llama.cpp", path, dtype="f32", **kwargs)
+    assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["a.gguf"]
+
+
 def test_tokenizers_llama_cpp_has_no_form_for_are_refused(tmp_path):
     """A Unigram vocabulary, or SentencePiece spaces split apart (a Metaspace that splits), have no
     form in llama.cpp's keys Linnet writes: refused, naming what it found, before any file is left."""

@@ -192,3 +192,25 @@ def test_a_file_where_the_folder_would_go_is_said_first(tmp_path):
         with pytest.raises(ExportError, match=f"f: is a file; a {target} export is a folder"):
             export("tiny-llama", target, tmp_path / "f", weights="random", dtype="f32")
     assert (tmp_path / "f").read_text() == "mine"
+
+
+@pytest.mark.filterwarnings("ignore:.*no tokenizer written")
+def test_where_the_export_cannot_go_is_said_before_the_weights_are_read(tmp_path):
+    """A folder holding another model, or one that cannot be made: refused before reading weights
+    that could not even be read here (an 8B model's take minutes)."""
+    from linnet.export import ExportError
+
+    broken = Path(export("tiny-llama", "vllm", tmp_path / "broken", weights="random", dtype="f32"))
+    (broken / "model.safetensors").write_bytes(b"not safetensors")
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "config.json").write_text('{"model_type": "llama"}')
+    (tmp_path / "file").write_text("mine")
+    for out, message in ((other, "config.json has no 'exported_by' key"),
+                         (tmp_path / "file" / "sub", "cannot make the folder .*file/sub to write the model in "
+                                                     r"\(.*file is not a folder\)")):
+        with pytest.raises(ExportError, match=message):
+            export("tiny-llama", "vllm", out, weights=broken, dtype="f32")
+    assert (other / "config.json").read_text() == '{"model_type": "llama"}' and len(list(other.iterdir())) == 1
+    with pytest.raises(Exception, match="safetensors|header"):  # (and the weights were unreadable indeed)
+        export("tiny-llama", "vllm", tmp_path / "new", weights=broken, dtype="f32")
