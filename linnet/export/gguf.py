@@ -159,10 +159,17 @@ def write_gguf(bound, out) -> str:
             writer.add_tensor(name, t.to(torch.float16).numpy())
         else:  # bf16: numpy has no such type; its bytes, which the writer measures in bf16 elements
             writer.add_tensor(name, t.view(torch.uint8).numpy(), raw_dtype=gguf.GGMLQuantizationType.BF16)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    try:
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+    except BaseException as err:  # a full disk, an interrupt: no part of a file of gigabytes is left behind
+        partial.unlink(missing_ok=True)
+        if isinstance(err, OSError):  # (numpy's short write names no file, and has no strerror)
+            why = err.strerror or f"{err}: a short write, as on a full disk"
+            raise ExportError(f"{path}: cannot write the GGUF ({why})") from None
+        raise
     partial.replace(path)
     return str(path)
 

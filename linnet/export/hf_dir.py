@@ -28,8 +28,6 @@ TEMPLATES_DIR = "additional_chat_templates"
 
 def write_hf_dir(bound, out) -> str:
     """Writes `bound` (`nest.load.read_weights`) as a model directory at `out`; returns its path."""
-    from safetensors.torch import save_file
-
     from linnet.export import ExportError
 
     out = Path(out)
@@ -37,8 +35,20 @@ def write_hf_dir(bound, out) -> str:
     if out.is_dir() and any(out.resolve() == s.resolve() for s in sources):
         raise ExportError(f"{out}: that is where the weights or the tokenizer are read from; write elsewhere")
     check_destination(out)
+    made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     _clear(out)
+    try:
+        _write_files(bound, out)
+    except BaseException:  # a full disk, an interrupt: no half-written model is left for vLLM to take up
+        _clear(out)
+        if made and not any(out.iterdir()):
+            out.rmdir()
+        raise
+    return str(out)
+
+
+def _write_files(bound, out: Path) -> None:
     config = {**hf_config(bound.module, bound.tokenizer), MARK: f"linnet {linnet.__version__}"}
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
@@ -53,18 +63,17 @@ def write_hf_dir(bound, out) -> str:
         total += nbytes
     shards.append(current)
     if len(shards) == 1:
-        save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
+        _save(shards[0], out / "model.safetensors")
     else:
         weight_map = {}
         for i, shard in enumerate(shards):
             file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, str(out / file), metadata={"format": "pt"})
+            _save(shard, out / file)
             weight_map.update({name: file for name in shard})
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     _write_tokenizer(bound, out, config)
     _readable(out.glob("model*.safetensors"))
-    return str(out)
 
 
 def check_destination(out: Path) -> None:
@@ -75,6 +84,18 @@ def check_destination(out: Path) -> None:
 
     check_folder(out, out, "the model")
     _refuse_another_model(out)
+
+
+def _save(tensors: dict, path: Path) -> None:
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    from linnet.export import ExportError
+
+    try:
+        save_file(tensors, str(path), metadata={"format": "pt"})
+    except SafetensorError as err:  # a full disk is one of these, not an OSError
+        raise ExportError(f"{path}: cannot write the weights ({err})") from None
 
 
 def _refuse_another_model(out: Path) -> None:

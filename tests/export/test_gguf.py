@@ -515,6 +515,15 @@ def test_the_file_read_from_is_not_written_over(cards, tmp_path):
     assert path.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["a.gguf"]
 
 
+def test_a_write_that_fails_leaves_no_part_of_a_file(cards, tmp_path, file_size_limit):
+    """The disk fills up in the middle of the tensors: the error, and no .partial file left."""
+    with file_size_limit(4 << 20), pytest.raises(ExportError, match=r"x.gguf: cannot write the GGUF \(.* "
+                                                                     r"a short write, as on a full disk\)"):
+        export(cards / "small-none.linnet", "llama.cpp", tmp_path / "x.gguf", weights="random", dtype="f32",
+               tokenizer=embedded_gguf_path())  # the tokenizer's keys fit, the weights not
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_tokenizers_llama_cpp_has_no_form_for_are_refused(tmp_path):
     """A Unigram vocabulary, or SentencePiece spaces split apart (a Metaspace that splits), have no
     form in llama.cpp's keys Linnet writes: refused, naming what it found, before any file is left."""

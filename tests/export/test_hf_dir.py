@@ -214,3 +214,15 @@ def test_where_the_export_cannot_go_is_said_before_the_weights_are_read(tmp_path
     assert (other / "config.json").read_text() == '{"model_type": "llama"}' and len(list(other.iterdir())) == 1
     with pytest.raises(Exception, match="safetensors|header"):  # (and the weights were unreadable indeed)
         export("tiny-llama", "vllm", tmp_path / "new", weights=broken, dtype="f32")
+
+
+@pytest.mark.filterwarnings("ignore:.*no tokenizer written")
+def test_a_write_that_fails_leaves_no_half_written_model(tmp_path, file_size_limit):
+    """The disk fills up in the middle of the weights: the error, and no folder with a config.json
+    and part of the weights for vLLM to take up."""
+    from linnet.export import ExportError
+
+    with file_size_limit(20_000), pytest.raises(ExportError, match=r"out/model.safetensors: cannot write the "
+                                                                    r"weights \(.*File too large"):
+        export("tiny-llama", "vllm", tmp_path / "out", weights="random", dtype="f32")  # 0.3 MB of weights
+    assert list(tmp_path.iterdir()) == []
