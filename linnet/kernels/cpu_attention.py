@@ -15,7 +15,7 @@ import ctypes
 
 import torch
 
-from linnet.kernels import build
+from linnet.kernels import build, pool
 from linnet.kernels.torch_types import TYPES
 from linnet.kernels.cpu_graph import call
 from linnet.kernels.cpu_ops import as_int32
@@ -47,7 +47,7 @@ def attend_rows(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, r
             TYPES[k_cache.dtype], TYPES[q.dtype], q.data_ptr(), n, heads, kv_heads, head_dim, k_cache.data_ptr(),
             v_cache.data_ptr(), k_cache.stride(0), k_cache.stride(1), k_cache.shape[0], max_seq, rows.data_ptr(),
             positions.data_ptr(), window, None if sink is None else sink.data_ptr(), scale, out.data_ptr(),
-            torch.get_num_threads()):
+            pool.threads()):
         raise MemoryError(f"no memory for {max_seq} attention scores a thread")
     return out if out.dtype == dtype else out.to(dtype)
 

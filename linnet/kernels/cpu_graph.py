@@ -26,7 +26,7 @@ from contextlib import contextmanager
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from linnet.kernels import build
+from linnet.kernels import build, pool
 from linnet.kernels.torch_types import TYPES
 
 aten = torch.ops.aten
@@ -140,7 +140,7 @@ class CpuGraph:
             return False  # a layout the kernel does not walk, or a copy that moves values across rows
         (ap, ast, rows, cols), (bp, bst, _, _), (op_, ost, _, _) = views
         self.record("elementwise", (op, TYPES[a.dtype], ap, ast, bp, bst, TYPES[out.dtype], op_, ost, rows, cols,
-                                    torch.get_num_threads()))
+                                    pool.threads()))
         return True
 
     def _gather(self, args, out) -> bool:
@@ -151,7 +151,7 @@ class CpuGraph:
             return False
         self.record("gather_rows", (TYPES[table.dtype], table.data_ptr(), table.shape[0], table.shape[1],
                                     ids.data_ptr(), ids.shape[0], TYPES[out.dtype], out.data_ptr(),
-                                    torch.get_num_threads()))
+                                    pool.threads()))
         return True
 
 

@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import torch
 
-from linnet.kernels import build
+from linnet.kernels import build, pool
 from linnet.kernels.torch_types import TYPES
 from linnet.kernels.cpu_graph import call
 from linnet.kernels.pages import back_with_huge_pages
@@ -96,7 +96,7 @@ def pack(w: torch.Tensor, in_place: bool = False) -> PanelWeight:
     n, k = w.shape
     full = n // PANEL * PANEL
     body = w[:full] if in_place and w.is_contiguous() else w[:full].clone(memory_format=torch.contiguous_format)
-    if full and library().linnet_pack_panels(TYPES[w.dtype], body.data_ptr(), full, k, torch.get_num_threads()):
+    if full and library().linnet_pack_panels(TYPES[w.dtype], body.data_ptr(), full, k, pool.threads()):
         raise MemoryError(f"no memory for a {PANEL} x {k} block to pack a linear weight with")
     back_with_huge_pages(body.data_ptr(), body.nbytes)  # a decode step streams through it (`pages`)
     buffers, addresses = [body], [body.data_ptr() + p * k * PANEL * w.element_size() for p in range(full // PANEL)]
@@ -123,7 +123,7 @@ def matmul(x: torch.Tensor, w: PanelWeight, bias: torch.Tensor | None = None) ->
     out_type = x.dtype if bias is None and x.dtype in TYPES else torch.float32
     out = torch.empty(rows.shape[0], w.n, dtype=out_type)
     if call("linear", w.type_code, TYPES[rows.dtype], rows.data_ptr(), rows.shape[0], *w.panel_args,
-            TYPES[out_type], out.data_ptr(), w.n, torch.get_num_threads()):
+            TYPES[out_type], out.data_ptr(), w.n, pool.threads()):
         raise MemoryError(f"no memory for x's {rows.shape[0]} x {w.k} copy, f32 sums, or a {w.k} x {PANEL} f32 "
                           f"panel to widen {w.dtype} weights into")
     if bias is not None:

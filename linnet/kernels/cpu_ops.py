@@ -13,7 +13,7 @@ import ctypes
 
 import torch
 
-from linnet.kernels import build
+from linnet.kernels import build, pool
 from linnet.kernels.torch_types import TYPES
 from linnet.kernels.cpu_graph import OP_SILU_MUL, call
 from linnet.kernels.row_writes import dense_rows, row_write
@@ -39,7 +39,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     weight = weight.contiguous()
     out = _empty(x, torch.promote_types(weight.dtype, x.dtype))
     call("rmsnorm", TYPES[x.dtype], rows.data_ptr(), rows.stride(0), rows.shape[0], d, TYPES[weight.dtype],
-         weight.data_ptr(), eps, TYPES[out.dtype], out.data_ptr(), torch.get_num_threads())
+         weight.data_ptr(), eps, TYPES[out.dtype], out.data_ptr(), pool.threads())
     return out
 
 
@@ -54,7 +54,7 @@ def rope(x: torch.Tensor, positions: torch.Tensor, table: torch.Tensor) -> torch
     table = table.contiguous()
     out = torch.empty(n, heads, head_dim, dtype=x.dtype)
     call("rope", TYPES[x.dtype], x.data_ptr(), n, heads, head_dim, x.stride(0), x.stride(1), positions.data_ptr(),
-         table.data_ptr(), table.shape[0], out.data_ptr(), torch.get_num_threads())
+         table.data_ptr(), table.shape[0], out.data_ptr(), pool.threads())
     return out
 
 
@@ -72,7 +72,7 @@ def put_rows(state: torch.Tensor, index: tuple, value: torch.Tensor) -> bool:
     rows = dense_rows(value, w.block)
     call("put_rows", TYPES[state.dtype], state.data_ptr(), w.offset, a.data_ptr(), w.a_stride, w.a_limit,
          None if b is None else b.data_ptr(), w.b_stride, w.b_limit, w.n, TYPES[value.dtype],
-         rows.data_ptr(), rows.stride(0), w.block, torch.get_num_threads())
+         rows.data_ptr(), rows.stride(0), w.block, pool.threads())
     return True
 
 
@@ -84,7 +84,7 @@ def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     rows_a, rows_b = dense_rows(a, n), dense_rows(b, n)
     out = torch.empty(a.shape, dtype=a.dtype)
     call("elementwise", OP_SILU_MUL, TYPES[a.dtype], rows_a.data_ptr(), rows_a.stride(0), rows_b.data_ptr(),
-         rows_b.stride(0), TYPES[out.dtype], out.data_ptr(), n, rows_a.shape[0], n, torch.get_num_threads())
+         rows_b.stride(0), TYPES[out.dtype], out.data_ptr(), n, rows_a.shape[0], n, pool.threads())
     return out
 
 

@@ -261,11 +261,12 @@ class Engine:
                 completions.append(Completion(req, finish_reason="error", error=str(err)))
                 self.stats.ended("error")
         start = time.perf_counter()
-        while self.has_work():
-            self.step()
-        if self._ahead is not None:  # a step past the last request's end: wait it out, draws dropped
-            self._settle(self._ahead)
-            self._ahead = None
+        with self.runner.stepping():
+            while self.has_work():
+                self.step()
+            if self._ahead is not None:  # a step past the last request's end: wait it out, draws dropped
+                self._settle(self._ahead)
+                self._ahead = None
         self.stats.seconds = time.perf_counter() - start  # the run's wall time, its steps' and what joins them
         self.stats.compiles = self.runner.compiles - self._compiles_before
         return completions, self.stats
@@ -688,6 +689,10 @@ class Engine:
             self._thread = None
 
     def _loop(self):
+        with self.runner.stepping():
+            self._serve()
+
+    def _serve(self):
         while not self._stopping:
             if not self.has_work() and not self.cancelled:
                 self.wakeup.wait(0.05)

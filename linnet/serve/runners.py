@@ -17,6 +17,7 @@ step t overlaps the device's on t + 1.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import warnings
@@ -194,6 +195,15 @@ class TorchRunner:
         self._static_logits = None
 
     overhead = 0  # packs go to the model as they are
+
+    def stepping(self):
+        """Around an engine's steps: on the CPU, where the passes run on Linnet's kernels, torch's
+        own ops keep to the stepping thread and the kernels take the cores (`kernels.pool`)."""
+        if self.device.type == "cpu" and self.model.numerics == "fast":
+            from linnet.kernels import pool
+
+            return pool.kernels_take_the_cores()
+        return contextlib.nullcontext()
 
     @property
     def replays(self) -> bool:
@@ -452,6 +462,8 @@ class TorchRunner:
 
 
 class JaxRunner:
+    stepping = contextlib.nullcontext  # (its kernels run on XLA's pool)
+
     def __init__(self, model, smallest_bucket: int = 16):
         self.model = model
         self.batch = model.batch

@@ -75,3 +75,20 @@ print("child", os.waitstatus_to_exitcode(status))
 def test_a_forked_child_runs_the_kernels():
     out = subprocess.run([sys.executable, "-c", FORKED], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "child 0", out.stderr
+
+
+def test_while_the_kernels_take_the_cores_torch_keeps_one_thread():
+    from linnet.kernels import pool
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert pool.threads() == 2
+        with pool.kernels_take_the_cores():
+            assert torch.get_num_threads() == 1 and pool.threads() == 2
+            with pool.kernels_take_the_cores():  # nested: the count stays the first one's
+                assert torch.get_num_threads() == 1 and pool.threads() == 2
+            assert torch.get_num_threads() == 1 and pool.threads() == 2
+        assert torch.get_num_threads() == 2 and pool.threads() == 2
+    finally:
+        torch.set_num_threads(before)

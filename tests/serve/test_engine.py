@@ -597,3 +597,41 @@ def test_rows_forgotten_under_a_request_in_flight_claim_no_prefix(model):
     held = [tokens for tokens in engine.row_tokens if tokens]
     whole = prompt + comp.tokens
     assert all(tokens == whole[:len(tokens)] for tokens in held)
+
+
+def test_a_torch_cpu_models_steps_leave_the_cores_to_its_kernels():
+    # torch's own ops on the stepping thread alone, Linnet's kernels on the threads torch had
+    # (kernels.pool), in run() and in start()'s loop; torch's count is back after
+    import threading
+
+    import torch
+
+    from linnet.kernels import pool
+
+    model = make_model("torch", rows=2, max_seq=32, numerics="fast")
+    engine = Engine(model)
+    seen = []
+    prefill = engine.runner.prefill
+
+    def watched(*args):
+        seen.append((threading.current_thread().name, torch.get_num_threads(), pool.threads()))
+        return prefill(*args)
+    engine.runner.prefill = watched
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        engine.run([Request(prompt=[3, 4, 5], max_new_tokens=2)])
+        engine.start()
+        try:
+            engine.submit(Request(prompt=[6, 7], max_new_tokens=2))
+            for _ in range(500):
+                if len(seen) == 2:
+                    break
+                threading.Event().wait(0.01)
+        finally:
+            engine.stop()
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert [(torch_threads, kernels) for _, torch_threads, kernels in seen] == [(1, 2), (1, 2)]
+    assert seen[1][0] == "linnet-engine"
