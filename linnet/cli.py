@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 
 from linnet.errors import LinnetError
+from linnet.serve.request import LARGEST_SCALE
 
 
 def _generic(pair: str) -> tuple:
@@ -30,7 +31,7 @@ def _generics(pairs: list | None) -> dict:
     generics = {}
     for name, value in pairs or []:
         if name in generics and generics[name] != value:  # which was meant, the command cannot know
-            raise _UsageError(f"--generic {name} is given twice: {name}={generics[name]} and {name}={value}")
+            raise _FlagError(f"--generic {name} is given twice: {name}={generics[name]} and {name}={value}")
         generics[name] = value
     return generics
 
@@ -41,8 +42,8 @@ def cmd_check(args) -> int:
     module = check_file(args.file)
     missing = [name for name, c in module.config.items() if name not in module.config_values and c.default is None]
     if args.generic and module.card is None and missing:
-        raise _UsageError(f"{args.file} is an architecture whose config value `{missing[0]}` has no default: its "
-                          f"numbers, and so --generic, are checked through a card that imports it")
+        raise _FlagError(f"{args.file} is an architecture whose config value `{missing[0]}` has no default: its "
+                         f"numbers, and so --generic, are checked through a card that imports it")
     if args.generic or module.card is not None or not missing:
         # What only numbers can tell (a missing config value, an inexact division) is checked
         # whenever the config is known: for a card, or an architecture whose every value has a default.
@@ -121,15 +122,8 @@ def cmd_generate(args) -> int:
     from linnet.serve.request import Request, tokens
 
     if args.system is not None and not args.chat:
-        raise _UsageError("--system needs --chat")
-    # the request's numbers, before minutes may go on loading a model
-    if args.max_new_tokens < 1:
-        raise _UsageError(f"--max-new-tokens must be at least 1, not {args.max_new_tokens}")
-    if not args.temperature >= 0:
-        raise _UsageError(f"--temperature must be 0 or more, not {args.temperature}")
-    if not 0 <= args.top_p <= 1:
-        raise _UsageError(f"--top-p must be in [0, 1], not {args.top_p}")
-    structure = _structure(args)
+        raise _FlagError("--system needs --chat")
+    structure = _structure(args)  # (the request's numbers are the flags' types: checked as they are parsed)
     _note_exact_numerics(args.numerics, args.dtype)  # (asked for: the default is None, bf16 with fast)
     # exact numerics compute in f32 whatever T: the note above says so where a 16-bit T was asked for
     generics = {"Batch": 1, "MaxSeq": args.max_seq, "T": (args.dtype or "bf16") if args.numerics == "fast" else "f32"}
@@ -207,7 +201,7 @@ def _structure(args):
     asked = [(kind, value) for kind, value in (("json", args.json_schema), ("regex", args.regex),
                                                ("grammar", args.grammar)) if value is not None]
     if len(asked) > 1:
-        raise _UsageError("give one of --json-schema, --regex, --grammar")
+        raise _FlagError("give one of --json-schema, --regex, --grammar")
     if not asked:
         return None
     kind, value = asked[0]
@@ -215,16 +209,16 @@ def _structure(args):
     if flag is not None and os.path.isfile(value):
         value = Path(value).read_text()
     elif kind == "json" and not value.lstrip().startswith("{"):  # a file's name, mistyped: not a schema's text
-        raise _UsageError(f"--json-schema {value}: no such file, nor a JSON schema")
+        raise _FlagError(f"--json-schema {value}: no such file, nor a JSON schema")
     if kind == "json":
         try:
             json.loads(value)
         except ValueError as err:
-            raise _UsageError(f"{flag} {asked[0][1]}: not JSON ({err})") from None
+            raise _FlagError(f"{flag} {asked[0][1]}: not JSON ({err})") from None
     structure = Structure(kind, value)
     problem = structure.problem()  # before the model loads
     if problem is not None:
-        raise _UsageError(f"{flag or '--regex'} {asked[0][1]}: cannot hold an output to it: {problem}")
+        raise _FlagError(f"{flag or '--regex'} {asked[0][1]}: cannot hold an output to it: {problem}")
     return structure
 
 
@@ -237,6 +231,11 @@ def _warm_up(engine, req) -> None:
 
 class _UsageError(Exception):
     """A problem with what was asked, reported as one line."""
+
+
+class _FlagError(_UsageError):
+    """A flag's value, or flags that do not go together, found past what argparse checks itself:
+    reported as argparse reports its own (the command's usage, then the line; exit status 2)."""
 
 
 # vLLM's names of the types; its default "auto" (the checkpoint's type) is bf16 here, the type the
@@ -263,12 +262,12 @@ def _use_chat_template(model, given: str | None) -> None:
     elif "{{" in given or "{%" in given:
         template = given
     else:
-        raise _UsageError(f"--chat-template {given}: no such file, nor a Jinja template")
+        raise _FlagError(f"--chat-template {given}: no such file, nor a Jinja template")
     model.tokenizer.chat_template = template
     try:
         model.tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True)
     except Exception as err:  # a syntax error, or a template that cannot render a plain user turn
-        raise _UsageError(f"--chat-template: the template does not render a user message: {err}") from None
+        raise _FlagError(f"--chat-template: the template does not render a user message: {err}") from None
 
 
 def _default_compile_cache() -> str:
@@ -318,7 +317,7 @@ def cmd_serve(args) -> int:
     generics = {"Batch": args.batch, "MaxSeq": args.max_seq,
                 "T": (args.dtype or "bf16") if args.numerics == "fast" else "f32"}
     if args.shards is not None and args.backend != "jax":
-        raise _UsageError("--shards spreads a JAX model over devices: pass --backend jax")
+        raise _FlagError("--shards spreads a JAX model over devices: pass --backend jax")
     _check_address(args.host, args.port)  # before minutes of loading and warming up
     _use_compile_cache(args)
     try:
@@ -332,7 +331,7 @@ def cmd_serve(args) -> int:
     template = getattr(model.tokenizer, "chat_template", None)
     parser = args.tool_call_parser or parser_for_template(template) or model.module.meta.get("tool_call_parser")
     if args.enable_auto_tool_choice and parser is None:
-        raise _UsageError("--enable-auto-tool-choice needs --tool-call-parser (the card names none)")
+        raise _FlagError("--enable-auto-tool-choice needs --tool-call-parser (the card names none)")
     reasoning = args.reasoning_parser or model.module.meta.get("reasoning_parser")
     from linnet.serve.reasoning import PARSERS as REASONING
     from linnet.serve.tool_parsers import PARSERS as TOOLS
@@ -361,8 +360,8 @@ def cmd_export(args) -> int:
     triton = {"name": args.name, "batch": args.batch, "max_seq": args.max_seq, "backend": args.backend}
     given = [f"--{key.replace('_', '-')}" for key, value in triton.items() if value is not None]
     if args.to != "triton" and given:
-        raise _UsageError(f"{', '.join(given)}: for --to triton only; a {args.to} export holds the weights, and "
-                          f"its server takes its own settings")
+        raise _FlagError(f"{', '.join(given)}: for --to triton only; a {args.to} export holds the weights, and "
+                         f"its server takes its own settings")
     path = export(args.card, args.to, args.output, weights=args.weights, dtype=args.dtype, seed=args.seed,
                   tokenizer=args.tokenizer, **{key: value for key, value in triton.items() if value is not None})
     print(f"linnet: wrote {path}")
@@ -395,25 +394,29 @@ def _check_address(host: str, port: int) -> None:
                               ) from None
 
 
-def _whole_number(lo: int, hi: int | None, out_of_range: str, what: str = "a whole number"):
-    """An argparse type: an integer from `lo` to `hi` (None: no bound), else an error for the flag;
-    `out_of_range` is its message, formatted with the value."""
-    def parse(text: str) -> int:
+def _number(lo: float, hi: float | None, out_of_range: str, what: str = "a whole number", kind=int):
+    """An argparse type: a `kind` (int or float) from `lo` to `hi` (None: no bound; NaN is in no range),
+    else an error for the flag; `out_of_range` is its message, formatted with the value."""
+    def parse(text: str):
         try:
-            value = int(text)
+            value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"not {what}: {text!r}") from None
-        if value < lo or (hi is not None and value > hi):
+        if not (value >= lo and (hi is None or value <= hi)):
             raise argparse.ArgumentTypeError(out_of_range.format(value))
         return value
 
     return parse
 
 
-# a seed torch's and numpy's generators take; a count (rows, positions, tokens, devices); a TCP port (0: any free one)
-_seed = _whole_number(0, (1 << 63) - 1, "must be from 0 to 2**63 - 1, not {}")
-_positive = _whole_number(1, None, "must be 1 or more, not {}")
-_port = _whole_number(0, 65535, "a port is 0 to 65535, not {}", what="a port number")
+# a seed torch's and numpy's generators take; a count (rows, positions, tokens, devices), or one that may be
+# 0; a TCP port (0: any free one); a temperature and a top-p as a request takes them (`Request.validate`)
+_seed = _number(0, (1 << 63) - 1, "must be from 0 to 2**63 - 1, not {}")
+_positive = _number(1, None, "must be 1 or more, not {}")
+_nonnegative = _number(0, None, "must be 0 or more, not {}")
+_port = _number(0, 65535, "a port is 0 to 65535, not {}", what="a port number")
+_temperature = _number(0, LARGEST_SCALE, f"must be from 0 to {LARGEST_SCALE:g}, not {{}}", "a number", float)
+_top_p = _number(0, 1, "must be from 0 to 1, not {}", "a number", float)
 
 
 def _cors_list(text: str) -> list[str]:
@@ -464,9 +467,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--system", help="a system message (with --chat)")
     g.add_argument("--chat-template", default=None,
                    help="a Jinja chat template (a file, or the template itself) in place of the tokenizer's")
-    g.add_argument("--max-new-tokens", type=int, default=256, help="most tokens to generate (256)")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 (the default) is greedy")
-    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--max-new-tokens", type=_positive, default=256, help="most tokens to generate (256)")
+    g.add_argument("--temperature", type=_temperature, default=0.0, help="0 (the default) is greedy")
+    g.add_argument("--top-p", type=_top_p, default=1.0, help="sample from the likeliest tokens whose probabilities "
+                   "add up to this (1, the default: from all)")
     g.add_argument("--seed", type=_seed, default=None)
     g.add_argument("--backend", choices=["torch", "jax"], default="torch", help="(torch)")
     g.add_argument("--weights", help='a model directory, a .gguf file, or "random" (default: found as nest.load does)')
@@ -535,7 +539,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="vLLM's flag, taken as it is: 'auto' is on wherever a tool-call parser is known")
     sv.add_argument("--trust-request-chat-template", action="store_true",
                     help="let a chat request bring its own 'chat_template' (run sandboxed; refused otherwise)")
-    sv.add_argument("--stored-responses", type=int, default=1024,
+    sv.add_argument("--stored-responses", type=_nonnegative, default=1024,
                     help="how many Responses (/v1/responses) are kept in memory for previous_response_id and "
                          "GET /v1/responses/ID, the oldest dropped first (0: none; 1024)")
     sv.add_argument("--seed", type=_seed, default=0, help="seeds the draws of requests that send no seed of their own")
@@ -580,6 +584,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--max-seq", type=_positive, default=None, help="triton: positions per row (4096)")
     ex.add_argument("--backend", choices=["torch", "jax"], default=None, help="triton: the backend Linnet runs (torch)")
     ex.set_defaults(run=cmd_export)
+    for command in sub.choices.values():  # what _run finds wrong with a command's flags, it reports as argparse would
+        command.set_defaults(parser=command)
     return p
 
 
@@ -610,6 +616,8 @@ def _run(args) -> int:
 
     try:
         return args.run(args)
+    except _FlagError as err:
+        args.parser.error(str(err))  # exits with status 2, as for a flag argparse refuses
     except LinnetError as err:
         print(err.render(), file=sys.stderr)
         return 1

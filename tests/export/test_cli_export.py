@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from linnet.cli import main
 
 
@@ -27,14 +29,19 @@ def test_errors_are_one_line_and_write_nothing(tmp_path, capsys):
         (["tiny-gpt-oss", "--to", "llama.cpp", "--weights", "random"], "llama.cpp needs a tokenizer"),
         (["llama-3.1-8b-instruct", "--to", "vllm"], "huggingface-cli download meta-llama/Llama-3.1-8B-Instruct"),
         (["tiny-llama", "--to", "triton", "--weights", str(tmp_path / "nowhere")], "no such checkpoint"),
-        (["tiny-llama", "--to", "vllm", "--weights", "random", "--batch", "4", "--name", "x"],
-         "--name, --batch: for --to triton only"),
     ]
     for args, message in cases:
         assert main(["export", *args, "-o", str(tmp_path / "out")]) == 1, args
         err = capsys.readouterr().err
         assert err.startswith("linnet: error: ") and message in err, (args, err)
         assert "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+    # flags that do not go together: argparse's answer (the usage, then the line; exit status 2)
+    with pytest.raises(SystemExit, match="2"):
+        main(["export", "tiny-llama", "--to", "vllm", "--weights", "random", "--batch", "4", "--name", "x", "-o",
+              str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert err.startswith("usage: linnet export") and "linnet export: error: --name, --batch: for --to triton only" in err
     assert not (tmp_path / "out").exists()
 
 

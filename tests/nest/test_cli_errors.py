@@ -1,5 +1,6 @@
 """The command line's answers to what cannot be done: one line that names the thing at fault, exit
-status 1 (2 for a flag argparse refuses), never a traceback."""
+status 1, or for a flag's value or flags that do not go together the command's usage and exit status 2
+(as argparse answers for the flags it refuses itself); never a traceback."""
 
 import pytest
 import torch
@@ -16,6 +17,15 @@ def error_of(capsys, argv) -> str:
     return err
 
 
+def usage_error_of(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith(f"usage: linnet {argv[0]} ") and "Traceback" not in err, err
+    assert f"\nlinnet {argv[0]}: error: " in err, err
+    return err[err.index(f"\nlinnet {argv[0]}: error: ") + 1:]  # the error, after the usage
+
+
 def test_files_that_cannot_be_read_or_written(capsys, tmp_path):
     assert "/nowhere/dir/out.py: No such file or directory" in error_of(
         capsys, ["compile", TINY, "-o", "/nowhere/dir/out.py"])
@@ -28,11 +38,23 @@ def test_files_that_cannot_be_read_or_written(capsys, tmp_path):
 
 
 def test_request_values_are_checked_before_the_model_loads(capsys):
-    """Wrong numbers answer at once (the model's load takes seconds to minutes)."""
+    """Wrong numbers answer at once (the model's load takes seconds to minutes), as flag errors: the
+    ranges are Request.validate's (temperature past 1e30 is NaN in the step's f32)."""
     base = ["generate", "smollm2-135m-instruct", "hi"]
-    assert "--top-p must be in [0, 1], not 2.0" in error_of(capsys, base + ["--top-p", "2"])
-    assert "--temperature must be 0 or more" in error_of(capsys, base + ["--temperature", "-1"])
-    assert "--max-new-tokens must be at least 1" in error_of(capsys, base + ["--max-new-tokens", "0"])
+    for flag, value, says in (("--top-p", "2", "must be from 0 to 1, not 2.0"),
+                              ("--top-p", "nan", "must be from 0 to 1, not nan"),
+                              ("--temperature", "-1", "must be from 0 to 1e+30, not -1.0"),
+                              ("--temperature", "inf", "must be from 0 to 1e+30, not inf"),
+                              ("--temperature", "hot", "not a number: 'hot'"),
+                              ("--max-new-tokens", "0", "must be 1 or more, not 0")):
+        assert f"argument {flag}: {says}" in usage_error_of(capsys, base + [flag, value])
+    # and what argparse cannot see alone: flags that do not go together
+    assert "linnet generate: error: --system needs --chat" in usage_error_of(capsys, base + ["--system", "be brief"])
+    assert "give one of --json-schema, --regex, --grammar" in usage_error_of(
+        capsys, base + ["--regex", "a", "--grammar", 'root ::= "a"'])
+    assert "--shards spreads a JAX model over devices" in usage_error_of(capsys, ["serve", "tiny-llama", "--shards", "2"])
+    assert "argument --stored-responses: must be 0 or more, not -1" in usage_error_of(
+        capsys, ["serve", "tiny-llama", "--stored-responses", "-1"])
 
 
 def test_an_empty_prompt_is_refused(capsys, gguf_path):
@@ -90,9 +112,8 @@ def test_arguments_of_the_wrong_kind_are_named_before_anything_is_read():
 
 
 def test_a_port_out_of_range(capsys):
-    with pytest.raises(SystemExit) as exit_:
-        main(["serve", "tiny-llama", "--weights", "random", "--port", "99999"])
-    assert exit_.value.code == 2 and "a port is 0 to 65535, not 99999" in capsys.readouterr().err
+    assert "a port is 0 to 65535, not 99999" in usage_error_of(
+        capsys, ["serve", "tiny-llama", "--weights", "random", "--port", "99999"])
 
 
 def test_a_parser_a_card_names_that_linnet_lacks(capsys, tmp_path):
@@ -113,10 +134,8 @@ def test_a_path_that_is_not_there_is_not_called_an_unknown_card(capsys, tmp_path
                                   ["export", "tiny-llama", "--to", "triton", "--batch", "0"]])
 def test_counts_below_one_are_flag_errors(capsys, argv):
     """A size the user typed is named by its flag, not as a generic at the card's first line."""
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)
-    err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "must be 1 or more" in err and argv[-2] in err
+    err = usage_error_of(capsys, argv)
+    assert "must be 1 or more" in err and argv[-2] in err
 
 
 @pytest.mark.parametrize("argv", [["export", "tiny-llama", "--to", "vllm", "-o", "out", "--weights", "random",
@@ -125,10 +144,7 @@ def test_counts_below_one_are_flag_errors(capsys, argv):
                                   ["serve", "tiny-llama", "--seed", "1.5"]])
 def test_a_seed_the_generators_cannot_take_is_a_flag_error(capsys, argv):
     """torch's generator takes a signed 64-bit seed: past it, a flag error, not an overflow traceback."""
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)
-    err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "argument --seed" in err and "Traceback" not in err
+    assert "argument --seed" in usage_error_of(capsys, argv)
 
 
 def test_a_token_budget_too_small_for_the_rows_is_one_line(capsys):
@@ -145,18 +161,16 @@ def test_a_token_budget_too_small_for_the_rows_is_one_line(capsys):
                                              ("Seq=4", "unknown generic `Seq`"), ("T", "takes NAME=VALUE")])
 def test_a_bad_generic_is_its_flags_error(capsys, command, generic, needle):
     """What the user typed is named by its flag, not reported as an error in the card's source."""
-    with pytest.raises(SystemExit) as exit_:
-        main([command, TINY, "--generic", generic])
-    err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "argument --generic" in err and needle in err and "tiny-llama.linnet:" not in err
+    err = usage_error_of(capsys, [command, TINY, "--generic", generic])
+    assert "argument --generic" in err and needle in err and "tiny-llama.linnet:" not in err
 
 
 @pytest.mark.parametrize("command", ["check", "compile"])
 def test_a_generic_given_twice_is_refused(capsys, command):
     """Which of two values was meant the command cannot know (it kept the last); the same one twice is
     no question."""
-    err = error_of(capsys, [command, TINY, "--generic", "Batch=2", "--generic", "Batch=3"])
-    assert "linnet: error: --generic Batch is given twice: Batch=2 and Batch=3" in err
+    err = usage_error_of(capsys, [command, TINY, "--generic", "Batch=2", "--generic", "Batch=3"])
+    assert f"linnet {command}: error: --generic Batch is given twice: Batch=2 and Batch=3" in err
     assert main(["check", TINY, "--generic", "T=f32", "--generic", "T=f32"]) == 0
 
 
@@ -165,17 +179,17 @@ def test_generics_for_an_architecture_without_its_config_values_name_what_lacks(
     arch = str(TINY).replace("tiny-llama.linnet", "arch/llama.linnet")
     assert main(["check", arch]) == 0
     capsys.readouterr()
-    err = error_of(capsys, ["check", arch, "--generic", "Batch=8"])
+    err = usage_error_of(capsys, ["check", arch, "--generic", "Batch=8"])
     assert "config value `vocab` has no default" in err and "through a card that imports it" in err
 
 
 def test_a_structure_file_that_is_not_there_or_not_json(capsys, tmp_path):
     pytest.importorskip("llguidance")
     args = ["generate", "smollm2-135m-instruct", "x", "--max-seq", "64", "--json-schema"]
-    assert "--json-schema nope.json: no such file, nor a JSON schema" in error_of(capsys, [*args, "nope.json"])
+    assert "--json-schema nope.json: no such file, nor a JSON schema" in usage_error_of(capsys, [*args, "nope.json"])
     broken = tmp_path / "broken.json"
     broken.write_text('{"type": "object",')
-    assert f"--json-schema {broken}: not JSON (Expecting property name" in error_of(capsys, [*args, str(broken)])
+    assert f"--json-schema {broken}: not JSON (Expecting property name" in usage_error_of(capsys, [*args, str(broken)])
 
 
 @pytest.mark.parametrize("flag, value, needle", [
@@ -187,7 +201,7 @@ def test_a_structure_that_cannot_be_held_is_said_before_the_model_loads(capsys, 
     """tiny-llama has no weights here: the structure's error comes first, with no grammar the user
     did not write (llguidance wraps a regex in one)."""
     pytest.importorskip("llguidance")
-    err = error_of(capsys, ["generate", "tiny-llama", "x", flag, value])
+    err = usage_error_of(capsys, ["generate", "tiny-llama", "x", flag, value])
     assert needle in err and "weights" not in err
     assert flag == "--grammar" or "start:" not in err
 

@@ -89,9 +89,10 @@ def test_serve_with_a_key_a_tokenizer_and_a_chat_template(tmp_path):
 def test_auto_tool_choice_without_a_parser_is_a_usage_error(capsys):
     from linnet.cli import main
 
-    assert main(["serve", "tiny-llama", "--weights", "random", "--batch", "2", "--max-seq", "32",
-                 "--enable-auto-tool-choice"]) == 1
-    assert "--tool-call-parser" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="2"):  # argparse's status, as for a flag it refuses itself
+        main(["serve", "tiny-llama", "--weights", "random", "--batch", "2", "--max-seq", "32",
+              "--enable-auto-tool-choice"])
+    assert "linnet serve: error: --enable-auto-tool-choice needs --tool-call-parser" in capsys.readouterr().err
 
 
 def test_vllms_seed_and_enforce_eager_reach_the_engine_and_the_model(monkeypatch):
