@@ -206,10 +206,10 @@ def _structure(args):
         return None
     kind, value = asked[0]
     flag = {"json": "--json-schema", "grammar": "--grammar"}.get(kind)
-    if flag is not None and os.path.isfile(value):
-        value = Path(value).read_text()
-    elif kind == "json" and not value.lstrip().startswith("{"):  # a file's name, mistyped: not a schema's text
-        raise _FlagError(f"--json-schema {value}: no such file, nor a JSON schema")
+    if kind == "json":
+        value = _text_or_file(flag, value, "a JSON schema", lambda text: text.lstrip().startswith("{"))
+    elif kind == "grammar":  # every rule is written `name: ...` (Lark) or `name ::= ...` (GBNF)
+        value = _text_or_file(flag, value, "a grammar", lambda text: ":" in text)
     if kind == "json":
         try:
             json.loads(value)
@@ -220,6 +220,22 @@ def _structure(args):
     if problem is not None:
         raise _FlagError(f"{flag or '--regex'} {asked[0][1]}: cannot hold an output to it: {problem}")
     return structure
+
+
+def _text_or_file(flag: str, given: str, what: str, is_text) -> str:
+    """What a flag that takes a text or a file holding it was given: the file's text where `given` is a
+    file, else `given` where `is_text(given)` says it is the text itself; anything else is a file's
+    name that is not there (said so, not parsed as `what` and refused for its syntax)."""
+    if os.path.isfile(given):  # (False, not an error, for a text too long to be a file's name)
+        try:
+            return Path(given).read_text()
+        except UnicodeDecodeError as err:
+            raise _FlagError(f"{flag} {given}: not UTF-8 text ({err.reason}: byte 0x{err.object[err.start]:02x} at "
+                             f"offset {err.start})") from None
+    if is_text(given):
+        return given
+    raise _FlagError(f"{flag} {given}: {'a directory, not a file' if os.path.isdir(given) else 'no such file'}, "
+                     f"nor {what}")
 
 
 def _warm_up(engine, req) -> None:
@@ -253,17 +269,8 @@ def _use_chat_template(model, given: str | None) -> None:
         return
     if model.tokenizer is None:
         raise _UsageError("--chat-template needs a tokenizer, and these weights have none (see --tokenizer)")
-    try:
-        is_file = Path(given).is_file()
-    except OSError:  # a template too long to be a file name
-        is_file = False
-    if is_file:
-        template = Path(given).read_text()
-    elif "{{" in given or "{%" in given:
-        template = given
-    else:
-        raise _FlagError(f"--chat-template {given}: no such file, nor a Jinja template")
-    model.tokenizer.chat_template = template
+    model.tokenizer.chat_template = _text_or_file("--chat-template", given, "a Jinja template",
+                                                  lambda text: "{{" in text or "{%" in text)
     try:
         model.tokenizer.apply_chat_template([{"role": "user", "content": "hello"}], add_generation_prompt=True)
     except Exception as err:  # a syntax error, or a template that cannot render a plain user turn

@@ -192,6 +192,21 @@ def test_a_structure_file_that_is_not_there_or_not_json(capsys, tmp_path):
     assert f"--json-schema {broken}: not JSON (Expecting property name" in usage_error_of(capsys, [*args, str(broken)])
 
 
+@pytest.mark.parametrize("flag, what", [("--json-schema", "a JSON schema"), ("--grammar", "a grammar")])
+def test_a_structure_file_missing_a_folder_or_not_text(capsys, tmp_path, flag, what):
+    """A grammar file's name mistyped was parsed as GBNF ("Expected ::= at line 1"), and a file that is
+    not UTF-8 was a UnicodeDecodeError's traceback."""
+    pytest.importorskip("llguidance")
+    args = ["generate", "tiny-llama", "x", flag]
+    missing = str(tmp_path / "yes-no.gbnf")
+    assert f"{flag} {missing}: no such file, nor {what}" in usage_error_of(capsys, [*args, missing])
+    assert f"{flag} {tmp_path}: a directory, not a file, nor {what}" in usage_error_of(capsys, [*args, str(tmp_path)])
+    latin1 = tmp_path / "schema.txt"
+    latin1.write_bytes('{"enum": ["café"]}'.encode("latin-1"))
+    assert (f"{flag} {latin1}: not UTF-8 text (invalid continuation byte: byte 0xe9 at offset 14)"
+            in usage_error_of(capsys, [*args, str(latin1)]))
+
+
 @pytest.mark.parametrize("flag, value, needle", [
     ("--regex", "(", "--regex (: cannot hold an output to it: invalid regex \"(\""),
     ("--json-schema", '{"type": "nonsense"}', "cannot hold an output to it: Invalid type: nonsense"),

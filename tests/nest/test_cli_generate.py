@@ -112,8 +112,11 @@ def test_a_chat_template_given_on_the_command_line(tmp_path, gguf_path, capsys):
     (tmp_path / "t.jinja").write_text("[{{ messages[0]['content'] }}]")
     _use_chat_template(model, str(tmp_path / "t.jinja"))
     assert model.tokenizer.apply_chat_template(hi) == "[hi]"
-    with pytest.raises(_UsageError, match="no such file"):
+    with pytest.raises(_UsageError, match="missing.jinja: no such file, nor a Jinja template"):
         _use_chat_template(model, str(tmp_path / "missing.jinja"))
+    (tmp_path / "latin1.jinja").write_bytes("{{ 'café' }}".encode("latin-1"))
+    with pytest.raises(_UsageError, match="latin1.jinja: not UTF-8 text"):  # (was a UnicodeDecodeError)
+        _use_chat_template(model, str(tmp_path / "latin1.jinja"))
     with pytest.raises(_UsageError, match="does not render a user message"):
         _use_chat_template(model, "{{ messages[0]['content'] }")
     with pytest.raises(SystemExit, match="2"):  # a flag's value: argparse's exit status
