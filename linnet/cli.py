@@ -119,6 +119,7 @@ def cmd_generate(args) -> int:
     from linnet import nest
     from linnet.nest.progress import Progress
     from linnet.serve.engine import Engine
+    from linnet.serve.openai_replies import TextStream
     from linnet.serve.request import Request, tokens
 
     if args.system is not None and not args.chat:
@@ -160,26 +161,28 @@ def cmd_generate(args) -> int:
 
     engine = Engine(model, seed=args.seed or 0)
     req = Request(prompt=ids, max_new_tokens=max_new, temperature=args.temperature, top_p=args.top_p,
-                  seed=args.seed, structure=structure)
+                  seed=args.seed, structure=structure, stop=args.stop or [])
     if model.backend == "jax" or model.compile:  # compile (XLA) or capture (CUDA graphs) before the clock starts
         bar = Progress(f"compiling {model.card} ({model.backend})")
         _warm_up(engine, req)
         bar.close()
-    decoder = tok.incremental_decoder(skip_special_tokens=True, context=ids)
+    # the text as the server streams it: what may yet turn out to be a stop string is held back, and the
+    # end is the engine's text, cut before the stop string that ended it
+    text = TextStream(tok, ids, req.stop)
     out = sys.stdout
     start = time.perf_counter()
     comp = engine.submit(req)
     shown = 0
     while engine.has_work():
         engine.step()
-        for token in comp.tokens[shown:]:
-            piece = decoder.push(token)
-            if piece:
-                out.write(piece)
-                out.flush()
+        text.add(comp.tokens[shown:])
         shown = len(comp.tokens)
+        piece = text.ready() if comp.finish_reason is None else ""  # (the last tokens' text: the engine's, below)
+        if piece:
+            out.write(piece)
+            out.flush()
     seconds = time.perf_counter() - start
-    out.write(decoder.finish() + "\n")
+    out.write(text.finish(comp.text) + "\n")
     out.flush()
     if comp.finish_reason == "error":
         raise _UsageError(comp.error or "generation failed")
@@ -426,6 +429,12 @@ _temperature = _number(0, LARGEST_SCALE, f"must be from 0 to {LARGEST_SCALE:g}, 
 _top_p = _number(0, 1, "must be from 0 to 1, not {}", "a number", float)
 
 
+def _stop_text(text: str) -> str:
+    if not text:  # (found in every text)
+        raise argparse.ArgumentTypeError("an empty stop string")
+    return text
+
+
 def _cors_list(text: str) -> list[str]:
     from linnet.serve.cors import parse_list
 
@@ -478,7 +487,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=_temperature, default=0.0, help="0 (the default) is greedy")
     g.add_argument("--top-p", type=_top_p, default=1.0, help="sample from the likeliest tokens whose probabilities "
                    "add up to this (1, the default: from all)")
-    g.add_argument("--seed", type=_seed, default=None)
+    g.add_argument("--seed", type=_seed, default=None,
+                   help="seeds the draws of a sampled run (default: a fixed seed, so that a run repeats, as vLLM's "
+                        "default seed 0 has it)")
+    g.add_argument("--stop", action="append", type=_stop_text, metavar="TEXT",
+                   help="end the output before this text where it appears (repeatable; vLLM's stop)")
     g.add_argument("--backend", choices=["torch", "jax"], default="torch", help="(torch)")
     g.add_argument("--weights", help='a model directory, a .gguf file, or "random" (default: found as nest.load does)')
     g.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda if there is one)")

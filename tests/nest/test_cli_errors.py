@@ -46,7 +46,8 @@ def test_request_values_are_checked_before_the_model_loads(capsys):
                               ("--temperature", "-1", "must be from 0 to 1e+30, not -1.0"),
                               ("--temperature", "inf", "must be from 0 to 1e+30, not inf"),
                               ("--temperature", "hot", "not a number: 'hot'"),
-                              ("--max-new-tokens", "0", "must be 1 or more, not 0")):
+                              ("--max-new-tokens", "0", "must be 1 or more, not 0"),
+                              ("--stop", "", "an empty stop string")):
         assert f"argument {flag}: {says}" in usage_error_of(capsys, base + [flag, value])
     # and what argparse cannot see alone: flags that do not go together
     assert "linnet generate: error: --system needs --chat" in usage_error_of(capsys, base + ["--system", "be brief"])

@@ -55,6 +55,26 @@ def test_generate_held_to_a_schema_a_regex_or_a_grammar(capsys, gguf_path, tmp_p
     assert "--regex (: cannot hold an output to it" in capsys.readouterr().err
 
 
+def test_stop_strings_end_the_output_before_them(capsys, gguf_path):
+    """--stop as vLLM's stop: the text ends before the first place any of them begins, and nothing of a
+    stop string is printed while it may still be one (the streamed text is the whole output)."""
+    base = ["generate", "smollm2-135m-instruct", "List three colours, one per line.", "--chat",
+            "--max-new-tokens", "24", "--max-seq", "96"]
+    assert main(base) == 0
+    full = capsys.readouterr().out
+    words = full.split()
+    assert len(words) > 4, full
+    late, early = words[4], words[2]  # the earlier one begins first, whatever the order given
+    assert main(base + ["--stop", late, "--stop", early]) == 0
+    out, err = capsys.readouterr()
+    assert out == full[:min(full.index(late), full.index(early))] + "\n"
+    assert "[cut at" not in err
+    # one character: nothing is held back while the text comes, and the stop string was printed before
+    # the end came (cut from the engine's text, not from what was already out)
+    assert main(base + ["--stop", words[3][0]]) == 0
+    assert capsys.readouterr().out == full[:full.index(words[3][0])] + "\n"
+
+
 def test_cards_lists_every_card(capsys, gguf_path):
     from linnet import nest
 
