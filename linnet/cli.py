@@ -455,9 +455,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"linnet {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    def source_cmd(name, help_text):
+    def source_cmd(name, help_text, specializes=True):
         s = sub.add_parser(name, help=help_text)
         s.add_argument("file", help="a .linnet card or architecture")
+        if not specializes:  # (the checked IR is printed before any number is bound: no generic to take)
+            return s
         s.add_argument("--generic", action="append", metavar="NAME=VALUE", type=_generic,
                        help="bind a generic: Batch=8, MaxSeq=256, T=bf16 (repeatable; default: "
                             + ", ".join(f"{k}={v}" for k, v in DEFAULT_GENERICS.items()) + ")")
@@ -471,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("-o", "--output", help="write here instead of standard output")
     c.set_defaults(run=cmd_compile)
     source_cmd("check", "parse and check a model, print nothing else").set_defaults(run=cmd_check)
-    source_cmd("ir", "print the checked IR").set_defaults(run=cmd_ir)
+    source_cmd("ir", "print the checked IR, before generics are bound", specializes=False).set_defaults(run=cmd_ir)
 
     sub.add_parser("cards", help="list the model cards: size, source, and where their weights were found") \
         .set_defaults(run=cmd_cards)

@@ -155,7 +155,7 @@ def test_a_token_budget_too_small_for_the_rows_is_one_line(capsys):
     assert err.startswith("linnet: error: token_budget (12) is too small for 1 rows: at least") and "Traceback" not in err
 
 
-@pytest.mark.parametrize("command", ["check", "compile", "ir"])
+@pytest.mark.parametrize("command", ["check", "compile"])
 @pytest.mark.parametrize("generic, needle", [("Batch=0", "generic `Batch` must be a positive integer, not '0'"),
                                              ("MaxSeq=abc", "generic `MaxSeq` must be a positive integer, not 'abc'"),
                                              ("T=f64", "generic `T` must be a float type (f32, bf16, f16), not 'f64'"),
@@ -164,6 +164,15 @@ def test_a_bad_generic_is_its_flags_error(capsys, command, generic, needle):
     """What the user typed is named by its flag, not reported as an error in the card's source."""
     err = usage_error_of(capsys, [command, TINY, "--generic", generic])
     assert "argument --generic" in err and needle in err and "tiny-llama.linnet:" not in err
+
+
+def test_ir_takes_no_generics(capsys):
+    """It prints the checked IR, which no number is bound in: --generic and --numerics were taken and
+    changed nothing."""
+    for flag in (["--generic", "Batch=8"], ["--numerics", "fast"]):
+        with pytest.raises(SystemExit, match="2"):  # (argparse names the unknown flags at the top command)
+            main(["ir", TINY, *flag])
+        assert f"linnet: error: unrecognized arguments: {' '.join(flag)}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["check", "compile"])
