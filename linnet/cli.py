@@ -313,8 +313,8 @@ def _use_compile_cache(args) -> None:
 def _add_compile_cache(parser) -> None:
     parser.add_argument("--compile-cache", default=_default_compile_cache(), metavar="DIR",
                         help="jax: where compiled executables are kept between runs, so that a second start "
-                             "compiles nothing ('none': nowhere; default: $JAX_COMPILATION_CACHE_DIR, else "
-                             "%(default)s)")
+                             "compiles nothing ('none': nowhere; default: %(default)s, $JAX_COMPILATION_CACHE_DIR "
+                             "where it is set, else xla in Linnet's cache)")
 
 
 def cmd_serve(args) -> int:

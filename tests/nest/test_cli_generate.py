@@ -170,6 +170,20 @@ def test_jax_keeps_its_executables_between_runs(gguf_path, tmp_path):
         assert [n for n in after if entry(n) == kind] == [n for n in written if entry(n) == kind]
 
 
+@pytest.mark.parametrize("command", ["generate", "serve"])
+def test_the_compile_caches_default_is_the_one_help_prints(capsys, monkeypatch, command):
+    # with $JAX_COMPILATION_CACHE_DIR set, help said "default: $JAX_COMPILATION_CACHE_DIR, else" that same folder
+    from linnet.cli import build_parser
+
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "/srv/xla")  # (nothing is made there)
+    assert build_parser().parse_args([command, "tiny-llama", "hi"][:3 if command == "generate" else 2]).compile_cache \
+        == "/srv/xla"
+    with pytest.raises(SystemExit, match="0"):
+        main([command, "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "default: /srv/xla, $JAX_COMPILATION_CACHE_DIR where it is set, else xla in Linnet's cache" in shown
+
+
 def test_a_16_bit_type_asked_for_with_exact_numerics_is_noted(capsys, gguf_path):
     # exact numerics compute in f32 whatever T says: asked for bf16, the run says so; not asked, no note
     base = ["generate", "smollm2-135m-instruct", "hi", "--weights", "random", "--tokenizer", str(gguf_path),
