@@ -54,6 +54,13 @@ def test_04_throughput_prints_its_two_lines():
     assert re.fullmatch(r"64 tokens in [\d.]+ s: \d+ tokens/s", rate)
 
 
+def test_04_shards_without_jax_is_a_usage_error():
+    # torch took --shards and ran on one device, saying nothing
+    done = subprocess.run([sys.executable, str(ROOT / "examples/04-serve/throughput.py"), "--card", "tiny-llama",
+                           "--shards", "2"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "throughput.py: error: --shards spreads a JAX model over devices" in done.stderr
+
+
 @pytest.mark.parametrize("path", ["01-compile/compile.py", "04-serve/throughput.py"])
 def test_an_unknown_card_is_one_line(path):
     done = subprocess.run([sys.executable, str(ROOT / "examples" / path), "--card", "nope"], cwd=ROOT,

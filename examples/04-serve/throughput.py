@@ -43,6 +43,8 @@ parser.add_argument("--shards", type=positive, default=None, help="jax: spread t
 args = parser.parse_args()
 if args.min_prompt > args.max_prompt:
     parser.error(f"--min-prompt ({args.min_prompt}) is more than --max-prompt ({args.max_prompt})")
+if args.shards is not None and args.backend != "jax":  # (as `linnet serve` refuses it: torch would ignore it)
+    parser.error("--shards spreads a JAX model over devices: pass --backend jax")
 
 # One cache row per request in flight, long enough for the longest prompt
 # and its completion.
