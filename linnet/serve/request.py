@@ -58,7 +58,7 @@ def _is_number(x) -> bool:
 class Request:
     prompt: list  # token ids
     max_new_tokens: int = 16
-    temperature: float = 0.0  # 0: greedy
+    temperature: float = 0.0  # 0 (or below 1e-5, as vLLM has it): greedy
     top_k: int = 0  # 0: no limit
     top_p: float = 1.0  # 0: the likeliest token alone (OpenAI and llama.cpp take it; vLLM refuses it)
     min_p: float = 0.0

@@ -72,6 +72,10 @@ def adjustment_of(requests: list) -> str | None:
     return MASK if any(r.restricted for r in requests) else None
 
 
+# Temperatures below this draw greedily, as vLLM's do: the logits over it are so far apart that only
+# ties are left to chance, and tied logits (common in bf16) are broken by the lowest id instead.
+GREEDY_BELOW = 1e-5
+
 @dataclass
 class SamplingBatch:
     temperature: np.ndarray  # f32[K]
@@ -96,6 +100,7 @@ class SamplingBatch:
     def of(requests: list, seeds: list, steps: list) -> "SamplingBatch":
         f = lambda attr: np.array([getattr(r, attr) for r in requests], dtype=np.float32)
         temp = f("temperature")
+        temp[temp < GREEDY_BELOW] = 0.0
         rep, pres, freq = f("repetition_penalty"), f("presence_penalty"), f("frequency_penalty")
         asked = [r.logprobs for r in requests if r.logprobs is not None]
         return SamplingBatch(

@@ -413,3 +413,15 @@ def test_a_top_p_of_1_keeps_every_token_beside_a_row_that_asks_for_a_nucleus():
     assert want[[0, 2, 3]].all() and want[1].sum() < 49152 / 4
     assert np.array_equal(got_torch, want)
     assert np.array_equal(got_jax, want)
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_a_temperature_below_1e_5_is_greedy_as_vllms(backend):
+    # tied logits (bf16 makes many) go to the lowest id, whatever the seed; at 1e-5 itself the draw
+    # is the tempered one, and the seeds then split between the tied tokens
+    logits = np.tile(np.array([[1.0, 5.0, 5.0, 0.0, 5.0]], np.float32), (16, 1))
+    for temperature, want in ((9e-6, {1}), (1e-5, {1, 2, 4})):
+        reqs = [Request([1], temperature=temperature) for _ in range(16)]
+        tokens = run(backend, logits, reqs, list(range(16)), [0] * 16)[0]
+        assert set(np.asarray(tokens).tolist()) == want
+    assert SamplingBatch.of([Request([1], temperature=9e-6)], [0], [0]).greedy_only
