@@ -36,6 +36,11 @@ class ApiError(Exception):
         self.body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
         self.headers = headers  # (name, value) pairs of bytes the answer carries: a 405's Allow
 
+    def names_param(self, old: str, new: str) -> None:
+        """The error's param `new` where it is `old` (a field as the body that was sent calls it)."""
+        if self.body["error"]["param"] == old:
+            self.body["error"]["param"] = new
+
 
 @dataclass
 class Job:

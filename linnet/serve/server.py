@@ -238,16 +238,21 @@ class OpenAIServer:
         if responses is not None:
             body = chat_body(responses)
         chat = responses is not None or path.endswith("chat/completions")
-        # on a thread of its own: a long prompt's template and tokens (and a structure's grammar) would
-        # hold the event loop, and every stream with it (a 4 MB prompt: 2 s)
-        if chat:
-            job = await asyncio.to_thread(chat_job, body, self.tokenizer, self.model.max_seq, self.tool_parser,
-                                          self.reasoning, self.structure_in_reasoning)
-        else:
-            job = await asyncio.to_thread(completion_job, body, self.tokenizer, self.model.max_seq)
         length = "max_output_tokens" if responses is not None else length_field(body)
-        for req in job.requests:
-            check_fits(req, self.model.vocab, self.model.max_seq, chat, length)
+        try:
+            # on a thread of its own: a long prompt's template and tokens (and a structure's grammar)
+            # would hold the event loop, and every stream with it (a 4 MB prompt: 2 s)
+            if chat:
+                job = await asyncio.to_thread(chat_job, body, self.tokenizer, self.model.max_seq, self.tool_parser,
+                                              self.reasoning, self.structure_in_reasoning)
+            else:
+                job = await asyncio.to_thread(completion_job, body, self.tokenizer, self.model.max_seq)
+            for req in job.requests:
+                check_fits(req, self.model.vocab, self.model.max_seq, chat, length)
+        except ApiError as err:
+            if responses is not None:  # the messages it speaks of are the Responses body's input
+                err.names_param("messages", "input")
+            raise
         streams = []
         try:
             for req in job.requests:

@@ -365,3 +365,12 @@ def test_a_call_cut_short_is_kept_and_a_later_response_goes_on_without_it():
         json.loads(out["output"][-1]["arguments"])
     assert not any("error" in e for e in events) and events[-1]["response"]["status"] == "incomplete"
     assert status == 200, later
+
+
+@pytest.mark.parametrize("body", [{"input": "t1 " * 5000, "max_output_tokens": 2},  # longer than the context
+                                  {"input": "a lone \ud800 surrogate"}])
+def test_an_error_in_the_input_names_input(server, body):
+    # the chat body the Responses body becomes holds it as messages: the error names the field sent
+    base, _, _ = server
+    status, text = call(base, "/v1/responses", body)
+    assert status == 400 and json.loads(text)["error"]["param"] == "input", text
