@@ -337,6 +337,12 @@ def cmd_serve(args) -> int:
     except ValueError as err:  # what was asked cannot be had: more shards than devices, an unknown device
         raise _UsageError(str(err)) from None
     _use_chat_template(model, args.chat_template)
+    defaults = getattr(model.tokenizer, "sampling_defaults", None)
+    if args.generation_config == "vllm" and defaults:
+        defaults.clear()  # OpenAI's defaults alone, whatever the model's config says
+    elif defaults:  # as vLLM says it, so that a reply sampled otherwise than the API's defaults is explained
+        print(f"linnet: the model's generation config sets the sampling defaults of requests that leave them "
+              f"out: {defaults} (--generation-config vllm: the API's own)", file=sys.stderr)
     api_key = args.api_key or os.environ.get("LINNET_API_KEY") or None
     template = getattr(model.tokenizer, "chat_template", None)
     parser = args.tool_call_parser or parser_for_template(template) or model.module.meta.get("tool_call_parser")
@@ -561,6 +567,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="vLLM's flag, taken as it is: 'auto' is on wherever a tool-call parser is known")
     sv.add_argument("--trust-request-chat-template", action="store_true",
                     help="let a chat request bring its own 'chat_template' (run sandboxed; refused otherwise)")
+    sv.add_argument("--generation-config", choices=["auto", "vllm"], default="auto",
+                    help="auto: a request that sets no temperature, top_p, top_k, min_p, repetition_penalty or "
+                         "max_tokens takes the model's generation_config.json's, as vLLM's does; vllm: the "
+                         "API's own defaults (auto)")
     sv.add_argument("--stored-responses", type=_nonnegative, default=1024,
                     help="how many Responses (/v1/responses) are kept in memory for previous_response_id and "
                          "GET /v1/responses/ID, the oldest dropped first (0: none; 1024)")

@@ -62,6 +62,22 @@ def _token_text(value) -> str | None:
     return value if isinstance(value, str) else None
 
 
+# generation_config.json's keys that a server's request takes where it does not set the field, as
+# vLLM's (its --generation-config auto): HF's max_new_tokens is a request's max_tokens
+SAMPLING_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                     "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+
+
+def _sampling_defaults(gen: dict) -> dict:
+    """The request fields a generation config sets (numbers only: a config's null or text is none)."""
+    out = {}
+    for key, field in SAMPLING_DEFAULTS.items():
+        value = gen.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
+            out[field] = value
+    return out
+
+
 def _as_id_list(value) -> list[int]:
     if value is None:
         return []
@@ -106,6 +122,7 @@ class Tokenizer:
         special_tokens: dict[str, str | None] | None = None,
         source: str = "",
         chat_templates: dict[str, str] | None = None,
+        sampling_defaults: dict | None = None,
     ):
         self.backend = backend          # a tokenizers.Tokenizer
         self.source = source            # where it came from, for messages
@@ -122,6 +139,9 @@ class Tokenizer:
         # the weights' other templates by name ("tool_use", "rag", ...): a model may write its tools'
         # prompt in a template of its own, which transformers, vLLM and llama.cpp take when tools are given
         self.chat_templates: dict[str, str] = dict(chat_templates or {})
+        # the model's generation config's sampling settings, by request field (`_sampling_defaults`):
+        # what a server's request takes where it sets none
+        self.sampling_defaults: dict = dict(sampling_defaults or {})
         # variables a chat template sees besides messages (bos_token, eos_token, ...)
         self.special_tokens = {"bos_token": bos_token, "eos_token": eos_token, **(special_tokens or {})}
         self._byte_kind: str | None = None  # how pieces hold bytes (`token_bytes`), read on first use
@@ -198,6 +218,7 @@ class Tokenizer:
             special_tokens={"unk_token": special("unk_token"), "pad_token": special("pad_token")},
             source=str(d),
             chat_templates=named,
+            sampling_defaults=_sampling_defaults(gen),
         )
 
     @classmethod

@@ -271,12 +271,20 @@ def length_field(body: dict) -> str:
 
 
 def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens: int | None,
-                     fewest_tokens: int = 1) -> Request:
+                     fewest_tokens: int = 1, defaults: dict | None = None) -> Request:
     """The engine request for a body's sampling fields (OpenAI's, plus vLLM's top_k, min_p, ...).
 
     Without max_tokens a request may fill its row: `default_max_tokens` (None: no limit) cut to what
     the row has left; a max_tokens asked for is kept, and `check_fits` refuses it if it cannot fit.
-    `fewest_tokens`: the least max_tokens may be (0 where an echo alone is an answer)."""
+    `fewest_tokens`: the least max_tokens may be (0 where an echo alone is an answer). `defaults`:
+    the model's generation config's fields (`Tokenizer.sampling_defaults`), taken where the body
+    sets none, before OpenAI's own defaults, as vLLM takes them."""
+    given = defaults or {}
+    if given:
+        body = {**{k: v for k, v in given.items() if k != "max_tokens"}, **{k: v for k, v in body.items()
+                                                                           if v is not None}}
+    if given.get("max_tokens") is not None:
+        default_max_tokens = min(filter(None, (default_max_tokens, int(given["max_tokens"]))))
     name = length_field(body)
     max_tokens = body.get(name)
     if max_tokens is None:
@@ -309,12 +317,15 @@ def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens:
 
 
 def _copies(body: dict, prompt: list, max_seq: int, default_max_tokens: int | None, n: int,
-            logprobs: int | None, prompt_logprobs: int | None = None, fewest_tokens: int = 1) -> list:
+            logprobs: int | None, prompt_logprobs: int | None = None, fewest_tokens: int = 1,
+            tokenizer=None) -> list:
     """n requests sampling one prompt; with a seed, copy j draws with seed + j (as vLLM's do). Copy 0
-    alone scores the prompt, when asked: a scoring request reuses no cached prompt, the others can."""
+    alone scores the prompt, when asked: a scoring request reuses no cached prompt, the others can.
+    The tokenizer's `sampling_defaults` fill the fields the body leaves out."""
     out = []
+    defaults = getattr(tokenizer, "sampling_defaults", None)
     for j in range(n):
-        req = sampling_request(body, prompt, max_seq, default_max_tokens, fewest_tokens)
+        req = sampling_request(body, prompt, max_seq, default_max_tokens, fewest_tokens, defaults)
         if req.seed is not None:
             req.seed += j
         req.logprobs = logprobs
@@ -393,7 +404,7 @@ def completion_job(body: dict, tokenizer, max_seq: int) -> Job:
     requests = []
     for ids in prompts:
         requests += _copies(body, ids, max_seq, COMPLETION_MAX_TOKENS, n, logprobs, max(wanted, default=None),
-                            fewest_tokens=0 if echoed else 1)
+                            fewest_tokens=0 if echoed else 1, tokenizer=tokenizer)
     echo = None
     if echoed:
         shown = [t if t is not None else (tokenizer.decode(ids, skip_special_tokens=True) if tokenizer else "")
@@ -531,7 +542,7 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=No
     logprobs = number_field(body, "top_logprobs", 0, 0, MAX_LOGPROBS, integer=True) if wants_logprobs else None
     asked = logprob_count(body, "prompt_logprobs")
     tool_call, structure = _tool_call(body, tool_parser)
-    requests = _copies(body, ids, max_seq, None, n, logprobs, asked)
+    requests = _copies(body, ids, max_seq, None, n, logprobs, asked, tokenizer=tokenizer)
     if reasoning is not None and reasoning.keeps_special:
         for r in requests:  # harmony's markers are special tokens: the engine's text, cut at a stop string, keeps them
             r.skip_special_tokens, r.keeps_end_token = False, True

@@ -361,3 +361,26 @@ def test_a_lone_surrogate_is_named_where_utf_8_refuses_it(gguf_tokenizer, text):
         assert "stand-in" not in str(err.value)
     else:
         assert f"the byte 0x{byte[0]:02X}" in str(err.value)
+
+
+def test_a_generation_configs_sampling_settings_are_a_requests_defaults(hf_dir, tmp_path):
+    """As vLLM's --generation-config auto: the fields a body leaves out (or sends as null) take the
+    config's (max_new_tokens as max_tokens); those it sends keep theirs; a config's null is no default."""
+    import shutil
+
+    from linnet.serve.openai_api import completion_job
+
+    d = tmp_path / "t"
+    shutil.copytree(hf_dir, d)
+    (d / "generation_config.json").write_text(json.dumps({
+        "eos_token_id": 2, "do_sample": True, "temperature": 0.6, "top_p": 0.9, "top_k": 20, "min_p": None,
+        "repetition_penalty": 1.05, "max_new_tokens": 7}))
+    tok = Tokenizer.from_dir(d)
+    assert tok.sampling_defaults == {"temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.05,
+                                     "max_tokens": 7}
+    (req,) = completion_job({"prompt": "hi"}, tok, 64).requests
+    assert (req.temperature, req.top_p, req.top_k, req.min_p, req.repetition_penalty, req.max_new_tokens) == \
+        (0.6, 0.9, 20, 0.0, 1.05, 7)
+    (req,) = completion_job({"prompt": "hi", "temperature": 0, "top_p": None, "max_tokens": 12}, tok, 64).requests
+    assert (req.temperature, req.top_p, req.max_new_tokens) == (0.0, 0.9, 12)
+    assert Tokenizer.from_dir(hf_dir).sampling_defaults == {}  # a config without them: the API's own
