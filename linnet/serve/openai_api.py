@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 from linnet.nest.errors import TokenizerError
-from linnet.serve.request import MAX_LOGPROBS, Request, RequestError, is_int, tokens
+from linnet.serve.request import LARGEST_SCALE, MAX_LOGPROBS, Request, RequestError, is_int, tokens
 from linnet.serve.structured import Structure
 from linnet.serve.tool_parsers import call_ids, forced_calls, openai_call_id
 
@@ -301,13 +301,15 @@ def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens:
         raise ApiError(400, "'allowed_token_ids' must be a non-empty list of token ids", "allowed_token_ids")
     return Request(
         prompt=prompt, max_new_tokens=max_tokens, structure=_structure(body),
-        temperature=float(number_field(body, "temperature", 1.0, 0, 2)),
+        # vLLM's ranges, wider than OpenAI's (a temperature past 2, a repetition penalty past 10), up
+        # to what the step holds
+        temperature=float(number_field(body, "temperature", 1.0, 0, LARGEST_SCALE)),
         top_p=float(number_field(body, "top_p", 1.0, 0, 1)),  # [0, 1], as OpenAI takes it: 0 keeps the likeliest token
         top_k=int(number_field(body, "top_k", 0, -1, None, integer=True)) if body.get("top_k", 0) != -1 else 0,
         min_p=float(number_field(body, "min_p", 0.0, 0, 1)),
         presence_penalty=float(number_field(body, "presence_penalty", 0.0, -2, 2)),
         frequency_penalty=float(number_field(body, "frequency_penalty", 0.0, -2, 2)),
-        repetition_penalty=float(number_field(body, "repetition_penalty", 1.0, 0.01, 10)),
+        repetition_penalty=float(number_field(body, "repetition_penalty", 1.0, 0.01, LARGEST_SCALE)),
         seed=seed, stop=_stops(body), stop_token_ids=stop_ids,
         ignore_eos=_boolean(body, "ignore_eos", False), logit_bias=_logit_bias(body),
         min_tokens=int(number_field(body, "min_tokens", 0, 0, max_tokens, integer=True)), allowed_token_ids=allowed,

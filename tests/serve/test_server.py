@@ -60,6 +60,17 @@ def test_completion_matches_the_engine(server):
         {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}
 
 
+def test_sampling_fields_take_vllms_ranges(server):
+    # wider than OpenAI's: a temperature past 2 and a repetition penalty past 10 run, as vLLM runs them,
+    # up to what the step holds
+    base, _, _ = server
+    for extra in ({"temperature": 3.5}, {"repetition_penalty": 20}):
+        assert call(base, "/v1/completions", {"prompt": [5, 6], "max_tokens": 2, **extra})[0] == 200, extra
+    for extra in ({"temperature": 1e31}, {"repetition_penalty": 1e31}):
+        status, body = call(base, "/v1/completions", {"prompt": [5, 6], "max_tokens": 2, **extra})
+        assert status == 400 and json.loads(body)["error"]["param"] == next(iter(extra))
+
+
 def test_streamed_text_equals_the_whole(server):
     base, _, _ = server
     body = {"prompt": [9, 8, 7, 6], "max_tokens": 7, "temperature": 0}
