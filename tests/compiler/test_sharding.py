@@ -121,7 +121,8 @@ def test_torch_takes_no_shards():
 def test_linnet_serve_says_what_is_wrong_with_shards(capsys):
     from linnet.cli import main
 
-    assert main(["serve", "tiny-llama", "--weights", "random", "--shards", "2"]) == 1
-    assert "pass --backend jax" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:  # flags that do not go together: argparse's usage error
+        main(["serve", "tiny-llama", "--weights", "random", "--shards", "2"])
+    assert usage.value.code == 2 and "pass --backend jax" in capsys.readouterr().err
     assert main(["serve", "tiny-llama", "--weights", "random", "--backend", "jax", "--shards", "64"]) == 1
     assert "shards=64, but there are" in capsys.readouterr().err
