@@ -173,14 +173,15 @@ def cmd_generate(args) -> int:
     start = time.perf_counter()
     comp = engine.submit(req)
     shown = 0
-    while engine.has_work():
-        engine.step()
-        text.add(comp.tokens[shown:])
-        shown = len(comp.tokens)
-        piece = text.ready() if comp.finish_reason is None else ""  # (the last tokens' text: the engine's, below)
-        if piece:
-            out.write(piece)
-            out.flush()
+    with engine.stepping():
+        while engine.has_work():
+            engine.step()
+            text.add(comp.tokens[shown:])
+            shown = len(comp.tokens)
+            piece = text.ready() if comp.finish_reason is None else ""  # (the last tokens' text: the engine's)
+            if piece:
+                out.write(piece)
+                out.flush()
     seconds = time.perf_counter() - start
     out.write(text.finish(comp.text) + "\n")
     out.flush()

@@ -261,7 +261,7 @@ class Engine:
                 completions.append(Completion(req, finish_reason="error", error=str(err)))
                 self.stats.ended("error")
         start = time.perf_counter()
-        with self.runner.stepping():
+        with self.stepping():
             while self.has_work():
                 self.step()
             if self._ahead is not None:  # a step past the last request's end: wait it out, draws dropped
@@ -274,6 +274,12 @@ class Engine:
     def _fresh_stats(self, window: int | None = None) -> None:
         self.stats = Stats(window=window)
         self._compiles_before = self.runner.compiles
+
+    def stepping(self):
+        """Around steps a caller takes itself (`step`; `run` and `start`'s loop hold it): on a CPU whose
+        passes run on Linnet's kernels, torch's own ops keep to this thread and the kernels take the
+        cores (`kernels.pool`), rather than each waiting for the other's threads."""
+        return self.runner.stepping()
 
     def step(self) -> None:
         """One pass: admit, copy shared prefixes, then a packed prefill or a decode. With a decode
@@ -689,7 +695,7 @@ class Engine:
             self._thread = None
 
     def _loop(self):
-        with self.runner.stepping():
+        with self.stepping():
             self._serve()
 
     def _serve(self):

@@ -631,7 +631,12 @@ def test_a_torch_cpu_models_steps_leave_the_cores_to_its_kernels():
         finally:
             engine.stop()
         assert torch.get_num_threads() == 2
+        with engine.stepping():  # steps taken by hand (linnet generate's)
+            engine.submit(Request(prompt=[8, 9], max_new_tokens=1))
+            while engine.has_work():
+                engine.step()
+        assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
-    assert [(torch_threads, kernels) for _, torch_threads, kernels in seen] == [(1, 2), (1, 2)]
+    assert [(torch_threads, kernels) for _, torch_threads, kernels in seen] == [(1, 2)] * 3
     assert seen[1][0] == "linnet-engine"
