@@ -211,7 +211,10 @@ class Engine:
             ([{"logit_bias": {0: 0.0}}, {"logit_bias": {0: 0.0}, "repetition_penalty": 1.5}] if adjusted else [])
         modes = [self.sampling_mode(Request([0], temperature=t, logprobs=k, **asks))
                  for t in (0.0, 1.0) for k in ([None, 1] if logprobs else [None]) for asks in forms]
+        compiled = self.runner.compiles
         self.runner.warmup(sizes, modes, scoring=prompt_logprobs)
+        # what the warmup compiled is not the steps': an engine stepped by hand after it counts from 0
+        self._compiles_before += self.runner.compiles - compiled
         self.model.reset()  # (the next step forgets what the rows held)
         self._ahead = None
 

@@ -338,6 +338,27 @@ def test_no_compilation_after_warmup(model):
         assert stats.compiles == 0, mix
 
 
+def test_an_engine_stepped_by_hand_after_its_warmup_counts_no_compile(model):
+    """As a server, or `linnet generate`, steps it: warmed up, then submit and step. `stats.compiles`
+    is what the steps compiled (0 after a complete warmup, as `Stats` says), not the warmup's own
+    executables too (they were counted into it: a JAX engine reported 20 compiles for a load its
+    warmup covered). The load mixes what the warmup compiles for: prompts past the budget, a shared
+    prefix, prompt logprobs, logprobs, seeds, penalties with a bias, a mask and a cancel."""
+    base = prompts(1, 70, 70, seed=51)[0]
+    asks = [{"prompt_logprobs": 2}, {"logprobs": 3, "temperature": 0.8, "seed": 5},
+            {"repetition_penalty": 1.2, "logit_bias": {3: 1.0}, "min_tokens": 2}, {"allowed_token_ids": [3, 5, 7]},
+            {}]
+    engine = Engine(model, token_budget=64)
+    engine.warmup(logprobs=True, structured=True, adjusted=True, prompt_logprobs=True)
+    comps = [engine.submit(Request(prompt=base + [i + 1], max_new_tokens=6, **ask)) for i, ask in enumerate(asks)]
+    engine.step()
+    engine.cancel(comps[-1].id)
+    while engine.has_work():
+        engine.step()
+    assert [c.finish_reason for c in comps] == ["length"] * 4 + ["cancelled"]
+    assert engine.stats.compiles == 0
+
+
 def test_one_prompts_warmup_compiles_the_passes_it_makes_alone():
     """JAX: a warmup for one prompt length compiles that prompt's passes (its chunks, past the
     budget), not every bucket up to it; a run of it, and of it again with its row kept, compile
