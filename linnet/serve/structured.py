@@ -85,7 +85,12 @@ class Guide:
         if not eos_token_ids:
             raise RequestError("structured outputs need the tokenizer's end token, and it has none", "structure")
         # The tokenizer's JSON, as llguidance reads it; ids past the tokenizer's (padding) are never allowed.
-        self.tokenizer = llguidance.LLTokenizer(tokenizer.backend.to_str(), n_vocab=vocab, eos_token=list(eos_token_ids))
+        try:
+            self.tokenizer = llguidance.LLTokenizer(tokenizer.backend.to_str(), n_vocab=vocab,
+                                                    eos_token=list(eos_token_ids))
+        except ValueError as err:  # a tokenizer whose tokens' bytes it cannot tell (one with no decoder)
+            raise RequestError(f"structured outputs cannot read this tokenizer's tokens as bytes: {err}",
+                               "structure") from None
         self.vocab = vocab
         self.executor = llguidance.LLExecutor()  # computes many requests' masks at once, on threads of its own
 

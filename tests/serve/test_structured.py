@@ -171,3 +171,21 @@ def test_a_reply_cut_inside_a_character_ends_before_it(model, cut, text):
         assert "".join(stream.push([t]) for t in comp.tokens) + stream.finish(None) == text
     finally:
         model.tokenizer = None
+
+
+def test_a_tokenizer_llguidance_cannot_read_fails_structured_requests_alone():
+    """A word-level tokenizer with no decoder: llguidance cannot tell its tokens' bytes. A structured
+    request gets a RequestError that says so (the server's 400 on response_format; it was an
+    internal error, a 500), and a plain request on the same engine still runs."""
+    from .conftest import make_model
+    from .test_engine import word_tokenizer
+
+    model = make_model("torch", rows=2, max_seq=32)
+    model.tokenizer = word_tokenizer(model.vocab)
+    model.tokenizer.eos_token_ids = [1]
+    engine = Engine(model)
+    with pytest.raises(RequestError, match="cannot read this tokenizer's tokens as bytes") as err:
+        engine.submit(Request(prompt=[5, 6], max_new_tokens=4, structure=Structure("regex", "t3")))
+    assert err.value.field == "structure"
+    done, _ = engine.run([Request(prompt=[5, 6], max_new_tokens=4)])
+    assert done[0].tokens == reference_greedy(model, [5, 6], 4, pad_to=None)
