@@ -51,6 +51,26 @@ def _processors(device: torch.device) -> int:
     return 4
 
 
+@functools.cache
+def _shared_bytes(device: torch.device) -> int:
+    """The shared memory a program of a CUDA device may take (what Triton checks a kernel against
+    at its first launch); elsewhere (the interpreter) no limit."""
+    if device.type != "cuda":
+        return 1 << 30
+    props = torch.cuda.get_device_properties(device)
+    return getattr(props, "shared_memory_per_block_optin", props.shared_memory_per_block)
+
+
+def stages(shared_bytes: int, block_d: int, itemsize: int) -> int:
+    """How many loop iterations' keys and values `_decode_split` keeps in flight (Triton's num_stages,
+    3 by default): as many as fit `shared_bytes`, a program's shared memory (`_shared_bytes`).
+    Triton's pipeline holds a block of keys and one of values a stage, so f32 caches do not fit
+    at 3 for long heads (head_dim 256: 283 KB a program, past an H200's 227 KB; Triton refuses
+    the launch)."""
+    per_stage = 2 * BLOCK_N * block_d * itemsize
+    return max(1, min(3, shared_bytes // per_stage))
+
+
 def split_shape(rows: int, kv_heads: int, max_seq: int, processors: int) -> tuple[int, int]:
     """(splits, keys a split) for a step of `rows` rows of up to `max_seq` keys: enough programs
     (rows x KV heads x splits) for PROGRAMS_A_PROCESSOR a processor, a split at least BLOCK_N keys.
@@ -99,7 +119,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, used: 
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         scale * math.log2(math.e), window or seq, split_len,  # no window: all S keys
-        GROUP=group, BLOCK_G=block_g, BLOCK_N=BLOCK_N, EXACT_DOT=exact_dot, **common)
+        GROUP=group, BLOCK_G=block_g, BLOCK_N=BLOCK_N, EXACT_DOT=exact_dot,
+        num_stages=stages(_shared_bytes(q.device), block_d, k_cache.element_size()), **common)
     if splits > 1:
         _decode_combine[(n, heads)](partial, lse, sinks_arg, out, out.stride(0), out.stride(1), heads,
                                     BLOCK_S=triton.next_power_of_2(splits), **common)
