@@ -142,6 +142,11 @@ def _cpu_graphs() -> bool:
     return cpu_graph.available()
 
 
+def _first_line(e: Exception) -> str:
+    """An exception's message's first line (torch's go on with a C++ trace), or its type's name."""
+    return (str(e).splitlines() or [type(e).__name__])[0]
+
+
 def fuses_decode() -> bool:
     """LINNET_TORCH_INDUCTOR=1: a CUDA decode step goes through torch.compile (Inductor) before it
     is captured, its elementwise ops fused into a few kernels (an experiment, off by default: a
@@ -279,7 +284,7 @@ class TorchRunner:
             try:
                 self._graph, self._static_logits = self._captured(self.triton)
             except RuntimeError as e:  # an op that reads the device on the host (a mixture's routing without grouped GEMM)
-                self._graph, self.not_replayed = "eager", f"CUDA graph capture: {str(e).splitlines()[0]}"
+                self._graph, self.not_replayed = "eager", f"CUDA graph capture: {_first_line(e)}"
                 warnings.warn(f"the decode step runs eagerly: {self.not_replayed}")
         for name, value in saved.items():
             getattr(self.model.runner, name).copy_(value)
@@ -294,7 +299,7 @@ class TorchRunner:
                 try:
                     decode = self._warmed(fused_decode(self.model.runner))
                 except Exception as e:  # torch.compile's own failures: the step as it is, captured all the same
-                    warnings.warn(f"LINNET_TORCH_INDUCTOR: torch.compile failed ({str(e).splitlines()[0]}); the "
+                    warnings.warn(f"LINNET_TORCH_INDUCTOR: torch.compile failed ({_first_line(e)}); the "
                                   f"decode step is captured as it is")
             if decode is None:
                 decode = self._warmed(self.model.decode)
@@ -302,7 +307,7 @@ class TorchRunner:
             try:
                 with torch.cuda.graph(graph):
                     logits = decode(self._static_tokens, self._static_positions)
-            except RuntimeError:
+            except Exception:  # (the stream's capture ended: the error's caller may run other steps)
                 torch.cuda.synchronize()
                 raise
         return graph, logits
@@ -354,19 +359,20 @@ class TorchRunner:
 
     def _timed(self, tries, prepare) -> list:
         """kernel_choice.Trial of each of `tries`: prepare(kernels) gives (run, logits()) for a step or
-        pass with them, or raises RuntimeError where it cannot (a capture that fails). Each is the
-        median time of `run`, and its logits against those of the first that ran (the reference)."""
+        pass with them, or raises where it cannot (a capture that fails). Each is the median time of
+        `run`, and its logits against those of the first that ran (the reference)."""
         from linnet.serve import kernel_choice
 
         trials, reference = [], None
         for kernels in tries:
             try:
                 run, logits = prepare(kernels)
-            except RuntimeError as e:
-                trials.append(kernel_choice.Trial(kernels, failure=str(e).splitlines()[0]))
+                with self.rt.using_triton(kernels):
+                    run()  # (Triton's compile, where the kernels are first called)
+            except Exception as e:  # torch's RuntimeError, or Triton's own (TritonError: a compile, a launch refused)
+                trials.append(kernel_choice.Trial(kernels, failure=f"{type(e).__name__}: {_first_line(e)}"))
                 continue
             with self.rt.using_triton(kernels):
-                run()  # (Triton's compile, where the kernels are first called)
                 got = logits().float().clone()
                 ms = self._median_ms(run, 5)
             error = 0.0 if reference is None else kernel_choice.relative_error(got, reference)

@@ -114,3 +114,26 @@ def test_the_capture_keeps_an_agreeing_choice_and_leaves_the_cache_and_the_step_
     torch.testing.assert_close(got[busy], want[busy], rtol=1e-4, atol=1e-4)  # the caller's step, not the timing's
     for name, value in want_cache.items():  # this step's writes only: the timing's are undone
         torch.testing.assert_close(getattr(model.runner, name), value, rtol=1e-5, atol=1e-5)
+
+
+def test_a_triton_kernel_refused_by_the_gpu_is_a_failed_choice_not_a_crash(runner_on_gpu_branches, monkeypatch):
+    """Triton's own errors are no RuntimeError (TritonError: a compile that fails, a launch past the
+    GPU's shared memory): such a choice is left out, and the first step runs on the others."""
+    from triton.runtime.errors import OutOfResources
+
+    runner = runner_on_gpu_branches
+    tokens, positions = np.array([3, 9, 0, 27], np.int32), np.array([5, 31, 32, 17], np.int32)
+    with rt.using_triton(K(False, False)):
+        want = runner.model.decode(tokens, positions).clone()
+    noisy_cache(runner.model)
+
+    def refused(*args, **kwargs):
+        raise OutOfResources(282688, 232448, "shared memory")
+    monkeypatch.setattr(triton_attention, "attend", refused)
+    runner.use_cuda_graph = True
+    got = runner.decode(tokens, positions)
+    step = runner.kernels_chosen.split("; packed pass: ")[0]
+    assert step.count("failed (OutOfResources: out of resource: shared memory") == 2, step
+    assert not runner.triton.attention and runner._graph.kernels.attention is False
+    busy = [0, 1, 3]
+    torch.testing.assert_close(got[busy], want[busy], rtol=1e-4, atol=1e-4)
