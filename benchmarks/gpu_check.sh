@@ -48,6 +48,12 @@ T=examples/04-serve/throughput.py
 OUT=${OUT:-/tmp}
 : > "$OUT/gpu_table.txt"
 : > "$OUT/gpu_check.log"
+# Without a GPU every row would run on the CPU for its whole cap (10 minutes of nothing): stop here
+if ! python3 -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then
+  echo "gpu_check: no CUDA GPU here (torch $(python3 -c 'import torch; print(torch.__version__)' 2>&1 | tail -1)," \
+       "nvidia-smi: $(nvidia-smi -L 2>/dev/null | head -1 || true)$(command -v nvidia-smi >/dev/null || echo not installed)); this check runs on a machine with an NVIDIA GPU" >&2
+  exit 2
+fi
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 python3 -c "import torch, jax; print('torch', torch.__version__, '| jax', jax.__version__, jax.devices())"
 if ! python3 -c "import jax, sys; sys.exit(jax.devices()[0].platform != 'gpu')" 2>/dev/null; then

@@ -67,3 +67,19 @@ def test_an_unknown_card_is_one_line(path):
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.startswith(f"{path.split('/')[1]}: error: unknown card 'nope'") and done.stderr.count("\n") == 1
+
+
+def test_the_gpu_check_stops_at_once_without_a_gpu(tmp_path):
+    import os
+
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the check would run for its ten minutes")
+    # it ran every row on the CPU instead, each to its cap: the whole 580 s of a borrowed machine's command
+    env = {**os.environ, "OUT": str(tmp_path), "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", str(ROOT / "benchmarks/gpu_check.sh"), "--quick"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.startswith("gpu_check: no CUDA GPU here (torch ") and done.stderr.count("\n") == 1
+    assert (tmp_path / "gpu_table.txt").read_text() == ""
