@@ -16,6 +16,7 @@
 #include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
@@ -139,6 +140,11 @@ static int start_helpers(int want) {
     if (!registered)
         registered = pthread_atfork(NULL, NULL, forget_helpers) == 0;
     int n = atomic_load(&started);
+    /* helpers take no signals: a Ctrl-C goes to the process's own threads (Python's handler), as
+     * the threads a helper is made with inherit the mask it is made under */
+    sigset_t all, before;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &before);
     for (; n < want; n++) {
         pthread_t thread;
         pthread_attr_t attr;
@@ -148,8 +154,10 @@ static int start_helpers(int want) {
         pthread_attr_destroy(&attr);
         if (failed)
             break;
+        pthread_setname_np(thread, "linnet-pool"); /* as ps -L and top -H show it */
         atomic_store(&started, n + 1);
     }
+    pthread_sigmask(SIG_SETMASK, &before, NULL);
     pthread_mutex_unlock(&starting);
     return n;
 }

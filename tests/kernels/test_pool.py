@@ -92,3 +92,28 @@ def test_while_the_kernels_take_the_cores_torch_keeps_one_thread():
         assert torch.get_num_threads() == 2 and pool.threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+HELPERS = """
+import json, os, signal, torch
+from linnet.kernels import cpu_linear
+torch.set_num_threads(3)
+cpu_linear.matmul(torch.randn(4, 64), cpu_linear.pack(torch.randn(300, 64)))  # its helpers started
+found = {}
+for task in os.listdir("/proc/self/task"):
+    status = dict(line.split(":", 1) for line in open(f"/proc/self/task/{task}/status"))
+    name = "main" if int(task) == os.getpid() else status["Name"].strip()
+    found.setdefault(name, []).append(int(status["SigBlk"], 16) >> (signal.SIGINT - 1) & 1)
+print(json.dumps(found))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads a Linux process's threads")
+def test_the_helpers_are_named_and_take_no_signals():
+    # a Ctrl-C goes to the process's own threads, where Python's handler runs
+    import json
+
+    out = subprocess.run([sys.executable, "-c", HELPERS], capture_output=True, text=True, timeout=120, check=True)
+    found = json.loads(out.stdout.splitlines()[-1])
+    assert found["linnet-pool"] == [1, 1]  # two helpers beside the caller, SIGINT blocked in each
+    assert found["main"] == [0]  # (the mask they were made under is the caller's again)
