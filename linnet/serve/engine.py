@@ -557,6 +557,7 @@ class Engine:
         now = time.perf_counter()
         for i, x in zip(at, items):
             if x.cornered:  # what was drawn for it is no token it may take (every logit was -inf)
+                x.comp.error_field = "allowed_token_ids"
                 x.comp.error = (f"no token of allowed_token_ids fits the structure after "
                                 f"{tokens(len(x.generated))}: nothing could be drawn")
                 self._finish(x, "error")
@@ -594,7 +595,7 @@ class Engine:
         if x.masked:
             x.matcher.consume_token(token)
             if x.matcher.is_error():
-                x.comp.error = f"structured output: {x.matcher.get_error()}"
+                x.comp.error, x.comp.error_field = f"structured output: {x.matcher.get_error()}", "structure"
                 return "error"
             if x.matcher.is_stopped():  # the output is complete: nothing but an end token may follow
                 return "stop"

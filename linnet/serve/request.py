@@ -201,6 +201,9 @@ class Completion:
     finish_reason: str | None = None  # "length" | "stop" | "cancelled" | "error"
     stop_reason: int | str | None = None  # what stopped it (vLLM's): a stop_token_ids token or a stop string
     error: str | None = None
+    # the Request field whose asking ended it in an error (its structure, its allowed_token_ids): the
+    # client's doing, a 400 from the server; None where the engine failed (a 500)
+    error_field: str | None = None
     logprobs: list = field(default_factory=list)  # [TokenLogprob] when asked for
     prompt_logprobs: list = field(default_factory=list)  # [None, TokenLogprob, ...]: one a prompt token, when asked for
     text: str | None = None  # decoded text, cut at a stop string, when the model has a tokenizer

@@ -267,7 +267,7 @@ class OpenAIServer:
             if body.get("stream"):
                 await self._stream(job, streams, chat, send, responses)
             else:
-                await self._complete(job, streams, chat, send, responses)
+                await self._complete(job, streams, chat, send, responses, body_fields(chat, length, body))
         finally:
             watcher.cancel()
             for s in streams:
@@ -281,7 +281,12 @@ class OpenAIServer:
             if comp.finish_reason is None:
                 self.engine.cancel(comp.id)
 
-    async def _complete(self, job: Job, streams: list, chat: bool, send, responses: ResponsesCall | None = None):
+    async def _complete(self, job: Job, streams: list, chat: bool, send, responses: ResponsesCall | None = None,
+                        fields: dict | None = None):
+        """The whole reply; `fields`: the body's names for the Request's fields (`body_fields`), for a
+        request that ended in the client's error."""
+        fields = fields or {}
+
         async def drain(stream):
             async for _ in stream:
                 pass
@@ -290,7 +295,10 @@ class OpenAIServer:
         comps = await asyncio.gather(*(drain(s) for s in streams))
         failed = [c for c in comps if c.finish_reason == "error"]
         if failed:
-            raise ApiError(500, failed[0].error or "the request failed", kind="server_error")
+            comp = failed[0]
+            if comp.error_field is not None:  # what the request asked for could not be met: the client's 400
+                raise ApiError(400, comp.error, fields.get(comp.error_field, comp.error_field))
+            raise ApiError(500, comp.error or "the request failed", kind="server_error")
         if responses is not None:
             message, finish = chat_message(job, comps[0], self.tokenizer)
             made = response(responses.body, job, comps, self.model_name, message, finish, self.tokenizer)

@@ -52,6 +52,19 @@ def test_response_format_json_schema_and_json_object(base):
         assert isinstance(json.loads(anything["message"]["content"]), dict)
 
 
+def test_allowed_token_ids_that_corner_a_structure_partway_are_the_clients_400(base):
+    # "n" of "yes|no" is allowed and "o" is not: the request ends partway with the client's error (a
+    # 400 at allowed_token_ids), not the server's 500
+    n = json.loads(call(base, "/tokenize", {"prompt": "n", "add_special_tokens": False})[1])["tokens"]
+    body = {"prompt": "Say:", "max_tokens": 6, "temperature": 1.0, "seed": 2,
+            "structured_outputs": {"regex": "yes|no"}, "allowed_token_ids": n}
+    status, text = call(base, "/v1/completions", body)
+    error = json.loads(text)["error"]
+    assert status == 400 and error["param"] == "allowed_token_ids" and error["type"] == "invalid_request_error"
+    assert "fits the structure after 1 token" in error["message"]
+    assert call(base, "/v1/completions", {"prompt": "Say:", "max_tokens": 2})[0] == 200
+
+
 def test_vllm_structured_outputs_and_guided_fields_on_completions(base):
     for body in ({"structured_outputs": {"regex": "[0-9]{2}-[a-c]{3}"}}, {"guided_regex": "[0-9]{2}-[a-c]{3}"}):
         out = json.loads(call(base, "/v1/completions", dict(body, prompt="Code:", max_tokens=20, n=2, seed=4))[1])

@@ -102,7 +102,7 @@ def test_allowed_token_ids_that_leave_a_structure_no_token_end_it_with_an_error(
     cornered = Request(prompt=[5, 6], max_new_tokens=6, structure=yes_no, allowed_token_ids=ids("n"), temperature=1.0)
     done, _ = engine.run([cornered, Request(prompt=[7, 8], max_new_tokens=6)])
     assert done[0].finish_reason == "error" and done[0].tokens == ids("n")
-    assert "fits the structure after 1 token" in done[0].error
+    assert "fits the structure after 1 token" in done[0].error and done[0].error_field == "allowed_token_ids"
     assert done[1].finish_reason == "length" and done[1].tokens == reference_greedy(model, [7, 8], 6)
 
 def test_a_structure_with_the_same_seed_draws_the_same_whatever_shares_the_batch(engine):
