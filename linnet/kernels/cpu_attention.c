@@ -524,14 +524,10 @@ int linnet_attention_run(linnet_runner run, void *pool, long threads, int type, 
     return status ? -1 : 0;
 }
 
-static int on_threads(void *threads, linnet_work work, void *task, long chunks) {
-    return linnet_parallel(work, task, chunks, *(int *)threads);
-}
-
 /* linnet_attention_run on `threads` threads of pool.c's. */
 int linnet_attention(int type, int q_type, const void *q, long n, long H, long KVH, long D, const void *k,
                      const void *v, long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
                      const int32_t *positions, long window, const float *sinks, float scale, void *out, int threads) {
-    return linnet_attention_run(on_threads, &threads, threads, type, q_type, q, n, H, KVH, D, k, v, row_stride,
+    return linnet_attention_run(linnet_on_threads, &threads, threads, type, q_type, q, n, H, KVH, D, k, v, row_stride,
                                 pos_stride, batch, max_seq, rows, positions, window, sinks, scale, out);
 }

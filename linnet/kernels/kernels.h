@@ -143,8 +143,10 @@ struct linnet_job *linnet_job_new(linnet_work work, void *task, long chunks);
 void linnet_job_share(struct linnet_job *job);
 void linnet_job_help(struct linnet_job *job);
 int linnet_job_finish(struct linnet_job *job);
-/* Runs work's chunks on `pool` (linnet_parallel's threads or XLA's), as linnet_parallel does. */
+/* Runs work's chunks on `pool` (linnet_parallel's threads or XLA's), as linnet_parallel does;
+ * linnet_on_threads is linnet_parallel's, its pool an int: how many threads. */
 typedef int (*linnet_runner)(void *pool, linnet_work work, void *task, long chunks);
+int linnet_on_threads(void *threads, linnet_work work, void *task, long chunks);
 
 /* cpu_linear.c */
 int linnet_cpu_supported(void);
@@ -154,11 +156,11 @@ int linnet_cpu_supported(void);
 enum { ISA_NONE = 0, ISA_AVX2 = 1, ISA_AVX512 = 2, ISA_AVX512_BF16 = 3, ISA_AMX = 4 };
 int linnet_isa(void);
 int linnet_panel_pairs(int type, long K);
-const void *linnet_linear_input(int type, int x_type, const void *x, long M, long K, void **scratch);
 int linnet_linear(int type, int x_type, const void *x, long M, long K, long P, const void *const *panels,
                   const long *cols, const int *widths, int y_type, void *y, long N, int threads);
-int linnet_linear_panels(int type, const void *x, long M, long K, const void *const *panels, const long *cols,
-                         const int *widths, float *y, long N, long p0, long p1);
+int linnet_linear_run(linnet_runner run, void *pool, long threads, int type, int x_type, const void *x, long M,
+                      long K, long P, const void *const *panels, const long *cols, const int *widths, int y_type,
+                      void *y, long N);
 int linnet_pack_panels(int type, void *w, long N, long K, int threads);
 
 /* cpu_attention.c */

@@ -182,3 +182,7 @@ int linnet_parallel(linnet_work work, void *task, long chunks, int threads) {
     }
     return linnet_job_finish(job);
 }
+
+int linnet_on_threads(void *threads, linnet_work work, void *task, long chunks) {
+    return linnet_parallel(work, task, chunks, *(int *)threads);
+}

@@ -11,12 +11,6 @@
 #include "kernels.h"
 #include "xla/ffi/api/c_api.h"
 
-/* Chunks a thread for a linear, claimed dynamically (pool.c's jobs): a helper that starts late
- * finds its share taken. One each, a contiguous run of panels a thread as pool.c gives torch's
- * kernel: SmolLM2's load ran 4-5% faster so than with four each (JAX bf16 539 -> 560, f32 211 ->
- * 222 tokens/s, medians of four alternating runs on 2 cores). */
-#define CHUNKS_A_THREAD 1
-
 static void helper(void *job) {
     linnet_job_help(job);
 }
@@ -86,22 +80,6 @@ static int type_of(XLA_FFI_DataType dtype) {
 /* ---- linear: x [M, K] f32 (bf16 for panels in pairs), w [P, K, 16] panels (cpu_linear.c's layout, the last one zero-padded)
  * or [L, P, K, 16] with the layer [] i32 to use -> y [M, N] f32 */
 
-struct linear_task {
-    int type;
-    const void *x;
-    long M, K, N, P;
-    const void **panels;
-    const long *cols;
-    const int *widths;
-    float *y;
-};
-
-static int linear_chunk(void *data, long c, long chunks) {
-    struct linear_task *t = data;
-    return linnet_linear_panels(t->type, t->x, t->M, t->K, t->panels, t->cols, t->widths, t->y, t->N,
-                                t->P * c / chunks, t->P * (c + 1) / chunks);
-}
-
 XLA_FFI_Error *linnet_xla_linear(XLA_FFI_CallFrame *frame) {
     if (metadata(frame) || frame->stage != XLA_FFI_ExecutionStage_EXECUTE)
         return NULL;
@@ -125,20 +103,17 @@ XLA_FFI_Error *linnet_xla_linear(XLA_FFI_CallFrame *frame) {
     const void **panels = malloc(P * sizeof(void *));
     long *cols = malloc(P * sizeof(long));
     int *widths = malloc(P * sizeof(int));
-    void *scratch = NULL;
-    const void *input = panels && cols && widths ? linnet_linear_input(type, x_type, x->data, M, K, &scratch) : NULL;
     int status = -1;
-    if (input) {
+    if (panels && cols && widths) {
         for (long p = 0; p < P; p++) {
             panels[p] = base + p * K * 16 * elem;
             cols[p] = p * 16;
             widths[p] = N - p * 16 < 16 ? (int)(N - p * 16) : 16;
         }
-        struct linear_task task = {type, input, M, K, N, P, panels, cols, widths, y->data};
-        long chunks = pool_threads(frame) * CHUNKS_A_THREAD;
-        status = run_on_pool(frame, linear_chunk, &task, P < chunks ? P : chunks);
+        status = linnet_linear_run(run_on_pool, frame, pool_threads(frame), type, x_type, x->data, M, K, P,
+                                   (const void *const *)panels, cols, widths, F32, y->data, N);
     }
-    free(panels), free(cols), free(widths), free(scratch);
+    free(panels), free(cols), free(widths);
     return status ? fail(frame, "linnet_linear: out of memory") : NULL;
 }
 
