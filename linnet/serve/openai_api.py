@@ -279,12 +279,12 @@ def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens:
     `fewest_tokens`: the least max_tokens may be (0 where an echo alone is an answer). `defaults`:
     the model's generation config's fields (`Tokenizer.sampling_defaults`), taken where the body
     sets none, before OpenAI's own defaults, as vLLM takes them."""
-    given = defaults or {}
-    if given:
-        body = {**{k: v for k, v in given.items() if k != "max_tokens"}, **{k: v for k, v in body.items()
-                                                                           if v is not None}}
-    if given.get("max_tokens") is not None:
-        default_max_tokens = min(filter(None, (default_max_tokens, int(given["max_tokens"]))))
+    if defaults:
+        given = dict(defaults)
+        cap = int(given.pop("max_tokens", 0))  # a cap on the default length, not a field the body sets
+        if cap:
+            default_max_tokens = cap if default_max_tokens is None else min(default_max_tokens, cap)
+        body = {**given, **{k: v for k, v in body.items() if v is not None}}
     name = length_field(body)
     max_tokens = body.get(name)
     if max_tokens is None:

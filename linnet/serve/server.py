@@ -281,12 +281,10 @@ class OpenAIServer:
             if comp.finish_reason is None:
                 self.engine.cancel(comp.id)
 
-    async def _complete(self, job: Job, streams: list, chat: bool, send, responses: ResponsesCall | None = None,
-                        fields: dict | None = None):
+    async def _complete(self, job: Job, streams: list, chat: bool, send, responses: ResponsesCall | None,
+                        fields: dict):
         """The whole reply; `fields`: the body's names for the Request's fields (`body_fields`), for a
         request that ended in the client's error."""
-        fields = fields or {}
-
         async def drain(stream):
             async for _ in stream:
                 pass
