@@ -362,10 +362,17 @@ def flash_decodes(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
             and _flash_runs_on(q.get_device()))
 
 
-@torch.compiler.assume_constant_result  # (a torch.compile trace takes the answer as it is)
 def _flash_runs_on(device: int) -> bool:
-    """Whether flash attention's kernels run on this CUDA device: Ampere (compute capability 8) on."""
+    """Whether flash attention's kernels run on this CUDA device: Ampere (compute capability 8) on.
+    A torch.compile trace takes its answer as a constant (`before_torch_compile`)."""
     return _capability(device)[0] >= 8
+
+
+def before_torch_compile() -> None:
+    """Marks what a torch.compile trace of a generated entry takes as constant. Done here, not as
+    a decorator where the function is defined: `torch.compiler.assume_constant_result` imports
+    torch._dynamo, 1.5-3 s of every process's start, which only a compiled step needs."""
+    torch.compiler.assume_constant_result(_flash_runs_on)  # marks the function itself, and returns it
 
 
 @functools.cache  # asked by every layer of an eager pass; kept apart, as Dynamo would trace a cached function

@@ -161,6 +161,9 @@ def fused_decode(runner, backend: str = "inductor"):
     compiled once for the buffers it is called with (the runner's static ones)."""
     import torch
 
+    from linnet.codegen_torch.runtime import before_torch_compile
+
+    before_torch_compile()
     step = torch.compile(functools.partial(type(runner).decode.__wrapped__, runner), fullgraph=True, dynamic=False,
                          backend=backend)
 
