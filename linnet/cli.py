@@ -379,6 +379,9 @@ def cmd_export(args) -> int:
     if args.to != "triton" and given:
         raise _FlagError(f"{', '.join(given)}: for --to triton only; a {args.to} export holds the weights, and "
                          f"its server takes its own settings")
+    if args.seed is not None and args.weights != "random":  # (it would be dropped: nothing else is drawn)
+        source = "the card's own weights" if args.weights is None else f"--weights {args.weights}"
+        raise _FlagError(f"--seed: for --weights random only; {source} are written as they are")
     path = export(args.card, args.to, args.output, weights=args.weights, dtype=args.dtype, seed=args.seed,
                   tokenizer=args.tokenizer, **{key: value for key, value in triton.items() if value is not None})
     print(f"linnet: wrote {path}")
@@ -610,7 +613,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a model directory or GGUF whose tokenizer to write, or for triton to serve with "
                          "(default: the weights' own; random weights take the card's own weights' tokenizer, "
                          "where they are found)")
-    ex.add_argument("--seed", type=_seed, default=0, help="for --weights random")
+    ex.add_argument("--seed", type=_seed, default=None, help="seeds --weights random (0); refused with other weights")
     # triton's own: None where not given, so that another target can say they mean nothing to it
     ex.add_argument("--name", default=None, help="triton: the model's name (default: the card's)")
     ex.add_argument("--batch", type=_positive, default=None, help="triton: cache rows, the requests in flight (32)")

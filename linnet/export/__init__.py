@@ -27,10 +27,11 @@ DTYPES = ("bf16", "f16", "f32")
 
 
 def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=None, dtype: str = "bf16",
-           seed: int = 0, tokenizer: str | os.PathLike | None = None, name: str | None = None,
+           seed: int | None = None, tokenizer: str | os.PathLike | None = None, name: str | None = None,
            progress: bool | None = None, batch: int = 32, max_seq: int = 4096, backend: str = "torch") -> str:
     """Writes `card` (a registered card, a `.linnet` file or a checkpoint path) with its weights
-    (found as `nest.load` finds them, or `weights=`; "random" for seeded random ones) for `to`:
+    (found as `nest.load` finds them, or `weights=`; "random" for random ones, drawn from `seed`,
+    default 0) for `to`:
 
     - "vllm": a Hugging Face model directory at `out`;
     - "llama.cpp": a GGUF file at `out` (a directory gets `<card>.<DTYPE>.gguf` inside);
@@ -44,6 +45,7 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
         raise ExportError(f"unknown export target {to!r}; one of {', '.join(TARGETS)}")
     if dtype not in DTYPES:
         raise ExportError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
+    check_seed(seed, weights)
     out = Path(out).expanduser()  # (a shell expands ~ on the command line; a caller's string is taken as it)
     if to in ("vllm", "triton") and out.exists() and not out.is_dir():
         raise ExportError(f"{out}: is a file; a {to} export is a folder: name a new or an existing one")
@@ -64,8 +66,9 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
         from linnet.export.hf_dir import check_destination
 
         check_destination(out)
-    bound = read_weights(card, generics={"T": dtype}, numerics="fast", cast_dtype=True, weights=weights, seed=seed,
-                         tokenizer=True if tokenizer is None else tokenizer, progress=progress, resolved=resolved)
+    bound = read_weights(card, generics={"T": dtype}, numerics="fast", cast_dtype=True, weights=weights,
+                         seed=0 if seed is None else seed, tokenizer=True if tokenizer is None else tokenizer,
+                         progress=progress, resolved=resolved)
     if to == "vllm":
         from linnet.export.hf_dir import write_hf_dir
 
@@ -73,6 +76,15 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
     from linnet.export.gguf import write_gguf
 
     return write_gguf(bound, out)
+
+
+def check_seed(seed, weights) -> None:
+    """A seed draws random weights and nothing else: given with weights that are read (the card's
+    own, a checkpoint), it would be dropped without a word, so it is refused."""
+    if seed is not None and weights != "random":
+        source = "the card's own weights" if weights is None else f"the weights {weights}"
+        raise ExportError(f"seed {seed}: a seed draws random weights (weights 'random'); {source} are read as "
+                          f"they are, and nothing else in an export is random")
 
 
 def check_folder(out, folder: Path, what: str) -> None:
@@ -85,4 +97,4 @@ def check_folder(out, folder: Path, what: str) -> None:
         raise ExportError(f"{out}: cannot write {what} there ({there} is not writable)")
 
 
-__all__ = ["DTYPES", "ExportError", "TARGETS", "check_folder", "export"]
+__all__ = ["DTYPES", "ExportError", "TARGETS", "check_folder", "check_seed", "export"]

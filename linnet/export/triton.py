@@ -59,15 +59,16 @@ def config_pbtxt(name: str, parameters: dict) -> str:
 
 
 def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str | None = None, batch: int = 32,
-                     max_seq: int = 4096, backend: str = "torch", tokenizer=None, seed: int = 0) -> str:
+                     max_seq: int = 4096, backend: str = "torch", tokenizer=None, seed: int | None = None) -> str:
     """Writes the repository at `out`, holding one model (`name`, default the card's name); returns
     the model's directory. Nothing is loaded now: the card is checked, and the paths given as
     `weights` and `tokenizer` (a model directory or GGUF whose tokenizer to serve with) are checked
     and made absolute, since Triton loads the model from its own working directory."""
-    from linnet.export import ExportError, check_folder
+    from linnet.export import ExportError, check_folder, check_seed
     from linnet.nest.checkpoint import open_checkpoint
     from linnet.nest.load import find_card_weights, resolve_card, tokenizer_of
 
+    check_seed(seed, weights)
     module, card_name, ckpt = resolve_card(card, weights)  # an unknown card, a bad .linnet file or checkpoint fails here
     if batch < 1 or max_seq < 2:
         raise ExportError(f"batch must be at least 1 and max_seq at least 2, not {batch} and {max_seq}")
@@ -103,7 +104,7 @@ def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str 
     if weights is not None:
         parameters["weights"] = weights
     if weights == "random":
-        parameters["seed"] = seed
+        parameters["seed"] = 0 if seed is None else seed
     if tokenizer is not None:
         parameters["tokenizer"] = tokenizer
     (model_dir / "config.pbtxt").write_text(config_pbtxt(name, parameters))

@@ -67,3 +67,39 @@ def test_a_triton_model_is_named_by_the_whole_card_name(tmp_path, recwarn):
     assert model_dir.endswith("llama-3.2-1b-instruct")
     assert 'name: "llama-3.2-1b-instruct"' in (tmp_path / "llama-3.2-1b-instruct" / "config.pbtxt").read_text()
     assert any("which are not on this machine, and the Triton model takes text" in str(w.message) for w in recwarn)
+
+
+@pytest.mark.filterwarnings("ignore:.*no tokenizer written")
+def test_a_seed_is_refused_where_no_weights_are_drawn(tmp_path, capsys):
+    """--seed draws random weights and nothing else: with weights that are read (the card's own, a
+    checkpoint) it would be dropped without a word, so it is argparse's error (exit 2), for each
+    target, before anything is read or written. With --weights random it chooses the weights."""
+    import torch
+    from safetensors.torch import load_file
+
+    from linnet.export import ExportError, export
+
+    src = tmp_path / "src"
+    assert main(["export", "tiny-llama", "--to", "vllm", "-o", str(src), "--weights", "random", "--seed", "3",
+                 "--dtype", "f32"]) == 0
+    capsys.readouterr()
+    for target, weights in (("vllm", ["--weights", str(src)]), ("llama.cpp", ["--weights", str(src)]),
+                            ("triton", ["--weights", str(src)]), ("vllm", [])):
+        with pytest.raises(SystemExit, match="2"):
+            main(["export", "tiny-llama", "--to", target, *weights, "--seed", "7", "-o", str(tmp_path / "out")])
+        err = capsys.readouterr().err
+        assert err.startswith("usage: linnet export") and "error: --seed: for --weights random only" in err, err
+        assert not (tmp_path / "out").exists()
+    with pytest.raises(ExportError, match="seed 7: a seed draws random weights"):
+        export("tiny-llama", "vllm", tmp_path / "out", weights=src, seed=7)
+    assert not (tmp_path / "out").exists()
+    # the seed is what draws them: another gives other weights, the same the same ones
+    drawn = {}
+    for seed in (3, 4):
+        out = tmp_path / f"seed{seed}"
+        assert main(["export", "tiny-llama", "--to", "vllm", "-o", str(out), "--weights", "random", "--seed",
+                     str(seed), "--dtype", "f32"]) == 0
+        drawn[seed] = load_file(out / "model.safetensors")
+    first = load_file(src / "model.safetensors")
+    assert all(torch.equal(first[k], drawn[3][k]) for k in first)
+    assert not torch.equal(first["model.embed_tokens.weight"], drawn[4]["model.embed_tokens.weight"])
