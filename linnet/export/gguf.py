@@ -21,6 +21,7 @@ vocabulary, as llama.cpp sizes the embedding by it.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -113,8 +114,7 @@ def write_gguf(bound, out) -> str:
     if path.is_file() and any(path.samefile(s) for s in sources if s.is_file()):  # (as the vLLM export's folder)
         raise ExportError(f"{out}: that is the file the weights or the tokenizer are read from, which the export "
                           f"would replace; write elsewhere")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")  # renamed when whole: never a half-written model
+    partial = path.with_name(path.name + ".partial")  # renamed when whole: an earlier file there stays till then
     writer = gguf.GGUFWriter(str(partial), ARCHITECTURES[spec.name])
     writer.add_name(bound.card)
     writer.add_file_type(int({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
@@ -159,13 +159,17 @@ def write_gguf(bound, out) -> str:
             writer.add_tensor(name, t.to(torch.float16).numpy())
         else:  # bf16: numpy has no such type; its bytes, which the writer measures in bf16 elements
             writer.add_tensor(name, t.view(torch.uint8).numpy(), raw_dtype=gguf.GGMLQuantizationType.BF16)
+    made = next((p for p in (*reversed(path.parent.parents), path.parent) if not p.exists()), None)
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
     except BaseException as err:  # a full disk, an interrupt: no part of a file of gigabytes is left behind
         partial.unlink(missing_ok=True)
+        if made is not None:  # nor the folders made for it
+            shutil.rmtree(made, ignore_errors=True)
         if isinstance(err, OSError):  # (numpy's short write names no file, and has no strerror)
             why = err.strerror or f"{err}: a short write, as on a full disk"
             raise ExportError(f"{path}: cannot write the GGUF ({why})") from None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -24,10 +25,15 @@ MARK = "exported_by"  # config.json's key that says Linnet wrote the folder (tra
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "generation_config.json", "tokenizer.model", "tekken.json")
 TEMPLATES_DIR = "additional_chat_templates"
+STAGING = ".linnet-export-"  # the hidden folders inside the model directory an export is written in first
 
 
 def write_hf_dir(bound, out) -> str:
-    """Writes `bound` (`nest.load.read_weights`) as a model directory at `out`; returns its path."""
+    """Writes `bound` (`nest.load.read_weights`) as a model directory at `out`; returns its path.
+
+    The files are written in a hidden folder inside `out` (STAGING, same file system) and swapped in
+    only when all are whole: until then an earlier export there stays as it was, and a write that
+    fails (a full disk, an interrupt, a weight that cannot be unbound) takes only its own files with it."""
     from linnet.export import ExportError
 
     out = Path(out)
@@ -37,18 +43,53 @@ def write_hf_dir(bound, out) -> str:
     check_destination(out)
     made = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    _clear(out)
+    for stale in out.glob(f"{STAGING}*"):  # what an export killed outright (SIGKILL, power) left
+        shutil.rmtree(stale, ignore_errors=True)
+    stage = Path(tempfile.mkdtemp(prefix=STAGING, suffix=".partial", dir=out))
     try:
-        _write_files(bound, out)
-    except BaseException:  # a full disk, an interrupt: no half-written model is left for vLLM to take up
-        _clear(out)
+        try:
+            _write_files(bound, stage, out)
+            _swap_in(stage, out)
+        except OSError as err:  # named where it would have gone (safetensors' own errors are said in _save)
+            where = out / Path(err.filename).name if err.filename else out
+            raise ExportError(f"{where}: cannot write the model ({err.strerror or err})") from None
+    except BaseException:  # a full disk, an interrupt: the earlier export stays whole, this one goes
+        shutil.rmtree(stage, ignore_errors=True)
         if made and not any(out.iterdir()):
             out.rmdir()
         raise
     return str(out)
 
 
-def _write_files(bound, out: Path) -> None:
+def _swap_in(stage: Path, out: Path) -> None:
+    """Moves the whole new export from `stage` into `out` in place of what an earlier one wrote there
+    (`_owned`: vLLM reads the shards an old index names, and a tokenizer left from another model
+    would be served with this one); other files are the user's, and stay. Renames only, so the
+    folder is between two exports for moments, not for the length of a write; a rename that fails
+    puts the earlier export back."""
+    old = Path(tempfile.mkdtemp(prefix=STAGING, suffix=".old", dir=out))
+    retired, placed = [], []
+    try:
+        for path in _owned(out):
+            if path.exists():
+                path.rename(old / path.name)
+                retired.append(path.name)
+        for path in sorted(stage.iterdir()):
+            path.rename(out / path.name)
+            placed.append(path.name)
+    except BaseException:
+        for name in placed:
+            (out / name).rename(stage / name)
+        for name in retired:
+            (old / name).rename(out / name)
+        shutil.rmtree(old, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    stage.rmdir()
+
+
+def _write_files(bound, out: Path, final: Path) -> None:
+    """The export's files, written in `out`; `final`, the folder they go to, names them in errors."""
     config = {**hf_config(bound.module, bound.tokenizer), MARK: f"linnet {linnet.__version__}"}
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
@@ -63,16 +104,16 @@ def _write_files(bound, out: Path) -> None:
         total += nbytes
     shards.append(current)
     if len(shards) == 1:
-        _save(shards[0], out / "model.safetensors")
+        _save(shards[0], out / "model.safetensors", final)
     else:
         weight_map = {}
         for i, shard in enumerate(shards):
             file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            _save(shard, out / file)
+            _save(shard, out / file, final)
             weight_map.update({name: file for name in shard})
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    _write_tokenizer(bound, out, config)
+    _write_tokenizer(bound, out, final, config)
     _readable(out.glob("model*.safetensors"))
 
 
@@ -86,7 +127,7 @@ def check_destination(out: Path) -> None:
     _refuse_another_model(out)
 
 
-def _save(tensors: dict, path: Path) -> None:
+def _save(tensors: dict, path: Path, final: Path) -> None:
     from safetensors import SafetensorError
     from safetensors.torch import save_file
 
@@ -95,7 +136,7 @@ def _save(tensors: dict, path: Path) -> None:
     try:
         save_file(tensors, str(path), metadata={"format": "pt"})
     except SafetensorError as err:  # a full disk is one of these, not an OSError
-        raise ExportError(f"{path}: cannot write the weights ({err})") from None
+        raise ExportError(f"{final / path.name}: cannot write the weights ({err})") from None
 
 
 def _refuse_another_model(out: Path) -> None:
@@ -127,16 +168,7 @@ def _refuse_another_model(out: Path) -> None:
 def _owned(out: Path) -> list[Path]:
     """The files an export writes in `out`, whatever an earlier one left there."""
     return [*out.glob("model*.safetensors"), out / "model.safetensors.index.json", out / "config.json",
-            *(out / f for f in TOKENIZER_FILES)]
-
-
-def _clear(out: Path) -> None:
-    """Removes what an earlier export wrote there (as transformers' save_pretrained clears stale
-    shards): vLLM reads the shards an old index names, and a tokenizer left from another model
-    would be served with this one. Other files are the user's, and stay."""
-    for path in _owned(out):
-        if path.is_file():
-            path.unlink()
+            *(out / f for f in TOKENIZER_FILES), out / TEMPLATES_DIR]
 
 
 def _readable(paths) -> None:
@@ -148,7 +180,7 @@ def _readable(paths) -> None:
         path.chmod(0o666 & ~umask)
 
 
-def _write_tokenizer(bound, out: Path, config: dict) -> None:
+def _write_tokenizer(bound, out: Path, final: Path, config: dict) -> None:
     if bound.tokenizer_from is not None and bound.tokenizer_from.is_dir():  # a model directory's files, as they are
         for file in TOKENIZER_FILES:
             if (bound.tokenizer_from / file).is_file():
@@ -159,7 +191,7 @@ def _write_tokenizer(bound, out: Path, config: dict) -> None:
         return
     tok = bound.tokenizer
     if tok is None:  # random weights, or a checkpoint without one
-        warnings.warn(f"{out}: no tokenizer written ({bound.source} came without one): vLLM needs "
+        warnings.warn(f"{final}: no tokenizer written ({bound.source} came without one): vLLM needs "
                       f"--tokenizer to serve it", stacklevel=3)
         return
     tok.backend.save(str(out / "tokenizer.json"))

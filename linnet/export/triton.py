@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import warnings
 from pathlib import Path
 
@@ -99,7 +100,6 @@ def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str 
         tokenizer_of(Path(tokenizer) if os.path.isdir(tokenizer) else open_checkpoint(tokenizer))
         tokenizer = os.path.abspath(tokenizer)
     model_dir = Path(out) / name
-    (model_dir / "1").mkdir(parents=True, exist_ok=True)
     parameters = {"card": card, "dtype": dtype, "batch": batch, "max_seq": max_seq, "backend": backend}
     if weights is not None:
         parameters["weights"] = weights
@@ -107,6 +107,32 @@ def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str 
         parameters["seed"] = 0 if seed is None else seed
     if tokenizer is not None:
         parameters["tokenizer"] = tokenizer
-    (model_dir / "config.pbtxt").write_text(config_pbtxt(name, parameters))
-    (model_dir / "1" / "model.py").write_text(MODEL_PY)
+    _write_model(model_dir, {model_dir / "1" / "model.py": MODEL_PY,
+                             model_dir / "config.pbtxt": config_pbtxt(name, parameters)})
     return str(model_dir)
+
+
+def _write_model(model_dir: Path, files: dict) -> None:
+    """Writes `files` ({path: text}) each as `<path>.partial` beside an earlier export's, then renames
+    them over it: a write that fails (a full disk, an interrupt) leaves the earlier model as it was,
+    and takes its own partial files and any folder it made with it."""
+    from linnet.export import ExportError
+
+    made = next((p for p in (*reversed(model_dir.parents), model_dir, model_dir / "1") if not p.exists()), None)
+    partial = {path: path.with_name(path.name + ".partial") for path in files}
+    where = model_dir  # what is being written, for an error (a full disk's names no file)
+    try:
+        try:
+            (model_dir / "1").mkdir(parents=True, exist_ok=True)
+            for where, text in files.items():
+                partial[where].write_text(text)
+            for where in files:  # model.py first: it is the same for every export, config.pbtxt says which
+                partial[where].replace(where)
+        except OSError as err:
+            raise ExportError(f"{where}: cannot write the model ({err.strerror or err})") from None
+    except BaseException:
+        for path in partial.values():
+            path.unlink(missing_ok=True)
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        raise

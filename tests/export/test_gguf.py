@@ -618,3 +618,35 @@ def test_named_chat_templates_travel(cards, tmp_path):
     assert (files / "additional_chat_templates" / "tool_use.jinja").is_file()
     out = export(cards / "small-none.linnet", "vllm", tmp_path / "hf", weights="random", dtype="f16", tokenizer=files)
     assert transformers.AutoTokenizer.from_pretrained(out).chat_template == named
+
+
+def test_an_earlier_file_stays_whole_until_the_new_one_is(cards, tmp_path, monkeypatch, file_size_limit):
+    """A new export to the name of an earlier GGUF that fails partway (the disk fills in the tensors,
+    Ctrl-C as they are written) leaves the earlier file byte for byte as it was and nothing beside
+    it; into folders that were not there, it leaves none of them. One that succeeds replaces it."""
+    import gguf
+
+    card, tok = cards / "small-none.linnet", embedded_gguf_path()
+    path = Path(export(card, "llama.cpp", tmp_path / "x.gguf", weights="random", dtype="f16", tokenizer=tok))
+    before = path.read_bytes()
+    with file_size_limit(4 << 20), pytest.raises(ExportError, match="x.gguf: cannot write the GGUF"):
+        export(card, "llama.cpp", path, weights="random", seed=1, dtype="f32", tokenizer=tok)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.gguf"] and path.read_bytes() == before
+
+    real, written = gguf.GGUFWriter.write_padding, []
+
+    def interrupted(self, fp, n, *args):  # Ctrl-C once three tensors are on the disk (each is padded after)
+        real(self, fp, n, *args)
+        written.append(fp.tell())
+        if len(written) == 4:  # (the first pads the tensor infos)
+            raise KeyboardInterrupt
+    with monkeypatch.context() as m:
+        m.setattr(gguf.GGUFWriter, "write_padding", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            export(card, "llama.cpp", path, weights="random", seed=1, dtype="f32", tokenizer=tok)
+        written.clear()
+        with pytest.raises(KeyboardInterrupt):
+            export(card, "llama.cpp", tmp_path / "new" / "sub", weights="random", dtype="f32", tokenizer=tok)
+    assert written and sorted(p.name for p in tmp_path.iterdir()) == ["x.gguf"] and path.read_bytes() == before
+    export(card, "llama.cpp", path, weights="random", seed=1, dtype="f32", tokenizer=tok)
+    assert path.read_bytes() != before and GGUFCheckpoint(path).names()

@@ -226,3 +226,73 @@ def test_a_write_that_fails_leaves_no_half_written_model(tmp_path, file_size_lim
                                                                     r"weights \(.*File too large"):
         export("tiny-llama", "vllm", tmp_path / "out", weights="random", dtype="f32")  # 0.3 MB of weights
     assert list(tmp_path.iterdir()) == []
+
+
+def _files(folder: Path) -> dict:
+    """Every file under `folder` (hidden ones too), by its path there, with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.filterwarnings("ignore:.*no tokenizer written")
+def test_an_earlier_export_stays_whole_until_the_new_one_is(tmp_path, monkeypatch, file_size_limit):
+    """A new export over an earlier one that fails partway, however it fails (the disk fills in the
+    weights, Ctrl-C after some shards or after every file, a rename of the swap refused), leaves the
+    earlier one byte for byte as it was, with the user's own file, and nothing of its own; and the
+    earlier one still loads in transformers. One that succeeds then replaces it whole."""
+    import linnet.export.hf_dir as hf_dir
+    from transformers import AutoModelForCausalLM
+
+    from linnet.export import ExportError
+
+    out = tmp_path / "out"
+    export("tiny-qwen3", "vllm", out, weights="random", dtype="bf16")
+    (out / "README.md").write_text("mine")
+    before = _files(out)
+
+    with file_size_limit(60_000), pytest.raises(ExportError, match=r"out/model.safetensors: cannot write the "
+                                                                    r"weights \(.*File too large"):
+        export("tiny-llama", "vllm", out, weights="random", dtype="f32")  # 0.3 MB of weights
+    assert _files(out) == before
+
+    real_save, saved = hf_dir._save, []
+
+    def interrupted_save(tensors, path, final):  # Ctrl-C once two shards are on the disk
+        real_save(tensors, path, final)
+        saved.append(path)
+        if len(saved) == 2:
+            raise KeyboardInterrupt
+    with monkeypatch.context() as m:
+        m.setattr(hf_dir, "SHARD_BYTES", 40_000)
+        m.setattr(hf_dir, "_save", interrupted_save)
+        with pytest.raises(KeyboardInterrupt):
+            export("tiny-llama", "vllm", out, weights="random", dtype="f32")
+    assert len(saved) == 2 and all(not p.exists() for p in saved) and _files(out) == before
+
+    real_tokenizer = hf_dir._write_tokenizer
+
+    def interrupted_tokenizer(*args):  # every file written, then Ctrl-C
+        real_tokenizer(*args)
+        raise KeyboardInterrupt
+    with monkeypatch.context() as m:
+        m.setattr(hf_dir, "_write_tokenizer", interrupted_tokenizer)
+        with pytest.raises(KeyboardInterrupt):
+            export("tiny-llama", "vllm", out, weights="random", dtype="f32")
+    assert _files(out) == before
+
+    real_rename, renames = Path.rename, []
+
+    def refused_rename(self, target):  # the swap's third rename fails (after the old files went aside)
+        renames.append(self.name)
+        if len(renames) == 3:
+            raise OSError(5, "Input/output error", str(self))
+        return real_rename(self, target)
+    with monkeypatch.context() as m:
+        m.setattr(Path, "rename", refused_rename)
+        with pytest.raises(ExportError, match="Input/output error"):
+            export("tiny-llama", "vllm", out, weights="random", dtype="f32")
+    assert len(renames) > 3 and _files(out) == before  # (the rollback's renames came after it)
+    assert type(AutoModelForCausalLM.from_pretrained(out)).__name__ == "Qwen3ForCausalLM"
+
+    export("tiny-llama", "vllm", out, weights="random", dtype="f32")
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert type(AutoModelForCausalLM.from_pretrained(out)).__name__ == "LlamaForCausalLM"

@@ -321,3 +321,43 @@ def test_random_weights_keep_their_seed_and_a_tokenizer_directory_will_do(tmp_pa
     parameters = config_parameters((tmp_path / "repo" / "smollm2-135m-instruct" / "config.pbtxt").read_text())
     assert parameters["seed"]["string_value"] == "5" and parameters["tokenizer"]["string_value"] == str(tok_dir)
     assert model_dir.endswith("smollm2-135m-instruct")
+
+
+@pytest.mark.filterwarnings("ignore:random weights take the tokenizer")
+def test_an_earlier_model_stays_whole_until_the_new_one_is(tmp_path, monkeypatch, file_size_limit):
+    """A new export over an earlier model that fails partway (the disk fills as config.pbtxt is
+    written, Ctrl-C between its files) leaves the earlier model byte for byte as it was, with a
+    version of the user's beside it, and nothing of its own; into a new folder, it leaves no folder."""
+    import pathlib
+
+    from linnet.export import ExportError
+
+    repo = tmp_path / "repo"
+    model_dir = pathlib.Path(write_repository("tiny-llama", repo, weights="random", name="m", batch=4))
+    (model_dir / "2").mkdir()
+    (model_dir / "2" / "model.py").write_text("mine")
+    before = {str(p.relative_to(repo)): p.read_bytes() for p in sorted(repo.rglob("*")) if p.is_file()}
+    after = lambda: {str(p.relative_to(repo)): p.read_bytes() for p in sorted(repo.rglob("*")) if p.is_file()}
+
+    with file_size_limit(300), pytest.raises(ExportError, match=r"m/config.pbtxt: cannot write the model \(File "
+                                                                r"too large"):
+        write_repository("tiny-llama", repo, weights="random", name="m", batch=8)
+    assert after() == before
+    real_replace, replaced = pathlib.Path.replace, []
+
+    def interrupted_replace(self, target):  # Ctrl-C once model.py is in place, before config.pbtxt
+        if replaced:
+            raise KeyboardInterrupt
+        replaced.append(target)
+        return real_replace(self, target)
+    with monkeypatch.context() as m:
+        m.setattr(pathlib.Path, "replace", interrupted_replace)
+        with pytest.raises(KeyboardInterrupt):
+            write_repository("tiny-llama", repo, weights="random", name="m", batch=8)
+    assert replaced and after() == before  # (model.py is the same for every model)
+    with file_size_limit(300), pytest.raises(ExportError, match="cannot write the model"):
+        write_repository("tiny-llama", tmp_path / "new" / "repo", weights="random", name="m", batch=8)
+    assert not (tmp_path / "new").exists()
+    write_repository("tiny-llama", repo, weights="random", name="m", batch=8)
+    assert 'key: "batch" value: { string_value: "8" }' in (model_dir / "config.pbtxt").read_text()
+    assert (model_dir / "2" / "model.py").read_text() == "mine"
