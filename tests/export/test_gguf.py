@@ -618,6 +618,10 @@ def test_named_chat_templates_travel(cards, tmp_path):
     assert (files / "additional_chat_templates" / "tool_use.jinja").is_file()
     out = export(cards / "small-none.linnet", "vllm", tmp_path / "hf", weights="random", dtype="f16", tokenizer=files)
     assert transformers.AutoTokenizer.from_pretrained(out).chat_template == named
+    # an export over it with a tokenizer without them: the earlier one's named templates go with it
+    export(cards / "small-none.linnet", "vllm", out, weights="random", dtype="f16", tokenizer=embedded_gguf_path())
+    assert not (Path(out) / "additional_chat_templates").exists()
+    assert transformers.AutoTokenizer.from_pretrained(out).chat_template == source.chat_template
 
 
 def test_an_earlier_file_stays_whole_until_the_new_one_is(cards, tmp_path, monkeypatch, file_size_limit):
