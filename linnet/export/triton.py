@@ -7,7 +7,7 @@ The model's inputs and outputs are those of Triton's vLLM backend, read as it re
 clients work unchanged: `text_input` (the prompt), optional `stream`, `sampling_parameters` (a JSON
 object of OpenAI / vLLM sampling fields: max_tokens, temperature, top_p, top_k, stop, seed, ...; else
 the request's own parameters), `exclude_input_in_output` and `return_finish_reason`,
-`return_cumulative_logprob`, `return_num_input_tokens`, `return_num_output_tokens`; `text_output`
+`return_cumulative_logprob`, `return_logprobs`, `return_num_input_tokens`, `return_num_output_tokens`; `text_output`
 (and what was asked for) comes back, once or as it is generated. The card, its
 weights and the engine's sizes are the config's parameters, read when Triton loads the model.
 Serve with `tritonserver --model-repository <out>`; the server's Python needs linnet installed.
@@ -33,10 +33,11 @@ from linnet.export.triton_model import TritonPythonModel  # noqa: F401
 INPUTS = (("text_input", "TYPE_STRING", False), ("stream", "TYPE_BOOL", True),
           ("sampling_parameters", "TYPE_STRING", True), ("exclude_input_in_output", "TYPE_BOOL", True),
           ("return_finish_reason", "TYPE_BOOL", True), ("return_cumulative_logprob", "TYPE_BOOL", True),
-          ("return_num_input_tokens", "TYPE_BOOL", True), ("return_num_output_tokens", "TYPE_BOOL", True))
+          ("return_logprobs", "TYPE_BOOL", True), ("return_num_input_tokens", "TYPE_BOOL", True),
+          ("return_num_output_tokens", "TYPE_BOOL", True))
 OUTPUTS = (("text_output", "TYPE_STRING", "-1"), ("finish_reason", "TYPE_STRING", "-1"),
-           ("cumulative_logprob", "TYPE_FP32", "-1"), ("num_input_tokens", "TYPE_UINT32", "1"),
-           ("num_output_tokens", "TYPE_UINT32", "-1"))
+           ("cumulative_logprob", "TYPE_FP32", "-1"), ("logprobs", "TYPE_STRING", "-1"),
+           ("num_input_tokens", "TYPE_UINT32", "1"), ("num_output_tokens", "TYPE_UINT32", "-1"))
 
 
 def config_pbtxt(name: str, parameters: dict) -> str:

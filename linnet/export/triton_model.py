@@ -99,6 +99,8 @@ class TritonPythonModel:
         req = job.requests[0]
         check_fits(req, self.model.vocab, self.model.max_seq)
         extra = {name for name in EXTRA_OUTPUTS if self._input(request, f"return_{name}")}
+        if "logprobs" in extra and req.logprobs is None:  # as the vLLM backend's: "null" unless logprobs is asked
+            extra = (extra - {"logprobs"}) | {NO_LOGPROBS}
         if "cumulative_logprob" in extra and req.logprobs is None:
             req.logprobs = 0  # the drawn tokens' own logprobs, summed below
         return req, text, stream, echo, extra
@@ -106,21 +108,26 @@ class TritonPythonModel:
     def _failure(self, message: str):
         return self.pb.InferenceResponse(output_tensors=[], error=self.pb.TritonError(message))
 
-    def _response(self, text: str, extra: set, req, comp, new_tokens: int):
+    def _response(self, text: str, extra: set, req, comp, start: int, end: int):
         """One response: `text_output`, and the extra outputs asked for, as the vLLM backend gives
-        them (a stream's finish_reason is "None" until its last response; num_output_tokens counts
-        the tokens since the response before, cumulative_logprob the drawn tokens' so far)."""
+        them, for the tokens comp.tokens[start:end] drawn since the response before (a stream's
+        finish_reason is "None" until its last response; num_output_tokens counts those tokens,
+        logprobs holds theirs, cumulative_logprob sums every drawn token's so far)."""
         outputs = [self.pb.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_))]
         if "finish_reason" in extra:
             reason = str(comp.finish_reason)  # "None" while it runs, as the vLLM backend's str(None)
             outputs.append(self.pb.Tensor("finish_reason", np.array([reason.encode()], dtype=np.object_)))
         if "cumulative_logprob" in extra:
-            total = sum(t.logprob for t in comp.logprobs)
+            total = sum(t.logprob for t in comp.logprobs[:end])  # (the engine may have drawn more since)
             outputs.append(self.pb.Tensor("cumulative_logprob", np.array([total], dtype=np.float32)))
+        if "logprobs" in extra or NO_LOGPROBS in extra:
+            value = "null" if NO_LOGPROBS in extra else \
+                json.dumps(vllm_logprobs(comp.logprobs[start:end], self.model.tokenizer))
+            outputs.append(self.pb.Tensor("logprobs", np.array([value.encode("utf-8")], dtype=np.object_)))
         if "num_input_tokens" in extra:
             outputs.append(self.pb.Tensor("num_input_tokens", np.array([len(req.prompt)], dtype=np.uint32)))
         if "num_output_tokens" in extra:
-            outputs.append(self.pb.Tensor("num_output_tokens", np.array([new_tokens], dtype=np.uint32)))
+            outputs.append(self.pb.Tensor("num_output_tokens", np.array([end - start], dtype=np.uint32)))
         return self.pb.InferenceResponse(output_tensors=outputs)
 
     async def _respond(self, req, prompt_text: str, stream: bool, echo: bool, extra: set, sender):
@@ -147,32 +154,54 @@ class TritonPythonModel:
         final = self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         # special tokens kept in the stream as in the whole text, where the request keeps them
         pieces = TextStream(self.model.tokenizer, req.prompt, req.stop, special=not req.skip_special_tokens)
-        unsent = 0  # tokens drawn since the last response
+        sent = drawn = 0  # tokens the responses so far stand for; tokens drawn
         async for new, reason in tokens:
             if sender.is_cancelled():  # the client has gone (as the vLLM backend, its request ends: its row is freed)
                 self.engine.cancel(tokens.completion.id)
                 sender.send(self.pb.InferenceResponse(output_tensors=[], error=self.pb.TritonError(
                     "Request was cancelled", code=self.pb.TritonError.CANCELLED)), flags=final)
                 return
-            unsent += len(new)
+            drawn += len(new)
             if stream and reason is None:
                 piece = pieces.push(new)
                 if piece:
-                    sender.send(self._response(piece, extra, req, tokens.completion, unsent))
-                    unsent = 0
+                    sender.send(self._response(piece, extra, req, tokens.completion, sent, drawn))
+                    sent = drawn
         comp = tokens.completion
         if comp.finish_reason == "error":
             sender.send(self._failure(comp.error or "failed"), flags=final)
             return
         if stream:
-            sender.send(self._response(pieces.finish(comp.text), extra, req, comp, unsent), flags=final)
+            sender.send(self._response(pieces.finish(comp.text), extra, req, comp, sent, len(comp.tokens)),
+                        flags=final)
         else:
             text = (prompt_text if echo else "") + (comp.text or "")
-            sender.send(self._response(text, extra, req, comp, len(comp.tokens)), flags=final)
+            sender.send(self._response(text, extra, req, comp, 0, len(comp.tokens)), flags=final)
 
 
 # The outputs a request may ask for with a `return_<name>` input, as of Triton's vLLM backend.
-EXTRA_OUTPUTS = ("finish_reason", "cumulative_logprob", "num_input_tokens", "num_output_tokens")
+EXTRA_OUTPUTS = ("finish_reason", "cumulative_logprob", "logprobs", "num_input_tokens", "num_output_tokens")
+NO_LOGPROBS = "logprobs: null"  # return_logprobs without sampling_parameters' logprobs: the output says "null"
+
+
+def vllm_logprobs(lps: list, tokenizer) -> list:
+    """The vLLM backend's `logprobs` output for some drawn tokens (`TokenLogprob`s): per token
+    {id: {logprob, rank, decoded_token}} holding the drawn token first, then its top alternatives
+    ranked 1, 2, ... (vLLM's SampleLogprobs, the ids as JSON keys). The drawn token's rank is its
+    place among the alternatives; where it is not one of them, the engine did not rank it (it
+    ranks only prompt tokens) and its rank is null."""
+    from linnet.serve.openai_replies import _token_text
+
+    text = _token_text(tokenizer)
+    out = []
+    for lp in lps:
+        ranked = {t: r for r, (t, _) in enumerate(lp.top, 1)}
+        entry = {str(lp.token): {"logprob": lp.logprob, "rank": ranked.get(lp.token, lp.rank),
+                                 "decoded_token": text(lp.token)}}
+        for t, v in lp.top:
+            entry.setdefault(str(t), {"logprob": v, "rank": ranked[t], "decoded_token": text(t)})
+        out.append(entry)
+    return out
 
 # Triton's clients (the vLLM backend's own samples among them) send the sampling fields' numbers as
 # strings ({"temperature": "0.1", "max_tokens": "5"}); the vLLM backend converts them to each field's type.

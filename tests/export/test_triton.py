@@ -220,6 +220,60 @@ def test_the_extra_outputs_a_request_asks_for(served, engine_text):
     assert pieces[-1]["cumulative_logprob"][0] == pytest.approx(one["cumulative_logprob"][0], abs=1e-4)
 
 
+def test_logprobs_as_the_vllm_backend_gives_them(served, tmp_path):
+    """return_logprobs: the `logprobs` output, a JSON list with one {id: {logprob, rank, decoded_token}}
+    a token drawn since the response before (the drawn token, then sampling_parameters' `logprobs`
+    best alternatives ranked 1, 2, ...), "null" where the request asks for no logprobs, as the vLLM
+    backend's. The reference is transformers, on the card's weights exported for vLLM: its greedy
+    tokens, their log-softmax, its two best ids at each step."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from linnet.export import export
+
+    model, pb, model_dir = served
+    config = open(f"{model_dir}/config.pbtxt").read()
+    assert '{ name: "return_logprobs" data_type: TYPE_BOOL dims: [ 1 ] optional: true }' in config
+    assert '{ name: "logprobs" data_type: TYPE_STRING dims: [ -1 ] }' in config
+    prompt, new = "One, two, three,", 6
+    sampling = json.dumps({"max_tokens": new, "temperature": 0, "ignore_eos": True, "logprobs": 2})
+    asks = dict(return_logprobs=True, return_num_output_tokens=True)
+    whole = FakeRequest(pb, text_input=prompt, sampling_parameters=sampling, **asks)
+    streamed = FakeRequest(pb, text_input=prompt, sampling_parameters=sampling, stream=True, **asks)
+    unasked = FakeRequest(pb, text_input=prompt, sampling_parameters=json.dumps({"max_tokens": 2}), **asks)
+    model.execute([whole, streamed, unasked])
+    assert all(r.sender.done.wait(120) for r in (whole, streamed, unasked))
+    outputs = lambda response: {t.name(): t.as_numpy() for t in response.output_tensors}
+    (one,) = [outputs(r) for r in whole.sender.responses]
+    steps = json.loads(one["logprobs"][0])
+    assert [outputs(r)["logprobs"][0] for r in unasked.sender.responses] == [b"null"]
+    pieces = [outputs(r) for r in streamed.sender.responses]
+    assert len(pieces) > 1 and [len(json.loads(p["logprobs"][0])) for p in pieces] == \
+        [int(p["num_output_tokens"][0]) for p in pieces]
+    streamed_steps = [step for p in pieces for step in json.loads(p["logprobs"][0])]
+    assert [list(step) for step in streamed_steps] == [list(step) for step in steps]  # (the same draws, in a
+    for a, b in zip(streamed_steps, steps):  # batch of their own: logprobs to f32's rounding)
+        assert all(a[t]["logprob"] == pytest.approx(b[t]["logprob"], abs=1e-4) for t in a)
+        assert [(e["rank"], e["decoded_token"]) for e in a.values()] == [(e["rank"], e["decoded_token"])
+                                                                       for e in b.values()]
+
+    hf = export("smollm2-135m-instruct", "vllm", tmp_path / "hf", dtype="f32")
+    reference = AutoModelForCausalLM.from_pretrained(hf, attn_implementation="eager").eval()
+    tok = AutoTokenizer.from_pretrained(hf)
+    ids = tok(prompt)["input_ids"]
+    assert len(steps) == new
+    for step in steps:
+        with torch.no_grad():
+            logprobs = torch.log_softmax(reference(torch.tensor([ids])).logits[0, -1].float(), dim=-1)
+        best = torch.topk(logprobs, 2)
+        drawn = int(best.indices[0])
+        assert list(step) == [str(drawn), str(int(best.indices[1]))]  # the drawn token first, then the other
+        for rank, (t, v) in enumerate(zip(best.indices.tolist(), best.values.tolist()), 1):
+            assert step[str(t)]["rank"] == rank and step[str(t)]["logprob"] == pytest.approx(v, abs=2e-3)
+            assert step[str(t)]["decoded_token"] == tok.decode([t])
+        ids.append(drawn)
+
+
 def test_a_bad_request_gets_an_error_and_the_others_are_answered(served):
     model, pb, _ = served
     bad = FakeRequest(pb, text_input="Hello", sampling_parameters="{not json")
