@@ -41,7 +41,7 @@ def write_hf_dir(bound, out) -> str:
     if out.is_dir() and any(out.resolve() == s.resolve() for s in sources):
         raise ExportError(f"{out}: that is where the weights or the tokenizer are read from; write elsewhere")
     check_destination(out)
-    made = not out.exists()
+    made = next((p for p in (*reversed(out.parents), out) if not p.exists()), None)  # the first folder made
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob(f"{STAGING}*"):  # what an export killed outright (SIGKILL, power) left
         shutil.rmtree(stale, ignore_errors=True)
@@ -55,8 +55,8 @@ def write_hf_dir(bound, out) -> str:
             raise ExportError(f"{where}: cannot write the model ({err.strerror or err})") from None
     except BaseException:  # a full disk, an interrupt: the earlier export stays whole, this one goes
         shutil.rmtree(stage, ignore_errors=True)
-        if made and not any(out.iterdir()):
-            out.rmdir()
+        if made is not None and not any(out.iterdir()):  # (nothing but the folders made for it)
+            shutil.rmtree(made, ignore_errors=True)
         raise
     return str(out)
 

@@ -7,8 +7,8 @@ The model's inputs and outputs are those of Triton's vLLM backend, read as it re
 clients work unchanged: `text_input` (the prompt), optional `stream`, `sampling_parameters` (a JSON
 object of OpenAI / vLLM sampling fields: max_tokens, temperature, top_p, top_k, stop, seed, ...; else
 the request's own parameters), `exclude_input_in_output` and `return_finish_reason`,
-`return_cumulative_logprob`, `return_logprobs`, `return_num_input_tokens`, `return_num_output_tokens`; `text_output`
-(and what was asked for) comes back, once or as it is generated. The card, its
+`return_cumulative_logprob`, `return_logprobs`, `return_num_input_tokens`, `return_num_output_tokens`;
+`text_output` (and what was asked for) comes back, once or as it is generated. The card, its
 weights and the engine's sizes are the config's parameters, read when Triton loads the model.
 Serve with `tritonserver --model-repository <out>`; the server's Python needs linnet installed.
 """

@@ -226,6 +226,9 @@ def test_a_write_that_fails_leaves_no_half_written_model(tmp_path, file_size_lim
                                                                     r"weights \(.*File too large"):
         export("tiny-llama", "vllm", tmp_path / "out", weights="random", dtype="f32")  # 0.3 MB of weights
     assert list(tmp_path.iterdir()) == []
+    with file_size_limit(20_000), pytest.raises(ExportError, match="cannot write the weights"):
+        export("tiny-llama", "vllm", tmp_path / "a" / "b" / "out", weights="random", dtype="f32")
+    assert list(tmp_path.iterdir()) == []  # (nor the folders made for it)
 
 
 def _files(folder: Path) -> dict:
