@@ -140,5 +140,10 @@ def _gemma3(b: dict) -> dict:
     }
 
 
+def _olmo2(b: dict) -> dict:
+    return {**_dense(b), "architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2",
+            "rope_scaling": _rope(b, "OLMo 2"), "attention_bias": False}
+
+
 _WRITERS = {"llama": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen3": _qwen3, "qwen3_moe": _qwen3_moe,
-            "gpt_oss": _gpt_oss, "gemma3": _gemma3}
+            "gpt_oss": _gpt_oss, "gemma3": _gemma3, "olmo2": _olmo2}

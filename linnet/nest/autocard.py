@@ -4,7 +4,8 @@ A checkpoint's `architectures` entry (config.json's, or the one a GGUF's `genera
 stands for) picks the built-in architecture: Llama and Mistral checkpoints get a card over
 llama, Mixtral over mixtral, Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distills) over qwen2,
 Qwen3 over qwen3, Qwen3's mixtures of experts over qwen3_moe, gpt-oss over gpt_oss, Gemma 3's
-text model over gemma3. Config values the architecture cannot express are refused, not dropped.
+text model over gemma3, OLMo 2 over olmo2. Config values the architecture cannot express are
+refused, not dropped.
 """
 
 from __future__ import annotations
@@ -287,6 +288,12 @@ def _gemma3_values(config: dict, name: str) -> dict:
     return values
 
 
+def _olmo2_values(config: dict, name: str) -> dict:
+    """OLMo 2: Llama's config keys; its norms' places are the architecture's, not the config's."""
+    _refuse_biases(config, name, ("attention_bias",))
+    return {**_dense_values(config, name), **_rope_values(config, name, "OLMo 2", ("llama3", "linear", "yarn"))}
+
+
 # Mistral's checkpoints share Llama's architecture, not its tool calls (Qwen's architectures name theirs).
 TOOL_CALL_PARSERS = {"MistralForCausalLM": "mistral"}
 
@@ -300,4 +307,5 @@ SUPPORTED = {
     "Qwen3MoeForCausalLM": ("qwen3_moe", _qwen3_moe_values),
     "GptOssForCausalLM": ("gpt_oss", _gpt_oss_values),
     "Gemma3ForCausalLM": ("gemma3", _gemma3_values),
+    "Olmo2ForCausalLM": ("olmo2", _olmo2_values),
 }

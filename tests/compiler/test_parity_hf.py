@@ -1,11 +1,13 @@
 """Both backends against transformers on the tiny cards: `LlamaForCausalLM`, `MistralForCausalLM`,
-`MixtralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `GptOssForCausalLM`.
+`MixtralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `GptOssForCausalLM`,
+`Olmo2ForCausalLM`.
 
 The reference has the card's config (llama3 RoPE scaling and GQA in
 `tiny-llama`, tied embeddings in `tiny-llama-tied`, a sliding window in `tiny-mistral`, routed experts in `tiny-mixtral`;
 q/k/v biases, YaRN and a tied head in `tiny-qwen2`; per-head q/k norms and a wide head in
 `tiny-qwen3`, and routed experts in `tiny-qwen3-moe`; in `tiny-gpt-oss` biases, sinks,
-sliding-window layers, YaRN and routed experts) and random weights. The checkpoint
+sliding-window layers, YaRN and routed experts; in `tiny-olmo2` norms after each half of a layer
+and q/k norms over whole projections of two widths) and random weights. The checkpoint
 `save_pretrained` writes of it is bound through the names the `.linnet` source
 declares. Four prompts of different lengths are prefilled in one pack, then
 16 greedy steps are decoded; each step is compared with the reference run
@@ -37,7 +39,7 @@ MODES = {
 
 
 @pytest.fixture(scope="module", params=["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-mixtral", "tiny-qwen2",
-                                        "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss"])
+                                        "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-olmo2"])
 def card(request, kit, tmp_path_factory):
     """The card's module, a seeded reference with its config, prompts, and the reference's greedy run."""
     name = request.param
@@ -119,6 +121,9 @@ def test_cards_are_what_the_tests_claim(card):
     elif card["name"] == "tiny-qwen3-moe":
         assert 1 < b["experts_per_token"] < b["experts"] and b["norm_topk_prob"] and "q_norm" in card["spec"].params
         assert "model.layers.1.mlp.experts.7.down_proj.weight" in card["state"]  # one tensor per expert
+    elif card["name"] == "tiny-olmo2":  # the k norm is narrower than the q norm: GQA
+        assert b["kv_heads"] < b["heads"] and "model.layers.1.post_feedforward_layernorm.weight" in card["state"]
+        assert card["state"]["model.layers.0.self_attn.k_norm.weight"].shape == (b["kv_heads"] * b["head_dim"],)
     else:
         assert b["tie_embeddings"] and b["rope_scaling"] == "none"
 

@@ -1,7 +1,8 @@
-"""Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE and Gemma 3 checkpoints without a card: a random tiny model saved
+"""Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 3 and OLMo 2 checkpoints without a card: a random tiny model saved
 by transformers loads through nest.load with a card written from its config.json (Mistral over the
 llama architecture, its sliding window kept; Mixtral over mixtral; Qwen2 with its q/k/v biases; Qwen3 with its per-head
-q/k norms; Qwen3-MoE with one tensor per expert; Gemma 3 with its two kinds of layer) and gives transformers' logits on both backends.
+q/k norms; Qwen3-MoE with one tensor per expert; Gemma 3 with its two kinds of layer; OLMo 2 with its norms after
+each half of a layer) and gives transformers' logits on both backends.
 Qwen and Gemma 3 GGUFs, laid out as llama.cpp's converter writes them (q and k in checkpoint order, a
 layer's experts in one tensor, Gemma's norm weights with 1 added), load the same."""
 
@@ -34,6 +35,8 @@ FAMILIES = {
                               rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                                "full_attention": {"rope_type": "linear", "rope_theta": 1e6,
                                                                   "factor": 8.0}})),
+    # norms after each half of a layer, q/k norms over whole projections (GQA: two widths)
+    "olmo2": ("Olmo2", dict(tie_word_embeddings=False)),
 }
 # transformers' config class where it is not the prefix's (Gemma3Config is the multimodal model's)
 CONFIGS = {"gemma3": "Gemma3TextConfig"}
@@ -98,6 +101,32 @@ def test_fast_bf16_is_as_close_to_f32_as_transformers_own_bf16(saved, backend):
     assert worst_ours <= 2 * worst_theirs, (worst_ours, worst_theirs)
 
 
+# the families added after the engine's own tests were written, each checked through it against transformers
+THROUGH_THE_ENGINE = ["olmo2"]
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+@pytest.mark.parametrize("family", THROUGH_THE_ENGINE)
+def test_the_engine_generates_transformers_greedy_tokens(family, backend, tmp_path):
+    """The checkpoint directory served: the engine packs the prompts into one prefill pass, then
+    decodes them together, and each request's tokens are transformers' greedy ones for its prompt
+    alone (each step recomputed over the whole sequence)."""
+    from linnet.serve import Engine, Request
+
+    reference = random_model(family)
+    reference.save_pretrained(tmp_path)
+    model = nest.load(str(tmp_path), backend=backend, generics=GENERICS, tokenizer=False)
+    steps = 8
+    done, stats = Engine(model, token_budget=64).run([Request(prompt=p, max_new_tokens=steps) for p in PROMPTS])
+    assert stats.passes["decode"] > 0
+    for prompt, completion in zip(PROMPTS, done):
+        run = list(prompt)
+        with torch.no_grad():
+            for _ in range(steps):
+                run.append(int(reference(input_ids=torch.tensor([run])).logits[0, -1].argmax()))
+        assert completion.tokens == run[len(prompt):], (prompt, completion.tokens, run[len(prompt):])
+
+
 def test_the_cards_say_what_the_configs_do(saved):
     family, path, _ = saved
     config = json.loads((path / "config.json").read_text())
@@ -151,6 +180,8 @@ def test_gemma_3_1b_its_config_as_the_hub_ships_it_is_its_registry_card(tmp_path
     ("gemma3", {"layer_types": ["full_attention", "sliding_attention"]}, "one full-attention layer in every n"),
     ("gemma3", {"final_logit_softcapping": 30.0}, "final_logit_softcapping is set"),
     ("gemma3", {"hidden_activation": "silu"}, "hidden_activation 'silu'"),
+    ("olmo2", {"attention_bias": True}, "has attention_bias set"),
+    ("olmo2", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope scaling 'dynamic'"),
     ("gemma3", {"rope_parameters": {"sliding_attention": {"rope_type": "yarn", "factor": 2.0},
                                     "full_attention": {"rope_type": "default"}}}, "rope scaling"),
 ])

@@ -21,6 +21,7 @@ PUBLISHED = {
     "HuggingFaceTB/SmolLM2-135M-Instruct": 134_515_008,
     "openai/gpt-oss-20b": 20_914_757_184,
     "google/gemma-3-1b-it": 999_885_952,
+    "allenai/OLMo-2-0425-1B-Instruct": 1_484_916_736,
 }
 CARDS = [info for info in nest.cards() if info.hf_repo]
 
