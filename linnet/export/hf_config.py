@@ -145,5 +145,13 @@ def _olmo2(b: dict) -> dict:
             "rope_scaling": _rope(b, "OLMo 2"), "attention_bias": False}
 
 
+def _granite(b: dict) -> dict:
+    return {**_dense(b), "architectures": ["GraniteForCausalLM"], "model_type": "granite",
+            "rope_scaling": _rope(b, "Granite"), "attention_bias": False, "mlp_bias": False,
+            **{key: b[key] for key in ("embedding_multiplier", "residual_multiplier", "attention_multiplier",
+                                       "logits_scaling")}}
+
+
 _WRITERS = {"llama": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen3": _qwen3, "qwen3_moe": _qwen3_moe,
-            "gpt_oss": _gpt_oss, "gemma3": _gemma3, "olmo2": _olmo2}
+            "gpt_oss": _gpt_oss, "gemma3": _gemma3, "olmo2": _olmo2,
+            "granite": _granite}

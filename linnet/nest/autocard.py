@@ -4,7 +4,7 @@ A checkpoint's `architectures` entry (config.json's, or the one a GGUF's `genera
 stands for) picks the built-in architecture: Llama and Mistral checkpoints get a card over
 llama, Mixtral over mixtral, Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distills) over qwen2,
 Qwen3 over qwen3, Qwen3's mixtures of experts over qwen3_moe, gpt-oss over gpt_oss, Gemma 3's
-text model over gemma3, OLMo 2 over olmo2. Config values the architecture cannot express are
+text model over gemma3, OLMo 2 over olmo2, Granite over granite. Config values the architecture cannot express are
 refused, not dropped.
 """
 
@@ -294,6 +294,14 @@ def _olmo2_values(config: dict, name: str) -> dict:
     return {**_dense_values(config, name), **_rope_values(config, name, "OLMo 2", ("llama3", "linear", "yarn"))}
 
 
+def _granite_values(config: dict, name: str) -> dict:
+    """Granite: Llama's config keys and µP's four multipliers (each 1 where the config has none, as in
+    transformers' GraniteConfig)."""
+    return {**_llama_values(config, name),
+            **{key: float(config.get(key, 1.0)) for key in ("embedding_multiplier", "residual_multiplier",
+                                                            "attention_multiplier", "logits_scaling")}}
+
+
 # Mistral's checkpoints share Llama's architecture, not its tool calls (Qwen's architectures name theirs).
 TOOL_CALL_PARSERS = {"MistralForCausalLM": "mistral"}
 
@@ -308,4 +316,5 @@ SUPPORTED = {
     "GptOssForCausalLM": ("gpt_oss", _gpt_oss_values),
     "Gemma3ForCausalLM": ("gemma3", _gemma3_values),
     "Olmo2ForCausalLM": ("olmo2", _olmo2_values),
+    "GraniteForCausalLM": ("granite", _granite_values),
 }

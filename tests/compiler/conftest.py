@@ -164,7 +164,7 @@ def random_checkpoint(spec, seed: int, fmt: str = "hf") -> dict:
 HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
               "qwen2": "Qwen2ForCausalLM",
               "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
-              "olmo2": "Olmo2ForCausalLM"}
+              "olmo2": "Olmo2ForCausalLM", "granite": "GraniteForCausalLM"}
 
 
 def hf_family(spec) -> str:
@@ -174,7 +174,7 @@ def hf_family(spec) -> str:
 def hf_config(bindings: dict, max_seq: int, family: str = "llama"):
     """The transformers config equal to a specialized Llama-like card's config: a `LlamaConfig`, or
     Mistral's (a window), Mixtral's (experts), Qwen2's (q/k/v biases), Qwen3's (q/k norms) or
-    Qwen3-MoE's (and experts), OLMo 2's (norms after each half, q/k norms over whole projections)."""
+    Qwen3-MoE's (and experts), OLMo 2's (norms after each half, q/k norms over whole projections) or Granite's (µP's multipliers)."""
     import transformers
 
     b = bindings
@@ -195,7 +195,9 @@ def hf_config(bindings: dict, max_seq: int, family: str = "llama"):
              "qwen3_moe": dict(attention_bias=False, use_sliding_window=False, num_experts=b.get("experts"),
                                num_experts_per_tok=b.get("experts_per_token"), moe_intermediate_size=b["ffn"],
                                norm_topk_prob=b.get("norm_topk_prob"), decoder_sparse_step=1, mlp_only_layers=[]),
-             "olmo2": dict(attention_bias=False)}[family]
+             "olmo2": dict(attention_bias=False),
+             "granite": dict(attention_bias=False, mlp_bias=False, **{k: b.get(k) for k in (
+                 "embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")})}[family]
     config_class = getattr(transformers, HF_CLASSES[family].replace("ForCausalLM", "Config"))
     config = config_class(
         vocab_size=b["vocab"], hidden_size=b["dim"], num_hidden_layers=b["layers"],

@@ -1,13 +1,14 @@
 """Both backends against transformers on the tiny cards: `LlamaForCausalLM`, `MistralForCausalLM`,
 `MixtralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `GptOssForCausalLM`,
-`Olmo2ForCausalLM`.
+`Olmo2ForCausalLM`, `GraniteForCausalLM`.
 
 The reference has the card's config (llama3 RoPE scaling and GQA in
 `tiny-llama`, tied embeddings in `tiny-llama-tied`, a sliding window in `tiny-mistral`, routed experts in `tiny-mixtral`;
 q/k/v biases, YaRN and a tied head in `tiny-qwen2`; per-head q/k norms and a wide head in
 `tiny-qwen3`, and routed experts in `tiny-qwen3-moe`; in `tiny-gpt-oss` biases, sinks,
 sliding-window layers, YaRN and routed experts; in `tiny-olmo2` norms after each half of a layer
-and q/k norms over whole projections of two widths) and random weights. The checkpoint
+and q/k norms over whole projections of two widths; in `tiny-granite` µP's four multipliers, a tied
+head) and random weights. The checkpoint
 `save_pretrained` writes of it is bound through the names the `.linnet` source
 declares. Four prompts of different lengths are prefilled in one pack, then
 16 greedy steps are decoded; each step is compared with the reference run
@@ -39,7 +40,8 @@ MODES = {
 
 
 @pytest.fixture(scope="module", params=["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-mixtral", "tiny-qwen2",
-                                        "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-olmo2"])
+                                        "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-olmo2",
+                                        "tiny-granite"])
 def card(request, kit, tmp_path_factory):
     """The card's module, a seeded reference with its config, prompts, and the reference's greedy run."""
     name = request.param
@@ -124,6 +126,9 @@ def test_cards_are_what_the_tests_claim(card):
     elif card["name"] == "tiny-olmo2":  # the k norm is narrower than the q norm: GQA
         assert b["kv_heads"] < b["heads"] and "model.layers.1.post_feedforward_layernorm.weight" in card["state"]
         assert card["state"]["model.layers.0.self_attn.k_norm.weight"].shape == (b["kv_heads"] * b["head_dim"],)
+    elif card["name"] == "tiny-granite":  # every multiplier away from 1, the scale not 1 / sqrt(head_dim)
+        assert all(b[k] != 1.0 for k in ("embedding_multiplier", "residual_multiplier", "logits_scaling"))
+        assert b["attention_multiplier"] != b["head_dim"] ** -0.5 and b["tie_embeddings"]
     else:
         assert b["tie_embeddings"] and b["rope_scaling"] == "none"
 

@@ -1,8 +1,8 @@
-"""Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 3 and OLMo 2 checkpoints without a card: a random tiny model saved
+"""Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 3, OLMo 2 and Granite checkpoints without a card: a random tiny model saved
 by transformers loads through nest.load with a card written from its config.json (Mistral over the
 llama architecture, its sliding window kept; Mixtral over mixtral; Qwen2 with its q/k/v biases; Qwen3 with its per-head
 q/k norms; Qwen3-MoE with one tensor per expert; Gemma 3 with its two kinds of layer; OLMo 2 with its norms after
-each half of a layer) and gives transformers' logits on both backends.
+each half of a layer; Granite with its µP multipliers) and gives transformers' logits on both backends.
 Qwen and Gemma 3 GGUFs, laid out as llama.cpp's converter writes them (q and k in checkpoint order, a
 layer's experts in one tensor, Gemma's norm weights with 1 added), load the same."""
 
@@ -37,6 +37,9 @@ FAMILIES = {
                                                                   "factor": 8.0}})),
     # norms after each half of a layer, q/k norms over whole projections (GQA: two widths)
     "olmo2": ("Olmo2", dict(tie_word_embeddings=False)),
+    # every µP multiplier away from 1, the attention scale not 1 / sqrt(head_dim)
+    "granite": ("Granite", dict(tie_word_embeddings=True, embedding_multiplier=12.0, residual_multiplier=0.22,
+                                attention_multiplier=0.03125, logits_scaling=8.0)),
 }
 # transformers' config class where it is not the prefix's (Gemma3Config is the multimodal model's)
 CONFIGS = {"gemma3": "Gemma3TextConfig"}
@@ -102,7 +105,7 @@ def test_fast_bf16_is_as_close_to_f32_as_transformers_own_bf16(saved, backend):
 
 
 # the families added after the engine's own tests were written, each checked through it against transformers
-THROUGH_THE_ENGINE = ["olmo2"]
+THROUGH_THE_ENGINE = ["olmo2", "granite"]
 
 
 @pytest.mark.parametrize("backend", ["torch", "jax"])
@@ -144,6 +147,10 @@ def test_the_cards_say_what_the_configs_do(saved):
     if family == "qwen3_moe":
         assert "experts = 8" in source and "experts_per_token = 2" in source and "ffn = 32" in source
         assert "norm_topk_prob = true" in source
+    if family == "granite":
+        for line in ("embedding_multiplier = 12.0", "residual_multiplier = 0.22", "attention_multiplier = 0.03125",
+                     "logits_scaling = 8.0", "tie_embeddings = true"):
+            assert line in source
     if family == "gemma3":
         for line in ("window_pattern = 2", "sliding_window = 4", 'rope_scaling = "linear"', "rope_factor = 8.0",
                      "rope_theta = 1000000.0", "rope_local_theta = 10000.0", "query_pre_attn_scalar = 24"):
@@ -181,6 +188,7 @@ def test_gemma_3_1b_its_config_as_the_hub_ships_it_is_its_registry_card(tmp_path
     ("gemma3", {"final_logit_softcapping": 30.0}, "final_logit_softcapping is set"),
     ("gemma3", {"hidden_activation": "silu"}, "hidden_activation 'silu'"),
     ("olmo2", {"attention_bias": True}, "has attention_bias set"),
+    ("granite", {"mlp_bias": True}, "has mlp_bias set"),
     ("olmo2", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope scaling 'dynamic'"),
     ("gemma3", {"rope_parameters": {"sliding_attention": {"rope_type": "yarn", "factor": 2.0},
                                     "full_attention": {"rope_type": "default"}}}, "rope scaling"),

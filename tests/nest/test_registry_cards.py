@@ -22,6 +22,7 @@ PUBLISHED = {
     "openai/gpt-oss-20b": 20_914_757_184,
     "google/gemma-3-1b-it": 999_885_952,
     "allenai/OLMo-2-0425-1B-Instruct": 1_484_916_736,
+    "ibm-granite/granite-3.1-2b-instruct": 2_533_531_648,
 }
 CARDS = [info for info in nest.cards() if info.hf_repo]
 
