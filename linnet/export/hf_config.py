@@ -152,6 +152,14 @@ def _granite(b: dict) -> dict:
                                        "logits_scaling")}}
 
 
+def _phi3(b: dict) -> dict:
+    # phi3.linnet's rope has no scaling. Phi3Config's own defaults are the 32k vocabulary's token ids, and
+    # transformers refuses a pad id past the vocabulary: none is written unless the tokenizer's are
+    return {**_dense(b), "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "rope_scaling": None,
+            "sliding_window": b["sliding_window"] or None, "pad_token_id": None, "bos_token_id": None,
+            "eos_token_id": None}
+
+
 _WRITERS = {"llama": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen3": _qwen3, "qwen3_moe": _qwen3_moe,
             "gpt_oss": _gpt_oss, "gemma3": _gemma3, "olmo2": _olmo2,
-            "granite": _granite}
+            "granite": _granite, "phi3": _phi3}

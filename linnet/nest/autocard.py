@@ -4,7 +4,7 @@ A checkpoint's `architectures` entry (config.json's, or the one a GGUF's `genera
 stands for) picks the built-in architecture: Llama and Mistral checkpoints get a card over
 llama, Mixtral over mixtral, Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distills) over qwen2,
 Qwen3 over qwen3, Qwen3's mixtures of experts over qwen3_moe, gpt-oss over gpt_oss, Gemma 3's
-text model over gemma3, OLMo 2 over olmo2, Granite over granite. Config values the architecture cannot express are
+text model over gemma3, OLMo 2 over olmo2, Granite over granite, Phi-3 (and Phi-4 14B) over phi3. Config values the architecture cannot express are
 refused, not dropped.
 """
 
@@ -302,6 +302,26 @@ def _granite_values(config: dict, name: str) -> dict:
                                                             "attention_multiplier", "logits_scaling")}}
 
 
+def _phi3_values(config: dict, name: str) -> dict:
+    """Phi-3: Llama's config keys and Mistral's window. The
+    longrope of the 128k models (and of Phi-3.5 and Phi-4-mini), and Phi-4-mini's rope over part of each
+    head, are refused: the phi3 architecture rotates whole heads at one frequency table."""
+    _refuse_biases(config, name)
+    scaling, kind = _rope_scaling(config)
+    if kind not in ("default", None):
+        raise WeightsError(f"{name}: rope scaling {kind!r} is not supported for Phi-3 checkpoints (the 128k "
+                           f"models' longrope); the phi3 architecture computes plain rope, as the 4k models use")
+    partial = float(config.get("partial_rotary_factor") or (config.get("rope_parameters") or {})
+                    .get("partial_rotary_factor") or 1.0)
+    if partial != 1.0:
+        raise WeightsError(f"{name}: partial_rotary_factor {partial}; the phi3 architecture rotates whole heads")
+    values = _dense_values(config, name)
+    window = config.get("sliding_window")
+    if window and int(window) < int(config.get("max_position_embeddings") or 1 << 62):
+        values["sliding_window"] = int(window)  # Phi-3-mini-4k: every layer sees the last 2047
+    return values
+
+
 # Mistral's checkpoints share Llama's architecture, not its tool calls (Qwen's architectures name theirs).
 TOOL_CALL_PARSERS = {"MistralForCausalLM": "mistral"}
 
@@ -317,4 +337,5 @@ SUPPORTED = {
     "Gemma3ForCausalLM": ("gemma3", _gemma3_values),
     "Olmo2ForCausalLM": ("olmo2", _olmo2_values),
     "GraniteForCausalLM": ("granite", _granite_values),
+    "Phi3ForCausalLM": ("phi3", _phi3_values),
 }

@@ -164,7 +164,8 @@ def random_checkpoint(spec, seed: int, fmt: str = "hf") -> dict:
 HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mixtral": "MixtralForCausalLM",
               "qwen2": "Qwen2ForCausalLM",
               "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
-              "olmo2": "Olmo2ForCausalLM", "granite": "GraniteForCausalLM"}
+              "olmo2": "Olmo2ForCausalLM", "granite": "GraniteForCausalLM",
+              "phi3": "Phi3ForCausalLM"}
 
 
 def hf_family(spec) -> str:
@@ -174,10 +175,11 @@ def hf_family(spec) -> str:
 def hf_config(bindings: dict, max_seq: int, family: str = "llama"):
     """The transformers config equal to a specialized Llama-like card's config: a `LlamaConfig`, or
     Mistral's (a window), Mixtral's (experts), Qwen2's (q/k/v biases), Qwen3's (q/k norms) or
-    Qwen3-MoE's (and experts), OLMo 2's (norms after each half, q/k norms over whole projections) or Granite's (µP's multipliers)."""
+    Qwen3-MoE's (and experts), OLMo 2's (norms after each half, q/k norms over whole projections), Granite's
+    (µP's multipliers) or Phi-3's (fused projections, a window; its architecture has no rope scaling)."""
     import transformers
 
-    b = bindings
+    b = {"rope_scaling": "none", **bindings}
     if b["rope_scaling"] == "llama3":
         rope = {"rope_type": "llama3", "rope_theta": b["rope_theta"], "factor": b["rope_factor"],
                 "low_freq_factor": b["rope_low_freq_factor"], "high_freq_factor": b["rope_high_freq_factor"],
@@ -197,7 +199,8 @@ def hf_config(bindings: dict, max_seq: int, family: str = "llama"):
                                norm_topk_prob=b.get("norm_topk_prob"), decoder_sparse_step=1, mlp_only_layers=[]),
              "olmo2": dict(attention_bias=False),
              "granite": dict(attention_bias=False, mlp_bias=False, **{k: b.get(k) for k in (
-                 "embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")})}[family]
+                 "embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")}),
+             "phi3": dict(sliding_window=b.get("sliding_window") or None, pad_token_id=None, eos_token_id=None)}[family]
     config_class = getattr(transformers, HF_CLASSES[family].replace("ForCausalLM", "Config"))
     config = config_class(
         vocab_size=b["vocab"], hidden_size=b["dim"], num_hidden_layers=b["layers"],

@@ -25,7 +25,7 @@ def linnet_logits(model, prompts):
 
 @pytest.mark.parametrize("card", ["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-mixtral", "tiny-qwen2",
                                   "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma3",
-                                  "tiny-olmo2", "tiny-granite"])
+                                  "tiny-olmo2", "tiny-granite", "tiny-phi3"])
 def test_transformers_loads_the_directory_and_agrees(card, tmp_path):
     agrees_with_transformers(card, tmp_path)
 

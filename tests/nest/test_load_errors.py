@@ -275,7 +275,7 @@ def test_a_gptq_checkpoint_without_its_weights_says_it_is_quantized(ckpt_dir):
 
 TINY_CARDS = ["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-mixtral", "tiny-qwen2", "tiny-qwen3",
               "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma3", "tiny-olmo2",
-              "tiny-granite"]
+              "tiny-granite", "tiny-phi3"]
 
 
 @pytest.mark.parametrize("card", TINY_CARDS)

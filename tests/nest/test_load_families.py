@@ -1,8 +1,9 @@
-"""Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 3, OLMo 2 and Granite checkpoints without a card: a random tiny model saved
+"""Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 3, OLMo 2, Granite and Phi-3 checkpoints without a card: a random tiny model saved
 by transformers loads through nest.load with a card written from its config.json (Mistral over the
 llama architecture, its sliding window kept; Mixtral over mixtral; Qwen2 with its q/k/v biases; Qwen3 with its per-head
 q/k norms; Qwen3-MoE with one tensor per expert; Gemma 3 with its two kinds of layer; OLMo 2 with its norms after
-each half of a layer; Granite with its µP multipliers) and gives transformers' logits on both backends.
+each half of a layer; Granite with its µP multipliers;
+Phi-3 with its fused projections) and gives transformers' logits on both backends.
 Qwen and Gemma 3 GGUFs, laid out as llama.cpp's converter writes them (q and k in checkpoint order, a
 layer's experts in one tensor, Gemma's norm weights with 1 added), load the same."""
 
@@ -40,6 +41,9 @@ FAMILIES = {
     # every µP multiplier away from 1, the attention scale not 1 / sqrt(head_dim)
     "granite": ("Granite", dict(tie_word_embeddings=True, embedding_multiplier=12.0, residual_multiplier=0.22,
                                 attention_multiplier=0.03125, logits_scaling=8.0)),
+    # fused q/k/v (GQA: parts of two widths) and gate/up, a window shorter than two of the prompts
+    # (Phi3Config's default pad id is the real vocabulary's 32000)
+    "phi3": ("Phi3", dict(tie_word_embeddings=False, sliding_window=4, pad_token_id=None, eos_token_id=None)),
 }
 # transformers' config class where it is not the prefix's (Gemma3Config is the multimodal model's)
 CONFIGS = {"gemma3": "Gemma3TextConfig"}
@@ -105,7 +109,7 @@ def test_fast_bf16_is_as_close_to_f32_as_transformers_own_bf16(saved, backend):
 
 
 # the families added after the engine's own tests were written, each checked through it against transformers
-THROUGH_THE_ENGINE = ["olmo2", "granite"]
+THROUGH_THE_ENGINE = ["olmo2", "granite", "phi3"]
 
 
 @pytest.mark.parametrize("backend", ["torch", "jax"])
@@ -151,6 +155,8 @@ def test_the_cards_say_what_the_configs_do(saved):
         for line in ("embedding_multiplier = 12.0", "residual_multiplier = 0.22", "attention_multiplier = 0.03125",
                      "logits_scaling = 8.0", "tie_embeddings = true"):
             assert line in source
+    if family == "phi3":
+        assert "sliding_window = 4" in source and "head_dim = 16" in source
     if family == "gemma3":
         for line in ("window_pattern = 2", "sliding_window = 4", 'rope_scaling = "linear"', "rope_factor = 8.0",
                      "rope_theta = 1000000.0", "rope_local_theta = 10000.0", "query_pre_attn_scalar = 24"):
@@ -189,6 +195,11 @@ def test_gemma_3_1b_its_config_as_the_hub_ships_it_is_its_registry_card(tmp_path
     ("gemma3", {"hidden_activation": "silu"}, "hidden_activation 'silu'"),
     ("olmo2", {"attention_bias": True}, "has attention_bias set"),
     ("granite", {"mlp_bias": True}, "has mlp_bias set"),
+    ("phi3", {"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [4.0] * 8,
+                               "original_max_position_embeddings": 64}}, "rope scaling 'longrope' is not supported"),
+    ("phi3", {"partial_rotary_factor": 0.75}, "partial_rotary_factor 0.75"),
+    ("phi3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+     "partial_rotary_factor 0.5"),
     ("olmo2", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope scaling 'dynamic'"),
     ("gemma3", {"rope_parameters": {"sliding_attention": {"rope_type": "yarn", "factor": 2.0},
                                     "full_attention": {"rope_type": "default"}}}, "rope scaling"),

@@ -23,6 +23,7 @@ PUBLISHED = {
     "google/gemma-3-1b-it": 999_885_952,
     "allenai/OLMo-2-0425-1B-Instruct": 1_484_916_736,
     "ibm-granite/granite-3.1-2b-instruct": 2_533_531_648,
+    "microsoft/Phi-3-mini-4k-instruct": 3_821_079_552,
 }
 CARDS = [info for info in nest.cards() if info.hf_repo]
 
