@@ -181,6 +181,50 @@ def test_gemma_3_1b_its_config_as_the_hub_ships_it_is_its_registry_card(tmp_path
     assert values(load_file(written)) == values(nest.registry.card("gemma-3-1b-it").module())
 
 
+# config.json as the hub ships each checkpoint a registry card of a newer family is written for
+HUB_CONFIGS = {
+    "olmo-2-0425-1b-instruct": {
+        "architectures": ["Olmo2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": 100257, "eos_token_id": 100257, "hidden_act": "silu", "hidden_size": 2048,
+        "intermediate_size": 8192, "max_position_embeddings": 4096, "model_type": "olmo2", "num_attention_heads": 16,
+        "num_hidden_layers": 16, "num_key_value_heads": 16, "pad_token_id": 100277, "rms_norm_eps": 1e-06,
+        "rope_scaling": None, "rope_theta": 500000, "tie_word_embeddings": False, "vocab_size": 100352},
+    "granite-3.1-2b-instruct": {
+        "architectures": ["GraniteForCausalLM"], "attention_bias": False, "attention_dropout": 0.1,
+        "attention_multiplier": 0.015625, "bos_token_id": 0, "embedding_multiplier": 12.0, "eos_token_id": 0,
+        "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 8192, "logits_scaling": 8.0,
+        "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "granite", "num_attention_heads": 32,
+        "num_hidden_layers": 40, "num_key_value_heads": 8, "pad_token_id": 0, "residual_multiplier": 0.22,
+        "rms_norm_eps": 1e-05, "rope_scaling": None, "rope_theta": 5000000.0, "tie_word_embeddings": True,
+        "vocab_size": 49155},
+    "phi-3-mini-4k-instruct": {
+        "architectures": ["Phi3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 1,
+        "embd_pdrop": 0.0, "eos_token_id": 32000, "hidden_act": "silu", "hidden_size": 3072,
+        "intermediate_size": 8192, "max_position_embeddings": 4096, "model_type": "phi3", "num_attention_heads": 32,
+        "num_hidden_layers": 32, "num_key_value_heads": 32, "original_max_position_embeddings": 4096,
+        "pad_token_id": 32000, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": None,
+        "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": False, "vocab_size": 32064},
+}
+
+
+@pytest.mark.parametrize("card", list(HUB_CONFIGS))
+def test_a_hub_config_gives_its_registry_card(card, tmp_path):
+    """The card written from the checkpoint's config.json holds the registry card's values (Phi-3
+    mini's window of 2047 in its 4096 kept; Granite's multipliers; OLMo's untied head), so the
+    checkpoint loads the same under either, and the registry card finds nothing it says otherwise."""
+    from linnet.frontend.load import load_file
+    from linnet.ir.specialize import specialize
+    from linnet.nest.autocard import config_differences
+
+    written = tmp_path / f"{card}.linnet"
+    written.write_text(card_source_from_config(HUB_CONFIGS[card], card))
+    values = lambda module: {k: v for k, v in specialize(module).bindings.items() if k in module.config}
+    registry = nest.registry.card(card).module()
+    assert values(load_file(written)) == values(registry)
+    assert load_file(written).meta["max_context"] == registry.meta["max_context"]
+    assert config_differences(HUB_CONFIGS[card], specialize(registry), card) == []
+
+
 @pytest.mark.parametrize("family, change, message", [
     ("qwen2", {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 1},
      "use_sliding_window is set for 1 of 2 layers"),

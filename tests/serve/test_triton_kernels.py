@@ -88,9 +88,12 @@ class OpNames(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("card", ["tiny-llama", "tiny-qwen3", "tiny-gpt-oss", "tiny-gemma3"])
+@pytest.mark.parametrize("card", ["tiny-llama", "tiny-qwen3", "tiny-gpt-oss", "tiny-gemma3", "tiny-olmo2",
+                                  "tiny-granite", "tiny-phi3"])
 def test_passes_through_the_small_ops_kernels_give_the_runtimes_logits(card, monkeypatch):
-    # qwen3: q and k normed a head at a time; gpt-oss: biases, sinks; gemma3: norms after each half.
+    # qwen3: q and k normed a head at a time; gpt-oss: biases, sinks; gemma3: norms after each half;
+    # olmo2: q and k normed over whole projections; granite: scaled branches; phi3: q, k and v (and gate
+    # and up) sliced from one projection, so rope reads a view whose rows are strided.
     # A decode step with a row idle, and a mixed pass (rows 3 and 0 decode, row 2 takes a prompt)
     model = torch_on_gpu_branches(monkeypatch, card)
     start = noisy_cache(model)
