@@ -297,7 +297,8 @@ def _olmo2_values(config: dict, name: str) -> dict:
 def _granite_values(config: dict, name: str) -> dict:
     """Granite: Llama's config keys and µP's four multipliers (each 1 where the config has none, as in
     transformers' GraniteConfig)."""
-    return {**_llama_values(config, name),
+    _refuse_biases(config, name)
+    return {**_dense_values(config, name), **_rope_values(config, name, "Granite", ("llama3", "linear", "yarn")),
             **{key: float(config.get(key, 1.0)) for key in ("embedding_multiplier", "residual_multiplier",
                                                             "attention_multiplier", "logits_scaling")}}
 

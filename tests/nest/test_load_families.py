@@ -239,6 +239,8 @@ def test_a_hub_config_gives_its_registry_card(card, tmp_path):
     ("gemma3", {"hidden_activation": "silu"}, "hidden_activation 'silu'"),
     ("olmo2", {"attention_bias": True}, "has attention_bias set"),
     ("granite", {"mlp_bias": True}, "has mlp_bias set"),
+    ("granite", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope scaling 'dynamic' is not supported "
+                                                                            "for Granite checkpoints"),
     ("phi3", {"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [4.0] * 8,
                                "original_max_position_embeddings": 64}}, "rope scaling 'longrope' is not supported"),
     ("phi3", {"partial_rotary_factor": 0.75}, "partial_rotary_factor 0.75"),
