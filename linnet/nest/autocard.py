@@ -4,8 +4,8 @@ A checkpoint's `architectures` entry (config.json's, or the one a GGUF's `genera
 stands for) picks the built-in architecture: Llama and Mistral checkpoints get a card over
 llama, Mixtral over mixtral, Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distills) over qwen2,
 Qwen3 over qwen3, Qwen3's mixtures of experts over qwen3_moe, gpt-oss over gpt_oss, Gemma 3's
-text model over gemma3, OLMo 2 over olmo2, Granite over granite, Phi-3 (and Phi-4 14B) over phi3. Config values the architecture cannot express are
-refused, not dropped.
+text model over gemma3, OLMo 2 over olmo2, Granite over granite, Phi-3 (and Phi-4 14B) over phi3.
+Config values the architecture cannot express are refused, not dropped.
 """
 
 from __future__ import annotations
@@ -304,9 +304,9 @@ def _granite_values(config: dict, name: str) -> dict:
 
 
 def _phi3_values(config: dict, name: str) -> dict:
-    """Phi-3: Llama's config keys and Mistral's window. The
-    longrope of the 128k models (and of Phi-3.5 and Phi-4-mini), and Phi-4-mini's rope over part of each
-    head, are refused: the phi3 architecture rotates whole heads at one frequency table."""
+    """Phi-3: Llama's config keys and Mistral's window. The longrope of the 128k models (and of
+    Phi-3.5 and Phi-4-mini), and Phi-4-mini's rope over part of each head, are refused: the phi3
+    architecture rotates whole heads at one frequency table."""
     _refuse_biases(config, name)
     scaling, kind = _rope_scaling(config)
     if kind not in ("default", None):
