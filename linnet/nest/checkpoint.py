@@ -316,6 +316,7 @@ _GGUF_ARCHS = {
     "qwen3moe": ("qwen3_moe", ["Qwen3MoeForCausalLM"]),
     "gpt-oss": ("gpt_oss", ["GptOssForCausalLM"]),
     "gemma3": ("gemma3_text", ["Gemma3ForCausalLM"]),
+    "phi3": ("phi3", ["Phi3ForCausalLM"]),
 }
 
 # keys (`<arch>.key`) every GGUF file holds, and those every file of some architectures does
@@ -520,6 +521,10 @@ class GGUFCheckpoint(Checkpoint):
             cfg.update(num_local_experts=get("expert_count"), num_experts_per_tok=get("expert_used_count"))
         if model_type == "gemma3_text":
             cfg.update(self._gemma3_config(get, cfg))
+        if model_type == "phi3" and "rope_factors_long.weight" in self._tensors:
+            # the 128k models' longrope, which llama.cpp reads as these tables (and no window: its phi3
+            # attends over whole rows whatever the file's sliding_window says)
+            cfg["rope_scaling"] = {"rope_type": "longrope"}
         if model_type in ("llama", "mixtral"):
             cfg["hidden_act"] = "silu"
             cfg["attention_bias"] = "blk.0.attn_q.bias" in self._tensors

@@ -131,18 +131,20 @@ def prefill_error():
 
 @pytest.fixture(scope="session")
 def to_gguf(write_gguf):
-    """to_gguf(hf_model, path, qtype=None, arch="llama"): a transformers model written as llama.cpp's
+    """to_gguf(hf_model, path, qtype=None, arch="llama", tokens=False): a transformers model written as llama.cpp's
     converter writes it: names through gguf's table, `<arch>.*` metadata, 1-D tensors in f32, and
     for Llama q and k rows permuted into llama.cpp's rope order (Qwen's and Gemma's stay as they
     are); Gemma 3's norm weights with 1 added, its window, and its full-attention layers' rope as
-    the file's (llama.cpp fixes the sliding ones')."""
+    the file's (llama.cpp fixes the sliding ones'); Phi-3's fused tensors as they are, and its window.
+    With `tokens`, a vocabulary of bytes that llama.cpp can load."""
     gguf = pytest.importorskip("gguf")
     from linnet.nest.transforms import permute_rope
 
-    def write(hf_model, path, qtype=None, arch="llama"):
+    def write(hf_model, path, qtype=None, arch="llama", tokens=False):
         cfg = hf_model.config
         kind = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3,
-                "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE, "gemma3": gguf.MODEL_ARCH.GEMMA3}[arch]
+                "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE, "gemma3": gguf.MODEL_ARCH.GEMMA3,
+                "phi3": gguf.MODEL_ARCH.PHI3}[arch]
         names = gguf.get_tensor_name_map(kind, cfg.num_hidden_layers)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
@@ -160,6 +162,17 @@ def to_gguf(write_gguf):
                 gemma3_keys(cfg, w)
             else:
                 w.add_rope_freq_base(10000.0)
+            if arch == "phi3" and cfg.sliding_window:
+                w.add_sliding_window(cfg.sliding_window)
+            if tokens:  # a vocabulary of bytes, so that llama.cpp itself can load the file
+                vocab = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(cfg.vocab_size - 3)]
+                w.add_tokenizer_model("llama")
+                w.add_token_list(vocab)
+                w.add_token_scores([0.0] * len(vocab))
+                w.add_token_types([2, 3, 3] + [6] * (len(vocab) - 3))  # unknown, control, byte
+                w.add_unk_token_id(0)
+                w.add_bos_token_id(1)
+                w.add_eos_token_id(2)
             w.add_vocab_size(cfg.vocab_size)
             if arch == "qwen3moe":
                 w.add_expert_feed_forward_length(cfg.moe_intermediate_size)

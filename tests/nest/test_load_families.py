@@ -323,6 +323,47 @@ def test_a_gemma3_gguf_loads_as_llama_cpp_reads_it(tmp_path, prefill_error, to_g
     assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
 
 
+def test_a_phi3_gguf_loads_as_llama_cpp_runs_it(tmp_path, prefill_error, to_gguf):
+    """Phi-3 as llama.cpp's converter writes it (the fused q/k/v and gate/up tensors as they are, q
+    and k in checkpoint order) gives llama.cpp's own logits and transformers'. llama.cpp's phi3
+    attends over whole rows, whatever window the file holds: the card written from it has none, and
+    llama.cpp's logits are those of transformers' model without one (with one they differ past it)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    windowed = random_model("phi3")  # sliding_window 4: shorter than two of the prompts
+    whole = random_model("phi3", sliding_window=None)  # the same weights
+    path = to_gguf(windowed, tmp_path / "tiny-phi3.gguf", arch="phi3", tokens=True)
+    model = nest.load(str(path), generics=GENERICS, tokenizer=False)
+    assert model.module.name == "phi3" and model.info["unused_tensors"] == []
+    assert model.module.bindings["sliding_window"] == 0
+    assert max(prefill_error(model, whole, PROMPTS)) <= 1e-4
+    assert max(prefill_error(model, windowed, PROMPTS)) > 1e-2
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=GENERICS["MaxSeq"], logits_all=True, verbose=False,
+                          n_threads=1, type_k=0, type_v=0)  # (GGML_TYPE_F32 caches)
+    for prompt in PROMPTS:
+        llm.reset()
+        llm.eval(prompt)
+        theirs = np.array(llm.scores[len(prompt) - 1])
+        with torch.no_grad():
+            want = whole(input_ids=torch.tensor([prompt])).logits[0, -1].numpy()
+        assert np.abs(theirs - want).max() / np.abs(want).max() <= 1e-4
+
+
+def test_a_phi3_gguf_with_longrope_is_refused(tmp_path, to_gguf, write_gguf):
+    """The 128k models' GGUFs carry longrope as llama.cpp's rope_factors tables: refused, named."""
+    from linnet.nest.checkpoint import GGUFCheckpoint
+
+    def keys(w):
+        w.add_embedding_length(64)
+        w.add_block_count(2)
+        w.add_head_count(4)
+        w.add_feed_forward_length(96)
+
+    path = write_gguf(tmp_path / "long.gguf", "phi3", keys, [("token_embd.weight", np.zeros((8, 64), np.float32), None),
+                                                             ("rope_factors_long.weight", np.ones(8, np.float32), None)])
+    with pytest.raises(nest.WeightsError, match="rope scaling 'longrope' is not supported for Phi-3"):
+        card_source_from_config(GGUFCheckpoint(path).config(), "long")
+
+
 def write_gemma3_keys(write_gguf, path, layers=8, window=4, cap=None, dims=(64, 4, 16), ffn=True):
     """A gemma3 GGUF of keys alone (and an embedding): `dims` is dim, heads and head_dim."""
     dim, heads, head_dim = dims
