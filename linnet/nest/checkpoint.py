@@ -317,6 +317,8 @@ _GGUF_ARCHS = {
     "gpt-oss": ("gpt_oss", ["GptOssForCausalLM"]),
     "gemma3": ("gemma3_text", ["Gemma3ForCausalLM"]),
     "phi3": ("phi3", ["Phi3ForCausalLM"]),
+    "olmo2": ("olmo2", ["Olmo2ForCausalLM"]),
+    "granite": ("granite", ["GraniteForCausalLM"]),
 }
 
 # keys (`<arch>.key`) every GGUF file holds, and those every file of some architectures does
@@ -525,7 +527,11 @@ class GGUFCheckpoint(Checkpoint):
             # the 128k models' longrope, which llama.cpp reads as these tables (and no window: its phi3
             # attends over whole rows whatever the file's sliding_window says)
             cfg["rope_scaling"] = {"rope_type": "longrope"}
-        if model_type in ("llama", "mixtral"):
+        if model_type == "granite":  # llama.cpp scales nothing where a key is absent, and attention by 1 / sqrt(head_dim)
+            cfg.update(embedding_multiplier=get("embedding_scale", 1.0), residual_multiplier=get("residual_scale", 1.0),
+                       attention_multiplier=get("attention.scale") or cfg["head_dim"] ** -0.5,
+                       logits_scaling=get("logit_scale", 1.0))
+        if model_type in ("llama", "mixtral", "granite"):
             cfg["hidden_act"] = "silu"
             cfg["attention_bias"] = "blk.0.attn_q.bias" in self._tensors
             cfg["mlp_bias"] = "blk.0.ffn_up.bias" in self._tensors

@@ -348,6 +348,32 @@ def test_a_phi3_gguf_loads_as_llama_cpp_runs_it(tmp_path, prefill_error, to_gguf
         assert np.abs(theirs - want).max() / np.abs(want).max() <= 1e-4
 
 
+@pytest.mark.parametrize("family", ["olmo2", "granite"])
+def test_olmo2_and_granite_ggufs_give_llama_cpps_logits(family, tmp_path, prefill_error, to_gguf):
+    """OLMo 2 as llama.cpp's converter writes it (q and k in checkpoint order, its four norms a layer
+    under llama.cpp's names) and Granite (q and k in llama.cpp's rope order, µP's multipliers as
+    `granite.*` keys): the card from the file's metadata gives transformers' logits, and so does
+    llama.cpp reading the same file, which holds the file to llama.cpp's own reading of it."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    reference = random_model(family)
+    path = to_gguf(reference, tmp_path / f"tiny-{family}.gguf", arch=family, tokens=True)
+    model = nest.load(str(path), generics=GENERICS, tokenizer=False)
+    assert model.module.name == family and model.info["unused_tensors"] == []
+    if family == "granite":
+        b = model.module.bindings
+        assert (b["embedding_multiplier"], b["residual_multiplier"], b["attention_multiplier"],
+                b["logits_scaling"]) == pytest.approx((12.0, 0.22, 0.03125, 8.0), rel=1e-7)  # (f32 keys)
+    assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=GENERICS["MaxSeq"], logits_all=True, verbose=False,
+                          n_threads=1, type_k=0, type_v=0)
+    for prompt in PROMPTS:
+        llm.reset()
+        llm.eval(prompt)
+        with torch.no_grad():
+            want = reference(input_ids=torch.tensor([prompt])).logits[0, -1].numpy()
+        assert np.abs(np.array(llm.scores[len(prompt) - 1]) - want).max() / np.abs(want).max() <= 1e-4
+
+
 def test_a_phi3_gguf_with_longrope_is_refused(tmp_path, to_gguf, write_gguf):
     """The 128k models' GGUFs carry longrope as llama.cpp's rope_factors tables: refused, named."""
     from linnet.nest.checkpoint import GGUFCheckpoint
