@@ -1,9 +1,11 @@
-"""One GGUF file for llama.cpp (`llama-server -m FILE`): Llama, Mixtral, Qwen2, Qwen3, Qwen3-MoE, gpt-oss
-and Gemma 3 (text).
+"""One GGUF file for llama.cpp (`llama-server -m FILE`): Llama, Mixtral, Qwen2, Qwen3, Qwen3-MoE, gpt-oss,
+Gemma 3 (text), OLMo 2, Granite and Phi-3.
 
 Metadata is written from the card's config under llama.cpp's keys for the architecture (`llama.*`,
-Mixtral's too, with its experts; `qwen2.*`, `qwen3.*`, `qwen3moe.*`, `gpt-oss.*`, `gemma3.*`). Llama's,
-Mixtral's, Qwen's and Gemma's tensors go under the names of the card's `from gguf` lines (a layer's
+Mixtral's too, with its experts; `qwen2.*`, `qwen3.*`, `qwen3moe.*`, `gpt-oss.*`, `gemma3.*`, `olmo2.*`,
+`granite.*` with µP's multipliers, `phi3.*`; llama.cpp's phi3 attends over whole rows, so a Phi-3 card with
+a window is refused). Llama's, Mixtral's, Qwen's, Gemma's, OLMo's, Granite's and Phi-3's tensors go
+under the names of the card's `from gguf` lines (a layer's
 experts as one tensor each for gate, up and down), with the declared transforms undone (Llama's q and k
 rows back in llama.cpp's rope order) and Gemma's norm weights stored as 1 + w, as llama.cpp's
 converter stores them; llama3 rope scaling goes in as llama.cpp's
@@ -43,7 +45,7 @@ PRE_NAMES = ("gpt-2", "smollm", "llama-bpe", "qwen2", "gpt-4o")  # spelled as ll
 
 # Linnet's -> llama.cpp's
 ARCHITECTURES = {"llama": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
-                 "gpt_oss": "gpt-oss", "gemma3": "gemma3"}
+                 "gpt_oss": "gpt-oss", "gemma3": "gemma3", "olmo2": "olmo2", "granite": "granite", "phi3": "phi3"}
 
 
 def check_architecture(module, card: str) -> None:
@@ -61,7 +63,7 @@ def check_architecture(module, card: str) -> None:
     elif module.name != "gpt_oss" and b.get("sliding_window"):
         raise ExportError(f"{card!r} attends over a sliding window of {b['sliding_window']}, which llama.cpp's "
                           f"{ARCHITECTURES[module.name]} architecture does not (export it with --to vllm instead)")
-    if module.name in ("qwen2", "qwen3", "qwen3_moe") and b.get("rope_scaling") == "llama3":
+    if ARCHITECTURES[module.name] != "llama" and b.get("rope_scaling") == "llama3":
         raise ExportError(f"{card!r} scales its rope as llama3 does, which llama.cpp reads only for its llama "
                           f"architecture, not {ARCHITECTURES[module.name]} (export it with --to vllm instead)")
 
@@ -143,6 +145,11 @@ def write_gguf(bound, out) -> str:
         _rope_keys(b, writer)
         if spec.name == "gemma3":
             writer.add_sliding_window(b["sliding_window"])
+        if spec.name == "granite":  # µP's multipliers, under llama.cpp's names
+            writer.add_embedding_scale(b["embedding_multiplier"])
+            writer.add_residual_scale(b["residual_multiplier"])
+            writer.add_attention_scale(b["attention_multiplier"])
+            writer.add_logit_scale(b["logits_scaling"])
     if bound.tokenizer_from is not None and bound.tokenizer_from.is_file():  # a GGUF's keys, as they are
         _copy_tokenizer_keys(GGUFCheckpoint(bound.tokenizer_from), writer, b["vocab"])
     else:
@@ -190,6 +197,8 @@ def _rope_keys(b: dict, writer) -> None:
     """Llama's, Qwen's and Gemma's rope scaling as llama.cpp reads it (Gemma's: the full-attention layers')."""
     import gguf
 
+    if b.get("rope_scaling", "none") == "none":  # (phi3.linnet has no rope scaling to set)
+        return
     if b["rope_scaling"] == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(b["rope_factor"])
@@ -199,7 +208,7 @@ def _rope_keys(b: dict, writer) -> None:
         writer.add_tensor("rope_freqs.weight", divisors.astype(np.float32))
     elif b["rope_scaling"] == "yarn":
         _yarn_keys(b, writer)
-    elif b["rope_scaling"] != "none":
+    else:
         raise ExportError(f"rope scaling {b['rope_scaling']!r} has no llama.cpp form")
 
 

@@ -380,13 +380,58 @@ def test_llama_cpp_computes_mixtures_of_experts_as_linnet_does(tmp_path, arch, g
     np.testing.assert_allclose(prefill_all(model, PROMPT), ours, rtol=0, atol=1e-5)
 
 
+NEWER = """\
+card "small-{name}"
+import {arch}
+config {{
+  vocab = 384
+  dim = 64
+  layers = 2
+  heads = 4
+  kv_heads = 2
+  ffn = 32
+  rope_theta = 10000.0
+{extra}}}
+"""
+GRANITE_MULTIPLIERS = """\
+  embedding_multiplier = 12.0
+  residual_multiplier = 0.22
+  attention_multiplier = 0.03125
+  logits_scaling = 8.0
+"""
+
+
+@pytest.mark.parametrize("arch", ["olmo2", "granite", "phi3"])
+def test_llama_cpp_computes_olmo2_granite_and_phi3_as_linnet_does(tmp_path, arch, spm_gguf):
+    """OLMo 2's q and k in checkpoint order with its four norms a layer, Granite's in llama.cpp's rope
+    order with µP's multipliers as `granite.*` keys, Phi-3's fused q/k/v and gate/up tensors as they
+    are: llama.cpp computes the card's logits, and Nest reads the file back to them."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    # llama.cpp marks Phi-3's own special tokens in a file whose general.name says phi3 (and fails to load
+    # one without <|endoftext|>): this vocabulary is not Phi-3's, so the card is named otherwise
+    name = {"phi3": "fused"}.get(arch, arch)
+    card = tmp_path / f"small-{name}.linnet"
+    card.write_text(NEWER.format(name=name, arch=arch, extra=GRANITE_MULTIPLIERS if arch == "granite" else ""))
+    path = export(card, "llama.cpp", tmp_path, weights="random", seed=5, dtype="f32", tokenizer=spm_gguf)
+    assert GGUFCheckpoint(path).metadata("general.architecture") == arch
+    f32 = 0  # GGML_TYPE_F32
+    llm = llama_cpp.Llama(model_path=path, n_ctx=128, logits_all=True, verbose=False, n_threads=2, type_k=f32, type_v=f32)
+    llm.eval(PROMPT)
+    ref = np.array(llm.scores[:len(PROMPT)])
+    ours = linnet_logits(card)
+    assert float((np.abs(ours - ref).max(axis=1) / np.abs(ref).max(axis=1)).max()) <= 1e-5
+    model = nest.load(path, generics={"Batch": 1, "MaxSeq": 64})
+    assert model.module.name == arch and model.info["unused_tensors"] == []
+    np.testing.assert_allclose(prefill_all(model, PROMPT), ours, rtol=0, atol=1e-5)
+
+
 def test_only_the_architectures_llama_cpp_runs_and_only_with_a_tokenizer(tmp_path):
     from types import SimpleNamespace
 
     from linnet.export.gguf import check_architecture
 
-    with pytest.raises(ExportError, match="covers llama, mixtral, qwen2, qwen3, qwen3_moe, gpt_oss, gemma3 cards; "
-                                          "'m' is 'mamba'"):
+    with pytest.raises(ExportError, match="covers llama, mixtral, qwen2, qwen3, qwen3_moe, gpt_oss, gemma3, olmo2, "
+                                          "granite, phi3 cards; 'm' is 'mamba'"):
         check_architecture(SimpleNamespace(name="mamba"), "m")
     unnormalized = tmp_path / "unnormalized.linnet"
     unnormalized.write_text(QWEN3_MOE.replace("rope_theta = 10000.0", "norm_topk_prob = false"))
@@ -394,6 +439,8 @@ def test_only_the_architectures_llama_cpp_runs_and_only_with_a_tokenizer(tmp_pat
         export(unnormalized, "llama.cpp", tmp_path / "out", weights="random")
     with pytest.raises(ExportError, match="sliding window of 6, which llama.cpp's llama architecture does not"):
         export("tiny-mistral", "llama.cpp", tmp_path / "out", weights="random")
+    with pytest.raises(ExportError, match="sliding window of 6, which llama.cpp's phi3 architecture does not"):
+        export("tiny-phi3", "llama.cpp", tmp_path / "out", weights="random")
     qwen = (Path(nest.__file__).parent / "cards" / "tiny-qwen3.linnet").read_text()
     for change, needle in (("sliding_window = 5", "sliding window of 5, which llama.cpp's qwen3 architecture"),
                            ('rope_scaling = "llama3"', "llama.cpp reads only for its llama architecture, not qwen3")):
