@@ -39,6 +39,15 @@ def test_per_head_norms_and_q_biases_follow_their_heads(kit):
     assert params["bq"] == params["bk"] == params["bv"] == 1
 
 
+def test_the_newer_families_plans(kit):
+    # OLMo's q/k norms span every head: they stay whole (XLA sums the split rows' squares across the mesh);
+    # Phi-3's fused q/k/v and gate/up split their rows as one weight each
+    params, _ = plan(kit, "tiny-olmo2")
+    assert params["wq"] == params["wk"] == 1 and "q_norm" not in params and "attn_norm" not in params
+    params, _ = plan(kit, "tiny-phi3")
+    assert params["wqkv"] == params["w_gate_up"] == 1 and params["wo"] == 2
+
+
 def test_the_plan_splits_experts_and_column_biases(kit):
     params, _ = plan(kit, "tiny-gpt-oss")
     assert params["bq"] == 1 and params["wo"] == 2 and "bo" not in params  # a row-parallel bias is added once
@@ -55,7 +64,8 @@ SCRIPT = textwrap.dedent("""
     rng = random.Random(0)
     prompts = [[rng.randrange(1, 128) for _ in range(rng.randint(4, 14))] for _ in range(5)]
     for card, counts in (("tiny-llama", (None, 2, 4)), ("tiny-gpt-oss", (None, 2)), ("tiny-qwen2", (None, 2)),
-                         ("tiny-qwen3", (None, 2))):
+                         ("tiny-qwen3", (None, 2)), ("tiny-olmo2", (None, 2)), ("tiny-granite", (None, 2)),
+                         ("tiny-phi3", (None, 2))):
         for shards in counts:
             model = nest.load(card, backend="jax", weights="random", seed=2, generics={"Batch": 4, "MaxSeq": 32},
                               numerics="fast", shards=shards)
@@ -68,8 +78,8 @@ SCRIPT = textwrap.dedent("""
                                               np.zeros(n, np.int32), np.array([n - 1], np.int32)))
             out[f"{card}/{shards}"] = dict(tokens=[c.tokens for c in done], compiles=stats.compiles,
                                            logits=logits[0].tolist())
-            if shards:  # (on one device, fast numerics fuse q, k and v into one weight)
-                wq = model.runner.weights["wq"][0]
+            if shards:  # (on one device, fast numerics fuse q, k and v into one weight; Phi-3's is one)
+                wq = model.runner.weights["wq" if "wq" in model.runner.weights else "wqkv"][0]
                 out[f"{card}/{shards}"].update(
                     wq_devices=len(wq.devices()), wq_rows=wq.shape[0], wq_shard=list(wq.addressable_shards[0].data.shape),
                     cache_spec=str(model.runner.state_bits["k_cache"].sharding.spec))
@@ -92,7 +102,7 @@ def results(tmp_path_factory):
 
 
 @pytest.mark.parametrize("card, shards", [("tiny-llama", 2), ("tiny-llama", 4), ("tiny-gpt-oss", 2), ("tiny-qwen2", 2),
-                                         ("tiny-qwen3", 2)])
+                                         ("tiny-qwen3", 2), ("tiny-olmo2", 2), ("tiny-granite", 2), ("tiny-phi3", 2)])
 def test_a_model_over_several_devices_computes_what_one_does(results, card, shards):
     import numpy as np
 
