@@ -181,7 +181,8 @@ def test_gemma_3_1b_its_config_as_the_hub_ships_it_is_its_registry_card(tmp_path
     assert values(load_file(written)) == values(nest.registry.card("gemma-3-1b-it").module())
 
 
-# config.json as the hub ships each checkpoint a registry card of a newer family is written for
+# config.json of each checkpoint a registry card of a newer family is written for, as the hub's model
+# pages give it (written out here without a network: the values, not the file's every key)
 HUB_CONFIGS = {
     "olmo-2-0425-1b-instruct": {
         "architectures": ["Olmo2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,

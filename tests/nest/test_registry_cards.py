@@ -21,6 +21,7 @@ PUBLISHED = {
     "HuggingFaceTB/SmolLM2-135M-Instruct": 134_515_008,
     "openai/gpt-oss-20b": 20_914_757_184,
     "google/gemma-3-1b-it": 999_885_952,
+    # these three summed from each config.json's shapes (the hub rounds them to 1.48B, 2.53B and 3.82B)
     "allenai/OLMo-2-0425-1B-Instruct": 1_484_916_736,
     "ibm-granite/granite-3.1-2b-instruct": 2_533_531_648,
     "microsoft/Phi-3-mini-4k-instruct": 3_821_079_552,
