@@ -158,6 +158,8 @@ class OpenAIServer:
             allow = ", ".join([*methods, *(["HEAD"] if "GET" in methods else [])])
             raise ApiError(405, f"{path} takes {' or '.join(methods)}, not {method}", code="method_not_allowed",
                            headers=((b"allow", allow.encode()),))
+        if method == "POST":  # every POST route reads a JSON body
+            _check_upload(headers)
         await methods[method](path, receive, send)
 
     async def _health(self, path, receive, send):
@@ -431,14 +433,33 @@ def _sendable(job: Job, text: str) -> int | None:
     return calls if limit is None else min(limit, calls)
 
 
+# A 413 closes its connection: the rest of a body that large is not read (uvicorn would read and drop it)
+_TOO_LARGE = dict(code="request_too_large", headers=((b"connection", b"close"),))
+
+
+def _check_upload(headers: dict) -> None:
+    """Before a POST's body is read: it must be declared JSON (vLLM's rule, and its 400: a form
+    or text body is refused, not parsed as if it were JSON), and not declared larger than any
+    request may be (413 at once, rather than once MAX_BODY of it has arrived)."""
+    declared = headers.get(b"content-type", b"").decode("latin-1")
+    media = declared.split(";", 1)[0].strip().lower()
+    if media != "application/json":
+        raise ApiError(400, "Unsupported Media Type: only 'application/json' is allowed, "
+                            f"not {json.dumps(declared) if declared else 'a body without a content-type'}",
+                       code="unsupported_media_type")
+    length = headers.get(b"content-length", b"")
+    if length.isdigit() and int(length) > MAX_BODY:
+        raise ApiError(413, f"the request body is {int(length)} bytes; at most {MAX_BODY} are taken", **_TOO_LARGE)
+
+
 async def _read_json(receive) -> dict:
     chunks, size = [], 0
     while True:
         message = await receive()
         chunk = message.get("body", b"")
         size += len(chunk)
-        if size > MAX_BODY:
-            raise ApiError(413, f"the request body is larger than {MAX_BODY} bytes")
+        if size > MAX_BODY:  # (sent chunked, without a length)
+            raise ApiError(413, f"the request body is larger than {MAX_BODY} bytes", **_TOO_LARGE)
         chunks.append(chunk)
         if not message.get("more_body"):
             break

@@ -701,7 +701,8 @@ def asgi(app, method, path, body=None, headers=(), disconnect=None, answer_heade
         async def send(message):
             sent.append(message)
 
-        scope = {"type": "http", "method": method, "path": path, "headers": list(headers)}
+        json_body = [(b"content-type", b"application/json")] if body is not None else []  # as a client sends it
+        scope = {"type": "http", "method": method, "path": path, "headers": [*json_body, *headers]}
         await app(scope, receive, send)
         start = next(m for m in sent if m["type"] == "http.response.start")
         if answer_headers is not None:
@@ -765,6 +766,70 @@ def test_an_api_key_guards_the_v1_routes():
         app = OpenAIServer(Engine(make_model("torch", rows=2, max_seq=64)), "tiny", api_key=key)
         for given, status in ((b"Bearer " + right, 200), (b"Bearer ????", 401), (b"Bearer " + right[:-1], 401)):
             assert asyncio.run(asgi(app, "GET", "/v1/models", headers=[(b"authorization", given)])())[0] == status, given
+
+
+def _exchange(base, raw: bytes) -> tuple[bytes, bytes]:
+    """`raw` sent on a socket of its own; the answer's head and body, read until the server closes
+    the connection or the body's declared length has come (a timeout fails the test)."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(base)
+    with socket.create_connection((url.hostname, url.port), timeout=20) as sock:
+        sock.sendall(raw)
+        data = b""
+        while True:
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = [line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")]
+            if length and len(body) >= int(length[0]):
+                return head, body
+            piece = sock.recv(65536)
+            if not piece:
+                return head, body
+            data += piece
+
+
+def test_a_body_not_declared_json_is_refused_as_vllm_refuses_it(server):
+    """vLLM's POST routes take a body whose media type is application/json (its parameters, a
+    charset, allowed; the type's case is the client's, RFC 9110), and answer any other, or none,
+    with a 400 before reading it: a form or text body is not parsed as if it were JSON."""
+    import http.client
+    from urllib.parse import urlparse
+
+    base, _, _ = server
+    url = urlparse(base)
+    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    for path, sent in (("/v1/completions", {"prompt": [5, 6], "max_tokens": 2}), ("/tokenize", {"prompt": "t5"})):
+        body = json.dumps(sent).encode()
+        for media, status in ((None, 400), ("text/plain", 400), ("application/x-www-form-urlencoded", 400),
+                              ("application/jsonl", 400), ("application/json", 200),
+                              ("Application/JSON; charset=utf-8", 200)):
+            connection.request("POST", path, body, {} if media is None else {"Content-Type": media})
+            answer = connection.getresponse()  # (one connection throughout: each refusal leaves it usable)
+            got = json.loads(answer.read())
+            assert answer.status == status, (path, media, got)
+            if status == 400:
+                assert got["error"]["type"] == "invalid_request_error" and "application/json" in got["error"]["message"]
+    connection.close()
+
+
+def test_a_body_past_the_limit_is_a_413_without_waiting_for_it(server):
+    """A body declared larger than any request may be (MAX_BODY) is answered 413 at once, though
+    its bytes have not come, and its connection closed rather than read to its end; one sent in
+    chunks, without a length, is answered once the limit is passed. The server then serves on."""
+    from linnet.serve.server import MAX_BODY
+
+    base, _, _ = server
+    head, body = _exchange(base, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                 b"Content-Length: %d\r\n\r\n{\"prompt\": " % (16 * MAX_BODY))
+    assert head.startswith(b"HTTP/1.1 413") and b"connection: close" in head.lower()
+    assert json.loads(body)["error"]["code"] == "request_too_large"
+    piece = b"x" * 65536
+    chunks = b"".join(b"%x\r\n%s\r\n" % (len(piece), piece) for _ in range(MAX_BODY // len(piece) + 2))
+    head, body = _exchange(base, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                 b"Transfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413") and json.loads(body)["error"]["code"] == "request_too_large"
+    assert call(base, "/v1/completions", {"prompt": [5, 6], "max_tokens": 2})[0] == 200
 
 
 def test_head_asks_a_gets_headers_and_a_wrong_method_is_told_the_right_one(server):
