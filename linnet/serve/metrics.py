@@ -40,6 +40,9 @@ def prometheus_text(engine, model_name: str | None = None) -> str:
            [(None, s.prefill_tokens)])
     metric("generation_tokens_total", "counter", "Tokens generated.", [(None, s.generated_tokens)])
     metric("passes_total", "counter", "Model passes, by kind.", [({"kind": k}, n) for k, n in s.passes.items()])
+    # what the warmup did not cover: a pass size or a draw compiled while requests waited on it
+    metric("compiles_total", "counter", "Executables compiled (XLA) or decode steps captured (CUDA, CPU graphs) "
+                                        "since the warmup.", [(None, s.compiles)])
     for name, samples, help_ in (("time_to_first_token_seconds", s.ttft, "Submission to first token"),
                                  ("inter_token_latency_seconds", s.token_latency, "Between a request's tokens")):
         qs = percentiles(list(samples))

@@ -942,6 +942,54 @@ def test_a_jax_engine_behind_the_app():
     assert json.loads(biased[1])["choices"][0]["text"].split() == words(alone[1].tokens) == ["t9"] * 5
 
 
+def test_metrics_count_the_compiles_requests_waited_on():
+    """/metrics' linnet_compiles_total: what was compiled after the warmup, while requests waited.
+    A JAX engine warmed up for one 3-token prompt: that prompt, greedy or sampled, compiles
+    nothing; a 40-token prompt needs a pass of a size the warmup did not make, compiled then. The
+    counter follows XLA's own compile events, counted here apart from the engine (JAX's monitoring)."""
+    import jax
+    from jax._src import monitoring
+
+    from .test_engine import word_tokenizer
+
+    model = make_model("jax", rows=4, max_seq=64)
+    model.tokenizer = word_tokenizer(model.vocab)
+    engine = Engine(model)
+    engine.warmup([3])
+    compiled = []
+
+    def heard(event: str, seconds: float, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(event)
+    cache = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)  # (an executable read back is no compile)
+    monitoring.register_event_duration_secs_listener(heard)
+    engine.start()
+    try:
+        app = OpenAIServer(engine, "tiny")
+
+        def compiles_after(body):
+            if body is not None:
+                assert asyncio.run(asgi(app, "POST", "/v1/completions", body)())[0] == 200
+            metrics = asyncio.run(asgi(app, "GET", "/metrics")())[1].decode()
+            return int(dict(line.rsplit(" ", 1) for line in metrics.splitlines())["linnet_compiles_total"])
+
+        assert "# TYPE linnet_compiles_total counter" in asyncio.run(asgi(app, "GET", "/metrics")())[1].decode()
+        asks = {"prompt": [5, 6, 7], "max_tokens": 3}
+        counts = [compiles_after(None), compiles_after(dict(asks, temperature=0)),
+                  compiles_after(dict(asks, temperature=0.8, seed=1))]
+        assert counts == [0, 0, 0] and compiled == []  # what the warmup covered
+        longer = dict(asks, prompt=list(range(1, 41)), temperature=0)
+        counts.append(compiles_after(longer))
+        assert counts[-1] == len(compiled) > 0
+        counts.append(compiles_after(dict(longer, prompt=list(range(2, 42)))))  # compiled once, then run
+        assert counts[-1] == counts[-2] == len(compiled)
+    finally:
+        engine.stop()
+        monitoring.unregister_event_duration_listener(heard)
+        jax.config.update("jax_enable_compilation_cache", cache)
+
+
 # A template in the way of Qwen3's: thinking left out when the caller says enable_thinking=false;
 # the assistant's earlier reasoning (reasoning_content) shown in its turn.
 THINKING_TEMPLATE = (
