@@ -102,7 +102,8 @@ def run(backend: str, numerics: str, dtype: str = "f32") -> list:
         check(f"{name}: {len(prompts)} requests through {args.rows} rows = each alone", *differences(together, alone))
     if backend == "torch" and args.device.startswith("cuda"):
         check(f"{name}: decode replayed as a CUDA graph", engine.runner.replays, str(engine.runner.not_replayed or ""))
-    check(f"{name}: nothing compiled or captured after warmup", stats.compiles == 0, f"{stats.compiles} compiles")
+    check(f"{name}: nothing compiled or captured after warmup", stats.compiles == 0,
+          f"{stats.compiles} compiles: {stats.compiled}")
     print(f"     passes {stats.passes}, prompt tokens {stats.prompt_tokens}, computed {stats.prefill_tokens}, "
           f"{time.perf_counter() - start:.0f} s", flush=True)
     return together

@@ -98,7 +98,7 @@ def linnet_run(backend: str, dtype: str, prompts: list, rows: int, new: int, rep
     for _ in range(repeats):
         model.reset()
         _, stats = engine.run([Request(prompt=p, max_new_tokens=new, ignore_eos=True) for p in prompts])
-        assert stats.compiles == 0, "the run compiled after warmup"
+        assert stats.compiles == 0, f"the run compiled after warmup: {stats.compiled}"
         rates.append(stats.generated_tokens / stats.seconds)
     return statistics.median(rates), setup
 

@@ -211,10 +211,11 @@ class Engine:
             ([{"logit_bias": {0: 0.0}}, {"logit_bias": {0: 0.0}, "repetition_penalty": 1.5}] if adjusted else [])
         modes = [self.sampling_mode(Request([0], temperature=t, logprobs=k, **asks))
                  for t in (0.0, 1.0) for k in ([None, 1] if logprobs else [None]) for asks in forms]
-        compiled = self.runner.compiles
+        compiled, named = self.runner.compiles, len(self.runner.compiled)
         self.runner.warmup(sizes, modes, scoring=prompt_logprobs)
         # what the warmup compiled is not the steps': an engine stepped by hand after it counts from 0
         self._compiles_before += self.runner.compiles - compiled
+        self._named_before += len(self.runner.compiled) - named
         self.model.reset()  # (the next step forgets what the rows held)
         self._ahead = None
 
@@ -271,12 +272,18 @@ class Engine:
                 self._settle(self._ahead)
                 self._ahead = None
         self.stats.seconds = time.perf_counter() - start  # the run's wall time, its steps' and what joins them
-        self.stats.compiles = self.runner.compiles - self._compiles_before
+        self._count_compiles()
         return completions, self.stats
 
     def _fresh_stats(self, window: int | None = None) -> None:
         self.stats = Stats(window=window)
         self._compiles_before = self.runner.compiles
+        self._named_before = len(self.runner.compiled)
+
+    def _count_compiles(self) -> None:
+        """The stats' compiles since they began, less a warmup's: how many, and what each was."""
+        self.stats.compiles = self.runner.compiles - self._compiles_before
+        self.stats.compiled = self.runner.compiled[self._named_before:]
 
     def stepping(self):
         """Around steps a caller takes itself (`step`; `run` and `start`'s loop hold it): on a CPU whose
@@ -294,7 +301,7 @@ class Engine:
             self._step()
         finally:
             self.stats.seconds += time.perf_counter() - begun
-            self.stats.compiles = self.runner.compiles - self._compiles_before
+            self._count_compiles()
             self._tell_listeners()
 
     def _step(self) -> None:

@@ -24,7 +24,7 @@ import warnings
 
 import numpy as np
 
-from linnet.serve.sampling import MASK, SPLIT, SamplingBatch, place
+from linnet.serve.sampling import MASK, SHIFT, SPLIT, SamplingBatch, place
 
 
 def bucket(n: int, smallest: int = 16) -> int:
@@ -187,6 +187,7 @@ class TorchRunner:
         self.batch = model.batch
         self.padding = model.max_seq  # one past the cache: a padding token's writes are dropped
         self.compiles = 0
+        self.compiled: list = []  # what each compile was, in order (`Stats.compiled`)
         self.use_cuda_graph = self.device.type == "cuda" and model.compile
         self.use_cpu_graph = (self.device.type == "cpu" and model.compile and model.numerics == "fast"
                               and _cpu_graphs())
@@ -255,6 +256,7 @@ class TorchRunner:
         step's logits. (A capture counts as a compile; settling on eager, with none tried, does not.)"""
         if self.use_cuda_graph or self.use_cpu_graph:
             self.compiles += 1
+            self.compiled.append(f"the decode step's capture ({'a CUDA' if self.use_cuda_graph else 'a CPU'} graph)")
         if self.use_cuda_graph:
             self._capture_cuda()
             if self._graph == "eager":
@@ -481,6 +483,7 @@ class JaxRunner:
         from linnet.codegen_jax.runtime import head_tokens
 
         self.overhead = head_tokens(self.batch)  # every pack starts with this many one-token slots
+        self.compiled: list = []  # what the calls that compiled were, in order (`Stats.compiled`)
         _xla_compiles()  # listening from here on
 
     looks_ahead = True  # an executable's call returns before it has run (JAX's async dispatch)
@@ -505,7 +508,21 @@ class JaxRunner:
         # one executable a pass size, as many as `warmup` can compile.
         wanted = self.batch if len(last) <= self.batch else size
         last = np.concatenate([last, np.zeros(wanted - len(last), np.int32)]).astype(np.int32)
-        return self.model.prefill(tokens, positions, rows, last)
+        scoring = f", its logits at all {size} (prompt_logprobs)" if wanted > self.batch else ""
+        with self._naming(f"a packed pass of {size} tokens{scoring}"):
+            return self.model.prefill(tokens, positions, rows, last)
+
+    @contextlib.contextmanager
+    def _naming(self, what: str):
+        """Notes `what` in `compiled` where XLA compiled during it: a run after a warmup that
+        missed a pass size or a draw's form says which (its count alone said only how many)."""
+        before = _xla_compiles()
+        try:
+            yield
+        finally:
+            made = _xla_compiles() - before
+            if made > 0:
+                self.compiled.append(what if made == 1 else f"{what} ({made} executables)")
 
     def align(self, tokens, positions, rows, last):
         """Lays a pack out for the JAX attention (linnet.codegen_jax.runtime.attention): one-token
@@ -558,8 +575,9 @@ class JaxRunner:
         if batch.adjusted and histories is not None:  # a warmup's draw has no histories: it moves nothing
             adjustments = logit_adjustments(batch, histories, self.model.vocab, self.batch, rows)
         tokens = tokens.tokens if isinstance(tokens, Pending) else np.asarray(tokens, np.int32)
-        drawn = self.model.call_then("decode", sampler(mode(placed, adjustments)),
-                                     (tokens, np.asarray(positions, np.int32)), arguments(placed, adjustments))
+        with self._naming(f"the decode step and its draw{_FORM_NAMES[mode(placed, adjustments)]}"):
+            drawn = self.model.call_then("decode", sampler(mode(placed, adjustments)),
+                                         (tokens, np.asarray(positions, np.int32)), arguments(placed, adjustments))
         if batch.logprobs < 0:  # the logprobs' zeros stay on the device
             drawn = (drawn[0], None, None, None)
         return Pending(drawn[0], lambda: self._to_host(drawn, rows))
@@ -572,21 +590,23 @@ class JaxRunner:
     def copy_rows(self, src, dst, upto):
         k = len(src)
         fill = lambda a: np.concatenate([a, np.full(self.batch - k, a[0], np.int32)]).astype(np.int32)
-        self.model.copy_rows(fill(src), fill(dst), fill(upto))
+        with self._naming("the copy of a shared prefix between rows"):
+            self.model.copy_rows(fill(src), fill(dst), fill(upto))
 
     def sample(self, logits, batch: SamplingBatch, histories=None, rows=None) -> Sampled:
         """Draws for request i from logits row rows[i] (default: row i), always over all the rows
         of `logits` ([Batch, vocab] here), so that one executable serves every step."""
-        from linnet.serve.sampling_jax import sample
+        from linnet.serve.sampling_jax import mode, sample
 
-        if logits.shape[0] != self.batch:  # a pass that also scored prompt tokens: draws come from its first rows
-            logits = logits[:self.batch]
         rows = list(range(len(batch.temperature))) if rows is None else list(rows)
-        placed = place(batch, rows, logits.shape[0])
+        placed = place(batch, rows, self.batch)
         adjustments = None
         if batch.adjusted and histories is not None:
-            adjustments = logit_adjustments(batch, histories, logits.shape[-1], logits.shape[0], rows)
-        tokens, chosen, top = sample(logits, placed, adjustments)
+            adjustments = logit_adjustments(batch, histories, self.model.vocab, self.batch, rows)
+        with self._naming(f"the draw after a packed pass{_FORM_NAMES[mode(placed, adjustments)]}"):
+            if logits.shape[0] != self.batch:  # a pass that also scored prompt tokens: draws come from its first rows
+                logits = logits[:self.batch]
+            tokens, chosen, top = sample(logits, placed, adjustments)
         return self._to_host((tokens, chosen) + (top if top is not None else (None, None)), rows)
 
     def score(self, logits, start: int, targets: list, k: int) -> Sampled:
@@ -598,7 +618,8 @@ class JaxRunner:
 
         padded = np.zeros(logits.shape[0], np.int32)
         padded[start:start + len(targets)] = targets
-        chosen, ranks, top = score(logits, padded, MAX_LOGPROBS)
+        with self._naming(f"the scores of prompt tokens over {logits.shape[0]} rows of logits (prompt_logprobs)"):
+            chosen, ranks, top = score(logits, padded, MAX_LOGPROBS)
         at = slice(start, start + len(targets))
         values, ids = (None, None) if top is None else (np.asarray(top[0])[at], np.asarray(top[1])[at])
         return Sampled(padded[at], np.asarray(chosen)[at], values, ids, np.asarray(ranks)[at])
@@ -641,6 +662,10 @@ class JaxRunner:
             if logits is not None:
                 self.sample(logits, batch, histories, rows=rows)
 
+
+# How `JaxRunner.compiled` names a draw's form (`sampling_jax.mode`)
+_FORM_NAMES = {None: "", MASK: ", with token masks (structured outputs, allowed_token_ids)",
+               SHIFT: ", with penalties or a logit bias", SPLIT: ", with a logit bias and a repetition penalty"}
 
 _COMPILES = [0, False]  # XLA compilations seen (less those read back from the persistent cache), and whether the listeners are in
 

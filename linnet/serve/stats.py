@@ -27,6 +27,7 @@ class Stats:
     token_latency: list = field(default_factory=list)  # seconds between a request's tokens
     occupancy: list = field(default_factory=list)  # rows in use / rows, per pass
     compiles: int = 0  # new executables or graphs made during the run (0 after a complete warmup)
+    compiled: list = field(default_factory=list)  # what those were, call by call: the pass size or draw a warmup missed
     finished: dict = field(default_factory=dict)  # requests ended, by finish reason
     window: int | None = None  # a server's: latencies and occupancy kept for the latest `window` samples only
 
@@ -47,5 +48,5 @@ class Stats:
             "passes": dict(self.passes),
             "ttft_s": percentiles(self.ttft), "token_latency_s": percentiles(self.token_latency),
             "occupancy": round(sum(self.occupancy) / len(self.occupancy), 3) if self.occupancy else 0.0,
-            "compiles": self.compiles, "finished": dict(self.finished),
+            "compiles": self.compiles, "compiled": list(self.compiled), "finished": dict(self.finished),
         }

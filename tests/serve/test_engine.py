@@ -377,6 +377,25 @@ def test_one_prompts_warmup_compiles_the_passes_it_makes_alone():
             assert stats.prefill_tokens == computed
 
 
+def test_a_run_past_its_warmup_says_what_it_compiled():
+    """JAX: a warmup for a 63-token prompt (budget 64: a pass of 8 head slots and 56 tokens, then
+    one of the 7 left, 8 + 8) compiles passes of 64 and 16 tokens. A 9-token prompt then packs
+    8 + 16 = 24 tokens, a pass of 32 (the next power of two): `stats.compiled` names it, and a
+    penalized request the draws of its form, where the count alone said only how many."""
+    model = make_model("jax", rows=4, max_seq=96)
+    engine = Engine(model, token_budget=64)
+    engine.warmup([63])
+    prompt, short = prompts(1, 63, 64, seed=41)[0], prompts(1, 9, 10, seed=42)[0]
+    done, stats = engine.run([Request(prompt=prompt, max_new_tokens=2)])
+    assert (stats.compiles, stats.compiled) == (0, [])
+    done, stats = engine.run([Request(prompt=short, max_new_tokens=2)])
+    assert (stats.compiles, stats.compiled) == (1, ["a packed pass of 32 tokens"])
+    assert stats.summary()["compiled"] == ["a packed pass of 32 tokens"]
+    done, stats = engine.run([Request(prompt=short, max_new_tokens=2, presence_penalty=0.5)])
+    assert stats.compiles == 2 and stats.compiled == ["the draw after a packed pass, with penalties or a logit bias",
+                                                      "the decode step and its draw, with penalties or a logit bias"]
+
+
 def test_one_requests_warmup_covers_its_form(model):
     """What `linnet generate` warms up: one pack size and the draw of its one request, mask and
     penalties included (`Engine.sampling_mode`): its run then compiles nothing."""
@@ -552,10 +571,11 @@ def test_a_compiled_torch_model_replays_its_decode_step(model):
     engine = Engine(model)
     engine.warmup([10])
     assert engine.runner.compiles == 1 and engine.runner.not_replayed is None
+    assert engine.runner.compiled == ["the decode step's capture (a CPU graph)"]
     assert isinstance(engine.runner._graph, cpu_graph.CpuGraph) and len(engine.runner._graph) > 0
     ps = prompts(5, 5, 20, seed=23)
     done, stats = engine.run([Request(prompt=p, max_new_tokens=6) for p in ps])
-    assert stats.compiles == 0 and engine.runner.compiles == 1
+    assert stats.compiles == 0 and stats.compiled == [] and engine.runner.compiles == 1
     for p, c in zip(ps, done):
         assert c.tokens == reference_greedy(model, p, 6)
 
