@@ -88,3 +88,57 @@ def engine_floor(model) -> int:
     from linnet.serve.runners import make_runner
 
     return make_runner(model).overhead + 2 * model.batch
+
+
+@st.composite
+def schedules(draw):
+    """Greedy requests over one base prompt (equal prompts, shared prefixes, some filling a cache
+    row to MaxSeq exactly), each submitted at a random step while others run; some cancelled at
+    a random step from their submission on (queued, mid chunked prefill, mid decode, or after they
+    ended), some of those twice."""
+    rng = random.Random(draw(st.integers(0, 2**16)))
+    base = [rng.randrange(1, VOCAB) for _ in range(MAX_SEQ)]
+    events = []
+    for _ in range(draw(st.integers(1, 6))):
+        new = draw(st.integers(1, 6))
+        cut = MAX_SEQ - new if draw(st.booleans()) and draw(st.booleans()) else draw(st.integers(1, 60))
+        req = Request(prompt=base[:cut] + draw(st.lists(st.integers(1, VOCAB - 1), max_size=2 if cut < 60 else 0)),
+                      max_new_tokens=new)
+        at = draw(st.integers(0, 8))
+        cancels = draw(st.sampled_from([(), (0,), (1,), (3,), (6,), (2, 2), (1, 4)]))
+        events.append((at, req, [at + c for c in cancels]))
+    return events, draw(st.sampled_from([0, 24, 40, 128]))
+
+
+@settings(max_examples=12, deadline=None, derandomize=True, database=None)
+@given(schedule=schedules())
+def test_requests_arriving_and_cancelled_at_any_step_get_their_tokens_alone(model, schedule):
+    """The server's way in (submit and cancel between steps, not `run`): a request that was not
+    cancelled before it ended gets the tokens a plain greedy loop gives it alone; one cancelled
+    ends "cancelled" with the first of those; the rows stay each one request's, and the stats
+    count what the completions hold."""
+    events, budget = schedule
+    model.reset()
+    engine = Engine(model, token_budget=max(budget, engine_floor(model)), prefix_min=4)
+    comps, step = {}, 0
+    while step <= max(max([at] + cancels) for at, _, cancels in events) or engine.has_work():
+        for at, req, cancels in events:
+            if at == step:
+                comps[req.id] = engine.submit(req)
+            for _ in range(cancels.count(step)):
+                engine.cancel(req.id)
+        engine.step()
+        rows = [x.row for x in engine.live]
+        assert sorted(rows + engine.free_rows) == list(range(model.batch))
+        step += 1
+    for _, req, _ in events:
+        comp, alone_tokens = comps[req.id], reference_greedy(model, req.prompt, req.max_new_tokens)
+        if comp.finish_reason == "cancelled":
+            assert comp.tokens == alone_tokens[:len(comp.tokens)] and len(comp.tokens) < req.max_new_tokens
+        else:
+            assert (comp.finish_reason, comp.tokens) == ("length", alone_tokens), req
+    stats = engine.stats
+    assert stats.generated_tokens == sum(len(c.tokens) for c in comps.values())
+    assert stats.finished == {reason: sum(c.finish_reason == reason for c in comps.values())
+                              for reason in {c.finish_reason for c in comps.values()}}
+    assert stats.prompt_tokens == sum(len(req.prompt) for _, req, _ in events)
