@@ -258,19 +258,25 @@ class Engine:
         self._not_looping("run")
         self._fresh_stats()
         completions = []
-        for req in requests:
-            try:
-                completions.append(self.submit(req))
-            except RequestError as err:
-                completions.append(Completion(req, finish_reason="error", error=str(err)))
-                self.stats.ended("error")
-        start = time.perf_counter()
-        with self.stepping():
-            while self.has_work():
-                self.step()
-            if self._ahead is not None:  # a step past the last request's end: wait it out, draws dropped
-                self._settle(self._ahead)
-                self._ahead = None
+        try:
+            for req in requests:
+                try:
+                    completions.append(self.submit(req))
+                except RequestError as err:
+                    completions.append(Completion(req, finish_reason="error", error=str(err)))
+                    self.stats.ended("error")
+            start = time.perf_counter()
+            with self.stepping():
+                while self.has_work():
+                    self.step()
+                if self._ahead is not None:  # a step past the last request's end: wait it out, draws dropped
+                    self._settle(self._ahead)
+                    self._ahead = None
+        except BaseException as err:
+            # Ctrl-C, or a pass that failed: the run's requests end with it. Left in flight, the next
+            # run() ran them to their end beside its own, in its time and its stats.
+            self._end_all(f"the run was stopped: {err!r}")
+            raise
         self.stats.seconds = time.perf_counter() - start  # the run's wall time, its steps' and what joins them
         self._count_compiles()
         return completions, self.stats
@@ -718,16 +724,23 @@ class Engine:
             try:
                 self.step()
             except Exception as err:  # a failed pass fails the requests in it, not the server
-                for x in list(self.live) + list(self.waiting):
-                    x.comp.finish_reason, x.comp.error = "error", f"engine error: {err}"
-                    self.stats.ended("error")
-                    self._notify(x)
-                self.live.clear()
-                self.waiting.clear()
-                self._ahead = None
-                self.free_rows = list(range(self.rows))
-                self.row_tokens = [[] for _ in range(self.rows)]
-                self._tell_listeners()
+                self._end_all(f"engine error: {err}")
+
+    def _end_all(self, error: str) -> None:
+        """Ends every request in flight or queued with `error`, and forgets what the rows hold: a
+        pass stopped partway leaves the cache and the engine's account of it apart. Under the lock,
+        so that a request submitted meanwhile is ended too, not dropped unheard."""
+        with self.lock:
+            ended, self.live, self.waiting = self.live + self.waiting, [], []
+            self.cancelled.clear()
+        for x in ended:
+            x.comp.finish_reason, x.comp.error = "error", error
+            self.stats.ended("error")
+            self._notify(x)
+        self._ahead = None
+        self.free_rows = list(range(self.rows))
+        self.row_tokens = [[] for _ in range(self.rows)]
+        self._tell_listeners()
 
     def stream(self, req: Request) -> "TokenStream":
         """Submits `req` (from a coroutine); iterate the result for (new token ids, finish_reason or None)."""

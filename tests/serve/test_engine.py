@@ -129,6 +129,62 @@ def test_cancel_frees_the_row_and_others_finish(model):
             assert c.tokens == reference_greedy(model, p, 10)
 
 
+def test_a_run_stopped_partway_leaves_nothing_for_the_next(model):
+    """Ctrl-C inside a pass (here raised from the third packed pass, as a signal lands): run()
+    raises it, and the next run() runs its own requests alone, to the tokens a plain greedy loop
+    gives, its stats theirs. The stopped run's requests stayed in flight, and the next run took
+    them to their end beside its own (558 tokens counted for a 3-token request)."""
+    engine = Engine(model, token_budget=64)
+    ps = prompts(24, 28, 32, seed=61)
+    passes = engine.runner.prefill
+
+    def interrupted(*args, calls=[]):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return passes(*args)
+    engine.runner.prefill = interrupted
+    with pytest.raises(KeyboardInterrupt):
+        engine.run([Request(prompt=p, max_new_tokens=40) for p in ps])
+    assert not engine.has_work() and engine.stats.finished == {"error": len(ps)}
+    engine.runner.prefill = passes
+    done, stats = engine.run([Request(prompt=ps[0], max_new_tokens=5), Request(prompt=[7, 8, 9], max_new_tokens=3)])
+    assert [c.tokens for c in done] == [reference_greedy(model, ps[0], 5), reference_greedy(model, [7, 8, 9], 3)]
+    assert stats.generated_tokens == 8 and stats.finished == {"length": 2}
+    assert stats.prefill_tokens == len(ps[0]) + 3  # the rows were forgotten: no prefix claimed from them
+
+
+def test_a_failed_pass_of_the_background_loop_fails_its_requests_and_serving_goes_on(model):
+    """A server's loop (`start`): a pass that raises ends every request in flight or queued with
+    the error, and the next request runs alone on rows forgotten, to a plain greedy loop's tokens."""
+    import time
+
+    engine = Engine(model, token_budget=64)
+    passes = engine.runner.prefill
+
+    def failing(*args, calls=[]):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("the device went away")
+        return passes(*args)
+    engine.runner.prefill = failing
+    ps = prompts(20, 28, 32, seed=62)
+    comps = [engine.submit(Request(prompt=p, max_new_tokens=30)) for p in ps]
+    engine.start()
+    try:
+        deadline = time.monotonic() + 60
+        while any(c.finish_reason is None for c in comps) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert {(c.finish_reason, c.error) for c in comps} == {("error", "engine error: the device went away")}
+        after = engine.submit(Request(prompt=ps[0], max_new_tokens=4))
+        while after.finish_reason is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        engine.stop()
+    assert after.finish_reason == "length" and after.tokens == reference_greedy(model, ps[0], 4)
+    assert after.cached_tokens == 0 and engine.stats.finished == {"error": len(ps), "length": 1}
+
+
 def test_bad_requests_are_rejected_and_others_run(model):
     good = prompts(2, 5, 8, seed=11)
     bad = [Request(prompt=[], max_new_tokens=4), Request(prompt=[1, 2, 999999], max_new_tokens=4),
