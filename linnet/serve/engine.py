@@ -684,7 +684,14 @@ class Engine:
         64-row batch would otherwise cross threads 64 times."""
         news, self._news = self._news, {}
         for loop, items in news.items():
-            loop.call_soon_threadsafe(_deliver, items)
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:
+                # Its loop has closed (an asyncio.run that returned with a stream still open): no one
+                # is left to tell. Raised in the step, it failed every request in flight, and raised
+                # again there, it ended the server's loop.
+                if not loop.is_closed():
+                    raise
 
     def _not_looping(self, what: str) -> None:
         """Refuses `what` while the background loop steps the engine (`start`): two threads stepping

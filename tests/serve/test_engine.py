@@ -185,6 +185,26 @@ def test_a_failed_pass_of_the_background_loop_fails_its_requests_and_serving_goe
     assert after.cached_tokens == 0 and engine.stats.finished == {"error": len(ps), "length": 1}
 
 
+def test_a_listener_whose_event_loop_closed_fails_nothing(model):
+    """A stream left open when its event loop closed (asyncio.run returning after the first
+    token; the cancel its exit sends lands a step later): the step telling that loop of new
+    tokens raised 'Event loop is closed', which failed every request in flight, and raised
+    again while failing them, ended the server's loop. Now the step goes on, and each request
+    gets a plain greedy loop's tokens."""
+    import asyncio
+
+    ps = prompts(2, 10, 14, seed=63)
+    engine = Engine(model)
+    loop = asyncio.new_event_loop()
+    gone = engine.submit(Request(prompt=ps[0], max_new_tokens=5), listener=(loop, asyncio.Queue()))
+    loop.close()
+    other = engine.submit(Request(prompt=ps[1], max_new_tokens=5))
+    while engine.has_work():
+        engine.step()
+    assert [(c.finish_reason, c.tokens) for c in (gone, other)] == [("length", reference_greedy(model, p, 5))
+                                                                    for p in ps]
+
+
 def test_bad_requests_are_rejected_and_others_run(model):
     good = prompts(2, 5, 8, seed=11)
     bad = [Request(prompt=[], max_new_tokens=4), Request(prompt=[1, 2, 999999], max_new_tokens=4),
