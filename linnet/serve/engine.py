@@ -103,6 +103,13 @@ class Engine:
         self.rows = model.batch
         self.max_seq = model.max_seq
         self.vocab = model.vocab
+        # Checked here, as a request's fields are at submission: a float budget cut a prompt's chunk
+        # to a float, and a prefix_min of None failed admission, both inside a step
+        for name, value in (("token_budget", token_budget), ("prefix_min", prefix_min), ("seed", seed)):
+            if not (is_int(value) or value is None and name == "token_budget"):
+                raise EngineSettingError(f"{name} must be an integer, not {value!r}")
+        if prefix_min < 0:
+            raise EngineSettingError(f"prefix_min must be >= 0 (a prefix's length in tokens), not {prefix_min}")
         on_gpu = str(getattr(model, "device", "cpu")).startswith("cuda")
         self.token_budget = token_budget if token_budget is not None else (2048 if on_gpu else 512)  # (0 is too small)
         # a pass must hold every row's decode token and still one piece of a prompt (JAX's in blocks of 8)

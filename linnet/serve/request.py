@@ -28,7 +28,8 @@ class RequestError(ValueError):
 
 
 class EngineSettingError(ValueError):
-    """An engine setting this model cannot run with (a token budget too small for its rows)."""
+    """An engine setting this model cannot run with (a token budget too small for its rows), or
+    that is no setting at all (a budget that is not a whole number of tokens)."""
 
 
 # The largest temperature or repetition penalty: the step holds it in f32, and XLA divides by one as

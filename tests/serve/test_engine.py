@@ -1,6 +1,7 @@
 """The engine against the simplest reference: each request run alone, greedy, one row."""
 
 import random
+import re
 
 import numpy as np
 import pytest
@@ -255,6 +256,26 @@ def test_a_warmup_for_an_empty_or_odd_prompt_length_is_refused(model, lengths):
 def test_a_token_budget_too_small_is_refused_0_too(budget):
     with pytest.raises(EngineSettingError, match=f"token_budget \\({budget}\\) is too small for 2 rows"):
         Engine(make_model("torch", rows=2), token_budget=budget)
+
+
+@pytest.mark.parametrize("setting, value, needle", [
+    ("token_budget", 20.5, "token_budget must be an integer, not 20.5"),
+    ("token_budget", "64", "token_budget must be an integer, not '64'"),
+    ("token_budget", True, "token_budget must be an integer, not True"),
+    ("prefix_min", None, "prefix_min must be an integer, not None"),
+    ("prefix_min", 2.5, "prefix_min must be an integer, not 2.5"),
+    ("prefix_min", -1, "prefix_min must be >= 0"),
+    ("seed", "x", "seed must be an integer, not 'x'"),
+])
+def test_an_engine_setting_that_is_no_count_is_refused_up_front(setting, value, needle):
+    """As a request's fields are: refused when the engine is made, not inside a step, where a float
+    budget cut a 40-token prompt's chunk to 20.5 tokens (a TypeError slicing it) and a prefix_min
+    of None failed the admission of every request."""
+    model = make_model("torch", rows=2)
+    with pytest.raises(EngineSettingError, match=re.escape(needle)):
+        Engine(model, **{setting: value})
+    done, _ = Engine(model, token_budget=20, prefix_min=0, seed=3).run([Request(prompt=[1] * 40, max_new_tokens=2)] * 2)
+    assert [c.tokens for c in done] == [reference_greedy(model, [1] * 40, 2)] * 2
 
 
 def test_an_eager_torch_model_counts_no_capture():
