@@ -205,6 +205,10 @@ class Engine:
         if bad:
             raise ValueError(f"a prompt length must be a whole number of at least 1 (a prompt holds a token), "
                              f"not {bad[0]!r}")
+        past = [n for n in lengths if n > self.max_seq]
+        if past:  # (its passes were compiled, for a prompt every submission refuses)
+            raise ValueError(f"a prompt length must be at most MaxSeq ({self.max_seq}, a cache row's positions), "
+                             f"not {past[0]}: no request can have such a prompt")
         if self.model.backend == "jax" and len(lengths) == 1:  # one prompt: the passes it makes alone
             sizes = self._packs_of(lengths[0])
         elif self.model.backend == "jax":

@@ -252,6 +252,16 @@ def test_a_warmup_for_an_empty_or_odd_prompt_length_is_refused(model, lengths):
         Engine(model).warmup(lengths)
 
 
+def test_a_warmup_for_a_prompt_no_row_holds_is_refused(model):
+    # MaxSeq 96: a 97-token prompt is refused at every submission, so its passes are no warmup's
+    with pytest.raises(ValueError, match=re.escape("at most MaxSeq (96, a cache row's positions), not 97")):
+        Engine(model).warmup([5, 97])
+    engine = Engine(model)
+    engine.warmup([96])  # (a prompt filling the row, with max_new_tokens 0)
+    done, _ = engine.run([Request(prompt=[3] * 96, max_new_tokens=0)])
+    assert done[0].finish_reason == "length" and done[0].tokens == []
+
+
 @pytest.mark.parametrize("budget", [0, 1, -5])
 def test_a_token_budget_too_small_is_refused_0_too(budget):
     with pytest.raises(EngineSettingError, match=f"token_budget \\({budget}\\) is too small for 2 rows"):
