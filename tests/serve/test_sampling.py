@@ -259,6 +259,26 @@ def test_packed_token_masks_unpack_on_either_backend_as_numpy_packs_them(n, seed
     assert np.array_equal(np.asarray(_unpack_bits(words, n)), mask)
 
 
+@given(st.integers(1, 200), st.integers(0, 2 ** 32 - 1))
+@settings(max_examples=25, deadline=None, derandomize=True, database=None)
+def test_a_mask_bans_to_minus_inf_bit_for_bit_as_numpy_does(n, seed):
+    """The torch draw's mask (int32 arithmetic on the logits' bits) against numpy's where: the
+    same bits everywhere, NaNs and infinities, allowed or banned, too."""
+    from linnet.serve.runners import mask_words
+
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(size=(3, n)).astype(np.float32)
+    specials = rng.random((3, n)) < 0.2
+    logits[specials] = rng.choice(np.array([np.nan, np.inf, -np.inf, -0.0], np.float32), size=specials.sum())
+    allowed = rng.random((3, n)) < 0.5
+    padded = np.zeros((3, mask_words(n) * 32), bool)
+    padded[:, :n] = allowed
+    words = np.packbits(padded, axis=1, bitorder="little").view(np.int32)
+    got = sampling_torch.banned_to_minus_inf(torch.from_numpy(logits), torch.from_numpy(words)).numpy()
+    want = np.where(allowed, logits, np.float32(-np.inf))
+    assert got.dtype == np.float32 and np.array_equal(got.view(np.int32), want.view(np.int32))
+
+
 def test_the_adjustments_take_the_form_the_batch_asks_for():
     from linnet.serve.runners import logit_adjustments, packed_mask
     from linnet.serve.sampling import MASK, SHIFT, SPLIT
