@@ -18,6 +18,7 @@ copy_rows) and its sizes (rows, positions, vocabulary).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import threading
 import time
@@ -508,8 +509,13 @@ class Engine:
         positions = np.full(self.rows, self.runner.padding, np.int32)  # idle rows: padding, which writes nothing
         for x in items:
             positions[x.row] = x.cached + ahead
-        batch, histories = self._sampling(items, ahead)
-        pending = self.runner.decode_sample(tokens, positions, batch, [x.row for x in items], histories)
+        batch, histories = self._sampling(items, ahead, later=self.runner.masks_during_the_step)
+        try:
+            pending = self.runner.decode_sample(tokens, positions, batch, [x.row for x in items], histories)
+        except Exception:
+            if callable(histories):  # the masks' thread lets go of the matchers before the engine goes on
+                contextlib.suppress(Exception)(histories)()
+            raise
         self.stats.passes["decode"] += 1
         self.stats.occupancy.append(len(self.live) / self.rows)
         return _Decode(items, pending)
@@ -544,22 +550,32 @@ class Engine:
             self.row_tokens[x.row] = self.row_tokens[x.row][:start] + x.tokens[start:start + n]
         x.cached += n
 
-    def _sampling(self, items: list, ahead: int = 0):
+    def _sampling(self, items: list, ahead: int = 0, later: bool = False):
         """How each of `items` draws its next token, `ahead` tokens past what the host has of it: the
         batch of settings, and where the host adjusts logits, each one's prompt and output tokens (which
-        penalties count) and logit bias."""
+        penalties count), logit bias and allowed tokens. `later`: where some are held to a structure,
+        their histories as a function that gives them, their masks computed meanwhile, while the
+        runner runs the model's step (`structured.Guide.allowed_later`)."""
         batch = SamplingBatch.of([x.req for x in items], [x.seed for x in items],
                                  [len(x.generated) + ahead for x in items])
-        histories = None
-        if batch.adjusted:
-            structured = [x.matcher for x in items if x.masked]
-            masks = iter(self._guide.allowed(structured) if structured else ())
-            histories = []
-            for x in items:
-                mask = x.mask(next(masks) if x.masked else None)
-                x.cornered = mask is not None and not mask.any()
-                histories.append((x.req.prompt, x.generated, self._bias(x, ahead), mask))
-        return batch, histories
+        if not batch.adjusted:
+            return batch, None
+        structured = [x.matcher for x in items if x.masked]
+        if structured and later:
+            masks = self._guide.allowed_later(structured)
+            return batch, lambda: self._histories(items, ahead, masks.result())
+        return batch, self._histories(items, ahead, self._guide.allowed(structured) if structured else ())
+
+    def _histories(self, items: list, ahead: int, masks) -> list:
+        """Each of `items`' (prompt, output, logit bias, allowed tokens' packed mask or None), its
+        structure's mask the next of `masks` where one holds it."""
+        masks = iter(masks)
+        histories = []
+        for x in items:
+            mask = x.mask(next(masks) if x.masked else None)
+            x.cornered = mask is not None and not mask.any()
+            histories.append((x.req.prompt, x.generated, self._bias(x, ahead), mask))
+        return histories
 
     def _enders(self, req: Request) -> set:
         """The tokens that would end `req`, which min_tokens keeps out until then."""

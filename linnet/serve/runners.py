@@ -198,6 +198,12 @@ class TorchRunner:
         self.triton = rt.TritonKernels(*(asked is True for asked in rt.TRITON_ASKED))
         self.kernels_chosen = None
         self.looks_ahead = self.device.type == "cuda"  # a CPU tensor op returns when it is done
+        # The draw is ops of its own after the step's, so histories given as a function can be asked
+        # for once the step has run, the engine computing its structures' masks on a thread meanwhile:
+        # where the device runs the step apart from the host. On the CPU the step's kernels take
+        # every core, and a thread beside them cost the host more than the masks it made (SmolLM2:
+        # 1.3 ms a token more under a JSON schema, 0.6 under a regex; benchmarks/structured_overhead.py)
+        self.masks_during_the_step = self.device.type == "cuda"
         self._graph = None
         self._static_tokens = torch.zeros(self.batch, dtype=torch.int32, device=self.device)
         self._static_positions = torch.zeros(self.batch, dtype=torch.int32, device=self.device)
@@ -453,8 +459,10 @@ class TorchRunner:
 
     def decode_sample(self, tokens, positions, batch: SamplingBatch, rows, histories=None) -> Pending:
         """A decode step over every row (tokens: host ids, or a `Pending`'s), then the draws for
-        request i from row rows[i]."""
+        request i from row rows[i]; `histories`, or a function giving them, called once the step
+        has run (`masks_during_the_step`)."""
         logits = self.decode(tokens.tokens if isinstance(tokens, Pending) else tokens, positions)
+        histories = histories() if callable(histories) else histories
         drawn = self._draw(logits, batch, histories, rows)
         by_row = self._static_tokens.clone()  # rows not drawn for keep their token: their position is padding
         by_row[self._t(np.asarray(rows, np.int64))] = drawn[0]
@@ -487,6 +495,9 @@ class JaxRunner:
         _xla_compiles()  # listening from here on
 
     looks_ahead = True  # an executable's call returns before it has run (JAX's async dispatch)
+    # The draw runs inside the decode step's executable (its logits never leave it), which takes the
+    # masks as arguments: they are made before it is sent
+    masks_during_the_step = False
 
     @property
     def compiles(self) -> int:
@@ -566,9 +577,11 @@ class JaxRunner:
         """A decode step over every row (tokens: host ids, or a `Pending`'s), then the draws for
         request i from row rows[i]: one executable, whose logits never leave it. Every row is drawn
         for (a row without a request repeats request 0's settings), so that one executable serves
-        every step and the draws come back laid out by row."""
+        every step and the draws come back laid out by row. `histories` (or a function giving them)
+        are the executable's arguments: needed before it is sent."""
         from linnet.serve.sampling_jax import arguments, mode, sampler
 
+        histories = histories() if callable(histories) else histories
         rows = list(rows)
         placed = place(batch, rows, self.batch)
         adjustments = None

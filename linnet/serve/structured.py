@@ -5,12 +5,15 @@ Each such request has its own matcher, which follows its tokens: before each dra
 the step's matchers, all at once on llguidance's threads, which tokens may come next, and the
 sampler bans the others on the device (a packed mask, one of `runners.logit_adjustments`); after
 it, each matcher takes its drawn token. Once a matcher has a complete output it stops, and so
-does its request.
+does its request. Where the draw comes after the model's step on the host's side (torch's), the
+masks are asked for as the step is sent and computed while it runs (`Guide.allowed_later`): they
+depend only on the tokens already taken.
 """
 
 from __future__ import annotations
 
 import json
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,6 +96,7 @@ class Guide:
                                "structure") from None
         self.vocab = vocab
         self.executor = llguidance.LLExecutor()  # computes many requests' masks at once, on threads of its own
+        self._asker = None  # the thread that waits on the executor for `allowed_later`, made at its first use
 
     def matcher(self, structure: Structure, request_id: str):
         """A matcher for one request; RequestError if its structure is not a valid one."""
@@ -117,3 +121,11 @@ class Guide:
         masks = allocate_token_bitmask(len(matchers), self.vocab)
         fill_next_token_bitmask_par(self.executor, [(m, i) for i, m in enumerate(matchers)], masks)
         return masks
+
+    def allowed_later(self, matchers: list) -> Future:
+        """`allowed(matchers)`, computed while the caller goes on (llguidance lets go of the GIL):
+        the masks of a step's draw, made while the model's step runs. Until the result is read,
+        nothing else may use these matchers (llguidance refuses a matcher in use)."""
+        if self._asker is None:
+            self._asker = ThreadPoolExecutor(1, thread_name_prefix="linnet-masks")
+        return self._asker.submit(self.allowed, matchers)

@@ -6,6 +6,7 @@ would alone."""
 import json
 import re
 
+import numpy as np
 import pytest
 
 from linnet.serve import Engine, Request, RequestError
@@ -75,6 +76,63 @@ def test_each_output_is_what_its_structure_asks_and_the_others_draw_as_alone(eng
         assert done[i].finish_reason == "stop" and EOS not in done[i].tokens[:-1]
     for q, c in zip(p, done[len(structured):]):
         assert c.tokens == reference_greedy(model, q, 8)
+
+
+def structured_greedy(model, prompt, structure, new, pad_to=128):
+    """Greedy tokens held to `structure` with no engine: the model's logits for row 0, step by step
+    (`reference_greedy`'s passes), each masked by llguidance's own numpy code from a matcher of its
+    own over the model's tokenizer; until the end token, a complete output or `new` tokens."""
+    import llguidance
+    from llguidance.numpy import allocate_token_bitmask, apply_token_bitmask_inplace, fill_next_token_bitmask
+
+    matcher = llguidance.LLMatcher(llguidance.LLTokenizer(model.tokenizer.backend.to_str(), n_vocab=model.vocab,
+                                                          eos_token=[EOS]), structure.grammar())
+    bits = allocate_token_bitmask(1, model.vocab)
+
+    def draw(logits) -> int:
+        fill_next_token_bitmask(matcher, bits)
+        row = np.array(np.asarray(logits)[:1], np.float32)
+        apply_token_bitmask_inplace(row, bits)
+        token = int(row[0].argmax())
+        assert matcher.consume_token(token), matcher.get_error()
+        return token
+
+    model.reset()
+    n = len(prompt)
+    pad = pad_to - n
+    positions = np.concatenate([np.arange(n), np.full(pad, model.max_seq - 1)]).astype(np.int32)
+    rows = np.concatenate([np.zeros(n), np.ones(pad)]).astype(np.int32)
+    out = [draw(model.prefill(np.array(prompt + [0] * pad, np.int32), positions, rows, np.array([n - 1], np.int32)))]
+    tokens, positions = np.zeros(model.batch, np.int32), np.full(model.batch, model.max_seq - 1, np.int32)
+    while len(out) < new and out[-1] != EOS and not matcher.is_stopped():
+        tokens[0], positions[0] = out[-1], n + len(out) - 1
+        out.append(draw(model.decode(tokens, positions)))
+    model.reset()
+    return out
+
+
+@pytest.mark.parametrize("during", [False, True], ids=["masks-first", "masks-during-the-step"])
+def test_greedy_structured_tokens_are_those_llguidance_masks_give_step_by_step(engine, model, during):
+    """The engine's greedy draws under a JSON schema, a regex and a choice, side by side in one
+    batch, against a plain loop applying llguidance's mask to the model's logits; each text parses
+    as its structure asks. The masks made before each step is sent, or on a thread while it runs
+    (as torch on CUDA has them; JAX's step takes them as it is sent, either way)."""
+    engine.runner.masks_during_the_step = during
+    structures = [Structure("json", SCHEMA), Structure("regex", r"[a-z]{2,5}( [a-z]{2,5}){1,3}\."),
+                  Structure("choice", ["alpha", "beta", "gamma"]), Structure("json", {"type": "object"})]
+    p = prompts(len(structures), 3, 12, seed=57)
+    done, _ = engine.run([Request(prompt=q, max_new_tokens=40, structure=s) for q, s in zip(p, structures)]
+                         + [Request(prompt=p[0], max_new_tokens=8)])
+    for q, s, c in zip(p, structures, done):
+        assert c.tokens == structured_greedy(model, q, s, 40), s
+    assert [c.finish_reason for c in done[:3]] == ["stop"] * 3  # each complete, well before the limit
+    value = json.loads(done[0].text)
+    assert set(value) == {"name", "n", "ok"} and isinstance(value["name"], str) and len(value["name"]) <= 6
+    assert isinstance(value["n"], int) and 0 <= value["n"] <= 999 and isinstance(value["ok"], bool)
+    assert re.fullmatch(r"[a-z]{2,5}( [a-z]{2,5}){1,3}\.", done[1].text)
+    assert done[2].text in ("alpha", "beta", "gamma")
+    assert done[3].finish_reason == "length" or isinstance(json.loads(done[3].text), dict)
+    assert done[4].tokens == reference_greedy(model, p[0], 8)
 
 
 def test_a_structure_that_must_end_ends_the_request_before_min_tokens(engine):
