@@ -133,14 +133,20 @@ _MINUS_INF_BITS = int(np.float32(-np.inf).view(np.int32))  # 0xFF800000, as an i
 def banned_to_minus_inf(logits: torch.Tensor, allowed_bits: torch.Tensor) -> torch.Tensor:
     """f32 logits [K, n] with -inf where packed masks int32[K, ceil(n / 32)] hold no bit, as
     masked_fill(~unpack_bits(...), -inf) gives them, bit for bit (a NaN or +inf banned too), in
-    int32 arithmetic on the logits' bits: each bit spread to a word of all ones or zeros keeps or
-    clears a logit's bits, and a banned one takes -inf's. torch's CPU where and masked_fill over a
-    bool mask cost five times as much (SmolLM2's 49k logits: 0.22 ms so, 0.04 this way)."""
+    int32 arithmetic on the logits' bits: each bit spread to a word of all ones or zeros keeps a
+    logit's bits (xored with -inf's and back) or clears them to -inf's. torch's CPU where and
+    masked_fill over a bool mask cost several times as much, and each temporary of a row's size a
+    fresh allocation: two here, the rest in place (SmolLM2's 49k logits after a decode step: 0.26
+    ms more than an unmasked draw so, 0.09 this way)."""
     shifts = torch.arange(32, device=allowed_bits.device, dtype=torch.int32)
-    keep = -((allowed_bits[:, :, None] >> shifts) & 1)  # -1 (every bit) where the token is allowed, else 0
+    keep = allowed_bits[:, :, None] >> shifts
+    keep &= 1
+    keep.neg_()  # -1 (every bit) where the token is allowed, else 0
     keep = keep.reshape(allowed_bits.shape[0], -1)[:, :logits.shape[-1]]
-    bits = logits.contiguous().view(torch.int32)
-    return ((bits & keep) | (~keep & _MINUS_INF_BITS)).view(torch.float32)
+    bits = logits.contiguous().view(torch.int32) ^ _MINUS_INF_BITS
+    bits &= keep
+    bits ^= _MINUS_INF_BITS
+    return bits.view(torch.float32)
 
 
 def _picked(logprobs: torch.Tensor, tokens: torch.Tensor, k: int):
