@@ -514,7 +514,8 @@ class Engine:
             pending = self.runner.decode_sample(tokens, positions, batch, [x.row for x in items], histories)
         except Exception:
             if callable(histories):  # the masks' thread lets go of the matchers before the engine goes on
-                contextlib.suppress(Exception)(histories)()
+                with contextlib.suppress(Exception):
+                    histories()
             raise
         self.stats.passes["decode"] += 1
         self.stats.occupancy.append(len(self.live) / self.rows)

@@ -135,6 +135,25 @@ def test_greedy_structured_tokens_are_those_llguidance_masks_give_step_by_step(e
     assert done[4].tokens == reference_greedy(model, p[0], 8)
 
 
+def test_a_step_that_fails_while_its_masks_are_made_leaves_the_matchers_free(engine, model):
+    """A decode step that raises (the device gone: put in by hand, nothing here fails so on its
+    own) while its structures' masks are made on a thread: the engine's error comes out, and the
+    thread has let go of the matchers by then (llguidance refuses a matcher in use)."""
+    if not hasattr(engine.runner, "decode"):
+        pytest.skip("the torch runner's decode step")
+    engine.runner.masks_during_the_step = True
+    engine.submit(Request(prompt=[5, 6, 7], max_new_tokens=8, structure=Structure("json", SCHEMA)))
+    engine.step()  # the prefill, and its draw
+
+    def gone(tokens, positions):
+        raise RuntimeError("the device went away")
+    engine.runner.decode = gone
+    with pytest.raises(RuntimeError, match="went away"):
+        engine.step()
+    matcher = engine.live[0].matcher
+    assert engine.guide().allowed([matcher]).any() and not matcher.is_error()
+
+
 def test_a_structure_that_must_end_ends_the_request_before_min_tokens(engine):
     """min_tokens keeps the end token out, but a structure that is complete and allows nothing more
     ends the request there, its text whole; allowed tokens that all end the request, with
