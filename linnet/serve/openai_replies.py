@@ -268,7 +268,7 @@ def _calls_so_far(job: Job, text: str) -> tuple:
     if getattr(job.tool_parser, "reads_whole_reply", False):
         return job.tool_parser.split(text)[1], calls
     start = job.tool_parser.call_start(text) if hasattr(job.tool_parser, "call_start") else 0
-    return text[:start].strip() or None, calls
+    return text[:start] or None, calls
 
 
 def marker_ids(job: Job, tokenizer) -> dict:

@@ -133,11 +133,12 @@ def read_list(text: str) -> list:
 
 
 def _whole_reply_start(text: str, opener: str, tag: str) -> int | None:
-    """Where a call may begin in a family's reply that is its calls whole: at the first character
-    past leading spaces, where that opens `opener`, or may be `tag` arriving a piece at a time."""
+    """Where a call may begin in a family's reply that is its calls whole: at its start (its leading
+    spaces are the calls', no text), where its first character past them opens `opener` or may be
+    `tag` arriving a piece at a time, or is not written yet."""
     stripped = text.lstrip()
-    if stripped and (stripped.startswith(opener) or tag.startswith(stripped[:len(tag)])):
-        return len(text) - len(stripped)
+    if not stripped or stripped.startswith(opener) or tag.startswith(stripped[:len(tag)]):
+        return 0
     return None
 
 
@@ -214,8 +215,7 @@ class Hermes:
             if call is None or end != len(match.group(1)):
                 return text, []
             calls.append(call)
-        content = text[:at].strip()
-        return content or None, calls
+        return text[:at] or None, calls  # the text before the calls as written, as vLLM gives it
 
     def partial(self, text: str) -> list:
         calls, at = [], text.find(self.OPEN)
@@ -262,8 +262,7 @@ class Mistral:
             if None in found:
                 return text, []
             calls += found
-        content = text[:at].strip()
-        return content or None, calls
+        return text[:at] or None, calls  # the text before the marker as written, as vLLM gives it
 
     @staticmethod
     def _listed(part: str) -> list:
@@ -451,7 +450,7 @@ class Qwen3Coder:
         calls = self.partial(text)
         if not calls or not all(name and closed for name, _, closed in calls):
             return text, []  # a call cut short, or one without a function
-        return text[:at].strip() or None, [{"name": n, "arguments": a} for n, a, _ in calls]
+        return text[:at] or None, [{"name": n, "arguments": a} for n, a, _ in calls]
 
     def partial(self, text: str) -> list:
         calls, at = [], text.find(self.OPEN)

@@ -241,6 +241,42 @@ def test_auto_tells_a_call_from_text_in_the_models_own_format(auto_base):
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "It is noon {UTC}."
 
 
+# Replies with spaces around their calls, and the content vLLM's parser of the family gives each: the
+# text before the first call as written (hermes, mistral, qwen3_coder: model_output[:start], None
+# where empty); a reply that is its calls whole has none (the spaces before them are no answer).
+SPACED = {
+    "hermes": ('Let me see.\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>\n',
+               "Let me see.\n"),
+    "qwen3_coder": ("Let me see.\n\n<tool_call>\n<function=get_time>\n<parameter=zone>\nCET\n</parameter>\n"
+                    "</function>\n</tool_call>", "Let me see.\n\n"),
+    "mistral": ('Let me see. [TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "CET"}}]', "Let me see. "),
+    "llama3_json": ('  {"name": "get_time", "parameters": {"zone": "CET"}}', None),
+    "pythonic": ('\n[get_time(zone="CET")]', None),
+}
+
+
+def test_the_text_around_a_call_is_the_same_whole_and_streamed(auto_base):
+    """The content is what vLLM's parsers give (`SPACED`), and the stream's text adds up to it: it
+    sent the spaces before a call as text where the whole reply dropped them, and held none back
+    that the whole reply gave."""
+    base, parser = auto_base
+    reply, content = SPACED[parser]
+    body = dict({"messages": USER, "max_tokens": 150, "tools": [TIME]}, **forced(reply))
+    choice = json.loads(call(base, "/v1/chat/completions", body)[1])["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == content
+    [made] = choice["message"]["tool_calls"]
+    assert made["function"]["name"] == "get_time" and json.loads(made["function"]["arguments"]) == {"zone": "CET"}
+    chunks = sse(call(base, "/v1/chat/completions", dict(body, stream=True))[1])
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert "".join(d.get("content") or "" for d in deltas) == (content or "")
+    assert [c["function"] for c in streamed_calls(deltas)] == [made["function"]]
+    # a reply of spaces alone is text, whole and streamed
+    body = dict({"messages": USER, "max_tokens": 10, "tools": [TIME]}, **forced("  \n "))
+    assert json.loads(call(base, "/v1/chat/completions", body)[1])["choices"][0]["message"]["content"] == "  \n "
+    chunks = sse(call(base, "/v1/chat/completions", dict(body, stream=True))[1])
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "  \n "
+
+
 @pytest.fixture(scope="module", params=[("deepseek_r1", None), ("qwen3", "hermes")])
 def thinking_base(request):
     """A server for a reasoning model: its thinking given apart, and with Qwen3 its tool calls read."""
