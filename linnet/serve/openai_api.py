@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from linnet.nest.errors import TokenizerError
 from linnet.serve.request import LARGEST_SCALE, MAX_LOGPROBS, Request, RequestError, is_int, tokens
 from linnet.serve.structured import Structure
-from linnet.serve.tool_parsers import call_ids, forced_calls, openai_call_id
+from linnet.serve.tool_parsers import FirstCall, call_ids, forced_calls, openai_call_id
 
 MAX_CHOICES = 256  # choices one body may ask for: prompts x n
 MAX_STOPS = 64
@@ -566,6 +566,8 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=No
         tool_parser = forced_calls(tool_call)  # a call forced as vLLM forms it; harmony's keeps its own format
     elif hasattr(tool_parser, "for_tools"):  # a format whose values the schemas type (Qwen3-Coder's)
         tool_parser = tool_parser.for_tools(schemas)
+    if not _boolean(body, "parallel_tool_calls", True) and tool_call is not None:
+        tool_parser = FirstCall(tool_parser)  # "auto": a model may write several calls; the first is kept
     echo = _chat_echo(body)
     return Job(requests, len(ids), [echo] * n if echo else None, n=n, **_reply_options(body),
                prompt_logprobs=asked is not None, tool_call=tool_call, reasoning=reasoning,

@@ -424,6 +424,25 @@ class RequiredCalls:
         return partial_list(text, _spaces_after(text, 0))
 
 
+class FirstCall:
+    """A parser's reading of a reply kept to its first call: `parallel_tool_calls: false` with a
+    model that writes several (vLLM drops the rest, whole and streamed, as this does). Anything
+    else is the parser's."""
+
+    def __init__(self, parser):
+        self.parser = parser
+
+    def __getattr__(self, name):
+        return getattr(self.parser, name)
+
+    def parse(self, text: str) -> tuple:
+        content, calls = self.parser.parse(text)
+        return content, calls[:1]
+
+    def partial(self, text: str) -> list:
+        return self.parser.partial(text)[:1]
+
+
 def forced_calls(tool_call: str):
     """The reader of a call tool_choice forces: "required", or the function it names."""
     return RequiredCalls() if tool_call == "required" else NamedFunction(tool_call)

@@ -176,7 +176,7 @@ def auto_base(request):
     special token of the tokenizer, as it is in Mistral's)."""
     from tokenizers import AddedToken
 
-    model = make_model("torch", rows=4, max_seq=160)
+    model = make_model("torch", rows=4, max_seq=256)
     model.tokenizer = byte_tokenizer(model.vocab)
     model.tokenizer.backend.add_special_tokens([AddedToken(m, special=True) for m in MISTRAL])
     assert [model.tokenizer.token_to_id(m) for m in MISTRAL] == list(MISTRAL.values())  # as `forced` names them
@@ -275,6 +275,42 @@ def test_the_text_around_a_call_is_the_same_whole_and_streamed(auto_base):
     assert json.loads(call(base, "/v1/chat/completions", body)[1])["choices"][0]["message"]["content"] == "  \n "
     chunks = sse(call(base, "/v1/chat/completions", dict(body, stream=True))[1])
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "  \n "
+
+
+# Two calls in each family's format: the time's, then the weather's
+TWO_CALLS = {
+    "hermes": 'Both.<tool_call>{"name": "get_time", "arguments": {"zone": "CET"}}</tool_call>\n<tool_call>'
+              '{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}</tool_call>',
+    "qwen3_coder": "Both.<tool_call>\n<function=get_time>\n<parameter=zone>\nCET\n</parameter>\n</function>\n"
+                   "</tool_call>\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n"
+                   "<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+    "mistral": 'Both.[TOOL_CALLS][{"name": "get_time", "arguments": {"zone": "CET"}}, '
+               '{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}]',
+    "llama3_json": '{"name": "get_time", "parameters": {"zone": "CET"}}; '
+                   '{"name": "get_weather", "parameters": {"city": "Oslo", "days": 2}}',
+    "pythonic": '[get_time(zone="CET"), get_weather(city="Oslo", days=2)]',
+}
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call_whole_and_streamed(auto_base):
+    """vLLM's rule for parallel_tool_calls false (OpenAI's: at most one call): a model that writes
+    several under "auto" gets its first, whole and streamed; by default every call it writes."""
+    base, parser = auto_base
+    body = dict({"messages": USER, "max_tokens": 240, "tools": [TIME, WEATHER]}, **forced(TWO_CALLS[parser]))
+    for parallel, names in ((None, ["get_time", "get_weather"]), (True, ["get_time", "get_weather"]),
+                            (False, ["get_time"])):
+        asked = body if parallel is None else dict(body, parallel_tool_calls=parallel)
+        choice = json.loads(call(base, "/v1/chat/completions", asked)[1])["choices"][0]
+        assert choice["finish_reason"] == "tool_calls"
+        assert [c["function"]["name"] for c in choice["message"]["tool_calls"]] == names
+        assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {"zone": "CET"}
+        chunks = sse(call(base, "/v1/chat/completions", dict(asked, stream=True))[1])
+        deltas = [c["choices"][0]["delta"] for c in chunks]
+        assert [c["function"] for c in streamed_calls(deltas)] == [c["function"] for c in choice["message"]["tool_calls"]]
+        assert "".join(d.get("content") or "" for d in deltas) == (choice["message"]["content"] or "")
+        assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    status, text = call(base, "/v1/chat/completions", dict(body, parallel_tool_calls="no"))
+    assert status == 400 and json.loads(text)["error"]["param"] == "parallel_tool_calls"
 
 
 @pytest.fixture(scope="module", params=[("deepseek_r1", None), ("qwen3", "hermes")])
