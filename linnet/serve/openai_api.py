@@ -60,6 +60,7 @@ class Job:
     prompt_logprobs: bool = False  # vLLM's prompt_logprobs: returned beside the choices
     token_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:ID"
     continuous_usage: bool = False  # streamed: every chunk with the usage so far (vLLM's continuous_usage_stats)
+    include_reasoning: bool = True  # vLLM's: false leaves a reasoning model's thinking out, whole and streamed
 
     def prompt_scores(self, comps: list, i: int) -> list:
         """Choice i's prompt logprobs, [None, TokenLogprob, ...], from the copy that scored them."""
@@ -571,7 +572,8 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=No
     echo = _chat_echo(body)
     return Job(requests, len(ids), [echo] * n if echo else None, n=n, **_reply_options(body),
                prompt_logprobs=asked is not None, tool_call=tool_call, reasoning=reasoning,
-               tool_parser=tool_parser if tool_call else None, call_id=call_id, tool_names=frozenset(schemas))
+               tool_parser=tool_parser if tool_call else None, call_id=call_id, tool_names=frozenset(schemas),
+               include_reasoning=_boolean(body, "include_reasoning", True))
 
 
 def _chat_echo(body: dict) -> str:

@@ -241,6 +241,8 @@ def chat_message(job: Job, comp, tokenizer) -> tuple:
     message = {"role": "assistant", "content": text}
     if job.reasoning is not None:
         message["reasoning_content"], message["content"] = job.reasoning.split(text)
+        if not job.include_reasoning:  # read apart all the same: the answer is what follows the thinking
+            del message["reasoning_content"]
     content, calls, finish = None, None, "tool_calls"
     if job.tool_call is not None:
         source = text if getattr(job.tool_parser, "reads_whole_reply", False) else message["content"]

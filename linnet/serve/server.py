@@ -384,6 +384,8 @@ class OpenAIServer:
                         choice.finish(reply_text(job, comp, self.tokenizer) if chat else comp.text)  # as parsed
                         thought, text = divide_reply(job, choice.text, before, choice.sent)
                     calls = calls_out[i].finish(made or [])
+                if not job.include_reasoning:
+                    thought = ""  # vLLM's include_reasoning false: the thinking is read apart and left out
                 if text or lps or thought:  # how far the reply is out, for Responses to place the logprobs
                     out = choice.sent if reason is None or not made else len(choice.text)
                     await event(writer.piece(i, text, lps, offsets, reasoning=thought, reply=(choice.text, out)))

@@ -150,6 +150,13 @@ def test_a_reasoning_models_thinking_text_and_call_are_three_items_in_order():
     with running(Engine(model), reasoning_parser="qwen3", tool_parser="hermes", structure_in_reasoning=True) as base:
         out = json.loads(call(base, "/v1/responses", body)[1])
         events = events_of(call(base, "/v1/responses", dict(body, stream=True))[1])
+        # vLLM's include_reasoning false: no reasoning item, whole or streamed
+        unthought = json.loads(call(base, "/v1/responses", dict(body, include_reasoning=False))[1])
+        unthought_events = events_of(call(base, "/v1/responses", dict(body, include_reasoning=False, stream=True))[1])
+    assert [i["type"] for i in unthought["output"]] == ["message", "function_call"]
+    assert [i["type"] for i in unthought_events[-1]["response"]["output"]] == ["message", "function_call"]
+    assert not any(e["type"].startswith("response.reasoning") for e in unthought_events)
+    assert unthought["output"][0]["content"][0]["text"] == "Checking."
     assert [i["type"] for i in out["output"]] == ["reasoning", "message", "function_call"]
     assert out["output"][0]["content"][0]["text"] == "Time?"
     assert out["output"][1]["content"][0]["text"] == "Checking."

@@ -348,6 +348,34 @@ def test_a_reasoning_models_thinking_is_given_apart_whole_and_streamed(thinking_
         assert [c["function"] for c in streamed_calls(deltas)] == [choice["message"]["tool_calls"][0]["function"]]
 
 
+def test_include_reasoning_false_leaves_the_thinking_out(thinking_base):
+    """vLLM's include_reasoning (true by default): false gives the answer alone, whole and streamed,
+    the thinking still read apart from it (never the answer's); with Qwen3's tools too."""
+    base, reasoning = thinking_base
+    opening = "" if reasoning == "deepseek_r1" else "<think>"
+    body = dict({"messages": USER, "max_tokens": 100, "include_reasoning": False},
+                **forced(opening + "Two and two.</think>It is 4."))
+    choice = json.loads(call(base, "/v1/chat/completions", body)[1])["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": "It is 4."}
+    chunks = sse(call(base, "/v1/chat/completions", dict(body, stream=True))[1])
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert not any("reasoning_content" in d for d in deltas)
+    assert "".join(d.get("content") or "" for d in deltas) == "It is 4."
+    assert json.loads(call(base, "/v1/chat/completions", dict(body, include_reasoning=True))[1])[
+        "choices"][0]["message"]["reasoning_content"] == "Two and two."
+    status, text = call(base, "/v1/chat/completions", dict(body, include_reasoning="no"))
+    assert status == 400 and json.loads(text)["error"]["param"] == "include_reasoning"
+    if reasoning == "qwen3":
+        reply = '<think>Time?</think><tool_call>{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>'
+        body = dict({"messages": USER, "max_tokens": 130, "tools": [TIME], "include_reasoning": False}, **forced(reply))
+        choice = json.loads(call(base, "/v1/chat/completions", body)[1])["choices"][0]
+        assert choice["finish_reason"] == "tool_calls" and "reasoning_content" not in choice["message"]
+        assert choice["message"]["content"] is None
+        deltas = [c["choices"][0]["delta"] for c in sse(call(base, "/v1/chat/completions", dict(body, stream=True))[1])]
+        assert not any("reasoning_content" in d or d.get("content") for d in deltas)
+        assert [c["function"] for c in streamed_calls(deltas)] == [choice["message"]["tool_calls"][0]["function"]]
+
+
 HARMONY = ["<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>"]
 
 
