@@ -192,6 +192,7 @@ def _tool_call(body: dict, parser) -> tuple:
             raise ApiError(400, f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., "
                                 f"'parameters': {{...}}}}}}", f"tools[{i}]")
         functions[fn["name"]] = fn.get("parameters") or {"type": "object", "properties": {}}
+        _check_parameters(functions[fn["name"]], f"tools[{i}].function.parameters")
     if choice == "none":
         return None, None
     if choice in (None, "auto"):
@@ -209,6 +210,12 @@ def _tool_call(body: dict, parser) -> tuple:
             raise ApiError(400, "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
                                 "{'name': ...}} naming one of the tools", "tool_choice")
         offered = {forced: functions[forced]}
+    for i, tool in enumerate(tools):  # a forced call is held to its schema: each must compile, named if not
+        name = tool["function"]["name"]
+        problem = Structure("json", functions[name]).problem() if name in offered else None
+        if problem:
+            raise ApiError(400, f"tools[{i}].function.parameters ({name!r}) cannot hold a call: {problem}",
+                           f"tools[{i}].function.parameters")
     if hasattr(parser, "call_structure"):  # a format whose calls have headers of their own (harmony)
         return forced, parser.call_structure(offered)
     if forced != "required":
@@ -219,6 +226,28 @@ def _tool_call(body: dict, parser) -> tuple:
     if body.get("parallel_tool_calls") is False:
         schema["maxItems"] = 1
     return "required", Structure("json", schema)
+
+
+_SCHEMA_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
+
+
+def _check_parameters(schema: dict, where: str) -> None:
+    """A 400 naming the field where a function's parameters are no JSON schema of an object's
+    fields in the shape every reader of them takes (Qwen3-Coder's parser types values by them):
+    `type` one of JSON Schema's, `properties` an object of schemas, `required` a list of names."""
+    kind = schema.get("type")
+    kinds = kind if isinstance(kind, list) else [kind] if kind is not None else []
+    if not all(k in _SCHEMA_TYPES for k in kinds):
+        raise ApiError(400, f"{where}.type must be one of {', '.join(_SCHEMA_TYPES)} (or a list of them), not "
+                            f"{shown(kind)}", f"{where}.type")
+    properties = schema.get("properties", {})
+    if not isinstance(properties, dict) or not all(isinstance(v, (dict, bool)) for v in properties.values()):
+        raise ApiError(400, f"{where}.properties must be an object of JSON schemas, not {shown(properties)}",
+                       f"{where}.properties")
+    required = schema.get("required", [])
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise ApiError(400, f"{where}.required must be a list of property names, not {shown(required)}",
+                       f"{where}.required")
 
 
 def _choices_per_prompt(body: dict) -> int:

@@ -170,6 +170,46 @@ def test_bad_structures_get_a_400_and_the_server_goes_on(base, body, needle):
     assert chat(base, max_tokens=3)["choices"][0]["finish_reason"] in ("length", "stop")
 
 
+def _tool(parameters) -> dict:
+    return {"type": "function", "function": {"name": "broken", "parameters": parameters}}
+
+
+@pytest.mark.parametrize("parameters,field", [
+    ({"type": "object", "properties": [1]}, "properties"),
+    ({"type": "object", "properties": {"x": "string"}}, "properties"),
+    ({"type": "object", "required": "x"}, "required"),
+    ({"type": "object", "required": [1]}, "required"),
+    ({"type": "nonsense"}, "type"),
+    ({"type": ["object", 3]}, "type"),
+])
+@pytest.mark.parametrize("tool_choice", ["none", "required", {"type": "function", "function": {"name": "broken"}}])
+def test_a_tool_whose_parameters_are_no_schema_is_a_400_naming_its_field(base, parameters, field, tool_choice):
+    """OpenAI's 400 for a tool's parameters that are no JSON schema names the field, whatever
+    tool_choice says (the parameters reach the template and the parsers all the same)."""
+    body = {"messages": USER, "max_tokens": 5, "tools": [TIME, _tool(parameters)], "tool_choice": tool_choice}
+    status, text = call(base, "/v1/chat/completions", body)
+    assert status == 400, text
+    assert json.loads(text)["error"]["param"] == f"tools[1].function.parameters.{field}"
+    assert chat(base, max_tokens=3)["choices"][0]["finish_reason"] in ("length", "stop")
+
+
+def test_a_forced_call_to_a_schema_that_cannot_hold_it_is_a_400_naming_the_tool(base):
+    """A schema of the right shape that cannot be followed (a $ref to nothing) is refused where a
+    call is held to it, naming the tool's parameters, not tool_choice; with "none" nothing holds to
+    it, as vLLM's does."""
+    broken = _tool({"type": "object", "properties": {"x": {"$ref": "#/$defs/nothing"}}})
+    for tool_choice in ("required", {"type": "function", "function": {"name": "broken"}}):
+        body = {"messages": USER, "max_tokens": 5, "tools": [TIME, broken], "tool_choice": tool_choice}
+        status, text = call(base, "/v1/chat/completions", body)
+        assert status == 400, text
+        err = json.loads(text)["error"]
+        assert err["param"] == "tools[1].function.parameters" and "'broken'" in err["message"] and "$defs" in err["message"]
+    # a call forced to the other, sound tool is not refused for this one
+    forced_time = {"type": "function", "function": {"name": "get_time"}}
+    assert chat(base, tools=[TIME, broken], tool_choice=forced_time)["choices"][0]["message"]["tool_calls"]
+    assert chat(base, tools=[TIME, broken], tool_choice="none", max_tokens=3)["choices"][0]["message"]["content"]
+
+
 @pytest.fixture(scope="module", params=["hermes", "llama3_json", "mistral", "pythonic", "qwen3_coder"])
 def auto_base(request):
     """A server that reads tool_choice "auto" replies in one family's format (Mistral's marker a
