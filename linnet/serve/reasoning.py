@@ -189,7 +189,7 @@ class Harmony:
             arguments = json.loads(text[s:e])
         except ValueError:
             return None
-        written = text[s:e].strip() if isinstance(arguments, dict) else json.dumps(arguments)
+        written = text[s:e].strip() if isinstance(arguments, dict) else json.dumps(arguments, ensure_ascii=False)
         return {"name": recipient.removeprefix("functions."), "arguments": written}
 
 

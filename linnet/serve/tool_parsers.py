@@ -56,7 +56,13 @@ def _call(value, written: str | None = None) -> dict | None:
             return None
     if not isinstance(arguments, dict):
         return None
-    return {"name": value["name"], "arguments": written.strip() if written else json.dumps(arguments)}
+    return {"name": value["name"], "arguments": written.strip() if written else _json(arguments)}
+
+
+def _json(value) -> str:
+    """Arguments this parser writes as JSON (read as Python, say): characters as they are, not
+    \\u escapes, as vLLM's parsers write them (json.dumps with ensure_ascii False)."""
+    return json.dumps(value, ensure_ascii=False)
 
 
 def _arguments_span(fields) -> tuple | None:
@@ -498,9 +504,9 @@ class Qwen3Coder:
             if end < 0:  # being written: a string goes as far as it can no longer be the tag
                 if kind == "string":
                     written = _without_tail(_trimmed_start(body[start:]), "\n" + self.VALUE_END)
-                    items.append(f"{json.dumps(key)}: {json.dumps(written)[:-1]}")
+                    items.append(f"{_json(key)}: {_json(written)[:-1]}")
                 return name, "{" + ", ".join(items), False
-            items.append(f"{json.dumps(key)}: {json.dumps(_typed(_trimmed(body[start:end]), kind))}")
+            items.append(f"{_json(key)}: {_json(_typed(_trimmed(body[start:end]), kind))}")
             at = end + len(self.VALUE_END)
         closed = self.FUNCTION_END in body[at:]
         return name, "{" + ", ".join(items) + ("}" if closed else ""), closed

@@ -105,6 +105,30 @@ def test_edges(parser, text, content, made):
     assert [(c["name"], json.loads(c["arguments"])) for c in got] == made
 
 
+NON_ASCII = {"city": "Zürich", "note": "naïve \"quoted\" 東京 🌧", "tags": ["ü", {"é": None}]}
+
+
+@pytest.mark.parametrize("parser,reply", [
+    ("pythonic", "[f(city='Zürich', note='naïve \"quoted\" 東京 🌧', tags=['ü', {'é': None}])]"),
+    ("llama3_json", '{"name": "f", "parameters": ' + json.dumps(json.dumps(NON_ASCII)) + "}"),  # arguments as a string
+    ("hermes", '<tool_call>{"name": "f", "arguments": ' + json.dumps(json.dumps(NON_ASCII)) + "}</tool_call>"),
+    ("qwen3_coder", "<tool_call>\n<function=f>\n<parameter=city>\nZürich\n</parameter>\n<parameter=note>\n"
+                    'naïve "quoted" 東京 🌧\n</parameter>\n<parameter=tags>\n["ü", {"é": null}]\n</parameter>\n'
+                    "</function>\n</tool_call>"),
+])
+def test_arguments_a_parser_writes_keep_their_characters_as_vllms_do(parser, reply):
+    """Where the arguments are not the model's own JSON text (Python's literals, a JSON string,
+    Qwen3-Coder's bare values), the parser writes them as vLLM's parsers do, json.dumps with
+    ensure_ascii False: "Zürich", not "Z\\u00fcrich"; streamed, the pieces add up to the same."""
+    reader = tool_parser(parser)
+    if parser == "qwen3_coder":
+        reader = reader.for_tools({"f": {"type": "object", "properties": {"tags": {"type": "array"}}}})
+    _, [call] = reader.parse(reply)
+    assert call["arguments"] == json.dumps(NON_ASCII, ensure_ascii=False)
+    for step in (1, 3):
+        assert [(n, a) for _, n, a in stream(reader, reply, {"f"}, step)] == [("f", call["arguments"])]
+
+
 def test_where_a_streamed_call_may_begin():
     llama, hermes = tool_parser("llama3_json"), tool_parser("hermes")
     # a reply that is its calls whole: the spaces before them are theirs, not text (held while only spaces)
