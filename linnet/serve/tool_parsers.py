@@ -200,6 +200,7 @@ class Llama3Json:
 class Hermes:
     name = "hermes"
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
+    markers = (OPEN, CLOSE)  # special tokens in some models' tokenizers (vLLM keeps them for this parser too)
     CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
     def call_start(self, text: str) -> int | None:
@@ -459,7 +460,7 @@ class Qwen3Coder:
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
     FUNCTION, PARAMETER = re.compile(r"<function=([^>\n]*)>"), re.compile(r"<parameter=([^>\n]*)>")
     VALUE_END, FUNCTION_END = "</parameter>", "</function>"
-    hold, call_start = Hermes.hold, Hermes.call_start  # a call opens with Hermes' tag
+    hold, call_start, markers = Hermes.hold, Hermes.call_start, Hermes.markers  # a call opens with Hermes' tag
 
     def __init__(self, schemas: dict | None = None):
         self.schemas = schemas or {}  # {function name: its parameters' JSON schema}

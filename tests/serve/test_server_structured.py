@@ -281,6 +281,44 @@ def test_auto_tells_a_call_from_text_in_the_models_own_format(auto_base):
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "It is noon {UTC}."
 
 
+@pytest.fixture(scope="module", params=["hermes", "qwen3_coder"])
+def special_tags_base(request):
+    """A tokenizer whose <tool_call> tags are special tokens, as some Hermes models' are (vLLM's
+    hermes parser keeps special tokens for them): ids 97 and 98, after byte_tokenizer's."""
+    from tokenizers import AddedToken
+
+    model = make_model("torch", rows=2, max_seq=200)
+    model.tokenizer = byte_tokenizer(model.vocab)
+    model.tokenizer.backend.add_special_tokens([AddedToken(t, special=True) for t in ("<tool_call>", "</tool_call>")])
+    assert [model.tokenizer.token_to_id(t) for t in ("<tool_call>", "</tool_call>")] == [97, 98]
+    model.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    with running(Engine(model), tool_parser=request.param) as url:
+        yield url, request.param
+
+
+def test_tool_call_tags_that_are_special_tokens_still_mark_the_calls(special_tags_base):
+    """Special tokens are dropped from a reply's text, but these tags are the parser's markers: the
+    call reads, whole and streamed, where it came out as text with its tags gone."""
+    base, parser = special_tags_base
+    if parser == "hermes":
+        body = '{"name": "get_time", "arguments": {"zone": "CET"}}'
+    else:
+        body = "\n<function=get_time>\n<parameter=zone>\nCET\n</parameter>\n</function>\n"
+    grammar = f'start: "Sure." <[97]> {json.dumps(body)} <[98]>'
+    request = {"messages": USER, "max_tokens": 120, "tools": [TIME], "guided_grammar": grammar}
+    choice = json.loads(call(base, "/v1/chat/completions", request)[1])["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Sure."
+    [made] = choice["message"]["tool_calls"]
+    assert made["function"]["name"] == "get_time" and json.loads(made["function"]["arguments"]) == {"zone": "CET"}
+    deltas = [c["choices"][0]["delta"] for c in sse(call(base, "/v1/chat/completions", dict(request, stream=True))[1])]
+    assert "".join(d.get("content") or "" for d in deltas) == "Sure."
+    assert [c["function"] for c in streamed_calls(deltas)] == [made["function"]]
+    # without tools the tags are special tokens like any other: dropped
+    plain = json.loads(call(base, "/v1/chat/completions", {"messages": USER, "max_tokens": 120,
+                                                           "guided_grammar": grammar})[1])["choices"][0]
+    assert plain["message"]["content"] == "Sure." + body
+
+
 # Replies with spaces around their calls, and the content vLLM's parser of the family gives each: the
 # text before the first call as written (hermes, mistral, qwen3_coder: model_output[:start], None
 # where empty); a reply that is its calls whole has none (the spaces before them are no answer).
