@@ -151,16 +151,25 @@ def _whole_reply_start(text: str, opener: str, tag: str) -> int | None:
 class Llama3Json:
     name = "llama3_json"
     PYTHON_TAG = "<|python_tag|>"
+    # a call after text: an object that opens with its "name" (vLLM's parser finds calls amid text too);
+    # and what may be one arriving a piece at a time at the text's end
+    NAMED = re.compile(r'\{\s*"name"')
+    NAMED_ARRIVING = re.compile(r'\{\s*("(n(a(m(e)?)?)?)?)?$')
 
     def call_start(self, text: str) -> int | None:
-        """Where a call may begin: a reply that opens with "{" (or the python tag) may be one."""
-        return _whole_reply_start(text, "{", self.PYTHON_TAG)
+        """Where a call may begin: a reply that opens with "{" (or the python tag) may be one, as may
+        an object after text that opens with its "name"."""
+        start = _whole_reply_start(text, "{", self.PYTHON_TAG)
+        if start is not None:
+            return start
+        found = self.NAMED.search(text) or self.NAMED_ARRIVING.search(text)
+        return None if found is None else found.start()
 
-    hold = 0  # text never waits for a marker: only the reply's first character decides
+    hold = 0  # call_start itself holds what may be a call arriving
 
-    def _body(self, text: str) -> int:
-        """Where the reply's calls begin: past leading spaces and the python tag."""
-        at = _spaces_after(text, 0)
+    def _body(self, text: str, start: int) -> int:
+        """Where the calls begin, from `start`: past spaces and the python tag."""
+        at = _spaces_after(text, start)
         return _spaces_after(text, at + len(self.PYTHON_TAG)) if text.startswith(self.PYTHON_TAG, at) else at
 
     @staticmethod
@@ -170,26 +179,34 @@ class Llama3Json:
         return _spaces_after(text, at + 1) if text.startswith(";", at) else at
 
     def parse(self, text: str) -> tuple:
-        body = text.rstrip()
-        at = self._body(body)
-        if not body.startswith("{", at):
+        """The calls from `call_start` on, objects one after another, ";" between them; text after
+        them is dropped (as vLLM drops it), but not one more object that does not read (a call cut
+        short: the reply is then not all read). A call after text must say its arguments; the
+        text before it is the content."""
+        start = self.call_start(text)
+        if start is None:
             return text, []
-        calls = []
-        while at < len(body):  # objects one after another, ";" between them (and maybe inside their strings)
+        calls, at = [], self._body(text, start)
+        while text.startswith("{", at):
             try:
-                call, end = _call_at(body, at)
+                call, end = _call_at(text, at)
             except ValueError:
                 return text, []
-            if call is None:
+            if call is None or (start > 0 and _arguments_span(object_fields(text, at)) is None):
                 return text, []
             calls.append(call)
-            at = self._next(body, end)
-        return None, calls
+            at = self._next(text, end)
+        return (text[:start] or None, calls) if calls else (text, [])
 
     def partial(self, text: str) -> list:
-        calls, at = [], self._body(text)
+        start = self.call_start(text)
+        if start is None:
+            return []
+        calls, at = [], self._body(text, start)
         while text.startswith("{", at):
             name, arguments, end = partial_call(text, at)
+            if start > 0 and _arguments_span(object_fields(text, at)) is None:
+                name = arguments = None  # after text, an object is a call once its arguments are written
             calls.append((name, arguments, end is not None))
             if end is None:
                 break

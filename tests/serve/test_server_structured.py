@@ -355,6 +355,26 @@ def test_the_text_around_a_call_is_the_same_whole_and_streamed(auto_base):
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "  \n "
 
 
+def test_a_llama3_call_amid_text_reads_the_same_whole_and_streamed(auto_base):
+    """vLLM's llama3_json reads a call with text before and after it (its tests' reply): the call,
+    finish_reason tool_calls, the text before it the content whole and streamed, the text after
+    dropped as vLLM drops it."""
+    base, parser = auto_base
+    if parser != "llama3_json":
+        pytest.skip("Llama 3's JSON calls")
+    reply = 'Here is the result: {"name": "get_time", "parameters": {"zone": "CET"}} Would you like more?'
+    body = dict({"messages": USER, "max_tokens": 150, "tools": [TIME]}, **forced(reply))
+    choice = json.loads(call(base, "/v1/chat/completions", body)[1])["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Here is the result: "
+    [made] = choice["message"]["tool_calls"]
+    assert made["function"] == {"name": "get_time", "arguments": '{"zone": "CET"}'}
+    chunks = sse(call(base, "/v1/chat/completions", dict(body, stream=True))[1])
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert "".join(d.get("content") or "" for d in deltas) == "Here is the result: "
+    assert [c["function"] for c in streamed_calls(deltas)] == [made["function"]]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
 # Two calls in each family's format: the time's, then the weather's
 TWO_CALLS = {
     "hermes": 'Both.<tool_call>{"name": "get_time", "arguments": {"zone": "CET"}}</tool_call>\n<tool_call>'

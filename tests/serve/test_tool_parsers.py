@@ -105,6 +105,58 @@ def test_edges(parser, text, content, made):
     assert [(c["name"], json.loads(c["arguments"])) for c in got] == made
 
 
+# vLLM's llama3_json tests' replies (tests/entrypoints/openai/tool_parsers/test_llama3_json_tool_parser.py)
+# and the calls it reads from them: a call amid text, ";" with spaces around it, nested and escaped values
+LLAMA3_VLLM = [
+    ('Here is the result: {"name": "getOpenIncidentsTool", "parameters": {}} Would you like to know more?',
+     [("getOpenIncidentsTool", {})], "Here is the result: "),
+    ('{"name": "searchTool", "parameters": {"query": "test1"}} ; {"name": "getOpenIncidentsTool", "parameters": {}} ; '
+     '{"name": "searchTool", "parameters": {"query": "test2"}}',
+     [("searchTool", {"query": "test1"}), ("getOpenIncidentsTool", {}), ("searchTool", {"query": "test2"})], None),
+    ('Here are the results: {"name": "searchTool", "parameters": {"query": "test1"}}; '
+     '{"name": "getOpenIncidentsTool", "parameters": {}}; {"name": "searchTool", "parameters": {"query": "test2"}} '
+     "Would you like to know more?",
+     [("searchTool", {"query": "test1"}), ("getOpenIncidentsTool", {}), ("searchTool", {"query": "test2"})],
+     "Here are the results: "),
+    ('{"name": "complexTool", "parameters": {"level1": {"level2": {"level3": {"level4": {"value": "deep"}}}}}}',
+     [("complexTool", {"level1": {"level2": {"level3": {"level4": {"value": "deep"}}}}})], None),
+    ('{"name": "searchTool", "parameters": {"query": "test {value} [complex]","nested": {"inner": "more {brackets}"}}}',
+     [("searchTool", {"query": "test {value} [complex]", "nested": {"inner": "more {brackets}"}})], None),
+    ('{"name": "parserTool", "parameters": {"text": "He said \\"Hello {world}\\""}}',
+     [("parserTool", {"text": 'He said "Hello {world}"'})], None),
+    ('{"name": "invalidTool", "parameters": {invalid json}', [], None),
+    ("This is just some text without any tool calls", [], None),
+]
+
+
+@pytest.mark.parametrize("reply,made,before", LLAMA3_VLLM)
+def test_llama3_json_reads_the_calls_vllms_tests_read(reply, made, before):
+    """The calls vLLM's llama3_json parser reads from its tests' replies, text around them too (the
+    text after the calls dropped, as vLLM drops it). The content is the text before the calls:
+    vLLM's whole reply gives none there, but its stream sends that text as content, and a stream
+    cannot take back what it sent; so here both give it. Streamed, the calls add up to the whole's."""
+    reader = tool_parser("llama3_json")
+    content, got = reader.parse(reply)
+    assert [(c["name"], json.loads(c["arguments"])) for c in got] == made
+    assert content == (before if made else reply)
+    names = {n for n, _ in made}
+    for step in (1, 4):
+        assert [(n, a) for _, n, a in stream(reader, reply, names, step)] == [(c["name"], c["arguments"]) for c in got]
+        if made:  # the stream's text stops where the calls begin, before or at the first character of their object
+            assert reply[:reader.call_start(reply)] == (before or "")
+
+
+def test_llama3_json_text_with_an_object_that_is_no_call_is_text():
+    """After text, an object is a call only with its name first and its arguments written: an
+    answer's JSON that names something is text, and waits (streamed) only while it may be a call."""
+    reader = tool_parser("llama3_json")
+    for reply in ('The user is {"name": "Bob", "age": 3}', "Use {x} in the template.", 'Say {"nam" and go'):
+        assert reader.parse(reply) == (reply, [])
+        assert [(n, a) for _, n, a in stream(reader, reply, {"Bob"}, 1)] == []
+    assert reader.call_start("Use {x} in") is None and reader.call_start('Use { "na') == 4
+    assert reader.call_start("Use {") == 4 and reader.call_start('Say {"nam" and') is None
+
+
 NON_ASCII = {"city": "Zürich", "note": "naïve \"quoted\" 東京 🌧", "tags": ["ü", {"é": None}]}
 
 
