@@ -457,6 +457,8 @@ class FirstCall:
         self.parser = parser
 
     def __getattr__(self, name):
+        if name == "parser":  # not set yet (an object made without __init__): no recursion
+            raise AttributeError(name)
         return getattr(self.parser, name)
 
     def parse(self, text: str) -> tuple:

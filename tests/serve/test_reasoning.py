@@ -102,6 +102,19 @@ def test_harmony_calls_stream_as_they_are_written(thought, arguments, tight):
         assert all("<|" not in (a or "") for _, a, _ in parser.partial(reply[:end]))
 
 
+def test_parallel_tool_calls_false_keeps_harmonys_first_call_whole_and_streamed():
+    """gpt-oss writes each call as a commentary message: with parallel_tool_calls false the first is
+    kept (vLLM drops the rest), read whole and streamed alike; the parser's other readings are its own."""
+    from linnet.serve.tool_parsers import FirstCall
+
+    parser = FirstCall(reasoning_parser("openai_gptoss"))
+    reply = harmony_reply("Two calls.", "", call='{"zone": "UTC"}')
+    two = reply + "<|start|>assistant<|channel|>commentary to=functions.g <|constrain|>json<|message|>{}<|call|>"
+    assert parser.parse(two) == (None, [{"name": "f", "arguments": '{"zone": "UTC"}'}])
+    assert [(n, a) for _, n, a in stream(parser, two, {"f", "g"})] == [("f", '{"zone": "UTC"}')]
+    assert parser.reads_whole_reply and parser.split(two) == reasoning_parser("openai_gptoss").split(two)
+
+
 def test_a_reasoning_models_structured_answer_waits_for_the_end_of_its_thinking():
     """The server asks the engine to hold a structure only after the thinking's end (the engine's
     side: test_structured); a template that has closed the thinking already leaves it from the start."""
