@@ -1097,6 +1097,64 @@ def test_earlier_tool_calls_reach_the_template_as_transformers_documents_them():
         assert err.value.status == 400
 
 
+# A template shaped as Qwen2.5's (Hermes' tags): tools listed in the system turn, each earlier call
+# a <tool_call> of its arguments, consecutive tool results one user turn
+QWEN_TOOL_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}"
+    '{%- else %}{{- \'You are Qwen.\' }}{%- endif %}{{- "\\n\\n# Tools\\n\\n<tools>" }}'
+    '{%- for tool in tools %}{{- "\\n" }}{{- tool | tojson }}'
+    '{%- endfor %}{{- "\\n</tools><|im_end|>\\n" }}{%- endif %}\n{%- for message in messages %}'
+    '{%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}{{- \'<|im_start|>\' + message.role + \'\\n\' + message.content + \'<|im_end|>\' + \'\\n\' }}'
+    '{%- elif message.role == "assistant" %}{{- \'<|im_start|>\' + message.role }}'
+    "{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}"
+    '{%- for tool_call in message.tool_calls %}{%- if tool_call.function is defined %}'
+    '{%- set tool_call = tool_call.function %}'
+    '{%- endif %}{{- \'\\n<tool_call>\\n{"name": "\' }}{{- tool_call.name }}{{- \'", "arguments": \' }}{{- tool_call.arguments | tojson }}{{- \'}\\n</tool_call>\' }}'
+    '{%- endfor %}{{- \'<|im_end|>\\n\' }}{%- elif message.role == "tool" %}'
+    '{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}{{- \'<|im_start|>user\' }}'
+    "{%- endif %}{{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}"
+    '{%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}{{- \'<|im_end|>\\n\' }}'
+    '{%- endif %}{%- endif %}{%- endfor %}'
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}")
+
+
+def test_a_history_of_several_calls_and_their_results_renders_as_transformers_renders_it():
+    """Two calls in one assistant turn (non-ASCII and escaped arguments, sent as OpenAI's clients
+    send them, JSON text), their two tool results, then an answer and a new question, with the
+    tools: the prompt is transformers' apply_chat_template's over the same conversation (the
+    arguments as objects, as transformers documents them)."""
+    from transformers import PreTrainedTokenizerFast
+
+    from linnet.serve.openai_api import chat_job
+
+    from .test_structured import byte_tokenizer
+
+    tok = byte_tokenizer(300, bytes(range(128, 256)))  # every byte a token: the text is kept whole
+    tok.chat_template = QWEN_TOOL_TEMPLATE
+    reference = PreTrainedTokenizerFast(tokenizer_object=tok.backend)
+    reference.chat_template = QWEN_TOOL_TEMPLATE
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather ü", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]
+    made = [("get_weather", {"city": 'Zürich "old town"'}), ("get_time", {})]
+
+    def conversation(arguments):
+        return [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather and time?"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": f"call_{k}", "type": "function", "function": {"name": n, "arguments": arguments(a)}}
+                    for k, (n, a) in enumerate(made)]},
+                {"role": "tool", "content": "Sunny", "tool_call_id": "call_0"},
+                {"role": "tool", "content": "12:00", "tool_call_id": "call_1"},
+                {"role": "assistant", "content": "Sunny at noon."}, {"role": "user", "content": "Thanks"}]
+
+    expected = reference.apply_chat_template(conversation(lambda a: a), tools=tools, tokenize=False,
+                                             add_generation_prompt=True)
+    assert '{"city": "Zürich \\"old town\\""}' in expected and expected.count("<tool_response>") == 2
+    job = chat_job({"messages": conversation(json.dumps), "tools": tools, "tool_choice": "none"}, tok, 4096)
+    assert tok.decode(job.requests[0].prompt) == expected
+
+
 def test_text_parts_are_a_line_each_as_vllm_and_llama_cpp_join_them():
     """A message's text parts reach the template as one text, a line each: vLLM's chat parser and
     llama.cpp's server join them with a newline (transformers would hand the template the list,
