@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 import threading
 import time
@@ -37,7 +38,7 @@ from linnet.serve.stats import Stats
 SERVING_WINDOW = 1 << 16  # latency samples a serving engine keeps for its percentiles
 
 
-@dataclass
+@dataclass(eq=False)  # one request in flight is itself alone: list.remove and `in` by identity
 class _Live:
     """A request in flight: its row, its tokens, how many of them are in the cache."""
 
@@ -127,7 +128,9 @@ class Engine:
         self.row_tokens: list = [[] for _ in range(self.rows)]  # tokens whose k/v each row holds, from 0
         self.waiting: list = []  # _Live without a row yet (row = -1)
         self.live: list = []
-        self.cancelled: set = set()
+        # request id -> its _Live, from submission to its end: an id names one request in flight
+        self.in_flight: dict = {}
+        self.cancelled: dict = {}  # request id -> the request cancel() found in flight under it
         self._fresh_stats()
         self.lock = threading.Lock()
         self.wakeup = threading.Event()
@@ -140,10 +143,13 @@ class Engine:
     # ------------------------------------------------------------ submitting
 
     def submit(self, req: Request, listener=None) -> Completion:
-        """Queues a request; raises `RequestError` at once if it can never run.
+        """Queues a request; raises `RequestError` at once if it can never run, or if a request
+        with its id is in flight (submitted and not ended; that one goes on), as vLLM refuses one.
 
         `listener`, an (event loop, asyncio.Queue) pair, is told of every new token and of the end.
         """
+        if not isinstance(req, Request):
+            raise TypeError(f"submit takes a linnet.serve.Request, not {type(req).__name__}")
         req.validate(self.vocab, self.max_seq)
         if req.allowed_token_ids is not None and req.min_tokens and set(req.allowed_token_ids) <= self._enders(req):
             raise RequestError(f"{req.id}: every token allowed_token_ids allows would end the request, and min_tokens "
@@ -161,6 +167,11 @@ class Engine:
             raise RequestError(f"{req.id}: no token of allowed_token_ids can begin the structure asked for",
                                "allowed_token_ids")
         with self.lock:
+            if req.id in self.in_flight:
+                raise RequestError(f"{req.id}: a request with this id is already in flight (submitted, not yet "
+                                   f"ended): give each request its own id (the same Request submitted twice shares "
+                                   f"one; dataclasses.replace(req, id=...) makes a copy with another)", "id")
+            self.in_flight[req.id] = item
             self.waiting.append(item)
             self.stats.prompt_tokens += len(req.prompt)
         self.wakeup.set()
@@ -180,9 +191,13 @@ class Engine:
         return self._guide
 
     def cancel(self, request_id: str) -> None:
-        """Stops a request; its row is freed before the next pass."""
+        """Stops the request in flight with this id (finish_reason "cancelled"); its row is freed
+        before the next pass. An id not in flight (unknown, or ended) is ignored, as vLLM's abort
+        ignores one: a request submitted later under it is not cancelled."""
         with self.lock:
-            self.cancelled.add(request_id)
+            x = self.in_flight.get(request_id)
+            if x is not None:
+                self.cancelled[request_id] = x
         self.wakeup.set()
 
     def has_work(self) -> bool:
@@ -266,14 +281,21 @@ class Engine:
         """Runs every request to its end; returns their completions (in order) and the run's stats.
 
         A request that cannot run is returned with finish_reason "error" and its message; the rest run.
+        Each entry runs on its own, as vLLM's `LLM.generate` runs a prompt listed n times n times: a
+        request given again (the same object, as `[req] * n` gives it, or another with its id) runs
+        as a copy under its id and "#2", "#3", ... (its completion's `request`).
         """
         self._not_looping("run")
+        requests = list(requests)
+        odd = [r for r in requests if not isinstance(r, Request)]
+        if odd:
+            raise TypeError(f"run takes a list of linnet.serve.Request, not one holding a {type(odd[0]).__name__}")
         self._fresh_stats()
         completions = []
         try:
             for req in requests:
                 try:
-                    completions.append(self.submit(req))
+                    completions.append(self.submit(self._own_id(req)))
                 except RequestError as err:
                     completions.append(Completion(req, finish_reason="error", error=str(err)))
                     self.stats.ended("error")
@@ -292,6 +314,15 @@ class Engine:
         self.stats.seconds = time.perf_counter() - start  # the run's wall time, its steps' and what joins them
         self._count_compiles()
         return completions, self.stats
+
+    def _own_id(self, req: Request) -> Request:
+        """`req`, or where its id is in flight, a copy under the first of its id and "#2", "#3", ... that is not."""
+        if req.id not in self.in_flight:
+            return req
+        k = 2
+        while f"{req.id}#{k}" in self.in_flight:
+            k += 1
+        return dataclasses.replace(req, id=f"{req.id}#{k}")
 
     def _fresh_stats(self, window: int | None = None) -> None:
         self.stats = Stats(window=window)
@@ -672,6 +703,7 @@ class Engine:
     def _finish(self, x: _Live, reason: str):
         x.comp.finish_reason = reason
         self.stats.ended(reason)
+        self.in_flight.pop(x.req.id, None)
         if x.comp.text is None and self.tokenizer is not None:
             x.comp.text = self._text(x, x.generated)
         self.live.remove(x)
@@ -680,25 +712,30 @@ class Engine:
         self.free_rows.append(x.row)
 
     def _drop_cancelled(self):
-        if not self.cancelled:
-            return
-        for x in list(self.live) + list(self.waiting):
-            if x.req.id in self.cancelled:
-                x.comp.finish_reason = "cancelled"
-                self.stats.ended("cancelled")
-                if x in self.live:
-                    self.live.remove(x)
-                    self.free_rows.append(x.row)
-                    # Only what is in the cache stays valid for reuse.
-                    self.row_tokens[x.row] = self.row_tokens[x.row][:x.cached]
-                else:
-                    self.waiting.remove(x)
-                for other in self.live:
-                    if other.leader is x:
-                        other.leader = None
-                        other.share = 0
-                self._notify(x)
-        self.cancelled.clear()
+        cancelled, self.cancelled = self.cancelled, {}
+        for x in cancelled.values():
+            if x.comp.finish_reason is None:  # (it may have ended since cancel() found it)
+                self._drop(x, "cancelled")
+
+    def _drop(self, x: _Live, reason: str, error: str | None = None):
+        """Ends x between passes, where it is: queued, or in its row (freed, what it cached still valid)."""
+        x.comp.finish_reason, x.comp.error = reason, error
+        self.stats.ended(reason)
+        self.in_flight.pop(x.req.id, None)
+        if x.comp.text is None and self.tokenizer is not None:  # the text of the tokens it has, as _finish gives
+            x.comp.text = self._text(x, x.generated)
+        if x in self.live:
+            self.live.remove(x)
+            self.free_rows.append(x.row)
+            # Only what is in the cache stays valid for reuse.
+            self.row_tokens[x.row] = self.row_tokens[x.row][:x.cached]
+        else:
+            self.waiting.remove(x)
+        for other in self.live:
+            if other.leader is x:
+                other.leader = None
+                other.share = 0
+        self._notify(x)
 
     # ------------------------------------------------------------ incremental API (the server's)
 
@@ -767,7 +804,7 @@ class Engine:
         so that a request submitted meanwhile is ended too, not dropped unheard."""
         with self.lock:
             ended, self.live, self.waiting = self.live + self.waiting, [], []
-            self.cancelled.clear()
+            self.in_flight, self.cancelled = {}, {}
         for x in ended:
             x.comp.finish_reason, x.comp.error = "error", error
             self.stats.ended("error")

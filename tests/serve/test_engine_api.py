@@ -1,0 +1,83 @@
+"""The engine's Python API at its edges: request ids (one a request in flight, as vLLM has them).
+Tokens are checked against a plain greedy loop over the model's entries (`reference_greedy`)."""
+
+import dataclasses
+
+import pytest
+
+from linnet.serve import Engine, Request, RequestError
+from tests.serve.conftest import make_model
+from tests.serve.test_engine import prompts, reference_greedy
+
+
+@pytest.fixture(scope="module", params=["torch", "jax"])
+def model(request):
+    # JAX's runner looks ahead (a decode step out before the last is read): cancel() meets one there
+    return make_model(request.param)
+
+
+def test_an_id_in_flight_is_refused_and_the_request_running_goes_on(model):
+    """vLLM refuses a request whose id is in flight; so does submit: the same Request object again,
+    or another with its id. The one in flight is untouched, and its id is free once it has ended."""
+    p, q = prompts(2, 6, 9, seed=71)
+    engine = Engine(model)
+    first = Request(prompt=p, max_new_tokens=6)
+    comp = engine.submit(first)
+    engine.step()
+    for again in (first, Request(prompt=q, max_new_tokens=3, id=first.id)):
+        with pytest.raises(RequestError, match=f"{first.id}: a request with this id is already in flight") as err:
+            engine.submit(again)
+        assert err.value.field == "id"
+    while engine.has_work():
+        engine.step()
+    assert (comp.finish_reason, comp.tokens) == ("length", reference_greedy(model, p, 6))
+    assert engine.stats.finished == {"length": 1} and engine.stats.prompt_tokens == len(p)  # the refused: nothing
+    again = engine.submit(first)  # ended: its id may be used again
+    while engine.has_work():
+        engine.step()
+    assert again is not comp and (again.finish_reason, again.tokens) == ("length", reference_greedy(model, p, 6))
+
+
+def test_cancel_stops_the_request_in_flight_then_not_a_later_one_with_its_id(model):
+    """cancel(id) ends the request in flight under that id; an id not in flight is ignored (as
+    vLLM's abort): the request submitted after it under the same id runs to its end."""
+    p = prompts(1, 6, 9, seed=72)[0]
+    engine = Engine(model)
+    req = Request(prompt=p, max_new_tokens=8)
+    comp = engine.submit(req)
+    engine.step()
+    engine.cancel(req.id)
+    engine.step()
+    assert comp.finish_reason == "cancelled" and len(engine.free_rows) == model.batch
+    engine.cancel(req.id)  # ended: nothing to cancel
+    engine.cancel("no-such-request")
+    later = engine.submit(req)
+    while engine.has_work():
+        engine.step()
+    assert (later.finish_reason, later.tokens) == ("length", reference_greedy(model, p, 8))
+    assert engine.stats.finished == {"cancelled": 1, "length": 1}
+
+
+def test_run_given_a_request_n_times_runs_it_n_times(model):
+    """run([req] * n), as vLLM's LLM.generate([prompt] * n): n requests, each on its own, the
+    later under the id and "#2", "#3"; two requests with one explicit id alike."""
+    p, q = prompts(2, 5, 9, seed=73)
+    req = Request(prompt=p, max_new_tokens=5)
+    done, stats = Engine(model).run([req] * 3)
+    assert [c.id for c in done] == [req.id, f"{req.id}#2", f"{req.id}#3"]
+    assert done[0].request is req and [dataclasses.replace(c.request, id=req.id) for c in done[1:]] == [req] * 2
+    assert [(c.finish_reason, c.tokens) for c in done] == [("length", reference_greedy(model, p, 5))] * 3
+    assert stats.generated_tokens == 15 and stats.finished == {"length": 3}
+
+    given = [Request(prompt=p, max_new_tokens=4, id="x"), Request(prompt=q, max_new_tokens=4, id="x#2"),
+             Request(prompt=q, max_new_tokens=4, id="x")]
+    done, _ = Engine(model).run(given)
+    assert [c.id for c in done] == ["x", "x#2", "x#3"]
+    assert [c.tokens for c in done] == [reference_greedy(model, x, 4) for x in (p, q, q)]
+
+
+def test_run_refuses_what_is_no_request_up_front(model):
+    engine = Engine(model)
+    with pytest.raises(TypeError, match="run takes a list of linnet.serve.Request, not one holding a dict"):
+        engine.run([Request(prompt=[1, 2]), {"prompt": [1, 2]}])
+    assert not engine.has_work()  # the good one was not left queued
