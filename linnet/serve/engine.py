@@ -36,6 +36,7 @@ from linnet.serve.stats import Stats
 
 
 SERVING_WINDOW = 1 << 16  # latency samples a serving engine keeps for its percentiles
+STOPPED = "the engine was stopped (Engine.stop) before this request ended"
 
 
 @dataclass(eq=False)  # one request in flight is itself alone: list.remove and `in` by identity
@@ -777,11 +778,19 @@ class Engine:
         self._thread.start()
 
     def stop(self) -> None:
+        """Ends the background loop, and every request not yet ended: finish_reason "error" and
+        `STOPPED` as its error, its stream told (a consumer would otherwise wait for a start()
+        that may never come: a server shutting down). Rows keep what they cached, for reuse."""
         self._stopping = True
         self.wakeup.set()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        with self.lock:  # (a request submitted meanwhile is ended too, or queued after)
+            self.cancelled = {}
+            for x in self.live + self.waiting:
+                self._drop(x, "error", STOPPED)
+        self._tell_listeners()
 
     def _loop(self):
         with self.stepping():

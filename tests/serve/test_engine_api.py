@@ -1,18 +1,21 @@
-"""The engine's Python API at its edges: request ids (one a request in flight, as vLLM has them).
+"""The engine's Python API at its edges: request ids (one a request in flight, as vLLM has them)
+and stop() with streams open.
 Tokens are checked against a plain greedy loop over the model's entries (`reference_greedy`)."""
 
+import asyncio
 import dataclasses
 
 import pytest
 
 from linnet.serve import Engine, Request, RequestError
+from linnet.serve import engine as engine_module
 from tests.serve.conftest import make_model
 from tests.serve.test_engine import prompts, reference_greedy
 
 
 @pytest.fixture(scope="module", params=["torch", "jax"])
 def model(request):
-    # JAX's runner looks ahead (a decode step out before the last is read): cancel() meets one there
+    # JAX's runner looks ahead (a decode step out before the last is read): stop() and cancel() meet one there
     return make_model(request.param)
 
 
@@ -81,3 +84,38 @@ def test_run_refuses_what_is_no_request_up_front(model):
     with pytest.raises(TypeError, match="run takes a list of linnet.serve.Request, not one holding a dict"):
         engine.run([Request(prompt=[1, 2]), {"prompt": [1, 2]}])
     assert not engine.has_work()  # the good one was not left queued
+
+
+def test_stop_ends_open_streams_with_an_error(model):
+    """Engine.stop() with streams open (a server shutting down): each ends, with finish_reason
+    "error" and the engine's reason, as vLLM's abort ends a request; before, each waited for a
+    start() that might never come. Those queued without a row end too. What each got is the start
+    of a plain greedy loop's tokens, and the engine runs on afterwards from rows it can reuse."""
+    ps = prompts(model.batch + 3, 6, 10, seed=74)  # more than the rows: some wait in the queue
+    engine = Engine(model)
+    engine.warmup([10])
+
+    async def main():
+        streams = [engine.stream(Request(prompt=p, max_new_tokens=60)) for p in ps]
+        iterators = [s.__aiter__() for s in streams]
+        new, reason = await asyncio.wait_for(iterators[0].__anext__(), 60)  # the engine is under way
+        assert new and reason is None
+        engine.stop()
+
+        async def rest(it):
+            return [item async for item in it]
+        ends = await asyncio.wait_for(asyncio.gather(*(rest(it) for it in iterators)), 10)  # none hangs
+        return streams, [e[-1][1] for e in ends]
+
+    engine.start()
+    streams, reasons = asyncio.run(main())
+    assert reasons == ["error"] * len(ps)
+    for p, s in zip(ps, streams):
+        c = s.completion
+        assert (c.finish_reason, c.error) == ("error", engine_module.STOPPED)
+        assert len(c.tokens) < 60 and c.tokens == reference_greedy(model, p, 60)[:len(c.tokens)]
+    assert any(not s.completion.tokens for s in streams)  # those still queued
+    assert engine.stats.finished == {"error": len(ps)} and not engine.has_work() and not engine.in_flight
+    assert sorted(engine.free_rows) == list(range(model.batch))
+    done, _ = engine.run([Request(prompt=ps[0], max_new_tokens=5)])
+    assert done[0].tokens == reference_greedy(model, ps[0], 5)
