@@ -47,6 +47,7 @@ class _Live:
     comp: Completion
     row: int
     seed: int
+    prompt: list  # the request's prompt as Python ints (it may come as a numpy array, or a tuple)
     tokens: list  # prompt + generated
     cached: int = 0  # positions of the row holding this request's tokens
     leader: "_Live | None" = None  # a request prefilling the same prompt, to copy from once it has
@@ -62,7 +63,7 @@ class _Live:
 
     @property
     def prompt_len(self) -> int:
-        return len(self.req.prompt)
+        return len(self.prompt)
 
     @property
     def generated(self) -> list:
@@ -152,6 +153,7 @@ class Engine:
         if not isinstance(req, Request):
             raise TypeError(f"submit takes a linnet.serve.Request, not {type(req).__name__}")
         req.validate(self.vocab, self.max_seq)
+        prompt = [int(t) for t in req.prompt]
         if req.allowed_token_ids is not None and req.min_tokens and set(req.allowed_token_ids) <= self._enders(req):
             raise RequestError(f"{req.id}: every token allowed_token_ids allows would end the request, and min_tokens "
                                f"({req.min_tokens}) keeps those out until then: nothing could be drawn",
@@ -161,7 +163,7 @@ class Engine:
         matcher = None if req.structure is None else self.guide().matcher(req.structure, req.id)
         comp = Completion(req, submitted_at=time.perf_counter())
         seed = req.seed if req.seed is not None else self.rng.getrandbits(31)
-        item = _Live(req, comp, -1, seed, list(req.prompt), matcher=matcher, structuring=req.structure_after is None,
+        item = _Live(req, comp, -1, seed, prompt, list(prompt), matcher=matcher, structuring=req.structure_after is None,
                      allowed=None if req.allowed_token_ids is None else packed_mask(req.allowed_token_ids, self.vocab),
                      listeners=[listener] if listener else [])
         if item.masked and item.allowed is not None and not item.mask(self._guide.allowed([matcher])[0]).any():
@@ -174,7 +176,7 @@ class Engine:
                                    f"one; dataclasses.replace(req, id=...) makes a copy with another)", "id")
             self.in_flight[req.id] = item
             self.waiting.append(item)
-            self.stats.prompt_tokens += len(req.prompt)
+            self.stats.prompt_tokens += len(prompt)
         self.wakeup.set()
         return comp
 
@@ -393,7 +395,7 @@ class Engine:
     def _admit(self):
         while self.waiting and self.free_rows:
             item = self.waiting.pop(0)
-            prompt = item.req.prompt
+            prompt = item.prompt
             scored = item.req.prompt_logprobs is not None
             if scored:
                 # Scoring its prompt needs every prompt position's logits, so it reuses no cached prefix;
@@ -421,7 +423,7 @@ class Engine:
 
     def _find_source(self, item: _Live):
         """Looks for a longer prefix in another row, or in a request still prefilling it."""
-        prompt = item.req.prompt
+        prompt = item.prompt
         best_row, best = -1, item.cached
         for r in range(self.rows):
             if r == item.row:
@@ -431,7 +433,7 @@ class Engine:
                 best_row, best = r, n
         leader = None
         for other in self.live:
-            n = min(common_prefix(other.req.prompt, prompt), len(prompt) - 1)
+            n = min(common_prefix(other.prompt, prompt), len(prompt) - 1)
             if other is not item and other.cached < n and n > best and n >= self._worth(prompt) and other.leader is None:
                 leader, best = other, n
         if leader is not None:
@@ -448,12 +450,12 @@ class Engine:
                 if leader.comp.finish_reason is not None or leader.cached >= n:
                     item.leader = None
                     src_tokens = self.row_tokens[leader.row]
-                    n = min(n, common_prefix(src_tokens, item.req.prompt))
-                    if n >= self._worth(item.req.prompt) and n > item.cached:
+                    n = min(n, common_prefix(src_tokens, item.prompt))
+                    if n >= self._worth(item.prompt) and n > item.cached:
                         copies.append((leader.row, item, n))
             elif item.copy_from is not None:
                 (row, n), item.copy_from = item.copy_from, None
-                n = min(n, common_prefix(self.row_tokens[row], item.req.prompt))
+                n = min(n, common_prefix(self.row_tokens[row], item.prompt))
                 if n > item.cached:
                     copies.append((row, item, n))
         if not copies:
@@ -607,7 +609,7 @@ class Engine:
         for x in items:
             mask = x.mask(next(masks) if x.masked else None)
             x.cornered = mask is not None and not mask.any()
-            histories.append((x.req.prompt, x.generated, self._bias(x, ahead), mask))
+            histories.append((x.prompt, x.generated, self._bias(x, ahead), mask))
         return histories
 
     def _enders(self, req: Request) -> set:
@@ -680,7 +682,7 @@ class Engine:
             # passed, whatever other, longer stop strings the request has.
             if x.decoder is None:
                 x.decoder = self.tokenizer.incremental_decoder(skip_special_tokens=req.skip_special_tokens,
-                                                               context=req.prompt)
+                                                               context=x.prompt)
             seen = len(x.text)
             x.text += x.decoder.push(token)
             found = [(at, -len(s)) for at, s in ((x.text.find(s, max(0, seen - len(s) + 1)), s) for s in req.stop)
@@ -698,7 +700,7 @@ class Engine:
         """The text `ids` add after x's prompt, less a character they stop partway through (its
         U+FFFD): a reply ends there, at max_tokens or before a stop token, as vLLM's detokenizer,
         which never emits a part of a character, ends it."""
-        text = self.tokenizer.decode_after(x.req.prompt, ids, skip_special_tokens=x.req.skip_special_tokens)
+        text = self.tokenizer.decode_after(x.prompt, ids, skip_special_tokens=x.req.skip_special_tokens)
         return self.tokenizer.without_cut_character(text, ids)
 
     def _finish(self, x: _Live, reason: str):

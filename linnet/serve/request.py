@@ -57,7 +57,7 @@ def _is_number(x) -> bool:
 
 @dataclass
 class Request:
-    prompt: list  # token ids
+    prompt: list  # token ids: a list, a tuple or a 1-D integer numpy array
     max_new_tokens: int = 16
     temperature: float = 0.0  # 0 (or below 1e-5, as vLLM has it): greedy
     top_k: int = 0  # 0: no limit
@@ -112,14 +112,23 @@ class Request:
         """A `RequestError` naming the first field that cannot run as given: of the wrong type, NaN,
         or out of its range. Checked at submission, so that a bad request fails alone; nothing
         that passes may fail inside a step, where it would take the step's other requests with it."""
-        if not isinstance(self.prompt, (list, tuple)):
+        if isinstance(self.prompt, np.ndarray) and self.prompt.ndim != 1:  # a tokenizer's batch of one: (1, n)
+            raise RequestError(f"{self.id}: the prompt must be a list of token ids (a 1-D array), not an array of "
+                               f"shape {self.prompt.shape}", "prompt")
+        if not isinstance(self.prompt, (list, tuple, np.ndarray)):
             raise RequestError(f"{self.id}: the prompt must be a list of token ids, not {type(self.prompt).__name__}",
                                "prompt")
-        if not self.prompt:
+        if not len(self.prompt):
             raise RequestError(f"{self.id}: the prompt is empty", "prompt")
-        bad = [t for t in self.prompt if not is_int(t) or not 0 <= t < vocab]
+        if isinstance(self.prompt, np.ndarray) and self.prompt.dtype.kind not in "iu":
+            raise RequestError(f"{self.id}: the prompt must hold integer token ids, not a {self.prompt.dtype} array",
+                               "prompt")
+        odd = [t for t in self.prompt if not is_int(t)]
+        if odd:
+            raise RequestError(f"{self.id}: token id {odd[0]!r} is not an integer", "prompt")
+        bad = [t for t in self.prompt if not 0 <= t < vocab]
         if bad:
-            raise RequestError(f"{self.id}: token id {bad[0]!r} is outside the vocabulary [0, {vocab})", "prompt")
+            raise RequestError(f"{self.id}: token id {int(bad[0])} is outside the vocabulary [0, {vocab})", "prompt")
         if not is_int(self.max_new_tokens) or self.max_new_tokens < 0:
             raise RequestError(f"{self.id}: max_new_tokens must be an integer >= 0, not {self.max_new_tokens!r}",
                                "max_new_tokens")

@@ -1,16 +1,17 @@
-"""The engine's Python API at its edges: request ids (one a request in flight, as vLLM has them)
-and stop() with streams open.
+"""The engine's Python API at its edges: request ids (one a request in flight, as vLLM has them),
+stop() with streams open and prompts as numpy arrays.
 Tokens are checked against a plain greedy loop over the model's entries (`reference_greedy`)."""
 
 import asyncio
 import dataclasses
 
+import numpy as np
 import pytest
 
 from linnet.serve import Engine, Request, RequestError
 from linnet.serve import engine as engine_module
 from tests.serve.conftest import make_model
-from tests.serve.test_engine import prompts, reference_greedy
+from tests.serve.test_engine import prompts, reference_greedy, word_tokenizer
 
 
 @pytest.fixture(scope="module", params=["torch", "jax"])
@@ -119,3 +120,38 @@ def test_stop_ends_open_streams_with_an_error(model):
     assert sorted(engine.free_rows) == list(range(model.batch))
     done, _ = engine.run([Request(prompt=ps[0], max_new_tokens=5)])
     assert done[0].tokens == reference_greedy(model, ps[0], 5)
+
+
+@pytest.mark.parametrize("kind", ["int64 array", "int32 array", "uint16 array", "tuple", "list of numpy ints"])
+def test_a_prompt_as_a_numpy_array_or_tuple_runs_as_a_list(model, kind):
+    """A tokenizer's numpy output as the prompt: the tokens and text a list of ints gives (here
+    with a stop string, decoded with the prompt as its context)."""
+    p = prompts(1, 8, 8, seed=75)[0]
+    make = {"int64 array": lambda: np.array(p), "int32 array": lambda: np.array(p, np.int32),
+            "uint16 array": lambda: np.array(p, np.uint16), "tuple": lambda: tuple(p),
+            "list of numpy ints": lambda: [np.int64(t) for t in p]}[kind]
+    ref = reference_greedy(model, p, 8)
+    model.tokenizer = word_tokenizer(model.vocab)
+    try:
+        (as_list,), _ = Engine(model).run([Request(prompt=p, max_new_tokens=8, stop=[f"t{ref[5]}"])])
+        done, stats = Engine(model).run([Request(prompt=make(), max_new_tokens=8, stop=[f"t{ref[5]}"])])
+    finally:
+        model.tokenizer = None
+    assert as_list.finish_reason == "stop" and as_list.tokens == ref[:len(as_list.tokens)]
+    assert (done[0].finish_reason, done[0].tokens, done[0].text) == ("stop", as_list.tokens, as_list.text)
+    assert stats.prompt_tokens == len(p)
+
+
+@pytest.mark.parametrize("prompt, needle", [
+    (np.array([1.0, 2.0]), "the prompt must hold integer token ids, not a float64 array"),
+    (np.array([True, False]), "the prompt must hold integer token ids, not a bool array"),
+    (np.array([[1, 2, 3]]), r"the prompt must be a list of token ids \(a 1-D array\), not an array of shape \(1, 3\)"),
+    (np.array(3), r"not an array of shape \(\)"),
+    (np.array([], np.int64), "the prompt is empty"),
+    (np.array([3, 100000]), r"token id 100000 is outside the vocabulary \[0, 128\)"),
+    ([1, 2.0], "token id 2.0 is not an integer"), ([True], "token id True is not an integer"),
+])
+def test_a_prompt_of_other_numbers_or_shapes_is_refused(model, prompt, needle):
+    with pytest.raises(RequestError, match=needle) as err:
+        Engine(model).submit(Request(prompt=prompt))
+    assert err.value.field == "prompt"
