@@ -35,7 +35,7 @@ from linnet.serve.sampling import SamplingBatch
 from linnet.serve.stats import Stats
 
 
-SERVING_WINDOW = 1 << 16  # latency samples a serving engine keeps for its percentiles
+SERVING_WINDOW = 1 << 16  # latency samples a serving (or hand-stepped) engine keeps for its percentiles
 STOPPED = "the engine was stopped (Engine.stop) before this request ended"
 
 
@@ -133,7 +133,9 @@ class Engine:
         # request id -> its _Live, from submission to its end: an id names one request in flight
         self.in_flight: dict = {}
         self.cancelled: dict = {}  # request id -> the request cancel() found in flight under it
-        self._fresh_stats()
+        # Stepped by hand (submit, step), the engine runs as long as a server's loop does: its samples
+        # are a window too. run() takes stats of its own, every sample of the run.
+        self._fresh_stats(window=SERVING_WINDOW)
         self.lock = threading.Lock()
         self.wakeup = threading.Event()
         self._thread = None

@@ -1,5 +1,5 @@
 """The engine's Python API at its edges: request ids (one a request in flight, as vLLM has them),
-stop() with streams open and prompts as numpy arrays.
+stop() with streams open, prompts as numpy arrays, and the samples a hand-stepped engine keeps.
 Tokens are checked against a plain greedy loop over the model's entries (`reference_greedy`)."""
 
 import asyncio
@@ -155,3 +155,23 @@ def test_a_prompt_of_other_numbers_or_shapes_is_refused(model, prompt, needle):
     with pytest.raises(RequestError, match=needle) as err:
         Engine(model).submit(Request(prompt=prompt))
     assert err.value.field == "prompt"
+
+
+def test_an_engine_stepped_by_hand_keeps_a_window_of_samples(model, monkeypatch):
+    """Stepped by hand (submit, step), as a server's loop steps it, the engine keeps the latest
+    SERVING_WINDOW latency samples, not every one (about 100 bytes a request, without end); run()
+    keeps its own run's, all of them. The window's samples are the completions' own times."""
+    monkeypatch.setattr(engine_module, "SERVING_WINDOW", 3)
+    ps = prompts(6, 4, 8, seed=76)
+    engine = Engine(model)  # every prompt fits one pass: the first tokens come in submission order
+    comps = [engine.submit(Request(prompt=p, max_new_tokens=4)) for p in ps]
+    while engine.has_work():
+        engine.step()
+    ttft = [c.first_token_at - c.submitted_at for c in comps]
+    assert list(engine.stats.ttft) == ttft[3:]
+    assert list(engine.stats.token_latency) == [c.token_times[-1] - c.token_times[-2] for c in comps[3:]]
+    assert len(engine.stats.occupancy) == 3
+    assert engine.stats.summary()["ttft_s"]["p50"] == float(np.median(ttft[3:]))
+    assert engine.stats.generated_tokens == 24  # counters count everything
+    _, stats = engine.run([Request(prompt=p, max_new_tokens=4) for p in ps])
+    assert len(stats.ttft) == 6 and len(stats.token_latency) == 6 * 3
