@@ -848,9 +848,15 @@ class TokenStream:
     """One request's tokens as they come; `completion` holds the whole result. Leaving early cancels it."""
 
     def __init__(self, engine: Engine, req: Request):
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # (asyncio's own message, "no running event loop", names neither)
+            raise RuntimeError("Engine.stream() is called from a coroutine: its tokens come through the running "
+                               "event loop; without one, submit() the request and step() the engine "
+                               "(or start() it) until its completion ends") from None
         self.engine = engine
         self.queue: asyncio.Queue = asyncio.Queue()
-        self.completion = engine.submit(req, listener=(asyncio.get_running_loop(), self.queue))
+        self.completion = engine.submit(req, listener=(loop, self.queue))
 
     async def __aiter__(self):
         seen = 0

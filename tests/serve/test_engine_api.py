@@ -62,6 +62,28 @@ def test_cancel_stops_the_request_in_flight_then_not_a_later_one_with_its_id(mod
     assert engine.stats.finished == {"cancelled": 1, "length": 1}
 
 
+def test_a_cancelled_request_has_the_text_of_its_tokens(model):
+    """As a request that ends otherwise (and as vLLM's aborted output): the text of the tokens it
+    got, which was None."""
+    p = prompts(1, 6, 9, seed=77)[0]
+    model.tokenizer = word_tokenizer(model.vocab)
+    try:
+        engine = Engine(model)
+        comp = engine.submit(Request(prompt=p, max_new_tokens=8))
+        queued = engine.submit(Request(prompt=p, max_new_tokens=8))
+        engine.cancel(queued.id)  # before any step: it never had a row
+        for _ in range(3):
+            engine.step()
+        engine.cancel(comp.id)
+        engine.step()
+    finally:
+        model.tokenizer = None
+    assert comp.finish_reason == "cancelled" and 0 < len(comp.tokens) < 8
+    assert comp.tokens == reference_greedy(model, p, 8)[:len(comp.tokens)]
+    assert comp.text.split() == [f"t{t}" for t in comp.tokens]
+    assert (queued.finish_reason, queued.tokens, queued.text) == ("cancelled", [], "")
+
+
 def test_run_given_a_request_n_times_runs_it_n_times(model):
     """run([req] * n), as vLLM's LLM.generate([prompt] * n): n requests, each on its own, the
     later under the id and "#2", "#3"; two requests with one explicit id alike."""
@@ -175,3 +197,10 @@ def test_an_engine_stepped_by_hand_keeps_a_window_of_samples(model, monkeypatch)
     assert engine.stats.generated_tokens == 24  # counters count everything
     _, stats = engine.run([Request(prompt=p, max_new_tokens=4) for p in ps])
     assert len(stats.ttft) == 6 and len(stats.token_latency) == 6 * 3
+
+
+def test_a_stream_outside_a_coroutine_says_how_to_run_the_request(model):
+    engine = Engine(model)
+    with pytest.raises(RuntimeError, match=r"Engine.stream\(\) is called from a coroutine.*submit\(\) the request"):
+        engine.stream(Request(prompt=[1, 2]))
+    assert not engine.has_work() and not engine.in_flight  # nothing left queued
