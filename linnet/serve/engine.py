@@ -221,6 +221,10 @@ class Engine:
         every bucket up to their packed total (or the token budget, if less; with none given, up to
         the budget); a single length, only the passes that one prompt makes alone."""
         self._not_looping("warmup")
+        if self.live:  # (queued requests hold nothing yet: they run after it as ever)
+            raise RuntimeError(f"Engine.warmup() while {len(self.live)} request(s) hold cache rows: the warmup empties "
+                               f"the cache, and they went on from rows that no longer held their tokens; step them "
+                               f"to their end, or cancel them, first")
         lengths = list(prompt_lengths)
         bad = [n for n in lengths if not is_int(n) or n < 1]
         if bad:

@@ -204,3 +204,24 @@ def test_a_stream_outside_a_coroutine_says_how_to_run_the_request(model):
     with pytest.raises(RuntimeError, match=r"Engine.stream\(\) is called from a coroutine.*submit\(\) the request"):
         engine.stream(Request(prompt=[1, 2]))
     assert not engine.has_work() and not engine.in_flight  # nothing left queued
+
+
+def test_a_warmup_is_refused_while_requests_hold_rows_and_queued_ones_run_after_it(model):
+    """A warmup empties the cache (`model.reset()`): a request holding a row went on from a row
+    without its tokens, and drew other tokens than a plain greedy loop's, silently. Now the warmup
+    is refused, and the request ends as the loop has it; one queued without a row runs after one."""
+    p, q = prompts(2, 6, 9, seed=78)
+    engine = Engine(model)
+    held = engine.submit(Request(prompt=p, max_new_tokens=8))
+    engine.step()
+    engine.step()
+    with pytest.raises(RuntimeError, match=r"Engine.warmup\(\) while 1 request\(s\) hold cache rows"):
+        engine.warmup([4])
+    while engine.has_work():
+        engine.step()
+    queued = engine.submit(Request(prompt=q, max_new_tokens=8))
+    engine.warmup([4])
+    while engine.has_work():
+        engine.step()
+    assert [(c.finish_reason, c.tokens) for c in (held, queued)] == [("length", reference_greedy(model, x, 8))
+                                                                    for x in (p, q)]
