@@ -292,7 +292,8 @@ class Engine:
         A request that cannot run is returned with finish_reason "error" and its message; the rest run.
         Each entry runs on its own, as vLLM's `LLM.generate` runs a prompt listed n times n times: a
         request given again (the same object, as `[req] * n` gives it, or another with its id) runs
-        as a copy under its id and "#2", "#3", ... (its completion's `request`).
+        as a copy under its id and "#2", "#3", ... (its completion's `request`). Requests submitted
+        before and still in flight run with them: their own completions end, and the stats count them.
         """
         self._not_looping("run")
         requests = list(requests)
@@ -300,6 +301,8 @@ class Engine:
         if odd:
             raise TypeError(f"run takes a list of linnet.serve.Request, not one holding a {type(odd[0]).__name__}")
         self._fresh_stats()
+        # requests already in flight run with the run's, and its stats count their tokens and ends: their prompts too
+        self.stats.prompt_tokens = sum(x.prompt_len for x in self.waiting + self.live)
         completions = []
         try:
             for req in requests:

@@ -225,3 +225,15 @@ def test_a_warmup_is_refused_while_requests_hold_rows_and_queued_ones_run_after_
         engine.step()
     assert [(c.finish_reason, c.tokens) for c in (held, queued)] == [("length", reference_greedy(model, x, 8))
                                                                     for x in (p, q)]
+
+
+def test_requests_submitted_before_a_run_run_with_it_and_its_stats_count_them_whole(model):
+    """They end in the run, and its stats count their generated tokens and ends: their prompt
+    tokens too (counted at submission, before the run's stats began, they were left out)."""
+    p, q = prompts(2, 5, 9, seed=79)
+    engine = Engine(model)
+    before = engine.submit(Request(prompt=p, max_new_tokens=4))
+    done, stats = engine.run([Request(prompt=q, max_new_tokens=3)])
+    assert [(c.finish_reason, c.tokens) for c in (before, done[0])] == [("length", reference_greedy(model, p, 4)),
+                                                                       ("length", reference_greedy(model, q, 3))]
+    assert (stats.prompt_tokens, stats.generated_tokens, stats.finished) == (len(p) + len(q), 7, {"length": 2})
