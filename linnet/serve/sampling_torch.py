@@ -103,10 +103,10 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, adjustments: tuple | None
         else:
             seen_bits, shift = adjustments
         if np.any(batch.repetition != 1):
-            rep = upload(batch.repetition, device)[:, None]
-            penalized = torch.where(logits > 0, logits / rep, logits * rep)
-            logits = torch.where(unpack_bits(seen_bits, logits.shape[-1]), penalized, logits)
-        logits = logits + shift
+            logits = repetition_penalized(logits, upload(batch.repetition, device)[:, None], seen_bits)
+            logits += shift  # (a tensor of its own)
+        else:
+            logits = logits + shift
     if batch.greedy_only:
         tokens = logits.argmax(dim=-1)
     else:
@@ -130,6 +130,37 @@ def unpack_bits(words: torch.Tensor, n: int) -> torch.Tensor:
 _MINUS_INF_BITS = int(np.float32(-np.inf).view(np.int32))  # 0xFF800000, as an int32
 
 
+def _bit_words(bits: torch.Tensor, n: int) -> torch.Tensor:
+    """int32[K, n] from packed masks int32[K, ceil(n / 32)]: -1 (every bit set) where element j's
+    bit is, else 0; words that select between two tensors' bits by and/xor, cheaper on a CPU than
+    torch's where over a bool mask."""
+    shifts = torch.arange(32, device=bits.device, dtype=torch.int32)
+    words = bits[:, :, None] >> shifts
+    words &= 1
+    words.neg_()
+    return words.reshape(bits.shape[0], -1)[:, :n]
+
+
+def repetition_penalized(logits: torch.Tensor, rep: torch.Tensor, seen_bits: torch.Tensor) -> torch.Tensor:
+    """f32 logits [K, n] with the repetition penalty rep f32[K, 1] (> 0) on the tokens whose bit
+    packed masks int32[K, ceil(n / 32)] hold: z / rep where z > 0, z * rep otherwise, as
+    where(seen, where(z > 0, z / rep, z * rep), z) gives them, bit for bit, as a new tensor. The
+    choices are made on the values' bits: z / rep where z's sign bit is clear (+0 / rep is +0 * rep,
+    a NaN stays a NaN either way), seen tokens' bits xored in through a word of all ones. torch's
+    CPU where over bool masks, and the unpacked bools, cost several times as much (SmolLM2's 49k logits)."""
+    z = logits.contiguous().view(torch.int32)
+    chosen = (logits * rep).view(torch.int32)  # becomes the result, in place
+    divided = (logits / rep).view(torch.int32)
+    negative = z >> 31  # arithmetic: every bit set where the sign bit is
+    chosen ^= divided
+    chosen &= negative
+    chosen ^= divided  # z / rep, or z * rep where z is negative
+    chosen ^= z
+    chosen &= _bit_words(seen_bits, logits.shape[-1])
+    chosen ^= z  # the penalized value where seen, else z's own bits
+    return chosen.view(torch.float32)
+
+
 def banned_to_minus_inf(logits: torch.Tensor, allowed_bits: torch.Tensor) -> torch.Tensor:
     """f32 logits [K, n] with -inf where packed masks int32[K, ceil(n / 32)] hold no bit, as
     masked_fill(~unpack_bits(...), -inf) gives them, bit for bit (a NaN or +inf banned too), in
@@ -138,11 +169,7 @@ def banned_to_minus_inf(logits: torch.Tensor, allowed_bits: torch.Tensor) -> tor
     masked_fill over a bool mask cost several times as much, and each temporary of a row's size a
     fresh allocation: two here, the rest in place (SmolLM2's 49k logits after a decode step: 0.26
     ms more than an unmasked draw so, 0.09 this way)."""
-    shifts = torch.arange(32, device=allowed_bits.device, dtype=torch.int32)
-    keep = allowed_bits[:, :, None] >> shifts
-    keep &= 1
-    keep.neg_()  # -1 (every bit) where the token is allowed, else 0
-    keep = keep.reshape(allowed_bits.shape[0], -1)[:, :logits.shape[-1]]
+    keep = _bit_words(allowed_bits, logits.shape[-1])  # every bit set where the token is allowed
     bits = logits.contiguous().view(torch.int32) ^ _MINUS_INF_BITS
     bits &= keep
     bits ^= _MINUS_INF_BITS

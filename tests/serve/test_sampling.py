@@ -279,6 +279,60 @@ def test_a_mask_bans_to_minus_inf_bit_for_bit_as_numpy_does(n, seed):
     assert got.dtype == np.float32 and np.array_equal(got.view(np.int32), want.view(np.int32))
 
 
+@given(st.integers(1, 200), st.integers(0, 2 ** 32 - 1))
+@settings(max_examples=25, deadline=None, derandomize=True, database=None)
+def test_the_repetition_penalty_moves_seen_tokens_bit_for_bit_as_numpy_does(n, seed):
+    """The torch draw's repetition penalty (a choice on the logits' bits) against vLLM's definition
+    in numpy's f32: z / r where z > 0, z * r otherwise, on the seen tokens alone; the same bits
+    everywhere, NaNs of either sign, infinities, zeros of either sign and extreme penalties too."""
+    from linnet.serve.runners import mask_words
+
+    rng = np.random.default_rng(seed)
+    logits = (rng.normal(size=(4, n)) * 10).astype(np.float32)
+    specials = rng.random((4, n)) < 0.2
+    logits[specials] = rng.choice(np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 3e38, -1e-45], np.float32),
+                                  size=specials.sum())
+    rep = np.array([[1.3], [0.5], [1e30], [1e-30]], np.float32)
+    seen = rng.random((4, n)) < 0.5
+    padded = np.zeros((4, mask_words(n) * 32), bool)
+    padded[:, :n] = seen
+    words = np.packbits(padded, axis=1, bitorder="little").view(np.int32)
+    got = sampling_torch.repetition_penalized(torch.from_numpy(logits), torch.from_numpy(rep),
+                                              torch.from_numpy(words)).numpy()
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        want = np.where(seen, np.where(logits > 0, logits / rep, logits * rep), logits)
+    assert got.dtype == np.float32 and np.array_equal(got.view(np.int32), want.view(np.int32))
+
+
+@pytest.mark.parametrize("adjust", ["penalties", "bias and penalties"])
+def test_penalized_draws_over_a_large_vocabulary_are_the_numpy_definitions(adjust):
+    """torch's SHIFT and SPLIT draws over 49152 tokens, greedy and seeded, against numpy's f32
+    vLLM order (the bias, the repetition penalty on the prompt's and output's tokens, then
+    frequency and presence on the output's) and its exponential race."""
+    rng = np.random.default_rng(5)
+    vocab, k = 49152, 6
+    logits = (rng.normal(size=(k, vocab)) * 3).astype(np.float32)
+    histories = [(rng.integers(0, vocab, 40).tolist(), rng.integers(0, vocab, 30).tolist()) for _ in range(k)]
+    bias = {int(t): float(b) for t, b in zip(rng.integers(0, vocab, 50), rng.normal(size=50) * 4)}
+    reqs = [Request([1], repetition_penalty=[1.0, 1.3, 0.7, 2.0, 1.1, 1.5][i], presence_penalty=0.5 * (i % 2),
+                    frequency_penalty=0.25 * (i % 3), temperature=[0.0, 0.8][i % 2], seed=i,
+                    logit_bias=bias if adjust != "penalties" and i != 1 else None) for i in range(k)]
+    tokens = run("torch", logits, reqs, list(range(k)), [7] * k,
+                 [(p, o, r.logit_bias) for (p, o), r in zip(histories, reqs)])[0]
+    want = []
+    for row, (prompt, output), r in zip(logits, histories, reqs):
+        z = row.copy()
+        for t, b in (r.logit_bias or {}).items():
+            z[t] += np.float32(b)
+        seen = sorted(set(prompt) | set(output))
+        rep = np.float32(r.repetition_penalty)
+        z[seen] = np.where(z[seen] > 0, z[seen] / rep, z[seen] * rep)
+        ids, counts = np.unique(output, return_counts=True)
+        z[ids] -= np.float32(r.frequency_penalty) * counts + np.float32(r.presence_penalty)
+        want.append(race(z.astype(np.float64), r.temperature, r.seed, 7))
+    assert tokens.tolist() == want
+
+
 def test_the_adjustments_take_the_form_the_batch_asks_for():
     from linnet.serve.runners import logit_adjustments, packed_mask
     from linnet.serve.sampling import MASK, SHIFT, SPLIT
