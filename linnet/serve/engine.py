@@ -382,8 +382,13 @@ class Engine:
         if ahead is not None:
             going = [x for x in ahead.items if x.comp.finish_reason is None]
             if not prefilling and len(decoding) == len(going) and all(x is y for x, y in zip(decoding, going)):
-                # Steady decoding: the step after `ahead` goes out before `ahead` is read.
-                self._ahead = self._look_ahead(ahead) if self._may_look_ahead() else None
+                # Steady decoding: the step after `ahead` goes out before `ahead` is read (or its
+                # decode alone, its draw after `ahead` is read).
+                if self._may_look_ahead():
+                    self._ahead = self._look_ahead(ahead)
+                elif self._may_send_decode_ahead():
+                    self._ahead = self._decode_ahead(ahead)
+                    return
                 self._settle(ahead)
                 return
             self._settle(ahead)  # the rows changed: read it, then this step as usual
@@ -544,6 +549,9 @@ class Engine:
         step = self._dispatch(decoding, tokens, ahead=0)
         if self._may_look_ahead():
             self._ahead = self._look_ahead(step)
+        elif self._may_send_decode_ahead():
+            self._ahead = self._decode_ahead(step)
+            return
         self._settle(step)
 
     def _dispatch(self, items: list, tokens, ahead: int) -> _Decode:
@@ -572,6 +580,35 @@ class Engine:
         return (self.runner.looks_ahead and not (self.waiting and self.free_rows) and not self.cancelled
                 and not any(x.req.penalized or len(x.generated) < x.req.min_tokens or x.matcher is not None
                             for x in self.live))
+
+    def _may_send_decode_ahead(self) -> bool:
+        """Where the next step cannot go out whole before this one is read (its draws need the host's
+        work on this one's tokens: a structure's mask, penalties' counts, min_tokens' bans), whether
+        its decode can, alone (`runner.draws_apart`: JAX), as `_may_look_ahead` has it otherwise."""
+        return (getattr(self.runner, "draws_apart", False) and self.runner.looks_ahead
+                and not (self.waiting and self.free_rows) and not self.cancelled)
+
+    def _decode_ahead(self, step: _Decode) -> _Decode | None:
+        """The decode after `step` sent from its draws on the device, for the requests it does not
+        end by length; then `step` read and its tokens taken (matchers fed, counts kept) while that
+        decode runs; then the draws of those it did not end, as a step of their own would draw them
+        (the host's tokens, masks and counts as they are now). Returns that step, not yet read."""
+        items = [x for x in step.items if x.comp.finish_reason is None and len(x.generated) + 1 < x.req.max_new_tokens]
+        if not items:
+            self._settle(step)
+            return None
+        positions = np.full(self.rows, self.runner.padding, np.int32)
+        for x in items:
+            positions[x.row] = x.cached + 1
+        logits = self.runner.decode_alone(step.pending, positions)
+        self.stats.passes["decode"] += 1
+        self.stats.occupancy.append(len(self.live) / self.rows)
+        self._settle(step)
+        going = [x for x in items if x.comp.finish_reason is None]  # (a stop token, string or structure's end: its share wasted)
+        if not going:
+            return None
+        batch, histories = self._sampling(going)
+        return _Decode(going, self.runner.draw_after(logits, batch, [x.row for x in going], histories))
 
     def _look_ahead(self, step: _Decode) -> _Decode | None:
         """The step after `step`, from its draws on the device, for the requests it does not end
@@ -605,6 +642,8 @@ class Engine:
         if not batch.adjusted:
             return batch, None
         structured = [x.matcher for x in items if x.masked]
+        if structured and later and self.runner.masks_on_the_callers_thread:  # called once the step is sent
+            return batch, lambda: self._histories(items, ahead, self._guide.allowed(structured))
         if structured and later:
             masks = self._guide.allowed_later(structured)
             return batch, lambda: self._histories(items, ahead, masks.result())

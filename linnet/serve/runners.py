@@ -204,6 +204,8 @@ class TorchRunner:
         # every core, and a thread beside them cost the host more than the masks it made (SmolLM2:
         # 1.3 ms a token more under a JSON schema, 0.6 under a regex; benchmarks/structured_overhead.py)
         self.masks_during_the_step = self.device.type == "cuda"
+        self.masks_on_the_callers_thread = False  # the caller waits on the step (replay): a thread makes them
+        self.draws_apart = False  # (JaxRunner's: decode_alone, draw_after)
         self._graph = None
         self._static_tokens = torch.zeros(self.batch, dtype=torch.int32, device=self.device)
         self._static_positions = torch.zeros(self.batch, dtype=torch.int32, device=self.device)
@@ -495,9 +497,16 @@ class JaxRunner:
         _xla_compiles()  # listening from here on
 
     looks_ahead = True  # an executable's call returns before it has run (JAX's async dispatch)
-    # The draw runs inside the decode step's executable (its logits never leave it), which takes the
-    # masks as arguments: they are made before it is sent
-    masks_during_the_step = False
+    # A step whose histories come as a function (its structures' masks not yet made) goes out as the
+    # model's decode alone, its call returning at once; the histories are then made on the caller's
+    # thread while the device runs it, and the draw follows as an executable of its own. (Otherwise
+    # the draw is inside the decode step's executable, its logits never leaving it.)
+    masks_during_the_step = True
+    masks_on_the_callers_thread = True  # no thread of the engine's: this one waits on nothing meanwhile
+    # A step whose draws need the host's work on the step before (a structure's mask follows the token
+    # drawn; penalties count the tokens) can still go out before that step is read: its decode alone
+    # (`decode_alone`), the draw once the host has taken that step's tokens (`draw_after`)
+    draws_apart = True
 
     @property
     def compiles(self) -> int:
@@ -577,23 +586,56 @@ class JaxRunner:
         """A decode step over every row (tokens: host ids, or a `Pending`'s), then the draws for
         request i from row rows[i]: one executable, whose logits never leave it. Every row is drawn
         for (a row without a request repeats request 0's settings), so that one executable serves
-        every step and the draws come back laid out by row. `histories` (or a function giving them)
-        are the executable's arguments: needed before it is sent."""
+        every step and the draws come back laid out by row. `histories` are the executable's
+        arguments, needed before it is sent; given as a function, the step goes out first, the
+        function is called while it runs, and the draw is an executable of its own (`_split_step`)."""
         from linnet.serve.sampling_jax import arguments, mode, sampler
 
-        histories = histories() if callable(histories) else histories
         rows = list(rows)
         placed = place(batch, rows, self.batch)
+        tokens = tokens.tokens if isinstance(tokens, Pending) else np.asarray(tokens, np.int32)
+        if callable(histories):
+            return self._split_step(tokens, positions, batch, placed, rows, histories)
         adjustments = None
         if batch.adjusted and histories is not None:  # a warmup's draw has no histories: it moves nothing
             adjustments = logit_adjustments(batch, histories, self.model.vocab, self.batch, rows)
-        tokens = tokens.tokens if isinstance(tokens, Pending) else np.asarray(tokens, np.int32)
         with self._naming(f"the decode step and its draw{_FORM_NAMES[mode(placed, adjustments)]}"):
             drawn = self.model.call_then("decode", sampler(mode(placed, adjustments)),
                                          (tokens, np.asarray(positions, np.int32)), arguments(placed, adjustments))
         if batch.logprobs < 0:  # the logprobs' zeros stay on the device
             drawn = (drawn[0], None, None, None)
         return Pending(drawn[0], lambda: self._to_host(drawn, rows))
+
+    def _split_step(self, tokens, positions, batch: SamplingBatch, placed: SamplingBatch, rows: list,
+                    histories) -> Pending:
+        """The model's decode sent alone, `histories()` made while it runs (a structure's masks: the
+        host's work of a structured step), then the draw over its logits (`draw_after`)."""
+        logits = self.decode_alone(tokens, positions)
+        return self.draw_after(logits, batch, rows, histories(), placed)
+
+    def decode_alone(self, tokens, positions):
+        """The model's decode step over every row (tokens: host ids, or a `Pending`'s), sent without
+        a draw: its logits [Batch, vocab], still on the device, for `draw_after`. Its call returns
+        at once, so the host can settle the step before it and make the masks meanwhile."""
+        tokens = tokens.tokens if isinstance(tokens, Pending) else np.asarray(tokens, np.int32)
+        with self._naming("the decode step alone (its draw apart, after the host's masks or counts)"):
+            return self.model.decode(tokens, np.asarray(positions, np.int32))
+
+    def draw_after(self, logits, batch: SamplingBatch, rows, histories=None, placed=None) -> Pending:
+        """The draws for request i from row rows[i] of a `decode_alone`'s logits, as `sample` draws
+        after a packed pass: the same executable a form (and the same as inside the decode step's),
+        so the same tokens; laid out by row, as `decode_sample`'s."""
+        from linnet.serve.sampling_jax import mode, sample
+
+        rows = list(rows)
+        placed = placed if placed is not None else place(batch, rows, self.batch)
+        adjustments = None
+        if batch.adjusted and histories is not None:
+            adjustments = logit_adjustments(batch, histories, self.model.vocab, self.batch, rows)
+        with self._naming(f"the draw after a decode step{_FORM_NAMES[mode(placed, adjustments)]}"):
+            tokens, chosen, top = sample(logits, placed, adjustments)
+        drawn = (tokens, chosen) + (top if top is not None else (None, None))
+        return Pending(tokens, lambda: self._to_host(drawn, rows))
 
     @staticmethod
     def _to_host(drawn, rows) -> Sampled:
@@ -672,6 +714,8 @@ class JaxRunner:
         for batch, histories in modes:
             rows = list(range(len(batch.temperature)))
             self.decode_sample(np.zeros(self.batch, np.int32), idle, batch, rows, histories).result()
+            if histories is not None:  # and split, as a structured step goes (`_split_step`)
+                self.decode_sample(np.zeros(self.batch, np.int32), idle, batch, rows, lambda h=histories: h).result()
             if logits is not None:
                 self.sample(logits, batch, histories, rows=rows)
 

@@ -81,7 +81,8 @@ def test_requests_ending_freeing_and_joining_get_their_tokens_alone(model):
 
 
 def test_penalties_keep_each_step_read_before_the_next(model):
-    # the host counts output tokens into the penalties: such a batch never runs ahead
+    # the host counts output tokens into the penalties: such a batch's draws never run ahead (JAX
+    # sends the next decode alone, before the step is read: `test_a_decode_sent_ahead_alone...`)
     rng = random.Random(8)
     reqs = [Request(prompt=[rng.randrange(1, model.vocab) for _ in range(6)], max_new_tokens=6,
                     repetition_penalty=1.5 if i == 0 else 1.0, frequency_penalty=0.5 if i == 1 else 0.0)
@@ -92,6 +93,35 @@ def test_penalties_keep_each_step_read_before_the_next(model):
     done, _ = engine.run(reqs)
     assert [c.tokens for c in done] == want
     assert not any(fed)
+
+
+def test_a_decode_sent_ahead_alone_draws_as_each_step_read_first(model):
+    """JAX: where penalties or min_tokens keep a batch's draws waiting on the host's counts, the
+    next decode goes out alone from the step's draws on the device, before the host reads them,
+    and its draw after: whatever ends (length, stop token), frees or joins meanwhile, each request
+    gets the tokens it gets alone, read step by step."""
+    if not hasattr(Engine(model, token_budget=64).runner, "decode_alone"):
+        pytest.skip("JAX's runner sends a decode alone (torch's draw follows its step's replay)")
+    reqs = mixed_requests(model, 10)
+    for i, req in enumerate(reqs):
+        if i % 3 == 0:
+            req.repetition_penalty, req.presence_penalty = 1.4, 0.3
+        elif i % 3 == 1:
+            req.frequency_penalty, req.min_tokens = 0.5, min(2, req.max_new_tokens)
+    want = [alone(model, r) for r in reqs]
+    model.reset()
+    engine = engine_for(model, True)
+    fed = []
+    decode_alone = engine.runner.decode_alone
+
+    def spy(tokens, positions):
+        fed.append(isinstance(tokens, Pending))
+        return decode_alone(tokens, positions)
+    engine.runner.decode_alone = spy
+    done, stats = engine.run(reqs)
+    assert [c.tokens for c in done] == want
+    assert fed and all(fed), "no decode went out alone from the previous step's draws"
+    assert stats.generated_tokens == sum(len(w) for w in want) and len(engine.free_rows) == model.batch
 
 
 def test_a_request_cancelled_while_a_step_is_ahead_frees_its_row(model):

@@ -13,6 +13,7 @@ from linnet.serve import Engine, Request, RequestError
 from linnet.serve.structured import Structure
 
 from .test_engine import prompts, reference_greedy
+from .test_sampling import race
 
 pytest.importorskip("llguidance")
 
@@ -78,10 +79,12 @@ def test_each_output_is_what_its_structure_asks_and_the_others_draw_as_alone(eng
         assert c.tokens == reference_greedy(model, q, 8)
 
 
-def structured_greedy(model, prompt, structure, new, pad_to=128):
+def structured_greedy(model, prompt, structure, new, pad_to=128, temperature=0.0, seed=0):
     """Greedy tokens held to `structure` with no engine: the model's logits for row 0, step by step
     (`reference_greedy`'s passes), each masked by llguidance's own numpy code from a matcher of its
-    own over the model's tokenizer; until the end token, a complete output or `new` tokens."""
+    own over the model's tokenizer; until the end token, a complete output or `new` tokens. With a
+    temperature, seeded draws instead: the exponential race over the masked logits with the
+    samplers' noise, written out in numpy (`test_sampling.race`)."""
     import llguidance
     from llguidance.numpy import allocate_token_bitmask, apply_token_bitmask_inplace, fill_next_token_bitmask
 
@@ -93,16 +96,18 @@ def structured_greedy(model, prompt, structure, new, pad_to=128):
         fill_next_token_bitmask(matcher, bits)
         row = np.array(np.asarray(logits)[:1], np.float32)
         apply_token_bitmask_inplace(row, bits)
-        token = int(row[0].argmax())
+        token = race(row[0], temperature, seed, len(out))
         assert matcher.consume_token(token), matcher.get_error()
         return token
 
+    out = []
     model.reset()
     n = len(prompt)
     pad = pad_to - n
     positions = np.concatenate([np.arange(n), np.full(pad, model.max_seq - 1)]).astype(np.int32)
     rows = np.concatenate([np.zeros(n), np.ones(pad)]).astype(np.int32)
-    out = [draw(model.prefill(np.array(prompt + [0] * pad, np.int32), positions, rows, np.array([n - 1], np.int32)))]
+    out.append(draw(model.prefill(np.array(prompt + [0] * pad, np.int32), positions, rows,
+                                  np.array([n - 1], np.int32))))
     tokens, positions = np.zeros(model.batch, np.int32), np.full(model.batch, model.max_seq - 1, np.int32)
     while len(out) < new and out[-1] != EOS and not matcher.is_stopped():
         tokens[0], positions[0] = out[-1], n + len(out) - 1
@@ -118,6 +123,7 @@ def test_greedy_structured_tokens_are_those_llguidance_masks_give_step_by_step(e
     as its structure asks. The masks made before each step is sent, or on a thread while it runs
     (as torch on CUDA has them; JAX's step takes them as it is sent, either way)."""
     engine.runner.masks_during_the_step = during
+    engine.runner.draws_apart = engine.runner.draws_apart and during  # JAX: the decode ahead alone, or not
     structures = [Structure("json", SCHEMA), Structure("regex", r"[a-z]{2,5}( [a-z]{2,5}){1,3}\."),
                   Structure("choice", ["alpha", "beta", "gamma"]), Structure("json", {"type": "object"})]
     p = prompts(len(structures), 3, 12, seed=57)
@@ -133,6 +139,46 @@ def test_greedy_structured_tokens_are_those_llguidance_masks_give_step_by_step(e
     assert done[2].text in ("alpha", "beta", "gamma")
     assert done[3].finish_reason == "length" or isinstance(json.loads(done[3].text), dict)
     assert done[4].tokens == reference_greedy(model, p[0], 8)
+
+
+@pytest.mark.parametrize("during", [False, True], ids=["masks-first", "masks-during-the-step"])
+def test_seeded_structured_tokens_are_the_race_over_llguidances_masked_logits(engine, model, during):
+    """Seeded draws under a JSON schema and a regex, beside a greedy one, against the plain loop with
+    numpy's exponential race over each step's masked logits; under JAX, masks during the step send
+    the model's decode alone and draw after it in an executable of their own (the same tokens as
+    the draw inside the step's)."""
+    engine.runner.masks_during_the_step = during
+    engine.runner.draws_apart = engine.runner.draws_apart and during  # JAX: the decode ahead alone, or not
+    structures = [Structure("json", SCHEMA), Structure("regex", r"[a-z]{2,5}( [a-z]{2,5}){1,3}\."),
+                  Structure("json", {"type": "object"})]
+    p = prompts(len(structures), 3, 12, seed=61)
+    temperatures, seeds = [1.0, 0.8, 0.0], [11, 2**31 + 3, 0]
+    done, _ = engine.run([Request(prompt=q, max_new_tokens=32, structure=s, temperature=t, seed=seed)
+                          for q, s, t, seed in zip(p, structures, temperatures, seeds)])
+    for q, s, t, seed, c in zip(p, structures, temperatures, seeds, done):
+        assert c.tokens == structured_greedy(model, q, s, 32, temperature=t, seed=seed), s
+    assert re.fullmatch(r"[a-z]{2,5}( [a-z]{2,5}){1,3}\.", done[1].text)
+    assert len(set(done[0].tokens)) > 3  # draws, not one token
+
+
+def test_a_warmed_up_engine_compiles_nothing_for_structured_requests(engine, model):
+    """A server's warmup (masks, penalties, logprobs) covers structured requests' steps, greedy and
+    seeded, beside penalized and free ones, with masks made first or during the step (JAX: the
+    decode alone and its draw apart): no compile after it; either way, the same tokens."""
+    engine.warmup(logprobs=True, structured=True, adjusted=True)
+    p = prompts(4, 3, 12, seed=67)
+    asks = [{"structure": Structure("json", SCHEMA), "temperature": 0.9, "seed": 4, "logprobs": 2},
+            {"structure": Structure("regex", r"[a-z]{2,5}( [a-z]{2,5}){1,3}\.")},
+            {"structure": Structure("json", {"type": "object"}), "presence_penalty": 0.5, "logit_bias": {5: 1.0}},
+            {"repetition_penalty": 1.3, "temperature": 0.7, "seed": 8}]
+    runs, apart = [], engine.runner.draws_apart
+    for during in (False, True):  # JAX: the decode ahead alone and the masks during it, or neither
+        engine.runner.masks_during_the_step, engine.runner.draws_apart = during, apart and during
+        done, stats = engine.run([Request(prompt=q, max_new_tokens=24, **ask) for q, ask in zip(p, asks)])
+        assert stats.compiles == 0, (during, stats.compiled)
+        assert all(c.finish_reason in ("stop", "length") for c in done), [c.error for c in done]
+        runs.append([c.tokens for c in done])
+    assert runs[0] == runs[1]
 
 
 def test_a_step_that_fails_while_its_masks_are_made_leaves_the_matchers_free(engine, model):
