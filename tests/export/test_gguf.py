@@ -357,6 +357,20 @@ config {
 """
 
 
+def llama_cpp_agrees(llama_cpp, path, card, arch: str):
+    """llama.cpp computes the exported card's logits (f32 cache) to 1e-5 of Linnet's on the card,
+    and Nest reads the file back, every tensor used, to the same logits."""
+    f32 = 0  # GGML_TYPE_F32
+    llm = llama_cpp.Llama(model_path=path, n_ctx=128, logits_all=True, verbose=False, n_threads=2, type_k=f32, type_v=f32)
+    llm.eval(PROMPT)
+    ref = np.array(llm.scores[:len(PROMPT)])
+    ours = linnet_logits(card)
+    assert float((np.abs(ours - ref).max(axis=1) / np.abs(ref).max(axis=1)).max()) <= 1e-5
+    model = nest.load(path, generics={"Batch": 1, "MaxSeq": 64})
+    assert model.module.name == arch and model.info["unused_tensors"] == []
+    np.testing.assert_allclose(prefill_all(model, PROMPT), ours, rtol=0, atol=1e-5)
+
+
 @pytest.mark.parametrize("arch, gguf_arch", [("qwen3_moe", "qwen3moe"), ("mixtral", "llama")])
 def test_llama_cpp_computes_mixtures_of_experts_as_linnet_does(tmp_path, arch, gguf_arch, spm_gguf):
     """Each layer's experts go in as one tensor for gate, up and down, [experts, out, in], with the
@@ -369,15 +383,7 @@ def test_llama_cpp_computes_mixtures_of_experts_as_linnet_does(tmp_path, arch, g
     ckpt = GGUFCheckpoint(path)
     assert ckpt.metadata("general.architecture") == gguf_arch and ckpt.metadata(f"{gguf_arch}.expert_used_count") == 2
     assert ckpt.load("blk.1.ffn_down_exps.weight").shape == (8, 64, 32)  # [experts, dim, ffn]
-    f32 = 0  # GGML_TYPE_F32
-    llm = llama_cpp.Llama(model_path=path, n_ctx=128, logits_all=True, verbose=False, n_threads=2, type_k=f32, type_v=f32)
-    llm.eval(PROMPT)
-    ref = np.array(llm.scores[:len(PROMPT)])
-    ours = linnet_logits(card)
-    assert float((np.abs(ours - ref).max(axis=1) / np.abs(ref).max(axis=1)).max()) <= 1e-5
-    model = nest.load(path, generics={"Batch": 1, "MaxSeq": 64})
-    assert model.module.name == arch and model.info["unused_tensors"] == []
-    np.testing.assert_allclose(prefill_all(model, PROMPT), ours, rtol=0, atol=1e-5)
+    llama_cpp_agrees(llama_cpp, path, card, arch)
 
 
 NEWER = """\
@@ -414,15 +420,7 @@ def test_llama_cpp_computes_olmo2_granite_and_phi3_as_linnet_does(tmp_path, arch
     card.write_text(NEWER.format(name=name, arch=arch, extra=GRANITE_MULTIPLIERS if arch == "granite" else ""))
     path = export(card, "llama.cpp", tmp_path, weights="random", seed=5, dtype="f32", tokenizer=spm_gguf)
     assert GGUFCheckpoint(path).metadata("general.architecture") == arch
-    f32 = 0  # GGML_TYPE_F32
-    llm = llama_cpp.Llama(model_path=path, n_ctx=128, logits_all=True, verbose=False, n_threads=2, type_k=f32, type_v=f32)
-    llm.eval(PROMPT)
-    ref = np.array(llm.scores[:len(PROMPT)])
-    ours = linnet_logits(card)
-    assert float((np.abs(ours - ref).max(axis=1) / np.abs(ref).max(axis=1)).max()) <= 1e-5
-    model = nest.load(path, generics={"Batch": 1, "MaxSeq": 64})
-    assert model.module.name == arch and model.info["unused_tensors"] == []
-    np.testing.assert_allclose(prefill_all(model, PROMPT), ours, rtol=0, atol=1e-5)
+    llama_cpp_agrees(llama_cpp, path, card, arch)
 
 
 def test_only_the_architectures_llama_cpp_runs_and_only_with_a_tokenizer(tmp_path):
