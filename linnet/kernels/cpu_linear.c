@@ -15,7 +15,13 @@
  * On AVX-512, panels over 4 rows or more go through a 12-row tile of two panels (bf16 / f16 widened
  * in registers as each row loads); with AVX-512
  * BF16 a bf16 weight of even K is packed in pairs of K for VDPBF16PS, and with AMX those pairs are
- * AMX's own operand layout, multiplied in 16 x 16 tiles from 3 rows on (sections below).
+ * AMX's own operand layout, multiplied in 16 x 16 tiles at any row count (sections below).
+ *
+ * Batch invariance: a row's sums are bitwise the same whatever other rows its call holds. Each
+ * path sums an output over K in one order at every row count: one chain, k after k, in every f32
+ * tile (tile1, tile, tile_wide: the same FMAs in the same order), one VDPBF16PS chain in every
+ * pair tile, and AMX's tiles for one row as for many (TDPBF16PS's sums differ from VDPBF16PS's
+ * in their last bits), so a greedy request gives the same tokens alone as beside others.
  *
  * Kernels carry target attributes, not global -m flags: linnet_cpu_supported() runs on any
  * x86-64 and tells the caller whether the rest may run.
@@ -139,34 +145,28 @@ static inline AVX2 __attribute__((always_inline)) void tile(int mr, int type, co
 }
 
 /* One row times one panel, which is all a one-token decode step does, so it is read at memory
- * speed: four k's at a time in eight independent accumulator chains (not two, each waiting on
- * its last FMA), summed at the end, and the panel asked for ahead (PREFETCH_ROWS, PREFETCH_ROWS_F32). */
+ * speed: the panel asked for ahead (PREFETCH_ROWS, PREFETCH_ROWS_F32). Each column sums over K in
+ * one chain, k after k, as `tile` and `tile_wide` do, so that a row's result does not depend on
+ * how many rows its call has (split over four chains, one row's sums differed in the last bits
+ * from the same row's beside others). Two chains of FMAs (4 cycles each) still outrun one core's
+ * memory reads. */
 static inline AVX2 __attribute__((always_inline)) void tile1(int type, const float *x, const void *panel, long K,
                                                              float *out) {
-    __m256 c[8];
-    for (int i = 0; i < 8; i++)
-        c[i] = _mm256_setzero_ps();
-    long k = 0;
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0;
     long bytes = type_bytes(type) * NR;
-    for (; k + 4 <= K; k += 4) {
-        const char *ahead = (const char *)panel + (k + (type == F32 ? PREFETCH_ROWS_F32 : PREFETCH_ROWS)) * bytes;
-        for (long line = 0; line < 4 * bytes; line += 64) /* the four rows' lines: 2 (16-bit) or 4 (f32) */
-            _mm_prefetch(ahead + line, _MM_HINT_T0);
-        for (int u = 0; u < 4; u++) {
-            __m256 lo, hi, a = _mm256_broadcast_ss(x + k + u);
-            load_row(panel, type, k + u, &lo, &hi);
-            c[2 * u] = _mm256_fmadd_ps(a, lo, c[2 * u]);
-            c[2 * u + 1] = _mm256_fmadd_ps(a, hi, c[2 * u + 1]);
+    for (long k = 0; k < K; k++) {
+        if (!(k & 3)) { /* the four rows' lines, PREFETCH_ROWS(_F32) ahead: 2 (16-bit) or 4 (f32) */
+            const char *ahead = (const char *)panel + (k + (type == F32 ? PREFETCH_ROWS_F32 : PREFETCH_ROWS)) * bytes;
+            for (long line = 0; line < 4 * bytes; line += 64)
+                _mm_prefetch(ahead + line, _MM_HINT_T0);
         }
-    }
-    for (; k < K; k++) {
         __m256 lo, hi, a = _mm256_broadcast_ss(x + k);
         load_row(panel, type, k, &lo, &hi);
-        c[0] = _mm256_fmadd_ps(a, lo, c[0]);
-        c[1] = _mm256_fmadd_ps(a, hi, c[1]);
+        c0 = _mm256_fmadd_ps(a, lo, c0);
+        c1 = _mm256_fmadd_ps(a, hi, c1);
     }
-    _mm256_storeu_ps(out, _mm256_add_ps(_mm256_add_ps(c[0], c[2]), _mm256_add_ps(c[4], c[6])));
-    _mm256_storeu_ps(out + 8, _mm256_add_ps(_mm256_add_ps(c[1], c[3]), _mm256_add_ps(c[5], c[7])));
+    _mm256_storeu_ps(out, c0);
+    _mm256_storeu_ps(out + 8, c1);
 }
 
 static inline AVX2 __attribute__((always_inline)) void tile_any(int mr, int type, const float *x,
@@ -276,25 +276,20 @@ static inline AVX512BF16 __attribute__((always_inline)) void tile_pairs(
     }
 }
 
-/* One row times one panel, a pair-row (a line) a step in two chains, the panel asked for
- * PREFETCH_PAIRS pair-rows ahead. The panels are read one after another: with the weights on
- * huge pages (`kernels/pages.py`) one stream reads fastest; on 4 KB pages, eight panels read side
+/* One row times one panel, a pair-row (a line) a step in one chain, as `tile_pairs` sums (two
+ * chains, summed at the end, gave a row alone other last bits than the same row beside others),
+ * the panel asked for PREFETCH_PAIRS pair-rows ahead. The panels are read one after another: with the
+ * weights on huge pages (`kernels/pages.py`) one stream reads fastest; on 4 KB pages, eight panels read side
  * by side were as fast, not faster. A jitted chain of SmolLM2's 121 one-row linears: 7.2 ms on
  * huge pages, 8.7 on 4 KB pages (both ways), in the same process. */
 static inline AVX512BF16 void tile1_pairs(const uint32_t *xp, long K2, const __m512i *panel, float *out,
                                           __mmask16 mask) {
-    __m512 c0 = _mm512_setzero_ps(), c1 = c0;
-    long j = 0;
-    for (; j + 2 <= K2; j += 2) {
+    __m512 c = _mm512_setzero_ps();
+    for (long j = 0; j < K2; j++) {
         _mm_prefetch((const char *)(panel + j + PREFETCH_PAIRS), _MM_HINT_T0);
-        _mm_prefetch((const char *)(panel + j + PREFETCH_PAIRS + 1), _MM_HINT_T0);
-        c0 = _mm512_dpbf16_ps(c0, (__m512bh)_mm512_set1_epi32((int)xp[j]), (__m512bh)_mm512_loadu_si512(panel + j));
-        c1 = _mm512_dpbf16_ps(c1, (__m512bh)_mm512_set1_epi32((int)xp[j + 1]),
-                              (__m512bh)_mm512_loadu_si512(panel + j + 1));
+        c = _mm512_dpbf16_ps(c, (__m512bh)_mm512_set1_epi32((int)xp[j]), (__m512bh)_mm512_loadu_si512(panel + j));
     }
-    if (j < K2)
-        c0 = _mm512_dpbf16_ps(c0, (__m512bh)_mm512_set1_epi32((int)xp[j]), (__m512bh)_mm512_loadu_si512(panel + j));
-    _mm512_mask_storeu_ps(out, mask, _mm512_add_ps(c0, c1));
+    _mm512_mask_storeu_ps(out, mask, c);
 }
 
 #define PAIR_TILE(mr)                                                                                    \
@@ -349,7 +344,7 @@ static AVX512BF16 void pair_range(const uint16_t *x, long M, long K, const void 
 #define LINNET_AMX 1 /* AMX's intrinsics: GCC 11, Clang 12 on; an older compiler keeps the pair tile, and so
                         does a build with LINNET_NO_AMX (build.py's second try, for an assembler without them) */
 #endif
-#define AMX_FROM 3    /* rows from which bf16 pairs take this path (one or two read faster in the pair chains) */
+#define AMX_FROM 1    /* rows from which bf16 pairs take this path: every row count (see amx_range) */
 #define AMX_K 32      /* K a tile step: K must be a multiple of it */
 
 #ifdef LINNET_AMX

@@ -7,9 +7,12 @@ linears (2-core AVX2 EPYC), against oneDNN's prepacked f32: one row 22.0 against
 16-row decode step's 36.2 against 51.0, a 512-token prefill's 863 against 913; bf16 panels read
 half the bytes, so one row takes 12.5. With AVX-512 BF16, a bf16 weight of even K is packed in
 pairs of K (`pairs`) and multiplied in bf16 by VDPBF16PS, at twice f32's rate over many rows;
-with AMX (`isa()`), those pairs are AMX's own operand, and from 3 rows (K a multiple of 32)
-16 x 16 tiles multiply them: a 368-token pass's [368, 576] x [576, 1536] in 0.29 ms against
+with AMX (`isa()`), those pairs are AMX's own operand, and at any row count (K a multiple of
+32) 16 x 16 tiles multiply them: a 368-token pass's [368, 576] x [576, 1536] in 0.29 ms against
 VDPBF16PS's 3.4 (2-core Xeon; oneDNN's AMX kernel 0.34).
+
+Each row's result is bitwise the same whatever other rows x holds (batch invariance): every
+path sums an output over K in one order at every row count (docs/design.md, Numerics).
 
 `available()` is the one check: `build.runs_here()` (an AVX2 CPU, LINNET_CPU_KERNELS not 0) and
 a C compiler with OpenMP. Where it fails the runtime keeps oneDNN's and MKL's kernels. The OpenMP
@@ -145,7 +148,7 @@ def pairs(dtype: torch.dtype, k: int) -> bool:
 def isa() -> str | None:
     """The instruction sets the kernels take here (kernels.h's `linnet_isa`), as `build.ISA_CAPS`
     names them: "amx" where bf16 weights in pairs are multiplied with AMX tiles (an AMX-BF16 CPU
-    whose OS lets this process use the tile registers; over 3 rows or more, K a multiple of 32),
+    whose OS lets this process use the tile registers; K a multiple of 32),
     "avx512_bf16" where in pairs by VDPBF16PS, ...; None without the kernels."""
     lib = library()
     level = lib.linnet_isa() if lib is not None else 0

@@ -165,3 +165,25 @@ def test_attention_off_the_cpu_builds_nothing(monkeypatch):
     monkeypatch.setattr(xla_kernels, "_on_cpu", lambda: False)
     monkeypatch.setattr(xla_kernels, "registered", lambda: pytest.fail("built off the CPU"))
     assert not xla_kernels.attends_here(jnp.zeros((2, 1, 4, 1, 8), jnp.float32), 8)
+
+
+@pytest.mark.parametrize("k", [128, 70, 71], ids=["K%32", "K_even", "K_odd"])
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16, jnp.float32])
+def test_the_handlers_rows_are_batch_invariant(dtype, k):
+    """A row's f32 sums are bitwise its own alone at each position among 0..M-1 others
+    (tests/kernels/test_batch_invariance.py does the same for the torch runtime's calls)."""
+    rng = np.random.default_rng(0)
+    n = 40  # a last panel of 8 columns
+    panels = xla_kernels.pack(rng.standard_normal((n, k)).astype(dtype))
+    product = jax.jit(lambda x, p: xla_kernels.linear(x, xla_kernels.Panels(p, n)))
+    bf16_values = lambda m: rng.standard_normal((m, k)).astype(jnp.bfloat16).astype(np.float32)  # noqa: E731
+    probe = bf16_values(1)
+    alone = np.asarray(product(probe, panels))[0]
+    differ = []
+    for m in [1, 2, 3, 4, 8, 16, 17, 64]:
+        others = bf16_values(m - 1)
+        for at in range(m):
+            got = np.asarray(product(np.concatenate([others[:at], probe, others[at:]]), panels))[at]
+            if not np.array_equal(got, alone):
+                differ.append((m, at))
+    assert not differ, f"(rows, position) where the probe row's sums differ from its own alone: {differ}"

@@ -1,0 +1,89 @@
+"""Batch invariance of the CPU kernels: a row's result is bitwise the same whatever else is in
+its call. Each op computes a probe row alone, then at every position 0..M-1 among random other
+rows, M in {1, 2, 3, 4, 8, 16, 17, 64} (one row, the pair and AMX kernels' row counts, the 6-
+and 12-row tiles, a 16-row AMX block and one past it), and the two must be torch.equal. The
+shapes are small but take each kernel's paths: the linear's K a multiple of 32 (AMX tiles, where
+this CPU has them), even (bf16 pairs) and odd (f32 FMAs), a last panel narrower than 16; f32
+outputs, whose sums show a difference in the last bits that a bf16 rounding would mostly hide.
+tests/kernels/test_older_cpus.py runs this file again under the older CPUs' instruction caps."""
+
+import pytest
+import torch
+
+from linnet.kernels import cpu_attention, cpu_linear, cpu_ops
+
+pytestmark = pytest.mark.skipif(cpu_linear.library() is None, reason="Linnet's CPU kernels do not run here")
+
+ROW_COUNTS = [1, 2, 3, 4, 8, 16, 17, 64]
+TYPES = [torch.bfloat16, torch.float16, torch.float32]
+
+
+def assert_rows_invariant(op, make_rows, seed: int = 0):
+    """op(rows) [M, ...] gives the probe row (make_rows(1)) the same bits at each of its positions
+    among make_rows(M - 1) others."""
+    g = torch.Generator().manual_seed(seed)
+    probe = make_rows(1, g)
+    alone = op(probe)[0]
+    differ = []
+    for m in ROW_COUNTS:
+        others = make_rows(m - 1, g) if m > 1 else probe[:0]
+        for at in range(m):
+            got = op(torch.cat([others[:at], probe, others[at:]]))[at]
+            if not torch.equal(got, alone):
+                differ.append((m, at))
+    assert not differ, f"(rows, position) where the probe row's result differs from its own alone: {differ}"
+
+
+@pytest.mark.parametrize("k", [128, 70, 71], ids=["K%32", "K_even", "K_odd"])
+@pytest.mark.parametrize("n", [48, 40], ids=["whole_panels", "narrow_last_panel"])
+@pytest.mark.parametrize("w_type", TYPES)
+@pytest.mark.parametrize("x_type", [torch.float32, torch.bfloat16])
+def test_linear_rows_are_batch_invariant(x_type, w_type, n, k):
+    w = cpu_linear.pack(torch.randn(n, k, generator=torch.Generator().manual_seed(1)).to(w_type))
+    # x's values bf16's, so that f32 x and bf16 x give a pair kernel the same operand
+    assert_rows_invariant(lambda x: cpu_linear.matmul(x, w),
+                          lambda m, g: torch.randn(m, k, generator=g).bfloat16().to(x_type))
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+def test_rmsnorm_rows_are_batch_invariant(dtype):
+    weight = torch.randn(72, generator=torch.Generator().manual_seed(1)).to(dtype)
+    assert_rows_invariant(lambda x: cpu_ops.rmsnorm(x, weight, 1e-5),
+                          lambda m, g: (torch.randn(m, 72, generator=g) * 3).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+def test_silu_mul_rows_are_batch_invariant(dtype):
+    # a fused matmul's output: gate and up halves, read where they lie
+    assert_rows_invariant(lambda x: cpu_ops.silu_mul(x[:, :72], x[:, 72:]),
+                          lambda m, g: (torch.randn(m, 144, generator=g) * 3).to(dtype))
+
+
+@pytest.mark.parametrize("dtype", TYPES)
+def test_rope_rows_are_batch_invariant(dtype):
+    from linnet.codegen_torch.runtime import rope_table
+
+    table = rope_table(32, 64, 10000.0)
+    # a token's row: its position then its heads, the position a value that rounds exactly in each type
+    assert_rows_invariant(lambda x: cpu_ops.rope(x[:, 1:].reshape(-1, 3, 32), x[:, 0].long(), table),
+                          lambda m, g: torch.cat([torch.randint(0, 64, (m, 1), generator=g).float(),
+                                                  torch.randn(m, 96, generator=g)], 1).to(dtype))
+
+
+@pytest.mark.parametrize("window", [0, 5])
+@pytest.mark.parametrize("dtype", TYPES)
+def test_attention_rows_are_batch_invariant(dtype, window):
+    g = torch.Generator().manual_seed(1)
+    rows, max_seq, kv_heads, group, head_dim = 6, 40, 2, 3, 32
+    k = torch.randn(rows, max_seq, kv_heads, head_dim, generator=g).to(dtype)
+    v = torch.randn(rows, max_seq, kv_heads, head_dim, generator=g).to(dtype)
+    sinks = torch.randn(kv_heads * group, generator=g)
+
+    def attend(x):  # a token's row: its cache row, its position, then its query heads
+        q = x[:, 2:].reshape(-1, kv_heads * group, head_dim)
+        return cpu_attention.attend_rows(q, k, v, x[:, 0].long(), x[:, 1].long(), window, sinks, head_dim ** -0.5)
+
+    assert_rows_invariant(attend, lambda m, g: torch.cat([torch.randint(0, rows, (m, 1), generator=g).float(),
+                                                          torch.randint(0, max_seq, (m, 1), generator=g).float(),
+                                                          torch.randn(m, kv_heads * group * head_dim, generator=g)],
+                                                         1).to(torch.float32 if dtype == torch.float16 else dtype))

@@ -1,0 +1,56 @@
+"""A bf16 request served beside others gives bitwise what it gives alone, as a llama.cpp user
+expects of one prompt (vLLM's batch-invariant mode): 16 greedy requests through the Engine
+together, then each through the same engine by itself, tokens and logprobs compared exactly.
+Alone, its prompt is a pass of its own (one or two rows for the shortest prompts) and its head
+scores one row; together, prompts share passes with decoding rows, so each linear, norm and
+attention call has other row counts. The model is a Llama wider than tiny-llama (K of 1024 and
+2048, a 4096-token head, random weights): a row's sums then differ often enough in their last
+f32 bits, where its call's other rows change them, to round to another bf16 (before the linear
+kernel summed one or two rows as AMX does more, 10 of these 16 requests' logprobs differed)."""
+
+import pytest
+
+from linnet import nest
+from linnet.kernels import cpu_linear
+from linnet.serve import Engine, Request
+from tests.serve.test_engine import prompts
+
+pytestmark = pytest.mark.skipif(cpu_linear.library() is None, reason="Linnet's CPU kernels do not run here")
+
+
+WIDE_LLAMA = """card "wide-llama"
+import llama
+
+config {
+  vocab = 4096
+  dim = 1024
+  layers = 2
+  heads = 8
+  kv_heads = 4
+  ffn = 2048
+  norm_eps = 1e-5
+  rope_theta = 10000.0
+}
+"""
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_16_greedy_bf16_requests_together_give_what_each_gives_alone(backend, tmp_path):
+    card = tmp_path / "wide-llama.linnet"
+    card.write_text(WIDE_LLAMA)
+    model = nest.load(card, backend=backend, weights="random", seed=1, numerics="fast", tokenizer=False,
+                      generics={"Batch": 16, "MaxSeq": 64, "T": "bf16"})
+    ps = prompts(16, 1, 30, seed=5)
+    engine = Engine(model, token_budget=64)
+    engine.warmup((len(p) for p in ps), logprobs=True)
+
+    def ask(p):
+        return Request(prompt=p, max_new_tokens=10, logprobs=3)
+
+    together, stats = engine.run([ask(p) for p in ps])
+    assert stats.passes["mixed"] > 0  # prompts joined passes while others decoded
+    for p, got in zip(ps, together):
+        (alone,), _ = engine.run([ask(p)])
+        assert got.tokens == alone.tokens
+        assert [(lp.token, lp.logprob, lp.top) for lp in got.logprobs] == \
+               [(lp.token, lp.logprob, lp.top) for lp in alone.logprobs]
