@@ -34,11 +34,13 @@ config {
 """
 
 
-@pytest.mark.parametrize("backend", ["torch", "jax"])
+# torch-replayed: the decode step captured and replayed as one call of the kernels, as `linnet serve` runs it
+@pytest.mark.parametrize("backend", ["torch", "torch-replayed", "jax"])
 def test_16_greedy_bf16_requests_together_give_what_each_gives_alone(backend, tmp_path):
     card = tmp_path / "wide-llama.linnet"
     card.write_text(WIDE_LLAMA)
-    model = nest.load(card, backend=backend, weights="random", seed=1, numerics="fast", tokenizer=False,
+    model = nest.load(card, backend=backend.removesuffix("-replayed"), compile=backend.endswith("-replayed"),
+                      weights="random", seed=1, numerics="fast", tokenizer=False,
                       generics={"Batch": 16, "MaxSeq": 64, "T": "bf16"})
     ps = prompts(16, 1, 30, seed=5)
     engine = Engine(model, token_budget=64)
