@@ -484,7 +484,7 @@ def test_one_prompts_warmup_compiles_the_passes_it_makes_alone():
             assert stats.prefill_tokens == computed
 
 
-def test_a_run_past_its_warmup_says_what_it_compiled():
+def test_a_run_past_its_warmup_says_what_it_compiled(compiles_counted):
     """JAX: a warmup for a 63-token prompt (budget 64: a pass of 8 head slots and 56 tokens, then
     one of the 7 left, 8 + 8) compiles passes of 64 and 16 tokens. A 9-token prompt then packs
     8 + 16 = 24 tokens, a pass of 32 (the next power of two): `stats.compiled` names it, and a

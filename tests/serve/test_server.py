@@ -942,12 +942,11 @@ def test_a_jax_engine_behind_the_app():
     assert json.loads(biased[1])["choices"][0]["text"].split() == words(alone[1].tokens) == ["t9"] * 5
 
 
-def test_metrics_count_the_compiles_requests_waited_on():
+def test_metrics_count_the_compiles_requests_waited_on(compiles_counted):
     """/metrics' linnet_compiles_total: what was compiled after the warmup, while requests waited.
     A JAX engine warmed up for one 3-token prompt: that prompt, greedy or sampled, compiles
     nothing; a 40-token prompt needs a pass of a size the warmup did not make, compiled then. The
     counter follows XLA's own compile events, counted here apart from the engine (JAX's monitoring)."""
-    import jax
     from jax._src import monitoring
 
     from .test_engine import word_tokenizer
@@ -961,8 +960,6 @@ def test_metrics_count_the_compiles_requests_waited_on():
     def heard(event: str, seconds: float, **kwargs):
         if event == "/jax/core/compile/backend_compile_duration":
             compiled.append(event)
-    cache = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)  # (an executable read back is no compile)
     monitoring.register_event_duration_secs_listener(heard)
     engine.start()
     try:
@@ -987,7 +984,6 @@ def test_metrics_count_the_compiles_requests_waited_on():
     finally:
         engine.stop()
         monitoring.unregister_event_duration_listener(heard)
-        jax.config.update("jax_enable_compilation_cache", cache)
 
 
 # A template in the way of Qwen3's: thinking left out when the caller says enable_thinking=false;
