@@ -16,14 +16,17 @@ def compiles_counted():
     earlier tests' models compiled, kept in this process (jax.clear_caches) or read back from the
     persistent cache (not a compile, `runners._xla_compiles`), would otherwise answer its passes."""
     import jax
+    from jax._src import compilation_cache
 
     cache = jax.config.jax_enable_compilation_cache
     jax.clear_caches()
     jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()  # JAX decides once whether it uses the cache: the flag alone is not read again
     try:
         yield
     finally:
         jax.config.update("jax_enable_compilation_cache", cache)
+        compilation_cache.reset_cache()
 
 
 def make_model(backend: str, rows: int = 16, max_seq: int = 96, numerics: str = "exact", compile: bool = False):

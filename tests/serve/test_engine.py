@@ -1,6 +1,5 @@
 """The engine against the simplest reference: each request run alone, greedy, one row."""
 
-import os
 import random
 import re
 
@@ -485,20 +484,7 @@ def test_one_prompts_warmup_compiles_the_passes_it_makes_alone():
             assert stats.prefill_tokens == computed
 
 
-def test_a_run_past_its_warmup_says_what_it_compiled():
-    """Run in a process of its own, as the server's compile count is (XLA's compile events are the process's)."""
-    import subprocess
-    import sys
-
-    here = f"{__file__}::test_a_run_past_its_warmup_says_what_it_compiled_in_this_process"
-    env = dict(os.environ, LINNET_TEST_OWN_PROCESS="1")
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", here],
-                         capture_output=True, text=True, env=env)
-    assert out.returncode == 0 and "1 passed" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
-
-
-@pytest.mark.skipif(os.environ.get("LINNET_TEST_OWN_PROCESS") != "1", reason="run by the test above, in its own process")
-def test_a_run_past_its_warmup_says_what_it_compiled_in_this_process(compiles_counted):
+def test_a_run_past_its_warmup_says_what_it_compiled(compiles_counted):
     """JAX: a warmup for a 63-token prompt (budget 64: a pass of 8 head slots and 56 tokens, then
     one of the 7 left, 8 + 8) compiles passes of 64 and 16 tokens. A 9-token prompt then packs
     8 + 16 = 24 tokens, a pass of 32 (the next power of two): `stats.compiled` names it, and a

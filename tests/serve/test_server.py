@@ -1,6 +1,5 @@
 """The OpenAI-compatible server over a real socket: responses, streaming, and errors with their statuses."""
 
-import os
 import asyncio
 import json
 import time
@@ -943,22 +942,7 @@ def test_a_jax_engine_behind_the_app():
     assert json.loads(biased[1])["choices"][0]["text"].split() == words(alone[1].tokens) == ["t9"] * 5
 
 
-def test_metrics_count_the_compiles_requests_waited_on():
-    """Run in a process of its own: XLA's compile events are the process's, and in the suite's one
-    process an earlier test's engine had taken one of them as its own (CI saw the compile, the
-    counter not; alone it passed)."""
-    import subprocess
-    import sys
-
-    here = f"{__file__}::test_metrics_compiles_in_this_process"
-    env = dict(os.environ, LINNET_TEST_OWN_PROCESS="1")
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", here],
-                         capture_output=True, text=True, env=env)
-    assert out.returncode == 0 and "1 passed" in out.stdout, out.stdout[-3000:] + out.stderr[-2000:]
-
-
-@pytest.mark.skipif(os.environ.get("LINNET_TEST_OWN_PROCESS") != "1", reason="run by the test above, in its own process")
-def test_metrics_compiles_in_this_process(compiles_counted):
+def test_metrics_count_the_compiles_requests_waited_on(compiles_counted):
     """/metrics' linnet_compiles_total: what was compiled after the warmup, while requests waited.
     A JAX engine warmed up for one 3-token prompt: that prompt, greedy or sampled, compiles
     nothing; a 40-token prompt needs a pass of a size the warmup did not make, compiled then. The
