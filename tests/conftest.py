@@ -142,3 +142,14 @@ def spm_gguf(tmp_path_factory):
 
     _write_gguf(path, "llama", keys, [("token_embd.weight", np.zeros((len(tokens), 8), np.float32), None)])
     return path
+
+
+def imports_dynamo(script: str) -> bool:
+    """Whether `script`, run in a fresh Python process, leaves torch._dynamo imported (1.5-3 s of a
+    process's start on this CPU, which only a torch.compile should cost)."""
+    import subprocess
+    import sys
+
+    probe = script + "\nimport sys\nprint('torch._dynamo' in sys.modules)\n"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    return out.stdout.strip().splitlines()[-1] == "True"

@@ -8,6 +8,7 @@ import torch
 
 from linnet.codegen_torch import runtime as rt
 from linnet.serve import runners
+from tests.conftest import imports_dynamo
 from tests.serve.conftest import noisy_cache, restore_cache, torch_on_gpu_branches
 
 
@@ -98,18 +99,12 @@ def test_a_model_that_is_not_compiled_never_imports_dynamo():
     """torch._dynamo is 1.5-3 s of a process's start on this CPU: only a step torch.compile fuses
     may import it (the runtime marks its compile-time constants then, `before_torch_compile`).
     A fresh process loads a model, serves two requests, and shows whether it was imported."""
-    import subprocess
-    import sys
-
     script = (
-        "import sys\n"
         "from linnet import nest\n"
         "from linnet.serve import Engine, Request\n"
         "model = nest.load('tiny-llama', backend='torch', weights='random', numerics='fast',\n"
         "                  generics={'Batch': 2, 'MaxSeq': 64, 'T': 'f32'})\n"
         "done, _ = Engine(model).run([Request(prompt=[1, 2, 3], max_new_tokens=3), Request(prompt=[4, 5], max_new_tokens=2)])\n"
         "assert [len(c.tokens) for c in done] == [3, 2]\n"
-        "print('torch._dynamo' in sys.modules)\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert not imports_dynamo(script)
