@@ -382,14 +382,7 @@ class Engine:
         if ahead is not None:
             going = [x for x in ahead.items if x.comp.finish_reason is None]
             if not prefilling and len(decoding) == len(going) and all(x is y for x, y in zip(decoding, going)):
-                # Steady decoding: the step after `ahead` goes out before `ahead` is read (or its
-                # decode alone, its draw after `ahead` is read).
-                if self._may_look_ahead():
-                    self._ahead = self._look_ahead(ahead)
-                elif self._may_send_decode_ahead():
-                    self._ahead = self._decode_ahead(ahead)
-                    return
-                self._settle(ahead)
+                self._send_next(ahead)  # steady decoding
                 return
             self._settle(ahead)  # the rows changed: read it, then this step as usual
             prefilling, decoding = self._prefilling(), self._decoding()
@@ -546,7 +539,11 @@ class Engine:
         tokens = np.zeros(self.rows, np.int32)
         for x in decoding:
             tokens[x.row] = x.tokens[x.cached]
-        step = self._dispatch(decoding, tokens, ahead=0)
+        self._send_next(self._dispatch(decoding, tokens, ahead=0))
+
+    def _send_next(self, step: _Decode):
+        """Reads `step`, the step after it sent first where it can be: whole (`_look_ahead`), or its
+        decode alone, its draw after `step` is read (`_decode_ahead`)."""
         if self._may_look_ahead():
             self._ahead = self._look_ahead(step)
         elif self._may_send_decode_ahead():
@@ -560,14 +557,20 @@ class Engine:
         positions = np.full(self.rows, self.runner.padding, np.int32)  # idle rows: padding, which writes nothing
         for x in items:
             positions[x.row] = x.cached + ahead
-        batch, histories = self._sampling(items, ahead, later=self.runner.masks_during_the_step)
-        try:
-            pending = self.runner.decode_sample(tokens, positions, batch, [x.row for x in items], histories)
-        except Exception:
-            if callable(histories):  # the masks' thread lets go of the matchers before the engine goes on
-                with contextlib.suppress(Exception):
-                    histories()
-            raise
+        runner, rows = self.runner, [x.row for x in items]
+        if runner.draws_apart and any(x.masked for x in items):
+            # JAX: the decode goes out alone, its structures' masks are made on this thread while it
+            # runs, then the draw over its logits (as `_decode_ahead`'s steps draw)
+            pending = self._draw_after(runner.decode_alone(tokens, positions), items, ahead)
+        else:
+            batch, histories = self._sampling(items, ahead, later=runner.masks_during_the_step)
+            try:
+                pending = runner.decode_sample(tokens, positions, batch, rows, histories)
+            except Exception:
+                if callable(histories):  # the masks' thread lets go of the matchers before the engine goes on
+                    with contextlib.suppress(Exception):
+                        histories()
+                raise
         self.stats.passes["decode"] += 1
         self.stats.occupancy.append(len(self.live) / self.rows)
         return _Decode(items, pending)
@@ -585,7 +588,7 @@ class Engine:
         """Where the next step cannot go out whole before this one is read (its draws need the host's
         work on this one's tokens: a structure's mask, penalties' counts, min_tokens' bans), whether
         its decode can, alone (`runner.draws_apart`: JAX), as `_may_look_ahead` has it otherwise."""
-        return (getattr(self.runner, "draws_apart", False) and self.runner.looks_ahead
+        return (self.runner.draws_apart and self.runner.looks_ahead
                 and not (self.waiting and self.free_rows) and not self.cancelled)
 
     def _decode_ahead(self, step: _Decode) -> _Decode | None:
@@ -607,8 +610,13 @@ class Engine:
         going = [x for x in items if x.comp.finish_reason is None]  # (a stop token, string or structure's end: its share wasted)
         if not going:
             return None
-        batch, histories = self._sampling(going)
-        return _Decode(going, self.runner.draw_after(logits, batch, [x.row for x in going], histories))
+        return _Decode(going, self._draw_after(logits, going))
+
+    def _draw_after(self, logits, items: list, ahead: int = 0):
+        """The draws of `items` over a decode's logits sent alone (`runner.decode_alone`), their
+        histories made now: while that decode runs."""
+        batch, histories = self._sampling(items, ahead)
+        return self.runner.draw_after(logits, batch, [x.row for x in items], histories)
 
     def _look_ahead(self, step: _Decode) -> _Decode | None:
         """The step after `step`, from its draws on the device, for the requests it does not end
@@ -642,8 +650,6 @@ class Engine:
         if not batch.adjusted:
             return batch, None
         structured = [x.matcher for x in items if x.masked]
-        if structured and later and self.runner.masks_on_the_callers_thread:  # called once the step is sent
-            return batch, lambda: self._histories(items, ahead, self._guide.allowed(structured))
         if structured and later:
             masks = self._guide.allowed_later(structured)
             return batch, lambda: self._histories(items, ahead, masks.result())

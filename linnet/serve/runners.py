@@ -204,8 +204,7 @@ class TorchRunner:
         # every core, and a thread beside them cost the host more than the masks it made (SmolLM2:
         # 1.3 ms a token more under a JSON schema, 0.6 under a regex; benchmarks/structured_overhead.py)
         self.masks_during_the_step = self.device.type == "cuda"
-        self.masks_on_the_callers_thread = False  # the caller waits on the step (replay): a thread makes them
-        self.draws_apart = False  # (JaxRunner's: decode_alone, draw_after)
+        self.draws_apart = False  # the draw follows the step in one call (JaxRunner's: decode_alone, draw_after)
         self._graph = None
         self._static_tokens = torch.zeros(self.batch, dtype=torch.int32, device=self.device)
         self._static_positions = torch.zeros(self.batch, dtype=torch.int32, device=self.device)
@@ -497,15 +496,10 @@ class JaxRunner:
         _xla_compiles()  # listening from here on
 
     looks_ahead = True  # an executable's call returns before it has run (JAX's async dispatch)
-    # A step whose histories come as a function (its structures' masks not yet made) goes out as the
-    # model's decode alone, its call returning at once; the histories are then made on the caller's
-    # thread while the device runs it, and the draw follows as an executable of its own. (Otherwise
-    # the draw is inside the decode step's executable, its logits never leaving it.)
-    masks_during_the_step = True
-    masks_on_the_callers_thread = True  # no thread of the engine's: this one waits on nothing meanwhile
-    # A step whose draws need the host's work on the step before (a structure's mask follows the token
-    # drawn; penalties count the tokens) can still go out before that step is read: its decode alone
-    # (`decode_alone`), the draw once the host has taken that step's tokens (`draw_after`)
+    masks_during_the_step = False  # no thread of the engine's: the draws apart below serve structures
+    # A step whose draws need the host's work (a structure's masks, which follow the token drawn;
+    # penalties' counts) sends the model's decode alone (`decode_alone`), the host doing that work
+    # while it runs, then the draw (`draw_after`): the engine's `_decode_ahead` and `_dispatch`
     draws_apart = True
 
     @property
@@ -587,15 +581,13 @@ class JaxRunner:
         request i from row rows[i]: one executable, whose logits never leave it. Every row is drawn
         for (a row without a request repeats request 0's settings), so that one executable serves
         every step and the draws come back laid out by row. `histories` are the executable's
-        arguments, needed before it is sent; given as a function, the step goes out first, the
-        function is called while it runs, and the draw is an executable of its own (`_split_step`)."""
+        arguments, needed before it is sent (a step whose histories should be made while it runs
+        goes as `decode_alone`, then `draw_after`)."""
         from linnet.serve.sampling_jax import arguments, mode, sampler
 
         rows = list(rows)
         placed = place(batch, rows, self.batch)
         tokens = tokens.tokens if isinstance(tokens, Pending) else np.asarray(tokens, np.int32)
-        if callable(histories):
-            return self._split_step(tokens, positions, batch, placed, rows, histories)
         adjustments = None
         if batch.adjusted and histories is not None:  # a warmup's draw has no histories: it moves nothing
             adjustments = logit_adjustments(batch, histories, self.model.vocab, self.batch, rows)
@@ -606,13 +598,6 @@ class JaxRunner:
             drawn = (drawn[0], None, None, None)
         return Pending(drawn[0], lambda: self._to_host(drawn, rows))
 
-    def _split_step(self, tokens, positions, batch: SamplingBatch, placed: SamplingBatch, rows: list,
-                    histories) -> Pending:
-        """The model's decode sent alone, `histories()` made while it runs (a structure's masks: the
-        host's work of a structured step), then the draw over its logits (`draw_after`)."""
-        logits = self.decode_alone(tokens, positions)
-        return self.draw_after(logits, batch, rows, histories(), placed)
-
     def decode_alone(self, tokens, positions):
         """The model's decode step over every row (tokens: host ids, or a `Pending`'s), sent without
         a draw: its logits [Batch, vocab], still on the device, for `draw_after`. Its call returns
@@ -621,14 +606,14 @@ class JaxRunner:
         with self._naming("the decode step alone (its draw apart, after the host's masks or counts)"):
             return self.model.decode(tokens, np.asarray(positions, np.int32))
 
-    def draw_after(self, logits, batch: SamplingBatch, rows, histories=None, placed=None) -> Pending:
+    def draw_after(self, logits, batch: SamplingBatch, rows, histories=None) -> Pending:
         """The draws for request i from row rows[i] of a `decode_alone`'s logits, as `sample` draws
         after a packed pass: the same executable a form (and the same as inside the decode step's),
         so the same tokens; laid out by row, as `decode_sample`'s."""
         from linnet.serve.sampling_jax import mode, sample
 
         rows = list(rows)
-        placed = placed if placed is not None else place(batch, rows, self.batch)
+        placed = place(batch, rows, self.batch)
         adjustments = None
         if batch.adjusted and histories is not None:
             adjustments = logit_adjustments(batch, histories, self.model.vocab, self.batch, rows)
@@ -714,8 +699,9 @@ class JaxRunner:
         for batch, histories in modes:
             rows = list(range(len(batch.temperature)))
             self.decode_sample(np.zeros(self.batch, np.int32), idle, batch, rows, histories).result()
-            if histories is not None:  # and split, as a structured step goes (`_split_step`)
-                self.decode_sample(np.zeros(self.batch, np.int32), idle, batch, rows, lambda h=histories: h).result()
+            if histories is not None:  # and apart, as a structured step goes (`Engine._draw_after`)
+                self.draw_after(self.decode_alone(np.zeros(self.batch, np.int32), idle), batch, rows,
+                                histories).result()
             if logits is not None:
                 self.sample(logits, batch, histories, rows=rows)
 

@@ -5,9 +5,10 @@ Each such request has its own matcher, which follows its tokens: before each dra
 the step's matchers, all at once on llguidance's threads, which tokens may come next, and the
 sampler bans the others on the device (a packed mask, one of `runners.logit_adjustments`); after
 it, each matcher takes its drawn token. Once a matcher has a complete output it stops, and so
-does its request. Where the draw comes after the model's step on the host's side (torch's), the
-masks are asked for as the step is sent and computed while it runs (`Guide.allowed_later`): they
-depend only on the tokens already taken.
+does its request. The masks depend only on the tokens already taken, so they are made while the
+model's step runs: on a thread, where the draw comes after the step on the host's side (torch on
+CUDA: `Guide.allowed_later`); on the engine's thread, where the step's decode goes out alone and
+its draw after (JAX: `Engine._draw_after`).
 """
 
 from __future__ import annotations
