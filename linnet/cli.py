@@ -570,7 +570,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--enable-auto-tool-choice", action="store_true",
                     help="vLLM's flag, taken as it is: 'auto' is on wherever a tool-call parser is known")
     sv.add_argument("--trust-request-chat-template", action="store_true",
-                    help="let a chat request bring its own 'chat_template' (run sandboxed; refused otherwise)")
+                    help="let a chat request bring its own 'chat_template' (rendered sandboxed, in a worker "
+                         "process held to 5 s and 512 MiB; refused otherwise)")
     sv.add_argument("--generation-config", choices=["auto", "vllm"], default="auto",
                     help="auto: a request that sets no temperature, top_p, top_k, min_p, repetition_penalty or "
                          "max_tokens takes the model's generation_config.json's, as vLLM's does; vllm: the "

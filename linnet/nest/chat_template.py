@@ -33,10 +33,9 @@ def _strftime_now(fmt):
     return datetime.now().strftime(fmt)
 
 
-@lru_cache(maxsize=16)
-def compile_template(source: str):
-    """The compiled template (cached: one model keeps rendering the same one)."""
-    import jinja2
+def environment(sandbox_class=None):
+    """A Jinja environment as transformers' (`sandbox_class`: the sandbox it is made of, by default
+    Jinja's immutable one; `bounded_template` gives one that also bounds sizes)."""
     from jinja2 import nodes
     from jinja2.ext import Extension, loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -49,16 +48,40 @@ def compile_template(source: str):
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
             return nodes.Scope(body).set_lineno(lineno)
 
-    env = ImmutableSandboxedEnvironment(
+    env = (sandbox_class or ImmutableSandboxedEnvironment)(
         trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, Generation]
     )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+def compiled(env, source: str):
+    """`source` compiled in `env`; a syntax error names its line."""
+    import jinja2
+
     try:
         return env.from_string(source)
     except jinja2.TemplateSyntaxError as e:
         raise TokenizerError(f"chat template, line {e.lineno}: {e.message}") from None
+
+
+@lru_cache(maxsize=16)
+def compile_template(source: str):
+    """The compiled template (cached: one model keeps rendering the same one)."""
+    return compiled(environment(), source)
+
+
+def template_variables(messages, add_generation_prompt, special_tokens, extra) -> dict[str, Any]:
+    """What a template sees: transformers' variables (tools and documents always defined, as none
+    when not given), the special tokens, and `extra` ones."""
+    variables: dict[str, Any] = {"tools": None, "documents": None}
+    variables.update(special_tokens or {})
+    variables.update(extra)
+    variables["messages"] = messages
+    variables["add_generation_prompt"] = add_generation_prompt
+    return variables
 
 
 def render_chat_template(
@@ -76,12 +99,7 @@ def render_chat_template(
     """
     import jinja2
 
-    # transformers always defines tools and documents (as none when not given)
-    variables: dict[str, Any] = {"tools": None, "documents": None}
-    variables.update(special_tokens or {})
-    variables.update(extra)
-    variables["messages"] = messages
-    variables["add_generation_prompt"] = add_generation_prompt
+    variables = template_variables(messages, add_generation_prompt, special_tokens, extra)
     try:
         return compile_template(source).render(**variables)
     except jinja2.TemplateError as e:

@@ -18,6 +18,7 @@ import json
 import math
 from dataclasses import dataclass
 
+from linnet.nest.bounded_template import TemplateLimitError
 from linnet.nest.errors import TokenizerError
 from linnet.serve.request import LARGEST_SCALE, MAX_LOGPROBS, Request, RequestError, is_int, tokens
 from linnet.serve.structured import Structure
@@ -509,15 +510,20 @@ def _earlier_calls(where: str, calls) -> list:
     return read
 
 
-def chat_prompt(body: dict, tokenizer) -> list:
-    """The token ids of the chat template applied to the body's messages (and tools, if shown)."""
+def chat_prompt(body: dict, tokenizer, own_templates=None) -> list:
+    """The token ids of the chat template applied to the body's messages (and tools, if shown).
+    `own_templates`: where a request's own `chat_template` renders (a `TemplateSandbox`, bounded in
+    time and memory), given where the server trusts requests to send one."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list", "messages")
     clean = [_message(i, m) for i, m in enumerate(messages)]
-    template = body.get("chat_template")  # vLLM's: the request's own (the server checks it may send one)
+    template = body.get("chat_template")  # vLLM's: the request's own
     if template is not None and (not isinstance(template, str) or not template.strip()):
         raise ApiError(400, "'chat_template' must be a Jinja template, as a string", "chat_template")
+    if template is not None and own_templates is None:
+        raise ApiError(400, "a request's own 'chat_template' needs the server started with "
+                            "--trust-request-chat-template; this one uses the model's", "chat_template")
     if tokenizer is None or (tokenizer.chat_template is None and template is None):
         raise ApiError(400, "this model has no chat template; use /v1/completions", "messages")
     # vLLM's chat_template_kwargs: more variables for the template (Qwen3's enable_thinking, ...)
@@ -540,8 +546,16 @@ def chat_prompt(body: dict, tokenizer) -> list:
         raise ApiError(400, "'continue_final_message' continues a final assistant message, and cannot be "
                             "sent with 'add_generation_prompt': true", "continue_final_message")
     try:
-        text = tokenizer.apply_chat_template(clean, add_generation_prompt=generation_prompt, template=template, **extra)
+        if template is None:
+            text = tokenizer.apply_chat_template(clean, add_generation_prompt=generation_prompt, **extra)
+        else:
+            text = own_templates.render(template, clean, add_generation_prompt=generation_prompt,
+                                        special_tokens=tokenizer.special_tokens, **extra)
+    except TemplateLimitError as err:
+        raise ApiError(400, f"the request's 'chat_template' was stopped: {err}", "chat_template") from None
     except Exception as err:
+        if template is not None:
+            raise ApiError(400, f"the request's 'chat_template' failed: {err}", "chat_template") from None
         raise ApiError(400, f"the chat template rejected the messages: {err}", "messages") from None
     if extend:
         text = _cut_after_final(text, clean[-1]["content"])
@@ -562,12 +576,13 @@ def _cut_after_final(text: str, final: str) -> str:
 
 
 def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=None,
-             structure_in_reasoning: bool = False) -> Job:
+             structure_in_reasoning: bool = False, own_templates=None) -> Job:
     """`structure_in_reasoning`: a structure holds a reasoning model's thinking too (vLLM's
-    structured_outputs_config.enable_in_reasoning), not just its answer."""
+    structured_outputs_config.enable_in_reasoning), not just its answer; `own_templates`: as
+    `chat_prompt`'s."""
     _refuse_unsupported(body, chat=True)
     n = _choices_per_prompt(body)
-    ids = _truncated(body, chat_prompt(body, tokenizer), max_seq)
+    ids = _truncated(body, chat_prompt(body, tokenizer, own_templates), max_seq)
     wants_logprobs = _boolean(body, "logprobs", False)  # chat's is a flag; completions' a count
     if body.get("top_logprobs") is not None and not wants_logprobs:
         raise ApiError(400, "when using 'top_logprobs', 'logprobs' must be set to true", "top_logprobs")

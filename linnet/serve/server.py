@@ -19,6 +19,7 @@ import json
 import time
 import uuid
 
+from linnet.nest.template_sandbox import TemplateSandbox
 from linnet.serve.cors import CorsPolicy
 from linnet.serve.engine import Engine
 from linnet.serve.metrics import prometheus_text
@@ -40,17 +41,19 @@ class OpenAIServer:
     def __init__(self, engine: Engine, model_name: str, api_key: str | None = None, tool_parser: str | None = None,
                  reasoning_parser: str | None = None, structure_in_reasoning: bool = False,
                  stored_responses: int = 1024, trust_request_chat_template: bool = False,
-                 cors: CorsPolicy | None = None):
+                 cors: CorsPolicy | None = None, template_sandbox: TemplateSandbox | None = None):
         """`tool_parser`: the name of the reader of the model's own tool calls (`tool_parsers`), which
         lets a request with tools leave tool_choice "auto"; `reasoning_parser`, of a reasoning model's
         thinking (`reasoning`), which chat replies then give apart as `reasoning_content`, and whose
         structured outputs hold only the answer, unless `structure_in_reasoning`; `stored_responses`:
         how many Responses are kept for `previous_response_id` (the newest; 0 keeps none);
-        `trust_request_chat_template`: a chat body may bring its own `chat_template` (vLLM's flag:
-        a template runs sandboxed, but may run long); `cors`: which other origins' pages may call
+        `trust_request_chat_template`: a chat body may bring its own `chat_template` (vLLM's flag),
+        rendered in `template_sandbox` (by default one of 5 s and 512 MiB a render: a hostile
+        template gets a 400, the server goes on); `cors`: which other origins' pages may call
         (default: vLLM's, any origin without credentials)."""
         self.cors = cors or CorsPolicy()
         self.trust_request_chat_template = trust_request_chat_template
+        self.own_templates = (template_sandbox or TemplateSandbox()) if trust_request_chat_template else None
         self.structure_in_reasoning = structure_in_reasoning
         self.responses = ResponseStore(stored_responses)
         from linnet.serve.reasoning import reasoning_parser as find_reasoning
@@ -128,6 +131,8 @@ class OpenAIServer:
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.engine.stop()
+                if self.own_templates is not None:
+                    self.own_templates.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -213,7 +218,8 @@ class OpenAIServer:
         if self.tokenizer is None:
             raise ApiError(400, "this model has no tokenizer")
         if "messages" in body:
-            ids = await asyncio.to_thread(chat_prompt, body, self.tokenizer)  # (as `_generate`'s, off the loop)
+            ids = await asyncio.to_thread(chat_prompt, body, self.tokenizer,  # (as `_generate`'s, off the loop)
+                                          self.own_templates)
         elif isinstance(body.get("prompt"), str):
             special = body.get("add_special_tokens", True)
             if not isinstance(special, bool):
@@ -246,7 +252,7 @@ class OpenAIServer:
             # would hold the event loop, and every stream with it (a 4 MB prompt: 2 s)
             if chat:
                 job = await asyncio.to_thread(chat_job, body, self.tokenizer, self.model.max_seq, self.tool_parser,
-                                              self.reasoning, self.structure_in_reasoning)
+                                              self.reasoning, self.structure_in_reasoning, self.own_templates)
             else:
                 job = await asyncio.to_thread(completion_job, body, self.tokenizer, self.model.max_seq)
             for req in job.requests:

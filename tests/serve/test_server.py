@@ -1206,6 +1206,48 @@ def test_a_requests_own_chat_template_and_documents(server):
             assert status == 400 and needle in json.loads(text)["error"]["message"], text
 
 
+def test_a_hostile_request_template_gets_a_400_and_the_others_are_served():
+    """A request's own template that would take the server's time or memory is stopped in its worker
+    process (vLLM renders it in the server's own): its request gets a 400 naming the bound, while
+    requests beside it, with the model's template or a template of their own, are answered."""
+    from linnet.nest.template_sandbox import TemplateSandbox
+
+    from .conftest import TEMPLATE, running
+    from .test_engine import word_tokenizer
+
+    model = make_model("torch", rows=2, max_seq=64)
+    model.tokenizer = word_tokenizer(model.vocab)
+    model.tokenizer.chat_template = TEMPLATE
+    messages = [{"role": "user", "content": "t5 t6"}]
+    hostile = {"slow": "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+               "big": '{{ "x" * 10**10 }}'}
+    bodies = [{"messages": messages, "max_tokens": 3, "temperature": 0, "chat_template": template}
+              for template in hostile.values()]
+    bodies += [{"messages": messages, "max_tokens": 3, "temperature": 0},
+               {"messages": messages, "max_tokens": 3, "temperature": 0,
+                "chat_template": "t7 {% for m in messages %}{{ m.content }}{% endfor %}"}]
+    sandbox = TemplateSandbox(seconds=2)
+    with running(Engine(model), trust_request_chat_template=True, template_sandbox=sandbox) as base:
+        def timed(body):
+            status, text = call(base, "/v1/chat/completions", body)
+            return status, json.loads(text), time.monotonic()
+
+        with ThreadPoolExecutor(4) as pool:
+            (slow, big, plain, own) = pool.map(timed, bodies)
+        for status, reply, _ in (slow, big):
+            assert status == 400 and reply["error"]["param"] == "chat_template"
+            assert reply["error"]["type"] == "invalid_request_error"
+        assert "did not finish within 2 s" in slow[1]["error"]["message"]
+        assert "'*' would make 10000000000 items" in big[1]["error"]["message"]
+        assert plain[0] == 200 and plain[1]["usage"]["prompt_tokens"] == 5  # t1 t5 t6 t2 t3
+        assert own[0] == 200 and own[1]["usage"]["prompt_tokens"] == 3      # t7 t5 t6
+        assert plain[2] < slow[2]  # answered while the hostile template was still rendering
+        # and the sandbox serves on after its worker was killed
+        own_body = {"messages": messages, "chat_template": bodies[3]["chat_template"]}
+        again = json.loads(call(base, "/tokenize", own_body)[1])
+        assert again["tokens"] == [7, 5, 6]
+
+
 def test_return_tokens_as_token_ids_names_logprob_tokens_by_id(server):
     """vLLM's return_tokens_as_token_ids: "token_id:ID" where the token's text would be (the word
     tokenizer's token ID is the text tID), whole and streamed, completions and chat."""

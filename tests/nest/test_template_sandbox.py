@@ -1,0 +1,89 @@
+"""Requests' own chat templates: rendered as transformers renders them, and stopped, with the bound
+named, where they would take the server's memory or time."""
+
+import re
+import time
+
+import pytest
+
+from linnet.nest.bounded_template import MAX_RANGE, MAX_TEXT, TemplateLimitError, render_bounded
+from linnet.nest.errors import TokenizerError
+from linnet.nest.template_sandbox import TemplateSandbox
+
+# ChatML in the way SmolLM2's and Qwen's templates write it, with tools and a loop over a range
+CHATML = (
+    "{% if tools %}<|im_start|>system\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}{% if loop.first and m.role != 'system' %}<|im_start|>system\nYou are helpful."
+    "<|im_end|>\n{% endif %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    "{% for i in range(2) %}{{ '-' * 3 }}{{ i + 1 }}{% endfor %}{{ bos_token }}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+MESSAGES = [{"role": "user", "content": "Hi, é \u4e2d 🙂"}, {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": ""}]
+TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    box = TemplateSandbox(seconds=1.5)
+    yield box
+    box.close()
+
+
+def reference(**kw):
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"<s>": 0, "x": 1}, unk_token="x")),
+                                  bos_token="<s>")
+    tok.chat_template = CHATML
+    return tok.apply_chat_template(MESSAGES, tokenize=False, **kw)
+
+
+@pytest.mark.parametrize("generation_prompt", [True, False])
+def test_a_requests_template_renders_as_transformers_does(sandbox, generation_prompt):
+    expected = reference(add_generation_prompt=generation_prompt, tools=TOOLS)
+    kw = dict(add_generation_prompt=generation_prompt, special_tokens={"bos_token": "<s>"}, tools=TOOLS)
+    assert render_bounded(CHATML, MESSAGES, **kw) == expected
+    assert sandbox.render(CHATML, MESSAGES, **kw) == expected
+
+
+@pytest.mark.parametrize("source, needle", [
+    ("{% for i in range(10**9) %}x{% endfor %}", f"range() of 1000000000 items; at most {MAX_RANGE}"),
+    ('{{ "x" * 10**10 }}', "'*' would make 10000000000 items"),
+    ("{{ [1, 2] * 10**9 }}", "'*' would make 2000000000 items"),
+    ("{{ 2 ** (10 ** 9) }}", "'**' would make an integer"),
+    ("{% set a = 'x' * 10**7 %}{{ a + a }}", "'+' would make 20000000 items"),
+    ("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", f"passed {MAX_TEXT} characters"),
+])
+def test_sizes_past_a_bound_are_refused_before_they_are_made(source, needle):
+    start = time.monotonic()
+    with pytest.raises(TemplateLimitError, match=re.escape(needle)):
+        render_bounded(source, MESSAGES)
+    assert time.monotonic() - start < 2
+
+
+def test_a_templates_own_errors_are_tokenizer_errors(sandbox):
+    for source, needle in (("{% for %}", "line 1"), ("{{ raise_exception('alternate!') }}", "alternate!"),
+                           ("{{ 1 / 0 }}", "ZeroDivisionError"), ("{{ messages.append(1) }}", "unsafe")):
+        with pytest.raises(TokenizerError, match=needle):
+            sandbox.render(source, MESSAGES)
+
+
+@pytest.mark.parametrize("source, needle", [
+    # what no single operation shows: the worker's time and memory bound it
+    ("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "within 1.5 s"),
+    ("{% macro f(n) %}{% if n < 60 %}{{ f(n + 1) }}{{ f(n + 1) }}{% endif %}{% endmacro %}{{ f(0) }}",
+     "within 1.5 s"),
+    ("{% set ns = namespace(a=[1]) %}{% for i in range(64) %}{% set ns.a = [ns.a, ns.a] %}{% endfor %}"
+     "{{ ns.a }}", "within 1.5 s"),
+    ("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}", "recursed too deeply"),
+    ('{{ "x".ljust(10**10) }}', "more than 512 MiB of memory"),
+    ("{% set ns = namespace(s='xx') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}"
+     "{{ ns.s | length }}", "more than 512 MiB of memory"),
+])
+def test_a_hostile_template_is_stopped_and_the_sandbox_goes_on(sandbox, source, needle):
+    start = time.monotonic()
+    with pytest.raises(TemplateLimitError, match=needle):
+        sandbox.render(source, MESSAGES)
+    assert time.monotonic() - start < 1.5 + 10  # the bound, and a worker's start on a loaded machine
+    assert sandbox.render("{{ messages[0].content }}", MESSAGES) == MESSAGES[0]["content"]
