@@ -73,6 +73,20 @@ def compile_template(source: str):
     return compiled(environment(), source)
 
 
+@lru_cache(maxsize=16)
+def template_strings(source: str) -> frozenset[str]:
+    """The string constants `source` holds (the roles it compares a message's with among them);
+    none where it does not parse."""
+    import jinja2
+    from jinja2 import nodes
+
+    try:
+        tree = environment().parse(source)
+    except (jinja2.TemplateSyntaxError, RecursionError):
+        return frozenset()
+    return frozenset(c.value for c in tree.find_all(nodes.Const) if isinstance(c.value, str))
+
+
 def template_variables(messages, add_generation_prompt, special_tokens, extra) -> dict[str, Any]:
     """What a template sees: transformers' variables (tools and documents always defined, as none
     when not given), the special tokens, and `extra` ones."""

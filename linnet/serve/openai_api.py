@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 from linnet.nest.bounded_template import TemplateLimitError
+from linnet.nest.chat_template import template_strings
 from linnet.nest.errors import TokenizerError
 from linnet.serve.request import LARGEST_SCALE, MAX_LOGPROBS, Request, RequestError, is_int, tokens
 from linnet.serve.structured import Structure
@@ -447,13 +448,19 @@ def completion_job(body: dict, tokenizer, max_seq: int) -> Job:
                echo_logprobs=echoed and logprobs is not None, prompt_logprobs=asked is not None)
 
 
-def _message(i: int, m) -> dict:
-    """One chat message as the template sees it: text content (parts joined), developer as system."""
-    if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def _message(i: int, m, roles: frozenset | None = None) -> dict:
+    """One chat message as the template sees it: text content (parts joined), developer as system.
+    A role past OpenAI's goes to the template as it is where `roles` (None: any) holds it: the
+    strings the template names, so Llama 3's `ipython` reaches Llama 3's template, as vLLM's custom
+    roles and llama.cpp's server pass it, while a role no template knows is the client's error."""
+    if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not m["role"]:
         raise ApiError(400, f"messages[{i}] must be an object with a 'role'", f"messages[{i}]")
-    if m["role"] not in ("system", "user", "assistant", "developer", "tool"):
-        raise ApiError(400, f"messages[{i}].role {m['role']!r} is not one of system, developer, user, assistant, "
-                            f"tool", f"messages[{i}].role")
+    if m["role"] not in OPENAI_ROLES and roles is not None and m["role"] not in roles:
+        raise ApiError(400, f"messages[{i}].role {m['role']!r} is not one of {', '.join(OPENAI_ROLES)}, nor a role "
+                            f"this model's chat template names", f"messages[{i}].role")
     content = m.get("content")
     if content is None and m["role"] != "assistant":  # only an assistant's turn may be calls alone
         raise ApiError(400, f"messages[{i}].content is required in a {m['role']} message", f"messages[{i}].content")
@@ -475,6 +482,10 @@ def _message(i: int, m) -> dict:
     for key in ("name", "tool_calls", "tool_call_id", "reasoning_content", "thinking"):  # what templates read
         if m.get(key) is not None:
             out[key] = m[key]
+    if m.get("reasoning") is not None and "reasoning_content" not in out:  # vLLM's newer name for it
+        out["reasoning_content"] = m["reasoning"]
+    if out.get("tool_calls") == []:  # no calls: the turn is the template's plain kind (as vLLM drops them)
+        del out["tool_calls"]
     # an earlier turn's thinking under both names: vLLM's, and gpt-oss's template's (which refuses
     # thinking beside the text of a turn that calls tools: it writes that text as the thinking)
     if "thinking" in out and "reasoning_content" not in out:
@@ -517,7 +528,6 @@ def chat_prompt(body: dict, tokenizer, own_templates=None) -> list:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list", "messages")
-    clean = [_message(i, m) for i, m in enumerate(messages)]
     template = body.get("chat_template")  # vLLM's: the request's own
     if template is not None and (not isinstance(template, str) or not template.strip()):
         raise ApiError(400, "'chat_template' must be a Jinja template, as a string", "chat_template")
@@ -526,6 +536,10 @@ def chat_prompt(body: dict, tokenizer, own_templates=None) -> list:
                             "--trust-request-chat-template; this one uses the model's", "chat_template")
     if tokenizer is None or (tokenizer.chat_template is None and template is None):
         raise ApiError(400, "this model has no chat template; use /v1/completions", "messages")
+    # the roles past OpenAI's a template takes: those the model's names; any, to a client's own
+    models = (tokenizer.chat_template, *getattr(tokenizer, "chat_templates", {}).values())
+    roles = None if template is not None else frozenset().union(*(template_strings(t) for t in models))
+    clean = [_message(i, m, roles) for i, m in enumerate(messages)]
     # vLLM's chat_template_kwargs: more variables for the template (Qwen3's enable_thinking, ...)
     extra = body.get("chat_template_kwargs") or {}
     if not isinstance(extra, dict) or not all(isinstance(k, str) for k in extra):
@@ -542,9 +556,12 @@ def chat_prompt(body: dict, tokenizer, own_templates=None) -> list:
     # vLLM's continue_final_message: the prompt ends inside the last (assistant) message, not after it
     extend = _boolean(body, "continue_final_message", False)
     generation_prompt = _boolean(body, "add_generation_prompt", not extend)
-    if extend and (generation_prompt or clean[-1]["role"] != "assistant"):
+    if extend and generation_prompt:
         raise ApiError(400, "'continue_final_message' continues a final assistant message, and cannot be "
                             "sent with 'add_generation_prompt': true", "continue_final_message")
+    if extend and clean[-1]["role"] != "assistant":
+        raise ApiError(400, f"'continue_final_message' continues a final assistant message; the last message "
+                            f"here is a {clean[-1]['role']} message", "continue_final_message")
     try:
         if template is None:
             text = tokenizer.apply_chat_template(clean, add_generation_prompt=generation_prompt, **extra)

@@ -1033,6 +1033,8 @@ def test_chat_template_kwargs_and_continuing_the_final_message_render_as_transfo
     ({"chat_template_kwargs": ["enable_thinking"]}, "'chat_template_kwargs' must be an object"),
     ({"continue_final_message": True, "add_generation_prompt": True}, "cannot be sent with 'add_generation_prompt'"),
     ({"continue_final_message": "yes"}, "'continue_final_message' must be true or false"),
+    ({"continue_final_message": True, "messages": [{"role": "user", "content": "Hi"}]},
+     "the last message here is a user message"),
 ])
 def test_bad_template_options_are_400s(body, needle):
     from linnet.serve.openai_api import ApiError, chat_job
@@ -1045,6 +1047,67 @@ def test_bad_template_options_are_400s(body, needle):
     with pytest.raises(ApiError, match=needle) as err:
         chat_job({"messages": messages, **body}, tok, 512)
     assert err.value.status == 400
+
+
+# Llama 3's way with a turn: `'tool_calls' in message` makes it a call (one, or the template refuses),
+# and any role is a header, ipython (a tool's output) among them
+HEADER_TEMPLATE = (
+    "{% for m in messages %}{% if m.role == 'ipython' %}<|tool output|>{{ m.content }}"
+    "{% elif 'tool_calls' in m %}{% if m.tool_calls | length != 1 %}"
+    "{{ raise_exception('This model only supports single tool-calls at once!') }}{% endif %}"
+    "<|call|>{{ m.tool_calls[0].function.name }}{% else %}<|{{ m.role }}|>{{ m.content }}"
+    "{% if m.reasoning_content %} ({{ m.reasoning_content }}){% endif %}{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+@pytest.mark.parametrize("sent, seen", [
+    # an empty tool_calls list is no call: the turn is a plain one (vLLM drops it; clients send [])
+    ({"role": "assistant", "content": "Hello", "tool_calls": []}, {"role": "assistant", "content": "Hello"}),
+    # a role past OpenAI's that the template names reaches it as it is (vLLM's custom roles, llama.cpp's server)
+    ({"role": "ipython", "content": "{\"temp\": 20}"}, {"role": "ipython", "content": "{\"temp\": 20}"}),
+    # vLLM's newer name for an earlier turn's thinking
+    ({"role": "assistant", "content": "Hello", "reasoning": "greet"},
+     {"role": "assistant", "content": "Hello", "reasoning_content": "greet"}),
+])
+def test_messages_reach_the_template_as_vllm_passes_them(sent, seen):
+    """transformers' apply_chat_template over the messages as vLLM hands them to it is the reference."""
+    from transformers import PreTrainedTokenizerFast
+
+    from linnet.serve.openai_api import chat_job
+
+    from .test_structured import byte_tokenizer
+
+    tok = byte_tokenizer(128)
+    tok.chat_template = HEADER_TEMPLATE
+    first, last = {"role": "user", "content": "Hi"}, {"role": "user", "content": "And?"}
+    reference = PreTrainedTokenizerFast(tokenizer_object=tok.backend)
+    reference.chat_template = HEADER_TEMPLATE
+    expected = reference.apply_chat_template([first, seen, last], tokenize=False, add_generation_prompt=True)
+    job = chat_job({"messages": [first, sent, last]}, tok, 512)
+    assert tok.decode(job.requests[0].prompt) == expected
+
+
+def test_a_role_no_template_names_is_a_400():
+    """A role past OpenAI's that the model's template never names (a typo) is the client's error, as
+    OpenAI answers it; a template of the request's own takes any (its writer knows its roles)."""
+    from linnet.nest.template_sandbox import TemplateSandbox
+    from linnet.serve.openai_api import ApiError, chat_prompt
+
+    from .test_structured import byte_tokenizer
+
+    tok = byte_tokenizer(128)
+    tok.chat_template = HEADER_TEMPLATE
+    messages = [{"role": "user", "content": "Hi"}, {"role": "ipythn", "content": "out"}]
+    with pytest.raises(ApiError, match="'ipythn' is not one of system, developer, user, assistant, tool") as err:
+        chat_prompt({"messages": messages}, tok)
+    assert (err.value.status, err.value.body["error"]["param"]) == (400, "messages[1].role")
+    sandbox = TemplateSandbox()
+    try:
+        own = "{% for m in messages %}{{ m.role }}:{{ m.content }};{% endfor %}"
+        assert tok.decode(chat_prompt({"messages": messages, "chat_template": own}, tok, sandbox)) == \
+            "user:Hi;ipythn:out;"
+    finally:
+        sandbox.close()
 
 
 # A template in the way of Qwen2.5's and Llama 3.1's: an earlier turn's tool calls written back as
