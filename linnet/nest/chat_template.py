@@ -12,6 +12,7 @@ renders its body unchanged.
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from functools import lru_cache
 from typing import Any
@@ -85,6 +86,16 @@ def template_strings(source: str) -> frozenset[str]:
     except (jinja2.TemplateSyntaxError, RecursionError):
         return frozenset()
     return frozenset(c.value for c in tree.find_all(nodes.Const) if isinstance(c.value, str))
+
+
+# a loop over a message's content: `{% for part in message['content'] %}` (Gemma 3's, Llama 4's)
+_CONTENT_LOOP = re.compile(r"""\{%[-+]?\s*for\s+\w+\s+in\s+\w+\s*(?:\.\s*content\b|\[\s*['"]content['"]\s*\])""")
+
+
+def takes_content_parts(source: str) -> bool:
+    """Whether `source` loops over a message's content, as a template that takes OpenAI's content
+    parts does (vLLM's "openai" content format, which it detects so too, from the loop)."""
+    return _CONTENT_LOOP.search(source) is not None
 
 
 def template_variables(messages, add_generation_prompt, special_tokens, extra) -> dict[str, Any]:

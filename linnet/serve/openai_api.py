@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 from linnet.nest.bounded_template import TemplateLimitError
-from linnet.nest.chat_template import template_strings
+from linnet.nest.chat_template import takes_content_parts, template_strings
 from linnet.nest.errors import TokenizerError
 from linnet.serve.request import LARGEST_SCALE, MAX_LOGPROBS, Request, RequestError, is_int, tokens
 from linnet.serve.structured import Structure
@@ -451,8 +451,10 @@ def completion_job(body: dict, tokenizer, max_seq: int) -> Job:
 OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-def _message(i: int, m, roles: frozenset | None = None) -> dict:
-    """One chat message as the template sees it: text content (parts joined), developer as system.
+def _message(i: int, m, roles: frozenset | None = None, parts: bool = False) -> dict:
+    """One chat message as the template sees it: text content (parts joined, or kept as text parts
+    where `parts`: the template loops over them, and a tool's joined, as vLLM passes them), developer
+    as system.
     A role past OpenAI's goes to the template as it is where `roles` (None: any) holds it: the
     strings the template names, so Llama 3's `ipython` reaches Llama 3's template, as vLLM's custom
     roles and llama.cpp's server pass it, while a role no template knows is the client's error."""
@@ -470,13 +472,13 @@ def _message(i: int, m, roles: frozenset | None = None) -> dict:
     if content is None:
         content = ""
     if isinstance(content, list):  # content parts: text only, a line each (as vLLM and llama.cpp's server join them)
-        parts = []
+        texts = []
         for part in content:
             if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
                 raise ApiError(400, f"messages[{i}].content: only text parts are supported", f"messages[{i}].content")
-            parts.append(part["text"])
-        content = "\n".join(parts)
-    if not isinstance(content, str):
+            texts.append(part["text"])
+        content = [{"type": "text", "text": t} for t in texts] if parts and m["role"] != "tool" else "\n".join(texts)
+    if not isinstance(content, (str, list)):
         raise ApiError(400, f"messages[{i}].content must be a string", f"messages[{i}].content")
     out = {"role": "system" if m["role"] == "developer" else m["role"], "content": content}
     for key in ("name", "tool_calls", "tool_call_id", "reasoning_content", "thinking"):  # what templates read
@@ -539,7 +541,8 @@ def chat_prompt(body: dict, tokenizer, own_templates=None) -> list:
     # the roles past OpenAI's a template takes: those the model's names; any, to a client's own
     models = (tokenizer.chat_template, *getattr(tokenizer, "chat_templates", {}).values())
     roles = None if template is not None else frozenset().union(*(template_strings(t) for t in models))
-    clean = [_message(i, m, roles) for i, m in enumerate(messages)]
+    parts = any(takes_content_parts(t) for t in ((template,) if template is not None else models) if t)
+    clean = [_message(i, m, roles, parts) for i, m in enumerate(messages)]
     # vLLM's chat_template_kwargs: more variables for the template (Qwen3's enable_thinking, ...)
     extra = body.get("chat_template_kwargs") or {}
     if not isinstance(extra, dict) or not all(isinstance(k, str) for k in extra):
@@ -574,8 +577,9 @@ def chat_prompt(body: dict, tokenizer, own_templates=None) -> list:
         if template is not None:
             raise ApiError(400, f"the request's 'chat_template' failed: {err}", "chat_template") from None
         raise ApiError(400, f"the chat template rejected the messages: {err}", "messages") from None
-    if extend:
-        text = _cut_after_final(text, clean[-1]["content"])
+    if extend:  # (of a final message in parts, its last, as transformers cuts it)
+        final = clean[-1]["content"]
+        text = _cut_after_final(text, final if isinstance(final, str) else (final[-1]["text"] if final else ""))
     return encode_text(tokenizer, text, "messages", add_special_tokens=False,
                        what="the chat template's text of 'messages'")
 

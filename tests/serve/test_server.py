@@ -1087,6 +1087,45 @@ def test_messages_reach_the_template_as_vllm_passes_them(sent, seen):
     assert tok.decode(job.requests[0].prompt) == expected
 
 
+# Gemma 3's way with content: a string trimmed, or each text part of a list trimmed, with nothing between
+PARTS_TEMPLATE = (
+    "{% for message in messages %}<start_of_turn>{{ message['role'] }}\n"
+    "{%- if message['content'] is string %}{{ message['content'] | trim }}"
+    "{%- else %}{%- for item in message['content'] %}{%- if item['type'] == 'text' %}{{ item['text'] | trim }}"
+    "{%- endif %}{%- endfor %}{%- endif %}<end_of_turn>\n{% endfor %}"
+    "{%- if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+
+@pytest.mark.parametrize("extend", [False, True])
+def test_content_parts_reach_a_template_that_loops_over_them(extend):
+    """A template that loops over a message's content gets its text parts as a list, as vLLM detects
+    and passes them ("openai" content format), where others get them joined a line each; a tool's
+    output is joined for every template (as vLLM's). transformers' apply_chat_template is the
+    reference; with continue_final_message it cuts after the last part's text, as transformers does."""
+    from transformers import PreTrainedTokenizerFast
+
+    from linnet.serve.openai_api import chat_job
+
+    from .test_structured import byte_tokenizer
+
+    tok = byte_tokenizer(128)
+    tok.chat_template = PARTS_TEMPLATE
+    parts = [{"type": "text", "text": " Name "}, {"type": "text", "text": "a colour. "}]
+    messages = [{"role": "user", "content": parts}, {"role": "tool", "tool_call_id": "c1", "content": parts}]
+    seen = [messages[0], {"role": "tool", "tool_call_id": "c1", "content": " Name \na colour. "}]
+    if extend:
+        messages.append({"role": "assistant", "content": [{"type": "text", "text": "Red, "},
+                                                          {"type": "text", "text": "or "}]})
+        seen.append(messages[-1])
+    reference = PreTrainedTokenizerFast(tokenizer_object=tok.backend)
+    reference.chat_template = PARTS_TEMPLATE
+    expected = reference.apply_chat_template(seen, tokenize=False, add_generation_prompt=not extend,
+                                             continue_final_message=extend)
+    assert "Namea colour." in expected
+    job = chat_job({"messages": messages, "continue_final_message": extend}, tok, 512)
+    assert tok.decode(job.requests[0].prompt) == expected
+
+
 def test_a_role_no_template_names_is_a_400():
     """A role past OpenAI's that the model's template never names (a typo) is the client's error, as
     OpenAI answers it; a template of the request's own takes any (its writer knows its roles)."""
