@@ -73,7 +73,7 @@ class TemplateSandbox:
     """Renders templates in up to `workers` processes, each render held to `seconds` and `memory` bytes."""
 
     def __init__(self, seconds: float = 5.0, memory: int = 512 << 20, workers: int = 2):
-        self.seconds, self.memory = seconds, memory
+        self.seconds, self.memory, self.workers = seconds, memory, workers
         self._slots = threading.BoundedSemaphore(workers)
         self._lock = threading.Lock()
         self._idle: list[_Worker] = []

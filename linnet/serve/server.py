@@ -14,10 +14,12 @@ Web pages on other origins may call it as `cors.CorsPolicy` allows.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 import json
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 from linnet.nest.template_sandbox import TemplateSandbox
 from linnet.serve.cors import CorsPolicy
@@ -54,6 +56,11 @@ class OpenAIServer:
         self.cors = cors or CorsPolicy()
         self.trust_request_chat_template = trust_request_chat_template
         self.own_templates = (template_sandbox or TemplateSandbox()) if trust_request_chat_template else None
+        # A request with its own template is prepared on threads of its own, as many as the sandbox
+        # renders at once: those waiting for a render hold none of the threads everyone's prompts
+        # are made on (asyncio's, 6 on 2 cores), so a flood of slow templates delays only its like.
+        self._template_threads = None if self.own_templates is None else ThreadPoolExecutor(
+            self.own_templates.workers, thread_name_prefix="request-template")
         self.structure_in_reasoning = structure_in_reasoning
         self.responses = ResponseStore(stored_responses)
         from linnet.serve.reasoning import reasoning_parser as find_reasoning
@@ -132,6 +139,7 @@ class OpenAIServer:
             elif message["type"] == "lifespan.shutdown":
                 self.engine.stop()
                 if self.own_templates is not None:
+                    self._template_threads.shutdown(wait=False, cancel_futures=True)
                     self.own_templates.close()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
@@ -218,8 +226,8 @@ class OpenAIServer:
         if self.tokenizer is None:
             raise ApiError(400, "this model has no tokenizer")
         if "messages" in body:
-            ids = await asyncio.to_thread(chat_prompt, body, self.tokenizer,  # (as `_generate`'s, off the loop)
-                                          self.own_templates)
+            ids = await self._prepared(body, chat_prompt, body, self.tokenizer,  # (as `_generate`'s, off the loop)
+                                       self.own_templates)
         elif isinstance(body.get("prompt"), str):
             special = body.get("add_special_tokens", True)
             if not isinstance(special, bool):
@@ -251,8 +259,8 @@ class OpenAIServer:
             # on a thread of its own: a long prompt's template and tokens (and a structure's grammar)
             # would hold the event loop, and every stream with it (a 4 MB prompt: 2 s)
             if chat:
-                job = await asyncio.to_thread(chat_job, body, self.tokenizer, self.model.max_seq, self.tool_parser,
-                                              self.reasoning, self.structure_in_reasoning, self.own_templates)
+                job = await self._prepared(body, chat_job, body, self.tokenizer, self.model.max_seq, self.tool_parser,
+                                           self.reasoning, self.structure_in_reasoning, self.own_templates)
             else:
                 job = await asyncio.to_thread(completion_job, body, self.tokenizer, self.model.max_seq)
             for req in job.requests:
@@ -281,6 +289,11 @@ class OpenAIServer:
             for s in streams:
                 if s.completion.finish_reason is None:
                     self.engine.cancel(s.completion.id)
+
+    async def _prepared(self, body: dict, prepare, *args):
+        """`prepare(*args)` on a thread: the request templates' own where `body` brings one."""
+        threads = self._template_threads if body.get("chat_template") is not None else None
+        return await asyncio.get_running_loop().run_in_executor(threads, functools.partial(prepare, *args))
 
     async def _cancel_on_disconnect(self, receive, comps: list):
         while (await receive())["type"] != "http.disconnect":
