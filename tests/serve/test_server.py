@@ -1126,6 +1126,62 @@ def test_content_parts_reach_a_template_that_loops_over_them(extend):
     assert tok.decode(job.requests[0].prompt) == expected
 
 
+@pytest.fixture(scope="module")
+def smollm2_tokenizer():
+    from linnet.nest.embedded import embedded_gguf_path
+    from linnet.nest.tokenizer import Tokenizer
+
+    return Tokenizer.from_gguf(embedded_gguf_path())
+
+
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+             "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+UNICODE = "é 中文 🙂 עברית e\u0301 \u2028 end"
+
+
+@pytest.mark.parametrize("body, seen", [
+    ({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}, None),
+    ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"},
+                   {"role": "user", "content": UNICODE}]}, None),
+    ({"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}],
+      "add_generation_prompt": False}, None),
+    ({"messages": [{"role": "user", "content": "Count"}, {"role": "assistant", "content": "One, two, "}],
+      "continue_final_message": True}, None),
+    ({"messages": [{"role": "developer", "content": ""}, {"role": "user", "content": ""}]},
+     [{"role": "system", "content": ""}, {"role": "user", "content": ""}]),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]},
+     [{"role": "user", "content": "a\nb"}]),
+    ({"messages": [{"role": "user", "content": "Weather in Paris?"},
+                   {"role": "assistant", "content": None, "tool_calls": [
+                       {"id": "c1", "type": "function",
+                        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                   {"role": "tool", "tool_call_id": "c1", "content": "20 C"}], "tools": WEATHER},
+     [{"role": "user", "content": "Weather in Paris?"},
+      {"role": "assistant", "content": "", "tool_calls": [
+          {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "20 C"}]),
+])
+def test_smollm2s_template_renders_as_transformers_does(smollm2_tokenizer, body, seen):
+    """The one real card whose weights ship with Linnet: its GGUF's chat template through the server's
+    path, against transformers' apply_chat_template with the same template over the messages as vLLM
+    hands them over (content parts joined a line each, developer as system, calls' arguments as
+    objects; `seen`, where they differ from the body's)."""
+    from transformers import PreTrainedTokenizerFast
+
+    from linnet.serve.openai_api import chat_prompt
+
+    tok = smollm2_tokenizer
+    reference = PreTrainedTokenizerFast(tokenizer_object=tok.backend)
+    reference.chat_template = tok.chat_template
+    extend = body.get("continue_final_message", False)
+    expected = reference.apply_chat_template(seen or body["messages"], tools=body.get("tools"), tokenize=False,
+                                             add_generation_prompt=body.get("add_generation_prompt", not extend),
+                                             continue_final_message=extend)
+    ids = chat_prompt(body, tok)
+    assert tok.decode(ids) == expected
+    assert ids == tok.encode(expected, add_special_tokens=False)
+
+
 def test_a_role_no_template_names_is_a_400():
     """A role past OpenAI's that the model's template never names (a typo) is the client's error, as
     OpenAI answers it; a template of the request's own takes any (its writer knows its roles)."""
