@@ -573,9 +573,14 @@ def chat_prompt(body: dict, tokenizer, own_templates=None) -> list:
                                         special_tokens=tokenizer.special_tokens, **extra)
     except TemplateLimitError as err:
         raise ApiError(400, f"the request's 'chat_template' was stopped: {err}", "chat_template") from None
-    except Exception as err:
+    except TokenizerError as err:
         if template is not None:
             raise ApiError(400, f"the request's 'chat_template' failed: {err}", "chat_template") from None
+        raise ApiError(400, f"the chat template rejected the messages: {err}", "messages") from None
+    except Exception as err:
+        if template is not None:  # the sandbox's own failure (a worker that could not start): not the client's
+            raise ApiError(500, f"the request's 'chat_template' could not be rendered: {err}",
+                           kind="server_error") from None
         raise ApiError(400, f"the chat template rejected the messages: {err}", "messages") from None
     if extend:  # (of a final message in parts, its last, as transformers cuts it)
         final = clean[-1]["content"]

@@ -1182,6 +1182,25 @@ def test_smollm2s_template_renders_as_transformers_does(smollm2_tokenizer, body,
     assert ids == tok.encode(expected, add_special_tokens=False)
 
 
+def test_a_template_sandbox_that_cannot_start_is_the_servers_500(monkeypatch):
+    """Where no worker can start (its interpreter gone), a request's own template is the server's
+    failure, not the client's: a 500 it may retry, not a 400 blaming its template."""
+    import sys
+
+    from linnet.nest.template_sandbox import TemplateSandbox
+    from linnet.serve.openai_api import ApiError, chat_prompt
+
+    from .test_structured import byte_tokenizer
+
+    tok = byte_tokenizer(128)
+    tok.chat_template = HEADER_TEMPLATE
+    monkeypatch.setattr(sys, "executable", "/nonexistent/python3")
+    body = {"messages": [{"role": "user", "content": "Hi"}], "chat_template": "{{ messages[0].content }}"}
+    with pytest.raises(ApiError, match="could not be rendered") as err:
+        chat_prompt(body, tok, TemplateSandbox())
+    assert (err.value.status, err.value.body["error"]["type"]) == (500, "server_error")
+
+
 def test_a_role_no_template_names_is_a_400():
     """A role past OpenAI's that the model's template never names (a typo) is the client's error, as
     OpenAI answers it; a template of the request's own takes any (its writer knows its roles)."""
