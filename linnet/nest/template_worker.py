@@ -7,13 +7,17 @@ out. It first says `{"ready": true}`, once imported and held to MEMORY bytes
 more than it then has (its address space: a template that heaps up more gets a
 MemoryError here, not the server's memory). A reply with `"exiting": true` is
 its last (after a MemoryError or a recursion too deep, a fresh process is
-safer); its input's end ends it too.
+safer); its input's end ends it too, and its parent's end, even mid-render. It
+runs at a lower priority than the server (nice 10).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
+import threading
+import time
 
 # (imported before the memory cap, which counts what this process has then)
 from .bounded_template import TemplateLimitError, render_bounded
@@ -50,8 +54,17 @@ def _answer(job: dict, memory: int) -> dict:
         return {"error": f"chat template: {type(e).__name__}: {e}", "limit": False}
 
 
+def _exit_with(parent: int) -> None:
+    """End this process once `parent` has (a render in a loop reads no more input to see it gone)."""
+    while os.getppid() == parent:
+        time.sleep(1)
+    os._exit(1)
+
+
 def main(argv: list[str]) -> int:
     memory = int(argv[0])
+    os.nice(10)  # a template's loop yields the cores to the server's engine
+    threading.Thread(target=_exit_with, args=(os.getppid(),), daemon=True).start()
     out = sys.stdout
     sys.stdout = sys.stderr  # nothing a render does may write into the replies
     _hold_memory(memory)

@@ -87,3 +87,61 @@ def test_a_hostile_template_is_stopped_and_the_sandbox_goes_on(sandbox, source, 
         sandbox.render(source, MESSAGES)
     assert time.monotonic() - start < 1.5 + 10  # the bound, and a worker's start on a loaded machine
     assert sandbox.render("{{ messages[0].content }}", MESSAGES) == MESSAGES[0]["content"]
+
+
+def _children(pid: int) -> list[int]:
+    import os
+
+    found = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if entry.isdigit() and int(fields[1]) == pid:
+            found.append(int(entry))
+    return found
+
+
+def _state(pid: int) -> tuple:
+    """(state letter, nice) of a process; ("gone", None) where it is no more."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return "gone", None
+    return fields[0], int(fields[16])
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc"), reason="reads processes from /proc (Linux)")
+def test_a_worker_yields_to_the_server_and_ends_with_it_even_mid_render():
+    """A worker runs at nice 10, below the server; and where the server dies while a template loops
+    (killed, say), the worker does not loop on for ever: it ends within seconds."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    slow = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    server = subprocess.Popen([sys.executable, "-c", (
+        "from linnet.nest.template_sandbox import TemplateSandbox\n"
+        f"TemplateSandbox(seconds=600).render({slow!r}, [])\n")])
+    try:
+        deadline = time.monotonic() + 30
+        while not (workers := _children(server.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(workers) == 1
+        while _state(workers[0]) != ("R", 10) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(2)  # (past its start: the render under way)
+        assert _state(workers[0]) == ("R", 10)
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait()
+        deadline = time.monotonic() + 10
+        while _state(workers[0])[0] not in ("gone", "Z") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _state(workers[0])[0] in ("gone", "Z")
+    finally:
+        server.kill()
+        server.wait()
