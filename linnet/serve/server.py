@@ -135,6 +135,8 @@ class OpenAIServer:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 self.engine.start()
+                if self.own_templates is not None:  # its first worker, started while no request waits for it
+                    self._template_threads.submit(self.own_templates.warm)
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.engine.stop()

@@ -25,6 +25,7 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
 @pytest.fixture(scope="module")
 def sandbox():
     box = TemplateSandbox(seconds=1.5)
+    box.warm()
     yield box
     box.close()
 
@@ -145,3 +146,29 @@ def test_a_worker_yields_to_the_server_and_ends_with_it_even_mid_render():
     finally:
         server.kill()
         server.wait()
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc"), reason="reads processes from /proc (Linux)")
+def test_a_warmed_sandbox_renders_on_the_worker_it_started_and_close_ends_it():
+    import os
+
+    def workers():
+        found = set()
+        for pid in _children(os.getpid()):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if b"template_worker" in f.read():
+                        found.add(pid)
+            except OSError:  # (ended since)
+                pass
+        return found
+
+    before = workers()
+    box = TemplateSandbox()
+    box.warm()
+    started = workers() - before
+    assert len(started) == 1
+    assert box.render("{{ messages[0].content }}", MESSAGES) == MESSAGES[0]["content"]
+    assert workers() - before == started
+    box.close()
+    assert all(_state(pid)[0] in ("gone", "Z") for pid in started)
