@@ -254,9 +254,15 @@ class PythonEmitter:
     def op_reshape(self, v, k):
         return f"{self.paren(k['x'], POSTFIX - 1)}.reshape({self.dims(v.dims)})"
 
+    def op_linear(self, v, k):
+        return f"rt.linear({self.expr(k['x'])}, {self.expr(k['w'])}{self._bias(k)})"
+
     def op_expert_linear(self, v, k):
-        bias = f", {self.expr(k['bias'])}" if "bias" in k else ""
-        return f"rt.expert_linear({self.expr(k['x'])}, {self.expr(k['w'])}, {self.expr(k['experts'])}{bias})"
+        return f"rt.expert_linear({self.expr(k['x'])}, {self.expr(k['w'])}, {self.expr(k['experts'])}{self._bias(k)})"
+
+    def _bias(self, k) -> str:
+        """A linear's optional bias, as its call's last argument."""
+        return f", {self.expr(k['bias'])}" if "bias" in k else ""
 
     def op_topk(self, v, k):
         return f"rt.topk({self.expr(k['x'])}, {self.dims(v.dims)})"

@@ -145,10 +145,6 @@ class _JaxEmitter(PythonEmitter):
     def op_cast(self, v, k):
         return f"{self.paren(k['x'], 89)}.astype({JNP_DTYPES[self.dtype_of(v.type)]})"
 
-    def op_linear(self, v, k):
-        bias = f", {self.expr(k['bias'])}" if "bias" in k else ""
-        return f"rt.linear({self.expr(k['x'])}, {self.expr(k['w'])}{bias})"
-
     def op_einsum(self, v, k):
         return f"jnp.einsum({self.expr(k['spec'])}, {', '.join(self.expr(a) for a in v.args)})"
 
