@@ -3,8 +3,8 @@ Gemma 3 (text), OLMo 2, Granite and Phi-3.
 
 Metadata is written from the card's config under llama.cpp's keys for the architecture (`llama.*`,
 Mixtral's too, with its experts; `qwen2.*`, `qwen3.*`, `qwen3moe.*`, `gpt-oss.*`, `gemma3.*`, `olmo2.*`,
-`granite.*` with µP's multipliers, `phi3.*`; llama.cpp's phi3 attends over whole rows, so a Phi-3 card with
-a window is refused). Llama's, Mixtral's, Qwen's, Gemma's, OLMo's, Granite's and Phi-3's tensors go
+`granite.*` with µP's multipliers, `phi3.*` with the card's window as `phi3.attention.sliding_window`, as
+llama.cpp's converter writes it; llama.cpp's phi3 reads it and turns the window off (`phi3_window_warning`)). Llama's, Mixtral's, Qwen's, Gemma's, OLMo's, Granite's and Phi-3's tensors go
 under the names of the card's `from gguf` lines (a layer's
 experts as one tensor each for gate, up and down), with the declared transforms undone (Llama's q and k
 rows back in llama.cpp's rope order) and Gemma's norm weights stored as 1 + w, as llama.cpp's
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -60,12 +61,27 @@ def check_architecture(module, card: str) -> None:
                           f"llama.cpp's qwen3moe always renormalizes them (export it with --to vllm instead)")
     if module.name == "gemma3":
         _check_gemma3(b, card)
-    elif module.name != "gpt_oss" and b.get("sliding_window"):
+    elif module.name not in ("gpt_oss", "phi3") and b.get("sliding_window"):
         raise ExportError(f"{card!r} attends over a sliding window of {b['sliding_window']}, which llama.cpp's "
                           f"{ARCHITECTURES[module.name]} architecture does not (export it with --to vllm instead)")
     if ARCHITECTURES[module.name] != "llama" and b.get("rope_scaling") == "llama3":
         raise ExportError(f"{card!r} scales its rope as llama3 does, which llama.cpp reads only for its llama "
                           f"architecture, not {ARCHITECTURES[module.name]} (export it with --to vllm instead)")
+
+
+def phi3_window_warning(b: dict, card: str) -> str | None:
+    """What a Phi-3 card's window costs on llama.cpp, or None where it has none. llama.cpp's phi3 reads
+    `phi3.attention.sliding_window` and then turns the window off ("Phi SWA is currently disabled",
+    llama.cpp PR 13676): every token attends to its whole row, so past `window` tokens of context its
+    logits are not the model's (transformers', vLLM's, Linnet's). The export still writes the key, as
+    llama.cpp's converter does, so that a llama.cpp that slides the window reads it."""
+    window = b.get("sliding_window") or 0
+    if window <= 0:
+        return None
+    return (f"{card!r} attends over a sliding window of {window}; the GGUF says so "
+            f"(phi3.attention.sliding_window), but llama.cpp's phi3 turns the window off and attends to every "
+            f"position, so past {window} tokens of context llama.cpp's logits are not the model's (export it with "
+            f"--to vllm to keep the window)")
 
 
 def _check_gemma3(b: dict, card: str) -> None:
@@ -145,6 +161,11 @@ def write_gguf(bound, out) -> str:
         _rope_keys(b, writer)
         if spec.name == "gemma3":
             writer.add_sliding_window(b["sliding_window"])
+        if spec.name == "phi3":  # 0 for none, as llama.cpp's converter writes a Phi-4's
+            writer.add_sliding_window(b["sliding_window"])
+            said = phi3_window_warning(b, bound.card)
+            if said:
+                warnings.warn(said)
         if spec.name == "granite":  # µP's multipliers, under llama.cpp's names
             writer.add_embedding_scale(b["embedding_multiplier"])
             writer.add_residual_scale(b["residual_multiplier"])

@@ -216,3 +216,34 @@ def test_exact_computes_in_f32_whatever_t(card):
         source = generate(card["module"], backend, {**GENERICS, "T": "bf16"}, "exact")
         assert "T=f32; numerics: exact" in source
         assert "'bf16'" not in source and "bfloat16" not in source
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_phi3s_window_is_transformers_in_eager_and_sdpa_attention(backend, kit, tmp_path):
+    """Phi-3's sliding window as transformers computes it with either attention (`eager`, `sdpa`):
+    token i sees positions i - window + 1 .. i. One 25-token prompt, four times tiny-phi3's window of 6,
+    every position's logits; and the window is what makes the difference: transformers over whole
+    rows (llama.cpp's phi3, which turns the window off) is far from them past the window."""
+    module = check_file(kit.CARDS / "tiny-phi3.linnet")
+    spec = specialize(module, GENERICS, "exact")
+    window = spec.bindings["sliding_window"]
+    reference = kit.hf_reference(spec, seed=1234, max_seq=GENERICS["MaxSeq"])
+    prompt = np.random.default_rng(5).integers(0, spec.bindings["vocab"], 25).astype(np.int32)
+    assert window * 4 <= len(prompt) <= GENERICS["MaxSeq"]
+    model = kit.compiled(module, backend, GENERICS).Model(
+        bind_weights(spec, kit.saved_state(reference, tmp_path).__getitem__))
+    n = len(prompt)
+    ours = kit.to_np(model.prefill(*kit.as_inputs(backend, prompt, np.arange(n), np.zeros(n), np.arange(n))))
+    err = lambda a, ref: np.abs(a - ref).max(axis=1) / np.abs(ref).max(axis=1)  # per position
+    ids = torch.tensor([prompt.tolist()])
+    with torch.no_grad():
+        for attention in ("eager", "sdpa"):
+            reference.set_attn_implementation(attention)
+            assert reference.config._attn_implementation == attention
+            assert err(ours, reference(ids).logits[0].numpy()).max() <= 1e-4, attention
+        windowed = reference(ids).logits[0].numpy()
+        reference.config.sliding_window = None
+        for layer in reference.model.layers:
+            layer.self_attn.sliding_window = None
+        whole = reference(ids).logits[0].numpy()
+    assert err(whole, windowed)[:window].max() <= 1e-5 and err(whole, windowed)[window:].min() > 1e-2

@@ -423,6 +423,59 @@ def test_llama_cpp_computes_olmo2_granite_and_phi3_as_linnet_does(tmp_path, arch
     llama_cpp_agrees(llama_cpp, path, card, arch)
 
 
+def test_a_phi3_window_goes_into_the_gguf_and_the_export_warns_that_llama_cpp_turns_it_off(tmp_path, spm_gguf):
+    """A tiny random Phi-3 saved by transformers, its window (8) shorter than the 25-token prompt: the
+    GGUF carries it as `phi3.attention.sliding_window`, as llama.cpp's converter writes it, and the
+    export warns, since llama.cpp's phi3 reads the key and turns the window off. What llama.cpp then
+    computes: transformers' logits while the context fits the window (the first 8 positions), and
+    past it transformers' with the window taken away (every position attending to its whole row),
+    not the model's. Nest reads the file as llama.cpp does."""
+    import gguf
+    import torch
+    import transformers
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    window = 8
+    config = transformers.Phi3Config(
+        vocab_size=384, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        intermediate_size=32, max_position_embeddings=4096, sliding_window=window, attn_implementation="eager",
+        pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(3)
+    reference = transformers.Phi3ForCausalLM(config).float().eval()
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for _, p in reference.named_parameters():
+            t = torch.randn(p.shape, generator=g)
+            p.copy_(1.0 + 0.1 * t if p.dim() == 1 else t / p.shape[-1] ** 0.5)
+    reference.save_pretrained(tmp_path / "hf")
+    prompt = list(range(100, 120)) + [5, 7, 300, 2, 250]
+    with torch.no_grad():
+        windowed = reference(input_ids=torch.tensor([prompt])).logits[0].numpy()
+        for layer in reference.model.layers:  # the same weights, every position attending to its whole row
+            layer.self_attn.sliding_window = None
+        reference.config.sliding_window = None
+        whole = reference(input_ids=torch.tensor([prompt])).logits[0].numpy()
+    err = lambda ours, ref: np.abs(ours - ref).max(axis=1) / np.abs(ref).max(axis=1)  # per position
+    assert err(whole, windowed)[window:].min() > 0.1  # the window matters at every position past it
+
+    with pytest.warns(UserWarning, match=r"sliding window of 8; the GGUF says so \(phi3.attention.sliding_window\), "
+                                         r"but llama.cpp's phi3 turns the window off.*past 8 tokens"):
+        path = export(tmp_path / "hf", "llama.cpp", tmp_path / "p.gguf", dtype="f32", tokenizer=spm_gguf)
+    fields = gguf.GGUFReader(path).fields  # gguf's reader, not Nest's
+    assert int(fields["phi3.attention.sliding_window"].parts[-1][0]) == window
+
+    f32 = 0  # GGML_TYPE_F32
+    llm = llama_cpp.Llama(model_path=path, n_ctx=128, logits_all=True, verbose=False, n_threads=2,
+                          type_k=f32, type_v=f32)
+    llm.eval(prompt)
+    ours = np.array(llm.scores[:len(prompt)])
+    assert err(ours, windowed)[:window].max() <= 1e-5  # inside the window: the model's logits
+    assert err(ours, whole).max() <= 1e-5  # past it: whole rows, not the window
+    model = nest.load(path, generics={"Batch": 1, "MaxSeq": 64})
+    assert model.module.name == "phi3" and model.module.bindings["sliding_window"] == 0
+    assert err(prefill_all(model, prompt), ours).max() <= 1e-5
+
+
 def test_only_the_architectures_llama_cpp_runs_and_only_with_a_tokenizer(tmp_path):
     from types import SimpleNamespace
 
@@ -437,8 +490,6 @@ def test_only_the_architectures_llama_cpp_runs_and_only_with_a_tokenizer(tmp_pat
         export(unnormalized, "llama.cpp", tmp_path / "out", weights="random")
     with pytest.raises(ExportError, match="sliding window of 6, which llama.cpp's llama architecture does not"):
         export("tiny-mistral", "llama.cpp", tmp_path / "out", weights="random")
-    with pytest.raises(ExportError, match="sliding window of 6, which llama.cpp's phi3 architecture does not"):
-        export("tiny-phi3", "llama.cpp", tmp_path / "out", weights="random")
     qwen = (Path(nest.__file__).parent / "cards" / "tiny-qwen3.linnet").read_text()
     for change, needle in (("sliding_window = 5", "sliding window of 5, which llama.cpp's qwen3 architecture"),
                            ('rope_scaling = "llama3"', "llama.cpp reads only for its llama architecture, not qwen3")):
