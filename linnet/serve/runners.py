@@ -48,8 +48,9 @@ def bucket_sizes(limit: int, smallest: int = 16) -> list:
 
 
 class Sampled:
-    """One pass's draws, on the host: tokens[K], and logprobs when asked for; or a pass's scored
-    prompt tokens (`score`), which also have their ranks."""
+    """One pass's draws, on the host: tokens[K], and when logprobs are asked for each one's logprob,
+    rank (1 + how many tokens were likelier) and the top alternatives; or a pass's scored prompt
+    tokens (`score`), the same for each."""
 
     def __init__(self, tokens, chosen=None, top_values=None, top_ids=None, ranks=None):
         self.tokens = tokens
@@ -440,9 +441,10 @@ class TorchRunner:
         return sample(logits, batch, adjustments)
 
     @staticmethod
-    def _to_host(tokens, chosen, top) -> Sampled:
-        return Sampled(tokens.cpu().numpy(), None if chosen is None else chosen.cpu().numpy(),
-                       None if top is None else top[0].cpu().numpy(), None if top is None else top[1].cpu().numpy())
+    def _to_host(tokens, chosen, top, ranks) -> Sampled:
+        host = lambda t: None if t is None else t.cpu().numpy()
+        return Sampled(host(tokens), host(chosen), None if top is None else host(top[0]),
+                       None if top is None else host(top[1]), host(ranks))
 
     def sample(self, logits, batch: SamplingBatch, histories=None, rows=None) -> Sampled:
         """Draws for request i from logits row rows[i] (default: row i)."""
@@ -454,9 +456,7 @@ class TorchRunner:
 
         targets = self._t(np.asarray(targets, np.int64))
         chosen, ranks, top = score(logits[start:start + len(targets)], targets, k)
-        out = self._to_host(targets, chosen, top)
-        out.ranks = ranks.cpu().numpy()
-        return out
+        return self._to_host(targets, chosen, top, ranks)
 
     def decode_sample(self, tokens, positions, batch: SamplingBatch, rows, histories=None) -> Pending:
         """A decode step over every row (tokens: host ids, or a `Pending`'s), then the draws for
@@ -595,7 +595,7 @@ class JaxRunner:
             drawn = self.model.call_then("decode", sampler(mode(placed, adjustments)),
                                          (tokens, np.asarray(positions, np.int32)), arguments(placed, adjustments))
         if batch.logprobs < 0:  # the logprobs' zeros stay on the device
-            drawn = (drawn[0], None, None, None)
+            drawn = (drawn[0], None, None, None, None)
         return Pending(drawn[0], lambda: self._to_host(drawn, rows))
 
     def decode_alone(self, tokens, positions):
@@ -618,14 +618,14 @@ class JaxRunner:
         if batch.adjusted and histories is not None:
             adjustments = logit_adjustments(batch, histories, self.model.vocab, self.batch, rows)
         with self._naming(f"the draw after a decode step{_FORM_NAMES[mode(placed, adjustments)]}"):
-            tokens, chosen, top = sample(logits, placed, adjustments)
-        drawn = (tokens, chosen) + (top if top is not None else (None, None))
+            tokens, chosen, top, ranks = sample(logits, placed, adjustments)
+        drawn = (tokens, chosen, *(top if top is not None else (None, None)), ranks)
         return Pending(tokens, lambda: self._to_host(drawn, rows))
 
     @staticmethod
     def _to_host(drawn, rows) -> Sampled:
-        tokens, chosen, values, ids = (None if a is None else np.asarray(a)[rows] for a in drawn)
-        return Sampled(tokens, chosen, values, ids)
+        """`drawn`: (tokens, chosen, top values, top ids, ranks), each by row or None."""
+        return Sampled(*(None if a is None else np.asarray(a)[rows] for a in drawn))
 
     def copy_rows(self, src, dst, upto):
         k = len(src)
@@ -646,8 +646,8 @@ class JaxRunner:
         with self._naming(f"the draw after a packed pass{_FORM_NAMES[mode(placed, adjustments)]}"):
             if logits.shape[0] != self.batch:  # a pass that also scored prompt tokens: draws come from its first rows
                 logits = logits[:self.batch]
-            tokens, chosen, top = sample(logits, placed, adjustments)
-        return self._to_host((tokens, chosen) + (top if top is not None else (None, None)), rows)
+            tokens, chosen, top, ranks = sample(logits, placed, adjustments)
+        return self._to_host((tokens, chosen, *(top if top is not None else (None, None)), ranks), rows)
 
     def score(self, logits, start: int, targets: list, k: int) -> Sampled:
         """The logprob and rank of targets[i] under logits row start + i, and that row's k best:

@@ -106,8 +106,9 @@ def kept_weights(scaled, top_k, top_p, min_p):
 
 
 def _draw(logits, temp, top_k, top_p, min_p, rep, seed, step, want_logprobs, *adjustments, adjustment):
-    """-> (tokens i32[K], each one's logprob f32[K], the top MAX_LOGPROBS (values, ids)); the
-    last three zeros unless `want_logprobs`. Whether any row samples and whether logprobs are
+    """-> (tokens i32[K], each one's logprob f32[K], the top MAX_LOGPROBS (values, ids), each one's
+    rank i32[K] (vLLM's: 1 + how many tokens are strictly likelier)); the last four zeros unless
+    `want_logprobs`. Logprobs and ranks are the logits' as the model gave them. Whether any row samples and whether logprobs are
     wanted are decided on the device (`lax.cond`), so one executable a form serves every batch."""
     logits = logits.astype(jnp.float32)
     raw = logits
@@ -130,9 +131,18 @@ def _draw(logits, temp, top_k, top_p, min_p, rep, seed, step, want_logprobs, *ad
     tokens = jax.lax.cond(jnp.any(temp > 0), sampled, lambda: greedy).astype(jnp.int32)
     k = min(MAX_LOGPROBS, logits.shape[-1])
     nothing = lambda: (jnp.zeros(tokens.shape, jnp.float32), jnp.zeros((tokens.shape[0], k), jnp.float32),
-                       jnp.zeros((tokens.shape[0], k), jnp.int32))
-    return (tokens, *jax.lax.cond(want_logprobs, lambda: _picked(jax.nn.log_softmax(raw, axis=-1), tokens, k),
-                                  nothing))
+                       jnp.zeros((tokens.shape[0], k), jnp.int32), jnp.zeros(tokens.shape, jnp.int32))
+
+    def picked():
+        logprobs = jax.nn.log_softmax(raw, axis=-1)
+        chosen, values, ids = _picked(logprobs, tokens, k)
+        return chosen, values, ids, _ranks(logprobs, chosen)
+    return (tokens, *jax.lax.cond(want_logprobs, picked, nothing))
+
+
+def _ranks(logprobs, chosen):
+    """Each row's rank of the logprob `chosen` holds for it: 1 + how many of the row's are larger."""
+    return (jnp.sum(logprobs > chosen[:, None], axis=-1) + 1).astype(jnp.int32)
 
 
 def _picked(logprobs, tokens, k: int):
@@ -148,7 +158,7 @@ def _picked(logprobs, tokens, k: int):
 def _score(logits, targets, k: int):
     logprobs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     chosen, values, ids = _picked(logprobs, targets, k)
-    return chosen, jnp.sum(logprobs > chosen[:, None], axis=-1) + 1, values, ids
+    return chosen, _ranks(logprobs, chosen), values, ids
 
 
 def score(logits, targets, k: int):
@@ -188,6 +198,7 @@ def _jitted(key):
 
 
 def sample(logits, batch: SamplingBatch, adjustments=None):
-    """Draws over logits that are already on the device, in an executable of their own."""
-    tokens, chosen, values, ids = _jitted(mode(batch, adjustments))(logits, *arguments(batch, adjustments))
-    return (tokens, None, None) if batch.logprobs < 0 else (tokens, chosen, (values, ids))
+    """Draws over logits that are already on the device, in an executable of their own.
+    -> (tokens, chosen logprobs or None, (top values, top ids) or None, ranks or None)"""
+    tokens, chosen, values, ids, ranks = _jitted(mode(batch, adjustments))(logits, *arguments(batch, adjustments))
+    return (tokens, None, None, None) if batch.logprobs < 0 else (tokens, chosen, (values, ids), ranks)

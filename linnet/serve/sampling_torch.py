@@ -87,7 +87,9 @@ TIE_ROOM = 16  # tokens tied at the k-th alternative's logprob that _top_ids sti
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch, adjustments: tuple | None = None):
-    """-> (tokens i32[K], chosen logprobs f32[K] or None, (top values, top ids) or None).
+    """-> (tokens i32[K], chosen logprobs f32[K] or None, (top values, top ids) or None, ranks i64[K]
+    or None): with logprobs, each drawn token's logprob and rank under the logits as the model gave
+    them (vLLM's: 1 + how many tokens are strictly likelier), computed here, on the logits' device.
     `adjustments`: runners.logit_adjustments' arrays, as tensors, in the batch's form: the bias
     (SPLIT's own array), then the repetition penalty, then the shift (`sampling`'s order)."""
     logits = logits.float()
@@ -117,8 +119,9 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, adjustments: tuple | None
         tokens = torch.where(temp > 0, (weights / -torch.log(noise)).argmax(dim=-1), logits.argmax(dim=-1))
     tokens = tokens.to(torch.int32)
     if logprobs is None:
-        return tokens, None, None
-    return (tokens, *_picked(logprobs, tokens, batch.logprobs))
+        return tokens, None, None, None
+    chosen, top = _picked(logprobs, tokens, batch.logprobs)
+    return tokens, chosen, top, _ranks(logprobs, chosen)
 
 
 def unpack_bits(words: torch.Tensor, n: int) -> torch.Tensor:
@@ -185,6 +188,11 @@ def _picked(logprobs: torch.Tensor, tokens: torch.Tensor, k: int):
     return chosen, (logprobs.gather(1, ids), ids.to(torch.int32))
 
 
+def _ranks(logprobs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """Each row's rank of the logprob `chosen` holds for it: 1 + how many of the row's are larger."""
+    return (logprobs > chosen[:, None]).sum(dim=-1) + 1
+
+
 def _top_ids(values: torch.Tensor, k: int) -> torch.Tensor:
     """Each row's k largest values' ids, ties lower id first, as XLA's top_k gives them (and argmax,
     greedy's token, picks): torch.topk leaves which tie it takes open. A topk of TIE_ROOM more, then
@@ -202,4 +210,4 @@ def score(logits: torch.Tensor, targets: torch.Tensor, k: int):
     -> (logprobs f32[M], ranks i64[M], (top values, top ids) or None)"""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     chosen, top = _picked(logprobs, targets, k)
-    return chosen, (logprobs > chosen[:, None]).sum(dim=-1) + 1, top
+    return chosen, _ranks(logprobs, chosen), top

@@ -202,12 +202,42 @@ def test_logprobs_are_the_models_log_softmax(backend):
     rng = np.random.default_rng(3)
     logits = rng.normal(size=(2, 20)).astype(np.float32)
     reqs = [Request([1], logprobs=4), Request([1], logprobs=2)]
-    tokens, chosen, (values, ids) = run(backend, logits, reqs, [0, 0], [0, 0])
+    tokens, chosen, (values, ids), ranks = run(backend, logits, reqs, [0, 0], [0, 0])
     ref = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     assert tokens.tolist() == logits.argmax(-1).tolist()
     np.testing.assert_allclose(chosen, ref[[0, 1], tokens], atol=1e-5)
     np.testing.assert_allclose(values[:, :4], np.sort(ref, -1)[:, ::-1][:, :4], atol=1e-5)
     assert ids[0, 0] == tokens[0]
+
+
+def numpy_rank(logits: np.ndarray, token: int) -> int:
+    """vLLM's rank of a drawn token: 1 + how many tokens have a strictly larger logprob (plain numpy)."""
+    logprobs = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+    return int((logprobs > logprobs[token]).sum()) + 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_each_drawn_token_has_its_rank_under_the_models_logits(backend):
+    """The draw ranks every drawn token, greedy or sampled, among the alternatives or far from them:
+    numpy's rank over the model's logits as they came (a bias that moves the draw moves no rank)."""
+    rng = np.random.default_rng(11)
+    vocab, n = 300, 24
+    logits = rng.normal(size=(n, vocab)).astype(np.float32) * 3
+    biased = int(np.argsort(logits[3])[vocab // 2])  # a middling token the bias makes row 3's draw
+    reqs = ([Request([1], logprobs=1)] * 4 + [Request([1], temperature=1.5, logprobs=1)] * (n - 5)
+            + [Request([1], temperature=1.0, logprobs=0, logit_bias={biased: 100.0})])
+    reqs[3] = Request([1], logprobs=2, logit_bias={biased: 100.0})
+    tokens, chosen, (values, ids), ranks = run(backend, logits, reqs, list(range(n)), [0] * n)
+    want = [numpy_rank(row, t) for row, t in zip(logits, tokens)]
+    assert ranks.tolist() == want
+    assert ranks[:3].tolist() == [1, 1, 1] and tokens[3] == biased and ranks[3] == want[3] > 100
+    assert sum(r > 1 for r in want[4:-1]) >= 10  # most sampled draws are not the likeliest
+    for row, t in zip(logits, tokens):  # no near tie makes the exact comparison a rounding's
+        assert np.abs(np.delete(row, t) - row[t]).min() > 1e-4
+    greedy = Request([1], logprobs=3)
+    t2, _, _, r2 = run(backend, logits[:2], [greedy] * 2, [0, 0], [0, 0])
+    assert r2.tolist() == [1, 1] and t2.tolist() == logits[:2].argmax(-1).tolist()
+    assert run(backend, logits[:2], [Request([1])] * 2, [0, 0], [0, 0])[3] is None  # no logprobs, no ranks
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -219,7 +249,7 @@ def test_tied_alternatives_come_lower_id_first(backend, levels, k):
     token (argmax takes the lowest id)."""
     logits = np.array([levels, levels[::-1]], np.float32)
     k = min(k, logits.shape[1])
-    tokens, _, (values, ids) = run(backend, logits, [Request([1], logprobs=k)] * 2, [0, 0], [0, 0])
+    tokens, _, (values, ids), _ = run(backend, logits, [Request([1], logprobs=k)] * 2, [0, 0], [0, 0])
     order = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
     assert tokens.tolist() == order[:, 0].tolist()
     assert ids[:, :k].tolist() == order.tolist(), (ids, order)
