@@ -704,7 +704,8 @@ class Engine:
             comp.token_times.append(now)
             self.stats.generated_tokens += 1
             if x.req.logprobs is not None:
-                comp.logprobs.append(TokenLogprob(token, float(out.chosen[i]), _top(out, i, x.req.logprobs)))
+                comp.logprobs.append(TokenLogprob(token, float(out.chosen[i]), _top(out, i, x.req.logprobs),
+                                                  int(out.ranks[i])))
             reason = self._finished(x, token)
             if reason:
                 self._finish(x, reason)

@@ -417,6 +417,35 @@ def test_stop_token_ids_and_logprobs(model):
         assert abs(lp.top[0][1] - lp.logprob) < 1e-5
 
 
+def test_every_drawn_token_has_its_rank_under_the_models_own_logits(model):
+    """Greedy and sampled draws through the engine (the decode step's own draw, and the one after a
+    prefill) each carry vLLM's rank, 1 + how many tokens have a strictly larger logprob: numpy's,
+    over the logits of the model's prefill run apart over the prompt and the tokens drawn."""
+    p = prompts(2, 9, 14, seed=21)
+    reqs = [Request(prompt=p[0], max_new_tokens=10, logprobs=0),
+            Request(prompt=p[1], max_new_tokens=10, temperature=2.0, seed=5, logprobs=1)]
+    done, _ = Engine(model).run(reqs)
+    far = 0
+    for c in done:
+        seen = c.request.prompt + c.tokens
+        n = len(seen)
+        model.reset()
+        pad = 128 - n  # one prefill shape for the JAX model, as `reference_greedy` pads
+        logits = np.asarray(model.prefill(np.array(seen + [0] * pad, np.int32),
+                                          np.concatenate([np.arange(n), np.full(pad, model.max_seq - 1)]).astype(np.int32),
+                                          np.concatenate([np.zeros(n), np.ones(pad)]).astype(np.int32),
+                                          np.arange(len(c.request.prompt) - 1, n - 1, dtype=np.int32)))
+        model.reset()
+        logprobs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+            - logits.max(-1, keepdims=True)
+        for lp, row in zip(c.logprobs, logprobs):
+            v, others = row[lp.token], np.delete(row, lp.token)  # a bracket as wide as the two runs'
+            assert int((others > v + 1e-4).sum()) + 1 == lp.rank == int((others > v - 1e-4).sum()) + 1  # rounding
+            far += lp.rank > 2
+    assert [lp.rank for lp in done[0].logprobs] == [1] * 10  # greedy draws the likeliest
+    assert far >= 3  # sampled at temperature 2, several draws rank past the one alternative asked for
+
+
 def test_no_compilation_after_warmup(model):
     ps = prompts(24, 5, 40, seed=17)
     engine = Engine(model, token_budget=256)  # JAX buckets 16 ... 128, 192, 256
