@@ -187,16 +187,16 @@ NO_LOGPROBS = "logprobs: null"  # return_logprobs without sampling_parameters' l
 def vllm_logprobs(lps: list, tokenizer) -> list:
     """The vLLM backend's `logprobs` output for some drawn tokens (`TokenLogprob`s): per token
     {id: {logprob, rank, decoded_token}} holding the drawn token first, then its top alternatives
-    ranked 1, 2, ... (vLLM's SampleLogprobs, the ids as JSON keys). The drawn token's rank is its
-    place among the alternatives; where it is not one of them, the engine did not rank it (it
-    ranks only prompt tokens) and its rank is null."""
+    ranked 1, 2, ... (vLLM's SampleLogprobs, the ids as JSON keys). The drawn token's rank is
+    vLLM's, 1 + how many tokens were likelier, whether or not it is among the alternatives (the
+    draw ranks it on the device)."""
     from linnet.serve.openai_replies import _token_text
 
     text = _token_text(tokenizer)
     out = []
     for lp in lps:
         ranked = {t: r for r, (t, _) in enumerate(lp.top, 1)}
-        entry = {str(lp.token): {"logprob": lp.logprob, "rank": ranked.get(lp.token, lp.rank),
+        entry = {str(lp.token): {"logprob": lp.logprob, "rank": lp.rank,
                                  "decoded_token": text(lp.token)}}
         for t, v in lp.top:
             entry.setdefault(str(t), {"logprob": v, "rank": ranked[t], "decoded_token": text(t)})

@@ -225,7 +225,8 @@ def test_logprobs_as_the_vllm_backend_gives_them(served, tmp_path):
     a token drawn since the response before (the drawn token, then sampling_parameters' `logprobs`
     best alternatives ranked 1, 2, ...), "null" where the request asks for no logprobs, as the vLLM
     backend's. The reference is transformers, on the card's weights exported for vLLM: its greedy
-    tokens, their log-softmax, its two best ids at each step."""
+    tokens, their log-softmax, its two best ids at each step; and for a sampled request, each drawn
+    token's rank (vLLM's: 1 + how many tokens have a larger logprob), among the alternatives or not."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -241,8 +242,10 @@ def test_logprobs_as_the_vllm_backend_gives_them(served, tmp_path):
     whole = FakeRequest(pb, text_input=prompt, sampling_parameters=sampling, **asks)
     streamed = FakeRequest(pb, text_input=prompt, sampling_parameters=sampling, stream=True, **asks)
     unasked = FakeRequest(pb, text_input=prompt, sampling_parameters=json.dumps({"max_tokens": 2}), **asks)
-    model.execute([whole, streamed, unasked])
-    assert all(r.sender.done.wait(120) for r in (whole, streamed, unasked))
+    hot = json.dumps({"max_tokens": new, "temperature": "1.5", "seed": "3", "ignore_eos": True, "logprobs": 1})
+    sampled = FakeRequest(pb, text_input=prompt, sampling_parameters=hot, **asks)
+    model.execute([whole, streamed, unasked, sampled])
+    assert all(r.sender.done.wait(120) for r in (whole, streamed, unasked, sampled))
     outputs = lambda response: {t.name(): t.as_numpy() for t in response.output_tensors}
     (one,) = [outputs(r) for r in whole.sender.responses]
     steps = json.loads(one["logprobs"][0])
@@ -272,6 +275,21 @@ def test_logprobs_as_the_vllm_backend_gives_them(served, tmp_path):
             assert step[str(t)]["rank"] == rank and step[str(t)]["logprob"] == pytest.approx(v, abs=2e-3)
             assert step[str(t)]["decoded_token"] == tok.decode([t])
         ids.append(drawn)
+
+    ids, far = tok(prompt)["input_ids"], 0
+    for step in json.loads(outputs(sampled.sender.responses[0])["logprobs"][0]):
+        drawn = int(next(iter(step)))
+        with torch.no_grad():
+            logprobs = torch.log_softmax(reference(torch.tensor([ids])).logits[0, -1].float(), dim=-1)
+        v, others = float(logprobs[drawn]), torch.cat([logprobs[:drawn], logprobs[drawn + 1:]])
+        # transformers' logprobs and Linnet's differ by f32 rounding of two computations: the rank is
+        # the count past the drawn token's logprob plus or minus that much (a draw deep in the tail,
+        # rank 12356 of 49152 at this seed, has some 20 tokens that close; the bracket stays narrow)
+        low, high = int((others > v + 2e-3).sum()) + 1, int((others > v - 2e-3).sum()) + 1
+        assert low <= step[str(drawn)]["rank"] <= high and high - low <= max(3, low // 200), (step, low, high)
+        far += step[str(drawn)]["rank"] > 1  # not the one alternative asked for: a rank all the same
+        ids.append(drawn)
+    assert far >= 2
 
 
 def test_a_bad_request_gets_an_error_and_the_others_are_answered(served):
