@@ -152,6 +152,75 @@ def linear_groups(module: ir.Module) -> list:
     return sorted(g for g in groups if all(counts[n] == 1 for n in g))
 
 
+def fused_outputs(module: ir.Module) -> dict:
+    """Linear weights that hold several projections by rows (Phi-3's q/k/v and gate/up): those whose
+    every product (no bias) goes to a local read only through slices of its last axis that tile
+    it, in every entry. {param: ((start, stop), ...)}, the parts in row order, in numbers (the
+    module is specialized). On a mesh each part splits over the devices on its own
+    (`JaxModel`), so that a device computes its own heads and its own share of gate and up."""
+    found: dict = {}
+    for fn in module.entries.values():
+        for name, (weight, parts) in _fused_locals(fn, module).items():
+            if found.setdefault(weight, parts) != parts:
+                found[weight] = None  # sliced otherwise elsewhere: not one layout
+    return {w: parts for w, parts in found.items() if parts}
+
+
+def _fused_locals(fn: ir.Function, module: ir.Module) -> dict:
+    """{local: (param, parts)} for `fused_outputs`, in one entry."""
+    products: dict = {}  # local -> the weight of every linear assigned to it (None: something else)
+    for st in _statements(fn.body):
+        if isinstance(st, ir.Assign):
+            v = st.value
+            w = v.kwargs["w"] if isinstance(v, ir.Op) and v.op == "linear" and "bias" not in v.kwargs else None
+            if isinstance(w, ir.Op) and w.op == "index":
+                w = w.kwargs["x"]
+            weight = w.name if isinstance(w, ir.Var) and w.kind == "param" and len(st.targets) == 1 else None
+            for t in st.targets:
+                products[t] = weight if products.get(t, weight) == weight else None
+    slices: dict = {name: set() for name, w in products.items() if w is not None}
+    for v in all_values(fn.body):
+        if not isinstance(v, ir.Op):
+            continue
+        for key, child in list(v.kwargs.items()) + list(enumerate(v.args)):
+            if not (isinstance(child, ir.Var) and child.kind == "local" and child.name in slices):
+                continue
+            bounds = _last_axis_slice(v, child, module) if key == "x" else None
+            if bounds is None:
+                slices.pop(child.name)  # read whole, or otherwise than by its features
+            else:
+                slices[child.name].add(bounds)
+    out = {}
+    for name, parts in slices.items():
+        parts = tuple(sorted(parts))
+        total = module.params[products[name]].type.shape[-2].evaluate(module.bindings)
+        if len(parts) > 1 and parts[0][0] == 0 and parts[-1][1] == total and \
+                all(a[1] == b[0] for a, b in zip(parts, parts[1:])):
+            out[name] = (products[name], parts)
+    return out
+
+
+def _statements(body: list):
+    for st in body:
+        yield st
+        if isinstance(st, ir.For):
+            yield from _statements(st.body)
+
+
+def _last_axis_slice(v: ir.Op, x: ir.Var, module: ir.Module):
+    """(start, stop) where `v` is `x[:, ..., start:stop]` (numbers), else None."""
+    if v.op != "index" or len(v.args) != x.type.rank or not all(isinstance(a, ir.Slice) for a in v.args):
+        return None
+    if any(a.start is not None or a.stop is not None for a in v.args[:-1]):
+        return None
+    last, width = v.args[-1], x.type.shape[-1].evaluate(module.bindings)
+    if (last.start is not None and last.start_dim is None) or (last.stop is not None and last.stop_dim is None):
+        return None
+    start = 0 if last.start is None else Dim.of(last.start_dim).evaluate(module.bindings)
+    stop = width if last.stop is None else Dim.of(last.stop_dim).evaluate(module.bindings)
+    return (start, stop) if 0 <= start < stop <= width else None
+
+
 # ops whose result is whole even when an input is split (they reduce over, or regather, the features);
 # any other op (elementwise, shapes, rope) is split when one of its inputs is
 _REDUCING = {"rmsnorm", "sum", "mean", "max", "min", "argmax", "softmax", "topk", "einsum", "matmul", "index",
@@ -169,10 +238,14 @@ def shard_plan(module: ir.Module) -> tuple[dict, dict]:
     `attention` splits over its kv heads. Every other param is replicated. Axes count the stacked
     layer dim. A backend places each array so (where the axis divides evenly) and XLA's
     partitioner inserts the collectives; the plan costs speed when wrong, never correctness.
+    A slice of a fused projection's output (`fused_outputs`) stays split: the runtime splits each
+    part of such a weight on its own, so a device's share of the product holds its share of each.
     `module` must have its fns inlined.
     """
     params: dict = {}
     states: dict = {}
+    fused_weights = fused_outputs(module)
+    fused: set = set()  # the current entry's locals holding a fused projection's output
 
     def weight_of(w):
         if isinstance(w, ir.Op) and w.op == "index" and w.args and isinstance(w.kwargs.get("x"), ir.Var):
@@ -201,6 +274,8 @@ def shard_plan(module: ir.Module) -> tuple[dict, dict]:
             for child in v.kwargs.values():
                 split(child, env)
             return True
+        if v.op == "index" and isinstance(v.kwargs.get("x"), ir.Var) and v.kwargs["x"].name in fused:
+            return split(v.kwargs["x"], env)  # (every read of such a local is a slice of its features)
         if v.op == "expert_linear":
             for key in ("w", "bias"):
                 name = weight_of(v.kwargs[key]) if key in v.kwargs else None
@@ -222,5 +297,6 @@ def shard_plan(module: ir.Module) -> tuple[dict, dict]:
                     split(v, env)
 
     for fn in module.entries.values():
+        fused = {name for name, (w, _) in _fused_locals(fn, module).items() if w in fused_weights}
         visit(fn.body, {})
     return params, states

@@ -6,8 +6,8 @@ Each entry becomes `entry(params, state, *args) -> (result, state)`; the state
 
 from __future__ import annotations
 
-from linnet.codegen_common import (entry_dim_sources, linear_groups, linear_weights, rope_key, rope_table_args,
-                                   rope_tables, shard_plan)
+from linnet.codegen_common import (entry_dim_sources, fused_outputs, linear_groups, linear_weights, rope_key,
+                                   rope_table_args, rope_tables, shard_plan)
 from linnet.codegen_jax.loops import compiled_loop
 from linnet.frontend.scope import RESERVED
 from linnet.ir import nodes as ir
@@ -71,6 +71,7 @@ class _JaxEmitter(PythonEmitter):
         shard_params, shard_state = shard_plan(m)
         self.line(f"shard_params = {shard_params!r}  # on a mesh: the axis each param splits on (tensor parallel)")
         self.line(f"shard_state = {shard_state!r}  # the caches split over their kv heads")
+        self.line(f"fused_parts = {fused_outputs(m)!r}  # weights holding several projections: their rows' parts")
         self.line("fast = FAST")
         self.depth -= 1
         return self.source()

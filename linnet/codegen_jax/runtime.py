@@ -65,6 +65,8 @@ _GATHER_ELEMENTS = 1 << 24
 
 
 def linear(x, w, bias=None):
+    if isinstance(w, DeviceMajorRows):  # (fused_outputs: never with a bias)
+        return DeviceMajorProduct(linear(x, w.rows), w.parts, w.shards)
     if isinstance(w, FusedPart):  # the group's whole matmul; XLA's CSE leaves one for all members
         y = linear(x, w.fused)[..., w.start:w.stop]
     elif isinstance(w, Panels):
@@ -88,6 +90,46 @@ class FusedPart(NamedTuple):
     fused: Any
     start: int
     stop: int
+
+
+class DeviceMajorRows(NamedTuple):
+    """A weight that holds several projections by rows (a class's `fused_parts`: Phi-3's q/k/v,
+    its gate/up) as it lies on a mesh of `shards` devices (`device_major_order`): device d's
+    block of rows is its share of each part, in part order. `linear` over it gives a
+    `DeviceMajorProduct`."""
+
+    rows: Any
+    parts: tuple  # ((start, stop), ...) of the rows as the checkpoint orders them
+    shards: int
+
+
+class DeviceMajorProduct:
+    """x @ a `DeviceMajorRows`.T: its features device by device. The generated code reads it only
+    through slices of one part (`qkv[:, start:stop]`), each read from every device's share, so
+    each device keeps its own heads, its own gate and up, and nothing is gathered."""
+
+    def __init__(self, y, parts: tuple, shards: int):
+        self.y, self.parts, self.shards = y, parts, shards
+
+    def __getitem__(self, index):
+        index = index if isinstance(index, tuple) else (index,)
+        y, n = self.y, self.shards
+        *lead, last = index
+        if len(index) != y.ndim or any(s != slice(None) for s in lead) or not isinstance(last, slice) or \
+                last.step not in (None, 1):
+            raise TypeError(f"a fused projection's product is read by slices of its last axis, not {index!r}")
+        span = last.indices(y.shape[-1])[:2]
+        if span not in self.parts:
+            raise ValueError(f"a fused projection's product is read by its parts {self.parts}, not {span}")
+        by_device = y.reshape(y.shape[:-1] + (n, y.shape[-1] // n))
+        return by_device[..., span[0] // n:span[1] // n].reshape(y.shape[:-1] + (span[1] - span[0],))
+
+
+def device_major_order(parts: tuple, shards: int) -> np.ndarray:
+    """The checkpoint's rows of a fused weight in `DeviceMajorRows` order: for each device in
+    turn, its 1 / shards of each part."""
+    return np.concatenate([np.arange(start + d * (stop - start) // shards, start + (d + 1) * (stop - start) // shards)
+                           for d in range(shards) for start, stop in parts])
 
 
 NARROW_REDUCE_ROWS = 64
@@ -632,6 +674,7 @@ class JaxModel:
     linear_weights: dict = {}  # params read only as linear's weight: {name: stacked} (see pack_linear_weights)
     shard_params: dict = {}  # tensor parallelism: {param: the axis it splits on} (codegen_common.shard_plan)
     shard_state: dict = {}  # {state: axis}
+    fused_parts: dict = {}  # {param: its rows' parts} (codegen_common.fused_outputs)
     fast: bool = False
 
     def __init__(self, weights: dict, device=None, consume: bool = False, mesh=None):
@@ -642,6 +685,7 @@ class JaxModel:
         parallel, as `shard_params` says); then `device` is ignored."""
         self.mesh = mesh
         self.device = mesh.devices.flat[0] if mesh is not None else (device or jax.devices()[0])
+        self.device_major: dict = {}  # {param: (parts, shards)} held as `DeviceMajorRows`
         self.whole = self._placement(None, ())  # on a mesh: a copy on every device (the entries' other arguments)
         for alias, target in self.tied.items():  # a tied pair is one array: the alias's split, if only it has one
             if alias in self.shard_params and target not in self.shard_params:
@@ -670,6 +714,9 @@ class JaxModel:
             if host.dtype != DTYPES[dtype]:
                 raise TypeError(f"param `{name}` must be {dtype}, but the weights given are {host.dtype}")
             axis = self.shard_params.get(name)
+            if self._splits_by_part(name, axis, shape):  # each device's rows: its share of every part
+                host = np.take(host, device_major_order(self.fused_parts[name], self.mesh.shape[MESH_AXIS]), axis=-2)
+                self.device_major[name] = (self.fused_parts[name], self.mesh.shape[MESH_AXIS])
             if packs and name in self.linear_weights and name not in gathered_targets and \
                     xla_kernels.available(host.dtype, "cpu"):
                 kept[name] = host
@@ -704,11 +751,19 @@ class JaxModel:
             not any(isinstance(a, list) for a in self.weights.values())
         flags = [flag for flag, on in ((_COMPILED_LOOPS, self.compiles_loops), (_SHARDED, mesh is not None),
                                        (_ON_GPU, mesh is None and self.device.platform == "gpu")) if on]
-        self.traced = {name: _traced_with(_on_bits(_on_panels(_on_parts(fn, parts), panels), types), flags)
+        self.traced = {name: _traced_with(_on_bits(_on_panels(_on_parts(_on_device_major(fn, self.device_major), parts),
+                                                              panels), types), flags)
                        for name, fn in self.entries.items()}
         self.compiled = {name: self._jit(fn) for name, fn in self.traced.items()}
         self.compiled_then: dict = {}
         self.ahead: dict = {}  # id of a jitted entry -> {its arguments' `_shapes`: `compile_ahead`'s executable}
+
+    def _splits_by_part(self, name: str, axis, shape) -> bool:
+        """Whether param `name` is held as `DeviceMajorRows`: a fused weight split by its rows on a
+        mesh that divides each of its parts."""
+        if self.mesh is None or name not in self.fused_parts or axis != len(shape) - 2:
+            return False
+        return all((stop - start) % self.mesh.shape[MESH_AXIS] == 0 for start, stop in self.fused_parts[name])
 
     def _placement(self, axis, shape):
         """Where an array goes: the model's device; on a mesh, split on `axis` when the mesh divides
@@ -923,6 +978,28 @@ def _on_parts(entry, parts: dict):
                 params[name] = FusedPart(whole, start, stop)
         return entry(params, state, *args)
     return on_parts
+
+
+def _on_device_major(entry, held: dict):
+    """`entry` over params held device by device on a mesh (`JaxModel.device_major`): it sees each
+    as `DeviceMajorRows` (a layer at a time for a stacked one), made inside the trace."""
+    if not held:
+        return entry
+
+    @functools.wraps(entry)
+    def on_device_major(params, state, *args):
+        params = dict(params)
+        for name, (parts, shards) in held.items():
+            whole = params[name]
+            if isinstance(whole, list):
+                params[name] = [DeviceMajorRows(a, parts, shards) for a in whole]
+            elif whole.ndim == 3:  # stacked: its layer at an index
+                params[name] = LayerStack(lambda i, whole=whole, parts=parts, shards=shards:
+                                          DeviceMajorRows(whole[i], parts, shards))
+            else:
+                params[name] = DeviceMajorRows(whole, parts, shards)
+        return entry(params, state, *args)
+    return on_device_major
 
 
 def _on_panels(entry, panels: dict):

@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from linnet.codegen_common import shard_plan
+from linnet.codegen_common import fused_outputs, shard_plan
 from linnet.compiler import check_file
 from linnet.ir.passes import inline_calls
 from linnet.ir.specialize import specialize
@@ -45,7 +45,7 @@ def test_the_newer_families_plans(kit):
     params, _ = plan(kit, "tiny-olmo2")
     assert params["wq"] == params["wk"] == 1 and "q_norm" not in params and "attn_norm" not in params
     params, _ = plan(kit, "tiny-phi3")
-    assert params["wqkv"] == params["w_gate_up"] == 1 and params["wo"] == 2
+    assert params["wqkv"] == params["w_gate_up"] == 1 and params["wo"] == params["w_down"] == 2
 
 
 def test_the_plan_splits_experts_and_column_biases(kit):
@@ -55,10 +55,20 @@ def test_the_plan_splits_experts_and_column_biases(kit):
 
 
 SCRIPT = textwrap.dedent("""
-    import json, random
+    import collections, json, random, re
+    import jax
     import numpy as np
     from linnet import nest
     from linnet.serve import Engine, Request
+
+    def collectives(runner, entry, args):
+        # {"kind f32[shape]": count}: the collectives in the HLO XLA compiled for the entry
+        with jax.default_matmul_precision("default"):
+            text = runner.compiled[entry].lower(runner.weights, runner.state_bits,
+                                                *runner._arguments(args)).compile().as_text()
+        kinds = "all-gather|all-reduce|collective-permute|all-to-all|reduce-scatter"
+        found = (re.search(r"= (\\w+\\[[\\d,]*\\])\\S* (" + kinds + r")(-start)?\\(", line) for line in text.splitlines())
+        return dict(collections.Counter(f"{m.group(2)} {m.group(1)}" for m in found if m))
 
     out = {}
     rng = random.Random(0)
@@ -83,6 +93,11 @@ SCRIPT = textwrap.dedent("""
                 out[f"{card}/{shards}"].update(
                     wq_devices=len(wq.devices()), wq_rows=wq.shape[0], wq_shard=list(wq.addressable_shards[0].data.shape),
                     cache_spec=str(model.runner.state_bits["k_cache"].sharding.spec))
+            if shards == 2 and card in ("tiny-llama", "tiny-phi3"):
+                z = lambda n: np.zeros(n, np.int32)
+                out[f"{card}/{shards}"].update(decode_collectives=collectives(model.runner, "decode", (z(4), z(4))),
+                                               prefill_collectives=collectives(model.runner, "prefill",
+                                                                               (z(32), z(32), z(32), z(4))))
     for name, shards in (("too_many", 5), ("none", 0)):
         try:
             nest.load("tiny-llama", backend="jax", weights="random", shards=shards)
@@ -114,6 +129,48 @@ def test_a_model_over_several_devices_computes_what_one_does(results, card, shar
     assert many["wq_devices"] == shards and many["wq_shard"][0] == many["wq_rows"] // shards  # q's rows are split
     # the caches split over kv heads where the mesh divides them (2 kv heads), else stay whole
     assert many["cache_spec"] == ("P(None, None, None, 'model')" if shards == 2 else "P()")
+
+
+def test_phi3s_fused_projections_are_read_as_their_parts(kit):
+    """Phi-3's fused weights' parts, as its code slices their products: q, k and v (4 heads, 2 kv
+    heads of 16), gate and up (96 each). Read so, each part splits on its own and its slices stay
+    split, so down is row parallel as Llama's is (above)."""
+    module = inline_calls(specialize(check_file(kit.CARDS / "tiny-phi3.linnet"), {"Batch": 2, "MaxSeq": 16}, "exact"))
+    assert fused_outputs(module) == {"wqkv": ((0, 64), (64, 96), (96, 128)), "w_gate_up": ((0, 96), (96, 192))}
+    for card in ("tiny-llama", "tiny-qwen2", "tiny-gpt-oss"):  # separate weights, or a bias: none
+        assert fused_outputs(inline_calls(specialize(check_file(kit.CARDS / f"{card}.linnet"),
+                                                     {"Batch": 2, "MaxSeq": 16}, "exact"))) == {}
+
+
+def test_device_major_rows_give_each_device_its_share_of_every_part():
+    """The rows of a fused weight as a mesh holds them, against a plain-numpy statement: device d's
+    block is its 1 / shards of each part; the product read through a part's slice is that part's."""
+    import numpy as np
+
+    from linnet.codegen_jax.runtime import DeviceMajorProduct, device_major_order
+
+    parts, shards = ((0, 8), (8, 12), (12, 16)), 2
+    order = device_major_order(parts, shards)
+    assert order.tolist() == [0, 1, 2, 3, 8, 9, 12, 13, 4, 5, 6, 7, 10, 11, 14, 15]
+    rng = np.random.default_rng(0)
+    w, x = rng.normal(size=(16, 5)), rng.normal(size=(3, 5))
+    product = DeviceMajorProduct(x @ w[order].T, parts, shards)
+    for start, stop in parts:
+        np.testing.assert_allclose(product[:, start:stop], x @ w[start:stop].T, rtol=1e-12)
+    with pytest.raises(ValueError, match=r"read by its parts .* not \(4, 12\)"):
+        product[:, 4:12]
+
+
+def test_phi3_over_two_devices_moves_what_llama_does(results):
+    """In the HLO XLA compiles for Phi-3 over two devices, the collectives are Megatron's, as for
+    Llama's separate weights: one all-reduce of the rows' features after o and one after down a
+    layer (2 layers), and the logits gathered from the vocabulary's split; no all-gather or
+    permute of a fused projection's output, in the decode step and in a 32-token pass."""
+    phi3, llama = results["tiny-phi3/2"], results["tiny-llama/2"]
+    assert phi3["decode_collectives"] == {"all-reduce f32[4,64]": 4, "all-gather f32[4,128]": 1}
+    assert phi3["prefill_collectives"] == {"all-reduce f32[32,64]": 4, "all-gather f32[4,128]": 1}
+    assert llama["decode_collectives"] == phi3["decode_collectives"]
+    assert llama["prefill_collectives"] == phi3["prefill_collectives"]
 
 
 def test_more_shards_than_devices_is_a_clear_error(results):
