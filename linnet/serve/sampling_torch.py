@@ -87,7 +87,7 @@ TIE_ROOM = 16  # tokens tied at the k-th alternative's logprob that _top_ids sti
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch, adjustments: tuple | None = None):
-    """-> (tokens i32[K], chosen logprobs f32[K] or None, (top values, top ids) or None, ranks i64[K]
+    """-> (tokens i32[K], chosen logprobs f32[K] or None, (top values, top ids) or None, ranks i32[K]
     or None): with logprobs, each drawn token's logprob and rank under the logits as the model gave
     them (vLLM's: 1 + how many tokens are strictly likelier), computed here, on the logits' device.
     `adjustments`: runners.logit_adjustments' arrays, as tensors, in the batch's form: the bias
@@ -189,8 +189,10 @@ def _picked(logprobs: torch.Tensor, tokens: torch.Tensor, k: int):
 
 
 def _ranks(logprobs: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
-    """Each row's rank of the logprob `chosen` holds for it: 1 + how many of the row's are larger."""
-    return (logprobs > chosen[:, None]).sum(dim=-1) + 1
+    """Each row's rank of the logprob `chosen` holds for it: 1 + how many of the row's are larger.
+    Counted in int32: torch's CPU sum of bools into its default int64 took 3.4x as long (16 x 49152,
+    one thread: medians 6.5 ms against 1.9, log_softmax's 0.9 beside them)."""
+    return torch.sum(logprobs > chosen[:, None], dim=-1, dtype=torch.int32) + 1
 
 
 def _top_ids(values: torch.Tensor, k: int) -> torch.Tensor:
@@ -207,7 +209,7 @@ def _top_ids(values: torch.Tensor, k: int) -> torch.Tensor:
 def score(logits: torch.Tensor, targets: torch.Tensor, k: int):
     """Prompt tokens as the model saw them: row i's logprob of targets[i], with no penalty or bias,
     its rank among the vocabulary (1: the likeliest) and the row's k best.
-    -> (logprobs f32[M], ranks i64[M], (top values, top ids) or None)"""
+    -> (logprobs f32[M], ranks i32[M], (top values, top ids) or None)"""
     logprobs = torch.log_softmax(logits.float(), dim=-1)
     chosen, top = _picked(logprobs, targets, k)
     return chosen, _ranks(logprobs, chosen), top
