@@ -969,15 +969,19 @@ def _on_parts(entry, parts: dict):
     def on_parts(params, state, *args):
         params = dict(params)
         for name, (key, start, stop, stacked) in parts.items():
-            whole = params[key]
-            if isinstance(whole, list):
-                params[name] = [FusedPart(a, start, stop) for a in whole]
-            elif isinstance(whole, LayerStack) or stacked:  # (a stacked array: its layer at a traced index)
-                params[name] = LayerStack(lambda i, whole=whole, start=start, stop=stop: FusedPart(whole[i], start, stop))
-            else:
-                params[name] = FusedPart(whole, start, stop)
+            params[name] = _seen_as(params[key], functools.partial(FusedPart, start=start, stop=stop), stacked)
         return entry(params, state, *args)
     return on_parts
+
+
+def _seen_as(whole, view, stacked: bool):
+    """A param as `view` shows it: each layer's where the layers are a list or stacked (`stacked`,
+    or a `LayerStack`: the view of its layer at a traced index), else the whole array's."""
+    if isinstance(whole, list):
+        return [view(a) for a in whole]
+    if isinstance(whole, LayerStack) or stacked:
+        return LayerStack(lambda i: view(whole[i]))
+    return view(whole)
 
 
 def _on_device_major(entry, held: dict):
@@ -991,13 +995,8 @@ def _on_device_major(entry, held: dict):
         params = dict(params)
         for name, (parts, shards) in held.items():
             whole = params[name]
-            if isinstance(whole, list):
-                params[name] = [DeviceMajorRows(a, parts, shards) for a in whole]
-            elif whole.ndim == 3:  # stacked: its layer at an index
-                params[name] = LayerStack(lambda i, whole=whole, parts=parts, shards=shards:
-                                          DeviceMajorRows(whole[i], parts, shards))
-            else:
-                params[name] = DeviceMajorRows(whole, parts, shards)
+            params[name] = _seen_as(whole, functools.partial(DeviceMajorRows, parts=parts, shards=shards),
+                                    not isinstance(whole, list) and whole.ndim == 3)
         return entry(params, state, *args)
     return on_device_major
 
