@@ -3,7 +3,9 @@
 Each model family writes its calls its own way; a parser reads one way, by vLLM's name for it:
 
 - "llama3_json" (Llama 3.1 to 3.3): the whole reply is one JSON object, or several joined by
-  ";", each {"name": ..., "parameters": {...}} (Llama 3.1 may lead it with <|python_tag|>).
+  ";", each {"name": ..., "parameters": {...}} (Llama 3.1 may lead it with <|python_tag|>), or
+  such objects after text; an object that says no arguments, or leads with another key, is an
+  answer's JSON.
 - "hermes" (Hermes, Qwen 2.5 and 3, SmolLM3): text, then calls each written
   <tool_call>{"name": ..., "arguments": {...}}</tool_call>.
 - "mistral": text, then the special token [TOOL_CALLS] and either a JSON list of {"name": ...,
@@ -155,17 +157,73 @@ class Llama3Json:
     # and what may be one arriving a piece at a time at the text's end
     NAMED = re.compile(r'\{\s*"name"')
     NAMED_ARRIVING = re.compile(r'\{\s*("(n(a(m(e)?)?)?)?)?$')
+    # the keys a call says before it has said both its name and its arguments (Llama 3.2 may lead
+    # with "type": "function"); any other key there says the object is an answer's JSON, not a call
+    HEAD_KEYS = ("name", *ARGUMENT_KEYS, "type")
+    PENDING_KEY = re.compile(r'\s*,?\s*(?:"([^"\\]*)("?)\s*(:?))?')
 
     def call_start(self, text: str) -> int | None:
-        """Where a call may begin: a reply that opens with "{" (or the python tag) may be one, as may
-        an object after text that opens with its "name"."""
-        start = _whole_reply_start(text, "{", self.PYTHON_TAG)
-        if start is not None:
-            return start
-        found = self.NAMED.search(text) or self.NAMED_ARRIVING.search(text)
-        return None if found is None else found.start()
+        """Where a call may begin: the first place an object opens that is a call or may still turn
+        out to be one (`_may_be_call`): at the reply's start (past spaces and the python tag), or an
+        object after text that opens with its "name". Text that can no longer be a call is text,
+        so a stream sends it at once rather than at the end."""
+        if _whole_reply_start(text, "{", self.PYTHON_TAG) == 0:
+            body = self._body(text, 0)
+            if self.PYTHON_TAG.startswith(text[body:]) or text.startswith("{", body) and self._may_be_call(text, body):
+                return 0  # nothing past the spaces yet, the tag arriving, or an object that may be a call
+        for found in self.NAMED.finditer(text):
+            if self._may_be_call(text, found.start()):
+                return found.start()
+        arriving = self.NAMED_ARRIVING.search(text)
+        return None if arriving is None else arriving.start()
 
     hold = 0  # call_start itself holds what may be a call arriving
+
+    def _may_be_call(self, text: str, at: int) -> bool:
+        """Whether the object opening at text[at] is a call or may still become one as more is
+        written: its keys, up to where it has said its name and its arguments, are a call's, its
+        name a string and its arguments an object (or JSON text); once closed, it reads as a call
+        (as vLLM's parser reads one: "name" and "parameters" or "arguments")."""
+        fields = object_fields(text, at)
+        if fields.end is not None:
+            return self._closed_call(text, at, fields) is not None
+        head, last = self._head(text, fields)
+        if head is not None:
+            return head != "no"
+        pending = self.PENDING_KEY.match(text, at + 1 if last is None else last)  # the key after the last value
+        rest = text[pending.end():]
+        key, quoted, colon = pending.groups()
+        if key is None:  # no key begun: nothing yet, or what is no key
+            return not rest
+        if not quoted:
+            return not rest and any(k.startswith(key) for k in self.HEAD_KEYS)
+        return key in self.HEAD_KEYS and bool(colon or not rest)
+
+    def _head(self, text: str, fields) -> tuple:
+        """("call" where the fields have said a call's name and arguments, "no" where a key or a
+        value's first character says they are no call's, "open" where a call's value is being
+        written, None where the next key decides; where the last field written ends)."""
+        said, last = set(), None
+        for key, (start, end) in fields.items():
+            if said >= {"name", "arguments"}:
+                return "call", last
+            if key not in self.HEAD_KEYS or text[start] not in ('{"' if key in ARGUMENT_KEYS else '"'):
+                return "no", last
+            said.add("arguments" if key in ARGUMENT_KEYS else key)
+            if end is None:
+                return "open", last
+            last = end
+        return ("call" if said >= {"name", "arguments"} else None), last
+
+    def _closed_call(self, text: str, at: int, fields=None) -> dict | None:
+        """The call a closed object at text[at] makes, or None where it is not one."""
+        fields = fields or object_fields(text, at)
+        if self._head(text, fields)[0] != "call":
+            return None
+        try:
+            return _call_at(text, at, fields)[0]
+        except ValueError:
+            return None
 
     def _body(self, text: str, start: int) -> int:
         """Where the calls begin, from `start`: past spaces and the python tag."""
@@ -181,32 +239,30 @@ class Llama3Json:
     def parse(self, text: str) -> tuple:
         """The calls from `call_start` on, objects one after another, ";" between them; text after
         them is dropped (as vLLM drops it), but not one more object that does not read (a call cut
-        short: the reply is then not all read). A call after text must say its arguments; the
-        text before it is the content."""
+        short: the reply is then not all read). The text before the calls is the content."""
         start = self.call_start(text)
         if start is None:
             return text, []
         calls, at = [], self._body(text, start)
         while text.startswith("{", at):
-            try:
-                call, end = _call_at(text, at)
-            except ValueError:
-                return text, []
-            if call is None or (start > 0 and _arguments_span(object_fields(text, at)) is None):
+            call = self._closed_call(text, at)
+            if call is None:
                 return text, []
             calls.append(call)
-            at = self._next(text, end)
+            at = self._next(text, object_fields(text, at).end)
         return (text[:start] or None, calls) if calls else (text, [])
 
     def partial(self, text: str) -> list:
+        """The calls written so far; an object is named once it has said its arguments too (before,
+        it may be an answer's JSON that has a "name")."""
         start = self.call_start(text)
         if start is None:
             return []
         calls, at = [], self._body(text, start)
         while text.startswith("{", at):
             name, arguments, end = partial_call(text, at)
-            if start > 0 and _arguments_span(object_fields(text, at)) is None:
-                name = arguments = None  # after text, an object is a call once its arguments are written
+            if _arguments_span(object_fields(text, at)) is None or not self._may_be_call(text, at):
+                name = arguments = None
             calls.append((name, arguments, end is not None))
             if end is None:
                 break

@@ -73,6 +73,11 @@ def test_text_without_a_call_is_text(parser, text):
     ("llama3_json", '{"name": "f", "arguments": "{\\"x\\": 2}"}', None, [("f", {"x": 2})]),
     ("llama3_json", '{"name": "f", "parameters": {"x": 1', '{"name": "f", "parameters": {"x": 1', []),  # cut short
     ("llama3_json", '{"answer": 42}', '{"answer": 42}', []),  # JSON, but no call
+    # no arguments, a name that is no string, arguments that are no object: no call (vLLM's reads none)
+    ("llama3_json", '{"name": "f"}', '{"name": "f"}', []),
+    ("llama3_json", '{"name": 3, "parameters": {}}', '{"name": 3, "parameters": {}}', []),
+    ("llama3_json", '{"name": "f", "parameters": [1]}', '{"name": "f", "parameters": [1]}', []),
+    ("llama3_json", '{"name": "f", "arguments": "no json"}', '{"name": "f", "arguments": "no json"}', []),
     ("hermes", 'Sure.<tool_call>{"name": "g", "arguments": {}}</tool_call>', "Sure.", [("g", {})]),
     ("hermes", '<tool_call>{"name": "g", "arguments": {"a": [1]}}', None, [("g", {"a": [1]})]),  # unclosed at the end
     ("hermes", '<tool_call>not json</tool_call>', '<tool_call>not json</tool_call>', []),
@@ -155,6 +160,53 @@ def test_llama3_json_text_with_an_object_that_is_no_call_is_text():
         assert [(n, a) for _, n, a in stream(reader, reply, {"Bob"}, 1)] == []
     assert reader.call_start("Use {x} in") is None and reader.call_start('Use { "na') == 4
     assert reader.call_start("Use {") == 4 and reader.call_start('Say {"nam" and') is None
+
+
+# Replies that make no call, and the prefix after which each can no longer be one: a call is an
+# object whose keys, until it has said its name and its arguments, are "name", "parameters",
+# "arguments" (or "type"), as vLLM's llama3_json reads one ("name" and the arguments both).
+LLAMA3_NO_CALL = [
+    ('{"answer": 42, "why": "' + "x" * 200 + '"}', '{"an'),  # an answer's JSON: its first key says so
+    ('{"arguments_for": [1]}', '{"arguments_'),
+    ('{"name": "Bob", "age": 3, "bio": "' + "y" * 200 + '"}', '{"name": "Bob", "ag'),
+    ('{"name": "Bob"}', '{"name": "Bob"}'),  # no arguments: closed, no call
+    ('{"name": 7, "parameters": {}}', '{"name": 7'),  # a name that is no string
+    ('{"name": "f", "parameters": 5, "z": "' + "z" * 100 + '"}', '{"name": "f", "parameters": 5'),
+    ('{ this is prose, in braces, ' + "w" * 100 + "}", "{ t"),
+    ('<|python_tag|>brave_search.call(query="x")', "<|python_tag|>b"),  # Llama 3.1's built-in tools: no JSON
+    ("Use {x} or {y} in the template, " + "v" * 100, "Use {x"),
+    ('The user is {"name": "Bob", "age": 3} and ' + "u" * 100, 'The user is {"name": "Bob", "ag'),
+]
+
+
+@pytest.mark.parametrize("reply,decided", LLAMA3_NO_CALL)
+def test_llama3_json_streams_text_once_it_can_no_longer_be_a_call(reply, decided):
+    """Streamed, text is held only while it may still be a call: from the prefix where it can no
+    longer be one (`decided`), call_start finds none, and so all of it goes out as content; before,
+    it holds from the object's "{" (vLLM's stream holds a reply opening with "{" to its end and
+    never sends it as content)."""
+    reader = tool_parser("llama3_json")
+    assert reader.parse(reply) == (reply, [])
+    brace = reply.find("{") if reply.find("{") > 0 else 0
+    for end in range(brace + 1, len(reply) + 1):
+        start = reader.call_start(reply[:end])
+        if end < len(decided):
+            assert start == brace, reply[:end]  # may still be a call: held from where it would begin
+        else:  # text, but for a later "{" just written, which may open a call
+            assert start is None or start > brace and len(reply[start:end]) <= len('{"name'), reply[:end]
+    assert [(n, a) for _, n, a in stream(reader, reply, {"Bob", "f"}, 1)] == []
+
+
+def test_llama3_json_holds_a_call_from_its_first_character():
+    """Every prefix of a call, at the reply's start or after text, holds from where it begins."""
+    reader = tool_parser("llama3_json")
+    for reply, start in (('{"name": "f", "parameters": {"x": 1}}', 0),
+                         ('{"type": "function", "name": "f", "parameters": {}}', 0),
+                         ('  <|python_tag|>{"parameters": {"x": [1]}, "name": "f"}', 0),
+                         ('Let me check. {"name": "f", "arguments": {"q": "{a}"}}', 14)):
+        for end in range(start + 1, len(reply) + 1):
+            assert reader.call_start(reply[:end]) == start, reply[:end]
+        assert reader.parse(reply)[1] and reader.parse(reply)[0] == (reply[:start] or None)
 
 
 NON_ASCII = {"city": "Zürich", "note": "naïve \"quoted\" 東京 🌧", "tags": ["ü", {"é": None}]}
@@ -247,7 +299,7 @@ def test_calls_to_functions_not_offered_are_read_whole_at_the_end():
     '{"name": "f", "parameters": {"s": "a \\" }, \\\\ ] {"}}',  # brackets and escapes inside a string
     '{"parameters": {"x": [1, {"y": 2}]}, "name": "f"}',  # the arguments before the name
     '{"name": "f", "parameters": "{\\"x\\": 1}"}',  # the arguments written as a string
-    '{"name": "f"}',  # no arguments
+    '{"type": "function", "name": "f", "parameters": {"x": 1}}',  # Llama 3.2's lead
 ])
 def test_partial_reads_what_is_written_so_far(reply):
     reader = tool_parser("llama3_json")
