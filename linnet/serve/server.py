@@ -27,14 +27,13 @@ from linnet.serve.engine import Engine
 from linnet.serve.metrics import prometheus_text
 from linnet.serve.openai_api import (ApiError, Job, body_fields, chat_job, chat_prompt, check_fits, completion_job,
                                      encode_text, length_field, refused, shown)
-from linnet.serve.openai_replies import (ChunkWriter, answer_start, calls_after, chat_message, chat_response,
-                                         choice_stream, completion_response, divide_reply, echoed_prompt, error_body,
-                                         finish_reason, marker_ids, partial_calls, reply_text, usage)
+from linnet.serve.choice_stream import ChoiceDeltas
+from linnet.serve.openai_replies import (ChunkWriter, chat_message, chat_response, completion_response, echoed_prompt,
+                                         error_body, marker_ids, usage)
 from linnet.serve.request import RequestError, is_int
 from linnet.serve.responses_api import (ResponseWriter, ResponsesCall, chat_body, conversation_after, input_items,
                                         read_call, response)
 from linnet.serve.responses_store import ResponseStore
-from linnet.serve.tool_stream import CallStream
 
 MAX_BODY = 4 << 20
 
@@ -360,10 +359,8 @@ class OpenAIServer:
         # A request may keep every special token (harmony's do: its parser reads its markers); otherwise
         # only the tool parser's markers are written into the text.
         markers = marker_ids(job, self.tokenizer)
-        texts = [choice_stream(job, c, self.tokenizer, len(job.echo[i]) if job.echo else 0, markers)
-                 for i, c in enumerate(comps)]
-        # a chat choice's tool calls go as the model writes them
-        calls_out = [CallStream(job.call_id, job.tool_names) for _ in comps]
+        choices = [ChoiceDeltas(job, c, self.tokenizer, chat, len(job.echo[i]) if job.echo else 0, markers)
+                   for i, c in enumerate(comps)]
         # An echo goes first; with logprobs, once its prompt is scored: with the choice's first news.
         unechoed = set(range(len(streams))) if job.echo else set()
         try:
@@ -386,34 +383,16 @@ class OpenAIServer:
                     prompt = echoed_prompt(job, comps, i, self.tokenizer)
                     await event(writer.piece(i, job.echo[i], [], [], prompt=prompt))
                     unechoed.discard(i)
-                choice = texts[i]
-                offsets = choice.add(tokens)
-                lps = None if comp.request.logprobs is None else comp.logprobs[choice.tokens - len(tokens):choice.tokens]
-                before = choice.sent
-                if reason is None:
-                    choice.ready(_sendable(job, choice.text))
-                    thought, text = divide_reply(job, choice.text, before, choice.sent)
-                    # up to what can no longer turn out to be a stop string
-                    calls = calls_out[i].news(partial_calls(job, choice.text, len(choice.text) - choice.hold))
-                else:
-                    message, why = chat_message(job, comp, self.tokenizer) if chat else (None, finish_reason(comp))
-                    made = None if message is None else message.get("tool_calls")
-                    if made:  # the rest of the calls, after any text before them
-                        thought = divide_reply(job, choice.text, before, len(choice.text))[0]
-                        text = (message["content"] or "")[len(divide_reply(job, choice.text, 0, before)[1]):]
-                    else:
-                        choice.finish(reply_text(job, comp, self.tokenizer) if chat else comp.text)  # as parsed
-                        thought, text = divide_reply(job, choice.text, before, choice.sent)
-                    calls = calls_out[i].finish(made or [])
-                if not job.include_reasoning:
-                    thought = ""  # vLLM's include_reasoning false: the thinking is read apart and left out
-                if text or lps or thought:  # how far the reply is out, for Responses to place the logprobs
-                    out = choice.sent if reason is None or not made else len(choice.text)
-                    await event(writer.piece(i, text, lps, offsets, reasoning=thought, reply=(choice.text, out)))
-                for piece in calls:
+                delta = choices[i].step(tokens) if reason is None else choices[i].end(tokens)
+                count = choices[i].stream.tokens
+                lps = None if comp.request.logprobs is None else comp.logprobs[count - len(tokens):count]
+                if delta.text or lps or delta.thought:
+                    await event(writer.piece(i, delta.text, lps, delta.offsets, reasoning=delta.thought,
+                                             reply=(choices[i].stream.text, delta.out)))
+                for piece in delta.calls:
                     await event(writer.call(i, piece))
                 if reason is not None:
-                    await event(writer.piece(i, "", reason=why, stop_reason=comp.stop_reason))
+                    await event(writer.piece(i, "", reason=delta.why, stop_reason=comp.stop_reason))
             if job.include_usage:
                 await event(writer.usage(job, comps))
             if responses is not None and not any(c.finish_reason == "error" for c in comps):
@@ -438,22 +417,6 @@ def _response_id(path: str) -> str:
     if "/" in response_id:
         raise ApiError(404, f"no route {path}", code="not_found")
     return response_id
-
-
-def _sendable(job: Job, text: str) -> int | None:
-    """How much of a choice's text may be streamed as text now: all of it (None), but where a tool
-    call may be being written (a forced call is the whole answer; with "auto", text stops where one
-    may begin: the calls go as tool calls) or a reasoning model's tag may be arriving."""
-    limit = None if job.reasoning is None else job.reasoning.sendable(text)
-    if job.tool_call is None or getattr(job.tool_parser, "reads_whole_reply", False):
-        return limit  # harmony holds back calls itself
-    answer = answer_start(job, text)
-    if answer is None:  # still thinking: no call yet
-        return limit
-    calls = calls_after(job, text, answer)
-    if calls is None:  # none yet: all but what may be the start of one arriving
-        calls = len(text) - job.tool_parser.hold
-    return calls if limit is None else min(limit, calls)
 
 
 # A 413 closes its connection: the rest of a body that large is not read (uvicorn would read and drop it)
