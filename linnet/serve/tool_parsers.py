@@ -313,19 +313,15 @@ class Mistral:
     name = "mistral"
     marker, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
     markers = (marker, ARGS, CALL_ID)
-    CALLS = re.compile(r"\[\s*(\{|$)")  # a JSON list of calls opening, where the marker is not in the text
 
     def call_start(self, text: str) -> int | None:
-        """At the marker; where it is not written, at a "[" that opens a list of objects or may be
-        the marker's text arriving a piece at a time."""
+        """At the marker, or where its text may be arriving a piece at a time (no call is read
+        without it: a JSON list the model writes as its answer is text, streamed as it comes)."""
         at = text.find(self.marker)
         if at >= 0:
             return at
         tail = text.rfind("[")
-        if tail >= 0 and self.marker.startswith(text[tail:]):
-            return tail
-        found = self.CALLS.search(text)
-        return None if found is None else found.start()
+        return tail if tail >= 0 and self.marker.startswith(text[tail:]) else None
 
     hold = 0  # call_start itself holds what may be the marker arriving
 
