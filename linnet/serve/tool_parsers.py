@@ -384,13 +384,53 @@ class Pythonic:
     NAMES = {"true": True, "false": False, "null": None}  # models trained on JSON write these too
 
     def call_start(self, text: str) -> int | None:
-        return _whole_reply_start(text, "[", self.WRAPPERS[0])
+        """0 while the reply may still be a list of calls (`_may_be_calls`), else None: text that
+        opens with "[" but is no call ("[1] ...", a markdown link) is text, streamed as it comes."""
+        if _whole_reply_start(text, "[", self.WRAPPERS[0]) is None:
+            return None
+        body = self._body(text)
+        return 0 if self.WRAPPERS[0].startswith(body) or self._may_be_calls(body) else None
 
-    hold = 0  # the reply's first character decides
+    hold = 0  # call_start itself holds what may be a call arriving
 
     # a string (closed, or open to the end), or a bracket or comma: what splits a list of calls
     TOKENS = re.compile(r"""'(?:[^'\\\n]|\\.)*'?|"(?:[^"\\\n]|\\.)*"?|[()\[\]{},]""", re.DOTALL)
     NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+    NAME_SO_FAR = re.compile(r"\s*([A-Za-z_][A-Za-z0-9_]*\s*)?")  # a call's name being written
+
+    def _may_be_calls(self, body: str) -> bool:
+        """Whether `body` (a reply less its spaces and wrappers) is, or may still become, a list of
+        calls: "[", then names each followed by its parenthesised arguments (read once closed),
+        "," between them, "]" and nothing after."""
+        if not body.startswith("["):
+            return False
+        depth, item, called = 0, 1, False  # called: the item at the list's level is a closed call
+        for token in self.TOKENS.finditer(body):
+            mark, at = token.group(), token.start()
+            if depth == 1:  # between the list's items: a name, a call's "(", or after a call "," or "]"
+                between = body[item:at]
+                if called and between.strip() or not called and mark != "(" and (mark not in ",]" or between.strip()):
+                    return False
+                if mark == "(" and (called or not self.NAME.fullmatch(between.strip())):
+                    return False
+                if mark in ",]" and not called:
+                    return False  # a "," or the "]" with no call before it ("[]" makes none)
+            if mark in "([{":
+                depth += 1
+            elif mark in ")]}":
+                depth -= 1
+                if depth == 1 and mark == ")":
+                    if self._read(body[item:at + 1]) is None:
+                        return False  # arguments that are no literals
+                    called, item = True, at + 1
+                if depth == 0:
+                    return not body[at + 1:].strip()
+            elif mark == "," and depth == 1:
+                called, item = False, at + 1
+            if depth == 1 and mark == "[":
+                item = at + 1
+        rest = body[item:]
+        return depth > 1 or (not rest.strip() if called else self.NAME_SO_FAR.fullmatch(rest) is not None)
 
     def _body(self, text: str) -> str:
         body = text.strip()

@@ -209,6 +209,27 @@ def test_llama3_json_holds_a_call_from_its_first_character():
         assert reader.parse(reply)[1] and reader.parse(reply)[0] == (reply[:start] or None)
 
 
+# Pythonic replies that make no call, and the prefix after which each can no longer be a list of calls.
+PYTHONIC_NO_CALL = [
+    ("[1] See the note below. " + "n" * 100, "[1"),
+    ("[see below] for the details " + "d" * 100, "[see b"),
+    ("[link](https://x.org) is the page " + "p" * 100, "[link]"),
+    ("[] is an empty list " + "e" * 100, "[]"),
+    ("['a', 'b'] are strings " + "s" * 100, "['"),
+    ("[f(x=g())] runs nothing " + "g" * 100, "[f(x=g())"),  # arguments that are no literals
+    ("[f(x=1)] and then text " + "t" * 100, "[f(x=1)] a"),  # a list of calls, then text: no call (vLLM's)
+]
+
+
+@pytest.mark.parametrize("reply,decided", PYTHONIC_NO_CALL)
+def test_pythonic_streams_text_once_it_can_no_longer_be_a_call(reply, decided):
+    """A reply opening with "[" was held to its end; now only while it may still be a list of calls."""
+    reader = tool_parser("pythonic")
+    assert reader.parse(reply) == (reply, [])
+    for end in range(1, len(reply) + 1):
+        assert reader.call_start(reply[:end]) == (0 if end < len(decided) else None), reply[:end]
+
+
 NON_ASCII = {"city": "Zürich", "note": "naïve \"quoted\" 東京 🌧", "tags": ["ü", {"é": None}]}
 
 
