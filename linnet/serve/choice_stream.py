@@ -80,6 +80,6 @@ def sendable(job: Job, text: str) -> int | None:
     if answer is None:  # still thinking: no call yet
         return limit
     calls = calls_after(job, text, answer)
-    if calls is None:  # none yet: all but what may be the start of one arriving
-        calls = len(text) - job.tool_parser.hold
+    if calls is None:  # none yet: all but what may be the start of one arriving, in the answer (not the thinking)
+        calls = max(answer, len(text) - job.tool_parser.hold)
     return calls if limit is None else min(limit, calls)
