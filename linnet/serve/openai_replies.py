@@ -254,6 +254,8 @@ def chat_message(job: Job, comp, tokenizer) -> tuple:
         return message, finish_reason(comp)
     if job.tool_call not in ("auto", "required"):  # a named function's call ends as "stop", as OpenAI's and vLLM's
         finish = finish_reason(comp)
+    elif job.tool_call == "required" and finish_reason(comp) != "stop":
+        finish = finish_reason(comp)  # vLLM's: "required" says "tool_calls" only for a reply that ended by itself
     return dict(message, content=content, tool_calls=calls), finish
 
 

@@ -126,14 +126,15 @@ def replies(draw):
     return family, reasoning, reply, (thought_at, text_at), thought or None, text, made
 
 
-def read_whole_and_streamed(family, reasoning, reply, cuts, cut_at):
-    """The reply's tokens (the first `cut_at` of them, finish "length"; all, "stop") streamed in
-    the groups `cuts` makes, through `ChoiceDeltas`: (the whole response's message and
-    finish_reason, the deltas put together as a client does, [(text read, content sent, thinking
-    sent)] after each step)."""
+def read_whole_and_streamed(family, reasoning, reply, cuts, cut_at, tool_choice="auto", finish=None):
+    """The reply's tokens (the first `cut_at` of them, finish "length"; all, "stop"; or as `finish`
+    says) streamed in the groups `cuts` makes, through `ChoiceDeltas`: (the whole response's message
+    and finish_reason, the deltas put together as a client does, [(text read, content sent,
+    thinking sent)] after each step)."""
     parser = reasoning_parser(reasoning) if family == "openai_gptoss" else tool_parser(family)
-    job = chat_job({"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS}, TOKENIZER, 4096,
-                   tool_parser=parser, reasoning=None if reasoning is None else reasoning_parser(reasoning))
+    body = {"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS, "tool_choice": tool_choice}
+    job = chat_job(body, TOKENIZER, 4096, tool_parser=parser,
+                   reasoning=None if reasoning is None else reasoning_parser(reasoning))
     comp = Completion(request=job.requests[0])
     tokens = TOKENIZER.encode(reply, add_special_tokens=False)
     cut = cut_at is not None and cut_at < len(tokens)
@@ -160,7 +161,7 @@ def read_whole_and_streamed(family, reasoning, reply, cuts, cut_at):
     request = comp.request
     comp.text = TOKENIZER.without_cut_character(
         TOKENIZER.decode_after(request.prompt, tokens, skip_special_tokens=request.skip_special_tokens), tokens)
-    comp.finish_reason = "length" if cut else "stop"
+    comp.finish_reason = finish or ("length" if cut else "stop")
     message, finish = chat_message(job, comp, TOKENIZER)
     last = choice.end(groups[-1])
     take(last)
@@ -221,3 +222,29 @@ def test_the_end_of_the_thinking_is_not_held_for_a_call_marker_in_the_answer():
     _, _, (_, thinking, _, _), seen = read_whole_and_streamed("hermes", "qwen3", reply, list(range(len(reply))), None)
     assert thinking == "ponder"
     assert [out for read, _, out in seen if read == len("<think>ponder</think>")] == [len("ponder")]
+
+
+CALL = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("tool_choice,reply,engine,finish", [
+    ("auto", "Sure." + CALL, "stop", "tool_calls"),
+    ("auto", "Sure." + CALL[:-len("</tool_call>")], "length", "tool_calls"),  # calls read whole: vLLM's auto_tools_called
+    ("auto", "Sure." + CALL[:30], "length", "length"),  # cut inside a call's JSON: as far as written, "length"
+    ("auto", "No call.", "stop", "stop"),
+    ("auto", "No call, cut", "length", "length"),
+    ("required", '[{"name": "get_time", "parameters": {"zone": "CET"}}]', "stop", "tool_calls"),
+    # "required" says "tool_calls" only where the reply ended by itself (vLLM's rule), else the engine's reason
+    ("required", '[{"name": "get_time", "parameters": {"zone": "CET"}}]', "length", "length"),
+    ("required", '[{"name": "get_time", "parameters": {"zone": "C', "length", "length"),
+    ({"type": "function", "function": {"name": "get_time"}}, '{"zone": "CET"}', "stop", "stop"),  # named: OpenAI's "stop"
+    ({"type": "function", "function": {"name": "get_time"}}, '{"zone": "C', "length", "length"),
+])
+def test_finish_reason_is_vllms_whole_and_streamed(tool_choice, reply, engine, finish):
+    """finish_reason as vLLM's chat sets it: "tool_calls" where "auto" read calls (or "required" made
+    them and the reply ended by itself), "stop" for a named function's call, else the engine's; the
+    stream's last chunk says the same as the whole response."""
+    for cuts in ([], list(range(len(reply)))):
+        message, whole, (_, _, _, streamed), _ = read_whole_and_streamed("hermes", None, reply, cuts, None,
+                                                                         tool_choice, engine)
+        assert whole == streamed == finish, (cuts, message)
