@@ -46,11 +46,13 @@ ARGUMENT_KEYS = ("parameters", "arguments")  # the key a call's arguments go und
 
 
 def _call(value, written: str | None = None) -> dict | None:
-    """{name, arguments (JSON text)} from a call's object, or None where it is not one. `written`:
-    the arguments' own text, which they stay as where they were written as an object."""
+    """{name, arguments (JSON text)} from a call's object, or None where it is not one: it says its
+    name and its arguments (an object with neither "parameters" nor "arguments" may hold them under
+    another key: no call, as vLLM's parsers read none). `written`: the arguments' own text, which
+    they stay as where they were written as an object."""
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
-    arguments = next((value[k] for k in ARGUMENT_KEYS if k in value), {})
+    arguments = next((value[k] for k in ARGUMENT_KEYS if k in value), None)
     if isinstance(arguments, str):  # some models write the arguments as JSON text already
         try:
             arguments, written = json.loads(arguments), None
@@ -82,8 +84,10 @@ def _call_at(text: str, at: int, fields=None) -> tuple:
 
 def partial_call(text: str, at: int) -> tuple:
     """(name or None, arguments' text so far or None, where the object ends or None) of a call
-    being written as an object from text[at]. Arguments that are not an object (some models write
-    them as a string) are None until the call closes; a closed call's are as `parse` gives them."""
+    being written as an object from text[at]. It is named once its arguments have begun as an
+    object (before, it may turn out to be no call: arguments under another key, or not an object);
+    arguments written as a string (some models do) are read when the call closes, as `parse` reads
+    a closed call's."""
     fields = object_fields(text, at)
     if fields.end is not None:
         try:
@@ -92,8 +96,9 @@ def partial_call(text: str, at: int) -> tuple:
             call = None
         return (None, None, fields.end) if call is None else (call["name"], call["arguments"], fields.end)
     arguments = value_text(text, _arguments_span(fields))
-    return closed_string(text, fields.get("name")), arguments if arguments in (None, "") or arguments[0] == "{" \
-        else None, None
+    if not arguments or arguments[0] != "{":
+        return None, None, None
+    return closed_string(text, fields.get("name")), arguments, None
 
 
 def _spaces_after(text: str, at: int) -> int:
@@ -362,8 +367,10 @@ class Mistral:
                 start = _spaces_after(arguments, 0)
                 end = object_fields(arguments, start).end if arguments.startswith("{", start) else None
                 # arguments that are not an object are read whole, at the end
-                written = arguments[start:end].rstrip() if arguments[start:start + 1] in ("", "{") else None
-                calls.append((head.split(self.CALL_ID, 1)[0].strip() or None, written, end is not None or not last))
+                written = arguments[start:end].rstrip() if arguments[start:start + 1] == "{" else None
+                # named once its arguments have begun as an object: they may turn out to be none
+                name = head.split(self.CALL_ID, 1)[0].strip() or None if written is not None else None
+                calls.append((name, written, end is not None or not last))
             elif part.lstrip()[:1] in ("[", "{"):
                 calls += [(n, a, closed or not last) for n, a, closed in partial_list(part, _spaces_after(part, 0))]
             else:

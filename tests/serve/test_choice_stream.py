@@ -248,3 +248,46 @@ def test_finish_reason_is_vllms_whole_and_streamed(tool_choice, reply, engine, f
         message, whole, (_, _, _, streamed), _ = read_whole_and_streamed("hermes", None, reply, cuts, None,
                                                                          tool_choice, engine)
         assert whole == streamed == finish, (cuts, message)
+
+
+# A call each family writes wrongly: its arguments under another key, arguments that are no object,
+# a name that is no string, JSON that does not read. vLLM's parsers read none of them as a call: the
+# reply is text.
+MALFORMED = [
+    ('"name": "get_time", "params": {"zone": "CET"}', "wrong key"),
+    ('"name": "get_time", "ARGS": [1, 2]', "arguments not an object"),
+    ('"name": 7, "ARGS": {"zone": "CET"}', "name not a string"),
+    ('"name": "get_time", "ARGS": {"zone": "CET",}', "JSON that does not read"),
+    ('"name": "get_time", "ARGS": "not json"', "arguments a string of no JSON"),
+]
+
+
+def malformed_call(family: str, fields: str, v11: bool) -> str:
+    key = "parameters" if family == "llama3_json" else "arguments"
+    obj = "{" + fields.replace('"ARGS"', json.dumps(key)) + "}"
+    if family == "llama3_json":
+        return obj
+    if family == "hermes":
+        return f"<tool_call>\n{obj}\n</tool_call>"
+    if v11:  # [TOOL_CALLS]NAME[ARGS]...: the arguments part alone can be wrong
+        return "[TOOL_CALLS]get_time[ARGS]" + obj[obj.index('"ARGS"') + 8:-1] if '"ARGS"' in obj else obj
+    return f"[TOOL_CALLS] [{obj}]"
+
+
+@settings(max_examples=150, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(family=st.sampled_from(["llama3_json", "hermes", "mistral"]), data=st.data(), v11=st.booleans(),
+       malformed=st.sampled_from(MALFORMED), cuts=st.lists(st.integers(0, 10**4), max_size=12))
+def test_a_malformed_call_is_text_whole_and_streamed(family, data, v11, malformed, cuts):
+    text = data.draw(text_for(family))
+    fields = malformed[0] if not (v11 and family == "mistral") else malformed[0].replace('"ARGS"', '"arguments"')
+    reply = text + malformed_call(family, fields, v11)
+    message, finish, (content, _, called, why), _ = read_whole_and_streamed(family, None, reply, cuts, None)
+    assert message == {"role": "assistant", "content": reply} and finish == "stop", malformed[1]
+    assert (content, why) == (reply, "stop"), malformed[1]
+    if malformed[1] == "JSON that does not read":
+        # known to be a call, and streamed as one, until its JSON stopped reading (a stream cannot
+        # take back what it sent: vLLM's sends those pieces too); the text then goes whole
+        assert all(n == "get_time" and reply.find(a) >= 0 for _, n, a in called)
+    else:
+        assert called == [], malformed[1]
