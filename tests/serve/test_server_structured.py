@@ -281,6 +281,29 @@ def test_auto_tells_a_call_from_text_in_the_models_own_format(auto_base):
     assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "It is noon {UTC}."
 
 
+# Answers that open like a call of the family but are none: each goes out as the model writes it
+LOOKS_LIKE_A_CALL = {"llama3_json": '{"answer": 42, "note": "forty-two, as asked, in plain JSON"}',
+                     "pythonic": "[1] See the note: forty-two, as asked, in plain text.",
+                     "mistral": '[{"answer": 42}] is the list, in plain JSON, as asked.',
+                     "hermes": "<tool> is no tag of ours: forty-two, as asked, in plain text.",
+                     "qwen3_coder": "<tool> is no tag of ours: forty-two, as asked, in plain text."}
+
+
+def test_an_answer_that_opens_like_a_call_streams_as_it_is_written(auto_base):
+    """Streamed, an answer that merely opens like a call (JSON, "[1]", "<tool>") goes out as it is
+    written once it can no longer be one, not in one piece at the reply's end; whole, it is text."""
+    base, parser = auto_base
+    answer = LOOKS_LIKE_A_CALL[parser]
+    body = dict({"messages": USER, "max_tokens": 120, "tools": [TIME]}, **forced(answer))
+    choice = json.loads(call(base, "/v1/chat/completions", body)[1])["choices"][0]
+    assert choice["message"]["content"] == answer and choice["finish_reason"] == "stop"
+    pieces = [c["choices"][0]["delta"].get("content") for c in sse(call(base, "/v1/chat/completions",
+                                                                         dict(body, stream=True))[1])]
+    pieces = [p for p in pieces if p]
+    assert "".join(pieces) == answer
+    assert len("".join(pieces[:-1])) >= len(answer) - 16, pieces  # all but the last few characters before the end
+
+
 @pytest.fixture(scope="module", params=["hermes", "qwen3_coder"])
 def special_tags_base(request):
     """A tokenizer whose <tool_call> tags are special tokens, as some Hermes models' are (vLLM's
