@@ -38,6 +38,7 @@ import random
 import re
 import string
 import uuid
+from collections import OrderedDict
 
 from linnet.serve.json_prefix import closed_string, object_fields, value_text
 
@@ -155,6 +156,30 @@ def _whole_reply_start(text: str, opener: str, tag: str) -> int | None:
     return None
 
 
+# A stream asks where a call may begin at every step, of a text that only grows; an object found to
+# be no call stays none, so what a step found dead is kept (per text, by its start, the least
+# recently asked dropped first) and the next step reads on from there: a reply of many objects that
+# are no calls (a JSON list of records with "name"s) costs a step what it adds, not all it holds.
+_DEAD: OrderedDict = OrderedDict()  # {text's first characters: (text, where the candidates not known dead begin)}
+_DEAD_KEY, _DEAD_KEPT = 256, 256
+
+
+def _known_dead(text: str) -> int:
+    """How far into `text` every place a call might begin is known to be no call (0: nothing known)."""
+    known = _DEAD.get(text[:_DEAD_KEY])
+    return known[1] if known is not None and text.startswith(known[0]) else 0
+
+
+def _remember_dead(text: str, upto: int) -> None:
+    """That every place a call might begin in text[:upto] is no call."""
+    if upto > 0:
+        key = text[:_DEAD_KEY]
+        _DEAD[key] = (text[:upto], upto)
+        _DEAD.move_to_end(key)
+        while len(_DEAD) > _DEAD_KEPT:
+            _DEAD.popitem(last=False)
+
+
 class Llama3Json:
     name = "llama3_json"
     PYTHON_TAG = "<|python_tag|>"
@@ -172,14 +197,17 @@ class Llama3Json:
         out to be one (`_may_be_call`): at the reply's start (past spaces and the python tag), or an
         object after text that opens with its "name". Text that can no longer be a call is text,
         so a stream sends it at once rather than at the end."""
-        if _whole_reply_start(text, "{", self.PYTHON_TAG) == 0:
+        dead = _known_dead(text)  # what an earlier step of the same stream found no call (never one again)
+        if dead == 0 and _whole_reply_start(text, "{", self.PYTHON_TAG) == 0:
             body = self._body(text, 0)
             if self.PYTHON_TAG.startswith(text[body:]) or text.startswith("{", body) and self._may_be_call(text, body):
                 return 0  # nothing past the spaces yet, the tag arriving, or an object that may be a call
-        for found in self.NAMED.finditer(text):
+        for found in self.NAMED.finditer(text, dead):
             if self._may_be_call(text, found.start()):
+                _remember_dead(text, found.start())
                 return found.start()
-        arriving = self.NAMED_ARRIVING.search(text)
+        arriving = self.NAMED_ARRIVING.search(text, dead)
+        _remember_dead(text, len(text) if arriving is None else arriving.start())  # not what may yet be one
         return None if arriving is None else arriving.start()
 
     hold = 0  # call_start itself holds what may be a call arriving
