@@ -165,8 +165,8 @@ class Harmony:
 
     def parse(self, text: str) -> tuple:
         """As a tool parser: (content, calls) of a whole reply; a call cut short is not one."""
-        calls = [self._call(text, s, e, to) for kind, s, e, to, closed in self.messages(text) if kind == "call" and closed]
-        return self.split(text)[1], [c for c in calls if c is not None]
+        return self.split(text)[1], [self._call(text, s, e, to) for kind, s, e, to, closed in self.messages(text)
+                                     if kind == "call" and closed]
 
     def partial(self, text: str) -> list:
         """As a tool parser: the calls written so far, [(name, arguments so far, closed)]; an open
@@ -175,7 +175,7 @@ class Harmony:
         for kind, s, e, recipient, closed in self.messages(text):
             if kind == "call" and closed:
                 call = self._call(text, s, e, recipient)
-                calls += [] if call is None else [(call["name"], call["arguments"], True)]
+                calls.append((call["name"], call["arguments"], True))
             elif kind == "call":
                 written = text[s:max(s, limit)].strip()
                 calls.append((recipient.removeprefix("functions."), written if written[:1] in ("", "{") else None,
@@ -183,13 +183,16 @@ class Harmony:
         return calls
 
     @staticmethod
-    def _call(text: str, s: int, e: int, recipient: str) -> dict | None:
-        """The call whose arguments are text[s:e], as the model wrote them where they are an object."""
+    def _call(text: str, s: int, e: int, recipient: str) -> dict:
+        """The call whose arguments are text[s:e], as the model wrote them where they are an object
+        or no JSON at all (kept, as vLLM's harmony parser keeps them and OpenAI's API may give them:
+        the message says it is a call, and dropping it would lose what the model wrote)."""
         try:
             arguments = json.loads(text[s:e])
         except ValueError:
-            return None
-        written = text[s:e].strip() if isinstance(arguments, dict) else json.dumps(arguments, ensure_ascii=False)
+            arguments = None
+        written = text[s:e].strip() if arguments is None or isinstance(arguments, dict) else \
+            json.dumps(arguments, ensure_ascii=False)
         return {"name": recipient.removeprefix("functions."), "arguments": written}
 
 

@@ -291,3 +291,19 @@ def test_a_malformed_call_is_text_whole_and_streamed(family, data, v11, malforme
         assert all(n == "get_time" and reply.find(a) >= 0 for _, n, a in called)
     else:
         assert called == [], malformed[1]
+
+
+@pytest.mark.parametrize("body", ['{"zone": "CET",}', "zone=CET", '{"zone": "CE'])
+def test_a_harmony_call_whose_arguments_are_no_json_is_kept_as_written(body):
+    """gpt-oss's call is a message to functions.NAME: where its body does not read as JSON, the call
+    is still the model's, its arguments the text it wrote (vLLM's harmony parser keeps it so; OpenAI's
+    arguments may be invalid JSON), not dropped with the text lost; streamed, the same call."""
+    reply = ("<|channel|>analysis<|message|>think<|end|><|start|>assistant<|channel|>commentary "
+             "to=functions.get_time <|constrain|>json<|message|>" + body + "<|call|>")
+    for cuts in ([], list(range(len(reply)))):
+        message, finish, (content, thinking, called, why), _ = read_whole_and_streamed(
+            "openai_gptoss", "openai_gptoss", reply, cuts, None)
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]] \
+            == [("get_time", body)] and finish == "tool_calls"
+        assert ([(n, a) for _, n, a in called], content, thinking, why) == ([("get_time", body)], "", "think",
+                                                                          "tool_calls")
