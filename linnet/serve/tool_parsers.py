@@ -616,10 +616,12 @@ class Qwen3Coder:
         return Qwen3Coder(schemas)
 
     def parse(self, text: str) -> tuple:
+        """The calls; the last one may end with the reply, its </function> unwritten (vLLM's reads
+        it so), where the reply ends past a whole tag and its parameters are all closed."""
         at = text.find(self.OPEN)
         if at < 0:
             return text, []
-        calls = self.partial(text)
+        calls = self.partial(text + self.FUNCTION_END if text.rstrip().endswith(">") else text)
         if not calls or not all(name and closed for name, _, closed in calls):
             return text, []  # a call cut short, or one without a function
         return text[:at] or None, [{"name": n, "arguments": a} for n, a, _ in calls]

@@ -399,7 +399,14 @@ def test_qwen3_coder_calls_read_back_typed_by_their_schemas_whole_and_streamed(m
     ("<tool_call><function=f><parameter=o>{'a': (1, 2)}</parameter></function></tool_call>", [("f", {"o": {"a": [1, 2]}})]),
     ("<tool_call><function=f><parameter=x>\n  two lines\nand more\n\n</parameter></function></tool_call>",
      [("f", {"x": "  two lines\nand more\n"})]),  # only the line breaks that set a value apart are dropped
-    ("<tool_call><function=f><parameter=x>1</parameter>", []),  # cut short
+    # the reply ends before </function>, its parameters closed: a call, as vLLM's reads it (its regex
+    # takes "<function=...$"); cut inside a parameter, or its name, none
+    ("<tool_call><function=f><parameter=x>1</parameter>", [("f", {"x": "1"})]),
+    ("<tool_call>\n<function=f>\n<parameter=x>\n1\n</parameter>\n", [("f", {"x": "1"})]),
+    ("<tool_call><function=f><parameter=x>1</param", []),
+    ("<tool_call><function=f><parameter=x>1", []),
+    ("<tool_call><function=f><parame", []),
+    ("<tool_call><function=f", []),
     ("<tool_call>\n<parameter=x>1</parameter></tool_call>", []),  # no function
 ])
 def test_qwen3_coder_edges(reply, made):
