@@ -81,5 +81,5 @@ def sendable(job: Job, text: str) -> int | None:
         return limit
     calls = calls_after(job, text, answer)
     if calls is None:  # none yet: all but what may be the start of one arriving, in the answer (not the thinking)
-        calls = max(answer, len(text) - job.tool_parser.hold)
+        calls = len(text) - job.tool_parser.held(text[answer:])
     return calls if limit is None else min(limit, calls)

@@ -210,7 +210,9 @@ class Llama3Json:
         _remember_dead(text, len(text) if arriving is None else arriving.start())  # not what may yet be one
         return None if arriving is None else arriving.start()
 
-    hold = 0  # call_start itself holds what may be a call arriving
+    @staticmethod
+    def held(text: str) -> int:
+        return 0  # call_start itself holds what may be a call arriving
 
     def _may_be_call(self, text: str, at: int) -> bool:
         """Whether the object opening at text[at] is a call or may still become one as more is
@@ -313,7 +315,10 @@ class Hermes:
         at = text.find(self.OPEN)
         return None if at < 0 else at
 
-    hold = len(OPEN) - 1  # a marker may be arriving a piece at a time
+    def held(self, text: str) -> int:
+        """How much of the end of `text` may be the opening tag arriving a piece at a time (held
+        back from the stream's text; all else is text as soon as written)."""
+        return len(text) - len(_without_tail(text, self.OPEN))
 
     def parse(self, text: str) -> tuple:
         at = text.find(self.OPEN)
@@ -356,7 +361,9 @@ class Mistral:
         tail = text.rfind("[")
         return tail if tail >= 0 and self.marker.startswith(text[tail:]) else None
 
-    hold = 0  # call_start itself holds what may be the marker arriving
+    @staticmethod
+    def held(text: str) -> int:
+        return 0  # call_start itself holds what may be the marker arriving
 
     def parse(self, text: str) -> tuple:
         at = text.find(self.marker)
@@ -426,7 +433,9 @@ class Pythonic:
         body = self._body(text)
         return 0 if self.WRAPPERS[0].startswith(body) or self._may_be_calls(body) else None
 
-    hold = 0  # call_start itself holds what may be a call arriving
+    @staticmethod
+    def held(text: str) -> int:
+        return 0  # call_start itself holds what may be a call arriving
 
     # a string (closed, or open to the end), or a bracket or comma: what splits a list of calls
     TOKENS = re.compile(r"""'(?:[^'\\\n]|\\.)*'?|"(?:[^"\\\n]|\\.)*"?|[()\[\]{},]""", re.DOTALL)
@@ -606,7 +615,7 @@ class Qwen3Coder:
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
     FUNCTION, PARAMETER = re.compile(r"<function=([^>\n]*)>"), re.compile(r"<parameter=([^>\n]*)>")
     VALUE_END, FUNCTION_END = "</parameter>", "</function>"
-    hold, call_start, markers = Hermes.hold, Hermes.call_start, Hermes.markers  # a call opens with Hermes' tag
+    held, call_start, markers = Hermes.held, Hermes.call_start, Hermes.markers  # a call opens with Hermes' tag
 
     def __init__(self, schemas: dict | None = None):
         self.schemas = schemas or {}  # {function name: its parameters' JSON schema}

@@ -307,3 +307,13 @@ def test_a_harmony_call_whose_arguments_are_no_json_is_kept_as_written(body):
             == [("get_time", body)] and finish == "tool_calls"
         assert ([(n, a) for _, n, a in called], content, thinking, why) == ([("get_time", body)], "", "think",
                                                                           "tool_calls")
+
+
+@pytest.mark.parametrize("family", ["hermes", "qwen3_coder"])
+def test_text_that_cannot_be_a_tag_arriving_is_not_held(family):
+    """Only what may be "<tool_call>" arriving is held: each step of a short answer goes out whole
+    (the last 10 characters were held whatever they were, so "Hi, it is 12." came only at the end)."""
+    reply = "Hi, it is 12. a <b> c"
+    _, _, _, seen = read_whole_and_streamed(family, None, reply, list(range(len(reply))), None)
+    held = [(reply[:read], reply[out:read]) for read, out, _ in seen if out < read]
+    assert held == [("Hi, it is 12. a <", "<")]  # "<" may open the tag; "<b" cannot
