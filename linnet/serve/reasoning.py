@@ -25,6 +25,15 @@ import re
 from linnet.serve.structured import JSON_LAYOUT, Structure
 
 
+def arriving(text: str, tags: tuple) -> int:
+    """How long an end of `text` may be one of `tags` arriving a piece at a time (0 where none
+    could be): only that is held back from a stream, the rest is sent as soon as written."""
+    for k in range(min(len(text), max(map(len, tags)) - 1), 0, -1):
+        if any(tag.startswith(text[-k:]) for tag in tags):
+            return k
+    return 0
+
+
 class ThinkTags:
     OPEN, CLOSE = "<think>", "</think>"
     keeps_special = False  # the tags are plain text
@@ -55,10 +64,10 @@ class ThinkTags:
     def sendable(self, text: str) -> int:
         """How much of a reply's text so far can no longer turn out to be part of a tag."""
         stripped = text.lstrip()
-        if not self.starts_inside and len(stripped) < len(self.OPEN) and self.OPEN.startswith(stripped):
-            return 0  # may be the opening tag (after whitespace), arriving a piece at a time
+        if len(stripped) < len(self.OPEN) and self.OPEN.startswith(stripped):
+            return 0  # may be the opening tag (after whitespace; R1's, dropped, too), arriving a piece at a time
         _, end, _ = self.regions(text)
-        return len(text) - (len(self.CLOSE) - 1) if end is None else len(text)
+        return len(text) - arriving(text, (self.CLOSE,)) if end is None else len(text)
 
     def divide(self, text: str, start: int, stop: int) -> tuple:
         """text[start:stop], sent, as (its reasoning, its content), the tags left out."""
@@ -122,7 +131,7 @@ class Harmony:
 
     def _settled(self, text: str) -> int:
         """How much of `text` can no longer be part of a marker arriving a piece at a time."""
-        return len(text) - (max(map(len, self.MARKS)) - 1)
+        return len(text) - arriving(text, self.MARKS)
 
     def sendable(self, text: str) -> int:
         """All but what may be a marker arriving, and a call's arguments (which go as its tool call)."""

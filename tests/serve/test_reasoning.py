@@ -53,7 +53,12 @@ def test_edges():
     assert qwen3.split("<think>cut short") == ("cut short", None)
     assert qwen3.split("a <think> later is text") == (None, "a <think> later is text")
     assert qwen3.sendable("<thi") == 0 and qwen3.sendable("<b>") == 3  # the opening tag may be arriving
-    assert r1.sendable("so</thi") == len("so</thi") - len("</think>") + 1
+    # only what may be "</think>" arriving is held: the thinking goes out as written
+    assert r1.sendable("so</thi") == len("so") and r1.sendable("so far <") == len("so far ")
+    assert r1.sendable("so far") == len("so far") and r1.sendable("<thi") == 0  # R1's leading <think> is dropped
+    harmony, head = reasoning_parser("openai_gptoss"), "<|channel|>analysis<|message|>"
+    assert harmony.sendable(head + "so far") == len(head + "so far")  # no marker may be arriving
+    assert harmony.sendable(head + "so far<|e") == len(head + "so far")
     with pytest.raises(ValueError, match="no reasoning parser"):
         reasoning_parser("granite")
 
