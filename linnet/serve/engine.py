@@ -578,11 +578,12 @@ class Engine:
     def _may_look_ahead(self) -> bool:
         """Whether the next step can go out before this one is read: the runner's device works
         apart from the host, no prompt could be admitted to the next pass, and no request counts
-        its output tokens into penalties, still bans its enders, or is held to a structure (the host
-        keeps those counts, and a structure's next mask follows the token drawn)."""
+        its output tokens into penalties, still bans its enders, bans the ends of bad words after their
+        starts, or is held to a structure (the host keeps those counts, and a structure's next mask
+        follows the token drawn)."""
         return (self.runner.looks_ahead and not (self.waiting and self.free_rows) and not self.cancelled
                 and not any(x.req.penalized or len(x.generated) < x.req.min_tokens or x.matcher is not None
-                            for x in self.live))
+                            or x.req.bans_follow_output for x in self.live))
 
     def _may_send_decode_ahead(self) -> bool:
         """Where the next step cannot go out whole before this one is read (its draws need the host's
@@ -671,11 +672,16 @@ class Engine:
         return set(req.stop_token_ids) | (set() if req.ignore_eos else self.eos)
 
     def _bias(self, x: _Live, ahead: int) -> dict | None:
-        """x's logit bias for its next draw: its own, and before min_tokens, the tokens that would end it banned."""
+        """x's logit bias for its next draw: its own; the tokens that would complete a bad word banned
+        (`ahead` > 0 only where no ban follows the output: `_may_look_ahead`); and before min_tokens,
+        the tokens that would end it banned."""
         req = x.req
-        if len(x.generated) + ahead >= req.min_tokens:
+        banned = req.banned_words(x.generated) if req.bad_words else set()
+        if len(x.generated) + ahead < req.min_tokens:
+            banned |= self._enders(req)
+        if not banned:
             return req.logit_bias
-        return {**(req.logit_bias or {}), **{t: float("-inf") for t in self._enders(req)}}
+        return {**(req.logit_bias or {}), **dict.fromkeys(banned, float("-inf"))}
 
     def _sample(self, logits, items: list, logit_rows: list):
         batch, histories = self._sampling(items)

@@ -132,7 +132,7 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
     if body.get("prompt_logprobs") is not None and body.get("stream"):
         raise ApiError(400, "'prompt_logprobs' is not supported with 'stream': true", "prompt_logprobs")
     # vLLM's fields this server does not honour
-    for name, unset in (("use_beam_search", False), ("bad_words", None), ("priority", 0), ("prompt_embeds", None)):
+    for name, unset in (("use_beam_search", False), ("priority", 0), ("prompt_embeds", None)):
         if body.get(name) not in (unset, None, [], ""):
             raise ApiError(400, f"'{name}' is not supported", name)
 
@@ -296,6 +296,26 @@ def _logit_bias(body: dict) -> dict | None:
     return out
 
 
+def _bad_words(body: dict, tokenizer) -> list | None:
+    """vLLM's bad_words: strings the output must not contain as words, each as the token ids it is
+    written with at the text's start and after a space (" word": most tokenizers spell a word
+    within a text with its space), for the engine to ban each one's last token after the rest."""
+    words = body.get("bad_words")
+    if not words:
+        return None
+    if not isinstance(words, list) or not all(isinstance(w, str) and w.strip() for w in words):
+        raise ApiError(400, "'bad_words' must be a list of non-empty strings", "bad_words")
+    if tokenizer is None:
+        raise ApiError(400, "this model has no tokenizer to spell 'bad_words' with", "bad_words")
+    out = []
+    for word in words:
+        for spelling in (word.lstrip(), " " + word.lstrip()):
+            ids = encode_text(tokenizer, spelling, "bad_words", add_special_tokens=False)
+            if ids and ids not in out:
+                out.append(ids)
+    return out
+
+
 def length_field(body: dict) -> str:
     """The field that limits a reply's length: max_completion_tokens is chat's new name for
     max_tokens; an explicit null falls back to the old one (as vLLM's)."""
@@ -358,8 +378,10 @@ def _copies(body: dict, prompt: list, max_seq: int, default_max_tokens: int | No
     The tokenizer's `sampling_defaults` fill the fields the body leaves out."""
     out = []
     defaults = getattr(tokenizer, "sampling_defaults", None)
+    bad_words = _bad_words(body, tokenizer)
     for j in range(n):
         req = sampling_request(body, prompt, max_seq, default_max_tokens, fewest_tokens, defaults)
+        req.bad_words = bad_words
         if req.seed is not None:
             req.seed += j
         req.logprobs = logprobs

@@ -82,6 +82,9 @@ class Request:
     structure_after: list | None = None  # token ids after which the structure holds (a reasoning model's end of
     #                                      thinking); None: from the first token
     allowed_token_ids: list | None = None  # the only tokens it may draw (vLLM's); None: any
+    # token id sequences the output never completes (vLLM's bad_words): each sequence's last token is
+    # banned wherever the output so far ends with the rest of it (a one-token sequence: always)
+    bad_words: list | None = None
     include_stop: bool = False  # the text keeps the stop string or token it ends at (include_stop_str_in_output)
     skip_special_tokens: bool = True  # the text leaves special tokens out, as vLLM's does by default
     keeps_end_token: bool = False  # the text keeps the end token it ends at, stop strings cut as ever (harmony's
@@ -96,7 +99,18 @@ class Request:
     @property
     def biased(self) -> bool:
         """Whether a bias moves this request's logits: its logit_bias, or its enders banned before min_tokens."""
-        return bool(self.logit_bias) or self.min_tokens > 0
+        return bool(self.logit_bias) or self.min_tokens > 0 or bool(self.bad_words)
+
+    @property
+    def bans_follow_output(self) -> bool:
+        """Whether the tokens banned at a draw depend on the tokens drawn before it: a bad word of
+        more than one token (its last banned only after the rest)."""
+        return any(len(word) > 1 for word in self.bad_words or ())
+
+    def banned_words(self, output: list) -> set:
+        """The tokens that would complete one of `bad_words` after `output`."""
+        return {word[-1] for word in self.bad_words or ()
+                if len(word) <= len(output) + 1 and list(output[len(output) - len(word) + 1:]) == list(word[:-1])}
 
     @property
     def restricted(self) -> bool:
@@ -189,6 +203,11 @@ class Request:
         for name in ("ignore_eos", "include_stop", "skip_special_tokens", "keeps_end_token"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):  # ('false' is true to Python)
                 raise RequestError(f"{self.id}: {name} must be True or False, not {getattr(self, name)!r}", name)
+        if self.bad_words is not None and (not isinstance(self.bad_words, (list, tuple)) or not all(
+                isinstance(w, (list, tuple)) and w and all(is_int(t) and 0 <= t < vocab for t in w)
+                for w in self.bad_words)):
+            raise RequestError(f"{self.id}: bad_words must be a list of non-empty lists of token ids in [0, {vocab})",
+                               "bad_words")
         from linnet.serve.structured import Structure
 
         if self.structure is not None and not isinstance(self.structure, Structure):

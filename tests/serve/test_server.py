@@ -119,7 +119,7 @@ def test_chat_uses_the_template(server):
     ("/v1/completions", {"prompt": [1], "stream_options": {"include_usage": True}}, None, None, 400,
      "stream_options"),
     ("/v1/completions", {"prompt": [1], "use_beam_search": True}, None, None, 400, "'use_beam_search' is not"),
-    ("/v1/completions", {"prompt": [1], "bad_words": ["t5"]}, None, None, 400, "'bad_words' is not"),
+    ("/v1/completions", {"prompt": [1], "bad_words": [5]}, None, None, 400, "'bad_words' must be"),
     ("/v1/completions", {"prompt": [1], "priority": 3}, None, None, 400, "'priority' is not"),
     ("/v1/completions", {"prompt": [1], "allowed_token_ids": []}, None, None, 400, "allowed_token_ids"),
     ("/v1/completions", {"prompt": [1], "allowed_token_ids": [99999]}, None, None, 400, "allowed_token_ids"),
