@@ -783,9 +783,6 @@ class Engine:
 
     def _drop(self, x: _Live, reason: str, error: str | None = None):
         """Ends x between passes, where it is: queued, or in its row (freed, what it cached still valid)."""
-        x.comp.finish_reason, x.comp.error = reason, error
-        self.stats.ended(reason)
-        self.in_flight.pop(x.req.id, None)
         if x.comp.text is None and self.tokenizer is not None:  # the text of the tokens it has, as _finish gives
             x.comp.text = self._text(x, x.generated)
         if x in self.live:
@@ -799,6 +796,16 @@ class Engine:
             if other.leader is x:
                 other.leader = None
                 other.share = 0
+        self._end(x, reason, error)
+
+    def _end(self, x: _Live, reason: str, error: str | None) -> None:
+        """Writes x's end where the engine ends it apart from a draw (a cancel, stop(), a failed
+        pass): its reason and error, counted, its id free again, its listeners told. Its row and
+        its place in the queues are the caller's to give up. Under the lock: a submission may be
+        taking the id meanwhile."""
+        x.comp.finish_reason, x.comp.error = reason, error
+        self.stats.ended(reason)
+        self.in_flight.pop(x.req.id, None)
         self._notify(x)
 
     # ------------------------------------------------------------ incremental API (the server's)
@@ -875,12 +882,11 @@ class Engine:
         pass stopped partway leaves the cache and the engine's account of it apart. Under the lock,
         so that a request submitted meanwhile is ended too, not dropped unheard."""
         with self.lock:
-            ended, self.live, self.waiting = self.live + self.waiting, [], []
-            self.in_flight, self.cancelled = {}, {}
-        for x in ended:
-            x.comp.finish_reason, x.comp.error = "error", error
-            self.stats.ended("error")
-            self._notify(x)
+            # every request in flight: one a failed admission took from the queue and had not yet put in a row too
+            ended = list(self.in_flight.values())
+            self.live, self.waiting, self.cancelled = [], [], {}
+            for x in ended:  # (no text decoded: the tokenizer may be what failed, and raised again here)
+                self._end(x, "error", error)
         self._ahead = None
         self.free_rows = list(range(self.rows))
         self.row_tokens = [[] for _ in range(self.rows)]

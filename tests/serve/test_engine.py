@@ -186,6 +186,27 @@ def test_a_failed_pass_of_the_background_loop_fails_its_requests_and_serving_goe
     assert after.cached_tokens == 0 and engine.stats.finished == {"error": len(ps), "length": 1}
 
 
+def test_a_failed_admission_ends_the_request_it_held(model):
+    """An admission that raises between taking a request from the queue and giving it a row: the
+    step's failure ends every request in flight, that one too. It was in neither the queue nor
+    the rows, so it was left unended (its stream waiting for ever), though its id was freed."""
+    engine = Engine(model)
+    p = prompts(1, 6, 9, seed=64)[0]
+    held = engine.submit(Request(prompt=p, max_new_tokens=4, id="held"))
+    find_source = engine._find_source
+
+    def failing(item):
+        raise RuntimeError("no row")
+    engine._find_source = failing
+    with pytest.raises(RuntimeError, match="no row"):
+        engine.run([])
+    assert (held.finish_reason, held.error) == ("error", "the run was stopped: RuntimeError('no row')")
+    assert engine.stats.finished == {"error": 1} and not engine.in_flight and not engine.has_work()
+    engine._find_source = find_source
+    done, _ = engine.run([Request(prompt=p, max_new_tokens=4, id="held")])
+    assert (done[0].finish_reason, done[0].tokens) == ("length", reference_greedy(model, p, 4))
+
+
 def test_a_listener_whose_event_loop_closed_fails_nothing(model):
     """A stream left open when its event loop closed (asyncio.run returning after the first
     token; the cancel its exit sends lands a step later): the step telling that loop of new
