@@ -138,6 +138,8 @@ class Engine:
         self._fresh_stats(window=SERVING_WINDOW)
         self.lock = threading.Lock()
         self.wakeup = threading.Event()
+        # start() and stop() one at a time: two event loops' first streams start one background loop, not two
+        self._loop_lock = threading.Lock()
         self._thread = None
         self._stopping = False
         self._ahead: _Decode | None = None  # a decode step dispatched and not yet read
@@ -357,6 +359,8 @@ class Engine:
         step out ahead and the same rows decoding, this step's work is that one's: the next goes
         out, then it is read. Listeners hear of the step's tokens once it is done. The stats count
         its time and what it compiled (an engine stepped by a server, not by `run`)."""
+        if self._thread is not None and threading.current_thread() is not self._thread:
+            self._not_looping("step")
         begun = time.perf_counter()
         try:
             self._step()
@@ -833,34 +837,43 @@ class Engine:
         """Refuses `what` while the background loop steps the engine (`start`): two threads stepping
         one model's cache would mix their passes."""
         if self._thread is not None:
-            raise RuntimeError(f"Engine.{what}() while the engine's background loop runs (after start()): submit or "
-                               f"stream requests to it instead, or stop() it first")
+            raise RuntimeError(f"Engine.{what}() while the engine's background loop runs (start(), or the first "
+                               f"stream() started it): submit or stream requests to it instead, or stop() it first")
+
+    @property
+    def running(self) -> bool:
+        """Whether the background loop steps the engine (`start`, or a `stream` that started it)."""
+        return self._thread is not None
 
     def start(self) -> None:
-        """Runs steps on a background thread whenever there is work (for `stream`)."""
-        if self._thread is not None:
-            return
-        # The steps' OpenMP regions go to the new thread: this one's idle pool would slow them (kernels.openmp).
-        release_pool()
-        self._stopping = False
-        self._fresh_stats(window=SERVING_WINDOW)
-        self._thread = threading.Thread(target=self._loop, name="linnet-engine", daemon=True)
-        self._thread.start()
+        """Runs steps on a background thread whenever there is work (for `stream`, which starts it
+        itself). Started already, nothing; after stop(), a loop anew."""
+        with self._loop_lock:
+            if self._thread is not None:
+                return
+            # The steps' OpenMP regions go to the new thread: this one's idle pool would slow them (kernels.openmp).
+            release_pool()
+            self._stopping = False
+            self._fresh_stats(window=SERVING_WINDOW)
+            self._thread = threading.Thread(target=self._loop, name="linnet-engine", daemon=True)
+            self._thread.start()
 
     def stop(self) -> None:
         """Ends the background loop, and every request not yet ended: finish_reason "error" and
         `STOPPED` as its error, its stream told (a consumer would otherwise wait for a start()
-        that may never come: a server shutting down). Rows keep what they cached, for reuse."""
-        self._stopping = True
-        self.wakeup.set()
-        if self._thread is not None:
-            self._thread.join()
-            self._thread = None
-        with self.lock:  # (a request submitted meanwhile is ended too, or queued after)
-            self.cancelled = {}
-            for x in self.live + self.waiting:
-                self._drop(x, "error", STOPPED)
-        self._tell_listeners()
+        that may never come: a server shutting down). Rows keep what they cached, for reuse.
+        Stopped already, it ends what was submitted since; a later stream() or start() serves anew."""
+        with self._loop_lock:
+            self._stopping = True
+            self.wakeup.set()
+            if self._thread is not None:
+                self._thread.join()
+                self._thread = None
+            with self.lock:  # (a request submitted meanwhile is ended too, or queued after)
+                self.cancelled = {}
+                for x in self.live + self.waiting:
+                    self._drop(x, "error", STOPPED)
+            self._tell_listeners()
 
     def _loop(self):
         with self.stepping():
@@ -893,8 +906,13 @@ class Engine:
         self._tell_listeners()
 
     def stream(self, req: Request) -> "TokenStream":
-        """Submits `req` (from a coroutine); iterate the result for (new token ids, finish_reason or None)."""
-        return TokenStream(self, req)
+        """Submits `req` (from a coroutine); iterate the result for (new token ids, finish_reason or None).
+        Starts the background loop if it is not running, as vLLM's AsyncLLMEngine starts its own on
+        the first request: nothing else steps the engine for an asyncio caller, whose stream waited
+        for ever without it. A request refused at submission starts nothing."""
+        stream = TokenStream(self, req)
+        self.start()
+        return stream
 
 
 def _top(out, i: int, k: int) -> list:
@@ -922,8 +940,18 @@ class TokenStream:
         self.engine = engine
         self.queue: asyncio.Queue = asyncio.Queue()
         self.completion = engine.submit(req, listener=(loop, self.queue))
+        self._iterated = False
 
-    async def __aiter__(self):
+    def __aiter__(self):
+        # One consumer: a second iteration waited for ever on the queue the first had emptied (or,
+        # beside it, took half its tokens)
+        if self._iterated:
+            raise RuntimeError(f"{self.completion.id}: a stream is iterated once (its tokens go to one consumer); "
+                               f"what it gave is in its completion")
+        self._iterated = True
+        return self._tokens()
+
+    async def _tokens(self):
         seen = 0
         try:
             while True:

@@ -259,7 +259,7 @@ def test_run_and_warmup_are_refused_while_the_background_loop_steps_the_engine(m
     engine = Engine(model)
     engine.start()
     try:
-        for call in (lambda: engine.run([Request(prompt=[1, 2])]), lambda: engine.warmup([4])):
+        for call in (lambda: engine.run([Request(prompt=[1, 2])]), lambda: engine.warmup([4]), engine.step):
             with pytest.raises(RuntimeError, match="background loop runs"):
                 call()
     finally:

@@ -237,3 +237,95 @@ def test_requests_submitted_before_a_run_run_with_it_and_its_stats_count_them_wh
     assert [(c.finish_reason, c.tokens) for c in (before, done[0])] == [("length", reference_greedy(model, p, 4)),
                                                                        ("length", reference_greedy(model, q, 3))]
     assert (stats.prompt_tokens, stats.generated_tokens, stats.finished) == (len(p) + len(q), 7, {"length": 2})
+
+
+def test_a_stream_starts_the_background_loop_itself(model):
+    """An asyncio caller, as one of vLLM's AsyncLLMEngine, streams without starting a loop by
+    hand: the first stream() starts it (its tokens waited for ever before), and its tokens are a
+    plain greedy loop's. A request refused at submission starts nothing."""
+    p = prompts(1, 6, 9, seed=80)[0]
+    engine = Engine(model)
+
+    async def main():
+        with pytest.raises(RequestError):
+            engine.stream(Request(prompt=[]))
+        assert not engine.running
+        stream = engine.stream(Request(prompt=p, max_new_tokens=6))
+        return await asyncio.wait_for(_drain(stream), 30)
+
+    try:
+        got = asyncio.run(main())
+        assert engine.running
+    finally:
+        engine.stop()
+    assert not engine.running
+    assert got == (reference_greedy(model, p, 6), "length")
+
+
+def test_a_stream_left_early_frees_its_row_and_is_iterated_once(model):
+    """A consumer that breaks out after its first tokens: its request is cancelled (the iterator's
+    close, on the event loop's next turn) and its row freed by the next step; a request queued
+    for want of a row then runs, to a plain greedy loop's tokens. Iterating the stream again is
+    refused (it waited for ever on the queue the first iteration had emptied)."""
+    ps = prompts(model.batch + 1, 6, 9, seed=81)
+    engine = Engine(model)
+
+    async def main():
+        streams = [engine.stream(Request(prompt=p, max_new_tokens=60)) for p in ps[:-1]]
+        queued = engine.stream(Request(prompt=ps[-1], max_new_tokens=4))  # every row is taken
+        async for new, reason in streams[0]:
+            assert new and reason is None
+            break
+        with pytest.raises(RuntimeError, match="a stream is iterated once"):
+            async for _ in streams[0]:
+                pass
+        last = await asyncio.wait_for(_drain(queued), 30)  # it had a row only once the first's was freed
+        for s in streams[1:]:
+            engine.cancel(s.completion.id)
+        return streams[0].completion, last
+
+    try:
+        left, last = asyncio.run(main())
+    finally:
+        engine.stop()
+    assert left.finish_reason == "cancelled" and 0 < len(left.tokens) < 60
+    assert left.tokens == reference_greedy(model, ps[0], 60)[:len(left.tokens)]
+    assert last == (reference_greedy(model, ps[-1], 4), "length")
+
+
+def test_two_event_loops_streaming_from_one_engine(model):
+    """Two threads, each with its own event loop, streaming at once from one engine that nobody
+    started: one background loop steps it (two would step one cache), and each stream hears its
+    own tokens, a plain greedy loop's."""
+    import threading
+
+    ps = prompts(2, 6, 9, seed=82)
+    engine = Engine(model)
+    both = threading.Barrier(2)
+    got = {}
+
+    def consumer(i):
+        async def main():
+            both.wait()
+            return await asyncio.wait_for(_drain(engine.stream(Request(prompt=ps[i], max_new_tokens=8))), 30)
+        got[i] = asyncio.run(main())
+
+    threads = [threading.Thread(target=consumer, args=(i,)) for i in range(2)]
+    before = set(threading.enumerate())
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert [t for t in set(threading.enumerate()) - before if t.name == "linnet-engine"] == [engine._thread]
+    finally:
+        engine.stop()
+    assert [got[i] for i in range(2)] == [(reference_greedy(model, p, 8), "length") for p in ps]
+
+
+async def _drain(stream) -> tuple:
+    """A stream's tokens, gathered as they come, and its finish reason."""
+    tokens, reason = [], None
+    async for new, reason in stream:
+        tokens += new
+    return tokens, reason
