@@ -47,7 +47,7 @@ class _Live:
     comp: Completion
     row: int
     seed: int
-    prompt: list  # the request's prompt as Python ints (it may come as a numpy array, or a tuple)
+    prompt: list  # the request's prompt as Python ints (`req` is the plain copy `Request.validate` gives)
     tokens: list  # prompt + generated
     cached: int = 0  # positions of the row holding this request's tokens
     leader: "_Live | None" = None  # a request prefilling the same prompt, to copy from once it has
@@ -156,8 +156,8 @@ class Engine:
         """
         if not isinstance(req, Request):
             raise TypeError(f"submit takes a linnet.serve.Request, not {type(req).__name__}")
-        req.validate(self.vocab, self.max_seq)
-        prompt = [int(t) for t in req.prompt]
+        asked, req = req, req.validate(self.vocab, self.max_seq)  # the engine runs its plain copy
+        prompt = req.prompt
         if req.allowed_token_ids is not None and req.min_tokens and set(req.allowed_token_ids) <= self._enders(req):
             raise RequestError(f"{req.id}: every token allowed_token_ids allows would end the request, and min_tokens "
                                f"({req.min_tokens}) keeps those out until then: nothing could be drawn",
@@ -165,7 +165,7 @@ class Engine:
         if req.stop and self.tokenizer is None:
             raise RequestError(f"{req.id}: stop strings need a tokenizer, and this model has none", "stop")
         matcher = None if req.structure is None else self.guide().matcher(req.structure, req.id)
-        comp = Completion(req, submitted_at=time.perf_counter())
+        comp = Completion(asked, submitted_at=time.perf_counter())  # (the caller's request, as given)
         seed = req.seed if req.seed is not None else self.rng.getrandbits(31)
         item = _Live(req, comp, -1, seed, prompt, list(prompt), matcher=matcher, structuring=req.structure_after is None,
                      allowed=None if req.allowed_token_ids is None else packed_mask(req.allowed_token_ids, self.vocab),
@@ -331,7 +331,7 @@ class Engine:
 
     def _own_id(self, req: Request) -> Request:
         """`req`, or where its id is in flight, a copy under the first of its id and "#2", "#3", ... that is not."""
-        if req.id not in self.in_flight:
+        if not isinstance(req.id, str) or req.id not in self.in_flight:  # (no string: submit refuses it)
             return req
         k = 2
         while f"{req.id}#{k}" in self.in_flight:

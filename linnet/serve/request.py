@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -122,31 +123,24 @@ class Request:
         """Whether arrays made on the host move this request's logits: penalties, a bias, or a mask."""
         return self.penalized or self.biased or self.restricted
 
-    def validate(self, vocab: int, max_seq: int) -> None:
+    def validate(self, vocab: int, max_seq: int) -> "Request":
         """A `RequestError` naming the first field that cannot run as given: of the wrong type, NaN,
         or out of its range. Checked at submission, so that a bad request fails alone; nothing
-        that passes may fail inside a step, where it would take the step's other requests with it."""
-        if isinstance(self.prompt, np.ndarray) and self.prompt.ndim != 1:  # a tokenizer's batch of one: (1, n)
-            raise RequestError(f"{self.id}: the prompt must be a list of token ids (a 1-D array), not an array of "
-                               f"shape {self.prompt.shape}", "prompt")
-        if not isinstance(self.prompt, (list, tuple, np.ndarray)):
-            raise RequestError(f"{self.id}: the prompt must be a list of token ids, not {type(self.prompt).__name__}",
-                               "prompt")
-        if not len(self.prompt):
-            raise RequestError(f"{self.id}: the prompt is empty", "prompt")
-        if isinstance(self.prompt, np.ndarray) and self.prompt.dtype.kind not in "iu":
-            raise RequestError(f"{self.id}: the prompt must hold integer token ids, not a {self.prompt.dtype} array",
-                               "prompt")
-        odd = [t for t in self.prompt if not is_int(t)]
-        if odd:
-            raise RequestError(f"{self.id}: token id {odd[0]!r} is not an integer", "prompt")
-        bad = [t for t in self.prompt if not 0 <= t < vocab]
-        if bad:
-            raise RequestError(f"{self.id}: token id {int(bad[0])} is outside the vocabulary [0, {vocab})", "prompt")
+        that passes may fail inside a step, where it would take the step's other requests with it.
+
+        Returns a copy holding every field as plain Python values (token ids as lists of ints,
+        numbers as ints and floats, flags as bools; a numpy array or integer is taken where a
+        list or int is), which the engine runs: a numpy integer met Python's in its arithmetic
+        (a uint64 max_new_tokens wrapped past the row's check, a negative int64 seed overflowed
+        in the step)."""
+        if not isinstance(self.id, str):  # (vLLM's request ids are strings; an unhashable one failed submit)
+            raise RequestError(f"a request's id must be a string, not {self.id!r}", "id")
+        plain = {"prompt": self._token_ids("prompt", vocab)}
         if not is_int(self.max_new_tokens) or self.max_new_tokens < 0:
             raise RequestError(f"{self.id}: max_new_tokens must be an integer >= 0, not {self.max_new_tokens!r}",
                                "max_new_tokens")
-        need = len(self.prompt) + self.max_new_tokens
+        plain["max_new_tokens"] = int(self.max_new_tokens)
+        need = len(plain["prompt"]) + plain["max_new_tokens"]
         if need > max_seq:
             raise RequestError(f"{self.id}: the prompt ({tokens(len(self.prompt))}) plus max_new_tokens "
                                f"({self.max_new_tokens}) is {need} positions, more than a cache row holds "
@@ -159,26 +153,29 @@ class Request:
             value = getattr(self, name)
             if not _is_number(value) or not lo <= value <= hi:
                 raise RequestError(f"{self.id}: {name} must be a number in [{lo:g}, {hi:g}], not {value!r}", name)
+            plain[name] = float(value)
         if not is_int(self.top_k) or self.top_k < 0:
             raise RequestError(f"{self.id}: top_k must be an integer >= 0 (0: no limit), not {self.top_k!r}", "top_k")
+        plain["top_k"] = int(self.top_k)
         if self.seed is not None and not is_int(self.seed):
             raise RequestError(f"{self.id}: seed must be an integer, not {self.seed!r}", "seed")
+        plain["seed"] = None if self.seed is None else int(self.seed)
         if not isinstance(self.stop, (list, tuple)) or not all(isinstance(x, str) and x for x in self.stop):
             raise RequestError(f"{self.id}: stop must be a list of non-empty strings, not {self.stop!r}", "stop")
-        if not isinstance(self.stop_token_ids, (list, tuple)):
-            raise RequestError(f"{self.id}: stop_token_ids must be a list of token ids, not {self.stop_token_ids!r}",
-                               "stop_token_ids")
-        if self.allowed_token_ids is not None and not isinstance(self.allowed_token_ids, (list, tuple)):
-            raise RequestError(f"{self.id}: allowed_token_ids must be a list of token ids, not {self.allowed_token_ids!r}",
-                               "allowed_token_ids")
+        plain["stop"] = [str(x) for x in self.stop]  # (a numpy string is a str)
+        plain["stop_token_ids"] = self._token_ids("stop_token_ids", vocab, empty=True)
+        if self.allowed_token_ids is not None:
+            plain["allowed_token_ids"] = self._token_ids("allowed_token_ids", vocab)
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(self, name)
             if k is not None and (not is_int(k) or not 0 <= k <= MAX_LOGPROBS):
                 raise RequestError(f"{self.id}: {name} must be an integer between 0 and {MAX_LOGPROBS}, not {k!r}",
                                    name)
-        if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_new_tokens:
+            plain[name] = None if k is None else int(k)
+        if not is_int(self.min_tokens) or not 0 <= self.min_tokens <= plain["max_new_tokens"]:
             raise RequestError(f"{self.id}: min_tokens must be between 0 and max_new_tokens ({self.max_new_tokens}), "
                                f"not {self.min_tokens!r}", "min_tokens")
+        plain["min_tokens"] = int(self.min_tokens)
         if self.logit_bias is not None and not isinstance(self.logit_bias, dict):
             raise RequestError(f"{self.id}: logit_bias must be a dict of token id -> bias, not {self.logit_bias!r}",
                                "logit_bias")
@@ -189,30 +186,53 @@ class Request:
             if not _is_number(v) or not -100 <= v <= 100:
                 raise RequestError(f"{self.id}: logit_bias values must be numbers in [-100, 100], not {v!r}",
                                    "logit_bias")
-        if self.structure_after is not None and (not isinstance(self.structure_after, (list, tuple))
-                                                 or not self.structure_after
-                                                 or not all(is_int(t) and 0 <= t < vocab for t in self.structure_after)):
-            raise RequestError(f"{self.id}: structure_after must be a non-empty list of token ids", "structure_after")
-        if self.allowed_token_ids is not None and (not self.allowed_token_ids or not all(
-                is_int(t) and 0 <= t < vocab for t in self.allowed_token_ids)):
-            raise RequestError(f"{self.id}: allowed_token_ids must be a non-empty list of token ids in [0, {vocab})",
-                               "allowed_token_ids")
-        bad_stop = [t for t in self.stop_token_ids if not is_int(t) or not 0 <= t < vocab]
-        if bad_stop:
-            raise RequestError(f"{self.id}: stop token id {bad_stop[0]!r} is outside the vocabulary", "stop_token_ids")
+        if self.logit_bias is not None:
+            plain["logit_bias"] = {int(t): float(v) for t, v in self.logit_bias.items()}
+        if self.structure_after is not None:
+            plain["structure_after"] = self._token_ids("structure_after", vocab)
         for name in ("ignore_eos", "include_stop", "skip_special_tokens", "keeps_end_token"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):  # ('false' is true to Python)
                 raise RequestError(f"{self.id}: {name} must be True or False, not {getattr(self, name)!r}", name)
-        if self.bad_words is not None and (not isinstance(self.bad_words, (list, tuple)) or not all(
-                isinstance(w, (list, tuple)) and w and all(is_int(t) and 0 <= t < vocab for t in w)
-                for w in self.bad_words)):
-            raise RequestError(f"{self.id}: bad_words must be a list of non-empty lists of token ids in [0, {vocab})",
-                               "bad_words")
+            plain[name] = bool(getattr(self, name))
+        if self.bad_words is not None:
+            if not isinstance(self.bad_words, (list, tuple)):
+                raise RequestError(f"{self.id}: bad_words must be a list of token id lists, not {self.bad_words!r}",
+                                   "bad_words")
+            plain["bad_words"] = [self._token_ids("bad_words", vocab, value=word) for word in self.bad_words]
         from linnet.serve.structured import Structure
 
         if self.structure is not None and not isinstance(self.structure, Structure):
             raise RequestError(f"{self.id}: structure must be a linnet.serve.structured.Structure (a JSON schema, "
                                f"regex, choice or grammar), not {type(self.structure).__name__}", "structure")
+        return dataclasses.replace(self, **plain)
+
+    def _token_ids(self, name: str, vocab: int, empty: bool = False, value=None) -> list:
+        """Field `name`'s token ids as Python ints: a list or tuple of integers, or a 1-D integer
+        numpy array (a tokenizer's output); a RequestError naming the field otherwise (a bool or
+        a float is no token id, nor one outside [0, vocab)). `empty`: whether it may hold none.
+        `value`: the ids, where the field holds several lists of them (bad_words' words)."""
+        value = getattr(self, name) if value is None else value
+        what = "the prompt" if name == "prompt" else name
+        if isinstance(value, np.ndarray) and value.ndim != 1:  # a tokenizer's batch of one: (1, n)
+            raise RequestError(f"{self.id}: {what} must be a list of token ids (a 1-D array), not an array of shape "
+                               f"{value.shape}", name)
+        if not isinstance(value, (list, tuple, np.ndarray)):
+            raise RequestError(f"{self.id}: {what} must be a list of token ids, not {type(value).__name__}", name)
+        if isinstance(value, np.ndarray) and value.dtype.kind not in "iu":
+            raise RequestError(f"{self.id}: {what} must hold integer token ids, not a {value.dtype} array", name)
+        if not len(value) and not empty:
+            raise RequestError(f"{self.id}: {what} is empty" + {
+                "allowed_token_ids": ": no token could be drawn",
+                "structure_after": " (None: the structure holds from the first token)"}.get(name, ""), name)
+        # the prompt's messages as they were; another field's name it, and the server's "stop token id"
+        label = {"prompt": "token id", "stop_token_ids": "stop token id"}.get(name, f"{name} token id")
+        odd = [t for t in value if not is_int(t)]
+        if odd:
+            raise RequestError(f"{self.id}: {label} {odd[0]!r} is not an integer", name)
+        bad = [t for t in value if not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"{self.id}: {label} {int(bad[0])} is outside the vocabulary [0, {vocab})", name)
+        return [int(t) for t in value]
 
 
 @dataclass

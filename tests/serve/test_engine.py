@@ -347,7 +347,7 @@ def test_an_engine_stepped_by_hand_counts_its_time_and_compiles(model):
     ("skip_special_tokens", 1, "skip_special_tokens must be True or False"),
     ("ignore_eos", "false", "ignore_eos must be True or False"), ("include_stop", None, "include_stop"),
     ("structure", {"type": "object"}, "structure must be a linnet.serve.structured.Structure"),
-    ("structure_after", (True,), "structure_after must be"), ("structure_after", 3, "structure_after must be"),
+    ("structure_after", (True,), "structure_after token id True is not an integer"), ("structure_after", 3, "structure_after must be"),
 ])
 def test_a_field_of_the_wrong_type_fails_its_request_alone(model, field, value, needle):
     """Checked at submission: a field that would fail inside a step (a NaN, None, a string for a
