@@ -156,6 +156,11 @@ class Engine:
         """
         if not isinstance(req, Request):
             raise TypeError(f"submit takes a linnet.serve.Request, not {type(req).__name__}")
+        if listener is not None and not (isinstance(listener, tuple) and len(listener) == 2
+                                         and isinstance(listener[0], asyncio.AbstractEventLoop)
+                                         and isinstance(listener[1], asyncio.Queue)):
+            # (found only in the step, it failed every request there, or on its loop, the streams beside it)
+            raise TypeError(f"a listener is an (event loop, asyncio.Queue) pair, not {listener!r}")
         asked, req = req, req.validate(self.vocab, self.max_seq)  # the engine runs its plain copy
         prompt = req.prompt
         if req.allowed_token_ids is not None and req.min_tokens and set(req.allowed_token_ids) <= self._enders(req):
@@ -922,13 +927,19 @@ def _top(out, i: int, k: int) -> list:
     return [(int(t), float(v)) for t, v in zip(out.top_ids[i][:k], out.top_values[i][:k])]
 
 
+def _cancel_unended(engine: Engine, comp: Completion) -> None:
+    if comp.finish_reason is None:
+        engine.cancel(comp.id)
+
+
 def _deliver(items: list):
     for queue, item in items:
         queue.put_nowait(item)
 
 
 class TokenStream:
-    """One request's tokens as they come; `completion` holds the whole result. Leaving early cancels it."""
+    """One request's tokens as they come; `completion` holds the whole result. Leaving early, or
+    dropping it unread, cancels it."""
 
     def __init__(self, engine: Engine, req: Request):
         try:
@@ -941,6 +952,8 @@ class TokenStream:
         self.queue: asyncio.Queue = asyncio.Queue()
         self.completion = engine.submit(req, listener=(loop, self.queue))
         self._iterated = False
+        # Dropped without being iterated to its end, as one left early: its request goes (its row to others)
+        weakref.finalize(self, _cancel_unended, engine, self.completion)
 
     def __aiter__(self):
         # One consumer: a second iteration waited for ever on the queue the first had emptied (or,

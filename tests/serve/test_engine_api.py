@@ -329,3 +329,65 @@ async def _drain(stream) -> tuple:
     async for new, reason in stream:
         tokens += new
     return tokens, reason
+
+
+def test_stop_twice_then_submit_or_stream_serves_anew(model):
+    """vLLM's AsyncLLMEngine starts its loop again on the request after a shutdown: so does a
+    stream() after stop() (twice, the second a no-op), and a request submitted after stop() runs
+    when stepped by hand. Each, a plain greedy loop's tokens."""
+    p, q = prompts(2, 6, 9, seed=83)
+    engine = Engine(model)
+    engine.start()
+    engine.stop()
+    engine.stop()
+    assert not engine.running and not engine.has_work()
+    comp = engine.submit(Request(prompt=p, max_new_tokens=5))
+    while engine.has_work():
+        engine.step()
+
+    async def main():
+        return await asyncio.wait_for(_drain(engine.stream(Request(prompt=q, max_new_tokens=5))), 30)
+
+    try:
+        streamed = asyncio.run(main())
+    finally:
+        engine.stop()
+    assert (comp.finish_reason, comp.tokens) == ("length", reference_greedy(model, p, 5))
+    assert streamed == (reference_greedy(model, q, 5), "length")
+
+
+def test_a_stream_dropped_unread_is_cancelled(model):
+    """A stream made and dropped without being iterated (its consumer gone before reading): its
+    request is cancelled, as one left early, and its row goes to the request queued for it. It ran
+    to its end before, holding the row."""
+    import gc
+
+    ps = prompts(model.batch + 1, 6, 9, seed=84)
+    engine = Engine(model)
+
+    async def main():
+        kept = [engine.stream(Request(prompt=p, max_new_tokens=60)) for p in ps[1:-1]]
+        dropped = engine.stream(Request(prompt=ps[0], max_new_tokens=60))
+        comp = dropped.completion
+        del dropped
+        gc.collect()
+        last = await asyncio.wait_for(_drain(engine.stream(Request(prompt=ps[-1], max_new_tokens=4))), 30)
+        for s in kept:
+            engine.cancel(s.completion.id)
+        return comp, last
+
+    try:
+        comp, last = asyncio.run(main())
+    finally:
+        engine.stop()
+    assert comp.finish_reason == "cancelled" and len(comp.tokens) < 60
+    assert last == (reference_greedy(model, ps[-1], 4), "length")
+
+
+@pytest.mark.parametrize("listener", [(None, None), "loop", ("loop", "queue", 3)])
+def test_a_listener_that_is_no_loop_and_queue_is_refused_at_submission(model, listener):
+    """Found only when the step told it, it failed every request in the step."""
+    engine = Engine(model)
+    with pytest.raises(TypeError, match=r"a listener is an \(event loop, asyncio.Queue\) pair"):
+        engine.submit(Request(prompt=[1, 2]), listener=listener)
+    assert not engine.has_work() and not engine.in_flight
