@@ -949,6 +949,7 @@ class TokenStream:
                                "event loop; without one, submit() the request and step() the engine "
                                "(or start() it) until its completion ends") from None
         self.engine = engine
+        self.loop = loop  # the one its tokens are told on
         self.queue: asyncio.Queue = asyncio.Queue()
         self.completion = engine.submit(req, listener=(loop, self.queue))
         self._iterated = False
@@ -961,6 +962,11 @@ class TokenStream:
         if self._iterated:
             raise RuntimeError(f"{self.completion.id}: a stream is iterated once (its tokens go to one consumer); "
                                f"what it gave is in its completion")
+        # Its tokens are told on the loop it was made on: read on another (that one closed, an
+        # asyncio.run apart), it waited for ever
+        if asyncio.get_running_loop() is not self.loop:
+            raise RuntimeError(f"{self.completion.id}: a stream is read on the event loop it was made on "
+                               f"(where Engine.stream() was called); this is another")
         self._iterated = True
         return self._tokens()
 

@@ -4,6 +4,7 @@ Tokens are checked against a plain greedy loop over the model's entries (`refere
 
 import asyncio
 import dataclasses
+import threading
 
 import numpy as np
 import pytest
@@ -391,3 +392,32 @@ def test_a_listener_that_is_no_loop_and_queue_is_refused_at_submission(model, li
     with pytest.raises(TypeError, match=r"a listener is an \(event loop, asyncio.Queue\) pair"):
         engine.submit(Request(prompt=[1, 2]), listener=listener)
     assert not engine.has_work() and not engine.in_flight
+
+
+def test_a_stream_read_on_another_event_loop_is_refused(model):
+    """Made in one asyncio.run and read in the next: its tokens are told on the first loop, which
+    has closed, and the read waited for ever. It is refused at once; the request, unread, is
+    cancelled when the stream goes."""
+    engine = Engine(model)
+
+    async def make():
+        return engine.stream(Request(prompt=[3, 4, 5], max_new_tokens=40))
+
+    async def read(stream):
+        async for _ in stream:
+            pass
+
+    try:
+        stream = asyncio.run(make())
+        with pytest.raises(RuntimeError, match="a stream is read on the event loop it was made on"):
+            asyncio.run(asyncio.wait_for(read(stream), 10))
+        comp = stream.completion
+        del stream
+        for _ in range(500):
+            if comp.finish_reason is not None:
+                break
+            threading.Event().wait(0.01)
+    finally:
+        engine.stop()
+    assert comp.finish_reason in ("cancelled", "length")  # (it may have ended first)
+    assert engine.stats.finished == {comp.finish_reason: 1}
