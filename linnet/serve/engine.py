@@ -35,6 +35,11 @@ from linnet.serve.sampling import SamplingBatch
 from linnet.serve.stats import Stats
 
 
+# id(model) -> the Engine whose background loop steps that model (an entry lives while its engine
+# does, and the engine keeps its model: the id names no other model meanwhile)
+_LOOPERS: "weakref.WeakValueDictionary[int, Engine]" = weakref.WeakValueDictionary()
+_LOOPERS_LOCK = threading.Lock()
+
 SERVING_WINDOW = 1 << 16  # latency samples a serving (or hand-stepped) engine keeps for its percentiles
 STOPPED = "the engine was stopped (Engine.stop) before this request ended"
 
@@ -364,7 +369,7 @@ class Engine:
         step out ahead and the same rows decoding, this step's work is that one's: the next goes
         out, then it is read. Listeners hear of the step's tokens once it is done. The stats count
         its time and what it compiled (an engine stepped by a server, not by `run`)."""
-        if self._thread is not None and threading.current_thread() is not self._thread:
+        if threading.current_thread() is not self._thread:
             self._not_looping("step")
         begun = time.perf_counter()
         try:
@@ -844,6 +849,16 @@ class Engine:
         if self._thread is not None:
             raise RuntimeError(f"Engine.{what}() while the engine's background loop runs (start(), or the first "
                                f"stream() started it): submit or stream requests to it instead, or stop() it first")
+        self._no_other_looper(what)
+
+    def _no_other_looper(self, what: str) -> None:
+        """Refuses `what` while another engine's background loop steps this one's model: two engines
+        stepping one cache mixed their passes, and each one's tokens came out wrong, silently."""
+        other = _LOOPERS.get(id(self.model))
+        if other is not None and other is not self and other.running:
+            raise RuntimeError(f"Engine.{what}() while another Engine's background loop steps this model: two engines "
+                               f"stepping one model's cache mix their passes; submit or stream to that one, or "
+                               f"stop() it first")
 
     @property
     def running(self) -> bool:
@@ -853,9 +868,11 @@ class Engine:
     def start(self) -> None:
         """Runs steps on a background thread whenever there is work (for `stream`, which starts it
         itself). Started already, nothing; after stop(), a loop anew."""
-        with self._loop_lock:
+        with self._loop_lock, _LOOPERS_LOCK:
             if self._thread is not None:
                 return
+            self._no_other_looper("start")
+            _LOOPERS[id(self.model)] = self
             # The steps' OpenMP regions go to the new thread: this one's idle pool would slow them (kernels.openmp).
             release_pool()
             self._stopping = False
@@ -874,6 +891,9 @@ class Engine:
             if self._thread is not None:
                 self._thread.join()
                 self._thread = None
+            with _LOOPERS_LOCK:
+                if _LOOPERS.get(id(self.model)) is self:
+                    del _LOOPERS[id(self.model)]
             with self.lock:  # (a request submitted meanwhile is ended too, or queued after)
                 self.cancelled = {}
                 for x in self.live + self.waiting:
@@ -915,6 +935,8 @@ class Engine:
         Starts the background loop if it is not running, as vLLM's AsyncLLMEngine starts its own on
         the first request: nothing else steps the engine for an asyncio caller, whose stream waited
         for ever without it. A request refused at submission starts nothing."""
+        if not self.running:  # (before the request is queued where no loop would take it)
+            self._no_other_looper("stream")
         stream = TokenStream(self, req)
         self.start()
         return stream

@@ -421,3 +421,33 @@ def test_a_stream_read_on_another_event_loop_is_refused(model):
         engine.stop()
     assert comp.finish_reason in ("cancelled", "length")  # (it may have ended first)
     assert engine.stats.finished == {comp.finish_reason: 1}
+
+
+def test_a_second_engine_over_a_model_another_engine_serves_is_refused(model):
+    """Two engines over one model, both stepping it (a stream to each started both loops): their
+    passes mixed in the one cache, and every request's tokens came out wrong, silently. While
+    one's loop runs, the other's start, stream, step and run are refused, nothing queued; once it
+    stops, the other serves. Each engine's tokens, a plain greedy loop's."""
+    p, q = prompts(2, 20, 30, seed=85)
+    first, second = Engine(model), Engine(model)
+
+    async def main(engine, prompt):
+        return await asyncio.wait_for(_drain(engine.stream(Request(prompt=prompt, max_new_tokens=12))), 30)
+
+    async def stream_to_second():
+        second.stream(Request(prompt=q))
+
+    first.start()
+    try:
+        for call in (second.start, second.step, lambda: second.run([Request(prompt=q)]), lambda: asyncio.run(stream_to_second())):
+            with pytest.raises(RuntimeError, match="another Engine's background loop steps this model"):
+                call()
+        assert not second.running and not second.has_work() and not second.in_flight
+        served = asyncio.run(main(first, p))
+    finally:
+        first.stop()
+    try:
+        after = asyncio.run(main(second, q))
+    finally:
+        second.stop()
+    assert (served, after) == ((reference_greedy(model, p, 12), "length"), (reference_greedy(model, q, 12), "length"))

@@ -714,34 +714,48 @@ def asgi(app, method, path, body=None, headers=(), disconnect=None, answer_heade
 
 
 def test_a_client_that_goes_away_frees_its_row():
-    """The engine steps by hand here: the request is queued, the client leaves, and the next
-    step ends it as cancelled, its row free, before it drew a single token."""
+    """The client leaves while its request's first pass runs (held here until it has left; the
+    app's first stream started the engine's loop): the step after that pass ends the request as
+    cancelled, its row free, with at most the one token the pass drew."""
+    import threading
+
     model = make_model("torch", rows=2, max_seq=64)
     engine = Engine(model)
     app = OpenAIServer(engine, "tiny")
+    prefill, left = engine.runner.prefill, threading.Event()
+
+    def held(*args):
+        left.wait(30)
+        return prefill(*args)
+    engine.runner.prefill = held
 
     async def scenario(stream: bool):
+        left.clear()
         gone = asyncio.Event()
         task = asyncio.ensure_future(asgi(app, "POST", "/v1/completions",
                                           {"prompt": [5, 6, 7], "max_tokens": 40, "stream": stream},
                                           disconnect=gone)())
-        while not engine.waiting:
+        while not engine.in_flight:
             await asyncio.sleep(0.01)
-        comp = engine.waiting[0].comp
+        comp = next(iter(engine.in_flight.values())).comp
         gone.set()
         for _ in range(500):  # the app's watcher cancels within a few loop turns
             if engine.cancelled:
                 break
             await asyncio.sleep(0.01)
         assert engine.cancelled, "the client left and its request was not cancelled"
-        engine.step()
-        await task
+        left.set()
+        await asyncio.wait_for(task, 30)
         return comp
 
-    for stream in (False, True):
-        comp = asyncio.run(scenario(stream))
-        assert comp.finish_reason == "cancelled" and comp.tokens == []
-        assert not engine.live and not engine.waiting and len(engine.free_rows) == 2
+    try:
+        for stream in (False, True):
+            comp = asyncio.run(scenario(stream))
+            assert comp.finish_reason == "cancelled" and len(comp.tokens) <= 1
+            assert not engine.live and not engine.waiting and len(engine.free_rows) == 2
+    finally:
+        left.set()
+        engine.stop()
     assert engine.stats.finished == {"cancelled": 2}
 
 
