@@ -84,6 +84,9 @@ FIELDS = {
     "stop_token_ids": token_ids(0) | bad(None, *BAD_IDS),
     "allowed_token_ids": st.just((None, None)) | token_ids(1) | bad([], np.array([], np.uint8), *BAD_IDS),
     "structure_after": st.just((None, None)) | token_ids(1) | bad([], *BAD_IDS),
+    "bad_words": st.just((None, None)) | st.lists(token_ids(1), max_size=3).map(
+        lambda words: ([form for form, _ in words], [ids for _, ids in words]))
+    | bad([[]], [5], "t5", [[VOCAB]], [[1.5]], [[True]], np.array([3])),
     "logit_bias": st.just((None, None)) | st.lists(st.tuples(ints(0, VOCAB - 1), numbers(-100, 100)), max_size=3).map(
         lambda kv: ({k: v for (k, _), (v, _) in kv}, {k: v for (_, k), (_, v) in kv}))
     | bad([(3, 1.0)], {VOCAB: 1.0}, {-1: 1.0}, {True: 1.0}, {"3": 1.0}, {1.0: 1.0}, {3: float("nan")}, {3: 101},
