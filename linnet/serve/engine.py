@@ -846,7 +846,7 @@ class Engine:
     def _not_looping(self, what: str) -> None:
         """Refuses `what` while the background loop steps the engine (`start`): two threads stepping
         one model's cache would mix their passes."""
-        if self._thread is not None:
+        if self.running:
             raise RuntimeError(f"Engine.{what}() while the engine's background loop runs (start(), or the first "
                                f"stream() started it): submit or stream requests to it instead, or stop() it first")
         self._no_other_looper(what)
@@ -863,13 +863,13 @@ class Engine:
     @property
     def running(self) -> bool:
         """Whether the background loop steps the engine (`start`, or a `stream` that started it)."""
-        return self._thread is not None
+        return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
         """Runs steps on a background thread whenever there is work (for `stream`, which starts it
         itself). Started already, nothing; after stop(), a loop anew."""
         with self._loop_lock, _LOOPERS_LOCK:
-            if self._thread is not None:
+            if self.running:
                 return
             self._no_other_looper("start")
             _LOOPERS[id(self.model)] = self
@@ -901,8 +901,14 @@ class Engine:
             self._tell_listeners()
 
     def _loop(self):
-        with self.stepping():
-            self._serve()
+        try:
+            with self.stepping():
+                self._serve()
+        except BaseException as err:
+            # The loop died (not stopped): what it held ends, rather than wait on a loop no longer
+            # there; `running` is False, and the next start() or stream() begins another.
+            self._end_all(f"engine loop died: {err!r}")
+            raise
 
     def _serve(self):
         while not self._stopping:

@@ -451,3 +451,44 @@ def test_a_second_engine_over_a_model_another_engine_serves_is_refused(model):
     finally:
         second.stop()
     assert (served, after) == ((reference_greedy(model, p, 12), "length"), (reference_greedy(model, q, 12), "length"))
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # (the dead loop's, raised on)
+def test_a_loop_that_dies_ends_its_requests_and_the_next_stream_starts_another(model):
+    """The background loop's own error path raising (a pass fails, then so does ending its
+    requests: here by hand, nothing fails so on its own) kills the loop's thread. vLLM's
+    AsyncLLMEngine then fails its requests as dead: so does this one's, with the loop's error;
+    `running` says the loop is gone, and the next stream starts another, to a plain greedy loop's
+    tokens (before, `running` stayed True and every later stream waited for ever)."""
+    p, q = prompts(2, 6, 9, seed=83)
+    engine = Engine(model)
+    runner_prefill, end_all = engine.runner.prefill, engine._end_all
+    failing = {"end_all": 1}
+
+    def prefill(*args):
+        raise RuntimeError("the device went away")
+
+    def end_all_that_fails_once(error):
+        if failing["end_all"]:
+            failing["end_all"] -= 1
+            raise MemoryError("while ending the requests")
+        end_all(error)
+    engine.runner.prefill, engine._end_all = prefill, end_all_that_fails_once
+
+    async def first():
+        return await asyncio.wait_for(_drain(engine.stream(Request(prompt=p, max_new_tokens=4))), 30)
+
+    async def second():
+        return await asyncio.wait_for(_drain(engine.stream(Request(prompt=q, max_new_tokens=5))), 30)
+
+    try:
+        died = asyncio.run(first())
+        engine._thread.join(10)
+        assert not engine.running
+        engine.runner.prefill = runner_prefill
+        served = asyncio.run(second())
+        assert engine.running
+    finally:
+        engine.stop()
+    assert died == ([], "error")
+    assert served == (reference_greedy(model, q, 5), "length")
