@@ -86,13 +86,24 @@ def linear_weights(module: ir.Module) -> dict:
     gathered from is listed, and the backend then packs a copy of the shared tensor for it.
     `module` must have its fns inlined, so that every use is in an entry.
     """
+    return _weights_of(module, "linear")
+
+
+def expert_weights(module: ir.Module) -> dict:
+    """Params read only as the weights of `expert_linear` ([experts, out, in]), whole or one layer
+    at a time: {name: stacked}. torch on the CPU packs each expert's matrix as a linear weight."""
+    return _weights_of(module, "expert_linear")
+
+
+def _weights_of(module: ir.Module, op: str) -> dict:
+    """Params read only as the `w` of `op`, whole or one layer of a stacked param: {name: stacked}."""
     uses: dict = {}
     as_weight: dict = {}
     for fn in module.entries.values():
         for v in all_values(fn.body):
             if isinstance(v, ir.Var) and v.kind == "param":
                 uses[v.name] = uses.get(v.name, 0) + 1
-            if isinstance(v, ir.Op) and v.op == "linear":
+            if isinstance(v, ir.Op) and v.op == op:
                 w, layer = v.kwargs["w"], False
                 if isinstance(w, ir.Op) and w.op == "index" and len(w.args) == 1 and isinstance(w.args[0], ir.Var) \
                         and w.args[0].kind == "loop":

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from linnet.codegen_torch.aliases import state_copies
-from linnet.codegen_common import entry_dim_sources, linear_groups, linear_weights, rope_key, rope_table_args, rope_tables
+from linnet.codegen_common import entry_dim_sources, expert_weights, linear_groups, linear_weights, rope_key, rope_table_args, rope_tables
 from linnet.ir import nodes as ir
 from linnet.ir.passes import inline_calls
 from linnet.ir.types import NoneType, ScalarType, TensorType
@@ -51,6 +51,8 @@ class _TorchEmitter(PythonEmitter):
         self.line("params, tied, state = PARAMS, TIED, STATE")
         self.line(f"linear_weights = {linear_weights(m)!r}  # name -> stacked: the runtime may pack these")
         self.line(f"linear_groups = {linear_groups(m)!r}  # weights of one input: with fast numerics, one matmul")
+        if expert_weights(m):
+            self.line(f"expert_weights = {expert_weights(m)!r}  # name -> stacked: the runtime may pack each expert")
         self.line("fast = FAST")
         if "Batch" in m.bindings:
             self.line("pack_rows = Batch  # a decode step's rows")

@@ -754,9 +754,10 @@ def expert_linear(x: torch.Tensor, w: torch.Tensor, experts: torch.Tensor,
     chosen = experts.reshape(-1).long()
     order = torch.argsort(chosen, stable=True)
     # (bincount would read the largest id on the host, which a CUDA graph cannot hold)
-    counts = torch.zeros(w.shape[0], dtype=torch.int64, device=x.device).scatter_add_(0, chosen, torch.ones_like(chosen))
+    counts = torch.zeros(len(w), dtype=torch.int64, device=x.device).scatter_add_(0, chosen, torch.ones_like(chosen))
     grouped = rows.index_select(0, order)
-    out = _grouped_mm(grouped, w, counts) if _grouped_mm_serves(grouped, w) else None
+    # a list: each expert's PanelWeight (`TorchModel.pack_expert_weights`), multiplied in the loop below
+    out = _grouped_mm(grouped, w, counts) if not isinstance(w, list) and _grouped_mm_serves(grouped, w) else None
     if out is not None:  # one kernel over every group, no host read (graph-safe on CUDA)
         if bias is not None:
             out = out + bias.index_select(0, chosen.index_select(0, order))
@@ -766,10 +767,19 @@ def expert_linear(x: torch.Tensor, w: torch.Tensor, experts: torch.Tensor,
             if count:
                 parts.append(linear(grouped[start:start + count], w[e], None if bias is None else bias[e]))
                 start += count
-        out = torch.cat(parts) if parts else grouped.new_zeros(0, w.shape[1])
+        out = torch.cat(parts) if parts else grouped.new_zeros(0, _expert_outputs(w))
     result = torch.empty_like(out)
     result.index_copy_(0, order, out)  # back to (token, choice) order
-    return result.reshape(n, k, w.shape[1])
+    return result.reshape(n, k, _expert_outputs(w))
+
+
+def _flat(value) -> list:
+    """A param's tensors: itself, or those of its (nested) lists: layers, and experts a layer."""
+    return [t for v in value for t in _flat(v)] if isinstance(value, list) else [value]
+
+
+def _expert_outputs(w) -> int:
+    return w[0].n if isinstance(w, list) else w.shape[1]
 
 
 _GROUPED_MM = {"cpu": True, "cuda": True}  # False once torch refuses it there: the per-expert loop from then on
@@ -811,6 +821,7 @@ class TorchModel:
     state: dict = {}
     linear_weights: dict = {}
     linear_groups: list = []
+    expert_weights: dict = {}  # params read only as expert_linear's weights: {name: stacked}
     fast = False
     pack_rows = 16  # input rows oneDNN tunes packed weights for (its layout only): a decode step's, typically
 
@@ -835,6 +846,7 @@ class TorchModel:
         for name, other in self.tied.items():
             setattr(self, name, getattr(self, other))
         self.pack_linear_weights(in_place=consume)
+        self.pack_expert_weights(in_place=consume)
         self.reset_state()
         self.init_tables()
 
@@ -866,6 +878,23 @@ class TorchModel:
             setattr(self, name, [pack_linear_weight(layer, rows, own) for layer in w] if stacked
                     else pack_linear_weight(w, rows, own))
             packed.add(name)
+
+    def pack_expert_weights(self, in_place: bool = False):
+        """Fast numerics on the CPU: each expert's matrix of an expert weight [experts, out, in] in
+        Linnet's panels, a list of them (a list a layer for a stacked param), where the kernel takes
+        the type and K. An expert's matmul then sums each row in one order whatever rows share it:
+        MKL's, and torch's grouped matmul, summed a token's row otherwise with the count of tokens
+        routed to the expert (tiny-mixtral's f32 logprobs differed alone and beside others)."""
+        if not self.fast:
+            return
+        for name, stacked in self.expert_weights.items():
+            w = getattr(self, name)
+            if name in self.tied or not isinstance(w, torch.Tensor) or not packs_linear_weights(w.device, w.dtype) \
+                    or not _panels_for(w.dtype, w.shape[-1]):
+                continue
+            layers = [cpu_linear.pack(e, in_place) for e in w.unbind(0)] if not stacked else \
+                [[cpu_linear.pack(e, in_place) for e in layer.unbind(0)] for layer in w.unbind(0)]
+            setattr(self, name, layers)
 
     def _back_linear_weights_with_huge_pages(self):
         """Each linear weight the model owns, whole, onto huge pages (`pages`), before it is packed in
@@ -946,8 +975,7 @@ class TorchModel:
         """Bytes the params take on the device, each tensor counted once (ties share, packing copies)."""
         seen, total = set(), 0
         for name in self.params:
-            value = getattr(self, name)
-            for t in value if isinstance(value, list) else [value]:
+            for t in _flat(getattr(self, name)):
                 t = t.fused if isinstance(t, FusedPart) else t
                 if id(t) not in seen:
                     seen.add(id(t))

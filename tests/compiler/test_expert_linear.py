@@ -10,6 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from linnet.codegen_jax import runtime as jrt
 from linnet.codegen_torch import runtime as trt
+from linnet.kernels import cpu_linear
 
 
 def reference(x, w, experts, bias):
@@ -35,10 +36,15 @@ def torch_expert_linear(x, w, experts, bias, grouped: bool):
 
 
 def run_both(x, w, experts, bias):
-    """(torch grouped, torch per expert, JAX), each on numpy arrays."""
+    """(torch grouped, torch per expert, torch with each expert packed (fast numerics on a CPU
+    with Linnet's kernels), JAX), each on numpy arrays."""
     args = (torch.from_numpy(x), torch.from_numpy(w), torch.from_numpy(experts),
             None if bias is None else torch.from_numpy(bias))
     ours_torch = [torch_expert_linear(*args, grouped=g).numpy() for g in (True, False)]
+    if cpu_linear.available(torch.float32):
+        ours_torch.append(trt.expert_linear(args[0], [cpu_linear.pack(e) for e in args[1]], *args[2:]).numpy())
+    else:
+        ours_torch.append(ours_torch[1])
     ours_jax = np.asarray(jrt.expert_linear(jnp.asarray(x), jnp.asarray(w), jnp.asarray(experts),
                                             None if bias is None else jnp.asarray(bias)))
     return ours_torch + [ours_jax]
@@ -66,7 +72,7 @@ def test_each_token_through_its_experts(n, k, experts, d_in, d_out, per_choice, 
     chosen = rng.integers(0, experts, (n, k)).astype(np.int32)  # repeats and unused experts both occur
     bias = rng.standard_normal((experts, d_out)).astype(np.float32) if with_bias else None
     ref = reference(x, w, chosen, bias)
-    for name, out in zip(("torch grouped", "torch per expert", "jax"), run_both(x, w, chosen, bias)):
+    for name, out in zip(("torch grouped", "torch per expert", "torch packed", "jax"), run_both(x, w, chosen, bias)):
         assert out.shape == (n, k, d_out), name
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max(), err_msg=name)
 

@@ -87,3 +87,24 @@ def test_attention_rows_are_batch_invariant(dtype, window):
                                                           torch.randint(0, max_seq, (m, 1), generator=g).float(),
                                                           torch.randn(m, kv_heads * group * head_dim, generator=g)],
                                                          1).to(torch.float32 if dtype == torch.float16 else dtype))
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("dtype", TYPES)
+def test_expert_linear_rows_are_batch_invariant(dtype, with_bias):
+    """A MoE layer's expert matmuls, each expert's matrix packed as `TorchModel.pack_expert_weights`
+    packs it: a token's outputs whatever other tokens go to its experts (f32: MKL's and torch's
+    grouped matmul summed them otherwise with the expert's row count)."""
+    from linnet.codegen_torch.runtime import expert_linear
+
+    g = torch.Generator().manual_seed(1)
+    experts, k, n, d_in = 5, 2, 40, 70
+    w = torch.randn(experts, n, d_in, generator=g).to(dtype)
+    packed = [cpu_linear.pack(e) for e in w]
+    bias = torch.randn(experts, n, generator=g).to(dtype) if with_bias else None
+
+    def moe(x):  # a token's row: its k experts, then its features
+        return expert_linear(x[:, k:], packed, x[:, :k].int(), bias).reshape(len(x), -1)
+
+    assert_rows_invariant(moe, lambda m, g: torch.cat([torch.randint(0, experts, (m, k), generator=g).float(),
+                                                       torch.randn(m, d_in, generator=g)], 1).to(dtype))
