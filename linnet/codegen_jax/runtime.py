@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linnet.codegen_jax import fixed_order
 from linnet.kernels import pages, xla_kernels
 from linnet.kernels.xla_kernels import Panels
 from linnet.rope_tables import inv_frequencies
@@ -181,12 +182,14 @@ def gelu(x):
 
 def rmsnorm(x, weight, eps: float):
     h = x.astype(jnp.float32)
-    h = h * jax.lax.rsqrt(jnp.mean(h * h, axis=-1, keepdims=True) + eps)
+    # the mean's sum in one order at every row count (`fixed_order`): XLA's own varies with the pass's rows
+    h = h * jax.lax.rsqrt(fixed_order.row_sum(h * h, keepdims=True) / h.shape[-1] + eps)
     return weight * h.astype(x.dtype)
 
 
 def softmax(x, axis: int = -1):
-    return jax.nn.softmax(x.astype(jnp.float32), axis=axis).astype(x.dtype)
+    p = fixed_order.softmax(jnp.moveaxis(x.astype(jnp.float32), axis, -1))
+    return jnp.moveaxis(p, -1, axis).astype(x.dtype)
 
 
 def rope_table(head_dim: int, max_seq: int, theta: float, **scaling) -> np.ndarray:

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from linnet.codegen_jax import fixed_order
 from linnet.serve.request import MAX_LOGPROBS
 from linnet.serve.sampling import MASK, NOISE, NOISE_BITS, SHIFT, SPLIT, SamplingBatch
 
@@ -78,7 +79,7 @@ def _largest_threshold(keys, weights, goal):
     from the top: 32 masked sums over the row, exact, where a sort costs a CPU ten times more."""
     def settle(bit, t):
         trial = t | (_U32(1) << (31 - bit).astype(_U32))
-        mass = jnp.sum(jnp.where(keys >= trial[:, None], weights, 0), axis=-1)
+        mass = fixed_order.row_sum(jnp.where(keys >= trial[:, None], weights, 0))
         return jnp.where(mass >= goal, trial, t)
     return jax.lax.fori_loop(0, 32, settle, jnp.zeros(keys.shape[0], _U32))
 
@@ -93,9 +94,9 @@ def kept_weights(scaled, top_k, top_p, min_p):
     keys = _order_keys(scaled)
     kth = jax.lax.cond(jnp.any(top_k > 0), lambda: _largest_threshold(keys, 1, jnp.where(top_k > 0, top_k, vocab)),
                        lambda: nothing)
-    weights = jnp.where(keys >= kth[:, None], jnp.exp(scaled - jnp.max(scaled, axis=-1, keepdims=True)), 0)
-    probs = weights / jnp.sum(weights, axis=-1, keepdims=True)
-    likeliest = jnp.max(probs, axis=-1, keepdims=True)
+    weights = jnp.where(keys >= kth[:, None], jnp.exp(scaled - fixed_order.row_max(scaled, keepdims=True)), 0)
+    probs = weights / fixed_order.row_sum(weights, keepdims=True)
+    likeliest = fixed_order.row_max(probs, keepdims=True)
     prob_keys = jax.lax.bitcast_convert_type(probs, _U32)  # a non-negative f32's bits are in its order
     nucleus = jax.lax.cond(jnp.any(top_p < 1), lambda: _largest_threshold(prob_keys, probs, top_p), lambda: nothing)
     # a top_p of 1 keeps every token: the f32 sum of a row's probabilities can pass 1 by a rounding,
@@ -134,14 +135,15 @@ def _draw(logits, temp, top_k, top_p, min_p, rep, seed, step, want_logprobs, *ad
                        jnp.zeros((tokens.shape[0], k), jnp.int32), jnp.zeros(tokens.shape, jnp.int32))
 
     def picked():
-        logprobs = jax.nn.log_softmax(raw, axis=-1)
+        logprobs = fixed_order.log_softmax(raw)
         chosen, values, ids = _picked(logprobs, tokens, k)
         return chosen, values, ids, _ranks(logprobs, chosen)
     return (tokens, *jax.lax.cond(want_logprobs, picked, nothing))
 
 
 def _ranks(logprobs, chosen):
-    """Each row's rank of the logprob `chosen` holds for it: 1 + how many of the row's are larger."""
+    """Each row's rank of the logprob `chosen` holds for it: 1 + how many of the row's are larger
+    (a count: the same in any order of summing)."""
     return (jnp.sum(logprobs > chosen[:, None], axis=-1) + 1).astype(jnp.int32)
 
 
@@ -156,7 +158,7 @@ def _picked(logprobs, tokens, k: int):
 
 @functools.partial(jax.jit, static_argnames="k")
 def _score(logits, targets, k: int):
-    logprobs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    logprobs = fixed_order.log_softmax(logits.astype(jnp.float32))
     chosen, values, ids = _picked(logprobs, targets, k)
     return chosen, _ranks(logprobs, chosen), values, ids
 

@@ -1,0 +1,48 @@
+"""Reductions over a row's last axis in one order whatever the array's other rows: batch invariance.
+
+XLA's CPU backend (jaxlib 0.10) hands a reduction over an array of about 4096 elements or more, with
+the elementwise ops that consume it, to YNNPACK, and computes smaller ones itself: `jnp.sum` of a
+row of 2048 gave other bits alone than beside a second row, and of 128 at 32 rows than at 16, and
+YNNPACK's exp in a softmax's fusion differed from XLA's by a unit in the last place. A pass's rows
+are its requests' tokens, so a request's norms, softmaxes and logprobs moved in their last bits
+with what shared its pass. These reductions are written as pairwise trees of elementwise ops over
+halves of the row, with no reduce for XLA to hand over: each output element is the same expression
+of its own row whatever the shape, which XLA neither reorders (no fast math) nor splits.
+"""
+
+import jax.numpy as jnp
+
+
+def row_sum(x, keepdims: bool = False):
+    """x summed over its last axis, pairwise: zeros pad the row to a power of two (adding 0 is
+    exact), then each step adds the row's second half to its first."""
+    return _tree(jnp.add, x, 0, keepdims)
+
+
+def row_max(x, keepdims: bool = False):
+    """x's largest value over its last axis (a NaN wins, as jnp.max's), by the same tree."""
+    return _tree(jnp.maximum, x, -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min,
+                 keepdims)
+
+
+def _tree(combine, x, pad, keepdims: bool):
+    n = x.shape[-1]
+    width = 1 << max(0, n - 1).bit_length()
+    if width != n:
+        x = jnp.concatenate([x, jnp.full(x.shape[:-1] + (width - n,), pad, x.dtype)], axis=-1)
+    while x.shape[-1] > 1:
+        half = x.shape[-1] // 2
+        x = combine(x[..., :half], x[..., half:])
+    return x if keepdims else x[..., 0]
+
+
+def softmax(x):
+    """jax.nn.softmax over the last axis, its max and sum as `row_max` and `row_sum` take them."""
+    e = jnp.exp(x - row_max(x, keepdims=True))
+    return e / row_sum(e, keepdims=True)
+
+
+def log_softmax(x):
+    """jax.nn.log_softmax over the last axis, its max and sum as `row_max` and `row_sum` take them."""
+    shifted = x - row_max(x, keepdims=True)
+    return shifted - jnp.log(row_sum(jnp.exp(shifted), keepdims=True))

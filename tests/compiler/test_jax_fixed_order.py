@@ -1,0 +1,78 @@
+"""JAX's row reductions in one order at every row count (`codegen_jax.fixed_order`): a row's norm
+and softmax bitwise the same alone and beside other rows, at the row counts where XLA's CPU backend
+hands a reduction to YNNPACK (about 4096 elements and up) and where it does not; and the values
+those of float64 numpy's, within f32's rounding."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from linnet.codegen_jax import fixed_order, runtime as rt
+
+ROW_COUNTS = [1, 2, 3, 16, 17, 32, 64]
+
+
+def assert_rows_invariant(op, width: int, dtype=jnp.float32, seed: int = 0):
+    """jit(op)(rows)[at] is op(probe)[0], bit for bit, with the probe at the first and the last of
+    M rows, M in ROW_COUNTS."""
+    rng = np.random.default_rng(seed)
+    f = jax.jit(op)
+    probe = (rng.standard_normal((1, width)) * 3).astype(np.float32)
+    alone = np.asarray(f(jnp.asarray(probe, dtype)))[0]
+    differ = []
+    for m in ROW_COUNTS:
+        others = (rng.standard_normal((m - 1, width)) * 3).astype(np.float32)
+        for at in sorted({0, m - 1}):
+            rows = np.concatenate([others[:at], probe, others[at:]])
+            if not np.array_equal(np.asarray(f(jnp.asarray(rows, dtype)))[at], alone):
+                differ.append((m, at))
+    assert not differ, f"(rows, position) where the probe row's result differs from its own alone: {differ}"
+
+
+@pytest.mark.parametrize("width", [1, 2, 3, 100, 128, 4097])
+def test_row_sum_and_max_are_numpys(width):
+    x = np.random.default_rng(width).standard_normal((5, width)).astype(np.float32)
+    want = x.astype(np.float64).sum(-1)
+    got = np.asarray(fixed_order.row_sum(jnp.asarray(x)))
+    assert np.abs(got - want).max() <= 1e-6 * np.abs(x).sum(-1).max()
+    assert np.array_equal(np.asarray(fixed_order.row_max(jnp.asarray(x), keepdims=True)), x.max(-1, keepdims=True))
+    ints = np.arange(width * 2, dtype=np.int32).reshape(2, width)
+    assert np.array_equal(np.asarray(fixed_order.row_sum(jnp.asarray(ints))), ints.sum(-1))
+
+
+def test_row_max_keeps_a_nan_as_jnp_max_does():
+    x = jnp.asarray([[1.0, np.nan, 3.0], [-np.inf, -np.inf, -np.inf]], jnp.float32)
+    got = np.asarray(fixed_order.row_max(x))
+    assert np.isnan(got[0]) and got[1] == -np.inf
+
+
+@pytest.mark.parametrize("width", [2, 128, 3000])
+def test_softmax_and_log_softmax_are_numpys(width):
+    x = (np.random.default_rng(1).standard_normal((4, width)) * 4).astype(np.float32)
+    x64 = x.astype(np.float64)
+    log_want = x64 - x64.max(-1, keepdims=True)
+    log_want -= np.log(np.exp(log_want).sum(-1, keepdims=True))
+    np.testing.assert_allclose(np.asarray(fixed_order.log_softmax(jnp.asarray(x))), log_want, rtol=0, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(rt.softmax(jnp.asarray(x))), np.exp(log_want), rtol=2e-5, atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("width", [64, 1024])
+def test_rmsnorm_rows_are_batch_invariant(width, dtype):
+    weight = jnp.asarray(np.random.default_rng(2).standard_normal(width), dtype)
+    assert_rows_invariant(lambda x: rt.rmsnorm(x, weight, 1e-5), width, dtype)
+
+
+def test_rmsnorm_is_numpys():
+    x = np.random.default_rng(3).standard_normal((3, 1000)).astype(np.float32)
+    w = np.random.default_rng(4).standard_normal(1000).astype(np.float32)
+    x64 = x.astype(np.float64)
+    want = w * x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(np.asarray(rt.rmsnorm(jnp.asarray(x), jnp.asarray(w), 1e-5)), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("width", [8, 128, 1000])
+def test_softmax_rows_are_batch_invariant(width):
+    assert_rows_invariant(rt.softmax, width)
+    assert_rows_invariant(fixed_order.log_softmax, width)
