@@ -61,3 +61,50 @@ def test_16_greedy_bf16_requests_together_give_what_each_gives_alone(backend, tm
     for p, want in list(zip(ps, alone))[:4]:
         copies, _ = engine.run([ask(p), ask(p)])
         assert [outcome(c) for c in copies] == [want, want]
+
+
+# Every family's ops outside Linnet's kernels too: embedding rows, residual adds, QK norms, MoE routing
+# (router, top-k, softmax, the experts' matmuls and their weighted sum), attention sinks, the head, and the
+# sampler's softmax, filters, penalties, logprobs and prompt scores
+FAMILIES = ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-mixtral", "tiny-gpt-oss", "tiny-phi3", "tiny-olmo2",
+            "tiny-granite"]
+
+
+def mixed_request(prompt, i: int) -> Request:
+    """Greedy, seeded top-p / top-k, or seeded min-p with penalties, by i; 5 alternatives a token, and
+    every other request its prompt's scores."""
+    kind = [dict(),
+            dict(temperature=0.9, top_p=0.8, top_k=20, seed=100 + i),
+            dict(temperature=1.3, min_p=0.05, seed=7 + i, repetition_penalty=1.2, presence_penalty=0.3,
+                 frequency_penalty=0.2)][i % 3]
+    return Request(prompt=prompt, max_new_tokens=5, logprobs=5, prompt_logprobs=5 if i % 2 == 0 else None, **kind)
+
+
+def everything(c):
+    return (c.tokens, [(lp.token, lp.logprob, lp.top) for lp in c.logprobs],
+            [None if lp is None else (lp.token, lp.logprob, lp.top) for lp in c.prompt_logprobs or []])
+
+
+# JAX compiles each pass's shapes (about 10 s a case here): bf16 for a dense and a MoE family, whose CPU
+# activations are f32 as f32's are (`gather_rows`), the weights and cache bf16
+CASES = [(card, "torch", dtype) for card in FAMILIES for dtype in ("f32", "bf16")] + \
+    [(card, "jax", "f32") for card in FAMILIES] + [("tiny-llama", "jax", "bf16"), ("tiny-mixtral", "jax", "bf16")]
+
+
+@pytest.mark.parametrize("card, backend, dtype", CASES)
+def test_every_family_serves_a_request_alike_alone_beside_others_and_as_copies(card, backend, dtype):
+    """16 requests through 4 rows (prompts chunked into passes beside decoding rows), the first 3
+    together (their prompts packed in one pass, then decoded together), and each alone: tokens,
+    logprobs, alternatives and prompt scores bit for bit the same; and two copies of one request."""
+    model = nest.load(card, backend=backend, weights="random", seed=3, numerics="fast", tokenizer=False,
+                      generics={"Batch": 4, "MaxSeq": 48, "T": dtype})
+    ps = prompts(16, 1, 20, seed=9, vocab=model.vocab)
+    engine = Engine(model, token_budget=32)
+    alone = [everything(engine.run([mixed_request(p, i)])[0][0]) for i, p in enumerate(ps)]
+    together, stats = engine.run([mixed_request(p, i) for i, p in enumerate(ps)])
+    assert stats.passes["mixed"] > 0  # prompts joined passes while others decoded
+    assert [everything(c) for c in together] == alone
+    three, stats = engine.run([mixed_request(p, i) for i, p in enumerate(ps[:3])])
+    assert [everything(c) for c in three] == alone[:3]
+    copies, _ = engine.run([mixed_request(ps[1], 1), mixed_request(ps[1], 1)])
+    assert [everything(c) for c in copies] == [alone[1], alone[1]]
