@@ -6,7 +6,7 @@ row of 2048 gave other bits alone than beside a second row, and of 128 at 32 row
 YNNPACK's exp in a softmax's fusion differed from XLA's by a unit in the last place. A pass's rows
 are its requests' tokens, so a request's norms, softmaxes and logprobs moved in their last bits
 with what shared its pass. These reductions are written as pairwise trees of elementwise ops over
-halves of the row, with no reduce for XLA to hand over: each output element is the same expression
+neighbours in the row, with no reduce for XLA to hand over: each output element is the same expression
 of its own row whatever the shape, which XLA neither reorders (no fast math) nor splits.
 """
 
@@ -14,8 +14,8 @@ import jax.numpy as jnp
 
 
 def row_sum(x, keepdims: bool = False):
-    """x summed over its last axis, pairwise: zeros pad the row to a power of two (adding 0 is
-    exact), then each step adds the row's second half to its first."""
+    """x summed over its last axis, pairwise: each step adds neighbours (0 + 1, 2 + 3, ...), a row of
+    odd width first taking a zero at its end (adding 0 is exact)."""
     return _tree(jnp.add, x, 0, keepdims)
 
 
@@ -26,13 +26,14 @@ def row_max(x, keepdims: bool = False):
 
 
 def _tree(combine, x, pad, keepdims: bool):
-    n = x.shape[-1]
-    width = 1 << max(0, n - 1).bit_length()
-    if width != n:
-        x = jnp.concatenate([x, jnp.full(x.shape[:-1] + (width - n,), pad, x.dtype)], axis=-1)
+    # Neighbours rather than halves, and a pad only at an odd step rather than to a power of two up
+    # front: SmolLM2's 16 x 49152 logits summed in 0.46 ms so, 1.15 with halves of a padded row
+    # (XLA's reduce: 0.28)
     while x.shape[-1] > 1:
-        half = x.shape[-1] // 2
-        x = combine(x[..., :half], x[..., half:])
+        if x.shape[-1] % 2:
+            x = jnp.concatenate([x, jnp.full(x.shape[:-1] + (1,), pad, x.dtype)], axis=-1)
+        pairs = x.reshape(x.shape[:-1] + (x.shape[-1] // 2, 2))
+        x = combine(pairs[..., 0], pairs[..., 1])
     return x if keepdims else x[..., 0]
 
 
