@@ -173,11 +173,12 @@ class _JaxEmitter(PythonEmitter):
         keep = ", keepdims=True" if "keepdim" in k and k["keepdim"].value else ""
         return f"{fn}({self.expr(k['x'])}, axis={self.axis(k.get('axis'))}{keep})"
 
+    # sums and means in one order at every row count (`fixed_order`): XLA's own vary with the shape
     def op_sum(self, v, k):
-        return self._reduce(v, k, "jnp.sum")
+        return self._reduce(v, k, "rt.fixed_order.sum_over")
 
     def op_mean(self, v, k):
-        return self._reduce(v, k, "jnp.mean")
+        return self._reduce(v, k, "rt.fixed_order.mean_over")
 
     def op_max(self, v, k):
         return self._reduce(v, k, "jnp.max")

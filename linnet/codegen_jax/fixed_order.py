@@ -37,6 +37,30 @@ def _tree(combine, x, pad, keepdims: bool):
     return x if keepdims else x[..., 0]
 
 
+def sum_over(x, axis: int, keepdims: bool = False):
+    """`jnp.sum(x, axis)` in `row_sum`'s order: the language's `sum` (a MoE layer's weighted sum of
+    its k experts' outputs, which YNNPACK's fusion computed otherwise at other row counts). A
+    16-bit float sums in f32, a bool as int32, as jnp.sum does."""
+    kind = x.dtype
+    if x.dtype == jnp.bool_:
+        x = x.astype(jnp.int32)
+    elif jnp.issubdtype(kind, jnp.floating) and jnp.finfo(kind).bits < 32:
+        x = x.astype(jnp.float32)
+    if x.shape[axis] == 0:
+        y = jnp.zeros(x.shape[:axis % x.ndim] + x.shape[axis % x.ndim + 1:], x.dtype)
+    else:
+        y = row_sum(jnp.moveaxis(x, axis, -1))
+    y = y.astype(kind) if kind != jnp.bool_ else y
+    return jnp.expand_dims(y, axis) if keepdims else y
+
+
+def mean_over(x, axis: int, keepdims: bool = False):
+    """`jnp.mean(x, axis)` as `sum_over` sums: an integer x's mean in f32, as jnp.mean's."""
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        x = x.astype(jnp.float32)
+    return (sum_over(x.astype(jnp.float32), axis, keepdims) / x.shape[axis]).astype(x.dtype)
+
+
 def softmax(x):
     """jax.nn.softmax over the last axis, its max and sum as `row_max` and `row_sum` take them."""
     e = jnp.exp(x - row_max(x, keepdims=True))

@@ -76,3 +76,29 @@ def test_rmsnorm_is_numpys():
 def test_softmax_rows_are_batch_invariant(width):
     assert_rows_invariant(rt.softmax, width)
     assert_rows_invariant(fixed_order.log_softmax, width)
+
+
+@pytest.mark.parametrize("keepdims", [False, True])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_sum_and_mean_over_an_axis_are_numpys(axis, keepdims):
+    """The language's `sum` and `mean` as the JAX generator writes them, types as jnp's."""
+    x = np.random.default_rng(5).standard_normal((3, 4, 5)).astype(np.float32)
+    for ours, theirs in ((fixed_order.sum_over, np.sum), (fixed_order.mean_over, np.mean)):
+        got = np.asarray(ours(jnp.asarray(x), axis, keepdims))
+        want = theirs(x.astype(np.float64), axis=axis, keepdims=keepdims)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+    assert fixed_order.sum_over(jnp.asarray(x, jnp.bfloat16), 1).dtype == jnp.bfloat16
+    assert fixed_order.sum_over(jnp.asarray(x > 0), 1).dtype == jnp.sum(jnp.asarray(x > 0), 1).dtype
+    assert fixed_order.sum_over(jnp.zeros((2, 0, 3)), 1).shape == (2, 3)
+
+
+def test_a_moe_layers_weighted_sum_of_its_experts_is_batch_invariant():
+    """gpt-oss's and Mixtral's `x + sum(out * weights, 1)` over k = 2 experts' outputs, as the JAX
+    generator writes it. (Alone, jnp.sum here is invariant too; fused by XLA into a whole pass, it
+    moved tiny-gpt-oss's f32 alternatives an ulp at 16 rows: `benchmarks/batch_invariance.py`.)"""
+    def moe_sum(rows):  # a token's row: its residual, its 2 experts' outputs, their 2 weights
+        x, out, w = rows[:, :64], rows[:, 64:192].reshape(-1, 2, 64), rows[:, 192:]
+        return x + fixed_order.sum_over(out * jnp.expand_dims(w, 2), 1)
+
+    assert_rows_invariant(moe_sum, 194)
