@@ -8,19 +8,33 @@ are its requests' tokens, so a request's norms, softmaxes and logprobs moved in 
 with what shared its pass. These reductions are written as pairwise trees of elementwise ops over
 neighbours in the row, with no reduce for XLA to hand over: each output element is the same expression
 of its own row whatever the shape, which XLA neither reorders (no fast math) nor splits.
+
+Only where XLA compiles for the CPU (decided as a function is traced): on a GPU the trees would be
+log2(n) passes through memory where XLA's reduce is one fused kernel, for nothing, since a GPU
+pass is not batch-invariant anyway (cuBLAS chooses its matmul kernels by the rows' count).
 """
 
+import jax
 import jax.numpy as jnp
+
+
+def in_one_order() -> bool:
+    """Whether reductions are written as trees: for the CPU (above)."""
+    return jax.default_backend() == "cpu"
 
 
 def row_sum(x, keepdims: bool = False):
     """x summed over its last axis, pairwise: each step adds neighbours (0 + 1, 2 + 3, ...), a row of
     odd width first taking a zero at its end (adding 0 is exact)."""
+    if not in_one_order():
+        return jnp.sum(x, axis=-1, keepdims=keepdims)
     return _tree(jnp.add, x, 0, keepdims)
 
 
 def row_max(x, keepdims: bool = False):
     """x's largest value over its last axis (a NaN wins, as jnp.max's), by the same tree."""
+    if not in_one_order():
+        return jnp.max(x, axis=-1, keepdims=keepdims)
     return _tree(jnp.maximum, x, -jnp.inf if jnp.issubdtype(x.dtype, jnp.floating) else jnp.iinfo(x.dtype).min,
                  keepdims)
 
@@ -41,6 +55,8 @@ def sum_over(x, axis: int, keepdims: bool = False):
     """`jnp.sum(x, axis)` in `row_sum`'s order: the language's `sum` (a MoE layer's weighted sum of
     its k experts' outputs, which YNNPACK's fusion computed otherwise at other row counts). A
     16-bit float sums in f32, a bool as int32, as jnp.sum does."""
+    if not in_one_order():
+        return jnp.sum(x, axis=axis, keepdims=keepdims)
     kind = x.dtype
     if x.dtype == jnp.bool_:
         x = x.astype(jnp.int32)
@@ -56,6 +72,8 @@ def sum_over(x, axis: int, keepdims: bool = False):
 
 def mean_over(x, axis: int, keepdims: bool = False):
     """`jnp.mean(x, axis)` as `sum_over` sums: an integer x's mean in f32, as jnp.mean's."""
+    if not in_one_order():
+        return jnp.mean(x, axis=axis, keepdims=keepdims)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         x = x.astype(jnp.float32)
     return (sum_over(x.astype(jnp.float32), axis, keepdims) / x.shape[axis]).astype(x.dtype)

@@ -102,3 +102,19 @@ def test_a_moe_layers_weighted_sum_of_its_experts_is_batch_invariant():
         return x + fixed_order.sum_over(out * jnp.expand_dims(w, 2), 1)
 
     assert_rows_invariant(moe_sum, 194)
+
+
+def test_off_the_cpu_the_reductions_are_xlas_own(monkeypatch):
+    """Compiled for a GPU (here: `in_one_order` answering as there), each reduction is XLA's one
+    reduce, not the tree's passes, and gives jnp's own values."""
+    monkeypatch.setattr(fixed_order, "in_one_order", lambda: False)
+    x = jnp.asarray(np.random.default_rng(3).standard_normal((4, 1000)), jnp.float32)
+    for ours, theirs in ((lambda a: fixed_order.row_sum(a, keepdims=True), lambda a: jnp.sum(a, -1, keepdims=True)),
+                         (fixed_order.row_max, lambda a: jnp.max(a, -1)),
+                         (lambda a: fixed_order.sum_over(a, 0), lambda a: jnp.sum(a, 0)),
+                         (lambda a: fixed_order.mean_over(a, 1, keepdims=True), lambda a: jnp.mean(a, 1, keepdims=True))):
+        text = str(jax.make_jaxpr(ours)(x))
+        assert text.count("reduce_") == 1 and "concatenate" not in text and "reshape" not in text, text
+        assert np.array_equal(np.asarray(ours(x)), np.asarray(theirs(x)))
+    monkeypatch.undo()
+    assert "reduce_" not in str(jax.make_jaxpr(fixed_order.row_sum)(x))  # on the CPU: the tree

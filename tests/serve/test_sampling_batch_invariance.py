@@ -33,11 +33,12 @@ def others(rng, m: int, vocab: int) -> list:
 @pytest.mark.parametrize("probe", list(PROBES))
 @pytest.mark.parametrize("backend", ["torch", "jax"])
 def test_a_rows_draw_is_the_same_beside_any_rows(backend, probe, vocab):
+    """The draw, its logprob and rank, and the top alternatives."""
     rng = np.random.default_rng(vocab)
     req = Request(prompt=[1], logprobs=5, **PROBES[probe])
     logits = (rng.standard_normal((1, vocab)) * 3).astype(np.float32)
-    tokens, chosen, (values, ids) = run(backend, logits, [req], [11], [4])
-    alone = (tokens[0], chosen[0], values[0, :5], ids[0, :5])
+    tokens, chosen, (values, ids), ranks = run(backend, logits, [req], [11], [4])
+    alone = (tokens[0], chosen[0], values[0, :5], ids[0, :5], ranks[0])
     differ = []
     for m in ROW_COUNTS:
         rest = others(rng, m - 1, vocab)
@@ -48,8 +49,9 @@ def test_a_rows_draw_is_the_same_beside_any_rows(backend, probe, vocab):
             seeds[at] = 11
             steps = [int(s) for s in rng.integers(0, 50, m)]
             steps[at] = 4
-            t, c, (v, i) = run(backend, np.concatenate([rest_logits[:at], logits, rest_logits[at:]]), reqs, seeds, steps)
-            got = (t[at], c[at], v[at, :5], i[at, :5])
+            t, c, (v, i), r = run(backend, np.concatenate([rest_logits[:at], logits, rest_logits[at:]]), reqs, seeds,
+                                  steps)
+            got = (t[at], c[at], v[at, :5], i[at, :5], r[at])
             if not all(np.array_equal(a, b) for a, b in zip(got, alone)):
                 differ.append((m, at))
     assert not differ, f"(rows, position) where the probe's draw or logprobs differ from its own alone: {differ}"
