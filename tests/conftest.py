@@ -1,6 +1,7 @@
 """Fixtures shared by the tests of several parts: a GGUF writer, and a SentencePiece vocabulary in a
-GGUF, which Nest reads (tests/nest) and the llama.cpp export writes back (tests/export). Also
-Triton's interpreter, asked for on a machine without CUDA."""
+GGUF, which Nest reads (tests/nest) and the llama.cpp export writes back (tests/export); JAX's
+compiles counted from none kept (`compiles_counted`). Also Triton's interpreter, asked for on a
+machine without CUDA."""
 
 import os
 from collections import Counter
@@ -153,3 +154,22 @@ def imports_dynamo(script: str) -> bool:
     probe = script + "\nimport sys\nprint('torch._dynamo' in sys.modules)\n"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     return out.stdout.strip().splitlines()[-1] == "True"
+
+
+@pytest.fixture
+def compiles_counted():
+    """JAX compiles what a test's engine asks for, and counts it as a compile: the executables
+    earlier tests' models compiled, kept in this process (jax.clear_caches) or read back from the
+    persistent cache (not a compile, `runners._xla_compiles`), would otherwise answer its passes."""
+    import jax
+    from jax._src import compilation_cache
+
+    cache = jax.config.jax_enable_compilation_cache
+    jax.clear_caches()
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()  # JAX decides once whether it uses the cache: the flag alone is not read again
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", cache)
+        compilation_cache.reset_cache()

@@ -962,19 +962,29 @@ def _knows_option(name: str, value) -> bool:
     return True
 
 
-def _on_parts(entry, parts: dict):
-    """`entry` over params whose linear groups are held fused (`JaxModel.fuse_linear_groups`): it
-    sees each member as its `FusedPart`s of the group's array, made inside the trace."""
-    if not parts:
+def _with_views(entry, views: dict):
+    """`entry` over params of which some are seen through views made inside the trace:
+    views[name](params) gives param `name`'s, from the params as this wrapper is given them."""
+    if not views:
         return entry
 
-    @functools.wraps(entry)
-    def on_parts(params, state, *args):
-        params = dict(params)
-        for name, (key, start, stop, stacked) in parts.items():
-            params[name] = _seen_as(params[key], functools.partial(FusedPart, start=start, stop=stop), stacked)
-        return entry(params, state, *args)
-    return on_parts
+    @functools.wraps(entry)  # (jitted under the entry's name, as profiles and dumps show it)
+    def viewed(params, state, *args):
+        seen = dict(params)
+        for name, view in views.items():
+            seen[name] = view(params)
+        return entry(seen, state, *args)
+    return viewed
+
+
+def _on_parts(entry, parts: dict):
+    """`entry` over params whose linear groups are held fused (`JaxModel.fuse_linear_groups`): it
+    sees each member as its `FusedPart`s of the group's array."""
+    def member(params, key, part, stacked):
+        return _seen_as(params[key], part, stacked)
+    return _with_views(entry, {name: functools.partial(member, key=key, stacked=stacked,
+                                                       part=functools.partial(FusedPart, start=start, stop=stop))
+                               for name, (key, start, stop, stacked) in parts.items()})
 
 
 def _seen_as(whole, view, stacked: bool):
@@ -989,35 +999,22 @@ def _seen_as(whole, view, stacked: bool):
 
 def _on_device_major(entry, held: dict):
     """`entry` over params held device by device on a mesh (`JaxModel.device_major`): it sees each
-    as `DeviceMajorRows` (a layer at a time for a stacked one), made inside the trace."""
-    if not held:
-        return entry
-
-    @functools.wraps(entry)
-    def on_device_major(params, state, *args):
-        params = dict(params)
-        for name, (parts, shards) in held.items():
-            whole = params[name]
-            params[name] = _seen_as(whole, functools.partial(DeviceMajorRows, parts=parts, shards=shards),
-                                    not isinstance(whole, list) and whole.ndim == 3)
-        return entry(params, state, *args)
-    return on_device_major
+    as `DeviceMajorRows` (a layer at a time for a stacked one)."""
+    def rows(params, name, part):
+        whole = params[name]
+        return _seen_as(whole, part, not isinstance(whole, list) and whole.ndim == 3)
+    return _with_views(entry, {name: functools.partial(rows, name=name, part=functools.partial(
+        DeviceMajorRows, parts=parts, shards=shards)) for name, (parts, shards) in held.items()})
 
 
 def _on_panels(entry, panels: dict):
     """`entry` over params of which some are held as panels (`JaxModel.pack_linear_weights`): it
-    sees each as `Panels` (a `LayerStack` of them for a stacked param), made inside the trace."""
-    if not panels:
-        return entry
-
-    @functools.wraps(entry)
-    def on_panels(params, state, *args):
-        params = dict(params)
-        for key, (n, layers) in panels.items():
-            a = params[key]
-            params[key] = Panels(a, n) if layers is None else LayerStack(lambda i, a=a, n=n: Panels(a, n, i))
-        return entry(params, state, *args)
-    return on_panels
+    sees each as `Panels` (a `LayerStack` of them for a stacked param)."""
+    def panelled(params, key, n, layers):
+        a = params[key]
+        return Panels(a, n) if layers is None else LayerStack(lambda i: Panels(a, n, i))
+    return _with_views(entry, {key: functools.partial(panelled, key=key, n=n, layers=layers)
+                               for key, (n, layers) in panels.items()})
 
 
 def _on_bits(entry, types: dict):

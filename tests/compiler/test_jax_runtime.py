@@ -200,7 +200,7 @@ def test_a_bf16_prefill_converts_no_whole_cache_to_f32():
     assert not widened, widened[:2]
 
 
-def test_passes_compiled_ahead_run_as_the_jitted_ones_and_compile_no_more():
+def test_passes_compiled_ahead_run_as_the_jitted_ones_and_compile_no_more(compiles_counted):
     # compile_ahead compiles a pass's shapes at once, on threads; those calls then run its executables
     # (XLA compiles nothing more for them), with the logits and the cache a model without them gives
     from linnet import nest

@@ -10,25 +10,6 @@ from linnet import nest
 TEMPLATE = "{% for m in messages %}t1 {{ m['content'] }} t2 {% endfor %}{% if add_generation_prompt %}t3{% endif %}"
 
 
-@pytest.fixture
-def compiles_counted():
-    """JAX compiles what a test's engine asks for, and counts it as a compile: the executables
-    earlier tests' models compiled, kept in this process (jax.clear_caches) or read back from the
-    persistent cache (not a compile, `runners._xla_compiles`), would otherwise answer its passes."""
-    import jax
-    from jax._src import compilation_cache
-
-    cache = jax.config.jax_enable_compilation_cache
-    jax.clear_caches()
-    jax.config.update("jax_enable_compilation_cache", False)
-    compilation_cache.reset_cache()  # JAX decides once whether it uses the cache: the flag alone is not read again
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_compilation_cache", cache)
-        compilation_cache.reset_cache()
-
-
 def make_model(backend: str, rows: int = 16, max_seq: int = 96, numerics: str = "exact", compile: bool = False):
     return nest.load("tiny-llama", backend=backend, weights="random", seed=1, numerics=numerics, compile=compile,
                      generics={"Batch": rows, "MaxSeq": max_seq})
