@@ -13,7 +13,7 @@ from linnet.serve import sampling_jax, sampling_torch
 from linnet.serve.request import Request
 from tests.serve.test_sampling import run
 
-ROW_COUNTS = [1, 2, 3, 16, 17, 32, 64]
+ROW_COUNTS = [1, 2, 17, 32, 64]  # below and past YNNPACK's 4096 elements at both vocabularies
 
 PROBES = {
     "greedy": dict(),
