@@ -610,17 +610,25 @@ class JaxRunner:
         """The draws for request i from row rows[i] of a `decode_alone`'s logits, as `sample` draws
         after a packed pass: the same executable a form (and the same as inside the decode step's),
         so the same tokens; laid out by row, as `decode_sample`'s."""
+        rows = list(rows)
+        drawn = self._draw(logits, batch, rows, histories, "the draw after a decode step")
+        return Pending(drawn[0], lambda: self._to_host(drawn, rows))
+
+    def _draw(self, logits, batch: SamplingBatch, rows: list, histories, what: str) -> tuple:
+        """The draws over a pass's first Batch rows of logits, request i's from row rows[i] (`sampling_jax.sample`,
+        one executable a form, named `what` where it compiles), still on the device: (tokens,
+        chosen, top values, top ids, ranks), as `_to_host` takes them."""
         from linnet.serve.sampling_jax import mode, sample
 
-        rows = list(rows)
         placed = place(batch, rows, self.batch)
         adjustments = None
         if batch.adjusted and histories is not None:
             adjustments = logit_adjustments(batch, histories, self.model.vocab, self.batch, rows)
-        with self._naming(f"the draw after a decode step{_FORM_NAMES[mode(placed, adjustments)]}"):
+        with self._naming(f"{what}{_FORM_NAMES[mode(placed, adjustments)]}"):
+            if logits.shape[0] != self.batch:  # a pass that also scored prompt tokens: draws come from its first rows
+                logits = logits[:self.batch]
             tokens, chosen, top, ranks = sample(logits, placed, adjustments)
-        drawn = (tokens, chosen, *(top if top is not None else (None, None)), ranks)
-        return Pending(tokens, lambda: self._to_host(drawn, rows))
+        return (tokens, chosen, *(top if top is not None else (None, None)), ranks)
 
     @staticmethod
     def _to_host(drawn, rows) -> Sampled:
@@ -636,18 +644,8 @@ class JaxRunner:
     def sample(self, logits, batch: SamplingBatch, histories=None, rows=None) -> Sampled:
         """Draws for request i from logits row rows[i] (default: row i), always over all the rows
         of `logits` ([Batch, vocab] here), so that one executable serves every step."""
-        from linnet.serve.sampling_jax import mode, sample
-
         rows = list(range(len(batch.temperature))) if rows is None else list(rows)
-        placed = place(batch, rows, self.batch)
-        adjustments = None
-        if batch.adjusted and histories is not None:
-            adjustments = logit_adjustments(batch, histories, self.model.vocab, self.batch, rows)
-        with self._naming(f"the draw after a packed pass{_FORM_NAMES[mode(placed, adjustments)]}"):
-            if logits.shape[0] != self.batch:  # a pass that also scored prompt tokens: draws come from its first rows
-                logits = logits[:self.batch]
-            tokens, chosen, top, ranks = sample(logits, placed, adjustments)
-        return self._to_host((tokens, chosen, *(top if top is not None else (None, None)), ranks), rows)
+        return self._to_host(self._draw(logits, batch, rows, histories, "the draw after a packed pass"), rows)
 
     def score(self, logits, start: int, targets: list, k: int) -> Sampled:
         """The logprob and rank of targets[i] under logits row start + i, and that row's k best:
