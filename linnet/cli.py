@@ -36,10 +36,20 @@ def _generics(pairs: list | None) -> dict:
     return generics
 
 
+def _source_file(name: str) -> str:
+    """The .linnet file a source command reads: a path, or else a card's name in the Nest registry
+    (`linnet compile tiny-llama`), as `generate` and `serve` take it."""
+    if Path(name).exists() or "/" in name or name.endswith(".linnet"):
+        return name  # (a path that is not there is reported as the file it names)
+    from linnet.nest.registry import card
+
+    return str(card(name, also_looked=f" (nor a file {name} here)").path)
+
+
 def cmd_check(args) -> int:
     from linnet.compiler import check_file
 
-    module = check_file(args.file)
+    module = check_file(_source_file(args.file))
     missing = [name for name, c in module.config.items() if name not in module.config_values and c.default is None]
     if args.generic and module.card is None and missing:
         raise _FlagError(f"{args.file} is an architecture whose config value `{missing[0]}` has no default: its "
@@ -58,7 +68,7 @@ def cmd_ir(args) -> int:
     from linnet.compiler import check_file
     from linnet.ir.printer import print_module
 
-    sys.stdout.write(print_module(check_file(args.file)))
+    sys.stdout.write(print_module(check_file(_source_file(args.file))))
     return 0
 
 
@@ -74,7 +84,7 @@ def cmd_compile(args) -> int:
 
     generics = _generics(args.generic)
     _note_exact_numerics(args.numerics, generics.get("T"))
-    source = compile_file(args.file, args.backend, generics, args.numerics)
+    source = compile_file(_source_file(args.file), args.backend, generics, args.numerics)
     if args.output:
         Path(args.output).write_text(source)
     else:
@@ -467,7 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def source_cmd(name, help_text, specializes=True):
         s = sub.add_parser(name, help=help_text)
-        s.add_argument("file", help="a .linnet card or architecture")
+        s.add_argument("file", help="a .linnet card or architecture, or a card's name (see `linnet cards`)")
         if not specializes:  # (the checked IR is printed before any number is bound: no generic to take)
             return s
         s.add_argument("--generic", action="append", metavar="NAME=VALUE", type=_generic,

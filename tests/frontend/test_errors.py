@@ -1125,6 +1125,25 @@ def test_unreadable_files(command: str, tmp_path, capsys):
         assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("command", ["check", "compile", "ir"])
+def test_a_card_is_named_as_generate_and_serve_name_it(command: str, tmp_path, capsys, monkeypatch):
+    """`linnet compile tiny-llama` reads the registry's card; a file of that name here comes first; a
+    misspelt name is an error that gives the names near it."""
+    from linnet.nest.registry import card
+
+    assert main([command, str(card("tiny-llama").path)]) == 0
+    by_path = capsys.readouterr().out
+    monkeypatch.chdir(tmp_path)
+    assert main([command, "tiny-llama"]) == 0
+    assert capsys.readouterr().out.replace("tiny-llama:", "") == by_path.replace(str(card("tiny-llama").path) + ":", "")
+    (tmp_path / "tiny-llama").write_text("arch broken {\n")
+    assert main([command, "tiny-llama"]) == 1
+    assert "tiny-llama:1:" in capsys.readouterr().err
+    assert main([command, "tiny-lama"]) == 1
+    err = capsys.readouterr().err
+    assert "unknown card 'tiny-lama'" in err and "did you mean tiny-llama" in err and "Traceback" not in err
+
+
 def test_a_mistyped_import_is_given_the_architectures_near_it(tmp_path, capsys):
     """`import mimi` beside mini.linnet (and `import lama` among the built-in ones): the places looked,
     then the names that were meant."""
