@@ -35,8 +35,8 @@ from linnet.serve.sampling import SamplingBatch
 from linnet.serve.stats import Stats
 
 
-# id(model) -> the Engine whose background loop steps that model (an entry lives while its engine
-# does, and the engine keeps its model: the id names no other model meanwhile)
+# id(model) -> the Engine whose background loop or run() steps that model (an entry lives while its
+# engine does, and the engine keeps its model: the id names no other model meanwhile)
 _LOOPERS: "weakref.WeakValueDictionary[int, Engine]" = weakref.WeakValueDictionary()
 _LOOPERS_LOCK = threading.Lock()
 
@@ -146,6 +146,7 @@ class Engine:
         # start() and stop() one at a time: two event loops' first streams start one background loop, not two
         self._loop_lock = threading.Lock()
         self._thread = None
+        self._run_thread = None  # the thread inside run(), while one is
         self._stopping = False
         self._ahead: _Decode | None = None  # a decode step dispatched and not yet read
         self._news: dict = {}  # event loop -> [(queue, (tokens so far, finish reason))] this step
@@ -307,11 +308,23 @@ class Engine:
         as a copy under its id and "#2", "#3", ... (its completion's `request`). Requests submitted
         before and still in flight run with them: their own completions end, and the stats count them.
         """
-        self._not_looping("run")
         requests = list(requests)
         odd = [r for r in requests if not isinstance(r, Request)]
         if odd:
             raise TypeError(f"run takes a list of linnet.serve.Request, not one holding a {type(odd[0]).__name__}")
+        with self._loop_lock, _LOOPERS_LOCK:  # (a start() meanwhile, here or on another engine, sees this run)
+            self._not_looping("run")
+            self._run_thread = threading.current_thread()
+            _LOOPERS[id(self.model)] = self
+        try:
+            return self._run(requests)
+        finally:
+            with _LOOPERS_LOCK:
+                self._run_thread = None
+                if _LOOPERS.get(id(self.model)) is self:
+                    del _LOOPERS[id(self.model)]
+
+    def _run(self, requests: list) -> tuple[list, Stats]:
         self._fresh_stats()
         # requests already in flight run with the run's, and its stats count their tokens and ends: their prompts too
         self.stats.prompt_tokens = sum(x.prompt_len for x in self.waiting + self.live)
@@ -540,7 +553,6 @@ class Engine:
             self._sample(logits, sampled, list(range(len(sampled))))
         for x in prefilled:
             self._finish(x, "length")
-            self._notify(x)
 
     def _score(self, logits, start: int, scored: list):
         """Appends each scored prompt token's logprob, rank and top alternatives to its request's."""
@@ -710,7 +722,6 @@ class Engine:
                 x.comp.error = (f"no token of allowed_token_ids fits the structure after "
                                 f"{tokens(len(x.generated))}: nothing could be drawn")
                 self._finish(x, "error")
-                self._notify(x)
                 continue
             token = int(out.tokens[i])
             comp = x.comp
@@ -729,7 +740,8 @@ class Engine:
             reason = self._finished(x, token)
             if reason:
                 self._finish(x, reason)
-            self._notify(x)
+            else:
+                self._notify(x)
 
     def _finished(self, x: _Live, token: int) -> str | None:
         req = x.req
@@ -779,15 +791,18 @@ class Engine:
         return self.tokenizer.without_cut_character(text, ids)
 
     def _finish(self, x: _Live, reason: str):
-        x.comp.finish_reason = reason
-        self.stats.ended(reason)
-        self.in_flight.pop(x.req.id, None)
-        if x.comp.text is None and self.tokenizer is not None:
-            x.comp.text = self._text(x, x.generated)
+        """Ends x at a draw (its error, if any, already on its completion): its text, its row freed."""
+        self._write_text(x)
         self.live.remove(x)
         # The row keeps what x cached: a follower of x copies it on the next step, unless the row
         # is taken first, in which case the follower copies only what is still valid (_copy_shared).
         self.free_rows.append(x.row)
+        self._end(x, reason, x.comp.error)
+
+    def _write_text(self, x: _Live) -> None:
+        """x's text, of the tokens it has, where no stop has written it already."""
+        if x.comp.text is None and self.tokenizer is not None:
+            x.comp.text = self._text(x, x.generated)
 
     def _drop_cancelled(self):
         cancelled, self.cancelled = self.cancelled, {}
@@ -797,8 +812,7 @@ class Engine:
 
     def _drop(self, x: _Live, reason: str, error: str | None = None):
         """Ends x between passes, where it is: queued, or in its row (freed, what it cached still valid)."""
-        if x.comp.text is None and self.tokenizer is not None:  # the text of the tokens it has, as _finish gives
-            x.comp.text = self._text(x, x.generated)
+        self._write_text(x)
         if x in self.live:
             self.live.remove(x)
             self.free_rows.append(x.row)
@@ -813,10 +827,10 @@ class Engine:
         self._end(x, reason, error)
 
     def _end(self, x: _Live, reason: str, error: str | None) -> None:
-        """Writes x's end where the engine ends it apart from a draw (a cancel, stop(), a failed
-        pass): its reason and error, counted, its id free again, its listeners told. Its row and
-        its place in the queues are the caller's to give up. Under the lock: a submission may be
-        taking the id meanwhile."""
+        """Writes x's end, however it ended (a draw, a cancel, stop(), a failed pass): its reason
+        and error, counted, its id free again, its listeners told. Its row and its place in the
+        queues are the caller's to give up. (Freeing the id needs no lock: a submission checks and
+        takes an id under it, and sees it in flight or gone.)"""
         x.comp.finish_reason, x.comp.error = reason, error
         self.stats.ended(reason)
         self.in_flight.pop(x.req.id, None)
@@ -844,21 +858,28 @@ class Engine:
                     raise
 
     def _not_looping(self, what: str) -> None:
-        """Refuses `what` while the background loop steps the engine (`start`): two threads stepping
-        one model's cache would mix their passes."""
+        """Refuses `what` while the background loop (`start`) or a run() on another thread steps the
+        engine: two threads stepping one model's cache would mix their passes."""
+        self._no_run_elsewhere(what)
         if self.running:
             raise RuntimeError(f"Engine.{what}() while the engine's background loop runs (start(), or the first "
                                f"stream() started it): submit or stream requests to it instead, or stop() it first")
         self._no_other_looper(what)
 
+    def _no_run_elsewhere(self, what: str) -> None:
+        if self._run_thread is not None and self._run_thread is not threading.current_thread():
+            raise RuntimeError(f"Engine.{what}() while run() steps the engine on another thread: submit() or "
+                               f"cancel() requests there instead, or wait for run() to return")
+
     def _no_other_looper(self, what: str) -> None:
-        """Refuses `what` while another engine's background loop steps this one's model: two engines
-        stepping one cache mixed their passes, and each one's tokens came out wrong, silently."""
+        """Refuses `what` while another engine's background loop or run() steps this one's model: two
+        engines stepping one cache mixed their passes, and each one's tokens came out wrong, silently."""
         other = _LOOPERS.get(id(self.model))
-        if other is not None and other is not self and other.running:
-            raise RuntimeError(f"Engine.{what}() while another Engine's background loop steps this model: two engines "
-                               f"stepping one model's cache mix their passes; submit or stream to that one, or "
-                               f"stop() it first")
+        if other is not None and other is not self and (other.running or other._run_thread is not None):
+            how = "background loop" if other.running else "run()"
+            raise RuntimeError(f"Engine.{what}() while another Engine's {how} steps this model: two engines stepping "
+                               f"one model's cache mix their passes; submit or stream to that one, or let it end "
+                               f"first")
 
     @property
     def running(self) -> bool:
@@ -871,7 +892,7 @@ class Engine:
         with self._loop_lock, _LOOPERS_LOCK:
             if self.running:
                 return
-            self._no_other_looper("start")
+            self._not_looping("start")
             _LOOPERS[id(self.model)] = self
             # The steps' OpenMP regions go to the new thread: this one's idle pool would slow them (kernels.openmp).
             release_pool()
@@ -886,6 +907,7 @@ class Engine:
         that may never come: a server shutting down). Rows keep what they cached, for reuse.
         Stopped already, it ends what was submitted since; a later stream() or start() serves anew."""
         with self._loop_lock:
+            self._no_run_elsewhere("stop")  # (its requests are run()'s to end, and its rows its to step)
             self._stopping = True
             self.wakeup.set()
             if self._thread is not None:
@@ -942,6 +964,7 @@ class Engine:
         the first request: nothing else steps the engine for an asyncio caller, whose stream waited
         for ever without it. A request refused at submission starts nothing."""
         if not self.running:  # (before the request is queued where no loop would take it)
+            self._no_run_elsewhere("stream")
             self._no_other_looper("stream")
         stream = TokenStream(self, req)
         self.start()

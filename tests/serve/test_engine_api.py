@@ -492,3 +492,51 @@ def test_a_loop_that_dies_ends_its_requests_and_the_next_stream_starts_another(m
         engine.stop()
     assert died == ([], "error")
     assert served == (reference_greedy(model, q, 5), "length")
+
+
+def test_while_run_steps_on_another_thread_only_submit_and_cancel_are_taken(model):
+    """run() on one thread, paused inside its first pass: stop() from another thread ended run()'s
+    requests under it, and start(), step(), warmup(), run() or a stream (on this engine, or a second
+    over the same model) stepped the cache beside it; each is refused, nothing queued. A request
+    submitted meanwhile runs with run()'s, one cancelled ends; once run() returns, the engine serves
+    anew. Tokens: a plain greedy loop's."""
+    p, q, r = prompts(3, 6, 12, seed=87)
+    engine, second = Engine(model), Engine(model)
+    in_pass, go_on = threading.Event(), threading.Event()
+    prefill = engine.runner.prefill
+
+    def paused_prefill(*args, **kwargs):
+        in_pass.set()
+        assert go_on.wait(30)
+        return prefill(*args, **kwargs)
+    engine.runner.prefill = paused_prefill
+    ran = {}
+    thread = threading.Thread(target=lambda: ran.update(out=engine.run([Request(prompt=p, max_new_tokens=6)])))
+    thread.start()
+    try:
+        assert in_pass.wait(30)
+
+        async def stream(to):
+            to.stream(Request(prompt=q))
+        refused = {"stop": engine.stop, "start": engine.start, "step": engine.step, "warmup": lambda: engine.warmup([4]),
+                   "run": lambda: engine.run([Request(prompt=q)]), "stream": lambda: asyncio.run(stream(engine))}
+        for what, call in refused.items():
+            with pytest.raises(RuntimeError, match=rf"Engine\.{what}\(\) while run\(\) steps the engine on another"):
+                call()
+        for call in (second.start, lambda: second.run([Request(prompt=q)]), lambda: asyncio.run(stream(second))):
+            with pytest.raises(RuntimeError, match=r"another Engine's run\(\) steps this model"):
+                call()
+        assert not engine.running and not second.running and not second.in_flight
+        joined = engine.submit(Request(prompt=q, max_new_tokens=5))
+        dropped = engine.submit(Request(prompt=r, max_new_tokens=5))
+        engine.cancel(dropped.request.id)
+    finally:
+        go_on.set()
+        thread.join(60)
+    (done,), stats = ran["out"]
+    assert (done.tokens, done.finish_reason) == (reference_greedy(model, p, 6), "length")
+    assert (joined.tokens, joined.finish_reason) == (reference_greedy(model, q, 5), "length")
+    assert dropped.finish_reason == "cancelled"
+    assert stats.finished == {"length": 2, "cancelled": 1}
+    (after,), _ = second.run([Request(prompt=r, max_new_tokens=4)])
+    assert after.tokens == reference_greedy(model, r, 4)
