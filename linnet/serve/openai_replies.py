@@ -40,13 +40,20 @@ def answer_start(job: Job, text: str) -> int | None:
     return 0 if job.reasoning is None else job.reasoning.content_start(text)
 
 
-def calls_start(job: Job, text: str) -> int | None:
+def calls_start(job: Job, text: str, ended: bool = False) -> int | None:
     """Where a chat reply's tool calls begin in its text: its answer's start for a forced call, the
     tool parser's first call's with "auto"; None where none has begun (or still thinking), and for
-    a parser reading the whole reply (harmony's calls are messages apart from its answer)."""
+    a parser reading the whole reply (harmony's calls are messages apart from its answer). `ended`:
+    the reply is whole, and where it makes no call after all (a Llama 3 reply that ends on "{"
+    began none), None, as `chat_message` reads it."""
     if job.tool_call is None or getattr(job.tool_parser, "reads_whole_reply", False):
         return None
-    return calls_after(job, text, answer_start(job, text))
+    answer = answer_start(job, text)
+    start = calls_after(job, text, answer)
+    if ended and start is not None and job.tool_call == "auto":
+        calls = job.tool_parser.parse(text[answer:])[1] or _calls_so_far(job, text[answer:])[1]
+        return start if calls else None
+    return start
 
 
 def calls_after(job: Job, text: str, answer: int | None) -> int | None:

@@ -251,14 +251,14 @@ def output_items(message: dict, logprobs: list = ()) -> list:
     return items
 
 
-def answer_logprobs(job: Job, text: str, tokens: list, upto: int) -> tuple:
+def answer_logprobs(job: Job, text: str, tokens: list, upto: int, ended: bool = False) -> tuple:
     """(the logprobs of the tokens that write a reply's answer, the tokens not yet placed) of
     `tokens`, [(where its text starts in the reply's `text`, chat logprobs entry)]: a token is
     placed once the reply is out past where it starts (`upto`), and writes the answer where the
     text there is answer (not thinking, not a marker) before any tool call. A token whose text is
     held back (part of a character) is placed by the character it completes; the end token, with
-    no text, is no answer's."""
-    calls = calls_start(job, text)
+    no text, is no answer's. `ended`: `text` is the whole reply."""
+    calls = calls_start(job, text, ended)
     placed = tokens[:sum(at < upto for at, _ in tokens)]  # starts only grow
     answer = [entry for at, entry in placed if (calls is None or at < calls) and divide_reply(job, text, at, at + 1)[1]]
     return answer, tokens[len(placed):]
@@ -272,7 +272,7 @@ def reply_logprobs(job: Job, comp, tokenizer) -> list:
     starts = stream.add(list(comp.tokens))
     stream.finish(reply_text(job, comp, tokenizer))
     entries = chat_logprobs(comp.logprobs, tokenizer, job.token_ids)["content"]
-    return answer_logprobs(job, stream.text, list(zip(starts, entries)), len(stream.text))[0]
+    return answer_logprobs(job, stream.text, list(zip(starts, entries)), len(stream.text), ended=True)[0]
 
 
 def response_object(body: dict, job: Job, comps: list, model: str, output: list, finish: str | None,
@@ -380,15 +380,15 @@ class ResponseWriter:
     def piece(self, index: int, text: str, lps: list | None = None, offsets: list | None = None,
               reason: str | None = None, prompt: tuple | None = None, reasoning: str = "",
               reply: tuple | None = None, stop_reason: int | str | None = None) -> list:
-        """`reply`: (the reply's text so far, how much of it is out with this piece), to place the
-        tokens' logprobs: an answer's token's go with the text delta its text starts in. A Response
-        has no stop_reason (ChunkWriter's signature)."""
+        """`reply`: (the reply's text so far, how much of it is out with this piece, whether it is
+        whole), to place the tokens' logprobs: an answer's token's go with the text delta its text
+        starts in. A Response has no stop_reason (ChunkWriter's signature)."""
         if lps:
             entries = chat_logprobs(lps, self.tokenizer, self.job.token_ids)["content"]
             self.unplaced += zip(offsets, entries)
         placed = []
         if reply is not None and self.unplaced:
-            placed, self.unplaced = answer_logprobs(self.job, reply[0], self.unplaced, reply[1])
+            placed, self.unplaced = answer_logprobs(self.job, reply[0], self.unplaced, reply[1], ended=reply[2])
         events = []
         for kind, delta in (("reasoning", reasoning), ("message", text)):
             if not delta:

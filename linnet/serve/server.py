@@ -388,7 +388,7 @@ class OpenAIServer:
                 lps = None if comp.request.logprobs is None else comp.logprobs[count - len(tokens):count]
                 if delta.text or lps or delta.thought:
                     await event(writer.piece(i, delta.text, lps, delta.offsets, reasoning=delta.thought,
-                                             reply=(choices[i].stream.text, delta.out)))
+                                             reply=(choices[i].stream.text, delta.out, reason is not None)))
                 for piece in delta.calls:
                     await event(writer.call(i, piece))
                 if reason is not None:

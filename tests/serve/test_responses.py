@@ -237,6 +237,36 @@ def test_a_reasoning_models_logprobs_are_its_answers_tokens_only():
     assert b"".join(bytes(e["bytes"]) for e in answer["content"][0]["logprobs"]) == "Noon, café.".encode()
 
 
+@pytest.mark.parametrize("parser,reply", [("llama3_json", "Use braces: {"), ("mistral", "A list: ["),
+                                           ("hermes", "Soon <tool_c")])
+def test_a_reply_ending_where_a_call_may_begin_has_every_tokens_logprobs(parser, reply):
+    """A reply that ends on what may have opened a call ("{" for Llama 3, "[" for Mistral), and so
+    makes none: its content is all of it, and so are its logprobs, whole and streamed (its last
+    tokens were left out, as a call's)."""
+    pytest.importorskip("llguidance")
+    from linnet.serve import Engine
+
+    from .conftest import make_model, running
+    from .test_server_structured import TIME, byte_tokenizer, forced
+
+    model = make_model("torch", rows=2, max_seq=96)
+    model.tokenizer = byte_tokenizer(model.vocab)
+    model.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    body = dict({"input": "Hi", "tools": [{"type": "function", **TIME["function"]}], "max_output_tokens": 40,
+                 "include": ["message.output_text.logprobs"], "top_logprobs": 1}, **forced(reply))
+    with running(Engine(model), tool_parser=parser) as base:
+        out = json.loads(call(base, "/v1/responses", body)[1])
+        events = events_of(call(base, "/v1/responses", dict(body, stream=True))[1])
+    [message] = out["output"]
+    assert message["content"][0]["text"] == reply
+    assert "".join(e["token"] for e in message["content"][0]["logprobs"]) == reply
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert "".join(e["delta"] for e in deltas) == reply
+    assert "".join(t["token"] for e in deltas for t in e["logprobs"]) == reply
+    [final] = events[-1]["response"]["output"]
+    assert [e["token"] for e in final["content"][0]["logprobs"]] == [e["token"] for e in message["content"][0]["logprobs"]]
+
+
 def chat_reply(base, messages: list, max_tokens: int) -> dict:
     return json.loads(call(base, "/v1/chat/completions", {"messages": messages, "max_tokens": max_tokens,
                                                          "temperature": 0})[1])
