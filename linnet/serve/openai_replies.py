@@ -73,7 +73,10 @@ def divide_reply(job: Job, text: str, start: int, stop: int) -> tuple:
 def partial_calls(job: Job, text: str, upto: int) -> list:
     """The tool calls text[:upto] of a chat choice is writing, as its tool parser reads them
     (`partial`): [(name or None, arguments so far or None, closed)]; none without tools (the
-    text is not even cut then: a stream's every step asks)."""
+    text is not even cut then: a stream's every step asks). A parser whose calls are known only
+    once the reply is whole (`sends_calls_at_end`) sends none before."""
+    if getattr(job.tool_parser, "sends_calls_at_end", False):
+        return []
     source = None if job.tool_call is None else _call_text(job, text[:upto])
     return [] if source is None else job.tool_parser.partial(source)
 
@@ -271,15 +274,17 @@ def _calls_so_far(job: Job, text: str) -> tuple:
     token limit, say): the calls as far as a stream sends them, each once its name is written,
     its arguments as far as written, as OpenAI gives a call cut short; the text before them the
     content. So a reply reads the same streamed and whole."""
+    parser = job.tool_parser
+    whole = getattr(parser, "reads_whole_reply", False)
+    start = parser.call_start(text) if hasattr(parser, "call_start") and not whole else 0
+    if start is None:  # the text is no call after all (a pythonic list with text after it)
+        return text, None
     stream = CallStream(job.call_id, job.tool_names)
-    stream.news(job.tool_parser.partial(text))
+    stream.news(parser.partial(text))
     if not stream.sent:
         return text, None
     calls = [{"id": i, "type": "function", "function": {"name": n, "arguments": a}} for i, n, a in stream.sent]
-    if getattr(job.tool_parser, "reads_whole_reply", False):
-        return job.tool_parser.split(text)[1], calls
-    start = job.tool_parser.call_start(text) if hasattr(job.tool_parser, "call_start") else 0
-    return text[:start] or None, calls
+    return (parser.split(text)[1] if whole else text[:start] or None), calls
 
 
 def marker_ids(job: Job, tokenizer) -> dict:

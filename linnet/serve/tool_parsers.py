@@ -15,7 +15,7 @@ Each model family writes its calls its own way; a parser reads one way, by vLLM'
   templates take only call ids of 9 letters and digits, so this parser makes its ids so.
 - "pythonic" (Llama 3.2 and 4 with their pythonic templates, ToolACE): the whole reply is a
   Python list of calls, [get_weather(city="Paris"), get_time()], arguments as literals (streamed
-  a call at a time: each named at its "(", its arguments read whole at its ")").
+  once the reply ends: text after the list makes it no call).
 - "qwen3_coder" (Qwen3-Coder): text, then calls each written <tool_call><function=NAME>
   <parameter=KEY>VALUE</parameter>...</function></tool_call>, each value bare text, read as the
   type the request's schema gives the parameter (`for_tools` binds a parser to the schemas).
@@ -424,6 +424,10 @@ class Pythonic:
     # Llama 4 wraps the list in these special tokens; dropped as special tokens are, they may stay as text
     WRAPPERS = ("<|python_start|>", "<|python_end|>")
     NAMES = {"true": True, "false": False, "null": None}  # models trained on JSON write these too
+    # A list of calls with text after it is text, as vLLM reads the whole reply: a stream that sent
+    # its calls at their ")" then read text in a reply that made none. So the text is held while
+    # the reply may be calls, and the calls go once it is whole (usually just past its "]").
+    sends_calls_at_end = True
 
     def call_start(self, text: str) -> int | None:
         """0 while the reply may still be a list of calls (`_may_be_calls`), else None: text that

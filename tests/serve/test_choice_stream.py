@@ -317,3 +317,20 @@ def test_text_that_cannot_be_a_tag_arriving_is_not_held(family):
     _, _, _, seen = read_whole_and_streamed(family, None, reply, list(range(len(reply))), None)
     held = [(reply[:read], reply[out:read]) for read, out, _ in seen if out < read]
     assert held == [("Hi, it is 12. a <", "<")]  # "<" may open the tag; "<b" cannot
+
+
+@pytest.mark.parametrize("reply,content,calls", [
+    ("[get_time(zone='UTC')] then some text", "[get_time(zone='UTC')] then some text", []),
+    ("[get_time(zone='UTC'), get_weather(city='Oslo')]", None,
+     [("get_time", {"zone": "UTC"}), ("get_weather", {"city": "Oslo"})]),
+])
+def test_a_pythonic_list_of_calls_with_text_after_it_is_text_whole_and_streamed(reply, content, calls):
+    """vLLM reads a pythonic list of calls followed by text as text: the stream sent each call at its
+    ")", then the whole reply as its content as well. Now its calls go once the reply is whole, so
+    a client gets the text alone, or the calls alone, as the whole response says."""
+    for cuts in ([], list(range(len(reply)))):
+        message, finish, (got, _, called, why), _ = read_whole_and_streamed("pythonic", None, reply, cuts, None)
+        assert message["content"] == content and got == (content or "")
+        made = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []]
+        assert made == calls == [(n, json.loads(a)) for _, n, a in called]
+        assert why == finish == ("tool_calls" if calls else "stop")
