@@ -137,7 +137,7 @@ def test_stop_ends_open_streams_with_an_error(model):
     for p, s in zip(ps, streams):
         c = s.completion
         assert (c.finish_reason, c.error) == ("error", engine_module.STOPPED)
-        assert len(c.tokens) < 60 and c.tokens == reference_greedy(model, p, 60)[:len(c.tokens)]
+        assert len(c.tokens) < 60 and (not c.tokens or c.tokens == reference_greedy(model, p, len(c.tokens)))
     assert any(not s.completion.tokens for s in streams)  # those still queued
     assert engine.stats.finished == {"error": len(ps)} and not engine.has_work() and not engine.in_flight
     assert sorted(engine.free_rows) == list(range(model.batch))
