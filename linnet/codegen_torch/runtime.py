@@ -885,15 +885,12 @@ class TorchModel:
         the type and K. An expert's matmul then sums each row in one order whatever rows share it:
         MKL's, and torch's grouped matmul, summed a token's row otherwise with the count of tokens
         routed to the expert (tiny-mixtral's f32 logprobs differed alone and beside others).
-        f32 only, for now: packed bf16 experts moved tiny-gpt-oss's bf16 logits at one decode step
-        past test_parity_hf's bound against transformers (0.052 against 0.02; main's within it), through
-        a router near tie or not, unsettled; bf16 keeps torch's grouped matmul, invariant in the
-        engine tests but not by construction."""
+        f32 and bf16 (where the kernel takes them; f16 keeps torch's grouped matmul)."""
         if not self.fast:
             return
         for name, stacked in self.expert_weights.items():
             w = getattr(self, name)
-            if name in self.tied or not isinstance(w, torch.Tensor) or w.dtype != torch.float32 \
+            if name in self.tied or not isinstance(w, torch.Tensor) or w.dtype not in (torch.float32, torch.bfloat16) \
                     or not packs_linear_weights(w.device, w.dtype) or not _panels_for(w.dtype, w.shape[-1]):
                 continue
             layers = [cpu_linear.pack(e, in_place) for e in w.unbind(0)] if not stacked else \

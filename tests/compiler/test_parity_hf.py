@@ -31,6 +31,9 @@ from linnet.nest.bind import bind_weights
 GENERICS = {"Batch": 4, "MaxSeq": 32}
 PROMPT_LENGTHS = (7, 13, 4, 10)
 STEPS = 16
+# A router's choice is bf16's to break where its lead is under this many times what bf16 moved
+# transformers' own scores (`_decided_by_more_than_bf16`)
+BF16_MARGIN = 2.0
 # mode -> (numerics, T, bound on max|a-b| / max|ref|, greedy tokens must match)
 MODES = {
     "exact": ("exact", "f32", 1e-4, True),
@@ -63,10 +66,14 @@ def _decided_by_more_than_bf16(reference, prompts, tokens) -> np.ndarray:
     """[STEPS + 1, rows] bools: whether every expert choice the reference made for the row up to
     that step (each layer, each position so far: the cache carries them all) won by more than
     bf16 moves the scores. How far that is, position by position, transformers' own model says:
-    the same run in bf16 moves each router score by some amount, and a lead smaller than that is
-    bf16's to break. Past such a choice bf16 may send a token to other experts, in any model, and
-    the logits then stray by far more than rounding: those rows are left out of the bf16
-    comparison from that step on. A dense model decides everything."""
+    the same run in bf16 moves each router score by some amount, and a lead smaller than twice
+    that is bf16's to break: another bf16 computation (ours, its sums in another order) moves the
+    scores by as much again, not the same way. (Once, tiny-gpt-oss broke a lead of 1.86 times
+    transformers' movement, with its experts in Linnet's panels, and one of 0.55 with torch's
+    grouped matmul: the logits strayed at that step by 0.05, five times rounding's 0.01.) Past
+    such a choice bf16 may send a token to other experts, in any model, and the logits then
+    stray by far more than rounding: those rows are left out of the bf16 comparison from that
+    step on. A dense model decides everything."""
     decided = np.ones((STEPS + 1, len(prompts)), dtype=bool)
     if not _routers(reference):
         return decided
@@ -78,7 +85,7 @@ def _decided_by_more_than_bf16(reference, prompts, tokens) -> np.ndarray:
         top = exact.sort(dim=-1, descending=True).values
         lead = top[..., k - 1] - top[..., k]
         moved = (rounded - exact).abs().amax(dim=-1)
-        close = (lead <= moved).any(dim=0)  # [positions]: some layer's choice was bf16's
+        close = (lead <= BF16_MARGIN * moved).any(dim=0)  # [positions]: some layer's choice was bf16's
         for step in range(STEPS + 1):
             decided[step, row] = not close[:len(prompt) + step].any()
     return decided
@@ -102,8 +109,8 @@ def _router_scores(model, run: torch.Tensor) -> torch.Tensor:
 def test_cards_are_what_the_tests_claim(card):
     b = card["spec"].bindings
     # near ties in routing leave rows out of the bf16 comparison (tiny random routers have many;
-    # each row's every choice so far must be clear), never all but a few
-    assert card["decided"].mean() >= 0.25, card["decided"]
+    # each row's every choice so far must be clear), never all but a few: at least 10 of the 68
+    assert card["decided"].sum() >= 10, card["decided"]
     if card["name"] == "tiny-llama":
         assert b["rope_scaling"] == "llama3" and b["kv_heads"] < b["heads"] and not b["tie_embeddings"]
     elif card["name"] == "tiny-gpt-oss":
