@@ -112,15 +112,22 @@ def write_gguf():
 
 
 @pytest.fixture(scope="session")
-def spm_gguf(tmp_path_factory):
-    """A GGUF holding a learned SentencePiece vocabulary: <unk> <s> </s>, the 256 bytes, the
-    corpus's characters, then the learned pieces; a piece's score falls with when it was learned."""
-    pytest.importorskip("gguf")
+def spm_vocabulary():
+    """A learned SentencePiece vocabulary, (tokens, types, scores): <unk> <s> </s>, the 256 bytes,
+    the corpus's characters, then the learned pieces; a piece's score falls with when it was learned."""
     chars = sorted(set(CORPUS.replace(" ", "")) | {"▁"})
     pieces = learn_pieces(CORPUS, 60)
     tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + chars + pieces
     types = [UNKNOWN, CONTROL, CONTROL] + [BYTE] * 256 + [NORMAL] * (len(chars) + len(pieces))
     scores = [0.0] * 259 + [-1000.0 - i for i in range(len(chars))] + [-float(i) for i in range(len(pieces))]
+    return tokens, types, scores
+
+
+@pytest.fixture(scope="session")
+def spm_gguf(tmp_path_factory, spm_vocabulary):
+    """A GGUF holding `spm_vocabulary`, as llama.cpp's converter writes a SentencePiece one."""
+    pytest.importorskip("gguf")
+    tokens, types, scores = spm_vocabulary
     path = tmp_path_factory.mktemp("spm") / "spm.gguf"
 
     def keys(w):

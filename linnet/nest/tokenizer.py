@@ -107,6 +107,39 @@ def _lone_surrogate(text: str) -> str | None:
             f"and has no UTF-8 bytes to tokenize")
 
 
+SENTENCEPIECE_FILE = "tokenizer.model"
+
+
+def _sentencepiece_backend(path: Path, tc: dict, stm: dict):
+    """(a `tokenizers` tokenizer, {"bos_token": text, ...}) for a SentencePiece tokenizer.model, built
+    as for a GGUF holding the same vocabulary (`sentencepiece_model.gguf_keys`: what llama.cpp's
+    converter writes from the file), with the tokens, the BOS / EOS flags and the special tokens
+    tokenizer_config.json (or special_tokens_map.json) names in the model's place."""
+    from .gguf_tokenizer import build_gguf_tokenizer
+    from .sentencepiece_model import gguf_keys, read_model
+
+    added = {}
+    for key, entry in (tc.get("added_tokens_decoder") or {}).items():
+        if isinstance(entry, dict) and isinstance(entry.get("content"), str) and str(key).isdigit():
+            added[int(key)] = (entry["content"], bool(entry.get("special", False)))
+    keys = gguf_keys(read_model(path), str(path), add_bos=bool(tc.get("add_bos_token", True)),
+                     add_eos=bool(tc.get("add_eos_token", False)), added=added)
+    ids = {token: i for i, token in enumerate(keys["tokenizer.ggml.tokens"])}
+    for name, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding")):
+        named = _token_text(tc.get(f"{name}_token")) or _token_text(stm.get(f"{name}_token"))
+        if named in ids:  # the one transformers adds (add_bos_token, add_eos_token) and names
+            keys[f"tokenizer.ggml.{key}_token_id"] = ids[named]
+    try:
+        backend = build_gguf_tokenizer(lambda key, default=None: keys.get(key, default))
+    except TokenizerError as e:
+        raise TokenizerError(f"{path}: {e}") from None
+    tokens = keys["tokenizer.ggml.tokens"]
+    specials = {f"{name}_token": tokens[keys[f"tokenizer.ggml.{key}_token_id"]]
+                for name, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding"))
+                if f"tokenizer.ggml.{key}_token_id" in keys}
+    return backend, specials
+
+
 class Tokenizer:
     """encode/decode plus what generation needs: stop tokens and the chat template."""
 
@@ -170,26 +203,32 @@ class Tokenizer:
 
     @classmethod
     def from_dir(cls, hf_dir: str | os.PathLike) -> "Tokenizer":
-        """From a Hugging Face model directory: tokenizer.json, tokenizer_config.json,
-        generation_config.json (and chat_template.jinja, special_tokens_map.json,
-        config.json where present)."""
+        """From a Hugging Face model directory: tokenizer.json, or where there is none a SentencePiece
+        tokenizer.model (as Llama 2's and Mistral's repositories may ship it alone), then
+        tokenizer_config.json, generation_config.json (and chat_template.jinja,
+        special_tokens_map.json, config.json where present)."""
         from tokenizers import Tokenizer as Backend
 
         d = Path(hf_dir)
         path = d / "tokenizer.json"
-        if not path.is_file():
-            raise TokenizerError(f"{d}: no tokenizer.json (linnet reads fast tokenizers only)")
-        try:
-            backend = Backend.from_file(str(path))
-        except Exception as e:
-            raise TokenizerError(f"{path}: cannot load ({e})") from None
         tc = _read_json(d / "tokenizer_config.json")
         stm = _read_json(d / "special_tokens_map.json")
+        model_specials: dict = {}  # a tokenizer.model's own BOS, EOS and unknown tokens
+        if path.is_file():
+            try:
+                backend = Backend.from_file(str(path))
+            except Exception as e:
+                raise TokenizerError(f"{path}: cannot load ({e})") from None
+        elif (d / SENTENCEPIECE_FILE).is_file():
+            backend, model_specials = _sentencepiece_backend(d / SENTENCEPIECE_FILE, tc, stm)
+        else:
+            raise TokenizerError(f"{d}: no tokenizer.json, nor a SentencePiece {SENTENCEPIECE_FILE} to build one "
+                                 "from (a model's tokenizer is one of these files)")
         gen = _read_json(d / "generation_config.json")
         model_cfg = _read_json(d / "config.json")
 
         def special(name):
-            return _token_text(tc.get(name)) or _token_text(stm.get(name))
+            return _token_text(tc.get(name)) or _token_text(stm.get(name)) or model_specials.get(name)
 
         # named templates: a list in tokenizer_config, or (as transformers 5 saves them) files of their
         # own beside chat_template.jinja, in additional_chat_templates
