@@ -15,6 +15,39 @@ import math
 from linnet.nest.errors import WeightsError
 
 
+# What transformers' config class of each architecture gives a key config.json leaves out (a config
+# written by hand, or by an older tool), where it is not what Linnet's reading falls back on
+# otherwise: a Mixtral config without rope_theta is 1e6 to transformers (and vLLM), a Mistral one
+# without sliding_window slides 4096 (transformers 5.x's defaults)
+TRANSFORMERS_DEFAULTS = {
+    "LlamaForCausalLM": {"max_position_embeddings": 2048},
+    "MistralForCausalLM": {"num_key_value_heads": 8, "sliding_window": 4096, "max_position_embeddings": 131072},
+    "MixtralForCausalLM": {"num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 1e6,
+                           "max_position_embeddings": 131072},
+    "Qwen2ForCausalLM": {"num_key_value_heads": 32, "max_position_embeddings": 32768},
+    "Qwen3ForCausalLM": {"num_key_value_heads": 32, "head_dim": 128, "max_position_embeddings": 32768},
+    "Qwen3MoeForCausalLM": {"num_key_value_heads": 4, "max_position_embeddings": 32768},
+    "Gemma3ForCausalLM": {"num_key_value_heads": 4, "head_dim": 256, "query_pre_attn_scalar": 256,
+                          "sliding_window": 4096, "max_position_embeddings": 131072},
+    "Olmo2ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 2048},
+    "GraniteForCausalLM": {"max_position_embeddings": 2048},
+    "Phi3ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 4096},
+}
+
+
+def with_transformers_defaults(config: dict) -> dict:
+    """config.json as transformers reads it: each key it leaves out at its architecture's default
+    (`TRANSFORMERS_DEFAULTS`; a key present, null included, is the file's). A rope base comes from
+    `rope_theta` or transformers 5's `rope_parameters`, so the default fills neither where one is there."""
+    arch = next((a for a in config.get("architectures") or [] if a in TRANSFORMERS_DEFAULTS), None)
+    if arch is None:
+        return config
+    defaults = dict(TRANSFORMERS_DEFAULTS[arch])
+    if "rope_parameters" in config:
+        defaults.pop("rope_theta", None)
+    return {**defaults, **config}
+
+
 def card_source_from_config(config: dict, name: str) -> str:
     archs = config.get("architectures") or []
     arch = next((a for a in archs if a in SUPPORTED), None)

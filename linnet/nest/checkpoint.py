@@ -31,6 +31,7 @@ import numpy as np
 from linnet.kernels.build import cores as _cores  # the cores a tensor's rows are shared over
 
 from . import mxfp4
+from .autocard import with_transformers_defaults
 from .errors import WeightsError
 
 SAFETENSORS_FILE = "model.safetensors"
@@ -249,9 +250,12 @@ class SafetensorsCheckpoint(Checkpoint):
                 "(download the whole repository, not only the weights)"
             )
         try:
-            return json.loads(path.read_text())
+            config = json.loads(path.read_text())
         except ValueError as e:
             raise WeightsError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(config, dict):
+            raise WeightsError(f"{path}: holds a JSON {type(config).__name__}, not a config object")
+        return with_transformers_defaults(config)
 
 
 # safetensors' type codes numpy views as they are stored (little-endian), bf16 apart

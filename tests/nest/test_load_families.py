@@ -435,3 +435,62 @@ def test_a_gemma3_gguf_card_takes_what_llama_cpp_fixes(tmp_path, write_gguf):
     with pytest.raises(nest.WeightsError, match=r"g\.gguf: the GGUF metadata has no gemma3\.feed_forward_length, "
                                                 r"which every gemma3 file holds"):
         nest.load(str(path), tokenizer=False)
+
+
+# what transformers' config class gives each key a hand-written config.json leaves out (the keys every
+# config has, and Mixtral's expert counts, are given)
+REQUIRED = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96)
+ARCHITECTURES = {"LlamaForCausalLM": "LlamaConfig", "MistralForCausalLM": "MistralConfig",
+                 "MixtralForCausalLM": "MixtralConfig", "Qwen2ForCausalLM": "Qwen2Config",
+                 "Qwen3ForCausalLM": "Qwen3Config", "Qwen3MoeForCausalLM": "Qwen3MoeConfig",
+                 "Gemma3ForCausalLM": "Gemma3TextConfig", "Olmo2ForCausalLM": "Olmo2Config",
+                 "GraniteForCausalLM": "GraniteConfig", "Phi3ForCausalLM": "Phi3Config"}
+OWN_REQUIRED = {"MixtralForCausalLM": dict(num_local_experts=4, num_experts_per_tok=2),
+                "Qwen3MoeForCausalLM": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)}
+
+
+@pytest.mark.parametrize("arch", list(ARCHITECTURES))
+def test_keys_a_config_leaves_out_are_transformers_defaults(arch, tmp_path):
+    """A config.json of the keys every config has: the card's values are those transformers' config
+    class reads from it (a Mixtral without rope_theta is 1e6, an OLMo 2 or Phi-3 without rms_norm_eps
+    1e-5, a Mistral without sliding_window slides 4096); each was Linnet's own fallback."""
+    import transformers
+    from safetensors.numpy import save_file
+
+    from linnet.nest.checkpoint import SafetensorsCheckpoint
+
+    own = {**REQUIRED, **OWN_REQUIRED.get(arch, {})}
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch], **own}))
+    save_file({"x": np.zeros(1, np.float32)}, str(tmp_path / "model.safetensors"))
+    config = SafetensorsCheckpoint(tmp_path).config()
+    reference = getattr(transformers, ARCHITECTURES[arch])(**own)
+    source = card_source_from_config(config, "tiny")
+    rope = reference.rope_parameters
+    rope = rope.get("full_attention", rope)
+    want = {"kv_heads": reference.num_key_value_heads, "norm_eps": reference.rms_norm_eps,
+            "rope_theta": rope["rope_theta"], "tie_embeddings": reference.tie_word_embeddings,
+            "head_dim": getattr(reference, "head_dim", None) or reference.hidden_size // reference.num_attention_heads,
+            "max_context": reference.max_position_embeddings}
+    if arch in ("MistralForCausalLM", "Gemma3ForCausalLM"):
+        want["sliding_window"] = reference.sliding_window
+    if arch == "Gemma3ForCausalLM":
+        want["query_pre_attn_scalar"] = reference.query_pre_attn_scalar
+    for key, value in want.items():
+        line = f"  {key} = {str(value).lower() if isinstance(value, bool) else value}\n"
+        assert line in source, (key, value, source)
+
+
+def test_a_mixtral_config_without_its_rope_base_runs_as_transformers_reads_it(tmp_path, prefill_error):
+    """transformers 5 writes the rope base in rope_parameters; a config.json without one (an older
+    tool's, a hand-written one) is Mixtral's 1e6 to transformers, where Linnet's card had 1e4."""
+    import transformers
+
+    saved = random_model("mixtral", rope_theta=1e6)
+    saved.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["rope_parameters"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    reference = transformers.MixtralForCausalLM.from_pretrained(tmp_path).float().eval()
+    assert reference.config.rope_parameters["rope_theta"] == 1e6
+    model = nest.load(str(tmp_path), generics=GENERICS, tokenizer=False)
+    assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4

@@ -117,6 +117,12 @@ def test_missing_config(tiny_copy):
     assert str(tiny_copy) in str(e.value) and "no config.json" in str(e.value)
 
 
+def test_a_config_that_is_not_an_object(tiny_copy):
+    (tiny_copy / "config.json").write_text("[1, 2]")  # was an AttributeError from the first .get
+    with pytest.raises(WeightsError, match=r"config.json: holds a JSON list, not a config object"):
+        SafetensorsCheckpoint(tiny_copy).config()
+
+
 def test_no_weights(tmp_path):
     (tmp_path / "pytorch_model.bin").write_bytes(b"")
     with pytest.raises(WeightsError, match=r"no model\.safetensors.*pickle weights"):
