@@ -325,6 +325,20 @@ _GGUF_ARCHS = {
     "granite": ("granite", ["GraniteForCausalLM"]),
 }
 
+# a split GGUF's keys (llama.cpp's gguf-split), and how its files are named after their common prefix
+SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors.count"
+SPLIT_NAME = "-{:05d}-of-{:05d}.gguf"
+
+
+def _open_gguf(path: str):
+    from . import gguf_file  # needs the gguf package, which only GGUF files do
+
+    try:
+        return gguf_file.GGUFFile(path)
+    except gguf_file.GGUFFormatError as e:  # truncated, not GGUF, unsupported version
+        raise WeightsError(f"{path}: cannot read GGUF file ({e}); it may be truncated or corrupt") from None
+
+
 # keys (`<arch>.key`) every GGUF file holds, and those every file of some architectures does
 _GGUF_KEYS = ("embedding_length", "block_count", "attention.head_count")
 _GGUF_ARCH_KEYS = {"gemma3": ("feed_forward_length",)}
@@ -372,13 +386,10 @@ class GGUFCheckpoint(Checkpoint):
             raise WeightsError(f"{self.path}: no such file")
         if importlib.util.find_spec("gguf") is None:
             raise WeightsError(f"{self.path}: reading GGUF files needs the 'gguf' package (pip install gguf)")
-        from . import gguf_file  # needs the gguf package, which only GGUF files do
-
-        try:
-            self._file = gguf_file.GGUFFile(self.path)
-        except gguf_file.GGUFFormatError as e:  # truncated, not GGUF, unsupported version
-            raise WeightsError(f"{self.path}: cannot read GGUF file ({e}); it may be truncated or corrupt") from None
-        self._tensors = self._file.tensors
+        self._file = _open_gguf(self.path)
+        self._tensors = dict(self._file.tensors)
+        self._split_files: dict[str, Any] = {}  # a tensor's split (a file past the first) -> its GGUFFile
+        self._read_splits()
         self._joined: dict[str, tuple[str, str]] = {}  # a gpt-oss name -> its gate and up tensors
         self._plus_one = NORMS_PLUS_ONE.get(self.architecture)  # how the names of norms stored as 1 + w end
         if self.architecture == "gpt-oss":
@@ -387,6 +398,45 @@ class GGUFCheckpoint(Checkpoint):
                 pair = (name, name.replace(gate, up))
                 if f".{gate}." in name and pair[1] in self._tensors:
                     self._joined[name.replace(gate, joined)] = pair
+
+    def _read_splits(self) -> None:
+        """The tensors of the other files of a split GGUF (`split.count` files, as llama.cpp's
+        gguf-split and converter write a large model: NAME-00001-of-0000N.gguf holds the metadata and
+        the first tensors), found by their names as llama.cpp finds them from the first file."""
+        count, number = self.metadata(SPLIT_COUNT, 0), self.metadata(SPLIT_NO, 0)
+        if count <= 1:
+            return
+        first = Path(self.path)
+        ending = SPLIT_NAME.format(number + 1, count)
+        if not first.name.endswith(ending):
+            raise WeightsError(f"{self.path}: split {number + 1} of {count} of a split GGUF, whose files must be named "
+                               f"as llama.cpp names them (PREFIX{SPLIT_NAME.format(1, count)}, ...) to be found")
+        prefix = first.name[:-len(ending)]
+        if number != 0:
+            raise WeightsError(f"{self.path}: split {number + 1} of {count} of a split GGUF; pass its first file, "
+                               f"{first.with_name(prefix + SPLIT_NAME.format(1, count))}")
+        for i in range(1, count):
+            path = first.with_name(prefix + SPLIT_NAME.format(i + 1, count))
+            if not path.is_file():
+                raise WeightsError(f"{path}: missing; split {i + 1} of {count} of {self.path} (the download may be "
+                                   "incomplete)")
+            split = _open_gguf(str(path))
+            if (split.value(SPLIT_NO), split.value(SPLIT_COUNT)) != (i, count):
+                raise WeightsError(f"{path}: says it is split {split.value(SPLIT_NO, -1) + 1} of "
+                                   f"{split.value(SPLIT_COUNT)}, not {i + 1} of {count} as its name does")
+            for name, tensor in split.tensors.items():
+                if name in self._tensors:
+                    raise WeightsError(f"{path}: holds tensor {name!r}, which {self.file_of(name)} holds too")
+                self._tensors[name] = tensor
+                self._split_files[name] = split
+        expected = self.metadata(SPLIT_TENSORS, len(self._tensors))
+        if expected != len(self._tensors):
+            raise WeightsError(f"{self.path}: its {count} splits hold {len(self._tensors)} tensors, and the first says "
+                               f"{expected}")
+
+    def file_of(self, name: str) -> str:
+        name = self._joined.get(name, (name,))[0]
+        return self._split_files[name].path if name in self._split_files else self.path
 
     # -- metadata
 
@@ -454,7 +504,7 @@ class GGUFCheckpoint(Checkpoint):
         if t.data.dtype != np.uint8:  # plain numbers (`gguf_file.PLAIN_TYPES`), not blocks of bytes
             native = t.data.dtype.newbyteorder("=") if t.data.dtype.kind == "i" else np.float32
             return t.data.astype(native, copy=False)  # the file's own bytes where they are already so
-        if self._file.byte_order != "<":
+        if self._split_files.get(name, self._file).byte_order != "<":
             raise WeightsError(f"{self.path}: tensor {name!r} is {t.type.name} in a big-endian GGUF, whose blocks "
                                "cannot be decoded here")
         try:

@@ -3,6 +3,8 @@ does (GGUF names, q/k rows permuted, llama.* metadata) loads through nest.load(p
 written from the GGUF's metadata, and gives transformers' logits. A truncated GGUF is an error that
 names the file and the tensor cut short."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -73,11 +75,13 @@ def k_quant_blocks(rng, shape, qtype) -> np.ndarray:
     return raw.reshape(shape[0], -1)
 
 
-def write_typed_llama(path, qtype, seed=0):
+def write_typed_llama(path, qtype, seed=0, split_max_tensors=0):
     """A random Llama whose matrices (embeddings and output too) are stored in `qtype`, its norms in
-    f32, as llama.cpp's quantize leaves them; a byte vocabulary llama.cpp can load."""
+    f32, as llama.cpp's quantize leaves them; a byte vocabulary llama.cpp can load. With
+    `split_max_tensors`, split as llama.cpp's gguf-split writes it (gguf's writer's own splitting:
+    PATH-0000i-of-0000N.gguf, the first returned)."""
     rng = np.random.default_rng(seed)
-    w = gguf.GGUFWriter(str(path), "llama")
+    w = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
     w.add_block_count(LAYERS)
     w.add_context_length(64)
     w.add_embedding_length(DIM)
@@ -111,7 +115,7 @@ def write_typed_llama(path, qtype, seed=0):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return path
+    return w.format_shard_names(Path(path))[0]
 
 
 def transformers_reading(path):
@@ -139,6 +143,23 @@ LLAMA_CPP_ROUNDING = {Q.F32: 1e-5, Q.F16: 3e-3, Q.BF16: 2e-2, Q.Q8_0: 6e-2, Q.Q4
                       Q.Q4_K: 6e-2, Q.Q5_K: 6e-2, Q.Q6_K: 6e-2}
 
 
+def llama_cpp_reading(path, monkeypatch):
+    """llama.cpp (llama-cpp-python) holding the file, on one thread, its cache in f32."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    # llama.cpp's AMX and repacked kernels (these types, on a CPU with AMX) crash on this machine; its plain
+    # CPU kernels compute the same numbers
+    defaults = llama_cpp.llama_cpp.llama_model_default_params
+
+    def plain_kernels():
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    monkeypatch.setattr(llama_cpp.llama_cpp, "llama_model_default_params", plain_kernels)
+    return llama_cpp.Llama(model_path=str(path), n_ctx=16, logits_all=True, verbose=False, n_threads=1,
+                           type_k=0, type_v=0)
+
+
 @pytest.mark.parametrize("qtype", list(LLAMA_CPP_ROUNDING), ids=lambda q: q.name)
 def test_each_common_type_reads_as_gguf_decodes_it_and_runs_as_llama_cpp(qtype, tmp_path, monkeypatch):
     """Every tensor as gguf's own decoder gives it, bit for bit; the model's logits as transformers'
@@ -151,19 +172,7 @@ def test_each_common_type_reads_as_gguf_decodes_it_and_runs_as_llama_cpp(qtype, 
     model = nest.load(path, backend="torch", generics={"Batch": 2, "MaxSeq": 16}, tokenizer=False)
     ours = logits(model)
     reference = transformers_reading(path)
-    llama_cpp = pytest.importorskip("llama_cpp")
-    # llama.cpp's AMX and repacked kernels (these types, on a CPU with AMX) crash on this machine; its plain
-    # CPU kernels compute the same numbers
-    defaults = llama_cpp.llama_cpp.llama_model_default_params
-
-    def plain_kernels():
-        params = defaults()
-        params.use_extra_bufts = False
-        return params
-
-    monkeypatch.setattr(llama_cpp.llama_cpp, "llama_model_default_params", plain_kernels)
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=16, logits_all=True, verbose=False, n_threads=1,
-                          type_k=0, type_v=0)
+    llm = llama_cpp_reading(path, monkeypatch)
     for i, prompt in enumerate(PROMPTS):
         with torch.no_grad():
             want = reference(input_ids=torch.tensor([prompt])).logits[0, -1].numpy()
@@ -172,3 +181,41 @@ def test_each_common_type_reads_as_gguf_decodes_it_and_runs_as_llama_cpp(qtype, 
         llm.reset()
         llm.eval(prompt)
         assert np.abs(ours[i] - np.array(llm.scores[len(prompt) - 1])).max() / scale <= LLAMA_CPP_ROUNDING[qtype]
+
+
+def test_a_split_gguf_loads_from_its_first_file_as_llama_cpp_loads_it(tmp_path, monkeypatch):
+    """A GGUF in three files (gguf's writer splits as llama.cpp's gguf-split): its first file loads the
+    whole model, as llama.cpp loads it, with the logits of the same model in one file. Before, only the
+    first file's tensors were read, and the rest were named missing."""
+    (tmp_path / "one").mkdir()
+    whole = write_typed_llama(tmp_path / "one" / "tiny.gguf", Q.Q8_0)
+    first = write_typed_llama(tmp_path / "tiny.gguf", Q.Q8_0, split_max_tensors=8)
+    assert first.name == "tiny-00001-of-00003.gguf"
+    ckpt = GGUFCheckpoint(first)
+    assert ckpt.file_of("blk.1.ffn_down.weight") == str(tmp_path / "tiny-00003-of-00003.gguf")
+    model = nest.load(first, backend="torch", generics={"Batch": 2, "MaxSeq": 16}, tokenizer=False)
+    assert model.info["unused_tensors"] == []
+    ours = logits(model)
+    np.testing.assert_array_equal(ours, logits(nest.load(whole, backend="torch", generics={"Batch": 2, "MaxSeq": 16},
+                                                         tokenizer=False)))
+    llm = llama_cpp_reading(first, monkeypatch)
+    for i, prompt in enumerate(PROMPTS):
+        llm.reset()
+        llm.eval(prompt)
+        want = np.array(llm.scores[len(prompt) - 1])
+        assert np.abs(ours[i] - want).max() / np.abs(want).max() <= LLAMA_CPP_ROUNDING[Q.Q8_0]
+
+
+def test_a_split_gguf_missing_a_file_or_passed_by_another_is_named(tmp_path):
+    first = write_typed_llama(tmp_path / "tiny.gguf", Q.F16, split_max_tensors=8)
+    second, third = (tmp_path / f"tiny-0000{i}-of-00003.gguf" for i in (2, 3))
+    with pytest.raises(WeightsError, match=rf"{second}: split 2 of 3 of a split GGUF; pass its first file, {first}"):
+        GGUFCheckpoint(second)
+    renamed = tmp_path / "model.gguf"
+    first.rename(renamed)
+    with pytest.raises(WeightsError, match=r"model.gguf: split 1 of 3 of a split GGUF, whose files must be named"):
+        GGUFCheckpoint(renamed)
+    renamed.rename(first)
+    third.unlink()
+    with pytest.raises(WeightsError, match=rf"{third}: missing; split 3 of 3 of {first}"):
+        nest.load(first, tokenizer=False)
