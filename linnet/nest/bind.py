@@ -19,6 +19,7 @@ arrays to its device): a JAX process need not import torch to load a checkpoint.
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -94,7 +95,7 @@ def check_checkpoint(module: Module, ckpt, fmt: str, cast_dtype: bool) -> list:
         more = f", and {len(missing) - 1} more" if len(missing) > 1 else ""
         quantized = _quantization(ckpt) if fmt != "gguf" else ""  # GPTQ and AWQ store qweight, not weight
         raise WeightsError(f"{ckpt.path}: the checkpoint has no tensor {missing[0]!r}, which param "
-                           f"`{expected[missing[0]][0]}` needs{more}{where}"
+                           f"`{expected[missing[0]][0]}` needs{more}{where}{_looked_in(ckpt)}"
                            + (f"; it is quantized{quantized}. {_READABLE}" if quantized else ""))
     bad = [(n, p, shape, tuple(ckpt.shape(n))) for n, (p, shape) in expected.items() if tuple(ckpt.shape(n)) != shape]
     if bad:
@@ -147,6 +148,16 @@ def _read_as(ckpt, name: str) -> str:
     """The type a tensor is read in: as stored, but a safetensors checkpoint's MXFP4 pairs read as bf16."""
     stored = ckpt.stored_dtype(name)
     return READS_AS.get(stored, stored)
+
+
+def _looked_in(ckpt) -> str:
+    """"; looked in its 3 files: a, b, c" for a checkpoint of several files (shards, a GGUF's splits)."""
+    files = ckpt.files() if hasattr(ckpt, "files") else []
+    if len(files) < 2:
+        return ""
+    names = [Path(f).name for f in files]
+    shown = ", ".join(names if len(names) <= 6 else names[:3] + ["..."] + names[-2:])
+    return f"; looked in its {len(files)} files: {shown}"
 
 
 def _file_of(ckpt, name: str) -> str:

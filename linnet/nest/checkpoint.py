@@ -79,6 +79,10 @@ class Checkpoint(ABC):
         """The file holding tensor `name` (the shard, for a sharded checkpoint), for messages."""
         return self.path
 
+    def files(self) -> list[str]:
+        """Every file its tensors are read from (the shards, a GGUF's splits), for messages."""
+        return [self.path]
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.path!r})"
 
@@ -181,6 +185,9 @@ class SafetensorsCheckpoint(Checkpoint):
 
     def file_of(self, name: str) -> str:
         return str(self._where[name]) if name in self._where else self.path
+
+    def files(self) -> list[str]:
+        return [str(f) for f in self._files]
 
     def names(self) -> list[str]:
         parts = {p for pair in self._mxfp4.values() for p in pair}
@@ -437,6 +444,9 @@ class GGUFCheckpoint(Checkpoint):
     def file_of(self, name: str) -> str:
         name = self._joined.get(name, (name,))[0]
         return self._split_files[name].path if name in self._split_files else self.path
+
+    def files(self) -> list[str]:
+        return [self.path, *dict.fromkeys(f.path for f in self._split_files.values())]
 
     # -- metadata
 

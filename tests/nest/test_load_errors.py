@@ -125,6 +125,10 @@ def test_missing_tensor(ckpt_dir):
     with pytest.raises(WeightsError) as e:
         load(ckpt_dir)
     assert str(e.value).startswith(f"{ckpt_dir}: the checkpoint has no tensor {name!r}, which param `w_up` needs")
+    # where it was looked for: every shard the index names
+    shards = sorted(json.loads((ckpt_dir / "model.safetensors.index.json").read_text())["weight_map"].values())
+    shards = list(dict.fromkeys(shards))
+    assert len(shards) >= 3 and f"; looked in its {len(shards)} files: {', '.join(shards)}" in str(e.value)
 
 
 def test_truncated_file_names_file_and_tensor(ckpt_dir):
