@@ -82,6 +82,11 @@ for _names, _rule in (
         PRE_TOKENIZERS[_name] = _rule
 
 
+# pre-tokenizers for which llama.cpp adds a BOS where the file has no tokenizer.ggml.add_bos_token
+# (Llama 3's and Falcon 3's vocabularies; llama-cpp-python 0.3.36 on each name here)
+ADDS_BOS = frozenset(("llama3", "llama-v3", "llama-bpe", "falcon3"))
+
+
 @lru_cache(maxsize=1)
 def byte_alphabet() -> dict[int, str]:
     """GPT-2's reversible byte -> printable character map used by byte-level BPE.
@@ -121,7 +126,7 @@ def build_gguf_tokenizer(meta) -> "tokenizers.Tokenizer":
     text, dropped by skip_special_tokens); user-defined ones become plain
     added tokens. A BOS/EOS is added on encode when the GGUF says so
     (tokenizer.ggml.add_bos_token / add_eos_token; when unsaid, llama.cpp's
-    defaults: BOS for SentencePiece vocabularies, neither for byte-level ones).
+    defaults: BOS for SentencePiece vocabularies and for byte-level ones of `ADDS_BOS`, else neither).
     """
     kind = meta("tokenizer.ggml.model")
     builders = {"gpt2": _byte_level_bpe, "llama": _sentencepiece_bpe}
@@ -134,7 +139,7 @@ def build_gguf_tokenizer(meta) -> "tokenizers.Tokenizer":
         raise TokenizerError("the GGUF lacks tokenizer.ggml.tokens")
     tk = builders[kind](meta, tokens, types)
     _add_special_tokens(tk, tokens, types)
-    _add_bos_eos(tk, meta, tokens, default_bos=kind == "llama")
+    _add_bos_eos(tk, meta, tokens, default_bos=kind == "llama" or meta("tokenizer.ggml.pre") in ADDS_BOS)
     return tk
 
 

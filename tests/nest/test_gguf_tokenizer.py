@@ -17,7 +17,8 @@ TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m.content }}{{ eos_token }}
 
 def write_tokenizer_gguf(path, *, model="gpt2", pre="smollm", add_bos=True, control=(), eot="<eot>", template=TEMPLATE):
     """A byte-level vocabulary with <s> BOS, </s> EOS and `eot` EOT; `control` adds control tokens
-    after the normal ones; `template`: the chat template, or named ones as gguf's writer takes them."""
+    after the normal ones; `template`: the chat template, or named ones as gguf's writer takes them;
+    `add_bos` None: no add_bos_token key."""
     alphabet = list(byte_alphabet().values())
     merges = ["h e", "l l", "he ll", "Ġ w", "o r"]
     tokens = ["<s>", "</s>", "<eot>", "<think>"] + alphabet + ["he", "ll", "hell", "Ġw", "or"] + list(control)
@@ -32,7 +33,8 @@ def write_tokenizer_gguf(path, *, model="gpt2", pre="smollm", add_bos=True, cont
     w.add_bos_token_id(0)
     w.add_eos_token_id(1)
     w.add_eot_token_id(tokens.index(eot))
-    w.add_add_bos_token(add_bos)
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
     w.add_chat_template(template)
     w.add_tensor("dummy", np.zeros(32, np.float32))
     w.write_header_to_file()
@@ -98,6 +100,23 @@ def test_a_tool_use_template_writes_a_prompt_with_tools(tmp_path):
     text = lambda key: fields[key].contents()
     assert (text("tokenizer.chat_template"), text("tokenizer.chat_template.tool_use")) == (TEMPLATE, tool_use)
     assert text("tokenizer.chat_templates") == ["tool_use"]
+
+
+# the names llama.cpp reads (it refuses "gpt2" and "minerva", which Linnet takes as GPT-2's and StarCoder's)
+LLAMA_CPP_PRE = sorted(set(PRE_TOKENIZERS) - {"gpt2", "minerva"})
+
+
+@pytest.mark.parametrize("pre", LLAMA_CPP_PRE)
+def test_a_file_that_does_not_say_whether_to_add_a_bos_adds_one_where_llama_cpp_does(pre, tmp_path):
+    """Without tokenizer.ggml.add_bos_token, llama.cpp adds a BOS for Llama 3's and Falcon 3's
+    pre-tokenizers and for no other byte-level one; Linnet added none for any."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    path = tmp_path / f"{pre}.gguf"
+    write_tokenizer_gguf(path, pre=pre, add_bos=None)
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    ours = Tokenizer.from_gguf(path)
+    for text in ("hello world", "<s>hello", " or"):
+        assert ours.encode(text) == llm.tokenize(text.encode(), add_bos=True, special=True), (pre, text)
 
 
 def test_unsupported_model_is_named(tmp_path):
