@@ -491,7 +491,9 @@ def _tokenizer(ckpt: Checkpoint):
     try:
         return tokenizer_of(ckpt)
     except Exception as err:  # a model without tokenizer files still runs on token ids
-        warnings.warn(f"no tokenizer loaded from {ckpt.path}: {err}", stacklevel=4)
+        why = str(err)  # a TokenizerError names its file first: not the checkpoint's path twice over
+        warnings.warn(f"no tokenizer loaded from {why}" if why.startswith(ckpt.path)
+                      else f"no tokenizer loaded from {ckpt.path}: {why}", stacklevel=4)
         return None
 
 

@@ -136,6 +136,19 @@ def test_a_llama_directory_with_only_a_tokenizer_model_loads_its_tokenizer(spm_d
     assert model.tokenizer.encode("the lazy dog") == Tokenizer.from_dir(spm_dir).encode("the lazy dog")
 
 
+def test_a_directory_without_tokenizer_files_warns_once_where_it_looked(tiny_hf, tmp_path):
+    from linnet import nest
+
+    d = shutil.copytree(tiny_hf[1], tmp_path / "no-tokenizer")
+    (d / "tokenizer_config.json").write_text("{}")  # a config alone is no tokenizer
+    with pytest.warns(UserWarning) as caught:
+        model = nest.load(d, backend="torch", generics={"Batch": 1, "MaxSeq": 16})
+    assert model.tokenizer is None
+    assert [str(w.message) for w in caught if "tokenizer" in str(w.message)] == [
+        f"no tokenizer loaded from {d}: no tokenizer.json, nor a SentencePiece tokenizer.model to build one from "
+        "(a model's tokenizer is one of these files)"]
+
+
 def test_what_is_not_a_bpe_model_is_named(spm_vocabulary, tmp_path):
     (tmp_path / "tokenizer.model").write_bytes(model_proto(*spm_vocabulary, model_type=1))
     with pytest.raises(TokenizerError, match=r"tokenizer.model: a SentencePiece unigram model; Linnet reads "
