@@ -1,7 +1,8 @@
 """A Hugging Face directory whose tokenizer is a SentencePiece tokenizer.model alone (no
 tokenizer.json, as Llama 2's and Mistral's repositories may ship it): Linnet reads the file's
 pieces as llama.cpp's converter does, and encodes a few hundred texts (unicode, runs of spaces,
-special tokens) and decodes them as llama.cpp does from a GGUF of the same vocabulary; where the
+special tokens) and decodes them as llama.cpp does from a GGUF of the same vocabulary (as Linnet's
+reading of that GGUF does); where the
 sentencepiece package is installed, a model it trains encodes as it does. A unigram model, a file
 that is no model, and a directory with neither tokenizer file are errors naming the file."""
 
@@ -58,12 +59,12 @@ def texts(count=300, seed=0):
 def test_encodes_and_decodes_as_llama_cpp_does(spm_dir, spm_gguf):
     llama_cpp = pytest.importorskip("llama_cpp")
     llm = llama_cpp.Llama(model_path=str(spm_gguf), vocab_only=True, verbose=False)
-    ours = Tokenizer.from_dir(spm_dir)
+    ours, from_gguf = Tokenizer.from_dir(spm_dir), Tokenizer.from_gguf(spm_gguf)
     assert (ours.bos_token, ours.eos_token, ours.bos_token_id, ours.eos_token_ids) == ("<s>", "</s>", 1, [2])
     assert ours.special_tokens["unk_token"] == "<unk>"
     for text in texts():
         ids = ours.encode(text)
-        assert ids == llm.tokenize(text.encode(), add_bos=True, special=True), text
+        assert ids == llm.tokenize(text.encode(), add_bos=True, special=True) == from_gguf.encode(text), text
         assert ours.decode(ids, skip_special_tokens=True) == llm.detokenize(ids).decode(), text
 
 

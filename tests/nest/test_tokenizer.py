@@ -86,6 +86,28 @@ def test_random_texts_match_llama_cpp(gguf_tokenizer, hf_gguf_tokenizer, parts):
     assert ids == want
 
 
+# pieces of text a few hundred prompts are drawn from: unicode (combining marks, flags, CJK, a
+# ligature, no-break and zero-width spaces), runs of spaces and newlines, digits, special tokens
+MIXED = ["Hello", " world", "  ", "\n", "\n\n", "\t", "\r\n", "123", "4567890", " 3.14", "naïve", "café",
+         "😀", "🇫🇷", "日本語", "Ωμέγα", "a\u0301", " \u00a0 ", "\u200b", "ﬁ", "<|im_start|>", "<|im_end|>",
+         "<|endoftext|>", "user", "assistant", " don't", "I'm", "'s", "...", "!!!", "x" * 20,
+         "def f(x):\n    return x", "http://a.b/c?d=e"]
+
+
+def test_a_few_hundred_texts_encode_and_decode_as_llama_cpp_does(gguf_path, gguf_tokenizer):
+    """llama.cpp itself (llama-cpp-python) reading the same GGUF, special tokens parsed in the text."""
+    import random
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(model_path=str(gguf_path), vocab_only=True, verbose=False)
+    rng = random.Random(0)
+    for _ in range(400):
+        text = "".join(rng.choice(MIXED) for _ in range(rng.randint(1, 10)))
+        ids = gguf_tokenizer.encode(text)
+        assert ids == llm.tokenize(text.encode(), add_bos=True, special=True), text
+        assert gguf_tokenizer.decode(ids).encode() == llm.detokenize(ids, special=True), text
+
+
 def test_gguf_special_ids(gguf_tokenizer):
     # the file's EOS, <|im_end|>; and <|endoftext|>, which llama.cpp also ends on by its text
     assert gguf_tokenizer.eos_token_ids == [2, 0]
