@@ -169,8 +169,8 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
     tok_from = tok = None
     if not isinstance(tokenizer, bool):  # read and checked first: a wrong one fails before the weights are read
         tok_from = Path(tokenizer)
-        if tok_from.suffix == ".json" and tok_from.is_file():  # tokenizer.json named: its directory
-            tok_from = tok_from.parent
+        if (tok_from.suffix == ".json" or tok_from.name == "tokenizer.model") and tok_from.is_file():
+            tok_from = tok_from.parent  # tokenizer.json (or a SentencePiece tokenizer.model) named: its directory
         # a directory needs only the tokenizer's files (vLLM's --tokenizer takes such), a file is a GGUF
         tok = tokenizer_of(tok_from if tok_from.is_dir() else open_checkpoint(tok_from))
         vocab = spec.bindings.get("vocab")

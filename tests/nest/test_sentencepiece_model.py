@@ -135,6 +135,10 @@ def test_a_llama_directory_with_only_a_tokenizer_model_loads_its_tokenizer(spm_d
         warnings.simplefilter("error")  # "no tokenizer loaded" was warned, and the model ran on ids alone
         model = nest.load(d, backend="torch", generics={"Batch": 1, "MaxSeq": 16})
     assert model.tokenizer.encode("the lazy dog") == Tokenizer.from_dir(spm_dir).encode("the lazy dog")
+    # named as vLLM's --tokenizer names one: the directory, or the file itself
+    for named in (spm_dir, spm_dir / "tokenizer.model"):
+        model = nest.load(d, backend="torch", generics={"Batch": 1, "MaxSeq": 16}, tokenizer=named)
+        assert model.tokenizer.source == str(spm_dir)
 
 
 def test_a_directory_without_tokenizer_files_warns_once_where_it_looked(tiny_hf, tmp_path):
