@@ -22,6 +22,7 @@ import functools
 import importlib.util
 import json
 import os
+import re
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from .autocard import with_transformers_defaults
 from .errors import WeightsError
 
 SAFETENSORS_FILE = "model.safetensors"
+_SHARD_NAME = re.compile(r"(.+)-(\d{5})-of-(\d{5})\.safetensors")  # transformers' shards: model-00001-of-00004...
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
 
@@ -124,6 +126,8 @@ class SafetensorsCheckpoint(Checkpoint):
             for name in handle.keys():
                 sl = handle.get_slice(name)
                 dtype = sl.get_dtype()
+                if name in self._where and self._index is None:  # (an index says which of the two is meant)
+                    raise WeightsError(f"{file}: holds tensor {name!r}, which {self._where[name]} holds too")
                 self._meta[name] = (_ST_DTYPES.get(dtype, dtype.lower()), tuple(sl.get_shape()))
                 self._where[name] = file
         # gpt-oss's experts on the hub are MXFP4: each `X_blocks` + `X_scales` pair reads as `X`, in bf16
@@ -160,6 +164,9 @@ class SafetensorsCheckpoint(Checkpoint):
         single = self.dir / SAFETENSORS_FILE
         if single.is_file():
             return [single]
+        shards = self._unindexed_shards()
+        if shards:
+            return shards
         present = sorted(p.name for p in self.dir.iterdir())
         ggufs = [p for p in present if p.lower().endswith(".gguf")]
         if ggufs:
@@ -169,6 +176,26 @@ class SafetensorsCheckpoint(Checkpoint):
         else:
             why = f"found: {', '.join(present[:10]) or 'nothing'}"
         raise WeightsError(f"{self.path}: no {SAFETENSORS_FILE} or {SAFETENSORS_INDEX} ({why})")
+
+    def _unindexed_shards(self) -> list[Path]:
+        """The shards of one NAME-0000i-of-0000N.safetensors set where the index is not there (a download
+        that left out the JSON files), each tensor found by reading every shard's header, as vLLM
+        reads a directory without an index; [] where there is no one such set."""
+        sets: dict[tuple[str, int], set[int]] = {}
+        for path in self.dir.glob("*.safetensors"):
+            match = _SHARD_NAME.fullmatch(path.name)
+            if match:
+                sets.setdefault((match[1], int(match[3])), set()).add(int(match[2]))
+        if len(sets) != 1:
+            return []
+        (prefix, count), present = next(iter(sets.items()))
+        names = [f"{prefix}-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
+        missing = [name for i, name in enumerate(names, 1) if i not in present]
+        if missing:
+            raise WeightsError(f"{self.dir / missing[0]}: missing; shard {names.index(missing[0]) + 1} of {count} "
+                               f"(and no {SAFETENSORS_INDEX} to say which tensors are where; the download may "
+                               "be incomplete)")
+        return [self.dir / name for name in names]
 
     def _open(self, file: Path, framework: str):
         key = (file, framework)

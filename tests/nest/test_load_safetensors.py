@@ -151,3 +151,29 @@ print("torch" in sys.modules)
     with torch.no_grad():
         ref = hf_model(input_ids=torch.tensor([PROMPTS[0]])).logits[0, -1].numpy()
     assert np.abs(ours - ref).max() / np.abs(ref).max() < 0.02  # bf16 weights' rounding only
+
+
+def test_shards_without_their_index_load_as_vllm_loads_them(tiny_hf, tmp_path, assert_matches):
+    """A download that left out model.safetensors.index.json: the one set of model-0000i-of-0000N
+    shards is read whole (vLLM reads every shard's header where there is no index; transformers
+    refuses); a shard of the set missing, or a tensor in two shards, is an error naming the file."""
+    from safetensors.torch import load_file, save_file
+
+    from linnet.nest.errors import WeightsError
+
+    hf_model, path = tiny_hf
+    d = shutil.copytree(path, tmp_path / "no-index")
+    (d / "model.safetensors.index.json").unlink()
+    shards = sorted(d.glob("model-*-of-*.safetensors"))
+    assert len(shards) >= 3
+    model = nest.load(d, backend="torch", generics=GENERICS, tokenizer=False)
+    assert model.info["unused_tensors"] == []
+    assert_matches(model, hf_model)
+    first = load_file(shards[0])
+    save_file({**first, **load_file(shards[1])}, shards[0])
+    with pytest.raises(WeightsError, match=rf"{shards[1]}: holds tensor '[^']+', which {shards[0]} holds too"):
+        nest.load(d, tokenizer=False)
+    shards[1].unlink()
+    with pytest.raises(WeightsError, match=rf"{shards[1]}: missing; shard 2 of {len(shards)} \(and no "
+                                           r"model.safetensors.index.json"):
+        nest.load(d, tokenizer=False)
