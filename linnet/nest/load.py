@@ -454,12 +454,38 @@ def find_card_weights(card_name: str, module: Module, raise_missing: bool = Fals
     return found, looked
 
 
+# where a Hugging Face checkpoint keeps an untied output head (a GGUF holding one, llama.cpp reads)
+HF_HEAD = "lm_head.weight"
+
+
+def _tied_head(module: Module, ckpt: Checkpoint, fmt: str, unused: list) -> list:
+    """`unused` less an output head a tied card does not read where it is the embeddings' copy (some
+    checkpoints store both); one that differs is warned of by itself: the card reads the embeddings,
+    as vLLM does for a config that ties them, where transformers unties the two and takes the head."""
+    import numpy as np
+
+    from linnet.nest.bind import checkpoint_names
+
+    head, embed = HF_HEAD, (checkpoint_names(module, fmt).get("embed") or [None])[0]
+    if fmt != "hf" or head not in unused or module.bindings.get("tie_embeddings") is not True or embed is None:
+        return unused
+    stored = [np.asarray(ckpt.load(name)) for name in (head, embed)]
+    same = stored[0].shape == stored[1].shape and stored[0].dtype == stored[1].dtype and \
+        np.array_equal(stored[0].view(np.uint8), stored[1].view(np.uint8))
+    if not same:
+        warnings.warn(f"{ckpt.file_of(head)}: holds {head}, which differs from the embeddings ({embed}) the "
+                      f"card ties the output head to (tie_embeddings = true; config.json's tie_word_embeddings); "
+                      f"the embeddings are used, as vLLM uses them (transformers unties them and uses {head})",
+                      stacklevel=5)
+    return [name for name in unused if name != head]
+
+
 def _read(module: Module, ckpt: Checkpoint, cast_dtype: bool, device: str, progress: bool | None, framework: str):
     """({param: array}, unused checkpoint tensors), after checking every header against the card."""
     from linnet.nest.bind import bind_weights, check_checkpoint, checkpoint_names
 
     fmt = "gguf" if ckpt.format == "gguf" else "hf"
-    unused = check_checkpoint(module, ckpt, fmt, cast_dtype)
+    unused = _tied_head(module, ckpt, fmt, check_checkpoint(module, ckpt, fmt, cast_dtype))
     if unused:
         warnings.warn(f"{ckpt.path}: {len(unused)} checkpoint tensor(s) not used by the card: "
                       f"{', '.join(unused[:8])}{' ...' if len(unused) > 8 else ''}", stacklevel=4)

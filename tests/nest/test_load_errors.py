@@ -375,3 +375,36 @@ def test_an_architecture_that_breaks_the_entries_contract_is_refused_where_it_do
     assert shown[0] == f"{at}:{line}:1: error: {message}"
     assert shown[1] == "    " + at.read_text().split("\n")[line - 1] and shown[2].startswith("    ^^^^")
     assert any(s.startswith("  the engine calls entry ") for s in shown[3:])
+
+
+def test_an_output_head_a_tied_checkpoint_also_stores(tmp_path):
+    """tie_word_embeddings, and lm_head.weight stored too: a copy of the embeddings is no unused
+    tensor; one that differs is warned of by name, and the embeddings are used, as vLLM uses them
+    (transformers 5 unties the two, and says so)."""
+    import numpy as np
+    import transformers
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, num_hidden_layers=1, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=96, tie_word_embeddings=True)
+    reference = transformers.LlamaForCausalLM(config).eval()
+    path = tmp_path / "tied"
+    reference.save_pretrained(path)
+    tensors = load_file(path / "model.safetensors")
+    embed = tensors["model.embed_tokens.weight"]
+    prompt = [5, 9, 100, 7]
+    with torch.no_grad():
+        want = reference(input_ids=torch.tensor([prompt])).logits[0, -1].numpy()  # (tied: the embeddings)
+    for head, warned in ((embed.clone(), False), (embed + 1.0, True)):
+        save_file({**tensors, "lm_head.weight": head}, path / "model.safetensors", metadata={"format": "pt"})
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = load(path)
+        messages = [str(w.message) for w in caught]
+        assert model.info["unused_tensors"] == [] and not any("not used by the card" in m for m in messages)
+        assert any("holds lm_head.weight, which differs from the embeddings (model.embed_tokens.weight)" in m
+                   for m in messages) == warned, messages
+        n = len(prompt)
+        ours = np.asarray(model.prefill(np.array(prompt, np.int32), np.arange(n, dtype=np.int32),
+                                        np.zeros(n, np.int32), np.array([n - 1], np.int32)))[0]
+        assert np.abs(ours - want).max() <= 1e-4 * np.abs(want).max()
