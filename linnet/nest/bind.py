@@ -102,8 +102,14 @@ def check_checkpoint(module: Module, ckpt, fmt: str, cast_dtype: bool) -> list:
         lines = [f"{_file_of(ckpt, n)}: tensor {n!r} is {list(got)}, but param `{p}` declares {list(want)}"
                  for n, p, want, got in bad[:5]]
         more = f"\n  ... and {len(bad) - 5} more" if len(bad) > 5 else ""
+        # weights packed into integers (MLX's, bitsandbytes') are narrower than the card's: say why
+        packed = [n for n, *_ in bad if fmt != "gguf" and _read_as(ckpt, n) not in (*FLOAT_DTYPES, "f64")]
+        quantized = _quantization(ckpt) if fmt != "gguf" else ""
+        why = (f"\nthe checkpoint is quantized{quantized}" + (f" ({packed[0]!r} is {_read_as(ckpt, packed[0])})"
+                                                              if packed else "") + f". {_READABLE}"
+               if packed or quantized else "")
         raise WeightsError("shapes differ between the checkpoint and the card" + where + ":\n  "
-                           + "\n  ".join(lines) + more)
+                           + "\n  ".join(lines) + more + why)
     if fmt != "gguf":
         _check_stored_types(module, ckpt, expected, cast_dtype)
     return sorted(set(ckpt.names()) - set(expected) - set(getattr(ckpt, "config_tensors", ())))
@@ -136,11 +142,16 @@ _READABLE = ("Linnet reads unquantized safetensors (f32, bf16, f16), gpt-oss's M
 
 
 def _quantization(ckpt) -> str:
-    """", as config.json's quantization_config names it" where a checkpoint's config has one."""
+    """" (config.json's quantization_config: ...)" where a checkpoint's config names a quantization
+    (transformers' quantization_config, MLX's quantization), else ""."""
     try:
-        method = (ckpt.config().get("quantization_config") or {}).get("quant_method")
+        config = ckpt.config()
     except WeightsError:  # no config.json: the tensors alone tell
         return ""
+    method = (config.get("quantization_config") or {}).get("quant_method")
+    mlx = config.get("quantization")  # MLX's: {"group_size": 64, "bits": 4}
+    if isinstance(mlx, dict) and "bits" in mlx:
+        return f" (config.json's quantization: MLX's {mlx['bits']}-bit groups of {mlx.get('group_size')})"
     return f" (config.json's quantization_config: {method!r})" if method and method != "mxfp4" else ""
 
 

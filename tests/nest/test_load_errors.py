@@ -277,6 +277,24 @@ def test_a_gptq_checkpoint_without_its_weights_says_it_is_quantized(ckpt_dir):
         load(ckpt_dir)
 
 
+def test_weights_packed_into_integers_say_the_checkpoint_is_quantized(ckpt_dir):
+    """MLX's 4-bit checkpoints pack eight weights into each uint32 (a narrower tensor, with scales and
+    biases beside it) and name it in config.json's `quantization`: the shape error says why."""
+    w = load_file(shard_of(ckpt_dir, Q))[Q]
+    packed = torch.zeros(w.shape[0], w.shape[1] // 8, dtype=torch.int32).view(torch.uint32)
+    groups = torch.ones(w.shape[0], w.shape[1] // 64)
+    rewrite(ckpt_dir, Q, packed, extra={Q.replace("weight", "scales"): groups, Q.replace("weight", "biases"): groups.clone()})
+    config = json.loads((ckpt_dir / "config.json").read_text())
+    config["quantization"] = {"group_size": 64, "bits": 4}
+    (ckpt_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(WeightsError) as e:
+        load(ckpt_dir)
+    message = str(e.value)
+    assert f"tensor {Q!r} is [64, 8], but param `wq` declares [64, 64]" in message
+    assert (f"the checkpoint is quantized (config.json's quantization: MLX's 4-bit groups of 64) ({Q!r} is u32). "
+            "Linnet reads unquantized safetensors") in message
+
+
 TINY_CARDS = ["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-mixtral", "tiny-qwen2", "tiny-qwen3",
               "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma3", "tiny-olmo2",
               "tiny-granite", "tiny-phi3"]
