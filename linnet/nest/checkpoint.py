@@ -36,9 +36,9 @@ from .autocard import with_transformers_defaults
 from .errors import WeightsError
 
 SAFETENSORS_FILE = "model.safetensors"
-_SHARD_NAME = re.compile(r"(.+)-(\d{5})-of-(\d{5})\.safetensors")  # transformers' shards: model-00001-of-00004...
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
+_SHARD_NAME = re.compile(r"(.+)-(\d{5})-of-(\d{5})\.safetensors")  # transformers' shards: model-00001-of-00004...
 
 # safetensors' dtype names -> ours (short, lower case, as in the IR)
 _ST_DTYPES = {
@@ -460,7 +460,8 @@ class GGUFCheckpoint(Checkpoint):
                                    f"{split.value(SPLIT_COUNT)}, not {i + 1} of {count} as its name does")
             for name, tensor in split.tensors.items():
                 if name in self._tensors:
-                    raise WeightsError(f"{path}: holds tensor {name!r}, which {self.file_of(name)} holds too")
+                    holder = self._split_files[name].path if name in self._split_files else self.path
+                    raise WeightsError(f"{path}: holds tensor {name!r}, which {holder} holds too")
                 self._tensors[name] = tensor
                 self._split_files[name] = split
         expected = self.metadata(SPLIT_TENSORS, len(self._tensors))

@@ -216,6 +216,24 @@ def test_a_split_gguf_missing_a_file_or_passed_by_another_is_named(tmp_path):
     with pytest.raises(WeightsError, match=r"model.gguf: split 1 of 3 of a split GGUF, whose files must be named"):
         GGUFCheckpoint(renamed)
     renamed.rename(first)
+    third_bytes = third.read_bytes()
+    third.write_bytes(second.read_bytes())  # split 2 under split 3's name
+    with pytest.raises(WeightsError, match=rf"{third}: says it is split 2 of 3, not 3 of 3 as its name does"):
+        GGUFCheckpoint(first)
+    held = gguf.GGUFReader(str(second)).tensors[0].name
+    w = gguf.GGUFWriter(str(third), "llama")  # split 3, holding a tensor split 2 holds
+    w.add_uint16("split.no", 2)
+    w.add_uint16("split.count", 3)
+    w.add_int32("split.tensors.count", 99)
+    w.add_tensor(held, np.zeros(4, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(WeightsError, match=rf"{third}: holds tensor '{held}', which {second} holds too"):
+        GGUFCheckpoint(first)
+    third.write_bytes(third_bytes)
+    GGUFCheckpoint(first)  # whole again
     third.unlink()
     with pytest.raises(WeightsError, match=rf"{third}: missing; split 3 of 3 of {first}"):
         nest.load(first, tokenizer=False)
