@@ -102,14 +102,8 @@ def check_checkpoint(module: Module, ckpt, fmt: str, cast_dtype: bool) -> list:
         lines = [f"{_file_of(ckpt, n)}: tensor {n!r} is {list(got)}, but param `{p}` declares {list(want)}"
                  for n, p, want, got in bad[:5]]
         more = f"\n  ... and {len(bad) - 5} more" if len(bad) > 5 else ""
-        # weights packed into integers (MLX's, bitsandbytes') are narrower than the card's: say why
-        packed = [n for n, *_ in bad if fmt != "gguf" and _read_as(ckpt, n) not in (*FLOAT_DTYPES, "f64")]
-        quantized = _quantization(ckpt) if fmt != "gguf" else ""
-        why = (f"\nthe checkpoint is quantized{quantized}" + (f" ({packed[0]!r} is {_read_as(ckpt, packed[0])})"
-                                                              if packed else "") + f". {_READABLE}"
-               if packed or quantized else "")
         raise WeightsError("shapes differ between the checkpoint and the card" + where + ":\n  "
-                           + "\n  ".join(lines) + more + why)
+                           + "\n  ".join(lines) + more + _packed(ckpt, fmt, [n for n, *_ in bad]))
     if fmt != "gguf":
         _check_stored_types(module, ckpt, expected, cast_dtype)
     return sorted(set(ckpt.names()) - set(expected) - set(getattr(ckpt, "config_tensors", ())))
@@ -159,6 +153,20 @@ def _read_as(ckpt, name: str) -> str:
     """The type a tensor is read in: as stored, but a safetensors checkpoint's MXFP4 pairs read as bf16."""
     stored = ckpt.stored_dtype(name)
     return READS_AS.get(stored, stored)
+
+
+def _packed(ckpt, fmt: str, names: list) -> str:
+    """"\nthe checkpoint is quantized (...)" where tensors of another shape than the card's are weights
+    packed into integers (MLX's and bitsandbytes' are narrower than the card's) or the config names a
+    quantization; else ""."""
+    if fmt == "gguf":
+        return ""
+    packed = [n for n in names if _read_as(ckpt, n) not in (*FLOAT_DTYPES, "f64")]
+    quantized = _quantization(ckpt)
+    if not (packed or quantized):
+        return ""
+    example = f" ({packed[0]!r} is {_read_as(ckpt, packed[0])})" if packed else ""
+    return f"\nthe checkpoint is quantized{quantized}{example}. {_READABLE}"
 
 
 def _looked_in(ckpt) -> str:

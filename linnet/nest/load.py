@@ -454,7 +454,8 @@ def find_card_weights(card_name: str, module: Module, raise_missing: bool = Fals
     return found, looked
 
 
-# where a Hugging Face checkpoint keeps an untied output head (a GGUF holding one, llama.cpp reads)
+# where a Hugging Face checkpoint keeps an untied output head (a GGUF's output.weight is llama.cpp's head
+# whatever the card says, so only this one is checked against the embeddings)
 HF_HEAD = "lm_head.weight"
 
 
