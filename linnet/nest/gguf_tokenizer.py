@@ -221,6 +221,9 @@ def _add_bos_eos(tk, meta, tokens: list, default_bos: bool) -> None:
     for flag, key, front in (("add_bos_token", "bos", True), ("add_eos_token", "eos", False)):
         tid = meta(f"tokenizer.ggml.{key}_token_id")
         if meta(f"tokenizer.ggml.{flag}", default_bos and front) and tid is not None:
+            if not 0 <= tid < len(tokens):  # (one never added is left be: Linnet reads no other id by place)
+                raise TokenizerError(f"tokenizer.ggml.{key}_token_id is {tid}, but the vocabulary has "
+                                     f"{len(tokens)} tokens")
             tok = tokens[tid]
             used.append((tok, tid))
             if front:

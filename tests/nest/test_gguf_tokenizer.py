@@ -119,6 +119,19 @@ def test_a_file_that_does_not_say_whether_to_add_a_bos_adds_one_where_llama_cpp_
         assert ours.encode(text) == llm.tokenize(text.encode(), add_bos=True, special=True), (pre, text)
 
 
+def test_a_bos_to_add_past_the_vocabulary_is_named(tmp_path, monkeypatch):
+    tokens = write_tokenizer_gguf(tmp_path / "ok.gguf")
+    monkeypatch.setattr(gguf.GGUFWriter, "add_bos_token_id", lambda w, _: w.add_uint32("tokenizer.ggml.bos_token_id",
+                                                                                        len(tokens)))
+    write_tokenizer_gguf(tmp_path / "bad.gguf")
+    with pytest.raises(TokenizerError, match=rf"bad\.gguf: tokenizer.ggml.bos_token_id is {len(tokens)}, but the "
+                                             rf"vocabulary has {len(tokens)} tokens"):
+        Tokenizer.from_gguf(tmp_path / "bad.gguf")  # was an IndexError
+    write_tokenizer_gguf(tmp_path / "unused.gguf", add_bos=False)  # an id never added is no error
+    assert Tokenizer.from_gguf(tmp_path / "unused.gguf").encode("hello") == \
+        Tokenizer.from_gguf(tmp_path / "ok.gguf").encode("hello")[1:]
+
+
 def test_unsupported_model_is_named(tmp_path):
     write_tokenizer_gguf(tmp_path / "bert.gguf", model="bert")
     with pytest.raises(TokenizerError, match=r"bert\.gguf: .*'bert' is not supported"):
