@@ -136,6 +136,7 @@ class ArchDecl(Node):
     name: str
     base: str | None = None  # `arch qwen3_moe extends qwen3`
     base_loc: Loc | None = None
+    without: list = field(default_factory=list)  # [(name, Loc)]: the base's declarations left out
 
 
 @dataclass

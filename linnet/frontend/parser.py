@@ -304,9 +304,12 @@ class _ToAst(Transformer):
         return f
 
     def arch_decl(self, meta, c):
-        name, base = c
+        name, base, without = c
         return ast.ArchDecl(self._loc(meta), str(name), None if base is None else str(base),
-                            None if base is None else self._tok(base))
+                            None if base is None else self._tok(base), without or [])
+
+    def arch_without(self, meta, c):
+        return [(str(t), self._tok(t)) for t in c]
 
     def card_decl(self, meta, c):
         return ast.CardDecl(self._loc(meta), _unquote(str(c[0]), self._tok(c[0])))

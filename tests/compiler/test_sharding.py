@@ -43,7 +43,7 @@ def test_the_newer_families_plans(kit):
     # OLMo's q/k norms span every head: they stay whole (XLA sums the split rows' squares across the mesh);
     # Phi-3's fused q/k/v and gate/up split their rows as one weight each
     params, _ = plan(kit, "tiny-olmo2")
-    assert params["wq"] == params["wk"] == 1 and "q_norm" not in params and "attn_norm" not in params
+    assert params["wq"] == params["wk"] == 1 and "q_norm" not in params and "attn_out_norm" not in params
     params, _ = plan(kit, "tiny-phi3")
     assert params["wqkv"] == params["w_gate_up"] == 1 and params["wo"] == params["w_down"] == 2
 

@@ -3,6 +3,8 @@ and what the base lacks is added; chains work, and the result computes as if wri
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -120,3 +122,112 @@ def test_an_override_the_base_calls_wrongly_is_named_where_it_is_defined(tmp_pat
     text = str(err.value)
     assert "`mix` needs its argument `k`" in text and "base.linnet:" in text
     assert f"`mix` is defined at {tmp_path / 'derived.linnet'}:" in text
+
+
+# Leaves out the base's `w` and `seen`, and declares `mix` again, reading `u` where it read `w`.
+WITHOUT = """\
+arch narrowed extends base
+  without w, seen
+
+params {
+  u: T[dim, dim]
+    from hf "u.weight"
+}
+
+fn mix<n>(x: T[n, dim]) -> T[n, dim] {
+  w = x * scale                       # a local may take a name left out
+  return linear(w, u)
+}
+"""
+
+
+def _error(tmp_path, text: str, name: str = "narrowed"):
+    from linnet.errors import LinnetError
+
+    (tmp_path / "base.linnet").write_text(BASE)
+    (tmp_path / f"{name}.linnet").write_text(text)
+    with pytest.raises(LinnetError) as err:
+        check_file(tmp_path / f"{name}.linnet")
+    return err.value
+
+
+def test_without_leaves_the_bases_declarations_out(tmp_path):
+    (tmp_path / "base.linnet").write_text(BASE)
+    (tmp_path / "narrowed.linnet").write_text(WITHOUT)
+    m = check_file(tmp_path / "narrowed.linnet")
+    assert list(m.params) == ["embed", "u"] and list(m.state) == [] and list(m.fns) == ["mix"]
+    assert m.fns["mix"].loc.path == str(tmp_path / "narrowed.linnet")  # declared again: replaced, in place
+    g = torch.Generator().manual_seed(0)
+    weights = {"embed": torch.randn(16, 8, generator=g), "u": torch.randn(8, 8, generator=g)}
+    tokens = np.array([5, 9], np.int32)
+    out = np.asarray(build(m, "torch", {"Batch": 2}).Model(weights).decode(tokens, np.zeros(2, np.int32)))
+    x = weights["embed"].numpy()[tokens]
+    np.testing.assert_allclose(out, (x * 2.0) @ weights["u"].numpy().T, rtol=1e-6, atol=1e-6)  # numpy's
+
+
+@pytest.mark.parametrize("without, at, message, notes", [
+    # a name the base does not declare: at it, with the base's names near it
+    ("without ww, seen", "ww", "`base` declares no `ww` to leave out", ["did you mean 'w'?"]),
+    # one still read: at it, with where, by what, and what to do (here this file's `mix` is renamed,
+    # so the base's stays)
+    ("without w, seen", "w", "`w` is left out of `base`, but is still used",
+     ["used at {base}:21:20, in fn `mix`", "declare fn `mix` again without `w`, or leave it out too"]),
+    # a config value a param's type reads
+    ("without w, seen, dim", "dim", "`dim` is left out of `base`, but is still used",
+     ["used at {base}:10:19, in param `embed`"]),
+    # a param an entry reads
+    ("without w, seen, embed", "embed", "`embed` is left out of `base`, but is still used",
+     ["used at {base}:25:14, in entry `decode`"]),
+    # what the base lacks, or what this file declares again (which replaces it), is no leaving out
+    ("without w, seen, u", "u", "`base` declares no `u` to leave out", []),
+    ("without w, seen, mix", "mix", "`mix` is left out, but declared again at {narrowed}:9:1",
+     ["declaring a fn again replaces `base`'s: drop `mix` from `without`"]),
+    ("without w, w, seen", "w, seen", "`w` is left out twice", ["first at {narrowed}:2:11"]),
+])
+def test_without_errors_point_at_the_name_and_say_what_to_do(tmp_path, without, at, message, notes):
+    text = WITHOUT.replace("without w, seen", without)
+    err = _error(tmp_path, text.replace("fn mix<n>", "fn mix2<n>") if at == "w" else text)
+    paths = {"base": tmp_path / "base.linnet", "narrowed": tmp_path / "narrowed.linnet"}
+    line = "  " + without
+    col = len("  without ") + re.search(rf"\b{at}\b", without[len("without "):]).start() + 1
+    name = at.split(",")[0]
+    assert (err.loc.path, err.loc.line, err.loc.col) == (str(paths["narrowed"]), 2, col)
+    assert err.message == message.format(**paths)
+    assert err.notes[:len(notes)] == [n.format(**paths) for n in notes]
+    quoted, caret = str(err).splitlines()[1:3]
+    assert quoted == "    " + line and caret == "    " + " " * (col - 1) + "^" * len(name)
+
+
+def test_a_whole_state_write_reads_the_buffer_left_out(tmp_path):
+    # `seen = ...` in the base's entry writes the buffer; left out, it would silently become a local
+    base = BASE.replace("  return mix(embed[tokens]) as f32",
+                        "  seen = mix(embed[tokens])\n  return seen as f32")
+    (tmp_path / "base.linnet").write_text(base)
+    (tmp_path / "narrowed.linnet").write_text("arch narrowed extends base\n  without seen\n")
+    from linnet.errors import LinnetError
+
+    with pytest.raises(LinnetError) as err:
+        check_file(tmp_path / "narrowed.linnet")
+    assert err.value.message == "`seen` is left out of `base`, but is still used"
+    assert err.value.notes[0] == f"used at {tmp_path / 'base.linnet'}:25:3, in entry `decode`"  # the write
+
+
+def test_without_is_a_keyword_and_needs_extends(tmp_path):
+    from linnet.errors import LinnetError
+    from linnet.frontend.parser import parse
+
+    with pytest.raises(LinnetError, match="unexpected 'without'"):
+        parse("arch a without b\n", "a.linnet")
+    with pytest.raises(LinnetError, match="`without` is a keyword"):
+        parse("arch a\nconfig {\n  without: int = 1\n}\n", "a.linnet")
+
+
+def test_phi3_is_llama_without_its_separate_projections():
+    # Phi-3's checkpoints fuse q/k/v and gate/up: phi3.linnet leaves Llama's separate params (and
+    # the fns that read them, and the rope scaling it does not compute) out and adds the fused ones
+    from linnet.nest.registry import card
+
+    m = check_file(card("tiny-phi3").path)
+    assert m.bases and m.bases[0].endswith("llama.linnet")
+    assert set(m.params) == {"embed", "attn_norm", "wqkv", "wo", "mlp_norm", "w_gate_up", "w_down", "norm", "lm_head"}
+    assert "rope_scaling" not in m.config and "query_heads" not in m.fns
