@@ -363,7 +363,9 @@ class _Checker:
             raise LinnetError(s.loc, f"`{scope.fn.name}` declares no result, but returns one")
         v = self._expr(s.value, scope)
         if v.type != want and not _assignable(v.type, want):
-            raise LinnetError(s.value.loc, f"`{scope.fn.name}` returns {v.type}, but declares {want}")
+            same_shape = isinstance(v.type, TensorType) and isinstance(want, TensorType) and v.type.shape == want.shape
+            raise LinnetError(s.value.loc, f"`{scope.fn.name}` returns {v.type}, but declares {want}",
+                              [f"convert it: `return ... as {want.dtype}`"] if same_shape else [])
         return ir.Return(v, s.loc)
 
     def _assign(self, s: ast.Assign, scope: "_Scope"):

@@ -78,7 +78,8 @@ def broadcast(a: tuple, b: tuple, loc: Loc, what: str, ta=None, tb=None) -> tupl
         elif da == Dim.const(1):
             out.append(db)
         else:
-            raise _err(loc, f"cannot {what} {ta} and {tb}", f"dim {-i}: {da} vs {db}")
+            raise _err(loc, f"cannot {what} {ta} and {tb}",
+                       f"axis {-i}: {da} vs {db} (dims broadcast when equal, or when one is 1)")
     return tuple(reversed(out))
 
 
@@ -252,8 +253,13 @@ def _linear(x: Value, w: Value, bias: Value | None = None, *, loc: Loc):
     if tw.rank != 2:
         raise _err(w.loc, f"the weight of `linear` must be [out, in], not {tw}")
     if tx.rank < 1 or tx.shape[-1] != tw.shape[1]:
-        raise _err(loc, f"cannot apply {tw} to {tx}",
-                   f"the input's last dim {tx.shape[-1] if tx.rank else '()'} must equal the weight's `in` dim {tw.shape[1]}")
+        last = tx.shape[-1] if tx.rank else "()"
+        notes = [f"`linear(x, w)` is x @ w.T, with w [out, in] as checkpoints store it: x's last dim ({last}) "
+                 f"must be w's last ({tw.shape[1]})"]
+        if tx.rank and tx.shape[-1] == tw.shape[0]:  # GPT-2's Conv1D weights are stored [in, out]
+            notes.append(f"a weight stored [in, out] is declared [out, in] ([{tw.shape[1]}, {tw.shape[0]}] here) "
+                         f"and read with `.transpose()` after its checkpoint name")
+        raise _err(loc, f"cannot apply {tw} to {tx}: the input's last dim is not the weight's `in` dim", *notes)
     if bias is not None:
         tb = _tensor(bias, "the bias of `linear`", loc)
         same_dtype(tx, tb, loc, "add")
@@ -398,7 +404,9 @@ def _attention(q: Value, k_cache: Value, v_cache: Value, positions: Value, rows:
     if tq.rank != 3:
         raise _err(q.loc, f"queries must be [n, heads, head_dim], not {tq}")
     if tk.rank != 4 or tv.rank != 4:
-        raise _err(k_cache.loc, f"caches must be [rows, positions, kv_heads, head_dim], not {tk} and {tv}")
+        raise _err(k_cache.loc, f"caches must be [rows, positions, kv_heads, head_dim], not {tk} and {tv}",
+                   *(["a cache stacked over layers is read a layer at a time: `k_cache[l]`"]
+                     if tk.rank == 5 or tv.rank == 5 else []))
     same_dtype(tq, tk, loc, "attend with")
     same_dtype(tq, tv, loc, "attend with")
     if tk.shape[:3] != tv.shape[:3]:

@@ -30,13 +30,14 @@ class Case:
     message: str  # a substring of the first line's message
     at: str | None = None  # the file the error points into, when not the one checked
     args: tuple = ()  # more arguments for both commands, such as --generic
+    note: str | None = None  # a substring of the notes under the caret, where they say what to do
 
     def __str__(self) -> str:
         return self.id
 
 
-def arch(id: str, source: str, line: int, col: int, message: str, args: tuple = ()) -> Case:
-    return Case(id, {"model.linnet": source}, line, col, message, None, args)
+def arch(id: str, source: str, line: int, col: int, message: str, args: tuple = (), note: str | None = None) -> Case:
+    return Case(id, {"model.linnet": source}, line, col, message, None, args, note)
 
 
 def card(id: str, card_source: str, line: int, col: int, message: str, *, arch_source: str | None = None,
@@ -545,6 +546,12 @@ arch mini2 extends nothing
     Case("extension-conflicts-with-a-base-name", {"model.linnet": "arch mini2 extends mini\nfn wq() -> int {\n  return 1\n}\n",
                                                   "mini.linnet": MINI},
          2, 1, "`wq` is already defined", at="model.linnet"),
+    Case("left-out-of-a-base-but-still-used", {"model.linnet": "arch mini2 extends mini\n  without wk, wq\n",
+                                               "mini.linnet": MINI},
+         2, 11, "`wk` is left out of `mini`, but is still used", note="mini.linnet:28:47, in entry `decode`"),
+    Case("left-out-of-a-base-that-lacks-it", {"model.linnet": "arch mini2 extends mini\n  without w_k\n",
+                                              "mini.linnet": MINI},
+         2, 11, "`mini` declares no `w_k` to leave out", note="did you mean 'wk'?"),
 
     # ---------------------------------------------------------------- weights
     arch("unknown-loop-variable-in-pattern", """\
@@ -970,6 +977,31 @@ entry reset_state(tokens: i32[Batch]) -> T[Batch, dim] {
   return embed[tokens]
 }
 """, 20, 1, "`reset_state` is an attribute of the generated torch and JAX model classes"),
+    # mistakes of a newcomer writing GPT-2 from the language's page: each says what to do
+    arch("linear-weight-stored-in-out", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, vocab] {
+  return linear(embed[tokens], embed.transpose(1, 0))
+}
+""", 21, 10, "the input's last dim is not the weight's `in` dim",
+         note="a weight stored [in, out] is declared [out, in] ([vocab, dim] here) and read with `.transpose()`"),
+    arch("attention-over-a-cache-of-every-layer", HEAD + """\
+entry decode(tokens: i32[Batch], positions: i32[Batch]) -> T[Batch, heads, head_dim] {
+  q = linear(embed[tokens], wq).reshape(Batch, heads, head_dim)
+  kv = zeros(2, Batch, MaxSeq, heads, head_dim)
+  return attention(q, kv, kv, positions)
+}
+""", 23, 23, "caches must be [rows, positions, kv_heads, head_dim]",
+         note="a cache stacked over layers is read a layer at a time: `k_cache[l]`"),
+    arch("return-of-another-element-type", HEAD + """\
+entry decode(tokens: i32[Batch]) -> f32[Batch, dim] {
+  return embed[tokens]
+}
+""", 21, 10, "`decode` returns T[Batch, dim], but declares f32[Batch, dim]", note="convert it: `return ... as f32`"),
+    arch("broadcast-of-other-dims", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return embed[tokens] + embed[tokens].transpose(1, 0)
+}
+""", 21, 10, "cannot add T[Batch, dim] and T[dim, Batch]", note="axis -1: dim vs Batch (dims broadcast when equal"),
 ]
 
 
@@ -1017,6 +1049,7 @@ def _assert_rendered(err: str, case: Case, at: Path):
     caret = lines[2]
     assert set(caret.strip()) == {"^"}, err
     assert caret.index("^") == 4 + case.col - 1, err
+    assert case.note is None or case.note in "\n".join(lines[3:]), err
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
