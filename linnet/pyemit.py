@@ -31,7 +31,10 @@ STATIC_UNARY = {
 
 
 def dim_py(d: Dim) -> str:
-    """A dim as a Python int expression over the generated module's names."""
+    """A dim as a Python int expression over the generated module's names: as the source wrote
+    it, where it is the source's still."""
+    if d.spelling is not None:
+        return d.spelling
     if not d.terms:
         return "0"
     parts = []
@@ -70,13 +73,16 @@ class PythonEmitter:
         path = os.path.basename(loc.path)
         return f"{path}:{loc.line}"
 
-    def comment_for(self, loc, value=None):
+    def comment_for(self, loc, value=None, via=None):
         """`# card:line` above the statements of one source line; where the statement's value is an
-        inlined function's result (`x = layers_forward(...)` ending in its `rmsnorm`), that line too."""
+        inlined function's result (`x = layers_forward(...)` ending in its `rmsnorm`), that line too;
+        above an inlined fn's first statement, the fn and the line that calls it."""
         ref = self.where(loc)
         inner = getattr(value, "loc", None)
         if inner is not None and (inner.path, inner.line) != (loc.path, loc.line):
             ref += f" (value from {self.where(inner)})"
+        if via is not None:
+            ref += f" ({via[0]}, called at {self.where(via[1])})"
         if ref != self.last_comment:
             self.line(f"# {ref}")
             self.last_comment = ref
@@ -132,7 +138,8 @@ class PythonEmitter:
         if v.op == "index":
             return f"{self.paren(k['x'], POSTFIX - 1)}[{', '.join(self.expr(i) for i in v.args)}]", POSTFIX
         if v.op in STATIC_UNARY and isinstance(v.type, ScalarType):
-            x = self.paren(k["x"], UNARY - 1)
+            whole = STATIC_UNARY[v.op].count("{x}") == 1 and "({x})" in STATIC_UNARY[v.op]  # a call's one argument
+            x = self.expr(k["x"]) if whole else self.paren(k["x"], UNARY - 1)
             return STATIC_UNARY[v.op].format(x=x), POSTFIX
         method = getattr(self, "op_" + v.op, None)
         if method is None:
@@ -168,7 +175,7 @@ class PythonEmitter:
 
     def body(self, stmts: list):
         for s in stmts:
-            self.comment_for(s.loc, getattr(s, "value", None))
+            self.comment_for(s.loc, getattr(s, "value", None), getattr(s, "via", None))
             if isinstance(s, ir.Assign):
                 if (len(s.targets) == 1 and isinstance(s.value, ir.Op) and s.value.op == "iota"
                         and isinstance(s.value.type, TensorType)):

@@ -275,7 +275,12 @@ class _Checker:
         return self._tensor_type(t, dims)
 
     def _dim(self, e: ast.Node, dims: dict) -> Dim:
-        """A size: literals, int config values, generics and call dims, with + - * / //."""
+        """A size: literals, int config values, generics and call dims, with + - * / //; one
+        built by arithmetic keeps how it was written, for the generated code."""
+        d = self._dim_value(e, dims)
+        return Dim(d.terms, _dim_spelling(e)) if isinstance(e, ast.Binary) else d
+
+    def _dim_value(self, e: ast.Node, dims: dict) -> Dim:
         if isinstance(e, ast.Number):
             if not isinstance(e.value, int) or e.value < 0:
                 raise LinnetError(e.loc, f"a dim must be a non-negative integer, not {e.value}")
@@ -625,6 +630,26 @@ class _Checker:
                 if node.func == target or self._calls(node.func, target, seen):
                     return True
         return False
+
+
+_DIM_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2, "//": 2}
+
+
+def _dim_spelling(e: ast.Node) -> str:
+    """A checked dim's source as Python over the generated module's names (`/` is `//`: a dim's
+    division is exact, checked when specialized)."""
+    def spell(e) -> tuple[str, int]:
+        if isinstance(e, ast.Number):
+            return str(e.value), 3
+        if isinstance(e, ast.Name):
+            return e.id, 3
+        prec = _DIM_PRECEDENCE[e.op]
+        (a, pa), (b, pb) = spell(e.left), spell(e.right)
+        a = a if pa >= prec else f"({a})"
+        b = b if pb > prec else f"({b})"
+        return f"{a} {'//' if e.op == '/' else e.op} {b}", prec
+
+    return spell(e)[0]
 
 
 def _not_reserved(name: str, loc: Loc):

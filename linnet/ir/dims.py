@@ -9,7 +9,7 @@ atom; specialization checks that it divides exactly once numbers are known.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Union
 
 Atom = Union[str, "Quotient"]
@@ -44,6 +44,9 @@ Monomial = tuple  # ((atom, power), ...) sorted by atom
 @dataclass(frozen=True)
 class Dim:
     terms: tuple  # ((Monomial, coeff), ...) sorted, no zero coefficients
+    # How the source wrote it, as Python (`(heads + 2 * kv_heads) * head_dim`), for generated code
+    # to read as its source; no part of its identity, and lost by arithmetic and by substituting.
+    spelling: str | None = field(default=None, compare=False, repr=False)
 
     # -- construction
     @staticmethod
@@ -140,6 +143,8 @@ class Dim:
 
     # -- specialization
     def substitute(self, values: Mapping[str, "Dim | int"]) -> "Dim":
+        if not any(name in values for name in self.names()):
+            return self  # (keeping its spelling)
         total = Dim.const(0)
         for m, c in self.terms:
             term = Dim.const(c)

@@ -62,6 +62,7 @@ class Assign:
     targets: list  # [name]
     value: Value
     loc: Loc
+    via: tuple | None = None  # (fn, Loc of its call): the first statement of an inlined fn's body
 
 
 @dataclass(eq=False)
@@ -72,6 +73,7 @@ class Store:
     indices: list
     value: Value
     loc: Loc
+    via: tuple | None = None
 
 
 @dataclass(eq=False)
@@ -80,6 +82,7 @@ class For:
     count: Value  # a static int
     body: list
     loc: Loc
+    via: tuple | None = None
 
 
 @dataclass(eq=False)

@@ -113,6 +113,8 @@ class _Inliner:
             return None
 
         stmts = _rename_body(fn.body, subst, renames)
+        if len(stmts) > 1:  # the generated code says where an inlined body begins, and whose it is
+            stmts[0] = replace(stmts[0], via=(fn.name, call.loc))
         out.extend(self.block(stmts[:-1]))
         return self.expr(stmts[-1].value, out)
 

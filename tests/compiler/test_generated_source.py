@@ -20,6 +20,7 @@ import pytest
 
 from linnet import cli
 from linnet.compiler import BACKENDS, check_file, compile_file, generate, import_source
+from linnet.frontend.load import load_source
 from linnet.ir.specialize import specialize
 from linnet.nest.bind import bind_weights
 
@@ -139,7 +140,8 @@ def test_written_file_runs_on_its_own(kit, tmp_path):
 # ---------------------------------------------------------------- source comments
 
 # the statement's line; and where its value is an inlined fn's result, the line that returns it
-COMMENT = re.compile(r"^\s*# (llama\.linnet):(\d+)(?: \(value from llama\.linnet:(\d+)\))?$")
+COMMENT = re.compile(r"^\s*# (llama\.linnet):(\d+)(?: \(value from llama\.linnet:(\d+)\))?"
+                     r"(?: \((\w+), called at llama\.linnet:(\d+)\))?$")
 WORD = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
 # names of the generated code's libraries, not of the model
 PLUMBING = {"self", "rt", "F", "torch", "jax", "jnp", "nn", "params", "at", "set", "to", "astype", "range",
@@ -235,6 +237,18 @@ def test_an_inlined_fns_result_names_the_line_that_returns_it(backend, kit, sour
         assert "layers_forward(" in arch[int(m.group(2)) - 1] and "return rmsnorm(x, norm" in arch[int(m.group(3)) - 1]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_inlined_fns_body_names_the_fn_and_its_call_where_it_begins(backend, kit, sources):
+    # the layer loop is `layers_forward`'s first statement, inlined into each entry at the line
+    # that calls it; the lines after it name only their own line
+    arch = kit.ARCH.read_text().splitlines()
+    marked = [COMMENT.match(t) for t in sources[backend].splitlines() if "called at" in t]
+    assert len(marked) == 2 and all(marked)  # prefill's and decode's
+    for m in marked:
+        assert m.group(4) == "layers_forward" and arch[int(m.group(2)) - 1].strip() == "for l in layers {"
+        assert "layers_forward(embed[tokens]" in arch[int(m.group(5)) - 1]
+
+
 def test_comments_follow_the_source_when_it_moves(kit, tmp_path):
     """Lines are read from the source, not fixed: shift llama.linnet down and the comments shift with it."""
     shifted = tmp_path / "arch"
@@ -257,3 +271,24 @@ def test_names_with_quotes_and_backslashes_stay_inside_the_docstring(tmp_path, b
     module = import_source(compile_file(str(path), backend, {}, "exact"))
     assert module.__doc__.startswith('PyTorch module of `tiny-llama`' if backend == "torch" else "JAX")
     assert 'we"""ird\\.linnet' in module.__doc__
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_dims_read_as_the_source_writes_them(backend, kit):
+    # a dim is compared as a polynomial (`heads * head_dim` is `head_dim * heads`), but printed as
+    # written; a dim's `/` is Python's `//` (exact, checked when specialized)
+    phi3 = generate(check_file(kit.CARDS / "tiny-phi3.linnet"), backend, GENERICS)
+    assert "'wqkv': ((layers, (heads + 2 * kv_heads) * head_dim, dim), 'f32')" in phi3
+    assert "a.reshape(N, heads * head_dim)" in phi3 and "a.reshape(Batch, heads * head_dim)" in phi3
+    text = (Path(__file__).parent / "from_the_doc" / "gpt2.linnet").read_text()
+    text = text.replace("  wpe: T[max_pos, dim]", '  odd: T[max_pos - 1, (dim - 2) / 2 * 3]\n    from hf "odd"\n'
+                                                   "  wpe: T[max_pos, dim]")
+    source = generate(load_source(text, "gpt2.linnet"), backend, GENERICS)
+    assert "'odd': ((max_pos - 1, (dim - 2) // 2 * 3), 'f32')" in source
+    assert "math.sqrt(2.0 / 3.141592653589793)" in source  # a static sqrt's argument in one pair of parentheses
+    # and the tables, computed from those expressions, hold the shapes the checker derives
+    module = import_source(source)
+    spec = specialize(load_source(text, "gpt2.linnet"), GENERICS)
+    for name, (shape, _) in module.PARAMS.items():
+        assert tuple(shape) == tuple(d.evaluate(spec.bindings) for d in spec.params[name].type.shape), name
+    assert module.PARAMS["odd"][0] == (63, 45)
