@@ -229,3 +229,4 @@ class File:
     fns: list = field(default_factory=list)
     entries: list = field(default_factory=list)
     bases: dict = field(default_factory=dict)  # path -> text of the architectures this one extends
+    left_out: dict = field(default_factory=dict)  # name -> Loc in `without`: the bases' declarations left out

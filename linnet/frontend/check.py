@@ -139,7 +139,9 @@ class _Checker:
             if isinstance(c, ast.ConfigDecl):
                 raise LinnetError(c.loc, "a card sets config values (`dim = 4096`); it does not declare them")
             if c.name not in self.config:
+                gone = self.arch.left_out.get(c.name)
                 raise LinnetError(c.loc, f"architecture `{self.arch.arch.name}` has no config value `{c.name}`",
+                                  [f"the architecture leaves it out of the one it extends (`without`, at {gone})"] if gone else
                                   suggest(c.name, self.config))
             if c.name in values:
                 raise LinnetError(c.loc, f"`{c.name}` is set twice")

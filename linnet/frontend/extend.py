@@ -24,9 +24,10 @@ _KIND = {"config": "config value", "params": "param", "state": "state buffer", "
 
 def extend(base: ast.File, derived: ast.File) -> ast.File:
     """`derived` over `base` (itself already extended), as one architecture named as `derived`."""
-    merged = ast.File(derived.path, derived.source, arch=derived.arch,
-                      bases={**base.bases, base.path: base.source})
     left_out = _left_out(base, derived)
+    merged = ast.File(derived.path, derived.source, arch=derived.arch,
+                      bases={**base.bases, base.path: base.source},
+                      left_out={**base.left_out, **{name: loc for name, (loc, _) in left_out.items()}})
     for section in _SECTIONS:
         kept = [item for item in getattr(base, section) if item.name not in left_out or section == "meta"]
         setattr(merged, section, _over(kept, getattr(derived, section)))

@@ -212,6 +212,21 @@ def test_a_whole_state_write_reads_the_buffer_left_out(tmp_path):
     assert err.value.notes[0] == f"used at {tmp_path / 'base.linnet'}:25:3, in entry `decode`"  # the write
 
 
+def test_a_card_that_sets_a_value_left_out_is_told_where(tmp_path):
+    (tmp_path / "base.linnet").write_text(BASE)
+    (tmp_path / "plain.linnet").write_text("arch plain extends base\n  without scale\n\n"
+                                           "fn mix<n>(x: T[n, dim]) -> T[n, dim] {\n  return linear(x, w)\n}\n")
+    (tmp_path / "card.linnet").write_text('card "c"\nimport plain\n\nconfig {\n  scale = 2.0\n}\n')
+    from linnet.errors import LinnetError
+
+    with pytest.raises(LinnetError) as err:
+        check_file(tmp_path / "card.linnet")
+    assert (err.value.loc.line, err.value.loc.col) == (5, 3)
+    assert err.value.message == "architecture `plain` has no config value `scale`"
+    assert err.value.notes == [f"the architecture leaves it out of the one it extends (`without`, at "
+                               f"{tmp_path / 'plain.linnet'}:2:11)"]
+
+
 def test_without_is_a_keyword_and_needs_extends(tmp_path):
     from linnet.errors import LinnetError
     from linnet.frontend.parser import parse
