@@ -25,6 +25,10 @@ _BINARY = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "%"
            "or": "or"}
 TRANSFORMS = {"unpermute_rope": (1,), "transpose": (0, 2)}  # name -> the argument counts it takes
 DIM_OPS = {"reshape": "dims", "iota": "n", "zeros": "dims", "topk": "k"}
+# What a PyTorch or NumPy habit writes, and Linnet's word for it (told where the habit is refused).
+HABITS = {"view": "reshape", "permute": "transpose", "cat": "concat", "concatenate": "concat", "arange": "iota",
+          "gather": "take", "index_select": "take", "dim": "axis", "keepdims": "keepdim", "float": "x as f32",
+          "to": "x as f32", "astype": "x as f32", "type": "x as f32", "layer_norm": None, "layernorm": None}
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 
 
@@ -305,6 +309,10 @@ class _Checker:
             if e.op in ("/", "//") and not b.terms:
                 raise LinnetError(e.loc, "division of a dim by zero")
             return {"+": a.__add__, "-": a.__sub__, "*": a.__mul__, "/": a.__floordiv__, "//": a.__floordiv__}[e.op](b)
+        if isinstance(e, ast.Unary) and e.op == "-":
+            raise LinnetError(e.loc, "a dim is never negative",
+                              ["a slice bound does not count from the end, as numpy's does: write `size - k` "
+                               "(`x[:, dim - 1:]`)"])
         raise LinnetError(e.loc, "a dim must be built from numbers, config values and generics with + - * /")
 
     # ------------------------------------------------------------ functions
@@ -465,7 +473,8 @@ class _Checker:
                 if scope.lookup(e.func) is not None or e.func in self.params or e.func in self.config:
                     raise LinnetError(e.func_loc, f"`{e.func}` is a value, not a function")
                 raise LinnetError(e.func_loc, f"unknown function `{e.func}`",
-                                  suggest(e.func, [o for o in OPS if o not in ("index", "list")] + list(self.fns)))
+                                  suggest(e.func, self.fns) or _habit(e.func) or
+                                  suggest(e.func, [o for o in OPS if o not in ("index", "list")]))
             return self._op(e.func, e.args, e.kwargs, e.loc, scope)
         if isinstance(e, ast.Slice):
             raise LinnetError(e.loc, "a slice `a:b` can only appear inside [...]")
@@ -485,6 +494,8 @@ class _Checker:
             return ir.Var(INT, e.loc, e.id, "dim")
         if e.id in self.fns or e.id in OPS:
             raise LinnetError(e.loc, f"`{e.id}` is a function; call it: `{e.id}(...)`")
+        if e.id in ("True", "False"):
+            raise LinnetError(e.loc, f"unknown name `{e.id}`", [f"Linnet's booleans are `{e.id.lower()}`"])
         candidates = list(scope.names()) + list(self.params) + list(self.state) + list(self.config)
         raise LinnetError(e.loc, f"unknown name `{e.id}`", suggest(e.id, candidates))
 
@@ -556,6 +567,7 @@ class _Checker:
         for kname, (kloc, _) in named.items():
             if kname not in [p.name for p in accepted] and not (dim_param not in (None, "dims") and kname == dim_param):
                 raise LinnetError(kloc, f"`{name}` has no argument `{kname}`",
+                                  (_habit(kname) if HABITS.get(kname) in [p.name for p in accepted] else []) or
                                   suggest(kname, [p.name for p in accepted]) or
                                   [f"`{name}` takes {', '.join(p.name for p in accepted) or 'no named arguments'}"])
         if dim_param and dim_param not in ("dims",):
@@ -652,6 +664,17 @@ def _dim_spelling(e: ast.Node) -> str:
         return f"{a} {'//' if e.op == '/' else e.op} {b}", prec
 
     return spell(e)[0]
+
+
+def _habit(name: str) -> list[str]:
+    """A note for a name PyTorch or NumPy would take (`view`, `dim=`): Linnet's for it."""
+    if name not in HABITS:
+        return []
+    if HABITS[name] is None:  # (layer_norm)
+        return ["there is no layernorm op: write it from ops, (x - mean) * rsqrt(var + eps) * w + b "
+                "(docs/language.md, known gaps)"]
+    word = HABITS[name]
+    return [f"Linnet writes this `{word}`" if " " in word else f"Linnet calls this `{word}`"]
 
 
 def _not_reserved(name: str, loc: Loc):

@@ -220,7 +220,23 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, source: str, path: str) 
         return LinnetError(Loc(path, last, end_col, last, end_col + 1, source), f"unexpected end of file{hint}")
     width = max(1, len(str(token)))
     return LinnetError(Loc(path, line, col, line, col + width, source), f"unexpected {str(token)!r}{hint}",
-                       notes or _mistyped_keyword(source, err.pos_in_stream))
+                       notes or _python_habit(source, err.pos_in_stream, token) or
+                       _mistyped_keyword(source, err.pos_in_stream))
+
+
+def _python_habit(source: str, pos: int, token) -> list[str]:
+    """A note where Python's or NumPy's syntax, which Linnet lacks, is the likely cause: an
+    attribute (`x.shape`, `x.T`: after `.name` only a call goes on) or an ellipsis (`x[..., 0]`)."""
+    attribute = re.search(r"\.\s*([A-Za-z_][A-Za-z0-9_]*)\s*$", source[:pos])
+    if attribute is not None and str(token) != "(":
+        name = attribute[1]
+        instead = {"T": "`x.transpose(1, 0)` swaps two dims", "shape": "a tensor's sizes are the dims of its type, "
+                   "written by name", "dtype": "a tensor's element type is its type's: convert with `x as f32`"}
+        return [f"`.{name}` is read as a method call (`x.f(...)` is `f(x, ...)`): Linnet has no attributes"
+                + (f"; {instead[name]}" if name in instead else "")]
+    if source.startswith("...", pos) or source[:pos].rstrip().endswith(".."):
+        return ["Linnet has no `...`: index the leading dims one by one (`x[:, :, 0]`)"]
+    return []
 
 
 def _mistyped_keyword(source: str, pos: int) -> list[str]:

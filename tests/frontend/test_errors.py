@@ -1002,6 +1002,42 @@ entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
   return embed[tokens] + embed[tokens].transpose(1, 0)
 }
 """, 21, 10, "cannot add T[Batch, dim] and T[dim, Batch]", note="axis -1: dim vs Batch (dims broadcast when equal"),
+    # PyTorch's and NumPy's habits: refused where they stand, with Linnet's way
+    arch("torch-dim-argument", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch] {
+  return embed[tokens].sum(dim=-1)
+}
+""", 21, 28, "`sum` has no argument `dim`", note="Linnet calls this `axis`"),
+    arch("torch-view", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, heads, head_dim] {
+  return linear(embed[tokens], wq).view(Batch, heads, head_dim)
+}
+""", 21, 36, "unknown function `view`", note="Linnet calls this `reshape`"),
+    arch("python-true", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, 1] {
+  return embed[tokens].sum(axis=-1, keepdim=True)
+}
+""", 21, 45, "unknown name `True`", note="Linnet's booleans are `true`"),
+    arch("slice-from-the-end", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, 2] {
+  return embed[tokens][:, -2:]
+}
+""", 21, 27, "a dim is never negative", note="a slice bound does not count from the end"),
+    arch("attribute-shape", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return zeros(embed[tokens].shape[0], dim)
+}
+""", 21, 35, "unexpected '['", note="Linnet has no attributes; a tensor's sizes are the dims of its type"),
+    arch("attribute-transpose", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, vocab] {
+  return embed[tokens] @ embed.T
+}
+""", 22, 1, "unexpected '}'", note="`x.transpose(1, 0)` swaps two dims"),
+    arch("ellipsis-index", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch] {
+  return embed[tokens][..., 0]
+}
+""", 21, 24, "unexpected '.'", note="Linnet has no `...`"),
 ]
 
 
