@@ -41,7 +41,7 @@ def dim_py(d: Dim) -> str:
     for m, c in d.terms:
         factors = []
         for a, p in m:
-            s = a if isinstance(a, str) else f"({dim_py(a.num)} // {_paren_dim(a.den)})"
+            s = a if isinstance(a, str) else f"({_paren_dim(a.num)} // {_paren_dim(a.den)})"
             factors.extend([s] * p)
         body = " * ".join(([str(abs(c))] if abs(c) != 1 or not factors else []) + factors)
         parts.append(("- " if c < 0 else "+ ") + body)
@@ -160,6 +160,10 @@ class PythonEmitter:
 
     def dims(self, dims) -> str:
         return ", ".join(dim_py(d) for d in dims)
+
+    def shape(self, dims) -> str:
+        """A tuple of dims as Python writes one: `(n,)`, `(n, dim)`."""
+        return f"({self.dims(dims)}{',' if len(dims) == 1 else ''})"
 
     def axis(self, v: ir.Value | None, default: int = -1) -> int:
         return default if v is None else v.value

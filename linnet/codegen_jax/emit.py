@@ -193,7 +193,8 @@ class _JaxEmitter(PythonEmitter):
         return self.ropes[rope_key(v, self.module)].upper()
 
     def op_transpose(self, v, k):
-        return f"jnp.transpose({self.expr(k['x'])}, ({', '.join(str(a.value) for a in v.args)},))"
+        axes = [str(a.value) for a in v.args]
+        return f"jnp.transpose({self.expr(k['x'])}, ({', '.join(axes)}{',' if len(axes) == 1 else ''}))"
 
     def op_unsqueeze(self, v, k):
         return f"jnp.expand_dims({self.expr(k['x'])}, {self.axis(k['axis'])})"
@@ -208,7 +209,7 @@ class _JaxEmitter(PythonEmitter):
         return f"jnp.arange({self.dims(v.dims)}, dtype=jnp.int32)"
 
     def op_zeros(self, v, k):
-        return f"jnp.zeros(({self.dims(v.dims)},), dtype={JNP_DTYPES[self.dtype_of(v.type)]})"
+        return f"jnp.zeros({self.shape(v.dims)}, dtype={JNP_DTYPES[self.dtype_of(v.type)]})"
 
     def cache_arg(self, c: ir.Value) -> str:
         # One layer of a stacked cache (`k_cache[l]`) goes to attention unsliced, as `rt.layer(k_cache, l)`:

@@ -212,7 +212,7 @@ class _TorchEmitter(PythonEmitter):
         return f"torch.arange({self.dims(v.dims)}, dtype=torch.int32, device=self.device)"
 
     def op_zeros(self, v, k):
-        return f"torch.zeros(({self.dims(v.dims)},), dtype={TORCH_DTYPES[self.dtype_of(v.type)]}, device=self.device)"
+        return f"torch.zeros({self.shape(v.dims)}, dtype={TORCH_DTYPES[self.dtype_of(v.type)]}, device=self.device)"
 
     def op_copy_rows(self, v, k):
         return f"rt.copy_rows_({self.expr(k['cache'])}.clone(), {self.expr(k['src'])}, {self.expr(k['dst'])}, {self.expr(k['upto'])})"

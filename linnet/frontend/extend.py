@@ -51,8 +51,8 @@ def _over(base: list, derived: list) -> list:
 
 
 def _left_out(base: ast.File, derived: ast.File) -> dict:
-    """{name: (its Loc in `without`, its section)}, each one a declaration of the base that the derived file does
-    not declare again (declaring it again is how a declaration is replaced)."""
+    """{name: (its Loc in `without`, its section)}: each a declaration of the base that the derived
+    file does not declare again (declaring it again is how a declaration is replaced)."""
     declared = {item.name: section for section in _LEAVABLE for item in getattr(base, section)}
     again = {item.name: item.loc for section in _LEAVABLE for item in getattr(derived, section)}
     out: dict = {}

@@ -292,3 +292,31 @@ def test_dims_read_as_the_source_writes_them(backend, kit):
     for name, (shape, _) in module.PARAMS.items():
         assert tuple(shape) == tuple(d.evaluate(spec.bindings) for d in spec.params[name].type.shape), name
     assert module.PARAMS["odd"][0] == (63, 45)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_quotient_of_a_sum_keeps_its_parentheses(backend):
+    # `(n - 2) / 2` with n = Batch + 4 is the quotient (Batch + 2) / 2, written (2 + Batch) // 2:
+    # printed as 2 + Batch // 2 it made a zeros of 4 rows where the type says 3
+    text = """\
+arch pairs
+config {
+  dim: int = 4
+}
+params {
+  w: T[dim]
+    from hf "w"
+}
+fn halves<n>(x: T[n]) -> T[(n - 2) / 2, 2] {
+  return zeros((n - 2) / 2, 2)
+}
+entry decode(tokens: i32[Batch], positions: i32[Batch]) -> T[(Batch + 2) / 2, 2] {
+  return halves(zeros(Batch + 4))
+}
+"""
+    source = generate(load_source(text, "pairs.linnet"), backend, {"Batch": 4})
+    assert "(2 + Batch) // 2" in source
+    model = import_source(source).Model({"w": np.zeros(4, np.float32)})
+    out = model.decode(np.zeros(4, np.int32), np.zeros(4, np.int32))
+    out = out[0] if isinstance(out, tuple) else out
+    assert tuple(out.shape) == ((4 + 2) // 2, 2)
