@@ -116,3 +116,11 @@ def test_the_tour_runs_alike_on_both_backends(tmp_path):
         out[backend] = np.asarray(model.decode(tokens, positions), dtype=np.float64)
     assert out["torch"].shape == (3, 32)
     np.testing.assert_allclose(out["jax"], out["torch"], rtol=1e-5, atol=1e-5 * np.abs(out["torch"]).max())
+
+
+def test_the_without_example_is_phi3_linnets_header():
+    """The `without` the doc shows is phi3.linnet's, as it stands."""
+    text = DOC.read_text()
+    start = text.index("```\narch phi3 extends llama\n") + len("```\n")
+    block = text[start:text.index("```", start)]
+    assert block.count("\n") >= 4 and block in (LLAMA.parent / "phi3.linnet").read_text()
