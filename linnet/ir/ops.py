@@ -440,7 +440,10 @@ def _attention(q: Value, k_cache: Value, v_cache: Value, positions: Value, rows:
 def _reshape(x: Value, *dims: Value, loc: Loc, dim_values: tuple = ()):
     t = _tensor(x, "the input of `reshape`", loc)
     if not numel_equal(t.shape, dim_values):
-        raise _err(loc, f"cannot reshape {t} to {shape_str(dim_values)}: the element counts differ")
+        raise _err(loc, f"cannot reshape {t} to {shape_str(dim_values)}: the element counts differ",
+                   "dims are compared as products of names, whatever the card's numbers: a config value's default "
+                   "is not looked into (`dim` is not `heads * head_dim`, though head_dim = dim / heads), so write "
+                   "a width as the product it is split into")
     return TensorType(t.dtype, tuple(dim_values))
 
 

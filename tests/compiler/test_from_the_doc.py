@@ -1,7 +1,8 @@
-"""Two architectures a newcomer wrote from docs/language.md alone (tests/compiler/from_the_doc),
-each held to transformers' own model on both backends: GPT-2 (LayerNorm and GELU-tanh written
-from ops, learned positions, Conv1D weights read with `.transpose()`, a tied head) and GPT-NeoX
-(parallel residual, q/k/v fused per head, rotary over part of each head)."""
+"""Architectures a newcomer wrote from docs/language.md alone (tests/compiler/from_the_doc), on
+both backends: GPT-2 (LayerNorm and GELU-tanh written from ops, learned positions, Conv1D weights
+read with `.transpose()`, a tied head) and GPT-NeoX (parallel residual, q/k/v fused per head,
+rotary over part of each head) held to transformers' own models; ALiBi attention, written from
+ops since `attention` takes no position bias, held to plain numpy."""
 
 from __future__ import annotations
 
@@ -66,3 +67,36 @@ def test_a_newcomers_architecture_computes_as_transformers(checkpoints, arch, ba
     # the last token decodes in row 0 over the prompt's cache, beside an empty row 1
     step = np.asarray(model.decode(np.array([TOKENS[n], 1], np.int32), np.array([n, 0], np.int32)))
     np.testing.assert_allclose(step[0], want[n], rtol=0, atol=2e-5)
+
+
+def _alibi_reference(weights: dict, tokens: np.ndarray) -> list:
+    """Plain numpy: each step's attention output for 2 rows decoding tokens[t] at position t."""
+    heads, head_dim = 4, 8
+    slopes = 2.0 ** (-8.0 * (np.arange(heads) + 1) / heads)
+    keys, values, out = [], [], []
+    for t, step in enumerate(tokens):
+        qkv = weights["embed"][step] @ weights["wqkv"].T
+        q, k, v = (qkv[:, i * 32:(i + 1) * 32].reshape(2, heads, head_dim) for i in range(3))
+        keys.append(k)
+        values.append(v)
+        scores = np.einsum("nhd,nshd->nhs", q, np.stack(keys, 1)) / np.sqrt(head_dim)
+        scores = scores + slopes[None, :, None] * (np.arange(t + 1) - t)[None, None, :]
+        p = np.exp(scores - scores.max(-1, keepdims=True))
+        p /= p.sum(-1, keepdims=True)
+        out.append(np.einsum("nhs,nshd->nhd", p, np.stack(values, 1)).reshape(2, 32))
+    return out
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_alibi_written_from_ops_is_numpys(backend):
+    from linnet.compiler import build, check_file
+
+    rng = np.random.default_rng(0)
+    weights = {"embed": rng.standard_normal((64, 32)).astype(np.float32),
+               "wqkv": (rng.standard_normal((96, 32)) * 0.3).astype(np.float32)}
+    tokens = np.array([[3, 9], [5, 7], [11, 2]], np.int32)
+    held = {k: torch.from_numpy(v) for k, v in weights.items()} if backend == "torch" else weights
+    model = build(check_file(HERE / "alibi.linnet"), backend, {"Batch": 2, "MaxSeq": 8}).Model(held)
+    for t, want in enumerate(_alibi_reference(weights, tokens)):
+        out = model.decode(tokens[t], np.full(2, t, np.int32))
+        np.testing.assert_allclose(np.asarray(out[0] if isinstance(out, tuple) else out), want, rtol=0, atol=1e-5)

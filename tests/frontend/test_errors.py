@@ -314,7 +314,7 @@ entry decode(tokens: i32[Batch]) -> T[Batch, vocab] {
 entry decode(tokens: i32[Batch]) -> T[Batch, heads, dim] {
   return linear(embed[tokens], wq).reshape(Batch, heads, dim)
 }
-""", 21, 10, "the element counts differ"),
+""", 21, 10, "the element counts differ", note="`dim` is not `heads * head_dim`, though head_dim = dim / heads"),
     arch("store-wrong-shape", HEAD + """\
 entry decode(tokens: i32[Batch], positions: i32[Batch]) {
   cache[iota(Batch), positions] = embed
