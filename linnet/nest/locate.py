@@ -95,7 +95,8 @@ def find_weights(hf_repo_id: str, extra_dirs: Iterable[str | os.PathLike] = ()) 
 
 
 def download_command(hf_repo_id: str) -> str:
-    return f"huggingface-cli download {hf_repo_id}"
+    # `hf`, huggingface_hub's command since 0.34: 1.0 removed `huggingface-cli`, which now is no command
+    return f"hf download {hf_repo_id}"
 
 
 def weights_not_found_message(hf_repo_id: str, looked: list[str]) -> str:

@@ -27,7 +27,7 @@ def test_errors_are_one_line_and_write_nothing(tmp_path, capsys):
     cases = [
         (["no-such-card", "--to", "vllm"], "unknown card 'no-such-card'"),
         (["tiny-gpt-oss", "--to", "llama.cpp", "--weights", "random"], "llama.cpp needs a tokenizer"),
-        (["llama-3.1-8b-instruct", "--to", "vllm"], "huggingface-cli download meta-llama/Llama-3.1-8B-Instruct"),
+        (["llama-3.1-8b-instruct", "--to", "vllm"], "hf download meta-llama/Llama-3.1-8B-Instruct"),
         (["tiny-llama", "--to", "triton", "--weights", str(tmp_path / "nowhere")], "no such checkpoint"),
     ]
     for args, message in cases:

