@@ -94,8 +94,10 @@ def cmd_compile(args) -> int:
 
 def _count(n: float, units=("", "K", "M", "B", "T")) -> str:
     for unit in units:
-        if abs(n) < 1000 or unit == units[-1]:
-            return f"{n:.0f}{unit}" if unit == "" or n >= 100 else f"{n:.1f}{unit}"
+        # the unit is chosen by the number as printed: 999.9M prints 1.0B, not 1000M
+        text = f"{n:.1f}" if unit and abs(n) < 99.95 else f"{n:.0f}"
+        if abs(float(text)) < 1000 or unit == units[-1]:
+            return text + unit
         n /= 1000
     return str(n)
 

@@ -90,6 +90,19 @@ def test_cards_lists_every_card(capsys, gguf_path):
     assert 'weights="random"' in tiny
 
 
+
+@pytest.mark.parametrize("n, shown", [(999_885_952, "1.0B"), (999_400, "999K"), (99_960, "100K"), (78_100, "78.1K"),
+                                      (134_515_008, "135M"), (20_914_757_184, "20.9B"), (999, "999"), (1000, "1.0K")])
+def test_cards_counts_parameters_in_the_unit_the_rounded_number_is_in(n, shown):
+    """Gemma 3 1B's 999,885,952 parameters were listed as "1000M"."""
+    from linnet.cli import _count
+
+    assert _count(n) == shown
+    digits, unit = shown.rstrip("KMB"), shown.lstrip("0123456789.")
+    scale = {"": 1, "K": 1e3, "M": 1e6, "B": 1e9}[unit]
+    last_place = scale * (0.1 if "." in digits else 1)  # n rounded to the last digit shown
+    assert float(digits) < 1000 and abs(float(digits) * scale - n) <= last_place / 2
+
 def test_generate_errors(capsys):
     assert main(["generate", "smollm2-135m-instrct", "hi"]) == 1
     err = capsys.readouterr().err
