@@ -103,6 +103,46 @@ def test_cards_counts_parameters_in_the_unit_the_rounded_number_is_in(n, shown):
     last_place = scale * (0.1 if "." in digits else 1)  # n rounded to the last digit shown
     assert float(digits) < 1000 and abs(float(digits) * scale - n) <= last_place / 2
 
+
+def readme_commands() -> list[list[str]]:
+    """Each `linnet ...` command of README.md's shell blocks, split as sh splits it."""
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    commands = []
+    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+        pending = ""
+        for line in block.replace("\\\n", " ").splitlines():
+            pending += line + "\n"
+            try:
+                words = shlex.split(pending, comments=True)
+            except ValueError:  # a quote open across lines
+                continue
+            pending = ""
+            if words[:1] == ["linnet"]:
+                commands.append(words[1:])
+    return commands
+
+
+def test_readmes_commands_parse_and_name_what_is_there(capsys, monkeypatch):
+    """README's commands run as written: each parses, a schema or grammar it gives is one (its
+    `--json-schema cat.json` named a file no one had), and check and ir run."""
+    from pathlib import Path
+
+    from linnet.cli import _structure, build_parser
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    commands = readme_commands()
+    assert {c[0] for c in commands} >= {"cards", "generate", "check", "ir", "compile", "serve", "export"}
+    for argv in commands:
+        args = build_parser().parse_args(argv)
+        if argv[0] == "generate":
+            _structure(args)
+        if argv[0] in ("check", "ir"):
+            assert main(argv) == 0, argv
+    assert any("--json-schema" in c for c in commands)
+
 def test_generate_errors(capsys):
     assert main(["generate", "smollm2-135m-instrct", "hi"]) == 1
     err = capsys.readouterr().err
