@@ -54,6 +54,19 @@ def test_04_throughput_prints_its_two_lines():
     assert re.fullmatch(r"64 tokens in [\d.]+ s: \d+ tokens/s", rate)
 
 
+
+@pytest.mark.parametrize("path", ["01-compile/compile.py", "02-generate/generate.py", "03-serve-loop/serve_loop.py",
+                                  "04-serve/throughput.py"])
+def test_help_comes_without_importing_torch_or_jax(path):
+    """--help is answered before the seconds torch and JAX take to import (01 and 04 imported torch first:
+    3.5 s for their usage on this CPU)."""
+    poisoned = ("import runpy, sys; sys.modules.update(torch=None, jax=None); sys.argv = [sys.argv[1], '--help']; "
+                "runpy.run_path(sys.argv[0], run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", poisoned, str(ROOT / "examples" / path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith(f"usage: {path.split('/')[1]}")
+
 def test_04_shards_without_jax_is_a_usage_error():
     # torch took --shards and ran on one device, saying nothing
     done = subprocess.run([sys.executable, str(ROOT / "examples/04-serve/throughput.py"), "--card", "tiny-llama",

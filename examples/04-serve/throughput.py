@@ -12,8 +12,6 @@ import random
 import sys
 import time
 
-import torch
-
 from linnet import nest
 from linnet.serve import Engine, Request
 
@@ -33,7 +31,7 @@ parser.add_argument("--rows", type=positive, default=64, help="requests in fligh
 parser.add_argument("--new", type=positive, default=128, help="tokens each request generates")
 parser.add_argument("--min-prompt", type=positive, default=128)
 parser.add_argument("--max-prompt", type=positive, default=512)
-parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+parser.add_argument("--device", default=None,  # (nest.load's choice: torch is not imported before --help)
                     help="torch device (default: cuda when present)")
 parser.add_argument("--weights", default=None,
                     help="a checkpoint path, or 'random' to benchmark without the files (default: the card's)")
