@@ -173,6 +173,7 @@ def cmd_generate(args) -> int:
 
     engine = Engine(model, seed=args.seed or 0)
     req = Request(prompt=ids, max_new_tokens=max_new, temperature=args.temperature, top_p=args.top_p,
+                  top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
                   seed=args.seed, structure=structure, stop=args.stop or [])
     if model.backend == "jax" or model.compile:  # compile (XLA) or capture (CUDA graphs) before the clock starts
         bar = Progress(f"compiling {model.card} ({model.backend})")
@@ -373,7 +374,7 @@ def cmd_serve(args) -> int:
           tool_parser=parser, reasoning_parser=reasoning,
           structure_in_reasoning=args.structured_outputs_in_reasoning, stored_responses=args.stored_responses,
           trust_request_chat_template=args.trust_request_chat_template,
-          log_level=args.uvicorn_log_level, cors=CorsPolicy(args.allowed_origins, args.allowed_methods,
+          log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log, cors=CorsPolicy(args.allowed_origins, args.allowed_methods,
                                                             args.allowed_headers, args.allow_credentials),
           token_budget=args.token_budget, seed=args.seed)
     return 0
@@ -449,6 +450,8 @@ _nonnegative = _number(0, None, "must be 0 or more, not {}")
 _port = _number(0, 65535, "a port is 0 to 65535, not {}", what="a port number")
 _temperature = _number(0, LARGEST_SCALE, f"must be from 0 to {LARGEST_SCALE:g}, not {{}}", "a number", float)
 _top_p = _number(0, 1, "must be from 0 to 1, not {}", "a number", float)
+_penalty = _number(1 / LARGEST_SCALE, LARGEST_SCALE, f"must be from {1 / LARGEST_SCALE:g} to {LARGEST_SCALE:g} (1: none), "
+                   f"not {{}}", "a number", float)
 
 
 def _stop_text(text: str) -> str:
@@ -467,6 +470,9 @@ def _cors_list(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from linnet.cli_foreign import GENERATE as GENERATE_REFUSED
+    from linnet.cli_foreign import SERVE as SERVE_REFUSED
+    from linnet.cli_foreign import add_refusals
     from linnet.serve.reasoning import PARSERS as REASONING
     from linnet.serve.tool_parsers import PARSERS
 
@@ -504,16 +510,25 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("card", help="a card name (see `linnet cards`), a .linnet file, or a local HF dir or .gguf file")
     g.add_argument("prompt")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    g.add_argument("--system", help="a system message (with --chat)")
+    g.add_argument("--system", help="a system message (with --chat; llama-cli's -sys)")
     g.add_argument("--chat-template", default=None,
                    help="a Jinja chat template (a file, or the template itself) in place of the tokenizer's")
-    g.add_argument("--max-new-tokens", type=_positive, default=256, help="most tokens to generate (256)")
-    g.add_argument("--temperature", type=_temperature, default=0.0, help="0 (the default) is greedy")
+    g.add_argument("--max-new-tokens", type=_positive, default=256,
+                   help="most tokens to generate (256; llama-cli's -n, vLLM's max_tokens)")
+    g.add_argument("--temperature", type=_temperature, default=0.0, help="0 (the default) is greedy (llama-cli's --temp)")
     g.add_argument("--top-p", type=_top_p, default=1.0, help="sample from the likeliest tokens whose probabilities "
                    "add up to this (1, the default: from all)")
+    g.add_argument("--top-k", type=_nonnegative, default=0,
+                   help="sample from this many likeliest tokens (0, the default, as vLLM's: from all; llama-cli's is 40)")
+    g.add_argument("--min-p", type=_top_p, default=0.0,
+                   help="drop tokens less likely than this fraction of the likeliest one's probability (0: none)")
+    g.add_argument("--repetition-penalty", type=_penalty, default=1.0,
+                   help="divide the positive logits (multiply the negative) of tokens already in the prompt or "
+                        "output by this, as vLLM's and transformers' (1, the default: none; llama-cli's "
+                        "--repeat-penalty)")
     g.add_argument("--seed", type=_seed, default=None,
                    help="seeds the draws of a sampled run (default: a fixed seed, so that a run repeats, as vLLM's "
-                        "default seed 0 has it)")
+                        "default seed 0 has it; llama-cli's -s)")
     g.add_argument("--stop", action="append", type=_stop_text, metavar="TEXT",
                    help="end the output before this text where it appears (repeatable; vLLM's stop)")
     g.add_argument("--backend", choices=["torch", "jax"], default="torch", help="(torch)")
@@ -527,13 +542,21 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", choices=["f32", "bf16", "f16"], default=None,
                    help="T with --numerics fast (default bf16; exact always computes in f32)")
     g.add_argument("--max-seq", type=_positive, default=2048,
-                   help="positions in the cache: prompt plus completion (2048)")
+                   help="positions in the cache: prompt plus completion (2048; llama-cli's -c)")
     g.add_argument("--json-schema", "-j", default=None,
                    help="hold the output to a JSON schema (its text, or a file); '{\"type\": \"object\"}' for any object")
     g.add_argument("--regex", default=None, help="hold the output to a regular expression")
     g.add_argument("--grammar", "--grammar-file", default=None,
                    help="hold the output to a grammar, Lark or llama.cpp's GBNF (its text, or a file)")
     _add_compile_cache(g)
+    # llama-cli's spellings (and vLLM's max_tokens), each its own flag so that an error names the one typed
+    for dest, kind, flags in (("system", str, ["-sys", "--system-prompt"]),
+                              ("max_new_tokens", _positive, ["-n", "--n-predict", "--max-tokens"]),
+                              ("temperature", _temperature, ["--temp"]), ("repetition_penalty", _penalty, ["--repeat-penalty"]),
+                              ("seed", _seed, ["-s"]), ("max_seq", _positive, ["-c", "--ctx-size"])):
+        for flag in flags:
+            g.add_argument(flag, dest=dest, type=kind, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    add_refusals(g, GENERATE_REFUSED)
     g.set_defaults(run=cmd_generate)
     sv = sub.add_parser("serve", help="an OpenAI-compatible server (completions, chat completions, responses)")
     sv.add_argument("card", help="a card name (see `linnet cards`), a .linnet file, or a checkpoint path")
@@ -554,7 +577,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a Jinja chat template (a file, or the template itself) in place of the tokenizer's")
     sv.add_argument("--tokenizer", default=None,
                     help="a model directory or .gguf file whose tokenizer to use (default: the weights' own)")
-    sv.add_argument("--shards", "--tensor-parallel-size", type=_positive, default=None,
+    sv.add_argument("--shards", "--tensor-parallel-size", "-tp", type=_positive, default=None,
                     help="jax: spread the model over this many devices (tensor parallel)")
     sv.add_argument("--host", default="127.0.0.1", help="the address to listen on (127.0.0.1: this machine "
                     "only; 0.0.0.0: every interface)")
@@ -597,16 +620,22 @@ def build_parser() -> argparse.ArgumentParser:
                     help="run every step eagerly: no CUDA graph, no CPU graph replay, no compiled model")
     sv.add_argument("--uvicorn-log-level", default="info",
                     choices=["critical", "error", "warning", "info", "debug", "trace"])
+    sv.add_argument("--disable-uvicorn-access-log", action="store_true",
+                    help="no log line for each request (as vLLM's)")
     # vLLM's flags that mean nothing here: taken, so that a vLLM command line runs as it is
-    sv.add_argument("--gpu-memory-utilization", type=float, default=None,
+    sv.add_argument("--gpu-memory-utilization", type=_top_p, default=None,
                     help="vLLM sizes its cache by this; Linnet's cache is --batch rows of --max-seq positions, "
                          "so it is taken and has no effect")
     sv.add_argument("--kv-cache-dtype", choices=["auto"], default="auto",
                     help="the cache is held in the model's type T (--dtype)")
     for flag, why in (("--trust-remote-code", "Linnet runs no code from a checkpoint"),
                       ("--enable-prefix-caching", "requests sharing a prompt's prefix always share its cache"),
-                      ("--disable-log-requests", "Linnet logs no request's content")):
+                      ("--disable-log-requests", "Linnet logs no request's content"),
+                      ("--disable-log-stats", "Linnet logs no periodic statistics (/metrics serves them)"),
+                      ("--enable-chunked-prefill", "a prompt longer than --token-budget is always prefilled in "
+                                                   "chunks")):
         sv.add_argument(flag, action="store_true", help=f"taken as it is: {why}")
+    add_refusals(sv, SERVE_REFUSED)
     sv.set_defaults(run=cmd_serve)
     ex = sub.add_parser("export", help="write a card with its weights for vLLM, llama.cpp or Triton Inference Server",
                         description="vllm: a Hugging Face model directory (config.json, safetensors, tokenizer). "

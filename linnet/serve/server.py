@@ -478,7 +478,7 @@ def _headers_only(send):
 def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           tool_parser: str | None = None, reasoning_parser: str | None = None, structure_in_reasoning: bool = False,
           stored_responses: int = 1024, trust_request_chat_template: bool = False, log_level: str = "info",
-          cors: CorsPolicy | None = None, **engine_options) -> None:
+          access_log: bool = True, cors: CorsPolicy | None = None, **engine_options) -> None:
     import uvicorn
 
     engine = Engine(model, **engine_options)
@@ -490,4 +490,4 @@ def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: 
     app = OpenAIServer(engine, name, api_key=api_key, tool_parser=tool_parser, reasoning_parser=reasoning_parser,
                        structure_in_reasoning=structure_in_reasoning, stored_responses=stored_responses,
                        trust_request_chat_template=trust_request_chat_template, cors=cors)
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=access_log)

@@ -80,6 +80,23 @@ def hf_gguf_reference(gguf_path, gguf_ckpt):
     return loaded["tensors"], dict(loaded["config"])
 
 
+@pytest.fixture(scope="module")
+def hf_model(gguf_ckpt, hf_gguf_reference):
+    """transformers' Llama in f32 with eager attention, holding transformers' own dequantized tensors."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tensors, _ = hf_gguf_reference
+    config = dict(gguf_ckpt.config())
+    config["rms_norm_eps"] = 1e-5  # the card's value (the GGUF stores it as an f32: 9.99999975e-06)
+    cfg = LlamaConfig(**config)
+    cfg._attn_implementation = "eager"
+    model = LlamaForCausalLM(cfg).float().eval()
+    missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
+    assert not unexpected and set(missing) <= {"lm_head.weight"}
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied (assign replaced the shared one)
+    return model
+
+
 TINY_LLAMA = dict(vocab_size=256, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
                   num_key_value_heads=2, intermediate_size=96, max_position_embeddings=128, rms_norm_eps=1e-5,
                   rope_theta=10000.0, tie_word_embeddings=False, hidden_act="silu")

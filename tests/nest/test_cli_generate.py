@@ -143,6 +143,79 @@ def test_readmes_commands_parse_and_name_what_is_there(capsys, monkeypatch):
             assert main(argv) == 0, argv
     assert any("--json-schema" in c for c in commands)
 
+
+def generated(monkeypatch, argv: list) -> tuple:
+    """`linnet generate argv` run here: (its prompt's token ids, the tokens it generated)."""
+    from linnet.serve.engine import Engine
+
+    submitted = []
+    real = Engine.submit
+    monkeypatch.setattr(Engine, "submit", lambda self, req: submitted.append(real(self, req)) or submitted[-1])
+    assert main(["generate", *argv]) == 0
+    (comp,) = submitted
+    return list(comp.request.prompt), list(comp.tokens)
+
+
+def test_llama_cli_spellings_and_sampling_flags_hold_as_transformers_does(monkeypatch, hf_model):
+    """llama-cli's -n, -c, -s, --temp and --repeat-penalty, and the sampling flags vLLM and llama-cli
+    have (--top-k, --min-p, the repetition penalty): at a high temperature, top-k 1 is greedy, and min-p 1
+    is greedy over the penalized logits, which transformers' logits with the penalty applied as
+    transformers' RepetitionPenaltyLogitsProcessor does (over the prompt and the output) must choose."""
+    import numpy as np
+    import torch
+
+    common = ["smollm2-135m-instruct", "List the numbers from 1 to 10.", "--chat", "--numerics", "exact",
+              "-n", "12", "-c", "96", "--temp", "1.5", "-s", "7"]
+    prompt, top1 = generated(monkeypatch, [*common, "--top-k", "1"])
+    monkeypatch.undo()
+    _, penalized = generated(monkeypatch, [*common, "--min-p", "1", "--repeat-penalty", "1.3"])
+    assert len(top1) == len(penalized) == 12 and top1 != penalized
+    with torch.no_grad():
+        logits = hf_model(input_ids=torch.tensor([prompt + penalized[:-1]])).logits[0, len(prompt) - 1:].numpy()
+    with torch.no_grad():  # top-k 1: transformers' greedy choice after each of its tokens
+        plain = hf_model(input_ids=torch.tensor([prompt + top1[:-1]])).logits[0, len(prompt) - 1:].numpy()
+    assert top1 == [int(i) for i in plain.argmax(-1)]
+    chosen = []
+    for i, z in enumerate(logits):
+        seen = sorted(set(prompt + penalized[:i]))
+        z = z.copy()
+        z[seen] = np.where(z[seen] > 0, z[seen] / 1.3, z[seen] * 1.3)
+        chosen.append(int(z.argmax()))
+    assert penalized == chosen
+
+
+def test_llama_cli_and_vllm_spellings_are_linnets_flags():
+    """llama-cli's -n/--n-predict, -c/--ctx-size, -s, -sys/--system-prompt, --temp, --repeat-penalty
+    and vLLM's max_tokens parse as Linnet's own flags."""
+    from linnet.cli import build_parser
+
+    parse = build_parser().parse_args
+    theirs = parse(["generate", "card", "hi", "-n", "5", "-c", "64", "-s", "3", "-sys", "be brief", "--temp", "0.5",
+                    "--repeat-penalty", "1.1"])
+    ours = parse(["generate", "card", "hi", "--max-new-tokens", "5", "--max-seq", "64", "--seed", "3", "--system",
+                  "be brief", "--temperature", "0.5", "--repetition-penalty", "1.1"])
+    assert vars(theirs) == vars(ours)
+    for spelling in ("--n-predict", "--max-tokens"):
+        assert parse(["generate", "card", "hi", spelling, "9"]).max_new_tokens == 9
+    assert parse(["generate", "card", "hi", "--ctx-size", "99", "--system-prompt", "x"]).max_seq == 99
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["-m", "model.gguf", "-p", "hi"], "-m is not taken here: the card (a name, a .linnet file, a model directory "
+                                       "or a .gguf) is the command's first argument: linnet generate CARD PROMPT"),
+    (["card", "hi", "-ngl", "99"], "-ngl is not taken here: the whole model runs on --device"),
+    (["card", "hi", "-cnv"], "-cnv is not taken here: linnet generate answers one prompt; --chat wraps it"),
+    (["card", "hi", "-n", "-1"], "argument -n: must be 1 or more, not -1"),
+    (["card", "hi", "--repeat-penalty", "0"], "argument --repeat-penalty: must be from 1e-30 to 1e+30 (1: none), not 0"),
+    (["card", "hi", "--temp", "hot"], "argument --temp: not a number: 'hot'"),
+    (["card", "hi", "--top-k", "-1"], "argument --top-k: must be 0 or more, not -1"),
+    (["card", "hi", "--min-p", "1.5"], "argument --min-p: must be from 0 to 1, not 1.5"),
+])
+def test_llama_clis_other_flags_are_refused_with_linnets_way(capsys, argv, says):
+    with pytest.raises(SystemExit, match="2"):
+        main(["generate", *argv])
+    assert f"linnet generate: error: {says}" in capsys.readouterr().err
+
 def test_generate_errors(capsys):
     assert main(["generate", "smollm2-135m-instrct", "hi"]) == 1
     err = capsys.readouterr().err

@@ -42,23 +42,6 @@ def prompts(gguf_tokenizer):
 
 
 @pytest.fixture(scope="module")
-def hf_model(gguf_ckpt, hf_gguf_reference):
-    """transformers' Llama in f32 with eager attention, holding transformers' own dequantized tensors."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    tensors, _ = hf_gguf_reference
-    config = dict(gguf_ckpt.config())
-    config["rms_norm_eps"] = 1e-5  # the card's value (the GGUF stores it as an f32: 9.99999975e-06)
-    cfg = LlamaConfig(**config)
-    cfg._attn_implementation = "eager"
-    model = LlamaForCausalLM(cfg).float().eval()
-    missing, unexpected = model.load_state_dict(tensors, strict=False, assign=True)
-    assert not unexpected and set(missing) <= {"lm_head.weight"}
-    model.lm_head.weight = model.model.embed_tokens.weight  # tied (assign replaced the shared one)
-    return model
-
-
-@pytest.fixture(scope="module")
 def reference(hf_model, prompts):
     """transformers' logits at the last position of each prompt."""
     with torch.no_grad():

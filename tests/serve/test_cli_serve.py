@@ -157,3 +157,75 @@ def test_a_port_in_use_is_said_before_the_model_loads(monkeypatch, capsys, any_p
         if socket.has_ipv6:
             any_port_free("::", port)
     assert f"cannot listen on 127.0.0.1:{port}: another process is listening there" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["tiny-llama", "--quantization", "awq"], "--quantization is not taken here: Linnet serves weights in --dtype"),
+    (["tiny-llama", "-q", "fp8"], "-q is not taken here: Linnet serves weights in --dtype"),
+    (["--model", "tiny-llama"], "--model is not taken here: the card (a name, a .linnet file, a model directory or a "
+                                ".gguf) is the command's first argument: linnet serve CARD"),
+    (["tiny-llama", "--pipeline-parallel-size", "2"], "--pipeline-parallel-size is not taken here: Linnet spreads a "
+                                                      "model over devices by tensor parallelism alone: --shards N"),
+    (["tiny-llama", "--max-logprobs=5"], "--max-logprobs is not taken here: a request may ask for at most 20"),
+    (["tiny-llama", "-c", "4096"], "-c is not taken here: use --max-seq (vLLM's --max-model-len)"),
+    (["tiny-llama", "-np", "4"], "-np is not taken here: use --batch (vLLM's --max-num-seqs)"),
+    (["tiny-llama", "-ngl", "99"], "-ngl is not taken here: the whole model runs on --device"),
+    (["tiny-llama", "--gpu-memory-utilization", "5"], "argument --gpu-memory-utilization: must be from 0 to 1, not 5"),
+    (["tiny-llama", "-tp", "2"], "--shards spreads a JAX model over devices: pass --backend jax"),
+])
+def test_vllms_and_llama_servers_other_flags_are_refused_with_linnets_way(capsys, argv, says):
+    """A flag of `vllm serve` or `llama-server` with no meaning here, or another name here: one line that
+    says so (argparse said "unrecognized arguments" under the top command's usage), status 2."""
+    from linnet.cli import main
+
+    with pytest.raises(SystemExit, match="2"):
+        main(["serve", *argv])
+    err = capsys.readouterr().err
+    assert f"linnet serve: error: {says}" in err and "usage: linnet serve" in err
+
+
+def test_the_refused_flags_are_not_in_the_help(capsys):
+    from linnet.cli import main
+
+    with pytest.raises(SystemExit, match="0"):
+        main(["serve", "--help"])
+    out = capsys.readouterr().out
+    assert "--quantization" not in out and "-ngl" not in out and "--disable-log-stats" in out
+
+
+def test_vllms_flags_taken_as_they_are(monkeypatch):
+    """--disable-log-stats and --enable-chunked-prefill change nothing here; -tp is --shards."""
+    import linnet.serve.server as server
+    from linnet.cli import main
+
+    seen = {}
+    monkeypatch.setattr(server, "serve", lambda model, name, **options: seen.update(options, model=model))
+    assert main(["serve", "tiny-llama", "--weights", "random", "--batch", "2", "--max-seq", "32", "--disable-log-stats",
+                 "--enable-chunked-prefill", "--backend", "jax", "-tp", "1"]) == 0
+    assert seen["model"].backend == "jax" and seen["access_log"] is True
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_disable_uvicorn_access_log(quiet):
+    """vLLM's --disable-uvicorn-access-log: uvicorn logs no line per request (its other lines stay)."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "linnet.cli", "serve", "tiny-llama", "--weights", "random",
+                             "--batch", "2", "--max-seq", "32", "--port", str(port)]
+                            + (["--disable-uvicorn-access-log"] if quiet else []),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            try:
+                if get(base + "/health")[0] == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(0.2)
+            assert proc.poll() is None, proc.stdout.read()
+        status, out = get(base + "/v1/completions", body={"prompt": [1, 2, 3], "max_tokens": 2})
+        assert status == 200 and out["usage"]["completion_tokens"] == 2
+    finally:
+        proc.terminate()
+        output = proc.communicate(timeout=30)[0]
+    assert "Uvicorn running on" in output
+    assert ('"POST /v1/completions HTTP/1.1" 200' in output) is not quiet, output
