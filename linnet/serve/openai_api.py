@@ -558,7 +558,10 @@ def chat_prompt(body: dict, tokenizer, own_templates=None) -> list:
     if template is not None and own_templates is None:
         raise ApiError(400, "a request's own 'chat_template' needs the server started with "
                             "--trust-request-chat-template; this one uses the model's", "chat_template")
-    if tokenizer is None or (tokenizer.chat_template is None and template is None):
+    if tokenizer is None:  # (the text prompts /v1/completions would take are refused too: token ids only)
+        raise ApiError(400, "this model has no tokenizer, which a chat's messages need; send the prompt as token ids "
+                            "to /v1/completions", "messages")
+    if tokenizer.chat_template is None and template is None:
         raise ApiError(400, "this model has no chat template; use /v1/completions", "messages")
     # the roles past OpenAI's a template takes: those the model's names; any, to a client's own
     models = (tokenizer.chat_template, *getattr(tokenizer, "chat_templates", {}).values())

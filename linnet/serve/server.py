@@ -487,6 +487,9 @@ def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: 
     # structure, penalties, a bias, prompt logprobs), compiled before the first request
     engine.warmup(logprobs=True, prompt_logprobs=True, structured=True, adjusted=True)
     print(f"linnet: {name} ready in {time.perf_counter() - start:.0f} s (warmup)", flush=True)
+    if model.tokenizer is None:  # said at the start, not found out from the first request's 400
+        print(f"linnet: note: {name} has no tokenizer: prompts are taken as token ids (/v1/completions) and chats "
+              f"and text are refused (--tokenizer names a model directory or GGUF to take one from)", flush=True)
     app = OpenAIServer(engine, name, api_key=api_key, tool_parser=tool_parser, reasoning_parser=reasoning_parser,
                        structure_in_reasoning=structure_in_reasoning, stored_responses=stored_responses,
                        trust_request_chat_template=trust_request_chat_template, cors=cors)

@@ -224,8 +224,13 @@ def test_disable_uvicorn_access_log(quiet):
             assert proc.poll() is None, proc.stdout.read()
         status, out = get(base + "/v1/completions", body={"prompt": [1, 2, 3], "max_tokens": 2})
         assert status == 200 and out["usage"]["completion_tokens"] == 2
+        # random weights on a test card come without a tokenizer: said at the start, and by a chat's error
+        status, out = get(base + "/v1/chat/completions", body={"messages": [{"role": "user", "content": "hi"}]})
+        assert status == 400 and out["error"]["param"] == "messages"
+        assert out["error"]["message"].startswith("this model has no tokenizer, which a chat's messages need")
     finally:
         proc.terminate()
         output = proc.communicate(timeout=30)[0]
     assert "Uvicorn running on" in output
+    assert "linnet: note: tiny-llama has no tokenizer: prompts are taken as token ids" in output
     assert ('"POST /v1/completions HTTP/1.1" 200' in output) is not quiet, output
