@@ -539,8 +539,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--numerics", choices=["exact", "fast"], default="fast",
                    help="fast (the default, as `serve`): packed weights, fused attention, T's weights and cache; "
                         "exact: the reference semantics, in f32")
-    g.add_argument("--dtype", choices=["f32", "bf16", "f16"], default=None,
-                   help="T with --numerics fast (default bf16; exact always computes in f32)")
+    g.add_argument("--dtype", type=_dtype_name, choices=["f32", "bf16", "f16"], default=None,
+                   help="T with --numerics fast (default bf16; exact always computes in f32; vLLM's bfloat16, "
+                        "float16, half, float32 and auto are taken too)")
     g.add_argument("--max-seq", type=_positive, default=2048,
                    help="positions in the cache: prompt plus completion (2048; llama-cli's -c)")
     g.add_argument("--json-schema", "-j", default=None,
@@ -649,8 +650,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="vllm: the model directory; llama.cpp: the .gguf file or a directory for it; "
                          "triton: the model repository")
     ex.add_argument("--weights", default=None, help="a checkpoint path, or 'random' (default: the card's)")
-    ex.add_argument("--dtype", choices=["bf16", "f16", "f32"], default="bf16",
-                    help="the type the weights are written in (bf16)")
+    ex.add_argument("--dtype", type=_dtype_name, choices=["bf16", "f16", "f32"], default="bf16",
+                    help="the type the weights are written in (bf16; vLLM's bfloat16, float16, half, float32 and "
+                         "auto are taken too)")
     ex.add_argument("--tokenizer", default=None,
                     help="a model directory or GGUF whose tokenizer to write, or for triton to serve with "
                          "(default: the weights' own; random weights take the card's own weights' tokenizer, "

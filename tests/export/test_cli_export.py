@@ -14,6 +14,18 @@ def test_writes_and_says_how_to_serve(tmp_path, capsys):
     assert json.loads((tmp_path / "m" / "config.json").read_text())["torch_dtype"] == "bfloat16"
 
 
+
+@pytest.mark.parametrize("given, stored", [("float16", "F16"), ("half", "F16"), ("float32", "F32"), ("bfloat16", "BF16")])
+def test_export_takes_vllms_dtype_names(tmp_path, given, stored):
+    """As `serve --dtype` does: the safetensors file's own header says what was written."""
+    import struct
+
+    assert main(["export", "tiny-llama", "--to", "vllm", "-o", str(tmp_path / "m"), "--weights", "random",
+                 "--dtype", given]) == 0
+    raw = (tmp_path / "m" / "model.safetensors").read_bytes()
+    header = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+    assert {entry["dtype"] for name, entry in header.items() if name != "__metadata__"} == {stored}
+
 def test_triton_repository(tmp_path, capsys):
     assert main(["export", "tiny-llama", "--to", "triton", "-o", str(tmp_path), "--weights", "random",
                  "--batch", "8", "--max-seq", "256", "--name", "tiny"]) == 0

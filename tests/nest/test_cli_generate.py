@@ -198,6 +198,9 @@ def test_llama_cli_and_vllm_spellings_are_linnets_flags():
     for spelling in ("--n-predict", "--max-tokens"):
         assert parse(["generate", "card", "hi", spelling, "9"]).max_new_tokens == 9
     assert parse(["generate", "card", "hi", "--ctx-size", "99", "--system-prompt", "x"]).max_seq == 99
+    # vLLM's names of the types, as `serve --dtype` takes them
+    assert [parse(["generate", "card", "hi", "--dtype", name]).dtype for name in ("bfloat16", "half", "float32")] == \
+        ["bf16", "f16", "f32"]
 
 
 @pytest.mark.parametrize("argv, says", [
