@@ -343,6 +343,7 @@ def cmd_serve(args) -> int:
     if args.shards is not None and args.backend != "jax":
         raise _FlagError("--shards spreads a JAX model over devices: pass --backend jax")
     _check_address(args.host, args.port)  # before minutes of loading and warming up
+    _check_tls(args.ssl_certfile, args.ssl_keyfile)
     _use_compile_cache(args)
     try:
         model = nest.load(args.card, backend=args.backend, device=args.device, numerics=args.numerics,
@@ -376,7 +377,7 @@ def cmd_serve(args) -> int:
           trust_request_chat_template=args.trust_request_chat_template,
           log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log, cors=CorsPolicy(args.allowed_origins, args.allowed_methods,
                                                             args.allowed_headers, args.allow_credentials),
-          token_budget=args.token_budget, seed=args.seed)
+          ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile, token_budget=args.token_budget, seed=args.seed)
     return 0
 
 
@@ -425,6 +426,26 @@ def _check_address(host: str, port: int) -> None:
             raise _UsageError(f"cannot listen on {where}: "
                               f"{'another process is listening there (--port picks another)' if taken else err.strerror}"
                               ) from None
+
+
+def _check_tls(certfile: str | None, keyfile: str | None) -> None:
+    """A flag error where --ssl-certfile and --ssl-keyfile cannot make an HTTPS server, found by loading
+    them as uvicorn will, before the model loads rather than after."""
+    import ssl
+
+    if certfile is None and keyfile is None:
+        return
+    if certfile is None:
+        raise _FlagError("--ssl-keyfile needs --ssl-certfile, the certificate its key goes with")
+    for flag, path in (("--ssl-certfile", certfile), ("--ssl-keyfile", keyfile)):
+        if path is not None and not os.path.isfile(path):
+            raise _FlagError(f"{flag} {path}: {'a directory, not a file' if os.path.isdir(path) else 'no such file'}")
+    try:
+        ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER).load_cert_chain(certfile, keyfile)
+    except OSError as err:  # (ssl.SSLError is one)
+        files = f"--ssl-certfile {certfile}" + (f" --ssl-keyfile {keyfile}" if keyfile else "")
+        raise _FlagError(f"{files}: not a PEM certificate chain and the private key that goes with it "
+                         f"({getattr(err, 'reason', None) or err.strerror or err})") from None
 
 
 def _number(lo: float, hi: float | None, out_of_range: str, what: str = "a whole number", kind=int):
@@ -583,6 +604,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1", help="the address to listen on (127.0.0.1: this machine "
                     "only; 0.0.0.0: every interface)")
     sv.add_argument("--port", type=_port, default=8000, help="default: 8000")
+    sv.add_argument("--ssl-keyfile", default=None, help="serve HTTPS: the private key's PEM file (with --ssl-certfile)")
+    sv.add_argument("--ssl-certfile", default=None, help="serve HTTPS: the certificate chain's PEM file")
     sv.add_argument("--name", "--served-model-name", default=None,
                     help="the model name clients send (default: the card's)")
     sv.add_argument("--api-key", default=None,

@@ -478,7 +478,8 @@ def _headers_only(send):
 def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
           tool_parser: str | None = None, reasoning_parser: str | None = None, structure_in_reasoning: bool = False,
           stored_responses: int = 1024, trust_request_chat_template: bool = False, log_level: str = "info",
-          access_log: bool = True, cors: CorsPolicy | None = None, **engine_options) -> None:
+          access_log: bool = True, cors: CorsPolicy | None = None, ssl_certfile: str | None = None,
+          ssl_keyfile: str | None = None, **engine_options) -> None:
     import uvicorn
 
     engine = Engine(model, **engine_options)
@@ -493,4 +494,5 @@ def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: 
     app = OpenAIServer(engine, name, api_key=api_key, tool_parser=tool_parser, reasoning_parser=reasoning_parser,
                        structure_in_reasoning=structure_in_reasoning, stored_responses=stored_responses,
                        trust_request_chat_template=trust_request_chat_template, cors=cors)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=access_log)
+    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=access_log, ssl_certfile=ssl_certfile,
+                ssl_keyfile=ssl_keyfile)

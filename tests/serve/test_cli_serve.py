@@ -234,3 +234,68 @@ def test_disable_uvicorn_access_log(quiet):
     assert "Uvicorn running on" in output
     assert "linnet: note: tiny-llama has no tokenizer: prompts are taken as token ids" in output
     assert ('"POST /v1/completions HTTP/1.1" 200' in output) is not quiet, output
+
+
+def self_signed(tmp_path):
+    """A certificate for 127.0.0.1 and its key, made by openssl."""
+    import shutil
+
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl to make a certificate with")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    return cert, key
+
+
+def test_serve_https_with_vllms_ssl_flags(tmp_path):
+    """--ssl-certfile and --ssl-keyfile (vLLM's): the server speaks TLS with that certificate, which a
+    client that trusts it verifies (hostname and chain)."""
+    import http.client
+    import ssl
+
+    cert, key = self_signed(tmp_path)
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "linnet.cli", "serve", "tiny-llama", "--weights", "random",
+                             "--batch", "2", "--max-seq", "32", "--port", str(port), "--ssl-certfile", str(cert),
+                             "--ssl-keyfile", str(key), "--uvicorn-log-level", "warning"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    trusting = ssl.create_default_context(cafile=str(cert))
+    try:
+        for _ in range(600):
+            try:
+                conn = http.client.HTTPSConnection("127.0.0.1", port, context=trusting, timeout=10)
+                conn.request("POST", "/v1/completions", body=json.dumps({"prompt": [1, 2], "max_tokens": 2}),
+                             headers={"Content-Type": "application/json"})
+                reply = conn.getresponse()
+                break
+            except (ConnectionError, OSError) as err:
+                assert not isinstance(err, ssl.SSLCertVerificationError), err
+                time.sleep(0.2)
+            assert proc.poll() is None, proc.stdout.read()
+        assert reply.status == 200 and json.loads(reply.read())["usage"]["completion_tokens"] == 2
+        conn.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--ssl-keyfile", "{key}"], "--ssl-keyfile needs --ssl-certfile"),
+    (["--ssl-certfile", "{dir}/none.pem"], "--ssl-certfile {dir}/none.pem: no such file"),
+    (["--ssl-certfile", "{key}", "--ssl-keyfile", "{key}"],
+     "--ssl-certfile {key} --ssl-keyfile {key}: not a PEM certificate chain and the private key that goes with it"),
+    (["--ssl-certfile", "{cert}", "--ssl-keyfile", "{cert}"],
+     "--ssl-certfile {cert} --ssl-keyfile {cert}: not a PEM certificate chain and the private key that goes with it"),
+])
+def test_tls_files_that_cannot_serve_are_flag_errors_before_the_load(monkeypatch, capsys, tmp_path, flags, says):
+    from linnet import nest
+    from linnet.cli import main
+
+    cert, key = self_signed(tmp_path)
+    monkeypatch.setattr(nest, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    names = {"key": key, "cert": cert, "dir": tmp_path}
+    with pytest.raises(SystemExit, match="2"):
+        main(["serve", "tiny-llama", *(f.format(**names) for f in flags)])
+    assert f"linnet serve: error: {says.format(**names)}" in capsys.readouterr().err
