@@ -136,6 +136,8 @@ def cmd_generate(args) -> int:
 
     if args.system is not None and not args.chat:
         raise _FlagError("--system needs --chat")
+    if args.prompt == "-":  # (before the model loads: a pipe that fails says so at once)
+        args.prompt = sys.stdin.read()
     structure = _structure(args)  # (the request's numbers are the flags' types: checked as they are parsed)
     _note_exact_numerics(args.numerics, args.dtype)  # (asked for: the default is None, bf16 with fast)
     # exact numerics compute in f32 whatever T: the note above says so where a 16-bit T was asked for
@@ -584,7 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("generate", help="generate text from a prompt, printed as it comes")
     g.add_argument("card", help="a card name (see `linnet cards`), a .linnet file, or a local HF dir or .gguf file")
-    g.add_argument("prompt")
+    g.add_argument("prompt", help="the prompt; - reads it from standard input (linnet generate CARD - < FILE)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--system", help="a system message (with --chat; llama-cli's -sys)")
     g.add_argument("--chat-template", default=None,

@@ -34,7 +34,7 @@ SERVE = {
 GENERATE = {
     ("--model", "-m"): f"{_POSITIONAL}: linnet generate CARD PROMPT [flags]",
     ("--prompt", "-p"): "the prompt is the command's second argument: linnet generate CARD PROMPT [flags]",
-    ("--file", "-f"): 'the prompt is the command\'s second argument: linnet generate CARD "$(cat FILE)"',
+    ("--file", "-f"): "a prompt from a file is read from standard input: linnet generate CARD - < FILE",
     ("--conversation", "-cnv", "--interactive", "-i"): "linnet generate answers one prompt; --chat wraps it in "
                                                       "the model's chat template, and `linnet serve` holds a chat",
     ("--n-gpu-layers", "-ngl", "--gpu-layers"): _ON_DEVICE,

@@ -184,6 +184,19 @@ def test_llama_cli_spellings_and_sampling_flags_hold_as_transformers_does(monkey
     assert penalized == chosen
 
 
+
+def test_a_prompt_of_dash_is_read_from_standard_input(monkeypatch, hf_gguf_tokenizer):
+    """`linnet generate CARD - < FILE`: the prompt is all of standard input, lines and all (it was the
+    text "-"), as transformers' chat template and tokenizer make it."""
+    import io
+
+    text = "Translate to French:\nGood morning.\nGood night.\n"
+    monkeypatch.setattr("sys.stdin", io.StringIO(text))
+    prompt, _ = generated(monkeypatch, ["smollm2-135m-instruct", "-", "--chat", "-n", "1", "-c", "96"])
+    expected = hf_gguf_tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                     tokenize=True, return_dict=False)
+    assert prompt == list(expected)
+
 def test_llama_cli_and_vllm_spellings_are_linnets_flags():
     """llama-cli's -n/--n-predict, -c/--ctx-size, -s, -sys/--system-prompt, --temp, --repeat-penalty
     and vLLM's max_tokens parse as Linnet's own flags."""
