@@ -548,6 +548,7 @@ def _cors_list(text: str) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from linnet.cli_foreign import EXPORT as EXPORT_REFUSED
     from linnet.cli_foreign import GENERATE as GENERATE_REFUSED
     from linnet.cli_foreign import SERVE as SERVE_REFUSED
     from linnet.cli_foreign import add_refusals
@@ -745,6 +746,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--batch", type=_positive, default=None, help="triton: cache rows, the requests in flight (32)")
     ex.add_argument("--max-seq", type=_positive, default=None, help="triton: positions per row (4096)")
     ex.add_argument("--backend", choices=["torch", "jax"], default=None, help="triton: the backend Linnet runs (torch)")
+    add_refusals(ex, EXPORT_REFUSED)
     ex.set_defaults(run=cmd_export)
     for command in sub.choices.values():  # what _run finds wrong with a command's flags, it reports as argparse would
         command.set_defaults(parser=command)

@@ -42,6 +42,12 @@ GENERATE = {
                               "dequantized as they are read",
 }
 
+EXPORT = {  # llama.cpp's convert_hf_to_gguf.py
+    ("--outtype",): "use --dtype (bf16, f16 or f32): the type the weights are written in",
+    ("--outfile",): "use -o: the .gguf file, or a directory for it",
+}
+
+
 class _Refused(argparse.Action):
     """A flag taken only to be refused with why: registered, so that argparse matches it whole (`-ngl`
     is not `-n gl`) wherever it stands, with its value or without."""

@@ -115,3 +115,12 @@ def test_a_seed_is_refused_where_no_weights_are_drawn(tmp_path, capsys):
     first = load_file(src / "model.safetensors")
     assert all(torch.equal(first[k], drawn[3][k]) for k in first)
     assert not torch.equal(first["model.embed_tokens.weight"], drawn[4]["model.embed_tokens.weight"])
+
+
+@pytest.mark.parametrize("flag, says", [("--outtype", "use --dtype"), ("--outfile", "use -o")])
+def test_convert_hf_to_ggufs_flags_name_linnets(tmp_path, capsys, flag, says):
+    """llama.cpp's convert_hf_to_gguf.py spells the type and the file --outtype and --outfile."""
+    with pytest.raises(SystemExit, match="2"):
+        main(["export", "tiny-llama", "--to", "llama.cpp", "-o", str(tmp_path / "x.gguf"), flag, "f16"])
+    assert f"linnet export: error: {flag} is not taken here: {says}" in capsys.readouterr().err
+    assert not (tmp_path / "x.gguf").exists()
