@@ -428,7 +428,8 @@ def cmd_serve(args) -> int:
         if name is not None and name not in known:  # only a card's meta can name one the flags would refuse
             raise _UsageError(f"{model.card}: its meta names the {kind} parser {name!r}, which Linnet does not "
                               f"have; there are {', '.join(sorted(known))}")
-    serve(model, args.name or model.card, host=args.host, port=args.port, api_key=api_key,
+    names = args.name or [model.card]
+    serve(model, names[0], other_names=tuple(names[1:]), host=args.host, port=args.port, api_key=api_key,
           tool_parser=parser, reasoning_parser=reasoning,
           structure_in_reasoning=args.structured_outputs_in_reasoning, stored_responses=args.stored_responses,
           trust_request_chat_template=args.trust_request_chat_template,
@@ -664,8 +665,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=_port, default=8000, help="default: 8000")
     sv.add_argument("--ssl-keyfile", default=None, help="serve HTTPS: the private key's PEM file (with --ssl-certfile)")
     sv.add_argument("--ssl-certfile", default=None, help="serve HTTPS: the certificate chain's PEM file")
-    sv.add_argument("--name", "--served-model-name", default=None,
-                    help="the model name clients send (default: the card's)")
+    sv.add_argument("--name", "--served-model-name", nargs="+", default=None,
+                    help="the model name clients send (default: the card's); more than one, as vLLM takes them: "
+                         "any is taken, and replies give the first")
     sv.add_argument("--api-key", default=None,
                     help="require 'Authorization: Bearer KEY' on /v1/ routes (default: $LINNET_API_KEY, else none)")
     for flag, what in (("origins", "origins whose web pages may call the server (CORS)"),

@@ -42,7 +42,8 @@ class OpenAIServer:
     def __init__(self, engine: Engine, model_name: str, api_key: str | None = None, tool_parser: str | None = None,
                  reasoning_parser: str | None = None, structure_in_reasoning: bool = False,
                  stored_responses: int = 1024, trust_request_chat_template: bool = False,
-                 cors: CorsPolicy | None = None, template_sandbox: TemplateSandbox | None = None):
+                 cors: CorsPolicy | None = None, template_sandbox: TemplateSandbox | None = None,
+                 other_names: tuple = ()):
         """`tool_parser`: the name of the reader of the model's own tool calls (`tool_parsers`), which
         lets a request with tools leave tool_choice "auto"; `reasoning_parser`, of a reasoning model's
         thinking (`reasoning`), which chat replies then give apart as `reasoning_content`, and whose
@@ -51,7 +52,8 @@ class OpenAIServer:
         `trust_request_chat_template`: a chat body may bring its own `chat_template` (vLLM's flag),
         rendered in `template_sandbox` (by default one of 5 s and 512 MiB a render: a hostile
         template gets a 400, the server goes on); `cors`: which other origins' pages may call
-        (default: vLLM's, any origin without credentials)."""
+        (default: vLLM's, any origin without credentials); `other_names`: more names a request may
+        give the model by (vLLM's --served-model-name a b), its replies still naming it `model_name`."""
         self.cors = cors or CorsPolicy()
         self.trust_request_chat_template = trust_request_chat_template
         self.own_templates = (template_sandbox or TemplateSandbox()) if trust_request_chat_template else None
@@ -71,6 +73,7 @@ class OpenAIServer:
         if self.tool_parser is None and self.reasoning is not None and self.reasoning.reads_whole_reply:
             self.tool_parser = self.reasoning  # harmony's calls are its own messages
         self.model_name = model_name
+        self.names = (model_name, *(n for n in other_names if n != model_name))
         self.model = engine.model
         self.tokenizer = engine.tokenizer
         self.api_key = api_key
@@ -185,12 +188,12 @@ class OpenAIServer:
         await _json(send, 200, {"version": __version__})
 
     async def _models(self, path, receive, send):
-        card = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "linnet",
-                "max_model_len": self.model.max_seq}
+        cards = [{"id": name, "object": "model", "created": self.created, "owned_by": "linnet",
+                  "max_model_len": self.model.max_seq} for name in self.names]
         if path == "/v1/models":
-            await _json(send, 200, {"object": "list", "data": [card]})
-        elif path[len("/v1/models/"):] == self.model_name:
-            await _json(send, 200, card)
+            await _json(send, 200, {"object": "list", "data": cards})
+        elif path[len("/v1/models/"):] in self.names:
+            await _json(send, 200, cards[self.names.index(path[len("/v1/models/"):])])
         else:
             raise ApiError(404, f"the model {path[len('/v1/models/'):]!r} does not exist", "model", "model_not_found")
 
@@ -216,8 +219,9 @@ class OpenAIServer:
             raise ApiError(400, "a request's own 'chat_template' needs the server started with "
                                 "--trust-request-chat-template; this one uses the model's", "chat_template")
         model = body.get("model")
-        if model is not None and model != self.model_name:
-            raise ApiError(404, f"the model {shown(model)} does not exist; this server serves {self.model_name!r}",
+        if model is not None and model not in self.names:
+            serves = " or ".join(repr(name) for name in self.names)
+            raise ApiError(404, f"the model {shown(model)} does not exist; this server serves {serves}",
                            "model", "model_not_found")
         return body
 
@@ -479,7 +483,7 @@ def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: 
           tool_parser: str | None = None, reasoning_parser: str | None = None, structure_in_reasoning: bool = False,
           stored_responses: int = 1024, trust_request_chat_template: bool = False, log_level: str = "info",
           access_log: bool = True, cors: CorsPolicy | None = None, ssl_certfile: str | None = None,
-          ssl_keyfile: str | None = None, **engine_options) -> None:
+          ssl_keyfile: str | None = None, other_names: tuple = (), **engine_options) -> None:
     import uvicorn
 
     engine = Engine(model, **engine_options)
@@ -493,6 +497,6 @@ def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: 
               f"and text are refused (--tokenizer names a model directory or GGUF to take one from)", flush=True)
     app = OpenAIServer(engine, name, api_key=api_key, tool_parser=tool_parser, reasoning_parser=reasoning_parser,
                        structure_in_reasoning=structure_in_reasoning, stored_responses=stored_responses,
-                       trust_request_chat_template=trust_request_chat_template, cors=cors)
+                       trust_request_chat_template=trust_request_chat_template, cors=cors, other_names=other_names)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=access_log, ssl_certfile=ssl_certfile,
                 ssl_keyfile=ssl_keyfile)

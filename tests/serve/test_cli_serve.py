@@ -337,3 +337,29 @@ def test_generation_config_flags_that_cannot_be_read(capsys, tmp_path, flag, val
     with pytest.raises(SystemExit, match="2"):
         main(["serve", "tiny-llama", flag, value.format(tmp=tmp_path)])
     assert f"argument {flag}: {says.format(tmp=tmp_path)}" in capsys.readouterr().err
+
+
+def test_vllms_several_served_model_names(monkeypatch):
+    """vLLM's --served-model-name a b: a request may name the model by any, /v1/models lists each, and a
+    reply names it by the first (as vLLM documents); any other name is a 404 naming them all."""
+    import linnet.serve.server as server
+    from linnet.cli import main
+    from linnet.serve import Engine
+
+    from .conftest import make_model, running
+
+    seen = {}
+    monkeypatch.setattr(server, "serve", lambda model, name, **options: seen.update(options, name=name))
+    assert main(["serve", "tiny-llama", "--weights", "random", "--batch", "2", "--max-seq", "32",
+                 "--served-model-name", "tiny", "tiny-2", "--seed", "1"]) == 0
+    assert seen["name"] == "tiny" and seen["other_names"] == ("tiny-2",) and seen["seed"] == 1
+    with running(Engine(make_model("torch", rows=2, max_seq=32)), seen["name"], other_names=seen["other_names"]) as base:
+        status, models = get(base + "/v1/models")
+        assert status == 200 and [m["id"] for m in models["data"]] == ["tiny", "tiny-2"]
+        assert get(base + "/v1/models/tiny-2")[1]["id"] == "tiny-2"
+        for name in ("tiny", "tiny-2"):
+            status, out = get(base + "/v1/completions", body={"model": name, "prompt": [1, 2], "max_tokens": 2})
+            assert status == 200 and out["model"] == "tiny"
+        status, out = get(base + "/v1/completions", body={"model": "tiny-3", "prompt": [1, 2], "max_tokens": 2})
+        assert status == 404 and out["error"]["code"] == "model_not_found"
+        assert out["error"]["message"].endswith("this server serves 'tiny' or 'tiny-2'")
