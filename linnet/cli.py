@@ -415,7 +415,8 @@ def cmd_serve(args) -> int:
         raise _UsageError(str(err)) from None
     _use_chat_template(model, args.chat_template)
     _use_generation_config(model, args.generation_config, args.override_generation_config)
-    api_key = args.api_key or os.environ.get("LINNET_API_KEY") or None
+    # vLLM's VLLM_API_KEY too: a vLLM user's environment that guards its server guards this one
+    api_key = args.api_key or os.environ.get("LINNET_API_KEY") or os.environ.get("VLLM_API_KEY") or None
     template = getattr(model.tokenizer, "chat_template", None)
     parser = args.tool_call_parser or parser_for_template(template) or model.module.meta.get("tool_call_parser")
     if args.enable_auto_tool_choice and parser is None:
@@ -669,7 +670,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the model name clients send (default: the card's); more than one, as vLLM takes them: "
                          "any is taken, and replies give the first")
     sv.add_argument("--api-key", default=None,
-                    help="require 'Authorization: Bearer KEY' on /v1/ routes (default: $LINNET_API_KEY, else none)")
+                    help="require 'Authorization: Bearer KEY' on /v1/ routes (default: $LINNET_API_KEY, else vLLM's "
+                         "$VLLM_API_KEY, else none)")
     for flag, what in (("origins", "origins whose web pages may call the server (CORS)"),
                        ("methods", "methods they may use"), ("headers", "headers they may send")):
         sv.add_argument(f"--allowed-{flag}", type=_cors_list, default=["*"],

@@ -363,3 +363,22 @@ def test_vllms_several_served_model_names(monkeypatch):
         status, out = get(base + "/v1/completions", body={"model": "tiny-3", "prompt": [1, 2], "max_tokens": 2})
         assert status == 404 and out["error"]["code"] == "model_not_found"
         assert out["error"]["message"].endswith("this server serves 'tiny' or 'tiny-2'")
+
+
+@pytest.mark.parametrize("env, flag, key", [({"VLLM_API_KEY": "v"}, None, "v"),
+                                            ({"VLLM_API_KEY": "v", "LINNET_API_KEY": "l"}, None, "l"),
+                                            ({"VLLM_API_KEY": "v"}, "f", "f"), ({}, None, None)])
+def test_vllms_api_key_variable_guards_the_server(monkeypatch, env, flag, key):
+    """vLLM reads its key from VLLM_API_KEY: a server started from such an environment was open to all."""
+    import linnet.serve.server as server
+    from linnet.cli import main
+
+    for name in ("VLLM_API_KEY", "LINNET_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    seen = {}
+    monkeypatch.setattr(server, "serve", lambda model, name, **options: seen.update(options))
+    assert main(["serve", "tiny-llama", "--weights", "random", "--batch", "1", "--max-seq", "16"]
+                + (["--api-key", flag] if flag else [])) == 0
+    assert seen["api_key"] == key
