@@ -66,6 +66,11 @@ def test_help_comes_without_importing_torch_or_jax(path):
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith(f"usage: {path.split('/')[1]}")
+    # and each flag and argument says what it is: a line of its own with no text after it is one that does not
+    lines = done.stdout.split("\n\n", 2)[-1].splitlines()  # past the usage and the description
+    for i, line in enumerate(lines):
+        if re.fullmatch(r"  \S.*", line) and not re.search(r"\S  +\S", line.strip()):
+            assert i + 1 < len(lines) and lines[i + 1].startswith(" " * 8), f"{line.strip()!r} has no help"
 
 def test_04_shards_without_jax_is_a_usage_error():
     # torch took --shards and ran on one device, saying nothing

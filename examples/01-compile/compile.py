@@ -16,8 +16,9 @@ from linnet.compiler import generate
 from linnet.ir.specialize import specialize
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("--card", default="tiny-llama")
-parser.add_argument("--out", default="/tmp/linnet-out")
+parser.add_argument("--card", default="tiny-llama", help="a card's name (see `linnet cards`; default: tiny-llama)")
+parser.add_argument("--out", default="/tmp/linnet-out", help="the folder the two modules are written in "
+                    "(default: /tmp/linnet-out)")
 args = parser.parse_args()
 
 from linnet.nest.random_weights import random_weights  # (after the flags: it imports torch, seconds --help need not wait)

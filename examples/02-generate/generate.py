@@ -12,9 +12,10 @@ from linnet import nest
 from linnet.serve import Engine, Request, RequestError
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("prompt", nargs="?", default="What is the capital of France?")
-parser.add_argument("--backend", choices=["torch", "jax"], default="torch")
-parser.add_argument("--max-new-tokens", type=int, default=64)
+parser.add_argument("prompt", nargs="?", default="What is the capital of France?",
+                    help="the user's message (default: What is the capital of France?)")
+parser.add_argument("--backend", choices=["torch", "jax"], default="torch", help="(torch)")
+parser.add_argument("--max-new-tokens", type=int, default=64, help="most tokens in the answer (64)")
 args = parser.parse_args()
 MAX_SEQ = 512  # positions of the one cache row: the prompt and its answer
 if args.max_new_tokens < 1:

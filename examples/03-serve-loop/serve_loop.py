@@ -14,7 +14,7 @@ from linnet import nest
 from linnet.serve import Engine, Request
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("--backend", choices=["torch", "jax"], default="torch")
+parser.add_argument("--backend", choices=["torch", "jax"], default="torch", help="(torch)")
 args = parser.parse_args()
 
 model = nest.load("tiny-llama", backend=args.backend, weights="random", generics={"Batch": 4, "MaxSeq": 128})

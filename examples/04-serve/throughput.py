@@ -24,13 +24,13 @@ def positive(text: str) -> int:
 
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("--card", default="llama-3.1-8b-instruct")
-parser.add_argument("--backend", choices=["torch", "jax"], default="torch")
-parser.add_argument("--requests", type=positive, default=256)
+parser.add_argument("--card", default="llama-3.1-8b-instruct", help="a card's name (see `linnet cards`)")
+parser.add_argument("--backend", choices=["torch", "jax"], default="torch", help="(torch)")
+parser.add_argument("--requests", type=positive, default=256, help="how many requests (256)")
 parser.add_argument("--rows", type=positive, default=64, help="requests in flight")
 parser.add_argument("--new", type=positive, default=128, help="tokens each request generates")
-parser.add_argument("--min-prompt", type=positive, default=128)
-parser.add_argument("--max-prompt", type=positive, default=512)
+parser.add_argument("--min-prompt", type=positive, default=128, help="fewest prompt tokens (128)")
+parser.add_argument("--max-prompt", type=positive, default=512, help="most prompt tokens (512)")
 parser.add_argument("--device", default=None,  # (nest.load's choice: torch is not imported before --help)
                     help="torch device (default: cuda when present)")
 parser.add_argument("--weights", default=None,
