@@ -707,7 +707,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--enforce-eager", action="store_true",
                     help="run every step eagerly: no CUDA graph, no CPU graph replay, no compiled model")
     sv.add_argument("--uvicorn-log-level", default="info",
-                    choices=["critical", "error", "warning", "info", "debug", "trace"])
+                    choices=["critical", "error", "warning", "info", "debug", "trace"],
+                    help="how much uvicorn, the HTTP server, logs (info: a line for each request, as vLLM's)")
     sv.add_argument("--disable-uvicorn-access-log", action="store_true",
                     help="no log line for each request (as vLLM's)")
     # vLLM's flags that mean nothing here: taken, so that a vLLM command line runs as it is
@@ -732,7 +733,9 @@ def build_parser() -> argparse.ArgumentParser:
                                     "whose Python backend runs the card on Linnet's engine (the weights stay "
                                     "where they are).")
     ex.add_argument("card", help="a card name, a .linnet file, or a checkpoint path")
-    ex.add_argument("--to", required=True, choices=["vllm", "llama.cpp", "triton"])
+    ex.add_argument("--to", required=True, choices=["vllm", "llama.cpp", "triton"],
+                    help="the server it is for: vllm, a Hugging Face model directory; llama.cpp, a GGUF; triton, a "
+                         "model repository")
     ex.add_argument("-o", "--output", required=True,
                     help="vllm: the model directory; llama.cpp: the .gguf file or a directory for it; "
                          "triton: the model repository")

@@ -260,3 +260,17 @@ def test_a_compile_cache_that_cannot_be_made_is_one_warning_and_the_run_goes_on(
         _use_compile_cache(argparse.Namespace(backend="jax", compile_cache=str(tmp_path / "a_file" / "xla")))
     assert len(seen) == 1 and "compiled executables are not kept this run" in str(seen[0].message)
     assert jax.config.jax_compilation_cache_dir == before  # left as it was: nothing set
+
+
+@pytest.mark.parametrize("command", ["compile", "check", "ir", "cards", "generate", "serve", "export"])
+def test_each_flag_says_what_it_is(capsys, command):
+    """In `linnet COMMAND --help`, every flag and argument has its line of help (serve's
+    --uvicorn-log-level and export's --to had none)."""
+    import re
+
+    with pytest.raises(SystemExit, match="0"):
+        main([command, "--help"])
+    lines = capsys.readouterr().out.split("\n\n", 1)[-1].splitlines()  # past the usage
+    for i, line in enumerate(lines):
+        if re.fullmatch(r"  \S.*", line) and not re.search(r"\S  +\S", line.strip()):
+            assert i + 1 < len(lines) and lines[i + 1].startswith(" " * 8), f"{line.strip()!r} has no help"
