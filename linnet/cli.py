@@ -724,6 +724,11 @@ def build_parser() -> argparse.ArgumentParser:
                       ("--enable-chunked-prefill", "a prompt longer than --token-budget is always prefilled in "
                                                    "chunks")):
         sv.add_argument(flag, action="store_true", help=f"taken as it is: {why}")
+    for flag, kind, why in (("--swap-space", float, "no request's cache is swapped out to the CPU"),
+                            ("--block-size", _positive, "a request's cache is one row of --max-seq positions, not "
+                                                        "blocks"),
+                            ("--load-format", str, "safetensors and GGUF are read as they are found")):
+        sv.add_argument(flag, type=kind, default=None, help=f"taken and has no effect: {why}")
     add_refusals(sv, SERVE_REFUSED)
     sv.set_defaults(run=cmd_serve)
     ex = sub.add_parser("export", help="write a card with its weights for vLLM, llama.cpp or Triton Inference Server",

@@ -194,14 +194,16 @@ def test_the_refused_flags_are_not_in_the_help(capsys):
 
 
 def test_vllms_flags_taken_as_they_are(monkeypatch):
-    """--disable-log-stats and --enable-chunked-prefill change nothing here; -tp is --shards."""
+    """--disable-log-stats, --enable-chunked-prefill, --swap-space, --block-size and --load-format change
+    nothing here (older tutorials' command lines carry them); -tp is --shards."""
     import linnet.serve.server as server
     from linnet.cli import main
 
     seen = {}
     monkeypatch.setattr(server, "serve", lambda model, name, **options: seen.update(options, model=model))
     assert main(["serve", "tiny-llama", "--weights", "random", "--batch", "2", "--max-seq", "32", "--disable-log-stats",
-                 "--enable-chunked-prefill", "--backend", "jax", "-tp", "1"]) == 0
+                 "--enable-chunked-prefill", "--backend", "jax", "-tp", "1", "--swap-space", "4", "--block-size", "16",
+                 "--load-format", "auto"]) == 0
     assert seen["model"].backend == "jax" and seen["access_log"] is True
 
 
