@@ -264,6 +264,15 @@ def _warm_up(engine, req) -> None:
     engine.model.reset()
 
 
+def _as_flags(message: str) -> str:
+    """nest.load's words for its arguments (device='cuda:1', shards=4) as the flags that gave them
+    (--device cuda:1, --shards 4): what the user typed, and would type instead."""
+    import re
+
+    message = re.sub(r"\bdevice='([^']*)'", r"--device \1", message)
+    return re.sub(r"\bshards=(\d+)", r"--shards \1", message)
+
+
 class _UsageError(Exception):
     """A problem with what was asked, reported as one line."""
 
@@ -412,7 +421,7 @@ def cmd_serve(args) -> int:
                           compile=not args.enforce_eager, generics=generics, cast_dtype=True, weights=args.weights,
                           shards=args.shards, tokenizer=args.tokenizer or True)
     except ValueError as err:  # what was asked cannot be had: more shards than devices, an unknown device
-        raise _UsageError(str(err)) from None
+        raise _UsageError(_as_flags(str(err))) from None
     _use_chat_template(model, args.chat_template)
     _use_generation_config(model, args.generation_config, args.override_generation_config)
     # vLLM's VLLM_API_KEY too: a vLLM user's environment that guards its server guards this one
@@ -797,7 +806,10 @@ def _run(args) -> int:
     except LinnetError as err:
         print(err.render(), file=sys.stderr)
         return 1
-    except (CardError, WeightsError, TokenizerError, DeviceError, RequestError, EngineSettingError, ExportError,
+    except DeviceError as err:
+        print(f"linnet: error: {_as_flags(str(err))}", file=sys.stderr)
+        return 1
+    except (CardError, WeightsError, TokenizerError, RequestError, EngineSettingError, ExportError,
             KernelSettingError, _UsageError) as err:
         print(f"linnet: error: {err}", file=sys.stderr)
         return 1

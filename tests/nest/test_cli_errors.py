@@ -274,3 +274,21 @@ def test_each_flag_says_what_it_is(capsys, command):
     for i, line in enumerate(lines):
         if re.fullmatch(r"  \S.*", line) and not re.search(r"\S  +\S", line.strip()):
             assert i + 1 < len(lines) and lines[i + 1].startswith(" " * 8), f"{line.strip()!r} has no help"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["generate", "tiny-llama", "hi", "--device", "tpu"], "linnet: error: --device tpu: not a torch device"),
+    (["generate", "tiny-llama", "hi", "--device", "cpu:1"], "linnet: error: --device cpu:1, but the CPU is one device"),
+    (["serve", "tiny-llama", "--weights", "random", "--device", "mps"], "linnet: error: --device mps: Linnet's torch "
+                                                                        "backend runs on 'cpu' and 'cuda'"),
+    (["serve", "tiny-llama", "--weights", "random", "--backend", "jax", "--shards", "64"],
+     "linnet: error: --shards 64, but there are"),
+])
+def test_a_device_that_cannot_be_had_is_named_by_its_flag(capsys, monkeypatch, argv, says):
+    """As the user typed it (--device tpu), not as nest.load's argument (device='tpu')."""
+    import linnet.cli as cli
+
+    monkeypatch.setattr(cli, "_check_address", lambda host, port: None)
+    assert says in error_of(capsys, argv)
+    if not torch.cuda.is_available():
+        assert "use --device cpu" in error_of(capsys, ["generate", "tiny-llama", "hi", "--device", "cuda"])
