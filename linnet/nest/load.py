@@ -275,7 +275,8 @@ def _mesh(first, shards: int | None):
     if shards > len(devices):
         hint = (" (on the CPU, XLA_FLAGS=--xla_force_host_platform_device_count=N before jax is imported "
                 "makes N)" if first.platform == "cpu" else "")
-        raise ValueError(f"shards={shards}, but there {_devices(len(devices), first.platform)}{hint}")
+        raise ValueError(f"shards={shards}, but there {_is_are(len(devices))} {_devices(len(devices), first.platform)}"
+                         f"{hint}")
     return jax.sharding.Mesh(np.array(devices[:shards]), ("model",))
 
 
@@ -323,7 +324,7 @@ def _check_torch_device(device) -> None:
             why = "this torch has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
             raise DeviceError(f"device={device!r}, but {why} (torch {torch.__version__}); use device='cpu'")
         if (where.index or 0) >= count:
-            raise DeviceError(f"device={device!r}, but there {_devices(count, 'CUDA')}")
+            raise DeviceError(f"device={device!r}, but there {_is_are(count)} {_devices(count, 'CUDA')}")
 
 
 def _jax_device(device: str | None):
@@ -339,7 +340,7 @@ def _jax_device(device: str | None):
         raise DeviceError(f"device={device!r}: JAX has no {platform} devices here ({err}); "
                           f"it has {', '.join(str(d) for d in jax.devices())}") from None
     if index and (not index.isdigit() or int(index) >= len(devices)):
-        raise DeviceError(f"device={device!r}, but JAX has {len(devices)} {platform} device{'s' * (len(devices) != 1)}")
+        raise DeviceError(f"device={device!r}, but JAX has {_devices(len(devices), platform)}")
     return devices[int(index or 0)]
 
 
@@ -529,5 +530,9 @@ __all__ = ["BACKENDS", "EMBEDDED_CARD", "ENTRIES", "BoundWeights", "check_entrie
 
 
 def _devices(count: int, kind: str) -> str:
-    """How many devices there are, in words that agree: 'is 1 cpu device', 'are 4 CUDA devices'."""
-    return f"is 1 {kind} device" if count == 1 else f"are {count} {kind} devices"
+    """How many devices, the noun agreeing: '1 cpu device', '4 CUDA devices'."""
+    return f"{count} {kind} device" + ("" if count == 1 else "s")
+
+
+def _is_are(count: int) -> str:
+    return "is" if count == 1 else "are"

@@ -319,10 +319,8 @@ class Engine:
         try:
             return self._run(requests)
         finally:
-            with _LOOPERS_LOCK:
-                self._run_thread = None
-                if _LOOPERS.get(id(self.model)) is self:
-                    del _LOOPERS[id(self.model)]
+            self._run_thread = None
+            self._release_model()
 
     def _run(self, requests: list) -> tuple[list, Stats]:
         self._fresh_stats()
@@ -881,6 +879,12 @@ class Engine:
                                f"one model's cache mix their passes; submit or stream to that one, or let it end "
                                f"first")
 
+    def _release_model(self) -> None:
+        """This engine steps its model no more (its loop stopped, its run() returned): another may."""
+        with _LOOPERS_LOCK:
+            if _LOOPERS.get(id(self.model)) is self:
+                del _LOOPERS[id(self.model)]
+
     @property
     def running(self) -> bool:
         """Whether the background loop steps the engine (`start`, or a `stream` that started it)."""
@@ -913,9 +917,7 @@ class Engine:
             if self._thread is not None:
                 self._thread.join()
                 self._thread = None
-            with _LOOPERS_LOCK:
-                if _LOOPERS.get(id(self.model)) is self:
-                    del _LOOPERS[id(self.model)]
+            self._release_model()
             with self.lock:  # (a request submitted meanwhile is ended too, or queued after)
                 self.cancelled = {}
                 for x in self.live + self.waiting:
@@ -964,8 +966,7 @@ class Engine:
         the first request: nothing else steps the engine for an asyncio caller, whose stream waited
         for ever without it. A request refused at submission starts nothing."""
         if not self.running:  # (before the request is queued where no loop would take it)
-            self._no_run_elsewhere("stream")
-            self._no_other_looper("stream")
+            self._not_looping("stream")
         stream = TokenStream(self, req)
         self.start()
         return stream

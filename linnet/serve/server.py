@@ -190,12 +190,13 @@ class OpenAIServer:
     async def _models(self, path, receive, send):
         cards = [{"id": name, "object": "model", "created": self.created, "owned_by": "linnet",
                   "max_model_len": self.model.max_seq} for name in self.names]
+        asked = path[len("/v1/models/"):]
         if path == "/v1/models":
             await _json(send, 200, {"object": "list", "data": cards})
-        elif path[len("/v1/models/"):] in self.names:
-            await _json(send, 200, cards[self.names.index(path[len("/v1/models/"):])])
+        elif asked in self.names:
+            await _json(send, 200, cards[self.names.index(asked)])
         else:
-            raise ApiError(404, f"the model {path[len('/v1/models/'):]!r} does not exist", "model", "model_not_found")
+            raise ApiError(404, f"the model {asked!r} does not exist", "model", "model_not_found")
 
     async def _kept_response(self, path, receive, send):
         if path.endswith("/input_items"):
