@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 
 from linnet.errors import LinnetError
-from linnet.serve.request import LARGEST_SCALE
+from linnet.serve.request import LARGEST_SCALE, MAX_LOGPROBS
 
 
 def _generic(pair: str) -> tuple:
@@ -445,7 +445,8 @@ def cmd_serve(args) -> int:
           trust_request_chat_template=args.trust_request_chat_template,
           log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log, cors=CorsPolicy(args.allowed_origins, args.allowed_methods,
                                                             args.allowed_headers, args.allow_credentials),
-          ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile, token_budget=args.token_budget, seed=args.seed)
+          ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile, token_budget=args.token_budget, seed=args.seed,
+          max_logprobs=args.max_logprobs)
     return 0
 
 
@@ -539,6 +540,9 @@ _nonnegative = _number(0, None, "must be 0 or more, not {}")
 _port = _number(0, 65535, "a port is 0 to 65535, not {}", what="a port number")
 _temperature = _number(0, LARGEST_SCALE, f"must be from 0 to {LARGEST_SCALE:g}, not {{}}", "a number", float)
 _top_p = _number(0, 1, "must be from 0 to 1, not {}", "a number", float)
+# a request's logprobs a token: each token's MAX_LOGPROBS best are what the device computes
+_max_logprobs = _number(0, MAX_LOGPROBS, f"must be from 0 to {MAX_LOGPROBS} (the most a token's logprobs list "
+                        f"here; vLLM's -1, the whole vocabulary, is not taken), not {{}}")
 _penalty = _number(1 / LARGEST_SCALE, LARGEST_SCALE, f"must be from {1 / LARGEST_SCALE:g} to {LARGEST_SCALE:g} (1: none), "
                    f"not {{}}", "a number", float)
 
@@ -712,6 +716,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="how many Responses (/v1/responses) are kept in memory for previous_response_id and "
                          "GET /v1/responses/ID, the oldest dropped first (0: none; 1024)")
     sv.add_argument("--seed", type=_seed, default=0, help="seeds the draws of requests that send no seed of their own")
+    sv.add_argument("--max-logprobs", type=_max_logprobs, default=MAX_LOGPROBS,
+                    help="the most logprobs a request may ask for with each token (logprobs, top_logprobs, "
+                         "prompt_logprobs); more is a 400, as vLLM's (%(default)s)")
     _add_compile_cache(sv)
     sv.add_argument("--enforce-eager", action="store_true",
                     help="run every step eagerly: no CUDA graph, no CPU graph replay, no compiled model")

@@ -22,7 +22,6 @@ SERVE = {
                               "dequantized as they are read",
     ("--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp"): _TENSOR_PARALLEL,
     ("--enable-lora", "--lora-modules", "--max-loras", "--max-lora-rank"): "Linnet serves no LoRA adapters",
-    ("--max-logprobs",): "a request may ask for at most 20 top logprobs (OpenAI's bound), which is not set",
     ("--download-dir", "--revision", "--hf-token"): _NO_DOWNLOADS,
     ("--enable-log-requests",): "Linnet logs no request's content; uvicorn's access log has a line for each request",
     # llama-server's

@@ -698,6 +698,16 @@ def check_fits(req: Request, vocab: int, max_seq: int, chat: bool = True, length
         raise refused(err, req, body_fields(chat, length)) from None
 
 
+def check_logprobs(req: Request, most: int, chat: bool = True) -> None:
+    """A request for more logprobs a token than the server gives (vLLM's --max-logprobs) is a 400,
+    with vLLM's words and the body's name for the field."""
+    for field, kind in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
+        asked = getattr(req, field)
+        if asked is not None and asked > most:
+            raise ApiError(400, f"Requested {kind} logprobs of {asked}, which is greater than max allowed: {most}",
+                           body_fields(chat, "max_tokens").get(field, field))
+
+
 def body_fields(chat: bool, length: str, body: dict | None = None) -> dict:
     """A body's names for the `Request` fields it sets, where they differ (RequestError.field): its
     prompt's, its length's, its logprobs', and the field its structure came from."""

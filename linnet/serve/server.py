@@ -25,12 +25,12 @@ from linnet.nest.template_sandbox import TemplateSandbox
 from linnet.serve.cors import CorsPolicy
 from linnet.serve.engine import Engine
 from linnet.serve.metrics import prometheus_text
-from linnet.serve.openai_api import (ApiError, Job, body_fields, chat_job, chat_prompt, check_fits, completion_job,
-                                     encode_text, length_field, refused, shown)
+from linnet.serve.openai_api import (ApiError, Job, body_fields, chat_job, chat_prompt, check_fits, check_logprobs,
+                                     completion_job, encode_text, length_field, refused, shown)
 from linnet.serve.choice_stream import ChoiceDeltas
 from linnet.serve.openai_replies import (ChunkWriter, chat_message, chat_response, completion_response, echoed_prompt,
                                          error_body, marker_ids, usage)
-from linnet.serve.request import RequestError, is_int
+from linnet.serve.request import MAX_LOGPROBS, RequestError, is_int
 from linnet.serve.responses_api import (ResponseWriter, ResponsesCall, chat_body, conversation_after, input_items,
                                         read_call, response)
 from linnet.serve.responses_store import ResponseStore
@@ -43,7 +43,7 @@ class OpenAIServer:
                  reasoning_parser: str | None = None, structure_in_reasoning: bool = False,
                  stored_responses: int = 1024, trust_request_chat_template: bool = False,
                  cors: CorsPolicy | None = None, template_sandbox: TemplateSandbox | None = None,
-                 other_names: tuple = ()):
+                 other_names: tuple = (), max_logprobs: int = MAX_LOGPROBS):
         """`tool_parser`: the name of the reader of the model's own tool calls (`tool_parsers`), which
         lets a request with tools leave tool_choice "auto"; `reasoning_parser`, of a reasoning model's
         thinking (`reasoning`), which chat replies then give apart as `reasoning_content`, and whose
@@ -53,7 +53,9 @@ class OpenAIServer:
         rendered in `template_sandbox` (by default one of 5 s and 512 MiB a render: a hostile
         template gets a 400, the server goes on); `cors`: which other origins' pages may call
         (default: vLLM's, any origin without credentials); `other_names`: more names a request may
-        give the model by (vLLM's --served-model-name a b), its replies still naming it `model_name`."""
+        give the model by (vLLM's --served-model-name a b), its replies still naming it `model_name`;
+        `max_logprobs`: the most logprobs a token a request may ask for (vLLM's --max-logprobs)."""
+        self.max_logprobs = max_logprobs
         self.cors = cors or CorsPolicy()
         self.trust_request_chat_template = trust_request_chat_template
         self.own_templates = (template_sandbox or TemplateSandbox()) if trust_request_chat_template else None
@@ -271,6 +273,7 @@ class OpenAIServer:
                 job = await asyncio.to_thread(completion_job, body, self.tokenizer, self.model.max_seq)
             for req in job.requests:
                 check_fits(req, self.model.vocab, self.model.max_seq, chat, length)
+                check_logprobs(req, self.max_logprobs, chat)
         except ApiError as err:
             if responses is not None:  # the messages it speaks of are the Responses body's input
                 err.names_param("messages", "input")
@@ -484,7 +487,8 @@ def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: 
           tool_parser: str | None = None, reasoning_parser: str | None = None, structure_in_reasoning: bool = False,
           stored_responses: int = 1024, trust_request_chat_template: bool = False, log_level: str = "info",
           access_log: bool = True, cors: CorsPolicy | None = None, ssl_certfile: str | None = None,
-          ssl_keyfile: str | None = None, other_names: tuple = (), **engine_options) -> None:
+          ssl_keyfile: str | None = None, other_names: tuple = (), max_logprobs: int = MAX_LOGPROBS,
+          **engine_options) -> None:
     import uvicorn
 
     engine = Engine(model, **engine_options)
@@ -498,6 +502,7 @@ def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: 
               f"and text are refused (--tokenizer names a model directory or GGUF to take one from)", flush=True)
     app = OpenAIServer(engine, name, api_key=api_key, tool_parser=tool_parser, reasoning_parser=reasoning_parser,
                        structure_in_reasoning=structure_in_reasoning, stored_responses=stored_responses,
-                       trust_request_chat_template=trust_request_chat_template, cors=cors, other_names=other_names)
+                       trust_request_chat_template=trust_request_chat_template, cors=cors, other_names=other_names,
+                       max_logprobs=max_logprobs)
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=access_log, ssl_certfile=ssl_certfile,
                 ssl_keyfile=ssl_keyfile)

@@ -172,7 +172,9 @@ def test_a_port_in_use_is_said_before_the_model_loads(monkeypatch, capsys, any_p
                                 ".gguf) is the command's first argument: linnet serve CARD"),
     (["tiny-llama", "--pipeline-parallel-size", "2"], "--pipeline-parallel-size is not taken here: Linnet spreads a "
                                                       "model over devices by tensor parallelism alone: --shards N"),
-    (["tiny-llama", "--max-logprobs=5"], "--max-logprobs is not taken here: a request may ask for at most 20"),
+    (["tiny-llama", "--max-logprobs=21"], "argument --max-logprobs: must be from 0 to 20 (the most a token's logprobs "
+                                          "list here; vLLM's -1, the whole vocabulary, is not taken), not 21"),
+    (["tiny-llama", "--max-logprobs", "-1"], "argument --max-logprobs: must be from 0 to 20"),
     (["tiny-llama", "-c", "4096"], "-c is not taken here: use --max-seq (vLLM's --max-model-len)"),
     (["tiny-llama", "-np", "4"], "-np is not taken here: use --batch (vLLM's --max-num-seqs)"),
     (["tiny-llama", "-ngl", "99"], "-ngl is not taken here: the whole model runs on --device"),
@@ -365,6 +367,44 @@ def test_vllms_several_served_model_names(monkeypatch):
         status, out = get(base + "/v1/completions", body={"model": "tiny-3", "prompt": [1, 2], "max_tokens": 2})
         assert status == 404 and out["error"]["code"] == "model_not_found"
         assert out["error"]["message"].endswith("this server serves 'tiny' or 'tiny-2'")
+
+
+def test_vllms_max_logprobs_bounds_what_a_request_may_ask(monkeypatch):
+    """--max-logprobs 2: a body asking more logprobs a token (completions' logprobs, chat's and Responses'
+    top_logprobs, vLLM's prompt_logprobs) is vLLM's 400, naming the field; 2 is served; so is the next."""
+    import linnet.serve.server as server
+    from linnet.cli import main
+    from linnet.serve import Engine
+
+    from .conftest import make_model, running
+    from .test_engine import word_tokenizer
+
+    seen = {}
+    monkeypatch.setattr(server, "serve", lambda model, name, **options: seen.update(options))
+    assert main(["serve", "tiny-llama", "--weights", "random", "--batch", "2", "--max-seq", "32",
+                 "--max-logprobs", "2"]) == 0
+    assert seen["max_logprobs"] == 2
+    model = make_model("torch", rows=2, max_seq=32)
+    model.tokenizer = word_tokenizer(model.vocab)
+    model.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    chat = {"messages": [{"role": "user", "content": "t5 t6"}], "max_tokens": 2, "logprobs": True}
+    with running(Engine(model), max_logprobs=seen["max_logprobs"]) as base:
+        for path, body, param, kind, asked in (
+                ("/v1/completions", {"prompt": [5, 6], "max_tokens": 2, "logprobs": 3}, "logprobs", "sample", 3),
+                ("/v1/completions", {"prompt": [5, 6], "max_tokens": 2, "prompt_logprobs": 4}, "prompt_logprobs",
+                 "prompt", 4),
+                ("/v1/chat/completions", dict(chat, top_logprobs=3), "top_logprobs", "sample", 3),
+                ("/v1/chat/completions", dict(chat, prompt_logprobs=5), "prompt_logprobs", "prompt", 5),
+                ("/v1/responses", {"input": "t5", "max_output_tokens": 2, "top_logprobs": 3,
+                                  "include": ["message.output_text.logprobs"]}, "top_logprobs", "sample", 3)):
+            status, out = get(base + path, body=body)
+            assert status == 400 and out["error"]["param"] == param, (path, out)
+            assert out["error"]["message"] == f"Requested {kind} logprobs of {asked}, which is greater than max " \
+                                              f"allowed: 2"
+        status, out = get(base + "/v1/chat/completions", body=dict(chat, top_logprobs=2, prompt_logprobs=2))
+        assert status == 200
+        assert [len(e["top_logprobs"]) for e in out["choices"][0]["logprobs"]["content"]] == [2, 2]
+        assert all(e is None or len(e) in (2, 3) for e in out["prompt_logprobs"])  # the token, and 2 best
 
 
 @pytest.mark.parametrize("env, flag, key", [({"VLLM_API_KEY": "v"}, None, "v"),
