@@ -106,6 +106,40 @@ def kept_weights(scaled, top_k, top_p, min_p):
     return jnp.where(keep | (probs == likeliest), weights, 0)
 
 
+def _adjusted(logits, rep, adjustments, adjustment):
+    """f32 logits [K, vocab] as the host's arrays move them: a mask's bans (MASK); or the bias
+    (SPLIT's own array), the repetition penalty, then the shift (`sampling`'s order)."""
+    if adjustment == MASK:
+        (allowed_bits,) = adjustments
+        return jnp.where(_unpack_bits(allowed_bits, logits.shape[-1]), logits, -jnp.inf)
+    if adjustment in (SHIFT, SPLIT):
+        if adjustment == SPLIT:
+            seen_bits, bias, shift = adjustments
+            logits = logits + bias
+        else:
+            seen_bits, shift = adjustments
+        penalized = jnp.where(logits > 0, logits / rep[:, None], logits * rep[:, None])
+        return jnp.where(_unpack_bits(seen_bits, logits.shape[-1]), penalized, logits) + shift
+    return logits
+
+
+@functools.partial(jax.jit, static_argnames="adjustment")
+def _probabilities(logits, temp, top_k, top_p, min_p, rep, *adjustments, adjustment):
+    logits = _adjusted(logits.astype(jnp.float32), rep, adjustments, adjustment)
+    weights = kept_weights(logits / jnp.maximum(temp, 1e-5)[:, None], top_k, top_p, min_p)
+    greedy = jax.nn.one_hot(_argmax(logits), logits.shape[-1], dtype=jnp.float32)
+    return jnp.where((temp > 0)[:, None], weights / fixed_order.row_sum(weights, keepdims=True), greedy)
+
+
+def probabilities(logits, batch: SamplingBatch, adjustments=None):
+    """f32[K, vocab]: the distribution each row's token is drawn from, as `sample` draws it (its
+    race picks token i with probability weight_i / sum): the adjusted logits over the temperature,
+    what top-k, top-p and min-p keep, normalized; a greedy row's (temperature below 1e-5) all on its
+    argmax. For checking the sampler against other implementations' definitions."""
+    return _probabilities(logits, batch.temperature, batch.top_k, batch.top_p, batch.min_p, batch.repetition,
+                          *(adjustments or ()), adjustment=mode(batch, adjustments))
+
+
 def _draw(logits, temp, top_k, top_p, min_p, rep, seed, step, want_logprobs, *adjustments, adjustment):
     """-> (tokens i32[K], each one's logprob f32[K], the top MAX_LOGPROBS (values, ids), each one's
     rank i32[K] (vLLM's: 1 + how many tokens are strictly likelier)); the last four zeros unless
@@ -113,17 +147,7 @@ def _draw(logits, temp, top_k, top_p, min_p, rep, seed, step, want_logprobs, *ad
     wanted are decided on the device (`lax.cond`), so one executable a form serves every batch."""
     logits = logits.astype(jnp.float32)
     raw = logits
-    if adjustment == MASK:
-        (allowed_bits,) = adjustments
-        logits = jnp.where(_unpack_bits(allowed_bits, logits.shape[-1]), logits, -jnp.inf)
-    elif adjustment in (SHIFT, SPLIT):  # the bias (SPLIT's own array), rep, then the shift (`sampling`'s order)
-        if adjustment == SPLIT:
-            seen_bits, bias, shift = adjustments
-            logits = logits + bias
-        else:
-            seen_bits, shift = adjustments
-        penalized = jnp.where(logits > 0, logits / rep[:, None], logits * rep[:, None])
-        logits = jnp.where(_unpack_bits(seen_bits, logits.shape[-1]), penalized, logits) + shift
+    logits = _adjusted(logits, rep, adjustments, adjustment)
     greedy = _argmax(logits)
 
     def sampled():

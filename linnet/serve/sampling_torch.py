@@ -95,20 +95,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, adjustments: tuple | None
     logits = logits.float()
     logprobs = torch.log_softmax(logits, dim=-1) if batch.logprobs >= 0 else None
     device = logits.device
-    if batch.adjustment == MASK and adjustments is not None:
-        (allowed_bits,) = adjustments
-        logits = banned_to_minus_inf(logits, allowed_bits)
-    elif batch.adjustment in (SHIFT, SPLIT) and adjustments is not None:
-        if batch.adjustment == SPLIT:  # a row with a bias and a repetition penalty: the bias first
-            seen_bits, bias, shift = adjustments
-            logits = logits + bias
-        else:
-            seen_bits, shift = adjustments
-        if np.any(batch.repetition != 1):
-            logits = repetition_penalized(logits, upload(batch.repetition, device)[:, None], seen_bits)
-            logits += shift  # (a tensor of its own)
-        else:
-            logits = logits + shift
+    logits = adjusted(logits, batch, adjustments)
     if batch.greedy_only:
         tokens = logits.argmax(dim=-1)
     else:
@@ -122,6 +109,38 @@ def sample(logits: torch.Tensor, batch: SamplingBatch, adjustments: tuple | None
         return tokens, None, None, None
     chosen, top = _picked(logprobs, tokens, batch.logprobs)
     return tokens, chosen, top, _ranks(logprobs, chosen)
+
+
+def adjusted(logits: torch.Tensor, batch: SamplingBatch, adjustments: tuple | None) -> torch.Tensor:
+    """f32 logits [K, vocab] as the host's arrays move them, in `sampling`'s order: the bias
+    (SPLIT's own array), then the repetition penalty, then the shift; or a mask's bans (MASK)."""
+    if batch.adjustment == MASK and adjustments is not None:
+        (allowed_bits,) = adjustments
+        return banned_to_minus_inf(logits, allowed_bits)
+    if batch.adjustment in (SHIFT, SPLIT) and adjustments is not None:
+        if batch.adjustment == SPLIT:  # a row with a bias and a repetition penalty: the bias first
+            seen_bits, bias, shift = adjustments
+            logits = logits + bias
+        else:
+            seen_bits, shift = adjustments
+        if np.any(batch.repetition != 1):
+            logits = repetition_penalized(logits, upload(batch.repetition, logits.device)[:, None], seen_bits)
+            logits += shift  # (a tensor of its own)
+            return logits
+        return logits + shift
+    return logits
+
+
+def probabilities(logits: torch.Tensor, batch: SamplingBatch, adjustments: tuple | None = None) -> torch.Tensor:
+    """f32[K, vocab]: the distribution each row's token is drawn from, as `sample` draws it (its
+    race picks token i with probability weight_i / sum): the adjusted logits over the temperature,
+    what top-k, top-p and min-p keep, normalized; a greedy row's (temperature below 1e-5) all on its
+    argmax. For checking the sampler against other implementations' definitions."""
+    logits = adjusted(logits.float(), batch, adjustments)
+    temp = upload(batch.temperature, logits.device)
+    weights = kept_weights(logits / temp.clamp(min=1e-5)[:, None], batch)
+    greedy = torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).float()
+    return torch.where((temp > 0)[:, None], weights / weights.sum(dim=-1, keepdim=True), greedy)
 
 
 def unpack_bits(words: torch.Tensor, n: int) -> torch.Tensor:
