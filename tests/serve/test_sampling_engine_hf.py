@@ -203,3 +203,22 @@ def test_a_seed_in_the_body_draws_the_engines_tokens(model):
             assert status == 200, text
             got.append([int(t.split(":")[1]) for t in json.loads(text)["choices"][0]["logprobs"]["tokens"]])
     assert got[0] == got[2] == want and got[1] != want
+
+
+def test_the_server_takes_any_repetition_penalty_above_0_as_vllm_does(model, twin):
+    """vLLM refuses only a repetition penalty <= 0: 0.005 (which the server refused, under a floor
+    of 0.01 that neither vLLM nor the engine has) draws transformers' greedy tokens; 0 and -1 are a
+    400 naming the field, and the server goes on serving."""
+    from tests.serve.test_server import call
+
+    prompt = [5, 9, 22, 31, 8]
+    want, _ = hf_greedy(twin[0], Request(prompt, max_new_tokens=6, repetition_penalty=0.005, ignore_eos=True))
+    body = {"prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True, "logprobs": 0,
+            "return_tokens_as_token_ids": True}
+    with running(Engine(model)) as base:
+        for bad in (0, -1):
+            status, text = call(base, "/v1/completions", {**body, "repetition_penalty": bad})
+            assert (status, json.loads(text)["error"]["param"]) == (400, "repetition_penalty"), text
+        status, text = call(base, "/v1/completions", {**body, "repetition_penalty": 0.005})
+    assert status == 200, text
+    assert [int(t.split(":")[1]) for t in json.loads(text)["choices"][0]["logprobs"]["tokens"]] == want
