@@ -135,8 +135,8 @@ def chi_square_p(tokens: list, probs: np.ndarray) -> float:
 
 
 DRAWS = 800
-SAMPLED = [dict(temperature=1.0), dict(temperature=0.6), dict(temperature=1.3, top_k=4), dict(temperature=0.9, top_p=0.7),
-           dict(temperature=1.0, min_p=0.15), dict(temperature=1.1, top_k=10, top_p=0.9, min_p=0.05),
+SAMPLED = [dict(temperature=1.0), dict(temperature=0.6), dict(temperature=1.3, top_k=4),
+           dict(temperature=0.9, top_p=0.7), dict(temperature=1.0, min_p=0.15), dict(temperature=1.1, top_k=10, top_p=0.9, min_p=0.05),
            dict(temperature=1.0, repetition_penalty=0.5, logit_bias={40: 1.0, 41: -100.0})]
 
 
@@ -180,15 +180,16 @@ def test_a_seed_draws_the_same_tokens_alone_beside_others_after_others_and_anew(
                       top_k=int(rng.integers(0, 30)), presence_penalty=float(rng.uniform(-1, 1))) for _ in range(9)]
     beside = engine.run(others[:4] + [target()] + others[4:])[0][4].tokens
     after = engine.run([target()])[0][0].tokens
+    late = engine.run(others + [target()])[0][-1].tokens  # 9 others in 8 rows: it joins as one ends
     anew = Engine(model).run([target()])[0][0].tokens
-    assert alone == beside == after == anew
+    assert alone == beside == after == late == anew
     draws = [tuple(Engine(model).run([target(seed)])[0][0].tokens) for seed in (1, 2, 3, 2**40 + 1234)]
     assert len(set(draws + [tuple(alone)])) == 5, draws
 
 
 def test_a_seed_in_the_body_draws_the_engines_tokens(model):
     """The server's seed, with vLLM's sampling fields in the body: the engine's tokens for the same
-    request, whatever ran on the server before; another seed draws others."""
+    request, whatever ran on the server before, streamed or not; another seed draws others."""
     prompt = [5, 9, 22, 31, 8]
     want = Engine(model).run([Request(prompt, max_new_tokens=10, seed=77, **SEEDED)])[0][0].tokens
     body = {"prompt": prompt, "max_tokens": 10, "seed": 77, **SEEDED,
@@ -202,7 +203,10 @@ def test_a_seed_in_the_body_draws_the_engines_tokens(model):
             status, text = call(base, "/v1/completions", {**body, **extra})
             assert status == 200, text
             got.append([int(t.split(":")[1]) for t in json.loads(text)["choices"][0]["logprobs"]["tokens"]])
-    assert got[0] == got[2] == want and got[1] != want
+        status, text = call(base, "/v1/completions", {**body, "stream": True})
+    chunks = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: {")]
+    streamed = [int(t.split(":")[1]) for c in chunks for t in (c["choices"][0]["logprobs"] or {"tokens": []})["tokens"]]
+    assert got[0] == got[2] == streamed == want and got[1] != want
 
 
 def test_the_server_takes_any_repetition_penalty_above_0_as_vllm_does(model, twin):
