@@ -361,8 +361,9 @@ def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens:
         min_p=float(number_field(body, "min_p", 0.0, 0, 1)),
         presence_penalty=float(number_field(body, "presence_penalty", 0.0, -2, 2)),
         frequency_penalty=float(number_field(body, "frequency_penalty", 0.0, -2, 2)),
-        # any above 0, as vLLM's, down to what the step holds (the engine's and generate's bound)
-        repetition_penalty=float(number_field(body, "repetition_penalty", 1.0, 1 / LARGEST_SCALE, LARGEST_SCALE)),
+        # any above 0, as vLLM's, down to what the step holds (the engine's 1 / LARGEST_SCALE, written
+        # so that the message says 1e-30, not 9.999999999999999e-31)
+        repetition_penalty=float(number_field(body, "repetition_penalty", 1.0, 1e-30, LARGEST_SCALE)),
         seed=seed, stop=_stops(body), stop_token_ids=stop_ids,
         ignore_eos=_boolean(body, "ignore_eos", False), logit_bias=_logit_bias(body),
         min_tokens=int(number_field(body, "min_tokens", 0, 0, max_tokens, integer=True)), allowed_token_ids=allowed,

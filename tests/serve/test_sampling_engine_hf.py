@@ -222,7 +222,9 @@ def test_the_server_takes_any_repetition_penalty_above_0_as_vllm_does(model, twi
     with running(Engine(model)) as base:
         for bad in (0, -1):
             status, text = call(base, "/v1/completions", {**body, "repetition_penalty": bad})
-            assert (status, json.loads(text)["error"]["param"]) == (400, "repetition_penalty"), text
+            error = json.loads(text)["error"]
+            assert (status, error["param"]) == (400, "repetition_penalty"), text
+            assert error["message"] == f"'repetition_penalty' must be between 1e-30 and 1e+30, not {bad}"
         status, text = call(base, "/v1/completions", {**body, "repetition_penalty": 0.005})
     assert status == 200, text
     assert [int(t.split(":")[1]) for t in json.loads(text)["choices"][0]["logprobs"]["tokens"]] == want
