@@ -288,11 +288,16 @@ def _logit_bias(body: dict) -> dict | None:
     if not isinstance(bias, dict):
         raise ApiError(400, "'logit_bias' must be an object mapping token ids to numbers", "logit_bias")
     out = {}
-    for key, value in bias.items():  # the ids' range and the values are checked with the request (check_fits)
+    for key, value in bias.items():  # the ids' range is checked with the request (check_fits)
         try:
             out[int(key)] = value
         except ValueError:
-            raise ApiError(400, f"'logit_bias' keys must be token ids, not {key!r}", "logit_bias") from None
+            raise ApiError(400, f"'logit_bias' keys must be token ids, not {shown(key)}", "logit_bias") from None
+        # here, so that the message quotes the value as JSON has it (null, "x"), as the other fields' do
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and -100 <= value <= 100
+        if not ok:  # (NaN fails the range; an int past a float's range compares as it is)
+            raise ApiError(400, f"'logit_bias' values must be numbers between -100 and 100, not {shown(value)}",
+                           "logit_bias")
     return out
 
 

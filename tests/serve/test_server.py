@@ -190,6 +190,13 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
     ("/v1/completions", {"prompt": ["t1", "\udc00 t2"]}, "prompt", "lone surrogate, U+DC00, at character 0"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "t1\udfff"}]}, "messages", "lone surrogate"),
     ("/tokenize", {"prompt": "t1\ud800"}, "prompt", "lone surrogate"),
+    # logit_bias' values and keys quoted as JSON has them, as the other fields' are
+    ("/v1/completions", {"prompt": [1], "logit_bias": {"5": None}}, "logit_bias",
+     "'logit_bias' values must be numbers between -100 and 100, not null"),
+    ("/v1/chat/completions", {"messages": USER, "logit_bias": {"5": "x"}}, "logit_bias", 'between -100 and 100, not "x"'),
+    ("/v1/completions", {"prompt": [1], "logit_bias": {"5": 100.5}}, "logit_bias", "between -100 and 100, not 100.5"),
+    ("/v1/completions", {"prompt": [1], "logit_bias": {"5.0": 1}}, "logit_bias",
+     "'logit_bias' keys must be token ids, not \"5.0\""),
     ("/v1/completions", {"prompt": [1], "top_p": -0.1}, "top_p", "'top_p' must be between 0 and 1, not -0.1"),
     ("/v1/completions", {"prompt": [1], "top_p": 1.5}, "top_p", "'top_p' must be between 0 and 1, not 1.5"),
     ("/v1/chat/completions", {"messages": USER, "top_p": -1}, "top_p", "'top_p' must be between 0 and 1"),
