@@ -362,7 +362,7 @@ def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens:
         # to what the step holds
         temperature=float(number_field(body, "temperature", 1.0, 0, LARGEST_SCALE)),
         top_p=float(number_field(body, "top_p", 1.0, 0, 1)),  # [0, 1], as OpenAI takes it: 0 keeps the likeliest token
-        top_k=int(number_field(body, "top_k", 0, -1, None, integer=True)) if body.get("top_k", 0) != -1 else 0,
+        top_k=max(0, number_field(body, "top_k", 0, -1, None, integer=True)),  # -1 and 0: no limit (vLLM's)
         min_p=float(number_field(body, "min_p", 0.0, 0, 1)),
         presence_penalty=float(number_field(body, "presence_penalty", 0.0, -2, 2)),
         frequency_penalty=float(number_field(body, "frequency_penalty", 0.0, -2, 2)),

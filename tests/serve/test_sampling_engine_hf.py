@@ -262,3 +262,23 @@ def test_the_server_takes_any_repetition_penalty_above_0_as_vllm_does(model, twi
         status, text = call(base, "/v1/completions", {**body, "repetition_penalty": 0.005})
     assert status == 200, text
     assert [int(t.split(":")[1]) for t in json.loads(text)["choices"][0]["logprobs"]["tokens"]] == want
+
+
+def test_the_off_values_through_the_server_draw_as_none_set(model):
+    """vLLM's "off": top_k -1 or 0, top_p 1, min_p 0, penalties 1 and 0, an empty logit_bias; a
+    seeded request with them draws what one without them draws, and top_k 1 the greedy tokens."""
+    from tests.serve.test_server import call
+
+    body = {"prompt": [5, 9, 22, 31, 8], "max_tokens": 8, "seed": 5, "temperature": 1.0, "ignore_eos": True,
+            "logprobs": 0, "return_tokens_as_token_ids": True}
+    off = [{"top_k": -1}, {"top_k": 0}, {"top_p": 1}, {"min_p": 0}, {"repetition_penalty": 1},
+           {"presence_penalty": 0, "frequency_penalty": 0}, {"logit_bias": {}},
+           {"top_k": -1, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0}]
+    with running(Engine(model)) as base:
+        def tokens(extra):
+            status, text = call(base, "/v1/completions", {**body, **extra})
+            assert status == 200, text
+            return [int(t.split(":")[1]) for t in json.loads(text)["choices"][0]["logprobs"]["tokens"]]
+        plain = tokens({})
+        assert all(tokens(extra) == plain for extra in off)
+        assert tokens({"top_k": 1}) == tokens({"temperature": 0}) != plain

@@ -197,6 +197,9 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
     ("/v1/completions", {"prompt": [1], "logit_bias": {"5": 100.5}}, "logit_bias", "between -100 and 100, not 100.5"),
     ("/v1/completions", {"prompt": [1], "logit_bias": {"5.0": 1}}, "logit_bias",
      "'logit_bias' keys must be token ids, not \"5.0\""),
+    # -1 is no limit, as 0 is; not -1.0, which was taken so while any other float was refused
+    ("/v1/completions", {"prompt": [1], "top_k": -1.0}, "top_k", "'top_k' must be an integer, not -1.0"),
+    ("/v1/completions", {"prompt": [1], "top_k": -2}, "top_k", "'top_k' must be at least -1, not -2"),
     ("/v1/completions", {"prompt": [1], "top_p": -0.1}, "top_p", "'top_p' must be between 0 and 1, not -0.1"),
     ("/v1/completions", {"prompt": [1], "top_p": 1.5}, "top_p", "'top_p' must be between 0 and 1, not 1.5"),
     ("/v1/chat/completions", {"messages": USER, "top_p": -1}, "top_p", "'top_p' must be between 0 and 1"),
