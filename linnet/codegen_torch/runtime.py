@@ -206,9 +206,17 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     then carries its activations in f32: every op there computes in f32 anyway, and rounding to
     the table's type between ops cost a conversion each (about 800 a SmolLM2 decode step). The
     weights and the cache keep their type; the linear kernel and attention read them as they are.
+
+    An id past the table gives a row of zeros on the CPU's kernels and the table's last row
+    elsewhere (JAX's gather clamps), where torch's own indexing would raise: a padding token sits
+    at position MaxSeq, one past a learned position table of MaxSeq rows, and its row is dropped.
+    Every real position is inside the table (`ir.index_ranges` holds MaxSeq to its size).
     """
-    rows = table[ids]
-    return rows.float() if computed_in_f32(rows) else rows
+    wanted = torch.float32 if computed_in_f32(table) else table.dtype
+    if table.dim() == 2 and ids.dim() == 1 and table.is_contiguous() and cpu_ops.serves(table):
+        return cpu_ops.gather_rows(table, ids, wanted)  # (recorded as it runs, where a decode step is captured)
+    rows = table[ids.clamp(max=table.shape[0] - 1)]
+    return rows.to(wanted)
 
 
 def softmax(x: torch.Tensor, axis: int = -1) -> torch.Tensor:

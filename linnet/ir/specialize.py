@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from linnet.errors import LinnetError, Loc
 from linnet.ir import nodes as ir
 from linnet.ir.dims import Dim
+from linnet.ir.index_ranges import check_index_ranges
 from linnet.ir.ops import ROPE_SCALINGS
 from linnet.ir.types import FLOAT_DTYPES, GENERIC_DTYPE, SIZE_GENERICS, ScalarType, TensorType, TupleType
 from linnet.ir.walk import all_values, stmt_values, values as tree_values
@@ -98,6 +99,7 @@ def specialize(module: ir.Module, generics: dict | None = None, numerics: str = 
         check_type(s.type, s.loc, f"state `{s.name}`")
     static = {**values, "Batch": g["Batch"], "MaxSeq": g["MaxSeq"]}
     _check_static_indices(module, sizes, static)
+    check_index_ranges(module, sizes, static)
     for fn in list(module.entries.values()) + list(module.fns.values()):
         for i, (name, t) in enumerate(fn.args):  # even one no value reads
             where = fn.arg_locs[i] if i < len(fn.arg_locs) else fn.loc

@@ -88,6 +88,16 @@ def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def gather_rows(table: torch.Tensor, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """table[ids] in `dtype` for a dense 2-D table and 1-D ids (an embedding's rows), an id outside
+    the table giving a row of zeros (a padding token's position past a learned position table)."""
+    ids = as_int32(ids)
+    out = torch.empty(ids.shape[0], table.shape[1], dtype=dtype)
+    call("gather_rows", TYPES[table.dtype], table.data_ptr(), table.shape[0], table.shape[1], ids.data_ptr(),
+         ids.shape[0], TYPES[dtype], out.data_ptr(), pool.threads())
+    return out
+
+
 def _empty(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A dense tensor of like's shape: empty_like, when it can, takes a third of torch.empty's time."""
     if dtype == like.dtype and like.is_contiguous():

@@ -100,3 +100,31 @@ def test_alibi_written_from_ops_is_numpys(backend):
     for t, want in enumerate(_alibi_reference(weights, tokens)):
         out = model.decode(tokens[t], np.full(2, t, np.int32))
         np.testing.assert_allclose(np.asarray(out[0] if isinstance(out, tuple) else out), want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend, options", [("torch", {}), ("torch", {"numerics": "fast", "compile": True}),
+                                              ("jax", {})])
+def test_learned_positions_serve_up_to_the_tables_size(checkpoints, backend, options):
+    """GPT-2 through the engine with MaxSeq the size of its position table (64), as vLLM's
+    max_model_len defaults to n_positions: a row that idles, or a pack's padding, sits at position
+    MaxSeq, one past the table, whose row the runtime must read without raising (it had been an
+    IndexError in torch); each request's greedy tokens, up to the last position, are
+    transformers' own."""
+    from transformers import GPT2LMHeadModel
+
+    from linnet.serve import Engine, Request
+
+    card, ckpt, _ = checkpoints["gpt2"]
+    reference = GPT2LMHeadModel.from_pretrained(ckpt).eval()
+    model = load(card, backend=backend, weights=ckpt, tokenizer=False, progress=False,
+                 generics={"Batch": 2, "MaxSeq": 64, "T": "f32"}, **options)
+    prompts = [TOKENS[:5].tolist(), TOKENS.tolist(), TOKENS[2:].tolist()]
+    news = [64 - len(prompts[0]), 12, 64 - len(prompts[2])]  # two run to the table's last position
+    done, _ = Engine(model).run([Request(prompt=p, max_new_tokens=n, ignore_eos=True) for p, n in zip(prompts, news)])
+    got_by_prompt = {tuple(c.request.prompt): c for c in done}
+    for prompt, new in zip(prompts, news):
+        got = got_by_prompt[tuple(prompt)]
+        with torch.no_grad():
+            want = reference.generate(torch.tensor([prompt]), max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                                      pad_token_id=0)[0, len(prompt):].tolist()
+        assert got.tokens == want

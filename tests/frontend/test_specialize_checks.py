@@ -1,5 +1,5 @@
 """What only numbers can tell, reported where the source says it: negative slice bounds, indices
-built from loop variables, `topk` of fewer than one value, static ints too large to compute,
+built from loop variables, run-time positions past a learned table (MaxSeq above its size), `topk` of fewer than one value, static ints too large to compute,
 division by zero in a config default, negative dims in an entry's arguments; and what the
 checker refuses before numbers (einsum specs, comparisons of unlike static values).
 
@@ -84,6 +84,17 @@ def llama(id: str, old: str, new: str, token: str, message: str, note: str | Non
     return Case(id, files, "llama.linnet", line_text or new, token, message, note)
 
 
+# The bigram with a learned position table, as GPT-2 has (MaxSeq is 256 by default), and a fn that
+# reads it at the positions it is given.
+POSITIONED = _edit(_edit(BIGRAM, "  dim: int = 32\n", "  dim: int = 32\n  max_pos: int = 64\n"),
+                   "  head: T[vocab, dim]", '  wpe: T[max_pos, dim]\n    from hf "wpe"\n  head: T[vocab, dim]') + """
+fn placed<n>(x: T[n, dim], p: i32[n]) -> T[n, dim] {
+  return x + take(wpe, p)
+}
+"""
+RING = _edit(POSITIONED, "params {", "state {\n  ring: T[Batch, 8, dim]\n}\n\nparams {")
+
+
 CASES = [
     # a slice bound below 0 does not count from the end (it used to pass, typed T[Batch, 1 + dim])
     bigram("slice-starting-below-0", "z = x[:, 0 - 1:]", "0 - 1",
@@ -99,6 +110,16 @@ CASES = [
     llama("layer-index-through-a-fn-argument", "q = rotate(query_heads(h, l), positions)",
           "q = rotate(query_heads(h, l + 1), positions)", "l]", "index 2 is out of range for a dim of size 2",
           "when `l` = 2, as `query_heads` is called at", line_text="linear(h, wq[l])"),
+    # a run-time index the entries contract bounds (decode's positions: 0 to MaxSeq - 1) past a table
+    bigram("learned-positions-past-the-table", "x = x + wpe[positions]", "positions",
+           "this index reaches 255, past the end of a dim of size 64", "bind MaxSeq to at most 64", source=POSITIONED),
+    bigram("learned-positions-with-an-offset", "x = x + wpe[positions + 2]", "positions + 2",
+           "this index reaches 257, past the end of a dim of size 64", "bind MaxSeq to at most 62", source=POSITIONED),
+    bigram("learned-positions-through-a-fn", "x = placed(x, positions)", "p)",
+           "this index reaches 255, past the end of a dim of size 64", "in fn `placed`, as called at",
+           source=POSITIONED, line_text="take(wpe, p)"),
+    bigram("a-store-past-a-ring-of-positions", "ring[iota(Batch), positions] = x", "positions]",
+           "this index reaches 255, past the end of a dim of size 8", "`ring` is T[Batch, 8, dim]", source=RING),
     # topk of fewer than one value
     bigram("topk-of-a-negative-count", "v, i = topk(x, 0 - 1)", "topk",
            "`topk` must take at least 1 value, not -1"),
@@ -200,6 +221,28 @@ def test_valid_statements_still_check_and_compile(statement: str, tmp_path, caps
     assert main(["check", str(path)]) == 0, capsys.readouterr().err
     assert main(["compile", str(path), "--backend", "torch", "-o", str(tmp_path / "out.py")]) == 0, \
         capsys.readouterr().err
+
+
+@pytest.mark.parametrize("statement, source, generics", [
+    ("x = x + wpe[positions]", POSITIONED, ["--generic", "MaxSeq=64"]),  # the table's size
+    ("x = x + wpe[positions + 2]", POSITIONED, ["--generic", "MaxSeq=62"]),
+    ("x = placed(x, positions % max_pos)", POSITIONED, []),
+    ("x = x + wpe[minimum(positions, max_pos - 1)]", POSITIONED, []),
+    ("x = x + wpe[iota(Batch)]", POSITIONED, ["--generic", "Batch=64"]),
+    ("ring[iota(Batch), positions % 8] = x", RING, []),
+    ("x = x + wpe[tokens]", POSITIONED, []),  # a token's range is no part of the contract
+])
+def test_run_time_indices_inside_their_dims_still_check(statement, source, generics, tmp_path, capsys):
+    """Positions held inside a learned table or a ring of positions by MaxSeq, an offset, `%` or
+    `minimum` check and compile; where nothing bounds an index, nothing is claimed."""
+    path = tmp_path / "model.linnet"
+    path.write_text(_edit(source, "  return linear", f"  {statement}\n  return linear"))
+    assert main(["check", str(path), *generics]) == 0, capsys.readouterr().err
+    assert main(["compile", str(path), *generics, "-o", str(tmp_path / "out.py")]) == 0, capsys.readouterr().err
+    with_one_more = {"MaxSeq=64": "MaxSeq=65", "MaxSeq=62": "MaxSeq=63", "Batch=64": "Batch=65"}
+    if generics:  # one more position (or row) than the table holds is refused
+        assert main(["check", str(path), "--generic", with_one_more[generics[1]]]) == 1
+        assert "past the end of a dim of size 64" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("index", ["attn_norm[layers - 1 - l]", "attn_norm[l - layers]",

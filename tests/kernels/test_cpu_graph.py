@@ -57,6 +57,8 @@ def test_an_id_outside_the_table_gathers_zeros():
     ids.copy_(torch.tensor([3, 4], dtype=torch.int32))
     graph.replay()
     assert torch.equal(out[0], table[3]) and torch.equal(out[1], torch.zeros(8))
+    # and so does the step run eagerly (a padding token's position, one past a learned table), not raising
+    assert torch.equal(rt.gather_rows(table, torch.tensor([3, 4], dtype=torch.int32)), out)
 
 
 def test_an_op_the_replay_lacks_is_named_and_the_step_still_runs():
