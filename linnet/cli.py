@@ -60,7 +60,8 @@ def cmd_check(args) -> int:
         from linnet.ir.specialize import specialize
 
         specialize(module, _generics(args.generic), args.numerics)
-    print(f"{args.file}: ok ({len(module.params)} params, {len(module.entries)} entries)")
+    params, entries = len(module.params), len(module.entries)
+    print(f"{args.file}: ok ({params} param{'' if params == 1 else 's'}, {entries} entr{'y' if entries == 1 else 'ies'})")
     return 0
 
 
@@ -562,6 +563,22 @@ def _cors_list(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+# Each runs as it stands where the embedded default model is installed (tests/nest/test_cli_errors.py parses them).
+GENERATE_EXAMPLES = """examples:
+  linnet generate smollm2-135m-instruct "What is the capital of France?" --chat
+  linnet generate smollm2-135m-instruct "Once upon a time" -n 64 --temp 0.8 --top-k 40 -s 1
+  linnet generate smollm2-135m-instruct "Name a cat, as JSON." --chat \\
+      -j '{"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}'
+  echo "Tell me a joke." | linnet generate smollm2-135m-instruct - --chat --backend jax
+"""
+SERVE_EXAMPLES = """examples:
+  linnet serve smollm2-135m-instruct --batch 8 --max-seq 2048 --port 8000
+  linnet serve tiny-llama --weights random --port 8001   # a test card in seconds: prompts as token ids
+  curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+       -d '{"model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "Hi"}]}'
+"""
+
+
 def build_parser() -> argparse.ArgumentParser:
     from linnet.cli_foreign import EXPORT as EXPORT_REFUSED
     from linnet.cli_foreign import GENERATE as GENERATE_REFUSED
@@ -594,21 +611,23 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--backend", choices=["torch", "jax"], default="torch", help="(torch)")
     c.add_argument("-o", "--output", help="write here instead of standard output")
     c.set_defaults(run=cmd_compile)
-    source_cmd("check", "parse and check a model, print nothing else").set_defaults(run=cmd_check)
+    source_cmd("check", "parse and check a model (with numbers, for a card or with --generic); print ok or "
+                          "the first error").set_defaults(run=cmd_check)
     source_cmd("ir", "print the checked IR, before generics are bound", specializes=False).set_defaults(run=cmd_ir)
 
     sub.add_parser("cards", help="list the model cards: size, source, and where their weights were found") \
         .set_defaults(run=cmd_cards)
 
-    g = sub.add_parser("generate", help="generate text from a prompt, printed as it comes")
+    g = sub.add_parser("generate", help="generate text from a prompt, printed as it comes",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=GENERATE_EXAMPLES)
     g.add_argument("card", help="a card name (see `linnet cards`), a .linnet file, or a local HF dir or .gguf file")
     g.add_argument("prompt", help="the prompt; - reads it from standard input (linnet generate CARD - < FILE)")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
-    g.add_argument("--system", help="a system message (with --chat; llama-cli's -sys)")
+    g.add_argument("--system", help="a system message (with --chat; llama-cli's -sys, --system-prompt)")
     g.add_argument("--chat-template", default=None,
                    help="a Jinja chat template (a file, or the template itself) in place of the tokenizer's")
     g.add_argument("--max-new-tokens", type=_positive, default=256,
-                   help="most tokens to generate (256; llama-cli's -n, vLLM's max_tokens)")
+                   help="most tokens to generate (256; llama-cli's -n, --n-predict; vLLM's max_tokens, --max-tokens)")
     g.add_argument("--temperature", type=_temperature, default=0.0, help="0 (the default) is greedy (llama-cli's --temp)")
     g.add_argument("--top-p", type=_top_p, default=1.0, help="sample from the likeliest tokens whose probabilities "
                    "add up to this (1, the default: from all)")
@@ -637,7 +656,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="T with --numerics fast (default bf16; exact always computes in f32; vLLM's bfloat16, "
                         "float16, half, float32 and auto are taken too)")
     g.add_argument("--max-seq", type=_positive, default=2048,
-                   help="positions in the cache: prompt plus completion (2048; llama-cli's -c)")
+                   help="positions in the cache: prompt plus completion (2048; llama-cli's -c, --ctx-size)")
     g.add_argument("--json-schema", "-j", default=None,
                    help="hold the output to a JSON schema (its text, or a file); '{\"type\": \"object\"}' for any object")
     g.add_argument("--regex", default=None, help="hold the output to a regular expression")
@@ -653,7 +672,8 @@ def build_parser() -> argparse.ArgumentParser:
             g.add_argument(flag, dest=dest, type=kind, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     add_refusals(g, GENERATE_REFUSED)
     g.set_defaults(run=cmd_generate)
-    sv = sub.add_parser("serve", help="an OpenAI-compatible server (completions, chat completions, responses)")
+    sv = sub.add_parser("serve", help="an OpenAI-compatible server (completions, chat completions, responses)",
+                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=SERVE_EXAMPLES)
     sv.add_argument("card", help="a card name (see `linnet cards`), a .linnet file, or a checkpoint path")
     # vLLM's spellings are taken too, so that a vLLM command line needs only its first word changed.
     sv.add_argument("--batch", "--max-num-seqs", type=_positive, default=8, help="cache rows: requests in flight (8)")
@@ -749,8 +769,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.set_defaults(run=cmd_serve)
     ex = sub.add_parser("export", help="write a card with its weights for vLLM, llama.cpp or Triton Inference Server",
                         description="vllm: a Hugging Face model directory (config.json, safetensors, tokenizer). "
-                                    "llama.cpp: one GGUF file (Llama, Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, gpt-oss or "
-                                    "Gemma 3). triton: a model repository "
+                                    "llama.cpp: one GGUF file (Llama, Mistral without a window, Mixtral, Qwen2, Qwen3, "
+                                    "Qwen3-MoE, gpt-oss, Gemma 3, OLMo 2, Granite or Phi-3 without a window). triton: a model repository "
                                     "whose Python backend runs the card on Linnet's engine (the weights stay "
                                     "where they are).")
     ex.add_argument("card", help="a card name, a .linnet file, or a checkpoint path")

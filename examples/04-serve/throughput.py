@@ -24,19 +24,19 @@ def positive(text: str) -> int:
 
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("--card", default="llama-3.1-8b-instruct", help="a card's name (see `linnet cards`)")
+parser.add_argument("--card", default="llama-3.1-8b-instruct", help="a card's name (see `linnet cards`; llama-3.1-8b-instruct)")
 parser.add_argument("--backend", choices=["torch", "jax"], default="torch", help="(torch)")
 parser.add_argument("--requests", type=positive, default=256, help="how many requests (256)")
-parser.add_argument("--rows", type=positive, default=64, help="requests in flight")
-parser.add_argument("--new", type=positive, default=128, help="tokens each request generates")
+parser.add_argument("--rows", type=positive, default=64, help="requests in flight (64)")
+parser.add_argument("--new", type=positive, default=128, help="tokens each request generates (128)")
 parser.add_argument("--min-prompt", type=positive, default=128, help="fewest prompt tokens (128)")
 parser.add_argument("--max-prompt", type=positive, default=512, help="most prompt tokens (512)")
 parser.add_argument("--device", default=None,  # (nest.load's choice: torch is not imported before --help)
                     help="torch device (default: cuda when present)")
 parser.add_argument("--weights", default=None,
                     help="a checkpoint path, or 'random' to benchmark without the files (default: the card's)")
-parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"], help="the element type T")
-parser.add_argument("--token-budget", type=positive, default=None, help="most tokens in one pass")
+parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"], help="the element type T (bf16)")
+parser.add_argument("--token-budget", type=positive, default=None, help="most tokens in one pass (default: 2048 on a GPU, 512 on a CPU)")
 parser.add_argument("--shards", type=positive, default=None, help="jax: spread the model over this many devices")
 args = parser.parse_args()
 if args.min_prompt > args.max_prompt:

@@ -181,6 +181,9 @@ def test_the_ids_are_unique_and_the_bases_valid(tmp_path, capsys):
     (tmp_path / "tiny-llama.linnet").write_text(TINY_LLAMA)
     for name in ("bigram.linnet", "tiny-llama.linnet"):
         assert main(["check", str(tmp_path / name)]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"{tmp_path / 'bigram.linnet'}: ok (2 params, 1 entry)",  # (it said "1 entries")
+                   f"{tmp_path / 'tiny-llama.linnet'}: ok (12 params, 3 entries)"]
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)

@@ -270,10 +270,39 @@ def test_each_flag_says_what_it_is(capsys, command):
 
     with pytest.raises(SystemExit, match="0"):
         main([command, "--help"])
-    lines = capsys.readouterr().out.split("\n\n", 1)[-1].splitlines()  # past the usage
+    # past the usage, up to the examples
+    lines = capsys.readouterr().out.split("\n\n", 1)[-1].split("\nexamples:\n")[0].splitlines()
     for i, line in enumerate(lines):
         if re.fullmatch(r"  \S.*", line) and not re.search(r"\S  +\S", line.strip()):
             assert i + 1 < len(lines) and lines[i + 1].startswith(" " * 8), f"{line.strip()!r} has no help"
+
+
+def test_the_examples_in_the_help_parse_and_every_other_spelling_is_named(capsys):
+    """Each `linnet` line under a command's examples parses with that command's flags (they were
+    run by hand: README's own), and each spelling that has no help line of its own (llama-cli's -n,
+    --ctx-size, ...) is named in `--help`, where --system-prompt, --n-predict, --max-tokens and
+    --ctx-size were not."""
+    import argparse
+    import shlex
+
+    from linnet.cli import GENERATE_EXAMPLES, SERVE_EXAMPLES, build_parser
+
+    parser = build_parser()
+    text = (GENERATE_EXAMPLES + SERVE_EXAMPLES).replace("\\\n", " ")  # (a command continued on the next line)
+    lines = [line.strip().split("| ", 1)[-1].split("  #")[0] for line in text.splitlines()]
+    commands = [shlex.split(line)[1:] for line in lines if line.startswith("linnet ")]
+    assert {argv[0] for argv in commands} == {"generate", "serve"} and len(commands) == 6
+    for argv in commands:
+        assert parser.parse_args(argv).command == argv[0]
+    subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name, command in subcommands.items():
+        with pytest.raises(SystemExit, match="0"):
+            main([name, "--help"])
+        shown = " ".join(capsys.readouterr().out.split())
+        for action in command._actions:
+            if action.help == argparse.SUPPRESS and action.dest != argparse.SUPPRESS:  # (not a refusal)
+                for flag in action.option_strings:
+                    assert flag + "," in shown or flag + ")" in shown or flag + ";" in shown, (name, flag)
 
 
 @pytest.mark.parametrize("argv, says", [
