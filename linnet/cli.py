@@ -405,6 +405,7 @@ def _add_compile_cache(parser) -> None:
 
 def cmd_serve(args) -> int:
     from linnet import nest
+    from linnet.nest.load import is_repo_id
     from linnet.serve.cors import CorsPolicy
     from linnet.serve.server import serve
     from linnet.serve.tool_parsers import parser_for_template
@@ -412,8 +413,11 @@ def cmd_serve(args) -> int:
     _note_exact_numerics(args.numerics, args.dtype)  # (as generate's: asked for, bf16 by default with fast)
     generics = {"Batch": args.batch, "MaxSeq": args.max_seq,
                 "T": (args.dtype or "bf16") if args.numerics == "fast" else "f32"}
+    if args.shards == 1 and args.backend != "jax":
+        args.shards = None  # one device, as torch runs anyway: a vLLM command line's -tp 1 runs as it stands
     if args.shards is not None and args.backend != "jax":
-        raise _FlagError("--shards spreads a JAX model over devices: pass --backend jax")
+        raise _FlagError(f"--shards {args.shards} spreads a JAX model over devices: pass --backend jax "
+                         "(torch runs on one, --shards 1)")
     _check_address(args.host, args.port)  # before minutes of loading and warming up
     _check_tls(args.ssl_certfile, args.ssl_keyfile)
     _use_compile_cache(args)
@@ -439,7 +443,9 @@ def cmd_serve(args) -> int:
         if name is not None and name not in known:  # only a card's meta can name one the flags would refuse
             raise _UsageError(f"{model.card}: its meta names the {kind} parser {name!r}, which Linnet does not "
                               f"have; there are {', '.join(sorted(known))}")
-    names = args.name or [model.card]
+    # a repository id given for the card (as `vllm serve` takes one) is the name clients send, as vLLM's
+    typed = [args.card] if is_repo_id(args.card) and args.card != model.card else []
+    names = args.name or typed + [model.card]
     serve(model, names[0], other_names=tuple(names[1:]), host=args.host, port=args.port, api_key=api_key,
           tool_parser=parser, reasoning_parser=reasoning,
           structure_in_reasoning=args.structured_outputs_in_reasoning, stored_responses=args.stored_responses,
@@ -693,7 +699,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--tokenizer", default=None,
                     help="a model directory or .gguf file whose tokenizer to use (default: the weights' own)")
     sv.add_argument("--shards", "--tensor-parallel-size", "-tp", type=_positive, default=None,
-                    help="jax: spread the model over this many devices (tensor parallel)")
+                    help="jax: spread the model over this many devices (tensor parallel; 1, one device, "
+                         "is taken with torch too)")
     sv.add_argument("--host", default="127.0.0.1", help="the address to listen on (127.0.0.1: this machine "
                     "only; 0.0.0.0: every interface)")
     sv.add_argument("--port", type=_port, default=8000, help="default: 8000")

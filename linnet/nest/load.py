@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import operator
 import os
+import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +54,7 @@ from linnet.nest import registry
 from linnet.nest.checkpoint import Checkpoint, GGUFCheckpoint, open_checkpoint
 from linnet.nest.embedded import EMBEDDED_INSTALL, embedded_gguf_path
 from linnet.nest.errors import DeviceError, TokenizerError, WeightsError
-from linnet.nest.locate import find_weights, is_model_dir, weights_not_found_message
+from linnet.nest.locate import download_command, find_weights, is_model_dir, weights_not_found_message
 from linnet.nest.memory import check_fits, free_jax_bytes, free_torch_bytes
 from linnet.nest.model import LoadedModel
 from linnet.nest.progress import Progress
@@ -407,19 +408,40 @@ def resolve_card(name, weights) -> tuple[Module, str, Checkpoint | None]:
         module = load_file(p)
         return module, module.card or p.stem, None
     if p.exists():
-        from linnet.nest.autocard import card_source_from_config
-
-        ckpt = open_checkpoint(p)
-        card = p.stem if p.is_file() else p.name
-        source = card_source_from_config(ckpt.config(), card)
-        module = load_source(source, f"<card for {p}>")
-        if weights is not None:  # the card from `name`, the tensors from `weights`
-            return module, card, None
-        return module, card, ckpt
+        return _card_from_checkpoint(p, p.stem if p.is_file() else p.name, weights)
+    if is_repo_id(text):  # as vLLM takes a model: a card that names this repository, else the hub cache's copy
+        by_repo = registry.card_for_repo(text)
+        if by_repo is not None:
+            return by_repo.module(), by_repo.name, None
+        found, looked = find_weights(text)
+        if found is not None:
+            return _card_from_checkpoint(Path(found), text.split("/")[1], weights)
+        raise WeightsError(f"{text}: no such file or directory, nor the hf_repo of a card (`linnet cards` lists "
+                           f"them), nor in the Hugging Face cache (looked in {', '.join(looked)}); fetch it with "
+                           f"`{download_command(text)}`, or give a model directory, a .gguf file or a .linnet card")
     if os.sep in text or text.lower().endswith(".gguf"):  # meant as a path: card names hold no separator
         raise WeightsError(f"{p}: no such file or directory (a model directory, a .gguf file, a .linnet card, "
                            f"or a card's name: `linnet cards` lists them)")
     return registry.card(text, f", nor a file or directory {p.resolve()}").module(), text, None
+
+
+def is_repo_id(text: str) -> bool:
+    """Whether `text` reads as a Hugging Face repository id (`owner/name`, as `vllm serve` takes a
+    model) and is no file or directory here, which it would be taken for first."""
+    return (re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]*[A-Za-z0-9_]", text) is not None and ".." not in text
+            and not text.lower().endswith((".gguf", ".linnet")) and not Path(text).exists())
+
+
+def _card_from_checkpoint(p: Path, card: str, weights) -> tuple[Module, str, Checkpoint | None]:
+    """A card written from a checkpoint's config.json or GGUF metadata, named `card`; with the open
+    checkpoint unless `weights` names the tensors' place instead."""
+    from linnet.nest.autocard import card_source_from_config
+
+    ckpt = open_checkpoint(p)
+    module = load_source(card_source_from_config(ckpt.config(), card), f"<card for {p}>")
+    if weights is not None:  # the card from `name`, the tensors from `weights`
+        return module, card, None
+    return module, card, ckpt
 
 
 def find_card_weights(card_name: str, module: Module, raise_missing: bool = False) -> tuple[str | None, list]:

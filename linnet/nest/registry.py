@@ -70,6 +70,15 @@ def card(name: str, also_looked: str = "") -> CardInfo:
     raise CardError(f"unknown card {name!r}: no {name}.linnet among the cards in {cards_dir()}{also_looked}{hint}")
 
 
+def card_for_repo(repo_id: str) -> CardInfo | None:
+    """The card whose `hf_repo` is this Hugging Face repository (ids are matched as the hub matches
+    them, whatever the case), or None."""
+    for c in cards():
+        if c.hf_repo is not None and c.hf_repo.lower() == repo_id.lower():
+            return c
+    return None
+
+
 def _close_names(name: str, known: list) -> list:
     """The known names nearest `name`: those within a little of the best match (at most 3)."""
     scored = sorted(((difflib.SequenceMatcher(None, name, k).ratio(), k) for k in known), reverse=True)

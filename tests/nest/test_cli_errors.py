@@ -53,7 +53,7 @@ def test_request_values_are_checked_before_the_model_loads(capsys):
     assert "linnet generate: error: --system needs --chat" in usage_error_of(capsys, base + ["--system", "be brief"])
     assert "give one of --json-schema, --regex, --grammar" in usage_error_of(
         capsys, base + ["--regex", "a", "--grammar", 'root ::= "a"'])
-    assert "--shards spreads a JAX model over devices" in usage_error_of(capsys, ["serve", "tiny-llama", "--shards", "2"])
+    assert "--shards 2 spreads a JAX model over devices" in usage_error_of(capsys, ["serve", "tiny-llama", "--shards", "2"])
     assert "argument --stored-responses: must be 0 or more, not -1" in usage_error_of(
         capsys, ["serve", "tiny-llama", "--stored-responses", "-1"])
 
@@ -115,6 +115,10 @@ def test_arguments_of_the_wrong_kind_are_named_before_anything_is_read():
 def test_a_port_out_of_range(capsys):
     assert "a port is 0 to 65535, not 99999" in usage_error_of(
         capsys, ["serve", "tiny-llama", "--weights", "random", "--port", "99999"])
+    # vLLM's -tp 1 (one device) is taken with torch, so the next check, the port's, is what answers
+    for one in (["-tp", "1"], ["--tensor-parallel-size", "1"]):
+        assert "a port is 0 to 65535, not 99999" in usage_error_of(
+            capsys, ["serve", "tiny-llama", "--weights", "random", *one, "--port", "99999"])
 
 
 def test_a_parser_a_card_names_that_linnet_lacks(capsys, tmp_path):

@@ -89,6 +89,72 @@ def test_load_from_hf_cache(tiny_hf, hf_home, assert_matches):
     assert_matches(model, hf_model)
 
 
+def test_a_repository_id_loads_as_vllm_takes_one(tiny_hf, hf_home, assert_matches):
+    """`vllm serve ORG/NAME` names a model by its repository: with no card for it, Linnet takes its
+    copy in the Hugging Face cache (a card written from its config.json, named NAME); a repository
+    neither a card names nor the cache holds says how to fetch it."""
+    hf_model, _ = tiny_hf
+    _, snapshot = hf_home
+    model = nest.load(REPO, backend="torch", generics=GENERICS, tokenizer=False)
+    assert model.card == "Tiny-Llama" and model.weights == str(snapshot)
+    assert_matches(model, hf_model)
+    with pytest.raises(nest.WeightsError, match="nor in the Hugging Face cache .* fetch it with `hf download "
+                                                "linnet-test/Missing`"):
+        nest.load("linnet-test/Missing", backend="torch", generics=GENERICS, tokenizer=False)
+
+
+def test_a_repository_id_a_card_names_is_that_card():
+    """The repository a card's meta hf_repo names, in any case (as the hub matches ids), is that
+    card, whose weights are then looked for as the card's are (SmolLM2's: the embedded GGUF)."""
+    from linnet.nest.load import resolve_card
+
+    for repo in ("HuggingFaceTB/SmolLM2-135M-Instruct", "huggingfacetb/smollm2-135m-instruct"):
+        assert resolve_card(repo, None)[1] == "smollm2-135m-instruct"
+    assert resolve_card("meta-llama/Llama-3.1-8B-Instruct", None)[1] == "llama-3.1-8b-instruct"
+
+
+def test_serve_names_the_model_by_the_repository_it_was_given(hf_home, tmp_path):
+    """A client of `vllm serve ORG/NAME` sends "ORG/NAME" as its model: so does Linnet's server take it
+    (and reply with it), beside the card's own name."""
+    import json
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, HF_HOME=str(tmp_path / "hf"))
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "LINNET_WEIGHTS"):
+        env.pop(var, None)
+    proc = subprocess.Popen([sys.executable, "-m", "linnet.cli", "serve", REPO, "--max-num-seqs", "2", "--max-model-len",
+                             "32", "--dtype", "float32", "-tp", "1", "--port", str(port)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(600):
+            assert proc.poll() is None, proc.stdout.read()
+            try:
+                with urllib.request.urlopen(base + "/v1/models", timeout=60) as resp:
+                    models = json.loads(resp.read())
+                break
+            except OSError:
+                time.sleep(0.2)
+        else:
+            raise AssertionError("the server did not answer in 2 minutes")
+        assert [m["id"] for m in models["data"]][:1] == [REPO]
+        body = json.dumps({"model": REPO, "prompt": [5, 17, 200], "max_tokens": 2}).encode()
+        req = urllib.request.Request(base + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            done = json.loads(resp.read())
+        assert done["model"] == REPO and done["usage"]["completion_tokens"] == 2
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def test_linnet_weights_dir_comes_before_the_cache(tiny_hf, hf_home, tmp_path, monkeypatch):
     _, path = tiny_hf
     card, _ = hf_home

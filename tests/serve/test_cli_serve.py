@@ -179,7 +179,8 @@ def test_a_port_in_use_is_said_before_the_model_loads(monkeypatch, capsys, any_p
     (["tiny-llama", "-np", "4"], "-np is not taken here: use --batch (vLLM's --max-num-seqs)"),
     (["tiny-llama", "-ngl", "99"], "-ngl is not taken here: the whole model runs on --device"),
     (["tiny-llama", "--gpu-memory-utilization", "5"], "argument --gpu-memory-utilization: must be from 0 to 1, not 5"),
-    (["tiny-llama", "-tp", "2"], "--shards spreads a JAX model over devices: pass --backend jax"),
+    (["tiny-llama", "-tp", "2"], "--shards 2 spreads a JAX model over devices: pass --backend jax (torch runs on one, "
+                                 "--shards 1)"),
 ])
 def test_vllms_and_llama_servers_other_flags_are_refused_with_linnets_way(capsys, argv, says):
     """A flag of `vllm serve` or `llama-server` with no meaning here, or another name here: one line that
