@@ -62,10 +62,14 @@ def check(card: str, backend: str, numerics: str, dtype: str, rows: int = 16) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--cards", nargs="+", default=["tiny-llama", "tiny-mixtral"])
-    parser.add_argument("--backends", nargs="+", default=["torch", "jax"], choices=["torch", "jax"])
-    parser.add_argument("--numerics", nargs="+", default=["fast", "exact"], choices=["fast", "exact"])
-    parser.add_argument("--types", nargs="+", default=["f32", "bf16"], choices=["f32", "bf16"])
+    parser.add_argument("--cards", nargs="+", default=["tiny-llama", "tiny-mixtral"],
+                        help="the cards run, with random weights (tiny-llama tiny-mixtral)")
+    parser.add_argument("--backends", nargs="+", default=["torch", "jax"], choices=["torch", "jax"],
+                        help="(torch jax)")
+    parser.add_argument("--numerics", nargs="+", default=["fast", "exact"], choices=["fast", "exact"],
+                        help="(fast exact)")
+    parser.add_argument("--types", nargs="+", default=["f32", "bf16"], choices=["f32", "bf16"],
+                        help="the element types T (f32 bf16)")
     args = parser.parse_args()
     for card in args.cards:
         for backend in args.backends:

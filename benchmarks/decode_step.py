@@ -47,10 +47,11 @@ def timed(step, steps: int) -> float:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--prompt", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--batch", type=int, default=16, help="rows decoded in each step (16)")
+    parser.add_argument("--prompt", type=int, default=64, help="prompt tokens each row holds first (64)")
+    parser.add_argument("--steps", type=int, default=20, help="steps timed; the median is printed (20)")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
+                        help="torch's threads (default: torch's own count, %(default)s here)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     max_seq = args.prompt + args.steps * 2 + 8

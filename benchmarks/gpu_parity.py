@@ -29,9 +29,9 @@ from linnet.serve import Engine, Request
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--card", default=None, help="a card with random weights (default: a small Llama saved by "
                     "transformers, with weights large enough that attention moves the logits)")
-parser.add_argument("--requests", type=int, default=16)
-parser.add_argument("--rows", type=int, default=6)
-parser.add_argument("--new", type=int, default=24)
+parser.add_argument("--requests", type=int, default=16, help="requests run (16)")
+parser.add_argument("--rows", type=int, default=6, help="cache rows: requests in flight (6)")
+parser.add_argument("--new", type=int, default=24, help="tokens each request generates (24)")
 parser.add_argument("--device", default="cuda", help="torch's device (cpu: to try the check itself)")
 args = parser.parse_args()
 

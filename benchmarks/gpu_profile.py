@@ -35,16 +35,17 @@ from linnet.serve.sampling import SamplingBatch
 from linnet.serve import Request
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-parser.add_argument("--card", default="llama-3.1-8b-instruct")
-parser.add_argument("--rows", type=int, default=64)
-parser.add_argument("--max-seq", type=int, default=640)
+parser.add_argument("--card", default="llama-3.1-8b-instruct", help="the card, with random weights (%(default)s)")
+parser.add_argument("--rows", type=int, default=64, help="cache rows, each decoded in a step (64)")
+parser.add_argument("--max-seq", type=int, default=640, help="positions per row (640)")
 parser.add_argument("--pack", type=int, default=2048, help="tokens in the packed-prompt pass")
 parser.add_argument("--prompt", type=int, default=512, help="tokens in each of its prompts")
-parser.add_argument("--steps", type=int, default=20)
-parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"])
-parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+parser.add_argument("--steps", type=int, default=20, help="steps timed (20)")
+parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"], help="the element type T (bf16)")
+parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                    help="torch's device (cuda where there is one, else cpu)")
 parser.add_argument("--kernels", type=int, default=12, help="kernels listed per profile")
-parser.add_argument("--backend", default="torch", choices=["torch", "jax"])
+parser.add_argument("--backend", default="torch", choices=["torch", "jax"], help="(torch)")
 args = parser.parse_args()
 cuda = args.device.startswith("cuda")
 jax_backend = args.backend == "jax"

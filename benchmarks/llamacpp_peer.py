@@ -311,7 +311,7 @@ def check(new: int = 16, threads: int = 2) -> None:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="compare greedy tokens with Linnet's")
-    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="llama.cpp's threads (the CPUs, %(default)s here)")
     args = parser.parse_args()
     if args.check:
         check(threads=args.threads)

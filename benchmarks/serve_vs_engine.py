@@ -95,9 +95,9 @@ def server_rates(prompts: list, backend: str, dtype: str, repeats: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--backend", choices=["torch", "jax"], default="torch")
-    parser.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each; the median is printed (3)")
+    parser.add_argument("--backend", choices=["torch", "jax"], default="torch", help="(torch)")
+    parser.add_argument("--dtype", choices=["bf16", "f32"], default="bf16", help="the element type T (bf16)")
     args = parser.parse_args()
     prompts = load_prompts(64, 32, 128, 49152)
     engine = engine_rate(prompts, args.backend, args.dtype, args.repeats)

@@ -87,9 +87,9 @@ def main():
     from linnet.serve import Engine
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--backend", default="torch", choices=["torch", "jax"])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--backend", default="torch", choices=["torch", "jax"], help="(torch)")
+    parser.add_argument("--repeats", type=int, default=5, help="runs of each; the median is printed (5)")
+    parser.add_argument("--profile", action="store_true", help="where the host's time goes in the structured runs (cProfile)")
     parser.add_argument("--tokens", help="a JSON file to write each run's tokens to (to compare two versions')")
     args = parser.parse_args()
     model = load(args.backend)

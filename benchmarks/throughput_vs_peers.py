@@ -245,9 +245,9 @@ def print_ratios(results: dict) -> None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--rows", type=int, default=16)
-    parser.add_argument("--new", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=64, help="requests in the load (64)")
+    parser.add_argument("--rows", type=int, default=16, help="requests in flight (16)")
+    parser.add_argument("--new", type=int, default=32, help="tokens each request generates (32)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per system; the median is printed")
     parser.add_argument("--no-single", action="store_true", help="skip the one-request measurement")
     parser.add_argument("--no-load", action="store_true", help="skip the load; measure one request only")

@@ -12,9 +12,9 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 parser = argparse.ArgumentParser(description=__doc__)
-parser.add_argument("--requests", type=int, default=256)
-parser.add_argument("--rows", type=int, default=64)
-parser.add_argument("--new", type=int, default=128)
+parser.add_argument("--requests", type=int, default=256, help="requests in the load (256)")
+parser.add_argument("--rows", type=int, default=64, help="requests generated together (64)")
+parser.add_argument("--new", type=int, default=128, help="tokens each request generates (128)")
 args = parser.parse_args()
 
 rng = random.Random(0)
