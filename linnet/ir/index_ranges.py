@@ -143,7 +143,11 @@ def range_of(v: ir.Value, env: dict, sizes: dict, static: dict) -> Range | None:
             return None
         if v.op == "minimum":
             return a if a.hi <= b else Range(min(a.lo, b), b, f"{a.why}, at most {b}")
-        return a if a.lo >= b else Range(b, max(a.hi, b), a.why, a.past_generic, a.offset)
+        if a.lo >= b:
+            return a
+        if a.hi >= b:  # (the top, and what it follows from, stay a's)
+            return Range(b, a.hi, a.why, a.past_generic, a.offset)
+        return Range(b, b, f"{a.why}, at least {b}")
     return None
 
 
