@@ -399,8 +399,8 @@ def _use_compile_cache(args) -> None:
 def _add_compile_cache(parser) -> None:
     parser.add_argument("--compile-cache", default=_default_compile_cache(), metavar="DIR",
                         help="jax: where compiled executables are kept between runs, so that a second start "
-                             "compiles nothing ('none': nowhere; default: %(default)s, $JAX_COMPILATION_CACHE_DIR "
-                             "where it is set, else xla in Linnet's cache)")
+                             "compiles nothing ('none': nowhere; default: $JAX_COMPILATION_CACHE_DIR where it is set, "
+                             "else xla in Linnet's cache: %(default)s here)")
 
 
 def cmd_serve(args) -> int:
@@ -690,8 +690,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--dtype", type=_dtype_name, choices=["f32", "bf16", "f16"], default=None,
                     help="the element type T of weights and cache with --numerics fast (default bf16; as `generate`'s; "
                          "vLLM's auto, bfloat16, float16, half and float32 are taken too)")
-    sv.add_argument("--numerics", choices=["exact", "fast"], default="fast", help="(fast)")
-    sv.add_argument("--weights", default=None, help="a checkpoint path, or 'random'")
+    sv.add_argument("--numerics", choices=["exact", "fast"], default="fast",
+                    help="fast (the default): packed weights, fused attention, T's weights and cache; exact: the "
+                         "reference semantics, in f32 (as `generate`'s)")
+    sv.add_argument("--weights", default=None,
+                    help="a checkpoint path, or 'random' (default: the card's, found as nest.load finds them)")
     sv.add_argument("--token-budget", "--max-num-batched-tokens", type=_positive, default=None,
                     help="most tokens in one pass (default: 2048 on a GPU, 512 on a CPU)")
     sv.add_argument("--chat-template", default=None,
@@ -742,7 +745,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--stored-responses", type=_nonnegative, default=1024,
                     help="how many Responses (/v1/responses) are kept in memory for previous_response_id and "
                          "GET /v1/responses/ID, the oldest dropped first (0: none; 1024)")
-    sv.add_argument("--seed", type=_seed, default=0, help="seeds the draws of requests that send no seed of their own")
+    sv.add_argument("--seed", type=_seed, default=0, help="seeds the draws of requests that send no seed of their own (0, as vLLM's)")
     sv.add_argument("--max-logprobs", type=_max_logprobs, default=MAX_LOGPROBS,
                     help="the most logprobs a request may ask for with each token (logprobs, top_logprobs, "
                          "prompt_logprobs); more is a 400, as vLLM's (%(default)s)")
