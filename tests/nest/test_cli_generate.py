@@ -323,7 +323,7 @@ def test_the_compile_caches_default_is_the_one_help_prints(capsys, monkeypatch, 
     with pytest.raises(SystemExit, match="0"):
         main([command, "--help"])
     shown = " ".join(capsys.readouterr().out.split())
-    assert "default: /srv/xla, $JAX_COMPILATION_CACHE_DIR where it is set, else xla in Linnet's cache" in shown
+    assert "default: $JAX_COMPILATION_CACHE_DIR where it is set, else xla in Linnet's cache: /srv/xla here" in shown
 
 
 def test_a_16_bit_type_asked_for_with_exact_numerics_is_noted(capsys, gguf_path):
