@@ -747,7 +747,10 @@ def as_tensors(device: torch.device, *arrays) -> tuple:
 
 
 def take(x: torch.Tensor, indices: torch.Tensor, axis: int = 0) -> torch.Tensor:
-    flat = x.index_select(axis, indices.reshape(-1).long())
+    """x gathered at `indices` along `axis`. An index past the end reads the last entry, where
+    index_select would raise: a padding token's position, MaxSeq, one past a learned position table
+    of MaxSeq rows (`gather_rows`); its result is dropped."""
+    flat = x.index_select(axis, indices.reshape(-1).long().clamp(max=x.shape[axis] - 1))
     return flat.reshape(x.shape[:axis] + indices.shape + x.shape[axis + 1:])
 
 

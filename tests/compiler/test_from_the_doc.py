@@ -102,9 +102,10 @@ def test_alibi_written_from_ops_is_numpys(backend):
         np.testing.assert_allclose(np.asarray(out[0] if isinstance(out, tuple) else out), want, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("spelling", ["wpe[positions]", "take(wpe, positions)"])
 @pytest.mark.parametrize("backend, options", [("torch", {}), ("torch", {"numerics": "fast", "compile": True}),
                                               ("jax", {})])
-def test_learned_positions_serve_up_to_the_tables_size(checkpoints, backend, options):
+def test_learned_positions_serve_up_to_the_tables_size(checkpoints, backend, options, spelling, tmp_path):
     """GPT-2 through the engine with MaxSeq the size of its position table (64), as vLLM's
     max_model_len defaults to n_positions: a row that idles, or a pack's padding, sits at position
     MaxSeq, one past the table, whose row the runtime must read without raising (it had been an
@@ -115,6 +116,9 @@ def test_learned_positions_serve_up_to_the_tables_size(checkpoints, backend, opt
     from linnet.serve import Engine, Request
 
     card, ckpt, _ = checkpoints["gpt2"]
+    (tmp_path / "gpt2.linnet").write_text(card.with_name("gpt2.linnet").read_text().replace("wpe[positions]", spelling))
+    card = tmp_path / "card.linnet"
+    card.write_text('card "tiny-gpt2"\nimport gpt2\n')
     reference = GPT2LMHeadModel.from_pretrained(ckpt).eval()
     model = load(card, backend=backend, weights=ckpt, tokenizer=False, progress=False,
                  generics={"Batch": 2, "MaxSeq": 64, "T": "f32"}, **options)
