@@ -745,7 +745,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--stored-responses", type=_nonnegative, default=1024,
                     help="how many Responses (/v1/responses) are kept in memory for previous_response_id and "
                          "GET /v1/responses/ID, the oldest dropped first (0: none; 1024)")
-    sv.add_argument("--seed", type=_seed, default=0, help="seeds the draws of requests that send no seed of their own (0, as vLLM's)")
+    sv.add_argument("--seed", type=_seed, default=0,
+                    help="seeds the draws of requests that send no seed of their own (0, as vLLM's)")
     sv.add_argument("--max-logprobs", type=_max_logprobs, default=MAX_LOGPROBS,
                     help="the most logprobs a request may ask for with each token (logprobs, top_logprobs, "
                          "prompt_logprobs); more is a 400, as vLLM's (%(default)s)")
