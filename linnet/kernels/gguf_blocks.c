@@ -1,4 +1,5 @@
-/* GGUF's quantized blocks decoded to f32: what loading a llama.cpp file spends its time on.
+/* GGUF's quantized blocks decoded to f32: what loading a llama.cpp file spends its time on; and f32
+ * rounded to bf16, the type a decoded weight is then stored in.
  *
  * The gguf package's numpy decoders take about 7 ns a value on one core (an 8B model's Q4_K
  * weights, over a minute); these take well under one. Each type's arithmetic is the one ggml and
@@ -234,4 +235,17 @@ int linnet_gguf_decode(int type, const uint8_t *src, long blocks, float *dst) {
     for (long i = 0; i < blocks; i++)
         decode(src + i * bytes, dst + i * values);
     return 0;
+}
+
+/* n f32 values at src rounded to bf16 at dst: to nearest, ties to even, as torch rounds them; a NaN
+ * stays a NaN (quiet). One plain pass on the calling thread: loading rounds each tensor as it is
+ * read, and torch's own conversion, split over its threads, waited on a busy core at every tensor. */
+void linnet_round_to_bf16(const float *src, uint16_t *dst, long n) {
+    for (long i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, src + i, 4);
+        /* both ways, then one chosen: a loop without branches, which the compiler vectorizes */
+        uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u, rounded = u + 0x7fffu + ((u >> 16) & 1u);
+        dst[i] = (uint16_t)((nan ? u | 0x400000u : rounded) >> 16);
+    }
 }

@@ -2,8 +2,9 @@
 
 `decode(rows, qtype)` gives float32 [rows, values] for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K
 and MXFP4, or None where this library does not decode the type, cannot be built here, or is turned
-off (LINNET_CPU_KERNELS=0); the caller then uses gguf's own decoders. The library is plain C, so it
-is built on any platform with a C compiler, not only where `build.runs_here`.
+off (LINNET_CPU_KERNELS=0); the caller then uses gguf's own decoders. `round_to_bf16` rounds f32 to
+bf16 as torch does, on the calling thread (False where the library is not here). The library is
+plain C, so it is built on any platform with a C compiler, not only where `build.runs_here`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ def _library() -> ctypes.CDLL | None:
     lib.linnet_gguf_block.restype = ctypes.c_long
     lib.linnet_gguf_decode.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]
     lib.linnet_gguf_decode.restype = ctypes.c_int
+    lib.linnet_round_to_bf16.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
+    lib.linnet_round_to_bf16.restype = None
     return lib
 
 
@@ -64,3 +67,18 @@ def decode(rows: np.ndarray, qtype, out: np.ndarray | None = None) -> np.ndarray
     if _library().linnet_gguf_decode(int(qtype), rows.ctypes.data, rows.size // nbytes, out.ctypes.data):
         raise AssertionError(f"gguf_blocks.c has no decoder for {qtype.name}")  # `decodes` said it had
     return out
+
+
+def round_to_bf16(src: np.ndarray, dst: np.ndarray) -> bool:
+    """src (float32) rounded to bf16 into dst (a 16-bit array of src's shape, both C-contiguous: the
+    bf16 bits): to nearest, ties to even, as torch's conversion; a NaN stays NaN. False, with dst
+    untouched, where the library is not here."""
+    lib = _library()
+    if lib is None:
+        return False
+    if src.dtype != np.float32 or dst.itemsize != 2 or src.shape != dst.shape or not (
+            src.flags.c_contiguous and dst.flags.c_contiguous and dst.flags.writeable):
+        raise ValueError(f"round_to_bf16 takes C-contiguous float32 and a writable 16-bit array of its shape; got "
+                         f"{src.dtype} {list(src.shape)} and {dst.dtype} {list(dst.shape)}")
+    lib.linnet_round_to_bf16(src.ctypes.data, dst.ctypes.data, src.size)
+    return True

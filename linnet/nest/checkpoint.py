@@ -711,14 +711,20 @@ def dequantize(blocks: np.ndarray, qtype) -> np.ndarray:
     else:
         def decode(lo: int, hi: int) -> None:
             out[lo:hi] = numpy_decode(rows[lo:hi], qtype)
-    workers = _cores()
-    if workers == 1 or rows.nbytes < SPLIT_BYTES or len(rows) < 2:
-        decode(0, len(rows))
-        return out
-    bounds = np.linspace(0, len(rows), min(4 * workers, len(rows)) + 1).astype(int)
-    # list(): a decoder's error is raised here
-    list(_decoders().map(lambda i: decode(bounds[i], bounds[i + 1]), range(len(bounds) - 1)))
+    over_rows(len(rows), rows.nbytes, decode)
     return out
+
+
+def over_rows(rows: int, nbytes: int, work) -> None:
+    """work(lo, hi) over rows [0, rows) of a tensor of `nbytes`: on this thread below SPLIT_BYTES
+    (a share of a small tensor is not worth a thread's waking), else a share of the rows on each core."""
+    workers = _cores()
+    if workers == 1 or nbytes < SPLIT_BYTES or rows < 2:
+        work(0, rows)
+        return
+    bounds = np.linspace(0, rows, min(4 * workers, rows) + 1).astype(int)
+    # list(): a worker's error is raised here
+    list(_decoders().map(lambda i: work(bounds[i], bounds[i + 1]), range(len(bounds) - 1)))
 
 
 @functools.cache

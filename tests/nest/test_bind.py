@@ -148,6 +148,44 @@ def test_numpy_binds_the_bits_torch_binds(tmp_path_factory, dtype, seed, fmt):
         np.testing.assert_array_equal(got.view(width[0]), want.view(width[1]).numpy(), err_msg=name)
 
 
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
+def test_torch_on_the_cpu_binds_what_torch_converts(tmp_path_factory, monkeypatch, dtype, split):
+    """On the CPU a tensor goes into its place through numpy (and Linnet's bf16 rounding), each
+    large one a share of its rows per core (`split`: every tensor here, SPLIT_BYTES lowered): the
+    bits are torch's own `.to(T)` of the tensor, transposed as declared, for f32 tensors of any
+    finite bit pattern (ties, subnormals, both signs) and for f16 and bf16 tensors stored so."""
+    from linnet.nest import checkpoint
+
+    if split:
+        monkeypatch.setattr(checkpoint, "SPLIT_BYTES", 8)
+    path = tmp_path_factory.getbasetemp() / "bind-torch-cpu.linnet"
+    path.write_text(SOURCE)
+    spec_t = specialize(check_file(path), {"T": dtype}, "fast")  # (exact numerics hold f32 whatever T)
+    types = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+    rng = np.random.default_rng(7)
+    limit = 65504.0 if dtype == "f16" else 3.0e38
+
+    def tensor(shape, stored):
+        values = rng.integers(0, 2**32, size=shape, dtype=np.uint64).astype(np.uint32).view(np.float32)
+        values = np.where(np.isfinite(values) & (np.abs(values) <= limit), values, np.float32(0.5))
+        return torch.from_numpy(values).to(stored)  # (f16 and bf16: a checkpoint stored in T)
+
+    for stored in {torch.float32, types[dtype]}:
+        shapes = {name: shape for name, (_, shape) in expected_shapes(spec_t, "hf").items()}
+        ckpt = {name: tensor(shape, stored) for name, shape in shapes.items()}
+        ours = bind_weights(spec_t, lambda n: ckpt[n].clone(), "hf")
+        bits = {2: torch.int16, 4: torch.int32}[types[dtype].itemsize]
+        for name, pieces in checkpoint_pieces(spec_t, "hf").items():
+            for index, stored_name in pieces:
+                want = ckpt[stored_name].to(types[dtype])
+                if name == "w_down":  # `.transpose()`
+                    want = want.T
+                got = ours[name][index]
+                assert got.dtype == types[dtype] and torch.equal(got.view(bits), want.contiguous().view(bits)), \
+                    stored_name
+
+
 def test_numpy_names_a_type_it_may_not_cast(spec):
     arrays = {name: t.numpy().astype(np.float16) for name, t in per_expert_checkpoint().items()}
     with pytest.raises(WeightsError, match=r"'layers.0.experts.0.up.weight' is f16, but param `w_up` is f32"):

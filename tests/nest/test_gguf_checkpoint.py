@@ -56,6 +56,30 @@ def test_every_tensor_matches_transformers(gguf_ckpt, hf_reference):
         np.testing.assert_array_equal(ours, ref, err_msg=name)
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
+def test_bound_params_are_transformers_tensors_rounded_as_torch_rounds(gguf_ckpt, hf_reference, dtype):
+    """What nest.load binds on the CPU (read_weights, its first half) is, bit for bit, transformers'
+    dequantized, un-permuted tensor of each param converted by torch's `.to(T)`: the copy through
+    numpy and Linnet's bf16 rounding (`bind._TorchArrays`) changes no weight."""
+    from linnet.nest.bind import checkpoint_pieces
+    from linnet.nest.load import read_weights
+
+    tensors, _ = hf_reference
+    bound = read_weights("smollm2-135m-instruct", {"T": dtype}, "fast", cast_dtype=True, weights=gguf_ckpt,
+                         tokenizer=False)
+    types = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
+    bits = {2: torch.int16, 4: torch.int32}[types[dtype].itemsize]
+    checked = 0
+    for name, pieces in checkpoint_pieces(bound.module, "hf").items():
+        for index, hf in pieces:
+            got = bound.params[name][index]
+            want = tensors[hf].to(types[dtype])
+            assert got.dtype == want.dtype and got.shape == want.shape, hf
+            assert torch.equal(got.view(bits), want.view(bits)), hf
+            checked += 1
+    assert checked == 272
+
+
 def test_config_matches_transformers(gguf_ckpt, hf_reference):
     _, ref = hf_reference
     cfg = gguf_ckpt.config()
