@@ -191,6 +191,14 @@ def pack_linear_weight(w: torch.Tensor, rows: int, in_place: bool = False):
     return torch.ops.mkldnn._reorder_linear_weight(w, rows)
 
 
+def pack_linear_layers(w: torch.Tensor, rows: int, in_place: bool = False) -> list:
+    """A stacked weight [layers, N, K] as `pack_linear_weight` packs each layer, a packed weight a
+    layer; Linnet's panels for all the layers in one call where they can (`cpu_linear.pack_layers`)."""
+    if _packs_in_panels(w[0]):
+        return cpu_linear.pack_layers(w, in_place)
+    return [torch.ops.mkldnn._reorder_linear_weight(layer, rows) for layer in w]
+
+
 def pack_linear_group(members: list, rows: int, in_place: bool = False):
     """Weights [N_i, K] that multiply one input, packed as one: their outputs side by side. Linnet's
     panels join the members where they lie; oneDNN's layout needs them concatenated first."""
@@ -886,8 +894,7 @@ class TorchModel:
                 continue
             stacked, rows = self.linear_weights[name], self.pack_rows
             own = in_place and name not in self.tied  # an alias's target is read otherwise too
-            setattr(self, name, [pack_linear_weight(layer, rows, own) for layer in w] if stacked
-                    else pack_linear_weight(w, rows, own))
+            setattr(self, name, pack_linear_layers(w, rows, own) if stacked else pack_linear_weight(w, rows, own))
             packed.add(name)
 
     def pack_expert_weights(self, in_place: bool = False):
@@ -928,9 +935,13 @@ class TorchModel:
             if not all(packs_linear_weights(self.device, w.dtype) for w in weights):
                 continue
             stacked = self.linear_weights[group[0]]
-            layers = [list(layer) for layer in zip(*weights)] if stacked else [weights]
-            self._hand_out_parts(slot, group, [pack_linear_group(members, self.pack_rows, in_place)
-                                               for members in layers])
+            if stacked and _packs_in_panels(weights[0][0]):  # each member's layers in one call, then joined
+                members = [pack_linear_layers(w, self.pack_rows, in_place) for w in weights]
+                packed = [PanelWeight.join(layer) for layer in zip(*members)]
+            else:
+                layers = [list(layer) for layer in zip(*weights)] if stacked else [weights]
+                packed = [pack_linear_group(members, self.pack_rows, in_place) for members in layers]
+            self._hand_out_parts(slot, group, packed)
             fused.update(group)
         return fused
 

@@ -51,6 +51,33 @@ def test_matmul_is_the_product_for_any_shape_and_weight_type(rows, n, k, dtype, 
     assert torch.equal(cpu_linear.matmul(x, in_place), got)
 
 
+@settings(max_examples=30, deadline=None)
+@given(layers=st.integers(1, 4), n=st.sampled_from([16, 32, 48, 20, 70]), k=st.integers(1, 40),
+       dtype=st.sampled_from(TYPES), seed=st.integers(0, 2 ** 31 - 1))
+def test_a_stack_packed_at_once_is_each_layer_packed(layers, n, k, dtype, seed):
+    """pack_layers (one call for a stacked weight of whole panels) lays each layer out as `pack` does,
+    in the stack's own memory, and each layer multiplies as its weight."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(layers, n, k, generator=g).to(dtype)
+    x = torch.randn(3, k, generator=g)
+    apart = w.clone()
+    one_by_one = [cpu_linear.pack(layer, in_place=True) for layer in apart]
+    stack = w.clone()
+    at_once = cpu_linear.pack_layers(stack, in_place=True)
+    assert len(at_once) == layers
+    if n % 16 == 0:
+        assert torch.equal(stack.view(torch.int16 if dtype != torch.float32 else torch.int32),
+                           apart.view(torch.int16 if dtype != torch.float32 else torch.int32))  # same bytes
+        assert all(p.buffers[0].data_ptr() == layer.data_ptr() for p, layer in zip(at_once, stack))
+    for l, (p, q) in enumerate(zip(at_once, one_by_one)):
+        assert (p.n, p.k, p.dtype, p.table.count) == (q.n, q.k, q.dtype, q.table.count)
+        got = cpu_linear.matmul(x, p)
+        assert torch.equal(got, cpu_linear.matmul(x, q))
+        assert_product(got, x, w[l])
+    copies = cpu_linear.pack_layers(w, in_place=False)  # not given up: w is left as it was
+    assert torch.equal(cpu_linear.matmul(x, copies[0]), cpu_linear.matmul(x, one_by_one[0]))
+
+
 @settings(max_examples=25, deadline=None)
 @given(n=st.integers(100, 300), k=st.integers(1, 40), dtype=st.sampled_from(TYPES),
        threads=st.sampled_from([1, 2, 3]))
