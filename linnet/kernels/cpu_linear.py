@@ -29,7 +29,7 @@ import torch
 from linnet.kernels import build, pool
 from linnet.kernels.torch_types import TYPES
 from linnet.kernels.cpu_graph import call
-from linnet.kernels.pages import back_with_huge_pages
+from linnet.kernels.pages import back_with_huge_pages_later
 from linnet.kernels.panels import PANEL, arranged
 
 
@@ -101,7 +101,7 @@ def pack(w: torch.Tensor, in_place: bool = False) -> PanelWeight:
     body = w[:full] if in_place and w.is_contiguous() else w[:full].clone(memory_format=torch.contiguous_format)
     if full and library().linnet_pack_panels(TYPES[w.dtype], body.data_ptr(), full, k, pool.threads()):
         raise MemoryError(f"no memory for a {PANEL} x {k} block to pack a linear weight with")
-    back_with_huge_pages(body.data_ptr(), body.nbytes)  # a decode step streams through it (`pages`)
+    back_with_huge_pages_later(body, body.data_ptr(), body.nbytes)  # a decode step streams through it (`pages`)
     buffers, addresses = [body], [body.data_ptr() + p * k * PANEL * w.element_size() for p in range(full // PANEL)]
     if full < n:
         tail = w.new_zeros(k, PANEL)
@@ -125,7 +125,7 @@ def pack_layers(w: torch.Tensor, in_place: bool = False) -> list:
         return [pack(layer, in_place) for layer in w]
     if library().linnet_pack_panels(TYPES[w.dtype], w.data_ptr(), layers * n, k, pool.threads()):
         raise MemoryError(f"no memory for a {PANEL} x {k} block to pack a linear weight with")
-    back_with_huge_pages(w.data_ptr(), w.nbytes)  # a decode step streams through it (`pages`)
+    back_with_huge_pages_later(w, w.data_ptr(), w.nbytes)  # a decode step streams through it (`pages`)
     step = PANEL * k * w.element_size()
     return [PanelWeight(n, k, w.dtype, (layer,), _table([layer.data_ptr() + p * step for p in range(n // PANEL)],
                                                          [PANEL] * (n // PANEL), range(0, n, PANEL)))

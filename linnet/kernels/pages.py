@@ -12,6 +12,12 @@ pages over at once, the same addresses, the same contents, whatever the system's
 transparent-huge-page setting). Where Linux cannot (an older kernel, no free
 2 MB pages, another system) the memory stays as it is.
 
+Moving a loaded model's weights over costs about 3 ms a 2 MB page here (SmolLM2's bf16 weights:
+0.7-2.5 s, most of a start on a busy 2-core machine), so loading asks for it later:
+`back_with_huge_pages_later` hands a range to one background thread, and the first tokens run on
+small pages while it works. The kernel keeps the contents whatever reads or writes them meanwhile
+(khugepaged moves any process's pages so, at any time); `huge_pages_settled` waits for the queue.
+
 `aligned_empty` makes host arrays that start on a 2 MB boundary (64 bytes, for
 small ones): XLA's CPU client takes such an array as its device array without a
 copy (it needs 64 bytes; numpy's large arrays start 16 bytes into a page, and
@@ -29,7 +35,9 @@ import ctypes.util
 import functools
 import math
 import mmap
+import queue
 import sys
+import threading
 
 import numpy as np
 
@@ -64,6 +72,39 @@ def back_with_huge_pages(address: int, nbytes: int) -> int:
         return 0
     madvise(start, end - start, _MADV_HUGEPAGE)  # also where a later collapse (khugepaged's) may act
     return end - start if madvise(start, end - start, _MADV_COLLAPSE) == 0 else 0
+
+
+_later: queue.Queue | None = None
+_later_lock = threading.Lock()
+
+
+def back_with_huge_pages_later(owner, address: int, nbytes: int) -> None:
+    """`back_with_huge_pages(address, nbytes)` on a background thread (see the top), after the ranges
+    handed over before it; `owner` (the array or tensor whose memory it is) is kept alive until then."""
+    global _later
+    if _madvise() is None or nbytes < HUGE_PAGE:
+        return
+    with _later_lock:
+        if _later is None:
+            _later = queue.Queue()
+            threading.Thread(target=_move_later, args=(_later,), name="linnet-huge-pages", daemon=True).start()
+    _later.put((owner, address, nbytes))
+
+
+def _move_later(ranges: queue.Queue) -> None:
+    while True:
+        owner, address, nbytes = ranges.get()
+        try:
+            back_with_huge_pages(address, nbytes)  # (ctypes lets go of the GIL for the call)
+        finally:
+            del owner
+            ranges.task_done()
+
+
+def huge_pages_settled() -> None:
+    """Returns once every range handed to `back_with_huge_pages_later` has been moved (or could not be)."""
+    if _later is not None:
+        _later.join()
 
 
 def aligned_empty(shape, dtype) -> np.ndarray:

@@ -4,7 +4,8 @@
 import numpy as np
 import pytest
 
-from linnet.kernels.pages import HUGE_PAGE, XLA_ALIGNMENT, aligned_empty, back_with_huge_pages, give_back
+from linnet.kernels.pages import (HUGE_PAGE, XLA_ALIGNMENT, aligned_empty, back_with_huge_pages,
+                                  back_with_huge_pages_later, give_back, huge_pages_settled)
 
 
 def smaps_bytes(start: int, stop: int, field: str = "AnonHugePages") -> int:
@@ -34,6 +35,26 @@ def test_a_written_array_moves_onto_huge_pages_unchanged():
     assert moved >= 8 * HUGE_PAGE  # every whole 2 MB page inside the array
     first = -(-data.ctypes.data // HUGE_PAGE) * HUGE_PAGE  # the advice splits the mapping there
     assert smaps_bytes(first, first + moved) >= moved
+
+
+def test_a_range_handed_over_for_later_moves_while_this_thread_writes_beside_it():
+    """The background thread moves the ranges onto huge pages as back_with_huge_pages would, while
+    this thread goes on writing the bytes beside them; no byte of either changes."""
+    data = np.random.default_rng(1).integers(0, 255, size=10 * HUGE_PAGE, dtype=np.uint8)
+    before = data.copy()
+    offset = -data.ctypes.data % HUGE_PAGE
+    first = data.ctypes.data + offset
+    back_with_huge_pages_later(data, first, 4 * HUGE_PAGE)
+    back_with_huge_pages_later(data, first + 4 * HUGE_PAGE, 4 * HUGE_PAGE)
+    beside = data[offset + 8 * HUGE_PAGE:]
+    for i in range(0, beside.size, 4096):
+        beside[i] = before[offset + 8 * HUGE_PAGE + i] = i % 251
+    huge_pages_settled()
+    assert np.array_equal(data, before)
+    moved = smaps_bytes(first, first + 8 * HUGE_PAGE)
+    if not moved:
+        pytest.skip("this system gives no huge pages on request (no Linux 6.1 MADV_COLLAPSE, THP off, or none free)")
+    assert moved >= 8 * HUGE_PAGE
 
 
 def test_a_range_without_a_whole_huge_page_is_left_alone():
