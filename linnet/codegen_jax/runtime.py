@@ -1050,10 +1050,11 @@ def _traced_with(entry, flags: list):
 
 def _on_huge_pages(a):
     """`a` with its memory moved onto huge pages where it lies in this process's memory (the CPU
-    backend's buffers): the panels a decode step streams through, the caches it reads (`pages`)."""
+    backend's buffers): the panels a decode step streams through, the caches it reads (`pages`, on
+    its background thread: the move took a second of a start, before the first token)."""
     if len(a.devices()) == 1 and next(iter(a.devices())).platform == "cpu":
         a.block_until_ready()
-        pages.back_with_huge_pages(a.unsafe_buffer_pointer(), a.nbytes)
+        pages.back_with_huge_pages_later(a, a.unsafe_buffer_pointer(), a.nbytes)
     return a
 
 

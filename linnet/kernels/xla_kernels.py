@@ -71,8 +71,10 @@ def pack_side_by_side(members: list, owned: bool = False) -> np.ndarray:
     out = pages.aligned_empty((*lead, -(-n // PANEL), k, PANEL), first.dtype)  # placed without a copy
     for layer in range(lead[0] if stacked else 1):
         parts = [m[layer] if stacked else m for m in members]
-        _fill_and_pack((out[layer] if stacked else out).reshape(-1, k), parts,
-                       give_back=owned)
+        _fill((out[layer] if stacked else out).reshape(-1, k), parts, give_back=owned)
+    # every layer's panels in one call (each layer is whole panels, so the stack's rows packed at once
+    # are each layer's packed apart): a call a layer waited each time for a busy core's thread
+    _pack_in_place(out.reshape(-1, k))
     return out
 
 
@@ -92,6 +94,12 @@ def _fill_and_pack(rows: np.ndarray, parts: list, give_back: bool = False) -> No
     """rows [whole panels x 16, K]: `parts`' rows one after another (none: rows already hold the
     weight), zeros after them, then rearranged into panels in place. With `give_back`, each part's
     pages go back to the system once copied."""
+    _fill(rows, parts, give_back)
+    _pack_in_place(rows)
+
+
+def _fill(rows: np.ndarray, parts: list, give_back: bool = False) -> None:
+    """`_fill_and_pack` before the packing."""
     start = 0
     for part in parts:
         rows[start:start + part.shape[0]] = part
@@ -100,6 +108,10 @@ def _fill_and_pack(rows: np.ndarray, parts: list, give_back: bool = False) -> No
             pages.give_back(part.ctypes.data, part.nbytes)
     if parts:
         rows[start:] = 0
+
+
+def _pack_in_place(rows: np.ndarray) -> None:
+    """rows [whole panels x 16, K] rearranged into panels in their own memory."""
     if _library().linnet_pack_panels(_type_code(rows.dtype), rows.ctypes.data, len(rows), rows.shape[1], build.cores()):
         raise MemoryError(f"no memory for a {PANEL} x {rows.shape[1]} block to pack a linear weight with")
 
