@@ -17,6 +17,8 @@ page cache of the GGUF) are warm for every kind alike; then `--runs` runs, and m
   of it), bind (read + transform + convert into the params), tokenizer, codegen, import (the
   generated module), model (the runtime's __init__: `pack` of it, the linear weights laid out for
   the CPU kernel). Stages nest as listed; `first token` is when the last engine step returned.
+- `serve`: `linnet serve CARD` (its defaults), from the spawn to /health answering, and to the
+  reply of a one-token greedy /v1/completions request.
 - `llama.cpp`: llama-cpp-python's `Llama(model_path=GGUF)` + a one-token greedy completion, GGUF
   the same weights in F16 (`llamacpp_peer.cached_gguf`, written once): llama-cpp-python 0.3.36
   here dies of a segmentation fault at the first decode of the embedded Q4_1 file itself.
@@ -174,11 +176,51 @@ def write_hf_dir() -> None:
 
 # -- the parent
 
-KINDS = ("import", "torch", "jax", "llama.cpp", "transformers")
+KINDS = ("import", "torch", "jax", "serve", "llama.cpp", "transformers")
+
+
+def run_serve(root: Path = ROOT) -> dict:
+    """`linnet serve CARD` as a user starts it (its defaults: torch, fast, bf16, 8 rows), timed from
+    the spawn to /health answering and to the first token of a one-token completion."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    url = f"http://127.0.0.1:{port}"
+    log = tempfile.TemporaryFile("w+")  # (not a pipe: the server's log lines would fill it)
+    start = time.time()
+    server = subprocess.Popen([sys.executable, "-m", "linnet.cli", "serve", CARD, "--port", str(port)], env=env,
+                              stdout=subprocess.DEVNULL, stderr=log, text=True)
+    try:
+        while True:
+            if server.poll() is not None:
+                log.seek(0)
+                raise SystemExit(f"serve: exit {server.returncode}\n{log.read()[-3000:]}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.05)
+        healthy = time.time() - start
+        body = json.dumps({"model": CARD, "prompt": PROMPT, "max_tokens": 1, "temperature": 0}).encode()
+        request = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=120) as r:
+            json.load(r)
+        return {"/health answers": healthy, "first token": time.time() - start}
+    finally:
+        server.terminate()
+        server.wait()
+        log.close()
 
 
 def run_child(kind: str, root: Path = ROOT) -> dict:
     """One fresh process of `kind`, running the Linnet at `root`."""
+    if kind == "serve":
+        return run_serve(root)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
     start = time.time()
     done = subprocess.run([sys.executable, __file__, "--child", kind, repr(start)], env=env, capture_output=True,
@@ -245,7 +287,7 @@ def main() -> None:
             for k, v in medians[label].items():
                 print(f"  {k:28s} {v:7.3f}   {[round(r[k], 2) for r in done]}")
     peers = [p for p in ("llama.cpp", "transformers") if p in medians]
-    ours = [k for k in medians if k.split("@")[0] in ("torch", "jax")]
+    ours = [k for k in medians if k.split("@")[0] in ("torch", "jax", "serve")]
     if peers and ours:
         print("\nfirst token, ratio to the peer's (same run):")
         for k in ours:

@@ -36,6 +36,7 @@ import ctypes.util
 import functools
 import math
 import mmap
+import os
 import queue
 import sys
 import threading
@@ -101,7 +102,13 @@ _exiting = threading.Event()
 def _move_later(ranges: queue.Queue) -> None:
     """Each range a few huge pages a call: a call holds the process's memory map, which the other
     threads' page faults and frees then wait on (a 54 MB range in one call held up the exit of
-    `linnet generate` by 0.7 s). Once the interpreter is exiting, the rest is dropped."""
+    `linnet generate` by 0.7 s). Once the interpreter is exiting, the rest is dropped. The thread
+    runs at the lowest priority (Linux's nice 19, this thread only): the copying is the kernel's
+    work on this thread's time, and the first tokens' should come first."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    except (AttributeError, OSError):  # (no such call, or not allowed: the thread runs as it is)
+        pass
     while True:
         item = ranges.get()
         if item is None:  # `_stop_later`

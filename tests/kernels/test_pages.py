@@ -1,6 +1,9 @@
 """`pages.back_with_huge_pages` against what Linux reports of this process's memory
 (/proc/self/smaps): the whole 2 MB pages of a range move onto huge pages, and no byte changes."""
 
+import os
+import threading
+
 import numpy as np
 import pytest
 
@@ -51,6 +54,8 @@ def test_a_range_handed_over_for_later_moves_while_this_thread_writes_beside_it(
         beside[i] = before[offset + 8 * HUGE_PAGE + i] = i % 251
     huge_pages_settled()
     assert np.array_equal(data, before)
+    worker = next(t for t in threading.enumerate() if t.name == "linnet-huge-pages")
+    assert os.getpriority(os.PRIO_PROCESS, worker.native_id) == 19  # the first tokens' work comes first
     moved = smaps_bytes(first, first + 8 * HUGE_PAGE)
     if not moved:
         pytest.skip("this system gives no huge pages on request (no Linux 6.1 MADV_COLLAPSE, THP off, or none free)")
