@@ -135,6 +135,16 @@ def _stop_later(ranges: queue.Queue, worker: threading.Thread) -> None:
     worker.join()
 
 
+def _forget_later() -> None:
+    """In a forked child: the parent's thread is not there; a range handed over starts its own."""
+    global _later, _later_lock
+    _later, _later_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_later)
+
+
 def huge_pages_settled() -> None:
     """Returns once every range handed to `back_with_huge_pages_later` has been moved (or could not be)."""
     if _later is not None:

@@ -62,6 +62,25 @@ def test_a_range_handed_over_for_later_moves_while_this_thread_writes_beside_it(
     assert moved >= 8 * HUGE_PAGE
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_a_forked_child_moves_its_own_ranges():
+    """The background thread is not forked with the process: a child's ranges go to a thread of its own
+    (the parent's queue, inherited without its thread, would never be emptied)."""
+    data = np.ones(4 * HUGE_PAGE, np.uint8)
+    back_with_huge_pages_later(data, data.ctypes.data, data.nbytes)
+    huge_pages_settled()
+    pid = os.fork()
+    if pid == 0:  # the child: exits 0 only if its own ranges settle
+        try:
+            child = np.ones(4 * HUGE_PAGE, np.uint8)
+            back_with_huge_pages_later(child, child.ctypes.data, child.nbytes)
+            huge_pages_settled()
+            os._exit(0 if child.all() else 1)
+        finally:
+            os._exit(2)
+    assert os.waitpid(pid, 0)[1] == 0
+
+
 def test_a_range_without_a_whole_huge_page_is_left_alone():
     data = np.ones(HUGE_PAGE, dtype=np.uint8)
     start = data.ctypes.data
