@@ -226,17 +226,6 @@ long linnet_gguf_block(int type) {
     return layout(type, &decode, &values, &bytes) ? 0 : values * 65536 + bytes;
 }
 
-/* `blocks` blocks of `type` at src, decoded into dst; -1 for a type not decoded here. */
-int linnet_gguf_decode(int type, const uint8_t *src, long blocks, float *dst) {
-    decoder decode;
-    long values, bytes;
-    if (layout(type, &decode, &values, &bytes))
-        return -1;
-    for (long i = 0; i < blocks; i++)
-        decode(src + i * bytes, dst + i * values);
-    return 0;
-}
-
 /* n f32 values at src rounded to bf16 at dst: to nearest, ties to even, as torch rounds them; a NaN
  * stays a NaN (quiet). One plain pass on the calling thread: loading rounds each tensor as it is
  * read, and torch's own conversion, split over its threads, waited on a busy core at every tensor. */
@@ -248,4 +237,31 @@ void linnet_round_to_bf16(const float *src, uint16_t *dst, long n) {
         uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u, rounded = u + 0x7fffu + ((u >> 16) & 1u);
         dst[i] = (uint16_t)((nan ? u | 0x400000u : rounded) >> 16);
     }
+}
+
+/* `blocks` blocks of `type` at src, decoded into dst; -1 for a type not decoded here. */
+int linnet_gguf_decode(int type, const uint8_t *src, long blocks, float *dst) {
+    decoder decode;
+    long values, bytes;
+    if (layout(type, &decode, &values, &bytes))
+        return -1;
+    for (long i = 0; i < blocks; i++)
+        decode(src + i * bytes, dst + i * values);
+    return 0;
+}
+
+/* `blocks` blocks of `type` at src, decoded and rounded to bf16 into dst: the bits
+ * linnet_round_to_bf16 gives linnet_gguf_decode's values, in one pass (a block at a time through
+ * a small f32 buffer, never the whole tensor in f32); -1 for a type not decoded here. */
+int linnet_gguf_decode_bf16(int type, const uint8_t *src, long blocks, uint16_t *dst) {
+    decoder decode;
+    long values, bytes;
+    float block[256]; /* the largest block's values (the K-quants') */
+    if (layout(type, &decode, &values, &bytes) || values > 256)
+        return -1;
+    for (long i = 0; i < blocks; i++) {
+        decode(src + i * bytes, block);
+        linnet_round_to_bf16(block, dst + i * values, values);
+    }
+    return 0;
 }

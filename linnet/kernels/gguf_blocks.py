@@ -29,6 +29,8 @@ def _library() -> ctypes.CDLL | None:
     lib.linnet_gguf_block.restype = ctypes.c_long
     lib.linnet_gguf_decode.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]
     lib.linnet_gguf_decode.restype = ctypes.c_int
+    lib.linnet_gguf_decode_bf16.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p]
+    lib.linnet_gguf_decode_bf16.restype = ctypes.c_int
     lib.linnet_round_to_bf16.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
     lib.linnet_round_to_bf16.restype = None
     return lib
@@ -47,9 +49,10 @@ def decodes(qtype) -> bool:
     return packed != 0 and (packed >> 16, packed & 0xFFFF) == tuple(GGML_QUANT_SIZES[qtype])
 
 
-def decode(rows: np.ndarray, qtype, out: np.ndarray | None = None) -> np.ndarray | None:
+def decode(rows: np.ndarray, qtype, out: np.ndarray | None = None, bf16: bool = False) -> np.ndarray | None:
     """rows [n, row bytes] (uint8, whole blocks) as float32 [n, row values], written into `out` if
-    given (C-contiguous); None where not `decodes`."""
+    given (C-contiguous); None where not `decodes`. `bf16`: the values rounded to bf16 instead
+    (`round_to_bf16`'s bits of the float32 ones), as uint16 [n, row values], in one pass."""
     if not decodes(qtype):
         return None
     from gguf.constants import GGML_QUANT_SIZES
@@ -59,12 +62,14 @@ def decode(rows: np.ndarray, qtype, out: np.ndarray | None = None) -> np.ndarray
         raise ValueError(f"{qtype.name} rows must be uint8 [n, a multiple of {nbytes} bytes]; got {rows.dtype} "
                          f"{list(rows.shape)}")
     shape = (rows.shape[0], rows.shape[1] // nbytes * values)
+    kind = np.dtype(np.uint16 if bf16 else np.float32)
     if out is None:
-        out = np.empty(shape, np.float32)
-    elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
-        raise ValueError(f"out must be C-contiguous float32 {list(shape)}; got {out.dtype} {list(out.shape)}")
+        out = np.empty(shape, kind)
+    elif out.shape != shape or out.dtype != kind or not out.flags.c_contiguous:
+        raise ValueError(f"out must be C-contiguous {kind} {list(shape)}; got {out.dtype} {list(out.shape)}")
     rows = np.ascontiguousarray(rows)
-    if _library().linnet_gguf_decode(int(qtype), rows.ctypes.data, rows.size // nbytes, out.ctypes.data):
+    call = _library().linnet_gguf_decode_bf16 if bf16 else _library().linnet_gguf_decode
+    if call(int(qtype), rows.ctypes.data, rows.size // nbytes, out.ctypes.data):
         raise AssertionError(f"gguf_blocks.c has no decoder for {qtype.name}")  # `decodes` said it had
     return out
 

@@ -31,7 +31,10 @@ from linnet.ir.types import FLOAT_DTYPES
 from linnet.nest.errors import WeightsError
 from linnet.nest.transforms import permute_rope, unpermute_rope
 
-READS_AS = {"mxfp4": "bf16"}  # a safetensors checkpoint's quantized pairs, as its reader gives them
+READS_AS = {"mxfp4": "bf16"}
+# bf16 values held as their bits in numpy, which has no bf16 type of its own (ml_dtypes' is JAX's, and
+# not installed with torch alone): what the torch backend's CPU binding reads a bf16 tensor as
+BF16_BITS = np.dtype([("bf16", "<u2")])  # a safetensors checkpoint's quantized pairs, as its reader gives them
 
 
 def checkpoint_pieces(module: Module, fmt: str) -> dict:
@@ -185,13 +188,16 @@ def _file_of(ckpt, name: str) -> str:
 
 def bind_weights(module: Module, get: Callable[[str], object], fmt: str = "hf", cast_dtype: bool = True,
                  device: str = "cpu", where: str | Callable[[str], str] = "the checkpoint",
-                 progress: Callable[[str], None] | None = None, framework: str = "torch") -> dict:
+                 progress: Callable[[str], None] | None = None, framework: str = "torch",
+                 get_in_type: bool = False) -> dict:
     """{param name: array} in the module's dtype, read through `get(checkpoint_name)`.
 
     framework="torch": torch tensors on `device`, from the torch tensors `get` returns; "numpy":
     host arrays (bf16 as ml_dtypes' bfloat16), from the numpy arrays `get` returns. `where` names
     the file a tensor comes from in messages (a string, or a function of the tensor's name, for
-    sharded checkpoints); `progress(name)` is called after each tensor.
+    sharded checkpoints); `progress(name)` is called after each tensor. `get_in_type`: `get` is
+    called as get(checkpoint_name, param's type), for a reader that can give a tensor in that type
+    as the conversion would (a GGUF's blocks decoded straight to bf16).
     """
     arrays = _ARRAYS[framework](device)
     file_of = where if callable(where) else (lambda _name: where)
@@ -204,7 +210,7 @@ def bind_weights(module: Module, get: Callable[[str], object], fmt: str = "hf", 
         stored = tuple(shape[src.stacked:])
         target = arrays.empty(shape, dtype, device)
         for index, ckpt in pieces:
-            t = arrays.take(get(ckpt))
+            t = arrays.take(get(ckpt, dtype) if get_in_type else get(ckpt))
             for tname, args in src.transforms:
                 t = apply_transform(tname, t, [evaluate_dim(a, module) for a in args])
             if tuple(t.shape) != stored:
@@ -249,25 +255,33 @@ class _TorchArrays:
         return self.torch.empty(shape, dtype=self.types[dtype], device=device)
 
     def take(self, t):
-        if self.on_host and isinstance(t, self.torch.Tensor) and t.device.type == "cpu" and \
-                t.dtype in self.numpy_types and not t.requires_grad:
-            return t.numpy()  # the same memory: transforms and the copy run in numpy (see the class)
-        return t
+        torch = self.torch
+        if not (self.on_host and isinstance(t, torch.Tensor) and t.device.type == "cpu") or t.requires_grad:
+            return t
+        if t.dtype == torch.bfloat16:  # numpy has no bf16 (without ml_dtypes): its bits, marked so
+            return t.view(torch.int16).numpy().view(BF16_BITS)
+        # the same memory: transforms and the copy run in numpy (see the class)
+        return t.numpy() if t.dtype in self.numpy_types else t
 
     def type_name(self, t) -> str:
         if isinstance(t, np.ndarray):
+            if t.dtype == BF16_BITS:
+                return "bf16"
             return next((k for k, v in self.types.items() if self.numpy_types.get(v) == t.dtype), str(t.dtype))
         return self.names.get(t.dtype, str(t.dtype).replace("torch.", ""))
 
     def is_float(self, t) -> bool:
-        return t.dtype.kind == "f" if isinstance(t, np.ndarray) else t.is_floating_point()
+        return t.dtype.kind == "f" or t.dtype == BF16_BITS if isinstance(t, np.ndarray) else t.is_floating_point()
 
     def put(self, target, index, t) -> None:
         dst = target[index]
         if dst.device.type == "cpu" and self._host_copy(dst, t):
             return
         if isinstance(t, np.ndarray):
+            bits = t.dtype == BF16_BITS
+            t = np.ascontiguousarray(t.view(np.int16) if bits else t)
             t = self.torch.from_numpy(t if t.flags.writeable else t.copy())
+            t = t.view(self.torch.bfloat16) if bits else t
         dst.copy_(t)
 
     def _host_copy(self, dst, t) -> bool:
@@ -276,12 +290,12 @@ class _TorchArrays:
         from linnet.nest.checkpoint import over_rows
 
         torch = self.torch
-        if not dst.is_contiguous() or dst.dim() == 0:
+        if not isinstance(t, np.ndarray) or not dst.is_contiguous() or dst.dim() == 0:
             return False
-        if isinstance(t, torch.Tensor):  # a type numpy has not (bf16): copied as it is, bits for bits
-            if t.device.type != "cpu" or t.dtype != dst.dtype or t.element_size() != 2 or t.requires_grad:
+        if t.dtype == BF16_BITS:  # bf16 into bf16: copied as it is, bits for bits (else: torch's)
+            if dst.dtype != torch.bfloat16:
                 return False
-            src, out = t.view(torch.int16).numpy(), dst.view(torch.int16).numpy()
+            src, out = t.view(np.int16), dst.view(torch.int16).numpy()
 
             def copy(lo, hi):
                 out[lo:hi] = src[lo:hi]

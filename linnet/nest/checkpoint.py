@@ -514,13 +514,24 @@ class GGUFCheckpoint(Checkpoint):
     def stored_dtype(self, name: str) -> str:
         return self._tensor(self._joined.get(name, (name,))[0]).type.name.lower()
 
-    def load(self, name: str, framework: str = "numpy"):
+    def load(self, name: str, framework: str = "numpy", dtype: str | None = None):
         """Float32 for every float or quantized type (integers keep theirs).
 
         An F32 tensor comes back as a read-only view of the file for numpy;
         torch gets a private copy, as torch tensors are writable.
+        `dtype="bf16"`: a quantized tensor whose blocks Linnet's C decodes comes back in bf16
+        instead (torch's bfloat16, ml_dtypes' for numpy), decoded and rounded in one pass: the
+        bits of the float32 tensor rounded to bf16 as torch rounds (`gguf_blocks.round_to_bf16`).
+        Any other tensor comes back as without it.
         """
         _check_framework(framework)
+        if dtype == "bf16" and self._decodes_to_bf16(name):
+            bits = self._array(name, bf16=True)
+            if framework == "numpy":
+                return bits.view(_bfloat16(Path(self.path), name))
+            import torch
+
+            return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
         if name in self._joined:
             gate, up = (self._array(part) for part in self._joined[name])
             arr = np.empty(self.shape(name), dtype=gate.dtype)
@@ -537,7 +548,17 @@ class GGUFCheckpoint(Checkpoint):
             arr = arr.copy()
         return torch.from_numpy(arr)
 
-    def _array(self, name: str) -> np.ndarray:
+    def _decodes_to_bf16(self, name: str) -> bool:
+        """Whether `load(name, dtype="bf16")` decodes straight to bf16: a quantized tensor of a type
+        Linnet's C decodes, read as stored (not one of the joined pairs, nor a norm less one)."""
+        from linnet.kernels import gguf_blocks
+
+        t = self._tensors.get(name)
+        return t is not None and t.data.dtype == np.uint8 and gguf_blocks.decodes(t.type) and \
+            not (self._plus_one and name.endswith(self._plus_one)) and \
+            self._split_files.get(name, self._file).byte_order == "<"
+
+    def _array(self, name: str, bf16: bool = False) -> np.ndarray:
         t = self._tensor(name)
         if t.data.dtype != np.uint8:  # plain numbers (`gguf_file.PLAIN_TYPES`), not blocks of bytes
             native = t.data.dtype.newbyteorder("=") if t.data.dtype.kind == "i" else np.float32
@@ -546,12 +567,12 @@ class GGUFCheckpoint(Checkpoint):
             raise WeightsError(f"{self.path}: tensor {name!r} is {t.type.name} in a big-endian GGUF, whose blocks "
                                "cannot be decoded here")
         try:
-            arr = dequantize(t.data, t.type)  # MXFP4 (gpt-oss's experts) too
+            arr = dequantize(t.data, t.type, bf16=bf16)  # MXFP4 (gpt-oss's experts) too
         except NotImplementedError:
             raise WeightsError(
                 f"{self.path}: tensor {name!r} is {t.type.name}, which this gguf package cannot dequantize"
             ) from None
-        return np.asarray(arr, dtype=np.float32).reshape(t.shape)
+        return arr.reshape(t.shape) if bf16 else np.asarray(arr, dtype=np.float32).reshape(t.shape)
 
     # -- config
 
@@ -691,12 +712,14 @@ class GGUFCheckpoint(Checkpoint):
 SPLIT_BYTES = 1 << 22  # a tensor this size or more is decoded on every core
 
 
-def dequantize(blocks: np.ndarray, qtype) -> np.ndarray:
+def dequantize(blocks: np.ndarray, qtype, bf16: bool = False) -> np.ndarray:
     """A quantized tensor's rows of blocks ([..., row bytes], uint8) as float32 [rows, row values],
     a share of the rows on each core. Linnet's C decoders (`kernels.gguf_blocks`: the common types,
     bit for bit as gguf's) take about 1 ns a value; other types, or where the C is not built, go
     through gguf's own numpy decoders (about 10 ns; their numpy operations let go of the GIL too).
-    An 8B model's weights are 450 4096 x 4096 matrices: 1.3 minutes on one core through gguf's."""
+    An 8B model's weights are 450 4096 x 4096 matrices: 1.3 minutes on one core through gguf's.
+    `bf16` (where `gguf_blocks.decodes` the type): rounded to bf16 as they are decoded, uint16 [rows,
+    row values] holding the bits, without the float32 tensor between."""
     from gguf.constants import GGML_QUANT_SIZES
     from gguf.quants import dequantize as numpy_decode
 
@@ -704,10 +727,15 @@ def dequantize(blocks: np.ndarray, qtype) -> np.ndarray:
 
     rows = blocks.reshape(-1, blocks.shape[-1])
     block, block_bytes = GGML_QUANT_SIZES[qtype]
-    out = np.empty((len(rows), rows.shape[1] // block_bytes * block), np.float32)
+    if bf16 and not gguf_blocks.decodes(qtype):
+        raise ValueError(f"{qtype.name} is not decoded to bf16 here (gguf_blocks.decodes)")
+    out = np.empty((len(rows), rows.shape[1] // block_bytes * block), np.uint16 if bf16 else np.float32)
     if gguf_blocks.decodes(qtype):
         def decode(lo: int, hi: int) -> None:
-            gguf_blocks.decode(rows[lo:hi], qtype, out[lo:hi])
+            if bf16:
+                gguf_blocks.decode(rows[lo:hi], qtype, out[lo:hi], bf16=True)
+            else:
+                gguf_blocks.decode(rows[lo:hi], qtype, out[lo:hi])
     else:
         def decode(lo: int, hi: int) -> None:
             out[lo:hi] = numpy_decode(rows[lo:hi], qtype)

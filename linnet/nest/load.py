@@ -516,12 +516,16 @@ def _read(module: Module, ckpt: Checkpoint, cast_dtype: bool, device: str, progr
     total = sum(len(v) for v in checkpoint_names(module, fmt).values())
     bar = Progress(f"loading {Path(ckpt.path).name}", total=total, enabled=progress)
 
-    def get(name):
-        return ckpt.load(name, framework=framework)
+    gguf_in_type = isinstance(ckpt, GGUFCheckpoint) and (framework == "numpy" or device == "cpu")
+
+    def get(name, dtype=None):  # (a GGUF's quantized tensors decoded straight into a bf16 param's type)
+        return ckpt.load(name, framework=framework, dtype=dtype) if gguf_in_type else \
+            ckpt.load(name, framework=framework)
 
     try:
         params = bind_weights(module, get, fmt=fmt, cast_dtype=cast_dtype or fmt == "gguf", device=device,
-                              where=ckpt.file_of, progress=lambda name: bar.update(note=name), framework=framework)
+                              where=ckpt.file_of, progress=lambda name: bar.update(note=name), framework=framework,
+                              get_in_type=gguf_in_type)
     finally:
         bar.close()
     return params, unused

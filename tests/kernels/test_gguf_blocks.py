@@ -37,6 +37,26 @@ def test_each_type_decodes_as_gguf_does(qtype):
     np.testing.assert_array_equal(bits(got), bits(gguf.quants.dequantize(rows, qtype)))
 
 
+@pytest.mark.parametrize("qtype", DECODED, ids=lambda q: q.name)
+def test_each_type_decodes_to_bf16_as_torch_rounds_gguf_s_values(qtype):
+    """Decoded straight to bf16 (loading a bf16 model): torch's `.to(bfloat16)` of gguf's float32
+    values, bit for bit, NaN's payload apart (a NaN stays NaN); on random blocks, NaN and infinite
+    scales included."""
+    torch = pytest.importorskip("torch")
+    values, nbytes = GGML_QUANT_SIZES[qtype]
+    rows = np.random.default_rng(int(qtype) + 7).integers(0, 256, (256, 16 * nbytes), dtype=np.uint8)
+    got = gguf_blocks.decode(rows, qtype, bf16=True)
+    assert got.shape == (256, 16 * values) and got.dtype == np.uint16
+    ref = gguf.quants.dequantize(rows, qtype)
+    want = torch.from_numpy(ref).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    nan = np.isnan(ref)
+    np.testing.assert_array_equal(np.where(nan, 0, got), np.where(nan, 0, want))
+    assert np.isnan((got[nan].astype(np.uint32) << 16).view(np.float32)).all()
+    apart = np.empty_like(got)  # the two passes it stands for: decode, then round
+    assert gguf_blocks.round_to_bf16(gguf_blocks.decode(rows, qtype), apart)
+    np.testing.assert_array_equal(got, apart)
+
+
 @settings(max_examples=40, deadline=None, derandomize=True, database=None)
 @given(qtype=st.sampled_from(DECODED), seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 9),
        blocks=st.integers(1, 4))

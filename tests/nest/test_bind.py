@@ -154,7 +154,8 @@ def test_torch_on_the_cpu_binds_what_torch_converts(tmp_path_factory, monkeypatc
     """On the CPU a tensor goes into its place through numpy (and Linnet's bf16 rounding), each
     large one a share of its rows per core (`split`: every tensor here, SPLIT_BYTES lowered): the
     bits are torch's own `.to(T)` of the tensor, transposed as declared, for f32 tensors of any
-    finite bit pattern (ties, subnormals, both signs) and for f16 and bf16 tensors stored so."""
+    finite bit pattern (ties, subnormals, both signs) and for f16 and bf16 tensors stored so (bf16 is
+    held as its bits in numpy, `bind.BF16_BITS`, through the transpose)."""
     from linnet.nest import checkpoint
 
     if split:
@@ -171,7 +172,7 @@ def test_torch_on_the_cpu_binds_what_torch_converts(tmp_path_factory, monkeypatc
         values = np.where(np.isfinite(values) & (np.abs(values) <= limit), values, np.float32(0.5))
         return torch.from_numpy(values).to(stored)  # (f16 and bf16: a checkpoint stored in T)
 
-    for stored in {torch.float32, types[dtype]}:
+    for stored in {torch.float32, torch.bfloat16, types[dtype]}:  # (bf16 into f32 or f16: torch's copy)
         shapes = {name: shape for name, (_, shape) in expected_shapes(spec_t, "hf").items()}
         ckpt = {name: tensor(shape, stored) for name, shape in shapes.items()}
         ours = bind_weights(spec_t, lambda n: ckpt[n].clone(), "hf")

@@ -56,23 +56,28 @@ def test_every_tensor_matches_transformers(gguf_ckpt, hf_reference):
         np.testing.assert_array_equal(ours, ref, err_msg=name)
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32"])
-def test_bound_params_are_transformers_tensors_rounded_as_torch_rounds(gguf_ckpt, hf_reference, dtype):
-    """What nest.load binds on the CPU (read_weights, its first half) is, bit for bit, transformers'
-    dequantized, un-permuted tensor of each param converted by torch's `.to(T)`: the copy through
-    numpy and Linnet's bf16 rounding (`bind._TorchArrays`) changes no weight."""
+@pytest.mark.parametrize("dtype,framework", [("bf16", "torch"), ("f16", "torch"), ("f32", "torch"),
+                                             ("bf16", "numpy")])
+def test_bound_params_are_transformers_tensors_rounded_as_torch_rounds(gguf_ckpt, hf_reference, dtype, framework):
+    """What nest.load binds on the CPU (read_weights, its first half; numpy: for JAX) is, bit for bit,
+    transformers' dequantized, un-permuted tensor of each param converted by torch's `.to(T)`: the
+    copy through numpy, Linnet's bf16 rounding (`bind._TorchArrays`) and the blocks decoded straight
+    to bf16 (`GGUFCheckpoint.load(dtype="bf16")`) change no weight."""
     from linnet.nest.bind import checkpoint_pieces
     from linnet.nest.load import read_weights
 
     tensors, _ = hf_reference
     bound = read_weights("smollm2-135m-instruct", {"T": dtype}, "fast", cast_dtype=True, weights=gguf_ckpt,
-                         tokenizer=False)
+                         tokenizer=False, framework=framework)
     types = {"bf16": torch.bfloat16, "f16": torch.float16, "f32": torch.float32}
     bits = {2: torch.int16, 4: torch.int32}[types[dtype].itemsize]
     checked = 0
     for name, pieces in checkpoint_pieces(bound.module, "hf").items():
         for index, hf in pieces:
             got = bound.params[name][index]
+            if framework == "numpy":  # (ml_dtypes' bfloat16: viewed as its bits, then as torch's)
+                width = {2: np.int16, 4: np.int32}[types[dtype].itemsize]
+                got = torch.from_numpy(np.ascontiguousarray(got).view(width)).view(types[dtype])
             want = tensors[hf].to(types[dtype])
             assert got.dtype == want.dtype and got.shape == want.shape, hf
             assert torch.equal(got.view(bits), want.view(bits)), hf
