@@ -69,12 +69,12 @@ def pack_side_by_side(members: list, owned: bool = False) -> np.ndarray:
         _fill_and_pack(first.reshape(-1, k), [])
         return first.reshape(*lead, n // PANEL, k, PANEL)
     out = pages.aligned_empty((*lead, -(-n // PANEL), k, PANEL), first.dtype)  # placed without a copy
+    # a layer packed while its copy is in cache; on this thread where it is small: a thread team a
+    # layer waited each time for a busy core (SmolLM2's 60 fused layers, 0.6 s of a start here)
+    threads = 1 if out[0].nbytes < ONE_THREAD_BYTES else build.cores()
     for layer in range(lead[0] if stacked else 1):
         parts = [m[layer] if stacked else m for m in members]
-        _fill((out[layer] if stacked else out).reshape(-1, k), parts, give_back=owned)
-    # every layer's panels in one call (each layer is whole panels, so the stack's rows packed at once
-    # are each layer's packed apart): a call a layer waited each time for a busy core's thread
-    _pack_in_place(out.reshape(-1, k))
+        _fill_and_pack((out[layer] if stacked else out).reshape(-1, k), parts, give_back=owned, threads=threads)
     return out
 
 
@@ -90,16 +90,13 @@ def owns_its_memory(a) -> bool:
     return True
 
 
-def _fill_and_pack(rows: np.ndarray, parts: list, give_back: bool = False) -> None:
+ONE_THREAD_BYTES = 1 << 22  # a weight (or a stacked one's layer) smaller than this is packed on one thread
+
+
+def _fill_and_pack(rows: np.ndarray, parts: list, give_back: bool = False, threads: int | None = None) -> None:
     """rows [whole panels x 16, K]: `parts`' rows one after another (none: rows already hold the
-    weight), zeros after them, then rearranged into panels in place. With `give_back`, each part's
-    pages go back to the system once copied."""
-    _fill(rows, parts, give_back)
-    _pack_in_place(rows)
-
-
-def _fill(rows: np.ndarray, parts: list, give_back: bool = False) -> None:
-    """`_fill_and_pack` before the packing."""
+    weight), zeros after them, then rearranged into panels in place, on `threads` threads (default:
+    every core). With `give_back`, each part's pages go back to the system once copied."""
     start = 0
     for part in parts:
         rows[start:start + part.shape[0]] = part
@@ -108,11 +105,8 @@ def _fill(rows: np.ndarray, parts: list, give_back: bool = False) -> None:
             pages.give_back(part.ctypes.data, part.nbytes)
     if parts:
         rows[start:] = 0
-
-
-def _pack_in_place(rows: np.ndarray) -> None:
-    """rows [whole panels x 16, K] rearranged into panels in their own memory."""
-    if _library().linnet_pack_panels(_type_code(rows.dtype), rows.ctypes.data, len(rows), rows.shape[1], build.cores()):
+    if _library().linnet_pack_panels(_type_code(rows.dtype), rows.ctypes.data, len(rows), rows.shape[1],
+                                     threads or build.cores()):
         raise MemoryError(f"no memory for a {PANEL} x {rows.shape[1]} block to pack a linear weight with")
 
 
