@@ -15,8 +15,10 @@ transparent-huge-page setting). Where Linux cannot (an older kernel, no free
 Moving a loaded model's weights over costs about 3 ms a 2 MB page here (SmolLM2's bf16 weights:
 0.7-2.5 s, most of a start on a busy 2-core machine), so loading asks for it later:
 `back_with_huge_pages_later` hands a range to one background thread, and the first tokens run on
-small pages while it works. The kernel keeps the contents whatever reads or writes them meanwhile
-(khugepaged moves any process's pages so, at any time); `huge_pages_settled` waits for the queue.
+small pages until it is done (it starts `LATER_DELAY` after the first range, so that the warm-up and
+the first token do not share the machine with it). The kernel keeps the contents whatever reads or
+writes them meanwhile (khugepaged moves any process's pages so, at any time); `huge_pages_settled`
+waits for the queue.
 
 `aligned_empty` makes host arrays that start on a 2 MB boundary (64 bytes, for
 small ones): XLA's CPU client takes such an array as its device array without a
@@ -96,6 +98,10 @@ def back_with_huge_pages_later(owner, address: int, nbytes: int) -> None:
 
 
 LATER_STEP = 4 * HUGE_PAGE  # moved a call at a time: see `_move_later`
+# The thread starts moving this long after the first range is handed over: the work a start does next
+# (the engine's warm-up, the first token: 0.1-0.5 s here) then runs without it (warm-up 0.11 s alone,
+# 0.14-0.76 s beside the move, SmolLM2 on the 2-core machine)
+LATER_DELAY = 1.0
 _exiting = threading.Event()
 
 
@@ -109,6 +115,7 @@ def _move_later(ranges: queue.Queue) -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
     except (AttributeError, OSError):  # (no such call, or not allowed: the thread runs as it is)
         pass
+    _exiting.wait(LATER_DELAY)  # (`LATER_DELAY`; at once when the interpreter exits meanwhile)
     while True:
         item = ranges.get()
         if item is None:  # `_stop_later`
