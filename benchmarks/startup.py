@@ -192,8 +192,9 @@ def run_serve(root: Path = ROOT) -> dict:
     url = f"http://127.0.0.1:{port}"
     log = tempfile.TemporaryFile("w+")  # (not a pipe: the server's log lines would fill it)
     start = time.time()
+    # cwd: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH
     server = subprocess.Popen([sys.executable, "-m", "linnet.cli", "serve", CARD, "--port", str(port)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=log, text=True)
+                              stdout=subprocess.DEVNULL, stderr=log, text=True, cwd=str(root))
     try:
         while True:
             if server.poll() is not None:
