@@ -19,7 +19,6 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from linnet.kernels import cpu_attention, cpu_linear, cpu_ops
 from linnet.kernels.cpu_linear import PanelWeight
-from linnet.kernels.pages import back_with_huge_pages_later
 from linnet.rope_tables import inv_frequencies
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "i32": torch.int32,
@@ -879,7 +878,6 @@ class TorchModel:
         """
         if not self.fast:
             return
-        owned = self._owned_linear_weights() if in_place else []
         packed = self.fuse_linear_groups(in_place)
         packed |= self.join_linear_groups()
         for name in sorted(self.linear_weights, key=lambda n: n in self.tied):  # targets before their aliases
@@ -895,8 +893,6 @@ class TorchModel:
             own = in_place and name not in self.tied  # an alias's target is read otherwise too
             setattr(self, name, pack_linear_layers(w, rows, own) if stacked else pack_linear_weight(w, rows, own))
             packed.add(name)
-        for w in owned:  # once packed: the background thread then never races the packing's writes
-            back_with_huge_pages_later(w, w.data_ptr(), w.nbytes)
 
     def pack_expert_weights(self, in_place: bool = False):
         """Fast numerics on the CPU: each expert's matrix of an expert weight [experts, out, in] in
@@ -915,19 +911,6 @@ class TorchModel:
             layers = [cpu_linear.pack(e, in_place) for e in w.unbind(0)] if not stacked else \
                 [[cpu_linear.pack(e, in_place) for e in layer.unbind(0)] for layer in w.unbind(0)]
             setattr(self, name, layers)
-
-    def _owned_linear_weights(self) -> list:
-        """The linear weights the model owns, whole, which packing in place lays out in their own
-        memory and `pack_linear_weights` then moves onto huge pages (`pages`, on its background
-        thread): a stacked one is a layer's weights end to end, so its 2 MB pages hold layers that
-        are each too small to fill one (SmolLM2's bf16 weights: under 2 MB a layer). A bf16
-        SmolLM2 decode step: 13.0 -> 12.2 ms, in one process."""
-        out = []
-        for name in self.linear_weights:
-            w = getattr(self, name)
-            if name not in self.tied and isinstance(w, torch.Tensor) and packs_linear_weights(self.device, w.dtype):
-                out.append(w)
-        return out
 
     def fuse_linear_groups(self, in_place: bool = False) -> set:
         """Each of `linear_groups` (untied weights of one input, as the code generator found them),

@@ -91,6 +91,12 @@ def _table(addresses, widths, cols) -> PanelTable:
     return PanelTable(count, *(ctypes.addressof(a) for a in arrays), arrays)
 
 
+def _pack_panels(w: torch.Tensor, rows: int, k: int) -> None:
+    """The first `rows` rows (whole panels) of w's memory, [rows, k], rearranged into panels in place."""
+    if library().linnet_pack_panels(TYPES[w.dtype], w.data_ptr(), rows, k, pool.threads()):
+        raise MemoryError(f"no memory for a {PANEL} x {k} block to pack a linear weight with")
+
+
 def pack(w: torch.Tensor, in_place: bool = False) -> PanelWeight:
     """w [N, K] (f32, bf16 or f16, on the CPU) in panels of 16 of its rows, each laid out K-major.
 
@@ -99,8 +105,8 @@ def pack(w: torch.Tensor, in_place: bool = False) -> PanelWeight:
     n, k = w.shape
     full = n // PANEL * PANEL
     body = w[:full] if in_place and w.is_contiguous() else w[:full].clone(memory_format=torch.contiguous_format)
-    if full and library().linnet_pack_panels(TYPES[w.dtype], body.data_ptr(), full, k, pool.threads()):
-        raise MemoryError(f"no memory for a {PANEL} x {k} block to pack a linear weight with")
+    if full:
+        _pack_panels(body, full, k)
     back_with_huge_pages_later(body, body.data_ptr(), body.nbytes)  # a decode step streams through it (`pages`)
     buffers, addresses = [body], [body.data_ptr() + p * k * PANEL * w.element_size() for p in range(full // PANEL)]
     if full < n:
@@ -121,15 +127,18 @@ def pack_layers(w: torch.Tensor, in_place: bool = False) -> list:
     once is every layer packed apart, in the same memory. One thread team a weight, not one a
     layer: each team waited for a busy core (SmolLM2's 210 layer packs, 1.1 s here)."""
     layers, n, k = w.shape
-    if not (in_place and w.is_contiguous() and n % PANEL == 0 and layers > 1):
-        return [pack(layer, in_place) for layer in w]
-    if library().linnet_pack_panels(TYPES[w.dtype], w.data_ptr(), layers * n, k, pool.threads()):
-        raise MemoryError(f"no memory for a {PANEL} x {k} block to pack a linear weight with")
-    back_with_huge_pages_later(w, w.data_ptr(), w.nbytes)  # a decode step streams through it (`pages`)
-    step = PANEL * k * w.element_size()
-    return [PanelWeight(n, k, w.dtype, (layer,), _table([layer.data_ptr() + p * step for p in range(n // PANEL)],
-                                                         [PANEL] * (n // PANEL), range(0, n, PANEL)))
-            for layer in w]
+    whole = in_place and w.is_contiguous() and layers > 1  # the layers' panels end to end in w's memory
+    if whole and n % PANEL == 0:
+        _pack_panels(w, layers * n, k)
+        step = PANEL * k * w.element_size()
+        packed = [PanelWeight(n, k, w.dtype, (layer,), _table([layer.data_ptr() + p * step for p in range(n // PANEL)],
+                                                               [PANEL] * (n // PANEL), range(0, n, PANEL)))
+                  for layer in w]
+    else:
+        packed = [pack(layer, in_place) for layer in w]
+    if whole:  # the whole weight, not each layer: a layer alone may fill no 2 MB page (SmolLM2's bf16 ones)
+        back_with_huge_pages_later(w, w.data_ptr(), w.nbytes)  # a decode step streams through it (`pages`)
+    return packed
 
 
 def matmul(x: torch.Tensor, w: PanelWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
