@@ -31,10 +31,10 @@ from linnet.ir.types import FLOAT_DTYPES
 from linnet.nest.errors import WeightsError
 from linnet.nest.transforms import permute_rope, unpermute_rope
 
-READS_AS = {"mxfp4": "bf16"}
+READS_AS = {"mxfp4": "bf16"}  # a safetensors checkpoint's quantized pairs, as its reader gives them
 # bf16 values held as their bits in numpy, which has no bf16 type of its own (ml_dtypes' is JAX's, and
 # not installed with torch alone): what the torch backend's CPU binding reads a bf16 tensor as
-BF16_BITS = np.dtype([("bf16", "<u2")])  # a safetensors checkpoint's quantized pairs, as its reader gives them
+BF16_BITS = np.dtype([("bf16", "<u2")])
 
 
 def checkpoint_pieces(module: Module, fmt: str) -> dict:

@@ -732,10 +732,7 @@ def dequantize(blocks: np.ndarray, qtype, bf16: bool = False) -> np.ndarray:
     out = np.empty((len(rows), rows.shape[1] // block_bytes * block), np.uint16 if bf16 else np.float32)
     if gguf_blocks.decodes(qtype):
         def decode(lo: int, hi: int) -> None:
-            if bf16:
-                gguf_blocks.decode(rows[lo:hi], qtype, out[lo:hi], bf16=True)
-            else:
-                gguf_blocks.decode(rows[lo:hi], qtype, out[lo:hi])
+            gguf_blocks.decode(rows[lo:hi], qtype, out[lo:hi], bf16=bf16)
     else:
         def decode(lo: int, hi: int) -> None:
             out[lo:hi] = numpy_decode(rows[lo:hi], qtype)

@@ -224,7 +224,7 @@ def test_dequantize_over_cores_decodes_as_gguf_does(qtype, shape, decoder, monke
             pytest.skip("Linnet's C decoders are not built here")
         decode_c = gguf_blocks.decode
         monkeypatch.setattr(gguf_blocks, "decode",
-                            lambda rows, q, out: calls.append(len(rows)) or decode_c(rows, q, out))
+                            lambda rows, q, out, **kw: calls.append(len(rows)) or decode_c(rows, q, out, **kw))
     else:
         monkeypatch.setattr(gguf_blocks, "decodes", lambda q: False)
         decode = gguf.quants.dequantize
