@@ -450,8 +450,8 @@ def cmd_serve(args) -> int:
           tool_parser=parser, reasoning_parser=reasoning,
           structure_in_reasoning=args.structured_outputs_in_reasoning, stored_responses=args.stored_responses,
           trust_request_chat_template=args.trust_request_chat_template,
-          log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log, cors=CorsPolicy(args.allowed_origins, args.allowed_methods,
-                                                            args.allowed_headers, args.allow_credentials),
+          log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
+          cors=CorsPolicy(args.allowed_origins, args.allowed_methods, args.allowed_headers, args.allow_credentials),
           ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile, token_budget=args.token_budget, seed=args.seed,
           max_logprobs=args.max_logprobs)
     return 0
