@@ -61,7 +61,7 @@ class Job:
     echo_logprobs: bool = False  # echo with logprobs: the prompt's tokens lead each choice's logprobs
     prompt_logprobs: bool = False  # vLLM's prompt_logprobs: returned beside the choices
     token_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:ID"
-    continuous_usage: bool = False  # streamed: every chunk with the usage so far (vLLM's continuous_usage_stats)
+    continuous_usage: bool = False  # streamed: every chunk its choice's usage so far (continuous_usage_stats)
     include_reasoning: bool = True  # vLLM's: false leaves a reasoning model's thinking out, whole and streamed
 
     def prompt_scores(self, comps: list, i: int) -> list:

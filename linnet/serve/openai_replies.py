@@ -95,6 +95,14 @@ def usage(job: Job, comps: list) -> dict:
             "total_tokens": job.prompt_tokens + completion, "prompt_tokens_details": {"cached_tokens": cached}}
 
 
+def choice_usage(comp, streamed: int) -> dict:
+    """The usage a streamed chunk carries with vLLM's continuous_usage_stats: its choice's own, the
+    choice's prompt and the `streamed` tokens of it sent so far (the last chunk's, `usage`, counts
+    every choice)."""
+    prompt = len(comp.request.prompt)
+    return {"prompt_tokens": prompt, "completion_tokens": streamed, "total_tokens": prompt + streamed}
+
+
 def _token_text(tokenizer, token_ids: bool = False):
     """A token's name in logprobs: its text, or with `token_ids` (vLLM's return_tokens_as_token_ids,
     for clients that must know the very ids drawn) "token_id:ID"."""
@@ -337,8 +345,9 @@ class ChunkWriter:
 
     def __init__(self, chat: bool, model: str, tokenizer, include_usage: bool, usage_so_far=None,
                  token_ids: bool = False):
-        """`usage_so_far`: makes the usage every chunk carries (continuous_usage_stats); else a
-        chunk's is null but the last's. `token_ids`: logprobs name tokens by id (`_token_text`)."""
+        """`usage_so_far(i)`: makes the usage a chunk of choice i carries (continuous_usage_stats,
+        `choice_usage`); else a chunk's is null but the last's. `token_ids`: logprobs name tokens by
+        id (`_token_text`)."""
         self.token_ids = token_ids
         self.chat, self.model, self.tokenizer = chat, model, tokenizer
         self.id = new_id("chatcmpl" if chat else "cmpl")
@@ -350,7 +359,8 @@ class ChunkWriter:
         chunk = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
                  "created": self.created, "model": self.model, "choices": choices}
         if self.include_usage:
-            chunk["usage"] = extra["usage"] if "usage" in extra else self.usage_so_far() if self.usage_so_far else None
+            chunk["usage"] = (extra["usage"] if "usage" in extra else
+                              self.usage_so_far(choices[0]["index"]) if self.usage_so_far else None)
         return chunk
 
     def start(self, index: int) -> dict | None:

@@ -28,8 +28,8 @@ from linnet.serve.metrics import prometheus_text
 from linnet.serve.openai_api import (ApiError, Job, body_fields, chat_job, chat_prompt, check_fits, check_logprobs,
                                      completion_job, encode_text, length_field, refused, shown)
 from linnet.serve.choice_stream import ChoiceDeltas
-from linnet.serve.openai_replies import (ChunkWriter, chat_message, chat_response, completion_response, echoed_prompt,
-                                         error_body, marker_ids, usage)
+from linnet.serve.openai_replies import (ChunkWriter, chat_message, chat_response, choice_usage, completion_response,
+                                         echoed_prompt, error_body, marker_ids)
 from linnet.serve.request import MAX_LOGPROBS, RequestError, is_int
 from linnet.serve.responses_api import (ResponseWriter, ResponsesCall, chat_body, conversation_after, input_items,
                                         read_call, response)
@@ -343,8 +343,10 @@ class OpenAIServer:
         if responses is not None:  # Responses' typed events, the last one the whole Response
             writer, job.include_usage = ResponseWriter(responses.body, job, self.model_name, self.tokenizer), True
         else:
+            # (a chunk's continuous usage is its choice's, as vLLM's: what `choices` below has streamed of it)
             writer = ChunkWriter(chat, self.model_name, self.tokenizer, job.include_usage,
-                                 (lambda: usage(job, comps)) if job.continuous_usage else None, job.token_ids)
+                                 (lambda i: choice_usage(comps[i], choices[i].stream.tokens))
+                                 if job.continuous_usage else None, job.token_ids)
 
         async def event(chunks):
             for chunk in chunks if isinstance(chunks, list) else [chunks]:

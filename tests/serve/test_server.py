@@ -363,6 +363,39 @@ def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(server):
     assert status == 400 and "continuous_usage_stats" in json.loads(text)["error"]["message"]
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_continuous_usage_is_each_chunks_own_choices(server, path):
+    """With n > 1 (and completions' several prompts) a chunk's continuous usage is its choice's, as
+    vLLM's serving_completion and serving_chat make it: that choice's prompt and the tokens of it
+    streamed so far (previous_num_tokens[i]); the last chunk sums every choice, each prompt once."""
+    base, _, _ = server
+    prompts = ["t5 t6 t7", "t8 t9"]
+    body = {"max_tokens": 4, "temperature": 1.0, "seed": 3, "n": 2, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    if path == "/v1/completions":
+        body.update(prompt=prompts, logprobs=0)
+        prompt_of = lambda i: len(prompts[i // 2].split())
+    else:
+        body.update(messages=[{"role": "user", "content": prompts[0]}], logprobs=True)
+        prompt_of = lambda i: 6  # TEMPLATE's t1, the message's 3 words, t2 and t3
+    chunks = sse(call(base, path, body)[1])
+    streamed = {}
+    for c in chunks[:-1]:
+        (choice,) = c["choices"]
+        lps = choice["logprobs"]
+        streamed[choice["index"]] = streamed.get(choice["index"], 0) + (
+            0 if lps is None else len(lps["content"] if "content" in lps else lps["tokens"]))
+        prompt = prompt_of(choice["index"])
+        assert c["usage"] == {"prompt_tokens": prompt, "completion_tokens": streamed[choice["index"]],
+                              "total_tokens": prompt + streamed[choice["index"]]}, c
+    assert streamed == {i: 4 for i in range(len(streamed))} and len(streamed) == (4 if "prompt" in body else 2)
+    last = chunks[-1]
+    assert last["choices"] == []
+    prompt = sum(prompt_of(i) for i in range(0, len(streamed), 2))
+    assert {k: last["usage"][k] for k in ("prompt_tokens", "completion_tokens", "total_tokens")} == \
+        {"prompt_tokens": prompt, "completion_tokens": 4 * len(streamed), "total_tokens": prompt + 4 * len(streamed)}
+
+
 def test_streamed_chat_with_n_and_logprobs(server):
     base, _, _ = server
     body = {"messages": [{"role": "user", "content": "t40 t41"}], "max_tokens": 4, "temperature": 0, "n": 2,
