@@ -288,11 +288,12 @@ class OpenAIServer:
             raise refused(err, req, body_fields(chat, length, body)) from None
         # A client that goes away takes its requests with it: their rows go to others.
         watcher = asyncio.create_task(self._cancel_on_disconnect(receive, [s.completion for s in streams]))
+        fields = body_fields(chat, length, body)
         try:
             if body.get("stream"):
-                await self._stream(job, streams, chat, send, responses)
+                await self._stream(job, streams, chat, send, fields, responses)
             else:
-                await self._complete(job, streams, chat, send, responses, body_fields(chat, length, body))
+                await self._complete(job, streams, chat, send, responses, fields)
         finally:
             watcher.cancel()
             for s in streams:
@@ -323,10 +324,7 @@ class OpenAIServer:
         comps = await asyncio.gather(*(drain(s) for s in streams))
         failed = [c for c in comps if c.finish_reason == "error"]
         if failed:
-            comp = failed[0]
-            if comp.error_field is not None:  # what the request asked for could not be met: the client's 400
-                raise ApiError(400, comp.error, fields.get(comp.error_field, comp.error_field))
-            raise ApiError(500, comp.error or "the request failed", kind="server_error")
+            raise _failure(failed[0], fields)
         if responses is not None:
             message, finish = chat_message(job, comps[0], self.tokenizer)
             made = response(responses.body, job, comps, self.model_name, message, finish, self.tokenizer)
@@ -336,7 +334,10 @@ class OpenAIServer:
         respond = chat_response if chat else completion_response
         await _json(send, 200, respond(job, comps, self.model_name, self.tokenizer))
 
-    async def _stream(self, job: Job, streams: list, chat: bool, send, responses: ResponsesCall | None = None):
+    async def _stream(self, job: Job, streams: list, chat: bool, send, fields: dict,
+                      responses: ResponsesCall | None = None):
+        """The reply as server-sent events; `fields` as `_complete`'s: a choice that fails sends the
+        error the same request gets unstreamed."""
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
         comps = [s.completion for s in streams]
@@ -386,8 +387,9 @@ class OpenAIServer:
                     open_choices -= 1
                     continue
                 comp = comps[i]
-                if comp.finish_reason == "error":
-                    await event(error_body(comp.error or "the request failed"))
+                if comp.finish_reason == "error":  # its error once, at its end (news read after it failed says none)
+                    if reason is not None:
+                        await event(_failure(comp, fields).body)
                     continue
                 if i in unechoed and len(job.prompt_scores(comps, i)) == len(comp.request.prompt):
                     prompt = echoed_prompt(job, comps, i, self.tokenizer)
@@ -420,6 +422,14 @@ class OpenAIServer:
         """Keeps a finished Response for later ones to continue, unless its body says store: false."""
         if call.stored:
             self.responses.put(made, conversation_after(call, made["output"]), input_items(call.body))
+
+
+def _failure(comp, fields: dict) -> ApiError:
+    """The error of a request whose choice `comp` failed: the client's 400 where what it asked for
+    could not be met (`fields`: the body's names for the Request's fields), else a 500."""
+    if comp.error_field is not None:
+        return ApiError(400, comp.error, fields.get(comp.error_field, comp.error_field))
+    return ApiError(500, comp.error or "the request failed", kind="server_error")
 
 
 def _response_id(path: str) -> str:

@@ -65,6 +65,22 @@ def test_allowed_token_ids_that_corner_a_structure_partway_are_the_clients_400(b
     assert call(base, "/v1/completions", {"prompt": "Say:", "max_tokens": 2})[0] == 200
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_a_streamed_choice_cornered_partway_sends_the_error_the_request_gets_unstreamed(base, path):
+    # the same request as above, streamed with n=2: once its response has begun, each failed choice's
+    # event is the body it gets unstreamed (the client's 400 at allowed_token_ids, not a 500), and
+    # the stream still ends with [DONE]
+    n = json.loads(call(base, "/tokenize", {"prompt": "n", "add_special_tokens": False})[1])["tokens"]
+    body = {"max_tokens": 6, "temperature": 1.0, "seed": 2, "n": 2, "structured_outputs": {"regex": "yes|no"},
+            "allowed_token_ids": n, **({"prompt": "Say:"} if path == "/v1/completions" else {"messages": USER})}
+    status, text = call(base, path, body)
+    assert status == 400
+    status, streamed = call(base, path, dict(body, stream=True))
+    assert status == 200
+    errors = [c for c in sse(streamed) if "error" in c]
+    assert errors == [json.loads(text)] * 2
+
+
 def test_vllm_structured_outputs_and_guided_fields_on_completions(base):
     for body in ({"structured_outputs": {"regex": "[0-9]{2}-[a-c]{3}"}}, {"guided_regex": "[0-9]{2}-[a-c]{3}"}):
         out = json.loads(call(base, "/v1/completions", dict(body, prompt="Code:", max_tokens=20, n=2, seed=4))[1])
