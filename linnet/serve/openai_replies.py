@@ -403,6 +403,11 @@ class ChunkWriter:
     def usage(self, job: Job, comps: list) -> dict:
         return self._chunk([], usage=usage(job, comps))
 
+    @staticmethod
+    def failure(err) -> dict:
+        """The event of a choice that failed: the body of the ApiError `err` its request gets unstreamed."""
+        return err.body
+
 
 def error_body(message: str, status: int = 500) -> dict:
     return {"error": {"message": message, "type": "server_error" if status >= 500 else "invalid_request_error",

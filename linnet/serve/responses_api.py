@@ -320,6 +320,7 @@ class ResponseWriter:
         self.unplaced: list = []  # [(text start, logprobs entry)] of tokens not yet known to write the answer or not
         self.finish: str | None = None
         self.final: dict | None = None  # the whole Response, once the last event is written
+        self.error: dict | None = None  # a failed Response's error: {code, message}
 
     def _event(self, kind: str, **fields) -> dict:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -423,7 +424,18 @@ class ResponseWriter:
         return [self._event("response.function_call_arguments.delta", item_id=self.open["item"]["id"],
                             output_index=len(self.output), delta=value)]
 
+    def failure(self, err) -> dict:
+        """OpenAI's `error` event for the ApiError `err` a failed request gets unstreamed; the last
+        event is then "response.failed" (`usage`)."""
+        error = err.body["error"]
+        # (a Response's error code is one of OpenAI's: the client's fault is its prompt's)
+        self.error = {"code": "server_error" if err.status >= 500 else "invalid_prompt", "message": error["message"]}
+        return self._event("error", code=error["code"], message=error["message"], param=error["param"])
+
     def usage(self, job: Job, comps: list) -> dict:
+        if self.error is not None:
+            self.final = dict(self._response("failed", comps), error=self.error)
+            return self._event("response.failed", response=self.final)
         # "response.completed" even for an incomplete response (its status says so), as vLLM sends it:
         # OpenAI's client's stream helper ends on no other event
         self.final = self._response(comps=comps)

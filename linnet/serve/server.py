@@ -389,7 +389,7 @@ class OpenAIServer:
                 comp = comps[i]
                 if comp.finish_reason == "error":  # its error once, at its end (news read after it failed says none)
                     if reason is not None:
-                        await event(_failure(comp, fields).body)
+                        await event(writer.failure(_failure(comp, fields)))
                     continue
                 if i in unechoed and len(job.prompt_scores(comps, i)) == len(comp.request.prompt):
                     prompt = echoed_prompt(job, comps, i, self.tokenizer)

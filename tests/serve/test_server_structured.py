@@ -81,6 +81,32 @@ def test_a_streamed_choice_cornered_partway_sends_the_error_the_request_gets_uns
     assert errors == [json.loads(text)] * 2
 
 
+def test_a_streamed_response_cornered_partway_fails_as_openais_do(base):
+    # the Responses API's own events (OpenAI's streaming reference): an "error" event with the error
+    # the request gets unstreamed, then "response.failed", its Response's status "failed", kept for
+    # no previous_response_id
+    body = {"input": "Weather?", "max_output_tokens": 6, "temperature": 1.0, "seed": 2,
+            "text": {"format": {"type": "json_object"}},
+            "allowed_token_ids": json.loads(call(base, "/tokenize", {"prompt": "{", "add_special_tokens": False})[1])[
+                "tokens"]}
+    status, text = call(base, "/v1/responses", body)
+    assert status == 400
+    unstreamed = json.loads(text)["error"]
+    status, streamed = call(base, "/v1/responses", dict(body, stream=True))
+    assert status == 200
+    events = [json.loads(line[6:]) for line in streamed.splitlines() if line.startswith("data: ")]
+    names = [line[7:] for line in streamed.splitlines() if line.startswith("event: ")]
+    assert names == [e["type"] for e in events] and [e["sequence_number"] for e in events] == list(range(len(events)))
+    errors = [e for e in events if e["type"] == "error"]
+    assert [(e["code"], e["message"], e["param"]) for e in errors] == \
+        [(unstreamed["code"], unstreamed["message"], unstreamed["param"])]
+    last = events[-1]
+    assert last["type"] == "response.failed" and last["response"]["status"] == "failed"
+    assert last["response"]["error"] == {"code": "invalid_prompt", "message": unstreamed["message"]}
+    status, text = call(base, f"/v1/responses/{last['response']['id']}")
+    assert status == 404
+
+
 def test_vllm_structured_outputs_and_guided_fields_on_completions(base):
     for body in ({"structured_outputs": {"regex": "[0-9]{2}-[a-c]{3}"}}, {"guided_regex": "[0-9]{2}-[a-c]{3}"}):
         out = json.loads(call(base, "/v1/completions", dict(body, prompt="Code:", max_tokens=20, n=2, seed=4))[1])
