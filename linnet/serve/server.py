@@ -319,6 +319,10 @@ class OpenAIServer:
         async def drain(stream):
             async for _ in stream:
                 pass
+            if stream.completion.finish_reason == "error":  # the request fails: its other choices' rows go now
+                for s in streams:
+                    if s.completion.finish_reason is None:
+                        self.engine.cancel(s.completion.id)
             return stream.completion
 
         comps = await asyncio.gather(*(drain(s) for s in streams))
