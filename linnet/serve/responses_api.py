@@ -349,11 +349,12 @@ class ResponseWriter:
                          self._event("response.content_part.added", item_id=item["id"], output_index=at,
                                      content_index=0, part=empty["content"][0])]
 
-    def _close(self) -> list:
+    def _close(self, status: str | None = None) -> list:
         if self.open is None:
             return []
         item, text, at = self.open["item"], self.open["text"], len(self.output)
-        status = "incomplete" if self.finish == "length" else "completed"  # the item max_output_tokens cut
+        if status is None:
+            status = "incomplete" if self.finish == "length" else "completed"  # the item max_output_tokens cut
         if item["type"] == "function_call":
             done = dict(item, arguments=text, status=status)
             self.output.append(done)
@@ -424,13 +425,15 @@ class ResponseWriter:
         return [self._event("response.function_call_arguments.delta", item_id=self.open["item"]["id"],
                             output_index=len(self.output), delta=value)]
 
-    def failure(self, err) -> dict:
-        """OpenAI's `error` event for the ApiError `err` a failed request gets unstreamed; the last
-        event is then "response.failed" (`usage`)."""
+    def failure(self, err) -> list:
+        """OpenAI's `error` event for the ApiError `err` a failed request gets unstreamed, after the item
+        being written is closed as far as it got ("incomplete"): "response.failed" (`usage`), the last
+        event, carries the items already sent, as OpenAI's does."""
         error = err.body["error"]
         # (a Response's error code is one of OpenAI's: the client's fault is its prompt's)
         self.error = {"code": "server_error" if err.status >= 500 else "invalid_prompt", "message": error["message"]}
-        return self._event("error", code=error["code"], message=error["message"], param=error["param"])
+        return self._close("incomplete") + [self._event("error", code=error["code"], message=error["message"],
+                                                        param=error["param"])]
 
     def usage(self, job: Job, comps: list) -> dict:
         if self.error is not None:

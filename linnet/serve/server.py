@@ -413,8 +413,11 @@ class OpenAIServer:
                 await event(writer.usage(job, comps))
             if responses is not None and not any(c.finish_reason == "error" for c in comps):
                 self._keep(responses, writer.final)
-        except Exception as err:  # the response has started: the error goes in the stream
-            await event(error_body(f"internal error: {err}"))
+        except Exception as err:  # a bug of ours once the response has started: the error goes in the stream,
+            # as a failed choice's (a Responses stream then ends with "response.failed"), the rows freed
+            await event(writer.failure(ApiError(500, f"internal error: {err}", kind="server_error")))
+            if responses is not None and writer.final is None:
+                await event(writer.usage(job, comps))
         finally:
             for p in pumps:
                 p.cancel()

@@ -1,6 +1,7 @@
 """Requests that fail partway through the server, over a random tiny model whose tokens are bytes
-(test_structured.byte_tokenizer): a choice the client's own fields corner ends as OpenAI's and
-vLLM's replies end, the rows freed for everyone else."""
+(test_structured.byte_tokenizer): a choice the client's own fields corner, and a bug of ours met
+mid-stream (a tokenizer whose decoder raises), each ending as OpenAI's and vLLM's replies end, the
+rows freed for everyone else."""
 
 import json
 import time
@@ -10,7 +11,7 @@ import pytest
 from linnet.serve import Engine
 
 from .conftest import make_model, running
-from .test_server import call
+from .test_server import call, sse
 from .test_structured import byte_tokenizer
 
 pytest.importorskip("llguidance")
@@ -65,3 +66,74 @@ def test_a_failed_choice_cancels_its_siblings_at_once(plain):
     assert ended.get("error", 0) >= 1 and ended.get("cancelled", 0) >= 1, ended  # (seed 3 draws both)
     assert ended["error"] + ended["cancelled"] == 4, ended
     assert call(base, "/v1/completions", {"prompt": "Say:", "max_tokens": 2})[0] == 200
+
+
+def failing_on_third_token(tokenizer) -> None:
+    """A bug of ours, met through a public seam: each incremental decoder (a stream's text) raises on
+    the third token pushed to it; whole decodes (the engine's final text) still work."""
+    make = tokenizer.incremental_decoder
+
+    def decoder(**options):
+        made = make(**options)
+        push, pushed = made.push, []
+
+        def failing_push(token):
+            pushed.append(token)
+            if len(pushed) == 3:
+                raise RuntimeError("the decoder broke on its third token")
+            return push(token)
+
+        made.push = failing_push
+        return made
+
+    tokenizer.incremental_decoder = decoder
+
+
+@pytest.fixture(scope="module")
+def broken():
+    engine, server = served(failing_on_third_token)
+    with server as base:
+        yield base, engine
+
+
+def test_a_bug_mid_stream_sends_a_server_error_then_done(broken):
+    # vLLM's streamed failure: an {"error": {...}} data line (a server_error: a client may retry), then
+    # [DONE]; the text before it was sent, nothing after; the row is freed
+    base, engine = broken
+    body = {"messages": USER, "max_tokens": 10, "min_tokens": 10, "allowed_token_ids": ids(base, "abc"),
+            "stream": True}
+    status, text = call(base, "/v1/chat/completions", body)
+    assert status == 200
+    chunks = sse(text)  # (ends with [DONE])
+    error = chunks[-1]
+    assert set(error) == {"error"} and error["error"]["type"] == "server_error", error
+    assert "third token" in error["error"]["message"]
+    assert all("choices" in c for c in chunks[:-1])
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks[:-1])  # two tokens' text went
+    assert settled(engine).get("cancelled", 0) >= 1 and not engine.live
+
+
+def test_a_bug_mid_response_stream_fails_it_carrying_the_items_sent(broken):
+    # the Responses API's failure (OpenAI's streaming reference): a typed "error" event, then
+    # "response.failed" with its error; the message item already begun is closed as far as it got
+    # and carried in the failed Response's output, as OpenAI's is; it is not kept
+    base, engine = broken
+    body = {"input": "Say:", "max_output_tokens": 10, "min_tokens": 10, "allowed_token_ids": ids(base, "abc"),
+            "stream": True}
+    status, text = call(base, "/v1/responses", body)
+    assert status == 200
+    events = [json.loads(line[6:]) for line in text.splitlines() if line.startswith("data: ")]
+    names = [line[7:] for line in text.splitlines() if line.startswith("event: ")]
+    assert names == [e["type"] for e in events] and [e["sequence_number"] for e in events] == list(range(len(events)))
+    kinds = [e["type"] for e in events]
+    assert kinds[-2:] == ["error", "response.failed"], kinds
+    assert events[-2]["code"] is None and "third token" in events[-2]["message"]
+    failed = events[-1]["response"]
+    assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
+    sent = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    assert sent
+    [item] = failed["output"]
+    assert item["type"] == "message" and item["status"] == "incomplete" and item["content"][0]["text"] == sent
+    done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
+    assert done == [item]
+    assert call(base, f"/v1/responses/{failed['id']}")[0] == 404
