@@ -47,7 +47,11 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
         raise ExportError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
     check_seed(seed, weights)
     out = Path(out).expanduser()  # (a shell expands ~ on the command line; a caller's string is taken as it)
-    if to in ("vllm", "triton") and out.exists() and not out.is_dir():
+    try:
+        is_file = out.exists() and not out.is_dir()
+    except OSError as err:  # a name longer than the file system takes, a loop of links
+        raise ExportError(f"{out}: cannot write there ({err.strerror or err})") from None
+    if to in ("vllm", "triton") and is_file:
         raise ExportError(f"{out}: is a file; a {to} export is a folder: name a new or an existing one")
     if to == "triton":
         from linnet.export.triton import write_repository
@@ -87,14 +91,36 @@ def check_seed(seed, weights) -> None:
                           f"they are, and nothing else in an export is random")
 
 
-def check_folder(out, folder: Path, what: str) -> None:
-    """Raises `ExportError` where `folder` cannot be made or written in (a file in its way, a folder
-    that is not writable): said before the weights are read, not after."""
-    there = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
+def check_folder(out, folder: Path, what: str, file: str | None = None) -> None:
+    """Raises `ExportError` where `folder` cannot be made or written in (a file in its way, a link to
+    a folder that is not there, a name the file system cannot hold, a folder that is not writable),
+    or where the name `file` could not be written in it: said before the weights are read, not after."""
+    try:
+        there = next(p for p in (folder, *folder.parents) if p.exists() or p == p.parent)
+    except OSError as err:  # a name longer than the file system takes, a loop of links
+        raise ExportError(f"{out}: cannot write {what} there ({err.strerror or err})") from None
+    chain = (folder, *folder.parents)
+    to_make = chain[:chain.index(there)]
+    for p in to_make:
+        if p.is_symlink():  # a link to nowhere (a drive not mounted): mkdir would say "File exists"
+            raise ExportError(f"{out}: cannot make the folder {folder} to write {what} in ({p} is a link to "
+                              f"{os.readlink(p)}, which is not there: make that folder, or name another)")
     if not there.is_dir():
         raise ExportError(f"{out}: cannot make the folder {folder} to write {what} in ({there} is not a folder)")
+    longest, limit = max(len(os.fsencode(name)) for name in [p.name for p in to_make] + [file or ""]), _name_max(there)
+    if longest > limit:
+        raise ExportError(f"{out}: cannot write {what} there (a name of {longest} bytes, longer than the {limit} "
+                          f"its file system takes)")
     if not os.access(there, os.W_OK):
         raise ExportError(f"{out}: cannot write {what} there ({there} is not writable)")
+
+
+def _name_max(folder: Path) -> int:
+    """The longest name, in bytes, a file or folder in `folder` can have (255 on Linux's file systems)."""
+    try:
+        return os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return 255
 
 
 __all__ = ["DTYPES", "ExportError", "TARGETS", "check_folder", "check_seed", "export"]

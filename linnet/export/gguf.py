@@ -111,8 +111,9 @@ def gguf_path(out, card: str, dtype: str) -> Path:
     is made until they are."""
     path = Path(out).expanduser()
     is_file = not path.is_dir() and (path.suffix.lower() == ".gguf" or path.is_file())
-    check_folder(out, path.parent if is_file else path, "the GGUF")
-    return path if is_file else path / f"{card}.{dtype.upper()}.gguf"
+    file = path if is_file else path / f"{card}.{dtype.upper()}.gguf"
+    check_folder(out, file.parent, "the GGUF", file.name + ".partial")  # (written under that name first)
+    return file
 
 
 def write_gguf(bound, out) -> str:

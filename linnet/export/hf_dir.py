@@ -42,20 +42,22 @@ def write_hf_dir(bound, out) -> str:
         raise ExportError(f"{out}: that is where the weights or the tokenizer are read from; write elsewhere")
     check_destination(out)
     made = next((p for p in (*reversed(out.parents), out) if not p.exists()), None)  # the first folder made
-    out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob(f"{STAGING}*"):  # what an export killed outright (SIGKILL, power) left
-        shutil.rmtree(stale, ignore_errors=True)
-    stage = Path(tempfile.mkdtemp(prefix=STAGING, suffix=".partial", dir=out))
+    stage = None
     try:
         try:
+            out.mkdir(parents=True, exist_ok=True)
+            for stale in out.glob(f"{STAGING}*"):  # what an export killed outright (SIGKILL, power) left
+                shutil.rmtree(stale, ignore_errors=True)
+            stage = Path(tempfile.mkdtemp(prefix=STAGING, suffix=".partial", dir=out))
             _write_files(bound, stage, out)
             _swap_in(stage, out)
         except OSError as err:  # named where it would have gone (safetensors' own errors are said in _save)
             where = out / Path(err.filename).name if err.filename else out
             raise ExportError(f"{where}: cannot write the model ({err.strerror or err})") from None
     except BaseException:  # a full disk, an interrupt: the earlier export stays whole, this one goes
-        shutil.rmtree(stage, ignore_errors=True)
-        if made is not None and not any(out.iterdir()):  # (nothing but the folders made for it)
+        if stage is not None:
+            shutil.rmtree(stage, ignore_errors=True)
+        if made is not None and not (out.is_dir() and any(out.iterdir())):  # (only the folders made for it)
             shutil.rmtree(made, ignore_errors=True)
         raise
     return str(out)

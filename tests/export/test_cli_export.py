@@ -1,6 +1,7 @@
 """`linnet export` on the command line: what it prints, and one line of error for what cannot be done."""
 
 import json
+import re
 
 import pytest
 
@@ -124,3 +125,29 @@ def test_convert_hf_to_ggufs_flags_name_linnets(tmp_path, capsys, flag, says):
         main(["export", "tiny-llama", "--to", "llama.cpp", "-o", str(tmp_path / "x.gguf"), flag, "f16"])
     assert f"linnet export: error: {flag} is not taken here: {says}" in capsys.readouterr().err
     assert not (tmp_path / "x.gguf").exists()
+
+
+@pytest.mark.filterwarnings("ignore:.*no tokenizer written")
+@pytest.mark.parametrize("target", ["vllm", "llama.cpp", "triton"])
+def test_a_path_no_folder_can_be_made_at_is_said_before_the_weights_are_read(tmp_path, capsys, target):
+    """A link to a folder that is not there (a drive not mounted, say), a folder under it, and a name
+    longer than the file system takes: one line that says why, before the weights (which could not
+    be read here) are read, and nothing made."""
+    from linnet.export import export
+
+    broken = export("tiny-llama", "vllm", tmp_path / "broken", weights="random", dtype="f32")
+    (tmp_path / "broken" / "model.safetensors").write_bytes(b"not safetensors")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "link").symlink_to(tmp_path / "unmounted")
+    cases = [(out / "link", r"link.* is a link to .*unmounted, which is not there"),
+             (out / "link" / "sub", r"link.* is a link to .*unmounted, which is not there"),
+             (out / "a" / ("x" * 300), "a name of 300 bytes, longer than the 255 its file system takes"),
+             (out / ("x" * 300), r"cannot write there \(File name too long\)")]
+    if target == "llama.cpp":  # the file's own name
+        cases.append((out / ("x" * 250 + ".gguf"), "a name of 263 bytes, longer than the 255"))
+    for path, says in cases:
+        assert main(["export", "tiny-llama", "--to", target, "-o", str(path), "--weights", broken]) == 1, path
+        err = capsys.readouterr().err
+        assert err.startswith(f"linnet: error: {path}: ") and re.search(says, err) and err.count("\n") == 1, err
+    assert [p.name for p in out.iterdir()] == ["link"] and not (tmp_path / "unmounted").exists()
