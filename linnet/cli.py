@@ -292,6 +292,16 @@ def _dtype_name(text: str) -> str:
     return _DTYPE_NAMES.get(text, text)
 
 
+def _export_dtype(text: str) -> str:
+    """export --dtype: vLLM's names taken, and llama.cpp's quantized types refused with how to make one."""
+    from linnet.export import dtype_refusal, quantized_type
+
+    name = _dtype_name(text)
+    if quantized_type(name):
+        raise argparse.ArgumentTypeError(dtype_refusal(name))
+    return name
+
+
 def _use_chat_template(model, given: str | None) -> None:
     """--chat-template (as vLLM's): a file, or the Jinja template itself, in place of the tokenizer's."""
     if given is None:
@@ -792,7 +802,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="vllm: the model directory; llama.cpp: the .gguf file or a directory for it; "
                          "triton: the model repository")
     ex.add_argument("--weights", default=None, help="a checkpoint path, or 'random' (default: the card's)")
-    ex.add_argument("--dtype", type=_dtype_name, choices=["bf16", "f16", "f32"], default="bf16",
+    ex.add_argument("--dtype", type=_export_dtype, choices=["bf16", "f16", "f32"], default="bf16",
                     help="the type the weights are written in (bf16; vLLM's bfloat16, float16, half, float32 and "
                          "auto are taken too)")
     ex.add_argument("--tokenizer", default=None,

@@ -44,7 +44,7 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
     if to not in TARGETS:
         raise ExportError(f"unknown export target {to!r}; one of {', '.join(TARGETS)}")
     if dtype not in DTYPES:
-        raise ExportError(f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}")
+        raise ExportError(dtype_refusal(dtype))
     check_seed(seed, weights)
     out = Path(out).expanduser()  # (a shell expands ~ on the command line; a caller's string is taken as it)
     try:
@@ -80,6 +80,28 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
     from linnet.export.gguf import write_gguf
 
     return write_gguf(bound, out)
+
+
+def quantized_type(dtype: str) -> str | None:
+    """The llama.cpp quantized type `dtype` names (llama-quantize's names, any case: q8_0, Q4_K_M), or None."""
+    import gguf
+
+    name = dtype.upper()
+    if name in ("F32", "F16", "BF16", "F64", "I8", "I16", "I32", "I64"):
+        return None
+    known = name in gguf.GGMLQuantizationType.__members__ or f"MOSTLY_{name}" in gguf.LlamaFileType.__members__
+    return name if known else None
+
+
+def dtype_refusal(dtype: str) -> str:
+    """Why `dtype` cannot be written; for a llama.cpp quantized type, how to make that file from one
+    the export writes."""
+    name = quantized_type(dtype)
+    if name is None:
+        return f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}"
+    return (f"{dtype!r} is a llama.cpp quantized type, and the export writes weights unquantized "
+            f"({', '.join(DTYPES)}); export --dtype f16 to llama.cpp, then quantize that file with llama.cpp's "
+            f"llama-quantize: llama-quantize OUT.F16.gguf OUT.{name}.gguf {name}")
 
 
 def check_seed(seed, weights) -> None:
@@ -123,4 +145,5 @@ def _name_max(folder: Path) -> int:
         return 255
 
 
-__all__ = ["DTYPES", "ExportError", "TARGETS", "check_folder", "check_seed", "export"]
+__all__ = ["DTYPES", "ExportError", "TARGETS", "check_folder", "check_seed", "dtype_refusal", "export",
+           "quantized_type"]

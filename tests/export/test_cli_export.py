@@ -151,3 +151,23 @@ def test_a_path_no_folder_can_be_made_at_is_said_before_the_weights_are_read(tmp
         err = capsys.readouterr().err
         assert err.startswith(f"linnet: error: {path}: ") and re.search(says, err) and err.count("\n") == 1, err
     assert [p.name for p in out.iterdir()] == ["link"] and not (tmp_path / "unmounted").exists()
+
+
+@pytest.mark.parametrize("dtype", ["q8_0", "Q4_K_M", "iq4_xs"])
+def test_a_quantized_type_is_refused_with_how_to_make_one(tmp_path, capsys, dtype):
+    """llama.cpp's types (llama-quantize's names): the export writes unquantized weights, and says how
+    to quantize the F16 file it writes; nothing is written. Its own types are still taken."""
+    from linnet.export import ExportError, export
+
+    out = tmp_path / "x.gguf"
+    with pytest.raises(SystemExit, match="2"):
+        main(["export", "tiny-llama", "--to", "llama.cpp", "-o", str(out), "--weights", "random", "--dtype", dtype])
+    err = capsys.readouterr().err
+    name = dtype.upper()
+    assert err.startswith("usage: linnet export") and f"linnet export: error: argument --dtype: {dtype!r} is a " \
+        f"llama.cpp quantized type" in err and f"llama-quantize OUT.F16.gguf OUT.{name}.gguf {name}" in err, err
+    with pytest.raises(ExportError, match=f"llama-quantize OUT.F16.gguf OUT.{name}.gguf {name}"):
+        export("tiny-llama", "llama.cpp", out, weights="random", dtype=dtype)
+    with pytest.raises(ExportError, match=r"unknown dtype 'f8'; one of bf16, f16, f32$"):  # not one of llama.cpp's
+        export("tiny-llama", "llama.cpp", out, weights="random", dtype="f8")
+    assert list(tmp_path.iterdir()) == []
