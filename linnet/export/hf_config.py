@@ -33,11 +33,12 @@ def hf_config(module: Module, tokenizer=None) -> dict:
 
 def context_length(module: Module, otherwise: int = 8192) -> int:
     """The context the card says it holds; where it says none, YaRN's (its factor times the
-    original context, which transformers checks the config against), else `otherwise`."""
+    original context, which transformers checks the config against; gpt-oss's rope is always
+    YaRN), else `otherwise`."""
     b = module.bindings
     if "max_context" in module.meta:
         return int(module.meta["max_context"])
-    if b.get("rope_scaling") == "yarn" and "rope_original_max" in b:
+    if (b.get("rope_scaling") == "yarn" or module.name == "gpt_oss") and "rope_original_max" in b:
         return int(b["rope_factor"] * b["rope_original_max"])
     return int(otherwise)
 

@@ -235,6 +235,7 @@ def test_llama_cpp_computes_gpt_oss_as_linnet_does(tmp_path, truncate, bound):
     path = export(card, "llama.cpp", tmp_path, weights="random", seed=5, dtype="f32", tokenizer=embedded_gguf_path())
     ckpt = GGUFCheckpoint(path)
     assert ckpt.metadata("general.architecture") == "gpt-oss" and ckpt.metadata("gpt-oss.attention.sliding_window") == 6
+    assert ckpt.metadata("gpt-oss.context_length") == 32 * 64  # YaRN's: the factor times the original context
     assert ckpt.load("blk.0.ffn_gate_exps.weight").shape == (8, 32, 64)  # [experts, ffn, dim], numpy's order
     llm = llama_cpp.Llama(model_path=path, n_ctx=128, logits_all=True, verbose=False, n_threads=2)
     llm.eval(PROMPT)

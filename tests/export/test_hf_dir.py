@@ -42,6 +42,16 @@ def test_a_qwen_card_with_a_window_keeps_it(arch, tmp_path):
     assert config["use_sliding_window"] and config["sliding_window"] == 5 and config["max_window_layers"] == 0
 
 
+def test_gpt_oss_holds_yarns_context(tmp_path):
+    """gpt-oss's rope is always YaRN: a card that says no max_context holds YaRN's, the factor times the
+    original context, as config.json's max_position_embeddings (which transformers checks the
+    factor against, and warns where they differ) and the GGUF's context_length say."""
+    config = agrees_with_transformers("tiny-gpt-oss", tmp_path)
+    yarn = config["rope_scaling"]
+    assert yarn["rope_type"] == "yarn" and yarn["factor"] * yarn["original_max_position_embeddings"] == 32 * 64
+    assert config["max_position_embeddings"] == 32 * 64
+
+
 def agrees_with_transformers(card, tmp_path) -> dict:
     """Exports `card` with random weights, checks transformers' logits and Linnet's on the export
     read back against Linnet's own; returns the config.json written."""
