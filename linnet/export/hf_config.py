@@ -14,7 +14,9 @@ TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
 
 
 def hf_config(module: Module, tokenizer=None) -> dict:
-    """config.json for `module` (specialized), with the tokenizer's BOS/EOS ids when there is one."""
+    """config.json for `module` (specialized), with the tokenizer's BOS, EOS and pad ids; None for
+    those it lacks, or without a tokenizer, where transformers would take its own defaults, another
+    vocabulary's (OLMo 2's eos 50279, Gemma's pad 0, eos 1, bos 2)."""
     if module.name not in _WRITERS:
         raise ExportError(f"{module.path}: no Hugging Face config is known for architecture {module.name!r}; "
                           f"known: {', '.join(_WRITERS)}")
@@ -22,12 +24,14 @@ def hf_config(module: Module, tokenizer=None) -> dict:
     config = _WRITERS[module.name](b)
     config["max_position_embeddings"] = context_length(module, config.get("max_position_embeddings", 8192))
     config["torch_dtype"] = TORCH_DTYPE_NAMES[b["T"]]
+    config.update(bos_token_id=None, eos_token_id=None, pad_token_id=None)
     if tokenizer is not None:
-        if tokenizer.bos_token_id is not None:
-            config["bos_token_id"] = tokenizer.bos_token_id
+        config["bos_token_id"] = tokenizer.bos_token_id
         if tokenizer.eos_token_ids:
             eos = tokenizer.eos_token_ids
             config["eos_token_id"] = eos[0] if len(eos) == 1 else eos
+        pad = tokenizer.special_tokens.get("pad_token")
+        config["pad_token_id"] = tokenizer.backend.token_to_id(pad) if pad is not None else None
     return config
 
 
@@ -154,11 +158,9 @@ def _granite(b: dict) -> dict:
 
 
 def _phi3(b: dict) -> dict:
-    # phi3.linnet's rope has no scaling. Phi3Config's own defaults are the 32k vocabulary's token ids, and
-    # transformers refuses a pad id past the vocabulary: none is written unless the tokenizer's are
+    # phi3.linnet's rope has no scaling
     return {**_dense(b), "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "rope_scaling": None,
-            "sliding_window": b["sliding_window"] or None, "pad_token_id": None, "bos_token_id": None,
-            "eos_token_id": None}
+            "sliding_window": b["sliding_window"] or None}
 
 
 _WRITERS = {"llama": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen3": _qwen3, "qwen3_moe": _qwen3_moe,

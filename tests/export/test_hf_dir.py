@@ -119,6 +119,22 @@ def test_the_tokenizer_and_chat_template_travel(smollm2_dir):
     assert config["torch_dtype"] == "bfloat16" and config["tie_word_embeddings"] is True
 
 
+def test_the_special_token_ids_are_the_tokenizers_and_none_without_one(smollm2_dir, tmp_path):
+    """config.json's bos, eos and pad ids are those of the tokenizer written beside it, as transformers
+    reads both (SmolLM2 pads with <|im_end|>, as its own config.json says); weights without a tokenizer
+    get none, not transformers' defaults for another vocabulary (OLMo 2's eos 50279 in 128 tokens)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    config, tok = AutoConfig.from_pretrained(smollm2_dir), AutoTokenizer.from_pretrained(smollm2_dir)
+    assert (config.bos_token_id, config.pad_token_id) == (tok.bos_token_id, tok.pad_token_id) == (1, 2)
+    assert config.eos_token_id == [2, 0] and tok.eos_token_id == 2  # (and generation_config's end of text, 0)
+    for card in ("tiny-olmo2", "tiny-llama", "tiny-gemma3"):
+        with pytest.warns(UserWarning, match="no tokenizer written"):
+            path = export(card, "vllm", tmp_path / card, weights="random", dtype="f32")
+        config = AutoConfig.from_pretrained(path)
+        assert (config.bos_token_id, config.eos_token_id, config.pad_token_id) == (None, None, None), card
+
+
 def test_real_weights_agree_with_transformers(smollm2_dir):
     from transformers import AutoModelForCausalLM
 
