@@ -124,7 +124,11 @@ def test_a_tokenizer_json_is_converted(cards, tmp_path):
     source = Tokenizer.from_dir(hf_dir)
     pad = source.special_tokens["pad_token"]
     assert pad is not None and ckpt.metadata("tokenizer.ggml.padding_token_id") == source.backend.token_to_id(pad)
+    # the unknown token too, as llama.cpp's converter wrote it into SmolLM2's own GGUF (<|endoftext|>, 0)
+    assert ckpt.metadata("tokenizer.ggml.unknown_token_id") == \
+        GGUFCheckpoint(embedded_gguf_path()).metadata("tokenizer.ggml.unknown_token_id") == 0
     ours = Tokenizer.from_gguf(ckpt)
+    assert ours.special_tokens == source.special_tokens
     assert ours.chat_template == source.chat_template
     for text in TEXTS:
         assert ours.encode(text) == source.encode(text), text
