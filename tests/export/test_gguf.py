@@ -481,6 +481,58 @@ def test_a_phi3_window_goes_into_the_gguf_and_the_export_warns_that_llama_cpp_tu
     assert err(prefill_all(model, prompt), ours).max() <= 1e-5
 
 
+@pytest.mark.filterwarnings("ignore:.*llama.cpp's phi3 turns the window off")
+@pytest.mark.parametrize("dtype, bound", [("f16", 1.5e-3), ("bf16", 1.5e-2)])
+@pytest.mark.parametrize("card", ["tiny-llama", "tiny-llama-tied", "tiny-mixtral", "tiny-qwen2", "tiny-qwen3",
+                                  "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma3", "tiny-olmo2", "tiny-granite",
+                                  "tiny-phi3"])
+def test_every_family_in_16_bits_reads_alike_in_gguf_llama_cpp_and_nest(tmp_path, spm_gguf, card, dtype, bound):
+    """The tiny cards in the SentencePiece vocabulary (tiny-gemma3 with llama.cpp's window pattern;
+    tiny-phi3 named otherwise, as above): gguf's reader finds each matrix in the type asked, holding
+    torch's rounding of the f32 file's values (the weights bound in that type, through numpy's bits
+    for bf16), and 1-D tensors, biases and routers in f32; llama.cpp computes the logits Nest
+    computes on the file, to what llama.cpp's 16-bit matmuls round (activations in the weights' type)."""
+    import gguf
+    import torch
+
+    from linnet.nest.checkpoint import NORMS_PLUS_ONE
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    name = card.replace("tiny-", "small-").replace("phi3", "fused")
+    source = (Path(nest.__file__).parent / "cards" / f"{card}.linnet").read_text()
+    path = tmp_path / f"{name}.linnet"
+    path.write_text(source.replace(f'card "{card}"', f'card "{name}"').replace("vocab = 128", "vocab = 384")
+                    .replace("window_pattern = 3", "window_pattern = 6"))
+    files = {d: export(path, "llama.cpp", tmp_path, weights="random", seed=5, dtype=d, tokenizer=spm_gguf)
+             for d in ("f32", dtype)}
+
+    def tensors(file):  # {name: (type, f32 values)}, by gguf's reader
+        return {t.name: (t.tensor_type.name, gguf.quants.dequantize(t.data, t.tensor_type))
+                for t in gguf.GGUFReader(file).tensors}
+    full, written = tensors(files["f32"]), tensors(files[dtype])
+    assert written.keys() == full.keys()
+    plus_one = NORMS_PLUS_ONE.get(GGUFCheckpoint(files[dtype]).architecture)
+    for tensor, (kind, values) in written.items():
+        kept = values.ndim == 1 or tensor.endswith(".bias") or ".ffn_gate_inp." in tensor
+        assert kind == ("F32" if kept else dtype.upper()), tensor
+        if tensor == "rope_freqs.weight":  # llama3's divisors, from the config: no weight of the model's type
+            assert np.array_equal(values, full[tensor][1])
+            continue
+        rounded = torch.from_numpy(full[tensor][1]).to(getattr(torch, {"f16": "float16", "bf16": "bfloat16"}[dtype]))
+        if plus_one and tensor.endswith(plus_one):  # 1 + w of the rounded w: within the type's rounding
+            np.testing.assert_allclose(values, rounded.float().numpy(), rtol=2 ** -7, err_msg=tensor)
+        else:
+            assert np.array_equal(values, rounded.float().numpy()), tensor
+    llm = llama_cpp.Llama(model_path=files[dtype], n_ctx=128, logits_all=True, verbose=False, n_threads=2,
+                          type_k=0, type_v=0)  # (an f32 cache: GGML_TYPE_F32)
+    llm.eval(PROMPT)
+    ref = np.array(llm.scores[:len(PROMPT)])
+    ours = prefill_all(nest.load(files[dtype], generics={"Batch": 1, "MaxSeq": 64}, cast_dtype=True), PROMPT)
+    if card == "tiny-gemma3":  # llama.cpp's GELU reads an f16 table: 9e-4 off in f32 already, and 4 times that here
+        bound *= 4
+    assert float((np.abs(ours - ref).max(axis=1) / np.abs(ref).max(axis=1)).max()) <= bound
+
+
 def test_only_the_architectures_llama_cpp_runs_and_only_with_a_tokenizer(tmp_path):
     from types import SimpleNamespace
 
@@ -755,3 +807,31 @@ def test_an_earlier_file_stays_whole_until_the_new_one_is(cards, tmp_path, monke
     assert written and sorted(p.name for p in tmp_path.iterdir()) == ["x.gguf"] and path.read_bytes() == before
     export(card, "llama.cpp", path, weights="random", seed=1, dtype="f32", tokenizer=tok)
     assert path.read_bytes() != before and GGUFCheckpoint(path).names()
+
+
+def test_llama_cpp_serves_smollm2s_f16_export_as_nest_serves_the_source(tmp_path):
+    """SmolLM2's own weights (the embedded Q4_1 GGUF, which llama-cpp-python cannot run here) exported
+    as F16: llama.cpp formats a chat from the file's template, as it does for a request, to Nest's
+    prompt from the source, tokenizes it to the same ids, and computes the logits Nest computes on
+    the file (to f16 matmul's rounding) and on the source (to that and the weights' f16 rounding),
+    with the same next token."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    source = nest.load("smollm2-135m-instruct", generics={"Batch": 1, "MaxSeq": 64})
+    messages = [{"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "What is the capital of France?"}]
+    text = source.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    prompt = source.tokenizer.encode(text, add_special_tokens=False)
+    path = export("smollm2-135m-instruct", "llama.cpp", tmp_path, dtype="f16")
+    llm = llama_cpp.Llama(model_path=path, n_ctx=128, logits_all=True, verbose=False, n_threads=2, type_k=0, type_v=0)
+    special = lambda i: llm.detokenize([i], special=True).decode()
+    chat = Jinja2ChatFormatter(template=llm.metadata["tokenizer.chat_template"], eos_token=special(llm.token_eos()),
+                               bos_token=special(llm.token_bos()))(messages=messages)
+    assert chat.prompt == text and llm.tokenize(text.encode(), add_bos=False, special=True) == prompt
+    llm.eval(prompt)
+    ref = np.array(llm.scores[:len(prompt)])
+    err = lambda ours: float((np.abs(ours - ref).max(axis=1) / np.abs(ref).max(axis=1)).max())
+    ours = prefill_all(source, prompt)
+    assert err(prefill_all(nest.load(path, generics={"Batch": 1, "MaxSeq": 64}, cast_dtype=True), prompt)) <= 5e-3
+    assert err(ours) <= 6e-3 and ours[-1].argmax() == ref[-1].argmax()

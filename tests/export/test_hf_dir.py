@@ -23,11 +23,44 @@ def linnet_logits(model, prompts):
     return np.asarray(model.prefill(tokens, positions, rows, last), dtype=np.float32)
 
 
-@pytest.mark.parametrize("card", ["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-mixtral", "tiny-qwen2",
-                                  "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma3",
-                                  "tiny-olmo2", "tiny-granite", "tiny-phi3"])
+FAMILIES = ["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-mixtral", "tiny-qwen2", "tiny-qwen3",
+            "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma3", "tiny-olmo2", "tiny-granite", "tiny-phi3"]
+
+
+@pytest.mark.parametrize("card", FAMILIES)
 def test_transformers_loads_the_directory_and_agrees(card, tmp_path):
     agrees_with_transformers(card, tmp_path)
+
+
+@pytest.mark.parametrize("dtype, bound", [("bf16", 4e-2), ("f16", 4e-3)])
+@pytest.mark.parametrize("card", FAMILIES)
+def test_a_16_bit_directory_holds_the_rounded_weights_and_agrees(card, dtype, bound, tmp_path):
+    """In bf16 and f16 (weights bound through numpy's bits, then unbound): every tensor is torch's
+    rounding of the f32 export's, config.json says the type, transformers on the directory computes
+    what Linnet computes on it read back (both in f32), and that is within the type's rounding
+    (`bound`, relative) of the f32 model's logits."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from linnet.export.hf_config import TORCH_DTYPE_NAMES
+
+    full = load_file(Path(export(card, "vllm", tmp_path / "f32", weights="random", seed=7, dtype="f32"))
+                     / "model.safetensors")
+    path = export(card, "vllm", tmp_path / dtype, weights="random", seed=7, dtype=dtype)
+    torch_dtype = getattr(torch, TORCH_DTYPE_NAMES[dtype])
+    written = load_file(Path(path) / "model.safetensors")
+    assert written.keys() == full.keys()
+    for name, t in written.items():
+        assert t.dtype == torch_dtype and torch.equal(t, full[name].to(torch_dtype)), name
+    assert json.loads((Path(path) / "config.json").read_text())["torch_dtype"] == TORCH_DTYPE_NAMES[dtype]
+    reference = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").float().eval()
+    with torch.no_grad():
+        ref = np.stack([reference(torch.tensor([p])).logits[0, -1].numpy() for p in PROMPTS])
+    again = linnet_logits(nest.load(path, generics={"Batch": 2, "MaxSeq": 32}, tokenizer=False, cast_dtype=True),
+                          PROMPTS)
+    assert np.abs(again - ref).max() / np.abs(ref).max() <= 1e-4
+    f32 = linnet_logits(nest.load(card, weights="random", seed=7, generics={"Batch": 2, "MaxSeq": 32}), PROMPTS)
+    assert np.abs(f32 - ref).max() / np.abs(ref).max() <= bound
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
