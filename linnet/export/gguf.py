@@ -107,11 +107,16 @@ def _check_gemma3(b: dict, card: str) -> None:
 def gguf_path(out, card: str, dtype: str) -> Path:
     """The file `write_gguf` writes for `out`: `out` itself where it names a .gguf file or an
     existing file (not an existing folder, whatever its name), else `<card>.<DTYPE>.gguf` inside the
-    folder `out`. A folder that could not be made is said here, before the weights are read; nothing
-    is made until they are."""
+    folder `out`. A folder that could not be made, or an existing file that is not a GGUF (which
+    would be lost), is said here, before the weights are read; nothing is made until they are."""
     path = Path(out).expanduser()
     is_file = not path.is_dir() and (path.suffix.lower() == ".gguf" or path.is_file())
     file = path if is_file else path / f"{card}.{dtype.upper()}.gguf"
+    if file.is_file() and file.stat().st_size > 0:  # an earlier export there is replaced; anything else is kept
+        with open(file, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise ExportError(f"{out}: is a file that is not a GGUF ({file.stat().st_size} bytes), which the "
+                                  f"export would replace; name a new file or a folder")
     check_folder(out, file.parent, "the GGUF", file.name + ".partial")  # (written under that name first)
     return file
 

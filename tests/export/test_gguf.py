@@ -656,6 +656,27 @@ def test_a_gguf_goes_where_a_user_would_look_for_it(cards, tmp_path):
         export(card, "llama.cpp", tmp_path / "blocker" / "x.gguf", weights="random", dtype="f16", tokenizer=tok)
 
 
+def test_a_file_that_is_not_a_gguf_is_not_written_over(cards, tmp_path):
+    """-o naming an existing file that is not a GGUF (notes, another model's safetensors; a .gguf name
+    or not) is refused before the weights are read, and kept; an existing GGUF (an earlier export,
+    named with .gguf or without) or an empty file is the file to write."""
+    card, tok = cards / "small-none.linnet", embedded_gguf_path()
+    broken = Path(export(card, "vllm", tmp_path / "broken", weights="random", dtype="bf16", tokenizer=tok))
+    (broken / "model.safetensors").write_bytes(b"not safetensors")  # weights that cannot be read
+    for name in ("notes.txt", "model.safetensors", "half.gguf"):
+        (tmp_path / name).write_bytes(b"mine, not a GGUF")
+        with pytest.raises(ExportError, match=rf"{name}: is a file that is not a GGUF \(16 bytes\), which the export "
+                                              r"would replace; name a new file or a folder"):
+            export(card, "llama.cpp", tmp_path / name, weights=broken, tokenizer=tok)
+        assert (tmp_path / name).read_bytes() == b"mine, not a GGUF"
+    earlier = export(card, "llama.cpp", tmp_path / "earlier.gguf", weights="random", dtype="f16", tokenizer=tok)
+    Path(earlier).rename(tmp_path / "earlier")
+    (tmp_path / "empty.gguf").touch()
+    for name in ("earlier", "empty.gguf"):
+        got = export(card, "llama.cpp", tmp_path / name, weights="random", dtype="f32", tokenizer=tok)
+        assert got == str(tmp_path / name) and GGUFCheckpoint(got).metadata("general.file_type") == 0  # ALL_F32
+
+
 def test_the_file_read_from_is_not_written_over(cards, tmp_path):
     """As the vLLM export's folder: a GGUF named as the output that is also the weights' or the
     tokenizer's source (a Q4_1 file re-exported to itself as BF16, say) is refused and kept."""
