@@ -24,6 +24,7 @@ class ExportError(Exception):
 
 TARGETS = ("vllm", "llama.cpp", "triton")
 DTYPES = ("bf16", "f16", "f32")
+TRITON_INSTEAD = "(export it with --to triton, which runs any card on Linnet's own engine)"
 
 
 def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=None, dtype: str = "bf16",
@@ -67,8 +68,10 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
         check_architecture(resolved[0], str(card))
         gguf_path(out, resolved[1], dtype)
     else:
+        from linnet.export.hf_config import check_architecture
         from linnet.export.hf_dir import check_destination
 
+        check_architecture(resolved[0], str(card))
         check_destination(out)
     bound = read_weights(card, generics={"T": dtype}, numerics="fast", cast_dtype=True, weights=weights,
                          seed=0 if seed is None else seed, tokenizer=True if tokenizer is None else tokenizer,
@@ -145,5 +148,5 @@ def _name_max(folder: Path) -> int:
         return 255
 
 
-__all__ = ["DTYPES", "ExportError", "TARGETS", "check_folder", "check_seed", "dtype_refusal", "export",
+__all__ = ["DTYPES", "ExportError", "TARGETS", "TRITON_INSTEAD", "check_folder", "check_seed", "dtype_refusal", "export",
            "quantized_type"]

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from linnet.export import ExportError, check_folder
+from linnet.export import TRITON_INSTEAD, ExportError, check_folder, hf_config
 from linnet.export.hf_config import context_length
 from linnet.ir.specialize import specialize
 from linnet.nest.bind import checkpoint_names, unbind_weights
@@ -53,8 +53,9 @@ def check_architecture(module, card: str) -> None:
     """Raises `ExportError` unless `module`'s architecture is one written here and llama.cpp can
     run it as configured."""
     if module.name not in ARCHITECTURES:
+        instead = "(export it with --to vllm instead)" if hf_config.known(module) else TRITON_INSTEAD
         raise ExportError(f"the llama.cpp export covers {', '.join(ARCHITECTURES)} cards; {card!r} is "
-                          f"{module.name!r} (export it with --to vllm instead)")
+                          f"{module.name!r} {instead}")
     b = module.bindings or specialize(module, {}, "fast").bindings  # the card's values, defaults included
     if module.name == "qwen3_moe" and not b["norm_topk_prob"]:
         raise ExportError(f"{card!r} weighs its experts by their router probabilities unnormalized, and "

@@ -6,7 +6,7 @@ config values back as one, under the keys transformers and vLLM read.
 
 from __future__ import annotations
 
-from linnet.export import ExportError
+from linnet.export import TRITON_INSTEAD, ExportError
 from linnet.ir.nodes import Module
 from linnet.nest.autocard import gemma3_layer_types
 
@@ -17,9 +17,7 @@ def hf_config(module: Module, tokenizer=None) -> dict:
     """config.json for `module` (specialized), with the tokenizer's BOS, EOS and pad ids; None for
     those it lacks, or without a tokenizer, where transformers would take its own defaults, another
     vocabulary's (OLMo 2's eos 50279, Gemma's pad 0, eos 1, bos 2)."""
-    if module.name not in _WRITERS:
-        raise ExportError(f"{module.path}: no Hugging Face config is known for architecture {module.name!r}; "
-                          f"known: {', '.join(_WRITERS)}")
+    check_architecture(module, module.path)
     b = module.bindings
     config = _WRITERS[module.name](b)
     config["max_position_embeddings"] = context_length(module, config.get("max_position_embeddings", 8192))
@@ -33,6 +31,18 @@ def hf_config(module: Module, tokenizer=None) -> dict:
         pad = tokenizer.special_tokens.get("pad_token")
         config["pad_token_id"] = tokenizer.backend.token_to_id(pad) if pad is not None else None
     return config
+
+
+def known(module: Module) -> bool:
+    """Whether a config.json is written here for `module`'s architecture."""
+    return module.name in _WRITERS
+
+
+def check_architecture(module: Module, card: str) -> None:
+    """Raises `ExportError` unless a config.json is written here for `module`'s architecture."""
+    if not known(module):
+        raise ExportError(f"the vLLM export writes the config.json of {', '.join(_WRITERS)} cards; {card!r} is "
+                          f"{module.name!r}, which transformers and vLLM know no config for {TRITON_INSTEAD}")
 
 
 def context_length(module: Module, otherwise: int = 8192) -> int:

@@ -67,6 +67,7 @@ def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str 
     `weights` and `tokenizer` (a model directory or GGUF whose tokenizer to serve with) are checked
     and made absolute, since Triton loads the model from its own working directory."""
     from linnet.export import ExportError, check_folder, check_seed
+    from linnet.ir.specialize import specialize
     from linnet.nest.checkpoint import open_checkpoint
     from linnet.nest.load import find_card_weights, resolve_card, tokenizer_of
 
@@ -74,6 +75,8 @@ def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str 
     module, card_name, ckpt = resolve_card(card, weights)  # an unknown card, a bad .linnet file or checkpoint fails here
     if batch < 1 or max_seq < 2:
         raise ExportError(f"batch must be at least 1 and max_seq at least 2, not {batch} and {max_seq}")
+    # as the model will be loaded: a row longer than the card holds (learned positions) is said now, not in Triton
+    specialize(module, {"Batch": batch, "MaxSeq": max_seq, "T": dtype}, "fast")
     name = name or card_name  # a registry card's whole name: llama-3.1-8b-instruct, not llama-3
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in (".", ".."):
         raise ExportError(f"{name!r} cannot name a Triton model: it is a folder of the repository "

@@ -2,6 +2,7 @@
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -170,4 +171,19 @@ def test_a_quantized_type_is_refused_with_how_to_make_one(tmp_path, capsys, dtyp
         export("tiny-llama", "llama.cpp", out, weights="random", dtype=dtype)
     with pytest.raises(ExportError, match=r"unknown dtype 'f8'; one of bf16, f16, f32$"):  # not one of llama.cpp's
         export("tiny-llama", "llama.cpp", out, weights="random", dtype="f8")
+    assert list(tmp_path.iterdir()) == []
+
+
+GPT2 = Path(__file__).parents[1] / "compiler" / "from_the_doc" / "gpt2.linnet"  # an architecture of the user's
+
+
+@pytest.mark.parametrize("target", ["vllm", "llama.cpp"])
+def test_a_card_no_other_server_knows_is_sent_to_triton(tmp_path, capsys, target):
+    """GPT-2 written in .linnet: neither vLLM's config.json nor llama.cpp's GGUF is written for it, and
+    the one line says so before the weights are read, pointing to the target that runs any card."""
+    assert main(["export", str(GPT2), "--to", target, "-o", str(tmp_path / "out"), "--weights", "random"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("linnet: error: ") and err.count("\n") == 1, err
+    assert "'gpt2'" in err and err.rstrip().endswith("(export it with --to triton, which runs any card on "
+                                                      "Linnet's own engine)"), err
     assert list(tmp_path.iterdir()) == []

@@ -8,6 +8,7 @@ and its answers are checked against Linnet's engine run directly on the same car
 
 import importlib.util
 import json
+import pathlib
 import re
 import sys
 import threading
@@ -400,8 +401,6 @@ def test_an_earlier_model_stays_whole_until_the_new_one_is(tmp_path, monkeypatch
     """A new export over an earlier model that fails partway (the disk fills as config.pbtxt is
     written, Ctrl-C between its files) leaves the earlier model byte for byte as it was, with a
     version of the user's beside it, and nothing of its own; into a new folder, it leaves no folder."""
-    import pathlib
-
     from linnet.export import ExportError
 
     repo = tmp_path / "repo"
@@ -433,3 +432,18 @@ def test_an_earlier_model_stays_whole_until_the_new_one_is(tmp_path, monkeypatch
     write_repository("tiny-llama", repo, weights="random", name="m", batch=8)
     assert 'key: "batch" value: { string_value: "8" }' in (model_dir / "config.pbtxt").read_text()
     assert (model_dir / "2" / "model.py").read_text() == "mine"
+
+
+@pytest.mark.filterwarnings("ignore:random weights take the tokenizer")
+def test_a_max_seq_past_what_the_card_holds_is_said_when_written(tmp_path):
+    """GPT-2 in .linnet (tests/compiler/from_the_doc) has 64 learned positions: a repository serving
+    4096 a row would fail in Triton's initialize, so it is refused when written, with the flag that
+    fixes it, and nothing written; at 64 it is written."""
+    from linnet.errors import LinnetError
+
+    gpt2 = pathlib.Path(__file__).parents[1] / "compiler" / "from_the_doc" / "gpt2.linnet"
+    with pytest.raises(LinnetError, match="past the end of a dim of size 64") as caught:
+        write_repository(gpt2, tmp_path, weights="random")
+    assert "--max-seq 64" in caught.value.render()
+    assert list(tmp_path.iterdir()) == []
+    assert pathlib.Path(write_repository(gpt2, tmp_path, weights="random", max_seq=64)).name == "gpt2"
