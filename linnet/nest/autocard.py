@@ -291,7 +291,8 @@ def _gemma3_values(config: dict, name: str) -> dict:
     types = config.get("layer_types")
     pattern = int(config.get("sliding_window_pattern") or config.get("_sliding_window_pattern") or 6)
     if types is not None:
-        pattern = next((i + 1 for i, t in enumerate(types) if t == "full_attention"), layers + 1)
+        # every layer sliding says only that the pattern is past the last layer: the config's own, where it is
+        pattern = next((i + 1 for i, t in enumerate(types) if t == "full_attention"), max(pattern, layers + 1))
         if types != gemma3_layer_types(layers, pattern):
             raise WeightsError(f"{name}: layer_types must put one full-attention layer in every n (the "
                                f"architecture's window_pattern); this config has {types}")

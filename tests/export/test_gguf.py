@@ -656,6 +656,27 @@ def test_a_gguf_goes_where_a_user_would_look_for_it(cards, tmp_path):
         export(card, "llama.cpp", tmp_path / "blocker" / "x.gguf", weights="random", dtype="f16", tokenizer=tok)
 
 
+def test_a_gemma3_whose_layers_all_slide_goes_from_its_folder_to_a_gguf(tmp_path, spm_gguf):
+    """tiny-gemma3 at llama.cpp's window pattern 6 has 3 layers, so none is a full-attention one:
+    config.json lists every layer sliding and says the pattern, 6, which Nest reads back (any
+    pattern past the layers would list them so), and the folder exports to a GGUF as the card does."""
+    from linnet.ir.specialize import specialize
+    from linnet.nest.load import resolve_card
+
+    source = (Path(nest.__file__).parent / "cards" / "tiny-gemma3.linnet").read_text()
+    card = tmp_path / "small-gemma3.linnet"
+    card.write_text(source.replace('card "tiny-gemma3"', 'card "small-gemma3"').replace("vocab = 128", "vocab = 384")
+                    .replace("window_pattern = 3", "window_pattern = 6"))
+    folder = export(card, "vllm", tmp_path / "folder", weights="random", seed=5, dtype="f32", tokenizer=spm_gguf)
+    config = json.loads((Path(folder) / "config.json").read_text())
+    assert config["layer_types"] == ["sliding_attention"] * 3 and config["sliding_window_pattern"] == 6
+    assert specialize(resolve_card(folder, None)[0], {}, "fast").bindings["window_pattern"] == 6
+    path = export(folder, "llama.cpp", tmp_path / "g.gguf", dtype="f32", tokenizer=spm_gguf)
+    generics = {"Batch": 1, "MaxSeq": 64}
+    np.testing.assert_array_equal(prefill_all(nest.load(path, generics=generics), PROMPT),
+                                  prefill_all(nest.load(folder, generics=generics, tokenizer=False), PROMPT))
+
+
 def test_a_file_that_is_not_a_gguf_is_not_written_over(cards, tmp_path):
     """-o naming an existing file that is not a GGUF (notes, another model's safetensors; a .gguf name
     or not) is refused before the weights are read, and kept; an existing GGUF (an earlier export,
