@@ -447,3 +447,31 @@ def test_a_max_seq_past_what_the_card_holds_is_said_when_written(tmp_path):
     assert "--max-seq 64" in caught.value.render()
     assert list(tmp_path.iterdir()) == []
     assert pathlib.Path(write_repository(gpt2, tmp_path, weights="random", max_seq=64)).name == "gpt2"
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_a_16_bit_repository_serves_in_its_type(tmp_path, monkeypatch, dtype):
+    """`--dtype` reaches the model Triton loads: SmolLM2 (its own GGUF) in bf16 or f16 answers a
+    greedy request with what Linnet's engine gives the card loaded in that type directly."""
+    pb = stand_in()
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
+    model_dir = write_repository("smollm2-135m-instruct", tmp_path, dtype=dtype, batch=2, max_seq=64)
+    spec = importlib.util.spec_from_file_location(f"triton_model_{dtype}", f"{model_dir}/1/model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    model = module.TritonPythonModel()
+    parameters = config_parameters((pathlib.Path(model_dir) / "config.pbtxt").read_text())
+    model.initialize({"model_config": json.dumps({"name": "s", "parameters": parameters})})
+    try:
+        assert model.model.dtype == dtype
+        r = FakeRequest(pb, text_input="The capital of France is", exclude_input_in_output=True,
+                        sampling_parameters=json.dumps({"max_tokens": 8, "temperature": 0}))
+        model.execute([r])
+        assert r.sender.done.wait(120)
+    finally:
+        model.finalize()
+    direct = nest.load("smollm2-135m-instruct", numerics="fast", compile=True, cast_dtype=True,
+                       generics={"Batch": 2, "MaxSeq": 64, "T": dtype})
+    done, _ = Engine(direct).run([Request(prompt=direct.tokenizer.encode("The capital of France is"),
+                                          max_new_tokens=8)])
+    assert r.sender.texts() == [done[0].text]
