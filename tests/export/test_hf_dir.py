@@ -85,6 +85,29 @@ def test_gpt_oss_holds_yarns_context(tmp_path):
     assert config["max_position_embeddings"] == 32 * 64
 
 
+@pytest.mark.filterwarnings("ignore:.*no tokenizer written")
+def test_a_weight_past_f16s_range_is_refused_in_f16(tmp_path):
+    """A bf16 checkpoint with a weight past f16's largest (65504; bf16 and f32 hold it): in f16 it would
+    be written as inf, and every logit it touches NaN, so the f16 export is refused, naming the tensor,
+    with the types that hold it, and writes nothing; bf16 writes it as it is."""
+    from safetensors.torch import load_file, save_file
+
+    from linnet.export import ExportError
+
+    source = Path(export("tiny-llama", "vllm", tmp_path / "source", weights="random", dtype="bf16"))
+    tensors = load_file(source / "model.safetensors")
+    tensors["model.layers.1.mlp.down_proj.weight"][3, 5] = 1e5
+    save_file(tensors, str(source / "model.safetensors"), metadata={"format": "pt"})
+    out = tmp_path / "out"
+    with pytest.raises(ExportError, match=r"w_down\[1\] \(model.layers.1.mlp.down_proj.weight in .*source\): 1 value "
+                                          r"past f16's range \(\+-65504\), which f16 would hold as inf; export "
+                                          r"--dtype bf16 or f32"):
+        export(source, "vllm", out, dtype="f16")
+    assert not out.exists()
+    again = Path(export(source, "vllm", out, dtype="bf16"))
+    assert load_file(again / "model.safetensors")["model.layers.1.mlp.down_proj.weight"][3, 5] == 1e5
+
+
 def agrees_with_transformers(card, tmp_path) -> dict:
     """Exports `card` with random weights, checks transformers' logits and Linnet's on the export
     read back against Linnet's own; returns the config.json written."""
