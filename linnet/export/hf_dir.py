@@ -52,7 +52,9 @@ def write_hf_dir(bound, out) -> str:
             _write_files(bound, stage, out)
             _swap_in(stage, out)
         except OSError as err:  # named where it would have gone (safetensors' own errors are said in _save)
-            where = out / Path(err.filename).name if err.filename else out
+            where = Path(err.filename) if err.filename else out  # (a folder made for the export: as it is)
+            if stage is not None and stage in where.parents:  # a file of the export, by its place in `out`
+                where = out / where.relative_to(stage)
             raise ExportError(f"{where}: cannot write the model ({err.strerror or err})") from None
     except BaseException:  # a full disk, an interrupt: the earlier export stays whole, this one goes
         if stage is not None:

@@ -382,3 +382,21 @@ def test_an_earlier_export_stays_whole_until_the_new_one_is(tmp_path, monkeypatc
     export("tiny-llama", "vllm", out, weights="random", dtype="f32")
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]
     assert type(AutoModelForCausalLM.from_pretrained(out)).__name__ == "LlamaForCausalLM"
+
+
+@pytest.mark.filterwarnings("ignore:.*no tokenizer written")
+def test_a_folder_that_cannot_be_made_is_named_and_the_ones_made_go(tmp_path, monkeypatch):
+    """mkdir failing past the checks made before the weights are read (a disk filling meanwhile):
+    the error names the folder that could not be made, and the folders made for the export go."""
+    from linnet.export import ExportError
+
+    real_mkdir = Path.mkdir
+
+    def full_disk(self, *args, **kwargs):
+        if self.name == "b":
+            raise OSError(28, "No space left on device", str(self))
+        return real_mkdir(self, *args, **kwargs)
+    monkeypatch.setattr(Path, "mkdir", full_disk)
+    with pytest.raises(ExportError, match=f"^{tmp_path}/a/b: cannot write the model \\(No space left on device\\)$"):
+        export("tiny-llama", "vllm", tmp_path / "a" / "b" / "out", weights="random", dtype="f32")
+    assert list(tmp_path.iterdir()) == []
