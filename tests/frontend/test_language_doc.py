@@ -11,6 +11,7 @@ import pytest
 import linnet
 from linnet.cli import main
 from linnet.compiler import check_file, import_source
+from linnet.frontend.scope import JAX_ATTRIBUTES, TORCH_ATTRIBUTES
 from linnet.ir.ops import OPS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "language.md"
@@ -124,3 +125,16 @@ def test_the_without_example_is_phi3_linnets_header():
     start = text.index("```\narch phi3 extends llama\n") + len("```\n")
     block = text[start:text.index("```", start)]
     assert block.count("\n") >= 4 and block in (LLAMA.parent / "phi3.linnet").read_text()
+
+
+def test_the_model_attributes_named_are_scope_pys():
+    """The doc's lists of the names a generated model holds (which a param, state buffer or entry
+    cannot take) are scope.py's public ones, torch's and JAX's: a name added there is added here."""
+    text = DOC.read_text()
+    paragraph = text[text.index("- The generated model classes hold"):text.index("## Config")]
+    torch_list = re.search(r"attribute of the torch model\s*\(`([^`]*)`", paragraph).group(1).split()
+    jax_list = re.search(r"the JAX\s+model's `([^`]*)`", paragraph).group(1).split()
+    public_torch = sorted(n for n in TORCH_ATTRIBUTES if not n.startswith("_") and n not in ("params", "state"))
+    assert sorted(torch_list) == public_torch
+    public_jax = sorted(n for n in JAX_ATTRIBUTES - TORCH_ATTRIBUTES if not n.startswith("_"))
+    assert sorted(jax_list) == public_jax
