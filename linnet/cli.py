@@ -142,7 +142,7 @@ def cmd_generate(args) -> int:
     structure = _structure(args)  # (the request's numbers are the flags' types: checked as they are parsed)
     _note_exact_numerics(args.numerics, args.dtype)  # (asked for: the default is None, bf16 with fast)
     # exact numerics compute in f32 whatever T: the note above says so where a 16-bit T was asked for
-    generics = {"Batch": 1, "MaxSeq": args.max_seq, "T": (args.dtype or "bf16") if args.numerics == "fast" else "f32"}
+    generics = _load_generics(1, args.max_seq, (args.dtype or "bf16") if args.numerics == "fast" else "f32")
     _use_compile_cache(args)
     model = nest.load(args.card, backend=args.backend, device=args.device, numerics=args.numerics, compile=True,
                       generics=generics, cast_dtype=True, weights=args.weights, tokenizer=args.tokenizer or True)
@@ -157,6 +157,7 @@ def cmd_generate(args) -> int:
                      + (f"{found} holds none" if found else "those were not found"))
         raise _UsageError(f"{whose}; `generate` needs one (--tokenizer names a model directory or GGUF to take "
                           f"it from)")
+    _note_context(model, args.max_seq)
     _use_chat_template(model, args.chat_template)
     if args.chat:
         messages = [{"role": "system", "content": args.system}] if args.system is not None else []
@@ -387,6 +388,19 @@ def _default_compile_cache() -> str:
         return "none"
 
 
+def _load_generics(batch: int, max_seq: int | None, dtype: str) -> dict:
+    """nest.load's generics for the flags: no MaxSeq where --max-seq was not given (nest.load then
+    takes the model's context, fit to memory)."""
+    return {"Batch": batch, "T": dtype, **({"MaxSeq": max_seq} if max_seq is not None else {})}
+
+
+def _note_context(model, asked: int | None) -> None:
+    """One line on standard error saying the MaxSeq nest.load chose and which flag sets another, as
+    vLLM logs its max_model_len."""
+    if asked is None and "context" in model.info:
+        print(f"linnet: note: {model.info['context'].note('--max-seq')}", file=sys.stderr)
+
+
 def _use_compile_cache(args) -> None:
     """Keeps XLA's executables between runs (JAX's persistent compilation cache), before anything
     compiles: a server started again on the same card and shapes reads its executables back
@@ -421,8 +435,7 @@ def cmd_serve(args) -> int:
     from linnet.serve.tool_parsers import parser_for_template
 
     _note_exact_numerics(args.numerics, args.dtype)  # (as generate's: asked for, bf16 by default with fast)
-    generics = {"Batch": args.batch, "MaxSeq": args.max_seq,
-                "T": (args.dtype or "bf16") if args.numerics == "fast" else "f32"}
+    generics = _load_generics(args.batch, args.max_seq, (args.dtype or "bf16") if args.numerics == "fast" else "f32")
     if args.shards == 1 and args.backend != "jax":
         args.shards = None  # one device, as torch runs anyway: a vLLM command line's -tp 1 runs as it stands
     if args.shards is not None and args.backend != "jax":
@@ -437,6 +450,7 @@ def cmd_serve(args) -> int:
                           shards=args.shards, tokenizer=args.tokenizer or True)
     except ValueError as err:  # what was asked cannot be had: more shards than devices, an unknown device
         raise _UsageError(_as_flags(str(err))) from None
+    _note_context(model, args.max_seq)
     _use_chat_template(model, args.chat_template)
     _use_generation_config(model, args.generation_config, args.override_generation_config)
     # vLLM's VLLM_API_KEY too: a vLLM user's environment that guards its server guards this one
@@ -554,6 +568,19 @@ def _number(lo: float, hi: float | None, out_of_range: str, what: str = "a whole
 _seed = _number(0, (1 << 63) - 1, "must be from 0 to 2**63 - 1, not {}")
 _positive = _number(1, None, "must be 1 or more, not {}")
 _nonnegative = _number(0, None, "must be 0 or more, not {}")
+
+
+def _context_flag(model_own: tuple):
+    """An argparse type for positions per cache row: a count, or one of `model_own` (vLLM's "auto",
+    llama.cpp's "0"), None: the model's own context, fit to memory (`nest.context`)."""
+    def parse(text: str):
+        return None if text.strip().lower() in model_own else _positive(text)
+
+    return parse
+
+
+_max_seq = _context_flag(("auto",))  # --max-seq, vLLM's --max-model-len (its auto fits the model's to memory)
+_ctx_size = _context_flag(("auto", "0"))  # llama-cli's -c, --ctx-size: 0 is the model's
 _port = _number(0, 65535, "a port is 0 to 65535, not {}", what="a port number")
 _temperature = _number(0, LARGEST_SCALE, f"must be from 0 to {LARGEST_SCALE:g}, not {{}}", "a number", float)
 _top_p = _number(0, 1, "must be from 0 to 1, not {}", "a number", float)
@@ -671,8 +698,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", type=_dtype_name, choices=["f32", "bf16", "f16"], default=None,
                    help="T with --numerics fast (default bf16; exact always computes in f32; vLLM's bfloat16, "
                         "float16, half, float32 and auto are taken too)")
-    g.add_argument("--max-seq", type=_positive, default=2048,
-                   help="positions in the cache: prompt plus completion (2048; llama-cli's -c, --ctx-size)")
+    g.add_argument("--max-seq", type=_max_seq, default=None,
+                   help="positions in the cache: prompt plus completion (default: the model's context, cut to what "
+                        "memory holds; llama-cli's -c, --ctx-size, whose 0 is that default)")
     g.add_argument("--json-schema", "-j", default=None,
                    help="hold the output to a JSON schema (its text, or a file); '{\"type\": \"object\"}' for any object")
     g.add_argument("--regex", default=None, help="hold the output to a regular expression")
@@ -683,7 +711,7 @@ def build_parser() -> argparse.ArgumentParser:
     for dest, kind, flags in (("system", str, ["-sys", "--system-prompt"]),
                               ("max_new_tokens", _positive, ["-n", "--n-predict", "--max-tokens"]),
                               ("temperature", _temperature, ["--temp"]), ("repetition_penalty", _penalty, ["--repeat-penalty"]),
-                              ("seed", _seed, ["-s"]), ("max_seq", _positive, ["-c", "--ctx-size"])):
+                              ("seed", _seed, ["-s"]), ("max_seq", _ctx_size, ["-c", "--ctx-size"])):
         for flag in flags:
             g.add_argument(flag, dest=dest, type=kind, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     add_refusals(g, GENERATE_REFUSED)
@@ -693,8 +721,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("card", help="a card name (see `linnet cards`), a .linnet file, or a checkpoint path")
     # vLLM's spellings are taken too, so that a vLLM command line needs only its first word changed.
     sv.add_argument("--batch", "--max-num-seqs", type=_positive, default=8, help="cache rows: requests in flight (8)")
-    sv.add_argument("--max-seq", "--max-model-len", type=_positive, default=2048,
-                    help="positions per row: prompt plus completion (2048)")
+    sv.add_argument("--max-seq", "--max-model-len", type=_max_seq, default=None,
+                    help="positions per row: prompt plus completion (default, or auto: the model's context, cut to "
+                         "what --batch rows fit in half the memory the weights leave free)")
     sv.add_argument("--backend", choices=["torch", "jax"], default="torch", help="(torch)")
     sv.add_argument("--device", default=None, help="torch device (default: cuda when present)")
     sv.add_argument("--dtype", type=_dtype_name, choices=["f32", "bf16", "f16"], default=None,

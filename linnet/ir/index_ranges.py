@@ -39,8 +39,9 @@ class Range:
         return Range(self.lo + by, self.hi + by, self.why, self.past_generic, self.offset + by)
 
 
-def check_index_ranges(module: ir.Module, sizes: dict, static: dict) -> None:
-    """Raises a `LinnetError` at an index whose known range runs past the dim it indexes."""
+def check_index_ranges(module: ir.Module, sizes: dict, static: dict, overrun=None) -> None:
+    """Raises a `LinnetError` at an index whose known range runs past the dim it indexes; with
+    `overrun`, calls `overrun(range, dim size)` at each such index instead (`position_ceiling`)."""
     seen = set()
 
     def visit(fn: ir.Function, ranges: dict, call: Loc | None) -> None:
@@ -63,12 +64,13 @@ def check_index_ranges(module: ir.Module, sizes: dict, static: dict) -> None:
             for top in stmt_values(s):
                 for v in tree_values(top):
                     if isinstance(v, ir.Op) and v.op == "index":
-                        _check(v.kwargs["x"], v.args, 0, env, sizes, static, fn, call)
+                        _check(v.kwargs["x"], v.args, 0, env, sizes, static, fn, call, overrun)
                     elif isinstance(v, ir.Op) and v.op == "take":
                         axis = v.kwargs.get("axis")
                         at = axis.value if isinstance(axis, ir.Const) else 0
                         rank = v.kwargs["x"].type.rank
-                        _check(v.kwargs["x"], [v.kwargs["indices"]], at % rank, env, sizes, static, fn, call)
+                        _check(v.kwargs["x"], [v.kwargs["indices"]], at % rank, env, sizes, static, fn, call,
+                               overrun)
                     elif isinstance(v, ir.Op) and v.op == "call":
                         callee = module.fns[v.attrs["fn"]]
                         known = {}
@@ -80,7 +82,7 @@ def check_index_ranges(module: ir.Module, sizes: dict, static: dict) -> None:
             if isinstance(s, ir.Store):
                 state = module.state[s.state]
                 target = ir.Var(state.type, s.loc, s.state, "state")
-                _check(target, s.indices, 0, env, sizes, static, fn, call)
+                _check(target, s.indices, 0, env, sizes, static, fn, call, overrun)
             if isinstance(s, ir.Assign):
                 r = range_of(s.value, env, sizes, static) if len(s.targets) == 1 else None
                 for name in s.targets:
@@ -151,8 +153,24 @@ def range_of(v: ir.Value, env: dict, sizes: dict, static: dict) -> Range | None:
     return None
 
 
+def position_ceiling(module: ir.Module, sizes: dict, static: dict) -> int | None:
+    """The largest MaxSeq the run-time positions' indices allow: a learned position table's rows, less
+    the offset it is read at (`wpe[positions + 2]`: 2 fewer); None where only the cache bounds them.
+    Found by following positions of an unbounded MaxSeq: an index past a dim that does not grow
+    with it is such a table."""
+    unbounded = 1 << 40
+    ceilings = []
+
+    def overrun(r: Range, n: int) -> None:
+        if r.past_generic == "MaxSeq" and n < unbounded // 2:
+            ceilings.append(n - r.offset)
+
+    check_index_ranges(module, {**sizes, "MaxSeq": unbounded}, {**static, "MaxSeq": unbounded}, overrun)
+    return min(ceilings) if ceilings else None
+
+
 def _check(x: ir.Value, indices: list, first: int, env: dict, sizes: dict, static: dict,
-           fn: ir.Function, call: Loc | None) -> None:
+           fn: ir.Function, call: Loc | None, overrun=None) -> None:
     t = x.type
     if not isinstance(t, TensorType):
         return
@@ -165,6 +183,9 @@ def _check(x: ir.Value, indices: list, first: int, env: dict, sizes: dict, stati
         except KeyError:  # a per-call size
             continue
         if r is None or r.hi < n:
+            continue
+        if overrun is not None:
+            overrun(r, n)
             continue
         d = t.shape[axis]
         named = f"`{x.name}`" if isinstance(x, ir.Var) else "the value indexed"

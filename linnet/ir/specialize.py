@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from linnet.errors import LinnetError, Loc
 from linnet.ir import nodes as ir
 from linnet.ir.dims import Dim
-from linnet.ir.index_ranges import check_index_ranges
+from linnet.ir.index_ranges import check_index_ranges, position_ceiling
 from linnet.ir.ops import ROPE_SCALINGS
 from linnet.ir.types import FLOAT_DTYPES, GENERIC_DTYPE, SIZE_GENERICS, ScalarType, TensorType, TupleType
 from linnet.ir.walk import all_values, stmt_values, values as tree_values
@@ -55,23 +55,8 @@ def specialize(module: ir.Module, generics: dict | None = None, numerics: str = 
     if numerics == "exact":
         g["T"] = "f32"  # exact computes and stores in f32, whatever T the caller asked for
 
-    values: dict = {}
-    for name, c in module.config.items():
-        if name in module.config_values:
-            values[name] = module.config_values[name]
-        elif c.default is not None:
-            values[name] = evaluate(c.default, values)
-            if c.type.kind == "float":
-                values[name] = float(values[name])
-            elif c.type.kind == "int" and not _is_int(values[name]):
-                raise LinnetError(c.default.loc, f"the default of `{name}` is {values[name]!r}, not an int")
-        else:
-            raise LinnetError(card_loc if module.card_path else c.loc, f"config value `{name}` has no value",
-                              [f"declared at {c.loc} without a default; the card must set `{name} = ...`"
-                               if module.card_path else f"a card that imports `{module.name}` sets it "
-                               f"(`{name} = ...`), or a default here does"])
-    sizes = {**{k: v for k, v in values.items() if isinstance(v, int) and not isinstance(v, bool)},
-             "Batch": g["Batch"], "MaxSeq": g["MaxSeq"]}
+    values = config_values(module)
+    sizes = _sizes(values, g)
     for name, v in sizes.items():
         if name in module.config and module.config[name].type.kind == "int" and v < 1 and _used_as_dim(module, name):
             raise LinnetError(module.config[name].loc, f"`{name}` is a size and must be positive, not {v}")
@@ -134,6 +119,42 @@ def specialize(module: ir.Module, generics: dict | None = None, numerics: str = 
                                       [f"{_named(h, hv)} must be a multiple of {_named(kvh, kv)}"])
     bindings = {**values, "Batch": g["Batch"], "MaxSeq": g["MaxSeq"], "T": g["T"], "numerics": numerics}
     return replace(module, bindings=bindings)
+
+
+def config_values(module: ir.Module) -> dict:
+    """Every config value: the card's, else its default evaluated."""
+    values: dict = {}
+    for name, c in module.config.items():
+        if name in module.config_values:
+            values[name] = module.config_values[name]
+        elif c.default is not None:
+            values[name] = evaluate(c.default, values)
+            if c.type.kind == "float":
+                values[name] = float(values[name])
+            elif c.type.kind == "int" and not _is_int(values[name]):
+                raise LinnetError(c.default.loc, f"the default of `{name}` is {values[name]!r}, not an int")
+        else:
+            where = module_loc(module) if module.card_path else c.loc
+            raise LinnetError(where, f"config value `{name}` has no value",
+                              [f"declared at {c.loc} without a default; the card must set `{name} = ...`"
+                               if module.card_path else f"a card that imports `{module.name}` sets it "
+                               f"(`{name} = ...`), or a default here does"])
+    return values
+
+
+def _sizes(values: dict, generics: dict) -> dict:
+    """The dims' values: the int config values and the size generics."""
+    return {**{k: v for k, v in values.items() if isinstance(v, int) and not isinstance(v, bool)},
+            "Batch": generics["Batch"], "MaxSeq": generics["MaxSeq"]}
+
+
+def learned_positions(module: ir.Module) -> int | None:
+    """The most positions a row may hold by the module's own tables (a learned position table's
+    rows, less the offset it is read at), or None where only the cache bounds them: what MaxSeq
+    may be at most (`index_ranges.position_ceiling`)."""
+    values = config_values(module)
+    sizes = _sizes(values, DEFAULT_GENERICS)
+    return position_ceiling(module, sizes, {**values, "Batch": sizes["Batch"], "MaxSeq": sizes["MaxSeq"]})
 
 
 # Static arguments whose values have a floor: (op, argument) -> (least, whether the least itself is allowed).

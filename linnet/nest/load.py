@@ -52,6 +52,7 @@ from linnet.ir.specialize import specialize
 from linnet.ir.types import NoneType, TensorType, tensor
 from linnet.nest import registry
 from linnet.nest.checkpoint import Checkpoint, GGUFCheckpoint, open_checkpoint
+from linnet.nest.context import Context, choose_max_seq, model_context
 from linnet.nest.embedded import EMBEDDED_INSTALL, embedded_gguf_path
 from linnet.nest.errors import DeviceError, TokenizerError, WeightsError
 from linnet.nest.locate import download_command, find_weights, is_model_dir, weights_not_found_message
@@ -159,14 +160,14 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
     (`runs_on`: the device the model will run on, where its noise is made if that is a GPU).
     `room`: (the device's name, its free bytes or None) to check the model fits before a weight is read."""
     module, card_name, ckpt = resolved or resolve_card(name, weights)
-    spec = specialize(module, dict(generics or {}), numerics)
+    spec, context = _specialize(module, dict(generics or {}), numerics, room)
     if room is not None:
         check_fits(spec, card_name, *room)
     trained = module.meta.get("max_context")
     if trained and spec.bindings.get("MaxSeq", 0) > trained:  # as llama.cpp, a warning: the user may know better
         warnings.warn(f"MaxSeq = {spec.bindings['MaxSeq']} is longer than {card_name}'s context of {trained} "
                       f"positions (its meta max_context); positions past it were never trained", stacklevel=3)
-    info: dict = {}
+    info: dict = {"context": context} if context is not None else {}
     tok_from = tok = None
     if not isinstance(tokenizer, bool):  # read and checked first: a wrong one fails before the weights are read
         tok_from = Path(tokenizer)
@@ -182,7 +183,7 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
         from linnet.nest.random_weights import random_weights
 
         bound = BoundWeights(spec, card_name, random_weights(spec, seed=seed, device=device, runs_on=runs_on), None,
-                             "random")
+                             "random", info=info)
     else:
         if ckpt is None:  # the card's own, or the caller's: its config may say otherwise than the card
             ckpt = weights if isinstance(weights, Checkpoint) else open_checkpoint(
@@ -198,6 +199,20 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
         bound.tokenizer = _tokenizer(bound.checkpoint)  # none, with a warning, where it has none
         bound.tokenizer_from = Path(bound.checkpoint.path) if bound.tokenizer is not None else None
     return bound
+
+
+def _specialize(module: Module, generics: dict, numerics: str, room: tuple | None) -> tuple[Module, Context | None]:
+    """(the module specialized, how MaxSeq was chosen or None where `generics` names it): without a
+    MaxSeq, the model's own context, cut to what memory holds (`nest.context`), as vLLM's
+    max_model_len and llama.cpp's -c 0 default to the model's."""
+    if "MaxSeq" in generics:
+        return specialize(module, generics, numerics), None
+    own, _ = model_context(module)
+    spec = specialize(module, {**generics, "MaxSeq": own}, numerics)
+    context = choose_max_seq(spec, room[1] if room is not None else None)
+    if context.max_seq != own:
+        spec = specialize(module, {**generics, "MaxSeq": context.max_seq}, numerics)
+    return spec, context
 
 
 def _card_tokenizer(card_name: str, module: Module, spec: Module):

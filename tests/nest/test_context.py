@@ -1,0 +1,115 @@
+"""Without a MaxSeq, a cache row holds the model's own context, as vLLM's --max-model-len and
+llama.cpp's -c 0 default to it (vLLM: the config's max_position_embeddings, 2048 where a config states
+none; llama.cpp: the GGUF's context_length), cut to what memory holds (`nest.context`)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from linnet import nest
+from linnet.cli import build_parser, main
+from linnet.errors import LinnetError
+from linnet.ir.specialize import specialize
+from linnet.nest import memory
+from linnet.nest.context import CACHE_SHARE, GRANULE, choose_max_seq
+from linnet.nest.load import resolve_card
+
+TINY = "tiny-llama"
+TINY_FILE = Path(__file__).parents[2] / "linnet" / "nest" / "cards" / "tiny-llama.linnet"
+
+
+def test_a_checkpoint_holds_its_configs_max_position_embeddings(tiny_hf):
+    _, path = tiny_hf
+    config = json.loads((path / "config.json").read_text())
+    model = nest.load(path, generics={"Batch": 2}, tokenizer=False)
+    assert model.max_seq == config["max_position_embeddings"] == 128  # vLLM's max_model_len for this config
+    assert model.info["context"].free is None  # nothing cut
+
+
+def test_a_gguf_holds_its_context_length(tiny_hf, to_gguf, tmp_path):
+    gguf = pytest.importorskip("gguf")
+    hf_model, _ = tiny_hf
+    path = tmp_path / "tiny.gguf"
+    to_gguf(hf_model, path)
+    field = gguf.GGUFReader(path).fields["llama.context_length"]
+    trained = int(field.parts[field.data[0]][0])  # llama.cpp's n_ctx_train, what its -c 0 takes
+    assert nest.load(str(path), generics={"Batch": 2}, tokenizer=False).max_seq == trained
+
+
+def test_a_model_that_states_no_context_holds_vllms_2048():
+    # vLLM: "The model's config.json does not contain any of the following keys ... Assuming the model's
+    # maximum length is 2048"; tiny-llama's card has no meta max_context
+    model = nest.load(TINY, weights="random", tokenizer=False, generics={"Batch": 1})
+    assert model.max_seq == 2048
+
+
+def test_a_long_context_is_cut_to_what_half_the_memory_left_holds(tmp_path, monkeypatch):
+    """A card of a 1M-token context on a host with 40 MB free: rows of the most whole granules whose
+    cache, as the loaded model holds it, fits in half of what the weights leave; one granule more would not."""
+    card = tmp_path / "long.linnet"
+    card.write_text(open(TINY_FILE).read() + "\nmeta {\n  max_context = 1048576\n}\n")
+    free = 40_000_000
+    monkeypatch.setattr(memory, "free_cpu_bytes", lambda: free)
+    model = nest.load(card, weights="random", tokenizer=False, generics={"Batch": 4})  # exact: params as declared
+    runner = model.runner
+    cache = sum(t.numel() * t.element_size() for t in (getattr(runner, n) for n in runner.state))
+    held = {t.untyped_storage().data_ptr(): t.numel() * t.element_size() for name in runner.params
+            for t in _tensors(getattr(runner, name))}  # (a tied weight once)
+    weights = sum(held.values())
+    context = model.info["context"]
+    assert context.model == 1048576 and context.free == free and model.max_seq % GRANULE == 0
+    room = (free - weights) * CACHE_SHARE
+    assert cache <= room < cache / model.max_seq * (model.max_seq + GRANULE)
+    assert "cut to what the cache's rows fit" in context.note("--max-seq")
+
+
+def test_llama_3_1_8b_on_24_gib_gets_no_128k_rows():
+    """Llama 3.1 8B's 131072 positions in 8 bf16 rows would be 137 GB of cache: on a 24 GiB host it gets
+    what half the memory its 8,030,261,248 bf16 weights leave holds, at 2 (k, v) x 32 layers x 8 kv heads
+    x 128 dims x 2 bytes a position a row (its config.json's sizes)."""
+    free = 24 << 30
+    spec = specialize(resolve_card("llama-3.1-8b-instruct", None)[0], {"Batch": 8, "MaxSeq": 131072, "T": "bf16"},
+                      "fast")
+    context = choose_max_seq(spec, free)
+    per_position = 8 * 2 * 32 * 8 * 128 * 2
+    want = int((free - 8_030_261_248 * 2) * CACHE_SHARE // per_position) // GRANULE * GRANULE
+    assert (context.model, context.max_seq) == (131072, want) and 2048 < want < 8192
+
+
+def test_a_cache_longer_than_a_learned_table_stays_an_error(tmp_path):
+    shutil.copy(Path(__file__).parents[1] / "compiler" / "from_the_doc" / "gpt2.linnet", tmp_path / "gpt2.linnet")
+    card = tmp_path / "card.linnet"
+    card.write_text('card "tiny-gpt2"\nimport gpt2\n')
+    assert nest.load(card, weights="random", tokenizer=False, generics={"Batch": 1}).max_seq == 64  # its max_pos
+    with pytest.raises(LinnetError, match="bind MaxSeq to at most 64"):
+        nest.load(card, weights="random", tokenizer=False, generics={"Batch": 1, "MaxSeq": 65})
+
+
+def test_the_command_line_notes_what_it_chose(capsys, gguf_path):
+    gguf = pytest.importorskip("gguf")
+    field = gguf.GGUFReader(gguf_path).fields["llama.context_length"]
+    trained = int(field.parts[field.data[0]][0])
+    base = ["generate", "smollm2-135m-instruct", "hi", "--weights", "random", "--tokenizer", str(gguf_path), "-n", "1"]
+    assert main(base) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("linnet: note: --max-seq")]
+    assert notes == [f"linnet: note: --max-seq {trained}: the model's context (its meta max_context); "
+                     f"--max-seq sets another"]
+    assert main(base + ["--max-seq", "64"]) == 0
+    assert "linnet: note: --max-seq" not in capsys.readouterr().err
+
+
+def test_auto_and_llama_cpps_0_ask_for_the_models_context():
+    parse = build_parser().parse_args
+    assert parse(["serve", "card", "--max-model-len", "auto"]).max_seq is None
+    assert parse(["serve", "card"]).max_seq is None
+    assert parse(["generate", "card", "hi", "-c", "0"]).max_seq is None
+    assert parse(["generate", "card", "hi", "--ctx-size", "auto"]).max_seq is None
+    assert parse(["generate", "card", "hi", "-c", "100"]).max_seq == 100
+
+
+def _tensors(value) -> list:
+    return [t for v in value for t in _tensors(v)] if isinstance(value, list) else [value]
