@@ -261,7 +261,8 @@ class Engine:
         modes = [self.sampling_mode(Request([0], temperature=t, logprobs=k, **asks))
                  for t in (0.0, 1.0) for k in ([None, 1] if logprobs else [None]) for asks in forms]
         compiled, named = self.runner.compiles, len(self.runner.compiled)
-        self.runner.warmup(sizes, modes, scoring=prompt_logprobs)
+        with self.stepping():  # as the steps it warms run: outside it, torch's ops and the kernels fought for the cores
+            self.runner.warmup(sizes, modes, scoring=prompt_logprobs)
         # what the warmup compiled is not the steps': an engine stepped by hand after it counts from 0
         self._compiles_before += self.runner.compiles - compiled
         self._named_before += len(self.runner.compiled) - named
