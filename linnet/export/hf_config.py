@@ -20,7 +20,7 @@ def hf_config(module: Module, tokenizer=None) -> dict:
     check_architecture(module, module.path)
     b = module.bindings
     config = _WRITERS[module.name](b)
-    config["max_position_embeddings"] = context_length(module, config.get("max_position_embeddings", 8192))
+    config["max_position_embeddings"] = context_length(module, config.get("max_position_embeddings", 8192), config=True)
     config["torch_dtype"] = TORCH_DTYPE_NAMES[b["T"]]
     config.update(bos_token_id=None, eos_token_id=None, pad_token_id=None)
     if tokenizer is not None:
@@ -45,13 +45,15 @@ def check_architecture(module: Module, card: str) -> None:
                           f"{module.name!r}, which transformers and vLLM know no config for {TRITON_INSTEAD}")
 
 
-def context_length(module: Module, otherwise: int = 8192) -> int:
+def context_length(module: Module, otherwise: int = 8192, config: bool = False) -> int:
     """The context the card says it holds; where it says none, YaRN's (its factor times the
     original context, which transformers checks the config against; gpt-oss's rope is always
-    YaRN), else `otherwise`."""
+    YaRN), else `otherwise`. `config`: as config.json's max_position_embeddings, which a linear
+    rope factor multiplies into the context (vLLM's reading, `autocard.trained_context`)."""
     b = module.bindings
     if "max_context" in module.meta:
-        return int(module.meta["max_context"])
+        linear = config and b.get("rope_scaling") == "linear"
+        return int(module.meta["max_context"] / b["rope_factor"]) if linear else int(module.meta["max_context"])
     if (b.get("rope_scaling") == "yarn" or module.name == "gpt_oss") and "rope_original_max" in b:
         return int(b["rope_factor"] * b["rope_original_max"])
     return int(otherwise)

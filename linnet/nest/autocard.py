@@ -48,7 +48,26 @@ def with_transformers_defaults(config: dict) -> dict:
     return {**defaults, **config}
 
 
-def card_source_from_config(config: dict, name: str) -> str:
+def trained_context(config: dict) -> int | None:
+    """The positions a config.json's model holds, as vLLM reads it (`_get_and_verify_max_len`):
+    max_position_embeddings, times a linear (or dynamic) rope factor, or YaRN's factor times its
+    original length; llama3's and longrope's max_position_embeddings is the scaled length already,
+    and so is Gemma 3's, whose linear factor vLLM leaves out."""
+    length = config.get("max_position_embeddings")
+    if not length:
+        return None
+    scaling, kind = _rope_scaling(config)
+    if kind in ("default", None, "llama3", "longrope", "su") or str(config.get("model_type", "")).startswith("gemma3"):
+        return int(length)
+    factor = float(scaling.get("factor", 1.0))
+    base = scaling.get("original_max_position_embeddings", length) if kind == "yarn" else length
+    return int(int(base) * factor)
+
+
+def card_source_from_config(config: dict, name: str, rope_scaled_context: bool = True) -> str:
+    """A card's text for a checkpoint's config. `rope_scaled_context`: its meta max_context is vLLM's
+    length (`trained_context`); False, max_position_embeddings as it stands, as llama.cpp takes a
+    GGUF's context_length (its n_ctx_train) whatever its rope scaling."""
     archs = config.get("architectures") or []
     arch = next((a for a in archs if a in SUPPORTED), None)
     if arch is None:
@@ -65,8 +84,9 @@ def card_source_from_config(config: dict, name: str) -> str:
         lines.append(f"  {key} = {_literal(value)}")
     lines.append("}")
     meta = []
-    if config.get("max_position_embeddings"):  # what the model was trained to attend over
-        meta.append(f"  max_context = {int(config['max_position_embeddings'])}")
+    context = trained_context(config) if rope_scaled_context else config.get("max_position_embeddings")
+    if context:  # what the model was trained to attend over
+        meta.append(f"  max_context = {int(context)}")
     if arch in TOOL_CALL_PARSERS:  # the family's own way of writing tool calls, where its architecture does not say
         meta.append(f'  tool_call_parser = "{TOOL_CALL_PARSERS[arch]}"')
     if meta:

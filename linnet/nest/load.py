@@ -453,7 +453,9 @@ def _card_from_checkpoint(p: Path, card: str, weights) -> tuple[Module, str, Che
     from linnet.nest.autocard import card_source_from_config
 
     ckpt = open_checkpoint(p)
-    module = load_source(card_source_from_config(ckpt.config(), card), f"<card for {p}>")
+    # (a GGUF's context_length is llama.cpp's n_ctx_train as it stands; a config.json's length is vLLM's)
+    source = card_source_from_config(ckpt.config(), card, rope_scaled_context=not isinstance(ckpt, GGUFCheckpoint))
+    module = load_source(source, f"<card for {p}>")
     if weights is not None:  # the card from `name`, the tensors from `weights`
         return module, card, None
     return module, card, ckpt

@@ -113,3 +113,34 @@ def test_auto_and_llama_cpps_0_ask_for_the_models_context():
 
 def _tensors(value) -> list:
     return [t for v in value for t in _tensors(v)] if isinstance(value, list) else [value]
+
+
+LLAMA_CONFIG = {"architectures": ["LlamaForCausalLM"], "vocab_size": 128, "hidden_size": 64, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96, "rms_norm_eps": 1e-5,
+                "rope_theta": 10000.0}
+
+
+@pytest.mark.parametrize("arch, max_positions, scaling, want", [
+    # Qwen's documentation: YaRN of factor 4 over 32768 positions handles up to 131,072 tokens
+    ("Qwen2ForCausalLM", 32768, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}, 131072),
+    # vLLM multiplies max_position_embeddings by a linear factor
+    ("LlamaForCausalLM", 4096, {"rope_type": "linear", "factor": 2.0}, 8192),
+    # Llama 3.1's config states its scaled length itself
+    ("LlamaForCausalLM", 131072, {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}, 131072),
+    ("LlamaForCausalLM", 2048, None, 2048)])
+def test_a_configs_context_is_vllms_with_its_rope_scaling(arch, max_positions, scaling, want):
+    from linnet.export.hf_config import context_length
+    from linnet.frontend import load_source
+    from linnet.nest.autocard import card_source_from_config, trained_context
+
+    config = {**LLAMA_CONFIG, "architectures": [arch], "max_position_embeddings": max_positions,
+              **({"rope_scaling": scaling} if scaling else {})}
+    module = load_source(card_source_from_config(config, "tiny"), "<tiny>")
+    assert module.meta["max_context"] == want
+    # a GGUF's context_length is llama.cpp's n_ctx_train as it stands, whatever its rope scaling
+    assert load_source(card_source_from_config(config, "tiny", rope_scaled_context=False),
+                       "<tiny>").meta["max_context"] == max_positions
+    # and vLLM reads the same length from an export's config.json
+    exported = {**config, "max_position_embeddings": context_length(specialize(module), config=True)}
+    assert trained_context(exported) == want
