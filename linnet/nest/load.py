@@ -73,6 +73,8 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
 
     `compile` (torch): the engine captures the decode step once and replays it, as a CUDA graph on
     CUDA, and on the CPU, with fast numerics, as one call of Linnet's kernels (`kernels.cpu_graph`).
+    `generics`: Batch, MaxSeq and T (specialize's defaults: 1, -, f32); without MaxSeq, a row holds the
+    model's own context, cut to what memory holds (`nest.context`; `model.info["context"]` says how).
     `progress`: draw a progress bar on standard error while loading and compiling;
     None (the default) draws it when standard error is a terminal.
     `shards` (JAX): spread the model over that many devices of `device`'s platform, tensor parallel
