@@ -104,15 +104,19 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     # JAX binds numpy host arrays, which its runtime moves to the device: no torch import on its way
     bind_device, framework = (device, "torch") if kind == "torch" else ("cpu", "numpy")
     runs_on = device if kind == "torch" else ("cuda" if jax_device.platform == "gpu" else "cpu")  # torch's name
+    context_free = None  # what a chosen MaxSeq's cache is fit to where `room` leaves it to the runtime
     if kind == "torch":
         free = free_torch_bytes(device)
-    else:  # spread over devices, each holds a share: left to the runtime
-        free = free_jax_bytes(jax_device) if not shards or shards == 1 else None
+    elif not shards or shards == 1:
+        free = free_jax_bytes(jax_device)
+    else:  # spread over devices, each holds a share: left to the runtime, but for the choice of MaxSeq
+        free, one = None, free_jax_bytes(jax_device)
+        context_free = one if one is None or jax_device.platform == "cpu" else one * shards  # (a CPU's is the host's)
     room = ("this machine" if runs_on == "cpu" else f"device {device}", free)
     resolved = resolve_card(name, weights)
     check_entries(resolved[0])  # before any weight is read: the engine calls these, and only these
     bound = read_weights(name, generics, numerics, cast_dtype, weights, seed, tokenizer, bind_device, progress,
-                         framework=framework, runs_on=runs_on, room=room, resolved=resolved)
+                         framework=framework, runs_on=runs_on, room=room, resolved=resolved, context_free=context_free)
     spec, card_name, params = bound.module, bound.card, bound.params
 
     note = _slow_type_note(kind, device, spec.bindings["T"])
@@ -153,16 +157,19 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
                  cast_dtype: bool = False, weights: str | os.PathLike | Checkpoint | None = None, seed: int = 0,
                  tokenizer: bool | str | os.PathLike = True, device: str = "cpu", progress: bool | None = None,
                  resolved: tuple | None = None, framework: str = "torch", runs_on: str | None = None,
-                 room: tuple | None = None) -> BoundWeights:
+                 room: tuple | None = None, context_free: int | None = None) -> BoundWeights:
     """The first half of `load` (same arguments): the card, specialized, with its weights bound as torch
     tensors on `device` and its tokenizer; what `load` compiles and what `linnet export` writes out.
     `resolved`: what `resolve_card(name, weights)` gave, for a caller that has already asked.
     `framework="numpy"` reads a checkpoint into numpy host arrays instead (`bind.bind_weights`);
     random weights are made in torch either way, so that a seed gives both backends the same ones
     (`runs_on`: the device the model will run on, where its noise is made if that is a GPU).
-    `room`: (the device's name, its free bytes or None) to check the model fits before a weight is read."""
+    `room`: (the device's name, its free bytes or None) to check the model fits before a weight is read.
+    `context_free`: the free bytes a MaxSeq chosen (none in `generics`) fits the cache to, where `room`
+    says none (a JAX model spread over devices: theirs together)."""
     module, card_name, ckpt = resolved or resolve_card(name, weights)
-    spec, context = _specialize(module, dict(generics or {}), numerics, room)
+    free = room[1] if room is not None and room[1] is not None else context_free
+    spec, context = _specialize(module, dict(generics or {}), numerics, free)
     if room is not None:
         check_fits(spec, card_name, *room)
     trained = module.meta.get("max_context")
@@ -203,7 +210,7 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
     return bound
 
 
-def _specialize(module: Module, generics: dict, numerics: str, room: tuple | None) -> tuple[Module, Context | None]:
+def _specialize(module: Module, generics: dict, numerics: str, free: int | None) -> tuple[Module, Context | None]:
     """(the module specialized, how MaxSeq was chosen or None where `generics` names it): without a
     MaxSeq, the model's own context, cut to what memory holds (`nest.context`), as vLLM's
     max_model_len and llama.cpp's -c 0 default to the model's."""
@@ -211,7 +218,7 @@ def _specialize(module: Module, generics: dict, numerics: str, room: tuple | Non
         return specialize(module, generics, numerics), None
     own, _ = model_context(module)
     spec = specialize(module, {**generics, "MaxSeq": own}, numerics)
-    context = choose_max_seq(spec, room[1] if room is not None else None)
+    context = choose_max_seq(spec, free)
     if context.max_seq != own:
         spec = specialize(module, {**generics, "MaxSeq": context.max_seq}, numerics)
     return spec, context

@@ -98,6 +98,17 @@ SCRIPT = textwrap.dedent("""
                 out[f"{card}/{shards}"].update(decode_collectives=collectives(model.runner, "decode", (z(4), z(4))),
                                                prefill_collectives=collectives(model.runner, "prefill",
                                                                                (z(32), z(32), z(32), z(4))))
+    # no MaxSeq: a 1M-token card's rows are cut to what the host's 40 MB hold, spread or not (a CPU's
+    # devices share the host's memory: not counted once a device)
+    import pathlib, tempfile
+    from linnet.nest import memory
+    memory.free_cpu_bytes = lambda: 40_000_000
+    long = pathlib.Path(tempfile.mkdtemp()) / "long.linnet"
+    long.write_text((pathlib.Path(nest.__file__).parent / "cards" / "tiny-llama.linnet").read_text()
+                    + "\\nmeta {\\n  max_context = 1048576\\n}\\n")
+    for shards in (None, 2):
+        model = nest.load(long, backend="jax", weights="random", generics={"Batch": 4}, numerics="fast", shards=shards)
+        out[f"long/{shards}"] = model.max_seq
     for name, shards in (("too_many", 5), ("none", 0)):
         try:
             nest.load("tiny-llama", backend="jax", weights="random", shards=shards)
@@ -171,6 +182,10 @@ def test_phi3_over_two_devices_moves_what_llama_does(results):
     assert phi3["prefill_collectives"] == {"all-reduce f32[32,64]": 4, "all-gather f32[4,128]": 1}
     assert llama["decode_collectives"] == phi3["decode_collectives"]
     assert llama["prefill_collectives"] == phi3["prefill_collectives"]
+
+
+def test_a_model_over_several_devices_cuts_its_context_to_the_hosts_memory(results):
+    assert 0 < results["long/2"] == results["long/None"] < 1048576
 
 
 def test_more_shards_than_devices_is_a_clear_error(results):
