@@ -595,12 +595,31 @@ def _finish(carry, sinks):
     return acc / jnp.where(total > 0, total, 1.0)[..., None]
 
 
+COPY_BLOCK = 256  # positions a step of copy_rows' loop moves
+
+
 def copy_rows(cache, src, dst, upto):
-    """Row dst[i] takes row src[i]'s first upto[i] positions, in every layer."""
-    seq = cache.shape[2]
-    keep = jnp.arange(seq)[None, :] < upto[:, None]
-    keep = keep.reshape((1,) + keep.shape + (1,) * (cache.ndim - 3))
-    return put(cache, (slice(None), dst), jnp.where(keep, cache[:, src], cache[:, dst]))
+    """Row dst[i] takes row src[i]'s first upto[i] positions, in every layer.
+
+    A loop over blocks of positions up to the longest prefix (its trip count read on the device:
+    one executable whatever it is), on the cache's bits (`_bits`) from start to end. Over whole
+    rows (the runner pads src and dst to Batch rows), with `put`'s bitcasts at each write, a copy
+    read and wrote every row: SmolLM2's 8 bf16 rows of 8192, 0.45 s a cache, against 6 ms so.
+    Positions past the row (in the last block) are read clipped and their writes dropped; each
+    block is read before it is written and no two share a position, so a row both copied from
+    and into gives what it held, as a copy of whole rows does."""
+    bits = _bits(cache)
+    block = min(COPY_BLOCK, bits.shape[2])
+
+    def step(b, c):
+        positions = b * block + jnp.arange(block)
+        keep = positions[None, :] < upto[:, None]  # [K, block]
+        keep = keep.reshape((1,) + keep.shape + (1,) * (c.ndim - 3))
+        at = (slice(None), dst[:, None], positions[None, :])
+        moved = c.at[:, src[:, None], positions[None, :]].get(mode="clip")
+        return c.at[at].set(jnp.where(keep, moved, c.at[at].get(mode="clip")), mode="drop")
+
+    return _unbits(jax.lax.fori_loop(0, (jnp.max(upto) + block - 1) // block, step, bits), cache.dtype)
 
 
 def put(state, index: tuple, value):

@@ -1,4 +1,5 @@
-"""Torch's copy_rows on the CPU moves the positions up to the longest prefix, not whole rows: against
+"""copy_rows moves what the longest prefix holds, not whole rows (torch on the CPU: up to upto's
+largest; JAX: a loop over blocks of positions, on the cache's bits): each runtime's copy against
 numpy's statement of the entry, row dst[i] taking row src[i]'s first upto[i] positions, every row
 read as it was before."""
 
@@ -22,6 +23,19 @@ def reference(cache: np.ndarray, upto=UPTO) -> np.ndarray:
 
 def noise(dtype) -> np.ndarray:
     return np.random.default_rng(0).normal(size=(LAYERS, ROWS, SEQ, HEADS, DIM)).astype(dtype)
+
+
+@pytest.mark.parametrize("block", [3, 4, 256])  # blocks past the row's end, ending on it, one past all
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_jaxs_copy_by_blocks_is_the_whole_rows_copy(monkeypatch, block, dtype):
+    jnp = pytest.importorskip("jax.numpy")
+    from linnet.codegen_jax import runtime as rt
+
+    monkeypatch.setattr(rt, "COPY_BLOCK", block)
+    cache = jnp.asarray(noise(np.float32), dtype=dtype)
+    got = rt.copy_rows(cache, *(jnp.asarray(a, jnp.int32) for a in (SRC, DST, UPTO)))
+    want = reference(np.asarray(cache.astype(jnp.float32)))
+    np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32)), want)
 
 
 @pytest.mark.parametrize("upto", [UPTO, [3, 1, 0, 2]])  # the longest prefix the whole row, and shorter
