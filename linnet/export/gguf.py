@@ -346,8 +346,8 @@ def _write_tokenizer_keys(tok, writer, vocab_size: int) -> None:
         writer.add_tokenizer_model("gpt2")
         writer.add_tokenizer_pre(_pre_name(data.get("pre_tokenizer"), tok.source))
         writer.add_token_merges([" ".join(p) for p in pairs])
-        if _special_id(tok, "unk_token") is not None:  # as llama.cpp's converter reads it (tokenizer_config.json)
-            writer.add_unk_token_id(_special_id(tok, "unk_token"))
+        if (unk := tok.special_token_id("unk_token")) is not None:  # as llama.cpp's converter reads it
+            writer.add_unk_token_id(unk)  # (from tokenizer_config.json)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     if tok.bos_token_id is not None:
@@ -355,16 +355,10 @@ def _write_tokenizer_keys(tok, writer, vocab_size: int) -> None:
         probe = tok.backend.encode("a", add_special_tokens=True).ids
         writer.add_add_bos_token(bool(probe) and probe[0] == tok.bos_token_id)
     _write_stops(tok, writer)
-    if _special_id(tok, "pad_token") is not None:  # (llama.cpp's converter writes it too)
-        writer.add_pad_token_id(_special_id(tok, "pad_token"))
+    if (pad := tok.special_token_id("pad_token")) is not None:  # (llama.cpp's converter writes it too)
+        writer.add_pad_token_id(pad)
     if tok.chat_template:  # with its named ones (tool_use, ...), which the writer keys by name
         writer.add_chat_template(tok.saved_chat_template())
-
-
-def _special_id(tok, name: str) -> int | None:
-    """The id of the tokenizer's special token `name` ("pad_token", "unk_token"), None where it has none."""
-    text = tok.special_tokens.get(name)
-    return tok.backend.token_to_id(text) if text is not None else None
 
 
 def _write_stops(tok, writer) -> None:

@@ -28,8 +28,7 @@ def hf_config(module: Module, tokenizer=None) -> dict:
         if tokenizer.eos_token_ids:
             eos = tokenizer.eos_token_ids
             config["eos_token_id"] = eos[0] if len(eos) == 1 else eos
-        pad = tokenizer.special_tokens.get("pad_token")
-        config["pad_token_id"] = tokenizer.backend.token_to_id(pad) if pad is not None else None
+        config["pad_token_id"] = tokenizer.special_token_id("pad_token")
     return config
 
 

@@ -305,6 +305,11 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
 
+    def special_token_id(self, name: str) -> int | None:
+        """The id of the special token `name` ("pad_token", "unk_token"), None where there is none."""
+        text = self.special_tokens.get(name)
+        return self.token_to_id(text) if text is not None else None
+
     def id_to_token(self, token_id: int) -> str | None:
         return self.backend.id_to_token(token_id)
 
