@@ -408,7 +408,3 @@ class ChunkWriter:
         """The event of a choice that failed: the body of the ApiError `err` its request gets unstreamed."""
         return err.body
 
-
-def error_body(message: str, status: int = 500) -> dict:
-    return {"error": {"message": message, "type": "server_error" if status >= 500 else "invalid_request_error",
-                      "param": None, "code": status}}

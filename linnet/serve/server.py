@@ -29,7 +29,7 @@ from linnet.serve.openai_api import (ApiError, Job, body_fields, chat_job, chat_
                                      completion_job, encode_text, length_field, refused, shown)
 from linnet.serve.choice_stream import ChoiceDeltas
 from linnet.serve.openai_replies import (ChunkWriter, chat_message, chat_response, choice_usage, completion_response,
-                                         echoed_prompt, error_body, marker_ids)
+                                         echoed_prompt, marker_ids)
 from linnet.serve.request import MAX_LOGPROBS, RequestError, is_int
 from linnet.serve.responses_api import (ResponseWriter, ResponsesCall, chat_body, conversation_after, input_items,
                                         read_call, response)
@@ -105,9 +105,12 @@ class OpenAIServer:
         # (a preflight's answer names what it allows itself)
         added = [(b"x-request-id", request_id), *(self.cors.answer_headers(origin) if origin and not preflight else ())]
 
+        started = False
+
         async def send_named(message):
+            nonlocal started
             if message["type"] == "http.response.start":
-                message = dict(message, headers=[*message.get("headers", []), *added])
+                message, started = dict(message, headers=[*message.get("headers", []), *added]), True
             await send(message)
 
         if preflight:
@@ -116,10 +119,12 @@ class OpenAIServer:
 
         try:
             await self._route(scope, headers, receive, send_named)
-        except ApiError as err:
-            await _json(send_named, err.status, err.body, err.headers)
-        except Exception as err:  # a bug answers 500 for this request only
-            await _json(send_named, 500, error_body(f"internal error: {err}"))
+        except Exception as err:  # the client's error, or a bug of ours: a 500 for this request only
+            failure = err if isinstance(err, ApiError) else _internal(err)
+            if started:  # past a stream's own error event (its writer's failure): end what was begun
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            else:
+                await _json(send_named, failure.status, failure.body, failure.headers)
 
     async def _preflight(self, origin: str, headers: dict, send):
         """A browser's question before a cross-origin request: may this origin send this method with
@@ -128,7 +133,7 @@ class OpenAIServer:
             origin, headers[b"access-control-request-method"].decode("latin-1"),
             headers.get(b"access-control-request-headers", b"").decode("latin-1"))
         if refusal:
-            await _json(send, status, error_body(refusal, status), tuple(allowed))
+            await _json(send, status, ApiError(status, refusal).body, tuple(allowed))
         else:
             await send({"type": "http.response.start", "status": status,
                         "headers": [*allowed, (b"content-length", b"0")]})
@@ -342,8 +347,6 @@ class OpenAIServer:
                       responses: ResponsesCall | None = None):
         """The reply as server-sent events; `fields` as `_complete`'s: a choice that fails sends the
         error the same request gets unstreamed."""
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
         comps = [s.completion for s in streams]
         if responses is not None:  # Responses' typed events, the last one the whole Response
             writer, job.include_usage = ResponseWriter(responses.body, job, self.model_name, self.tokenizer), True
@@ -352,6 +355,9 @@ class OpenAIServer:
             writer = ChunkWriter(chat, self.model_name, self.tokenizer, job.include_usage,
                                  (lambda i: choice_usage(comps[i], choices[i].stream.tokens))
                                  if job.continuous_usage else None, job.token_ids)
+        # (a writer that cannot be made is the plain 500 the route's caller sends: nothing has been sent yet)
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]})
 
         async def event(chunks):
             for chunk in chunks if isinstance(chunks, list) else [chunks]:
@@ -371,14 +377,14 @@ class OpenAIServer:
                 await merged.put((i, None, "closed"))
 
         pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-        # A request may keep every special token (harmony's do: its parser reads its markers); otherwise
-        # only the tool parser's markers are written into the text.
-        markers = marker_ids(job, self.tokenizer)
-        choices = [ChoiceDeltas(job, c, self.tokenizer, chat, len(job.echo[i]) if job.echo else 0, markers)
-                   for i, c in enumerate(comps)]
         # An echo goes first; with logprobs, once its prompt is scored: with the choice's first news.
         unechoed = set(range(len(streams))) if job.echo else set()
-        try:
+        try:  # from here on, a bug of ours is told in the stream its 200 has begun
+            # A request may keep every special token (harmony's do: its parser reads its markers); otherwise
+            # only the tool parser's markers are written into the text.
+            markers = marker_ids(job, self.tokenizer)
+            choices = [ChoiceDeltas(job, c, self.tokenizer, chat, len(job.echo[i]) if job.echo else 0, markers)
+                       for i, c in enumerate(comps)]
             for i in range(len(streams)):
                 await event(writer.start(i))
                 if job.echo and not job.echo_logprobs:
@@ -415,7 +421,7 @@ class OpenAIServer:
                 self._keep(responses, writer.final)
         except Exception as err:  # a bug of ours once the response has started: the error goes in the stream,
             # as a failed choice's (a Responses stream then ends with "response.failed"), the rows freed
-            await event(writer.failure(ApiError(500, f"internal error: {err}", kind="server_error")))
+            await event(writer.failure(_internal(err)))
             if responses is not None and writer.final is None:
                 await event(writer.usage(job, comps))
         finally:
@@ -429,6 +435,11 @@ class OpenAIServer:
         """Keeps a finished Response for later ones to continue, unless its body says store: false."""
         if call.stored:
             self.responses.put(made, conversation_after(call, made["output"]), input_items(call.body))
+
+
+def _internal(err: Exception) -> ApiError:
+    """The 500 of a bug of ours, streamed or not: the same body either way."""
+    return ApiError(500, f"internal error: {err}", kind="server_error")
 
 
 def _failure(comp, fields: dict) -> ApiError:

@@ -19,14 +19,16 @@ pytest.importorskip("llguidance")
 USER = [{"role": "user", "content": "Say:"}]
 
 
-def served(tokenizer_change=None):
+def serving(tokenizer_change=None):
+    """A fixture's (server's address, engine), a tokenizer_change made to the model's tokenizer first."""
     model = make_model("torch", rows=4, max_seq=128)
     model.tokenizer = byte_tokenizer(model.vocab)
     model.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
     if tokenizer_change is not None:
         tokenizer_change(model.tokenizer)
     engine = Engine(model)
-    return engine, running(engine)
+    with running(engine) as base:
+        yield base, engine
 
 
 def ids(base, text: str) -> list:
@@ -45,9 +47,7 @@ def settled(engine) -> dict:
 
 @pytest.fixture(scope="module")
 def plain():
-    engine, server = served()
-    with server as base:
-        yield base, engine
+    yield from serving()
 
 
 def test_a_failed_choice_cancels_its_siblings_at_once(plain):
@@ -91,9 +91,7 @@ def failing_on_third_token(tokenizer) -> None:
 
 @pytest.fixture(scope="module")
 def broken():
-    engine, server = served(failing_on_third_token)
-    with server as base:
-        yield base, engine
+    yield from serving(failing_on_third_token)
 
 
 def test_a_bug_mid_stream_sends_a_server_error_then_done(broken):
@@ -137,3 +135,37 @@ def test_a_bug_mid_response_stream_fails_it_carrying_the_items_sent(broken):
     done = [e["item"] for e in events if e["type"] == "response.output_item.done"]
     assert done == [item]
     assert call(base, f"/v1/responses/{failed['id']}")[0] == 404
+
+
+def failing_to_decode(tokenizer) -> None:
+    """A bug of ours met before a reply's first token: every decode raises (the engine's final text,
+    and the context an incremental decoder starts from)."""
+    def decode(*args, **kwargs):
+        raise RuntimeError("the decoder broke at once")
+
+    tokenizer.decode = decode
+
+
+@pytest.fixture(scope="module")
+def undecodable():
+    yield from serving(failing_to_decode)
+
+
+def test_a_bug_before_the_first_token_is_the_same_server_error_streamed_or_not(undecodable):
+    # vLLM's and OpenAI's shape either way: {"error": {message, type, param, code}}, a server_error a
+    # client may retry; unstreamed as a 500, streamed as the stream's one event before [DONE] (its 200
+    # already sent, never a dropped connection); each request's row freed
+    base, engine = undecodable
+    body = {"messages": USER, "max_tokens": 4}
+    status, text = call(base, "/v1/chat/completions", body)
+    plain = json.loads(text)
+    assert status == 500 and "decoder broke" in plain["error"]["message"], text
+    status, text = call(base, "/v1/chat/completions", dict(body, stream=True))
+    assert status == 200 and text.endswith("data: [DONE]\n\n"), text
+    [streamed] = sse(text)
+    assert "decoder broke" in streamed["error"]["message"], streamed
+    for error in plain["error"], streamed["error"]:
+        assert set(error) == {"message", "type", "param", "code"}
+        assert (error["type"], error["param"], error["code"]) == ("server_error", None, None), error
+    settled(engine)
+    assert not engine.live and call(base, "/v1/models")[0] == 200
