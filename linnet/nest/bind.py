@@ -292,30 +292,29 @@ class _TorchArrays:
         torch = self.torch
         if not isinstance(t, np.ndarray) or not dst.is_contiguous() or dst.dim() == 0:
             return False
+        round_rows = None  # a converter of rows of src into out, where numpy's assignment is not the copy
         if t.dtype == BF16_BITS:  # bf16 into bf16: copied as it is, bits for bits (else: torch's)
             if dst.dtype != torch.bfloat16:
                 return False
             src, out = t.view(np.int16), dst.view(torch.int16).numpy()
-
-            def copy(lo, hi):
-                out[lo:hi] = src[lo:hi]
         elif dst.dtype == torch.bfloat16 and t.dtype == np.float32:
-            from linnet.kernels.gguf_blocks import round_to_bf16
+            from linnet.kernels.gguf_blocks import round_to_bf16 as round_rows
 
             src, out = np.ascontiguousarray(t), dst.view(torch.int16).numpy()
-            if not round_to_bf16(src[:1], out[:1]):  # (the library is not built here)
+            if not round_rows(src[:1], out[:1]):  # (the library is not built here)
                 return False
-
-            def copy(lo, hi):
-                round_to_bf16(src[lo:hi], out[lo:hi])
         elif dst.dtype in (torch.float32, torch.float16) and t.dtype in (np.float32, np.float16) or \
                 self.numpy_types.get(dst.dtype) == t.dtype:
-            src, out = t, dst.numpy()
-
-            def copy(lo, hi):
-                out[lo:hi] = src[lo:hi]  # numpy rounds f32 to f16 to nearest even, as torch does
+            src, out = t, dst.numpy()  # numpy rounds f32 to f16 to nearest even, as torch does
         else:
             return False
+
+        def copy(lo, hi):
+            if round_rows is None:
+                out[lo:hi] = src[lo:hi]
+            else:
+                round_rows(src[lo:hi], out[lo:hi])
+
         over_rows(len(out), out.nbytes, copy)
         return True
 
