@@ -39,7 +39,7 @@ JAX_ATTRIBUTES = frozenset({
     "shard_state", "fast", "mesh", "device", "whole", "weights", "compiles_loops", "traced", "compiled",
     "compiled_then", "state_bits", "cache", "reset_state", "fuse_linear_groups", "pack_linear_weights", "call",
     "call_then", "_placement", "_placements", "_jit", "_run", "_arguments", "ahead", "compile_ahead",
-    "fused_parts", "device_major", "_splits_by_part",
+    "fused_parts", "device_major", "_splits_by_part", "_zero_state",
 })
 
 
