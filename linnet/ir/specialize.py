@@ -42,7 +42,10 @@ def generic_value(key: str, value):
     return value
 
 
-def specialize(module: ir.Module, generics: dict | None = None, numerics: str = "exact") -> ir.Module:
+def bind(module: ir.Module, generics: dict | None = None, numerics: str = "exact") -> ir.Module:
+    """The module with its generics and config values bound as `specialize` binds them, after the
+    checks that read no type (each generic's value, numerics, every size positive): what sizes
+    alone need, such as `memory.footprint` weighing a MaxSeq before it is chosen (`nest.context`)."""
     card_loc = module_loc(module)
     g = dict(DEFAULT_GENERICS)
     for key, value in (generics or {}).items():
@@ -56,10 +59,18 @@ def specialize(module: ir.Module, generics: dict | None = None, numerics: str = 
         g["T"] = "f32"  # exact computes and stores in f32, whatever T the caller asked for
 
     values = config_values(module)
-    sizes = _sizes(values, g)
-    for name, v in sizes.items():
+    for name, v in _sizes(values, g).items():
         if name in module.config and module.config[name].type.kind == "int" and v < 1 and _used_as_dim(module, name):
             raise LinnetError(module.config[name].loc, f"`{name}` is a size and must be positive, not {v}")
+    bindings = {**values, "Batch": g["Batch"], "MaxSeq": g["MaxSeq"], "T": g["T"], "numerics": numerics}
+    return replace(module, bindings=bindings)
+
+
+def specialize(module: ir.Module, generics: dict | None = None, numerics: str = "exact") -> ir.Module:
+    bound = bind(module, generics, numerics)
+    g = bound.bindings
+    values = {name: g[name] for name in module.config}
+    sizes = _sizes(values, g)
 
     def check_type(t, where: Loc, what: str):
         if isinstance(t, TupleType):  # topk's parts, a list's items
@@ -117,8 +128,7 @@ def specialize(module: ir.Module, generics: dict | None = None, numerics: str = 
                 if kv == 0 or hv % kv:
                     raise LinnetError(v.loc, f"{hv} query heads cannot share {kv} key/value heads evenly",
                                       [f"{_named(h, hv)} must be a multiple of {_named(kvh, kv)}"])
-    bindings = {**values, "Batch": g["Batch"], "MaxSeq": g["MaxSeq"], "T": g["T"], "numerics": numerics}
-    return replace(module, bindings=bindings)
+    return bound
 
 
 def config_values(module: ir.Module) -> dict:

@@ -55,10 +55,11 @@ def model_context(module: Module) -> tuple[int, str]:
 
 
 def choose_max_seq(spec: Module, free: int | None) -> Context:
-    """MaxSeq for `spec` (specialized at the model's own length, `model_context`): that length, or
-    where `free` bytes are known and its cache would take more than `CACHE_SHARE` of what the
-    weights leave, the most whole granules that fit (at least one granule, or the model's length
-    where shorter: a model that does not fit even so is refused by `memory.check_fits`)."""
+    """MaxSeq for `spec` (its sizes bound at the model's own length, `model_context`: by
+    `specialize.bind` or `specialize`): that length, or where `free` bytes are known and its cache
+    would take more than `CACHE_SHARE` of what the weights leave, the most whole granules that fit
+    (at least one granule, or the model's length where shorter: a model that does not fit even so
+    is refused by `memory.check_fits`)."""
     own, source = model_context(spec)
     at = lambda n: footprint(replace(spec, bindings={**spec.bindings, "MaxSeq": n}))
     if free is None:

@@ -48,7 +48,7 @@ from linnet.errors import LinnetError
 from linnet.frontend import load_file, load_source
 from linnet.ir.dims import Dim
 from linnet.ir.nodes import Module
-from linnet.ir.specialize import specialize
+from linnet.ir.specialize import bind, specialize
 from linnet.ir.types import NoneType, TensorType, tensor
 from linnet.nest import registry
 from linnet.nest.checkpoint import Checkpoint, GGUFCheckpoint, open_checkpoint
@@ -217,11 +217,9 @@ def _specialize(module: Module, generics: dict, numerics: str, free: int | None)
     if "MaxSeq" in generics:
         return specialize(module, generics, numerics), None
     own, _ = model_context(module)
-    spec = specialize(module, {**generics, "MaxSeq": own}, numerics)
-    context = choose_max_seq(spec, free)
-    if context.max_seq != own:
-        spec = specialize(module, {**generics, "MaxSeq": context.max_seq}, numerics)
-    return spec, context
+    # weighed by its sizes alone (`bind`), then specialized (checked) once, at the MaxSeq chosen
+    context = choose_max_seq(bind(module, {**generics, "MaxSeq": own}, numerics), free)
+    return specialize(module, {**generics, "MaxSeq": context.max_seq}, numerics), context
 
 
 def _card_tokenizer(card_name: str, module: Module, spec: Module):

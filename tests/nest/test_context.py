@@ -4,6 +4,7 @@ none; llama.cpp: the GGUF's context_length), cut to what memory holds (`nest.con
 
 from __future__ import annotations
 
+import importlib
 import json
 import shutil
 from pathlib import Path
@@ -17,6 +18,8 @@ from linnet.ir.specialize import specialize
 from linnet.nest import memory
 from linnet.nest.context import CACHE_SHARE, GRANULE, choose_max_seq
 from linnet.nest.load import resolve_card
+
+load_module = importlib.import_module("linnet.nest.load")  # (`nest.load` is the function)
 
 TINY = "tiny-llama"
 TINY_FILE = Path(__file__).parents[2] / "linnet" / "nest" / "cards" / "tiny-llama.linnet"
@@ -65,6 +68,38 @@ def test_a_long_context_is_cut_to_what_half_the_memory_left_holds(tmp_path, monk
     room = (free - weights) * CACHE_SHARE
     assert cache <= room < cache / model.max_seq * (model.max_seq + GRANULE)
     assert "cut to what the cache's rows fit" in context.note("--max-seq")
+
+
+def test_a_context_cut_to_memory_is_specialized_once(tmp_path, monkeypatch):
+    """Without a MaxSeq the card is weighed by its sizes alone (`specialize.bind`) and specialized, its
+    checks run, once: at the MaxSeq chosen (it was specialized at its 1M positions first, then again)."""
+    card = tmp_path / "long.linnet"
+    card.write_text(open(TINY_FILE).read() + "\nmeta {\n  max_context = 1048576\n}\n")
+    monkeypatch.setattr(memory, "free_cpu_bytes", lambda: 40_000_000)
+    asked, real = [], load_module.specialize
+
+    def counted(module, generics, numerics):
+        asked.append(generics["MaxSeq"])
+        return real(module, generics, numerics)
+    monkeypatch.setattr(load_module, "specialize", counted)
+    model = nest.load(card, weights="random", tokenizer=False, generics={"Batch": 4})
+    assert asked == [model.max_seq] and model.max_seq < 1048576
+
+
+@pytest.mark.parametrize("card_line, bad, error", [
+    ("kv_heads = 2", "kv_heads = 0", "llama.linnet:16:3: error: `kv_heads` is a size and must be positive, not 0"),
+    ("heads = 4", "heads = 0", "llama.linnet:17:19: error: cannot evaluate 64 / 0")])
+def test_a_bad_size_is_the_cards_error_before_any_weighing(tmp_path, card_line, bad, error):
+    # a cache of no kv heads weighs nothing, and heads = 0 divides head_dim by zero: the card's error,
+    # at the line of its architecture that the size breaks, whether a MaxSeq is named or chosen
+    card = tmp_path / "zero.linnet"
+    card.write_text(open(TINY_FILE).read().replace(card_line, bad))
+    rendered = []
+    for generics in ({"Batch": 1}, {"Batch": 1, "MaxSeq": 64}):
+        with pytest.raises(LinnetError) as caught:
+            nest.load(card, weights="random", tokenizer=False, generics=generics)
+        rendered.append(caught.value.render())
+    assert error in rendered[0] and rendered[0] == rendered[1]
 
 
 def test_llama_3_1_8b_on_24_gib_gets_no_128k_rows():
