@@ -700,7 +700,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "float16, half, float32 and auto are taken too)")
     g.add_argument("--max-seq", type=_max_seq, default=None,
                    help="positions in the cache: prompt plus completion (default: the model's context, cut to what "
-                        "memory holds; llama-cli's -c, --ctx-size, whose 0 is that default)")
+                        "memory holds and, on a CPU, to a 4 GiB cache, VLLM_CPU_KVCACHE_SPACE's GiB where set; "
+                        "llama-cli's -c, --ctx-size, whose 0 is that default)")
     g.add_argument("--json-schema", "-j", default=None,
                    help="hold the output to a JSON schema (its text, or a file); '{\"type\": \"object\"}' for any object")
     g.add_argument("--regex", default=None, help="hold the output to a regular expression")
@@ -723,7 +724,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--batch", "--max-num-seqs", type=_positive, default=8, help="cache rows: requests in flight (8)")
     sv.add_argument("--max-seq", "--max-model-len", type=_max_seq, default=None,
                     help="positions per row: prompt plus completion (default, or auto: the model's context, cut to "
-                         "what --batch rows fit in half the memory the weights leave free)")
+                         "what --batch rows fit in half the memory the weights leave free and, on a CPU, in "
+                         "VLLM_CPU_KVCACHE_SPACE GiB, 4 unset, as vLLM's)")
     sv.add_argument("--backend", choices=["torch", "jax"], default="torch", help="(torch)")
     sv.add_argument("--device", default=None, help="torch device (default: cuda when present)")
     sv.add_argument("--dtype", type=_dtype_name, choices=["f32", "bf16", "f16"], default=None,

@@ -52,7 +52,7 @@ from linnet.ir.specialize import bind, specialize
 from linnet.ir.types import NoneType, TensorType, tensor
 from linnet.nest import registry
 from linnet.nest.checkpoint import Checkpoint, GGUFCheckpoint, open_checkpoint
-from linnet.nest.context import Context, choose_max_seq, model_context
+from linnet.nest.context import Context, choose_max_seq, cpu_cache_space, model_context
 from linnet.nest.embedded import EMBEDDED_INSTALL, embedded_gguf_path
 from linnet.nest.errors import DeviceError, TokenizerError, WeightsError
 from linnet.nest.locate import download_command, find_weights, is_model_dir, weights_not_found_message
@@ -74,7 +74,8 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     `compile` (torch): the engine captures the decode step once and replays it, as a CUDA graph on
     CUDA, and on the CPU, with fast numerics, as one call of Linnet's kernels (`kernels.cpu_graph`).
     `generics`: Batch, MaxSeq and T (specialize's defaults: 1, -, f32); without MaxSeq, a row holds the
-    model's own context, cut to what memory holds (`nest.context`; `model.info["context"]` says how).
+    model's own context, cut to what memory holds and, on a CPU, to the cache vLLM's CPU backend
+    reserves (4 GiB, or VLLM_CPU_KVCACHE_SPACE's GiB) (`nest.context`; `model.info["context"]` says how).
     `progress`: draw a progress bar on standard error while loading and compiling;
     None (the default) draws it when standard error is a terminal.
     `shards` (JAX): spread the model over that many devices of `device`'s platform, tensor parallel
@@ -113,10 +114,13 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
         free, one = None, free_jax_bytes(jax_device)
         context_free = one if one is None or jax_device.platform == "cpu" else one * shards  # (a CPU's is the host's)
     room = ("this machine" if runs_on == "cpu" else f"device {device}", free)
+    # a CPU's cache, where MaxSeq is chosen, takes at most what vLLM's CPU backend gives it (`nest.context`)
+    space = cpu_cache_space() if runs_on == "cpu" and "MaxSeq" not in (generics or {}) else None
     resolved = resolve_card(name, weights)
     check_entries(resolved[0])  # before any weight is read: the engine calls these, and only these
     bound = read_weights(name, generics, numerics, cast_dtype, weights, seed, tokenizer, bind_device, progress,
-                         framework=framework, runs_on=runs_on, room=room, resolved=resolved, context_free=context_free)
+                         framework=framework, runs_on=runs_on, room=room, resolved=resolved, context_free=context_free,
+                         cache_space=space)
     spec, card_name, params = bound.module, bound.card, bound.params
 
     note = _slow_type_note(kind, device, spec.bindings["T"])
@@ -157,7 +161,8 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
                  cast_dtype: bool = False, weights: str | os.PathLike | Checkpoint | None = None, seed: int = 0,
                  tokenizer: bool | str | os.PathLike = True, device: str = "cpu", progress: bool | None = None,
                  resolved: tuple | None = None, framework: str = "torch", runs_on: str | None = None,
-                 room: tuple | None = None, context_free: int | None = None) -> BoundWeights:
+                 room: tuple | None = None, context_free: int | None = None,
+                 cache_space: int | None = None) -> BoundWeights:
     """The first half of `load` (same arguments): the card, specialized, with its weights bound as torch
     tensors on `device` and its tokenizer; what `load` compiles and what `linnet export` writes out.
     `resolved`: what `resolve_card(name, weights)` gave, for a caller that has already asked.
@@ -166,10 +171,11 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
     (`runs_on`: the device the model will run on, where its noise is made if that is a GPU).
     `room`: (the device's name, its free bytes or None) to check the model fits before a weight is read.
     `context_free`: the free bytes a MaxSeq chosen (none in `generics`) fits the cache to, where `room`
-    says none (a JAX model spread over devices: theirs together)."""
+    says none (a JAX model spread over devices: theirs together).
+    `cache_space`: the bytes a MaxSeq chosen fits the cache to at most, whatever is free (a CPU's)."""
     module, card_name, ckpt = resolved or resolve_card(name, weights)
     free = room[1] if room is not None and room[1] is not None else context_free
-    spec, context = _specialize(module, dict(generics or {}), numerics, free)
+    spec, context = _specialize(module, dict(generics or {}), numerics, free, cache_space)
     if room is not None:
         check_fits(spec, card_name, *room)
     trained = module.meta.get("max_context")
@@ -210,15 +216,16 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
     return bound
 
 
-def _specialize(module: Module, generics: dict, numerics: str, free: int | None) -> tuple[Module, Context | None]:
+def _specialize(module: Module, generics: dict, numerics: str, free: int | None,
+                space: int | None = None) -> tuple[Module, Context | None]:
     """(the module specialized, how MaxSeq was chosen or None where `generics` names it): without a
-    MaxSeq, the model's own context, cut to what memory holds (`nest.context`), as vLLM's
-    max_model_len and llama.cpp's -c 0 default to the model's."""
+    MaxSeq, the model's own context, cut to what memory holds and to `space` bytes of cache where
+    given (`nest.context`), as vLLM's max_model_len and llama.cpp's -c 0 default to the model's."""
     if "MaxSeq" in generics:
         return specialize(module, generics, numerics), None
     own, _ = model_context(module)
     # weighed by its sizes alone (`bind`), then specialized (checked) once, at the MaxSeq chosen
-    context = choose_max_seq(bind(module, {**generics, "MaxSeq": own}, numerics), free)
+    context = choose_max_seq(bind(module, {**generics, "MaxSeq": own}, numerics), free, space)
     return specialize(module, {**generics, "MaxSeq": context.max_seq}, numerics), context
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -16,7 +17,8 @@ from linnet.cli import build_parser, main
 from linnet.errors import LinnetError
 from linnet.ir.specialize import specialize
 from linnet.nest import memory
-from linnet.nest.context import CACHE_SHARE, GRANULE, choose_max_seq
+from linnet.nest.context import CACHE_SHARE, GRANULE, choose_max_seq, cpu_cache_space
+from linnet.nest.errors import DeviceError
 from linnet.nest.load import resolve_card
 
 load_module = importlib.import_module("linnet.nest.load")  # (`nest.load` is the function)
@@ -113,6 +115,62 @@ def test_llama_3_1_8b_on_24_gib_gets_no_128k_rows():
     per_position = 8 * 2 * 32 * 8 * 128 * 2
     want = int((free - 8_030_261_248 * 2) * CACHE_SHARE // per_position) // GRANULE * GRANULE
     assert (context.model, context.max_seq) == (131072, want) and 2048 < want < 8192
+
+
+@pytest.mark.parametrize("batch, want", [(8, 16384), (1, 131072)])
+def test_llama_3_2_1b_on_a_cpu_gets_the_4_gib_of_vllms_cpu_cache(batch, want):
+    """vLLM's CPU backend gives the cache VLLM_CPU_KVCACHE_SPACE GiB, 4 where it is unset ("Environment
+    variable VLLM_CPU_KVCACHE_SPACE (GiB) for CPU backend is not set, using 4 by default"): Llama 3.2 1B's
+    bf16 positions take 2 (k, v) x 16 layers x 8 kv heads x 64 dims x 2 bytes (its config.json's sizes), so
+    8 rows hold 16384 each, where half of 24 GiB free gave them 44288 (11.6 GB); one row holds the whole
+    131072 of its context, the 4 GiB llama.cpp's -c 0 allocates for it in f16."""
+    spec = specialize(resolve_card("llama-3.2-1b-instruct", None)[0], {"Batch": batch, "MaxSeq": 131072, "T": "bf16"},
+                      "fast")
+    per_position = batch * 2 * 16 * 8 * 64 * 2
+    assert (4 << 30) // per_position == want
+    by_memory = choose_max_seq(spec, 24 << 30)
+    context = choose_max_seq(spec, 24 << 30, space=4 << 30)
+    assert (context.model, context.max_seq) == (131072, want)
+    if batch == 8:
+        assert by_memory.max_seq == 44288 and by_memory.space is None
+        assert context.space == 4 << 30 and "cut to what the cache's rows fit in 4 GiB" in context.note("--max-seq")
+    else:  # nothing cut
+        assert by_memory.max_seq == 131072 and context.space is None and context.free is None
+
+
+def test_a_long_context_on_a_cpu_is_cut_to_vllm_cpu_kvcache_space(tmp_path, monkeypatch):
+    """A tiny random model whose card states a 1M-token context, on a host with far more free than the
+    cache may take: the rows hold the most whole granules whose cache, as the loaded model holds it, fits
+    in VLLM_CPU_KVCACHE_SPACE=1 GiB, one granule more would not; the note says so."""
+    card = tmp_path / "long.linnet"
+    card.write_text(open(TINY_FILE).read() + "\nmeta {\n  max_context = 1048576\n}\n")
+    monkeypatch.setattr(memory, "free_cpu_bytes", lambda: 1 << 40)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    model = nest.load(card, weights="random", tokenizer=False, generics={"Batch": 8})
+    runner = model.runner
+    cache = sum(t.numel() * t.element_size() for t in (getattr(runner, n) for n in runner.state))
+    assert cache <= 1 << 30 < cache / model.max_seq * (model.max_seq + GRANULE)
+    assert model.max_seq % GRANULE == 0 and model.info["context"].space == 1 << 30
+    assert "fit in 1 GiB, the cache vLLM's CPU backend reserves (VLLM_CPU_KVCACHE_SPACE" in \
+        model.info["context"].note("--max-seq")
+
+
+@pytest.mark.parametrize("value", ["four", "-1", "1.5"])
+def test_a_vllm_cpu_kvcache_space_that_is_no_whole_number_is_an_error_naming_it(value, monkeypatch):
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", value)
+    with pytest.raises(DeviceError, match=f"VLLM_CPU_KVCACHE_SPACE='{re.escape(value)}': .* a whole number"):
+        nest.load(TINY, weights="random", tokenizer=False, generics={"Batch": 1})
+    # read only where a MaxSeq is chosen: one named loads as ever
+    assert nest.load(TINY, weights="random", tokenizer=False, generics={"Batch": 1, "MaxSeq": 64}).max_seq == 64
+
+
+def test_unset_or_0_is_vllms_4_gib(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    assert cpu_cache_space() == 4 << 30
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "0")
+    assert cpu_cache_space() == 4 << 30
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "40")
+    assert cpu_cache_space() == 40 << 30
 
 
 def test_a_cache_longer_than_a_learned_table_stays_an_error(tmp_path):
