@@ -263,10 +263,11 @@ class Engine:
         compiled, named = self.runner.compiles, len(self.runner.compiled)
         with self.stepping():  # as the steps it warms run: outside it, torch's ops and the kernels fought for the cores
             self.runner.warmup(sizes, modes, scoring=prompt_logprobs)
+        # (the next step forgets what the rows held; JAX's first reset compiles the program that zeroes the cache)
+        self.model.reset()
         # what the warmup compiled is not the steps': an engine stepped by hand after it counts from 0
         self._compiles_before += self.runner.compiles - compiled
         self._named_before += len(self.runner.compiled) - named
-        self.model.reset()  # (the next step forgets what the rows held)
         self._ahead = None
 
     def _packs_of(self, n: int) -> list:
