@@ -138,7 +138,8 @@ def test_llama_3_2_1b_on_a_cpu_gets_the_4_gib_of_vllms_cpu_cache(batch, want):
         assert by_memory.max_seq == 131072 and context.space is None and context.free is None
 
 
-def test_a_long_context_on_a_cpu_is_cut_to_vllm_cpu_kvcache_space(tmp_path, monkeypatch):
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_a_long_context_on_a_cpu_is_cut_to_vllm_cpu_kvcache_space(tmp_path, monkeypatch, backend):
     """A tiny random model whose card states a 1M-token context, on a host with far more free than the
     cache may take: the rows hold the most whole granules whose cache, as the loaded model holds it, fits
     in VLLM_CPU_KVCACHE_SPACE=1 GiB, one granule more would not; the note says so."""
@@ -146,9 +147,12 @@ def test_a_long_context_on_a_cpu_is_cut_to_vllm_cpu_kvcache_space(tmp_path, monk
     card.write_text(open(TINY_FILE).read() + "\nmeta {\n  max_context = 1048576\n}\n")
     monkeypatch.setattr(memory, "free_cpu_bytes", lambda: 1 << 40)
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
-    model = nest.load(card, weights="random", tokenizer=False, generics={"Batch": 8})
+    model = nest.load(card, backend=backend, weights="random", tokenizer=False, generics={"Batch": 8})
     runner = model.runner
-    cache = sum(t.numel() * t.element_size() for t in (getattr(runner, n) for n in runner.state))
+    if backend == "torch":
+        cache = sum(t.numel() * t.element_size() for t in (getattr(runner, n) for n in runner.state))
+    else:
+        cache = sum(a.nbytes for a in runner.state_bits.values())
     assert cache <= 1 << 30 < cache / model.max_seq * (model.max_seq + GRANULE)
     assert model.max_seq % GRANULE == 0 and model.info["context"].space == 1 << 30
     assert "fit in 1 GiB, the cache vLLM's CPU backend reserves (VLLM_CPU_KVCACHE_SPACE" in \
