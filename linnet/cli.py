@@ -81,16 +81,29 @@ def _note_exact_numerics(numerics: str, dtype: str | None) -> None:
 
 
 def cmd_compile(args) -> int:
-    from linnet.compiler import compile_file
+    from linnet.compiler import check_file, generate
 
     generics = _generics(args.generic)
     _note_exact_numerics(args.numerics, generics.get("T"))
-    source = compile_file(_source_file(args.file), args.backend, generics, args.numerics)
-    if args.output:
-        Path(args.output).write_text(source)
-    else:
+    if args.output == "":
+        raise _FlagError("-o/--output needs a file name (or - for standard output)")
+    module = check_file(_source_file(args.file))
+    if args.output not in (None, "-"):
+        _not_a_source(Path(args.output), module)
+    source = generate(module, args.backend, generics, args.numerics)
+    if args.output in (None, "-"):  # `-`: standard output, as argparse.FileType and `generate`'s prompt take it
         sys.stdout.write(source)
+    else:
+        Path(args.output).write_text(source)
     return 0
+
+
+def _not_a_source(output: Path, module) -> None:
+    """Refuses an output that is one of the files the model was read from (the card, its architecture,
+    a base), as gcc refuses an output that is its input: writing it would lose that source."""
+    for path in (module.card_path, module.path, *module.bases):
+        if path and output.exists() and Path(path).exists() and output.samefile(path):
+            raise _FlagError(f"-o {output} is {path}, a source of this model: writing there would replace it")
 
 
 def _count(n: float, units=("", "K", "M", "B", "T")) -> str:
@@ -652,7 +665,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     c = source_cmd("compile", "write the Python source of a model for one backend")
     c.add_argument("--backend", choices=["torch", "jax"], default="torch", help="(torch)")
-    c.add_argument("-o", "--output", help="write here instead of standard output")
+    c.add_argument("-o", "--output", help="write here instead of standard output (- is standard output)")
     c.set_defaults(run=cmd_compile)
     source_cmd("check", "parse and check a model (with numbers, for a card or with --generic); print ok or "
                           "the first error").set_defaults(run=cmd_check)

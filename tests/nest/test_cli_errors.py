@@ -2,6 +2,10 @@
 status 1, or for a flag's value or flags that do not go together the command's usage and exit status 2
 (as argparse answers for the flags it refuses itself); never a traceback."""
 
+import argparse
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -35,6 +39,35 @@ def test_files_that_cannot_be_read_or_written(capsys, tmp_path):
     bad = tmp_path / "latin1.linnet"
     bad.write_bytes(b"arch x\n\n  caf\xe9\n")
     assert error_of(capsys, ["check", str(bad)]).startswith(f"{bad}:3:6: error: ")
+
+
+def test_compile_output_dash_is_standard_output_and_an_empty_name_is_refused(capsys):
+    # argparse's own reading of an output file name: `-` is standard output, `` no file at all
+    assert argparse.FileType("w")("-") is sys.stdout
+    with pytest.raises(argparse.ArgumentTypeError):
+        argparse.FileType("w")("")
+    assert main(["compile", TINY]) == 0
+    plain = capsys.readouterr().out
+    assert main(["compile", TINY, "-o", "-"]) == 0
+    assert capsys.readouterr().out == plain and plain.startswith('"""PyTorch module')
+    assert not Path("-").exists()  # (no file of that name in the working folder)
+    assert "-o/--output needs a file name" in usage_error_of(capsys, ["compile", TINY, "-o", ""])
+
+
+def test_compile_does_not_write_over_the_models_own_source(capsys, tmp_path):
+    # as gcc refuses `gcc a.c -o a.c`: the card, and the architecture it imports, are left as they were
+    (tmp_path / "arch").mkdir()
+    arch = tmp_path / "arch" / "llama.linnet"
+    arch.write_text(Path("linnet/nest/cards/arch/llama.linnet").read_text())
+    card = tmp_path / "mine.linnet"
+    card.write_text(Path(TINY).read_text())
+    before = {p: p.read_bytes() for p in (card, arch)}
+    for output in (card, arch, tmp_path / "arch" / ".." / "mine.linnet"):
+        err = usage_error_of(capsys, ["compile", str(card), "-o", str(output)])
+        assert "a source of this model" in err, err
+    assert {p: p.read_bytes() for p in (card, arch)} == before
+    assert main(["compile", str(card), "-o", str(tmp_path / "mine.py")]) == 0  # any other file is written
+    assert (tmp_path / "mine.py").read_text().startswith('"""PyTorch module')
 
 
 def test_request_values_are_checked_before_the_model_loads(capsys):
