@@ -206,6 +206,7 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, source: str, path: str) 
     if token is not None and _renamed_keyword(token) and getattr(err, "interactive_parser", None) is not None:
         # refused before the reductions a name would have made: what the parser takes after those
         expected = err.interactive_parser.accepts()
+    raw_expected = set(expected)  # the terminals' names, before they are put in words
     notes = []
     if token is not None and token.value in _ITEM_KEYWORDS and "RBRACE" in expected:
         # a word that starts a top-level block, where a block is still open: most likely its `}` is missing
@@ -213,15 +214,44 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, source: str, path: str) 
     expected = sorted({_TOKEN_NAMES.get(t, repr(t.lower()) if t.isupper() else t) for t in expected})
     hint = f"; expected {_join(expected)}" if expected and len(expected) <= 8 else \
         "; expected '}' or more of what comes before it" if notes else ""
-    if token is None or token.type == "$END":
+    at_end = token is None or token.type == "$END"
+    if not at_end:
+        notes = notes or _python_habit(source, err.pos_in_stream, token) or _mistyped_keyword(source, err.pos_in_stream)
+    opener = _open_bracket(source, len(source) if at_end else token.start_pos)
+    if opener is not None:
+        char, (open_line, open_col) = opener
+        closer = _CLOSER_TERMINALS[char]
+        # the file ends, its closer could have come here, or another closer came: say which bracket is open
+        if at_end or closer in raw_expected or (token.type in _CLOSER_TERMINALS.values() and token.type != closer):
+            notes = notes + [f"the `{char}` at {path}:{open_line}:{open_col} is {'never' if at_end else 'not'} closed"]
+    if at_end:
         lines = source_lines(source) or [""]
         last = len(lines)
         end_col = len(lines[-1]) + 1
-        return LinnetError(Loc(path, last, end_col, last, end_col + 1, source), f"unexpected end of file{hint}")
+        return LinnetError(Loc(path, last, end_col, last, end_col + 1, source), f"unexpected end of file{hint}", notes)
     width = max(1, len(str(token)))
-    return LinnetError(Loc(path, line, col, line, col + width, source), f"unexpected {str(token)!r}{hint}",
-                       notes or _python_habit(source, err.pos_in_stream, token) or
-                       _mistyped_keyword(source, err.pos_in_stream))
+    return LinnetError(Loc(path, line, col, line, col + width, source), f"unexpected {str(token)!r}{hint}", notes)
+
+
+_CLOSER_TERMINALS = {"(": "RPAR", "[": "RSQB", "{": "RBRACE"}
+_BRACKETS = re.compile(r'"(?:[^"\\\n]|\\.)*"|#[^\n]*|[()\[\]{}]')  # strings and comments hold no bracket
+
+
+def _open_bracket(source: str, end: int) -> tuple[str, tuple[int, int]] | None:
+    """The innermost bracket still open at offset `end` of `source`, with its line and column (in
+    characters, 1-based); None when all are closed. The text before `end` parsed, so its closers match."""
+    stack = []
+    for m in _BRACKETS.finditer(source, 0, end):
+        text = m.group()
+        if text in _CLOSER_TERMINALS:
+            stack.append(m.start())
+        elif text in ")]}" and stack:
+            stack.pop()
+    if not stack:
+        return None
+    start = stack[-1]
+    line = source.count("\n", 0, start) + 1
+    return source[start], (line, start - (source.rfind("\n", 0, start) + 1) + 1)
 
 
 def _python_habit(source: str, pos: int, token) -> list[str]:
