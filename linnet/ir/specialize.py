@@ -16,8 +16,8 @@ from linnet.ir import nodes as ir
 from linnet.ir.dims import Dim
 from linnet.ir.index_ranges import check_index_ranges, position_ceiling
 from linnet.ir.ops import ROPE_SCALINGS
-from linnet.ir.types import FLOAT_DTYPES, GENERIC_DTYPE, SIZE_GENERICS, ScalarType, TensorType, TupleType
-from linnet.ir.walk import all_values, stmt_values, values as tree_values
+from linnet.ir.types import FLOAT_DTYPES, GENERIC_DTYPE, SIZE_GENERICS, ScalarType, TensorType, TupleType, is_float
+from linnet.ir.walk import all_values, assigned_names, children as walk_children, stmt_values, values as tree_values
 
 DEFAULT_GENERICS = {"Batch": 1, "MaxSeq": 256, "T": "f32"}
 
@@ -200,8 +200,9 @@ def _is_int(x) -> bool:
 
 def _check_static_indices(module: ir.Module, sizes: dict, static: dict) -> None:
     """Every index and slice checked with the values it takes as the model runs: a loop variable
-    over its loop's range, a fn's static argument at each call (`w[l + 1]` past the last layer
-    would raise in torch and read the wrong layer in JAX)."""
+    over its loop's range, a fn's static argument at each call, a static local (`w[l + 1]` past the
+    last layer would raise in torch and read the wrong layer in JAX); and every static value with
+    them (`_check_static_values`)."""
     seen = set()
 
     def visit(fn: ir.Function, args: dict, call: Loc | None) -> None:
@@ -213,16 +214,24 @@ def _check_static_indices(module: ir.Module, sizes: dict, static: dict) -> None:
     def walk(body: list, env: dict, running: "_Running") -> None:
         for s in body:
             if isinstance(s, ir.For):
+                rebound = assigned_names(s.body)  # static locals the body rebinds: known in it only once rebound
+                inner = {k: v for k, v in env.items() if k not in rebound}
                 try:
                     count = evaluate(s.count, env)
                 except LinnetError:  # a per-call size, a fn's argument: the body is checked without it
-                    walk(s.body, env, running)
-                    continue
-                for i in _loop_values(count):
-                    walk(s.body, {**env, s.var: i}, running.with_value(s.var, i))
+                    walk(s.body, inner, running)
+                else:
+                    for i in _loop_values(count):
+                        walk(s.body, {**inner, s.var: i}, running.with_value(s.var, i))
+                for name in rebound:
+                    env.pop(name, None)
                 continue
             if isinstance(s, ir.Store):
                 _check_indices(module.state[s.state].type, s.indices, sizes, env, running)
+            for top in stmt_values(s):
+                _check_static_values(top, env, running)
+            if isinstance(s, ir.Assign):
+                _bind_static(s, env)
             for v in (x for top in stmt_values(s) for x in tree_values(top)):
                 if isinstance(v, ir.Op) and v.op == "index":
                     _check_indices(v.kwargs["x"].type, v.args, sizes, env, running)
@@ -269,6 +278,62 @@ class _Running:
         when = "when " + ", ".join(f"`{n}` = {self.values[n]!r}" for n in used)
         called = self.call and self.args.intersection(used)
         return [when + (f", as `{self.fn}` is called at {self.call}" if called else "")]
+
+
+# What `evaluate` computes; any other op (a fn's call, a tensor's) is known only as the model runs.
+_EVALUATED = frozenset({"if", "neg", "not"})  # with STATIC_BINARY and STATIC_UNARY, defined below
+# A Python int beside a tensor is an i32 to JAX, which refuses one outside that range as it traces an
+# entry (torch wraps it into an i32 tensor, or raises past 64 bits): so, on both backends, an i32's.
+I32_RANGE = (-2 ** 31, 2 ** 31)
+
+
+def _known(v: ir.Value, env: dict) -> bool:
+    """Whether `evaluate` can compute the static value `v` with `env`."""
+    return all(isinstance(x, ir.Const) or (isinstance(x, ir.Var) and x.name in env)
+               or (isinstance(x, ir.Op) and isinstance(x.type, ScalarType)
+                   and (x.op in _EVALUATED or x.op in STATIC_BINARY or x.op in STATIC_UNARY))
+               for x in tree_values(v))
+
+
+def _bind_static(s: ir.Assign, env: dict) -> None:
+    """A local bound to a static value known here is that value from now on; one bound to anything
+    else is not known (and not the value it may have had before)."""
+    if len(s.targets) == 1 and isinstance(s.value.type, ScalarType) and _known(s.value, env):
+        env[s.targets[0]] = evaluate(s.value, env)
+    else:
+        for name in s.targets:
+            env.pop(name, None)
+
+
+def _check_static_values(v: ir.Value, env: dict, running: _Running) -> None:
+    """Each static value in a body known with numbers is computed here, where an error names it: the
+    generated code would raise as the model runs (`1 // 0`, `log(0.0)`, an int past 64 bits). A
+    static int beside a tensor must be an i32's (I32_RANGE)."""
+    stack = [v]
+    while stack:
+        x = stack.pop()
+        if isinstance(x.type, ScalarType) and _known(x, env):
+            evaluate(x, env)  # (an `if` computes the branch it takes only, as the generated code does)
+            continue
+        if isinstance(x, ir.Op) and x.op == "if":  # its condition not known here: either branch may run
+            stack.append(x.kwargs["cond"])
+            continue
+        if isinstance(x, ir.Op) and isinstance(x.type, TensorType) and (x.op in STATIC_BINARY or x.op == "where"):
+            for a in x.kwargs.values():
+                if isinstance(a.type, ScalarType) and a.type.kind == "int" and _known(a, env):
+                    _check_i32(a, evaluate(a, env), x, running)
+        stack.extend(walk_children(x))
+
+
+def _check_i32(a: ir.Value, value: int, op: ir.Op, running: _Running) -> None:
+    if I32_RANGE[0] <= value < I32_RANGE[1]:
+        return
+    tensor = next(t.type for k, t in op.kwargs.items() if isinstance(t.type, TensorType) and k != "cond")
+    notes = running.notes(a) + ([f"`{a.name}` is {value}"] if isinstance(a, ir.Var) else [])
+    notes.append(f"an i32 holds {I32_RANGE[0]} to {I32_RANGE[1] - 1} (JAX takes a Python int beside an array as one)")
+    if is_float(tensor.dtype):
+        notes.append(f"for a float, write {value}.0")
+    raise LinnetError(a.loc, f"a static int beside a tensor is an i32, and {value} is outside its range", notes)
 
 
 def _check_indices(t: TensorType, indices: list, sizes: dict, static: dict, running: _Running) -> None:
