@@ -7,6 +7,7 @@ import functools
 import hashlib
 import math
 import re
+import unicodedata
 from importlib import resources
 
 import lark
@@ -200,7 +201,8 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, source: str, path: str) 
         if char == '"':  # a string is one token: one that fails to lex is a string that does not end
             return LinnetError(Loc(path, line, col, line, col + 1, source),
                                "unterminated string: a string closes with `\"` on the line it opens")
-        return LinnetError(Loc(path, line, col, line, col + 1, source), f"unexpected character {char!r}")
+        return LinnetError(Loc(path, line, col, line, col + 1, source), f"unexpected character {char!r}",
+                           _character_note(char, source[err.pos_in_stream + 1:err.pos_in_stream + 2]))
     token = getattr(err, "token", None)
     expected = err.expected or ()
     if token is not None and _renamed_keyword(token) and getattr(err, "interactive_parser", None) is not None:
@@ -221,8 +223,13 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, source: str, path: str) 
     if opener is not None:
         char, (open_line, open_col) = opener
         closer = _CLOSER_TERMINALS[char]
-        # the file ends, its closer could have come here, or another closer came: say which bracket is open
-        if at_end or closer in raw_expected or (token.type in _CLOSER_TERMINALS.values() and token.type != closer):
+        mismatched = not at_end and token.type in _CLOSER_TERMINALS.values() and token.type != closer
+        # its closer could have come here, and what came instead is no part of what it holds: a `(` or `[`
+        # left open at the end of an earlier line, or a block before a top-level word (in a block, a
+        # `}` can always come where a statement is refused: that says nothing of the block)
+        forgotten = closer in raw_expected and not at_end and (
+            token.value in _ITEM_KEYWORDS if char == "{" else token.line > open_line)
+        if at_end or mismatched or forgotten:
             notes = notes + [f"the `{char}` at {path}:{open_line}:{open_col} is {'never' if at_end else 'not'} closed"]
     if at_end:
         lines = source_lines(source) or [""]
@@ -252,6 +259,29 @@ def _open_bracket(source: str, end: int) -> tuple[str, tuple[int, int]] | None:
     start = stack[-1]
     line = source.count("\n", 0, start) + 1
     return source[start], (line, start - (source.rfind("\n", 0, start) + 1) + 1)
+
+
+# What another language writes with a character Linnet lacks, and Linnet's way (docs/language.md).
+_CHARACTER_HABITS = {
+    "'": "a string is written in double quotes: \"...\"",
+    ";": "statements need no separators: end the line instead",
+    "&": "logical and is the word `and`", "|": "logical or is the word `or`",
+    "!": "logical not is the word `not` (and `!=` compares)", "~": "logical not is the word `not`",
+}
+
+
+def _character_note(char: str, after: str) -> list[str]:
+    """A note on a character the lexer refuses: Linnet's spelling where another language's is the likely
+    cause, and the name of a character outside ASCII (a letter in a name, a look-alike of `-` or `"`, a
+    space that shows as none)."""
+    if char in _CHARACTER_HABITS and not (char == "!" and after == "="):
+        return [_CHARACTER_HABITS[char]]
+    if char.isascii():
+        return []
+    named = f"U+{ord(char):04X} {unicodedata.name(char, 'is not a character of the language')}"
+    if char.isalpha():
+        return [f"{named}: a name is ASCII letters, digits and `_` ([A-Za-z_][A-Za-z0-9_]*)"]
+    return [f"{named}: the language's characters are ASCII, outside strings and comments"]
 
 
 def _python_habit(source: str, pos: int, token) -> list[str]:

@@ -140,6 +140,16 @@ def test_a_closer_of_the_right_kind_is_no_bracket_error():
     assert "Linnet has no attributes" in text and not NOTE.search(text)
 
 
+@pytest.mark.parametrize("statement", [
+    "@x = 1",  # a stray token where a statement goes: a block's `}` could come there, but was not forgotten
+    "return exp(embed[tokens] embed) as f32",  # inside a call on its own line: the token is the fault
+])
+def test_a_bracket_that_holds_the_fault_is_not_said_to_be_open(statement):
+    # as Python, which for `f(a b)` says "Perhaps you forgot a comma?" and nothing of the `(`
+    text = refusal(HEAD + "entry decode(tokens: i32[Batch]) -> f32[Batch, dim] {\n  " + statement + "\n}\n")
+    assert not NOTE.search(text), text
+
+
 def test_with_every_bracket_closed_nothing_is_said_of_brackets():
     text = refusal(HEAD + "entry decode(tokens: i32[Batch]) -> f32[Batch, dim] {\n  return\n}\n")
     assert "unexpected '}'" in text and not NOTE.search(text)
