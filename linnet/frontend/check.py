@@ -269,11 +269,23 @@ class _Checker:
 
     def _tensor_type(self, t: ast.TypeExpr, dims: dict) -> TensorType:
         if t.dtype not in DTYPES and t.dtype != GENERIC_DTYPE:
-            raise LinnetError(t.dtype_loc, f"unknown element type `{t.dtype}`",
-                              suggest(t.dtype, DTYPES + (GENERIC_DTYPE,)) or [f"one of T, {', '.join(DTYPES)}"])
+            raise self._unknown_dtype(t.dtype, t.dtype_loc, dims)
         if t.dims is None:
             raise LinnetError(t.loc, f"a tensor type needs its dims: `{t.dtype}[...]`")
         return TensorType(t.dtype, tuple(self._dim(d, dims) for d in t.dims))
+
+    def _unknown_dtype(self, name: str, loc: Loc, dims) -> LinnetError:
+        """An element type that is none: what the name is instead, where it is something (a size, a
+        static scalar's type), else the types there are."""
+        types = f"T, {', '.join(DTYPES)}"
+        if name in SIZE_GENERICS or name in dims or (name in self.config and self.config[name].type == INT):
+            notes = [f"`{name}` is a size (a dim of a type, as in `T[{name}]`); an element type is one of {types}"]
+        elif name in SCALAR_KINDS:
+            notes = [f"`{name}` is the type of a static value (a config value, a fn's argument); a tensor's "
+                     f"element type is one of {types}"]
+        else:
+            notes = suggest(name, DTYPES + (GENERIC_DTYPE,)) or [f"one of {types}"]
+        return LinnetError(loc, f"unknown element type `{name}`", notes)
 
     def _type(self, t: ast.TypeExpr, dims: dict):
         if t.dims is None and t.dtype in SCALAR_KINDS:
@@ -456,7 +468,7 @@ class _Checker:
             return self._if(e, scope)
         if isinstance(e, ast.Cast):
             if e.dtype not in DTYPES and e.dtype != GENERIC_DTYPE:
-                raise LinnetError(e.dtype_loc, f"unknown element type `{e.dtype}`", suggest(e.dtype, DTYPES + (GENERIC_DTYPE,)))
+                raise self._unknown_dtype(e.dtype, e.dtype_loc, scope.dims)
             x = self._expr(e.value, scope)
             spec = OPS["cast"]
             t = spec.infer(x, ir.Const(STR, e.dtype_loc, e.dtype), loc=e.loc)
@@ -496,6 +508,9 @@ class _Checker:
             raise LinnetError(e.loc, f"`{e.id}` is a function; call it: `{e.id}(...)`")
         if e.id in ("True", "False"):
             raise LinnetError(e.loc, f"unknown name `{e.id}`", [f"Linnet's booleans are `{e.id.lower()}`"])
+        if e.id in DTYPES or e.id == GENERIC_DTYPE:
+            raise LinnetError(e.loc, f"`{e.id}` is an element type, not a value",
+                              [f"a tensor is converted with `x as {e.id}`; zeros of it are `zeros(..., dtype={e.id})`"])
         candidates = list(scope.names()) + list(self.params) + list(self.state) + list(self.config)
         raise LinnetError(e.loc, f"unknown name `{e.id}`", suggest(e.id, candidates))
 
@@ -553,7 +568,7 @@ class _Checker:
                 raise LinnetError(dt.loc, "the dtype of `zeros` is an element type, written as a name: dtype=f32")
             extra["dtype"] = dt.id if isinstance(dt, ast.Name) else GENERIC_DTYPE
             if extra["dtype"] not in DTYPES and extra["dtype"] != GENERIC_DTYPE:
-                raise LinnetError(dt.loc, f"unknown element type `{extra['dtype']}`")
+                raise self._unknown_dtype(extra["dtype"], dt.loc, scope.dims)
             kwargs = [k for k in kwargs if k[0] != "dtype"]
         values = [self._expr(a, scope) for a in pos]
         named = {}

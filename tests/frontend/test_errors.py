@@ -269,6 +269,26 @@ entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
   return embed[tokens] as float32
 }
 """, 21, 27, "unknown element type `float32`"),
+    arch("size-as-element-type", HEAD + """\
+entry decode(tokens: Batch[Batch]) -> T[Batch, dim] {
+  return embed[tokens]
+}
+""", 20, 22, "unknown element type `Batch`", note="`Batch` is a size (a dim of a type, as in `T[Batch]`)"),
+    arch("config-size-cast-to", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return embed[tokens] as dim
+}
+""", 21, 27, "unknown element type `dim`", note="`dim` is a size"),
+    arch("scalar-type-as-element-type", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return zeros(Batch, dim, dtype=float)
+}
+""", 21, 34, "unknown element type `float`", note="`float` is the type of a static value"),
+    arch("element-type-as-value", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return embed[tokens] * T
+}
+""", 21, 26, "`T` is an element type, not a value", note="`x as T`"),
     arch("value-called-as-function", HEAD + """\
 entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
   return embed(tokens)
