@@ -20,6 +20,7 @@ from linnet.ir.types import FLOAT_DTYPES, GENERIC_DTYPE, SIZE_GENERICS, ScalarTy
 from linnet.ir.walk import all_values, assigned_names, children as walk_children, stmt_values, values as tree_values
 
 DEFAULT_GENERICS = {"Batch": 1, "MaxSeq": 256, "T": "f32"}
+MAX_SIZE_GENERIC = 2 ** 31 - 1
 
 
 def module_loc(module: ir.Module) -> Loc:
@@ -33,9 +34,13 @@ def generic_value(key: str, value):
     if key not in DEFAULT_GENERICS:
         raise ValueError(f"unknown generic `{key}`; the generics are Batch, MaxSeq and T")
     if key in SIZE_GENERICS:
-        v = int(value) if isinstance(value, str) and value.isdigit() else value
+        v = int(value) if isinstance(value, str) and value.isascii() and value.isdigit() else value
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ValueError(f"generic `{key}` must be a positive integer, not {value!r}")
+        if v > MAX_SIZE_GENERIC:
+            # rows and positions are i32 (the entries contract), and the engine's padding sits at MaxSeq
+            raise ValueError(f"generic `{key}` must be at most 2 ** 31 - 1 = {MAX_SIZE_GENERIC}, not {v}: "
+                             f"the entries take rows and positions as i32")
         return v
     if value not in FLOAT_DTYPES:
         raise ValueError(f"generic `T` must be a float type ({', '.join(FLOAT_DTYPES)}), not {value!r}")

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -198,11 +199,21 @@ def test_a_token_budget_too_small_for_the_rows_is_one_line(capsys):
 @pytest.mark.parametrize("generic, needle", [("Batch=0", "generic `Batch` must be a positive integer, not '0'"),
                                              ("MaxSeq=abc", "generic `MaxSeq` must be a positive integer, not 'abc'"),
                                              ("T=f64", "generic `T` must be a float type (f32, bf16, f16), not 'f64'"),
-                                             ("Seq=4", "unknown generic `Seq`"), ("T", "takes NAME=VALUE")])
+                                             ("Seq=4", "unknown generic `Seq`"), ("T", "takes NAME=VALUE"),
+                                             # a digit outside ASCII, which str.isdigit takes and int() may not
+                                             ("Batch=\u00b3", "generic `Batch` must be a positive integer"),
+                                             # rows and positions are i32: numpy's bound of the type
+                                             (f"MaxSeq={np.iinfo(np.int32).max + 1}", "must be at most 2 ** 31 - 1"),
+                                             (f"Batch={10 ** 20}", "must be at most 2 ** 31 - 1")])
 def test_a_bad_generic_is_its_flags_error(capsys, command, generic, needle):
     """What the user typed is named by its flag, not reported as an error in the card's source."""
     err = usage_error_of(capsys, [command, TINY, "--generic", generic])
     assert "argument --generic" in err and needle in err and "tiny-llama.linnet:" not in err
+
+
+def test_the_largest_size_an_i32_holds_is_taken(capsys):
+    assert main(["compile", TINY, "--generic", f"MaxSeq={np.iinfo(np.int32).max}"]) == 0
+    assert f"MaxSeq={np.iinfo(np.int32).max}" in capsys.readouterr().out
 
 
 def test_ir_takes_no_generics(capsys):
