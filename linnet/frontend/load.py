@@ -28,11 +28,22 @@ def load_file(path: str | Path) -> Module:
     return load_source(_read(path), str(path), near=path.parent)
 
 
+# A .linnet file is some kilobytes of text: past this it is something else (a checkpoint named by
+# mistake, a device such as /dev/zero), refused before it is read whole into memory.
+MAX_SOURCE_BYTES = 16 * 2 ** 20
+
+
 def _read(path: Path, loc: Loc | None = None) -> str:
     """The text of `path`; an error at `loc` (an import that names it), else at the file itself."""
     where = loc or Loc(str(path), 0, 0, 0, 0)
     try:
-        return path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            data = f.read(MAX_SOURCE_BYTES + 1)
+        if len(data) > MAX_SOURCE_BYTES:
+            raise LinnetError(where, f"{path} is larger than {MAX_SOURCE_BYTES // 2 ** 20} MiB: not a .linnet "
+                                     f"file, which is text of some kilobytes")
+        # line ends as text mode reads them (`Path.read_text`): \r\n and a lone \r are each a \n
+        return data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")
     except OSError as err:
         raise LinnetError(where, f"cannot read {path}: {err.strerror or err}") from None
     except UnicodeDecodeError as err:

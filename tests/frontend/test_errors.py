@@ -1214,6 +1214,31 @@ def test_unreadable_files(command: str, tmp_path, capsys):
         assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("command", ["check", "compile"])
+def test_a_file_far_larger_than_a_model_is_refused_unread(command: str, tmp_path, capsys):
+    """A checkpoint named by mistake (here a sparse file of zeros) is refused after 16 MiB, not read
+    whole; a device that never ends (/dev/zero) too."""
+    big = tmp_path / "model.gguf"
+    with open(big, "wb") as f:
+        f.truncate(2 ** 34)  # 16 GiB that take no room on disk
+    for path in (big, Path("/dev/zero")):
+        if not path.exists():
+            continue
+        assert main([command, str(path)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"{path}: error: {path} is larger than 16 MiB"), err
+
+
+def test_line_ends_are_read_as_text_mode_reads_them(tmp_path):
+    # Python's text mode (newline=None) is the reference: \r\n and a lone \r each end a line
+    path = tmp_path / "model.linnet"
+    path.write_bytes(b"arch mini\r\nconfig {\r  dim: int = 8 +\n}\r\n")
+    with pytest.raises(LinnetError) as err:
+        load_file(path)
+    assert (err.value.loc.line, err.value.loc.col) == (4, 1)
+    assert path.read_text().splitlines()[3] == "}"
+
+
 @pytest.mark.parametrize("command", ["check", "compile", "ir"])
 def test_a_card_is_named_as_generate_and_serve_name_it(command: str, tmp_path, capsys, monkeypatch):
     """`linnet compile tiny-llama` reads the registry's card; a file of that name here comes first; a
