@@ -1,11 +1,12 @@
 """Fuzzing the frontend: a mutated model is either accepted or refused with a `LinnetError`.
 
-The valid sources (the Llama architecture and every card) are mutated at the
+The valid sources (the Llama architecture, every card, and every other
+built-in architecture through the tiny card that imports it) are mutated at the
 token level: a token deleted, duplicated, swapped with the next one, or
 replaced by another token of the same file. Whatever comes out, parsing,
 checking and specializing it (and, when that succeeds, writing the code of
-both backends) must end in success or in a `LinnetError` rendered as
-`path:line:col: error: ...`: never in any other exception.
+both backends, which must compile as Python) must end in success or in a
+`LinnetError` rendered as `path:line:col: error: ...`: never in any other exception.
 """
 
 from __future__ import annotations
@@ -108,7 +109,7 @@ def check_source(text: str, path: Path, workdir: Path):
         module = load_source(text, str(path), near=path.parent)
     specialize(module)
     for backend in ("torch", "jax"):
-        generate(module, backend)
+        compile(generate(module, backend), f"<{backend} code>", "exec")  # and the code is Python
 
 
 def _error_start(paths) -> re.Pattern:
@@ -153,3 +154,42 @@ def test_mutated_architecture_is_accepted_or_refused_with_a_location(workdir, da
 @given(data=st.data())
 def test_mutated_card_is_accepted_or_refused_with_a_location(path, workdir, data):
     _accepted_or_refused(data.draw(mutations(path.read_text()), label="source"), path, workdir)
+
+
+# Every other built-in architecture a tiny card imports, mutated in a folder that holds copies of all
+# of them (its bases are looked for beside it), and checked through that card.
+_IMPORT = re.compile(r"^import (\w+)$", re.M)
+TINY_CARD_OF = {CARDS / "arch" / f"{_IMPORT.search(card.read_text())[1]}.linnet": card
+                for card in sorted(CARDS.glob("tiny-*.linnet"))}
+OTHER_ARCHS = sorted(path for path in TINY_CARD_OF if path != ARCH)
+
+
+@pytest.fixture(scope="module")
+def arch_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("archs")
+    for path in CARDS.glob("arch/*.linnet"):
+        (folder / path.name).write_text(path.read_text())
+    return folder
+
+
+def test_every_architecture_but_llamas_has_its_tiny_card():
+    assert len(OTHER_ARCHS) >= 9 and all(p.exists() for p in OTHER_ARCHS)
+
+
+@pytest.mark.parametrize("path", OTHER_ARCHS, ids=lambda p: p.name)
+@settings(max_examples=60, **_SETTINGS)
+@given(data=st.data())
+def test_mutated_other_architecture_is_accepted_or_refused_with_a_location(path, arch_dir, data):
+    text = data.draw(mutations(path.read_text()), label="source")
+    card = TINY_CARD_OF[path]
+    start = _error_start({card, *arch_dir.glob("*.linnet")})
+    (arch_dir / path.name).write_text(text)
+    try:
+        module = load_source(card.read_text(), str(card), near=arch_dir)
+        specialize(module)
+        for backend in ("torch", "jax"):
+            compile(generate(module, backend), f"<{backend} code>", "exec")
+    except LinnetError as err:
+        assert start.match(err.render()), f"badly rendered error:\n{err.render()}\n--- for source:\n{text}"
+    finally:
+        (arch_dir / path.name).write_text(path.read_text())
