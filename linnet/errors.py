@@ -56,12 +56,30 @@ class LinnetError(Exception):
         lines = [f"{loc}: error: {self.message}"]
         text = _source_line(loc)
         if text is not None:
-            lines.append("    " + text)
             end = loc.end_col - 1 if loc.end_line == loc.line else len(text)
-            lead, marked = text[:loc.col - 1], text[loc.col - 1:end]
+            text, start, end = _window(text, loc.col - 1, end)
+            lines.append("    " + text)
+            lead, marked = text[:start], text[start:end]
             lines.append("    " + " " * _columns(lead) + "^" * max(1, _columns(marked)))
         lines.extend("  " + note for note in self.notes)
         return "\n".join(lines)
+
+
+# How much of a long line is quoted: a generated file, or a deep expression, can put thousands of
+# characters on one line, and a caret line as long under it.
+QUOTED_BEFORE, QUOTED_WIDTH = 40, 160
+
+
+def _window(text: str, start: int, end: int) -> tuple[str, int, int]:
+    """`text` cut to QUOTED_WIDTH characters from QUOTED_BEFORE before `start` (`...` where it was
+    cut), with `start` and `end` (character offsets, end exclusive) moved into the cut text."""
+    if len(text) <= QUOTED_WIDTH:
+        return text, start, end
+    first = max(0, min(start - QUOTED_BEFORE, len(text) - QUOTED_WIDTH))
+    last = first + QUOTED_WIDTH
+    lead, tail = ("..." if first else ""), ("..." if last < len(text) else "")
+    shift = len(lead) - first
+    return lead + text[first:last] + tail, start + shift, min(end, last) + shift
 
 
 def _columns(text: str) -> int:

@@ -18,7 +18,7 @@ import pytest
 
 from linnet.cli import main
 from linnet.errors import LinnetError
-from linnet.frontend.load import load_file
+from linnet.frontend.load import load_file, load_source
 
 
 @dataclass(frozen=True)
@@ -1101,10 +1101,16 @@ def _assert_rendered(err: str, case: Case, at: Path):
     assert re.match(rf"^{re.escape(str(at))}:{case.line}:{case.col}: error: ", lines[0]), err
     assert case.message in lines[0], err
     source_line = at.read_text().split("\n")[case.line - 1].rstrip().expandtabs(1)
-    assert lines[1] == "    " + source_line, err
     caret = lines[2]
     assert set(caret.strip()) == {"^"}, err
-    assert caret.index("^") == 4 + case.col - 1, err
+    if len(source_line) > 160:  # a long line, quoted in part: `...` where it is cut
+        lead = 3 if lines[1].startswith("    ...") else 0
+        cut = lines[1][4 + lead:].removesuffix("...")
+        first = caret.index("^") - 4 - lead  # the caret's place in the cut
+        assert len(cut) <= 160 and source_line[case.col - 1 - first:].startswith(cut), err
+    else:
+        assert lines[1] == "    " + source_line, err
+        assert caret.index("^") == 4 + case.col - 1, err
     assert case.note is None or case.note in "\n".join(lines[3:]), err
 
 
@@ -1212,6 +1218,24 @@ def test_unreadable_files(command: str, tmp_path, capsys):
         err = capsys.readouterr().err
         assert message in err and str(path) in err
         assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("before, after", [(3000, 20), (2, 3000), (3000, 3000), (100, 0), (0, 0)])
+def test_a_long_line_is_quoted_around_the_place(before, after):
+    """A line of thousands of characters is quoted in part (`...` where it is cut), and the caret
+    still stands under the character the column names, as the source text has it."""
+    line = "  x = [" + ", ".join(["tokens"] * before + ["tokenz"] + ["tokens"] * after) + "]"  # (a list is flat)
+    source = "arch mini\nentry decode(tokens: i32[Batch]) -> i32[Batch] {\n" + line + "\n  return x\n}\n"
+    with pytest.raises(LinnetError) as err:
+        load_source(source, "model.linnet")
+    col = line.index("tokenz") + 1
+    assert err.value.loc.line == 3 and err.value.loc.col == col
+    first, quoted, carets = err.value.render().splitlines()[:3]
+    assert first.startswith(f"model.linnet:3:{col}: error: unknown name `tokenz`")
+    assert len(quoted) <= 4 + 3 + 160 + 3 and quoted.startswith("    ")
+    at = carets.index("^")
+    assert quoted[at:at + 6] == "tokenz" and carets[at:].strip() == "^" * 6
+    assert quoted.startswith("    ...") == (col - 1 > 40) and quoted.endswith("...") == (len(line) > 160 + max(0, col - 41))
 
 
 @pytest.mark.parametrize("command", ["check", "compile"])
