@@ -26,6 +26,7 @@ from linnet.nest.bind import bind_weights
 
 GENERIC_ARGS = ["--generic", "Batch=3", "--generic", "MaxSeq=24"]
 GENERICS = {"Batch": 3, "MaxSeq": 24}
+CARDS_DIR = Path(__file__).resolve().parents[2] / "linnet" / "nest" / "cards"
 
 
 def compile_args(kit, backend, card="tiny-llama", numerics="exact"):
@@ -182,13 +183,20 @@ STATEMENTS = {
 }
 
 
-def commented_statements(source: str) -> list:
-    """[(line number named by the comment, generated statement)] for every statement under a comment."""
+# the same for any file: an architecture that extends another has code from both
+ANY_COMMENT = re.compile(r"^\s*# ([\w.-]+\.linnet):(\d+)(?: \(value from [\w.-]+\.linnet:(\d+)\))?"
+                         r"(?: \((\w+), called at [\w.-]+\.linnet:(\d+)\))?$")
+
+
+def commented_statements(source: str, comment: re.Pattern = COMMENT) -> list:
+    """[(line number named by the comment, generated statement)] for every statement under a comment
+    (with ANY_COMMENT, [((file, line number), statement)])."""
     out, current, depth = [], None, None
     for text in source.splitlines():
-        m = COMMENT.match(text)
+        m = comment.match(text)
         if m:
-            current, depth = int(m.group(2)), len(text) - len(text.lstrip())
+            current = int(m.group(2)) if comment is COMMENT else (m.group(1), int(m.group(2)))
+            depth = len(text) - len(text.lstrip())
             continue
         indent = len(text) - len(text.lstrip())
         if text.strip() == "return None" or text.strip().endswith(" = carry"):
@@ -200,6 +208,15 @@ def commented_statements(source: str) -> list:
     return out
 
 
+def assert_names_its_line(lines: list, name: str, line: int, stmt: str) -> None:
+    """Line `line` of a file (`lines`, named `name`) is code, and shares a name with `stmt`."""
+    assert 1 <= line <= len(lines), f"{name}:{line} does not exist ({stmt})"
+    text = lines[line - 1].split("#")[0]
+    assert text.strip(), f"{name}:{line} is blank or a comment, yet names `{stmt}`"
+    names = set(WORD.findall(stmt.replace('params["', "").replace('"]', ""))) - PLUMBING
+    assert names & set(WORD.findall(text)), f"{name}:{line} `{text.strip()}` shares nothing with `{stmt}`"
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_comments_name_the_source_lines(backend, kit, sources):
     source = sources[backend]
@@ -209,11 +226,7 @@ def test_comments_name_the_source_lines(backend, kit, sources):
     assert set(re.findall(r"# ([\w.-]+\.linnet):\d+", source)) == {"llama.linnet"}
 
     for line, stmt in pairs:  # every comment names a statement line, one sharing a name with the code
-        assert 1 <= line <= len(arch), f"llama.linnet:{line} does not exist ({stmt})"
-        text = arch[line - 1].split("#")[0]
-        assert text.strip(), f"llama.linnet:{line} is blank or a comment, yet names `{stmt}`"
-        names = set(WORD.findall(stmt.replace('params["', "").replace('"]', ""))) - PLUMBING
-        assert names & set(WORD.findall(text)), f"llama.linnet:{line} `{text.strip()}` shares nothing with `{stmt}`"
+        assert_names_its_line(arch, "llama.linnet", line, stmt)
 
     for pattern, expected in STATEMENTS[backend]:  # and the statements that matter name exactly their line
         hits = [(line, stmt) for line, stmt in pairs if re.search(pattern, stmt)]
@@ -221,6 +234,23 @@ def test_comments_name_the_source_lines(backend, kit, sources):
         for line, stmt in hits:
             assert expected in arch[line - 1], f"`{stmt}` is said to come from llama.linnet:{line}: " \
                                               f"`{arch[line - 1].strip()}`, not `{expected}`"
+
+
+TINY_CARDS = sorted(p.stem for p in CARDS_DIR.glob("tiny-*.linnet"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("card", TINY_CARDS)
+def test_every_architectures_comments_name_their_source_lines(card, backend):
+    """Every built-in architecture (through a tiny card that imports it; the others share these):
+    each comment names a line of the file it names that is code, and shares a name with the statement
+    under it, whichever file of an extension's chain that line is in."""
+    source = generate(check_file(CARDS_DIR / f"{card}.linnet"), backend, GENERICS)
+    pairs = commented_statements(source, ANY_COMMENT)
+    assert len(pairs) >= 25, "the generated code has lost its source comments"
+    files = {name: (CARDS_DIR / "arch" / name).read_text().splitlines() for name in {f for (f, _), _ in pairs}}
+    for (name, line), stmt in pairs:
+        assert_names_its_line(files[name], name, line, stmt)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
