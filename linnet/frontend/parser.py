@@ -16,6 +16,7 @@ from lark import Token, Transformer, v_args
 from linnet import user_cache
 from linnet.errors import LinnetError, Loc, source_lines
 from linnet.frontend import ast
+from linnet.ir.specialize import INT_BITS
 
 # Friendly names for the terminals an error message may list as expected.
 _TOKEN_NAMES = {
@@ -551,6 +552,9 @@ class _ToAst(Transformer):
         value = _number(str(c[0]))
         if isinstance(value, float) and not math.isfinite(value):
             raise LinnetError(self._loc(meta), f"{c[0]} is too large for a float: it would be infinite")
+        if isinstance(value, int) and value >= 2 ** INT_BITS:  # as a computed one is (a card's value, a dim)
+            raise LinnetError(self._loc(meta), f"{c[0]} is too large for a static int",
+                              [f"static ints are less than 2 ** {INT_BITS} in size"])
         return ast.Number(self._loc(meta), value)
 
     def string(self, meta, c):

@@ -486,6 +486,8 @@ params {
          5, 3, "`head` is already defined"),
     card("float-too-large", CARD.replace("heads = 2", "heads = 2\n  eps = 1e999"), 8, 9,
          "1e999 is too large for a float: it would be infinite", arch_source=MINI),
+    card("int-too-large", CARD.replace("heads = 2", "heads = 2\n  dim = 99999999999999999999"), 8, 9,
+         "99999999999999999999 is too large for a static int", arch_source=MINI),
     card("meta-max-context-not-a-number", CARD + 'meta {\n  max_context = "lots"\n}\n', 10, 17,
          "meta `max_context` must be a whole number of positions, above 0, not \"lots\"", arch_source=MINI),
     card("meta-parser-not-a-string", CARD + "meta {\n  tool_call_parser = 3\n}\n", 10, 22,
