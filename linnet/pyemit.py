@@ -12,6 +12,7 @@ import os
 from linnet.ir import nodes as ir
 from linnet.ir.dims import Dim
 from linnet.ir.types import GENERIC_DTYPE, ScalarType, TensorType
+from linnet.ir.walk import children
 
 ATOM, POSTFIX, POWER, UNARY, MUL, ADD, CMP, NOT, AND, OR, IF = 100, 90, 80, 70, 60, 50, 40, 30, 20, 10, 5
 
@@ -54,6 +55,19 @@ def _paren_dim(d: Dim) -> str:
     return s if s.isidentifier() or s.isdigit() else f"({s})"
 
 
+def _value_lines(value: ir.Value, loc) -> list:
+    """The source lines, other than `loc`'s, of the operations computing `value`, outermost first:
+    where the functions inlined into a statement wrote them."""
+    seen, out, stack = {(loc.path, loc.line)}, [], [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, ir.Op) and (v.loc.path, v.loc.line) not in seen:
+            seen.add((v.loc.path, v.loc.line))
+            out.append(v.loc)
+        stack.extend(reversed(children(v)))
+    return out
+
+
 class PythonEmitter:
     backend = "python"
 
@@ -75,12 +89,13 @@ class PythonEmitter:
 
     def comment_for(self, loc, value=None, via=None):
         """`# card:line` above the statements of one source line; where the statement's value is an
-        inlined function's result (`x = layers_forward(...)` ending in its `rmsnorm`), that line too;
+        inlined function's result (`x = layers_forward(...)` ending in its `rmsnorm`), that line too,
+        and those of the fns inlined within it (qwen3's `rotate(query_heads(h, l))`: both lines);
         above an inlined fn's first statement, the fn and the line that calls it."""
         ref = self.where(loc)
-        inner = getattr(value, "loc", None)
-        if inner is not None and (inner.path, inner.line) != (loc.path, loc.line):
-            ref += f" (value from {self.where(inner)})"
+        inner = _value_lines(value, loc) if isinstance(value, ir.Value) else []
+        if inner:
+            ref += f" (value from {', '.join(self.where(at) for at in inner)})"
         if via is not None:
             ref += f" ({via[0]}, called at {self.where(via[1])})"
         if ref != self.last_comment:

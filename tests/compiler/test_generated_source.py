@@ -140,8 +140,9 @@ def test_written_file_runs_on_its_own(kit, tmp_path):
 
 # ---------------------------------------------------------------- source comments
 
-# the statement's line; and where its value is an inlined fn's result, the line that returns it
-COMMENT = re.compile(r"^\s*# (llama\.linnet):(\d+)(?: \(value from llama\.linnet:(\d+)\))?"
+# the statement's line; and where its value is an inlined fn's result, the line that returns it (and
+# those of fns inlined within it)
+COMMENT = re.compile(r"^\s*# (llama\.linnet):(\d+)(?: \(value from llama\.linnet:(\d+)(?:, llama\.linnet:\d+)*\))?"
                      r"(?: \((\w+), called at llama\.linnet:(\d+)\))?$")
 WORD = re.compile(r"[A-Za-z_][A-Za-z_0-9]*")
 # names of the generated code's libraries, not of the model
@@ -184,7 +185,7 @@ STATEMENTS = {
 
 
 # the same for any file: an architecture that extends another has code from both
-ANY_COMMENT = re.compile(r"^\s*# ([\w.-]+\.linnet):(\d+)(?: \(value from [\w.-]+\.linnet:(\d+)\))?"
+ANY_COMMENT = re.compile(r"^\s*# ([\w.-]+\.linnet):(\d+)(?: \(value from ([\w.-]+\.linnet:\d+(?:, [\w.-]+\.linnet:\d+)*)\))?"
                          r"(?: \((\w+), called at [\w.-]+\.linnet:(\d+)\))?$")
 
 
@@ -265,6 +266,28 @@ def test_an_inlined_fns_result_names_the_line_that_returns_it(backend, kit, sour
         m = COMMENT.match(lines[i - 1])
         assert m and m.group(3), lines[i - 1]
         assert "layers_forward(" in arch[int(m.group(2)) - 1] and "return rmsnorm(x, norm" in arch[int(m.group(3)) - 1]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fns_inlined_within_an_inlined_fn_name_their_lines_too(backend, kit):
+    # qwen3's q is llama's `rotate(query_heads(h, l), positions)`, where rotate is llama's and
+    # query_heads qwen3's own (its q_norm): the comment names both returns, rotate's first
+    source = generate(check_file(kit.CARDS / "tiny-qwen3.linnet"), backend, GENERICS).splitlines()
+    files = {name: (kit.ARCH.parent / name).read_text().splitlines() for name in ("llama.linnet", "qwen3.linnet")}
+    for name, fn in (("q", "query_heads"), ("k", "key_heads")):
+        found = [i for i, text in enumerate(source) if text.strip().startswith(f"{name} = rt.rope(rt.rmsnorm(")]
+        assert len(found) == 2, found  # prefill's and decode's
+        m = ANY_COMMENT.match(source[found[0] - 1])
+        assert source[found[1] - 1] == source[found[0] - 1]
+        i = found[0]
+        assert m and m.group(1) == "llama.linnet", source[i - 1]
+        assert f"{name} = rotate({fn}(h, l)" in files["llama.linnet"][int(m.group(2)) - 1]
+        returns = [place.split(":") for place in m.group(3).split(", ")]
+        assert [(f, files[f][int(n) - 1].strip().split("(")[0]) for f, n in returns] == \
+            [("llama.linnet", "return rope"), ("qwen3.linnet", "return rmsnorm")], source[i - 1]
+        defs = [files["qwen3.linnet"][j].strip() for j in range(int(returns[1][1]) - 1, -1, -1)
+                if files["qwen3.linnet"][j].startswith("fn ")]
+        assert defs[0].startswith(f"fn {fn}<"), defs[0]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
