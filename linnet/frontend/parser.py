@@ -287,7 +287,8 @@ def _character_note(char: str, after: str) -> list[str]:
 
 def _python_habit(source: str, pos: int, token) -> list[str]:
     """A note where Python's or NumPy's syntax, which Linnet lacks, is the likely cause: an
-    attribute (`x.shape`, `x.T`: after `.name` only a call goes on) or an ellipsis (`x[..., 0]`)."""
+    attribute (`x.shape`, `x.T`: after `.name` only a call goes on), an ellipsis (`x[..., 0]`), an
+    augmented assignment (`x += y`) or a walrus (`x := y`); or `without` with no base before it."""
     attribute = re.search(r"\.\s*([A-Za-z_][A-Za-z0-9_]*)\s*$", source[:pos])
     if attribute is not None and str(token) != "(":
         name = attribute[1]
@@ -297,6 +298,15 @@ def _python_habit(source: str, pos: int, token) -> list[str]:
                 + (f"; {instead[name]}" if name in instead else "")]
     if source.startswith("...", pos) or source[:pos].rstrip().endswith(".."):
         return ["Linnet has no `...`: index the leading dims one by one (`x[:, :, 0]`)"]
+    augmented = re.match(r"(\*\*|//|[-+*/%])=", source[pos:])
+    if augmented is not None:
+        target = re.search(r"([A-Za-z_][A-Za-z0-9_]*)\s*$", source[:pos])
+        name = target[1] if target is not None else "x"
+        return [f"Linnet has no `{augmented[0]}`: write `{name} = {name} {augmented[1]} ...`"]
+    if source.startswith(":=", pos):
+        return ["a local is bound with `=` (Linnet has no `:=`)"]
+    if str(token) == "without":
+        return ["`without` follows the base an architecture extends: `arch NAME extends BASE without a, b`"]
     return []
 
 

@@ -52,3 +52,31 @@ def test_not_equal_is_no_logical_not():
 
 def test_outside_ascii_is_taken_in_strings_and_comments():
     parse(HEAD + '  s = "ü − “名”"  # ü − “名”' + TAIL, "model.linnet")
+
+
+@pytest.mark.parametrize("op", ["+", "-", "*", "/", "//", "%", "**"])
+def test_an_augmented_assignment_is_told_its_longhand(op):
+    # Python's `x += y`: the note writes it as the language does, and that parses
+    with pytest.raises(LinnetError) as err:
+        parse(HEAD + f"  x = tokens\n  x {op}= tokens" + TAIL, "model.linnet")
+    e = err.value
+    assert (e.loc.line, e.loc.col) == (4, 5)
+    assert e.notes == [f"Linnet has no `{op}=`: write `x = x {op} ...`"]
+    parse(HEAD + f"  x = tokens\n  x = x {op} tokens" + TAIL, "model.linnet")
+
+
+def test_a_walrus_is_told_to_bind_with_equals():
+    with pytest.raises(LinnetError) as err:
+        parse(HEAD + "  x := tokens" + TAIL, "model.linnet")
+    assert err.value.notes == ["a local is bound with `=` (Linnet has no `:=`)"]
+    parse(HEAD + "  x = tokens" + TAIL, "model.linnet")
+
+
+def test_without_and_no_base_is_told_where_without_goes():
+    source = HEAD.replace("arch mini", "arch mini without mlp") + "  return tokens\n}\n"
+    with pytest.raises(LinnetError) as err:
+        parse(source, "model.linnet")
+    e = err.value
+    assert (e.loc.line, e.loc.col, e.message) == (1, 11, "unexpected 'without'")
+    assert "`arch NAME extends BASE without a, b`" in e.notes[0]
+    parse(source.replace("arch mini without", "arch mini extends llama without"), "model.linnet")
