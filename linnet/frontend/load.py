@@ -3,6 +3,7 @@ an architecture that extends another with that one under it."""
 
 from __future__ import annotations
 
+import os
 from importlib import resources
 from pathlib import Path
 
@@ -79,7 +80,7 @@ def _find_arch(name: str, loc: Loc, near: Path | None):
     looked = []
     for d in arch_dirs(near):
         candidate = d / f"{name}.linnet"
-        looked.append(str(candidate))
+        looked.append(os.path.abspath(candidate))  # (a relative one is relative to a folder the user may not know)
         if candidate.is_file():
             arch = parse(_read(candidate, loc), str(candidate))
             if arch.arch is None or arch.arch.name != name:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import linnet
 from linnet.cli import main
 from linnet.errors import LinnetError
 from linnet.frontend.load import load_file, load_source
@@ -1293,6 +1294,18 @@ def test_a_mistyped_import_is_given_the_architectures_near_it(tmp_path, capsys):
         assert main(["check", str(target)]) == 1
         err = capsys.readouterr().err
         assert f"cannot find architecture `{name}`" in err and err.rstrip().endswith(f"did you mean {meant}?"), err
+
+
+def test_the_places_an_import_was_looked_for_are_absolute(tmp_path, capsys, monkeypatch):
+    """A card named by a relative path: each place looked is a whole path (beside the card, its arch/
+    folder, the built-in ones), not one relative to a folder the message does not name."""
+    target, _ = _write(card("typo", CARD.replace("import mini", "import mimi"), 2, 1, "", arch_source=MINI), tmp_path)
+    monkeypatch.chdir(target.parent)
+    assert main(["check", target.name]) == 1
+    looked = [line.strip()[len("looked in "):] for line in capsys.readouterr().err.splitlines()
+              if line.strip().startswith("looked in ")]
+    builtin = Path(linnet.__file__).parent / "nest" / "cards" / "arch" / "mimi.linnet"
+    assert looked == [str(target.parent / "mimi.linnet"), str(target.parent / "arch" / "mimi.linnet"), str(builtin)]
 
 
 @pytest.mark.parametrize("typo, note", [("retrun", "did you mean `return` for `retrun`?"), ("foo", None)])
