@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import random
 import threading
 import time
@@ -33,6 +34,8 @@ from linnet.serve.request import Completion, EngineSettingError, Request, Reques
 from linnet.serve.runners import make_runner, packed_mask
 from linnet.serve.sampling import SamplingBatch
 from linnet.serve.stats import Stats
+
+log = logging.getLogger(__name__)  # a bug's traceback, for whoever runs the server (its clients get the message)
 
 
 # id(model) -> the Engine whose background loop or run() steps that model (an entry lives while its
@@ -945,6 +948,7 @@ class Engine:
             try:
                 self.step()
             except Exception as err:  # a failed pass fails the requests in it, not the server
+                log.exception("a pass failed: the requests in flight end with its error")
                 self._end_all(f"engine error: {err}")
 
     def _end_all(self, error: str) -> None:

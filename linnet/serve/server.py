@@ -17,6 +17,7 @@ import asyncio
 import functools
 import hmac
 import json
+import logging
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -35,6 +36,7 @@ from linnet.serve.responses_api import (ResponseWriter, ResponsesCall, chat_body
                                         read_call, response)
 from linnet.serve.responses_store import ResponseStore
 
+log = logging.getLogger(__name__)  # a bug's traceback, for whoever runs the server (its client gets the message)
 MAX_BODY = 4 << 20
 
 
@@ -438,7 +440,9 @@ class OpenAIServer:
 
 
 def _internal(err: Exception) -> ApiError:
-    """The 500 of a bug of ours, streamed or not: the same body either way."""
+    """The 500 of a bug of ours, streamed or not: the same body either way; its traceback goes to the
+    server's log (called where `err` is being handled)."""
+    log.error("internal error answering a request", exc_info=err)
     return ApiError(500, f"internal error: {err}", kind="server_error")
 
 

@@ -4,6 +4,7 @@ mid-stream (a tokenizer whose decoder raises), each ending as OpenAI's and vLLM'
 rows freed for everyone else."""
 
 import json
+import logging
 import time
 
 import pytest
@@ -146,21 +147,30 @@ def failing_to_decode(tokenizer) -> None:
     tokenizer.decode = decode
 
 
+def logged_bug(caplog, logger: str) -> bool:
+    """Whether `logger` logged the decoder's error with its traceback."""
+    return any(r.name == logger and r.exc_info and "decoder broke" in str(r.exc_info[1]) for r in caplog.records)
+
+
 @pytest.fixture(scope="module")
 def undecodable():
     yield from serving(failing_to_decode)
 
 
-def test_a_bug_before_the_first_token_is_the_same_server_error_streamed_or_not(undecodable):
+def test_a_bug_before_the_first_token_is_the_same_server_error_streamed_or_not(undecodable, caplog):
     # vLLM's and OpenAI's shape either way: {"error": {message, type, param, code}}, a server_error a
     # client may retry; unstreamed as a 500, streamed as the stream's one event before [DONE] (its 200
-    # already sent, never a dropped connection); each request's row freed
+    # already sent, never a dropped connection); each request's row freed; the traceback in the
+    # server's log each time (the engine's pass, then the stream's writer)
     base, engine = undecodable
     body = {"messages": USER, "max_tokens": 4}
+    caplog.set_level(logging.ERROR, logger="linnet.serve")
     status, text = call(base, "/v1/chat/completions", body)
     plain = json.loads(text)
     assert status == 500 and "decoder broke" in plain["error"]["message"], text
+    assert logged_bug(caplog, "linnet.serve.engine")
     status, text = call(base, "/v1/chat/completions", dict(body, stream=True))
+    assert logged_bug(caplog, "linnet.serve.server")
     assert status == 200 and text.endswith("data: [DONE]\n\n"), text
     [streamed] = sse(text)
     assert "decoder broke" in streamed["error"]["message"], streamed
