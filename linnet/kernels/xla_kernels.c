@@ -58,6 +58,15 @@ static int run_on_pool(void *frame, linnet_work work, void *task, long chunks) {
     return linnet_job_finish(job);
 }
 
+/* work's chunks one after another on this thread: the same chunks run_on_pool would share out. */
+static int run_alone(void *frame, linnet_work work, void *task, long chunks) {
+    (void)frame;
+    int failed = 0;
+    for (long c = 0; c < chunks; c++)
+        failed |= work(task, c, chunks) != 0;
+    return failed ? -2 : 0;
+}
+
 /* Answers XLA's question of which API a handler speaks; true if that was the call. */
 static int metadata(XLA_FFI_CallFrame *frame) {
     XLA_FFI_Extension_Base *ext = frame->extension_start;
@@ -126,6 +135,12 @@ XLA_FFI_Error *linnet_xla_linear(XLA_FFI_CallFrame *frame) {
  * i32 (type: 0 f32, 1 bf16, 2 f16), scale [] f32, sinks [H] or [0] f32 -> out [n, H, D] f32
  * (cpu_attention.c) */
 
+/* An attention call reading fewer keys' and values' bytes than this runs on the calling thread alone:
+ * scheduling a helper on XLA's pool (XLA_FFI_ThreadPool_Schedule) cost the caller 8-12 us a call on a
+ * 2-core Zen 4, about what half of 512 KB takes to read, and a one-row decode step's attention reads
+ * less (SmolLM2 bf16 at position 200: 150 KB a layer). The chunks and their results are the same. */
+#define ATTENTION_ALONE_BYTES (512L << 10)
+
 XLA_FFI_Error *linnet_xla_attention(XLA_FFI_CallFrame *frame) {
     if (metadata(frame) || frame->stage != XLA_FFI_ExecutionStage_EXECUTE)
         return NULL;
@@ -154,7 +169,14 @@ XLA_FFI_Error *linnet_xla_attention(XLA_FFI_CallFrame *frame) {
     long layer = (long)B * S * KVH * D * lw[0] * type_bytes(type);
     int with_sinks = sinks->rank == 1 && sinks->dims[0] == H;
     const char *k_layer = (const char *)k->data + layer, *v_layer = (const char *)v->data + layer;
-    int status = linnet_attention_run(run_on_pool, frame, pool_threads(frame), type, F32, q->data, n, H, KVH, D,
+    long keys = 0; /* the positions the tokens read, in all */
+    for (long i = 0; i < n; i++) {
+        long p = ((const int32_t *)positions->data)[i];
+        if (p >= 0 && p < S)
+            keys += lw[1] > 0 && lw[1] < p + 1 ? lw[1] : p + 1;
+    }
+    linnet_runner runner = keys * KVH * D * 2 * type_bytes(type) < ATTENTION_ALONE_BYTES ? run_alone : run_on_pool;
+    int status = linnet_attention_run(runner, frame, pool_threads(frame), type, F32, q->data, n, H, KVH, D,
                                       k_layer, v_layer, S * KVH * D, KVH * D, B, S, rows->data, positions->data, lw[1],
                                       with_sinks ? sinks->data : NULL, *(const float *)scale->data, out->data);
     if (n <= PREFETCH_NEXT_LAYER && lw[0] + 1 < k->dims[0]) { /* the same rows' keys and values in the next layer */

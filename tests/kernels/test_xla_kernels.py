@@ -71,8 +71,9 @@ def test_the_attention_handler_reads_a_layer_of_the_stack(n, kv_heads, group, he
        padding=st.booleans(), seed=st.integers(0, 2 ** 31 - 1))
 def test_a_long_span_is_attended_in_parts_on_the_pool(n, kv_heads, group, head_dim, span, window, with_sinks, padding,
                                                        seed):
-    """Fewer units (a token's KV heads) than twice XLA's threads: each span in parts on the pool,
-    merged after (`linnet_attention_span_parts`), as torch's OpenMP path does; a padding token among them."""
+    """Fewer units (a token's KV heads) than twice XLA's threads: each span in parts (on the pool where
+    the call reads ATTENTION_ALONE_BYTES or more, else on the calling thread), merged after
+    (`linnet_attention_span_parts`), as torch's OpenMP path does; a padding token among them."""
     rng = np.random.default_rng(seed)
     heads, batch, max_seq = kv_heads * group, 2, span + 4
     k, v = (rng.standard_normal((1, batch, max_seq, kv_heads, head_dim)).astype(np.float32) for _ in range(2))
@@ -87,6 +88,28 @@ def test_a_long_span_is_attended_in_parts_on_the_pool(n, kv_heads, group, head_d
         q, k, v, rows, positions, sinks)
     want = reference(q, k[0], v[0], rows, positions, window, sinks, scale)
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_an_attention_call_too_small_for_a_helper_gives_the_pools_bits(dtype):
+    """A call reading under xla_kernels.c's ATTENTION_ALONE_BYTES (512 KB) of keys and values runs on
+    the calling thread alone, a larger one on XLA's pool: a token's output is bitwise the same in
+    either, and the reference's."""
+    rng = np.random.default_rng(0)
+    kv_heads, group, head_dim, span = 2, 3, 64, 400  # 400 positions: 400 KB (f32) or 200 KB (bf16) a token
+    k, v = (rng.standard_normal((1, 4, span, kv_heads, head_dim)).astype(dtype) for _ in range(2))
+    q = rng.standard_normal((4, kv_heads * group, head_dim)).astype(np.float32)
+    rows = np.arange(4, dtype=np.int32)
+    positions = np.full(4, span - 1, np.int32)
+    call = jax.jit(lambda q, r, p: xla_kernels.attention_rows(q, k, v, 0, r, p, 0, None, head_dim ** -0.5))
+    token_bytes = span * kv_heads * head_dim * 2 * np.dtype(dtype).itemsize
+    pooled = np.asarray(call(q, rows, positions))  # 4 tokens: 1.6 MB or 800 KB, on the pool
+    assert 4 * token_bytes >= 512 << 10 > token_bytes
+    for i in range(4):
+        alone = np.asarray(call(q[i:i + 1], rows[i:i + 1], positions[i:i + 1]))[0]
+        assert np.array_equal(alone, pooled[i]), f"token {i}: alone and on the pool differ"
+    want = reference(q, k[0].astype(np.float32), v[0].astype(np.float32), rows, positions, 0, None, head_dim ** -0.5)
+    np.testing.assert_allclose(pooled.astype(np.float64), want, rtol=1e-5, atol=1e-5)
 
 
 def test_a_stacked_weight_is_read_at_its_layer():
