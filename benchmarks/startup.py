@@ -3,6 +3,7 @@
     python benchmarks/startup.py                     # torch and jax, peers, 3 runs each
     python benchmarks/startup.py --runs 5 --only torch llama.cpp
     python benchmarks/startup.py --profile torch     # cProfile of one `linnet generate` start, top 30
+    python benchmarks/startup.py --cold --only jax serve-jax --baseline DIR  # a first JAX start, before/after
 
 Every figure is a fresh process, timed from just before it is spawned (`time.time()` passed in), so
 the interpreter's own start counts. Each kind runs once first, unmeasured, so that the caches a
@@ -18,7 +19,9 @@ page cache of the GGUF) are warm for every kind alike; then `--runs` runs, and m
   generated module), model (the runtime's __init__: `pack` of it, the linear weights laid out for
   the CPU kernel). Stages nest as listed; `first token` is when the last engine step returned.
 - `serve`: `linnet serve CARD` (its defaults), from the spawn to /health answering, and to the
-  reply of a one-token greedy /v1/completions request.
+  reply of a one-token greedy /v1/completions request; `serve-jax`: the same with `--backend jax`.
+- `--cold`: the JAX kinds with no persistent compilation cache (`--compile-cache none`,
+  JAX_COMPILATION_CACHE_DIR unset), so that every start compiles all it runs, as a user's first does.
 - `llama.cpp`: llama-cpp-python's `Llama(model_path=GGUF)` + a one-token greedy completion, GGUF
   the same weights in F16 (`llamacpp_peer.cached_gguf`, written once): llama-cpp-python 0.3.36
   here dies of a segmentation fault at the first decode of the embedded Q4_1 file itself.
@@ -134,7 +137,7 @@ def child_linnet(t0: float, backend: str) -> dict:
     with open(os.devnull, "w") as sink:
         stdout, sys.stdout = sys.stdout, sink
         try:
-            code = cli.main(["generate", CARD, PROMPT, "-n", "1", "--backend", backend])
+            code = cli.main(["generate", CARD, PROMPT, "-n", "1", "--backend", backend, *_cache_flags()])
         finally:
             sys.stdout = stdout
     if code:
@@ -176,12 +179,20 @@ def write_hf_dir() -> None:
 
 # -- the parent
 
-KINDS = ("import", "torch", "jax", "serve", "llama.cpp", "transformers")
+KINDS = ("import", "torch", "jax", "serve", "serve-jax", "llama.cpp", "transformers")
+COLD_ENV = "LINNET_STARTUP_COLD"  # "1" in the children of a --cold run
 
 
-def run_serve(root: Path = ROOT) -> dict:
-    """`linnet serve CARD` as a user starts it (its defaults: torch, fast, bf16, 8 rows), timed from
-    the spawn to /health answering and to the first token of a one-token completion."""
+def _cache_flags() -> list:
+    """The flags that keep a JAX start from XLA's persistent cache, under `--cold` (its children
+    inherit COLD_ENV)."""
+    return ["--compile-cache", "none"] if os.environ.get(COLD_ENV) == "1" else []
+
+
+def run_serve(root: Path = ROOT, backend: str = "torch") -> dict:
+    """`linnet serve CARD` as a user starts it (its defaults: torch, fast, bf16, 8 rows; or with
+    `--backend jax`), timed from the spawn to /health answering and to the first token of a
+    one-token completion."""
     import socket
     import urllib.request
 
@@ -193,8 +204,9 @@ def run_serve(root: Path = ROOT) -> dict:
     log = tempfile.TemporaryFile("w+")  # (not a pipe: the server's log lines would fill it)
     start = time.time()
     # cwd: `python -m` puts the working directory first on sys.path, ahead of PYTHONPATH
-    server = subprocess.Popen([sys.executable, "-m", "linnet.cli", "serve", CARD, "--port", str(port)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=log, text=True, cwd=str(root))
+    command = [sys.executable, "-m", "linnet.cli", "serve", CARD, "--port", str(port), "--backend", backend]
+    server = subprocess.Popen([*command, *_cache_flags()], env=env, stdout=subprocess.DEVNULL, stderr=log, text=True,
+                              cwd=str(root))
     try:
         while True:
             if server.poll() is not None:
@@ -220,8 +232,8 @@ def run_serve(root: Path = ROOT) -> dict:
 
 def run_child(kind: str, root: Path = ROOT) -> dict:
     """One fresh process of `kind`, running the Linnet at `root`."""
-    if kind == "serve":
-        return run_serve(root)
+    if kind in ("serve", "serve-jax"):
+        return run_serve(root, "jax" if kind == "serve-jax" else "torch")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
     start = time.time()
     done = subprocess.run([sys.executable, __file__, "--child", kind, repr(start)], env=env, capture_output=True,
@@ -247,13 +259,18 @@ def profile(kind: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3, help="measured runs of each kind (3)")
-    parser.add_argument("--only", nargs="+", choices=KINDS, default=list(KINDS))
+    parser.add_argument("--only", nargs="+", choices=KINDS, default=[k for k in KINDS if k != "serve-jax"])
     parser.add_argument("--profile", choices=["torch", "jax"], help="cProfile one start in this process instead")
     parser.add_argument("--baseline", type=Path, metavar="DIR",
                         help="also run the Linnet kinds on the source tree at DIR (an older commit's, e.g. from "
                              "`git archive`), interleaved with this one's: before and after in one run")
+    parser.add_argument("--cold", action="store_true",
+                        help="JAX with no persistent compilation cache: every start compiles, as a first one")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.cold:  # (children inherit both)
+        os.environ[COLD_ENV] = "1"
+        os.environ.pop("JAX_COMPILATION_CACHE_DIR", None)
     if args.child:
         kind, t0 = args.child[0], float(args.child[1])
         work = {"import": child_import, "llama.cpp": child_llama_cpp, "transformers": child_transformers}
@@ -288,7 +305,7 @@ def main() -> None:
             for k, v in medians[label].items():
                 print(f"  {k:28s} {v:7.3f}   {[round(r[k], 2) for r in done]}")
     peers = [p for p in ("llama.cpp", "transformers") if p in medians]
-    ours = [k for k in medians if k.split("@")[0] in ("torch", "jax", "serve")]
+    ours = [k for k in medians if k.split("@")[0] in ("torch", "jax", "serve", "serve-jax")]
     if peers and ours:
         print("\nfirst token, ratio to the peer's (same run):")
         for k in ours:
