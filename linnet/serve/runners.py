@@ -583,20 +583,20 @@ class JaxRunner:
         """A decode step over every row (tokens: host ids, or a `Pending`'s), then the draws for
         request i from row rows[i]: one executable, whose logits never leave it. Every row is drawn
         for (a row without a request repeats request 0's settings), so that one executable serves
-        every step and the draws come back laid out by row. `histories` are the executable's
-        arguments, needed before it is sent (a step whose histories should be made while it runs
-        goes as `decode_alone`, then `draw_after`)."""
-        from linnet.serve.sampling_jax import arguments, mode, sampler
+        every step and the draws come back laid out by row. A batch whose draws the host's arrays
+        move (`histories`: masks, penalties, a bias) goes as `decode_alone`, then `draw_after`:
+        those executables serve its steps sent ahead anyway, and a decode fused with each form's
+        draw was three more decode steps for a warmup to compile (SmolLM2 on this CPU: 4.8 of 33 s)."""
+        from linnet.serve.sampling_jax import arguments, sampler
 
+        if batch.adjusted and histories is not None:  # (a warmup's draw has no histories: it moves nothing)
+            return self.draw_after(self.decode_alone(tokens, positions), batch, rows, histories)
         rows = list(rows)
         placed = place(batch, rows, self.batch)
         tokens = tokens.tokens if isinstance(tokens, Pending) else np.asarray(tokens, np.int32)
-        adjustments = None
-        if batch.adjusted and histories is not None:  # a warmup's draw has no histories: it moves nothing
-            adjustments = logit_adjustments(batch, histories, self.model.vocab, self.batch, rows)
-        with self._naming(f"the decode step and its draw{_FORM_NAMES[mode(placed, adjustments)]}"):
-            drawn = self.model.call_then("decode", sampler(mode(placed, adjustments)),
-                                         (tokens, np.asarray(positions, np.int32)), arguments(placed, adjustments))
+        with self._naming("the decode step and its draw"):
+            drawn = self.model.call_then("decode", sampler(None), (tokens, np.asarray(positions, np.int32)),
+                                         arguments(placed))
         if batch.logprobs < 0:  # the logprobs' zeros stay on the device
             drawn = (drawn[0], None, None, None, None)
         return Pending(drawn[0], lambda: self._to_host(drawn, rows))
@@ -699,10 +699,8 @@ class JaxRunner:
         idle = np.full(self.batch, self.padding, np.int32)
         for batch, histories in modes:
             rows = list(range(len(batch.temperature)))
+            # (a form that moves logits: the decode alone and its draw apart, as a structured step goes)
             self.decode_sample(np.zeros(self.batch, np.int32), idle, batch, rows, histories).result()
-            if histories is not None:  # and apart, as a structured step goes (`Engine._draw_after`)
-                self.draw_after(self.decode_alone(np.zeros(self.batch, np.int32), idle), batch, rows,
-                                histories).result()
             if logits is not None:
                 self.sample(logits, batch, histories, rows=rows)
 
