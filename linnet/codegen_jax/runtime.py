@@ -924,11 +924,12 @@ class JaxModel:
             result, self.state_bits = (ahead or executable)(self.weights, self.state_bits, *args)
         return result
 
-    def compile_ahead(self, entry: str, calls: list, workers: int | None = None) -> None:
+    def compile_ahead(self, entry: str, calls: list, workers: int | None = None) -> list:
         """Compiles `entry` for each of `calls` (argument tuples, as `call` takes them) at once, on
         threads; calls of those shapes then run these executables. XLA compiles without holding
         Python's lock, so the compiles overlap where tracing does not: an 8B model's pass shape took
-        47-50 s to compile on an H200, one after another, and a warmup ten of them."""
+        47-50 s to compile on an H200, one after another, and a warmup ten of them. Returns each
+        call's executable (its `out_info`: what it gives back, for compiling what takes that)."""
         jitted = self.compiled[entry]
         precision = "default" if self.fast else "highest"
         state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), self.state_bits)
@@ -937,15 +938,18 @@ class JaxModel:
             with jax.default_matmul_precision(precision):  # (a thread's own setting)
                 return _shapes(args), jitted.lower(self.weights, state, *args).compile()
         table = self.ahead.setdefault(id(jitted), {})
-        todo = {_shapes(args): args for args in (self._arguments(tuple(c)) for c in calls)}
-        todo = [args for key, args in todo.items() if key not in table]
-        if not todo:
-            return
-        # a thread a core, up to COMPILE_THREADS: each compile of a large model holds gigabytes
-        workers = workers or min(len(todo), os.cpu_count() or 1, COMPILE_THREADS)
-        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-            for key, executable in pool.map(compile_one, todo):
-                table[key] = executable
+        given = [self._arguments(tuple(c)) for c in calls]
+        keys = [_shapes(args) for args in given]
+        todo = [args for key, args in dict(zip(keys, given)).items() if key not in table]
+        if todo:
+            # a thread a core, up to COMPILE_THREADS: each compile of a large model holds gigabytes
+            workers = workers or min(len(todo), os.cpu_count() or 1, COMPILE_THREADS)
+            # each compile in the caller's context (its ContextVars: whether its compiles are counted)
+            jobs = [(contextvars.copy_context(), args) for args in todo]
+            with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+                for key, executable in pool.map(lambda job: job[0].run(compile_one, job[1]), jobs):
+                    table[key] = executable
+        return [table[key] for key in keys]
 
     def call_then(self, entry: str, then, args: tuple, then_args: tuple):
         """`then(entry(*args), *then_args)` as one executable, compiled once per (entry, then): a

@@ -250,13 +250,7 @@ class Engine:
         if past:  # (its passes were compiled, for a prompt every submission refuses)
             raise ValueError(f"a prompt length must be at most MaxSeq ({self.max_seq}, a cache row's positions), "
                              f"not {past[0]}: no request can have such a prompt")
-        if self.model.backend == "jax" and len(lengths) == 1:  # one prompt: the passes it makes alone
-            sizes = self._packs_of(lengths[0])
-        elif self.model.backend == "jax":
-            packed = self.runner.overhead + sum(self.runner.chunk_cost(n) for n in lengths) if lengths else 0
-            sizes = self.runner.pass_sizes(min(self.token_budget, packed) if lengths else self.token_budget)
-        else:
-            sizes = sorted({min(n, self.token_budget) for n in lengths})[:4] or [16]
+        sizes = self._warmup_sizes(lengths)
         # Each form of the draw: a request that asks for a mask, or for a bias (of 0), or for a bias
         # and a repetition penalty (the bias then apart, before the penalty: `sampling.SPLIT`)
         forms = [{}] + ([{"allowed_token_ids": [0]}] if structured else []) + \
@@ -272,6 +266,35 @@ class Engine:
         self._compiles_before += self.runner.compiles - compiled
         self._named_before += len(self.runner.compiled) - named
         self._ahead = None
+
+    def _warmup_sizes(self, lengths: list) -> list:
+        """The pass sizes a warmup for prompts of these lengths makes (see `warmup`)."""
+        if self.model.backend == "jax" and len(lengths) == 1:  # one prompt: the passes it makes alone
+            return self._packs_of(lengths[0])
+        if self.model.backend == "jax":
+            packed = self.runner.overhead + sum(self.runner.chunk_cost(n) for n in lengths) if lengths else 0
+            return self.runner.pass_sizes(min(self.token_budget, packed) if lengths else self.token_budget)
+        return sorted({min(n, self.token_budget) for n in lengths})[:4] or [16]
+
+    def warm_scoring_later(self) -> threading.Thread | None:
+        """JAX: compiles what passes scoring prompt tokens (prompt_logprobs) run, at every pass size,
+        on a thread of its own while the engine serves, running nothing (`JaxRunner.compile_scoring`):
+        what `warmup(prompt_logprobs=True)` holds a start for, where few requests ask for it
+        (SmolLM2's server on this CPU: about half of its warmup). A scored request that comes first
+        compiles what its pass needs itself, as a run past its warmup does. The thread's compiles
+        are not the steps' (`stats.compiles`). Returns the thread; None under torch (nothing to make)."""
+        if self.model.backend != "jax":
+            return None
+        from linnet.serve.runners import uncounted
+
+        sizes = self._warmup_sizes([])
+
+        def compile_scoring():
+            with uncounted():
+                self.runner.compile_scoring(sizes)
+        thread = threading.Thread(target=compile_scoring, name="linnet-compile-scoring", daemon=True)
+        thread.start()
+        return thread
 
     def _packs_of(self, n: int) -> list:
         """The packs a prompt of n tokens makes alone, in the runner's tokens: each chunk after the

@@ -18,6 +18,7 @@ step t overlaps the device's on t + 1.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import os
 import warnings
@@ -621,7 +622,7 @@ class JaxRunner:
         """The draws over a pass's first Batch rows of logits, request i's from row rows[i] (`sampling_jax.sample`,
         one executable a form, named `what` where it compiles), still on the device: (tokens,
         chosen, top values, top ids, ranks), as `_to_host` takes them."""
-        from linnet.serve.sampling_jax import mode, sample
+        from linnet.serve.sampling_jax import first_rows, mode, sample
 
         placed = place(batch, rows, self.batch)
         adjustments = None
@@ -629,7 +630,7 @@ class JaxRunner:
             adjustments = logit_adjustments(batch, histories, self.model.vocab, self.batch, rows)
         with self._naming(f"{what}{_FORM_NAMES[mode(placed, adjustments)]}"):
             if logits.shape[0] != self.batch:  # a pass that also scored prompt tokens: draws come from its first rows
-                logits = logits[:self.batch]
+                logits = first_rows(logits, self.batch)
             tokens, chosen, top, ranks = sample(logits, placed, adjustments)
         return (tokens, chosen, *(top if top is not None else (None, None)), ranks)
 
@@ -665,36 +666,56 @@ class JaxRunner:
         values, ids = (None, None) if top is None else (np.asarray(top[0])[at], np.asarray(top[1])[at])
         return Sampled(padded[at], np.asarray(chosen)[at], values, ids, np.asarray(ranks)[at])
 
+    def compile_scoring(self, sizes) -> None:
+        """Compiles, without running anything, what a pass that scores prompt tokens (prompt_logprobs)
+        runs at each of `sizes`: past Batch tokens, the pass with a row of logits for each of its
+        tokens, the scores over those rows and their first Batch rows (the draws'); and the scores
+        over a usual pass's Batch rows. The draws are a usual pass's (`warmup`'s modes). Running
+        nothing, it may go on a thread beside the engine's steps (`Engine.warm_scoring_later`); run,
+        the warmup's passes of 512 tokens scored every padding token's logits for nothing."""
+        import jax
+
+        from linnet.serve.request import MAX_LOGPROBS
+        from linnet.serve.sampling_jax import compile_first_rows, compile_score
+
+        def placed(executable):  # its logits as a pass leaves them (shape, type, placement)
+            logits = executable.out_info[0]
+            return jax.ShapeDtypeStruct(logits.shape, logits.dtype, sharding=logits.sharding)
+        sizes = sorted(set(sizes))
+        if not sizes:
+            return
+        compile_ahead = self.model.runner.compile_ahead
+        scored = [size for size in sizes if size > self.batch]
+        usual = compile_ahead("prefill", [self._padding_args(sizes[0], self.batch)])  # (compiled by the warmup)
+        passes = compile_ahead("prefill", [self._padding_args(size, size) for size in scored])
+        compile_score(placed(usual[0]), MAX_LOGPROBS)
+        for executable in passes:
+            compile_score(placed(executable), MAX_LOGPROBS)
+            compile_first_rows(placed(executable), self.batch)
+
     def pass_sizes(self, budget: int) -> list:
         """The buckets of passes up to `budget` tokens: none below the head of one-token slots that
         starts every pass (64 rows' head: 64 tokens, so no 16- or 32-token pass to compile)."""
         least = bucket(self.overhead, self.smallest)
         return [size for size in bucket_sizes(budget, self.smallest) if size >= least]
 
+    def _padding_args(self, size: int, logit_rows: int) -> tuple:
+        """A pass of `size` padding tokens (they write nothing), with `logit_rows` rows of logits."""
+        return (np.zeros(size, np.int32), np.full(size, self.padding, np.int32), np.zeros(size, np.int32),
+                np.zeros(logit_rows, np.int32))
+
     def warmup(self, pack_lengths, modes, scoring: bool = False):
         """Compiles every pass size given, copy_rows, and for each (sampling batch, its histories or
         None) in `modes` the decode step that draws so and the draw after a prefill; with `scoring`,
-        also each size's pass that scores prompt tokens (`prefill`), its scores and its draws."""
-        def padding_args(size: int, logit_rows: int):  # a pass of `size` padding tokens
-            return (np.zeros(size, np.int32), np.full(size, self.padding, np.int32), np.zeros(size, np.int32),
-                    np.zeros(logit_rows, np.int32))
-
-        def padding_pass(size: int, logit_rows: int):
-            return self.model.prefill(*padding_args(size, logit_rows))
+        also what a pass scoring prompt tokens runs at each size (`compile_scoring`)."""
         logits = None
         sizes = sorted({bucket(n, self.smallest) for n in pack_lengths})
         # every size's pass compiled at once (on a GPU each took up to 50 s, one after another)
-        self.model.runner.compile_ahead("prefill", [padding_args(size, self.batch) for size in sizes])
+        self.model.runner.compile_ahead("prefill", [self._padding_args(size, self.batch) for size in sizes])
         for size in sizes:
-            logits = padding_pass(size, self.batch)
-        if scoring and logits is not None:  # a pass scoring at most Batch tokens: the usual logits
-            self.score(logits, 0, [0], 1)
-        for size in sizes if scoring and modes else []:
-            if size > self.batch:
-                scored = padding_pass(size, size)
-                self.score(scored, 0, [0], 1)
-                batch, histories = modes[0]
-                self.sample(scored, batch, histories, rows=list(range(len(batch.temperature))))
+            logits = self.model.prefill(*self._padding_args(size, self.batch))
+        if scoring:
+            self.compile_scoring(sizes)
         self.copy_rows(np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32))
         idle = np.full(self.batch, self.padding, np.int32)
         for batch, histories in modes:
@@ -710,6 +731,19 @@ _FORM_NAMES = {None: "", MASK: ", with token masks (structured outputs, allowed_
                SHIFT: ", with penalties or a logit bias", SPLIT: ", with a logit bias and a repetition penalty"}
 
 _COMPILES = [0, False]  # XLA compilations seen (less those read back from the persistent cache), and whether the listeners are in
+# True where compiles are made ahead beside the steps (`Engine.warm_scoring_later`): not the steps' own
+_UNCOUNTED = contextvars.ContextVar("linnet_uncounted_compiles", default=False)
+
+
+@contextlib.contextmanager
+def uncounted():
+    """XLA compilations in this context (and in the threads `JaxModel.compile_ahead` starts from it)
+    are left out of `JaxRunner.compiles`: made ahead, on a thread of their own, no step waited on them."""
+    token = _UNCOUNTED.set(True)
+    try:
+        yield
+    finally:
+        _UNCOUNTED.reset(token)
 
 
 def _xla_compiles() -> int:
@@ -717,11 +751,11 @@ def _xla_compiles() -> int:
         import jax
 
         def heard(event: str, seconds: float, **kwargs):
-            if event == "/jax/core/compile/backend_compile_duration":
+            if event == "/jax/core/compile/backend_compile_duration" and not _UNCOUNTED.get():
                 _COMPILES[0] += 1
 
         def read_back(event: str, **kwargs):  # timed as a compile, but read from the persistent cache
-            if event == "/jax/compilation_cache/cache_hits":
+            if event == "/jax/compilation_cache/cache_hits" and not _UNCOUNTED.get():
                 _COMPILES[0] -= 1
         jax.monitoring.register_event_duration_secs_listener(heard)
         jax.monitoring.register_event_listener(read_back)

@@ -195,6 +195,25 @@ def score(logits, targets, k: int):
     return chosen, ranks, (values, ids) if values is not None else None
 
 
+def compile_score(logits, k: int) -> None:
+    """Compiles `score` for logits of this abstract shape, type and placement (a ShapeDtypeStruct),
+    without running it: a later call over such logits runs that executable (JAX keeps it; k given
+    as `score` gives it, by position: given by name, it keys another)."""
+    _score.lower(logits, jax.ShapeDtypeStruct(logits.shape[:1], jnp.int32), k).compile()
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def first_rows(logits, n: int):
+    """logits[:n], jitted per (shape, n), so that `compile_first_rows` can make it ahead (an eager
+    slice compiles on first use, for each shape)."""
+    return logits[:n]
+
+
+def compile_first_rows(logits, n: int) -> None:
+    """Compiles `first_rows` for logits of this abstract shape, type and placement, without running it."""
+    first_rows.lower(logits, n).compile()
+
+
 def mode(batch: SamplingBatch, adjustments=None) -> str | None:
     """What a batch's draw compiles for: the form of its adjustments (None, MASK, SHIFT or SPLIT). Greedy
     or sampled, with logprobs or without, is decided inside; logprobs always list the most

@@ -528,8 +528,10 @@ def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: 
     engine = Engine(model, **engine_options)
     start = time.perf_counter()
     # every pass size the engine will use, and every draw a request may ask for (logprobs, a
-    # structure, penalties, a bias, prompt logprobs), compiled before the first request
-    engine.warmup(logprobs=True, prompt_logprobs=True, structured=True, adjusted=True)
+    # structure, penalties, a bias), compiled before the first request; what prompt logprobs' passes
+    # run (half of a cold JAX warmup, for the few requests that ask) on a thread while it serves
+    engine.warmup(logprobs=True, structured=True, adjusted=True)
+    engine.warm_scoring_later()
     print(f"linnet: {name} ready in {time.perf_counter() - start:.0f} s (warmup)", flush=True)
     if model.tokenizer is None:  # said at the start, not found out from the first request's 400
         print(f"linnet: note: {name} has no tokenizer: prompts are taken as token ids (/v1/completions) and chats "

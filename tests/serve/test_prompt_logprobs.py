@@ -80,16 +80,25 @@ def test_scoring_only_requests_need_no_room_to_generate(reference):
     assert all(lp.top == [] for lp in done[0].prompt_logprobs[1:])
 
 
-def test_a_warmup_for_prompt_logprobs_leaves_nothing_to_compile(reference):
+@pytest.mark.parametrize("later", [False, True], ids=["warmup", "warm_scoring_later"])
+def test_a_warmup_for_prompt_logprobs_leaves_nothing_to_compile(reference, later):
     """JAX: a pass that scores prompt tokens has its own executables (a row of logits for each token
-    of the pass, its scores, its draws), one set a pass size: `warmup(prompt_logprobs=True)` compiles
-    them all, as a server's does, so scored prompts of any length mixed into a run compile nothing."""
+    of the pass, its scores, the first rows its draws take), one set a pass size:
+    `warmup(prompt_logprobs=True)` compiles them all, and so does `warm_scoring_later`'s thread
+    after a warmup without them, as a server's does, so scored prompts of any length mixed into a
+    run compile nothing. The thread's compiles are not counted as the engine's."""
     hf_model, path = reference
     model = nest.load(path, backend="jax", generics={"Batch": 4, "MaxSeq": 96}, tokenizer=False)
     rng = random.Random(12)
     prompts = [[rng.randrange(256) for _ in range(n)] for n in (40, 5, 90, 23, 61, 12, 3)]
     engine = Engine(model, token_budget=128)  # passes 16 ... 128 tokens, the longest chunked
-    engine.warmup(prompt_logprobs=True, logprobs=True)
+    if later:
+        engine.warmup(logprobs=True)
+        before = engine.runner.compiles
+        engine.warm_scoring_later().join()
+        assert engine.runner.compiles == before
+    else:
+        engine.warmup(prompt_logprobs=True, logprobs=True)
     requests = [Request(prompt=p, max_new_tokens=3, prompt_logprobs=i % 3 if i % 2 == 0 else None, logprobs=i % 2)
                 for i, p in enumerate(prompts)]
     short, short_stats = engine.run(requests[-1:])  # alone: a pass scoring fewer tokens than Batch

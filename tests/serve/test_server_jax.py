@@ -49,7 +49,8 @@ def test_greedy_answers_alone_as_among_others_and_nothing_compiles_while_serving
     model.tokenizer = byte_tokenizer(model.vocab)
     model.tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
     engine = Engine(model)
-    engine.warmup(logprobs=True, prompt_logprobs=True, structured=True, adjusted=True)  # as serve() does
+    engine.warmup(logprobs=True, structured=True, adjusted=True)  # as serve() does
+    engine.warm_scoring_later().join()  # (serve() goes on meanwhile: a scored request might come first)
     compiled = []
 
     def heard(event: str, seconds: float, **kwargs):
