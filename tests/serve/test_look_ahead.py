@@ -111,16 +111,24 @@ def test_a_decode_sent_ahead_alone_draws_as_each_step_read_first(model):
     want = [alone(model, r) for r in reqs]
     model.reset()
     engine = engine_for(model, True)
-    fed = []
-    decode_alone = engine.runner.decode_alone
+    fed, sampling = [], [False]  # (whether each decode alone took a Pending, whether decode_sample sent it)
+    decode_alone, decode_sample = engine.runner.decode_alone, engine.runner.decode_sample
 
     def spy(tokens, positions):
-        fed.append(isinstance(tokens, Pending))
+        fed.append((isinstance(tokens, Pending), sampling[0]))
         return decode_alone(tokens, positions)
-    engine.runner.decode_alone = spy
+
+    def step_spy(*args, **kwargs):  # a penalized step the host has read goes alone too, from host tokens
+        sampling[0] = True
+        try:
+            return decode_sample(*args, **kwargs)
+        finally:
+            sampling[0] = False
+    engine.runner.decode_alone, engine.runner.decode_sample = spy, step_spy
     done, stats = engine.run(reqs)
     assert [c.tokens for c in done] == want
-    assert fed and all(fed), "no decode went out alone from the previous step's draws"
+    assert any(ahead for ahead, _ in fed), "no decode went out alone from the previous step's draws"
+    assert all(ahead or sent for ahead, sent in fed)
     assert stats.generated_tokens == sum(len(w) for w in want) and len(engine.free_rows) == model.batch
 
 
