@@ -82,12 +82,12 @@ def model_context(module: Module) -> tuple[int, str]:
 
 
 def choose_max_seq(spec: Module, free: int | None, space: int | None = None) -> Context:
-    """MaxSeq for `spec` (its sizes bound at the model's own length, `model_context`: by
-    `specialize.bind` or `specialize`): that length, or where its cache would take more than
-    `CACHE_SHARE` of what the weights leave of `free` bytes (where known) or more than `space` bytes
-    (where given: a CPU's `cpu_cache_space`), the most whole granules that fit both (at least one
-    granule, or the model's length where shorter: a model that does not fit even so is refused by
-    `memory.check_fits`)."""
+    """MaxSeq for `spec` (its sizes bound, by `specialize.bind` or `specialize`, at any MaxSeq: it
+    is weighed at each length tried): the model's own length (`model_context`), or where its cache
+    would take more than `CACHE_SHARE` of what the weights leave of `free` bytes (where known) or
+    more than `space` bytes (where given: a CPU's `cpu_cache_space`), the most whole granules that
+    fit both (at least one granule, or the model's length where shorter: a model that does not fit
+    even so is refused by `memory.check_fits`)."""
     own, source = model_context(spec)
     if free is None and space is None:
         return Context(own, own, source)

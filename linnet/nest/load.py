@@ -52,7 +52,7 @@ from linnet.ir.specialize import bind, specialize
 from linnet.ir.types import NoneType, TensorType, tensor
 from linnet.nest import registry
 from linnet.nest.checkpoint import Checkpoint, GGUFCheckpoint, open_checkpoint
-from linnet.nest.context import Context, choose_max_seq, cpu_cache_space, model_context
+from linnet.nest.context import Context, choose_max_seq, cpu_cache_space
 from linnet.nest.embedded import EMBEDDED_INSTALL, embedded_gguf_path
 from linnet.nest.errors import DeviceError, TokenizerError, WeightsError
 from linnet.nest.locate import download_command, find_weights, is_model_dir, weights_not_found_message
@@ -223,9 +223,9 @@ def _specialize(module: Module, generics: dict, numerics: str, free: int | None,
     given (`nest.context`), as vLLM's max_model_len and llama.cpp's -c 0 default to the model's."""
     if "MaxSeq" in generics:
         return specialize(module, generics, numerics), None
-    own, _ = model_context(module)
-    # weighed by its sizes alone (`bind`), then specialized (checked) once, at the MaxSeq chosen
-    context = choose_max_seq(bind(module, {**generics, "MaxSeq": own}, numerics), free, space)
+    # weighed by its sizes alone (`bind`: choose_max_seq weighs it at each length it tries), then
+    # specialized (checked) once, at the MaxSeq chosen
+    context = choose_max_seq(bind(module, generics, numerics), free, space)
     return specialize(module, {**generics, "MaxSeq": context.max_seq}, numerics), context
 
 
