@@ -868,7 +868,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _warning_line(message, category, filename, lineno, line=None) -> str:
     """A warning as the command line shows it: one line of what, not which line of Linnet said so."""
+    from linnet.errors import LinnetWarning
+
     text = str(message)
+    if issubclass(category, LinnetWarning):
+        return text + "\n"  # `path:line:col: warning: ...` and its caret, as a compiler prints it
     return f"linnet: warning: {text.removeprefix('linnet: ')}\n"  # (a library's own warning may name it already)
 
 

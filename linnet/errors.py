@@ -52,17 +52,31 @@ class LinnetError(Exception):
         super().__init__(self.render())
 
     def render(self) -> str:
-        loc = self.loc
-        lines = [f"{loc}: error: {self.message}"]
-        text = _source_line(loc)
-        if text is not None:
-            end = loc.end_col - 1 if loc.end_line == loc.line else len(text)
-            text, start, end = _window(text, loc.col - 1, end)
-            lines.append("    " + text)
-            lead, marked = text[:start], text[start:end]
-            lines.append("    " + " " * _columns(lead) + "^" * max(1, _columns(marked)))
-        lines.extend("  " + note for note in self.notes)
-        return "\n".join(lines)
+        return _render(self.loc, "error", self.message, self.notes)
+
+
+class LinnetWarning(UserWarning):
+    """Source that compiles but likely says something other than meant (a param nothing reads): where, what,
+    and notes, quoted with a caret as an error is."""
+
+    def __init__(self, loc: Loc | None, message: str, notes: list[str] | tuple[str, ...] = ()):
+        self.loc = loc or UNKNOWN
+        self.message = message
+        self.notes = list(notes)
+        super().__init__(_render(self.loc, "warning", message, self.notes))
+
+
+def _render(loc: Loc, severity: str, message: str, notes: list[str]) -> str:
+    lines = [f"{loc}: {severity}: {message}"]
+    text = _source_line(loc)
+    if text is not None:
+        end = loc.end_col - 1 if loc.end_line == loc.line else len(text)
+        text, start, end = _window(text, loc.col - 1, end)
+        lines.append("    " + text)
+        lead, marked = text[:start], text[start:end]
+        lines.append("    " + " " * _columns(lead) + "^" * max(1, _columns(marked)))
+    lines.extend("  " + note for note in notes)
+    return "\n".join(lines)
 
 
 # How much of a long line is quoted: a generated file, or a deep expression, can put thousands of

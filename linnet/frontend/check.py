@@ -10,11 +10,13 @@ import difflib
 import inspect
 import json
 import re
+import warnings
 
-from linnet.errors import LinnetError, Loc
+from linnet.errors import LinnetError, LinnetWarning, Loc
 from linnet.frontend import ast
 from linnet.frontend.scope import JAX_ATTRIBUTES, TORCH_ATTRIBUTES, reserved_reason, suggest
 from linnet.ir import nodes as ir
+from linnet.ir import walk
 from linnet.ir.dims import Dim
 from linnet.ir.ops import OPS, index_type
 from linnet.ir.types import (BOOL, DTYPES, FLOAT, GENERIC_DTYPE, INT, SCALAR_KINDS, SIZE_GENERICS, STR, NoneType,
@@ -76,6 +78,7 @@ class _Checker:
         if not entries:
             raise LinnetError(a.arch.loc, f"architecture `{a.arch.name}` defines no entry",
                               ["the engine calls entries: prefill, decode, copy_rows"])
+        self._warn_unread_params(fns, entries)
         for items in (self.card.meta if self.card else [], a.meta):  # each file sets an item once, as config
             first = {}
             for m in items:
@@ -97,6 +100,30 @@ class _Checker:
             sources={a.path: a.source, **({self.card.path: self.card.source} if self.card else {}), **a.bases},
             card_path=self.card.path if self.card else None, bases=tuple(a.bases),
             loc=self.card.card.loc if self.card and self.card.card else a.arch.loc)
+
+    def _warn_unread_params(self, fns: dict, entries: dict):
+        """A param no entry reads, directly or through the fns it calls, is a weight loaded for nothing (its
+        checkpoint must still hold it): a name misspelt where it is read, or one an extension stopped reading."""
+        read, seen, todo = set(), set(), list(entries.values())
+        while todo:
+            f = todo.pop()
+            for v in walk.all_values(f.body):
+                if isinstance(v, ir.Var) and v.kind == "param":
+                    read.add(v.name)
+                elif isinstance(v, ir.Op) and v.op == "call" and v.attrs["fn"] not in seen:
+                    seen.add(v.attrs["fn"])
+                    todo.append(fns[v.attrs["fn"]])
+        for p in self.params.values():  # (ties do not chain: _check_tie)
+            if p.name in read and p.tie is not None:
+                read.add(p.tie[0])  # `lm_head = embed if ...`: reading the head may read the embedding
+        for name, p in self.params.items():
+            if name in read:
+                continue
+            base = p.loc.path != self.arch.path
+            warnings.warn(LinnetWarning(p.loc, f"param `{name}` is never read", [
+                "no entry reads it, directly or through a fn it calls; loading still looks for its weight",
+                f"an extension leaves a base's param out with `extends ... without {name}`" if base else
+                "remove it, or read it where it was meant to be read"]), stacklevel=2)
 
     def _declare(self, name: str, loc: Loc, what: str = ""):
         """A module-level name; `what` ("param", "state buffer", "entry") for those a generated model
