@@ -78,7 +78,7 @@ class _Checker:
         if not entries:
             raise LinnetError(a.arch.loc, f"architecture `{a.arch.name}` defines no entry",
                               ["the engine calls entries: prefill, decode, copy_rows"])
-        self._warn_unread_params(fns, entries)
+        self._warn_unused(fns, entries)
         for items in (self.card.meta if self.card else [], a.meta):  # each file sets an item once, as config
             first = {}
             for m in items:
@@ -101,29 +101,38 @@ class _Checker:
             card_path=self.card.path if self.card else None, bases=tuple(a.bases),
             loc=self.card.card.loc if self.card and self.card.card else a.arch.loc)
 
-    def _warn_unread_params(self, fns: dict, entries: dict):
+    def _warn_unused(self, fns: dict, entries: dict):
         """A param no entry reads, directly or through the fns it calls, is a weight loaded for nothing (its
-        checkpoint must still hold it): a name misspelt where it is read, or one an extension stopped reading."""
-        read, seen, todo = set(), set(), list(entries.values())
+        checkpoint must still hold it), and a state buffer no entry touches is memory allocated for nothing: a
+        name misspelt where it is used, or one an extension stopped using."""
+        used, seen, todo = set(), set(), list(entries.values())
         while todo:
             f = todo.pop()
+            for s in walk.all_statements(f.body):
+                if isinstance(s, ir.Store):
+                    used.add(("state", s.state))
+                elif isinstance(s, ir.Assign):  # `cache = copy_rows(...)`: the whole buffer written
+                    used.update(("state", t) for t in s.targets if t in self.state)
             for v in walk.all_values(f.body):
-                if isinstance(v, ir.Var) and v.kind == "param":
-                    read.add(v.name)
+                if isinstance(v, ir.Var) and v.kind in ("param", "state"):
+                    used.add((v.kind, v.name))
                 elif isinstance(v, ir.Op) and v.op == "call" and v.attrs["fn"] not in seen:
                     seen.add(v.attrs["fn"])
                     todo.append(fns[v.attrs["fn"]])
         for p in self.params.values():  # (ties do not chain: _check_tie)
-            if p.name in read and p.tie is not None:
-                read.add(p.tie[0])  # `lm_head = embed if ...`: reading the head may read the embedding
-        for name, p in self.params.items():
-            if name in read:
+            if ("param", p.name) in used and p.tie is not None:
+                used.add(("param", p.tie[0]))  # `lm_head = embed if ...`: reading the head may read the embedding
+        unused = [("param", p.name, p.loc, "is never read", "no entry reads it, directly or through a fn it calls; "
+                   "loading still looks for its weight") for p in self.params.values()]
+        unused += [("state", s.name, s.loc, "is never used", "no entry reads or writes it, directly or through a "
+                    "fn it calls; it is allocated all the same") for s in self.state.values()]
+        for kind, name, loc, what, why in unused:
+            if (kind, name) in used:
                 continue
-            base = p.loc.path != self.arch.path
-            warnings.warn(LinnetWarning(p.loc, f"param `{name}` is never read", [
-                "no entry reads it, directly or through a fn it calls; loading still looks for its weight",
-                f"an extension leaves a base's param out with `extends ... without {name}`" if base else
-                "remove it, or read it where it was meant to be read"]), stacklevel=2)
+            base = loc.path != self.arch.path
+            warnings.warn(LinnetWarning(loc, f"{'param' if kind == 'param' else 'state buffer'} `{name}` {what}", [
+                why, f"an extension leaves a base's {kind} out with `extends ... without {name}`" if base else
+                "remove it, or use it where it was meant to be used"]), stacklevel=2)
 
     def _declare(self, name: str, loc: Loc, what: str = ""):
         """A module-level name; `what` ("param", "state buffer", "entry") for those a generated model

@@ -1,5 +1,6 @@
-"""Warnings: source that compiles but loads something it never uses. A param no entry reads is named where it is
-declared, with a caret, as errors are, and the model still compiles."""
+"""Warnings: source that compiles but loads or allocates something it never uses. A param no entry reads, or a
+state buffer no entry touches, is named where it is declared, with a caret, as errors are, and the model still
+compiles."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def test_a_param_read_by_no_entry_is_named_at_its_declaration(tmp_path):
     line = ARCH.splitlines().index("  w_spare: T[dim, dim]") + 1
     assert (w.loc.path, w.loc.line, w.loc.col) == (str(path), line, 3)
     assert w.message == "param `w_spare` is never read"
-    assert "remove it, or read it where it was meant to be read" in w.notes
+    assert "remove it, or use it where it was meant to be used" in w.notes
 
 
 def test_the_command_line_prints_it_as_a_compiler_does_and_still_compiles(tmp_path):
@@ -120,3 +121,17 @@ def test_a_head_tied_either_way_reads_its_embedding(tmp_path, tie):
     path.write_text(ARCH.replace("tie: bool = true", f"tie: bool = {tie}")
                     .replace("linear(project(head[tokens]), head)", "linear(unused(project(embed[tokens])), head)"))
     assert _unread(path) == []
+
+
+def test_a_state_buffer_no_entry_touches_is_named_and_one_only_written_is_not(tmp_path):
+    path = tmp_path / "mini.linnet"
+    with_state = ARCH.replace("fn project", "state {\n  seen: T[Batch, dim]\n  spare: T[Batch, MaxSeq, dim]\n}\n\n"
+                                            "fn project")
+    path.write_text(with_state.replace("  return linear(x, w_spare)", "  seen[iota(Batch)] = x\n  return x")
+                    .replace("linear(project(head[tokens]), head)", "linear(unused(project(head[tokens])), head)"))
+    warned = _unread(path)
+    assert [w.message for w in warned] == ["param `w_spare` is never read", "state buffer `spare` is never used"]
+    line = path.read_text().splitlines().index("  spare: T[Batch, MaxSeq, dim]") + 1
+    assert (warned[1].loc.line, warned[1].loc.col) == (line, 3)
+    assert warned[1].notes[0] == ("no entry reads or writes it, directly or through a fn it calls; it is allocated "
+                                  "all the same")
