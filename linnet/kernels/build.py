@@ -81,17 +81,21 @@ def _cpu_flags() -> set:
 
 @functools.cache
 def cpu_kernels() -> ctypes.CDLL | None:
-    """cpu_linear.c, cpu_attention.c, cpu_ops.c, cpu_graph.c and pool.c as one library, its functions typed
-    for ctypes; None where they do not run (`runs_here`, a build that failed, a CPU that fails the
+    """cpu_linear.c, cpu_qlinear.c, cpu_attention.c, cpu_ops.c, cpu_graph.c and pool.c as one library, its
+    functions typed for ctypes; None where they do not run (`runs_here`, a build that failed, a CPU that fails the
     library's own check)."""
     if not runs_here():
         return None
-    lib = shared_library("cpu_kernels", ["cpu_linear.c", "cpu_attention.c", "cpu_ops.c", "cpu_graph.c", "pool.c"])
+    lib = shared_library("cpu_kernels", ["cpu_linear.c", "cpu_qlinear.c", "cpu_attention.c", "cpu_ops.c", "cpu_graph.c",
+                                         "pool.c"])
     if lib is None or not lib.linnet_cpu_supported():
         return None
     vp, long, i32 = ctypes.c_void_p, ctypes.c_long, ctypes.c_int
     lib.linnet_linear.argtypes = [i32, i32, vp, long, long, long, vp, vp, vp, i32, vp, long, i32]
     lib.linnet_pack_panels.argtypes = [i32, vp, long, long, i32]
+    lib.linnet_qlinear.argtypes = lib.linnet_linear.argtypes
+    lib.linnet_qpanel_block_bytes.argtypes = [i32]
+    lib.linnet_qpanel_block_bytes.restype = long
     lib.linnet_panel_pairs.argtypes = [i32, long]
     lib.linnet_isa.argtypes = []
     lib.linnet_attention.argtypes = [i32, i32, vp, long, long, long, long, vp, vp, long, long, long, long, vp, vp,
@@ -106,8 +110,8 @@ def cpu_kernels() -> ctypes.CDLL | None:
         f.restype = None
     lib.linnet_replay.argtypes = [long, vp, vp]
     lib.linnet_replay.restype = long
-    for f in (lib.linnet_linear, lib.linnet_pack_panels, lib.linnet_attention, lib.linnet_panel_pairs,
-              lib.linnet_isa):
+    for f in (lib.linnet_linear, lib.linnet_qlinear, lib.linnet_pack_panels, lib.linnet_attention,
+              lib.linnet_panel_pairs, lib.linnet_isa):
         f.restype = i32
     return lib
 

@@ -28,6 +28,11 @@ int linnet_task_linear(const int64_t *a) {
                          (int)a[12]);
 }
 
+int linnet_task_qlinear(const int64_t *a) {
+    return linnet_qlinear((int)a[0], (int)a[1], P(2), a[3], a[4], a[5], P(6), P(7), P(8), (int)a[9], P(10), a[11],
+                          (int)a[12]);
+}
+
 int linnet_task_attention(const int64_t *a) {
     return linnet_attention((int)a[0], (int)a[1], P(2), a[3], a[4], a[5], a[6], P(7), P(8), a[9], a[10], a[11], a[12],
                             P(13), P(14), a[15], P(16), as_float(a[17]), P(18), (int)a[19]);

@@ -61,14 +61,7 @@ class PanelWeight:
         first = weights[0]
         if any(w.k != first.k or w.dtype != first.dtype for w in weights):
             raise ValueError(f"joined weights share K and type: {weights}")
-        addresses, widths, cols, start = [], [], [], 0
-        for w in weights:
-            addresses.extend(w.table.arrays[0])
-            widths.extend(w.table.arrays[1])
-            cols.extend(c + start for c in w.table.arrays[2])
-            start += w.n
-        return PanelWeight(start, first.k, first.dtype, sum((w.buffers for w in weights), ()),
-                           _table(addresses, widths, cols))
+        return PanelWeight(*joined_table(weights, first.k, first.dtype))
 
     def __repr__(self) -> str:
         return f"PanelWeight([{self.n}, {self.k}], {self.dtype})"
@@ -83,6 +76,18 @@ class PanelTable(NamedTuple):
     widths: int
     cols: int
     arrays: tuple
+
+
+def joined_table(weights, *kind) -> tuple:
+    """Packed weights (`PanelWeight`s, or `cpu_qlinear.QuantWeight`s) as one weight's arguments: their N
+    summed, `kind` (K and the type), their buffers, and one table of their panels, outputs side by side."""
+    addresses, widths, cols, start = [], [], [], 0
+    for w in weights:
+        addresses.extend(w.table.arrays[0])
+        widths.extend(w.table.arrays[1])
+        cols.extend(c + start for c in w.table.arrays[2])
+        start += w.n
+    return (start, *kind, sum((w.buffers for w in weights), ()), _table(addresses, widths, cols))
 
 
 def _table(addresses, widths, cols) -> PanelTable:

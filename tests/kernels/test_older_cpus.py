@@ -25,7 +25,8 @@ OLDER = {
                         ATEN_CPU_CAPABILITY="avx512", MKL_ENABLE_INSTRUCTIONS="AVX512",
                         XLA_FLAGS="--xla_cpu_max_isa=AVX512"),  # Cooper Lake, Zen 4
 }
-TESTS = ["tests/kernels/test_cpu_linear.py", "tests/kernels/test_cpu_attention.py", "tests/kernels/test_cpu_graph.py",
+TESTS = ["tests/kernels/test_cpu_linear.py", "tests/kernels/test_cpu_qlinear.py", "tests/kernels/test_cpu_attention.py",
+         "tests/kernels/test_cpu_graph.py",
          "tests/kernels/test_xla_kernels.py", "tests/kernels/test_batch_invariance.py"]
 # the tests of building the library and turning it off: the same under any cap
 NOT_BUILDS = "not builds and not compiler and not assembler and not cpu_kernels_0"

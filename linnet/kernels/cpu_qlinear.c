@@ -1,0 +1,392 @@
+/* Linnet's CPU matmul for a GGUF's quantized linear weights, kept in their blocks:
+ * y[M, N] = x[M, K] @ w[N, K]^T, w's blocks decoded in registers, sums in f32.
+ *
+ * GGUF holds each weight row as blocks of 32 values along K: Q8_0 a f16 scale d and 32 int8 q
+ * (w = d q), Q4_1 a f16 scale d, a f16 minimum m and 32 4-bit q (w = d q + m; byte i holds q_i in
+ * its low nibble and q_{i+16} in its high one). At load the blocks of 16 rows are repacked into a
+ * panel (cpu_qlinear.py), block after block along K, each panel block holding the 16 rows' scales
+ * (and minimums) side by side and then their quants K-major: for each k of the block, the 16 rows'
+ * bytes in one 16-byte line (Q4_1: k and k + 16 share a line, as they share a byte). One pass over
+ * a panel then gives 16 outputs, and a decode step reads the file's bytes, no more: Q4_1's 20
+ * bytes per 32 values against bf16's 64.
+ *
+ * Each output sums, block by block, d * (sum of q x) (+ m * sum of x, Q4_1), the inner sum in two
+ * f32 chains (even and odd k for Q8_0, low and high nibbles for Q4_1): the same operations in the
+ * same order for a row whatever other rows its call holds (batch invariance, as cpu_linear.c keeps
+ * it). A bf16 x on AVX-512 BF16 multiplies pairs of k by VDPBF16PS (q is exact in bf16, so are the
+ * products), up to 8 rows a tile; otherwise x is f32 (a bf16 x widened, exactly) and each product
+ * is an FMA, on AVX-512 (a panel row one vector, up to 4 rows a tile) or AVX2 (two 8-column halves,
+ * up to 2 rows). Each path rounds its sums its own way. SmolLM2's Q4_1 [16, 576] x [1536, 576] on
+ * 2 Zen 4 cores: 0.53 ms in pairs, 0.76 ms by FMAs (one row: 0.17 and 0.08 ms; yet one request's
+ * decode ran 1.48x bf16's in pairs against 1.34x by FMAs, each beside bf16 in its own run, and the
+ * benchmark's 16-row load 0.81x bf16's against 0.52x).
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define QNR 16 /* output columns a panel */
+#define QK 32  /* values a block */
+#define QMC 64 /* input rows a block of x: kept in cache while the chunk's panels pass */
+#define AVX512Q __attribute__((target("avx512f,avx2,fma,f16c")))
+/* The loops over a block's k are unrolled 4 times, not 16: unrolled whole, GCC hoisted every x
+ * broadcast of a 4-row tile out of them and spilled them (a 7 KB frame), and a 16-row product ran
+ * 3.4x slower than now (SmolLM2's [16, 576] x [1536, 576] Q4_1: 6.8 against 2.0 ms, a busy host). */
+
+/* Bytes one block of a panel takes: its 16 rows' scales (f16), minimums (Q4_1), and quants. */
+long linnet_qpanel_block_bytes(int qtype) {
+    if (qtype == QTYPE_Q8_0)
+        return QNR * 2 + QK * QNR;
+    if (qtype == QTYPE_Q4_1)
+        return QNR * 2 * 2 + QK / 2 * QNR;
+    return 0;
+}
+
+/* ---- AVX-512: one vector holds a panel row's 16 columns */
+
+/* Rows [0, mr) of x (row stride K, mr <= 4, f32) times one panel into sums[r][16]. */
+static inline AVX512Q __attribute__((always_inline)) void qtile512(int qtype, int mr, const float *x, long K,
+                                                                   const float *xsum, const uint8_t *panel,
+                                                                   float sums[4][QNR]) {
+    long blocks = K / QK, bytes = linnet_qpanel_block_bytes(qtype);
+    __m512 total[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    for (long b = 0; b < blocks; b++) {
+        const uint8_t *block = panel + b * bytes;
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)block));
+        __m512 a[4], e[4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++)
+            a[r] = e[r] = _mm512_setzero_ps();
+        if (qtype == QTYPE_Q8_0) {
+            const int8_t *q = (const int8_t *)(block + QNR * 2);
+#pragma GCC unroll 4
+            for (int i = 0; i < QK; i += 2) {
+                __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + i * QNR))));
+                __m512 q1 = _mm512_cvtepi32_ps(
+                    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + (i + 1) * QNR))));
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++)
+                    if (r < mr) {
+                        const float *xr = x + r * K + b * QK;
+                        a[r] = _mm512_fmadd_ps(q0, _mm512_set1_ps(xr[i]), a[r]);
+                        e[r] = _mm512_fmadd_ps(q1, _mm512_set1_ps(xr[i + 1]), e[r]);
+                    }
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++)
+                if (r < mr)
+                    total[r] = _mm512_fmadd_ps(d, _mm512_add_ps(a[r], e[r]), total[r]);
+        } else {
+            __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + QNR * 2)));
+            const uint8_t *q = block + QNR * 4;
+            __m512i low = _mm512_set1_epi32(15);
+#pragma GCC unroll 4
+            for (int i = 0; i < QK / 2; i++) {
+                __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + i * QNR)));
+                __m512 q0 = _mm512_cvtepi32_ps(_mm512_and_si512(v, low));
+                __m512 q1 = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++)
+                    if (r < mr) {
+                        const float *xr = x + r * K + b * QK;
+                        a[r] = _mm512_fmadd_ps(q0, _mm512_set1_ps(xr[i]), a[r]);
+                        e[r] = _mm512_fmadd_ps(q1, _mm512_set1_ps(xr[i + QK / 2]), e[r]);
+                    }
+            }
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++)
+                if (r < mr) {
+                    total[r] = _mm512_fmadd_ps(d, _mm512_add_ps(a[r], e[r]), total[r]);
+                    total[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[r * blocks + b]), total[r]);
+                }
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+        if (r < mr)
+            _mm512_storeu_ps(sums[r], total[r]);
+}
+
+static AVX512Q void qtile512_rows(int qtype, int mr, const float *x, long K, const float *xsum, const uint8_t *panel,
+                                  float sums[4][QNR]) {
+    switch (mr) { /* a tile a row count: its accumulators stay in registers */
+    case 4:
+        qtile512(qtype, 4, x, K, xsum, panel, sums);
+        break;
+    case 3:
+        qtile512(qtype, 3, x, K, xsum, panel, sums);
+        break;
+    case 2:
+        qtile512(qtype, 2, x, K, xsum, panel, sums);
+        break;
+    default:
+        qtile512(qtype, 1, x, K, xsum, panel, sums);
+    }
+}
+
+/* ---- AVX-512 BF16, x in bf16: pairs of k multiplied by VDPBF16PS. A quant is an integer of at most
+ * 8 bits, exact in bf16, so each product q x is exact and only the sums round, in f32 as above;
+ * VDPBF16PS does twice an FMA's multiplications, which bound the f32 tiles over many rows. */
+#define AVX512Q_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
+#define PAIR_ROWS 8 /* rows of x a tile: 3 of the 32 vector registers a row */
+
+/* Lanes of bf16 pairs from two 16-byte lines a, b of 16 rows' quants: lane j holds row j's value
+ * from a (low half) and from b (high half); `nibble` 0 takes the bytes as int8 (Q8_0), 1 their
+ * low nibbles, 2 their high ones (Q4_1). */
+static inline AVX512Q_BF16 __attribute__((always_inline)) __m512bh quant_pairs(__m128i a, __m128i b, int nibble) {
+    __m128i first = _mm_unpacklo_epi8(a, b), second = _mm_unpackhi_epi8(a, b); /* rows 0-7, 8-15 */
+    __m512i lo, hi;
+    if (nibble == 0) {
+        lo = _mm512_cvtepi8_epi32(first), hi = _mm512_cvtepi8_epi32(second);
+    } else {
+        lo = _mm512_cvtepu8_epi32(first), hi = _mm512_cvtepu8_epi32(second);
+        if (nibble == 1)
+            lo = _mm512_and_si512(lo, _mm512_set1_epi32(15)), hi = _mm512_and_si512(hi, _mm512_set1_epi32(15));
+        else
+            lo = _mm512_srli_epi32(lo, 4), hi = _mm512_srli_epi32(hi, 4);
+    }
+    return _mm512_cvtne2ps_pbh(_mm512_cvtepi32_ps(hi), _mm512_cvtepi32_ps(lo)); /* lo's words first */
+}
+
+/* Rows [0, mr) of x (bf16, row stride K, mr <= PAIR_ROWS) times one panel into sums[r][16]. */
+static inline AVX512Q_BF16 __attribute__((always_inline)) void qtile_pairs(int qtype, int mr, const uint16_t *x,
+                                                                          long K, const float *xsum,
+                                                                          const uint8_t *panel,
+                                                                          float sums[PAIR_ROWS][QNR]) {
+    long blocks = K / QK, bytes = linnet_qpanel_block_bytes(qtype);
+    __m512 total[PAIR_ROWS], a[PAIR_ROWS], e[PAIR_ROWS];
+#pragma GCC unroll 8
+    for (int r = 0; r < PAIR_ROWS; r++)
+        total[r] = _mm512_setzero_ps();
+    for (long b = 0; b < blocks; b++) {
+        const uint8_t *block = panel + b * bytes;
+        const uint8_t *q = block + (qtype == QTYPE_Q8_0 ? QNR * 2 : QNR * 4);
+#pragma GCC unroll 8
+        for (int r = 0; r < PAIR_ROWS; r++)
+            a[r] = e[r] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+        for (int i = 0; i < QK / 2; i += 2) { /* Q8_0: pairs i, i + 1 (lines 2i .. 2i + 3); Q4_1: lines i, i + 1 */
+            __m512bh w0, w1;
+            int p0, p1; /* the pairs of x they multiply */
+            if (qtype == QTYPE_Q8_0) {
+                const __m128i *line = (const __m128i *)(q + 2 * i * QNR);
+                w0 = quant_pairs(_mm_loadu_si128(line), _mm_loadu_si128(line + 1), 0);
+                w1 = quant_pairs(_mm_loadu_si128(line + 2), _mm_loadu_si128(line + 3), 0);
+                p0 = i, p1 = i + 1;
+            } else {
+                __m128i l0 = _mm_loadu_si128((const __m128i *)(q + i * QNR));
+                __m128i l1 = _mm_loadu_si128((const __m128i *)(q + (i + 1) * QNR));
+                w0 = quant_pairs(l0, l1, 1), w1 = quant_pairs(l0, l1, 2);
+                p0 = i / 2, p1 = QK / 4 + i / 2;
+            }
+#pragma GCC unroll 8
+            for (int r = 0; r < PAIR_ROWS; r++)
+                if (r < mr) {
+                    const uint32_t *xp = (const uint32_t *)(x + r * K + b * QK);
+                    a[r] = _mm512_dpbf16_ps(a[r], w0, (__m512bh)_mm512_set1_epi32((int)xp[p0]));
+                    e[r] = _mm512_dpbf16_ps(e[r], w1, (__m512bh)_mm512_set1_epi32((int)xp[p1]));
+                }
+        }
+        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)block));
+        __m512 m = qtype == QTYPE_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + QNR * 2)))
+                                       : _mm512_setzero_ps();
+#pragma GCC unroll 8
+        for (int r = 0; r < PAIR_ROWS; r++)
+            if (r < mr) {
+                total[r] = _mm512_fmadd_ps(d, _mm512_add_ps(a[r], e[r]), total[r]);
+                if (qtype == QTYPE_Q4_1)
+                    total[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[r * blocks + b]), total[r]);
+            }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < PAIR_ROWS; r++)
+        if (r < mr)
+            _mm512_storeu_ps(sums[r], total[r]);
+}
+
+static AVX512Q_BF16 void qtile_pairs_rows(int qtype, int mr, const uint16_t *x, long K, const float *xsum,
+                                          const uint8_t *panel, float sums[PAIR_ROWS][QNR]) {
+    switch (mr) { /* a tile a row count: its accumulators stay in registers */
+    case 8: qtile_pairs(qtype, 8, x, K, xsum, panel, sums); break;
+    case 7: qtile_pairs(qtype, 7, x, K, xsum, panel, sums); break;
+    case 6: qtile_pairs(qtype, 6, x, K, xsum, panel, sums); break;
+    case 5: qtile_pairs(qtype, 5, x, K, xsum, panel, sums); break;
+    case 4: qtile_pairs(qtype, 4, x, K, xsum, panel, sums); break;
+    case 3: qtile_pairs(qtype, 3, x, K, xsum, panel, sums); break;
+    case 2: qtile_pairs(qtype, 2, x, K, xsum, panel, sums); break;
+    default: qtile_pairs(qtype, 1, x, K, xsum, panel, sums);
+    }
+}
+
+/* ---- AVX2: a panel row's 16 columns as two 8-wide halves */
+
+static inline AVX2 __attribute__((always_inline)) void qtile256(int qtype, int mr, const float *x, long K,
+                                                                const float *xsum, const uint8_t *panel,
+                                                                float sums[4][QNR]) {
+    long blocks = K / QK, bytes = linnet_qpanel_block_bytes(qtype);
+    __m256 lo_total[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 hi_total[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (long b = 0; b < blocks; b++) {
+        const uint8_t *block = panel + b * bytes;
+        __m256 d_lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)block));
+        __m256 d_hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + 16)));
+        __m256 a_lo[2], a_hi[2], e_lo[2], e_hi[2];
+#pragma GCC unroll 2
+        for (int r = 0; r < 2; r++)
+            a_lo[r] = a_hi[r] = e_lo[r] = e_hi[r] = _mm256_setzero_ps();
+        const uint8_t *q = block + (qtype == QTYPE_Q8_0 ? QNR * 2 : QNR * 4);
+#pragma GCC unroll 4
+        for (int s = 0; s < QK / 2; s++) { /* Q8_0: k = 2s and 2s + 1; Q4_1: k = s and s + 16 */
+            __m256 q0_lo, q0_hi, q1_lo, q1_hi;
+            long k0, k1;
+            if (qtype == QTYPE_Q8_0) { /* even and odd k: lines 2s and 2s + 1 */
+                __m128i v0 = _mm_loadu_si128((const __m128i *)(q + 2 * s * QNR));
+                __m128i v1 = _mm_loadu_si128((const __m128i *)(q + (2 * s + 1) * QNR));
+                q0_lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v0));
+                q0_hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v0, 8)));
+                q1_lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1));
+                q1_hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v1, 8)));
+                k0 = 2 * s, k1 = 2 * s + 1;
+            } else { /* the low and high nibbles of line s: k = s and s + 16 */
+                __m128i v = _mm_loadu_si128((const __m128i *)(q + s * QNR));
+                __m256i w_lo = _mm256_cvtepu8_epi32(v), w_hi = _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8));
+                __m256i low = _mm256_set1_epi32(15);
+                q0_lo = _mm256_cvtepi32_ps(_mm256_and_si256(w_lo, low));
+                q0_hi = _mm256_cvtepi32_ps(_mm256_and_si256(w_hi, low));
+                q1_lo = _mm256_cvtepi32_ps(_mm256_srli_epi32(w_lo, 4));
+                q1_hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(w_hi, 4));
+                k0 = s, k1 = s + QK / 2;
+            }
+#pragma GCC unroll 2
+            for (int r = 0; r < 2; r++)
+                if (r < mr) {
+                    const float *xr = x + r * K + b * QK;
+                    __m256 x0 = _mm256_set1_ps(xr[k0]), x1 = _mm256_set1_ps(xr[k1]);
+                    a_lo[r] = _mm256_fmadd_ps(q0_lo, x0, a_lo[r]);
+                    a_hi[r] = _mm256_fmadd_ps(q0_hi, x0, a_hi[r]);
+                    e_lo[r] = _mm256_fmadd_ps(q1_lo, x1, e_lo[r]);
+                    e_hi[r] = _mm256_fmadd_ps(q1_hi, x1, e_hi[r]);
+                }
+        }
+#pragma GCC unroll 2
+        for (int r = 0; r < 2; r++)
+            if (r < mr) {
+                lo_total[r] = _mm256_fmadd_ps(d_lo, _mm256_add_ps(a_lo[r], e_lo[r]), lo_total[r]);
+                hi_total[r] = _mm256_fmadd_ps(d_hi, _mm256_add_ps(a_hi[r], e_hi[r]), hi_total[r]);
+                if (qtype == QTYPE_Q4_1) {
+                    __m256 s = _mm256_set1_ps(xsum[r * blocks + b]);
+                    lo_total[r] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + 32))), s,
+                                                  lo_total[r]);
+                    hi_total[r] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + 48))), s,
+                                                  hi_total[r]);
+                }
+            }
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < 2; r++)
+        if (r < mr) {
+            _mm256_storeu_ps(sums[r], lo_total[r]);
+            _mm256_storeu_ps(sums[r] + 8, hi_total[r]);
+        }
+}
+
+static AVX2 void qtile256_rows(int qtype, int mr, const float *x, long K, const float *xsum, const uint8_t *panel,
+                               float sums[4][QNR]) {
+    if (mr >= 2)
+        qtile256(qtype, 2, x, K, xsum, panel, sums);
+    else
+        qtile256(qtype, 1, x, K, xsum, panel, sums);
+}
+
+/* ---- the call */
+
+enum { PATH_AVX2, PATH_AVX512, PATH_PAIRS }; /* the tiles a call takes */
+
+struct qlinear_job {
+    int qtype, y_type, path;
+    const void *x; /* f32, or bf16 for PATH_PAIRS */
+    const float *xsum;
+    long M, K, N, P;
+    const void *const *panels;
+    const long *cols;
+    const int *widths;
+    void *y;
+};
+
+/* Panels [p0, p1) of chunk c times every row of x, each tile's sums rounded into y as they are stored. */
+static AVX2 int qlinear_chunk(void *data, long c, long chunks) {
+    const struct qlinear_job *t = data;
+    long p0 = t->P * c / chunks, p1 = t->P * (c + 1) / chunks, blocks = t->K / QK;
+    int tile_rows = t->path == PATH_PAIRS ? PAIR_ROWS : t->path == PATH_AVX512 ? 4 : 2;
+    long x_bytes = t->path == PATH_PAIRS ? 2 : 4;
+    float sums[PAIR_ROWS][QNR];
+    for (long m0 = 0; m0 < t->M; m0 += QMC) {
+        long m1 = m0 + QMC < t->M ? m0 + QMC : t->M;
+        for (long p = p0; p < p1; p++)
+            for (long m = m0; m < m1; m += tile_rows) {
+                int mr = m1 - m < tile_rows ? (int)(m1 - m) : tile_rows;
+                const void *x = (const char *)t->x + m * t->K * x_bytes;
+                const float *xsum = t->xsum ? t->xsum + m * blocks : NULL;
+                if (t->path == PATH_PAIRS)
+                    qtile_pairs_rows(t->qtype, mr, x, t->K, xsum, t->panels[p], sums);
+                else if (t->path == PATH_AVX512)
+                    qtile512_rows(t->qtype, mr, x, t->K, xsum, t->panels[p], (float(*)[QNR])sums);
+                else
+                    qtile256_rows(t->qtype, mr, x, t->K, xsum, t->panels[p], (float(*)[QNR])sums);
+                for (int r = 0; r < mr; r++)
+                    for (int j = 0; j < t->widths[p]; j++)
+                        store1(t->y, t->y_type, (m + r) * t->N + t->cols[p] + j, sums[r][j]);
+            }
+    }
+    return 0;
+}
+
+/* Each row's sum over each block of 32 of x [M, K] (f32 or bf16: x_type; Q4_1's minimums multiply
+ * them): in one order whatever M is. */
+static AVX2 void block_sums(int x_type, const void *x, long M, long K, float *out) {
+    for (long m = 0; m < M; m++)
+        for (long b = 0; b < K / QK; b++) {
+            long at = m * K + b * QK;
+            __m256 s = _mm256_add_ps(_mm256_add_ps(load8(x, x_type, at), load8(x, x_type, at + 8)),
+                                     _mm256_add_ps(load8(x, x_type, at + 16), load8(x, x_type, at + 24)));
+            out[m * (K / QK) + b] = hsum8(s);
+        }
+}
+
+/* y [M, N] (y_type: F32, BF16 or F16) = x [M, K] (F32 or BF16: x_type; K a multiple of 32) times P
+ * panels of qtype (QTYPE_Q8_0 or QTYPE_Q4_1, laid out as the top says): panel p gives y's columns
+ * cols[p] .. cols[p] + widths[p], so one call can run a fused group's weights. Sums are f32's,
+ * rounded once to y_type. Threads split the panels in equal runs, as linnet_linear's do. Returns
+ * -1 if out of memory, -2 for a type or K the kernel does not take. */
+int linnet_qlinear(int qtype, int x_type, const void *x, long M, long K, long P, const void *const *panels,
+                   const long *cols, const int *widths, int y_type, void *y, long N, int threads) {
+    if (!linnet_qpanel_block_bytes(qtype) || K % QK)
+        return -2;
+    if (M == 0 || P == 0)
+        return 0;
+    float *wide_x = NULL, *xsum = NULL;
+    const void *input = x;
+    int path = linnet_isa() < ISA_AVX512 ? PATH_AVX2 : x_type == BF16 && linnet_isa() >= ISA_AVX512_BF16 ? PATH_PAIRS
+                                                                                                         : PATH_AVX512;
+    if (x_type != F32 && path != PATH_PAIRS) {
+        if (!(wide_x = malloc(M * K * sizeof(float))))
+            return -1;
+        for (long i = 0; i < M * K; i++) /* bf16 to f32: exact */
+            ((uint32_t *)wide_x)[i] = (uint32_t)((const uint16_t *)x)[i] << 16;
+        input = wide_x;
+    }
+    int status = -1;
+    if (qtype == QTYPE_Q4_1 && !(xsum = malloc(M * (K / QK) * sizeof(float))))
+        goto done;
+    if (xsum)
+        block_sums(input == x ? x_type : F32, input, M, K, xsum);
+    struct qlinear_job job = {qtype, y_type, path, input, xsum, M, K, N, P, panels, cols, widths, y};
+    status = linnet_parallel(qlinear_chunk, &job, P < threads ? P : threads, threads) ? -1 : 0;
+done:
+    free(wide_x);
+    free(xsum);
+    return status;
+}

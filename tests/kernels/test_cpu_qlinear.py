@@ -1,0 +1,106 @@
+"""The quantized CPU linear (Q8_0 / Q4_1 blocks) against gguf's own decoding of the same bytes and a
+float64 matmul: odd shapes (a last panel narrower than 16, K a few blocks, row counts around the
+tiles and the 64-row block of x), x in f32 and bf16, joined weights, and batch invariance."""
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from linnet.kernels import cpu_linear, cpu_qlinear
+
+pytestmark = pytest.mark.skipif(not cpu_linear.available(torch.float32), reason="Linnet's CPU kernels do not run here")
+
+Q = gguf.GGMLQuantizationType
+QTYPES = [Q.Q8_0, Q.Q4_1]
+
+
+def random_blocks(qtype, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """n * k / 32 blocks of random quants, with scales (and minimums) of a trained weight's size."""
+    size = gguf.GGML_QUANT_SIZES[qtype][1]
+    blocks = rng.integers(0, 256, size=(n, k // 32, size), dtype=np.uint8)
+    halves = 2 if qtype == Q.Q4_1 else 1  # d (and m) at the front of each block, as f16
+    scales = (rng.standard_normal((n, k // 32, halves)) * 0.02).astype(np.float16)
+    blocks[..., :2 * halves] = scales.view(np.uint8).reshape(n, k // 32, 2 * halves)
+    return blocks
+
+
+def reference(qtype, blocks: np.ndarray, n: int, k: int, x: torch.Tensor):
+    """gguf's dequantization of the blocks, times x in float64; and the sums of magnitudes whose f32
+    rounding bounds the kernel's error (Q4_1: |d q| and |m| apart, as the kernel sums them)."""
+    w = gguf.quants.dequantize(blocks.reshape(n, -1), qtype).astype(np.float64).reshape(n, k)
+    xd = x.double().numpy()
+    if qtype == Q.Q4_1:
+        m = np.repeat(blocks[..., 2:4].copy().view(np.float16).astype(np.float64).reshape(n, k // 32), 32, axis=1)
+        magnitude = np.abs(w - m) + np.abs(m)
+    else:
+        magnitude = np.abs(w)
+    return xd @ w.T, np.abs(xd) @ magnitude.T
+
+
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("rows", [1, 3, 16, 100])
+@pytest.mark.parametrize("n,k", [(1, 32), (17, 96), (40, 576), (64, 160)])
+@pytest.mark.parametrize("x_type", [torch.float32, torch.bfloat16], ids=["x_f32", "x_bf16"])
+def test_matmul_is_gguf_dequantized_times_x(qtype, rows, n, k, x_type):
+    rng = np.random.default_rng(rows * 1000 + n * 10 + k)
+    blocks = random_blocks(qtype, n, k, rng)
+    x = torch.from_numpy(rng.standard_normal((rows, k)).astype(np.float32)).to(x_type)
+    w = cpu_qlinear.pack(blocks, qtype, n, k)
+    assert (w.n, w.k, w.table.count) == (n, k, -(-n // 16))
+    got = cpu_qlinear.matmul(x, w)
+    assert got.shape == (rows, n) and got.dtype == x_type
+    want, scale = reference(qtype, blocks, n, k, x)
+    # f32 accumulation over K terms (and the blocks' sums): within K ulps of the magnitudes summed;
+    # a bf16 output adds its one rounding
+    bound = 4 * k * 2 ** -24 * scale + (2 ** -8 * np.abs(want) if x_type == torch.bfloat16 else 0) + 1e-30
+    assert np.all(np.abs(got.double().numpy() - want) <= bound)
+
+
+@pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
+def test_each_row_is_the_same_alone_as_beside_others(qtype):
+    """Batch invariance: a row's sums are bitwise the same whatever rows its call holds."""
+    rng = np.random.default_rng(7)
+    n, k = 50, 192
+    w = cpu_qlinear.pack(random_blocks(qtype, n, k, rng), qtype, n, k)
+    x = torch.from_numpy(rng.standard_normal((70, k)).astype(np.float32))
+    together = cpu_qlinear.matmul(x, w)
+    for i in (0, 3, 4, 5, 63, 64, 69):
+        assert torch.equal(cpu_qlinear.matmul(x[i:i + 1], w)[0], together[i])
+        assert torch.equal(cpu_qlinear.matmul(x[i:i + 5], w)[0], together[i])
+
+
+def test_joined_weights_give_their_outputs_side_by_side():
+    rng = np.random.default_rng(3)
+    k = 64
+    parts = [cpu_qlinear.pack(random_blocks(Q.Q4_1, n, k, rng), Q.Q4_1, n, k) for n in (20, 16, 9)]
+    x = torch.from_numpy(rng.standard_normal((5, k)).astype(np.float32))
+    joined = cpu_qlinear.QuantWeight.join(parts)
+    assert joined.n == 45
+    assert torch.equal(cpu_qlinear.matmul(x, joined), torch.cat([cpu_qlinear.matmul(x, p) for p in parts], dim=1))
+    with pytest.raises(ValueError, match="share K and block type"):
+        cpu_qlinear.QuantWeight.join([parts[0], cpu_qlinear.pack(random_blocks(Q.Q8_0, 16, k, rng), Q.Q8_0, 16, k)])
+
+
+def test_a_bias_and_leading_axes_are_kept():
+    rng = np.random.default_rng(5)
+    n, k = 24, 64
+    blocks = random_blocks(Q.Q8_0, n, k, rng)
+    w = cpu_qlinear.pack(blocks, Q.Q8_0, n, k)
+    x = torch.from_numpy(rng.standard_normal((2, 3, k)).astype(np.float32))
+    bias = torch.from_numpy(rng.standard_normal(n).astype(np.float32))
+    got = cpu_qlinear.matmul(x, w, bias)
+    assert got.shape == (2, 3, n)
+    assert torch.equal(got, (cpu_qlinear.matmul(x.reshape(6, k), w) + bias).reshape(2, 3, n))
+
+
+@pytest.mark.parametrize("qtype,k", [(Q.Q4_K, 256), (Q.Q8_0, 48)], ids=["Q4_K", "K_48"])
+def test_a_type_or_k_it_does_not_take_is_refused(qtype, k):
+    with pytest.raises(ValueError, match="takes Q8_0 and Q4_1 blocks with K a multiple of 32"):
+        cpu_qlinear.pack(np.zeros(1000, np.uint8), qtype, 16, k)
+
+
+def test_the_block_types_are_ggmls_own():
+    """The kernel's type codes and block sizes, kept here without importing gguf, are gguf's."""
+    assert {code: (Q(code).name, gguf.GGML_QUANT_SIZES[Q(code)][1]) for code in cpu_qlinear.READS} == \
+        {code: (name, cpu_qlinear.BLOCK_BYTES[code]) for code, name in cpu_qlinear.READS.items()}
