@@ -52,7 +52,9 @@ def write_gguf(dst_path: str | os.PathLike, dtype: str) -> str:
 
 
 def cached_gguf(dtype: str) -> str:
-    """The F16/F32 GGUF under CACHE_DIR, written on first use."""
+    """The F16/F32 GGUF under CACHE_DIR, written on first use; "q4_1": the embedded file as it is."""
+    if dtype == "q4_1":
+        return str(embedded_gguf_path())
     path = CACHE_DIR / f"SmolLM2-135M-Instruct.{dtype.upper()}.gguf"
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -80,6 +82,14 @@ def _kv_type(gguf_path: str) -> int:
 
     all_f32 = GGUFCheckpoint(gguf_path).metadata("general.file_type") == LlamaFileType.ALL_F32
     return _GGML_TYPE_F32 if all_f32 else _GGML_TYPE_F16
+
+
+def _quantized(gguf_path: str) -> bool:
+    """Whether the GGUF holds block-quantized weights (not all F32 / F16)."""
+    from gguf import LlamaFileType
+
+    return GGUFCheckpoint(gguf_path).metadata("general.file_type") not in (LlamaFileType.ALL_F32,
+                                                                           LlamaFileType.MOSTLY_F16)
 
 
 class _Llama:
@@ -132,7 +142,11 @@ def _open(gguf_path: str, seqs: int, seq_len: int, threads: int, batch_tokens: i
 
     _quiet_logs(llama_cpp)
     llama_cpp.llama_backend_init()
-    model = llama_cpp.llama_model_load_from_file(gguf_path.encode(), llama_cpp.llama_model_default_params())
+    model_params = llama_cpp.llama_model_default_params()
+    # llama.cpp's repacked (and AMX) buffers for quantized types crash on this machine
+    # (tests/nest/test_load_gguf.py); its plain CPU kernels read the blocks as the file holds them
+    model_params.use_extra_bufts = not _quantized(gguf_path)
+    model = llama_cpp.llama_model_load_from_file(gguf_path.encode(), model_params)
     if not model:
         raise RuntimeError(f"llama.cpp could not load {gguf_path}")
     params = llama_cpp.llama_context_default_params()

@@ -2,11 +2,12 @@
 
 The load: 64 requests of 32 to 128 random prompt tokens (random.Random(0)), 16 in
 flight, 32 new tokens each, no end token, on SmolLM2-135M-Instruct (the
-embedded GGUF's weights, dequantized). transformers runs the same prompts with
+embedded GGUF's weights, dequantized; "torch-gguf": its Q4_1 / Q8_0 linears run in
+their blocks, quantization="gguf"). transformers runs the same prompts with
 batched `generate` in f32, 16 at a time, left-padded. llama.cpp (when
 llama-cpp-python is installed) runs them with continuous batching over 16
-sequences, on F16 and F32 GGUFs written from the same weights
-(llamacpp_peer.py). Then one request (128 prompt tokens, 128 new) for the
+sequences, on F16 and F32 GGUFs written from the same weights and on the
+embedded Q4_1 file as it is (llamacpp_peer.py). Then one request (128 prompt tokens, 128 new) for the
 single-stream rate. Prints tokens/s and the ratios. Each system runs in a process of its own
 (`--in-process`: all in this one), as a user runs one: threads and allocators of one never slow
 another.
@@ -47,8 +48,12 @@ class Chosen:
     weights = None  # the card's own (None), or "random"
 
     @classmethod
-    def load(cls, **kwargs):
-        return nest.load(cls.card, weights=cls.weights, seed=0, tokenizer=False, **kwargs)
+    def load(cls, dtype: str, generics: dict, **kwargs):
+        """The card for a system's type: "f32", "bf16", or "gguf" (bf16, the GGUF's Q8_0 / Q4_1 linears
+        in their blocks: quantization="gguf")."""
+        quantization = "gguf" if dtype == "gguf" else None
+        return nest.load(cls.card, weights=cls.weights, seed=0, tokenizer=False, quantization=quantization,
+                         generics={**generics, "T": "bf16" if quantization else dtype}, **kwargs)
 
 
 def load_prompts(n: int, lo: int, hi: int, vocab: int) -> list:
@@ -58,8 +63,8 @@ def load_prompts(n: int, lo: int, hi: int, vocab: int) -> list:
 
 def linnet_single(backend: str, dtype: str, prompt: list, new: int, repeats: int) -> float:
     """Decode tokens/s of one request: tokens after the first over the time after the first."""
-    model = Chosen.load(backend=backend, numerics="fast", compile=True, cast_dtype=True,
-                        generics={"Batch": 1, "MaxSeq": len(prompt) + new, "T": dtype})
+    model = Chosen.load(dtype, {"Batch": 1, "MaxSeq": len(prompt) + new}, backend=backend, numerics="fast",
+                        compile=True, cast_dtype=True)
     engine = Engine(model)
     engine.warmup([len(prompt)])
     rates = []
@@ -89,8 +94,8 @@ def transformers_single(ref, prompt: list, new: int, repeats: int) -> float:
 def linnet_run(backend: str, dtype: str, prompts: list, rows: int, new: int, repeats: int) -> tuple[float, float]:
     """(generated tokens/s, seconds to load and warm up): median over `repeats` runs."""
     start = time.perf_counter()
-    model = Chosen.load(backend=backend, numerics="fast", compile=True, cast_dtype=True,
-                        generics={"Batch": rows, "MaxSeq": max(len(p) for p in prompts) + new, "T": dtype})
+    model = Chosen.load(dtype, {"Batch": rows, "MaxSeq": max(len(p) for p in prompts) + new}, backend=backend,
+                        numerics="fast", compile=True, cast_dtype=True)
     engine = Engine(model)
     engine.warmup(len(p) for p in prompts)
     setup = time.perf_counter() - start
@@ -142,8 +147,9 @@ def transformers_run(ref, prompts: list, rows: int, new: int, repeats: int) -> f
     return statistics.median(rates)
 
 
-LINNET = ["torch-f32", "torch-bf16", "jax-f32", "jax-bf16"]
-LLAMACPP = ["llamacpp-f16", "llamacpp-f32"]
+# torch-gguf: bf16, SmolLM2's embedded GGUF's Q4_1 / Q8_0 linears in their blocks (quantization="gguf")
+LINNET = ["torch-f32", "torch-bf16", "jax-f32", "jax-bf16", "torch-gguf"]
+LLAMACPP = ["llamacpp-f16", "llamacpp-f32", "llamacpp-q4_1"]  # q4_1: the embedded file as it is
 
 
 def llamacpp_installed() -> bool:
@@ -155,7 +161,8 @@ def llamacpp_installed() -> bool:
 
 
 def llamacpp_gguf(system: str) -> str:
-    """The GGUF for "llamacpp-f16" / "llamacpp-f32", written (and cached) on first use."""
+    """The GGUF for "llamacpp-f16" / "llamacpp-f32", written (and cached) on first use; "llamacpp-q4_1": the
+    embedded file (Q4_1 / Q8_0) as it is."""
     return cached_gguf(system.split("-")[1])
 
 
@@ -175,6 +182,9 @@ def chosen_systems(only: list | None) -> list:
         print("llama.cpp: " + ("runs SmolLM2's GGUF only" if Chosen.card != DEFAULT_CARD else
                                "not installed (pip install llama-cpp-python)") + ", skipped")
         systems = [s for s in systems if s not in LLAMACPP]
+    if "torch-gguf" in systems and (Chosen.card != DEFAULT_CARD or Chosen.weights == "random"):
+        print("linnet torch gguf: runs SmolLM2's GGUF file only, skipped")
+        systems.remove("torch-gguf")
     return systems
 
 
@@ -256,10 +266,15 @@ def main():
     parser.add_argument("--card", default=DEFAULT_CARD, help="the card to run (default: %(default)s)")
     parser.add_argument("--weights", choices=["random"],
                         help="random weights instead of the card's own (the default when Nest finds none)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for every system (default: torch's, the cores); on a host other work keeps "
+                             "busy, llama.cpp's OpenMP barriers wait on a thread the OS has not scheduled")
     parser.add_argument("--in-process", action="store_true",
                         help="run every system in this one process (by default each runs in a process of its own)")
     parser.add_argument("--report-json", action="store_true", help=argparse.SUPPRESS)  # a child's figures, as JSON
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     Chosen.card = args.card
     info = nest.card(args.card)
     Chosen.weights = args.weights or (None if info.weights()[0] else "random")

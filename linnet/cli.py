@@ -157,8 +157,12 @@ def cmd_generate(args) -> int:
     # exact numerics compute in f32 whatever T: the note above says so where a 16-bit T was asked for
     generics = _load_generics(1, args.max_seq, (args.dtype or "bf16") if args.numerics == "fast" else "f32")
     _use_compile_cache(args)
-    model = nest.load(args.card, backend=args.backend, device=args.device, numerics=args.numerics, compile=True,
-                      generics=generics, cast_dtype=True, weights=args.weights, tokenizer=args.tokenizer or True)
+    try:
+        model = nest.load(args.card, backend=args.backend, device=args.device, numerics=args.numerics, compile=True,
+                          generics=generics, cast_dtype=True, weights=args.weights, tokenizer=args.tokenizer or True,
+                          quantization=args.quantization)
+    except ValueError as err:  # what was asked cannot be had (as serve's): --quantization gguf with --backend jax
+        raise _UsageError(_as_flags(str(err))) from None
     tok = model.tokenizer
     if tok is None:
         whose = f"{model.weights}: no tokenizer found with these weights"
@@ -284,7 +288,7 @@ def _as_flags(message: str) -> str:
     (--device cuda:1, --shards 4): what the user typed, and would type instead."""
     import re
 
-    message = re.sub(r"\bdevice='([^']*)'", r"--device \1", message)
+    message = re.sub(r"\b(device|numerics|quantization)='([^']*)'", r"--\1 \2", message)
     return re.sub(r"\bshards=(\d+)", r"--shards \1", message)
 
 
@@ -300,6 +304,18 @@ class _FlagError(_UsageError):
 # vLLM's names of the types; its default "auto" (the checkpoint's type) is bf16 here, the type the
 # cards' models are trained and published in
 _DTYPE_NAMES = {"bfloat16": "bf16", "float16": "f16", "half": "f16", "float32": "f32", "float": "f32", "auto": "bf16"}
+
+
+def _quantization(text: str) -> str:
+    """--quantization: vLLM's "gguf" (a GGUF's Q8_0 / Q4_1 linears run in their blocks); its others refused."""
+    if text != "gguf":
+        raise argparse.ArgumentTypeError(f"{text!r} is not taken: 'gguf' runs a GGUF's Q8_0 and Q4_1 weights in their "
+                                         "blocks (torch on the CPU); other weights run in --dtype (bf16, f16 or f32)")
+    return text
+
+
+_QUANTIZATION_HELP = ("gguf: a .gguf's Q8_0 and Q4_1 linear weights run in their blocks, not decoded to --dtype at "
+                      "load (torch on the CPU, --numerics fast; vLLM's --quantization gguf)")
 
 
 def _dtype_name(text: str) -> str:
@@ -460,7 +476,7 @@ def cmd_serve(args) -> int:
     try:
         model = nest.load(args.card, backend=args.backend, device=args.device, numerics=args.numerics,
                           compile=not args.enforce_eager, generics=generics, cast_dtype=True, weights=args.weights,
-                          shards=args.shards, tokenizer=args.tokenizer or True)
+                          shards=args.shards, tokenizer=args.tokenizer or True, quantization=args.quantization)
     except ValueError as err:  # what was asked cannot be had: more shards than devices, an unknown device
         raise _UsageError(_as_flags(str(err))) from None
     _note_context(model, args.max_seq)
@@ -711,6 +727,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dtype", type=_dtype_name, choices=["f32", "bf16", "f16"], default=None,
                    help="T with --numerics fast (default bf16; exact always computes in f32; vLLM's bfloat16, "
                         "float16, half, float32 and auto are taken too)")
+    g.add_argument("--quantization", "-q", type=_quantization, default=None, help=_QUANTIZATION_HELP)
     g.add_argument("--max-seq", type=_max_seq, default=None,
                    help="positions in the cache: prompt plus completion (default: the model's context, cut to what "
                         "memory holds and, on a CPU, to a 4 GiB cache, VLLM_CPU_KVCACHE_SPACE's GiB where set; "
@@ -749,6 +766,7 @@ def build_parser() -> argparse.ArgumentParser:
                          "reference semantics, in f32 (as `generate`'s)")
     sv.add_argument("--weights", default=None,
                     help="a checkpoint path, or 'random' (default: the card's, found as nest.load finds them)")
+    sv.add_argument("--quantization", "-q", type=_quantization, default=None, help=_QUANTIZATION_HELP)
     sv.add_argument("--token-budget", "--max-num-batched-tokens", type=_positive, default=None,
                     help="most tokens in one pass (default: 2048 on a GPU, 512 on a CPU)")
     sv.add_argument("--chat-template", default=None,

@@ -18,8 +18,6 @@ _ON_DEVICE = "the whole model runs on --device; there are no layers to offload"
 
 SERVE = {
     ("--model", "-m"): f"{_POSITIONAL}: linnet serve CARD [flags]",
-    ("--quantization", "-q"): "Linnet serves weights in --dtype (bf16, f16 or f32); a quantized GGUF's weights are "
-                              "dequantized as they are read",
     ("--pipeline-parallel-size", "-pp", "--data-parallel-size", "-dp"): _TENSOR_PARALLEL,
     ("--enable-lora", "--lora-modules", "--max-loras", "--max-lora-rank"): "Linnet serves no LoRA adapters",
     ("--download-dir", "--revision", "--hf-token"): _NO_DOWNLOADS,
@@ -37,8 +35,6 @@ GENERATE = {
     ("--conversation", "-cnv", "--interactive", "-i"): "linnet generate answers one prompt; --chat wraps it in "
                                                       "the model's chat template, and `linnet serve` holds a chat",
     ("--n-gpu-layers", "-ngl", "--gpu-layers"): _ON_DEVICE,
-    ("--quantization", "-q"): "Linnet computes in --dtype (bf16, f16 or f32); a quantized GGUF's weights are "
-                              "dequantized as they are read",
 }
 
 EXPORT = {  # llama.cpp's convert_hf_to_gguf.py

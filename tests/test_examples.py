@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from linnet.nest.embedded import embedded_gguf_path
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -52,6 +54,18 @@ def test_04_throughput_prints_its_two_lines():
     compiled, rate = out.strip().splitlines()[-2:]
     assert re.fullmatch(r"compiled in \d+ s", compiled)
     assert re.fullmatch(r"64 tokens in [\d.]+ s: \d+ tokens/s", rate)
+
+
+@pytest.mark.skipif(embedded_gguf_path() is None, reason="the embedded SmolLM2 GGUF is not installed")
+def test_04_throughput_runs_the_embedded_ggufs_blocks_with_quantization_gguf():
+    out = run_example("04-serve/throughput.py", "--card", "smollm2-135m-instruct", "--quantization", "gguf",
+                      "--requests", "4", "--rows", "2", "--min-prompt", "8", "--max-prompt", "16", "--new", "4").stdout
+    assert re.fullmatch(r"16 tokens in [\d.]+ s: \d+ tokens/s", out.strip().splitlines()[-1])
+    done = subprocess.run([sys.executable, str(ROOT / "examples/04-serve/throughput.py"), "--card", "tiny-llama",
+                           "--weights", "random", "--quantization", "gguf"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1 and "throughput.py: error: quantization='gguf' runs on the torch backend on the " \
+        "CPU, with numerics='fast', reading a GGUF file; not with random weights" in done.stderr
 
 
 

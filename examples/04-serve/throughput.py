@@ -5,6 +5,9 @@ generating 128 tokens. Prints the generated tokens per second.
 Without a GPU or the weights, try a small card with random weights:
     python examples/04-serve/throughput.py --card smollm2-135m-instruct --weights random \\
         --requests 32 --rows 16 --min-prompt 32 --max-prompt 128 --new 32 --dtype f32
+or the embedded SmolLM2 GGUF's Q4_1 linears run in their blocks (vLLM's --quantization gguf):
+    python examples/04-serve/throughput.py --card smollm2-135m-instruct --quantization gguf \\
+        --requests 32 --rows 16 --min-prompt 32 --max-prompt 128 --new 32
 """
 
 import argparse
@@ -38,6 +41,8 @@ parser.add_argument("--weights", default=None,
 parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"], help="the element type T (bf16)")
 parser.add_argument("--token-budget", type=positive, default=None, help="most tokens in one pass (default: 2048 on a GPU, 512 on a CPU)")
 parser.add_argument("--shards", type=positive, default=None, help="jax: spread the model over this many devices")
+parser.add_argument("--quantization", choices=["gguf"], default=None,
+                    help="gguf: a .gguf's Q8_0 and Q4_1 linears run in their blocks (torch on the CPU)")
 args = parser.parse_args()
 if args.min_prompt > args.max_prompt:
     parser.error(f"--min-prompt ({args.min_prompt}) is more than --max-prompt ({args.max_prompt})")
@@ -52,12 +57,14 @@ try:
     if args.backend == "torch":
         # Generated PyTorch, each step replayed as one CUDA graph.
         model = nest.load(args.card, backend="torch", device=args.device, numerics="fast", compile=True,
-                          generics=generics, cast_dtype=True, weights=args.weights, tokenizer=False)
+                          generics=generics, cast_dtype=True, weights=args.weights, tokenizer=False,
+                          quantization=args.quantization)
     else:
         # Every entry over one copy of the weights, compiled by XLA.
         model = nest.load(args.card, backend="jax_model", numerics="fast", generics=generics, cast_dtype=True,
-                          weights=args.weights, tokenizer=False, shards=args.shards)
-except (nest.CardError, nest.WeightsError, nest.DeviceError) as err:  # the card, its weights, the device: said why
+                          weights=args.weights, tokenizer=False, shards=args.shards, quantization=args.quantization)
+# the card, its weights, the device, or a quantization where it does not run: said why
+except (nest.CardError, nest.WeightsError, nest.DeviceError, ValueError) as err:
     parser.exit(1, f"{parser.prog}: error: {err}\n")
 print(f"loaded in {time.perf_counter() - start:.0f} s", file=sys.stderr)  # apart from the two lines
 

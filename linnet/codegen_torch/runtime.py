@@ -17,8 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from linnet.kernels import cpu_attention, cpu_linear, cpu_ops
+from linnet.kernels import cpu_attention, cpu_linear, cpu_ops, cpu_qlinear
 from linnet.kernels.cpu_linear import PanelWeight
+from linnet.kernels.cpu_qlinear import QuantBlocks, QuantWeight
 from linnet.rope_tables import inv_frequencies
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "i32": torch.int32,
@@ -76,7 +77,7 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor
             _FUSED[w.group] = (x, w.fused, out)
         y = out[..., w.start:w.stop]
         return y if bias is None else y + bias
-    if isinstance(w, PanelWeight) or w.is_mkldnn:
+    if isinstance(w, (PanelWeight, QuantWeight)) or w.is_mkldnn:
         return _packed_linear(x, w, bias)
     # Over rows, f32 activations meet a 16-bit weight unrounded, whatever the CPU multiplies natively
     if x.numel() > x.shape[-1] and (computed_in_f32(w) or x.dtype != w.dtype):
@@ -89,6 +90,8 @@ def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor
 def _packed_linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
     if isinstance(w, PanelWeight):
         return cpu_linear.matmul(x, w, bias)
+    if isinstance(w, QuantWeight):
+        return cpu_qlinear.matmul(x, w, bias)
     return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
 
 
@@ -849,17 +852,30 @@ class TorchModel:
     pack_rows = 16  # input rows oneDNN tunes packed weights for (its layout only): a decode step's, typically
 
     def __init__(self, weights: dict, device: str | torch.device = "cpu", consume: bool = False):
-        """`weights`: {param: tensor or numpy array}. With `consume` the model takes the tensors as
-        its own: each entry is popped from `weights`, and packing lays a linear weight out in its
-        own memory rather than in a copy (`nest.load` does this: loading never holds two copies)."""
+        """`weights`: {param: tensor or numpy array, or a GGUF's `QuantBlocks`}. With `consume` the model
+        takes the tensors as its own: each entry is popped from `weights`, and packing lays a linear
+        weight out in its own memory rather than in a copy (`nest.load` does this: loading never holds
+        two copies). Blocks a linear reads run in them (`_kept_in_blocks`); others are decoded to T."""
         self.device = torch.device(device)
         joined = {name for group in self._joined_groups() for name in group}
+        kept = self._kept_in_blocks(weights)
+        self.quant_blocks = {}  # {param: QuantBlocks} until `pack_linear_weights` packs them
         for name, (shape, dtype) in self.params.items():
             if name in self.tied:
                 continue
             if name not in weights:
                 raise KeyError(f"no weights for param `{name}` {list(shape)} {dtype}")
-            t = torch.as_tensor(weights.pop(name) if consume else weights[name])
+            t = weights.pop(name) if consume else weights[name]
+            if isinstance(t, QuantBlocks):
+                if tuple(t.shape) != tuple(shape):
+                    raise ValueError(f"param `{name}` must be {list(shape)}, but the blocks given are {list(t.shape)}")
+                if name in kept:
+                    self.quant_blocks[name] = t
+                if name in kept and name in self.linear_weights:
+                    setattr(self, name, None)  # packed from its blocks
+                    continue
+                t = t.dequantized(DTYPES[dtype])
+            t = torch.as_tensor(t)
             if tuple(t.shape) != tuple(shape):
                 raise ValueError(f"param `{name}` must be {list(shape)}, but the weights given are {list(t.shape)}")
             if t.dtype != DTYPES[dtype]:
@@ -869,9 +885,28 @@ class TorchModel:
         for name, other in self.tied.items():
             setattr(self, name, getattr(self, other))
         self.pack_linear_weights(in_place=consume)
+        self.quant_blocks = {}
         self.pack_expert_weights(in_place=consume)
         self.reset_state()
         self.init_tables()
+
+    def _kept_in_blocks(self, weights: dict) -> set:
+        """The params given as `QuantBlocks` that stay in their blocks: linear weights (fast numerics, on the
+        CPU, a type and K `cpu_qlinear` takes), a fused group only whole and of one type; and the targets
+        of tied linears (an embedding gathered from, decoded too, whose head runs in its blocks)."""
+        if not self.fast or self.device.type != "cpu":
+            return set()
+
+        def runs(name):
+            w = weights.get(name)
+            return isinstance(w, QuantBlocks) and cpu_qlinear.takes(w.qtype, w.k)
+
+        kept = {name for name in self.linear_weights if name not in self.tied and runs(name)}
+        for group in self.linear_groups:
+            if not all(name in kept for name in group) or len({weights[name].qtype for name in group}) != 1:
+                kept -= set(group)
+        heads = [name for name in self.linear_weights if name in self.tied]  # a target that is a linear is shared
+        return kept | {self.tied[h] for h in heads if self.tied[h] not in self.linear_weights and runs(self.tied[h])}
 
     def pack_linear_weights(self, in_place: bool = False):
         """Fast numerics on the CPU: linear weights packed (`pack_linear_weight`), a stacked one layer
@@ -879,7 +914,9 @@ class TorchModel:
 
         A tied param shares its target's packed tensor when the target is packed too; otherwise (a
         head tied to an embedding that is gathered from) it gets a packed copy of its own: one more
-        [vocab, dim] tensor, for a head that runs about twice as fast in decode steps.
+        [vocab, dim] tensor, for a head that runs about twice as fast in decode steps. Params kept in
+        a GGUF's blocks (`quant_blocks`) are packed from them for `cpu_qlinear`, a tied head from its
+        target's blocks.
         """
         if not self.fast:
             return
@@ -890,6 +927,11 @@ class TorchModel:
                 continue
             if self.tied.get(name) in packed:
                 setattr(self, name, getattr(self, self.tied[name]))
+                continue
+            blocks = self.quant_blocks.get(self.tied.get(name, name))
+            if blocks is not None:
+                setattr(self, name, blocks.packed())
+                packed.add(name)
                 continue
             w = getattr(self, name)
             if not packs_linear_weights(w.device, w.dtype):
@@ -923,6 +965,13 @@ class TorchModel:
         as FusedParts. Returns the names fused."""
         fused = set()
         for slot, group in enumerate(self.linear_groups):
+            if group[0] in self.quant_blocks:  # (`_kept_in_blocks`: the whole group, of one type)
+                members = [self.quant_blocks[name].packed() for name in group]
+                stacked = self.linear_weights[group[0]]
+                self._hand_out_parts(slot, group, [QuantWeight.join(list(layer)) for layer in zip(*members)]
+                                     if stacked else [QuantWeight.join(members)])
+                fused.update(group)
+                continue
             weights = [getattr(self, name) for name in group]
             if not all(packs_linear_weights(self.device, w.dtype) for w in weights):
                 continue
@@ -994,7 +1043,7 @@ class TorchModel:
                 t = t.fused if isinstance(t, FusedPart) else t
                 if id(t) not in seen:
                     seen.add(id(t))
-                    total += t.nbytes if isinstance(t, PanelWeight) else t.numel() * t.element_size()
+                    total += t.nbytes if isinstance(t, (PanelWeight, QuantWeight)) else t.numel() * t.element_size()
         return total
 
     def reset_state(self):

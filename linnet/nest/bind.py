@@ -189,7 +189,7 @@ def _file_of(ckpt, name: str) -> str:
 def bind_weights(module: Module, get: Callable[[str], object], fmt: str = "hf", cast_dtype: bool = True,
                  device: str = "cpu", where: str | Callable[[str], str] = "the checkpoint",
                  progress: Callable[[str], None] | None = None, framework: str = "torch",
-                 get_in_type: bool = False) -> dict:
+                 get_in_type: bool = False, get_blocks: Callable[[str], tuple | None] | None = None) -> dict:
     """{param name: array} in the module's dtype, read through `get(checkpoint_name)`.
 
     framework="torch": torch tensors on `device`, from the torch tensors `get` returns; "numpy":
@@ -197,7 +197,9 @@ def bind_weights(module: Module, get: Callable[[str], object], fmt: str = "hf", 
     the file a tensor comes from in messages (a string, or a function of the tensor's name, for
     sharded checkpoints); `progress(name)` is called after each tensor. `get_in_type`: `get` is
     called as get(checkpoint_name, param's type), for a reader that can give a tensor in that type
-    as the conversion would (a GGUF's blocks decoded straight to bf16).
+    as the conversion would (a GGUF's blocks decoded straight to bf16). `get_blocks(checkpoint_name)`:
+    (type, [rows, row bytes] blocks) of a tensor kept quantized, or None; a param [*layers, N, K] whose
+    every tensor it gives, of one type, is bound as `cpu_qlinear.QuantBlocks` (`nest.quantized`), not decoded.
     """
     arrays = _ARRAYS[framework](device)
     file_of = where if callable(where) else (lambda _name: where)
@@ -208,6 +210,13 @@ def bind_weights(module: Module, get: Callable[[str], object], fmt: str = "hf", 
         dtype = concrete_dtype(p.type.dtype, module)
         src = _source(module, p, fmt)
         stored = tuple(shape[src.stacked:])
+        if get_blocks is not None:
+            blocks = _quantized(module, src, pieces, shape, get_blocks)
+            if blocks is not None:
+                out[name] = blocks
+                for _, ckpt in pieces if progress is not None else ():
+                    progress(ckpt)
+                continue
         target = arrays.empty(shape, dtype, device)
         for index, ckpt in pieces:
             t = arrays.take(get(ckpt, dtype) if get_in_type else get(ckpt))
@@ -227,6 +236,31 @@ def bind_weights(module: Module, get: Callable[[str], object], fmt: str = "hf", 
                 progress(ckpt)
         out[name] = target
     return out
+
+
+def _quantized(module: Module, src, pieces: list, shape: tuple, get_blocks: Callable[[str], tuple | None]):
+    """A param's stored tensors as one `QuantBlocks`, where each is blocks `get_blocks` keeps, all of
+    one type, of the declared [N, K] each, rewritten by row permutations alone (`unpermute_rope`); else
+    None, and the param is decoded as any other (a shape that does not fit then fails there, as ever)."""
+    from gguf import GGML_QUANT_SIZES
+
+    from linnet.kernels.cpu_qlinear import QuantBlocks
+
+    if len(shape) - src.stacked != 2 or src.stacked > 1 or any(t != "unpermute_rope" for t, _ in src.transforms):
+        return None
+    stored = [get_blocks(ckpt) for _, ckpt in pieces]
+    if any(s is None for s in stored) or len({s[0] for s in stored}) != 1:
+        return None
+    qtype = stored[0][0]
+    values, block_bytes = GGML_QUANT_SIZES[qtype]
+    layers = []
+    for _, rows in stored:
+        if rows.shape != (shape[-2], shape[-1] // values * block_bytes) or shape[-1] % values:
+            return None
+        for tname, args in src.transforms:
+            rows = apply_transform(tname, rows, [evaluate_dim(a, module) for a in args])
+        layers.append(rows)
+    return QuantBlocks(qtype, tuple(shape), layers)
 
 
 class _TorchArrays:

@@ -548,6 +548,17 @@ class GGUFCheckpoint(Checkpoint):
             arr = arr.copy()
         return torch.from_numpy(arr)
 
+    def blocks(self, name: str, qtypes) -> tuple | None:
+        """(type, [rows, row bytes] uint8: the file's own bytes, not decoded) of a tensor stored as
+        one of `qtypes`, for a kernel that reads the blocks (`nest.quantized`); None for any other
+        tensor, and for one `load` rewrites (a joined pair, a norm less one, a big-endian file's)."""
+        t = self._tensors.get(name)
+        if t is None or t.type not in qtypes or t.data.dtype != np.uint8 or name in self._joined or \
+                (self._plus_one and name.endswith(self._plus_one)) or \
+                self._split_files.get(name, self._file).byte_order != "<":
+            return None
+        return t.type, t.data.reshape(-1, t.data.shape[-1])
+
     def _decodes_to_bf16(self, name: str) -> bool:
         """Whether `load(name, dtype="bf16")` decodes straight to bf16: a quantized tensor of a type
         Linnet's C decodes, read as stored (not one of the joined pairs, nor a norm less one)."""

@@ -29,7 +29,8 @@ Loading streams: the checkpoint's headers are checked against the card first
 dequantized for GGUF), transformed and copied straight into its place in the
 target dtype on the target device, one at a time. Peak memory is the model in
 T plus one tensor. GGUF tensors are dequantized to f32 and always converted to
-T: a quantized tensor has no dtype of its own to match. Tensors in the
+T: a quantized tensor has no dtype of its own to match (but, with
+quantization="gguf", Q8_0 / Q4_1 linears, kept in their blocks: `nest.quantized`). Tensors in the
 checkpoint that the card does not use are reported once (a warning) and listed
 in `model.info["unused_tensors"]`.
 """
@@ -59,6 +60,7 @@ from linnet.nest.locate import download_command, find_weights, is_model_dir, wei
 from linnet.nest.memory import check_fits, free_jax_bytes, free_torch_bytes
 from linnet.nest.model import LoadedModel
 from linnet.nest.progress import Progress
+from linnet.nest.quantized import check_quantization, check_source
 
 BACKENDS = {"torch": "torch", "jax": "jax", "jax_model": "jax"}
 EMBEDDED_CARD = "smollm2-135m-instruct"
@@ -68,7 +70,7 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
          compile: bool = False, generics: dict | None = None, cast_dtype: bool = False,
          weights: str | os.PathLike | Checkpoint | None = None, seed: int = 0,
          tokenizer: bool | str | os.PathLike = True, progress: bool | None = None,
-         shards: int | None = None) -> LoadedModel:
+         shards: int | None = None, quantization: str | None = None) -> LoadedModel:
     """A model ready for the engine: `load("smollm2-135m-instruct", backend="jax", generics={...})`.
 
     `compile` (torch): the engine captures the decode step once and replays it, as a CUDA graph on
@@ -83,6 +85,10 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     `tokenizer`: True, the weights' own (if they have one; random weights take that of the card's own
     weights where Nest finds them, as vLLM's dummy weights do); False, none; or the path of a model
     directory or GGUF file whose tokenizer to use.
+    `quantization="gguf"` (vLLM's word for it): a GGUF's Q8_0 and Q4_1 linear weights stay in their
+    blocks and run in them (`kernels.cpu_qlinear`), not decoded to T at load; the torch backend on the
+    CPU with numerics="fast" only (refused elsewhere, `nest.quantized`); tensors of other types are
+    decoded as without it, and, where Linnet's CPU kernels do not run, all of them, with a warning.
     """
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; one of {', '.join(BACKENDS)}")
@@ -102,6 +108,7 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     else:
         jax_device = _jax_device(device)
         device = device or ("cuda" if jax_device.platform == "gpu" else jax_device.platform)
+    quantization = _quantization(quantization, kind, device, numerics)
     # JAX binds numpy host arrays, which its runtime moves to the device: no torch import on its way
     bind_device, framework = (device, "torch") if kind == "torch" else ("cpu", "numpy")
     runs_on = device if kind == "torch" else ("cuda" if jax_device.platform == "gpu" else "cpu")  # torch's name
@@ -120,7 +127,7 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     check_entries(resolved[0])  # before any weight is read: the engine calls these, and only these
     bound = read_weights(name, generics, numerics, cast_dtype, weights, seed, tokenizer, bind_device, progress,
                          framework=framework, runs_on=runs_on, room=room, resolved=resolved, context_free=context_free,
-                         cache_space=space)
+                         cache_space=space, quantization=quantization)
     spec, card_name, params = bound.module, bound.card, bound.params
 
     note = _slow_type_note(kind, device, spec.bindings["T"])
@@ -162,7 +169,7 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
                  tokenizer: bool | str | os.PathLike = True, device: str = "cpu", progress: bool | None = None,
                  resolved: tuple | None = None, framework: str = "torch", runs_on: str | None = None,
                  room: tuple | None = None, context_free: int | None = None,
-                 cache_space: int | None = None) -> BoundWeights:
+                 cache_space: int | None = None, quantization: str | None = None) -> BoundWeights:
     """The first half of `load` (same arguments): the card, specialized, with its weights bound as torch
     tensors on `device` and its tokenizer; what `load` compiles and what `linnet export` writes out.
     `resolved`: what `resolve_card(name, weights)` gave, for a caller that has already asked.
@@ -172,7 +179,8 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
     `room`: (the device's name, its free bytes or None) to check the model fits before a weight is read.
     `context_free`: the free bytes a MaxSeq chosen (none in `generics`) fits the cache to, where `room`
     says none (a JAX model spread over devices: theirs together).
-    `cache_space`: the bytes a MaxSeq chosen fits the cache to at most, whatever is free (a CPU's)."""
+    `cache_space`: the bytes a MaxSeq chosen fits the cache to at most, whatever is free (a CPU's).
+    `quantization="gguf"`: a GGUF's Q8_0 / Q4_1 params bound in their blocks (`load`'s)."""
     module, card_name, ckpt = resolved or resolve_card(name, weights)
     free = room[1] if room is not None and room[1] is not None else context_free
     spec, context = _specialize(module, dict(generics or {}), numerics, free, cache_space)
@@ -197,6 +205,7 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
     if isinstance(weights, str) and weights == "random":
         from linnet.nest.random_weights import random_weights
 
+        check_source(quantization, None)
         bound = BoundWeights(spec, card_name, random_weights(spec, seed=seed, device=device, runs_on=runs_on), None,
                              "random", info=info)
     else:
@@ -204,7 +213,8 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
             ckpt = weights if isinstance(weights, Checkpoint) else open_checkpoint(
                 weights if weights is not None else find_card_weights(card_name, module, raise_missing=True)[0])
             _warn_config_differences(ckpt, spec, card_name)
-        params, info["unused_tensors"] = _read(spec, ckpt, cast_dtype, device, progress, framework)
+        check_source(quantization, ckpt)
+        params, info["unused_tensors"] = _read(spec, ckpt, cast_dtype, device, progress, framework, quantization)
         bound = BoundWeights(spec, card_name, params, None, ckpt.path, ckpt, info)
     if tok is None and tokenizer is True and bound.checkpoint is None:  # random weights: the card's own
         tok, tok_from = _card_tokenizer(card_name, module, spec)
@@ -535,8 +545,10 @@ def _tied_head(module: Module, ckpt: Checkpoint, fmt: str, unused: list) -> list
     return [name for name in unused if name != head]
 
 
-def _read(module: Module, ckpt: Checkpoint, cast_dtype: bool, device: str, progress: bool | None, framework: str):
-    """({param: array}, unused checkpoint tensors), after checking every header against the card."""
+def _read(module: Module, ckpt: Checkpoint, cast_dtype: bool, device: str, progress: bool | None, framework: str,
+          quantization: str | None = None):
+    """({param: array}, unused checkpoint tensors), after checking every header against the card;
+    with `quantization`, a GGUF's Q8_0 / Q4_1 params as their blocks (`nest.quantized.QuantBlocks`)."""
     from linnet.nest.bind import bind_weights, check_checkpoint, checkpoint_names
 
     fmt = "gguf" if ckpt.format == "gguf" else "hf"
@@ -553,13 +565,43 @@ def _read(module: Module, ckpt: Checkpoint, cast_dtype: bool, device: str, progr
         return ckpt.load(name, framework=framework, dtype=dtype) if gguf_in_type else \
             ckpt.load(name, framework=framework)
 
+    get_blocks = _block_reader(module, ckpt, fmt) if quantization else None
     try:
         params = bind_weights(module, get, fmt=fmt, cast_dtype=cast_dtype or fmt == "gguf", device=device,
                               where=ckpt.file_of, progress=lambda name: bar.update(note=name), framework=framework,
-                              get_in_type=gguf_in_type)
+                              get_in_type=gguf_in_type, get_blocks=get_blocks)
     finally:
         bar.close()
     return params, unused
+
+
+def _block_reader(module: Module, ckpt: Checkpoint, fmt: str):
+    """quantization="gguf"'s reader of a tensor's blocks, for `bind_weights`: those of the types the kernel
+    reads (`cpu_qlinear.READS`); a line says which quantized types the file holds that it does not."""
+    from linnet.kernels.cpu_qlinear import READS
+    from linnet.nest.bind import checkpoint_names
+
+    names = [n for ns in checkpoint_names(module, fmt).values() for n in ns]
+    others = sorted({ckpt.stored_dtype(n).upper() for n in names} - {"F32", "F16", "BF16"} - set(READS.values()))
+    if others:
+        warnings.warn(f"{ckpt.path}: quantization='gguf' keeps {' and '.join(READS.values())} blocks; its "
+                      f"{', '.join(others)} tensors are decoded to T", stacklevel=5)
+    return lambda name: ckpt.blocks(name, READS)
+
+
+def _quantization(quantization: str | None, kind: str, device: str, numerics: str) -> str | None:
+    """`load`'s quantization, checked (`nest.quantized`); None, with a warning, where Linnet's CPU kernels do
+    not run (no AVX2, LINNET_CPU_KERNELS=0): the blocks are decoded to T there, as without it."""
+    check_quantization(quantization, kind, device, numerics)
+    if quantization is None:
+        return None
+    from linnet.kernels import cpu_linear
+
+    if cpu_linear.library() is None:
+        warnings.warn("quantization='gguf': Linnet's CPU kernels do not run here (an AVX2 CPU, LINNET_CPU_KERNELS "
+                      "not 0); the GGUF's blocks are decoded to T", stacklevel=3)
+        return None
+    return quantization
 
 
 def tokenizer_of(ckpt: Checkpoint | Path):

@@ -232,6 +232,23 @@ def test_llama_clis_other_flags_are_refused_with_linnets_way(capsys, argv, says)
         main(["generate", *argv])
     assert f"linnet generate: error: {says}" in capsys.readouterr().err
 
+def test_quantization_gguf_generates_as_the_file_decoded(capsys, gguf_path):
+    """--quantization gguf (vLLM's): the embedded Q4_1 file's linears in their blocks, the greedy reply
+    of its bf16 load; refused where it does not run, in the command's flags."""
+    argv = ["generate", "smollm2-135m-instruct", "What is the capital of France?", "--chat", "-n", "8",
+            "--max-seq", "64"]
+    replies = []
+    for extra in ([], ["--quantization", "gguf"]):
+        assert main([*argv, *extra]) == 0
+        replies.append(capsys.readouterr().out)
+    assert replies[0] == replies[1] and "Paris" in replies[1]
+    assert main([*argv, "-q", "gguf", "--numerics", "exact"]) == 1
+    assert "linnet: error: --quantization gguf runs on the torch backend on the CPU, with --numerics fast, reading " \
+        "a GGUF file; not with --numerics exact" in capsys.readouterr().err
+    assert main([*argv, "-q", "gguf", "--weights", "random"]) == 1
+    assert "reading a GGUF file; not with random weights" in capsys.readouterr().err
+
+
 def test_generate_errors(capsys):
     assert main(["generate", "smollm2-135m-instrct", "hi"]) == 1
     err = capsys.readouterr().err

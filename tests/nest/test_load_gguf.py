@@ -75,11 +75,12 @@ def k_quant_blocks(rng, shape, qtype) -> np.ndarray:
     return raw.reshape(shape[0], -1)
 
 
-def write_typed_llama(path, qtype, seed=0, split_max_tensors=0):
+def write_typed_llama(path, qtype, seed=0, split_max_tensors=0, tied=False):
     """A random Llama whose matrices (embeddings and output too) are stored in `qtype`, its norms in
     f32, as llama.cpp's quantize leaves them; a byte vocabulary llama.cpp can load. With
     `split_max_tensors`, split as llama.cpp's gguf-split writes it (gguf's writer's own splitting:
-    PATH-0000i-of-0000N.gguf, the first returned)."""
+    PATH-0000i-of-0000N.gguf, the first returned). `tied`: no output.weight (the head is the
+    embedding's, as SmolLM2's)."""
     rng = np.random.default_rng(seed)
     w = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
     w.add_block_count(LAYERS)
@@ -96,7 +97,9 @@ def write_typed_llama(path, qtype, seed=0, split_max_tensors=0):
     w.add_token_scores([0.0] * VOCAB)
     w.add_token_types([2, 3, 3] + [6] * 256 + [1] * (VOCAB - 259))
     head_dim = DIM // HEADS
-    shapes = {"token_embd.weight": (VOCAB, DIM), "output_norm.weight": (DIM,), "output.weight": (VOCAB, DIM)}
+    shapes = {"token_embd.weight": (VOCAB, DIM), "output_norm.weight": (DIM,)}
+    if not tied:
+        shapes["output.weight"] = (VOCAB, DIM)
     for i in range(LAYERS):
         shapes.update({f"blk.{i}.attn_norm.weight": (DIM,), f"blk.{i}.attn_q.weight": (DIM, DIM),
                        f"blk.{i}.attn_k.weight": (KV_HEADS * head_dim, DIM),

@@ -166,8 +166,9 @@ def test_a_port_in_use_is_said_before_the_model_loads(monkeypatch, capsys, any_p
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["tiny-llama", "--quantization", "awq"], "--quantization is not taken here: Linnet serves weights in --dtype"),
-    (["tiny-llama", "-q", "fp8"], "-q is not taken here: Linnet serves weights in --dtype"),
+    (["tiny-llama", "--quantization", "awq"], "argument --quantization/-q: 'awq' is not taken: 'gguf' runs a GGUF's "
+                                              "Q8_0 and Q4_1 weights in their blocks (torch on the CPU)"),
+    (["tiny-llama", "-q", "fp8"], "argument --quantization/-q: 'fp8' is not taken: 'gguf' runs"),
     (["--model", "tiny-llama"], "--model is not taken here: the card (a name, a .linnet file, a model directory or a "
                                 ".gguf) is the command's first argument: linnet serve CARD"),
     (["tiny-llama", "--pipeline-parallel-size", "2"], "--pipeline-parallel-size is not taken here: Linnet spreads a "
@@ -199,7 +200,7 @@ def test_the_refused_flags_are_not_in_the_help(capsys):
     with pytest.raises(SystemExit, match="0"):
         main(["serve", "--help"])
     out = capsys.readouterr().out
-    assert "--quantization" not in out and "-ngl" not in out and "--disable-log-stats" in out
+    assert "-ngl" not in out and "--disable-log-stats" in out
 
 
 def test_vllms_flags_taken_as_they_are(monkeypatch):

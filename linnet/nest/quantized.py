@@ -1,0 +1,38 @@
+"""A GGUF's quantized weights kept in their blocks: `nest.load(..., quantization="gguf")`.
+
+`bind.bind_weights` gives a param whose every stored tensor is Q8_0 or Q4_1 blocks (the types
+`kernels.cpu_qlinear` multiplies) as `cpu_qlinear.QuantBlocks` rather than decoded; the torch model
+(`codegen_torch.runtime.TorchModel`) packs those its linears read for the quantized kernel and
+decodes the rest (an embedding's table, which it gathers rows from) to the param's type.
+"""
+
+from __future__ import annotations
+
+# what the option takes, as vLLM spells it (its `quantization="gguf"` runs a GGUF's blocks as they are)
+QUANTIZATIONS = ("gguf",)
+SUPPORTED = "the torch backend on the CPU, with numerics='fast', reading a GGUF file"
+
+
+def check_quantization(quantization: str | None, kind: str, device: str, numerics: str) -> None:
+    """Refuses `quantization` where it does not run, saying where it does (`check_source`: the weights)."""
+    if quantization is None:
+        return
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization={quantization!r}: Linnet takes {', '.join(map(repr, QUANTIZATIONS))} "
+                         f"(a GGUF's Q8_0 / Q4_1 linears run in their blocks) or None")
+    where = []
+    if kind != "torch":
+        where.append(f"the {kind} backend")
+    if str(device).split(":")[0] != "cpu":
+        where.append(f"device {device!r}")
+    if numerics != "fast":
+        where.append(f"numerics={numerics!r}")
+    if where:
+        raise ValueError(f"quantization='gguf' runs on {SUPPORTED}; not with {', '.join(where)}")
+
+
+def check_source(quantization: str | None, checkpoint) -> None:
+    """Refuses `quantization` for weights that are not a GGUF file's (random ones, safetensors)."""
+    if quantization is not None and getattr(checkpoint, "format", None) != "gguf":
+        what = "random weights" if checkpoint is None else f"{checkpoint.path} (a {checkpoint.format} checkpoint)"
+        raise ValueError(f"quantization='gguf' runs on {SUPPORTED}; not with {what}")

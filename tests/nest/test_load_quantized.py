@@ -1,0 +1,132 @@
+"""nest.load(..., quantization="gguf"): a GGUF's Q8_0 / Q4_1 linears run in their blocks
+(`kernels.cpu_qlinear`), against the same file decoded at load (the default); where it does not
+run, refused with what is supported; types the kernel does not read, decoded with a notice."""
+
+import numpy as np
+import pytest
+import torch
+
+from linnet import nest
+from linnet.kernels import cpu_linear
+from linnet.kernels.cpu_qlinear import QuantWeight
+from linnet.nest.quantized import check_quantization
+from linnet.serve import Engine, Request
+
+gguf = pytest.importorskip("gguf")
+from test_load_gguf import PROMPTS, logits, write_typed_llama  # noqa: E402  (this folder's: tests/nest)
+
+Q = gguf.GGMLQuantizationType
+runs_here = pytest.mark.skipif(not cpu_linear.available(torch.float32), reason="Linnet's CPU kernels do not run here")
+
+
+def load(path, quantization=None, compile=False, **kwargs):
+    return nest.load(path, backend="torch", device="cpu", numerics="fast", compile=compile, tokenizer=False,
+                     generics={"Batch": 3, "MaxSeq": 32, "T": "f32"}, quantization=quantization, **kwargs)
+
+
+def greedy(model, new=8):
+    done, _ = Engine(model).run([Request(prompt=p, max_new_tokens=new, ignore_eos=True) for p in PROMPTS])
+    return [list(c.tokens) for c in done]
+
+
+def quant_weights(model) -> list:
+    """The linear params that run in their blocks (each layer's weight, or its fused group's, a QuantWeight)."""
+    def blocks(w):
+        return isinstance(getattr(w, "fused", w), QuantWeight)
+
+    runner = model.runner
+    return [name for name in runner.linear_weights
+            if all(map(blocks, getattr(runner, name) if runner.linear_weights[name] else [getattr(runner, name)]))]
+
+
+@runs_here
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1], ids=lambda q: q.name)
+@pytest.mark.parametrize("tied", [False, True], ids=["own_head", "tied_head"])
+def test_greedy_tokens_are_those_of_the_file_decoded_at_load(qtype, tied, tmp_path):
+    """Every linear in its blocks (q, k and v, gate and up fused; a tied head from the embedding's
+    blocks), the tokens of Engine.run as the same file decoded to f32 gives them, and the logits
+    within f32 accumulation's rounding."""
+    path = write_typed_llama(tmp_path / f"tiny-{qtype.name}.gguf", qtype, tied=tied)
+    decoded, quantized = load(path), load(path, "gguf")
+    assert len(quant_weights(quantized)) == len(quantized.runner.linear_weights)
+    assert not quant_weights(decoded)
+    assert quantized.runner.weight_bytes() < decoded.runner.weight_bytes() / 2
+    want, got = logits(decoded), logits(quantized)
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    decoded.reset(), quantized.reset()
+    assert greedy(quantized) == greedy(decoded)
+
+
+@runs_here
+def test_a_captured_decode_step_replays_the_quantized_linears(tmp_path):
+    """compile=True: the CPU graph records cpu_qlinear's calls (cpu_graph.c's task) and replays them."""
+    path = write_typed_llama(tmp_path / "tiny-Q4_1.gguf", Q.Q4_1, tied=True)
+    assert greedy(load(path, "gguf", compile=True), new=12) == greedy(load(path), new=12)
+
+
+@runs_here
+def test_types_the_kernel_does_not_read_are_decoded_with_a_notice(tmp_path):
+    path = write_typed_llama(tmp_path / "tiny-Q4_K.gguf", Q.Q4_K)
+    with pytest.warns(UserWarning, match=r"quantization='gguf' keeps Q8_0 and Q4_1 blocks; its Q4_K tensors are "
+                                         r"decoded to T"):
+        quantized = load(path, "gguf")
+    assert not quant_weights(quantized)
+    np.testing.assert_array_equal(logits(quantized), logits(load(path)))
+
+
+@pytest.mark.parametrize("kind,device,numerics,says", [
+    ("jax", "cpu", "fast", "not with the jax backend"),
+    ("torch", "cuda", "fast", "not with device 'cuda'"),
+    ("torch", "cpu", "exact", "not with numerics='exact'"),
+])
+def test_where_it_does_not_run_it_is_refused_saying_where_it_does(kind, device, numerics, says):
+    with pytest.raises(ValueError, match="quantization='gguf' runs on the torch backend on the CPU, with "
+                                         "numerics='fast', reading a GGUF file; " + says):
+        check_quantization("gguf", kind, device, numerics)
+
+
+def test_an_unknown_quantization_is_refused():
+    with pytest.raises(ValueError, match="quantization='awq': Linnet takes 'gguf'"):
+        check_quantization("awq", "torch", "cpu", "fast")
+
+
+def test_weights_that_are_not_a_gguf_are_refused(tiny_hf):
+    _, directory = tiny_hf
+    with pytest.raises(ValueError, match=r"reading a GGUF file; not with .*Tiny-Llama \(a safetensors checkpoint\)"):
+        nest.load(directory, numerics="fast", tokenizer=False, quantization="gguf")
+    with pytest.raises(ValueError, match="reading a GGUF file; not with random weights"):
+        nest.load("smollm2-135m-instruct", weights="random", numerics="fast", tokenizer=False,
+                  generics={"MaxSeq": 16}, quantization="gguf")
+    with pytest.raises(ValueError, match="not with the jax backend, numerics='exact'"):
+        nest.load("smollm2-135m-instruct", backend="jax", tokenizer=False, quantization="gguf")
+
+
+@runs_here
+def test_without_the_cpu_kernels_the_blocks_are_decoded_with_a_warning(tmp_path, monkeypatch):
+    path = write_typed_llama(tmp_path / "tiny-Q8_0.gguf", Q.Q8_0)
+    monkeypatch.setattr(cpu_linear, "library", lambda: None)
+    with pytest.warns(UserWarning, match="Linnet's CPU kernels do not run here .* the GGUF's blocks are decoded to T"):
+        model = load(path, "gguf")
+    assert not quant_weights(model)
+
+
+@runs_here
+def test_smollm2_runs_in_its_blocks_as_decoded_within_quantization(gguf_path):
+    """The embedded Q4_1 file: the first greedy tokens as its bf16 load (decoded) gives them, and
+    the logits no farther from the file decoded to f32 than that bf16 load is (its weights rounded
+    to bf16; here they stay as the blocks hold them, the activations bf16 in both)."""
+    loaded = {name: nest.load("smollm2-135m-instruct", numerics="fast", tokenizer=False, cast_dtype=True,
+                              generics={"Batch": 1, "MaxSeq": 64, "T": t}, quantization=quantization)
+              for name, t, quantization in [("f32", "f32", None), ("bf16", "bf16", None), ("gguf", "bf16", "gguf")]}
+    prompt = [1, 9690, 198, 2683, 359, 253, 5356, 5646, 11173, 3365, 3511, 308, 34519, 28, 7018, 411, 407, 19712]
+    n = len(prompt)
+    scores = {}
+    for name, model in loaded.items():
+        scores[name] = np.asarray(model.prefill(np.array(prompt, np.int32), np.arange(n, dtype=np.int32),
+                                                np.zeros(n, np.int32), np.array([n - 1], np.int32)))[0]
+        model.reset()
+    bf16_error, gguf_error = (np.abs(scores[name] - scores["f32"]).max() for name in ("bf16", "gguf"))
+    assert gguf_error <= 1.5 * bf16_error, (gguf_error, bf16_error)
+    runs = {name: Engine(model).run([Request(prompt=prompt, max_new_tokens=8, ignore_eos=True)])[0][0].tokens
+            for name, model in loaded.items()}
+    assert runs["gguf"] == runs["bf16"]
