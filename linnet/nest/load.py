@@ -598,8 +598,8 @@ def _quantization(quantization: str | None, kind: str, device: str, numerics: st
     from linnet.kernels import cpu_linear
 
     if cpu_linear.library() is None:
-        warnings.warn("quantization='gguf': Linnet's CPU kernels do not run here (an AVX2 CPU, LINNET_CPU_KERNELS "
-                      "not 0); the GGUF's blocks are decoded to T", stacklevel=3)
+        warnings.warn("quantization='gguf': Linnet's CPU kernels do not run here (they need an AVX2 CPU and "
+                      "LINNET_CPU_KERNELS not 0); the GGUF's blocks are decoded to T", stacklevel=3)
         return None
     return quantization
 
