@@ -154,6 +154,7 @@ class Engine:
         self._ahead: _Decode | None = None  # a decode step dispatched and not yet read
         self._news: dict = {}  # event loop -> [(queue, (tokens so far, finish reason))] this step
         self._guide = None  # structured.Guide, made for the first structured request
+        self._scoring_ahead = None  # the thread compiling prompt logprobs' passes ahead (`warm_scoring_later`)
 
     # ------------------------------------------------------------ submitting
 
@@ -224,6 +225,18 @@ class Engine:
     def has_work(self) -> bool:
         return bool(self.waiting or self.live)
 
+    def _admissible(self) -> bool:
+        """Whether a request queued may take a row now (none `_held`)."""
+        return any(not self._held(x) for x in self.waiting)
+
+    def _held(self, item: _Live) -> bool:
+        """Whether the serving loop leaves `item` queued: a request scoring its prompt while the passes
+        that do so compile ahead (`warm_scoring_later`). Admitted, its pass compiled on the engine's
+        thread, and every request in flight waited (the soak's JAX server: 5 compiles in its first
+        40 s); queued, it waits alone, for what its pass would have waited on anyway."""
+        return (item.req.prompt_logprobs is not None and self._scoring_ahead is not None
+                and self._scoring_ahead.is_alive() and threading.current_thread() is self._thread)
+
     # ------------------------------------------------------------ running
 
     def warmup(self, prompt_lengths=(), logprobs: bool = False, structured: bool = False,
@@ -276,13 +289,16 @@ class Engine:
             return self.runner.pass_sizes(min(self.token_budget, packed) if lengths else self.token_budget)
         return sorted({min(n, self.token_budget) for n in lengths})[:4] or [16]
 
-    def warm_scoring_later(self) -> threading.Thread | None:
+    def warm_scoring_later(self, then=None) -> threading.Thread | None:
         """JAX: compiles what passes scoring prompt tokens (prompt_logprobs) run, at every pass size,
         on a thread of its own while the engine serves, running nothing (`JaxRunner.compile_scoring`):
         what `warmup(prompt_logprobs=True)` holds a start for, where few requests ask for it
         (SmolLM2's server on this CPU: about half of its warmup). A scored request that comes first
-        compiles what its pass needs itself, as a run past its warmup does. The thread's compiles
-        are not the steps' (`stats.compiles`). Returns the thread; None under torch (nothing to make)."""
+        waits queued under the background loop (`_held`); stepped otherwise, it compiles what its
+        pass needs itself, as a run past its warmup does. The thread's compiles
+        are not the steps' (`stats.compiles`). `then(seconds)`, where given, is called on the thread once
+        it is done (the server says so: until then a scored request may stall the others). Returns the
+        thread; None under torch (nothing to make)."""
         if self.model.backend != "jax":
             return None
         from linnet.serve.runners import uncounted
@@ -290,9 +306,17 @@ class Engine:
         sizes = self._warmup_sizes([])
 
         def compile_scoring():
-            with uncounted():
-                self.runner.compile_scoring(sizes)
+            begun = time.perf_counter()
+            try:
+                with uncounted():
+                    self.runner.compile_scoring(sizes)
+                if then is not None:
+                    then(time.perf_counter() - begun)
+            finally:
+                self._scoring_ahead = None  # the scored requests it held are let in (`_held`), woken here
+                self.wakeup.set()
         thread = threading.Thread(target=compile_scoring, name="linnet-compile-scoring", daemon=True)
+        self._scoring_ahead = thread
         thread.start()
         return thread
 
@@ -391,6 +415,7 @@ class Engine:
         self.stats = Stats(window=window)
         self._compiles_before = self.runner.compiles
         self._named_before = len(self.runner.compiled)
+        self._compiles_logged = (0, 0)  # (compiles, named ones) of the stats' that `_log_compiles` has told
 
     def _count_compiles(self) -> None:
         """The stats' compiles since they began, less a warmup's: how many, and what each was."""
@@ -416,7 +441,21 @@ class Engine:
         finally:
             self.stats.seconds += time.perf_counter() - begun
             self._count_compiles()
+            if threading.current_thread() is self._thread:
+                self._log_compiles()
             self._tell_listeners()
+
+    def _log_compiles(self) -> None:
+        """A serving engine's compiles past its warmup, each logged as it happens: every request in
+        flight waited on it (a pass size or a draw the warmup missed), which /metrics counts but an
+        operator reading the server's log should see named, with when."""
+        s = self.stats
+        for what in s.compiled[self._compiles_logged[1]:]:
+            log.warning("compiled while serving, every request in flight waiting on it: %s", what)
+        if s.compiles > self._compiles_logged[0] and len(s.compiled) == self._compiles_logged[1]:
+            log.warning("compiled while serving, every request in flight waiting on it: %d executable(s) of no "
+                        "named pass", s.compiles - self._compiles_logged[0])
+        self._compiles_logged = (s.compiles, len(s.compiled))
 
     def _step(self) -> None:
         holder = getattr(self.model, "holder", None)
@@ -453,8 +492,12 @@ class Engine:
     # ------------------------------------------------------------ admission and sharing
 
     def _admit(self):
+        held = []  # (`_held`: queued again, in their order, ahead of those not yet looked at)
         while self.waiting and self.free_rows:
             item = self.waiting.pop(0)
+            if self._held(item):
+                held.append(item)
+                continue
             prompt = item.prompt
             scored = item.req.prompt_logprobs is not None
             if scored:
@@ -476,6 +519,7 @@ class Engine:
             if not scored:
                 self._find_source(item)
             self.live.append(item)
+        self.waiting[:0] = held
 
     def _worth(self, prompt: list) -> int:
         """The shortest prefix worth reusing: prefix_min, or the whole prompt but its last token."""
@@ -633,7 +677,7 @@ class Engine:
         its output tokens into penalties, still bans its enders, bans the ends of bad words after their
         starts, or is held to a structure (the host keeps those counts, and a structure's next mask
         follows the token drawn)."""
-        return (self.runner.looks_ahead and not (self.waiting and self.free_rows) and not self.cancelled
+        return (self.runner.looks_ahead and not (self.free_rows and self._admissible()) and not self.cancelled
                 and not any(x.req.penalized or len(x.generated) < x.req.min_tokens or x.matcher is not None
                             or x.req.bans_follow_output for x in self.live))
 
@@ -642,7 +686,7 @@ class Engine:
         work on this one's tokens: a structure's mask, penalties' counts, min_tokens' bans), whether
         its decode can, alone (`runner.draws_apart`: JAX), as `_may_look_ahead` has it otherwise."""
         return (self.runner.draws_apart and self.runner.looks_ahead
-                and not (self.waiting and self.free_rows) and not self.cancelled)
+                and not (self.free_rows and self._admissible()) and not self.cancelled)
 
     def _decode_ahead(self, step: _Decode) -> _Decode | None:
         """The decode after `step` sent from its draws on the device, for the requests it does not
@@ -964,7 +1008,8 @@ class Engine:
 
     def _serve(self):
         while not self._stopping:
-            if not self.has_work() and not self.cancelled:
+            # (nothing in a row and every request queued held: a step would do nothing, again and again)
+            if not self.live and not self.cancelled and not self._admissible():
                 self.wakeup.wait(0.05)
                 self.wakeup.clear()
                 continue

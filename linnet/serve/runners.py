@@ -628,9 +628,11 @@ class JaxRunner:
         adjustments = None
         if batch.adjusted and histories is not None:
             adjustments = logit_adjustments(batch, histories, self.model.vocab, self.batch, rows)
-        with self._naming(f"{what}{_FORM_NAMES[mode(placed, adjustments)]}"):
-            if logits.shape[0] != self.batch:  # a pass that also scored prompt tokens: draws come from its first rows
+        if logits.shape[0] != self.batch:  # a pass that also scored prompt tokens: draws come from its first rows
+            with self._naming(f"the first {self.batch} rows of a pass's {logits.shape[0]} rows of logits "
+                              f"(prompt_logprobs)"):
                 logits = first_rows(logits, self.batch)
+        with self._naming(f"{what}{_FORM_NAMES[mode(placed, adjustments)]}"):
             tokens, chosen, top, ranks = sample(logits, placed, adjustments)
         return (tokens, chosen, *(top if top is not None else (None, None)), ranks)
 

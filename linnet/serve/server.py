@@ -531,7 +531,8 @@ def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: 
     # structure, penalties, a bias), compiled before the first request; what prompt logprobs' passes
     # run (half of a cold JAX warmup, for the few requests that ask) on a thread while it serves
     engine.warmup(logprobs=True, structured=True, adjusted=True)
-    engine.warm_scoring_later()
+    engine.warm_scoring_later(lambda seconds: print(f"linnet: {name}: prompt logprobs' passes compiled ahead in "
+                                                    f"{seconds:.0f} s", flush=True))
     print(f"linnet: {name} ready in {time.perf_counter() - start:.0f} s (warmup)", flush=True)
     if model.tokenizer is None:  # said at the start, not found out from the first request's 400
         print(f"linnet: note: {name} has no tokenizer: prompts are taken as token ids (/v1/completions) and chats "

@@ -95,8 +95,9 @@ def test_a_warmup_for_prompt_logprobs_leaves_nothing_to_compile(reference, later
     if later:
         engine.warmup(logprobs=True)
         before = engine.runner.compiles
-        engine.warm_scoring_later().join()
-        assert engine.runner.compiles == before
+        took = []  # (its `then`: told once, when done, as the server prints it)
+        engine.warm_scoring_later(then=took.append).join()
+        assert engine.runner.compiles == before and len(took) == 1 and took[0] > 0
     else:
         engine.warmup(prompt_logprobs=True, logprobs=True)
     requests = [Request(prompt=p, max_new_tokens=3, prompt_logprobs=i % 3 if i % 2 == 0 else None, logprobs=i % 2)
@@ -111,3 +112,45 @@ def test_a_warmup_for_prompt_logprobs_leaves_nothing_to_compile(reference, later
         ref = hf_prompt_logprobs(hf_model, p)
         assert np.allclose([lp.logprob for lp in comp.prompt_logprobs[1:]], ref[np.arange(len(p) - 1), p[1:]],
                            atol=1e-4)
+
+
+def test_a_server_holds_scored_requests_while_their_passes_compile_ahead(reference, compiles_counted):
+    """JAX: while `warm_scoring_later`'s thread compiles the passes that score prompt tokens, a
+    serving engine leaves a request that asks for them queued, rather than compile its pass on the
+    engine's thread while every request in flight waits (the soak's server: 5 such compiles in its
+    first 40 s). The others run meanwhile; once the thread is done the held one runs, compiling
+    nothing, its scores transformers'; nothing is left queued or in flight."""
+    import threading
+    import time
+
+    hf_model, path = reference
+    model = nest.load(path, backend="jax", generics={"Batch": 4, "MaxSeq": 96}, tokenizer=False)
+    engine = Engine(model, token_budget=128)
+    engine.warmup(logprobs=True)  # as serve() warms up: the scoring passes left to the thread
+    gate = threading.Event()
+    thread = engine.warm_scoring_later(then=lambda seconds: gate.wait(60))  # (its compiles done, it waits here)
+    engine.start()
+    try:
+        rng = random.Random(3)
+        scored_prompt = [rng.randrange(256) for _ in range(37)]
+        scored = engine.submit(Request(prompt=scored_prompt, max_new_tokens=2, prompt_logprobs=1))
+        others = [engine.submit(Request(prompt=[rng.randrange(256) for _ in range(n)], max_new_tokens=4))
+                  for n in (5, 30, 61)]
+        deadline = time.time() + 120
+        while any(c.finish_reason is None for c in others) and time.time() < deadline:
+            time.sleep(0.01)
+        assert [c.finish_reason for c in others] == ["length"] * 3
+        assert scored.finish_reason is None and scored.tokens == [] and thread.is_alive()
+        assert [x.comp for x in engine.waiting] == [scored] and engine.live == []
+        gate.set()
+        while scored.finish_reason is None and time.time() < deadline:
+            time.sleep(0.01)
+        thread.join(10)
+    finally:
+        gate.set()
+        engine.stop()
+    assert scored.finish_reason == "length" and engine.stats.compiles == 0, engine.stats.compiled
+    assert engine.waiting == [] and engine.live == [] and engine.in_flight == {}
+    ref = hf_prompt_logprobs(hf_model, scored_prompt)
+    assert np.allclose([lp.logprob for lp in scored.prompt_logprobs[1:]],
+                       ref[np.arange(len(scored_prompt) - 1), scored_prompt[1:]], atol=1e-4)

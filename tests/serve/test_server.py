@@ -999,11 +999,15 @@ def test_a_jax_engine_behind_the_app():
     assert json.loads(biased[1])["choices"][0]["text"].split() == words(alone[1].tokens) == ["t9"] * 5
 
 
-def test_metrics_count_the_compiles_requests_waited_on(compiles_counted):
+def test_metrics_count_the_compiles_requests_waited_on(compiles_counted, caplog):
     """/metrics' linnet_compiles_total: what was compiled after the warmup, while requests waited.
     A JAX engine warmed up for one 3-token prompt: that prompt, greedy or sampled, compiles
     nothing; a 40-token prompt needs a pass of a size the warmup did not make, compiled then. The
-    counter follows XLA's own compile events, counted here apart from the engine (JAX's monitoring)."""
+    counter follows XLA's own compile events, counted here apart from the engine (JAX's monitoring).
+    The server's log names each such compile once, when it happens (the pass it was for)."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="linnet.serve.engine")
     from jax._src import monitoring
 
     from .test_engine import word_tokenizer
@@ -1033,11 +1037,16 @@ def test_metrics_count_the_compiles_requests_waited_on(compiles_counted):
         counts = [compiles_after(None), compiles_after(dict(asks, temperature=0)),
                   compiles_after(dict(asks, temperature=0.8, seed=1))]
         assert counts == [0, 0, 0] and compiled == []  # what the warmup covered
+        told = lambda: [r.getMessage() for r in caplog.records if "compiled while serving" in r.getMessage()]  # noqa
+        assert told() == []
         longer = dict(asks, prompt=list(range(1, 41)), temperature=0)
         counts.append(compiles_after(longer))
         assert counts[-1] == len(compiled) > 0
+        # the pass of 40 tokens after the head's one-token slots (JAX's blocks of 8: at least 40 tokens)
+        sizes = [int(m.split("a packed pass of ")[1].split()[0]) for m in told()]
+        assert len(sizes) == 1 and sizes[0] >= 40, told()
         counts.append(compiles_after(dict(longer, prompt=list(range(2, 42)))))  # compiled once, then run
-        assert counts[-1] == counts[-2] == len(compiled)
+        assert counts[-1] == counts[-2] == len(compiled) and len(told()) == 1
     finally:
         engine.stop()
         monitoring.unregister_event_duration_listener(heard)
