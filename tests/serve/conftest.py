@@ -54,8 +54,9 @@ def model(request):
 
 
 @contextlib.contextmanager
-def running(engine, name: str = "tiny", **options):
-    """The OpenAI server over `engine` on a real socket, in a thread; yields its base url."""
+def running(engine, name: str = "tiny", app=None, **options):
+    """The OpenAI server over `engine` on a real socket, in a thread (`app`, an `OpenAIServer` made
+    by the caller, or one made here); yields its base url."""
     import uvicorn
 
     from linnet.serve.server import OpenAIServer
@@ -63,7 +64,8 @@ def running(engine, name: str = "tiny", **options):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    config = uvicorn.Config(OpenAIServer(engine, name, **options), host="127.0.0.1", port=port, log_level="warning")
+    app = app if app is not None else OpenAIServer(engine, name, **options)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, daemon=True)
     thread.start()
