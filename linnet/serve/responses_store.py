@@ -2,8 +2,9 @@
 
 OpenAI keeps a Response unless its body says `store: false`; a later body naming it as
 `previous_response_id` continues its conversation: the earlier input and output come first,
-then the new input (the earlier `instructions` do not carry over). Kept here in memory, the
-newest `limit` of them, as vLLM's store keeps them: a restart forgets them all.
+then the new input (the earlier `instructions` do not carry over). Kept here in memory, as vLLM
+keeps them, but bounded (vLLM's store is not): the newest `limit` of them (`--stored-responses`).
+A restart forgets them all.
 """
 
 from __future__ import annotations
