@@ -1,10 +1,12 @@
 """One GGUF file for llama.cpp (`llama-server -m FILE`): Llama, Mixtral, Qwen2, Qwen3, Qwen3-MoE, gpt-oss,
-Gemma 3 (text), OLMo 2, Granite and Phi-3.
+Gemma 3 (text), OLMo 2, Granite, Phi-3 and SmolLM3.
 
 Metadata is written from the card's config under llama.cpp's keys for the architecture (`llama.*`,
 Mixtral's too, with its experts; `qwen2.*`, `qwen3.*`, `qwen3moe.*`, `gpt-oss.*`, `gemma3.*`, `olmo2.*`,
 `granite.*` with µP's multipliers, `phi3.*` with the card's window as `phi3.attention.sliding_window`, as
-llama.cpp's converter writes it; llama.cpp's phi3 reads it and turns the window off (`phi3_window_warning`)). Llama's, Mixtral's, Qwen's, Gemma's, OLMo's, Granite's and Phi-3's tensors go
+llama.cpp's converter writes it; llama.cpp's phi3 reads it and turns the window off (`phi3_window_warning`);
+`smollm3.*`, with no key for its NoPE layers: llama.cpp's smollm3 fixes one in every four). Llama's, Mixtral's,
+Qwen's, Gemma's, OLMo's, Granite's, Phi-3's and SmolLM3's tensors go
 under the names of the card's `from gguf` lines (a layer's
 experts as one tensor each for gate, up and down), with the declared transforms undone (Llama's q and k
 rows back in llama.cpp's rope order) and Gemma's norm weights stored as 1 + w, as llama.cpp's
@@ -34,8 +36,9 @@ from linnet.export import TRITON_INSTEAD, ExportError, check_folder, hf_config
 from linnet.export.hf_config import context_length
 from linnet.ir.specialize import specialize
 from linnet.nest.bind import checkpoint_names, unbind_weights
-from linnet.nest.checkpoint import (LLAMA_CPP_GEMMA3_LOCAL_THETA, LLAMA_CPP_GEMMA3_PATTERN, NORMS_PLUS_ONE,
-                                    GGUFCheckpoint, llama_cpp_gemma3_query_scalar)
+from linnet.nest.checkpoint import (LLAMA_CPP_GEMMA3_LOCAL_THETA, LLAMA_CPP_GEMMA3_PATTERN,
+                                    LLAMA_CPP_SMOLLM3_NO_ROPE_INTERVAL, NORMS_PLUS_ONE, GGUFCheckpoint,
+                                    llama_cpp_gemma3_query_scalar)
 from linnet.nest.gguf_tokenizer import (BYTE, CONTROL, END_OF_GENERATION, END_OF_TURN, NORMAL, PRE_TOKENIZERS, UNKNOWN,
                                        UNUSED, USER_DEFINED)
 from linnet.rope_tables import llama3_divisors
@@ -46,7 +49,8 @@ PRE_NAMES = ("gpt-2", "smollm", "llama-bpe", "qwen2", "gpt-4o")  # spelled as ll
 
 # Linnet's -> llama.cpp's
 ARCHITECTURES = {"llama": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
-                 "gpt_oss": "gpt-oss", "gemma3": "gemma3", "olmo2": "olmo2", "granite": "granite", "phi3": "phi3"}
+                 "gpt_oss": "gpt-oss", "gemma3": "gemma3", "olmo2": "olmo2", "granite": "granite", "phi3": "phi3",
+                 "smollm3": "smollm3"}
 
 
 def check_architecture(module, card: str) -> None:
@@ -65,6 +69,10 @@ def check_architecture(module, card: str) -> None:
     elif module.name not in ("gpt_oss", "phi3") and b.get("sliding_window"):
         raise ExportError(f"{card!r} attends over a sliding window of {b['sliding_window']}, which llama.cpp's "
                           f"{ARCHITECTURES[module.name]} architecture does not (export it with --to vllm instead)")
+    if module.name == "smollm3" and b["no_rope_interval"] != LLAMA_CPP_SMOLLM3_NO_ROPE_INTERVAL:
+        raise ExportError(f"{card!r} leaves rope out of one layer in every {b['no_rope_interval']}; llama.cpp's "
+                          f"smollm3 reads no such interval from the file and leaves it out of every "
+                          f"{LLAMA_CPP_SMOLLM3_NO_ROPE_INTERVAL}th (export it with --to vllm instead)")
     if ARCHITECTURES[module.name] != "llama" and b.get("rope_scaling") == "llama3":
         raise ExportError(f"{card!r} scales its rope as llama3 does, which llama.cpp reads only for its llama "
                           f"architecture, not {ARCHITECTURES[module.name]} (export it with --to vllm instead)")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from linnet.export import TRITON_INSTEAD, ExportError
 from linnet.ir.nodes import Module
-from linnet.nest.autocard import gemma3_layer_types
+from linnet.nest.autocard import gemma3_layer_types, smollm3_rope_layers
 
 TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
 
@@ -174,6 +174,15 @@ def _phi3(b: dict) -> dict:
             "sliding_window": b["sliding_window"] or None}
 
 
+def _smollm3(b: dict) -> dict:
+    # each layer's rope both as the list and as its interval, as SmolLM3-3B's config.json writes them
+    return {**_dense(b), "architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3",
+            "rope_scaling": _rope(b, "SmolLM3"), "attention_bias": False, "mlp_bias": False,
+            "no_rope_layer_interval": b["no_rope_interval"],
+            "no_rope_layers": smollm3_rope_layers(b["layers"], b["no_rope_interval"]),
+            "use_sliding_window": False, "sliding_window": None}
+
+
 _WRITERS = {"llama": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen3": _qwen3, "qwen3_moe": _qwen3_moe,
             "gpt_oss": _gpt_oss, "gemma3": _gemma3, "olmo2": _olmo2,
-            "granite": _granite, "phi3": _phi3}
+            "granite": _granite, "phi3": _phi3, "smollm3": _smollm3}

@@ -4,7 +4,8 @@ A checkpoint's `architectures` entry (config.json's, or the one a GGUF's `genera
 stands for) picks the built-in architecture: Llama and Mistral checkpoints get a card over
 llama, Mixtral over mixtral, Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distills) over qwen2,
 Qwen3 over qwen3, Qwen3's mixtures of experts over qwen3_moe, gpt-oss over gpt_oss, Gemma 3's
-text model over gemma3, OLMo 2 over olmo2, Granite over granite, Phi-3 (and Phi-4 14B) over phi3.
+text model over gemma3, OLMo 2 over olmo2, Granite over granite, Phi-3 (and Phi-4 14B) over phi3,
+SmolLM3 over smollm3.
 Config values the architecture cannot express are refused, not dropped.
 """
 
@@ -32,6 +33,8 @@ TRANSFORMERS_DEFAULTS = {
     "Olmo2ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 2048},
     "GraniteForCausalLM": {"max_position_embeddings": 2048},
     "Phi3ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 4096},
+    "SmolLM3ForCausalLM": {"num_key_value_heads": 4, "rope_theta": 2e6, "tie_word_embeddings": True,
+                           "max_position_embeddings": 32768},
 }
 
 
@@ -377,6 +380,36 @@ def _phi3_values(config: dict, name: str) -> dict:
     return values
 
 
+def smollm3_rope_layers(layers: int, interval: int) -> list:
+    """SmolLM3's `no_rope_layers` as config.json lists them: 0 (no rope) in every `interval`-th layer."""
+    return [int((i + 1) % interval != 0) for i in range(layers)]
+
+
+def _smollm3_values(config: dict, name: str) -> dict:
+    """SmolLM3: Llama's config keys and its NoPE layers, read from `no_rope_layers` (1 where a layer
+    rotates), or from `no_rope_layer_interval` where there is no list, as transformers' SmolLM3Config
+    makes one. The architecture leaves out one layer in every `no_rope_interval`, so another pattern is
+    refused, and so is a sliding window, which SmolLM3 slides in its NoPE layers and the architecture nowhere."""
+    _refuse_biases(config, name)
+    values = {**_dense_values(config, name), **_rope_values(config, name, "SmolLM3", ("llama3", "linear", "yarn"))}
+    layers = values["layers"]
+    interval = int(config.get("no_rope_layer_interval") or 4)
+    flags = config.get("no_rope_layers")
+    if flags is not None:
+        flags = [int(bool(f)) for f in flags]
+        # no layer without rope says only that the interval is past the last layer
+        interval = next((i + 1 for i, f in enumerate(flags[:layers]) if not f), max(interval, layers + 1))
+        if len(flags) < layers or flags[:layers] != smollm3_rope_layers(layers, interval):
+            raise WeightsError(f"{name}: no_rope_layers must leave rope out of one layer in every n (the smollm3 "
+                               f"architecture's no_rope_interval), for each of its {layers} layers; this config has "
+                               f"{config['no_rope_layers']}")
+    sliding = [i for i, kind in enumerate(config.get("layer_types") or []) if kind == "sliding_attention"]
+    if sliding or (config.get("use_sliding_window") and config.get("sliding_window")):
+        raise WeightsError(f"{name}: this config slides a window (use_sliding_window, sliding_window, layer_types: "
+                           f"layers {sliding}); the smollm3 architecture attends over whole rows in every layer")
+    return {**values, "no_rope_interval": interval}
+
+
 # Mistral's checkpoints share Llama's architecture, not its tool calls (Qwen's architectures name theirs).
 TOOL_CALL_PARSERS = {"MistralForCausalLM": "mistral"}
 
@@ -393,4 +426,5 @@ SUPPORTED = {
     "Olmo2ForCausalLM": ("olmo2", _olmo2_values),
     "GraniteForCausalLM": ("granite", _granite_values),
     "Phi3ForCausalLM": ("phi3", _phi3_values),
+    "SmolLM3ForCausalLM": ("smollm3", _smollm3_values),
 }

@@ -357,6 +357,7 @@ _GGUF_ARCHS = {
     "phi3": ("phi3", ["Phi3ForCausalLM"]),
     "olmo2": ("olmo2", ["Olmo2ForCausalLM"]),
     "granite": ("granite", ["GraniteForCausalLM"]),
+    "smollm3": ("smollm3", ["SmolLM3ForCausalLM"]),
 }
 
 # a split GGUF's keys (llama.cpp's gguf-split), and how its files are named after their common prefix
@@ -386,6 +387,9 @@ NORMS_PLUS_ONE = {"gemma3": "norm.weight"}
 # six, and the sliding layers' rope unscaled at base 10000
 LLAMA_CPP_GEMMA3_PATTERN = 6
 LLAMA_CPP_GEMMA3_LOCAL_THETA = 10000.0
+
+# llama.cpp's smollm3 takes no NoPE layers from the file: it rotates nothing in every fourth layer
+LLAMA_CPP_SMOLLM3_NO_ROPE_INTERVAL = 4
 
 
 def llama_cpp_gemma3_query_scalar(dim: int, heads: int, head_dim: int, layers: int) -> int:
@@ -655,7 +659,9 @@ class GGUFCheckpoint(Checkpoint):
             cfg.update(embedding_multiplier=get("embedding_scale", 1.0), residual_multiplier=get("residual_scale", 1.0),
                        attention_multiplier=get("attention.scale") or cfg["head_dim"] ** -0.5,
                        logits_scaling=get("logit_scale", 1.0))
-        if model_type in ("llama", "mixtral", "granite"):
+        if model_type == "smollm3":
+            cfg["no_rope_layer_interval"] = LLAMA_CPP_SMOLLM3_NO_ROPE_INTERVAL
+        if model_type in ("llama", "mixtral", "granite", "smollm3"):
             cfg["hidden_act"] = "silu"
             cfg["attention_bias"] = "blk.0.attn_q.bias" in self._tensors
             cfg["mlp_bias"] = "blk.0.ffn_up.bias" in self._tensors

@@ -165,7 +165,7 @@ HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mix
               "qwen2": "Qwen2ForCausalLM",
               "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
               "olmo2": "Olmo2ForCausalLM", "granite": "GraniteForCausalLM",
-              "phi3": "Phi3ForCausalLM"}
+              "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
 
 
 def hf_family(spec) -> str:
@@ -176,7 +176,8 @@ def hf_config(bindings: dict, max_seq: int, family: str = "llama"):
     """The transformers config equal to a specialized Llama-like card's config: a `LlamaConfig`, or
     Mistral's (a window), Mixtral's (experts), Qwen2's (q/k/v biases), Qwen3's (q/k norms) or
     Qwen3-MoE's (and experts), OLMo 2's (norms after each half, q/k norms over whole projections), Granite's
-    (µP's multipliers) or Phi-3's (fused projections, a window; its architecture has no rope scaling)."""
+    (µP's multipliers), Phi-3's (fused projections, a window; its architecture has no rope scaling) or SmolLM3's
+    (NoPE layers)."""
     import transformers
 
     b = {"rope_scaling": "none", **bindings}
@@ -200,7 +201,10 @@ def hf_config(bindings: dict, max_seq: int, family: str = "llama"):
              "olmo2": dict(attention_bias=False),
              "granite": dict(attention_bias=False, mlp_bias=False, **{k: b.get(k) for k in (
                  "embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")}),
-             "phi3": dict(sliding_window=b.get("sliding_window") or None, pad_token_id=None, eos_token_id=None)}[family]
+             "phi3": dict(sliding_window=b.get("sliding_window") or None, pad_token_id=None, eos_token_id=None),
+             "smollm3": dict(attention_bias=False, mlp_bias=False, use_sliding_window=False,
+                             no_rope_layer_interval=b.get("no_rope_interval"), pad_token_id=None, bos_token_id=None,
+                             eos_token_id=None)}[family]
     config_class = getattr(transformers, HF_CLASSES[family].replace("ForCausalLM", "Config"))
     config = config_class(
         vocab_size=b["vocab"], hidden_size=b["dim"], num_hidden_layers=b["layers"],

@@ -1,6 +1,6 @@
 """Both backends against transformers on the tiny cards: `LlamaForCausalLM`, `MistralForCausalLM`,
 `MixtralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `GptOssForCausalLM`,
-`Olmo2ForCausalLM`, `GraniteForCausalLM`, `Phi3ForCausalLM`.
+`Olmo2ForCausalLM`, `GraniteForCausalLM`, `Phi3ForCausalLM`, `SmolLM3ForCausalLM`.
 
 The reference has the card's config (llama3 RoPE scaling and GQA in
 `tiny-llama`, tied embeddings in `tiny-llama-tied`, a sliding window in `tiny-mistral`, routed experts in `tiny-mixtral`;
@@ -8,7 +8,8 @@ q/k/v biases, YaRN and a tied head in `tiny-qwen2`; per-head q/k norms and a wid
 `tiny-qwen3`, and routed experts in `tiny-qwen3-moe`; in `tiny-gpt-oss` biases, sinks,
 sliding-window layers, YaRN and routed experts; in `tiny-olmo2` norms after each half of a layer
 and q/k norms over whole projections of two widths; in `tiny-granite` µP's four multipliers, a tied
-head; in `tiny-phi3` fused q/k/v and gate/up projections and a sliding window) and random weights. The checkpoint
+head; in `tiny-phi3` fused q/k/v and gate/up projections and a sliding window; in `tiny-smollm3` a NoPE
+layer, its queries and keys not rotated) and random weights. The checkpoint
 `save_pretrained` writes of it is bound through the names the `.linnet` source
 declares. Four prompts of different lengths are prefilled in one pack, then
 16 greedy steps are decoded; each step is compared with the reference run
@@ -44,7 +45,7 @@ MODES = {
 
 @pytest.fixture(scope="module", params=["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-mixtral", "tiny-qwen2",
                                         "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-olmo2",
-                                        "tiny-granite", "tiny-phi3"])
+                                        "tiny-granite", "tiny-phi3", "tiny-smollm3"])
 def card(request, kit, tmp_path_factory):
     """The card's module, a seeded reference with its config, prompts, and the reference's greedy run."""
     name = request.param
@@ -136,6 +137,8 @@ def test_cards_are_what_the_tests_claim(card):
     elif card["name"] == "tiny-granite":  # every multiplier away from 1, the scale not 1 / sqrt(head_dim)
         assert all(b[k] != 1.0 for k in ("embedding_multiplier", "residual_multiplier", "logits_scaling"))
         assert b["attention_multiplier"] != b["head_dim"] ** -0.5 and b["tie_embeddings"]
+    elif card["name"] == "tiny-smollm3":  # the last of its layers NoPE, as transformers' config says too
+        assert b["layers"] == b["no_rope_interval"] == 4 and b["kv_heads"] < b["heads"] and b["tie_embeddings"]
     elif card["name"] == "tiny-phi3":  # one stored tensor for q, k and v, one for gate and up
         assert 0 < b["sliding_window"] < max(PROMPT_LENGTHS) and b["kv_heads"] < b["heads"]
         assert card["state"]["model.layers.0.mlp.gate_up_proj.weight"].shape == (2 * b["ffn"], b["dim"])

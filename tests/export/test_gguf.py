@@ -428,6 +428,28 @@ def test_llama_cpp_computes_olmo2_granite_and_phi3_as_linnet_does(tmp_path, arch
     llama_cpp_agrees(llama_cpp, path, card, arch)
 
 
+def test_llama_cpp_computes_smollm3_as_linnet_does_and_a_nope_interval_it_lacks_is_refused(tmp_path, spm_gguf):
+    """SmolLM3 as llama.cpp's smollm3 (q and k in its rope order, as its llama's): four layers, the last
+    NoPE. llama.cpp reads no NoPE layers from the file and leaves rope out of every fourth, and computes
+    the card's logits; the same weights rotated in every layer are not. A card with another
+    interval is refused, naming the one llama.cpp fixes."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    card, rotating = tmp_path / "small-smollm3.linnet", tmp_path / "small-rotating.linnet"
+    for path, interval in ((card, 4), (rotating, 5)):
+        path.write_text(NEWER.format(name=path.stem.replace("small-", ""), arch="smollm3",
+                                     extra=f"  no_rope_interval = {interval}\n").replace("layers = 2", "layers = 4"))
+    path = export(card, "llama.cpp", tmp_path, weights="random", seed=5, dtype="f32", tokenizer=spm_gguf)
+    assert GGUFCheckpoint(path).metadata("general.architecture") == "smollm3"
+    llama_cpp_agrees(llama_cpp, path, card, "smollm3")
+    # the same weights (names and seed): a hundred times what llama.cpp's agreement above allows, from one layer
+    ours, everywhere = linnet_logits(card), linnet_logits(rotating)
+    assert float((np.abs(everywhere - ours).max(axis=1) / np.abs(ours).max(axis=1)).max()) > 1e-3
+    with pytest.raises(ExportError, match="leaves rope out of one layer in every 5; llama.cpp's smollm3 reads no such "
+                                          r"interval from the file and leaves it out of every 4th \(export it with "
+                                          r"--to vllm instead\)"):
+        export(rotating, "llama.cpp", tmp_path / "out", weights="random")
+
+
 def test_a_phi3_window_goes_into_the_gguf_and_the_export_warns_that_llama_cpp_turns_it_off(tmp_path, spm_gguf):
     """A tiny random Phi-3 saved by transformers, its window (8) shorter than the 25-token prompt: the
     GGUF carries it as `phi3.attention.sliding_window`, as llama.cpp's converter writes it, and the
@@ -485,7 +507,7 @@ def test_a_phi3_window_goes_into_the_gguf_and_the_export_warns_that_llama_cpp_tu
 @pytest.mark.parametrize("dtype, bound", [("f16", 1.5e-3), ("bf16", 1.5e-2)])
 @pytest.mark.parametrize("card", ["tiny-llama", "tiny-llama-tied", "tiny-mixtral", "tiny-qwen2", "tiny-qwen3",
                                   "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma3", "tiny-olmo2", "tiny-granite",
-                                  "tiny-phi3"])
+                                  "tiny-phi3", "tiny-smollm3"])
 def test_every_family_in_16_bits_reads_alike_in_gguf_llama_cpp_and_nest(tmp_path, spm_gguf, card, dtype, bound):
     """The tiny cards in the SentencePiece vocabulary (tiny-gemma3 with llama.cpp's window pattern;
     tiny-phi3 named otherwise, as above): gguf's reader finds each matrix in the type asked, holding
@@ -539,7 +561,7 @@ def test_only_the_architectures_llama_cpp_runs_and_only_with_a_tokenizer(tmp_pat
     from linnet.export.gguf import check_architecture
 
     with pytest.raises(ExportError, match="covers llama, mixtral, qwen2, qwen3, qwen3_moe, gpt_oss, gemma3, olmo2, "
-                                          "granite, phi3 cards; 'm' is 'mamba'"):
+                                          "granite, phi3, smollm3 cards; 'm' is 'mamba'"):
         check_architecture(SimpleNamespace(name="mamba"), "m")
     unnormalized = tmp_path / "unnormalized.linnet"
     unnormalized.write_text(QWEN3_MOE.replace("rope_theta = 10000.0", "norm_topk_prob = false"))

@@ -24,7 +24,8 @@ def linnet_logits(model, prompts):
 
 
 FAMILIES = ["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-mixtral", "tiny-qwen2", "tiny-qwen3",
-            "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma3", "tiny-olmo2", "tiny-granite", "tiny-phi3"]
+            "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma3", "tiny-olmo2", "tiny-granite", "tiny-phi3",
+            "tiny-smollm3"]
 
 
 @pytest.mark.parametrize("card", FAMILIES)

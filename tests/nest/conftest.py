@@ -150,7 +150,7 @@ def prefill_error():
 def to_gguf(write_gguf):
     """to_gguf(hf_model, path, qtype=None, arch="llama", tokens=False): a transformers model written as llama.cpp's
     converter writes it: names through gguf's table, `<arch>.*` metadata, 1-D tensors in f32, and
-    for Llama and Granite q and k rows permuted into llama.cpp's rope order (Qwen's, Gemma's and OLMo's
+    for Llama, Granite and SmolLM3 q and k rows permuted into llama.cpp's rope order (Qwen's, Gemma's and OLMo's
     stay as they are); Granite's multipliers as keys; Gemma 3's norm weights with 1 added, its window, and its full-attention layers' rope as
     the file's (llama.cpp fixes the sliding ones'); Phi-3's fused tensors as they are, and its window.
     With `tokens`, a vocabulary of bytes that llama.cpp can load."""
@@ -161,7 +161,8 @@ def to_gguf(write_gguf):
         cfg = hf_model.config
         kind = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3,
                 "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE, "gemma3": gguf.MODEL_ARCH.GEMMA3,
-                "phi3": gguf.MODEL_ARCH.PHI3, "olmo2": gguf.MODEL_ARCH.OLMO2, "granite": gguf.MODEL_ARCH.GRANITE}[arch]
+                "phi3": gguf.MODEL_ARCH.PHI3, "olmo2": gguf.MODEL_ARCH.OLMO2, "granite": gguf.MODEL_ARCH.GRANITE,
+                "smollm3": gguf.MODEL_ARCH.SMOLLM3}[arch]
         names = gguf.get_tensor_name_map(kind, cfg.num_hidden_layers)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
@@ -207,7 +208,7 @@ def to_gguf(write_gguf):
                 if name == "lm_head.weight" and cfg.tie_word_embeddings:
                     continue
                 a = t.detach().float().numpy()
-                if arch in ("llama", "granite") and name.endswith(("q_proj.weight", "k_proj.weight")):
+                if arch in ("llama", "granite", "smollm3") and name.endswith(("q_proj.weight", "k_proj.weight")):
                     heads = cfg.num_attention_heads if "q_proj" in name else cfg.num_key_value_heads
                     a = permute_rope(a, heads)
                 if arch == "gemma3" and name.endswith("norm.weight"):  # Gemma's norms multiply by 1 + w

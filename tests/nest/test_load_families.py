@@ -1,9 +1,9 @@
-"""Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 3, OLMo 2, Granite and Phi-3 checkpoints without a card: a random tiny model saved
+"""Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 3, OLMo 2, Granite, Phi-3 and SmolLM3 checkpoints without a card: a random tiny model saved
 by transformers loads through nest.load with a card written from its config.json (Mistral over the
 llama architecture, its sliding window kept; Mixtral over mixtral; Qwen2 with its q/k/v biases; Qwen3 with its per-head
 q/k norms; Qwen3-MoE with one tensor per expert; Gemma 3 with its two kinds of layer; OLMo 2 with its norms after
 each half of a layer; Granite with its µP multipliers;
-Phi-3 with its fused projections) and gives transformers' logits on both backends.
+Phi-3 with its fused projections; SmolLM3 with its NoPE layers) and gives transformers' logits on both backends.
 Qwen and Gemma 3 GGUFs, laid out as llama.cpp's converter writes them (q and k in checkpoint order, a
 layer's experts in one tensor, Gemma's norm weights with 1 added), load the same."""
 
@@ -44,6 +44,10 @@ FAMILIES = {
     # fused q/k/v (GQA: parts of two widths) and gate/up, a window shorter than two of the prompts
     # (Phi3Config's default pad id is the real vocabulary's 32000)
     "phi3": ("Phi3", dict(tie_word_embeddings=False, sliding_window=4, pad_token_id=None, eos_token_id=None)),
+    # the second of two layers NoPE (no rotation of its queries and keys); SmolLM3Config's default token ids
+    # are the real vocabulary's (pad 128004)
+    "smollm3": ("SmolLM3", dict(no_rope_layer_interval=2, tie_word_embeddings=True, pad_token_id=None,
+                                bos_token_id=None, eos_token_id=None)),
 }
 # transformers' config class where it is not the prefix's (Gemma3Config is the multimodal model's)
 CONFIGS = {"gemma3": "Gemma3TextConfig"}
@@ -109,7 +113,7 @@ def test_fast_bf16_is_as_close_to_f32_as_transformers_own_bf16(saved, backend):
 
 
 # the families added after the engine's own tests were written, each checked through it against transformers
-THROUGH_THE_ENGINE = ["olmo2", "granite", "phi3"]
+THROUGH_THE_ENGINE = ["olmo2", "granite", "phi3", "smollm3"]
 
 
 @pytest.mark.parametrize("backend", ["torch", "jax"])
@@ -157,6 +161,8 @@ def test_the_cards_say_what_the_configs_do(saved):
             assert line in source
     if family == "phi3":
         assert "sliding_window = 4" in source and "head_dim = 16" in source
+    if family == "smollm3":  # transformers' config lists each layer's rope: [1, 0]
+        assert config["no_rope_layers"] == [1, 0] and "no_rope_interval = 2" in source
     if family == "gemma3":
         for line in ("window_pattern = 2", "sliding_window = 4", 'rope_scaling = "linear"', "rope_factor = 8.0",
                      "rope_theta = 1000000.0", "rope_local_theta = 10000.0", "query_pre_attn_scalar = 24"):
@@ -205,6 +211,16 @@ HUB_CONFIGS = {
         "num_hidden_layers": 32, "num_key_value_heads": 32, "original_max_position_embeddings": 4096,
         "pad_token_id": 32000, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": None,
         "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": False, "vocab_size": 32064},
+    # (as code that reads SmolLM3-3B's config.json quotes it: this was written without the hub to look at)
+    "smollm3-3b": {
+        "architectures": ["SmolLM3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "bos_token_id": None, "eos_token_id": 128012, "hidden_act": "silu", "hidden_size": 2048,
+        "intermediate_size": 11008, "layer_types": ["full_attention"] * 36, "max_position_embeddings": 65536,
+        "max_window_layers": 28, "mlp_bias": False, "model_type": "smollm3", "no_rope_layer_interval": 4,
+        "no_rope_layers": [1, 1, 1, 0] * 9, "num_attention_heads": 16, "num_hidden_layers": 36,
+        "num_key_value_heads": 4, "pad_token_id": 128004, "rms_norm_eps": 1e-06, "rope_scaling": None,
+        "rope_theta": 5000000.0, "sliding_window": None, "tie_word_embeddings": True, "use_sliding_window": False,
+        "vocab_size": 128256},
 }
 
 
@@ -245,6 +261,11 @@ def test_a_hub_config_gives_its_registry_card(card, tmp_path):
     ("phi3", {"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [4.0] * 8,
                                "original_max_position_embeddings": 64}}, "rope scaling 'longrope' is not supported"),
     ("phi3", {"partial_rotary_factor": 0.75}, "partial_rotary_factor 0.75"),
+    ("smollm3", {"no_rope_layers": [0, 1]}, r"one layer in every n .* this config has \[0, 1\]"),
+    ("smollm3", {"no_rope_layers": [1]}, r"for each of its 2 layers; this config has \[1\]"),
+    ("smollm3", {"use_sliding_window": True, "sliding_window": 4}, "the smollm3 architecture attends over whole rows"),
+    ("smollm3", {"layer_types": ["full_attention", "sliding_attention"]}, r"layers \[1\]"),
+    ("smollm3", {"mlp_bias": True}, "has mlp_bias set"),
     ("phi3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
      "partial_rotary_factor 0.5"),
     ("olmo2", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope scaling 'dynamic'"),
@@ -349,14 +370,20 @@ def test_a_phi3_gguf_loads_as_llama_cpp_runs_it(tmp_path, prefill_error, to_gguf
         assert np.abs(theirs - want).max() / np.abs(want).max() <= 1e-4
 
 
-@pytest.mark.parametrize("family", ["olmo2", "granite"])
-def test_olmo2_and_granite_ggufs_give_llama_cpps_logits(family, tmp_path, prefill_error, to_gguf):
+# SmolLM3 in four layers, the last NoPE: llama.cpp's smollm3 reads no NoPE layers from the file and fixes one in every
+# four, and so does the card Nest writes from it
+GGUF_FAMILIES = {"olmo2": {}, "granite": {}, "smollm3": dict(num_hidden_layers=4, no_rope_layer_interval=4)}
+
+
+@pytest.mark.parametrize("family", list(GGUF_FAMILIES))
+def test_olmo2_granite_and_smollm3_ggufs_give_llama_cpps_logits(family, tmp_path, prefill_error, to_gguf):
     """OLMo 2 as llama.cpp's converter writes it (q and k in checkpoint order, its four norms a layer
-    under llama.cpp's names) and Granite (q and k in llama.cpp's rope order, µP's multipliers as
-    `granite.*` keys): the card from the file's metadata gives transformers' logits, and so does
-    llama.cpp reading the same file, which holds the file to llama.cpp's own reading of it."""
+    under llama.cpp's names), Granite (q and k in llama.cpp's rope order, µP's multipliers as
+    `granite.*` keys) and SmolLM3 (q and k in llama.cpp's rope order, no key for its NoPE layers): the
+    card from the file's metadata gives transformers' logits, and so does llama.cpp reading the same
+    file, which holds the file to llama.cpp's own reading of it."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    reference = random_model(family)
+    reference = random_model(family, **GGUF_FAMILIES[family])
     path = to_gguf(reference, tmp_path / f"tiny-{family}.gguf", arch=family, tokens=True)
     model = nest.load(str(path), generics=GENERICS, tokenizer=False)
     assert model.module.name == family and model.info["unused_tensors"] == []
@@ -364,6 +391,8 @@ def test_olmo2_and_granite_ggufs_give_llama_cpps_logits(family, tmp_path, prefil
         b = model.module.bindings
         assert (b["embedding_multiplier"], b["residual_multiplier"], b["attention_multiplier"],
                 b["logits_scaling"]) == pytest.approx((12.0, 0.22, 0.03125, 8.0), rel=1e-7)  # (f32 keys)
+    if family == "smollm3":
+        assert reference.config.no_rope_layers == [1, 1, 1, 0] and model.module.bindings["no_rope_interval"] == 4
     assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=GENERICS["MaxSeq"], logits_all=True, verbose=False,
                           n_threads=1, type_k=0, type_v=0)
@@ -373,6 +402,22 @@ def test_olmo2_and_granite_ggufs_give_llama_cpps_logits(family, tmp_path, prefil
         with torch.no_grad():
             want = reference(input_ids=torch.tensor([prompt])).logits[0, -1].numpy()
         assert np.abs(np.array(llm.scores[len(prompt) - 1]) - want).max() / np.abs(want).max() <= 1e-4
+
+
+def test_smollm3s_nope_layers_are_read_from_its_list(tmp_path, prefill_error):
+    """A SmolLM3 config listing each layer's rope (no_rope_layers: the third of three layers NoPE, against
+    the interval of 4 it also says) gives transformers' logits; the same checkpoint read as rotating in
+    every layer does not: the NoPE layer is what the card leaves out of the rotation."""
+    reference = random_model("smollm3", num_hidden_layers=3, no_rope_layers=[1, 1, 0], no_rope_layer_interval=4)
+    reference.save_pretrained(tmp_path)
+    model = nest.load(str(tmp_path), generics=GENERICS, tokenizer=False)
+    assert model.module.bindings["no_rope_interval"] == 3
+    assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "no_rope_layers": [1, 1, 1]}))
+    rotating = nest.load(str(tmp_path), generics=GENERICS, tokenizer=False)
+    assert rotating.module.bindings["no_rope_interval"] == 4  # past the last layer: none NoPE
+    assert min(prefill_error(rotating, reference, PROMPTS)) > 1e-2
 
 
 def test_a_phi3_gguf_with_longrope_is_refused(tmp_path, to_gguf, write_gguf):
@@ -444,7 +489,8 @@ ARCHITECTURES = {"LlamaForCausalLM": "LlamaConfig", "MistralForCausalLM": "Mistr
                  "MixtralForCausalLM": "MixtralConfig", "Qwen2ForCausalLM": "Qwen2Config",
                  "Qwen3ForCausalLM": "Qwen3Config", "Qwen3MoeForCausalLM": "Qwen3MoeConfig",
                  "Gemma3ForCausalLM": "Gemma3TextConfig", "Olmo2ForCausalLM": "Olmo2Config",
-                 "GraniteForCausalLM": "GraniteConfig", "Phi3ForCausalLM": "Phi3Config"}
+                 "GraniteForCausalLM": "GraniteConfig", "Phi3ForCausalLM": "Phi3Config",
+                 "SmolLM3ForCausalLM": "SmolLM3Config"}
 OWN_REQUIRED = {"MixtralForCausalLM": dict(num_local_experts=4, num_experts_per_tok=2),
                 "Qwen3MoeForCausalLM": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)}
 
@@ -475,6 +521,8 @@ def test_keys_a_config_leaves_out_are_transformers_defaults(arch, tmp_path):
         want["sliding_window"] = reference.sliding_window
     if arch == "Gemma3ForCausalLM":
         want["query_pre_attn_scalar"] = reference.query_pre_attn_scalar
+    if arch == "SmolLM3ForCausalLM":  # its NoPE layers: every fourth, as transformers lists them
+        assert reference.no_rope_layers == [1, 1] and "no_rope_interval = 4" in source
     for key, value in want.items():
         line = f"  {key} = {str(value).lower() if isinstance(value, bool) else value}\n"
         assert line in source, (key, value, source)

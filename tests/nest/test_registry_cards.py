@@ -25,6 +25,8 @@ PUBLISHED = {
     "allenai/OLMo-2-0425-1B-Instruct": 1_484_916_736,
     "ibm-granite/granite-3.1-2b-instruct": 2_533_531_648,
     "microsoft/Phi-3-mini-4k-instruct": 3_821_079_552,
+    # summed from transformers' SmolLM3Config shapes, which are SmolLM3-3B's (the hub rounds it to 3.08B)
+    "HuggingFaceTB/SmolLM3-3B": 3_075_098_624,
 }
 CARDS = [info for info in nest.cards() if info.hf_repo]
 

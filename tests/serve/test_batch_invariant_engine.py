@@ -67,7 +67,7 @@ def test_16_greedy_bf16_requests_together_give_what_each_gives_alone(backend, tm
 # (router, top-k, softmax, the experts' matmuls and their weighted sum), attention sinks, the head, and the
 # sampler's softmax, filters, penalties, logprobs and prompt scores
 FAMILIES = ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-mixtral", "tiny-gpt-oss", "tiny-phi3", "tiny-olmo2",
-            "tiny-granite"]
+            "tiny-granite", "tiny-smollm3"]
 
 
 def mixed_request(prompt, i: int) -> Request:
@@ -88,7 +88,8 @@ def everything(c):
 # JAX compiles each pass's shapes (about 10 s a case here): bf16 for a dense and a MoE family, whose CPU
 # activations are f32 as f32's are (`gather_rows`), the weights and cache bf16
 # JAX: the families whose passes take paths of their own there (a window, sinks, a MoE sum, fused
-# projections); qwen3, olmo2 and granite differ from llama only in where norms and scales sit
+# projections); qwen3, olmo2 and granite differ from llama only in where norms and scales sit, smollm3 in
+# the layers it does not rotate
 JAX_FAMILIES = ["tiny-llama", "tiny-gemma3", "tiny-mixtral", "tiny-gpt-oss", "tiny-phi3"]
 CASES = [(card, "torch", dtype) for card in FAMILIES for dtype in ("f32", "bf16")] + \
     [(card, "jax", "f32") for card in JAX_FAMILIES] + [("tiny-llama", "jax", "bf16"), ("tiny-mixtral", "jax", "bf16")]
