@@ -271,7 +271,7 @@ class PythonEmitter:
         args = [self.expr(k["q"]), self.cache_arg(k["k_cache"]), self.cache_arg(k["v_cache"]), self.expr(k["positions"])]
         if "rows" in k and not self.is_iota_rows(k["rows"]):
             args.append(f"rows={self.expr(k['rows'])}")
-        for name in ("window", "sinks", "scale"):
+        for name in ("window", "sinks", "scale", "softcap"):
             if name in k:
                 args.append(f"{name}={self.expr(k[name])}")
         args.append("fast=FAST")

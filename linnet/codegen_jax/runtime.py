@@ -284,7 +284,8 @@ def layer(stack, index) -> CacheLayer:
     return CacheLayer(stack, index)
 
 
-def attention(q, k_cache, v_cache, positions, rows=None, window: int = 0, sinks=None, scale=None, fast: bool = False):
+def attention(q, k_cache, v_cache, positions, rows=None, window: int = 0, sinks=None, scale=None, softcap: float = 0.0,
+              fast: bool = False):
     """Token i attends to cache row rows[i] (row i when rows is None) at positions <= positions[i].
     The caches are [Batch, MaxSeq, kv_heads, head_dim] arrays or `CacheLayer`s of a stack.
 
@@ -293,12 +294,17 @@ def attention(q, k_cache, v_cache, positions, rows=None, window: int = 0, sinks=
     prompt rests) each read their own row, and the tokens after them come in blocks of BLOCK
     tokens of one row, each block reading one row. A pack that is not laid out so (checked on
     the device) falls back to reading one row per token. Padding tokens, at positions >= MaxSeq,
-    get some output and widen no walk.
+    get some output and widen no walk. `softcap` (0: none) caps each score s as softcap * tanh(s /
+    softcap) (Gemma 2's) before the softmax: no fused kernel or walk of the keys does, so such a call
+    reads whole rows and computes in f32, as exact numerics do.
     """
     n, heads, head_dim = q.shape
     scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
     if not isinstance(k_cache, CacheLayer):
         k_cache, v_cache = CacheLayer(jnp.asarray(k_cache)[None], 0), CacheLayer(jnp.asarray(v_cache)[None], 0)
+    if softcap:
+        return _attend_reading_rows(q, k_cache.whole(), v_cache.whole(), positions, rows, window, sinks, scale, False,
+                                    softcap)
     batch, seq = k_cache.shape[:2]
     if fast and not _SHARDED.get() and xla_kernels.attends_here(k_cache.stack, head_dim):
         # Linnet's kernel, a token at a time, each reading its own row up to its own position: a
@@ -329,19 +335,21 @@ def attention(q, k_cache, v_cache, positions, rows=None, window: int = 0, sinks=
     return jnp.concatenate([first, rest])
 
 
-def _attend_reading_rows(q, k_cache, v_cache, positions, rows, window, sinks, scale, fast):
-    """`attention` reading whole cache rows: GPUs (fused attention over fixed shapes) and exact numerics."""
+def _attend_reading_rows(q, k_cache, v_cache, positions, rows, window, sinks, scale, fast, softcap=0.0):
+    """`attention` reading whole cache rows: GPUs (fused attention over fixed shapes), exact numerics
+    and capped scores."""
     n = q.shape[0]
     if rows is None:
-        return _attend(q, k_cache[:n], v_cache[:n], positions, window, sinks, scale, fast)
+        return _attend(q, k_cache[:n], v_cache[:n], positions, window, sinks, scale, fast, softcap)
     head = head_tokens(k_cache.shape[0])
     if n <= head or n % BLOCK:
-        return _attend_gathered(q, k_cache, v_cache, positions, rows, window, sinks, scale, fast)
-    first = _attend_gathered(q[:head], k_cache, v_cache, positions[:head], rows[:head], window, sinks, scale, fast)
+        return _attend_gathered(q, k_cache, v_cache, positions, rows, window, sinks, scale, fast, softcap)
+    first = _attend_gathered(q[:head], k_cache, v_cache, positions[:head], rows[:head], window, sinks, scale, fast,
+                             softcap)
     q2, p2, r2 = q[head:], positions[head:], rows[head:]
     blocks = r2.reshape(-1, BLOCK)
-    per_block = lambda: _attend_blocks(q2, k_cache, v_cache, p2, blocks[:, 0], window, sinks, scale, fast)
-    per_token = lambda: _attend_gathered(q2, k_cache, v_cache, p2, r2, window, sinks, scale, fast)
+    per_block = lambda: _attend_blocks(q2, k_cache, v_cache, p2, blocks[:, 0], window, sinks, scale, fast, softcap)
+    per_token = lambda: _attend_gathered(q2, k_cache, v_cache, p2, r2, window, sinks, scale, fast, softcap)
     return jnp.concatenate([first, jax.lax.cond(jnp.all(blocks == blocks[:, :1]), per_block, per_token)])
 
 
@@ -353,16 +361,16 @@ def head_tokens(rows: int) -> int:
     return -(-rows // BLOCK) * BLOCK
 
 
-def _attend_gathered(q, k_cache, v_cache, positions, rows, window, sinks, scale, fast):
+def _attend_gathered(q, k_cache, v_cache, positions, rows, window, sinks, scale, fast, softcap=0.0):
     n = q.shape[0]
     per_token = k_cache.shape[1] * k_cache.shape[2] * k_cache.shape[3]
     chunk = max(1, _GATHER_ELEMENTS // per_token)
     outs = [_attend(q[s:s + chunk], k_cache[rows[s:s + chunk]], v_cache[rows[s:s + chunk]],
-                    positions[s:s + chunk], window, sinks, scale, fast) for s in range(0, n, chunk)]
+                    positions[s:s + chunk], window, sinks, scale, fast, softcap) for s in range(0, n, chunk)]
     return outs[0] if len(outs) == 1 else jnp.concatenate(outs)
 
 
-def _attend_blocks(q, k_cache, v_cache, positions, block_rows, window, sinks, scale, fast):
+def _attend_blocks(q, k_cache, v_cache, positions, block_rows, window, sinks, scale, fast, softcap=0.0):
     """Each block of BLOCK queries against the one cache row it belongs to."""
     n, heads, head_dim = q.shape
     nb = n // BLOCK
@@ -377,7 +385,8 @@ def _attend_blocks(q, k_cache, v_cache, positions, block_rows, window, sinks, sc
         return out.reshape(n, heads, values.shape[-1])
     group = heads // kv_heads
     qg = qb.reshape(nb, BLOCK, kv_heads, group, head_dim).astype(jnp.float32)
-    scores = jnp.einsum("btkgd,bskd->bkgts", qg, keys.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST) * scale
+    scores = _capped(jnp.einsum("btkgd,bskd->bkgts", qg, keys.astype(jnp.float32),
+                                precision=jax.lax.Precision.HIGHEST) * scale, softcap)
     scores = jnp.where(visible[:, None, None], scores, -jnp.inf)
     probs = _softmax_with_sinks(scores, sinks, kv_heads, group)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, values.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
@@ -408,7 +417,12 @@ def _softmax_with_sinks(scores, sinks, kv_heads, group):
     return jax.nn.softmax(jnp.concatenate([scores, sink], axis=-1), axis=-1)[..., :-1]
 
 
-def _attend(q, keys, values, positions, window, sinks, scale, fast):
+def _capped(scores, softcap: float):
+    """softcap * tanh(scores / softcap), as Gemma 2 caps its attention scores; 0: the scores as they are."""
+    return jnp.tanh(scores / softcap) * softcap if softcap else scores
+
+
+def _attend(q, keys, values, positions, window, sinks, scale, fast, softcap=0.0):
     n, heads, head_dim = q.shape
     seq, kv_heads = keys.shape[1], keys.shape[2]
     if fast and sinks is None and not window and cudnn_attends(q.dtype, heads, kv_heads, head_dim):
@@ -425,8 +439,8 @@ def _attend(q, keys, values, positions, window, sinks, scale, fast):
         return out[:, 0]
     group = heads // kv_heads
     qg = q.reshape(n, kv_heads, group, head_dim).astype(jnp.float32)
-    scores = jnp.einsum("nkgd,nskd->nkgs", qg, keys.astype(jnp.float32),
-                        precision=jax.lax.Precision.HIGHEST) * scale
+    scores = _capped(jnp.einsum("nkgd,nskd->nkgs", qg, keys.astype(jnp.float32),
+                                precision=jax.lax.Precision.HIGHEST) * scale, softcap)
     scores = jnp.where(visible[:, None, None, :], scores, -jnp.inf)
     probs = _softmax_with_sinks(scores, sinks, kv_heads, group)
     out = jnp.einsum("nkgs,nskd->nkgd", probs, values.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)

@@ -262,10 +262,13 @@ def _rope_factors(positions: torch.Tensor, table: torch.Tensor) -> tuple:
 
 def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, positions: torch.Tensor,
               rows: torch.Tensor | None = None, window: int = 0, sinks: torch.Tensor | None = None,
-              scale: float | None = None, fast: bool = False) -> torch.Tensor:
-    """Token i attends to cache row rows[i] (row i when rows is None) at positions <= positions[i]."""
+              scale: float | None = None, softcap: float = 0.0, fast: bool = False) -> torch.Tensor:
+    """Token i attends to cache row rows[i] (row i when rows is None) at positions <= positions[i].
+    `softcap` (0: none) caps each score s as softcap * tanh(s / softcap) (Gemma 2's) before the softmax."""
     n, heads, head_dim = q.shape
     scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
+    if softcap:  # no fused kernel (Linnet's, flash's, SDPA) caps the scores: the f32 reference computes it
+        fast = False
     if fast and cpu_attention.available(k_cache, head_dim):
         # Linnet's kernel, a token at a time, each reading its own row up to its own position: prompts'
         # tokens too, whose keys the pass has written to the cache by now. A 480-token SmolLM2 f32
@@ -279,7 +282,7 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
         if fast and sinks is None and flash_decodes(q, k_cache):
             return _flash_decode(q, k_cache, v_cache, positions, window, scale)
         span = _key_span(positions, k_cache.shape[1])
-        return _attend(q, k_cache[:n, :span], v_cache[:n, :span], positions, window, sinks, scale, fast)
+        return _attend(q, k_cache[:n, :span], v_cache[:n, :span], positions, window, sinks, scale, fast, softcap)
     if fast and sinks is None and flash_decodes(q, k_cache):
         seq = k_cache.shape[1]
         pack = per_pass(f"flash pack {seq}", (rows, positions), lambda: _flash_pack(rows, positions, seq, q.device))
@@ -293,10 +296,10 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
         span = _key_span(pos, k_cache.shape[1])
         # index_select of the span's view: 3x faster than k_cache[r, :span], which gathers element-wise
         keys, values = k_cache[:, :span].index_select(0, r), v_cache[:, :span].index_select(0, r)
-        out[idx] = _attend(q[idx], keys, values, pos, window, sinks, scale, fast)
+        out[idx] = _attend(q[idx], keys, values, pos, window, sinks, scale, fast, softcap)
     for start, end, row, top, pos in runs:  # a prompt's tokens: its own row, up to its last position
         keys, values = k_cache[row, None, :top + 1], v_cache[row, None, :top + 1]
-        out[start:end] = _attend_row(q[start:end], keys, values, pos, window, sinks, scale, fast)
+        out[start:end] = _attend_row(q[start:end], keys, values, pos, window, sinks, scale, fast, softcap)
     return out
 
 
@@ -533,7 +536,7 @@ def _segments(rows: torch.Tensor, positions: torch.Tensor):
     return (idx, rows[idx], positions[idx]), runs
 
 
-def _attend_row(q, keys, values, positions, window, sinks, scale, fast):
+def _attend_row(q, keys, values, positions, window, sinks, scale, fast, softcap=0.0):
     """q[m, h, d] of one row against keys/values[1, L, kvh, d] of that row."""
     m, heads, head_dim = q.shape
     kv_heads = keys.shape[2]
@@ -544,7 +547,7 @@ def _attend_row(q, keys, values, positions, window, sinks, scale, fast):
         return out[0].transpose(0, 1)
     group = heads // kv_heads
     qg = q.reshape(m, kv_heads, group, head_dim).float()
-    scores = torch.einsum("mkgd,skd->mkgs", qg, keys[0].float()) * scale
+    scores = _capped(torch.einsum("mkgd,skd->mkgs", qg, keys[0].float()) * scale, softcap)
     scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
     probs = _softmax_with_sinks(scores, sinks, kv_heads, group)
     out = torch.einsum("mkgs,skd->mkgd", probs, values[0].float())
@@ -646,7 +649,12 @@ def _softmax_with_sinks(scores, sinks, kv_heads, group):
     return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
 
 
-def _attend(q, keys, values, positions, window, sinks, scale, fast):
+def _capped(scores: torch.Tensor, softcap: float) -> torch.Tensor:
+    """softcap * tanh(scores / softcap), as Gemma 2 caps its attention scores; 0: the scores as they are."""
+    return torch.tanh(scores / softcap) * softcap if softcap else scores
+
+
+def _attend(q, keys, values, positions, window, sinks, scale, fast, softcap=0.0):
     """q[n, h, d] against keys/values[n, S, kvh, d], one cache row per token."""
     n, heads, head_dim = q.shape
     kv_heads = keys.shape[2]
@@ -656,7 +664,7 @@ def _attend(q, keys, values, positions, window, sinks, scale, fast):
         return out[:, :, 0, :]
     group = heads // kv_heads
     qg = q.reshape(n, kv_heads, group, head_dim).float()
-    scores = torch.einsum("nkgd,nskd->nkgs", qg, keys.float()) * scale
+    scores = _capped(torch.einsum("nkgd,nskd->nkgs", qg, keys.float()) * scale, softcap)
     scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
     probs = _softmax_with_sinks(scores, sinks, kv_heads, group)
     out = torch.einsum("nkgs,nskd->nkgd", probs, values.float())

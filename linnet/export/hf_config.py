@@ -156,6 +156,18 @@ def _gemma3(b: dict) -> dict:
     }
 
 
+def _gemma2(b: dict) -> dict:
+    """Gemma 2's config: one rope, layers alternating from a sliding one, the caps (null for none)."""
+    return {
+        **_dense(b), "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+        "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": b["query_pre_attn_scalar"], "rope_scaling": None,
+        "sliding_window": b["sliding_window"], "layer_types": gemma3_layer_types(b["layers"], b["window_pattern"]),
+        "attn_logit_softcapping": b["attn_softcap"] or None, "final_logit_softcapping": b["final_softcap"] or None,
+        "attention_bias": False,
+    }
+
+
 def _olmo2(b: dict) -> dict:
     return {**_dense(b), "architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2",
             "rope_scaling": _rope(b, "OLMo 2"), "attention_bias": False}
@@ -185,4 +197,5 @@ def _smollm3(b: dict) -> dict:
 
 _WRITERS = {"llama": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen3": _qwen3, "qwen3_moe": _qwen3_moe,
             "gpt_oss": _gpt_oss, "gemma3": _gemma3, "olmo2": _olmo2,
-            "granite": _granite, "phi3": _phi3, "smollm3": _smollm3}
+            "granite": _granite, "phi3": _phi3, "smollm3": _smollm3,
+            "gemma2": _gemma2}

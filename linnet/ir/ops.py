@@ -394,10 +394,11 @@ def _rope(x: Value, positions: Value, theta: Value, scaling=None, factor=None, l
     return t
 
 
-@op("attention", ("q", "k_cache", "v_cache", "positions", "rows", "window", "sinks", "scale"),
-    "causal attention of q[n, heads, d] over the cache rows of each token (GQA, window, sinks)")
+@op("attention", ("q", "k_cache", "v_cache", "positions", "rows", "window", "sinks", "scale", "softcap"),
+    "causal attention of q[n, heads, d] over the cache rows of each token (GQA, window, sinks, soft-capped scores)")
 def _attention(q: Value, k_cache: Value, v_cache: Value, positions: Value, rows: Value | None = None,
-               window: Value | None = None, sinks: Value | None = None, scale: Value | None = None, *, loc: Loc):
+               window: Value | None = None, sinks: Value | None = None, scale: Value | None = None,
+               softcap: Value | None = None, *, loc: Loc):
     tq = _tensor(q, "the queries", loc)
     tk, tv = _tensor(k_cache, "the key cache", loc), _tensor(v_cache, "the value cache", loc)
     tp = _tensor(positions, "the positions", loc)
@@ -426,6 +427,7 @@ def _attention(q: Value, k_cache: Value, v_cache: Value, positions: Value, rows:
             raise _err(rows.loc, f"rows must be i32[{n}], not {tr}")
     _static(window, "int", "window", loc)
     _static(scale, "float", "scale", loc)
+    _static(softcap, "float", "softcap", loc)
     if sinks is not None:
         ts = _tensor(sinks, "sinks", loc)
         if ts.shape != (tq.shape[1],):

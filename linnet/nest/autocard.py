@@ -5,7 +5,7 @@ stands for) picks the built-in architecture: Llama and Mistral checkpoints get a
 llama, Mixtral over mixtral, Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distills) over qwen2,
 Qwen3 over qwen3, Qwen3's mixtures of experts over qwen3_moe, gpt-oss over gpt_oss, Gemma 3's
 text model over gemma3, OLMo 2 over olmo2, Granite over granite, Phi-3 (and Phi-4 14B) over phi3,
-SmolLM3 over smollm3.
+SmolLM3 over smollm3, Gemma 2 over gemma2.
 Config values the architecture cannot express are refused, not dropped.
 """
 
@@ -35,6 +35,9 @@ TRANSFORMERS_DEFAULTS = {
     "Phi3ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 4096},
     "SmolLM3ForCausalLM": {"num_key_value_heads": 4, "rope_theta": 2e6, "tie_word_embeddings": True,
                            "max_position_embeddings": 32768},
+    "Gemma2ForCausalLM": {"num_key_value_heads": 4, "head_dim": 256, "query_pre_attn_scalar": 256,
+                          "sliding_window": 4096, "max_position_embeddings": 8192, "attn_logit_softcapping": 50.0,
+                          "final_logit_softcapping": 30.0},
 }
 
 
@@ -305,7 +308,7 @@ def _gemma3_values(config: dict, name: str) -> dict:
     _refuse_biases(config, name, ("attention_bias",))
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if config.get(key) is not None:
-            raise WeightsError(f"{name}: {key} is set; the gemma3 architecture caps no logits (Gemma 2 does)")
+            raise WeightsError(f"{name}: {key} is set; the gemma3 architecture caps no logits (gemma2's does)")
     act = config.get("hidden_activation") or config.get("hidden_act") or "gelu_pytorch_tanh"
     if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
         raise WeightsError(f"{name}: hidden_activation {act!r}; the gemma3 architecture's MLP gates with GELU's "
@@ -343,6 +346,39 @@ def _gemma3_values(config: dict, name: str) -> dict:
     if kinds["full-attention"] == "linear":
         values.update(rope_scaling="linear", rope_factor=float(full["factor"]))
     return values
+
+
+def _gemma2_values(config: dict, name: str) -> dict:
+    """Gemma 2: Gemma 3's keys less its second rope, its layers' kinds alternating (`layer_types`, the
+    first sliding), and the two soft caps (null: none, 0 to the card)."""
+    _refuse_biases(config, name, ("attention_bias",))
+    act = config.get("hidden_activation") or config.get("hidden_act") or "gelu_pytorch_tanh"
+    if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise WeightsError(f"{name}: hidden_activation {act!r}; the gemma2 architecture's MLP gates with GELU's "
+                           f"tanh form (gelu_pytorch_tanh)")
+    if config.get("use_bidirectional_attention"):
+        raise WeightsError(f"{name}: use_bidirectional_attention is set; the gemma2 architecture is causal")
+    _, kind = _rope_scaling(config)
+    if kind not in ("default", None):
+        raise WeightsError(f"{name}: rope scaling {kind!r} is not supported for Gemma 2 checkpoints; the gemma2 "
+                           f"architecture computes plain rope")
+    layers = int(config["num_hidden_layers"])
+    types = config.get("layer_types")
+    if types is not None and types != gemma3_layer_types(layers, 2):
+        raise WeightsError(f"{name}: layer_types must alternate sliding and full attention, sliding first (the "
+                           f"gemma2 architecture's window_pattern 2); this config has {types}")
+    heads, dim = int(config["num_attention_heads"]), int(config["hidden_size"])
+    head_dim = int(config.get("head_dim") or dim // heads)
+    return {
+        "vocab": int(config["vocab_size"]), "dim": dim, "layers": layers, "heads": heads,
+        "kv_heads": int(config.get("num_key_value_heads") or heads), "head_dim": head_dim,
+        "ffn": int(config["intermediate_size"]), "norm_eps": float(config.get("rms_norm_eps", 1e-6)),
+        "query_pre_attn_scalar": int(config.get("query_pre_attn_scalar") or head_dim),
+        "rope_theta": _rope_theta(config, 10000.0), "sliding_window": int(config.get("sliding_window") or 4096),
+        "window_pattern": 2, "tie_embeddings": bool(config.get("tie_word_embeddings", True)),
+        "attn_softcap": float(config.get("attn_logit_softcapping") or 0.0),
+        "final_softcap": float(config.get("final_logit_softcapping") or 0.0),
+    }
 
 
 def _olmo2_values(config: dict, name: str) -> dict:
@@ -427,4 +463,5 @@ SUPPORTED = {
     "GraniteForCausalLM": ("granite", _granite_values),
     "Phi3ForCausalLM": ("phi3", _phi3_values),
     "SmolLM3ForCausalLM": ("smollm3", _smollm3_values),
+    "Gemma2ForCausalLM": ("gemma2", _gemma2_values),
 }

@@ -1168,16 +1168,32 @@ def test_error_in_a_subprocess(case_id: str, command: str, tmp_path):
     _assert_rendered(proc.stderr, case, at)
 
 
+def _check_changed(tmp_path, capsys, source: str, old: str, new: str) -> str:
+    """`linnet check` of a built-in .linnet file (a path under linnet/nest/cards) with `old` replaced by
+    `new`, which must fail: its standard error."""
+    path = tmp_path / Path(source).name
+    path.write_text((Path(__file__).parents[2] / "linnet/nest/cards" / source).read_text().replace(old, new))
+    assert main(["check", str(path)]) == 1
+    return capsys.readouterr().err
+
+
 def test_a_value_set_below_its_floor_is_named_with_its_value(tmp_path, capsys):
     """A card's negative sliding window (an int like any other to the type checker) is an error at
     the attention that would use it, with the value the card gave."""
-    card_text = (Path(__file__).parents[2] / "linnet/nest/cards/tiny-llama.linnet").read_text()
-    card = tmp_path / "card.linnet"
-    card.write_text(card_text.replace("config {\n", "config {\n  sliding_window = -4\n"))
-    assert main(["check", str(card)]) == 1
-    err = capsys.readouterr().err
+    err = _check_changed(tmp_path, capsys, "tiny-llama.linnet", "config {\n", "config {\n  sliding_window = -4\n")
     assert "error: window of `attention` must be at least 0" in err and "`sliding_window` is -4" in err, err
     assert "llama.linnet:" in err.splitlines()[0]
+
+
+def test_a_negative_attention_softcap_is_named_with_its_value(tmp_path, capsys):
+    """Gemma 2's cap on attention scores is a static float, 0 for none: a negative one (which would flip
+    every score's sign through tanh) is an error at the attention, naming the card's value; a tensor
+    is no cap at all."""
+    err = _check_changed(tmp_path, capsys, "tiny-gemma2.linnet", "attn_softcap = 2.0", "attn_softcap = -2.0")
+    assert "error: softcap of `attention` must be at least 0" in err and "`attn_softcap` is -2.0" in err, err
+    assert "gemma2.linnet:" in err.splitlines()[0]
+    err = _check_changed(tmp_path, capsys, "arch/gemma2.linnet", "softcap=attn_softcap", "softcap=positions")
+    assert "error: softcap must be a static float, not i32[n]" in err, err
 
 
 def test_the_grouped_query_note_names_the_numbers(tmp_path, capsys):

@@ -1,9 +1,9 @@
-"""Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 3, OLMo 2, Granite, Phi-3 and SmolLM3 checkpoints without a card: a random tiny model saved
+"""Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 3, OLMo 2, Granite, Phi-3, SmolLM3 and Gemma 2 checkpoints without a card: a random tiny model saved
 by transformers loads through nest.load with a card written from its config.json (Mistral over the
 llama architecture, its sliding window kept; Mixtral over mixtral; Qwen2 with its q/k/v biases; Qwen3 with its per-head
 q/k norms; Qwen3-MoE with one tensor per expert; Gemma 3 with its two kinds of layer; OLMo 2 with its norms after
 each half of a layer; Granite with its µP multipliers;
-Phi-3 with its fused projections; SmolLM3 with its NoPE layers) and gives transformers' logits on both backends.
+Phi-3 with its fused projections; SmolLM3 with its NoPE layers; Gemma 2 with its soft caps) and gives transformers' logits on both backends.
 Qwen and Gemma 3 GGUFs, laid out as llama.cpp's converter writes them (q and k in checkpoint order, a
 layer's experts in one tensor, Gemma's norm weights with 1 added), load the same."""
 
@@ -48,6 +48,10 @@ FAMILIES = {
     # are the real vocabulary's (pad 128004)
     "smollm3": ("SmolLM3", dict(no_rope_layer_interval=2, tie_word_embeddings=True, pad_token_id=None,
                                 bos_token_id=None, eos_token_id=None)),
+    # sliding and full layers alternating (a window shorter than two prompts), a query scale of its own, and caps
+    # that random scores and logits reach (a cap of 2 on the scores, 3 on the logits)
+    "gemma2": ("Gemma2", dict(head_dim=32, sliding_window=4, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
+                              final_logit_softcapping=3.0)),
 }
 # transformers' config class where it is not the prefix's (Gemma3Config is the multimodal model's)
 CONFIGS = {"gemma3": "Gemma3TextConfig"}
@@ -113,7 +117,7 @@ def test_fast_bf16_is_as_close_to_f32_as_transformers_own_bf16(saved, backend):
 
 
 # the families added after the engine's own tests were written, each checked through it against transformers
-THROUGH_THE_ENGINE = ["olmo2", "granite", "phi3", "smollm3"]
+THROUGH_THE_ENGINE = ["olmo2", "granite", "phi3", "smollm3", "gemma2"]
 
 
 @pytest.mark.parametrize("backend", ["torch", "jax"])
@@ -161,6 +165,10 @@ def test_the_cards_say_what_the_configs_do(saved):
             assert line in source
     if family == "phi3":
         assert "sliding_window = 4" in source and "head_dim = 16" in source
+    if family == "gemma2":
+        for line in ("window_pattern = 2", "sliding_window = 4", "query_pre_attn_scalar = 24", "attn_softcap = 2.0",
+                     "final_softcap = 3.0", "head_dim = 32"):
+            assert line in source
     if family == "smollm3":  # transformers' config lists each layer's rope: [1, 0]
         assert config["no_rope_layers"] == [1, 0] and "no_rope_interval = 2" in source
     if family == "gemma3":
@@ -266,6 +274,9 @@ def test_a_hub_config_gives_its_registry_card(card, tmp_path):
     ("smollm3", {"use_sliding_window": True, "sliding_window": 4}, "the smollm3 architecture attends over whole rows"),
     ("smollm3", {"layer_types": ["full_attention", "sliding_attention"]}, r"layers \[1\]"),
     ("smollm3", {"mlp_bias": True}, "has mlp_bias set"),
+    ("gemma2", {"layer_types": ["full_attention", "sliding_attention"]}, "must alternate sliding and full attention"),
+    ("gemma2", {"hidden_activation": "gelu"}, "hidden_activation 'gelu'"),
+    ("gemma2", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope scaling 'linear' is not supported"),
     ("phi3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
      "partial_rotary_factor 0.5"),
     ("olmo2", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope scaling 'dynamic'"),
@@ -420,6 +431,19 @@ def test_smollm3s_nope_layers_are_read_from_its_list(tmp_path, prefill_error):
     assert min(prefill_error(rotating, reference, PROMPTS)) > 1e-2
 
 
+@pytest.mark.parametrize("cap", ["attn_logit_softcapping", "final_logit_softcapping"])
+def test_each_of_gemma2s_caps_is_what_the_card_computes(cap, tmp_path, prefill_error):
+    """The same Gemma 2 checkpoint read without one of its caps (null in config.json, 0 in the card) is
+    far from transformers' logits, which the card with both gives (test above): each cap is computed."""
+    reference = random_model("gemma2")
+    reference.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, cap: None}))
+    model = nest.load(str(tmp_path), generics=GENERICS, tokenizer=False)
+    assert model.module.bindings[{"attn_logit_softcapping": "attn_softcap"}.get(cap, "final_softcap")] == 0.0
+    assert min(prefill_error(model, reference, PROMPTS)) > 1e-2
+
+
 def test_a_phi3_gguf_with_longrope_is_refused(tmp_path, to_gguf, write_gguf):
     """The 128k models' GGUFs carry longrope as llama.cpp's rope_factors tables: refused, named."""
     from linnet.nest.checkpoint import GGUFCheckpoint
@@ -490,7 +514,7 @@ ARCHITECTURES = {"LlamaForCausalLM": "LlamaConfig", "MistralForCausalLM": "Mistr
                  "Qwen3ForCausalLM": "Qwen3Config", "Qwen3MoeForCausalLM": "Qwen3MoeConfig",
                  "Gemma3ForCausalLM": "Gemma3TextConfig", "Olmo2ForCausalLM": "Olmo2Config",
                  "GraniteForCausalLM": "GraniteConfig", "Phi3ForCausalLM": "Phi3Config",
-                 "SmolLM3ForCausalLM": "SmolLM3Config"}
+                 "SmolLM3ForCausalLM": "SmolLM3Config", "Gemma2ForCausalLM": "Gemma2Config"}
 OWN_REQUIRED = {"MixtralForCausalLM": dict(num_local_experts=4, num_experts_per_tok=2),
                 "Qwen3MoeForCausalLM": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)}
 
@@ -517,10 +541,12 @@ def test_keys_a_config_leaves_out_are_transformers_defaults(arch, tmp_path):
             "rope_theta": rope["rope_theta"], "tie_embeddings": reference.tie_word_embeddings,
             "head_dim": getattr(reference, "head_dim", None) or reference.hidden_size // reference.num_attention_heads,
             "max_context": reference.max_position_embeddings}
-    if arch in ("MistralForCausalLM", "Gemma3ForCausalLM"):
+    if arch in ("MistralForCausalLM", "Gemma3ForCausalLM", "Gemma2ForCausalLM"):
         want["sliding_window"] = reference.sliding_window
-    if arch == "Gemma3ForCausalLM":
+    if arch in ("Gemma3ForCausalLM", "Gemma2ForCausalLM"):
         want["query_pre_attn_scalar"] = reference.query_pre_attn_scalar
+    if arch == "Gemma2ForCausalLM":
+        want.update(attn_softcap=reference.attn_logit_softcapping, final_softcap=reference.final_logit_softcapping)
     if arch == "SmolLM3ForCausalLM":  # its NoPE layers: every fourth, as transformers lists them
         assert reference.no_rope_layers == [1, 1] and "no_rope_interval = 4" in source
     for key, value in want.items():

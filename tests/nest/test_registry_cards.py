@@ -27,6 +27,8 @@ PUBLISHED = {
     "microsoft/Phi-3-mini-4k-instruct": 3_821_079_552,
     # summed from transformers' SmolLM3Config shapes, which are SmolLM3-3B's (the hub rounds it to 3.08B)
     "HuggingFaceTB/SmolLM3-3B": 3_075_098_624,
+    # summed from Gemma2Config's defaults, which are gemma-2-2b's shapes (the hub rounds it to 2.61B)
+    "google/gemma-2-2b-it": 2_614_341_888,
 }
 CARDS = [info for info in nest.cards() if info.hf_repo]
 
