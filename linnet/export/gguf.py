@@ -1,12 +1,12 @@
 """One GGUF file for llama.cpp (`llama-server -m FILE`): Llama, Mixtral, Qwen2, Qwen3, Qwen3-MoE, gpt-oss,
-Gemma 3 (text), OLMo 2, Granite, Phi-3 and SmolLM3.
+Gemma 3 (text), OLMo 2, Granite, Phi-3, SmolLM3 and Gemma 2.
 
 Metadata is written from the card's config under llama.cpp's keys for the architecture (`llama.*`,
 Mixtral's too, with its experts; `qwen2.*`, `qwen3.*`, `qwen3moe.*`, `gpt-oss.*`, `gemma3.*`, `olmo2.*`,
 `granite.*` with µP's multipliers, `phi3.*` with the card's window as `phi3.attention.sliding_window`, as
 llama.cpp's converter writes it; llama.cpp's phi3 reads it and turns the window off (`phi3_window_warning`);
-`smollm3.*`, with no key for its NoPE layers: llama.cpp's smollm3 fixes one in every four). Llama's, Mixtral's,
-Qwen's, Gemma's, OLMo's, Granite's, Phi-3's and SmolLM3's tensors go
+`smollm3.*`, with no key for its NoPE layers: llama.cpp's smollm3 fixes one in every four; `gemma2.*` with its
+window and both caps). Llama's, Mixtral's, Qwen's, Gemma's, OLMo's, Granite's, Phi-3's and SmolLM3's tensors go
 under the names of the card's `from gguf` lines (a layer's
 experts as one tensor each for gate, up and down), with the declared transforms undone (Llama's q and k
 rows back in llama.cpp's rope order) and Gemma's norm weights stored as 1 + w, as llama.cpp's
@@ -36,9 +36,9 @@ from linnet.export import TRITON_INSTEAD, ExportError, check_folder, hf_config
 from linnet.export.hf_config import context_length
 from linnet.ir.specialize import specialize
 from linnet.nest.bind import checkpoint_names, unbind_weights
-from linnet.nest.checkpoint import (LLAMA_CPP_GEMMA3_LOCAL_THETA, LLAMA_CPP_GEMMA3_PATTERN,
+from linnet.nest.checkpoint import (LLAMA_CPP_GEMMA2_PATTERN, LLAMA_CPP_GEMMA3_LOCAL_THETA, LLAMA_CPP_GEMMA3_PATTERN,
                                     LLAMA_CPP_SMOLLM3_NO_ROPE_INTERVAL, NORMS_PLUS_ONE, GGUFCheckpoint,
-                                    llama_cpp_gemma3_query_scalar)
+                                    llama_cpp_gemma2_query_scalar, llama_cpp_gemma3_query_scalar)
 from linnet.nest.gguf_tokenizer import (BYTE, CONTROL, END_OF_GENERATION, END_OF_TURN, NORMAL, PRE_TOKENIZERS, UNKNOWN,
                                        UNUSED, USER_DEFINED)
 from linnet.rope_tables import llama3_divisors
@@ -50,7 +50,7 @@ PRE_NAMES = ("gpt-2", "smollm", "llama-bpe", "qwen2", "gpt-4o")  # spelled as ll
 # Linnet's -> llama.cpp's
 ARCHITECTURES = {"llama": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
                  "gpt_oss": "gpt-oss", "gemma3": "gemma3", "olmo2": "olmo2", "granite": "granite", "phi3": "phi3",
-                 "smollm3": "smollm3"}
+                 "smollm3": "smollm3", "gemma2": "gemma2"}
 
 
 def check_architecture(module, card: str) -> None:
@@ -66,6 +66,8 @@ def check_architecture(module, card: str) -> None:
                           f"llama.cpp's qwen3moe always renormalizes them (export it with --to vllm instead)")
     if module.name == "gemma3":
         _check_gemma3(b, card)
+    elif module.name == "gemma2":
+        _check_gemma2(b, card)
     elif module.name not in ("gpt_oss", "phi3") and b.get("sliding_window"):
         raise ExportError(f"{card!r} attends over a sliding window of {b['sliding_window']}, which llama.cpp's "
                           f"{ARCHITECTURES[module.name]} architecture does not (export it with --to vllm instead)")
@@ -97,20 +99,38 @@ def _check_gemma3(b: dict, card: str) -> None:
     """llama.cpp's gemma3 reads no window pattern, local rope or query scale from the file: it fixes
     them (`LLAMA_CPP_GEMMA3_*`, `llama_cpp_gemma3_query_scalar`), so a card set otherwise is refused."""
     instead = "(export it with --to vllm instead)"
-    pattern, window = LLAMA_CPP_GEMMA3_PATTERN, b["sliding_window"]
-    if b["window_pattern"] != pattern or window <= 0:
-        raise ExportError(f"{card!r} has window_pattern {b['window_pattern']} and sliding_window {window}; "
-                          f"llama.cpp's gemma3 slides a window in five layers of every {pattern} {instead}")
+    _check_gemma_fixed(b, card, "gemma3", LLAMA_CPP_GEMMA3_PATTERN,
+                       f"five layers of every {LLAMA_CPP_GEMMA3_PATTERN}",
+                       llama_cpp_gemma3_query_scalar(b["dim"], b["heads"], b["head_dim"], b["layers"]))
     if b["rope_local_theta"] != LLAMA_CPP_GEMMA3_LOCAL_THETA:
         raise ExportError(f"{card!r} has rope_local_theta {b['rope_local_theta']}; llama.cpp's gemma3 rotates its "
                           f"sliding-window layers at base {LLAMA_CPP_GEMMA3_LOCAL_THETA:g} {instead}")
-    scalar = llama_cpp_gemma3_query_scalar(b["dim"], b["heads"], b["head_dim"], b["layers"])
-    if b["query_pre_attn_scalar"] != scalar:
-        raise ExportError(f"{card!r} has query_pre_attn_scalar {b['query_pre_attn_scalar']}; llama.cpp's gemma3 "
-                          f"scales queries by {scalar} ** -0.5 for {b['layers']} layers {instead}")
     if b["rope_scaling"] not in ("none", "linear"):
         raise ExportError(f"{card!r} scales its rope as {b['rope_scaling']!r}; llama.cpp's gemma3 takes linear "
                           f"scaling of the full-attention layers' rope, or none {instead}")
+
+
+def _check_gemma2(b: dict, card: str) -> None:
+    """llama.cpp's gemma2 reads its window and caps from the file but fixes the rest: layers alternating
+    from a sliding one, both caps applied (none is not a value it takes), queries scaled by
+    `llama_cpp_gemma2_query_scalar`; a card set otherwise is refused."""
+    _check_gemma_fixed(b, card, "gemma2", LLAMA_CPP_GEMMA2_PATTERN, "every other layer, the first",
+                       llama_cpp_gemma2_query_scalar(b["dim"], b["heads"], b["head_dim"], b["layers"]))
+    if not (b["attn_softcap"] > 0 and b["final_softcap"] > 0):
+        raise ExportError(f"{card!r} has attn_softcap {b['attn_softcap']} and final_softcap {b['final_softcap']}; "
+                          f"llama.cpp's gemma2 caps both, 0 is no cap to it (export it with --to vllm instead)")
+
+
+def _check_gemma_fixed(b: dict, card: str, arch: str, pattern: int, sliding: str, scalar: int) -> None:
+    """What llama.cpp's Gemmas fix rather than read from the file: which layers slide (`pattern`, said in
+    words as `sliding`) and the query scale (`scalar`)."""
+    instead = "(export it with --to vllm instead)"
+    if b["window_pattern"] != pattern or b["sliding_window"] <= 0:
+        raise ExportError(f"{card!r} has window_pattern {b['window_pattern']} and sliding_window {b['sliding_window']}; "
+                          f"llama.cpp's {arch} slides a window in {sliding} {instead}")
+    if b["query_pre_attn_scalar"] != scalar:
+        raise ExportError(f"{card!r} has query_pre_attn_scalar {b['query_pre_attn_scalar']}; llama.cpp's {arch} "
+                          f"scales queries by {scalar} ** -0.5 for {b['layers']} layers {instead}")
 
 
 def gguf_path(out, card: str, dtype: str) -> Path:
@@ -174,8 +194,11 @@ def write_gguf(bound, out) -> str:
             _expert_keys(b, writer, width=spec.name != "mixtral")
         tensors = _norms_plus_one(unbind_weights(spec, bound.params, "gguf"), ARCHITECTURES[spec.name])
         _rope_keys(b, writer)
-        if spec.name == "gemma3":
+        if spec.name in ("gemma3", "gemma2"):
             writer.add_sliding_window(b["sliding_window"])
+        if spec.name == "gemma2":  # the caps, as llama.cpp's converter writes them
+            writer.add_attn_logit_softcapping(b["attn_softcap"])
+            writer.add_final_logit_softcapping(b["final_softcap"])
         if spec.name == "phi3":  # 0 for none, as llama.cpp's converter writes a Phi-4's
             writer.add_sliding_window(b["sliding_window"])
             said = phi3_window_warning(b, bound.card)

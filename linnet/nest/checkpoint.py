@@ -358,6 +358,7 @@ _GGUF_ARCHS = {
     "olmo2": ("olmo2", ["Olmo2ForCausalLM"]),
     "granite": ("granite", ["GraniteForCausalLM"]),
     "smollm3": ("smollm3", ["SmolLM3ForCausalLM"]),
+    "gemma2": ("gemma2", ["Gemma2ForCausalLM"]),
 }
 
 # a split GGUF's keys (llama.cpp's gguf-split), and how its files are named after their common prefix
@@ -381,7 +382,7 @@ _GGUF_ARCH_KEYS = {"gemma3": ("feed_forward_length",)}
 # GGUF architecture -> how the names of the norm weights llama.cpp's converter stores as 1 + w end:
 # Gemma's RMSNorm multiplies by 1 + w, llama.cpp's by its weight, so the converter adds the 1;
 # the architecture (as the Hugging Face checkpoint) holds w
-NORMS_PLUS_ONE = {"gemma3": "norm.weight"}
+NORMS_PLUS_ONE = {"gemma3": "norm.weight", "gemma2": "norm.weight"}
 
 # llama.cpp's gemma3 takes no pattern or local rope from the file: a window in five layers of every
 # six, and the sliding layers' rope unscaled at base 10000
@@ -390,6 +391,17 @@ LLAMA_CPP_GEMMA3_LOCAL_THETA = 10000.0
 
 # llama.cpp's smollm3 takes no NoPE layers from the file: it rotates nothing in every fourth layer
 LLAMA_CPP_SMOLLM3_NO_ROPE_INTERVAL = 4
+
+# llama.cpp's gemma2 takes no layer kinds from the file: sliding and full layers alternate, the first
+# sliding; it caps the attention scores and the logits always, at the file's caps or these
+LLAMA_CPP_GEMMA2_PATTERN = 2
+LLAMA_CPP_GEMMA2_CAPS = (50.0, 30.0)
+
+
+def llama_cpp_gemma2_query_scalar(dim: int, heads: int, head_dim: int, layers: int) -> int:
+    """The query_pre_attn_scalar whose inverse square root llama.cpp's gemma2 scales queries by: dim /
+    heads for the 46-layer model (27B), head_dim for the others, by the layer count."""
+    return dim // heads if layers == 46 else head_dim
 
 
 def llama_cpp_gemma3_query_scalar(dim: int, heads: int, head_dim: int, layers: int) -> int:
@@ -661,6 +673,8 @@ class GGUFCheckpoint(Checkpoint):
                        logits_scaling=get("logit_scale", 1.0))
         if model_type == "smollm3":
             cfg["no_rope_layer_interval"] = LLAMA_CPP_SMOLLM3_NO_ROPE_INTERVAL
+        if model_type == "gemma2":
+            cfg.update(self._gemma2_config(get, cfg))
         if model_type in ("llama", "mixtral", "granite", "smollm3"):
             cfg["hidden_act"] = "silu"
             cfg["attention_bias"] = "blk.0.attn_q.bias" in self._tensors
@@ -693,6 +707,23 @@ class GGUFCheckpoint(Checkpoint):
                 "rope_local_base_freq": LLAMA_CPP_GEMMA3_LOCAL_THETA, "query_pre_attn_scalar": scalar,
                 "hidden_activation": "gelu_pytorch_tanh",
                 "final_logit_softcapping": None if window else get("final_logit_softcapping")}
+
+    @staticmethod
+    def _gemma2_config(get, cfg: dict) -> dict:
+        """Gemma 2's config as llama.cpp's gemma2 reads the file: its window (4096 where it has none) in
+        every other layer from the first, queries scaled as `llama_cpp_gemma2_query_scalar` says, both
+        caps the file's (llama.cpp's defaults where it has none)."""
+        from .autocard import gemma3_layer_types
+
+        layers = cfg["num_hidden_layers"]
+        attn_cap, final_cap = LLAMA_CPP_GEMMA2_CAPS
+        return {"sliding_window": get("attention.sliding_window") or 4096,
+                "layer_types": gemma3_layer_types(layers, LLAMA_CPP_GEMMA2_PATTERN),
+                "query_pre_attn_scalar": llama_cpp_gemma2_query_scalar(cfg["hidden_size"], cfg["num_attention_heads"],
+                                                                       cfg["head_dim"], layers),
+                "attn_logit_softcapping": get("attn_logit_softcapping", attn_cap),
+                "final_logit_softcapping": get("final_logit_softcapping", final_cap),
+                "hidden_activation": "gelu_pytorch_tanh"}
 
     # tensors that are config, not weights: the card reads them as `rope_scaling`
     config_tensors = ("rope_freqs.weight",)

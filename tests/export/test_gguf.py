@@ -507,9 +507,10 @@ def test_a_phi3_window_goes_into_the_gguf_and_the_export_warns_that_llama_cpp_tu
 @pytest.mark.parametrize("dtype, bound", [("f16", 1.5e-3), ("bf16", 1.5e-2)])
 @pytest.mark.parametrize("card", ["tiny-llama", "tiny-llama-tied", "tiny-mixtral", "tiny-qwen2", "tiny-qwen3",
                                   "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma3", "tiny-olmo2", "tiny-granite",
-                                  "tiny-phi3", "tiny-smollm3"])
+                                  "tiny-phi3", "tiny-smollm3", "tiny-gemma2"])
 def test_every_family_in_16_bits_reads_alike_in_gguf_llama_cpp_and_nest(tmp_path, spm_gguf, card, dtype, bound):
-    """The tiny cards in the SentencePiece vocabulary (tiny-gemma3 with llama.cpp's window pattern;
+    """The tiny cards in the SentencePiece vocabulary (tiny-gemma3 with llama.cpp's window pattern, tiny-gemma2
+    with its query scale;
     tiny-phi3 named otherwise, as above): gguf's reader finds each matrix in the type asked, holding
     torch's rounding of the f32 file's values (the weights bound in that type, through numpy's bits
     for bf16), and 1-D tensors, biases and routers in f32; llama.cpp computes the logits Nest
@@ -524,7 +525,8 @@ def test_every_family_in_16_bits_reads_alike_in_gguf_llama_cpp_and_nest(tmp_path
     source = (Path(nest.__file__).parent / "cards" / f"{card}.linnet").read_text()
     path = tmp_path / f"{name}.linnet"
     path.write_text(source.replace(f'card "{card}"', f'card "{name}"').replace("vocab = 128", "vocab = 384")
-                    .replace("window_pattern = 3", "window_pattern = 6"))
+                    .replace("window_pattern = 3", "window_pattern = 6")
+                    .replace("query_pre_attn_scalar = 24", "query_pre_attn_scalar = 32"))  # (tiny-gemma2's: llama.cpp's)
     files = {d: export(path, "llama.cpp", tmp_path, weights="random", seed=5, dtype=d, tokenizer=spm_gguf)
              for d in ("f32", dtype)}
 
@@ -550,7 +552,7 @@ def test_every_family_in_16_bits_reads_alike_in_gguf_llama_cpp_and_nest(tmp_path
     llm.eval(PROMPT)
     ref = np.array(llm.scores[:len(PROMPT)])
     ours = prefill_all(nest.load(files[dtype], generics={"Batch": 1, "MaxSeq": 64}, cast_dtype=True), PROMPT)
-    if card == "tiny-gemma3":  # llama.cpp's GELU reads an f16 table: 9e-4 off in f32 already, and 4 times that here
+    if card in ("tiny-gemma3", "tiny-gemma2"):  # llama.cpp's GELU reads an f16 table: 9e-4 off in f32 already, 4x here
         bound *= 4
     assert float((np.abs(ours - ref).max(axis=1) / np.abs(ref).max(axis=1)).max()) <= bound
 
@@ -561,7 +563,7 @@ def test_only_the_architectures_llama_cpp_runs_and_only_with_a_tokenizer(tmp_pat
     from linnet.export.gguf import check_architecture
 
     with pytest.raises(ExportError, match="covers llama, mixtral, qwen2, qwen3, qwen3_moe, gpt_oss, gemma3, olmo2, "
-                                          "granite, phi3, smollm3 cards; 'm' is 'mamba'"):
+                                          "granite, phi3, smollm3, gemma2 cards; 'm' is 'mamba'"):
         check_architecture(SimpleNamespace(name="mamba"), "m")
     unnormalized = tmp_path / "unnormalized.linnet"
     unnormalized.write_text(QWEN3_MOE.replace("rope_theta = 10000.0", "norm_topk_prob = false"))
@@ -584,6 +586,17 @@ def test_only_the_architectures_llama_cpp_runs_and_only_with_a_tokenizer(tmp_pat
             ("window_pattern = 6\n  query_pre_attn_scalar = 16", r"scales queries by 32 \*\* -0.5")):
         card = tmp_path / "gemma.linnet"
         card.write_text(gemma.replace("  window_pattern = 3\n", f"  {change}\n"))
+        with pytest.raises(ExportError, match=needle):
+            export(card, "llama.cpp", tmp_path / "out", weights="random")
+    gemma2 = (Path(nest.__file__).parent / "cards" / "tiny-gemma2.linnet").read_text()  # query_pre_attn_scalar = 24
+    for change, needle in (
+            ("query_pre_attn_scalar = 24", r"query_pre_attn_scalar 24; llama.cpp's gemma2 scales queries by 32 \*\* -0.5"),
+            ("query_pre_attn_scalar = 32\n  window_pattern = 3", "window_pattern 3 and sliding_window 4; llama.cpp's "
+                                                                 "gemma2 slides a window in every other layer"),
+            ("query_pre_attn_scalar = 32\n  final_softcap = 0.0", "final_softcap 0.0; llama.cpp's gemma2 caps both")):
+        card = tmp_path / "capped.linnet"
+        card.write_text(gemma2.replace("  query_pre_attn_scalar = 24\n", f"  {change}\n")
+                        .replace("  final_softcap = 3.0\n", "" if "final_softcap" in change else "  final_softcap = 3.0\n"))
         with pytest.raises(ExportError, match=needle):
             export(card, "llama.cpp", tmp_path / "out", weights="random")
     with pytest.raises(ExportError, match="needs a tokenizer"):
@@ -760,29 +773,42 @@ def test_tokenizers_llama_cpp_has_no_form_for_are_refused(tmp_path):
     assert not list(tmp_path.glob("out.gguf*"))
 
 
-def test_llama_cpp_computes_gemma3_as_transformers_does(tmp_path, spm_gguf):
-    """A tiny random Gemma 3 saved by transformers, exported to a GGUF: llama.cpp computes
-    transformers' logits, and Nest reads the file back to them. Six layers, llama.cpp's fixed pattern
-    (the last attends to its whole row, the others over a window of 4 of a 25-token prompt), the
-    full-attention layers' rope scaled linearly from base 1e6, the sliding ones' at 1e4, and norms
-    away from 0, which the file holds with 1 added, as llama.cpp's converter writes them.
+def gemma_config(family: str):
+    """A tiny Gemma's transformers config for llama.cpp's fixed settings. Gemma 3: six layers, llama.cpp's
+    pattern (the last attends to its whole row, the others over a window of 4), the full-attention
+    layers' rope scaled linearly from base 1e6, the sliding ones' at 1e4. Gemma 2: four layers
+    alternating from a sliding one (a window of 4), caps of 2 on the attention scores and 3 on the
+    logits, which random weights reach."""
+    import transformers
+
+    from linnet.nest.autocard import gemma3_layer_types
+
+    common = dict(vocab_size=384, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                  query_pre_attn_scalar=32, intermediate_size=96, max_position_embeddings=512, sliding_window=4,
+                  attn_implementation="eager")
+    if family == "gemma2":
+        return transformers.Gemma2Config(num_hidden_layers=4, attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
+                                         **common)
+    return transformers.Gemma3TextConfig(
+        num_hidden_layers=6, layer_types=gemma3_layer_types(6, 6), **common,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0}})
+
+
+@pytest.mark.parametrize("family", ["gemma3", "gemma2"])
+def test_llama_cpp_computes_gemma_as_transformers_does(tmp_path, spm_gguf, family):
+    """A tiny random Gemma 3 or Gemma 2 (`gemma_config`) saved by transformers, exported to a GGUF:
+    llama.cpp computes transformers' logits, and Nest reads the file back to them, from norms away
+    from 0, which the file holds with 1 added, as llama.cpp's converter writes them.
     llama.cpp's CPU GELU looks its values up in an f16 table: about 8e-4 of the logits' size apart
     from transformers' exact one with an f32 cache (7.6e-5 against a GELU through that table)."""
     import gguf
     import torch
     import transformers
 
-    from linnet.nest.autocard import gemma3_layer_types
-
     llama_cpp = pytest.importorskip("llama_cpp")
-    config = transformers.Gemma3TextConfig(
-        vocab_size=384, hidden_size=64, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=32, query_pre_attn_scalar=32, intermediate_size=96, max_position_embeddings=512, sliding_window=4,
-        layer_types=gemma3_layer_types(6, 6), attn_implementation="eager",
-        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                         "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0}})
     torch.manual_seed(3)
-    reference = transformers.Gemma3ForCausalLM(config).float().eval()
+    reference = getattr(transformers, f"{family.capitalize()}ForCausalLM")(gemma_config(family)).float().eval()
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():  # every weight drawn: norm offsets away from 0
         for _, p in reference.named_parameters():
@@ -796,8 +822,11 @@ def test_llama_cpp_computes_gemma3_as_transformers_does(tmp_path, spm_gguf):
 
     path = export(tmp_path / "hf", "llama.cpp", tmp_path / "g.gguf", dtype="f32", tokenizer=spm_gguf)
     ckpt = GGUFCheckpoint(path)
-    assert ckpt.metadata("general.architecture") == "gemma3" and ckpt.metadata("gemma3.attention.sliding_window") == 4
-    assert ckpt.metadata("gemma3.rope.freq_base") == 1e6 and ckpt.metadata("gemma3.rope.scaling.factor") == 8.0
+    assert ckpt.metadata("general.architecture") == family and ckpt.metadata(f"{family}.attention.sliding_window") == 4
+    if family == "gemma3":
+        assert ckpt.metadata("gemma3.rope.freq_base") == 1e6 and ckpt.metadata("gemma3.rope.scaling.factor") == 8.0
+    else:
+        assert (ckpt.metadata("gemma2.attn_logit_softcapping"), ckpt.metadata("gemma2.final_logit_softcapping")) == (2, 3)
     stored = {t.name: np.asarray(t.data) for t in gguf.GGUFReader(path).tensors}  # gguf's reader, not Nest's
     norm = reference.model.layers[2].post_feedforward_layernorm.weight.detach().numpy()
     np.testing.assert_allclose(stored["blk.2.post_ffw_norm.weight"], 1.0 + norm, rtol=0, atol=1e-7)
@@ -809,7 +838,7 @@ def test_llama_cpp_computes_gemma3_as_transformers_does(tmp_path, spm_gguf):
     llm.eval(prompt)
     assert err(np.array(llm.scores[:len(prompt)])) <= 2e-3
     model = nest.load(path, generics={"Batch": 1, "MaxSeq": 64})
-    assert model.module.name == "gemma3" and model.info["unused_tensors"] == []
+    assert model.module.name == family and model.info["unused_tensors"] == []
     assert err(prefill_all(model, prompt)) <= 1e-4
 
 
