@@ -191,12 +191,14 @@ ANY_COMMENT = re.compile(r"^\s*# ([\w.-]+\.linnet):(\d+)(?: \(value from ([\w.-]
 
 def commented_statements(source: str, comment: re.Pattern = COMMENT) -> list:
     """[(line number named by the comment, generated statement)] for every statement under a comment
-    (with ANY_COMMENT, [((file, line number), statement)])."""
+    (with ANY_COMMENT, [((file, line number, the "value from" places), statement)])."""
     out, current, depth = [], None, None
     for text in source.splitlines():
         m = comment.match(text)
         if m:
-            current = int(m.group(2)) if comment is COMMENT else (m.group(1), int(m.group(2)))
+            values = tuple((f, int(n)) for f, n in (v.split(":") for v in (m.group(3) or "").split(", ") if v)) \
+                if comment is ANY_COMMENT else ()
+            current = int(m.group(2)) if comment is COMMENT else (m.group(1), int(m.group(2)), values)
             depth = len(text) - len(text.lstrip())
             continue
         indent = len(text) - len(text.lstrip())
@@ -209,13 +211,16 @@ def commented_statements(source: str, comment: re.Pattern = COMMENT) -> list:
     return out
 
 
-def assert_names_its_line(lines: list, name: str, line: int, stmt: str) -> None:
-    """Line `line` of a file (`lines`, named `name`) is code, and shares a name with `stmt`."""
+def assert_names_its_line(lines: list, name: str, line: int, stmt: str, also: tuple = ()) -> None:
+    """Line `line` of a file (`lines`, named `name`) is code, and shares a name with `stmt`, or one of
+    `also`'s lines does ([(lines, line)]: where an inlined fn's result comes from, `return f(...)` in an
+    entry being a call whose value the fn's return line writes)."""
     assert 1 <= line <= len(lines), f"{name}:{line} does not exist ({stmt})"
     text = lines[line - 1].split("#")[0]
     assert text.strip(), f"{name}:{line} is blank or a comment, yet names `{stmt}`"
     names = set(WORD.findall(stmt.replace('params["', "").replace('"]', ""))) - PLUMBING
-    assert names & set(WORD.findall(text)), f"{name}:{line} `{text.strip()}` shares nothing with `{stmt}`"
+    shared = set(WORD.findall(text)).union(*(WORD.findall(other[n - 1].split("#")[0]) for other, n in also))
+    assert names & shared, f"{name}:{line} `{text.strip()}` shares nothing with `{stmt}`"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -249,9 +254,10 @@ def test_every_architectures_comments_name_their_source_lines(card, backend):
     source = generate(check_file(CARDS_DIR / f"{card}.linnet"), backend, GENERICS)
     pairs = commented_statements(source, ANY_COMMENT)
     assert len(pairs) >= 25, "the generated code has lost its source comments"
-    files = {name: (CARDS_DIR / "arch" / name).read_text().splitlines() for name in {f for (f, _), _ in pairs}}
-    for (name, line), stmt in pairs:
-        assert_names_its_line(files[name], name, line, stmt)
+    names = {f for (f, _, values), _ in pairs for f in [f, *(v for v, _ in values)]}
+    files = {name: (CARDS_DIR / "arch" / name).read_text().splitlines() for name in names}
+    for (name, line, values), stmt in pairs:
+        assert_names_its_line(files[name], name, line, stmt, [(files[f], n) for f, n in values])
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
