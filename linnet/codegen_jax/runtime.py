@@ -295,16 +295,13 @@ def attention(q, k_cache, v_cache, positions, rows=None, window: int = 0, sinks=
     tokens of one row, each block reading one row. A pack that is not laid out so (checked on
     the device) falls back to reading one row per token. Padding tokens, at positions >= MaxSeq,
     get some output and widen no walk. `softcap` (0: none) caps each score s as softcap * tanh(s /
-    softcap) (Gemma 2's) before the softmax: no fused kernel or walk of the keys does, so such a call
-    reads whole rows and computes in f32, as exact numerics do.
+    softcap) (Gemma 2's) before the softmax: Linnet's CPU kernel does; where it does not run (no walk
+    of the keys caps), such a call reads whole rows and computes in f32, as exact numerics do.
     """
     n, heads, head_dim = q.shape
     scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
     if not isinstance(k_cache, CacheLayer):
         k_cache, v_cache = CacheLayer(jnp.asarray(k_cache)[None], 0), CacheLayer(jnp.asarray(v_cache)[None], 0)
-    if softcap:
-        return _attend_reading_rows(q, k_cache.whole(), v_cache.whole(), positions, rows, window, sinks, scale, False,
-                                    softcap)
     batch, seq = k_cache.shape[:2]
     if fast and not _SHARDED.get() and xla_kernels.attends_here(k_cache.stack, head_dim):
         # Linnet's kernel, a token at a time, each reading its own row up to its own position: a
@@ -312,7 +309,10 @@ def attention(q, k_cache, v_cache, positions, rows=None, window: int = 0, sinks=
         # prefill of SmolLM2 (f32): 1.70 s, against 2.10 with prompts in the blocked path below.
         rows = jnp.arange(n, dtype=jnp.int32) if rows is None else rows
         return xla_kernels.attention_rows(q, k_cache.stack, v_cache.stack, k_cache.index, rows, positions,
-                                          window, sinks, scale)
+                                          window, sinks, scale, softcap)
+    if softcap:
+        return _attend_reading_rows(q, k_cache.whole(), v_cache.whole(), positions, rows, window, sinks, scale, False,
+                                    softcap)
     if not (fast and _walks_keys(seq)):
         return _attend_reading_rows(q, k_cache.whole(), v_cache.whole(), positions, rows, window, sinks, scale, fast)
 
@@ -337,7 +337,7 @@ def attention(q, k_cache, v_cache, positions, rows=None, window: int = 0, sinks=
 
 def _attend_reading_rows(q, k_cache, v_cache, positions, rows, window, sinks, scale, fast, softcap=0.0):
     """`attention` reading whole cache rows: GPUs (fused attention over fixed shapes), exact numerics
-    and capped scores."""
+    and capped scores where Linnet's kernel does not run."""
     n = q.shape[0]
     if rows is None:
         return _attend(q, k_cache[:n], v_cache[:n], positions, window, sinks, scale, fast, softcap)

@@ -267,15 +267,15 @@ def attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos
     `softcap` (0: none) caps each score s as softcap * tanh(s / softcap) (Gemma 2's) before the softmax."""
     n, heads, head_dim = q.shape
     scale = scale if scale is not None else 1.0 / math.sqrt(head_dim)
-    if softcap:  # no fused kernel (Linnet's, flash's, SDPA) caps the scores: the f32 reference computes it
-        fast = False
     if fast and cpu_attention.available(k_cache, head_dim):
         # Linnet's kernel, a token at a time, each reading its own row up to its own position: prompts'
         # tokens too, whose keys the pass has written to the cache by now. A 480-token SmolLM2 f32
         # prefill: 1.57 s, against 1.67 with SDPA over each prompt.
         if rows is None:
             rows = per_pass("rows", (positions,), lambda: torch.arange(n, dtype=torch.int32))
-        return cpu_attention.attend_rows(q, k_cache, v_cache, rows, positions, window, sinks, scale)
+        return cpu_attention.attend_rows(q, k_cache, v_cache, rows, positions, window, sinks, scale, softcap)
+    if softcap:  # Linnet's CPU kernel caps scores; flash's, SDPA's and the Triton kernel do not: the f32 reference
+        fast = False
     if rows is None:
         if fast and triton_decodes(q, k_cache, v_cache):
             return _triton_decode(q, k_cache, v_cache, positions, window, sinks, scale)

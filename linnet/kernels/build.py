@@ -99,7 +99,7 @@ def cpu_kernels() -> ctypes.CDLL | None:
     lib.linnet_panel_pairs.argtypes = [i32, long]
     lib.linnet_isa.argtypes = []
     lib.linnet_attention.argtypes = [i32, i32, vp, long, long, long, long, vp, vp, long, long, long, long, vp, vp,
-                                     long, vp, ctypes.c_float, vp, i32]
+                                     long, vp, ctypes.c_float, ctypes.c_float, vp, i32]
     lib.linnet_rmsnorm.argtypes = [i32, vp, long, long, long, i32, vp, ctypes.c_float, i32, vp, i32]
     lib.linnet_rope.argtypes = [i32, vp, long, long, long, long, long, vp, vp, long, vp, i32]
     lib.linnet_put_rows.argtypes = [i32, vp, long, vp, long, long, vp, long, long, long, i32, vp, long, long, i32]

@@ -65,12 +65,23 @@ static inline AVX2 __attribute__((always_inline)) void score(int type, const flo
     }
 }
 
+/* Each score s capped as softcap * tanh(s / softcap) (Gemma 2's), in place. libm's scalar tanhf,
+ * not a vector approximation: every path (AVX2, AVX-512, bf16 pairs, a span's parts) caps here,
+ * so a score's capped value does not depend on which ran it; a decode step's scores are few. */
+static inline void cap_scores(float *s, long L, float softcap) {
+    for (long j = 0; j < L; j++)
+        s[j] = softcap * tanhf(s[j] / softcap);
+}
+
 /* The softmax of each of G heads' L scores (rows of s) in place, unnormalized, with a sink logit
- * per head if any; norm[g] gets 1 / head g's sum, and stats (if not NULL) [2g] its largest score
- * and [2g + 1] its sum, for merging parts of a span (`merge_parts`). */
-static inline AVX2 void softmax_rows(float *scores, long G, long L, const float *sinks, float *norm, float *stats) {
+ * per head if any, the scores capped first if softcap > 0; norm[g] gets 1 / head g's sum, and stats
+ * (if not NULL) [2g] its largest score and [2g + 1] its sum, for merging parts of a span (`merge_parts`). */
+static inline AVX2 void softmax_rows(float *scores, long G, long L, const float *sinks, float softcap, float *norm,
+                                     float *stats) {
     for (long g = 0; g < G; g++) {
         float *s = scores + g * L, top = sinks ? sinks[g] : -INFINITY;
+        if (softcap > 0.0f)
+            cap_scores(s, L, softcap);
         __m256 tops = _mm256_set1_ps(top); /* eight running maxima: one was a chain of L dependent compares */
         long j = 0;
         for (; j + 8 <= L; j += 8)
@@ -92,14 +103,14 @@ static inline AVX2 void softmax_rows(float *scores, long G, long L, const float 
  * vector (AVX2). */
 static inline AVX2 __attribute__((always_inline)) void attend(int type, const float *q, long G, long D, const char *k,
                                                                const char *v, long pos_stride, long j0, long j1,
-                                                               const float *sinks, float scale, float *scores,
-                                                               float *out, float *stats) {
+                                                               const float *sinks, float scale, float softcap,
+                                                               float *scores, float *out, float *stats) {
     long elem = type_bytes(type), L = j1 - j0;
     float norms[G];
     for (long g = 0; g < G; g += HEADS_AT_ONCE)
         score(type, q + g * D, G - g < HEADS_AT_ONCE ? G - g : HEADS_AT_ONCE, D, k, pos_stride, j0, j1, scale,
               scores + g * L, L);
-    softmax_rows(scores, G, L, sinks, norms, stats);
+    softmax_rows(scores, G, L, sinks, softcap, norms, stats);
     for (long g = 0; g < G; g++) {
         float *s = scores + g * L;
         __m256 norm = _mm256_set1_ps(norms[g]);
@@ -237,14 +248,15 @@ static inline AVX512 __attribute__((always_inline)) void attend16_heads(int type
                                                                          const char *k, const char *v,
                                                                          long pos_stride, long j0, long j1,
                                                                          const float *sinks, float scale,
-                                                                         float *scores, float *out, float *stats) {
+                                                                         float softcap, float *scores, float *out,
+                                                                         float *stats) {
     long L = j1 - j0, d0 = 0;
     float norm[4];
     if (qb)
         score_pairs(gn, qb, D, (const uint16_t *)k, pos_stride, j0, j1, scale, scores, L);
     else
         score16(type, gn, q, D, k, pos_stride, j0, j1, scale, scores, L);
-    softmax_rows(scores, gn, L, sinks, norm, stats);
+    softmax_rows(scores, gn, L, sinks, softcap, norm, stats);
     for (; d0 + 64 <= D; d0 += 64)
         weigh16(type, gn, 4, v, pos_stride, j0, L, scores, norm, D, d0, out);
     for (; d0 < D; d0 += 16)
@@ -256,38 +268,45 @@ static inline AVX512 __attribute__((always_inline)) void attend16_heads(int type
 static inline AVX512 __attribute__((always_inline)) void attend16(int type, const float *q, const uint16_t *qb,
                                                                    long G, long D, const char *k, const char *v,
                                                                    long pos_stride, long j0, long j1,
-                                                                   const float *sinks, float scale, float *scores,
-                                                                   float *out, float *stats) {
+                                                                   const float *sinks, float scale, float softcap,
+                                                                   float *scores, float *out, float *stats) {
     for (long g = 0; g < G; g += 4) {
         const float *qg = q + g * D, *sg = sinks ? sinks + g : NULL;
         const uint16_t *qbg = qb ? qb + g * D : NULL;
         float *og = out + g * D, *st = stats ? stats + 2 * g : NULL;
         switch (G - g < 4 ? G - g : 4) {
-        case 1: attend16_heads(type, 1, qg, qbg, D, k, v, pos_stride, j0, j1, sg, scale, scores, og, st); break;
-        case 2: attend16_heads(type, 2, qg, qbg, D, k, v, pos_stride, j0, j1, sg, scale, scores, og, st); break;
-        case 3: attend16_heads(type, 3, qg, qbg, D, k, v, pos_stride, j0, j1, sg, scale, scores, og, st); break;
-        default: attend16_heads(type, 4, qg, qbg, D, k, v, pos_stride, j0, j1, sg, scale, scores, og, st);
+        case 1:
+            attend16_heads(type, 1, qg, qbg, D, k, v, pos_stride, j0, j1, sg, scale, softcap, scores, og, st);
+            break;
+        case 2:
+            attend16_heads(type, 2, qg, qbg, D, k, v, pos_stride, j0, j1, sg, scale, softcap, scores, og, st);
+            break;
+        case 3:
+            attend16_heads(type, 3, qg, qbg, D, k, v, pos_stride, j0, j1, sg, scale, softcap, scores, og, st);
+            break;
+        default:
+            attend16_heads(type, 4, qg, qbg, D, k, v, pos_stride, j0, j1, sg, scale, softcap, scores, og, st);
         }
     }
 }
 
 static AVX512 void attend16_typed(int type, const float *q, const uint16_t *qb, long G, long D, const char *k,
                                   const char *v, long pos_stride, long j0, long j1, const float *sinks, float scale,
-                                  float *scores, float *out, float *stats) {
+                                  float softcap, float *scores, float *out, float *stats) {
     switch (type) { /* a copy for each type, whose loads the compiler then knows */
-    case F32: attend16(F32, q, NULL, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out, stats); break;
-    case BF16: attend16(BF16, q, qb, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out, stats); break;
-    default: attend16(F16, q, NULL, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out, stats);
+    case F32: attend16(F32, q, NULL, G, D, k, v, pos_stride, j0, j1, sinks, scale, softcap, scores, out, stats); break;
+    case BF16: attend16(BF16, q, qb, G, D, k, v, pos_stride, j0, j1, sinks, scale, softcap, scores, out, stats); break;
+    default: attend16(F16, q, NULL, G, D, k, v, pos_stride, j0, j1, sinks, scale, softcap, scores, out, stats);
     }
 }
 
 static AVX2 void attend8_typed(int type, const float *q, long G, long D, const char *k, const char *v,
-                               long pos_stride, long j0, long j1, const float *sinks, float scale, float *scores,
-                               float *out, float *stats) {
+                               long pos_stride, long j0, long j1, const float *sinks, float scale, float softcap,
+                               float *scores, float *out, float *stats) {
     switch (type) {
-    case F32: attend(F32, q, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out, stats); break;
-    case BF16: attend(BF16, q, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out, stats); break;
-    default: attend(F16, q, G, D, k, v, pos_stride, j0, j1, sinks, scale, scores, out, stats);
+    case F32: attend(F32, q, G, D, k, v, pos_stride, j0, j1, sinks, scale, softcap, scores, out, stats); break;
+    case BF16: attend(BF16, q, G, D, k, v, pos_stride, j0, j1, sinks, scale, softcap, scores, out, stats); break;
+    default: attend(F16, q, G, D, k, v, pos_stride, j0, j1, sinks, scale, softcap, scores, out, stats);
     }
 }
 
@@ -317,8 +336,8 @@ static inline long first_visible(long i, const int32_t *rows, const int32_t *pos
  * queries widened into `staging` (G x D) where q_type is not F32. */
 static AVX2 void attend_head(int type, int q_type, const void *q, long H, long KVH, long D, const void *k,
                              const void *v, long row_stride, long pos_stride, const int32_t *rows, long i, long h,
-                             long ja, long jb, const float *sinks, float scale, float *o, float *stats,
-                             float *scores, float *staging) {
+                             long ja, long jb, const float *sinks, float scale, float softcap, float *o,
+                             float *stats, float *scores, float *staging) {
     long G = H / KVH, elem = type_bytes(type), at = (i * H + h * G) * D;
     long base = (rows[i] * row_stride + h * D) * elem;
     prefetch_span((const char *)k + base, ja, jb, pos_stride * elem, D * elem);
@@ -334,9 +353,9 @@ static AVX2 void attend_head(int type, int q_type, const void *q, long H, long K
         /* bf16 queries and cache: scored as they are, in pairs (`score_pairs`) */
         const uint16_t *qb = type == BF16 && q_type == BF16 && D % 32 == 0 && linnet_isa() >= ISA_AVX512_BF16
                                  ? (const uint16_t *)q + at : NULL;
-        attend16_typed(type, qh, qb, G, D, kh, vh, pos_stride, ja, jb, sinks, scale, scores, o, stats);
+        attend16_typed(type, qh, qb, G, D, kh, vh, pos_stride, ja, jb, sinks, scale, softcap, scores, o, stats);
     } else {
-        attend8_typed(type, qh, G, D, kh, vh, pos_stride, ja, jb, sinks, scale, scores, o, stats);
+        attend8_typed(type, qh, G, D, kh, vh, pos_stride, ja, jb, sinks, scale, softcap, scores, o, stats);
     }
 }
 
@@ -346,7 +365,8 @@ static AVX2 void attend_head(int type, int q_type, const void *q, long H, long K
 static AVX2 void attend_units(int type, int q_type, const void *q, long H, long KVH, long D, const void *k,
                               const void *v, long row_stride, long pos_stride, long batch, long max_seq,
                               const int32_t *rows, const int32_t *positions, long window, const float *sinks,
-                              float scale, void *out, long u0, long u1, float *scores, float *staging) {
+                              float scale, float softcap, void *out, long u0, long u1, float *scores,
+                              float *staging) {
     long G = H / KVH;
     for (long u = u0; u < u1; u++) {
         long i = u / KVH, h = u % KVH, pos = positions[i], at = (i * H + h * G) * D;
@@ -357,7 +377,7 @@ static AVX2 void attend_units(int type, int q_type, const void *q, long H, long 
         }
         float *o = q_type == F32 ? (float *)out + at : staging + G * D;
         attend_head(type, q_type, q, H, KVH, D, k, v, row_stride, pos_stride, rows, i, h, j0, pos + 1,
-                    sinks ? sinks + h * G : NULL, scale, o, NULL, scores, staging);
+                    sinks ? sinks + h * G : NULL, scale, softcap, o, NULL, scores, staging);
         if (q_type != F32)
             for (long e = 0; e < G * D; e += 8)
                 store8(out, q_type, at + e, _mm256_loadu_ps(o + e));
@@ -435,14 +455,15 @@ static AVX2 void merge_parts(int q_type, long P, long G, long D, const float *pa
  * the unit's span, outputs and stats into `parted` (items x G x D outputs, then items x 2G stats). */
 static AVX2 void attend_part(int type, int q_type, const void *q, long H, long KVH, long D, const void *k,
                              const void *v, long row_stride, long pos_stride, long batch, long max_seq,
-                             const int32_t *rows, const int32_t *positions, long window, float scale, long P,
-                             long items, float *parted, long it, float *scores, float *staging) {
+                             const int32_t *rows, const int32_t *positions, long window, float scale,
+                             float softcap, long P, long items, float *parted, long it, float *scores,
+                             float *staging) {
     long G = H / KVH, u = it / P, p = it % P, i = u / KVH, h = u % KVH;
     long j0 = first_visible(i, rows, positions, batch, max_seq, window), span = positions[i] + 1 - j0;
     if (j0 >= 0)
         attend_head(type, q_type, q, H, KVH, D, k, v, row_stride, pos_stride, rows, i, h, j0 + span * p / P,
-                    j0 + span * (p + 1) / P, NULL, scale, parted + it * G * D, parted + items * G * D + it * 2 * G,
-                    scores, staging);
+                    j0 + span * (p + 1) / P, NULL, scale, softcap, parted + it * G * D,
+                    parted + items * G * D + it * 2 * G, scores, staging);
 }
 
 /* Unit u (token u / KVH's KV head u % KVH) from its P parts in `parted`, into out (q_type). */
@@ -467,7 +488,7 @@ struct attention_job {
     const int32_t *rows, *positions;
     long window;
     const float *sinks;
-    float scale;
+    float scale, softcap;
     void *out;
     long P, items;
     float *parted;
@@ -482,13 +503,14 @@ static int attention_chunk(void *data, long c, long chunks) {
         return -1;
     if (t->P == 1)
         attend_units(t->type, t->q_type, t->q, t->H, t->KVH, t->D, t->k, t->v, t->row_stride, t->pos_stride, t->batch,
-                     t->max_seq, t->rows, t->positions, t->window, t->sinks, t->scale, t->out, it0, it1, scores,
+                     t->max_seq, t->rows, t->positions, t->window, t->sinks, t->scale, t->softcap, t->out, it0,
+                     it1, scores,
                      scores + G * t->max_seq);
     else
         for (long it = it0; it < it1; it++)
             attend_part(t->type, t->q_type, t->q, t->H, t->KVH, t->D, t->k, t->v, t->row_stride, t->pos_stride,
-                        t->batch, t->max_seq, t->rows, t->positions, t->window, t->scale, t->P, t->items, t->parted,
-                        it, scores, scores + G * t->max_seq);
+                        t->batch, t->max_seq, t->rows, t->positions, t->window, t->scale, t->softcap, t->P,
+                        t->items, t->parted, it, scores, scores + G * t->max_seq);
     free(scores);
     return 0;
 }
@@ -500,21 +522,22 @@ static int attention_chunk(void *data, long c, long chunks) {
 /* q [n, H, D] and out [n, H, D] of q_type (F32, BF16 or F16); k and v point at position 0 of row
  * 0, KV head 0 of one layer's cache, whose rows are row_stride elements apart and positions
  * pos_stride apart (KV heads D apart). A token at a position >= max_seq is padding, and one whose
- * row is not in [0, batch) reads nothing: their output is zero. sinks: [H] or NULL. The work goes
+ * row is not in [0, batch) reads nothing: their output is zero. sinks: [H] or NULL. softcap > 0 caps
+ * each scaled score s as softcap * tanh(s / softcap) before the softmax (0: none). The work goes
  * to `run` on `pool` (of `threads` threads) in runs of units (a token's KV heads: one token's
  * heads can go to several threads), or of parts of a unit's span where units are few
  * (`span_parts`), the parts then merged. Returns -1 if out of memory. */
 int linnet_attention_run(linnet_runner run, void *pool, long threads, int type, int q_type, const void *q, long n,
                          long H, long KVH, long D, const void *k, const void *v, long row_stride, long pos_stride,
                          long batch, long max_seq, const int32_t *rows, const int32_t *positions, long window,
-                         const float *sinks, float scale, void *out) {
+                         const float *sinks, float scale, float softcap, void *out) {
     long units = n * KVH;
     long P = span_parts(n, KVH, threads, rows, positions, batch, max_seq, window);
     float *parted = P > 1 ? malloc(parted_floats(n, H, KVH, D, P) * sizeof(float)) : NULL;
     if (!parted)
         P = 1;
     struct attention_job job = {type, q_type, q, n, H, KVH, D, k, v, row_stride, pos_stride, batch, max_seq, rows,
-                                positions, window, sinks, scale, out, P, units * P, parted};
+                                positions, window, sinks, scale, softcap, out, P, units * P, parted};
     long most = threads * ATTENTION_CHUNKS_A_THREAD;
     int status = units ? run(pool, attention_chunk, &job, job.items < most ? job.items : most) : 0;
     if (P > 1 && !status) /* every part is in */
@@ -527,7 +550,8 @@ int linnet_attention_run(linnet_runner run, void *pool, long threads, int type, 
 /* linnet_attention_run on `threads` threads of pool.c's. */
 int linnet_attention(int type, int q_type, const void *q, long n, long H, long KVH, long D, const void *k,
                      const void *v, long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
-                     const int32_t *positions, long window, const float *sinks, float scale, void *out, int threads) {
+                     const int32_t *positions, long window, const float *sinks, float scale, float softcap,
+                     void *out, int threads) {
     return linnet_attention_run(linnet_on_threads, &threads, threads, type, q_type, q, n, H, KVH, D, k, v, row_stride,
-                                pos_stride, batch, max_seq, rows, positions, window, sinks, scale, out);
+                                pos_stride, batch, max_seq, rows, positions, window, sinks, scale, softcap, out);
 }

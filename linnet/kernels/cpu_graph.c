@@ -35,7 +35,7 @@ int linnet_task_qlinear(const int64_t *a) {
 
 int linnet_task_attention(const int64_t *a) {
     return linnet_attention((int)a[0], (int)a[1], P(2), a[3], a[4], a[5], a[6], P(7), P(8), a[9], a[10], a[11], a[12],
-                            P(13), P(14), a[15], P(16), as_float(a[17]), P(18), (int)a[19]);
+                            P(13), P(14), a[15], P(16), as_float(a[17]), as_float(a[18]), P(19), (int)a[20]);
 }
 
 int linnet_task_rmsnorm(const int64_t *a) {

@@ -172,11 +172,12 @@ int linnet_qlinear(int qtype, int x_type, const void *x, long M, long K, long P,
 /* cpu_attention.c */
 int linnet_attention(int type, int q_type, const void *q, long n, long H, long KVH, long D, const void *k, const void *v,
                      long row_stride, long pos_stride, long batch, long max_seq, const int32_t *rows,
-                     const int32_t *positions, long window, const float *sinks, float scale, void *out, int threads);
+                     const int32_t *positions, long window, const float *sinks, float scale, float softcap,
+                     void *out, int threads);
 int linnet_attention_run(linnet_runner run, void *pool, long threads, int type, int q_type, const void *q, long n,
                          long H, long KVH, long D, const void *k, const void *v, long row_stride, long pos_stride,
                          long batch, long max_seq, const int32_t *rows, const int32_t *positions, long window,
-                         const float *sinks, float scale, void *out);
+                         const float *sinks, float scale, float softcap, void *out);
 void linnet_attention_prefetch(int type, long KVH, long D, const void *k, const void *v, long row_stride,
                                long pos_stride, long batch, long max_seq, const int32_t *rows,
                                const int32_t *positions, long window, long n);

@@ -132,8 +132,8 @@ XLA_FFI_Error *linnet_xla_linear(XLA_FFI_CallFrame *frame) {
 
 /* ---- attention of one query a cache row: q [n, H, D] f32, the stacked caches [L, B, S, KVH, D]
  * (f32, or a 16-bit float's bits as u16), rows [n] i32, positions [n] i32, [layer, window, type]
- * i32 (type: 0 f32, 1 bf16, 2 f16), scale [] f32, sinks [H] or [0] f32 -> out [n, H, D] f32
- * (cpu_attention.c) */
+ * i32 (type: 0 f32, 1 bf16, 2 f16), [scale, softcap] f32 (softcap 0: none), sinks [H] or [0] f32
+ * -> out [n, H, D] f32 (cpu_attention.c) */
 
 /* An attention call reading fewer keys' and values' bytes than this runs on the calling thread alone:
  * scheduling a helper on XLA's pool (XLA_FFI_ThreadPool_Schedule) cost the caller 8-12 us a call on a
@@ -145,7 +145,8 @@ XLA_FFI_Error *linnet_xla_attention(XLA_FFI_CallFrame *frame) {
     if (metadata(frame) || frame->stage != XLA_FFI_ExecutionStage_EXECUTE)
         return NULL;
     if (frame->args.size != 8 || frame->rets.size != 1)
-        return fail(frame, "linnet_attention takes q, k, v, rows, positions, [layer, window, type], scale, sinks");
+        return fail(frame, "linnet_attention takes q, k, v, rows, positions, [layer, window, type], [scale, softcap], "
+                           "sinks");
     XLA_FFI_Buffer **a = (XLA_FFI_Buffer **)frame->args.args, *out = frame->rets.rets[0];
     XLA_FFI_Buffer *q = a[0], *k = a[1], *v = a[2], *rows = a[3], *positions = a[4], *scalars = a[5], *scale = a[6],
                    *sinks = a[7];
@@ -156,12 +157,13 @@ XLA_FFI_Error *linnet_xla_attention(XLA_FFI_CallFrame *frame) {
     if (type < F32 || type > F16 || (type == F32) != (k->dtype == XLA_FFI_DataType_F32) || v->dtype != k->dtype ||
         q->dtype != XLA_FFI_DataType_F32 || q->rank != 3 || k->rank != 5 ||
         v->rank != 5 || rows->dtype != XLA_FFI_DataType_S32 || positions->dtype != XLA_FFI_DataType_S32 ||
-        scalars->dtype != XLA_FFI_DataType_S32 || scale->dtype != XLA_FFI_DataType_F32 ||
+        scalars->dtype != XLA_FFI_DataType_S32 || scale->dtype != XLA_FFI_DataType_F32 || scale->rank != 1 ||
+        scale->dims[0] != 2 ||
         sinks->dtype != XLA_FFI_DataType_F32 || out->dtype != XLA_FFI_DataType_F32 || k->dims[4] != q->dims[2] ||
         q->dims[2] % 8 || q->dims[1] % k->dims[3] || rows->rank != 1 || rows->dims[0] != q->dims[0] ||
         positions->rank != 1 || positions->dims[0] != q->dims[0] || scalars->rank != 1 || scalars->dims[0] != 3)
         return fail(frame, "linnet_attention: q [n, H, D] f32, caches [L, B, S, KVH, D] f32 / u16, rows / positions "
-                           "[n] i32, [layer, window, type] i32, scale f32, sinks [H] or [0] f32");
+                           "[n] i32, [layer, window, type] i32, [scale, softcap] f32, sinks [H] or [0] f32");
     if (lw[0] < 0 || lw[0] >= k->dims[0] || k->dims[1] != v->dims[1] || k->dims[2] != v->dims[2] ||
         k->dims[3] != v->dims[3] || k->dims[0] != v->dims[0])
         return fail(frame, "linnet_attention: the layer is outside the stacked caches, or k and v differ in shape");
@@ -178,7 +180,8 @@ XLA_FFI_Error *linnet_xla_attention(XLA_FFI_CallFrame *frame) {
     linnet_runner runner = keys * KVH * D * 2 * type_bytes(type) < ATTENTION_ALONE_BYTES ? run_alone : run_on_pool;
     int status = linnet_attention_run(runner, frame, pool_threads(frame), type, F32, q->data, n, H, KVH, D,
                                       k_layer, v_layer, S * KVH * D, KVH * D, B, S, rows->data, positions->data, lw[1],
-                                      with_sinks ? sinks->data : NULL, *(const float *)scale->data, out->data);
+                                      with_sinks ? sinks->data : NULL, ((const float *)scale->data)[0],
+                                      ((const float *)scale->data)[1], out->data);
     if (n <= PREFETCH_NEXT_LAYER && lw[0] + 1 < k->dims[0]) { /* the same rows' keys and values in the next layer */
         long next = (long)B * S * KVH * D * type_bytes(type);
         linnet_attention_prefetch(type, KVH, D, k_layer + next, v_layer + next, S * KVH * D, KVH * D, B, S, rows->data,

@@ -137,10 +137,12 @@ def linear(x, w: Panels):
     return y.reshape(lead + (w.n,)).astype(x.dtype)
 
 
-def attention_rows(q, k_stack, v_stack, layer, rows, positions, window: int, sinks, scale: float):
+def attention_rows(q, k_stack, v_stack, layer, rows, positions, window: int, sinks, scale: float,
+                   softcap: float = 0.0):
     """q [n, H, D]: token i against row rows[i] of layer `layer` of the stacked caches [L, B, S, KVH, D]
     at positions up to positions[i] (the last `window`, if any), with a sink logit per head if
-    `sinks`; a position >= S is padding and gives zeros. f32 arithmetic; returns q's type."""
+    `sinks`; a position >= S is padding and gives zeros. softcap > 0 caps each scaled score s as
+    softcap * tanh(s / softcap) (Gemma 2's) before the softmax. f32 arithmetic; returns q's type."""
     import jax
     import jax.numpy as jnp
 
@@ -151,7 +153,7 @@ def attention_rows(q, k_stack, v_stack, layer, rows, positions, window: int, sin
     scalars = jnp.stack([jnp.asarray(layer, jnp.int32), jnp.asarray(window, jnp.int32), jnp.asarray(kind, jnp.int32)])
     out = jax.ffi.ffi_call("linnet_attention", jax.ShapeDtypeStruct(q.shape, jnp.float32))(
         q.astype(jnp.float32), k_stack, v_stack, rows.astype(jnp.int32), positions.astype(jnp.int32), scalars,
-        jnp.asarray(scale, jnp.float32), sinks)
+        jnp.asarray([scale, softcap], jnp.float32), sinks)
     return out.astype(q.dtype)
 
 

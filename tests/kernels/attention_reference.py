@@ -4,9 +4,10 @@ attention kernel is checked against, through torch and through XLA."""
 import numpy as np
 
 
-def reference(q, k, v, rows, positions, window, sinks, scale):
+def reference(q, k, v, rows, positions, window, sinks, scale, softcap=0.0):
     """Softmax attention of token i over row rows[i], positions max(0, p - window + 1) .. p, in float64.
-    Arrays are numpy: q [n, H, D], k and v [B, S, KVH, D], sinks [H] or None."""
+    Arrays are numpy: q [n, H, D], k and v [B, S, KVH, D], sinks [H] or None. softcap > 0 caps each
+    scaled score s as softcap * tanh(s / softcap) (Gemma 2's) before the softmax."""
     q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
     n, heads, d = q.shape
     kv_heads, max_seq = k.shape[2], k.shape[1]
@@ -21,6 +22,8 @@ def reference(q, k, v, rows, positions, window, sinks, scale):
             keys = k[rows[i], lo:p + 1, h // group]
             values = v[rows[i], lo:p + 1, h // group]
             logits = keys @ q[i, h] * scale
+            if softcap:
+                logits = softcap * np.tanh(logits / softcap)
             extra = [] if sinks is None else [float(sinks[h])]
             top = max(list(logits) + extra)
             weights = np.exp(logits - top)

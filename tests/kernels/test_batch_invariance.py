@@ -70,9 +70,9 @@ def test_rope_rows_are_batch_invariant(dtype):
                                                   torch.randn(m, 96, generator=g)], 1).to(dtype))
 
 
-@pytest.mark.parametrize("window", [0, 5])
+@pytest.mark.parametrize("window, softcap", [(0, 0.0), (5, 0.0), (5, 2.0)])  # 2: Gemma 2's cap, saturated here
 @pytest.mark.parametrize("dtype", TYPES)
-def test_attention_rows_are_batch_invariant(dtype, window):
+def test_attention_rows_are_batch_invariant(dtype, window, softcap):
     g = torch.Generator().manual_seed(1)
     rows, max_seq, kv_heads, group, head_dim = 6, 40, 2, 3, 32
     k = torch.randn(rows, max_seq, kv_heads, head_dim, generator=g).to(dtype)
@@ -81,7 +81,8 @@ def test_attention_rows_are_batch_invariant(dtype, window):
 
     def attend(x):  # a token's row: its cache row, its position, then its query heads
         q = x[:, 2:].reshape(-1, kv_heads * group, head_dim)
-        return cpu_attention.attend_rows(q, k, v, x[:, 0].long(), x[:, 1].long(), window, sinks, head_dim ** -0.5)
+        return cpu_attention.attend_rows(q, k, v, x[:, 0].long(), x[:, 1].long(), window, sinks, head_dim ** -0.5,
+                                         softcap)
 
     assert_rows_invariant(attend, lambda m, g: torch.cat([torch.randint(0, rows, (m, 1), generator=g).float(),
                                                           torch.randint(0, max_seq, (m, 1), generator=g).float(),

@@ -1,7 +1,7 @@
 """Linnet's CPU attention for one query a cache row against a float64 reference written here:
 any grouping of query heads to KV heads, head sizes (multiples of 16 take 16-float vectors on
-AVX-512 CPUs, others 8), windows, sink logits, cache types, rows
-read in any order, and padding tokens."""
+AVX-512 CPUs, others 8), windows, sink logits, capped scores (Gemma 2's softcap: 2 saturates
+random scores, 50 barely bends them), cache types, rows read in any order, and padding tokens."""
 
 import numpy as np
 import pytest
@@ -19,20 +19,21 @@ pytestmark = pytest.mark.skipif(cpu_attention.library() is None, reason="Linnet'
 @given(n=st.integers(1, 6), kv_heads=st.integers(1, 3), group=st.sampled_from([1, 2, 3, 4, 5, 8]),
        head_dim=st.sampled_from([8, 16, 64, 72, 80, 128]), max_seq=st.integers(1, 40), window=st.sampled_from([0, 1, 5]),
        with_sinks=st.booleans(), dtype=st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
-       seed=st.integers(0, 2 ** 31 - 1))
-def test_attend_rows_is_softmax_attention(n, kv_heads, group, head_dim, max_seq, window, with_sinks, dtype, seed):
+       softcap=st.sampled_from([0.0, 2.0, 5.0, 50.0]), seed=st.integers(0, 2 ** 31 - 1))
+def test_attend_rows_is_softmax_attention(n, kv_heads, group, head_dim, max_seq, window, with_sinks, dtype, softcap,
+                                          seed):
     g = torch.Generator().manual_seed(seed)
     batch, heads = 4, kv_heads * group
     k = torch.randn(batch, max_seq, kv_heads, head_dim, generator=g).to(dtype)
     v = torch.randn(batch, max_seq, kv_heads, head_dim, generator=g).to(dtype)
-    q = torch.randn(n, heads, head_dim, generator=g)
+    q = torch.randn(n, heads, head_dim, generator=g) * 3  # scores of a few units, which a cap of 2 saturates
     rows = torch.randint(0, batch + 1, (n,), generator=g)  # row `batch` does not exist: zeros, like padding
     positions = torch.randint(0, max_seq + 2, (n,), generator=g, dtype=torch.int32)  # some are padding
     sinks = torch.randn(heads, generator=g) if with_sinks else None
     scale = head_dim ** -0.5
-    got = cpu_attention.attend_rows(q, k, v, rows, positions, window, sinks, scale)
+    got = cpu_attention.attend_rows(q, k, v, rows, positions, window, sinks, scale, softcap)
     want = reference(*(a.float().numpy() for a in (q, k, v)), rows, positions, window,
-                     None if sinks is None else sinks.numpy(), scale)
+                     None if sinks is None else sinks.numpy(), scale, softcap)
     assert got.shape == (n, heads, head_dim) and got.dtype == torch.float32
     np.testing.assert_allclose(got.double().numpy(), want, rtol=1e-5, atol=1e-5)
 
@@ -58,8 +59,8 @@ def test_no_token_attends_to_nothing():
 @settings(max_examples=30, deadline=None)
 @given(n=st.integers(1, 5), kv_heads=st.integers(1, 3), group=st.sampled_from([1, 3, 4, 5]),
        head_dim=st.sampled_from([16, 32, 64, 96, 128]), max_seq=st.integers(1, 40), window=st.sampled_from([0, 6]),
-       with_sinks=st.booleans(), seed=st.integers(0, 2 ** 31 - 1))
-def test_bf16_queries_against_a_bf16_cache(n, kv_heads, group, head_dim, max_seq, window, with_sinks, seed):
+       with_sinks=st.booleans(), softcap=st.sampled_from([0.0, 2.0, 5.0, 50.0]), seed=st.integers(0, 2 ** 31 - 1))
+def test_bf16_queries_against_a_bf16_cache(n, kv_heads, group, head_dim, max_seq, window, with_sinks, softcap, seed):
     # a bf16 model's pass: queries and cache in bf16, scored as they are where the CPU has AVX-512
     # BF16 and head_dim is a multiple of 32 (the products exact, the sums f32), else widened
     g = torch.Generator().manual_seed(seed)
@@ -70,10 +71,10 @@ def test_bf16_queries_against_a_bf16_cache(n, kv_heads, group, head_dim, max_seq
     positions = torch.randint(0, max_seq, (n,), generator=g, dtype=torch.int32)
     sinks = torch.randn(heads, generator=g) if with_sinks else None
     scale = head_dim ** -0.5
-    got = cpu_attention.attend_rows(q, k, v, rows, positions, window, sinks, scale)
+    got = cpu_attention.attend_rows(q, k, v, rows, positions, window, sinks, scale, softcap)
     assert got.dtype == torch.bfloat16
     want = reference(*(a.float().numpy() for a in (q, k, v)), rows, positions, window,
-                     None if sinks is None else sinks.numpy(), scale)
+                     None if sinks is None else sinks.numpy(), scale, softcap)
     # one bf16 rounding of the output, and the f32 sums' own error
     np.testing.assert_allclose(got.double().numpy(), want, rtol=2 ** -8, atol=2 ** -8)
 
@@ -82,9 +83,9 @@ def test_bf16_queries_against_a_bf16_cache(n, kv_heads, group, head_dim, max_seq
 @given(n=st.integers(1, 2), kv_heads=st.integers(1, 3), group=st.sampled_from([1, 3, 4, 5]),
        head_dim=st.sampled_from([16, 64, 72, 128]), span=st.integers(520, 1400), window=st.sampled_from([0, 700]),
        with_sinks=st.booleans(), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
-       threads=st.integers(1, 3), seed=st.integers(0, 2 ** 31 - 1))
+       threads=st.integers(1, 3), softcap=st.sampled_from([0.0, 2.0, 5.0, 50.0]), seed=st.integers(0, 2 ** 31 - 1))
 def test_a_long_span_split_among_threads_is_softmax_attention(n, kv_heads, group, head_dim, span, window,
-                                                               with_sinks, dtype, threads, seed):
+                                                               with_sinks, dtype, threads, softcap, seed):
     """One or two rows decoding over a long prompt: fewer KV heads than threads, so each head's
     positions are attended in parts on several threads and merged (`span_parts`)."""
     g = torch.Generator().manual_seed(seed)
@@ -99,10 +100,10 @@ def test_a_long_span_split_among_threads_is_softmax_attention(n, kv_heads, group
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        got = cpu_attention.attend_rows(q, k, v, rows, positions, window, sinks, scale)
+        got = cpu_attention.attend_rows(q, k, v, rows, positions, window, sinks, scale, softcap)
     finally:
         torch.set_num_threads(before)
     want = reference(*(a.float().numpy() for a in (q, k, v)), rows, positions, window,
-                     None if sinks is None else sinks.numpy(), scale)
+                     None if sinks is None else sinks.numpy(), scale, softcap)
     tolerance = 1e-5 if dtype == torch.float32 else 2 ** -8
     np.testing.assert_allclose(got.double().numpy(), want, rtol=tolerance, atol=tolerance)

@@ -47,30 +47,31 @@ def test_a_bf16_input_comes_back_rounded_to_bf16():
 @given(n=st.integers(1, 6), kv_heads=st.integers(1, 3), group=st.sampled_from([1, 3, 4]),
        head_dim=st.sampled_from([8, 64]), max_seq=st.integers(1, 30), window=st.sampled_from([0, 4]),
        with_sinks=st.booleans(), dtype=st.sampled_from([jnp.float32, jnp.bfloat16, jnp.float16]),
-       layer=st.integers(0, 1), seed=st.integers(0, 2 ** 31 - 1))
+       layer=st.integers(0, 1), softcap=st.sampled_from([0.0, 2.0, 5.0, 50.0]), seed=st.integers(0, 2 ** 31 - 1))
 def test_the_attention_handler_reads_a_layer_of_the_stack(n, kv_heads, group, head_dim, max_seq, window, with_sinks,
-                                                          dtype, layer, seed):
+                                                          dtype, layer, softcap, seed):
     rng = np.random.default_rng(seed)
     heads, batch = kv_heads * group, 3
     k = rng.standard_normal((2, batch, max_seq, kv_heads, head_dim)).astype(dtype)
     v = rng.standard_normal((2, batch, max_seq, kv_heads, head_dim)).astype(dtype)
-    q = rng.standard_normal((n, heads, head_dim)).astype(np.float32)
+    q = rng.standard_normal((n, heads, head_dim)).astype(np.float32) * 3  # scores a cap of 2 saturates
     rows = rng.integers(0, batch, n).astype(np.int32)
     positions = rng.integers(0, max_seq + 2, n).astype(np.int32)  # some are padding
     sinks = rng.standard_normal(heads).astype(np.float32) if with_sinks else None
     scale = head_dim ** -0.5
-    got = jax.jit(lambda q, k, v, r, p, s: xla_kernels.attention_rows(q, k, v, layer, r, p, window, s, scale))(
-        q, k, v, rows, positions, sinks)
-    want = reference(q, k[layer].astype(np.float32), v[layer].astype(np.float32), rows, positions, window, sinks, scale)
+    got = jax.jit(lambda q, k, v, r, p, s: xla_kernels.attention_rows(q, k, v, layer, r, p, window, s, scale,
+                                                                      softcap))(q, k, v, rows, positions, sinks)
+    want = reference(q, k[layer].astype(np.float32), v[layer].astype(np.float32), rows, positions, window, sinks, scale,
+                     softcap)
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5)
 
 
 @settings(max_examples=15, deadline=None)
 @given(n=st.integers(1, 2), kv_heads=st.integers(1, 2), group=st.sampled_from([1, 3]), head_dim=st.sampled_from([8, 64]),
        span=st.integers(520, 1100), window=st.sampled_from([0, 600]), with_sinks=st.booleans(),
-       padding=st.booleans(), seed=st.integers(0, 2 ** 31 - 1))
+       padding=st.booleans(), softcap=st.sampled_from([0.0, 2.0, 5.0, 50.0]), seed=st.integers(0, 2 ** 31 - 1))
 def test_a_long_span_is_attended_in_parts_on_the_pool(n, kv_heads, group, head_dim, span, window, with_sinks, padding,
-                                                       seed):
+                                                       softcap, seed):
     """Fewer units (a token's KV heads) than twice XLA's threads: each span in parts (on the pool where
     the call reads ATTENTION_ALONE_BYTES or more, else on the calling thread), merged after
     (`linnet_attention_span_parts`), as torch's OpenMP path does; a padding token among them."""
@@ -84,9 +85,9 @@ def test_a_long_span_is_attended_in_parts_on_the_pool(n, kv_heads, group, head_d
         positions[-1] = max_seq  # padding: zeros, and no part of its own to wait for
     sinks = rng.standard_normal(heads).astype(np.float32) if with_sinks else None
     scale = head_dim ** -0.5
-    got = jax.jit(lambda q, k, v, r, p, s: xla_kernels.attention_rows(q, k, v, 0, r, p, window, s, scale))(
+    got = jax.jit(lambda q, k, v, r, p, s: xla_kernels.attention_rows(q, k, v, 0, r, p, window, s, scale, softcap))(
         q, k, v, rows, positions, sinks)
-    want = reference(q, k[0], v[0], rows, positions, window, sinks, scale)
+    want = reference(q, k[0], v[0], rows, positions, window, sinks, scale, softcap)
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5)
 
 

@@ -65,11 +65,9 @@ def test_16_greedy_bf16_requests_together_give_what_each_gives_alone(backend, tm
 
 # Every family's ops outside Linnet's kernels too: embedding rows, residual adds, QK norms, MoE routing
 # (router, top-k, softmax, the experts' matmuls and their weighted sum), attention sinks, the head, and the
-# sampler's softmax, filters, penalties, logprobs and prompt scores
+# sampler's softmax, filters, penalties, logprobs and prompt scores, and Gemma 2's capped attention scores
 FAMILIES = ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-mixtral", "tiny-gpt-oss", "tiny-phi3", "tiny-olmo2",
-            "tiny-granite", "tiny-smollm3"]
-# (not tiny-gemma2: its capped attention takes no kernel of Linnet's, and the f32 reference it takes instead is
-# not batch-invariant; design.md says so)
+            "tiny-granite", "tiny-smollm3", "tiny-gemma2"]
 
 
 def mixed_request(prompt, i: int) -> Request:
@@ -90,9 +88,9 @@ def everything(c):
 # JAX compiles each pass's shapes (about 10 s a case here): bf16 for a dense and a MoE family, whose CPU
 # activations are f32 as f32's are (`gather_rows`), the weights and cache bf16
 # JAX: the families whose passes take paths of their own there (a window, sinks, a MoE sum, fused
-# projections); qwen3, olmo2 and granite differ from llama only in where norms and scales sit, smollm3 in
-# the layers it does not rotate
-JAX_FAMILIES = ["tiny-llama", "tiny-gemma3", "tiny-mixtral", "tiny-gpt-oss", "tiny-phi3"]
+# projections, capped scores); qwen3, olmo2 and granite differ from llama only in where norms and scales
+# sit, smollm3 in the layers it does not rotate
+JAX_FAMILIES = ["tiny-llama", "tiny-gemma3", "tiny-mixtral", "tiny-gpt-oss", "tiny-phi3", "tiny-gemma2"]
 CASES = [(card, "torch", dtype) for card in FAMILIES for dtype in ("f32", "bf16")] + \
     [(card, "jax", "f32") for card in JAX_FAMILIES] + [("tiny-llama", "jax", "bf16"), ("tiny-mixtral", "jax", "bf16")]
 
