@@ -226,16 +226,23 @@ class Engine:
         return bool(self.waiting or self.live)
 
     def _admissible(self) -> bool:
-        """Whether a request queued may take a row now (none `_held`)."""
-        return any(not self._held(x) for x in self.waiting)
+        """Whether a request queued may take a row now (one not `_held`): checked every step, so the
+        queue is walked only while requests are being held."""
+        if not self._holding():
+            return bool(self.waiting)
+        return any(x.req.prompt_logprobs is None for x in self.waiting)
 
     def _held(self, item: _Live) -> bool:
         """Whether the serving loop leaves `item` queued: a request scoring its prompt while the passes
         that do so compile ahead (`warm_scoring_later`). Admitted, its pass compiled on the engine's
         thread, and every request in flight waited (the soak's JAX server: 5 compiles in its first
         40 s); queued, it waits alone, for what its pass would have waited on anyway."""
-        return (item.req.prompt_logprobs is not None and self._scoring_ahead is not None
-                and self._scoring_ahead.is_alive() and threading.current_thread() is self._thread)
+        return item.req.prompt_logprobs is not None and self._holding()
+
+    def _holding(self) -> bool:
+        """Whether the background loop holds scored requests: the passes that score prompts are still
+        compiling ahead (`_scoring_ahead` is set before that thread starts and cleared as it ends)."""
+        return self._scoring_ahead is not None and threading.current_thread() is self._thread
 
     # ------------------------------------------------------------ running
 
