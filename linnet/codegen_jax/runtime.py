@@ -310,11 +310,11 @@ def attention(q, k_cache, v_cache, positions, rows=None, window: int = 0, sinks=
         rows = jnp.arange(n, dtype=jnp.int32) if rows is None else rows
         return xla_kernels.attention_rows(q, k_cache.stack, v_cache.stack, k_cache.index, rows, positions,
                                           window, sinks, scale, softcap)
-    if softcap:
-        return _attend_reading_rows(q, k_cache.whole(), v_cache.whole(), positions, rows, window, sinks, scale, False,
-                                    softcap)
+    if softcap:  # Linnet's CPU kernel caps scores; no walk of the keys, cuDNN's or XLA's, does: the f32 reference
+        fast = False
     if not (fast and _walks_keys(seq)):
-        return _attend_reading_rows(q, k_cache.whole(), v_cache.whole(), positions, rows, window, sinks, scale, fast)
+        return _attend_reading_rows(q, k_cache.whole(), v_cache.whole(), positions, rows, window, sinks, scale, fast,
+                                    softcap)
 
     def one_per_row(q, positions, rows):  # token i reads row rows[i] (row i when rows is None)
         return _attend_walking(q[:, None], k_cache, v_cache, positions[:, None], rows, window, sinks, scale)
