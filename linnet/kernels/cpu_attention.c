@@ -387,31 +387,6 @@ static AVX2 void attend_head(int type, int q_type, const void *q, long H, long K
     }
 }
 
-/* Units [u0, u1) on the calling thread, unit u being token u / KVH's KV head u % KVH (its G query
- * heads); q and out are of q_type. `scores` holds G * max_seq floats and, for a q_type other than
- * F32, `staging` 2 * G * D: a unit's queries widened and its output before it is rounded. */
-static AVX2 void attend_units(int type, int q_type, const void *q, long H, long KVH, long D, const void *k,
-                              const void *v, long row_stride, long pos_stride, long batch, long max_seq,
-                              const int32_t *rows, const int32_t *positions, long window, const float *sinks,
-                              float scale, float softcap, void *out, long u0, long u1, float *scores,
-                              float *staging) {
-    long G = H / KVH;
-    for (long u = u0; u < u1; u++) {
-        long i = u / KVH, h = u % KVH, pos = positions[i], at = (i * H + h * G) * D;
-        long j0 = first_visible(i, rows, positions, batch, max_seq, window);
-        if (j0 < 0) {
-            memset((char *)out + at * type_bytes(q_type), 0, G * D * type_bytes(q_type));
-            continue;
-        }
-        float *o = q_type == F32 ? (float *)out + at : staging + G * D;
-        attend_head(type, q_type, q, H, KVH, D, k, v, row_stride, pos_stride, rows, i, h, j0, pos + 1,
-                    sinks ? sinks + h * G : NULL, scale, softcap, o, NULL, scores, staging);
-        if (q_type != F32)
-            for (long e = 0; e < G * D; e += 8)
-                store8(out, q_type, at + e, _mm256_loadu_ps(o + e));
-    }
-}
-
 /* Asks for what tokens [0, n) will read of a cache laid out as linnet_attention_run reads it,
  * every KV head: for a caller that knows the next layer's cache, whose lines then come in while
  * the layer's other work runs, and wait in the last-level cache. */
@@ -428,33 +403,23 @@ void linnet_attention_prefetch(int type, long KVH, long D, const void *k, const 
     }
 }
 
-/* Parts each token's span is split into where its units (a token's KV heads) are too few to keep
- * the threads busy: one or two rows decoding over a long prompt, whose KV heads would otherwise
- * leave threads idle (SmolLM2's 3 on 2 threads, one idle a third of the time: at position 3000,
- * 5.6 ms of attention a token for 30 layers, 4.05 split). A part is at least SPAN_PART positions. */
+/* Parts a token's span is computed in: one below 2 SPAN_PART positions, else one a SPAN_PART
+ * positions, up to MOST_PARTS, each part's softmax kept with its largest score and sum and the parts
+ * merged after (`merge_parts`). A token's parts follow from its own span alone, never from the
+ * call's other tokens or its threads, so its result is the same bits whoever runs its parts and
+ * whatever else the call holds (batch invariance: they were once split only where a call's units
+ * were few, and a long prompt's row alone and among others differed in the last bits). Few units
+ * (one or two rows decoding over a long prompt, whose KV heads would leave threads idle: SmolLM2's 3
+ * on 2 threads, one idle a third of the time; at position 3000, 5.6 ms of attention a token for 30
+ * layers, 4.05 split) spread their parts over the threads; many units each take theirs in turn. */
 #define SPAN_PART 256
 #define MOST_PARTS 8
 
-static long span_parts(long n, long KVH, long threads, const int32_t *rows, const int32_t *positions,
-                                 long batch, long max_seq, long window) {
-    long units = n * KVH, shortest = -1;
-    if (units == 0 || units >= 2 * threads) /* (no token: nothing to split) */
-        return 1;
-    for (long i = 0; i < n; i++) {
-        long j0 = first_visible(i, rows, positions, batch, max_seq, window);
-        if (j0 >= 0 && (shortest < 0 || positions[i] + 1 - j0 < shortest))
-            shortest = positions[i] + 1 - j0;
-    }
-    long parts = (2 * threads + units - 1) / units;
-    parts = parts < shortest / SPAN_PART ? parts : shortest / SPAN_PART;
-    parts = parts < MOST_PARTS ? parts : MOST_PARTS;
-    return parts > 1 ? parts : 1;
-}
-
-/* The floats n tokens' units split in P parts take (`parted`): each part's G x D outputs, then
- * each part's G (largest score, sum) pairs. */
-static long parted_floats(long n, long H, long KVH, long D, long P) {
-    return n * KVH * P * (H / KVH) * (D + 2);
+static inline long token_parts(long i, const int32_t *rows, const int32_t *positions, long batch, long max_seq,
+                               long window) {
+    long j0 = first_visible(i, rows, positions, batch, max_seq, window);
+    long parts = j0 < 0 ? 1 : (positions[i] + 1 - j0) / SPAN_PART;
+    return parts < 1 ? 1 : parts < MOST_PARTS ? parts : MOST_PARTS;
 }
 
 /* A unit's G heads from its P parts, each normalized over its positions, with stats (top, sum):
@@ -479,34 +444,61 @@ static AVX2 void merge_parts(int q_type, long P, long G, long D, const float *pa
     }
 }
 
-/* Item it of units split in P parts (unit it / P's part it % P): its G heads over its share of
- * the unit's span, outputs and stats into `parted` (items x G x D outputs, then items x 2G stats). */
+/* Part p of `parts` of token i's KV head h, whose span starts at j0: its G heads over its share of
+ * the span, outputs normalized over the part into o (G x D) and (top, sum) pairs into stats (2G). */
 static AVX2 void attend_part(int type, int q_type, const void *q, long H, long KVH, long D, const void *k,
-                             const void *v, long row_stride, long pos_stride, long batch, long max_seq,
-                             const int32_t *rows, const int32_t *positions, long window, float scale,
-                             float softcap, long P, long items, float *parted, long it, float *scores,
-                             float *staging) {
-    long G = H / KVH, u = it / P, p = it % P, i = u / KVH, h = u % KVH;
-    long j0 = first_visible(i, rows, positions, batch, max_seq, window), span = positions[i] + 1 - j0;
-    if (j0 >= 0)
-        attend_head(type, q_type, q, H, KVH, D, k, v, row_stride, pos_stride, rows, i, h, j0 + span * p / P,
-                    j0 + span * (p + 1) / P, NULL, scale, softcap, parted + it * G * D,
-                    parted + items * G * D + it * 2 * G, scores, staging);
+                             const void *v, long row_stride, long pos_stride, const int32_t *rows,
+                             const int32_t *positions, long i, long h, long j0, long p, long parts, float scale,
+                             float softcap, float *o, float *stats, float *scores, float *staging) {
+    long span = positions[i] + 1 - j0;
+    attend_head(type, q_type, q, H, KVH, D, k, v, row_stride, pos_stride, rows, i, h, j0 + span * p / parts,
+                j0 + span * (p + 1) / parts, NULL, scale, softcap, o, stats, scores, staging);
 }
 
-/* Unit u (token u / KVH's KV head u % KVH) from its P parts in `parted`, into out (q_type). */
-static AVX2 void merge_unit(int q_type, long n, long H, long KVH, long D, long P, const float *parted, long batch,
-                            long max_seq, const int32_t *rows, const int32_t *positions, long window,
-                            const float *sinks, void *out, long u) {
-    long G = H / KVH, i = u / KVH, h = u % KVH, at = (i * H + h * G) * D, items = n * KVH * P;
-    if (first_visible(i, rows, positions, batch, max_seq, window) < 0)
-        memset((char *)out + at * type_bytes(q_type), 0, G * D * type_bytes(q_type));
-    else
-        merge_parts(q_type, P, G, D, parted + u * P * G * D, parted + items * G * D + u * P * 2 * G,
-                    sinks ? sinks + h * G : NULL, out, at);
+/* The floats `parts_of_a_unit` parts of a unit take: each part's G x D outputs, then each part's G
+ * (largest score, sum) pairs. */
+static long part_floats(long G, long D, long parts_of_a_unit) {
+    return parts_of_a_unit * G * (D + 2);
 }
 
-/* One linnet_attention call, for its chunks: runs of items, whole units (P == 1) or parts of them. */
+/* Units [u0, u1) on the calling thread, unit u being token u / KVH's KV head u % KVH (its G query
+ * heads); q and out are of q_type. `scores` holds G * max_seq floats; `staging`, for a q_type
+ * other than F32, 2 * G * D: a unit's queries widened and its output before it is rounded; `parted`
+ * part_floats(G, D, MOST_PARTS): the parts of a unit whose span has several (`token_parts`). */
+static AVX2 void attend_units(int type, int q_type, const void *q, long H, long KVH, long D, const void *k,
+                              const void *v, long row_stride, long pos_stride, long batch, long max_seq,
+                              const int32_t *rows, const int32_t *positions, long window, const float *sinks,
+                              float scale, float softcap, void *out, long u0, long u1, float *scores,
+                              float *staging, float *parted) {
+    long G = H / KVH;
+    for (long u = u0; u < u1; u++) {
+        long i = u / KVH, h = u % KVH, pos = positions[i], at = (i * H + h * G) * D;
+        long j0 = first_visible(i, rows, positions, batch, max_seq, window);
+        if (j0 < 0) {
+            memset((char *)out + at * type_bytes(q_type), 0, G * D * type_bytes(q_type));
+            continue;
+        }
+        long parts = token_parts(i, rows, positions, batch, max_seq, window);
+        if (parts > 1) {
+            float *stats = parted + MOST_PARTS * G * D;
+            for (long p = 0; p < parts; p++)
+                attend_part(type, q_type, q, H, KVH, D, k, v, row_stride, pos_stride, rows, positions, i, h, j0, p,
+                            parts, scale, softcap, parted + p * G * D, stats + p * 2 * G, scores, staging);
+            merge_parts(q_type, parts, G, D, parted, stats, sinks ? sinks + h * G : NULL, out, at);
+            continue;
+        }
+        float *o = q_type == F32 ? (float *)out + at : staging + G * D;
+        attend_head(type, q_type, q, H, KVH, D, k, v, row_stride, pos_stride, rows, i, h, j0, pos + 1,
+                    sinks ? sinks + h * G : NULL, scale, softcap, o, NULL, scores, staging);
+        if (q_type != F32)
+            for (long e = 0; e < G * D; e += 8)
+                store8(out, q_type, at + e, _mm256_loadu_ps(o + e));
+    }
+}
+
+/* One linnet_attention call, for its chunks: runs of whole units (P == 1), or of items, the units'
+ * parts spread over the threads (P, the most parts a token has: item it is unit it / P's part
+ * it % P, its outputs and stats in `parted` as part_floats lays out P parts a unit, then merged). */
 struct attention_job {
     int type, q_type;
     const void *q;
@@ -522,23 +514,42 @@ struct attention_job {
     float *parted;
 };
 
+/* Item it of a job of parts: a part of a unit with several, or the whole of one with a single. */
+static AVX2 void attend_item(const struct attention_job *t, long it, float *scores, float *staging, float *local) {
+    long G = t->H / t->KVH, u = it / t->P, p = it % t->P, i = u / t->KVH, h = u % t->KVH;
+    long parts = token_parts(i, t->rows, t->positions, t->batch, t->max_seq, t->window);
+    if (parts == 1) {
+        if (p == 0)
+            attend_units(t->type, t->q_type, t->q, t->H, t->KVH, t->D, t->k, t->v, t->row_stride, t->pos_stride,
+                         t->batch, t->max_seq, t->rows, t->positions, t->window, t->sinks, t->scale, t->softcap,
+                         t->out, u, u + 1, scores, staging, local);
+        return;
+    }
+    if (p >= parts)
+        return;
+    float *unit = t->parted + u * part_floats(G, t->D, t->P);
+    long j0 = first_visible(i, t->rows, t->positions, t->batch, t->max_seq, t->window);
+    attend_part(t->type, t->q_type, t->q, t->H, t->KVH, t->D, t->k, t->v, t->row_stride, t->pos_stride, t->rows,
+                t->positions, i, h, j0, p, parts, t->scale, t->softcap, unit + p * G * t->D,
+                unit + t->P * G * t->D + p * 2 * G, scores, staging);
+}
+
 static int attention_chunk(void *data, long c, long chunks) {
     const struct attention_job *t = data;
     long G = t->H / t->KVH, it0 = t->items * c / chunks, it1 = t->items * (c + 1) / chunks;
-    /* the chunk's scores and staging, for all its items */
-    float *scores = malloc((G * t->max_seq + (t->q_type == F32 ? 0 : 2 * G * t->D)) * sizeof(float));
+    long staged = t->q_type == F32 ? 0 : 2 * G * t->D;
+    /* the chunk's scores, staging and a unit's parts, for all its items */
+    float *scores = malloc((G * t->max_seq + staged + part_floats(G, t->D, MOST_PARTS)) * sizeof(float));
     if (!scores)
         return -1;
+    float *staging = scores + G * t->max_seq, *local = staging + staged;
     if (t->P == 1)
         attend_units(t->type, t->q_type, t->q, t->H, t->KVH, t->D, t->k, t->v, t->row_stride, t->pos_stride, t->batch,
                      t->max_seq, t->rows, t->positions, t->window, t->sinks, t->scale, t->softcap, t->out, it0,
-                     it1, scores,
-                     scores + G * t->max_seq);
+                     it1, scores, staging, local);
     else
         for (long it = it0; it < it1; it++)
-            attend_part(t->type, t->q_type, t->q, t->H, t->KVH, t->D, t->k, t->v, t->row_stride, t->pos_stride,
-                        t->batch, t->max_seq, t->rows, t->positions, t->window, t->scale, t->softcap, t->P,
-                        t->items, t->parted, it, scores, scores + G * t->max_seq);
+            attend_item(t, it, scores, staging, local);
     free(scores);
     return 0;
 }
@@ -553,24 +564,33 @@ static int attention_chunk(void *data, long c, long chunks) {
  * row is not in [0, batch) reads nothing: their output is zero. sinks: [H] or NULL. softcap > 0 caps
  * each scaled score s as softcap * tanh(s / softcap) before the softmax (0: none). The work goes
  * to `run` on `pool` (of `threads` threads) in runs of units (a token's KV heads: one token's
- * heads can go to several threads), or of parts of a unit's span where units are few
- * (`span_parts`), the parts then merged. Returns -1 if out of memory. */
+ * heads can go to several threads), or, where units are fewer than twice the threads, of the
+ * parts of their spans (`token_parts`), merged once all are in. Returns -1 if out of memory. */
 int linnet_attention_run(linnet_runner run, void *pool, long threads, int type, int q_type, const void *q, long n,
                          long H, long KVH, long D, const void *k, const void *v, long row_stride, long pos_stride,
                          long batch, long max_seq, const int32_t *rows, const int32_t *positions, long window,
                          const float *sinks, float scale, float softcap, void *out) {
-    long units = n * KVH;
-    long P = span_parts(n, KVH, threads, rows, positions, batch, max_seq, window);
-    float *parted = P > 1 ? malloc(parted_floats(n, H, KVH, D, P) * sizeof(float)) : NULL;
+    long units = n * KVH, G = H / KVH, P = 1;
+    if (units < 2 * threads)
+        for (long i = 0; i < n; i++) {
+            long parts = token_parts(i, rows, positions, batch, max_seq, window);
+            P = parts > P ? parts : P;
+        }
+    /* (without memory for the parts, each unit takes its own in turn: the same bits, fewer threads) */
+    float *parted = P > 1 ? malloc(units * part_floats(G, D, P) * sizeof(float)) : NULL;
     if (!parted)
         P = 1;
     struct attention_job job = {type, q_type, q, n, H, KVH, D, k, v, row_stride, pos_stride, batch, max_seq, rows,
                                 positions, window, sinks, scale, softcap, out, P, units * P, parted};
     long most = threads * ATTENTION_CHUNKS_A_THREAD;
     int status = units ? run(pool, attention_chunk, &job, job.items < most ? job.items : most) : 0;
-    if (P > 1 && !status) /* every part is in */
-        for (long u = 0; u < units; u++)
-            merge_unit(q_type, n, H, KVH, D, P, parted, batch, max_seq, rows, positions, window, sinks, out, u);
+    for (long u = 0; P > 1 && !status && u < units; u++) { /* every part is in */
+        long i = u / KVH, h = u % KVH, parts = token_parts(i, rows, positions, batch, max_seq, window);
+        float *unit = parted + u * part_floats(G, D, P);
+        if (parts > 1)
+            merge_parts(q_type, parts, G, D, unit, unit + P * G * D, sinks ? sinks + h * G : NULL, out,
+                        (i * H + h * G) * D);
+    }
     free(parted);
     return status ? -1 : 0;
 }

@@ -70,11 +70,17 @@ def test_rope_rows_are_batch_invariant(dtype):
                                                   torch.randn(m, 96, generator=g)], 1).to(dtype))
 
 
-@pytest.mark.parametrize("window, softcap", [(0, 0.0), (5, 0.0), (5, 2.0)])  # 2: Gemma 2's cap, saturated here
+# Spans from 600 positions: a token's span is computed in parts of 256 positions and merged (the
+# kernel's `token_parts`), spread over the threads when the call's units are few (the probe alone:
+# 2 KV heads) and taken in turn by one thread when they are many. Positions are multiples of 8,
+# which bf16 holds exactly up to 2048 (the rows carry them in the queries' type).
+@pytest.mark.parametrize("window, softcap, shortest, max_seq", [(0, 0.0, 0, 40), (5, 0.0, 0, 40), (5, 2.0, 0, 40),
+                                                                (0, 0.0, 600, 1500), (700, 2.0, 600, 1500)],
+                         ids=["whole", "window", "window_softcap", "long_spans", "long_window_softcap"])
 @pytest.mark.parametrize("dtype", TYPES)
-def test_attention_rows_are_batch_invariant(dtype, window, softcap):
+def test_attention_rows_are_batch_invariant(dtype, window, softcap, shortest, max_seq):
     g = torch.Generator().manual_seed(1)
-    rows, max_seq, kv_heads, group, head_dim = 6, 40, 2, 3, 32
+    rows, kv_heads, group, head_dim = 6, 2, 3, 32
     k = torch.randn(rows, max_seq, kv_heads, head_dim, generator=g).to(dtype)
     v = torch.randn(rows, max_seq, kv_heads, head_dim, generator=g).to(dtype)
     sinks = torch.randn(kv_heads * group, generator=g)
@@ -84,10 +90,13 @@ def test_attention_rows_are_batch_invariant(dtype, window, softcap):
         return cpu_attention.attend_rows(q, k, v, x[:, 0].long(), x[:, 1].long(), window, sinks, head_dim ** -0.5,
                                          softcap)
 
-    assert_rows_invariant(attend, lambda m, g: torch.cat([torch.randint(0, rows, (m, 1), generator=g).float(),
-                                                          torch.randint(0, max_seq, (m, 1), generator=g).float(),
-                                                          torch.randn(m, kv_heads * group * head_dim, generator=g)],
-                                                         1).to(torch.float32 if dtype == torch.float16 else dtype))
+    def make_rows(m, g):
+        return torch.cat([torch.randint(0, rows, (m, 1), generator=g).float(),
+                          8 * torch.randint(shortest // 8, max_seq // 8, (m, 1), generator=g).float(),
+                          torch.randn(m, kv_heads * group * head_dim, generator=g)],
+                         1).to(torch.float32 if dtype == torch.float16 else dtype)
+
+    assert_rows_invariant(attend, make_rows)
 
 
 @pytest.mark.parametrize("with_bias", [False, True])

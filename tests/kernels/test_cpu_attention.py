@@ -80,14 +80,15 @@ def test_bf16_queries_against_a_bf16_cache(n, kv_heads, group, head_dim, max_seq
 
 
 @settings(max_examples=25, deadline=None)
-@given(n=st.integers(1, 2), kv_heads=st.integers(1, 3), group=st.sampled_from([1, 3, 4, 5]),
+@given(n=st.integers(1, 5), kv_heads=st.integers(1, 3), group=st.sampled_from([1, 3, 4, 5]),
        head_dim=st.sampled_from([16, 64, 72, 128]), span=st.integers(520, 1400), window=st.sampled_from([0, 700]),
        with_sinks=st.booleans(), dtype=st.sampled_from([torch.float32, torch.bfloat16]),
        threads=st.integers(1, 3), softcap=st.sampled_from([0.0, 2.0, 5.0, 50.0]), seed=st.integers(0, 2 ** 31 - 1))
 def test_a_long_span_split_among_threads_is_softmax_attention(n, kv_heads, group, head_dim, span, window,
                                                                with_sinks, dtype, threads, softcap, seed):
-    """One or two rows decoding over a long prompt: fewer KV heads than threads, so each head's
-    positions are attended in parts on several threads and merged (`span_parts`)."""
+    """Rows decoding over a long prompt: each KV head's positions are attended in parts of 256 and
+    merged (`token_parts`), the parts spread over the threads where the call's KV heads are fewer
+    than twice the threads (one or two rows), else taken in turn by one."""
     g = torch.Generator().manual_seed(seed)
     batch, heads, max_seq = 2, kv_heads * group, span + 8
     k = torch.randn(batch, max_seq, kv_heads, head_dim, generator=g).to(dtype)
@@ -107,3 +108,23 @@ def test_a_long_span_split_among_threads_is_softmax_attention(n, kv_heads, group
                      None if sinks is None else sinks.numpy(), scale, softcap)
     tolerance = 1e-5 if dtype == torch.float32 else 2 ** -8
     np.testing.assert_allclose(got.double().numpy(), want, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_long_spans_bits_do_not_depend_on_the_threads(dtype):
+    """Its parts follow from its span alone: 1, 2 or 3 threads (its parts spread over them or
+    taken in turn) give the same bits."""
+    g = torch.Generator().manual_seed(3)
+    k, v = (torch.randn(2, 1300, 3, 64, generator=g).to(dtype) for _ in range(2))
+    q = torch.randn(2, 9, 64, generator=g).to(dtype)
+    rows, positions = torch.tensor([0, 1]), torch.tensor([1290, 700], dtype=torch.int32)
+    before, outs = torch.get_num_threads(), []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outs += [cpu_attention.attend_rows(q, k, v, rows, positions, 0, None, 0.125),
+                     cpu_attention.attend_rows(q[:1], k, v, rows[:1], positions[:1], 0, None, 0.125)]
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(out[0], outs[0][0]) for out in outs)
+    assert all(torch.equal(out[1], outs[0][1]) for out in outs[::2])
