@@ -1,6 +1,7 @@
 """Which requests a card serves otherwise beside others than alone: a check of batch invariance.
 
-For each card, backend, numerics and type: 16 requests of 1 to 30 random prompt tokens through an
+For each card, backend, numerics and type: 16 requests of 1 to 30 random prompt tokens (or
+`--prompt-tokens LO HI`: spans of 512 and more take the attention kernel's parts) through an
 Engine of 16 rows together (greedy; seeded top-p / top-k; seeded min-p with penalties; logprobs
 with 5 alternatives, every other one its prompt's scores), then each alone, then two copies of each
 of the first three. Prints the requests whose tokens, logprobs, alternatives or prompt scores
@@ -38,12 +39,13 @@ def outcome(c) -> tuple:
             [None if x is None else (x.token, x.logprob, x.top) for x in c.prompt_logprobs or []])
 
 
-def check(card: str, backend: str, numerics: str, dtype: str, rows: int = 16) -> str:
+def check(card: str, backend: str, numerics: str, dtype: str, lo: int = 1, hi: int = 30, rows: int = 16) -> str:
     start = time.perf_counter()
+    max_seq = 64 * -(-(hi + 8) // 64)  # the longest prompt and its new tokens, in a multiple of 64
     model = nest.load(card, backend=backend, weights="random", seed=1, numerics=numerics, tokenizer=False,
-                      generics={"Batch": rows, "MaxSeq": 64, "T": dtype})
-    ps = prompts(16, 1, 30, seed=5, vocab=model.vocab)
-    engine = Engine(model, token_budget=64)
+                      generics={"Batch": rows, "MaxSeq": max_seq, "T": dtype})
+    ps = prompts(16, lo, hi, seed=5, vocab=model.vocab)
+    engine = Engine(model, token_budget=max(64, hi))
     together, _ = engine.run([ask(p, i) for i, p in enumerate(ps)])
     alone = [outcome(engine.run([ask(p, i)])[0][0]) for i, p in enumerate(ps)]
     differ = [i for i, (c, a) in enumerate(zip(together, alone)) if outcome(c) != a]
@@ -70,12 +72,14 @@ def main() -> None:
                         help="(fast exact)")
     parser.add_argument("--types", nargs="+", default=["f32", "bf16"], choices=["f32", "bf16"],
                         help="the element types T (f32 bf16)")
+    parser.add_argument("--prompt-tokens", nargs=2, type=int, default=[1, 30], metavar=("LO", "HI"),
+                        help="each prompt's length, drawn from LO to HI (1 30)")
     args = parser.parse_args()
     for card in args.cards:
         for backend in args.backends:
             for numerics in args.numerics:
                 for dtype in args.types if numerics == "fast" else ["f32"]:
-                    print(check(card, backend, numerics, dtype), flush=True)
+                    print(check(card, backend, numerics, dtype, *args.prompt_tokens), flush=True)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ f32 bits, where its call's other rows change them, to round to another bf16 (bef
 kernel summed one or two rows as AMX does more, 10 of these 16 requests' logprobs differed)."""
 
 import pytest
+import torch
 
 from linnet import nest
 from linnet.kernels import cpu_linear
@@ -112,3 +113,23 @@ def test_every_family_serves_a_request_alike_alone_beside_others_and_as_copies(c
     assert [everything(c) for c in three] == alone[:3]
     copies, _ = engine.run([mixed_request(ps[1], 1), mixed_request(ps[1], 1)])
     assert [everything(c) for c in copies] == [alone[1], alone[1]]
+
+
+def test_long_prompts_on_a_many_core_cpu_serve_alike_alone_and_beside_others():
+    """Spans past 512 positions, which the attention kernel computes in parts, with the kernels on 20
+    threads (a server's CPU: the 2 of a CI machine oversubscribed): a decode step's few KV heads
+    (4 rows of 2) then fall short of twice the threads where a pass with prompt tokens beside them
+    does not. The parts once followed from that count, and 7 of these 8 f32 requests differed."""
+    model = nest.load("tiny-llama", backend="torch", weights="random", seed=1, numerics="fast", tokenizer=False,
+                      generics={"Batch": 4, "MaxSeq": 1024, "T": "f32"})
+    ps = prompts(8, 520, 900, seed=5, vocab=model.vocab)
+    engine = Engine(model, token_budget=256)
+    before = torch.get_num_threads()
+    torch.set_num_threads(20)
+    try:
+        alone = [everything(engine.run([mixed_request(p, i)])[0][0]) for i, p in enumerate(ps)]
+        together, stats = engine.run([mixed_request(p, i) for i, p in enumerate(ps)])
+    finally:
+        torch.set_num_threads(before)
+    assert stats.passes["mixed"] > 0
+    assert [everything(c) for c in together] == alone
