@@ -325,10 +325,13 @@ def _dtype_name(text: str) -> str:
 
 
 def _export_dtype(text: str) -> str:
-    """export --dtype: vLLM's names taken, and llama.cpp's quantized types refused with how to make one."""
-    from linnet.export import dtype_refusal, quantized_type
+    """export --dtype: vLLM's names taken, Q8_0 in any case, and llama.cpp's other quantized types refused
+    with how to make one."""
+    from linnet.export import GGUF_TYPES, dtype_refusal, quantized_type
 
     name = _dtype_name(text)
+    if name.lower() in GGUF_TYPES:
+        return name.lower()
     if quantized_type(name):
         raise argparse.ArgumentTypeError(dtype_refusal(name))
     return name
@@ -868,9 +871,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="vllm: the model directory; llama.cpp: the .gguf file or a directory for it; "
                          "triton: the model repository")
     ex.add_argument("--weights", default=None, help="a checkpoint path, or 'random' (default: the card's)")
-    ex.add_argument("--dtype", type=_export_dtype, choices=["bf16", "f16", "f32"], default="bf16",
+    ex.add_argument("--dtype", type=_export_dtype, choices=["bf16", "f16", "f32", "q8_0"], default="bf16",
                     help="the type the weights are written in (bf16; vLLM's bfloat16, float16, half, float32 and "
-                         "auto are taken too)")
+                         "auto are taken too; q8_0, llama.cpp only: matrices in Q8_0 blocks, as llama.cpp's "
+                         "converter's --outtype q8_0)")
     ex.add_argument("--tokenizer", default=None,
                     help="a model directory or GGUF whose tokenizer to write, or for triton to serve with "
                          "(default: the weights' own; random weights take the card's own weights' tokenizer, "

@@ -38,7 +38,7 @@ GENERATE = {
 }
 
 EXPORT = {  # llama.cpp's convert_hf_to_gguf.py
-    ("--outtype",): "use --dtype (bf16, f16 or f32): the type the weights are written in",
+    ("--outtype",): "use --dtype (bf16, f16, f32, or q8_0 for llama.cpp): the type the weights are written in",
     ("--outfile",): "use -o: the .gguf file, or a directory for it",
 }
 

@@ -24,6 +24,9 @@ class ExportError(Exception):
 
 TARGETS = ("vllm", "llama.cpp", "triton")
 DTYPES = ("bf16", "f16", "f32")
+# llama.cpp's block types a GGUF export writes itself, as its converter does (`--outtype q8_0`);
+# the others, which llama.cpp makes with llama-quantize (mixing types by tensor), are refused
+GGUF_TYPES = ("q8_0",)
 TRITON_INSTEAD = "(export it with --to triton, which runs any card on Linnet's own engine)"
 
 
@@ -39,13 +42,18 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
     - "triton": a model repository at `out` holding the model `name` (default: the card's name),
       which serves `batch` rows of `max_seq` positions on `backend`.
 
-    `dtype` is the element type the weights are written in; `tokenizer`, a model directory or GGUF
+    `dtype` is the element type the weights are written in (for llama.cpp also "q8_0": its matrices in
+    Q8_0 blocks, quantized from f32 as llama.cpp's converter does); `tokenizer`, a model directory or GGUF
     whose tokenizer to write instead of the weights' own (random weights take that of the card's own
     weights, where Nest finds them). Returns the path written."""
     if to not in TARGETS:
         raise ExportError(f"unknown export target {to!r}; one of {', '.join(TARGETS)}")
-    if dtype not in DTYPES:
+    dtype = dtype.lower() if dtype.lower() in GGUF_TYPES else dtype
+    if dtype not in DTYPES + GGUF_TYPES:
         raise ExportError(dtype_refusal(dtype))
+    if dtype in GGUF_TYPES and to != "llama.cpp":
+        raise ExportError(f"dtype {dtype!r}: llama.cpp's block type, written to a GGUF only (--to llama.cpp); "
+                          f"a {to} export holds weights in {', '.join(DTYPES)}")
     check_seed(seed, weights)
     out = Path(out).expanduser()  # (a shell expands ~ on the command line; a caller's string is taken as it)
     try:
@@ -73,7 +81,9 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
 
         check_architecture(resolved[0], str(card))
         check_destination(out)
-    bound = read_weights(card, generics={"T": dtype}, numerics="fast", cast_dtype=True, weights=weights,
+    # (Q8_0's blocks are quantized from f32, as llama.cpp's converter does, not from a 16-bit rounding)
+    bound = read_weights(card, generics={"T": "f32" if dtype in GGUF_TYPES else dtype}, numerics="fast",
+                         cast_dtype=True, weights=weights,
                          seed=0 if seed is None else seed, tokenizer=True if tokenizer is None else tokenizer,
                          progress=progress, resolved=resolved)
     if dtype == "f16":
@@ -84,7 +94,7 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
         return write_hf_dir(bound, out)
     from linnet.export.gguf import write_gguf
 
-    return write_gguf(bound, out)
+    return write_gguf(bound, out, dtype)
 
 
 def quantized_type(dtype: str) -> str | None:
@@ -103,10 +113,10 @@ def dtype_refusal(dtype: str) -> str:
     the export writes."""
     name = quantized_type(dtype)
     if name is None:
-        return f"unknown dtype {dtype!r}; one of {', '.join(DTYPES)}"
-    return (f"{dtype!r} is a llama.cpp quantized type, and the export writes weights unquantized "
-            f"({', '.join(DTYPES)}); export --dtype f16 to llama.cpp, then quantize that file with llama.cpp's "
-            f"llama-quantize: llama-quantize OUT.F16.gguf OUT.{name}.gguf {name}")
+        return f"unknown dtype {dtype!r}; one of {', '.join(DTYPES + GGUF_TYPES)}"
+    return (f"{dtype!r} is a llama.cpp quantized type that the export does not write (it writes "
+            f"{', '.join(DTYPES + GGUF_TYPES)}; q8_0 to llama.cpp only); export --dtype f16 to llama.cpp, then "
+            f"quantize that file with llama.cpp's llama-quantize: llama-quantize OUT.F16.gguf OUT.{name}.gguf {name}")
 
 
 def check_f16_range(bound) -> None:
@@ -172,5 +182,5 @@ def _name_max(folder: Path) -> int:
         return 255
 
 
-__all__ = ["DTYPES", "ExportError", "TARGETS", "TRITON_INSTEAD", "check_f16_range", "check_folder", "check_seed",
-           "dtype_refusal", "export", "quantized_type"]
+__all__ = ["DTYPES", "ExportError", "GGUF_TYPES", "TARGETS", "TRITON_INSTEAD", "check_f16_range", "check_folder",
+           "check_seed", "dtype_refusal", "export", "quantized_type"]

@@ -150,9 +150,10 @@ def gguf_path(out, card: str, dtype: str) -> Path:
     return file
 
 
-def write_gguf(bound, out) -> str:
+def write_gguf(bound, out, dtype: str | None = None) -> str:
     """Writes `bound` (`nest.load.read_weights`) as a GGUF at `out` (a directory gets
-    `<card>.<DTYPE>.gguf`); returns the file's path."""
+    `<card>.<DTYPE>.gguf`), its matrices in `dtype` (default: the type they are bound in; "q8_0"
+    quantizes f32 ones); returns the file's path."""
     import gguf
 
     spec = bound.module
@@ -161,7 +162,7 @@ def write_gguf(bound, out) -> str:
         raise ExportError(f"{bound.card}: llama.cpp needs a tokenizer in the GGUF, and these weights "
                           f"({bound.source}) came without one")
     b = spec.bindings
-    dtype = b["T"]
+    dtype = dtype or b["T"]
     path = gguf_path(out, bound.card, dtype)
     sources = [Path(p) for p in (bound.source, bound.tokenizer_from) if p not in (None, "random")]
     if path.is_file() and any(path.samefile(s) for s in sources if s.is_file()):  # (as the vLLM export's folder)
@@ -171,7 +172,7 @@ def write_gguf(bound, out) -> str:
     writer = gguf.GGUFWriter(str(partial), ARCHITECTURES[spec.name])
     writer.add_name(bound.card)
     writer.add_file_type(int({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
-                              "bf16": gguf.LlamaFileType.MOSTLY_BF16}[dtype]))
+                              "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype]))
     writer.add_context_length(context_length(spec))
     writer.add_vocab_size(b["vocab"])
     writer.add_embedding_length(b["dim"])
@@ -221,7 +222,13 @@ def write_gguf(bound, out) -> str:
             writer.add_tensor(name, gguf.quants.quantize(t.float().numpy(), mx), raw_dtype=mx)
         elif t.dim() == 1 or dtype == "f32" or name.endswith(".bias") or ".ffn_gate_inp." in name:
             writer.add_tensor(name, t.float().numpy())
-        elif dtype == "f16":
+        elif dtype == "q8_0" and t.shape[-1] % 32 == 0:  # blocks of 32 along each row, each scale an f16
+            _check_f16_range(bound.card, name, t, 127, "Q8_0's scale (its block's largest value / 127)")
+            q8 = gguf.GGMLQuantizationType.Q8_0
+            writer.add_tensor(name, gguf.quants.quantize(t.float().numpy(), q8), raw_dtype=q8)
+        elif dtype in ("f16", "q8_0"):  # (q8_0: a row of no whole blocks in f16, as llama.cpp's converter has it)
+            if dtype == "q8_0":  # (f16's own export checked its range on reading)
+                _check_f16_range(bound.card, name, t, 1, "f16, which a row of no whole Q8_0 blocks is written in")
             writer.add_tensor(name, t.to(torch.float16).numpy())
         else:  # bf16: numpy has no such type; its bytes, which the writer measures in bf16 elements
             writer.add_tensor(name, t.view(torch.uint8).numpy(), raw_dtype=gguf.GGMLQuantizationType.BF16)
@@ -242,6 +249,14 @@ def write_gguf(bound, out) -> str:
         raise
     partial.replace(path)
     return str(path)
+
+
+def _check_f16_range(card: str, name: str, t, over: int, what: str) -> None:
+    """Raises `ExportError` where a value of `t` over `over` is past f16's range: `what` would hold it as inf."""
+    largest = float(t.abs().max()) / over
+    if not largest <= 65504:  # (NaN too)
+        raise ExportError(f"{card}: {name}: {largest * over:g} is past what {what} holds (+-65504); export "
+                          f"--dtype bf16 or f32")
 
 
 def _norms_plus_one(tensors, arch: str):

@@ -154,10 +154,10 @@ def test_a_path_no_folder_can_be_made_at_is_said_before_the_weights_are_read(tmp
     assert [p.name for p in out.iterdir()] == ["link"] and not (tmp_path / "unmounted").exists()
 
 
-@pytest.mark.parametrize("dtype", ["q8_0", "Q4_K_M", "iq4_xs"])
+@pytest.mark.parametrize("dtype", ["q4_0", "Q4_K_M", "iq4_xs"])
 def test_a_quantized_type_is_refused_with_how_to_make_one(tmp_path, capsys, dtype):
-    """llama.cpp's types (llama-quantize's names): the export writes unquantized weights, and says how
-    to quantize the F16 file it writes; nothing is written. Its own types are still taken."""
+    """llama.cpp's types (llama-quantize's names) other than Q8_0, which its converter writes too: the
+    export says how to quantize the F16 file it writes; nothing is written. Its own types are still taken."""
     from linnet.export import ExportError, export
 
     out = tmp_path / "x.gguf"
@@ -166,11 +166,25 @@ def test_a_quantized_type_is_refused_with_how_to_make_one(tmp_path, capsys, dtyp
     err = capsys.readouterr().err
     name = dtype.upper()
     assert err.startswith("usage: linnet export") and f"linnet export: error: argument --dtype: {dtype!r} is a " \
-        f"llama.cpp quantized type" in err and f"llama-quantize OUT.F16.gguf OUT.{name}.gguf {name}" in err, err
+        f"llama.cpp quantized type that the export does not write (it writes bf16, f16, f32, q8_0; q8_0 to " \
+        f"llama.cpp only)" in err and f"llama-quantize OUT.F16.gguf OUT.{name}.gguf {name}" in err, err
     with pytest.raises(ExportError, match=f"llama-quantize OUT.F16.gguf OUT.{name}.gguf {name}"):
         export("tiny-llama", "llama.cpp", out, weights="random", dtype=dtype)
-    with pytest.raises(ExportError, match=r"unknown dtype 'f8'; one of bf16, f16, f32$"):  # not one of llama.cpp's
+    with pytest.raises(ExportError, match=r"unknown dtype 'f8'; one of bf16, f16, f32, q8_0$"):  # not llama.cpp's
         export("tiny-llama", "llama.cpp", out, weights="random", dtype="f8")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("target", ["vllm", "triton"])
+def test_q8_0_is_written_to_llama_cpp_only(tmp_path, capsys, target):
+    """Q8_0 is a GGUF block type: a vLLM directory (safetensors) and a Triton repository (served by
+    Linnet from the weights where they are) are refused it before anything is read or written."""
+    out = tmp_path / "out"
+    assert main(["export", "tiny-llama", "--to", target, "-o", str(out), "--weights", "random", "--dtype",
+                 "Q8_0"]) == 1
+    err = capsys.readouterr().err
+    assert err == (f"linnet: error: dtype 'q8_0': llama.cpp's block type, written to a GGUF only (--to llama.cpp); "
+                   f"a {target} export holds weights in bf16, f16, f32\n"), err
     assert list(tmp_path.iterdir()) == []
 
 

@@ -928,3 +928,63 @@ def test_llama_cpp_serves_smollm2s_f16_export_as_nest_serves_the_source(tmp_path
     ours = prefill_all(source, prompt)
     assert err(prefill_all(nest.load(path, generics={"Batch": 1, "MaxSeq": 64}, cast_dtype=True), prompt)) <= 5e-3
     assert err(ours) <= 6e-3 and ours[-1].argmax() == ref[-1].argmax()
+
+
+def q8_0_reference(values: np.ndarray) -> np.ndarray:
+    """What llama.cpp's Q8_0 holds of f32 rows, as its reference quantizer (quantize_row_q8_0_ref)
+    computes it, in numpy: each block of 32 a scale d = its largest magnitude / 127, q = x * (1 / d)
+    rounded (half away from zero, as roundf), and d kept as f16: the values decode as q * f16(d)."""
+    blocks = values.reshape(-1, 32).astype(np.float32)
+    d = np.abs(blocks).max(axis=1, keepdims=True) / np.float32(127)
+    inverse = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d > 0)
+    x = blocks * inverse
+    q = np.sign(x) * np.floor(np.abs(x) + np.float32(0.5))
+    return (q * d.astype(np.float16).astype(np.float32)).reshape(values.shape)
+
+
+@pytest.mark.parametrize("card", ["tiny-llama", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma2"])
+def test_q8_0_files_hold_llama_cpps_blocks_and_run_alike_in_llama_cpp_and_nest(tmp_path, spm_gguf, card):
+    """--dtype q8_0 (llama.cpp converter's --outtype q8_0): each matrix whose rows are whole blocks
+    of 32 is Q8_0, quantized from the f32 weights as llama.cpp's reference quantizer does, the rest as the 16-bit files
+    have them (1-D tensors, biases and routers f32; other matrices f16). llama.cpp's logits on the
+    file are Nest's on it, to what llama.cpp's 8-bit activations round; and Nest running its blocks
+    as they are (quantization='gguf') computes what it computes on them decoded."""
+    import gguf
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    name = card.replace("tiny-", "small-")
+    source = (Path(nest.__file__).parent / "cards" / f"{card}.linnet").read_text()
+    path = tmp_path / f"{name}.linnet"
+    path.write_text(source.replace(f'card "{card}"', f'card "{name}"').replace("vocab = 128", "vocab = 384")
+                    .replace("query_pre_attn_scalar = 24", "query_pre_attn_scalar = 32")  # (as the 16-bit test's)
+                    .replace("ffn = 96", "ffn = 72"))  # tiny-llama's down projection: rows of no whole blocks
+    files = {d: export(path, "llama.cpp", tmp_path, weights="random", seed=5, dtype=d, tokenizer=spm_gguf)
+             for d in ("f32", "q8_0")}
+    assert Path(files["q8_0"]).name == f"{name}.Q8_0.gguf"
+    full = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in gguf.GGUFReader(files["f32"]).tensors}
+    reader = gguf.GGUFReader(files["q8_0"])
+    assert int(reader.fields["general.file_type"].parts[-1][0]) == gguf.LlamaFileType.MOSTLY_Q8_0
+    kinds = set()
+    for t in reader.tensors:
+        values, want = gguf.quants.dequantize(t.data, t.tensor_type), full[t.name]
+        kept = values.ndim == 1 or t.name.endswith(".bias") or ".ffn_gate_inp." in t.name
+        kind = "F32" if kept else "Q8_0" if want.shape[-1] % 32 == 0 else "F16"
+        assert t.tensor_type.name == kind, t.name
+        kinds.add(kind)
+        if kind == "Q8_0":
+            assert np.array_equal(values, q8_0_reference(want)), t.name
+        else:
+            assert np.array_equal(values, want.astype(np.float16 if kind == "F16" else np.float32)), t.name
+    assert "Q8_0" in kinds and ("F16" in kinds or card != "tiny-llama")
+    llm = llama_cpp.Llama(model_path=files["q8_0"], n_ctx=128, logits_all=True, verbose=False, n_threads=2,
+                          type_k=0, type_v=0)
+    llm.eval(PROMPT)
+    ref = np.array(llm.scores[:len(PROMPT)])
+    ours = prefill_all(nest.load(files["q8_0"], generics={"Batch": 1, "MaxSeq": 64, "T": "f32"}), PROMPT)
+    rows = np.abs(ours - ref).max(axis=1) / np.abs(ref).max(axis=1)  # a router's near tie may go either way
+    typical = 2e-2 if card == "tiny-gemma2" else 1e-2  # (llama.cpp's GELU reads an f16 table, as above)
+    assert float(np.median(rows)) <= typical and float(rows.max()) <= 5e-2, rows
+    if card != "tiny-gpt-oss":  # (its experts: not linears the quantized kernel takes)
+        blocks = prefill_all(nest.load(files["q8_0"], numerics="fast", quantization="gguf",
+                                       generics={"Batch": 1, "MaxSeq": 64, "T": "f32"}), PROMPT)
+        assert float((np.abs(blocks - ours).max(axis=1) / np.abs(ours).max(axis=1)).max()) <= 1e-5
