@@ -10,7 +10,7 @@ from linnet.ir.walk import all_values, assigned_names, stmt_values, values
 from linnet.pyemit import dim_py
 
 ROPE_ARGS = ("theta", "scaling", "factor", "low_freq_factor", "high_freq_factor", "original_max", "beta_fast", "beta_slow",
-             "truncate")
+             "truncate", "attention_factor")
 
 
 def rope_tables(module: ir.Module) -> dict:

@@ -13,8 +13,20 @@ import numpy as np
 
 def inv_frequencies(head_dim: int, theta: float, scaling: str = "none", factor: float = 1.0,
                     low_freq_factor: float = 1.0, high_freq_factor: float = 4.0, original_max: int = 8192,
-                    beta_fast: float = 32.0, beta_slow: float = 1.0, truncate: bool = True) -> tuple[np.ndarray, float]:
-    """Returns (inverse frequencies [head_dim // 2], attention factor applied to cos and sin)."""
+                    beta_fast: float = 32.0, beta_slow: float = 1.0, truncate: bool = True,
+                    attention_factor: float | None = None) -> tuple[np.ndarray, float]:
+    """Returns (inverse frequencies [head_dim // 2], attention factor applied to cos and sin).
+
+    `attention_factor`, where given, is the factor whatever the scaling (DeepSeek's YaRN derives
+    its own from mscale and mscale_all_dim, as Hugging Face's `attention_factor` key sets it)."""
+    inv_freq, derived = _inv_frequencies(head_dim, theta, scaling, factor, low_freq_factor, high_freq_factor,
+                                         original_max, beta_fast, beta_slow, truncate)
+    return inv_freq, derived if attention_factor is None else attention_factor
+
+
+def _inv_frequencies(head_dim: int, theta: float, scaling: str, factor: float, low_freq_factor: float,
+                     high_freq_factor: float, original_max: int, beta_fast: float, beta_slow: float,
+                     truncate: bool) -> tuple[np.ndarray, float]:
     exponents = np.arange(0, head_dim, 2, dtype=np.float64) / head_dim
     inv_freq = 1.0 / (theta ** exponents)
     if scaling in ("none", ""):

@@ -191,6 +191,7 @@ class ParamDecl(Node):
     tie: tuple | None  # (name, Loc, condition expr)
     sources: list
     loops: list = field(default_factory=list)  # [(var, count expr, Loc)] of the enclosing loops, outermost first
+    loop_starts: dict = field(default_factory=dict)  # {var: first index expr} of a loop written `for l in a:b`
 
 
 @dataclass

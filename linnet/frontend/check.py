@@ -25,7 +25,8 @@ from linnet.ir.types import (BOOL, DTYPES, FLOAT, GENERIC_DTYPE, INT, SCALAR_KIN
 _BINARY = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "%": "mod", "@": "matmul",
            "**": "pow", "==": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge", "and": "and",
            "or": "or"}
-TRANSFORMS = {"unpermute_rope": (1,), "transpose": (0, 2)}  # name -> the argument counts it takes
+# name -> the argument counts it takes
+TRANSFORMS = {"unpermute_rope": (1, 2), "transpose": (0, 2), "split_heads": (4,)}
 DIM_OPS = {"reshape": "dims", "iota": "n", "zeros": "dims", "topk": "k"}
 # What a PyTorch or NumPy habit writes, and Linnet's word for it (told where the habit is refused).
 HABITS = {"view": "reshape", "permute": "transpose", "cat": "concat", "concatenate": "concat", "arange": "iota",
@@ -232,9 +233,17 @@ class _Checker:
                 args = [self._dim(a, {}) for a in t.args]
                 if t.name == "transpose":
                     self._check_transpose_axes(t, args, typ.rank - named)
+                if t.name == "split_heads" and transforms:
+                    raise LinnetError(t.loc, "`.split_heads` reads the stored tensor's rows: it comes first, before "
+                                             f"`.{transforms[-1][0]}`")
                 transforms.append((t.name, args))
+            unnamed = next((v for v in loop_vars[named:] if v in p.loop_starts), None)
+            if unnamed is not None:
+                raise LinnetError(s.pattern_loc, f"the loop over `{unnamed}` starts past 0 (`for {unnamed} in a:b`), "
+                                                 f"so the name pattern must name `{{{unnamed}}}`")
             sources.append(ir.WeightSource(s.format, s.pattern, transforms, s.loc, stacked=named))
-        self.params[p.name] = ir.Param(p.name, typ, sources, p.loc, loops=tuple(loop_vars))
+        starts = {var: self._dim(start, {}) for var, start in p.loop_starts.items()}
+        self.params[p.name] = ir.Param(p.name, typ, sources, p.loc, loops=tuple(loop_vars), starts=starts)
 
     @staticmethod
     def _pattern_loop_vars(s: ast.Source, loop_vars: list) -> int:

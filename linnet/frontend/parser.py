@@ -427,10 +427,15 @@ class _ToAst(Transformer):
         return ("params", flat)
 
     def param_loop(self, meta, c):
-        var, count, *items = c
+        var, first, stop, *items = c
+        # `for l in a:b` stacks layers a .. b - 1 (say the MoE layers after a dense first one):
+        # b - a of them, the pattern's `{l}` counting from a
+        start, count = (None, first) if stop is None else (first, ast.Binary(first.loc, "-", stop, first))
         decls = [d for item in items for d in (item if isinstance(item, list) else [item])]
         for d in decls:  # an inner loop's params were declared first: this loop goes outside
             d.loops.insert(0, (str(var), count, self._tok(var)))
+            if start is not None:
+                d.loop_starts[str(var)] = start
         return decls
 
     def param_decl(self, meta, c):

@@ -122,6 +122,8 @@ class Param:
     loc: Loc
     loops: tuple = ()  # the variables of the `for` loops the param is declared in, outermost first
     tie: tuple | None = None  # (other param name, static condition Value)
+    starts: dict = field(default_factory=dict)  # {loop var: Dim} where a loop `for l in a:b` starts past 0:
+    # its stored tensors are named from `{l}` = a up, the stacked param's index 0 is a
 
     @property
     def loop_var(self) -> str | None:

@@ -373,10 +373,11 @@ ROPE_SCALINGS = ("none", "llama3", "yarn", "linear")
 
 
 @op("rope", ("x", "positions", "theta", "scaling", "factor", "low_freq_factor", "high_freq_factor",
-             "original_max", "beta_fast", "beta_slow", "truncate"),
+             "original_max", "beta_fast", "beta_slow", "truncate", "attention_factor"),
     "rotary position embedding of x[n, heads, head_dim] at positions[n]")
 def _rope(x: Value, positions: Value, theta: Value, scaling=None, factor=None, low_freq_factor=None,
-          high_freq_factor=None, original_max=None, beta_fast=None, beta_slow=None, truncate=None, *, loc: Loc):
+          high_freq_factor=None, original_max=None, beta_fast=None, beta_slow=None, truncate=None,
+          attention_factor=None, *, loc: Loc):
     t = _tensor(x, "the input of `rope`", loc)
     tp = _tensor(positions, "the positions of `rope`", loc)
     if t.rank != 3:
@@ -384,7 +385,8 @@ def _rope(x: Value, positions: Value, theta: Value, scaling=None, factor=None, l
     if tp.dtype != "i32" or tp.shape != t.shape[:1]:
         raise _err(positions.loc, f"the positions of `rope` must be i32[{t.shape[0]}], not {tp}")
     for v, name in ((theta, "theta"), (factor, "factor"), (low_freq_factor, "low_freq_factor"),
-                    (high_freq_factor, "high_freq_factor"), (beta_fast, "beta_fast"), (beta_slow, "beta_slow")):
+                    (high_freq_factor, "high_freq_factor"), (beta_fast, "beta_fast"), (beta_slow, "beta_slow"),
+                    (attention_factor, "attention_factor")):
         _static(v, "float", name, loc)
     _static(original_max, "int", "original_max", loc)
     _static(scaling, "str", "scaling", loc)

@@ -174,7 +174,8 @@ def learned_positions(module: ir.Module) -> int | None:
 
 # Static arguments whose values have a floor: (op, argument) -> (least, whether the least itself is allowed).
 STATIC_FLOORS = {("attention", "window"): (0, True), ("rope", "theta"): (0, False), ("rope", "factor"): (0, False),
-                 ("rmsnorm", "eps"): (0, True), ("attention", "softcap"): (0, True)}
+                 ("rmsnorm", "eps"): (0, True), ("attention", "softcap"): (0, True),
+                 ("rope", "attention_factor"): (0, False)}
 
 
 def _check_bounds(v: ir.Op, values: dict) -> None:

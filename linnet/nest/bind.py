@@ -29,7 +29,7 @@ from linnet.ir.nodes import Module
 from linnet.ir.specialize import concrete_dtype, evaluate, param_shape
 from linnet.ir.types import FLOAT_DTYPES
 from linnet.nest.errors import WeightsError
-from linnet.nest.transforms import permute_rope, unpermute_rope
+from linnet.nest.transforms import permute_rope, split_heads, unpermute_rope
 
 READS_AS = {"mxfp4": "bf16"}  # a safetensors checkpoint's quantized pairs, as its reader gives them
 # bf16 values held as their bits in numpy, which has no bf16 type of its own (ml_dtypes' is JAX's, and
@@ -53,7 +53,8 @@ def checkpoint_pieces(module: Module, fmt: str) -> dict:
         for index in itertools.product(*(range(n) for n in counts)):
             name = src.pattern
             for var, i in zip(p.loops, index):
-                name = name.replace("{" + var + "}", str(i))
+                start = evaluate_dim(p.starts[var], module) if var in p.starts else 0  # `for l in a:b`
+                name = name.replace("{" + var + "}", str(start + i))
             pieces.append((index, name))
         out[p.name] = pieces
     return out
@@ -82,6 +83,9 @@ def expected_shapes(module: Module, fmt: str) -> dict:
             if tname == "transpose":
                 a, b = transpose_axes(args, module)
                 stored[a], stored[b] = stored[b], stored[a]
+            if tname == "split_heads":  # [heads, rows taken, ...] of [heads * head_rows, ...]
+                heads, head_rows = (evaluate_dim(a, module) for a in args[:2])
+                stored = [heads * head_rows, *stored[2:]]
         for _, ckpt in pieces:
             out[ckpt] = (name, tuple(stored))
     return out
@@ -387,15 +391,37 @@ def unbind_weights(module: Module, params: dict, fmt: str = "hf"):
     tensor of `params` under `fmt`'s names, each layer (or expert) of a stacked param apart as the
     pattern names them, the declared transforms undone (`.transpose` is its own inverse,
     `.unpermute_rope` undoes `permute_rope`). A param tied to another under this config is skipped:
-    the checkpoint holds it once."""
+    the checkpoint holds it once. Params that each `.split_heads` rows of one stored tensor are put
+    back together into it, yielded once all of them are in; rows none of them takes are an error."""
+    split: dict = {}  # checkpoint name -> ([heads, head_rows, ...] being filled, rows filled)
     for name, pieces in checkpoint_pieces(module, fmt).items():
         src = _source(module, module.params[name], fmt)
         for index, ckpt in pieces:
             t = params[name][index]
+            rows = None
             for tname, args in reversed(src.transforms):
                 values = [evaluate_dim(a, module) for a in args]
-                t = permute_rope(t, values[0]) if tname == "unpermute_rope" else apply_transform(tname, t, values)
-            yield ckpt, t
+                if tname == "split_heads":
+                    rows = values
+                    break  # (the first transform: `split_heads` reads the stored tensor itself)
+                t = permute_rope(t, *values) if tname == "unpermute_rope" else apply_transform(tname, t, values)
+            if rows is None:
+                yield ckpt, t
+                continue
+            heads, head_rows, start, stop = rows
+            whole, filled = split.setdefault(ckpt, (_zeros_like(t, (heads, head_rows, *t.shape[2:])), set()))
+            whole[:, start:stop] = t
+            filled.update(range(start, stop))
+    for ckpt, (whole, filled) in split.items():
+        if len(filled) != whole.shape[1]:
+            missing = sorted(set(range(whole.shape[1])) - filled)
+            raise WeightsError(f"tensor {ckpt!r}: no param takes rows {missing} of its heads' {whole.shape[1]} "
+                               f"(`.split_heads`), so it cannot be written back whole ({module.path})")
+        yield ckpt, whole.reshape(whole.shape[0] * whole.shape[1], *whole.shape[2:])
+
+
+def _zeros_like(t, shape: tuple):
+    return t.new_zeros(shape) if hasattr(t, "new_zeros") else np.zeros(shape, t.dtype)
 
 
 def evaluate_dim(d, module: Module) -> int:
@@ -412,7 +438,9 @@ def apply_transform(name: str, t, args: list):
     """A weight transform declared in `.linnet` (`.unpermute_rope(heads)`, `.transpose()`), on a
     torch tensor or a numpy array."""
     if name == "unpermute_rope":
-        return unpermute_rope(t, args[0])
+        return unpermute_rope(t, *args)
     if name == "transpose":
         return t.swapaxes(*(args or (0, 1)))  # torch's transpose(a, b); numpy's transpose permutes
+    if name == "split_heads":
+        return split_heads(t, *args)
     raise WeightsError(f"unknown weight transform `{name}`")

@@ -707,7 +707,7 @@ params {
   w: T[dim, dim]
     from gguf "w.weight" .unpermute_rope()
 }
-""", 7, 26, "`unpermute_rope` takes 1 argument(s), not 0"),
+""", 7, 26, "`unpermute_rope` takes 1 or 2 argument(s), not 0"),
     arch("weight-transpose-dim-outside", """\
 arch mini
 config {

@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from linnet.compiler import check_file
-from linnet.ir.specialize import specialize
+from linnet.errors import LinnetError
+from linnet.ir.specialize import param_shape, specialize
 from linnet.nest.bind import bind_weights, checkpoint_pieces, expected_shapes, unbind_weights
 from linnet.nest.errors import WeightsError
 
@@ -191,3 +192,90 @@ def test_numpy_names_a_type_it_may_not_cast(spec):
     arrays = {name: t.numpy().astype(np.float16) for name, t in per_expert_checkpoint().items()}
     with pytest.raises(WeightsError, match=r"'layers.0.experts.0.up.weight' is f16, but param `w_up` is f32"):
         bind_weights(spec, arrays.__getitem__, "hf", cast_dtype=False, framework="numpy")
+
+
+RANGED = """\
+arch dense_then_experts
+
+config {
+  dim: int = 4
+  layers: int = 3
+  first_dense: int = 1
+}
+
+params {
+  for l in first_dense:layers {
+    router: T[4, dim]
+      from hf "layers.{l}.router.weight" .unpermute_rope(1, 4)
+  }
+}
+
+entry route<N>(x: T[N, dim]) -> T[N, 4] {
+  return linear(x, router[layers - first_dense - 1])
+}
+"""
+
+
+def test_a_ranged_loop_stacks_its_layers_from_its_start(tmp_path):
+    """`for l in a:b` stacks b - a tensors named from `{l}` = a: DeepSeek's expert layers after its
+    dense first one; binding and unbinding (the transform undone) go through the same names."""
+    path = tmp_path / "dense_then_experts.linnet"
+    path.write_text(RANGED)
+    spec = specialize(check_file(path), {}, "exact")
+    assert param_shape(spec, "router") == (2, 4, 4)
+    pieces = checkpoint_pieces(spec, "hf")["router"]
+    assert pieces == [((0,), "layers.1.router.weight"), ((1,), "layers.2.router.weight")]
+    ckpt = {f"layers.{l}.router.weight": torch.randn(4, 4) for l in (1, 2)}
+    params = bind_weights(spec, ckpt.__getitem__)
+    assert torch.equal(params["router"][1], ckpt["layers.2.router.weight"][[0, 2, 1, 3]])  # pairs to halves
+    assert {name: t.tolist() for name, t in unbind_weights(spec, params)} == {k: v.tolist() for k, v in ckpt.items()}
+    path.write_text(RANGED.replace("first_dense: int = 1", "first_dense: int = 4"))  # past the end
+    with pytest.raises(LinnetError, match="negative"):
+        specialize(check_file(path), {}, "exact")
+
+
+SPLIT = """\
+arch split_rows
+
+config {
+  dim: int = 3
+  heads: int = 2
+  keys: int = 2
+  values: int = 3
+}
+
+params {
+  for l in 2 {
+    wk: T[heads, dim, keys]
+      from hf "layers.{l}.kv.weight" .split_heads(heads, keys + values, 0, keys) .transpose(1, 2)
+    wv: T[heads, values, dim]
+      from hf "layers.{l}.kv.weight" .split_heads(heads, keys + values, keys, keys + values)
+  }
+}
+
+entry both<N>(x: T[N, dim]) -> T[N, heads, values] {
+  return expert_linear(x, wv[0], zeros(N, heads, dtype=i32)) + wk[1].sum(axis=2).unsqueeze(0)[:, :, 0:1]
+}
+"""
+
+
+def test_two_params_split_one_stored_tensor_and_export_it_whole(tmp_path):
+    """`.split_heads` reads a stored tensor's rows head by head: DeepSeek's kv_b_proj, each head's key
+    rows then its value rows, as two params (the keys transposed). Both are checked against the one
+    stored shape, bound from it, and written back as it was; a card taking only some rows cannot be."""
+    path = tmp_path / "split_rows.linnet"
+    path.write_text(SPLIT)
+    spec = specialize(check_file(path), {}, "exact")
+    assert expected_shapes(spec, "hf")["layers.0.kv.weight"][1] == (10, 3)
+    ckpt = {f"layers.{l}.kv.weight": torch.randn(10, 3) for l in range(2)}
+    params = bind_weights(spec, ckpt.__getitem__)
+    per_head = ckpt["layers.1.kv.weight"].reshape(2, 5, 3)
+    assert torch.equal(params["wk"][1], per_head[:, :2].transpose(1, 2))
+    assert torch.equal(params["wv"][1], per_head[:, 2:])
+    assert {name: t.tolist() for name, t in unbind_weights(spec, params)} == {k: v.tolist() for k, v in ckpt.items()}
+    path.write_text(SPLIT.replace("keys + values, keys, keys + values)", "keys + values, keys, keys + values - 1)")
+                    .replace("T[heads, values, dim]", "T[heads, values - 1, dim]").replace("T[N, heads, values]",
+                                                                                          "T[N, heads, values - 1]"))
+    spec = specialize(check_file(path), {}, "exact")
+    with pytest.raises(WeightsError, match=r"no param takes rows \[4\] of its heads' 5 \(`.split_heads`\)"):
+        list(unbind_weights(spec, bind_weights(spec, ckpt.__getitem__)))
