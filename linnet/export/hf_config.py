@@ -195,7 +195,28 @@ def _smollm3(b: dict) -> dict:
             "use_sliding_window": False, "sliding_window": None}
 
 
+def _deepseek_v2(b: dict) -> dict:
+    """DeepSeek-V2's config (no query latent), in the keys of its hub config.json, which vLLM and
+    transformers both read: MLA's ranks and widths, the routing V2-Lite's (greedy top-k of a softmax)."""
+    rope = _rope(b, "DeepSeek-V2")
+    if rope is not None:  # vLLM's DeepSeek YaRN reads mscale and mscale_all_dim as transformers does
+        rope.update(type="yarn", mscale=b["rope_mscale"] or None, mscale_all_dim=b["rope_mscale_all_dim"] or None)
+    return {
+        "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+        "vocab_size": b["vocab"], "hidden_size": b["dim"], "intermediate_size": b["ffn"],
+        "num_hidden_layers": b["layers"], "num_attention_heads": b["heads"], "num_key_value_heads": b["heads"],
+        "q_lora_rank": None, "kv_lora_rank": b["kv_lora_rank"], "qk_nope_head_dim": b["qk_nope_head_dim"],
+        "qk_rope_head_dim": b["qk_rope_head_dim"], "v_head_dim": b["v_head_dim"],
+        "n_routed_experts": b["experts"], "num_experts_per_tok": b["experts_per_token"],
+        "moe_intermediate_size": b["moe_ffn"], "n_shared_experts": b["shared_experts"],
+        "first_k_dense_replace": b["first_dense"], "moe_layer_freq": 1, "routed_scaling_factor": b["routed_scaling"],
+        "topk_method": "greedy", "scoring_func": "softmax", "n_group": 1, "topk_group": 1, "norm_topk_prob": False,
+        "rms_norm_eps": b["norm_eps"], "rope_theta": b["rope_theta"], "rope_scaling": rope,
+        "tie_word_embeddings": b["tie_embeddings"], "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+    }
+
+
 _WRITERS = {"llama": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen3": _qwen3, "qwen3_moe": _qwen3_moe,
             "gpt_oss": _gpt_oss, "gemma3": _gemma3, "olmo2": _olmo2,
             "granite": _granite, "phi3": _phi3, "smollm3": _smollm3,
-            "gemma2": _gemma2}
+            "gemma2": _gemma2, "deepseek_v2": _deepseek_v2}

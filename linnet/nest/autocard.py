@@ -5,7 +5,7 @@ stands for) picks the built-in architecture: Llama and Mistral checkpoints get a
 llama, Mixtral over mixtral, Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distills) over qwen2,
 Qwen3 over qwen3, Qwen3's mixtures of experts over qwen3_moe, gpt-oss over gpt_oss, Gemma 3's
 text model over gemma3, OLMo 2 over olmo2, Granite over granite, Phi-3 (and Phi-4 14B) over phi3,
-SmolLM3 over smollm3, Gemma 2 over gemma2.
+SmolLM3 over smollm3, Gemma 2 over gemma2, DeepSeek-V2 (without a query latent: V2-Lite) over deepseek_v2.
 Config values the architecture cannot express are refused, not dropped.
 """
 
@@ -38,6 +38,10 @@ TRANSFORMERS_DEFAULTS = {
     "Gemma2ForCausalLM": {"num_key_value_heads": 4, "head_dim": 256, "query_pre_attn_scalar": 256,
                           "sliding_window": 4096, "max_position_embeddings": 8192, "attn_logit_softcapping": 50.0,
                           "final_logit_softcapping": 30.0},
+    "DeepseekV2ForCausalLM": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+                              "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 64,
+                              "n_shared_experts": 2, "moe_intermediate_size": 1407, "first_k_dense_replace": 0,
+                              "routed_scaling_factor": 1.0, "topk_method": "greedy", "max_position_embeddings": 2048},
 }
 
 
@@ -446,6 +450,61 @@ def _smollm3_values(config: dict, name: str) -> dict:
     return {**values, "no_rope_interval": interval}
 
 
+def _deepseek_v2_values(config: dict, name: str) -> dict:
+    """DeepSeek-V2 without a query latent (q_lora_rank null: V2-Lite): MLA's ranks and head widths, the
+    dense layers before the experts, greedy top-k of the router's softmax, YaRN with mscale. A query
+    latent (DeepSeek-V2 236B, V3), group-limited routing, sigmoid scores, experts in other than every
+    layer after the dense ones are refused: the deepseek_v2 architecture computes none of them."""
+    _refuse_biases(config, name)
+    act = config.get("hidden_act", "silu")
+    if act != "silu":
+        raise WeightsError(f"{name}: hidden_act {act!r}; the deepseek_v2 architecture's MLPs are SwiGLU (silu)")
+    refused = {"q_lora_rank": (config.get("q_lora_rank"), None),
+               "topk_method": (config.get("topk_method") or "greedy", "greedy"),
+               "scoring_func": (config.get("scoring_func") or "softmax", "softmax"),
+               "moe_layer_freq": (int(config.get("moe_layer_freq", 1)), 1)}
+    for key, (value, want) in refused.items():
+        if value != want:
+            raise WeightsError(f"{name}: {key} is {value!r}; the deepseek_v2 architecture computes {want!r} only "
+                               f"(DeepSeek-V2-Lite's: no query latent, greedy top-k of a softmax, experts in "
+                               f"every layer after the dense ones)")
+    scaling, kind = _rope_scaling(config)
+    if kind not in ("default", None, "yarn"):
+        raise WeightsError(f"{name}: rope scaling {kind!r} is not supported for DeepSeek-V2 checkpoints (YaRN or none)")
+    rope = {}
+    if kind == "yarn":
+        factor = float(scaling["factor"])
+        mscale, all_dim = float(scaling.get("mscale") or 0.0), float(scaling.get("mscale_all_dim") or 0.0)
+        own = scaling.get("attention_factor")
+        stretch = math.log(factor) if factor > 1 else 0.0  # transformers' get_mscale: 1 where factor <= 1
+        derived = ((0.1 * mscale * stretch + 1) / (0.1 * all_dim * stretch + 1) if mscale and all_dim
+                   else 0.1 * stretch + 1)
+        if own is not None and not math.isclose(float(own), derived):
+            raise WeightsError(f"{name}: YaRN with attention_factor {own} is not supported; the deepseek_v2 "
+                               f"architecture derives it from mscale and mscale_all_dim ({derived})")
+        rope = {"rope_scaling": "yarn", "rope_factor": factor,
+                "rope_original_max": int(scaling.get("original_max_position_embeddings", 4096)),
+                "rope_beta_fast": float(scaling.get("beta_fast") or 32.0),
+                "rope_beta_slow": float(scaling.get("beta_slow") or 1.0),
+                "rope_mscale": mscale, "rope_mscale_all_dim": all_dim}
+    experts_per_token = config.get("num_experts_per_tok")
+    if experts_per_token is None:
+        raise KeyError("num_experts_per_tok")
+    return {
+        "vocab": int(config["vocab_size"]), "dim": int(config["hidden_size"]),
+        "layers": int(config["num_hidden_layers"]), "heads": int(config["num_attention_heads"]),
+        "ffn": int(config["intermediate_size"]), "kv_lora_rank": int(config["kv_lora_rank"]),
+        "qk_nope_head_dim": int(config["qk_nope_head_dim"]), "qk_rope_head_dim": int(config["qk_rope_head_dim"]),
+        "v_head_dim": int(config["v_head_dim"]), "experts": int(config["n_routed_experts"]),
+        "experts_per_token": int(experts_per_token), "moe_ffn": int(config["moe_intermediate_size"]),
+        "shared_experts": int(config["n_shared_experts"]),
+        "first_dense": int(config["first_k_dense_replace"]),
+        "routed_scaling": float(config["routed_scaling_factor"]),
+        "norm_eps": float(config.get("rms_norm_eps", 1e-6)), "rope_theta": _rope_theta(config, 10000.0), **rope,
+        "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
+    }
+
+
 # Mistral's checkpoints share Llama's architecture, not its tool calls (Qwen's architectures name theirs).
 TOOL_CALL_PARSERS = {"MistralForCausalLM": "mistral"}
 
@@ -464,4 +523,5 @@ SUPPORTED = {
     "Phi3ForCausalLM": ("phi3", _phi3_values),
     "SmolLM3ForCausalLM": ("smollm3", _smollm3_values),
     "Gemma2ForCausalLM": ("gemma2", _gemma2_values),
+    "DeepseekV2ForCausalLM": ("deepseek_v2", _deepseek_v2_values),
 }

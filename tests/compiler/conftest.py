@@ -165,7 +165,7 @@ HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mix
               "qwen2": "Qwen2ForCausalLM",
               "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
               "olmo2": "Olmo2ForCausalLM", "granite": "GraniteForCausalLM",
-              "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM"}
+              "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "deepseek_v2": "DeepseekV2ForCausalLM"}
 
 
 def hf_family(spec) -> str:
@@ -240,6 +240,30 @@ def hf_gpt_oss_config(bindings: dict, max_seq: int):
     return config
 
 
+def hf_deepseek_v2_config(bindings: dict, max_seq: int):
+    """A `DeepseekV2Config` equal to a specialized DeepSeek-V2 card's config: no q latent, greedy routing."""
+    from transformers import DeepseekV2Config
+
+    b = bindings
+    rope = {"rope_type": "default", "rope_theta": b["rope_theta"]}
+    if b["rope_scaling"] == "yarn":
+        rope = {"rope_type": "yarn", "rope_theta": b["rope_theta"], "factor": b["rope_factor"],
+                "original_max_position_embeddings": b["rope_original_max"], "beta_fast": b["rope_beta_fast"],
+                "beta_slow": b["rope_beta_slow"], "mscale": b["rope_mscale"] or None,
+                "mscale_all_dim": b["rope_mscale_all_dim"] or None}
+    config = DeepseekV2Config(
+        vocab_size=b["vocab"], hidden_size=b["dim"], num_hidden_layers=b["layers"], num_attention_heads=b["heads"],
+        intermediate_size=b["ffn"], kv_lora_rank=b["kv_lora_rank"], q_lora_rank=None,
+        qk_nope_head_dim=b["qk_nope_head_dim"], qk_rope_head_dim=b["qk_rope_head_dim"], v_head_dim=b["v_head_dim"],
+        n_routed_experts=b["experts"], num_experts_per_tok=b["experts_per_token"],
+        moe_intermediate_size=b["moe_ffn"], n_shared_experts=b["shared_experts"],
+        first_k_dense_replace=b["first_dense"], routed_scaling_factor=b["routed_scaling"], topk_method="greedy",
+        rms_norm_eps=b["norm_eps"], rope_parameters=rope, max_position_embeddings=max_seq,
+        tie_word_embeddings=b["tie_embeddings"], attn_implementation="eager")
+    assert config.rope_parameters["rope_type"] == rope["rope_type"]
+    return config
+
+
 def hf_reference(spec, seed: int, max_seq: int):
     """A random transformers model of the card's family (f32, eager attention) with the card's
     config, every weight seeded.
@@ -253,8 +277,8 @@ def hf_reference(spec, seed: int, max_seq: int):
 
     torch.manual_seed(seed)
     family = hf_family(spec)
-    config = (hf_gpt_oss_config(spec.bindings, max_seq) if family == "gpt_oss"
-              else hf_config(spec.bindings, max_seq, family))
+    own = {"gpt_oss": hf_gpt_oss_config, "deepseek_v2": hf_deepseek_v2_config}
+    config = own[family](spec.bindings, max_seq) if family in own else hf_config(spec.bindings, max_seq, family)
     model = getattr(transformers, HF_CLASSES[family])(config).float().eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -306,7 +330,8 @@ def kit():
     return SimpleNamespace(
         CARDS=CARDS, ARCH=ARCH, PARITY=PARITY, to_np=to_np, rel_err=rel_err, i32=i32, as_inputs=as_inputs,
         pack=pack, pack_in_blocks=pack_in_blocks, cache_of=cache_of, compiled=compiled, random_checkpoint=random_checkpoint,
-        hf_config=hf_config, hf_gpt_oss_config=hf_gpt_oss_config, hf_reference=hf_reference, hf_greedy=hf_greedy,
+        hf_config=hf_config, hf_gpt_oss_config=hf_gpt_oss_config, hf_deepseek_v2_config=hf_deepseek_v2_config,
+        hf_reference=hf_reference, hf_greedy=hf_greedy,
         saved_state=saved_state)
 
 

@@ -1,6 +1,6 @@
 """Both backends against transformers on the tiny cards: `LlamaForCausalLM`, `MistralForCausalLM`,
 `MixtralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `GptOssForCausalLM`,
-`Olmo2ForCausalLM`, `GraniteForCausalLM`, `Phi3ForCausalLM`, `SmolLM3ForCausalLM`.
+`Olmo2ForCausalLM`, `GraniteForCausalLM`, `Phi3ForCausalLM`, `SmolLM3ForCausalLM`, `DeepseekV2ForCausalLM`.
 
 The reference has the card's config (llama3 RoPE scaling and GQA in
 `tiny-llama`, tied embeddings in `tiny-llama-tied`, a sliding window in `tiny-mistral`, routed experts in `tiny-mixtral`;
@@ -9,7 +9,8 @@ q/k/v biases, YaRN and a tied head in `tiny-qwen2`; per-head q/k norms and a wid
 sliding-window layers, YaRN and routed experts; in `tiny-olmo2` norms after each half of a layer
 and q/k norms over whole projections of two widths; in `tiny-granite` µP's four multipliers, a tied
 head; in `tiny-phi3` fused q/k/v and gate/up projections and a sliding window; in `tiny-smollm3` a NoPE
-layer, its queries and keys not rotated) and random weights. The checkpoint
+layer, its queries and keys not rotated; in `tiny-deepseek-v2` multi-head latent attention over a cache of
+latents, YaRN with mscale, a dense first layer and routed experts beside shared ones) and random weights. The checkpoint
 `save_pretrained` writes of it is bound through the names the `.linnet` source
 declares. Four prompts of different lengths are prefilled in one pack, then
 16 greedy steps are decoded; each step is compared with the reference run
@@ -45,7 +46,7 @@ MODES = {
 
 @pytest.fixture(scope="module", params=["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-mixtral", "tiny-qwen2",
                                         "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-olmo2",
-                                        "tiny-granite", "tiny-phi3", "tiny-smollm3"])
+                                        "tiny-granite", "tiny-phi3", "tiny-smollm3", "tiny-deepseek-v2"])
 def card(request, kit, tmp_path_factory):
     """The card's module, a seeded reference with its config, prompts, and the reference's greedy run."""
     name = request.param
@@ -142,6 +143,13 @@ def test_cards_are_what_the_tests_claim(card):
     elif card["name"] == "tiny-phi3":  # one stored tensor for q, k and v, one for gate and up
         assert 0 < b["sliding_window"] < max(PROMPT_LENGTHS) and b["kv_heads"] < b["heads"]
         assert card["state"]["model.layers.0.mlp.gate_up_proj.weight"].shape == (2 * b["ffn"], b["dim"])
+    elif card["name"] == "tiny-deepseek-v2":  # a latent cache, YaRN's mscale, a dense layer before the experts
+        assert b["rope_scaling"] == "yarn" and b["rope_mscale"] == b["rope_mscale_all_dim"] > 0
+        assert b["rope_original_max"] < max(PROMPT_LENGTHS) + STEPS and 0 < b["first_dense"] < b["layers"]
+        assert 1 < b["experts_per_token"] < b["experts"] and b["qk_nope_head_dim"] != b["v_head_dim"]
+        assert "model.layers.0.mlp.gate_proj.weight" in card["state"]  # the dense layer's own MLP
+        last = f"model.layers.{b['layers'] - 1}.mlp.experts.{b['experts'] - 1}.down_proj.weight"
+        assert last in card["state"]  # one tensor per expert
     else:
         assert b["tie_embeddings"] and b["rope_scaling"] == "none"
 

@@ -565,6 +565,9 @@ def test_only_the_architectures_llama_cpp_runs_and_only_with_a_tokenizer(tmp_pat
     with pytest.raises(ExportError, match="covers llama, mixtral, qwen2, qwen3, qwen3_moe, gpt_oss, gemma3, olmo2, "
                                           "granite, phi3, smollm3, gemma2 cards; 'm' is 'mamba'"):
         check_architecture(SimpleNamespace(name="mamba"), "m")
+    with pytest.raises(ExportError, match="llama.cpp's deepseek2 runs it, but the llama.cpp export does not write its "
+                                          r"latent attention's tensors yet \(export it with --to vllm instead\)"):
+        export("tiny-deepseek-v2", "llama.cpp", tmp_path / "out", weights="random")
     unnormalized = tmp_path / "unnormalized.linnet"
     unnormalized.write_text(QWEN3_MOE.replace("rope_theta = 10000.0", "norm_topk_prob = false"))
     with pytest.raises(ExportError, match="llama.cpp's qwen3moe always renormalizes them"):

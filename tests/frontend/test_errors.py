@@ -1363,3 +1363,47 @@ def test_meta_items_linnet_does_not_read_are_notes(tmp_path):
     (tmp_path / "card.linnet").write_text(CARD + notes)
     module = load_file(tmp_path / "card.linnet")
     assert module.meta == {"license": "apache-2.0", "hf_revision": "main", "max_context": 64}
+
+
+def test_a_ranged_loop_must_be_named_by_its_pattern(tmp_path, capsys):
+    """A param loop that starts past 0 (`for l in a:b`) names its stored tensors from a: a pattern
+    that leaves its variable out (one tensor holding them all) is an error at the pattern."""
+    err = _check_changed(tmp_path, capsys, "arch/deepseek_v2.linnet", '''      expert_down: T[dim, moe_ffn]
+        from hf "model.layers.{l}.mlp.experts.{e}.down_proj.weight"''', '''      expert_down: T[dim, moe_ffn]
+        from hf "model.mlp.experts.down_proj.weight"''')
+    assert "error: a param stacked over `l` needs `{l}` in its name pattern" in err, err
+    err = _check_changed(tmp_path, capsys, "arch/deepseek_v2.linnet", '''    router: T[experts, dim]
+      from hf "model.layers.{l}.mlp.gate.weight"''', '''    router: T[experts, dim]
+      from hf "model.layers.{l}.mlp.gate.weight"
+    for e in 1:experts {
+      bad: T[dim]
+        from hf "model.layers.{l}.mlp.gate.bias"
+    }''')
+    assert "the loop over `e` starts past 0 (`for e in a:b`), so the name pattern must name `{e}`" in err, err
+    assert 'from hf "model.layers.{l}.mlp.gate.bias"' in err and "deepseek_v2.linnet:" in err.splitlines()[0]
+
+
+def test_a_rope_attention_factor_below_its_floor_is_named(tmp_path, capsys):
+    """rope's `attention_factor` scales cos and sin: one at 0 or below is an error at the rope, with the
+    card's value (checked with numbers: the card beside the changed architecture, which it imports)."""
+    cards = Path(__file__).parents[2] / "linnet/nest/cards"
+    arch = (cards / "arch/deepseek_v2.linnet").read_text()
+    (tmp_path / "deepseek_v2.linnet").write_text(arch.replace("attention_factor=rope_attention_factor()",
+                                                              "attention_factor=rope_mscale"))
+    card = tmp_path / "tiny-deepseek-v2.linnet"
+    card.write_text((cards / "tiny-deepseek-v2.linnet").read_text().replace("rope_mscale = 0.707", "rope_mscale = 0"))
+    assert main(["check", str(card)]) == 1
+    err = capsys.readouterr().err
+    assert "error: attention_factor of `rope` must be greater than 0" in err and "`rope_mscale` is 0.0" in err, err
+    err = _check_changed(tmp_path, capsys, "arch/deepseek_v2.linnet", "attention_factor=rope_attention_factor()",
+                         "attention_factor=positions")
+    assert "error: attention_factor must be a static float, not i32[n]" in err, err
+
+
+def test_split_heads_comes_first(tmp_path, capsys):
+    """`.split_heads` reads the stored tensor's rows (its export puts them back there), so it is the
+    first transform of its source."""
+    err = _check_changed(tmp_path, capsys, "arch/deepseek_v2.linnet",
+                         ".split_heads(heads, qk_nope_head_dim + v_head_dim, 0, qk_nope_head_dim) .transpose(1, 2)",
+                         ".transpose() .split_heads(heads, qk_nope_head_dim + v_head_dim, 0, qk_nope_head_dim)")
+    assert "error: `.split_heads` reads the stored tensor's rows: it comes first, before `.transpose`" in err, err

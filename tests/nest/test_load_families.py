@@ -1,9 +1,11 @@
-"""Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 3, OLMo 2, Granite, Phi-3, SmolLM3 and Gemma 2 checkpoints without a card: a random tiny model saved
+"""Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 3, OLMo 2, Granite, Phi-3, SmolLM3, Gemma 2 and DeepSeek-V2
+checkpoints without a card: a random tiny model saved
 by transformers loads through nest.load with a card written from its config.json (Mistral over the
 llama architecture, its sliding window kept; Mixtral over mixtral; Qwen2 with its q/k/v biases; Qwen3 with its per-head
 q/k norms; Qwen3-MoE with one tensor per expert; Gemma 3 with its two kinds of layer; OLMo 2 with its norms after
 each half of a layer; Granite with its µP multipliers;
-Phi-3 with its fused projections; SmolLM3 with its NoPE layers; Gemma 2 with its soft caps) and gives transformers' logits on both backends.
+Phi-3 with its fused projections; SmolLM3 with its NoPE layers; Gemma 2 with its soft caps; DeepSeek-V2 with its latent
+attention and experts after a dense layer) and gives transformers' logits on both backends.
 Qwen and Gemma 3 GGUFs, laid out as llama.cpp's converter writes them (q and k in checkpoint order, a
 layer's experts in one tensor, Gemma's norm weights with 1 added), load the same."""
 
@@ -52,6 +54,16 @@ FAMILIES = {
     # that random scores and logits reach (a cap of 2 on the scores, 3 on the logits)
     "gemma2": ("Gemma2", dict(head_dim=32, sliding_window=4, query_pre_attn_scalar=24, attn_logit_softcapping=2.0,
                               final_logit_softcapping=3.0)),
+    # multi-head latent attention (no query latent), a dense first layer then four experts (two a token) beside
+    # one shared, routed weights scaled, and YaRN whose mscale and mscale_all_dim differ (cos and sin scaled by
+    # their ratio, the scores by the second's square) over a context shorter than the prompts
+    "deepseek_v2": ("DeepseekV2", dict(num_hidden_layers=3, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32,
+                                       qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=4,
+                                       num_experts_per_tok=2, moe_intermediate_size=24, n_shared_experts=1,
+                                       first_k_dense_replace=1, routed_scaling_factor=2.5, tie_word_embeddings=False,
+                                       rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                        "original_max_position_embeddings": 4, "mscale": 1.0,
+                                                        "mscale_all_dim": 0.5})),
 }
 # transformers' config class where it is not the prefix's (Gemma3Config is the multimodal model's)
 CONFIGS = {"gemma3": "Gemma3TextConfig"}
@@ -117,7 +129,7 @@ def test_fast_bf16_is_as_close_to_f32_as_transformers_own_bf16(saved, backend):
 
 
 # the families added after the engine's own tests were written, each checked through it against transformers
-THROUGH_THE_ENGINE = ["olmo2", "granite", "phi3", "smollm3", "gemma2"]
+THROUGH_THE_ENGINE = ["olmo2", "granite", "phi3", "smollm3", "gemma2", "deepseek_v2"]
 
 
 @pytest.mark.parametrize("backend", ["torch", "jax"])
@@ -171,6 +183,11 @@ def test_the_cards_say_what_the_configs_do(saved):
             assert line in source
     if family == "smollm3":  # transformers' config lists each layer's rope: [1, 0]
         assert config["no_rope_layers"] == [1, 0] and "no_rope_interval = 2" in source
+    if family == "deepseek_v2":
+        for line in ("kv_lora_rank = 32", "qk_nope_head_dim = 16", "qk_rope_head_dim = 8", "v_head_dim = 12",
+                     "experts = 4", "experts_per_token = 2", "moe_ffn = 24", "shared_experts = 1", "first_dense = 1",
+                     "routed_scaling = 2.5", 'rope_scaling = "yarn"', "rope_mscale = 1.0", "rope_mscale_all_dim = 0.5"):
+            assert line in source
     if family == "gemma3":
         for line in ("window_pattern = 2", "sliding_window = 4", 'rope_scaling = "linear"', "rope_factor = 8.0",
                      "rope_theta = 1000000.0", "rope_local_theta = 10000.0", "query_pre_attn_scalar = 24"):
@@ -229,6 +246,21 @@ HUB_CONFIGS = {
         "num_key_value_heads": 4, "pad_token_id": 128004, "rms_norm_eps": 1e-06, "rope_scaling": None,
         "rope_theta": 5000000.0, "sliding_window": None, "tie_word_embeddings": True, "use_sliding_window": False,
         "vocab_size": 128256},
+    # (written without the hub to look at, as DeepSeek-V2-Lite-Chat's config.json for its remote code gives it;
+    # its 15,706,484,224 parameters, the hub's 15.7B, are test_registry_cards')
+    "deepseek-v2-lite-chat": {
+        "architectures": ["DeepseekV2ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "aux_loss_alpha": 0.001, "bos_token_id": 100000, "eos_token_id": 100001, "first_k_dense_replace": 1,
+        "hidden_act": "silu", "hidden_size": 2048, "intermediate_size": 10944, "kv_lora_rank": 512,
+        "max_position_embeddings": 163840, "model_type": "deepseek_v2", "moe_intermediate_size": 1408,
+        "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 64, "n_shared_experts": 2, "norm_topk_prob": False,
+        "num_attention_heads": 16, "num_experts_per_tok": 6, "num_hidden_layers": 27, "num_key_value_heads": 16,
+        "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "rms_norm_eps": 1e-06,
+        "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707,
+                         "original_max_position_embeddings": 4096, "type": "yarn"},
+        "rope_theta": 10000, "routed_scaling_factor": 1.0, "scoring_func": "softmax", "seq_aux": True,
+        "tie_word_embeddings": False, "topk_group": 1, "topk_method": "greedy", "v_head_dim": 128,
+        "vocab_size": 102400},
 }
 
 
@@ -277,6 +309,15 @@ def test_a_hub_config_gives_its_registry_card(card, tmp_path):
     ("gemma2", {"layer_types": ["full_attention", "sliding_attention"]}, "must alternate sliding and full attention"),
     ("gemma2", {"hidden_activation": "gelu"}, "hidden_activation 'gelu'"),
     ("gemma2", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope scaling 'linear' is not supported"),
+    ("deepseek_v2", {**FAMILIES["deepseek_v2"][1], "q_lora_rank": 1536}, "q_lora_rank is 1536"),
+    ("deepseek_v2", {**FAMILIES["deepseek_v2"][1], "topk_method": "group_limited_greedy"},
+     "topk_method is 'group_limited_greedy'"),
+    ("deepseek_v2", {**FAMILIES["deepseek_v2"][1], "scoring_func": "sigmoid"}, "scoring_func is 'sigmoid'"),
+    ("deepseek_v2", {**FAMILIES["deepseek_v2"][1], "moe_layer_freq": 2}, "moe_layer_freq is 2"),
+    ("deepseek_v2", {**FAMILIES["deepseek_v2"][1],
+                     "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "attention_factor": 2.0}},
+     "attention_factor 2.0"),
+    ("deepseek_v2", {**FAMILIES["deepseek_v2"][1], "attention_bias": True}, "has attention_bias set"),
     ("phi3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
      "partial_rotary_factor 0.5"),
     ("olmo2", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope scaling 'dynamic'"),
@@ -568,3 +609,32 @@ def test_a_mixtral_config_without_its_rope_base_runs_as_transformers_reads_it(tm
     assert reference.config.rope_parameters["rope_theta"] == 1e6
     model = nest.load(str(tmp_path), generics=GENERICS, tokenizer=False)
     assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
+
+
+def test_keys_a_deepseek_v2_config_leaves_out_are_transformers_defaults(tmp_path):
+    """DeepseekV2Config's defaults for the keys a config.json leaves out: MLA's ranks and widths, the
+    experts, no dense layer, the context; a query latent of 1536 (its default) is refused by name."""
+    import transformers
+    from safetensors.numpy import save_file
+
+    from linnet.nest.checkpoint import SafetensorsCheckpoint
+
+    own = {**REQUIRED, "num_experts_per_tok": 2}
+    save_file({"x": np.zeros(1, np.float32)}, str(tmp_path / "model.safetensors"))
+    for extra in ({"q_lora_rank": None}, {}):
+        (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DeepseekV2ForCausalLM"], **own, **extra}))
+        config = SafetensorsCheckpoint(tmp_path).config()
+        reference = transformers.DeepseekV2Config(**own, **extra)
+        if reference.q_lora_rank is not None:
+            with pytest.raises(nest.WeightsError, match=f"q_lora_rank is {reference.q_lora_rank}"):
+                card_source_from_config(config, "tiny")
+            continue
+        source = card_source_from_config(config, "tiny")
+        want = {"kv_lora_rank": reference.kv_lora_rank, "qk_nope_head_dim": reference.qk_nope_head_dim,
+                "qk_rope_head_dim": reference.qk_rope_head_dim, "v_head_dim": reference.v_head_dim,
+                "experts": reference.n_routed_experts, "moe_ffn": reference.moe_intermediate_size,
+                "shared_experts": reference.n_shared_experts, "first_dense": reference.first_k_dense_replace,
+                "routed_scaling": reference.routed_scaling_factor, "norm_eps": reference.rms_norm_eps,
+                "max_context": reference.max_position_embeddings}
+        for key, value in want.items():
+            assert f"  {key} = {value}\n" in source, (key, value, source)

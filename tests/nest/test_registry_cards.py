@@ -29,6 +29,8 @@ PUBLISHED = {
     "HuggingFaceTB/SmolLM3-3B": 3_075_098_624,
     # summed from Gemma2Config's defaults, which are gemma-2-2b's shapes (the hub rounds it to 2.61B)
     "google/gemma-2-2b-it": 2_614_341_888,
+    # summed from DeepseekV2ForCausalLM's shapes under the hub's config.json (the hub rounds it to 15.7B)
+    "deepseek-ai/DeepSeek-V2-Lite-Chat": 15_706_484_224,
 }
 CARDS = [info for info in nest.cards() if info.hf_repo]
 
@@ -40,3 +42,19 @@ def test_every_published_card_is_counted_here():
 @pytest.mark.parametrize("info", CARDS, ids=lambda info: info.name)
 def test_a_card_has_its_checkpoints_parameters(info):
     assert info.parameters() == PUBLISHED[info.hf_repo]
+
+
+def test_deepseek_v2_caches_its_latent_not_keys_and_values():
+    """DeepSeek-V2-Lite-Chat's cache holds, a token a layer, the kv_lora_rank latent and the
+    qk_rope_head_dim rotated key (512 + 64 values), as vLLM and SGLang cache MLA: not each head's
+    key and value (16 * (192 + 128) values, 8.9 times as many)."""
+    from linnet.compiler import check_file
+    from linnet.ir.specialize import specialize
+    from linnet.nest.memory import footprint
+
+    info = next(i for i in nest.cards() if i.name == "deepseek-v2-lite-chat")
+    spec = specialize(check_file(info.path), {"Batch": 2, "MaxSeq": 8, "T": "bf16"}, "fast")
+    b = spec.bindings
+    per_token_layer = footprint(spec).state / (2 * 8 * b["layers"] * 2)  # bf16 values
+    assert per_token_layer == b["kv_lora_rank"] + b["qk_rope_head_dim"] == 576
+    assert b["heads"] * (b["qk_nope_head_dim"] + b["qk_rope_head_dim"] + b["v_head_dim"]) == 5120

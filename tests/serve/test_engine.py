@@ -740,7 +740,7 @@ def test_a_compiled_torch_model_replays_its_decode_step(model):
 
 @pytest.mark.parametrize("card", ["tiny-gpt-oss", "tiny-qwen3-moe", "tiny-mixtral", "tiny-gemma3", "tiny-olmo2",
                                   "tiny-granite", "tiny-phi3", "tiny-smollm3",
-                                  "tiny-gemma2"])
+                                  "tiny-gemma2", "tiny-deepseek-v2"])
 @pytest.mark.parametrize("backend", ["torch", "jax"])
 def test_other_architectures_through_the_engine_equal_each_alone(backend, card):
     """gpt-oss (routed experts, sinks, a sliding window shorter than most prompts), Qwen3-MoE and
