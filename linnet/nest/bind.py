@@ -130,7 +130,7 @@ def _check_stored_types(module: Module, ckpt, expected: dict, cast_dtype: bool) 
         return
     target = module.bindings.get("T")
     for n, (p, stored, want) in types.items():
-        if stored in FLOAT_DTYPES and stored != want:
+        if stored in FLOAT_DTYPES and stored != want and not _widens(stored, module.params[p].type.dtype):
             others = sum(1 for _, have, own in types.values() if have != own)
             more = f" (and {others - 1} more tensors)" if others > 1 else ""
             raise WeightsError(f"{_file_of(ckpt, n)}: tensor {n!r} is stored as {stored}, but param `{p}` is "
@@ -231,7 +231,7 @@ def bind_weights(module: Module, get: Callable[[str], object], fmt: str = "hf", 
                 raise WeightsError(f"{file_of(ckpt)}: tensor {ckpt!r} is {list(t.shape)}{after}, but param `{name}` "
                                    f"declares {list(stored)} ({module.path})")
             have = arrays.type_name(t)
-            if have != dtype and not cast_dtype and arrays.is_float(t):
+            if have != dtype and not cast_dtype and arrays.is_float(t) and not _widens(have, p.type.dtype):
                 raise WeightsError(f"{file_of(ckpt)}: tensor {ckpt!r} is {have}, but param `{name}` is "
                                    f"{dtype}; pass cast_dtype=True to convert it")
             arrays.put(target, index, t)
@@ -240,6 +240,13 @@ def bind_weights(module: Module, get: Callable[[str], object], fmt: str = "hf", 
                 progress(ckpt)
         out[name] = target
     return out
+
+
+def _widens(stored: str, declared: str) -> bool:
+    """A 16-bit float read into a param declared f32 whatever T (DeepSeek's router, which transformers
+    keeps in f32 too; `declared` is the type as written, not T's binding): exact, so no cast_dtype is
+    asked for it."""
+    return declared == "f32" and stored in ("bf16", "f16")
 
 
 def _quantized(module: Module, src, pieces: list, shape: tuple, get_blocks: Callable[[str], tuple | None]):

@@ -165,7 +165,8 @@ HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mix
               "qwen2": "Qwen2ForCausalLM",
               "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
               "olmo2": "Olmo2ForCausalLM", "granite": "GraniteForCausalLM",
-              "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "deepseek_v2": "DeepseekV2ForCausalLM"}
+              "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "deepseek_v2": "DeepseekV2ForCausalLM",
+              "deepseek_v3": "DeepseekV3ForCausalLM"}
 
 
 def hf_family(spec) -> str:
@@ -240,9 +241,10 @@ def hf_gpt_oss_config(bindings: dict, max_seq: int):
     return config
 
 
-def hf_deepseek_v2_config(bindings: dict, max_seq: int):
-    """A `DeepseekV2Config` equal to a specialized DeepSeek-V2 card's config: no q latent, greedy routing."""
-    from transformers import DeepseekV2Config
+def hf_deepseek_v2_config(bindings: dict, max_seq: int, version: int = 2):
+    """A `DeepseekV2Config` equal to a specialized DeepSeek-V2 card's config: no q latent, greedy
+    routing; or (version 3) a `DeepseekV3Config`: a q latent, group-limited sigmoid routing."""
+    import transformers
 
     b = bindings
     rope = {"rope_type": "default", "rope_theta": b["rope_theta"]}
@@ -251,13 +253,16 @@ def hf_deepseek_v2_config(bindings: dict, max_seq: int):
                 "original_max_position_embeddings": b["rope_original_max"], "beta_fast": b["rope_beta_fast"],
                 "beta_slow": b["rope_beta_slow"], "mscale": b["rope_mscale"] or None,
                 "mscale_all_dim": b["rope_mscale_all_dim"] or None}
-    config = DeepseekV2Config(
+    own = dict(q_lora_rank=None, topk_method="greedy") if version == 2 else dict(
+        q_lora_rank=b["q_lora_rank"], n_group=b["expert_groups"], topk_group=b["topk_groups"],
+        norm_topk_prob=b["norm_topk_prob"], rope_interleave=True, num_key_value_heads=b["heads"])
+    config = getattr(transformers, f"DeepseekV{version}Config")(
         vocab_size=b["vocab"], hidden_size=b["dim"], num_hidden_layers=b["layers"], num_attention_heads=b["heads"],
-        intermediate_size=b["ffn"], kv_lora_rank=b["kv_lora_rank"], q_lora_rank=None,
+        intermediate_size=b["ffn"], kv_lora_rank=b["kv_lora_rank"], **own,
         qk_nope_head_dim=b["qk_nope_head_dim"], qk_rope_head_dim=b["qk_rope_head_dim"], v_head_dim=b["v_head_dim"],
         n_routed_experts=b["experts"], num_experts_per_tok=b["experts_per_token"],
         moe_intermediate_size=b["moe_ffn"], n_shared_experts=b["shared_experts"],
-        first_k_dense_replace=b["first_dense"], routed_scaling_factor=b["routed_scaling"], topk_method="greedy",
+        first_k_dense_replace=b["first_dense"], routed_scaling_factor=b["routed_scaling"],
         rms_norm_eps=b["norm_eps"], rope_parameters=rope, max_position_embeddings=max_seq,
         tie_word_embeddings=b["tie_embeddings"], attn_implementation="eager")
     assert config.rope_parameters["rope_type"] == rope["rope_type"]
@@ -277,7 +282,8 @@ def hf_reference(spec, seed: int, max_seq: int):
 
     torch.manual_seed(seed)
     family = hf_family(spec)
-    own = {"gpt_oss": hf_gpt_oss_config, "deepseek_v2": hf_deepseek_v2_config}
+    own = {"gpt_oss": hf_gpt_oss_config, "deepseek_v2": hf_deepseek_v2_config,
+           "deepseek_v3": lambda b, max_seq: hf_deepseek_v2_config(b, max_seq, version=3)}
     config = own[family](spec.bindings, max_seq) if family in own else hf_config(spec.bindings, max_seq, family)
     model = getattr(transformers, HF_CLASSES[family])(config).float().eval()
     g = torch.Generator().manual_seed(seed)
@@ -289,6 +295,10 @@ def hf_reference(spec, seed: int, max_seq: int):
             elif "embed_tokens" not in name:
                 t = t / p.shape[-2 if p.dim() == 3 and family == "gpt_oss" else -1] ** 0.5
             p.copy_(t)
+        for name, buffer in model.named_buffers():  # DeepSeek-V3's routing correction: a buffer, saved
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(0.1 * torch.randn(buffer.shape, generator=g))
+
     if spec.bindings.get("tie_embeddings"):
         assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
     return model

@@ -1,6 +1,7 @@
 """Both backends against transformers on the tiny cards: `LlamaForCausalLM`, `MistralForCausalLM`,
 `MixtralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `GptOssForCausalLM`,
-`Olmo2ForCausalLM`, `GraniteForCausalLM`, `Phi3ForCausalLM`, `SmolLM3ForCausalLM`, `DeepseekV2ForCausalLM`.
+`Olmo2ForCausalLM`, `GraniteForCausalLM`, `Phi3ForCausalLM`, `SmolLM3ForCausalLM`, `DeepseekV2ForCausalLM`,
+`DeepseekV3ForCausalLM`.
 
 The reference has the card's config (llama3 RoPE scaling and GQA in
 `tiny-llama`, tied embeddings in `tiny-llama-tied`, a sliding window in `tiny-mistral`, routed experts in `tiny-mixtral`;
@@ -10,7 +11,9 @@ sliding-window layers, YaRN and routed experts; in `tiny-olmo2` norms after each
 and q/k norms over whole projections of two widths; in `tiny-granite` µP's four multipliers, a tied
 head; in `tiny-phi3` fused q/k/v and gate/up projections and a sliding window; in `tiny-smollm3` a NoPE
 layer, its queries and keys not rotated; in `tiny-deepseek-v2` multi-head latent attention over a cache of
-latents, YaRN with mscale, a dense first layer and routed experts beside shared ones) and random weights. The checkpoint
+latents, YaRN with mscale, a dense first layer and routed experts beside shared ones; in `tiny-deepseek-v3` a
+query latent and routing among the best groups of experts by sigmoid scores plus a correction bias) and random
+weights. The checkpoint
 `save_pretrained` writes of it is bound through the names the `.linnet` source
 declares. Four prompts of different lengths are prefilled in one pack, then
 16 greedy steps are decoded; each step is compared with the reference run
@@ -46,7 +49,8 @@ MODES = {
 
 @pytest.fixture(scope="module", params=["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-mixtral", "tiny-qwen2",
                                         "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-olmo2",
-                                        "tiny-granite", "tiny-phi3", "tiny-smollm3", "tiny-deepseek-v2"])
+                                        "tiny-granite", "tiny-phi3", "tiny-smollm3", "tiny-deepseek-v2",
+                                        "tiny-deepseek-v3"])
 def card(request, kit, tmp_path_factory):
     """The card's module, a seeded reference with its config, prompts, and the reference's greedy run."""
     name = request.param
@@ -80,17 +84,47 @@ def _decided_by_more_than_bf16(reference, prompts, tokens) -> np.ndarray:
     if not _routers(reference):
         return decided
     half = copy.deepcopy(reference).to(torch.bfloat16)
+    if reference.config.model_type.startswith("deepseek"):  # its router stays f32, as from_pretrained keeps it
+        kept = reference._keep_in_fp32_modules_strict
+        theirs = dict(reference.named_parameters()) | dict(reference.named_buffers())
+        for name, ours in [*half.named_parameters(), *half.named_buffers()]:
+            if any(k in name for k in kept):
+                ours.data = theirs[name].detach().clone()
     k = reference.config.num_experts_per_tok
     for row, prompt in enumerate(prompts):
         run = torch.tensor([list(map(int, prompt)) + [int(t[row]) for t in tokens[:STEPS]]])
         exact, rounded = _router_scores(reference, run), _router_scores(half, run)  # [layers, positions, experts]
-        top = exact.sort(dim=-1, descending=True).values
-        lead = top[..., k - 1] - top[..., k]
+        if reference.config.model_type == "deepseek_v3":  # chosen by corrected sigmoid scores, in groups
+            exact, rounded = _corrected(reference, exact), _corrected(reference, rounded)
+        lead = _lead(reference.config, exact, k)
         moved = (rounded - exact).abs().amax(dim=-1)
         close = (lead <= BF16_MARGIN * moved).any(dim=0)  # [positions]: some layer's choice was bf16's
         for step in range(STEPS + 1):
             decided[step, row] = not close[:len(prompt) + step].any()
     return decided
+
+
+def _corrected(model, logits: torch.Tensor) -> torch.Tensor:
+    """DeepSeek-V3's choice scores: each layer's sigmoid of the router logits plus its correction bias."""
+    bias = torch.stack([m.e_score_correction_bias.float() for m in _routers(model)])
+    return logits.sigmoid() + bias[:, None, :]
+
+
+def _lead(config, scores: torch.Tensor, k: int) -> torch.Tensor:
+    """[layers, positions]: by how much the k-th choice beat the next. DeepSeek-V3 chooses its groups
+    first, by the sum of each group's best two scores (which moves by up to twice what a score moves,
+    so that lead counts half), then its experts among theirs."""
+    if config.model_type != "deepseek_v3":
+        top = scores.sort(dim=-1, descending=True).values
+        return top[..., k - 1] - top[..., k]
+    grouped = scores.unflatten(-1, (config.n_group, -1))
+    group_scores = grouped.topk(2, dim=-1).values.sum(-1)
+    ranked = group_scores.sort(dim=-1, descending=True)
+    kept = torch.zeros_like(group_scores, dtype=torch.bool).scatter(-1, ranked.indices[..., :config.topk_group], True)
+    choice = grouped.masked_fill(~kept[..., None], float("-inf")).flatten(-2)
+    top = choice.sort(dim=-1, descending=True).values
+    group_lead = ranked.values[..., config.topk_group - 1] - ranked.values[..., config.topk_group]
+    return torch.minimum(top[..., k - 1] - top[..., k], group_lead / 2)
 
 
 def _routers(model) -> list:
@@ -150,6 +184,11 @@ def test_cards_are_what_the_tests_claim(card):
         assert "model.layers.0.mlp.gate_proj.weight" in card["state"]  # the dense layer's own MLP
         last = f"model.layers.{b['layers'] - 1}.mlp.experts.{b['experts'] - 1}.down_proj.weight"
         assert last in card["state"]  # one tensor per expert
+    elif card["name"] == "tiny-deepseek-v3":  # a query latent; experts from the best groups, bias-corrected
+        assert 0 < b["q_lora_rank"] and 1 < b["topk_groups"] < b["expert_groups"] and b["norm_topk_prob"]
+        assert b["experts_per_token"] <= b["topk_groups"] * b["group_size"] and b["routed_scaling"] != 1.0
+        bias = card["state"]["model.layers.1.mlp.gate.e_score_correction_bias"]
+        assert bias.abs().min() > 0 and "model.layers.0.self_attn.q_a_layernorm.weight" in card["state"]
     else:
         assert b["tie_embeddings"] and b["rope_scaling"] == "none"
 

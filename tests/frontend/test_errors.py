@@ -1372,8 +1372,8 @@ def test_a_ranged_loop_must_be_named_by_its_pattern(tmp_path, capsys):
         from hf "model.layers.{l}.mlp.experts.{e}.down_proj.weight"''', '''      expert_down: T[dim, moe_ffn]
         from hf "model.mlp.experts.down_proj.weight"''')
     assert "error: a param stacked over `l` needs `{l}` in its name pattern" in err, err
-    err = _check_changed(tmp_path, capsys, "arch/deepseek_v2.linnet", '''    router: T[experts, dim]
-      from hf "model.layers.{l}.mlp.gate.weight"''', '''    router: T[experts, dim]
+    err = _check_changed(tmp_path, capsys, "arch/deepseek_v2.linnet", '''
+      from hf "model.layers.{l}.mlp.gate.weight"''', '''
       from hf "model.layers.{l}.mlp.gate.weight"
     for e in 1:experts {
       bad: T[dim]

@@ -279,3 +279,24 @@ def test_two_params_split_one_stored_tensor_and_export_it_whole(tmp_path):
     spec = specialize(check_file(path), {}, "exact")
     with pytest.raises(WeightsError, match=r"no param takes rows \[4\] of its heads' 5 \(`.split_heads`\)"):
         list(unbind_weights(spec, bind_weights(spec, ckpt.__getitem__)))
+
+
+def test_a_param_declared_f32_reads_16_bit_weights_without_a_cast(tmp_path):
+    """A param declared f32 whatever T (DeepSeek's router, as transformers keeps it) binds a bf16 or f16
+    checkpoint's tensor exactly, widened, with no cast_dtype asked; a T param of another type is still
+    refused without it."""
+    path = tmp_path / "router.linnet"
+    path.write_text(RANGED.replace("router: T[4, dim]", "router: f32[4, dim]")
+                    .replace("return linear(x, router[layers - first_dense - 1])",
+                             "return linear(x as f32, router[layers - first_dense - 1]) as T"))
+    spec = specialize(check_file(path), {"T": "bf16"}, "fast")
+    for dtype in (torch.bfloat16, torch.float16):
+        ckpt = {f"layers.{l}.router.weight": torch.randn(4, 4).to(dtype) for l in (1, 2)}
+        params = bind_weights(spec, ckpt.__getitem__, cast_dtype=False)
+        assert params["router"].dtype == torch.float32
+        assert torch.equal(params["router"][0], ckpt["layers.1.router.weight"][[0, 2, 1, 3]].float())
+    path.write_text(RANGED)
+    spec = specialize(check_file(path), {"T": "bf16"}, "fast")
+    with pytest.raises(WeightsError, match="pass cast_dtype=True"):
+        bind_weights(spec, {f"layers.{l}.router.weight": torch.randn(4, 4) for l in (1, 2)}.__getitem__,
+                     cast_dtype=False)

@@ -68,7 +68,7 @@ def test_16_greedy_bf16_requests_together_give_what_each_gives_alone(backend, tm
 # (router, top-k, softmax, the experts' matmuls and their weighted sum), attention sinks, the head, and the
 # sampler's softmax, filters, penalties, logprobs and prompt scores, and Gemma 2's capped attention scores
 FAMILIES = ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-mixtral", "tiny-gpt-oss", "tiny-phi3", "tiny-olmo2",
-            "tiny-granite", "tiny-smollm3", "tiny-gemma2", "tiny-deepseek-v2"]
+            "tiny-granite", "tiny-smollm3", "tiny-gemma2", "tiny-deepseek-v2", "tiny-deepseek-v3"]
 
 
 def mixed_request(prompt, i: int) -> Request:
