@@ -56,8 +56,8 @@ ARCHITECTURES = {"llama": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3"
 def check_architecture(module, card: str) -> None:
     """Raises `ExportError` unless `module`'s architecture is one written here and llama.cpp can
     run it as configured."""
-    if module.name == "deepseek_v2":  # llama.cpp runs it (deepseek2); the writing of its MLA tensors is not done here
-        raise ExportError(f"{card!r} is 'deepseek_v2': llama.cpp's deepseek2 runs it, but the llama.cpp export does "
+    if module.name in ("deepseek_v2", "deepseek_v3"):  # llama.cpp runs them (deepseek2); their MLA tensors are not
+        raise ExportError(f"{card!r} is {module.name!r}: llama.cpp's deepseek2 runs it, but the llama.cpp export does "
                           f"not write its latent attention's tensors yet (export it with --to vllm instead)")
     if module.name not in ARCHITECTURES:
         instead = "(export it with --to vllm instead)" if hf_config.known(module) else TRITON_INSTEAD

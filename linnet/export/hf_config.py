@@ -216,7 +216,15 @@ def _deepseek_v2(b: dict) -> dict:
     }
 
 
+def _deepseek_v3(b: dict) -> dict:
+    """DeepSeek-V3's config: V2's keys with a query latent and its group-limited sigmoid routing."""
+    return {**_deepseek_v2(b), "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3",
+            "q_lora_rank": b["q_lora_rank"], "n_group": b["expert_groups"], "topk_group": b["topk_groups"],
+            "norm_topk_prob": b["norm_topk_prob"], "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+            "rope_interleave": True}
+
+
 _WRITERS = {"llama": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen3": _qwen3, "qwen3_moe": _qwen3_moe,
             "gpt_oss": _gpt_oss, "gemma3": _gemma3, "olmo2": _olmo2,
             "granite": _granite, "phi3": _phi3, "smollm3": _smollm3,
-            "gemma2": _gemma2, "deepseek_v2": _deepseek_v2}
+            "gemma2": _gemma2, "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3}

@@ -5,7 +5,8 @@ stands for) picks the built-in architecture: Llama and Mistral checkpoints get a
 llama, Mixtral over mixtral, Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distills) over qwen2,
 Qwen3 over qwen3, Qwen3's mixtures of experts over qwen3_moe, gpt-oss over gpt_oss, Gemma 3's
 text model over gemma3, OLMo 2 over olmo2, Granite over granite, Phi-3 (and Phi-4 14B) over phi3,
-SmolLM3 over smollm3, Gemma 2 over gemma2, DeepSeek-V2 (without a query latent: V2-Lite) over deepseek_v2.
+SmolLM3 over smollm3, Gemma 2 over gemma2, DeepSeek-V2 (without a query latent: V2-Lite) over deepseek_v2,
+DeepSeek-V3 over deepseek_v3.
 Config values the architecture cannot express are refused, not dropped.
 """
 
@@ -42,6 +43,11 @@ TRANSFORMERS_DEFAULTS = {
                               "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 64,
                               "n_shared_experts": 2, "moe_intermediate_size": 1407, "first_k_dense_replace": 0,
                               "routed_scaling_factor": 1.0, "topk_method": "greedy", "max_position_embeddings": 2048},
+    "DeepseekV3ForCausalLM": {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+                              "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 256,
+                              "n_shared_experts": 1, "moe_intermediate_size": 2048, "first_k_dense_replace": 3,
+                              "routed_scaling_factor": 2.5, "n_group": 8, "topk_group": 4, "num_experts_per_tok": 8,
+                              "norm_topk_prob": True, "max_position_embeddings": 4096},
 }
 
 
@@ -455,22 +461,50 @@ def _deepseek_v2_values(config: dict, name: str) -> dict:
     dense layers before the experts, greedy top-k of the router's softmax, YaRN with mscale. A query
     latent (DeepSeek-V2 236B, V3), group-limited routing, sigmoid scores, experts in other than every
     layer after the dense ones are refused: the deepseek_v2 architecture computes none of them."""
+    _refuse_mla(config, name, "deepseek_v2", {
+        "q_lora_rank": (config.get("q_lora_rank"), None),
+        "topk_method": (config.get("topk_method") or "greedy", "greedy"),
+        "scoring_func": (config.get("scoring_func") or "softmax", "softmax"),
+        "moe_layer_freq": (int(config.get("moe_layer_freq", 1)), 1)},
+        "DeepSeek-V2-Lite's: no query latent, greedy top-k of a softmax, experts in every layer after the dense ones")
+    return _mla_values(config, name)
+
+
+def _deepseek_v3_values(config: dict, name: str) -> dict:
+    """DeepSeek-V3 (and R1): V2's MLA with a query latent, and experts chosen by sigmoid scores plus a
+    correction bias among the best groups (n_group, topk_group). A config without a query latent, with
+    rope not interleaved (rope_interleave false: the checkpoint's rows already in halves) or another
+    scoring is refused: the deepseek_v3 architecture computes none of them."""
+    _refuse_mla(config, name, "deepseek_v3", {
+        "q_lora_rank is null": (config.get("q_lora_rank") is None, False),
+        "rope_interleave": (bool(config.get("rope_interleave", True)), True),
+        "scoring_func": (config.get("scoring_func") or "sigmoid", "sigmoid"),
+        "topk_method": (config.get("topk_method") or "noaux_tc", "noaux_tc"),
+        "moe_layer_freq": (int(config.get("moe_layer_freq", 1)), 1)},
+        "DeepSeek-V3's: a query latent, interleaved rope, group-limited top-k of corrected sigmoid scores")
+    return {**_mla_values(config, name), "q_lora_rank": int(config["q_lora_rank"]),
+            "expert_groups": int(config["n_group"]), "topk_groups": int(config["topk_group"]),
+            "norm_topk_prob": bool(config.get("norm_topk_prob", True))}
+
+
+def _refuse_mla(config: dict, name: str, arch: str, refused: dict, what: str) -> None:
+    """The checks both DeepSeek architectures make: no biases, SwiGLU, and each of `refused`'s
+    {key: (the config's value, the one the architecture computes)}."""
     _refuse_biases(config, name)
     act = config.get("hidden_act", "silu")
     if act != "silu":
-        raise WeightsError(f"{name}: hidden_act {act!r}; the deepseek_v2 architecture's MLPs are SwiGLU (silu)")
-    refused = {"q_lora_rank": (config.get("q_lora_rank"), None),
-               "topk_method": (config.get("topk_method") or "greedy", "greedy"),
-               "scoring_func": (config.get("scoring_func") or "softmax", "softmax"),
-               "moe_layer_freq": (int(config.get("moe_layer_freq", 1)), 1)}
+        raise WeightsError(f"{name}: hidden_act {act!r}; the {arch} architecture's MLPs are SwiGLU (silu)")
     for key, (value, want) in refused.items():
         if value != want:
-            raise WeightsError(f"{name}: {key} is {value!r}; the deepseek_v2 architecture computes {want!r} only "
-                               f"(DeepSeek-V2-Lite's: no query latent, greedy top-k of a softmax, experts in "
-                               f"every layer after the dense ones)")
+            said = key if " " in key else f"{key} is {value!r}"
+            raise WeightsError(f"{name}: {said}; the {arch} architecture computes {want!r} only ({what})")
+
+
+def _mla_values(config: dict, name: str) -> dict:
+    """What both DeepSeek architectures read: MLA's ranks and widths, the experts, YaRN with mscale."""
     scaling, kind = _rope_scaling(config)
     if kind not in ("default", None, "yarn"):
-        raise WeightsError(f"{name}: rope scaling {kind!r} is not supported for DeepSeek-V2 checkpoints (YaRN or none)")
+        raise WeightsError(f"{name}: rope scaling {kind!r} is not supported for DeepSeek checkpoints (YaRN or none)")
     rope = {}
     if kind == "yarn":
         factor = float(scaling["factor"])
@@ -480,8 +514,8 @@ def _deepseek_v2_values(config: dict, name: str) -> dict:
         derived = ((0.1 * mscale * stretch + 1) / (0.1 * all_dim * stretch + 1) if mscale and all_dim
                    else 0.1 * stretch + 1)
         if own is not None and not math.isclose(float(own), derived):
-            raise WeightsError(f"{name}: YaRN with attention_factor {own} is not supported; the deepseek_v2 "
-                               f"architecture derives it from mscale and mscale_all_dim ({derived})")
+            raise WeightsError(f"{name}: YaRN with attention_factor {own} is not supported; the DeepSeek "
+                               f"architectures derive it from mscale and mscale_all_dim ({derived})")
         rope = {"rope_scaling": "yarn", "rope_factor": factor,
                 "rope_original_max": int(scaling.get("original_max_position_embeddings", 4096)),
                 "rope_beta_fast": float(scaling.get("beta_fast") or 32.0),
@@ -524,4 +558,5 @@ SUPPORTED = {
     "SmolLM3ForCausalLM": ("smollm3", _smollm3_values),
     "Gemma2ForCausalLM": ("gemma2", _gemma2_values),
     "DeepseekV2ForCausalLM": ("deepseek_v2", _deepseek_v2_values),
+    "DeepseekV3ForCausalLM": ("deepseek_v3", _deepseek_v3_values),
 }

@@ -25,7 +25,7 @@ def linnet_logits(model, prompts):
 
 FAMILIES = ["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-mixtral", "tiny-qwen2", "tiny-qwen3",
             "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma3", "tiny-olmo2", "tiny-granite", "tiny-phi3",
-            "tiny-smollm3", "tiny-gemma2", "tiny-deepseek-v2"]
+            "tiny-smollm3", "tiny-gemma2", "tiny-deepseek-v2", "tiny-deepseek-v3"]
 
 
 @pytest.mark.parametrize("card", FAMILIES)
@@ -37,7 +37,8 @@ def test_transformers_loads_the_directory_and_agrees(card, tmp_path):
 @pytest.mark.parametrize("card", FAMILIES)
 def test_a_16_bit_directory_holds_the_rounded_weights_and_agrees(card, dtype, bound, tmp_path):
     """In bf16 and f16 (weights bound through numpy's bits, then unbound): every tensor is torch's
-    rounding of the f32 export's (a param declared f32, DeepSeek's router, the f32 export's own),
+    rounding of the f32 export's (a param declared f32, DeepSeek's router and its correction, the f32
+    export's own),
     config.json says the type, transformers on the directory computes
     what Linnet computes on it read back (both in f32), and that is within the type's rounding
     (`bound`, relative) of the f32 model's logits."""
@@ -53,8 +54,9 @@ def test_a_16_bit_directory_holds_the_rounded_weights_and_agrees(card, dtype, bo
     written = load_file(Path(path) / "model.safetensors")
     assert written.keys() == full.keys()
     for name, t in written.items():
-        if name.endswith("mlp.gate.weight") and "deepseek" in card:  # DeepSeek's router: f32 whatever the type,
-            assert t.dtype == torch.float32 and torch.equal(t, full[name]), name  # as transformers keeps it
+        if name.endswith(("mlp.gate.weight", "e_score_correction_bias")) and "deepseek" in card:
+            # DeepSeek's router and its correction: f32 whatever the type, as transformers keeps them
+            assert t.dtype == torch.float32 and torch.equal(t, full[name]), name
             continue
         assert t.dtype == torch_dtype and torch.equal(t, full[name].to(torch_dtype)), name
     assert json.loads((Path(path) / "config.json").read_text())["torch_dtype"] == TORCH_DTYPE_NAMES[dtype]

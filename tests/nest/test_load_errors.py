@@ -297,7 +297,7 @@ def test_weights_packed_into_integers_say_the_checkpoint_is_quantized(ckpt_dir):
 
 TINY_CARDS = ["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-mixtral", "tiny-qwen2", "tiny-qwen3",
               "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma3", "tiny-olmo2",
-              "tiny-granite", "tiny-phi3", "tiny-smollm3", "tiny-gemma2", "tiny-deepseek-v2"]
+              "tiny-granite", "tiny-phi3", "tiny-smollm3", "tiny-gemma2", "tiny-deepseek-v2", "tiny-deepseek-v3"]
 
 
 @pytest.mark.parametrize("card", TINY_CARDS)

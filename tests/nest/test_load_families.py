@@ -64,6 +64,16 @@ FAMILIES = {
                                        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                                         "original_max_position_embeddings": 4, "mscale": 1.0,
                                                         "mscale_all_dim": 0.5})),
+    # DeepSeek-V3: V2's latent attention with a query latent, 8 experts in 4 groups (2 groups, then 2 experts a
+    # token), renormalized and scaled, beside one shared; its correction bias, a buffer, drawn in random_model
+    "deepseek_v3": ("DeepseekV3", dict(num_hidden_layers=2, num_key_value_heads=4, q_lora_rank=24, kv_lora_rank=32,
+                                       qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12, n_routed_experts=8,
+                                       num_experts_per_tok=2, n_group=4, topk_group=2, moe_intermediate_size=24,
+                                       n_shared_experts=1, first_k_dense_replace=1, routed_scaling_factor=2.5,
+                                       norm_topk_prob=True, tie_word_embeddings=False,
+                                       rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                                                        "original_max_position_embeddings": 4, "mscale": 1.0,
+                                                        "mscale_all_dim": 1.0})),
 }
 # transformers' config class where it is not the prefix's (Gemma3Config is the multimodal model's)
 CONFIGS = {"gemma3": "Gemma3TextConfig"}
@@ -82,6 +92,9 @@ def random_model(family: str, **overrides):
         for _, p in model.named_parameters():
             t = torch.randn(p.shape, generator=g)
             p.copy_(1.0 + 0.1 * t if p.dim() == 1 else t / p.shape[-1] ** 0.5)
+        for name, b in model.named_buffers():  # DeepSeek-V3's routing correction (saved with the weights)
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=g))
     return model
 
 
@@ -129,7 +142,7 @@ def test_fast_bf16_is_as_close_to_f32_as_transformers_own_bf16(saved, backend):
 
 
 # the families added after the engine's own tests were written, each checked through it against transformers
-THROUGH_THE_ENGINE = ["olmo2", "granite", "phi3", "smollm3", "gemma2", "deepseek_v2"]
+THROUGH_THE_ENGINE = ["olmo2", "granite", "phi3", "smollm3", "gemma2", "deepseek_v2", "deepseek_v3"]
 
 
 @pytest.mark.parametrize("backend", ["torch", "jax"])
@@ -187,6 +200,10 @@ def test_the_cards_say_what_the_configs_do(saved):
         for line in ("kv_lora_rank = 32", "qk_nope_head_dim = 16", "qk_rope_head_dim = 8", "v_head_dim = 12",
                      "experts = 4", "experts_per_token = 2", "moe_ffn = 24", "shared_experts = 1", "first_dense = 1",
                      "routed_scaling = 2.5", 'rope_scaling = "yarn"', "rope_mscale = 1.0", "rope_mscale_all_dim = 0.5"):
+            assert line in source
+    if family == "deepseek_v3":
+        for line in ("q_lora_rank = 24", "expert_groups = 4", "topk_groups = 2", "norm_topk_prob = true",
+                     "routed_scaling = 2.5", "experts = 8", "first_dense = 1"):
             assert line in source
     if family == "gemma3":
         for line in ("window_pattern = 2", "sliding_window = 4", 'rope_scaling = "linear"', "rope_factor = 8.0",
@@ -318,6 +335,9 @@ def test_a_hub_config_gives_its_registry_card(card, tmp_path):
                      "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "attention_factor": 2.0}},
      "attention_factor 2.0"),
     ("deepseek_v2", {**FAMILIES["deepseek_v2"][1], "attention_bias": True}, "has attention_bias set"),
+    ("deepseek_v3", {**FAMILIES["deepseek_v3"][1], "q_lora_rank": None}, "q_lora_rank is null"),
+    ("deepseek_v3", {**FAMILIES["deepseek_v3"][1], "rope_interleave": False}, "rope_interleave is False"),
+    ("deepseek_v3", {**FAMILIES["deepseek_v3"][1], "scoring_func": "softmax"}, "scoring_func is 'softmax'"),
     ("phi3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
      "partial_rotary_factor 0.5"),
     ("olmo2", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope scaling 'dynamic'"),
@@ -609,6 +629,26 @@ def test_a_mixtral_config_without_its_rope_base_runs_as_transformers_reads_it(tm
     assert reference.config.rope_parameters["rope_theta"] == 1e6
     model = nest.load(str(tmp_path), generics=GENERICS, tokenizer=False)
     assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
+
+
+def test_keys_a_deepseek_v3_config_leaves_out_are_transformers_defaults(tmp_path):
+    """DeepseekV3Config's defaults: V3-671B's query latent, experts, groups, dense layers and context."""
+    import transformers
+    from safetensors.numpy import save_file
+
+    from linnet.nest.checkpoint import SafetensorsCheckpoint
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["DeepseekV3ForCausalLM"], **REQUIRED}))
+    save_file({"x": np.zeros(1, np.float32)}, str(tmp_path / "model.safetensors"))
+    source = card_source_from_config(SafetensorsCheckpoint(tmp_path).config(), "tiny")
+    r = transformers.DeepseekV3Config(**REQUIRED)
+    want = {"q_lora_rank": r.q_lora_rank, "kv_lora_rank": r.kv_lora_rank, "experts": r.n_routed_experts,
+            "experts_per_token": r.num_experts_per_tok, "moe_ffn": r.moe_intermediate_size,
+            "shared_experts": r.n_shared_experts, "first_dense": r.first_k_dense_replace,
+            "routed_scaling": r.routed_scaling_factor, "expert_groups": r.n_group, "topk_groups": r.topk_group,
+            "norm_topk_prob": str(r.norm_topk_prob).lower(), "max_context": r.max_position_embeddings}
+    for key, value in want.items():
+        assert f"  {key} = {value}\n" in source, (key, value, source)
 
 
 def test_keys_a_deepseek_v2_config_leaves_out_are_transformers_defaults(tmp_path):
