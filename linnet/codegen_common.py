@@ -234,8 +234,8 @@ def _last_axis_slice(v: ir.Op, x: ir.Var, module: ir.Module):
 
 # ops whose result is whole even when an input is split (they reduce over, or regather, the features);
 # any other op (elementwise, shapes, rope) is split when one of its inputs is
-_REDUCING = {"rmsnorm", "sum", "mean", "max", "min", "argmax", "softmax", "topk", "einsum", "matmul", "index",
-             "take", "concat", "expert_linear"}
+_REDUCING = {"rmsnorm", "layer_norm", "sum", "mean", "max", "min", "argmax", "softmax", "topk", "einsum", "matmul",
+             "index", "take", "concat", "expert_linear"}
 
 
 def shard_plan(module: ir.Module) -> tuple[dict, dict]:

@@ -260,6 +260,11 @@ class PythonEmitter:
     def op_rmsnorm(self, v, k):
         return f"rt.rmsnorm({self.expr(k['x'])}, {self.expr(k['weight'])}, {self.expr(k['eps']) if 'eps' in k else '1e-6'})"
 
+    def op_layer_norm(self, v, k):
+        # torch's F.layer_norm's default eps; an absent weight or bias is None, as F.layer_norm takes it
+        parts = [self.expr(k[name]) if name in k else "None" for name in ("x", "weight", "bias")]
+        return f"rt.layer_norm({', '.join(parts)}, {self.expr(k['eps']) if 'eps' in k else '1e-5'})"
+
     def op_rope(self, v, k):
         return f"rt.rope({self.expr(k['x'])}, {self.expr(k['positions'])}, {self.rope_table(v)})"
 

@@ -187,6 +187,20 @@ def rmsnorm(x, weight, eps: float):
     return weight * h.astype(x.dtype)
 
 
+def layer_norm(x, weight, bias, eps: float):
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last axis, in f32 and rounded to x's type
+    once, as torch's F.layer_norm computes a 16-bit x (flax's LayerNorm takes its statistics in f32
+    too). The variance is the mean of (x - mean)^2, both sums in one order at every row count."""
+    h = x.astype(jnp.float32)
+    h = h - fixed_order.row_sum(h, keepdims=True) / h.shape[-1]
+    h = h * jax.lax.rsqrt(fixed_order.row_sum(h * h, keepdims=True) / h.shape[-1] + eps)
+    if weight is not None:
+        h = h * weight.astype(jnp.float32)
+    if bias is not None:
+        h = h + bias.astype(jnp.float32)
+    return h.astype(x.dtype)
+
+
 def softmax(x, axis: int = -1):
     p = fixed_order.softmax(jnp.moveaxis(x.astype(jnp.float32), axis, -1))
     return jnp.moveaxis(p, -1, axis).astype(x.dtype)

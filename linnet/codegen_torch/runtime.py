@@ -35,6 +35,12 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * F.rms_norm(x, x.shape[-1:], eps=eps)
 
 
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    # torch's kernel, as transformers' nn.LayerNorm calls it: a 16-bit x's mean and variance in f32,
+    # the weight and bias applied there too, the output rounded to x's type once
+    return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+
+
 def _small_ops(*tensors: torch.Tensor):
     """The kernels that take these tensors in rmsnorm, rope, put_ and silu_mul, one call each: Linnet's CPU
     ones (`kernels.cpu_ops`), or on a GPU its Triton ones (`_triton_ops`); None: torch's own ops."""

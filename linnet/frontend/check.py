@@ -31,7 +31,8 @@ DIM_OPS = {"reshape": "dims", "iota": "n", "zeros": "dims", "topk": "k"}
 # What a PyTorch or NumPy habit writes, and Linnet's word for it (told where the habit is refused).
 HABITS = {"view": "reshape", "permute": "transpose", "cat": "concat", "concatenate": "concat", "arange": "iota",
           "gather": "take", "index_select": "take", "dim": "axis", "keepdims": "keepdim", "float": "x as f32",
-          "to": "x as f32", "astype": "x as f32", "type": "x as f32", "layer_norm": None, "layernorm": None}
+          "to": "x as f32", "astype": "x as f32", "type": "x as f32", "layernorm": "layer_norm",
+          "LayerNorm": "layer_norm"}
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 
 
@@ -730,9 +731,6 @@ def _habit(name: str) -> list[str]:
     """A note for a name PyTorch or NumPy would take (`view`, `dim=`): Linnet's for it."""
     if name not in HABITS:
         return []
-    if HABITS[name] is None:  # (layer_norm)
-        return ["there is no layernorm op: write it from ops, (x - mean) * rsqrt(var + eps) * w + b "
-                "(docs/language.md, known gaps)"]
     word = HABITS[name]
     return [f"Linnet writes this `{word}`" if " " in word else f"Linnet calls this `{word}`"]
 

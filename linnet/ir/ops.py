@@ -367,6 +367,25 @@ def _rmsnorm(x: Value, weight: Value, eps: Value | None = None, *, loc: Loc):
     return tx
 
 
+@op("layer_norm", ("x", "weight", "bias", "eps"), "(x - mean) / sqrt(var + eps) * weight + bias over the last dim")
+def _layer_norm(x: Value, weight: Value | None = None, bias: Value | None = None, eps: Value | None = None, *,
+                loc: Loc):
+    tx = _tensor(x, "the input of `layer_norm`", loc)
+    if not is_float(tx.dtype):
+        raise _err(x.loc or loc, f"`layer_norm` needs a float tensor, not {tx}", "convert it first: `x as T`")
+    # weight and bias are each optional, as torch's F.layer_norm takes them
+    for v, what in ((weight, "weight"), (bias, "bias")):
+        if v is None:
+            continue
+        t = _tensor(v, f"the {what} of `layer_norm`", loc)
+        same_dtype(tx, t, v.loc or loc, "normalize")
+        if t.rank != 1 or tx.shape[-1:] != t.shape:
+            raise _err(v.loc or loc, f"cannot normalize {tx} with a {what} {t}",
+                       f"the {what} must be [{tx.shape[-1]}]: layer_norm normalizes over the last dim")
+    _static(eps, "float", "eps", loc)
+    return tx
+
+
 # ---------------------------------------------------------------- positions and attention
 
 ROPE_SCALINGS = ("none", "llama3", "yarn", "linear")

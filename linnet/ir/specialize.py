@@ -175,7 +175,8 @@ def learned_positions(module: ir.Module) -> int | None:
 # Static arguments whose values have a floor: (op, argument) -> (least, whether the least itself is allowed).
 STATIC_FLOORS = {("attention", "window"): (0, True), ("rope", "theta"): (0, False), ("rope", "factor"): (0, False),
                  ("rmsnorm", "eps"): (0, True), ("attention", "softcap"): (0, True),
-                 ("rope", "attention_factor"): (0, False)}
+                 ("rope", "attention_factor"): (0, False),
+                 ("layer_norm", "eps"): (0, True)}
 
 
 def _check_bounds(v: ir.Op, values: dict) -> None:

@@ -1,5 +1,5 @@
 """Architectures a newcomer wrote from docs/language.md alone (tests/compiler/from_the_doc), on
-both backends: GPT-2 (LayerNorm and GELU-tanh written from ops, learned positions, Conv1D weights
+both backends: GPT-2 (LayerNorm through `layer_norm`, GELU-tanh written from ops, learned positions, Conv1D weights
 read with `.transpose()`, a tied head) and GPT-NeoX (parallel residual, q/k/v fused per head,
 rotary over part of each head) held to transformers' own models; ALiBi attention, written from
 ops since `attention` takes no position bias, held to plain numpy."""

@@ -877,6 +877,31 @@ entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
   return rmsnorm(embed[tokens], embed[0], eps=-0.5)
 }
 """, 21, 47, "eps of `rmsnorm` must be at least 0"),
+    arch("layer-norm-weight-of-another-width", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return layer_norm(embed[tokens], weight=embed[:, 0])
+}
+""", 21, 43, "cannot normalize T[Batch, dim] with a weight T[vocab]", note="the weight must be [dim]"),
+    arch("layer-norm-bias-of-another-type", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return layer_norm(embed[tokens], embed[0], bias=embed[0] as f32)
+}
+""", 21, 51, "cannot normalize T[Batch, dim] and f32[dim]: element types differ"),
+    arch("layer-norm-of-integers", HEAD + """\
+entry decode(tokens: i32[Batch]) -> i32[Batch] {
+  return layer_norm(tokens)
+}
+""", 21, 21, "`layer_norm` needs a float tensor, not i32[Batch]", note="convert it first"),
+    arch("negative-layer-norm-eps", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return layer_norm(embed[tokens], eps=-1e-5)
+}
+""", 21, 40, "eps of `layer_norm` must be at least 0"),
+    arch("layernorm-spelt-as-torch-does", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return layernorm(embed[tokens])
+}
+""", 21, 10, "unknown function `layernorm`", note="Linnet calls this `layer_norm`"),
 
     # ---------------------------------------------------------------- bounds known once numbers are bound
     arch("slice-past-a-dim", HEAD + """\
