@@ -1,12 +1,13 @@
 """One GGUF file for llama.cpp (`llama-server -m FILE`): Llama, Mixtral, Qwen2, Qwen3, Qwen3-MoE, gpt-oss,
-Gemma 3 (text), OLMo 2, Granite, Phi-3, SmolLM3 and Gemma 2.
+Gemma 3 (text), OLMo 2, Granite, Phi-3, SmolLM3, Gemma 2 and Phi-2.
 
 Metadata is written from the card's config under llama.cpp's keys for the architecture (`llama.*`,
 Mixtral's too, with its experts; `qwen2.*`, `qwen3.*`, `qwen3moe.*`, `gpt-oss.*`, `gemma3.*`, `olmo2.*`,
 `granite.*` with µP's multipliers, `phi3.*` with the card's window as `phi3.attention.sliding_window`, as
 llama.cpp's converter writes it; llama.cpp's phi3 reads it and turns the window off (`phi3_window_warning`);
 `smollm3.*`, with no key for its NoPE layers: llama.cpp's smollm3 fixes one in every four; `gemma2.*` with its
-window and both caps). Llama's, Mixtral's, Qwen's, Gemma's, OLMo's, Granite's, Phi-3's and SmolLM3's tensors go
+window and both caps; `phi2.*` with its LayerNorm eps and its rotary part as `rope.dimension_count`,
+q and k in checkpoint order, which llama.cpp's phi2 rotates NeoX-wise). Llama's, Mixtral's, Qwen's, Gemma's, OLMo's, Granite's, Phi-3's and SmolLM3's tensors go
 under the names of the card's `from gguf` lines (a layer's
 experts as one tensor each for gate, up and down), with the declared transforms undone (Llama's q and k
 rows back in llama.cpp's rope order) and Gemma's norm weights stored as 1 + w, as llama.cpp's
@@ -50,7 +51,7 @@ PRE_NAMES = ("gpt-2", "smollm", "llama-bpe", "qwen2", "gpt-4o")  # spelled as ll
 # Linnet's -> llama.cpp's
 ARCHITECTURES = {"llama": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
                  "gpt_oss": "gpt-oss", "gemma3": "gemma3", "olmo2": "olmo2", "granite": "granite", "phi3": "phi3",
-                 "smollm3": "smollm3", "gemma2": "gemma2"}
+                 "smollm3": "smollm3", "gemma2": "gemma2", "phi2": "phi2"}
 
 
 def check_architecture(module, card: str) -> None:
@@ -185,9 +186,13 @@ def write_gguf(bound, out, dtype: str | None = None) -> str:
     writer.add_head_count_kv(b["kv_heads"])
     writer.add_key_length(b["head_dim"])
     writer.add_value_length(b["head_dim"])
-    writer.add_rope_dimension_count(b["head_dim"])
+    # llama.cpp's phi2 rotates the first rope.dimension_count of each head, NeoX-wise, and norms by LayerNorm
+    writer.add_rope_dimension_count(b["rotary_dim"] if spec.name == "phi2" else b["head_dim"])
     writer.add_rope_freq_base(b["rope_theta"])
-    writer.add_layer_norm_rms_eps(b["norm_eps"])
+    if spec.name == "phi2":
+        writer.add_layer_norm_eps(b["norm_eps"])
+    else:
+        writer.add_layer_norm_rms_eps(b["norm_eps"])
     quantized = set()  # names written as MXFP4
     if spec.name == "gpt_oss":
         tensors = _gpt_oss(spec, bound.params, writer)

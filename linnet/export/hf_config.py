@@ -224,7 +224,24 @@ def _deepseek_v3(b: dict) -> dict:
             "rope_interleave": True}
 
 
+def _phi2(b: dict) -> dict:
+    """PhiConfig's keys: its rotary part as the factor transformers rounds back to the card's rotary_dim."""
+    factor = b["rotary_dim"] / b["head_dim"]
+    if int(b["head_dim"] * factor) != b["rotary_dim"]:  # int() of a product a rounding below it
+        raise ExportError(f"rotary_dim {b['rotary_dim']} of head_dim {b['head_dim']} has no partial_rotary_factor "
+                          f"that transformers' int(head_dim * factor) reads back")
+    return {
+        "architectures": ["PhiForCausalLM"], "model_type": "phi", "vocab_size": b["vocab"], "hidden_size": b["dim"],
+        "intermediate_size": b["ffn"], "num_hidden_layers": b["layers"], "num_attention_heads": b["heads"],
+        "num_key_value_heads": b["kv_heads"], "hidden_act": "gelu_new", "layer_norm_eps": b["norm_eps"],
+        "rope_theta": b["rope_theta"], "rope_scaling": None, "partial_rotary_factor": factor,
+        "qk_layernorm": False, "tie_word_embeddings": False, "resid_pdrop": 0.0, "embd_pdrop": 0.0,
+        "attention_dropout": 0.0, "max_position_embeddings": 2048,
+    }
+
+
 _WRITERS = {"llama": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen3": _qwen3, "qwen3_moe": _qwen3_moe,
             "gpt_oss": _gpt_oss, "gemma3": _gemma3, "olmo2": _olmo2,
             "granite": _granite, "phi3": _phi3, "smollm3": _smollm3,
-            "gemma2": _gemma2, "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3}
+            "gemma2": _gemma2, "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3,
+            "phi2": _phi2}

@@ -6,7 +6,7 @@ llama, Mixtral over mixtral, Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distills) o
 Qwen3 over qwen3, Qwen3's mixtures of experts over qwen3_moe, gpt-oss over gpt_oss, Gemma 3's
 text model over gemma3, OLMo 2 over olmo2, Granite over granite, Phi-3 (and Phi-4 14B) over phi3,
 SmolLM3 over smollm3, Gemma 2 over gemma2, DeepSeek-V2 (without a query latent: V2-Lite) over deepseek_v2,
-DeepSeek-V3 over deepseek_v3.
+DeepSeek-V3 over deepseek_v3, Phi-2 (transformers' `phi`) over phi2.
 Config values the architecture cannot express are refused, not dropped.
 """
 
@@ -36,6 +36,7 @@ TRANSFORMERS_DEFAULTS = {
     "Phi3ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 4096},
     "SmolLM3ForCausalLM": {"num_key_value_heads": 4, "rope_theta": 2e6, "tie_word_embeddings": True,
                            "max_position_embeddings": 32768},
+    "PhiForCausalLM": {"max_position_embeddings": 2048},
     "Gemma2ForCausalLM": {"num_key_value_heads": 4, "head_dim": 256, "query_pre_attn_scalar": 256,
                           "sliding_window": 4096, "max_position_embeddings": 8192, "attn_logit_softcapping": 50.0,
                           "final_logit_softcapping": 30.0},
@@ -145,6 +146,16 @@ def _literal(value) -> str:
 def _rope_scaling(config: dict) -> tuple[dict, str]:
     scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
     return scaling, (scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default")
+
+
+def _plain_rope(config: dict, name: str, family: str, arch: str) -> dict:
+    """config.json's rope settings (rope_parameters, where transformers 5 keeps a partial rotary factor), which
+    must scale nothing: `arch` computes plain rope."""
+    scaling, kind = _rope_scaling(config)
+    if kind not in ("default", None):
+        raise WeightsError(f"{name}: rope scaling {kind!r} is not supported for {family} checkpoints; the {arch} "
+                           f"architecture computes plain rope")
+    return scaling
 
 
 def _rope_theta(config: dict, default: float) -> float:
@@ -368,10 +379,7 @@ def _gemma2_values(config: dict, name: str) -> dict:
                            f"tanh form (gelu_pytorch_tanh)")
     if config.get("use_bidirectional_attention"):
         raise WeightsError(f"{name}: use_bidirectional_attention is set; the gemma2 architecture is causal")
-    _, kind = _rope_scaling(config)
-    if kind not in ("default", None):
-        raise WeightsError(f"{name}: rope scaling {kind!r} is not supported for Gemma 2 checkpoints; the gemma2 "
-                           f"architecture computes plain rope")
+    _plain_rope(config, name, "Gemma 2", "gemma2")
     layers = int(config["num_hidden_layers"])
     types = config.get("layer_types")
     if types is not None and types != gemma3_layer_types(layers, 2):
@@ -539,6 +547,37 @@ def _mla_values(config: dict, name: str) -> dict:
     }
 
 
+# transformers' two spellings of GELU's tanh form (NewGELUActivation, PytorchGELUTanh): phi2.linnet's gelu_tanh
+GELU_TANH = ("gelu_new", "gelu_pytorch_tanh")
+
+
+def _phi_values(config: dict, name: str) -> dict:
+    """Phi-2 (and phi-1.5): PhiConfig's keys. Rotary over int(head_dim * partial_rotary_factor) of each head
+    (a top-level key, or transformers 5's rope_parameters), which must be even; per-head q/k LayerNorms
+    (qk_layernorm), another activation, rope scaling and a tied head are refused: phi2.linnet has none."""
+    act = config.get("hidden_act", "gelu_new")
+    if act not in GELU_TANH:
+        raise WeightsError(f"{name}: hidden_act {act!r}; the phi2 architecture's MLP is GELU's tanh form (gelu_new)")
+    if config.get("qk_layernorm"):
+        raise WeightsError(f"{name}: qk_layernorm is set; the phi2 architecture norms no query or key heads")
+    if config.get("tie_word_embeddings"):
+        raise WeightsError(f"{name}: tie_word_embeddings is set; the phi2 architecture's head is a weight of its own")
+    scaling = _plain_rope(config, name, "Phi-2", "phi2")
+    heads, dim = int(config["num_attention_heads"]), int(config["hidden_size"])
+    head_dim = dim // heads  # PhiAttention's: no head_dim key
+    partial = config.get("partial_rotary_factor", scaling.get("partial_rotary_factor", 0.5))
+    rotary_dim = int(head_dim * float(partial))  # as transformers' PhiAttention rounds it
+    if rotary_dim <= 0 or rotary_dim % 2:
+        raise WeightsError(f"{name}: partial_rotary_factor {partial} rotates {rotary_dim} of each head's {head_dim} "
+                           f"dims; rope rotates the halves of an even, non-zero part")
+    return {
+        "vocab": int(config["vocab_size"]), "dim": dim, "layers": int(config["num_hidden_layers"]), "heads": heads,
+        "kv_heads": int(config.get("num_key_value_heads") or heads), "head_dim": head_dim,
+        "ffn": int(config["intermediate_size"]), "rotary_dim": rotary_dim,
+        "norm_eps": float(config.get("layer_norm_eps", 1e-5)), "rope_theta": _rope_theta(config, 10000.0),
+    }
+
+
 # Mistral's checkpoints share Llama's architecture, not its tool calls (Qwen's architectures name theirs).
 TOOL_CALL_PARSERS = {"MistralForCausalLM": "mistral"}
 
@@ -559,4 +598,5 @@ SUPPORTED = {
     "Gemma2ForCausalLM": ("gemma2", _gemma2_values),
     "DeepseekV2ForCausalLM": ("deepseek_v2", _deepseek_v2_values),
     "DeepseekV3ForCausalLM": ("deepseek_v3", _deepseek_v3_values),
+    "PhiForCausalLM": ("phi2", _phi_values),
 }

@@ -359,6 +359,7 @@ _GGUF_ARCHS = {
     "granite": ("granite", ["GraniteForCausalLM"]),
     "smollm3": ("smollm3", ["SmolLM3ForCausalLM"]),
     "gemma2": ("gemma2", ["Gemma2ForCausalLM"]),
+    "phi2": ("phi", ["PhiForCausalLM"]),
 }
 
 # a split GGUF's keys (llama.cpp's gguf-split), and how its files are named after their common prefix
@@ -377,7 +378,7 @@ def _open_gguf(path: str):
 
 # keys (`<arch>.key`) every GGUF file holds, and those every file of some architectures does
 _GGUF_KEYS = ("embedding_length", "block_count", "attention.head_count")
-_GGUF_ARCH_KEYS = {"gemma3": ("feed_forward_length",)}
+_GGUF_ARCH_KEYS = {"gemma3": ("feed_forward_length",), "phi2": ("attention.layer_norm_epsilon", "rope.dimension_count")}
 
 # GGUF architecture -> how the names of the norm weights llama.cpp's converter stores as 1 + w end:
 # Gemma's RMSNorm multiplies by 1 + w, llama.cpp's by its weight, so the converter adds the 1;
@@ -675,6 +676,9 @@ class GGUFCheckpoint(Checkpoint):
             cfg["no_rope_layer_interval"] = LLAMA_CPP_SMOLLM3_NO_ROPE_INTERVAL
         if model_type == "gemma2":
             cfg.update(self._gemma2_config(get, cfg))
+        if model_type == "phi":  # LayerNorms; rotary over the file's rope.dimension_count of each head, NeoX-wise
+            cfg.update(layer_norm_eps=get("attention.layer_norm_epsilon"), hidden_act="gelu_new", qk_layernorm=False,
+                       partial_rotary_factor=get("rope.dimension_count") / cfg["head_dim"])
         if model_type in ("llama", "mixtral", "granite", "smollm3"):
             cfg["hidden_act"] = "silu"
             cfg["attention_bias"] = "blk.0.attn_q.bias" in self._tensors

@@ -166,7 +166,7 @@ HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mix
               "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
               "olmo2": "Olmo2ForCausalLM", "granite": "GraniteForCausalLM",
               "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "deepseek_v2": "DeepseekV2ForCausalLM",
-              "deepseek_v3": "DeepseekV3ForCausalLM"}
+              "deepseek_v3": "DeepseekV3ForCausalLM", "phi2": "PhiForCausalLM"}
 
 
 def hf_family(spec) -> str:
@@ -266,6 +266,22 @@ def hf_deepseek_v2_config(bindings: dict, max_seq: int, version: int = 2):
         rms_norm_eps=b["norm_eps"], rope_parameters=rope, max_position_embeddings=max_seq,
         tie_word_embeddings=b["tie_embeddings"], attn_implementation="eager")
     assert config.rope_parameters["rope_type"] == rope["rope_type"]
+def hf_phi_config(bindings: dict, max_seq: int):
+    """A `PhiConfig` equal to a specialized Phi-2 card's config: rotary over the card's `rotary_dim` of
+    each head (transformers takes it as int(head_dim * partial_rotary_factor)), gelu_new."""
+    from transformers import PhiConfig
+
+    b = bindings
+    config = PhiConfig(
+        vocab_size=b["vocab"], hidden_size=b["dim"], num_hidden_layers=b["layers"],
+        num_attention_heads=b["heads"], num_key_value_heads=b["kv_heads"], intermediate_size=b["ffn"],
+        layer_norm_eps=b["norm_eps"], max_position_embeddings=max_seq, hidden_act="gelu_new",
+        rope_parameters={"rope_type": "default", "rope_theta": b["rope_theta"],
+                         "partial_rotary_factor": b["rotary_dim"] / b["head_dim"]},
+        resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0, qk_layernorm=False, tie_word_embeddings=False,
+        pad_token_id=None, bos_token_id=None, eos_token_id=None, attn_implementation="eager")
+    assert int(b["head_dim"] * config.rope_parameters["partial_rotary_factor"]) == b["rotary_dim"]
+    assert config.hidden_size // config.num_attention_heads == b["head_dim"]
     return config
 
 
@@ -283,7 +299,8 @@ def hf_reference(spec, seed: int, max_seq: int):
     torch.manual_seed(seed)
     family = hf_family(spec)
     own = {"gpt_oss": hf_gpt_oss_config, "deepseek_v2": hf_deepseek_v2_config,
-           "deepseek_v3": lambda b, max_seq: hf_deepseek_v2_config(b, max_seq, version=3)}
+           "deepseek_v3": lambda b, max_seq: hf_deepseek_v2_config(b, max_seq, version=3),
+           "phi2": hf_phi_config}
     config = own[family](spec.bindings, max_seq) if family in own else hf_config(spec.bindings, max_seq, family)
     model = getattr(transformers, HF_CLASSES[family])(config).float().eval()
     g = torch.Generator().manual_seed(seed)
@@ -341,6 +358,7 @@ def kit():
         CARDS=CARDS, ARCH=ARCH, PARITY=PARITY, to_np=to_np, rel_err=rel_err, i32=i32, as_inputs=as_inputs,
         pack=pack, pack_in_blocks=pack_in_blocks, cache_of=cache_of, compiled=compiled, random_checkpoint=random_checkpoint,
         hf_config=hf_config, hf_gpt_oss_config=hf_gpt_oss_config, hf_deepseek_v2_config=hf_deepseek_v2_config,
+        hf_phi_config=hf_phi_config,
         hf_reference=hf_reference, hf_greedy=hf_greedy,
         saved_state=saved_state)
 

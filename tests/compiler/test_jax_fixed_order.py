@@ -64,6 +64,14 @@ def test_rmsnorm_rows_are_batch_invariant(width, dtype):
     assert_rows_invariant(lambda x: rt.rmsnorm(x, weight, 1e-5), width, dtype)
 
 
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.parametrize("width", [64, 2560])
+def test_layer_norm_rows_are_batch_invariant(width, dtype):
+    rng = np.random.default_rng(5)
+    weight, bias = (jnp.asarray(rng.standard_normal(width), dtype) for _ in range(2))
+    assert_rows_invariant(lambda x: rt.layer_norm(x, weight, bias, 1e-5), width, dtype)
+
+
 def test_rmsnorm_is_numpys():
     x = np.random.default_rng(3).standard_normal((3, 1000)).astype(np.float32)
     w = np.random.default_rng(4).standard_normal(1000).astype(np.float32)

@@ -1,7 +1,7 @@
 """Both backends against transformers on the tiny cards: `LlamaForCausalLM`, `MistralForCausalLM`,
 `MixtralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `GptOssForCausalLM`,
 `Olmo2ForCausalLM`, `GraniteForCausalLM`, `Phi3ForCausalLM`, `SmolLM3ForCausalLM`, `DeepseekV2ForCausalLM`,
-`DeepseekV3ForCausalLM`.
+`DeepseekV3ForCausalLM`, `PhiForCausalLM`.
 
 The reference has the card's config (llama3 RoPE scaling and GQA in
 `tiny-llama`, tied embeddings in `tiny-llama-tied`, a sliding window in `tiny-mistral`, routed experts in `tiny-mixtral`;
@@ -12,8 +12,9 @@ and q/k norms over whole projections of two widths; in `tiny-granite` µP's four
 head; in `tiny-phi3` fused q/k/v and gate/up projections and a sliding window; in `tiny-smollm3` a NoPE
 layer, its queries and keys not rotated; in `tiny-deepseek-v2` multi-head latent attention over a cache of
 latents, YaRN with mscale, a dense first layer and routed experts beside shared ones; in `tiny-deepseek-v3` a
-query latent and routing among the best groups of experts by sigmoid scores plus a correction bias) and random
-weights. The checkpoint
+query latent and routing among the best groups of experts by sigmoid scores plus a correction bias; in `tiny-phi2`
+LayerNorms with biases feeding attention and the MLP side by side, rotary over 6 of each head's 16 dims, biases
+on every linear, gelu_new) and random weights. The checkpoint
 `save_pretrained` writes of it is bound through the names the `.linnet` source
 declares. Four prompts of different lengths are prefilled in one pack, then
 16 greedy steps are decoded; each step is compared with the reference run
@@ -50,7 +51,7 @@ MODES = {
 @pytest.fixture(scope="module", params=["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-mixtral", "tiny-qwen2",
                                         "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-olmo2",
                                         "tiny-granite", "tiny-phi3", "tiny-smollm3", "tiny-deepseek-v2",
-                                        "tiny-deepseek-v3"])
+                                        "tiny-deepseek-v3", "tiny-phi2"])
 def card(request, kit, tmp_path_factory):
     """The card's module, a seeded reference with its config, prompts, and the reference's greedy run."""
     name = request.param
@@ -174,6 +175,9 @@ def test_cards_are_what_the_tests_claim(card):
         assert b["attention_multiplier"] != b["head_dim"] ** -0.5 and b["tie_embeddings"]
     elif card["name"] == "tiny-smollm3":  # the last of its layers NoPE, as transformers' config says too
         assert b["layers"] == b["no_rope_interval"] == 4 and b["kv_heads"] < b["heads"] and b["tie_embeddings"]
+    elif card["name"] == "tiny-phi2":  # rotary over part of each head; a LayerNorm's bias, the head's bias
+        assert 0 < b["rotary_dim"] < b["head_dim"] / 2 and b["kv_heads"] < b["heads"]
+        assert {"model.layers.0.input_layernorm.bias", "lm_head.bias"} <= set(card["state"])
     elif card["name"] == "tiny-phi3":  # one stored tensor for q, k and v, one for gate and up
         assert 0 < b["sliding_window"] < max(PROMPT_LENGTHS) and b["kv_heads"] < b["heads"]
         assert card["state"]["model.layers.0.mlp.gate_up_proj.weight"].shape == (2 * b["ffn"], b["dim"])

@@ -152,7 +152,8 @@ def to_gguf(write_gguf):
     converter writes it: names through gguf's table, `<arch>.*` metadata, 1-D tensors in f32, and
     for Llama, Granite and SmolLM3 q and k rows permuted into llama.cpp's rope order (Qwen's, Gemma's and OLMo's
     stay as they are); Granite's multipliers as keys; Gemma 3's norm weights with 1 added, its window, and its full-attention layers' rope as
-    the file's (llama.cpp fixes the sliding ones'); Phi-3's fused tensors as they are, and its window.
+    the file's (llama.cpp fixes the sliding ones'); Phi-3's fused tensors as they are, and its window; Phi-2's
+    LayerNorm eps and rotary part (`rope.dimension_count`), q and k in checkpoint order.
     With `tokens`, a vocabulary of bytes that llama.cpp can load."""
     gguf = pytest.importorskip("gguf")
     from linnet.nest.transforms import permute_rope
@@ -162,7 +163,7 @@ def to_gguf(write_gguf):
         kind = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3,
                 "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE, "gemma3": gguf.MODEL_ARCH.GEMMA3,
                 "phi3": gguf.MODEL_ARCH.PHI3, "olmo2": gguf.MODEL_ARCH.OLMO2, "granite": gguf.MODEL_ARCH.GRANITE,
-                "smollm3": gguf.MODEL_ARCH.SMOLLM3}[arch]
+                "smollm3": gguf.MODEL_ARCH.SMOLLM3, "phi2": gguf.MODEL_ARCH.PHI2}[arch]
         names = gguf.get_tensor_name_map(kind, cfg.num_hidden_layers)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
@@ -175,7 +176,11 @@ def to_gguf(write_gguf):
             w.add_head_count_kv(cfg.num_key_value_heads)
             w.add_key_length(head_dim)
             w.add_value_length(head_dim)
-            w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+            if arch == "phi2":  # LayerNorms; rotary over part of each head
+                w.add_layer_norm_eps(cfg.layer_norm_eps)
+                w.add_rope_dimension_count(int(head_dim * cfg.rope_parameters["partial_rotary_factor"]))
+            else:
+                w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
             if arch == "gemma3":
                 gemma3_keys(cfg, w)
             else:

@@ -297,7 +297,7 @@ def test_weights_packed_into_integers_say_the_checkpoint_is_quantized(ckpt_dir):
 
 TINY_CARDS = ["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-mixtral", "tiny-qwen2", "tiny-qwen3",
               "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma3", "tiny-olmo2",
-              "tiny-granite", "tiny-phi3", "tiny-smollm3", "tiny-gemma2", "tiny-deepseek-v2", "tiny-deepseek-v3"]
+              "tiny-granite", "tiny-phi3", "tiny-smollm3", "tiny-gemma2", "tiny-deepseek-v2", "tiny-deepseek-v3", "tiny-phi2"]
 
 
 @pytest.mark.parametrize("card", TINY_CARDS)
@@ -316,7 +316,8 @@ def test_a_checkpoint_whose_config_says_otherwise_is_named(card, tmp_path):
     config_path = tmp_path / "hf" / "config.json"
     config = json.loads(config_path.read_text())
     theta = config["rope_theta"] if "rope_theta" in config else config["rope_parameters"]["full_attention"]["rope_theta"]
-    changed = {**config, "rope_theta": theta / 10, "rms_norm_eps": 0.25}
+    eps_key = "layer_norm_eps" if "layer_norm_eps" in config else "rms_norm_eps"  # (Phi-2's norms are LayerNorms)
+    changed = {**config, "rope_theta": theta / 10, eps_key: 0.25}
     config_path.write_text(json.dumps(changed))
     with pytest.warns(UserWarning, match="its config sets what .* otherwise") as caught:
         nest.load(card, weights=out, generics=GENERICS, tokenizer=False)

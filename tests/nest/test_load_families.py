@@ -1,11 +1,12 @@
-"""Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 3, OLMo 2, Granite, Phi-3, SmolLM3, Gemma 2 and DeepSeek-V2
-checkpoints without a card: a random tiny model saved
+"""Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 3, OLMo 2, Granite, Phi-3, SmolLM3, Gemma 2, DeepSeek-V2
+and Phi-2 checkpoints without a card: a random tiny model saved
 by transformers loads through nest.load with a card written from its config.json (Mistral over the
 llama architecture, its sliding window kept; Mixtral over mixtral; Qwen2 with its q/k/v biases; Qwen3 with its per-head
 q/k norms; Qwen3-MoE with one tensor per expert; Gemma 3 with its two kinds of layer; OLMo 2 with its norms after
 each half of a layer; Granite with its µP multipliers;
 Phi-3 with its fused projections; SmolLM3 with its NoPE layers; Gemma 2 with its soft caps; DeepSeek-V2 with its latent
-attention and experts after a dense layer) and gives transformers' logits on both backends.
+attention and experts after a dense layer; Phi-2 with its LayerNorms and rotary over part of each
+head) and gives transformers' logits on both backends.
 Qwen and Gemma 3 GGUFs, laid out as llama.cpp's converter writes them (q and k in checkpoint order, a
 layer's experts in one tensor, Gemma's norm weights with 1 added), load the same."""
 
@@ -74,6 +75,10 @@ FAMILIES = {
                                        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                                         "original_max_position_embeddings": 4, "mscale": 1.0,
                                                         "mscale_all_dim": 1.0})),
+    # LayerNorms (weights and biases) feeding attention and the MLP side by side, rotary over 6 of each head's
+    # 16 dims, biases on every linear and the head, gelu_new
+    "phi2": ("Phi", dict(partial_rotary_factor=0.375, tie_word_embeddings=False, pad_token_id=None,
+                         bos_token_id=None, eos_token_id=None)),
 }
 # transformers' config class where it is not the prefix's (Gemma3Config is the multimodal model's)
 CONFIGS = {"gemma3": "Gemma3TextConfig"}
@@ -142,7 +147,7 @@ def test_fast_bf16_is_as_close_to_f32_as_transformers_own_bf16(saved, backend):
 
 
 # the families added after the engine's own tests were written, each checked through it against transformers
-THROUGH_THE_ENGINE = ["olmo2", "granite", "phi3", "smollm3", "gemma2", "deepseek_v2", "deepseek_v3"]
+THROUGH_THE_ENGINE = ["olmo2", "granite", "phi3", "smollm3", "gemma2", "deepseek_v2", "deepseek_v3", "phi2"]
 
 
 @pytest.mark.parametrize("backend", ["torch", "jax"])
@@ -194,6 +199,9 @@ def test_the_cards_say_what_the_configs_do(saved):
         for line in ("window_pattern = 2", "sliding_window = 4", "query_pre_attn_scalar = 24", "attn_softcap = 2.0",
                      "final_softcap = 3.0", "head_dim = 32"):
             assert line in source
+    if family == "phi2":  # int(16 * 0.375) of each head rotated
+        assert config["rope_parameters"]["partial_rotary_factor"] == 0.375 and "rotary_dim = 6" in source
+        assert "head_dim = 16" in source and "norm_eps = 1e-05" in source
     if family == "smollm3":  # transformers' config lists each layer's rope: [1, 0]
         assert config["no_rope_layers"] == [1, 0] and "no_rope_interval = 2" in source
     if family == "deepseek_v2":
@@ -341,6 +349,12 @@ def test_a_hub_config_gives_its_registry_card(card, tmp_path):
     ("phi3", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
      "partial_rotary_factor 0.5"),
     ("olmo2", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope scaling 'dynamic'"),
+    ("phi2", {"qk_layernorm": True}, "qk_layernorm is set"),
+    ("phi2", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+    ("phi2", {"tie_word_embeddings": True}, "tie_word_embeddings is set"),
+    ("phi2", {"partial_rotary_factor": 0.2}, "rotates 3 of each head's 16 dims"),
+    ("phi2", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope scaling 'dynamic' is not supported "
+                                                                         "for Phi-2"),
     ("gemma3", {"rope_parameters": {"sliding_attention": {"rope_type": "yarn", "factor": 2.0},
                                     "full_attention": {"rope_type": "default"}}}, "rope scaling"),
 ])
@@ -444,16 +458,18 @@ def test_a_phi3_gguf_loads_as_llama_cpp_runs_it(tmp_path, prefill_error, to_gguf
 
 # SmolLM3 in four layers, the last NoPE: llama.cpp's smollm3 reads no NoPE layers from the file and fixes one in every
 # four, and so does the card Nest writes from it
-GGUF_FAMILIES = {"olmo2": {}, "granite": {}, "smollm3": dict(num_hidden_layers=4, no_rope_layer_interval=4)}
+GGUF_FAMILIES = {"olmo2": {}, "granite": {}, "smollm3": dict(num_hidden_layers=4, no_rope_layer_interval=4), "phi2": {}}
 
 
 @pytest.mark.parametrize("family", list(GGUF_FAMILIES))
-def test_olmo2_granite_and_smollm3_ggufs_give_llama_cpps_logits(family, tmp_path, prefill_error, to_gguf):
+def test_olmo2_granite_smollm3_and_phi2_ggufs_give_llama_cpps_logits(family, tmp_path, prefill_error, to_gguf):
     """OLMo 2 as llama.cpp's converter writes it (q and k in checkpoint order, its four norms a layer
     under llama.cpp's names), Granite (q and k in llama.cpp's rope order, µP's multipliers as
-    `granite.*` keys) and SmolLM3 (q and k in llama.cpp's rope order, no key for its NoPE layers): the
+    `granite.*` keys), SmolLM3 (q and k in llama.cpp's rope order, no key for its NoPE layers) and Phi-2
+    (LayerNorms with biases, its rotary part as `rope.dimension_count`, q and k in checkpoint order): the
     card from the file's metadata gives transformers' logits, and so does llama.cpp reading the same
-    file, which holds the file to llama.cpp's own reading of it."""
+    file, which holds the file to llama.cpp's own reading of it (Phi-2's to 2e-4: llama.cpp's GELU reads
+    an f16 table)."""
     llama_cpp = pytest.importorskip("llama_cpp")
     reference = random_model(family, **GGUF_FAMILIES[family])
     path = to_gguf(reference, tmp_path / f"tiny-{family}.gguf", arch=family, tokens=True)
@@ -465,6 +481,8 @@ def test_olmo2_granite_and_smollm3_ggufs_give_llama_cpps_logits(family, tmp_path
                 b["logits_scaling"]) == pytest.approx((12.0, 0.22, 0.03125, 8.0), rel=1e-7)  # (f32 keys)
     if family == "smollm3":
         assert reference.config.no_rope_layers == [1, 1, 1, 0] and model.module.bindings["no_rope_interval"] == 4
+    if family == "phi2":
+        assert model.module.bindings["rotary_dim"] == 6 and model.module.bindings["norm_eps"] == pytest.approx(1e-5)
     assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
     llm = llama_cpp.Llama(model_path=str(path), n_ctx=GENERICS["MaxSeq"], logits_all=True, verbose=False,
                           n_threads=1, type_k=0, type_v=0)
@@ -473,7 +491,8 @@ def test_olmo2_granite_and_smollm3_ggufs_give_llama_cpps_logits(family, tmp_path
         llm.eval(prompt)
         with torch.no_grad():
             want = reference(input_ids=torch.tensor([prompt])).logits[0, -1].numpy()
-        assert np.abs(np.array(llm.scores[len(prompt) - 1]) - want).max() / np.abs(want).max() <= 1e-4
+        bound = 2e-4 if family == "phi2" else 1e-4
+        assert np.abs(np.array(llm.scores[len(prompt) - 1]) - want).max() / np.abs(want).max() <= bound
 
 
 def test_smollm3s_nope_layers_are_read_from_its_list(tmp_path, prefill_error):
@@ -490,6 +509,20 @@ def test_smollm3s_nope_layers_are_read_from_its_list(tmp_path, prefill_error):
     rotating = nest.load(str(tmp_path), generics=GENERICS, tokenizer=False)
     assert rotating.module.bindings["no_rope_interval"] == 4  # past the last layer: none NoPE
     assert min(prefill_error(rotating, reference, PROMPTS)) > 1e-2
+
+
+@pytest.mark.parametrize("factor, rotary_dim", [(0.25, 4), (1.0, 16)])
+def test_phi2s_rotary_part_is_what_the_card_rotates(factor, rotary_dim, tmp_path, prefill_error):
+    """The same Phi-2 checkpoint (rotary over 6 of 16 dims: the saved test above) read as rotating another
+    part of each head is far from transformers' logits: the part is what the card computes."""
+    reference = random_model("phi2")
+    reference.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["rope_parameters"]["partial_rotary_factor"] = factor
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = nest.load(str(tmp_path), generics=GENERICS, tokenizer=False)
+    assert model.module.bindings["rotary_dim"] == rotary_dim
+    assert min(prefill_error(model, reference, PROMPTS)) > 1e-2
 
 
 @pytest.mark.parametrize("cap", ["attn_logit_softcapping", "final_logit_softcapping"])
@@ -575,7 +608,8 @@ ARCHITECTURES = {"LlamaForCausalLM": "LlamaConfig", "MistralForCausalLM": "Mistr
                  "Qwen3ForCausalLM": "Qwen3Config", "Qwen3MoeForCausalLM": "Qwen3MoeConfig",
                  "Gemma3ForCausalLM": "Gemma3TextConfig", "Olmo2ForCausalLM": "Olmo2Config",
                  "GraniteForCausalLM": "GraniteConfig", "Phi3ForCausalLM": "Phi3Config",
-                 "SmolLM3ForCausalLM": "SmolLM3Config", "Gemma2ForCausalLM": "Gemma2Config"}
+                 "SmolLM3ForCausalLM": "SmolLM3Config", "Gemma2ForCausalLM": "Gemma2Config",
+                 "PhiForCausalLM": "PhiConfig"}
 OWN_REQUIRED = {"MixtralForCausalLM": dict(num_local_experts=4, num_experts_per_tok=2),
                 "Qwen3MoeForCausalLM": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)}
 
@@ -598,10 +632,14 @@ def test_keys_a_config_leaves_out_are_transformers_defaults(arch, tmp_path):
     source = card_source_from_config(config, "tiny")
     rope = reference.rope_parameters
     rope = rope.get("full_attention", rope)
-    want = {"kv_heads": reference.num_key_value_heads, "norm_eps": reference.rms_norm_eps,
-            "rope_theta": rope["rope_theta"], "tie_embeddings": reference.tie_word_embeddings,
-            "head_dim": getattr(reference, "head_dim", None) or reference.hidden_size // reference.num_attention_heads,
+    head_dim = getattr(reference, "head_dim", None) or reference.hidden_size // reference.num_attention_heads
+    want = {"kv_heads": reference.num_key_value_heads, "rope_theta": rope["rope_theta"], "head_dim": head_dim,
             "max_context": reference.max_position_embeddings}
+    if arch == "PhiForCausalLM":  # LayerNorms, rotary over part of each head, a head of its own
+        assert not reference.tie_word_embeddings
+        want.update(norm_eps=reference.layer_norm_eps, rotary_dim=int(head_dim * rope["partial_rotary_factor"]))
+    else:
+        want.update(norm_eps=reference.rms_norm_eps, tie_embeddings=reference.tie_word_embeddings)
     if arch in ("MistralForCausalLM", "Gemma3ForCausalLM", "Gemma2ForCausalLM"):
         want["sliding_window"] = reference.sliding_window
     if arch in ("Gemma3ForCausalLM", "Gemma2ForCausalLM"):

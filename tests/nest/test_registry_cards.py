@@ -31,6 +31,8 @@ PUBLISHED = {
     "google/gemma-2-2b-it": 2_614_341_888,
     # summed from DeepseekV2ForCausalLM's shapes under the hub's config.json (the hub rounds it to 15.7B)
     "deepseek-ai/DeepSeek-V2-Lite-Chat": 15_706_484_224,
+    # summed from microsoft/phi-2's config.json shapes (the hub rounds it to 2.78B)
+    "microsoft/phi-2": 2_779_683_840,
 }
 CARDS = [info for info in nest.cards() if info.hf_repo]
 
