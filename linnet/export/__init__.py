@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -82,8 +83,8 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
         check_architecture(resolved[0], str(card))
         check_destination(out)
     # (Q8_0's blocks are quantized from f32, as llama.cpp's converter does, not from a 16-bit rounding)
-    bound = read_weights(card, generics={"T": "f32" if dtype in GGUF_TYPES else dtype}, numerics="fast",
-                         cast_dtype=True, weights=weights,
+    bound = read_weights(card, generics={**sizes(resolved[0]), "T": "f32" if dtype in GGUF_TYPES else dtype},
+                         numerics="fast", cast_dtype=True, weights=weights,
                          seed=0 if seed is None else seed, tokenizer=True if tokenizer is None else tokenizer,
                          progress=progress, resolved=resolved)
     if dtype == "f16":
@@ -95,6 +96,34 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
     from linnet.export.gguf import write_gguf
 
     return write_gguf(bound, out, dtype)
+
+
+def not_the_builtin(module, card: str) -> None:
+    """Raises `ExportError` where `module` is an architecture of the user's that shares a built-in one's
+    name (`arch gpt2` written from the docs) without its config values: the exporters write the built-in's
+    keys and tensor layout, which such a module need not have."""
+    missing = [name for name in _builtin_config(module.name) if name not in module.config]
+    if missing:
+        raise ExportError(f"{card!r} is an architecture of its own named {module.name!r}, not Linnet's built-in "
+                          f"{module.name} (it declares no {missing[0]!r}) {TRITON_INSTEAD}")
+
+
+@functools.lru_cache(maxsize=None)
+def _builtin_config(name: str) -> tuple:
+    """The config values Linnet's built-in architecture `name` declares (none where there is no such one)."""
+    from linnet.compiler import check_file
+
+    path = Path(__file__).parents[1] / "nest" / "cards" / "arch" / f"{name}.linnet"
+    return tuple(check_file(path).config) if path.is_file() else ()
+
+
+def sizes(module) -> dict:
+    """The generics an export specializes `module` at: the defaults, MaxSeq cut to a learned position
+    table's rows (GPT-2's), which bound it though the export never runs the cache."""
+    from linnet.ir.specialize import DEFAULT_GENERICS, learned_positions
+
+    table = learned_positions(module)
+    return {} if table is None else {"MaxSeq": min(table, DEFAULT_GENERICS["MaxSeq"])}
 
 
 def quantized_type(dtype: str) -> str | None:

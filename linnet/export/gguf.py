@@ -1,5 +1,5 @@
 """One GGUF file for llama.cpp (`llama-server -m FILE`): Llama, Mixtral, Qwen2, Qwen3, Qwen3-MoE, gpt-oss,
-Gemma 3 (text), OLMo 2, Granite, Phi-3, SmolLM3, Gemma 2 and Phi-2.
+Gemma 3 (text), OLMo 2, Granite, Phi-3, SmolLM3, Gemma 2, Phi-2 and GPT-2.
 
 Metadata is written from the card's config under llama.cpp's keys for the architecture (`llama.*`,
 Mixtral's too, with its experts; `qwen2.*`, `qwen3.*`, `qwen3moe.*`, `gpt-oss.*`, `gemma3.*`, `olmo2.*`,
@@ -7,7 +7,8 @@ Mixtral's too, with its experts; `qwen2.*`, `qwen3.*`, `qwen3moe.*`, `gpt-oss.*`
 llama.cpp's converter writes it; llama.cpp's phi3 reads it and turns the window off (`phi3_window_warning`);
 `smollm3.*`, with no key for its NoPE layers: llama.cpp's smollm3 fixes one in every four; `gemma2.*` with its
 window and both caps; `phi2.*` with its LayerNorm eps and its rotary part as `rope.dimension_count`,
-q and k in checkpoint order, which llama.cpp's phi2 rotates NeoX-wise). Llama's, Mixtral's, Qwen's, Gemma's, OLMo's, Granite's, Phi-3's and SmolLM3's tensors go
+q and k in checkpoint order, which llama.cpp's phi2 rotates NeoX-wise; `gpt2.*` with its LayerNorm eps and its
+position table's rows as the context). Llama's, Mixtral's, Qwen's, Gemma's, OLMo's, Granite's, Phi-3's and SmolLM3's tensors go
 under the names of the card's `from gguf` lines (a layer's
 experts as one tensor each for gate, up and down), with the declared transforms undone (Llama's q and k
 rows back in llama.cpp's rope order) and Gemma's norm weights stored as 1 + w, as llama.cpp's
@@ -33,7 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from linnet.export import TRITON_INSTEAD, ExportError, check_folder, hf_config
+from linnet.export import TRITON_INSTEAD, ExportError, check_folder, hf_config, not_the_builtin, sizes
 from linnet.export.hf_config import context_length
 from linnet.ir.specialize import specialize
 from linnet.nest.bind import checkpoint_names, unbind_weights
@@ -51,7 +52,7 @@ PRE_NAMES = ("gpt-2", "smollm", "llama-bpe", "qwen2", "gpt-4o")  # spelled as ll
 # Linnet's -> llama.cpp's
 ARCHITECTURES = {"llama": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
                  "gpt_oss": "gpt-oss", "gemma3": "gemma3", "olmo2": "olmo2", "granite": "granite", "phi3": "phi3",
-                 "smollm3": "smollm3", "gemma2": "gemma2", "phi2": "phi2"}
+                 "smollm3": "smollm3", "gemma2": "gemma2", "phi2": "phi2", "gpt2": "gpt2"}
 
 
 def check_architecture(module, card: str) -> None:
@@ -64,7 +65,8 @@ def check_architecture(module, card: str) -> None:
         instead = "(export it with --to vllm instead)" if hf_config.known(module) else TRITON_INSTEAD
         raise ExportError(f"the llama.cpp export covers {', '.join(ARCHITECTURES)} cards; {card!r} is "
                           f"{module.name!r} {instead}")
-    b = module.bindings or specialize(module, {}, "fast").bindings  # the card's values, defaults included
+    not_the_builtin(module, card)
+    b = module.bindings or specialize(module, sizes(module), "fast").bindings  # the card's values, defaults included
     if module.name == "qwen3_moe" and not b["norm_topk_prob"]:
         raise ExportError(f"{card!r} weighs its experts by their router probabilities unnormalized, and "
                           f"llama.cpp's qwen3moe always renormalizes them (export it with --to vllm instead)")
@@ -177,19 +179,22 @@ def write_gguf(bound, out, dtype: str | None = None) -> str:
     writer.add_name(bound.card)
     writer.add_file_type(int({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                               "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype]))
-    writer.add_context_length(context_length(spec))
+    # GPT-2's: its position table's rows, which llama.cpp reads as the context it was trained for
+    writer.add_context_length(b["max_pos"] if spec.name == "gpt2" else context_length(spec))
     writer.add_vocab_size(b["vocab"])
     writer.add_embedding_length(b["dim"])
     writer.add_block_count(b["layers"])
     writer.add_feed_forward_length(b["ffn"])
     writer.add_head_count(b["heads"])
-    writer.add_head_count_kv(b["kv_heads"])
+    writer.add_head_count_kv(b.get("kv_heads", b["heads"]))  # (GPT-2's heads are all key/value heads)
     writer.add_key_length(b["head_dim"])
     writer.add_value_length(b["head_dim"])
-    # llama.cpp's phi2 rotates the first rope.dimension_count of each head, NeoX-wise, and norms by LayerNorm
-    writer.add_rope_dimension_count(b["rotary_dim"] if spec.name == "phi2" else b["head_dim"])
-    writer.add_rope_freq_base(b["rope_theta"])
-    if spec.name == "phi2":
+    # llama.cpp's phi2 rotates the first rope.dimension_count of each head, NeoX-wise, and norms by LayerNorm;
+    # GPT-2 rotates nothing
+    if "rope_theta" in b:
+        writer.add_rope_dimension_count(b["rotary_dim"] if spec.name == "phi2" else b["head_dim"])
+        writer.add_rope_freq_base(b["rope_theta"])
+    if spec.name in ("phi2", "gpt2"):
         writer.add_layer_norm_eps(b["norm_eps"])
     else:
         writer.add_layer_norm_rms_eps(b["norm_eps"])

@@ -6,7 +6,7 @@ config values back as one, under the keys transformers and vLLM read.
 
 from __future__ import annotations
 
-from linnet.export import TRITON_INSTEAD, ExportError
+from linnet.export import TRITON_INSTEAD, ExportError, not_the_builtin
 from linnet.ir.nodes import Module
 from linnet.nest.autocard import gemma3_layer_types, smollm3_rope_layers
 
@@ -42,6 +42,7 @@ def check_architecture(module: Module, card: str) -> None:
     if not known(module):
         raise ExportError(f"the vLLM export writes the config.json of {', '.join(_WRITERS)} cards; {card!r} is "
                           f"{module.name!r}, which transformers and vLLM know no config for {TRITON_INSTEAD}")
+    not_the_builtin(module, card)
 
 
 def context_length(module: Module, otherwise: int = 8192, config: bool = False) -> int:
@@ -240,8 +241,20 @@ def _phi2(b: dict) -> dict:
     }
 
 
+def _gpt2(b: dict) -> dict:
+    """GPT2Config's keys (its own spellings, as GPT-2's config.json writes them)."""
+    return {
+        "architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": b["vocab"], "n_embd": b["dim"],
+        "n_layer": b["layers"], "n_head": b["heads"], "n_inner": b["ffn"], "n_positions": b["max_pos"],
+        "n_ctx": b["max_pos"], "layer_norm_epsilon": b["norm_eps"], "activation_function": "gelu_new",
+        "resid_pdrop": 0.0, "embd_pdrop": 0.0, "attn_pdrop": 0.0, "scale_attn_weights": True,
+        "tie_word_embeddings": b["tie_embeddings"],
+        "max_position_embeddings": b["max_pos"],  # GPT2Config's name for n_positions: the table's rows
+    }
+
+
 _WRITERS = {"llama": _llama, "mixtral": _mixtral, "qwen2": _qwen2, "qwen3": _qwen3, "qwen3_moe": _qwen3_moe,
             "gpt_oss": _gpt_oss, "gemma3": _gemma3, "olmo2": _olmo2,
             "granite": _granite, "phi3": _phi3, "smollm3": _smollm3,
             "gemma2": _gemma2, "deepseek_v2": _deepseek_v2, "deepseek_v3": _deepseek_v3,
-            "phi2": _phi2}
+            "phi2": _phi2, "gpt2": _gpt2}

@@ -6,7 +6,7 @@ llama, Mixtral over mixtral, Qwen2 (Qwen2.5, QwQ, DeepSeek-R1's Qwen distills) o
 Qwen3 over qwen3, Qwen3's mixtures of experts over qwen3_moe, gpt-oss over gpt_oss, Gemma 3's
 text model over gemma3, OLMo 2 over olmo2, Granite over granite, Phi-3 (and Phi-4 14B) over phi3,
 SmolLM3 over smollm3, Gemma 2 over gemma2, DeepSeek-V2 (without a query latent: V2-Lite) over deepseek_v2,
-DeepSeek-V3 over deepseek_v3, Phi-2 (transformers' `phi`) over phi2.
+DeepSeek-V3 over deepseek_v3, Phi-2 (transformers' `phi`) over phi2, GPT-2 over gpt2.
 Config values the architecture cannot express are refused, not dropped.
 """
 
@@ -578,6 +578,35 @@ def _phi_values(config: dict, name: str) -> dict:
     }
 
 
+def _gpt2_values(config: dict, name: str) -> dict:
+    """GPT-2: GPT2Config's keys (n_embd, n_layer, n_head, n_inner, n_positions, or the names transformers maps
+    them from), its defaults where one is absent. What the gpt2 architecture does not compute is refused:
+    another activation, attention scaled otherwise (scale_attn_weights false, scale_attn_by_inverse_layer_idx),
+    cross-attention."""
+    act = config.get("activation_function", "gelu_new")
+    if act not in GELU_TANH:
+        raise WeightsError(f"{name}: activation_function {act!r}; the gpt2 architecture's MLP is GELU's tanh form "
+                           f"(gelu_new)")
+    # key -> (the value the architecture computes, what it computes)
+    for key, (fine, what) in {"scale_attn_weights": (True, "scales scores by 1 / sqrt(head_dim)"),
+                              "scale_attn_by_inverse_layer_idx": (False, "scales no layer's scores otherwise"),
+                              "add_cross_attention": (False, "has no cross-attention")}.items():
+        if bool(config.get(key, fine)) != fine:
+            raise WeightsError(f"{name}: {key} is {config[key]}; the gpt2 architecture {what}")
+
+    def get(key: str, alias: str, default):
+        return config.get(key, config.get(alias, default))
+
+    dim, heads = int(get("n_embd", "hidden_size", 768)), int(get("n_head", "num_attention_heads", 12))
+    return {
+        "vocab": int(config.get("vocab_size", 50257)), "dim": dim, "heads": heads,
+        "layers": int(get("n_layer", "num_hidden_layers", 12)), "ffn": int(config.get("n_inner") or 4 * dim),
+        "max_pos": int(get("n_positions", "max_position_embeddings", 1024)),
+        "norm_eps": float(config.get("layer_norm_epsilon", 1e-5)),
+        "tie_embeddings": bool(config.get("tie_word_embeddings", True)),
+    }
+
+
 # Mistral's checkpoints share Llama's architecture, not its tool calls (Qwen's architectures name theirs).
 TOOL_CALL_PARSERS = {"MistralForCausalLM": "mistral"}
 
@@ -599,4 +628,5 @@ SUPPORTED = {
     "DeepseekV2ForCausalLM": ("deepseek_v2", _deepseek_v2_values),
     "DeepseekV3ForCausalLM": ("deepseek_v3", _deepseek_v3_values),
     "PhiForCausalLM": ("phi2", _phi_values),
+    "GPT2LMHeadModel": ("gpt2", _gpt2_values),
 }

@@ -360,6 +360,7 @@ _GGUF_ARCHS = {
     "smollm3": ("smollm3", ["SmolLM3ForCausalLM"]),
     "gemma2": ("gemma2", ["Gemma2ForCausalLM"]),
     "phi2": ("phi", ["PhiForCausalLM"]),
+    "gpt2": ("gpt2", ["GPT2LMHeadModel"]),
 }
 
 # a split GGUF's keys (llama.cpp's gguf-split), and how its files are named after their common prefix
@@ -378,7 +379,8 @@ def _open_gguf(path: str):
 
 # keys (`<arch>.key`) every GGUF file holds, and those every file of some architectures does
 _GGUF_KEYS = ("embedding_length", "block_count", "attention.head_count")
-_GGUF_ARCH_KEYS = {"gemma3": ("feed_forward_length",), "phi2": ("attention.layer_norm_epsilon", "rope.dimension_count")}
+_GGUF_ARCH_KEYS = {"gemma3": ("feed_forward_length",), "phi2": ("attention.layer_norm_epsilon", "rope.dimension_count"),
+                   "gpt2": ("attention.layer_norm_epsilon", "feed_forward_length", "context_length")}
 
 # GGUF architecture -> how the names of the norm weights llama.cpp's converter stores as 1 + w end:
 # Gemma's RMSNorm multiplies by 1 + w, llama.cpp's by its weight, so the converter adds the 1;
@@ -679,6 +681,9 @@ class GGUFCheckpoint(Checkpoint):
         if model_type == "phi":  # LayerNorms; rotary over the file's rope.dimension_count of each head, NeoX-wise
             cfg.update(layer_norm_eps=get("attention.layer_norm_epsilon"), hidden_act="gelu_new", qk_layernorm=False,
                        partial_rotary_factor=get("rope.dimension_count") / cfg["head_dim"])
+        if model_type == "gpt2":  # its position table as long as the file's context; its MLP feed_forward_length wide
+            cfg.update(layer_norm_epsilon=get("attention.layer_norm_epsilon"), n_inner=cfg["intermediate_size"],
+                       n_positions=cfg["max_position_embeddings"], activation_function="gelu_new")
         if model_type in ("llama", "mixtral", "granite", "smollm3"):
             cfg["hidden_act"] = "silu"
             cfg["attention_bias"] = "blk.0.attn_q.bias" in self._tensors

@@ -166,7 +166,8 @@ HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mix
               "qwen3": "Qwen3ForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM", "gpt_oss": "GptOssForCausalLM",
               "olmo2": "Olmo2ForCausalLM", "granite": "GraniteForCausalLM",
               "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "deepseek_v2": "DeepseekV2ForCausalLM",
-              "deepseek_v3": "DeepseekV3ForCausalLM", "phi2": "PhiForCausalLM"}
+              "deepseek_v3": "DeepseekV3ForCausalLM", "phi2": "PhiForCausalLM",
+              "gpt2": "GPT2LMHeadModel"}
 
 
 def hf_family(spec) -> str:
@@ -285,6 +286,18 @@ def hf_phi_config(bindings: dict, max_seq: int):
     return config
 
 
+def hf_gpt2_config(bindings: dict):
+    """A `GPT2Config` equal to a specialized GPT-2 card's config: its position table, gelu_new, a tied head."""
+    from transformers import GPT2Config
+
+    b = bindings
+    return GPT2Config(
+        vocab_size=b["vocab"], n_embd=b["dim"], n_layer=b["layers"], n_head=b["heads"], n_inner=b["ffn"],
+        n_positions=b["max_pos"], layer_norm_epsilon=b["norm_eps"], activation_function="gelu_new",
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=b["tie_embeddings"],
+        bos_token_id=None, eos_token_id=None, attn_implementation="eager")
+
+
 def hf_reference(spec, seed: int, max_seq: int):
     """A random transformers model of the card's family (f32, eager attention) with the card's
     config, every weight seeded.
@@ -300,7 +313,7 @@ def hf_reference(spec, seed: int, max_seq: int):
     family = hf_family(spec)
     own = {"gpt_oss": hf_gpt_oss_config, "deepseek_v2": hf_deepseek_v2_config,
            "deepseek_v3": lambda b, max_seq: hf_deepseek_v2_config(b, max_seq, version=3),
-           "phi2": hf_phi_config}
+           "phi2": hf_phi_config, "gpt2": lambda b, max_seq: hf_gpt2_config(b)}
     config = own[family](spec.bindings, max_seq) if family in own else hf_config(spec.bindings, max_seq, family)
     model = getattr(transformers, HF_CLASSES[family])(config).float().eval()
     g = torch.Generator().manual_seed(seed)
@@ -317,7 +330,7 @@ def hf_reference(spec, seed: int, max_seq: int):
                 buffer.copy_(0.1 * torch.randn(buffer.shape, generator=g))
 
     if spec.bindings.get("tie_embeddings"):
-        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+        assert model.lm_head.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
     return model
 
 
@@ -358,7 +371,7 @@ def kit():
         CARDS=CARDS, ARCH=ARCH, PARITY=PARITY, to_np=to_np, rel_err=rel_err, i32=i32, as_inputs=as_inputs,
         pack=pack, pack_in_blocks=pack_in_blocks, cache_of=cache_of, compiled=compiled, random_checkpoint=random_checkpoint,
         hf_config=hf_config, hf_gpt_oss_config=hf_gpt_oss_config, hf_deepseek_v2_config=hf_deepseek_v2_config,
-        hf_phi_config=hf_phi_config,
+        hf_phi_config=hf_phi_config, hf_gpt2_config=hf_gpt2_config,
         hf_reference=hf_reference, hf_greedy=hf_greedy,
         saved_state=saved_state)
 

@@ -1,7 +1,8 @@
 """Both backends against transformers on the tiny cards: `LlamaForCausalLM`, `MistralForCausalLM`,
 `MixtralForCausalLM`, `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`, `GptOssForCausalLM`,
 `Olmo2ForCausalLM`, `GraniteForCausalLM`, `Phi3ForCausalLM`, `SmolLM3ForCausalLM`, `DeepseekV2ForCausalLM`,
-`DeepseekV3ForCausalLM`, `PhiForCausalLM`.
+`DeepseekV3ForCausalLM`, `PhiForCausalLM`,
+`GPT2LMHeadModel`.
 
 The reference has the card's config (llama3 RoPE scaling and GQA in
 `tiny-llama`, tied embeddings in `tiny-llama-tied`, a sliding window in `tiny-mistral`, routed experts in `tiny-mixtral`;
@@ -14,7 +15,8 @@ layer, its queries and keys not rotated; in `tiny-deepseek-v2` multi-head latent
 latents, YaRN with mscale, a dense first layer and routed experts beside shared ones; in `tiny-deepseek-v3` a
 query latent and routing among the best groups of experts by sigmoid scores plus a correction bias; in `tiny-phi2`
 LayerNorms with biases feeding attention and the MLP side by side, rotary over 6 of each head's 16 dims, biases
-on every linear, gelu_new) and random weights. The checkpoint
+on every linear, gelu_new; in `tiny-gpt2` learned positions, Conv1D weights stored [in, out], LayerNorms, a
+tied head) and random weights. The checkpoint
 `save_pretrained` writes of it is bound through the names the `.linnet` source
 declares. Four prompts of different lengths are prefilled in one pack, then
 16 greedy steps are decoded; each step is compared with the reference run
@@ -51,7 +53,7 @@ MODES = {
 @pytest.fixture(scope="module", params=["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-mixtral", "tiny-qwen2",
                                         "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-olmo2",
                                         "tiny-granite", "tiny-phi3", "tiny-smollm3", "tiny-deepseek-v2",
-                                        "tiny-deepseek-v3", "tiny-phi2"])
+                                        "tiny-deepseek-v3", "tiny-phi2", "tiny-gpt2"])
 def card(request, kit, tmp_path_factory):
     """The card's module, a seeded reference with its config, prompts, and the reference's greedy run."""
     name = request.param
@@ -178,6 +180,9 @@ def test_cards_are_what_the_tests_claim(card):
     elif card["name"] == "tiny-phi2":  # rotary over part of each head; a LayerNorm's bias, the head's bias
         assert 0 < b["rotary_dim"] < b["head_dim"] / 2 and b["kv_heads"] < b["heads"]
         assert {"model.layers.0.input_layernorm.bias", "lm_head.bias"} <= set(card["state"])
+    elif card["name"] == "tiny-gpt2":  # Conv1D: stored [in, out]; positions of its own; the head tied
+        assert card["state"]["transformer.h.0.mlp.c_fc.weight"].shape == (b["dim"], b["ffn"]) and b["tie_embeddings"]
+        assert "transformer.wpe.weight" in card["state"] and GENERICS["MaxSeq"] <= b["max_pos"]
     elif card["name"] == "tiny-phi3":  # one stored tensor for q, k and v, one for gate and up
         assert 0 < b["sliding_window"] < max(PROMPT_LENGTHS) and b["kv_heads"] < b["heads"]
         assert card["state"]["model.layers.0.mlp.gate_up_proj.weight"].shape == (2 * b["ffn"], b["dim"])

@@ -193,7 +193,8 @@ GPT2 = Path(__file__).parents[1] / "compiler" / "from_the_doc" / "gpt2.linnet"  
 
 @pytest.mark.parametrize("target", ["vllm", "llama.cpp"])
 def test_a_card_no_other_server_knows_is_sent_to_triton(tmp_path, capsys, target):
-    """GPT-2 written in .linnet: neither vLLM's config.json nor llama.cpp's GGUF is written for it, and
+    """GPT-2 written in .linnet by a newcomer (its own config names, `arch gpt2` as Linnet's built-in is
+    named): neither vLLM's config.json nor llama.cpp's GGUF, written for the built-in, is written for it, and
     the one line says so before the weights are read, pointing to the target that runs any card."""
     assert main(["export", str(GPT2), "--to", target, "-o", str(tmp_path / "out"), "--weights", "random"]) == 1
     err = capsys.readouterr().err

@@ -472,6 +472,23 @@ def test_llama_cpp_computes_phi2_as_linnet_does(tmp_path, spm_gguf):
     assert float((np.abs(rotated - ours).max(axis=1) / np.abs(ours).max(axis=1)).max()) > 1e-3
 
 
+def test_llama_cpp_computes_gpt2_as_linnet_does(tmp_path, spm_gguf):
+    """GPT-2 as llama.cpp's gpt2: learned positions (`position_embd`, as many rows as the file's context),
+    the Conv1D weights stored [out, in] as llama.cpp's converter transposes them, LayerNorms with biases, a
+    tied head written once. llama.cpp computes the card's logits to 1.6e-4, all of it its GELU's f16 table
+    (the card with its GELU rounded through f16 as that table does: 1.5e-6, measured once), and Nest reads the
+    file back to them."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    card = tmp_path / "small-gpt2.linnet"
+    card.write_text(NEWER.format(name="gpt2", arch="gpt2", extra="  max_pos = 64\n")
+                    .replace("  kv_heads = 2\n", "").replace("  rope_theta = 10000.0\n", ""))
+    path = export(card, "llama.cpp", tmp_path, weights="random", seed=5, dtype="f32", tokenizer=spm_gguf)
+    ckpt = GGUFCheckpoint(path)
+    assert ckpt.metadata("general.architecture") == "gpt2" and ckpt.metadata("gpt2.context_length") == 64
+    assert ckpt.load("blk.0.ffn_up.weight").shape == (32, 64) and "output.weight" not in ckpt.names()
+    llama_cpp_agrees(llama_cpp, path, card, "gpt2", bound=2e-4)
+
+
 def test_a_phi3_window_goes_into_the_gguf_and_the_export_warns_that_llama_cpp_turns_it_off(tmp_path, spm_gguf):
     """A tiny random Phi-3 saved by transformers, its window (8) shorter than the 25-token prompt: the
     GGUF carries it as `phi3.attention.sliding_window`, as llama.cpp's converter writes it, and the
@@ -529,7 +546,7 @@ def test_a_phi3_window_goes_into_the_gguf_and_the_export_warns_that_llama_cpp_tu
 @pytest.mark.parametrize("dtype, bound", [("f16", 1.5e-3), ("bf16", 1.5e-2)])
 @pytest.mark.parametrize("card", ["tiny-llama", "tiny-llama-tied", "tiny-mixtral", "tiny-qwen2", "tiny-qwen3",
                                   "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma3", "tiny-olmo2", "tiny-granite",
-                                  "tiny-phi3", "tiny-smollm3", "tiny-gemma2", "tiny-phi2"])
+                                  "tiny-phi3", "tiny-smollm3", "tiny-gemma2", "tiny-phi2", "tiny-gpt2"])
 def test_every_family_in_16_bits_reads_alike_in_gguf_llama_cpp_and_nest(tmp_path, spm_gguf, card, dtype, bound):
     """The tiny cards in the SentencePiece vocabulary (tiny-gemma3 with llama.cpp's window pattern, tiny-gemma2
     with its query scale;
@@ -587,7 +604,7 @@ def test_only_the_architectures_llama_cpp_runs_and_only_with_a_tokenizer(tmp_pat
     from linnet.export.gguf import check_architecture
 
     with pytest.raises(ExportError, match="covers llama, mixtral, qwen2, qwen3, qwen3_moe, gpt_oss, gemma3, olmo2, "
-                                          "granite, phi3, smollm3, gemma2, phi2 cards; 'm' is 'mamba'"):
+                                          "granite, phi3, smollm3, gemma2, phi2, gpt2 cards; 'm' is 'mamba'"):
         check_architecture(SimpleNamespace(name="mamba"), "m")
     with pytest.raises(ExportError, match="llama.cpp's deepseek2 runs it, but the llama.cpp export does not write its "
                                           r"latent attention's tensors yet \(export it with --to vllm instead\)"):

@@ -25,7 +25,7 @@ def linnet_logits(model, prompts):
 
 FAMILIES = ["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-mixtral", "tiny-qwen2", "tiny-qwen3",
             "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma3", "tiny-olmo2", "tiny-granite", "tiny-phi3",
-            "tiny-smollm3", "tiny-gemma2", "tiny-deepseek-v2", "tiny-deepseek-v3", "tiny-phi2"]
+            "tiny-smollm3", "tiny-gemma2", "tiny-deepseek-v2", "tiny-deepseek-v3", "tiny-phi2", "tiny-gpt2"]
 
 
 @pytest.mark.parametrize("card", FAMILIES)

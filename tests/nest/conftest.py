@@ -153,7 +153,8 @@ def to_gguf(write_gguf):
     for Llama, Granite and SmolLM3 q and k rows permuted into llama.cpp's rope order (Qwen's, Gemma's and OLMo's
     stay as they are); Granite's multipliers as keys; Gemma 3's norm weights with 1 added, its window, and its full-attention layers' rope as
     the file's (llama.cpp fixes the sliding ones'); Phi-3's fused tensors as they are, and its window; Phi-2's
-    LayerNorm eps and rotary part (`rope.dimension_count`), q and k in checkpoint order.
+    LayerNorm eps and rotary part (`rope.dimension_count`), q and k in checkpoint order; GPT-2's Conv1D
+    weights transposed to [out, in], its LayerNorm eps, its position table's rows as the context.
     With `tokens`, a vocabulary of bytes that llama.cpp can load."""
     gguf = pytest.importorskip("gguf")
     from linnet.nest.transforms import permute_rope
@@ -163,7 +164,7 @@ def to_gguf(write_gguf):
         kind = {"llama": gguf.MODEL_ARCH.LLAMA, "qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3,
                 "qwen3moe": gguf.MODEL_ARCH.QWEN3MOE, "gemma3": gguf.MODEL_ARCH.GEMMA3,
                 "phi3": gguf.MODEL_ARCH.PHI3, "olmo2": gguf.MODEL_ARCH.OLMO2, "granite": gguf.MODEL_ARCH.GRANITE,
-                "smollm3": gguf.MODEL_ARCH.SMOLLM3, "phi2": gguf.MODEL_ARCH.PHI2}[arch]
+                "smollm3": gguf.MODEL_ARCH.SMOLLM3, "phi2": gguf.MODEL_ARCH.PHI2, "gpt2": gguf.MODEL_ARCH.GPT2}[arch]
         names = gguf.get_tensor_name_map(kind, cfg.num_hidden_layers)
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
@@ -171,19 +172,25 @@ def to_gguf(write_gguf):
             w.add_block_count(cfg.num_hidden_layers)
             w.add_context_length(cfg.max_position_embeddings)
             w.add_embedding_length(cfg.hidden_size)
-            w.add_feed_forward_length(cfg.intermediate_size)
+            if arch == "gpt2":  # (n_inner, 4 * n_embd where none; every head a key/value head)
+                w.add_feed_forward_length(cfg.n_inner or 4 * cfg.hidden_size)
+                w.add_head_count_kv(cfg.num_attention_heads)
+            else:
+                w.add_feed_forward_length(cfg.intermediate_size)
+                w.add_head_count_kv(cfg.num_key_value_heads)
             w.add_head_count(cfg.num_attention_heads)
-            w.add_head_count_kv(cfg.num_key_value_heads)
             w.add_key_length(head_dim)
             w.add_value_length(head_dim)
-            if arch == "phi2":  # LayerNorms; rotary over part of each head
+            if arch == "gpt2":  # LayerNorms; no rope
+                w.add_layer_norm_eps(cfg.layer_norm_epsilon)
+            elif arch == "phi2":  # LayerNorms; rotary over part of each head
                 w.add_layer_norm_eps(cfg.layer_norm_eps)
                 w.add_rope_dimension_count(int(head_dim * cfg.rope_parameters["partial_rotary_factor"]))
             else:
                 w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
             if arch == "gemma3":
                 gemma3_keys(cfg, w)
-            else:
+            elif arch != "gpt2":
                 w.add_rope_freq_base(10000.0)
             if arch == "granite":
                 w.add_embedding_scale(cfg.embedding_multiplier)
@@ -218,6 +225,8 @@ def to_gguf(write_gguf):
                     a = permute_rope(a, heads)
                 if arch == "gemma3" and name.endswith("norm.weight"):  # Gemma's norms multiply by 1 + w
                     a = a + 1.0
+                if arch == "gpt2" and name.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight")):
+                    a = a.T  # Conv1D's [in, out], as llama.cpp's converter transposes it
                 gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
                 if name.endswith("_proj"):  # a stack of experts: the name came without a suffix
                     gguf_name += ".weight"

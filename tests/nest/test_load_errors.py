@@ -297,7 +297,8 @@ def test_weights_packed_into_integers_say_the_checkpoint_is_quantized(ckpt_dir):
 
 TINY_CARDS = ["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-mixtral", "tiny-qwen2", "tiny-qwen3",
               "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma3", "tiny-olmo2",
-              "tiny-granite", "tiny-phi3", "tiny-smollm3", "tiny-gemma2", "tiny-deepseek-v2", "tiny-deepseek-v3", "tiny-phi2"]
+              "tiny-granite", "tiny-phi3", "tiny-smollm3", "tiny-gemma2", "tiny-deepseek-v2", "tiny-deepseek-v3",
+              "tiny-phi2", "tiny-gpt2"]
 
 
 @pytest.mark.parametrize("card", TINY_CARDS)
@@ -315,15 +316,18 @@ def test_a_checkpoint_whose_config_says_otherwise_is_named(card, tmp_path):
         nest.load(card, weights=out, generics=GENERICS, tokenizer=False)
     config_path = tmp_path / "hf" / "config.json"
     config = json.loads(config_path.read_text())
-    theta = config["rope_theta"] if "rope_theta" in config else config["rope_parameters"]["full_attention"]["rope_theta"]
-    eps_key = "layer_norm_eps" if "layer_norm_eps" in config else "rms_norm_eps"  # (Phi-2's norms are LayerNorms)
-    changed = {**config, "rope_theta": theta / 10, eps_key: 0.25}
+    rotates = "rope_theta" in config or "rope_parameters" in config  # (GPT-2's positions are learned)
+    theta = (config["rope_theta"] if "rope_theta" in config else config["rope_parameters"]["full_attention"]["rope_theta"]
+             ) if rotates else None
+    # (Phi-2's and GPT-2's norms are LayerNorms, whose eps their configs name otherwise)
+    eps_key = next(key for key in ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps") if key in config)
+    changed = {**config, eps_key: 0.25, **({"rope_theta": theta / 10} if rotates else {})}
     config_path.write_text(json.dumps(changed))
     with pytest.warns(UserWarning, match="its config sets what .* otherwise") as caught:
         nest.load(card, weights=out, generics=GENERICS, tokenizer=False)
     said = str(caught[0].message)
     assert "norm_eps: the card says" in said and "the checkpoint's config 0.25" in said
-    if card != "tiny-gemma3":  # (Gemma's rope is read from rope_parameters, which stays)
+    if rotates and card != "tiny-gemma3":  # (Gemma's rope is read from rope_parameters, which stays)
         assert f"rope_theta: the card says {theta!r}, the checkpoint's config {theta / 10!r}" in said
 
 

@@ -1,12 +1,12 @@
-"""Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 3, OLMo 2, Granite, Phi-3, SmolLM3, Gemma 2, DeepSeek-V2
-and Phi-2 checkpoints without a card: a random tiny model saved
+"""Mistral, Mixtral, Qwen2, Qwen3, Qwen3-MoE, Gemma 3, OLMo 2, Granite, Phi-3, SmolLM3, Gemma 2, DeepSeek-V2,
+Phi-2 and GPT-2 checkpoints without a card: a random tiny model saved
 by transformers loads through nest.load with a card written from its config.json (Mistral over the
 llama architecture, its sliding window kept; Mixtral over mixtral; Qwen2 with its q/k/v biases; Qwen3 with its per-head
 q/k norms; Qwen3-MoE with one tensor per expert; Gemma 3 with its two kinds of layer; OLMo 2 with its norms after
 each half of a layer; Granite with its µP multipliers;
 Phi-3 with its fused projections; SmolLM3 with its NoPE layers; Gemma 2 with its soft caps; DeepSeek-V2 with its latent
 attention and experts after a dense layer; Phi-2 with its LayerNorms and rotary over part of each
-head) and gives transformers' logits on both backends.
+head; GPT-2 with its learned positions and Conv1D weights) and gives transformers' logits on both backends.
 Qwen and Gemma 3 GGUFs, laid out as llama.cpp's converter writes them (q and k in checkpoint order, a
 layer's experts in one tensor, Gemma's norm weights with 1 added), load the same."""
 
@@ -79,7 +79,13 @@ FAMILIES = {
     # 16 dims, biases on every linear and the head, gelu_new
     "phi2": ("Phi", dict(partial_rotary_factor=0.375, tie_word_embeddings=False, pad_token_id=None,
                          bos_token_id=None, eos_token_id=None)),
+    # learned positions (128: COMMON's max_position_embeddings, GPT2Config's n_positions), Conv1D weights
+    # stored [in, out], LayerNorms, gelu_new, the head tied (COMMON's intermediate_size and kv heads mean
+    # nothing to GPT-2: its MLP is n_inner = 4 * 64 wide, its heads all key/value heads)
+    "gpt2": ("GPT2", dict(activation_function="gelu_new", bos_token_id=None, eos_token_id=None)),
 }
+# transformers' model class where it is not the prefix's ForCausalLM
+MODELS = {"gpt2": "GPT2LMHeadModel"}
 # transformers' config class where it is not the prefix's (Gemma3Config is the multimodal model's)
 CONFIGS = {"gemma3": "Gemma3TextConfig"}
 pytestmark = pytest.mark.filterwarnings("ignore:no tokenizer loaded")
@@ -91,7 +97,7 @@ def random_model(family: str, **overrides):
     prefix, own = FAMILIES[family]
     config = getattr(transformers, CONFIGS.get(family, prefix + "Config"))(**{**COMMON, **own, **overrides})
     torch.manual_seed(3)
-    model = getattr(transformers, prefix + "ForCausalLM")(config).float().eval()
+    model = getattr(transformers, MODELS.get(family, prefix + "ForCausalLM"))(config).float().eval()
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():  # every weight drawn: norms away from 1, biases away from 0
         for _, p in model.named_parameters():
@@ -147,7 +153,7 @@ def test_fast_bf16_is_as_close_to_f32_as_transformers_own_bf16(saved, backend):
 
 
 # the families added after the engine's own tests were written, each checked through it against transformers
-THROUGH_THE_ENGINE = ["olmo2", "granite", "phi3", "smollm3", "gemma2", "deepseek_v2", "deepseek_v3", "phi2"]
+THROUGH_THE_ENGINE = ["olmo2", "granite", "phi3", "smollm3", "gemma2", "deepseek_v2", "deepseek_v3", "phi2", "gpt2"]
 
 
 @pytest.mark.parametrize("backend", ["torch", "jax"])
@@ -198,6 +204,9 @@ def test_the_cards_say_what_the_configs_do(saved):
     if family == "gemma2":
         for line in ("window_pattern = 2", "sliding_window = 4", "query_pre_attn_scalar = 24", "attn_softcap = 2.0",
                      "final_softcap = 3.0", "head_dim = 32"):
+            assert line in source
+    if family == "gpt2":  # its own spellings: n_positions, n_inner (none: 4 * n_embd)
+        for line in ("max_pos = 128", "ffn = 256", "dim = 64", "heads = 4", "tie_embeddings = true"):
             assert line in source
     if family == "phi2":  # int(16 * 0.375) of each head rotated
         assert config["rope_parameters"]["partial_rotary_factor"] == 0.375 and "rotary_dim = 6" in source
@@ -350,6 +359,9 @@ def test_a_hub_config_gives_its_registry_card(card, tmp_path):
      "partial_rotary_factor 0.5"),
     ("olmo2", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope scaling 'dynamic'"),
     ("phi2", {"qk_layernorm": True}, "qk_layernorm is set"),
+    ("gpt2", {"activation_function": "relu"}, "activation_function 'relu'"),
+    ("gpt2", {"scale_attn_by_inverse_layer_idx": True}, "scale_attn_by_inverse_layer_idx is True"),
+    ("gpt2", {"add_cross_attention": True}, "has no cross-attention"),
     ("phi2", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ("phi2", {"tie_word_embeddings": True}, "tie_word_embeddings is set"),
     ("phi2", {"partial_rotary_factor": 0.2}, "rotates 3 of each head's 16 dims"),
@@ -360,7 +372,7 @@ def test_a_hub_config_gives_its_registry_card(card, tmp_path):
 ])
 def test_what_the_architectures_cannot_express_is_refused(family, change, message):
     prefix, _ = FAMILIES[family]
-    config = {"architectures": [prefix + "ForCausalLM"], **COMMON, **change}
+    config = {"architectures": [MODELS.get(family, prefix + "ForCausalLM")], **COMMON, **change}
     with pytest.raises(nest.WeightsError, match=message):
         card_source_from_config(config, "tiny")
 
@@ -458,18 +470,19 @@ def test_a_phi3_gguf_loads_as_llama_cpp_runs_it(tmp_path, prefill_error, to_gguf
 
 # SmolLM3 in four layers, the last NoPE: llama.cpp's smollm3 reads no NoPE layers from the file and fixes one in every
 # four, and so does the card Nest writes from it
-GGUF_FAMILIES = {"olmo2": {}, "granite": {}, "smollm3": dict(num_hidden_layers=4, no_rope_layer_interval=4), "phi2": {}}
+GGUF_FAMILIES = {"olmo2": {}, "granite": {}, "smollm3": dict(num_hidden_layers=4, no_rope_layer_interval=4), "phi2": {},
+                 "gpt2": {}}
 
 
 @pytest.mark.parametrize("family", list(GGUF_FAMILIES))
-def test_olmo2_granite_smollm3_and_phi2_ggufs_give_llama_cpps_logits(family, tmp_path, prefill_error, to_gguf):
+def test_olmo2_granite_smollm3_phi2_and_gpt2_ggufs_give_llama_cpps_logits(family, tmp_path, prefill_error, to_gguf):
     """OLMo 2 as llama.cpp's converter writes it (q and k in checkpoint order, its four norms a layer
     under llama.cpp's names), Granite (q and k in llama.cpp's rope order, µP's multipliers as
-    `granite.*` keys), SmolLM3 (q and k in llama.cpp's rope order, no key for its NoPE layers) and Phi-2
-    (LayerNorms with biases, its rotary part as `rope.dimension_count`, q and k in checkpoint order): the
-    card from the file's metadata gives transformers' logits, and so does llama.cpp reading the same
-    file, which holds the file to llama.cpp's own reading of it (Phi-2's to 2e-4: llama.cpp's GELU reads
-    an f16 table)."""
+    `granite.*` keys), SmolLM3 (q and k in llama.cpp's rope order, no key for its NoPE layers), Phi-2
+    (LayerNorms with biases, its rotary part as `rope.dimension_count`, q and k in checkpoint order) and GPT-2
+    (Conv1D weights transposed, learned positions): the card from the file's metadata gives transformers'
+    logits, and so does llama.cpp reading the same file, which holds the file to llama.cpp's own reading of it
+    (Phi-2's and GPT-2's to 2e-4: llama.cpp's GELU reads an f16 table)."""
     llama_cpp = pytest.importorskip("llama_cpp")
     reference = random_model(family, **GGUF_FAMILIES[family])
     path = to_gguf(reference, tmp_path / f"tiny-{family}.gguf", arch=family, tokens=True)
@@ -491,7 +504,7 @@ def test_olmo2_granite_smollm3_and_phi2_ggufs_give_llama_cpps_logits(family, tmp
         llm.eval(prompt)
         with torch.no_grad():
             want = reference(input_ids=torch.tensor([prompt])).logits[0, -1].numpy()
-        bound = 2e-4 if family == "phi2" else 1e-4
+        bound = 2e-4 if family in ("phi2", "gpt2") else 1e-4
         assert np.abs(np.array(llm.scores[len(prompt) - 1]) - want).max() / np.abs(want).max() <= bound
 
 

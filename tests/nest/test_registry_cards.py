@@ -33,6 +33,7 @@ PUBLISHED = {
     "deepseek-ai/DeepSeek-V2-Lite-Chat": 15_706_484_224,
     # summed from microsoft/phi-2's config.json shapes (the hub rounds it to 2.78B)
     "microsoft/phi-2": 2_779_683_840,
+    "openai-community/gpt2": 124_439_808,
 }
 CARDS = [info for info in nest.cards() if info.hf_repo]
 

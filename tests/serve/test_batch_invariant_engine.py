@@ -67,9 +67,10 @@ def test_16_greedy_bf16_requests_together_give_what_each_gives_alone(backend, tm
 # Every family's ops outside Linnet's kernels too: embedding rows, residual adds, QK norms, MoE routing
 # (router, top-k, softmax, the experts' matmuls and their weighted sum), attention sinks, the head, and the
 # sampler's softmax, filters, penalties, logprobs and prompt scores, Gemma 2's capped attention scores, and
-# Phi-2's LayerNorms (torch's kernel) and partial rotary
+# Phi-2's LayerNorms (torch's kernel) and partial rotary, GPT-2's learned positions
 FAMILIES = ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-mixtral", "tiny-gpt-oss", "tiny-phi3", "tiny-olmo2",
-            "tiny-granite", "tiny-smollm3", "tiny-gemma2", "tiny-deepseek-v2", "tiny-deepseek-v3", "tiny-phi2"]
+            "tiny-granite", "tiny-smollm3", "tiny-gemma2", "tiny-deepseek-v2", "tiny-deepseek-v3", "tiny-phi2",
+            "tiny-gpt2"]
 
 
 def mixed_request(prompt, i: int) -> Request:

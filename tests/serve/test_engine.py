@@ -740,14 +740,14 @@ def test_a_compiled_torch_model_replays_its_decode_step(model):
 
 @pytest.mark.parametrize("card", ["tiny-gpt-oss", "tiny-qwen3-moe", "tiny-mixtral", "tiny-gemma3", "tiny-olmo2",
                                   "tiny-granite", "tiny-phi3", "tiny-smollm3",
-                                  "tiny-gemma2", "tiny-deepseek-v2", "tiny-phi2"])
+                                  "tiny-gemma2", "tiny-deepseek-v2", "tiny-phi2", "tiny-gpt2"])
 @pytest.mark.parametrize("backend", ["torch", "jax"])
 def test_other_architectures_through_the_engine_equal_each_alone(backend, card):
     """gpt-oss (routed experts, sinks, a sliding window shorter than most prompts), Qwen3-MoE and
     Mixtral (experts stored one by one), Gemma 3 (windowed and full layers, each with its own rope),
     OLMo 2 (norms after each half), Granite (µP's multipliers), Phi-3 (fused projections, a window), SmolLM3 (a
     NoPE layer), Gemma 2 (capped scores and logits, windowed layers), Phi-2 (LayerNorms, attention and MLP side by
-    side, rotary over part of each head):
+    side, rotary over part of each head), GPT-2 (learned positions, LayerNorms):
     the engine knows nothing of the architecture, so its outputs must equal each request run alone."""
     from linnet import nest
 
