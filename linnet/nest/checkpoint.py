@@ -94,6 +94,62 @@ class Checkpoint(ABC):
         return WeightsError(f"{self.path}: no tensor named {name!r}{hint}")
 
 
+class UnderPrefix(Checkpoint):
+    """A checkpoint saved from a base model, read under the names of the model around it, as transformers
+    loads one (its `base_model_prefix`): GPT-2's on the hub holds `wte.weight`, `h.0.attn.c_attn.weight`,
+    which GPT2LMHeadModel (and gpt2.linnet) name `transformer.wte.weight`, ... Each stored name is read as
+    `prefix` + it; what it does not hold (a head) it holds under no name."""
+
+    def __init__(self, inner: Checkpoint, prefix: str):
+        self.inner, self.prefix = inner, prefix
+        self.path, self.format = inner.path, inner.format
+
+    def _stored(self, name: str) -> str:
+        return name[len(self.prefix):] if name.startswith(self.prefix) else "\0" + name  # (no stored name)
+
+    def names(self) -> list[str]:
+        return [self.prefix + n for n in self.inner.names()]
+
+    def __contains__(self, name: str) -> bool:
+        return self._stored(name) in self.inner
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return self.inner.shape(self._stored(name))
+
+    def stored_dtype(self, name: str) -> str:
+        return self.inner.stored_dtype(self._stored(name))
+
+    def load(self, name: str, framework: str = "numpy", **kwargs):
+        return self.inner.load(self._stored(name), framework, **kwargs)
+
+    def file_of(self, name: str) -> str:
+        return self.inner.file_of(self._stored(name))
+
+    def config(self) -> dict:
+        return self.inner.config()
+
+    def files(self) -> list[str]:
+        return self.inner.files()
+
+    def __getattr__(self, attr):  # what else a checkpoint of the inner's kind has (its config_tensors, ...)
+        return getattr(self.inner, attr)
+
+
+def under_base_prefix(ckpt: Checkpoint, wanted: list[str]) -> Checkpoint:
+    """`ckpt`, or where it holds none of the `wanted` names under their first part ("transformer.") but
+    every one of them less that part, `ckpt` read under it (`UnderPrefix`): a base model's checkpoint."""
+    missing = [n for n in wanted if n not in ckpt]
+    prefixes = {n.split(".", 1)[0] + "." for n in missing if "." in n}
+    if len(prefixes) != 1:
+        return ckpt
+    prefix = prefixes.pop()
+    held = ckpt.names()
+    if any(n.startswith(prefix) for n in held):
+        return ckpt
+    under = UnderPrefix(ckpt, prefix)
+    return under if all(n in under for n in missing) else ckpt
+
+
 def _check_framework(framework: str) -> None:
     if framework not in ("numpy", "torch"):
         raise ValueError(f"framework must be 'numpy' or 'torch', not {framework!r}")

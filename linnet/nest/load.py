@@ -52,7 +52,7 @@ from linnet.ir.nodes import Module
 from linnet.ir.specialize import bind, specialize
 from linnet.ir.types import NoneType, TensorType, tensor
 from linnet.nest import registry
-from linnet.nest.checkpoint import Checkpoint, GGUFCheckpoint, open_checkpoint
+from linnet.nest.checkpoint import Checkpoint, GGUFCheckpoint, open_checkpoint, under_base_prefix
 from linnet.nest.context import Context, choose_max_seq, cpu_cache_space
 from linnet.nest.embedded import EMBEDDED_INSTALL, embedded_gguf_path
 from linnet.nest.errors import DeviceError, TokenizerError, WeightsError
@@ -552,6 +552,8 @@ def _read(module: Module, ckpt: Checkpoint, cast_dtype: bool, device: str, progr
     from linnet.nest.bind import bind_weights, check_checkpoint, checkpoint_names
 
     fmt = "gguf" if ckpt.format == "gguf" else "hf"
+    if fmt == "hf":  # a base model's checkpoint (GPT-2's on the hub) under the names of the model around it
+        ckpt = under_base_prefix(ckpt, [n for names in checkpoint_names(module, fmt).values() for n in names])
     unused = _tied_head(module, ckpt, fmt, check_checkpoint(module, ckpt, fmt, cast_dtype))
     if unused:
         warnings.warn(f"{ckpt.path}: {len(unused)} checkpoint tensor(s) not used by the card: "

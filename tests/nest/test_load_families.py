@@ -538,6 +538,23 @@ def test_phi2s_rotary_part_is_what_the_card_rotates(factor, rotary_dim, tmp_path
     assert min(prefill_error(model, reference, PROMPTS)) > 1e-2
 
 
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_gpt2_as_the_hub_stores_it_loads_under_its_models_names(backend, tmp_path, prefill_error):
+    """openai-community/gpt2's model.safetensors holds the base model's names (`wte.weight`, `h.0.attn.c_attn.weight`:
+    GPT2Model's), which transformers reads under GPT2LMHeadModel's `transformer.` prefix: so does Nest."""
+    from safetensors.torch import load_file, save_file
+
+    reference = random_model("gpt2")
+    reference.save_pretrained(tmp_path)
+    state = load_file(str(tmp_path / "model.safetensors"))
+    assert all(name.startswith("transformer.") for name in state)  # (the head is tied: not saved)
+    save_file({name.removeprefix("transformer."): t for name, t in state.items()}, str(tmp_path / "model.safetensors"),
+              metadata={"format": "pt"})
+    model = nest.load(str(tmp_path), backend=backend, generics=GENERICS, tokenizer=False)
+    assert model.info["unused_tensors"] == []
+    assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
+
+
 @pytest.mark.parametrize("cap", ["attn_logit_softcapping", "final_logit_softcapping"])
 def test_each_of_gemma2s_caps_is_what_the_card_computes(cap, tmp_path, prefill_error):
     """The same Gemma 2 checkpoint read without one of its caps (null in config.json, 0 in the card) is
