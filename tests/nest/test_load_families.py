@@ -683,6 +683,26 @@ def test_keys_a_config_leaves_out_are_transformers_defaults(arch, tmp_path):
         assert line in source, (key, value, source)
 
 
+def test_keys_a_gpt2_config_leaves_out_are_gpt2configs_defaults(tmp_path):
+    """GPT-2's config.json in its own spellings, the keys left out GPT2Config's (n_inner none: 4 * n_embd;
+    1024 positions; a tied head), as transformers reads them, through the checkpoint's reader."""
+    import transformers
+    from safetensors.numpy import save_file
+
+    from linnet.nest.checkpoint import SafetensorsCheckpoint
+
+    own = dict(vocab_size=256, n_embd=64, n_layer=2, n_head=4)
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], **own}))
+    save_file({"x": np.zeros(1, np.float32)}, str(tmp_path / "model.safetensors"))
+    source = card_source_from_config(SafetensorsCheckpoint(tmp_path).config(), "tiny")
+    reference = transformers.GPT2Config(**own)
+    want = {"dim": reference.n_embd, "layers": reference.n_layer, "heads": reference.n_head,
+            "ffn": reference.n_inner or 4 * reference.n_embd, "max_pos": reference.n_positions,
+            "norm_eps": reference.layer_norm_epsilon, "tie_embeddings": str(reference.tie_word_embeddings).lower()}
+    for key, value in want.items():
+        assert f"  {key} = {value}\n" in source, (key, value, source)
+
+
 def test_a_mixtral_config_without_its_rope_base_runs_as_transformers_reads_it(tmp_path, prefill_error):
     """transformers 5 writes the rope base in rope_parameters; a config.json without one (an older
     tool's, a hand-written one) is Mixtral's 1e6 to transformers, where Linnet's card had 1e4."""
