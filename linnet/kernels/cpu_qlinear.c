@@ -129,9 +129,14 @@ static AVX512Q void qtile512_rows(int qtype, int mr, const float *x, long K, con
 
 /* ---- AVX-512 BF16, x in bf16: pairs of k multiplied by VDPBF16PS. A quant is an integer of at most
  * 8 bits, exact in bf16, so each product q x is exact and only the sums round, in f32 as above;
- * VDPBF16PS does twice an FMA's multiplications, which bound the f32 tiles over many rows. */
+ * VDPBF16PS does twice an FMA's multiplications, which bound the f32 tiles over many rows. A block's
+ * quants are decoded to bf16 pairs (`decode_block`): over a few rows at each tile, in registers;
+ * from DECODE_FROM rows once a call for each panel, into a buffer every row tile then reads (as
+ * bf16 panels are read), so that over many rows the decode is not paid again at each tile. Both
+ * give the same bf16 values in the same lanes, and the tile sums them in the same order. */
 #define AVX512Q_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
 #define PAIR_ROWS 8 /* rows of x a tile: 3 of the 32 vector registers a row */
+#define DECODE_FROM (PAIR_ROWS + 1) /* rows from which a call decodes each panel once: more than one tile */
 
 /* Lanes of bf16 pairs from two 16-byte lines a, b of 16 rows' quants: lane j holds row j's value
  * from a (low half) and from b (high half); `nibble` 0 takes the bytes as int8 (Q8_0), 1 their
@@ -151,48 +156,74 @@ static inline AVX512Q_BF16 __attribute__((always_inline)) __m512bh quant_pairs(_
     return _mm512_cvtne2ps_pbh(_mm512_cvtepi32_ps(hi), _mm512_cvtepi32_ps(lo)); /* lo's words first */
 }
 
-/* Rows [0, mr) of x (bf16, row stride K, mr <= PAIR_ROWS) times one panel into sums[r][16]. */
-static inline AVX512Q_BF16 __attribute__((always_inline)) void qtile_pairs(int qtype, int mr, const uint16_t *x,
-                                                                          long K, const float *xsum,
-                                                                          const uint8_t *panel,
+/* Step s (0 .. 7) of a panel block's quants as two vectors of bf16 pairs (lane j column j's), w0 for
+ * the chain of even steps' sums and w1 for the odd: Q8_0's pairs 2s and 2s + 1 (k = 4s .. 4s + 3, lines
+ * 4s .. 4s + 3); Q4_1's pairs s and s + 8 (k = 2s, 2s + 1 and 2s + 16, 2s + 17: the low and the high
+ * nibbles of lines 2s and 2s + 1, unpacked once). */
+static inline AVX512Q_BF16 __attribute__((always_inline)) void block_step(int qtype, const uint8_t *block, int s,
+                                                                         __m512bh *w0, __m512bh *w1) {
+    const __m128i *line = (const __m128i *)(block + (qtype == QTYPE_Q8_0 ? QNR * 2 : QNR * 4));
+    if (qtype == QTYPE_Q8_0) {
+        *w0 = quant_pairs(_mm_loadu_si128(line + 4 * s), _mm_loadu_si128(line + 4 * s + 1), 0);
+        *w1 = quant_pairs(_mm_loadu_si128(line + 4 * s + 2), _mm_loadu_si128(line + 4 * s + 3), 0);
+    } else {
+        __m128i l0 = _mm_loadu_si128(line + 2 * s), l1 = _mm_loadu_si128(line + 2 * s + 1);
+        *w0 = quant_pairs(l0, l1, 1), *w1 = quant_pairs(l0, l1, 2);
+    }
+}
+
+/* The pair of x (its words k, k + 1 as one) that step s's w0 (`second` 0) or w1 (1) multiplies. */
+static inline int step_pair(int qtype, int s, int second) {
+    return qtype == QTYPE_Q8_0 ? 2 * s + second : s + second * QK / 4;
+}
+
+/* A panel block decoded (`decode_panel`): w[2s] and w[2s + 1] its step s (block_step), d the columns'
+ * scales and m their minimums (Q4_1; else zero) as f32 (both exact). */
+struct decoded_block {
+    __m512bh w[QK / 2];
+    __m512 d, m;
+};
+
+/* Rows [0, mr) of x (bf16, row stride K, mr <= PAIR_ROWS) times one panel into sums[r][16]: its blocks
+ * decoded here in registers, or (`from_buffer`) read from `decoded`, the whole panel's. A block's sum
+ * of q x runs in two chains, a of its steps' w0 and e of their w1, then total += d (a + e) (+ m sum of x). */
+static inline AVX512Q_BF16 __attribute__((always_inline)) void qtile_pairs(int qtype, int mr, int from_buffer,
+                                                                          const uint16_t *x, long K,
+                                                                          const float *xsum, const uint8_t *panel,
+                                                                          const struct decoded_block *decoded,
                                                                           float sums[PAIR_ROWS][QNR]) {
     long blocks = K / QK, bytes = linnet_qpanel_block_bytes(qtype);
+    const uint32_t *xp = (const uint32_t *)x;
     __m512 total[PAIR_ROWS], a[PAIR_ROWS], e[PAIR_ROWS];
 #pragma GCC unroll 8
     for (int r = 0; r < PAIR_ROWS; r++)
         total[r] = _mm512_setzero_ps();
     for (long b = 0; b < blocks; b++) {
         const uint8_t *block = panel + b * bytes;
-        const uint8_t *q = block + (qtype == QTYPE_Q8_0 ? QNR * 2 : QNR * 4);
+        const struct decoded_block *here = from_buffer ? decoded + b : NULL;
 #pragma GCC unroll 8
         for (int r = 0; r < PAIR_ROWS; r++)
             a[r] = e[r] = _mm512_setzero_ps();
-#pragma GCC unroll 2
-        for (int i = 0; i < QK / 2; i += 2) { /* Q8_0: pairs i, i + 1 (lines 2i .. 2i + 3); Q4_1: lines i, i + 1 */
+#pragma GCC unroll 4
+        for (int s = 0; s < QK / 4; s++) {
             __m512bh w0, w1;
-            int p0, p1; /* the pairs of x they multiply */
-            if (qtype == QTYPE_Q8_0) {
-                const __m128i *line = (const __m128i *)(q + 2 * i * QNR);
-                w0 = quant_pairs(_mm_loadu_si128(line), _mm_loadu_si128(line + 1), 0);
-                w1 = quant_pairs(_mm_loadu_si128(line + 2), _mm_loadu_si128(line + 3), 0);
-                p0 = i, p1 = i + 1;
-            } else {
-                __m128i l0 = _mm_loadu_si128((const __m128i *)(q + i * QNR));
-                __m128i l1 = _mm_loadu_si128((const __m128i *)(q + (i + 1) * QNR));
-                w0 = quant_pairs(l0, l1, 1), w1 = quant_pairs(l0, l1, 2);
-                p0 = i / 2, p1 = QK / 4 + i / 2;
-            }
+            if (from_buffer)
+                w0 = here->w[2 * s], w1 = here->w[2 * s + 1];
+            else
+                block_step(qtype, block, s, &w0, &w1);
+            int p0 = step_pair(qtype, s, 0), p1 = step_pair(qtype, s, 1);
 #pragma GCC unroll 8
             for (int r = 0; r < PAIR_ROWS; r++)
                 if (r < mr) {
-                    const uint32_t *xp = (const uint32_t *)(x + r * K + b * QK);
-                    a[r] = _mm512_dpbf16_ps(a[r], w0, (__m512bh)_mm512_set1_epi32((int)xp[p0]));
-                    e[r] = _mm512_dpbf16_ps(e[r], w1, (__m512bh)_mm512_set1_epi32((int)xp[p1]));
+                    const uint32_t *xr = xp + r * K / 2 + b * QK / 2;
+                    a[r] = _mm512_dpbf16_ps(a[r], w0, (__m512bh)_mm512_set1_epi32((int)xr[p0]));
+                    e[r] = _mm512_dpbf16_ps(e[r], w1, (__m512bh)_mm512_set1_epi32((int)xr[p1]));
                 }
         }
-        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)block));
-        __m512 m = qtype == QTYPE_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + QNR * 2)))
-                                       : _mm512_setzero_ps();
+        __m512 d = from_buffer ? here->d : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)block));
+        __m512 m = from_buffer ? here->m : qtype == QTYPE_Q4_1
+                                               ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + QNR * 2)))
+                                               : _mm512_setzero_ps();
 #pragma GCC unroll 8
         for (int r = 0; r < PAIR_ROWS; r++)
             if (r < mr) {
@@ -207,17 +238,46 @@ static inline AVX512Q_BF16 __attribute__((always_inline)) void qtile_pairs(int q
             _mm512_storeu_ps(sums[r], total[r]);
 }
 
-static AVX512Q_BF16 void qtile_pairs_rows(int qtype, int mr, const uint16_t *x, long K, const float *xsum,
-                                          const uint8_t *panel, float sums[PAIR_ROWS][QNR]) {
+#define PAIR_CASE(mr)                                                                                 \
+    case mr:                                                                                          \
+        if (decoded) qtile_pairs(qtype, mr, 1, x, K, xsum, panel, decoded, sums);                     \
+        else qtile_pairs(qtype, mr, 0, x, K, xsum, panel, NULL, sums);                                \
+        break;
+
+static inline AVX512Q_BF16 __attribute__((always_inline)) void qtile_pairs_typed(
+    int qtype, int mr, const uint16_t *x, long K, const float *xsum, const uint8_t *panel,
+    const struct decoded_block *decoded, float sums[PAIR_ROWS][QNR]) {
     switch (mr) { /* a tile a row count: its accumulators stay in registers */
-    case 8: qtile_pairs(qtype, 8, x, K, xsum, panel, sums); break;
-    case 7: qtile_pairs(qtype, 7, x, K, xsum, panel, sums); break;
-    case 6: qtile_pairs(qtype, 6, x, K, xsum, panel, sums); break;
-    case 5: qtile_pairs(qtype, 5, x, K, xsum, panel, sums); break;
-    case 4: qtile_pairs(qtype, 4, x, K, xsum, panel, sums); break;
-    case 3: qtile_pairs(qtype, 3, x, K, xsum, panel, sums); break;
-    case 2: qtile_pairs(qtype, 2, x, K, xsum, panel, sums); break;
-    default: qtile_pairs(qtype, 1, x, K, xsum, panel, sums);
+        PAIR_CASE(8) PAIR_CASE(7) PAIR_CASE(6) PAIR_CASE(5) PAIR_CASE(4) PAIR_CASE(3) PAIR_CASE(2)
+    default:
+        if (decoded) qtile_pairs(qtype, 1, 1, x, K, xsum, panel, decoded, sums);
+        else qtile_pairs(qtype, 1, 0, x, K, xsum, panel, NULL, sums);
+    }
+}
+
+static AVX512Q_BF16 void qtile_pairs_rows(int qtype, int mr, const uint16_t *x, long K, const float *xsum,
+                                          const uint8_t *panel, const struct decoded_block *decoded,
+                                          float sums[PAIR_ROWS][QNR]) {
+    if (qtype == QTYPE_Q8_0)
+        qtile_pairs_typed(QTYPE_Q8_0, mr, x, K, xsum, panel, decoded, sums);
+    else
+        qtile_pairs_typed(QTYPE_Q4_1, mr, x, K, xsum, panel, decoded, sums);
+}
+
+/* Every block of a panel decoded into `out`, as `qtile_pairs` decodes them. */
+static AVX512Q_BF16 void decode_panel(int qtype, const uint8_t *panel, long blocks, struct decoded_block *out) {
+    long bytes = linnet_qpanel_block_bytes(qtype);
+    for (long b = 0; b < blocks; b++) {
+        const uint8_t *block = panel + b * bytes;
+#pragma GCC unroll 8
+        for (int s = 0; s < QK / 4; s++)
+            if (qtype == QTYPE_Q8_0)
+                block_step(QTYPE_Q8_0, block, s, &out[b].w[2 * s], &out[b].w[2 * s + 1]);
+            else
+                block_step(QTYPE_Q4_1, block, s, &out[b].w[2 * s], &out[b].w[2 * s + 1]);
+        out[b].d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)block));
+        out[b].m = qtype == QTYPE_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + QNR * 2)))
+                                       : _mm512_setzero_ps();
     }
 }
 
@@ -323,15 +383,23 @@ static AVX2 int qlinear_chunk(void *data, long c, long chunks) {
     int tile_rows = t->path == PATH_PAIRS ? PAIR_ROWS : t->path == PATH_AVX512 ? 4 : 2;
     long x_bytes = t->path == PATH_PAIRS ? 2 : 4;
     float sums[PAIR_ROWS][QNR];
-    for (long m0 = 0; m0 < t->M; m0 += QMC) {
-        long m1 = m0 + QMC < t->M ? m0 + QMC : t->M;
-        for (long p = p0; p < p1; p++)
+    /* the pairs' panel decoded once (a panel at a time; without the memory, each tile decodes its own) */
+    struct decoded_block *decoded = NULL;
+    if (t->path == PATH_PAIRS && t->M >= DECODE_FROM)
+        decoded = aligned_alloc(64, blocks * sizeof(struct decoded_block));
+    /* x in blocks of QMC rows (in cache while the chunk's panels pass), but whole where panels are decoded */
+    long row_block = decoded ? t->M : QMC;
+    for (long m0 = 0; m0 < t->M; m0 += row_block) {
+        long m1 = m0 + row_block < t->M ? m0 + row_block : t->M;
+        for (long p = p0; p < p1; p++) {
+            if (decoded)
+                decode_panel(t->qtype, t->panels[p], blocks, decoded);
             for (long m = m0; m < m1; m += tile_rows) {
                 int mr = m1 - m < tile_rows ? (int)(m1 - m) : tile_rows;
                 const void *x = (const char *)t->x + m * t->K * x_bytes;
                 const float *xsum = t->xsum ? t->xsum + m * blocks : NULL;
                 if (t->path == PATH_PAIRS)
-                    qtile_pairs_rows(t->qtype, mr, x, t->K, xsum, t->panels[p], sums);
+                    qtile_pairs_rows(t->qtype, mr, x, t->K, xsum, t->panels[p], decoded, sums);
                 else if (t->path == PATH_AVX512)
                     qtile512_rows(t->qtype, mr, x, t->K, xsum, t->panels[p], (float(*)[QNR])sums);
                 else
@@ -340,7 +408,9 @@ static AVX2 int qlinear_chunk(void *data, long c, long chunks) {
                     for (int j = 0; j < t->widths[p]; j++)
                         store1(t->y, t->y_type, (m + r) * t->N + t->cols[p] + j, sums[r][j]);
             }
+        }
     }
+    free(decoded);
     return 0;
 }
 

@@ -26,6 +26,7 @@ BLOCK = 32  # values a block holds along K
 # torch model's runtime imports this module), and the bytes of one block of each
 READS = {8: "Q8_0", 3: "Q4_1"}
 BLOCK_BYTES = {8: 34, 3: 20}
+HALVES = {8: (0,), 3: (0, 2)}  # where in a block its f16 scales (and minimums) lie
 
 
 class QuantWeight:

@@ -7,10 +7,11 @@ this CPU has them), even (bf16 pairs) and odd (f32 FMAs), a last panel narrower 
 outputs, whose sums show a difference in the last bits that a bf16 rounding would mostly hide.
 tests/kernels/test_older_cpus.py runs this file again under the older CPUs' instruction caps."""
 
+import numpy as np
 import pytest
 import torch
 
-from linnet.kernels import cpu_attention, cpu_linear, cpu_ops
+from linnet.kernels import cpu_attention, cpu_linear, cpu_ops, cpu_qlinear
 
 pytestmark = pytest.mark.skipif(cpu_linear.library() is None, reason="Linnet's CPU kernels do not run here")
 
@@ -42,6 +43,20 @@ def test_linear_rows_are_batch_invariant(x_type, w_type, n, k):
     w = cpu_linear.pack(torch.randn(n, k, generator=torch.Generator().manual_seed(1)).to(w_type))
     # x's values bf16's, so that f32 x and bf16 x give a pair kernel the same operand
     assert_rows_invariant(lambda x: cpu_linear.matmul(x, w),
+                          lambda m, g: torch.randn(m, k, generator=g).bfloat16().to(x_type))
+
+
+@pytest.mark.parametrize("k", [128, 576], ids=["K_128", "K_576"])
+@pytest.mark.parametrize("qtype", sorted(cpu_qlinear.READS), ids=lambda q: cpu_qlinear.READS[q])
+@pytest.mark.parametrize("x_type", [torch.float32, torch.bfloat16])
+def test_quantized_linear_rows_are_batch_invariant(x_type, qtype, k):
+    """A GGUF's blocks (`cpu_qlinear`): up to a tile of rows decodes the blocks in registers, more
+    decode each panel once into a buffer; a row sums the same either way."""
+    from tests.kernels.test_cpu_qlinear import random_blocks  # gguf's block sizes
+
+    n = 40
+    w = cpu_qlinear.pack(random_blocks(qtype, n, k, np.random.default_rng(1)), qtype, n, k)
+    assert_rows_invariant(lambda x: cpu_qlinear.matmul(x, w),
                           lambda m, g: torch.randn(m, k, generator=g).bfloat16().to(x_type))
 
 

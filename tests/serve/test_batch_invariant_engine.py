@@ -64,6 +64,30 @@ def test_16_greedy_bf16_requests_together_give_what_each_gives_alone(backend, tm
         assert [outcome(c) for c in copies] == [want, want]
 
 
+def test_16_greedy_requests_on_a_ggufs_blocks_together_give_what_each_gives_alone(tmp_path):
+    """quantization='gguf': the linears run in the file's Q4_1 blocks (`cpu_qlinear`), whose calls of
+    more than a tile of rows decode each panel once, of fewer in registers; a request's tokens and
+    logprobs are the same bits beside others as alone."""
+    gguf = pytest.importorskip("gguf")
+    from tests.nest.test_load_gguf import write_typed_llama
+
+    path = write_typed_llama(tmp_path / "tiny-q4_1.gguf", gguf.GGMLQuantizationType.Q4_1)
+    model = nest.load(path, backend="torch", device="cpu", numerics="fast", tokenizer=False, quantization="gguf",
+                      generics={"Batch": 16, "MaxSeq": 64, "T": "bf16"})
+    ps = prompts(16, 1, 30, seed=5, vocab=model.vocab)
+    engine = Engine(model, token_budget=64)
+
+    def outcome(c):
+        return c.tokens, [(lp.token, lp.logprob, lp.top) for lp in c.logprobs]
+
+    def ask(p):
+        return Request(prompt=p, max_new_tokens=10, logprobs=3)
+
+    together, stats = engine.run([ask(p) for p in ps])
+    assert stats.passes["mixed"] > 0  # prompts joined passes while others decoded
+    assert [outcome(c) for c in together] == [outcome(engine.run([ask(p)])[0][0]) for p in ps]
+
+
 # Every family's ops outside Linnet's kernels too: embedding rows, residual adds, QK norms, MoE routing
 # (router, top-k, softmax, the experts' matmuls and their weighted sum), attention sinks, the head, and the
 # sampler's softmax, filters, penalties, logprobs and prompt scores, Gemma 2's capped attention scores, and
