@@ -2,11 +2,12 @@
 panels of the same weight decoded, at one row, a 16-row decode step and a long prompt's prefill.
 
 SmolLM2-135M's shapes: [rows, 576] x [1536, 576] (gate, up), [rows, 1536] x [576, 1536] (down) and
-the [rows, 576] x [49152, 576] head; random blocks, x in bf16 as the model runs it. Prints each
+the [rows, 576] x [49152, 576] head, and [rows, 1024] x [2048, 1024] (a K the K-quants take; each type
+runs the shapes whose K its blocks divide); random blocks, x in bf16 as the model runs it. Prints each
 kernel's median milliseconds and the quantized kernel's time over bf16's (below 1: faster), and the
 least times' ratio (a host other work keeps busy slows some runs of either).
 
-    python benchmarks/qlinear_rows.py --rows 1 16 512 --types Q4_1 Q8_0
+    python benchmarks/qlinear_rows.py --rows 1 16 512 --types Q4_1 Q8_0 Q4_K Q6_K --threads 1
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch
 
 from linnet.kernels import cpu_linear, cpu_qlinear
 
-SHAPES = [(1536, 576), (576, 1536), (49152, 576)]
+SHAPES = [(1536, 576), (576, 1536), (49152, 576), (2048, 1024)]  # the last for the K-quants (K a multiple of 256)
 
 
 def random_blocks(qtype, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -60,6 +61,8 @@ def main() -> None:
     for n, k in SHAPES:
         for name in args.types:
             qtype = gguf.GGMLQuantizationType[name]
+            if k % gguf.GGML_QUANT_SIZES[qtype][0]:
+                continue
             blocks = random_blocks(qtype, n, k, rng)
             quant = cpu_qlinear.pack(blocks, qtype, n, k)
             panels = cpu_linear.pack(torch.from_numpy(gguf.quants.dequantize(blocks.reshape(n, -1), qtype))

@@ -1,25 +1,29 @@
 /* Linnet's CPU matmul for a GGUF's quantized linear weights, kept in their blocks:
- * y[M, N] = x[M, K] @ w[N, K]^T, w's blocks decoded in registers, sums in f32.
+ * y[M, N] = x[M, K] @ w[N, K]^T, w's blocks decoded as it runs, sums in f32.
  *
- * GGUF holds each weight row as blocks of 32 values along K: Q8_0 a f16 scale d and 32 int8 q
- * (w = d q), Q4_1 a f16 scale d, a f16 minimum m and 32 4-bit q (w = d q + m; byte i holds q_i in
- * its low nibble and q_{i+16} in its high one). At load the blocks of 16 rows are repacked into a
- * panel (cpu_qlinear.py), block after block along K, each panel block holding the 16 rows' scales
- * (and minimums) side by side and then their quants K-major: for each k of the block, the 16 rows'
- * bytes in one 16-byte line (Q4_1: k and k + 16 share a line, as they share a byte). One pass over
- * a panel then gives 16 outputs, and a decode step reads the file's bytes, no more: Q4_1's 20
- * bytes per 32 values against bf16's 64.
+ * GGUF holds each weight row as blocks along K: Q8_0 a f16 scale d and 32 int8 q (w = d q), Q4_1
+ * a f16 scale d, a f16 minimum m and 32 4-bit q (w = d q + m; byte i holds q_i in its low nibble
+ * and q_{i+16} in its high one); the K-quants, super-blocks of 256 (Q4_K: 8 sub-blocks of 32, each
+ * w = d sc q - dmin mn with 6-bit sc, mn; Q6_K: 16 of 16, w = d sc q, sc int8, q 6-bit less 32). At
+ * load the blocks of 16 rows are repacked into a panel (cpu_qlinear.py), block of 32 after block
+ * along K, each panel block holding the 16 rows' scales (and minimums) side by side and then their
+ * quants K-major: for each k of the block, the 16 rows' bytes in one 16-byte line (4-bit quants: k
+ * and k + 16 share a line, as they share a byte). A K-quant's block is one of its sub-blocks as Q4_1's
+ * or Q8_0's would hold it, the scale d sc (and minimum -dmin mn) worked out at load as f32, which
+ * holds them exactly (a product of 11 and at most 8 significant bits); Q6_K's block has two, one a
+ * half. One pass over a panel then gives 16 outputs, and a decode step reads few bytes: Q4_1's 20
+ * per 32 values, Q8_0's 34, Q4_K's 24 (the file's 18), Q6_K's 40 (the file's 26.25), bf16's 64.
  *
- * Each output sums, block by block, d * (sum of q x) (+ m * sum of x, Q4_1), the inner sum in two
- * f32 chains (even and odd k for Q8_0, low and high nibbles for Q4_1): the same operations in the
- * same order for a row whatever other rows its call holds (batch invariance, as cpu_linear.c keeps
- * it). A bf16 x on AVX-512 BF16 multiplies pairs of k by VDPBF16PS (q is exact in bf16, so are the
- * products), up to 8 rows a tile; otherwise x is f32 (a bf16 x widened, exactly) and each product
- * is an FMA, on AVX-512 (a panel row one vector, up to 4 rows a tile) or AVX2 (two 8-column halves,
- * up to 2 rows). Each path rounds its sums its own way. SmolLM2's Q4_1 [16, 576] x [1536, 576] on
- * 2 Zen 4 cores: 0.53 ms in pairs, 0.76 ms by FMAs (one row: 0.17 and 0.08 ms; yet one request's
- * decode ran 1.48x bf16's in pairs against 1.34x by FMAs, each beside bf16 in its own run, and the
- * benchmark's 16-row load 0.81x bf16's against 0.52x).
+ * Each output sums, block by block, d * (sum of q x) (+ m * sum of x, Q4_1 and Q4_K), the inner sum
+ * in two f32 chains (Q6_K: for each half apart): the same operations in the same order for a row
+ * whatever other rows its call holds (batch invariance, as cpu_linear.c keeps it). A bf16 x on
+ * AVX-512 BF16 multiplies pairs of k by VDPBF16PS (q is exact in bf16, so are the products), up to 8
+ * rows a tile; otherwise x is f32 (a bf16 x widened, exactly) and each product is an FMA, on AVX-512
+ * (a panel row one vector, up to 4 rows a tile) or AVX2 (two 8-column halves, up to 2 rows). Each
+ * path rounds its sums its own way. SmolLM2's Q4_1 [16, 576] x [1536, 576] on 2 Zen 4 cores: 0.53 ms
+ * in pairs, 0.76 ms by FMAs (one row: 0.17 and 0.08 ms; yet one request's decode ran 1.48x bf16's in
+ * pairs against 1.34x by FMAs, each beside bf16 in its own run, and the benchmark's 16-row load 0.81x
+ * bf16's against 0.52x).
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -32,17 +36,54 @@
 #define QK 32  /* values a block */
 #define QMC 64 /* input rows a block of x: kept in cache while the chunk's panels pass */
 #define AVX512Q __attribute__((target("avx512f,avx2,fma,f16c")))
+
+static inline AVX512Q __attribute__((always_inline)) __m512 scale16(int qtype, const uint8_t *block, int h) {
+    if (qtype == QTYPE_Q8_0 || qtype == QTYPE_Q4_1)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)block));
+    return _mm512_loadu_ps((const float *)(block + QNR * 4 * h));
+}
+
+static inline AVX512Q __attribute__((always_inline)) __m512 min16(int qtype, const uint8_t *block) {
+    if (qtype == QTYPE_Q4_1)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + QNR * 2)));
+    return qtype == QTYPE_Q4_K ? _mm512_loadu_ps((const float *)(block + QNR * 4)) : _mm512_setzero_ps();
+}
 /* The loops over a block's k are unrolled 4 times, not 16: unrolled whole, GCC hoisted every x
  * broadcast of a 4-row tile out of them and spilled them (a 7 KB frame), and a 16-row product ran
  * 3.4x slower than now (SmolLM2's [16, 576] x [1536, 576] Q4_1: 6.8 against 2.0 ms, a busy host). */
 
-/* Bytes one block of a panel takes: its 16 rows' scales (f16), minimums (Q4_1), and quants. */
+/* Bytes one block of a panel takes: its 16 rows' scales (f16; f32 for the K-quants, two for Q6_K's
+ * halves), minimums (Q4_1, Q4_K), and quants. */
 long linnet_qpanel_block_bytes(int qtype) {
-    if (qtype == QTYPE_Q8_0)
-        return QNR * 2 + QK * QNR;
+    switch (qtype) {
+    case QTYPE_Q8_0: return QNR * 2 + QK * QNR;
+    case QTYPE_Q4_1: return QNR * 2 * 2 + QK / 2 * QNR;
+    case QTYPE_Q4_K: return QNR * 4 * 2 + QK / 2 * QNR;
+    case QTYPE_Q6_K: return QNR * 4 * 2 + QK * QNR;
+    default: return 0;
+    }
+}
+
+/* What a type's panel block holds: 4-bit quants (k and k + 16 in a byte) or 8-bit ones (a k a line); a
+ * minimum to add (times the block's sum of x); one scale or two (Q6_K's, for k below 16 and above). */
+static inline int nibbles(int qtype) { return qtype == QTYPE_Q4_1 || qtype == QTYPE_Q4_K; }
+static inline int has_min(int qtype) { return qtype == QTYPE_Q4_1 || qtype == QTYPE_Q4_K; }
+static inline int halves(int qtype) { return qtype == QTYPE_Q6_K ? 2 : 1; }
+static inline long quants_at(int qtype) {
+    return qtype == QTYPE_Q8_0 ? QNR * 2 : qtype == QTYPE_Q4_1 ? QNR * 4 : QNR * 8;
+}
+
+/* Columns [8 hi, 8 hi + 8) of a block's scales for half h, and of its minimums, as f32. */
+static inline AVX2 __attribute__((always_inline)) __m256 scale8(int qtype, const uint8_t *block, int h, int hi) {
+    if (qtype == QTYPE_Q8_0 || qtype == QTYPE_Q4_1)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + 16 * hi)));
+    return _mm256_loadu_ps((const float *)(block + QNR * 4 * h) + 8 * hi);
+}
+
+static inline AVX2 __attribute__((always_inline)) __m256 min8(int qtype, const uint8_t *block, int hi) {
     if (qtype == QTYPE_Q4_1)
-        return QNR * 2 * 2 + QK / 2 * QNR;
-    return 0;
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + QNR * 2 + 16 * hi)));
+    return _mm256_loadu_ps((const float *)(block + QNR * 4) + 8 * hi);
 }
 
 /* ---- AVX-512: one vector holds a panel row's 16 columns */
@@ -55,53 +96,56 @@ static inline AVX512Q __attribute__((always_inline)) void qtile512(int qtype, in
     __m512 total[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
     for (long b = 0; b < blocks; b++) {
         const uint8_t *block = panel + b * bytes;
-        __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)block));
         __m512 a[4], e[4];
+        for (int h = 0; h < halves(qtype); h++) {
 #pragma GCC unroll 4
-        for (int r = 0; r < 4; r++)
-            a[r] = e[r] = _mm512_setzero_ps();
-        if (qtype == QTYPE_Q8_0) {
-            const int8_t *q = (const int8_t *)(block + QNR * 2);
+            for (int r = 0; r < 4; r++)
+                a[r] = e[r] = _mm512_setzero_ps();
+            if (!nibbles(qtype)) { /* a: even k, e: odd k (Q6_K: of its half) */
+                const int8_t *q = (const int8_t *)(block + quants_at(qtype));
 #pragma GCC unroll 4
-            for (int i = 0; i < QK; i += 2) {
-                __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + i * QNR))));
-                __m512 q1 = _mm512_cvtepi32_ps(
-                    _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + (i + 1) * QNR))));
+                for (int i = h * QK / halves(qtype); i < (h + 1) * QK / halves(qtype); i += 2) {
+                    __m512 q0 = _mm512_cvtepi32_ps(
+                        _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + i * QNR))));
+                    __m512 q1 = _mm512_cvtepi32_ps(
+                        _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(q + (i + 1) * QNR))));
 #pragma GCC unroll 4
-                for (int r = 0; r < 4; r++)
-                    if (r < mr) {
-                        const float *xr = x + r * K + b * QK;
-                        a[r] = _mm512_fmadd_ps(q0, _mm512_set1_ps(xr[i]), a[r]);
-                        e[r] = _mm512_fmadd_ps(q1, _mm512_set1_ps(xr[i + 1]), e[r]);
-                    }
+                    for (int r = 0; r < 4; r++)
+                        if (r < mr) {
+                            const float *xr = x + r * K + b * QK;
+                            a[r] = _mm512_fmadd_ps(q0, _mm512_set1_ps(xr[i]), a[r]);
+                            e[r] = _mm512_fmadd_ps(q1, _mm512_set1_ps(xr[i + 1]), e[r]);
+                        }
+                }
+            } else { /* a: the low nibbles (k below 16), e: the high ones */
+                const uint8_t *q = block + quants_at(qtype);
+                __m512i low = _mm512_set1_epi32(15);
+#pragma GCC unroll 4
+                for (int i = 0; i < QK / 2; i++) {
+                    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + i * QNR)));
+                    __m512 q0 = _mm512_cvtepi32_ps(_mm512_and_si512(v, low));
+                    __m512 q1 = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+#pragma GCC unroll 4
+                    for (int r = 0; r < 4; r++)
+                        if (r < mr) {
+                            const float *xr = x + r * K + b * QK;
+                            a[r] = _mm512_fmadd_ps(q0, _mm512_set1_ps(xr[i]), a[r]);
+                            e[r] = _mm512_fmadd_ps(q1, _mm512_set1_ps(xr[i + QK / 2]), e[r]);
+                        }
+                }
             }
+            __m512 d = scale16(qtype, block, h);
 #pragma GCC unroll 4
             for (int r = 0; r < 4; r++)
                 if (r < mr)
                     total[r] = _mm512_fmadd_ps(d, _mm512_add_ps(a[r], e[r]), total[r]);
-        } else {
-            __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + QNR * 2)));
-            const uint8_t *q = block + QNR * 4;
-            __m512i low = _mm512_set1_epi32(15);
-#pragma GCC unroll 4
-            for (int i = 0; i < QK / 2; i++) {
-                __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + i * QNR)));
-                __m512 q0 = _mm512_cvtepi32_ps(_mm512_and_si512(v, low));
-                __m512 q1 = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
-#pragma GCC unroll 4
-                for (int r = 0; r < 4; r++)
-                    if (r < mr) {
-                        const float *xr = x + r * K + b * QK;
-                        a[r] = _mm512_fmadd_ps(q0, _mm512_set1_ps(xr[i]), a[r]);
-                        e[r] = _mm512_fmadd_ps(q1, _mm512_set1_ps(xr[i + QK / 2]), e[r]);
-                    }
-            }
+        }
+        if (has_min(qtype)) {
+            __m512 m = min16(qtype, block);
 #pragma GCC unroll 4
             for (int r = 0; r < 4; r++)
-                if (r < mr) {
-                    total[r] = _mm512_fmadd_ps(d, _mm512_add_ps(a[r], e[r]), total[r]);
+                if (r < mr)
                     total[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[r * blocks + b]), total[r]);
-                }
         }
     }
 #pragma GCC unroll 4
@@ -110,20 +154,22 @@ static inline AVX512Q __attribute__((always_inline)) void qtile512(int qtype, in
             _mm512_storeu_ps(sums[r], total[r]);
 }
 
+/* A call of `tile` for each block type, the type a constant in each (its loops then branch on nothing). */
+#define BY_TYPE(qtype, tile, ...)                                      \
+    switch (qtype) {                                                   \
+    case QTYPE_Q8_0: tile(QTYPE_Q8_0, __VA_ARGS__); break;             \
+    case QTYPE_Q4_1: tile(QTYPE_Q4_1, __VA_ARGS__); break;             \
+    case QTYPE_Q4_K: tile(QTYPE_Q4_K, __VA_ARGS__); break;             \
+    default: tile(QTYPE_Q6_K, __VA_ARGS__);                            \
+    }
+
 static AVX512Q void qtile512_rows(int qtype, int mr, const float *x, long K, const float *xsum, const uint8_t *panel,
                                   float sums[4][QNR]) {
     switch (mr) { /* a tile a row count: its accumulators stay in registers */
-    case 4:
-        qtile512(qtype, 4, x, K, xsum, panel, sums);
-        break;
-    case 3:
-        qtile512(qtype, 3, x, K, xsum, panel, sums);
-        break;
-    case 2:
-        qtile512(qtype, 2, x, K, xsum, panel, sums);
-        break;
-    default:
-        qtile512(qtype, 1, x, K, xsum, panel, sums);
+    case 4: BY_TYPE(qtype, qtile512, 4, x, K, xsum, panel, sums) break;
+    case 3: BY_TYPE(qtype, qtile512, 3, x, K, xsum, panel, sums) break;
+    case 2: BY_TYPE(qtype, qtile512, 2, x, K, xsum, panel, sums) break;
+    default: BY_TYPE(qtype, qtile512, 1, x, K, xsum, panel, sums)
     }
 }
 
@@ -157,13 +203,13 @@ static inline AVX512Q_BF16 __attribute__((always_inline)) __m512bh quant_pairs(_
 }
 
 /* Step s (0 .. 7) of a panel block's quants as two vectors of bf16 pairs (lane j column j's), w0 for
- * the chain of even steps' sums and w1 for the odd: Q8_0's pairs 2s and 2s + 1 (k = 4s .. 4s + 3, lines
- * 4s .. 4s + 3); Q4_1's pairs s and s + 8 (k = 2s, 2s + 1 and 2s + 16, 2s + 17: the low and the high
- * nibbles of lines 2s and 2s + 1, unpacked once). */
+ * one chain of sums and w1 for the other: 8-bit quants' (Q8_0, Q6_K) pairs 2s and 2s + 1 (k = 4s ..
+ * 4s + 3, lines 4s .. 4s + 3); 4-bit ones' (Q4_1, Q4_K) pairs s and s + 8 (k = 2s, 2s + 1 and 2s + 16,
+ * 2s + 17: the low and the high nibbles of lines 2s and 2s + 1, unpacked once). */
 static inline AVX512Q_BF16 __attribute__((always_inline)) void block_step(int qtype, const uint8_t *block, int s,
                                                                          __m512bh *w0, __m512bh *w1) {
-    const __m128i *line = (const __m128i *)(block + (qtype == QTYPE_Q8_0 ? QNR * 2 : QNR * 4));
-    if (qtype == QTYPE_Q8_0) {
+    const __m128i *line = (const __m128i *)(block + quants_at(qtype));
+    if (!nibbles(qtype)) {
         *w0 = quant_pairs(_mm_loadu_si128(line + 4 * s), _mm_loadu_si128(line + 4 * s + 1), 0);
         *w1 = quant_pairs(_mm_loadu_si128(line + 4 * s + 2), _mm_loadu_si128(line + 4 * s + 3), 0);
     } else {
@@ -174,19 +220,20 @@ static inline AVX512Q_BF16 __attribute__((always_inline)) void block_step(int qt
 
 /* The pair of x (its words k, k + 1 as one) that step s's w0 (`second` 0) or w1 (1) multiplies. */
 static inline int step_pair(int qtype, int s, int second) {
-    return qtype == QTYPE_Q8_0 ? 2 * s + second : s + second * QK / 4;
+    return nibbles(qtype) ? s + second * QK / 4 : 2 * s + second;
 }
 
 /* A panel block decoded (`decode_panel`): w[2s] and w[2s + 1] its step s (block_step), d the columns'
- * scales and m their minimums (Q4_1; else zero) as f32 (both exact). */
+ * scales (of each half: Q6_K's two) and m their minimums (Q4_1, Q4_K; else zero) as f32 (all exact). */
 struct decoded_block {
     __m512bh w[QK / 2];
-    __m512 d, m;
+    __m512 d[2], m;
 };
 
 /* Rows [0, mr) of x (bf16, row stride K, mr <= PAIR_ROWS) times one panel into sums[r][16]: its blocks
  * decoded here in registers, or (`from_buffer`) read from `decoded`, the whole panel's. A block's sum
- * of q x runs in two chains, a of its steps' w0 and e of their w1, then total += d (a + e) (+ m sum of x). */
+ * of q x runs in two chains, a of its steps' w0 and e of their w1, then total += d (a + e) (+ m sum of x);
+ * Q6_K's, a sum for each half (steps 0 .. 3, then 4 .. 7), each times its own d. */
 static inline AVX512Q_BF16 __attribute__((always_inline)) void qtile_pairs(int qtype, int mr, int from_buffer,
                                                                           const uint16_t *x, long K,
                                                                           const float *xsum, const uint8_t *panel,
@@ -201,36 +248,39 @@ static inline AVX512Q_BF16 __attribute__((always_inline)) void qtile_pairs(int q
     for (long b = 0; b < blocks; b++) {
         const uint8_t *block = panel + b * bytes;
         const struct decoded_block *here = from_buffer ? decoded + b : NULL;
-#pragma GCC unroll 8
-        for (int r = 0; r < PAIR_ROWS; r++)
-            a[r] = e[r] = _mm512_setzero_ps();
-#pragma GCC unroll 4
-        for (int s = 0; s < QK / 4; s++) {
-            __m512bh w0, w1;
-            if (from_buffer)
-                w0 = here->w[2 * s], w1 = here->w[2 * s + 1];
-            else
-                block_step(qtype, block, s, &w0, &w1);
-            int p0 = step_pair(qtype, s, 0), p1 = step_pair(qtype, s, 1);
+        for (int h = 0; h < halves(qtype); h++) {
 #pragma GCC unroll 8
             for (int r = 0; r < PAIR_ROWS; r++)
-                if (r < mr) {
-                    const uint32_t *xr = xp + r * K / 2 + b * QK / 2;
-                    a[r] = _mm512_dpbf16_ps(a[r], w0, (__m512bh)_mm512_set1_epi32((int)xr[p0]));
-                    e[r] = _mm512_dpbf16_ps(e[r], w1, (__m512bh)_mm512_set1_epi32((int)xr[p1]));
-                }
-        }
-        __m512 d = from_buffer ? here->d : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)block));
-        __m512 m = from_buffer ? here->m : qtype == QTYPE_Q4_1
-                                               ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + QNR * 2)))
-                                               : _mm512_setzero_ps();
+                a[r] = e[r] = _mm512_setzero_ps();
+#pragma GCC unroll 4
+            for (int s = h * QK / 4 / halves(qtype); s < (h + 1) * QK / 4 / halves(qtype); s++) {
+                __m512bh w0, w1;
+                if (from_buffer)
+                    w0 = here->w[2 * s], w1 = here->w[2 * s + 1];
+                else
+                    block_step(qtype, block, s, &w0, &w1);
+                int p0 = step_pair(qtype, s, 0), p1 = step_pair(qtype, s, 1);
 #pragma GCC unroll 8
-        for (int r = 0; r < PAIR_ROWS; r++)
-            if (r < mr) {
-                total[r] = _mm512_fmadd_ps(d, _mm512_add_ps(a[r], e[r]), total[r]);
-                if (qtype == QTYPE_Q4_1)
-                    total[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[r * blocks + b]), total[r]);
+                for (int r = 0; r < PAIR_ROWS; r++)
+                    if (r < mr) {
+                        const uint32_t *xr = xp + r * K / 2 + b * QK / 2;
+                        a[r] = _mm512_dpbf16_ps(a[r], w0, (__m512bh)_mm512_set1_epi32((int)xr[p0]));
+                        e[r] = _mm512_dpbf16_ps(e[r], w1, (__m512bh)_mm512_set1_epi32((int)xr[p1]));
+                    }
             }
+            __m512 d = from_buffer ? here->d[h] : scale16(qtype, block, h);
+#pragma GCC unroll 8
+            for (int r = 0; r < PAIR_ROWS; r++)
+                if (r < mr)
+                    total[r] = _mm512_fmadd_ps(d, _mm512_add_ps(a[r], e[r]), total[r]);
+        }
+        if (has_min(qtype)) {
+            __m512 m = from_buffer ? here->m : min16(qtype, block);
+#pragma GCC unroll 8
+            for (int r = 0; r < PAIR_ROWS; r++)
+                if (r < mr)
+                    total[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[r * blocks + b]), total[r]);
+        }
     }
 #pragma GCC unroll 8
     for (int r = 0; r < PAIR_ROWS; r++)
@@ -238,47 +288,39 @@ static inline AVX512Q_BF16 __attribute__((always_inline)) void qtile_pairs(int q
             _mm512_storeu_ps(sums[r], total[r]);
 }
 
+#define PAIR_TILE(qtype, mr, from_buffer) qtile_pairs(qtype, mr, from_buffer, x, K, xsum, panel, decoded, sums)
 #define PAIR_CASE(mr)                                                                                 \
     case mr:                                                                                          \
-        if (decoded) qtile_pairs(qtype, mr, 1, x, K, xsum, panel, decoded, sums);                     \
-        else qtile_pairs(qtype, mr, 0, x, K, xsum, panel, NULL, sums);                                \
+        if (decoded) BY_TYPE(qtype, PAIR_TILE, mr, 1) else BY_TYPE(qtype, PAIR_TILE, mr, 0)             \
         break;
-
-static inline AVX512Q_BF16 __attribute__((always_inline)) void qtile_pairs_typed(
-    int qtype, int mr, const uint16_t *x, long K, const float *xsum, const uint8_t *panel,
-    const struct decoded_block *decoded, float sums[PAIR_ROWS][QNR]) {
-    switch (mr) { /* a tile a row count: its accumulators stay in registers */
-        PAIR_CASE(8) PAIR_CASE(7) PAIR_CASE(6) PAIR_CASE(5) PAIR_CASE(4) PAIR_CASE(3) PAIR_CASE(2)
-    default:
-        if (decoded) qtile_pairs(qtype, 1, 1, x, K, xsum, panel, decoded, sums);
-        else qtile_pairs(qtype, 1, 0, x, K, xsum, panel, NULL, sums);
-    }
-}
 
 static AVX512Q_BF16 void qtile_pairs_rows(int qtype, int mr, const uint16_t *x, long K, const float *xsum,
                                           const uint8_t *panel, const struct decoded_block *decoded,
                                           float sums[PAIR_ROWS][QNR]) {
-    if (qtype == QTYPE_Q8_0)
-        qtile_pairs_typed(QTYPE_Q8_0, mr, x, K, xsum, panel, decoded, sums);
-    else
-        qtile_pairs_typed(QTYPE_Q4_1, mr, x, K, xsum, panel, decoded, sums);
+    switch (mr) { /* a tile a row count and type: its accumulators stay in registers */
+        PAIR_CASE(8) PAIR_CASE(7) PAIR_CASE(6) PAIR_CASE(5) PAIR_CASE(4) PAIR_CASE(3) PAIR_CASE(2)
+    default:
+        if (decoded) BY_TYPE(qtype, PAIR_TILE, 1, 1) else BY_TYPE(qtype, PAIR_TILE, 1, 0)
+    }
 }
 
 /* Every block of a panel decoded into `out`, as `qtile_pairs` decodes them. */
-static AVX512Q_BF16 void decode_panel(int qtype, const uint8_t *panel, long blocks, struct decoded_block *out) {
+static inline AVX512Q_BF16 __attribute__((always_inline)) void decode_typed(int qtype, const uint8_t *panel,
+                                                                           long blocks, struct decoded_block *out) {
     long bytes = linnet_qpanel_block_bytes(qtype);
     for (long b = 0; b < blocks; b++) {
         const uint8_t *block = panel + b * bytes;
 #pragma GCC unroll 8
         for (int s = 0; s < QK / 4; s++)
-            if (qtype == QTYPE_Q8_0)
-                block_step(QTYPE_Q8_0, block, s, &out[b].w[2 * s], &out[b].w[2 * s + 1]);
-            else
-                block_step(QTYPE_Q4_1, block, s, &out[b].w[2 * s], &out[b].w[2 * s + 1]);
-        out[b].d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)block));
-        out[b].m = qtype == QTYPE_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + QNR * 2)))
-                                       : _mm512_setzero_ps();
+            block_step(qtype, block, s, &out[b].w[2 * s], &out[b].w[2 * s + 1]);
+        out[b].d[0] = scale16(qtype, block, 0);
+        out[b].d[1] = scale16(qtype, block, halves(qtype) - 1);
+        out[b].m = min16(qtype, block);
     }
+}
+
+static AVX512Q_BF16 void decode_panel(int qtype, const uint8_t *panel, long blocks, struct decoded_block *out) {
+    BY_TYPE(qtype, decode_typed, panel, blocks, out)
 }
 
 /* ---- AVX2: a panel row's 16 columns as two 8-wide halves */
@@ -291,59 +333,63 @@ static inline AVX2 __attribute__((always_inline)) void qtile256(int qtype, int m
     __m256 hi_total[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (long b = 0; b < blocks; b++) {
         const uint8_t *block = panel + b * bytes;
-        __m256 d_lo = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)block));
-        __m256 d_hi = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + 16)));
-        __m256 a_lo[2], a_hi[2], e_lo[2], e_hi[2];
+        const uint8_t *q = block + quants_at(qtype);
+        for (int h = 0; h < halves(qtype); h++) {
+            __m256 a_lo[2], a_hi[2], e_lo[2], e_hi[2];
 #pragma GCC unroll 2
-        for (int r = 0; r < 2; r++)
-            a_lo[r] = a_hi[r] = e_lo[r] = e_hi[r] = _mm256_setzero_ps();
-        const uint8_t *q = block + (qtype == QTYPE_Q8_0 ? QNR * 2 : QNR * 4);
+            for (int r = 0; r < 2; r++)
+                a_lo[r] = a_hi[r] = e_lo[r] = e_hi[r] = _mm256_setzero_ps();
 #pragma GCC unroll 4
-        for (int s = 0; s < QK / 2; s++) { /* Q8_0: k = 2s and 2s + 1; Q4_1: k = s and s + 16 */
-            __m256 q0_lo, q0_hi, q1_lo, q1_hi;
-            long k0, k1;
-            if (qtype == QTYPE_Q8_0) { /* even and odd k: lines 2s and 2s + 1 */
-                __m128i v0 = _mm_loadu_si128((const __m128i *)(q + 2 * s * QNR));
-                __m128i v1 = _mm_loadu_si128((const __m128i *)(q + (2 * s + 1) * QNR));
-                q0_lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v0));
-                q0_hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v0, 8)));
-                q1_lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1));
-                q1_hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v1, 8)));
-                k0 = 2 * s, k1 = 2 * s + 1;
-            } else { /* the low and high nibbles of line s: k = s and s + 16 */
-                __m128i v = _mm_loadu_si128((const __m128i *)(q + s * QNR));
-                __m256i w_lo = _mm256_cvtepu8_epi32(v), w_hi = _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8));
-                __m256i low = _mm256_set1_epi32(15);
-                q0_lo = _mm256_cvtepi32_ps(_mm256_and_si256(w_lo, low));
-                q0_hi = _mm256_cvtepi32_ps(_mm256_and_si256(w_hi, low));
-                q1_lo = _mm256_cvtepi32_ps(_mm256_srli_epi32(w_lo, 4));
-                q1_hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(w_hi, 4));
-                k0 = s, k1 = s + QK / 2;
+            for (int s = h * QK / 2 / halves(qtype); s < (h + 1) * QK / 2 / halves(qtype); s++) {
+                /* 8-bit quants: k = 2s and 2s + 1; 4-bit ones: k = s and s + 16 */
+                __m256 q0_lo, q0_hi, q1_lo, q1_hi;
+                long k0, k1;
+                if (!nibbles(qtype)) { /* even and odd k: lines 2s and 2s + 1 */
+                    __m128i v0 = _mm_loadu_si128((const __m128i *)(q + 2 * s * QNR));
+                    __m128i v1 = _mm_loadu_si128((const __m128i *)(q + (2 * s + 1) * QNR));
+                    q0_lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v0));
+                    q0_hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v0, 8)));
+                    q1_lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v1));
+                    q1_hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v1, 8)));
+                    k0 = 2 * s, k1 = 2 * s + 1;
+                } else { /* the low and high nibbles of line s: k = s and s + 16 */
+                    __m128i v = _mm_loadu_si128((const __m128i *)(q + s * QNR));
+                    __m256i w_lo = _mm256_cvtepu8_epi32(v), w_hi = _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8));
+                    __m256i low = _mm256_set1_epi32(15);
+                    q0_lo = _mm256_cvtepi32_ps(_mm256_and_si256(w_lo, low));
+                    q0_hi = _mm256_cvtepi32_ps(_mm256_and_si256(w_hi, low));
+                    q1_lo = _mm256_cvtepi32_ps(_mm256_srli_epi32(w_lo, 4));
+                    q1_hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(w_hi, 4));
+                    k0 = s, k1 = s + QK / 2;
+                }
+#pragma GCC unroll 2
+                for (int r = 0; r < 2; r++)
+                    if (r < mr) {
+                        const float *xr = x + r * K + b * QK;
+                        __m256 x0 = _mm256_set1_ps(xr[k0]), x1 = _mm256_set1_ps(xr[k1]);
+                        a_lo[r] = _mm256_fmadd_ps(q0_lo, x0, a_lo[r]);
+                        a_hi[r] = _mm256_fmadd_ps(q0_hi, x0, a_hi[r]);
+                        e_lo[r] = _mm256_fmadd_ps(q1_lo, x1, e_lo[r]);
+                        e_hi[r] = _mm256_fmadd_ps(q1_hi, x1, e_hi[r]);
+                    }
             }
+            __m256 d_lo = scale8(qtype, block, h, 0), d_hi = scale8(qtype, block, h, 1);
 #pragma GCC unroll 2
             for (int r = 0; r < 2; r++)
                 if (r < mr) {
-                    const float *xr = x + r * K + b * QK;
-                    __m256 x0 = _mm256_set1_ps(xr[k0]), x1 = _mm256_set1_ps(xr[k1]);
-                    a_lo[r] = _mm256_fmadd_ps(q0_lo, x0, a_lo[r]);
-                    a_hi[r] = _mm256_fmadd_ps(q0_hi, x0, a_hi[r]);
-                    e_lo[r] = _mm256_fmadd_ps(q1_lo, x1, e_lo[r]);
-                    e_hi[r] = _mm256_fmadd_ps(q1_hi, x1, e_hi[r]);
+                    lo_total[r] = _mm256_fmadd_ps(d_lo, _mm256_add_ps(a_lo[r], e_lo[r]), lo_total[r]);
+                    hi_total[r] = _mm256_fmadd_ps(d_hi, _mm256_add_ps(a_hi[r], e_hi[r]), hi_total[r]);
                 }
         }
+        if (has_min(qtype)) {
 #pragma GCC unroll 2
-        for (int r = 0; r < 2; r++)
-            if (r < mr) {
-                lo_total[r] = _mm256_fmadd_ps(d_lo, _mm256_add_ps(a_lo[r], e_lo[r]), lo_total[r]);
-                hi_total[r] = _mm256_fmadd_ps(d_hi, _mm256_add_ps(a_hi[r], e_hi[r]), hi_total[r]);
-                if (qtype == QTYPE_Q4_1) {
+            for (int r = 0; r < 2; r++)
+                if (r < mr) {
                     __m256 s = _mm256_set1_ps(xsum[r * blocks + b]);
-                    lo_total[r] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + 32))), s,
-                                                  lo_total[r]);
-                    hi_total[r] = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + 48))), s,
-                                                  hi_total[r]);
+                    lo_total[r] = _mm256_fmadd_ps(min8(qtype, block, 0), s, lo_total[r]);
+                    hi_total[r] = _mm256_fmadd_ps(min8(qtype, block, 1), s, hi_total[r]);
                 }
-            }
+        }
     }
 #pragma GCC unroll 2
     for (int r = 0; r < 2; r++)
@@ -356,9 +402,9 @@ static inline AVX2 __attribute__((always_inline)) void qtile256(int qtype, int m
 static AVX2 void qtile256_rows(int qtype, int mr, const float *x, long K, const float *xsum, const uint8_t *panel,
                                float sums[4][QNR]) {
     if (mr >= 2)
-        qtile256(qtype, 2, x, K, xsum, panel, sums);
+        BY_TYPE(qtype, qtile256, 2, x, K, xsum, panel, sums)
     else
-        qtile256(qtype, 1, x, K, xsum, panel, sums);
+        BY_TYPE(qtype, qtile256, 1, x, K, xsum, panel, sums)
 }
 
 /* ---- the call */
@@ -414,8 +460,8 @@ static AVX2 int qlinear_chunk(void *data, long c, long chunks) {
     return 0;
 }
 
-/* Each row's sum over each block of 32 of x [M, K] (f32 or bf16: x_type; Q4_1's minimums multiply
- * them): in one order whatever M is. */
+/* Each row's sum over each block of 32 of x [M, K] (f32 or bf16: x_type; Q4_1's and Q4_K's minimums
+ * multiply them): in one order whatever M is. */
 static AVX2 void block_sums(int x_type, const void *x, long M, long K, float *out) {
     for (long m = 0; m < M; m++)
         for (long b = 0; b < K / QK; b++) {
@@ -427,7 +473,7 @@ static AVX2 void block_sums(int x_type, const void *x, long M, long K, float *ou
 }
 
 /* y [M, N] (y_type: F32, BF16 or F16) = x [M, K] (F32 or BF16: x_type; K a multiple of 32) times P
- * panels of qtype (QTYPE_Q8_0 or QTYPE_Q4_1, laid out as the top says): panel p gives y's columns
+ * panels of qtype (QTYPE_Q8_0, Q4_1, Q4_K or Q6_K, laid out as the top says): panel p gives y's columns
  * cols[p] .. cols[p] + widths[p], so one call can run a fused group's weights. Sums are f32's,
  * rounded once to y_type. Threads split the panels in equal runs, as linnet_linear's do. Returns
  * -1 if out of memory, -2 for a type or K the kernel does not take. */
@@ -449,7 +495,7 @@ int linnet_qlinear(int qtype, int x_type, const void *x, long M, long K, long P,
         input = wide_x;
     }
     int status = -1;
-    if (qtype == QTYPE_Q4_1 && !(xsum = malloc(M * (K / QK) * sizeof(float))))
+    if (has_min(qtype) && !(xsum = malloc(M * (K / QK) * sizeof(float))))
         goto done;
     if (xsum)
         block_sums(input == x ? x_type : F32, input, M, K, xsum);

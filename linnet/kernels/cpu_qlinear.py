@@ -1,9 +1,11 @@
 """The CPU matmul for a GGUF's quantized linear weights, run in their blocks (`cpu_qlinear.c`, built
 into `cpu_linear`'s library).
 
-`pack` repacks a weight's Q8_0 or Q4_1 blocks, as the file holds them ([N, K / 32] blocks), into
-panels of 16 rows, block after block along K (the layout cpu_qlinear.c describes): the same bytes,
-rearranged once at load; `QuantBlocks.packed` does so for a param, a weight a layer. `matmul` multiplies them, each block decoded in registers, in f32
+`pack` repacks a weight's Q8_0, Q4_1, Q4_K or Q6_K blocks, as the file holds them ([N, K / 32] blocks,
+or [N, K / 256] super-blocks), into panels of 16 rows, block of 32 after block along K (the layout
+cpu_qlinear.c describes), once at load: Q8_0's and Q4_1's bytes rearranged, a K-quant's sub-blocks
+each given its f32 scale (and minimum) worked out exactly; `QuantBlocks.packed` does so for a param, a
+weight a layer. `matmul` multiplies them, each block decoded in registers, in f32
 arithmetic; x f32 or bf16, the output in x's type. `QuantWeight.join` lists several weights'
 panels as one (a fused group: q, k and v; gate and up), as `PanelWeight.join` does.
 """
@@ -21,12 +23,13 @@ from linnet.kernels.cpu_linear import PanelTable, _table, joined_table
 from linnet.kernels.panels import PANEL
 from linnet.kernels.torch_types import TYPES
 
-BLOCK = 32  # values a block holds along K
+BLOCK = 32  # values a panel's block holds along K
 # the block types the kernel takes, by GGML's type codes (gguf's GGMLQuantizationType, not imported: a
-# torch model's runtime imports this module), and the bytes of one block of each
-READS = {8: "Q8_0", 3: "Q4_1"}
-BLOCK_BYTES = {8: 34, 3: 20}
-HALVES = {8: (0,), 3: (0, 2)}  # where in a block its f16 scales (and minimums) lie
+# torch model's runtime imports this module), the values (along K) and bytes of one block of each
+READS = {8: "Q8_0", 3: "Q4_1", 12: "Q4_K", 14: "Q6_K"}
+BLOCK_VALUES = {8: 32, 3: 32, 12: 256, 14: 256}
+BLOCK_BYTES = {8: 34, 3: 20, 12: 144, 14: 210}
+HALVES = {8: (0,), 3: (0, 2), 12: (0, 2), 14: (208,)}  # where in a block its f16 scales (d, and m or dmin) lie
 
 
 class QuantWeight:
@@ -87,32 +90,67 @@ class QuantBlocks:
 
 def takes(qtype, k: int) -> bool:
     """Whether `pack` / `matmul` serve weights of this block type and K here."""
-    return qtype in READS and k % BLOCK == 0 and cpu_linear.library() is not None
+    return qtype in READS and k % BLOCK_VALUES[int(qtype)] == 0 and cpu_linear.library() is not None
 
 
 def pack(blocks: np.ndarray, qtype, n: int, k: int) -> QuantWeight:
-    """A weight [n, k] from its GGUF blocks (uint8, n * k / 32 blocks in the file's row order, any
-    shape holding them), repacked into panels of 16 rows (a copy; the last panel's missing rows zero)."""
+    """A weight [n, k] from its GGUF blocks (uint8, in the file's row order, any shape holding them),
+    repacked into panels of 16 rows (a copy; the last panel's missing rows zero)."""
     if not takes(qtype, k):
         name = getattr(qtype, "name", f"type {qtype}")
-        raise ValueError(f"the quantized CPU linear takes {' and '.join(READS.values())} blocks with K a multiple "
-                         f"of {BLOCK} where Linnet's CPU kernels run; not {name} with K = {k}")
-    qtype, size = int(qtype), BLOCK_BYTES[int(qtype)]
-    rows = np.ascontiguousarray(blocks, dtype=np.uint8).reshape(n, k // BLOCK, size)
+        kinds = ", ".join(f"{t} (K a multiple of {BLOCK_VALUES[c]})" for c, t in READS.items())
+        raise ValueError(f"the quantized CPU linear takes {kinds} blocks where Linnet's CPU kernels run; "
+                         f"not {name} with K = {k}")
+    qtype = int(qtype)
+    rows = np.ascontiguousarray(blocks, dtype=np.uint8).reshape(n, k // BLOCK_VALUES[qtype], BLOCK_BYTES[qtype])
+    scales, quants = _panel_fields(READS[qtype], rows, n, k)
     panels = -(-n // PANEL)
-    if panels * PANEL != n:
-        rows = np.concatenate([rows, np.zeros((panels * PANEL - n, k // BLOCK, size), np.uint8)])
-    rows = rows.reshape(panels, PANEL, k // BLOCK, size).transpose(0, 2, 1, 3)  # [panel, block, row, bytes]
-    if READS[qtype] == "Q8_0":  # d, then each k's 16 rows
-        parts = [rows[..., 0:2], rows[..., 2:34].transpose(0, 1, 3, 2)]
-    else:  # d, m, then each byte's 16 rows (k and k + 16 in its nibbles)
-        parts = [rows[..., 0:2], rows[..., 2:4], rows[..., 4:20].transpose(0, 1, 3, 2)]
-    packed = np.concatenate([p.reshape(panels, k // BLOCK, -1) for p in parts], axis=2)
-    body = torch.from_numpy(np.ascontiguousarray(packed))
+    fields = []
+    for f, is_quants in [(f, False) for f in scales] + [(quants, True)]:
+        f = np.ascontiguousarray(f).view(np.uint8).reshape(n, k // BLOCK, -1)
+        if panels * PANEL != n:
+            f = np.concatenate([f, np.zeros((panels * PANEL - n, *f.shape[1:]), np.uint8)])
+        f = f.reshape(panels, PANEL, k // BLOCK, -1).transpose(0, 2, 1, 3)  # [panel, block, row, bytes]
+        if is_quants:  # a line of the 16 rows' bytes for each byte of the block
+            f = f.transpose(0, 1, 3, 2)
+        fields.append(f.reshape(panels, k // BLOCK, -1))
+    body = torch.from_numpy(np.ascontiguousarray(np.concatenate(fields, axis=2)))
     step = body[0].numel()
     widths = [min(PANEL, n - p * PANEL) for p in range(panels)]
     return QuantWeight(n, k, qtype, (body,), _table([body.data_ptr() + p * step for p in range(panels)], widths,
                                                     range(0, n, PANEL)))
+
+
+def _panel_fields(kind: str, rows: np.ndarray, n: int, k: int) -> tuple:
+    """A weight's blocks [n, blocks, bytes] as a panel block holds them, for each block of 32 along K:
+    its scales (and minimums) [n, k / 32, ...] one array each, and its quants [n, k / 32, bytes] (cpu_qlinear.c's
+    layout before the 16 rows are put side by side). Q8_0's and Q4_1's are the file's own bytes; a
+    K-quant's sub-block scale d sc and minimum -dmin mn are f32 (exact: 11 by at most 8 significant
+    bits), Q6_K's quants int8 (q - 32), Q4_K's nibbles arranged as Q4_1's (q_i low, q_{i+16} high)."""
+    if kind == "Q8_0":
+        return [rows[..., 0:2]], rows[..., 2:34]
+    if kind == "Q4_1":
+        return [rows[..., 0:2], rows[..., 2:4]], rows[..., 4:20]
+    supers = k // 256
+    if kind == "Q4_K":  # d, dmin (f16), 12 bytes of 6-bit scales and minimums, 128 of quants
+        d, dmin = (rows[..., at:at + 2].copy().view(np.float16).astype(np.float32) for at in (0, 2))
+        packed = rows[..., 4:16]
+        j = np.arange(8)
+        low, high = packed[..., np.minimum(j + 4, 11)], packed[..., j % 4]  # (llama.cpp's get_scale_min_k4)
+        sc = np.where(j < 4, packed[..., j % 4] & 63, (low & 15) | ((high >> 6) << 4))
+        mn = np.where(j < 4, low & 63, (low >> 4) | ((packed[..., j] >> 6) << 4))
+        qs = rows[..., 16:144].reshape(n, supers, 4, 1, 32)  # 64 values a run: sub-block 2c low nibbles, 2c+1 high
+        q = np.concatenate([qs & 15, qs >> 4], axis=3).reshape(n, k // BLOCK, 32)
+        return [d * sc.astype(np.float32), -(dmin * mn.astype(np.float32))], q[..., :16] | (q[..., 16:] << 4)
+    # Q6_K: 128 bytes of low 4 bits, 64 of high 2 bits, 16 int8 scales, d (f16)
+    ql = rows[..., 0:128].reshape(n, supers, 2, 1, 64)
+    qh = rows[..., 128:192].reshape(n, supers, 2, 1, 32)
+    low = np.concatenate([ql[..., :32] & 15, ql[..., 32:] & 15, ql[..., :32] >> 4, ql[..., 32:] >> 4], axis=3)
+    high = np.concatenate([(qh >> shift) & 3 for shift in (0, 2, 4, 6)], axis=3)
+    q = ((low | (high << 4)).astype(np.int16) - 32).astype(np.int8).reshape(n, k // BLOCK, 32)
+    d = rows[..., 208:210].copy().view(np.float16).astype(np.float32)
+    sc = (d * rows[..., 192:208].view(np.int8).astype(np.float32)).reshape(n, k // BLOCK, 2)
+    return [sc[..., 0], sc[..., 1]], q
 
 
 def matmul(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:

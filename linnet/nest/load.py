@@ -30,7 +30,7 @@ dequantized for GGUF), transformed and copied straight into its place in the
 target dtype on the target device, one at a time. Peak memory is the model in
 T plus one tensor. GGUF tensors are dequantized to f32 and always converted to
 T: a quantized tensor has no dtype of its own to match (but, with
-quantization="gguf", Q8_0 / Q4_1 linears, kept in their blocks: `nest.quantized`). Tensors in the
+quantization="gguf", Q8_0 / Q4_1 / Q4_K / Q6_K linears, kept in their blocks: `nest.quantized`). Tensors in the
 checkpoint that the card does not use are reported once (a warning) and listed
 in `model.info["unused_tensors"]`.
 """
@@ -85,7 +85,7 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     `tokenizer`: True, the weights' own (if they have one; random weights take that of the card's own
     weights where Nest finds them, as vLLM's dummy weights do); False, none; or the path of a model
     directory or GGUF file whose tokenizer to use.
-    `quantization="gguf"` (vLLM's word for it): a GGUF's Q8_0 and Q4_1 linear weights stay in their
+    `quantization="gguf"` (vLLM's word for it): a GGUF's Q8_0, Q4_1, Q4_K and Q6_K linear weights stay in their
     blocks and run in them (`kernels.cpu_qlinear`), not decoded to T at load; the torch backend on the
     CPU with numerics="fast" only (refused elsewhere, `nest.quantized`); tensors of other types are
     decoded as without it, and, where Linnet's CPU kernels do not run, all of them, with a warning.
@@ -180,7 +180,7 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
     `context_free`: the free bytes a MaxSeq chosen (none in `generics`) fits the cache to, where `room`
     says none (a JAX model spread over devices: theirs together).
     `cache_space`: the bytes a MaxSeq chosen fits the cache to at most, whatever is free (a CPU's).
-    `quantization="gguf"`: a GGUF's Q8_0 / Q4_1 params bound in their blocks (`load`'s)."""
+    `quantization="gguf"`: a GGUF's Q8_0 / Q4_1 / Q4_K / Q6_K params bound in their blocks (`load`'s)."""
     module, card_name, ckpt = resolved or resolve_card(name, weights)
     free = room[1] if room is not None and room[1] is not None else context_free
     spec, context = _specialize(module, dict(generics or {}), numerics, free, cache_space)
@@ -548,7 +548,7 @@ def _tied_head(module: Module, ckpt: Checkpoint, fmt: str, unused: list) -> list
 def _read(module: Module, ckpt: Checkpoint, cast_dtype: bool, device: str, progress: bool | None, framework: str,
           quantization: str | None = None):
     """({param: array}, unused checkpoint tensors), after checking every header against the card;
-    with `quantization`, a GGUF's Q8_0 / Q4_1 params as their blocks (`nest.quantized.QuantBlocks`)."""
+    with `quantization`, a GGUF's Q8_0 / Q4_1 / Q4_K / Q6_K params as their blocks (`nest.quantized.QuantBlocks`)."""
     from linnet.nest.bind import bind_weights, check_checkpoint, checkpoint_names
 
     fmt = "gguf" if ckpt.format == "gguf" else "hf"
@@ -586,7 +586,8 @@ def _block_reader(module: Module, ckpt: Checkpoint, fmt: str):
     names = [n for ns in checkpoint_names(module, fmt).values() for n in ns]
     others = sorted({ckpt.stored_dtype(n).upper() for n in names} - {"F32", "F16", "BF16"} - set(READS.values()))
     if others:
-        warnings.warn(f"{ckpt.path}: quantization='gguf' keeps {' and '.join(READS.values())} blocks; its "
+        kinds = list(READS.values())
+        warnings.warn(f"{ckpt.path}: quantization='gguf' keeps {', '.join(kinds[:-1])} and {kinds[-1]} blocks; its "
                       f"{', '.join(others)} tensors are decoded to T", stacklevel=5)
     return lambda name: ckpt.blocks(name, READS)
 

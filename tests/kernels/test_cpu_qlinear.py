@@ -1,6 +1,6 @@
-"""The quantized CPU linear (Q8_0 / Q4_1 blocks) against gguf's own decoding of the same bytes and a
-float64 matmul: odd shapes (a last panel narrower than 16, K a few blocks, row counts around the
-tiles and the 64-row block of x), x in f32 and bf16, joined weights, and batch invariance."""
+"""The quantized CPU linear (Q8_0, Q4_1, Q4_K and Q6_K blocks) against gguf's own decoding of the same
+bytes and a float64 matmul: odd shapes (a last panel narrower than 16, K a few blocks, row counts
+around the tiles and the 64-row block of x), x in f32 and bf16, joined weights, and batch invariance."""
 
 import gguf
 import numpy as np
@@ -13,25 +13,34 @@ pytestmark = pytest.mark.skipif(not cpu_linear.available(torch.float32), reason=
 
 Q = gguf.GGMLQuantizationType
 QTYPES = [Q.Q8_0, Q.Q4_1]
+K_QUANTS = [Q.Q4_K, Q.Q6_K]
+QUANTS_AT = {Q.Q4_1: slice(4, 20), Q.Q4_K: slice(16, 144)}  # the quants of the types with a minimum
 
 
 def random_blocks(qtype, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
-    """n * k / 32 blocks of random quants, with scales (and minimums) of a trained weight's size."""
-    size = gguf.GGML_QUANT_SIZES[qtype][1]
-    blocks = rng.integers(0, 256, size=(n, k // 32, size), dtype=np.uint8)
-    halves = 2 if qtype == Q.Q4_1 else 1  # d (and m) at the front of each block, as f16
-    scales = (rng.standard_normal((n, k // 32, halves)) * 0.02).astype(np.float16)
-    blocks[..., :2 * halves] = scales.view(np.uint8).reshape(n, k // 32, 2 * halves)
+    """n * k / (its values) blocks of random bytes, but for finite f16 scales (and minimums) of a trained
+    weight's size; the K-quants' sub-block scales random too (6-bit, or int8 for Q6_K)."""
+    values, size = gguf.GGML_QUANT_SIZES[qtype]
+    blocks = rng.integers(0, 256, size=(n, k // values, size), dtype=np.uint8)
+    for at in cpu_qlinear.HALVES[int(qtype)]:
+        scales = (rng.standard_normal((n, k // values, 1)) * (0.02 if values == 32 else 0.001)).astype(np.float16)
+        blocks[..., at:at + 2] = scales.view(np.uint8)
     return blocks
 
 
 def reference(qtype, blocks: np.ndarray, n: int, k: int, x: torch.Tensor):
     """gguf's dequantization of the blocks, times x in float64; and the sums of magnitudes whose f32
-    rounding bounds the kernel's error (Q4_1: |d q| and |m| apart, as the kernel sums them)."""
-    w = gguf.quants.dequantize(blocks.reshape(n, -1), qtype).astype(np.float64).reshape(n, k)
+    rounding bounds the kernel's error (Q4_1, Q4_K: |d q| and |m| apart, as the kernel sums them; m is
+    gguf's decoding of the blocks with their quants zero)."""
+    def decoded(b):
+        return gguf.quants.dequantize(b.reshape(n, -1), qtype).astype(np.float64).reshape(n, k)
+
+    w = decoded(blocks)
     xd = x.double().numpy()
-    if qtype == Q.Q4_1:
-        m = np.repeat(blocks[..., 2:4].copy().view(np.float16).astype(np.float64).reshape(n, k // 32), 32, axis=1)
+    if qtype in QUANTS_AT:
+        zero = blocks.copy()
+        zero[..., QUANTS_AT[qtype]] = 0
+        m = decoded(zero)
         magnitude = np.abs(w - m) + np.abs(m)
     else:
         magnitude = np.abs(w)
@@ -57,11 +66,21 @@ def test_matmul_is_gguf_dequantized_times_x(qtype, rows, n, k, x_type):
     assert np.all(np.abs(got.double().numpy() - want) <= bound)
 
 
-@pytest.mark.parametrize("qtype", QTYPES, ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda q: q.name)
+@pytest.mark.parametrize("rows", [1, 3, 16, 100])
+@pytest.mark.parametrize("n,k", [(1, 256), (17, 512), (40, 768)])
+@pytest.mark.parametrize("x_type", [torch.float32, torch.bfloat16], ids=["x_f32", "x_bf16"])
+def test_k_quants_are_gguf_dequantized_times_x(qtype, rows, n, k, x_type):
+    """Q4_K and Q6_K (a Q4_K_M file's types): super-blocks of 256, their sub-blocks' scales worked out
+    at load; random bytes but for finite f16 scales."""
+    test_matmul_is_gguf_dequantized_times_x(qtype, rows, n, k, x_type)
+
+
+@pytest.mark.parametrize("qtype", QTYPES + K_QUANTS, ids=lambda q: q.name)
 def test_each_row_is_the_same_alone_as_beside_others(qtype):
     """Batch invariance: a row's sums are bitwise the same whatever rows its call holds."""
     rng = np.random.default_rng(7)
-    n, k = 50, 192
+    n, k = 50, 256
     w = cpu_qlinear.pack(random_blocks(qtype, n, k, rng), qtype, n, k)
     x = torch.from_numpy(rng.standard_normal((70, k)).astype(np.float32))
     together = cpu_qlinear.matmul(x, w)
@@ -94,13 +113,16 @@ def test_a_bias_and_leading_axes_are_kept():
     assert torch.equal(got, (cpu_qlinear.matmul(x.reshape(6, k), w) + bias).reshape(2, 3, n))
 
 
-@pytest.mark.parametrize("qtype,k", [(Q.Q4_K, 256), (Q.Q8_0, 48)], ids=["Q4_K", "K_48"])
+@pytest.mark.parametrize("qtype,k", [(Q.Q5_K, 256), (Q.Q8_0, 48), (Q.Q4_K, 288)], ids=["Q5_K", "K_48", "Q4_K_288"])
 def test_a_type_or_k_it_does_not_take_is_refused(qtype, k):
-    with pytest.raises(ValueError, match="takes Q8_0 and Q4_1 blocks with K a multiple of 32"):
+    with pytest.raises(ValueError, match=rf"takes Q8_0 \(K a multiple of 32\), Q4_1 \(K a multiple of 32\), Q4_K "
+                                         rf"\(K a multiple of 256\), Q6_K \(K a multiple of 256\) blocks where .*; "
+                                         rf"not {qtype.name} with K = {k}"):
         cpu_qlinear.pack(np.zeros(1000, np.uint8), qtype, 16, k)
 
 
 def test_the_block_types_are_ggmls_own():
     """The kernel's type codes and block sizes, kept here without importing gguf, are gguf's."""
-    assert {code: (Q(code).name, gguf.GGML_QUANT_SIZES[Q(code)][1]) for code in cpu_qlinear.READS} == \
-        {code: (name, cpu_qlinear.BLOCK_BYTES[code]) for code, name in cpu_qlinear.READS.items()}
+    assert {code: (Q(code).name, *gguf.GGML_QUANT_SIZES[Q(code)]) for code in cpu_qlinear.READS} == \
+        {code: (name, cpu_qlinear.BLOCK_VALUES[code], cpu_qlinear.BLOCK_BYTES[code])
+         for code, name in cpu_qlinear.READS.items()}

@@ -75,13 +75,13 @@ def k_quant_blocks(rng, shape, qtype) -> np.ndarray:
     return raw.reshape(shape[0], -1)
 
 
-def write_typed_llama(path, qtype, seed=0, split_max_tensors=0, tied=False):
+def write_typed_llama(path, qtype, seed=0, split_max_tensors=0, tied=False, types=None):
     """A random Llama whose matrices (embeddings and output too) are stored in `qtype`, its norms in
     f32, as llama.cpp's quantize leaves them; a byte vocabulary llama.cpp can load. With
     `split_max_tensors`, split as llama.cpp's gguf-split writes it (gguf's writer's own splitting:
     PATH-0000i-of-0000N.gguf, the first returned). `tied`: no output.weight (the head is the
-    embedding's, as SmolLM2's)."""
-    rng = np.random.default_rng(seed)
+    embedding's, as SmolLM2's). `types`: tensors stored in a type of their own, by name (a Q4_K_M file's mix)."""
+    rng, default = np.random.default_rng(seed), qtype
     w = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
     w.add_block_count(LAYERS)
     w.add_context_length(64)
@@ -107,6 +107,7 @@ def write_typed_llama(path, qtype, seed=0, split_max_tensors=0, tied=False):
                        f"blk.{i}.ffn_norm.weight": (DIM,), f"blk.{i}.ffn_gate.weight": (FFN, DIM),
                        f"blk.{i}.ffn_up.weight": (FFN, DIM), f"blk.{i}.ffn_down.weight": (DIM, FFN)})
     for name, shape in shapes.items():
+        qtype = (types or {}).get(name, default)
         if len(shape) == 1:
             w.add_tensor(name, (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32))
         elif qtype in K_SCALES:

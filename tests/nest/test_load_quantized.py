@@ -1,4 +1,4 @@
-"""nest.load(..., quantization="gguf"): a GGUF's Q8_0 / Q4_1 linears run in their blocks
+"""nest.load(..., quantization="gguf"): a GGUF's Q8_0 / Q4_1 / Q4_K / Q6_K linears run in their blocks
 (`kernels.cpu_qlinear`), against the same file decoded at load (the default); where it does not
 run, refused with what is supported; types the kernel does not read, decoded with a notice."""
 
@@ -40,7 +40,7 @@ def quant_weights(model) -> list:
 
 
 @runs_here
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1, Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
 @pytest.mark.parametrize("tied", [False, True], ids=["own_head", "tied_head"])
 def test_greedy_tokens_are_those_of_the_file_decoded_at_load(qtype, tied, tmp_path):
     """Every linear in its blocks (q, k and v, gate and up fused; a tied head from the embedding's
@@ -58,6 +58,22 @@ def test_greedy_tokens_are_those_of_the_file_decoded_at_load(qtype, tied, tmp_pa
 
 
 @runs_here
+def test_a_q4_k_m_files_mix_runs_each_weight_of_one_type_in_its_blocks(tmp_path):
+    """A Q4_K_M file as llama.cpp's quantize writes one: Q4_K, but Q6_K for the head and for attn_v and
+    ffn_down in some layers. A param whose layers are of one type runs in its blocks (a fused group
+    whose members are); one whose layers differ (here v, and so q, k, v together, and down) is decoded.
+    Greedy tokens through Engine.run as the file decoded to f32 gives them."""
+    mix = {"output.weight": Q.Q6_K, "blk.0.attn_v.weight": Q.Q6_K, "blk.0.ffn_down.weight": Q.Q6_K}
+    path = write_typed_llama(tmp_path / "tiny-Q4_K_M.gguf", Q.Q4_K, types=mix)
+    decoded, quantized = load(path), load(path, "gguf")
+    assert sorted(quant_weights(quantized)) == ["lm_head", "w_gate", "w_up", "wo"]
+    want, got = logits(decoded), logits(quantized)
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    decoded.reset(), quantized.reset()
+    assert greedy(quantized) == greedy(decoded)
+
+
+@runs_here
 def test_a_captured_decode_step_replays_the_quantized_linears(tmp_path):
     """compile=True: the CPU graph records cpu_qlinear's calls (cpu_graph.c's task) and replays them."""
     path = write_typed_llama(tmp_path / "tiny-Q4_1.gguf", Q.Q4_1, tied=True)
@@ -66,9 +82,9 @@ def test_a_captured_decode_step_replays_the_quantized_linears(tmp_path):
 
 @runs_here
 def test_types_the_kernel_does_not_read_are_decoded_with_a_notice(tmp_path):
-    path = write_typed_llama(tmp_path / "tiny-Q4_K.gguf", Q.Q4_K)
-    with pytest.warns(UserWarning, match=r"quantization='gguf' keeps Q8_0 and Q4_1 blocks; its Q4_K tensors are "
-                                         r"decoded to T"):
+    path = write_typed_llama(tmp_path / "tiny-Q5_K.gguf", Q.Q5_K)
+    with pytest.warns(UserWarning, match=r"quantization='gguf' keeps Q8_0, Q4_1, Q4_K and Q6_K blocks; its Q5_K "
+                                         r"tensors are decoded to T"):
         quantized = load(path, "gguf")
     assert not quant_weights(quantized)
     np.testing.assert_array_equal(logits(quantized), logits(load(path)))
