@@ -176,17 +176,20 @@ static AVX512Q void qtile512_rows(int qtype, int mr, const float *x, long K, con
 /* ---- AVX-512 BF16, x in bf16: pairs of k multiplied by VDPBF16PS. A quant is an integer of at most
  * 8 bits, exact in bf16, so each product q x is exact and only the sums round, in f32 as above;
  * VDPBF16PS does twice an FMA's multiplications, which bound the f32 tiles over many rows. A block's
- * quants are decoded to bf16 pairs (`decode_block`): over a few rows at each tile, in registers;
- * from DECODE_FROM rows once a call for each panel, into a buffer every row tile then reads (as
- * bf16 panels are read), so that over many rows the decode is not paid again at each tile. Both
- * give the same bf16 values in the same lanes, and the tile sums them in the same order. */
+ * quants are decoded to bf16 pairs (`block_step`): over a tile's rows at most, in registers at each
+ * tile; from DECODE_FROM rows once for each panel and DECODED_ROWS rows (`decode_panel`), into a
+ * buffer every row tile then reads (as bf16 panels are read), so that over many rows the decode is
+ * not paid again at each tile. Both give the same bf16 values in the same lanes, and the tile sums
+ * them in the same order. */
 #define AVX512Q_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
 #define PAIR_ROWS 8 /* rows of x a tile: 3 of the 32 vector registers a row */
 #define DECODE_FROM (PAIR_ROWS + 1) /* rows from which a call decodes each panel once: more than one tile */
+#define DECODED_ROWS 256 /* rows of x a decoded panel serves before the next (x's bf16 rows stay in L2: 288 KB at K
+                          * 576; a long prompt's x whole went through memory again at each panel) */
 
 /* Lanes of bf16 pairs from two 16-byte lines a, b of 16 rows' quants: lane j holds row j's value
- * from a (low half) and from b (high half); `nibble` 0 takes the bytes as int8 (Q8_0), 1 their
- * low nibbles, 2 their high ones (Q4_1). */
+ * from a (low half) and from b (high half); `nibble` 0 takes the bytes as int8 (Q8_0, Q6_K), 1 their
+ * low nibbles, 2 their high ones (Q4_1, Q4_K). */
 static inline AVX512Q_BF16 __attribute__((always_inline)) __m512bh quant_pairs(__m128i a, __m128i b, int nibble) {
     __m128i first = _mm_unpacklo_epi8(a, b), second = _mm_unpackhi_epi8(a, b); /* rows 0-7, 8-15 */
     __m512i lo, hi;
@@ -433,8 +436,9 @@ static AVX2 int qlinear_chunk(void *data, long c, long chunks) {
     struct decoded_block *decoded = NULL;
     if (t->path == PATH_PAIRS && t->M >= DECODE_FROM)
         decoded = aligned_alloc(64, blocks * sizeof(struct decoded_block));
-    /* x in blocks of QMC rows (in cache while the chunk's panels pass), but whole where panels are decoded */
-    long row_block = decoded ? t->M : QMC;
+    /* x in blocks of rows kept in cache while the chunk's panels pass: QMC, or DECODED_ROWS where each
+     * panel is decoded again for each block */
+    long row_block = decoded ? DECODED_ROWS : QMC;
     for (long m0 = 0; m0 < t->M; m0 += row_block) {
         long m1 = m0 + row_block < t->M ? m0 + row_block : t->M;
         for (long p = p0; p < p1; p++) {
