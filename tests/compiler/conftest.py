@@ -267,6 +267,9 @@ def hf_deepseek_v2_config(bindings: dict, max_seq: int, version: int = 2):
         rms_norm_eps=b["norm_eps"], rope_parameters=rope, max_position_embeddings=max_seq,
         tie_word_embeddings=b["tie_embeddings"], attn_implementation="eager")
     assert config.rope_parameters["rope_type"] == rope["rope_type"]
+    return config
+
+
 def hf_phi_config(bindings: dict, max_seq: int):
     """A `PhiConfig` equal to a specialized Phi-2 card's config: rotary over the card's `rotary_dim` of
     each head (transformers takes it as int(head_dim * partial_rotary_factor)), gelu_new."""
