@@ -17,7 +17,7 @@ converter stores them; llama3 rope scaling goes in as llama.cpp's
 llama.cpp's own converter writes a Hugging Face checkpoint: its names through gguf's table of
 them, the experts' interleaved gate and up columns split into two tensors, the expert matrices in
 MXFP4 where the checkpoint stored them so (the same blocks), else unquantized. Matrices are
-written in the model's type; 1-D tensors, biases and routers in f32, as that converter does. The
+written in the model's type; 1-D tensors, biases, routers and learned positions in f32, as that converter does. The
 tokenizer's keys are copied from the source when it was a GGUF; otherwise they are written from
 the tokenizer.json Nest loaded (byte-level BPE as llama.cpp's `gpt2` tokenizer, SentencePiece's
 BPE as its `llama` one, scored by merge rank). Either way the token list is padded to the model's
@@ -233,7 +233,8 @@ def write_gguf(bound, out, dtype: str | None = None) -> str:
         if name in quantized:
             mx = gguf.GGMLQuantizationType.MXFP4
             writer.add_tensor(name, gguf.quants.quantize(t.float().numpy(), mx), raw_dtype=mx)
-        elif t.dim() == 1 or dtype == "f32" or name.endswith(".bias") or ".ffn_gate_inp." in name:
+        elif t.dim() == 1 or dtype == "f32" or name.endswith(".bias") or ".ffn_gate_inp." in name or \
+                name == "position_embd.weight":  # (the converter keeps GPT-2's learned positions in f32 too)
             writer.add_tensor(name, t.float().numpy())
         elif dtype == "q8_0" and t.shape[-1] % 32 == 0:  # blocks of 32 along each row, each scale an f16
             _check_f16_range(bound.card, name, t, 127, "Q8_0's scale (its block's largest value / 127)")

@@ -552,7 +552,7 @@ def test_every_family_in_16_bits_reads_alike_in_gguf_llama_cpp_and_nest(tmp_path
     with its query scale;
     tiny-phi3 named otherwise, as above): gguf's reader finds each matrix in the type asked, holding
     torch's rounding of the f32 file's values (the weights bound in that type, through numpy's bits
-    for bf16), and 1-D tensors, biases and routers in f32; llama.cpp computes the logits Nest
+    for bf16), and 1-D tensors, biases, routers and learned positions in f32; llama.cpp computes the logits Nest
     computes on the file, to what llama.cpp's 16-bit matmuls round (activations in the weights' type)."""
     import gguf
     import torch
@@ -576,7 +576,8 @@ def test_every_family_in_16_bits_reads_alike_in_gguf_llama_cpp_and_nest(tmp_path
     assert written.keys() == full.keys()
     plus_one = NORMS_PLUS_ONE.get(GGUFCheckpoint(files[dtype]).architecture)
     for tensor, (kind, values) in written.items():
-        kept = values.ndim == 1 or tensor.endswith(".bias") or ".ffn_gate_inp." in tensor
+        kept = values.ndim == 1 or tensor.endswith(".bias") or ".ffn_gate_inp." in tensor or \
+            tensor == "position_embd.weight"  # (llama.cpp's converter keeps these in f32 whatever the type)
         assert kind == ("F32" if kept else dtype.upper()), tensor
         if tensor == "rope_freqs.weight":  # llama3's divisors, from the config: no weight of the model's type
             assert np.array_equal(values, full[tensor][1])
@@ -986,11 +987,11 @@ def q8_0_reference(values: np.ndarray) -> np.ndarray:
     return (q * d.astype(np.float16).astype(np.float32)).reshape(values.shape)
 
 
-@pytest.mark.parametrize("card", ["tiny-llama", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma2"])
+@pytest.mark.parametrize("card", ["tiny-llama", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma2", "tiny-gpt2"])
 def test_q8_0_files_hold_llama_cpps_blocks_and_run_alike_in_llama_cpp_and_nest(tmp_path, spm_gguf, card):
     """--dtype q8_0 (llama.cpp converter's --outtype q8_0): each matrix whose rows are whole blocks
     of 32 is Q8_0, quantized from the f32 weights as llama.cpp's reference quantizer does, the rest as the 16-bit files
-    have them (1-D tensors, biases and routers f32; other matrices f16). llama.cpp's logits on the
+    have them (1-D tensors, biases, routers and learned positions f32; other matrices f16). llama.cpp's logits on the
     file are Nest's on it, to what llama.cpp's 8-bit activations round; and Nest running its blocks
     as they are (quantization='gguf') computes what it computes on them decoded."""
     import gguf
@@ -1011,7 +1012,8 @@ def test_q8_0_files_hold_llama_cpps_blocks_and_run_alike_in_llama_cpp_and_nest(t
     kinds = set()
     for t in reader.tensors:
         values, want = gguf.quants.dequantize(t.data, t.tensor_type), full[t.name]
-        kept = values.ndim == 1 or t.name.endswith(".bias") or ".ffn_gate_inp." in t.name
+        kept = values.ndim == 1 or t.name.endswith(".bias") or ".ffn_gate_inp." in t.name or \
+            t.name == "position_embd.weight"
         kind = "F32" if kept else "Q8_0" if want.shape[-1] % 32 == 0 else "F16"
         assert t.tensor_type.name == kind, t.name
         kinds.add(kind)
