@@ -542,6 +542,27 @@ def test_a_phi3_window_goes_into_the_gguf_and_the_export_warns_that_llama_cpp_tu
     assert err(prefill_all(model, prompt), ours).max() <= 1e-5
 
 
+def tiny_card_for_llama_cpp(card: str, name: str, tmp_path, *changes) -> Path:
+    """The tiny card `card` written as `name` in the SentencePiece test vocabulary (384 tokens), set as
+    llama.cpp fixes Gemma's (tiny-gemma3's window pattern, tiny-gemma2's query scale), then `changes`,
+    each (old text, new)."""
+    source = (Path(nest.__file__).parent / "cards" / f"{card}.linnet").read_text()
+    for old, new in ((f'card "{card}"', f'card "{name}"'), ("vocab = 128", "vocab = 384"),
+                     ("window_pattern = 3", "window_pattern = 6"),
+                     ("query_pre_attn_scalar = 24", "query_pre_attn_scalar = 32"), *changes):
+        source = source.replace(old, new)
+    path = tmp_path / f"{name}.linnet"
+    path.write_text(source)
+    return path
+
+
+def kept_in_f32(tensor: str, values: np.ndarray) -> bool:
+    """What llama.cpp's converter writes in f32 whatever the type asked: 1-D tensors, biases, routers
+    (ffn_gate_inp) and learned positions (position_embd)."""
+    return values.ndim == 1 or tensor.endswith(".bias") or ".ffn_gate_inp." in tensor or \
+        tensor == "position_embd.weight"
+
+
 @pytest.mark.filterwarnings("ignore:.*llama.cpp's phi3 turns the window off")
 @pytest.mark.parametrize("dtype, bound", [("f16", 1.5e-3), ("bf16", 1.5e-2)])
 @pytest.mark.parametrize("card", ["tiny-llama", "tiny-llama-tied", "tiny-mixtral", "tiny-qwen2", "tiny-qwen3",
@@ -560,12 +581,7 @@ def test_every_family_in_16_bits_reads_alike_in_gguf_llama_cpp_and_nest(tmp_path
     from linnet.nest.checkpoint import NORMS_PLUS_ONE
 
     llama_cpp = pytest.importorskip("llama_cpp")
-    name = card.replace("tiny-", "small-").replace("phi3", "fused")
-    source = (Path(nest.__file__).parent / "cards" / f"{card}.linnet").read_text()
-    path = tmp_path / f"{name}.linnet"
-    path.write_text(source.replace(f'card "{card}"', f'card "{name}"').replace("vocab = 128", "vocab = 384")
-                    .replace("window_pattern = 3", "window_pattern = 6")
-                    .replace("query_pre_attn_scalar = 24", "query_pre_attn_scalar = 32"))  # (tiny-gemma2's: llama.cpp's)
+    path = tiny_card_for_llama_cpp(card, card.replace("tiny-", "small-").replace("phi3", "fused"), tmp_path)
     files = {d: export(path, "llama.cpp", tmp_path, weights="random", seed=5, dtype=d, tokenizer=spm_gguf)
              for d in ("f32", dtype)}
 
@@ -576,9 +592,7 @@ def test_every_family_in_16_bits_reads_alike_in_gguf_llama_cpp_and_nest(tmp_path
     assert written.keys() == full.keys()
     plus_one = NORMS_PLUS_ONE.get(GGUFCheckpoint(files[dtype]).architecture)
     for tensor, (kind, values) in written.items():
-        kept = values.ndim == 1 or tensor.endswith(".bias") or ".ffn_gate_inp." in tensor or \
-            tensor == "position_embd.weight"  # (llama.cpp's converter keeps these in f32 whatever the type)
-        assert kind == ("F32" if kept else dtype.upper()), tensor
+        assert kind == ("F32" if kept_in_f32(tensor, values) else dtype.upper()), tensor
         if tensor == "rope_freqs.weight":  # llama3's divisors, from the config: no weight of the model's type
             assert np.array_equal(values, full[tensor][1])
             continue
@@ -998,11 +1012,8 @@ def test_q8_0_files_hold_llama_cpps_blocks_and_run_alike_in_llama_cpp_and_nest(t
 
     llama_cpp = pytest.importorskip("llama_cpp")
     name = card.replace("tiny-", "small-")
-    source = (Path(nest.__file__).parent / "cards" / f"{card}.linnet").read_text()
-    path = tmp_path / f"{name}.linnet"
-    path.write_text(source.replace(f'card "{card}"', f'card "{name}"').replace("vocab = 128", "vocab = 384")
-                    .replace("query_pre_attn_scalar = 24", "query_pre_attn_scalar = 32")  # (as the 16-bit test's)
-                    .replace("ffn = 96", "ffn = 72"))  # tiny-llama's down projection: rows of no whole blocks
+    # (ffn 72: tiny-llama's down projection then has rows of no whole blocks)
+    path = tiny_card_for_llama_cpp(card, name, tmp_path, ("ffn = 96", "ffn = 72"))
     files = {d: export(path, "llama.cpp", tmp_path, weights="random", seed=5, dtype=d, tokenizer=spm_gguf)
              for d in ("f32", "q8_0")}
     assert Path(files["q8_0"]).name == f"{name}.Q8_0.gguf"
@@ -1012,9 +1023,7 @@ def test_q8_0_files_hold_llama_cpps_blocks_and_run_alike_in_llama_cpp_and_nest(t
     kinds = set()
     for t in reader.tensors:
         values, want = gguf.quants.dequantize(t.data, t.tensor_type), full[t.name]
-        kept = values.ndim == 1 or t.name.endswith(".bias") or ".ffn_gate_inp." in t.name or \
-            t.name == "position_embd.weight"
-        kind = "F32" if kept else "Q8_0" if want.shape[-1] % 32 == 0 else "F16"
+        kind = "F32" if kept_in_f32(t.name, values) else "Q8_0" if want.shape[-1] % 32 == 0 else "F16"
         assert t.tensor_type.name == kind, t.name
         kinds.add(kind)
         if kind == "Q8_0":
