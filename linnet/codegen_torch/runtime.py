@@ -906,18 +906,19 @@ class TorchModel:
 
     def _kept_in_blocks(self, weights: dict) -> set:
         """The params given as `QuantBlocks` that stay in their blocks: linear weights (fast numerics, on the
-        CPU, a type and K `cpu_qlinear` takes), a fused group only whole and of one type; and the targets
-        of tied linears (an embedding gathered from, decoded too, whose head runs in its blocks)."""
+        CPU, every layer of a type and K `cpu_qlinear` takes), a fused group only whole (its members joined
+        in the layers where their types agree: `fuse_linear_groups`); and the targets of tied linears (an
+        embedding gathered from, decoded too, whose head runs in its blocks)."""
         if not self.fast or self.device.type != "cpu":
             return set()
 
         def runs(name):
             w = weights.get(name)
-            return isinstance(w, QuantBlocks) and cpu_qlinear.takes(w.qtype, w.k)
+            return isinstance(w, QuantBlocks) and w.runs()
 
         kept = {name for name in self.linear_weights if name not in self.tied and runs(name)}
         for group in self.linear_groups:
-            if not all(name in kept for name in group) or len({weights[name].qtype for name in group}) != 1:
+            if not all(name in kept for name in group):
                 kept -= set(group)
         heads = [name for name in self.linear_weights if name in self.tied]  # a target that is a linear is shared
         return kept | {self.tied[h] for h in heads if self.tied[h] not in self.linear_weights and runs(self.tied[h])}
@@ -979,11 +980,8 @@ class TorchModel:
         as FusedParts. Returns the names fused."""
         fused = set()
         for slot, group in enumerate(self.linear_groups):
-            if group[0] in self.quant_blocks:  # (`_kept_in_blocks`: the whole group, of one type)
-                members = [self.quant_blocks[name].packed() for name in group]
-                stacked = self.linear_weights[group[0]]
-                self._hand_out_parts(slot, group, [QuantWeight.join(list(layer)) for layer in zip(*members)]
-                                     if stacked else [QuantWeight.join(members)])
+            if group[0] in self.quant_blocks:  # (`_kept_in_blocks`: the whole group)
+                self._join_quant_group(slot, group)
                 fused.update(group)
                 continue
             weights = [getattr(self, name) for name in group]
@@ -999,6 +997,24 @@ class TorchModel:
             self._hand_out_parts(slot, group, packed)
             fused.update(group)
         return fused
+
+    def _join_quant_group(self, slot: int, group: tuple):
+        """A group kept in its blocks, a layer at a time: joined as one `QuantWeight` (handed out as
+        FusedParts) where its members' block types agree, each member its own QuantWeight in a layer
+        where they differ (the kernel runs one type a call; a Q4_K_M file's v is Q6_K in some layers)."""
+        stacked = self.linear_weights[group[0]]
+        members = [self.quant_blocks[name].packed() for name in group]
+        layers = [list(layer) for layer in zip(*members)] if stacked else [members]
+        joined = [QuantWeight.join(layer) if len({w.qtype for w in layer}) == 1 else None for layer in layers]
+        self._hand_out_parts(slot, group, joined)
+        for i, layer in enumerate(layers):
+            if joined[i] is not None:
+                continue
+            for name, w in zip(group, layer):
+                if stacked:
+                    getattr(self, name)[i] = w
+                else:
+                    setattr(self, name, w)
 
     def _joined_groups(self) -> list:
         """The `linear_groups` that fast numerics join by rows on this device: those of one type
@@ -1037,14 +1053,15 @@ class TorchModel:
 
     def _hand_out_parts(self, slot: int, group: tuple, layers: list):
         """Each member of `group` as its FusedParts of `layers` (the group's weight, a layer each;
-        one for an unstacked group): a list of them for a stacked member, else the one."""
+        one for an unstacked group): a list of them for a stacked member, else the one. A layer given
+        as None (not joined) is None in each member, for the caller to fill."""
         stacked = self.linear_weights[group[0]]
         parts = {name: [] for name in group}
         for whole in layers:
             start = 0
             for name in group:
                 rows = self.params[name][0][-2]
-                parts[name].append(FusedPart(whole, start, start + rows, slot))
+                parts[name].append(None if whole is None else FusedPart(whole, start, start + rows, slot))
                 start += rows
         for name in group:
             setattr(self, name, parts[name] if stacked else parts[name][0])

@@ -62,9 +62,11 @@ class QuantWeight:
 @dataclass
 class QuantBlocks:
     """A param [*layers, N, K] as a GGUF's blocks (`nest.quantized`): `layers` holds each layer's [N, row
-    bytes] uint8 (one for an unstacked param), rows in the param's order (rope's rows unpermuted already)."""
+    bytes] uint8 (one for an unstacked param), rows in the param's order (rope's rows unpermuted already),
+    and `types` each layer's block type (gguf's GGMLQuantizationType): a Q4_K_M file's attn_v is Q6_K in
+    some layers and Q4_K in the others, and each layer runs in its own."""
 
-    qtype: object  # gguf's GGMLQuantizationType
+    types: tuple
     shape: tuple
     layers: list
 
@@ -72,19 +74,23 @@ class QuantBlocks:
     def k(self) -> int:
         return self.shape[-1]
 
+    def runs(self) -> bool:
+        """Whether `matmul` takes every layer's blocks here (`takes`)."""
+        return all(takes(qtype, self.k) for qtype in self.types)
+
     def dequantized(self, dtype):
         """The param as a torch tensor of `dtype`, decoded as `GGUFCheckpoint.load` decodes."""
         from linnet.nest.checkpoint import dequantize
 
         out = torch.empty(self.shape, dtype=dtype)
         flat = out.reshape(-1, *self.shape[-2:])
-        for i, rows in enumerate(self.layers):
-            flat[i] = torch.from_numpy(dequantize(rows, self.qtype).reshape(self.shape[-2:]))
+        for i, (rows, qtype) in enumerate(zip(self.layers, self.types)):
+            flat[i] = torch.from_numpy(dequantize(rows, qtype).reshape(self.shape[-2:]))
         return out
 
     def packed(self):
-        """The param for `matmul`: a QuantWeight, or a list of them, one a layer."""
-        weights = [pack(rows, self.qtype, self.shape[-2], self.k) for rows in self.layers]
+        """The param for `matmul`: a QuantWeight, or a list of them, one a layer (each in its layer's type)."""
+        weights = [pack(rows, qtype, self.shape[-2], self.k) for rows, qtype in zip(self.layers, self.types)]
         return weights if len(self.shape) == 3 else weights[0]
 
 

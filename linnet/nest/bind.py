@@ -203,7 +203,8 @@ def bind_weights(module: Module, get: Callable[[str], object], fmt: str = "hf", 
     called as get(checkpoint_name, param's type), for a reader that can give a tensor in that type
     as the conversion would (a GGUF's blocks decoded straight to bf16). `get_blocks(checkpoint_name)`:
     (type, [rows, row bytes] blocks) of a tensor kept quantized, or None; a param [*layers, N, K] whose
-    every tensor it gives, of one type, is bound as `cpu_qlinear.QuantBlocks` (`nest.quantized`), not decoded.
+    every tensor it gives (a layer's type its own) is bound as `cpu_qlinear.QuantBlocks` (`nest.quantized`),
+    not decoded.
     """
     arrays = _ARRAYS[framework](device)
     file_of = where if callable(where) else (lambda _name: where)
@@ -250,9 +251,10 @@ def _widens(stored: str, declared: str) -> bool:
 
 
 def _quantized(module: Module, src, pieces: list, shape: tuple, get_blocks: Callable[[str], tuple | None]):
-    """A param's stored tensors as one `QuantBlocks`, where each is blocks `get_blocks` keeps, all of
-    one type, of the declared [N, K] each, rewritten by row permutations alone (`unpermute_rope`); else
-    None, and the param is decoded as any other (a shape that does not fit then fails there, as ever)."""
+    """A param's stored tensors as one `QuantBlocks`, where each is blocks `get_blocks` keeps (each layer
+    in its own type: a Q4_K_M file mixes Q4_K and Q6_K in one param), of the declared [N, K] each, rewritten
+    by row permutations alone (`unpermute_rope`); else None, and the param is decoded as any other (a shape
+    that does not fit then fails there, as ever)."""
     from gguf import GGML_QUANT_SIZES
 
     from linnet.kernels.cpu_qlinear import QuantBlocks
@@ -260,18 +262,17 @@ def _quantized(module: Module, src, pieces: list, shape: tuple, get_blocks: Call
     if len(shape) - src.stacked != 2 or src.stacked > 1 or any(t != "unpermute_rope" for t, _ in src.transforms):
         return None
     stored = [get_blocks(ckpt) for _, ckpt in pieces]
-    if any(s is None for s in stored) or len({s[0] for s in stored}) != 1:
+    if any(s is None for s in stored):
         return None
-    qtype = stored[0][0]
-    values, block_bytes = GGML_QUANT_SIZES[qtype]
     layers = []
-    for _, rows in stored:
+    for qtype, rows in stored:
+        values, block_bytes = GGML_QUANT_SIZES[qtype]
         if rows.shape != (shape[-2], shape[-1] // values * block_bytes) or shape[-1] % values:
             return None
         for tname, args in src.transforms:
             rows = apply_transform(tname, rows, [evaluate_dim(a, module) for a in args])
         layers.append(rows)
-    return QuantBlocks(qtype, tuple(shape), layers)
+    return QuantBlocks(tuple(qtype for qtype, _ in stored), tuple(shape), layers)
 
 
 class _TorchArrays:

@@ -1,9 +1,9 @@
 """A GGUF's quantized weights kept in their blocks: `nest.load(..., quantization="gguf")`.
 
-`bind.bind_weights` gives a param whose every stored tensor is Q8_0, Q4_1, Q4_K or Q6_K blocks, all of one
-type (the types `kernels.cpu_qlinear` multiplies; a Q4_K_M file's Q4_K and Q6_K), as
-`cpu_qlinear.QuantBlocks` rather than decoded; a param whose layers differ in type (a Q4_K_M's attn_v and
-ffn_down) is decoded, and a fused group runs in its blocks only whole and of one type. The torch model
+`bind.bind_weights` gives a param whose every stored tensor is Q8_0, Q4_1, Q4_K or Q6_K blocks (the types
+`kernels.cpu_qlinear` multiplies; a Q4_K_M file's Q4_K and Q6_K, which its attn_v and ffn_down mix from
+layer to layer) as `cpu_qlinear.QuantBlocks`, each layer in its own type, rather than decoded; a fused group
+runs in its blocks only whole, joined in the layers where its members' types agree. The torch model
 (`codegen_torch.runtime.TorchModel`) packs those its linears read for the quantized kernel and
 decodes the rest (an embedding's table, which it gathers rows from) to the param's type.
 """

@@ -75,12 +75,14 @@ def k_quant_blocks(rng, shape, qtype) -> np.ndarray:
     return raw.reshape(shape[0], -1)
 
 
-def write_typed_llama(path, qtype, seed=0, split_max_tensors=0, tied=False, types=None):
+def write_typed_llama(path, qtype, seed=0, split_max_tensors=0, tied=False, types=None, decoded=False):
     """A random Llama whose matrices (embeddings and output too) are stored in `qtype`, its norms in
     f32, as llama.cpp's quantize leaves them; a byte vocabulary llama.cpp can load. With
     `split_max_tensors`, split as llama.cpp's gguf-split writes it (gguf's writer's own splitting:
     PATH-0000i-of-0000N.gguf, the first returned). `tied`: no output.weight (the head is the
-    embedding's, as SmolLM2's). `types`: tensors stored in a type of their own, by name (a Q4_K_M file's mix)."""
+    embedding's, as SmolLM2's). `types`: tensors stored in a type of their own, by name (a Q4_K_M file's mix).
+    `decoded`: the same model (same seed, same blocks) with each quantized tensor stored in f32 as gguf's
+    own `dequantize` decodes its blocks, a reference for the file with the blocks."""
     rng, default = np.random.default_rng(seed), qtype
     w = gguf.GGUFWriter(str(path), "llama", split_max_tensors=split_max_tensors)
     w.add_block_count(LAYERS)
@@ -110,11 +112,17 @@ def write_typed_llama(path, qtype, seed=0, split_max_tensors=0, tied=False, type
         qtype = (types or {}).get(name, default)
         if len(shape) == 1:
             w.add_tensor(name, (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32))
-        elif qtype in K_SCALES:
-            w.add_tensor(name, k_quant_blocks(rng, shape, qtype), raw_dtype=qtype)
+            continue
+        if qtype in K_SCALES:
+            stored = k_quant_blocks(rng, shape, qtype)
         else:
             stored = gguf.quants.quantize((0.05 * rng.standard_normal(shape)).astype(np.float32), qtype)
-            w.add_tensor(name, stored, raw_dtype=qtype if stored.dtype == np.uint8 else None)
+        if stored.dtype != np.uint8:  # a float type, as it is
+            w.add_tensor(name, stored)
+        elif decoded:
+            w.add_tensor(name, gguf.quants.dequantize(stored, qtype).astype(np.float32))
+        else:
+            w.add_tensor(name, stored, raw_dtype=qtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -58,19 +58,32 @@ def test_greedy_tokens_are_those_of_the_file_decoded_at_load(qtype, tied, tmp_pa
 
 
 @runs_here
-def test_a_q4_k_m_files_mix_runs_each_weight_of_one_type_in_its_blocks(tmp_path):
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "captured"])
+def test_a_q4_k_m_files_mix_runs_each_layer_in_its_own_blocks(compile, tmp_path):
     """A Q4_K_M file as llama.cpp's quantize writes one: Q4_K, but Q6_K for the head and for attn_v and
-    ffn_down in some layers. A param whose layers are of one type runs in its blocks (a fused group
-    whose members are); one whose layers differ (here v, and so q, k, v together, and down) is decoded.
-    Greedy tokens through Engine.run as the file decoded to f32 gives them."""
-    mix = {"output.weight": Q.Q6_K, "blk.0.attn_v.weight": Q.Q6_K, "blk.0.ffn_down.weight": Q.Q6_K}
+    ffn_down in some layers. Every linear runs in its blocks, each layer in its own type: q, k and v
+    joined in the layer whose types agree and three matmuls in the one whose v is Q6_K; gate and up
+    joined in both, Q6_K in one. The logits are the file's tensors as gguf's own `dequantize` decodes
+    them (written to an f32 file) give them, and the greedy tokens through Engine.run (a captured
+    decode step replaying the per-layer mix) too."""
+    mix = {"output.weight": Q.Q6_K, "blk.0.attn_v.weight": Q.Q6_K, "blk.0.ffn_down.weight": Q.Q6_K,
+           "blk.1.ffn_gate.weight": Q.Q6_K, "blk.1.ffn_up.weight": Q.Q6_K}
     path = write_typed_llama(tmp_path / "tiny-Q4_K_M.gguf", Q.Q4_K, types=mix)
-    decoded, quantized = load(path), load(path, "gguf")
-    assert sorted(quant_weights(quantized)) == ["lm_head", "w_gate", "w_up", "wo"]
-    want, got = logits(decoded), logits(quantized)
+    reference = load(write_typed_llama(tmp_path / "tiny-Q4_K_M-f32.gguf", Q.Q4_K, types=mix, decoded=True))
+    quantized = load(path, "gguf", compile=compile)
+    runner = quantized.runner
+    assert sorted(quant_weights(quantized)) == sorted(runner.linear_weights)
+    assert runner.weight_bytes() < reference.runner.weight_bytes() / 2
+    assert [w.qtype for w in runner.w_down] == [Q.Q6_K, Q.Q4_K]
+    q, k, v = runner.wq[0], runner.wk[0], runner.wv[0]  # layer 0: three weights of their own
+    assert all(isinstance(w, QuantWeight) for w in (q, k, v)) and (q.qtype, v.qtype) == (Q.Q4_K, Q.Q6_K)
+    q, k, v = runner.wq[1], runner.wk[1], runner.wv[1]  # layer 1: one joined Q4_K weight
+    assert q.fused is k.fused is v.fused and q.fused.qtype == Q.Q4_K and q.fused.n == v.stop
+    assert runner.w_gate[1].fused is runner.w_up[1].fused and runner.w_gate[1].fused.qtype == Q.Q6_K
+    want, got = logits(reference), logits(quantized)
     assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
-    decoded.reset(), quantized.reset()
-    assert greedy(quantized) == greedy(decoded)
+    reference.reset(), quantized.reset()
+    assert greedy(quantized, new=12) == greedy(reference, new=12)
 
 
 @runs_here
