@@ -5,7 +5,9 @@ SmolLM2-135M's shapes: [rows, 576] x [1536, 576] (gate, up), [rows, 1536] x [576
 the [rows, 576] x [49152, 576] head, and [rows, 1024] x [2048, 1024] (a K the K-quants take; each type
 runs the shapes whose K its blocks divide); random blocks, x in bf16 as the model runs it. Prints each
 kernel's median milliseconds and the quantized kernel's time over bf16's (below 1: faster), and the
-least times' ratio (a host other work keeps busy slows some runs of either).
+least times' ratio (a host other work keeps busy slows some runs of either). For the head's shape, also
+the tied embedding's gather of `rows` random ids from the head's panels (`cpu_qlinear.gather`) against
+`cpu_ops.gather_rows` from the table decoded to bf16 (the copy it replaces).
 
     python benchmarks/qlinear_rows.py --rows 1 16 512 --types Q4_1 Q8_0 Q4_K Q6_K --threads 1
 """
@@ -20,7 +22,7 @@ import gguf
 import numpy as np
 import torch
 
-from linnet.kernels import cpu_linear, cpu_qlinear
+from linnet.kernels import cpu_linear, cpu_ops, cpu_qlinear
 
 SHAPES = [(1536, 576), (576, 1536), (49152, 576), (2048, 1024)]  # the last for the K-quants (K a multiple of 256)
 
@@ -47,6 +49,17 @@ def medians_ms(f, g, repeats: int) -> tuple:
     return tuple((statistics.median(t) * 1e3, min(t) * 1e3) for t in times)
 
 
+def gather_rows(quant_table, table: torch.Tensor, args, rng: np.random.Generator) -> None:
+    """Rows of a tied embedding gathered from its head's panels against the same rows of the decoded table."""
+    n, k = table.shape
+    for rows in args.rows:
+        ids = torch.from_numpy(rng.integers(0, n, rows).astype(np.int32))
+        (q, q_least), (b, b_least) = medians_ms(lambda: cpu_qlinear.gather(quant_table, ids, torch.bfloat16),
+                                                lambda: cpu_ops.gather_rows(table, ids, torch.bfloat16), args.repeats)
+        print(f"gather {rows:4d} of [{n}, {k}] {cpu_qlinear.READS[quant_table.weight.qtype]:5s} {q:9.3f} ms   "
+              f"bf16 {b:9.3f} ms   {q / b:5.2f}x   (least {q_least:.3f} and {b_least:.3f} ms)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 512])
@@ -65,8 +78,11 @@ def main() -> None:
                 continue
             blocks = random_blocks(qtype, n, k, rng)
             quant = cpu_qlinear.pack(blocks, qtype, n, k)
-            panels = cpu_linear.pack(torch.from_numpy(gguf.quants.dequantize(blocks.reshape(n, -1), qtype))
-                                     .reshape(n, k).to(torch.bfloat16))
+            table = torch.from_numpy(gguf.quants.dequantize(blocks.reshape(n, -1), qtype)).reshape(n, k)
+            table = table.to(torch.bfloat16)
+            if n == SHAPES[2][0]:
+                gather_rows(cpu_qlinear.QuantTable(quant, torch.bfloat16), table, args, rng)
+            panels = cpu_linear.pack(table)
             for rows in args.rows:
                 x = torch.randn(rows, k).to(torch.bfloat16)
                 repeats = args.repeats if rows * n * k < 1e10 else 5

@@ -7,7 +7,7 @@ from linnet.ir.dims import Dim
 from linnet.ir.specialize import concrete_dtype, evaluate
 from linnet.ir.types import TensorType
 from linnet.ir.walk import all_values, assigned_names, stmt_values, values
-from linnet.pyemit import dim_py
+from linnet.pyemit import dim_py, gathers_param_rows
 
 ROPE_ARGS = ("theta", "scaling", "factor", "low_freq_factor", "high_freq_factor", "original_max", "beta_fast", "beta_slow",
              "truncate", "attention_factor")
@@ -97,21 +97,42 @@ def expert_weights(module: ir.Module) -> dict:
 
 def _weights_of(module: ir.Module, op: str) -> dict:
     """Params read only as the `w` of `op`, whole or one layer of a stacked param: {name: stacked}."""
+    def weight(v: ir.Op):
+        if v.op != op:
+            return None
+        w, layer = v.kwargs["w"], False
+        if isinstance(w, ir.Op) and w.op == "index" and len(w.args) == 1 and isinstance(w.args[0], ir.Var) \
+                and w.args[0].kind == "loop":
+            w, layer = w.kwargs["x"], True
+        # one layer of a stacked param, or a whole unstacked one
+        if isinstance(w, ir.Var) and w.kind == "param" and layer == (module.params[w.name].loop_var is not None):
+            return w.name
+        return None
+
+    return {name: module.params[name].loop_var is not None for name in _read_only_by(module, weight)}
+
+
+def gathered_tables(module: ir.Module) -> list:
+    """Params read only as gathered rows, `param[ids]` (an embedding's table): their names, sorted. torch on
+    the CPU keeps such a table in the quantized blocks of the head tied to it, decoding only the rows a
+    pass gathers (`TorchModel._kept_in_blocks`)."""
+    return sorted(_read_only_by(module, lambda v: v.kwargs["x"].name if v.op == "index" and gathers_param_rows(v)
+                                else None))
+
+
+def _read_only_by(module: ir.Module, reader) -> list:
+    """The params every use of which is an op `reader` names them for (reader(op): a param's name, or None),
+    in the order first read so."""
     uses: dict = {}
-    as_weight: dict = {}
+    read: dict = {}
     for fn in module.entries.values():
         for v in all_values(fn.body):
             if isinstance(v, ir.Var) and v.kind == "param":
                 uses[v.name] = uses.get(v.name, 0) + 1
-            if isinstance(v, ir.Op) and v.op == op:
-                w, layer = v.kwargs["w"], False
-                if isinstance(w, ir.Op) and w.op == "index" and len(w.args) == 1 and isinstance(w.args[0], ir.Var) \
-                        and w.args[0].kind == "loop":
-                    w, layer = w.kwargs["x"], True
-                # one layer of a stacked param, or a whole unstacked one
-                if isinstance(w, ir.Var) and w.kind == "param" and layer == (module.params[w.name].loop_var is not None):
-                    as_weight[w.name] = as_weight.get(w.name, 0) + 1
-    return {name: module.params[name].loop_var is not None for name, n in as_weight.items() if n == uses[name]}
+            name = reader(v) if isinstance(v, ir.Op) else None
+            if name is not None:
+                read[name] = read.get(name, 0) + 1
+    return [name for name, n in read.items() if n == uses[name]]
 
 
 def linear_groups(module: ir.Module) -> list:

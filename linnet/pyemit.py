@@ -147,7 +147,7 @@ class PythonEmitter:
             return f"({dim_py(v.dims[0])})", ATOM
         if v.op == "list":
             return "[" + ", ".join(self.expr(a) for a in v.args) + "]", ATOM
-        if v.op == "index" and _gathers_param_rows(v):
+        if v.op == "index" and gathers_param_rows(v):
             # where a pass's activations begin (an embedding): the runtime picks their type
             return f"rt.gather_rows({self.expr(k['x'])}, {self.expr(v.args[0])})", POSTFIX
         if v.op == "index":
@@ -310,7 +310,7 @@ class PythonEmitter:
         self.line('"""')
 
 
-def _gathers_param_rows(v: ir.Op) -> bool:
+def gathers_param_rows(v: ir.Op) -> bool:
     """`param[ids]`: a param's rows gathered by a tensor of ids."""
     x = v.kwargs["x"]
     return (len(v.args) == 1 and isinstance(x, ir.Var) and x.kind == "param"

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from linnet.codegen_torch.aliases import state_copies
-from linnet.codegen_common import entry_dim_sources, expert_weights, linear_groups, linear_weights, rope_key, rope_table_args, rope_tables
+from linnet.codegen_common import (entry_dim_sources, expert_weights, gathered_tables, linear_groups, linear_weights,
+                                   rope_key, rope_table_args, rope_tables)
 from linnet.ir import nodes as ir
 from linnet.ir.passes import inline_calls
 from linnet.ir.types import NoneType, ScalarType, TensorType
@@ -53,6 +54,8 @@ class _TorchEmitter(PythonEmitter):
         self.line(f"linear_groups = {linear_groups(m)!r}  # weights of one input: with fast numerics, one matmul")
         if expert_weights(m):
             self.line(f"expert_weights = {expert_weights(m)!r}  # name -> stacked: the runtime may pack each expert")
+        if gathered_tables(m):
+            self.line(f"gathered_tables = {gathered_tables(m)!r}  # params read only as gathered rows")
         self.line("fast = FAST")
         if "Batch" in m.bindings:
             self.line("pack_rows = Batch  # a decode step's rows")

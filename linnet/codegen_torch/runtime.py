@@ -19,7 +19,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from linnet.kernels import cpu_attention, cpu_linear, cpu_ops, cpu_qlinear
 from linnet.kernels.cpu_linear import PanelWeight
-from linnet.kernels.cpu_qlinear import QuantBlocks, QuantWeight
+from linnet.kernels.cpu_qlinear import QuantBlocks, QuantTable, QuantWeight
 from linnet.rope_tables import inv_frequencies
 
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16, "i32": torch.int32,
@@ -228,6 +228,8 @@ def gather_rows(table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     at position MaxSeq, one past a learned position table of MaxSeq rows, and its row is dropped.
     Every real position is inside the table (`ir.index_ranges` holds MaxSeq to its size).
     """
+    if isinstance(table, QuantTable):  # rows decoded from the panels of the head tied to the table
+        return cpu_qlinear.gather(table, ids, table.dtype if multiplies_natively(table.dtype) else torch.float32)
     wanted = torch.float32 if computed_in_f32(table) else table.dtype
     if table.dim() == 2 and ids.dim() == 1 and table.is_contiguous() and cpu_ops.serves(table):
         return cpu_ops.gather_rows(table, ids, wanted)  # (recorded as it runs, where a decode step is captured)
@@ -862,6 +864,7 @@ class TorchModel:
     linear_weights: dict = {}
     linear_groups: list = []
     expert_weights: dict = {}  # params read only as expert_linear's weights: {name: stacked}
+    gathered_tables: list = []  # params read only as gathered rows (`gather_rows`): an embedding's table
     fast = False
     pack_rows = 16  # input rows oneDNN tunes packed weights for (its layout only): a decode step's, typically
 
@@ -885,8 +888,8 @@ class TorchModel:
                     raise ValueError(f"param `{name}` must be {list(shape)}, but the blocks given are {list(t.shape)}")
                 if name in kept:
                     self.quant_blocks[name] = t
-                if name in kept and name in self.linear_weights:
-                    setattr(self, name, None)  # packed from its blocks
+                if name in kept and (name in self.linear_weights or self._gathered_from_head(name)):
+                    setattr(self, name, None)  # packed from its blocks (a table: read from its head's panels)
                     continue
                 t = t.dequantized(DTYPES[dtype])
             t = torch.as_tensor(t)
@@ -907,8 +910,9 @@ class TorchModel:
     def _kept_in_blocks(self, weights: dict) -> set:
         """The params given as `QuantBlocks` that stay in their blocks: linear weights (fast numerics, on the
         CPU, every layer of a type and K `cpu_qlinear` takes), a fused group only whole (its members joined
-        in the layers where their types agree: `fuse_linear_groups`); and the targets of tied linears (an
-        embedding gathered from, decoded too, whose head runs in its blocks)."""
+        in the layers where their types agree: `fuse_linear_groups`); and the targets of tied linears whose
+        heads run in their blocks (an embedding: read from the head's panels where it is only gathered from,
+        `_gathered_from_head`; otherwise decoded too)."""
         if not self.fast or self.device.type != "cpu":
             return set()
 
@@ -923,6 +927,13 @@ class TorchModel:
         heads = [name for name in self.linear_weights if name in self.tied]  # a target that is a linear is shared
         return kept | {self.tied[h] for h in heads if self.tied[h] not in self.linear_weights and runs(self.tied[h])}
 
+    def _gathered_from_head(self, name: str) -> bool:
+        """Whether a table kept in its blocks for the head tied to it is gathered from the head's panels
+        (`QuantTable`), not from a decoded copy: read only as gathered rows, each of its aliases a linear."""
+        aliases = [alias for alias, target in self.tied.items() if target == name]
+        return name in self.gathered_tables and len(self.params[name][0]) == 2 and bool(aliases) \
+            and all(alias in self.linear_weights for alias in aliases)
+
     def pack_linear_weights(self, in_place: bool = False):
         """Fast numerics on the CPU: linear weights packed (`pack_linear_weight`), a stacked one layer
         by layer; `in_place` where the model owns them.
@@ -931,7 +942,7 @@ class TorchModel:
         head tied to an embedding that is gathered from) it gets a packed copy of its own: one more
         [vocab, dim] tensor, for a head that runs about twice as fast in decode steps. Params kept in
         a GGUF's blocks (`quant_blocks`) are packed from them for `cpu_qlinear`, a tied head from its
-        target's blocks.
+        target's blocks; a target only gathered from then reads its rows from the head's panels (`QuantTable`).
         """
         if not self.fast:
             return
@@ -947,6 +958,9 @@ class TorchModel:
             if blocks is not None:
                 setattr(self, name, blocks.packed())
                 packed.add(name)
+                target = self.tied.get(name)
+                if target is not None and getattr(self, target) is None:  # (`_gathered_from_head`)
+                    setattr(self, target, QuantTable(getattr(self, name), DTYPES[self.params[target][1]]))
                 continue
             w = getattr(self, name)
             if not packs_linear_weights(w.device, w.dtype):
@@ -1071,7 +1085,7 @@ class TorchModel:
         seen, total = set(), 0
         for name in self.params:
             for t in _flat(getattr(self, name)):
-                t = t.fused if isinstance(t, FusedPart) else t
+                t = t.fused if isinstance(t, FusedPart) else t.weight if isinstance(t, QuantTable) else t
                 if id(t) not in seen:
                     seen.add(id(t))
                     total += t.nbytes if isinstance(t, (PanelWeight, QuantWeight)) else t.numel() * t.element_size()

@@ -33,7 +33,7 @@ TORCH_ATTRIBUTES = frozenset({
     "params", "tied", "state", "linear_weights", "linear_groups", "fast", "pack_rows", "device", "init_tables",
     "reset_state", "pack_linear_weights", "fuse_linear_groups", "weight_bytes",
     "join_linear_groups", "_joined_groups", "_hand_out_parts", "expert_weights", "pack_expert_weights",
-    "quant_blocks", "_kept_in_blocks", "_join_quant_group",
+    "quant_blocks", "_kept_in_blocks", "_join_quant_group", "gathered_tables", "_gathered_from_head",
 })
 JAX_ATTRIBUTES = frozenset({
     "params", "tied", "state", "entries", "stacked", "linear_groups", "linear_weights", "shard_params",

@@ -94,6 +94,7 @@ def cpu_kernels() -> ctypes.CDLL | None:
     lib.linnet_linear.argtypes = [i32, i32, vp, long, long, long, vp, vp, vp, i32, vp, long, i32]
     lib.linnet_pack_panels.argtypes = [i32, vp, long, long, i32]
     lib.linnet_qlinear.argtypes = lib.linnet_linear.argtypes
+    lib.linnet_qgather.argtypes = [i32, long, long, vp, long, vp, long, i32, i32, vp, i32]
     lib.linnet_qpanel_block_bytes.argtypes = [i32]
     lib.linnet_qpanel_block_bytes.restype = long
     lib.linnet_panel_pairs.argtypes = [i32, long]
@@ -110,7 +111,7 @@ def cpu_kernels() -> ctypes.CDLL | None:
         f.restype = None
     lib.linnet_replay.argtypes = [long, vp, vp]
     lib.linnet_replay.restype = long
-    for f in (lib.linnet_linear, lib.linnet_qlinear, lib.linnet_pack_panels, lib.linnet_attention,
+    for f in (lib.linnet_linear, lib.linnet_qlinear, lib.linnet_qgather, lib.linnet_pack_panels, lib.linnet_attention,
               lib.linnet_panel_pairs, lib.linnet_isa):
         f.restype = i32
     return lib

@@ -33,6 +33,10 @@ int linnet_task_qlinear(const int64_t *a) {
                           (int)a[12]);
 }
 
+int linnet_task_qgather(const int64_t *a) {
+    return linnet_qgather((int)a[0], a[1], a[2], P(3), a[4], P(5), a[6], (int)a[7], (int)a[8], P(9), (int)a[10]);
+}
+
 int linnet_task_attention(const int64_t *a) {
     return linnet_attention((int)a[0], (int)a[1], P(2), a[3], a[4], a[5], a[6], P(7), P(8), a[9], a[10], a[11], a[12],
                             P(13), P(14), a[15], P(16), as_float(a[17]), as_float(a[18]), P(19), (int)a[20]);

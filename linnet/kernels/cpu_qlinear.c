@@ -510,3 +510,65 @@ done:
     free(xsum);
     return status;
 }
+
+/* ---- rows of a weight's panels, decoded: the gather of an embedding whose tied head runs in them */
+
+/* Value k (0 .. 31) of row j (0 .. 15) of a panel block, as gguf's decoder gives it: d q (Q4_1, Q4_K:
+ * + m). d q is exact in f32 (11 by at most 8 significant bits, times a quant of at most 8; Q6_K's d sc
+ * q rounds once, as gguf's product does), so with or without a fused add the sum is rounded once. */
+static inline AVX2 float panel_value(int qtype, const uint8_t *block, int j, int k) {
+    const uint8_t *q = block + quants_at(qtype);
+    if (qtype == QTYPE_Q8_0)
+        return _cvtsh_ss(((const uint16_t *)block)[j]) * (float)((const int8_t *)q)[k * QNR + j];
+    if (qtype == QTYPE_Q6_K)
+        return ((const float *)block)[QNR * (k / (QK / 2)) + j] * (float)((const int8_t *)q)[k * QNR + j];
+    uint8_t byte = q[(k % (QK / 2)) * QNR + j];
+    float level = (float)(k < QK / 2 ? byte & 15 : byte >> 4);
+    if (qtype == QTYPE_Q4_1)
+        return _cvtsh_ss(((const uint16_t *)block)[j]) * level + _cvtsh_ss(((const uint16_t *)block)[QNR + j]);
+    return ((const float *)block)[j] * level + ((const float *)block)[QNR + j]; /* Q4_K: d sc q + (-dmin mn) */
+}
+
+struct qgather_job {
+    int qtype, value_type, out_type;
+    long K, N, n;
+    const void *const *panels;
+    const int32_t *ids;
+    void *out;
+};
+
+static AVX2 int qgather_chunk(void *data, long c, long chunks) {
+    const struct qgather_job *g = data;
+    long i0 = g->n * c / chunks, i1 = g->n * (c + 1) / chunks, bytes = linnet_qpanel_block_bytes(g->qtype);
+    for (long i = i0; i < i1; i++) {
+        long id = g->ids[i], o = i * g->K;
+        if (id < 0 || id >= g->N) {
+            memset((char *)g->out + o * type_bytes(g->out_type), 0, g->K * type_bytes(g->out_type));
+            continue;
+        }
+        const uint8_t *panel = g->panels[id / QNR];
+        for (long b = 0; b < g->K / QK; b++)
+            for (int k = 0; k < QK; k++)
+                store1(g->out, g->out_type, o + b * QK + k,
+                       round_to(g->value_type, panel_value(g->qtype, panel + b * bytes, (int)(id % QNR), k)));
+    }
+    return 0;
+}
+
+#define QGATHER_PARALLEL_FROM (1L << 16) /* values below which one thread gathers (a decode step's few rows) */
+
+/* out [n, K] (out_type) = rows ids of a weight [N, K] of qtype in P panels (panel p its rows 16p ..
+ * 16p + 15, as `linnet_qlinear` reads them: one weight's, not a joined group's), each value decoded as
+ * gguf's decoder gives it, then rounded to value_type (the param's type: the value a decoded table of
+ * that type would hold); an id outside [0, N) gives a row of zeros, as linnet_gather_rows does. Returns
+ * -2 for a type or K the kernel does not take. */
+int linnet_qgather(int qtype, long K, long P, const void *const *panels, long N, const int32_t *ids, long n,
+                   int value_type, int out_type, void *out, int threads) {
+    if (!linnet_qpanel_block_bytes(qtype) || K % QK || N > P * QNR)
+        return -2;
+    struct qgather_job job = {qtype, value_type, out_type, K, N, n, panels, ids, out};
+    long chunks = n < threads ? n : threads;
+    if (n * K < QGATHER_PARALLEL_FROM || chunks <= 1 || linnet_parallel(qgather_chunk, &job, chunks, threads))
+        qgather_chunk(&job, 0, 1); /* (linnet_parallel fails only before any chunk ran: out of memory) */
+    return 0;
+}

@@ -7,18 +7,21 @@ cpu_qlinear.c describes), once at load: Q8_0's and Q4_1's bytes rearranged, a K-
 each given its f32 scale (and minimum) worked out exactly; `QuantBlocks.packed` does so for a param, a
 weight a layer. `matmul` multiplies them, each block decoded in registers, in f32
 arithmetic; x f32 or bf16, the output in x's type. `QuantWeight.join` lists several weights'
-panels as one (a fused group: q, k and v; gate and up), as `PanelWeight.join` does.
+panels as one (a fused group: q, k and v; gate and up), as `PanelWeight.join` does. `gather` decodes
+rows of one weight's panels (an embedding's, `QuantTable`, read from the head tied to it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from linnet.kernels import cpu_linear, pool
 from linnet.kernels.cpu_graph import call
+from linnet.kernels.cpu_ops import as_int32
 from linnet.kernels.cpu_linear import PanelTable, _table, joined_table
 from linnet.kernels.panels import PANEL
 from linnet.kernels.torch_types import TYPES
@@ -57,6 +60,14 @@ class QuantWeight:
 
     def __repr__(self) -> str:
         return f"QuantWeight([{self.n}, {self.k}], {READS[self.qtype]})"
+
+
+class QuantTable(NamedTuple):
+    """An embedding's table [N, K] of `dtype` (the param's type) read from the panels of the head tied to it
+    (`gather`): its rows decoded only when gathered, where a decoded copy of the table would be kept."""
+
+    weight: QuantWeight
+    dtype: torch.dtype
 
 
 @dataclass
@@ -178,3 +189,18 @@ def matmul(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None) ->
     if x.dim() != 2:
         out = out.reshape(*x.shape[:-1], w.n)
     return out if out.dtype == x.dtype else out.to(x.dtype)
+
+
+def gather(table: QuantTable, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """table's rows ids (1-D) in `dtype`: each value as gguf's decoder gives it, rounded to the table's
+    type (the decoded table's value), then to `dtype`; an id outside the table gives a row of zeros."""
+    w = table.weight
+    if len(w.buffers) != 1:  # a joined group's panels do not hold one weight's rows in order
+        raise ValueError(f"rows are gathered from one weight's panels, not a joined group's: {w}")
+    ids = as_int32(ids)
+    out = torch.empty(ids.shape[0], w.k, dtype=dtype)
+    status = call("qgather", w.qtype, w.k, w.table.count, w.table.panels, w.n, ids.data_ptr(), ids.shape[0],
+                  TYPES[table.dtype], TYPES[dtype], out.data_ptr(), pool.threads())
+    if status:
+        raise ValueError(f"the quantized gather does not take {w}")
+    return out

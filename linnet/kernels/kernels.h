@@ -168,6 +168,8 @@ enum { QTYPE_Q4_1 = 3, QTYPE_Q8_0 = 8, QTYPE_Q4_K = 12, QTYPE_Q6_K = 14 };
 long linnet_qpanel_block_bytes(int qtype);
 int linnet_qlinear(int qtype, int x_type, const void *x, long M, long K, long P, const void *const *panels,
                    const long *cols, const int *widths, int y_type, void *y, long N, int threads);
+int linnet_qgather(int qtype, long K, long P, const void *const *panels, long N, const int32_t *ids, long n,
+                   int value_type, int out_type, void *out, int threads);
 
 /* cpu_attention.c */
 int linnet_attention(int type, int q_type, const void *q, long n, long H, long KVH, long D, const void *k, const void *v,

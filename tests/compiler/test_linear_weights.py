@@ -14,7 +14,7 @@ import torch
 
 import linnet
 from linnet import nest
-from linnet.codegen_common import linear_groups, linear_weights
+from linnet.codegen_common import gathered_tables, linear_groups, linear_weights
 from linnet.codegen_torch import runtime as rt
 from linnet.compiler import compile_file
 from linnet.frontend import load_file
@@ -66,6 +66,39 @@ entry run<N>(x: T[N, dim]) -> T[N, dim] {
 """
     module = inline_calls(specialize(load_source(source, "two_inputs.linnet"), {"Batch": 1, "T": "f32"}))
     assert linear_groups(module) == [("a", "b")]
+
+
+@pytest.mark.parametrize("card,tables", [("tiny-llama-tied", ["embed"]), ("tiny-gpt2", ["embed", "positions_embed"])])
+def test_params_read_only_as_gathered_rows_are_listed(card, tables):
+    # (the tied head is a param of its own, read by linear: the table it is tied to stays listed)
+    assert gathered_tables(module_of(card)) == tables
+
+
+def test_a_table_read_otherwise_too_is_not_listed():
+    from linnet.frontend import load_source
+
+    source = """
+arch gathered_and_summed
+config {
+  vocab: int = 16
+  dim: int = 8
+}
+params {
+  table: T[vocab, dim] from hf "table"
+  other: T[vocab, dim] from hf "other"
+}
+state {
+  seen: T[Batch, dim]
+}
+entry run<N>(ids: i32[N]) -> T[N, dim] {
+  return table[ids] + other[ids] * other[ids]
+}
+entry scaled<N>(ids: i32[N]) -> T[N, dim] {
+  return table[ids] + other[0]
+}
+"""
+    module = inline_calls(specialize(load_source(source, "gathered_and_summed.linnet"), {"Batch": 1, "T": "f32"}))
+    assert gathered_tables(module) == ["table"]
 
 
 def load(card, numerics, dtype="f32"):

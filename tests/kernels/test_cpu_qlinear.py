@@ -1,6 +1,7 @@
 """The quantized CPU linear (Q8_0, Q4_1, Q4_K and Q6_K blocks) against gguf's own decoding of the same
 bytes and a float64 matmul: odd shapes (a last panel narrower than 16, K a few blocks, row counts
-around the tiles and the 64-row block of x), x in f32 and bf16, joined weights, and batch invariance."""
+around the tiles and the 64-row block of x), x in f32 and bf16, joined weights, and batch invariance;
+rows gathered from the panels (a tied embedding's) against gguf's decoding of those rows."""
 
 import gguf
 import numpy as np
@@ -113,6 +114,36 @@ def test_a_bias_and_leading_axes_are_kept():
     got = cpu_qlinear.matmul(x, w, bias)
     assert got.shape == (2, 3, n)
     assert torch.equal(got, (cpu_qlinear.matmul(x.reshape(6, k), w) + bias).reshape(2, 3, n))
+
+
+@pytest.mark.parametrize("qtype,k", [(Q.Q8_0, 96), (Q.Q4_1, 576), (Q.Q4_K, 512), (Q.Q6_K, 256)],
+                         ids=lambda v: getattr(v, "name", f"K_{v}"))
+@pytest.mark.parametrize("ids", [[0, 36, 17, 36, 15, 16, 5], list(range(37)) * 60], ids=["rows", "threaded"])
+def test_gathered_rows_are_gguf_dequantized(qtype, k, ids):
+    """An embedding's rows read from the panels of the head tied to it (`gather`): bit for bit gguf's
+    decoding of those rows' blocks (in f32; rounded to a bf16 table's values, then given in f32 or bf16),
+    an id outside the table a row of zeros, as the plain gather gives it; enough rows to split over threads."""
+    rng = np.random.default_rng(k + len(ids))
+    n = 37  # a last panel of 5 rows
+    blocks = random_blocks(qtype, n, k, rng)
+    w = cpu_qlinear.pack(blocks, qtype, n, k)
+    want = torch.from_numpy(gguf.quants.dequantize(blocks.reshape(n, -1), qtype))
+    picked = torch.tensor(ids + [n, -1], dtype=torch.int64)  # (past the table: zeros)
+    got = cpu_qlinear.gather(cpu_qlinear.QuantTable(w, torch.float32), picked, torch.float32)
+    assert got.shape == (len(ids) + 2, k) and got.dtype == torch.float32
+    assert torch.equal(got[:len(ids)], want[ids]) and not got[len(ids):].any()
+    bf16_table = cpu_qlinear.QuantTable(w, torch.bfloat16)
+    assert torch.equal(cpu_qlinear.gather(bf16_table, picked[:len(ids)], torch.bfloat16), want[ids].bfloat16())
+    assert torch.equal(cpu_qlinear.gather(bf16_table, picked[:len(ids)], torch.float32), want[ids].bfloat16().float())
+
+
+def test_rows_are_not_gathered_from_a_joined_group():
+    rng = np.random.default_rng(4)
+    parts = [cpu_qlinear.pack(random_blocks(Q.Q8_0, n, 64, rng), Q.Q8_0, n, 64) for n in (20, 9)]
+    with pytest.raises(ValueError, match=r"from one weight's panels, not a joined group's: "
+                                         r"QuantWeight\(\[29, 64\], Q8_0\)"):
+        cpu_qlinear.gather(cpu_qlinear.QuantTable(cpu_qlinear.QuantWeight.join(parts), torch.float32),
+                           torch.tensor([0]), torch.float32)
 
 
 @pytest.mark.parametrize("qtype,k", [(Q.Q5_K, 256), (Q.Q8_0, 48), (Q.Q4_K, 288)], ids=["Q5_K", "K_48", "Q4_K_288"])

@@ -2,13 +2,15 @@
 (`kernels.cpu_qlinear`), against the same file decoded at load (the default); where it does not
 run, refused with what is supported; types the kernel does not read, decoded with a notice."""
 
+import ctypes
+
 import numpy as np
 import pytest
 import torch
 
 from linnet import nest
-from linnet.kernels import cpu_linear
-from linnet.kernels.cpu_qlinear import QuantWeight
+from linnet.kernels import build, cpu_graph, cpu_linear
+from linnet.kernels.cpu_qlinear import QuantTable, QuantWeight
 from linnet.nest.quantized import check_quantization
 from linnet.serve import Engine, Request
 
@@ -44,11 +46,14 @@ def quant_weights(model) -> list:
 @pytest.mark.parametrize("tied", [False, True], ids=["own_head", "tied_head"])
 def test_greedy_tokens_are_those_of_the_file_decoded_at_load(qtype, tied, tmp_path):
     """Every linear in its blocks (q, k and v, gate and up fused; a tied head from the embedding's
-    blocks), the tokens of Engine.run as the same file decoded to f32 gives them, and the logits
+    blocks, and the embedding's rows gathered from the head's), the tokens of Engine.run as the same file decoded to f32 gives them, and the logits
     within f32 accumulation's rounding."""
     path = write_typed_llama(tmp_path / f"tiny-{qtype.name}.gguf", qtype, tied=tied)
     decoded, quantized = load(path), load(path, "gguf")
     assert len(quant_weights(quantized)) == len(quantized.runner.linear_weights)
+    # a tied embedding is gathered from its head's panels, no decoded copy of it kept
+    assert isinstance(quantized.runner.embed, QuantTable) == tied
+    assert not tied or quantized.runner.embed.weight is quantized.runner.lm_head
     assert not quant_weights(decoded)
     assert quantized.runner.weight_bytes() < decoded.runner.weight_bytes() / 2
     want, got = logits(decoded), logits(quantized)
@@ -88,9 +93,17 @@ def test_a_q4_k_m_files_mix_runs_each_layer_in_its_own_blocks(compile, tmp_path)
 
 @runs_here
 def test_a_captured_decode_step_replays_the_quantized_linears(tmp_path):
-    """compile=True: the CPU graph records cpu_qlinear's calls (cpu_graph.c's task) and replays them."""
+    """compile=True: the CPU graph records cpu_qlinear's calls (cpu_graph.c's tasks), the tied embedding's
+    gather from its head's panels among them, and replays them: the tokens of the file decoded at load."""
     path = write_typed_llama(tmp_path / "tiny-Q4_1.gguf", Q.Q4_1, tied=True)
-    assert greedy(load(path, "gguf", compile=True), new=12) == greedy(load(path), new=12)
+    model = load(path, "gguf", compile=True)
+    assert isinstance(model.runner.embed, QuantTable)
+    engine = Engine(model)
+    done, _ = engine.run([Request(prompt=p, max_new_tokens=12, ignore_eos=True) for p in PROMPTS])
+    graph = engine.runner._graph
+    assert isinstance(graph, cpu_graph.CpuGraph), engine.runner.not_replayed
+    assert ctypes.cast(build.cpu_kernels().linnet_task_qgather, ctypes.c_void_p).value in graph.tasks
+    assert [list(c.tokens) for c in done] == greedy(load(path), new=12)
 
 
 @runs_here
