@@ -121,7 +121,7 @@ def test_a_bias_and_leading_axes_are_kept():
 @pytest.mark.parametrize("ids", [[0, 36, 17, 36, 15, 16, 5], list(range(37)) * 60], ids=["rows", "threaded"])
 def test_gathered_rows_are_gguf_dequantized(qtype, k, ids):
     """An embedding's rows read from the panels of the head tied to it (`gather`): bit for bit gguf's
-    decoding of those rows' blocks (in f32; rounded to a bf16 table's values, then given in f32 or bf16),
+    decoding of those rows' blocks (in f32; rounded to a bf16 or f16 table's values, then given in f32 or that type),
     an id outside the table a row of zeros, as the plain gather gives it; enough rows to split over threads."""
     rng = np.random.default_rng(k + len(ids))
     n = 37  # a last panel of 5 rows
@@ -132,9 +132,10 @@ def test_gathered_rows_are_gguf_dequantized(qtype, k, ids):
     got = cpu_qlinear.gather(cpu_qlinear.QuantTable(w, torch.float32), picked, torch.float32)
     assert got.shape == (len(ids) + 2, k) and got.dtype == torch.float32
     assert torch.equal(got[:len(ids)], want[ids]) and not got[len(ids):].any()
-    bf16_table = cpu_qlinear.QuantTable(w, torch.bfloat16)
-    assert torch.equal(cpu_qlinear.gather(bf16_table, picked[:len(ids)], torch.bfloat16), want[ids].bfloat16())
-    assert torch.equal(cpu_qlinear.gather(bf16_table, picked[:len(ids)], torch.float32), want[ids].bfloat16().float())
+    for dtype in (torch.bfloat16, torch.float16):
+        table = cpu_qlinear.QuantTable(w, dtype)
+        assert torch.equal(cpu_qlinear.gather(table, picked[:len(ids)], dtype), want[ids].to(dtype))
+        assert torch.equal(cpu_qlinear.gather(table, picked[:len(ids)], torch.float32), want[ids].to(dtype).float())
 
 
 def test_rows_are_not_gathered_from_a_joined_group():
