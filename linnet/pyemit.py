@@ -265,6 +265,11 @@ class PythonEmitter:
         parts = [self.expr(k[name]) if name in k else "None" for name in ("x", "weight", "bias")]
         return f"rt.layer_norm({', '.join(parts)}, {self.expr(k['eps']) if 'eps' in k else '1e-5'})"
 
+    def op_gelu(self, v, k):
+        if "approximate" in k and k["approximate"].value == "tanh":  # the runtimes' own: its numerics differ by mode
+            return f"rt.gelu_tanh({self.expr(k['x'])}, fast=FAST)"
+        return self.__getattr__("op_gelu")(v, k)  # the erf form: the backend's unary op
+
     def op_rope(self, v, k):
         return f"rt.rope({self.expr(k['x'])}, {self.expr(k['positions'])}, {self.rope_table(v)})"
 

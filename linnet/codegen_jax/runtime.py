@@ -180,6 +180,15 @@ def gelu(x):
     return jax.nn.gelu(x, approximate=False)
 
 
+def gelu_tanh(x, fast: bool):
+    """GELU's tanh form, `gelu(x, approximate="tanh")`: exact numerics, transformers' NewGELUActivation's
+    formula op by op (in f32, T's type there); fast, in f32 and rounded once to x's type (torch's
+    runtime computes the same)."""
+    if not fast:
+        return 0.5 * x * (1.0 + jnp.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * jnp.power(x, 3.0))))
+    return jax.nn.gelu(x.astype(jnp.float32), approximate=True).astype(x.dtype)
+
+
 def rmsnorm(x, weight, eps: float):
     h = x.astype(jnp.float32)
     # the mean's sum in one order at every row count (`fixed_order`): XLA's own varies with the pass's rows

@@ -37,8 +37,24 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
     # torch's kernel, as transformers' nn.LayerNorm calls it: a 16-bit x's mean and variance in f32,
-    # the weight and bias applied there too, the output rounded to x's type once
+    # the weight and bias applied there too, the output rounded to x's type once. On the CPU Linnet's
+    # C call computes the same, so that a captured decode step (`cpu_graph`) can replay it.
+    given = [t for t in (weight, bias) if t is not None]
+    if cpu_ops.serves(x, *given) and all(t.shape == x.shape[-1:] and t.dtype == given[0].dtype for t in given):
+        return cpu_ops.layer_norm(x, weight, bias, eps)
     return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
+
+
+def gelu_tanh(x: torch.Tensor, fast: bool) -> torch.Tensor:
+    """GELU's tanh form, `gelu(x, approximate="tanh")`. Exact numerics: transformers' NewGELUActivation's
+    formula, op by op (T is f32 there: the same values bit for bit). Fast: in f32, rounded once to
+    x's type, as torch's F.gelu computes it (one kernel; on the CPU Linnet's C call, which a captured
+    decode step replays)."""
+    if not fast:
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+    if cpu_ops.serves(x):
+        return cpu_ops.gelu_tanh(x)
+    return F.gelu(x, approximate="tanh")
 
 
 def _small_ops(*tensors: torch.Tensor):

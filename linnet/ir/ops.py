@@ -195,6 +195,19 @@ def _unary(name: str, float_only: bool):
 UNARY_FLOAT = ("exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "silu", "gelu", "relu", "sin", "cos", "erf")
 for _name in UNARY_FLOAT:
     op(_name, ("x",))(_unary(_name, True))
+GELU_FORMS = ("none", "tanh")  # torch's F.gelu `approximate`: the erf form, or the tanh one (transformers' gelu_new)
+
+
+@op("gelu", ("x", "approximate"), "GELU: the exact (erf) form, or with approximate=\"tanh\" the tanh form")
+def _gelu(x: Value, approximate: Value | None = None, *, loc: Loc):
+    if approximate is not None:
+        if not (isinstance(approximate, Const) and approximate.value in GELU_FORMS):
+            got = approximate.value if isinstance(approximate, Const) else approximate.type
+            raise _err(approximate.loc or loc, f"`approximate` of `gelu` is one of {', '.join(map(repr, GELU_FORMS))}, "
+                                               f"not {got!r}")
+        if isinstance(x.type, ScalarType) and approximate.value != "none":
+            raise _err(loc, "`gelu` of a static number is the exact (erf) form: `approximate` takes a tensor's")
+    return _unary("gelu", True)(x, loc=loc)
 op("neg", ("x",))(_unary("neg", False))
 op("abs", ("x",))(_unary("abs", False))
 op("not", ("x",))(_unary("not", False))

@@ -47,6 +47,11 @@ int linnet_task_rmsnorm(const int64_t *a) {
     return 0;
 }
 
+int linnet_task_layer_norm(const int64_t *a) {
+    linnet_layer_norm((int)a[0], P(1), a[2], a[3], a[4], (int)a[5], P(6), P(7), as_float(a[8]), P(9), (int)a[10]);
+    return 0;
+}
+
 int linnet_task_rope(const int64_t *a) {
     linnet_rope((int)a[0], P(1), a[2], a[3], a[4], a[5], a[6], P(7), P(8), a[9], P(10), (int)a[11]);
     return 0;

@@ -30,7 +30,7 @@ from linnet.kernels import build, pool
 from linnet.kernels.torch_types import TYPES
 
 aten = torch.ops.aten
-OP_ADD, OP_MUL, OP_SILU, OP_COPY, OP_SILU_MUL = range(5)  # kernels.h's elementwise ops
+OP_ADD, OP_MUL, OP_SILU, OP_COPY, OP_SILU_MUL, OP_GELU_TANH = range(6)  # kernels.h's elementwise ops
 _ELEMENTWISE = {aten.add.Tensor: OP_ADD, aten.add_.Tensor: OP_ADD, aten.mul.Tensor: OP_MUL,
                 aten.mul_.Tensor: OP_MUL, aten.silu.default: OP_SILU, aten._to_copy.default: OP_COPY}
 # ops that, when they do not return a view, copy their input (maybe to another type) in row order;

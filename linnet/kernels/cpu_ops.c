@@ -1,5 +1,5 @@
-/* The small ops of a pass on the CPU, one call each: RMSNorm, rotary embedding, the cache write,
- * and the elementwise ops and embedding gather that a replayed decode step (cpu_graph.c) runs.
+/* The small ops of a pass on the CPU, one call each: RMSNorm, LayerNorm, rotary embedding, the cache
+ * write, and the elementwise ops and embedding gather that a replayed decode step (cpu_graph.c) runs.
  *
  * In eager torch each is several aten ops with a dtype conversion or two (rmsnorm eight, rope
  * six, the cache write a mask, an index and a scatter), about 20 us a call at one decode row,
@@ -86,6 +86,65 @@ void linnet_rmsnorm(int x_type, const void *x, long x_stride, long n, long d, in
                     int out_type, void *out, int threads) {
     struct rmsnorm_args args = {x_type, w_type, out_type, x, w, x_stride, d, eps, out};
     over_rows(rmsnorm_rows, &args, n, n * d, threads);
+}
+
+/* out [n, d] (x's type) = (x - mean) / sqrt(var + eps) * w + b, row by row, as torch's F.layer_norm:
+ * the mean and the (biased) variance in f32 whatever x's type, w and b applied in f32, the output
+ * rounded once. x [n, d] (x_type) has rows x_stride elements apart; w and b [d] (w_type) may each be
+ * NULL (absent). The variance is the mean of (x - mean)^2, a second pass over the row (in cache),
+ * not mean(x^2) - mean^2, which cancels where the mean is large against the spread. */
+struct layer_norm_args {
+    int x_type, w_type;
+    const void *x, *w, *b;
+    long x_stride, d;
+    float eps;
+    void *out;
+};
+
+static AVX2 void layer_norm_rows(const void *args, long i0, long i1) {
+    const struct layer_norm_args *a = args;
+    int x_type = a->x_type, w_type = a->w_type;
+    const void *x = a->x, *w = a->w, *b = a->b;
+    long x_stride = a->x_stride, d = a->d, d8 = d / 8 * 8;
+    void *out = a->out;
+    for (long i = i0; i < i1; i++) {
+        long in = i * x_stride, o = i * d;
+        __m256 acc = _mm256_setzero_ps();
+        for (long j = 0; j < d8; j += 8)
+            acc = _mm256_add_ps(acc, load8(x, x_type, in + j));
+        float sum = hsum8(acc);
+        for (long j = d8; j < d; j++)
+            sum += load1(x, x_type, in + j);
+        float mean = sum / (float)d;
+        __m256 mean8 = _mm256_set1_ps(mean);
+        acc = _mm256_setzero_ps();
+        for (long j = 0; j < d8; j += 8) {
+            __m256 c = _mm256_sub_ps(load8(x, x_type, in + j), mean8);
+            acc = _mm256_fmadd_ps(c, c, acc);
+        }
+        float squares = hsum8(acc);
+        for (long j = d8; j < d; j++) {
+            float c = load1(x, x_type, in + j) - mean;
+            squares += c * c;
+        }
+        float r = 1.0f / sqrtf(squares / (float)d + a->eps);
+        __m256 r8 = _mm256_set1_ps(r), one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+        for (long j = 0; j < d8; j += 8) {
+            __m256 h = _mm256_mul_ps(_mm256_sub_ps(load8(x, x_type, in + j), mean8), r8);
+            h = _mm256_fmadd_ps(h, w ? load8(w, w_type, j) : one, b ? load8(b, w_type, j) : zero);
+            store8(out, x_type, o + j, h);
+        }
+        for (long j = d8; j < d; j++) {
+            float h = (load1(x, x_type, in + j) - mean) * r;
+            store1(out, x_type, o + j, h * (w ? load1(w, w_type, j) : 1.0f) + (b ? load1(b, w_type, j) : 0.0f));
+        }
+    }
+}
+
+void linnet_layer_norm(int x_type, const void *x, long x_stride, long n, long d, int w_type, const void *w,
+                       const void *b, float eps, void *out, int threads) {
+    struct layer_norm_args args = {x_type, w_type, x, w, b, x_stride, d, eps, out};
+    over_rows(layer_norm_rows, &args, n, n * d, threads);
 }
 
 /* out [n, H, D] (x's type, contiguous) = x rotated by each token's position: halves of each head
@@ -190,17 +249,28 @@ static inline AVX2 __m256 silu8(__m256 x) {
     return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
 
+/* GELU's tanh form of eight, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), written as the
+ * same value x / (1 + e^-2u) (0.5 (1 + tanh u) is sigmoid(2u)): no 1 + tanh cancelling to nothing
+ * for large negative x, and silu8's exponential. */
+static inline AVX2 __m256 gelu_tanh8(__m256 x) {
+    __m256 u = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
+                             _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), x), _mm256_mul_ps(x, x), x));
+    __m256 e = exp8(_mm256_min_ps(_mm256_mul_ps(_mm256_set1_ps(-2.0f), u), _mm256_set1_ps(88.0f)));
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
 static inline AVX2 __m256 apply8(int op, int type, __m256 a, __m256 b) {
     switch (op) {
     case OP_ADD: return _mm256_add_ps(a, b);
     case OP_MUL: return _mm256_mul_ps(a, b);
     case OP_SILU: return silu8(a);
+    case OP_GELU_TANH: return gelu_tanh8(a);
     case OP_SILU_MUL: return _mm256_mul_ps(round8(type, silu8(a)), b); /* silu(a) rounded to a's type, as torch's two ops */
     default: return a;
     }
 }
 
-/* out[r, c] = a[r, c] op b[r, c] (b unused by SILU and COPY; SILU_MUL: silu(a) * b, a gated MLP's
+/* out[r, c] = a[r, c] op b[r, c] (b unused by SILU, GELU_TANH and COPY; SILU_MUL: silu(a) * b, a gated MLP's
  * halves) over rows x cols, each operand's rows
  * its own stride apart (a view's: the gate columns of a fused gate / up output): a and b of
  * `type`, computed in f32 and rounded to out_type, as torch computes a 16-bit type's

@@ -1,5 +1,5 @@
-"""The small ops of a pass on the CPU, one C call each (`cpu_ops.c`): RMSNorm, rotary embedding,
-the cache write and a gated MLP's silu(gate) * up, built and loaded with `cpu_linear`'s library.
+"""The small ops of a pass on the CPU, one C call each (`cpu_ops.c`): RMSNorm, LayerNorm, rotary
+embedding, the cache write, a gated MLP's silu(gate) * up and GELU's tanh form, built and loaded with `cpu_linear`'s library.
 
 Eager torch spends about 20 us in each of them at one decode row (several aten ops and dtype
 conversions apiece) for well under a microsecond of arithmetic; a SmolLM2 decode step calls
@@ -15,7 +15,7 @@ import torch
 
 from linnet.kernels import build, pool
 from linnet.kernels.torch_types import TYPES
-from linnet.kernels.cpu_graph import OP_SILU_MUL, call
+from linnet.kernels.cpu_graph import OP_GELU_TANH, OP_SILU_MUL, call
 from linnet.kernels.row_writes import dense_rows, row_write
 
 
@@ -40,6 +40,21 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     out = _empty(x, torch.promote_types(weight.dtype, x.dtype))
     call("rmsnorm", TYPES[x.dtype], rows.data_ptr(), rows.stride(0), rows.shape[0], d, TYPES[weight.dtype],
          weight.data_ptr(), eps, TYPES[out.dtype], out.data_ptr(), pool.threads())
+    return out
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """F.layer_norm over x's last axis, in x's type: the statistics in f32, the weight and bias (each
+    optional, of one type) applied there, one rounding. x's rows may lie apart (a view); its last
+    axis is dense."""
+    d = x.shape[-1]
+    rows = dense_rows(x, d)
+    weight, bias = (None if t is None else t.contiguous() for t in (weight, bias))
+    w_type = TYPES[(weight if weight is not None else bias if bias is not None else x).dtype]
+    out = _empty(x, x.dtype)
+    call("layer_norm", TYPES[x.dtype], rows.data_ptr(), rows.stride(0), rows.shape[0], d, w_type,
+         None if weight is None else weight.data_ptr(), None if bias is None else bias.data_ptr(), eps,
+         out.data_ptr(), pool.threads())
     return out
 
 
@@ -85,6 +100,17 @@ def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     out = torch.empty(a.shape, dtype=a.dtype)
     call("elementwise", OP_SILU_MUL, TYPES[a.dtype], rows_a.data_ptr(), rows_a.stride(0), rows_b.data_ptr(),
          rows_b.stride(0), TYPES[out.dtype], out.data_ptr(), n, rows_a.shape[0], n, pool.threads())
+    return out
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU's tanh form of x in f32, rounded once to x's type (as F.gelu(x, approximate="tanh")).
+    x's rows may lie apart; its last axis is dense."""
+    n = x.shape[-1]
+    rows = dense_rows(x, n)
+    out = torch.empty(x.shape, dtype=x.dtype)
+    call("elementwise", OP_GELU_TANH, TYPES[x.dtype], rows.data_ptr(), rows.stride(0), rows.data_ptr(),
+         rows.stride(0), TYPES[out.dtype], out.data_ptr(), n, rows.shape[0], n, pool.threads())
     return out
 
 

@@ -185,9 +185,11 @@ void linnet_attention_prefetch(int type, long KVH, long D, const void *k, const 
                                const int32_t *positions, long window, long n);
 
 /* cpu_ops.c */
-enum { OP_ADD = 0, OP_MUL = 1, OP_SILU = 2, OP_COPY = 3, OP_SILU_MUL = 4 }; /* linnet_elementwise's ops */
+enum { OP_ADD = 0, OP_MUL = 1, OP_SILU = 2, OP_COPY = 3, OP_SILU_MUL = 4, OP_GELU_TANH = 5 }; /* linnet_elementwise's */
 void linnet_rmsnorm(int x_type, const void *x, long x_stride, long n, long d, int w_type, const void *w, float eps,
                     int out_type, void *out, int threads);
+void linnet_layer_norm(int x_type, const void *x, long x_stride, long n, long d, int w_type, const void *w,
+                       const void *b, float eps, void *out, int threads);
 void linnet_rope(int type, const void *x, long n, long H, long D, long token_stride, long head_stride,
                  const int32_t *positions, const float *table, long rows, void *out, int threads);
 void linnet_put_rows(int state_type, void *state, long offset, const int32_t *a, long a_stride, long a_limit,

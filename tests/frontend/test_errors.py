@@ -390,6 +390,16 @@ entry decode(tokens: i32[Batch]) -> T[Batch, 2] {
   return v
 }
 """, 21, 3, "3 names are assigned, but the value has 2 part(s)"),
+    arch("gelu-approximate-unknown", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return gelu(embed[tokens], approximate="erf")
+}
+""", 21, 42, "`approximate` of `gelu` is one of 'none', 'tanh', not 'erf'"),
+    arch("gelu-tanh-of-a-static-number", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return embed[tokens] * gelu(dim * 1.0, approximate="tanh")
+}
+""", 21, 26, "`gelu` of a static number is the exact (erf) form"),
     arch("expert-weights-not-stacked", HEAD + """\
 entry decode(tokens: i32[Batch]) -> T[Batch, 2, dim] {
   v, chosen = topk(embed[tokens], 2)
