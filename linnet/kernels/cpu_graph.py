@@ -8,9 +8,10 @@ calls with their arguments; replayed, it is those calls in a C loop, and the Pyt
 `with capture() as graph:` runs what it holds (a decode step) once, for real, while it records:
 - every call of Linnet's CPU kernels (`call`, through which the kernels' wrappers go);
 - every aten op, through a dispatch mode: views, allocations and constants (factory ops on no
-  tensor) need no replay; elementwise add / mul / SiLU / dtype copies and an embedding gather
-  become kernel calls of their own; any other op, or a read of a value on the host, means the
-  step cannot be replayed (`CpuGraph.unsupported` says which), and the runner stays eager.
+  tensor) need no replay; elementwise add / mul / SiLU / dtype copies, a concatenation (a copy
+  of each part) and an embedding gather become kernel calls of their own; any other op, or a
+  read of a value on the host, means the step cannot be replayed (`CpuGraph.unsupported` says
+  which), and the runner stays eager.
 Every tensor the step made is kept, so each keeps its address. The caller copies each step's
 inputs into the tensors the capture read, as for a CUDA graph, and must not reallocate what
 the step reads or writes (the cache: `TorchModel.reset_state` zeroes it in place).
@@ -19,6 +20,7 @@ the step reads or writes (the cache: `TorchModel.reset_state` zeroes it in place
 from __future__ import annotations
 
 import ctypes
+import math
 import struct
 import threading
 from contextlib import contextmanager
@@ -107,6 +109,8 @@ class CpuGraph:
             return  # a view (select, slice, a reshape or contiguous() that copied nothing)
         elif func in _COPIES:
             replayed = self._elementwise(OP_COPY, args[:1], {}, out)
+        elif func is aten.cat.default:
+            replayed = self._cat(args, out)
         else:
             replayed = func is aten.index.Tensor and self._gather(args, out)
         if not replayed:
@@ -141,6 +145,25 @@ class CpuGraph:
         (ap, ast, rows, cols), (bp, bst, _, _), (op_, ost, _, _) = views
         self.record("elementwise", (op, TYPES[a.dtype], ap, ast, bp, bst, TYPES[out.dtype], op_, ost, rows, cols,
                                     pool.threads()))
+        return True
+
+    def _cat(self, args, out) -> bool:
+        """torch.cat as a copy of each part into its place in the output: rows over the axes before the
+        joined one, each part's row dense from there (Phi-2's rotated part of each head beside the rest)."""
+        parts, axis = args[0], (args[1] if len(args) > 1 else 0) % out.dim()
+        start = 0
+        for part in parts:
+            if part.numel() == 0:
+                continue  # (torch.cat skips an empty 1-D part whatever the axis)
+            place = out.narrow(axis, start, part.shape[axis])
+            start += part.shape[axis]
+            width = math.prod(part.shape[axis:])
+            try:
+                part, place = part.view(-1, width), place.view(-1, width)  # fails where the leading axes do not merge
+            except RuntimeError:
+                return False
+            if not self._elementwise(OP_COPY, (part,), {}, place):
+                return False
         return True
 
     def _gather(self, args, out) -> bool:

@@ -1,5 +1,6 @@
 """The small ops of a pass on the CPU, one C call each (`cpu_ops.c`): RMSNorm, LayerNorm, rotary
-embedding, the cache write, a gated MLP's silu(gate) * up and GELU's tanh form, built and loaded with `cpu_linear`'s library.
+embedding, the cache write, a gated MLP's silu(gate) * up and GELU's tanh form, built and loaded
+with `cpu_linear`'s library.
 
 Eager torch spends about 20 us in each of them at one decode row (several aten ops and dtype
 conversions apiece) for well under a microsecond of arithmetic; a SmolLM2 decode step calls

@@ -109,6 +109,31 @@ def test_a_value_read_on_the_host_is_not_replayable():
     assert graph.unsupported is not None
 
 
+@pytest.mark.parametrize("dtype", TYPES)
+def test_a_concatenation_is_replayed_as_a_copy_of_each_part(dtype):
+    """Phi-2's partial rotary: a head's rotated part beside the rest, a view whose rows lie apart; and
+    a join along the first axis."""
+    g = torch.Generator().manual_seed(4)
+    x, r = torch.randn(3, 4, 10, generator=g).to(dtype), torch.randn(3, 4, 6, generator=g).to(dtype)
+    with cpu_graph.capture() as graph:
+        heads = torch.cat([r + r, x[:, :, 6:]], dim=-1)
+        rows = torch.cat([x[:1], x[1:] + x[1:]], dim=0)
+    assert graph.unsupported is None
+    for _ in range(2):
+        x.copy_(torch.randn(3, 4, 10, generator=g))
+        r.copy_(torch.randn(3, 4, 6, generator=g))
+        graph.replay()
+        assert torch.equal(heads, torch.cat([r + r, x[:, :, 6:]], dim=-1))
+        assert torch.equal(rows, torch.cat([x[:1], x[1:] + x[1:]], dim=0))
+
+
+def test_a_concatenation_whose_rows_do_not_merge_is_not_replayed():
+    x = torch.randn(4, 6, 8)
+    with cpu_graph.capture() as graph:
+        torch.cat([x.transpose(0, 1)[:, :, :3], x.transpose(0, 1)[:, :, 3:]], dim=-1)
+    assert graph.unsupported is not None and "cat" in graph.unsupported
+
+
 def test_outside_a_capture_nothing_is_recorded():
     x, w = torch.randn(2, 16), cpu_linear.pack(torch.randn(16, 16))
     with cpu_graph.capture() as graph:
@@ -127,13 +152,16 @@ def test_a_capture_records_its_own_thread_only():
     assert len(graph) == 1
 
 
-@pytest.mark.parametrize("card", ["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-qwen2", "tiny-qwen3"])
+@pytest.mark.parametrize("card", ["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-qwen2", "tiny-qwen3",
+                                  "tiny-phi2", "tiny-gpt2"])
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
 def test_a_replayed_decode_step_equals_the_eager_step(card, dtype):
     """The torch runner's captured step against the model's own eager decode, step after step from
-    the same cache: rows at different positions, idle rows (padding), the logits and the cache.
-    Qwen2's biases are added over rows (a broadcast the replay reads with a row stride of 0);
-    Qwen3's per-head norms read q and k through a copy of the fused output's columns."""
+    the same cache: rows at different positions, idle rows (padding), the logits, the tokens they
+    choose and the cache. Qwen2's biases are added over rows (a broadcast the replay reads with a
+    row stride of 0); Qwen3's per-head norms read q and k through a copy of the fused output's
+    columns; Phi-2 and GPT-2 take LayerNorm and GELU's tanh form, and Phi-2 joins each head's rotated
+    part to the rest (a concatenation)."""
     from linnet import nest
     from linnet.serve.runners import TorchRunner
 
@@ -159,6 +187,7 @@ def test_a_replayed_decode_step_equals_the_eager_step(card, dtype):
             getattr(model.runner, name).copy_(before[name])
         got = np.asarray(runner.decode(tokens, positions).float())
         np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max())
+        np.testing.assert_array_equal(got.argmax(-1), want.argmax(-1))
         for name in state:
             torch.testing.assert_close(getattr(model.runner, name), want_state[name], rtol=tol, atol=tol)
 
