@@ -116,15 +116,16 @@ def transformers_model():
 
     from linnet.export.hf_config import hf_config
 
-    model = Chosen.load(backend="torch", generics={"Batch": 1, "MaxSeq": 16})
+    model = Chosen.load("f32", {"Batch": 1, "MaxSeq": 16}, backend="torch", cast_dtype=True)  # transformers' f32
     config = hf_config(model.module)
     config.pop("torch_dtype")
     cfg = AutoConfig.for_model(config.pop("model_type"), **config)
     ref = AutoModelForCausalLM.from_config(cfg).float().eval()
     params = {name: getattr(model.runner, name) for name in model.module.params}
     state = dict(unbind_weights(model.module, params, "hf"))
-    if config["tie_word_embeddings"]:
-        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    if config["tie_word_embeddings"]:  # the head is the embedding, under the family's name for it (GPT-2's wte)
+        embedding = ref.get_input_embeddings().weight
+        state["lm_head.weight"] = state[next(n for n, p in ref.named_parameters() if p is embedding)]
     ref.load_state_dict(state, strict=True)
     return ref
 
