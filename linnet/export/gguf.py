@@ -1,5 +1,5 @@
 """One GGUF file for llama.cpp (`llama-server -m FILE`): Llama, Mixtral, Qwen2, Qwen3, Qwen3-MoE, gpt-oss,
-Gemma 3 (text), OLMo 2, Granite, Phi-3, SmolLM3, Gemma 2, Phi-2 and GPT-2.
+Gemma 3 (text), OLMo 2, Granite, Phi-3, SmolLM3, Gemma 2, Phi-2, GPT-2, DeepSeek-V2 and DeepSeek-V3.
 
 Metadata is written from the card's config under llama.cpp's keys for the architecture (`llama.*`,
 Mixtral's too, with its experts; `qwen2.*`, `qwen3.*`, `qwen3moe.*`, `gpt-oss.*`, `gemma3.*`, `olmo2.*`,
@@ -8,11 +8,12 @@ llama.cpp's converter writes it; llama.cpp's phi3 reads it and turns the window 
 `smollm3.*`, with no key for its NoPE layers: llama.cpp's smollm3 fixes one in every four; `gemma2.*` with its
 window and both caps; `phi2.*` with its LayerNorm eps and its rotary part as `rope.dimension_count`,
 q and k in checkpoint order, which llama.cpp's phi2 rotates NeoX-wise; `gpt2.*` with its LayerNorm eps and its
-position table's rows as the context). Llama's, Mixtral's, Qwen's, Gemma's, OLMo's, Granite's, Phi-3's and SmolLM3's tensors go
-under the names of the card's `from gguf` lines (a layer's
-experts as one tensor each for gate, up and down), with the declared transforms undone (Llama's q and k
-rows back in llama.cpp's rope order) and Gemma's norm weights stored as 1 + w, as llama.cpp's
-converter stores them; llama3 rope scaling goes in as llama.cpp's
+position table's rows as the context; `deepseek2.*` for both DeepSeeks, as llama.cpp's converter writes them
+(`_deepseek2_keys`)). Llama's, Mixtral's, Qwen's, Gemma's, OLMo's, Granite's, Phi-3's, SmolLM3's and DeepSeek's
+tensors go under the names of the card's `from gguf` lines (a layer's experts as one tensor each for gate, up
+and down; DeepSeek's kv_b_proj as `attn_k_b` and `attn_v_b`, as that converter splits it), with the declared
+transforms undone (Llama's q and k rows back in llama.cpp's rope order) and Gemma's norm weights stored as
+1 + w, as llama.cpp's converter stores them; llama3 rope scaling goes in as llama.cpp's
 `rope_freqs.weight`, one divisor per frequency, YaRN and linear scaling as keys. gpt-oss's go as
 llama.cpp's own converter writes a Hugging Face checkpoint: its names through gguf's table of
 them, the experts' interleaved gate and up columns split into two tensors, the expert matrices in
@@ -52,15 +53,13 @@ PRE_NAMES = ("gpt-2", "smollm", "llama-bpe", "qwen2", "gpt-4o")  # spelled as ll
 # Linnet's -> llama.cpp's
 ARCHITECTURES = {"llama": "llama", "mixtral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe",
                  "gpt_oss": "gpt-oss", "gemma3": "gemma3", "olmo2": "olmo2", "granite": "granite", "phi3": "phi3",
-                 "smollm3": "smollm3", "gemma2": "gemma2", "phi2": "phi2", "gpt2": "gpt2"}
+                 "smollm3": "smollm3", "gemma2": "gemma2", "phi2": "phi2", "gpt2": "gpt2",
+                 "deepseek_v2": "deepseek2", "deepseek_v3": "deepseek2"}
 
 
 def check_architecture(module, card: str) -> None:
     """Raises `ExportError` unless `module`'s architecture is one written here and llama.cpp can
     run it as configured."""
-    if module.name in ("deepseek_v2", "deepseek_v3"):  # llama.cpp runs them (deepseek2); their MLA tensors are not
-        raise ExportError(f"{card!r} is {module.name!r}: llama.cpp's deepseek2 runs it, but the llama.cpp export does "
-                          f"not write its latent attention's tensors yet (export it with --to vllm instead)")
     if module.name not in ARCHITECTURES:
         instead = "(export it with --to vllm instead)" if hf_config.known(module) else TRITON_INSTEAD
         raise ExportError(f"the llama.cpp export covers {', '.join(ARCHITECTURES)} cards; {card!r} is "
@@ -70,6 +69,8 @@ def check_architecture(module, card: str) -> None:
     if module.name == "qwen3_moe" and not b["norm_topk_prob"]:
         raise ExportError(f"{card!r} weighs its experts by their router probabilities unnormalized, and "
                           f"llama.cpp's qwen3moe always renormalizes them (export it with --to vllm instead)")
+    if ARCHITECTURES[module.name] == "deepseek2":
+        _check_deepseek2(b, card)
     if module.name == "gemma3":
         _check_gemma3(b, card)
     elif module.name == "gemma2":
@@ -99,6 +100,17 @@ def phi3_window_warning(b: dict, card: str) -> str | None:
             f"(phi3.attention.sliding_window), but llama.cpp's phi3 turns the window off and attends to every "
             f"position, so past {window} tokens of context llama.cpp's logits are not the model's (export it with "
             f"--to vllm to keep the window)")
+
+
+def _check_deepseek2(b: dict, card: str) -> None:
+    """llama.cpp's deepseek2 reads one YaRN multiplier (`yarn_log_multiplier`, 0.1 * mscale_all_dim) for the
+    attention's scale and rotates by unscaled cos and sin: a card whose rope is scaled by mscale over
+    mscale_all_dim (they differ) or by YaRN's default (neither given) is refused."""
+    if b["rope_scaling"] == "yarn" and b["rope_factor"] > 1 and \
+            (b["rope_mscale"] != b["rope_mscale_all_dim"] or b["rope_mscale_all_dim"] == 0):
+        raise ExportError(f"{card!r} has YaRN with rope_mscale {b['rope_mscale']} and rope_mscale_all_dim "
+                          f"{b['rope_mscale_all_dim']}; llama.cpp's deepseek2 takes them equal and given (its rope "
+                          f"unscaled, its attention scaled by mscale_all_dim's) (export it with --to vllm instead)")
 
 
 def _check_gemma3(b: dict, card: str) -> None:
@@ -186,13 +198,17 @@ def write_gguf(bound, out, dtype: str | None = None) -> str:
     writer.add_block_count(b["layers"])
     writer.add_feed_forward_length(b["ffn"])
     writer.add_head_count(b["heads"])
-    writer.add_head_count_kv(b.get("kv_heads", b["heads"]))  # (GPT-2's heads are all key/value heads)
-    writer.add_key_length(b["head_dim"])
-    writer.add_value_length(b["head_dim"])
+    if ARCHITECTURES[spec.name] == "deepseek2":
+        _deepseek2_keys(b, writer)
+    else:
+        writer.add_head_count_kv(b.get("kv_heads", b["heads"]))  # (GPT-2's heads are all key/value heads)
+        writer.add_key_length(b["head_dim"])
+        writer.add_value_length(b["head_dim"])
     # llama.cpp's phi2 rotates the first rope.dimension_count of each head, NeoX-wise, and norms by LayerNorm;
-    # GPT-2 rotates nothing
+    # GPT-2 rotates nothing; DeepSeek the last qk_rope_head_dim of each query head and its one shared key
     if "rope_theta" in b:
-        writer.add_rope_dimension_count(b["rotary_dim"] if spec.name == "phi2" else b["head_dim"])
+        rotated = {"phi2": "rotary_dim", "deepseek_v2": "qk_rope_head_dim", "deepseek_v3": "qk_rope_head_dim"}
+        writer.add_rope_dimension_count(b[rotated.get(spec.name, "head_dim")])
         writer.add_rope_freq_base(b["rope_theta"])
     if spec.name in ("phi2", "gpt2"):
         writer.add_layer_norm_eps(b["norm_eps"])
@@ -204,7 +220,7 @@ def write_gguf(bound, out, dtype: str | None = None) -> str:
         if _experts_stored_mxfp4(bound):  # as llama.cpp's converter keeps them: the same blocks, requantized
             quantized = {name for name, t in tensors if name.endswith("_exps.weight")}
     else:
-        if "experts" in b:  # Mixtral's experts are as wide as llama's `feed_forward_length` says
+        if "experts" in b and "moe_ffn" not in b:  # Mixtral's as wide as llama's `feed_forward_length` says
             _expert_keys(b, writer, width=spec.name != "mixtral")
         tensors = _norms_plus_one(unbind_weights(spec, bound.params, "gguf"), ARCHITECTURES[spec.name])
         _rope_keys(b, writer)
@@ -308,6 +324,37 @@ def _yarn_keys(b: dict, writer) -> None:
     writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
     writer.add_rope_scaling_factor(b["rope_factor"])
     writer.add_rope_scaling_orig_ctx_len(b["rope_original_max"])
+
+
+def _deepseek2_keys(b: dict, writer) -> None:
+    """DeepSeek's latent attention and experts as llama.cpp's converter writes them (DeepseekV2Model): MLA as
+    multi-query attention over the cached latent and rotated key (one key/value head, keys kv_lora_rank +
+    qk_rope_head_dim wide, values kv_lora_rank), the heads' own widths as the `_mla` lengths; the
+    dense layers before the experts; V2's softmax over the experts unnormalized, V3's sigmoid scores
+    chosen among the best groups, renormalized where the card says so; YaRN's mscale_all_dim as 0.1 times it."""
+    import gguf
+
+    writer.add_head_count_kv(1)
+    writer.add_key_length(b["kv_lora_rank"] + b["qk_rope_head_dim"])
+    writer.add_value_length(b["kv_lora_rank"])
+    writer.add_key_length_mla(b["qk_nope_head_dim"] + b["qk_rope_head_dim"])
+    writer.add_value_length_mla(b["v_head_dim"])
+    # 0: no query latent (llama-cpp-python 0.3.36 requires the key unless the model has V2-Lite's 27 layers)
+    writer.add_q_lora_rank(b.get("q_lora_rank", 0))
+    writer.add_kv_lora_rank(b["kv_lora_rank"])
+    writer.add_leading_dense_block_count(b["first_dense"])
+    writer.add_expert_feed_forward_length(b["moe_ffn"])
+    writer.add_expert_count(b["experts"])
+    writer.add_expert_used_count(b["experts_per_token"])
+    writer.add_expert_shared_count(b["shared_experts"])
+    writer.add_expert_weights_scale(b["routed_scaling"])
+    v3 = "expert_groups" in b
+    writer.add_expert_weights_norm(bool(b["norm_topk_prob"]) if v3 else False)
+    writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if v3 else gguf.ExpertGatingFuncType.SOFTMAX)
+    writer.add_expert_group_count(b["expert_groups"] if v3 else 1)  # (V2's greedy choice: all in one group)
+    writer.add_expert_group_used_count(b["topk_groups"] if v3 else 1)
+    if b["rope_scaling"] == "yarn":
+        writer.add_rope_scaling_yarn_log_mul(0.1 * b["rope_mscale_all_dim"])
 
 
 def _expert_keys(b: dict, writer, width: bool = True) -> None:

@@ -417,6 +417,7 @@ _GGUF_ARCHS = {
     "gemma2": ("gemma2", ["Gemma2ForCausalLM"]),
     "phi2": ("phi", ["PhiForCausalLM"]),
     "gpt2": ("gpt2", ["GPT2LMHeadModel"]),
+    "deepseek2": ("deepseek_v2", ["DeepseekV2ForCausalLM"]),  # V3's where its experts are scored by sigmoid
 }
 
 # a split GGUF's keys (llama.cpp's gguf-split), and how its files are named after their common prefix
@@ -436,7 +437,13 @@ def _open_gguf(path: str):
 # keys (`<arch>.key`) every GGUF file holds, and those every file of some architectures does
 _GGUF_KEYS = ("embedding_length", "block_count", "attention.head_count")
 _GGUF_ARCH_KEYS = {"gemma3": ("feed_forward_length",), "phi2": ("attention.layer_norm_epsilon", "rope.dimension_count"),
-                   "gpt2": ("attention.layer_norm_epsilon", "feed_forward_length", "context_length")}
+                   "gpt2": ("attention.layer_norm_epsilon", "feed_forward_length", "context_length"),
+                   "deepseek2": ("attention.kv_lora_rank", "rope.dimension_count", "leading_dense_block_count",
+                                 "expert_count", "expert_used_count", "expert_feed_forward_length",
+                                 "expert_shared_count")}
+
+# llama.cpp's deepseek2 expert_gating_func values (llama_expert_gating_func_type); none written: softmax
+_GATING_FUNCS = {1: "softmax", 2: "sigmoid"}
 
 # GGUF architecture -> how the names of the norm weights llama.cpp's converter stores as 1 + w end:
 # Gemma's RMSNorm multiplies by 1 + w, llama.cpp's by its weight, so the converter adds the 1;
@@ -692,6 +699,8 @@ class GGUFCheckpoint(Checkpoint):
         model_type, architectures = _GGUF_ARCHS.get(arch, (arch, None))
         if arch == "llama" and get("expert_count"):  # llama.cpp writes Mixtral as llama with experts
             model_type, architectures = "mixtral", ["MixtralForCausalLM"]
+        if arch == "deepseek2" and _GATING_FUNCS.get(get("expert_gating_func")) == "sigmoid":
+            model_type, architectures = "deepseek_v3", ["DeepseekV3ForCausalLM"]
 
         cfg: dict[str, Any] = {"model_type": model_type}
         if architectures:
@@ -720,6 +729,9 @@ class GGUFCheckpoint(Checkpoint):
                        moe_intermediate_size=get("expert_feed_forward_length"), norm_topk_prob=True)
         if model_type == "mixtral":
             cfg.update(num_local_experts=get("expert_count"), num_experts_per_tok=get("expert_used_count"))
+        if arch == "deepseek2":
+            cfg.pop("head_dim", None)  # (key_length: the latent's and the rotated key's, not a head's)
+            cfg.update(self._deepseek2_config(get, model_type))
         if model_type == "gemma3_text":
             cfg.update(self._gemma3_config(get, cfg))
         if model_type == "phi3" and "rope_factors_long.weight" in self._tensors:
@@ -740,7 +752,7 @@ class GGUFCheckpoint(Checkpoint):
         if model_type == "gpt2":  # its position table as long as the file's context; its MLP feed_forward_length wide
             cfg.update(layer_norm_epsilon=get("attention.layer_norm_epsilon"), n_inner=cfg["intermediate_size"],
                        n_positions=cfg["max_position_embeddings"], activation_function="gelu_new")
-        if model_type in ("llama", "mixtral", "granite", "smollm3"):
+        if model_type in ("llama", "mixtral", "granite", "smollm3", "deepseek_v2", "deepseek_v3"):
             cfg["hidden_act"] = "silu"
             cfg["attention_bias"] = "blk.0.attn_q.bias" in self._tensors
             cfg["mlp_bias"] = "blk.0.ffn_up.bias" in self._tensors
@@ -749,6 +761,14 @@ class GGUFCheckpoint(Checkpoint):
             # llama.cpp's keys hold no YaRN betas or truncation: llama.cpp fixes them at gpt-oss's betas and
             # rounds the ramp, where gpt-oss (and Linnet's card, as transformers) does not round it
             scaling.update(beta_fast=32.0, beta_slow=1.0, truncate=False)
+        if scaling and arch == "deepseek2" and scaling["rope_type"] == "yarn":
+            # llama.cpp's deepseek2 takes mscale and mscale_all_dim equal, the file holding 0.1 times them (in
+            # f32: rounded back to the card's digits); none: transformers' default, which llama.cpp does not compute
+            all_dim = round(get("rope.scaling.yarn_log_multiplier", 0.0) / 0.1, 6)
+            if all_dim:
+                scaling.update(mscale=all_dim, mscale_all_dim=all_dim)
+            else:
+                scaling["attention_factor"] = 1.0  # (llama.cpp rotates unscaled: refused as the card derives it)
         if scaling:
             cfg["rope_scaling"] = scaling
         for key in ("bos", "eos", "padding"):
@@ -756,6 +776,28 @@ class GGUFCheckpoint(Checkpoint):
             if token_id is not None:
                 cfg["pad_token_id" if key == "padding" else f"{key}_token_id"] = token_id
         return {k: v for k, v in cfg.items() if v is not None}
+
+    def _deepseek2_config(self, get, model_type: str) -> dict:
+        """DeepSeek's config as llama.cpp's deepseek2 reads the file, in the form its converter writes it from
+        transformers' (MLA as one key/value head: the heads' own widths under the `_mla` lengths, kv_b_proj
+        as attn_k_b and attn_v_b). A file from before that form (attn_kv_b, no `_mla` lengths) is refused."""
+        head, value = get("attention.key_length_mla"), get("attention.value_length_mla")
+        if head is None or value is None or "blk.0.attn_k_b.weight" not in self._tensors:
+            raise WeightsError(f"{self.path}: a deepseek2 GGUF from before llama.cpp's MLA form (no "
+                               f"deepseek2.attention.key_length_mla / value_length_mla, or no attn_k_b and attn_v_b "
+                               f"tensors); convert the checkpoint again with a current convert_hf_to_gguf.py")
+        rotated, groups = get("rope.dimension_count"), get("expert_group_count", 1)
+        topk = "noaux_tc" if model_type == "deepseek_v3" else "greedy" if groups <= 1 else "group_limited_greedy"
+        return {"q_lora_rank": get("attention.q_lora_rank") or None, "kv_lora_rank": get("attention.kv_lora_rank"),
+                "qk_rope_head_dim": rotated, "qk_nope_head_dim": head - rotated, "v_head_dim": value,
+                "n_routed_experts": get("expert_count"), "num_experts_per_tok": get("expert_used_count"),
+                "moe_intermediate_size": get("expert_feed_forward_length"),
+                "n_shared_experts": get("expert_shared_count"),
+                "first_k_dense_replace": get("leading_dense_block_count"),
+                "routed_scaling_factor": get("expert_weights_scale", 1.0),
+                "norm_topk_prob": bool(get("expert_weights_norm", False)),
+                "scoring_func": _GATING_FUNCS.get(get("expert_gating_func", 1), get("expert_gating_func")),
+                "n_group": groups, "topk_group": get("expert_group_used_count", 1), "topk_method": topk}
 
     @staticmethod
     def _gemma3_config(get, cfg: dict) -> dict:

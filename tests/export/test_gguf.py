@@ -489,6 +489,63 @@ def test_llama_cpp_computes_gpt2_as_linnet_does(tmp_path, spm_gguf):
     llama_cpp_agrees(llama_cpp, path, card, "gpt2", bound=2e-4)
 
 
+@pytest.mark.parametrize("card, arch", [("tiny-deepseek-v2", "deepseek_v2"), ("tiny-deepseek-v3", "deepseek_v3")])
+def test_llama_cpp_computes_deepseek_as_linnet_does(tmp_path, spm_gguf, card, arch):
+    """DeepSeek as llama.cpp's deepseek2, checked against what its converter (DeepseekV2Model) writes from the
+    Hugging Face checkpoint of the same weights (the vLLM export): its config's keys, MLA as one key/value
+    head; kv_b_proj viewed [heads, nope + v, kv_lora_rank], its key rows transposed as attn_k_b and its value
+    rows as attn_v_b; the experts stacked, V3's correction bias as exp_probs_b. llama.cpp computes the card's
+    logits (V2: 4.5e-7, V3 with its group-limited routing: 5.3e-7, measured; 0.13 on a row where V3's file
+    leaves its groups out); Nest reads the file back to them, and its vLLM export (kv_b_proj joined again) too."""
+    from safetensors.numpy import load_file
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    path = tiny_card_for_llama_cpp(card, card.replace("tiny-", "small-"), tmp_path)
+    file = export(path, "llama.cpp", tmp_path, weights="random", seed=5, dtype="f32", tokenizer=spm_gguf)
+    hf = Path(export(path, "vllm", tmp_path / "hf", weights="random", seed=5, dtype="f32", tokenizer=spm_gguf))
+    config, weights = json.loads((hf / "config.json").read_text()), load_file(hf / "model.safetensors")
+    ckpt = GGUFCheckpoint(file)
+
+    def key(name):
+        return ckpt.metadata(f"deepseek2.{name}")
+    assert ckpt.metadata("general.architecture") == "deepseek2"
+    assert (key("attention.head_count_kv"), key("attention.key_length"), key("attention.value_length")) == \
+        (1, config["kv_lora_rank"] + config["qk_rope_head_dim"], config["kv_lora_rank"])
+    assert (key("attention.key_length_mla"), key("attention.value_length_mla"), key("rope.dimension_count")) == \
+        (config["qk_nope_head_dim"] + config["qk_rope_head_dim"], config["v_head_dim"], config["qk_rope_head_dim"])
+    assert (key("leading_dense_block_count"), key("expert_feed_forward_length"), key("expert_count"),
+            key("expert_shared_count"), key("attention.q_lora_rank")) == \
+        (config["first_k_dense_replace"], config["moe_intermediate_size"], config["n_routed_experts"],
+         config["n_shared_experts"], config.get("q_lora_rank") or 0)
+    assert key("expert_weights_scale") == pytest.approx(config["routed_scaling_factor"])
+    assert key("expert_gating_func") == {"softmax": 1, "sigmoid": 2}[config.get("scoring_func", "softmax")]
+    assert key("expert_weights_norm") == config.get("norm_topk_prob", False)
+    assert (key("expert_group_count"), key("expert_group_used_count")) == (config["n_group"], config["topk_group"])
+    assert key("rope.scaling.yarn_log_multiplier") == pytest.approx(0.1 * config["rope_scaling"]["mscale_all_dim"])
+    heads, nope, v = config["num_attention_heads"], config["qk_nope_head_dim"], config["v_head_dim"]
+    for l in range(config["num_hidden_layers"]):
+        kv_b = weights[f"model.layers.{l}.self_attn.kv_b_proj.weight"].reshape(heads, nope + v, -1)
+        assert np.array_equal(ckpt.load(f"blk.{l}.attn_k_b.weight"), kv_b[:, :nope].transpose(0, 2, 1))
+        assert np.array_equal(ckpt.load(f"blk.{l}.attn_v_b.weight"), kv_b[:, nope:])
+        assert np.array_equal(ckpt.load(f"blk.{l}.attn_kv_a_mqa.weight"),
+                              weights[f"model.layers.{l}.self_attn.kv_a_proj_with_mqa.weight"])  # (no permutation)
+    last = config["num_hidden_layers"] - 1
+    experts = np.stack([weights[f"model.layers.{last}.mlp.experts.{e}.down_proj.weight"]
+                        for e in range(config["n_routed_experts"])])
+    assert np.array_equal(ckpt.load(f"blk.{last}.ffn_down_exps.weight"), experts)
+    if arch == "deepseek_v3":
+        assert np.array_equal(ckpt.load(f"blk.{last}.exp_probs_b.bias"),
+                              weights[f"model.layers.{last}.mlp.gate.e_score_correction_bias"])
+        assert np.array_equal(ckpt.load(f"blk.{last}.attn_q_b.weight"),
+                              weights[f"model.layers.{last}.self_attn.q_b_proj.weight"])
+    llama_cpp_agrees(llama_cpp, file, path, arch)
+    again = export(file, "vllm", tmp_path / "from-gguf", dtype="f32")  # kv_b_proj joined back from attn_k_b, attn_v_b
+    kv_b = f"model.layers.{last}.self_attn.kv_b_proj.weight"
+    assert np.array_equal(load_file(Path(again) / "model.safetensors")[kv_b], weights[kv_b])
+    np.testing.assert_array_equal(prefill_all(nest.load(again, generics={"Batch": 1, "MaxSeq": 64}), PROMPT),
+                                  linnet_logits(path))
+
+
 def test_a_phi3_window_goes_into_the_gguf_and_the_export_warns_that_llama_cpp_turns_it_off(tmp_path, spm_gguf):
     """A tiny random Phi-3 saved by transformers, its window (8) shorter than the 25-token prompt: the
     GGUF carries it as `phi3.attention.sliding_window`, as llama.cpp's converter writes it, and the
@@ -567,13 +624,15 @@ def kept_in_f32(tensor: str, values: np.ndarray) -> bool:
 @pytest.mark.parametrize("dtype, bound", [("f16", 1.5e-3), ("bf16", 1.5e-2)])
 @pytest.mark.parametrize("card", ["tiny-llama", "tiny-llama-tied", "tiny-mixtral", "tiny-qwen2", "tiny-qwen3",
                                   "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma3", "tiny-olmo2", "tiny-granite",
-                                  "tiny-phi3", "tiny-smollm3", "tiny-gemma2", "tiny-phi2", "tiny-gpt2"])
+                                  "tiny-phi3", "tiny-smollm3", "tiny-gemma2", "tiny-phi2", "tiny-gpt2",
+                                  "tiny-deepseek-v2", "tiny-deepseek-v3"])
 def test_every_family_in_16_bits_reads_alike_in_gguf_llama_cpp_and_nest(tmp_path, spm_gguf, card, dtype, bound):
     """The tiny cards in the SentencePiece vocabulary (tiny-gemma3 with llama.cpp's window pattern, tiny-gemma2
     with its query scale;
     tiny-phi3 named otherwise, as above): gguf's reader finds each matrix in the type asked, holding
     torch's rounding of the f32 file's values (the weights bound in that type, through numpy's bits
-    for bf16), and 1-D tensors, biases, routers and learned positions in f32; llama.cpp computes the logits Nest
+    for bf16; DeepSeek's router and its bias, f32 in the card, unrounded), and 1-D tensors, biases, routers and
+    learned positions in f32; llama.cpp computes the logits Nest
     computes on the file, to what llama.cpp's 16-bit matmuls round (activations in the weights' type)."""
     import gguf
     import torch
@@ -593,7 +652,9 @@ def test_every_family_in_16_bits_reads_alike_in_gguf_llama_cpp_and_nest(tmp_path
     plus_one = NORMS_PLUS_ONE.get(GGUFCheckpoint(files[dtype]).architecture)
     for tensor, (kind, values) in written.items():
         assert kind == ("F32" if kept_in_f32(tensor, values) else dtype.upper()), tensor
-        if tensor == "rope_freqs.weight":  # llama3's divisors, from the config: no weight of the model's type
+        if tensor == "rope_freqs.weight" or (card.startswith("tiny-deepseek") and (".ffn_gate_inp." in tensor or
+                                                                                    ".exp_probs_b." in tensor)):
+            # llama3's divisors, from the config; DeepSeek's router and its bias, f32 in the card whatever the type
             assert np.array_equal(values, full[tensor][1])
             continue
         rounded = torch.from_numpy(full[tensor][1]).to(getattr(torch, {"f16": "float16", "bf16": "bfloat16"}[dtype]))
@@ -619,11 +680,19 @@ def test_only_the_architectures_llama_cpp_runs_and_only_with_a_tokenizer(tmp_pat
     from linnet.export.gguf import check_architecture
 
     with pytest.raises(ExportError, match="covers llama, mixtral, qwen2, qwen3, qwen3_moe, gpt_oss, gemma3, olmo2, "
-                                          "granite, phi3, smollm3, gemma2, phi2, gpt2 cards; 'm' is 'mamba'"):
+                                          "granite, phi3, smollm3, gemma2, phi2, gpt2, deepseek_v2, deepseek_v3 "
+                                          "cards; 'm' is 'mamba'"):
         check_architecture(SimpleNamespace(name="mamba"), "m")
-    with pytest.raises(ExportError, match="llama.cpp's deepseek2 runs it, but the llama.cpp export does not write its "
-                                          r"latent attention's tensors yet \(export it with --to vllm instead\)"):
-        export("tiny-deepseek-v2", "llama.cpp", tmp_path / "out", weights="random")
+    deepseek = (Path(nest.__file__).parent / "cards" / "tiny-deepseek-v2.linnet").read_text()  # YaRN, mscales 0.707
+    # llama.cpp's logits on such a file, the check passed by: 1.2e-3 and 5.5e-3 off the card's (4.5e-7 with them equal)
+    unequal = "  rope_mscale = 0.707\n  rope_mscale_all_dim = 1.0\n"
+    for mscales, values in ((unequal, "0.707 and rope_mscale_all_dim 1.0"),
+                            ("", "0.0 and rope_mscale_all_dim 0.0")):  # (none given: YaRN's default)
+        card = tmp_path / "deepseek.linnet"
+        card.write_text(deepseek.replace("  rope_mscale = 0.707\n  rope_mscale_all_dim = 0.707\n", mscales))
+        with pytest.raises(ExportError, match=f"rope_mscale {values}; llama.cpp's deepseek2 takes them equal and "
+                                              "given"):
+            export(card, "llama.cpp", tmp_path / "out", weights="random")
     unnormalized = tmp_path / "unnormalized.linnet"
     unnormalized.write_text(QWEN3_MOE.replace("rope_theta = 10000.0", "norm_topk_prob = false"))
     with pytest.raises(ExportError, match="llama.cpp's qwen3moe always renormalizes them"):
@@ -1001,7 +1070,8 @@ def q8_0_reference(values: np.ndarray) -> np.ndarray:
     return (q * d.astype(np.float16).astype(np.float32)).reshape(values.shape)
 
 
-@pytest.mark.parametrize("card", ["tiny-llama", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma2", "tiny-gpt2"])
+@pytest.mark.parametrize("card", ["tiny-llama", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-gemma2", "tiny-gpt2",
+                                  "tiny-deepseek-v3"])
 def test_q8_0_files_hold_llama_cpps_blocks_and_run_alike_in_llama_cpp_and_nest(tmp_path, spm_gguf, card):
     """--dtype q8_0 (llama.cpp converter's --outtype q8_0): each matrix whose rows are whole blocks
     of 32 is Q8_0, quantized from the f32 weights as llama.cpp's reference quantizer does, the rest as the 16-bit files

@@ -275,6 +275,27 @@ def test_open_checkpoint_errors(tmp_path):
         open_checkpoint(other)
 
 
+def test_a_deepseek2_gguf_from_before_llama_cpps_mla_form_is_refused(tmp_path):
+    """A deepseek2 file as llama.cpp's converter wrote it before it split kv_b_proj for MLA (attn_kv_b, keys
+    as many heads wide as the queries, no key_length_mla / value_length_mla) is refused by name, saying how
+    to get the current form, not read as a model it is not."""
+    w = gguf.GGUFWriter(str(tmp_path / "old.gguf"), "deepseek2")
+    for key, value in (("block_count", 1), ("embedding_length", 8), ("attention.head_count", 2),
+                       ("attention.head_count_kv", 2), ("attention.key_length", 12), ("attention.value_length", 8),
+                       ("attention.kv_lora_rank", 4), ("rope.dimension_count", 4), ("leading_dense_block_count", 1),
+                       ("expert_count", 2), ("expert_used_count", 1), ("expert_feed_forward_length", 8),
+                       ("expert_shared_count", 1)):
+        w.add_uint32(f"deepseek2.{key}", value)
+    w.add_tensor("blk.0.attn_kv_b.weight", np.zeros((2 * (8 + 8), 4), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(WeightsError, match=r"old\.gguf: a deepseek2 GGUF from before llama\.cpp's MLA form .*convert "
+                                           r"the checkpoint again with a current convert_hf_to_gguf\.py"):
+        GGUFCheckpoint(tmp_path / "old.gguf").config()
+
+
 def test_an_architecture_or_a_key_it_lacks_is_named_as_the_gguf_names_it(tmp_path):
     """A GGUF of an architecture Nest has none for names it (not a config.json's 'unknown'); a
     file missing a key every file of its architecture holds names that key, not a config.json's."""
