@@ -147,6 +147,8 @@ class PythonEmitter:
             return f"({dim_py(v.dims[0])})", ATOM
         if v.op == "list":
             return "[" + ", ".join(self.expr(a) for a in v.args) + "]", ATOM
+        if v.op == "list_item":  # a list config's item: the module's list, indexed as Python runs (a static int)
+            return f"{self.var(k['x'])}[{self.expr(v.args[0])}]", POSTFIX
         if v.op == "index" and gathers_param_rows(v):
             # where a pass's activations begin (an embedding): the runtime picks their type
             return f"rt.gather_rows({self.expr(k['x'])}, {self.expr(v.args[0])})", POSTFIX

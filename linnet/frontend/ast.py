@@ -41,6 +41,16 @@ class ListExpr(Node):
 
 
 @dataclass
+class ListComp(Node):
+    """`[item for var in count]`: a list config's default, one item for each of 0 .. count - 1."""
+
+    item: Node
+    var: str
+    var_loc: Loc
+    count: Node
+
+
+@dataclass
 class Binary(Node):
     op: str  # + - * / // % @ ** == != < <= > >= and or
     left: Node
@@ -155,6 +165,7 @@ class ConfigDecl(Node):
     type_name: str
     type_loc: Loc
     default: Node | None
+    lengths: list | None = None  # `bool[layers]`: a list's length (one dim); None for a scalar
 
 
 @dataclass

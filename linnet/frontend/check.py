@@ -19,8 +19,8 @@ from linnet.ir import nodes as ir
 from linnet.ir import walk
 from linnet.ir.dims import Dim
 from linnet.ir.ops import OPS, index_type
-from linnet.ir.types import (BOOL, DTYPES, FLOAT, GENERIC_DTYPE, INT, SCALAR_KINDS, SIZE_GENERICS, STR, NoneType,
-                             ScalarType, TensorType, TupleType)
+from linnet.ir.types import (BOOL, DTYPES, FLOAT, GENERIC_DTYPE, INT, SCALAR_KINDS, SIZE_GENERICS, STR, ListType,
+                             NoneType, ScalarType, TensorType, TupleType)
 
 _BINARY = {"+": "add", "-": "sub", "*": "mul", "/": "div", "//": "floordiv", "%": "mod", "@": "matmul",
            "**": "pow", "==": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge", "and": "and",
@@ -51,6 +51,7 @@ class _Checker:
         self.fns: dict[str, ast.FnDef] = {}
         self.signatures: dict[str, ir.Function] = {}
         self.module_names: dict[str, Loc] = {}
+        self.config_locs: dict[str, Loc] = {}  # where the card sets each value
 
     # ------------------------------------------------------------ top level
 
@@ -98,7 +99,7 @@ class _Checker:
         return ir.Module(
             name=a.arch.name, path=a.path, config=self.config, params=self.params, state=self.state,
             fns=fns, entries=entries, card=self.card.card.name if self.card and self.card.card else None,
-            meta=meta, config_values=config_values,
+            meta=meta, config_values=config_values, config_locs=self.config_locs,
             sources={a.path: a.source, **({self.card.path: self.card.source} if self.card else {}), **a.bases},
             card_path=self.card.path if self.card else None, bases=tuple(a.bases),
             loc=self.card.card.loc if self.card and self.card.card else a.arch.loc)
@@ -164,14 +165,51 @@ class _Checker:
                 raise LinnetError(c.loc, f"an architecture declares config values with a type: `{c.name}: int = ...`")
             self._declare(c.name, c.loc)
             if c.type_name not in SCALAR_KINDS:
-                raise LinnetError(c.type_loc, f"unknown config type `{c.type_name}`; one of {', '.join(SCALAR_KINDS)}")
-            typ = ScalarType(c.type_name)
+                raise LinnetError(c.type_loc, f"unknown config type `{c.type_name}`; one of {', '.join(SCALAR_KINDS)}",
+                                  ["a list of them takes its length in brackets: `bool[layers]`"])
+            typ = ScalarType(c.type_name) if c.lengths is None else self._list_type(c)
             default = None
             if c.default is not None:
-                default = self._expr(c.default, _Scope(self, {}, {}))
+                default = self._config_default(c.default, typ)
                 if not _assignable(default.type, typ):
                     raise LinnetError(c.default.loc, f"the default of `{c.name}` is {default.type}, not {typ}")
             self.config[c.name] = ir.ConfigValue(c.name, typ, default, c.loc)
+
+    def _list_type(self, c: ast.ConfigDecl) -> ListType:
+        """`bool[layers]`: one length, built from numbers and the int config values above (a card's list
+        is checked against it as the config is evaluated, before any generic is bound)."""
+        if len(c.lengths) != 1:
+            raise LinnetError(c.type_loc, f"a list config has one length, as in `{c.type_name}[layers]`, "
+                                          f"not {len(c.lengths)}")
+        for n in _walk(c.lengths):
+            if isinstance(n, ast.Name) and n.id in SIZE_GENERICS:
+                raise LinnetError(n.loc, f"a list config's length is built from numbers and config values, not "
+                                         f"`{n.id}`", ["the config is known before the generics are bound"])
+        return ListType(c.type_name, self._dim(c.lengths[0], {}))
+
+    def _config_default(self, e: ast.Node, typ) -> ir.Value:
+        """A config value's default; a list's is a list of static values, or one made item by item
+        (`[(l + 1) % 4 != 0 for l in layers]`), or another list config."""
+        scope = _Scope(self, {}, {})
+        if not isinstance(typ, ListType):
+            return self._expr(e, scope)
+        def item(x: ast.Node, in_scope: _Scope) -> ir.Value:
+            v = self._expr(x, in_scope)
+            if not _assignable(v.type, ScalarType(typ.item)):
+                raise LinnetError(x.loc, f"an item of {_a(str(typ))} list must be a static {typ.item}, not {v.type}")
+            return v
+
+        if isinstance(e, ast.ListExpr):
+            return ir.Op(ListType(typ.item, Dim.const(len(e.items))), e.loc, "list", [item(x, scope) for x in e.items])
+        if isinstance(e, ast.ListComp):
+            count, inner = self._counted(e.count, e.var, e.var_loc, scope, "a list is made")
+            return ir.Op(ListType(typ.item, self._dim(e.count, {})), e.loc, "list_comp", [],
+                         {"item": item(e.item, inner), "count": count}, attrs={"var": e.var})
+        v = self._expr(e, scope)
+        if not isinstance(v.type, ListType):
+            raise LinnetError(e.loc, f"the default of {_a(str(typ))} list is a list: `[...]`, `[... for l in "
+                                     f"{typ.length}]` or another list config, not {v.type}")
+        return v
 
     def _card_values(self) -> dict:
         if self.card is None:
@@ -189,10 +227,26 @@ class _Checker:
                 raise LinnetError(c.loc, f"`{c.name}` is set twice")
             value = self._literal(c.value, f"the value of `{c.name}`")
             want = self.config[c.name].type
+            self.config_locs[c.name] = c.value.loc
+            if isinstance(want, ListType):
+                values[c.name] = self._card_list(c, value, want)
+                continue
             if not _assignable(_type_of_literal(value), want):
                 raise LinnetError(c.value.loc, f"`{c.name}` is {want}, but is set to {_spelled(value)}")
             values[c.name] = float(value) if want.kind == "float" else value
         return values
+
+    def _card_list(self, c: ast.ConfigSet, value, want: ListType) -> list:
+        """A card's list: each item of the list's kind (its length is checked with numbers, by
+        `specialize.config_values`)."""
+        if not isinstance(c.value, ast.ListExpr):
+            raise LinnetError(c.value.loc, f"`{c.name}` is {want}, a list, but is set to {_spelled(value)}",
+                              [f"write one item for each of its {want.length}: `{c.name} = [...]`"])
+        for i, (x, item) in enumerate(zip(c.value.items, value)):
+            if not _assignable(_type_of_literal(item), ScalarType(want.item)):
+                raise LinnetError(x.loc, f"item {i} of `{c.name}` is {_spelled(item)}, but `{c.name}` is {want}, "
+                                         f"a list of {want.item}s")
+        return [float(item) if want.item == "float" else item for item in value]
 
     def _literal(self, e: ast.Node, what: str):
         if isinstance(e, (ast.Number, ast.String, ast.Bool)):
@@ -475,12 +529,18 @@ class _Checker:
             raise LinnetError(s.value.loc, f"cannot store {v.type} into `{s.target}[...]`, which is {slot}")
         return ir.Store(s.target, indices, v, s.loc)
 
-    def _for(self, s: ast.For, scope: "_Scope") -> ir.For:
-        count = self._expr(s.count, scope)
-        if count.type != INT:
-            raise LinnetError(s.count.loc, f"a loop runs over a static int count, not {count.type}")
+    def _counted(self, count: ast.Node, var: str, var_loc: Loc, scope: "_Scope", what: str):
+        """The count of `for VAR in COUNT` (a loop's, a list's made item by item), and the scope in
+        which VAR is its read-only static int."""
+        n = self._expr(count, scope)
+        if n.type != INT:
+            raise LinnetError(count.loc, f"{what} over a static int count, not {n.type}")
         inner = scope.child()
-        inner.bind(s.var, INT, s.var_loc, loop=True)
+        inner.bind(var, INT, var_loc, loop=True)
+        return n, inner
+
+    def _for(self, s: ast.For, scope: "_Scope") -> ir.For:
+        count, inner = self._counted(s.count, s.var, s.var_loc, scope, "a loop runs")
         body = self._block(s.body, inner)
         for name, (t, loc) in inner.assigned.items():
             outer = scope.lookup(name)
@@ -519,6 +579,10 @@ class _Checker:
             spec = OPS["cast"]
             t = spec.infer(x, ir.Const(STR, e.dtype_loc, e.dtype), loc=e.loc)
             return ir.Op(t, e.loc, "cast", [], {"x": x, "dtype": ir.Const(STR, e.dtype_loc, e.dtype)})
+        if isinstance(e, ast.Subscript) and self._list_config(e.value, scope) is not None:
+            return self._list_item(e, scope)
+        if isinstance(e, ast.ListComp):
+            raise LinnetError(e.loc, "a list made item by item (`[x for l in n]`) is only a list config's default")
         if isinstance(e, ast.Subscript):
             x = self._expr(e.value, scope)
             indices = [self._index(i, scope) for i in e.indices]
@@ -538,6 +602,30 @@ class _Checker:
             raise LinnetError(e.loc, "a slice `a:b` can only appear inside [...]")
         raise LinnetError(e.loc, "unsupported expression")
 
+    def _list_config(self, e: ast.Node, scope: "_Scope") -> ir.ConfigValue | None:
+        """The list config `e` names, where it names one (and no local hides it)."""
+        if isinstance(e, ast.Name) and scope.lookup(e.id) is None and e.id in self.config \
+                and isinstance(self.config[e.id].type, ListType):
+            return self.config[e.id]
+        return None
+
+    def _list_item(self, e: ast.Subscript, scope: "_Scope") -> ir.Op:
+        """`no_rope_layers[l]`: one item of a list config, at a static int (a loop variable, a fn's int
+        argument, a literal); it is a static value of the list's kind."""
+        c = self._list_config(e.value, scope)
+        if len(e.indices) != 1 or isinstance(e.indices[0], ast.Slice):
+            raise LinnetError(e.loc, f"`{c.name}` is a list ({c.type}): it is read one item at a time, at one "
+                                     f"static int: `{c.name}[l]`")
+        ix = self._expr(e.indices[0], scope)
+        if ix.type != INT:
+            notes = ([f"{_a(str(ix.type))} tensor is known only as the model runs; a list config is read while the code "
+                      f"is written, at a loop variable or another static int"] if isinstance(ix.type, TensorType)
+                     else [])
+            raise LinnetError(e.indices[0].loc, f"`{c.name}` ({c.type}) is indexed by a static int, not {ix.type}",
+                              notes)
+        var = ir.Var(c.type, e.value.loc, c.name, "config")
+        return ir.Op(ScalarType(c.type.item), e.loc, "list_item", [ix], {"x": var})
+
     def _name(self, e: ast.Name, scope: "_Scope") -> ir.Value:
         t = scope.lookup(e.id)
         if t is not None:
@@ -547,7 +635,11 @@ class _Checker:
         if e.id in self.state:
             return ir.Var(self.state[e.id].type, e.loc, e.id, "state")
         if e.id in self.config:
-            return ir.Var(self.config[e.id].type, e.loc, e.id, "config")
+            c = self.config[e.id]
+            if isinstance(c.type, ListType) and scope.fn is not None:
+                raise LinnetError(e.loc, f"`{e.id}` is a list ({c.type}): read one item at a static int, "
+                                         f"`{e.id}[l]`")
+            return ir.Var(c.type, e.loc, e.id, "config")
         if e.id in SIZE_GENERICS or e.id in scope.dims:
             return ir.Var(INT, e.loc, e.id, "dim")
         if e.id in self.fns or e.id in OPS:
@@ -779,9 +871,16 @@ def _unify(want, v: ir.Value, sizes: dict, free: set, fn: str, arg: str):
                               [f"dim {w.substitute(sizes)} vs {g}"])
 
 
+def _a(word: str) -> str:
+    """`word` with its article: "an int[layers]", "a bool[layers]"."""
+    return ("an " if word[:1] in "aeiou" else "a ") + word
+
+
 def _assignable(got, want) -> bool:
     if got == want:
         return True
+    if isinstance(got, ListType) and isinstance(want, ListType):  # (lengths are compared with numbers)
+        return _assignable(ScalarType(got.item), ScalarType(want.item))
     return isinstance(got, ScalarType) and isinstance(want, ScalarType) and got.kind == "int" and want.kind == "float"
 
 

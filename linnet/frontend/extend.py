@@ -92,6 +92,7 @@ def _uses(f: ast.File, name: str, state: bool):
     for c in f.config:
         if isinstance(c, ast.ConfigDecl):
             yield from ((f"the default of config `{c.name}`", at) for at in _names(c.default, name))
+            yield from ((f"the type of config `{c.name}`", at) for at in _names(c.lengths, name))
     for p in f.params:
         parts = [p.type, [count for _, count, _ in p.loops], [s.transforms for s in p.sources]]
         if p.tie is not None:

@@ -408,8 +408,8 @@ class _ToAst(Transformer):
         return ("config", c)
 
     def config_decl(self, meta, c):
-        name, type_name, default = c
-        return ast.ConfigDecl(self._loc(meta), str(name), str(type_name), self._tok(type_name), default)
+        name, typ, default = c
+        return ast.ConfigDecl(self._loc(meta), str(name), typ.dtype, typ.dtype_loc, default, typ.dims)
 
     def config_set(self, meta, c):
         return ast.ConfigSet(self._loc(meta), str(c[0]), c[1])
@@ -586,3 +586,7 @@ class _ToAst(Transformer):
 
     def list(self, meta, c):
         return ast.ListExpr(self._loc(meta), [x for x in c if x is not None])
+
+    def list_comp(self, meta, c):
+        item, var, count = c
+        return ast.ListComp(self._loc(meta), item, str(var), self._tok(var), count)

@@ -97,7 +97,7 @@ class Return:
 @dataclass
 class ConfigValue:
     name: str
-    type: Any  # ScalarType
+    type: Any  # ScalarType, or ListType for a list (`bool[layers]`)
     default: Value | None
     loc: Loc
 
@@ -164,6 +164,7 @@ class Module:
     card: str | None = None
     meta: dict = field(default_factory=dict)  # name -> python value
     config_values: dict = field(default_factory=dict)  # values set by a card: name -> python value
+    config_locs: dict = field(default_factory=dict)  # name -> Loc of the card's value, for errors found with numbers
     bindings: dict = field(default_factory=dict)  # set by specialize: name -> python value
     sources: dict = field(default_factory=dict)  # path -> text, for error messages
     card_path: str | None = None  # the card's file, when a card filled the config

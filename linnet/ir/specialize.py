@@ -16,7 +16,8 @@ from linnet.ir import nodes as ir
 from linnet.ir.dims import Dim
 from linnet.ir.index_ranges import check_index_ranges, position_ceiling
 from linnet.ir.ops import ROPE_SCALINGS
-from linnet.ir.types import FLOAT_DTYPES, GENERIC_DTYPE, SIZE_GENERICS, ScalarType, TensorType, TupleType, is_float
+from linnet.ir.types import (FLOAT_DTYPES, GENERIC_DTYPE, SIZE_GENERICS, ListType, ScalarType, TensorType, TupleType,
+                             is_float)
 from linnet.ir.walk import all_values, assigned_names, children as walk_children, stmt_values, values as tree_values
 
 DEFAULT_GENERICS = {"Batch": 1, "MaxSeq": 256, "T": "f32"}
@@ -148,13 +149,29 @@ def config_values(module: ir.Module) -> dict:
                 values[name] = float(values[name])
             elif c.type.kind == "int" and not _is_int(values[name]):
                 raise LinnetError(c.default.loc, f"the default of `{name}` is {values[name]!r}, not an int")
+            elif isinstance(c.type, ListType) and c.type.item == "float":
+                values[name] = [float(x) for x in values[name]]
         else:
             where = module_loc(module) if module.card_path else c.loc
             raise LinnetError(where, f"config value `{name}` has no value",
                               [f"declared at {c.loc} without a default; the card must set `{name} = ...`"
                                if module.card_path else f"a card that imports `{module.name}` sets it "
                                f"(`{name} = ...`), or a default here does"])
+        if isinstance(c.type, ListType):
+            _check_list_length(module, c, values)
     return values
+
+
+def _check_list_length(module: ir.Module, c: ir.ConfigValue, values: dict) -> None:
+    """A list config holds one item for each index below its length (`bool[layers]`: one per
+    layer), whether the card gave it or its default made it."""
+    want = c.type.length.evaluate({k: v for k, v in values.items() if _is_int(v)})
+    got = len(values[c.name])
+    if got != want:
+        where = module.config_locs.get(c.name) if c.name in module.config_values else c.default.loc
+        length = "" if c.type.length.is_const() else f" ({c.type.length} = {want})"
+        raise LinnetError(where or c.loc, f"`{c.name}` is {c.type}: it needs {want} item{'s' * (want != 1)}{length}, "
+                                          f"not {got}")
 
 
 def _sizes(values: dict, generics: dict) -> dict:
@@ -235,6 +252,10 @@ def _check_static_indices(module: ir.Module, sizes: dict, static: dict) -> None:
                 continue
             if isinstance(s, ir.Store):
                 _check_indices(module.state[s.state].type, s.indices, sizes, env, running)
+            for v in (x for top in stmt_values(s) for x in tree_values(top)):
+                if isinstance(v, ir.Op) and v.op == "list_item":  # a list config's item: its length is a dim
+                    t = v.kwargs["x"].type
+                    _check_indices(TensorType(t.item, (t.length,)), v.args, sizes, env, running, shown=t)
             for top in stmt_values(s):
                 _check_static_values(top, env, running)
             if isinstance(s, ir.Assign):
@@ -288,7 +309,7 @@ class _Running:
 
 
 # What `evaluate` computes; any other op (a fn's call, a tensor's) is known only as the model runs.
-_EVALUATED = frozenset({"if", "neg", "not"})  # with STATIC_BINARY and STATIC_UNARY, defined below
+_EVALUATED = frozenset({"if", "neg", "not", "list_item"})  # with STATIC_BINARY and STATIC_UNARY, defined below
 # A Python int beside a tensor is an i32 to JAX, which refuses one outside that range as it traces an
 # entry (torch wraps it into an i32 tensor, or raises past 64 bits): so, on both backends, an i32's.
 I32_RANGE = (-2 ** 31, 2 ** 31)
@@ -343,9 +364,10 @@ def _check_i32(a: ir.Value, value: int, op: ir.Op, running: _Running) -> None:
     raise LinnetError(a.loc, f"a static int beside a tensor is an i32, and {value} is outside its range", notes)
 
 
-def _check_indices(t: TensorType, indices: list, sizes: dict, static: dict, running: _Running) -> None:
+def _check_indices(t: TensorType, indices: list, sizes: dict, static: dict, running: _Running, shown=None) -> None:
     """Indices known with numbers stay inside the dims they index: torch would raise where JAX
-    clamps (an index) or the result would not have its declared type (a slice)."""
+    clamps (an index) or the result would not have its declared type (a slice). `shown`: the
+    type a message names, where `t` stands for another (a list config's)."""
     for ix, d in zip(indices, t.shape):
         try:
             n = d.evaluate(sizes)
@@ -359,8 +381,10 @@ def _check_indices(t: TensorType, indices: list, sizes: dict, static: dict, runn
             except LinnetError:  # a local, an argument not known at the call: known only as it runs
                 continue
             if not -n <= i < n:
-                raise LinnetError(ix.loc, f"index {i} is out of range for a dim of size {n}", running.notes(ix) +
-                                  [f"the value indexed is {t}; an index counts from 0, or from -{n} at the end"])
+                what = f"a list of {n}" if shown else f"a dim of size {n}"
+                raise LinnetError(ix.loc, f"index {i} is out of range for {what}", running.notes(ix) +
+                                  [f"the value indexed is {shown or t}; an index counts from 0, or from -{n} at "
+                                   f"the end"])
 
 
 def _check_slice(ix: ir.Slice, d: Dim, n: int | None, t: TensorType, sizes: dict) -> None:
@@ -420,6 +444,16 @@ def evaluate(v: ir.Value, env: dict):
         if v.op in ("neg", "not"):
             x = evaluate(k["x"], env)
             return -x if v.op == "neg" else not x
+        if v.op == "list":
+            return [evaluate(a, env) for a in v.args]
+        if v.op == "list_comp":  # a list config's default, item by item
+            return [evaluate(k["item"], {**env, v.attrs["var"]: i}) for i in range(evaluate(k["count"], env))]
+        if v.op == "list_item":
+            items, i = evaluate(k["x"], env), evaluate(v.args[0], env)
+            if not -len(items) <= i < len(items):
+                raise LinnetError(v.args[0].loc, f"index {i} is out of range for `{k['x'].name}`, a list of "
+                                                 f"{len(items)} ({k['x'].type})")
+            return items[i]
         if v.op in STATIC_UNARY:
             x = evaluate(k["x"], env)
             try:

@@ -49,6 +49,22 @@ class ScalarType:
 
 
 @dataclass(frozen=True)
+class ListType:
+    """A config value that is a list of static scalars, one per index below `length` (`bool[layers]`):
+    read only one item at a time, at a static int (`no_rope_layers[l]`), which is an `item`."""
+
+    item: str  # the items' kind: one of SCALAR_KINDS
+    length: Dim
+
+    @property
+    def kind(self) -> str:
+        return "list"
+
+    def __str__(self) -> str:
+        return f"{self.item}[{self.length}]"
+
+
+@dataclass(frozen=True)
 class TupleType:
     items: tuple
 

@@ -12,7 +12,7 @@ from linnet.ir.ops import OPS
 from linnet.ir.types import NoneType, TensorType
 from linnet.ir.walk import values
 
-_STRUCTURAL = {"call", "list", "if", "dim_expr"}
+_STRUCTURAL = {"call", "list", "if", "dim_expr", "list_item"}
 
 
 def verify(module: ir.Module) -> None:

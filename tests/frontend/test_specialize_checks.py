@@ -189,6 +189,11 @@ def test_the_ids_are_unique_and_the_bases_valid(tmp_path, capsys):
 @pytest.mark.parametrize("case", CASES, ids=str)
 @pytest.mark.parametrize("command", ["check", "compile"])
 def test_error(case: Case, command: str, tmp_path, capsys):
+    assert_refused(case, command, tmp_path, capsys)
+
+
+def assert_refused(case: Case, command: str, tmp_path, capsys):
+    """`linnet check` or `linnet compile` of the case's first file exits 1 with its error rendered."""
     target, at = _write(case, tmp_path)
     argv = [command, str(target)] + (["--backend", "torch"] if command == "compile" else [])
     status = main(argv)
