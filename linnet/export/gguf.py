@@ -78,10 +78,13 @@ def check_architecture(module, card: str) -> None:
     elif module.name not in ("gpt_oss", "phi3") and b.get("sliding_window"):
         raise ExportError(f"{card!r} attends over a sliding window of {b['sliding_window']}, which llama.cpp's "
                           f"{ARCHITECTURES[module.name]} architecture does not (export it with --to vllm instead)")
-    if module.name == "smollm3" and b["no_rope_interval"] != LLAMA_CPP_SMOLLM3_NO_ROPE_INTERVAL:
-        raise ExportError(f"{card!r} leaves rope out of one layer in every {b['no_rope_interval']}; llama.cpp's "
-                          f"smollm3 reads no such interval from the file and leaves it out of every "
-                          f"{LLAMA_CPP_SMOLLM3_NO_ROPE_INTERVAL}th (export it with --to vllm instead)")
+    if module.name == "smollm3" and b["no_rope_layers"] != _every(b, LLAMA_CPP_SMOLLM3_NO_ROPE_INTERVAL, False):
+        said = (f"leaves rope out of one layer in every {b['no_rope_interval']}"
+                if b["no_rope_layers"] == _every(b, b["no_rope_interval"], False)
+                else f"rotates its layers as no_rope_layers {_flags(b['no_rope_layers'])} says")
+        raise ExportError(f"{card!r} {said}; llama.cpp's smollm3 reads no such interval from the file and leaves "
+                          f"rope out of every {LLAMA_CPP_SMOLLM3_NO_ROPE_INTERVAL}th layer (export it with --to vllm "
+                          f"instead)")
     if ARCHITECTURES[module.name] != "llama" and b.get("rope_scaling") == "llama3":
         raise ExportError(f"{card!r} scales its rope as llama3 does, which llama.cpp reads only for its llama "
                           f"architecture, not {ARCHITECTURES[module.name]} (export it with --to vllm instead)")
@@ -143,12 +146,25 @@ def _check_gemma_fixed(b: dict, card: str, arch: str, pattern: int, sliding: str
     """What llama.cpp's Gemmas fix rather than read from the file: which layers slide (`pattern`, said in
     words as `sliding`) and the query scale (`scalar`)."""
     instead = "(export it with --to vllm instead)"
-    if b["window_pattern"] != pattern or b["sliding_window"] <= 0:
-        raise ExportError(f"{card!r} has window_pattern {b['window_pattern']} and sliding_window {b['sliding_window']}; "
+    if b["full_layers"] != _every(b, pattern, True) or b["sliding_window"] <= 0:
+        kinds = (f"window_pattern {b['window_pattern']}" if b["full_layers"] == _every(b, b["window_pattern"], True)
+                 else f"full_layers {_flags(b['full_layers'])}")
+        raise ExportError(f"{card!r} has {kinds} and sliding_window {b['sliding_window']}; "
                           f"llama.cpp's {arch} slides a window in {sliding} {instead}")
     if b["query_pre_attn_scalar"] != scalar:
         raise ExportError(f"{card!r} has query_pre_attn_scalar {b['query_pre_attn_scalar']}; llama.cpp's {arch} "
                           f"scales queries by {scalar} ** -0.5 for {b['layers']} layers {instead}")
+
+
+def _every(b: dict, interval: int, hit: bool) -> list:
+    """A per-layer list of bools that is `hit` in every `interval`-th layer only: what llama.cpp
+    computes from its fixed interval (SmolLM3's NoPE layers, Gemma's full-attention ones)."""
+    return [((i + 1) % interval == 0) == hit for i in range(b["layers"])]
+
+
+def _flags(flags: list) -> str:
+    """A list config's bools as a card writes them."""
+    return "[" + ", ".join("true" if f else "false" for f in flags) + "]"
 
 
 def gguf_path(out, card: str, dtype: str) -> Path:

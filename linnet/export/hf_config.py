@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from linnet.export import TRITON_INSTEAD, ExportError, not_the_builtin
 from linnet.ir.nodes import Module
-from linnet.nest.autocard import gemma3_layer_types, smollm3_rope_layers
+from linnet.nest.autocard import gemma3_layer_types
 
 TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
 
@@ -142,18 +142,24 @@ def _gpt_oss(b: dict) -> dict:
     }
 
 
+def gemma_layer_types(b: dict) -> list:
+    """A Gemma card's `full_layers` as transformers' `layer_types` names each layer's kind."""
+    return ["full_attention" if full else "sliding_attention" for full in b["full_layers"]]
+
+
 def _gemma3(b: dict) -> dict:
     """Gemma 3's text config in the form vLLM and transformers 4.5x read (transformers 5 reads it too):
     the full-attention layers' rope as rope_theta and rope_scaling, the sliding ones' as
-    rope_local_base_freq; each layer's kind both as the pattern and as layer_types."""
+    rope_local_base_freq; each layer's kind as layer_types, and as the pattern where it follows one."""
     pattern = b["window_pattern"]
+    types = gemma_layer_types(b)
     return {
         **_dense(b), "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
         "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
         "query_pre_attn_scalar": b["query_pre_attn_scalar"], "rope_scaling": _rope(b, "Gemma 3"),
         "rope_local_base_freq": b["rope_local_theta"], "sliding_window": b["sliding_window"],
-        "sliding_window_pattern": pattern, "layer_types": gemma3_layer_types(b["layers"], pattern),
-        "attn_logit_softcapping": None, "final_logit_softcapping": None, "attention_bias": False,
+        **({"sliding_window_pattern": pattern} if types == gemma3_layer_types(b["layers"], pattern) else {}),
+        "layer_types": types, "attn_logit_softcapping": None, "final_logit_softcapping": None, "attention_bias": False,
     }
 
 
@@ -163,7 +169,7 @@ def _gemma2(b: dict) -> dict:
         **_dense(b), "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
         "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
         "query_pre_attn_scalar": b["query_pre_attn_scalar"], "rope_scaling": None,
-        "sliding_window": b["sliding_window"], "layer_types": gemma3_layer_types(b["layers"], b["window_pattern"]),
+        "sliding_window": b["sliding_window"], "layer_types": gemma_layer_types(b),
         "attn_logit_softcapping": b["attn_softcap"] or None, "final_logit_softcapping": b["final_softcap"] or None,
         "attention_bias": False,
     }
@@ -188,11 +194,11 @@ def _phi3(b: dict) -> dict:
 
 
 def _smollm3(b: dict) -> dict:
-    # each layer's rope both as the list and as its interval, as SmolLM3-3B's config.json writes them
+    # each layer's rope as the list (1: it rotates), which transformers reads before the interval, and the
+    # interval, as SmolLM3-3B's config.json writes them
     return {**_dense(b), "architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3",
             "rope_scaling": _rope(b, "SmolLM3"), "attention_bias": False, "mlp_bias": False,
-            "no_rope_layer_interval": b["no_rope_interval"],
-            "no_rope_layers": smollm3_rope_layers(b["layers"], b["no_rope_interval"]),
+            "no_rope_layer_interval": b["no_rope_interval"], "no_rope_layers": [int(r) for r in b["no_rope_layers"]],
             "use_sliding_window": False, "sliding_window": None}
 
 

@@ -140,6 +140,8 @@ def _same(a, b) -> bool:
 def _literal(value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, list):  # a list config's value (SmolLM3's no_rope_layers)
+        return "[" + ", ".join(map(_literal, value)) + "]"
     return f'"{value}"' if isinstance(value, str) else repr(value)
 
 
@@ -322,6 +324,31 @@ def gemma3_layer_types(layers: int, pattern: int) -> list:
     return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
 
 
+GEMMA_LAYER_TYPES = ("sliding_attention", "full_attention")
+
+
+def gemma_full_layers(types: list, layers: int, name: str) -> list:
+    """The gemma architectures' `full_layers` (whether each layer attends to its whole row) from a
+    config's `layer_types`: one of GEMMA_LAYER_TYPES for each layer."""
+    unknown = sorted({t for t in types if t not in GEMMA_LAYER_TYPES}, key=str)
+    if unknown or len(types) != layers:
+        raise WeightsError(f"{name}: layer_types must name each of its {layers} layers' attention, "
+                           f"{' or '.join(GEMMA_LAYER_TYPES)}; this config has {types}")
+    return [t == "full_attention" for t in types]
+
+
+def gemma_layer_values(types: list | None, layers: int, pattern: int, name: str) -> dict:
+    """A Gemma card's values for its layers' kinds: the window pattern where `layer_types` follows one
+    (or there is none), else the list itself as `full_layers`, any order transformers takes."""
+    if types is None:
+        return {"window_pattern": pattern}
+    # every layer sliding says only that the pattern is past the last layer: the config's own, where it is
+    follows = next((i + 1 for i, t in enumerate(types) if t == "full_attention"), max(pattern, layers + 1))
+    if types == gemma3_layer_types(layers, follows):
+        return {"window_pattern": follows}
+    return {"window_pattern": pattern, "full_layers": gemma_full_layers(types, layers, name)}
+
+
 def _gemma3_values(config: dict, name: str) -> dict:
     """Gemma 3's text model. Its config names each layer's kind (`layer_types`; older ones a
     `sliding_window_pattern`) and each kind's rope (`rope_parameters` by kind; older ones
@@ -335,14 +362,8 @@ def _gemma3_values(config: dict, name: str) -> dict:
         raise WeightsError(f"{name}: hidden_activation {act!r}; the gemma3 architecture's MLP gates with GELU's "
                            f"tanh form (gelu_pytorch_tanh)")
     layers = int(config["num_hidden_layers"])
-    types = config.get("layer_types")
     pattern = int(config.get("sliding_window_pattern") or config.get("_sliding_window_pattern") or 6)
-    if types is not None:
-        # every layer sliding says only that the pattern is past the last layer: the config's own, where it is
-        pattern = next((i + 1 for i, t in enumerate(types) if t == "full_attention"), max(pattern, layers + 1))
-        if types != gemma3_layer_types(layers, pattern):
-            raise WeightsError(f"{name}: layer_types must put one full-attention layer in every n (the "
-                               f"architecture's window_pattern); this config has {types}")
+    kinds_of_layers = gemma_layer_values(config.get("layer_types"), layers, pattern, name)
     heads, dim = int(config["num_attention_heads"]), int(config["hidden_size"])
     rope = config.get("rope_parameters") or {}
     full = rope.get("full_attention") or {"rope_theta": config.get("rope_theta", 1000000.0),
@@ -361,7 +382,7 @@ def _gemma3_values(config: dict, name: str) -> dict:
         "query_pre_attn_scalar": int(config.get("query_pre_attn_scalar") or config.get("head_dim") or dim // heads),
         "rope_theta": float(full.get("rope_theta", 1000000.0)),
         "rope_local_theta": float(local.get("rope_theta", 10000.0)),
-        "sliding_window": int(config.get("sliding_window") or 512), "window_pattern": pattern,
+        "sliding_window": int(config.get("sliding_window") or 512), **kinds_of_layers,
         "tie_embeddings": bool(config.get("tie_word_embeddings", True)),
     }
     if kinds["full-attention"] == "linear":
@@ -382,9 +403,8 @@ def _gemma2_values(config: dict, name: str) -> dict:
     _plain_rope(config, name, "Gemma 2", "gemma2")
     layers = int(config["num_hidden_layers"])
     types = config.get("layer_types")
-    if types is not None and types != gemma3_layer_types(layers, 2):
-        raise WeightsError(f"{name}: layer_types must alternate sliding and full attention, sliding first (the "
-                           f"gemma2 architecture's window_pattern 2); this config has {types}")
+    kinds_of_layers = {} if types is None or types == gemma3_layer_types(layers, 2) else \
+        {"full_layers": gemma_full_layers(types, layers, name)}
     heads, dim = int(config["num_attention_heads"]), int(config["hidden_size"])
     head_dim = int(config.get("head_dim") or dim // heads)
     return {
@@ -393,7 +413,7 @@ def _gemma2_values(config: dict, name: str) -> dict:
         "ffn": int(config["intermediate_size"]), "norm_eps": float(config.get("rms_norm_eps", 1e-6)),
         "query_pre_attn_scalar": int(config.get("query_pre_attn_scalar") or head_dim),
         "rope_theta": _rope_theta(config, 10000.0), "sliding_window": int(config.get("sliding_window") or 4096),
-        "window_pattern": 2, "tie_embeddings": bool(config.get("tie_word_embeddings", True)),
+        "window_pattern": 2, **kinds_of_layers, "tie_embeddings": bool(config.get("tie_word_embeddings", True)),
         "attn_softcap": float(config.get("attn_logit_softcapping") or 0.0),
         "final_softcap": float(config.get("final_logit_softcapping") or 0.0),
     }
@@ -442,21 +462,26 @@ def smollm3_rope_layers(layers: int, interval: int) -> list:
 def _smollm3_values(config: dict, name: str) -> dict:
     """SmolLM3: Llama's config keys and its NoPE layers, read from `no_rope_layers` (1 where a layer
     rotates), or from `no_rope_layer_interval` where there is no list, as transformers' SmolLM3Config
-    makes one. The architecture leaves out one layer in every `no_rope_interval`, so another pattern is
-    refused, and so is a sliding window, which SmolLM3 slides in its NoPE layers and the architecture nowhere."""
+    makes one. A list that leaves rope out of one layer in every n is that interval on the card; any
+    other is the card's `no_rope_layers` itself (one item a layer: a shorter list is refused, as
+    transformers would fail on it). A sliding window, which SmolLM3 slides in its NoPE layers and the
+    architecture nowhere, is refused."""
     _refuse_biases(config, name)
     values = {**_dense_values(config, name), **_rope_values(config, name, "SmolLM3", ("llama3", "linear", "yarn"))}
     layers = values["layers"]
     interval = int(config.get("no_rope_layer_interval") or 4)
     flags = config.get("no_rope_layers")
     if flags is not None:
-        flags = [int(bool(f)) for f in flags]
+        if len(flags) < layers:
+            raise WeightsError(f"{name}: no_rope_layers must say whether each of its {layers} layers rotates; "
+                               f"this config has {config['no_rope_layers']}")
+        flags = [int(bool(f)) for f in flags[:layers]]
         # no layer without rope says only that the interval is past the last layer
-        interval = next((i + 1 for i, f in enumerate(flags[:layers]) if not f), max(interval, layers + 1))
-        if len(flags) < layers or flags[:layers] != smollm3_rope_layers(layers, interval):
-            raise WeightsError(f"{name}: no_rope_layers must leave rope out of one layer in every n (the smollm3 "
-                               f"architecture's no_rope_interval), for each of its {layers} layers; this config has "
-                               f"{config['no_rope_layers']}")
+        follows = next((i + 1 for i, f in enumerate(flags) if not f), max(interval, layers + 1))
+        if flags == smollm3_rope_layers(layers, follows):
+            interval = follows
+        else:
+            values["no_rope_layers"] = [bool(f) for f in flags]
     sliding = [i for i, kind in enumerate(config.get("layer_types") or []) if kind == "sliding_attention"]
     if sliding or (config.get("use_sliding_window") and config.get("sliding_window")):
         raise WeightsError(f"{name}: this config slides a window (use_sliding_window, sliding_window, layer_types: "

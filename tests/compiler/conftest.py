@@ -19,6 +19,7 @@ import torch
 
 import linnet
 from linnet.compiler import generate, import_source
+from linnet.export.hf_config import gemma_layer_types  # a card's full_layers, as transformers names them
 
 # transformers must never reach for the network in these tests
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -167,7 +168,7 @@ HF_CLASSES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "mix
               "olmo2": "Olmo2ForCausalLM", "granite": "GraniteForCausalLM",
               "phi3": "Phi3ForCausalLM", "smollm3": "SmolLM3ForCausalLM", "deepseek_v2": "DeepseekV2ForCausalLM",
               "deepseek_v3": "DeepseekV3ForCausalLM", "phi2": "PhiForCausalLM",
-              "gpt2": "GPT2LMHeadModel"}
+              "gpt2": "GPT2LMHeadModel", "gemma3": "Gemma3ForCausalLM", "gemma2": "Gemma2ForCausalLM"}
 
 
 def hf_family(spec) -> str:
@@ -205,8 +206,9 @@ def hf_config(bindings: dict, max_seq: int, family: str = "llama"):
                  "embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling")}),
              "phi3": dict(sliding_window=b.get("sliding_window") or None, pad_token_id=None, eos_token_id=None),
              "smollm3": dict(attention_bias=False, mlp_bias=False, use_sliding_window=False,
-                             no_rope_layer_interval=b.get("no_rope_interval"), pad_token_id=None, bos_token_id=None,
-                             eos_token_id=None)}[family]
+                             no_rope_layer_interval=b.get("no_rope_interval"),
+                             no_rope_layers=[int(r) for r in b.get("no_rope_layers", [])],  # 1: the layer rotates
+                             pad_token_id=None, bos_token_id=None, eos_token_id=None)}[family]
     config_class = getattr(transformers, HF_CLASSES[family].replace("ForCausalLM", "Config"))
     config = config_class(
         vocab_size=b["vocab"], hidden_size=b["dim"], num_hidden_layers=b["layers"],
@@ -219,6 +221,49 @@ def hf_config(bindings: dict, max_seq: int, family: str = "llama"):
     for key, value in rope.items():
         assert params.get(key) == value, f"transformers changed rope {key}: {params}"
     assert config.rms_norm_eps == b["norm_eps"] and config.head_dim == b["head_dim"]
+    if family == "smollm3":
+        assert config.no_rope_layers == [int(r) for r in b["no_rope_layers"]]
+    return config
+
+
+def hf_gemma3_config(bindings: dict, max_seq: int):
+    """A `Gemma3TextConfig` equal to a specialized Gemma 3 card's config: each layer's kind from the
+    card's `full_layers`, each kind's rope (the full layers' with the card's scaling)."""
+    from transformers import Gemma3TextConfig
+
+    b = bindings
+    full = {"rope_type": "default", "rope_theta": b["rope_theta"]}
+    if b["rope_scaling"] == "linear":
+        full.update(rope_type="linear", factor=b["rope_factor"])
+    config = Gemma3TextConfig(
+        vocab_size=b["vocab"], hidden_size=b["dim"], num_hidden_layers=b["layers"],
+        num_attention_heads=b["heads"], num_key_value_heads=b["kv_heads"], head_dim=b["head_dim"],
+        intermediate_size=b["ffn"], rms_norm_eps=b["norm_eps"], query_pre_attn_scalar=b["query_pre_attn_scalar"],
+        sliding_window=b["sliding_window"], layer_types=gemma_layer_types(b),
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": b["rope_local_theta"]},
+                         "full_attention": full},
+        max_position_embeddings=max_seq, tie_word_embeddings=b["tie_embeddings"],
+        hidden_activation="gelu_pytorch_tanh", attn_implementation="eager")
+    assert config.layer_types == gemma_layer_types(b)
+    return config
+
+
+def hf_gemma2_config(bindings: dict, max_seq: int):
+    """A `Gemma2Config` equal to a specialized Gemma 2 card's config: each layer's kind from the card's
+    `full_layers`, one plain rope, the two caps (0 in the card: none)."""
+    from transformers import Gemma2Config
+
+    b = bindings
+    config = Gemma2Config(
+        vocab_size=b["vocab"], hidden_size=b["dim"], num_hidden_layers=b["layers"],
+        num_attention_heads=b["heads"], num_key_value_heads=b["kv_heads"], head_dim=b["head_dim"],
+        intermediate_size=b["ffn"], rms_norm_eps=b["norm_eps"], query_pre_attn_scalar=b["query_pre_attn_scalar"],
+        sliding_window=b["sliding_window"], layer_types=gemma_layer_types(b),
+        rope_parameters={"rope_type": "default", "rope_theta": b["rope_theta"]},
+        attn_logit_softcapping=b["attn_softcap"] or None, final_logit_softcapping=b["final_softcap"] or None,
+        max_position_embeddings=max_seq, tie_word_embeddings=b["tie_embeddings"],
+        hidden_activation="gelu_pytorch_tanh", attn_implementation="eager")
+    assert config.layer_types == gemma_layer_types(b)
     return config
 
 
@@ -316,7 +361,8 @@ def hf_reference(spec, seed: int, max_seq: int):
     family = hf_family(spec)
     own = {"gpt_oss": hf_gpt_oss_config, "deepseek_v2": hf_deepseek_v2_config,
            "deepseek_v3": lambda b, max_seq: hf_deepseek_v2_config(b, max_seq, version=3),
-           "phi2": hf_phi_config, "gpt2": lambda b, max_seq: hf_gpt2_config(b)}
+           "phi2": hf_phi_config, "gpt2": lambda b, max_seq: hf_gpt2_config(b), "gemma3": hf_gemma3_config,
+           "gemma2": hf_gemma2_config}
     config = own[family](spec.bindings, max_seq) if family in own else hf_config(spec.bindings, max_seq, family)
     model = getattr(transformers, HF_CLASSES[family])(config).float().eval()
     g = torch.Generator().manual_seed(seed)
@@ -374,7 +420,8 @@ def kit():
         CARDS=CARDS, ARCH=ARCH, PARITY=PARITY, to_np=to_np, rel_err=rel_err, i32=i32, as_inputs=as_inputs,
         pack=pack, pack_in_blocks=pack_in_blocks, cache_of=cache_of, compiled=compiled, random_checkpoint=random_checkpoint,
         hf_config=hf_config, hf_gpt_oss_config=hf_gpt_oss_config, hf_deepseek_v2_config=hf_deepseek_v2_config,
-        hf_phi_config=hf_phi_config, hf_gpt2_config=hf_gpt2_config,
+        hf_phi_config=hf_phi_config, hf_gpt2_config=hf_gpt2_config, hf_gemma3_config=hf_gemma3_config,
+        hf_gemma2_config=hf_gemma2_config,
         hf_reference=hf_reference, hf_greedy=hf_greedy,
         saved_state=saved_state)
 

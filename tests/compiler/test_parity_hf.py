@@ -20,7 +20,8 @@ tied head) and random weights. The checkpoint
 `save_pretrained` writes of it is bound through the names the `.linnet` source
 declares. Four prompts of different lengths are prefilled in one pack, then
 16 greedy steps are decoded; each step is compared with the reference run
-over the whole sequence so far.
+over the whole sequence so far. `tiny-smollm3`, `tiny-gemma3` and `tiny-gemma2` are also run with
+their layers' kinds given as list configs in an order no interval gives (`LIST_CARDS`), in f32.
 """
 
 from __future__ import annotations
@@ -57,7 +58,12 @@ MODES = {
 def card(request, kit, tmp_path_factory):
     """The card's module, a seeded reference with its config, prompts, and the reference's greedy run."""
     name = request.param
-    module = check_file(kit.CARDS / f"{name}.linnet")
+    return _parity_case(name, check_file(kit.CARDS / f"{name}.linnet"), kit, tmp_path_factory.mktemp(name))
+
+
+def _parity_case(name: str, module, kit, directory) -> dict:
+    """A card's module with what the comparison needs: a seeded reference with its config (its
+    checkpoint saved in `directory`), prompts, and the reference's greedy run."""
     spec = specialize(module, GENERICS, "exact")
     reference = kit.hf_reference(spec, seed=1234, max_seq=GENERICS["MaxSeq"])
     assert reference.config._attn_implementation == "eager"
@@ -66,7 +72,7 @@ def card(request, kit, tmp_path_factory):
     prompts = [rng.integers(0, vocab, n).astype(np.int32) for n in PROMPT_LENGTHS]
     assert max(PROMPT_LENGTHS) + STEPS <= GENERICS["MaxSeq"]
     logits, tokens = kit.hf_greedy(reference, prompts, STEPS)
-    state = kit.saved_state(reference, tmp_path_factory.mktemp(name))
+    state = kit.saved_state(reference, directory)
     return dict(name=name, module=module, spec=spec, state=state, prompts=prompts,
                 ref_logits=logits, ref_tokens=tokens, decided=_decided_by_more_than_bf16(reference, prompts, tokens))
 
@@ -270,6 +276,49 @@ def _compare_with_transformers(card, backend, mode, kit, label=None):
 def _error(ours: np.ndarray, ref: np.ndarray, rows: np.ndarray) -> float:
     """max|ours - ref| over the compared rows, over max|ref| of the whole step (kit.rel_err's metric)."""
     return float(np.abs(ours[rows] - ref[rows]).max() / np.abs(ref).max()) if rows.any() else 0.0
+
+
+# Tiny cards whose layers' kinds follow no interval, each given as a list config: SmolLM3's first and
+# last layers NoPE (`no_rope_layers`, 1 in transformers' where a layer rotates), Gemma 3's first and
+# last layers attending to whole rows and Gemma 2's first only (`full_layers`, transformers'
+# `layer_types`), the others sliding a window shorter than most prompts. Gemma 2's logits are capped
+# at 30 here, not 3: a cap of 3 saturates random logits into near ties, where f32's rounding picks.
+LIST_CARDS = {"tiny-smollm3": ("no_rope_layers", [False, True, True, False], {}),
+              "tiny-gemma3": ("full_layers", [True, False, True], {}),
+              "tiny-gemma2": ("full_layers", [True, False, False],
+                              {"layers = 2": "layers = 3", "final_softcap = 3.0": "final_softcap = 30.0"})}
+
+
+def _follows_an_interval(flags: list, hit: bool) -> bool:
+    """Whether `flags` is `hit` exactly at every k-th layer, for some k: the pattern a scalar config said."""
+    return any(flags == [((i + 1) % k == 0) == hit for i in range(len(flags))] for k in range(1, len(flags) + 2))
+
+
+@pytest.fixture(scope="module", params=list(LIST_CARDS))
+def list_card(request, kit, tmp_path_factory):
+    name = request.param
+    key, flags, changes = LIST_CARDS[name]
+    text = (kit.CARDS / f"{name}.linnet").read_text()
+    for old, new in changes.items():
+        assert old in text
+        text = text.replace(old, new)
+    written = "[" + ", ".join("true" if f else "false" for f in flags) + "]"
+    folder = tmp_path_factory.mktemp(name)
+    (folder / f"{name}.linnet").write_text(text.replace("\n}\n\nmeta", f"\n  {key} = {written}\n}}\n\nmeta", 1))
+    return _parity_case(name, check_file(folder / f"{name}.linnet"), kit, folder / "checkpoint")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_list_config_matches_transformers(list_card, backend, kit):
+    """Each layer's kind read from a list config, in f32, against transformers given the same list:
+    its `no_rope_layers` or `layer_types` as the card's list says, which no interval or pattern would."""
+    key, flags, _ = LIST_CARDS[list_card["name"]]
+    b = list_card["spec"].bindings
+    assert b[key] == flags and len(flags) == b["layers"]
+    assert not _follows_an_interval(flags, key == "full_layers")
+    if key == "full_layers":
+        assert 0 < b["sliding_window"] < max(PROMPT_LENGTHS)
+    _compare_with_transformers(list_card, backend, "exact", kit)
 
 
 def test_exact_computes_in_f32_whatever_t(card):

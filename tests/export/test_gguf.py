@@ -445,9 +445,15 @@ def test_llama_cpp_computes_smollm3_as_linnet_does_and_a_nope_interval_it_lacks_
     ours, everywhere = linnet_logits(card), linnet_logits(rotating)
     assert float((np.abs(everywhere - ours).max(axis=1) / np.abs(ours).max(axis=1)).max()) > 1e-3
     with pytest.raises(ExportError, match="leaves rope out of one layer in every 5; llama.cpp's smollm3 reads no such "
-                                          r"interval from the file and leaves it out of every 4th \(export it with "
-                                          r"--to vllm instead\)"):
+                                          r"interval from the file and leaves rope out of every 4th layer \(export it "
+                                          r"with --to vllm instead\)"):
         export(rotating, "llama.cpp", tmp_path / "out", weights="random")
+    listed = tmp_path / "small-listed.linnet"  # a list llama.cpp's interval does not give
+    listed.write_text(card.read_text().replace('"small-smollm3"', '"small-listed"').replace(
+        "  no_rope_interval = 4\n", "  no_rope_layers = [false, true, true, false]\n"))
+    with pytest.raises(ExportError, match=r"rotates its layers as no_rope_layers \[false, true, true, false\] says; "
+                                          "llama.cpp's smollm3"):
+        export(listed, "llama.cpp", tmp_path / "out", weights="random")
 
 
 def test_llama_cpp_computes_phi2_as_linnet_does(tmp_path, spm_gguf):
@@ -711,7 +717,9 @@ def test_only_the_architectures_llama_cpp_runs_and_only_with_a_tokenizer(tmp_pat
             ("window_pattern = 3", "window_pattern 3 and sliding_window 4; llama.cpp's gemma3 slides a window in "
                                    "five layers of every 6"),
             ("window_pattern = 6\n  rope_local_theta = 20000.0", "rope_local_theta 20000.0"),
-            ("window_pattern = 6\n  query_pre_attn_scalar = 16", r"scales queries by 32 \*\* -0.5")):
+            ("window_pattern = 6\n  query_pre_attn_scalar = 16", r"scales queries by 32 \*\* -0.5"),
+            ("full_layers = [true, false, false]", r"has full_layers \[true, false, false\] and sliding_window 4; "
+                                                   "llama.cpp's gemma3 slides a window in five layers of every 6")):
         card = tmp_path / "gemma.linnet"
         card.write_text(gemma.replace("  window_pattern = 3\n", f"  {change}\n"))
         with pytest.raises(ExportError, match=needle):

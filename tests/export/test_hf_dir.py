@@ -82,6 +82,26 @@ def test_a_qwen_card_with_a_window_keeps_it(arch, tmp_path):
     assert config["use_sliding_window"] and config["sliding_window"] == 5 and config["max_window_layers"] == 0
 
 
+@pytest.mark.parametrize("name, line, key, written", [
+    ("tiny-smollm3", "no_rope_layers = [false, true, true, false]", "no_rope_layers", [0, 1, 1, 0]),
+    ("tiny-gemma3", "full_layers = [true, false, true]", "layer_types",
+     ["full_attention", "sliding_attention", "full_attention"]),
+    ("tiny-gemma2", "full_layers = [true, true]", "layer_types", ["full_attention", "full_attention"]),
+])
+def test_a_card_listing_its_layers_writes_the_list_as_transformers_reads_it(name, line, key, written, tmp_path):
+    """A card whose layers' kinds follow no interval (a list config): config.json lists them under
+    transformers' key, transformers computes what Linnet does with them, and the card Linnet writes
+    from that config.json holds the same list."""
+    card = tmp_path / f"listed-{name}.linnet"
+    source = (Path(nest.__file__).parent / "cards" / f"{name}.linnet").read_text()
+    card.write_text(source.replace(f'card "{name}"', f'card "listed-{name}"').replace("config {\n", f"config {{\n  {line}\n"))
+    config = agrees_with_transformers(card, tmp_path)
+    assert config[key] == written and "sliding_window_pattern" not in config
+    again = nest.load(str(tmp_path / "out"), generics={"Batch": 2, "MaxSeq": 32}, tokenizer=False)
+    listed = line.split(" = ")[0]
+    assert again.module.bindings[listed] == nest.load(card, weights="random").module.bindings[listed]
+
+
 def test_gpt_oss_holds_yarns_context(tmp_path):
     """gpt-oss's rope is always YaRN: a card that says no max_context holds YaRN's, the factor times the
     original context, as config.json's max_position_embeddings (which transformers checks the

@@ -325,7 +325,9 @@ def test_a_hub_config_gives_its_registry_card(card, tmp_path):
     ("mistral", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ("qwen3_moe", {"mlp_only_layers": [1]}, r"some layers a dense MLP \(mlp_only_layers \[1\]"),
     ("qwen3_moe", {"decoder_sparse_step": 2}, "decoder_sparse_step 2"),
-    ("gemma3", {"layer_types": ["full_attention", "sliding_attention"]}, "one full-attention layer in every n"),
+    ("gemma3", {"layer_types": ["full_attention", "chunked_attention"]},
+     r"layer_types must name each of its 2 layers' attention, sliding_attention or full_attention"),
+    ("gemma3", {"layer_types": ["full_attention"]}, r"each of its 2 layers' attention"),
     ("gemma3", {"final_logit_softcapping": 30.0}, "final_logit_softcapping is set"),
     ("gemma3", {"hidden_activation": "silu"}, "hidden_activation 'silu'"),
     ("olmo2", {"attention_bias": True}, "has attention_bias set"),
@@ -335,12 +337,12 @@ def test_a_hub_config_gives_its_registry_card(card, tmp_path):
     ("phi3", {"rope_scaling": {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [4.0] * 8,
                                "original_max_position_embeddings": 64}}, "rope scaling 'longrope' is not supported"),
     ("phi3", {"partial_rotary_factor": 0.75}, "partial_rotary_factor 0.75"),
-    ("smollm3", {"no_rope_layers": [0, 1]}, r"one layer in every n .* this config has \[0, 1\]"),
-    ("smollm3", {"no_rope_layers": [1]}, r"for each of its 2 layers; this config has \[1\]"),
+    ("smollm3", {"no_rope_layers": [1]}, r"whether each of its 2 layers rotates; this config has \[1\]"),
     ("smollm3", {"use_sliding_window": True, "sliding_window": 4}, "the smollm3 architecture attends over whole rows"),
     ("smollm3", {"layer_types": ["full_attention", "sliding_attention"]}, r"layers \[1\]"),
     ("smollm3", {"mlp_bias": True}, "has mlp_bias set"),
-    ("gemma2", {"layer_types": ["full_attention", "sliding_attention"]}, "must alternate sliding and full attention"),
+    ("gemma2", {"layer_types": ["full_attention", "sliding_window"]}, r"this config has \['full_attention', "
+                                                                       r"'sliding_window'\]"),
     ("gemma2", {"hidden_activation": "gelu"}, "hidden_activation 'gelu'"),
     ("gemma2", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope scaling 'linear' is not supported"),
     ("deepseek_v2", {**FAMILIES["deepseek_v2"][1], "q_lora_rank": 1536}, "q_lora_rank is 1536"),
@@ -522,6 +524,32 @@ def test_smollm3s_nope_layers_are_read_from_its_list(tmp_path, prefill_error):
     rotating = nest.load(str(tmp_path), generics=GENERICS, tokenizer=False)
     assert rotating.module.bindings["no_rope_interval"] == 4  # past the last layer: none NoPE
     assert min(prefill_error(rotating, reference, PROMPTS)) > 1e-2
+
+
+@pytest.mark.parametrize("family, key, types", [
+    ("smollm3", "no_rope_layers", [0, 1, 1, 0]),  # the first and last layers NoPE: no interval's
+    ("gemma3", "layer_types", ["full_attention", "sliding_attention", "sliding_attention", "full_attention"]),
+    ("gemma2", "layer_types", ["full_attention", "full_attention", "sliding_attention", "sliding_attention"]),
+])
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_a_config_listing_layers_in_no_pattern_loads_as_its_list(family, key, types, backend, tmp_path, prefill_error):
+    """Each layer's kind as transformers' config lists it, in an order no interval or pattern gives: the
+    card written from the config sets the list itself (`no_rope_layers`, `full_layers`), and the logits
+    are transformers'; read as the architecture's own pattern, the same checkpoint's are not."""
+    reference = random_model(family, num_hidden_layers=4, **{key: types})
+    assert getattr(reference.config, key) == types
+    reference.save_pretrained(tmp_path)
+    model = nest.load(str(tmp_path), backend=backend, generics=GENERICS, tokenizer=False)
+    listed = "no_rope_layers" if family == "smollm3" else "full_layers"
+    want = [bool(t) for t in types] if family == "smollm3" else [t == "full_attention" for t in types]
+    assert model.module.bindings[listed] == want
+    assert f"  {listed} = [" in model.module.sources[model.module.card_path]  # the card sets the list
+    assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if k != key}))
+    patterned = nest.load(str(tmp_path), backend=backend, generics=GENERICS, tokenizer=False)
+    assert patterned.module.bindings[listed] != want
+    assert min(prefill_error(patterned, reference, PROMPTS)) > 1e-3
 
 
 @pytest.mark.parametrize("factor, rotary_dim", [(0.25, 4), (1.0, 16)])
