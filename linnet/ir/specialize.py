@@ -196,9 +196,10 @@ STATIC_FLOORS = {("attention", "window"): (0, True), ("rope", "theta"): (0, Fals
                  ("layer_norm", "eps"): (0, True)}
 
 
-def _check_bounds(v: ir.Op, values: dict) -> None:
+def _check_bounds(v: ir.Op, values: dict, running: "_Running | None" = None) -> None:
     """A static argument below its floor (a negative sliding window, say) is an error at its use,
-    with the value it took: otherwise it compiles and computes nonsense."""
+    with the value it took: otherwise it compiles and computes nonsense. `values` may hold loop
+    variables and a fn's arguments (`running` names them: a list config's item, `windows[l]`)."""
     for (op, arg), (least, inclusive) in STATIC_FLOORS.items():
         if v.op != op or v.kwargs.get(arg) is None:
             continue
@@ -210,7 +211,8 @@ def _check_bounds(v: ir.Op, values: dict) -> None:
         if value < least or (value == least and not inclusive):
             bound = f"at least {least}" if inclusive else f"greater than {least}"
             named = f"`{given.name}` is {value!r}" if isinstance(given, ir.Var) else f"it is {value!r}"
-            raise LinnetError(given.loc or v.loc, f"{arg} of `{op}` must be {bound}", [named])
+            raise LinnetError(given.loc or v.loc, f"{arg} of `{op}` must be {bound}",
+                              [named] + (running.notes(given) if running else []))
 
 
 def _named(d: Dim, value: int) -> str:
@@ -256,6 +258,9 @@ def _check_static_indices(module: ir.Module, sizes: dict, static: dict) -> None:
                 if isinstance(v, ir.Op) and v.op == "list_item":  # a list config's item: its length is a dim
                     t = v.kwargs["x"].type
                     _check_indices(TensorType(t.item, (t.length,)), v.args, sizes, env, running, shown=t)
+            for v in (x for top in stmt_values(s) for x in tree_values(top)):
+                if isinstance(v, ir.Op):  # with this layer's values: a window read from a list at `l`
+                    _check_bounds(v, env, running)
             for top in stmt_values(s):
                 _check_static_values(top, env, running)
             if isinstance(s, ir.Assign):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_specialize_checks import Case, _edit, assert_refused
+from test_specialize_checks import LLAMA, TINY_LLAMA, Case, _edit, assert_refused
 
 from linnet.cli import main
 from linnet.compiler import BACKENDS, build, check_file
@@ -128,6 +128,27 @@ CASES = [
          "index 3 is out of range for a list of 3", "as `update` is called at",
          line_text="scale = scales[l]"),
 ]
+
+
+# Llama with a window for each layer, read from a list at the loop variable (tiny-llama has 2 layers)
+WINDOWED = _edit(_edit(LLAMA, "  sliding_window: int = 0 ", "  windows: int[layers] = [0 for l in layers]\n"
+                                                         "  sliding_window: int = 0 "),
+                 "window=sliding_window)", "window=windows[l])")
+CASES.append(Case("a-window-from-a-list-below-0",
+                  {"tiny-llama.linnet": _edit(TINY_LLAMA, "  layers = 2\n", "  layers = 2\n  windows = [4, -1]\n"),
+                   "llama.linnet": WINDOWED}, "llama.linnet", "window=windows[l])", "windows[l]",
+                  "window of `attention` must be at least 0", "when `l` = 1"))
+
+
+def test_a_window_for_each_layer_checks_and_compiles(tmp_path, capsys):
+    """Windows of 0 and above, one a layer, read from a list as `attention`'s static window."""
+    (tmp_path / "llama.linnet").write_text(WINDOWED)
+    (tmp_path / "tiny-llama.linnet").write_text(_edit(TINY_LLAMA, "  layers = 2\n", "  layers = 2\n  windows = [3, 0]\n"))
+    for backend in BACKENDS:
+        assert main(["compile", str(tmp_path / "tiny-llama.linnet"), "--backend", backend,
+                     "-o", str(tmp_path / f"{backend}.py")]) == 0, capsys.readouterr().err
+        source = (tmp_path / f"{backend}.py").read_text()
+        assert "windows = [3, 0]" in source and "window=windows[l]" in source
 
 
 def test_the_ids_are_unique_and_the_bases_check(tmp_path, capsys):
