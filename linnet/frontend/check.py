@@ -245,7 +245,7 @@ class _Checker:
         for i, (x, item) in enumerate(zip(c.value.items, value)):
             if not _assignable(_type_of_literal(item), ScalarType(want.item)):
                 raise LinnetError(x.loc, f"item {i} of `{c.name}` is {_spelled(item)}, but `{c.name}` is {want}, "
-                                         f"a list of {want.item}s")
+                                         f"a list of {want.item} values")
         return [float(item) if want.item == "float" else item for item in value]
 
     def _literal(self, e: ast.Node, what: str):

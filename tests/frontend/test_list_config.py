@@ -88,9 +88,9 @@ CASES = [
     card("a-card-list-too-long", "layers = 3\n  adds = [true, false, true, true]", "[true",
          "`adds` is bool[layers]: it needs 3 items (layers = 3), not 4", line_text="adds ="),
     card("a-card-list-item-of-another-kind", "factors = [1, 2, 2.5]", "2.5",
-         "item 2 of `factors` is 2.5, but `factors` is int[layers], a list of ints"),
+         "item 2 of `factors` is 2.5, but `factors` is int[layers], a list of int values"),
     card("a-card-bool-list-given-ints", "adds = [1, 0, 1]", "1,",
-         "item 0 of `adds` is 1, but `adds` is bool[layers], a list of bools"),
+         "item 0 of `adds` is 1, but `adds` is bool[layers], a list of bool values"),
     card("a-card-list-nested", "factors = [[1], 2, 3]", "[1]", "item 0 of `factors` is [1]"),
     card("a-card-scalar-for-a-list", "factors = 3", "3", "`factors` is int[layers], a list, but is set to 3",
          "write one item for each of its layers"),
@@ -149,6 +149,20 @@ def test_a_window_for_each_layer_checks_and_compiles(tmp_path, capsys):
                      "-o", str(tmp_path / f"{backend}.py")]) == 0, capsys.readouterr().err
         source = (tmp_path / f"{backend}.py").read_text()
         assert "windows = [3, 0]" in source and "window=windows[l]" in source
+
+
+def test_a_list_of_strings_is_compared_item_by_item(tmp_path, capsys):
+    """`str[layers]`, as transformers' `layer_types` is: an item compares with `==` in a static `if`, and a
+    card's item of another kind is refused at it."""
+    kinds = _edit(_edit(LISTS, "  scales: float[layers] = [1, 0.5, 2]\n",
+                        '  scales: float[layers] = [1, 0.5, 2]\n  kinds: str[layers] = ["add", "sub", "add"]\n'),
+                  "if adds[l] then", 'if kinds[l] == "add" then')
+    (tmp_path / "lists.linnet").write_text(kinds)
+    assert main(["compile", str(tmp_path / "lists.linnet"), "--backend", "torch", "-o", str(tmp_path / "out.py")]) == 0
+    assert "kinds = ['add', 'sub', 'add']" in (tmp_path / "out.py").read_text()
+    (tmp_path / "card.linnet").write_text(_edit(CARD, "  layers = 3\n", '  kinds = ["add", 1, "sub"]\n'))
+    assert main(["check", str(tmp_path / "card.linnet")]) == 1
+    assert "item 1 of `kinds` is 1, but `kinds` is str[layers], a list of str values" in capsys.readouterr().err
 
 
 def test_the_ids_are_unique_and_the_bases_check(tmp_path, capsys):
