@@ -105,7 +105,7 @@ def cpu_kernels() -> ctypes.CDLL | None:
     lib.linnet_layer_norm.argtypes = [i32, vp, long, long, long, i32, vp, vp, ctypes.c_float, vp, i32]
     lib.linnet_rope.argtypes = [i32, vp, long, long, long, long, long, vp, vp, long, vp, i32]
     lib.linnet_put_rows.argtypes = [i32, vp, long, vp, long, long, vp, long, long, long, i32, vp, long, long, i32]
-    lib.linnet_elementwise.argtypes = [i32, i32, vp, long, vp, long, i32, vp, long, long, long, i32]
+    lib.linnet_elementwise.argtypes = [i32, i32, vp, long, i32, vp, long, i32, vp, long, long, long, i32]
     lib.linnet_gather_rows.argtypes = [i32, vp, long, long, vp, long, i32, vp, i32]
     for f in (lib.linnet_rmsnorm, lib.linnet_layer_norm, lib.linnet_rope, lib.linnet_put_rows, lib.linnet_elementwise,
               lib.linnet_gather_rows):

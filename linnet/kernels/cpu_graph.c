@@ -64,7 +64,8 @@ int linnet_task_put_rows(const int64_t *a) {
 }
 
 int linnet_task_elementwise(const int64_t *a) {
-    linnet_elementwise((int)a[0], (int)a[1], P(2), a[3], P(4), a[5], (int)a[6], P(7), a[8], a[9], a[10], (int)a[11]);
+    linnet_elementwise((int)a[0], (int)a[1], P(2), a[3], (int)a[4], P(5), a[6], (int)a[7], P(8), a[9], a[10], a[11],
+                       (int)a[12]);
     return 0;
 }
 

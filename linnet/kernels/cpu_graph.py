@@ -8,10 +8,10 @@ calls with their arguments; replayed, it is those calls in a C loop, and the Pyt
 `with capture() as graph:` runs what it holds (a decode step) once, for real, while it records:
 - every call of Linnet's CPU kernels (`call`, through which the kernels' wrappers go);
 - every aten op, through a dispatch mode: views, allocations and constants (factory ops on no
-  tensor) need no replay; elementwise add / mul / SiLU / dtype copies, a concatenation (a copy
-  of each part) and an embedding gather become kernel calls of their own; any other op, or a
-  read of a value on the host, means the step cannot be replayed (`CpuGraph.unsupported` says
-  which), and the runner stays eager.
+  tensor) need no replay; elementwise add / mul / div (of two tensors, or a tensor and a Python
+  number) / tanh / SiLU / dtype copies, a concatenation (a copy of each part) and an embedding
+  gather become kernel calls of their own; any other op, or a read of a value on the host, means
+  the step cannot be replayed (`CpuGraph.unsupported` says which), and the runner stays eager.
 Every tensor the step made is kept, so each keeps its address. The caller copies each step's
 inputs into the tensors the capture read, as for a CUDA graph, and must not reallocate what
 the step reads or writes (the cache: `TorchModel.reset_state` zeroes it in place).
@@ -32,9 +32,11 @@ from linnet.kernels import build, pool
 from linnet.kernels.torch_types import TYPES
 
 aten = torch.ops.aten
-OP_ADD, OP_MUL, OP_SILU, OP_COPY, OP_SILU_MUL, OP_GELU_TANH = range(6)  # kernels.h's elementwise ops
+OP_ADD, OP_MUL, OP_SILU, OP_COPY, OP_SILU_MUL, OP_GELU_TANH, OP_DIV, OP_TANH = range(8)  # kernels.h's elementwise ops
 _ELEMENTWISE = {aten.add.Tensor: OP_ADD, aten.add_.Tensor: OP_ADD, aten.mul.Tensor: OP_MUL,
-                aten.mul_.Tensor: OP_MUL, aten.silu.default: OP_SILU, aten._to_copy.default: OP_COPY}
+                aten.mul_.Tensor: OP_MUL, aten.div.Tensor: OP_DIV, aten.silu.default: OP_SILU,
+                aten.tanh.default: OP_TANH, aten._to_copy.default: OP_COPY}
+_BINARY = (OP_ADD, OP_MUL, OP_DIV)
 # ops that, when they do not return a view, copy their input (maybe to another type) in row order;
 # under inference mode the dispatch mode sees them whole, not as the clone they decompose into
 _COPIES = {aten.contiguous.default, aten.reshape.default, aten.clone.default, aten.to.dtype, aten.to.device,
@@ -118,13 +120,16 @@ class CpuGraph:
 
     def _elementwise(self, op, args, kwargs, out) -> bool:
         a = args[0]
-        b = args[1] if op in (OP_ADD, OP_MUL) and len(args) > 1 else a
+        b = args[1] if op in _BINARY and len(args) > 1 else a
         if op == OP_COPY and set(kwargs) - {"dtype", "layout", "device", "memory_format"} or \
                 op != OP_COPY and (kwargs.get("alpha", 1) != 1 or len(args) > 2):
             return False
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and isinstance(out, torch.Tensor)
-                and a.dtype == b.dtype):
+        if not (isinstance(a, torch.Tensor) and isinstance(out, torch.Tensor)):
             return False
+        if isinstance(b, (int, float)) and not isinstance(b, bool):
+            b = self._number(b, torch.float32 if op in (OP_MUL, OP_DIV) else a.dtype, out)
+        elif not (isinstance(b, torch.Tensor) and (a.dtype == b.dtype or out.dtype == torch.float32)):
+            return False  # operands of two types: torch widens both to an f32 output, exactly, as the kernel does
         if op == OP_COPY:
             if a.shape != out.shape:  # a reshape that copied: the same values in row order, out dense
                 if not (out.is_contiguous() and out.numel() == a.numel()):
@@ -143,9 +148,18 @@ class CpuGraph:
         if None in views or len({v[2:] for v in views}) != 1:
             return False  # a layout the kernel does not walk, or a copy that moves values across rows
         (ap, ast, rows, cols), (bp, bst, _, _), (op_, ost, _, _) = views
-        self.record("elementwise", (op, TYPES[a.dtype], ap, ast, bp, bst, TYPES[out.dtype], op_, ost, rows, cols,
-                                    pool.threads()))
+        self.record("elementwise", (op, TYPES[a.dtype], ap, ast, TYPES[b.dtype], bp, bst, TYPES[out.dtype], op_, ost,
+                                    rows, cols, pool.threads()))
         return True
+
+    def _number(self, number, dtype: torch.dtype, out: torch.Tensor) -> torch.Tensor:
+        """A Python number operand (aten's wrapped scalar: `x * dim ** 0.5`, `1.0 + w`) as a row of it in
+        `dtype`, every row of `out` reading it (stride 0). torch multiplies and divides a 16-bit tensor by a
+        number in f32, the number rounded to f32 (sqrt(640) is 25.298, not bf16's 25.25), but adds the
+        number rounded to the tensor's type first (tests/kernels/test_cpu_number_ops.py holds it to both)."""
+        row = torch.full(out.shape[1:], float(number), dtype=dtype)
+        self.keep.append(row)
+        return row.expand(out.shape)
 
     def _cat(self, args, out) -> bool:
         """torch.cat as a copy of each part into its place in the output: rows over the axes before the

@@ -251,32 +251,57 @@ static inline AVX2 __m256 silu8(__m256 x) {
 
 /* GELU's tanh form of eight, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), written as the
  * same value x / (1 + e^-2u) (0.5 (1 + tanh u) is sigmoid(2u)): no 1 + tanh cancelling to nothing
- * for large negative x, and silu8's exponential. */
+ * for large negative x, and silu8's exponential. At x = -inf that would be -inf where the formula,
+ * and torch's F.gelu, give -inf * 0: NaN (the limit is 0, but torch's value is what a step computes). */
 static inline AVX2 __m256 gelu_tanh8(__m256 x) {
     __m256 u = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
                              _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), x), _mm256_mul_ps(x, x), x));
     __m256 e = exp8(_mm256_min_ps(_mm256_mul_ps(_mm256_set1_ps(-2.0f), u), _mm256_set1_ps(88.0f)));
-    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+    __m256 g = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+    __m256 minus_inf = _mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ);
+    return _mm256_blendv_ps(g, _mm256_set1_ps(NAN), minus_inf);
+}
+
+/* tanh of eight, as Cephes' tanhf (within a few ulp of torch's): below |x| = 0.625 an odd polynomial
+ * (1 - e^-2|x| would cancel there), above 1 - 2 / (e^2|x| + 1), each with x's sign; e^2|x| taken at
+ * most at 88 (tanh is 1 in f32 from |x| = 9); a NaN stays NaN. */
+static inline AVX2 __m256 tanh8(__m256 x) {
+    __m256 sign = _mm256_set1_ps(-0.0f), one = _mm256_set1_ps(1.0f);
+    __m256 ax = _mm256_andnot_ps(sign, x);
+    __m256 e = exp8(_mm256_min_ps(_mm256_add_ps(ax, ax), _mm256_set1_ps(88.0f)));
+    __m256 large = _mm256_sub_ps(one, _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, one)));
+    __m256 z = _mm256_mul_ps(x, x), p = _mm256_set1_ps(-5.70498872745e-3f);
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(2.06390887954e-2f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-5.37397155531e-2f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(1.33314422036e-1f));
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(-3.33332819422e-1f));
+    __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), x, x);
+    __m256 t = _mm256_blendv_ps(large, small, _mm256_cmp_ps(ax, _mm256_set1_ps(0.625f), _CMP_LT_OQ));
+    t = _mm256_or_ps(_mm256_andnot_ps(sign, t), _mm256_and_ps(sign, x)); /* x's sign, -0 at -0 too */
+    return _mm256_blendv_ps(t, x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
 static inline AVX2 __m256 apply8(int op, int type, __m256 a, __m256 b) {
     switch (op) {
     case OP_ADD: return _mm256_add_ps(a, b);
     case OP_MUL: return _mm256_mul_ps(a, b);
+    case OP_DIV: return _mm256_div_ps(a, b);
     case OP_SILU: return silu8(a);
+    case OP_TANH: return tanh8(a);
     case OP_GELU_TANH: return gelu_tanh8(a);
     case OP_SILU_MUL: return _mm256_mul_ps(round8(type, silu8(a)), b); /* silu(a) rounded to a's type, as torch's two ops */
     default: return a;
     }
 }
 
-/* out[r, c] = a[r, c] op b[r, c] (b unused by SILU, GELU_TANH and COPY; SILU_MUL: silu(a) * b, a gated MLP's
- * halves) over rows x cols, each operand's rows
- * its own stride apart (a view's: the gate columns of a fused gate / up output): a and b of
- * `type`, computed in f32 and rounded to out_type, as torch computes a 16-bit type's
- * elementwise ops. */
+/* out[r, c] = a[r, c] op b[r, c] (b unused by SILU, GELU_TANH, TANH and COPY; SILU_MUL: silu(a) * b, a gated
+ * MLP's halves) over rows x cols, each operand's rows
+ * its own stride apart (a view's: the gate columns of a fused gate / up output): a of `type`, b of
+ * b_type (a Python number's f32 row, stride 0, beside a 16-bit a: torch computes a * number in f32
+ * without rounding the number to a's type), computed in f32 and rounded to out_type, as torch
+ * computes a 16-bit type's elementwise ops. */
 struct elementwise_args {
-    int op, type, out_type;
+    int op, type, b_type, out_type;
     const void *a, *b;
     void *out;
     long a_stride, b_stride, out_stride, cols;
@@ -284,14 +309,15 @@ struct elementwise_args {
 
 static AVX2 void elementwise_rows(const void *args, long r0, long r1) {
     const struct elementwise_args *e = args;
-    int op = e->op, type = e->type, out_type = e->out_type, two = op == OP_ADD || op == OP_MUL || op == OP_SILU_MUL;
+    int op = e->op, type = e->type, b_type = e->b_type, out_type = e->out_type;
+    int two = op == OP_ADD || op == OP_MUL || op == OP_DIV || op == OP_SILU_MUL;
     const void *a = e->a, *b = e->b;
     void *out = e->out;
     long a_stride = e->a_stride, b_stride = e->b_stride, out_stride = e->out_stride, cols = e->cols;
     for (long r = r0; r < r1; r++) {
         long ia = r * a_stride, ib = r * b_stride, io = r * out_stride, c = 0;
         for (; c + 8 <= cols; c += 8) {
-            __m256 bv = two ? load8(b, type, ib + c) : _mm256_setzero_ps();
+            __m256 bv = two ? load8(b, b_type, ib + c) : _mm256_setzero_ps();
             store8(out, out_type, io + c, apply8(op, type, load8(a, type, ia + c), bv));
         }
         if (c == cols)
@@ -300,7 +326,7 @@ static AVX2 void elementwise_rows(const void *args, long r0, long r1) {
         for (long j = c; j < cols; j++) {
             av[j - c] = load1(a, type, ia + j);
             if (two)
-                bv[j - c] = load1(b, type, ib + j);
+                bv[j - c] = load1(b, b_type, ib + j);
         }
         _mm256_storeu_ps(ov, apply8(op, type, _mm256_loadu_ps(av), _mm256_loadu_ps(bv)));
         for (long j = c; j < cols; j++)
@@ -308,9 +334,9 @@ static AVX2 void elementwise_rows(const void *args, long r0, long r1) {
     }
 }
 
-void linnet_elementwise(int op, int type, const void *a, long a_stride, const void *b, long b_stride, int out_type,
-                        void *out, long out_stride, long rows, long cols, int threads) {
-    struct elementwise_args args = {op, type, out_type, a, b, out, a_stride, b_stride, out_stride, cols};
+void linnet_elementwise(int op, int type, const void *a, long a_stride, int b_type, const void *b, long b_stride,
+                        int out_type, void *out, long out_stride, long rows, long cols, int threads) {
+    struct elementwise_args args = {op, type, b_type, out_type, a, b, out, a_stride, b_stride, out_stride, cols};
     over_rows(elementwise_rows, &args, rows, rows * cols, threads);
 }
 

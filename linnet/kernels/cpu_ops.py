@@ -99,8 +99,8 @@ def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     n = a.shape[-1]
     rows_a, rows_b = dense_rows(a, n), dense_rows(b, n)
     out = torch.empty(a.shape, dtype=a.dtype)
-    call("elementwise", OP_SILU_MUL, TYPES[a.dtype], rows_a.data_ptr(), rows_a.stride(0), rows_b.data_ptr(),
-         rows_b.stride(0), TYPES[out.dtype], out.data_ptr(), n, rows_a.shape[0], n, pool.threads())
+    call("elementwise", OP_SILU_MUL, TYPES[a.dtype], rows_a.data_ptr(), rows_a.stride(0), TYPES[b.dtype],
+         rows_b.data_ptr(), rows_b.stride(0), TYPES[out.dtype], out.data_ptr(), n, rows_a.shape[0], n, pool.threads())
     return out
 
 
@@ -110,8 +110,8 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     n = x.shape[-1]
     rows = dense_rows(x, n)
     out = torch.empty(x.shape, dtype=x.dtype)
-    call("elementwise", OP_GELU_TANH, TYPES[x.dtype], rows.data_ptr(), rows.stride(0), rows.data_ptr(),
-         rows.stride(0), TYPES[out.dtype], out.data_ptr(), n, rows.shape[0], n, pool.threads())
+    call("elementwise", OP_GELU_TANH, TYPES[x.dtype], rows.data_ptr(), rows.stride(0), TYPES[x.dtype],
+         rows.data_ptr(), rows.stride(0), TYPES[out.dtype], out.data_ptr(), n, rows.shape[0], n, pool.threads())
     return out
 
 

@@ -185,7 +185,8 @@ void linnet_attention_prefetch(int type, long KVH, long D, const void *k, const 
                                const int32_t *positions, long window, long n);
 
 /* cpu_ops.c */
-enum { OP_ADD = 0, OP_MUL = 1, OP_SILU = 2, OP_COPY = 3, OP_SILU_MUL = 4, OP_GELU_TANH = 5 }; /* linnet_elementwise's */
+enum { OP_ADD = 0, OP_MUL = 1, OP_SILU = 2, OP_COPY = 3, OP_SILU_MUL = 4, OP_GELU_TANH = 5, OP_DIV = 6,
+       OP_TANH = 7 }; /* linnet_elementwise's */
 void linnet_rmsnorm(int x_type, const void *x, long x_stride, long n, long d, int w_type, const void *w, float eps,
                     int out_type, void *out, int threads);
 void linnet_layer_norm(int x_type, const void *x, long x_stride, long n, long d, int w_type, const void *w,
@@ -195,8 +196,8 @@ void linnet_rope(int type, const void *x, long n, long H, long D, long token_str
 void linnet_put_rows(int state_type, void *state, long offset, const int32_t *a, long a_stride, long a_limit,
                      const int32_t *b, long b_stride, long b_limit, long n, int value_type, const void *value,
                      long value_stride, long block, int threads);
-void linnet_elementwise(int op, int type, const void *a, long a_stride, const void *b, long b_stride, int out_type,
-                        void *out, long out_stride, long rows, long cols, int threads);
+void linnet_elementwise(int op, int type, const void *a, long a_stride, int b_type, const void *b, long b_stride,
+                        int out_type, void *out, long out_stride, long rows, long cols, int threads);
 void linnet_gather_rows(int type, const void *table, long rows, long width, const int32_t *ids, long n, int out_type,
                         void *out, int threads);
 

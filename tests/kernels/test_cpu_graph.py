@@ -81,11 +81,12 @@ def test_a_linear_on_onednns_packed_weight_is_named_and_the_step_still_runs():
     torch.testing.assert_close(y, x @ w.T)
 
 
-def test_a_python_number_in_an_elementwise_op_is_not_replayed():
+def test_a_python_number_in_an_op_the_replay_lacks_is_named():
     x = torch.randn(3)
     with cpu_graph.capture() as graph:
-        x * 2.0  # the replay's elementwise ops take two tensors
-    assert graph.unsupported is not None and "mul" in graph.unsupported
+        x * 2.0  # replayed: a multiply by the number's row (test_cpu_number_ops)
+        x - 2.0  # the replay has no subtraction
+    assert graph.unsupported is not None and "sub" in graph.unsupported
 
 
 def test_an_in_place_write_is_replayed_or_refused_never_dropped():
@@ -153,7 +154,7 @@ def test_a_capture_records_its_own_thread_only():
 
 
 @pytest.mark.parametrize("card", ["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-qwen2", "tiny-qwen3",
-                                  "tiny-phi2", "tiny-gpt2"])
+                                  "tiny-phi2", "tiny-gpt2", "tiny-gemma2", "tiny-gemma3"])
 @pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
 def test_a_replayed_decode_step_equals_the_eager_step(card, dtype):
     """The torch runner's captured step against the model's own eager decode, step after step from
@@ -161,7 +162,8 @@ def test_a_replayed_decode_step_equals_the_eager_step(card, dtype):
     choose and the cache. Qwen2's biases are added over rows (a broadcast the replay reads with a
     row stride of 0); Qwen3's per-head norms read q and k through a copy of the fused output's
     columns; Phi-2 and GPT-2 take LayerNorm and GELU's tanh form, and Phi-2 joins each head's rotated
-    part to the rest (a concatenation)."""
+    part to the rest (a concatenation); Gemma 2 and 3 scale the embedding by a number, add 1 to each norm's
+    weight, and Gemma 2 caps its logits (tanh(x / cap) * cap)."""
     from linnet import nest
     from linnet.serve.runners import TorchRunner
 

@@ -82,11 +82,14 @@ def test_gelu_tanh_is_torchs(n, d, dtype, gap, spread, seed):
     assert stray(got) <= max(2 * stray(want), 2 ** -21), (stray(got), stray(want))
 
 
-def test_gelu_tanh_keeps_nan_and_the_limits():
-    x = torch.tensor([[float("nan"), float("inf"), 0.0, -1e4, 1e4, -20.0]])
-    got = cpu_ops.gelu_tanh(x)[0]
+@pytest.mark.parametrize("width", [6, 8, 13])  # the kernel's tail, one vector of eight, both
+def test_gelu_tanh_keeps_nan_and_the_limits(width):
+    x = torch.tensor([float("nan"), float("inf"), 0.0, -1e4, 1e4, -20.0, -float("inf")] * 2)[:width]
+    got, want = cpu_ops.gelu_tanh(x[None])[0], F.gelu(x, approximate="tanh")
     assert torch.isnan(got[0]) and got[1] == float("inf") and got[2] == 0 and got[4] == 1e4
     assert got[3] <= 0 and got[5] <= 0 and -1e-30 < got[3] and -1e-30 < got[5]  # x e^-2u: 0, where torch's cancels
+    # -inf: -inf * (1 + tanh(-inf)) = -inf * 0, NaN, as torch's (not x / (1 + e^-2u)'s -inf)
+    assert torch.equal(torch.isnan(got), torch.isnan(want)) and torch.equal(torch.isinf(got), torch.isinf(want))
 
 
 @pytest.mark.parametrize("fast", [False, True])
