@@ -65,26 +65,6 @@ static inline AVX2 __attribute__((always_inline)) void score(int type, const flo
     }
 }
 
-/* tanh of eight floats, lane by lane: below |x| = 0.25 its odd Taylor series through x^13 (the next
- * term under 3e-10 of x), else (1 - e^-2|x|) / (1 + e^-2|x|) by `exp8` (which takes e^-2|x| past
- * e^-87 as e^-87: tanh 1), the sign put back. Within a few ulp of tanh (tests: numpy's f64). libm's
- * tanhf, one score at a time, made a 16-row layer's attention at position 1000 4.5x as slow. */
-static inline AVX2 __attribute__((always_inline)) __m256 tanh8(__m256 x) {
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 a = _mm256_andnot_ps(sign, x), x2 = _mm256_mul_ps(x, x);
-    __m256 p = _mm256_set1_ps(21844.0f / 6081075.0f); /* x - x^3/3 + 2x^5/15 - ...: in x^2, from x^13 down */
-    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-1382.0f / 155925.0f));
-    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(62.0f / 2835.0f));
-    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-17.0f / 315.0f));
-    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(2.0f / 15.0f));
-    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-1.0f / 3.0f));
-    __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(x, x2), p, x);
-    __m256 t = exp8(_mm256_mul_ps(a, _mm256_set1_ps(-2.0f)));
-    __m256 large = _mm256_div_ps(_mm256_sub_ps(_mm256_set1_ps(1.0f), t), _mm256_add_ps(_mm256_set1_ps(1.0f), t));
-    large = _mm256_or_ps(large, _mm256_and_ps(sign, x));
-    return _mm256_blendv_ps(large, small, _mm256_cmp_ps(a, _mm256_set1_ps(0.25f), _CMP_LT_OQ));
-}
-
 /* Each score s capped as softcap * tanh(s / softcap) (Gemma 2's), in place, eight at a time and the
  * last few through a buffer of eight: every score through `tanh8`, whatever path (AVX2, AVX-512,
  * bf16 pairs, a span's parts) scored it, so its capped value does not depend on which ran it. */
