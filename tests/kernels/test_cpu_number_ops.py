@@ -57,10 +57,19 @@ def test_a_number_is_not_rounded_to_a_16_bit_tensors_type(dtype):
         assert not torch.equal(want, x * torch.tensor(number, dtype=dtype))  # the case the test is about
 
 
-def test_a_one_axis_tensor_and_a_number_replay():
-    """A Gemma norm's 1 + w: the weight alone, in f32."""
+def test_a_one_axis_tensor_and_a_number_replay_as_one_row():
+    """A Gemma norm's 1 + w: the weight alone, in f32, one row of 37 (not 37 rows of one value); a
+    strided one, rows of one value."""
     w = torch.randn(37)
-    got, want = replayed(lambda t: 1.0 + t, [w], lambda: w.copy_(torch.randn(37)))
+    with cpu_graph.capture() as graph:
+        out = 1.0 + w
+    rows, cols = graph.words[0][10:12]  # linnet_elementwise's rows and columns
+    assert (rows, cols) == (1, 37)
+    w.copy_(torch.randn(37))
+    graph.replay()
+    assert torch.equal(out, 1.0 + w)
+    apart = torch.randn(74)
+    got, want = replayed(lambda t: t[::2] * 3.0, [apart], lambda: apart.copy_(torch.randn(74)))
     assert torch.equal(got, want)
 
 
