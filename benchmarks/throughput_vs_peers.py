@@ -77,7 +77,10 @@ def linnet_single(backend: str, dtype: str, prompt: list, new: int, repeats: int
 
 
 def transformers_single(ref, prompt: list, new: int, repeats: int) -> float:
+    """Decode tokens/s of one request: `new` tokens' time less one token's (the prompt's pass), over new - 1."""
     ids = torch.tensor([prompt])
+    with torch.inference_mode():  # warmup, untimed as Linnet's and llama.cpp's: its first call's setup
+        ref.generate(input_ids=ids, max_new_tokens=2, do_sample=False, pad_token_id=0)
     rates = []
     for _ in range(repeats):
         with torch.inference_mode():
@@ -131,21 +134,27 @@ def transformers_model():
 
 
 def transformers_run(ref, prompts: list, rows: int, new: int, repeats: int) -> float:
+    """Generated tokens/s of the load, `rows` prompts a batched `generate` (median over `repeats` runs)."""
+    _transformers_batch(ref, prompts[:rows], 2)  # warmup, untimed as Linnet's and llama.cpp's (2.5 s on a tiny card)
     rates = []
     for _ in range(repeats):
         start = time.perf_counter()
         generated = 0
         for i in range(0, len(prompts), rows):
-            group = prompts[i:i + rows]
-            width = max(len(p) for p in group)
-            ids = torch.tensor([[0] * (width - len(p)) + p for p in group])
-            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
-            with torch.inference_mode():
-                out = ref.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
-                                   do_sample=False, pad_token_id=0)
-            generated += (out.shape[1] - width) * len(group)
+            generated += _transformers_batch(ref, prompts[i:i + rows], new)
         rates.append(generated / (time.perf_counter() - start))
     return statistics.median(rates)
+
+
+def _transformers_batch(ref, group: list, new: int) -> int:
+    """One batched greedy `generate` of `group`, left-padded; returns the tokens it generated."""
+    width = max(len(p) for p in group)
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in group])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
+    with torch.inference_mode():
+        out = ref.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                           do_sample=False, pad_token_id=0)
+    return (out.shape[1] - width) * len(group)
 
 
 # torch-gguf: bf16, SmolLM2's embedded GGUF's Q4_1 / Q8_0 linears in their blocks (quantization="gguf")
@@ -153,9 +162,10 @@ LINNET = ["torch-f32", "torch-bf16", "jax-f32", "jax-bf16", "torch-gguf"]
 LLAMACPP = ["llamacpp-f16", "llamacpp-f32", "llamacpp-q4_1"]  # q4_1: the embedded file as it is
 
 
-def llamacpp_installed() -> bool:
+def installed(module: str) -> bool:
+    """Whether a peer's package imports here ("llama_cpp", "transformers")."""
     try:
-        importlib.import_module("llama_cpp")
+        importlib.import_module(module)
     except ImportError:
         return False
     return True
@@ -176,10 +186,13 @@ def label(system: str) -> str:
 
 
 def chosen_systems(only: list | None) -> list:
-    """The systems to run: --only's, or every one; llama.cpp's dropped, with a line, when it is not
-    installed or the card is not SmolLM2."""
+    """The systems to run: --only's, or every one; a peer dropped, with a line, when it is not installed,
+    and llama.cpp's when the card is not SmolLM2."""
     systems = only or LINNET + ["transformers"] + LLAMACPP
-    if any(s in LLAMACPP for s in systems) and (Chosen.card != DEFAULT_CARD or not llamacpp_installed()):
+    if "transformers" in systems and not installed("transformers"):
+        print("transformers: not installed (pip install transformers), skipped")
+        systems = [s for s in systems if s != "transformers"]
+    if any(s in LLAMACPP for s in systems) and (Chosen.card != DEFAULT_CARD or not installed("llama_cpp")):
         print("llama.cpp: " + ("runs SmolLM2's GGUF only" if Chosen.card != DEFAULT_CARD else
                                "not installed (pip install llama-cpp-python)") + ", skipped")
         systems = [s for s in systems if s not in LLAMACPP]
@@ -220,11 +233,15 @@ def measure(system: str, prompts: list, args, vocab: int) -> dict:
     return out
 
 
-def measure_apart(system: str, argv: list) -> dict:
+def measure_apart(system: str, argv: list) -> dict | None:
     """`measure` in a process of its own: one system's threads, caches and allocator never share a
-    process with another's (JAX's load ran 20% slower after torch's in the same process)."""
+    process with another's (JAX's load ran 20% slower after torch's in the same process). None, with
+    a line, where that process failed (its error above): the other systems still run."""
     done = subprocess.run([sys.executable, __file__, *_without_only(argv), "--only", system, "--report-json"],
-                          stdout=subprocess.PIPE, text=True, check=True)
+                          stdout=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        print(f"  {label(system):19s} failed (exit status {done.returncode}), left out", flush=True)
+        return None
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -254,8 +271,9 @@ def print_ratios(results: dict) -> None:
             print(f"  jax / torch ({dtype}): {jax_rate / torch_rate:.2f}x")
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__)
+def main(argv: list | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = argparse.ArgumentParser(prog="throughput_vs_peers.py", description=__doc__)
     parser.add_argument("--requests", type=int, default=64, help="requests in the load (64)")
     parser.add_argument("--rows", type=int, default=16, help="requests in flight (16)")
     parser.add_argument("--new", type=int, default=32, help="tokens each request generates (32)")
@@ -273,11 +291,19 @@ def main():
     parser.add_argument("--in-process", action="store_true",
                         help="run every system in this one process (by default each runs in a process of its own)")
     parser.add_argument("--report-json", action="store_true", help=argparse.SUPPRESS)  # a child's figures, as JSON
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    for flag in ("requests", "rows", "new", "repeats", "threads"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            parser.error(f"--{flag} must be at least 1, not {getattr(args, flag)}")
+    if args.no_load and args.no_single:
+        parser.error("--no-load and --no-single leave nothing to measure")
     if args.threads:
         torch.set_num_threads(args.threads)
     Chosen.card = args.card
-    info = nest.card(args.card)
+    try:
+        info = nest.card(args.card)
+    except nest.CardError as err:
+        parser.exit(1, f"{parser.prog}: error: {err.args[0]}\n")
     Chosen.weights = args.weights or (None if info.weights()[0] else "random")
     vocab = specialize(info.module()).bindings["vocab"]
     prompts = load_prompts(args.requests, 32, 128, vocab)
@@ -293,8 +319,10 @@ def main():
               f"median of {args.repeats}; {'one process' if args.in_process else 'a process per system'}")
     figures = {}
     for system in systems:
-        figures[system] = (measure(system, prompts, args, vocab) if args.in_process
-                           else measure_apart(system, sys.argv[1:]))
+        figure = measure(system, prompts, args, vocab) if args.in_process else measure_apart(system, argv)
+        if figure is None:
+            continue
+        figures[system] = figure
         if "load" in figures[system]:
             print(f"  {label(system):19s} {figures[system]['load']:8.1f} tokens/s   {figures[system]['note']}".rstrip(),
                   flush=True)
