@@ -23,6 +23,7 @@ import tempfile
 import time
 from unittest import mock
 
+from cuda_needed import require_cuda  # this folder's
 from linnet import nest
 from linnet.serve import Engine, Request
 
@@ -34,6 +35,7 @@ parser.add_argument("--rows", type=int, default=6, help="cache rows: requests in
 parser.add_argument("--new", type=int, default=24, help="tokens each request generates (24)")
 parser.add_argument("--device", default="cuda", help="torch's device (cpu: to try the check itself)")
 args = parser.parse_args()
+require_cuda("gpu_parity.py", args.device)
 
 rng = random.Random(0)
 prompts = [[rng.randrange(100) for _ in range(rng.randint(8, 96))] for _ in range(args.requests)]

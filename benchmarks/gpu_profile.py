@@ -27,6 +27,7 @@ from unittest import mock
 import numpy as np
 import torch
 
+from cuda_needed import require_cuda  # this folder's
 from linnet import nest
 from linnet.codegen_torch import runtime as rt
 from linnet.kernels import triton_attention
@@ -42,11 +43,12 @@ parser.add_argument("--pack", type=int, default=2048, help="tokens in the packed
 parser.add_argument("--prompt", type=int, default=512, help="tokens in each of its prompts")
 parser.add_argument("--steps", type=int, default=20, help="steps timed (20)")
 parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"], help="the element type T (bf16)")
-parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
-                    help="torch's device (cuda where there is one, else cpu)")
+parser.add_argument("--device", default="cuda",
+                    help="torch's device (cuda; cpu: to try the script itself, with a small card)")
 parser.add_argument("--kernels", type=int, default=12, help="kernels listed per profile")
 parser.add_argument("--backend", default="torch", choices=["torch", "jax"], help="(torch)")
 args = parser.parse_args()
+require_cuda("gpu_profile.py", args.device)
 cuda = args.device.startswith("cuda")
 jax_backend = args.backend == "jax"
 
