@@ -11,15 +11,16 @@ import statistics
 
 import torch
 
+from bench_args import count
 from decode_step import timed
 from linnet.kernels import cpu_attention
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--positions", type=int, nargs="+", default=[100, 1000])
-    parser.add_argument("--rounds", type=int, default=5, help="rounds alternating the two (the median is printed)")
-    args = parser.parse_args()
+def main(argv: list | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="capped_attention.py", description=__doc__)
+    parser.add_argument("--positions", type=count, nargs="+", default=[100, 1000])
+    parser.add_argument("--rounds", type=count, default=5, help="rounds alternating the two (the median is printed)")
+    args = parser.parse_args(argv)
     if cpu_attention.library() is None:
         raise SystemExit("Linnet's CPU kernels do not run here")
     g = torch.Generator().manual_seed(0)

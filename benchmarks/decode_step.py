@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench_args import count  # this folder's
 from linnet.compiler import build
 from linnet.frontend import load_file
 from linnet.ir.specialize import specialize
@@ -45,14 +46,14 @@ def timed(step, steps: int) -> float:
     return statistics.median(times) * 1000
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--batch", type=int, default=16, help="rows decoded in each step (16)")
-    parser.add_argument("--prompt", type=int, default=64, help="prompt tokens each row holds first (64)")
-    parser.add_argument("--steps", type=int, default=20, help="steps timed; the median is printed (20)")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads(),
+def main(argv: list | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="decode_step.py", description=__doc__)
+    parser.add_argument("--batch", type=count, default=16, help="rows decoded in each step (16)")
+    parser.add_argument("--prompt", type=count, default=64, help="prompt tokens each row holds first (64)")
+    parser.add_argument("--steps", type=count, default=20, help="steps timed; the median is printed (20)")
+    parser.add_argument("--threads", type=count, default=torch.get_num_threads(),
                         help="torch's threads (default: torch's own count, %(default)s here)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     max_seq = args.prompt + args.steps * 2 + 8
     generics = {"Batch": args.batch, "MaxSeq": max_seq, "T": "f32"}

@@ -22,6 +22,7 @@ import gguf
 import numpy as np
 import torch
 
+from bench_args import count  # this folder's
 from linnet.kernels import cpu_linear, cpu_ops, cpu_qlinear
 
 SHAPES = [(1536, 576), (576, 1536), (49152, 576), (2048, 1024)]  # the last for the K-quants (K a multiple of 256)
@@ -60,13 +61,13 @@ def gather_rows(quant_table, table: torch.Tensor, args, rng: np.random.Generator
               f"bf16 {b:9.3f} ms   {q / b:5.2f}x   (least {q_least:.3f} and {b_least:.3f} ms)")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 512])
+def main(argv: list | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="qlinear_rows.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=count, nargs="+", default=[1, 16, 512])
     parser.add_argument("--types", nargs="+", default=["Q4_1", "Q8_0"], choices=[n for n in cpu_qlinear.READS.values()])
-    parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--threads", type=int, help="the kernels' threads (default: torch's, the cores)")
-    args = parser.parse_args()
+    parser.add_argument("--repeats", type=count, default=15)
+    parser.add_argument("--threads", type=count, help="the kernels' threads (default: torch's, the cores)")
+    args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     rng = np.random.default_rng(0)

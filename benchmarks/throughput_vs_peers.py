@@ -36,7 +36,8 @@ from linnet.ir.specialize import specialize
 from linnet.nest.bind import unbind_weights
 from linnet.serve import Engine, Request
 
-# this folder's; it imports llama_cpp only inside its functions
+# this folder's; llamacpp_peer imports llama_cpp only inside its functions
+from bench_args import count
 from llamacpp_peer import cached_gguf, run_batched, run_single
 
 DEFAULT_CARD = "smollm2-135m-instruct"
@@ -274,10 +275,10 @@ def print_ratios(results: dict) -> None:
 def main(argv: list | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = argparse.ArgumentParser(prog="throughput_vs_peers.py", description=__doc__)
-    parser.add_argument("--requests", type=int, default=64, help="requests in the load (64)")
-    parser.add_argument("--rows", type=int, default=16, help="requests in flight (16)")
-    parser.add_argument("--new", type=int, default=32, help="tokens each request generates (32)")
-    parser.add_argument("--repeats", type=int, default=3, help="runs per system; the median is printed")
+    parser.add_argument("--requests", type=count, default=64, help="requests in the load (64)")
+    parser.add_argument("--rows", type=count, default=16, help="requests in flight (16)")
+    parser.add_argument("--new", type=count, default=32, help="tokens each request generates (32)")
+    parser.add_argument("--repeats", type=count, default=3, help="runs per system; the median is printed")
     parser.add_argument("--no-single", action="store_true", help="skip the one-request measurement")
     parser.add_argument("--no-load", action="store_true", help="skip the load; measure one request only")
     parser.add_argument("--only", nargs="*", choices=LINNET + ["transformers"] + LLAMACPP, metavar="SYSTEM",
@@ -285,16 +286,13 @@ def main(argv: list | None = None) -> None:
     parser.add_argument("--card", default=DEFAULT_CARD, help="the card to run (default: %(default)s)")
     parser.add_argument("--weights", choices=["random"],
                         help="random weights instead of the card's own (the default when Nest finds none)")
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=count, default=None,
                         help="threads for every system (default: torch's, the cores); on a host other work keeps "
                              "busy, llama.cpp's OpenMP barriers wait on a thread the OS has not scheduled")
     parser.add_argument("--in-process", action="store_true",
                         help="run every system in this one process (by default each runs in a process of its own)")
     parser.add_argument("--report-json", action="store_true", help=argparse.SUPPRESS)  # a child's figures, as JSON
     args = parser.parse_args(argv)
-    for flag in ("requests", "rows", "new", "repeats", "threads"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            parser.error(f"--{flag} must be at least 1, not {getattr(args, flag)}")
     if args.no_load and args.no_single:
         parser.error("--no-load and --no-single leave nothing to measure")
     if args.threads:

@@ -1,0 +1,158 @@
+"""Each CPU benchmark in benchmarks/ once, in its smallest form, in this process (`main(argv)`): what it
+prints has the shape its --help promises (each system's line, the ratio lines), every figure is positive
+and finite, and each printed ratio is the printed rates divided (the arithmetic, checked apart).
+
+throughput_vs_peers.py's transformers peer raised TypeError on every run for a while and nothing here
+noticed. load_memory.py is tests/nest/test_load_memory.py's, gpu_check.sh tests/test_examples.py's."""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+import runpy
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def benchmarks_importable():
+    """The scripts import their neighbours (llamacpp_peer, decode_step, ...) as a run from benchmarks/ does."""
+    sys.path.insert(0, str(BENCH))
+    yield
+    sys.path.remove(str(BENCH))
+
+
+def bench(name: str):
+    return importlib.import_module(name)
+
+
+def positive(text: str) -> float:
+    value = float(text)
+    assert math.isfinite(value) and value > 0, text
+    return value
+
+
+def assert_ratio(printed: float, top: float, bottom: float, decimals: int = 2, rate_decimals: int = 1) -> None:
+    """`printed` (rounded to `decimals`) is top / bottom, both rounded to `rate_decimals` as printed."""
+    slack = 0.5 * 10 ** -decimals + (top / bottom) * 0.5 * 10 ** -rate_decimals * (1 / top + 1 / bottom) + 1e-9
+    assert abs(printed - top / bottom) <= slack, (printed, top, bottom)
+
+
+def throughput_lines(out: str) -> tuple[dict, dict, dict]:
+    """(load tokens/s by system, ratio against transformers by system, one request's tokens/s by system)."""
+    load, ratios, single, section = {}, {}, {}, None
+    for line in out.splitlines():
+        if line.startswith("load:"):
+            section = load
+        elif line.startswith("ratios against transformers f32:"):
+            section = ratios
+        elif line.startswith("one request,"):
+            section = single
+        elif m := re.fullmatch(rf"  (\S+(?: \S+)*?)\s+{NUMBER} tokens/s(?:   \(.*\))?", line):
+            section[m[1]] = positive(m[2])
+        elif m := re.fullmatch(rf"  (\S+(?: \S+)*?)\s+{NUMBER}x", line):
+            assert section is ratios, line
+            ratios[m[1]] = positive(m[2])
+    return load, ratios, single
+
+
+def test_throughput_vs_peers_against_transformers(capsys):
+    """A tiny card's load and one request on Linnet torch (f32, bf16) and transformers, in one process."""
+    bench("throughput_vs_peers").main(["--card", "tiny-llama", "--requests", "3", "--rows", "2", "--new", "4",
+                                       "--repeats", "1", "--in-process", "--only", "transformers", "torch-f32",
+                                       "torch-bf16"])
+    out = capsys.readouterr().out
+    load, ratios, single = throughput_lines(out)
+    systems = {"transformers f32", "linnet torch f32", "linnet torch bf16"}
+    assert set(load) == set(ratios) == set(single) == systems, out
+    for system in systems:
+        assert_ratio(ratios[system], load[system], load["transformers f32"])
+    assert "jax / torch" not in out  # only where both backends ran
+
+
+def test_throughput_vs_peers_says_a_missing_peer_and_goes_on(capsys, monkeypatch):
+    """Without transformers and llama-cpp-python (None in sys.modules: their import fails), each is said,
+    once, and Linnet's system still runs; without transformers no ratio against it is printed."""
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)
+    bench("throughput_vs_peers").main(["--requests", "2", "--rows", "2", "--new", "2", "--repeats", "1",
+                                       "--no-single", "--in-process", "--only", "transformers", "llamacpp-f16",
+                                       "torch-bf16"])
+    out = capsys.readouterr().out
+    assert "transformers: not installed (pip install transformers), skipped\n" in out
+    assert "llama.cpp: not installed (pip install llama-cpp-python), skipped\n" in out
+    load, ratios, single = throughput_lines(out)
+    assert list(load) == ["linnet torch bf16"] and not ratios and not single, out
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--rows", "0"], "argument --rows: must be at least 1, not 0"),
+    (["--no-load", "--no-single"], "--no-load and --no-single leave nothing to measure"),
+])
+def test_throughput_vs_peers_bad_arguments_are_one_line(capsys, argv, error):
+    with pytest.raises(SystemExit) as exit_:
+        bench("throughput_vs_peers").main(argv)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"throughput_vs_peers.py: error: {error}"
+
+
+def test_throughput_vs_peers_unknown_card_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench("throughput_vs_peers").main(["--card", "nope"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1 and err.startswith("throughput_vs_peers.py: error: unknown card 'nope'")
+    assert err.count("\n") == 1
+
+
+def test_capped_attention(capsys):
+    cpu_attention = pytest.importorskip("linnet.kernels.cpu_attention")
+    if cpu_attention.library() is None:
+        pytest.skip("Linnet's CPU kernels do not build here")
+    bench("capped_attention").main(["--positions", "8", "20", "--rounds", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2, lines
+    for line, pos in zip(lines, (8, 20)):
+        m = re.fullmatch(rf"position {pos}: uncapped {NUMBER} us, capped at 50 {NUMBER} us, {NUMBER}x", line)
+        assert m, line
+        # the microseconds are printed whole: a ratio of tens of us is checked to that rounding
+        plain, capped, ratio = (positive(g) for g in m.groups())
+        assert_ratio(ratio, capped, plain, rate_decimals=0)
+
+
+def test_qlinear_rows(capsys):
+    from linnet.kernels import cpu_linear
+
+    if cpu_linear.isa() is None:
+        pytest.skip("Linnet's CPU kernels do not build here")
+    bench("qlinear_rows").main(["--rows", "1", "--types", "Q8_0", "--repeats", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"[0-9]+ threads, ISA \S+, median of 1", lines[0]), lines[0]
+    matmuls = [line for line in lines[1:] if line.startswith("[")]
+    gathers = [line for line in lines[1:] if line.startswith("gather")]
+    assert len(matmuls) >= 4 and len(gathers) == 1 and len(lines) == 1 + len(matmuls) + len(gathers), lines
+    for line in matmuls:
+        m = re.fullmatch(rf"\[ +1, [0-9]+\] x \[[0-9]+, [0-9]+\] Q8_0 +{NUMBER} ms   bf16 +{NUMBER} ms +{NUMBER}x   "
+                         rf"\(least {NUMBER} and {NUMBER} ms: {NUMBER}x\)", line)
+        assert m, line
+        quant, bf16, ratio, quant_least, bf16_least, least_ratio = (positive(g) for g in m.groups())
+        assert_ratio(ratio, quant, bf16, rate_decimals=3)
+        assert_ratio(least_ratio, quant_least, bf16_least, rate_decimals=3)
+
+
+@pytest.mark.parametrize("script", ["gpu_parity.py", "gpu_profile.py", "transformers_peer.py"])
+def test_a_gpu_script_stops_at_once_without_a_gpu(capsys, monkeypatch, script):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the script would run")
+    monkeypatch.setattr(sys, "argv", [script])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(BENCH / script), run_name="__main__")
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith(f"{script}: no CUDA GPU here (torch ") and err.count("\n") == 1
