@@ -112,10 +112,10 @@ def linnet_run(backend: str, dtype: str, prompts: list, rows: int, new: int, rep
     return statistics.median(rates), setup
 
 
-@functools.cache  # built once, for the load and the one request
-def transformers_model():
+@functools.cache  # built once, for the load and the one request; a later main() in this process may change card
+def transformers_model(card: str, weights: str | None):
     """transformers' model of the card's family (config.json as `linnet export` writes it) holding
-    the very weights Linnet loads."""
+    the very weights Linnet loads (Chosen's: `card` and `weights` key the cache)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from linnet.export.hf_config import hf_config
@@ -211,7 +211,8 @@ def measure(system: str, prompts: list, args, vocab: int) -> dict:
     if not args.no_load:
         start = time.perf_counter()
         if system == "transformers":
-            out["load"] = transformers_run(transformers_model(), prompts, args.rows, args.new, args.repeats)
+            ref = transformers_model(Chosen.card, Chosen.weights)
+            out["load"] = transformers_run(ref, prompts, args.rows, args.new, args.repeats)
             out["note"] = ""
         elif system in LLAMACPP:
             path = llamacpp_gguf(system)
@@ -225,7 +226,8 @@ def measure(system: str, prompts: list, args, vocab: int) -> dict:
     if not args.no_single:
         prompt = load_prompts(1, 128, 128, vocab)[0]
         if system == "transformers":
-            out["single"] = transformers_single(transformers_model(), prompt, 128, args.repeats)
+            ref = transformers_model(Chosen.card, Chosen.weights)
+            out["single"] = transformers_single(ref, prompt, 128, args.repeats)
         elif system in LLAMACPP:
             out["single"] = run_single(llamacpp_gguf(system), prompt, 128, threads, args.repeats)
         else:

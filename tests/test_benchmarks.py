@@ -28,6 +28,16 @@ def benchmarks_importable():
     sys.path.remove(str(BENCH))
 
 
+@pytest.fixture(autouse=True)
+def torch_threads_kept():
+    """`--threads` sets torch's threads for the process: put them back for the tests after."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 def bench(name: str):
     return importlib.import_module(name)
 
@@ -62,11 +72,15 @@ def throughput_lines(out: str) -> tuple[dict, dict, dict]:
     return load, ratios, single
 
 
+# one thread: on this loaded 2-core host two threads' barriers wait on each other (llama.cpp's f16 one request
+# ran 7.6 tokens/s on 2 threads, 60.4 on 1)
+SMALL = ["--repeats", "1", "--in-process", "--threads", "1"]
+
+
 def test_throughput_vs_peers_against_transformers(capsys):
     """A tiny card's load and one request on Linnet torch (f32, bf16) and transformers, in one process."""
-    bench("throughput_vs_peers").main(["--card", "tiny-llama", "--requests", "3", "--rows", "2", "--new", "4",
-                                       "--repeats", "1", "--in-process", "--only", "transformers", "torch-f32",
-                                       "torch-bf16"])
+    bench("throughput_vs_peers").main(["--card", "tiny-llama", "--requests", "3", "--rows", "2", "--new", "4", *SMALL,
+                                       "--only", "transformers", "torch-f32", "torch-bf16"])
     out = capsys.readouterr().out
     load, ratios, single = throughput_lines(out)
     systems = {"transformers f32", "linnet torch f32", "linnet torch bf16"}
@@ -76,14 +90,28 @@ def test_throughput_vs_peers_against_transformers(capsys):
     assert "jax / torch" not in out  # only where both backends ran
 
 
+def test_throughput_vs_peers_against_llamacpp(capsys):
+    """SmolLM2's load on llama.cpp (the F16 GGUF written from the embedded file, and that file as it is)
+    beside transformers holding the same weights."""
+    pytest.importorskip("llama_cpp")
+    pytest.importorskip("transformers")
+    bench("throughput_vs_peers").main(["--requests", "2", "--rows", "2", "--new", "2", "--no-single", *SMALL,
+                                       "--only", "transformers", "llamacpp-f16", "llamacpp-q4_1"])
+    out = capsys.readouterr().out
+    load, ratios, single = throughput_lines(out)
+    systems = {"transformers f32", "llama.cpp f16", "llama.cpp q4_1"}
+    assert set(load) == set(ratios) == systems and not single, out
+    for system in systems:
+        assert_ratio(ratios[system], load[system], load["transformers f32"])
+
+
 def test_throughput_vs_peers_says_a_missing_peer_and_goes_on(capsys, monkeypatch):
     """Without transformers and llama-cpp-python (None in sys.modules: their import fails), each is said,
     once, and Linnet's system still runs; without transformers no ratio against it is printed."""
     monkeypatch.setitem(sys.modules, "transformers", None)
     monkeypatch.setitem(sys.modules, "llama_cpp", None)
-    bench("throughput_vs_peers").main(["--requests", "2", "--rows", "2", "--new", "2", "--repeats", "1",
-                                       "--no-single", "--in-process", "--only", "transformers", "llamacpp-f16",
-                                       "torch-bf16"])
+    bench("throughput_vs_peers").main(["--requests", "2", "--rows", "2", "--new", "2", "--no-single", *SMALL,
+                                       "--only", "transformers", "llamacpp-f16", "torch-bf16"])
     out = capsys.readouterr().out
     assert "transformers: not installed (pip install transformers), skipped\n" in out
     assert "llama.cpp: not installed (pip install llama-cpp-python), skipped\n" in out
