@@ -3,7 +3,8 @@
 Batch 16, random weights, f32. Each of the 16 rows first holds a 64-token
 prompt; then every step decodes one token per row. transformers runs
 `LlamaForCausalLM` with its own cache on the same inputs. Prints the median
-milliseconds per step of each and the ratios.
+milliseconds per step of each and the ratios. `--card` runs another Llama-family card's shapes
+(tiny-llama: the script itself, in seconds).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from linnet.frontend import load_file
 from linnet.ir.specialize import specialize
 from linnet.nest.bind import bind_weights
 
-CARD = Path(__file__).resolve().parent.parent / "linnet/nest/cards/smollm2-135m-instruct.linnet"
+CARDS = Path(__file__).resolve().parent.parent / "linnet/nest/cards"
 
 
 def reference_model(module):
@@ -53,11 +54,16 @@ def main(argv: list | None = None) -> None:
     parser.add_argument("--steps", type=count, default=20, help="steps timed; the median is printed (20)")
     parser.add_argument("--threads", type=count, default=torch.get_num_threads(),
                         help="torch's threads (default: torch's own count, %(default)s here)")
+    parser.add_argument("--card", default="smollm2-135m-instruct",
+                        help="a Llama-family card whose shapes are run, random weights (%(default)s)")
     args = parser.parse_args(argv)
+    card = CARDS / f"{args.card}.linnet"
+    if not card.is_file():
+        parser.error(f"no card {args.card!r}: no {card}")
     torch.set_num_threads(args.threads)
     max_seq = args.prompt + args.steps * 2 + 8
     generics = {"Batch": args.batch, "MaxSeq": max_seq, "T": "f32"}
-    module = specialize(load_file(CARD), generics)
+    module = specialize(load_file(card), generics)
     ref = reference_model(module)
     weights = bind_weights(module, ref.state_dict().__getitem__)
 
@@ -102,7 +108,7 @@ def main(argv: list | None = None) -> None:
         results["transformers"] = timed(ref_step, args.steps)
 
     base = results["transformers"]
-    print(f"decode step, batch {args.batch}, {args.prompt}-token prompts, SmolLM2-135M shape, f32, "
+    print(f"decode step, batch {args.batch}, {args.prompt}-token prompts, {args.card}'s shapes, f32, "
           f"{args.threads} threads (median of {args.steps})")
     for name, ms in results.items():
         print(f"  {name:14s} {ms:8.2f} ms/step   {base / ms:5.2f}x transformers")

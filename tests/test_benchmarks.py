@@ -138,6 +138,23 @@ def test_throughput_vs_peers_unknown_card_is_one_line(capsys):
     assert err.count("\n") == 1
 
 
+def test_decode_step(capsys):
+    """A tiny Llama's decode step on Linnet torch and JAX beside transformers' LlamaForCausalLM."""
+    pytest.importorskip("transformers")
+    bench("decode_step").main(["--card", "tiny-llama", "--batch", "2", "--prompt", "4", "--steps", "2",
+                               "--threads", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "decode step, batch 2, 4-token prompts, tiny-llama's shapes, f32, 1 threads (median of 2)"
+    ms, ratios = {}, {}
+    for line in lines[1:]:
+        m = re.fullmatch(rf"  (linnet torch|linnet jax|transformers) +{NUMBER} ms/step +{NUMBER}x transformers", line)
+        assert m, line
+        ms[m[1]], ratios[m[1]] = positive(m[2]), positive(m[3])
+    assert list(ms) == ["linnet torch", "linnet jax", "transformers"]
+    for system in ms:  # how many times faster than transformers: its milliseconds over the system's
+        assert_ratio(ratios[system], ms["transformers"], ms[system], rate_decimals=2)
+
+
 def test_capped_attention(capsys):
     cpu_attention = pytest.importorskip("linnet.kernels.cpu_attention")
     if cpu_attention.library() is None:
