@@ -75,6 +75,9 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", nargs=2, type=int, default=[1, 30], metavar=("LO", "HI"),
                         help="each prompt's length, drawn from LO to HI (1 30)")
     args = parser.parse_args()
+    lo, hi = args.prompt_tokens
+    if not 1 <= lo <= hi:
+        parser.error(f"--prompt-tokens wants 1 <= LO <= HI, not {lo} {hi}")
     for card in args.cards:
         for backend in args.backends:
             for numerics in args.numerics:

@@ -19,6 +19,8 @@ import json
 import subprocess
 import sys
 
+from bench_args import count  # this folder's
+
 CHILD = """
 import json, resource, sys
 from linnet import nest
@@ -52,8 +54,8 @@ def measure(backend: str, max_seq: int, batch: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--max-seq", type=int, nargs=2, default=[2048, 8192], metavar=("LOW", "HIGH"))
-    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--max-seq", type=count, nargs=2, default=[2048, 8192], metavar=("LOW", "HIGH"))
+    parser.add_argument("--batch", type=count, default=16)
     args = parser.parse_args()
     gb = 1e9
     for backend in ("torch", "jax"):

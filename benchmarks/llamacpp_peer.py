@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench_args import count  # this folder's
 from linnet.nest.checkpoint import GGUFCheckpoint
 from linnet.nest.embedded import embedded_gguf_path
 
@@ -325,7 +326,7 @@ def check(new: int = 16, threads: int = 2) -> None:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="compare greedy tokens with Linnet's")
-    parser.add_argument("--threads", type=int, default=os.cpu_count(), help="llama.cpp's threads (the CPUs, %(default)s here)")
+    parser.add_argument("--threads", type=count, default=os.cpu_count(), help="llama.cpp's threads (the CPUs, %(default)s here)")
     args = parser.parse_args()
     if args.check:
         check(threads=args.threads)

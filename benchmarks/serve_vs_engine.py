@@ -22,6 +22,8 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+from bench_args import count  # this folder's
+
 from throughput_vs_peers import load_prompts
 
 CARD = "smollm2-135m-instruct"
@@ -95,7 +97,7 @@ def server_rates(prompts: list, backend: str, dtype: str, repeats: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=3, help="runs of each; the median is printed (3)")
+    parser.add_argument("--repeats", type=count, default=3, help="runs of each; the median is printed (3)")
     parser.add_argument("--backend", choices=["torch", "jax"], default="torch", help="(torch)")
     parser.add_argument("--dtype", choices=["bf16", "f32"], default="bf16", help="the element type T (bf16)")
     args = parser.parse_args()

@@ -42,6 +42,8 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
+from bench_args import count  # this folder's
+
 CARD = "smollm2-135m-instruct"
 WORDS = ("river cloud apple train paper light stone music garden window bridge winter coffee market "
          "forest letter silver candle harbor mirror planet thunder lantern meadow").split()
@@ -424,11 +426,11 @@ def verdict(rows: list, args, backend: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", nargs="+", choices=["torch", "jax"], default=["torch", "jax"])
-    parser.add_argument("--requests", type=int, default=3000, help="requests a backend (3000)")
+    parser.add_argument("--requests", type=count, default=3000, help="requests a backend (3000)")
     parser.add_argument("--minutes", type=float, default=10.0, help="or stop sending after this long (10)")
-    parser.add_argument("--window", type=int, default=250, help="requests a row of the table (250)")
+    parser.add_argument("--window", type=count, default=250, help="requests a row of the table (250)")
     parser.add_argument("--warmup-windows", type=int, default=2, help="windows left out of the slope (2)")
-    parser.add_argument("--concurrency", type=int, default=12, help="requests in flight at once (12: 8 rows + 4)")
+    parser.add_argument("--concurrency", type=count, default=12, help="requests in flight at once (12: 8 rows + 4)")
     parser.add_argument("--flat-mib", type=float, default=1.0, help="a slope above this MiB/1000 requests grows (1)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()

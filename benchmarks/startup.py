@@ -42,6 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_args import count  # this folder's
+
 ROOT = Path(__file__).resolve().parent.parent
 CARD = "smollm2-135m-instruct"
 PROMPT = "The capital of France is"
@@ -258,7 +260,7 @@ def profile(kind: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=3, help="measured runs of each kind (3)")
+    parser.add_argument("--runs", type=count, default=3, help="measured runs of each kind (3)")
     parser.add_argument("--only", nargs="+", choices=KINDS, default=[k for k in KINDS if k != "serve-jax"])
     parser.add_argument("--profile", choices=["torch", "jax"], help="cProfile one start in this process instead")
     parser.add_argument("--baseline", type=Path, metavar="DIR",

@@ -21,6 +21,8 @@ import pstats
 import statistics
 import time
 
+from bench_args import count  # this folder's
+
 CARD = "smollm2-135m-instruct"
 NEW = 128
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["primes"],
@@ -88,7 +90,7 @@ def main():
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", default="torch", choices=["torch", "jax"], help="(torch)")
-    parser.add_argument("--repeats", type=int, default=5, help="runs of each; the median is printed (5)")
+    parser.add_argument("--repeats", type=count, default=5, help="runs of each; the median is printed (5)")
     parser.add_argument("--profile", action="store_true", help="where the host's time goes in the structured runs (cProfile)")
     parser.add_argument("--tokens", help="a JSON file to write each run's tokens to (to compare two versions')")
     args = parser.parse_args()
