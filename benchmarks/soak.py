@@ -434,6 +434,9 @@ def main() -> None:
     parser.add_argument("--flat-mib", type=float, default=1.0, help="a slope above this MiB/1000 requests grows (1)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    if args.warmup_windows < 0 or args.minutes <= 0:
+        parser.error(f"--warmup-windows must be 0 or more and --minutes more than 0, not {args.warmup_windows} "
+                     f"and {args.minutes}")
     for backend in args.backend:
         soak(backend, args)
 
