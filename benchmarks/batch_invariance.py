@@ -78,6 +78,11 @@ def main() -> None:
     lo, hi = args.prompt_tokens
     if not 1 <= lo <= hi:
         parser.error(f"--prompt-tokens wants 1 <= LO <= HI, not {lo} {hi}")
+    for card in args.cards:  # every name checked before the first card's minutes
+        try:
+            nest.card(card)
+        except nest.CardError as err:
+            parser.exit(1, f"{parser.prog}: error: {err}\n")
     for card in args.cards:
         for backend in args.backends:
             for numerics in args.numerics:
