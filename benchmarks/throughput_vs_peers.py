@@ -27,7 +27,9 @@ import random
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -130,8 +132,24 @@ def transformers_model(card: str, weights: str | None):
     if config["tie_word_embeddings"]:  # the head is the embedding, under the family's name for it (GPT-2's wte)
         embedding = ref.get_input_embeddings().weight
         state["lm_head.weight"] = state[next(n for n, p in ref.named_parameters() if p is embedding)]
-    ref.load_state_dict(state, strict=True)
+    try:
+        ref.load_state_dict(state, strict=True)
+    except RuntimeError:  # names of another layout (transformers 5 fuses Mixtral's experts): its loader converts
+        return _transformers_from_export()
     return ref
+
+
+def _transformers_from_export():
+    """transformers' model read by its own `from_pretrained` from the card's `linnet export --to vllm` directory
+    (the same weights: tiny-mixtral's 65 tensors equal unbind_weights' bit for bit), for a family whose
+    transformers names differ from those Linnet writes."""
+    from transformers import AutoModelForCausalLM
+
+    from linnet.export import export
+
+    with tempfile.TemporaryDirectory(prefix="linnet-peer-") as tmp:
+        path = export(Chosen.card, "vllm", Path(tmp) / "hf", weights=Chosen.weights, seed=0, dtype="f32")
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
 def transformers_run(ref, prompts: list, rows: int, new: int, repeats: int) -> float:

@@ -90,6 +90,15 @@ def test_throughput_vs_peers_against_transformers(capsys):
     assert "jax / torch" not in out  # only where both backends ran
 
 
+def test_throughput_vs_peers_transformers_of_another_layout(capsys):
+    """tiny-mixtral: transformers 5 fuses Mixtral's experts (mlp.experts.gate_up_proj), so the peer is read
+    by transformers' own loader from the card's export (load_state_dict of Linnet's names raised)."""
+    bench("throughput_vs_peers").main(["--card", "tiny-mixtral", "--requests", "2", "--rows", "2", "--new", "2",
+                                       "--no-single", *SMALL, "--only", "transformers"])
+    load, ratios, _ = throughput_lines(capsys.readouterr().out)
+    assert set(load) == set(ratios) == {"transformers f32"} and ratios["transformers f32"] == 1.0
+
+
 def test_throughput_vs_peers_against_llamacpp(capsys):
     """SmolLM2's load on llama.cpp (the F16 GGUF written from the embedded file, and that file as it is)
     beside transformers holding the same weights."""
