@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from bench_args import count  # this folder's
+from peers_installed import installed, not_installed
 from linnet.compiler import build
 from linnet.frontend import load_file
 from linnet.ir.specialize import specialize
@@ -57,6 +58,8 @@ def main(argv: list | None = None) -> None:
     parser.add_argument("--card", default="smollm2-135m-instruct",
                         help="a Llama-family card whose shapes are run, random weights (%(default)s)")
     args = parser.parse_args(argv)
+    if not installed("transformers"):  # its LlamaForCausalLM draws the weights both run
+        parser.exit(1, f"{parser.prog}: error: transformers {not_installed('transformers')}\n")
     card = CARDS / f"{args.card}.linnet"
     if not card.is_file():
         parser.error(f"no card {args.card!r}: no {card}")

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from bench_args import count  # this folder's
+from peers_installed import installed, not_installed
 from linnet.nest.checkpoint import GGUFCheckpoint
 from linnet.nest.embedded import embedded_gguf_path
 
@@ -328,6 +329,8 @@ def main():
     parser.add_argument("--check", action="store_true", help="compare greedy tokens with Linnet's")
     parser.add_argument("--threads", type=count, default=os.cpu_count(), help="llama.cpp's threads (the CPUs, %(default)s here)")
     args = parser.parse_args()
+    if args.check and not installed("llama_cpp"):
+        parser.exit(1, f"{parser.prog}: error: llama.cpp {not_installed('llama_cpp')}\n")
     if args.check:
         check(threads=args.threads)
     else:

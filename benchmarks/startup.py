@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 from bench_args import count  # this folder's
+from peers_installed import installed, not_installed
 
 ROOT = Path(__file__).resolve().parent.parent
 CARD = "smollm2-135m-instruct"
@@ -282,6 +283,10 @@ def main() -> None:
     if args.profile:
         profile(args.profile)
         return
+    for kind, module in (("llama.cpp", "llama_cpp"), ("transformers", "transformers")):
+        if kind in args.only and not installed(module):
+            print(f"{kind}: {not_installed(module)}, skipped")
+            args.only = [k for k in args.only if k != kind]
     if "transformers" in args.only:
         write_hf_dir()
     if "llama.cpp" in args.only:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib
 import json
 import random
 import statistics
@@ -40,6 +39,7 @@ from linnet.serve import Engine, Request
 
 # this folder's; llamacpp_peer imports llama_cpp only inside its functions
 from bench_args import count
+from peers_installed import installed, not_installed
 from llamacpp_peer import cached_gguf, run_batched, run_single
 
 DEFAULT_CARD = "smollm2-135m-instruct"
@@ -181,15 +181,6 @@ LINNET = ["torch-f32", "torch-bf16", "jax-f32", "jax-bf16", "torch-gguf"]
 LLAMACPP = ["llamacpp-f16", "llamacpp-f32", "llamacpp-q4_1"]  # q4_1: the embedded file as it is
 
 
-def installed(module: str) -> bool:
-    """Whether a peer's package imports here ("llama_cpp", "transformers")."""
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        return False
-    return True
-
-
 def llamacpp_gguf(system: str) -> str:
     """The GGUF for "llamacpp-f16" / "llamacpp-f32", written (and cached) on first use; "llamacpp-q4_1": the
     embedded file (Q4_1 / Q8_0) as it is."""
@@ -209,11 +200,11 @@ def chosen_systems(only: list | None) -> list:
     and llama.cpp's when the card is not SmolLM2."""
     systems = only or LINNET + ["transformers"] + LLAMACPP
     if "transformers" in systems and not installed("transformers"):
-        print("transformers: not installed (pip install transformers), skipped")
+        print(f"transformers: {not_installed('transformers')}, skipped")
         systems = [s for s in systems if s != "transformers"]
     if any(s in LLAMACPP for s in systems) and (Chosen.card != DEFAULT_CARD or not installed("llama_cpp")):
         print("llama.cpp: " + ("runs SmolLM2's GGUF only" if Chosen.card != DEFAULT_CARD else
-                               "not installed (pip install llama-cpp-python)") + ", skipped")
+                               not_installed("llama_cpp")) + ", skipped")
         systems = [s for s in systems if s not in LLAMACPP]
     if "torch-gguf" in systems and (Chosen.card != DEFAULT_CARD or Chosen.weights == "random"):
         print("linnet torch gguf: runs SmolLM2's GGUF file only, skipped")

@@ -164,6 +164,15 @@ def test_decode_step(capsys):
         assert_ratio(ratios[system], ms["transformers"], ms[system], rate_decimals=2)
 
 
+def test_decode_step_refuses_without_transformers(capsys, monkeypatch):
+    """transformers is decode_step's reference (its model draws the weights both run): refused in one line."""
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(SystemExit) as exit_:
+        bench("decode_step").main(["--card", "tiny-llama"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 1 and err == "decode_step.py: error: transformers not installed (pip install transformers)\n"
+
+
 def test_capped_attention(capsys):
     cpu_attention = pytest.importorskip("linnet.kernels.cpu_attention")
     if cpu_attention.library() is None:
