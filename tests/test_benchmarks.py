@@ -170,7 +170,8 @@ def test_decode_step_refuses_without_transformers(capsys, monkeypatch):
     with pytest.raises(SystemExit) as exit_:
         bench("decode_step").main(["--card", "tiny-llama"])
     err = capsys.readouterr().err
-    assert exit_.value.code == 1 and err == "decode_step.py: error: transformers not installed (pip install transformers)\n"
+    assert exit_.value.code == 1
+    assert err == "decode_step.py: error: transformers not installed (pip install transformers)\n"
 
 
 def test_capped_attention(capsys):
