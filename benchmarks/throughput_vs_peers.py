@@ -277,10 +277,13 @@ def print_ratios(results: dict) -> None:
         print("ratios against transformers f32:")
         for name, rate in results.items():
             print(f"  {name:20s} {rate / base:5.2f}x")
-    for dtype in ("f32", "bf16"):
-        torch_rate, jax_rate = results.get(f"linnet torch {dtype}"), results.get(f"linnet jax {dtype}")
-        if torch_rate and jax_rate:
-            print(f"  jax / torch ({dtype}): {jax_rate / torch_rate:.2f}x")
+    pairs = [(dtype, results.get(f"linnet jax {dtype}"), results.get(f"linnet torch {dtype}"))
+             for dtype in ("f32", "bf16")]
+    pairs = [(dtype, jax_rate, torch_rate) for dtype, jax_rate, torch_rate in pairs if jax_rate and torch_rate]
+    if pairs and not base:  # a heading of their own: indented under the rates they would read as a system's
+        print("ratios:")
+    for dtype, jax_rate, torch_rate in pairs:
+        print(f"  jax / torch ({dtype}): {jax_rate / torch_rate:.2f}x")
 
 
 def main(argv: list | None = None) -> None:

@@ -90,6 +90,20 @@ def test_throughput_vs_peers_against_transformers(capsys):
     assert "jax / torch" not in out  # only where both backends ran
 
 
+@pytest.mark.parametrize("transformers", [None, 50.0])
+def test_throughput_vs_peers_jax_over_torch(capsys, transformers):
+    """JAX over torch per type (JAX's compile would take this file's time: the printing alone), under a heading
+    with or without transformers' ratios."""
+    rates = {"linnet torch f32": 100.0, "linnet jax f32": 150.0, "linnet torch bf16": 80.0, "linnet jax bf16": 60.0}
+    if transformers:
+        rates = {"transformers f32": transformers, **rates}
+    bench("throughput_vs_peers").print_ratios(rates)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == ("ratios against transformers f32:" if transformers else "ratios:")
+    assert lines[-2:] == ["  jax / torch (f32): 1.50x", "  jax / torch (bf16): 0.75x"]
+    assert len(lines) == 3 + (len(rates) if transformers else 0)
+
+
 def test_throughput_vs_peers_transformers_of_another_layout(capsys):
     """tiny-mixtral: transformers 5 fuses Mixtral's experts (mlp.experts.gate_up_proj), so the peer is read
     by transformers' own loader from the card's export (load_state_dict of Linnet's names raised)."""
