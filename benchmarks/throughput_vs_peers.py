@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -147,7 +148,8 @@ def _transformers_from_export():
 
     from linnet.export import export
 
-    with tempfile.TemporaryDirectory(prefix="linnet-peer-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="linnet-peer-") as tmp, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*: no tokenizer written")  # for vLLM's sake; transformers gets token ids
         path = export(Chosen.card, "vllm", Path(tmp) / "hf", weights=Chosen.weights, seed=0, dtype="f32")
         return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
