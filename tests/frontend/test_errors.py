@@ -1408,8 +1408,10 @@ def test_a_ranged_loop_must_be_named_by_its_pattern(tmp_path, capsys):
         from hf "model.mlp.experts.down_proj.weight"''')
     assert "error: a param stacked over `l` needs `{l}` in its name pattern" in err, err
     err = _check_changed(tmp_path, capsys, "arch/deepseek_v2.linnet", '''
-      from hf "model.layers.{l}.mlp.gate.weight"''', '''
       from hf "model.layers.{l}.mlp.gate.weight"
+      from gguf "blk.{l}.ffn_gate_inp.weight"''', '''
+      from hf "model.layers.{l}.mlp.gate.weight"
+      from gguf "blk.{l}.ffn_gate_inp.weight"
     for e in 1:experts {
       bad: T[dim]
         from hf "model.layers.{l}.mlp.gate.bias"
