@@ -265,7 +265,7 @@ class PythonEmitter:
     def op_layer_norm(self, v, k):
         # torch's F.layer_norm's default eps; an absent weight or bias is None, as F.layer_norm takes it
         parts = [self.expr(k[name]) if name in k else "None" for name in ("x", "weight", "bias")]
-        return f"rt.layer_norm({', '.join(parts)}, {self.expr(k['eps']) if 'eps' in k else '1e-5'})"
+        return f"rt.layer_norm({', '.join(parts)}, {self.expr(k['eps']) if 'eps' in k else '1e-5'}, fast=FAST)"
 
     def op_gelu(self, v, k):
         if "approximate" in k and k["approximate"].value == "tanh":  # the runtimes' own: its numerics differ by mode

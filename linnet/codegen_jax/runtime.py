@@ -196,10 +196,11 @@ def rmsnorm(x, weight, eps: float):
     return weight * h.astype(x.dtype)
 
 
-def layer_norm(x, weight, bias, eps: float):
+def layer_norm(x, weight, bias, eps: float, fast: bool = False):
     """(x - mean) / sqrt(var + eps) * weight + bias over the last axis, in f32 and rounded to x's type
     once, as torch's F.layer_norm computes a 16-bit x (flax's LayerNorm takes its statistics in f32
-    too). The variance is the mean of (x - mean)^2, both sums in one order at every row count."""
+    too). The variance is the mean of (x - mean)^2, both sums in one order at every row count; the
+    same in either numerics (`fast` is the torch runtime's choice of kernel)."""
     h = x.astype(jnp.float32)
     h = h - fixed_order.row_sum(h, keepdims=True) / h.shape[-1]
     h = h * jax.lax.rsqrt(fixed_order.row_sum(h * h, keepdims=True) / h.shape[-1] + eps)

@@ -35,12 +35,15 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * F.rms_norm(x, x.shape[-1:], eps=eps)
 
 
-def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float) -> torch.Tensor:
-    # torch's kernel, as transformers' nn.LayerNorm calls it: a 16-bit x's mean and variance in f32,
-    # the weight and bias applied there too, the output rounded to x's type once. On the CPU Linnet's
-    # C call computes the same, so that a captured decode step (`cpu_graph`) can replay it.
+def layer_norm(x: torch.Tensor, weight: torch.Tensor | None, bias: torch.Tensor | None, eps: float,
+               fast: bool = False) -> torch.Tensor:
+    # Exact numerics: torch's kernel, as transformers' nn.LayerNorm calls it (a 16-bit x's mean and
+    # variance in f32, the output rounded to x's type once), bit for bit. Fast, on the CPU: Linnet's C
+    # call, which computes the same in its own order (within an f32 rounding of torch's, nearer the
+    # exact norm where torch's x * rstd - mean * rstd cancels) and which a captured decode step replays.
     given = [t for t in (weight, bias) if t is not None]
-    if cpu_ops.serves(x, *given) and all(t.shape == x.shape[-1:] and t.dtype == given[0].dtype for t in given):
+    if fast and cpu_ops.serves(x, *given) and all(t.shape == x.shape[-1:] and t.dtype == given[0].dtype
+                                                  for t in given):
         return cpu_ops.layer_norm(x, weight, bias, eps)
     return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
 
