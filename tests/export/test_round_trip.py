@@ -35,10 +35,12 @@ def folder_contents(path) -> tuple[dict, dict]:
     return config, tensors
 
 
-@pytest.mark.parametrize("dtype", ["bf16", "f32"])
-def test_gguf_to_folder_to_gguf_and_back_holds_the_same(tmp_path, dtype):
+def test_gguf_to_folder_to_gguf_and_back_holds_the_same(tmp_path):
+    # in bf16 only: f32 files go both ways on the tiny cards (test_gguf's f32 exports, read back by
+    # gguf, llama.cpp and Nest), where the real model's would take 12 s more here
     import torch
 
+    dtype = "bf16"
     card = "smollm2-135m-instruct"
     gguf_1 = export(card, "llama.cpp", tmp_path / "1.gguf", dtype=dtype)
     folder_1 = export(card, "vllm", tmp_path / "folder-1", dtype=dtype)
