@@ -96,22 +96,24 @@ def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """silu(a) * b for a and b of one shape and type, silu(a) rounded to their type first (as
     `F.silu(a) * b`). Their rows may lie apart (the gate and up columns of a fused matmul's output):
     read where they are, where torch would copy the view first."""
-    n = a.shape[-1]
-    rows_a, rows_b = dense_rows(a, n), dense_rows(b, n)
-    out = torch.empty(a.shape, dtype=a.dtype)
-    call("elementwise", OP_SILU_MUL, TYPES[a.dtype], rows_a.data_ptr(), rows_a.stride(0), TYPES[b.dtype],
-         rows_b.data_ptr(), rows_b.stride(0), TYPES[out.dtype], out.data_ptr(), n, rows_a.shape[0], n, pool.threads())
-    return out
+    return _rowwise(OP_SILU_MUL, a, b)
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     """GELU's tanh form of x in f32, rounded once to x's type (as F.gelu(x, approximate="tanh")).
     x's rows may lie apart; its last axis is dense."""
-    n = x.shape[-1]
-    rows = dense_rows(x, n)
-    out = torch.empty(x.shape, dtype=x.dtype)
-    call("elementwise", OP_GELU_TANH, TYPES[x.dtype], rows.data_ptr(), rows.stride(0), TYPES[x.dtype],
-         rows.data_ptr(), rows.stride(0), TYPES[out.dtype], out.data_ptr(), n, rows.shape[0], n, pool.threads())
+    return _rowwise(OP_GELU_TANH, x, x)
+
+
+def _rowwise(op: int, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """`linnet_elementwise`'s op over a and b of one shape (b is a again for a unary op), into a new
+    dense tensor of a's type; each may be a view whose rows lie apart, its last axis dense."""
+    n = a.shape[-1]
+    rows_a = dense_rows(a, n)
+    rows_b = rows_a if b is a else dense_rows(b, n)  # (a unary op's one copy, where its rows are not dense)
+    out = torch.empty(a.shape, dtype=a.dtype)
+    call("elementwise", op, TYPES[a.dtype], rows_a.data_ptr(), rows_a.stride(0), TYPES[b.dtype],
+         rows_b.data_ptr(), rows_b.stride(0), TYPES[out.dtype], out.data_ptr(), n, rows_a.shape[0], n, pool.threads())
     return out
 
 
