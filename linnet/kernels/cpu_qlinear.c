@@ -37,16 +37,22 @@
 #define QMC 64 /* input rows a block of x: kept in cache while the chunk's panels pass */
 #define AVX512Q __attribute__((target("avx512f,avx2,fma,f16c")))
 
+/* Where a panel block's 16 scales for half h lie, and its 16 minimums (Q4_1, Q4_K): f16 for Q8_0 and
+ * Q4_1, f32 for the K-quants (`f16_scales`); the vector loads below and `panel_value` read them here. */
+static inline int f16_scales(int qtype) { return qtype == QTYPE_Q8_0 || qtype == QTYPE_Q4_1; }
+static inline long scales_at(int qtype, int h) { return f16_scales(qtype) ? 0 : QNR * 4 * h; }
+static inline long mins_at(int qtype) { return qtype == QTYPE_Q4_1 ? QNR * 2 : QNR * 4; }
+
 static inline AVX512Q __attribute__((always_inline)) __m512 scale16(int qtype, const uint8_t *block, int h) {
-    if (qtype == QTYPE_Q8_0 || qtype == QTYPE_Q4_1)
-        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)block));
-    return _mm512_loadu_ps((const float *)(block + QNR * 4 * h));
+    if (f16_scales(qtype))
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + scales_at(qtype, h))));
+    return _mm512_loadu_ps((const float *)(block + scales_at(qtype, h)));
 }
 
 static inline AVX512Q __attribute__((always_inline)) __m512 min16(int qtype, const uint8_t *block) {
     if (qtype == QTYPE_Q4_1)
-        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + QNR * 2)));
-    return qtype == QTYPE_Q4_K ? _mm512_loadu_ps((const float *)(block + QNR * 4)) : _mm512_setzero_ps();
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + mins_at(qtype))));
+    return qtype == QTYPE_Q4_K ? _mm512_loadu_ps((const float *)(block + mins_at(qtype))) : _mm512_setzero_ps();
 }
 /* The loops over a block's k are unrolled 4 times, not 16: unrolled whole, GCC hoisted every x
  * broadcast of a 4-row tile out of them and spilled them (a 7 KB frame), and a 16-row product ran
@@ -75,15 +81,15 @@ static inline long quants_at(int qtype) {
 
 /* Columns [8 hi, 8 hi + 8) of a block's scales for half h, and of its minimums, as f32. */
 static inline AVX2 __attribute__((always_inline)) __m256 scale8(int qtype, const uint8_t *block, int h, int hi) {
-    if (qtype == QTYPE_Q8_0 || qtype == QTYPE_Q4_1)
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + 16 * hi)));
-    return _mm256_loadu_ps((const float *)(block + QNR * 4 * h) + 8 * hi);
+    if (f16_scales(qtype))
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + scales_at(qtype, h)) + hi));
+    return _mm256_loadu_ps((const float *)(block + scales_at(qtype, h)) + 8 * hi);
 }
 
 static inline AVX2 __attribute__((always_inline)) __m256 min8(int qtype, const uint8_t *block, int hi) {
     if (qtype == QTYPE_Q4_1)
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + QNR * 2 + 16 * hi)));
-    return _mm256_loadu_ps((const float *)(block + QNR * 4) + 8 * hi);
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(block + mins_at(qtype)) + hi));
+    return _mm256_loadu_ps((const float *)(block + mins_at(qtype)) + 8 * hi);
 }
 
 /* ---- AVX-512: one vector holds a panel row's 16 columns */
@@ -518,15 +524,16 @@ done:
  * q rounds once, as gguf's product does), so with or without a fused add the sum is rounded once. */
 static inline AVX2 float panel_value(int qtype, const uint8_t *block, int j, int k) {
     const uint8_t *q = block + quants_at(qtype);
-    if (qtype == QTYPE_Q8_0)
-        return _cvtsh_ss(((const uint16_t *)block)[j]) * (float)((const int8_t *)q)[k * QNR + j];
-    if (qtype == QTYPE_Q6_K)
-        return ((const float *)block)[QNR * (k / (QK / 2)) + j] * (float)((const int8_t *)q)[k * QNR + j];
+    int h = halves(qtype) == 2 && k >= QK / 2; /* (Q6_K's second scale) */
+    float d = f16_scales(qtype) ? _cvtsh_ss(((const uint16_t *)(block + scales_at(qtype, h)))[j])
+                                : ((const float *)(block + scales_at(qtype, h)))[j];
+    if (!nibbles(qtype))
+        return d * (float)((const int8_t *)q)[k * QNR + j];
     uint8_t byte = q[(k % (QK / 2)) * QNR + j];
     float level = (float)(k < QK / 2 ? byte & 15 : byte >> 4);
-    if (qtype == QTYPE_Q4_1)
-        return _cvtsh_ss(((const uint16_t *)block)[j]) * level + _cvtsh_ss(((const uint16_t *)block)[QNR + j]);
-    return ((const float *)block)[j] * level + ((const float *)block)[QNR + j]; /* Q4_K: d sc q + (-dmin mn) */
+    float m = qtype == QTYPE_Q4_1 ? _cvtsh_ss(((const uint16_t *)(block + mins_at(qtype)))[j])
+                                  : ((const float *)(block + mins_at(qtype)))[j]; /* Q4_K's: -dmin mn */
+    return d * level + m;
 }
 
 struct qgather_job {
