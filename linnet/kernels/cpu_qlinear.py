@@ -150,12 +150,11 @@ def _panel_fields(kind: str, rows: np.ndarray, n: int, k: int) -> tuple:
         return [rows[..., 0:2], rows[..., 2:4]], rows[..., 4:20]
     supers = k // 256
     if kind == "Q4_K":  # d, dmin (f16), 12 bytes of 6-bit scales and minimums, 128 of quants
+        from gguf.quants import Q4_K  # (the file's reader: GGUF blocks come with gguf installed)
+
         d, dmin = (rows[..., at:at + 2].copy().view(np.float16).astype(np.float32) for at in (0, 2))
-        packed = rows[..., 4:16]
-        j = np.arange(8)
-        low, high = packed[..., np.minimum(j + 4, 11)], packed[..., j % 4]  # (llama.cpp's get_scale_min_k4)
-        sc = np.where(j < 4, packed[..., j % 4] & 63, (low & 15) | ((high >> 6) << 4))
-        mn = np.where(j < 4, low & 63, (low >> 4) | ((packed[..., j] >> 6) << 4))
+        packed = np.ascontiguousarray(rows[..., 4:16]).reshape(-1, 12)  # 6-bit scales and minimums, 8 of each
+        sc, mn = (a.reshape(n, supers, 8) for a in Q4_K.get_scale_min(packed))
         qs = rows[..., 16:144].reshape(n, supers, 4, 1, 32)  # 64 values a run: sub-block 2c low nibbles, 2c+1 high
         q = np.concatenate([qs & 15, qs >> 4], axis=3).reshape(n, k // BLOCK, 32)
         return [d * sc.astype(np.float32), -(dmin * mn.astype(np.float32))], q[..., :16] | (q[..., 16:] << 4)
