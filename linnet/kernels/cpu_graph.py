@@ -156,9 +156,10 @@ class CpuGraph:
 
     def _number(self, number, dtype: torch.dtype, out: torch.Tensor) -> torch.Tensor:
         """A Python number operand (aten's wrapped scalar: `x * dim ** 0.5`, `1.0 + w`) as a row of it in
-        `dtype`, every row of `out` reading it (stride 0; a 1-D out's row is all of it). torch multiplies and divides a 16-bit tensor by a
-        number in f32, the number rounded to f32 (sqrt(640) is 25.298, not bf16's 25.25), but adds the
-        number rounded to the tensor's type first (tests/kernels/test_cpu_number_ops.py holds it to both)."""
+        `dtype`, every row of `out` reading it (stride 0; a 1-D out's row is all of it). torch multiplies
+        and divides a 16-bit tensor by a number in f32, the number rounded to f32 (sqrt(640) is 25.298,
+        not bf16's 25.25), but adds the number rounded to the tensor's type first
+        (tests/kernels/test_cpu_number_ops.py holds it to both)."""
         row = torch.full(out.shape[1:] if out.dim() > 1 else out.shape, float(number), dtype=dtype)  # 1-D: dense
         self.keep.append(row)
         return row.expand(out.shape)
