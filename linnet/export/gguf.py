@@ -38,6 +38,7 @@ import torch
 from linnet.export import TRITON_INSTEAD, ExportError, check_folder, hf_config, not_the_builtin, sizes
 from linnet.export.hf_config import context_length
 from linnet.ir.specialize import specialize
+from linnet.nest.autocard import every_nth_layer
 from linnet.nest.bind import checkpoint_names, unbind_weights
 from linnet.nest.checkpoint import (LLAMA_CPP_GEMMA2_PATTERN, LLAMA_CPP_GEMMA3_LOCAL_THETA, LLAMA_CPP_GEMMA3_PATTERN,
                                     LLAMA_CPP_SMOLLM3_NO_ROPE_INTERVAL, NORMS_PLUS_ONE, GGUFCheckpoint,
@@ -78,13 +79,8 @@ def check_architecture(module, card: str) -> None:
     elif module.name not in ("gpt_oss", "phi3") and b.get("sliding_window"):
         raise ExportError(f"{card!r} attends over a sliding window of {b['sliding_window']}, which llama.cpp's "
                           f"{ARCHITECTURES[module.name]} architecture does not (export it with --to vllm instead)")
-    if module.name == "smollm3" and b["no_rope_layers"] != _every(b, LLAMA_CPP_SMOLLM3_NO_ROPE_INTERVAL, False):
-        said = (f"leaves rope out of one layer in every {b['no_rope_interval']}"
-                if b["no_rope_layers"] == _every(b, b["no_rope_interval"], False)
-                else f"rotates its layers as no_rope_layers {_flags(b['no_rope_layers'])} says")
-        raise ExportError(f"{card!r} {said}; llama.cpp's smollm3 reads no such interval from the file and leaves "
-                          f"rope out of every {LLAMA_CPP_SMOLLM3_NO_ROPE_INTERVAL}th layer (export it with --to vllm "
-                          f"instead)")
+    if module.name == "smollm3":
+        _check_smollm3(b, card)
     if ARCHITECTURES[module.name] != "llama" and b.get("rope_scaling") == "llama3":
         raise ExportError(f"{card!r} scales its rope as llama3 does, which llama.cpp reads only for its llama "
                           f"architecture, not {ARCHITECTURES[module.name]} (export it with --to vllm instead)")
@@ -146,8 +142,9 @@ def _check_gemma_fixed(b: dict, card: str, arch: str, pattern: int, sliding: str
     """What llama.cpp's Gemmas fix rather than read from the file: which layers slide (`pattern`, said in
     words as `sliding`) and the query scale (`scalar`)."""
     instead = "(export it with --to vllm instead)"
-    if b["full_layers"] != _every(b, pattern, True) or b["sliding_window"] <= 0:
-        kinds = (f"window_pattern {b['window_pattern']}" if b["full_layers"] == _every(b, b["window_pattern"], True)
+    if b["full_layers"] != every_nth_layer(b["layers"], pattern) or b["sliding_window"] <= 0:
+        kinds = (f"window_pattern {b['window_pattern']}"
+                 if b["full_layers"] == every_nth_layer(b["layers"], b["window_pattern"])
                  else f"full_layers {_flags(b['full_layers'])}")
         raise ExportError(f"{card!r} has {kinds} and sliding_window {b['sliding_window']}; "
                           f"llama.cpp's {arch} slides a window in {sliding} {instead}")
@@ -156,10 +153,18 @@ def _check_gemma_fixed(b: dict, card: str, arch: str, pattern: int, sliding: str
                           f"scales queries by {scalar} ** -0.5 for {b['layers']} layers {instead}")
 
 
-def _every(b: dict, interval: int, hit: bool) -> list:
-    """A per-layer list of bools that is `hit` in every `interval`-th layer only: what llama.cpp
-    computes from its fixed interval (SmolLM3's NoPE layers, Gemma's full-attention ones)."""
-    return [((i + 1) % interval == 0) == hit for i in range(b["layers"])]
+def _check_smollm3(b: dict, card: str) -> None:
+    """llama.cpp's smollm3 reads no NoPE layers from the file: it leaves rope out of every
+    `LLAMA_CPP_SMOLLM3_NO_ROPE_INTERVAL`-th layer, so a card whose NoPE layers lie otherwise is refused."""
+    nope = [not rotates for rotates in b["no_rope_layers"]]
+    if nope == every_nth_layer(b["layers"], LLAMA_CPP_SMOLLM3_NO_ROPE_INTERVAL):
+        return
+    said = (f"leaves rope out of one layer in every {b['no_rope_interval']}"
+            if nope == every_nth_layer(b["layers"], b["no_rope_interval"])
+            else f"rotates its layers as no_rope_layers {_flags(b['no_rope_layers'])} says")
+    raise ExportError(f"{card!r} {said}; llama.cpp's smollm3 reads no such interval from the file and leaves "
+                      f"rope out of every {LLAMA_CPP_SMOLLM3_NO_ROPE_INTERVAL}th layer (export it with --to vllm "
+                      f"instead)")
 
 
 def _flags(flags: list) -> str:

@@ -319,9 +319,15 @@ def _gpt_oss_values(config: dict, name: str) -> dict:
     }
 
 
+def every_nth_layer(layers: int, n: int) -> list:
+    """True in every `n`-th layer, false in the others: how transformers and llama.cpp lay out a kind of
+    layer from an interval (Gemma's full-attention layers, SmolLM3's NoPE ones)."""
+    return [(i + 1) % n == 0 for i in range(layers)]
+
+
 def gemma3_layer_types(layers: int, pattern: int) -> list:
     """Gemma 3's layer kinds as config.json lists them: full attention in every `pattern`-th layer."""
-    return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers)]
+    return ["full_attention" if full else "sliding_attention" for full in every_nth_layer(layers, pattern)]
 
 
 GEMMA_LAYER_TYPES = ("sliding_attention", "full_attention")
@@ -456,7 +462,7 @@ def _phi3_values(config: dict, name: str) -> dict:
 
 def smollm3_rope_layers(layers: int, interval: int) -> list:
     """SmolLM3's `no_rope_layers` as config.json lists them: 0 (no rope) in every `interval`-th layer."""
-    return [int((i + 1) % interval != 0) for i in range(layers)]
+    return [int(not nope) for nope in every_nth_layer(layers, interval)]
 
 
 def _smollm3_values(config: dict, name: str) -> dict:
