@@ -3,15 +3,6 @@ refused by argparse's one error line instead of an empty median's traceback late
 
 from __future__ import annotations
 
-import argparse
+from linnet.cli import _number  # the command line's own argparse type for a bounded number
 
-
-def count(text: str) -> int:
-    """An int of at least 1, for `type=` of an argparse flag."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
+count = _number(1, None, "must be at least 1, not {}")  # an int of at least 1, for `type=` of an argparse flag
