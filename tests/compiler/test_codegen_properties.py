@@ -22,7 +22,7 @@ from linnet.ir.verify import verify
 from linnet.kernels import xla_kernels
 from linnet.nest.bind import bind_weights
 
-FAST = settings(max_examples=10, deadline=None, derandomize=True, database=None,
+FAST = settings(max_examples=6, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
 
 

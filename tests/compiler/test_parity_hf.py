@@ -208,8 +208,10 @@ def test_cards_are_what_the_tests_claim(card):
         assert b["tie_embeddings"] and b["rope_scaling"] == "none"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("mode", list(MODES))
+# JAX's bf16 is checked looping over stacked weights (below), as it runs on a GPU; its plain arrays' bf16 is
+# the f32 code in another type (tests/compiler/test_jax_runtime.py checks its panels change no value)
+@pytest.mark.parametrize("backend, mode", [(backend, mode) for backend in BACKENDS for mode in MODES
+                                           if (backend, mode) != ("jax", "fast-bf16")])
 def test_matches_transformers(card, backend, mode, kit):
     _compare_with_transformers(card, backend, mode, kit)
 

@@ -81,8 +81,8 @@ SCRIPT = textwrap.dedent("""
     out = {}
     rng = random.Random(0)
     prompts = [[rng.randrange(1, 128) for _ in range(rng.randint(4, 14))] for _ in range(5)]
-    for card, counts in (("tiny-llama", (None, 2, 4)), ("tiny-gpt-oss", (None, 2)), ("tiny-qwen3", (None, 2)),
-                         ("tiny-olmo2", (None, 2)), ("tiny-phi3", (None, 2)), ("tiny-gemma2", (None, 2))):
+    for card, counts in (("tiny-llama", (None, 2, 4)), ("tiny-gpt-oss", (None, 2)), ("tiny-olmo2", (None, 2)),
+                         ("tiny-phi3", (None, 2))):
         for shards in counts:
             model = nest.load(card, backend="jax", weights="random", seed=2, generics={"Batch": 4, "MaxSeq": 32},
                               numerics="fast", shards=shards)
@@ -134,12 +134,13 @@ def results(tmp_path_factory):
     return json.loads(line[len("RESULT "):])
 
 
-# A family a way of splitting: gpt-oss's experts, q/k/v biases and sinks; qwen3's per-head norms; olmo2's norms
-# over whole projections; phi3's fused projections; gemma2's capped scores and sliding layers. (qwen2's biases
-# are gpt-oss's, granite's multipliers split nothing, mixtral's experts are gpt-oss's without biases: the plans
-# above check them; each took 6-15 s here, the subprocess 69-93 s with them, 52 without.)
-@pytest.mark.parametrize("card, shards", [("tiny-llama", 2), ("tiny-llama", 4), ("tiny-gpt-oss", 2), ("tiny-qwen3", 2),
-                                         ("tiny-olmo2", 2), ("tiny-phi3", 2), ("tiny-gemma2", 2)])
+# A family a way of splitting: gpt-oss's experts, q/k/v biases and sinks; olmo2's norms over whole projections
+# (summed across the mesh); phi3's fused projections. The others split as one of these, and the plans above
+# check them: qwen2's biases are gpt-oss's, qwen3's per-head norms stay whole on each device, granite's
+# multipliers split nothing, mixtral's experts are gpt-oss's without biases, and gemma2's capped scores and
+# sliding window act within a device's heads. (Each family took 6-15 s of the subprocess's 50-70.)
+@pytest.mark.parametrize("card, shards", [("tiny-llama", 2), ("tiny-llama", 4), ("tiny-gpt-oss", 2),
+                                         ("tiny-olmo2", 2), ("tiny-phi3", 2)])
 def test_a_model_over_several_devices_computes_what_one_does(results, card, shards):
     import numpy as np
 
