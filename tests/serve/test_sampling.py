@@ -1,5 +1,6 @@
 """Both on-device samplers against a numpy statement of the same rules."""
 
+import jax
 import numpy as np
 import pytest
 import torch
@@ -9,6 +10,9 @@ from hypothesis import strategies as st
 from linnet.serve.request import Request
 from linnet.serve.sampling import SamplingBatch
 from linnet.serve import sampling_jax, sampling_torch
+
+# as the sampler runs it, inside a compiled step (eager, each call traces and compiles its conds again)
+jax_kept_weights = jax.jit(sampling_jax.kept_weights)
 
 
 def run(backend, logits, requests, seeds, steps, histories=None):
@@ -422,7 +426,7 @@ def test_the_kept_tokens_are_those_a_sorted_vocabulary_gives(seed, vocab, rows):
         assume(r.top_p == 0 or np.abs(before - r.top_p).min() > 1e-4)  # 0: the likeliest alone, no rounding
     scaled = logits / batch.temperature[:, None]
     got_torch = sampling_torch.kept_weights(torch.from_numpy(scaled), batch).numpy() > 0
-    got_jax = np.asarray(sampling_jax.kept_weights(scaled, batch.top_k, batch.top_p, batch.min_p)) > 0
+    got_jax = np.asarray(jax_kept_weights(scaled, batch.top_k, batch.top_p, batch.min_p)) > 0
     for i, (keep, _) in enumerate(wants):
         assert np.array_equal(got_torch[i], keep), i
         assert np.array_equal(got_jax[i], keep), i
@@ -514,7 +518,7 @@ def test_a_top_p_of_1_keeps_every_token_beside_a_row_that_asks_for_a_nucleus():
     want = np.stack([np.isfinite(TopPLogitsWarper(r.top_p)(None, torch.from_numpy(row[None])).numpy()[0])
                      for row, r in zip(logits, reqs)])
     got_torch = sampling_torch.kept_weights(torch.from_numpy(logits), batch).numpy() > 0
-    got_jax = np.asarray(sampling_jax.kept_weights(logits, batch.top_k, batch.top_p, batch.min_p)) > 0
+    got_jax = np.asarray(jax_kept_weights(logits, batch.top_k, batch.top_p, batch.min_p)) > 0
     assert want[[0, 2, 3]].all() and want[1].sum() < 49152 / 4
     assert np.array_equal(got_torch, want)
     assert np.array_equal(got_jax, want)
