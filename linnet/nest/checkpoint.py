@@ -480,6 +480,11 @@ def llama_cpp_gemma3_query_scalar(dim: int, heads: int, head_dim: int, layers: i
 # checkpoint) takes them as one tensor whose rows interleave gate, up, gate, up, ...
 _JOINED = ("ffn_gate_exps", "ffn_up_exps", "ffn_gate_up_exps")
 
+# DeepSeek's kv_b_proj: llama.cpp's deepseek2 files from before its MLA form hold it whole, as transformers
+# does ([heads * (nope + v), kv_lora_rank]); the current form splits it into each head's key rows, transposed,
+# and its value rows, the parts the architecture reads
+_KV_B = ("attn_kv_b", "attn_k_b", "attn_v_b")
+
 
 class GGUFCheckpoint(Checkpoint):
     """A llama.cpp GGUF file.
@@ -491,7 +496,8 @@ class GGUFCheckpoint(Checkpoint):
     see `transforms.unpermute_rope`. Two of llama.cpp's layouts are read
     as the architecture's: gpt-oss's gate and up experts joined
     (`_JOINED`), and Gemma 3's norm weights less the 1 llama.cpp's
-    converter added (`NORMS_PLUS_ONE`).
+    converter added (`NORMS_PLUS_ONE`). A deepseek2 file from before
+    llama.cpp's MLA form is read as that form (`_KV_B`).
     """
 
     format = "gguf"
@@ -514,6 +520,43 @@ class GGUFCheckpoint(Checkpoint):
                 pair = (name, name.replace(gate, up))
                 if f".{gate}." in name and pair[1] in self._tensors:
                     self._joined[name.replace(gate, joined)] = pair
+        self._kv_b: dict[str, tuple[str, int, int]] = {}  # attn_k_b / attn_v_b -> attn_kv_b, its rows of a head
+        self._kv_b_heads = (0, 0)  # (heads, each head's rows of attn_kv_b)
+        if self.architecture == "deepseek2":
+            self._split_kv_b()
+
+    def _split_kv_b(self) -> None:
+        """A deepseek2 file from before llama.cpp's MLA form (no `_mla` lengths; key_length and value_length
+        the heads' own widths, nope + rope and v; kv_b_proj whole as attn_kv_b) is read as the current form:
+        attn_k_b each head's key rows, transposed ([heads, kv_lora_rank, nope]), attn_v_b its value rows
+        ([heads, v, kv_lora_rank]), as llama.cpp's convert_hf_to_gguf.py now splits them."""
+        def get(key):
+            return self.metadata(f"deepseek2.{key}")
+
+        widths = (get("attention.head_count"), get("attention.key_length"), get("attention.value_length"),
+                  get("rope.dimension_count"))
+        if get("attention.key_length_mla") is not None or None in widths:
+            return
+        heads, key, value, rotated = widths
+        nope = key - rotated
+        self._kv_b_heads = (heads, nope + value)
+        whole, key_part, value_part = _KV_B
+        for name in self._tensors:
+            if f".{whole}." in name:
+                self._kv_b[name.replace(whole, key_part)] = (name, 0, nope)
+                self._kv_b[name.replace(whole, value_part)] = (name, nope, nope + value)
+
+    def _kv_b_part(self, name: str, whole: np.ndarray) -> np.ndarray:
+        """attn_k_b or attn_v_b (`name`) from its layer's attn_kv_b (`whole`: a [rows, kv_lora_rank] array)."""
+        from .transforms import split_heads
+
+        stored, start, stop = self._kv_b[name]
+        heads, rows = self._kv_b_heads
+        try:
+            part = split_heads(whole, heads, rows, start, stop)
+        except ValueError as e:
+            raise WeightsError(f"{self.path}: {stored!r} of shape {tuple(whole.shape)}: {e}") from None
+        return part.transpose(0, 2, 1) if start == 0 else part
 
     def _read_splits(self) -> None:
         """The tensors of the other files of a split GGUF (`split.count` files, as llama.cpp's
@@ -551,8 +594,12 @@ class GGUFCheckpoint(Checkpoint):
             raise WeightsError(f"{self.path}: its {count} splits hold {len(self._tensors)} tensors, and the first says "
                                f"{expected}")
 
+    def _stored(self, name: str) -> str:
+        """The stored tensor a name is read from (the first of a joined pair)."""
+        return self._kv_b[name][0] if name in self._kv_b else self._joined.get(name, (name,))[0]
+
     def file_of(self, name: str) -> str:
-        name = self._joined.get(name, (name,))[0]
+        name = self._stored(name)
         return self._split_files[name].path if name in self._split_files else self.path
 
     def files(self) -> list[str]:
@@ -575,11 +622,11 @@ class GGUFCheckpoint(Checkpoint):
     # -- tensors
 
     def names(self) -> list[str]:
-        parts = {p for pair in self._joined.values() for p in pair}
-        return [n for n in self._tensors if n not in parts] + list(self._joined)
+        parts = {p for pair in self._joined.values() for p in pair} | {p for p, _, _ in self._kv_b.values()}
+        return [n for n in self._tensors if n not in parts] + list(self._joined) + list(self._kv_b)
 
     def __contains__(self, name: str) -> bool:
-        return name in self._tensors or name in self._joined
+        return name in self._tensors or name in self._joined or name in self._kv_b
 
     def _tensor(self, name: str):
         t = self._tensors.get(name)
@@ -591,10 +638,12 @@ class GGUFCheckpoint(Checkpoint):
         if name in self._joined:  # gate's rows and up's, interleaved
             gate = self.shape(self._joined[name][0])
             return (gate[0], 2 * gate[1], *gate[2:])
+        if name in self._kv_b:  # (cut from a view of no bytes: checked as `load` checks it)
+            return self._kv_b_part(name, np.broadcast_to(np.uint8(0), self.shape(self._kv_b[name][0]))).shape
         return self._tensor(name).shape
 
     def stored_dtype(self, name: str) -> str:
-        return self._tensor(self._joined.get(name, (name,))[0]).type.name.lower()
+        return self._tensor(self._stored(name)).type.name.lower()
 
     def load(self, name: str, framework: str = "numpy", dtype: str | None = None):
         """Float32 for every float or quantized type (integers keep theirs).
@@ -618,6 +667,8 @@ class GGUFCheckpoint(Checkpoint):
             gate, up = (self._array(part) for part in self._joined[name])
             arr = np.empty(self.shape(name), dtype=gate.dtype)
             arr[:, 0::2], arr[:, 1::2] = gate, up
+        elif name in self._kv_b:
+            arr = np.ascontiguousarray(self._kv_b_part(name, self._array(self._kv_b[name][0])))
         else:
             arr = self._array(name)
         if self._plus_one and name.endswith(self._plus_one):
@@ -780,12 +831,17 @@ class GGUFCheckpoint(Checkpoint):
     def _deepseek2_config(self, get, model_type: str) -> dict:
         """DeepSeek's config as llama.cpp's deepseek2 reads the file, in the form its converter writes it from
         transformers' (MLA as one key/value head: the heads' own widths under the `_mla` lengths, kv_b_proj
-        as attn_k_b and attn_v_b). A file from before that form (attn_kv_b, no `_mla` lengths) is refused."""
+        as attn_k_b and attn_v_b), or in the form from before it (no `_mla` lengths: the heads' widths under
+        key_length and value_length, kv_b_proj whole as attn_kv_b, read as the parts: `_split_kv_b`).
+        A file in neither form is refused."""
         head, value = get("attention.key_length_mla"), get("attention.value_length_mla")
-        if head is None or value is None or "blk.0.attn_k_b.weight" not in self._tensors:
-            raise WeightsError(f"{self.path}: a deepseek2 GGUF from before llama.cpp's MLA form (no "
-                               f"deepseek2.attention.key_length_mla / value_length_mla, or no attn_k_b and attn_v_b "
-                               f"tensors); convert the checkpoint again with a current convert_hf_to_gguf.py")
+        if head is None and value is None and self._kv_b:
+            head, value = get("attention.key_length"), get("attention.value_length")
+        if head is None or value is None or "blk.0.attn_k_b.weight" not in self:
+            raise WeightsError(f"{self.path}: a deepseek2 GGUF in neither llama.cpp's MLA form (attn_k_b and "
+                               f"attn_v_b tensors, deepseek2.attention.key_length_mla / value_length_mla) nor the "
+                               f"form from before it (attn_kv_b, key_length / value_length); convert the checkpoint "
+                               f"again with a current convert_hf_to_gguf.py")
         rotated, groups = get("rope.dimension_count"), get("expert_group_count", 1)
         topk = "noaux_tc" if model_type == "deepseek_v3" else "greedy" if groups <= 1 else "group_limited_greedy"
         return {"q_lora_rank": get("attention.q_lora_rank") or None, "kv_lora_rank": get("attention.kv_lora_rank"),

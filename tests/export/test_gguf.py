@@ -552,6 +552,47 @@ def test_llama_cpp_computes_deepseek_as_linnet_does(tmp_path, spm_gguf, card, ar
                                   linnet_logits(path))
 
 
+def test_nest_reads_a_deepseek2_gguf_from_before_llama_cpps_mla_form(tmp_path, write_gguf, spm_gguf):
+    """A deepseek2 file as llama.cpp's converter wrote it before its MLA form (which llama.cpp still loads):
+    kv_b_proj whole as attn_kv_b, [heads * (nope + v), kv_lora_rank] as transformers holds it; key_length and
+    value_length the heads' own widths, as many key/value heads as query heads, no `_mla` lengths. Written
+    from the current form's file (each head's attn_k_b transposed back beside its attn_v_b), Nest reads it to
+    the same config and the card's logits."""
+    import gguf
+
+    path = tiny_card_for_llama_cpp("tiny-deepseek-v2", "small-deepseek-v2", tmp_path)
+    file = export(path, "llama.cpp", tmp_path, weights="random", seed=5, dtype="f32", tokenizer=spm_gguf)
+    ckpt = GGUFCheckpoint(file)
+    heads, nope, v = 4, 16, 12  # tiny-deepseek-v2's
+    replaced = {"deepseek2.attention.key_length": nope + 8, "deepseek2.attention.value_length": v,
+                "deepseek2.attention.head_count_kv": heads}
+
+    def keys(writer):
+        for key, field in ckpt.fields().items():
+            if key != "general.architecture" and not key.endswith("_mla"):
+                writer.add_key_value(key, replaced.get(key, field.value), field.type, field.element_type)
+
+    def tensors():
+        for t in gguf.GGUFReader(str(file)).tensors:
+            a = np.asarray(t.data)
+            if ".attn_k_b." in t.name:
+                v_b = ckpt.load(t.name.replace("attn_k_b", "attn_v_b"))
+                kv_b = np.concatenate([a.transpose(0, 2, 1), v_b], axis=1)
+                yield t.name.replace("attn_k_b", "attn_kv_b"), kv_b.reshape(heads * (nope + v), -1), None
+            elif ".attn_v_b." not in t.name:
+                yield t.name, a, None
+
+    old = GGUFCheckpoint(write_gguf(tmp_path / "old.gguf", "deepseek2", keys, tensors()))
+    assert "blk.0.attn_kv_b.weight" not in old.names() and old.metadata("deepseek2.attention.key_length_mla") is None
+    assert old.shape("blk.2.attn_k_b.weight") == ckpt.shape("blk.2.attn_k_b.weight") == (heads, 32, nope)
+    assert old.shape("blk.2.attn_v_b.weight") == (heads, v, 32)
+    assert {**old.config(), "num_key_value_heads": 1} == ckpt.config()
+    model = nest.load(old.path, generics={"Batch": 1, "MaxSeq": 64})
+    assert model.info["unused_tensors"] == []
+    card = nest.load(str(path), weights="random", seed=5, generics={"Batch": 1, "MaxSeq": 64})
+    np.testing.assert_array_equal(prefill_all(model, PROMPT[:8]), prefill_all(card, PROMPT[:8]))
+
+
 def test_a_phi3_window_goes_into_the_gguf_and_the_export_warns_that_llama_cpp_turns_it_off(tmp_path, spm_gguf):
     """A tiny random Phi-3 saved by transformers, its window (8) shorter than the 25-token prompt: the
     GGUF carries it as `phi3.attention.sliding_window`, as llama.cpp's converter writes it, and the

@@ -275,10 +275,13 @@ def test_open_checkpoint_errors(tmp_path):
         open_checkpoint(other)
 
 
-def test_a_deepseek2_gguf_from_before_llama_cpps_mla_form_is_refused(tmp_path):
-    """A deepseek2 file as llama.cpp's converter wrote it before it split kv_b_proj for MLA (attn_kv_b, keys
-    as many heads wide as the queries, no key_length_mla / value_length_mla) is refused by name, saying how
-    to get the current form, not read as a model it is not."""
+@pytest.mark.parametrize("mla, kv_b", [(False, None), (True, "attn_kv_b")])
+def test_a_deepseek2_gguf_in_neither_of_llama_cpps_forms_is_refused(tmp_path, mla, kv_b):
+    """A deepseek2 file in neither of the forms llama.cpp's converter writes (its MLA form: attn_k_b and
+    attn_v_b, `_mla` lengths; the form from before it: kv_b_proj whole as attn_kv_b, the heads' widths under
+    key_length and value_length, read as the MLA form: test_gguf) is refused by name, saying how to get the
+    current form, not read as a model it is not: here the old form's keys without its attn_kv_b, and the
+    MLA form's keys with attn_kv_b instead of attn_k_b and attn_v_b (which llama.cpp does not load either)."""
     w = gguf.GGUFWriter(str(tmp_path / "old.gguf"), "deepseek2")
     for key, value in (("block_count", 1), ("embedding_length", 8), ("attention.head_count", 2),
                        ("attention.head_count_kv", 2), ("attention.key_length", 12), ("attention.value_length", 8),
@@ -286,13 +289,17 @@ def test_a_deepseek2_gguf_from_before_llama_cpps_mla_form_is_refused(tmp_path):
                        ("expert_count", 2), ("expert_used_count", 1), ("expert_feed_forward_length", 8),
                        ("expert_shared_count", 1)):
         w.add_uint32(f"deepseek2.{key}", value)
-    w.add_tensor("blk.0.attn_kv_b.weight", np.zeros((2 * (8 + 8), 4), np.float32))
+    if mla:
+        w.add_uint32("deepseek2.attention.key_length_mla", 12)
+        w.add_uint32("deepseek2.attention.value_length_mla", 8)
+    w.add_tensor(f"blk.0.{kv_b}.weight" if kv_b else "token_embd.weight", np.zeros((2 * (8 + 8), 4), np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(WeightsError, match=r"old\.gguf: a deepseek2 GGUF from before llama\.cpp's MLA form .*convert "
-                                           r"the checkpoint again with a current convert_hf_to_gguf\.py"):
+    with pytest.raises(WeightsError, match=r"old\.gguf: a deepseek2 GGUF in neither llama\.cpp's MLA form .*nor the "
+                                           r"form from before it .*convert the checkpoint again with a current "
+                                           r"convert_hf_to_gguf\.py"):
         GGUFCheckpoint(tmp_path / "old.gguf").config()
 
 
