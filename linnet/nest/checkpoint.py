@@ -442,8 +442,18 @@ _GGUF_ARCH_KEYS = {"gemma3": ("feed_forward_length",), "phi2": ("attention.layer
                                  "expert_count", "expert_used_count", "expert_feed_forward_length",
                                  "expert_shared_count")}
 
-# llama.cpp's deepseek2 expert_gating_func values (llama_expert_gating_func_type); none written: softmax
-_GATING_FUNCS = {1: "softmax", 2: "sigmoid"}
+
+def _scoring_func(gating_func: int | None) -> str | int | None:
+    """transformers' scoring_func for llama.cpp's deepseek2 expert_gating_func, by gguf's own names for its
+    values (ExpertGatingFuncType: 1 softmax, 2 sigmoid); a value it does not name comes back as it is
+    (refused by the card), none as none."""
+    from gguf.constants import ExpertGatingFuncType
+
+    try:
+        return ExpertGatingFuncType(gating_func).name.lower()
+    except ValueError:
+        return gating_func
+
 
 # GGUF architecture -> how the names of the norm weights llama.cpp's converter stores as 1 + w end:
 # Gemma's RMSNorm multiplies by 1 + w, llama.cpp's by its weight, so the converter adds the 1;
@@ -750,7 +760,7 @@ class GGUFCheckpoint(Checkpoint):
         model_type, architectures = _GGUF_ARCHS.get(arch, (arch, None))
         if arch == "llama" and get("expert_count"):  # llama.cpp writes Mixtral as llama with experts
             model_type, architectures = "mixtral", ["MixtralForCausalLM"]
-        if arch == "deepseek2" and _GATING_FUNCS.get(get("expert_gating_func")) == "sigmoid":
+        if arch == "deepseek2" and _scoring_func(get("expert_gating_func")) == "sigmoid":
             model_type, architectures = "deepseek_v3", ["DeepseekV3ForCausalLM"]
 
         cfg: dict[str, Any] = {"model_type": model_type}
@@ -852,7 +862,7 @@ class GGUFCheckpoint(Checkpoint):
                 "first_k_dense_replace": get("leading_dense_block_count"),
                 "routed_scaling_factor": get("expert_weights_scale", 1.0),
                 "norm_topk_prob": bool(get("expert_weights_norm", False)),
-                "scoring_func": _GATING_FUNCS.get(get("expert_gating_func", 1), get("expert_gating_func")),
+                "scoring_func": _scoring_func(get("expert_gating_func", 1)),  # (none written: softmax)
                 "n_group": groups, "topk_group": get("expert_group_used_count", 1), "topk_method": topk}
 
     @staticmethod
