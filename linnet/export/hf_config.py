@@ -135,7 +135,7 @@ def _gpt_oss(b: dict) -> dict:
         **_dense({**b, "tie_embeddings": False}), "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
         "num_local_experts": b["experts"], "num_experts_per_tok": b["experts_per_token"],
         "experts_per_token": b["experts_per_token"], "sliding_window": b["sliding_window"],
-        "layer_types": ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(b["layers"])],
+        "layer_types": gemma3_layer_types(b["layers"], 2),  # sliding and full alternating, the first sliding
         "swiglu_alpha": b["swiglu_alpha"], "swiglu_limit": b["swiglu_limit"],
         "rope_scaling": _rope({**b, "rope_scaling": "yarn"}, "gpt-oss"),  # gpt-oss's rope is always YaRN
         "attention_bias": True, "initial_context_length": b["rope_original_max"],

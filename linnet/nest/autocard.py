@@ -286,8 +286,7 @@ def _mixtral_values(config: dict, name: str) -> dict:
 
 def _gpt_oss_values(config: dict, name: str) -> dict:
     layers = int(config["num_hidden_layers"])
-    sliding = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)]
-    if config.get("layer_types") not in (None, sliding):
+    if config.get("layer_types") not in (None, gemma3_layer_types(layers, 2)):
         raise WeightsError(f"{name}: gpt-oss layers must alternate sliding and full attention, sliding first "
                            f"(the architecture's pattern); this config has {config['layer_types']}")
     if config.get("tie_word_embeddings"):
@@ -326,7 +325,8 @@ def every_nth_layer(layers: int, n: int) -> list:
 
 
 def gemma3_layer_types(layers: int, pattern: int) -> list:
-    """Gemma 3's layer kinds as config.json lists them: full attention in every `pattern`-th layer."""
+    """Gemma 3's layer kinds as config.json lists them: full attention in every `pattern`-th layer (at
+    pattern 2 Gemma 2's and gpt-oss's: sliding and full alternating, the first sliding)."""
     return ["full_attention" if full else "sliding_attention" for full in every_nth_layer(layers, pattern)]
 
 
