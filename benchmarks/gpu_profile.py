@@ -27,7 +27,7 @@ from unittest import mock
 import numpy as np
 import torch
 
-from cuda_needed import require_cuda  # this folder's
+from cuda_needed import require_cuda, require_jax_gpu  # this folder's
 from linnet import nest
 from linnet.codegen_torch import runtime as rt
 from linnet.kernels import triton_attention
@@ -48,7 +48,7 @@ parser.add_argument("--device", default="cuda",
 parser.add_argument("--kernels", type=int, default=12, help="kernels listed per profile")
 parser.add_argument("--backend", default="torch", choices=["torch", "jax"], help="(torch)")
 args = parser.parse_args()
-require_cuda("gpu_profile.py", args.device)
+(require_jax_gpu if args.backend == "jax" else require_cuda)("gpu_profile.py", args.device)  # the GPU it runs on
 cuda = args.device.startswith("cuda")
 jax_backend = args.backend == "jax"
 

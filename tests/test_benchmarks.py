@@ -234,3 +234,21 @@ def test_a_gpu_script_stops_at_once_without_a_gpu(capsys, monkeypatch, script):
         runpy.run_path(str(BENCH / script), run_name="__main__")
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.startswith(f"{script}: no CUDA GPU here (torch ") and err.count("\n") == 1
+
+
+def test_gpu_profile_on_jax_stops_at_once_without_a_jax_gpu(capsys, monkeypatch):
+    """With --backend jax the GPU the script needs is JAX's, not torch's: where JAX has none, one line and
+    exit 2 before any model is built (whether torch has CUDA or not)."""
+    jax = pytest.importorskip("jax")
+    try:
+        jax.devices("gpu")
+        pytest.skip("JAX has a GPU here: the script would run")
+    except RuntimeError:
+        pass
+    monkeypatch.setattr(sys, "argv", ["gpu_profile.py", "--backend", "jax"])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(BENCH / "gpu_profile.py"), run_name="__main__")
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1
+    assert err.startswith(f"gpu_profile.py: no JAX GPU here (jax {jax.__version__}: its backend is cpu); --device "
+                          "cpu runs the script itself on the CPU")
