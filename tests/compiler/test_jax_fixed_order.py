@@ -1,7 +1,8 @@
 """JAX's row reductions in one order at every row count (`codegen_jax.fixed_order`): a row's norm
 and softmax bitwise the same alone and beside other rows, at the row counts where XLA's CPU backend
 hands a reduction to YNNPACK (about 4096 elements and up) and where it does not; and the values
-those of float64 numpy's, within f32's rounding."""
+those of float64 numpy's, within f32's rounding. Each is jitted, as the generated code runs it (eagerly,
+every op of the tree compiles on its own at each shape)."""
 
 import jax
 import jax.numpy as jnp
@@ -34,11 +35,12 @@ def assert_rows_invariant(op, width: int, dtype=jnp.float32, seed: int = 0):
 def test_row_sum_and_max_are_numpys(width):
     x = np.random.default_rng(width).standard_normal((5, width)).astype(np.float32)
     want = x.astype(np.float64).sum(-1)
-    got = np.asarray(fixed_order.row_sum(jnp.asarray(x)))
+    row_sum, row_max = jax.jit(fixed_order.row_sum), jax.jit(lambda a: fixed_order.row_max(a, keepdims=True))
+    got = np.asarray(row_sum(jnp.asarray(x)))
     assert np.abs(got - want).max() <= 1e-6 * np.abs(x).sum(-1).max()
-    assert np.array_equal(np.asarray(fixed_order.row_max(jnp.asarray(x), keepdims=True)), x.max(-1, keepdims=True))
+    assert np.array_equal(np.asarray(row_max(jnp.asarray(x))), x.max(-1, keepdims=True))
     ints = np.arange(width * 2, dtype=np.int32).reshape(2, width)
-    assert np.array_equal(np.asarray(fixed_order.row_sum(jnp.asarray(ints))), ints.sum(-1))
+    assert np.array_equal(np.asarray(row_sum(jnp.asarray(ints))), ints.sum(-1))
 
 
 def test_row_max_keeps_a_nan_as_jnp_max_does():
@@ -53,8 +55,8 @@ def test_softmax_and_log_softmax_are_numpys(width):
     x64 = x.astype(np.float64)
     log_want = x64 - x64.max(-1, keepdims=True)
     log_want -= np.log(np.exp(log_want).sum(-1, keepdims=True))
-    np.testing.assert_allclose(np.asarray(fixed_order.log_softmax(jnp.asarray(x))), log_want, rtol=0, atol=2e-5)
-    np.testing.assert_allclose(np.asarray(rt.softmax(jnp.asarray(x))), np.exp(log_want), rtol=2e-5, atol=1e-9)
+    np.testing.assert_allclose(np.asarray(jax.jit(fixed_order.log_softmax)(x)), log_want, rtol=0, atol=2e-5)
+    np.testing.assert_allclose(np.asarray(jax.jit(rt.softmax)(x)), np.exp(log_want), rtol=2e-5, atol=1e-9)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
@@ -77,7 +79,8 @@ def test_rmsnorm_is_numpys():
     w = np.random.default_rng(4).standard_normal(1000).astype(np.float32)
     x64 = x.astype(np.float64)
     want = w * x64 / np.sqrt((x64 * x64).mean(-1, keepdims=True) + 1e-5)
-    np.testing.assert_allclose(np.asarray(rt.rmsnorm(jnp.asarray(x), jnp.asarray(w), 1e-5)), want, rtol=1e-5, atol=1e-6)
+    got = jax.jit(lambda x, w: rt.rmsnorm(x, w, 1e-5))(x, w)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("width", [8, 128, 1000])
@@ -91,14 +94,15 @@ def test_softmax_rows_are_batch_invariant(width):
 def test_sum_and_mean_over_an_axis_are_numpys(axis, keepdims):
     """The language's `sum` and `mean` as the JAX generator writes them, types as jnp's."""
     x = np.random.default_rng(5).standard_normal((3, 4, 5)).astype(np.float32)
-    for ours, theirs in ((fixed_order.sum_over, np.sum), (fixed_order.mean_over, np.mean)):
+    sum_over = jax.jit(fixed_order.sum_over, static_argnums=(1, 2))
+    for ours, theirs in ((sum_over, np.sum), (jax.jit(fixed_order.mean_over, static_argnums=(1, 2)), np.mean)):
         got = np.asarray(ours(jnp.asarray(x), axis, keepdims))
         want = theirs(x.astype(np.float64), axis=axis, keepdims=keepdims)
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
-    assert fixed_order.sum_over(jnp.asarray(x, jnp.bfloat16), 1).dtype == jnp.bfloat16
-    assert fixed_order.sum_over(jnp.asarray(x > 0), 1).dtype == jnp.sum(jnp.asarray(x > 0), 1).dtype
-    assert fixed_order.sum_over(jnp.zeros((2, 0, 3)), 1).shape == (2, 3)
+    assert sum_over(jnp.asarray(x, jnp.bfloat16), 1, False).dtype == jnp.bfloat16
+    assert sum_over(jnp.asarray(x > 0), 1, False).dtype == jnp.sum(jnp.asarray(x > 0), 1).dtype
+    assert sum_over(jnp.zeros((2, 0, 3)), 1, False).shape == (2, 3)
 
 
 def test_a_moe_layers_weighted_sum_of_its_experts_is_batch_invariant():
