@@ -9,7 +9,7 @@ least times' ratio (a host other work keeps busy slows some runs of either). For
 the tied embedding's gather of `rows` random ids from the head's panels (`cpu_qlinear.gather`) against
 `cpu_ops.gather_rows` from the table decoded to bf16 (the copy it replaces).
 
-    python benchmarks/qlinear_rows.py --rows 1 16 512 --types Q4_1 Q8_0 Q4_K Q6_K --threads 1
+    python benchmarks/qlinear_rows.py --rows 1 16 512 --types Q4_1 Q8_0 Q5_0 Q4_0 Q4_K Q5_K Q6_K --threads 1
 """
 
 from __future__ import annotations
@@ -50,14 +50,15 @@ def medians_ms(f, g, repeats: int) -> tuple:
     return tuple((statistics.median(t) * 1e3, min(t) * 1e3) for t in times)
 
 
-def gather_rows(quant_table, table: torch.Tensor, args, rng: np.random.Generator) -> None:
-    """Rows of a tied embedding gathered from its head's panels against the same rows of the decoded table."""
+def gather_rows(name: str, quant_table, table: torch.Tensor, args, rng: np.random.Generator) -> None:
+    """Rows of a tied embedding (blocks of type `name`) gathered from its head's panels against the same rows
+    of the decoded table."""
     n, k = table.shape
     for rows in args.rows:
         ids = torch.from_numpy(rng.integers(0, n, rows).astype(np.int32))
         (q, q_least), (b, b_least) = medians_ms(lambda: cpu_qlinear.gather(quant_table, ids, torch.bfloat16),
                                                 lambda: cpu_ops.gather_rows(table, ids, torch.bfloat16), args.repeats)
-        print(f"gather {rows:4d} of [{n}, {k}] {cpu_qlinear.READS[quant_table.weight.qtype]:5s} {q:9.3f} ms   "
+        print(f"gather {rows:4d} of [{n}, {k}] {name:5s} {q:9.3f} ms   "
               f"bf16 {b:9.3f} ms   {q / b:5.2f}x   (least {q_least:.3f} and {b_least:.3f} ms)")
 
 
@@ -82,7 +83,7 @@ def main(argv: list | None = None) -> None:
             table = torch.from_numpy(gguf.quants.dequantize(blocks.reshape(n, -1), qtype)).reshape(n, k)
             table = table.to(torch.bfloat16)
             if n == SHAPES[2][0]:
-                gather_rows(cpu_qlinear.QuantTable(quant, torch.bfloat16), table, args, rng)
+                gather_rows(name, cpu_qlinear.QuantTable(quant, torch.bfloat16), table, args, rng)
             panels = cpu_linear.pack(table)
             for rows in args.rows:
                 x = torch.randn(rows, k).to(torch.bfloat16)

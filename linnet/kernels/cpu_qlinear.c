@@ -1,20 +1,24 @@
 /* Linnet's CPU matmul for a GGUF's quantized linear weights, kept in their blocks:
  * y[M, N] = x[M, K] @ w[N, K]^T, w's blocks decoded as it runs, sums in f32.
  *
- * GGUF holds each weight row as blocks along K: Q8_0 a f16 scale d and 32 int8 q (w = d q), Q4_1
- * a f16 scale d, a f16 minimum m and 32 4-bit q (w = d q + m; byte i holds q_i in its low nibble
- * and q_{i+16} in its high one); the K-quants, super-blocks of 256 (Q4_K: 8 sub-blocks of 32, each
- * w = d sc q - dmin mn with 6-bit sc, mn; Q6_K: 16 of 16, w = d sc q, sc int8, q 6-bit less 32). At
- * load the blocks of 16 rows are repacked into a panel (cpu_qlinear.py), block of 32 after block
- * along K, each panel block holding the 16 rows' scales (and minimums) side by side and then their
- * quants K-major: for each k of the block, the 16 rows' bytes in one 16-byte line (4-bit quants: k
- * and k + 16 share a line, as they share a byte). A K-quant's block is one of its sub-blocks as Q4_1's
- * or Q8_0's would hold it, the scale d sc (and minimum -dmin mn) worked out at load as f32, which
- * holds them exactly (a product of 11 and at most 8 significant bits); Q6_K's block has two, one a
- * half. One pass over a panel then gives 16 outputs, and a decode step reads few bytes: Q4_1's 20
- * per 32 values, Q8_0's 34, Q4_K's 24 (the file's 18), Q6_K's 40 (the file's 26.25), bf16's 64.
+ * GGUF holds each weight row as blocks along K: Q8_0 a f16 scale d and 32 int8 q (w = d q), Q4_1 a f16
+ * scale d, a f16 minimum m and 32 4-bit q (w = d q + m; byte i holds q_i in its low nibble and
+ * q_{i+16} in its high one); the K-quants, super-blocks of 256 (Q4_K: 8 sub-blocks of 32, each w = d
+ * sc q - dmin mn with 6-bit sc, mn; Q5_K as Q4_K with 5-bit q; Q6_K: 16 of 16, w = d sc q, sc int8, q
+ * 6-bit less 32). Q5_0 (a f16 d, 32 5-bit q, w = d (q - 16)) is repacked as Q8_0, its q - 16 as int8,
+ * and Q4_0 (w = d (q - 8), 4-bit q) as a Q4_K sub-block, d and -8 d its scale and minimum: no type of
+ * their own here. At load the blocks of 16 rows are repacked into a panel (cpu_qlinear.py), block of
+ * 32 after block along K, each panel block holding the 16 rows' scales (and minimums) side by side and
+ * then their quants K-major: for each k of the block, the 16 rows' bytes in one 16-byte line (4-bit
+ * quants: k and k + 16 share a line, as they share a byte). A K-quant's block is one of its sub-blocks
+ * as Q4_1's or Q8_0's would hold it, the scale d sc (and minimum -dmin mn) worked out at load as f32,
+ * which holds them exactly (a product of 11 and at most 8 significant bits); Q5_K's block is Q8_0's
+ * quants (q as int8) with Q4_K's f32 scales and minimums; Q6_K's block has two scales, one a half. One
+ * pass over a panel then gives 16 outputs, and a decode step reads few bytes: Q4_1's 20 per 32 values,
+ * Q8_0's 34 (Q5_0's too, the file's 22), Q4_K's 24 (Q4_0's too; the files' 18), Q5_K's and Q6_K's 40
+ * (the files' 22 and 26.25), bf16's 64.
  *
- * Each output sums, block by block, d * (sum of q x) (+ m * sum of x, Q4_1 and Q4_K), the inner sum
+ * Each output sums, block by block, d * (sum of q x) (+ m * sum of x, Q4_1, Q4_K and Q5_K), the inner sum
  * in two f32 chains (Q6_K: for each half apart): the same operations in the same order for a row
  * whatever other rows its call holds (batch invariance, as cpu_linear.c keeps it). A bf16 x on
  * AVX-512 BF16 multiplies pairs of k by VDPBF16PS (q is exact in bf16, so are the products), up to 8
@@ -37,7 +41,13 @@
 #define QMC 64 /* input rows a block of x: kept in cache while the chunk's panels pass */
 #define AVX512Q __attribute__((target("avx512f,avx2,fma,f16c")))
 
-/* Where a panel block's 16 scales for half h lie, and its 16 minimums (Q4_1, Q4_K): f16 for Q8_0 and
+/* What a type's panel block holds: 4-bit quants (k and k + 16 in a byte) or 8-bit ones (a k a line); a
+ * minimum to add (times the block's sum of x); one scale or two (Q6_K's, for k below 16 and above). */
+static inline int nibbles(int qtype) { return qtype == QTYPE_Q4_1 || qtype == QTYPE_Q4_K; }
+static inline int has_min(int qtype) { return qtype == QTYPE_Q4_1 || qtype == QTYPE_Q4_K || qtype == QTYPE_Q5_K; }
+static inline int halves(int qtype) { return qtype == QTYPE_Q6_K ? 2 : 1; }
+
+/* Where a panel block's 16 scales for half h lie, and its 16 minimums (Q4_1, Q4_K, Q5_K): f16 for Q8_0 and
  * Q4_1, f32 for the K-quants (`f16_scales`); the vector loads below and `panel_value` read them here. */
 static inline int f16_scales(int qtype) { return qtype == QTYPE_Q8_0 || qtype == QTYPE_Q4_1; }
 static inline long scales_at(int qtype, int h) { return f16_scales(qtype) ? 0 : QNR * 4 * h; }
@@ -52,29 +62,25 @@ static inline AVX512Q __attribute__((always_inline)) __m512 scale16(int qtype, c
 static inline AVX512Q __attribute__((always_inline)) __m512 min16(int qtype, const uint8_t *block) {
     if (qtype == QTYPE_Q4_1)
         return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(block + mins_at(qtype))));
-    return qtype == QTYPE_Q4_K ? _mm512_loadu_ps((const float *)(block + mins_at(qtype))) : _mm512_setzero_ps();
+    return has_min(qtype) ? _mm512_loadu_ps((const float *)(block + mins_at(qtype))) : _mm512_setzero_ps();
 }
 /* The loops over a block's k are unrolled 4 times, not 16: unrolled whole, GCC hoisted every x
  * broadcast of a 4-row tile out of them and spilled them (a 7 KB frame), and a 16-row product ran
  * 3.4x slower than now (SmolLM2's [16, 576] x [1536, 576] Q4_1: 6.8 against 2.0 ms, a busy host). */
 
 /* Bytes one block of a panel takes: its 16 rows' scales (f16; f32 for the K-quants, two for Q6_K's
- * halves), minimums (Q4_1, Q4_K), and quants. */
+ * halves), minimums (Q4_1, Q4_K, Q5_K), and quants. */
 long linnet_qpanel_block_bytes(int qtype) {
     switch (qtype) {
     case QTYPE_Q8_0: return QNR * 2 + QK * QNR;
     case QTYPE_Q4_1: return QNR * 2 * 2 + QK / 2 * QNR;
     case QTYPE_Q4_K: return QNR * 4 * 2 + QK / 2 * QNR;
+    case QTYPE_Q5_K:
     case QTYPE_Q6_K: return QNR * 4 * 2 + QK * QNR;
     default: return 0;
     }
 }
 
-/* What a type's panel block holds: 4-bit quants (k and k + 16 in a byte) or 8-bit ones (a k a line); a
- * minimum to add (times the block's sum of x); one scale or two (Q6_K's, for k below 16 and above). */
-static inline int nibbles(int qtype) { return qtype == QTYPE_Q4_1 || qtype == QTYPE_Q4_K; }
-static inline int has_min(int qtype) { return qtype == QTYPE_Q4_1 || qtype == QTYPE_Q4_K; }
-static inline int halves(int qtype) { return qtype == QTYPE_Q6_K ? 2 : 1; }
 static inline long quants_at(int qtype) {
     return qtype == QTYPE_Q8_0 ? QNR * 2 : qtype == QTYPE_Q4_1 ? QNR * 4 : QNR * 8;
 }
@@ -166,6 +172,7 @@ static inline AVX512Q __attribute__((always_inline)) void qtile512(int qtype, in
     case QTYPE_Q8_0: tile(QTYPE_Q8_0, __VA_ARGS__); break;             \
     case QTYPE_Q4_1: tile(QTYPE_Q4_1, __VA_ARGS__); break;             \
     case QTYPE_Q4_K: tile(QTYPE_Q4_K, __VA_ARGS__); break;             \
+    case QTYPE_Q5_K: tile(QTYPE_Q5_K, __VA_ARGS__); break;             \
     default: tile(QTYPE_Q6_K, __VA_ARGS__);                            \
     }
 
@@ -194,7 +201,7 @@ static AVX512Q void qtile512_rows(int qtype, int mr, const float *x, long K, con
                           * 576; a long prompt's x whole went through memory again at each panel) */
 
 /* Lanes of bf16 pairs from two 16-byte lines a, b of 16 rows' quants: lane j holds row j's value
- * from a (low half) and from b (high half); `nibble` 0 takes the bytes as int8 (Q8_0, Q6_K), 1 their
+ * from a (low half) and from b (high half); `nibble` 0 takes the bytes as int8 (Q8_0, Q5_K, Q6_K), 1 their
  * low nibbles, 2 their high ones (Q4_1, Q4_K). */
 static inline AVX512Q_BF16 __attribute__((always_inline)) __m512bh quant_pairs(__m128i a, __m128i b, int nibble) {
     __m128i first = _mm_unpacklo_epi8(a, b), second = _mm_unpackhi_epi8(a, b); /* rows 0-7, 8-15 */
@@ -212,7 +219,7 @@ static inline AVX512Q_BF16 __attribute__((always_inline)) __m512bh quant_pairs(_
 }
 
 /* Step s (0 .. 7) of a panel block's quants as two vectors of bf16 pairs (lane j column j's), w0 for
- * one chain of sums and w1 for the other: 8-bit quants' (Q8_0, Q6_K) pairs 2s and 2s + 1 (k = 4s ..
+ * one chain of sums and w1 for the other: 8-bit quants' (Q8_0, Q5_K, Q6_K) pairs 2s and 2s + 1 (k = 4s ..
  * 4s + 3, lines 4s .. 4s + 3); 4-bit ones' (Q4_1, Q4_K) pairs s and s + 8 (k = 2s, 2s + 1 and 2s + 16,
  * 2s + 17: the low and the high nibbles of lines 2s and 2s + 1, unpacked once). */
 static inline AVX512Q_BF16 __attribute__((always_inline)) void block_step(int qtype, const uint8_t *block, int s,
@@ -233,7 +240,7 @@ static inline int step_pair(int qtype, int s, int second) {
 }
 
 /* A panel block decoded (`decode_panel`): w[2s] and w[2s + 1] its step s (block_step), d the columns'
- * scales (of each half: Q6_K's two) and m their minimums (Q4_1, Q4_K; else zero) as f32 (all exact). */
+ * scales (of each half: Q6_K's two) and m their minimums (Q4_1, Q4_K, Q5_K; else zero) as f32 (all exact). */
 struct decoded_block {
     __m512bh w[QK / 2];
     __m512 d[2], m;
@@ -470,7 +477,7 @@ static AVX2 int qlinear_chunk(void *data, long c, long chunks) {
     return 0;
 }
 
-/* Each row's sum over each block of 32 of x [M, K] (f32 or bf16: x_type; Q4_1's and Q4_K's minimums
+/* Each row's sum over each block of 32 of x [M, K] (f32 or bf16: x_type; Q4_1's, Q4_K's and Q5_K's minimums
  * multiply them): in one order whatever M is. */
 static AVX2 void block_sums(int x_type, const void *x, long M, long K, float *out) {
     for (long m = 0; m < M; m++)
@@ -483,7 +490,7 @@ static AVX2 void block_sums(int x_type, const void *x, long M, long K, float *ou
 }
 
 /* y [M, N] (y_type: F32, BF16 or F16) = x [M, K] (F32 or BF16: x_type; K a multiple of 32) times P
- * panels of qtype (QTYPE_Q8_0, Q4_1, Q4_K or Q6_K, laid out as the top says): panel p gives y's columns
+ * panels of qtype (QTYPE_Q8_0, Q4_1, Q4_K, Q5_K or Q6_K, laid out as the top says): panel p gives y's columns
  * cols[p] .. cols[p] + widths[p], so one call can run a fused group's weights. Sums are f32's,
  * rounded once to y_type. Threads split the panels in equal runs, as linnet_linear's do. Returns
  * -1 if out of memory, -2 for a type or K the kernel does not take. */
@@ -519,20 +526,25 @@ done:
 
 /* ---- rows of a weight's panels, decoded: the gather of an embedding whose tied head runs in them */
 
-/* Value k (0 .. 31) of row j (0 .. 15) of a panel block, as gguf's decoder gives it: d q (Q4_1, Q4_K:
- * + m). d q is exact in f32 (11 by at most 8 significant bits, times a quant of at most 8; Q6_K's d sc
+/* Value k (0 .. 31) of row j (0 .. 15) of a panel block, as gguf's decoder gives it: d q (Q4_1, Q4_K,
+ * Q5_K: + m). d q is exact in f32 (11 by at most 8 significant bits, times a quant of at most 8; Q6_K's d sc
  * q rounds once, as gguf's product does), so with or without a fused add the sum is rounded once. */
 static inline AVX2 float panel_value(int qtype, const uint8_t *block, int j, int k) {
     const uint8_t *q = block + quants_at(qtype);
     int h = halves(qtype) == 2 && k >= QK / 2; /* (Q6_K's second scale) */
     float d = f16_scales(qtype) ? _cvtsh_ss(((const uint16_t *)(block + scales_at(qtype, h)))[j])
                                 : ((const float *)(block + scales_at(qtype, h)))[j];
-    if (!nibbles(qtype))
-        return d * (float)((const int8_t *)q)[k * QNR + j];
-    uint8_t byte = q[(k % (QK / 2)) * QNR + j];
-    float level = (float)(k < QK / 2 ? byte & 15 : byte >> 4);
+    float level;
+    if (!nibbles(qtype)) {
+        level = (float)((const int8_t *)q)[k * QNR + j];
+    } else {
+        uint8_t byte = q[(k % (QK / 2)) * QNR + j];
+        level = (float)(k < QK / 2 ? byte & 15 : byte >> 4);
+    }
+    if (!has_min(qtype))
+        return d * level;
     float m = qtype == QTYPE_Q4_1 ? _cvtsh_ss(((const uint16_t *)(block + mins_at(qtype)))[j])
-                                  : ((const float *)(block + mins_at(qtype)))[j]; /* Q4_K's: -dmin mn */
+                                  : ((const float *)(block + mins_at(qtype)))[j]; /* the K-quants': -dmin mn */
     return d * level + m;
 }
 

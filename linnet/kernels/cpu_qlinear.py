@@ -1,11 +1,12 @@
 """The CPU matmul for a GGUF's quantized linear weights, run in their blocks (`cpu_qlinear.c`, built
 into `cpu_linear`'s library).
 
-`pack` repacks a weight's Q8_0, Q4_1, Q4_K or Q6_K blocks, as the file holds them ([N, K / 32] blocks,
-or [N, K / 256] super-blocks), into panels of 16 rows, block of 32 after block along K (the layout
-cpu_qlinear.c describes), once at load: Q8_0's and Q4_1's bytes rearranged, a K-quant's sub-blocks
-each given its f32 scale (and minimum) worked out exactly; `QuantBlocks.packed` does so for a param, a
-weight a layer. `matmul` multiplies them, each block decoded in registers, in f32
+`pack` repacks a weight's Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K or Q6_K blocks, as the file holds them
+([N, K / 32] blocks, or [N, K / 256] super-blocks), into panels of 16 rows, block of 32 after block along K
+(the layout cpu_qlinear.c describes), once at load: Q8_0's and Q4_1's bytes rearranged, Q5_0's as Q8_0's
+(its q - 16 as int8), Q4_0's as a Q4_K sub-block's (its d and -8 d as f32), a K-quant's sub-blocks each
+given its f32 scale (and minimum) worked out exactly, 5- and 6-bit quants as int8; `QuantBlocks.packed`
+does so for a param, a weight a layer. `matmul` multiplies them, each block decoded in registers, in f32
 arithmetic; x f32 or bf16, the output in x's type. `QuantWeight.join` lists several weights'
 panels as one (a fused group: q, k and v; gate and up), as `PanelWeight.join` does. `gather` decodes
 rows of one weight's panels (an embedding's, `QuantTable`, read from the head tied to it).
@@ -29,16 +30,21 @@ from linnet.kernels.torch_types import TYPES
 BLOCK = 32  # values a panel's block holds along K
 # the block types the kernel takes, by GGML's type codes (gguf's GGMLQuantizationType, not imported: a
 # torch model's runtime imports this module), the values (along K) and bytes of one block of each
-READS = {8: "Q8_0", 3: "Q4_1", 12: "Q4_K", 14: "Q6_K"}
-BLOCK_VALUES = {8: 32, 3: 32, 12: 256, 14: 256}
-BLOCK_BYTES = {8: 34, 3: 20, 12: 144, 14: 210}
-HALVES = {8: (0,), 3: (0, 2), 12: (0, 2), 14: (208,)}  # where in a block its f16 scales (d, and m or dmin) lie
+READS = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+BLOCK_VALUES = {2: 32, 3: 32, 6: 32, 8: 32, 12: 256, 13: 256, 14: 256}
+BLOCK_BYTES = {2: 18, 3: 20, 6: 22, 8: 34, 12: 144, 13: 176, 14: 210}
+HALVES = {2: (0,), 3: (0, 2), 6: (0,), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}  # where f16 d (m, dmin) lie
+# the type a weight's panels are in, where it is not the file's: Q5_0's d (q - 16) is a Q8_0 block's d q,
+# Q4_0's d (q - 8) a Q4_K sub-block's d q + m with m = -8 d (f32: exact, where an f16 m, Q4_1's, overflows
+# from d = 8188)
+PANEL_TYPES = {6: 8, 2: 12}
 
 
 class QuantWeight:
     """A quantized linear weight [N, K] laid out for `matmul` (or several of one K and block type whose
-    outputs sit side by side: `join`). `table` lists every panel's address, width and output column;
-    `buffers` keeps the memory behind them alive."""
+    outputs sit side by side: `join`). `qtype` is the type its panels are in (`PANEL_TYPES`: a Q5_0
+    weight's are Q8_0's, and join a Q8_0 one's; a Q4_0 weight's Q4_K's); `table` lists every panel's
+    address, width and output column; `buffers` keeps the memory behind them alive."""
 
     __slots__ = ("n", "k", "qtype", "buffers", "table", "panel_args")
 
@@ -134,30 +140,44 @@ def pack(blocks: np.ndarray, qtype, n: int, k: int) -> QuantWeight:
     body = torch.from_numpy(np.ascontiguousarray(np.concatenate(fields, axis=2)))
     step = body[0].numel()
     widths = [min(PANEL, n - p * PANEL) for p in range(panels)]
-    return QuantWeight(n, k, qtype, (body,), _table([body.data_ptr() + p * step for p in range(panels)], widths,
-                                                    range(0, n, PANEL)))
+    table = _table([body.data_ptr() + p * step for p in range(panels)], widths, range(0, n, PANEL))
+    return QuantWeight(n, k, PANEL_TYPES.get(qtype, qtype), (body,), table)
 
 
 def _panel_fields(kind: str, rows: np.ndarray, n: int, k: int) -> tuple:
     """A weight's blocks [n, blocks, bytes] as a panel block holds them, for each block of 32 along K:
     its scales (and minimums) [n, k / 32, ...] one array each, and its quants [n, k / 32, bytes] (cpu_qlinear.c's
-    layout before the 16 rows are put side by side). Q8_0's and Q4_1's are the file's own bytes; a
-    K-quant's sub-block scale d sc and minimum -dmin mn are f32 (exact: 11 by at most 8 significant
-    bits), Q6_K's quants int8 (q - 32), Q4_K's nibbles arranged as Q4_1's (q_i low, q_{i+16} high)."""
+    layout before the 16 rows are put side by side). Q8_0's and Q4_1's are the file's own bytes, Q5_0's
+    its d and q - 16 as int8 (a Q8_0 block), Q4_0's its nibbles with d and -8 d as f32 (a Q4_K sub-block);
+    a K-quant's sub-block scale d sc and minimum -dmin mn are f32 (exact: 11 by at most 8 significant
+    bits), Q5_K's quants int8 (q), Q6_K's int8 (q - 32), Q4_K's nibbles arranged as Q4_1's (q_i low,
+    q_{i+16} high)."""
     if kind == "Q8_0":
         return [rows[..., 0:2]], rows[..., 2:34]
     if kind == "Q4_1":
         return [rows[..., 0:2], rows[..., 2:4]], rows[..., 4:20]
+    if kind == "Q4_0":  # d (f16), 16 bytes of nibbles arranged as Q4_1's
+        d = rows[..., 0:2].copy().view(np.float16).astype(np.float32)
+        return [d, -8 * d], rows[..., 2:18]
+    if kind == "Q5_0":  # d (f16), 4 bytes of fifth bits (bit i: value i's), 16 of nibbles (value i low, i + 16 high)
+        high = (rows[..., 2:6].copy().view("<u4") >> np.arange(32, dtype=np.uint32)) & 1
+        low = np.concatenate([rows[..., 6:22] & 15, rows[..., 6:22] >> 4], axis=-1)
+        return [rows[..., 0:2]], ((low | (high.astype(np.uint8) << 4)).astype(np.int16) - 16).astype(np.int8)
     supers = k // 256
-    if kind == "Q4_K":  # d, dmin (f16), 12 bytes of 6-bit scales and minimums, 128 of quants
-        from gguf.quants import Q4_K  # (the file's reader: GGUF blocks come with gguf installed)
+    if kind in ("Q4_K", "Q5_K"):  # d, dmin (f16), 12 bytes of 6-bit scales and minimums, (Q5_K: 32 of fifth bits,)
+        from gguf.quants import Q4_K  # 128 of nibbles (the file's reader: GGUF blocks come with gguf installed)
 
         d, dmin = (rows[..., at:at + 2].copy().view(np.float16).astype(np.float32) for at in (0, 2))
         packed = np.ascontiguousarray(rows[..., 4:16]).reshape(-1, 12)  # 6-bit scales and minimums, 8 of each
         sc, mn = (a.reshape(n, supers, 8) for a in Q4_K.get_scale_min(packed))
-        qs = rows[..., 16:144].reshape(n, supers, 4, 1, 32)  # 64 values a run: sub-block 2c low nibbles, 2c+1 high
-        q = np.concatenate([qs & 15, qs >> 4], axis=3).reshape(n, k // BLOCK, 32)
-        return [d * sc.astype(np.float32), -(dmin * mn.astype(np.float32))], q[..., :16] | (q[..., 16:] << 4)
+        scales = [d * sc.astype(np.float32), -(dmin * mn.astype(np.float32))]
+        qs = rows[..., -128:].reshape(n, supers, 4, 1, 32)  # 64 values a run: sub-block 2c low nibbles, 2c+1 high
+        q = np.concatenate([qs & 15, qs >> 4], axis=3).reshape(n, supers, 8, 32)
+        if kind == "Q4_K":
+            q = q.reshape(n, k // BLOCK, 32)
+            return scales, q[..., :16] | (q[..., 16:] << 4)
+        high = rows[..., 16:48].reshape(n, supers, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(8, 1) & 1
+        return scales, (q | (high << 4)).reshape(n, k // BLOCK, 32).view(np.int8)  # (bit s of byte l: value 32s + l)
     # Q6_K: 128 bytes of low 4 bits, 64 of high 2 bits, 16 int8 scales, d (f16)
     ql = rows[..., 0:128].reshape(n, supers, 2, 1, 64)
     qh = rows[..., 128:192].reshape(n, supers, 2, 1, 32)

@@ -30,7 +30,8 @@ dequantized for GGUF), transformed and copied straight into its place in the
 target dtype on the target device, one at a time. Peak memory is the model in
 T plus one tensor. GGUF tensors are dequantized to f32 and always converted to
 T: a quantized tensor has no dtype of its own to match (but, with
-quantization="gguf", Q8_0 / Q4_1 / Q4_K / Q6_K linears, kept in their blocks: `nest.quantized`). Tensors in the
+quantization="gguf", Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K linears, kept in their blocks:
+`nest.quantized`). Tensors in the
 checkpoint that the card does not use are reported once (a warning) and listed
 in `model.info["unused_tensors"]`.
 """
@@ -85,7 +86,8 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     `tokenizer`: True, the weights' own (if they have one; random weights take that of the card's own
     weights where Nest finds them, as vLLM's dummy weights do); False, none; or the path of a model
     directory or GGUF file whose tokenizer to use.
-    `quantization="gguf"` (vLLM's word for it): a GGUF's Q8_0, Q4_1, Q4_K and Q6_K linear weights stay in their
+    `quantization="gguf"` (vLLM's word for it): a GGUF's linear weights of the types `cpu_qlinear.READS` lists
+    (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K) stay in their
     blocks and run in them (`kernels.cpu_qlinear`), not decoded to T at load; the torch backend on the
     CPU with numerics="fast" only (refused elsewhere, `nest.quantized`); tensors of other types are
     decoded as without it, and, where Linnet's CPU kernels do not run, all of them, with a warning.
@@ -180,7 +182,7 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
     `context_free`: the free bytes a MaxSeq chosen (none in `generics`) fits the cache to, where `room`
     says none (a JAX model spread over devices: theirs together).
     `cache_space`: the bytes a MaxSeq chosen fits the cache to at most, whatever is free (a CPU's).
-    `quantization="gguf"`: a GGUF's Q8_0 / Q4_1 / Q4_K / Q6_K params bound in their blocks (`load`'s)."""
+    `quantization="gguf"`: a GGUF's params of the types `cpu_qlinear.READS` lists bound in their blocks (`load`'s)."""
     module, card_name, ckpt = resolved or resolve_card(name, weights)
     free = room[1] if room is not None and room[1] is not None else context_free
     spec, context = _specialize(module, dict(generics or {}), numerics, free, cache_space)
@@ -548,7 +550,8 @@ def _tied_head(module: Module, ckpt: Checkpoint, fmt: str, unused: list) -> list
 def _read(module: Module, ckpt: Checkpoint, cast_dtype: bool, device: str, progress: bool | None, framework: str,
           quantization: str | None = None):
     """({param: array}, unused checkpoint tensors), after checking every header against the card;
-    with `quantization`, a GGUF's Q8_0 / Q4_1 / Q4_K / Q6_K params as their blocks (`nest.quantized.QuantBlocks`)."""
+    with `quantization`, a GGUF's params of the types `cpu_qlinear.READS` lists as their blocks
+    (`nest.quantized.QuantBlocks`)."""
     from linnet.nest.bind import bind_weights, check_checkpoint, checkpoint_names
 
     fmt = "gguf" if ckpt.format == "gguf" else "hf"

@@ -1,5 +1,5 @@
-"""The quantized CPU linear (Q8_0, Q4_1, Q4_K and Q6_K blocks) against gguf's own decoding of the same
-bytes and a float64 matmul: odd shapes (a last panel narrower than 16, K a few blocks, row counts
+"""The quantized CPU linear (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K blocks) against gguf's own
+decoding of the same bytes and a float64 matmul: odd shapes (a last panel narrower than 16, K a few blocks, row counts
 around the tiles and the 64-row block of x), x in f32 and bf16, joined weights, and batch invariance;
 rows gathered from the panels (a tied embedding's) against gguf's decoding of those rows."""
 
@@ -15,7 +15,12 @@ pytestmark = pytest.mark.skipif(not cpu_linear.available(torch.float32), reason=
 Q = gguf.GGMLQuantizationType
 QTYPES = [Q.Q8_0, Q.Q4_1]
 K_QUANTS = [Q.Q4_K, Q.Q6_K]
-QUANTS_AT = {Q.Q4_1: slice(4, 20), Q.Q4_K: slice(16, 144)}  # the quants of the types with a minimum
+# types run in another's panels (`PANEL_TYPES`: Q4_0 as Q4_K, Q5_0 as Q8_0), and Q5_K (Q8_0's quants, Q4_K's
+# minimums), each with a K of a few blocks and a last panel of one row; fewer cases than the types above, whose
+# kernels they share (the suite's time is counted: these run again under each older CPU's cap)
+OTHERS = [(Q.Q4_0, 17, 96), (Q.Q5_0, 17, 96), (Q.Q5_K, 17, 512)]
+# the quants of the types summed with a minimum (Q4_0's, -8 d, in its panels)
+QUANTS_AT = {Q.Q4_0: slice(2, 18), Q.Q4_1: slice(4, 20), Q.Q4_K: slice(16, 144), Q.Q5_K: slice(16, 176)}
 
 
 def random_blocks(qtype, n: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -31,8 +36,8 @@ def random_blocks(qtype, n: int, k: int, rng: np.random.Generator) -> np.ndarray
 
 def reference(qtype, blocks: np.ndarray, n: int, k: int, x: torch.Tensor):
     """gguf's dequantization of the blocks, times x in float64; and the sums of magnitudes whose f32
-    rounding bounds the kernel's error (Q4_1, Q4_K: |d q| and |m| apart, as the kernel sums them; m is
-    gguf's decoding of the blocks with their quants zero)."""
+    rounding bounds the kernel's error (Q4_1, the K-quants with a minimum and Q4_0: |d q| and |m| apart, as
+    the kernel sums them; m is gguf's decoding of the blocks with their quants zero)."""
     def decoded(b):
         return gguf.quants.dequantize(b.reshape(n, -1), qtype).astype(np.float64).reshape(n, k)
 
@@ -77,7 +82,16 @@ def test_k_quants_are_gguf_dequantized_times_x(qtype, rows, n, k, x_type):
     test_matmul_is_gguf_dequantized_times_x(qtype, rows, n, k, x_type)
 
 
-@pytest.mark.parametrize("qtype", QTYPES + K_QUANTS, ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype,n,k", OTHERS, ids=lambda v: getattr(v, "name", str(v)))
+@pytest.mark.parametrize("rows", [1, 3, 100])
+@pytest.mark.parametrize("x_type", [torch.float32, torch.bfloat16], ids=["x_f32", "x_bf16"])
+def test_q4_0_q5_0_and_q5_k_are_gguf_dequantized_times_x(qtype, n, k, rows, x_type):
+    """Q4_0 and Q5_0 (Q4_K_M's type where a row is not whole super-blocks) repacked, and Q5_K (Q5_K_M's):
+    one row, a tile and a part, and more rows than a panel is decoded once for."""
+    test_matmul_is_gguf_dequantized_times_x(qtype, rows, n, k, x_type)
+
+
+@pytest.mark.parametrize("qtype", QTYPES + K_QUANTS + [Q.Q5_K], ids=lambda q: q.name)
 @pytest.mark.parametrize("x_type", [torch.float32, torch.bfloat16], ids=["x_f32", "x_bf16"])
 def test_each_row_is_the_same_alone_as_beside_others(qtype, x_type):
     """Batch invariance: a row's sums are bitwise the same whatever rows its call holds (bf16 x on
@@ -102,6 +116,10 @@ def test_joined_weights_give_their_outputs_side_by_side():
     assert torch.equal(cpu_qlinear.matmul(x, joined), torch.cat([cpu_qlinear.matmul(x, p) for p in parts], dim=1))
     with pytest.raises(ValueError, match="share K and block type"):
         cpu_qlinear.QuantWeight.join([parts[0], cpu_qlinear.pack(random_blocks(Q.Q8_0, 16, k, rng), Q.Q8_0, 16, k)])
+    # a Q5_0 weight's panels are Q8_0's: it joins a Q8_0 one (SmolLM2's Q4_K_M: q and k Q5_0, v Q8_0)
+    mixed = [cpu_qlinear.pack(random_blocks(qtype, 16, k, rng), qtype, 16, k) for qtype in (Q.Q5_0, Q.Q8_0)]
+    assert torch.equal(cpu_qlinear.matmul(x, cpu_qlinear.QuantWeight.join(mixed)),
+                       torch.cat([cpu_qlinear.matmul(x, p) for p in mixed], dim=1))
 
 
 def test_a_bias_and_leading_axes_are_kept():
@@ -138,6 +156,11 @@ def test_gathered_rows_are_gguf_dequantized(qtype, k, ids):
         assert torch.equal(cpu_qlinear.gather(table, picked[:len(ids)], torch.float32), want[ids].to(dtype).float())
 
 
+@pytest.mark.parametrize("qtype,k", [(qtype, k) for qtype, _, k in OTHERS], ids=lambda v: getattr(v, "name", f"K_{v}"))
+def test_gathered_rows_of_q4_0_q5_0_and_q5_k_are_gguf_dequantized(qtype, k):
+    test_gathered_rows_are_gguf_dequantized(qtype, k, [0, 36, 17, 36, 15, 16, 5])
+
+
 def test_rows_are_not_gathered_from_a_joined_group():
     rng = np.random.default_rng(4)
     parts = [cpu_qlinear.pack(random_blocks(Q.Q8_0, n, 64, rng), Q.Q8_0, n, 64) for n in (20, 9)]
@@ -147,16 +170,19 @@ def test_rows_are_not_gathered_from_a_joined_group():
                            torch.tensor([0]), torch.float32)
 
 
-@pytest.mark.parametrize("qtype,k", [(Q.Q5_K, 256), (Q.Q8_0, 48), (Q.Q4_K, 288)], ids=["Q5_K", "K_48", "Q4_K_288"])
+@pytest.mark.parametrize("qtype,k", [(Q.Q5_1, 256), (Q.Q8_0, 48), (Q.Q5_K, 288)], ids=["Q5_1", "K_48", "Q5_K_288"])
 def test_a_type_or_k_it_does_not_take_is_refused(qtype, k):
-    with pytest.raises(ValueError, match=rf"takes Q8_0 \(K a multiple of 32\), Q4_1 \(K a multiple of 32\), Q4_K "
-                                         rf"\(K a multiple of 256\), Q6_K \(K a multiple of 256\) blocks where .*; "
-                                         rf"not {qtype.name} with K = {k}"):
+    taken = ", ".join([rf"{name} \(K a multiple of 32\)" for name in ("Q4_0", "Q4_1", "Q5_0", "Q8_0")]
+                      + [rf"{name} \(K a multiple of 256\)" for name in ("Q4_K", "Q5_K", "Q6_K")])
+    with pytest.raises(ValueError, match=rf"takes {taken} blocks where .*; not {qtype.name} with K = {k}"):
         cpu_qlinear.pack(np.zeros(1000, np.uint8), qtype, 16, k)
 
 
 def test_the_block_types_are_ggmls_own():
-    """The kernel's type codes and block sizes, kept here without importing gguf, are gguf's."""
+    """The kernel's type codes and block sizes, kept here without importing gguf, are gguf's; a Q5_0 weight's
+    panels are Q8_0's (its d (q - 16) a Q8_0 block's d q), a Q4_0 weight's Q4_K's (d q - 8 d)."""
     assert {code: (Q(code).name, *gguf.GGML_QUANT_SIZES[Q(code)]) for code in cpu_qlinear.READS} == \
         {code: (name, cpu_qlinear.BLOCK_VALUES[code], cpu_qlinear.BLOCK_BYTES[code])
          for code, name in cpu_qlinear.READS.items()}
+    panels = {Q(code).name: Q(form).name for code, form in cpu_qlinear.PANEL_TYPES.items()}
+    assert panels == {"Q5_0": "Q8_0", "Q4_0": "Q4_K"}

@@ -57,7 +57,7 @@ Q = gguf.GGMLQuantizationType
 DIM, FFN, LAYERS, HEADS, KV_HEADS, VOCAB = 256, 512, 2, 4, 2, 264  # rows of 256: whole K-quant blocks
 # a K-quant block's f16 scale d, where it is (gguf.quants' layouts), and for the types that subtract a
 # minimum, the levels of a value: dmin (after d) is set to center the values on 0, as a quantizer's are
-K_SCALES = {Q.Q4_K: (0, 16), Q.Q5_K: (0, 32), Q.Q6_K: (208, None)}
+K_SCALES = {Q.Q3_K: (108, None), Q.Q4_K: (0, 16), Q.Q5_K: (0, 32), Q.Q6_K: (208, None)}
 
 
 def k_quant_blocks(rng, shape, qtype) -> np.ndarray:

@@ -1,5 +1,5 @@
-"""nest.load(..., quantization="gguf"): a GGUF's Q8_0 / Q4_1 / Q4_K / Q6_K linears run in their blocks
-(`kernels.cpu_qlinear`), against the same file decoded at load (the default); where it does not
+"""nest.load(..., quantization="gguf"): a GGUF's Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K linears run in
+their blocks (`kernels.cpu_qlinear`), against the same file decoded at load (the default); where it does not
 run, refused with what is supported; types the kernel does not read, decoded with a notice."""
 
 import ctypes
@@ -42,12 +42,14 @@ def quant_weights(model) -> list:
 
 
 @runs_here
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1, Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
-@pytest.mark.parametrize("tied", [False, True], ids=["own_head", "tied_head"])
-def test_greedy_tokens_are_those_of_the_file_decoded_at_load(qtype, tied, tmp_path):
+@pytest.mark.parametrize("tied,qtype", [(tied, qtype) for qtype in (Q.Q8_0, Q.Q4_1, Q.Q4_K, Q.Q6_K)
+                                        for tied in (False, True)]
+                         + [(True, Q.Q5_0)],  # (Q5_K and Q4_0 in the mix below: the suite's time is counted)
+                         ids=lambda v: v.name if isinstance(v, Q) else ["own_head", "tied_head"][v])
+def test_greedy_tokens_are_those_of_the_file_decoded_at_load(tied, qtype, tmp_path):
     """Every linear in its blocks (q, k and v, gate and up fused; a tied head from the embedding's
-    blocks, and the embedding's rows gathered from the head's), the tokens of Engine.run as the same file decoded to f32 gives them, and the logits
-    within f32 accumulation's rounding."""
+    blocks, and the embedding's rows gathered from the head's), the tokens of Engine.run as the same file decoded to f32
+    gives them, and the logits within f32 accumulation's rounding."""
     path = write_typed_llama(tmp_path / f"tiny-{qtype.name}.gguf", qtype, tied=tied)
     decoded, quantized = load(path), load(path, "gguf")
     assert len(quant_weights(quantized)) == len(quantized.runner.linear_weights)
@@ -66,13 +68,17 @@ def test_greedy_tokens_are_those_of_the_file_decoded_at_load(qtype, tied, tmp_pa
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "captured"])
 def test_a_q4_k_m_files_mix_runs_each_layer_in_its_own_blocks(compile, tmp_path):
     """A Q4_K_M file as llama.cpp's quantize writes one: Q4_K, but Q6_K for the head and for attn_v and
-    ffn_down in some layers. Every linear runs in its blocks, each layer in its own type: q, k and v
-    joined in the layer whose types agree and three matmuls in the one whose v is Q6_K; gate and up
-    joined in both, Q6_K in one. The logits are the file's tensors as gguf's own `dequantize` decodes
-    them (written to an f32 file) give them, and the greedy tokens through Engine.run (a captured
-    decode step replaying the per-layer mix) too."""
+    ffn_down in some layers, and where a row is not whole super-blocks (SmolLM2's 576) Q5_0 for Q4_K and
+    Q8_0 for Q6_K; and, for the other types run in their blocks, Q5_K (Q5_K_M's) gate and up in one layer
+    and a Q4_0 attn_output. Every linear runs in its blocks, each layer in its own type: q, k and v three
+    matmuls in the layer whose v is Q6_K, and joined in the one whose q and k are Q5_0 and v Q8_0 (Q5_0's
+    panels are Q8_0's); gate and up joined in both, Q5_K in one and Q6_K in the other. The logits are the
+    file's tensors as gguf's own `dequantize` decodes them (written to an f32 file) give them, and the
+    greedy tokens through Engine.run (a captured decode step replaying the per-layer mix) too."""
     mix = {"output.weight": Q.Q6_K, "blk.0.attn_v.weight": Q.Q6_K, "blk.0.ffn_down.weight": Q.Q6_K,
-           "blk.1.ffn_gate.weight": Q.Q6_K, "blk.1.ffn_up.weight": Q.Q6_K}
+           "blk.1.ffn_gate.weight": Q.Q6_K, "blk.1.ffn_up.weight": Q.Q6_K,
+           "blk.1.attn_q.weight": Q.Q5_0, "blk.1.attn_k.weight": Q.Q5_0, "blk.1.attn_v.weight": Q.Q8_0,
+           "blk.0.ffn_gate.weight": Q.Q5_K, "blk.0.ffn_up.weight": Q.Q5_K, "blk.1.attn_output.weight": Q.Q4_0}
     path = write_typed_llama(tmp_path / "tiny-Q4_K_M.gguf", Q.Q4_K, types=mix)
     reference = load(write_typed_llama(tmp_path / "tiny-Q4_K_M-f32.gguf", Q.Q4_K, types=mix, decoded=True))
     quantized = load(path, "gguf", compile=compile)
@@ -82,9 +88,11 @@ def test_a_q4_k_m_files_mix_runs_each_layer_in_its_own_blocks(compile, tmp_path)
     assert [w.qtype for w in runner.w_down] == [Q.Q6_K, Q.Q4_K]
     q, k, v = runner.wq[0], runner.wk[0], runner.wv[0]  # layer 0: three weights of their own
     assert all(isinstance(w, QuantWeight) for w in (q, k, v)) and (q.qtype, v.qtype) == (Q.Q4_K, Q.Q6_K)
-    q, k, v = runner.wq[1], runner.wk[1], runner.wv[1]  # layer 1: one joined Q4_K weight
-    assert q.fused is k.fused is v.fused and q.fused.qtype == Q.Q4_K and q.fused.n == v.stop
+    q, k, v = runner.wq[1], runner.wk[1], runner.wv[1]  # layer 1: one joined weight in Q8_0's panels
+    assert q.fused is k.fused is v.fused and q.fused.qtype == Q.Q8_0 and q.fused.n == v.stop
     assert runner.w_gate[1].fused is runner.w_up[1].fused and runner.w_gate[1].fused.qtype == Q.Q6_K
+    assert runner.w_gate[0].fused is runner.w_up[0].fused and runner.w_gate[0].fused.qtype == Q.Q5_K
+    assert [w.qtype for w in runner.wo] == [Q.Q4_K, Q.Q4_K]  # (layer 1's Q4_0 in Q4_K's panels)
     want, got = logits(reference), logits(quantized)
     assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
     reference.reset(), quantized.reset()
@@ -108,9 +116,9 @@ def test_a_captured_decode_step_replays_the_quantized_linears(tmp_path):
 
 @runs_here
 def test_types_the_kernel_does_not_read_are_decoded_with_a_notice(tmp_path):
-    path = write_typed_llama(tmp_path / "tiny-Q5_K.gguf", Q.Q5_K)
-    with pytest.warns(UserWarning, match=r"quantization='gguf' keeps Q8_0, Q4_1, Q4_K and Q6_K blocks; its Q5_K "
-                                         r"tensors are decoded to T"):
+    path = write_typed_llama(tmp_path / "tiny-Q3_K.gguf", Q.Q3_K)
+    with pytest.warns(UserWarning, match=r"quantization='gguf' keeps Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K "
+                                         r"blocks; its Q3_K tensors are decoded to T"):
         quantized = load(path, "gguf")
     assert not quant_weights(quantized)
     np.testing.assert_array_equal(logits(quantized), logits(load(path)))
