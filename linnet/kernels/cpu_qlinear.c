@@ -6,17 +6,17 @@
  * q_{i+16} in its high one); the K-quants, super-blocks of 256 (Q4_K: 8 sub-blocks of 32, each w = d
  * sc q - dmin mn with 6-bit sc, mn; Q5_K as Q4_K with 5-bit q; Q6_K: 16 of 16, w = d sc q, sc int8, q
  * 6-bit less 32). Q5_0 (a f16 d, 32 5-bit q, w = d (q - 16)) is repacked as Q8_0, its q - 16 as int8,
- * and Q4_0 (w = d (q - 8), 4-bit q) as a Q4_K sub-block, d and -8 d its scale and minimum: no type of
- * their own here. At load the blocks of 16 rows are repacked into a panel (cpu_qlinear.py), block of
- * 32 after block along K, each panel block holding the 16 rows' scales (and minimums) side by side and
- * then their quants K-major: for each k of the block, the 16 rows' bytes in one 16-byte line (4-bit
- * quants: k and k + 16 share a line, as they share a byte). A K-quant's block is one of its sub-blocks
- * as Q4_1's or Q8_0's would hold it, the scale d sc (and minimum -dmin mn) worked out at load as f32,
- * which holds them exactly (a product of 11 and at most 8 significant bits); Q5_K's block is Q8_0's
- * quants (q as int8) with Q4_K's f32 scales and minimums; Q6_K's block has two scales, one a half. One
- * pass over a panel then gives 16 outputs, and a decode step reads few bytes: Q4_1's 20 per 32 values,
- * Q8_0's 34 (Q5_0's too, the file's 22), Q4_K's 24 (Q4_0's too; the files' 18), Q5_K's and Q6_K's 40
- * (the files' 22 and 26.25), bf16's 64.
+ * Q4_0 (w = d (q - 8), 4-bit q) as a Q4_K sub-block, d and -8 d its scale and minimum, and Q5_1 (w = d
+ * q + m, 5-bit q) as a Q5_K one: no type of their own here. At load the blocks of 16 rows are repacked
+ * into a panel (cpu_qlinear.py), block of 32 after block along K, each panel block holding the 16
+ * rows' scales (and minimums) side by side and then their quants K-major: for each k of the block, the
+ * 16 rows' bytes in one 16-byte line (4-bit quants: k and k + 16 share a line, as they share a byte).
+ * A K-quant's block is one of its sub-blocks as Q4_1's or Q8_0's would hold it, the scale d sc (and
+ * minimum -dmin mn) worked out at load as f32, which holds them exactly (a product of 11 and at most 8
+ * significant bits); Q5_K's block is Q8_0's quants (q as int8) with Q4_K's f32 scales and minimums;
+ * Q6_K's block has two scales, one a half. One pass over a panel then gives 16 outputs, and a decode
+ * step reads few bytes: Q4_1's 20 per 32 values, Q8_0's 34 (Q5_0's too, the file's 22), Q4_K's 24
+ * (Q4_0's too; the files' 18), Q5_K's and Q6_K's 40 (the files' 22 and 26.25), bf16's 64.
  *
  * Each output sums, block by block, d * (sum of q x) (+ m * sum of x, Q4_1, Q4_K and Q5_K), the inner sum
  * in two f32 chains (Q6_K: for each half apart): the same operations in the same order for a row

@@ -1,10 +1,11 @@
 """The CPU matmul for a GGUF's quantized linear weights, run in their blocks (`cpu_qlinear.c`, built
 into `cpu_linear`'s library).
 
-`pack` repacks a weight's Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K or Q6_K blocks, as the file holds them
+`pack` repacks a weight's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K blocks, as the file holds them
 ([N, K / 32] blocks, or [N, K / 256] super-blocks), into panels of 16 rows, block of 32 after block along K
 (the layout cpu_qlinear.c describes), once at load: Q8_0's and Q4_1's bytes rearranged, Q5_0's as Q8_0's
-(its q - 16 as int8), Q4_0's as a Q4_K sub-block's (its d and -8 d as f32), a K-quant's sub-blocks each
+(its q - 16 as int8), Q4_0's and Q5_1's as a Q4_K and a Q5_K sub-block's (d and -8 d, or d and m, as f32),
+a K-quant's sub-blocks each
 given its f32 scale (and minimum) worked out exactly, 5- and 6-bit quants as int8; `QuantBlocks.packed`
 does so for a param, a weight a layer. `matmul` multiplies them, each block decoded in registers, in f32
 arithmetic; x f32 or bf16, the output in x's type. `QuantWeight.join` lists several weights'
@@ -30,21 +31,21 @@ from linnet.kernels.torch_types import TYPES
 BLOCK = 32  # values a panel's block holds along K
 # the block types the kernel takes, by GGML's type codes (gguf's GGMLQuantizationType, not imported: a
 # torch model's runtime imports this module), the values (along K) and bytes of one block of each
-READS = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
-BLOCK_VALUES = {2: 32, 3: 32, 6: 32, 8: 32, 12: 256, 13: 256, 14: 256}
-BLOCK_BYTES = {2: 18, 3: 20, 6: 22, 8: 34, 12: 144, 13: 176, 14: 210}
-HALVES = {2: (0,), 3: (0, 2), 6: (0,), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}  # where f16 d (m, dmin) lie
+READS = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+BLOCK_VALUES = {2: 32, 3: 32, 6: 32, 7: 32, 8: 32, 12: 256, 13: 256, 14: 256}
+BLOCK_BYTES = {2: 18, 3: 20, 6: 22, 7: 24, 8: 34, 12: 144, 13: 176, 14: 210}
+HALVES = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}  # its f16 d, m, dmin
 # the type a weight's panels are in, where it is not the file's: Q5_0's d (q - 16) is a Q8_0 block's d q,
-# Q4_0's d (q - 8) a Q4_K sub-block's d q + m with m = -8 d (f32: exact, where an f16 m, Q4_1's, overflows
-# from d = 8188)
-PANEL_TYPES = {6: 8, 2: 12}
+# Q5_1's d q + m a Q5_K sub-block's (d and m as f32), Q4_0's d (q - 8) a Q4_K sub-block's d q + m with
+# m = -8 d (f32: exact, where an f16 m, Q4_1's, overflows from d = 8188)
+PANEL_TYPES = {6: 8, 7: 13, 2: 12}
 
 
 class QuantWeight:
     """A quantized linear weight [N, K] laid out for `matmul` (or several of one K and block type whose
     outputs sit side by side: `join`). `qtype` is the type its panels are in (`PANEL_TYPES`: a Q5_0
-    weight's are Q8_0's, and join a Q8_0 one's; a Q4_0 weight's Q4_K's); `table` lists every panel's
-    address, width and output column; `buffers` keeps the memory behind them alive."""
+    weight's are Q8_0's, and join a Q8_0 one's; a Q4_0 weight's Q4_K's, a Q5_1 one's Q5_K's); `table`
+    lists every panel's address, width and output column; `buffers` keeps the memory behind them alive."""
 
     __slots__ = ("n", "k", "qtype", "buffers", "table", "panel_args")
 
@@ -148,7 +149,8 @@ def _panel_fields(kind: str, rows: np.ndarray, n: int, k: int) -> tuple:
     """A weight's blocks [n, blocks, bytes] as a panel block holds them, for each block of 32 along K:
     its scales (and minimums) [n, k / 32, ...] one array each, and its quants [n, k / 32, bytes] (cpu_qlinear.c's
     layout before the 16 rows are put side by side). Q8_0's and Q4_1's are the file's own bytes, Q5_0's
-    its d and q - 16 as int8 (a Q8_0 block), Q4_0's its nibbles with d and -8 d as f32 (a Q4_K sub-block);
+    its d and q - 16 as int8 (a Q8_0 block), Q5_1's q as int8 with d and m as f32 (a Q5_K sub-block),
+    Q4_0's its nibbles with d and -8 d as f32 (a Q4_K sub-block);
     a K-quant's sub-block scale d sc and minimum -dmin mn are f32 (exact: 11 by at most 8 significant
     bits), Q5_K's quants int8 (q), Q6_K's int8 (q - 32), Q4_K's nibbles arranged as Q4_1's (q_i low,
     q_{i+16} high)."""
@@ -157,17 +159,21 @@ def _panel_fields(kind: str, rows: np.ndarray, n: int, k: int) -> tuple:
     if kind == "Q4_1":
         return [rows[..., 0:2], rows[..., 2:4]], rows[..., 4:20]
     if kind == "Q4_0":  # d (f16), 16 bytes of nibbles arranged as Q4_1's
-        d = rows[..., 0:2].copy().view(np.float16).astype(np.float32)
+        d = _half(rows, 0)
         return [d, -8 * d], rows[..., 2:18]
-    if kind == "Q5_0":  # d (f16), 4 bytes of fifth bits (bit i: value i's), 16 of nibbles (value i low, i + 16 high)
-        high = (rows[..., 2:6].copy().view("<u4") >> np.arange(32, dtype=np.uint32)) & 1
-        low = np.concatenate([rows[..., 6:22] & 15, rows[..., 6:22] >> 4], axis=-1)
-        return [rows[..., 0:2]], ((low | (high.astype(np.uint8) << 4)).astype(np.int16) - 16).astype(np.int8)
+    if kind in ("Q5_0", "Q5_1"):  # d (Q5_1: and m, f16), 4 bytes of fifth bits (bit i: value i's), 16 of nibbles
+        at = 2 if kind == "Q5_0" else 4  # (value i low, i + 16 high)
+        high = (rows[..., at:at + 4].copy().view("<u4") >> np.arange(32, dtype=np.uint32)) & 1
+        low = np.concatenate([rows[..., at + 4:] & 15, rows[..., at + 4:] >> 4], axis=-1)
+        q = low | (high.astype(np.uint8) << 4)
+        if kind == "Q5_1":
+            return [_half(rows, 0), _half(rows, 2)], q.view(np.int8)
+        return [rows[..., 0:2]], (q.astype(np.int16) - 16).astype(np.int8)
     supers = k // 256
     if kind in ("Q4_K", "Q5_K"):  # d, dmin (f16), 12 bytes of 6-bit scales and minimums, (Q5_K: 32 of fifth bits,)
         from gguf.quants import Q4_K  # 128 of nibbles (the file's reader: GGUF blocks come with gguf installed)
 
-        d, dmin = (rows[..., at:at + 2].copy().view(np.float16).astype(np.float32) for at in (0, 2))
+        d, dmin = _half(rows, 0), _half(rows, 2)
         packed = np.ascontiguousarray(rows[..., 4:16]).reshape(-1, 12)  # 6-bit scales and minimums, 8 of each
         sc, mn = (a.reshape(n, supers, 8) for a in Q4_K.get_scale_min(packed))
         scales = [d * sc.astype(np.float32), -(dmin * mn.astype(np.float32))]
@@ -184,9 +190,13 @@ def _panel_fields(kind: str, rows: np.ndarray, n: int, k: int) -> tuple:
     low = np.concatenate([ql[..., :32] & 15, ql[..., 32:] & 15, ql[..., :32] >> 4, ql[..., 32:] >> 4], axis=3)
     high = np.concatenate([(qh >> shift) & 3 for shift in (0, 2, 4, 6)], axis=3)
     q = ((low | (high << 4)).astype(np.int16) - 32).astype(np.int8).reshape(n, k // BLOCK, 32)
-    d = rows[..., 208:210].copy().view(np.float16).astype(np.float32)
-    sc = (d * rows[..., 192:208].view(np.int8).astype(np.float32)).reshape(n, k // BLOCK, 2)
+    sc = (_half(rows, 208) * rows[..., 192:208].view(np.int8).astype(np.float32)).reshape(n, k // BLOCK, 2)
     return [sc[..., 0], sc[..., 1]], q
+
+
+def _half(rows: np.ndarray, at: int) -> np.ndarray:
+    """The f16 at byte `at` of each block [n, blocks, bytes], as f32 [n, blocks, 1] (exact)."""
+    return rows[..., at:at + 2].copy().view(np.float16).astype(np.float32)
 
 
 def matmul(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""nest.load(..., quantization="gguf"): a GGUF's Q4_0 / Q4_1 / Q5_0 / Q8_0 / Q4_K / Q5_K / Q6_K linears run in
-their blocks (`kernels.cpu_qlinear`), against the same file decoded at load (the default); where it does not
+"""nest.load(..., quantization="gguf"): a GGUF's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K linears run
+in their blocks (`kernels.cpu_qlinear`), against the same file decoded at load (the default); where it does not
 run, refused with what is supported; types the kernel does not read, decoded with a notice."""
 
 import ctypes
@@ -67,18 +67,20 @@ def test_greedy_tokens_are_those_of_the_file_decoded_at_load(tied, qtype, tmp_pa
 @runs_here
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "captured"])
 def test_a_q4_k_m_files_mix_runs_each_layer_in_its_own_blocks(compile, tmp_path):
-    """A Q4_K_M file as llama.cpp's quantize writes one: Q4_K, but Q6_K for the head and for attn_v and
-    ffn_down in some layers, and where a row is not whole super-blocks (SmolLM2's 576) Q5_0 for Q4_K and
-    Q8_0 for Q6_K; and, for the other types run in their blocks, Q5_K (Q5_K_M's) gate and up in one layer
-    and a Q4_0 attn_output. Every linear runs in its blocks, each layer in its own type: q, k and v three
-    matmuls in the layer whose v is Q6_K, and joined in the one whose q and k are Q5_0 and v Q8_0 (Q5_0's
-    panels are Q8_0's); gate and up joined in both, Q5_K in one and Q6_K in the other. The logits are the
-    file's tensors as gguf's own `dequantize` decodes them (written to an f32 file) give them, and the
-    greedy tokens through Engine.run (a captured decode step replaying the per-layer mix) too."""
+    """A Q4_K_M file as llama.cpp's quantize writes one: Q4_K, but Q6_K for the head and for attn_v and ffn_down
+    in some layers, and where a row is not whole super-blocks (SmolLM2's 576) Q5_0 for Q4_K and Q8_0 for Q6_K;
+    and, for the other types run in their blocks, Q5_K (Q5_K_M's) gate and up in one layer, a Q5_1 (Q5_K_M's
+    Q5_K where a row is not whole super-blocks) attn_output in it and a Q4_0 one in the other. Every linear runs
+    in its blocks, each layer in its own type: q, k and v three matmuls in the layer whose v is Q6_K, and joined
+    in the one whose q and k are Q5_0 and v Q8_0 (Q5_0's panels are Q8_0's); gate and up joined in both, Q5_K in
+    one and Q6_K in the other. The logits are the file's tensors as gguf's own `dequantize` decodes them
+    (written to an f32 file) give them, and the greedy tokens through Engine.run (a captured decode step
+    replaying the per-layer mix) too."""
     mix = {"output.weight": Q.Q6_K, "blk.0.attn_v.weight": Q.Q6_K, "blk.0.ffn_down.weight": Q.Q6_K,
            "blk.1.ffn_gate.weight": Q.Q6_K, "blk.1.ffn_up.weight": Q.Q6_K,
            "blk.1.attn_q.weight": Q.Q5_0, "blk.1.attn_k.weight": Q.Q5_0, "blk.1.attn_v.weight": Q.Q8_0,
-           "blk.0.ffn_gate.weight": Q.Q5_K, "blk.0.ffn_up.weight": Q.Q5_K, "blk.1.attn_output.weight": Q.Q4_0}
+           "blk.0.ffn_gate.weight": Q.Q5_K, "blk.0.ffn_up.weight": Q.Q5_K, "blk.1.attn_output.weight": Q.Q4_0,
+           "blk.0.attn_output.weight": Q.Q5_1}
     path = write_typed_llama(tmp_path / "tiny-Q4_K_M.gguf", Q.Q4_K, types=mix)
     reference = load(write_typed_llama(tmp_path / "tiny-Q4_K_M-f32.gguf", Q.Q4_K, types=mix, decoded=True))
     quantized = load(path, "gguf", compile=compile)
@@ -92,7 +94,7 @@ def test_a_q4_k_m_files_mix_runs_each_layer_in_its_own_blocks(compile, tmp_path)
     assert q.fused is k.fused is v.fused and q.fused.qtype == Q.Q8_0 and q.fused.n == v.stop
     assert runner.w_gate[1].fused is runner.w_up[1].fused and runner.w_gate[1].fused.qtype == Q.Q6_K
     assert runner.w_gate[0].fused is runner.w_up[0].fused and runner.w_gate[0].fused.qtype == Q.Q5_K
-    assert [w.qtype for w in runner.wo] == [Q.Q4_K, Q.Q4_K]  # (layer 1's Q4_0 in Q4_K's panels)
+    assert [w.qtype for w in runner.wo] == [Q.Q5_K, Q.Q4_K]  # (Q5_1 in Q5_K's panels, Q4_0 in Q4_K's)
     want, got = logits(reference), logits(quantized)
     assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
     reference.reset(), quantized.reset()
@@ -117,8 +119,8 @@ def test_a_captured_decode_step_replays_the_quantized_linears(tmp_path):
 @runs_here
 def test_types_the_kernel_does_not_read_are_decoded_with_a_notice(tmp_path):
     path = write_typed_llama(tmp_path / "tiny-Q3_K.gguf", Q.Q3_K)
-    with pytest.warns(UserWarning, match=r"quantization='gguf' keeps Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K and Q6_K "
-                                         r"blocks; its Q3_K tensors are decoded to T"):
+    with pytest.warns(UserWarning, match=r"quantization='gguf' keeps Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and "
+                                         r"Q6_K blocks; its Q3_K tensors are decoded to T"):
         quantized = load(path, "gguf")
     assert not quant_weights(quantized)
     np.testing.assert_array_equal(logits(quantized), logits(load(path)))
