@@ -97,9 +97,11 @@ def broken():
 
 def test_a_bug_mid_stream_sends_a_server_error_then_done(broken):
     # vLLM's streamed failure: an {"error": {...}} data line (a server_error: a client may retry), then
-    # [DONE]; the text before it was sent, nothing after; the row is freed
+    # [DONE]; the text before it was sent, nothing after; the row is freed, the request cancelled (asked
+    # for 100 tokens, past what the engine makes before the cancel reaches it: with 10, a step of about
+    # a millisecond finished some first)
     base, engine = broken
-    body = {"messages": USER, "max_tokens": 10, "min_tokens": 10, "allowed_token_ids": ids(base, "abc"),
+    body = {"messages": USER, "max_tokens": 100, "min_tokens": 100, "allowed_token_ids": ids(base, "abc"),
             "stream": True}
     status, text = call(base, "/v1/chat/completions", body)
     assert status == 200
