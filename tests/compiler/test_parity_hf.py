@@ -51,10 +51,12 @@ MODES = {
 }
 
 
-@pytest.fixture(scope="module", params=["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-mixtral", "tiny-qwen2",
-                                        "tiny-qwen3", "tiny-qwen3-moe", "tiny-gpt-oss", "tiny-olmo2",
-                                        "tiny-granite", "tiny-phi3", "tiny-smollm3", "tiny-deepseek-v2",
-                                        "tiny-deepseek-v3", "tiny-phi2", "tiny-gpt2"])
+COMPARED = ["tiny-llama", "tiny-llama-tied", "tiny-mistral", "tiny-mixtral", "tiny-qwen2", "tiny-qwen3", "tiny-qwen3-moe",
+            "tiny-gpt-oss", "tiny-olmo2", "tiny-granite", "tiny-phi3", "tiny-smollm3", "tiny-deepseek-v2",
+            "tiny-deepseek-v3", "tiny-phi2", "tiny-gpt2"]
+
+
+@pytest.fixture(scope="module", params=COMPARED)
 def card(request, kit, tmp_path_factory):
     """The card's module, a seeded reference with its config, prompts, and the reference's greedy run."""
     name = request.param
@@ -216,11 +218,19 @@ def test_matches_transformers(card, backend, mode, kit):
     _compare_with_transformers(card, backend, mode, kit)
 
 
+# Every card in fast bf16, as a GPU runs it (its fused groups stacked too); exact numerics' separate stacked
+# weights for a card of each kind of layer: dense, experts (gpt-oss's with biases and sinks, Qwen3's), MLA,
+# a stored fused projection, Conv1D's learned positions
+LOOPING_EXACT = ("tiny-llama", "tiny-gpt-oss", "tiny-qwen3-moe", "tiny-deepseek-v3", "tiny-phi3", "tiny-gpt2")
+
+
 @pytest.mark.parametrize("mode", ["exact", "fast-bf16"])
 def test_jax_looping_over_stacked_weights_matches_transformers(card, mode, kit, monkeypatch):
     """JAX as on one GPU (`rt.loops_over_stacks`), here on the CPU: each stacked weight one array
     (a fused group's too, joined by rows), layer loops compiled as XLA loops reading a layer at a
     traced index (or, where a card's loop stays Python's, at a static one)."""
+    if mode == "exact" and card["name"] not in LOOPING_EXACT:
+        pytest.skip(f"exact numerics' stacked weights are checked on {', '.join(LOOPING_EXACT)}")
     from linnet.codegen_jax import runtime as rt
     from linnet.kernels import xla_kernels
 
