@@ -34,13 +34,22 @@ def kernels_take_the_cores():
         if _held["depth"] == 0:
             _held["threads"] = torch.get_num_threads()
         _held["depth"] += 1
+    try:
+        with one_torch_thread():
+            yield
+    finally:
+        with _lock:
+            _held["depth"] -= 1
+            if _held["depth"] == 0:
+                _held["threads"] = None
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """torch's ops on one thread while the block runs, then as many as before."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         yield
     finally:
         torch.set_num_threads(before)
-        with _lock:
-            _held["depth"] -= 1
-            if _held["depth"] == 0:
-                _held["threads"] = None

@@ -58,24 +58,13 @@ def running(engine, name: str = "tiny", app=None, **options):
     """The OpenAI server over `engine` on a real socket, in a thread (`app`, an `OpenAIServer` made
     by the caller, or one made here); yields its base url.
 
-    While it runs, torch's own ops take one thread (`one_torch_thread`)."""
+    While it runs, torch's own ops take one thread: a tiny model's exact steps are a few us of work each,
+    and beside the server's threads and the client's, two-thread ops waited on each other's scheduling
+    (the structured server tests: 42 s with two threads, 20 s with one, on 2 cores)."""
+    from linnet.kernels.pool import one_torch_thread
+
     with one_torch_thread():
         yield from _running(engine, name, app, **options)
-
-
-@contextlib.contextmanager
-def one_torch_thread():
-    """torch's ops on one thread: a tiny model's exact steps are a few us of work each, and beside the
-    server's threads and the client's, two-thread ops waited on each other's scheduling (the structured
-    server tests: 42 s with two threads, 20 s with one, on 2 cores)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _running(engine, name, app, **options):
