@@ -243,10 +243,18 @@ void linnet_put_rows(int state_type, void *state, long offset, const int32_t *a,
     over_rows(put_rows, &args, n, n * block, threads);
 }
 
-/* SiLU of eight: x / (1 + e^-x), e^-x taken at most at 88 (beyond, x / e^88 is 0 in f32 anyway). */
+/* `value` of eight, NaN where x is -inf: what torch's SiLU and GELU give there (-inf * 0, or -inf / inf),
+ * where the forms below, their exponential capped, give -inf. */
+static inline AVX2 __m256 nan_at_minus_inf(__m256 x, __m256 value) {
+    __m256 minus_inf = _mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ);
+    return _mm256_blendv_ps(value, _mm256_set1_ps(NAN), minus_inf);
+}
+
+/* SiLU of eight: x / (1 + e^-x), e^-x taken at most at 88 (beyond, x / e^88: tiny for the values a model
+ * holds, -1e4's 6e-35, where torch's x sigmoid(x) is 0 or near it). */
 static inline AVX2 __m256 silu8(__m256 x) {
     __m256 e = exp8(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), x), _mm256_set1_ps(88.0f)));
-    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+    return nan_at_minus_inf(x, _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
 }
 
 /* GELU's tanh form of eight, 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), written as the
@@ -257,9 +265,7 @@ static inline AVX2 __m256 gelu_tanh8(__m256 x) {
     __m256 u = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
                              _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), x), _mm256_mul_ps(x, x), x));
     __m256 e = exp8(_mm256_min_ps(_mm256_mul_ps(_mm256_set1_ps(-2.0f), u), _mm256_set1_ps(88.0f)));
-    __m256 g = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
-    __m256 minus_inf = _mm256_cmp_ps(x, _mm256_set1_ps(-INFINITY), _CMP_EQ_OQ);
-    return _mm256_blendv_ps(g, _mm256_set1_ps(NAN), minus_inf);
+    return nan_at_minus_inf(x, _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e)));
 }
 
 static inline AVX2 __m256 apply8(int op, int type, __m256 a, __m256 b) {

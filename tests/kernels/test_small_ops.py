@@ -7,6 +7,7 @@ rows outside the cache."""
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -127,6 +128,17 @@ def test_put_rows_declines_what_it_does_not_take(ops):
     assert not ops.put_rows(state, (5, idx), value)  # an int outside its axis
     assert not ops.put_rows(state, (idx, idx), torch.ones_like(state[0]))  # a value of the wrong shape
     assert not state.any()
+
+
+@pytest.mark.parametrize("width", [7, 8, 13])  # the CPU kernel's tail, one vector of eight, both
+def test_silu_mul_keeps_nan_and_the_limits_as_torch(ops, width):
+    # -inf: torch's silu is -inf / (1 + inf), NaN (not the capped exponential's -inf); a large negative x's
+    # value is a tiny one (x / e^88 on the CPU) where torch's is tinier still
+    a = torch.tensor([float("nan"), float("inf"), 0.0, -1e4, 1e4, -100.0, -float("inf")] * 2)[:width]
+    b = torch.full_like(a, 2.0)
+    got, want = ops.silu_mul(*on(ops, a[None], b[None]))[0].cpu(), F.silu(a) * b
+    assert torch.equal(torch.isnan(got), torch.isnan(want)) and torch.equal(torch.isinf(got), torch.isinf(want))
+    assert torch.allclose(got[~want.isnan()], want[~want.isnan()], rtol=1e-6, atol=1e-30)
 
 
 @settings(max_examples=40, deadline=None, derandomize=True, database=None)
