@@ -136,11 +136,11 @@ def transformers_model(card: str, weights: str | None):
     try:
         ref.load_state_dict(state, strict=True)
     except RuntimeError:  # names of another layout (transformers 5 fuses Mixtral's experts): its loader converts
-        return _transformers_from_export()
+        return _transformers_from_export(card, weights)
     return ref
 
 
-def _transformers_from_export():
+def _transformers_from_export(card: str, weights: str | None):
     """transformers' model read by its own `from_pretrained` from the card's `linnet export --to vllm` directory
     (the same weights: tiny-mixtral's 65 tensors equal unbind_weights' bit for bit), for a family whose
     transformers names differ from those Linnet writes."""
@@ -150,7 +150,7 @@ def _transformers_from_export():
 
     with tempfile.TemporaryDirectory(prefix="linnet-peer-") as tmp, warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*: no tokenizer written")  # for vLLM's sake; transformers gets token ids
-        path = export(Chosen.card, "vllm", Path(tmp) / "hf", weights=Chosen.weights, seed=0, dtype="f32")
+        path = export(card, "vllm", Path(tmp) / "hf", weights=weights, seed=0, dtype="f32")
         return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
