@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from linnet.export import TRITON_INSTEAD, ExportError, not_the_builtin
 from linnet.ir.nodes import Module
-from linnet.nest.autocard import gemma3_layer_types
+from linnet.nest.autocard import attention_layer_types
 
 TORCH_DTYPE_NAMES = {"bf16": "bfloat16", "f16": "float16", "f32": "float32"}
 
@@ -135,7 +135,7 @@ def _gpt_oss(b: dict) -> dict:
         **_dense({**b, "tie_embeddings": False}), "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss",
         "num_local_experts": b["experts"], "num_experts_per_tok": b["experts_per_token"],
         "experts_per_token": b["experts_per_token"], "sliding_window": b["sliding_window"],
-        "layer_types": gemma3_layer_types(b["layers"], 2),  # sliding and full alternating, the first sliding
+        "layer_types": attention_layer_types(b["layers"], 2),  # sliding and full alternating, the first sliding
         "swiglu_alpha": b["swiglu_alpha"], "swiglu_limit": b["swiglu_limit"],
         "rope_scaling": _rope({**b, "rope_scaling": "yarn"}, "gpt-oss"),  # gpt-oss's rope is always YaRN
         "attention_bias": True, "initial_context_length": b["rope_original_max"],
@@ -158,7 +158,7 @@ def _gemma3(b: dict) -> dict:
         "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
         "query_pre_attn_scalar": b["query_pre_attn_scalar"], "rope_scaling": _rope(b, "Gemma 3"),
         "rope_local_base_freq": b["rope_local_theta"], "sliding_window": b["sliding_window"],
-        **({"sliding_window_pattern": pattern} if types == gemma3_layer_types(b["layers"], pattern) else {}),
+        **({"sliding_window_pattern": pattern} if types == attention_layer_types(b["layers"], pattern) else {}),
         "layer_types": types, "attn_logit_softcapping": None, "final_logit_softcapping": None, "attention_bias": False,
     }
 

@@ -286,7 +286,7 @@ def _mixtral_values(config: dict, name: str) -> dict:
 
 def _gpt_oss_values(config: dict, name: str) -> dict:
     layers = int(config["num_hidden_layers"])
-    if config.get("layer_types") not in (None, gemma3_layer_types(layers, 2)):
+    if config.get("layer_types") not in (None, attention_layer_types(layers, 2)):
         raise WeightsError(f"{name}: gpt-oss layers must alternate sliding and full attention, sliding first "
                            f"(the architecture's pattern); this config has {config['layer_types']}")
     if config.get("tie_word_embeddings"):
@@ -324,9 +324,9 @@ def every_nth_layer(layers: int, n: int) -> list:
     return [(i + 1) % n == 0 for i in range(layers)]
 
 
-def gemma3_layer_types(layers: int, pattern: int) -> list:
-    """Gemma 3's layer kinds as config.json lists them: full attention in every `pattern`-th layer (at
-    pattern 2 Gemma 2's and gpt-oss's: sliding and full alternating, the first sliding)."""
+def attention_layer_types(layers: int, pattern: int) -> list:
+    """Layer kinds as a config.json's `layer_types` lists them: full attention in every `pattern`-th layer,
+    sliding in the others (Gemma 3's; at pattern 2 Gemma 2's and gpt-oss's, the first sliding)."""
     return ["full_attention" if full else "sliding_attention" for full in every_nth_layer(layers, pattern)]
 
 
@@ -350,7 +350,7 @@ def gemma_layer_values(types: list | None, layers: int, pattern: int, name: str)
         return {"window_pattern": pattern}
     # every layer sliding says only that the pattern is past the last layer: the config's own, where it is
     follows = next((i + 1 for i, t in enumerate(types) if t == "full_attention"), max(pattern, layers + 1))
-    if types == gemma3_layer_types(layers, follows):
+    if types == attention_layer_types(layers, follows):
         return {"window_pattern": follows}
     return {"window_pattern": pattern, "full_layers": gemma_full_layers(types, layers, name)}
 
@@ -409,7 +409,7 @@ def _gemma2_values(config: dict, name: str) -> dict:
     _plain_rope(config, name, "Gemma 2", "gemma2")
     layers = int(config["num_hidden_layers"])
     types = config.get("layer_types")
-    kinds_of_layers = {} if types is None or types == gemma3_layer_types(layers, 2) else \
+    kinds_of_layers = {} if types is None or types == attention_layer_types(layers, 2) else \
         {"full_layers": gemma_full_layers(types, layers, name)}
     heads, dim = int(config["num_attention_heads"]), int(config["hidden_size"])
     head_dim = int(config.get("head_dim") or dim // heads)

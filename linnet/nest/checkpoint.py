@@ -871,12 +871,12 @@ class GGUFCheckpoint(Checkpoint):
         five layers of every six, the sliding layers' rope at base 10000, the file's base and scaling
         the full-attention layers', queries scaled as `llama_cpp_gemma3_query_scalar` says. llama.cpp
         caps the logits (final_logit_softcapping) only in a file without a window."""
-        from .autocard import gemma3_layer_types
+        from .autocard import attention_layer_types
 
         window, layers = get("attention.sliding_window") or 0, cfg["num_hidden_layers"]
         pattern = LLAMA_CPP_GEMMA3_PATTERN if window else 1  # 1: every layer attends to its whole row
         scalar = llama_cpp_gemma3_query_scalar(cfg["hidden_size"], cfg["num_attention_heads"], cfg["head_dim"], layers)
-        return {"sliding_window": window or None, "layer_types": gemma3_layer_types(layers, pattern),
+        return {"sliding_window": window or None, "layer_types": attention_layer_types(layers, pattern),
                 "rope_local_base_freq": LLAMA_CPP_GEMMA3_LOCAL_THETA, "query_pre_attn_scalar": scalar,
                 "hidden_activation": "gelu_pytorch_tanh",
                 "final_logit_softcapping": None if window else get("final_logit_softcapping")}
@@ -886,12 +886,12 @@ class GGUFCheckpoint(Checkpoint):
         """Gemma 2's config as llama.cpp's gemma2 reads the file: its window (4096 where it has none) in
         every other layer from the first, queries scaled as `llama_cpp_gemma2_query_scalar` says, both
         caps the file's (llama.cpp's defaults where it has none)."""
-        from .autocard import gemma3_layer_types
+        from .autocard import attention_layer_types
 
         layers = cfg["num_hidden_layers"]
         attn_cap, final_cap = LLAMA_CPP_GEMMA2_CAPS
         return {"sliding_window": get("attention.sliding_window") or 4096,
-                "layer_types": gemma3_layer_types(layers, LLAMA_CPP_GEMMA2_PATTERN),
+                "layer_types": attention_layer_types(layers, LLAMA_CPP_GEMMA2_PATTERN),
                 "query_pre_attn_scalar": llama_cpp_gemma2_query_scalar(cfg["hidden_size"], cfg["num_attention_heads"],
                                                                        cfg["head_dim"], layers),
                 "attn_logit_softcapping": get("attn_logit_softcapping", attn_cap),

@@ -969,7 +969,7 @@ def gemma_config(family: str):
     logits, which random weights reach."""
     import transformers
 
-    from linnet.nest.autocard import gemma3_layer_types
+    from linnet.nest.autocard import attention_layer_types
 
     common = dict(vocab_size=384, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                   query_pre_attn_scalar=32, intermediate_size=96, max_position_embeddings=512, sliding_window=4,
@@ -978,7 +978,7 @@ def gemma_config(family: str):
         return transformers.Gemma2Config(num_hidden_layers=4, attn_logit_softcapping=2.0, final_logit_softcapping=3.0,
                                          **common)
     return transformers.Gemma3TextConfig(
-        num_hidden_layers=6, layer_types=gemma3_layer_types(6, 6), **common,
+        num_hidden_layers=6, layer_types=attention_layer_types(6, 6), **common,
         rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                          "full_attention": {"rope_type": "linear", "rope_theta": 1e6, "factor": 8.0}})
 

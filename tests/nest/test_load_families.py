@@ -432,9 +432,9 @@ def test_a_gemma3_gguf_loads_as_llama_cpp_reads_it(tmp_path, prefill_error, to_g
     settings, a window in five layers of every six and the sliding layers' rope at base 10000, and
     its logits are transformers'. Six layers, so that the last attends to its whole row; a query
     scale of head_dim (llama.cpp's), which is not dim / heads."""
-    from linnet.nest.autocard import gemma3_layer_types
+    from linnet.nest.autocard import attention_layer_types
 
-    reference = random_model("gemma3", num_hidden_layers=6, layer_types=gemma3_layer_types(6, 6),
+    reference = random_model("gemma3", num_hidden_layers=6, layer_types=attention_layer_types(6, 6),
                              query_pre_attn_scalar=32)
     path = to_gguf(reference, tmp_path / "tiny-gemma3.gguf", arch="gemma3")
     model = nest.load(str(path), generics=GENERICS, tokenizer=False)
