@@ -662,25 +662,26 @@ class GGUFCheckpoint(Checkpoint):
         torch gets a private copy, as torch tensors are writable.
         `dtype="bf16"`: a quantized tensor whose blocks Linnet's C decodes comes back in bf16
         instead (torch's bfloat16, ml_dtypes' for numpy), decoded and rounded in one pass: the
-        bits of the float32 tensor rounded to bf16 as torch rounds (`gguf_blocks.round_to_bf16`).
-        Any other tensor comes back as without it.
+        bits of the float32 tensor rounded to bf16 as torch rounds (`gguf_blocks.round_to_bf16`); so
+        do gpt-oss's joined pairs and an old DeepSeek file's kv_b parts of such tensors, assembled in
+        bf16 (a float32 copy of an expert pair is 2 GB). Any other tensor comes back as without it.
         """
         _check_framework(framework)
-        if dtype == "bf16" and self._decodes_to_bf16(name):
-            bits = self._array(name, bf16=True)
-            if framework == "numpy":
-                return bits.view(_bfloat16(Path(self.path), name))
-            import torch
-
-            return torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+        bf16 = dtype == "bf16" and self._decodes_to_bf16(name)
         if name in self._joined:
-            gate, up = (self._array(part) for part in self._joined[name])
+            gate, up = (self._array(part, bf16) for part in self._joined[name])
             arr = np.empty(self.shape(name), dtype=gate.dtype)
             arr[:, 0::2], arr[:, 1::2] = gate, up
         elif name in self._kv_b:
-            arr = np.ascontiguousarray(self._kv_b_part(name, self._array(self._kv_b[name][0])))
+            arr = np.ascontiguousarray(self._kv_b_part(name, self._array(self._kv_b[name][0], bf16)))
         else:
-            arr = self._array(name)
+            arr = self._array(name, bf16)
+        if bf16:
+            if framework == "numpy":
+                return arr.view(_bfloat16(Path(self.path), name))
+            import torch
+
+            return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
         if self._plus_one and name.endswith(self._plus_one):
             arr = arr - np.float32(1.0)
         if framework == "numpy":
@@ -703,14 +704,20 @@ class GGUFCheckpoint(Checkpoint):
         return t.type, t.data.reshape(-1, t.data.shape[-1])
 
     def _decodes_to_bf16(self, name: str) -> bool:
-        """Whether `load(name, dtype="bf16")` decodes straight to bf16: a quantized tensor of a type
-        Linnet's C decodes, read as stored (not one of the joined pairs, nor a norm less one)."""
+        """Whether `load(name, dtype="bf16")` decodes straight to bf16: every tensor it is read from (a
+        joined pair's two, a DeepSeek kv_b part's attn_kv_b) quantized in a type Linnet's C decodes, and
+        not a norm less one."""
         from linnet.kernels import gguf_blocks
 
-        t = self._tensors.get(name)
-        return t is not None and t.data.dtype == np.uint8 and gguf_blocks.decodes(t.type) and \
-            not (self._plus_one and name.endswith(self._plus_one)) and \
-            self._split_files.get(name, self._file).byte_order == "<"
+        if name not in self or (self._plus_one and name.endswith(self._plus_one)):
+            return False
+        parts = self._joined.get(name) or ((self._kv_b[name][0],) if name in self._kv_b else (name,))
+        for part in parts:
+            t = self._tensors.get(part)
+            if t is None or t.data.dtype != np.uint8 or not gguf_blocks.decodes(t.type) or \
+                    self._split_files.get(part, self._file).byte_order != "<":
+                return False
+        return True
 
     def _array(self, name: str, bf16: bool = False) -> np.ndarray:
         t = self._tensor(name)

@@ -311,3 +311,34 @@ def test_an_architecture_or_a_key_it_lacks_is_named_as_the_gguf_names_it(tmp_pat
         GGUFCheckpoint(write_gguf(tmp_path / "g.gguf", embed, arch="gemma")).config()
     with pytest.raises(WeightsError, match=r"the GGUF metadata has no llama\.embedding_length"):
         GGUFCheckpoint(write_gguf(tmp_path / "l.gguf", embed)).config()
+
+
+@pytest.mark.parametrize("arch", ["deepseek2", "gpt-oss"])
+def test_tensors_read_from_others_decode_straight_to_bf16_too(tmp_path, arch):
+    """An old deepseek2 file's attn_k_b / attn_v_b (cut from a quantized attn_kv_b) and gpt-oss's joined
+    experts (a quantized gate and up interleaved) come back from `load(dtype="bf16")` in bf16, bit for bit
+    their float32 load rounded by torch, as a stored tensor's do: not as a float32 copy."""
+    rng = np.random.default_rng(0)
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), arch)
+    if arch == "deepseek2":  # 2 heads of nope 8 + rope 4 keys and 8 values, a kv_lora_rank of 32
+        for key, value in (("attention.head_count", 2), ("attention.key_length", 12),
+                           ("attention.value_length", 8), ("rope.dimension_count", 4)):
+            w.add_uint32(f"deepseek2.{key}", value)
+        stored = {"blk.0.attn_kv_b.weight": (2 * (8 + 8), 32)}
+        names = ["blk.0.attn_k_b.weight", "blk.0.attn_v_b.weight"]
+    else:
+        stored = {f"blk.0.ffn_{part}_exps.weight": (2, 6, 64) for part in ("gate", "up")}
+        names = ["blk.0.ffn_gate_up_exps.weight"]
+    for name, shape in stored.items():
+        w.add_tensor(name, quantize(rng.standard_normal(shape).astype(np.float32), Q.Q8_0), raw_dtype=Q.Q8_0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    ckpt = GGUFCheckpoint(tmp_path / "m.gguf")
+    for name in names:
+        got, f32 = ckpt.load(name, "torch", dtype="bf16"), ckpt.load(name, "torch")
+        assert got.dtype == torch.bfloat16 and got.shape == f32.shape == ckpt.shape(name), name
+        assert torch.equal(got.view(torch.int16), f32.to(torch.bfloat16).view(torch.int16)), name
+        as_numpy = ckpt.load(name, dtype="bf16")
+        assert as_numpy.dtype.name == "bfloat16" and np.array_equal(as_numpy.view(np.int16), got.view(torch.int16))
