@@ -1,12 +1,13 @@
 """The CPU matmul for a GGUF's quantized linear weights, run in their blocks (`cpu_qlinear.c`, built
 into `cpu_linear`'s library).
 
-`pack` repacks a weight's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K blocks, as the file holds them
-([N, K / 32] blocks, or [N, K / 256] super-blocks), into panels of 16 rows, block of 32 after block along K
-(the layout cpu_qlinear.c describes), once at load: Q8_0's and Q4_1's bytes rearranged, Q5_0's as Q8_0's
+`pack` repacks a weight's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS blocks, as the
+file holds them ([N, K / 32] blocks, or [N, K / 256] super-blocks), into panels of 16 rows, block of 32 after block
+along K (the layout cpu_qlinear.c describes), once at load: Q8_0's and Q4_1's bytes rearranged, Q5_0's as Q8_0's
 (its q - 16 as int8), Q4_0's and Q5_1's as a Q4_K and a Q5_K sub-block's (d and -8 d, or d and m, as f32),
-a K-quant's sub-blocks each
-given its f32 scale (and minimum) worked out exactly, 5- and 6-bit quants as int8; `QuantBlocks.packed`
+IQ4_NL's as Q8_0's (its table's values as int8), a K-quant's sub-blocks each given its f32 scale (and minimum)
+worked out exactly, 3-, 5- and 6-bit quants as int8 (Q3_K's in Q6_K's panels, as IQ4_XS's table values, its
+scale a 32 given to both halves of a Q6_K block); `QuantBlocks.packed`
 does so for a param, a weight a layer. `matmul` multiplies them, each block decoded in registers, in f32
 arithmetic; x f32 or bf16, the output in x's type. `QuantWeight.join` lists several weights'
 panels as one (a fused group: q, k and v; gate and up), as `PanelWeight.join` does. `gather` decodes
@@ -31,14 +32,18 @@ from linnet.kernels.torch_types import TYPES
 BLOCK = 32  # values a panel's block holds along K
 # the block types the kernel takes, by GGML's type codes (gguf's GGMLQuantizationType, not imported: a
 # torch model's runtime imports this module), the values (along K) and bytes of one block of each
-READS = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
-BLOCK_VALUES = {2: 32, 3: 32, 6: 32, 7: 32, 8: 32, 12: 256, 13: 256, 14: 256}
-BLOCK_BYTES = {2: 18, 3: 20, 6: 22, 7: 24, 8: 34, 12: 144, 13: 176, 14: 210}
-HALVES = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 12: (0, 2), 13: (0, 2), 14: (208,)}  # its f16 d, m, dmin
+READS = {2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K",
+         20: "IQ4_NL", 23: "IQ4_XS"}
+BLOCK_VALUES = {2: 32, 3: 32, 6: 32, 7: 32, 8: 32, 11: 256, 12: 256, 13: 256, 14: 256, 20: 32, 23: 256}
+BLOCK_BYTES = {2: 18, 3: 20, 6: 22, 7: 24, 8: 34, 11: 110, 12: 144, 13: 176, 14: 210, 20: 18, 23: 136}
+HALVES = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 11: (108,), 12: (0, 2), 13: (0, 2), 14: (208,), 20: (0,),
+          23: (0,)}  # its f16 d, m, dmin
 # the type a weight's panels are in, where it is not the file's: Q5_0's d (q - 16) is a Q8_0 block's d q,
 # Q5_1's d q + m a Q5_K sub-block's (d and m as f32), Q4_0's d (q - 8) a Q4_K sub-block's d q + m with
-# m = -8 d (f32: exact, where an f16 m, Q4_1's, overflows from d = 8188)
-PANEL_TYPES = {6: 8, 7: 13, 2: 12}
+# m = -8 d (f32: exact, where an f16 m, Q4_1's, overflows from d = 8188); Q3_K's d (sc - 32) q, a scale a
+# 16 values, a Q6_K block's; IQ4_NL's d table[i] a Q8_0 block's d q (the table's values int8);
+# IQ4_XS's d (sc - 32) table[i], a scale a 32 values, a Q6_K block's with both halves' scales the same
+PANEL_TYPES = {6: 8, 7: 13, 2: 12, 11: 14, 20: 8, 23: 14}
 
 
 class QuantWeight:
@@ -152,12 +157,15 @@ def _panel_fields(kind: str, rows: np.ndarray, n: int, k: int) -> tuple:
     its d and q - 16 as int8 (a Q8_0 block), Q5_1's q as int8 with d and m as f32 (a Q5_K sub-block),
     Q4_0's its nibbles with d and -8 d as f32 (a Q4_K sub-block);
     a K-quant's sub-block scale d sc and minimum -dmin mn are f32 (exact: 11 by at most 8 significant
-    bits), Q5_K's quants int8 (q), Q6_K's int8 (q - 32), Q4_K's nibbles arranged as Q4_1's (q_i low,
-    q_{i+16} high)."""
+    bits), Q5_K's quants int8 (q), Q6_K's int8 (q - 32), Q3_K's int8 (q - 4, two scales a block as Q6_K's),
+    Q4_K's nibbles arranged as Q4_1's (q_i low, q_{i+16} high); IQ4_NL's and IQ4_XS's indices the int8 values
+    of their table, with IQ4_NL's d (f16, a Q8_0 block) and IQ4_XS's d (sc - 32) (f32, twice: a Q6_K block)."""
     if kind == "Q8_0":
         return [rows[..., 0:2]], rows[..., 2:34]
     if kind == "Q4_1":
         return [rows[..., 0:2], rows[..., 2:4]], rows[..., 4:20]
+    if kind == "IQ4_NL":  # d (f16), 16 bytes of indices into the table (value i low nibble, i + 16 high)
+        return [rows[..., 0:2]], _iq4_values(np.concatenate([rows[..., 2:18] & 15, rows[..., 2:18] >> 4], axis=-1))
     if kind == "Q4_0":  # d (f16), 16 bytes of nibbles arranged as Q4_1's
         d = _half(rows, 0)
         return [d, -8 * d], rows[..., 2:18]
@@ -170,6 +178,25 @@ def _panel_fields(kind: str, rows: np.ndarray, n: int, k: int) -> tuple:
             return [_half(rows, 0), _half(rows, 2)], q.view(np.int8)
         return [rows[..., 0:2]], (q.astype(np.int16) - 16).astype(np.int8)
     supers = k // 256
+    if kind == "IQ4_XS":  # d (f16), the 6-bit scales' high 2 bits (u16; sub-block s's at bit 2s), low 4 bits
+        low = rows[..., 4:8]  # (4 bytes: sub-block 2i's low nibble, 2i + 1's high), 128 bytes of indices
+        sc = np.concatenate([low[..., None] & 15, low[..., None] >> 4], axis=-1).reshape(n, supers, 8)
+        sc = sc | ((rows[..., 2:4].copy().view("<u2") >> 2 * np.arange(8, dtype=np.uint16) & 3) << 4).astype(np.uint8)
+        scale = (_half(rows, 0) * (sc.astype(np.float32) - 32)).reshape(n, k // BLOCK)  # exact: 11 by 6 bits
+        qs = rows[..., 8:].reshape(n, supers, 8, 16)  # a sub-block's 16 bytes: value i low nibble, i + 16 high
+        return [scale, scale], _iq4_values(np.concatenate([qs & 15, qs >> 4], axis=-1).reshape(n, k // BLOCK, 32))
+    if kind == "Q3_K":  # 32 bytes of high bits, 64 of 2-bit lows, 12 of 6-bit scales, d (f16)
+        # scale j (of 16): its low 4 bits byte j % 8's nibble j // 8, its high 2 byte 8 + j % 4's bits 2 (j // 4)
+        low, high = rows[..., 96:104], rows[..., 104:108]
+        sc = np.concatenate([low & 15, low >> 4] + [high >> shift & 3 for shift in (0, 2, 4, 6)], axis=-1)
+        sc = sc[..., :16] | (sc[..., 16:] << 4)
+        scales = (_half(rows, 108) * (sc.astype(np.float32) - 32)).reshape(n, k // BLOCK, 2)  # exact, as Q6_K's
+        # value 128 h + 32 s + l: bits 2s of byte 32 h + l of the lows, and bit 2 h + s of byte l of the highs,
+        # the high bit 0 meaning less 4; a run of 32 a block, its two halves' scales sub-blocks 2b and 2b + 1
+        lows = rows[..., 32:96].reshape(n, supers, 2, 1, 32) >> np.arange(0, 8, 2, dtype=np.uint8).reshape(4, 1) & 3
+        highs = rows[..., 0:32].reshape(n, supers, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(8, 1) & 1
+        q = lows.reshape(n, supers, 8, 32).astype(np.int8) - ((highs ^ 1) << 2).astype(np.int8)
+        return [scales[..., 0], scales[..., 1]], q.reshape(n, k // BLOCK, 32)
     if kind in ("Q4_K", "Q5_K"):  # d, dmin (f16), 12 bytes of 6-bit scales and minimums, (Q5_K: 32 of fifth bits,)
         from gguf.quants import Q4_K  # 128 of nibbles (the file's reader: GGUF blocks come with gguf installed)
 
@@ -192,6 +219,13 @@ def _panel_fields(kind: str, rows: np.ndarray, n: int, k: int) -> tuple:
     q = ((low | (high << 4)).astype(np.int16) - 32).astype(np.int8).reshape(n, k // BLOCK, 32)
     sc = (_half(rows, 208) * rows[..., 192:208].view(np.int8).astype(np.float32)).reshape(n, k // BLOCK, 2)
     return [sc[..., 0], sc[..., 1]], q
+
+
+def _iq4_values(indices: np.ndarray) -> np.ndarray:
+    """IQ4_NL's and IQ4_XS's 4-bit indices as the int8 values of their table (gguf's kvalues_iq4nl)."""
+    from gguf.quants import IQ4_NL
+
+    return np.array(IQ4_NL.kvalues, np.int8)[indices]
 
 
 def _half(rows: np.ndarray, at: int) -> np.ndarray:

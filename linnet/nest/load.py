@@ -30,8 +30,8 @@ dequantized for GGUF), transformed and copied straight into its place in the
 target dtype on the target device, one at a time. Peak memory is the model in
 T plus one tensor. GGUF tensors are dequantized to f32 and always converted to
 T: a quantized tensor has no dtype of its own to match (but, with
-quantization="gguf", Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K linears, kept in their
-blocks: `nest.quantized`). Tensors in the
+quantization="gguf", Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS
+linears, kept in their blocks: `nest.quantized`). Tensors in the
 checkpoint that the card does not use are reported once (a warning) and listed
 in `model.info["unused_tensors"]`.
 """
@@ -87,7 +87,7 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     weights where Nest finds them, as vLLM's dummy weights do); False, none; or the path of a model
     directory or GGUF file whose tokenizer to use.
     `quantization="gguf"` (vLLM's word for it): a GGUF's linear weights of the types `cpu_qlinear.READS` lists
-    (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K) stay in their
+    (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS) stay in their
     blocks and run in them (`kernels.cpu_qlinear`), not decoded to T at load; the torch backend on the
     CPU with numerics="fast" only (refused elsewhere, `nest.quantized`); tensors of other types are
     decoded as without it, and, where Linnet's CPU kernels do not run, all of them, with a warning.

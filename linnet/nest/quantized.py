@@ -1,8 +1,9 @@
 """A GGUF's quantized weights kept in their blocks: `nest.load(..., quantization="gguf")`.
 
-`bind.bind_weights` gives a param whose every stored tensor is Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K or Q6_K
-blocks (the types `kernels.cpu_qlinear` multiplies; a Q4_K_M file's Q4_K and Q6_K, which its attn_v and ffn_down
-mix from layer to layer, and Q5_0 and Q8_0 where a row is not whole super-blocks; a Q5_K_M's Q5_1 there) as
+`bind.bind_weights` gives a param whose every stored tensor is Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K,
+Q6_K, IQ4_NL or IQ4_XS blocks (the types `kernels.cpu_qlinear` multiplies; a Q4_K_M file's Q4_K and Q6_K, which its
+attn_v and ffn_down mix from layer to layer, and Q5_0 and Q8_0 where a row is not whole super-blocks; a Q5_K_M's
+Q5_1 there) as
 `cpu_qlinear.QuantBlocks`, each layer in its own type, rather than decoded; a fused group runs in its blocks
 only whole, joined in the layers where its members' panels agree (a Q5_0 weight's are Q8_0's). The torch model
 (`codegen_torch.runtime.TorchModel`) packs those its linears read for the quantized kernel and decodes the rest
@@ -22,8 +23,8 @@ def check_quantization(quantization: str | None, kind: str, device: str, numeric
         return
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization={quantization!r}: Linnet takes {', '.join(map(repr, QUANTIZATIONS))} "
-                         f"(a GGUF's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K linears run in "
-                         f"their blocks) or None")
+                         f"(a GGUF's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / "
+                         f"IQ4_XS linears run in their blocks) or None")
     where = []
     if kind != "torch":
         where.append(f"the {kind} backend")

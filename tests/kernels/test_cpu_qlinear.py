@@ -1,4 +1,5 @@
-"""The quantized CPU linear (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K blocks) against gguf's own
+"""The quantized CPU linear (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS blocks) against
+gguf's own
 decoding of the same bytes and a float64 matmul: odd shapes (a last panel narrower than 16, K a few blocks, row
 counts around the tiles and the 64-row block of x), x in f32 and bf16, joined weights, and batch invariance;
 rows gathered from the panels (a tied embedding's) against gguf's decoding of those rows."""
@@ -15,10 +16,12 @@ pytestmark = pytest.mark.skipif(not cpu_linear.available(torch.float32), reason=
 Q = gguf.GGMLQuantizationType
 QTYPES = [Q.Q8_0, Q.Q4_1]
 K_QUANTS = [Q.Q4_K, Q.Q6_K]
-# types run in another's panels (`PANEL_TYPES`: Q4_0 as Q4_K, Q5_0 as Q8_0, Q5_1 as Q5_K), and Q5_K (Q8_0's
-# quants, Q4_K's minimums), each with a K of a few blocks and a last panel of one row; fewer cases than the types
-# above, whose kernels they share (the suite's time is counted: these run again under each older CPU's cap)
-OTHERS = [(Q.Q4_0, 17, 96), (Q.Q5_0, 17, 96), (Q.Q5_1, 17, 64), (Q.Q5_K, 17, 512)]
+# types run in another's panels (`PANEL_TYPES`: Q4_0 as Q4_K, Q5_0 and IQ4_NL as Q8_0, Q5_1 as Q5_K, Q3_K and
+# IQ4_XS as Q6_K), and Q5_K (Q8_0's quants, Q4_K's minimums), each with a K of a few blocks and a last panel of one
+# row; fewer cases than the types above, whose kernels they share (the suite's time is counted: these run again
+# under each older CPU's cap)
+OTHERS = [(Q.Q4_0, 17, 96), (Q.Q5_0, 17, 96), (Q.Q5_1, 17, 64), (Q.Q5_K, 17, 512), (Q.Q3_K, 17, 512),
+          (Q.IQ4_NL, 17, 96), (Q.IQ4_XS, 17, 512)]
 # the quants of the types summed with a minimum (Q4_0's, -8 d, in its panels)
 QUANTS_AT = {Q.Q4_0: slice(2, 18), Q.Q4_1: slice(4, 20), Q.Q5_1: slice(4, 24), Q.Q4_K: slice(16, 144),
              Q.Q5_K: slice(16, 176)}
@@ -86,9 +89,9 @@ def test_k_quants_are_gguf_dequantized_times_x(qtype, rows, n, k, x_type):
 @pytest.mark.parametrize("qtype,n,k", OTHERS, ids=lambda v: getattr(v, "name", str(v)))
 @pytest.mark.parametrize("rows", [1, 3, 100])
 @pytest.mark.parametrize("x_type", [torch.float32, torch.bfloat16], ids=["x_f32", "x_bf16"])
-def test_q4_0_q5_0_q5_1_and_q5_k_are_gguf_dequantized_times_x(qtype, n, k, rows, x_type):
-    """Q4_0, Q5_0 and Q5_1 (Q4_K_M's and Q5_K_M's types where a row is not whole super-blocks) repacked, and
-    Q5_K (Q5_K_M's):
+def test_types_in_anothers_panels_and_q5_k_are_gguf_dequantized_times_x(qtype, n, k, rows, x_type):
+    """Q4_0, Q5_0 and Q5_1 (Q4_K_M's and Q5_K_M's types where a row is not whole super-blocks), Q3_K (Q3_K_M's),
+    IQ4_NL and IQ4_XS (their 4-bit indices as the int8 values of their table) repacked, and Q5_K (Q5_K_M's):
     one row, a tile and a part, and more rows than a panel is decoded once for."""
     test_matmul_is_gguf_dequantized_times_x(qtype, rows, n, k, x_type)
 
@@ -159,7 +162,7 @@ def test_gathered_rows_are_gguf_dequantized(qtype, k, ids):
 
 
 @pytest.mark.parametrize("qtype,k", [(qtype, k) for qtype, _, k in OTHERS], ids=lambda v: getattr(v, "name", f"K_{v}"))
-def test_gathered_rows_of_q4_0_q5_0_q5_1_and_q5_k_are_gguf_dequantized(qtype, k):
+def test_gathered_rows_of_types_in_anothers_panels_and_q5_k_are_gguf_dequantized(qtype, k):
     test_gathered_rows_are_gguf_dequantized(qtype, k, [0, 36, 17, 36, 15, 16, 5])
 
 
@@ -172,10 +175,13 @@ def test_rows_are_not_gathered_from_a_joined_group():
                            torch.tensor([0]), torch.float32)
 
 
-@pytest.mark.parametrize("qtype,k", [(Q.Q3_K, 256), (Q.Q8_0, 48), (Q.Q5_K, 288)], ids=["Q3_K", "K_48", "Q5_K_288"])
+@pytest.mark.parametrize("qtype,k", [(Q.Q2_K, 256), (Q.Q8_0, 48), (Q.Q5_K, 288), (Q.IQ4_XS, 32)],
+                         ids=["Q2_K", "K_48", "Q5_K_288", "IQ4_XS_32"])
 def test_a_type_or_k_it_does_not_take_is_refused(qtype, k):
-    taken = ", ".join([rf"{name} \(K a multiple of 32\)" for name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")]
-                      + [rf"{name} \(K a multiple of 256\)" for name in ("Q4_K", "Q5_K", "Q6_K")])
+    """Q2_K's sub-blocks of 16 have a scale and a minimum each: no panel type holds two of both a block of 32."""
+    names = {**dict.fromkeys(("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"), 32), **dict.fromkeys(("Q3_K", "Q4_K", "Q5_K",
+             "Q6_K"), 256), "IQ4_NL": 32, "IQ4_XS": 256}
+    taken = ", ".join(rf"{name} \(K a multiple of {values}\)" for name, values in names.items())
     with pytest.raises(ValueError, match=rf"takes {taken} blocks where .*; not {qtype.name} with K = {k}"):
         cpu_qlinear.pack(np.zeros(1000, np.uint8), qtype, 16, k)
 
@@ -183,9 +189,11 @@ def test_a_type_or_k_it_does_not_take_is_refused(qtype, k):
 def test_the_block_types_are_ggmls_own():
     """The kernel's type codes and block sizes, kept here without importing gguf, are gguf's; a Q5_0 weight's
     panels are Q8_0's (its d (q - 16) a Q8_0 block's d q), a Q4_0 weight's Q4_K's (d q - 8 d), a Q5_1 one's
-    Q5_K's (d q + m)."""
+    Q5_K's (d q + m), an IQ4_NL one's Q8_0's (d table[i]), a Q3_K and an IQ4_XS one's Q6_K's (a scale a 16 values,
+    IQ4_XS's the same for both of a block's halves)."""
     assert {code: (Q(code).name, *gguf.GGML_QUANT_SIZES[Q(code)]) for code in cpu_qlinear.READS} == \
         {code: (name, cpu_qlinear.BLOCK_VALUES[code], cpu_qlinear.BLOCK_BYTES[code])
          for code, name in cpu_qlinear.READS.items()}
     panels = {Q(code).name: Q(form).name for code, form in cpu_qlinear.PANEL_TYPES.items()}
-    assert panels == {"Q5_0": "Q8_0", "Q4_0": "Q4_K", "Q5_1": "Q5_K"}
+    assert panels == {"Q5_0": "Q8_0", "Q4_0": "Q4_K", "Q5_1": "Q5_K", "Q3_K": "Q6_K", "IQ4_NL": "Q8_0",
+                      "IQ4_XS": "Q6_K"}

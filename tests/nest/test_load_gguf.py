@@ -55,14 +55,17 @@ def test_truncated_gguf_names_the_tensor(tiny_hf, tmp_path, to_gguf):
 
 Q = gguf.GGMLQuantizationType
 DIM, FFN, LAYERS, HEADS, KV_HEADS, VOCAB = 256, 512, 2, 4, 2, 264  # rows of 256: whole K-quant blocks
-# a K-quant block's f16 scale d, where it is (gguf.quants' layouts), and for the types that subtract a
-# minimum, the levels of a value: dmin (after d) is set to center the values on 0, as a quantizer's are
-K_SCALES = {Q.Q3_K: (108, None), Q.Q4_K: (0, 16), Q.Q5_K: (0, 32), Q.Q6_K: (208, None)}
+# the block types gguf cannot quantize (the K-quants, IQ4_NL, IQ4_XS): a block's f16 scale d, where it is
+# (gguf.quants' layouts), and for the types that subtract a minimum, the levels of a value: dmin (after d)
+# is set to center the values on 0, as a quantizer's are (Q2_K: 4 levels times a 4-bit scale, less a 4-bit
+# minimum times dmin)
+K_SCALES = {Q.Q2_K: (80, 4), Q.Q3_K: (108, None), Q.Q4_K: (0, 16), Q.Q5_K: (0, 32), Q.Q6_K: (208, None),
+            Q.IQ4_NL: (0, None), Q.IQ4_XS: (0, None)}
 
 
 def k_quant_blocks(rng, shape, qtype) -> np.ndarray:
-    """Random blocks of a K-quant type with scales that give weights of the size and sign a model's
-    have (the gguf package has no K-quant quantizer; its decoder is the reference, whatever the bytes)."""
+    """Random blocks of a K-quant type (or IQ4_NL, IQ4_XS) with scales that give weights of the size and sign a
+    model's have (the gguf package has no quantizer for them; its decoder is the reference, whatever the bytes)."""
     values, nbytes = gguf.GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, (shape[0], shape[1] // values, nbytes), dtype=np.uint8)
     if qtype == Q.Q6_K:  # signed 8-bit sub-block scales, kept to 64..127: sub-blocks of like size, as in a model

@@ -1,6 +1,7 @@
-"""nest.load(..., quantization="gguf"): a GGUF's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q4_K / Q5_K / Q6_K linears run
-in their blocks (`kernels.cpu_qlinear`), against the same file decoded at load (the default); where it does not
-run, refused with what is supported; types the kernel does not read, decoded with a notice."""
+"""nest.load(..., quantization="gguf"): a GGUF's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q3_K / Q4_K / Q5_K / Q6_K /
+IQ4_NL / IQ4_XS linears run in their blocks (`kernels.cpu_qlinear`), against the same file decoded at load (the
+default); where it does not run, refused with what is supported; types the kernel does not read, decoded with a
+notice."""
 
 import ctypes
 
@@ -44,7 +45,8 @@ def quant_weights(model) -> list:
 @runs_here
 @pytest.mark.parametrize("tied,qtype", [(tied, qtype) for qtype in (Q.Q8_0, Q.Q4_1, Q.Q4_K, Q.Q6_K)
                                         for tied in (False, True)]
-                         + [(True, Q.Q5_0)],  # (Q5_K and Q4_0 in the mix below: the suite's time is counted)
+                         # (Q5_K and Q4_0 in the mix below: the suite's time is counted)
+                         + [(True, qtype) for qtype in (Q.Q5_0, Q.Q3_K, Q.IQ4_NL, Q.IQ4_XS)],
                          ids=lambda v: v.name if isinstance(v, Q) else ["own_head", "tied_head"][v])
 def test_greedy_tokens_are_those_of_the_file_decoded_at_load(tied, qtype, tmp_path):
     """Every linear in its blocks (q, k and v, gate and up fused; a tied head from the embedding's
@@ -70,15 +72,16 @@ def test_a_q4_k_m_files_mix_runs_each_layer_in_its_own_blocks(compile, tmp_path)
     """A Q4_K_M file as llama.cpp's quantize writes one: Q4_K, but Q6_K for the head and for attn_v and ffn_down
     in some layers, and where a row is not whole super-blocks (SmolLM2's 576) Q5_0 for Q4_K and Q8_0 for Q6_K;
     and, for the other types run in their blocks, Q5_K (Q5_K_M's) gate and up in one layer, a Q5_1 (Q5_K_M's
-    Q5_K where a row is not whole super-blocks) attn_output in it and a Q4_0 one in the other. Every linear runs
-    in its blocks, each layer in its own type: q, k and v three matmuls in the layer whose v is Q6_K, and joined
-    in the one whose q and k are Q5_0 and v Q8_0 (Q5_0's panels are Q8_0's); gate and up joined in both, Q5_K in
-    one and Q6_K in the other. The logits are the file's tensors as gguf's own `dequantize` decodes them
-    (written to an f32 file) give them, and the greedy tokens through Engine.run (a captured decode step
-    replaying the per-layer mix) too."""
+    Q5_K where a row is not whole super-blocks) attn_output in it and a Q4_0 one in the other; Q3_K, IQ4_NL and
+    IQ4_XS (Q3_K_M's, IQ4_NL's and IQ4_XS's files) in Q6_K's, Q8_0's and Q6_K's panels. Every linear runs in its
+    blocks, each layer in its own type: q, k and v three matmuls in the layer whose q is Q4_K, k IQ4_XS and v
+    Q6_K, and joined in the one whose q is IQ4_NL, k Q5_0 and v Q8_0 (IQ4_NL's and Q5_0's panels are Q8_0's);
+    gate and up joined in both, Q5_K in one and a Q3_K gate and an IQ4_XS up (in Q6_K's panels) in the other.
+    The logits are the file's tensors as gguf's own `dequantize` decodes them (written to an f32 file) give
+    them, and the greedy tokens through Engine.run (a captured decode step replaying the per-layer mix) too."""
     mix = {"output.weight": Q.Q6_K, "blk.0.attn_v.weight": Q.Q6_K, "blk.0.ffn_down.weight": Q.Q6_K,
-           "blk.1.ffn_gate.weight": Q.Q6_K, "blk.1.ffn_up.weight": Q.Q6_K,
-           "blk.1.attn_q.weight": Q.Q5_0, "blk.1.attn_k.weight": Q.Q5_0, "blk.1.attn_v.weight": Q.Q8_0,
+           "blk.1.ffn_gate.weight": Q.Q3_K, "blk.1.ffn_up.weight": Q.IQ4_XS, "blk.0.attn_k.weight": Q.IQ4_XS,
+           "blk.1.attn_q.weight": Q.IQ4_NL, "blk.1.attn_k.weight": Q.Q5_0, "blk.1.attn_v.weight": Q.Q8_0,
            "blk.0.ffn_gate.weight": Q.Q5_K, "blk.0.ffn_up.weight": Q.Q5_K, "blk.1.attn_output.weight": Q.Q4_0,
            "blk.0.attn_output.weight": Q.Q5_1}
     path = write_typed_llama(tmp_path / "tiny-Q4_K_M.gguf", Q.Q4_K, types=mix)
@@ -89,7 +92,8 @@ def test_a_q4_k_m_files_mix_runs_each_layer_in_its_own_blocks(compile, tmp_path)
     assert runner.weight_bytes() < reference.runner.weight_bytes() / 2
     assert [w.qtype for w in runner.w_down] == [Q.Q6_K, Q.Q4_K]
     q, k, v = runner.wq[0], runner.wk[0], runner.wv[0]  # layer 0: three weights of their own
-    assert all(isinstance(w, QuantWeight) for w in (q, k, v)) and (q.qtype, v.qtype) == (Q.Q4_K, Q.Q6_K)
+    assert all(isinstance(w, QuantWeight) for w in (q, k, v))
+    assert (q.qtype, k.qtype, v.qtype) == (Q.Q4_K, Q.Q6_K, Q.Q6_K)  # (IQ4_XS in Q6_K's panels)
     q, k, v = runner.wq[1], runner.wk[1], runner.wv[1]  # layer 1: one joined weight in Q8_0's panels
     assert q.fused is k.fused is v.fused and q.fused.qtype == Q.Q8_0 and q.fused.n == v.stop
     assert runner.w_gate[1].fused is runner.w_up[1].fused and runner.w_gate[1].fused.qtype == Q.Q6_K
@@ -118,9 +122,9 @@ def test_a_captured_decode_step_replays_the_quantized_linears(tmp_path):
 
 @runs_here
 def test_types_the_kernel_does_not_read_are_decoded_with_a_notice(tmp_path):
-    path = write_typed_llama(tmp_path / "tiny-Q3_K.gguf", Q.Q3_K)
-    with pytest.warns(UserWarning, match=r"quantization='gguf' keeps Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and "
-                                         r"Q6_K blocks; its Q3_K tensors are decoded to T"):
+    path = write_typed_llama(tmp_path / "tiny-Q2_K.gguf", Q.Q2_K)
+    with pytest.warns(UserWarning, match=r"quantization='gguf' keeps Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, "
+                                         r"Q6_K, IQ4_NL and IQ4_XS blocks; its Q2_K tensors are decoded to T"):
         quantized = load(path, "gguf")
     assert not quant_weights(quantized)
     np.testing.assert_array_equal(logits(quantized), logits(load(path)))

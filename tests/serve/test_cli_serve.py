@@ -167,8 +167,8 @@ def test_a_port_in_use_is_said_before_the_model_loads(monkeypatch, capsys, any_p
 
 @pytest.mark.parametrize("argv, says", [
     (["tiny-llama", "--quantization", "awq"], "argument --quantization/-q: 'awq' is not taken: 'gguf' runs a GGUF's "
-                                              "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K weights in "
-                                              "their blocks (torch on the CPU)"),
+                                              "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K, "
+                                              "IQ4_NL and IQ4_XS weights in their blocks (torch on the CPU)"),
     (["tiny-llama", "-q", "fp8"], "argument --quantization/-q: 'fp8' is not taken: 'gguf' runs"),
     (["--model", "tiny-llama"], "--model is not taken here: the card (a name, a .linnet file, a model directory or a "
                                 ".gguf) is the command's first argument: linnet serve CARD"),
