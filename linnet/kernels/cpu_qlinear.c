@@ -18,16 +18,14 @@
  * step reads few bytes: Q4_1's 20 per 32 values, Q8_0's 34 (Q5_0's too, the file's 22), Q4_K's 24
  * (Q4_0's too; the files' 18), Q5_K's and Q6_K's 40 (the files' 22 and 26.25), bf16's 64.
  *
- * Each output sums, block by block, d * (sum of q x) (+ m * sum of x, Q4_1, Q4_K and Q5_K), the inner sum
- * in two f32 chains (Q6_K: for each half apart): the same operations in the same order for a row
- * whatever other rows its call holds (batch invariance, as cpu_linear.c keeps it). A bf16 x on
- * AVX-512 BF16 multiplies pairs of k by VDPBF16PS (q is exact in bf16, so are the products), up to 8
- * rows a tile; otherwise x is f32 (a bf16 x widened, exactly) and each product is an FMA, on AVX-512
- * (a panel row one vector, up to 4 rows a tile) or AVX2 (two 8-column halves, up to 2 rows). Each
- * path rounds its sums its own way. SmolLM2's Q4_1 [16, 576] x [1536, 576] on 2 Zen 4 cores: 0.53 ms
- * in pairs, 0.76 ms by FMAs (one row: 0.17 and 0.08 ms; yet one request's decode ran 1.48x bf16's in
- * pairs against 1.34x by FMAs, each beside bf16 in its own run, and the benchmark's 16-row load 0.81x
- * bf16's against 0.52x).
+ * Each output sums, block by block, d * (sum of q x) (+ m * sum of x, Q4_1, Q4_K and Q5_K; Q6_K: a sum for
+ * each half apart, each times its d): the same operations in the same order for a row whatever other rows its
+ * call holds (batch invariance, as cpu_linear.c keeps it). A bf16 x on AVX-512 BF16 multiplies pairs of k by
+ * VDPBF16PS (q is exact in bf16, so are the products), the inner sum one f32 chain, up to 6 rows by two
+ * panels a tile; otherwise x is f32 (a bf16 x widened, exactly) and each product is an FMA, the inner sum
+ * in two chains, on AVX-512 (a panel row one vector, up to 4 rows a tile) or AVX2 (two 8-column halves, up
+ * to 2 rows). Each path rounds its sums its own way. By FMAs one row once ran 2x faster than in pairs, and
+ * 16 rows 1.4x slower; the pairs now run both faster (SmolLM2's shapes: `benchmarks/qlinear_rows.py`).
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -186,18 +184,25 @@ static AVX512Q void qtile512_rows(int qtype, int mr, const float *x, long K, con
     }
 }
 
-/* ---- AVX-512 BF16, x in bf16: pairs of k multiplied by VDPBF16PS. A quant is an integer of at most
- * 8 bits, exact in bf16, so each product q x is exact and only the sums round, in f32 as above;
- * VDPBF16PS does twice an FMA's multiplications, which bound the f32 tiles over many rows. A block's
- * quants are decoded to bf16 pairs (`block_step`): over a tile's rows at most, in registers at each
- * tile; from DECODE_FROM rows once for each panel and DECODED_ROWS rows (`decode_panel`), into a
- * buffer every row tile then reads (as bf16 panels are read), so that over many rows the decode is
- * not paid again at each tile. Both give the same bf16 values in the same lanes, and the tile sums
- * them in the same order. */
+/* ---- AVX-512 BF16, x in bf16: pairs of k multiplied by VDPBF16PS. A quant is an integer of at most 8 bits, exact
+ * in bf16, so each product q x is exact and only the sums round, in f32 as above; VDPBF16PS does twice an FMA's
+ * multiplications, which bound the f32 tiles over many rows. A tile is up to PAIR_ROWS rows by two panels, one
+ * accumulator (and one total) each: for each pair of k, two loads of the panels' pairs and a broadcast a row for two
+ * VDPBF16PS a row, as cpu_linear.c's bf16 pair tile (a tile of 8 rows by one panel, two chains a row, loaded one
+ * pair and broadcast 2 a VDPBF16PS: a 16-row decode step ran 1.4x bf16's time). A block's quants are decoded to bf16
+ * pairs (`block_step`) in registers as the tile runs; from DECODE_FROM rows, a pair of panels' first row tile also
+ * keeps them in a buffer (DECODE_AND_KEEP) which the others read (READ_DECODED), as bf16 panels are read, for each
+ * DECODED_ROWS rows. The decode runs beside the first tile's products: a separate pass over each panel cost 0.85x a
+ * 6-row tile's time (24 against 28 ns a block of Q8_0, one core); beside it, 0.1-0.15x. Both give the same bf16
+ * values in the same lanes, and every tile sums them in the same order. The first tile asks for the next two panels'
+ * blocks as it reads these (into L2: into L1, or 4 blocks ahead in these panels, a one-row product of [49152, 576]
+ * Q8_0, out of memory, ran 1.5x the time of one panel a tile with no prefetch). */
 #define AVX512Q_BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
-#define PAIR_ROWS 8 /* rows of x a tile: 3 of the 32 vector registers a row */
-#define DECODE_FROM (PAIR_ROWS + 1) /* rows from which a call decodes each panel once: more than one tile */
-#define DECODED_ROWS 256 /* rows of x a decoded panel serves before the next (x's bf16 rows stay in L2: 288 KB at K
+#define PAIR_ROWS 6 /* rows of x a tile, times two panels: an accumulator and a total each, 24 of the 32 vector
+                     * registers */
+#define DECODE_FROM (PAIR_ROWS + 1) /* rows from which a call keeps each panel decoded: more than one tile */
+#define PREFETCH_HINT _MM_HINT_T1 /* where a first tile asks for the next panels: L2 */
+#define DECODED_ROWS 256 /* rows of x a kept panel serves before the next (x's bf16 rows stay in L2: 288 KB at K
                           * 576; a long prompt's x whole went through memory again at each panel) */
 
 /* Lanes of bf16 pairs from two 16-byte lines a, b of 16 rows' quants: lane j holds row j's value
@@ -218,8 +223,8 @@ static inline AVX512Q_BF16 __attribute__((always_inline)) __m512bh quant_pairs(_
     return _mm512_cvtne2ps_pbh(_mm512_cvtepi32_ps(hi), _mm512_cvtepi32_ps(lo)); /* lo's words first */
 }
 
-/* Step s (0 .. 7) of a panel block's quants as two vectors of bf16 pairs (lane j column j's), w0 for
- * one chain of sums and w1 for the other: 8-bit quants' (Q8_0, Q5_K, Q6_K) pairs 2s and 2s + 1 (k = 4s ..
+/* Step s (0 .. 7) of a panel block's quants as two vectors of bf16 pairs (lane j column j's), w0 and w1,
+ * summed in that order: 8-bit quants' (Q8_0, Q5_K, Q6_K) pairs 2s and 2s + 1 (k = 4s ..
  * 4s + 3, lines 4s .. 4s + 3); 4-bit ones' (Q4_1, Q4_K) pairs s and s + 8 (k = 2s, 2s + 1 and 2s + 16,
  * 2s + 17: the low and the high nibbles of lines 2s and 2s + 1, unpacked once). */
 static inline AVX512Q_BF16 __attribute__((always_inline)) void block_step(int qtype, const uint8_t *block, int s,
@@ -239,104 +244,120 @@ static inline int step_pair(int qtype, int s, int second) {
     return nibbles(qtype) ? s + second * QK / 4 : 2 * s + second;
 }
 
-/* A panel block decoded (`decode_panel`): w[2s] and w[2s + 1] its step s (block_step), d the columns'
- * scales (of each half: Q6_K's two) and m their minimums (Q4_1, Q4_K, Q5_K; else zero) as f32 (all exact). */
+/* A panel block decoded and kept (DECODE_AND_KEEP): w[2s] and w[2s + 1] its step s (block_step), d the columns'
+ * scales (of each half: Q6_K's two) and m their minimums (Q4_1, Q4_K, Q5_K) as f32 (all exact). */
 struct decoded_block {
     __m512bh w[QK / 2];
     __m512 d[2], m;
 };
 
-/* Rows [0, mr) of x (bf16, row stride K, mr <= PAIR_ROWS) times one panel into sums[r][16]: its blocks
- * decoded here in registers, or (`from_buffer`) read from `decoded`, the whole panel's. A block's sum
- * of q x runs in two chains, a of its steps' w0 and e of their w1, then total += d (a + e) (+ m sum of x);
- * Q6_K's, a sum for each half (steps 0 .. 3, then 4 .. 7), each times its own d. */
-static inline AVX512Q_BF16 __attribute__((always_inline)) void qtile_pairs(int qtype, int mr, int from_buffer,
+/* How a pair tile takes its panels' blocks: decoded in registers (one tile's rows, all a call has), so and
+ * kept in `decoded` too (a panel's first row tile of more), or read from there (its other row tiles). */
+enum { DECODE, DECODE_AND_KEEP, READ_DECODED };
+
+/* Rows [0, mr) of x (bf16, row stride K, mr <= PAIR_ROWS) times two panels (c 0 and 1; the same one
+ * twice where a run of panels is odd) into sums[r][c][16]: their blocks decoded here in registers (and kept in
+ * decoded[c], `mode`), or read from there; `next` the panels to ask for (or NULL). A block's sum of q x runs
+ * in one chain, an accumulator a row and panel, its steps' w0 then w1 step after step, then total += d * sum
+ * (+ m sum of x); Q6_K's, a sum for each half (steps 0 .. 3, then 4 .. 7), each times its own d. An output's
+ * chain is the same whatever tile, row or panel slot it takes. */
+static inline AVX512Q_BF16 __attribute__((always_inline)) void qtile_pairs(int qtype, int mr, int mode,
                                                                           const uint16_t *x, long K,
-                                                                          const float *xsum, const uint8_t *panel,
-                                                                          const struct decoded_block *decoded,
-                                                                          float sums[PAIR_ROWS][QNR]) {
+                                                                          const float *xsum,
+                                                                          const uint8_t *const panel[2],
+                                                                          const uint8_t *const next[2],
+                                                                          struct decoded_block *const decoded[2],
+                                                                          float sums[PAIR_ROWS][2][QNR]) {
     long blocks = K / QK, bytes = linnet_qpanel_block_bytes(qtype);
     const uint32_t *xp = (const uint32_t *)x;
-    __m512 total[PAIR_ROWS], a[PAIR_ROWS], e[PAIR_ROWS];
+    __m512 total[PAIR_ROWS][2], acc[PAIR_ROWS][2];
 #pragma GCC unroll 8
     for (int r = 0; r < PAIR_ROWS; r++)
-        total[r] = _mm512_setzero_ps();
+        total[r][0] = total[r][1] = _mm512_setzero_ps();
     for (long b = 0; b < blocks; b++) {
-        const uint8_t *block = panel + b * bytes;
-        const struct decoded_block *here = from_buffer ? decoded + b : NULL;
+        const uint8_t *block[2] = {panel[0] + b * bytes, panel[1] + b * bytes};
+        int from_buffer = mode == READ_DECODED;
+        if (next)
+#pragma GCC unroll 2
+            for (int c = 0; c < 2; c++)
+                for (long at = 0; at < bytes; at += 64)
+                    _mm_prefetch((const char *)next[c] + b * bytes + at, PREFETCH_HINT);
+        struct decoded_block *here[2] = {NULL, NULL}; /* the blocks kept, or to keep */
+        if (mode != DECODE)
+            here[0] = decoded[0] + b, here[1] = decoded[1] + b;
         for (int h = 0; h < halves(qtype); h++) {
 #pragma GCC unroll 8
             for (int r = 0; r < PAIR_ROWS; r++)
-                a[r] = e[r] = _mm512_setzero_ps();
+                acc[r][0] = acc[r][1] = _mm512_setzero_ps();
 #pragma GCC unroll 4
             for (int s = h * QK / 4 / halves(qtype); s < (h + 1) * QK / 4 / halves(qtype); s++) {
-                __m512bh w0, w1;
-                if (from_buffer)
-                    w0 = here->w[2 * s], w1 = here->w[2 * s + 1];
-                else
-                    block_step(qtype, block, s, &w0, &w1);
-                int p0 = step_pair(qtype, s, 0), p1 = step_pair(qtype, s, 1);
+                __m512bh w[2][2]; /* [panel][w0, w1] */
+#pragma GCC unroll 2
+                for (int c = 0; c < 2; c++)
+                    if (from_buffer) {
+                        w[c][0] = here[c]->w[2 * s], w[c][1] = here[c]->w[2 * s + 1];
+                    } else {
+                        block_step(qtype, block[c], s, &w[c][0], &w[c][1]);
+                        if (mode == DECODE_AND_KEEP)
+                            here[c]->w[2 * s] = w[c][0], here[c]->w[2 * s + 1] = w[c][1];
+                    }
+#pragma GCC unroll 2
+                for (int i = 0; i < 2; i++) {
+                    int pair = step_pair(qtype, s, i);
+#pragma GCC unroll 8
+                    for (int r = 0; r < PAIR_ROWS; r++)
+                        if (r < mr) {
+                            __m512bh xr = (__m512bh)_mm512_set1_epi32((int)xp[r * K / 2 + b * QK / 2 + pair]);
+                            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], w[0][i], xr);
+                            acc[r][1] = _mm512_dpbf16_ps(acc[r][1], w[1][i], xr);
+                        }
+                }
+            }
+#pragma GCC unroll 2
+            for (int c = 0; c < 2; c++) {
+                __m512 d = from_buffer ? here[c]->d[h] : scale16(qtype, block[c], h);
+                if (mode == DECODE_AND_KEEP)
+                    here[c]->d[h] = d;
 #pragma GCC unroll 8
                 for (int r = 0; r < PAIR_ROWS; r++)
-                    if (r < mr) {
-                        const uint32_t *xr = xp + r * K / 2 + b * QK / 2;
-                        a[r] = _mm512_dpbf16_ps(a[r], w0, (__m512bh)_mm512_set1_epi32((int)xr[p0]));
-                        e[r] = _mm512_dpbf16_ps(e[r], w1, (__m512bh)_mm512_set1_epi32((int)xr[p1]));
-                    }
+                    if (r < mr)
+                        total[r][c] = _mm512_fmadd_ps(d, acc[r][c], total[r][c]);
             }
-            __m512 d = from_buffer ? here->d[h] : scale16(qtype, block, h);
-#pragma GCC unroll 8
-            for (int r = 0; r < PAIR_ROWS; r++)
-                if (r < mr)
-                    total[r] = _mm512_fmadd_ps(d, _mm512_add_ps(a[r], e[r]), total[r]);
         }
         if (has_min(qtype)) {
-            __m512 m = from_buffer ? here->m : min16(qtype, block);
+#pragma GCC unroll 2
+            for (int c = 0; c < 2; c++) {
+                __m512 m = from_buffer ? here[c]->m : min16(qtype, block[c]);
+                if (mode == DECODE_AND_KEEP)
+                    here[c]->m = m;
 #pragma GCC unroll 8
-            for (int r = 0; r < PAIR_ROWS; r++)
-                if (r < mr)
-                    total[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[r * blocks + b]), total[r]);
+                for (int r = 0; r < PAIR_ROWS; r++)
+                    if (r < mr)
+                        total[r][c] = _mm512_fmadd_ps(m, _mm512_set1_ps(xsum[r * blocks + b]), total[r][c]);
+            }
         }
     }
 #pragma GCC unroll 8
     for (int r = 0; r < PAIR_ROWS; r++)
         if (r < mr)
-            _mm512_storeu_ps(sums[r], total[r]);
+            _mm512_storeu_ps(sums[r][0], total[r][0]), _mm512_storeu_ps(sums[r][1], total[r][1]);
 }
 
-#define PAIR_TILE(qtype, mr, from_buffer) qtile_pairs(qtype, mr, from_buffer, x, K, xsum, panel, decoded, sums)
+#define PAIR_TILE(qtype, mr, mode) qtile_pairs(qtype, mr, mode, x, K, xsum, panel, next, decoded, sums)
 #define PAIR_CASE(mr)                                                                                 \
     case mr:                                                                                          \
-        if (decoded) BY_TYPE(qtype, PAIR_TILE, mr, 1) else BY_TYPE(qtype, PAIR_TILE, mr, 0)             \
+        if (mode == DECODE) BY_TYPE(qtype, PAIR_TILE, mr, DECODE)                                      \
+        else BY_TYPE(qtype, PAIR_TILE, mr, READ_DECODED)                                               \
         break;
 
 static AVX512Q_BF16 void qtile_pairs_rows(int qtype, int mr, const uint16_t *x, long K, const float *xsum,
-                                          const uint8_t *panel, const struct decoded_block *decoded,
-                                          float sums[PAIR_ROWS][QNR]) {
-    switch (mr) { /* a tile a row count and type: its accumulators stay in registers */
-        PAIR_CASE(8) PAIR_CASE(7) PAIR_CASE(6) PAIR_CASE(5) PAIR_CASE(4) PAIR_CASE(3) PAIR_CASE(2)
-    default:
-        if (decoded) BY_TYPE(qtype, PAIR_TILE, 1, 1) else BY_TYPE(qtype, PAIR_TILE, 1, 0)
+                                          const uint8_t *const panel[2], const uint8_t *const next[2], int mode,
+                                          struct decoded_block *const decoded[2], float sums[PAIR_ROWS][2][QNR]) {
+    if (mode == DECODE_AND_KEEP) /* (a panel's first row tile, whole, of more rows than one holds) */
+        BY_TYPE(qtype, PAIR_TILE, PAIR_ROWS, DECODE_AND_KEEP)
+    else switch (mr) { /* a tile a row count, type and mode: its accumulators stay in registers */
+        PAIR_CASE(6) PAIR_CASE(5) PAIR_CASE(4) PAIR_CASE(3) PAIR_CASE(2) PAIR_CASE(1)
     }
-}
-
-/* Every block of a panel decoded into `out`, as `qtile_pairs` decodes them. */
-static inline AVX512Q_BF16 __attribute__((always_inline)) void decode_typed(int qtype, const uint8_t *panel,
-                                                                           long blocks, struct decoded_block *out) {
-    long bytes = linnet_qpanel_block_bytes(qtype);
-    for (long b = 0; b < blocks; b++) {
-        const uint8_t *block = panel + b * bytes;
-#pragma GCC unroll 8
-        for (int s = 0; s < QK / 4; s++)
-            block_step(qtype, block, s, &out[b].w[2 * s], &out[b].w[2 * s + 1]);
-        out[b].d[0] = scale16(qtype, block, 0);
-        out[b].d[1] = scale16(qtype, block, halves(qtype) - 1);
-        out[b].m = min16(qtype, block);
-    }
-}
-
-static AVX512Q_BF16 void decode_panel(int qtype, const uint8_t *panel, long blocks, struct decoded_block *out) {
-    BY_TYPE(qtype, decode_typed, panel, blocks, out)
 }
 
 /* ---- AVX2: a panel row's 16 columns as two 8-wide halves */
@@ -438,38 +459,49 @@ struct qlinear_job {
     void *y;
 };
 
-/* Panels [p0, p1) of chunk c times every row of x, each tile's sums rounded into y as they are stored. */
+/* Panels [p0, p1) of chunk c times every row of x, each tile's sums rounded into y as they are stored. The pair
+ * tiles take two panels at a time (the last of an odd run twice, its second sums dropped). */
 static AVX2 int qlinear_chunk(void *data, long c, long chunks) {
     const struct qlinear_job *t = data;
     long p0 = t->P * c / chunks, p1 = t->P * (c + 1) / chunks, blocks = t->K / QK;
-    int tile_rows = t->path == PATH_PAIRS ? PAIR_ROWS : t->path == PATH_AVX512 ? 4 : 2;
-    long x_bytes = t->path == PATH_PAIRS ? 2 : 4;
-    float sums[PAIR_ROWS][QNR];
-    /* the pairs' panel decoded once (a panel at a time; without the memory, each tile decodes its own) */
+    int pairs = t->path == PATH_PAIRS;
+    int tile_rows = pairs ? PAIR_ROWS : t->path == PATH_AVX512 ? 4 : 2, step = pairs ? 2 : 1;
+    long x_bytes = pairs ? 2 : 4;
+    float sums[PAIR_ROWS][2][QNR];
+    /* the pairs' two panels decoded once (two at a time; without the memory, each tile decodes its own) */
     struct decoded_block *decoded = NULL;
-    if (t->path == PATH_PAIRS && t->M >= DECODE_FROM)
-        decoded = aligned_alloc(64, blocks * sizeof(struct decoded_block));
+    if (pairs && t->M >= DECODE_FROM)
+        decoded = aligned_alloc(64, 2 * blocks * sizeof(struct decoded_block));
     /* x in blocks of rows kept in cache while the chunk's panels pass: QMC, or DECODED_ROWS where each
      * panel is decoded again for each block */
     long row_block = decoded ? DECODED_ROWS : QMC;
     for (long m0 = 0; m0 < t->M; m0 += row_block) {
         long m1 = m0 + row_block < t->M ? m0 + row_block : t->M;
-        for (long p = p0; p < p1; p++) {
-            if (decoded)
-                decode_panel(t->qtype, t->panels[p], blocks, decoded);
+        for (long p = p0; p < p1; p += step) {
+            int two = pairs && p + 1 < p1;
+            const uint8_t *panel[2] = {t->panels[p], t->panels[two ? p + 1 : p]};
+            /* the next two panels, which the first row tile asks for as it decodes these (none at the run's end) */
+            const uint8_t *next[2] = {p + 2 < p1 ? t->panels[p + 2] : NULL, NULL};
+            next[1] = p + 3 < p1 ? t->panels[p + 3] : next[0];
+            struct decoded_block *kept[2] = {decoded, decoded ? decoded + (two ? blocks : 0) : NULL};
             for (long m = m0; m < m1; m += tile_rows) {
                 int mr = m1 - m < tile_rows ? (int)(m1 - m) : tile_rows;
                 const void *x = (const char *)t->x + m * t->K * x_bytes;
                 const float *xsum = t->xsum ? t->xsum + m * blocks : NULL;
-                if (t->path == PATH_PAIRS)
-                    qtile_pairs_rows(t->qtype, mr, x, t->K, xsum, t->panels[p], decoded, sums);
+                if (pairs) {
+                    int mode = !decoded || m1 - m0 <= PAIR_ROWS ? DECODE : m == m0 ? DECODE_AND_KEEP : READ_DECODED;
+                    qtile_pairs_rows(t->qtype, mr, x, t->K, xsum, panel, next[0] && m == m0 ? next : NULL, mode, kept,
+                                     sums);
+                }
                 else if (t->path == PATH_AVX512)
-                    qtile512_rows(t->qtype, mr, x, t->K, xsum, t->panels[p], (float(*)[QNR])sums);
+                    qtile512_rows(t->qtype, mr, x, t->K, xsum, panel[0], (float(*)[QNR])sums);
                 else
-                    qtile256_rows(t->qtype, mr, x, t->K, xsum, t->panels[p], (float(*)[QNR])sums);
+                    qtile256_rows(t->qtype, mr, x, t->K, xsum, panel[0], (float(*)[QNR])sums);
                 for (int r = 0; r < mr; r++)
-                    for (int j = 0; j < t->widths[p]; j++)
-                        store1(t->y, t->y_type, (m + r) * t->N + t->cols[p] + j, sums[r][j]);
+                    for (int q = 0; q < 1 + two; q++)
+                        for (int j = 0; j < t->widths[p + q]; j++)
+                            store1(t->y, t->y_type, (m + r) * t->N + t->cols[p + q] + j,
+                                   pairs ? sums[r][q][j] : ((float(*)[QNR])sums)[r][j]);
             }
         }
     }
