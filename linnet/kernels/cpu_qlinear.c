@@ -263,12 +263,12 @@ static inline AVX512Q_BF16 __attribute__((always_inline)) void nibble_pairs(cons
 static inline AVX512Q_BF16 __attribute__((always_inline)) void block_step(int qtype, const uint8_t *block, int s,
                                                                          __m512bh *w0, __m512bh *w1) {
     const __m128i *line = (const __m128i *)(block + quants_at(qtype));
-    if (qtype == QTYPE_Q8_0)
-        *w0 = int8_pairs(line + 4 * s), *w1 = int8_pairs(line + 4 * s + 2);
-    else if (!nibbles(qtype))
-        *w0 = six_bit_pairs(line + 4 * s), *w1 = six_bit_pairs(line + 4 * s + 2);
-    else
+    if (nibbles(qtype))
         nibble_pairs(line + 2 * s, w0, w1);
+    else if (qtype == QTYPE_Q5_K || qtype == QTYPE_Q6_K) /* (the types whose quants are known to fit 6 bits) */
+        *w0 = six_bit_pairs(line + 4 * s), *w1 = six_bit_pairs(line + 4 * s + 2);
+    else /* any int8 */
+        *w0 = int8_pairs(line + 4 * s), *w1 = int8_pairs(line + 4 * s + 2);
 }
 
 /* The pair of x (its words k, k + 1 as one) that step s's w0 (`second` 0) or w1 (1) multiplies. */
