@@ -234,8 +234,10 @@ def test_llama_clis_other_flags_are_refused_with_linnets_way(capsys, argv, says)
 
 def test_quantization_gguf_generates_as_the_file_decoded(capsys, gguf_path):
     """--quantization gguf (vLLM's): the embedded Q4_1 file's linears in their blocks, the greedy reply
-    of its bf16 load; refused where it does not run, in the command's flags."""
-    argv = ["generate", "smollm2-135m-instruct", "What is the capital of France?", "--chat", "-n", "8",
+    of its bf16 load; refused where it does not run, in the command's flags. Two numerics give one greedy
+    reply only where each token's top two logits stand apart: this prompt's are 1.0 apart or more in f32 (its 8
+    tokens); "What is the capital of France?" had "The" 0.08 above "L" (25.3), under a bf16 logit's step there."""
+    argv = ["generate", "smollm2-135m-instruct", "Name the capital of France.", "--chat", "-n", "8",
             "--max-seq", "64"]
     replies = []
     for extra in ([], ["--quantization", "gguf"]):
