@@ -7,7 +7,10 @@
  * sc q - dmin mn with 6-bit sc, mn; Q5_K as Q4_K with 5-bit q; Q6_K: 16 of 16, w = d sc q, sc int8, q
  * 6-bit less 32). Q5_0 (a f16 d, 32 5-bit q, w = d (q - 16)) is repacked as Q8_0, its q - 16 as int8,
  * Q4_0 (w = d (q - 8), 4-bit q) as a Q4_K sub-block, d and -8 d its scale and minimum, and Q5_1 (w = d
- * q + m, 5-bit q) as a Q5_K one: no type of their own here. At load the blocks of 16 rows are repacked
+ * q + m, 5-bit q) as a Q5_K one, Q3_K (16 of 16, w = d sc q, sc and q less 32 and 4) as Q6_K: no type of
+ * their own here. IQ4_NL (a f16 d, 32 4-bit indices into a table of 16 levels, w = d level) has its own, its
+ * nibbles looked up as they are decoded, and takes IQ4_XS (8 blocks of 32 a super-block, d (sc - 32) level)
+ * with each block's scale worked out as f32. At load the blocks of 16 rows are repacked
  * into a panel (cpu_qlinear.py), block of 32 after block along K, each panel block holding the 16
  * rows' scales (and minimums) side by side and then their quants K-major: for each k of the block, the
  * 16 rows' bytes in one 16-byte line (4-bit quants: k and k + 16 share a line, as they share a byte).
@@ -16,7 +19,8 @@
  * significant bits); Q5_K's block is Q8_0's quants (q as int8) with Q4_K's f32 scales and minimums;
  * Q6_K's block has two scales, one a half. One pass over a panel then gives 16 outputs, and a decode
  * step reads few bytes: Q4_1's 20 per 32 values, Q8_0's 34 (Q5_0's too, the file's 22), Q4_K's 24
- * (Q4_0's too; the files' 18), Q5_K's and Q6_K's 40 (the files' 22 and 26.25), bf16's 64.
+ * (Q4_0's too; the files' 18), IQ4_NL's 20 (the file's 18; IQ4_XS's 17), Q5_K's and Q6_K's 40 (the files' 22
+ * and 26.25; Q3_K's 13.75), bf16's 64.
  *
  * Each output sums, block by block, d * (sum of q x) (+ m * sum of x, Q4_1, Q4_K and Q5_K; Q6_K: a sum for
  * each half apart, each times its d): the same operations in the same order for a row whatever other rows its
@@ -39,9 +43,10 @@
 #define QMC 64 /* input rows a block of x: kept in cache while the chunk's panels pass */
 #define AVX512Q __attribute__((target("avx512f,avx2,fma,f16c")))
 
-/* What a type's panel block holds: 4-bit quants (k and k + 16 in a byte) or 8-bit ones (a k a line); a
- * minimum to add (times the block's sum of x); one scale or two (Q6_K's, for k below 16 and above). */
-static inline int nibbles(int qtype) { return qtype == QTYPE_Q4_1 || qtype == QTYPE_Q4_K; }
+/* What a type's panel block holds: 4-bit quants (k and k + 16 in a byte; IQ4_NL's index IQ4_LEVELS) or 8-bit
+ * ones (a k a line); a minimum to add (times the block's sum of x); one scale or two (Q6_K's, for k below 16 and
+ * above). */
+static inline int nibbles(int qtype) { return qtype == QTYPE_Q4_1 || qtype == QTYPE_Q4_K || qtype == QTYPE_IQ4_NL; }
 static inline int has_min(int qtype) { return qtype == QTYPE_Q4_1 || qtype == QTYPE_Q4_K || qtype == QTYPE_Q5_K; }
 static inline int halves(int qtype) { return qtype == QTYPE_Q6_K ? 2 : 1; }
 
@@ -66,13 +71,14 @@ static inline AVX512Q __attribute__((always_inline)) __m512 min16(int qtype, con
  * broadcast of a 4-row tile out of them and spilled them (a 7 KB frame), and a 16-row product ran
  * 3.4x slower than now (SmolLM2's [16, 576] x [1536, 576] Q4_1: 6.8 against 2.0 ms, a busy host). */
 
-/* Bytes one block of a panel takes: its 16 rows' scales (f16; f32 for the K-quants, two for Q6_K's
+/* Bytes one block of a panel takes: its 16 rows' scales (f16; f32 for the K-quants and IQ4_NL, two for Q6_K's
  * halves), minimums (Q4_1, Q4_K, Q5_K), and quants. */
 long linnet_qpanel_block_bytes(int qtype) {
     switch (qtype) {
     case QTYPE_Q8_0: return QNR * 2 + QK * QNR;
     case QTYPE_Q4_1: return QNR * 2 * 2 + QK / 2 * QNR;
     case QTYPE_Q4_K: return QNR * 4 * 2 + QK / 2 * QNR;
+    case QTYPE_IQ4_NL: return QNR * 4 + QK / 2 * QNR;
     case QTYPE_Q5_K:
     case QTYPE_Q6_K: return QNR * 4 * 2 + QK * QNR;
     default: return 0;
@@ -80,7 +86,26 @@ long linnet_qpanel_block_bytes(int qtype) {
 }
 
 static inline long quants_at(int qtype) {
-    return qtype == QTYPE_Q8_0 ? QNR * 2 : qtype == QTYPE_Q4_1 ? QNR * 4 : QNR * 8;
+    return qtype == QTYPE_Q8_0 ? QNR * 2 : qtype == QTYPE_Q4_1 || qtype == QTYPE_IQ4_NL ? QNR * 4 : QNR * 8;
+}
+
+/* IQ4_NL's (and IQ4_XS's) 16 levels, which its 4-bit quants index: llama.cpp's kvalues_iq4nl. */
+static const float IQ4_LEVELS[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* A nibble (0 .. 15 in each lane) as the f32 value a panel of `qtype` holds for it: itself, or IQ4_NL's level. */
+static inline AVX512Q __attribute__((always_inline)) __m512 nibble16(int qtype, __m512i q) {
+    if (qtype == QTYPE_IQ4_NL)
+        return _mm512_permutexvar_ps(q, _mm512_loadu_ps(IQ4_LEVELS));
+    return _mm512_cvtepi32_ps(q);
+}
+
+static inline AVX2 __attribute__((always_inline)) __m256 nibble8(int qtype, __m256i q) {
+    if (qtype == QTYPE_IQ4_NL) { /* levels 0 .. 7 or 8 .. 15 by bit 3, moved to the sign bit blendv reads */
+        __m256 low = _mm256_permutevar8x32_ps(_mm256_loadu_ps(IQ4_LEVELS), q);
+        __m256 high = _mm256_permutevar8x32_ps(_mm256_loadu_ps(IQ4_LEVELS + 8), q);
+        return _mm256_blendv_ps(low, high, _mm256_castsi256_ps(_mm256_slli_epi32(q, 28)));
+    }
+    return _mm256_cvtepi32_ps(q);
 }
 
 /* Columns [8 hi, 8 hi + 8) of a block's scales for half h, and of its minimums, as f32. */
@@ -133,8 +158,8 @@ static inline AVX512Q __attribute__((always_inline)) void qtile512(int qtype, in
 #pragma GCC unroll 4
                 for (int i = 0; i < QK / 2; i++) {
                     __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + i * QNR)));
-                    __m512 q0 = _mm512_cvtepi32_ps(_mm512_and_si512(v, low));
-                    __m512 q1 = _mm512_cvtepi32_ps(_mm512_srli_epi32(v, 4));
+                    __m512 q0 = nibble16(qtype, _mm512_and_si512(v, low));
+                    __m512 q1 = nibble16(qtype, _mm512_srli_epi32(v, 4));
 #pragma GCC unroll 4
                     for (int r = 0; r < 4; r++)
                         if (r < mr) {
@@ -171,6 +196,7 @@ static inline AVX512Q __attribute__((always_inline)) void qtile512(int qtype, in
     case QTYPE_Q4_1: tile(QTYPE_Q4_1, __VA_ARGS__); break;             \
     case QTYPE_Q4_K: tile(QTYPE_Q4_K, __VA_ARGS__); break;             \
     case QTYPE_Q5_K: tile(QTYPE_Q5_K, __VA_ARGS__); break;             \
+    case QTYPE_IQ4_NL: tile(QTYPE_IQ4_NL, __VA_ARGS__); break;         \
     default: tile(QTYPE_Q6_K, __VA_ARGS__);                            \
     }
 
@@ -245,26 +271,32 @@ static inline AVX512Q_BF16 __attribute__((always_inline)) __m512bh six_bit_pairs
     return (__m512bh)_mm512_permutex2var_epi16(bf16_counting(0), q, bf16_counting(-32));
 }
 
-/* Lines a and a + 1 of nibbles (Q4_1's, Q4_K's) as pairs, as `int8_pairs`: their low nibbles (*low) and their
- * high ones (*high). */
-static inline AVX512Q_BF16 __attribute__((always_inline)) void nibble_pairs(const __m128i *a, __m512bh *low,
-                                                                           __m512bh *high) {
+/* Lines a and a + 1 of nibbles (Q4_1's, Q4_K's, IQ4_NL's) as pairs, as `int8_pairs`: their low nibbles (*low) and
+ * their high ones (*high), each the value `nibble16` gives it. */
+static inline AVX512Q_BF16 __attribute__((always_inline)) void nibble_pairs(int qtype, const __m128i *a,
+                                                                           __m512bh *low, __m512bh *high) {
     __m512i q = side_by_side(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)a)));
-    __m512i table = bf16_counting(0);
-    table = _mm512_shuffle_i64x2(table, table, 0x44); /* entries 16 .. 31 as 0 .. 15 */
+    __m512i table; /* entries 16 .. 31 as 0 .. 15 (VPERMW reads 5 bits: a low nibble's byte's fifth too) */
+    if (qtype == QTYPE_IQ4_NL) {
+        __m512 levels = _mm512_loadu_ps(IQ4_LEVELS); /* (integers of 8 bits at most: exact in bf16) */
+        table = (__m512i)_mm512_cvtne2ps_pbh(levels, levels);
+    } else {
+        table = bf16_counting(0);
+        table = _mm512_shuffle_i64x2(table, table, 0x44);
+    }
     *low = (__m512bh)_mm512_permutexvar_epi16(q, table);
     *high = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(q, 4), table);
 }
 
 /* Step s (0 .. 7) of a panel block's quants as two vectors of bf16 pairs (lane j column j's), w0 and w1, summed in
  * that order: 8-bit quants' (Q8_0, Q5_K, Q6_K) pairs 2s and 2s + 1 (k = 4s .. 4s + 3, lines 4s .. 4s + 3); 4-bit
- * ones' (Q4_1, Q4_K) pairs s and s + 8 (k = 2s, 2s + 1 and 2s + 16, 2s + 17: the low and the high nibbles of lines
+ * ones' (Q4_1, Q4_K, IQ4_NL) pairs s and s + 8 (k = 2s, 2s + 1 and 2s + 16, 2s + 17: the low and the high nibbles of lines
  * 2s and 2s + 1, unpacked once). */
 static inline AVX512Q_BF16 __attribute__((always_inline)) void block_step(int qtype, const uint8_t *block, int s,
                                                                          __m512bh *w0, __m512bh *w1) {
     const __m128i *line = (const __m128i *)(block + quants_at(qtype));
     if (nibbles(qtype))
-        nibble_pairs(line + 2 * s, w0, w1);
+        nibble_pairs(qtype, line + 2 * s, w0, w1);
     else if (qtype == QTYPE_Q5_K || qtype == QTYPE_Q6_K) /* (the types whose quants are known to fit 6 bits) */
         *w0 = six_bit_pairs(line + 4 * s), *w1 = six_bit_pairs(line + 4 * s + 2);
     else /* any int8 */
@@ -425,10 +457,10 @@ static inline AVX2 __attribute__((always_inline)) void qtile256(int qtype, int m
                     __m128i v = _mm_loadu_si128((const __m128i *)(q + s * QNR));
                     __m256i w_lo = _mm256_cvtepu8_epi32(v), w_hi = _mm256_cvtepu8_epi32(_mm_srli_si128(v, 8));
                     __m256i low = _mm256_set1_epi32(15);
-                    q0_lo = _mm256_cvtepi32_ps(_mm256_and_si256(w_lo, low));
-                    q0_hi = _mm256_cvtepi32_ps(_mm256_and_si256(w_hi, low));
-                    q1_lo = _mm256_cvtepi32_ps(_mm256_srli_epi32(w_lo, 4));
-                    q1_hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(w_hi, 4));
+                    q0_lo = nibble8(qtype, _mm256_and_si256(w_lo, low));
+                    q0_hi = nibble8(qtype, _mm256_and_si256(w_hi, low));
+                    q1_lo = nibble8(qtype, _mm256_srli_epi32(w_lo, 4));
+                    q1_hi = nibble8(qtype, _mm256_srli_epi32(w_hi, 4));
                     k0 = s, k1 = s + QK / 2;
                 }
 #pragma GCC unroll 2
@@ -602,8 +634,8 @@ static inline AVX2 float panel_value(int qtype, const uint8_t *block, int j, int
     if (!nibbles(qtype)) {
         level = (float)((const int8_t *)q)[k * QNR + j];
     } else {
-        uint8_t byte = q[(k % (QK / 2)) * QNR + j];
-        level = (float)(k < QK / 2 ? byte & 15 : byte >> 4);
+        uint8_t byte = q[(k % (QK / 2)) * QNR + j], nibble = k < QK / 2 ? byte & 15 : byte >> 4;
+        level = qtype == QTYPE_IQ4_NL ? IQ4_LEVELS[nibble] : (float)nibble;
     }
     if (!has_min(qtype))
         return d * level;

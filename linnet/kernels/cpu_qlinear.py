@@ -5,9 +5,9 @@ into `cpu_linear`'s library).
 file holds them ([N, K / 32] blocks, or [N, K / 256] super-blocks), into panels of 16 rows, block of 32 after block
 along K (the layout cpu_qlinear.c describes), once at load: Q8_0's and Q4_1's bytes rearranged, Q5_0's as Q8_0's
 (its q - 16 as int8), Q4_0's and Q5_1's as a Q4_K and a Q5_K sub-block's (d and -8 d, or d and m, as f32),
-IQ4_NL's as Q8_0's (its table's values as int8), a K-quant's sub-blocks each given its f32 scale (and minimum)
-worked out exactly, 3-, 5- and 6-bit quants as int8 (Q3_K's in Q6_K's panels, as IQ4_XS's table values, its
-scale a 32 given to both halves of a Q6_K block); `QuantBlocks.packed`
+IQ4_NL's indices into its table as they are (the kernel looks them up) with d as f32, IQ4_XS's as IQ4_NL's, a
+K-quant's sub-blocks each given its f32 scale (and minimum) worked out exactly, 3-, 5- and 6-bit quants as int8
+(Q3_K's in Q6_K's panels); `QuantBlocks.packed`
 does so for a param, a weight a layer. `matmul` multiplies them, each block decoded in registers, in f32
 arithmetic; x f32 or bf16, the output in x's type. `QuantWeight.join` lists several weights'
 panels as one (a fused group: q, k and v; gate and up), as `PanelWeight.join` does. `gather` decodes
@@ -41,9 +41,9 @@ HALVES = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 11: (108,), 12: (0, 2
 # the type a weight's panels are in, where it is not the file's: Q5_0's d (q - 16) is a Q8_0 block's d q,
 # Q5_1's d q + m a Q5_K sub-block's (d and m as f32), Q4_0's d (q - 8) a Q4_K sub-block's d q + m with
 # m = -8 d (f32: exact, where an f16 m, Q4_1's, overflows from d = 8188); Q3_K's d (sc - 32) q, a scale a
-# 16 values, a Q6_K block's; IQ4_NL's d table[i] a Q8_0 block's d q (the table's values int8);
-# IQ4_XS's d (sc - 32) table[i], a scale a 32 values, a Q6_K block's with both halves' scales the same
-PANEL_TYPES = {6: 8, 7: 13, 2: 12, 11: 14, 20: 8, 23: 14}
+# 16 values, a Q6_K block's; IQ4_XS's d (sc - 32) table[i], a scale a 32 values, an IQ4_NL block's d table[i]
+# (its d f32 in the panel, as IQ4_NL's is)
+PANEL_TYPES = {6: 8, 7: 13, 2: 12, 11: 14, 23: 20}
 
 
 class QuantWeight:
@@ -158,14 +158,14 @@ def _panel_fields(kind: str, rows: np.ndarray, n: int, k: int) -> tuple:
     Q4_0's its nibbles with d and -8 d as f32 (a Q4_K sub-block);
     a K-quant's sub-block scale d sc and minimum -dmin mn are f32 (exact: 11 by at most 8 significant
     bits), Q5_K's quants int8 (q), Q6_K's int8 (q - 32), Q3_K's int8 (q - 4, two scales a block as Q6_K's),
-    Q4_K's nibbles arranged as Q4_1's (q_i low, q_{i+16} high); IQ4_NL's and IQ4_XS's indices the int8 values
-    of their table, with IQ4_NL's d (f16, a Q8_0 block) and IQ4_XS's d (sc - 32) (f32, twice: a Q6_K block)."""
+    Q4_K's nibbles arranged as Q4_1's (q_i low, q_{i+16} high); IQ4_NL's and IQ4_XS's 4-bit indices into their
+    table as the file holds them (as Q4_1's nibbles), with IQ4_NL's d and IQ4_XS's d (sc - 32) as f32."""
     if kind == "Q8_0":
         return [rows[..., 0:2]], rows[..., 2:34]
     if kind == "Q4_1":
         return [rows[..., 0:2], rows[..., 2:4]], rows[..., 4:20]
     if kind == "IQ4_NL":  # d (f16), 16 bytes of indices into the table (value i low nibble, i + 16 high)
-        return [rows[..., 0:2]], _iq4_values(np.concatenate([rows[..., 2:18] & 15, rows[..., 2:18] >> 4], axis=-1))
+        return [_half(rows, 0)], rows[..., 2:18]
     if kind == "Q4_0":  # d (f16), 16 bytes of nibbles arranged as Q4_1's
         d = _half(rows, 0)
         return [d, -8 * d], rows[..., 2:18]
@@ -184,7 +184,7 @@ def _panel_fields(kind: str, rows: np.ndarray, n: int, k: int) -> tuple:
         sc = sc | ((rows[..., 2:4].copy().view("<u2") >> 2 * np.arange(8, dtype=np.uint16) & 3) << 4).astype(np.uint8)
         scale = (_half(rows, 0) * (sc.astype(np.float32) - 32)).reshape(n, k // BLOCK)  # exact: 11 by 6 bits
         qs = rows[..., 8:].reshape(n, supers, 8, 16)  # a sub-block's 16 bytes: value i low nibble, i + 16 high
-        return [scale, scale], _iq4_values(np.concatenate([qs & 15, qs >> 4], axis=-1).reshape(n, k // BLOCK, 32))
+        return [scale], qs.reshape(n, k // BLOCK, 16)
     if kind == "Q3_K":  # 32 bytes of high bits, 64 of 2-bit lows, 12 of 6-bit scales, d (f16)
         # scale j (of 16): its low 4 bits byte j % 8's nibble j // 8, its high 2 byte 8 + j % 4's bits 2 (j // 4)
         low, high = rows[..., 96:104], rows[..., 104:108]
@@ -219,13 +219,6 @@ def _panel_fields(kind: str, rows: np.ndarray, n: int, k: int) -> tuple:
     q = ((low | (high << 4)).astype(np.int16) - 32).astype(np.int8).reshape(n, k // BLOCK, 32)
     sc = (_half(rows, 208) * rows[..., 192:208].view(np.int8).astype(np.float32)).reshape(n, k // BLOCK, 2)
     return [sc[..., 0], sc[..., 1]], q
-
-
-def _iq4_values(indices: np.ndarray) -> np.ndarray:
-    """IQ4_NL's and IQ4_XS's 4-bit indices as the int8 values of their table (gguf's kvalues_iq4nl)."""
-    from gguf.quants import IQ4_NL
-
-    return np.array(IQ4_NL.kvalues, np.int8)[indices]
 
 
 def _half(rows: np.ndarray, at: int) -> np.ndarray:

@@ -16,8 +16,8 @@ pytestmark = pytest.mark.skipif(not cpu_linear.available(torch.float32), reason=
 Q = gguf.GGMLQuantizationType
 QTYPES = [Q.Q8_0, Q.Q4_1]
 K_QUANTS = [Q.Q4_K, Q.Q6_K]
-# types run in another's panels (`PANEL_TYPES`: Q4_0 as Q4_K, Q5_0 and IQ4_NL as Q8_0, Q5_1 as Q5_K, Q3_K and
-# IQ4_XS as Q6_K), and Q5_K (Q8_0's quants, Q4_K's minimums), each with a K of a few blocks and a last panel of one
+# types run in another's panels (`PANEL_TYPES`: Q4_0 as Q4_K, Q5_0 as Q8_0, Q5_1 as Q5_K, Q3_K as Q6_K, IQ4_XS
+# as IQ4_NL), Q5_K (Q8_0's quants, Q4_K's minimums) and IQ4_NL (nibbles looked up in its table), each with a K of a few blocks and a last panel of one
 # row; fewer cases than the types above, whose kernels they share (the suite's time is counted: these run again
 # under each older CPU's cap)
 OTHERS = [(Q.Q4_0, 17, 96), (Q.Q5_0, 17, 96), (Q.Q5_1, 17, 64), (Q.Q5_K, 17, 512), (Q.Q3_K, 17, 512),
@@ -91,12 +91,12 @@ def test_k_quants_are_gguf_dequantized_times_x(qtype, rows, n, k, x_type):
 @pytest.mark.parametrize("x_type", [torch.float32, torch.bfloat16], ids=["x_f32", "x_bf16"])
 def test_types_in_anothers_panels_and_q5_k_are_gguf_dequantized_times_x(qtype, n, k, rows, x_type):
     """Q4_0, Q5_0 and Q5_1 (Q4_K_M's and Q5_K_M's types where a row is not whole super-blocks), Q3_K (Q3_K_M's),
-    IQ4_NL and IQ4_XS (their 4-bit indices as the int8 values of their table) repacked, and Q5_K (Q5_K_M's):
+    IQ4_XS (as IQ4_NL) repacked, IQ4_NL (its 4-bit indices looked up in its table) and Q5_K (Q5_K_M's):
     one row, a tile and a part, and more rows than a panel is decoded once for."""
     test_matmul_is_gguf_dequantized_times_x(qtype, rows, n, k, x_type)
 
 
-@pytest.mark.parametrize("qtype", QTYPES + K_QUANTS + [Q.Q5_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", QTYPES + K_QUANTS + [Q.Q5_K, Q.IQ4_NL], ids=lambda q: q.name)
 @pytest.mark.parametrize("x_type", [torch.float32, torch.bfloat16], ids=["x_f32", "x_bf16"])
 def test_each_row_is_the_same_alone_as_beside_others(qtype, x_type):
     """Batch invariance: a row's sums are bitwise the same whatever rows its call holds (bf16 x on
@@ -190,11 +190,10 @@ def test_a_type_or_k_it_does_not_take_is_refused(qtype, k):
 def test_the_block_types_are_ggmls_own():
     """The kernel's type codes and block sizes, kept here without importing gguf, are gguf's; a Q5_0 weight's
     panels are Q8_0's (its d (q - 16) a Q8_0 block's d q), a Q4_0 weight's Q4_K's (d q - 8 d), a Q5_1 one's
-    Q5_K's (d q + m), an IQ4_NL one's Q8_0's (d table[i]), a Q3_K and an IQ4_XS one's Q6_K's (a scale a 16 values,
-    IQ4_XS's the same for both of a block's halves)."""
+    Q5_K's (d q + m), a Q3_K one's Q6_K's (a scale a 16 values), an IQ4_XS one's IQ4_NL's (d (sc - 32) table[i],
+    d sc as f32 as IQ4_NL's d is)."""
     assert {code: (Q(code).name, *gguf.GGML_QUANT_SIZES[Q(code)]) for code in cpu_qlinear.READS} == \
         {code: (name, cpu_qlinear.BLOCK_VALUES[code], cpu_qlinear.BLOCK_BYTES[code])
          for code, name in cpu_qlinear.READS.items()}
     panels = {Q(code).name: Q(form).name for code, form in cpu_qlinear.PANEL_TYPES.items()}
-    assert panels == {"Q5_0": "Q8_0", "Q4_0": "Q4_K", "Q5_1": "Q5_K", "Q3_K": "Q6_K", "IQ4_NL": "Q8_0",
-                      "IQ4_XS": "Q6_K"}
+    assert panels == {"Q5_0": "Q8_0", "Q4_0": "Q4_K", "Q5_1": "Q5_K", "Q3_K": "Q6_K", "IQ4_XS": "IQ4_NL"}

@@ -73,30 +73,30 @@ def test_a_q4_k_m_files_mix_runs_each_layer_in_its_own_blocks(compile, tmp_path)
     in some layers, and where a row is not whole super-blocks (SmolLM2's 576) Q5_0 for Q4_K and Q8_0 for Q6_K;
     and, for the other types run in their blocks, Q5_K (Q5_K_M's) gate and up in one layer, a Q5_1 (Q5_K_M's
     Q5_K where a row is not whole super-blocks) attn_output in it and a Q4_0 one in the other; Q3_K, IQ4_NL and
-    IQ4_XS (Q3_K_M's, IQ4_NL's and IQ4_XS's files) in Q6_K's, Q8_0's and Q6_K's panels. Every linear runs in its
-    blocks, each layer in its own type: q, k and v three matmuls in the layer whose q is Q4_K, k IQ4_XS and v
-    Q6_K, and joined in the one whose q is IQ4_NL, k Q5_0 and v Q8_0 (IQ4_NL's and Q5_0's panels are Q8_0's);
-    gate and up joined in both, Q5_K in one and a Q3_K gate and an IQ4_XS up (in Q6_K's panels) in the other.
-    The logits are the file's tensors as gguf's own `dequantize` decodes them (written to an f32 file) give
-    them, and the greedy tokens through Engine.run (a captured decode step replaying the per-layer mix) too."""
+    IQ4_XS (Q3_K_M's, IQ4_NL's and IQ4_XS's files), Q3_K in Q6_K's panels and IQ4_XS in IQ4_NL's. Every linear
+    runs in its blocks, each layer in its own type: q, k and v three matmuls in the layer whose q is Q4_K, k IQ4_XS
+    and v Q6_K, and joined in the one whose q is IQ4_XS and k and v IQ4_NL; gate and up joined in both, Q5_K in one
+    and a Q5_0 gate and a Q8_0 up (Q5_0's panels are Q8_0's: SmolLM2's Q4_K_M joins so) in the other, whose down
+    is Q3_K. The logits are the file's tensors as gguf's own `dequantize` decodes them (written to an f32 file)
+    give them, and the greedy tokens through Engine.run (a captured decode step replaying the per-layer mix) too."""
     mix = {"output.weight": Q.Q6_K, "blk.0.attn_v.weight": Q.Q6_K, "blk.0.ffn_down.weight": Q.Q6_K,
-           "blk.1.ffn_gate.weight": Q.Q3_K, "blk.1.ffn_up.weight": Q.IQ4_XS, "blk.0.attn_k.weight": Q.IQ4_XS,
-           "blk.1.attn_q.weight": Q.IQ4_NL, "blk.1.attn_k.weight": Q.Q5_0, "blk.1.attn_v.weight": Q.Q8_0,
-           "blk.0.ffn_gate.weight": Q.Q5_K, "blk.0.ffn_up.weight": Q.Q5_K, "blk.1.attn_output.weight": Q.Q4_0,
-           "blk.0.attn_output.weight": Q.Q5_1}
+           "blk.1.ffn_gate.weight": Q.Q5_0, "blk.1.ffn_up.weight": Q.Q8_0, "blk.1.ffn_down.weight": Q.Q3_K,
+           "blk.0.attn_k.weight": Q.IQ4_XS, "blk.1.attn_q.weight": Q.IQ4_XS, "blk.1.attn_k.weight": Q.IQ4_NL,
+           "blk.1.attn_v.weight": Q.IQ4_NL, "blk.0.ffn_gate.weight": Q.Q5_K, "blk.0.ffn_up.weight": Q.Q5_K,
+           "blk.1.attn_output.weight": Q.Q4_0, "blk.0.attn_output.weight": Q.Q5_1}
     path = write_typed_llama(tmp_path / "tiny-Q4_K_M.gguf", Q.Q4_K, types=mix)
     reference = load(write_typed_llama(tmp_path / "tiny-Q4_K_M-f32.gguf", Q.Q4_K, types=mix, decoded=True))
     quantized = load(path, "gguf", compile=compile)
     runner = quantized.runner
     assert sorted(quant_weights(quantized)) == sorted(runner.linear_weights)
     assert runner.weight_bytes() < reference.runner.weight_bytes() / 2
-    assert [w.qtype for w in runner.w_down] == [Q.Q6_K, Q.Q4_K]
+    assert [w.qtype for w in runner.w_down] == [Q.Q6_K, Q.Q6_K]  # (Q3_K in Q6_K's panels)
     q, k, v = runner.wq[0], runner.wk[0], runner.wv[0]  # layer 0: three weights of their own
     assert all(isinstance(w, QuantWeight) for w in (q, k, v))
-    assert (q.qtype, k.qtype, v.qtype) == (Q.Q4_K, Q.Q6_K, Q.Q6_K)  # (IQ4_XS in Q6_K's panels)
-    q, k, v = runner.wq[1], runner.wk[1], runner.wv[1]  # layer 1: one joined weight in Q8_0's panels
-    assert q.fused is k.fused is v.fused and q.fused.qtype == Q.Q8_0 and q.fused.n == v.stop
-    assert runner.w_gate[1].fused is runner.w_up[1].fused and runner.w_gate[1].fused.qtype == Q.Q6_K
+    assert (q.qtype, k.qtype, v.qtype) == (Q.Q4_K, Q.IQ4_NL, Q.Q6_K)  # (IQ4_XS in IQ4_NL's panels)
+    q, k, v = runner.wq[1], runner.wk[1], runner.wv[1]  # layer 1: one joined weight in IQ4_NL's panels
+    assert q.fused is k.fused is v.fused and q.fused.qtype == Q.IQ4_NL and q.fused.n == v.stop
+    assert runner.w_gate[1].fused is runner.w_up[1].fused and runner.w_gate[1].fused.qtype == Q.Q8_0
     assert runner.w_gate[0].fused is runner.w_up[0].fused and runner.w_gate[0].fused.qtype == Q.Q5_K
     assert [w.qtype for w in runner.wo] == [Q.Q5_K, Q.Q4_K]  # (Q5_1 in Q5_K's panels, Q4_0 in Q4_K's)
     want, got = logits(reference), logits(quantized)
