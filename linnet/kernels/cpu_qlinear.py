@@ -22,9 +22,10 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from linnet.kernels import cpu_linear, pool
+from linnet.kernels import build, cpu_linear, pool
 from linnet.kernels.cpu_graph import call
 from linnet.kernels.cpu_ops import as_int32
+from linnet.kernels.pages import aligned_empty, back_with_huge_pages_later
 from linnet.kernels.cpu_linear import PanelTable, _table, joined_table
 from linnet.kernels.panels import PANEL
 from linnet.kernels.torch_types import TYPES
@@ -112,8 +113,15 @@ class QuantBlocks:
         return out
 
     def packed(self):
-        """The param for `matmul`: a QuantWeight, or a list of them, one a layer (each in its layer's type)."""
-        weights = [pack(rows, qtype, self.shape[-2], self.k) for rows, qtype in zip(self.layers, self.types)]
+        """The param for `matmul`: a QuantWeight, or a list of them, one a layer (each in its layer's type),
+        all its layers' panels in one buffer on huge pages (`pages`): a decode step streams through them, and a
+        layer's alone may fill no 2 MB page (SmolLM2's are under 1 MB)."""
+        n, k = self.shape[-2], self.k
+        ends = np.cumsum([0] + [panel_bytes(qtype, n, k) for qtype in self.types])
+        whole = aligned_empty((int(ends[-1]),), np.uint8)
+        weights = [pack(rows, qtype, n, k, into=whole[ends[i]:ends[i + 1]])
+                   for i, (rows, qtype) in enumerate(zip(self.layers, self.types))]
+        back_with_huge_pages_later(whole, whole.ctypes.data, whole.nbytes)
         return weights if len(self.shape) == 3 else weights[0]
 
 
@@ -122,9 +130,16 @@ def takes(qtype, k: int) -> bool:
     return qtype in READS and k % BLOCK_VALUES[int(qtype)] == 0 and cpu_linear.library() is not None
 
 
-def pack(blocks: np.ndarray, qtype, n: int, k: int) -> QuantWeight:
+def panel_bytes(qtype, n: int, k: int) -> int:
+    """The bytes of a weight [n, k]'s panels from blocks of `qtype` (`pack`'s `into`)."""
+    form = PANEL_TYPES.get(int(qtype), int(qtype))
+    return -(-n // PANEL) * (k // BLOCK) * build.cpu_kernels().linnet_qpanel_block_bytes(form)
+
+
+def pack(blocks: np.ndarray, qtype, n: int, k: int, into: np.ndarray | None = None) -> QuantWeight:
     """A weight [n, k] from its GGUF blocks (uint8, in the file's row order, any shape holding them),
-    repacked into panels of 16 rows (a copy; the last panel's missing rows zero)."""
+    repacked into panels of 16 rows (a copy, into `into` where given: uint8 of `panel_bytes`; the last
+    panel's missing rows zero)."""
     if not takes(qtype, k):
         name = getattr(qtype, "name", f"type {qtype}")
         kinds = ", ".join(f"{t} (K a multiple of {BLOCK_VALUES[c]})" for c, t in READS.items())
@@ -143,7 +158,9 @@ def pack(blocks: np.ndarray, qtype, n: int, k: int) -> QuantWeight:
         if is_quants:  # a line of the 16 rows' bytes for each byte of the block
             f = f.transpose(0, 1, 3, 2)
         fields.append(f.reshape(panels, k // BLOCK, -1))
-    body = torch.from_numpy(np.ascontiguousarray(np.concatenate(fields, axis=2)))
+    shape = (panels, k // BLOCK, sum(f.shape[2] for f in fields))
+    body = torch.from_numpy(np.concatenate(fields, axis=2, out=np.empty(shape, np.uint8) if into is None else
+                                           into.reshape(shape)))
     step = body[0].numel()
     widths = [min(PANEL, n - p * PANEL) for p in range(panels)]
     table = _table([body.data_ptr() + p * step for p in range(panels)], widths, range(0, n, PANEL))
