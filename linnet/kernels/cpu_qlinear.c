@@ -1,30 +1,27 @@
 /* Linnet's CPU matmul for a GGUF's quantized linear weights, kept in their blocks:
  * y[M, N] = x[M, K] @ w[N, K]^T, w's blocks decoded as it runs, sums in f32.
  *
- * GGUF holds each weight row as blocks along K: Q8_0 a f16 scale d and 32 int8 q (w = d q), Q4_1 a f16
- * scale d, a f16 minimum m and 32 4-bit q (w = d q + m; byte i holds q_i in its low nibble and
- * q_{i+16} in its high one); the K-quants, super-blocks of 256 (Q4_K: 8 sub-blocks of 32, each w = d
- * sc q - dmin mn with 6-bit sc, mn; Q5_K as Q4_K with 5-bit q; Q6_K: 16 of 16, w = d sc q, sc int8, q
- * 6-bit less 32). Q5_0 (a f16 d, 32 5-bit q, w = d (q - 16)) is repacked as a Q5_K sub-block, d and -16 d its
- * scale and minimum, Q4_0 (w = d (q - 8), 4-bit q) as a Q4_K one, d and -8 d, and Q5_1 (w = d
- * q + m, 5-bit q) as a Q5_K one, Q3_K (16 of 16, w = d sc q, sc and q less 32 and 4) as Q6_K: no type of
- * their own here. IQ4_NL (a f16 d, 32 4-bit indices into a table of 16 levels, w = d level) has its own, its
- * nibbles looked up as they are decoded, and takes IQ4_XS (8 blocks of 32 a super-block, d (sc - 32) level)
- * with each block's scale worked out as f32. At load the blocks of 16 rows are repacked
- * into a panel (cpu_qlinear.py), block of 32 after block along K, each panel block holding the 16
- * rows' scales (and minimums) side by side and then their quants K-major: for each k of the block, the
- * 16 rows' bytes in one 16-byte line (4-bit quants: k and k + 16 share a line, as they share a byte).
- * A K-quant's block is one of its sub-blocks as Q4_1's or Q8_0's would hold it, the scale d sc (and
- * minimum -dmin mn) worked out at load as f32, which holds them exactly (a product of 11 and at most 8
- * significant bits); Q5_K's block is Q4_K's (q's low 4 bits as its nibbles) and then a plane of the 16 rows'
- * fifth bits, 64 bytes laid out so that a pair step's 32 lanes load theirs as one mask (`FIFTH_BITS`); Q6_K's
- * block is Q8_0's quants (q - 32 as int8) with two f32 scales, one a half. One pass over a panel then gives 16
- * outputs, and a decode step reads few bytes: Q4_1's 20 per 32 values, Q8_0's 34, Q4_K's 24 (Q4_0's too; the
- * files' 18), IQ4_NL's 20 (the file's 18; IQ4_XS's 17), Q5_K's 28 (Q5_0's and Q5_1's too; the files' 22, 22 and
- * 24; as int8, before the plane, Q5_0's 34 and the others' 40), Q6_K's 40 (the file's 26.25; Q3_K's 13.75), bf16's
- * 64.
- *
- * Each output sums, block by block, d * (sum of q x) (+ m * sum of x, Q4_1, Q4_K and Q5_K; Q6_K: a sum for
+ * GGUF holds each weight row as blocks along K: Q8_0 a f16 scale d and 32 int8 q (w = d q), Q4_1 a f16 scale d, a f16
+ * minimum m and 32 4-bit q (w = d q + m; byte i holds q_i in its low nibble and q_{i+16} in its high one); the
+ * K-quants, super-blocks of 256 (Q4_K: 8 sub-blocks of 32, each w = d sc q - dmin mn with 6-bit sc, mn; Q5_K as Q4_K
+ * with 5-bit q; Q6_K: 16 of 16, w = d sc q, sc int8, q 6-bit less 32). Q4_0 (w = d (q - 8), 4-bit q) is repacked as a
+ * Q4_K sub-block, d and -8 d its scale and minimum, Q5_1 (w = d q + m, 5-bit q) as a Q5_K one, Q3_K (16 of 16, w = d sc
+ * q, sc and q less 32 and 4) as Q6_K: no type of their own here. Q5_0 (a f16 d, 32 5-bit q, w = d (q - 16)) has its
+ * own, as Q5_K's below. IQ4_NL (a f16 d, 32 4-bit indices into a table of 16 levels, w = d level) has its own, its
+ * nibbles looked up as they are decoded, and takes IQ4_XS (8 blocks of 32 a super-block, d (sc - 32) level) with each
+ * block's scale worked out as f32. At load the blocks of 16 rows are repacked into a panel (cpu_qlinear.py), block of
+ * 32 after block along K, each panel block holding the 16 rows' scales (and minimums) side by side and then their
+ * quants K-major: for each k of the block, the 16 rows' bytes in one 16-byte line (4-bit quants: k and k + 16 share a
+ * line, as they share a byte). A K-quant's block is one of its sub-blocks as Q4_1's or Q8_0's would hold it, the scale
+ * d sc (and minimum -dmin mn) worked out at load as f32, which holds them exactly (a product of 11 and at most 8
+ * significant bits); Q5_K's block is Q4_K's (q's low 4 bits as its nibbles) and then a plane of the 16 rows' fifth
+ * bits, 64 bytes laid out so that a pair step's 32 lanes load theirs as one mask (`FIFTH_BITS`), and Q5_0's is Q8_0's
+ * f16 scales with such nibbles and plane, its value q - 16 (no minimum); Q6_K's block is Q8_0's quants (q - 32 as int8)
+ * with two f32 scales, one a half. One pass over a panel then gives 16 outputs, and a decode step reads few bytes:
+ * Q4_1's 20 per 32 values, Q8_0's 34, Q4_K's 24 (Q4_0's too; the files' 18), IQ4_NL's 20 (the file's 18; IQ4_XS's 17),
+ * Q5_0's 22 (the file's), Q5_K's 28 (Q5_1's too; the files' 22 and 24; as int8, before the plane, Q5_0's 34 in Q8_0's
+ * panels and the others' 40), Q6_K's 40 (the file's 26.25; Q3_K's 13.75), bf16's 64. Each output sums, block by block,
+ * d * (sum of q x) (+ m * sum of x, Q4_1, Q4_K and Q5_K; Q6_K: a sum for
  * each half apart, each times its d): the same operations in the same order for a row whatever other rows its
  * call holds (batch invariance, as cpu_linear.c keeps it). A bf16 x on AVX-512 BF16 multiplies pairs of k by
  * VDPBF16PS (q is exact in bf16, so are the products), the inner sum one f32 chain, up to 6 rows by two
@@ -45,20 +42,21 @@
 #define QMC 64 /* input rows a block of x: kept in cache while the chunk's panels pass */
 #define AVX512Q __attribute__((target("avx512f,avx2,fma,f16c")))
 
-/* What a type's panel block holds: 4-bit quants (k and k + 16 in a byte; IQ4_NL's index IQ4_LEVELS; Q5_K's with a
- * fifth bit each in a plane after them) or 8-bit ones (a k a line); a minimum to add (times the block's sum of x);
- * one scale or two (Q6_K's, for k below 16 and above). */
+/* What a type's panel block holds: 4-bit quants (k and k + 16 in a byte; IQ4_NL's index IQ4_LEVELS; Q5_0's and Q5_K's
+ * with a fifth bit each in a plane after them) or 8-bit ones (a k a line); a minimum to add (times the block's sum of
+ * x); one scale or two (Q6_K's, for k below 16 and above). */
 static inline int nibbles(int qtype) {
-    return qtype == QTYPE_Q4_1 || qtype == QTYPE_Q4_K || qtype == QTYPE_Q5_K || qtype == QTYPE_IQ4_NL;
+    return qtype == QTYPE_Q4_1 || qtype == QTYPE_Q4_K || qtype == QTYPE_Q5_0 || qtype == QTYPE_Q5_K ||
+           qtype == QTYPE_IQ4_NL;
 }
-/* Q5_K's nibbles come with a plane of fifth bits after them (`FIFTH_BITS`). */
-static inline int fifth_bits(int qtype) { return qtype == QTYPE_Q5_K; }
+/* Q5_0's and Q5_K's nibbles come with a plane of fifth bits after them (`FIFTH_BITS`); Q5_0's value is q - 16. */
+static inline int fifth_bits(int qtype) { return qtype == QTYPE_Q5_0 || qtype == QTYPE_Q5_K; }
 static inline int has_min(int qtype) { return qtype == QTYPE_Q4_1 || qtype == QTYPE_Q4_K || qtype == QTYPE_Q5_K; }
 static inline int halves(int qtype) { return qtype == QTYPE_Q6_K ? 2 : 1; }
 
-/* Where a panel block's 16 scales for half h lie, and its 16 minimums (Q4_1, Q4_K, Q5_K): f16 for Q8_0 and
- * Q4_1, f32 for the K-quants (`f16_scales`); the vector loads below and `panel_value` read them here. */
-static inline int f16_scales(int qtype) { return qtype == QTYPE_Q8_0 || qtype == QTYPE_Q4_1; }
+/* Where a panel block's 16 scales for half h lie, and its 16 minimums (Q4_1, Q4_K, Q5_K): f16 for Q8_0, Q4_1
+ * and Q5_0, f32 for the K-quants (`f16_scales`); the vector loads below and `panel_value` read them here. */
+static inline int f16_scales(int qtype) { return qtype == QTYPE_Q8_0 || qtype == QTYPE_Q4_1 || qtype == QTYPE_Q5_0; }
 static inline long scales_at(int qtype, int h) { return f16_scales(qtype) ? 0 : QNR * 4 * h; }
 static inline long mins_at(int qtype) { return qtype == QTYPE_Q4_1 ? QNR * 2 : QNR * 4; }
 
@@ -78,13 +76,14 @@ static inline AVX512Q __attribute__((always_inline)) __m512 min16(int qtype, con
  * 3.4x slower than now (SmolLM2's [16, 576] x [1536, 576] Q4_1: 6.8 against 2.0 ms, a busy host). */
 
 /* Bytes one block of a panel takes: its 16 rows' scales (f16; f32 for the K-quants and IQ4_NL, two for Q6_K's
- * halves), minimums (Q4_1, Q4_K, Q5_K), and quants (Q5_K: and fifth bits). */
+ * halves), minimums (Q4_1, Q4_K, Q5_K), and quants (Q5_0, Q5_K: and fifth bits). */
 long linnet_qpanel_block_bytes(int qtype) {
     switch (qtype) {
     case QTYPE_Q8_0: return QNR * 2 + QK * QNR;
     case QTYPE_Q4_1: return QNR * 2 * 2 + QK / 2 * QNR;
     case QTYPE_Q4_K: return QNR * 4 * 2 + QK / 2 * QNR;
     case QTYPE_IQ4_NL: return QNR * 4 + QK / 2 * QNR;
+    case QTYPE_Q5_0: return QNR * 2 + QK / 2 * QNR + QK * QNR / 8;
     case QTYPE_Q5_K: return QNR * 4 * 2 + QK / 2 * QNR + QK * QNR / 8;
     case QTYPE_Q6_K: return QNR * 4 * 2 + QK * QNR;
     default: return 0;
@@ -92,14 +91,16 @@ long linnet_qpanel_block_bytes(int qtype) {
 }
 
 static inline long quants_at(int qtype) {
-    return qtype == QTYPE_Q8_0 ? QNR * 2 : qtype == QTYPE_Q4_1 || qtype == QTYPE_IQ4_NL ? QNR * 4 : QNR * 8;
+    if (qtype == QTYPE_Q8_0 || qtype == QTYPE_Q5_0)
+        return QNR * 2;
+    return qtype == QTYPE_Q4_1 || qtype == QTYPE_IQ4_NL ? QNR * 4 : QNR * 8;
 }
 
-/* FIFTH_BITS: Q5_K's fifth bits, after its nibble lines, as 16 words of 32 bits laid out for the pairs' steps
- * (`five_bit_pairs`): word 2s + h holds, at bit 2j + e, the fifth bit of row j's value k = 2s + e + 16 h, so a step's
- * 32 lanes (row j's pair in lanes 2j, 2j + 1) load theirs as one mask. */
-static inline const uint32_t *fifth_words(const uint8_t *block) {
-    return (const uint32_t *)(block + quants_at(QTYPE_Q5_K) + QK / 2 * QNR);
+/* FIFTH_BITS: Q5_0's and Q5_K's fifth bits, after their nibble lines, as 16 words of 32 bits laid out for the pairs'
+ * steps (`five_bit_pairs`): word 2s + h holds, at bit 2j + e, the fifth bit of row j's value k = 2s + e + 16 h, so a
+ * step's 32 lanes (row j's pair in lanes 2j, 2j + 1) load theirs as one mask. */
+static inline const uint32_t *fifth_words(int qtype, const uint8_t *block) {
+    return (const uint32_t *)(block + quants_at(qtype) + QK / 2 * QNR);
 }
 
 /* The word and bit shift of value k (0 .. 31) of row j's fifth bit: the other tiles read them so too. */
@@ -136,13 +137,16 @@ static inline AVX2 __attribute__((always_inline)) __m256i fifth_shifts256(int k,
     return _mm256_add_epi32(_mm256_slli_epi32(j, 1), _mm256_set1_epi32(k % 2));
 }
 
-/* Lanes of a nibble vector of rows 8 hi .. 8 hi + 7 plus 16 where their fifth bit of value k is set (AVX2 has no mask
- * registers: the word broadcast, each lane's bit kept and compared with it). */
-static inline AVX2 __attribute__((always_inline)) __m256i with_fifth8(__m256i n, const uint8_t *block, int k, int hi) {
+/* A nibble vector of rows 8 hi .. 8 hi + 7 plus 16 where their fifth bit of value k is set (Q5_0: less 16 where it
+ * is clear); AVX2 has no mask registers: the word broadcast, each lane's bit kept and compared with it. */
+static inline AVX2 __attribute__((always_inline)) __m256i with_fifth8(int qtype, __m256i n, const uint8_t *block,
+                                                                      int k, int hi) {
     __m256i bit = _mm256_sllv_epi32(_mm256_set1_epi32(1), fifth_shifts256(k, hi));
-    __m256i word = _mm256_set1_epi32((int)fifth_words(block)[fifth_word(k)]);
-    __m256i set = _mm256_cmpeq_epi32(_mm256_and_si256(word, bit), bit);
-    return _mm256_add_epi32(n, _mm256_and_si256(set, _mm256_set1_epi32(16)));
+    __m256i word = _mm256_set1_epi32((int)fifth_words(qtype, block)[fifth_word(k)]);
+    __m256i set = _mm256_cmpeq_epi32(_mm256_and_si256(word, bit), bit), sixteen = _mm256_set1_epi32(16);
+    if (qtype == QTYPE_Q5_0)
+        return _mm256_sub_epi32(n, _mm256_andnot_si256(set, sixteen));
+    return _mm256_add_epi32(n, _mm256_and_si256(set, sixteen));
 }
 
 /* Columns [8 hi, 8 hi + 8) of a block's scales for half h, and of its minimums, as f32. */
@@ -189,7 +193,8 @@ static inline AVX512Q __attribute__((always_inline)) void qtile512(int qtype, in
                             e[r] = _mm512_fmadd_ps(q1, _mm512_set1_ps(xr[i + 1]), e[r]);
                         }
                 }
-            } else { /* a: the low nibbles (k below 16), e: the high ones (Q5_K: each with its fifth bit) */
+            } else { /* a: the low nibbles (k below 16), e: the high ones (Q5_K: each with its fifth bit; Q5_0: less
+                      * 16 where that is clear) */
                 const uint8_t *q = block + quants_at(qtype);
                 __m512i low = _mm512_set1_epi32(15), sixteen = _mm512_set1_epi32(16);
 #pragma GCC unroll 4
@@ -197,12 +202,17 @@ static inline AVX512Q __attribute__((always_inline)) void qtile512(int qtype, in
                     __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(q + i * QNR)));
                     __m512i n0 = _mm512_and_si512(v, low), n1 = _mm512_srli_epi32(v, 4);
                     if (fifth_bits(qtype)) { /* lane j's bit 2j + i % 2 of the words of k = i and i + 16 */
-                        const uint32_t *words = fifth_words(block);
+                        const uint32_t *words = fifth_words(qtype, block);
                         __m512i bit = _mm512_sllv_epi32(_mm512_set1_epi32(1), fifth_shifts512(i));
                         __mmask16 f0 = _mm512_test_epi32_mask(_mm512_set1_epi32((int)words[fifth_word(i)]), bit);
                         __mmask16 f1 = _mm512_test_epi32_mask(_mm512_set1_epi32((int)words[fifth_word(i + 16)]), bit);
-                        n0 = _mm512_mask_add_epi32(n0, f0, n0, sixteen);
-                        n1 = _mm512_mask_add_epi32(n1, f1, n1, sixteen);
+                        if (qtype == QTYPE_Q5_0) {
+                            n0 = _mm512_mask_sub_epi32(n0, (__mmask16)~f0, n0, sixteen);
+                            n1 = _mm512_mask_sub_epi32(n1, (__mmask16)~f1, n1, sixteen);
+                        } else {
+                            n0 = _mm512_mask_add_epi32(n0, f0, n0, sixteen);
+                            n1 = _mm512_mask_add_epi32(n1, f1, n1, sixteen);
+                        }
                     }
                     __m512 q0 = nibble16(qtype, n0);
                     __m512 q1 = nibble16(qtype, n1);
@@ -240,6 +250,7 @@ static inline AVX512Q __attribute__((always_inline)) void qtile512(int qtype, in
     switch (qtype) {                                                   \
     case QTYPE_Q8_0: tile(QTYPE_Q8_0, __VA_ARGS__); break;             \
     case QTYPE_Q4_1: tile(QTYPE_Q4_1, __VA_ARGS__); break;             \
+    case QTYPE_Q5_0: tile(QTYPE_Q5_0, __VA_ARGS__); break;             \
     case QTYPE_Q4_K: tile(QTYPE_Q4_K, __VA_ARGS__); break;             \
     case QTYPE_Q5_K: tile(QTYPE_Q5_K, __VA_ARGS__); break;             \
     case QTYPE_IQ4_NL: tile(QTYPE_IQ4_NL, __VA_ARGS__); break;         \
@@ -281,8 +292,8 @@ static AVX512Q void qtile512_rows(int qtype, int mr, const float *x, long K, con
  * bf16, whose bits are the f32's top 16. Q8_0's int8 are widened to f32 and the pairs' top halves put side by side
  * (`int8_pairs`); the smaller quants are looked up in a table of bf16 words by VPERMW / VPERMT2W, which read an
  * index's low 5 / 6 bits: Q6_K's -32 .. 31 (as int8: their low 6 bits, two's complement) in one of 64
- * (`six_bit_pairs`), a nibble in one of 32 whose entry i is i & 15 (`nibble_pairs`), Q5_K's nibble with 16 added
- * under its fifth bits' mask in one of 0 .. 31 (`five_bit_pairs`). Fewer
+ * (`six_bit_pairs`), a nibble in one of 32 whose entry i is i & 15 (`nibble_pairs`), a Q5_K or Q5_0 nibble with 16
+ * added under its fifth bits' mask in one of 0 .. 31 or -16 .. 15 (`five_bit_pairs`). Fewer
  * instructions than widening every quant to f32 and rounding pairs of vectors to bf16: a pass decoding a panel
  * of K 1024 took 16.3 ns a block for Q8_0, 13.6 for Q4_1 and 16.4 for Q6_K, against 24.0, 24.2 and 23.1 so
  * (one Zen 4 core, one process). */
@@ -335,15 +346,15 @@ static inline AVX512Q_BF16 __attribute__((always_inline)) void nibble_pairs(int 
     *high = (__m512bh)_mm512_permutexvar_epi16(_mm512_srli_epi16(q, 4), table);
 }
 
-/* Step s's lines 2s and 2s + 1 of Q5_K's nibbles as pairs, as `nibble_pairs`, each with its fifth bit: words 2s and
- * 2s + 1 (`FIFTH_BITS`) are the low and the high nibbles' 32 lanes' bits, a mask each, 16 added where set; the
- * table is 0 .. 31. */
-static inline AVX512Q_BF16 __attribute__((always_inline)) void five_bit_pairs(const uint8_t *block, int s,
+/* Step s's lines 2s and 2s + 1 of Q5_0's or Q5_K's nibbles as pairs, as `nibble_pairs`, each with its fifth bit:
+ * words 2s and 2s + 1 (`FIFTH_BITS`) are the low and the high nibbles' 32 lanes' bits, a mask each, 16 added where
+ * set; the table is 0 .. 31 (Q5_0's -16 .. 15). */
+static inline AVX512Q_BF16 __attribute__((always_inline)) void five_bit_pairs(int qtype, const uint8_t *block, int s,
                                                                              __m512bh *low, __m512bh *high) {
-    const __m128i *line = (const __m128i *)(block + quants_at(QTYPE_Q5_K)) + 2 * s;
+    const __m128i *line = (const __m128i *)(block + quants_at(qtype)) + 2 * s;
     __m512i q = side_by_side(_mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)line)));
-    const uint32_t *words = fifth_words(block) + 2 * s;
-    __m512i sixteen = _mm512_set1_epi16(16), table = bf16_counting(0);
+    const uint32_t *words = fifth_words(qtype, block) + 2 * s;
+    __m512i sixteen = _mm512_set1_epi16(16), table = bf16_counting(qtype == QTYPE_Q5_0 ? -16 : 0);
     __m512i n0 = _mm512_and_si512(q, _mm512_set1_epi16(15)), n1 = _mm512_srli_epi16(q, 4);
     n0 = _mm512_mask_add_epi16(n0, (__mmask32)words[0], n0, sixteen);
     n1 = _mm512_mask_add_epi16(n1, (__mmask32)words[1], n1, sixteen);
@@ -351,15 +362,15 @@ static inline AVX512Q_BF16 __attribute__((always_inline)) void five_bit_pairs(co
     *high = (__m512bh)_mm512_permutexvar_epi16(n1, table);
 }
 
-/* Step s (0 .. 7) of a panel block's quants as two vectors of bf16 pairs (lane j column j's), w0 and w1, summed in
- * that order: 8-bit quants' (Q8_0, Q6_K) pairs 2s and 2s + 1 (k = 4s .. 4s + 3, lines 4s .. 4s + 3); 4-bit ones'
- * (Q4_1, Q4_K, IQ4_NL; Q5_K's with their fifth bits) pairs s and s + 8 (k = 2s, 2s + 1 and 2s + 16, 2s + 17: the low
- * and the high nibbles of lines 2s and 2s + 1, unpacked once). */
+/* Step s (0 .. 7) of a panel block's quants as two vectors of bf16 pairs (lane j column j's), w0 and w1, summed in that
+ * order: 8-bit quants' (Q8_0, Q6_K) pairs 2s and 2s + 1 (k = 4s .. 4s + 3, lines 4s .. 4s + 3); 4-bit ones' (Q4_1,
+ * Q4_K, IQ4_NL; Q5_0's and Q5_K's with their fifth bits) pairs s and s + 8 (k = 2s, 2s + 1 and 2s + 16, 2s + 17: the
+ * low and the high nibbles of lines 2s and 2s + 1, unpacked once). */
 static inline AVX512Q_BF16 __attribute__((always_inline)) void block_step(int qtype, const uint8_t *block, int s,
                                                                          __m512bh *w0, __m512bh *w1) {
     const __m128i *line = (const __m128i *)(block + quants_at(qtype));
     if (fifth_bits(qtype))
-        five_bit_pairs(block, s, w0, w1);
+        five_bit_pairs(qtype, block, s, w0, w1);
     else if (nibbles(qtype))
         nibble_pairs(qtype, line + 2 * s, w0, w1);
     else if (qtype == QTYPE_Q6_K) /* (the type whose quants are known to fit 6 bits) */
@@ -525,8 +536,10 @@ static inline AVX2 __attribute__((always_inline)) void qtile256(int qtype, int m
                     __m256i n0_lo = _mm256_and_si256(w_lo, low), n0_hi = _mm256_and_si256(w_hi, low);
                     __m256i n1_lo = _mm256_srli_epi32(w_lo, 4), n1_hi = _mm256_srli_epi32(w_hi, 4);
                     if (fifth_bits(qtype)) {
-                        n0_lo = with_fifth8(n0_lo, block, s, 0), n0_hi = with_fifth8(n0_hi, block, s, 1);
-                        n1_lo = with_fifth8(n1_lo, block, s + 16, 0), n1_hi = with_fifth8(n1_hi, block, s + 16, 1);
+                        n0_lo = with_fifth8(qtype, n0_lo, block, s, 0);
+                        n0_hi = with_fifth8(qtype, n0_hi, block, s, 1);
+                        n1_lo = with_fifth8(qtype, n1_lo, block, s + 16, 0);
+                        n1_hi = with_fifth8(qtype, n1_hi, block, s + 16, 1);
                     }
                     q0_lo = nibble8(qtype, n0_lo);
                     q0_hi = nibble8(qtype, n0_hi);
@@ -656,11 +669,11 @@ static AVX2 void block_sums(int x_type, const void *x, long M, long K, float *ou
         }
 }
 
-/* y [M, N] (y_type: F32, BF16 or F16) = x [M, K] (F32 or BF16: x_type; K a multiple of 32) times P
- * panels of qtype (QTYPE_Q8_0, Q4_1, Q4_K, Q5_K or Q6_K, laid out as the top says): panel p gives y's columns
- * cols[p] .. cols[p] + widths[p], so one call can run a fused group's weights. Sums are f32's,
- * rounded once to y_type. Threads split the panels in equal runs, as linnet_linear's do. Returns
- * -1 if out of memory, -2 for a type or K the kernel does not take. */
+/* y [M, N] (y_type: F32, BF16 or F16) = x [M, K] (F32 or BF16: x_type; K a multiple of 32) times P panels of qtype
+ * (QTYPE_Q8_0, Q4_1, Q5_0, Q4_K, Q5_K, Q6_K or IQ4_NL, laid out as the top says): panel p gives y's columns cols[p] ..
+ * cols[p] + widths[p], so one call can run a fused group's weights. Sums are f32's, rounded once to y_type. Threads
+ * split the panels in equal runs, as linnet_linear's do. Returns -1 if out of memory, -2 for a type or K the kernel
+ * does not take. */
 int linnet_qlinear(int qtype, int x_type, const void *x, long M, long K, long P, const void *const *panels,
                    const long *cols, const int *widths, int y_type, void *y, long N, int threads) {
     if (!linnet_qpanel_block_bytes(qtype) || K % QK)
@@ -707,8 +720,8 @@ static inline AVX2 float panel_value(int qtype, const uint8_t *block, int j, int
     } else {
         uint8_t byte = q[(k % (QK / 2)) * QNR + j], nibble = k < QK / 2 ? byte & 15 : byte >> 4;
         if (fifth_bits(qtype))
-            nibble |= (fifth_words(block)[fifth_word(k)] >> fifth_shift(j, k) & 1) << 4;
-        level = qtype == QTYPE_IQ4_NL ? IQ4_LEVELS[nibble] : (float)nibble;
+            nibble |= (fifth_words(qtype, block)[fifth_word(k)] >> fifth_shift(j, k) & 1) << 4;
+        level = qtype == QTYPE_IQ4_NL ? IQ4_LEVELS[nibble] : qtype == QTYPE_Q5_0 ? nibble - 16.0f : (float)nibble;
     }
     if (!has_min(qtype))
         return d * level;

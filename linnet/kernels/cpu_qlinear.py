@@ -1,17 +1,17 @@
 """The CPU matmul for a GGUF's quantized linear weights, run in their blocks (`cpu_qlinear.c`, built
 into `cpu_linear`'s library).
 
-`pack` repacks a weight's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS blocks, as the
-file holds them ([N, K / 32] blocks, or [N, K / 256] super-blocks), into panels of 16 rows, block of 32 after block
-along K (the layout cpu_qlinear.c describes), once at load: Q8_0's and Q4_1's bytes rearranged, Q4_0's as a Q4_K
-sub-block's (d and -8 d as f32), Q5_0's and Q5_1's as a Q5_K one's (d and -16 d, or d and m, as f32),
-IQ4_NL's indices into its table as they are (the kernel looks them up) with d as f32, IQ4_XS's as IQ4_NL's, a
-K-quant's sub-blocks each given its f32 scale (and minimum) worked out exactly, 5-bit quants as nibbles and a plane
-of fifth bits (`_fifth_bit_plane`), 3- and 6-bit ones as int8 (Q3_K's in Q6_K's panels); `QuantBlocks.packed`
-does so for a param, a weight a layer. `matmul` multiplies them, each block decoded in registers, in f32
-arithmetic; x f32 or bf16, the output in x's type. `QuantWeight.join` lists several weights'
-panels as one (a fused group: q, k and v; gate and up), as `PanelWeight.join` does. `gather` decodes
-rows of one weight's panels (an embedding's, `QuantTable`, read from the head tied to it).
+`pack` repacks a weight's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL or IQ4_XS blocks, as the file
+holds them ([N, K / 32] blocks, or [N, K / 256] super-blocks), into panels of 16 rows, block of 32 after block along
+K (the layout cpu_qlinear.c describes), once at load: Q8_0's and Q4_1's bytes rearranged, Q4_0's as a Q4_K
+sub-block's (d and -8 d as f32), Q5_1's as a Q5_K one's (d and m as f32), IQ4_NL's indices into its table as they
+are (the kernel looks them up) with d as f32, IQ4_XS's as IQ4_NL's, a K-quant's sub-blocks each given its f32 scale
+(and minimum) worked out exactly, 5-bit quants as nibbles and a plane of fifth bits (`_fifth_bit_plane`), 3- and
+6-bit ones as int8 (Q3_K's in Q6_K's panels); `QuantBlocks.packed` does so for a param, a weight a layer. `matmul`
+multiplies them, each block decoded in registers, in f32 arithmetic; x f32 or bf16, the output in x's type.
+`QuantWeight.join` lists several weights' panels as one (a fused group: q, k and v; gate and up), as
+`PanelWeight.join` does. `gather` decodes rows of one weight's panels (an embedding's, `QuantTable`, read from the
+head tied to it).
 """
 
 from __future__ import annotations
@@ -39,19 +39,18 @@ BLOCK_VALUES = {2: 32, 3: 32, 6: 32, 7: 32, 8: 32, 11: 256, 12: 256, 13: 256, 14
 BLOCK_BYTES = {2: 18, 3: 20, 6: 22, 7: 24, 8: 34, 11: 110, 12: 144, 13: 176, 14: 210, 20: 18, 23: 136}
 HALVES = {2: (0,), 3: (0, 2), 6: (0,), 7: (0, 2), 8: (0,), 11: (108,), 12: (0, 2), 13: (0, 2), 14: (208,), 20: (0,),
           23: (0,)}  # its f16 d, m, dmin
-# the type a weight's panels are in, where it is not the file's: Q5_0's d (q - 16) is a Q5_K sub-block's d q + m
-# with m = -16 d, Q5_1's d q + m one too (d and m as f32), Q4_0's d (q - 8) a Q4_K sub-block's d q + m with
-# m = -8 d (f32: exact, where an f16 m, Q4_1's, overflows from d = 8188); Q3_K's d (sc - 32) q, a scale a
-# 16 values, a Q6_K block's; IQ4_XS's d (sc - 32) table[i], a scale a 32 values, an IQ4_NL block's d table[i]
-# (its d f32 in the panel, as IQ4_NL's is)
-PANEL_TYPES = {6: 13, 7: 13, 2: 12, 11: 14, 23: 20}
-Q5_K = 13
+# the type a weight's panels are in, where it is not the file's: Q5_1's d q + m is a Q5_K sub-block's (d and m as
+# f32), Q4_0's d (q - 8) a Q4_K sub-block's d q + m with m = -8 d (f32: exact, where an f16 m, Q4_1's, overflows
+# from d = 8188); Q3_K's d (sc - 32) q, a scale a 16 values, a Q6_K block's; IQ4_XS's d (sc - 32) table[i], a scale
+# a 32 values, an IQ4_NL block's d table[i] (its d f32 in the panel, as IQ4_NL's is)
+PANEL_TYPES = {7: 13, 2: 12, 11: 14, 23: 20}
+FIFTH_BITS = (6, 13)  # the panel types whose 5-bit quants are nibbles and a plane of fifth bits: Q5_0's, Q5_K's
 
 
 class QuantWeight:
     """A quantized linear weight [N, K] laid out for `matmul` (or several of one K and block type whose
-    outputs sit side by side: `join`). `qtype` is the type its panels are in (`PANEL_TYPES`: a Q5_0 or
-    Q5_1 weight's are Q5_K's, and join a Q5_K one's, not a Q8_0 one's; a Q4_0 weight's Q4_K's); `table`
+    outputs sit side by side: `join`). `qtype` is the type its panels are in (`PANEL_TYPES`: a Q5_1
+    weight's are Q5_K's, and join a Q5_K one's; a Q4_0 weight's Q4_K's; a Q5_0 one's its own); `table`
     lists every panel's address, width and output column; `buffers` keeps the memory behind them alive."""
 
     __slots__ = ("n", "k", "qtype", "buffers", "table", "panel_args")
@@ -151,7 +150,7 @@ def pack(blocks: np.ndarray, qtype, n: int, k: int, into: np.ndarray | None = No
     scales, quants = _panel_fields(READS[qtype], rows, n, k)
     panels = -(-n // PANEL)
     fifth = None
-    if PANEL_TYPES.get(qtype, qtype) == Q5_K:  # 5-bit quants: nibbles as Q4_1's, fifth bits in a plane after them
+    if PANEL_TYPES.get(qtype, qtype) in FIFTH_BITS:  # 5-bit quants: nibbles as Q4_1's, a plane of fifth bits after
         quants, fifth = (quants[..., :16] & 15) | (quants[..., 16:] << 4), quants >> 4
     fields = []
     for f, is_quants in [(f, False) for f in scales] + [(quants, True)]:
@@ -176,8 +175,8 @@ def pack(blocks: np.ndarray, qtype, n: int, k: int, into: np.ndarray | None = No
 def _panel_fields(kind: str, rows: np.ndarray, n: int, k: int) -> tuple:
     """A weight's blocks [n, blocks, bytes] as a panel block holds them, for each block of 32 along K: its scales (and
     minimums) [n, k / 32, ...] one array each, and its quants [n, k / 32, bytes] (cpu_qlinear.c's layout before the
-    16 rows are put side by side). Q8_0's and Q4_1's are the file's own bytes, Q5_0's and Q5_1's q (0 .. 31, a byte
-    each) with d and -16 d, or d and m, as f32 (a Q5_K sub-block; `pack` splits 5-bit quants into nibbles and fifth
+    16 rows are put side by side). Q8_0's and Q4_1's are the file's own bytes, Q5_0's q (0 .. 31, a byte each) with
+    its f16 d, Q5_1's with d and m as f32 (a Q5_K sub-block; `pack` splits 5-bit quants into nibbles and fifth
     bits), Q4_0's its nibbles with d and -8 d as f32 (a Q4_K sub-block); a K-quant's sub-block scale d sc and
     minimum -dmin mn are f32 (exact: 11 by at most 8 significant bits), Q5_K's quants q (a byte each, as Q5_0's),
     Q6_K's int8 (q - 32), Q3_K's int8 (q - 4, two scales a block as Q6_K's), Q4_K's nibbles arranged as Q4_1's (q_i
@@ -197,8 +196,7 @@ def _panel_fields(kind: str, rows: np.ndarray, n: int, k: int) -> tuple:
         high = (rows[..., at:at + 4].copy().view("<u4") >> np.arange(32, dtype=np.uint32)) & 1
         low = np.concatenate([rows[..., at + 4:] & 15, rows[..., at + 4:] >> 4], axis=-1)
         q = low | (high.astype(np.uint8) << 4)
-        d = _half(rows, 0)
-        return [d, _half(rows, 2) if kind == "Q5_1" else -16 * d], q
+        return ([_half(rows, 0), _half(rows, 2)] if kind == "Q5_1" else [rows[..., 0:2]]), q
     supers = k // 256
     if kind == "IQ4_XS":  # d (f16), the 6-bit scales' high 2 bits (u16; sub-block s's at bit 2s), low 4 bits
         low = rows[..., 4:8]  # (4 bytes: sub-block 2i's low nibble, 2i + 1's high), 128 bytes of indices

@@ -184,9 +184,10 @@ int linnet_linear_run(linnet_runner run, void *pool, long threads, int type, int
                       void *y, long N);
 int linnet_pack_panels(int type, void *w, long N, long K, int threads);
 
-/* cpu_qlinear.c: a GGUF's Q8_0 / Q4_1 / Q4_K / Q5_K / Q6_K / IQ4_NL weights in their blocks (type codes: GGML's
- * own; Q5_0's are repacked as Q8_0's, Q4_0's as Q4_K's, Q5_1's as Q5_K's, Q3_K's as Q6_K's, IQ4_XS's as IQ4_NL's) */
-enum { QTYPE_Q4_1 = 3, QTYPE_Q8_0 = 8, QTYPE_Q4_K = 12, QTYPE_Q5_K = 13, QTYPE_Q6_K = 14, QTYPE_IQ4_NL = 20 };
+/* cpu_qlinear.c: a GGUF's Q8_0 / Q4_1 / Q5_0 / Q4_K / Q5_K / Q6_K / IQ4_NL weights in their blocks (type codes:
+ * GGML's own; Q4_0's are repacked as Q4_K's, Q5_1's as Q5_K's, Q3_K's as Q6_K's, IQ4_XS's as IQ4_NL's) */
+enum { QTYPE_Q4_1 = 3, QTYPE_Q5_0 = 6, QTYPE_Q8_0 = 8, QTYPE_Q4_K = 12, QTYPE_Q5_K = 13, QTYPE_Q6_K = 14,
+       QTYPE_IQ4_NL = 20 };
 long linnet_qpanel_block_bytes(int qtype);
 int linnet_qlinear(int qtype, int x_type, const void *x, long M, long K, long P, const void *const *panels,
                    const long *cols, const int *widths, int y_type, void *y, long N, int threads);

@@ -16,15 +16,15 @@ pytestmark = pytest.mark.skipif(not cpu_linear.available(torch.float32), reason=
 Q = gguf.GGMLQuantizationType
 QTYPES = [Q.Q8_0, Q.Q4_1]
 K_QUANTS = [Q.Q4_K, Q.Q6_K]
-# types run in another's panels (`PANEL_TYPES`: Q4_0 as Q4_K, Q5_0 and Q5_1 as Q5_K, Q3_K as Q6_K, IQ4_XS
-# as IQ4_NL), Q5_K (Q4_K's nibbles and minimums, a plane of fifth bits) and IQ4_NL (nibbles looked up in its table),
-# each with a K of a few blocks and a last panel of one
+# types run in another's panels (`PANEL_TYPES`: Q4_0 as Q4_K, Q5_1 as Q5_K, Q3_K as Q6_K, IQ4_XS as IQ4_NL),
+# Q5_0 (f16 d, nibbles and a plane of fifth bits, q - 16), Q5_K (Q4_K's nibbles and minimums, a plane of fifth bits)
+# and IQ4_NL (nibbles looked up in its table), each with a K of a few blocks and a last panel of one
 # row; fewer cases than the types above, whose kernels they share (the suite's time is counted: these run again
 # under each older CPU's cap)
 OTHERS = [(Q.Q4_0, 17, 96), (Q.Q5_0, 17, 96), (Q.Q5_1, 17, 64), (Q.Q5_K, 17, 512), (Q.Q3_K, 17, 512),
           (Q.IQ4_NL, 17, 96), (Q.IQ4_XS, 17, 512)]
-# the quants of the types summed with a minimum (Q4_0's, -8 d, and Q5_0's, -16 d, in their panels)
-QUANTS_AT = {Q.Q4_0: slice(2, 18), Q.Q5_0: slice(2, 22), Q.Q4_1: slice(4, 20), Q.Q5_1: slice(4, 24),
+# the quants of the types summed with a minimum (Q4_0's, -8 d, in its panels)
+QUANTS_AT = {Q.Q4_0: slice(2, 18), Q.Q4_1: slice(4, 20), Q.Q5_1: slice(4, 24),
              Q.Q4_K: slice(16, 144), Q.Q5_K: slice(16, 176)}
 
 
@@ -97,7 +97,7 @@ def test_types_in_anothers_panels_and_q5_k_are_gguf_dequantized_times_x(qtype, n
     test_matmul_is_gguf_dequantized_times_x(qtype, rows, n, k, x_type)
 
 
-@pytest.mark.parametrize("qtype", QTYPES + K_QUANTS + [Q.Q5_K, Q.IQ4_NL], ids=lambda q: q.name)
+@pytest.mark.parametrize("qtype", QTYPES + K_QUANTS + [Q.Q5_0, Q.Q5_K, Q.IQ4_NL], ids=lambda q: q.name)
 @pytest.mark.parametrize("x_type", [torch.float32, torch.bfloat16], ids=["x_f32", "x_bf16"])
 def test_each_row_is_the_same_alone_as_beside_others(qtype, x_type):
     """Batch invariance: a row's sums are bitwise the same whatever rows its call holds (bf16 x on
@@ -123,8 +123,10 @@ def test_joined_weights_give_their_outputs_side_by_side():
     assert torch.equal(cpu_qlinear.matmul(x, joined), torch.cat([cpu_qlinear.matmul(x, p) for p in parts], dim=1))
     with pytest.raises(ValueError, match="share K and block type"):
         cpu_qlinear.QuantWeight.join([parts[0], cpu_qlinear.pack(random_blocks(Q.Q8_0, 16, k, rng), Q.Q8_0, 16, k)])
-    # Q5_0's and Q5_1's panels are Q5_K's: they join (Q5_K_M's q and k Q5_1 where v is Q5_0, SmolLM2's 576)
-    mixed = [cpu_qlinear.pack(random_blocks(qtype, 16, k, rng), qtype, 16, k) for qtype in (Q.Q5_0, Q.Q5_1)]
+    # Q5_1's panels are Q5_K's: they join (a Q5_K_M's v Q5_K where q and k are Q5_1)
+    k = 256
+    x = torch.from_numpy(rng.standard_normal((5, k)).astype(np.float32))
+    mixed = [cpu_qlinear.pack(random_blocks(qtype, 16, k, rng), qtype, 16, k) for qtype in (Q.Q5_1, Q.Q5_K)]
     assert torch.equal(cpu_qlinear.matmul(x, cpu_qlinear.QuantWeight.join(mixed)),
                        torch.cat([cpu_qlinear.matmul(x, p) for p in mixed], dim=1))
 
@@ -189,12 +191,11 @@ def test_a_type_or_k_it_does_not_take_is_refused(qtype, k):
 
 
 def test_the_block_types_are_ggmls_own():
-    """The kernel's type codes and block sizes, kept here without importing gguf, are gguf's; a Q5_0 weight's
-    panels are Q5_K's (its d (q - 16) a Q5_K block's d q - 16 d), a Q4_0 weight's Q4_K's (d q - 8 d), a Q5_1
-    one's Q5_K's (d q + m), a Q3_K one's Q6_K's (a scale a 16 values), an IQ4_XS one's IQ4_NL's (d (sc - 32) table[i],
-    d sc as f32 as IQ4_NL's d is)."""
+    """The kernel's type codes and block sizes, kept here without importing gguf, are gguf's; a Q4_0 weight's
+    panels are Q4_K's (d q - 8 d), a Q5_1 one's Q5_K's (d q + m), a Q3_K one's Q6_K's (a scale a 16 values), an
+    IQ4_XS one's IQ4_NL's (d (sc - 32) table[i], d sc as f32 as IQ4_NL's d is); Q5_0's are its own."""
     assert {code: (Q(code).name, *gguf.GGML_QUANT_SIZES[Q(code)]) for code in cpu_qlinear.READS} == \
         {code: (name, cpu_qlinear.BLOCK_VALUES[code], cpu_qlinear.BLOCK_BYTES[code])
          for code, name in cpu_qlinear.READS.items()}
     panels = {Q(code).name: Q(form).name for code, form in cpu_qlinear.PANEL_TYPES.items()}
-    assert panels == {"Q5_0": "Q5_K", "Q4_0": "Q4_K", "Q5_1": "Q5_K", "Q3_K": "Q6_K", "IQ4_XS": "IQ4_NL"}
+    assert panels == {"Q4_0": "Q4_K", "Q5_1": "Q5_K", "Q3_K": "Q6_K", "IQ4_XS": "IQ4_NL"}

@@ -76,7 +76,7 @@ def test_a_q4_k_m_files_mix_runs_each_layer_in_its_own_blocks(compile, tmp_path)
     IQ4_XS (Q3_K_M's, IQ4_NL's and IQ4_XS's files), Q3_K in Q6_K's panels and IQ4_XS in IQ4_NL's. Every linear
     runs in its blocks, each layer in its own type: q, k and v three matmuls in the layer whose q is Q4_K, k IQ4_XS
     and v Q6_K, and joined in the one whose q is IQ4_XS and k and v IQ4_NL; gate and up joined where both are Q5_K,
-    and in the other layer a Q5_0 gate and a Q8_0 up two matmuls (Q5_0's panels are Q5_K's: SmolLM2's Q4_K_M's q
+    and in the other layer a Q5_0 gate and a Q8_0 up two matmuls (Q5_0 has panels of its own: SmolLM2's Q4_K_M's q
     and k Q5_0 with v Q8_0 run so), whose down is Q3_K. The logits are the file's tensors as gguf's own `dequantize`
     decodes them (written to an f32 file) give them, and the greedy tokens through Engine.run (a captured decode step
     replaying the per-layer mix) too."""
@@ -97,7 +97,7 @@ def test_a_q4_k_m_files_mix_runs_each_layer_in_its_own_blocks(compile, tmp_path)
     assert (q.qtype, k.qtype, v.qtype) == (Q.Q4_K, Q.IQ4_NL, Q.Q6_K)  # (IQ4_XS in IQ4_NL's panels)
     q, k, v = runner.wq[1], runner.wk[1], runner.wv[1]  # layer 1: one joined weight in IQ4_NL's panels
     assert q.fused is k.fused is v.fused and q.fused.qtype == Q.IQ4_NL and q.fused.n == v.stop
-    assert (runner.w_gate[1].qtype, runner.w_up[1].qtype) == (Q.Q5_K, Q.Q8_0)  # (Q5_0 in Q5_K's panels)
+    assert (runner.w_gate[1].qtype, runner.w_up[1].qtype) == (Q.Q5_0, Q.Q8_0)
     assert runner.w_gate[0].fused is runner.w_up[0].fused and runner.w_gate[0].fused.qtype == Q.Q5_K
     assert [w.qtype for w in runner.wo] == [Q.Q5_K, Q.Q4_K]  # (Q5_1 in Q5_K's panels, Q4_0 in Q4_K's)
     want, got = logits(reference), logits(quantized)
