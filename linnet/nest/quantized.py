@@ -5,7 +5,7 @@ Q6_K, IQ4_NL or IQ4_XS blocks (the types `kernels.cpu_qlinear` multiplies; a Q4_
 attn_v and ffn_down mix from layer to layer, and Q5_0 and Q8_0 where a row is not whole super-blocks; a Q5_K_M's
 Q5_1 there) as
 `cpu_qlinear.QuantBlocks`, each layer in its own type, rather than decoded; a fused group runs in its blocks
-only whole, joined in the layers where its members' panels agree (a Q5_0 weight's are Q8_0's). The torch model
+only whole, joined in the layers where its members' panels agree (a Q5_1 weight's are Q5_K's). The torch model
 (`codegen_torch.runtime.TorchModel`) packs those its linears read for the quantized kernel and decodes the rest
 (an embedding's table, which it gathers rows from) to the param's type.
 """
