@@ -309,12 +309,12 @@ _DTYPE_NAMES = {"bfloat16": "bf16", "float16": "f16", "half": "f16", "float32": 
 def _quantization(text: str) -> str:
     """--quantization: vLLM's "gguf" (a GGUF's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL /
     IQ4_XS linears run in their blocks); its others refused."""
-    from linnet.nest.quantized import QUANTIZATIONS  # (here: linnet.nest is slow to import, and few ask)
+    from linnet.nest.quantized import QUANTIZATIONS, kept_types  # (here: linnet.nest is slow to import, and few ask)
 
     if text not in QUANTIZATIONS:
-        raise argparse.ArgumentTypeError(f"{text!r} is not taken: 'gguf' runs a GGUF's Q4_0, Q4_1, Q5_0, Q5_1, "
-                                         "Q8_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS weights in their blocks "
-                                         "(torch on the CPU); other weights run in --dtype (bf16, f16 or f32)")
+        raise argparse.ArgumentTypeError(f"{text!r} is not taken: 'gguf' runs a GGUF's {kept_types()} weights in "
+                                         "their blocks (torch on the CPU); other weights run in --dtype (bf16, f16 or "
+                                         "f32)")
     return text
 
 

@@ -61,7 +61,7 @@ from linnet.nest.locate import download_command, find_weights, is_model_dir, wei
 from linnet.nest.memory import check_fits, free_jax_bytes, free_torch_bytes
 from linnet.nest.model import LoadedModel
 from linnet.nest.progress import Progress
-from linnet.nest.quantized import check_quantization, check_source
+from linnet.nest.quantized import check_quantization, check_source, kept_types
 
 BACKENDS = {"torch": "torch", "jax": "jax", "jax_model": "jax"}
 EMBEDDED_CARD = "smollm2-135m-instruct"
@@ -589,8 +589,7 @@ def _block_reader(module: Module, ckpt: Checkpoint, fmt: str):
     names = [n for ns in checkpoint_names(module, fmt).values() for n in ns]
     others = sorted({ckpt.stored_dtype(n).upper() for n in names} - {"F32", "F16", "BF16"} - set(READS.values()))
     if others:
-        kinds = list(READS.values())
-        warnings.warn(f"{ckpt.path}: quantization='gguf' keeps {', '.join(kinds[:-1])} and {kinds[-1]} blocks; its "
+        warnings.warn(f"{ckpt.path}: quantization='gguf' keeps {kept_types()} blocks; its "
                       f"{', '.join(others)} tensors are decoded to T", stacklevel=5)
     return lambda name: ckpt.blocks(name, READS)
 

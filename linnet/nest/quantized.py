@@ -17,14 +17,21 @@ QUANTIZATIONS = ("gguf",)
 SUPPORTED = "the torch backend on the CPU, with numerics='fast', reading a GGUF file"
 
 
+def kept_types() -> str:
+    """The block types quantization='gguf' keeps (`cpu_qlinear.READS`), as words: "Q4_0, Q4_1, ... and IQ4_XS"."""
+    from linnet.kernels.cpu_qlinear import READS
+
+    kinds = list(READS.values())
+    return f"{', '.join(kinds[:-1])} and {kinds[-1]}"
+
+
 def check_quantization(quantization: str | None, kind: str, device: str, numerics: str) -> None:
     """Refuses `quantization` where it does not run, saying where it does (`check_source`: the weights)."""
     if quantization is None:
         return
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization={quantization!r}: Linnet takes {', '.join(map(repr, QUANTIZATIONS))} "
-                         f"(a GGUF's Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / "
-                         f"IQ4_XS linears run in their blocks) or None")
+                         f"(a GGUF's {kept_types()} linears run in their blocks) or None")
     where = []
     if kind != "torch":
         where.append(f"the {kind} backend")
