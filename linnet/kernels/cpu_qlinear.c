@@ -20,8 +20,9 @@
  * with two f32 scales, one a half. One pass over a panel then gives 16 outputs, and a decode step reads few bytes:
  * Q4_1's 20 per 32 values, Q8_0's 34, Q4_K's 24 (Q4_0's too; the files' 18), IQ4_NL's 20 (the file's 18; IQ4_XS's 17),
  * Q5_0's 22 (the file's), Q5_K's 28 (Q5_1's too; the files' 22 and 24; as int8, before the plane, Q5_0's 34 in Q8_0's
- * panels and the others' 40), Q6_K's 40 (the file's 26.25; Q3_K's 13.75), bf16's 64. Each output sums, block by block,
- * d * (sum of q x) (+ m * sum of x, Q4_1, Q4_K and Q5_K; Q6_K: a sum for
+ * panels and the others' 40), Q6_K's 40 (the file's 26.25; Q3_K's 13.75), bf16's 64.
+ *
+ * Each output sums, block by block, d * (sum of q x) (+ m * sum of x, Q4_1, Q4_K and Q5_K; Q6_K: a sum for
  * each half apart, each times its d): the same operations in the same order for a row whatever other rows its
  * call holds (batch invariance, as cpu_linear.c keeps it). A bf16 x on AVX-512 BF16 multiplies pairs of k by
  * VDPBF16PS (q is exact in bf16, so are the products), the inner sum one f32 chain, up to 6 rows by two
