@@ -70,6 +70,7 @@ def _value_lines(value: ir.Value, loc) -> list:
 
 class PythonEmitter:
     backend = "python"
+    dtypes: dict = {}  # an element type's spelling in the backend's library ("f32": "torch.float32")
 
     def __init__(self, module: ir.Module):
         self.module = module
@@ -158,6 +159,8 @@ class PythonEmitter:
             whole = STATIC_UNARY[v.op].count("{x}") == 1 and "({x})" in STATIC_UNARY[v.op]  # a call's one argument
             x = self.expr(k["x"]) if whole else self.paren(k["x"], UNARY - 1)
             return STATIC_UNARY[v.op].format(x=x), POSTFIX
+        if v.op == "cast" and (product := self.widened_product(v)) is not None:
+            return self.op_linear(product, product.kwargs, out_dtype="f32"), POSTFIX
         method = getattr(self, "op_" + v.op, None)
         if method is None:
             raise NotImplementedError(f"{self.backend} has no spelling for op `{v.op}`")
@@ -188,6 +191,16 @@ class PythonEmitter:
     def dtype_of(self, t) -> str:
         d = t.dtype if isinstance(t, TensorType) else t
         return self.module.bindings["T"] if d == GENERIC_DTYPE else d
+
+    def widened_product(self, v: ir.Op) -> ir.Op | None:
+        """The linear a cast widens to f32 from a 16-bit T (`linear(x, lm_head) as f32`: a head's
+        logits, a router's scores), which the runtime then gives as its f32 sums rather than rounded
+        to T and widened back (`rt.linear`'s out_dtype): logits a bf16 ulp apart (0.125 at 25) stay apart."""
+        x = v.kwargs["x"]
+        if isinstance(x, ir.Op) and x.op == "linear" and self.dtype_of(v.type) == "f32" and \
+                self.dtype_of(x.type) in ("bf16", "f16"):
+            return x
+        return None
 
     def is_iota_rows(self, v: ir.Value | None) -> bool:
         return isinstance(v, ir.Var) and v.name in self.iota_rows
@@ -292,8 +305,9 @@ class PythonEmitter:
     def op_reshape(self, v, k):
         return f"{self.paren(k['x'], POSTFIX - 1)}.reshape({self.dims(v.dims)})"
 
-    def op_linear(self, v, k):
-        return f"rt.linear({self.expr(k['x'])}, {self.expr(k['w'])}{self._bias(k)})"
+    def op_linear(self, v, k, out_dtype: str | None = None):
+        out = f", out_dtype={self.dtypes[out_dtype]}" if out_dtype else ""
+        return f"rt.linear({self.expr(k['x'])}, {self.expr(k['w'])}{self._bias(k)}{out})"
 
     def op_expert_linear(self, v, k):
         return f"rt.expert_linear({self.expr(k['x'])}, {self.expr(k['w'])}, {self.expr(k['experts'])}{self._bias(k)})"

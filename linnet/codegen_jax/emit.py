@@ -30,6 +30,7 @@ def generate(module: ir.Module) -> str:
 
 class _JaxEmitter(PythonEmitter):
     backend = "jax"
+    dtypes = JNP_DTYPES
 
     def __init__(self, module):
         super().__init__(module)

@@ -65,20 +65,24 @@ GPU_COMPILER_OPTIONS = {
 _GATHER_ELEMENTS = 1 << 24
 
 
-def linear(x, w, bias=None):
-    if isinstance(w, DeviceMajorRows):  # (fused_outputs: never with a bias)
+def linear(x, w, bias=None, out_dtype=None):
+    """x @ w.T (+ bias). `out_dtype`: the result's type where the generated code widens the product
+    (`linear(...) as f32`, a head's logits): the f32 sums as they are (the dot's preferred type,
+    Linnet's kernel's output), but for a fused group's member, whose product is the group's, in x's type."""
+    if isinstance(w, DeviceMajorRows):  # (fused_outputs: never with a bias, never widened)
         return DeviceMajorProduct(linear(x, w.rows), w.parts, w.shards)
     if isinstance(w, FusedPart):  # the group's whole matmul; XLA's CSE leaves one for all members
         y = linear(x, w.fused)[..., w.start:w.stop]
     elif isinstance(w, Panels):
-        y = xla_kernels.linear(x, w)
+        y = xla_kernels.linear(x, w, out_dtype)
     elif _reduces_narrow_weight(x, w):
-        y = _multiply_and_sum(x, w)
+        y = _multiply_and_sum(x, w, out_dtype)
     else:
         if x.dtype != w.dtype:  # f32 activations and a 16-bit weight (`gather_rows`): in f32, as XLA's CPU dot does
             w = w.astype(x.dtype)
-        y = jax.lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())))
-    return y if bias is None else y + bias
+        y = jax.lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())), preferred_element_type=out_dtype)
+    y = y if bias is None else y + bias
+    return y if out_dtype is None else y.astype(out_dtype)
 
 
 class FusedPart(NamedTuple):
@@ -149,8 +153,8 @@ def _reduces_narrow_weight(x, w) -> bool:
             and jax.default_backend() == "cpu")
 
 
-def _multiply_and_sum(x, w):
-    """x [..., K] @ w[N, K].T in f32, rounded to x's type. One row is summed as a vector against
+def _multiply_and_sum(x, w, out_dtype=None):
+    """x [..., K] @ w[N, K].T in f32, rounded to x's type (or `out_dtype`). One row is summed as a vector against
     w: XLA lowered the [1, N, K] form of it to a slow loop (SmolLM2's head: 100 ms against 7)."""
     lead, k = x.shape[:-1], x.shape[-1]
     xf = x.reshape(-1, k).astype(jnp.float32)
@@ -158,7 +162,7 @@ def _multiply_and_sum(x, w):
         y = jnp.sum(xf[0] * w.astype(jnp.float32), axis=-1)[None]
     else:
         y = jnp.sum(xf[:, None, :] * w.astype(jnp.float32), axis=-1)
-    return y.reshape(lead + (w.shape[0],)).astype(x.dtype)
+    return y.reshape(lead + (w.shape[0],)).astype(out_dtype or x.dtype)
 
 
 def gather_rows(table, ids):

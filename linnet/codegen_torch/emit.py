@@ -24,6 +24,7 @@ def generate(module: ir.Module) -> str:
 
 class _TorchEmitter(PythonEmitter):
     backend = "torch"
+    dtypes = TORCH_DTYPES
 
     def __init__(self, module):
         super().__init__(module)

@@ -87,54 +87,59 @@ def silu_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return F.silu(a) * b
 
 
-def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, w, bias: torch.Tensor | None = None, out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x @ w.T (+ bias). A weight packed by `pack_linear_weight` runs the kernel for its layout;
-    a `FusedPart` runs its group's one matmul on x (once for the group's members) and takes its columns."""
+    a `FusedPart` runs its group's one matmul on x (once for the group's members) and takes its columns.
+    `out_dtype`: the result's type where the generated code widens the product (`linear(...) as f32`,
+    a head's logits): the f32 sums as they are where the kernel keeps them (Linnet's CPU kernels, the
+    widened matmul), else rounded to x's type first (torch's own 16-bit matmuls write their type)."""
     if isinstance(w, FusedPart):
         if torch.compiler.is_compiling():
             # torch.compile's trace (a plain weight: CUDA's): a memo the trace wrote fails its guards
             # at the next call (a recompile), and Inductor keeps repeated matmuls apart; each member
             # multiplies its own rows
-            return linear(x, w.fused[w.start:w.stop], bias)
+            return linear(x, w.fused[w.start:w.stop], bias, out_dtype)
         x_last, fused, out = _FUSED.get(w.group, (None, None, None))
         if x_last is not x or fused is not w.fused:
             out = linear(x, w.fused)
             _FUSED[w.group] = (x, w.fused, out)
-        y = out[..., w.start:w.stop]
-        return y if bias is None else y + bias
-    if isinstance(w, (PanelWeight, QuantWeight)) or w.is_mkldnn:
-        return _packed_linear(x, w, bias)
+        y = out[..., w.start:w.stop]  # (in x's type: the group's one product serves every member)
+        return _in_type(y if bias is None else y + bias, out_dtype)
+    if isinstance(w, PanelWeight):
+        return cpu_linear.matmul(x, w, bias, out_dtype)
+    if isinstance(w, QuantWeight):
+        return cpu_qlinear.matmul(x, w, bias, out_dtype)
+    if w.is_mkldnn:
+        return _in_type(torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], ""), out_dtype)
     # Over rows, f32 activations meet a 16-bit weight unrounded, whatever the CPU multiplies natively
     if x.numel() > x.shape[-1] and (computed_in_f32(w) or x.dtype != w.dtype):
-        return _widened_linear(x, w, bias)
+        return _widened_linear(x, w, bias, out_dtype)
     if x.dtype != w.dtype:  # f32 activations (gather_rows) and a 16-bit weight at one row: in its type
-        return F.linear(x.to(w.dtype), w, bias).to(x.dtype)
-    return F.linear(x, w, bias)
+        return F.linear(x.to(w.dtype), w, bias).to(out_dtype or x.dtype)
+    return _in_type(F.linear(x, w, bias), out_dtype)
 
 
-def _packed_linear(x: torch.Tensor, w, bias: torch.Tensor | None = None) -> torch.Tensor:
-    if isinstance(w, PanelWeight):
-        return cpu_linear.matmul(x, w, bias)
-    if isinstance(w, QuantWeight):
-        return cpu_qlinear.matmul(x, w, bias)
-    return torch.ops.mkldnn._linear_pointwise(x, w, bias, "none", [], "")
+def _in_type(y: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    return y if dtype is None else y.to(dtype)
 
 
 WIDEN_SLICE = 1 << 22  # weight elements widened at a time: 16 MB of f32
 
 
-def _widened_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def _widened_linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None,
+                    out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """A bf16 / f16 linear on a CPU without instructions for the type, over more than one row:
     x and slices of w widened to f32 (exact), multiplied by MKL and rounded back to x's type,
     as a native kernel, which accumulates in f32, would. torch's own bf16 matmul there is a
     generic loop: 2x slower at 16 rows and 6x at 64 (SmolLM2's gate/up). One row keeps the
     native type, whose matrix-vector kernel reads half the bytes and runs faster than f32's.
-    The slices bound the f32 copy (a 128k-vocabulary head would take 2 GB at once)."""
+    The slices bound the f32 copy (a 128k-vocabulary head would take 2 GB at once). `out_dtype` f32
+    keeps the sums unrounded."""
     xf = x.float()
     step = max(1, WIDEN_SLICE // w.shape[1])
     parts = [F.linear(xf, w[i:i + step].float(), None if bias is None else bias[i:i + step].float())
              for i in range(0, w.shape[0], step)]
-    return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)).to(x.dtype)
+    return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)).to(out_dtype or x.dtype)
 
 
 class FusedPart(NamedTuple):

@@ -146,27 +146,42 @@ def pack_layers(w: torch.Tensor, in_place: bool = False) -> list:
     return packed
 
 
-def matmul(x: torch.Tensor, w: PanelWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] @ w.T (+ bias): f32 sums, rounded once to x's dtype, as a native bf16 kernel
-    accumulating in f32 would. The products are f32's (a bf16 x is widened, exactly), or, for a
-    weight in pairs (`pairs`), bf16's: x rounded to bf16, which a bf16 model's activations are."""
-    rows = x if x.dim() == 2 else x.reshape(-1, w.k)
+def matmul(x: torch.Tensor, w: PanelWeight, bias: torch.Tensor | None = None,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """x [..., K] @ w.T (+ bias): f32 sums, rounded once to x's dtype (or `out_dtype`: f32 keeps them as
+    they are), as a native bf16 kernel accumulating in f32 would. The products are f32's (a bf16 x is
+    widened, exactly), or, for a weight in pairs (`pairs`), bf16's: x rounded to bf16, which a bf16
+    model's activations are."""
+    rows, out, dtype = matmul_operands(x, w.k, w.n, bias, out_dtype)
+    if call("linear", w.type_code, TYPES[rows.dtype], rows.data_ptr(), rows.shape[0], *w.panel_args,
+            TYPES[out.dtype], out.data_ptr(), w.n, pool.threads()):
+        raise MemoryError(f"no memory for x's {rows.shape[0]} x {w.k} copy, f32 sums, or a {w.k} x {PANEL} f32 "
+                          f"panel to widen {w.dtype} weights into")
+    return matmul_result(out, x, w.n, bias, dtype)
+
+
+def matmul_operands(x: torch.Tensor, k: int, n: int, bias: torch.Tensor | None, out_dtype: torch.dtype | None):
+    """For a kernel's matmul (this one's, `cpu_qlinear`'s): x's rows [M, K] as the kernel reads them (f32
+    or bf16, contiguous), the output [M, N] it writes, and the result's type (x's, or `out_dtype`). The
+    kernel rounds its f32 sums to that type as it writes them, unless a bias is still to be added."""
+    rows = x if x.dim() == 2 else x.reshape(-1, k)
     if rows.dtype not in _READS:
         rows = rows.float()
     if not rows.is_contiguous():
         rows = rows.contiguous()
-    # Sums are rounded to x's type in the kernel, unless a bias is still to be added to them.
-    out_type = x.dtype if bias is None and x.dtype in TYPES else torch.float32
-    out = torch.empty(rows.shape[0], w.n, dtype=out_type)
-    if call("linear", w.type_code, TYPES[rows.dtype], rows.data_ptr(), rows.shape[0], *w.panel_args,
-            TYPES[out_type], out.data_ptr(), w.n, pool.threads()):
-        raise MemoryError(f"no memory for x's {rows.shape[0]} x {w.k} copy, f32 sums, or a {w.k} x {PANEL} f32 "
-                          f"panel to widen {w.dtype} weights into")
+    dtype = out_dtype or x.dtype
+    out_type = dtype if bias is None and dtype in TYPES else torch.float32
+    return rows, torch.empty(rows.shape[0], n, dtype=out_type), dtype
+
+
+def matmul_result(out: torch.Tensor, x: torch.Tensor, n: int, bias: torch.Tensor | None,
+                  dtype: torch.dtype) -> torch.Tensor:
+    """A kernel's output (`matmul_operands`) plus the bias, in x's leading shape and `dtype`."""
     if bias is not None:
         out += bias.to(out.dtype)  # (a bf16 model's bias, widened: the sums stay f32 until rounded once)
     if x.dim() != 2:
-        out = out.reshape(*x.shape[:-1], w.n)
-    return out if out.dtype == x.dtype else out.to(x.dtype)
+        out = out.reshape(*x.shape[:-1], n)
+    return out if out.dtype == dtype else out.to(dtype)
 
 
 _READS = (torch.float32, torch.bfloat16)  # x's types the kernel reads as they are

@@ -8,7 +8,7 @@ sub-block's (d and -8 d as f32), Q5_1's as a Q5_K one's (d and m as f32), IQ4_NL
 are (the kernel looks them up) with d as f32, IQ4_XS's as IQ4_NL's, a K-quant's sub-blocks each given its f32 scale
 (and minimum) worked out exactly, 5-bit quants as nibbles and a plane of fifth bits (`_fifth_bit_plane`), 3- and
 6-bit ones as int8 (Q3_K's in Q6_K's panels); `QuantBlocks.packed` does so for a param, a weight a layer. `matmul`
-multiplies them, each block decoded in registers, in f32 arithmetic; x f32 or bf16, the output in x's type.
+multiplies them, each block decoded in registers, in f32 arithmetic; x f32 or bf16, the output in x's type (or f32).
 `QuantWeight.join` lists several weights' panels as one (a fused group: q, k and v; gate and up), as
 `PanelWeight.join` does. `gather` decodes rows of one weight's panels (an embedding's, `QuantTable`, read from the
 head tied to it).
@@ -26,7 +26,7 @@ from linnet.kernels import build, cpu_linear, pool
 from linnet.kernels.cpu_graph import call
 from linnet.kernels.cpu_ops import as_int32
 from linnet.kernels.pages import aligned_empty, back_with_huge_pages_later
-from linnet.kernels.cpu_linear import PanelTable, _table, joined_table
+from linnet.kernels.cpu_linear import PanelTable, _table, joined_table, matmul_operands, matmul_result
 from linnet.kernels.panels import PANEL
 from linnet.kernels.torch_types import TYPES
 
@@ -258,25 +258,16 @@ def _half(rows: np.ndarray, at: int) -> np.ndarray:
     return rows[..., at:at + 2].copy().view(np.float16).astype(np.float32)
 
 
-def matmul(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+def matmul(x: torch.Tensor, w: QuantWeight, bias: torch.Tensor | None = None,
+           out_dtype: torch.dtype | None = None) -> torch.Tensor:
     """x [..., K] @ w.T (+ bias): f32 sums of the decoded blocks times x (a bf16 x widened, exactly),
-    rounded once to x's type."""
-    rows = x if x.dim() == 2 else x.reshape(-1, w.k)
-    if rows.dtype not in (torch.float32, torch.bfloat16):
-        rows = rows.float()
-    if not rows.is_contiguous():
-        rows = rows.contiguous()
-    out_type = x.dtype if bias is None and x.dtype in TYPES else torch.float32
-    out = torch.empty(rows.shape[0], w.n, dtype=out_type)
+    rounded once to x's type (or `out_dtype`: f32 keeps them as they are)."""
+    rows, out, dtype = matmul_operands(x, w.k, w.n, bias, out_dtype)
     status = call("qlinear", w.qtype, TYPES[rows.dtype], rows.data_ptr(), rows.shape[0], *w.panel_args,
-                  TYPES[out_type], out.data_ptr(), w.n, pool.threads())
+                  TYPES[out.dtype], out.data_ptr(), w.n, pool.threads())
     if status:
         raise MemoryError(f"no memory for x's {rows.shape[0]} x {w.k} f32 copy or its block sums")
-    if bias is not None:
-        out += bias.to(out.dtype)
-    if x.dim() != 2:
-        out = out.reshape(*x.shape[:-1], w.n)
-    return out if out.dtype == x.dtype else out.to(x.dtype)
+    return matmul_result(out, x, w.n, bias, dtype)
 
 
 def gather(table: QuantTable, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

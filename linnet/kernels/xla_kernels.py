@@ -125,8 +125,8 @@ def _type_code(dtype) -> int | None:
     return build.TYPE_CODES.get(names.get(np.dtype(dtype)))
 
 
-def linear(x, w: Panels):
-    """x [..., K] @ w.T in f32 arithmetic, rounded to x's type."""
+def linear(x, w: Panels, out_dtype=None):
+    """x [..., K] @ w.T in f32 arithmetic, rounded to x's type (or `out_dtype`)."""
     import jax
     import jax.numpy as jnp
 
@@ -134,7 +134,7 @@ def linear(x, w: Panels):
     rows = x.reshape(-1, k).astype(jnp.bfloat16 if pairs(w.array.dtype, k) else jnp.float32)
     layer = jnp.asarray(0 if w.layer is None else w.layer, jnp.int32)
     y = jax.ffi.ffi_call("linnet_linear", jax.ShapeDtypeStruct((rows.shape[0], w.n), jnp.float32))(rows, w.array, layer)
-    return y.reshape(lead + (w.n,)).astype(x.dtype)
+    return y.reshape(lead + (w.n,)).astype(out_dtype or x.dtype)
 
 
 def attention_rows(q, k_stack, v_stack, layer, rows, positions, window: int, sinks, scale: float,

@@ -379,3 +379,19 @@ entry decode(tokens: i32[Batch], positions: i32[Batch]) -> T[(Batch + 2) / 2, 2]
     out = model.decode(np.zeros(4, np.int32), np.zeros(4, np.int32))
     out = out[0] if isinstance(out, tuple) else out
     assert tuple(out.shape) == ((4 + 2) // 2, 2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_product_widened_to_f32_keeps_its_f32_sums_in_a_16_bit_t(backend, kit):
+    # `linear(x, lm_head) as f32` (a head's logits) and `linear(h, router[l]) as f32` (a router's scores)
+    # with T=bf16: the runtime's linear gives f32 (its sums, not rounded to bf16 first), the cast gone;
+    # in f32 the cast was the identity, and the source writes it as before
+    f32 = {"torch": "torch.float32", "jax": "jnp.float32"}[backend]
+    for card, product in (("tiny-llama", "rt.linear(x, {head}, out_dtype={f32})"),
+                          ("tiny-mixtral", "rt.topk(rt.linear(h, {router}, out_dtype={f32}), ")):
+        head, router = ("self.lm_head", "self.router[l]") if backend == "torch" else \
+            ('params["lm_head"]', 'params["router"][l]')
+        bf16 = generate(check_file(kit.CARDS / f"{card}.linnet"), backend, {**GENERICS, "T": "bf16"}, "fast")
+        assert product.format(head=head, router=router, f32=f32) in bf16, card
+        exact = generate(check_file(kit.CARDS / f"{card}.linnet"), backend, GENERICS)
+        assert "out_dtype" not in exact

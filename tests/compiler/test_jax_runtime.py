@@ -294,3 +294,30 @@ def test_a_models_entries_and_compiles_ahead_are_given_the_devices_options(monke
     pack = (np.array([5, 6], np.int32), np.array([0, 1], np.int32), np.array([0, 0], np.int32), np.array([1, 0], np.int32))
     with pytest.raises(Exception, match="xla_no_such_option"):
         model.compile_ahead("prefill", [pack])
+
+
+@pytest.mark.parametrize("weight", ["plain", "panels"])
+@pytest.mark.parametrize("lead", [(1,), (3,), (80,)])
+def test_a_linear_widened_to_f32_is_the_f32_product(lead, weight):
+    # `linear(x, lm_head) as f32` in bf16 (rt.linear's out_dtype): the product's f32 sums with the bias, not
+    # rounded to bf16 on the way, whether the multiply-and-sum (1 and 3 rows on the CPU), the dot (80) or
+    # Linnet's kernel (panels) computes it
+
+    from linnet.kernels import xla_kernels
+
+    rng = np.random.default_rng(lead[0])
+    x = rng.normal(size=lead + (64,)).astype(jnp.bfloat16)
+    w = rng.normal(size=(48, 64)).astype(jnp.bfloat16)
+    b = rng.normal(size=(48,)).astype(jnp.bfloat16)
+    if weight == "panels" and not xla_kernels.available(jnp.bfloat16, "cpu"):
+        pytest.skip("Linnet's CPU kernel does not run here")
+    weight_arg = jnp.asarray(w) if weight == "plain" else xla_kernels.pack(w)
+    as_weight = (lambda a: a) if weight == "plain" else (lambda a: xla_kernels.Panels(a, 48))
+    widened = jax.jit(lambda x, a, b: rt.linear(x, as_weight(a), b, out_dtype=jnp.float32))
+    got = np.asarray(widened(jnp.asarray(x), weight_arg, jnp.asarray(b)))
+    assert got.dtype == np.float32 and got.shape == lead + (48,)
+    xd, wd = x.astype(np.float64), w.astype(np.float64)
+    want = xd @ wd.T + b.astype(np.float64)
+    bound = 4 * 64 * 2 ** -24 * (np.abs(xd) @ np.abs(wd).T + np.abs(b.astype(np.float64)))
+    assert np.all(np.abs(got - want) <= bound)
+    assert not np.array_equal(got, got.astype(jnp.bfloat16).astype(np.float32))

@@ -151,3 +151,27 @@ def test_a_step_to_be_captured_chooses_its_kernels_alike_in_its_warm_up_and_its_
     assert chosen[False] == chosen[True] is None
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     assert rt._sdpa_backends(cuda_q) is not None  # an eager pass after it leaves cuDNN out again
+
+
+def test_a_linear_widened_to_f32_keeps_its_sums_where_a_kernel_does_and_a_fused_member_its_groups():
+    # `linear(x, lm_head) as f32` in bf16 (rt.linear's out_dtype): a packed weight's kernel gives the f32 sums
+    # with the bias (within f32's bound of the product, which a bf16 rounding is not); a fused group's member
+    # (q of q/k/v) reads the group's one product, in bf16, widened; every path gives f32
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(5, 64, generator=g).bfloat16(), torch.randn(48, 64, generator=g).bfloat16()
+    b = torch.randn(48, generator=g).bfloat16()
+    xd, wd, bd = x.double(), w.double(), b.double()
+    bound = 4 * 64 * 2 ** -24 * (xd.abs() @ wd.abs().T + bd.abs())
+    for rows in (1, 5):
+        got = rt.linear(x[:rows], rt.pack_linear_weight(w, rows), b, out_dtype=torch.float32)
+        assert got.dtype == torch.float32
+        assert torch.all((got.double() - (xd[:rows] @ wd.T + bd)).abs() <= bound[:rows])
+        assert not torch.equal(got, got.bfloat16().float())
+        plain = rt.linear(x[:rows], w, b, out_dtype=torch.float32)  # torch's own matmul: at most bf16's rounding
+        assert plain.dtype == torch.float32
+        torch.testing.assert_close(plain, got, rtol=2 ** -8, atol=2 ** -8 * got.abs().max().item())
+    fused = torch.cat([w, w.flip(0)])
+    member = rt.FusedPart(fused, 0, 48, group=-7)
+    got = rt.linear(x, member, out_dtype=torch.float32)
+    assert got.dtype == torch.float32 and torch.equal(got, rt.linear(x, fused)[:, :48].float())
+    rt._FUSED.pop(-7)

@@ -51,6 +51,22 @@ def test_matmul_is_the_product_for_any_shape_and_weight_type(rows, n, k, dtype, 
     assert torch.equal(cpu_linear.matmul(x, in_place), got)
 
 
+@pytest.mark.parametrize("rows", [1, 7, 64])
+@pytest.mark.parametrize("bias", [False, True], ids=["", "bias"])
+def test_an_f32_out_keeps_the_sums_a_bf16_x_would_have_rounded(rows, bias):
+    """out_dtype=f32 (a bf16 model's logits): the f32 sums as they are (within f32's bound of the
+    product, which a bf16 rounding, 2^-9 relative, is not), and those sums rounded are x's type's output."""
+    g = torch.Generator().manual_seed(rows)
+    x, w = torch.randn(rows, 96, generator=g).bfloat16(), torch.randn(40, 96, generator=g).bfloat16()
+    b = torch.randn(40, generator=g).bfloat16() if bias else None
+    packed = cpu_linear.pack(w)
+    got = cpu_linear.matmul(x, packed, b, out_dtype=torch.float32)
+    assert got.dtype == torch.float32 and got.shape == (rows, 40)
+    assert_product(got, x, w, b)
+    assert not torch.equal(got, got.bfloat16().float())
+    assert torch.equal(got.bfloat16(), cpu_linear.matmul(x, packed, b))
+
+
 @settings(max_examples=30, deadline=None)
 @given(layers=st.integers(1, 4), n=st.sampled_from([16, 32, 48, 20, 70]), k=st.integers(1, 40),
        dtype=st.sampled_from(TYPES), seed=st.integers(0, 2 ** 31 - 1))

@@ -113,6 +113,24 @@ def test_each_row_is_the_same_alone_as_beside_others(qtype, x_type):
         assert torch.equal(cpu_qlinear.matmul(x[i:i + 5], w)[0], together[i])
 
 
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_1, Q.Q6_K], ids=lambda q: q.name)
+@pytest.mark.parametrize("rows", [1, 16])
+def test_an_f32_out_keeps_the_sums_a_bf16_x_would_have_rounded(qtype, rows):
+    """out_dtype=f32 (a bf16 model's logits from a quantized head): the f32 sums as they are, within f32's
+    bound of gguf's decoding times x (no bf16 rounding's), and those sums rounded are the bf16 output."""
+    rng = np.random.default_rng(rows)
+    n, k = 40, 256
+    blocks = random_blocks(qtype, n, k, rng)
+    w = cpu_qlinear.pack(blocks, qtype, n, k)
+    x = torch.from_numpy(rng.standard_normal((rows, k)).astype(np.float32)).bfloat16()
+    got = cpu_qlinear.matmul(x, w, out_dtype=torch.float32)
+    assert got.dtype == torch.float32 and got.shape == (rows, n)
+    want, scale = reference(qtype, blocks, n, k, x)
+    assert np.all(np.abs(got.double().numpy() - want) <= 4 * k * 2 ** -24 * scale + 1e-30)
+    assert not torch.equal(got, got.bfloat16().float())
+    assert torch.equal(got.bfloat16(), cpu_qlinear.matmul(x, w))
+
+
 def test_joined_weights_give_their_outputs_side_by_side():
     rng = np.random.default_rng(3)
     k = 64
