@@ -69,8 +69,8 @@ def linear(x, w, bias=None, out_dtype=None):
     """x @ w.T (+ bias). `out_dtype`: the result's type where the generated code widens the product
     (`linear(...) as f32`, a head's logits): the f32 sums as they are (the dot's preferred type,
     Linnet's kernel's output), but for a fused group's member, whose product is the group's, in x's type."""
-    if isinstance(w, DeviceMajorRows):  # (fused_outputs: never with a bias, never widened)
-        return DeviceMajorProduct(linear(x, w.rows), w.parts, w.shards)
+    if isinstance(w, DeviceMajorRows):  # (fused_outputs: never with a bias)
+        return DeviceMajorProduct(linear(x, w.rows, out_dtype=out_dtype), w.parts, w.shards)
     if isinstance(w, FusedPart):  # the group's whole matmul; XLA's CSE leaves one for all members
         y = linear(x, w.fused)[..., w.start:w.stop]
     elif isinstance(w, Panels):

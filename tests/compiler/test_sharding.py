@@ -182,6 +182,16 @@ def test_device_major_rows_give_each_device_its_share_of_every_part():
         np.testing.assert_allclose(product[:, start:stop], x @ w[start:stop].T, rtol=1e-12)
     with pytest.raises(ValueError, match=r"read by its parts .* not \(4, 12\)"):
         product[:, 4:12]
+    # widened to f32 (`linear(h, wqkv) as f32` in bf16): the product's f32 sums, read by part as before
+    import jax.numpy as jnp
+
+    from linnet.codegen_jax.runtime import DeviceMajorRows, linear
+
+    x16, w16 = x.astype(jnp.bfloat16), w[order].astype(jnp.bfloat16)
+    widened = linear(x16, DeviceMajorRows(w16, parts, shards), out_dtype=jnp.float32)
+    assert isinstance(widened, DeviceMajorProduct) and widened.y.dtype == jnp.float32
+    exact = x16.astype(np.float64) @ w16.astype(np.float64).T
+    np.testing.assert_allclose(widened.y, exact, rtol=1e-6, atol=1e-6)
 
 
 def test_phi3_over_two_devices_moves_what_llama_does(results):
