@@ -29,6 +29,8 @@ Written by `linnet export --to triton`; the card and its sizes are in ../config.
 """
 from linnet.export.triton_model import TritonPythonModel  # noqa: F401
 '''
+# what marks a model folder as an export's, which a later export may replace: its model.py's import
+MARK = "from linnet.export.triton_model import"
 
 INPUTS = (("text_input", "TYPE_STRING", False), ("stream", "TYPE_BOOL", True),
           ("sampling_parameters", "TYPE_STRING", True), ("exclude_input_in_output", "TYPE_BOOL", True),
@@ -82,6 +84,7 @@ def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str 
         raise ExportError(f"{name!r} cannot name a Triton model: it is a folder of the repository "
                           f"(letters, digits, '_', '-' and '.')")
     check_folder(out, Path(out) / name, "the model")
+    check_model_folder(Path(out) / name)
     if weights is None and ckpt is None:
         found, looked = find_card_weights(card_name, module)
         if found is None and not module.meta.get("hf_repo"):  # nowhere the server could find them either
@@ -114,6 +117,26 @@ def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str 
     _write_model(model_dir, {model_dir / "1" / "model.py": MODEL_PY,
                              model_dir / "config.pbtxt": config_pbtxt(name, parameters)})
     return str(model_dir)
+
+
+def check_model_folder(model_dir: Path) -> None:
+    """Raises `ExportError` where `model_dir` holds a Triton model an export did not write (a vLLM
+    backend's config.pbtxt, a Python model of the user's): its config.pbtxt and model.py would be
+    replaced, as the vLLM export refuses a directory holding another model's config.json."""
+    from linnet.export import ExportError
+
+    config, model_py = model_dir / "config.pbtxt", model_dir / "1" / "model.py"
+    theirs = [p for p in (config, model_py) if p.is_file()]
+    if not theirs:
+        return
+    try:
+        ours = MARK in model_py.read_text()
+    except (OSError, UnicodeDecodeError):
+        ours = False
+    if not ours:
+        raise ExportError(f"{model_dir}: holds a Triton model that Linnet did not write "
+                          f"({', '.join(str(p.relative_to(model_dir)) for p in theirs)}), which the export would "
+                          f"replace; name another model (--name) or repository, or remove that one first")
 
 
 def _write_model(model_dir: Path, files: dict) -> None:

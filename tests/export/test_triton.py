@@ -435,6 +435,30 @@ def test_an_earlier_model_stays_whole_until_the_new_one_is(tmp_path, monkeypatch
 
 
 @pytest.mark.filterwarnings("ignore:random weights take the tokenizer")
+@pytest.mark.parametrize("theirs", [{"config.pbtxt": 'backend: "vllm"\n', "1/model.json": '{"model": "m"}'},
+                                    {"config.pbtxt": 'backend: "python"\n', "1/model.py": "class TritonPythonModel: ..."},
+                                    {"1/model.py": "class TritonPythonModel: ..."}])
+def test_a_model_of_the_users_by_that_name_is_not_replaced(tmp_path, capsys, theirs):
+    """A repository may hold the user's own model of the card's name (Triton's vLLM backend's
+    config.pbtxt, a Python model of theirs): the export is refused, naming the files and --name, and
+    leaves them byte for byte; under another name it is written beside them."""
+    from linnet.cli import main
+
+    model_dir = tmp_path / "repo" / "tiny-llama"
+    for name, text in theirs.items():
+        (model_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (model_dir / name).write_text(text)
+    before = {str(p.relative_to(tmp_path)): p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()}
+    assert main(["export", "tiny-llama", "--to", "triton", "-o", str(tmp_path / "repo"), "--weights", "random"]) == 1
+    err = capsys.readouterr().err
+    assert "holds a Triton model that Linnet did not write" in err and "--name" in err
+    assert all(name.split("/")[-1] in err for name in theirs if name in ("config.pbtxt", "1/model.py"))
+    assert {str(p.relative_to(tmp_path)): p.read_bytes() for p in sorted(tmp_path.rglob("*")) if p.is_file()} == before
+    write_repository("tiny-llama", tmp_path / "repo", weights="random", name="tiny-llama-linnet")
+    assert (tmp_path / "repo" / "tiny-llama-linnet" / "config.pbtxt").is_file()
+
+
+@pytest.mark.filterwarnings("ignore:random weights take the tokenizer")
 def test_a_max_seq_past_what_the_card_holds_is_said_when_written(tmp_path):
     """GPT-2 in .linnet (tests/compiler/from_the_doc) has 64 learned positions: a repository serving
     4096 a row would fail in Triton's initialize, so it is refused when written, with the flag that
