@@ -71,14 +71,14 @@ def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str 
     from linnet.export import ExportError, check_folder, check_seed
     from linnet.ir.specialize import specialize
     from linnet.nest.checkpoint import open_checkpoint
-    from linnet.nest.load import find_card_weights, resolve_card, tokenizer_of
+    from linnet.nest.load import check_headers, find_card_weights, resolve_card, tokenizer_of
 
     check_seed(seed, weights)
     module, card_name, ckpt = resolve_card(card, weights)  # an unknown card, a bad .linnet file or checkpoint fails here
     if batch < 1 or max_seq < 2:
         raise ExportError(f"batch must be at least 1 and max_seq at least 2, not {batch} and {max_seq}")
     # as the model will be loaded: a row longer than the card holds (learned positions) is said now, not in Triton
-    specialize(module, {"Batch": batch, "MaxSeq": max_seq, "T": dtype}, "fast")
+    spec = specialize(module, {"Batch": batch, "MaxSeq": max_seq, "T": dtype}, "fast")
     name = name or card_name  # a registry card's whole name: llama-3.1-8b-instruct, not llama-3
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in (".", ".."):
         raise ExportError(f"{name!r} cannot name a Triton model: it is a folder of the repository "
@@ -102,6 +102,8 @@ def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str 
     if weights is not None and weights != "random":
         if not os.path.exists(str(weights)):
             raise ExportError(f"{weights}: no such checkpoint")
+        # read as Triton's load will read it, headers only: not a checkpoint, cut short, another model's
+        check_headers(spec, open_checkpoint(weights), cast_dtype=True)
         weights = os.path.abspath(weights)
     if tokenizer is not None:  # one that cannot be read fails here; a directory needs only the tokenizer's files
         tokenizer_of(Path(tokenizer) if os.path.isdir(tokenizer) else open_checkpoint(tokenizer))

@@ -547,17 +547,26 @@ def _tied_head(module: Module, ckpt: Checkpoint, fmt: str, unused: list) -> list
     return [name for name in unused if name != head]
 
 
+def check_headers(module: Module, ckpt: Checkpoint, cast_dtype: bool) -> tuple[Checkpoint, str, list]:
+    """(the checkpoint as `module` reads it, "gguf" or "hf", its tensors the card does not use), after
+    checking every header against the card (`bind.check_checkpoint`), before a weight is read."""
+    from linnet.nest.bind import check_checkpoint, checkpoint_names
+
+    fmt = "gguf" if ckpt.format == "gguf" else "hf"
+    if fmt == "hf":  # a base model's checkpoint (GPT-2's on the hub) under the names of the model around it
+        ckpt = under_base_prefix(ckpt, [n for names in checkpoint_names(module, fmt).values() for n in names])
+    return ckpt, fmt, check_checkpoint(module, ckpt, fmt, cast_dtype)
+
+
 def _read(module: Module, ckpt: Checkpoint, cast_dtype: bool, device: str, progress: bool | None, framework: str,
           quantization: str | None = None):
     """({param: array}, unused checkpoint tensors), after checking every header against the card;
     with `quantization`, a GGUF's params of the types `cpu_qlinear.READS` lists as their blocks
     (`nest.quantized.QuantBlocks`)."""
-    from linnet.nest.bind import bind_weights, check_checkpoint, checkpoint_names
+    from linnet.nest.bind import bind_weights, checkpoint_names
 
-    fmt = "gguf" if ckpt.format == "gguf" else "hf"
-    if fmt == "hf":  # a base model's checkpoint (GPT-2's on the hub) under the names of the model around it
-        ckpt = under_base_prefix(ckpt, [n for names in checkpoint_names(module, fmt).values() for n in names])
-    unused = _tied_head(module, ckpt, fmt, check_checkpoint(module, ckpt, fmt, cast_dtype))
+    ckpt, fmt, unused = check_headers(module, ckpt, cast_dtype)
+    unused = _tied_head(module, ckpt, fmt, unused)
     if unused:
         warnings.warn(f"{ckpt.path}: {len(unused)} checkpoint tensor(s) not used by the card: "
                       f"{', '.join(unused[:8])}{' ...' if len(unused) > 8 else ''}", stacklevel=4)

@@ -379,6 +379,14 @@ def test_the_repository_checks_the_card_when_written(tmp_path):
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(nest.WeightsError, match="no-such-dir"):
         write_repository("smollm2-135m-instruct", tmp_path, weights="random", tokenizer=tmp_path / "no-such-dir")
+    # weights named by path are read as the model's load will read them (headers only), not found wrong in Triton
+    (tmp_path / "notes.gguf").write_text("not a model")
+    (tmp_path / "empty").mkdir()
+    for weights, says in ((tmp_path / "notes.gguf", "not a GGUF file"), (tmp_path / "empty", "no model.safetensors"),
+                          (embedded_gguf_path(), "has no tensor 'output.weight'")):
+        with pytest.raises(nest.WeightsError, match=says):
+            write_repository("tiny-llama", tmp_path / "repo", weights=weights)
+    assert not (tmp_path / "repo").exists()
 
 
 def test_random_weights_keep_their_seed_and_a_tokenizer_directory_will_do(tmp_path):
