@@ -183,7 +183,7 @@ def gguf_path(out, card: str, dtype: str) -> Path:
     if file.is_file() and file.stat().st_size > 0:  # an earlier export there is replaced; anything else is kept
         with open(file, "rb") as f:
             if f.read(4) != b"GGUF":
-                raise ExportError(f"{out}: is a file that is not a GGUF ({file.stat().st_size} bytes), which the "
+                raise ExportError(f"{file}: is a file that is not a GGUF ({file.stat().st_size} bytes), which the "
                                   f"export would replace; name a new file or a folder")
     check_folder(out, file.parent, "the GGUF", file.name + ".partial")  # (written under that name first)
     return file
@@ -205,7 +205,7 @@ def write_gguf(bound, out, dtype: str | None = None) -> str:
     path = gguf_path(out, bound.card, dtype)
     sources = [Path(p) for p in (bound.source, bound.tokenizer_from) if p not in (None, "random")]
     if path.is_file() and any(path.samefile(s) for s in sources if s.is_file()):  # (as the vLLM export's folder)
-        raise ExportError(f"{out}: that is the file the weights or the tokenizer are read from, which the export "
+        raise ExportError(f"{path}: that is the file the weights or the tokenizer are read from, which the export "
                           f"would replace; write elsewhere")
     partial = path.with_name(path.name + ".partial")  # renamed when whole: an earlier file there stays till then
     writer = gguf.GGUFWriter(str(partial), ARCHITECTURES[spec.name])

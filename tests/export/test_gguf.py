@@ -5,6 +5,7 @@ the file back to the same model."""
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -913,6 +914,12 @@ def test_a_file_that_is_not_a_gguf_is_not_written_over(cards, tmp_path):
                                               r"would replace; name a new file or a folder"):
             export(card, "llama.cpp", tmp_path / name, weights=broken, tokenizer=tok)
         assert (tmp_path / name).read_bytes() == b"mine, not a GGUF"
+    mine = tmp_path / "folder" / "small-llama.BF16.gguf"  # -o a folder: the error names the file in it
+    mine.parent.mkdir()
+    mine.write_bytes(b"mine, not a GGUF")
+    with pytest.raises(ExportError, match=rf"^{re.escape(str(mine))}: is a file that is not a GGUF"):
+        export(card, "llama.cpp", mine.parent, weights=broken, tokenizer=tok)
+    assert mine.read_bytes() == b"mine, not a GGUF"
     earlier = export(card, "llama.cpp", tmp_path / "earlier.gguf", weights="random", dtype="f16", tokenizer=tok)
     Path(earlier).rename(tmp_path / "earlier")
     (tmp_path / "empty.gguf").touch()
