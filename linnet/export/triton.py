@@ -71,7 +71,7 @@ def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str 
     from linnet.export import ExportError, check_folder, check_seed
     from linnet.ir.specialize import specialize
     from linnet.nest.checkpoint import open_checkpoint
-    from linnet.nest.load import check_headers, find_card_weights, resolve_card, tokenizer_of
+    from linnet.nest.load import check_headers, find_card_weights, past_context, resolve_card, tokenizer_of
 
     check_seed(seed, weights)
     module, card_name, ckpt = resolve_card(card, weights)  # an unknown card, a bad .linnet file or checkpoint fails here
@@ -79,6 +79,9 @@ def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str 
         raise ExportError(f"batch must be at least 1 and max_seq at least 2, not {batch} and {max_seq}")
     # as the model will be loaded: a row longer than the card holds (learned positions) is said now, not in Triton
     spec = specialize(module, {"Batch": batch, "MaxSeq": max_seq, "T": dtype}, "fast")
+    past = past_context(module, card_name, max_seq, flag="max_seq")
+    if past:  # said now, as the model's load will say it in the server's log
+        warnings.warn(f"{past}; --max-seq {module.meta['max_context']} keeps to it", stacklevel=2)
     name = name or card_name  # a registry card's whole name: llama-3.1-8b-instruct, not llama-3
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in (".", ".."):
         raise ExportError(f"{name!r} cannot name a Triton model: it is a folder of the repository "

@@ -188,10 +188,9 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
     spec, context = _specialize(module, dict(generics or {}), numerics, free, cache_space)
     if room is not None:
         check_fits(spec, card_name, *room)
-    trained = module.meta.get("max_context")
-    if trained and spec.bindings.get("MaxSeq", 0) > trained:  # as llama.cpp, a warning: the user may know better
-        warnings.warn(f"MaxSeq = {spec.bindings['MaxSeq']} is longer than {card_name}'s context of {trained} "
-                      f"positions (its meta max_context); positions past it were never trained", stacklevel=3)
+    past = past_context(module, card_name, spec.bindings.get("MaxSeq", 0))
+    if past:  # as llama.cpp, a warning: the user may know better
+        warnings.warn(past, stacklevel=3)
     info: dict = {"context": context} if context is not None else {}
     tok_from = tok = None
     if not isinstance(tokenizer, bool):  # read and checked first: a wrong one fails before the weights are read
@@ -226,6 +225,16 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
         bound.tokenizer = _tokenizer(bound.checkpoint)  # none, with a warning, where it has none
         bound.tokenizer_from = Path(bound.checkpoint.path) if bound.tokenizer is not None else None
     return bound
+
+
+def past_context(module: Module, card_name: str, max_seq: int, flag: str = "MaxSeq") -> str | None:
+    """What to warn of where rows of `max_seq` positions pass the card's trained context (its meta
+    max_context; llama.cpp warns so when n_ctx passes n_ctx_train), else None."""
+    trained = module.meta.get("max_context")
+    if trained and max_seq > trained:
+        return (f"{flag} = {max_seq} is longer than {card_name}'s context of {trained} positions (its meta "
+                f"max_context); positions past it were never trained")
+    return None
 
 
 def _specialize(module: Module, generics: dict, numerics: str, free: int | None,

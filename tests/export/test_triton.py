@@ -481,6 +481,20 @@ def test_a_max_seq_past_what_the_card_holds_is_said_when_written(tmp_path):
     assert pathlib.Path(write_repository(gpt2, tmp_path, weights="random", max_seq=64)).name == "gpt2"
 
 
+def test_a_max_seq_past_the_cards_context_is_warned_of_when_written(tmp_path):
+    """SmolLM2 was trained on 8192 positions (config.json's max_position_embeddings, the card's
+    max_context): rows longer are written, as the model loads with a warning (llama.cpp's past
+    n_ctx_train), and the export says so now, with the flag that keeps to it; 8192 is said nothing of."""
+    import warnings
+
+    with pytest.warns(UserWarning, match=r"max_seq = 8200 is longer than smollm2-135m-instruct's context of 8192 "
+                                         r"positions .*; --max-seq 8192 keeps to it"):
+        write_repository("smollm2-135m-instruct", tmp_path / "long", batch=1, max_seq=8200)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        write_repository("smollm2-135m-instruct", tmp_path / "trained", batch=1, max_seq=8192)
+
+
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
 def test_a_16_bit_repository_serves_in_its_type(tmp_path, monkeypatch, dtype):
     """`--dtype` reaches the model Triton loads: SmolLM2 (its own GGUF) in bf16 or f16 answers a
