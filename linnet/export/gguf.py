@@ -209,7 +209,9 @@ def write_gguf(bound, out, dtype: str | None = None) -> str:
                           f"would replace; write elsewhere")
     partial = path.with_name(path.name + ".partial")  # renamed when whole: an earlier file there stays till then
     writer = gguf.GGUFWriter(str(partial), ARCHITECTURES[spec.name])
+    writer.add_type(gguf.GGUFType.MODEL)  # (with the quantization version: in every file llama.cpp's converter writes)
     writer.add_name(bound.card)
+    writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     writer.add_file_type(int({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                               "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype]))
     # GPT-2's: its position table's rows, which llama.cpp reads as the context it was trained for

@@ -115,6 +115,15 @@ def test_the_tokenizer_from_a_gguf_is_copied(exported):
     assert ours.chat_template == source.chat_template and ours.eos_token_ids == source.eos_token_ids
 
 
+def test_the_general_keys_are_those_llama_cpps_converter_writes(exported):
+    """general.type and general.quantization_version, as in SmolLM2's own GGUF, which llama.cpp's
+    converter wrote; general.file_type says the matrices' type (ALL_F32 here)."""
+    ours, source = GGUFCheckpoint(exported), GGUFCheckpoint(embedded_gguf_path())
+    for key in ("general.type", "general.quantization_version"):
+        assert ours.metadata(key) == source.metadata(key) is not None, key
+    assert ours.metadata("general.file_type") == 0
+
+
 def test_a_tokenizer_json_is_converted(cards, tmp_path):
     """From a model directory's tokenizer.json (here the vLLM export of SmolLM2): llama.cpp's
     `gpt2` keys, with the pre-tokenizer it is known by; both Nest and llama.cpp encode as before."""
