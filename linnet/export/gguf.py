@@ -266,6 +266,8 @@ def write_gguf(bound, out, dtype: str | None = None) -> str:
         _copy_tokenizer_keys(GGUFCheckpoint(bound.tokenizer_from), writer, b["vocab"])
     else:
         _write_tokenizer_keys(bound.tokenizer, writer, b["vocab"])
+    if isinstance(bound.checkpoint, GGUFCheckpoint):
+        _copy_provenance_keys(bound.checkpoint, writer)
 
     for name, t in tensors:
         t = t.contiguous()
@@ -435,6 +437,20 @@ def _experts_stored_mxfp4(bound) -> bool:
     fmt = "gguf" if ckpt.format == "gguf" else "hf"
     name = checkpoint_names(bound.module, fmt)["w_gate_up"][0]
     return ckpt.stored_dtype(name) == "mxfp4"
+
+
+# general.* keys each export writes for itself: what the file is, not where the model came from
+OWN_GENERAL_KEYS = ("general.architecture", "general.type", "general.name", "general.file_type",
+                    "general.quantization_version", "general.alignment")
+
+
+def _copy_provenance_keys(src: GGUFCheckpoint, writer) -> None:
+    """The source GGUF's other `general.*` keys (license, organization, basename, finetune, size_label,
+    languages, base models, ...), with their value types: the same model in another type, as
+    llama-quantize keeps every key of the file it requantizes."""
+    for key, field in src.fields().items():
+        if key.startswith("general.") and key not in OWN_GENERAL_KEYS:
+            writer.add_key_value(key, field.value, field.type, field.element_type)
 
 
 def _copy_tokenizer_keys(src: GGUFCheckpoint, writer, vocab_size: int) -> None:

@@ -1132,6 +1132,12 @@ def test_llama_cpp_serves_smollm2s_f16_export_as_nest_serves_the_source(tmp_path
     ours = prefill_all(source, prompt)
     assert err(prefill_all(nest.load(path, generics={"Batch": 1, "MaxSeq": 64}, cast_dtype=True), prompt)) <= 5e-3
     assert err(ours) <= 6e-3 and ours[-1].argmax() == ref[-1].argmax()
+    # the source's provenance, as llama-quantize keeps it; the keys saying what this file is, its own
+    given, src = GGUFCheckpoint(path), GGUFCheckpoint(embedded_gguf_path())
+    for key in ("general.license", "general.organization", "general.basename", "general.finetune",
+                "general.size_label", "general.languages"):
+        assert given.metadata(key) == src.metadata(key) is not None, key
+    assert given.metadata("general.file_type") == 1 and given.metadata("general.name") == "smollm2-135m-instruct"
 
 
 def q8_0_reference(values: np.ndarray) -> np.ndarray:
