@@ -207,5 +207,6 @@ def _write_tokenizer(bound, out: Path, final: Path, config: dict) -> None:
     if tok.chat_template:  # with its named ones (tool_use, ...), a list transformers reads by name
         settings["chat_template"] = tok.saved_chat_template()
     (out / "tokenizer_config.json").write_text(json.dumps(settings, indent=2, ensure_ascii=False) + "\n")
-    generation = {k: config[k] for k in ("bos_token_id", "eos_token_id") if k in config}
+    # (the pad id too, as Hugging Face's own generation_config.json for SmolLM2 has it: generate's padding)
+    generation = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config.get(k) is not None}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")

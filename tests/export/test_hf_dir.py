@@ -211,6 +211,10 @@ def test_the_special_token_ids_are_the_tokenizers_and_none_without_one(smollm2_d
     config, tok = AutoConfig.from_pretrained(smollm2_dir), AutoTokenizer.from_pretrained(smollm2_dir)
     assert (config.bos_token_id, config.pad_token_id) == (tok.bos_token_id, tok.pad_token_id) == (1, 2)
     assert config.eos_token_id == [2, 0] and tok.eos_token_id == 2  # (and generation_config's end of text, 0)
+    from transformers import GenerationConfig
+
+    generation = GenerationConfig.from_pretrained(smollm2_dir)  # as Hugging Face's own file has them
+    assert (generation.bos_token_id, generation.eos_token_id, generation.pad_token_id) == (1, [2, 0], 2)
     for card in ("tiny-olmo2", "tiny-llama", "tiny-gemma3"):
         with pytest.warns(UserWarning, match="no tokenizer written"):
             path = export(card, "vllm", tmp_path / card, weights="random", dtype="f32")
