@@ -75,8 +75,9 @@ def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str 
 
     check_seed(seed, weights)
     module, card_name, ckpt = resolve_card(card, weights)  # an unknown card, a bad .linnet file or checkpoint fails here
-    if batch < 1 or max_seq < 2:
-        raise ExportError(f"batch must be at least 1 and max_seq at least 2, not {batch} and {max_seq}")
+    for flag, value, least in (("batch", batch, 1), ("max_seq", max_seq, 2)):  # only the one out of range named
+        if value < least:
+            raise ExportError(f"{flag} must be at least {least}, not {value}")
     # as the model will be loaded: a row longer than the card holds (learned positions) is said now, not in Triton
     spec = specialize(module, {"Batch": batch, "MaxSeq": max_seq, "T": dtype}, "fast")
     past = past_context(module, card_name, max_seq, flag="max_seq")

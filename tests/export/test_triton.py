@@ -376,6 +376,10 @@ def test_the_repository_checks_the_card_when_written(tmp_path):
     for bad in ("../escape", "a/b", ".."):
         with pytest.raises(ExportError, match="cannot name a Triton model"):
             write_repository("tiny-llama", tmp_path, weights="random", name=bad)
+    for sizes, says in (({"batch": 0}, "^batch must be at least 1, not 0$"),
+                        ({"max_seq": 1}, "^max_seq must be at least 2, not 1$")):  # only the size out of range
+        with pytest.raises(ExportError, match=says):
+            write_repository("tiny-llama", tmp_path, weights="random", **sizes)
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(nest.WeightsError, match="no-such-dir"):
         write_repository("smollm2-135m-instruct", tmp_path, weights="random", tokenizer=tmp_path / "no-such-dir")
