@@ -108,20 +108,11 @@ class _Checker:
         """A param no entry reads, directly or through the fns it calls, is a weight loaded for nothing (its
         checkpoint must still hold it), and a state buffer no entry touches is memory allocated for nothing: a
         name misspelt where it is used, or one an extension stopped using."""
-        used, seen, todo = set(), set(), list(entries.values())
-        while todo:
-            f = todo.pop()
-            for s in walk.all_statements(f.body):
-                if isinstance(s, ir.Store):
-                    used.add(("state", s.state))
-                elif isinstance(s, ir.Assign):  # `cache = copy_rows(...)`: the whole buffer written
-                    used.update(("state", t) for t in s.targets if t in self.state)
-            for v in walk.all_values(f.body):
-                if isinstance(v, ir.Var) and v.kind in ("param", "state"):
-                    used.add((v.kind, v.name))
-                elif isinstance(v, ir.Op) and v.op == "call" and v.attrs["fn"] not in seen:
-                    seen.add(v.attrs["fn"])
-                    todo.append(fns[v.attrs["fn"]])
+        used = set()
+        for f in walk.reached(fns, list(entries.values())):
+            used.update(("state", name) for name in walk.written_state(f.body, self.state))
+            used.update((v.kind, v.name) for v in walk.all_values(f.body)
+                        if isinstance(v, ir.Var) and v.kind in ("param", "state"))
         for p in self.params.values():  # (ties do not chain: _check_tie)
             if ("param", p.name) in used and p.tie is not None:
                 used.add(("param", p.tie[0]))  # `lm_head = embed if ...`: reading the head may read the embedding

@@ -51,6 +51,30 @@ def all_values(body: list) -> Iterator[ir.Value]:
             yield from values(v)
 
 
+def reached(fns: dict, functions: list) -> Iterator:
+    """`functions` and every fn they call, directly or through other fns (`fns`: name -> Function), each once."""
+    seen, todo = set(), list(functions)
+    while todo:
+        f = todo.pop()
+        yield f
+        for v in all_values(f.body):
+            if isinstance(v, ir.Op) and v.op == "call" and v.attrs["fn"] not in seen:
+                seen.add(v.attrs["fn"])
+                todo.append(fns[v.attrs["fn"]])
+
+
+def written_state(body: list, state: dict) -> set:
+    """The state buffers `body` writes: stored into (`cache[l, rows] = k`) or replaced whole
+    (`cache = copy_rows(cache, ...)`)."""
+    out = set()
+    for s in all_statements(body):
+        if isinstance(s, ir.Store):
+            out.add(s.state)
+        elif isinstance(s, ir.Assign):
+            out.update(t for t in s.targets if t in state)
+    return out
+
+
 def rebuild(v: ir.Value, fn: Callable[[ir.Value], ir.Value | None]) -> ir.Value:
     """Bottom-up copy of `v`; `fn` may replace any rebuilt node (returning None keeps it)."""
     if isinstance(v, ir.Op):

@@ -48,6 +48,7 @@ from pathlib import Path
 from linnet.compiler import import_source
 from linnet.errors import LinnetError
 from linnet.frontend import load_file, load_source
+from linnet.ir import walk
 from linnet.ir.dims import Dim
 from linnet.ir.nodes import Module
 from linnet.ir.specialize import bind, specialize
@@ -420,8 +421,26 @@ def check_entries(module: Module) -> None:
             raise LinnetError(module.loc, f"architecture `{module.name}` defines no entry `{name}`, which the "
                                           f"engine calls", notes + where)
         problem = _entry_problem(f, sizes, args, ret)
+        uncopied = _uncopied_state(module) if name == "copy_rows" and not problem else None
+        if uncopied is not None:
+            problem = f"leaves state `{uncopied}` as it is, though `prefill` writes it"
+            notes = [f"a row given a cached prompt's first positions would keep another prompt's `{uncopied}`: copy "
+                     f"it too, `{uncopied} = copy_rows({uncopied}, src, dst, upto)`"] + notes
         if problem:
             raise LinnetError(f.loc, f"entry `{name}` {problem}", notes)
+
+
+def _uncopied_state(module: Module) -> str | None:
+    """A state buffer with a row per sequence that `prefill` writes and `copy_rows` leaves as it is, or
+    None: a row given a cached prompt's first positions would keep another prompt's values in it, and
+    generate from them without an error."""
+    def written(name):
+        fns = walk.reached(module.fns, [module.entries[name]])
+        return set().union(*(walk.written_state(f.body, module.state) for f in fns))
+
+    copied, prefilled = written("copy_rows"), written("prefill")
+    return next((s.name for s in module.state.values() if s.name in prefilled and s.name not in copied
+                 and any(str(d) == "Batch" for d in s.type.shape)), None)
 
 
 def _entry_problem(f, sizes: tuple, args: tuple, ret) -> str | None:

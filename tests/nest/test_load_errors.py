@@ -372,6 +372,8 @@ DECODE = "entry decode(tokens: i32[Batch], positions: i32[Batch]) -> f32[Batch, 
      "copy_rows", "entry `copy_rows` returns i32[K], but the engine takes nothing"),
     (lambda s: s[:s.index("# Prompts packed")] + s[s.index("# One token"):], "card",
      "architecture `llama` defines no entry `prefill`, which the engine calls"),
+    (lambda s: s.replace("  v_cache = copy_rows(v_cache, src, dst, upto)\n", ""),  # it loaded, and reused stale values
+     "copy_rows", "entry `copy_rows` leaves state `v_cache` as it is, though `prefill` writes it"),
 ])
 def test_an_architecture_that_breaks_the_entries_contract_is_refused_where_it_does(tmp_path, capsys, change, where,
                                                                                     message):
