@@ -67,7 +67,11 @@ def bind(module: ir.Module, generics: dict | None = None, numerics: str = "exact
     values = config_values(module)
     for name, v in _sizes(values, g).items():
         if name in module.config and module.config[name].type.kind == "int" and v < 1 and _used_as_dim(module, name):
-            raise LinnetError(module.config[name].loc, f"`{name}` is a size and must be positive, not {v}")
+            # at the card's value where the card set it: the line to change
+            given = module.config_locs.get(name) if name in module.config_values else None
+            raise LinnetError(given or module.config[name].loc, f"`{name}` is a size and must be positive, not {v}",
+                              [f"`{name}` sizes dims of the model (declared at {module.config[name].loc})"]
+                              if given else [])
     bindings = {**values, "Batch": g["Batch"], "MaxSeq": g["MaxSeq"], "T": g["T"], "numerics": numerics}
     return replace(module, bindings=bindings)
 

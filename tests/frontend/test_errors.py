@@ -42,11 +42,11 @@ def arch(id: str, source: str, line: int, col: int, message: str, args: tuple = 
 
 
 def card(id: str, card_source: str, line: int, col: int, message: str, *, arch_source: str | None = None,
-         at: str | None = None, args: tuple = ()) -> Case:
+         at: str | None = None, args: tuple = (), note: str | None = None) -> Case:
     files = {"card.linnet": card_source}
     if arch_source is not None:
         files["mini.linnet"] = arch_source
-    return Case(id, files, line, col, message, at, args)
+    return Case(id, files, line, col, message, at, args, note)
 
 
 # An architecture whose cases append to it. It is 19 lines long, so what a
@@ -516,8 +516,8 @@ params {
          "unknown rope scaling 'yarnn'", arch_source=MINI, at="mini.linnet"),
     card("rope-odd-head-dim", CARD.replace("dim = 8", "dim = 6"), 27, 7, "head_dim must be even, not 3",
          arch_source=MINI, at="mini.linnet"),
-    card("size-not-positive", CARD.replace("vocab = 16", "vocab = 0"), 4, 3, "`vocab` is a size and must be positive",
-         arch_source=MINI, at="mini.linnet"),
+    card("size-not-positive", CARD.replace("vocab = 16", "vocab = 0"), 5, 11, "`vocab` is a size and must be positive",
+         arch_source=MINI, note="`vocab` sizes dims of the model (declared at"),  # the card's line to change
     arch("config-division-by-zero", """\
 arch mini
 config {

@@ -89,11 +89,12 @@ def test_a_context_cut_to_memory_is_specialized_once(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("card_line, bad, error", [
-    ("kv_heads = 2", "kv_heads = 0", "llama.linnet:16:3: error: `kv_heads` is a size and must be positive, not 0"),
+    ("kv_heads = 2", "kv_heads = 0", "zero.linnet:10:14: error: `kv_heads` is a size and must be positive, not 0"),
     ("heads = 4", "heads = 0", "llama.linnet:17:19: error: cannot evaluate 64 / 0")])
 def test_a_bad_size_is_the_cards_error_before_any_weighing(tmp_path, card_line, bad, error):
-    # a cache of no kv heads weighs nothing, and heads = 0 divides head_dim by zero: the card's error,
-    # at the line of its architecture that the size breaks, whether a MaxSeq is named or chosen
+    # a cache of no kv heads weighs nothing, and heads = 0 divides head_dim by zero: the card's error, at
+    # its value (a size set out of range) or at the line of its architecture that the size breaks (the
+    # division), whether a MaxSeq is named or chosen
     card = tmp_path / "zero.linnet"
     card.write_text(open(TINY_FILE).read().replace(card_line, bad))
     rendered = []
