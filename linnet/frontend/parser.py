@@ -219,7 +219,8 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, source: str, path: str) 
         "; expected '}' or more of what comes before it" if notes else ""
     at_end = token is None or token.type == "$END"
     if not at_end:
-        notes = notes or _python_habit(source, err.pos_in_stream, token) or _mistyped_keyword(source, err.pos_in_stream)
+        notes = notes or _python_habit(source, err.pos_in_stream, token) \
+            or _other_language(source, err.pos_in_stream, token, raw_expected) or _mistyped_keyword(source, err.pos_in_stream)
     opener = _open_bracket(source, len(source) if at_end else token.start_pos)
     if opener is not None:
         char, (open_line, open_col) = opener
@@ -289,8 +290,9 @@ def _python_habit(source: str, pos: int, token) -> list[str]:
     """A note where Python's or NumPy's syntax, which Linnet lacks, is the likely cause: an
     attribute (`x.shape`, `x.T`: after `.name` only a call goes on), an ellipsis (`x[..., 0]`), an
     augmented assignment (`x += y`) or a walrus (`x := y`); or `without` with no base before it."""
-    attribute = re.search(r"\.\s*([A-Za-z_][A-Za-z0-9_]*)\s*$", source[:pos])
-    if attribute is not None and str(token) != "(":
+    attribute = re.search(r"\.[ \t]*([A-Za-z_][A-Za-z0-9_]*)\s*$", source[:pos])
+    in_comment = attribute is not None and "#" in source[source.rfind("\n", 0, attribute.start()) + 1:attribute.start()]
+    if attribute is not None and not in_comment and str(token) != "(":
         name = attribute[1]
         instead = {"T": "`x.transpose(1, 0)` swaps two dims", "shape": "a tensor's sizes are the dims of its type, "
                    "written by name", "dtype": "a tensor's element type is its type's: convert with `x as f32`"}
@@ -307,6 +309,29 @@ def _python_habit(source: str, pos: int, token) -> list[str]:
         return ["a local is bound with `=` (Linnet has no `:=`)"]
     if str(token) == "without":
         return ["`without` follows the base an architecture extends: `arch NAME extends BASE without a, b`"]
+    return []
+
+
+def _other_language(source: str, pos: int, token, expected: set) -> list[str]:
+    """A note where a first card or architecture is written as another language would write it: `def`
+    for `fn`, `let x = ...`, a local with a type (`x: T[n] = ...`), a card's name unquoted, a card that
+    extends where it imports, a card's value set with `:` as an architecture declares one."""
+    before = source[:pos]
+    if str(token) == "def":
+        return ["a function is declared with `fn` (one the engine calls, with `entry`)"]
+    if token.type == "NAME" and re.search(r"(?:^|[^\w.])(let|var|const|val)\s+$", before):
+        return [f"a local is bound with `{token} = ...`: Linnet has no `let`"]
+    name = re.search(r"(\w+)\s*:?\s*$", before)
+    if str(token) == ":" and "EQUAL" in expected and "COLON" not in expected and name is not None:
+        return [f"a local takes its type from its value: write `{name[1]} = ...` (`linnet ir` shows the types)"]
+    if "STRING" in expected and re.search(r"(?:^|\n)\s*card\s*$", before):
+        written = re.match(r"[^\s#]*", source[pos:])[0]
+        return [f"a card's name is a string: `card \"{written}\"`"]
+    if str(token) == "extends" and re.search(r"(?:^|\n)\s*card\s+\"[^\"\n]*\"\s*$", before):
+        return ["a card imports its architecture on a line of its own: `import NAME` (an `arch` extends another)"]
+    if token.type in ("NUMBER", "STRING") and "NAME" in expected and name is not None and before.rstrip()[-1:] == ":":
+        return [f"a card sets a value with `=` (`{name[1]} = {token}`); `{name[1]}: int` declares one, in an "
+                f"architecture"]
     return []
 
 

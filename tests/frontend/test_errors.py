@@ -1096,6 +1096,31 @@ entry decode(tokens: i32[Batch]) -> T[Batch] {
   return embed[tokens][..., 0]
 }
 """, 21, 24, "unexpected '.'", note="Linnet has no `...`"),
+    # -------------------------------------------- a first card's mistakes: another language's way, told Linnet's
+    arch("def-for-fn", HEAD + """\
+def decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return embed[tokens]
+}
+""", 20, 1, "unexpected 'def'", note="a function is declared with `fn`"),
+    arch("let-before-a-local", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  let x = embed[tokens]
+  return x
+}
+""", 21, 7, "unexpected 'x'", note="a local is bound with `x = ...`: Linnet has no `let`"),
+    arch("local-with-a-type", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  x: T[Batch, dim] = embed[tokens]
+  return x
+}
+""", 21, 4, "unexpected ':'", note="a local takes its type from its value: write `x = ...`"),
+    # (a comment that ends in `.` is not read as `.card`, an attribute)
+    card("card-name-unquoted", "# My model.\n" + CARD.replace('card "mini-test"', "card mini-test"), 2, 6,
+         "unexpected 'mini'; expected a string", arch_source=MINI, note='a card\'s name is a string: `card "mini-test"`'),
+    card("card-extends-its-architecture", CARD.replace('"mini-test"\nimport mini', '"mini-test" extends mini'), 1, 18,
+         "unexpected 'extends'", arch_source=MINI, note="a card imports its architecture"),
+    card("card-value-set-with-a-colon", CARD.replace("vocab = 16", "vocab: 16"), 5, 10, "unexpected '16'",
+         arch_source=MINI, note="a card sets a value with `=` (`vocab = 16`)"),
 ]
 
 
