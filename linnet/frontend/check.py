@@ -52,6 +52,7 @@ class _Checker:
         self.signatures: dict[str, ir.Function] = {}
         self.module_names: dict[str, Loc] = {}
         self.config_locs: dict[str, Loc] = {}  # where the card sets each value
+        self.defaulting: str | None = None  # the config value whose default is being checked
 
     # ------------------------------------------------------------ top level
 
@@ -161,7 +162,9 @@ class _Checker:
             typ = ScalarType(c.type_name) if c.lengths is None else self._list_type(c)
             default = None
             if c.default is not None:
+                self.defaulting = c.name
                 default = self._config_default(c.default, typ)
+                self.defaulting = None
                 if not _assignable(default.type, typ):
                     raise LinnetError(c.default.loc, f"the default of `{c.name}` is {default.type}, not {typ}")
             self.config[c.name] = ir.ConfigValue(c.name, typ, default, c.loc)
@@ -246,7 +249,8 @@ class _Checker:
             return -e.operand.value
         if isinstance(e, ast.ListExpr):
             return [self._literal(x, what) for x in e.items]
-        raise LinnetError(e.loc, f"{what} must be a literal: a number, a string, true or false")
+        raise LinnetError(e.loc, f"{what} must be a literal: a number, a string, true or false",
+                          _literal_note(e, self.config))
 
     # ------------------------------------------------------------ params
 
@@ -296,12 +300,20 @@ class _Checker:
         """How many of the enclosing loops' variables a name pattern names: the outermost, in order
         (`{l}`, then `{e}`). Each stored tensor holds the dims of the loops it leaves out (a GGUF
         keeps a layer's experts in one tensor where a Hugging Face checkpoint has one per expert)."""
+        if not s.pattern:
+            raise LinnetError(s.pattern_loc, "a weight's name is empty",
+                              ["write the tensor's name as the checkpoint stores it"])
+        # a brace outside `{l}` would stay in the name looked up, which no checkpoint holds
+        stray = re.search(r"[{}]", _PLACEHOLDER.sub(lambda m: " " * len(m.group(0)), s.pattern))
+        if stray is not None:
+            raise LinnetError(_pattern_part(s, stray.start(), 1),
+                              "this `{` in the weight's name is not closed" if stray.group() == "{"
+                              else "this `}` in the weight's name closes no `{`",
+                              ["a name pattern names a loop variable as `{l}`; a tensor's name holds no other brace"])
         found = []
         for m in _PLACEHOLDER.finditer(s.pattern):
             if m.group(1) not in loop_vars:
-                col = s.pattern_loc.col + 1 + m.start()
-                loc = Loc(s.pattern_loc.path, s.pattern_loc.line, col, s.pattern_loc.line, col + len(m.group(0)),
-                          s.pattern_loc.source)
+                loc = _pattern_part(s, m.start(), len(m.group(0)))
                 known = (f"the loop variables are {', '.join(f'`{v}`' for v in loop_vars)}" if loop_vars
                          else "this param is not in a loop")
                 raise LinnetError(loc, f"the weight name pattern names `{{{m.group(1)}}}`, "
@@ -640,8 +652,22 @@ class _Checker:
         if e.id in DTYPES or e.id == GENERIC_DTYPE:
             raise LinnetError(e.loc, f"`{e.id}` is an element type, not a value",
                               [f"a tensor is converted with `x as {e.id}`; zeros of it are `zeros(..., dtype={e.id})`"])
+        if self.defaulting is not None:
+            self._config_read_early(e)
         candidates = list(scope.names()) + list(self.params) + list(self.state) + list(self.config)
         raise LinnetError(e.loc, f"unknown name `{e.id}`", suggest(e.id, candidates))
+
+    def _config_read_early(self, e: ast.Name):
+        """A default that reads its own config value, or one declared below it: defaults are evaluated
+        in declaration order, so it is refused as such, not as a name that does not exist."""
+        if e.id == self.defaulting:
+            raise LinnetError(e.loc, f"the default of `{e.id}` cannot read `{e.id}` itself",
+                              ["a default is computed from the config values declared above it"])
+        below = next((c for c in self.arch.config if isinstance(c, ast.ConfigDecl) and c.name == e.id), None)
+        if below is not None:
+            raise LinnetError(e.loc, f"`{e.id}` is declared below `{self.defaulting}`, at {below.loc}: a default "
+                                     f"reads only the config values declared above it",
+                              [f"move `{e.id}` above `{self.defaulting}`"])
 
     def _index(self, e: ast.Node, scope: "_Scope") -> ir.Value:
         if isinstance(e, ast.Slice):
@@ -943,6 +969,28 @@ META_ITEMS = {"hf_repo": (str, "a string (ORG/NAME)"),
               "max_context": (int, "a whole number of positions, above 0"),
               "tool_call_parser": (str, "a string (a parser's name)"),
               "reasoning_parser": (str, "a string (a parser's name)")}
+
+
+def _pattern_part(s: ast.Source, start: int, length: int) -> Loc:
+    """Where the characters `start` to `start + length` of a weight's name pattern stand in the file."""
+    col = s.pattern_loc.col + 1 + start  # (past the opening quote)
+    return Loc(s.pattern_loc.path, s.pattern_loc.line, col, s.pattern_loc.line, col + length, s.pattern_loc.source)
+
+
+def _literal_note(e: ast.Node, config: dict) -> list[str]:
+    """What a card most likely meant by a value that is no literal: a string left unquoted, Python's
+    `True`, another config value or a computation (a card gives its number)."""
+    if isinstance(e, ast.Name):
+        if e.id in ("True", "False"):
+            return [f"Linnet's booleans are `{e.id.lower()}`"]
+        if e.id in config:
+            return [f"a card gives values, not names: write the number `{e.id}` is (or leave this value out where "
+                    f"its default follows `{e.id}`)"]
+        return [f"a string is written in double quotes: `\"{e.id}\"`"]
+    if isinstance(e, (ast.Binary, ast.Unary, ast.Call, ast.IfExpr)):
+        return ["a card gives values, not computations: write the number it comes to (an architecture's default "
+                "may compute one from other config values)"]
+    return []
 
 
 def _spelled(value) -> str:

@@ -1121,6 +1121,48 @@ entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
          "unexpected 'extends'", arch_source=MINI, note="a card imports its architecture"),
     card("card-value-set-with-a-colon", CARD.replace("vocab = 16", "vocab: 16"), 5, 10, "unexpected '16'",
          arch_source=MINI, note="a card sets a value with `=` (`vocab = 16`)"),
+    card("card-string-unquoted", with_config(CARD, "rope_scaling = llama3"), 8, 18,
+         "the value of `rope_scaling` must be a literal", arch_source=MINI,
+         note='a string is written in double quotes: `"llama3"`'),
+    card("card-value-names-another", with_config(CARD, "kv_heads = heads"), 8, 14,
+         "the value of `kv_heads` must be a literal", arch_source=MINI, note="a card gives values, not names"),
+    card("card-value-computed", CARD.replace("dim = 8", "dim = 4 * 2"), 6, 9, "the value of `dim` must be a literal",
+         arch_source=MINI, note="a card gives values, not computations"),
+    arch("config-default-reads-one-below", """\
+arch mini
+config {
+  kv_heads: int = heads
+  heads: int = 2
+}
+entry decode(tokens: i32[Batch]) -> i32[Batch] {
+  return tokens
+}
+""", 3, 19, "`heads` is declared below `kv_heads`, at", note="move `heads` above `kv_heads`"),
+    arch("config-default-reads-itself", """\
+arch mini
+config {
+  heads: int = heads
+}
+entry decode(tokens: i32[Batch]) -> i32[Batch] {
+  return tokens
+}
+""", 3, 16, "the default of `heads` cannot read `heads` itself"),
+    # a weight name is looked up as written: a brace that names no loop variable, or no name, finds no tensor
+    arch("weight-name-brace-not-closed", HEAD.replace('"embed.weight"', '"embed{.weight"') + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return embed[tokens]
+}
+""", 12, 19, "this `{` in the weight's name is not closed", note="names a loop variable as `{l}`"),
+    arch("weight-name-brace-closes-nothing", HEAD.replace('"wq.weight"', '"wq}.weight"') + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return embed[tokens]
+}
+""", 14, 16, "this `}` in the weight's name closes no `{`"),
+    arch("weight-name-empty", HEAD.replace('"embed.weight"', '""') + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return embed[tokens]
+}
+""", 12, 13, "a weight's name is empty"),
 ]
 
 
