@@ -242,3 +242,4 @@ class File:
     entries: list = field(default_factory=list)
     bases: dict = field(default_factory=dict)  # path -> text of the architectures this one extends
     left_out: dict = field(default_factory=dict)  # name -> Loc in `without`: the bases' declarations left out
+    replaced: dict = field(default_factory=dict)  # fn name -> {path: FnDef}: each base's own fn that one replaced

@@ -776,6 +776,9 @@ class _Checker:
             raise LinnetError(e.func_loc, f"`{e.func}` is an entry; entries are called by the engine, not by the model")
         if e.func == scope.fn.name or self._calls(e.func, scope.fn.name, set()):
             raise LinnetError(e.func_loc, f"`{e.func}` is recursive; a model's functions cannot call themselves")
+        written_for = self.arch.replaced.get(e.func, {}).get(e.loc.path)
+        if written_for is not None:
+            self._check_replacement(e, sig, written_for, scope.fn.name)
         values = [self._expr(a, scope) for a in e.args]
         defined = [f"`{e.func}` is defined at {sig.loc}"]  # (an extension's override, maybe: not the base's)
         for kname, kloc, kval in e.kwargs:
@@ -803,6 +806,28 @@ class _Checker:
         ret = sig.ret.substitute(sizes) if isinstance(sig.ret, TensorType) else sig.ret
         return ir.Op(ret, e.loc, "call", [], {n: bound[n] for n, _ in sig.args},
                      tuple(sizes.get(d, Dim.name(d)) for d in sig.dims), {"fn": e.func})
+
+    def _check_replacement(self, e: ast.Call, sig: ir.Function, original: ast.FnDef, caller: str):
+        """A call a base wrote to a fn an extension replaced: the replacement takes what the call was
+        written to pass and gives what it was written to get (sizes and arguments may be renamed). If
+        not, the error is at the replacement, which is what the extension wrote, naming the call,
+        rather than a mismatch further on in a file the extension never wrote."""
+        try:
+            was = self._signature(original)
+        except LinnetError:
+            return  # (it reads a name left out: the call is checked against the replacement alone)
+        renamed = dict(zip(was.dims, (Dim.name(d) for d in sig.dims))) if len(was.dims) == len(sig.dims) else {}
+        def of(t):
+            return t.substitute(renamed) if isinstance(t, TensorType) else t
+        if len(was.args) == len(sig.args) and all(_assignable(of(a), b) for (_, a), (_, b) in zip(was.args, sig.args)) \
+                and _assignable(sig.ret, of(was.ret)):
+            return
+        def shown(f: ir.Function) -> str:
+            return f"{e.func}({', '.join(f'{n}: {t}' for n, t in f.args)}) -> {f.ret}"
+        raise LinnetError(sig.loc, f"`{e.func}` replaces `{shown(was)}` with another signature, `{shown(sig)}`",
+                          [f"{self.fns[caller].kind} `{caller}` calls it at {e.loc}, written for the one replaced "
+                           f"(declared at {original.loc})",
+                           f"keep its arguments and result, or declare `{caller}` again too"])
 
     def _calls(self, caller: str, target: str, seen: set) -> bool:
         """Whether fn `caller` reaches fn `target` through calls (to refuse recursion)."""

@@ -27,7 +27,12 @@ def extend(base: ast.File, derived: ast.File) -> ast.File:
     left_out = _left_out(base, derived)
     merged = ast.File(derived.path, derived.source, arch=derived.arch,
                       bases={**base.bases, base.path: base.source},
-                      left_out={**base.left_out, **{name: loc for name, (loc, _) in left_out.items()}})
+                      left_out={**base.left_out, **{name: loc for name, (loc, _) in left_out.items()}},
+                      replaced={name: dict(by_path) for name, by_path in base.replaced.items()})
+    again = {f.name for f in derived.fns}
+    for f in base.fns:  # kept so that a call the base wrote is checked against the fn it was written for
+        if f.name in again:
+            merged.replaced.setdefault(f.name, {})[f.loc.path] = f
     for section in _SECTIONS:
         kept = [item for item in getattr(base, section) if item.name not in left_out or section == "meta"]
         setattr(merged, section, _over(kept, getattr(derived, section)))

@@ -1163,6 +1163,14 @@ entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
   return embed[tokens]
 }
 """, 12, 13, "a weight's name is empty"),
+    # an extension's fn that the base's calls no longer fit: at the replacement, not at the base's call
+    Case("replacement-of-another-signature", {
+        "model.linnet": "arch ext extends mini\n\nfn scale<n>(x: T[n, dim], by: float) -> T[n, dim] {\n"
+                        "  return x * by\n}\n",
+        "mini.linnet": HEAD + "fn scale<n>(x: T[n, dim]) -> T[n, dim] {\n  return x * 2.0\n}\n\n"
+                              "entry decode(tokens: i32[Batch]) -> T[Batch, dim] {\n  return scale(embed[tokens])\n}\n"},
+         3, 1, "`scale` replaces `scale(x: T[n, dim]) -> T[n, dim]` with another signature",
+         note="entry `decode` calls it at "),
 ]
 
 
