@@ -220,7 +220,8 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, source: str, path: str) 
     at_end = token is None or token.type == "$END"
     if not at_end:
         notes = notes or _python_habit(source, err.pos_in_stream, token) \
-            or _other_language(source, err.pos_in_stream, token, raw_expected) or _mistyped_keyword(source, err.pos_in_stream)
+            or _other_language(source, err.pos_in_stream, token, raw_expected) \
+            or _mistyped_keyword(source, err.pos_in_stream, token)
     opener = _open_bracket(source, len(source) if at_end else token.start_pos)
     if opener is not None:
         char, (open_line, open_col) = opener
@@ -319,6 +320,11 @@ def _other_language(source: str, pos: int, token, expected: set) -> list[str]:
     before = source[:pos]
     if str(token) == "def":
         return ["a function is declared with `fn` (one the engine calls, with `entry`)"]
+    if str(token) == ":" and expected == {"LBRACE"}:
+        return ["a block is written in braces, `{ ... }`, not after a `:`"]
+    if str(token) == "if" and "RBRACE" in expected:
+        return ["`if` is an expression, `x = if c then a else b`, with a static condition: Linnet has no `if` "
+                "statement (`where(c, a, b)` chooses element by element)"]
     if token.type == "NAME" and re.search(r"(?:^|[^\w.])(let|var|const|val)\s+$", before):
         return [f"a local is bound with `{token} = ...`: Linnet has no `let`"]
     name = re.search(r"(\w+)\s*:?\s*$", before)
@@ -335,15 +341,19 @@ def _other_language(source: str, pos: int, token, expected: set) -> list[str]:
     return []
 
 
-def _mistyped_keyword(source: str, pos: int) -> list[str]:
+def _mistyped_keyword(source: str, pos: int, token) -> list[str]:
     """A note where the word before an unexpected token is a keyword misspelt (`retrun x` reads
-    as a name, then fails at `x`): the keyword meant."""
+    as a name, then fails at `x`), or the token itself is (`parmas {` where a block may begin):
+    the keyword meant."""
     before = re.search(r"([A-Za-z_][A-Za-z0-9_]*)\s*$", source[:pos])
-    # short names are too near to tell; a keyword's plural or longer form (`states`) is a name
-    if before is None or len(before[1]) < 4 or any(before[1].startswith(k) for k in _KEYWORDS if len(k) >= 4):
-        return []
-    close = difflib.get_close_matches(before[1], sorted(_KEYWORDS), n=1, cutoff=0.75)
-    return [f"did you mean `{close[0]}` for `{before[1]}`?"] if close else []
+    for word in ([before[1]] if before else []) + ([str(token)] if token.type == "NAME" else []):
+        # short names are too near to tell; a keyword's plural or longer form (`states`) is a name
+        if len(word) < 4 or any(word.startswith(k) for k in _KEYWORDS if len(k) >= 4):
+            continue
+        close = difflib.get_close_matches(word, sorted(_KEYWORDS), n=1, cutoff=0.75)
+        if close:
+            return [f"did you mean `{close[0]}` for `{word}`?"]
+    return []
 
 
 def _join(items: list[str]) -> str:

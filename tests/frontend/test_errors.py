@@ -1163,6 +1163,28 @@ entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
   return embed[tokens]
 }
 """, 12, 13, "a weight's name is empty"),
+    arch("block-after-a-colon", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  x = embed[tokens]
+  for i in 2:
+    x = x + x
+  return x
+}
+""", 22, 13, "unexpected ':'; expected '{'", note="a block is written in braces"),
+    arch("if-statement", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  x = embed[tokens]
+  if heads > 1 {
+    x = x + x
+  }
+  return x
+}
+""", 22, 3, "unexpected 'if'", note="Linnet has no `if` statement"),
+    arch("misspelt-block-keyword", HEAD.replace("params {", "parmas {") + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return embed[tokens]
+}
+""", 10, 1, "unexpected 'parmas'", note="did you mean `params` for `parmas`?"),
     # an extension's fn that the base's calls no longer fit: at the replacement, not at the base's call
     Case("replacement-of-another-signature", {
         "model.linnet": "arch ext extends mini\n\nfn scale<n>(x: T[n, dim], by: float) -> T[n, dim] {\n"
