@@ -395,13 +395,14 @@ class _Checker:
             return ScalarType(t.dtype)
         return self._tensor_type(t, dims)
 
-    def _dim(self, e: ast.Node, dims: dict) -> Dim:
+    def _dim(self, e: ast.Node, dims: dict, negative: str | None = None) -> Dim:
         """A size: literals, int config values, generics and call dims, with + - * / //; one
-        built by arithmetic keeps how it was written, for the generated code."""
-        d = self._dim_value(e, dims)
+        built by arithmetic keeps how it was written, for the generated code. `negative`: the note for
+        a negative one, by where it is written (a slice bound, a reshape's size)."""
+        d = self._dim_value(e, dims, negative)
         return Dim(d.terms, _dim_spelling(e)) if isinstance(e, ast.Binary) else d
 
-    def _dim_value(self, e: ast.Node, dims: dict) -> Dim:
+    def _dim_value(self, e: ast.Node, dims: dict, negative: str | None) -> Dim:
         if isinstance(e, ast.Number):
             if not isinstance(e.value, int) or e.value < 0:
                 raise LinnetError(e.loc, f"a dim must be a non-negative integer, not {e.value}")
@@ -420,14 +421,12 @@ class _Checker:
                               suggest(e.id, list(dims) + list(SIZE_GENERICS) + [c for c, v in self.config.items() if v.type == INT])
                               or ["a dim is a literal, an int config value, Batch, MaxSeq or a size declared as fn<n>"])
         if isinstance(e, ast.Binary) and e.op in ("+", "-", "*", "/", "//"):
-            a, b = self._dim(e.left, dims), self._dim(e.right, dims)
+            a, b = self._dim(e.left, dims, negative), self._dim(e.right, dims, negative)
             if e.op in ("/", "//") and not b.terms:
                 raise LinnetError(e.loc, "division of a dim by zero")
             return {"+": a.__add__, "-": a.__sub__, "*": a.__mul__, "/": a.__floordiv__, "//": a.__floordiv__}[e.op](b)
         if isinstance(e, ast.Unary) and e.op == "-":
-            raise LinnetError(e.loc, "a dim is never negative",
-                              ["a slice bound does not count from the end, as numpy's does: write `size - k` "
-                               "(`x[:, dim - 1:]`)"])
+            raise LinnetError(e.loc, "a dim is never negative", [negative] if negative else [])
         raise LinnetError(e.loc, "a dim must be built from numbers, config values and generics with + - * /")
 
     # ------------------------------------------------------------ functions
@@ -677,8 +676,8 @@ class _Checker:
                 if b is not None and b.type != INT:
                     raise LinnetError(src.loc, f"slice bounds must be static ints, not {b.type}")
             return ir.Slice(None, e.loc, start, stop,
-                            self._dim(e.start, scope.dims) if e.start is not None else None,
-                            self._dim(e.stop, scope.dims) if e.stop is not None else None)
+                            self._dim(e.start, scope.dims, _FROM_THE_END) if e.start is not None else None,
+                            self._dim(e.stop, scope.dims, _FROM_THE_END) if e.stop is not None else None)
         return self._expr(e, scope)
 
     def _if(self, e: ast.IfExpr, scope: "_Scope") -> ir.Value:
@@ -701,7 +700,7 @@ class _Checker:
         extra = {}
         if dim_param == "dims":  # reshape(x, a, b), zeros(a, b): every positional size after x
             first = 1 if name == "reshape" else 0
-            dims = tuple(self._dim(a, scope.dims) for a in pos[first:])
+            dims = tuple(self._dim(a, scope.dims, _INFERRED if name == "reshape" else None) for a in pos[first:])
             if not dims:
                 raise LinnetError(loc, f"`{name}` needs at least one size: `{name}({'x, ' if first else ''}n, d)`")
             pos = pos[:first]
@@ -757,7 +756,11 @@ class _Checker:
                 raise LinnetError(v.loc, f"`{name}` takes at most {len(accepted)} argument(s)")
         for kname, (kloc, v) in named.items():
             if kname in bound:
-                raise LinnetError(kloc, f"argument `{kname}` is given twice")
+                order = ", ".join(p.name for p in accepted)
+                raise LinnetError(kloc, f"argument `{kname}` is given twice",
+                                  (["`concat` takes a list of tensors: concat([a, b], axis=-1)"] if name == "concat"
+                                   else []) + [f"`{name}` takes ({order}) in that order: a positional argument "
+                                               f"already gave `{kname}`"])
             bound[kname] = v
         for p in accepted:
             if p.default is inspect.Parameter.empty and p.name not in bound:
@@ -774,8 +777,11 @@ class _Checker:
         sig = self.signatures[e.func]
         if sig.kind == "entry":
             raise LinnetError(e.func_loc, f"`{e.func}` is an entry; entries are called by the engine, not by the model")
-        if e.func == scope.fn.name or self._calls(e.func, scope.fn.name, set()):
-            raise LinnetError(e.func_loc, f"`{e.func}` is recursive; a model's functions cannot call themselves")
+        cycle = [e.func] if e.func == scope.fn.name else self._call_path(e.func, scope.fn.name, set())
+        if cycle:
+            through = "" if len(cycle) == 1 else " through " + ", then ".join(f"`{n}`" for n in cycle[:-1])
+            raise LinnetError(e.func_loc, f"`{scope.fn.name}` calls itself{through}: a model's functions cannot be "
+                                          f"recursive")
         written_for = self.arch.replaced.get(e.func, {}).get(e.loc.path)
         if written_for is not None:
             self._check_replacement(e, sig, written_for, scope.fn.name)
@@ -829,17 +835,23 @@ class _Checker:
                            f"(declared at {original.loc})",
                            f"keep its arguments and result, or declare `{caller}` again too"])
 
-    def _calls(self, caller: str, target: str, seen: set) -> bool:
-        """Whether fn `caller` reaches fn `target` through calls (to refuse recursion)."""
+    def _call_path(self, caller: str, target: str, seen: set) -> list:
+        """The fns from `caller` to `target` along calls, both included (to refuse recursion, naming
+        the circle), or [] where `caller` does not reach `target`."""
         if caller in seen:
-            return False
+            return []
         seen.add(caller)
         for node in _walk(self.fns[caller].body):
             if isinstance(node, ast.Call) and node.func in self.fns:
-                if node.func == target or self._calls(node.func, target, seen):
-                    return True
-        return False
+                rest = [target] if node.func == target else self._call_path(node.func, target, seen)
+                if rest:
+                    return [caller] + rest
+        return []
 
+
+# Notes for a negative dim, by where it is written: numpy's ways that Linnet lacks.
+_FROM_THE_END = "a slice bound does not count from the end, as numpy's does: write `size - k` (`x[:, dim - 1:]`)"
+_INFERRED = "`reshape` takes every size by name, with no -1 to infer one: `x.reshape(n, heads, head_dim)`"
 
 _DIM_PRECEDENCE = {"+": 1, "-": 1, "*": 2, "/": 2, "//": 2}
 

@@ -84,7 +84,10 @@ def _find_arch(name: str, loc: Loc, near: Path | None):
         if candidate.is_file():
             arch = parse(_read(candidate, loc), str(candidate))
             if arch.arch is None or arch.arch.name != name:
-                raise LinnetError(loc, f"{candidate} does not declare `arch {name}`")
+                found = (f"it declares `arch {arch.arch.name}`" if arch.arch is not None else
+                         f"it is the card \"{arch.card.name}\": a card imports an architecture, not another card"
+                         if arch.card is not None else f"it declares no architecture: one starts with `arch {name}`")
+                raise LinnetError(loc, f"{candidate} does not declare `arch {name}`", [found])
             return arch
     there = sorted({p.stem for d in arch_dirs(near) if d.is_dir() for p in d.glob("*.linnet")})
     raise LinnetError(loc, f"cannot find architecture `{name}`",

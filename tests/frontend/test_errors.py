@@ -811,7 +811,7 @@ fn f<n>(x: T[n, dim]) -> T[n, dim] {
 fn g<n>(x: T[n, dim]) -> T[n, dim] {
   return f(x)
 }
-""", 21, 10, "`g` is recursive"),
+""", 21, 10, "`f` calls itself through `g`: a model's functions cannot be recursive"),
     arch("loop-carried-type-change", HEAD + """\
 entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
   x = embed[tokens]
@@ -1163,6 +1163,17 @@ entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
   return embed[tokens]
 }
 """, 12, 13, "a weight's name is empty"),
+    arch("reshape-with-minus-one", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, heads, head_dim] {
+  return linear(embed[tokens], wq).reshape(Batch, -1, head_dim)
+}
+""", 21, 51, "a dim is never negative", note="`reshape` takes every size by name, with no -1 to infer one"),
+    arch("concat-of-tensors-not-a-list", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  x = embed[tokens]
+  return concat(x, x, axis=-1)
+}
+""", 22, 23, "argument `axis` is given twice", note="`concat` takes a list of tensors: concat([a, b], axis=-1)"),
     arch("block-after-a-colon", HEAD + """\
 entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
   x = embed[tokens]
@@ -1185,6 +1196,8 @@ entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
   return embed[tokens]
 }
 """, 10, 1, "unexpected 'parmas'", note="did you mean `params` for `parmas`?"),
+    card("import-of-an-architecture-named-otherwise", CARD, 2, 1, "does not declare `arch mini`",
+         arch_source=MINI.replace("arch mini", "arch Mini"), note="it declares `arch Mini`"),
     # an extension's fn that the base's calls no longer fit: at the replacement, not at the base's call
     Case("replacement-of-another-signature", {
         "model.linnet": "arch ext extends mini\n\nfn scale<n>(x: T[n, dim], by: float) -> T[n, dim] {\n"
