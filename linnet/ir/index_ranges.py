@@ -193,7 +193,11 @@ def _check(x: ir.Value, indices: list, first: int, env: dict, sizes: dict, stati
         notes = [r.why, f"{named} is {t}: its dim {axis} has {size} entries"]
         if fn.kind == "fn" and call is not None:
             notes.append(f"in fn `{fn.name}`, as called at {call}")
-        if r.past_generic is not None:
+        if r.past_generic is not None and str(d) in _FLAG and str(d) != r.past_generic:
+            # (a position where a row goes, say: binding MaxSeq below Batch is no fix)
+            notes.append(f"dim {axis} counts {d}, not {r.past_generic}: are the indices in the order of "
+                         f"{named}'s dims?")
+        elif r.past_generic is not None:
             most = n - r.offset
             if most >= 1:
                 notes.append(f"bind {r.past_generic} to at most {most} (`--generic {r.past_generic}={most}`; "

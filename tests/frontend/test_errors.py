@@ -1198,6 +1198,14 @@ entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
 """, 10, 1, "unexpected 'parmas'", note="did you mean `params` for `parmas`?"),
     card("import-of-an-architecture-named-otherwise", CARD, 2, 1, "does not declare `arch mini`",
          arch_source=MINI.replace("arch mini", "arch Mini"), note="it declares `arch Mini`"),
+    arch("cache-indices-in-another-order", HEAD + """\
+entry decode(tokens: i32[Batch], positions: i32[Batch]) -> T[Batch, dim] {
+  x = embed[tokens]
+  cache[positions, iota(Batch)] = x
+  return x
+}
+""", 22, 9, "this index reaches 255, past the end of a dim of size 1",
+         note="dim 0 counts Batch, not MaxSeq: are the indices in the order of `cache`'s dims?"),
     # an extension's fn that the base's calls no longer fit: at the replacement, not at the base's call
     Case("replacement-of-another-signature", {
         "model.linnet": "arch ext extends mini\n\nfn scale<n>(x: T[n, dim], by: float) -> T[n, dim] {\n"
