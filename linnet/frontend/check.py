@@ -108,12 +108,18 @@ class _Checker:
     def _warn_unused(self, fns: dict, entries: dict):
         """A param no entry reads, directly or through the fns it calls, is a weight loaded for nothing (its
         checkpoint must still hold it), and a state buffer no entry touches is memory allocated for nothing: a
-        name misspelt where it is used, or one an extension stopped using."""
-        used = set()
+        name misspelt where it is used, or one an extension stopped using. A state buffer read but never
+        filled (stored into, or assigned other than by `copy_rows`, which only moves what is there) holds
+        zeros: a store left out, or written to another buffer."""
+        used, filled = set(), set()
         for f in walk.reached(fns, list(entries.values())):
             used.update(("state", name) for name in walk.written_state(f.body, self.state))
             used.update((v.kind, v.name) for v in walk.all_values(f.body)
                         if isinstance(v, ir.Var) and v.kind in ("param", "state"))
+            for st in walk.all_statements(f.body):
+                if isinstance(st, (ir.Assign, ir.Store)) and isinstance(st.value, ir.Op) and st.value.op == "copy_rows":
+                    continue
+                filled.update(walk.written_state([st], self.state))
         for p in self.params.values():  # (ties do not chain: _check_tie)
             if ("param", p.name) in used and p.tie is not None:
                 used.add(("param", p.tie[0]))  # `lm_head = embed if ...`: reading the head may read the embedding
@@ -128,6 +134,12 @@ class _Checker:
             warnings.warn(LinnetWarning(loc, f"{'param' if kind == 'param' else 'state buffer'} `{name}` {what}", [
                 why, f"an extension leaves a base's {kind} out with `extends ... without {name}`" if base else
                 "remove it, or use it where it was meant to be used"]), stacklevel=2)
+        for st in self.state.values():
+            if ("state", st.name) in used and st.name not in filled:
+                warnings.warn(LinnetWarning(st.loc, f"state buffer `{st.name}` is read but never written", [
+                    "no entry stores into it, directly or through a fn it calls, so it holds zeros (`copy_rows` "
+                    "only moves what is there)", f"store into it where its values are made: `{st.name}[...] = ...`"]),
+                    stacklevel=2)
 
     def _declare(self, name: str, loc: Loc, what: str = ""):
         """A module-level name; `what` ("param", "state buffer", "entry") for those a generated model

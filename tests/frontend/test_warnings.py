@@ -1,6 +1,6 @@
-"""Warnings: source that compiles but loads or allocates something it never uses. A param no entry reads, or a
-state buffer no entry touches, is named where it is declared, with a caret, as errors are, and the model still
-compiles."""
+"""Warnings: source that compiles but loads or allocates something it never uses. A param no entry reads, a
+state buffer no entry touches, or one read but never stored into, is named where it is declared, with a caret,
+as errors are, and the model still compiles."""
 
 from __future__ import annotations
 
@@ -135,3 +135,18 @@ def test_a_state_buffer_no_entry_touches_is_named_and_one_only_written_is_not(tm
     assert (warned[1].loc.line, warned[1].loc.col) == (line, 3)
     assert warned[1].notes[0] == ("no entry reads or writes it, directly or through a fn it calls; it is allocated "
                                   "all the same")
+
+
+def test_a_state_buffer_read_but_never_stored_into_is_named(tmp_path):
+    # read by the entry and only moved by copy_rows: it holds zeros; a store into it silences the warning
+    path = tmp_path / "mini.linnet"
+    with_state = ARCH.replace("fn project", "state {\n  seen: T[Batch, MaxSeq, dim]\n}\n\nfn project").replace(
+        "linear(project(head[tokens]), head)", "linear(unused(project(head[tokens])) + seen[iota(Batch), 0], head)") + (
+        "\nentry copy_rows<K>(src: i32[K], dst: i32[K], upto: i32[K]) {\n"
+        "  seen = copy_rows(seen, src, dst, upto)\n}\n")
+    path.write_text(with_state)
+    [w] = _unread(path)
+    assert w.message == "state buffer `seen` is read but never written"
+    assert (w.loc.line, w.loc.col) == (path.read_text().splitlines().index("  seen: T[Batch, MaxSeq, dim]") + 1, 3)
+    path.write_text(with_state.replace("  return linear(x, w_spare)", "  seen[iota(Batch), 0] = x\n  return linear(x, w_spare)"))
+    assert _unread(path) == []
