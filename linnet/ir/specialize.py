@@ -485,7 +485,9 @@ def evaluate(v: ir.Value, env: dict):
                 out = compute(a, b)
             except (ZeroDivisionError, OverflowError, TypeError) as err:
                 reason = err.args[-1] if err.args else err
-                raise LinnetError(v.loc, f"cannot evaluate {a!r} {_SYMBOL.get(v.op, v.op)} {b!r}: {reason}") from None
+                named = [f"`{x.name}` is {value!r}" for x, value in ((k["a"], a), (k["b"], b)) if isinstance(x, ir.Var)]
+                raise LinnetError(v.loc, f"cannot evaluate {a!r} {_SYMBOL.get(v.op, v.op)} {b!r}: {reason}",
+                                  named) from None
             if _is_int(out) and not -2 ** INT_BITS <= out < 2 ** INT_BITS:
                 _too_large(v, a, b)
             return out

@@ -144,7 +144,7 @@ CASES = [
     llama("division-by-zero-in-a-default", "sliding_window: int = 0 ", "sliding_window: int = dim / 0 ",
           "dim / 0", "cannot evaluate 64 / 0: integer division or modulo by zero"),
     llama("division-by-a-card-value-of-zero", "head_dim: int = dim / heads", "head_dim: int = dim / heads",
-          "dim / heads", "cannot evaluate 64 / 0: integer division or modulo by zero",
+          "dim / heads", "cannot evaluate 64 / 0: integer division or modulo by zero", "`heads` is 0",
           card=("heads = 4", "heads = 0")),
     # a negative dim in an entry's argument that nothing reads
     bigram("negative-dim-in-an-entry-argument", None, "i32[0 - 2]",
