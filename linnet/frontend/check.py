@@ -231,8 +231,8 @@ class _Checker:
                                   suggest(c.name, self.config))
             if c.name in values:
                 raise LinnetError(c.loc, f"`{c.name}` is set twice")
-            value = self._literal(c.value, f"the value of `{c.name}`")
             want = self.config[c.name].type
+            value = self._literal(c.value, f"the value of `{c.name}`", want)
             self.config_locs[c.name] = c.value.loc
             if isinstance(want, ListType):
                 values[c.name] = self._card_list(c, value, want)
@@ -254,15 +254,15 @@ class _Checker:
                                          f"a list of {want.item} values")
         return [float(item) if want.item == "float" else item for item in value]
 
-    def _literal(self, e: ast.Node, what: str):
+    def _literal(self, e: ast.Node, what: str, want=None):
         if isinstance(e, (ast.Number, ast.String, ast.Bool)):
             return e.value
         if isinstance(e, ast.Unary) and e.op == "-" and isinstance(e.operand, ast.Number):
             return -e.operand.value
         if isinstance(e, ast.ListExpr):
-            return [self._literal(x, what) for x in e.items]
+            return [self._literal(x, what, want) for x in e.items]
         raise LinnetError(e.loc, f"{what} must be a literal: a number, a string, true or false",
-                          _literal_note(e, self.config))
+                          _literal_note(e, self.config, want))
 
     # ------------------------------------------------------------ params
 
@@ -1026,15 +1026,23 @@ def _pattern_part(s: ast.Source, start: int, length: int) -> Loc:
     return Loc(s.pattern_loc.path, s.pattern_loc.line, col, s.pattern_loc.line, col + length, s.pattern_loc.source)
 
 
-def _literal_note(e: ast.Node, config: dict) -> list[str]:
+def _literal_note(e: ast.Node, config: dict, want=None) -> list[str]:
     """What a card most likely meant by a value that is no literal: a string left unquoted, Python's
-    `True`, another config value or a computation (a card gives its number)."""
+    `True` (or a bool said otherwise, `yes`), no value at all (`None`), another config value or a
+    computation (a card gives its number). `want`: the config value's type, where one is set."""
+    kind = getattr(want, "kind", None) if not isinstance(want, ListType) else want.item
     if isinstance(e, ast.Name):
         if e.id in ("True", "False"):
             return [f"Linnet's booleans are `{e.id.lower()}`"]
+        if e.id in ("None", "null", "nil"):
+            return [f"Linnet has no `{e.id}`: leave the value out to take the architecture's default"]
         if e.id in config:
             return [f"a card gives values, not names: write the number `{e.id}` is (or leave this value out where "
                     f"its default follows `{e.id}`)"]
+        if kind == "bool":
+            return ["a bool is `true` or `false`"]
+        if kind in ("int", "float"):
+            return [f"a {kind} is written as a number"]
         return [f"a string is written in double quotes: `\"{e.id}\"`"]
     if isinstance(e, (ast.Binary, ast.Unary, ast.Call, ast.IfExpr)):
         return ["a card gives values, not computations: write the number it comes to (an architecture's default "

@@ -322,9 +322,21 @@ def _other_language(source: str, pos: int, token, expected: set) -> list[str]:
         return ["a function is declared with `fn` (one the engine calls, with `entry`)"]
     if str(token) == ":" and expected == {"LBRACE"}:
         return ["a block is written in braces, `{ ... }`, not after a `:`"]
+    line_so_far = before[before.rfind("\n") + 1:]
+    if str(token) == "if" and line_so_far.strip():  # after a value: Python's `a if c else b`
+        return ["Linnet writes a choice as `if c then a else b`"]
     if str(token) == "if" and "RBRACE" in expected:
         return ["`if` is an expression, `x = if c then a else b`, with a static condition: Linnet has no `if` "
                 "statement (`where(c, a, b)` chooses element by element)"]
+    if re.search(r"(?:^|\n)[ \t]*import[ \t]+\S*[ \t]*$", before):  # (on the import's own line)
+        return ["`import` takes the architecture's name, as its `arch` line gives it: `import llama` looks for "
+                "llama.linnet beside the card, in arch/ beside it, and among the built-in ones"]
+    if str(token) == "//" and not line_so_far.strip():
+        return ["a comment starts with `#`"]
+    if str(token) == "=" and source.startswith("=>", pos):
+        return ["a fn's result type follows `->`"]
+    if str(token) == "[" and "LESSTHAN" in expected:
+        return ["a fn's sizes are written in angle brackets: `fn f<n>(x: T[n, dim])`"]
     if token.type == "NAME" and re.search(r"(?:^|[^\w.])(let|var|const|val)\s+$", before):
         return [f"a local is bound with `{token} = ...`: Linnet has no `let`"]
     name = re.search(r"(\w+)\s*:?\s*$", before)

@@ -1116,18 +1116,22 @@ entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
 """, 21, 4, "unexpected ':'", note="a local takes its type from its value: write `x = ...`"),
     # (a comment that ends in `.` is not read as `.card`, an attribute)
     card("card-name-unquoted", "# My model.\n" + CARD.replace('card "mini-test"', "card mini-test"), 2, 6,
-         "unexpected 'mini'; expected a string", arch_source=MINI, note='a card\'s name is a string: `card "mini-test"`'),
+         "unexpected 'mini'; expected a string", arch_source=MINI,
+         note='a card\'s name is a string: `card "mini-test"`'),
     card("card-extends-its-architecture", CARD.replace('"mini-test"\nimport mini', '"mini-test" extends mini'), 1, 18,
          "unexpected 'extends'", arch_source=MINI, note="a card imports its architecture"),
     card("card-value-set-with-a-colon", CARD.replace("vocab = 16", "vocab: 16"), 5, 10, "unexpected '16'",
          arch_source=MINI, note="a card sets a value with `=` (`vocab = 16`)"),
-    card("card-string-unquoted", with_config(CARD, "rope_scaling = llama3"), 8, 18,
-         "the value of `rope_scaling` must be a literal", arch_source=MINI,
-         note='a string is written in double quotes: `"llama3"`'),
-    card("card-value-names-another", with_config(CARD, "kv_heads = heads"), 8, 14,
-         "the value of `kv_heads` must be a literal", arch_source=MINI, note="a card gives values, not names"),
     card("card-value-computed", CARD.replace("dim = 8", "dim = 4 * 2"), 6, 9, "the value of `dim` must be a literal",
          arch_source=MINI, note="a card gives values, not computations"),
+    # a card's value that is no literal, added on line 8: the note says the literal likely meant
+    *[card(f"card-value-{id}", with_config(CARD, f"{name} = {value}"), 8, 6 + len(name),
+           f"the value of `{name}` must be a literal", arch_source=MINI, note=note)
+      for id, name, value, note in [
+          ("string-unquoted", "rope_scaling", "llama3", 'a string is written in double quotes: `"llama3"`'),
+          ("names-another", "kv_heads", "heads", "a card gives values, not names"),
+          ("none", "rope_scaling", "None", "Linnet has no `None`: leave the value out to take the architecture's "
+                                           "default")]],
     arch("config-default-reads-one-below", """\
 arch mini
 config {
@@ -1206,12 +1210,41 @@ entry decode(tokens: i32[Batch], positions: i32[Batch]) -> T[Batch, dim] {
 }
 """, 22, 9, "this index reaches 255, past the end of a dim of size 1",
          note="dim 0 counts Batch, not MaxSeq: are the indices in the order of `cache`'s dims?"),
+    card("import-of-a-file-name", CARD.replace("import mini", "import mini.linnet"), 2, 12, "unexpected '.'",
+         arch_source=MINI, note="`import` takes the architecture's name, as its `arch` line gives it"),
+    arch("python-conditional-in-a-default", """\
+arch mini
+config {
+  heads: int = 2
+  kv_heads: int = heads if heads > 1 else 1
+}
+entry decode(tokens: i32[Batch]) -> i32[Batch] {
+  return tokens
+}
+""", 4, 25, "unexpected 'if'", note="Linnet writes a choice as `if c then a else b`"),
+    arch("comment-with-slashes", HEAD + """\
+// the model
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return embed[tokens]
+}
+""", 20, 1, "unexpected '//'", note="a comment starts with `#`"),
+    arch("result-after-a-fat-arrow", HEAD + """\
+entry decode(tokens: i32[Batch]) => T[Batch, dim] {
+  return embed[tokens]
+}
+""", 20, 34, "unexpected '='", note="a fn's result type follows `->`"),
+    arch("fn-sizes-in-square-brackets", HEAD + """\
+fn double[n](x: T[n, dim]) -> T[n, dim] {
+  return x + x
+}
+""", 20, 10, "unexpected '['", note="a fn's sizes are written in angle brackets"),
     # an extension's fn that the base's calls no longer fit: at the replacement, not at the base's call
     Case("replacement-of-another-signature", {
         "model.linnet": "arch ext extends mini\n\nfn scale<n>(x: T[n, dim], by: float) -> T[n, dim] {\n"
                         "  return x * by\n}\n",
         "mini.linnet": HEAD + "fn scale<n>(x: T[n, dim]) -> T[n, dim] {\n  return x * 2.0\n}\n\n"
-                              "entry decode(tokens: i32[Batch]) -> T[Batch, dim] {\n  return scale(embed[tokens])\n}\n"},
+                              "entry decode(tokens: i32[Batch]) -> T[Batch, dim] {\n"
+                              "  return scale(embed[tokens])\n}\n"},
          3, 1, "`scale` replaces `scale(x: T[n, dim]) -> T[n, dim]` with another signature",
          note="entry `decode` calls it at "),
 ]

@@ -148,5 +148,6 @@ def test_a_state_buffer_read_but_never_stored_into_is_named(tmp_path):
     [w] = _unread(path)
     assert w.message == "state buffer `seen` is read but never written"
     assert (w.loc.line, w.loc.col) == (path.read_text().splitlines().index("  seen: T[Batch, MaxSeq, dim]") + 1, 3)
-    path.write_text(with_state.replace("  return linear(x, w_spare)", "  seen[iota(Batch), 0] = x\n  return linear(x, w_spare)"))
+    path.write_text(with_state.replace("  return linear(x, w_spare)",
+                                       "  seen[iota(Batch), 0] = x\n  return linear(x, w_spare)"))
     assert _unread(path) == []
