@@ -782,8 +782,23 @@ class _Checker:
             extra_kw["dim_values"] = dims
         if "dtype" in sig.parameters and name == "zeros":
             extra_kw["dtype"] = extra["dtype"]
-        t = spec.infer(*[bound.get(p.name) for p in accepted], *rest, loc=loc, **extra_kw)
+        try:
+            t = spec.infer(*[bound.get(p.name) for p in accepted], *rest, loc=loc, **extra_kw)
+        except LinnetError as err:
+            raise self._stacked_note(err, list(bound.values()) + rest) from None
         return ir.Op(t, loc, name, rest, bound, dims, extra)
+
+    def _stacked_note(self, err: LinnetError, values: list) -> LinnetError:
+        """`err` with a note where one of `values` is a param stacked over a loop read whole (`wq` for
+        `wq[l]`): the likeliest cause of a weight of the wrong rank."""
+        stacked = [self.params[v.name] for v in values if isinstance(v, ir.Var) and v.kind == "param"
+                   and self.params[v.name].loops]
+        if not stacked:
+            return err
+        p = stacked[0]
+        return LinnetError(err.loc, err.message, err.notes + [
+            f"`{p.name}` is declared in `for {p.loops[0]} in {p.type.shape[0]}`, so it is {p.type}: one "
+            f"`{p.loops[0]}`'s is `{p.name}[{p.loops[0]}]`"])
 
     def _call_fn(self, e: ast.Call, scope: "_Scope") -> ir.Op:
         sig = self.signatures[e.func]
@@ -820,7 +835,10 @@ class _Checker:
         sizes: dict = {}
         for _ in range(2):  # the first pass binds the sizes; the second checks dims built from them
             for name, want in sig.args:
-                _unify(want, bound[name], sizes, set(sig.dims), e.func, name)
+                try:
+                    _unify(want, bound[name], sizes, set(sig.dims), e.func, name)
+                except LinnetError as err:
+                    raise self._stacked_note(err, [bound[name]]) from None
         ret = sig.ret.substitute(sizes) if isinstance(sig.ret, TensorType) else sig.ret
         return ir.Op(ret, e.loc, "call", [], {n: bound[n] for n, _ in sig.args},
                      tuple(sizes.get(d, Dim.name(d)) for d in sig.dims), {"fn": e.func})

@@ -1238,6 +1238,14 @@ fn double[n](x: T[n, dim]) -> T[n, dim] {
   return x + x
 }
 """, 20, 10, "unexpected '['", note="a fn's sizes are written in angle brackets"),
+    arch("stacked-weight-read-whole", HEAD.replace("  wq:", "  for h in heads {\n    norm: T[dim]\n"
+                                                            "      from hf \"layers.{h}.norm.weight\"\n"
+                                                            "  }\n  wq:") + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return rmsnorm(embed[tokens], norm, eps=1e-5)
+}
+""", 25, 10, "cannot normalize T[Batch, dim] with a weight T[heads, dim]",
+         note="`norm` is declared in `for h in heads`, so it is T[heads, dim]: one `h`'s is `norm[h]`"),
     # an extension's fn that the base's calls no longer fit: at the replacement, not at the base's call
     Case("replacement-of-another-signature", {
         "model.linnet": "arch ext extends mini\n\nfn scale<n>(x: T[n, dim], by: float) -> T[n, dim] {\n"
