@@ -236,7 +236,8 @@ def test_quantization_gguf_generates_as_the_file_decoded(capsys, gguf_path):
     """--quantization gguf (vLLM's): the embedded Q4_1 file's linears in their blocks, the greedy reply
     of its bf16 load; refused where it does not run, in the command's flags. Two numerics give one greedy
     reply only where each token's top two logits stand apart: this prompt's are 1.0 apart or more in f32 (its 8
-    tokens); "What is the capital of France?" had "The" 0.08 above "L" (25.3), under a bf16 logit's step there."""
+    tokens); "What is the capital of France?" had "The" 0.08 above "L" (25.3) in f32, and the Q4_1 blocks' bf16 load
+    "L" 0.02 above "The" (f32 logits of bf16 activations), as llama.cpp on the same file answers "L'Étoile, ..."."""
     argv = ["generate", "smollm2-135m-instruct", "Name the capital of France.", "--chat", "-n", "8",
             "--max-seq", "64"]
     replies = []
