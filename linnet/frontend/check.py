@@ -116,10 +116,7 @@ class _Checker:
             used.update(("state", name) for name in walk.written_state(f.body, self.state))
             used.update((v.kind, v.name) for v in walk.all_values(f.body)
                         if isinstance(v, ir.Var) and v.kind in ("param", "state"))
-            for st in walk.all_statements(f.body):
-                if isinstance(st, (ir.Assign, ir.Store)) and isinstance(st.value, ir.Op) and st.value.op == "copy_rows":
-                    continue
-                filled.update(walk.written_state([st], self.state))
+            filled.update(walk.written_state(f.body, self.state, moved=False))
         for p in self.params.values():  # (ties do not chain: _check_tie)
             if ("param", p.name) in used and p.tie is not None:
                 used.add(("param", p.tie[0]))  # `lm_head = embed if ...`: reading the head may read the embedding

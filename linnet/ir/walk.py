@@ -63,11 +63,15 @@ def reached(fns: dict, functions: list) -> Iterator:
                 todo.append(fns[v.attrs["fn"]])
 
 
-def written_state(body: list, state: dict) -> set:
+def written_state(body: list, state: dict, moved: bool = True) -> set:
     """The state buffers `body` writes: stored into (`cache[l, rows] = k`) or replaced whole
-    (`cache = copy_rows(cache, ...)`)."""
+    (`cache = copy_rows(cache, ...)`; with `moved` False, a write of `copy_rows`, which only moves
+    what the buffer holds, is left out)."""
     out = set()
     for s in all_statements(body):
+        if not moved and isinstance(s, (ir.Assign, ir.Store)) and isinstance(s.value, ir.Op) and \
+                s.value.op == "copy_rows":
+            continue
         if isinstance(s, ir.Store):
             out.add(s.state)
         elif isinstance(s, ir.Assign):

@@ -148,6 +148,10 @@ def test_a_state_buffer_read_but_never_stored_into_is_named(tmp_path):
     [w] = _unread(path)
     assert w.message == "state buffer `seen` is read but never written"
     assert (w.loc.line, w.loc.col) == (path.read_text().splitlines().index("  seen: T[Batch, MaxSeq, dim]") + 1, 3)
+    # the copy inside a loop moves no more than outside one
+    path.write_text(with_state.replace("  seen = copy_rows(seen, src, dst, upto)",
+                                       "  for i in 2 {\n    seen = copy_rows(seen, src, dst, upto)\n  }"))
+    assert [w.message for w in _unread(path)] == ["state buffer `seen` is read but never written"]
     path.write_text(with_state.replace("  return linear(x, w_spare)",
                                        "  seen[iota(Batch), 0] = x\n  return linear(x, w_spare)"))
     assert _unread(path) == []
