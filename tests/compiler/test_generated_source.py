@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from linnet import cli
 from linnet.compiler import BACKENDS, check_file, compile_file, generate, import_source
@@ -137,6 +138,26 @@ def test_written_file_runs_on_its_own(kit, tmp_path):
         assert kit.rel_err(got[backend + "_decode"], decode) <= 1e-5
         assert kit.rel_err(got[backend + "_decode"][1], got[backend + "_decode"][0]) <= 1e-5
 
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_weights_that_do_not_fit_the_params_are_refused_naming_the_param(backend, kit):
+    """The generated Model(weights), as a user who imports `linnet compile`'s output calls it: a param missing from
+    the weights, or given in another shape or type, is refused with the param's name and what it must be."""
+    spec = specialize(check_file(kit.CARDS / "tiny-llama.linnet"), GENERICS)
+    weights = {k: v.numpy() for k, v in bind_weights(spec, kit.random_checkpoint(spec, seed=3).__getitem__).items()}
+    model_class = import_source(generate(check_file(kit.CARDS / "tiny-llama.linnet"), backend, GENERICS)).Model
+    shape = list(weights["wq"].shape)
+    if backend == "torch":
+        weights = {k: torch.from_numpy(v) for k, v in weights.items()}
+    cases = {"missing": ({k: v for k, v in weights.items() if k != "wq"}, KeyError,
+                         f"no weights for param `wq` {shape} f32"),
+             "shape": ({**weights, "wq": weights["wq"][:, :-1]}, ValueError,
+                       f"param `wq` must be {shape}, but the weights given are {[shape[0], shape[1] - 1, shape[2]]}"),
+             "type": ({**weights, "wq": weights["wq"].astype(np.float16) if backend == "jax"
+                       else weights["wq"].half()}, TypeError, "param `wq` must be f32, but the weights given are")}
+    for given, error, message in cases.values():
+        with pytest.raises(error, match=re.escape(message)):
+            model_class(given)
 
 # ---------------------------------------------------------------- source comments
 
