@@ -46,6 +46,16 @@ _DECODER = json.JSONDecoder()
 ARGUMENT_KEYS = ("parameters", "arguments")  # the key a call's arguments go under, the first found
 
 
+def _json_read(read, *args):
+    """`read(*args)` (json.loads, or _DECODER.raw_decode) with nesting deeper than Python's recursion (a
+    model's runaway "[[[[...") a ValueError, as any other text that is no JSON: no call, and the reply's
+    text as it is (vLLM's parsers give it so), where the RecursionError failed the whole reply."""
+    try:
+        return read(*args)
+    except RecursionError:
+        raise ValueError("JSON nested deeper than Python reads") from None
+
+
 def _call(value, written: str | None = None) -> dict | None:
     """{name, arguments (JSON text)} from a call's object, or None where it is not one: it says its
     name and its arguments (an object with neither "parameters" nor "arguments" may hold them under
@@ -56,7 +66,7 @@ def _call(value, written: str | None = None) -> dict | None:
     arguments = next((value[k] for k in ARGUMENT_KEYS if k in value), None)
     if isinstance(arguments, str):  # some models write the arguments as JSON text already
         try:
-            arguments, written = json.loads(arguments), None
+            arguments, written = _json_read(json.loads, arguments), None
         except ValueError:
             return None
     if not isinstance(arguments, dict):
@@ -77,7 +87,7 @@ def _arguments_span(fields) -> tuple | None:
 def _call_at(text: str, at: int, fields=None) -> tuple:
     """(the call whose object opens at text[at], or None; where the object ends). A ValueError
     where no JSON value is written there. `fields`: the object's, where already read."""
-    value, end = _DECODER.raw_decode(text, at)
+    value, end = _json_read(_DECODER.raw_decode, text, at)
     if not isinstance(value, dict):
         return _call(value), end
     return _call(value, value_text(text, _arguments_span(fields or object_fields(text, at)))), end
@@ -132,7 +142,7 @@ def read_list(text: str) -> list:
         call, end = _call_at(text, at)
         calls = [call]
     else:
-        value, end = _DECODER.raw_decode(text, at)
+        value, end = _json_read(_DECODER.raw_decode, text, at)
         if not isinstance(value, list):
             raise ValueError("not a list of calls")
         calls, at = [], at + 1
@@ -388,7 +398,7 @@ class Mistral:
         """v11's NAME[ARGS]{...} (or NAME[CALL_ID]ID[ARGS]{...}): the arguments one JSON object."""
         head, arguments = part.split(self.ARGS, 1)
         name = head.split(self.CALL_ID, 1)[0].strip()
-        return [_call({"name": name, "arguments": json.loads(arguments)}, arguments) if name else None]
+        return [_call({"name": name, "arguments": _json_read(json.loads, arguments)}, arguments) if name else None]
 
     def partial(self, text: str) -> list:
         at = text.find(self.marker)
@@ -563,7 +573,7 @@ class NamedFunction:
 
     def parse(self, text: str) -> tuple:
         try:
-            call = _call({"name": self.function, "arguments": json.loads(text)}, text)
+            call = _call({"name": self.function, "arguments": _json_read(json.loads, text)}, text)
         except ValueError:
             call = None
         return (text, []) if call is None else (None, [call])
@@ -705,10 +715,24 @@ def _without_tail(value: str, tag: str) -> str:
 
 
 def _typed(value: str, kind: str):
-    """A value's text as the type its schema gives it; the text itself where it does not read so."""
+    """A value's text as the type its schema gives it; the text itself where it does not read so, or
+    reads as no JSON value: nan, inf (JSON has no such number; vLLM keeps their text too)."""
     if kind == "string":
         return value
-    text = value.strip()
+    typed = _read_typed(value.strip(), kind)
+    if typed is _UNREAD:
+        return value
+    try:
+        json.dumps(typed, allow_nan=False)
+    except (ValueError, TypeError, RecursionError):  # nan, inf; a set or bytes of Python's literals
+        return value
+    return typed
+
+
+_UNREAD = object()  # a value's text that does not read as its schema's type
+
+
+def _read_typed(text: str, kind: str):
     if text.lower() == "null":
         return None
     try:
@@ -719,16 +743,14 @@ def _typed(value: str, kind: str):
             return int(number) if number.is_integer() and "." not in text and "e" not in text.lower() else number
         if kind == "boolean":
             return {"true": True, "false": False}[text.lower()]
-        return json.loads(text)  # object, array, or a type the schema does not name
+        return _json_read(json.loads, text)  # object, array, or a type the schema does not name
     except (ValueError, KeyError):
         if kind in ("object", "array"):
             try:  # Python's literals, as some models write them
-                value = ast.literal_eval(text)
-                json.dumps(value)
-                return value
-            except (ValueError, SyntaxError, TypeError, RecursionError):
+                return ast.literal_eval(text)
+            except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
                 pass
-        return value
+        return _UNREAD
 
 
 def openai_call_id() -> str:

@@ -110,6 +110,30 @@ def test_edges(parser, text, content, made):
     assert [(c["name"], json.loads(c["arguments"])) for c in got] == made
 
 
+# JSON nested deeper than Python's json reads (a RecursionError), as a model stuck repeating "[" writes it
+DEEP = "[" * 5000 + "]" * 5000
+
+
+@pytest.mark.parametrize("parser,reply", [
+    ("hermes", '<tool_call>{"name": "f", "arguments": {"x": ' + DEEP + "}}</tool_call>"),
+    ("hermes", '<tool_call>{"name": "f", "arguments": {"x": ' + DEEP[:5000]),
+    ("llama3_json", '{"name": "f", "parameters": {"x": ' + DEEP + "}}"),
+    ("mistral", '[TOOL_CALLS]f[ARGS]{"x": ' + DEEP + "}"),
+    ("mistral", "[TOOL_CALLS]" + DEEP),
+], ids=["hermes", "hermes-unclosed", "llama3_json", "mistral-v11", "mistral-list"])
+def test_json_nested_past_pythons_recursion_is_text(parser, reply):
+    """No call, the reply's text as it is (vLLM's parsers catch json's error so); the error failed
+    the whole reply, streamed or not, before."""
+    with pytest.raises(RecursionError):
+        json.loads(DEEP)
+    reader = tool_parser(parser)
+    assert reader.parse(reply) == (reply, [])
+    assert reader.call_start(reply) in (0, None)
+    # no call closed while written (v11's NAME[ARGS] streams its arguments as written: its end reads them)
+    closed = [name for name, _, done in reader.partial(reply) if name and done]
+    assert closed == (["f"] if "[ARGS]" in reply else [])
+
+
 # vLLM's llama3_json tests' replies (tests/entrypoints/openai/tool_parsers/test_llama3_json_tool_parser.py)
 # and the calls it reads from them: a call amid text, ";" with spaces around it, nested and escaped values
 LLAMA3_VLLM = [
@@ -409,10 +433,21 @@ def test_qwen3_coder_calls_read_back_typed_by_their_schemas_whole_and_streamed(m
     ("<tool_call><function=f><parame", []),
     ("<tool_call><function=f", []),
     ("<tool_call>\n<parameter=x>1</parameter></tool_call>", []),  # no function
+    ("<tool_call><function=f><parameter=r>2.5</parameter><parameter=n>7</parameter></function></tool_call>",
+     [("f", {"r": 2.5, "n": 7})]),
+    # what reads as no JSON value stays the text it was, as vLLM's parser keeps it: a number JSON has
+    # none for (NaN in the arguments before, which a strict reader refuses), Python code no literal,
+    # nesting past Python's recursion (a RecursionError that failed the whole reply before)
+    ("<tool_call><function=f><parameter=r>nan</parameter><parameter=n>-inf</parameter></function></tool_call>",
+     [("f", {"r": "nan", "n": "-inf"})]),
+    ("<tool_call><function=f><parameter=o>{'a': f()}</parameter></function></tool_call>", [("f", {"o": "{'a': f()}"})]),
+    pytest.param("<tool_call><function=f><parameter=o>" + DEEP + "</parameter></function></tool_call>",
+                 [("f", {"o": DEEP})], id="nested-past-recursion"),
 ])
 def test_qwen3_coder_edges(reply, made):
     reader = tool_parser("qwen3_coder").for_tools({"f": {"properties": {"n": {"type": "integer"},
-                                                                       "o": {"type": "object"}}}})
+                                                                       "o": {"type": "object"},
+                                                                       "r": {"type": ["null", "number"]}}}})
     _, got = reader.parse(reply)
     assert [(c["name"], json.loads(c["arguments"])) for c in got] == made
 
