@@ -119,8 +119,9 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
     """Fields that would change the answer and that this server cannot honour: refused, never ignored."""
     _boolean(body, "stream", False)  # a stream or not: nothing else
     if chat:
-        if body.get("functions") or body.get("function_call"):
-            raise ApiError(400, "'functions' is not supported: send 'tools'", "functions")
+        for legacy, now in (("functions", "tools"), ("function_call", "tool_choice")):  # OpenAI's deprecated pair
+            if body.get(legacy):
+                raise ApiError(400, f"'{legacy}' is not supported: send '{now}'", legacy)
         modalities = body.get("modalities")
         if modalities is not None and (not isinstance(modalities, list) or set(modalities) - {"text"}):
             raise ApiError(400, "this model answers in text only: 'modalities' may only be ['text']", "modalities")
@@ -508,7 +509,8 @@ def _message(i: int, m, roles: frozenset | None = None, parts: bool = False) -> 
             texts.append(part["text"])
         content = [{"type": "text", "text": t} for t in texts] if parts and m["role"] != "tool" else "\n".join(texts)
     if not isinstance(content, (str, list)):
-        raise ApiError(400, f"messages[{i}].content must be a string", f"messages[{i}].content")
+        raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts",
+                       f"messages[{i}].content")
     out = {"role": "system" if m["role"] == "developer" else m["role"], "content": content}
     for key in ("name", "tool_calls", "tool_call_id", "reasoning_content", "thinking"):  # what templates read
         if m.get(key) is not None:

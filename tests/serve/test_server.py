@@ -213,6 +213,26 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
     ("/v1/responses", {"input": [{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{x"}]},
      "input[0].arguments", "is not JSON"),
     ("/v1/responses", {"input": [{"role": "wizard", "content": "t1"}]}, "input[0].role", "is not one of user"),
+    # fields this server refuses rather than ignores, each named (function_call was named 'functions')
+    ("/v1/chat/completions", {"messages": USER, "functions": [{"name": "f"}]}, "functions", "send 'tools'"),
+    ("/v1/chat/completions", {"messages": USER, "function_call": "auto"}, "function_call", "send 'tool_choice'"),
+    ("/v1/chat/completions", {"messages": USER, "audio": {"voice": "alloy"}}, "audio", "'audio' is not supported"),
+    ("/v1/responses", {"input": "t1", "background": True}, "background", "'background' is not supported"),
+    # a field of the wrong type, as OpenAI's 400s name it
+    ("/v1/completions", {"prompt": [1], "stream": True, "stream_options": True}, "stream_options",
+     "'stream_options' must be an object"),
+    ("/v1/completions", {"prompt": [1], "logit_bias": [5]}, "logit_bias", "'logit_bias' must be an object"),
+    ("/v1/completions", {"prompt": ["t1", ""]}, "prompt", "'prompt' must not be empty"),
+    ("/v1/chat/completions", {"messages": [5]}, "messages[0]", "messages[0] must be an object with a 'role'"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content",
+     "must be a string or a list of text parts"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {
+        "url": "https://x.org/a.png"}}]}]}, "messages[0].content", "only text parts are supported"),
+    ("/v1/chat/completions", {"messages": [*USER, {"role": "assistant", "tool_calls": {"id": "c1"}}]},
+     "messages[1].tool_calls", "'messages[1].tool_calls' must be a list"),
+    ("/v1/responses", {"input": ""}, "input", "'input' must not be empty"),
+    ("/v1/responses", {"input": [{"role": "user", "content": 5}]}, "input[0].content",
+     "must be a string or a list of text parts"),
 ])
 def test_a_bad_field_is_named_as_the_body_named_it(server, path, body, param, needle):
     """The error's param is the body's own field (the engine's request ids stay out of the message),
@@ -222,6 +242,29 @@ def test_a_bad_field_is_named_as_the_body_named_it(server, path, body, param, ne
     err = json.loads(text)["error"]
     assert (got, err["param"]) == (400, param) and needle in err["message"], err
     assert "req-" not in err["message"]
+
+
+def test_a_model_without_a_tokenizer_refuses_what_needs_one_by_name():
+    """A model served without a tokenizer (random weights on a test card) takes token ids; text in or
+    out (a text prompt, bad words, stop strings, a chat, /tokenize, /detokenize) is each a 400 saying
+    so, naming the field where one is at fault, and the token ids it takes are answered beside them."""
+    from .conftest import running
+
+    model = make_model("torch", rows=2, max_seq=32)
+    assert model.tokenizer is None
+    with running(Engine(model)) as base:
+        for path, body, param in (("/v1/completions", {"prompt": "t1"}, "prompt"),
+                                  ("/v1/completions", {"prompt": [1], "bad_words": ["t1"]}, "bad_words"),
+                                  ("/v1/completions", {"prompt": [1], "stop": ["t1"]}, "stop"),
+                                  ("/v1/chat/completions", {"messages": USER}, "messages"),
+                                  ("/v1/responses", {"input": "t1"}, "input"),
+                                  ("/tokenize", {"prompt": "t1"}, None),
+                                  ("/detokenize", {"tokens": [1]}, None)):
+            got, text = call(base, path, body)
+            err = json.loads(text)["error"]
+            assert (got, err["param"]) == (400, param) and "tokenizer" in err["message"], (path, err)
+        got, text = call(base, "/v1/completions", {"prompt": [5, 6], "max_tokens": 3, "temperature": 0})
+        assert got == 200 and json.loads(text)["usage"]["completion_tokens"] == 3
 
 
 def test_every_response_names_its_request(server):
@@ -464,10 +507,10 @@ def test_more_stop_strings_than_openais_four(server):
 
 def test_a_stop_string_kept_in_the_text_when_asked(server):
     """vLLM's include_stop_str_in_output: the text runs to the end of the stop string, whole and
-    streamed."""
+    streamed. (The stop string sent alone, not in a list, as OpenAI's API takes it too.)"""
     base, engine, _ = server
     ref = words(engine_greedy(engine, [8, 9], 6))
-    body = {"prompt": [8, 9], "max_tokens": 6, "temperature": 0, "stop": [ref[3]], "include_stop_str_in_output": True}
+    body = {"prompt": [8, 9], "max_tokens": 6, "temperature": 0, "stop": ref[3], "include_stop_str_in_output": True}
     out = json.loads(call(base, "/v1/completions", body)[1])["choices"][0]
     upto = ref.index(ref[3]) + 1
     assert out["finish_reason"] == "stop" and out["text"].split() == ref[:upto]
@@ -1443,8 +1486,15 @@ def test_a_requests_own_chat_template_and_documents(server):
         cited = {"messages": body["messages"], "documents": [{"title": "a", "text": "t9"}, {"text": "t3"}],
                  "chat_template": "{% for d in documents %}{{ d.text }} {% endfor %}{{ messages[0].content }}"}
         assert json.loads(call(trusted, "/tokenize", cited)[1])["tokens"] == [9, 3, 5, 6]
+        turn = [*body["messages"], {"role": "assistant", "content": "t7"}]
         for bad, needle in (({"chat_template": 5}, "chat_template"), ({"chat_template": "{% for %}"}, "template"),
-                            ({"documents": "t9"}, "documents")):
+                            ({"documents": "t9"}, "documents"), ({"chat_template": " "}, "must be a Jinja template"),
+                            ({"chat_template": "{{ raise_exception('no tools') }}"}, "'chat_template' failed: "
+                                                                                       "chat template: no tools"),
+                            # a template that does not keep the final message's text cannot be continued
+                            ({"messages": turn, "continue_final_message": True,
+                              "chat_template": "{% for m in messages %}{{ m.content | upper }}{% endfor %}"},
+                             "does not keep the final message's text")):
             status, text = call(trusted, "/tokenize", dict(body, **bad))
             assert status == 400 and needle in json.loads(text)["error"]["message"], text
 

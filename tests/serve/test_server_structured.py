@@ -52,6 +52,17 @@ def test_response_format_json_schema_and_json_object(base):
         assert isinstance(json.loads(anything["message"]["content"]), dict)
 
 
+def test_the_responses_apis_text_format_json_schema(base):
+    """The Responses API's form of response_format: text.format, the schema beside its name."""
+    schema = WEATHER["function"]["parameters"]
+    status, text = call(base, "/v1/responses", {"input": "Weather?", "max_output_tokens": 60, "seed": 1, "text": {
+        "format": {"type": "json_schema", "name": "w", "schema": schema, "strict": True}}})
+    reply = json.loads(text)
+    assert status == 200 and reply["status"] == "completed", text
+    value = json.loads(reply["output"][0]["content"][0]["text"])
+    assert set(value) == {"city", "days"} and len(value["city"]) <= 8 and 1 <= value["days"] <= 7
+
+
 def test_allowed_token_ids_that_corner_a_structure_partway_are_the_clients_400(base):
     # "n" of "yes|no" is allowed and "o" is not: the request ends partway with the client's error (a
     # 400 at allowed_token_ids), not the server's 500
@@ -201,6 +212,9 @@ def test_openais_client_reads_the_tool_calls(base):
     ({"tools": [{"type": "function"}], "tool_choice": "required"}, "tools[0]"),
     ({"tool_choice": "required"}, "needs 'tools'"),
     ({"tools": [WEATHER], "tool_choice": "required", "guided_regex": "a"}, "no other structure"),
+    ({"guided_regex": ""}, "a regex must be a non-empty string"),
+    # every token allowed is an end token, which min_tokens keeps out: the engine's refusal, as a 400
+    ({"allowed_token_ids": [0], "min_tokens": 1}, "nothing could be drawn"),
 ])
 def test_bad_structures_get_a_400_and_the_server_goes_on(base, body, needle):
     status, text = call(base, "/v1/chat/completions", dict({"messages": USER, "max_tokens": 5}, **body))
