@@ -97,6 +97,7 @@ def test_chat_uses_the_template(server):
 
 @pytest.mark.parametrize("path,body,raw,method,status,needle", [
     ("/v1/completions", None, b"{not json", None, 400, "not valid JSON"),
+    ("/v1/completions", None, b'[{"prompt": [1]}]', None, 400, "the body must be a JSON object"),
     ("/v1/completions", {"prompt": [1, 2], "max_tokens": 500}, None, None, 400, "context"),
     ("/v1/completions", {"prompt": [1, 99999]}, None, None, 400, "outside the vocabulary"),
     ("/v1/completions", {"prompt": []}, None, None, 400, "prompt"),
@@ -1606,6 +1607,8 @@ def test_cors_limited_to_named_origins_methods_and_headers():
     from linnet.serve.cors import CorsPolicy, parse_list
 
     assert parse_list('["https://a.example", "https://b.example"]') == parse_list("https://a.example, https://b.example")
+    with pytest.raises(ValueError, match="every item must be a string"):  # (vLLM's flag takes a list of strings)
+        parse_list('["https://a.example", 8000]')
     policy = CorsPolicy(["https://ui.example"], ["GET", "POST"], ["Authorization"], credentials=True)
     app = OpenAIServer(Engine(make_model("torch", rows=2, max_seq=64)), "tiny", api_key="sesame", cors=policy)
 

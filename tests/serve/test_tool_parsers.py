@@ -488,6 +488,23 @@ def test_a_long_objects_scan_resumed_step_by_step_reads_as_a_fresh_one(value, da
     assert object_fields(text, at).end == len(text)
 
 
+def test_a_kept_scan_resumed_after_a_colon_and_one_dropped_read_what_json_reads():
+    """A long object's step that ends just past a key's colon, the next bringing a number: the number
+    is the field's value from its first digit; and a scan dropped from those kept (as many other long
+    objects after it as are kept) is read anew: each field's span holds what json reads there."""
+    from linnet.serve.json_prefix import _KEPT, object_fields
+
+    value = {"pad": "x" * 600, "n": 12345, "m": [-7]}
+    text = json.dumps(value)
+    colon = text.index('"n":') + len('"n":')
+    assert "n" not in object_fields(text[:colon], 0)
+    assert object_fields(text[:colon + 3], 0)["n"] == (colon + 1, None)  # ' 12': from the "1"
+    for k in range(_KEPT):
+        object_fields(json.dumps({"pad": f"{k:04d}" * 150}), 0)
+    fields = object_fields(text, 0)
+    assert fields.end == len(text) and {k: json.loads(text[a:b]) for k, (a, b) in fields.items()} == value
+
+
 @settings(max_examples=200, deadline=None, derandomize=True, database=None)
 @given(text=st.text(alphabet='{}[]:,"\\u0a1 x', max_size=40))
 def test_a_scan_of_anything_a_model_writes_never_raises(text):
