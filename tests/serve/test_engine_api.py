@@ -108,6 +108,9 @@ def test_run_refuses_what_is_no_request_up_front(model):
     with pytest.raises(TypeError, match="run takes a list of linnet.serve.Request, not one holding a dict"):
         engine.run([Request(prompt=[1, 2]), {"prompt": [1, 2]}])
     assert not engine.has_work()  # the good one was not left queued
+    with pytest.raises(TypeError, match="submit takes a linnet.serve.Request, not dict"):
+        engine.submit({"prompt": [1, 2]})
+    assert not engine.has_work() and not engine.in_flight
 
 
 def test_stop_ends_open_streams_with_an_error(model):
