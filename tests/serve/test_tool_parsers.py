@@ -73,6 +73,7 @@ def test_text_without_a_call_is_text(parser, text):
     ("llama3_json", '{"name": "f", "arguments": "{\\"x\\": 2}"}', None, [("f", {"x": 2})]),
     ("llama3_json", '{"name": "f", "parameters": {"x": 1', '{"name": "f", "parameters": {"x": 1', []),  # cut short
     ("llama3_json", '{"answer": 42}', '{"answer": 42}', []),  # JSON, but no call
+    ("llama3_json", 'See: {"name": "f", "parameters": {"x": 1}, "id": "c1"}', "See: ", [("f", {"x": 1})]),  # keys after
     # no arguments, a name that is no string, arguments that are no object: no call (vLLM's reads none)
     ("llama3_json", '{"name": "f"}', '{"name": "f"}', []),
     ("llama3_json", '{"name": 3, "parameters": {}}', '{"name": 3, "parameters": {}}', []),
