@@ -131,7 +131,7 @@ def _binary(name):
                 raise _err(loc, f"cannot {verb} {t} and a float: convert with `as`")
             shape, dtype = t.shape, t.dtype
         if name in ("and", "or") and dtype != "bool":
-            raise _err(loc, f"`{name}` needs bool tensors, not {dtype}")
+            raise _err(loc, f"`{name}` needs bool tensors, not {ta} and {tb}")
         if name in ("floordiv", "mod") and not is_int(dtype):
             raise _err(loc, f"`{'//' if name == 'floordiv' else '%'}` needs integer tensors, not {dtype}")
         return TensorType("bool" if name in COMPARISONS else dtype, shape)
@@ -171,6 +171,8 @@ for _name in _ARITH_VERBS:
 
 
 def _unary(name: str, float_only: bool):
+    shown = "-" if name == "neg" else name  # as the source writes it
+
     def infer(x: Value, *, loc: Loc):
         if isinstance(x.type, ScalarType):
             if name == "not":
@@ -181,8 +183,8 @@ def _unary(name: str, float_only: bool):
                 return x.type
             if x.type.kind in ("int", "float") and name in UNARY_FLOAT:  # a static number: Python's math
                 return FLOAT
-            raise _err(loc, f"`{name}` needs a tensor or a number, not {x.type}")
-        t = _tensor(x, f"the argument of `{name}`", loc)
+            raise _err(loc, f"`{shown}` needs a tensor or a number, not {x.type}")
+        t = _tensor(x, f"the argument of `{shown}`", loc)
         if name == "not" and t.dtype != "bool":
             raise _err(loc, f"`not` needs a bool tensor, not {t}")
         if float_only and not is_float(t.dtype):
@@ -297,7 +299,7 @@ def _expert_linear(x: Value, w: Value, experts: Value, bias: Value | None = None
         raise _err(x.loc, f"the input of `expert_linear` must be [{n}, in] or [{n}, {k}, in] for experts {te}, not {tx}")
     if tx.shape[-1] != tw.shape[2]:
         raise _err(loc, f"cannot apply {tw} to {tx}",
-                   f"the input's last dim {tx.shape[-1]} must equal the weights' `in` dim {tw.shape[2]}")
+                   f"the input's last dim ({tx.shape[-1]}) must equal the weights' `in` dim ({tw.shape[2]})")
     if bias is not None:
         tb = _tensor(bias, "the bias of `expert_linear`", loc)
         same_dtype(tx, tb, loc, "add")
@@ -564,6 +566,10 @@ def _copy_rows(cache: Value, src: Value, dst: Value, upto: Value, *, loc: Loc):
 
 @op("index", ("x", "*indices"), "x[i, j:k, idx]: numbers and slices pick, integer tensors gather")
 def _index(x: Value, *indices: Value, loc: Loc):
+    if isinstance(x.type, TupleType):  # `topk(x, k)[1]`, as Python would index its pair
+        names = ", ".join(f"p{i}" for i in range(len(x.type.items)))
+        raise _err(x.loc or loc, f"cannot index {x.type}: a value of {len(x.type.items)} parts is no tensor",
+                   f"assign its parts to as many names and index the one meant: `{names} = ...`")
     t = _tensor(x, "an indexed value", loc)
     return index_type(t, list(indices), loc)
 

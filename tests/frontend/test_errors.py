@@ -125,6 +125,21 @@ def with_config(text: str, *lines: str) -> str:
     return text.replace("}\n", "".join(f"  {x}\n" for x in lines) + "}\n")
 
 
+# An entry the `statement` cases add one line to (line 25), with a value of each kind to misuse.
+DECODE = HEAD + """\
+entry decode(tokens: i32[Batch], positions: i32[Batch]) -> T[Batch, dim] {
+  x = embed[tokens]
+  q = linear(x, wq).reshape(Batch, heads, head_dim)
+  values, experts = topk(x, 2)
+  kv = zeros(Batch, MaxSeq, heads, head_dim)
+"""
+
+
+def statement(id: str, text: str, col: int, message: str, note: str | None = None) -> Case:
+    """DECODE with the statement `text` on line 25, then its return: an op's type rule refusing it."""
+    return arch(id, DECODE + f"  {text}\n  return x\n}}\n", 25, col, message, note=note)
+
+
 CASES = [
     # ---------------------------------------------------------------- syntax
     arch("missing-closing-brace", """\
@@ -1255,6 +1270,93 @@ entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
                               "  return scale(embed[tokens])\n}\n"},
          3, 1, "`scale` replaces `scale(x: T[n, dim]) -> T[n, dim]` with another signature",
          note="entry `decode` calls it at "),
+    # ------------------------------------------- each op's type rule, misused in one statement of DECODE
+    statement("adding-a-list-of-parts", "y = x + topk(x, 2)", 7,
+              "cannot add T[Batch, dim] and (T[Batch, 2], i32[Batch, 2])"),
+    statement("adding-a-string-to-a-tensor", 'y = x + "a"', 7, "cannot add T[Batch, dim] and a string"),
+    statement("and-of-float-tensors", "y = x and x", 7,
+              "`and` needs bool tensors, not T[Batch, dim] and T[Batch, dim]"),
+    statement("and-of-static-ints", "y = 1 and 2", 7, "`and` needs bools, not int and int"),
+    statement("adding-a-string-to-an-int", 'y = "a" + 1', 7, "cannot add str and int"),
+    statement("adding-a-bool-to-an-int", "y = true + 1", 7, "cannot add bool and int"),
+    statement("remainder-of-a-static-float", "y = 1.5 % 2", 7, "`%` needs ints, not float and int"),
+    statement("floor-division-by-a-static-float", "y = 1 // 2.0", 7, "`//` needs ints, not int and float"),
+    statement("not-of-a-static-int", "y = not 1", 7, "`not` needs a bool, not int"),
+    statement("exp-of-a-string", 'y = exp("a")', 7, "`exp` needs a tensor or a number, not str"),
+    statement("negating-a-string", 'y = -"a"', 7, "`-` needs a tensor or a number, not str"),
+    statement("negating-a-list-of-parts", "y = -topk(x, 2)", 8,
+              "the argument of `-` must be a tensor, not (T[Batch, 2], i32[Batch, 2])"),
+    statement("not-of-a-float-tensor", "y = not x", 7, "`not` needs a bool tensor, not T[Batch, dim]"),
+    statement("cast-to-an-unknown-type-by-name", 'y = cast(x, "int8")', 15,
+              "cannot convert to 'int8': the element type is one of T, f32"),
+    statement("where-between-unlike-types", "y = where(x > x, x, tokens)", 7,
+              "cannot choose between T[Batch, dim] and i32[Batch]: element types differ", note="convert one with `as`"),
+    statement("where-between-numbers", "y = where(x > x, 1.0, 2.0)", 7,
+              "`where` needs at least one tensor to choose from"),
+    statement("matmul-of-a-rank-0-tensor", "y = sum(sum(x)) @ x", 7,
+              "cannot multiply T[] and T[Batch, dim]: `@` needs tensors of rank >= 1"),
+    statement("linear-bias-of-another-size", "y = linear(x, wq, embed[0])", 21,
+              "the bias must be [head_dim * heads], not T[dim]"),
+    statement("expert-linear-of-another-in-dim", "y = expert_linear(x, zeros(4, 3, 5), experts)", 7,
+              "cannot apply T[4, 3, 5] to T[Batch, dim]",
+              note="the input's last dim (dim) must equal the weights' `in` dim (5)"),
+    statement("expert-linear-bias-of-another-shape",
+              "y = expert_linear(x, zeros(4, 3, dim), experts, bias=zeros(4))", 56,
+              "the bias must be [4, 3] (one row per expert), not T[4]"),
+    statement("einsum-spec-not-a-string", "y = einsum(1, x)", 14,
+              "the first argument of `einsum` must be a string literal"),
+    statement("einsum-spec-without-an-output", 'y = einsum("ab", x)', 14,
+              'an einsum spec needs an explicit output: "ab,bc->ac"'),
+    statement("einsum-operands-of-unlike-types", 'y = einsum("a,ab->b", tokens, x)', 33,
+              "einsum operands must share an element type: i32 vs T"),
+    statement("einsum-letters-for-another-rank", 'y = einsum("a,ab->b", x, x)', 25,
+              "`a` does not fit T[Batch, dim]: one letter per dim"),
+    statement("einsum-letter-of-two-sizes", 'y = einsum("ab,ab->a", x, wq)', 29,
+              "einsum index `a` is Batch in one operand and head_dim * heads in another"),
+    statement("softmax-of-integers", "y = softmax(tokens)", 7, "`softmax` needs a float tensor, not i32[Batch]"),
+    statement("rope-of-a-rank-2-tensor", "y = rope(x, positions, theta=1e4)", 12,
+              "`rope` takes x as [n, heads, head_dim], not T[Batch, dim]"),
+    statement("rope-positions-not-integers", "y = rope(q, x, theta=1e4)", 15,
+              "the positions of `rope` must be i32[Batch], not T[Batch, dim]"),
+    statement("rope-scaling-unknown", 'y = rope(q, positions, theta=1e4, scaling="foo")', 45,
+              "unknown rope scaling 'foo'; one of none, llama3, yarn, linear"),
+    statement("attention-queries-of-rank-2", "y = attention(x, kv, kv, positions)", 17,
+              "queries must be [n, heads, head_dim], not T[Batch, dim]"),
+    statement("attention-caches-that-disagree", "y = attention(q, kv, kv[0:1], positions)", 7,
+              "the key and value caches disagree"),
+    statement("attention-of-another-head-dim", "y = attention(q, kv[:, :, :, 0:1], kv[:, :, :, 0:1], positions)", 7,
+              "differ in head_dim: head_dim vs 1"),
+    statement("attention-positions-not-integers", "y = attention(q, kv, kv, tokens as f32)", 28,
+              "positions must be i32[Batch], not f32[Batch]"),
+    statement("attention-without-rows-on-fewer-rows", "y = attention(q, kv[0:1], kv[0:1], positions)", 7,
+              "without `rows`, token i attends to cache row i, so n (Batch) must equal the cache's rows (1)",
+              note="pass rows=..."),
+    statement("attention-rows-not-integers", "y = attention(q, kv[0:1], kv[0:1], positions, rows=x)", 54,
+              "rows must be i32[Batch], not T[Batch, dim]"),
+    statement("attention-sinks-not-one-per-head", "y = attention(q, kv, kv, positions, sinks=x)", 45,
+              "sinks must be one per head, [heads], not T[Batch, dim]"),
+    statement("transpose-not-a-permutation", "y = x.transpose(0, 0)", 7,
+              "transpose of T[Batch, dim] needs a permutation of 0..1, not [0, 0]"),
+    statement("concat-of-a-tensor-not-a-list", "y = concat(x)", 14, "`concat` takes a list of tensors"),
+    statement("concat-of-an-empty-list", "y = concat([])", 14, "`concat` takes a list of tensors"),
+    statement("concat-of-a-number", "y = concat([x, 1])", 14, "`concat` takes tensors, not int"),
+    statement("concat-of-unlike-shapes", "y = concat([x, tokens as T], axis=0)", 7,
+              "cannot concatenate T[Batch, dim] and T[Batch] along dim 0"),
+    statement("take-at-float-indices", "y = take(x, x)", 15, "indices must be integers, not T[Batch, dim]"),
+    statement("copy-rows-of-a-rank-2-cache", "y = copy_rows(x, tokens, tokens, tokens)", 17,
+              "`copy_rows` needs a cache [layers, rows, positions, ...], not T[Batch, dim]"),
+    statement("copy-rows-of-unlike-lengths", "y = copy_rows(kv, tokens, tokens, iota(3))", 37,
+              "src, dst and upto must be i32 vectors of one length, not i32[Batch] and i32[3]"),
+    statement("too-many-indices", "y = x[0, 0, 0]", 7, "too many indices for T[Batch, dim]: 3 for rank 2"),
+    statement("index-by-a-static-float", "y = x[1.5]", 9, "an index must be an int or an integer tensor, not float"),
+    statement("index-by-a-bool", "y = x[true]", 9, "an index must be an int or an integer tensor, not bool"),
+    statement("static-index-apart-from-a-gather", "y = q[tokens, 0:1, 1]", 22, "gathered indices must be adjacent"),
+    statement("gather-apart-from-a-static-index", "y = q[0, 0:1, tokens]", 17, "gathered indices must be adjacent"),
+    statement("index-by-a-float-tensor", "y = x[x]", 9, "an index tensor must hold integers, not T[Batch, dim]"),
+    statement("index-by-a-list-of-parts", "y = x[topk(x, 2)]", 9, "cannot index with (T[Batch, 2], i32[Batch, 2])"),
+    statement("index-into-a-list-of-parts", "y = topk(x, 2)[1]", 7,
+              "cannot index (T[Batch, 2], i32[Batch, 2]): a value of 2 parts is no tensor",
+              note="assign its parts to as many names"),
 ]
 
 
