@@ -125,6 +125,10 @@ def with_config(text: str, *lines: str) -> str:
     return text.replace("}\n", "".join(f"  {x}\n" for x in lines) + "}\n")
 
 
+# An entry for the cases that break what comes before it.
+ENTRY = "entry decode(tokens: i32[Batch]) -> T[Batch, dim] {\n  return embed[tokens]\n}\n"
+
+
 # An entry the `statement` cases add one line to (line 25), with a value of each kind to misuse.
 DECODE = HEAD + """\
 entry decode(tokens: i32[Batch], positions: i32[Batch]) -> T[Batch, dim] {
@@ -1270,6 +1274,91 @@ entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
                               "  return scale(embed[tokens])\n}\n"},
          3, 1, "`scale` replaces `scale(x: T[n, dim]) -> T[n, dim]` with another signature",
          note="entry `decode` calls it at "),
+    # ------------------------------------------- the checker's own refusals: declarations, dims, calls
+    arch("fn-named-after-an-op", HEAD + """\
+fn softmax(x: T[Batch, dim]) -> T[Batch, dim] {
+  return x
+}
+""", 20, 1, "`softmax` is a built-in op; choose another name"),
+    arch("list-default-not-a-list", HEAD.replace("  head_dim: int = dim / heads\n",
+                                                 "  head_dim: int = dim / heads\n  adds: bool[heads] = true\n") + ENTRY,
+         8, 23, "the default of a bool[heads] list is a list: `[...]`, `[... for l in heads]` or another list config, "
+                "not bool"),
+    arch("two-sources-in-one-format", HEAD.replace('from hf "wq.weight"', 'from hf "wq.weight"\n    from hf "w2"')
+         + ENTRY, 15, 10, "`wq` names two `hf` sources"),
+    arch("tie-condition-not-a-bool", HEAD.replace("  wq:", "  lm: T[vocab, dim] = embed if 1\n  wq:") + ENTRY, 13, 32,
+         "the condition of a tie must be a static bool, not int"),
+    *[arch(f"dim-{id}", HEAD.replace("  head_dim: int = dim / heads\n",
+                                     '  head_dim: int = dim / heads\n  nm: str = "a"\n')
+           .replace("cache: T[Batch, MaxSeq, dim]", f"cache: T[Batch, MaxSeq, {dim}]") + ENTRY, 19, 27, message)
+      for id, dim, message in [
+          ("a-float", "1.5", "a dim must be a non-negative integer, not 1.5"),
+          ("a-str-config-value", "nm", "`nm` is a str config value; a dim must be an int"),
+          ("the-element-type", "T", "`T` is the element type, not a size"),
+          ("divided-by-zero", "dim // (2 - 2)", "division of a dim by zero"),
+          ("remainder", "dim % 2", "a dim must be built from numbers, config values and generics with + - * /")]],
+    arch("argument-declared-twice", HEAD + """\
+fn f<n>(x: T[n, dim], x: T[n, dim]) -> T[n, dim] {
+  return x
+}
+""" + ENTRY, 20, 23, "argument `x` is declared twice"),
+    arch("entry-argument-static", HEAD + """\
+entry decode(tokens: i32[Batch], k: int) -> T[Batch, dim] {
+  return embed[tokens]
+}
+""", 20, 37, "entry arguments must be tensors"),
+    arch("entry-without-a-result-returns-one", HEAD + """\
+entry fill(tokens: i32[Batch]) {
+  return embed[tokens]
+}
+""" + ENTRY, 21, 3, "`fill` declares no result, but returns one"),
+    arch("loop-over-a-float", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  x = embed[tokens]
+  for i in 1.5 {
+    x = x + x
+  }
+  return x
+}
+""", 22, 12, "a loop runs over a static int count, not float"),
+    arch("misspelt-local-in-a-loop", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  x = embed[tokens]
+  for i in 2 {
+    x = xx + x
+  }
+  return x
+}
+""", 23, 9, "unknown name `xx`", note="did you mean 'x'?"),
+    statement("parts-to-one-name", "y = topk(x, 2)", 3, "the value has 2 parts; assign them to as many names"),
+    statement("slice-bound-a-float", "y = x[0:1.5]", 11, "slice bounds must be static ints, not float"),
+    statement("if-branches-of-unlike-kinds", 'y = if true then 1 else "a"', 7,
+              "the branches of `if` differ: int vs str"),
+    statement("reshape-without-sizes", "y = x.reshape()", 7, "`reshape` needs at least one size: `reshape(x, n, d)`"),
+    statement("iota-of-two-sizes", "y = iota(2, 3)", 15, "`iota` takes at most 1 argument(s)"),
+    statement("iota-size-given-twice", "y = iota(2, n=3)", 15, "argument `n` is given twice"),
+    statement("iota-without-a-size", "y = iota()", 7, "`iota` needs its size `n`"),
+    statement("op-argument-named-twice", "y = softmax(x, axis=0, axis=1)", 26, "argument `axis` is given twice"),
+    statement("op-given-too-many-arguments", "y = softmax(x, 0, 1)", 21, "`softmax` takes at most 2 argument(s)"),
+    *[arch(f"fn-call-{id}", HEAD + """\
+fn scaled<n>(x: T[n, dim], by: float) -> T[n, dim] {
+  return x * by
+}
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+""" + f"  return {call}\n}}\n", 24, col, message)
+      for id, call, col, message in [
+          ("of-too-many-arguments", "scaled(embed[tokens], 1.0, 2)", 10, "`scaled` takes 2 argument(s), not 3"),
+          ("argument-given-twice", "scaled(embed[tokens], 1.0, by=2.0)", 37, "argument `by` is given twice"),
+          ("argument-missing", "scaled(embed[tokens])", 10, "`scaled` needs its argument `by`"),
+          ("static-argument-of-another-kind", 'scaled(embed[tokens], "a")', 32,
+           "argument `by` of `scaled` is float, not str")]],
+    # a card's bool written as another language writes it
+    *[card(f"card-bool-{id}", with_config(CARD, f"tied = {value}"), 8, 10, "the value of `tied` must be a literal",
+           arch_source=MINI.replace('  rope_scaling: str = "none"\n',
+                                    '  rope_scaling: str = "none"\n  tied: bool = false\n'),
+           note=note)
+      for id, value, note in [("capitalized", "True", "Linnet's booleans are `true`"),
+                              ("as-a-word", "yes", "a bool is `true` or `false`")]],
     # ------------------------------------------- each op's type rule, misused in one statement of DECODE
     statement("adding-a-list-of-parts", "y = x + topk(x, 2)", 7,
               "cannot add T[Batch, dim] and (T[Batch, 2], i32[Batch, 2])"),

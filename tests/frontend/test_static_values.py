@@ -120,3 +120,18 @@ def test_a_branch_not_taken_is_not_computed():
         got, x, head = run_decode(source, backend)
         want = x.astype(np.float64) @ head.T.astype(np.float64)
         assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max(), backend
+
+
+@pytest.mark.parametrize("condition, factor", [("dim > 0", 2), ("dim > 100", 0.5)])
+def test_an_if_between_an_int_and_a_float_is_the_number_either_branch_is(condition, factor):
+    """`if c then 2 else 0.5` is a float, whichever branch is taken, as Python's `2 if c else 0.5` is
+    the number itself; here it is given by keyword to a fn's float argument."""
+    assert eval(f"2 if {condition.replace('dim', '32')} else 0.5") == factor  # the bigram's dim is 32
+    source = with_statements(f"x = scaled(x, by=if {condition} then 2 else 0.5)") + """
+fn scaled<n>(x: T[n, dim], by: float) -> T[n, dim] {
+  return x * by
+}
+"""
+    got, x, head = run_decode(source, "torch")
+    want = (x.astype(np.float64) * factor) @ head.T.astype(np.float64)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
