@@ -1514,21 +1514,22 @@ def test_error(case: Case, command: str, tmp_path, capsys):
     _assert_rendered(captured.err, case, at)
 
 
-@pytest.mark.parametrize("generics, message", [
-    ({"Batch": 0}, "generic `Batch` must be a positive integer, not 0"),
-    ({"T": "i32"}, "generic `T` must be a float type"),
-    ({"MaxSeq": "abc"}, "generic `MaxSeq` must be a positive integer, not 'abc'"),
-    ({"Seq": 4}, "unknown generic `Seq`"),
+@pytest.mark.parametrize("generics, message, numerics", [
+    ({"Batch": 0}, "generic `Batch` must be a positive integer, not 0", "exact"),
+    ({"T": "i32"}, "generic `T` must be a float type", "exact"),
+    ({"MaxSeq": "abc"}, "generic `MaxSeq` must be a positive integer, not 'abc'", "exact"),
+    ({"Seq": 4}, "unknown generic `Seq`", "exact"),
+    ({}, "numerics must be 'exact' or 'fast', not 'fats'", "fats"),
 ])
-def test_a_bad_generic_from_python_is_the_cards_error(generics, message, tmp_path):
-    """Generics passed in Python (nest.load's) are checked at specialization, the error at the
-    card's `card` line (the command line refuses bad ones as its --generic flag's error)."""
+def test_a_bad_generic_from_python_is_the_cards_error(generics, message, numerics, tmp_path):
+    """Generics (and numerics) passed in Python (nest.load's) are checked at specialization, the error
+    at the card's `card` line (the command line refuses bad ones as its flags' errors)."""
     from linnet.ir.specialize import specialize
 
     case = card("generic", "# a comment first\n" + CARD, 2, 1, message, arch_source=MINI)
     target, at = _write(case, tmp_path)
     with pytest.raises(LinnetError) as err:
-        specialize(load_file(target), generics)
+        specialize(load_file(target), generics, numerics)
     _assert_rendered(str(err.value).rstrip("\n") + "\n", case, at)
 
 

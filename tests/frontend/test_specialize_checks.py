@@ -146,6 +146,14 @@ CASES = [
     llama("division-by-a-card-value-of-zero", "head_dim: int = dim / heads", "head_dim: int = dim / heads",
           "dim / heads", "cannot evaluate 64 / 0: integer division or modulo by zero", "`heads` is 0",
           card=("heads = 4", "heads = 0")),
+    bigram("a-product-past-64-bits", "z = 2 ** 40 * 2 ** 40", "2 ** 40",
+           "1099511627776 * 1099511627776 is too large for a static int", "less than 2 ** 63"),
+    # a list config's item past its end, read by a default; a dim that divides with a remainder
+    bigram("list-item-past-its-end-in-a-default", None, "2]",
+           "index 2 is out of range for `adds`, a list of 2 (bool[2])",
+           config="adds: bool[2] = [true, false]\n  last: bool = adds[2]", line_text="last: bool = adds[2]"),
+    bigram("dim-divided-with-a-remainder", "z = zeros(Batch, dim / 3)", "zeros",
+           "this value: dim / 3 is not a whole number (32 / 3)"),
     # a negative dim in an entry's argument that nothing reads
     bigram("negative-dim-in-an-entry-argument", None, "i32[0 - 2]",
            "argument `positions` of entry `decode`: dim -2 is negative",
