@@ -1,7 +1,10 @@
-"""The IR verifier: re-derives every op's type and checks the module's invariants.
+"""The IR verifier: checks the module's invariants (it does not re-derive op types).
 
-The frontend builds well-typed IR; the verifier guards passes and hand-built
-IR against breaking that, failing with the op's source location.
+Every name read is bound (a local before its use, a param, state or fn that
+exists), every op is known, params are tensors, a tie names a param, and a
+body with a result ends in `return`. The frontend builds IR that holds them;
+the verifier guards passes and hand-built IR against breaking them, failing
+at the source location of what breaks one (tests/compiler/test_verify.py).
 """
 
 from __future__ import annotations
