@@ -1352,6 +1352,10 @@ entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
           ("argument-missing", "scaled(embed[tokens])", 10, "`scaled` needs its argument `by`"),
           ("static-argument-of-another-kind", 'scaled(embed[tokens], "a")', 32,
            "argument `by` of `scaled` is float, not str")]],
+    card("card-declaring-an-architecture", CARD.replace("import mini\n", "import mini\narch other\n"), 3, 1,
+         "a card fills an architecture's config; it does not declare one itself", arch_source=MINI),
+    card("card-named-twice", CARD.replace("import mini\n", 'import mini\ncard "again"\n'), 3, 1,
+         "a file declares at most one `card`", arch_source=MINI),
     # a card's bool written as another language writes it
     *[card(f"card-bool-{id}", with_config(CARD, f"tied = {value}"), 8, 10, "the value of `tied` must be a literal",
            arch_source=MINI.replace('  rope_scaling: str = "none"\n',

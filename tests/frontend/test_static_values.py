@@ -135,3 +135,22 @@ fn scaled<n>(x: T[n, dim], by: float) -> T[n, dim] {
     got, x, head = run_decode(source, "torch")
     want = (x.astype(np.float64) * factor) @ head.T.astype(np.float64)
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_sizes_known_only_per_call_are_left_to_the_call():
+    """A fn's own sizes (`m` here) have no number until it is called: the slice, the topks and the loop
+    over them are checked where numbers are, and the model runs as numpy's sort says."""
+    source = with_statements("x = sorted_rows(x)") + """
+fn sorted_rows<n, m>(x: T[n, m]) -> T[n, m] {
+  v, i = topk(x, m)
+  top, at = topk(x, 1)
+  y = v[:, 0:m] + (top - top)
+  for j in m {
+    y = y * 1.0
+  }
+  return y
+}
+"""
+    got, x, head = run_decode(source, "torch")
+    want = -np.sort(-x.astype(np.float64), axis=-1) @ head.T.astype(np.float64)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
