@@ -337,13 +337,36 @@ def test_vllms_generation_config_folder_and_override(monkeypatch, capsys, tmp_pa
     ("--override-generation-config", "{{bad", "not JSON: '{{bad'"),
     ("--override-generation-config", '{{"temp": 1}}', "'temp' is not a field it sets; those are temperature"),
     ("--override-generation-config", '{{"top_p": "x"}}', "'top_p' must be a number, not 'x'"),
+    ("--override-generation-config", "[1]", "not a JSON object: '[1]'"),
+    ("--generation-config", "{tmp}/cut", "{tmp}/cut/generation_config.json: not JSON (Expecting"),
+    ("--generation-config", "{tmp}/list", "{tmp}/list/generation_config.json: not a JSON object"),
 ])
 def test_generation_config_flags_that_cannot_be_read(capsys, tmp_path, flag, value, says):
     from linnet.cli import main
 
+    for folder, text in (("cut", '{"temperature": 0.'), ("list", "[0.7]")):  # a file cut short; a list
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "generation_config.json").write_text(text)
     with pytest.raises(SystemExit, match="2"):
         main(["serve", "tiny-llama", flag, value.format(tmp=tmp_path)])
     assert f"argument {flag}: {says.format(tmp=tmp_path)}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, value, says", [
+    ("--chat-template", "{{ messages }}", "--chat-template needs a tokenizer, and these weights have none"),
+    ("--override-generation-config", '{"temperature": 0.5}', "--generation-config and --override-generation-config "
+                                                             "set what requests default to through the tokenizer, "
+                                                             "and this model has none"),
+])
+def test_tokenizer_flags_on_weights_without_a_tokenizer(capsys, monkeypatch, flag, value, says):
+    """Random weights come with no tokenizer: a flag that sets the tokenizer's template or defaults is
+    refused, naming --tokenizer, before a port is bound."""
+    import linnet.cli as cli
+
+    monkeypatch.setattr(cli, "_check_address", lambda host, port: None)
+    assert cli.main(["serve", "tiny-llama", "--weights", "random", "--batch", "2", "--max-seq", "32", flag, value]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"linnet: error: {says}") and "(see --tokenizer)" in err, err
 
 
 def test_vllms_several_served_model_names(monkeypatch):
