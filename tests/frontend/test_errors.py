@@ -125,6 +125,22 @@ def with_config(text: str, *lines: str) -> str:
     return text.replace("}\n", "".join(f"  {x}\n" for x in lines) + "}\n")
 
 
+# HEAD with a tie, a fn and an entry that calls it, reads a param in a loop and stores into the state.
+READER = HEAD.replace("  wq: T[", "  head: T[vocab, dim] = embed if true\n  wq: T[") + """\
+fn double<n>(x: T[n, dim]) -> T[n, dim] {
+  return x + x
+}
+
+entry decode(tokens: i32[Batch], positions: i32[Batch]) -> T[Batch, dim] {
+  x = double(embed[tokens])
+  for l in 2 {
+    x = x + linear(x, head[0:dim])
+  }
+  cache[iota(Batch), positions] = x
+  return x
+}
+"""
+
 # An entry for the cases that break what comes before it.
 ENTRY = "entry decode(tokens: i32[Batch]) -> T[Batch, dim] {\n  return embed[tokens]\n}\n"
 
@@ -1363,6 +1379,13 @@ entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
            note=note)
       for id, value, note in [("capitalized", "True", "Linnet's booleans are `true`"),
                               ("as-a-word", "yes", "a bool is `true` or `false`")]],
+    # a name left out (`without`) that a declaration which stays still reads: a tie, a call, a loop's body, a store
+    *[Case(f"left-out-{id}-still-used",
+           {"model.linnet": f"arch ext extends mini without {name}\n", "mini.linnet": READER}, 1, 31, f"`{name}` is left out of `mini`, but is still used", note=note)
+      for id, name, note in [("param-a-tie-names", "embed", ":13:25, in param `head`"),
+                             ("fn", "double", ":26:7, in entry `decode`"),
+                             ("param-read-in-a-loop", "head", ":28:23, in entry `decode`"),
+                             ("state-stored-into", "cache", ":30:3, in entry `decode`")]],
     # ------------------------------------------- each op's type rule, misused in one statement of DECODE
     statement("adding-a-list-of-parts", "y = x + topk(x, 2)", 7,
               "cannot add T[Batch, dim] and (T[Batch, 2], i32[Batch, 2])"),
