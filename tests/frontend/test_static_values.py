@@ -154,3 +154,21 @@ fn sorted_rows<n, m>(x: T[n, m]) -> T[n, m] {
     got, x, head = run_decode(source, "torch")
     want = -np.sort(-x.astype(np.float64), axis=-1) @ head.T.astype(np.float64)
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+def test_rope_in_a_fn_of_its_own_sizes_rotates_as_transformers_does():
+    """rope's head_dim is the fn's own size `d` (its number known only at the call): checked there, and
+    the rotation is transformers' rotate-half one (Llama's), at positions 1 and 3 (the tokens)."""
+    source = with_statements("x = rotated(x.reshape(Batch, 1, dim), tokens).reshape(Batch, dim)") + """
+fn rotated<n, h, d>(x: T[n, h, d], p: i32[n]) -> T[n, h, d] {
+  return rope(x, p, theta=10000.0)
+}
+"""
+    got, x, head = run_decode(source, "torch")
+    d = x.shape[-1]
+    angles = np.array([1.0, 3.0])[:, None] * 10000.0 ** (-np.arange(0, d, 2) / d)
+    cos, sin = np.cos(angles), np.sin(angles)
+    first, second = x[:, :d // 2].astype(np.float64), x[:, d // 2:].astype(np.float64)
+    rotated = np.concatenate([first * cos - second * sin, second * cos + first * sin], axis=-1)
+    want = rotated @ head.T.astype(np.float64)
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
