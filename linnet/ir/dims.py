@@ -26,12 +26,14 @@ class Quotient:
         return "~" + str(self)
 
     def __str__(self) -> str:
-        return f"({self.num}) / ({self.den})" if len(self.num.terms) > 1 else f"{self.num} / {_paren(self.den)}"
+        return f"{_paren(self.num)} / {_paren(self.den)}"
 
 
 def _paren(d: "Dim") -> str:
+    """`d` as an operand of `/`: a name or a number as it is, anything else in parentheses (`2 * n`
+    and `n / 3` too, so that `x / (2 * n)` is not read as `x / 2 * n`)."""
     s = str(d)
-    return f"({s})" if len(d.terms) > 1 or any(m for m, _ in d.terms if len(m) > 1) else s
+    return s if s.isidentifier() or s.isdigit() else f"({s})"
 
 
 def _atom_key(a: Atom) -> str:
@@ -182,6 +184,10 @@ class Dim:
     def __str__(self) -> str:
         if not self.terms:
             return "0"
+        if len(self.terms) == 1 and self.terms[0][1] == 1 and len(self.terms[0][0]) == 1:
+            (atom, power), = self.terms[0][0]
+            if power == 1 and not isinstance(atom, str):
+                return str(atom)  # a quotient alone: `dim / 3`, not `(dim / 3)`
         parts = []
         for i, (m, c) in enumerate(self.terms):
             factors = []

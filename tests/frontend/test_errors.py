@@ -1464,6 +1464,8 @@ entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
     statement("copy-rows-of-unlike-lengths", "y = copy_rows(kv, tokens, tokens, iota(3))", 37,
               "src, dst and upto must be i32 vectors of one length, not i32[Batch] and i32[3]"),
     statement("too-many-indices", "y = x[0, 0, 0]", 7, "too many indices for T[Batch, dim]: 3 for rank 2"),
+    statement("adding-a-dim-divided-by-a-product", "y = zeros(Batch, dim / (2 * heads)) + x", 7,
+              "cannot add T[Batch, dim / (2 * heads)] and T[Batch, dim]"),
     statement("index-by-a-static-float", "y = x[1.5]", 9, "an index must be an int or an integer tensor, not float"),
     statement("index-by-a-bool", "y = x[true]", 9, "an index must be an int or an integer tensor, not bool"),
     statement("static-index-apart-from-a-gather", "y = q[tokens, 0:1, 1]", 22, "gathered indices must be adjacent"),
