@@ -50,9 +50,20 @@ def _read_json(path: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:
         raise TokenizerError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):  # (was an AttributeError from the first .get)
+        raise TokenizerError(f"{path}: holds a JSON {'null' if data is None else type(data).__name__}, not an object "
+                             "of settings")
+    return data
+
+
+def _read_template(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise TokenizerError(f"{path}: a chat template that is not UTF-8 text ({e})") from None
 
 
 def _token_text(value) -> str | None:
@@ -78,12 +89,25 @@ def _sampling_defaults(gen: dict) -> dict:
     return out
 
 
-def _as_id_list(value) -> list[int]:
+def _is_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _as_id_list(value, path: Path, key: str) -> list[int]:
+    """`key`'s token id or ids in the config at `path` (none where it is null)."""
     if value is None:
         return []
-    if isinstance(value, int):
-        return [value]
-    return [int(v) for v in value]
+    ids = value if isinstance(value, list) else [value]
+    if not all(map(_is_id, ids)):
+        raise TokenizerError(f"{path}: {key} is {value!r}; a token id is a whole number, or a list of them")
+    return ids
+
+
+def _as_id(value, path: Path, key: str) -> int | None:
+    ids = _as_id_list(value, path, key)
+    if len(ids) > 1 or isinstance(value, list):
+        raise TokenizerError(f"{path}: {key} is {value!r}; one token id, not a list")
+    return ids[0] if ids else None
 
 
 def _unique(ids: Iterable[int]) -> list[int]:
@@ -238,15 +262,18 @@ class Tokenizer:
         named = {t.get("name"): t.get("template") for t in named if isinstance(t, dict)}
         jinja = d / "chat_template.jinja"
         if jinja.is_file():
-            named["default"] = jinja.read_text(encoding="utf-8")
+            named["default"] = _read_template(jinja)
         for file in sorted((d / "additional_chat_templates").glob("*.jinja")):
-            named[file.stem] = file.read_text(encoding="utf-8")
+            named[file.stem] = _read_template(file)
         named = {name: t for name, t in named.items() if isinstance(name, str) and isinstance(t, str)}
         template = named.pop("default", None) or next(iter(named.values()), None)
-        eos_ids = _as_id_list(gen.get("eos_token_id")) or _as_id_list(model_cfg.get("eos_token_id"))
+        gen_path, cfg_path = d / "generation_config.json", d / "config.json"
+        eos_ids = (_as_id_list(gen.get("eos_token_id"), gen_path, "eos_token_id")
+                   or _as_id_list(model_cfg.get("eos_token_id"), cfg_path, "eos_token_id"))
         bos_id = None
         if special("bos_token") is None:
-            bos_id = gen.get("bos_token_id", model_cfg.get("bos_token_id"))
+            bos_id = (_as_id(gen["bos_token_id"], gen_path, "bos_token_id") if "bos_token_id" in gen
+                      else _as_id(model_cfg.get("bos_token_id"), cfg_path, "bos_token_id"))
         return cls(
             backend,
             bos_token=special("bos_token"),

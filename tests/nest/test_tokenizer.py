@@ -349,6 +349,38 @@ def test_from_dir_errors(tmp_path):
         Tokenizer.from_dir(tmp_path)
 
 
+@pytest.fixture(scope="module")
+def tiny_tokenizer_json(tmp_path_factory):
+    """A byte-level BPE of ten tokens, as `tokenizers` writes it: a tokenizer.json to put bad files beside."""
+    from tokenizers import Tokenizer as Backend, decoders, models, pre_tokenizers
+
+    backend = Backend(models.BPE({c: i for i, c in enumerate(["<s>", "</s>", *"abcdefgh"])}, []))
+    backend.pre_tokenizer, backend.decoder = pre_tokenizers.ByteLevel(), decoders.ByteLevel()
+    path = tmp_path_factory.mktemp("tiny-tok") / "tokenizer.json"
+    backend.save(str(path))
+    return path
+
+
+@pytest.mark.parametrize("file, content, says", [
+    ("tokenizer.json", "{", r"cannot load \(EOF while parsing"),
+    ("tokenizer_config.json", "{", r"not valid JSON"),
+    # valid JSON, but not an object: each was an AttributeError from the first .get
+    ("tokenizer_config.json", "[1]", r"holds a JSON list, not an object"),
+    ("special_tokens_map.json", "null", r"holds a JSON null, not an object"),
+    ("generation_config.json", '"eos"', r"holds a JSON str, not an object"),
+    # ids that are not ids: were a ValueError from int(), or a list kept as the BOS id
+    ("generation_config.json", '{"eos_token_id": ["2"]}', r"eos_token_id is \['2'\]; a token id"),
+    ("config.json", '{"eos_token_id": true}', r"eos_token_id is True; a token id"),
+    ("config.json", '{"bos_token_id": [1, 2]}', r"bos_token_id is \[1, 2\]; one token id"),
+    ("chat_template.jinja", b"{{ '\xff' }}", r"a chat template that is not UTF-8 text"),
+])
+def test_a_broken_tokenizer_file_is_named(tiny_tokenizer_json, tmp_path, file, content, says):
+    (tmp_path / "tokenizer.json").write_bytes(tiny_tokenizer_json.read_bytes())
+    (tmp_path / file).write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(TokenizerError, match=rf"^{tmp_path / file}: " + says):
+        Tokenizer.from_dir(tmp_path)
+
+
 def test_no_chat_template(hf_dir, tmp_path):
     tok = Tokenizer.from_dir(hf_dir)
     tok.chat_template = None
