@@ -162,10 +162,32 @@ def test_damaged_headers_are_named(tmp_path):
     # one F32 tensor of dims (0, 2**64 - 1): no values, and a dim no array can have
     empty_but_vast = (b"GGUF" + struct.pack("<IQQ", 3, 1, 0) + struct.pack("<Q", 1) + b"a"
                       + struct.pack("<IQQIQ", 2, 0, 2 ** 64 - 1, 0, 0)).ljust(64, b"\0")
+    # two keys and two tensors whose names differ in one letter: one changed makes a name appear twice
+    pair = write(tmp_path / "pair.gguf", [("test.a", 1, V.UINT32, None), ("test.b", 2, V.UINT32, None)],
+                 {"ta": (np.ones((2, 32), np.float32), None),
+                  "tb": (gguf.quants.quantize(np.ones((2, 32), np.float32), Q.Q8_0), Q.Q8_0)}).read_bytes()
+    info = pair.index(b"\x02\x00\x00\x00\x00\x00\x00\x00ta") + 10  # ta's n_dims, dims, type
+    unknown_type = pair[:info + 4 + 16] + struct.pack("<I", 99) + pair[info + 24:]
+    info = pair.index(b"tb", info) + 2  # tb's dims [32, 2] made [16, 4]: half a Q8_0 block a row
+    half_blocks = pair[:info + 4] + struct.pack("<QQ", 16, 4) + pair[info + 20:]
+    nested = struct.pack("<IQ", 4, 1) + struct.pack("<I", 7)  # an array of one uint32, in 10 arrays
+    for _ in range(9):
+        nested = struct.pack("<IQ", V.ARRAY, 1) + nested
+    too_deep = (b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 6) + b"test.n"
+                + struct.pack("<I", V.ARRAY) + nested)
+    aligned_48 = write(tmp_path / "a48.gguf", [("general.alignment", 48, V.UINT32, None)],
+                       {"w": (np.ones((1, 4), np.float32), None)}).read_bytes()
     cases = {
         b"GGUX" + good[4:]: "not a GGUF file",
         good[:4] + (9).to_bytes(4, "little") + good[8:]: "GGUF version 9",
         empty_but_vast: r"tensor 'a' has the dims \[0, 18446744073709551615\]",
+        # what gguf's reader refuses too (KeyError / ValueError there): the same thing said
+        pair.replace(b"test.b", b"test.a"): r"the key 'test.a' at byte \d+ appears twice",
+        pair.replace(b"tb", b"ta"): "tensor 'ta' appears twice",
+        unknown_type: "tensor 'ta' has the unknown type 99",
+        half_blocks: r"tensor 'tb' \[4, 16\]: a row of 16 is not whole Q8_0 blocks of 32",
+        aligned_48: r"general.alignment is 48, not a power of two",
+        too_deep: "arrays nested more than 8 deep at byte",
     }
     for i, (data, message) in enumerate(cases.items()):
         (tmp_path / f"bad{i}.gguf").write_bytes(data)
