@@ -326,7 +326,7 @@ class SafetensorsCheckpoint(Checkpoint):
             self._maps[file] = (np.memmap(file, dtype=np.uint8, mode="r"), header, start)
         mapped, header, start = self._maps[file]
         code = header[name]["dtype"]
-        dtype = _bfloat16(file, name) if code == "BF16" else _NUMPY_TYPES.get(code)
+        dtype = _ml_dtype(file, name, code) if code in _ML_DTYPES else _NUMPY_TYPES.get(code)
         if dtype is None:
             return self._open(file, "numpy").get_tensor(name)
         begin, end = header[name]["data_offsets"]
@@ -354,16 +354,26 @@ _NUMPY_TYPES = {"F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype(
                 "BOOL": np.dtype("?")}
 
 
-def _bfloat16(file: Path, name: str):
-    """ml_dtypes' bfloat16, or a WeightsError saying why tensor `name` of `file` cannot be read."""
+# safetensors' types that numpy has not and ml_dtypes (JAX's) gives it; safetensors' own numpy reader
+# asks numpy for the float8 ones, and fails with "module 'numpy' has no attribute 'float8_e4m3fn'"
+_ML_DTYPES = {"BF16": "bfloat16", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2"}
+
+
+def _ml_dtype(file: Path, name: str, code: str):
+    """ml_dtypes' type for safetensors' `code`, or a WeightsError saying why tensor `name` of `file`
+    cannot be read."""
     try:
         import ml_dtypes
     except ImportError:
         raise WeightsError(
-            f"{file}: tensor {name!r} is bf16, which numpy cannot hold without the "
+            f"{file}: tensor {name!r} is {code.lower()}, which numpy cannot hold without the "
             "ml_dtypes package; install it or load with framework='torch'"
         ) from None
-    return ml_dtypes.bfloat16
+    return getattr(ml_dtypes, _ML_DTYPES[code])
+
+
+def _bfloat16(file: Path, name: str):
+    return _ml_dtype(file, name, "BF16")
 
 
 class _HeaderSizeError(ValueError):

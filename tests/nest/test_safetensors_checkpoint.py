@@ -143,5 +143,39 @@ def test_index_names_tensor_its_shard_lacks(tiny_copy):
 
 def test_unknown_name(tiny):
     ckpt = SafetensorsCheckpoint(tiny[0])
-    with pytest.raises(WeightsError, match="did you mean 'model.norm.weight'"):
-        ckpt.load("model.norm.weights")
+    for read in (ckpt.load, ckpt.shape, ckpt.stored_dtype):
+        with pytest.raises(WeightsError, match="did you mean 'model.norm.weight'"):
+            read("model.norm.weights")
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_a_float8_tensor_reads_as_numpy_as_torch_reads_it(tmp_path, dtype):
+    """safetensors' own numpy reader fails on float8 ("module 'numpy' has no attribute 'float8_e4m3fn'"):
+    the file's bytes are viewed as ml_dtypes' float8, as bf16 is."""
+    from safetensors.torch import save_file
+
+    t = torch.linspace(-4, 4, 12).reshape(3, 4).to(dtype)
+    save_file({"w": t}, str(tmp_path / "model.safetensors"))
+    ours = SafetensorsCheckpoint(tmp_path).load("w")
+    assert ours.dtype.name == str(dtype).removeprefix("torch.") and ours.shape == (3, 4)
+    np.testing.assert_array_equal(ours.view(np.uint8), t.view(torch.uint8).numpy())
+    np.testing.assert_array_equal(ours.astype(np.float32), t.float().numpy())
+
+
+@pytest.mark.parametrize("file, content, says", [
+    ("model.safetensors.index.json", "{", r"index\.json: not a valid safetensors index \(Expecting"),
+    ("model.safetensors.index.json", '{"metadata": {}}',
+     r"index\.json: not a valid safetensors index \('weight_map'\)"),
+    ("config.json", "{", r"config\.json: not valid JSON \(Expecting"),
+])
+def test_a_broken_json_file_is_named(tiny_copy, file, content, says):
+    (tiny_copy / file).write_text(content)
+    with pytest.raises(WeightsError, match=says) as e:
+        SafetensorsCheckpoint(tiny_copy).config()
+    assert str(e.value).startswith(f"{tiny_copy / file}: ")
+
+
+def test_a_file_is_not_a_model_directory(tiny):
+    shard = sorted(tiny[0].glob("*.safetensors"))[0]
+    with pytest.raises(WeightsError, match=f"^{shard}: not a directory$"):
+        SafetensorsCheckpoint(shard)
