@@ -93,6 +93,22 @@ def test_not_found_lists_every_place(env, tmp_path):
 
 
 
+def test_a_download_that_stopped_short_is_named_where_it_lies(env, tmp_path):
+    """A repository folder in the cache without the weights: its snapshot that refs/main names, each
+    snapshot once, or its snapshots folder where it has none; then the download command."""
+    repo = repo_dir(tmp_path / "hf" / "hub")
+    (repo / "blobs").mkdir(parents=True)  # stopped before any snapshot was made
+    assert find_weights(REPO)[1] == [str(repo / "snapshots")]
+    (repo / "snapshots").mkdir()
+    assert find_weights(REPO)[1] == [str(repo / "snapshots")]
+    (repo / "snapshots" / "partial").mkdir()  # no config.json yet
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("partial")
+    path, looked = find_weights(REPO)
+    assert path is None and looked == [str(repo / "snapshots" / "partial")]
+    assert str(repo / "snapshots" / "partial") in weights_not_found_message(REPO, looked)
+
+
 def test_the_download_command_is_one_huggingface_hub_installs():
     """The command the message names is a console script of the installed huggingface_hub (1.0
     removed `huggingface-cli`: a user ran it and got "command not found")."""
