@@ -248,6 +248,23 @@ def test_a_split_gguf_missing_a_file_or_passed_by_another_is_named(tmp_path):
     with pytest.raises(WeightsError, match=rf"{third}: holds tensor '{held}', which {second} holds too"):
         GGUFCheckpoint(first)
     third.write_bytes(third_bytes)
+    kept = tmp_path / "kept.gguf"  # split 3's own tensors, and one more: more than the first file counts
+    kept.write_bytes(third_bytes)
+    w = gguf.GGUFWriter(str(third), "llama")
+    w.add_uint16("split.no", 2)
+    w.add_uint16("split.count", 3)
+    for t in gguf.GGUFReader(str(kept)).tensors:
+        w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+    w.add_tensor("extra.weight", np.zeros(4, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    total = gguf.GGUFReader(str(first)).fields["split.tensors.count"].contents()
+    with pytest.raises(WeightsError, match=rf"{first}: its 3 splits hold {total + 1} tensors, and the first says "
+                                           rf"{total}$"):
+        GGUFCheckpoint(first)
+    third.write_bytes(third_bytes)
     GGUFCheckpoint(first)  # whole again
     third.unlink()
     with pytest.raises(WeightsError, match=rf"{third}: missing; split 3 of 3 of {first}"):
