@@ -1010,6 +1010,9 @@ def open_checkpoint(path: str | os.PathLike) -> Checkpoint:
             return GGUFCheckpoint(p)
         if p.name in (SAFETENSORS_FILE, SAFETENSORS_INDEX, CONFIG_FILE):
             return SafetensorsCheckpoint(p.parent)
+        if p.suffix == ".safetensors":  # a shard (model-00001-of-00004.safetensors) holds only some of the tensors
+            raise WeightsError(f"{p}: one safetensors file; Linnet reads the model directory it is in (config.json "
+                               f"and {SAFETENSORS_FILE} or {SAFETENSORS_INDEX}): give {p.parent}")
         raise WeightsError(
             f"{p}: not a checkpoint linnet can read; give a Hugging Face model directory "
             "(config.json + *.safetensors) or a .gguf file"

@@ -266,6 +266,20 @@ def test_truncated_gguf(tmp_path):
         GGUFCheckpoint(path)
 
 
+def test_a_type_no_decoder_here_reads_is_named(tmp_path):
+    """Q8_1 (llama.cpp's type for activations, not for a file's weights): neither Linnet's C nor gguf's
+    numpy decodes it (gguf raises NotImplementedError), and the checkpoint says so by tensor and type."""
+    block, block_bytes = gguf.GGML_QUANT_SIZES[Q.Q8_1]
+    path = write_gguf(tmp_path / "q81.gguf", {"w": (np.zeros((2, block_bytes), np.uint8), Q.Q8_1)})
+    with pytest.raises(NotImplementedError):
+        dequantize(np.zeros((2, block_bytes), np.uint8), Q.Q8_1)
+    ckpt = GGUFCheckpoint(path)
+    assert ckpt.shape("w") == (2, block)
+    with pytest.raises(WeightsError, match=r"q81\.gguf: tensor 'w' is Q8_1, which this gguf package cannot "
+                                           r"dequantize$"):
+        ckpt.load("w")
+
+
 def test_open_checkpoint_errors(tmp_path):
     with pytest.raises(WeightsError, match="no such file or directory"):
         open_checkpoint(tmp_path / "nope.gguf")
@@ -273,6 +287,10 @@ def test_open_checkpoint_errors(tmp_path):
     other.write_bytes(b"\0")
     with pytest.raises(WeightsError, match=r"weights\.bin: not a checkpoint linnet can read"):
         open_checkpoint(other)
+    shard = tmp_path / "model-00001-of-00002.safetensors"  # was "not a checkpoint linnet can read" too
+    shard.write_bytes(b"\0")
+    with pytest.raises(WeightsError, match=rf"^{shard}: one safetensors file; .* give {tmp_path}$"):
+        open_checkpoint(shard)
 
 
 @pytest.mark.parametrize("mla, kv_b", [(False, None), (True, "attn_kv_b")])
