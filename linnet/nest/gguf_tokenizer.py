@@ -137,10 +137,22 @@ def build_gguf_tokenizer(meta) -> "tokenizers.Tokenizer":
     types: list[int] = meta("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)
     if not tokens:
         raise TokenizerError("the GGUF lacks tokenizer.ggml.tokens")
+    # (each was an exception from deep inside: 'int' object is not iterable, or a token out of the BPE's
+    # vocabulary where zip() had cut the tokens to the types')
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise TokenizerError(f"tokenizer.ggml.tokens is {_kind(tokens)}, not an array of strings")
+    if not isinstance(types, list) or len(types) != len(tokens) or not all(isinstance(k, int) for k in types):
+        raise TokenizerError(f"tokenizer.ggml.token_type is {_kind(types)}, not one integer for each of the "
+                             f"{len(tokens)} tokens")
     tk = builders[kind](meta, tokens, types)
     _add_special_tokens(tk, tokens, types)
     _add_bos_eos(tk, meta, tokens, default_bos=kind == "llama" or meta("tokenizer.ggml.pre") in ADDS_BOS)
     return tk
+
+
+def _kind(value) -> str:
+    """A metadata value as a message names it: an array by its length, anything else by its value."""
+    return f"an array of {len(value)}" if isinstance(value, list) else repr(value)
 
 
 def _byte_level_bpe(meta, tokens: list, types: list):
@@ -150,6 +162,8 @@ def _byte_level_bpe(meta, tokens: list, types: list):
     pre = meta("tokenizer.ggml.pre", "default")
     if not merges:
         raise TokenizerError("the GGUF lacks tokenizer.ggml.merges")
+    if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
+        raise TokenizerError(f"tokenizer.ggml.merges is {_kind(merges)}, not an array of strings")
 
     alphabet = byte_alphabet()
     spelled = set(alphabet.values())
@@ -160,7 +174,10 @@ def _byte_level_bpe(meta, tokens: list, types: list):
         if kind_ == NORMAL and not set(tok) <= spelled:
             tok = "".join(alphabet[b] for b in tok.encode("utf-8"))
         vocab.setdefault(tok, i)
-    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    # a merge without its space, or of tokens not in the vocabulary, never applies in llama.cpp (which
+    # loads the file); `tokenizers` refuses it (a TypeError, "Token `x` out of vocabulary"): left out
+    pairs = [pair for pair in (tuple(m.split(" ", 1)) for m in merges)
+             if len(pair) == 2 and pair[0] in vocab and pair[1] in vocab and pair[0] + pair[1] in vocab]
     _, ignore_merges = PRE_TOKENIZERS.get(pre, ((), False))
     tk = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges, fuse_unk=False))
     tk.pre_tokenizer = _pre_tokenizer(pre)

@@ -132,6 +132,36 @@ def test_a_bos_to_add_past_the_vocabulary_is_named(tmp_path, monkeypatch):
         Tokenizer.from_gguf(tmp_path / "ok.gguf").encode("hello")[1:]
 
 
+@pytest.mark.parametrize("method, value, says", [
+    ("add_token_types", lambda tokens: tokens[:5],
+     r"tokenizer.ggml.token_type is an array of 5, not one integer for each of the \d+ tokens"),  # was a BPE error
+    ("add_token_list", lambda tokens: 7, r"tokenizer.ggml.tokens is 7, not an array of strings"),  # was a TypeError
+])
+def test_a_tokenizer_array_of_another_kind_is_named(tmp_path, monkeypatch, method, value, says):
+    key = {"add_token_types": "tokenizer.ggml.token_type", "add_token_list": "tokenizer.ggml.tokens"}[method]
+    monkeypatch.setattr(gguf.GGUFWriter, method, lambda w, tokens: w.add_key_value(
+        key, value(tokens), gguf.GGUFValueType.get_type(value(tokens)),
+        gguf.GGUFValueType.UINT32 if isinstance(value(tokens), list) else None))
+    write_tokenizer_gguf(tmp_path / "bad.gguf")
+    with pytest.raises(TokenizerError, match=rf"bad\.gguf: {says}$"):
+        Tokenizer.from_gguf(tmp_path / "bad.gguf")
+
+
+def test_merges_that_never_apply_are_left_out_as_llama_cpp_leaves_them(tmp_path, monkeypatch):
+    """A merge without its space (a TypeError in tokenizers), of a token not in the vocabulary (an
+    exception), or whose join is not one (a Rust panic, which `except Exception` does not catch):
+    llama.cpp loads the file and tokenizes as without them."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    add = gguf.GGUFWriter.add_token_merges
+    monkeypatch.setattr(gguf.GGUFWriter, "add_token_merges", lambda w, merges: add(w, ["x", "nosuch pair", "h o",
+                                                                                      *merges]))
+    write_tokenizer_gguf(tmp_path / "odd.gguf")
+    llm = llama_cpp.Llama(model_path=str(tmp_path / "odd.gguf"), vocab_only=True, verbose=False)
+    ours = Tokenizer.from_gguf(tmp_path / "odd.gguf")
+    for text in ("hello world", "ho hum", "x nosuchpair"):
+        assert ours.encode(text) == llm.tokenize(text.encode(), add_bos=True, special=True), text
+
+
 def test_unsupported_model_is_named(tmp_path):
     write_tokenizer_gguf(tmp_path / "bert.gguf", model="bert")
     with pytest.raises(TokenizerError, match=r"bert\.gguf: .*'bert' is not supported"):
