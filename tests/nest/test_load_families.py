@@ -371,6 +371,14 @@ def test_a_hub_config_gives_its_registry_card(card, tmp_path):
                                                                          "for Phi-2"),
     ("gemma3", {"rope_parameters": {"sliding_attention": {"rope_type": "yarn", "factor": 2.0},
                                     "full_attention": {"rope_type": "default"}}}, "rope scaling"),
+    ("gemma2", {"use_bidirectional_attention": True}, "use_bidirectional_attention is set; the gemma2 architecture "
+                                                      "is causal"),
+    ("deepseek_v2", {**FAMILIES["deepseek_v2"][1], "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+     r"rope scaling 'linear' is not supported for DeepSeek checkpoints \(YaRN or none\)"),
+    ("deepseek_v2", {k: v for k, v in FAMILIES["deepseek_v2"][1].items() if k != "num_experts_per_tok"},
+     "config.json has no 'num_experts_per_tok', which a DeepseekV2ForCausalLM config holds"),
+    ("deepseek_v3", {**FAMILIES["deepseek_v3"][1], "hidden_act": "relu"},
+     r"hidden_act 'relu'; the deepseek_v3 architecture's MLPs are SwiGLU \(silu\)"),
 ])
 def test_what_the_architectures_cannot_express_is_refused(family, change, message):
     prefix, _ = FAMILIES[family]
