@@ -136,9 +136,11 @@ def test_a_bos_to_add_past_the_vocabulary_is_named(tmp_path, monkeypatch):
     ("add_token_types", lambda tokens: tokens[:5],
      r"tokenizer.ggml.token_type is an array of 5, not one integer for each of the \d+ tokens"),  # was a BPE error
     ("add_token_list", lambda tokens: 7, r"tokenizer.ggml.tokens is 7, not an array of strings"),  # was a TypeError
+    ("add_token_merges", lambda merges: 7, r"tokenizer.ggml.merges is 7, not an array of strings"),
 ])
 def test_a_tokenizer_array_of_another_kind_is_named(tmp_path, monkeypatch, method, value, says):
-    key = {"add_token_types": "tokenizer.ggml.token_type", "add_token_list": "tokenizer.ggml.tokens"}[method]
+    key = {"add_token_types": "tokenizer.ggml.token_type", "add_token_list": "tokenizer.ggml.tokens",
+           "add_token_merges": "tokenizer.ggml.merges"}[method]
     monkeypatch.setattr(gguf.GGUFWriter, method, lambda w, tokens: w.add_key_value(
         key, value(tokens), gguf.GGUFValueType.get_type(value(tokens)),
         gguf.GGUFValueType.UINT32 if isinstance(value(tokens), list) else None))
