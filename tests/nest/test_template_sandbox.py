@@ -55,12 +55,25 @@ def test_a_requests_template_renders_as_transformers_does(sandbox, generation_pr
     ("{{ 2 ** (10 ** 9) }}", "'**' would make an integer"),
     ("{% set a = 'x' * 10**7 %}{{ a + a }}", "'+' would make 20000000 items"),
     ("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", f"passed {MAX_TEXT} characters"),
+    ("{{ (2 ** 60000) * (2 ** 60000) }}", "'*' would make an integer of more than 65536 bits"),
 ])
 def test_sizes_past_a_bound_are_refused_before_they_are_made(source, needle):
     start = time.monotonic()
     with pytest.raises(TemplateLimitError, match=re.escape(needle)):
         render_bounded(source, MESSAGES)
     assert time.monotonic() - start < 2
+
+
+@pytest.mark.parametrize("source, in_python, needle", [
+    ("{{ 10.0 ** 400 }}", lambda: 10.0 ** 400, "Numerical result out of range"),
+    ("{{ (2 ** 2000) | float }}", lambda: float(2 ** 2000), "int too large to convert to float")])
+def test_a_number_past_a_float_is_a_tokenizer_error(source, in_python, needle):
+    """Python's OverflowError (float's ** past its range, int to float), as it would raise in
+    transformers' rendering: said as the template's error, not as a failure of the server."""
+    with pytest.raises(OverflowError, match=needle):
+        in_python()
+    with pytest.raises(TokenizerError, match=rf"^chat template: .*{needle}"):
+        render_bounded(source, MESSAGES)
 
 
 def test_a_templates_own_errors_are_tokenizer_errors(sandbox):
