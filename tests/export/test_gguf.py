@@ -205,6 +205,28 @@ def test_pre_tokenizers_in_the_forms_the_hub_writes_them(cards, tmp_path, steps,
         assert llm.tokenize(text.encode(), add_bos=False, special=True) == want[text], text
 
 
+def test_a_pre_tokenizer_llama_cpp_does_not_know_is_refused_and_a_file_there_kept(cards, tmp_path):
+    """A tokenizer.json that splits text by a regex none of llama.cpp's pre-tokenizers uses: llama.cpp
+    could not tokenize as it does, so the export is refused by its regex, and the GGUF already at the
+    path is left as it was (no half-written file, no .partial beside it)."""
+    from tokenizers import Regex, pre_tokenizers
+
+    d = tmp_path / "tok"
+    d.mkdir()
+    backend = Tokenizer.from_gguf(embedded_gguf_path()).backend
+    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex("[a-z]+"), "isolated"),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False,
+                                                                              use_regex=False)])
+    backend.save(str(d / "tokenizer.json"))
+    out = tmp_path / "g.gguf"
+    out.write_bytes(b"GGUF an earlier export")
+    with pytest.raises(ExportError, match=rf"^{d}: this tokenizer splits text in a way llama.cpp is not known to "
+                                          r"\(pre-tokenizer regexes \['\[a-z\]\+'\]\); known: .*smollm"):
+        export(cards / "small-none.linnet", "llama.cpp", out, weights="random", dtype="f16", tokenizer=d)
+    assert out.read_bytes() == b"GGUF an earlier export"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.gguf", "tok"]
+
+
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_16_bit_files_hold_the_rounded_weights(cards, tmp_path, dtype):
     path = export(cards / "small-llama3.linnet", "llama.cpp", tmp_path, weights="random", seed=5, dtype=dtype,
