@@ -155,9 +155,10 @@ def _refuse_another_model(out: Path) -> None:
     advice = "write to a new folder, or empty this one first"
     if config.is_file():
         try:
-            ours = MARK in json.loads(config.read_text())
+            found = json.loads(config.read_text())
         except (ValueError, UnicodeDecodeError):
-            ours = False
+            found = None
+        ours = isinstance(found, dict) and MARK in found  # (a JSON string holding the mark's text is not)
         if not ours:
             raise ExportError(f"{out}: its config.json has no {MARK!r} key: another model's (or an export by a Linnet "
                               f"from before exports were marked), whose files the export would replace; {advice}")

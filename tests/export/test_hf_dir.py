@@ -273,6 +273,12 @@ def test_a_folder_holding_another_model_is_left_as_it_is(tmp_path):
     with pytest.raises(ExportError, match="config.json has no 'exported_by' key: another model's"):
         export("tiny-llama", "vllm", other, weights="random", dtype="f32")
     assert {p.name: p.read_text() for p in other.iterdir()} == files
+    for config in ("{not JSON", '"the exported_by of a string"'):  # the second was taken for a Linnet export's
+        files["config.json"] = config
+        (other / "config.json").write_text(config)
+        with pytest.raises(ExportError, match="config.json has no 'exported_by' key: another model's"):
+            export("tiny-llama", "vllm", other, weights="random", dtype="f32")
+        assert {p.name: p.read_text() for p in other.iterdir()} == files
     # Mistral's own layout has no config.json; its tokenizer.model would be replaced too
     mistral = tmp_path / "mistral"
     mistral.mkdir()
