@@ -104,8 +104,8 @@ def _as_id_list(value, path: Path, key: str) -> list[int]:
 
 
 def _as_id(value, path: Path, key: str) -> int | None:
-    ids = _as_id_list(value, path, key)
-    if len(ids) > 1 or isinstance(value, list):
+    ids = _as_id_list(value, path, key)  # (a list of one id is that id: it names one token all the same)
+    if len(ids) > 1:
         raise TokenizerError(f"{path}: {key} is {value!r}; one token id, not a list")
     return ids[0] if ids else None
 

@@ -381,6 +381,12 @@ def test_a_broken_tokenizer_file_is_named(tiny_tokenizer_json, tmp_path, file, c
         Tokenizer.from_dir(tmp_path)
 
 
+def test_a_bos_id_in_a_list_of_one_is_that_id(tiny_tokenizer_json, tmp_path):
+    (tmp_path / "tokenizer.json").write_bytes(tiny_tokenizer_json.read_bytes())
+    (tmp_path / "config.json").write_text('{"bos_token_id": [0], "eos_token_id": 1}')
+    assert Tokenizer.from_dir(tmp_path).bos_token_id == 0
+
+
 def test_no_chat_template(hf_dir, tmp_path):
     tok = Tokenizer.from_dir(hf_dir)
     tok.chat_template = None
