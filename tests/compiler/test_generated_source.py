@@ -143,9 +143,10 @@ def test_written_file_runs_on_its_own(kit, tmp_path):
 def test_weights_that_do_not_fit_the_params_are_refused_naming_the_param(backend, kit):
     """The generated Model(weights), as a user who imports `linnet compile`'s output calls it: a param missing from
     the weights, or given in another shape or type, is refused with the param's name and what it must be."""
-    spec = specialize(check_file(kit.CARDS / "tiny-llama.linnet"), GENERICS)
+    module = check_file(kit.CARDS / "tiny-llama.linnet")
+    spec = specialize(module, GENERICS)
     weights = {k: v.numpy() for k, v in bind_weights(spec, kit.random_checkpoint(spec, seed=3).__getitem__).items()}
-    model_class = import_source(generate(check_file(kit.CARDS / "tiny-llama.linnet"), backend, GENERICS)).Model
+    model_class = import_source(generate(module, backend, GENERICS)).Model
     shape = list(weights["wq"].shape)
     if backend == "torch":
         weights = {k: torch.from_numpy(v) for k, v in weights.items()}
