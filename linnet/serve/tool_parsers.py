@@ -3,8 +3,8 @@
 Each model family writes its calls its own way; a parser reads one way, by vLLM's name for it:
 
 - "llama3_json" (Llama 3.1 to 3.3): the whole reply is one JSON object, or several joined by
-  ";", each {"name": ..., "parameters": {...}} (Llama 3.1 may lead it with <|python_tag|>), or
-  such objects after text; an object that says no arguments, or leads with another key, is an
+  ";" (or listed, [{...}, {...}], as models tuned on other formats write them), each {"name":
+  ..., "parameters": {...}} (Llama 3.1 may lead it with <|python_tag|>), or such objects after text; an object that says no arguments, or leads with another key, is an
   answer's JSON.
 - "hermes" (Hermes, Qwen 2.5 and 3, SmolLM3): text, then calls each written
   <tool_call>{"name": ..., "arguments": {...}}</tool_call>.
@@ -156,9 +156,9 @@ def read_list(text: str) -> list:
     return calls
 
 
-def _whole_reply_start(text: str, opener: str, tag: str) -> int | None:
+def _whole_reply_start(text: str, opener: str | tuple, tag: str) -> int | None:
     """Where a call may begin in a family's reply that is its calls whole: at its start (its leading
-    spaces are the calls', no text), where its first character past them opens `opener` or may be
+    spaces are the calls', no text), where its first character past them opens `opener` (or one of them) or may be
     `tag` arriving a piece at a time, or is not written yet."""
     stripped = text.lstrip()
     if not stripped or stripped.startswith(opener) or tag.startswith(stripped[:len(tag)]):
@@ -208,7 +208,7 @@ class Llama3Json:
         object after text that opens with its "name". Text that can no longer be a call is text,
         so a stream sends it at once rather than at the end."""
         dead = _known_dead(text)  # what an earlier step of the same stream found no call (never one again)
-        if dead == 0 and _whole_reply_start(text, "{", self.PYTHON_TAG) == 0:
+        if dead == 0 and _whole_reply_start(text, ("{", "["), self.PYTHON_TAG) == 0:
             body = self._body(text, 0)
             if self.PYTHON_TAG.startswith(text[body:]) or text.startswith("{", body) and self._may_be_call(text, body):
                 return 0  # nothing past the spaces yet, the tag arriving, or an object that may be a call
@@ -271,19 +271,20 @@ class Llama3Json:
             return None
 
     def _body(self, text: str, start: int) -> int:
-        """Where the calls begin, from `start`: past spaces and the python tag."""
+        """Where the calls begin, from `start`: past spaces, the python tag and a list's "["."""
         at = _spaces_after(text, start)
-        return _spaces_after(text, at + len(self.PYTHON_TAG)) if text.startswith(self.PYTHON_TAG, at) else at
+        at = _spaces_after(text, at + len(self.PYTHON_TAG)) if text.startswith(self.PYTHON_TAG, at) else at
+        return _spaces_after(text, at + 1) if text.startswith("[", at) else at
 
     @staticmethod
     def _next(text: str, end: int) -> int:
-        """Past the spaces and the ";" that may follow a call's object."""
+        """Past the spaces and the ";" (or a list's ",") that may follow a call's object."""
         at = _spaces_after(text, end)
-        return _spaces_after(text, at + 1) if text.startswith(";", at) else at
+        return _spaces_after(text, at + 1) if text.startswith((";", ","), at) else at
 
     def parse(self, text: str) -> tuple:
-        """The calls from `call_start` on, objects one after another, ";" between them; text after
-        them is dropped (as vLLM drops it), but not one more object that does not read (a call cut
+        """The calls from `call_start` on, objects one after another, ";" between them (or a list's
+        ","); text after them (a list's "]") is dropped (as vLLM drops it), but not one more object that does not read (a call cut
         short: the reply is then not all read). The text before the calls is the content."""
         start = self.call_start(text)
         if start is None:

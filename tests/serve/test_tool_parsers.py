@@ -63,7 +63,7 @@ def test_calls_written_as_the_family_writes_them_read_back(parser, data, before)
 def test_text_without_a_call_is_text(parser, text):
     content, got = tool_parser(parser).parse(text)
     if got:  # only a reply that is one whole JSON call, or one whole list of Python calls, may read as one
-        assert (parser, text.strip()[:1]) in (("llama3_json", "{"), ("pythonic", "["))
+        assert (parser, text.strip()[:1]) in (("llama3_json", "{"), ("llama3_json", "["), ("pythonic", "["))
     else:
         assert content == text
 
@@ -174,6 +174,26 @@ def test_llama3_json_reads_the_calls_vllms_tests_read(reply, made, before):
         assert [(n, a) for _, n, a in stream(reader, reply, names, step)] == [(c["name"], c["arguments"]) for c in got]
         if made:  # the stream's text stops where the calls begin, before or at the first character of their object
             assert reply[:reader.call_start(reply)] == (before or "")
+
+
+@pytest.mark.parametrize("reply,made", [
+    ('[{"name": "f", "parameters": {"x": 1}}]', [("f", {"x": 1})]),
+    ('<|python_tag|>[ {"name": "f", "parameters": {"x": 1}} ,{"name": "g", "arguments": {}} ]', [("f", {"x": 1}), ("g", {})]),
+    ('[{"id": 1, "name": "f"}]', []),  # a list of records, no calls
+    ('[{"name": "f", "parameters": {}}, {"id": 2}]', []),  # as for ";": one object that is no call, no calls
+    ("[1, 2]", []),
+])
+def test_llama3_json_reads_a_list_of_calls_as_its_calls(reply, made):
+    """A reply that lists its calls, as models taught other formats write them, makes each call,
+    no content; whole and streamed alike. A list that holds anything but calls is text."""
+    reader = tool_parser("llama3_json")
+    content, got = reader.parse(reply)
+    assert [(c["name"], json.loads(c["arguments"])) for c in got] == made
+    assert content == (None if made else reply)
+    if made:
+        streamed = stream(reader, reply, {"f", "g"}, 1)
+        assert [(n, a) for _, n, a in streamed] == [(c["name"], c["arguments"]) for c in got]
+        assert all(reader.call_start(reply[:end]) == 0 for end in range(1, len(reply) + 1))  # held from the "["
 
 
 def test_llama3_json_text_with_an_object_that_is_no_call_is_text():
