@@ -7,6 +7,7 @@ subclass it and say how each op is spelled in their library.
 
 from __future__ import annotations
 
+import ast
 import os
 
 from linnet.ir import nodes as ir
@@ -50,6 +51,10 @@ def dim_py(d: Dim) -> str:
     return text[2:] if text.startswith("+ ") else "-" + text[2:]
 
 
+def _names_read(tree: ast.AST) -> set:
+    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
 def _paren_dim(d: Dim) -> str:
     s = dim_py(d)
     return s if s.isidentifier() or s.isdigit() else f"({s})"
@@ -75,14 +80,25 @@ class PythonEmitter:
     def __init__(self, module: ir.Module):
         self.module = module
         self.lines: list[str] = []
+        self.unread_goes: dict = {}  # line index -> the name it binds: the line goes where nothing reads it
+        self.imports_at: tuple | None = None  # (line index, import groups) for `imports`
         self.depth = 0
         self.last_comment = None
         self.iota_rows: set = set()  # locals known to hold iota(Batch): token i is row i
 
     # ------------------------------------------------------------ writing
 
-    def line(self, text: str = ""):
+    def line(self, text: str = "", binds: str | None = None):
+        """One line; `binds`: the name it binds, where it may go unread (an entry's `K`): `source`
+        then leaves it out, so the generated code binds nothing it does not use."""
+        if binds is not None:
+            self.unread_goes[len(self.lines)] = binds
         self.lines.append(("    " * self.depth + text) if text else "")
+
+    def imports(self, *groups: dict):
+        """The module's imports, each group {statement: the name it binds}: `source` writes those the
+        code reads (`math` only where a static op needs it), a blank line after each group."""
+        self.imports_at = (len(self.lines), groups)
 
     def where(self, loc) -> str:
         path = os.path.basename(loc.path)
@@ -104,7 +120,22 @@ class PythonEmitter:
             self.last_comment = ref
 
     def source(self) -> str:
-        return "\n".join(self.lines).rstrip() + "\n"
+        lines = list(self.lines)
+        tree = ast.parse("\n".join(lines))
+        read_in_module = _names_read(tree)
+        scopes = [node for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)]
+        for at, name in sorted(self.unread_goes.items(), reverse=True):
+            scope = min((f for f in scopes if f.lineno <= at + 1 <= f.end_lineno), key=lambda f: f.end_lineno - f.lineno)
+            if name not in _names_read(scope):
+                del lines[at]
+        if self.imports_at is not None:
+            at, groups = self.imports_at
+            block = []
+            for group in groups:
+                kept = [statement for statement, name in group.items() if name in read_in_module]
+                block += kept + [""] * bool(kept)
+            lines[at:at] = block
+        return "\n".join(lines).rstrip() + "\n"
 
     # ------------------------------------------------------------ expressions
 

@@ -39,13 +39,8 @@ class _JaxEmitter(PythonEmitter):
     def module_source(self) -> str:
         m = self.module
         self.header("JAX functions")
-        self.line("import math")
-        self.line("")
-        self.line("import jax")
-        self.line("import jax.numpy as jnp")
-        self.line("")
-        self.line("from linnet.codegen_jax import runtime as rt")
-        self.line("")
+        self.imports({"import math": "math"}, {"import jax": "jax", "import jax.numpy as jnp": "jnp"},
+                     {"from linnet.codegen_jax import runtime as rt": "rt"})
         self.config_lines()
         self.line(f"FAST = {m.bindings['numerics'] == 'fast'}")
         self.line("")
@@ -90,7 +85,7 @@ class _JaxEmitter(PythonEmitter):
         if written:  # an architecture without state has nothing to unpack
             self.line(f"{', '.join(written)} = {', '.join(f'state[{n!r}]' for n in written)}")
         for d, arg, axis in entry_dim_sources(fn):
-            self.line(f"{d} = {arg}.shape[{axis}]")
+            self.line(f"{d} = {arg}.shape[{axis}]", binds=d)
         self.state_dict = "{" + ", ".join(f"{n!r}: {n}" for n in written) + "}"
         # the names the entry's code reads or binds: a name made up here must be none of them
         self.taken = ({n for n, _ in fn.args} | set(fn.dims) | assigned_names(fn.body) | set(m.config) | set(m.state)

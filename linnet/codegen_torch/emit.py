@@ -33,13 +33,8 @@ class _TorchEmitter(PythonEmitter):
     def module_source(self) -> str:
         m = self.module
         self.header("PyTorch module")
-        self.line("import math")
-        self.line("")
-        self.line("import torch")
-        self.line("import torch.nn.functional as F")
-        self.line("")
-        self.line("from linnet.codegen_torch import runtime as rt")
-        self.line("")
+        self.imports({"import math": "math"}, {"import torch": "torch", "import torch.nn.functional as F": "F"},
+                     {"from linnet.codegen_torch import runtime as rt": "rt"})
         self.config_lines()
         self.line(f"FAST = {m.bindings['numerics'] == 'fast'}")
         self.line("")
@@ -85,7 +80,7 @@ class _TorchEmitter(PythonEmitter):
         if tensors:  # numpy arrays and tensors on another device are taken too
             self.line(f"{', '.join(tensors)}{',' * (len(tensors) == 1)} = rt.as_tensors(self.device, {', '.join(tensors)})")
         for d, arg, axis in entry_dim_sources(fn):
-            self.line(f"{d} = {arg}.shape[{axis}]")
+            self.line(f"{d} = {arg}.shape[{axis}]", binds=d)
         self.copies = state_copies(fn, m.bindings)
         self.body(fn.body)
         if isinstance(fn.ret, NoneType):

@@ -8,6 +8,8 @@ comments are held against the lines of llama.linnet.
 
 from __future__ import annotations
 
+import functools
+import io
 import os
 import re
 import subprocess
@@ -16,8 +18,10 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pyflakes.api
 import pytest
 import torch
+from pyflakes.reporter import Reporter
 
 from linnet import cli
 from linnet.compiler import BACKENDS, check_file, compile_file, generate, import_source
@@ -267,19 +271,34 @@ def test_comments_name_the_source_lines(backend, kit, sources):
 TINY_CARDS = sorted(p.stem for p in CARDS_DIR.glob("tiny-*.linnet"))
 
 
+@functools.cache
+def tiny_source(card: str, backend: str) -> str:
+    return generate(check_file(CARDS_DIR / f"{card}.linnet"), backend, GENERICS)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("card", TINY_CARDS)
 def test_every_architectures_comments_name_their_source_lines(card, backend):
     """Every built-in architecture (through a tiny card that imports it; the others share these):
     each comment names a line of the file it names that is code, and shares a name with the statement
     under it, whichever file of an extension's chain that line is in."""
-    source = generate(check_file(CARDS_DIR / f"{card}.linnet"), backend, GENERICS)
+    source = tiny_source(card, backend)
     pairs = commented_statements(source, ANY_COMMENT)
     assert len(pairs) >= 25, "the generated code has lost its source comments"
     names = {f for (f, _, values), _ in pairs for f in [f, *(v for v, _ in values)]}
     files = {name: (CARDS_DIR / "arch" / name).read_text().splitlines() for name in names}
     for (name, line, values), stmt in pairs:
         assert_names_its_line(files[name], name, line, stmt, [(files[f], n) for f, n in values])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("card", TINY_CARDS)
+def test_every_architectures_code_passes_pyflakes(card, backend):
+    """The generated code imports and binds only what it reads (pyflakes finds no unused import, no
+    unread local such as an entry's `K`, no undefined name), as a reader's own linter would want it."""
+    report = io.StringIO()
+    warnings = pyflakes.api.check(tiny_source(card, backend), f"{card}_{backend}.py", Reporter(report, report))
+    assert warnings == 0, report.getvalue()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
