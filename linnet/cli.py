@@ -862,7 +862,7 @@ def build_parser() -> argparse.ArgumentParser:
                         description="vllm: a Hugging Face model directory (config.json, safetensors, tokenizer). "
                                     "llama.cpp: one GGUF file (Llama, Mistral without a window, Mixtral, Qwen2, Qwen3, "
                                     "Qwen3-MoE, gpt-oss, Gemma 3, OLMo 2, Granite, Phi-3 without a window, SmolLM3, "
-                                    "Gemma 2, Phi-2 or GPT-2). "
+                                    "Gemma 2, Phi-2, GPT-2, DeepSeek-V2 or DeepSeek-V3). "
                                     "triton: a model repository "
                                     "whose Python backend runs the card on Linnet's engine (the weights stay "
                                     "where they are).")
