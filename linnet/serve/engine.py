@@ -391,7 +391,8 @@ class Engine:
                 try:
                     completions.append(self.submit(self._own_id(req)))
                 except RequestError as err:
-                    completions.append(Completion(req, finish_reason="error", error=str(err)))
+                    # the client's doing, as a submission's RequestError says: its field, not None (an engine's failure)
+                    completions.append(Completion(req, finish_reason="error", error=str(err), error_field=err.field))
                     self.stats.ended("error")
             start = time.perf_counter()
             with self.stepping():

@@ -113,6 +113,18 @@ def test_run_refuses_what_is_no_request_up_front(model):
     assert not engine.has_work() and not engine.in_flight
 
 
+def test_run_returns_a_refused_request_with_the_field_at_fault_and_runs_the_rest(model):
+    """A request run() cannot submit comes back as the error submit() raises, its field named as
+    `Completion.error_field` has it for the client's doing (None is the engine's failure)."""
+    p, = prompts(1, 5, 9, seed=11)
+    done, stats = Engine(model).run([Request(prompt=[3, 100000], max_new_tokens=2),
+                                     Request(prompt=p, max_new_tokens=3)])
+    assert (done[0].finish_reason, done[0].error_field) == ("error", "prompt")
+    assert "token id 100000 is outside the vocabulary" in done[0].error
+    assert (done[1].finish_reason, done[1].tokens) == ("length", reference_greedy(model, p, 3))
+    assert stats.finished == {"error": 1, "length": 1}
+
+
 def test_stop_ends_open_streams_with_an_error(model):
     """Engine.stop() with streams open (a server shutting down): each ends, with finish_reason
     "error" and the engine's reason, as vLLM's abort ends a request; before, each waited for a
