@@ -119,6 +119,49 @@ def test_the_tour_runs_alike_on_both_backends(tmp_path):
     np.testing.assert_allclose(out["jax"], out["torch"], rtol=1e-5, atol=1e-5 * np.abs(out["torch"]).max())
 
 
+GAP_DIVISION = """arch halves
+config {
+  vocab: int = 16
+  dim: int = 4
+}
+params {
+  embed: T[vocab, dim]
+    from hf "e"
+}
+fn halve<n>(x: T[n, dim]) -> T[n, dim] {
+  return x * (n / 2)
+}
+entry prefill<N, K>(tokens: i32[N], positions: i32[N], rows: i32[N], last: i32[K]) -> f32[K, vocab] {
+  x = embed[tokens]
+  for l in 3 {
+    x = halve(x)
+  }
+  return linear(x[last], embed) as f32
+}
+"""
+
+
+def test_the_known_gap_of_static_division_is_the_compilers(tmp_path, capsys):
+    """Known gaps: a static `int / int` whose value is known only as the entry runs (a per-call
+    size, `n / 2`) rounds down as Python's `//`; one known when the model is specialized (the loop
+    variable's `l / 2`) is an error there when it does not divide."""
+    import torch
+
+    from linnet.compiler import generate
+
+    path = tmp_path / "halves.linnet"
+    path.write_text(GAP_DIVISION)
+    model = import_source(generate(check_file(path), "torch", {"Batch": 1, "MaxSeq": 8}, "exact")).Model(
+        {"embed": torch.ones(16, 4)})
+    tokens = torch.tensor([1, 2, 3], dtype=torch.int32)  # n = 3: n / 2 is 1, so x is never scaled
+    logits = model.prefill(tokens, tokens, torch.zeros(3, dtype=torch.int32), torch.tensor([2], dtype=torch.int32))
+    assert logits.tolist() == [[4.0] * 16]  # ones . ones over dim 4; unrounded, 1.5 ** 3 * 4 = 13.5
+
+    path.write_text(GAP_DIVISION.replace("halve(x)", "x * (l / 2)"))
+    assert main(["check", str(path)]) == 1
+    assert "1 / 2 is not a whole number" in capsys.readouterr().err
+
+
 def test_the_without_example_is_phi3_linnets_header():
     """The `without` the doc shows is phi3.linnet's, as it stands."""
     text = DOC.read_text()
