@@ -96,6 +96,19 @@ def test_the_error_example_is_the_compilers(tmp_path, capsys):
     assert [printed[0].replace(str(LLAMA), LLAMA.name)] + printed[1:] == shown
 
 
+def test_the_open_bracket_example_is_the_compilers(tmp_path, capsys):
+    """The second example under Errors, a `(` left open on line 21 at column 16 (a fn's arguments, as
+    `fn rotate<n, h>(` opens them) and a `}` on line 22, is what `linnet check` prints for such a file."""
+    section = DOC.read_text().split("## Errors")[1].split("\n## ")[0]
+    shown = re.findall(r"^```\n(.*?)^```", section, flags=re.S | re.M)[1].rstrip("\n").splitlines()
+    lines = ["arch model", "config {", "  vocab: int = 16", "  dim: int = 8", "}"] + [""] * 15
+    path = tmp_path / "model.linnet"
+    path.write_text("\n".join(lines + ["fn rotate<n, h>(x: T[n, h, dim]", "}"]) + "\n")
+    assert main(["check", str(path)]) == 1
+    printed = capsys.readouterr().err.rstrip("\n").replace(str(path), path.name).splitlines()
+    assert printed == shown
+
+
 def test_the_tour_runs_alike_on_both_backends(tmp_path):
     """The tour of the ops, as the page says: both backends run it and agree (random weights, exact)."""
     import numpy as np
