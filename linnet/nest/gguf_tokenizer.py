@@ -60,6 +60,10 @@ QWEN2_SPLIT = (
 _UPPER = r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]"
 _LOWER = r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]"
 _CONTRACTIONS = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+# llama.cpp's "default" (its name for a file with no tokenizer.ggml.pre too, as GGUFs written before the
+# key was): runs of punctuation and a few symbols isolated first, then GPT-2's regex, then runs of digits
+# apart from the space before them, in threes
+DEFAULT_SPLITS = (r"[\p{P}\$\+<=>\^~\|]+", GPT2_SPLIT, r"\p{N}+", r"[0-9][0-9][0-9]")
 GPT4O_SPLIT = (
     rf"[^\r\n\p{{L}}\p{{N}}]?{_UPPER}*{_LOWER}+{_CONTRACTIONS}"
     rf"|[^\r\n\p{{L}}\p{{N}}]?{_UPPER}+{_LOWER}*{_CONTRACTIONS}"
@@ -71,7 +75,8 @@ GPT4O_SPLIT = (
 # (llama.cpp does so for llama3's vocabulary, as does its tokenizer.json).
 PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool]] = {}
 for _names, _rule in (
-    (("gpt-2", "gpt2", "default", "mpt", "olmo", "jais", "phi-2"), ((GPT2_SPLIT,), False)),
+    (("gpt-2", "gpt2", "mpt", "olmo", "jais", "phi-2"), ((GPT2_SPLIT,), False)),
+    (("default",), (DEFAULT_SPLITS, False)),
     (("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"),
      ((r"\p{N}", GPT2_SPLIT), False)),
     (("llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe"), ((LLAMA3_SPLIT,), True)),

@@ -15,18 +15,22 @@ CONTROL, USER_DEFINED, NORMAL = 3, 4, 1
 TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m.content }}{{ eos_token }}{% endfor %}"
 
 
-def write_tokenizer_gguf(path, *, model="gpt2", pre="smollm", add_bos=True, control=(), eot="<eot>", template=TEMPLATE):
+def write_tokenizer_gguf(path, *, model="gpt2", pre="smollm", add_bos=True, control=(), eot="<eot>", template=TEMPLATE,
+                         merges=()):
     """A byte-level vocabulary with <s> BOS, </s> EOS and `eot` EOT; `control` adds control tokens
     after the normal ones; `template`: the chat template, or named ones as gguf's writer takes them;
-    `add_bos` None: no add_bos_token key."""
+    `add_bos` None: no add_bos_token key; `merges`: more merges, each one's join a token of its own;
+    `pre` None: no tokenizer.ggml.pre key."""
     alphabet = list(byte_alphabet().values())
-    merges = ["h e", "l l", "he ll", "Ġ w", "o r"]
-    tokens = ["<s>", "</s>", "<eot>", "<think>"] + alphabet + ["he", "ll", "hell", "Ġw", "or"] + list(control)
+    merges = ["h e", "l l", "he ll", "Ġ w", "o r", *merges]
+    joined = list(dict.fromkeys(m.replace(" ", "") for m in merges))
+    tokens = ["<s>", "</s>", "<eot>", "<think>"] + alphabet + joined + list(control)
     types = [CONTROL, CONTROL, CONTROL, USER_DEFINED] + [NORMAL] * (len(tokens) - 4 - len(control))
     types += [CONTROL] * len(control)
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_tokenizer_model(model)
-    w.add_tokenizer_pre(pre)
+    if pre is not None:
+        w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_merges(merges)
     w.add_token_types(types)
@@ -119,6 +123,21 @@ def test_a_file_that_does_not_say_whether_to_add_a_bos_adds_one_where_llama_cpp_
         assert ours.encode(text) == llm.tokenize(text.encode(), add_bos=True, special=True), (pre, text)
 
 
+@pytest.mark.parametrize("pre", ["default", None])
+def test_the_default_pre_tokenizer_splits_as_llama_cpps(pre, tmp_path):
+    """llama.cpp's "default" splitting, a file's with no tokenizer.ggml.pre too (GGUFs written before
+    the key was): runs of punctuation are split off first, and runs of digits from the space before
+    them, in threes. Linnet split as GPT-2's regex alone: "x ." was ["x", "Ġ."], llama.cpp's
+    ["x", "Ġ", "."]."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    path = tmp_path / "default.gguf"
+    write_tokenizer_gguf(path, pre=pre, merges=["Ġ .", "Ġ 1", "Ġ $", "' s", "Ġ '", "1 2", "12 3", "Ġ1 2", "Ċ Ċ"])
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    ours = Tokenizer.from_gguf(path)
+    for text in ("x .", "it's", "q $5", "a 12345 b", "x  .y", "a <= b", "/\n\n+", "don't!! 1", "¿x — y, «z»?"):
+        assert ours.encode(text) == llm.tokenize(text.encode(), add_bos=True, special=True), text
+
+
 def test_a_bos_to_add_past_the_vocabulary_is_named(tmp_path, monkeypatch):
     tokens = write_tokenizer_gguf(tmp_path / "ok.gguf")
     monkeypatch.setattr(gguf.GGUFWriter, "add_bos_token_id", lambda w, _: w.add_uint32("tokenizer.ggml.bos_token_id",
@@ -187,6 +206,8 @@ def test_pre_tokenizer_table():
         assert "".join(pieces) == "".join(byte_alphabet()[b] for b in text.encode())
     assert split("smollm", "a  12") == ["a", "ĠĠ", "1", "2"]
     assert split("gpt2", "a  12") == ["a", "Ġ", "Ġ12"]
+    # llama.cpp's default: punctuation first, then GPT-2's regex, digits apart from their space, in threes
+    assert split("default", "it's 12345 x .") == ["it", "'", "s", "Ġ", "123", "45", "Ġx", "Ġ", "."]
     assert split("llama-bpe", "x 12345") == ["x", "Ġ", "123", "45"]
     assert split("qwen2", "x12") == ["x", "1", "2"]
     assert split("gpt-4o", "HelloWorld's") == ["Hello", "World's"]
