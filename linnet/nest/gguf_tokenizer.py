@@ -183,6 +183,8 @@ def _byte_level_bpe(meta, tokens: list, types: list):
     # loads the file); `tokenizers` refuses it (a TypeError, "Token `x` out of vocabulary"): left out
     pairs = [pair for pair in (tuple(m.split(" ", 1)) for m in merges)
              if len(pair) == 2 and pair[0] in vocab and pair[1] in vocab and pair[0] + pair[1] in vocab]
+    # a merge listed twice ranks where it is first (llama.cpp keeps the first rank; `tokenizers` the last)
+    pairs = list(dict.fromkeys(pairs))
     _, ignore_merges = PRE_TOKENIZERS.get(pre, ((), False))
     tk = Tokenizer(models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges, fuse_unk=False))
     tk.pre_tokenizer = _pre_tokenizer(pre)

@@ -183,6 +183,19 @@ def test_merges_that_never_apply_are_left_out_as_llama_cpp_leaves_them(tmp_path,
         assert ours.encode(text) == llm.tokenize(text.encode(), add_bos=True, special=True), text
 
 
+def test_a_merge_listed_twice_ranks_where_it_is_first_listed(tmp_path):
+    """llama.cpp ranks a merge the file lists twice by its first place; `tokenizers` took the last:
+    with "o r" before "w o" and again after, "wor" was ["wor"], llama.cpp's ["w", "or"]."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    path = tmp_path / "twice.gguf"
+    write_tokenizer_gguf(path, merges=["w o", "wo r", "o r"])
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    ours = Tokenizer.from_gguf(path)
+    assert [ours.id_to_token(i) for i in ours.encode("wor", add_special_tokens=False)] == ["w", "or"]
+    for text in ("wor", " world", "word or"):
+        assert ours.encode(text) == llm.tokenize(text.encode(), add_bos=True, special=True), text
+
+
 def test_unsupported_model_is_named(tmp_path):
     write_tokenizer_gguf(tmp_path / "bert.gguf", model="bert")
     with pytest.raises(TokenizerError, match=r"bert\.gguf: .*'bert' is not supported"):
