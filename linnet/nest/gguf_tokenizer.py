@@ -28,25 +28,45 @@ if TYPE_CHECKING:  # for the annotation alone: each function imports what it use
 # GGUF token types (llama.cpp's llama_token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 # Tokens llama.cpp ends generation on by their text, whatever ids the file names (llama-vocab.cpp's
-# end-of-generation set): a GGUF that names only EOS still stops at the chat's other ends.
-END_OF_GENERATION = frozenset(("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<end_of_turn>",
-                               "<|endoftext|>", "<|eom_id|>", "<EOT>", "_<EOT>", "<|end_of_text|>",
-                               "<end_of_utterance>"))
+# end-of-generation set, as llama-cpp-python 0.3.36 has it): a GGUF that names only EOS still stops at
+# the chat's other ends.
+END_OF_GENERATION = frozenset(("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
+                               "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>",
+                               "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>",
+                               "<|tool_response>", "<｜end▁of▁sentence｜>", "[e~["))
 # Of those, the ones that end a chat turn (what GGUF's EOT key names), not the whole text
 END_OF_TURN = frozenset(("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<EOT>", "_<EOT>",
                          "<end_of_utterance>"))
+# Fill-in-the-middle tokens llama.cpp ends generation on too, by GGUF key: its padding, repository and
+# file separator tokens, the one the key names or else one it knows by its text
+FIM_STOPS = (("fim_pad", ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]")),
+             ("fim_rep", ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>")),
+             ("fim_sep", ("<|file_sep|>",)))
 
 
-def end_of_generation(tokens: list[str], named=()) -> list[int]:
-    """The ids llama.cpp ends generation on: those the file `named` (its EOS, EOT and EOM keys) and
-    those of `tokens` it knows by their text. In gpt-oss's harmony format <|end|> closes every
-    message, the reasoning before the answer too, and the reply ends at <|return|> or <|call|>:
-    where both are in the vocabulary, <|end|> is not a stop, even one a key names (llama.cpp's rule
-    for o200k_harmony, and gpt-oss's generation_config)."""
+def end_of_generation(tokens: list[str], named=(), fim=()) -> list[int]:
+    """The ids llama.cpp ends generation on: those the file `named` (its EOS, EOT and EOM keys), those
+    of `tokens` it knows by their text, and its fill-in-the-middle padding, repository and file
+    separator tokens (`fim`: the ids the file's `FIM_STOPS` keys name, None where unnamed, for which
+    the first token of a text llama.cpp knows is taken: SmolLM2's <reponame>). In gpt-oss's harmony
+    format <|end|> closes every message, the reasoning before the answer too, and the reply ends at
+    <|return|> or <|call|>: where both are in the vocabulary (or, Solar Open's, <|calls|> and
+    <|flush|>), <|end|> is not a stop, even one a key names (llama.cpp's rule for o200k_harmony, and
+    gpt-oss's generation_config); where <|tool_response> is one (Gemma 4's), </s> is a plain token."""
     stops = [i for i in named if i is not None and 0 <= i < len(tokens)]  # the named first, in their order
     stops += [i for i, t in enumerate(tokens) if t in END_OF_GENERATION]
-    harmony = "<|return|>" in tokens and "<|call|>" in tokens
-    return [i for i in dict.fromkeys(stops) if not (harmony and tokens[i] == "<|end|>")]
+    for (_, texts), given in zip(FIM_STOPS, list(fim) + [None] * len(FIM_STOPS)):
+        found = given if given is not None else next((i for i, t in enumerate(tokens) if t in texts), None)
+        if found is not None and 0 <= found < len(tokens):
+            stops.append(found)
+    texts = {tokens[i] for i in stops}
+    call = "<|call|>" in texts or "<|calls|>" in texts
+    dropped = set()
+    if call and ("<|return|>" in texts or "<|flush|>" in texts):
+        dropped.add("<|end|>")
+    if "<|tool_response>" in texts or "<|plamo:eos|>" in texts:
+        dropped.add("</s>")
+    return [i for i in dict.fromkeys(stops) if tokens[i] not in dropped]
 
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3_SPLIT = (

@@ -6,7 +6,8 @@ import pytest
 gguf = pytest.importorskip("gguf")
 
 from linnet.nest.errors import TokenizerError  # noqa: E402
-from linnet.nest.gguf_tokenizer import PRE_TOKENIZERS, _pre_tokenizer, byte_alphabet  # noqa: E402
+from linnet.nest.gguf_tokenizer import (  # noqa: E402
+    END_OF_GENERATION, PRE_TOKENIZERS, _pre_tokenizer, byte_alphabet)
 from linnet.nest.tokenizer import Tokenizer  # noqa: E402
 
 CONTROL, USER_DEFINED, NORMAL = 3, 4, 1
@@ -67,6 +68,38 @@ def test_ends_known_by_their_text_stop_too(tmp_path):
     tokens = write_tokenizer_gguf(tmp_path / "t.gguf", control=["<|im_end|>", "<|end|>", "<|endoftext|>"])
     ends = [tokens.index(t) for t in ("<|im_end|>", "<|end|>", "<|endoftext|>")]
     assert sorted(Tokenizer.from_gguf(tmp_path / "t.gguf").eos_token_ids) == sorted([1, 2] + ends)
+
+
+# the texts llama.cpp ends on, less those its rules below make plain tokens, and the fill-in-the-middle
+# ones it ends on (<fim_prefix> is one it does not)
+PLAIN_ENDS = sorted(END_OF_GENERATION - {"</s>", "<|end|>", "<|return|>", "<|call|>", "<|calls|>", "<|flush|>",
+                                         "<|tool_response>"}) + ["<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
+                                                                  "<fim_prefix>"]
+
+
+@pytest.mark.parametrize("control, fim_sep", [
+    (PLAIN_ENDS, None),
+    (["<|end|>", "<|return|>", "<|call|>"], None),  # gpt-oss's harmony: <|end|> is no end
+    (["<|end|>", "<|calls|>", "<|flush|>"], None),  # Solar Open's: nor is it here
+    (["<|end|>", "<|return|>"], None),
+    (["<|tool_response>", "<turn|>"], None),  # Gemma 4's: its </s> (the EOS here) is a plain token
+    (["<fim-pad>", "<REPO>", "<|file_sep|>"], "<think>"),  # a FIM key names its token, whatever its text
+])
+def test_generation_ends_where_llama_cpp_ends_it(control, fim_sep, tmp_path, monkeypatch):
+    """llama.cpp ends generation on the file's EOS, EOT and EOM, on tokens it knows by their text,
+    and on its fill-in-the-middle padding, repository and file separator tokens (named by their keys,
+    or found by their text). Linnet knew fewer texts (</s>, [EOT], <eos>, ...) and no FIM token:
+    SmolLM2's <reponame> is one llama.cpp stops on."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    if fim_sep is not None:
+        add = gguf.GGUFWriter.add_eos_token_id
+        monkeypatch.setattr(gguf.GGUFWriter, "add_eos_token_id", lambda w, i: (
+            add(w, i), w.add_uint32("tokenizer.ggml.fim_sep_token_id", 3)))  # <think>
+    tokens = write_tokenizer_gguf(tmp_path / "t.gguf", control=control)
+    llm = llama_cpp.Llama(model_path=str(tmp_path / "t.gguf"), vocab_only=True, verbose=False)
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    ends = [i for i in range(len(tokens)) if llama_cpp.llama_vocab_is_eog(vocab, i)]
+    assert sorted(Tokenizer.from_gguf(tmp_path / "t.gguf").eos_token_ids) == ends
 
 
 def test_harmony_does_not_stop_at_the_end_of_a_message(tmp_path):

@@ -108,9 +108,18 @@ def test_a_few_hundred_texts_encode_and_decode_as_llama_cpp_does(gguf_path, gguf
         assert gguf_tokenizer.decode(ids).encode() == llm.detokenize(ids, special=True), text
 
 
+def test_generation_ends_where_llama_cpp_ends_it(gguf_path, gguf_tokenizer):
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(model_path=str(gguf_path), vocab_only=True, verbose=False)
+    vocab = llama_cpp.llama_model_get_vocab(llm.model)
+    ends = [i for i in range(gguf_tokenizer.vocab_size) if llama_cpp.llama_vocab_is_eog(vocab, i)]
+    assert sorted(gguf_tokenizer.eos_token_ids) == ends
+
+
 def test_gguf_special_ids(gguf_tokenizer):
-    # the file's EOS, <|im_end|>; and <|endoftext|>, which llama.cpp also ends on by its text
-    assert gguf_tokenizer.eos_token_ids == [2, 0]
+    # the file's EOS, <|im_end|>; <|endoftext|>, which llama.cpp also ends on by its text; and
+    # <reponame>, which it takes for its fill-in-the-middle repository token, and ends on too
+    assert gguf_tokenizer.eos_token_ids == [2, 0, 4]
     assert gguf_tokenizer.bos_token_id == 1
     assert gguf_tokenizer.bos_token == "<|im_start|>" and gguf_tokenizer.eos_token == "<|im_end|>"
     assert gguf_tokenizer.encode("hi", add_special_tokens=True) == gguf_tokenizer.encode("hi", add_special_tokens=False)
