@@ -97,7 +97,7 @@ PRE_TOKENIZERS: dict[str, tuple[tuple[str, ...], bool]] = {}
 for _names, _rule in (
     (("gpt-2", "gpt2", "mpt", "olmo", "jais", "phi-2"), ((GPT2_SPLIT,), False)),
     (("default",), (DEFAULT_SPLITS, False)),
-    (("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva"),
+    (("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b", "minerva"),
      ((r"\p{N}", GPT2_SPLIT), False)),
     (("llama3", "llama-v3", "llama-bpe", "falcon3", "dbrx", "smaug-bpe"), ((LLAMA3_SPLIT,), True)),
     (("qwen2", "deepseek-r1-qwen"), ((QWEN2_SPLIT,), False)),
