@@ -127,8 +127,19 @@ def spm_vocabulary():
 def spm_gguf(tmp_path_factory, spm_vocabulary):
     """A GGUF holding `spm_vocabulary`, as llama.cpp's converter writes a SentencePiece one."""
     pytest.importorskip("gguf")
-    tokens, types, scores = spm_vocabulary
-    path = tmp_path_factory.mktemp("spm") / "spm.gguf"
+    return _write_spm_gguf(tmp_path_factory.mktemp("spm") / "spm.gguf", *spm_vocabulary)
+
+
+@pytest.fixture(scope="session")
+def write_spm_gguf():
+    """write_spm_gguf(path, tokens, types, scores): `_write_spm_gguf`."""
+    pytest.importorskip("gguf")
+    return _write_spm_gguf
+
+
+def _write_spm_gguf(path, tokens, types, scores):
+    """A GGUF at `path` holding a SentencePiece vocabulary (tokens, types, scores; <unk> <s> </s>
+    first), as llama.cpp's converter writes one."""
 
     def keys(w):
         w.add_block_count(1)

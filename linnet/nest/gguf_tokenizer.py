@@ -224,13 +224,14 @@ def _sentencepiece_bpe(meta, tokens: list, types: list):
     if len(scores) != len(tokens):
         raise TokenizerError("a SentencePiece GGUF needs one tokenizer.ggml.scores entry per token")
     vocab = {t: i for i, t in enumerate(tokens)}
-    mergeable = {t for t, k in zip(tokens, types) if k in (NORMAL, USER_DEFINED)}
+    # llama.cpp joins two pieces wherever their join is a token, of whatever type (a control token
+    # made of spaces too), as does transformers' reading of the file
     merges = []
     for token, score in zip(tokens, scores):
-        if token in mergeable and len(token) > 1:
+        if len(token) > 1:
             for cut in range(1, len(token)):
                 left, right = token[:cut], token[cut:]
-                if left in mergeable and right in mergeable:
+                if left in vocab and right in vocab:
                     merges.append((-score, vocab[left], vocab[right], left, right))
     merges.sort()
     unknown = next((t for t, k in zip(tokens, types) if k == UNKNOWN), None)

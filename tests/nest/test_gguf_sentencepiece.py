@@ -50,3 +50,17 @@ def test_encodes_as_llama_cpp_does(spm_gguf):
         ids = ours.encode(text)
         assert ids == llm.tokenize(text.encode(), add_bos=True, special=True), text
         assert ours.decode(ids, skip_special_tokens=True) == llm.detokenize(ids).decode(), text
+
+
+def test_pieces_join_into_a_token_of_any_type_as_llama_cpp_joins_them(spm_vocabulary, write_spm_gguf, tmp_path):
+    """llama.cpp (and transformers reading the file) joins two pieces wherever their join is a token,
+    whatever its type: here a control token of three spaces. Linnet joined only into normal and
+    user-defined tokens: "x   y" was ["▁", "x", "▁▁", "▁", "y"], llama.cpp's ["▁", "x", "▁▁▁", "y"]."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    tokens, types, scores = spm_vocabulary
+    path = write_spm_gguf(tmp_path / "spaces.gguf", tokens + ["▁▁", "▁▁▁"], types + [1, 3], scores + [-5.0, -6.0])
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    ours = Tokenizer.from_gguf(path)
+    assert ours.encode("x   y", add_special_tokens=False)[2] == len(tokens) + 1
+    for text in ("x   y", "dog   lazy", "the fox   ", "a      b"):
+        assert ours.encode(text) == llm.tokenize(text.encode(), add_bos=True, special=True), text
