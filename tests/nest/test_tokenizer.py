@@ -116,6 +116,42 @@ def test_generation_ends_where_llama_cpp_ends_it(gguf_path, gguf_tokenizer):
     assert sorted(gguf_tokenizer.eos_token_ids) == ends
 
 
+@pytest.fixture(scope="module")
+def no_pre_gguf(gguf_ckpt, tmp_path_factory):
+    """SmolLM2's vocabulary and merges in a GGUF that names no pre-tokenizer (as those written before
+    tokenizer.ggml.pre was): llama.cpp splits its text as its "default"; (Linnet's tokenizer,
+    llama.cpp's)."""
+    gguf = pytest.importorskip("gguf")
+    llama_cpp = pytest.importorskip("llama_cpp")
+    import numpy as np
+
+    path = tmp_path_factory.mktemp("no-pre") / "no-pre.gguf"
+    meta = gguf_ckpt.metadata
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(meta("tokenizer.ggml.tokens"))
+    w.add_token_merges(meta("tokenizer.ggml.merges"))
+    w.add_token_types(meta("tokenizer.ggml.token_type"))
+    w.add_add_bos_token(False)
+    w.add_tensor("dummy", np.zeros(1, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Tokenizer.from_gguf(path), llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+
+
+@settings(max_examples=80, deadline=None, derandomize=True, database=None)
+@given(parts=st.lists(st.one_of(st.sampled_from([*"ab .,!?'$+<=>^~|`-_0123456789\n\t", "'s", "  ", " 123"]),
+                               st.characters(blacklist_categories=("Cs",))), max_size=20))
+def test_a_gguf_naming_no_pre_tokenizer_encodes_as_llama_cpp_does(no_pre_gguf, parts):
+    """Its splitting was GPT-2's regex alone, llama.cpp's is its "default": punctuation first, digits
+    apart from their space, in threes ("x ." was ["x", "Ġ."], llama.cpp's ["x", "Ġ", "."])."""
+    ours, llm = no_pre_gguf
+    text = "".join(parts)
+    assert ours.encode(text) == llm.tokenize(text.encode(), add_bos=False, special=True)
+
+
 def test_gguf_special_ids(gguf_tokenizer):
     # the file's EOS, <|im_end|>; <|endoftext|>, which llama.cpp also ends on by its text; and
     # <reponame>, which it takes for its fill-in-the-middle repository token, and ends on too
