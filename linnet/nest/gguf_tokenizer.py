@@ -37,28 +37,23 @@ END_OF_GENERATION = frozenset(("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|
 # Of those, the ones that end a chat turn (what GGUF's EOT key names), not the whole text
 END_OF_TURN = frozenset(("<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<EOT>", "_<EOT>",
                          "<end_of_utterance>"))
-# Fill-in-the-middle tokens llama.cpp ends generation on too, by GGUF key: its padding, repository and
-# file separator tokens, the one the key names or else one it knows by its text
-FIM_STOPS = (("fim_pad", ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]")),
-             ("fim_rep", ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>")),
-             ("fim_sep", ("<|file_sep|>",)))
+# GGUF's keys for the ids llama.cpp ends generation on: EOS, EOT and EOM, and its fill-in-the-middle
+# padding, repository and file separator tokens
+END_KEYS = ("eos", "eot", "eom", "fim_pad", "fim_rep", "fim_sep")
 
 
-def end_of_generation(tokens: list[str], named=(), fim=()) -> list[int]:
-    """The ids llama.cpp ends generation on: those the file `named` (its EOS, EOT and EOM keys), those
-    of `tokens` it knows by their text, and its fill-in-the-middle padding, repository and file
-    separator tokens (`fim`: the ids the file's `FIM_STOPS` keys name, None where unnamed, for which
-    the first token of a text llama.cpp knows is taken: SmolLM2's <reponame>). In gpt-oss's harmony
-    format <|end|> closes every message, the reasoning before the answer too, and the reply ends at
-    <|return|> or <|call|>: where both are in the vocabulary (or, Solar Open's, <|calls|> and
-    <|flush|>), <|end|> is not a stop, even one a key names (llama.cpp's rule for o200k_harmony, and
-    gpt-oss's generation_config); where <|tool_response> is one (Gemma 4's), </s> is a plain token."""
+def end_of_generation(tokens: list[str], named=()) -> list[int]:
+    """The ids llama.cpp ends generation on: those the file `named` (its `END_KEYS`) and those of
+    `tokens` it knows by their text. (llama.cpp also takes a token for its FIM padding, repository
+    or file separator by its text where no key names one, SmolLM2's <reponame> say; Linnet does
+    not, since a GGUF's stops become an exported model's generation_config, which transformers and
+    vLLM read.) In gpt-oss's harmony format <|end|> closes every message, the reasoning before the
+    answer too, and the reply ends at <|return|> or <|call|>: where both are in the vocabulary (or,
+    Solar Open's, <|calls|> and <|flush|>), <|end|> is not a stop, even one a key names (llama.cpp's
+    rule for o200k_harmony, and gpt-oss's generation_config); where <|tool_response> is one (Gemma
+    4's), </s> is a plain token."""
     stops = [i for i in named if i is not None and 0 <= i < len(tokens)]  # the named first, in their order
     stops += [i for i, t in enumerate(tokens) if t in END_OF_GENERATION]
-    for (_, texts), given in zip(FIM_STOPS, list(fim) + [None] * len(FIM_STOPS)):
-        found = given if given is not None else next((i for i, t in enumerate(tokens) if t in texts), None)
-        if found is not None and 0 <= found < len(tokens):
-            stops.append(found)
     texts = {tokens[i] for i in stops}
     call = "<|call|>" in texts or "<|calls|>" in texts
     dropped = set()

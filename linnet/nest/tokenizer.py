@@ -291,7 +291,7 @@ class Tokenizer:
     def from_gguf(cls, gguf) -> "Tokenizer":
         """From a GGUF file path or an open `GGUFCheckpoint` (to read the file once)."""
         from .checkpoint import GGUFCheckpoint
-        from .gguf_tokenizer import FIM_STOPS, build_gguf_tokenizer, end_of_generation
+        from .gguf_tokenizer import END_KEYS, build_gguf_tokenizer, end_of_generation
 
         ckpt = gguf if isinstance(gguf, GGUFCheckpoint) else GGUFCheckpoint(gguf)
         meta = ckpt.metadata
@@ -305,10 +305,9 @@ class Tokenizer:
             tid = meta(f"tokenizer.ggml.{key}_token_id")
             return tokens[tid] if tid is not None and 0 <= tid < len(tokens) else None
 
-        # llama.cpp ends generation on EOS, on EOT / EOM where the file names them, on the tokens it
-        # knows by their text, and on its fill-in-the-middle padding and separators
-        stops = end_of_generation(tokens, [meta(f"tokenizer.ggml.{k}_token_id") for k in ("eos", "eot", "eom")],
-                                  [meta(f"tokenizer.ggml.{key}_token_id") for key, _ in FIM_STOPS])
+        # llama.cpp ends generation on EOS, on EOT / EOM (and its FIM padding and separators) where the
+        # file names them, and on the tokens it knows by their text
+        stops = end_of_generation(tokens, [meta(f"tokenizer.ggml.{key}_token_id") for key in END_KEYS])
         tok = cls(
             backend,
             bos_token=text("bos"),

@@ -168,9 +168,8 @@ def test_several_end_tokens_keep_the_chats_own_as_eos(cards, tmp_path, other, eo
     assert ckpt.metadata("tokenizer.ggml.eos_token_id") == 2
     assert ckpt.metadata("tokenizer.ggml.eot_token_id") == (None if eot is None else other_id)
     ours = Tokenizer.from_gguf(ckpt)
-    # <|endoftext|> (0) is in the vocabulary: a stop by its text, as in llama.cpp, and so is <reponame> (4),
-    # llama.cpp's fill-in-the-middle repository token
-    assert ours.eos_token == "<|im_end|>" and set(ours.eos_token_ids) == {other_id, 2, 0, 4}
+    # <|endoftext|> (0) is in the vocabulary: a stop by its text, as in llama.cpp
+    assert ours.eos_token == "<|im_end|>" and set(ours.eos_token_ids) == {other_id, 2, 0}
     llama_cpp = pytest.importorskip("llama_cpp")
     llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
     assert llm.token_eos() == 2

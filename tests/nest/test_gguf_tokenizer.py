@@ -70,32 +70,30 @@ def test_ends_known_by_their_text_stop_too(tmp_path):
     assert sorted(Tokenizer.from_gguf(tmp_path / "t.gguf").eos_token_ids) == sorted([1, 2] + ends)
 
 
-# the texts llama.cpp ends on, less those its rules below make plain tokens, and the fill-in-the-middle
-# ones it ends on (<fim_prefix> is one it does not)
+# the texts llama.cpp ends on, less those its rules below make plain tokens (and <fim_prefix>, a
+# fill-in-the-middle token it does not end on)
 PLAIN_ENDS = sorted(END_OF_GENERATION - {"</s>", "<|end|>", "<|return|>", "<|call|>", "<|calls|>", "<|flush|>",
-                                         "<|tool_response>"}) + ["<|fim_pad|>", "<|repo_name|>", "<|file_sep|>",
-                                                                  "<fim_prefix>"]
+                                         "<|tool_response>"}) + ["<fim_prefix>"]
 
 
-@pytest.mark.parametrize("control, fim_sep", [
-    (PLAIN_ENDS, None),
-    (["<|end|>", "<|return|>", "<|call|>"], None),  # gpt-oss's harmony: <|end|> is no end
-    (["<|end|>", "<|calls|>", "<|flush|>"], None),  # Solar Open's: nor is it here
-    (["<|end|>", "<|return|>"], None),
-    (["<|tool_response>", "<turn|>"], None),  # Gemma 4's: its </s> (the EOS here) is a plain token
-    (["<fim-pad>", "<REPO>", "<|file_sep|>"], "<think>"),  # a FIM key names its token, whatever its text
+@pytest.mark.parametrize("control, fim", [
+    (PLAIN_ENDS, {}),
+    (["<|end|>", "<|return|>", "<|call|>"], {}),  # gpt-oss's harmony: <|end|> is no end
+    (["<|end|>", "<|calls|>", "<|flush|>"], {}),  # Solar Open's: nor is it here
+    (["<|end|>", "<|return|>"], {}),
+    (["<|tool_response>", "<turn|>"], {}),  # Gemma 4's: its </s> (the EOS here) is a plain token
+    (["<pad>", "<rep>"], {"fim_pad": "<pad>", "fim_rep": "<rep>", "fim_sep": "<think>"}),
 ])
-def test_generation_ends_where_llama_cpp_ends_it(control, fim_sep, tmp_path, monkeypatch):
-    """llama.cpp ends generation on the file's EOS, EOT and EOM, on tokens it knows by their text,
-    and on its fill-in-the-middle padding, repository and file separator tokens (named by their keys,
-    or found by their text). Linnet knew fewer texts (</s>, [EOT], <eos>, ...) and no FIM token:
-    SmolLM2's <reponame> is one llama.cpp stops on."""
+def test_generation_ends_where_llama_cpp_ends_it(control, fim, tmp_path, monkeypatch):
+    """llama.cpp ends generation on the file's EOS, EOT and EOM, on the tokens it knows by their text,
+    and on the fill-in-the-middle padding, repository and file separator tokens the file names.
+    Linnet knew fewer texts (</s>, [EOT], <eos>, ...) and no FIM key."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    if fim_sep is not None:
-        add = gguf.GGUFWriter.add_eos_token_id
-        monkeypatch.setattr(gguf.GGUFWriter, "add_eos_token_id", lambda w, i: (
-            add(w, i), w.add_uint32("tokenizer.ggml.fim_sep_token_id", 3)))  # <think>
     tokens = write_tokenizer_gguf(tmp_path / "t.gguf", control=control)
+    add = gguf.GGUFWriter.add_eos_token_id
+    monkeypatch.setattr(gguf.GGUFWriter, "add_eos_token_id", lambda w, i: (add(w, i), *(
+        w.add_uint32(f"tokenizer.ggml.{key}_token_id", tokens.index(text)) for key, text in fim.items())))
+    write_tokenizer_gguf(tmp_path / "t.gguf", control=control)
     llm = llama_cpp.Llama(model_path=str(tmp_path / "t.gguf"), vocab_only=True, verbose=False)
     vocab = llama_cpp.llama_model_get_vocab(llm.model)
     ends = [i for i in range(len(tokens)) if llama_cpp.llama_vocab_is_eog(vocab, i)]
