@@ -108,7 +108,8 @@ def test_a_few_hundred_texts_encode_and_decode_as_llama_cpp_does(gguf_path, gguf
         assert gguf_tokenizer.decode(ids).encode() == llm.detokenize(ids, special=True), text
 
 
-def test_generation_ends_where_llama_cpp_ends_it(gguf_path, gguf_tokenizer):
+def test_smollm2_ends_generation_where_llama_cpp_does(gguf_path, gguf_tokenizer):
+    """The stops read from the GGUF are llama.cpp's own (llama_vocab_is_eog), with one difference."""
     llama_cpp = pytest.importorskip("llama_cpp")
     llm = llama_cpp.Llama(model_path=str(gguf_path), vocab_only=True, verbose=False)
     vocab = llama_cpp.llama_model_get_vocab(llm.model)
