@@ -264,21 +264,30 @@ def _choices_per_prompt(body: dict) -> int:
 def _reply_options(body: dict) -> dict:
     """What a body asks of the reply's form, as Job fields: a last chunk with the usage, vLLM's
     continuous_usage_stats (with it, the usage in every chunk), return_tokens_as_token_ids."""
-    include = _include_usage(body)
-    return {"include_usage": include,
-            "continuous_usage": include and _boolean(body["stream_options"], "continuous_usage_stats", False),
+    include, continuous = _stream_options(body)
+    return {"include_usage": include, "continuous_usage": include and continuous,
             "token_ids": _boolean(body, "return_tokens_as_token_ids", False)}
 
 
-def _include_usage(body: dict) -> bool:
+def _stream_options(body: dict) -> tuple[bool, bool]:
+    """stream_options' include_usage and continuous_usage_stats, each checked whatever the other
+    says, and a bad one named by its path ('stream_options.include_usage'), as OpenAI names a field
+    inside another."""
     options = body.get("stream_options")
     if options is None:
-        return False
+        return False, False
     if not isinstance(options, dict):
         raise ApiError(400, "'stream_options' must be an object", "stream_options")
     if not body.get("stream"):
         raise ApiError(400, "'stream_options' is only allowed with 'stream': true", "stream_options")
-    return _boolean(options, "include_usage", False)
+    flags = []
+    for name in ("include_usage", "continuous_usage_stats"):
+        value = options.get(name)
+        if value is not None and not isinstance(value, bool):
+            raise ApiError(400, f"'stream_options.{name}' must be true or false, not {shown(value)}",
+                           f"stream_options.{name}")
+        flags.append(bool(value))
+    return flags[0], flags[1]
 
 
 def _logit_bias(body: dict) -> dict | None:

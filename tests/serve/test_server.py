@@ -222,6 +222,11 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
     # a field of the wrong type, as OpenAI's 400s name it
     ("/v1/completions", {"prompt": [1], "stream": True, "stream_options": True}, "stream_options",
      "'stream_options' must be an object"),
+    # a field inside another by its path, as OpenAI's 400 names it; each checked whatever the other says
+    ("/v1/chat/completions", {"messages": USER, "stream": True, "stream_options": {"include_usage": "yes"}},
+     "stream_options.include_usage", "'stream_options.include_usage' must be true or false, not \"yes\""),
+    ("/v1/completions", {"prompt": [1], "stream": True, "stream_options": {"continuous_usage_stats": 1}},
+     "stream_options.continuous_usage_stats", "'stream_options.continuous_usage_stats' must be true or false"),
     ("/v1/completions", {"prompt": [1], "logit_bias": [5]}, "logit_bias", "'logit_bias' must be an object"),
     ("/v1/completions", {"prompt": ["t1", ""]}, "prompt", "'prompt' must not be empty"),
     ("/v1/chat/completions", {"messages": [5]}, "messages[0]", "messages[0] must be an object with a 'role'"),
