@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+import weakref
 from dataclasses import dataclass
 
 from linnet.nest.bounded_template import TemplateLimitError
@@ -415,17 +416,82 @@ def logprob_count(body: dict, name: str) -> int | None:
     return number_field(body, name, 0, 0, MAX_LOGPROBS, integer=True)
 
 
-def encode_text(tokenizer, text: str, param: str, add_special_tokens: bool = True, what: str = "") -> list:
+def encode_text(tokenizer, text: str, param: str, add_special_tokens: bool = True, what: str = "",
+                most: int | None = None) -> list:
     """The ids of a body's text; text the tokenizer cannot take (a lone surrogate, which JSON's \\u
-    escapes can write) is the client's error, at `param`. `what`: the text, where it is not the field's."""
+    escapes can write) is the client's error, at `param`. `what`: the text, where it is not the field's.
+    `most`: the most tokens it may be (a prompt's, the context): a text too long for them to hold
+    whatever its tokens, by `longest_token`, is refused before it is encoded. A 4 MB prompt is
+    seconds of a thread's work to count; eight at once held every other request for a minute."""
+    longest = longest_token(tokenizer) if most is not None else None
+    if longest and len(text) > most * longest:  # (each token stands for at most `longest` characters)
+        raise ApiError(400, f"the prompt is at least {tokens(-(-len(text) // longest))}; this server's context "
+                            f"is {most}", param, "context_length_exceeded")
     try:
         return tokenizer.encode(text, add_special_tokens)
     except TokenizerError as err:
         raise ApiError(400, f"{what or repr(param)}: {err}", param) from None
 
 
-def _prompts(body: dict, tokenizer) -> tuple[list, list]:
-    """The body's prompts as token ids, and as given (text, or None where ids were sent)."""
+_LONGEST: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+# the tokenizers' normalizers and pre-tokenizers that never drop nor shorten text (a Replace, if its
+# content is no shorter than its string, is checked on its own)
+_KEEPING_NORMALIZERS = {"Prepend", "Replace"}
+_KEEPING_PRE_TOKENIZERS = {"ByteLevel", "Metaspace", "Digits", "Split", "Punctuation", "UnicodeScripts"}
+
+
+def longest_token(tokenizer) -> int | None:
+    """The most characters of a text one token of `tokenizer` can stand for (its vocabulary's
+    longest piece, in UTF-8 bytes, which a piece's text never has fewer of), so that a text of C
+    characters is at least C / it tokens; None where no such bound holds: where a run of text of
+    any length may become one token (unknown characters fused into one <unk>, an added token that
+    takes the spaces beside it) or none (a normalizer or pre-tokenizer that drops or shortens
+    text), or where the tokenizer is not a `tokenizers` one. Found once a tokenizer."""
+    if tokenizer in _LONGEST:
+        return _LONGEST[tokenizer]
+    backend = getattr(tokenizer, "backend", None)
+    longest = None
+    try:
+        model = backend.model
+        steps = [None if step is None else json.loads(step.__getstate__())
+                 for step in (backend.normalizer, backend.pre_tokenizer)]
+        # every character some token's: as bytes (byte-level, byte fallback), or each unknown one its own <unk>
+        byte_level = '"ByteLevel"' in json.dumps(steps[1])
+        unknown_bounded = getattr(model, "byte_fallback", False) or type(model).__name__ == "BPE" and (
+            byte_level or model.unk_token is not None and not model.fuse_unk)
+        kept = _keeps_text(steps[0], "normalizers", _KEEPING_NORMALIZERS) and \
+            _keeps_text(steps[1], "pretokenizers", _KEEPING_PRE_TOKENIZERS)
+        stripping = any(t.lstrip or t.rstrip for t in backend.get_added_tokens_decoder().values())
+        if unknown_bounded and kept and not stripping:
+            longest = max(len(piece.encode("utf-8", "surrogatepass"))
+                          for piece in backend.get_vocab(with_added_tokens=True))
+    except Exception:  # (not a `tokenizers` backend: a test's own, say) no bound, every text encoded
+        longest = None
+    try:
+        _LONGEST[tokenizer] = longest
+    except TypeError:  # (an object no weak reference can name: found again each time)
+        pass
+    return longest
+
+
+def _keeps_text(step, many: str, keeping: set) -> bool:
+    """Whether a normalizer or pre-tokenizer (`step`, its JSON; `many`: a Sequence's list of them)
+    keeps every character of a text, none dropped and none made fewer."""
+    if step is None:
+        return True
+    if step.get("type") == "Sequence":
+        return all(_keeps_text(s, many, keeping) for s in step.get(many) or [])
+    if step.get("type") not in keeping or step.get("behavior") == "Removed":
+        return False
+    if step["type"] == "Replace":
+        pattern = step.get("pattern") or {}
+        return isinstance(pattern.get("String"), str) and len(step.get("content", "")) >= len(pattern["String"])
+    return True
+
+
+def _prompts(body: dict, tokenizer, most: int | None = None) -> tuple[list, list]:
+    """The body's prompts as token ids, and as given (text, or None where ids were sent); `most`:
+    as `encode_text`'s."""
     prompt = body.get("prompt")
     is_ids = lambda p: isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p)
     if isinstance(prompt, str) or is_ids(prompt):
@@ -440,7 +506,7 @@ def _prompts(body: dict, tokenizer) -> tuple[list, list]:
                 raise ApiError(400, "this model has no tokenizer: send the prompt as token ids", "prompt")
             if not p:
                 raise ApiError(400, "'prompt' must not be empty", "prompt")
-            ids.append(encode_text(tokenizer, p, "prompt"))
+            ids.append(encode_text(tokenizer, p, "prompt", most=most))
             texts.append(p)
         else:
             ids.append(p)
@@ -462,7 +528,8 @@ def _truncated(body: dict, ids: list, max_seq: int) -> list:
 def completion_job(body: dict, tokenizer, max_seq: int) -> Job:
     _refuse_unsupported(body, chat=False)
     n = _choices_per_prompt(body)
-    prompts, texts = _prompts(body, tokenizer)
+    # a text too long for a row is refused unencoded, unless its tail is what is asked for
+    prompts, texts = _prompts(body, tokenizer, max_seq if body.get("truncate_prompt_tokens") is None else None)
     if body.get("truncate_prompt_tokens") is not None:  # what is echoed is what the model saw
         prompts = [_truncated(body, ids, max_seq) for ids in prompts]
         texts = [None] * len(prompts)
@@ -563,10 +630,10 @@ def _earlier_calls(where: str, calls) -> list:
     return read
 
 
-def chat_prompt(body: dict, tokenizer, own_templates=None) -> list:
+def chat_prompt(body: dict, tokenizer, own_templates=None, most: int | None = None) -> list:
     """The token ids of the chat template applied to the body's messages (and tools, if shown).
     `own_templates`: where a request's own `chat_template` renders (a `TemplateSandbox`, bounded in
-    time and memory), given where the server trusts requests to send one."""
+    time and memory), given where the server trusts requests to send one; `most`: as `encode_text`'s."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "'messages' must be a non-empty list", "messages")
@@ -629,7 +696,7 @@ def chat_prompt(body: dict, tokenizer, own_templates=None) -> list:
         final = clean[-1]["content"]
         text = _cut_after_final(text, final if isinstance(final, str) else (final[-1]["text"] if final else ""))
     return encode_text(tokenizer, text, "messages", add_special_tokens=False,
-                       what="the chat template's text of 'messages'")
+                       what="the chat template's text of 'messages'", most=most)
 
 
 def _cut_after_final(text: str, final: str) -> str:
@@ -651,7 +718,8 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=No
     `chat_prompt`'s."""
     _refuse_unsupported(body, chat=True)
     n = _choices_per_prompt(body)
-    ids = _truncated(body, chat_prompt(body, tokenizer, own_templates), max_seq)
+    most = max_seq if body.get("truncate_prompt_tokens") is None else None  # (as completions')
+    ids = _truncated(body, chat_prompt(body, tokenizer, own_templates, most), max_seq)
     wants_logprobs = _boolean(body, "logprobs", False)  # chat's is a flag; completions' a count
     if body.get("top_logprobs") is not None and not wants_logprobs:
         raise ApiError(400, "when using 'top_logprobs', 'logprobs' must be set to true", "top_logprobs")

@@ -1249,6 +1249,36 @@ def smollm2_tokenizer():
     return Tokenizer.from_gguf(embedded_gguf_path())
 
 
+def test_a_prompt_no_tokenization_fits_is_refused_before_it_is_encoded(smollm2_tokenizer):
+    """A text of more characters than the context's tokens could stand for (each at most the
+    vocabulary's longest piece) is refused as too long unencoded: eight 4 MB prompts, each seconds
+    of a thread's encoding, held every other request for a minute. The bound is the tokenizers
+    library's: it encodes no text, even one of the longest pieces, into fewer tokens. A prompt whose
+    tail is asked for (truncate_prompt_tokens) is still encoded whole."""
+    from linnet.serve.openai_api import ApiError, chat_job, completion_job, longest_token
+
+    tok = smollm2_tokenizer
+    longest = longest_token(tok)
+    pieces = sorted(tok.backend.get_vocab(with_added_tokens=True), key=len)[-40:]
+    for text in (" " * 3000, "<|im_start|>" * 100, "\U0001f642" * 300, "1" * 500,
+                 tok.decode([tok.backend.token_to_id(p) for p in pieces])):
+        assert len(tok.encode(text, add_special_tokens=False)) >= -(-len(text) // longest), text[:40]
+    max_seq = 8
+    # one past the bound, with a lone surrogate at its end, which encoding it would name: too long, unencoded
+    text = "a" * (max_seq * longest) + "\ud800"
+    for make, param in ((lambda: completion_job({"prompt": text}, tok, max_seq), "prompt"),
+                        (lambda: chat_job({"messages": [{"role": "user", "content": text}]}, tok, max_seq), "messages")):
+        with pytest.raises(ApiError) as refused:
+            make()
+        err = refused.value.body["error"]
+        assert (err["param"], err["code"]) == (param, "context_length_exceeded") and "at least" in err["message"], err
+    with pytest.raises(ApiError, match="lone surrogate"):  # at the bound: encoded
+        completion_job({"prompt": text[1:]}, tok, max_seq)
+    whole = "hello world " * (max_seq * longest)
+    job = completion_job({"prompt": whole, "truncate_prompt_tokens": 3, "max_tokens": 1}, tok, max_seq)
+    assert job.requests[0].prompt == tok.backend.encode(whole).ids[-3:]
+
+
 WEATHER = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
 UNICODE = "é 中文 🙂 עברית e\u0301 \u2028 end"
