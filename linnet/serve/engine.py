@@ -1042,14 +1042,16 @@ class Engine:
         self.row_tokens = [[] for _ in range(self.rows)]
         self._tell_listeners()
 
-    def stream(self, req: Request) -> "TokenStream":
+    def stream(self, req: Request, loop: asyncio.AbstractEventLoop | None = None) -> "TokenStream":
         """Submits `req` (from a coroutine); iterate the result for (new token ids, finish_reason or None).
         Starts the background loop if it is not running, as vLLM's AsyncLLMEngine starts its own on
         the first request: nothing else steps the engine for an asyncio caller, whose stream waited
-        for ever without it. A request refused at submission starts nothing."""
+        for ever without it. A request refused at submission starts nothing. `loop`: the event loop
+        its tokens are told on and it is read on, where it is submitted from another thread (a
+        structure's matcher is compiled at submission: seconds, for a large one, of a loop's time)."""
         if not self.running:  # (before the request is queued where no loop would take it)
             self._not_looping("stream")
-        stream = TokenStream(self, req)
+        stream = TokenStream(self, req, loop)
         self.start()
         return stream
 
@@ -1075,9 +1077,9 @@ class TokenStream:
     """One request's tokens as they come; `completion` holds the whole result. Leaving early, or
     dropping it unread, cancels it."""
 
-    def __init__(self, engine: Engine, req: Request):
+    def __init__(self, engine: Engine, req: Request, loop: asyncio.AbstractEventLoop | None = None):
         try:
-            loop = asyncio.get_running_loop()
+            loop = loop or asyncio.get_running_loop()
         except RuntimeError:  # (asyncio's own message, "no running event loop", names neither)
             raise RuntimeError("Engine.stream() is called from a coroutine: its tokens come through the running "
                                "event loop; without one, submit() the request and step() the engine "

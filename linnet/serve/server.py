@@ -285,14 +285,10 @@ class OpenAIServer:
             if responses is not None:  # the messages it speaks of are the Responses body's input
                 err.names_param("messages", "input")
             raise
-        streams = []
         try:
-            for req in job.requests:
-                streams.append(self.engine.stream(req))
+            streams = await asyncio.to_thread(self._submit, job.requests, asyncio.get_running_loop())
         except RequestError as err:  # checked above; whatever still slips through (a structure) is the client's
-            for s in streams:
-                self.engine.cancel(s.completion.id)
-            raise refused(err, req, body_fields(chat, length, body)) from None
+            raise refused(err, err.request, body_fields(chat, length, body)) from None
         # A client that goes away takes its requests with it: their rows go to others.
         watcher = asyncio.create_task(self._cancel_on_disconnect(receive, [s.completion for s in streams]))
         fields = body_fields(chat, length, body)
@@ -306,6 +302,23 @@ class OpenAIServer:
             for s in streams:
                 if s.completion.finish_reason is None:
                     self.engine.cancel(s.completion.id)
+
+    def _submit(self, requests: list, loop) -> list:
+        """Each request's stream, its tokens told on `loop`: called on a thread, as a structure's
+        matcher is compiled when its request is submitted (llguidance lets go of the GIL), and a large
+        one (60,000 choices: 8 s) held the event loop, every stream and /health with it. Where one
+        is refused, those before it are cancelled, and its RequestError names it (`err.request`)."""
+        streams = []
+        for req in requests:
+            try:
+                streams.append(self.engine.stream(req, loop))
+            except BaseException as err:
+                for s in streams:
+                    self.engine.cancel(s.completion.id)
+                if isinstance(err, RequestError):
+                    err.request = req
+                raise
+        return streams
 
     async def _prepared(self, body: dict, prepare, *args):
         """`prepare(*args)` on a thread: the request templates' own where `body` brings one."""
