@@ -66,6 +66,10 @@ class OpenAIServer:
         # are made on (asyncio's, 6 on 2 cores), so a flood of slow templates delays only its like.
         self._template_threads = None if self.own_templates is None else ThreadPoolExecutor(
             self.own_templates.workers, thread_name_prefix="request-template")
+        # Requests with a structure are submitted on threads of their own, as its matcher is compiled
+        # then (seconds, for a large one): a flood of them delays only their like, not the prompts
+        # everyone's requests are made on, and never the event loop.
+        self._structure_threads = ThreadPoolExecutor(2, thread_name_prefix="request-structure")
         self.structure_in_reasoning = structure_in_reasoning
         self.responses = ResponseStore(stored_responses)
         from linnet.serve.reasoning import reasoning_parser as find_reasoning
@@ -151,6 +155,7 @@ class OpenAIServer:
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
                 self.engine.stop()
+                self._structure_threads.shutdown(wait=False, cancel_futures=True)
                 if self.own_templates is not None:
                     self._template_threads.shutdown(wait=False, cancel_futures=True)
                     self.own_templates.close()
@@ -286,7 +291,11 @@ class OpenAIServer:
                 err.names_param("messages", "input")
             raise
         try:
-            streams = await asyncio.to_thread(self._submit, job.requests, asyncio.get_running_loop())
+            if any(req.structure is not None for req in job.requests):
+                loop = asyncio.get_running_loop()
+                streams = await loop.run_in_executor(self._structure_threads, self._submit, job.requests, loop)
+            else:  # (at once: nothing of a plain request's submission takes long)
+                streams = self._submit(job.requests, None)
         except RequestError as err:  # checked above; whatever still slips through (a structure) is the client's
             raise refused(err, err.request, body_fields(chat, length, body)) from None
         # A client that goes away takes its requests with it: their rows go to others.
@@ -304,10 +313,11 @@ class OpenAIServer:
                     self.engine.cancel(s.completion.id)
 
     def _submit(self, requests: list, loop) -> list:
-        """Each request's stream, its tokens told on `loop`: called on a thread, as a structure's
-        matcher is compiled when its request is submitted (llguidance lets go of the GIL), and a large
-        one (60,000 choices: 8 s) held the event loop, every stream and /health with it. Where one
-        is refused, those before it are cancelled, and its RequestError names it (`err.request`)."""
+        """Each request's stream, its tokens told on `loop` (None: the running one). Called on a
+        thread where they have a structure, whose matcher is compiled at submission (llguidance
+        lets go of the GIL): a large one (60,000 choices: 8 s) held the event loop, every stream
+        and /health with it. Where one is refused, those before it are cancelled, and its
+        RequestError names it (`err.request`)."""
         streams = []
         for req in requests:
             try:
