@@ -48,6 +48,12 @@ class Structure:
         if self.kind == "choice":
             if not isinstance(self.spec, list) or not self.spec or not all(isinstance(s, str) and s for s in self.spec):
                 raise ValueError("a choice must be a non-empty list of non-empty strings")
+            # its strings are a row of alternatives, n strings n + 1 items, which llguidance's parser
+            # refuses past its limit at the first draw, after compiling it (300,000: 229 s, on the host)
+            most = llguidance.LLParserLimits().max_items_in_row - 1
+            if len(self.spec) > most:
+                raise ValueError(f"a choice may hold at most {most} strings (llguidance's parser's limit on "
+                                 f"alternatives), not {len(self.spec)}")
             return llguidance.grammar_from("choice", self.spec)
         if self.kind == "json":
             schema = json.loads(self.spec) if isinstance(self.spec, str) else self.spec

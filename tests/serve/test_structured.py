@@ -240,6 +240,7 @@ def test_a_structure_with_the_same_seed_draws_the_same_whatever_shares_the_batch
     (Structure("regex", "(unclosed"), "cannot be used"),
     (Structure("json", ["not", "a", "schema"]), "JSON schema"),
     (Structure("choice", []), "choice"),
+    (Structure("choice", [f"c{i}" for i in range(2000)]), "at most 1999 strings"),
     (Structure("grammar", "start: undefined_rule"), "cannot be used"),
     (Structure("yaml", "a: b"), "kind"),
 ])
@@ -251,6 +252,18 @@ def test_a_bad_structure_is_refused_at_submission(engine, structure, needle):
     done, _ = engine.run([Request(prompt=[1, 2], max_new_tokens=4, structure=structure),
                           Request(prompt=[1, 2], max_new_tokens=4)])
     assert done[0].finish_reason == "error" and done[1].finish_reason == "length"
+
+
+def test_a_choice_of_as_many_strings_as_llguidances_parser_takes_is_drawn_from(engine):
+    """A choice of n strings is a row of n + 1 alternatives to llguidance's parser, which takes at
+    most max_items_in_row (2000) of them: 1,999 strings are drawn from; one more is refused at
+    submission (above), where it was compiled only to fail at its first draw."""
+    import llguidance
+
+    most = llguidance.LLParserLimits().max_items_in_row - 1
+    strings = [f"c{i}" for i in range(most)]
+    done, _ = engine.run([Request(prompt=[1, 2], max_new_tokens=8, structure=Structure("choice", strings))])
+    assert done[0].finish_reason == "stop" and done[0].text in strings, (done[0].finish_reason, done[0].error)
 
 
 def test_without_a_tokenizer_a_structure_is_refused(model):
