@@ -579,9 +579,12 @@ def _message(i: int, m, roles: frozenset | None = None, parts: bool = False) -> 
         content = ""
     if isinstance(content, list):  # content parts: text only, a line each (as vLLM and llama.cpp's server join them)
         texts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+        for j, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text":
                 raise ApiError(400, f"messages[{i}].content: only text parts are supported", f"messages[{i}].content")
+            if not isinstance(part.get("text"), str):  # a text part, its text missing or of another type
+                raise ApiError(400, f"messages[{i}].content[{j}].text must be a string, not {shown(part.get('text'))}",
+                               f"messages[{i}].content[{j}].text")
             texts.append(part["text"])
         content = [{"type": "text", "text": t} for t in texts] if parts and m["role"] != "tool" else "\n".join(texts)
     if not isinstance(content, (str, list)):

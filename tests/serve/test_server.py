@@ -234,6 +234,10 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
      "must be a string or a list of text parts"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {
         "url": "https://x.org/a.png"}}]}]}, "messages[0].content", "only text parts are supported"),
+    # a text part whose text is not one: named to its field (it was told only text parts are supported)
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "text", "text": "t1"},
+                                                                        {"type": "text", "text": 5}]}]},
+     "messages[0].content[1].text", "messages[0].content[1].text must be a string, not 5"),
     ("/v1/chat/completions", {"messages": [*USER, {"role": "assistant", "tool_calls": {"id": "c1"}}]},
      "messages[1].tool_calls", "'messages[1].tool_calls' must be a list"),
     ("/v1/responses", {"input": ""}, "input", "'input' must not be empty"),
