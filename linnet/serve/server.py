@@ -362,7 +362,7 @@ class OpenAIServer:
         if responses is not None:
             message, finish = chat_message(job, comps[0], self.tokenizer)
             made = response(responses.body, job, comps, self.model_name, message, finish, self.tokenizer)
-            self._keep(responses, made)
+            self._keep(responses, made, comps)
             await _json(send, 200, made)
             return
         respond = chat_response if chat else completion_response
@@ -443,7 +443,7 @@ class OpenAIServer:
             if job.include_usage:
                 await event(writer.usage(job, comps))
             if responses is not None and not any(c.finish_reason == "error" for c in comps):
-                self._keep(responses, writer.final)
+                self._keep(responses, writer.final, comps)
         except Exception as err:  # a bug of ours once the response has started: the error goes in the stream,
             # as a failed choice's (a Responses stream then ends with "response.failed"), the rows freed
             await event(writer.failure(_internal(err)))
@@ -456,9 +456,11 @@ class OpenAIServer:
         await send({"type": "http.response.body", "body": b"" if responses is not None else b"data: [DONE]\n\n",
                     "more_body": False})
 
-    def _keep(self, call: ResponsesCall, made: dict) -> None:
-        """Keeps a finished Response for later ones to continue, unless its body says store: false."""
-        if call.stored:
+    def _keep(self, call: ResponsesCall, made: dict, comps: list) -> None:
+        """Keeps a finished Response for later ones to continue, unless its body says store: false,
+        or its client went away before its end (`comps`, its choices, cancelled): its text cut there
+        was kept as a "completed" turn, for a later Response to continue as if the model had ended it."""
+        if call.stored and not any(c.finish_reason == "cancelled" for c in comps):
             self.responses.put(made, conversation_after(call, made["output"]), input_items(call.body))
 
 

@@ -855,6 +855,60 @@ def test_a_client_that_goes_away_frees_its_row():
     assert engine.stats.finished == {"cancelled": 2}
 
 
+def test_a_response_whose_client_went_away_is_not_kept():
+    """A Response whose client leaves mid-reply (held in its first pass until it has left) is not
+    kept, streamed or not: its request cancelled, its text cut there, it was kept as "completed",
+    a turn a later Response would continue as if the model had ended it. One that ends is kept."""
+    import threading
+
+    from linnet.serve.openai_api import ApiError
+
+    from .conftest import TEMPLATE
+    from .test_engine import word_tokenizer
+
+    model = make_model("torch", rows=2, max_seq=64)
+    model.tokenizer = word_tokenizer(model.vocab)
+    model.tokenizer.chat_template = TEMPLATE
+    engine = Engine(model)
+    app = OpenAIServer(engine, "tiny")
+    prefill, left = engine.runner.prefill, threading.Event()
+
+    def held(*args):
+        left.wait(30)
+        return prefill(*args)
+    engine.runner.prefill = held
+
+    async def scenario(stream: bool):
+        left.clear()
+        gone = asyncio.Event()
+        task = asyncio.ensure_future(asgi(app, "POST", "/v1/responses",
+                                          {"input": "t5 t6", "max_output_tokens": 40, "stream": stream},
+                                          disconnect=gone)())
+        while not engine.in_flight:
+            await asyncio.sleep(0.01)
+        gone.set()
+        while not engine.cancelled:  # (the app's watcher cancels within a few loop turns)
+            await asyncio.sleep(0.01)
+        left.set()
+        return await asyncio.wait_for(task, 30)
+
+    try:
+        for stream in (False, True):
+            status, body = asyncio.run(scenario(stream))
+            sent = json.loads(body.split(b"data: ")[1].split(b"\n")[0])["response"] if stream else json.loads(body)
+            with pytest.raises(ApiError) as unknown:
+                app.responses.response(sent["id"])
+            assert unknown.value.status == 404
+        assert engine.stats.finished == {"cancelled": 2}
+        engine.runner.prefill = prefill
+        status, body = asyncio.run(asgi(app, "POST", "/v1/responses", {"input": "t5 t6", "max_output_tokens": 2})())
+        ended = json.loads(body)
+        assert status == 200 and app.responses.response(ended["id"])["status"] == ended["status"] == "incomplete"
+    finally:
+        left.set()
+        engine.stop()
+
+
 def test_an_api_key_guards_the_v1_routes():
     app = OpenAIServer(Engine(make_model("torch", rows=2, max_seq=64)), "tiny", api_key="sesame")
     status, body = asyncio.run(asgi(app, "GET", "/v1/models")())
