@@ -31,8 +31,9 @@ class ResponseStore:
 
     def response(self, response_id: str) -> dict:
         if response_id not in self.kept:
-            raise ApiError(404, f"no response with id {response_id!r}: it was never stored (store: false), was "
-                                f"deleted, or was dropped, the oldest first, past the {self.limit} this server keeps",
+            raise ApiError(404, f"no response with id {response_id!r}: it was never stored (store: false, or its "
+                                f"client went away before it ended), was deleted, or was dropped, the oldest first, "
+                                f"past the {self.limit} this server keeps",
                            code="not_found")
         return self.kept[response_id][0]
 

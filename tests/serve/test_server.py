@@ -896,7 +896,7 @@ def test_a_response_whose_client_went_away_is_not_kept():
         for stream in (False, True):
             status, body = asyncio.run(scenario(stream))
             sent = json.loads(body.split(b"data: ")[1].split(b"\n")[0])["response"] if stream else json.loads(body)
-            with pytest.raises(ApiError) as unknown:
+            with pytest.raises(ApiError, match="its client went away") as unknown:
                 app.responses.response(sent["id"])
             assert unknown.value.status == 404
         assert engine.stats.finished == {"cancelled": 2}
