@@ -141,6 +141,20 @@ def test_greedy_structured_tokens_are_those_llguidance_masks_give_step_by_step(e
     assert done[4].tokens == reference_greedy(model, p[0], 8)
 
 
+def test_requests_of_one_structure_share_its_compiling_and_draw_each_as_alone(engine, model):
+    """Requests that ask the same structure (a body's n choices, an app's one schema), in one batch and
+    again in a later run, take copies of the grammar compiled once, each following its own tokens:
+    every one draws what llguidance's masks give it alone, step by step."""
+    p = prompts(3, 3, 12, seed=59)
+    schema = Structure("json", SCHEMA)
+    for _ in range(2):
+        done, _ = engine.run([Request(prompt=q, max_new_tokens=40, structure=schema) for q in p])
+        for q, c in zip(p, done):
+            assert c.tokens == structured_greedy(model, q, schema, 40)
+            assert c.finish_reason == "stop" and set(json.loads(c.text)) == {"name", "n", "ok"}
+    assert len(engine.guide()._compiled) == 1
+
+
 @pytest.mark.parametrize("during", [False, True], ids=["masks-first", "masks-during-the-step"])
 def test_seeded_structured_tokens_are_the_race_over_llguidances_masked_logits(engine, model, during):
     """Seeded draws under a JSON schema and a regex, beside a greedy one, against the plain loop with
