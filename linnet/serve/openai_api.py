@@ -133,6 +133,9 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
             raise ApiError(400, "'suffix' is not supported", "suffix")
     if body.get("prompt_logprobs") is not None and body.get("stream"):
         raise ApiError(400, "'prompt_logprobs' is not supported with 'stream': true", "prompt_logprobs")
+    user = body.get("user")  # (only its type: the end user's id is the client's to log)
+    if user is not None and not isinstance(user, str):
+        raise ApiError(400, f"'user' must be a string, not {shown(user)}", "user")
     # vLLM's fields this server does not honour
     for name, unset in (("use_beam_search", False), ("priority", 0), ("prompt_embeds", None)):
         if body.get(name) not in (unset, None, [], ""):

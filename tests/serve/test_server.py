@@ -228,6 +228,7 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
     ("/v1/completions", {"prompt": [1], "stream": True, "stream_options": {"continuous_usage_stats": 1}},
      "stream_options.continuous_usage_stats", "'stream_options.continuous_usage_stats' must be true or false"),
     ("/v1/completions", {"prompt": [1], "logit_bias": [5]}, "logit_bias", "'logit_bias' must be an object"),
+    ("/v1/chat/completions", {"messages": USER, "user": 5}, "user", "'user' must be a string, not 5"),
     ("/v1/completions", {"prompt": ["t1", ""]}, "prompt", "'prompt' must not be empty"),
     ("/v1/chat/completions", {"messages": [5]}, "messages[0]", "messages[0] must be an object with a 'role'"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content",
