@@ -209,7 +209,7 @@ def _rope_values(config: dict, name: str, family: str, kinds: tuple) -> dict:
         return {"rope_scaling": "llama3", "rope_factor": factor,
                 "rope_low_freq_factor": float(scaling.get("low_freq_factor", 1.0)),
                 "rope_high_freq_factor": float(scaling.get("high_freq_factor", 4.0)),
-                "rope_original_max": int(scaling.get("original_max_position_embeddings", 8192))}
+                "rope_original_max": _original_context(config, scaling)}
     own = scaling.get("attention_factor")  # yarn
     if own is None and scaling.get("mscale") and scaling.get("mscale_all_dim"):
         mscale = lambda m: 0.1 * m * math.log(factor) + 1.0
@@ -218,9 +218,18 @@ def _rope_values(config: dict, name: str, family: str, kinds: tuple) -> dict:
         raise WeightsError(f"{name}: YaRN with attention_factor {own} is not supported; Linnet scales by "
                            f"YaRN's own 0.1 ln(factor) + 1")
     return {"rope_scaling": "yarn", "rope_factor": factor,
-            "rope_original_max": int(scaling.get("original_max_position_embeddings", 32768)),
+            "rope_original_max": _original_context(config, scaling),
             "rope_beta_fast": float(scaling.get("beta_fast") or 32.0),
             "rope_beta_slow": float(scaling.get("beta_slow") or 1.0)}
+
+
+def _original_context(config: dict, scaling: dict) -> int:
+    """The context a llama3 or YaRN rope scales from, as transformers 5's models read it
+    (`standardize_rope_params`, run again as each model makes its rope): a top-level
+    original_max_position_embeddings (where Phi-3 keeps it) over the scaling's own, and where
+    neither is, max_position_embeddings (so does llama.cpp, its n_ctx_orig_yarn n_ctx_train)."""
+    original = config.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
+    return int(original or config["max_position_embeddings"])
 
 
 def _llama_values(config: dict, name: str) -> dict:
@@ -311,7 +320,7 @@ def _gpt_oss_values(config: dict, name: str) -> dict:
         "norm_eps": float(config.get("rms_norm_eps", 1e-5)),
         "rope_theta": _rope_theta(config, 150000.0),
         "rope_factor": float(scaling["factor"]),
-        "rope_original_max": int(scaling.get("original_max_position_embeddings", 4096)),
+        "rope_original_max": _original_context(config, scaling),
         "rope_beta_fast": float(scaling.get("beta_fast") or 32.0),
         "rope_beta_slow": float(scaling.get("beta_slow") or 1.0),
         "rope_truncate": bool(scaling.get("truncate", True)),
@@ -556,7 +565,7 @@ def _mla_values(config: dict, name: str) -> dict:
             raise WeightsError(f"{name}: YaRN with attention_factor {own} is not supported; the DeepSeek "
                                f"architectures derive it from mscale and mscale_all_dim ({derived})")
         rope = {"rope_scaling": "yarn", "rope_factor": factor,
-                "rope_original_max": int(scaling.get("original_max_position_embeddings", 4096)),
+                "rope_original_max": _original_context(config, scaling),
                 "rope_beta_fast": float(scaling.get("beta_fast") or 32.0),
                 "rope_beta_slow": float(scaling.get("beta_slow") or 1.0),
                 "rope_mscale": mscale, "rope_mscale_all_dim": all_dim}

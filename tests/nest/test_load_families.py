@@ -397,6 +397,36 @@ def test_yarn_as_qwen_long_context_configs_set_it(family, tmp_path, prefill_erro
     assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
 
 
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 16}
+YARN_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 8}
+
+
+@pytest.mark.parametrize("family, rope, top_level", [
+    ("mistral", LLAMA3_ROPE, None), ("qwen2", YARN_ROPE, None), ("deepseek_v2", None, None),
+    ("qwen2", {**YARN_ROPE, "original_max_position_embeddings": 32}, 8)])
+def test_the_context_a_rope_scales_from_is_the_one_transformers_reads(family, rope, top_level, tmp_path,
+                                                                      prefill_error):
+    """A llama3 or YaRN rope whose config.json leaves out original_max_position_embeddings (a hand-written
+    config, an older tool's) scales from max_position_embeddings, as transformers' models read it (Linnet
+    took 8192, 32768 or 4096: other frequencies); a top-level original_max_position_embeddings (Phi-3's
+    place) is transformers' over the scaling's own."""
+    import transformers
+
+    saved = random_model(family, **({"rope_parameters": rope} if rope else {}))
+    saved.save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    if top_level is None:
+        del config["rope_parameters"]["original_max_position_embeddings"]
+    else:
+        config["original_max_position_embeddings"] = top_level
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).float().eval()
+    model = nest.load(str(tmp_path), generics=GENERICS, tokenizer=False)
+    assert model.module.bindings["rope_original_max"] == (top_level or COMMON["max_position_embeddings"])
+    assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
+
+
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 def test_a_qwen_window_in_every_layer_is_the_cards(family, tmp_path, prefill_error):
     """use_sliding_window from layer max_window_layers = 0 on: every layer sees the last 4 positions,
