@@ -201,7 +201,8 @@ def _rope_values(config: dict, name: str, family: str, kinds: tuple) -> dict:
     if kind in ("default", None):
         return {}
     if kind not in kinds:
-        raise WeightsError(f"{name}: rope scaling {kind!r} is not supported for {family} checkpoints")
+        raise WeightsError(f"{name}: rope scaling {kind!r} is not supported for {family} checkpoints (config.json's "
+                           f"rope_scaling or rope_parameters: {', '.join(kinds)} or none)")
     factor = float(scaling["factor"])
     if kind == "linear":
         return {"rope_scaling": "linear", "rope_factor": factor}
@@ -210,13 +211,17 @@ def _rope_values(config: dict, name: str, family: str, kinds: tuple) -> dict:
                 "rope_low_freq_factor": float(scaling.get("low_freq_factor", 1.0)),
                 "rope_high_freq_factor": float(scaling.get("high_freq_factor", 4.0)),
                 "rope_original_max": _original_context(config, scaling)}
-    own = scaling.get("attention_factor")  # yarn
+    if scaling.get("truncate") is False:  # (gpt-oss's; its architecture reads it)
+        raise WeightsError(f"{name}: YaRN with truncate false is not supported for {family} checkpoints; their "
+                           f"architecture rounds YaRN's ramp out to whole dims, as truncate true (the default) does")
+    own, said = scaling.get("attention_factor"), "attention_factor"  # yarn
     if own is None and scaling.get("mscale") and scaling.get("mscale_all_dim"):
         mscale = lambda m: 0.1 * m * math.log(factor) + 1.0
         own = mscale(scaling["mscale"]) / mscale(scaling["mscale_all_dim"])
+        said = f"mscale {scaling['mscale']} and mscale_all_dim {scaling['mscale_all_dim']}, an attention_factor of"
     if own is not None and not math.isclose(float(own), 0.1 * math.log(factor) + 1.0):  # YaRN's own
-        raise WeightsError(f"{name}: YaRN with attention_factor {own} is not supported; Linnet scales by "
-                           f"YaRN's own 0.1 ln(factor) + 1")
+        raise WeightsError(f"{name}: YaRN with {said} {own} is not supported for {family} checkpoints; their "
+                           f"architecture scales by YaRN's own 0.1 ln(factor) + 1")
     return {"rope_scaling": "yarn", "rope_factor": factor,
             "rope_original_max": _original_context(config, scaling),
             "rope_beta_fast": float(scaling.get("beta_fast") or 32.0),

@@ -379,6 +379,12 @@ def test_a_hub_config_gives_its_registry_card(card, tmp_path):
      "config.json has no 'num_experts_per_tok', which a DeepseekV2ForCausalLM config holds"),
     ("deepseek_v3", {**FAMILIES["deepseek_v3"][1], "hidden_act": "relu"},
      r"hidden_act 'relu'; the deepseek_v3 architecture's MLPs are SwiGLU \(silu\)"),
+    # YaRN's ramp not rounded out (gpt-oss's truncate false), and an attention factor from mscale over mscale_all_dim,
+    # which transformers' Qwen2 and Llama compute: the qwen2 and llama architectures compute neither
+    ("qwen2", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "truncate": False}},
+     "YaRN with truncate false is not supported for Qwen checkpoints"),
+    ("mistral", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 1.0}},
+     "YaRN with mscale 1.0 and mscale_all_dim 1.0, an attention_factor of 1.0 is not supported"),
 ])
 def test_what_the_architectures_cannot_express_is_refused(family, change, message):
     prefix, _ = FAMILIES[family]
