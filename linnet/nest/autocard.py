@@ -377,6 +377,8 @@ def _gemma3_values(config: dict, name: str) -> dict:
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
         if config.get(key) is not None:
             raise WeightsError(f"{name}: {key} is set; the gemma3 architecture caps no logits (gemma2's does)")
+    if config.get("use_bidirectional_attention"):  # (EmbeddingGemma's: every token sees the whole text)
+        raise WeightsError(f"{name}: use_bidirectional_attention is set; the gemma3 architecture is causal")
     act = config.get("hidden_activation") or config.get("hidden_act") or "gelu_pytorch_tanh"
     if act not in ("gelu_pytorch_tanh", "gelu_tanh"):
         raise WeightsError(f"{name}: hidden_activation {act!r}; the gemma3 architecture's MLP gates with GELU's "

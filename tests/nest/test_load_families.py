@@ -385,6 +385,8 @@ def test_a_hub_config_gives_its_registry_card(card, tmp_path):
      "YaRN with truncate false is not supported for Qwen checkpoints"),
     ("mistral", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 1.0}},
      "YaRN with mscale 1.0 and mscale_all_dim 1.0, an attention_factor of 1.0 is not supported"),
+    ("gemma3", {"use_bidirectional_attention": True}, "use_bidirectional_attention is set; the gemma3 architecture "
+                                                      "is causal"),
 ])
 def test_what_the_architectures_cannot_express_is_refused(family, change, message):
     prefix, _ = FAMILIES[family]
