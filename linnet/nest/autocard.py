@@ -233,8 +233,11 @@ def _original_context(config: dict, scaling: dict) -> int:
     (`standardize_rope_params`, run again as each model makes its rope): a top-level
     original_max_position_embeddings (where Phi-3 keeps it) over the scaling's own, and where
     neither is, max_position_embeddings (so does llama.cpp, its n_ctx_orig_yarn n_ctx_train)."""
-    original = config.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
-    return int(original or config["max_position_embeddings"])
+    original = (config.get("original_max_position_embeddings") or scaling.get("original_max_position_embeddings")
+                or config.get("max_position_embeddings"))
+    if not original:  # (card_source_from_config names the key a config lacks)
+        raise KeyError("original_max_position_embeddings")
+    return int(original)
 
 
 def _llama_values(config: dict, name: str) -> dict:

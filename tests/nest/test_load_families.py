@@ -387,6 +387,9 @@ def test_a_hub_config_gives_its_registry_card(card, tmp_path):
      "YaRN with mscale 1.0 and mscale_all_dim 1.0, an attention_factor of 1.0 is not supported"),
     ("gemma3", {"use_bidirectional_attention": True}, "use_bidirectional_attention is set; the gemma3 architecture "
                                                       "is causal"),
+    # a YaRN rope with no context to scale from: neither original_max_position_embeddings nor max_position_embeddings
+    ("qwen2", {"max_position_embeddings": None, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+     "config.json has no 'original_max_position_embeddings', which a Qwen2ForCausalLM config holds"),
 ])
 def test_what_the_architectures_cannot_express_is_refused(family, change, message):
     prefix, _ = FAMILIES[family]
