@@ -96,6 +96,12 @@ def card_source_from_config(config: dict, name: str, rope_scaled_context: bool =
     except KeyError as missing:  # a config.json without a key its family always has
         raise WeightsError(f"{name}: config.json has no {missing.args[0]!r}, which a {arch} config holds; "
                            f"the checkpoint's config is incomplete") from None
+    except (TypeError, ValueError) as bad:  # a null, or a word, where a number belongs (`"rms_norm_eps": null`)
+        odd = [key for key, value in config.items() if value is None or isinstance(value, str)
+               and key not in ("model_type", "hidden_act", "hidden_activation", "activation_function", "dtype",
+                               "torch_dtype", "transformers_version", "_name_or_path")]
+        raise WeightsError(f"{name}: config.json holds a value a {arch} config cannot have ({bad}); its keys "
+                           f"that are null or text: {', '.join(odd) or 'none'}") from None
     lines = [f'card "{name}"', f"import {linnet_arch}", "", "config {"]
     for key, value in values.items():
         lines.append(f"  {key} = {_literal(value)}")

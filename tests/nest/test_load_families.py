@@ -390,6 +390,9 @@ def test_a_hub_config_gives_its_registry_card(card, tmp_path):
     # a YaRN rope with no context to scale from: neither original_max_position_embeddings nor max_position_embeddings
     ("qwen2", {"max_position_embeddings": None, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
      "config.json has no 'original_max_position_embeddings', which a Qwen2ForCausalLM config holds"),
+    # a null where a number belongs: named, not a TypeError
+    ("mistral", {"rms_norm_eps": None}, r"config.json holds a value a MistralForCausalLM config cannot have \(float\(\) "
+                                        r".*; its keys that are null or text: .*rms_norm_eps$"),
 ])
 def test_what_the_architectures_cannot_express_is_refused(family, change, message):
     prefix, _ = FAMILIES[family]
