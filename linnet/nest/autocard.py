@@ -170,10 +170,13 @@ def _rope_theta(config: dict, default: float) -> float:
     return float(config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta", default))
 
 
+SILU = ("silu", "swish")  # transformers' names for x * sigmoid(x) (ACT2FN's "swish" is its SiLU)
+
+
 def _dense_values(config: dict, name: str) -> dict:
     """What a Llama-like layer (GQA attention, SwiGLU MLP, RMSNorm) reads from any of these configs."""
     act = config.get("hidden_act", "silu")
-    if act != "silu":
+    if act not in SILU:
         raise WeightsError(f"{name}: hidden_act {act!r}; this architecture's MLP is SwiGLU (silu)")
     heads = int(config["num_attention_heads"])
     dim = int(config["hidden_size"])
@@ -556,7 +559,7 @@ def _refuse_mla(config: dict, name: str, arch: str, refused: dict, what: str) ->
     {key: (the config's value, the one the architecture computes)}."""
     _refuse_biases(config, name)
     act = config.get("hidden_act", "silu")
-    if act != "silu":
+    if act not in SILU:
         raise WeightsError(f"{name}: hidden_act {act!r}; the {arch} architecture's MLPs are SwiGLU (silu)")
     for key, (value, want) in refused.items():
         if value != want:

@@ -32,7 +32,8 @@ T plus one tensor. GGUF tensors are dequantized to f32 and always converted to
 T: a quantized tensor has no dtype of its own to match (but, with
 quantization="gguf", Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS
 linears, kept in their blocks: `nest.quantized`). Tensors in the
-checkpoint that the card does not use are reported once (a warning) and listed
+checkpoint that the card does not use are reported once (a warning; but for the
+rope frequencies older transformers saved, `rotary_emb.inv_freq`) and listed
 in `model.info["unused_tensors"]`.
 """
 
@@ -575,6 +576,9 @@ def _tied_head(module: Module, ckpt: Checkpoint, fmt: str, unused: list) -> list
     return [name for name in unused if name != head]
 
 
+ROPE_FREQUENCY_BUFFER = "rotary_emb.inv_freq"
+
+
 def check_headers(module: Module, ckpt: Checkpoint, cast_dtype: bool) -> tuple[Checkpoint, str, list]:
     """(the checkpoint as `module` reads it, "gguf" or "hf", its tensors the card does not use), after
     checking every header against the card (`bind.check_checkpoint`), before a weight is read."""
@@ -595,9 +599,12 @@ def _read(module: Module, ckpt: Checkpoint, cast_dtype: bool, device: str, progr
 
     ckpt, fmt, unused = check_headers(module, ckpt, cast_dtype)
     unused = _tied_head(module, ckpt, fmt, unused)
-    if unused:
-        warnings.warn(f"{ckpt.path}: {len(unused)} checkpoint tensor(s) not used by the card: "
-                      f"{', '.join(unused[:8])}{' ...' if len(unused) > 8 else ''}", stacklevel=4)
+    # (checkpoints saved by older transformers hold each layer's rope frequencies, a buffer any rope
+    # computes again: listed, but not warned of, as vLLM skips them without a word)
+    told = [name for name in unused if not name.endswith(ROPE_FREQUENCY_BUFFER)]
+    if told:
+        warnings.warn(f"{ckpt.path}: {len(told)} checkpoint tensor(s) not used by the card: "
+                      f"{', '.join(told[:8])}{' ...' if len(told) > 8 else ''}", stacklevel=4)
     total = sum(len(v) for v in checkpoint_names(module, fmt).values())
     bar = Progress(f"loading {Path(ckpt.path).name}", total=total, enabled=progress)
 

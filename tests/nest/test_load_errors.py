@@ -177,6 +177,20 @@ def test_unused_tensors_reported_once(ckpt_dir):
     assert model.info["unused_tensors"] == ["model.extra.weight", "model.layers.0.self_attn.rotary.inv_freq"]
 
 
+def test_the_rope_frequencies_older_transformers_saved_are_listed_but_not_warned_of(ckpt_dir):
+    """Checkpoints saved by older transformers hold each layer's `rotary_emb.inv_freq`, a buffer the
+    card's rope computes itself: passed by without a warning, as vLLM passes them; another unused
+    tensor beside them is still warned of, alone."""
+    frequencies = {f"model.layers.{i}.self_attn.rotary_emb.inv_freq": torch.ones(8) for i in range(2)}
+    rewrite(ckpt_dir, "model.norm.weight", extra={"model.extra.weight": torch.ones(3), **frequencies})
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = load(ckpt_dir)
+    unused = [str(w.message) for w in caught if "not used by the card" in str(w.message)]
+    assert len(unused) == 1 and "1 checkpoint tensor(s) not used by the card: model.extra.weight" in unused[0]
+    assert model.info["unused_tensors"] == ["model.extra.weight", *frequencies]
+
+
 def test_not_a_llama_checkpoint(ckpt_dir):
     cfg = json.loads((ckpt_dir / "config.json").read_text())
     cfg["architectures"] = ["FalconForCausalLM"]

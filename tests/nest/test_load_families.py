@@ -441,6 +441,19 @@ def test_the_context_a_rope_scales_from_is_the_one_transformers_reads(family, ro
     assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
 
 
+def test_a_swish_activation_is_silu_as_transformers_computes_it(tmp_path, prefill_error):
+    """hidden_act "swish" is transformers' other name for SiLU: such a config loads, and computes as
+    transformers does (it was refused as no SwiGLU)."""
+    import transformers
+
+    random_model("mistral").save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_act": "swish"}))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).float().eval()
+    model = nest.load(str(tmp_path), generics=GENERICS, tokenizer=False)
+    assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
+
+
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 def test_a_qwen_window_in_every_layer_is_the_cards(family, tmp_path, prefill_error):
     """use_sliding_window from layer max_window_layers = 0 on: every layer sees the last 4 positions,
