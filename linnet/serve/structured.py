@@ -13,6 +13,7 @@ its draw after (JAX: `Engine._draw_after`).
 
 from __future__ import annotations
 
+import copy
 import json
 import threading
 from collections import OrderedDict
@@ -64,7 +65,7 @@ class Structure:
             schema = json.loads(self.spec) if isinstance(self.spec, str) else self.spec
             if not isinstance(schema, dict):
                 raise ValueError("a JSON schema must be an object")
-            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_LAYOUT)
+            return llguidance.LLMatcher.grammar_from_json_schema(closed_objects(schema), defaults=JSON_LAYOUT)
         if not isinstance(self.spec, str) or not self.spec:
             raise ValueError(f"a {self.kind} must be a non-empty string")
         return llguidance.grammar_from("regex" if self.kind == "regex" else "grammar", self.spec)
@@ -79,6 +80,51 @@ class Structure:
         except (ValueError, TypeError) as err:
             return str(err)
         return readable_error(self.kind, error) if error else None
+
+
+def closed_objects(schema: dict) -> dict:
+    """`schema` (a copy), each object that lists its properties and says nothing of others taking no
+    others, as xgrammar's strict mode (vLLM's default) and llama.cpp's grammars read a schema: held to
+    the letter of JSON Schema, where such an object may hold any other key, a model spends its tokens
+    on keys nobody asked for. Left as written: where the schema says (additionalProperties,
+    unevaluatedProperties), and what combines with other schemas (allOf's several branches, not,
+    if / then / else, and the $defs of a schema that has such), where closing one would refuse the others'
+    properties."""
+    schema = copy.deepcopy(schema)
+    combines = _combines(schema)
+
+    def close(node):
+        if isinstance(node, list):
+            for item in node:
+                close(item)
+            return
+        if not isinstance(node, dict):
+            return
+        if ("properties" in node or "patternProperties" in node) and \
+                "additionalProperties" not in node and "unevaluatedProperties" not in node:
+            node["additionalProperties"] = False
+        for key in ("properties", "patternProperties") + (("$defs", "definitions") if not combines else ()):
+            if isinstance(node.get(key), dict):
+                for sub in node[key].values():
+                    close(sub)
+        for key in ("additionalProperties", "items", "prefixItems", "anyOf", "oneOf"):
+            close(node.get(key))
+        if isinstance(node.get("allOf"), list) and len(node["allOf"]) == 1:
+            close(node["allOf"])
+
+    close(schema)
+    return schema
+
+
+def _combines(node) -> bool:
+    """Whether a schema anywhere combines schemas whose properties join (allOf of several, not, if)."""
+    if isinstance(node, list):
+        return any(_combines(item) for item in node)
+    if not isinstance(node, dict):
+        return False
+    if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1 or "not" in node or "if" in node:
+        return True
+    return any(_combines(value) for value in node.values())
 
 
 def readable_error(kind: str, error: str) -> str:

@@ -141,6 +141,35 @@ def test_greedy_structured_tokens_are_those_llguidance_masks_give_step_by_step(e
     assert done[4].tokens == reference_greedy(model, p[0], 8)
 
 
+@pytest.mark.parametrize("schema, text, taken", [
+    ({"type": "object", "properties": {"a": {"type": "integer"}}}, '{"a": 1, "b": 2}', False),  # no key unasked for
+    ({"type": "object", "properties": {"a": {"type": "integer"}}}, '{"a": 1}', True),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": True}, '{"a": 1, "b": 2}', True),
+    ({"type": "object"}, '{"b": 2}', True),  # (json_object's: any object)
+    # nested, in a list, and a property that is named "properties"
+    ({"type": "array", "items": {"type": "object", "properties": {"properties": {"type": "object",
+                                                                                 "properties": {}}}}},
+     '[{"properties": {}}]', True),
+    ({"type": "array", "items": {"type": "object", "properties": {"a": {"type": "object", "properties": {}}}}},
+     '[{"a": {"z": 1}}]', False),
+    ({"$defs": {"P": {"type": "object", "properties": {"x": {"type": "integer"}}}}, "$ref": "#/$defs/P"},
+     '{"x": 1, "y": 2}', False),
+    # branches whose properties join are left as written: closing each would refuse the other's
+    ({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
+                {"type": "object", "properties": {"b": {"type": "integer"}}}]}, '{"a": 1, "b": 2}', True),
+])
+def test_an_object_that_lists_its_properties_takes_no_others_as_vllm_and_llama_cpp_hold_it(schema, text, taken):
+    """As xgrammar's strict mode (vLLM's default) and llama.cpp's grammars read a schema, an object
+    listing its properties and saying nothing of others takes no others; one that says so takes them."""
+    from linnet.serve.structured import Guide
+
+    tokenizer, asked = byte_tokenizer(128), json.dumps(schema)
+    matcher = Guide(tokenizer, 128, [EOS]).matcher(Structure("json", schema), "r")
+    read = matcher.consume_tokens(tokenizer.encode(text, False)) and not matcher.is_error()
+    assert (read and matcher.is_accepting()) == taken
+    assert json.dumps(schema) == asked  # the request's own schema is left as it was
+
+
 def test_requests_of_one_structure_share_its_compiling_and_draw_each_as_alone(engine, model):
     """Requests that ask the same structure (a body's n choices, an app's one schema), in one batch and
     again in a later run, take copies of the grammar compiled once, each following its own tokens:
