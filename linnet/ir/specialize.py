@@ -197,7 +197,16 @@ def learned_positions(module: ir.Module) -> int | None:
 STATIC_FLOORS = {("attention", "window"): (0, True), ("rope", "theta"): (0, False), ("rope", "factor"): (0, False),
                  ("rmsnorm", "eps"): (0, True), ("attention", "softcap"): (0, True),
                  ("rope", "attention_factor"): (0, False),
-                 ("layer_norm", "eps"): (0, True)}
+                 ("layer_norm", "eps"): (0, True),
+                 ("rope", "low_freq_factor"): (0, False), ("rope", "high_freq_factor"): (0, False),
+                 ("rope", "original_max"): (0, False), ("rope", "beta_fast"): (0, False),
+                 ("rope", "beta_slow"): (0, False)}
+
+# rope's arguments that only some scalings read (`rope_tables`): each floor holds under those only, so
+# that an architecture's unused default of 0 is no error. Under them a 0 divides or takes a log of it
+# as the model is built.
+ROPE_ARGS_OF_SCALING = {"low_freq_factor": ("llama3",), "high_freq_factor": ("llama3",),
+                        "original_max": ("llama3", "yarn"), "beta_fast": ("yarn",), "beta_slow": ("yarn",)}
 
 
 def _check_bounds(v: ir.Op, values: dict, running: "_Running | None" = None) -> None:
@@ -210,6 +219,10 @@ def _check_bounds(v: ir.Op, values: dict, running: "_Running | None" = None) -> 
         given = v.kwargs[arg]
         try:
             value = evaluate(given, values)
+            if op == "rope" and arg in ROPE_ARGS_OF_SCALING:
+                scaling = v.kwargs.get("scaling")
+                if scaling is None or evaluate(scaling, values) not in ROPE_ARGS_OF_SCALING[arg]:
+                    continue
         except LinnetError:  # known only per call (a fn's argument): nothing to check here
             continue
         if value < least or (value == least and not inclusive):
@@ -481,13 +494,16 @@ def evaluate(v: ir.Value, env: dict):
                                   [f"for a float, write {a}.0 ** {b}"])
             if v.op == "pow" and _is_int(a) and _is_int(b) and abs(a) > 1 and b >= INT_BITS:
                 _too_large(v, a, b)  # before Python spends hours computing it
+            named = [f"`{x.name}` is {value!r}" for x, value in ((k["a"], a), (k["b"], b)) if isinstance(x, ir.Var)]
             try:
                 out = compute(a, b)
             except (ZeroDivisionError, OverflowError, TypeError) as err:
                 reason = err.args[-1] if err.args else err
-                named = [f"`{x.name}` is {value!r}" for x, value in ((k["a"], a), (k["b"], b)) if isinstance(x, ir.Var)]
                 raise LinnetError(v.loc, f"cannot evaluate {a!r} {_SYMBOL.get(v.op, v.op)} {b!r}: {reason}",
                                   named) from None
+            if isinstance(out, complex):  # Python's negative number to a fractional power
+                raise LinnetError(v.loc, f"cannot evaluate ({a!r}) ** {b!r}: a negative number to a fractional "
+                                         f"power is not a real number", named)
             if _is_int(out) and not -2 ** INT_BITS <= out < 2 ** INT_BITS:
                 _too_large(v, a, b)
             return out

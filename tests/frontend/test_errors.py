@@ -1015,6 +1015,20 @@ entry f(x: f32[4]) -> f32[4] {
   return x * tiny
 }
 """, 3, 17, "cannot evaluate log(0.0): math domain error"),
+    # Python's (-16) ** -0.5 is a complex number: the generated code scaled attention by it
+    arch("static-negative-to-fractional-power", """\
+arch mini
+config {
+  scalar: int = -16
+}
+params {
+  w: f32[4]
+    from hf "w"
+}
+entry f(x: f32[4]) -> f32[4] {
+  return x * scalar ** -0.5
+}
+""", 10, 14, "cannot evaluate (-16) ** -0.5: a negative number to a fractional power is not a real number"),
     arch("exponent-without-digits", """\
 arch mini
 config {
@@ -1609,6 +1623,29 @@ def test_a_negative_attention_softcap_is_named_with_its_value(tmp_path, capsys):
     assert "gemma2.linnet:" in err.splitlines()[0]
     err = _check_changed(tmp_path, capsys, "arch/gemma2.linnet", "softcap=attn_softcap", "softcap=positions")
     assert "error: softcap must be a static float, not i32[n]" in err, err
+
+
+@pytest.mark.parametrize("source, old, new, message", [
+    ("tiny-llama.linnet", "rope_low_freq_factor = 1.0", "rope_low_freq_factor = 0", "low_freq_factor"),
+    ("tiny-llama.linnet", "rope_high_freq_factor = 4.0", "rope_high_freq_factor = 0", "high_freq_factor"),
+    ("tiny-llama.linnet", "rope_original_max = 32", "rope_original_max = -1", "original_max"),
+    ("tiny-gpt-oss.linnet", "config {\n", "config {\n  rope_beta_slow = 0\n", "beta_slow"),  # yarn
+])
+def test_a_rope_scalings_value_below_its_floor_is_named(source, old, new, message, tmp_path, capsys):
+    """llama3's and yarn's settings divide or take a log of themselves as the model builds its tables: at
+    0 that was a ZeroDivisionError or math domain error from the generated model, and a negative one
+    computed nonsense frequencies. Each is an error at the rope, where the scaling reads it."""
+    err = _check_changed(tmp_path, capsys, source, old, new)
+    assert f"error: {message} of `rope` must be greater than 0" in err, err
+
+
+def test_a_rope_setting_its_scaling_does_not_read_has_no_floor(tmp_path):
+    """llama3's factors are no error under plain rope, which never reads them."""
+    cards = Path(__file__).parents[2] / "linnet/nest/cards"
+    card = tmp_path / "tiny-llama.linnet"
+    card.write_text((cards / "tiny-llama.linnet").read_text().replace('rope_scaling = "llama3"', 'rope_scaling = "none"')
+                    .replace("rope_low_freq_factor = 1.0", "rope_low_freq_factor = 0"))
+    assert main(["check", str(card)]) == 0
 
 
 def test_the_grouped_query_note_names_the_numbers(tmp_path, capsys):
