@@ -127,6 +127,15 @@ def specialize(module: ir.Module, generics: dict | None = None, numerics: str = 
                 if scaling not in ROPE_SCALINGS:
                     raise LinnetError(v.kwargs["scaling"].loc, f"unknown rope scaling {scaling!r}; one of {', '.join(ROPE_SCALINGS)}",
                                       [f"`{v.kwargs['scaling'].name}` is {scaling!r}"] if isinstance(v.kwargs["scaling"], ir.Var) else [])
+                theta = v.kwargs.get("theta")
+                try:
+                    theta_value = evaluate(theta, values) if scaling == "yarn" and theta is not None else None
+                except LinnetError:  # known only per call
+                    theta_value = None
+                if theta_value == 1:  # yarn's ramp divides by log(theta)
+                    raise LinnetError(theta.loc or v.loc, "theta of `rope` must not be 1 under yarn scaling, whose "
+                                                          "ramp divides by log(theta)",
+                                      [f"`{theta.name}` is {theta_value!r}"] if isinstance(theta, ir.Var) else [])
             if isinstance(v, ir.Op):
                 _check_bounds(v, values)
             if isinstance(v, ir.Op) and v.op == "attention":
