@@ -81,7 +81,7 @@ def _find_arch(name: str, loc: Loc, near: Path | None):
     for d in arch_dirs(near):
         candidate = d / f"{name}.linnet"
         looked.append(os.path.abspath(candidate))  # (a relative one is relative to a folder the user may not know)
-        if candidate.is_file():
+        if _is_file(candidate):
             arch = parse(_read(candidate, loc), str(candidate))
             if arch.arch is None or arch.arch.name != name:
                 found = (f"it declares `arch {arch.arch.name}`" if arch.arch is not None else
@@ -92,6 +92,14 @@ def _find_arch(name: str, loc: Loc, near: Path | None):
     there = sorted({p.stem for d in arch_dirs(near) if d.is_dir() for p in d.glob("*.linnet")})
     raise LinnetError(loc, f"cannot find architecture `{name}`",
                       [f"looked in {p}" for p in looked] + suggest(name, there))
+
+
+def _is_file(path: Path) -> bool:
+    """Whether `path` is a file; a name the system cannot look up (longer than a file name may be) is none."""
+    try:
+        return path.is_file()
+    except OSError:  # ENAMETOOLONG, which is_file does not take for "no such file"
+        return False
 
 
 def _with_bases(arch, near: Path | None, seen: tuple = ()):

@@ -584,6 +584,9 @@ config {
 
     # ---------------------------------------------------------------- cards and imports
     card("unknown-architecture", CARD.replace("import mini", "import lama"), 2, 1, "cannot find architecture `lama`"),
+    # longer than a file name may be: the lookup's OSError (File name too long) was a traceback
+    card("import-name-longer-than-a-file-name", CARD.replace("import mini", "import " + "m" * 300), 2, 1,
+         "cannot find architecture `mmmm"),
     card("import-names-another-arch", CARD, 2, 1, "does not declare `arch mini`",
          arch_source=MINI.replace("arch mini", "arch mini2")),
     arch("architecture-imports", """\
