@@ -3,7 +3,8 @@ check of whether this CPU should run them.
 
 The libraries go to the user cache (`linnet.user_cache`: `~/.cache/linnet/kernels`), named by a
 hash of what went into them, and are written atomically: processes racing to build each load a
-whole file. A failed build warns once and leaves the caller on its library's kernels.
+whole file; one found cut short or damaged (a copy of the cache that stopped partway) is built
+again. A failed build warns once and leaves the caller on its library's kernels.
 """
 
 from __future__ import annotations
@@ -132,14 +133,53 @@ def shared_library(name: str, sources: list[str], extra_flags: tuple[str, ...] =
     paths = [HERE / s for s in sources]
     try:
         try:
-            return ctypes.CDLL(str(_built(name, paths, [*FLAGS, *extra_flags])))
+            return _loaded(name, paths, [*FLAGS, *extra_flags])
         except subprocess.CalledProcessError:
-            return ctypes.CDLL(str(_built(name, paths, [*FLAGS, *extra_flags, *WITHOUT_NEWEST])))
+            return _loaded(name, paths, [*FLAGS, *extra_flags, *WITHOUT_NEWEST])
     except (OSError, subprocess.CalledProcessError) as e:
         detail = _compiler_says(name, e.stderr) if isinstance(e, subprocess.CalledProcessError) and e.stderr else e
         warnings.warn(f"linnet: the CPU kernel {name} could not be built ({detail}); its work runs on the "
                       f"library's own kernels, slower in decode steps", stacklevel=3)
         return None
+
+
+def _loaded(name: str, sources: list[Path], flags: list[str]) -> ctypes.CDLL:
+    """The library `_built` gives, loaded; one in the cache that will not load (damaged: a copy of the
+    cache that stopped partway, a disk that lost its end) is built again, once."""
+    target = _built(name, sources, flags)
+    try:
+        return ctypes.CDLL(str(target))
+    except OSError:
+        target.unlink(missing_ok=True)
+        return ctypes.CDLL(str(_built(name, sources, flags)))
+
+
+def _whole_library(path: Path) -> bool:
+    """Whether a cached library holds every byte its ELF headers place: loading one cut short maps
+    pages past its end, and the process dies of SIGBUS (no error to catch) as the loader reads them.
+    A file in another format is left to the loader to judge."""
+    import struct
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            size = os.fstat(f.fileno()).st_size
+            if head[:4] != b"\x7fELF" or head[4] != 2:  # (Linnet builds 64-bit ELF libraries on Linux)
+                return head[:4] != b"\x7fELF"
+            order = "<" if head[5] == 1 else ">"
+            phoff, shoff = struct.unpack_from(order + "QQ", head, 0x20)
+            phentsize, phnum, shentsize, shnum = struct.unpack_from(order + "HHHH", head, 0x36)
+            if shoff + shentsize * shnum > size or phoff + phentsize * phnum > size:
+                return False
+            f.seek(phoff)
+            table = f.read(phentsize * phnum)
+    except (OSError, IndexError, struct.error):
+        return False
+    for i in range(phnum):  # each segment's bytes in the file (p_offset, p_filesz)
+        offset, filesz = struct.unpack_from(order + "Q16xQ", table, i * phentsize + 8)
+        if offset + filesz > size:
+            return False
+    return True
 
 
 def _compiler_says(name: str, stderr: str) -> str:
@@ -166,7 +206,9 @@ def _built(name: str, sources: list[Path], flags: list[str]) -> Path:
         digest.update(source.read_bytes())
     target = user_cache.directory("kernels") / f"{name}-{digest.hexdigest()[:16]}.so"
     if target.exists():
-        return target
+        if _whole_library(target):
+            return target
+        target.unlink(missing_ok=True)  # cut short: built again (loading it would kill the process)
     with user_cache.replacing(target) as tmp, tempfile.TemporaryDirectory(dir=target.parent,
                                                                           prefix=f".{name}-objects-") as objects:
         try:

@@ -5,6 +5,7 @@ the 240-row block), each weight type, and the build itself."""
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -243,6 +244,30 @@ def test_the_kernel_builds_from_source_into_a_fresh_cache(tmp_path):
         subprocess.run([sys.executable, "-c", code], env=env, check=True)
     assert len(list((tmp_path / "kernels").glob("cpu_kernels-*.so"))) == 1
     assert not list((tmp_path / "kernels").glob("tmp*"))
+
+
+@pytest.mark.parametrize("damage", ["cut", "empty", "garbage"])
+def test_a_damaged_library_in_the_cache_is_built_again(tmp_path, damage):
+    # a copy of the cache that stopped partway: loading the cut library killed the process (SIGBUS, in
+    # a subprocess here for that); an empty or garbled one warned and left the kernels off for good.
+    # The "compiler" copies a library built before, so that nothing is compiled.
+    from linnet.kernels import gguf_blocks
+
+    if gguf_blocks._library() is None:
+        pytest.skip("the gguf_blocks library is not built here")
+    built = Path(gguf_blocks._library()._name)
+    cc = compiler(tmp_path, f'for a; do [ "$prev" = -o ] && out=$a; prev=$a; done; cp {built} "$out"')
+    code = ("import sys, ctypes; from linnet.kernels import build; "
+            "lib = build.shared_library('gguf_blocks', ['gguf_blocks.c'], ('-ffp-contract=off',)); "
+            "assert lib is not None and lib.linnet_gguf_block(8) != 0; print(lib._name)")
+    env = dict(os.environ, LINNET_CACHE=str(tmp_path / "cache"), CC=cc)
+    target = Path(subprocess.run([sys.executable, "-c", code], env=env, check=True, capture_output=True,
+                                 text=True).stdout.strip())
+    whole = target.read_bytes()
+    target.write_bytes({"cut": whole[:len(whole) // 2], "empty": b"", "garbage": b"\x7fELF" + b"\0" * 60}[damage])
+    ran = subprocess.run([sys.executable, "-W", "error", "-c", code], env=env, capture_output=True, text=True)
+    assert ran.returncode == 0, ran.stderr
+    assert target.read_bytes() == whole
 
 
 def test_linnet_cpu_kernels_0_turns_the_kernel_off():
