@@ -205,9 +205,15 @@ class SafetensorsCheckpoint(Checkpoint):
         self._index: dict[str, str] | None = None
         if index_path.is_file():
             try:
-                self._index = dict(json.loads(index_path.read_text())["weight_map"])
-            except (ValueError, KeyError, TypeError) as e:
+                self._index = json.loads(index_path.read_text())["weight_map"]
+            except (ValueError, KeyError, TypeError, RecursionError) as e:
                 raise WeightsError(f"{index_path}: not a valid safetensors index ({e})") from None
+            if not isinstance(self._index, dict) or not all(isinstance(v, str) for v in self._index.values()):
+                # (a list of pairs read as the map, a number or null as a shard: a TypeError sorting them)
+                held = self._index if not isinstance(self._index, dict) else \
+                    next(v for v in self._index.values() if not isinstance(v, str))
+                raise WeightsError(f"{index_path}: not a valid safetensors index (its weight_map names each tensor's "
+                                   f"shard file; it holds {json.dumps(held)[:80]})")
             files = []
             for shard in sorted(set(self._index.values())):
                 if not (self.dir / shard).is_file():
@@ -341,7 +347,7 @@ class SafetensorsCheckpoint(Checkpoint):
             )
         try:
             config = json.loads(path.read_text())
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:  # (RecursionError: arrays nested thousands deep)
             raise WeightsError(f"{path}: not valid JSON ({e})") from None
         if not isinstance(config, dict):
             raise WeightsError(f"{path}: holds a JSON {type(config).__name__}, not a config object")

@@ -51,7 +51,7 @@ def _read_json(path: Path) -> dict:
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:  # (RecursionError: arrays nested thousands deep)
         raise TokenizerError(f"{path}: not valid JSON ({e})") from None
     if not isinstance(data, dict):  # (was an AttributeError from the first .get)
         raise TokenizerError(f"{path}: holds a JSON {'null' if data is None else type(data).__name__}, not an object "

@@ -167,6 +167,14 @@ def test_a_float8_tensor_reads_as_numpy_as_torch_reads_it(tmp_path, dtype):
     ("model.safetensors.index.json", '{"metadata": {}}',
      r"index\.json: not a valid safetensors index \('weight_map'\)"),
     ("config.json", "{", r"config\.json: not valid JSON \(Expecting"),
+    # a shard that is a number, or pairs for the map: were TypeErrors (sorting the shards' names)
+    ("model.safetensors.index.json", '{"weight_map": {"lm_head.weight": 3}}',
+     r"index\.json: not a valid safetensors index \(its weight_map names each tensor's shard file; it holds 3\)"),
+    ("model.safetensors.index.json", '{"weight_map": [["lm_head.weight", "model.safetensors"]]}',
+     r"it holds \[\[\"lm_head.weight\", \"model.safetensors\"\]\]\)"),
+    # nested past Python's recursion limit: was a RecursionError
+    pytest.param("config.json", "[" * 100_000 + "]" * 100_000, r"config\.json: not valid JSON \(maximum recursion depth",
+                 id="config-nested-deep"),
 ])
 def test_a_broken_json_file_is_named(tiny_copy, file, content, says):
     (tiny_copy / file).write_text(content)

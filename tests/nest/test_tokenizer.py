@@ -420,6 +420,9 @@ def tiny_tokenizer_json(tmp_path_factory):
     ("config.json", '{"eos_token_id": true}', r"eos_token_id is True; a token id"),
     ("config.json", '{"bos_token_id": [1, 2]}', r"bos_token_id is \[1, 2\]; one token id"),
     ("chat_template.jinja", b"{{ '\xff' }}", r"a chat template that is not UTF-8 text"),
+    # nested past Python's recursion limit: was a RecursionError, its file not named
+    pytest.param("tokenizer_config.json", "[" * 100_000 + "]" * 100_000, r"not valid JSON \(maximum recursion depth",
+                 id="tokenizer_config-nested-deep"),
 ])
 def test_a_broken_tokenizer_file_is_named(tiny_tokenizer_json, tmp_path, file, content, says):
     (tmp_path / "tokenizer.json").write_bytes(tiny_tokenizer_json.read_bytes())
