@@ -441,6 +441,19 @@ SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS = "split.no", "split.count", "split.tensors
 SPLIT_NAME = "-{:05d}-of-{:05d}.gguf"
 
 
+# metadata keys llama.cpp reads as a whole number, besides every tokenizer.ggml.*_token_id (the
+# vocabulary's arrays are checked by `gguf_tokenizer`, which reads them)
+_GGUF_INTEGERS = (SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS)
+
+
+def _read_as_integer(key: str) -> bool:
+    return key in _GGUF_INTEGERS or (key.startswith("tokenizer.ggml.") and key.endswith("_token_id"))
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def _open_gguf(path: str):
     from . import gguf_file  # needs the gguf package, which only GGUF files do
 
@@ -638,8 +651,14 @@ class GGUFCheckpoint(Checkpoint):
         return dict(self._file.fields)
 
     def metadata(self, key: str, default: Any = None) -> Any:
-        """A metadata value by its GGUF key, e.g. "llama.block_count"."""
-        return self._file.value(key, default)
+        """A metadata value by its GGUF key, e.g. "llama.block_count". The token ids and a split's numbers
+        (`_read_as_integer`) are checked to be whole numbers: a damaged or hand-made file's text there was
+        a TypeError deep in a reader."""
+        value = self._file.value(key, default)
+        if key in self._file.fields and _read_as_integer(key) and (not isinstance(value, int) or isinstance(value, bool)):
+            raise WeightsError(f"{self.path}: its GGUF metadata {key} is {repr(value)[:80]}, where llama.cpp reads a "
+                               "whole number")
+        return value
 
     @property
     def architecture(self) -> str:
@@ -768,8 +787,13 @@ class GGUFCheckpoint(Checkpoint):
             raise WeightsError(f"{self.path}: GGUF architecture {arch!r} is not supported; supported: "
                                f"{', '.join(_GGUF_ARCHS)}")
 
-        def get(key, default=None):
-            return self.metadata(f"{arch}.{key}", default)
+        def get(key, default=None):  # (each a number, but the rope scaling's type)
+            value = self.metadata(f"{arch}.{key}", default)
+            if value is not None and key != "rope.scaling.type" and not _is_number(value) \
+                    and not isinstance(value, bool):  # (text or a list: was a TypeError, or a message naming no file)
+                raise WeightsError(f"{self.path}: its GGUF metadata {arch}.{key} is {repr(value)[:80]}, where "
+                                   f"llama.cpp reads a number")
+            return value
 
         absent = [key for key in _GGUF_KEYS + _GGUF_ARCH_KEYS.get(arch, ()) if get(key) is None]
         if absent:
@@ -777,6 +801,9 @@ class GGUFCheckpoint(Checkpoint):
         heads = get("attention.head_count")
         hidden = get("embedding_length")
         tokens = self.metadata("tokenizer.ggml.tokens")
+        if tokens is not None and not isinstance(tokens, list):  # (was a TypeError from len())
+            raise WeightsError(f"{self.path}: its GGUF metadata tokenizer.ggml.tokens is {repr(tokens)[:80]}, not an "
+                               "array of strings")
         vocab = get("vocab_size") or (len(tokens) if tokens else None)
         if vocab is None and "token_embd.weight" in self._tensors:
             vocab = self.shape("token_embd.weight")[0]

@@ -331,6 +331,30 @@ def test_an_architecture_or_a_key_it_lacks_is_named_as_the_gguf_names_it(tmp_pat
         GGUFCheckpoint(write_gguf(tmp_path / "l.gguf", embed)).config()
 
 
+@pytest.mark.parametrize("key, value, vtype, says", [
+    # each was a TypeError traceback ('<=' between str and int, len() of an int), or a ValueError from
+    # int() that named no file
+    ("split.count", "2", gguf.GGUFValueType.STRING, "split.count is '2', where llama.cpp reads a whole number"),
+    ("tokenizer.ggml.tokens", 5, gguf.GGUFValueType.UINT32, "tokenizer.ggml.tokens is 5, not an array of strings"),
+    ("tokenizer.ggml.bos_token_id", "<s>", gguf.GGUFValueType.STRING, "tokenizer.ggml.bos_token_id is '<s>', where"),
+    ("llama.context_length", "4k", gguf.GGUFValueType.STRING, "llama.context_length is '4k', where llama.cpp reads a number"),
+])
+def test_metadata_of_another_kind_than_llama_cpp_reads_is_named(tmp_path, key, value, vtype, says):
+    path = tmp_path / "odd.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(1)
+    w.add_embedding_length(8)
+    w.add_head_count(2)
+    w.add_key_value(key, value, vtype)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(WeightsError, match=f"^{re.escape(f'{path}: its GGUF metadata {says}')}"):
+        GGUFCheckpoint(path).config()
+
+
 @pytest.mark.parametrize("arch", ["deepseek2", "gpt-oss"])
 def test_tensors_read_from_others_decode_straight_to_bf16_too(tmp_path, arch):
     """An old deepseek2 file's attn_k_b / attn_v_b (cut from a quantized attn_kv_b) and gpt-oss's joined
