@@ -370,12 +370,12 @@ def _generation_config(text: str):
         raise argparse.ArgumentTypeError(f"{path}: not JSON ({err})") from None
     if not isinstance(config, dict):
         raise argparse.ArgumentTypeError(f"{path}: not a JSON object")
-    return _sampling_defaults(config)
+    return _sampling_defaults(config, path)
 
 
 def _generation_override(text: str) -> dict:
     """--override-generation-config, as vLLM's: a JSON object of generation config fields."""
-    from linnet.nest.tokenizer import SAMPLING_DEFAULTS, _sampling_defaults
+    from linnet.nest.tokenizer import SAMPLING_DEFAULTS, _sampling_defaults, sampling_problem
 
     try:
         config = json.loads(text)
@@ -387,11 +387,11 @@ def _generation_override(text: str) -> dict:
     if unknown:  # (a field Linnet would not use: said, rather than dropped)
         raise argparse.ArgumentTypeError(f"{unknown[0]!r} is not a field it sets; those are "
                                          f"{', '.join(SAMPLING_DEFAULTS)}")
-    taken = _sampling_defaults(config)
-    for key in config:
-        if SAMPLING_DEFAULTS[key] not in taken:
-            raise argparse.ArgumentTypeError(f"{key!r} must be a number, not {config[key]!r}")
-    return taken
+    for key, value in config.items():
+        problem = sampling_problem(key, value)
+        if problem is not None:
+            raise argparse.ArgumentTypeError(f"{key!r} must be {problem}, not {value!r}")
+    return _sampling_defaults(config)
 
 
 def _use_generation_config(model, given, override: dict | None) -> None:

@@ -79,13 +79,42 @@ SAMPLING_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "t
                      "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
 
 
-def _sampling_defaults(gen: dict) -> dict:
-    """The request fields a generation config sets (numbers only: a config's null or text is none)."""
+# what a request takes in each field (as the server's `sampling_request` checks it): (least, most, whole)
+SAMPLING_RANGES = {"temperature": (0, 1e30, False), "top_p": (0, 1, False), "top_k": (-1, None, True),
+                   "min_p": (0, 1, False), "repetition_penalty": (1e-30, 1e30, False), "max_new_tokens": (1, None, True)}
+
+
+def sampling_problem(key: str, value) -> str | None:
+    """Why generation config `key`'s `value` is no default a request can take ("a number", "between
+    0 and 1"), or None where it is one."""
+    least, most, whole = SAMPLING_RANGES[key]
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value or value in (
+            float("inf"), float("-inf")):
+        return "a number"
+    if whole and value != int(value):
+        return "a whole number"
+    if value < least or (most is not None and value > most):
+        return f"{least} or more" if most is None else f"between {least:g} and {most:g}"
+    return None
+
+
+def _sampling_defaults(gen: dict, where: Path | None = None) -> dict:
+    """The request fields a generation config sets. A null is none; any other value a request cannot
+    take (text, a negative temperature, a top_k of 0.5) is none too, with a warning naming `where` (the
+    file): every request that left the field out was refused for a value it had not sent."""
+    import warnings
+
     out = {}
     for key, field in SAMPLING_DEFAULTS.items():
         value = gen.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value:
+        if value is None:
+            continue
+        problem = sampling_problem(key, value)
+        if problem is None:
             out[field] = value
+        elif where is not None:
+            warnings.warn(f"{where}: {key} is {json.dumps(value)}, not {problem}; requests that leave {field} out "
+                          f"take the API's default", stacklevel=3)
     return out
 
 
@@ -284,7 +313,7 @@ class Tokenizer:
             special_tokens={"unk_token": special("unk_token"), "pad_token": special("pad_token")},
             source=str(d),
             chat_templates=named,
-            sampling_defaults=_sampling_defaults(gen),
+            sampling_defaults=_sampling_defaults(gen, gen_path),
         )
 
     @classmethod

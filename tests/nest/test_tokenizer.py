@@ -431,6 +431,28 @@ def test_a_broken_tokenizer_file_is_named(tiny_tokenizer_json, tmp_path, file, c
         Tokenizer.from_dir(tmp_path)
 
 
+def test_a_generation_config_value_no_request_takes_is_left_out_with_a_warning(tiny_tokenizer_json, tmp_path):
+    # each was taken, and every request that left the field out was refused (400) for a value it had not sent
+    from linnet.serve.openai_api import sampling_request
+
+    (tmp_path / "tokenizer.json").write_bytes(tiny_tokenizer_json.read_bytes())
+    (tmp_path / "generation_config.json").write_text(
+        '{"temperature": -1, "top_k": 0.5, "min_p": Infinity, "max_new_tokens": 0, "top_p": 0.9, "repetition_penalty": null}')
+    with pytest.warns(UserWarning) as caught:
+        tok = Tokenizer.from_dir(tmp_path)
+    assert tok.sampling_defaults == {"top_p": 0.9}
+    said = [str(w.message) for w in caught]
+    where = tmp_path / "generation_config.json"
+    assert f"{where}: temperature is -1, not between 0 and 1e+30; requests that leave temperature out take the " \
+           "API's default" in said
+    assert f"{where}: top_k is 0.5, not a whole number; requests that leave top_k out take the API's default" in said
+    assert f"{where}: min_p is Infinity, not a number; requests that leave min_p out take the API's default" in said
+    assert f"{where}: max_new_tokens is 0, not 1 or more; requests that leave max_tokens out take the API's default" in said
+    assert len(said) == 4  # (a null is none, as before, without a word)
+    request = sampling_request({}, [1, 2], 16, None, defaults=tok.sampling_defaults)
+    assert (request.temperature, request.top_p, request.top_k, request.min_p) == (1.0, 0.9, 0, 0.0)  # OpenAI's, but top_p
+
+
 def test_a_bos_id_in_a_list_of_one_is_that_id(tiny_tokenizer_json, tmp_path):
     (tmp_path / "tokenizer.json").write_bytes(tiny_tokenizer_json.read_bytes())
     (tmp_path / "config.json").write_text('{"bos_token_id": [0], "eos_token_id": 1}')

@@ -337,6 +337,7 @@ def test_vllms_generation_config_folder_and_override(monkeypatch, capsys, tmp_pa
     ("--override-generation-config", "{{bad", "not JSON: '{{bad'"),
     ("--override-generation-config", '{{"temp": 1}}', "'temp' is not a field it sets; those are temperature"),
     ("--override-generation-config", '{{"top_p": "x"}}', "'top_p' must be a number, not 'x'"),
+    ("--override-generation-config", '{{"top_k": 0.5}}', "'top_k' must be a whole number, not 0.5"),
     ("--override-generation-config", "[1]", "not a JSON object: '[1]'"),
     ("--generation-config", "{tmp}/cut", "{tmp}/cut/generation_config.json: not JSON (Expecting"),
     ("--generation-config", "{tmp}/list", "{tmp}/list/generation_config.json: not a JSON object"),
