@@ -265,6 +265,11 @@ class SafetensorsCheckpoint(Checkpoint):
             from safetensors import safe_open
 
             try:
+                str(file).encode()
+            except UnicodeEncodeError:  # (Python's stand-ins for the bytes; was "may be truncated or corrupt")
+                raise WeightsError(f"{file}: its path holds bytes that are not UTF-8, which the safetensors library "
+                                   "cannot open; rename the folder or file") from None
+            try:
                 self._handles[key] = safe_open(str(file), framework="pt" if framework == "torch" else "numpy")
             except Exception as e:  # SafetensorError, OSError: truncated, corrupt, unreadable
                 detail = _safetensors_overrun(file)

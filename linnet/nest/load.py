@@ -502,11 +502,20 @@ def is_repo_id(text: str) -> bool:
             and not text.lower().endswith((".gguf", ".linnet")) and not Path(text).exists())
 
 
+def plain_card_name(name: str) -> str:
+    """`name` (a checkpoint's file or folder name) as a card's name can be (`check.CARD_NAME`): each
+    character it cannot hold (a space, '+', '(', a byte that is not UTF-8) a '-', its start a letter or
+    digit. "My Model (v2)" was refused as a card's name, and the checkpoint with it."""
+    plain = re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("._-")
+    return plain or "model"
+
+
 def _card_from_checkpoint(p: Path, card: str, weights) -> tuple[Module, str, Checkpoint | None]:
     """A card written from a checkpoint's config.json or GGUF metadata, named `card`; with the open
     checkpoint unless `weights` names the tensors' place instead."""
     from linnet.nest.autocard import card_source_from_config
 
+    card = plain_card_name(card)
     ckpt = open_checkpoint(p)
     # (a GGUF's context_length is llama.cpp's n_ctx_train as it stands; a config.json's length is vLLM's)
     source = card_source_from_config(ckpt.config(), card, rope_scaled_context=not isinstance(ckpt, GGUFCheckpoint))

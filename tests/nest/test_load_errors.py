@@ -447,3 +447,15 @@ def test_an_output_head_a_tied_checkpoint_also_stores(tmp_path):
         ours = np.asarray(model.prefill(np.array(prompt, np.int32), np.arange(n, dtype=np.int32),
                                         np.zeros(n, np.int32), np.array([n - 1], np.int32)))[0]
         assert np.abs(ours - want).max() <= 1e-4 * np.abs(want).max()
+
+
+def test_a_checkpoint_named_with_characters_a_card_name_cannot_hold_loads(tiny_hf, tmp_path):
+    # "My Llama (v2)" was refused as the name of the card written for it, and the checkpoint with it
+    _, path = tiny_hf
+    odd = shutil.copytree(path, tmp_path / "My Llama (v2)")
+    assert load(odd).card == "My-Llama-v2"
+    # a folder name that is not UTF-8: the safetensors library cannot open what it holds, said as such
+    # (it was "it may be truncated or corrupt")
+    bytes_name = shutil.copytree(path, tmp_path / "llama-\udcff")
+    with pytest.raises(WeightsError, match=r"its path holds bytes that are not UTF-8, which the safetensors library"):
+        load(bytes_name)
