@@ -216,6 +216,14 @@ class SafetensorsCheckpoint(Checkpoint):
                                    f"shard file; it holds {json.dumps(held)[:80]})")
             files = []
             for shard in sorted(set(self._index.values())):
+                if Path(shard).is_absolute() or ".." in Path(shard).parts:
+                    # (a shard is a file of the model's folder, as the hub writes them: read nothing from elsewhere;
+                    # the hub cache's shards are links out of their folder, but named within it)
+                    raise WeightsError(f"{index_path}: not a valid safetensors index (it names a shard outside the "
+                                       f"model's folder: {shard})")
+                if (self.dir / shard).is_dir():
+                    raise WeightsError(f"{self.dir / shard}: is a directory, not a file; shard {shard} is named in "
+                                       f"{index_path}")
                 if not (self.dir / shard).is_file():
                     raise WeightsError(
                         f"{self.dir / shard}: missing; shard {shard} is named in {index_path} "

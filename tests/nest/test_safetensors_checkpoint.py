@@ -141,6 +141,27 @@ def test_index_names_tensor_its_shard_lacks(tiny_copy):
         SafetensorsCheckpoint(tiny_copy)
 
 
+@pytest.mark.parametrize("elsewhere", ["../outside.safetensors", "/etc/hostname"])
+def test_an_index_naming_a_shard_outside_the_folder_reads_nothing_from_there(tiny_copy, elsewhere):
+    """A shard is a file of the model's folder: an index naming one elsewhere is refused, not followed."""
+    index = tiny_copy / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    data["weight_map"]["model.norm.weight"] = elsewhere
+    index.write_text(json.dumps(data))
+    with pytest.raises(WeightsError, match=f"names a shard outside the model's folder: {elsewhere}"):
+        SafetensorsCheckpoint(tiny_copy)
+
+
+def test_a_shard_that_is_a_folder_is_named_as_one(tiny_copy):
+    index = tiny_copy / "model.safetensors.index.json"
+    data = json.loads(index.read_text())
+    data["weight_map"]["model.norm.weight"] = "sub"
+    index.write_text(json.dumps(data))
+    (tiny_copy / "sub").mkdir()
+    with pytest.raises(WeightsError, match=f"^{tiny_copy / 'sub'}: is a directory, not a file; shard sub"):
+        SafetensorsCheckpoint(tiny_copy)
+
+
 def test_unknown_name(tiny):
     ckpt = SafetensorsCheckpoint(tiny[0])
     for read in (ckpt.load, ckpt.shape, ckpt.stored_dtype):
