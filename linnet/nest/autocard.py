@@ -13,6 +13,7 @@ Config values the architecture cannot express are refused, not dropped.
 from __future__ import annotations
 
 import math
+import numbers
 
 from linnet.nest.errors import WeightsError
 
@@ -52,11 +53,18 @@ TRANSFORMERS_DEFAULTS = {
 }
 
 
+def architectures_of(config: dict) -> list:
+    """config.json's `architectures`: a list of class names, or one name as a string (as transformers
+    takes it, picking the model by model_type), which is a list of that one, not of its letters."""
+    archs = config.get("architectures") or []
+    return [archs] if isinstance(archs, str) else archs if isinstance(archs, list) else [archs]
+
+
 def with_transformers_defaults(config: dict) -> dict:
     """config.json as transformers reads it: each key it leaves out at its architecture's default
     (`TRANSFORMERS_DEFAULTS`; a key present, null included, is the file's). A rope base comes from
     `rope_theta` or transformers 5's `rope_parameters`, so the default fills neither where one is there."""
-    arch = next((a for a in config.get("architectures") or [] if a in TRANSFORMERS_DEFAULTS), None)
+    arch = next((a for a in architectures_of(config) if a in TRANSFORMERS_DEFAULTS), None)
     if arch is None:
         return config
     defaults = dict(TRANSFORMERS_DEFAULTS[arch])
@@ -85,12 +93,14 @@ def card_source_from_config(config: dict, name: str, rope_scaled_context: bool =
     """A card's text for a checkpoint's config. `rope_scaled_context`: its meta max_context is vLLM's
     length (`trained_context`); False, max_position_embeddings as it stands, as llama.cpp takes a
     GGUF's context_length (its n_ctx_train) whatever its rope scaling."""
-    archs = config.get("architectures") or []
+    archs = architectures_of(config)
     arch = next((a for a in archs if a in SUPPORTED), None)
     if arch is None:
-        raise WeightsError(f"{name}: architecture {archs or 'unknown'} is not supported for checkpoints "
-                           f"without a card; supported: {', '.join(SUPPORTED)}")
+        said = f'is {config["architectures"]!r}, an architecture' if archs else "names none, an architecture"
+        raise WeightsError(f'{name}: config.json\'s "architectures" {said} not supported for checkpoints without '
+                           f"a card; supported: {', '.join(SUPPORTED)}")
     linnet_arch, values_of = SUPPORTED[arch]
+    check_value_types(config, name)
     try:
         values = values_of(config, name)
     except KeyError as missing:  # a config.json without a key its family always has
@@ -122,19 +132,84 @@ def config_differences(config: dict, module, name: str) -> list[str]:
     card sets (rope, norm eps, window, ...; its shapes the tensors show), one line each; none where
     its architecture is one this module does not read configs of. A `WeightsError` where it is
     another architecture than the card's."""
-    arch = next((a for a in config.get("architectures") or [] if a in SUPPORTED), None)
+    arch = next((a for a in architectures_of(config) if a in SUPPORTED), None)
     if arch is None:
         return []
     if SUPPORTED[arch][0] != module.name:  # its tensors may even fit (a Qwen3's, less its norms, a Llama's)
         raise WeightsError(f"the checkpoint is {arch} (linnet's {SUPPORTED[arch][0]}), and {name} is a "
                            f"{module.name} card")
     try:
+        check_value_types(config, name)
         values = SUPPORTED[arch][1](config, name)
-    except (KeyError, WeightsError):  # a config the card's own reading refuses: the tensors decide
+    except (KeyError, TypeError, ValueError, WeightsError):  # a config the card's own reading refuses: the tensors decide
         return []
     card = module.bindings
     return [f"{key}: the card says {card[key]!r}, the checkpoint's config {value!r}"
             for key, value in values.items() if key in card and not _same(card[key], value)]
+
+
+# The type of each config.json key a family's reading takes, as transformers' config classes annotate
+# it (transformers 5 refuses a config.json whose value is of another type; 4.x crashed on most, or read
+# a flag's text "false" as true, as Python's bool() does). A null is each reading's own to take.
+WHOLE_NUMBERS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+    "head_dim", "max_position_embeddings", "original_max_position_embeddings", "sliding_window", "max_window_layers",
+    "num_local_experts", "num_experts", "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step",
+    "query_pre_attn_scalar", "sliding_window_pattern", "_sliding_window_pattern", "no_rope_layer_interval",
+    "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts",
+    "n_shared_experts", "first_k_dense_replace", "n_group", "topk_group", "moe_layer_freq",
+    "n_embd", "n_layer", "n_head", "n_inner", "n_positions")
+NUMBERS = (
+    "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta", "rope_local_base_freq", "partial_rotary_factor",
+    "embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling", "routed_scaling_factor",
+    "attn_logit_softcapping", "final_logit_softcapping", "swiglu_alpha", "swiglu_limit",
+    # a rope's own (rope_scaling's, rope_parameters')
+    "factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "attention_factor", "mscale",
+    "mscale_all_dim")
+FLAGS = (
+    "tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window", "norm_topk_prob", "qk_layernorm",
+    "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "add_cross_attention", "use_bidirectional_attention",
+    "rope_interleave", "truncate")
+OBJECTS = ("rope_scaling", "rope_parameters")
+LISTS = ("layer_types", "no_rope_layers", "mlp_only_layers")
+TEXTS = ("hidden_act", "hidden_activation", "activation_function", "topk_method", "scoring_func", "rope_type", "type")
+
+
+def _takes(key: str, value) -> str | None:
+    """What `key` takes where `value` is not that (None where it is, or where the key is none of these)."""
+    number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if key in WHOLE_NUMBERS and not (number and float(value).is_integer()):
+        return "a whole number"
+    if key in NUMBERS and not number:
+        return "a number"
+    if key in FLAGS and not isinstance(value, bool):
+        return "true or false"
+    if key in OBJECTS and not isinstance(value, dict):
+        return "an object (a rope's settings)"
+    if key in LISTS and not isinstance(value, list):
+        return "a list"
+    if key in TEXTS and not isinstance(value, str):
+        return "a string"
+    return None
+
+
+def check_value_types(config: dict, name: str) -> None:
+    """A `WeightsError` naming the first key of config.json (or of its rope settings) whose value is not
+    of the type the key takes: `"tie_word_embeddings": "false"`, `"rms_norm_eps": "1e-5"`,
+    `"num_attention_heads": 4.5`, `"rope_scaling": "yarn"`, each of which transformers refuses."""
+    ropes = [(f"{key}.", config[key]) for key in OBJECTS if isinstance(config.get(key), dict)]
+    for where, rope in list(ropes):  # Gemma 3's rope_parameters: one rope a kind of layer
+        ropes += [(f"{where}{kind}.", spec) for kind, spec in rope.items() if kind.endswith("_attention")
+                  and isinstance(spec, dict)]
+    for where, items in [("", config)] + ropes:
+        for key, value in items.items():
+            if where and key.endswith("_attention"):
+                wrong = None if isinstance(value, dict) else "an object (the rope of that kind of layer)"
+            else:
+                wrong = _takes(key, value) if value is not None else None
+            if wrong:
+                raise WeightsError(f"{name}: config.json's {where}{key} is {value!r}, and {key} takes {wrong}; "
+                                   f"the checkpoint's config is malformed")
 
 
 def _same(a, b) -> bool:

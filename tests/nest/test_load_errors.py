@@ -195,7 +195,8 @@ def test_not_a_llama_checkpoint(ckpt_dir):
     cfg = json.loads((ckpt_dir / "config.json").read_text())
     cfg["architectures"] = ["FalconForCausalLM"]
     (ckpt_dir / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(WeightsError, match=r"Tiny-Llama: architecture \['FalconForCausalLM'\] is not supported"):
+    with pytest.raises(WeightsError, match=r"Tiny-Llama: config.json's \"architectures\" is \['FalconForCausalLM'\], an "
+                                           r"architecture not supported"):
         load(ckpt_dir)
 
 

@@ -859,3 +859,49 @@ def test_keys_a_deepseek_v2_config_leaves_out_are_transformers_defaults(tmp_path
                 "max_context": reference.max_position_embeddings}
         for key, value in want.items():
             assert f"  {key} = {value}\n" in source, (key, value, source)
+
+
+@pytest.mark.parametrize("family, key, value", [
+    ("mistral", "tie_word_embeddings", "false"), ("qwen3", "attention_bias", "false"), ("gemma3", "rms_norm_eps", "1e-6"),
+    ("mistral", "num_attention_heads", "4"), ("qwen2", "num_attention_heads", 4.5), ("mixtral", "rope_theta", "1e6"),
+    ("granite", "embedding_multiplier", "12"), ("mistral", "rope_parameters", "yarn"), ("smollm3", "layer_types", "full"),
+    ("deepseek_v3", "norm_topk_prob", "true"), ("phi2", "partial_rotary_factor", "0.5"), ("gpt2", "n_embd", "64"),
+])
+def test_a_value_of_another_type_than_its_key_takes_is_refused_by_name(family, key, value):
+    """A value of a type its key does not take, which transformers' config class refuses too (a flag's
+    text "false" was read as true, a number as text read, 4.5 heads read as 4, a rope's name in place of
+    its settings an AttributeError): a WeightsError naming the key."""
+    prefix, own = FAMILIES[family]
+    config = {**COMMON, **own, key: value}
+    with pytest.raises(Exception):  # the reference: transformers makes no model of such a config
+        random_model(family, **{key: value})
+    with pytest.raises(nest.WeightsError, match=f"config.json's {key} is {value!r}, and {key} takes"):
+        card_source_from_config({"architectures": [MODELS.get(family, prefix + "ForCausalLM")], **config}, "tiny")
+
+
+def test_a_rope_of_one_kind_of_layer_given_as_a_name_is_refused_by_name():
+    config = {"architectures": ["Gemma3ForCausalLM"], **COMMON, **FAMILIES["gemma3"][1]}
+    config["rope_parameters"] = {**config["rope_parameters"], "full_attention": "linear"}
+    with pytest.raises(nest.WeightsError, match="config.json's rope_parameters.full_attention is 'linear'"):
+        card_source_from_config(config, "tiny")
+
+
+def test_architectures_as_one_name_is_that_architecture(tmp_path):
+    """`"architectures": "MistralForCausalLM"` (a string, which transformers takes, picking the model by
+    model_type) is that architecture, its defaults transformers'; it was read letter by letter, and refused
+    as an unsupported architecture. One not supported is named as config.json's "architectures"."""
+    import transformers
+    from safetensors.numpy import save_file
+
+    from linnet.nest.checkpoint import SafetensorsCheckpoint
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": "MistralForCausalLM", **REQUIRED}))
+    save_file({"x": np.zeros(1, np.float32)}, str(tmp_path / "model.safetensors"))
+    source = card_source_from_config(SafetensorsCheckpoint(tmp_path).config(), "tiny")
+    reference = transformers.MistralConfig(**REQUIRED)
+    assert "import llama\n" in source and f"  sliding_window = {reference.sliding_window}\n" in source
+    with pytest.raises(nest.WeightsError, match=r"""config.json's "architectures" is 'FalconForCausalLM', an """
+                                                r"architecture not supported"):
+        card_source_from_config({"architectures": "FalconForCausalLM", **REQUIRED}, "tiny")
+    with pytest.raises(nest.WeightsError, match=r"""config.json's "architectures" names none"""):
+        card_source_from_config(REQUIRED, "tiny")
