@@ -270,8 +270,10 @@ def _dense_values(config: dict, name: str) -> dict:
 
 
 def _refuse_biases(config: dict, name: str, keys=("attention_bias", "mlp_bias")) -> None:
-    # Checkpoints with biases exist; loaded without them they would give wrong logits with
-    # nothing but an unused-tensor warning, so they are refused.
+    """Refused: each of `keys` set, the ones the family's transformers model gives its projections
+    biases by. Checkpoints with biases exist; loaded without them they would give wrong logits. A key
+    the family's model does not read (Mistral's, Phi-3's: no biases whatever it says) is not refused;
+    bias tensors that such a checkpoint holds anyway are (nest.load, unused biases)."""
     biased = [key for key in keys if config.get(key)]
     if biased:
         raise WeightsError(f"{name}: this checkpoint has {' and '.join(biased)} set, and its architecture "
@@ -324,13 +326,15 @@ def _original_context(config: dict, scaling: dict) -> int:
     return int(original)
 
 
-def _llama_values(config: dict, name: str) -> dict:
-    _refuse_biases(config, name)
+def _llama_values(config: dict, name: str, biases=("attention_bias", "mlp_bias")) -> dict:
+    _refuse_biases(config, name, biases)
     return {**_dense_values(config, name), **_rope_values(config, name, "Llama", ("llama3", "linear", "yarn"))}
 
 
 def _mistral_values(config: dict, name: str) -> dict:
-    values = _llama_values(config, name)
+    """Mistral (and Mixtral): Llama's keys and a window. transformers' Mistral and Mixtral read neither
+    attention_bias nor mlp_bias (their projections have no biases), so neither is refused."""
+    values = _llama_values(config, name, biases=())
     window = config.get("sliding_window")
     if window and int(window) < int(config.get("max_position_embeddings") or 1 << 62):
         values["sliding_window"] = int(window)  # Mistral 7B v0.1: every layer sees the last 4096
@@ -357,17 +361,18 @@ def _qwen_values(config: dict, name: str) -> dict:
 
 
 def _qwen2_values(config: dict, name: str) -> dict:
-    _refuse_biases(config, name, ("mlp_bias",))  # q, k and v have biases in every Qwen2
+    # q, k and v have biases in every Qwen2, o and the MLP none: transformers' Qwen2 reads neither
+    # attention_bias nor mlp_bias
     return _qwen_values(config, name)
 
 
 def _qwen3_values(config: dict, name: str) -> dict:
-    _refuse_biases(config, name)
+    _refuse_biases(config, name, ("attention_bias",))  # (its MLP has no biases whatever mlp_bias says)
     return _qwen_values(config, name)
 
 
 def _qwen3_moe_values(config: dict, name: str) -> dict:
-    _refuse_biases(config, name)
+    _refuse_biases(config, name, ("attention_bias",))
     dense = config.get("mlp_only_layers") or []
     step = int(config.get("decoder_sparse_step") or 1)
     if dense or step != 1:
@@ -546,8 +551,8 @@ def _granite_values(config: dict, name: str) -> dict:
 def _phi3_values(config: dict, name: str) -> dict:
     """Phi-3: Llama's config keys and Mistral's window. The longrope of the 128k models (and of
     Phi-3.5 and Phi-4-mini), and Phi-4-mini's rope over part of each head, are refused: the phi3
-    architecture rotates whole heads at one frequency table."""
-    _refuse_biases(config, name)
+    architecture rotates whole heads at one frequency table. transformers' Phi-3 reads neither
+    attention_bias nor mlp_bias (no projection has a bias), so neither is refused."""
     scaling, kind = _rope_scaling(config)
     if kind not in ("default", None):
         raise WeightsError(f"{name}: rope scaling {kind!r} is not supported for Phi-3 checkpoints (the 128k "
@@ -623,16 +628,18 @@ def _deepseek_v3_values(config: dict, name: str) -> dict:
         "scoring_func": (config.get("scoring_func") or "sigmoid", "sigmoid"),
         "topk_method": (config.get("topk_method") or "noaux_tc", "noaux_tc"),
         "moe_layer_freq": (int(config.get("moe_layer_freq", 1)), 1)},
-        "DeepSeek-V3's: a query latent, interleaved rope, group-limited top-k of corrected sigmoid scores")
+        "DeepSeek-V3's: a query latent, interleaved rope, group-limited top-k of corrected sigmoid scores",
+        biases=("attention_bias",))  # (transformers' DeepSeek-V3 MLPs have no biases whatever mlp_bias says)
     return {**_mla_values(config, name), "q_lora_rank": int(config["q_lora_rank"]),
             "expert_groups": int(config["n_group"]), "topk_groups": int(config["topk_group"]),
             "norm_topk_prob": bool(config.get("norm_topk_prob", True))}
 
 
-def _refuse_mla(config: dict, name: str, arch: str, refused: dict, what: str) -> None:
-    """The checks both DeepSeek architectures make: no biases, SwiGLU, and each of `refused`'s
+def _refuse_mla(config: dict, name: str, arch: str, refused: dict, what: str,
+                biases=("attention_bias", "mlp_bias")) -> None:
+    """The checks both DeepSeek architectures make: none of `biases` set, SwiGLU, and each of `refused`'s
     {key: (the config's value, the one the architecture computes)}."""
-    _refuse_biases(config, name)
+    _refuse_biases(config, name, biases)
     act = config.get("hidden_act", "silu")
     if act not in SILU:
         raise WeightsError(f"{name}: hidden_act {act!r}; the {arch} architecture's MLPs are SwiGLU (silu)")

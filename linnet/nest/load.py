@@ -34,7 +34,8 @@ quantization="gguf", Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q3_K / Q4_K / Q5_K / Q6_
 linears, kept in their blocks: `nest.quantized`). Tensors in the
 checkpoint that the card does not use are reported once (a warning; but for the
 rope frequencies older transformers saved, `rotary_emb.inv_freq`) and listed
-in `model.info["unused_tensors"]`.
+in `model.info["unused_tensors"]`; a bias among them, which would change every
+logit, is refused.
 """
 
 from __future__ import annotations
@@ -608,6 +609,13 @@ def _read(module: Module, ckpt: Checkpoint, cast_dtype: bool, device: str, progr
 
     ckpt, fmt, unused = check_headers(module, ckpt, cast_dtype)
     unused = _tied_head(module, ckpt, fmt, unused)
+    # a bias the card does not add changes every logit (a Mistral config saying attention_bias, whose
+    # checkpoint holds q/k/v biases that transformers' Mistral drops and vLLM's adds): refused, not warned of
+    biases = [name for name in unused if name.endswith(".bias")]
+    if biases:
+        raise WeightsError(f"{ckpt.path}: {len(biases)} bias tensor(s) the card {module.name} does not compute: "
+                           f"{', '.join(biases[:8])}{' ...' if len(biases) > 8 else ''}; without them its logits "
+                           f"would be wrong. Load it with a card over an architecture that has them")
     # (checkpoints saved by older transformers hold each layer's rope frequencies, a buffer any rope
     # computes again: listed, but not warned of, as vLLM skips them without a word)
     told = [name for name in unused if not name.endswith(ROPE_FREQUENCY_BUFFER)]

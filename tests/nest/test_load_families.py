@@ -905,3 +905,27 @@ def test_architectures_as_one_name_is_that_architecture(tmp_path):
         card_source_from_config({"architectures": "FalconForCausalLM", **REQUIRED}, "tiny")
     with pytest.raises(nest.WeightsError, match=r"""config.json's "architectures" names none"""):
         card_source_from_config(REQUIRED, "tiny")
+
+
+@pytest.mark.parametrize("family, key", [("mistral", "attention_bias"), ("qwen2", "mlp_bias"),
+                                         ("phi3", "attention_bias")])
+def test_a_bias_key_the_familys_model_does_not_read_is_not_refused(family, key, tmp_path, prefill_error):
+    """Mistral's and Phi-3's projections have no biases, Qwen2's q/k/v always and the rest never, whatever
+    attention_bias or mlp_bias says: transformers' models read neither, and such a config loads as
+    transformers runs it (it was refused). Where the checkpoint holds bias tensors anyway, which
+    transformers drops, it is refused: the biases would change every logit."""
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    random_model(family).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, key: True}))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).float().eval()
+    model = nest.load(str(tmp_path), generics=GENERICS, tokenizer=False)
+    assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
+    state = load_file(str(tmp_path / "model.safetensors"))
+    save_file({**state, "model.layers.0.self_attn.o_proj.bias": torch.ones(64)}, str(tmp_path / "model.safetensors"),
+              metadata={"format": "pt"})
+    with pytest.raises(nest.WeightsError, match=r"1 bias tensor\(s\) the card \w+ does not compute: "
+                                                r"model.layers.0.self_attn.o_proj.bias"):
+        nest.load(str(tmp_path), generics=GENERICS, tokenizer=False)
