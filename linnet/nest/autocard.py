@@ -27,9 +27,11 @@ TRANSFORMERS_DEFAULTS = {
     "MistralForCausalLM": {"num_key_value_heads": 8, "sliding_window": 4096, "max_position_embeddings": 131072},
     "MixtralForCausalLM": {"num_key_value_heads": 8, "rms_norm_eps": 1e-5, "rope_theta": 1e6,
                            "max_position_embeddings": 131072},
-    "Qwen2ForCausalLM": {"num_key_value_heads": 32, "max_position_embeddings": 32768},
-    "Qwen3ForCausalLM": {"num_key_value_heads": 32, "head_dim": 128, "max_position_embeddings": 32768},
-    "Qwen3MoeForCausalLM": {"num_key_value_heads": 4, "max_position_embeddings": 32768},
+    # (Qwen's window, where use_sliding_window is set and sliding_window is not, is 4096)
+    "Qwen2ForCausalLM": {"num_key_value_heads": 32, "sliding_window": 4096, "max_position_embeddings": 32768},
+    "Qwen3ForCausalLM": {"num_key_value_heads": 32, "head_dim": 128, "sliding_window": 4096,
+                         "max_position_embeddings": 32768},
+    "Qwen3MoeForCausalLM": {"num_key_value_heads": 4, "sliding_window": 4096, "max_position_embeddings": 32768},
     "Gemma3ForCausalLM": {"num_key_value_heads": 4, "head_dim": 256, "query_pre_attn_scalar": 256,
                           "sliding_window": 4096, "max_position_embeddings": 131072},
     "Olmo2ForCausalLM": {"rms_norm_eps": 1e-5, "max_position_embeddings": 2048},
@@ -378,7 +380,10 @@ def _qwen3_moe_values(config: dict, name: str) -> dict:
     if dense or step != 1:
         raise WeightsError(f"{name}: this checkpoint gives some layers a dense MLP (mlp_only_layers {dense}, "
                            f"decoder_sparse_step {step}); the qwen3_moe architecture routes every layer to its experts")
-    return {**_qwen_values({**config, "intermediate_size": config["moe_intermediate_size"]}, name),
+    # transformers' Qwen3-MoE slides use_sliding_window's window in every layer: it reads no max_window_layers
+    # (which Qwen3-MoE's config.json holds, 48 in Qwen3-30B-A3B's) and no layer_types
+    every_layer = {"max_window_layers": 0, "layer_types": None}
+    return {**_qwen_values({**config, **every_layer, "intermediate_size": config["moe_intermediate_size"]}, name),
             # the hub's name, and transformers 5's
             "experts": int(config.get("num_experts") or config["num_local_experts"]),
             "experts_per_token": int(config["num_experts_per_tok"]),

@@ -929,3 +929,30 @@ def test_a_bias_key_the_familys_model_does_not_read_is_not_refused(family, key, 
     with pytest.raises(nest.WeightsError, match=r"1 bias tensor\(s\) the card \w+ does not compute: "
                                                 r"model.layers.0.self_attn.o_proj.bias"):
         nest.load(str(tmp_path), generics=GENERICS, tokenizer=False)
+
+
+def test_a_qwen3_moe_window_slides_in_every_layer_as_transformers_slides_it(tmp_path, prefill_error):
+    """transformers' Qwen3-MoE slides use_sliding_window's window in every layer, whatever max_window_layers
+    says (it reads none; Qwen3-30B-A3B's config.json holds 48): the card's window is in every layer. It had
+    none, from Qwen2's max_window_layers of 28, up to 1.4 off transformers' logits."""
+    reference = random_model("qwen3_moe", use_sliding_window=True, sliding_window=4, max_window_layers=2)
+    reference.save_pretrained(tmp_path)
+    model = nest.load(str(tmp_path), generics=GENERICS, tokenizer=False)
+    assert model.module.bindings["sliding_window"] == 4
+    assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
+
+
+@pytest.mark.parametrize("arch", ["Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"])
+def test_a_qwen_window_a_config_sets_without_its_length_is_transformers_default(arch, tmp_path):
+    """use_sliding_window with no sliding_window: transformers' Qwen configs slide 4096 (Linnet had no window)."""
+    import transformers
+    from safetensors.numpy import save_file
+
+    from linnet.nest.checkpoint import SafetensorsCheckpoint
+
+    own = {**REQUIRED, **OWN_REQUIRED.get(arch, {}), "use_sliding_window": True, "max_window_layers": 0}
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch], **own}))
+    save_file({"x": np.zeros(1, np.float32)}, str(tmp_path / "model.safetensors"))
+    reference = getattr(transformers, ARCHITECTURES[arch])(**own)
+    source = card_source_from_config(SafetensorsCheckpoint(tmp_path).config(), "tiny")
+    assert f"  sliding_window = {reference.sliding_window}\n" in source
