@@ -244,7 +244,12 @@ def _plain_rope(config: dict, name: str, family: str, arch: str) -> dict:
 
 
 def _rope_theta(config: dict, default: float) -> float:
-    return float(config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta", default))
+    """The rope base as transformers 5 reads it: the rope settings' own (rope_scaling's, or else
+    rope_parameters', as `_rope_scaling` picks them) over a top-level rope_theta, where a config has both."""
+    theta = _rope_scaling(config)[0].get("rope_theta")
+    if theta is None:
+        theta = config.get("rope_theta")
+    return float(theta if theta is not None else default)
 
 
 SILU = ("silu", "swish")  # transformers' names for x * sigmoid(x) (ACT2FN's "swish" is its SiLU)

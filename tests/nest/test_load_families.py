@@ -956,3 +956,21 @@ def test_a_qwen_window_a_config_sets_without_its_length_is_transformers_default(
     reference = getattr(transformers, ARCHITECTURES[arch])(**own)
     source = card_source_from_config(SafetensorsCheckpoint(tmp_path).config(), "tiny")
     assert f"  sliding_window = {reference.sliding_window}\n" in source
+
+
+@pytest.mark.parametrize("where", ["rope_parameters", "rope_scaling"])
+def test_a_rope_base_in_the_ropes_settings_is_read_over_a_top_level_one(where, tmp_path, prefill_error):
+    """A config.json with a rope_theta both at the top and in its rope settings (transformers 5's
+    rope_parameters, or rope_scaling, their older name), the two apart: transformers reads the settings'
+    own, and so does the card (it read the top-level one)."""
+    import transformers
+
+    random_model("mistral").save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    rope = config.pop("rope_parameters")
+    assert rope["rope_theta"] == COMMON["rope_theta"]
+    (tmp_path / "config.json").write_text(json.dumps({**config, where: rope, "rope_theta": 500000.0}))
+    reference = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).float().eval()
+    model = nest.load(str(tmp_path), generics=GENERICS, tokenizer=False)
+    assert model.module.bindings["rope_theta"] == reference.config.rope_parameters["rope_theta"]
+    assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
