@@ -863,7 +863,7 @@ def test_keys_a_deepseek_v2_config_leaves_out_are_transformers_defaults(tmp_path
 
 @pytest.mark.parametrize("family, key, value", [
     ("mistral", "tie_word_embeddings", "false"), ("qwen3", "attention_bias", "false"), ("gemma3", "rms_norm_eps", "1e-6"),
-    ("mistral", "num_attention_heads", "4"), ("qwen2", "num_attention_heads", 4.5), ("mixtral", "rope_theta", "1e6"),
+    ("mistral", "num_attention_heads", "4"), ("qwen2", "num_attention_heads", 4.5), ("qwen3", "rope_theta", "1e6"),
     ("granite", "embedding_multiplier", "12"), ("mistral", "rope_parameters", "yarn"), ("smollm3", "layer_types", "full"),
     ("deepseek_v3", "norm_topk_prob", "true"), ("phi2", "partial_rotary_factor", "0.5"), ("gpt2", "n_embd", "64"),
 ])
