@@ -59,7 +59,8 @@ def architectures_of(config: dict) -> list:
     """config.json's `architectures`: a list of class names, or one name as a string (as transformers
     takes it, picking the model by model_type), which is a list of that one, not of its letters."""
     archs = config.get("architectures") or []
-    return [archs] if isinstance(archs, str) else archs if isinstance(archs, list) else [archs]
+    return [archs] if isinstance(archs, str) else [a for a in archs if isinstance(a, str)] \
+        if isinstance(archs, list) else []
 
 
 def with_transformers_defaults(config: dict) -> dict:
@@ -98,7 +99,8 @@ def card_source_from_config(config: dict, name: str, rope_scaled_context: bool =
     archs = architectures_of(config)
     arch = next((a for a in archs if a in SUPPORTED), None)
     if arch is None:
-        said = f'is {config["architectures"]!r}, an architecture' if archs else "names none, an architecture"
+        said = (f'is {config["architectures"]!r}, an architecture' if config.get("architectures")
+                else "names none, an architecture")
         raise WeightsError(f'{name}: config.json\'s "architectures" {said} not supported for checkpoints without '
                            f"a card; supported: {', '.join(SUPPORTED)}")
     linnet_arch, values_of = SUPPORTED[arch]

@@ -905,6 +905,8 @@ def test_architectures_as_one_name_is_that_architecture(tmp_path):
         card_source_from_config({"architectures": "FalconForCausalLM", **REQUIRED}, "tiny")
     with pytest.raises(nest.WeightsError, match=r"""config.json's "architectures" names none"""):
         card_source_from_config(REQUIRED, "tiny")
+    with pytest.raises(nest.WeightsError, match=r"""config.json's "architectures" is \{'LlamaForCausalLM': 1\}"""):
+        card_source_from_config({"architectures": {"LlamaForCausalLM": 1}, **REQUIRED}, "tiny")
 
 
 @pytest.mark.parametrize("family, key", [("mistral", "attention_bias"), ("qwen2", "mlp_bias"),
