@@ -976,3 +976,25 @@ def test_a_rope_base_in_the_ropes_settings_is_read_over_a_top_level_one(where, t
     model = nest.load(str(tmp_path), generics=GENERICS, tokenizer=False)
     assert model.module.bindings["rope_theta"] == reference.config.rope_parameters["rope_theta"]
     assert max(prefill_error(model, reference, PROMPTS)) <= 1e-4
+
+
+@pytest.mark.parametrize("arch", ["MixtralForCausalLM", "Qwen3MoeForCausalLM", "GptOssForCausalLM"])
+def test_expert_counts_a_config_leaves_out_are_transformers_defaults(arch):
+    """A mixture of experts' config.json without its expert counts (or gpt-oss's without its kv heads and
+    head width): transformers' config class's defaults, where the card had none (refused) or heads and
+    dim / heads."""
+    import transformers
+
+    from linnet.nest.autocard import with_transformers_defaults
+
+    rope = {"rope_scaling": {"rope_type": "yarn", "factor": 32.0}} if arch == "GptOssForCausalLM" else {}
+    reference = getattr(transformers, arch.replace("ForCausalLM", "Config"))(**REQUIRED)
+    source = card_source_from_config(with_transformers_defaults({"architectures": [arch], **REQUIRED, **rope}), "t")
+    want = {"experts": getattr(reference, "num_experts", None) or reference.num_local_experts,
+            "experts_per_token": reference.num_experts_per_tok, "kv_heads": reference.num_key_value_heads}
+    if arch == "Qwen3MoeForCausalLM":
+        want["ffn"] = reference.moe_intermediate_size
+    if arch == "GptOssForCausalLM":
+        want["head_dim"] = reference.head_dim
+    for key, value in want.items():
+        assert f"  {key} = {value}\n" in source, (key, value, source)
