@@ -32,7 +32,7 @@ TRANSFORMERS_DEFAULTS = {
     "Qwen3ForCausalLM": {"num_key_value_heads": 32, "head_dim": 128, "sliding_window": 4096,
                          "max_position_embeddings": 32768},
     "Qwen3MoeForCausalLM": {"num_key_value_heads": 4, "sliding_window": 4096, "max_position_embeddings": 32768,
-                            "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768},
+                            "num_local_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768},
     "GptOssForCausalLM": {"num_key_value_heads": 8, "head_dim": 64, "num_local_experts": 128,
                           "num_experts_per_tok": 4, "max_position_embeddings": 131072},
     "Gemma3ForCausalLM": {"num_key_value_heads": 4, "head_dim": 256, "query_pre_attn_scalar": 256,
@@ -58,6 +58,14 @@ TRANSFORMERS_DEFAULTS = {
 }
 
 
+# transformers' two names of one key (its config classes' attribute_map): the hub's Qwen3-MoE says num_experts
+EXPERT_COUNTS = ("num_local_experts", "num_experts")
+
+
+def _experts(config: dict) -> int:
+    return int(config.get("num_local_experts") or config["num_experts"])
+
+
 def architectures_of(config: dict) -> list:
     """config.json's `architectures`: a list of class names, or one name as a string (as transformers
     takes it, picking the model by model_type), which is a list of that one, not of its letters."""
@@ -76,6 +84,8 @@ def with_transformers_defaults(config: dict) -> dict:
     defaults = dict(TRANSFORMERS_DEFAULTS[arch])
     if "rope_parameters" in config:
         defaults.pop("rope_theta", None)
+    if any(key in config for key in EXPERT_COUNTS):  # the file's count, under either name
+        defaults.pop("num_local_experts", None)
     return {**defaults, **config}
 
 
@@ -395,13 +405,13 @@ def _qwen3_moe_values(config: dict, name: str) -> dict:
     every_layer = {"max_window_layers": 0, "layer_types": None}
     return {**_qwen_values({**config, **every_layer, "intermediate_size": config["moe_intermediate_size"]}, name),
             # the hub's name, and transformers 5's
-            "experts": int(config.get("num_experts") or config["num_local_experts"]),
+            "experts": _experts(config),
             "experts_per_token": int(config["num_experts_per_tok"]),
             "norm_topk_prob": bool(config.get("norm_topk_prob", False))}
 
 
 def _mixtral_values(config: dict, name: str) -> dict:
-    return {**_mistral_values(config, name), "experts": int(config["num_local_experts"]),
+    return {**_mistral_values(config, name), "experts": _experts(config),
             "experts_per_token": int(config["num_experts_per_tok"])}
 
 
@@ -423,7 +433,7 @@ def _gpt_oss_values(config: dict, name: str) -> dict:
         "heads": heads,
         "kv_heads": int(config.get("num_key_value_heads") or heads),
         "head_dim": int(config.get("head_dim") or int(config["hidden_size"]) // heads),
-        "experts": int(config["num_local_experts"]),
+        "experts": _experts(config),
         "experts_per_token": int(config["num_experts_per_tok"]),
         "ffn": int(config["intermediate_size"]),
         "sliding_window": int(config.get("sliding_window") or 128),

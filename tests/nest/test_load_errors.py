@@ -201,12 +201,13 @@ def test_not_a_llama_checkpoint(ckpt_dir):
 
 
 def test_a_config_without_its_familys_keys(ckpt_dir):
-    """A Mixtral config.json with no expert count: the key named, not a KeyError."""
+    """A Llama config.json with no intermediate_size: the key named, not a KeyError. (A Mixtral's without
+    an expert count is transformers' default of 8: test_load_families.)"""
     cfg = json.loads((ckpt_dir / "config.json").read_text())
-    cfg["architectures"] = ["MixtralForCausalLM"]
+    del cfg["intermediate_size"]
     (ckpt_dir / "config.json").write_text(json.dumps(cfg))
-    with pytest.raises(WeightsError, match=r"Tiny-Llama: config.json has no 'num_local_experts', which a "
-                                           r"MixtralForCausalLM config holds"):
+    with pytest.raises(WeightsError, match=r"Tiny-Llama: config.json has no 'intermediate_size', which a "
+                                           r"LlamaForCausalLM config holds"):
         load(ckpt_dir)
 
 

@@ -985,7 +985,7 @@ def test_expert_counts_a_config_leaves_out_are_transformers_defaults(arch):
     dim / heads."""
     import transformers
 
-    from linnet.nest.autocard import with_transformers_defaults
+    from linnet.nest.autocard import EXPERT_COUNTS, with_transformers_defaults
 
     rope = {"rope_scaling": {"rope_type": "yarn", "factor": 32.0}} if arch == "GptOssForCausalLM" else {}
     reference = getattr(transformers, arch.replace("ForCausalLM", "Config"))(**REQUIRED)
@@ -998,3 +998,8 @@ def test_expert_counts_a_config_leaves_out_are_transformers_defaults(arch):
         want["head_dim"] = reference.head_dim
     for key, value in want.items():
         assert f"  {key} = {value}\n" in source, (key, value, source)
+    # either of transformers' names of the count (its attribute_map), not the default, where the file has one
+    for count in EXPERT_COUNTS:
+        config = with_transformers_defaults({"architectures": [arch], **REQUIRED, **rope, count: 4})
+        assert getattr(transformers, arch.replace("ForCausalLM", "Config"))(**REQUIRED, **{count: 4}).num_experts == 4
+        assert "  experts = 4\n" in card_source_from_config(config, "t")
