@@ -244,8 +244,15 @@ def _literal(value) -> str:
 
 
 def _rope_scaling(config: dict) -> tuple[dict, str]:
+    """(the rope settings, their kind). Settings with a factor that name no kind (`"rope_type": null`)
+    are a KeyError (card_source_from_config names the key), not plain rope: their factor was dropped."""
     scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
-    return scaling, (scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default")
+    if not scaling:
+        return scaling, "default"
+    kind = scaling.get("rope_type") or scaling.get("type")
+    if kind is None and "factor" in scaling:
+        raise KeyError("rope_type")
+    return scaling, kind or "default"
 
 
 def _plain_rope(config: dict, name: str, family: str, arch: str) -> dict:
