@@ -33,7 +33,7 @@ T: a quantized tensor has no dtype of its own to match (but, with
 quantization="gguf", Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS
 linears, kept in their blocks: `nest.quantized`). Tensors in the
 checkpoint that the card does not use are reported once (a warning; but for the
-rope frequencies older transformers saved, `rotary_emb.inv_freq`) and listed
+buffers older transformers saved, `recomputed_buffer`) and listed
 in `model.info["unused_tensors"]`; a bias among them, which would change every
 logit, is refused.
 """
@@ -586,7 +586,13 @@ def _tied_head(module: Module, ckpt: Checkpoint, fmt: str, unused: list) -> list
     return [name for name in unused if name != head]
 
 
-ROPE_FREQUENCY_BUFFER = "rotary_emb.inv_freq"
+def recomputed_buffer(name: str, ckpt: Checkpoint) -> bool:
+    """A buffer older transformers saved that the card computes again, listed as unused but not warned
+    of (vLLM skips them without a word): each layer's rope frequencies (`rotary_emb.inv_freq`), and
+    GPT-2's causal mask (`attn.bias`, [1, 1, n, n]) and `attn.masked_bias` (openai-community/gpt2's
+    file holds both, 50 of its 548 MB)."""
+    return name.endswith(("rotary_emb.inv_freq", "attn.masked_bias")) or \
+        name.endswith("attn.bias") and len(ckpt.shape(name)) == 4
 
 
 def check_headers(module: Module, ckpt: Checkpoint, cast_dtype: bool) -> tuple[Checkpoint, str, list]:
@@ -611,14 +617,13 @@ def _read(module: Module, ckpt: Checkpoint, cast_dtype: bool, device: str, progr
     unused = _tied_head(module, ckpt, fmt, unused)
     # a bias the card does not add changes every logit (a Mistral config saying attention_bias, whose
     # checkpoint holds q/k/v biases that transformers' Mistral drops and vLLM's adds): refused, not warned of
-    biases = [name for name in unused if name.endswith(".bias")]
+    # (a layer's bias is a vector: GPT-2's `attn.bias` is its causal mask, a buffer, `recomputed_buffer`)
+    biases = [name for name in unused if name.endswith(".bias") and len(ckpt.shape(name)) == 1]
     if biases:
         raise WeightsError(f"{ckpt.path}: {len(biases)} bias tensor(s) the card {module.name} does not compute: "
                            f"{', '.join(biases[:8])}{' ...' if len(biases) > 8 else ''}; without them its logits "
                            f"would be wrong. Load it with a card over an architecture that has them")
-    # (checkpoints saved by older transformers hold each layer's rope frequencies, a buffer any rope
-    # computes again: listed, but not warned of, as vLLM skips them without a word)
-    told = [name for name in unused if not name.endswith(ROPE_FREQUENCY_BUFFER)]
+    told = [name for name in unused if not recomputed_buffer(name, ckpt)]
     if told:
         warnings.warn(f"{ckpt.path}: {len(told)} checkpoint tensor(s) not used by the card: "
                       f"{', '.join(told[:8])}{' ...' if len(told) > 8 else ''}", stacklevel=4)
