@@ -88,8 +88,8 @@ def closed_objects(schema: dict) -> dict:
     the letter of JSON Schema, where such an object may hold any other key, a model spends its tokens
     on keys nobody asked for. Left as written: where the schema says (additionalProperties,
     unevaluatedProperties), and what combines with other schemas (allOf's several branches, not,
-    if / then / else, and the $defs of a schema that has such), where closing one would refuse the others'
-    properties."""
+    if / then / else, and the $defs of a schema that has such; an object whose anyOf or oneOf branches
+    may list more properties), where closing one would refuse the others' properties."""
     schema = copy.deepcopy(schema)
     combines = _combines(schema)
 
@@ -100,14 +100,16 @@ def closed_objects(schema: dict) -> dict:
             return
         if not isinstance(node, dict):
             return
-        if ("properties" in node or "patternProperties" in node) and \
-                "additionalProperties" not in node and "unevaluatedProperties" not in node:
+        listed = "properties" in node or "patternProperties" in node
+        # an object's properties beside branches that may list more (anyOf, oneOf, dependencies) join theirs
+        joined = listed and any(key in node for key in ("anyOf", "oneOf", "allOf", "dependentSchemas", "dependencies"))
+        if listed and not joined and "additionalProperties" not in node and "unevaluatedProperties" not in node:
             node["additionalProperties"] = False
         for key in ("properties", "patternProperties") + (("$defs", "definitions") if not combines else ()):
             if isinstance(node.get(key), dict):
                 for sub in node[key].values():
                     close(sub)
-        for key in ("additionalProperties", "items", "prefixItems", "anyOf", "oneOf"):
+        for key in ("additionalProperties", "items", "prefixItems") + (("anyOf", "oneOf") if not joined else ()):
             close(node.get(key))
         if isinstance(node.get("allOf"), list) and len(node["allOf"]) == 1:
             close(node["allOf"])

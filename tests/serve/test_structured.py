@@ -157,6 +157,8 @@ def test_greedy_structured_tokens_are_those_llguidance_masks_give_step_by_step(e
     # branches whose properties join are left as written: closing each would refuse the other's
     ({"allOf": [{"type": "object", "properties": {"a": {"type": "integer"}}},
                 {"type": "object", "properties": {"b": {"type": "integer"}}}]}, '{"a": 1, "b": 2}', True),
+    ({"type": "object", "properties": {"a": {"type": "integer"}},
+      "anyOf": [{"properties": {"b": {"type": "integer"}}, "required": ["b"]}]}, '{"a": 1, "b": 2}', True),
 ])
 def test_an_object_that_lists_its_properties_takes_no_others_as_vllm_and_llama_cpp_hold_it(schema, text, taken):
     """As xgrammar's strict mode (vLLM's default) and llama.cpp's grammars read a schema, an object
