@@ -810,44 +810,51 @@ def asgi(app, method, path, body=None, headers=(), disconnect=None, answer_heade
     return go
 
 
-def test_a_client_that_goes_away_frees_its_row():
-    """The client leaves while its request's first pass runs (held here until it has left; the
-    app's first stream started the engine's loop): the step after that pass ends the request as
-    cancelled, its row free, with at most the one token the pass drew."""
+def held_prefill(engine):
+    """The engine's prefill held until the returned event is set (a client can leave while its first
+    pass runs); (that event, the prefill as it was)."""
     import threading
 
-    model = make_model("torch", rows=2, max_seq=64)
-    engine = Engine(model)
-    app = OpenAIServer(engine, "tiny")
     prefill, left = engine.runner.prefill, threading.Event()
 
     def held(*args):
         left.wait(30)
         return prefill(*args)
     engine.runner.prefill = held
+    return left, prefill
 
-    async def scenario(stream: bool):
-        left.clear()
-        gone = asyncio.Event()
-        task = asyncio.ensure_future(asgi(app, "POST", "/v1/completions",
-                                          {"prompt": [5, 6, 7], "max_tokens": 40, "stream": stream},
-                                          disconnect=gone)())
-        while not engine.in_flight:
-            await asyncio.sleep(0.01)
-        comp = next(iter(engine.in_flight.values())).comp
-        gone.set()
-        for _ in range(500):  # the app's watcher cancels within a few loop turns
-            if engine.cancelled:
-                break
-            await asyncio.sleep(0.01)
-        assert engine.cancelled, "the client left and its request was not cancelled"
-        left.set()
-        await asyncio.wait_for(task, 30)
-        return comp
 
+async def leave_in_first_pass(app, engine, left, path: str, body: dict):
+    """POSTs `body`, and leaves while its first pass is held (`held_prefill`'s `left`), then lets the
+    pass go on: (the app's (status, body), the request's completion)."""
+    left.clear()
+    gone = asyncio.Event()
+    task = asyncio.ensure_future(asgi(app, "POST", path, body, disconnect=gone)())
+    while not engine.in_flight:
+        await asyncio.sleep(0.01)
+    comp = next(iter(engine.in_flight.values())).comp
+    gone.set()
+    for _ in range(500):  # the app's watcher cancels within a few loop turns
+        if engine.cancelled:
+            break
+        await asyncio.sleep(0.01)
+    assert engine.cancelled, "the client left and its request was not cancelled"
+    left.set()
+    return await asyncio.wait_for(task, 30), comp
+
+
+def test_a_client_that_goes_away_frees_its_row():
+    """The client leaves while its request's first pass runs (held here until it has left; the
+    app's first stream started the engine's loop): the step after that pass ends the request as
+    cancelled, its row free, with at most the one token the pass drew."""
+    model = make_model("torch", rows=2, max_seq=64)
+    engine = Engine(model)
+    app = OpenAIServer(engine, "tiny")
+    left, _ = held_prefill(engine)
     try:
         for stream in (False, True):
-            comp = asyncio.run(scenario(stream))
+            _, comp = asyncio.run(leave_in_first_pass(app, engine, left, "/v1/completions",
+                                                      {"prompt": [5, 6, 7], "max_tokens": 40, "stream": stream}))
             assert comp.finish_reason == "cancelled" and len(comp.tokens) <= 1
             assert not engine.live and not engine.waiting and len(engine.free_rows) == 2
     finally:
@@ -860,8 +867,6 @@ def test_a_response_whose_client_went_away_is_not_kept():
     """A Response whose client leaves mid-reply (held in its first pass until it has left) is not
     kept, streamed or not: its request cancelled, its text cut there, it was kept as "completed",
     a turn a later Response would continue as if the model had ended it. One that ends is kept."""
-    import threading
-
     from linnet.serve.openai_api import ApiError
 
     from .conftest import TEMPLATE
@@ -872,30 +877,11 @@ def test_a_response_whose_client_went_away_is_not_kept():
     model.tokenizer.chat_template = TEMPLATE
     engine = Engine(model)
     app = OpenAIServer(engine, "tiny")
-    prefill, left = engine.runner.prefill, threading.Event()
-
-    def held(*args):
-        left.wait(30)
-        return prefill(*args)
-    engine.runner.prefill = held
-
-    async def scenario(stream: bool):
-        left.clear()
-        gone = asyncio.Event()
-        task = asyncio.ensure_future(asgi(app, "POST", "/v1/responses",
-                                          {"input": "t5 t6", "max_output_tokens": 40, "stream": stream},
-                                          disconnect=gone)())
-        while not engine.in_flight:
-            await asyncio.sleep(0.01)
-        gone.set()
-        while not engine.cancelled:  # (the app's watcher cancels within a few loop turns)
-            await asyncio.sleep(0.01)
-        left.set()
-        return await asyncio.wait_for(task, 30)
-
+    left, prefill = held_prefill(engine)
     try:
         for stream in (False, True):
-            status, body = asyncio.run(scenario(stream))
+            (status, body), _ = asyncio.run(leave_in_first_pass(
+                app, engine, left, "/v1/responses", {"input": "t5 t6", "max_output_tokens": 40, "stream": stream}))
             sent = json.loads(body.split(b"data: ")[1].split(b"\n")[0])["response"] if stream else json.loads(body)
             with pytest.raises(ApiError, match="its client went away") as unknown:
                 app.responses.response(sent["id"])
