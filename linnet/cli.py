@@ -11,7 +11,7 @@ import warnings
 from pathlib import Path
 
 from linnet.errors import LinnetError
-from linnet.serve.request import LARGEST_SCALE, MAX_LOGPROBS
+from linnet.serve.request import MAX_LOGPROBS, SAMPLING_RANGES
 
 
 def _generic(pair: str) -> tuple:
@@ -601,7 +601,7 @@ def _number(lo: float, hi: float | None, out_of_range: str, what: str = "a whole
 
 
 # a seed torch's and numpy's generators take; a count (rows, positions, tokens, devices), or one that may be
-# 0; a TCP port (0: any free one); a temperature and a top-p as a request takes them (`Request.validate`)
+# 0; a TCP port (0: any free one), a fraction; sampling fields as a request takes them (`SAMPLING_RANGES`)
 _seed = _number(0, (1 << 63) - 1, "must be from 0 to 2**63 - 1, not {}")
 _positive = _number(1, None, "must be 1 or more, not {}")
 _nonnegative = _number(0, None, "must be 0 or more, not {}")
@@ -619,13 +619,22 @@ def _context_flag(model_own: tuple):
 _max_seq = _context_flag(("auto",))  # --max-seq, vLLM's --max-model-len (its auto fits the model's to memory)
 _ctx_size = _context_flag(("auto", "0"))  # llama-cli's -c, --ctx-size: 0 is the model's
 _port = _number(0, 65535, "a port is 0 to 65535, not {}", what="a port number")
-_temperature = _number(0, LARGEST_SCALE, f"must be from 0 to {LARGEST_SCALE:g}, not {{}}", "a number", float)
-_top_p = _number(0, 1, "must be from 0 to 1, not {}", "a number", float)
+_fraction = _number(0, 1, "must be from 0 to 1, not {}", "a number", float)  # --gpu-memory-utilization
+
+
+def _sampling_flag(name: str, note: str = ""):
+    """An argparse type for a sampling field, in the range a request takes (`SAMPLING_RANGES`)."""
+    least, most, _ = SAMPLING_RANGES[name]
+    return _number(least, most, f"must be from {least:g} to {most:g}{note}, not {{}}", "a number", float)
+
+
+_temperature = _sampling_flag("temperature")
+_top_p = _sampling_flag("top_p")
+_min_p = _sampling_flag("min_p")
 # a request's logprobs a token: each token's MAX_LOGPROBS best are what the device computes
 _max_logprobs = _number(0, MAX_LOGPROBS, f"must be from 0 to {MAX_LOGPROBS} (the most a token's logprobs list "
                         f"here; vLLM's -1, the whole vocabulary, is not taken), not {{}}")
-_penalty = _number(1 / LARGEST_SCALE, LARGEST_SCALE, f"must be from {1 / LARGEST_SCALE:g} to {LARGEST_SCALE:g} (1: none), "
-                   f"not {{}}", "a number", float)
+_penalty = _sampling_flag("repetition_penalty", " (1: none)")
 
 
 def _stop_text(text: str) -> str:
@@ -713,7 +722,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "add up to this (1, the default: from all)")
     g.add_argument("--top-k", type=_nonnegative, default=0,
                    help="sample from this many likeliest tokens (0, the default, as vLLM's: from all; llama-cli's is 40)")
-    g.add_argument("--min-p", type=_top_p, default=0.0,
+    g.add_argument("--min-p", type=_min_p, default=0.0,
                    help="drop tokens less likely than this fraction of the likeliest one's probability (0: none)")
     g.add_argument("--repetition-penalty", type=_penalty, default=1.0,
                    help="divide the positive logits (multiply the negative) of tokens already in the prompt or "
@@ -839,7 +848,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--disable-uvicorn-access-log", action="store_true",
                     help="no log line for each request (as vLLM's)")
     # vLLM's flags that mean nothing here: taken, so that a vLLM command line runs as it is
-    sv.add_argument("--gpu-memory-utilization", type=_top_p, default=None,
+    sv.add_argument("--gpu-memory-utilization", type=_fraction, default=None,
                     help="vLLM sizes its cache by this; Linnet's cache is --batch rows of --max-seq positions, "
                          "so it is taken and has no effect")
     sv.add_argument("--kv-cache-dtype", choices=["auto"], default="auto",

@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from linnet.serve.request import SAMPLING_RANGES
+
 from .chat_template import render_chat_template
 from .errors import TokenizerError
 
@@ -79,15 +81,14 @@ SAMPLING_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "t
                      "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
 
 
-# what a request takes in each field (as the server's `sampling_request` checks it): (least, most, whole)
-SAMPLING_RANGES = {"temperature": (0, 1e30, False), "top_p": (0, 1, False), "top_k": (-1, None, True),
-                   "min_p": (0, 1, False), "repetition_penalty": (1e-30, 1e30, False), "max_new_tokens": (1, None, True)}
+# what a request takes in each of those fields: the engine's ranges, and max_tokens any count
+_DEFAULT_RANGES = {**SAMPLING_RANGES, "max_new_tokens": (1, None, True)}
 
 
 def sampling_problem(key: str, value) -> str | None:
     """Why generation config `key`'s `value` is no default a request can take ("a number", "between
     0 and 1"), or None where it is one."""
-    least, most, whole = SAMPLING_RANGES[key]
+    least, most, whole = _DEFAULT_RANGES[key]
     if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value or value in (
             float("inf"), float("-inf")):
         return "a number"

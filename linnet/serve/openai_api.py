@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from linnet.nest.bounded_template import TemplateLimitError
 from linnet.nest.chat_template import takes_content_parts, template_strings
 from linnet.nest.errors import TokenizerError
-from linnet.serve.request import LARGEST_SCALE, MAX_LOGPROBS, Request, RequestError, is_int, tokens
+from linnet.serve.request import MAX_LOGPROBS, SAMPLING_RANGES, Request, RequestError, is_int, tokens
 from linnet.serve.structured import Structure
 from linnet.serve.tool_parsers import FirstCall, call_ids, forced_calls, openai_call_id
 
@@ -93,6 +93,12 @@ def number_field(body: dict, name: str, default, lo=None, hi=None, integer=False
         bounds = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
         raise ApiError(400, f"'{name}' must be {bounds}, not {shown(value)}", name)
     return value
+
+
+def _sampling_field(body: dict, name: str, default):
+    """body[name], a sampling field, in the range the engine takes (`SAMPLING_RANGES`)."""
+    least, most, whole = SAMPLING_RANGES[name]
+    return number_field(body, name, default, least, most, integer=whole)
 
 
 def _boolean(body: dict, name: str, default: bool) -> bool:
@@ -372,17 +378,13 @@ def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens:
         raise ApiError(400, "'allowed_token_ids' must be a non-empty list of token ids", "allowed_token_ids")
     return Request(
         prompt=prompt, max_new_tokens=max_tokens, structure=_structure(body),
-        # vLLM's ranges, wider than OpenAI's (a temperature past 2, a repetition penalty past 10), up
-        # to what the step holds
-        temperature=float(number_field(body, "temperature", 1.0, 0, LARGEST_SCALE)),
-        top_p=float(number_field(body, "top_p", 1.0, 0, 1)),  # [0, 1], as OpenAI takes it: 0 keeps the likeliest token
-        top_k=max(0, number_field(body, "top_k", 0, -1, None, integer=True)),  # -1 and 0: no limit (vLLM's)
-        min_p=float(number_field(body, "min_p", 0.0, 0, 1)),
-        presence_penalty=float(number_field(body, "presence_penalty", 0.0, -2, 2)),
-        frequency_penalty=float(number_field(body, "frequency_penalty", 0.0, -2, 2)),
-        # any above 0, as vLLM's, down to what the step holds (the engine's 1 / LARGEST_SCALE, written
-        # so that the message says 1e-30, not 9.999999999999999e-31)
-        repetition_penalty=float(number_field(body, "repetition_penalty", 1.0, 1e-30, LARGEST_SCALE)),
+        temperature=float(_sampling_field(body, "temperature", 1.0)),
+        top_p=float(_sampling_field(body, "top_p", 1.0)),  # 0 keeps the likeliest token, as OpenAI takes it
+        top_k=max(0, _sampling_field(body, "top_k", 0)),  # -1 and 0: no limit (vLLM's)
+        min_p=float(_sampling_field(body, "min_p", 0.0)),
+        presence_penalty=float(_sampling_field(body, "presence_penalty", 0.0)),
+        frequency_penalty=float(_sampling_field(body, "frequency_penalty", 0.0)),
+        repetition_penalty=float(_sampling_field(body, "repetition_penalty", 1.0)),
         seed=seed, stop=_stops(body), stop_token_ids=stop_ids,
         ignore_eos=_boolean(body, "ignore_eos", False), logit_bias=_logit_bias(body),
         min_tokens=int(number_field(body, "min_tokens", 0, 0, max_tokens, integer=True)), allowed_token_ids=allowed,

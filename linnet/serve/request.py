@@ -38,6 +38,17 @@ class EngineSettingError(ValueError):
 # is NaN). Far past any use: 1e4 already draws near uniformly.
 LARGEST_SCALE = 1e30
 
+# What a request's sampling fields take: (least, most, whole number only), most None for no bound. vLLM's
+# ranges, wider than OpenAI's (a temperature past 2, a repetition penalty past 10), up to what the step
+# holds; a repetition penalty any above 0, down to 1 / LARGEST_SCALE (below, 0 in f32 makes a seen token's
+# logit infinite), written 1e-30 so that messages say so. top_k's -1 is vLLM's "no limit", as 0 is. The
+# engine (`Request.validate`), the server, the CLI and a model's generation config all check against it.
+SAMPLING_RANGES = {
+    "temperature": (0, LARGEST_SCALE, False), "top_p": (0, 1, False), "top_k": (-1, None, True),
+    "min_p": (0, 1, False), "presence_penalty": (-2, 2, False), "frequency_penalty": (-2, 2, False),
+    "repetition_penalty": (1e-30, LARGEST_SCALE, False),
+}
+
 
 def tokens(n: int) -> str:
     """'1 token', '5 tokens': a count as messages say it."""
@@ -147,9 +158,9 @@ class Request:
                                f"(MaxSeq = {max_seq})", "max_new_tokens")
         # past LARGEST_SCALE a banned token's logit over the temperature is NaN, and the draw ignores every
         # mask; a repetition penalty under its reciprocal (0 in f32) makes a seen token's logit infinite
-        for name, lo, hi in (("temperature", 0, LARGEST_SCALE), ("top_p", 0, 1), ("min_p", 0, 1),
-                             ("repetition_penalty", 1 / LARGEST_SCALE, LARGEST_SCALE), ("presence_penalty", -2, 2),
-                             ("frequency_penalty", -2, 2)):
+        for name, (lo, hi, whole) in SAMPLING_RANGES.items():
+            if whole:
+                continue
             value = getattr(self, name)
             if not _is_number(value) or not lo <= value <= hi:
                 raise RequestError(f"{self.id}: {name} must be a number in [{lo:g}, {hi:g}], not {value!r}", name)
