@@ -38,6 +38,10 @@ from linnet.serve.responses_store import ResponseStore
 
 log = logging.getLogger(__name__)  # a bug's traceback, for whoever runs the server (its client gets the message)
 MAX_BODY = 4 << 20
+# What of a refused body (a 413's) is read and dropped before its connection closes: at most so
+# many bytes, for at most so many seconds (nginx's lingering close reads for up to 30 s)
+DRAIN_BYTES = 16 * MAX_BODY
+DRAIN_SECONDS = 10.0
 
 
 class OpenAIServer:
@@ -129,6 +133,10 @@ class OpenAIServer:
             failure = err if isinstance(err, ApiError) else _internal(err)
             if started:  # past a stream's own error event (its writer's failure): end what was begun
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
+            elif failure.status == 413:  # its client may be sending the body still: read and dropped before the close
+                await _json(send_named, failure.status, failure.body, failure.headers, more_body=True)
+                await _drain(receive)
+                await send_named({"type": "http.response.body", "body": b"", "more_body": False})
             else:
                 await _json(send_named, failure.status, failure.body, failure.headers)
 
@@ -486,7 +494,8 @@ def _response_id(path: str) -> str:
     return response_id
 
 
-# A 413 closes its connection: the rest of a body that large is not read (uvicorn would read and drop it)
+# A 413 closes its connection, once the rest of its body is drained (`_drain`), not kept alive to
+# read and drop the whole of it (as uvicorn would)
 _TOO_LARGE = dict(code="request_too_large", headers=((b"connection", b"close"),))
 
 
@@ -525,12 +534,33 @@ async def _read_json(receive) -> dict:
     return body
 
 
-async def _json(send, status: int, body: dict, headers: tuple = ()):
+async def _drain(receive) -> None:
+    """The rest of a refused request's body read and dropped, until it ends or its client goes, or
+    DRAIN_BYTES of it or DRAIN_SECONDS have passed. A connection closed with a body's bytes
+    unread is reset by the kernel, the answer sent on it lost to a client that sends its whole
+    body before reading (Python's http.client, httpx): each such client met a reset, not its 413."""
+    async def read():
+        dropped = 0
+        while dropped <= DRAIN_BYTES:
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body"):
+                return
+            dropped += len(message.get("body", b""))
+
+    try:
+        await asyncio.wait_for(read(), DRAIN_SECONDS)
+    except asyncio.TimeoutError:
+        pass
+
+
+async def _json(send, status: int, body: dict, headers: tuple = (), more_body: bool = False):
+    """`body` answered with `status`; with `more_body`, the response left for its caller to end (uvicorn
+    closes a Connection: close response's connection at its end)."""
     data = json.dumps(body).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
                             *headers]})
-    await send({"type": "http.response.body", "body": data})
+    await send({"type": "http.response.body", "body": data, "more_body": more_body})
 
 
 def _headers_only(send):

@@ -966,8 +966,9 @@ def test_a_body_not_declared_json_is_refused_as_vllm_refuses_it(server):
 
 def test_a_body_past_the_limit_is_a_413_without_waiting_for_it(server):
     """A body declared larger than any request may be (MAX_BODY) is answered 413 at once, though
-    its bytes have not come, and its connection closed rather than read to its end; one sent in
-    chunks, without a length, is answered once the limit is passed. The server then serves on."""
+    its bytes have not come, and its connection closed once its client goes (or the rest is drained,
+    below); one sent in chunks, without a length, is answered once the limit is passed. The server
+    then serves on."""
     from linnet.serve.server import MAX_BODY
 
     base, _, _ = server
@@ -981,6 +982,56 @@ def test_a_body_past_the_limit_is_a_413_without_waiting_for_it(server):
                                  b"Transfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 413") and json.loads(body)["error"]["code"] == "request_too_large"
     assert call(base, "/v1/completions", {"prompt": [5, 6], "max_tokens": 2})[0] == 200
+
+
+def test_a_413_reaches_a_client_that_sends_its_whole_body_before_reading(server):
+    """http.client (as httpx, the openai client's) sends the whole body, then reads: the server's
+    413 closed the connection with the body's bytes unread, and the kernel's reset reached the
+    client in place of the answer (every try, at MAX_BODY + 1). The rest of the body is now read
+    and dropped before the close (nginx's lingering close), declared or chunked."""
+    import http.client
+    from urllib.parse import urlparse
+
+    from linnet.serve.server import MAX_BODY
+
+    base, _, _ = server
+    url = urlparse(base)
+    body = b'{"prompt": "' + b"x" * (MAX_BODY - 13) + b'"}'
+    for chunked in (False, True):
+        connection = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+        sent = [body[i:i + 65536] for i in range(0, len(body), 65536)] if chunked else body
+        connection.request("POST", "/v1/completions", sent, {"Content-Type": "application/json"},
+                           encode_chunked=chunked)
+        answer = connection.getresponse()
+        assert answer.status == 413 and answer.getheader("connection") == "close", chunked
+        assert json.loads(answer.read())["error"]["code"] == "request_too_large"
+        connection.close()
+    assert call(base, "/v1/completions", {"prompt": [5, 6], "max_tokens": 2})[0] == 200
+
+
+def test_a_413_whose_client_stalls_is_closed_after_the_drain_bound(server, monkeypatch):
+    """The drain is bounded: a client that stops sending the rest of a refused body has its
+    connection closed after DRAIN_SECONDS, and others are served meanwhile."""
+    import socket
+    from urllib.parse import urlparse
+
+    from linnet.serve import server as served
+
+    monkeypatch.setattr(served, "DRAIN_SECONDS", 0.3)
+    base, _, _ = server
+    url = urlparse(base)
+    with socket.create_connection((url.hostname, url.port), timeout=10) as sock:
+        start = time.perf_counter()
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n{\"prompt\": " % (2 * served.MAX_BODY))
+        data = b""
+        while b"request_too_large" not in data:
+            data += sock.recv(65536)
+        assert data.startswith(b"HTTP/1.1 413")
+        assert call(base, "/v1/completions", {"prompt": [5, 6], "max_tokens": 2})[0] == 200
+        while piece := sock.recv(65536):  # (the socket's timeout fails the test where it is never closed)
+            data += piece
+        assert 0.3 <= time.perf_counter() - start < 5
 
 
 def test_head_asks_a_gets_headers_and_a_wrong_method_is_told_the_right_one(server):
