@@ -294,6 +294,9 @@ def write_gguf(bound, out, dtype: str | None = None) -> str:
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
         writer.close()
+        # (a rename that fails, the earlier file kept where its folder's rules let none replace it,
+        # left the whole new one beside it as .partial, and an error naming that)
+        partial.replace(path)
     except BaseException as err:  # a full disk, an interrupt: no part of a file of gigabytes is left behind
         partial.unlink(missing_ok=True)
         if made is not None:  # nor the folders made for it
@@ -302,7 +305,6 @@ def write_gguf(bound, out, dtype: str | None = None) -> str:
             why = err.strerror or f"{err}: a short write, as on a full disk"
             raise ExportError(f"{path}: cannot write the GGUF ({why})") from None
         raise
-    partial.replace(path)
     return str(path)
 
 

@@ -1096,6 +1096,25 @@ def test_named_chat_templates_travel(cards, tmp_path):
     assert transformers.AutoTokenizer.from_pretrained(out).chat_template == source.chat_template
 
 
+def test_a_rename_that_fails_leaves_no_part_of_a_file(cards, tmp_path, monkeypatch):
+    """The whole file is written, but renaming it to its name fails (a folder made there meanwhile,
+    here; an earlier file a sticky folder lets no one else replace, or an immutable one, alike): the
+    error names the file asked for, and the written .partial (the model's whole size) is not left."""
+    import gguf
+
+    path, real = tmp_path / "x.gguf", gguf.GGUFWriter.close
+
+    def close_then_a_folder_there(self):
+        real(self)
+        path.mkdir()
+        (path / "theirs").write_text("kept")
+    monkeypatch.setattr(gguf.GGUFWriter, "close", close_then_a_folder_there)
+    with pytest.raises(ExportError, match=rf"^{re.escape(str(path))}: cannot write the GGUF \(Is a directory\)$"):
+        export(cards / "small-none.linnet", "llama.cpp", path, weights="random", dtype="f32",
+               tokenizer=embedded_gguf_path())
+    assert [p.name for p in tmp_path.iterdir()] == ["x.gguf"] and (path / "theirs").read_text() == "kept"
+
+
 def test_an_earlier_file_stays_whole_until_the_new_one_is(cards, tmp_path, monkeypatch, file_size_limit):
     """A new export to the name of an earlier GGUF that fails partway (the disk fills in the tensors,
     Ctrl-C as they are written) leaves the earlier file byte for byte as it was and nothing beside
