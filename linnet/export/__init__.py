@@ -71,6 +71,8 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
     from linnet.nest.load import read_weights, resolve_card
 
     resolved = resolve_card(card, weights)
+    if tokenizer is None:
+        check_own_tokenizer(resolved, weights)
     if to == "llama.cpp":  # before a byte of the weights is read
         from linnet.export.gguf import check_architecture, gguf_path
 
@@ -179,6 +181,41 @@ def check_seed(seed, weights) -> None:
                           f"they are, and nothing else in an export is random")
 
 
+def check_own_tokenizer(resolved: tuple, weights) -> None:
+    """Raises `ExportError` where the weights' own tokenizer is there but cannot be read (a
+    tokenizer.json cut short by a download, a config.json it takes its ids from that is no JSON):
+    a load warns of it and goes on without one, and the export then wrote a model folder or a
+    Triton model with no tokenizer (vLLM could not serve it, Triton refused every text) or refused a
+    GGUF as "coming without one". `resolved`: `resolve_card`'s answer for the card and `weights`.
+    Weights without tokenizer files, random ones and weights not found are left as they were."""
+    from linnet.nest.checkpoint import GGUFCheckpoint, open_checkpoint
+    from linnet.nest.errors import TokenizerError
+    from linnet.nest.load import find_card_weights, tokenizer_of
+    from linnet.nest.tokenizer import SENTENCEPIECE_FILE
+
+    module, card_name, ckpt = resolved
+    if weights == "random":
+        return
+    source = ckpt.path if ckpt is not None else weights if weights is not None else \
+        find_card_weights(card_name, module)[0]
+    if source is None or not os.path.exists(source):  # (reading the weights says they are missing)
+        return
+    source = Path(source)
+    if source.is_dir():
+        if not ((source / "tokenizer.json").is_file() or (source / SENTENCEPIECE_FILE).is_file()):
+            return
+        held = source
+    else:
+        held = ckpt if isinstance(ckpt, GGUFCheckpoint) else open_checkpoint(source)
+        if not isinstance(held, GGUFCheckpoint) or held.metadata("tokenizer.ggml.model") is None:
+            return
+    try:
+        tokenizer_of(held)
+    except TokenizerError as err:
+        raise ExportError(f"{err} (the weights' own tokenizer, which the export writes with them: mend its files, "
+                          f"or give --tokenizer a model directory or GGUF holding a sound one)") from None
+
+
 def check_folder(out, folder: Path, what: str, file: str | None = None) -> None:
     """Raises `ExportError` where `folder` cannot be made or written in (a file in its way, a link to
     a folder that is not there, a name the file system cannot hold, a folder that is not writable),
@@ -212,4 +249,4 @@ def _name_max(folder: Path) -> int:
 
 
 __all__ = ["DTYPES", "ExportError", "GGUF_TYPES", "TARGETS", "TRITON_INSTEAD", "check_f16_range", "check_folder",
-           "check_seed", "dtype_refusal", "export", "quantized_type"]
+           "check_own_tokenizer", "check_seed", "dtype_refusal", "export", "quantized_type"]

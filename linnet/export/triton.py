@@ -68,7 +68,7 @@ def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str 
     the model's directory. Nothing is loaded now: the card is checked, and the paths given as
     `weights` and `tokenizer` (a model directory or GGUF whose tokenizer to serve with) are checked
     and made absolute, since Triton loads the model from its own working directory."""
-    from linnet.export import ExportError, check_folder, check_seed
+    from linnet.export import ExportError, check_folder, check_own_tokenizer, check_seed
     from linnet.ir.specialize import specialize
     from linnet.nest.checkpoint import open_checkpoint
     from linnet.nest.load import check_headers, find_card_weights, past_context, resolve_card, tokenizer_of
@@ -109,6 +109,8 @@ def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str 
         # read as Triton's load will read it, headers only: not a checkpoint, cut short, another model's
         check_headers(spec, open_checkpoint(weights), cast_dtype=True)
         weights = os.path.abspath(weights)
+    if tokenizer is None:  # the weights' own, served with them: one there that cannot be read fails here
+        check_own_tokenizer((module, card_name, ckpt), weights)
     if tokenizer is not None:  # one that cannot be read fails here; a directory needs only the tokenizer's files
         tokenizer_of(Path(tokenizer) if os.path.isdir(tokenizer) else open_checkpoint(tokenizer))
         tokenizer = os.path.abspath(tokenizer)

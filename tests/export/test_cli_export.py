@@ -59,6 +59,31 @@ def test_errors_are_one_line_and_write_nothing(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.filterwarnings("ignore:.*no tokenizer written")
+def test_weights_whose_own_tokenizer_cannot_be_read_are_refused(tmp_path, capsys):
+    """A tokenizer.json cut short (a download that stopped) beside sound weights: a load warns and
+    goes on without it, and the export wrote a vLLM folder or a Triton model with no tokenizer
+    (exit 0) or refused a GGUF as coming without one. Now one line naming the file, for every
+    target, and nothing written; another tokenizer given in its place is taken."""
+    src = tmp_path / "src"
+    assert main(["export", "tiny-llama", "--to", "vllm", "-o", str(src), "--weights", "random", "--dtype", "f32"]) == 0
+    (src / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "BPE", "vocab": {"a"')
+    capsys.readouterr()
+    for target in ("vllm", "llama.cpp", "triton"):
+        assert main(["export", "tiny-llama", "--to", target, "--weights", str(src), "-o", str(tmp_path / "out")]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f"linnet: error: {src / 'tokenizer.json'}: cannot load (") and err.count("\n") == 1, err
+        assert "Traceback" not in err and not (tmp_path / "out").exists(), target
+    tok = tmp_path / "tok"  # a sound one of the same words, in its place
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text(json.dumps({
+        "version": "1.0", "model": {"type": "WordLevel", "vocab": {"a": 0, "b": 1}, "unk_token": "a"},
+        "pre_tokenizer": {"type": "Whitespace"}, "added_tokens": []}))
+    assert main(["export", "tiny-llama", "--to", "vllm", "--weights", str(src), "--tokenizer", str(tok), "-o",
+                 str(tmp_path / "out")]) == 0
+    assert json.loads((tmp_path / "out" / "tokenizer.json").read_text())["model"]["vocab"] == {"a": 0, "b": 1}
+
+
 def test_the_model_py_is_clean_python(tmp_path):
     import ast
 
