@@ -11,6 +11,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -44,6 +45,7 @@ def _byte_kind(backend) -> str:
 
 
 _REPLACEMENT = "\ufffd"  # what a decoder yields for an incomplete UTF-8 sequence
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a SentencePiece byte token, as ByteFallback reads one
 _CONTEXT_IDS = 4  # prompt ids decoded before a completion's, for the decoder's view of where it starts
 RELEASE_GIL_FROM = 1 << 14  # characters from which `encode` lets other threads run (a batch's overhead below)
 
@@ -234,6 +236,7 @@ class Tokenizer:
         self._byte_kind: str | None = None  # how pieces hold bytes (`token_bytes`), read on first use
         self._bytes: dict = {}
         self._added: set | None = None
+        self._special: set | None = None
 
     @property
     def chat_template(self) -> str | None:
@@ -377,14 +380,13 @@ class Tokenizer:
         `bytes`): a byte-level BPE token's characters map back to bytes (GPT-2's table), a
         SentencePiece byte token <0xNN> is its byte, its "▁" a space; one that ends inside a
         character decodes to U+FFFD, which these do not."""
-        if self._byte_kind is None:
-            self._byte_kind = _byte_kind(self.backend)
         if token_id not in self._bytes:
+            kind = self._bytes_kind()
             piece = self.backend.id_to_token(token_id)
             added = token_id in self._added_ids()
-            if piece is None or added or not self._byte_kind:
+            if piece is None or added or not kind:
                 out = self.decode([token_id]).encode()
-            elif self._byte_kind == "byte_level":
+            elif kind == "byte_level":
                 out = bytes(_UNICODE_TO_BYTE[c] for c in piece) if all(c in _UNICODE_TO_BYTE for c in piece) \
                     else self.decode([token_id]).encode()
             elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
@@ -403,6 +405,11 @@ class Tokenizer:
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         decoder.decode(b"".join(self.token_bytes(int(t)) for t in ids[-4:]))
         return text[:-1] if decoder.getstate()[0] else text
+
+    def _bytes_kind(self) -> str:
+        if self._byte_kind is None:
+            self._byte_kind = _byte_kind(self.backend)
+        return self._byte_kind
 
     def _added_ids(self) -> set:
         if self._added is None:
@@ -426,7 +433,47 @@ class Tokenizer:
             raise TokenizerError(why) from None
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
-        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        """The text of `ids`. A run of SentencePiece byte tokens (<0xNN>) that is not UTF-8 throughout
+        reads as Python's decode("utf-8", "replace") (and a server reading llama.cpp's bytes) reads it,
+        one U+FFFD for each bad sequence: `tokenizers`' ByteFallback decoder writes one for every byte
+        of the run, a whole character before or after a stray byte too, so a text streamed token by
+        token did not add up to its whole decode."""
+        ids = list(ids)
+        text = self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+        if _REPLACEMENT in text and self._bytes_kind() == "sentencepiece":
+            mended = self._mend_byte_runs(ids, skip_special_tokens)
+            if mended is not None:
+                text = self.backend.decode(mended, skip_special_tokens=skip_special_tokens)
+        return text
+
+    def _mend_byte_runs(self, ids: list, skip_special_tokens: bool) -> list | None:
+        """`ids` with each run of byte tokens (as the decoder sees them: skipped special tokens left
+        out) respelled as the byte tokens of its text read with U+FFFD for each bad sequence, which
+        the decoder reads as that text; None where a byte of that text has no token."""
+        special = self._special_ids() if skip_special_tokens else set()
+        mended, run = [], bytearray()
+        for token_id in [*ids, None]:
+            if token_id in special:
+                continue
+            piece = None if token_id is None else self.backend.id_to_token(int(token_id))
+            byte = _BYTE_TOKEN.fullmatch(piece) if piece is not None else None
+            if byte is not None:
+                run.append(int(byte.group(1), 16))
+                continue
+            if run:
+                spelled = [self.backend.token_to_id(f"<0x{b:02X}>") for b in bytes(run).decode("utf-8", "replace").encode()]
+                if None in spelled:
+                    return None
+                mended += spelled
+                run.clear()
+            if piece is not None:
+                mended.append(token_id)
+        return mended
+
+    def _special_ids(self) -> set:
+        if self._special is None:
+            self._special = {i for i, t in self.backend.get_added_tokens_decoder().items() if t.special}
+        return self._special
 
     def decode_after(self, context: Iterable[int], ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """The text `ids` add after `context` (a prompt): decoders that treat a text's first token

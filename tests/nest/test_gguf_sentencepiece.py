@@ -64,3 +64,44 @@ def test_pieces_join_into_a_token_of_any_type_as_llama_cpp_joins_them(spm_vocabu
     assert ours.encode("x   y", add_special_tokens=False)[2] == len(tokens) + 1
     for text in ("x   y", "dog   lazy", "the fox   ", "a      b"):
         assert ours.encode(text) == llm.tokenize(text.encode(), add_bos=True, special=True), text
+
+
+def _spelled(tokens, ids) -> bytes:
+    """The bytes `ids` spell in a SentencePiece vocabulary, worked out by hand: <0xNN> is its byte, "▁"
+    a space, a control token nothing; less the one space SentencePiece put before the text."""
+    out = b"".join(bytes([int(t[3:5], 16)]) if t.startswith("<0x") else b"" if t in ("<s>", "</s>")
+                   else t.replace("▁", " ").encode() for t in (tokens[i] for i in ids))
+    return out[1:] if out.startswith(b" ") else out
+
+
+def test_bad_byte_runs_decode_as_utf8_replace_does_whole_and_streamed(spm_vocabulary, spm_gguf):
+    """A run of byte tokens that is not UTF-8 (a lead byte cut short, a stray continuation byte)
+    reads with one U+FFFD for each bad sequence, as Python's decode("utf-8", "replace") reads
+    llama.cpp's bytes; a stream token by token adds up to it. `tokenizers`' ByteFallback wrote a
+    U+FFFD for every byte of such a run: [<0xC3> <0xA9> <0x80>] ("é", a stray byte) was "���",
+    and streamed after the "é" had gone out, "é��"."""
+    from hypothesis import given, settings, strategies as st
+
+    tokens = spm_vocabulary[0]
+    ours = Tokenizer.from_gguf(spm_gguf)
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(model_path=str(spm_gguf), vocab_only=True, verbose=False)
+    first, last = tokens.index("▁the"), len(tokens) - 1
+    byte = lambda b: tokens.index(f"<0x{b:02X}>")
+    # bytes that begin, continue or are whole characters, and the run the docstring names
+    some_bytes = st.sampled_from([byte(b) for b in (0x41, 0x80, 0x81, 0xA9, 0xBF, 0xC3, 0xE3, 0xF0, 0x9F, 0xFF)])
+    token = st.one_of(some_bytes, some_bytes, st.integers(259, last), st.just(2))
+
+    assert ours.decode([first, byte(0xC3), byte(0xA9), byte(0x80)]) == "theé\ufffd"
+
+    @settings(max_examples=40, deadline=None, derandomize=True, database=None)
+    @given(st.lists(token, max_size=12))
+    def check(rest):
+        ids = [1, first, *rest]  # (llama-cpp-python strips the leading space after a BOS alone)
+        whole = ours.decode(ids, skip_special_tokens=True)
+        assert whole == _spelled(tokens, ids).decode("utf-8", "replace")
+        assert whole == llm.detokenize(ids).decode("utf-8", "replace")
+        decoder = ours.incremental_decoder(skip_special_tokens=True)
+        assert "".join(decoder.stream(ids)) == whole
+
+    check()
