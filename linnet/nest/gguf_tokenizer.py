@@ -17,6 +17,7 @@ GPT-2 splitting only around whitespace runs before a digit: "a  1" splits as
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -276,3 +277,127 @@ def _add_bos_eos(tk, meta, tokens: list, default_bos: bool) -> None:
         tk.post_processor = processors.TemplateProcessing(
             single=" ".join(pieces_single), pair=" ".join(pieces_pair), special_tokens=used
         )
+
+
+def tied_sentencepiece_merger(meta) -> "SentencePieceMerger | None":
+    """A `SentencePieceMerger` for a SentencePiece GGUF in which two pieces that merges make share
+    a score (a converter's placeholder score for every token, as gguf's LlamaHfVocab writes -1000,
+    or one for a family of pieces); None for any other vocabulary, where ranking merges by score,
+    as the `tokenizers` BPE does, is SentencePiece's order."""
+    if meta("tokenizer.ggml.model") != "llama":
+        return None
+    tokens, scores = meta("tokenizer.ggml.tokens") or [], meta("tokenizer.ggml.scores") or []
+    if len(scores) != len(tokens):
+        return None
+    longer = [score for token, score in zip(tokens, scores) if len(token) > 1]
+    if len(set(longer)) == len(longer):  # (a learned vocabulary's: each piece its own score)
+        return None
+    types = meta("tokenizer.ggml.token_type") or []
+    vocab = set(tokens)
+    seen: dict[float, str] = {}
+    for token, score in zip(tokens, scores):
+        # a piece merges make: each side a token, or a single character (a symbol before any merge)
+        if len(token) > 1 and any((cut == 1 or token[:cut] in vocab) and (cut == len(token) - 1 or token[cut:] in vocab)
+                                  for cut in range(1, len(token))):
+            if seen.setdefault(score, token) != token:
+                return SentencePieceMerger(tokens, scores, {i for i, k in enumerate(types) if k == UNKNOWN})
+    return None
+
+
+class SentencePieceMerger:
+    """SentencePiece's BPE as llama.cpp runs it (llm_tokenizer_spm, as sentencepiece's own
+    bpe_model): the adjacent pair whose join is a token of the highest score merges first, and of
+    pairs whose joins score the same, the leftmost. A `tokenizers` BPE ranks every merge apart, so
+    ties went by token id: with "da" and "ab" scored alike, "dab" was ["d", "ab"], llama.cpp's
+    ["da", "b"]. Run in Python over what the `tokenizers` BPE split (a segment between added
+    tokens, normalized), only for vocabularies with such ties (`tied_sentencepiece_merger`)."""
+
+    def __init__(self, tokens: list[str], scores: list[float], unknown: set):
+        self.ids = {t: i for i, t in enumerate(tokens)}  # (a repeated piece: its last id, as llama.cpp's map)
+        self.scores = scores
+        self.unknown = unknown  # the unknown tokens' ids: a segment holding one has lost its text
+        self.bytes = [self.ids.get(f"<0x{b:02X}>") for b in range(256)]
+
+    def merge(self, text: str) -> list[int] | None:
+        """The ids of `text` (a normalized segment, spaces as "▁"); characters no merge reached and
+        that are no token as their bytes' <0xNN> tokens. None where such a byte has no token."""
+        import heapq
+
+        ids, scores, n = self.ids, self.scores, len(text)
+        size = [1] * n                      # a symbol's characters, 0 once merged into its left
+        before = list(range(-1, n - 1))
+        after = [*range(1, n), -1]
+        queue = []
+
+        def pair(left: int, right: int) -> None:
+            piece = text[left:right + size[right]]
+            token = ids.get(piece)
+            if token is not None:
+                heapq.heappush(queue, (-scores[token], left, right, len(piece)))
+
+        for i in range(n - 1):
+            pair(i, i + 1)
+        while queue:
+            _, left, right, joined = heapq.heappop(queue)
+            if not size[left] or not size[right] or size[left] + size[right] != joined:
+                continue  # one side merged since
+            size[left], size[right] = joined, 0
+            after[left] = after[right]
+            if after[right] >= 0:
+                before[after[right]] = left
+            if before[left] >= 0:
+                pair(before[left], left)
+            if after[left] >= 0:
+                pair(left, after[left])
+        out, i = [], 0 if n else -1
+        while i >= 0:
+            piece = text[i:i + size[i]]
+            token = ids.get(piece)
+            if token is None:
+                token = [self.bytes[b] for b in piece.encode()]
+                if None in token:
+                    return None
+                out += token
+            else:
+                out.append(token)
+            i = after[i]
+        return out
+
+    def remerge(self, encoding, added: set) -> list[int]:
+        """`encoding`'s ids (a `tokenizers` encode) with each segment's merged again here: the
+        tokens of one word between added tokens (and the BOS / EOS the template adds, wordless)."""
+        ids, pieces, words = encoding.ids, encoding.tokens, encoding.word_ids
+        out, at = [], 0
+        while at < len(ids):
+            end = at + 1
+            while end < len(ids) and words[at] is not None and words[end] == words[at]:
+                end += 1
+            span = ids[at:end]
+            text = None
+            if words[at] is not None and not (len(span) == 1 and span[0] in added) and not self.unknown & set(span):
+                text = _segment_text(pieces[at:end])
+            merged = self.merge(text) if text is not None else None
+            out += span if merged is None else merged
+            at = end
+        return out
+
+
+_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+
+
+def _segment_text(pieces: list[str]) -> str | None:
+    """The text a segment's pieces spell, <0xNN> runs read back as UTF-8 (None where one is not)."""
+    out, run = [], bytearray()
+    for piece in [*pieces, ""]:
+        byte = _BYTE_PIECE.fullmatch(piece)
+        if byte is not None:
+            run.append(int(byte.group(1), 16))
+            continue
+        if run:
+            try:
+                out.append(run.decode("utf-8"))
+            except UnicodeDecodeError:
+                return None
+            run.clear()
+        out.append(piece)
+    return "".join(out)

@@ -167,11 +167,12 @@ SENTENCEPIECE_FILE = "tokenizer.model"
 
 
 def _sentencepiece_backend(path: Path, tc: dict, stm: dict):
-    """(a `tokenizers` tokenizer, {"bos_token": text, ...}) for a SentencePiece tokenizer.model, built
+    """(a `tokenizers` tokenizer, {"bos_token": text, ...}, its `SentencePieceMerger` or None) for a
+    SentencePiece tokenizer.model, built
     as for a GGUF holding the same vocabulary (`sentencepiece_model.gguf_keys`: what llama.cpp's
     converter writes from the file), with the tokens, the BOS / EOS flags and the special tokens
     tokenizer_config.json (or special_tokens_map.json) names in the model's place."""
-    from .gguf_tokenizer import build_gguf_tokenizer
+    from .gguf_tokenizer import build_gguf_tokenizer, tied_sentencepiece_merger
     from .sentencepiece_model import gguf_keys, read_model
 
     added = {}
@@ -185,15 +186,16 @@ def _sentencepiece_backend(path: Path, tc: dict, stm: dict):
         named = _token_text(tc.get(f"{name}_token")) or _token_text(stm.get(f"{name}_token"))
         if named in ids:  # the one transformers adds (add_bos_token, add_eos_token) and names
             keys[f"tokenizer.ggml.{key}_token_id"] = ids[named]
+    meta = lambda key, default=None: keys.get(key, default)  # noqa: E731
     try:
-        backend = build_gguf_tokenizer(lambda key, default=None: keys.get(key, default))
+        backend = build_gguf_tokenizer(meta)
     except TokenizerError as e:
         raise TokenizerError(f"{path}: {e}") from None
     tokens = keys["tokenizer.ggml.tokens"]
     specials = {f"{name}_token": tokens[keys[f"tokenizer.ggml.{key}_token_id"]]
                 for name, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding"))
                 if f"tokenizer.ggml.{key}_token_id" in keys}
-    return backend, specials
+    return backend, specials, tied_sentencepiece_merger(meta)
 
 
 class Tokenizer:
@@ -212,6 +214,7 @@ class Tokenizer:
         source: str = "",
         chat_templates: dict[str, str] | None = None,
         sampling_defaults: dict | None = None,
+        merger=None,
     ):
         self.backend = backend          # a tokenizers.Tokenizer
         self.source = source            # where it came from, for messages
@@ -237,6 +240,9 @@ class Tokenizer:
         self._bytes: dict = {}
         self._added: set | None = None
         self._special: set | None = None
+        # a SentencePiece vocabulary whose pieces tie on score merges them again in llama.cpp's order
+        # (`gguf_tokenizer.SentencePieceMerger`), which the backend's ranked merges cannot hold
+        self.merger = merger
 
     @property
     def chat_template(self) -> str | None:
@@ -271,13 +277,14 @@ class Tokenizer:
         tc = _read_json(d / "tokenizer_config.json")
         stm = _read_json(d / "special_tokens_map.json")
         model_specials: dict = {}  # a tokenizer.model's own BOS, EOS and unknown tokens
+        merger = None
         if path.is_file():
             try:
                 backend = Backend.from_file(str(path))
             except Exception as e:
                 raise TokenizerError(f"{path}: cannot load ({e})") from None
         elif (d / SENTENCEPIECE_FILE).is_file():
-            backend, model_specials = _sentencepiece_backend(d / SENTENCEPIECE_FILE, tc, stm)
+            backend, model_specials, merger = _sentencepiece_backend(d / SENTENCEPIECE_FILE, tc, stm)
         else:
             raise TokenizerError(f"{d}: no tokenizer.json, nor a SentencePiece {SENTENCEPIECE_FILE} to build one "
                                  "from (a model's tokenizer is one of these files)")
@@ -318,13 +325,14 @@ class Tokenizer:
             source=str(d),
             chat_templates=named,
             sampling_defaults=_sampling_defaults(gen, gen_path),
+            merger=merger,
         )
 
     @classmethod
     def from_gguf(cls, gguf) -> "Tokenizer":
         """From a GGUF file path or an open `GGUFCheckpoint` (to read the file once)."""
         from .checkpoint import GGUFCheckpoint
-        from .gguf_tokenizer import END_KEYS, build_gguf_tokenizer, end_of_generation
+        from .gguf_tokenizer import END_KEYS, build_gguf_tokenizer, end_of_generation, tied_sentencepiece_merger
 
         ckpt = gguf if isinstance(gguf, GGUFCheckpoint) else GGUFCheckpoint(gguf)
         meta = ckpt.metadata
@@ -354,6 +362,7 @@ class Tokenizer:
             chat_templates={name: meta(f"tokenizer.chat_template.{name}")
                             for name in meta("tokenizer.chat_templates") or []
                             if isinstance(meta(f"tokenizer.chat_template.{name}"), str)},
+            merger=tied_sentencepiece_merger(meta),
         )
         tok.eos_token_ids = stops  # the EOS only where llama.cpp ends on it (Gemma 4's </s> is a plain token)
         return tok
@@ -424,13 +433,15 @@ class Tokenizer:
         a 4 MB prompt held a server's engine thread and its event loop for 2.4 s."""
         try:
             if len(text) < RELEASE_GIL_FROM:
-                return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
-            return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+                encoding = self.backend.encode(text, add_special_tokens=add_special_tokens)
+            else:
+                encoding = self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0]
         except TypeError:
             why = _lone_surrogate(text) if isinstance(text, str) else None
             if why is None:
                 raise
             raise TokenizerError(why) from None
+        return encoding.ids if self.merger is None else self.merger.remerge(encoding, self._added_ids())
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """The text of `ids`. A run of SentencePiece byte tokens (<0xNN>) that is not UTF-8 throughout

@@ -105,3 +105,47 @@ def test_bad_byte_runs_decode_as_utf8_replace_does_whole_and_streamed(spm_vocabu
         assert "".join(decoder.stream(ids)) == whole
 
     check()
+
+
+def _tied_vocabulary():
+    """<unk> <s> </s>, the 256 bytes, "▁abcd", and four pieces all scored alike, in an id order that
+    is no text's left-to-right order: "cd" < "bc" < "ab" < "da" < "cd" around the cycle."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + list("▁abcd") + ["cd", "bc", "ab", "da"]
+    types = [2, 3, 3] + [6] * 256 + [1] * 9
+    return tokens, types, [0.0] * 259 + [-1000.0] * 5 + [-5.0] * 4
+
+
+def test_pieces_tied_on_score_merge_leftmost_first_as_llama_cpp_does(spm_vocabulary, write_spm_gguf, tmp_path):
+    """Of pairs whose joins score the same, llama.cpp (and SentencePiece) merge the leftmost first;
+    Linnet's merges, ranked apart, broke the tie by token id: "dab" was ["▁", "d", "ab"], llama.cpp's
+    ["▁", "da", "b"]. A converter that writes one score for every token (gguf's LlamaHfVocab writes
+    -1000) ties every merge."""
+    from hypothesis import given, settings, strategies as st
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    path = write_spm_gguf(tmp_path / "tied.gguf", *_tied_vocabulary())
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    ours = Tokenizer.from_gguf(path)
+    pieces = lambda text: [ours.id_to_token(i) for i in ours.encode(text, add_special_tokens=False)]
+    assert pieces("dab") == ["▁", "da", "b"]  # "da" is left of "ab"
+    assert pieces("abcda") == ["▁", "ab", "cd", "a"]  # "ab" first, then "cd" (left of "da")
+
+    @settings(max_examples=40, deadline=None, derandomize=True, database=None)
+    @given(st.text(st.sampled_from("abcd x"), max_size=12), st.booleans())
+    def check(text, special):
+        text = text + "</s>" + text[::-1] if special else text
+        assert ours.encode(text) == llm.tokenize(text.encode(), add_bos=True, special=True)
+
+    check()
+    # the learned vocabulary with every piece's score -1000, as LlamaHfVocab writes it
+    tokens, types, scores = spm_vocabulary
+    path = write_spm_gguf(tmp_path / "flat.gguf", tokens, types, [-1000.0] * len(tokens))
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    ours = Tokenizer.from_gguf(path)
+    for text in TEXTS:
+        assert ours.encode(text) == llm.tokenize(text.encode(), add_bos=True, special=True), text
+
+
+def test_untied_vocabularies_keep_the_backends_merges(spm_gguf):
+    """Only a vocabulary with ties is merged again in Python: a learned one's scores are apart."""
+    assert Tokenizer.from_gguf(spm_gguf).merger is None

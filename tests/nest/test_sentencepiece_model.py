@@ -118,6 +118,20 @@ def test_a_model_sentencepiece_trains_encodes_as_sentencepiece_does(tmp_path):
         assert ours.decode(ids) == reference.decode(ids), text
 
 
+def test_pieces_tied_on_score_merge_leftmost_first_as_sentencepiece_merges_them(tmp_path):
+    """Of pairs whose joins score the same, SentencePiece (as llama.cpp) merges the leftmost first;
+    Linnet's ranked merges took the one whose left piece has the lower id: "dab" was ["▁", "d", "ab"],
+    SentencePiece's ["▁", "da", "b"]."""
+    spm = pytest.importorskip("sentencepiece")
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + list("▁abcd") + ["cd", "bc", "ab", "da"]
+    types = [UNKNOWN, CONTROL, CONTROL] + [6] * 256 + [1] * 9
+    (tmp_path / "tokenizer.model").write_bytes(model_proto(tokens, types, [0.0] * 259 + [-1000.0] * 5 + [-5.0] * 4))
+    reference = spm.SentencePieceProcessor(model_file=str(tmp_path / "tokenizer.model"))
+    ours = Tokenizer.from_dir(tmp_path)
+    for text in ("dab", "abcda", "cdab dabc", "bcd x da", "a bcdab  cdabcd"):
+        assert ours.encode(text, add_special_tokens=False) == reference.encode(text), text
+
+
 def test_a_llama_directory_with_only_a_tokenizer_model_loads_its_tokenizer(spm_dir, spm_vocabulary, tmp_path):
     transformers = pytest.importorskip("transformers")
     import warnings
