@@ -279,38 +279,42 @@ def _add_bos_eos(tk, meta, tokens: list, default_bos: bool) -> None:
         )
 
 
-def tied_sentencepiece_merger(meta) -> "SentencePieceMerger | None":
-    """A `SentencePieceMerger` for a SentencePiece GGUF in which two pieces that merges make share
-    a score (a converter's placeholder score for every token, as gguf's LlamaHfVocab writes -1000,
-    or one for a family of pieces); None for any other vocabulary, where ranking merges by score,
-    as the `tokenizers` BPE does, is SentencePiece's order."""
+def sentencepiece_merger(meta) -> "SentencePieceMerger | None":
+    """A `SentencePieceMerger` for a SentencePiece GGUF whose pieces the `tokenizers` BPE's ranked
+    merges cannot make as llama.cpp does: where two pieces that merges make share a score (a
+    converter's placeholder score for every token, as gguf's LlamaHfVocab writes -1000, or one for a
+    family of pieces), or where one is made from a character that is no token of its own (the BPE
+    spells that character in bytes before any merge). None for any other vocabulary, where ranking
+    merges by score is SentencePiece's order."""
     if meta("tokenizer.ggml.model") != "llama":
         return None
     tokens, scores = meta("tokenizer.ggml.tokens") or [], meta("tokenizer.ggml.scores") or []
     if len(scores) != len(tokens):
         return None
-    longer = [score for token, score in zip(tokens, scores) if len(token) > 1]
-    if len(set(longer)) == len(longer):  # (a learned vocabulary's: each piece its own score)
-        return None
-    types = meta("tokenizer.ggml.token_type") or []
     vocab = set(tokens)
+    longer = [(token, score) for token, score in zip(tokens, scores) if len(token) > 1]
+    if len({score for _, score in longer}) == len(longer) and set("".join(t for t, _ in longer)) <= vocab:
+        return None  # (a learned vocabulary's: each piece its own score, each character a piece)
+    types = meta("tokenizer.ggml.token_type") or []
     seen: dict[float, str] = {}
-    for token, score in zip(tokens, scores):
+    for token, score in longer:
         # a piece merges make: each side a token, or a single character (a symbol before any merge)
-        if len(token) > 1 and any((cut == 1 or token[:cut] in vocab) and (cut == len(token) - 1 or token[cut:] in vocab)
-                                  for cut in range(1, len(token))):
-            if seen.setdefault(score, token) != token:
-                return SentencePieceMerger(tokens, scores, {i for i, k in enumerate(types) if k == UNKNOWN})
+        made = any(all(len(side) == 1 or side in vocab for side in (token[:cut], token[cut:]))
+                   for cut in range(1, len(token)))
+        if made and (seen.setdefault(score, token) != token or not set(token) <= vocab):
+            return SentencePieceMerger(tokens, scores, {i for i, k in enumerate(types) if k == UNKNOWN})
     return None
 
 
 class SentencePieceMerger:
     """SentencePiece's BPE as llama.cpp runs it (llm_tokenizer_spm, as sentencepiece's own
     bpe_model): the adjacent pair whose join is a token of the highest score merges first, and of
-    pairs whose joins score the same, the leftmost. A `tokenizers` BPE ranks every merge apart, so
-    ties went by token id: with "da" and "ab" scored alike, "dab" was ["d", "ab"], llama.cpp's
-    ["da", "b"]. Run in Python over what the `tokenizers` BPE split (a segment between added
-    tokens, normalized), only for vocabularies with such ties (`tied_sentencepiece_merger`)."""
+    pairs whose joins score the same, the leftmost; symbols start as characters, tokens or not. A
+    `tokenizers` BPE ranks every merge apart, so ties went by token id (with "da" and "ab" scored
+    alike, "dab" was ["d", "ab"], llama.cpp's ["da", "b"]), and spells a character with no token in
+    bytes before any merge ("▁a" was never made where "▁" is no token). Run in Python over what the
+    `tokenizers` BPE split (a segment between added tokens, normalized), only for vocabularies where
+    that matters (`sentencepiece_merger`)."""
 
     def __init__(self, tokens: list[str], scores: list[float], unknown: set):
         self.ids = {t: i for i, t in enumerate(tokens)}  # (a repeated piece: its last id, as llama.cpp's map)

@@ -172,7 +172,7 @@ def _sentencepiece_backend(path: Path, tc: dict, stm: dict):
     as for a GGUF holding the same vocabulary (`sentencepiece_model.gguf_keys`: what llama.cpp's
     converter writes from the file), with the tokens, the BOS / EOS flags and the special tokens
     tokenizer_config.json (or special_tokens_map.json) names in the model's place."""
-    from .gguf_tokenizer import build_gguf_tokenizer, tied_sentencepiece_merger
+    from .gguf_tokenizer import build_gguf_tokenizer, sentencepiece_merger
     from .sentencepiece_model import gguf_keys, read_model
 
     added = {}
@@ -195,7 +195,7 @@ def _sentencepiece_backend(path: Path, tc: dict, stm: dict):
     specials = {f"{name}_token": tokens[keys[f"tokenizer.ggml.{key}_token_id"]]
                 for name, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding"))
                 if f"tokenizer.ggml.{key}_token_id" in keys}
-    return backend, specials, tied_sentencepiece_merger(meta)
+    return backend, specials, sentencepiece_merger(meta)
 
 
 class Tokenizer:
@@ -240,8 +240,9 @@ class Tokenizer:
         self._bytes: dict = {}
         self._added: set | None = None
         self._special: set | None = None
-        # a SentencePiece vocabulary whose pieces tie on score merges them again in llama.cpp's order
-        # (`gguf_tokenizer.SentencePieceMerger`), which the backend's ranked merges cannot hold
+        # a SentencePiece vocabulary whose pieces tie on score (or hold a character that is no token)
+        # merges them again as llama.cpp does (`gguf_tokenizer.SentencePieceMerger`), which the
+        # backend's ranked merges cannot
         self.merger = merger
 
     @property
@@ -332,7 +333,7 @@ class Tokenizer:
     def from_gguf(cls, gguf) -> "Tokenizer":
         """From a GGUF file path or an open `GGUFCheckpoint` (to read the file once)."""
         from .checkpoint import GGUFCheckpoint
-        from .gguf_tokenizer import END_KEYS, build_gguf_tokenizer, end_of_generation, tied_sentencepiece_merger
+        from .gguf_tokenizer import END_KEYS, build_gguf_tokenizer, end_of_generation, sentencepiece_merger
 
         ckpt = gguf if isinstance(gguf, GGUFCheckpoint) else GGUFCheckpoint(gguf)
         meta = ckpt.metadata
@@ -362,7 +363,7 @@ class Tokenizer:
             chat_templates={name: meta(f"tokenizer.chat_template.{name}")
                             for name in meta("tokenizer.chat_templates") or []
                             if isinstance(meta(f"tokenizer.chat_template.{name}"), str)},
-            merger=tied_sentencepiece_merger(meta),
+            merger=sentencepiece_merger(meta),
         )
         tok.eos_token_ids = stops  # the EOS only where llama.cpp ends on it (Gemma 4's </s> is a plain token)
         return tok

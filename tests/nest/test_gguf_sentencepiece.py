@@ -149,3 +149,18 @@ def test_pieces_tied_on_score_merge_leftmost_first_as_llama_cpp_does(spm_vocabul
 def test_untied_vocabularies_keep_the_backends_merges(spm_gguf):
     """Only a vocabulary with ties is merged again in Python: a learned one's scores are apart."""
     assert Tokenizer.from_gguf(spm_gguf).merger is None
+
+
+def test_a_character_with_no_token_of_its_own_still_merges_as_llama_cpp_merges_it(write_spm_gguf, tmp_path):
+    """llama.cpp's symbols start as characters, tokens or not, so "▁" merges into "▁a" where "▁" is
+    no token; Linnet's BPE spelled it in bytes before any merge: "ab ab" was [<0xE2> <0x96> <0x81> a
+    b] twice over, llama.cpp's ["▁ab", "▁ab"]."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + list("abcd") + ["▁a", "▁ab", "cd"]
+    types = [2, 3, 3] + [6] * 256 + [1] * 7
+    path = write_spm_gguf(tmp_path / "open.gguf", tokens, types, [0.0] * 259 + [-1000.0] * 4 + [-1.0, -2.0, -3.0])
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    ours = Tokenizer.from_gguf(path)
+    assert [ours.id_to_token(i) for i in ours.encode("ab ab", add_special_tokens=False)] == ["▁ab", "▁ab"]
+    for text in ("ab ab", "abcd  a", " dab😀a", "x</s>ab c"):
+        assert ours.encode(text) == llm.tokenize(text.encode(), add_bos=True, special=True), text
