@@ -82,13 +82,16 @@ def test_bad_byte_runs_decode_as_utf8_replace_does_whole_and_streamed(spm_vocabu
     and streamed after the "é" had gone out, "é��"."""
     from hypothesis import given, settings, strategies as st
 
+    try:
+        import llama_cpp
+    except ImportError:  # (the bytes worked out by hand are the reference still)
+        llama_cpp = None
     tokens = spm_vocabulary[0]
     ours = Tokenizer.from_gguf(spm_gguf)
-    llama_cpp = pytest.importorskip("llama_cpp")
-    llm = llama_cpp.Llama(model_path=str(spm_gguf), vocab_only=True, verbose=False)
+    llm = llama_cpp and llama_cpp.Llama(model_path=str(spm_gguf), vocab_only=True, verbose=False)
     first, last = tokens.index("▁the"), len(tokens) - 1
     byte = lambda b: tokens.index(f"<0x{b:02X}>")
-    # bytes that begin, continue or are whole characters, and the run the docstring names
+    # bytes that begin a character, continue one, or are one
     some_bytes = st.sampled_from([byte(b) for b in (0x41, 0x80, 0x81, 0xA9, 0xBF, 0xC3, 0xE3, 0xF0, 0x9F, 0xFF)])
     token = st.one_of(some_bytes, some_bytes, st.integers(259, last), st.just(2))
 
@@ -100,7 +103,7 @@ def test_bad_byte_runs_decode_as_utf8_replace_does_whole_and_streamed(spm_vocabu
         ids = [1, first, *rest]  # (llama-cpp-python strips the leading space after a BOS alone)
         whole = ours.decode(ids, skip_special_tokens=True)
         assert whole == _spelled(tokens, ids).decode("utf-8", "replace")
-        assert whole == llm.detokenize(ids).decode("utf-8", "replace")
+        assert llm is None or whole == llm.detokenize(ids).decode("utf-8", "replace")
         decoder = ours.incremental_decoder(skip_special_tokens=True)
         assert "".join(decoder.stream(ids)) == whole
 
