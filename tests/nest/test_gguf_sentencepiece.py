@@ -167,3 +167,21 @@ def test_a_character_with_no_token_of_its_own_still_merges_as_llama_cpp_merges_i
     assert [ours.id_to_token(i) for i in ours.encode("ab ab", add_special_tokens=False)] == ["▁ab", "▁ab"]
     for text in ("ab ab", "abcd  a", " dab😀a", "x</s>ab c"):
         assert ours.encode(text) == llm.tokenize(text.encode(), add_bos=True, special=True), text
+
+
+def test_runs_of_spaces_scored_alike_merge_as_llama_cpp_merges_them(write_spm_gguf, tmp_path):
+    """Pieces for runs of 2 to 8 spaces all scored 0 (user-defined pieces score so): llama.cpp
+    grows a run from its left, ranked merges paired the spaces first; eight spaces were
+    ["▁▁▁▁", "▁▁▁▁▁"], llama.cpp's ["▁▁▁▁▁▁▁▁", "▁"] (the dummy prefix is the ninth)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    runs = ["▁" * k for k in range(2, 9)]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + list("▁abc") + runs + ["▁a", "ab", "▁ab"]
+    types = [2, 3, 3] + [6] * 256 + [1] * 4 + [4] * len(runs) + [1] * 3
+    scores = [0.0] * 259 + [-1000.0] * 4 + [0.0] * len(runs) + [-1.0, -2.0, -3.0]
+    path = write_spm_gguf(tmp_path / "runs.gguf", tokens, types, scores)
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    ours = Tokenizer.from_gguf(path)
+    assert [ours.id_to_token(i) for i in ours.encode(" " * 8, add_special_tokens=False)] == ["▁" * 8, "▁"]
+    for k in range(1, 20):
+        for text in (" " * k, "a" + " " * k + "b", " " * k + "ab"):
+            assert ours.encode(text) == llm.tokenize(text.encode(), add_bos=True, special=True), text
