@@ -18,6 +18,7 @@ GPT-2 splitting only around whitespace runs before a digit: "a  1" splits as
 from __future__ import annotations
 
 import re
+from collections import Counter
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -291,17 +292,31 @@ def sentencepiece_merger(meta) -> "SentencePieceMerger | None":
     tokens, scores = meta("tokenizer.ggml.tokens") or [], meta("tokenizer.ggml.scores") or []
     if len(scores) != len(tokens):
         return None
+    # pieces that share a score, or hold a character that is no token; none holding a space, which
+    # the text spells "▁" before any merge (Gemma's runs of spaces are user-defined pieces, matched whole)
     vocab = set(tokens)
-    longer = [(token, score) for token, score in zip(tokens, scores) if len(token) > 1]
-    if len({score for _, score in longer}) == len(longer) and set("".join(t for t, _ in longer)) <= vocab:
+    pieces = [(token, score) for token, score in zip(tokens, scores) if len(token) > 1 and " " not in token]
+    shared = Counter(score for _, score in pieces)
+    missing = set("".join(token for token, _ in pieces)) - vocab
+    if len(shared) == len(pieces) and not missing:
         return None  # (a learned vocabulary's: each piece its own score, each character a piece)
-    types = meta("tokenizer.ggml.token_type") or []
+    suspects = [(token, score) for token, score in pieces if shared[score] > 1 or not missing.isdisjoint(token)]
+    known: dict[str, bool] = {}
+
+    def made(piece: str) -> bool:
+        """Whether merges make `piece`: a character is a symbol before any merge; a longer piece is
+        made from two that merges make (a piece too long to follow is taken as made)."""
+        if len(piece) == 1:
+            return True
+        if piece not in known:
+            known[piece] = piece in vocab and " " not in piece and (len(piece) > 256 or any(
+                made(piece[:cut]) and made(piece[cut:]) for cut in range(1, len(piece))))
+        return known[piece]
+
     seen: dict[float, str] = {}
-    for token, score in longer:
-        # a piece merges make: each side a token, or a single character (a symbol before any merge)
-        made = any(all(len(side) == 1 or side in vocab for side in (token[:cut], token[cut:]))
-                   for cut in range(1, len(token)))
-        if made and (seen.setdefault(score, token) != token or not set(token) <= vocab):
+    for token, score in suspects:
+        if made(token) and (seen.setdefault(score, token) != token or not missing.isdisjoint(token)):
+            types = meta("tokenizer.ggml.token_type") or []
             return SentencePieceMerger(tokens, scores, {i for i, k in enumerate(types) if k == UNKNOWN})
     return None
 

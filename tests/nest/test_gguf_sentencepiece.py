@@ -149,9 +149,20 @@ def test_pieces_tied_on_score_merge_leftmost_first_as_llama_cpp_does(spm_vocabul
         assert ours.encode(text) == llm.tokenize(text.encode(), add_bos=True, special=True), text
 
 
-def test_untied_vocabularies_keep_the_backends_merges(spm_gguf):
-    """Only a vocabulary with ties is merged again in Python: a learned one's scores are apart."""
+def test_ties_no_merge_makes_keep_the_backends_merges(spm_vocabulary, spm_gguf, write_spm_gguf, tmp_path):
+    """Only a vocabulary whose ties merges can meet is merged again in Python: not a learned one (its
+    scores apart), nor one whose pieces of one score no merge makes, as Gemma's: runs of spaces as
+    user-defined pieces (the text's spaces are "▁" before any merge) and <unused0>, <unused1>."""
+    llama_cpp = pytest.importorskip("llama_cpp")
     assert Tokenizer.from_gguf(spm_gguf).merger is None
+    tokens, types, scores = spm_vocabulary
+    extra = ["  ", "   ", "<unused0>", "<unused1>"]
+    path = write_spm_gguf(tmp_path / "gemma-like.gguf", tokens + extra, types + [4, 4, 3, 3], scores + [0.0] * 4)
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    ours = Tokenizer.from_gguf(path)
+    assert ours.merger is None
+    for text in TEXTS + ["a    b<unused1>", "\tthe  fox   "]:
+        assert ours.encode(text) == llm.tokenize(text.encode(), add_bos=True, special=True), text
 
 
 def test_a_character_with_no_token_of_its_own_still_merges_as_llama_cpp_merges_it(write_spm_gguf, tmp_path):
