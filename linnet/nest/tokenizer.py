@@ -168,10 +168,10 @@ SENTENCEPIECE_FILE = "tokenizer.model"
 
 def _sentencepiece_backend(path: Path, tc: dict, stm: dict):
     """(a `tokenizers` tokenizer, {"bos_token": text, ...}, its `SentencePieceMerger` or None) for a
-    SentencePiece tokenizer.model, built
-    as for a GGUF holding the same vocabulary (`sentencepiece_model.gguf_keys`: what llama.cpp's
-    converter writes from the file), with the tokens, the BOS / EOS flags and the special tokens
-    tokenizer_config.json (or special_tokens_map.json) names in the model's place."""
+    SentencePiece tokenizer.model, built as for a GGUF holding the same vocabulary
+    (`sentencepiece_model.gguf_keys`: what llama.cpp's converter writes from the file), with the
+    tokens, the BOS / EOS flags and the special tokens tokenizer_config.json (or
+    special_tokens_map.json) names in the model's place."""
     from .gguf_tokenizer import build_gguf_tokenizer, sentencepiece_merger
     from .sentencepiece_model import gguf_keys, read_model
 
