@@ -443,7 +443,7 @@ def _gpt_oss_values(config: dict, name: str) -> dict:
         "experts": _experts(config),
         "experts_per_token": int(config["num_experts_per_tok"]),
         "ffn": int(config["intermediate_size"]),
-        "sliding_window": int(config.get("sliding_window") or 128),
+        "sliding_window": _window(config, name, "gpt-oss", 128),
         "swiglu_alpha": float(config.get("swiglu_alpha", 1.702)),
         "swiglu_limit": float(config.get("swiglu_limit", 7.0)),
         "norm_eps": float(config.get("rms_norm_eps", 1e-5)),
@@ -454,6 +454,20 @@ def _gpt_oss_values(config: dict, name: str) -> dict:
         "rope_beta_slow": float(scaling.get("beta_slow") or 1.0),
         "rope_truncate": bool(scaling.get("truncate", True)),
     }
+
+
+def _window(config: dict, name: str, family: str, default: int) -> int:
+    """The window of a family whose every config has one (Gemma 2 and 3, gpt-oss): `default` where the
+    config leaves it out (a GGUF's may: Gemma 3's without a window, whose layers all attend to whole rows).
+    A null is refused (it had been read as `default`): transformers' models of these families build a
+    sliding-window mask and cache whatever the layers' kinds, and fail without the window's length. So is a
+    window under 1, under which a sliding layer attends to nothing (transformers fails there too)."""
+    window = config.get("sliding_window", default)
+    if window is None or window < 1:
+        raise WeightsError(f"{name}: config.json's sliding_window is {'null' if window is None else window}; a "
+                           f"{family} config needs its window's length, at least 1 (transformers' {family} runs "
+                           f"no model without one)")
+    return int(window)
 
 
 def every_nth_layer(layers: int, n: int) -> list:
@@ -528,7 +542,7 @@ def _gemma3_values(config: dict, name: str) -> dict:
         "query_pre_attn_scalar": int(config.get("query_pre_attn_scalar") or config.get("head_dim") or dim // heads),
         "rope_theta": float(full.get("rope_theta", 1000000.0)),
         "rope_local_theta": float(local.get("rope_theta", 10000.0)),
-        "sliding_window": int(config.get("sliding_window") or 512), **kinds_of_layers,
+        "sliding_window": _window(config, name, "Gemma 3", 512), **kinds_of_layers,
         "tie_embeddings": bool(config.get("tie_word_embeddings", True)),
     }
     if kinds["full-attention"] == "linear":
@@ -558,7 +572,7 @@ def _gemma2_values(config: dict, name: str) -> dict:
         "kv_heads": int(config.get("num_key_value_heads") or heads), "head_dim": head_dim,
         "ffn": int(config["intermediate_size"]), "norm_eps": float(config.get("rms_norm_eps", 1e-6)),
         "query_pre_attn_scalar": int(config.get("query_pre_attn_scalar") or head_dim),
-        "rope_theta": _rope_theta(config, 10000.0), "sliding_window": int(config.get("sliding_window") or 4096),
+        "rope_theta": _rope_theta(config, 10000.0), "sliding_window": _window(config, name, "Gemma 2", 4096),
         "window_pattern": 2, **kinds_of_layers, "tie_embeddings": bool(config.get("tie_word_embeddings", True)),
         "attn_softcap": float(config.get("attn_logit_softcapping") or 0.0),
         "final_softcap": float(config.get("final_logit_softcapping") or 0.0),

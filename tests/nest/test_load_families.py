@@ -1012,3 +1012,23 @@ def test_expert_counts_a_config_leaves_out_are_transformers_defaults(arch):
         config = with_transformers_defaults({"architectures": [arch], **REQUIRED, **rope, count: 4})
         assert getattr(transformers, arch.replace("ForCausalLM", "Config"))(**REQUIRED, **{count: 4}).num_experts == 4
         assert "  experts = 4\n" in card_source_from_config(config, "t")
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3"])
+@pytest.mark.parametrize("window", [None, 0])
+def test_a_gemma_window_null_or_under_1_is_refused_as_transformers_runs_none(family, window):
+    """`"sliding_window": null` in a Gemma config: transformers' Gemma builds a sliding-window mask and cache
+    whatever the layers' kinds, and fails without the window's length, even where every layer attends to whole
+    rows; a window of 0, where layers slide, fails too. Linnet had read either as its default window (512 for
+    Gemma 3, 4096 for Gemma 2), and ran: both are refused, naming the key."""
+    prefix, own = FAMILIES[family]
+    for types in (None, ["full_attention"] * 2) if window is None else (None,):
+        kinds = {} if types is None else {"layer_types": types}
+        reference = random_model(family, sliding_window=window, **kinds)
+        with pytest.raises((TypeError, ValueError, RuntimeError)), torch.no_grad():
+            reference(input_ids=torch.tensor([PROMPTS[0]]))
+        config = {"architectures": [prefix + "ForCausalLM"], **COMMON, **own, **kinds, "sliding_window": window}
+        said = "null" if window is None else window
+        with pytest.raises(nest.WeightsError, match=f"config.json's sliding_window is {said}; a Gemma [23] config "
+                                                    f"needs its window's length"):
+            card_source_from_config(config, "tiny")

@@ -138,3 +138,18 @@ def test_the_card_config_follows_config_json(saved):
     config["layer_types"] = ["full_attention"] * config["num_hidden_layers"]
     with pytest.raises(nest.WeightsError, match="alternate sliding and full"):
         card_source_from_config(config, "tiny")
+
+
+def test_a_null_window_is_refused_as_transformers_runs_no_model_of_it():
+    """`"sliding_window": null`: transformers' gpt-oss builds its sliding layers' mask and cache without a
+    length, and fails; Linnet had read it as 128 and run."""
+    from transformers import GptOssForCausalLM
+
+    from linnet.nest.autocard import card_source_from_config
+
+    config = tiny_config()
+    config.sliding_window = None
+    with pytest.raises((TypeError, ValueError)), torch.no_grad():
+        GptOssForCausalLM(config).eval()(input_ids=torch.tensor([PROMPTS[0]]))
+    with pytest.raises(nest.WeightsError, match="config.json's sliding_window is null; a gpt-oss config needs"):
+        card_source_from_config({**config.to_dict(), "architectures": ["GptOssForCausalLM"]}, "tiny")
