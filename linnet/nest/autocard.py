@@ -58,6 +58,12 @@ TRANSFORMERS_DEFAULTS = {
 }
 
 
+# gpt-oss's rope where config.json has none (no rope_scaling and no rope_parameters, or either null):
+# GptOssConfig's, YaRN from 4096 positions by 32 (gpt-oss-20b's and -120b's own)
+GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                "original_max_position_embeddings": 4096}
+
+
 # transformers' two names of one key (its config classes' attribute_map): the hub's Qwen3-MoE says num_experts
 EXPERT_COUNTS = ("num_local_experts", "num_experts")
 
@@ -77,7 +83,8 @@ def architectures_of(config: dict) -> list:
 def with_transformers_defaults(config: dict) -> dict:
     """config.json as transformers reads it: each key it leaves out at its architecture's default
     (`TRANSFORMERS_DEFAULTS`; a key present, null included, is the file's). A rope base comes from
-    `rope_theta` or transformers 5's `rope_parameters`, so the default fills neither where one is there."""
+    `rope_theta` or transformers 5's `rope_parameters`, so the default fills neither where one is there.
+    gpt-oss's rope settings, where the file has none or null ones, are GptOssConfig's (`GPT_OSS_ROPE`)."""
     arch = next((a for a in architectures_of(config) if a in TRANSFORMERS_DEFAULTS), None)
     if arch is None:
         return config
@@ -86,7 +93,10 @@ def with_transformers_defaults(config: dict) -> dict:
         defaults.pop("rope_theta", None)
     if any(key in config for key in EXPERT_COUNTS):  # the file's count, under either name
         defaults.pop("num_local_experts", None)
-    return {**defaults, **config}
+    read = {**defaults, **config}
+    if arch == "GptOssForCausalLM" and not config.get("rope_scaling") and config.get("rope_parameters") is None:
+        read["rope_parameters"] = dict(GPT_OSS_ROPE)  # (over a null too, as GptOssConfig takes one)
+    return read
 
 
 def trained_context(config: dict) -> int | None:

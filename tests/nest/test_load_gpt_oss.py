@@ -153,3 +153,27 @@ def test_a_null_window_is_refused_as_transformers_runs_no_model_of_it():
         GptOssForCausalLM(config).eval()(input_ids=torch.tensor([PROMPTS[0]]))
     with pytest.raises(nest.WeightsError, match="config.json's sliding_window is null; a gpt-oss config needs"):
         card_source_from_config({**config.to_dict(), "architectures": ["GptOssForCausalLM"]}, "tiny")
+
+
+@pytest.mark.parametrize("rope", [{}, {"rope_scaling": None}, {"rope_parameters": None, "rope_theta": 50000.0}])
+def test_a_config_without_rope_settings_has_gpt_oss_configs_yarn(rope, tmp_path):
+    """A gpt-oss config.json without rope settings (or with null ones): GptOssConfig's YaRN (factor 32 from
+    4096 positions, betas 32 and 1, not truncated), over a top-level rope_theta where there is one. Linnet
+    refused it as plain rope."""
+    from transformers import AutoConfig
+
+    from linnet.nest.autocard import card_source_from_config
+
+    config = {key: value for key, value in tiny_config().to_dict().items() if key not in ("rope_parameters", "rope_scaling")}
+    (tmp_path / "config.json").write_text(json.dumps({**config, **rope, "architectures": ["GptOssForCausalLM"]}))
+    save_file({"x": torch.zeros(1)}, str(tmp_path / "model.safetensors"))
+    reference = AutoConfig.from_pretrained(tmp_path).rope_parameters
+    source = card_source_from_config(open_checkpoint(tmp_path).config(), "tiny")
+    want = {"rope_theta": reference["rope_theta"], "rope_factor": reference["factor"],
+            "rope_original_max": reference["original_max_position_embeddings"],
+            "rope_beta_fast": reference["beta_fast"], "rope_beta_slow": reference["beta_slow"],
+            "rope_truncate": str(reference["truncate"]).lower(),
+            "max_context": int(reference["factor"] * reference["original_max_position_embeddings"])}
+    assert reference["rope_type"] == "yarn"
+    for key, value in want.items():
+        assert f"  {key} = {value}\n" in source, (key, value, source)
