@@ -186,6 +186,15 @@ WHOLE_NUMBERS = (
     "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts",
     "n_shared_experts", "first_k_dense_replace", "n_group", "topk_group", "moe_layer_freq",
     "n_embd", "n_layer", "n_head", "n_inner", "n_positions")
+# The whole numbers of those that count something a model has at least one of (heads, layers, widths, experts,
+# the steps of a layer pattern): transformers fails on a 0 in most (a ZeroDivisionError, an empty table), and
+# Linnet's readings divided by one or read it as their default (0 kv heads as every head)
+COUNTS = (
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "num_local_experts", "num_experts",
+    "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step", "query_pre_attn_scalar",
+    "sliding_window_pattern", "_sliding_window_pattern", "no_rope_layer_interval", "kv_lora_rank", "v_head_dim",
+    "n_routed_experts", "n_group", "topk_group", "n_embd", "n_layer", "n_head", "n_inner", "n_positions")
 NUMBERS = (
     "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta", "rope_local_base_freq", "partial_rotary_factor",
     "embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling", "routed_scaling_factor",
@@ -207,6 +216,8 @@ def _takes(key: str, value) -> str | None:
     number = isinstance(value, numbers.Real) and not isinstance(value, bool)
     if key in WHOLE_NUMBERS and not (number and float(value).is_integer()):
         return "a whole number"
+    if key in COUNTS and value < 1:
+        return "a whole number of at least 1"
     if key in NUMBERS and not number:
         return "a number"
     if key in FLAGS and not isinstance(value, bool):
@@ -223,7 +234,8 @@ def _takes(key: str, value) -> str | None:
 def check_value_types(config: dict, name: str) -> None:
     """A `WeightsError` naming the first key of config.json (or of its rope settings) whose value is not
     of the type the key takes: `"tie_word_embeddings": "false"`, `"rms_norm_eps": "1e-5"`,
-    `"num_attention_heads": 4.5`, `"rope_scaling": "yarn"`, each of which transformers refuses."""
+    `"num_attention_heads": 4.5`, `"rope_scaling": "yarn"`, each of which transformers refuses; or is a
+    count under 1 (`COUNTS`: `"num_attention_heads": 0`, which had been a bare ZeroDivisionError)."""
     ropes = [(f"{key}.", config[key]) for key in OBJECTS if isinstance(config.get(key), dict)]
     for where, rope in list(ropes):  # Gemma 3's rope_parameters: one rope a kind of layer
         ropes += [(f"{where}{kind}.", spec) for kind, spec in rope.items() if kind.endswith("_attention")

@@ -1032,3 +1032,21 @@ def test_a_gemma_window_null_or_under_1_is_refused_as_transformers_runs_none(fam
         with pytest.raises(nest.WeightsError, match=f"config.json's sliding_window is {said}; a Gemma [23] config "
                                                     f"needs its window's length"):
             card_source_from_config(config, "tiny")
+
+
+@pytest.mark.parametrize("family, key", [
+    ("mistral", "num_attention_heads"), ("mistral", "num_key_value_heads"), ("qwen2", "vocab_size"),
+    ("gemma2", "query_pre_attn_scalar"), ("qwen3_moe", "decoder_sparse_step"), ("smollm3", "no_rope_layer_interval"),
+    ("deepseek_v3", "n_group"), ("phi2", "num_attention_heads"),
+])
+def test_a_count_of_0_is_refused_naming_its_key(family, key):
+    """A count a model has at least one of, 0 in config.json: transformers makes no model that runs of it (a
+    ZeroDivisionError, an empty table); Linnet's reading had divided by it (a bare ZeroDivisionError) or read it
+    as its default (0 kv heads as every head, a query scale of 0 as head_dim, a step or interval of 0 as 1 or 4)."""
+    prefix, own = FAMILIES[family]
+    with pytest.raises((ZeroDivisionError, RuntimeError, ValueError)), torch.no_grad():
+        random_model(family, **{key: 0})(input_ids=torch.tensor([PROMPTS[0]]))
+    config = {"architectures": [MODELS.get(family, prefix + "ForCausalLM")], **COMMON, **own, key: 0}
+    with pytest.raises(nest.WeightsError, match=f"config.json's {key} is 0, and {key} takes a whole number of at "
+                                                f"least 1"):
+        card_source_from_config(config, "tiny")
