@@ -128,6 +128,7 @@ def card_source_from_config(config: dict, name: str, rope_scaled_context: bool =
                            f"a card; supported: {', '.join(SUPPORTED)}")
     linnet_arch, values_of = SUPPORTED[arch]
     check_value_types(config, name)
+    check_layer_types(config, name)
     try:
         values = values_of(config, name)
     except KeyError as missing:  # a config.json without a key its family always has
@@ -249,6 +250,32 @@ def check_value_types(config: dict, name: str) -> None:
             if wrong:
                 raise WeightsError(f"{name}: config.json's {where}{key} is {value!r}, and {key} takes {wrong}; "
                                    f"the checkpoint's config is malformed")
+
+
+def layer_count_key(config: dict) -> str:
+    """The config.json key of a config's layer count: GPT-2's own spelling where the config has it."""
+    return "n_layer" if "n_layer" in config else "num_hidden_layers"
+
+
+def check_layer_types(config: dict, name: str) -> None:
+    """A `WeightsError` where `layer_types` does not name one kind for each layer, as transformers'
+    config classes refuse it (`validate_layer_type`): checked by its length, before any reading lays
+    out a list of the layers' own (a billion layers with a short list had hung the reading)."""
+    types, key = config.get("layer_types"), layer_count_key(config)
+    layers = config.get(key)
+    if isinstance(types, list) and isinstance(layers, numbers.Integral) and len(types) != layers:
+        raise WeightsError(f"{name}: config.json's layer_types is a list of {len(types)}, one kind a layer, and its "
+                           f"{key} is {layers}; the checkpoint's config is malformed")
+
+
+def check_layer_count(config: dict, tensors: int, name: str) -> None:
+    """A `WeightsError` where config.json's layer count is more than a checkpoint of `tensors` tensors holds
+    (each layer has tensors of its own): a card of a billion layers had hung laying out its layers' kinds."""
+    key = layer_count_key(config)
+    layers = config.get(key)
+    if isinstance(layers, numbers.Real) and not isinstance(layers, bool) and layers > tensors:
+        raise WeightsError(f"{name}: config.json's {key} is {layers}, more layers than the checkpoint's {tensors} "
+                           f"tensors hold (each layer has its own)")
 
 
 def _same(a, b) -> bool:
@@ -399,9 +426,9 @@ def _qwen_values(config: dict, name: str) -> dict:
         # Qwen slides the window in layers max_window_layers on (transformers now lists each layer's
         # type): Linnet's Qwen cards have one window for every layer, or none
         layers = values["layers"]
-        types = config.get("layer_types") or ["sliding_attention" if i >= int(config.get("max_window_layers", 28))
-                                               else "full_attention" for i in range(layers)]
-        sliding = sum(t == "sliding_attention" for t in types)
+        types = config.get("layer_types")  # (or layers max_window_layers on, counted, not listed)
+        sliding = (sum(t == "sliding_attention" for t in types) if types
+                   else min(max(layers - int(config.get("max_window_layers", 28)), 0), layers))
         if 0 < sliding < layers:
             raise WeightsError(f"{name}: use_sliding_window is set for {sliding} of {layers} layers (from "
                                f"max_window_layers or layer_types); Linnet's Qwen cards slide a window in every "

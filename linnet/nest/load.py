@@ -514,12 +514,15 @@ def plain_card_name(name: str) -> str:
 def _card_from_checkpoint(p: Path, card: str, weights) -> tuple[Module, str, Checkpoint | None]:
     """A card written from a checkpoint's config.json or GGUF metadata, named `card`; with the open
     checkpoint unless `weights` names the tensors' place instead."""
-    from linnet.nest.autocard import card_source_from_config
+    from linnet.nest.autocard import card_source_from_config, check_layer_count
 
     card = plain_card_name(card)
     ckpt = open_checkpoint(p)
+    config = ckpt.config()
+    if weights is None:  # the tensors are these: a layer count they cannot hold is refused before it is laid out
+        check_layer_count(config, len(ckpt.names()), str(p))
     # (a GGUF's context_length is llama.cpp's n_ctx_train as it stands; a config.json's length is vLLM's)
-    source = card_source_from_config(ckpt.config(), card, rope_scaled_context=not isinstance(ckpt, GGUFCheckpoint))
+    source = card_source_from_config(config, card, rope_scaled_context=not isinstance(ckpt, GGUFCheckpoint))
     module = load_source(source, f"<card for {p}>")
     if weights is not None:  # the card from `name`, the tensors from `weights`
         return module, card, None

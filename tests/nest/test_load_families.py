@@ -328,7 +328,8 @@ def test_a_hub_config_gives_its_registry_card(card, tmp_path):
     ("qwen3_moe", {"decoder_sparse_step": 2}, "decoder_sparse_step 2"),
     ("gemma3", {"layer_types": ["full_attention", "chunked_attention"]},
      r"layer_types must name each of its 2 layers' attention, sliding_attention or full_attention"),
-    ("gemma3", {"layer_types": ["full_attention"]}, r"each of its 2 layers' attention"),
+    ("gemma3", {"layer_types": ["full_attention"]}, r"layer_types is a list of 1, one kind a layer, and its "
+                                                     r"num_hidden_layers is 2"),
     ("gemma3", {"final_logit_softcapping": 30.0}, "final_logit_softcapping is set"),
     ("gemma3", {"hidden_activation": "silu"}, "hidden_activation 'silu'"),
     ("olmo2", {"attention_bias": True}, "has attention_bias set"),
@@ -1050,3 +1051,49 @@ def test_a_count_of_0_is_refused_naming_its_key(family, key):
     with pytest.raises(nest.WeightsError, match=f"config.json's {key} is 0, and {key} takes a whole number of at "
                                                 f"least 1"):
         card_source_from_config(config, "tiny")
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3", "qwen2", "smollm3"])
+def test_layer_types_of_another_length_than_the_layers_is_refused_as_transformers_refuses_it(family):
+    """`layer_types` names one kind a layer: a list of another length transformers' config classes refuse
+    (validate_layer_type), and so does the card, by its length. Under a billion layers a short list had hung
+    the reading (Gemma's, gpt-oss's), which laid out a list of as many layers to compare it with."""
+    import transformers
+
+    prefix, own = FAMILIES[family]
+    types = ["full_attention", "full_attention"]
+    with pytest.raises(Exception, match="must be equal to the number of `layer_types`"):
+        getattr(transformers, CONFIGS.get(family, prefix + "Config"))(**{**COMMON, **own, "num_hidden_layers": 3,
+                                                                         "layer_types": types})
+    for layers in (3, 10 ** 9):
+        config = {"architectures": [prefix + "ForCausalLM"], **COMMON, **own, "num_hidden_layers": layers,
+                  "layer_types": types}
+        with pytest.raises(nest.WeightsError, match=f"layer_types is a list of 2, one kind a layer, and its "
+                                                    f"num_hidden_layers is {layers}"):
+            card_source_from_config(config, "tiny")
+
+
+def test_a_qwen_window_over_a_billion_layers_is_counted_not_listed():
+    """Qwen's window from max_window_layers on: the layers it slides in are counted (they were listed, one a
+    layer, and a billion layers hung the reading); some of them only is refused, as under two layers."""
+    config = {"architectures": ["Qwen2ForCausalLM"], **COMMON, "num_hidden_layers": 10 ** 9,
+              "use_sliding_window": True, "sliding_window": 4, "max_window_layers": 28}
+    with pytest.raises(nest.WeightsError, match=f"use_sliding_window is set for {10 ** 9 - 28} of {10 ** 9} layers"):
+        card_source_from_config(config, "tiny")
+    assert "  sliding_window = 4\n" in card_source_from_config({**config, "max_window_layers": 0}, "tiny")
+
+
+def test_more_layers_than_the_checkpoint_has_tensors_is_refused(tmp_path):
+    """A config.json whose layer count the checkpoint's tensors cannot hold (each layer has several of its own):
+    refused before the card lays out its layers (a billion of them had hung the load, building Gemma 3's list
+    of each layer's kind), naming the key."""
+    from safetensors.torch import load_file
+
+    random_model("gemma3").save_pretrained(tmp_path)
+    tensors = len(load_file(str(tmp_path / "model.safetensors")))
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["layer_types"]
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 10 ** 9}))
+    with pytest.raises(nest.WeightsError, match=f"config.json's num_hidden_layers is {10 ** 9}, more layers than "
+                                                f"the checkpoint's {tensors} tensors hold"):
+        nest.load(str(tmp_path), generics=GENERICS, tokenizer=False)
