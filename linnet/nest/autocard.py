@@ -268,14 +268,16 @@ def check_layer_types(config: dict, name: str) -> None:
                            f"{key} is {layers}; the checkpoint's config is malformed")
 
 
-def check_layer_count(config: dict, tensors: int, name: str) -> None:
+def check_layer_count(config: dict, tensors: int, name: str, key_said: str | None = None) -> None:
     """A `WeightsError` where config.json's layer count is more than a checkpoint of `tensors` tensors holds
-    (each layer has tensors of its own): a card of a billion layers had hung laying out its layers' kinds."""
+    (each layer has tensors of its own): a card of a billion layers had hung laying out its layers' kinds.
+    `key_said`: what names the count where it is not config.json's key (a GGUF's block_count)."""
     key = layer_count_key(config)
     layers = config.get(key)
     if isinstance(layers, numbers.Real) and not isinstance(layers, bool) and layers > tensors:
-        raise WeightsError(f"{name}: config.json's {key} is {layers}, more layers than the checkpoint's {tensors} "
-                           f"tensors hold (each layer has its own)")
+        said = key_said or f"config.json's {key}"
+        raise WeightsError(f"{name}: {said} is {layers}, more layers than the checkpoint's {tensors} tensors hold "
+                           f"(each layer has its own)")
 
 
 def _same(a, b) -> bool:

@@ -933,13 +933,12 @@ class GGUFCheckpoint(Checkpoint):
         """Gemma 3's config as llama.cpp's gemma3 reads the file: a window (where the file has one) in
         five layers of every six, the sliding layers' rope at base 10000, the file's base and scaling
         the full-attention layers', queries scaled as `llama_cpp_gemma3_query_scalar` says. llama.cpp
-        caps the logits (final_logit_softcapping) only in a file without a window."""
-        from .autocard import attention_layer_types
-
+        caps the logits (final_logit_softcapping) only in a file without a window. The layers' kinds are
+        the pattern, not a list of each layer's (a file's block_count is checked against its tensors later)."""
         window, layers = get("attention.sliding_window") or 0, cfg["num_hidden_layers"]
         pattern = LLAMA_CPP_GEMMA3_PATTERN if window else 1  # 1: every layer attends to its whole row
         scalar = llama_cpp_gemma3_query_scalar(cfg["hidden_size"], cfg["num_attention_heads"], cfg["head_dim"], layers)
-        return {"sliding_window": window or None, "layer_types": attention_layer_types(layers, pattern),
+        return {"sliding_window": window or None, "sliding_window_pattern": pattern,
                 "rope_local_base_freq": LLAMA_CPP_GEMMA3_LOCAL_THETA, "query_pre_attn_scalar": scalar,
                 "hidden_activation": "gelu_pytorch_tanh",
                 "final_logit_softcapping": None if window else get("final_logit_softcapping")}
@@ -948,13 +947,11 @@ class GGUFCheckpoint(Checkpoint):
     def _gemma2_config(get, cfg: dict) -> dict:
         """Gemma 2's config as llama.cpp's gemma2 reads the file: its window (4096 where it has none) in
         every other layer from the first, queries scaled as `llama_cpp_gemma2_query_scalar` says, both
-        caps the file's (llama.cpp's defaults where it has none)."""
-        from .autocard import attention_layer_types
-
+        caps the file's (llama.cpp's defaults where it has none). Its layers alternate as gemma2's do where
+        a config lists none (LLAMA_CPP_GEMMA2_PATTERN): no list of each layer's kind."""
         layers = cfg["num_hidden_layers"]
         attn_cap, final_cap = LLAMA_CPP_GEMMA2_CAPS
         return {"sliding_window": get("attention.sliding_window") or 4096,
-                "layer_types": attention_layer_types(layers, LLAMA_CPP_GEMMA2_PATTERN),
                 "query_pre_attn_scalar": llama_cpp_gemma2_query_scalar(cfg["hidden_size"], cfg["num_attention_heads"],
                                                                        cfg["head_dim"], layers),
                 "attn_logit_softcapping": get("attn_logit_softcapping", attn_cap),

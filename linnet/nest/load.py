@@ -520,7 +520,8 @@ def _card_from_checkpoint(p: Path, card: str, weights) -> tuple[Module, str, Che
     ckpt = open_checkpoint(p)
     config = ckpt.config()
     if weights is None:  # the tensors are these: a layer count they cannot hold is refused before it is laid out
-        check_layer_count(config, len(ckpt.names()), str(p))
+        said = f"its GGUF metadata {ckpt.architecture}.block_count" if isinstance(ckpt, GGUFCheckpoint) else None
+        check_layer_count(config, len(ckpt.names()), str(p), said)
     # (a GGUF's context_length is llama.cpp's n_ctx_train as it stands; a config.json's length is vLLM's)
     source = card_source_from_config(config, card, rope_scaled_context=not isinstance(ckpt, GGUFCheckpoint))
     module = load_source(source, f"<card for {p}>")

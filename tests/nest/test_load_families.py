@@ -733,6 +733,15 @@ def test_a_gemma3_gguf_card_takes_what_llama_cpp_fixes(tmp_path, write_gguf):
         nest.load(str(path), tokenizer=False)
 
 
+def test_a_gguf_of_more_blocks_than_tensors_is_refused(tmp_path, write_gguf):
+    """A GGUF whose block_count its tensors cannot hold (each layer has its own): refused naming the key. A
+    billion blocks had hung reading a gemma3 or gemma2 file's config, which listed each layer's kind."""
+    path = write_gemma3_keys(write_gguf, tmp_path / "g.gguf", layers=10 ** 9)
+    with pytest.raises(nest.WeightsError, match=r"g\.gguf: its GGUF metadata gemma3\.block_count is 1000000000, more "
+                                                r"layers than the checkpoint's 1 tensors hold"):
+        nest.load(str(path), tokenizer=False)
+
+
 # what transformers' config class gives each key a hand-written config.json leaves out (the keys every
 # config has, and Mixtral's expert counts, are given)
 REQUIRED = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96)
