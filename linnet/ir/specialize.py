@@ -478,7 +478,12 @@ def evaluate(v: ir.Value, env: dict):
         if v.op == "list":
             return [evaluate(a, env) for a in v.args]
         if v.op == "list_comp":  # a list config's default, item by item
-            return [evaluate(k["item"], {**env, v.attrs["var"]: i}) for i in range(evaluate(k["count"], env))]
+            count = evaluate(k["count"], env)
+            if count > LIST_ITEMS:  # (a billion layers' list took Python an hour and gigabytes to lay out)
+                raise LinnetError(v.loc, f"a list of {count} items is too long for a static list",
+                                  [f"`{k['count'].name}` is {count}" if isinstance(k["count"], ir.Var) else
+                                   f"its length is {count}", f"static lists hold at most {LIST_ITEMS} items"])
+            return [evaluate(k["item"], {**env, v.attrs["var"]: i}) for i in range(count)]
         if v.op == "list_item":
             items, i = evaluate(k["x"], env), evaluate(v.args[0], env)
             if not -len(items) <= i < len(items):
@@ -518,6 +523,10 @@ def evaluate(v: ir.Value, env: dict):
             return out
     raise LinnetError(v.loc, "this must be known before the model runs (a config value, a literal)")
 
+
+# A static list is a setting each layer (or expert) has: far fewer than this, which a list config's
+# default (`[... for l in layers]`) is laid out item by item up to
+LIST_ITEMS = 1 << 20
 
 # Static ints are the model's sizes, indices and settings: past 64 bits they are a mistake, and
 # a power such as 10 ** 10 ** 10 would take Python hours to compute.

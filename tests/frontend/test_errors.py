@@ -1317,6 +1317,11 @@ fn softmax(x: T[Batch, dim]) -> T[Batch, dim] {
                                                  "  head_dim: int = dim / heads\n  adds: bool[heads] = true\n") + ENTRY,
          8, 23, "the default of a bool[heads] list is a list: `[...]`, `[... for l in heads]` or another list config, "
                 "not bool"),
+    arch("list-default-too-long", HEAD.replace("  head_dim: int = dim / heads\n",
+                                               "  head_dim: int = dim / heads\n  layers: int = 2000000\n"
+                                               "  adds: bool[layers] = [l % 2 == 0 for l in layers]\n") + ENTRY,
+         9, 24, "a list of 2000000 items is too long for a static list",  # (not an hour laying it out)
+         note="static lists hold at most 1048576 items"),
     arch("two-sources-in-one-format", HEAD.replace('from hf "wq.weight"', 'from hf "wq.weight"\n    from hf "w2"')
          + ENTRY, 15, 10, "`wq` names two `hf` sources"),
     arch("tie-condition-not-a-bool", HEAD.replace("  wq:", "  lm: T[vocab, dim] = embed if 1\n  wq:") + ENTRY, 13, 32,
