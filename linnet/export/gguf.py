@@ -43,8 +43,8 @@ from linnet.nest.bind import checkpoint_names, unbind_weights
 from linnet.nest.checkpoint import (LLAMA_CPP_GEMMA2_PATTERN, LLAMA_CPP_GEMMA3_LOCAL_THETA, LLAMA_CPP_GEMMA3_PATTERN,
                                     LLAMA_CPP_SMOLLM3_NO_ROPE_INTERVAL, NORMS_PLUS_ONE, GGUFCheckpoint,
                                     llama_cpp_gemma2_query_scalar, llama_cpp_gemma3_query_scalar)
-from linnet.nest.gguf_tokenizer import (BYTE, CONTROL, END_OF_GENERATION, END_OF_TURN, NORMAL, PRE_TOKENIZERS, UNKNOWN,
-                                       UNUSED, USER_DEFINED)
+from linnet.nest.gguf_tokenizer import (BYTE, BYTE_TOKEN, CONTROL, END_OF_GENERATION, END_OF_TURN, NORMAL,
+                                       PRE_TOKENIZERS, UNKNOWN, UNUSED, USER_DEFINED)
 from linnet.rope_tables import llama3_divisors
 
 # llama.cpp's canonical tokenizer.ggml.pre name for each pre-tokenizer Nest reads
@@ -546,7 +546,7 @@ def _sentencepiece_keys(tok, data: dict, writer, tokens: list, types: list, pair
     for i, text in enumerate(tokens):
         if types[i] != NORMAL:
             continue
-        if len(text) == 6 and text.startswith("<0x") and text.endswith(">"):
+        if BYTE_TOKEN.fullmatch(text):
             types[i] = BYTE
         elif text in made:
             scores[i] = -float(made[text])

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # for the annotation alone: each function imports what it use
 
 # GGUF token types (llama.cpp's llama_token_type)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
+BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a SentencePiece byte token's text, its byte in hex
 # Tokens llama.cpp ends generation on by their text, whatever ids the file names (llama-vocab.cpp's
 # end-of-generation set, as llama-cpp-python 0.3.36 has it): a GGUF that names only EOS still stops at
 # the chat's other ends.
@@ -401,14 +402,11 @@ class SentencePieceMerger:
         return out
 
 
-_BYTE_PIECE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
-
-
 def _segment_text(pieces: list[str]) -> str | None:
     """The text a segment's pieces spell, <0xNN> runs read back as UTF-8 (None where one is not)."""
     out, run = [], bytearray()
     for piece in [*pieces, ""]:
-        byte = _BYTE_PIECE.fullmatch(piece)
+        byte = BYTE_TOKEN.fullmatch(piece)
         if byte is not None:
             run.append(int(byte.group(1), 16))
             continue

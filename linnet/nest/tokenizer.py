@@ -11,7 +11,6 @@ from __future__ import annotations
 import codecs
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -19,6 +18,7 @@ from linnet.serve.request import SAMPLING_RANGES
 
 from .chat_template import render_chat_template
 from .errors import TokenizerError
+from .gguf_tokenizer import BYTE_TOKEN
 
 
 def _gpt2_bytes() -> dict:
@@ -45,7 +45,6 @@ def _byte_kind(backend) -> str:
 
 
 _REPLACEMENT = "\ufffd"  # what a decoder yields for an incomplete UTF-8 sequence
-_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # a SentencePiece byte token, as ByteFallback reads one
 _CONTEXT_IDS = 4  # prompt ids decoded before a completion's, for the decoder's view of where it starts
 RELEASE_GIL_FROM = 1 << 14  # characters from which `encode` lets other threads run (a batch's overhead below)
 
@@ -399,8 +398,8 @@ class Tokenizer:
             elif kind == "byte_level":
                 out = bytes(_UNICODE_TO_BYTE[c] for c in piece) if all(c in _UNICODE_TO_BYTE for c in piece) \
                     else self.decode([token_id]).encode()
-            elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-                out = bytes([int(piece[3:5], 16)])
+            elif (byte := BYTE_TOKEN.fullmatch(piece)) is not None:
+                out = bytes([int(byte.group(1), 16)])
             else:
                 out = piece.replace("\u2581", " ").encode()
             self._bytes[token_id] = out
@@ -468,7 +467,7 @@ class Tokenizer:
             if token_id in special:
                 continue
             piece = None if token_id is None else self.backend.id_to_token(int(token_id))
-            byte = _BYTE_TOKEN.fullmatch(piece) if piece is not None else None
+            byte = BYTE_TOKEN.fullmatch(piece) if piece is not None else None
             if byte is not None:
                 run.append(int(byte.group(1), 16))
                 continue
