@@ -463,10 +463,6 @@ def _read_as_integer(key: str) -> bool:
     return key in _GGUF_INTEGERS or (key.startswith("tokenizer.ggml.") and key.endswith("_token_id"))
 
 
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _open_gguf(path: str):
     from . import gguf_file  # needs the gguf package, which only GGUF files do
 
@@ -802,8 +798,8 @@ class GGUFCheckpoint(Checkpoint):
 
         def get(key, default=None):  # (each a number, but the rope scaling's type)
             value = self.metadata(f"{arch}.{key}", default)
-            if value is not None and key != "rope.scaling.type" and not _is_number(value) \
-                    and not isinstance(value, bool):  # (text or a list: was a TypeError, or a message naming no file)
+            # (a bool is a flag's, a number too; text or a list was a TypeError, or a message naming no file)
+            if value is not None and key != "rope.scaling.type" and not isinstance(value, (int, float)):
                 raise WeightsError(f"{self.path}: its GGUF metadata {arch}.{key} is {repr(value)[:80]}, where "
                                    f"llama.cpp reads a number")
             return value

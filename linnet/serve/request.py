@@ -159,7 +159,7 @@ class Request:
         # past LARGEST_SCALE a banned token's logit over the temperature is NaN, and the draw ignores every
         # mask; a repetition penalty under its reciprocal (0 in f32) makes a seen token's logit infinite
         for name, (lo, hi, whole) in SAMPLING_RANGES.items():
-            if whole:
+            if whole:  # (top_k, below: the engine's "no limit" is 0 alone, the API's -1 mapped to it)
                 continue
             value = getattr(self, name)
             if not _is_number(value) or not lo <= value <= hi:
