@@ -281,6 +281,90 @@ def _add_bos_eos(tk, meta, tokens: list, default_bos: bool) -> None:
         )
 
 
+def special_splitter(tokens: list[str], types: list[int]) -> "SpecialSplitter | None":
+    """A `SpecialSplitter` for a GGUF vocabulary in which two added tokens (control, user-defined,
+    unknown) can overlap in a text: one holds another, or one ends with what another starts with.
+    None where no two can, where `tokenizers`' leftmost-longest matching takes what llama.cpp takes."""
+    specials = dict.fromkeys(t for t, k in zip(tokens, types) if k in (CONTROL, USER_DEFINED, UNKNOWN) and t)
+    prefixes = {t[:k] for t in specials for k in range(1, len(t) + 1)}
+    overlapping, tails = set(), set()  # tails: a token's ends that begin a longer token
+    for token in specials:
+        for start in range(len(token)):
+            end = start + 1
+            while end <= len(token) and token[start:end] in prefixes:
+                if token[start:end] in specials and token[start:end] != token:
+                    overlapping |= {token, token[start:end]}
+                end += 1
+            if end > len(token) and start > 0:
+                overlapping.add(token)
+                tails.add(token[start:])
+    overlapping |= {t for t in specials if any(t[:k] in tails for k in range(1, len(t)))}
+    return SpecialSplitter(specials, prefixes, overlapping) if overlapping else None
+
+
+class SpecialSplitter:
+    """Where llama.cpp (tokenizer_st_partition) takes a text's added tokens: each token in turn,
+    longest first (in UTF-8 bytes; of one length, by id, as std::sort orders up to 16 tokens, past
+    which its order among them is its own), wherever it occurs in the text the longer ones left.
+    `tokenizers` takes the leftmost occurrence, longest there, which differs only where two can
+    overlap: with "ab" and "bcd" added, "abcd" was ["ab", "▁", "c", "d"], llama.cpp's ["▁", "a",
+    "bcd"]. A text is looked at only around what `tokenizers` took of such tokens (every occurrence
+    it did not take overlaps one it took), for a vocabulary where two can overlap (`special_splitter`)."""
+
+    def __init__(self, specials: dict, prefixes: set, overlapping: set):
+        self.specials, self.prefixes, self.overlapping = specials, prefixes, overlapping
+        self.longest = max(map(len, specials))
+        order = sorted(specials, key=lambda t: len(t.encode()), reverse=True)  # (stable: ties by id)
+        self.rank = {t: r for r, t in enumerate(order)}
+
+    def split(self, text: str, matched: list) -> list | None:
+        """llama.cpp's added tokens in `text`, (start, end, token) in order; None where they are
+        `matched`, those `tokenizers` took (in the same form). Leftmost matching leaves no occurrence
+        starting between two it took, so another starts inside one taken; and llama.cpp takes what
+        was taken unless such an occurrence overlaps no taken one it looks for first (then it takes
+        that occurrence)."""
+        overlapping = [at for at, match in enumerate(matched) if match[2] in self.overlapping]
+        if not any(self._outranks(text, matched, at) for at in overlapping):
+            return None
+        found = set(matched)
+        for at in overlapping:
+            for start in range(*matched[at][:2]):
+                found.update(self._starting(text, start, start))
+        taken, used = [], bytearray(len(text))
+        for start, end, token in sorted(found, key=lambda o: (self.rank[o[2]], o[0])):
+            if not any(used[start:end]):
+                used[start:end] = b"\x01" * (end - start)
+                taken.append((start, end, token))
+        return sorted(taken)
+
+    def _outranks(self, text: str, matched: list, at: int) -> bool:
+        """Whether an occurrence starting inside `matched[at]` and running past it overlaps none of
+        `matched` that llama.cpp looks for before it. (One that `matched[at]` does not block is as
+        long in UTF-8 bytes or longer: in characters, as long in ASCII text, at least a quarter as long.)"""
+        first, end, token = matched[at]
+        least = len(token.encode()) if text.isascii() else -(-len(token.encode()) // 4)
+        return any(not self._blocked(o, matched, at) for start in range(first + 1, end)
+                   for o in self._starting(text, start, max(end, start + least - 1)))
+
+    def _blocked(self, occurrence: tuple, matched: list, at: int) -> bool:
+        """Whether one of `matched` from `at` on that llama.cpp looks for before `occurrence` overlaps it."""
+        key = (self.rank[occurrence[2]], occurrence[0])
+        while at < len(matched) and matched[at][0] < occurrence[1]:
+            if (self.rank[matched[at][2]], matched[at][0]) < key:
+                return True
+            at += 1
+        return False
+
+    def _starting(self, text: str, at: int, past: int) -> list:
+        """The added tokens that occur in `text` at `at` and run past `past`, as (start, end, token)."""
+        out, end = [], past + 1
+        while end <= len(text) and text[at:end] in self.prefixes:
+            if text[at:end] in self.specials:
+                out.append((at, end, text[at:end]))
+            end += 1
+        return out
+
+
 def sentencepiece_merger(meta) -> "SentencePieceMerger | None":
     """A `SentencePieceMerger` for a SentencePiece GGUF whose pieces the `tokenizers` BPE's ranked
     merges cannot make as llama.cpp does: where two pieces that merges make share a score (a

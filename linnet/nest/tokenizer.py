@@ -214,6 +214,7 @@ class Tokenizer:
         chat_templates: dict[str, str] | None = None,
         sampling_defaults: dict | None = None,
         merger=None,
+        splitter=None,
     ):
         self.backend = backend          # a tokenizers.Tokenizer
         self.source = source            # where it came from, for messages
@@ -243,6 +244,10 @@ class Tokenizer:
         # merges them again as llama.cpp does (`gguf_tokenizer.SentencePieceMerger`), which the
         # backend's ranked merges cannot
         self.merger = merger
+        # a GGUF vocabulary whose added tokens can overlap in a text takes them where llama.cpp does,
+        # longest first (`gguf_tokenizer.SpecialSplitter`), not leftmost as the backend does
+        self.splitter = splitter
+        self._frame: dict = {}
 
     @property
     def chat_template(self) -> str | None:
@@ -332,7 +337,8 @@ class Tokenizer:
     def from_gguf(cls, gguf) -> "Tokenizer":
         """From a GGUF file path or an open `GGUFCheckpoint` (to read the file once)."""
         from .checkpoint import GGUFCheckpoint
-        from .gguf_tokenizer import END_KEYS, build_gguf_tokenizer, end_of_generation, sentencepiece_merger
+        from .gguf_tokenizer import (END_KEYS, NORMAL, build_gguf_tokenizer, end_of_generation,
+                                      sentencepiece_merger, special_splitter)
 
         ckpt = gguf if isinstance(gguf, GGUFCheckpoint) else GGUFCheckpoint(gguf)
         meta = ckpt.metadata
@@ -363,6 +369,7 @@ class Tokenizer:
                             for name in meta("tokenizer.chat_templates") or []
                             if isinstance(meta(f"tokenizer.chat_template.{name}"), str)},
             merger=sentencepiece_merger(meta),
+            splitter=special_splitter(tokens, meta("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)),
         )
         tok.eos_token_ids = stops  # the EOS only where llama.cpp ends on it (Gemma 4's </s> is a plain token)
         return tok
@@ -441,7 +448,52 @@ class Tokenizer:
             if why is None:
                 raise
             raise TokenizerError(why) from None
+        if self.splitter is not None:
+            ids = self._split_as_llama_cpp(text, encoding, add_special_tokens)
+            if ids is not None:
+                return ids
         return encoding.ids if self.merger is None else self.merger.remerge(encoding, self._added_ids())
+
+    def _split_as_llama_cpp(self, text: str, encoding, add_special_tokens: bool) -> list[int] | None:
+        """`text`'s ids with its added tokens taken where llama.cpp takes them (`splitter`), the text
+        between them encoded apart; None where they are those the backend took (`encoding`'s)."""
+        added, backend = self._added_ids(), self.backend
+        matched = [(start, end, text[start:end]) for i, (start, end) in zip(encoding.ids, encoding.offsets)
+                   if i in added and end > start and backend.id_to_token(i) == text[start:end]]
+        spans = self.splitter.split(text, matched)
+        if spans is None:
+            return None
+        texts, at = [], 0
+        for start, end, token in spans:
+            texts += [text[at:start]] if start > at else []
+            texts.append(token)
+            at = end
+        texts += [text[at:]] if at < len(text) else []
+        tokens = {token for _, _, token in spans}
+        body = []
+        for piece, part in zip(texts, backend.encode_batch(texts, add_special_tokens=False)):
+            if piece in tokens or self.merger is None:
+                body += part.ids
+            else:
+                body += self.merger.remerge(part, added)
+        front, back = self._frame_ids(add_special_tokens)
+        return front + body + back
+
+    def _frame_ids(self, add_special_tokens: bool) -> tuple[list, list]:
+        """The ids the post-processor puts before a text's and after them (BOS, EOS)."""
+        if add_special_tokens not in self._frame:
+            frame: tuple[list, list] = ([], [])
+            processor = self.backend.post_processor
+            if add_special_tokens and processor is not None:
+                state = json.loads(processor.__getstate__())
+                side, ids = 0, state.get("special_tokens", {})
+                for item in state.get("single", []):
+                    if "Sequence" in item:
+                        side = 1
+                    else:
+                        frame[side].extend(ids[item["SpecialToken"]["id"]]["ids"])
+            self._frame[add_special_tokens] = frame
+        return self._frame[add_special_tokens]
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
         """The text of `ids`. A run of SentencePiece byte tokens (<0xNN>) that is not UTF-8 throughout

@@ -196,3 +196,29 @@ def test_runs_of_spaces_scored_alike_merge_as_llama_cpp_merges_them(write_spm_gg
     for k in range(1, 20):
         for text in (" " * k, "a" + " " * k + "b", " " * k + "ab"):
             assert ours.encode(text) == llm.tokenize(text.encode(), add_bos=True, special=True), text
+
+
+def test_added_tokens_that_overlap_are_taken_longest_first_as_llama_cpp_takes_them(write_spm_gguf, tmp_path):
+    """llama.cpp takes a text's added tokens longest first, each wherever it occurs in what longer ones
+    left (of one length, by id); `tokenizers` takes the leftmost: with "ab" and "bcd" added, "abcd" was
+    ["▁", ..., "ab", "▁", "c", "d"], llama.cpp's ["▁", "a", "bcd"]."""
+    from hypothesis import given, settings, strategies as st
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    added = ["<|a|>", "<|a|>b", "ab", "bc", "bcd", "d<|"]
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + list("▁abcd<|>") + ["▁a", "cd"] + added
+    types = [2, 3, 3] + [6] * 256 + [1] * 10 + [3, 3, 3, 4, 4, 3]
+    scores = [0.0] * 259 + [-1000.0] * 8 + [-1.0, -2.0] + [0.0] * len(added)
+    path = write_spm_gguf(tmp_path / "overlap.gguf", tokens, types, scores)
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    ours = Tokenizer.from_gguf(path)
+    assert [tokens[i] for i in ours.encode("abcd", add_special_tokens=False)] == ["▁a", "bcd"]
+    assert [tokens[i] for i in ours.encode("abc")] == ["<s>", "ab", "▁", "c"]  # "ab", "bc" alike: the first id
+
+    @settings(max_examples=40, deadline=None, derandomize=True, database=None)
+    @given(st.lists(st.sampled_from(["a", "b", "c", "d", " ", "<|", "a|>", "<|a|>", "</s>"]), max_size=10), st.booleans())
+    def check(pieces, bos):
+        text = "".join(pieces)
+        assert ours.encode(text, add_special_tokens=bos) == llm.tokenize(text.encode(), add_bos=bos, special=True)
+
+    check()

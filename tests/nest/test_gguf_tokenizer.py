@@ -228,6 +228,19 @@ def test_a_merge_listed_twice_ranks_where_it_is_first_listed(tmp_path):
         assert ours.encode(text) == llm.tokenize(text.encode(), add_bos=True, special=True), text
 
 
+def test_added_tokens_that_overlap_are_taken_as_llama_cpp_takes_them(tmp_path):
+    """Longest first (llama.cpp's order), not leftmost: with "<think>" (user-defined) and "nk>hello"
+    added, "<think>hello" was ["<think>", "hell", "o"], llama.cpp's ["<", "t", "h", "i", "nk>hello"]."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    tokens = write_tokenizer_gguf(tmp_path / "t.gguf", control=("nk>hello", "<th"))
+    llm = llama_cpp.Llama(model_path=str(tmp_path / "t.gguf"), vocab_only=True, verbose=False)
+    tok = Tokenizer.from_gguf(tmp_path / "t.gguf")
+    assert [tokens[i] for i in tok.encode("<think>hello", add_special_tokens=False)] == ["<th", "i", "nk>hello"]
+    for text in ("<think>hello", "x<think>hello world<think>", "<think>hell", "<thi<think>hellonk>hello"):
+        for bos in (True, False):
+            assert tok.encode(text, add_special_tokens=bos) == llm.tokenize(text.encode(), add_bos=bos, special=True)
+
+
 def test_unsupported_model_is_named(tmp_path):
     write_tokenizer_gguf(tmp_path / "bert.gguf", model="bert")
     with pytest.raises(TokenizerError, match=r"bert\.gguf: .*'bert' is not supported"):
