@@ -216,7 +216,8 @@ def test_added_tokens_that_overlap_are_taken_longest_first_as_llama_cpp_takes_th
     assert [tokens[i] for i in ours.encode("abc")] == ["<s>", "ab", "▁", "c"]  # "ab", "bc" alike: the first id
 
     @settings(max_examples=40, deadline=None, derandomize=True, database=None)
-    @given(st.lists(st.sampled_from(["a", "b", "c", "d", " ", "<|", "a|>", "<|a|>", "</s>"]), max_size=10), st.booleans())
+    @given(st.lists(st.sampled_from(["a", "b", "c", "d", " ", "é", "<|", "a|>", "<|a|>", "</s>"]), max_size=10),
+           st.booleans())
     def check(pieces, bos):
         text = "".join(pieces)
         assert ours.encode(text, add_special_tokens=bos) == llm.tokenize(text.encode(), add_bos=bos, special=True)
