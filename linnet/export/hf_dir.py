@@ -185,6 +185,12 @@ def _readable(paths) -> None:
         path.chmod(0o666 & ~umask)
 
 
+# what a GGUF's tokenizer does that a tokenizer.json cannot say (`Tokenizer.merger`, `Tokenizer.splitter`)
+TIED_PIECES = ("SentencePiece pieces tie on score, or hold a character that is no token: of tied pairs llama.cpp "
+               "merges the leftmost first, which no ranking of merges holds")
+OVERLAPPING_TOKENS = ("two added tokens can overlap in a text: llama.cpp takes the longer, tokenizers the leftmost")
+
+
 def _write_tokenizer(bound, out: Path, final: Path, config: dict) -> None:
     if bound.tokenizer_from is not None and bound.tokenizer_from.is_dir():  # a model directory's files, as they are
         for file in TOKENIZER_FILES:
@@ -200,6 +206,10 @@ def _write_tokenizer(bound, out: Path, final: Path, config: dict) -> None:
                       f"--tokenizer to serve it", stacklevel=3)
         return
     tok.backend.save(str(out / "tokenizer.json"))
+    unheld = [why for why, kept in ((TIED_PIECES, tok.merger), (OVERLAPPING_TOKENS, tok.splitter)) if kept is not None]
+    if unheld:
+        warnings.warn(f"{final}: its tokenizer.json encodes some texts otherwise than Linnet and llama.cpp encode them "
+                      f"({'; '.join(unheld)}): vLLM serving it sees other prompt tokens there", stacklevel=3)
     settings = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False,
                 "model_max_length": config["max_position_embeddings"]}
     for key, value in tok.special_tokens.items():

@@ -437,3 +437,21 @@ def test_a_folder_that_cannot_be_made_is_named_and_the_ones_made_go(tmp_path, mo
     with pytest.raises(ExportError, match=f"^{tmp_path}/a/b: cannot write the model \\(No space left on device\\)$"):
         export("tiny-llama", "vllm", tmp_path / "a" / "b" / "out", weights="random", dtype="f32")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_tokenizer_json_cannot_hold_llama_cpps_tied_merges_and_says_so(write_spm_gguf, tmp_path):
+    """A SentencePiece GGUF whose pieces tie on score: llama.cpp merges the leftmost tied pair first,
+    which no ranking of a tokenizer.json's merges holds (here "ab" < "bc" < "cd" < "da" < "ab" around
+    a cycle: "abc", "bcd", "cda", "dab" each want one first). The export says so; vLLM would have
+    encoded such texts otherwise without a word."""
+    from tokenizers import Tokenizer as Backend
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    tokens = ["<unk>", "<s>", "</s>"] + list("▁abcd") + ["cd", "bc", "ab", "da"]
+    gguf = write_spm_gguf(tmp_path / "tied.gguf", tokens, [2, 3, 3] + [1] * 9, [0.0] * 3 + [-1000.0] * 5 + [-5.0] * 4)
+    with pytest.warns(UserWarning, match="encodes some texts otherwise than Linnet and llama.cpp .*SentencePiece"):
+        path = export("tiny-llama", "vllm", tmp_path / "out", weights="random", dtype="f32", tokenizer=gguf)
+    written = Backend.from_file(str(Path(path) / "tokenizer.json"))
+    llm = llama_cpp.Llama(model_path=str(gguf), vocab_only=True, verbose=False)
+    differ = [text for text in ("abc", "bcd", "cda", "dab") if written.encode(text).ids != llm.tokenize(text.encode())]
+    assert differ and nest.load(path, generics={"Batch": 1, "MaxSeq": 8}).tokenizer.merger is None
