@@ -304,8 +304,8 @@ def special_splitter(tokens: list[str], types: list[int]) -> "SpecialSplitter | 
 
 class SpecialSplitter:
     """Where llama.cpp (tokenizer_st_partition) takes a text's added tokens: each token in turn,
-    longest first (in UTF-8 bytes; of one length, by id, as std::sort orders up to 16 tokens, past
-    which its order among them is its own), wherever it occurs in the text the longer ones left.
+    longest first (in UTF-8 bytes; of one length, by id, as libstdc++'s std::sort leaves up to 16
+    tokens, past which its order among them is its own), wherever it occurs in what longer ones left.
     `tokenizers` takes the leftmost occurrence, longest there, which differs only where two can
     overlap: with "ab" and "bcd" added, "abcd" was ["ab", "▁", "c", "d"], llama.cpp's ["▁", "a",
     "bcd"]. A text is looked at only around what `tokenizers` took of such tokens (every occurrence
@@ -313,7 +313,6 @@ class SpecialSplitter:
 
     def __init__(self, specials: dict, prefixes: set, overlapping: set):
         self.specials, self.prefixes, self.overlapping = specials, prefixes, overlapping
-        self.longest = max(map(len, specials))
         order = sorted(specials, key=lambda t: len(t.encode()), reverse=True)  # (stable: ties by id)
         self.rank = {t: r for r, t in enumerate(order)}
 

@@ -458,6 +458,8 @@ class Tokenizer:
         """`text`'s ids with its added tokens taken where llama.cpp takes them (`splitter`), the text
         between them encoded apart; None where they are those the backend took (`encoding`'s)."""
         added, backend = self._added_ids(), self.backend
+        if added.isdisjoint(encoding.ids):
+            return None
         matched = [(start, end, text[start:end]) for i, (start, end) in zip(encoding.ids, encoding.offsets)
                    if i in added and end > start and backend.id_to_token(i) == text[start:end]]
         spans = self.splitter.split(text, matched)
