@@ -57,14 +57,33 @@ def end_of_generation(tokens: list[str], named=()) -> list[int]:
     4's), </s> is a plain token."""
     stops = [i for i in named if i is not None and 0 <= i < len(tokens)]  # the named first, in their order
     stops += [i for i, t in enumerate(tokens) if t in END_OF_GENERATION]
-    texts = {tokens[i] for i in stops}
+    dropped = _no_ends({tokens[i] for i in stops})
+    return [i for i in dict.fromkeys(stops) if tokens[i] not in dropped]
+
+
+def _no_ends(texts: set) -> set:
+    """Of the end texts `texts` (a vocabulary's), those llama.cpp does not end on (`end_of_generation`)."""
     call = "<|call|>" in texts or "<|calls|>" in texts
     dropped = set()
     if call and ("<|return|>" in texts or "<|flush|>" in texts):
         dropped.add("<|end|>")
     if "<|tool_response>" in texts or "<|plamo:eos|>" in texts:
         dropped.add("</s>")
-    return [i for i in dict.fromkeys(stops) if tokens[i] not in dropped]
+    return dropped
+
+
+def llama_cpp_types(tokens: list, types: list) -> list:
+    """The token types as llama.cpp takes them: a token of an end text it knows (`END_OF_GENERATION`)
+    that the file gives another type is a control one (llama.cpp: "control-looking token ... its type
+    will be overridden"), so written in a text it is that token, not its characters'; harmony's <|end|>
+    where it is no stop a user-defined one, and where </s> is a plain token (Gemma 4's) it keeps its type."""
+    ends = {t for t in tokens if t in END_OF_GENERATION}
+    if not ends:
+        return types
+    dropped = _no_ends(ends)
+    promoted = lambda t: USER_DEFINED if t == "<|end|>" and t in dropped else CONTROL  # noqa: E731
+    return [promoted(t) if t in ends and k not in (CONTROL, UNKNOWN) and k != promoted(t) and not (
+        t == "</s>" and t in dropped) else k for t, k in zip(tokens, types)]
 
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3_SPLIT = (
@@ -145,7 +164,8 @@ def build_gguf_tokenizer(meta) -> "tokenizers.Tokenizer":
     """A `tokenizers.Tokenizer` for a GGUF whose tokenizer.ggml.model is "gpt2" or "llama".
 
     `meta(key, default)` reads GGUF metadata (GGUFCheckpoint.metadata).
-    Control and unknown tokens become special added tokens (matched whole in
+    Control and unknown tokens (and end tokens llama.cpp takes as control ones,
+    `llama_cpp_types`) become special added tokens (matched whole in
     text, dropped by skip_special_tokens); user-defined ones become plain
     added tokens. A BOS/EOS is added on encode when the GGUF says so
     (tokenizer.ggml.add_bos_token / add_eos_token; when unsaid, llama.cpp's
@@ -167,6 +187,7 @@ def build_gguf_tokenizer(meta) -> "tokenizers.Tokenizer":
     if not isinstance(types, list) or len(types) != len(tokens) or not all(isinstance(k, int) for k in types):
         raise TokenizerError(f"tokenizer.ggml.token_type is {_kind(types)}, not one integer for each of the "
                              f"{len(tokens)} tokens")
+    types = llama_cpp_types(tokens, types)
     tk = builders[kind](meta, tokens, types)
     _add_special_tokens(tk, tokens, types)
     _add_bos_eos(tk, meta, tokens, default_bos=kind == "llama" or meta("tokenizer.ggml.pre") in ADDS_BOS)

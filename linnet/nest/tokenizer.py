@@ -337,7 +337,7 @@ class Tokenizer:
     def from_gguf(cls, gguf) -> "Tokenizer":
         """From a GGUF file path or an open `GGUFCheckpoint` (to read the file once)."""
         from .checkpoint import GGUFCheckpoint
-        from .gguf_tokenizer import (END_KEYS, NORMAL, build_gguf_tokenizer, end_of_generation,
+        from .gguf_tokenizer import (END_KEYS, NORMAL, build_gguf_tokenizer, end_of_generation, llama_cpp_types,
                                       sentencepiece_merger, special_splitter)
 
         ckpt = gguf if isinstance(gguf, GGUFCheckpoint) else GGUFCheckpoint(gguf)
@@ -369,7 +369,8 @@ class Tokenizer:
                             for name in meta("tokenizer.chat_templates") or []
                             if isinstance(meta(f"tokenizer.chat_template.{name}"), str)},
             merger=sentencepiece_merger(meta),
-            splitter=special_splitter(tokens, meta("tokenizer.ggml.token_type") or [NORMAL] * len(tokens)),
+            splitter=special_splitter(tokens, llama_cpp_types(tokens, meta("tokenizer.ggml.token_type")
+                                                              or [NORMAL] * len(tokens))),
         )
         tok.eos_token_ids = stops  # the EOS only where llama.cpp ends on it (Gemma 4's </s> is a plain token)
         return tok

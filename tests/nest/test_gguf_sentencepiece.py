@@ -223,3 +223,20 @@ def test_added_tokens_that_overlap_are_taken_longest_first_as_llama_cpp_takes_th
         assert ours.encode(text, add_special_tokens=bos) == llm.tokenize(text.encode(), add_bos=bos, special=True)
 
     check()
+
+
+def test_an_end_token_of_another_type_is_a_control_token_as_llama_cpp_makes_it(write_spm_gguf, tmp_path):
+    """llama.cpp takes a token of an end text it knows ("<|im_end|>") for a control token whatever type
+    the file gives it; Linnet took the file's word: "a<|im_end|>b" was "a", ten byte tokens and "b",
+    llama.cpp's ["▁", "a", "<|im_end|>", "▁", "b"]."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + list("▁ab") + ["<|im_end|>", "<|eot_id|>"]
+    types = [2, 3, 3] + [6] * 256 + [1] * 4 + [4]
+    path = write_spm_gguf(tmp_path / "ends.gguf", tokens, types, [0.0] * 259 + [-1.0] * 5)
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    ours = Tokenizer.from_gguf(path)
+    assert [tokens[i] for i in ours.encode("a<|im_end|>b", add_special_tokens=False)] == ["▁", "a", "<|im_end|>", "▁", "b"]
+    for text in ("a<|im_end|>b", "<|eot_id|>a <|im_end|>", "b<|im_end|"):
+        ids = ours.encode(text)
+        assert ids == llm.tokenize(text.encode(), add_bos=True, special=True), text
+        assert ours.decode(ids, skip_special_tokens=True) == llm.detokenize(ids).decode(), text
