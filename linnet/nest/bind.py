@@ -19,6 +19,7 @@ arrays to its device): a JAX process need not import torch to load a checkpoint.
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 from typing import Callable
 
@@ -91,13 +92,54 @@ def expected_shapes(module: Module, fmt: str) -> dict:
     return out
 
 
-def check_checkpoint(module: Module, ckpt, fmt: str, cast_dtype: bool) -> list:
+def layers_held(module: Module, ckpt, fmt: str) -> int | None:
+    """How many layers `ckpt` holds tensors of: one past the highest index under the names the card's
+    per-layer params read (`model.layers.{l}.`, `blk.{l}.`); None where the card has no such params."""
+    layers, prefixes = module.bindings.get("layers"), set()
+    for p in module.params.values():
+        src = next((s for s in p.sources if s.format == fmt), None)
+        mark = "{" + p.loop_var + "}" if p.loop_var else None
+        if src is None or mark is None or mark not in src.pattern:
+            continue
+        start = evaluate_dim(p.starts[p.loop_var], module) if p.loop_var in p.starts else 0
+        if start + param_shape(module, p.name)[0] == layers:  # a loop over the layers (to their last)
+            prefixes.add(src.pattern[:src.pattern.index(mark)])
+    if not prefixes:
+        return None
+    index = re.compile("(?:" + "|".join(map(re.escape, sorted(prefixes))) + r")(\d+)(?:\.|$)")
+    return max((int(m[1]) + 1 for n in ckpt.names() if (m := index.match(n))), default=0)
+
+
+def check_layers_held(module: Module, ckpt, fmt: str, said: str | None = None, missing: str | None = None) -> None:
+    """A `WeightsError` naming both counts and the file where the checkpoint holds the tensors of fewer
+    layers than the card has (not only its first missing tensor), or, where `said` names the layer count as
+    the checkpoint's own config gives it (config.json's num_hidden_layers, a GGUF's block_count), of more:
+    vLLM and llama.cpp refuse both ("wrong number of tensors"); a card of the user's runs what it says,
+    with the tensors past its layers reported unused, as transformers warns of them. `missing`: the first
+    tensor the card needs that the checkpoint lacks, named as llama.cpp names it ("missing tensor ...")."""
+    held, layers = layers_held(module, ckpt, fmt), module.bindings.get("layers")
+    if not held or held == layers or (held > layers and said is None):  # none held: another model's names
+        return
+    if held > layers and fmt == "hf":  # DeepSeek-V3's multi-token prediction layer, stored past the last
+        spare = ckpt.config().get("num_nextn_predict_layers")  # (transformers and vLLM skip it, as the card)
+        if isinstance(spare, int) and held <= layers + spare:
+            return
+    count = f"{said} is {layers}" if said else f"the card {module.card or module.name} has {layers} layers"
+    lacks = f" (it has no tensor {missing!r})" if missing and held < layers else ""
+    raise WeightsError(f"{ckpt.path}: {count}, but the checkpoint holds the tensors of {held} layer"
+                       f"{'' if held == 1 else 's'}{lacks}{_looked_in(ckpt)}")
+
+
+def check_checkpoint(module: Module, ckpt, fmt: str, cast_dtype: bool, layers_said: str | None = None) -> list:
     """Raises `WeightsError` for a tensor the card needs that `ckpt` lacks, one stored in
-    another shape, or (without `cast_dtype`) one stored in another float type than T.
+    another shape, or (without `cast_dtype`) one stored in another float type than T; first, for a
+    layer count the tensors do not hold (`check_layers_held`, `layers_said` its).
     Returns the checkpoint's tensors the card does not use, sorted."""
     expected = expected_shapes(module, fmt)
     where = f" ({module.path})"
     missing = [n for n in expected if n not in ckpt]
+    if missing or layers_said is not None:
+        check_layers_held(module, ckpt, fmt, layers_said, missing[0] if missing else None)
     if missing:
         more = f", and {len(missing) - 1} more" if len(missing) > 1 else ""
         quantized = _quantization(ckpt) if fmt != "gguf" else ""  # GPTQ and AWQ store qweight, not weight

@@ -213,12 +213,16 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
         bound = BoundWeights(spec, card_name, random_weights(spec, seed=seed, device=device, runs_on=runs_on), None,
                              "random", info=info)
     else:
+        said = None
         if ckpt is None:  # the card's own, or the caller's: its config may say otherwise than the card
             ckpt = weights if isinstance(weights, Checkpoint) else open_checkpoint(
                 weights if weights is not None else find_card_weights(card_name, module, raise_missing=True)[0])
             _warn_config_differences(ckpt, spec, card_name)
+        else:  # the card was written from this checkpoint's config: its layer count is the tensors' to hold
+            said = own_layer_count(ckpt)
         check_source(quantization, ckpt)
-        params, info["unused_tensors"] = _read(spec, ckpt, cast_dtype, device, progress, framework, quantization)
+        params, info["unused_tensors"] = _read(spec, ckpt, cast_dtype, device, progress, framework, quantization,
+                                               said)
         bound = BoundWeights(spec, card_name, params, None, ckpt.path, ckpt, info)
     if tok is None and tokenizer is True and bound.checkpoint is None:  # random weights: the card's own
         tok, tok_from = _card_tokenizer(card_name, module, spec)
@@ -511,6 +515,16 @@ def plain_card_name(name: str) -> str:
     return plain or "model"
 
 
+def own_layer_count(ckpt: Checkpoint) -> str:
+    """What gives the layer count of a card written from `ckpt`'s config: "config.json's num_hidden_layers",
+    or the GGUF metadata's block_count."""
+    from linnet.nest.autocard import layer_count_key
+
+    if isinstance(ckpt, GGUFCheckpoint):
+        return f"its GGUF metadata {ckpt.architecture}.block_count"
+    return f"config.json's {layer_count_key(ckpt.config())}"
+
+
 def _card_from_checkpoint(p: Path, card: str, weights) -> tuple[Module, str, Checkpoint | None]:
     """A card written from a checkpoint's config.json or GGUF metadata, named `card`; with the open
     checkpoint unless `weights` names the tensors' place instead."""
@@ -520,8 +534,7 @@ def _card_from_checkpoint(p: Path, card: str, weights) -> tuple[Module, str, Che
     ckpt = open_checkpoint(p)
     config = ckpt.config()
     if weights is None:  # the tensors are these: a layer count they cannot hold is refused before it is laid out
-        said = f"its GGUF metadata {ckpt.architecture}.block_count" if isinstance(ckpt, GGUFCheckpoint) else None
-        check_layer_count(config, len(ckpt.names()), str(p), said)
+        check_layer_count(config, len(ckpt.names()), str(p), own_layer_count(ckpt))
     # (a GGUF's context_length is llama.cpp's n_ctx_train as it stands; a config.json's length is vLLM's)
     source = card_source_from_config(config, card, rope_scaled_context=not isinstance(ckpt, GGUFCheckpoint))
     module = load_source(source, f"<card for {p}>")
@@ -599,25 +612,27 @@ def recomputed_buffer(name: str, ckpt: Checkpoint) -> bool:
         name.endswith("attn.bias") and len(ckpt.shape(name)) == 4
 
 
-def check_headers(module: Module, ckpt: Checkpoint, cast_dtype: bool) -> tuple[Checkpoint, str, list]:
+def check_headers(module: Module, ckpt: Checkpoint, cast_dtype: bool,
+                  layers_said: str | None = None) -> tuple[Checkpoint, str, list]:
     """(the checkpoint as `module` reads it, "gguf" or "hf", its tensors the card does not use), after
-    checking every header against the card (`bind.check_checkpoint`), before a weight is read."""
+    checking every header against the card (`bind.check_checkpoint`), before a weight is read.
+    `layers_said`: what gave the card its layer count where the checkpoint's own config did (`own_layer_count`)."""
     from linnet.nest.bind import check_checkpoint, checkpoint_names
 
     fmt = "gguf" if ckpt.format == "gguf" else "hf"
     if fmt == "hf":  # a base model's checkpoint (GPT-2's on the hub) under the names of the model around it
         ckpt = under_base_prefix(ckpt, [n for names in checkpoint_names(module, fmt).values() for n in names])
-    return ckpt, fmt, check_checkpoint(module, ckpt, fmt, cast_dtype)
+    return ckpt, fmt, check_checkpoint(module, ckpt, fmt, cast_dtype, layers_said)
 
 
 def _read(module: Module, ckpt: Checkpoint, cast_dtype: bool, device: str, progress: bool | None, framework: str,
-          quantization: str | None = None):
+          quantization: str | None = None, layers_said: str | None = None):
     """({param: array}, unused checkpoint tensors), after checking every header against the card;
     with `quantization`, a GGUF's params of the types `cpu_qlinear.READS` lists as their blocks
     (`nest.quantized.QuantBlocks`)."""
     from linnet.nest.bind import bind_weights, checkpoint_names
 
-    ckpt, fmt, unused = check_headers(module, ckpt, cast_dtype)
+    ckpt, fmt, unused = check_headers(module, ckpt, cast_dtype, layers_said)
     unused = _tied_head(module, ckpt, fmt, unused)
     # a bias the card does not add changes every logit (a Mistral config saying attention_bias, whose
     # checkpoint holds q/k/v biases that transformers' Mistral drops and vLLM's adds): refused, not warned of

@@ -8,6 +8,7 @@ cast_dtype, and unused tensors (reported once, not dropped silently).
 
 import copy
 import json
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -129,6 +130,49 @@ def test_missing_tensor(ckpt_dir):
     shards = sorted(json.loads((ckpt_dir / "model.safetensors.index.json").read_text())["weight_map"].values())
     shards = list(dict.fromkeys(shards))
     assert len(shards) >= 3 and f"; looked in its {len(shards)} files: {', '.join(shards)}" in str(e.value)
+
+
+@pytest.mark.parametrize("more", [1, -1])
+def test_a_config_of_another_layer_count_than_its_tensors_is_refused_naming_both(tiny_hf, ckpt_dir, more):
+    """config.json's num_hidden_layers one more or one less than the layers the tensors hold (those of
+    transformers' model that saved them): refused naming both counts and every shard, as vLLM and llama.cpp
+    refuse it (llama.cpp naming the tensor it misses, "missing tensor 'blk.N...'"); one less had dropped the last
+    layer with only a warning of unused tensors, one more named only the tensor it missed. A card of the user's
+    over the same tensors names itself; one of fewer layers runs, as asked."""
+    held = tiny_hf[0].config.num_hidden_layers
+    config = json.loads((ckpt_dir / "config.json").read_text())
+    said = ckpt_dir.parent / "said"
+    shutil.copytree(ckpt_dir, said)
+    (said / "config.json").write_text(json.dumps({**config, "num_hidden_layers": held + more}))
+    lacks = f" (it has no tensor 'model.layers.{held}.input_layernorm.weight')" if more > 0 else ""
+    shards = list(dict.fromkeys(sorted(json.loads((said / "model.safetensors.index.json").read_text())
+                                       ["weight_map"].values())))
+    with pytest.raises(WeightsError) as e:
+        load(said)
+    assert str(e.value) == (f"{said}: config.json's num_hidden_layers is {held + more}, but the checkpoint holds the "
+                            f"tensors of {held} layers{lacks}; looked in its {len(shards)} files: {', '.join(shards)}")
+    with warnings.catch_warnings(record=True) as caught:  # (the config's difference from the card's, warned of)
+        warnings.simplefilter("always")
+        if more > 0:
+            with pytest.raises(WeightsError, match=f"^{ckpt_dir}: the card said has {held + 1} layers, but the "
+                                                   f"checkpoint holds the tensors of {held} layers{re.escape(lacks)}"):
+                load(said, weights=ckpt_dir)
+        else:
+            assert load(said, weights=ckpt_dir).info["unused_tensors"][0] == f"model.layers.{held - 1}.input_layernorm.weight"
+    assert any("layers: the card says" in str(w.message) for w in caught)
+
+
+def test_a_gguf_of_more_blocks_than_its_tensors_hold_is_refused_naming_both(tiny_hf, to_gguf, tmp_path):
+    """A GGUF whose block_count is one more than the blocks its tensors hold: refused naming the key, both counts
+    and the tensor llama.cpp names refusing it ("missing tensor 'blk.3.attn_norm.weight'")."""
+    model = copy.deepcopy(tiny_hf[0])
+    held = model.config.num_hidden_layers
+    model.config.num_hidden_layers = held + 1  # (the file's block_count; the tensors stay the model's)
+    path = to_gguf(model, tmp_path / "more.gguf")
+    with pytest.raises(WeightsError) as e:
+        load(path)
+    assert str(e.value) == (f"{path}: its GGUF metadata llama.block_count is {held + 1}, but the checkpoint holds the "
+                            f"tensors of {held} layers (it has no tensor 'blk.{held}.attn_norm.weight')")
 
 
 def test_truncated_file_names_file_and_tensor(ckpt_dir):
