@@ -71,8 +71,7 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
     from linnet.nest.load import read_weights, resolve_card
 
     resolved = resolve_card(card, weights)
-    if tokenizer is None:
-        check_own_tokenizer(resolved, weights)
+    own = check_own_tokenizer(resolved, weights) if tokenizer is None else None
     if to == "llama.cpp":  # before a byte of the weights is read
         from linnet.export.gguf import check_architecture, gguf_path
 
@@ -85,10 +84,13 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
         check_architecture(resolved[0], str(card))
         check_destination(out)
     # (Q8_0's blocks are quantized from f32, as llama.cpp's converter does, not from a 16-bit rounding)
+    # (the weights' own tokenizer, read by check_own_tokenizer, is not read again: 0.3-0.5 s a large one)
     bound = read_weights(card, generics={**sizes(resolved[0]), "T": "f32" if dtype in GGUF_TYPES else dtype},
-                         numerics="fast", cast_dtype=True, weights=weights,
-                         seed=0 if seed is None else seed, tokenizer=True if tokenizer is None else tokenizer,
+                         numerics="fast", cast_dtype=True, weights=weights, seed=0 if seed is None else seed,
+                         tokenizer=False if own else True if tokenizer is None else tokenizer,
                          progress=progress, resolved=resolved)
+    if own:
+        bound.tokenizer, bound.tokenizer_from = own, Path(bound.checkpoint.path)
     if dtype == "f16":
         check_f16_range(bound)
     if to == "vllm":
@@ -181,13 +183,13 @@ def check_seed(seed, weights) -> None:
                           f"they are, and nothing else in an export is random")
 
 
-def check_own_tokenizer(resolved: tuple, weights) -> None:
-    """Raises `ExportError` where the weights' own tokenizer is there but cannot be read (a
+def check_own_tokenizer(resolved: tuple, weights):
+    """The weights' own tokenizer, read (None where they hold none, or are random or not found: left to
+    the reading of the weights). Raises `ExportError` where it is there but cannot be read (a
     tokenizer.json cut short by a download, a config.json it takes its ids from that is no JSON):
     a load warns of it and goes on without one, and the export then wrote a model folder or a
     Triton model with no tokenizer (vLLM could not serve it, Triton refused every text) or refused a
-    GGUF as "coming without one". `resolved`: `resolve_card`'s answer for the card and `weights`.
-    Weights without tokenizer files, random ones and weights not found are left as they were."""
+    GGUF as "coming without one". `resolved`: `resolve_card`'s answer for the card and `weights`."""
     from linnet.nest.checkpoint import GGUFCheckpoint, open_checkpoint
     from linnet.nest.errors import TokenizerError
     from linnet.nest.load import find_card_weights, tokenizer_of
@@ -195,22 +197,22 @@ def check_own_tokenizer(resolved: tuple, weights) -> None:
 
     module, card_name, ckpt = resolved
     if weights == "random":
-        return
+        return None
     source = ckpt.path if ckpt is not None else weights if weights is not None else \
         find_card_weights(card_name, module)[0]
     if source is None or not os.path.exists(source):  # (reading the weights says they are missing)
-        return
+        return None
     source = Path(source)
     if source.is_dir():
         if not ((source / "tokenizer.json").is_file() or (source / SENTENCEPIECE_FILE).is_file()):
-            return
+            return None
         held = source
     else:
         held = ckpt if isinstance(ckpt, GGUFCheckpoint) else open_checkpoint(source)
         if not isinstance(held, GGUFCheckpoint) or held.metadata("tokenizer.ggml.model") is None:
-            return
+            return None
     try:
-        tokenizer_of(held)
+        return tokenizer_of(held)
     except TokenizerError as err:
         raise ExportError(f"{err} (the weights' own tokenizer, which the export writes with them: mend its files, "
                           f"or give --tokenizer a model directory or GGUF holding a sound one)") from None

@@ -84,6 +84,25 @@ def test_weights_whose_own_tokenizer_cannot_be_read_are_refused(tmp_path, capsys
     assert json.loads((tmp_path / "out" / "tokenizer.json").read_text())["model"]["vocab"] == {"a": 0, "b": 1}
 
 
+@pytest.mark.filterwarnings("ignore:.*no tokenizer written")
+def test_the_weights_own_tokenizer_is_read_once(tmp_path, monkeypatch):
+    """It is read to refuse one that cannot be read before the weights are (`check_own_tokenizer`), and that
+    one is written: it had been read again with the weights (0.3-0.5 s a real model's)."""
+    from linnet.nest.tokenizer import Tokenizer
+
+    src = tmp_path / "src"
+    assert main(["export", "tiny-llama", "--to", "vllm", "-o", str(src), "--weights", "random", "--dtype", "f32"]) == 0
+    vocab = {"a": 0, "b": 1}
+    (src / "tokenizer.json").write_text(json.dumps({
+        "version": "1.0", "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "a"},
+        "pre_tokenizer": {"type": "Whitespace"}, "added_tokens": []}))
+    reads = []
+    read = Tokenizer.from_dir.__func__
+    monkeypatch.setattr(Tokenizer, "from_dir", classmethod(lambda cls, path: reads.append(path) or read(cls, path)))
+    assert main(["export", "tiny-llama", "--to", "vllm", "--weights", str(src), "-o", str(tmp_path / "out")]) == 0
+    assert reads == [src] and json.loads((tmp_path / "out" / "tokenizer.json").read_text())["model"]["vocab"] == vocab
+
+
 def test_the_model_py_is_clean_python(tmp_path):
     import ast
 
