@@ -160,6 +160,12 @@ def test_a_config_of_another_layer_count_than_its_tensors_is_refused_naming_both
         else:
             assert load(said, weights=ckpt_dir).info["unused_tensors"][0] == f"model.layers.{held - 1}.input_layernorm.weight"
     assert any("layers: the card says" in str(w.message) for w in caught)
+    if more < 0:  # DeepSeek-V3's multi-token prediction layer, stored past the last: unused, as transformers
+        # (its _keys_to_ignore_on_load_unexpected, model.layers.61) and vLLM leave it
+        (said / "config.json").write_text(json.dumps({**config, "num_hidden_layers": held - 1,
+                                                      "num_nextn_predict_layers": 1}))
+        with pytest.warns(UserWarning, match=f"not used by the card: model.layers.{held - 1}."):
+            load(said)
 
 
 def test_a_gguf_of_more_blocks_than_its_tensors_hold_is_refused_naming_both(tiny_hf, to_gguf, tmp_path):
