@@ -132,16 +132,18 @@ def spm_gguf(tmp_path_factory, spm_vocabulary):
 
 @pytest.fixture(scope="session")
 def write_spm_gguf():
-    """write_spm_gguf(path, tokens, types, scores): `_write_spm_gguf`."""
+    """write_spm_gguf(path, tokens, types, scores, name=None): `_write_spm_gguf`."""
     pytest.importorskip("gguf")
     return _write_spm_gguf
 
 
-def _write_spm_gguf(path, tokens, types, scores):
+def _write_spm_gguf(path, tokens, types, scores, name=None):
     """A GGUF at `path` holding a SentencePiece vocabulary (tokens, types, scores; <unk> <s> </s>
-    first), as llama.cpp's converter writes one."""
+    first), as llama.cpp's converter writes one; `name`: its general.name."""
 
     def keys(w):
+        if name is not None:
+            w.add_name(name)
         w.add_block_count(1)
         w.add_context_length(64)
         w.add_embedding_length(8)

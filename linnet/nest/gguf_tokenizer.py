@@ -85,6 +85,30 @@ def llama_cpp_types(tokens: list, types: list) -> list:
     return [promoted(t) if t in ends and k not in (CONTROL, UNKNOWN) and k != promoted(t) and not (
         t == "</s>" and t in dropped) else k for t, k in zip(tokens, types)]
 
+
+# llama.cpp strips the whitespace after some added tokens by the model's name (llama-vocab.cpp's load(),
+# LLAMA_TOKEN_ATTR_RSTRIP, acted on in tokenizer_st_partition): in a file whose general.name holds one of
+# these (ASCII case aside), as Phi-3's tokenizer.json gives its chat tokens rstrip
+RSTRIP_NAMES = (b"phi-3", b"phi3")  # (bytes: C's tolower lowers ASCII alone)
+# of those models' added tokens, the ones it leaves be
+RSTRIP_KEPT = frozenset(("<unk>", "<s>", "<|endoftext|>"))
+# what llama.cpp strips (C's isspace): ASCII whitespace, not U+00A0 and the rest `tokenizers` strips too
+ASCII_SPACE = " \t\n\v\f\r"
+
+
+def rstripped(meta, tokens: list, types: list) -> frozenset:
+    """The added tokens (of `types` as `llama_cpp_types` gives them) after which llama.cpp strips the
+    whitespace of a text: for a model named Phi-3 (`RSTRIP_NAMES`), every control, user-defined and
+    unknown one but <unk>, <s> and <|endoftext|>, so "<|user|>\\nHi" is [<|user|>, ▁Hi] (and "</s>",
+    which llama.cpp names too, only where it is one of those: a normal token is never matched whole).
+    None for any other model. (llama.cpp refuses to load a Phi-3 file lacking one of </s>, <unk>, <s>
+    and <|endoftext|>; Linnet takes it.)"""
+    name = meta("general.name")
+    if not isinstance(name, str) or not any(n in name.encode().lower() for n in RSTRIP_NAMES):
+        return frozenset()
+    return frozenset(t for t, k in zip(tokens, types) if k in (CONTROL, USER_DEFINED, UNKNOWN) and t not in RSTRIP_KEPT)
+
+
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
@@ -189,7 +213,7 @@ def build_gguf_tokenizer(meta) -> "tokenizers.Tokenizer":
                              f"{len(tokens)} tokens")
     types = llama_cpp_types(tokens, types)
     tk = builders[kind](meta, tokens, types)
-    _add_special_tokens(tk, tokens, types)
+    _add_special_tokens(tk, tokens, types, rstripped(meta, tokens, types))
     _add_bos_eos(tk, meta, tokens, default_bos=kind == "llama" or meta("tokenizer.ggml.pre") in ADDS_BOS)
     return tk
 
@@ -267,11 +291,16 @@ def _sentencepiece_bpe(meta, tokens: list, types: list):
     return tk
 
 
-def _add_special_tokens(tk, tokens: list, types: list) -> None:
+def _add_special_tokens(tk, tokens: list, types: list, stripped: frozenset = frozenset()) -> None:
+    """Control and unknown tokens as special added tokens, user-defined ones as plain ones; those of
+    `stripped` take the whitespace after them (`rstripped`; `tokenizers` strips Unicode's, llama.cpp
+    ASCII's alone, which `Tokenizer.encode` mends)."""
     from tokenizers import AddedToken
 
-    special = [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k in (CONTROL, UNKNOWN)]
-    plain = [AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == USER_DEFINED]
+    special = [AddedToken(t, special=True, normalized=False, rstrip=t in stripped)
+               for t, k in zip(tokens, types) if k in (CONTROL, UNKNOWN)]
+    plain = [AddedToken(t, special=False, normalized=False, rstrip=t in stripped)
+             for t, k in zip(tokens, types) if k == USER_DEFINED]
     if special:
         tk.add_special_tokens(special)
     if plain:

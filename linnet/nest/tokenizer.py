@@ -11,6 +11,7 @@ from __future__ import annotations
 import codecs
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -18,7 +19,7 @@ from linnet.serve.request import SAMPLING_RANGES
 
 from .chat_template import render_chat_template
 from .errors import TokenizerError
-from .gguf_tokenizer import BYTE_TOKEN
+from .gguf_tokenizer import ASCII_SPACE, BYTE_TOKEN
 
 
 def _gpt2_bytes() -> dict:
@@ -46,6 +47,8 @@ def _byte_kind(backend) -> str:
 
 _REPLACEMENT = "\ufffd"  # what a decoder yields for an incomplete UTF-8 sequence
 _CONTEXT_IDS = 4  # prompt ids decoded before a completion's, for the decoder's view of where it starts
+# whitespace outside ASCII (U+00A0, U+3000, ...): what `tokenizers` strips after a token and llama.cpp does not
+_WIDE_SPACE = re.compile(r"[^\S\x00-\x7f]")
 RELEASE_GIL_FROM = 1 << 14  # characters from which `encode` lets other threads run (a batch's overhead below)
 
 
@@ -215,6 +218,7 @@ class Tokenizer:
         sampling_defaults: dict | None = None,
         merger=None,
         splitter=None,
+        rstripped: frozenset = frozenset(),
     ):
         self.backend = backend          # a tokenizers.Tokenizer
         self.source = source            # where it came from, for messages
@@ -247,6 +251,9 @@ class Tokenizer:
         # a GGUF vocabulary whose added tokens can overlap in a text takes them where llama.cpp does,
         # longest first (`gguf_tokenizer.SpecialSplitter`), not leftmost as the backend does
         self.splitter = splitter
+        # the added tokens a GGUF's llama.cpp strips the ASCII whitespace after (Phi-3's chat tokens:
+        # `gguf_tokenizer.rstripped`); the backend's strip Unicode's, which `encode` mends
+        self.rstripped = rstripped
         self._frame: dict = {}
 
     @property
@@ -338,7 +345,7 @@ class Tokenizer:
         """From a GGUF file path or an open `GGUFCheckpoint` (to read the file once)."""
         from .checkpoint import GGUFCheckpoint
         from .gguf_tokenizer import (END_KEYS, NORMAL, build_gguf_tokenizer, end_of_generation, llama_cpp_types,
-                                      sentencepiece_merger, special_splitter)
+                                      rstripped, sentencepiece_merger, special_splitter)
 
         ckpt = gguf if isinstance(gguf, GGUFCheckpoint) else GGUFCheckpoint(gguf)
         meta = ckpt.metadata
@@ -355,6 +362,7 @@ class Tokenizer:
         # llama.cpp ends generation on EOS, on EOT / EOM (and its FIM padding and separators) where the
         # file names them, and on the tokens it knows by their text
         stops = end_of_generation(tokens, [meta(f"tokenizer.ggml.{key}_token_id") for key in END_KEYS])
+        types = llama_cpp_types(tokens, meta("tokenizer.ggml.token_type") or [NORMAL] * len(tokens))
         tok = cls(
             backend,
             bos_token=text("bos"),
@@ -369,8 +377,8 @@ class Tokenizer:
                             for name in meta("tokenizer.chat_templates") or []
                             if isinstance(meta(f"tokenizer.chat_template.{name}"), str)},
             merger=sentencepiece_merger(meta),
-            splitter=special_splitter(tokens, llama_cpp_types(tokens, meta("tokenizer.ggml.token_type")
-                                                              or [NORMAL] * len(tokens))),
+            splitter=special_splitter(tokens, types),
+            rstripped=rstripped(meta, tokens, types),
         )
         tok.eos_token_ids = stops  # the EOS only where llama.cpp ends on it (Gemma 4's </s> is a plain token)
         return tok
@@ -449,7 +457,7 @@ class Tokenizer:
             if why is None:
                 raise
             raise TokenizerError(why) from None
-        if self.splitter is not None:
+        if self.splitter is not None or (self.rstripped and _WIDE_SPACE.search(text)):
             ids = self._split_as_llama_cpp(text, encoding, add_special_tokens)
             if ids is not None:
                 return ids
@@ -457,21 +465,28 @@ class Tokenizer:
 
     def _split_as_llama_cpp(self, text: str, encoding, add_special_tokens: bool) -> list[int] | None:
         """`text`'s ids with its added tokens taken where llama.cpp takes them (`splitter`), the text
-        between them encoded apart; None where they are those the backend took (`encoding`'s)."""
+        between them encoded apart, less the ASCII whitespace after a token of `rstripped`; None where
+        they are those the backend took (`encoding`'s), and it stripped what llama.cpp strips."""
         added, backend = self._added_ids(), self.backend
         if added.isdisjoint(encoding.ids):
             return None
-        matched = [(start, end, text[start:end]) for i, (start, end) in zip(encoding.ids, encoding.offsets)
-                   if i in added and end > start and backend.id_to_token(i) == text[start:end]]
-        spans = self.splitter.split(text, matched)
+        # (a token of `rstripped`: its offsets hold the whitespace the backend stripped after it)
+        hits = [(start, end, backend.id_to_token(i)) for i, (start, end) in zip(encoding.ids, encoding.offsets)
+                if i in added and end > start]
+        matched = [(start, start + len(token), token) for start, _, token in hits if text.startswith(token, start)]
+        spans = self.splitter.split(text, matched) if self.splitter is not None else None
         if spans is None:
-            return None
-        texts, at = [], 0
-        for start, end, token in spans:
-            texts += [text[at:start]] if start > at else []
-            texts.append(token)
-            at = end
-        texts += [text[at:]] if at < len(text) else []
+            # the backend strips Unicode's whitespace, llama.cpp ASCII's alone
+            if not any(text[start + len(token):end].strip(ASCII_SPACE) for start, end, token in hits
+                       if token in self.rstripped and text.startswith(token, start)):
+                return None
+            spans = matched
+        texts, at, before = [], 0, None
+        for start, end, token in [*spans, (len(text), len(text), None)]:
+            between = text[at:start].lstrip(ASCII_SPACE) if before in self.rstripped else text[at:start]
+            texts += [between] if between else []
+            texts += [token] if token is not None else []
+            at, before = end, token
         tokens = {token for _, _, token in spans}
         body = []
         for piece, part in zip(texts, backend.encode_batch(texts, add_special_tokens=False)):

@@ -240,3 +240,49 @@ def test_an_end_token_of_another_type_is_a_control_token_as_llama_cpp_makes_it(w
         ids = ours.encode(text)
         assert ids == llm.tokenize(text.encode(), add_bos=True, special=True), text
         assert ours.decode(ids, skip_special_tokens=True) == llm.detokenize(ids).decode(), text
+
+
+# Phi-3-mini-4k-instruct's chat template (its tokenizer_config.json's, from memory)
+PHI3_TEMPLATE = ("{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\n' + message['content'] + "
+                 "'<|end|>\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\n' + message['content'] + '<|end|>\n'}}"
+                 "{% elif message['role'] == 'assistant' %}{{'<|assistant|>\n' + message['content'] + '<|end|>\n'}}"
+                 "{% endif %}{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% else %}{{ eos_token }}"
+                 "{% endif %}")
+
+
+def test_a_phi_3_strips_the_whitespace_after_its_chat_tokens_as_llama_cpp_does(spm_vocabulary, write_spm_gguf,
+                                                                                 tmp_path):
+    """llama.cpp strips the ASCII whitespace after every added token but <unk>, <s> and <|endoftext|> of a
+    model whose general.name holds "phi-3" or "phi3" (llama-vocab.cpp's LLAMA_TOKEN_ATTR_RSTRIP by name), as
+    Phi-3's tokenizer.json gives those tokens rstrip: Linnet kept it, so its chat prompt
+    "<|user|>\\nthe fox<|end|>\\n<|assistant|>\\n" was [<s>, <|user|>, ▁, <0x0A>, the, ...], llama.cpp's
+    [<s>, <|user|>, ▁the, ▁fox, <|end|>, <|assistant|>]. Unicode's other whitespace (U+00A0) it keeps,
+    which `tokenizers`' rstrip would not."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    tokens, types, scores = spm_vocabulary
+    chat = ["<|endoftext|>", "<|assistant|>", "<|system|>", "<|end|>", "<|user|>", "<|placeholder1|>"]
+    tokens, types, scores = tokens + chat, types + [3] * 5 + [4], scores + [0.0] * 6
+    texts = ["<|user|>\nthe fox<|end|>\n<|assistant|>\n", "<|system|> \t\r\n the dog \n<|end|>  \n<|user|>\x0b\x0cfox",
+             "a </s>  b<s>  c <unk> d<|endoftext|>\n e", "<|user|>\u00a0\nfox<|end|> \u3000 <|assistant|>\u2028 x",
+             "dog<|placeholder1|>\n\nfox \n", "<|end|>\x1cthe\n\n"]
+    messages = [{"role": "system", "content": "the lazy dog"}, {"role": "user", "content": "the quick fox?"},
+                {"role": "assistant", "content": " the brown fox\n"}, {"role": "user", "content": "\u00a0runs"}]
+    for name, strips in (("Phi-3 Mini 4k Instruct", True), ("phi3", True), ("Phi 3 Mini", False), (None, False)):
+        path = write_spm_gguf(tmp_path / f"{name}.gguf", tokens, types, scores, name=name)
+        llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+        ours = Tokenizer.from_gguf(path)
+        # as Phi-3's tokenizer.json has them (rstrip true but for these three)
+        kept = {t.content for t in ours.backend.get_added_tokens_decoder().values() if not t.rstrip}
+        assert kept == ({"<unk>", "<s>", "<|endoftext|>"} if strips else {"<unk>", "<s>", "</s>", *chat})
+        pieces = [tokens[i] for i in ours.encode(texts[0])]
+        assert (pieces == ["<s>", "<|user|>", "▁the", "▁fox", "<|end|>", "<|assistant|>"]) == strips, name
+        for text in texts:
+            ids = ours.encode(text)
+            assert ids == llm.tokenize(text.encode(), add_bos=True, special=True), (name, text)
+            assert ours.decode(ids, skip_special_tokens=True) == llm.detokenize(ids).decode(), (name, text)
+        # the chat template rendered, and its prompt encoded, as llama-cpp-python renders and encodes it
+        prompt = Jinja2ChatFormatter(PHI3_TEMPLATE, eos_token="</s>", bos_token="<s>")(messages=messages).prompt
+        assert Tokenizer.from_gguf(path).apply_chat_template(messages, template=PHI3_TEMPLATE) == prompt
+        assert ours.encode(prompt) == llm.tokenize(prompt.encode(), add_bos=True, special=True), name
