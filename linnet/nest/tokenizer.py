@@ -197,7 +197,24 @@ def _sentencepiece_backend(path: Path, tc: dict, stm: dict):
     specials = {f"{name}_token": tokens[keys[f"tokenizer.ggml.{key}_token_id"]]
                 for name, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding"))
                 if f"tokenizer.ggml.{key}_token_id" in keys}
+    _strip_as_configured(backend, tc)
     return backend, specials, sentencepiece_merger(meta)
+
+
+def _strip_as_configured(backend, tc: dict) -> None:
+    """The added tokens of tokenizer_config.json's added_tokens_decoder that take the whitespace beside
+    them (lstrip, rstrip: Phi-3's chat tokens, its rstrip), made to take it as transformers makes them."""
+    from tokenizers import AddedToken
+
+    strips = {entry["content"]: (bool(entry.get("lstrip")), bool(entry.get("rstrip")))
+              for entry in (tc.get("added_tokens_decoder") or {}).values()
+              if isinstance(entry, dict) and isinstance(entry.get("content"), str)}
+    for token in backend.get_added_tokens_decoder().values():
+        if any(strips.get(token.content, ())):
+            lstrip, rstrip = strips[token.content]
+            redone = AddedToken(token.content, special=token.special, normalized=token.normalized, lstrip=lstrip,
+                                rstrip=rstrip, single_word=token.single_word)
+            (backend.add_special_tokens if token.special else backend.add_tokens)([redone])
 
 
 class Tokenizer:

@@ -132,6 +132,34 @@ def test_pieces_tied_on_score_merge_leftmost_first_as_sentencepiece_merges_them(
         assert ours.encode(text, add_special_tokens=False) == reference.encode(text), text
 
 
+def test_added_tokens_take_the_whitespace_the_tokenizer_config_gives_them(spm_vocabulary, write_spm_gguf, tmp_path):
+    """tokenizer_config.json's added tokens that rstrip (Phi-3's: all but <unk>, <s> and <|endoftext|>, </s>
+    too) take the whitespace after them, as transformers makes them: Linnet kept it, so "the fox<|end|>\\n
+    <|assistant|>\\n" was [<s>, ▁the, ▁fox, <|end|>, ▁, <0x0A>, <|assistant|>, ▁, <0x0A>], transformers'
+    [<s>, ▁the, ▁fox, <|end|>, <|assistant|>]. Encoded as llama.cpp encodes a GGUF of the vocabulary named
+    Phi-3 (which strips by that name), its "▁" after a special token and all (but for U+00A0 and Unicode's other
+    spaces, which transformers strips too and llama.cpp keeps)."""
+    tokens, types, scores = spm_vocabulary
+    (tmp_path / "tokenizer.model").write_bytes(model_proto(tokens, types, scores))
+    chat = ["<|endoftext|>", "<|assistant|>", "<|end|>", "<|user|>"]
+    flags = {"<unk>": False, "<s>": False, "</s>": True, **{t: t != "<|endoftext|>" for t in chat}}
+    added = {str(tokens.index(t) if t in tokens else len(tokens) + chat.index(t)):
+             {"content": t, "lstrip": False, "normalized": False, "rstrip": rstrip, "single_word": False,
+              "special": t != "</s>"} for t, rstrip in flags.items()}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": True, "added_tokens_decoder": added}))
+    ours = Tokenizer.from_dir(tmp_path)
+    everything = tokens + chat
+    assert [everything[i] for i in ours.encode("the fox<|end|>\n<|assistant|>\n")] == [
+        "<s>", "▁the", "▁fox", "<|end|>", "<|assistant|>"]
+    llama_cpp = pytest.importorskip("llama_cpp")
+    path = write_spm_gguf(tmp_path / "phi.gguf", everything, types + [3] * 4, scores + [0.0] * 4, name="Phi-3")
+    llm = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+    for text in ("<|user|>\nthe fox<|end|>\n<|assistant|>\n", "the </s>  \t dog <|endoftext|>  fox", "<|end|> \n"):
+        ids = ours.encode(text)
+        assert ids == llm.tokenize(text.encode(), add_bos=True, special=True), text
+        assert ours.decode(ids, skip_special_tokens=True) == llm.detokenize(ids).decode(), text
+
+
 def test_a_llama_directory_with_only_a_tokenizer_model_loads_its_tokenizer(spm_dir, spm_vocabulary, tmp_path):
     transformers = pytest.importorskip("transformers")
     import warnings
