@@ -44,7 +44,7 @@ from linnet.nest.checkpoint import (LLAMA_CPP_GEMMA2_PATTERN, LLAMA_CPP_GEMMA3_L
                                     LLAMA_CPP_SMOLLM3_NO_ROPE_INTERVAL, NORMS_PLUS_ONE, GGUFCheckpoint,
                                     llama_cpp_gemma2_query_scalar, llama_cpp_gemma3_query_scalar)
 from linnet.nest.gguf_tokenizer import (BYTE, BYTE_TOKEN, CONTROL, END_OF_GENERATION, END_OF_TURN, NORMAL,
-                                       PRE_TOKENIZERS, UNKNOWN, UNUSED, USER_DEFINED)
+                                       PRE_TOKENIZERS, UNKNOWN, UNUSED, USER_DEFINED, llama_cpp_types, rstripped)
 from linnet.rope_tables import llama3_divisors
 
 # llama.cpp's canonical tokenizer.ggml.pre name for each pre-tokenizer Nest reads
@@ -99,6 +99,26 @@ def phi3_window_warning(b: dict, card: str) -> str | None:
             f"(phi3.attention.sliding_window), but llama.cpp's phi3 turns the window off and attends to every "
             f"position, so past {window} tokens of context llama.cpp's logits are not the model's (export it with "
             f"--to vllm to keep the window)")
+
+
+def strip_warning(tok, name: str) -> str | None:
+    """Where llama.cpp takes the whitespace beside the added tokens of a GGUF named `name` otherwise than
+    `tok` takes it, what it does, or None: llama.cpp strips it after them by the model's name alone
+    (`gguf_tokenizer.rstripped`: a name holding "phi-3" or "phi3"), which no key of the file can say."""
+    added = list(tok.backend.get_added_tokens_decoder().values())
+    texts = [t.content for t in added]
+    types = llama_cpp_types(texts, [CONTROL if t.special else USER_DEFINED for t in added])
+    llama_cpp = rstripped(lambda key, default=None: name if key == "general.name" else default, texts, types)
+    ours, left = {t.content for t in added if t.rstrip}, {t.content for t in added if t.lstrip}
+    strips, keeps = sorted(llama_cpp - ours), sorted((ours - llama_cpp) | left)
+    if not strips and not keeps:
+        return None
+    listed = lambda texts: ", ".join(texts[:3]) + (" ..." if len(texts) > 3 else "")  # noqa: E731
+    said = [f"llama.cpp strips the whitespace after {listed(strips)} (it takes a model named {name!r} for a "
+            f"Phi-3), which this tokenizer keeps"] if strips else []
+    said += [f"this tokenizer strips the whitespace beside {listed(keeps)}, which llama.cpp keeps (it strips only "
+             f"after the added tokens of a model named Phi-3)"] if keeps else []
+    return f"{name!r}: the GGUF's prompts tokenize otherwise on llama.cpp than on Linnet: {'; '.join(said)}"
 
 
 def _check_deepseek2(b: dict, card: str) -> None:
@@ -268,6 +288,9 @@ def write_gguf(bound, out, dtype: str | None = None) -> str:
         _write_tokenizer_keys(bound.tokenizer, writer, b["vocab"])
     if isinstance(bound.checkpoint, GGUFCheckpoint):
         _copy_provenance_keys(bound.checkpoint, writer)
+    said = strip_warning(bound.tokenizer, bound.card)
+    if said:
+        warnings.warn(said)
 
     for name, t in tensors:
         t = t.contiguous()

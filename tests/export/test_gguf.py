@@ -1236,3 +1236,26 @@ def test_q8_0_files_hold_llama_cpps_blocks_and_run_alike_in_llama_cpp_and_nest(t
         blocks = prefill_all(nest.load(files["q8_0"], numerics="fast", quantization="gguf",
                                        generics={"Batch": 1, "MaxSeq": 64, "T": "f32"}), PROMPT)
         assert float((np.abs(blocks - ours).max(axis=1) / np.abs(ours).max(axis=1)).max()) <= 1e-5
+
+
+@pytest.mark.parametrize("source, written", [("Phi-3", "phi-3-mini-4k-instruct"), ("Phi-3", "my-assistant"),
+                                             (None, "tiny-phi3"), (None, "tiny-llama")])
+def test_a_name_that_makes_llama_cpp_strip_otherwise_is_warned(source, written, spm_vocabulary, write_spm_gguf,
+                                                                tmp_path):
+    """llama.cpp strips the whitespace after a model's added tokens by its general.name alone (a Phi-3's), which
+    the export writes as the card's name: a Phi-3 tokenizer exported under another name, or another model's
+    under a Phi-3 name, tokenizes its prompts otherwise there than on Linnet, said where llama.cpp does so."""
+    from linnet.export.gguf import strip_warning
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    tokens, types, scores = spm_vocabulary
+    tokens, types, scores = tokens + ["<|endoftext|>", "<|end|>", "<|user|>"], types + [3] * 3, scores + [0.0] * 3
+    ours = Tokenizer.from_gguf(write_spm_gguf(tmp_path / "source.gguf", tokens, types, scores, name=source))
+    llm = llama_cpp.Llama(model_path=str(write_spm_gguf(tmp_path / "written.gguf", tokens, types, scores, name=written)),
+                          vocab_only=True, verbose=False)
+    prompt = "<|user|>\nthe fox<|end|>\n"
+    alike = ours.encode(prompt) == llm.tokenize(prompt.encode(), add_bos=True, special=True)
+    said = strip_warning(ours, written)
+    assert (said is None) == alike
+    if said is not None:
+        assert "<|end|>, <|user|>" in said and "llama.cpp" in said
