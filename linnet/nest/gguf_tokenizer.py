@@ -184,8 +184,9 @@ def _pre_tokenizer(pre: str):
     return pre_tokenizers.Sequence(steps)
 
 
-def build_gguf_tokenizer(meta) -> "tokenizers.Tokenizer":
-    """A `tokenizers.Tokenizer` for a GGUF whose tokenizer.ggml.model is "gpt2" or "llama".
+def build_gguf_tokenizer(meta) -> "tuple[tokenizers.Tokenizer, list[int]]":
+    """A `tokenizers.Tokenizer` for a GGUF whose tokenizer.ggml.model is "gpt2" or "llama", and the
+    token types it was built by (`llama_cpp_types`'s, which `special_splitter` and `rstripped` read too).
 
     `meta(key, default)` reads GGUF metadata (GGUFCheckpoint.metadata).
     Control and unknown tokens (and end tokens llama.cpp takes as control ones,
@@ -215,7 +216,7 @@ def build_gguf_tokenizer(meta) -> "tokenizers.Tokenizer":
     tk = builders[kind](meta, tokens, types)
     _add_special_tokens(tk, tokens, types, rstripped(meta, tokens, types))
     _add_bos_eos(tk, meta, tokens, default_bos=kind == "llama" or meta("tokenizer.ggml.pre") in ADDS_BOS)
-    return tk
+    return tk, types
 
 
 def _kind(value) -> str:

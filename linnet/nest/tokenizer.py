@@ -190,7 +190,7 @@ def _sentencepiece_backend(path: Path, tc: dict, stm: dict):
             keys[f"tokenizer.ggml.{key}_token_id"] = ids[named]
     meta = lambda key, default=None: keys.get(key, default)  # noqa: E731
     try:
-        backend = build_gguf_tokenizer(meta)
+        backend, _ = build_gguf_tokenizer(meta)
     except TokenizerError as e:
         raise TokenizerError(f"{path}: {e}") from None
     tokens = keys["tokenizer.ggml.tokens"]
@@ -361,13 +361,13 @@ class Tokenizer:
     def from_gguf(cls, gguf) -> "Tokenizer":
         """From a GGUF file path or an open `GGUFCheckpoint` (to read the file once)."""
         from .checkpoint import GGUFCheckpoint
-        from .gguf_tokenizer import (END_KEYS, NORMAL, build_gguf_tokenizer, end_of_generation, llama_cpp_types,
-                                      rstripped, sentencepiece_merger, special_splitter)
+        from .gguf_tokenizer import (END_KEYS, build_gguf_tokenizer, end_of_generation, rstripped, sentencepiece_merger,
+                                      special_splitter)
 
         ckpt = gguf if isinstance(gguf, GGUFCheckpoint) else GGUFCheckpoint(gguf)
         meta = ckpt.metadata
         try:
-            backend = build_gguf_tokenizer(meta)
+            backend, types = build_gguf_tokenizer(meta)
         except TokenizerError as e:
             raise TokenizerError(f"{ckpt.path}: {e}") from None
         tokens = meta("tokenizer.ggml.tokens")
@@ -379,7 +379,6 @@ class Tokenizer:
         # llama.cpp ends generation on EOS, on EOT / EOM (and its FIM padding and separators) where the
         # file names them, and on the tokens it knows by their text
         stops = end_of_generation(tokens, [meta(f"tokenizer.ggml.{key}_token_id") for key in END_KEYS])
-        types = llama_cpp_types(tokens, meta("tokenizer.ggml.token_type") or [NORMAL] * len(tokens))
         tok = cls(
             backend,
             bos_token=text("bos"),
