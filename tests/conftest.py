@@ -4,11 +4,17 @@ compiles counted from none kept (`compiles_counted`). Also Triton's interpreter,
 machine without CUDA."""
 
 import os
+import sys
 from collections import Counter
 
-import numpy as np
-import pytest
-import torch
+# The suite runs in two xdist workers on two cores (README.md): OpenMP threads that spin while they
+# wait for work would take the other worker's core (a third of three files' time went so). Read as
+# torch loads its OpenMP runtime, so set before torch is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 def _interpreter_rounds_to_nearest_bf16() -> None:
@@ -174,6 +180,22 @@ def imports_dynamo(script: str) -> bool:
     probe = script + "\nimport sys\nprint('torch._dynamo' in sys.modules)\n"
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     return out.stdout.strip().splitlines()[-1] == "True"
+
+
+@pytest.fixture(autouse=True)
+def jax_compile_cache_as_it_was():
+    """A test that runs `linnet serve` or `generate` in-process with the jax backend points JAX's
+    persistent compilation cache at the user's cache (`cli._use_compile_cache`), which would then
+    answer every later test's compiles in that process from earlier runs' executables: put back."""
+    jax = sys.modules.get("jax")
+    before = jax.config.jax_compilation_cache_dir if jax else None
+    yield
+    jax = sys.modules.get("jax")
+    if jax is not None and jax.config.jax_compilation_cache_dir != before:
+        from jax._src import compilation_cache
+
+        jax.config.update("jax_compilation_cache_dir", before)
+        compilation_cache.reset_cache()  # JAX decides once whether it uses the cache: the dir alone is not read again
 
 
 @pytest.fixture

@@ -203,16 +203,19 @@ def computed_in_f32(t: torch.Tensor) -> bool:
     return t.device.type == "cpu" and not multiplies_natively(t.dtype)
 
 
-@functools.cache  # asked at every linear: the CPU does not change
+# dtype -> multiplies_natively's answer. Asked at every linear, and the CPU does not change; a dict
+# rather than functools.cache, which torch.compile warns of each time it traces a cached call.
+_NATIVE: dict = {}
+
+
 def multiplies_natively(dtype: torch.dtype) -> bool:
     """Whether this CPU has the instructions for `dtype`'s matmuls (bf16: AVX-512 or AVX-NE-CONVERT;
     f16: AVX-512 FP16 or AMX): without them torch's bf16 / f16 matmul and SDPA are generic loops,
     and the runtime widens to f32 around them (`cpu_linear`, `_widened_linear`, `_sdpa`)."""
-    if dtype == torch.bfloat16:
-        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    if dtype == torch.float16:
-        return torch.ops.mkldnn._is_mkldnn_fp16_supported()
-    return True
+    if dtype not in _NATIVE:
+        _NATIVE[dtype] = (torch.ops.mkldnn._is_mkldnn_bf16_supported() if dtype == torch.bfloat16
+                          else torch.ops.mkldnn._is_mkldnn_fp16_supported() if dtype == torch.float16 else True)
+    return _NATIVE[dtype]
 
 
 def pack_linear_weight(w: torch.Tensor, rows: int, in_place: bool = False):
