@@ -182,6 +182,41 @@ def imports_dynamo(script: str) -> bool:
     return out.stdout.strip().splitlines()[-1] == "True"
 
 
+# Parity errors the compiler tests measure (row -> max|a-b| / max|ref|), printed at the end of the run.
+# Under xdist each worker hands its own to pytest's process, which prints them all.
+_PARITY = pytest.StashKey[dict]()
+
+
+def pytest_configure(config):
+    config.stash[_PARITY] = {}
+
+
+@pytest.fixture(scope="session")
+def parity(request) -> dict:
+    """The run's parity table, which tests/compiler's `kit.PARITY` fills."""
+    return request.config.stash[_PARITY]
+
+
+def pytest_sessionfinish(session):
+    if hasattr(session.config, "workeroutput"):  # an xdist worker: sent to pytest's process as it ends
+        session.config.workeroutput["parity"] = {k: float(v) for k, v in session.config.stash[_PARITY].items()}
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's: a worker has ended
+def pytest_testnodedown(node, error):
+    node.config.stash[_PARITY].update(getattr(node, "workeroutput", {}).get("parity", {}))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    table = config.stash[_PARITY]
+    if not table:
+        return
+    terminalreporter.section("linnet parity (max|a-b| / max|ref|)")
+    width = max(len(k) for k in table)
+    for key in sorted(table):
+        terminalreporter.write_line(f"{key:<{width}}  {table[key]:.3e}")
+
+
 @pytest.fixture(autouse=True)
 def jax_compile_cache_as_it_was():
     """A test that runs `linnet serve` or `generate` in-process with the jax backend points JAX's

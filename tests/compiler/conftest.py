@@ -4,7 +4,7 @@ Everything here is a reference or plumbing: transformers' `LlamaForCausalLM`
 or `GptOssForCausalLM` built from a card's specialized config, packing of prompts into the
 `prefill` contract, conversion of either backend's outputs to numpy, and the
 relative error every comparison uses. Measured parity errors are collected
-in `PARITY` and printed at the end of the run.
+in `kit.PARITY` (tests/conftest.py's `parity`) and printed at the end of the run.
 """
 
 from __future__ import annotations
@@ -27,10 +27,6 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 CARDS = Path(linnet.__file__).parent / "nest" / "cards"
 ARCH = CARDS / "arch" / "llama.linnet"
-
-# (test id, what) -> measured relative error, printed in the terminal summary.
-PARITY: dict = {}
-
 
 # ------------------------------------------------------------------ numbers
 
@@ -415,9 +411,9 @@ def hf_greedy(model, prompts, steps: int):
 
 
 @pytest.fixture(scope="session")
-def kit():
+def kit(parity):
     return SimpleNamespace(
-        CARDS=CARDS, ARCH=ARCH, PARITY=PARITY, to_np=to_np, rel_err=rel_err, i32=i32, as_inputs=as_inputs,
+        CARDS=CARDS, ARCH=ARCH, PARITY=parity, to_np=to_np, rel_err=rel_err, i32=i32, as_inputs=as_inputs,
         pack=pack, pack_in_blocks=pack_in_blocks, cache_of=cache_of, compiled=compiled, random_checkpoint=random_checkpoint,
         hf_config=hf_config, hf_gpt_oss_config=hf_gpt_oss_config, hf_deepseek_v2_config=hf_deepseek_v2_config,
         hf_phi_config=hf_phi_config, hf_gpt2_config=hf_gpt2_config, hf_gemma3_config=hf_gemma3_config,
@@ -425,12 +421,3 @@ def kit():
         hf_reference=hf_reference, hf_greedy=hf_greedy,
         saved_state=saved_state)
 
-
-def pytest_terminal_summary(terminalreporter):
-    if not PARITY:
-        return
-    tr = terminalreporter
-    tr.section("linnet parity (max|a-b| / max|ref|)")
-    width = max(len(k) for k in PARITY)
-    for key in sorted(PARITY):
-        tr.write_line(f"{key:<{width}}  {PARITY[key]:.3e}")
