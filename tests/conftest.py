@@ -1,15 +1,16 @@
 """Fixtures shared by the tests of several parts: a GGUF writer, and a SentencePiece vocabulary in a
 GGUF, which Nest reads (tests/nest) and the llama.cpp export writes back (tests/export); JAX's
-compiles counted from none kept (`compiles_counted`). Also Triton's interpreter, asked for on a
-machine without CUDA."""
+compiles counted from none kept (`compiles_counted`); the run's parity table, gathered from xdist's
+workers. Also Triton's interpreter, asked for on a machine without CUDA, OpenMP's passive wait, and
+JAX's persistent cache set back after a test that sets it."""
 
 import os
 import sys
 from collections import Counter
 
 # The suite runs in two xdist workers on two cores (README.md): OpenMP threads that spin while they
-# wait for work would take the other worker's core (a third of three files' time went so). Read as
-# torch loads its OpenMP runtime, so set before torch is imported.
+# wait for work would take the other worker's core (three files took 289 s so, 222 s waiting
+# passively). Read as torch loads its OpenMP runtime, so set before torch is imported.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np  # noqa: E402
