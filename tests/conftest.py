@@ -218,6 +218,16 @@ def pytest_terminal_summary(terminalreporter, config):
         terminalreporter.write_line(f"{key:<{width}}  {table[key]:.3e}")
 
 
+def _set_jax_cache_option(name: str, value) -> None:
+    """jax.config's `name` set, and JAX's persistent cache made to decide again whether it is used: it
+    decides once, at the first compile, and reads neither the flag nor the folder again."""
+    import jax
+    from jax._src import compilation_cache
+
+    jax.config.update(name, value)
+    compilation_cache.reset_cache()
+
+
 @pytest.fixture(autouse=True)
 def jax_compile_cache_as_it_was():
     """A test that runs `linnet serve` or `generate` in-process with the jax backend points JAX's
@@ -228,10 +238,7 @@ def jax_compile_cache_as_it_was():
     yield
     jax = sys.modules.get("jax")
     if jax is not None and jax.config.jax_compilation_cache_dir != before:
-        from jax._src import compilation_cache
-
-        jax.config.update("jax_compilation_cache_dir", before)
-        compilation_cache.reset_cache()  # JAX decides once whether it uses the cache: the dir alone is not read again
+        _set_jax_cache_option("jax_compilation_cache_dir", before)
 
 
 @pytest.fixture
@@ -240,14 +247,11 @@ def compiles_counted():
     earlier tests' models compiled, kept in this process (jax.clear_caches) or read back from the
     persistent cache (not a compile, `runners._xla_compiles`), would otherwise answer its passes."""
     import jax
-    from jax._src import compilation_cache
 
     cache = jax.config.jax_enable_compilation_cache
     jax.clear_caches()
-    jax.config.update("jax_enable_compilation_cache", False)
-    compilation_cache.reset_cache()  # JAX decides once whether it uses the cache: the flag alone is not read again
+    _set_jax_cache_option("jax_enable_compilation_cache", False)
     try:
         yield
     finally:
-        jax.config.update("jax_enable_compilation_cache", cache)
-        compilation_cache.reset_cache()
+        _set_jax_cache_option("jax_enable_compilation_cache", cache)
