@@ -20,6 +20,8 @@ def reference_greedy(model, prompt, new, pad_to=128):
 
     The prefill is padded to `pad_to` tokens (padding goes to row 1's last position, which no
     token reads), so that the JAX model compiles one shape for every prompt; None: no padding.
+    It asks for a row of logits for each cache row (all the prompt's last token's), as the engine's
+    passes do: a JAX engine warmed up for a pass of `pad_to` tokens has compiled it already.
     """
     model.reset()
     n = len(prompt)
@@ -27,7 +29,7 @@ def reference_greedy(model, prompt, new, pad_to=128):
     tokens = np.array(prompt + [0] * pad, np.int32)
     positions = np.concatenate([np.arange(n), np.full(pad, model.max_seq - 1)]).astype(np.int32)
     rows = np.concatenate([np.zeros(n), np.ones(pad)]).astype(np.int32)
-    logits = np.asarray(model.prefill(tokens, positions, rows, np.array([n - 1], np.int32)))
+    logits = np.asarray(model.prefill(tokens, positions, rows, np.full(model.batch, n - 1, np.int32)))
     out = [int(logits[0].argmax())]
     tokens = np.zeros(model.batch, np.int32)
     positions = np.full(model.batch, model.max_seq - 1, np.int32)
