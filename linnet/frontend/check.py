@@ -12,7 +12,7 @@ import json
 import re
 import warnings
 
-from linnet.errors import LinnetError, LinnetWarning, Loc
+from linnet.errors import LinnetError, LinnetWarning, Loc, source_lines
 from linnet.frontend import ast
 from linnet.frontend.scope import JAX_ATTRIBUTES, TORCH_ATTRIBUTES, reserved_reason, suggest
 from linnet.ir import nodes as ir
@@ -259,7 +259,20 @@ class _Checker:
         if isinstance(e, ast.ListExpr):
             return [self._literal(x, what, want) for x in e.items]
         raise LinnetError(e.loc, f"{what} must be a literal: a number, a string, true or false",
-                          _literal_note(e, self.config, want))
+                          _literal_note(e, self.config, want, self._computed(e)))
+
+    def _computed(self, e: ast.Node):
+        """What a computation of literals alone comes to (`64 * 3`: 192), as the language computes it;
+        None for another expression, or one that reads a name."""
+        if not isinstance(e, (ast.Binary, ast.Unary)):
+            return None
+        from linnet.ir.specialize import evaluate
+
+        try:
+            value = evaluate(self._expr(e, _Scope(self, {}, {})), {})
+        except LinnetError:
+            return None
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
     # ------------------------------------------------------------ params
 
@@ -663,7 +676,7 @@ class _Checker:
         if self.defaulting is not None:
             self._config_read_early(e)
         candidates = list(scope.names()) + list(self.params) + list(self.state) + list(self.config)
-        raise LinnetError(e.loc, f"unknown name `{e.id}`", suggest(e.id, candidates))
+        raise LinnetError(e.loc, f"unknown name `{e.id}`", _after_slashes(e.loc) or suggest(e.id, candidates))
 
     def _config_read_early(self, e: ast.Name):
         """A default that reads its own config value, or one declared below it: defaults are evaluated
@@ -1041,10 +1054,11 @@ def _pattern_part(s: ast.Source, start: int, length: int) -> Loc:
     return Loc(s.pattern_loc.path, s.pattern_loc.line, col, s.pattern_loc.line, col + length, s.pattern_loc.source)
 
 
-def _literal_note(e: ast.Node, config: dict, want=None) -> list[str]:
+def _literal_note(e: ast.Node, config: dict, want=None, computed=None) -> list[str]:
     """What a card most likely meant by a value that is no literal: a string left unquoted, Python's
     `True` (or a bool said otherwise, `yes`), no value at all (`None`), another config value or a
-    computation (a card gives its number). `want`: the config value's type, where one is set."""
+    computation (a card gives its number: `computed`, where it reads only literals). `want`: the
+    config value's type, where one is set."""
     kind = getattr(want, "kind", None) if not isinstance(want, ListType) else want.item
     if isinstance(e, ast.Name):
         if e.id in ("True", "False"):
@@ -1059,10 +1073,21 @@ def _literal_note(e: ast.Node, config: dict, want=None) -> list[str]:
         if kind in ("int", "float"):
             return [f"a {kind} is written as a number"]
         return [f"a string is written in double quotes: `\"{e.id}\"`"]
+    if computed is not None:
+        return [f"a card gives values, not computations: write the number it comes to, `{_spelled(computed)}`"]
     if isinstance(e, (ast.Binary, ast.Unary, ast.Call, ast.IfExpr)):
         return ["a card gives values, not computations: write the number it comes to (an architecture's default "
                 "may compute one from other config values)"]
     return []
+
+
+def _after_slashes(loc: Loc) -> list[str]:
+    """A note for an unknown name that follows `//` on its line: a comment written in C's way
+    (`x as f32 // widened` divides by `widened`)."""
+    if not loc.source or loc.line < 1:
+        return []
+    line = source_lines(loc.source)[loc.line - 1][:loc.col - 1]
+    return ["a comment starts with `#` (`//` divides)"] if re.search(r"//[ \t]*$", line) else []
 
 
 def _spelled(value) -> str:

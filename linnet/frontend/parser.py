@@ -318,11 +318,16 @@ def _other_language(source: str, pos: int, token, expected: set) -> list[str]:
     for `fn`, `let x = ...`, a local with a type (`x: T[n] = ...`), a card's name unquoted, a card that
     extends where it imports, a card's value set with `:` as an architecture declares one."""
     before = source[:pos]
-    if str(token) == "def":
+    # `def`: refused itself at the top level; in a body it reads as a name, and the fn's name after it is refused
+    if str(token) == "def" or re.search(r"(?:^|[^\w.])def[ \t]+$", before):
         return ["a function is declared with `fn` (one the engine calls, with `entry`)"]
-    if str(token) == ":" and expected == {"LBRACE"}:
+    # a `:` that ends its line, where a `{` could come (after a fn's result type, an entry's
+    # parentheses, a block's name): Python's block
+    if str(token) == ":" and "LBRACE" in expected and re.match(r"[ \t]*(?:#[^\n]*)?(?:\n|$)", source[pos + 1:]):
         return ["a block is written in braces, `{ ... }`, not after a `:`"]
     line_so_far = before[before.rfind("\n") + 1:]
+    if _comment_by_slashes(source, pos):
+        return ["a comment starts with `#`"]
     if str(token) == "if" and line_so_far.strip():  # after a value: Python's `a if c else b`
         return ["Linnet writes a choice as `if c then a else b`"]
     if str(token) == "if" and "RBRACE" in expected:
@@ -331,8 +336,6 @@ def _other_language(source: str, pos: int, token, expected: set) -> list[str]:
     if re.search(r"(?:^|\n)[ \t]*import[ \t]+\S*[ \t]*$", before):  # (on the import's own line)
         return ["`import` takes the architecture's name, as its `arch` line gives it: `import llama` looks for "
                 "llama.linnet beside the card, in arch/ beside it, and among the built-in ones"]
-    if str(token) == "//" and not line_so_far.strip():
-        return ["a comment starts with `#`"]
     if str(token) == "=" and source.startswith("=>", pos):
         return ["a fn's result type follows `->`"]
     if str(token) == "[" and "LESSTHAN" in expected:
@@ -351,6 +354,25 @@ def _other_language(source: str, pos: int, token, expected: set) -> list[str]:
         return [f"a card sets a value with `=` (`{name[1]} = {token}`); `{name[1]}: int` declares one, in an "
                 f"architecture"]
     return []
+
+
+# `//` beginning its line, or followed by two words (no division is): a comment in C's way
+_SLASH_COMMENT = re.compile(r"^[ \t]*//|//[ \t]*[A-Za-z_]\w*[ \t]+[A-Za-z_]", re.M)
+
+
+def _comment_by_slashes(source: str, pos: int) -> bool:
+    """Whether a syntax error at `pos` comes of a comment written `// ...`, which reads as a division
+    of the line before by its first word: then its second word, or the next line's first token
+    (`// the norm` read as `x // the`, then a statement `norm`), is refused."""
+    def slashes(start: int) -> bool:  # on the line from `start`, outside a `#` comment
+        end = source.find("\n", start)
+        return _SLASH_COMMENT.search(source[start:len(source) if end < 0 else end].split("#", 1)[0]) is not None
+
+    line_start = source.rfind("\n", 0, pos) + 1
+    if slashes(line_start):
+        return True
+    # the line before, for the next line's first token only
+    return bool(line_start) and not source[line_start:pos].strip() and slashes(source.rfind("\n", 0, line_start - 1) + 1)
 
 
 def _mistyped_keyword(source: str, pos: int, token) -> list[str]:

@@ -1154,6 +1154,14 @@ def decode(tokens: i32[Batch]) -> T[Batch, dim] {
   return embed[tokens]
 }
 """, 20, 1, "unexpected 'def'", note="a function is declared with `fn`"),
+    arch("def-in-a-body", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  def double(x) {
+    return x + x
+  }
+  return embed[tokens]
+}
+""", 21, 7, "unexpected 'double'", note="a function is declared with `fn`"),
     arch("let-before-a-local", HEAD + """\
 entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
   let x = embed[tokens]
@@ -1175,7 +1183,10 @@ entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
     card("card-value-set-with-a-colon", CARD.replace("vocab = 16", "vocab: 16"), 5, 10, "unexpected '16'",
          arch_source=MINI, note="a card sets a value with `=` (`vocab = 16`)"),
     card("card-value-computed", CARD.replace("dim = 8", "dim = 4 * 2"), 6, 9, "the value of `dim` must be a literal",
-         arch_source=MINI, note="a card gives values, not computations"),
+         arch_source=MINI, note="a card gives values, not computations: write the number it comes to, `8`"),
+    card("card-value-computed-from-a-name", CARD.replace("dim = 8", "dim = heads * 4"), 6, 9,
+         "the value of `dim` must be a literal", arch_source=MINI,
+         note="write the number it comes to (an architecture's default may compute one"),
     # a card's value that is no literal, added on line 8: the note says the literal likely meant
     *[card(f"card-value-{id}", with_config(CARD, f"{name} = {value}"), 8, 6 + len(name),
            f"the value of `{name}` must be a literal", arch_source=MINI, note=note)
@@ -1238,6 +1249,15 @@ entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
   return x
 }
 """, 22, 13, "unexpected ':'; expected '{'", note="a block is written in braces"),
+    # after a result type or an entry's parentheses, where more than a `{` could follow
+    arch("fn-block-after-a-colon", HEAD + """\
+fn double<n>(x: T[n, dim]) -> T[n, dim]:
+  return x + x
+""", 20, 40, "unexpected ':'", note="a block is written in braces"),
+    arch("entry-block-after-a-colon", HEAD + """\
+entry copy_rows<K>(src: i32[K]):  # a note
+  return
+""", 20, 32, "unexpected ':'", note="a block is written in braces"),
     arch("if-statement", HEAD + """\
 entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
   x = embed[tokens]
@@ -1280,6 +1300,26 @@ entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
   return embed[tokens]
 }
 """, 20, 1, "unexpected '//'", note="a comment starts with `#`"),
+    # in a body, `// ...` reads as a division of the line before: its second word is refused, or the
+    # next line's first token; one word after it is an unknown name
+    arch("comment-with-slashes-in-a-body", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  x = embed[tokens]
+  // the embeddings
+  return x
+}
+""", 23, 3, "unexpected 'return'", note="a comment starts with `#`"),
+    arch("comment-with-slashes-after-a-statement", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  x = embed[tokens]  // the embeddings
+  return x
+}
+""", 22, 3, "unexpected 'return'", note="a comment starts with `#`"),
+    arch("comment-with-slashes-of-one-word", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return embed[tokens]  // embedded
+}
+""", 21, 28, "unknown name `embedded`", note="a comment starts with `#` (`//` divides)"),
     arch("result-after-a-fat-arrow", HEAD + """\
 entry decode(tokens: i32[Batch]) => T[Batch, dim] {
   return embed[tokens]
