@@ -136,6 +136,7 @@ class Engine:
         self.eos = set(self.tokenizer.eos_token_ids) if self.tokenizer is not None else set()
         self.free_rows = list(range(self.rows))
         self.row_tokens: list = [[] for _ in range(self.rows)]  # tokens whose k/v each row holds, from 0
+        self.row_salt: list = [None] * self.rows  # the cache_salt of the request that wrote each row's tokens
         self.waiting: list = []  # _Live without a row yet (row = -1)
         self.live: list = []
         # request id -> its _Live, from submission to its end: an id names one request in flight
@@ -515,19 +516,24 @@ class Engine:
                 item.comp.prompt_logprobs = [None]  # the first token has nothing before it
             else:
                 # Prefer a free row that still holds this prompt's prefix: it is reused in place.
-                row = max(self.free_rows, key=lambda r: (common_prefix(self.row_tokens[r], prompt),
-                                                         -len(self.row_tokens[r])))
-                reuse = min(common_prefix(self.row_tokens[row], prompt), len(prompt) - 1)
+                row = max(self.free_rows, key=lambda r: (self._held_prefix(r, item), -len(self.row_tokens[r])))
+                reuse = min(self._held_prefix(row, item), len(prompt) - 1)
                 if reuse >= self._worth(prompt):
                     item.cached = item.comp.cached_tokens = reuse
                     self.stats.copied_tokens += reuse
             self.free_rows.remove(row)
             item.row = row
             self.row_tokens[row] = self.row_tokens[row][:item.cached]
+            self.row_salt[row] = item.req.cache_salt
             if not scored:
                 self._find_source(item)
             self.live.append(item)
         self.waiting[:0] = held
+
+    def _held_prefix(self, row: int, item: _Live) -> int:
+        """How many of `item`'s prompt tokens `row` holds that it may reuse: none from a row another
+        cache_salt wrote."""
+        return common_prefix(self.row_tokens[row], item.prompt) if self.row_salt[row] == item.req.cache_salt else 0
 
     def _worth(self, prompt: list) -> int:
         """The shortest prefix worth reusing: prefix_min, or the whole prompt but its last token."""
@@ -540,11 +546,13 @@ class Engine:
         for r in range(self.rows):
             if r == item.row:
                 continue
-            n = min(common_prefix(self.row_tokens[r], prompt), len(prompt) - 1)
+            n = min(self._held_prefix(r, item), len(prompt) - 1)
             if n > best and n >= self._worth(prompt):
                 best_row, best = r, n
         leader = None
         for other in self.live:
+            if other.req.cache_salt != item.req.cache_salt:
+                continue
             n = min(common_prefix(other.prompt, prompt), len(prompt) - 1)
             if other is not item and other.cached < n and n > best and n >= self._worth(prompt) and other.leader is None:
                 leader, best = other, n

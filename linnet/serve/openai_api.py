@@ -60,6 +60,7 @@ class Job:
     call_id: object = openai_call_id  # makes a tool call's id, as the model's template takes them back
     reasoning: object = None  # chat: the reader of a reasoning model's thinking (reasoning.py), if the server has one
     echo_logprobs: bool = False  # echo with logprobs: the prompt's tokens lead each choice's logprobs
+    echo_special: list | None = None  # whether choice i's echo holds its special tokens' text (their offsets' widths)
     prompt_logprobs: bool = False  # vLLM's prompt_logprobs: returned beside the choices
     token_ids: bool = False  # vLLM's return_tokens_as_token_ids: logprobs name tokens "token_id:ID"
     continuous_usage: bool = False  # streamed: every chunk its choice's usage so far (continuous_usage_stats)
@@ -389,8 +390,16 @@ def sampling_request(body: dict, prompt: list, max_seq: int, default_max_tokens:
         ignore_eos=_boolean(body, "ignore_eos", False), logit_bias=_logit_bias(body),
         min_tokens=int(number_field(body, "min_tokens", 0, 0, max_tokens, integer=True)), allowed_token_ids=allowed,
         include_stop=_boolean(body, "include_stop_str_in_output", False),
-        skip_special_tokens=_boolean(body, "skip_special_tokens", True),
+        skip_special_tokens=_boolean(body, "skip_special_tokens", True), cache_salt=_cache_salt(body),
     )
+
+
+def _cache_salt(body: dict) -> str | None:
+    """vLLM's cache_salt: requests share cached prompt tokens only with requests of the same salt."""
+    salt = body.get("cache_salt")
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise ApiError(400, f"'cache_salt' must be a non-empty string if given, not {shown(salt)}", "cache_salt")
+    return salt
 
 
 def _copies(body: dict, prompt: list, max_seq: int, default_max_tokens: int | None, n: int,
@@ -550,13 +559,17 @@ def completion_job(body: dict, tokenizer, max_seq: int) -> Job:
     for ids in prompts:
         requests += _copies(body, ids, max_seq, COMPLETION_MAX_TOKENS, n, logprobs, max(wanted, default=None),
                             fewest_tokens=0 if echoed else 1, tokenizer=tokenizer)
-    echo = None
+    echo, echo_special = None, None
     if echoed:
-        shown = [t if t is not None else (tokenizer.decode(ids, skip_special_tokens=True) if tokenizer else "")
+        # a text prompt is echoed as written, special tokens' text and all; ids as the request decodes its own
+        skip = requests[0].skip_special_tokens
+        shown = [t if t is not None else (tokenizer.decode(ids, skip_special_tokens=skip) if tokenizer else "")
                  for ids, t in zip(prompts, texts)]
         echo = [text for text in shown for _ in range(n)]
+        echo_special = [t is not None or not skip for t in texts for _ in range(n)]
     return Job(requests, sum(len(p) for p in prompts), echo, n=n, **_reply_options(body),
-               echo_logprobs=echoed and logprobs is not None, prompt_logprobs=asked is not None)
+               echo_logprobs=echoed and logprobs is not None, prompt_logprobs=asked is not None,
+               echo_special=echo_special)
 
 
 OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool")

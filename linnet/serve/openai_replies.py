@@ -232,7 +232,8 @@ def echoed_prompt(job: Job, comps: list, i: int, tokenizer) -> tuple | None:
     if not job.echo_logprobs:
         return None
     ids = comps[i].request.prompt
-    return ids, job.prompt_scores(comps, i), TextStream(tokenizer).add(ids)  # offsets in the echoed text
+    special = bool(job.echo_special and job.echo_special[i])
+    return ids, job.prompt_scores(comps, i), TextStream(tokenizer, special=special).add(ids)  # offsets in the echo
 
 
 def completion_response(job: Job, comps: list, model: str, tokenizer) -> dict:

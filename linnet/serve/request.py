@@ -101,6 +101,9 @@ class Request:
     skip_special_tokens: bool = True  # the text leaves special tokens out, as vLLM's does by default
     keeps_end_token: bool = False  # the text keeps the end token it ends at, stop strings cut as ever (harmony's
     #                                parser reads a call's closing marker); otherwise only include_stop keeps it
+    # vLLM's cache_salt: a prompt's cached tokens are shared only among requests of the same salt (None
+    # is one salt too), so that one tenant cannot tell from its time to first token what another asked
+    cache_salt: str | None = None
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
 
     @property
@@ -210,6 +213,11 @@ class Request:
                 raise RequestError(f"{self.id}: bad_words must be a list of token id lists, not {self.bad_words!r}",
                                    "bad_words")
             plain["bad_words"] = [self._token_ids("bad_words", vocab, value=word) for word in self.bad_words]
+        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
+            raise RequestError(f"{self.id}: cache_salt must be a non-empty string (or None), not {self.cache_salt!r}",
+                               "cache_salt")
+        if self.cache_salt is not None:
+            plain["cache_salt"] = str(self.cache_salt)  # (a numpy string: a plain one)
         from linnet.serve.structured import Structure
 
         if self.structure is not None and not isinstance(self.structure, Structure):

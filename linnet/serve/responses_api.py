@@ -28,7 +28,7 @@ PASSED = ("model", "temperature", "top_p", "stream", "parallel_tool_calls", "see
           "presence_penalty", "frequency_penalty", "repetition_penalty", "stop", "logit_bias", "min_tokens",
           "ignore_eos", "stop_token_ids", "allowed_token_ids", "chat_template_kwargs", "skip_special_tokens",
           "include_stop_str_in_output", "truncate_prompt_tokens", "structured_outputs", "guided_json",
-          "guided_regex", "guided_choice", "guided_grammar", "include_reasoning")
+          "guided_regex", "guided_choice", "guided_grammar", "include_reasoning", "cache_salt")
 
 
 @dataclass

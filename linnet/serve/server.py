@@ -242,6 +242,8 @@ class OpenAIServer:
             raise ApiError(400, "a request's own 'chat_template' needs the server started with "
                                 "--trust-request-chat-template; this one uses the model's", "chat_template")
         model = body.get("model")
+        if model is not None and not isinstance(model, str):  # a malformed field, as vLLM's schema says: not an unknown model
+            raise ApiError(400, f"'model' must be a string, not {shown(model)}", "model")
         if model is not None and model not in self.names:
             serves = " or ".join(repr(name) for name in self.names)
             raise ApiError(404, f"the model {shown(model)} does not exist; this server serves {serves}",
@@ -264,7 +266,13 @@ class OpenAIServer:
             ids = await asyncio.to_thread(encode_text, self.tokenizer, body["prompt"], "prompt", special)
         else:
             raise ApiError(400, "send 'prompt' (a string) or 'messages'", "prompt")
-        await _json(send, 200, {"count": len(ids), "max_model_len": self.model.max_seq, "tokens": ids})
+        answer = {"count": len(ids), "max_model_len": self.model.max_seq, "tokens": ids}
+        strs = body.get("return_token_strs", False)
+        if not isinstance(strs, bool) and strs is not None:
+            raise ApiError(400, f"'return_token_strs' must be true or false, not {shown(strs)}", "return_token_strs")
+        if strs:  # vLLM's: each token as the vocabulary spells it (byte-level BPE's `Ġ` for a space)
+            answer["token_strs"] = [self.tokenizer.id_to_token(t) for t in ids]
+        await _json(send, 200, answer)
 
     async def _detokenize(self, path, receive, send):
         body = await self._body(receive)

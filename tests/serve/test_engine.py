@@ -70,6 +70,23 @@ def test_shared_prompts_prefill_once(model):
     assert stats.prefill_tokens <= len(base[0]) + len(base[1]) + len(base[2]) + 3 + 4
 
 
+def test_prompts_share_cached_tokens_only_within_their_cache_salt(model):
+    """vLLM's cache_salt: a prompt is copied from a row or a request of its own salt only (None is
+    one salt too), whether they run together or one after the other; the tokens are the same."""
+    p = prompts(1, 60, 60, seed=41)[0]
+    ref = reference_greedy(model, p, 4)
+    engine = Engine(model, token_budget=256, prefix_min=32)
+    salts = [None, "a", "b", "a", None]
+    done, stats = engine.run([Request(prompt=p, max_new_tokens=4, cache_salt=s) for s in salts])
+    assert all(c.tokens == ref for c in done)
+    assert stats.prefill_tokens == 3 * len(p) + 2  # once a salt; each copy computes its last token
+    assert [c.cached_tokens for c in done] == [0, 0, 0, len(p) - 1, len(p) - 1]
+    again, stats = engine.run([Request(prompt=p, max_new_tokens=4, cache_salt="c"),
+                               Request(prompt=p, max_new_tokens=4, cache_salt="b")])
+    assert [c.tokens for c in again] == [ref, ref]
+    assert [c.cached_tokens for c in again] == [0, len(p) - 1]  # "b"'s row still holds its prompt
+
+
 def test_seeded_sampling_is_independent_of_the_batch(model):
     ps = prompts(8, 5, 20, seed=5)
     target = Request(prompt=ps[0], max_new_tokens=10, temperature=0.9, top_p=0.9, top_k=40, seed=1234)

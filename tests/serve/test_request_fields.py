@@ -97,6 +97,8 @@ FIELDS = {
     "ignore_eos": FLAGS, "include_stop": FLAGS, "skip_special_tokens": FLAGS, "keeps_end_token": FLAGS,
     "structure": st.just((None, None)) | bad({"type": "object"}, "[a-z]+"),
     "id": st.text(max_size=8).map(lambda s: (s, s)) | bad(5, None, ["x"], b"x"),
+    "cache_salt": st.just((None, None)) | st.text(min_size=1, max_size=8).flatmap(
+        lambda s: st.sampled_from([(s, s), (np.str_(s), s)])) | bad("", 5, b"x", ["x"], True),
 }
 
 

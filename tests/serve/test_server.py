@@ -126,6 +126,9 @@ def test_chat_uses_the_template(server):
     ("/v1/completions", {"prompt": [1], "allowed_token_ids": [99999]}, None, None, 400, "allowed_token_ids"),
     ("/v1/completions", {"prompt": [1], "truncate_prompt_tokens": 0}, None, None, 400, "truncate_prompt_tokens"),
     ("/v1/completions", {"prompt": [1], "skip_special_tokens": "no"}, None, None, 400, "skip_special_tokens"),
+    ("/v1/completions", {"prompt": [1], "cache_salt": 5}, None, None, 400, "cache_salt"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "t1"}], "cache_salt": ""}, None, None, 400,
+     "cache_salt"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "t1"}], "tools": [{"type": "function"}]},
      None, None, 400, "tool"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "t1"}],
@@ -151,6 +154,8 @@ def test_chat_uses_the_template(server):
     ("/v1/completions", {"prompt": [1], "ignore_eos": "false"}, None, None, 400, "'ignore_eos' must be true or false"),
     ("/v1/completions", {"prompt": [1], "echo": "no"}, None, None, 400, "'echo' must be true or false"),
     ("/tokenize", {"prompt": "t1", "add_special_tokens": "no"}, None, None, 400, "add_special_tokens"),
+    ("/tokenize", {"prompt": "t1", "return_token_strs": 1}, None, None, 400, "return_token_strs"),
+    ("/v1/completions", {"prompt": [1], "model": 5}, None, None, 400, "'model' must be a string"),
     # the value as the client wrote it, in JSON
     ("/v1/completions", {"prompt": [1], "max_tokens": True}, None, None, 400, "'max_tokens' must be an integer, not true"),
     ("/v1/completions", {"prompt": [1], "echo": None, "ignore_eos": "yes"}, None, None, 400, 'not "yes"'),
@@ -701,6 +706,45 @@ def test_echo_with_no_tokens_to_generate_is_the_scored_prompt(server):
     assert streamed[0] is None and streamed[1:] == pytest.approx(choice["logprobs"]["token_logprobs"][1:], abs=1e-6)
 
 
+def test_an_echoed_prompts_offsets_index_the_echoed_text_special_tokens_and_all():
+    """A prompt's tokens' text_offset index the text echoed before the reply (vLLM's, each token's
+    text summed): a text prompt is echoed as written, a special token's text (`<s>`) with it; ids as
+    the request decodes them (skip_special_tokens). The reply's offsets go on from the echo's end."""
+    from tokenizers import AddedToken, Tokenizer as Backend, models, pre_tokenizers
+
+    from linnet.nest.tokenizer import Tokenizer
+
+    from .conftest import running
+
+    model = make_model("torch", rows=2, max_seq=32)
+    vocab = {f"t{i}": i for i in range(model.vocab)}
+    vocab["<s>"] = vocab.pop("t1")
+    backend = Backend(models.WordLevel(vocab, unk_token="t0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.add_special_tokens([AddedToken("<s>", special=True)])
+    model.tokenizer = Tokenizer(backend, eos_token_ids=[])
+    with running(Engine(model)) as base:
+        for prompt, extra, echoed in [("<s> t5 t6", {}, "<s> t5 t6"), ([1, 5, 6], {"skip_special_tokens": False},
+                                                                          "<s> t5 t6"), ([1, 5, 6], {}, "t5 t6")]:
+            body = {"prompt": prompt, "echo": True, "max_tokens": 2, "logprobs": 0, "temperature": 0, **extra}
+            for streamed in (False, True):
+                status, text = call(base, "/v1/completions", dict(body, stream=streamed))
+                assert status == 200, text
+                if streamed:
+                    pieces = [c["choices"][0] for c in sse(text)]
+                    reply = "".join(p["text"] for p in pieces)
+                    tokens = [t for p in pieces if p["logprobs"] for t in p["logprobs"]["tokens"]]
+                    offsets = [o for p in pieces if p["logprobs"] for o in p["logprobs"]["text_offset"]]
+                else:
+                    choice = json.loads(text)["choices"][0]
+                    reply, tokens, offsets = choice["text"], choice["logprobs"]["tokens"], choice["logprobs"]["text_offset"]
+                assert reply.startswith(echoed) and tokens[:3] == ["<s>", "t5", "t6"], (prompt, extra, reply)
+                shown = [t for t in tokens if t != "<s>" or "<s>" in echoed]  # a special token left out: no width
+                at = [o for t, o in zip(tokens, offsets) if t in shown]
+                assert [reply[o:].split()[0] for o in at] == shown, (prompt, extra, reply, offsets)
+                assert offsets == sorted(offsets) and offsets[3] >= len(echoed)
+
+
 def test_streamed_echo_with_logprobs_equals_the_whole(server):
     base, _, _ = server
     body = {"prompt": [[21, 22, 23], [24, 25]], "echo": True, "max_tokens": 3, "logprobs": 2, "temperature": 0,
@@ -755,6 +799,8 @@ def test_tokenize_detokenize_models_and_metrics(server):
     base, engine, model = server
     out = json.loads(call(base, "/tokenize", {"prompt": "t7 t8 t9"})[1])
     assert out == {"count": 3, "max_model_len": model.max_seq, "tokens": [7, 8, 9]}
+    spelled = json.loads(call(base, "/tokenize", {"prompt": "t7 t8 t9", "return_token_strs": True})[1])
+    assert spelled["tokens"] == [7, 8, 9] and spelled["token_strs"] == ["t7", "t8", "t9"]
     chat = json.loads(call(base, "/tokenize", {"messages": [{"role": "user", "content": "t7"}]})[1])
     assert chat["tokens"] == [1, 7, 2, 3]  # through the template
     assert json.loads(call(base, "/detokenize", {"tokens": [7, 8]})[1]) == {"prompt": "t7 t8"}
