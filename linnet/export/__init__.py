@@ -56,6 +56,8 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
         raise ExportError(f"dtype {dtype!r}: llama.cpp's block type, written to a GGUF only (--to llama.cpp); "
                           f"a {to} export holds weights in {', '.join(DTYPES)}")
     check_seed(seed, weights)
+    if not isinstance(out, (str, os.PathLike)) or not str(out):  # ("" would be the current folder)
+        raise ExportError(f"out must be the path to write to, not {out!r}")
     out = Path(out).expanduser()  # (a shell expands ~ on the command line; a caller's string is taken as it)
     try:
         is_file = out.exists() and not out.is_dir()

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+import linnet
 from linnet.export import TRITON_INSTEAD, ExportError, check_folder, hf_config, not_the_builtin, sizes
 from linnet.export.hf_config import context_length
 from linnet.ir.specialize import specialize
@@ -205,8 +206,30 @@ def gguf_path(out, card: str, dtype: str) -> Path:
             if f.read(4) != b"GGUF":
                 raise ExportError(f"{file}: is a file that is not a GGUF ({file.stat().st_size} bytes), which the "
                                   f"export would replace; name a new file or a folder")
+        _refuse_another_gguf(file)
     check_folder(out, file.parent, "the GGUF", file.name + ".partial")  # (written under that name first)
     return file
+
+
+# the key that says Linnet wrote a GGUF: an export replaces a file holding it, never another (a download)
+MARK = "linnet.exported_by"
+
+
+def _refuse_another_gguf(file: Path) -> None:
+    """A GGUF Linnet did not write (a model downloaded, llama.cpp's own conversion) is not replaced:
+    it would be lost without a word, as a folder's model would (`hf_dir._refuse_another_model`)."""
+    from linnet.nest.gguf_file import GGUFFile, GGUFFormatError
+
+    try:
+        found = GGUFFile(str(file))
+    except (GGUFFormatError, OSError):
+        found = None
+    if found is not None and MARK in found.fields:
+        return
+    what = "a damaged GGUF" if found is None else \
+        f"a GGUF Linnet did not write ({found.value('general.name') or found.value('general.architecture')})"
+    raise ExportError(f"{file}: holds {what}, which the export would replace; name a new file, or remove this one "
+                      f"first (an export by a Linnet from before exports were marked is refused too)")
 
 
 def write_gguf(bound, out, dtype: str | None = None) -> str:
@@ -231,6 +254,7 @@ def write_gguf(bound, out, dtype: str | None = None) -> str:
     writer = gguf.GGUFWriter(str(partial), ARCHITECTURES[spec.name])
     writer.add_type(gguf.GGUFType.MODEL)  # (with the quantization version: in every file llama.cpp's converter writes)
     writer.add_name(bound.card)
+    writer.add_string(MARK, f"linnet {linnet.__version__}")  # (llama.cpp reads past keys it does not know)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     writer.add_file_type(int({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
                               "bf16": gguf.LlamaFileType.MOSTLY_BF16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[dtype]))

@@ -232,6 +232,13 @@ class _HeaderReader:
             if offset + nbytes > file.size:
                 raise GGUFFormatError(f"tensor {name!r} {list(shape)} needs bytes up to {offset + nbytes}, "
                                       f"but the file has {file.size}")
+        # One tensor's bytes running into the next's: a damaged header (a type or a shape changed), whose
+        # weights would read another's bytes. llama.cpp refuses it too (each offset where the last ended).
+        ordered = sorted((p for p in placed if p[4]), key=lambda p: p[3])
+        for (name, shape, ttype, offset, nbytes, _), after in zip(ordered, ordered[1:]):
+            if offset + nbytes > after[3]:
+                raise GGUFFormatError(f"tensor {name!r} ({ttype.name} {list(shape)}, {nbytes} bytes at {offset}) runs "
+                                      f"into tensor {after[0]!r} at {after[3]}: the file is damaged")
         for name, shape, ttype, offset, nbytes, (dtype, view_shape) in placed:
             data = np.frombuffer(self.buf, dtype, nbytes // dtype.itemsize, offset).reshape(view_shape)
             file.tensors[name] = Tensor(name, ttype, shape, offset, nbytes, data)

@@ -11,8 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import linnet
 from linnet import nest
 from linnet.export import ExportError, export
+from linnet.export.gguf import MARK
 from linnet.nest.checkpoint import GGUFCheckpoint
 from linnet.nest.embedded import embedded_gguf_path
 from linnet.nest.load import read_weights
@@ -218,13 +220,46 @@ def test_a_pre_tokenizer_llama_cpp_does_not_know_is_refused_and_a_file_there_kep
                                                      pre_tokenizers.ByteLevel(add_prefix_space=False,
                                                                               use_regex=False)])
     backend.save(str(d / "tokenizer.json"))
-    out = tmp_path / "g.gguf"
-    out.write_bytes(b"GGUF an earlier export")
+    earlier = tiny_gguf(tmp_path / "g.gguf", {MARK: "linnet 0"}).read_bytes()  # an earlier export's
     with pytest.raises(ExportError, match=rf"^{d}: this tokenizer splits text in a way llama.cpp is not known to "
                                           r"\(pre-tokenizer regexes \['\[a-z\]\+'\]\); known: .*smollm"):
-        export(cards / "small-none.linnet", "llama.cpp", out, weights="random", dtype="f16", tokenizer=d)
-    assert out.read_bytes() == b"GGUF an earlier export"
+        export(cards / "small-none.linnet", "llama.cpp", tmp_path / "g.gguf", weights="random", dtype="f16", tokenizer=d)
+    assert (tmp_path / "g.gguf").read_bytes() == earlier
     assert sorted(p.name for p in tmp_path.iterdir()) == ["g.gguf", "tok"]
+
+
+def tiny_gguf(path, keys: dict):
+    """A GGUF of one tensor and these string keys."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, value in keys.items():
+        w.add_string(key, value)
+    w.add_tensor("t", np.ones((2, 4), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_an_export_replaces_its_own_gguf_and_never_another(cards, tmp_path):
+    """A GGUF Linnet wrote (its `linnet.exported_by` key) is replaced by a later export; any other
+    GGUF at the path (a download, llama.cpp's conversion, a damaged file) is kept, and the export refused."""
+    out = tmp_path / "m.gguf"
+    args = dict(weights="random", dtype="f16", tokenizer=embedded_gguf_path())
+    export(cards / "small-none.linnet", "llama.cpp", out, seed=1, **args)
+    assert GGUFCheckpoint(str(out)).fields()[MARK].value == f"linnet {linnet.__version__}"
+    first = out.read_bytes()
+    export(cards / "small-none.linnet", "llama.cpp", out, seed=2, **args)  # an earlier export: replaced
+    assert out.read_bytes() != first
+    for name, data in [("downloaded", tiny_gguf(tmp_path / "d.gguf", {"general.name": "Llama"}).read_bytes()),
+                       ("damaged", b"GGUF" + b"\0" * 40)]:
+        out.write_bytes(data)
+        what = "a GGUF Linnet did not write \\(Llama\\)" if name == "downloaded" else "a damaged GGUF"
+        with pytest.raises(ExportError, match=rf"^{out}: holds {what}, which the export would replace"):
+            export(cards / "small-none.linnet", "llama.cpp", out, seed=3, **args)
+        assert out.read_bytes() == data, name
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])

@@ -168,6 +168,12 @@ def test_damaged_headers_are_named(tmp_path):
                   "tb": (gguf.quants.quantize(np.ones((2, 32), np.float32), Q.Q8_0), Q.Q8_0)}).read_bytes()
     info = pair.index(b"\x02\x00\x00\x00\x00\x00\x00\x00ta") + 10  # ta's n_dims, dims, type
     unknown_type = pair[:info + 4 + 16] + struct.pack("<I", 99) + pair[info + 24:]
+    # three tensors of 256 bytes; the first's dims [32, 2] made [32, 3]: its 384 bytes run into the
+    # second's, within the file (as a type changed from F16 to F32 would)
+    three = write(tmp_path / "three.gguf", [], {name: (np.ones((2, 32), np.float32), None)
+                                                for name in ("ua", "ub", "uc")}).read_bytes()
+    at = three.index(b"ua") + 2
+    overlapping = three[:at + 4] + struct.pack("<QQ", 32, 3) + three[at + 20:]
     info = pair.index(b"tb", info) + 2  # tb's dims [32, 2] made [16, 4]: half a Q8_0 block a row
     half_blocks = pair[:info + 4] + struct.pack("<QQ", 16, 4) + pair[info + 20:]
     nested = struct.pack("<IQ", 4, 1) + struct.pack("<I", 7)  # an array of one uint32, in 10 arrays
@@ -186,6 +192,7 @@ def test_damaged_headers_are_named(tmp_path):
         pair.replace(b"tb", b"ta"): "tensor 'ta' appears twice",
         unknown_type: "tensor 'ta' has the unknown type 99",
         half_blocks: r"tensor 'tb' \[4, 16\]: a row of 16 is not whole Q8_0 blocks of 32",
+        overlapping: r"tensor 'ua' \(F32 \[3, 32\], 384 bytes at \d+\) runs into tensor 'ub' at \d+: the file is damaged",
         aligned_48: r"general.alignment is 48, not a power of two",
         too_deep: "arrays nested more than 8 deep at byte",
     }
