@@ -177,6 +177,9 @@ def cmd_generate(args) -> int:
     _note_context(model, args.max_seq)
     _use_chat_template(model, args.chat_template)
     if args.chat:
+        if not tok.chat_template:
+            raise _UsageError(f"{tok.source or model.weights}: no chat template, which --chat needs (a base model): "
+                              f"give one with --chat-template FILE, or leave out --chat to continue the prompt as text")
         messages = [{"role": "system", "content": args.system}] if args.system is not None else []
         messages.append({"role": "user", "content": args.prompt})
         # the template writes the special tokens itself (as transformers' apply_chat_template does)
@@ -650,6 +653,13 @@ def _stop_text(text: str) -> str:
     return text
 
 
+def _named(text: str) -> str:
+    """A path or a device's name: "" named the current folder (-o, --weights) or the default (--device)."""
+    if not text:
+        raise argparse.ArgumentTypeError("needs a path or a name, not an empty string")
+    return text
+
+
 def _cors_list(text: str) -> list[str]:
     from linnet.serve.cors import parse_list
 
@@ -741,9 +751,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", type=_stop_text, metavar="TEXT",
                    help="end the output before this text where it appears (repeatable; vLLM's stop)")
     g.add_argument("--backend", choices=["torch", "jax"], default="torch", help="(torch)")
-    g.add_argument("--weights", help='a model directory, a .gguf file, or "random" (default: found as nest.load does)')
-    g.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda if there is one)")
-    g.add_argument("--tokenizer", default=None,
+    g.add_argument("--weights", type=_named, help='a model directory, a .gguf file, or "random" (default: found as nest.load does)')
+    g.add_argument("--device", type=_named, help="cpu, cuda, cuda:1, ... (default: cuda if there is one)")
+    g.add_argument("--tokenizer", type=_named, default=None,
                    help="a model directory or .gguf file whose tokenizer to use (default: the weights' own)")
     g.add_argument("--numerics", choices=["exact", "fast"], default="fast",
                    help="fast (the default, as `serve`): packed weights, fused attention, T's weights and cache; "
@@ -781,21 +791,21 @@ def build_parser() -> argparse.ArgumentParser:
                          "what --batch rows fit in half the memory the weights leave free and, on a CPU, in "
                          "VLLM_CPU_KVCACHE_SPACE GiB, 4 unset, as vLLM's)")
     sv.add_argument("--backend", choices=["torch", "jax"], default="torch", help="(torch)")
-    sv.add_argument("--device", default=None, help="torch device (default: cuda when present)")
+    sv.add_argument("--device", type=_named, default=None, help="torch device (default: cuda when present)")
     sv.add_argument("--dtype", type=_dtype_name, choices=["f32", "bf16", "f16"], default=None,
                     help="the element type T of weights and cache with --numerics fast (default bf16; as `generate`'s; "
                          "vLLM's auto, bfloat16, float16, half and float32 are taken too)")
     sv.add_argument("--numerics", choices=["exact", "fast"], default="fast",
                     help="fast (the default): packed weights, fused attention, T's weights and cache; exact: the "
                          "reference semantics, in f32 (as `generate`'s)")
-    sv.add_argument("--weights", default=None,
+    sv.add_argument("--weights", type=_named, default=None,
                     help="a checkpoint path, or 'random' (default: the card's, found as nest.load finds them)")
     sv.add_argument("--quantization", "-q", type=_quantization, default=None, help=_QUANTIZATION_HELP)
     sv.add_argument("--token-budget", "--max-num-batched-tokens", type=_positive, default=None,
                     help="most tokens in one pass (default: 2048 on a GPU, 512 on a CPU)")
     sv.add_argument("--chat-template", default=None,
                     help="a Jinja chat template (a file, or the template itself) in place of the tokenizer's")
-    sv.add_argument("--tokenizer", default=None,
+    sv.add_argument("--tokenizer", type=_named, default=None,
                     help="a model directory or .gguf file whose tokenizer to use (default: the weights' own)")
     sv.add_argument("--shards", "--tensor-parallel-size", "-tp", type=_positive, default=None,
                     help="jax: spread the model over this many devices (tensor parallel; 1, one device, "
@@ -887,15 +897,15 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--to", required=True, choices=["vllm", "llama.cpp", "triton"],
                     help="the server it is for: vllm, a Hugging Face model directory; llama.cpp, a GGUF; triton, a "
                          "model repository")
-    ex.add_argument("-o", "--output", required=True,
+    ex.add_argument("-o", "--output", type=_named, required=True,
                     help="vllm: the model directory; llama.cpp: the .gguf file or a directory for it; "
                          "triton: the model repository")
-    ex.add_argument("--weights", default=None, help="a checkpoint path, or 'random' (default: the card's)")
+    ex.add_argument("--weights", type=_named, default=None, help="a checkpoint path, or 'random' (default: the card's)")
     ex.add_argument("--dtype", type=_export_dtype, choices=["bf16", "f16", "f32", "q8_0"], default="bf16",
                     help="the type the weights are written in (bf16; vLLM's bfloat16, float16, half, float32 and "
                          "auto are taken too; q8_0, llama.cpp only: matrices in Q8_0 blocks, as llama.cpp's "
                          "converter's --outtype q8_0)")
-    ex.add_argument("--tokenizer", default=None,
+    ex.add_argument("--tokenizer", type=_named, default=None,
                     help="a model directory or GGUF whose tokenizer to write, or for triton to serve with "
                          "(default: the weights' own; random weights take the card's own weights' tokenizer, "
                          "where they are found)")

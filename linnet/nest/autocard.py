@@ -250,6 +250,14 @@ def check_value_types(config: dict, name: str) -> None:
             if wrong:
                 raise WeightsError(f"{name}: config.json's {where}{key} is {value!r}, and {key} takes {wrong}; "
                                    f"the checkpoint's config is malformed")
+    # query heads that cannot share their key/value heads evenly (5 and 2). More kv heads than heads is
+    # left to the card's own check: a config that leaves the key out has transformers' default filled in
+    # (Qwen2's 32), which a tiny config's 4 heads are read beside before its tensors are
+    heads, kv_heads = config.get("num_attention_heads"), config.get("num_key_value_heads")
+    if isinstance(heads, int) and isinstance(kv_heads, int) and kv_heads <= heads and heads % kv_heads:
+        raise WeightsError(f"{name}: config.json's num_attention_heads ({heads}) is no multiple of its "
+                           f"num_key_value_heads ({kv_heads}): the query heads cannot share the key/value heads "
+                           f"evenly; the checkpoint's config is malformed")
 
 
 def layer_count_key(config: dict) -> str:

@@ -175,9 +175,12 @@ def _check_stored_types(module: Module, ckpt, expected: dict, cast_dtype: bool) 
         if stored in FLOAT_DTYPES and stored != want and not _widens(stored, module.params[p].type.dtype):
             others = sum(1 for _, have, own in types.values() if have != own)
             more = f" (and {others - 1} more tensors)" if others > 1 else ""
+            # (exact numerics hold every weight in f32 whatever T: only fast numerics hold T)
+            instead = "numerics='fast' with generics T=" if module.bindings.get("numerics") == "exact" else \
+                "generics T="
             raise WeightsError(f"{_file_of(ckpt, n)}: tensor {n!r} is stored as {stored}, but param `{p}` is "
                                f"{want}{' (T = ' + target + ')' if target else ''}{more}; pass cast_dtype=True "
-                               f"to convert it, or load with generics T={stored!r}")
+                               f"to convert it, or load with {instead}{stored!r}")
 
 
 _READABLE = ("Linnet reads unquantized safetensors (f32, bf16, f16), gpt-oss's MXFP4 experts and GGUF files; "

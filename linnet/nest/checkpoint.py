@@ -807,8 +807,17 @@ class GGUFCheckpoint(Checkpoint):
         absent = [key for key in _GGUF_KEYS + _GGUF_ARCH_KEYS.get(arch, ()) if get(key) is None]
         if absent:
             raise WeightsError(f"{self.path}: the GGUF metadata has no {arch}.{absent[0]}, which every {arch} file holds")
+        for key in ("embedding_length", "block_count", "attention.head_count", "attention.head_count_kv"):
+            count = get(key)  # (said here by the GGUF's own key, before the config made of them is read)
+            if count is not None and (isinstance(count, bool) or count != int(count) or count < 1):
+                raise WeightsError(f"{self.path}: its GGUF metadata {arch}.{key} is {count!r}, where llama.cpp reads "
+                                   f"a count of 1 or more")
         heads = get("attention.head_count")
         hidden = get("embedding_length")
+        if heads % get("attention.head_count_kv", heads):
+            raise WeightsError(f"{self.path}: its GGUF metadata {arch}.attention.head_count ({heads}) is no multiple of "
+                               f"{arch}.attention.head_count_kv ({get('attention.head_count_kv')}): the query heads "
+                               f"cannot share the key/value heads evenly")
         tokens = self.metadata("tokenizer.ggml.tokens")
         if tokens is not None and not isinstance(tokens, list):  # (was a TypeError from len())
             raise WeightsError(f"{self.path}: its GGUF metadata tokenizer.ggml.tokens is {repr(tokens)[:80]}, not an "

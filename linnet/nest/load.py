@@ -44,6 +44,7 @@ import operator
 import os
 import re
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -101,6 +102,7 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     if shards is not None and kind != "jax":
         raise ValueError("shards= spreads a JAX model over devices; the torch backend runs on one")
     seed = _check_arguments(name, compile, cast_dtype, weights, seed, tokenizer, shards)
+    _check_kinds(generics, device)
     if tokenizer is None:  # as transformers' callers mean it: the default
         tokenizer = True
     asked = (generics or {}).get("T")
@@ -352,6 +354,8 @@ def _check_arguments(name, compile, cast_dtype, weights, seed, tokenizer, shards
             raise TypeError(f"{flag} must be True or False, not {value!r}")
     if weights is not None and not isinstance(weights, (str, os.PathLike, Checkpoint)):
         raise TypeError(f"weights must be a path, \"random\" or None, not {weights!r}")
+    if isinstance(weights, (str, os.PathLike)) and not str(weights):  # ("" would name the current folder)
+        raise ValueError("weights must be a path, \"random\" or None, not ''")
     if tokenizer is not None and not isinstance(tokenizer, (bool, str, os.PathLike)):
         raise TypeError(f"tokenizer must be True, False or a path, not {tokenizer!r}")
     if shards is not None and not _integer(shards):
@@ -361,6 +365,16 @@ def _check_arguments(name, compile, cast_dtype, weights, seed, tokenizer, shards
     if not 0 <= operator.index(seed) < 2 ** 63:
         raise ValueError(f"seed must be 0 to 2**63 - 1, not {seed}")
     return operator.index(seed)
+
+
+def _check_kinds(generics, device) -> None:
+    """generics a dict, device a name: a list of pairs failed deep inside, and device=0 (torch's
+    cuda:0) or "" ran on the default device as no device would."""
+    if generics is not None and not isinstance(generics, Mapping):
+        raise TypeError(f"generics must be a dict such as {{'Batch': 8, 'MaxSeq': 512, 'T': 'bf16'}}, not {generics!r}")
+    if device is not None and (not isinstance(device, str) or not device) and type(device).__name__ != "device":
+        raise TypeError(f"device must be a device's name such as 'cpu', 'cuda' or 'cuda:1' (None: the default), "
+                        f"not {device!r}")
 
 
 def _check_torch_device(device) -> None:

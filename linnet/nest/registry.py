@@ -80,7 +80,12 @@ def card_for_repo(repo_id: str) -> CardInfo | None:
 
 
 def _close_names(name: str, known: list) -> list:
-    """The known names nearest `name`: those within a little of the best match (at most 3)."""
+    """The known names nearest `name`: those it begins, as a family's name begins its cards' (`smollm2`:
+    smollm2-135m-instruct), or else those within a little of the best match (at most 3)."""
+    lowered = name.lower()
+    started = [k for k in known if k.lower().startswith(lowered + "-")] if lowered else []
+    if started:
+        return sorted(started, key=lambda k: (len(k), k))[:3]
     scored = sorted(((difflib.SequenceMatcher(None, name, k).ratio(), k) for k in known), reverse=True)
     if not scored or scored[0][0] < 0.6:
         return []

@@ -99,6 +99,25 @@ def test_an_empty_prompt_is_refused(capsys, gguf_path):
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a machine with CUDA runs it")
+@pytest.mark.parametrize("argv", [["generate", "tiny-llama", "hi", "--weights", ""],
+                                  ["generate", "tiny-llama", "hi", "--weights", "random", "--device", ""],
+                                  ["serve", "tiny-llama", "--tokenizer", ""],
+                                  ["export", "tiny-llama", "--to", "vllm", "--weights", "random", "-o", ""]])
+def test_an_empty_path_or_device_is_its_flags_error(capsys, argv):
+    # "" named the current folder (an export written into it, a checkpoint looked for there) or the default device
+    assert "needs a path or a name, not an empty string" in usage_error_of(capsys, argv)
+
+
+def test_chat_without_a_chat_template_says_what_to_do(capsys, tmp_path, gguf_path):
+    from linnet.export import export
+
+    folder = export(gguf_path, "vllm", tmp_path / "base", dtype="f32")
+    Path(folder, "tokenizer_config.json").write_text('{"tokenizer_class": "PreTrainedTokenizerFast"}')
+    err = error_of(capsys, ["generate", folder, "hi", "--chat", "-n", "1", "--max-seq", "64"])
+    assert "no chat template, which --chat needs (a base model): give one with --chat-template FILE, or leave " \
+           "out --chat" in err
+
+
 def test_a_device_this_process_lacks(capsys):
     err = error_of(capsys, ["generate", "tiny-llama", "hi", "--weights", "random", "--device", "cuda"])
     assert "--device cuda, but" in err and "use --device cpu" in err  # the flags, on the command line
@@ -134,7 +153,12 @@ def test_arguments_of_the_wrong_kind_are_named_before_anything_is_read():
             (dict(compile=1), TypeError, "compile must be True or False, not 1"),
             (dict(weights=123), TypeError, "weights must be a path"),
             (dict(tokenizer=3), TypeError, "tokenizer must be True, False or a path"),
-            (dict(backend="jax", shards="2"), TypeError, "shards must be an integer, not '2'")):
+            (dict(backend="jax", shards="2"), TypeError, "shards must be an integer, not '2'"),
+            (dict(generics=[("Batch", 1)]), TypeError, "generics must be a dict such as"),
+            (dict(generics="Batch=8"), TypeError, "generics must be a dict such as"),
+            (dict(device=0), TypeError, "device must be a device's name such as 'cpu'"),  # (torch's 0: cuda:0)
+            (dict(device=""), TypeError, "device must be a device's name"),
+            (dict(weights=""), ValueError, "weights must be a path, \"random\" or None, not ''")):
         with pytest.raises(error, match=says):
             nest.load("tiny-llama", **{"weights": "random", **kwargs})
     with pytest.raises(ValueError, match="name must be a card's name or a path, not ''"):

@@ -338,13 +338,21 @@ def test_an_architecture_or_a_key_it_lacks_is_named_as_the_gguf_names_it(tmp_pat
     ("tokenizer.ggml.tokens", 5, gguf.GGUFValueType.UINT32, "tokenizer.ggml.tokens is 5, not an array of strings"),
     ("tokenizer.ggml.bos_token_id", "<s>", gguf.GGUFValueType.STRING, "tokenizer.ggml.bos_token_id is '<s>', where"),
     ("llama.context_length", "4k", gguf.GGUFValueType.STRING, "llama.context_length is '4k', where llama.cpp reads a number"),
+    # counts: said by the GGUF's own key (they were called config.json's num_attention_heads), and heads
+    # that cannot share their key/value heads (an error inside the card's attention, before)
+    ("llama.attention.head_count", 0, gguf.GGUFValueType.UINT32,
+     "llama.attention.head_count is 0, where llama.cpp reads a count of 1 or more"),
+    ("llama.attention.head_count_kv", 3, gguf.GGUFValueType.UINT32,
+     "llama.attention.head_count (2) is no multiple of llama.attention.head_count_kv (3): the query heads cannot "
+     "share the key/value heads evenly"),
 ])
 def test_metadata_of_another_kind_than_llama_cpp_reads_is_named(tmp_path, key, value, vtype, says):
     path = tmp_path / "odd.gguf"
     w = gguf.GGUFWriter(str(path), "llama")
     w.add_block_count(1)
     w.add_embedding_length(8)
-    w.add_head_count(2)
+    if key != "llama.attention.head_count":
+        w.add_head_count(2)
     w.add_key_value(key, value, vtype)
     w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
     w.write_header_to_file()

@@ -71,6 +71,11 @@ def test_unknown_card_suggests_close_names():
         nest.card("lama-3.1-8b-instruct")
     with pytest.raises(CardError, match="known cards: .*smollm2-135m-instruct"):
         nest.card("zzz")
+    # a family's name: the cards it begins, shortest first
+    with pytest.raises(CardError, match=r"did you mean smollm2-135m-instruct\?$"):
+        nest.card("smollm2")
+    with pytest.raises(CardError, match=r"did you mean qwen3-8b, qwen3-0\.6b, qwen3-30b-a3b\?$"):
+        nest.card("Qwen3")
 
 
 @pytest.fixture
@@ -210,6 +215,10 @@ def test_dtype_mismatch_needs_cast_dtype(tiny_hf, tmp_path):
     msg = str(e.value)
     assert "tensor 'model.embed_tokens.weight' is stored as bf16, but param `embed` is f32 (T = f32)" in msg
     assert str(shard_of(path, "model.embed_tokens.weight")) in msg and "pass cast_dtype=True" in msg
+    # exact numerics (the default) hold f32 whatever T: the other way is fast numerics in the stored type
+    assert msg.endswith("or load with numerics='fast' with generics T='bf16'")
+    with pytest.raises(WeightsError, match=r"or load with generics T='bf16'$"):
+        load(path, numerics="fast")  # (T: f32, the default)
     model = load(path, cast_dtype=True)
     assert model.runner.embed.dtype == torch.float32
 
@@ -258,6 +267,16 @@ def test_a_config_without_its_familys_keys(ckpt_dir):
     (ckpt_dir / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(WeightsError, match=r"Tiny-Llama: config.json has no 'intermediate_size', which a "
                                            r"LlamaForCausalLM config holds"):
+        load(ckpt_dir)
+
+
+def test_query_heads_that_cannot_share_their_key_value_heads_are_the_configs_fault(ckpt_dir):
+    """An error inside the card's attention (its architecture's file and line), before: the config's keys."""
+    cfg = json.loads((ckpt_dir / "config.json").read_text())
+    cfg["num_key_value_heads"] = cfg["num_attention_heads"] - 1  # (one fewer than 3 or more: no divisor)
+    (ckpt_dir / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(WeightsError, match=rf"Tiny-Llama: config.json's num_attention_heads \({cfg['num_attention_heads']}\) "
+                                           rf"is no multiple of its num_key_value_heads \({cfg['num_key_value_heads']}\)"):
         load(ckpt_dir)
 
 
