@@ -751,7 +751,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", action="append", type=_stop_text, metavar="TEXT",
                    help="end the output before this text where it appears (repeatable; vLLM's stop)")
     g.add_argument("--backend", choices=["torch", "jax"], default="torch", help="(torch)")
-    g.add_argument("--weights", type=_named, help='a model directory, a .gguf file, or "random" (default: found as nest.load does)')
+    g.add_argument("--weights", type=_named,
+                   help='a model directory, a .gguf file, or "random" (default: found as nest.load does)')
     g.add_argument("--device", type=_named, help="cpu, cuda, cuda:1, ... (default: cuda if there is one)")
     g.add_argument("--tokenizer", type=_named, default=None,
                    help="a model directory or .gguf file whose tokenizer to use (default: the weights' own)")

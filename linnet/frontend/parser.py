@@ -372,7 +372,8 @@ def _comment_by_slashes(source: str, pos: int) -> bool:
     if slashes(line_start):
         return True
     # the line before, for the next line's first token only
-    return bool(line_start) and not source[line_start:pos].strip() and slashes(source.rfind("\n", 0, line_start - 1) + 1)
+    line_before = source.rfind("\n", 0, line_start - 1) + 1
+    return bool(line_start) and not source[line_start:pos].strip() and slashes(line_before)
 
 
 def _mistyped_keyword(source: str, pos: int, token) -> list[str]:

@@ -815,9 +815,9 @@ class GGUFCheckpoint(Checkpoint):
         heads = get("attention.head_count")
         hidden = get("embedding_length")
         if heads % get("attention.head_count_kv", heads):
-            raise WeightsError(f"{self.path}: its GGUF metadata {arch}.attention.head_count ({heads}) is no multiple of "
-                               f"{arch}.attention.head_count_kv ({get('attention.head_count_kv')}): the query heads "
-                               f"cannot share the key/value heads evenly")
+            raise WeightsError(f"{self.path}: its GGUF metadata {arch}.attention.head_count ({heads}) is no "
+                               f"multiple of {arch}.attention.head_count_kv ({get('attention.head_count_kv')}): the "
+                               f"query heads cannot share the key/value heads evenly")
         tokens = self.metadata("tokenizer.ggml.tokens")
         if tokens is not None and not isinstance(tokens, list):  # (was a TypeError from len())
             raise WeightsError(f"{self.path}: its GGUF metadata tokenizer.ggml.tokens is {repr(tokens)[:80]}, not an "

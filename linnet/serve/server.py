@@ -242,7 +242,7 @@ class OpenAIServer:
             raise ApiError(400, "a request's own 'chat_template' needs the server started with "
                                 "--trust-request-chat-template; this one uses the model's", "chat_template")
         model = body.get("model")
-        if model is not None and not isinstance(model, str):  # a malformed field, as vLLM's schema says: not an unknown model
+        if model is not None and not isinstance(model, str):  # a malformed field (vLLM's schema): no unknown model
             raise ApiError(400, f"'model' must be a string, not {shown(model)}", "model")
         if model is not None and model not in self.names:
             serves = " or ".join(repr(name) for name in self.names)
