@@ -143,8 +143,10 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
     user = body.get("user")  # (only its type: the end user's id is the client's to log)
     if user is not None and not isinstance(user, str):
         raise ApiError(400, f"'user' must be a string, not {shown(user)}", "user")
+    _boolean(body, "spaces_between_special_tokens", True)  # vLLM's: a flag (special tokens' text is as decoded)
     # vLLM's fields this server does not honour
-    for name, unset in (("use_beam_search", False), ("priority", 0), ("prompt_embeds", None)):
+    for name, unset in (("use_beam_search", False), ("priority", 0), ("prompt_embeds", None),
+                        ("logits_processors", None)):
         if body.get(name) not in (unset, None, [], ""):
             raise ApiError(400, f"'{name}' is not supported", name)
 
@@ -651,6 +653,9 @@ def _earlier_calls(where: str, calls) -> list:
     return read
 
 
+REASONING_EFFORTS = ("minimal", "low", "medium", "high")
+
+
 def chat_prompt(body: dict, tokenizer, own_templates=None, most: int | None = None) -> list:
     """The token ids of the chat template applied to the body's messages (and tools, if shown).
     `own_templates`: where a request's own `chat_template` renders (a `TemplateSandbox`, bounded in
@@ -679,6 +684,14 @@ def chat_prompt(body: dict, tokenizer, own_templates=None, most: int | None = No
     if not isinstance(extra, dict) or not all(isinstance(k, str) for k in extra):
         raise ApiError(400, "'chat_template_kwargs' must be an object", "chat_template_kwargs")
     extra = {k: v for k, v in extra.items() if k not in ("messages", "add_generation_prompt", "template")}
+    # OpenAI's reasoning_effort, a variable of the templates that read it (gpt-oss's writes it in its
+    # system message), as vLLM hands it over; chat_template_kwargs' own wins
+    effort = body.get("reasoning_effort")
+    if effort is not None:
+        if effort not in REASONING_EFFORTS:
+            raise ApiError(400, f"'reasoning_effort' must be one of {', '.join(map(repr, REASONING_EFFORTS))}, "
+                                f"not {shown(effort)}", "reasoning_effort")
+        extra.setdefault("reasoning_effort", effort)
     if body.get("tools"):
         extra["tools"] = body["tools"]
     documents = body.get("documents")  # vLLM's and transformers': for the templates of retrieval models

@@ -19,7 +19,7 @@ import time
 
 from dataclasses import dataclass
 
-from linnet.serve.openai_api import ApiError, Job, logprob_count, number_field
+from linnet.serve.openai_api import REASONING_EFFORTS, ApiError, Job, logprob_count, number_field
 from linnet.serve.openai_replies import (calls_start, chat_logprobs, choice_stream, divide_reply, new_id, reply_text,
                                          usage)
 
@@ -97,8 +97,14 @@ def chat_body(call: ResponsesCall) -> dict:
     fmt = (text or {}).get("format")
     if fmt is not None:
         chat["response_format"] = _response_format(fmt)
-    effort = (body.get("reasoning") or {}).get("effort") if isinstance(body.get("reasoning"), dict) else None
+    reasoning = body.get("reasoning")
+    if reasoning is not None and not isinstance(reasoning, dict):
+        raise ApiError(400, "'reasoning' must be an object, as {'effort': 'high'}", "reasoning")
+    effort = (reasoning or {}).get("effort")
     if effort is not None:  # gpt-oss's template writes it into the system message
+        if effort not in REASONING_EFFORTS:
+            raise ApiError(400, f"'reasoning.effort' must be one of {', '.join(map(repr, REASONING_EFFORTS))}",
+                           "reasoning.effort")
         chat["chat_template_kwargs"] = dict(chat.get("chat_template_kwargs") or {}, reasoning_effort=effort)
     include = body.get("include") or []
     if not isinstance(include, list) or not all(isinstance(x, str) for x in include):

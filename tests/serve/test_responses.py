@@ -92,6 +92,8 @@ def test_earlier_calls_and_their_outputs_are_the_chat_turns_they_mean(server):
     ({"input": "t1", "top_logprobs": -1}, "top_logprobs"),
     ({"input": "t1", "include": "reasoning"}, "'include' must be"),
     ({"input": "t1", "model": "gpt-5"}, "does not exist"),
+    ({"input": "t1", "reasoning": 5}, "'reasoning' must be an object"),
+    ({"input": "t1", "reasoning": {"effort": "max"}}, "'reasoning.effort' must be one of"),
 ])
 def test_bad_bodies_are_refused_and_the_server_goes_on(server, body, needle):
     base, _, _ = server

@@ -122,6 +122,9 @@ def test_chat_uses_the_template(server):
     ("/v1/completions", {"prompt": [1], "use_beam_search": True}, None, None, 400, "'use_beam_search' is not"),
     ("/v1/completions", {"prompt": [1], "bad_words": [5]}, None, None, 400, "'bad_words' must be"),
     ("/v1/completions", {"prompt": [1], "priority": 3}, None, None, 400, "'priority' is not"),
+    ("/v1/completions", {"prompt": [1], "logits_processors": ["x"]}, None, None, 400, "'logits_processors' is not"),
+    ("/v1/completions", {"prompt": [1], "spaces_between_special_tokens": "x"}, None, None, 400,
+     "spaces_between_special_tokens"),
     ("/v1/completions", {"prompt": [1], "allowed_token_ids": []}, None, None, 400, "allowed_token_ids"),
     ("/v1/completions", {"prompt": [1], "allowed_token_ids": [99999]}, None, None, 400, "allowed_token_ids"),
     ("/v1/completions", {"prompt": [1], "truncate_prompt_tokens": 0}, None, None, 400, "truncate_prompt_tokens"),
@@ -1284,6 +1287,26 @@ def test_chat_template_kwargs_and_continuing_the_final_message_render_as_transfo
     job = chat_job({"messages": messages, **body}, tok, 512)
     assert tok.decode(job.requests[0].prompt) == expected
     assert ("<think>\n\n</think>" in expected) == (body.get("chat_template_kwargs") == {"enable_thinking": False})
+
+
+def test_reasoning_effort_reaches_the_template_as_vllm_hands_it_over():
+    """OpenAI's reasoning_effort is a variable of the template (gpt-oss's writes "Reasoning: high" in its
+    system message); chat_template_kwargs' own wins; another word is a 400."""
+    from linnet.serve.openai_api import ApiError, chat_job
+
+    from .test_structured import byte_tokenizer
+
+    tok = byte_tokenizer(128)
+    tok.chat_template = ("Reasoning: {{ reasoning_effort | default('medium') }}\n"
+                         "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    said = lambda body: tok.decode(chat_job({"messages": [{"role": "user", "content": "Hi"}], **body}, tok,
+                                            512).requests[0].prompt)
+    assert said({}) == "Reasoning: medium\nHi"
+    assert said({"reasoning_effort": "high"}) == "Reasoning: high\nHi"
+    assert said({"reasoning_effort": "high", "chat_template_kwargs": {"reasoning_effort": "low"}}) == "Reasoning: low\nHi"
+    for bad in ("x", 3, ["high"]):
+        with pytest.raises(ApiError, match="'reasoning_effort' must be one of 'minimal', 'low', 'medium', 'high'"):
+            said({"reasoning_effort": bad})
 
 
 @pytest.mark.parametrize("body, needle", [
