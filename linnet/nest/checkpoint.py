@@ -809,7 +809,7 @@ class GGUFCheckpoint(Checkpoint):
             raise WeightsError(f"{self.path}: the GGUF metadata has no {arch}.{absent[0]}, which every {arch} file holds")
         for key in ("embedding_length", "block_count", "attention.head_count", "attention.head_count_kv"):
             count = get(key)  # (said here by the GGUF's own key, before the config made of them is read)
-            if count is not None and (isinstance(count, bool) or count != int(count) or count < 1):
+            if count is not None and (isinstance(count, bool) or not float(count).is_integer() or count < 1):
                 raise WeightsError(f"{self.path}: its GGUF metadata {arch}.{key} is {count!r}, where llama.cpp reads "
                                    f"a count of 1 or more")
         heads = get("attention.head_count")

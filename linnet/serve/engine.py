@@ -532,7 +532,7 @@ class Engine:
 
     def _held_prefix(self, row: int, item: _Live) -> int:
         """How many of `item`'s prompt tokens `row` holds that it may reuse: none from a row another
-        cache_salt wrote."""
+        cache_salt wrote. Every reuse of a row's tokens reads them through this."""
         return common_prefix(self.row_tokens[row], item.prompt) if self.row_salt[row] == item.req.cache_salt else 0
 
     def _worth(self, prompt: list) -> int:
@@ -569,13 +569,13 @@ class Engine:
                 leader, n = item.leader, item.share
                 if leader.comp.finish_reason is not None or leader.cached >= n:
                     item.leader = None
-                    src_tokens = self.row_tokens[leader.row]
-                    n = min(n, common_prefix(src_tokens, item.prompt))
+                    # (through `_held_prefix`: a leader that ended may have left its row to another salt's prompt)
+                    n = min(n, self._held_prefix(leader.row, item))
                     if n >= self._worth(item.prompt) and n > item.cached:
                         copies.append((leader.row, item, n))
             elif item.copy_from is not None:
                 (row, n), item.copy_from = item.copy_from, None
-                n = min(n, common_prefix(self.row_tokens[row], item.prompt))
+                n = min(n, self._held_prefix(row, item))
                 if n > item.cached:
                     copies.append((row, item, n))
         if not copies:

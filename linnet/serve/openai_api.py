@@ -656,6 +656,15 @@ def _earlier_calls(where: str, calls) -> list:
 REASONING_EFFORTS = ("minimal", "low", "medium", "high")
 
 
+def reasoning_effort(value, param: str):
+    """A reasoning effort as a template reads it (chat's reasoning_effort, Responses' reasoning.effort);
+    None where none is given; a 400 naming `param` for another word."""
+    if value is not None and value not in REASONING_EFFORTS:
+        raise ApiError(400, f"'{param}' must be one of {', '.join(map(repr, REASONING_EFFORTS))}, not {shown(value)}",
+                       param)
+    return value
+
+
 def chat_prompt(body: dict, tokenizer, own_templates=None, most: int | None = None) -> list:
     """The token ids of the chat template applied to the body's messages (and tools, if shown).
     `own_templates`: where a request's own `chat_template` renders (a `TemplateSandbox`, bounded in
@@ -686,11 +695,8 @@ def chat_prompt(body: dict, tokenizer, own_templates=None, most: int | None = No
     extra = {k: v for k, v in extra.items() if k not in ("messages", "add_generation_prompt", "template")}
     # OpenAI's reasoning_effort, a variable of the templates that read it (gpt-oss's writes it in its
     # system message), as vLLM hands it over; chat_template_kwargs' own wins
-    effort = body.get("reasoning_effort")
+    effort = reasoning_effort(body.get("reasoning_effort"), "reasoning_effort")
     if effort is not None:
-        if effort not in REASONING_EFFORTS:
-            raise ApiError(400, f"'reasoning_effort' must be one of {', '.join(map(repr, REASONING_EFFORTS))}, "
-                                f"not {shown(effort)}", "reasoning_effort")
         extra.setdefault("reasoning_effort", effort)
     if body.get("tools"):
         extra["tools"] = body["tools"]

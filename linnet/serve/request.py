@@ -213,10 +213,10 @@ class Request:
                 raise RequestError(f"{self.id}: bad_words must be a list of token id lists, not {self.bad_words!r}",
                                    "bad_words")
             plain["bad_words"] = [self._token_ids("bad_words", vocab, value=word) for word in self.bad_words]
-        if self.cache_salt is not None and (not isinstance(self.cache_salt, str) or not self.cache_salt):
-            raise RequestError(f"{self.id}: cache_salt must be a non-empty string (or None), not {self.cache_salt!r}",
-                               "cache_salt")
         if self.cache_salt is not None:
+            if not isinstance(self.cache_salt, str) or not self.cache_salt:
+                raise RequestError(f"{self.id}: cache_salt must be a non-empty string (or None), not "
+                                   f"{self.cache_salt!r}", "cache_salt")
             plain["cache_salt"] = str(self.cache_salt)  # (a numpy string: a plain one)
         from linnet.serve.structured import Structure
 

@@ -19,7 +19,7 @@ import time
 
 from dataclasses import dataclass
 
-from linnet.serve.openai_api import REASONING_EFFORTS, ApiError, Job, logprob_count, number_field
+from linnet.serve.openai_api import ApiError, Job, logprob_count, number_field, reasoning_effort
 from linnet.serve.openai_replies import (calls_start, chat_logprobs, choice_stream, divide_reply, new_id, reply_text,
                                          usage)
 
@@ -100,11 +100,8 @@ def chat_body(call: ResponsesCall) -> dict:
     reasoning = body.get("reasoning")
     if reasoning is not None and not isinstance(reasoning, dict):
         raise ApiError(400, "'reasoning' must be an object, as {'effort': 'high'}", "reasoning")
-    effort = (reasoning or {}).get("effort")
+    effort = reasoning_effort((reasoning or {}).get("effort"), "reasoning.effort")
     if effort is not None:  # gpt-oss's template writes it into the system message
-        if effort not in REASONING_EFFORTS:
-            raise ApiError(400, f"'reasoning.effort' must be one of {', '.join(map(repr, REASONING_EFFORTS))}",
-                           "reasoning.effort")
         chat["chat_template_kwargs"] = dict(chat.get("chat_template_kwargs") or {}, reasoning_effort=effort)
     include = body.get("include") or []
     if not isinstance(include, list) or not all(isinstance(x, str) for x in include):

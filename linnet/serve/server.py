@@ -26,8 +26,8 @@ from linnet.nest.template_sandbox import TemplateSandbox
 from linnet.serve.cors import CorsPolicy
 from linnet.serve.engine import Engine
 from linnet.serve.metrics import prometheus_text
-from linnet.serve.openai_api import (ApiError, Job, body_fields, chat_job, chat_prompt, check_fits, check_logprobs,
-                                     completion_job, encode_text, length_field, refused, shown)
+from linnet.serve.openai_api import (ApiError, Job, _boolean, body_fields, chat_job, chat_prompt, check_fits,
+                                     check_logprobs, completion_job, encode_text, length_field, refused, shown)
 from linnet.serve.choice_stream import ChoiceDeltas
 from linnet.serve.openai_replies import (ChunkWriter, chat_message, chat_response, choice_usage, completion_response,
                                          echoed_prompt, marker_ids)
@@ -267,10 +267,8 @@ class OpenAIServer:
         else:
             raise ApiError(400, "send 'prompt' (a string) or 'messages'", "prompt")
         answer = {"count": len(ids), "max_model_len": self.model.max_seq, "tokens": ids}
-        strs = body.get("return_token_strs", False)
-        if not isinstance(strs, bool) and strs is not None:
-            raise ApiError(400, f"'return_token_strs' must be true or false, not {shown(strs)}", "return_token_strs")
-        if strs:  # vLLM's: each token as the vocabulary spells it (byte-level BPE's `Ġ` for a space)
+        # vLLM's: each token as the vocabulary spells it (byte-level BPE's `Ġ` for a space)
+        if _boolean(body, "return_token_strs", False):
             answer["token_strs"] = [self.tokenizer.id_to_token(t) for t in ids]
         await _json(send, 200, answer)
 
