@@ -906,10 +906,8 @@ class Engine:
             self.row_tokens[x.row] = self.row_tokens[x.row][:x.cached]
         else:
             self.waiting.remove(x)
-        for other in self.live:
-            if other.leader is x:
-                other.leader = None
-                other.share = 0
+        # A request waiting on x to prefill their shared prompt keeps it as its leader: it copies what x
+        # cached on the next step, as from one that finished (_copy_shared), rather than start over.
         self._end(x, reason, error)
 
     def _end(self, x: _Live, reason: str, error: str | None) -> None:

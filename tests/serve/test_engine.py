@@ -87,6 +87,33 @@ def test_prompts_share_cached_tokens_only_within_their_cache_salt(model):
     assert [c.cached_tokens for c in again] == [0, len(p) - 1]  # "b"'s row still holds its prompt
 
 
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+@pytest.mark.parametrize("late_salt", ["a", "b"])
+def test_a_cancelled_leaders_row_is_reused_only_within_its_cache_salt(backend, late_salt):
+    """Two rows. A prompt waits on its leader (salt "a") to prefill it; the leader is cancelled after
+    its first chunk, and a third request for the same prompt takes its row. Of salt "a", it reuses the
+    chunk in place and the follower copies it (it used to start over: a cancelled leader's followers were
+    let go); of salt "b", it reuses nothing, and the row it emptied gives the follower nothing to copy.
+    The tokens are the same either way."""
+    model = make_model(backend, rows=2)
+    p = prompts(1, 60, 60, seed=47)[0]
+    ref = reference_greedy(model, p, 3)
+    engine = Engine(model, token_budget=40, prefix_min=16)
+    leader, follower, late = (engine.submit(Request(prompt=p, max_new_tokens=3, cache_salt=s))
+                              for s in ("a", "a", late_salt))
+    engine.step()
+    chunk = engine.stats.prefill_tokens
+    assert 0 < chunk < len(p) and follower.cached_tokens == 0
+    engine.cancel(leader.id)
+    while engine.has_work():
+        engine.step()
+    assert leader.finish_reason == "cancelled"
+    assert [follower.tokens, late.tokens] == [ref, ref]
+    shared = chunk if late_salt == "a" else 0
+    assert [follower.cached_tokens, late.cached_tokens] == [shared, shared]
+    assert engine.stats.prefill_tokens == chunk + 2 * len(p) - 2 * shared
+
+
 def test_seeded_sampling_is_independent_of_the_batch(model):
     ps = prompts(8, 5, 20, seed=5)
     target = Request(prompt=ps[0], max_new_tokens=10, temperature=0.9, top_p=0.9, top_k=40, seed=1234)
