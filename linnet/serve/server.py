@@ -301,9 +301,13 @@ class OpenAIServer:
                 check_fits(req, self.model.vocab, self.model.max_seq, chat, length)
                 check_logprobs(req, self.max_logprobs, chat)
         except ApiError as err:
-            if responses is not None:  # the messages it speaks of are the Responses body's input
+            if responses is not None:  # the fields it speaks of as chat's are the Responses body's
                 err.names_param("messages", "input")
+                err.names_param("response_format", "text.format")
             raise
+        fields = body_fields(chat, length, body)
+        if responses is not None and fields["structure"] == "response_format":
+            fields["structure"] = "text.format"
         try:
             if any(req.structure is not None for req in job.requests):
                 loop = asyncio.get_running_loop()
@@ -311,10 +315,9 @@ class OpenAIServer:
             else:  # (at once: nothing of a plain request's submission takes long)
                 streams = self._submit(job.requests, None)
         except RequestError as err:  # checked above; whatever still slips through (a structure) is the client's
-            raise refused(err, err.request, body_fields(chat, length, body)) from None
+            raise refused(err, err.request, fields) from None
         # A client that goes away takes its requests with it: their rows go to others.
         watcher = asyncio.create_task(self._cancel_on_disconnect(receive, [s.completion for s in streams]))
-        fields = body_fields(chat, length, body)
         try:
             if body.get("stream"):
                 await self._stream(job, streams, chat, send, fields, responses)

@@ -102,6 +102,19 @@ def test_bad_bodies_are_refused_and_the_server_goes_on(server, body, needle):
     assert call(base, "/v1/responses", {"input": "t1", "max_output_tokens": 2})[0] == 200
 
 
+def test_a_refused_text_format_is_named_as_the_body_names_it(server):
+    """Responses' `text.format` runs as chat's `response_format`: a structure the engine refuses (here
+    for want of an end token) is the 400 of the field the body sent, as chat's is of its own."""
+    base, _, _ = server
+    fmt = {"type": "json_schema", "name": "x", "schema": {"type": "object"}}
+    status, text = call(base, "/v1/responses", {"input": "t1", "text": {"format": fmt}})
+    assert status == 400 and json.loads(text)["error"]["param"] == "text.format"
+    chat = {"messages": [{"role": "user", "content": "t1"}], "response_format": {"type": "json_schema",
+                                                                                 "json_schema": fmt}}
+    status, text = call(base, "/v1/chat/completions", chat)
+    assert status == 400 and json.loads(text)["error"]["param"] == "response_format"
+
+
 def test_a_forced_function_call_is_a_function_call_item():
     """A named tool_choice holds the output to the function's parameters (a structured output, over
     a byte tokenizer): one function_call item, its arguments valid JSON for them, whole and streamed."""
