@@ -551,8 +551,15 @@ def _topk(x: Value, *, loc: Loc, dim_values: tuple = ()):
     "cache with row dst[i] taking row src[i]'s first upto[i] positions (dims: [layers, rows, positions, ...])")
 def _copy_rows(cache: Value, src: Value, dst: Value, upto: Value, *, loc: Loc):
     t = _tensor(cache, "the cache of `copy_rows`", loc)
+    one_layer = "a cache of one layer is declared `T[1, Batch, MaxSeq, ...]` and read as `k_cache[0]`"
     if t.rank < 3:
-        raise _err(cache.loc, f"`copy_rows` needs a cache [layers, rows, positions, ...], not {t}")
+        raise _err(cache.loc, f"`copy_rows` needs a cache [layers, Batch, MaxSeq, ...], not {t}", one_layer)
+    # It copies along dims 1 and 2 whatever they hold: a cache [Batch, MaxSeq, ...] would have its
+    # positions copied as rows. Checked where the dims are still named (a card's numbers: nothing to tell).
+    for i, want in ((1, "Batch"), (2, "MaxSeq")):
+        if not t.shape[i].is_const() and t.shape[i] != Dim.name(want):
+            raise _err(cache.loc, f"`copy_rows` copies the rows of a cache [layers, Batch, MaxSeq, ...]: this one "
+                                  f"is {t}, whose dim {i} is {t.shape[i]}, not {want}", one_layer)
     ts = _tensor(src, "src", loc)
     for v in (dst, upto):
         tv = _tensor(v, "an argument of `copy_rows`", loc)

@@ -1522,8 +1522,13 @@ entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
               "cannot concatenate T[Batch, dim] and T[Batch] along dim 0"),
     statement("take-at-float-indices", "y = take(x, x)", 15, "indices must be integers, not T[Batch, dim]"),
     statement("copy-rows-of-a-rank-2-cache", "y = copy_rows(x, tokens, tokens, tokens)", 17,
-              "`copy_rows` needs a cache [layers, rows, positions, ...], not T[Batch, dim]"),
-    statement("copy-rows-of-unlike-lengths", "y = copy_rows(kv, tokens, tokens, iota(3))", 37,
+              "`copy_rows` needs a cache [layers, Batch, MaxSeq, ...], not T[Batch, dim]"),
+    # its rows are dim 1: a cache without a layers dim had its positions copied as rows, its tokens changed
+    statement("copy-rows-of-a-cache-without-layers", "y = copy_rows(kv, tokens, tokens, tokens)", 17,
+              "`copy_rows` copies the rows of a cache [layers, Batch, MaxSeq, ...]: this one is "
+              "T[Batch, MaxSeq, heads, head_dim], whose dim 1 is MaxSeq, not Batch",
+              note="a cache of one layer is declared `T[1, Batch, MaxSeq, ...]`"),
+    statement("copy-rows-of-unlike-lengths", "y = copy_rows(kv.unsqueeze(0), tokens, tokens, iota(3))", 50,
               "src, dst and upto must be i32 vectors of one length, not i32[Batch] and i32[3]"),
     statement("too-many-indices", "y = x[0, 0, 0]", 7, "too many indices for T[Batch, dim]: 3 for rank 2"),
     statement("adding-a-dim-divided-by-a-product", "y = zeros(Batch, dim / (2 * heads)) + x", 7,

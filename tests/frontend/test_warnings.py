@@ -140,18 +140,18 @@ def test_a_state_buffer_no_entry_touches_is_named_and_one_only_written_is_not(tm
 def test_a_state_buffer_read_but_never_stored_into_is_named(tmp_path):
     # read by the entry and only moved by copy_rows: it holds zeros; a store into it silences the warning
     path = tmp_path / "mini.linnet"
-    with_state = ARCH.replace("fn project", "state {\n  seen: T[Batch, MaxSeq, dim]\n}\n\nfn project").replace(
-        "linear(project(head[tokens]), head)", "linear(unused(project(head[tokens])) + seen[iota(Batch), 0], head)") + (
+    with_state = ARCH.replace("fn project", "state {\n  seen: T[1, Batch, MaxSeq, dim]\n}\n\nfn project").replace(
+        "linear(project(head[tokens]), head)", "linear(unused(project(head[tokens])) + seen[0, iota(Batch), 0], head)") + (
         "\nentry copy_rows<K>(src: i32[K], dst: i32[K], upto: i32[K]) {\n"
         "  seen = copy_rows(seen, src, dst, upto)\n}\n")
     path.write_text(with_state)
     [w] = _unread(path)
     assert w.message == "state buffer `seen` is read but never written"
-    assert (w.loc.line, w.loc.col) == (path.read_text().splitlines().index("  seen: T[Batch, MaxSeq, dim]") + 1, 3)
+    assert (w.loc.line, w.loc.col) == (path.read_text().splitlines().index("  seen: T[1, Batch, MaxSeq, dim]") + 1, 3)
     # the copy inside a loop moves no more than outside one
     path.write_text(with_state.replace("  seen = copy_rows(seen, src, dst, upto)",
                                        "  for i in 2 {\n    seen = copy_rows(seen, src, dst, upto)\n  }"))
     assert [w.message for w in _unread(path)] == ["state buffer `seen` is read but never written"]
     path.write_text(with_state.replace("  return linear(x, w_spare)",
-                                       "  seen[iota(Batch), 0] = x\n  return linear(x, w_spare)"))
+                                       "  seen[0, iota(Batch), 0] = x\n  return linear(x, w_spare)"))
     assert _unread(path) == []
