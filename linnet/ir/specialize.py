@@ -280,18 +280,19 @@ def _check_static_indices(module: ir.Module, sizes: dict, static: dict) -> None:
                 continue
             if isinstance(s, ir.Store):
                 _check_indices(module.state[s.state].type, s.indices, sizes, env, running)
-            for v in (x for top in stmt_values(s) for x in tree_values(top)):
+            run = [x for top in stmt_values(s) for x in _values_run(top, env)]
+            for v in run:
                 if isinstance(v, ir.Op) and v.op == "list_item":  # a list config's item: its length is a dim
                     t = v.kwargs["x"].type
                     _check_indices(TensorType(t.item, (t.length,)), v.args, sizes, env, running, shown=t)
-            for v in (x for top in stmt_values(s) for x in tree_values(top)):
+            for v in run:
                 if isinstance(v, ir.Op):  # with this layer's values: a window read from a list at `l`
                     _check_bounds(v, env, running)
             for top in stmt_values(s):
                 _check_static_values(top, env, running)
             if isinstance(s, ir.Assign):
                 _bind_static(s, env)
-            for v in (x for top in stmt_values(s) for x in tree_values(top)):
+            for v in run:
                 if isinstance(v, ir.Op) and v.op == "index":
                     _check_indices(v.kwargs["x"].type, v.args, sizes, env, running)
                 if isinstance(v, ir.Op) and v.op == "call":
@@ -364,6 +365,31 @@ def _bind_static(s: ir.Assign, env: dict) -> None:
             env.pop(name, None)
 
 
+def _taken_branch(x: ir.Value, env: dict) -> ir.Value | None:
+    """Of an `if` whose condition `env` knows, the branch it takes; else None (a condition that cannot
+    be computed too: the checks of its own values say why, naming the loop's values)."""
+    if not (isinstance(x, ir.Op) and x.op == "if" and _known(x.kwargs["cond"], env)):
+        return None
+    try:
+        cond = evaluate(x.kwargs["cond"], env)
+    except LinnetError:
+        return None
+    return x.kwargs["then"] if cond else x.kwargs["orelse"]
+
+
+def _values_run(v: ir.Value, env: dict) -> list:
+    """The values under `v` (`v` too) that are computed with `env`: of an `if` whose condition is
+    known, its condition and the branch it takes only, as the generated code computes them (a
+    dense first layer's `if l == 0 then x * first[l] else ...` indexes `first` at 0 only)."""
+    out, stack = [], [v]
+    while stack:
+        x = stack.pop()
+        out.append(x)
+        taken = _taken_branch(x, env)
+        stack.extend(walk_children(x) if taken is None else (x.kwargs["cond"], taken))
+    return out
+
+
 def _check_static_values(v: ir.Value, env: dict, running: _Running) -> None:
     """Each static value in a body known with numbers is computed here, where an error names it: the
     generated code would raise as the model runs (`1 // 0`, `log(0.0)`, an int past 64 bits). A
@@ -374,8 +400,9 @@ def _check_static_values(v: ir.Value, env: dict, running: _Running) -> None:
         if isinstance(x.type, ScalarType) and _known(x, env):
             evaluate(x, env)  # (an `if` computes the branch it takes only, as the generated code does)
             continue
-        if isinstance(x, ir.Op) and x.op == "if":  # its condition not known here: either branch may run
-            stack.append(x.kwargs["cond"])
+        if isinstance(x, ir.Op) and x.op == "if":  # a tensor's: the branch it takes; not known here, neither
+            taken = _taken_branch(x, env)
+            stack.extend([x.kwargs["cond"]] + ([] if taken is None else [taken]))
             continue
         if isinstance(x, ir.Op) and isinstance(x.type, TensorType) and (x.op in STATIC_BINARY or x.op == "where"):
             for a in x.kwargs.values():

@@ -110,6 +110,13 @@ CASES = [
     llama("layer-index-through-a-fn-argument", "q = rotate(query_heads(h, l), positions)",
           "q = rotate(query_heads(h, l + 1), positions)", "l]", "index 2 is out of range for a dim of size 2",
           "when `l` = 2, as `query_heads` is called at", line_text="linear(h, wq[l])"),
+    # of an `if` whose condition is known, the branch it takes is checked (a static division in it was
+    # not, and raised as the model ran) and the other is not (below)
+    llama("layer-index-in-the-branch-an-if-takes", "attn_norm[l]", "(if l == 1 then attn_norm[l + 1] else attn_norm[l])",
+          "l + 1", "index 2 is out of range for a dim of size 2", "when `l` = 1"),
+    llama("division-by-zero-in-the-branch-an-if-takes", "attn_norm[l]",
+          "(if l == 0 then attn_norm[l] else attn_norm[l] * (1 / (l - 1)))", "1 / (l - 1)",
+          "cannot evaluate 1 / 0"),
     # a run-time index the entries contract bounds (decode's positions: 0 to MaxSeq - 1) past a table
     bigram("learned-positions-past-the-table", "x = x + wpe[positions]", "positions",
            "this index reaches 255, past the end of a dim of size 64", "bind MaxSeq to at most 64", source=POSITIONED),
@@ -262,10 +269,13 @@ def test_run_time_indices_inside_their_dims_still_check(statement, source, gener
 
 
 @pytest.mark.parametrize("index", ["attn_norm[layers - 1 - l]", "attn_norm[l - layers]",
-                                   "attn_norm[if l == 0 then 0 else l - 3]"])
+                                   "attn_norm[if l == 0 then 0 else l - 3]",
+                                   "(if l == 0 then attn_norm[l + 1] else attn_norm[l - 1])",
+                                   "(if l == 1 then attn_norm[l] else attn_norm[l] * (1 / (l - 1)))"])
 def test_layer_indices_inside_the_range_still_check(index: str, tmp_path, capsys):
     """Indices from a loop variable that stay inside the dim for every value: reversed, counted from
-    the end, chosen per layer (-2 is the first of 2 layers)."""
+    the end, chosen per layer (-2 is the first of 2 layers); in the branch of an `if` each layer takes,
+    whatever the branch it does not take would compute (a dense first layer's weights read at 0 only)."""
     (tmp_path / "llama.linnet").write_text(_edit(LLAMA, "attn_norm[l]", index))
     (tmp_path / "tiny-llama.linnet").write_text(TINY_LLAMA)
     assert main(["check", str(tmp_path / "tiny-llama.linnet")]) == 0, capsys.readouterr().err
