@@ -912,9 +912,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "where they are found)")
     ex.add_argument("--seed", type=_seed, default=None, help="seeds --weights random (0); refused with other weights")
     # triton's own: None where not given, so that another target can say they mean nothing to it
-    ex.add_argument("--name", default=None, help="triton: the model's name (default: the card's)")
+    ex.add_argument("--name", type=_named, default=None, help="triton: the model's name (default: the card's)")
     ex.add_argument("--batch", type=_positive, default=None, help="triton: cache rows, the requests in flight (32)")
-    ex.add_argument("--max-seq", type=_positive, default=None, help="triton: positions per row (4096)")
+    ex.add_argument("--max-seq", type=_positive, default=None,
+                    help="triton: positions per row (4096, or as many as a learned position table holds where "
+                         "fewer: GPT-2's 1024)")
     ex.add_argument("--backend", choices=["torch", "jax"], default=None, help="triton: the backend Linnet runs (torch)")
     add_refusals(ex, EXPORT_REFUSED)
     ex.set_defaults(run=cmd_export)

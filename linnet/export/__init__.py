@@ -33,7 +33,7 @@ TRITON_INSTEAD = "(export it with --to triton, which runs any card on Linnet's o
 
 def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=None, dtype: str = "bf16",
            seed: int | None = None, tokenizer: str | os.PathLike | None = None, name: str | None = None,
-           progress: bool | None = None, batch: int = 32, max_seq: int = 4096, backend: str = "torch") -> str:
+           progress: bool | None = None, batch: int = 32, max_seq: int | None = None, backend: str = "torch") -> str:
     """Writes `card` (a registered card, a `.linnet` file or a checkpoint path) with its weights
     (found as `nest.load` finds them, or `weights=`; "random" for random ones, drawn from `seed`,
     default 0) for `to`:
@@ -41,7 +41,8 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
     - "vllm": a Hugging Face model directory at `out`;
     - "llama.cpp": a GGUF file at `out` (a directory gets `<card>.<DTYPE>.gguf` inside);
     - "triton": a model repository at `out` holding the model `name` (default: the card's name),
-      which serves `batch` rows of `max_seq` positions on `backend`.
+      which serves `batch` rows of `max_seq` positions on `backend` (default 4096, or as many as a
+      learned position table holds where fewer: GPT-2's 1024).
 
     `dtype` is the element type the weights are written in (for llama.cpp also "q8_0": its matrices in
     Q8_0 blocks, quantized from f32 as llama.cpp's converter does); `tokenizer`, a model directory or GGUF
@@ -58,6 +59,7 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
     check_seed(seed, weights)
     if not isinstance(out, (str, os.PathLike)) or not str(out):  # ("" would be the current folder)
         raise ExportError(f"out must be the path to write to, not {out!r}")
+    given = os.fspath(out)  # (its trailing slash says a folder, which a Path drops)
     out = Path(out).expanduser()  # (a shell expands ~ on the command line; a caller's string is taken as it)
     try:
         is_file = out.exists() and not out.is_dir()
@@ -78,7 +80,7 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
         from linnet.export.gguf import check_architecture, gguf_path
 
         check_architecture(resolved[0], str(card))
-        gguf_path(out, resolved[1], dtype)
+        gguf_path(given, resolved[1], dtype)
     else:
         from linnet.export.hf_config import check_architecture
         from linnet.export.hf_dir import check_destination
@@ -101,7 +103,7 @@ def export(card: str | os.PathLike, to: str, out: str | os.PathLike, *, weights=
         return write_hf_dir(bound, out)
     from linnet.export.gguf import write_gguf
 
-    return write_gguf(bound, out, dtype)
+    return write_gguf(bound, given, dtype)
 
 
 def not_the_builtin(module, card: str) -> None:

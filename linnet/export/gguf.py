@@ -28,6 +28,7 @@ vocabulary, as llama.cpp sizes the embedding by it.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -45,7 +46,8 @@ from linnet.nest.checkpoint import (LLAMA_CPP_GEMMA2_PATTERN, LLAMA_CPP_GEMMA3_L
                                     LLAMA_CPP_SMOLLM3_NO_ROPE_INTERVAL, NORMS_PLUS_ONE, GGUFCheckpoint,
                                     llama_cpp_gemma2_query_scalar, llama_cpp_gemma3_query_scalar)
 from linnet.nest.gguf_tokenizer import (BYTE, BYTE_TOKEN, CONTROL, END_OF_GENERATION, END_OF_TURN, NORMAL,
-                                       PRE_TOKENIZERS, UNKNOWN, UNUSED, USER_DEFINED, llama_cpp_types, rstripped)
+                                       PRE_TOKENIZERS, RSTRIP_LOOKED_UP, UNKNOWN, UNUSED, USER_DEFINED, llama_cpp_types,
+                                       named_phi3, rstripped)
 from linnet.rope_tables import llama3_divisors
 
 # llama.cpp's canonical tokenizer.ggml.pre name for each pre-tokenizer Nest reads
@@ -100,6 +102,18 @@ def phi3_window_warning(b: dict, card: str) -> str | None:
             f"(phi3.attention.sliding_window), but llama.cpp's phi3 turns the window off and attends to every "
             f"position, so past {window} tokens of context llama.cpp's logits are not the model's (export it with "
             f"--to vllm to keep the window)")
+
+
+def check_phi3_name(tok, name: str) -> None:
+    """Raises `ExportError` where llama.cpp could not load the GGUF: named as a Phi-3 (`named_phi3`), it
+    sets the whitespace rules of </s>, <unk>, <s> and <|endoftext|> looking each up by its text, and fails
+    on one the vocabulary lacks (a Phi-3 card given another model's tokenizer)."""
+    missing = [t for t in RSTRIP_LOOKED_UP if tok.backend.token_to_id(t) is None]
+    if named_phi3(name) and missing:
+        raise ExportError(f"{name!r}: llama.cpp would not load this GGUF: it takes a model named so for a Phi-3 "
+                          f"and looks up {', '.join(RSTRIP_LOOKED_UP)} by their text, and this tokenizer has no "
+                          f"{', '.join(missing)}; export it under a card name without 'phi3' or 'phi-3' (a card "
+                          f"file's `card` line, a checkpoint folder's name)")
 
 
 def strip_warning(tok, name: str) -> str | None:
@@ -195,11 +209,13 @@ def _flags(flags: list) -> str:
 
 def gguf_path(out, card: str, dtype: str) -> Path:
     """The file `write_gguf` writes for `out`: `out` itself where it names a .gguf file or an
-    existing file (not an existing folder, whatever its name), else `<card>.<DTYPE>.gguf` inside the
-    folder `out`. A folder that could not be made, or an existing file that is not a GGUF (which
-    would be lost), is said here, before the weights are read; nothing is made until they are."""
+    existing file (not an existing folder, whatever its name, nor a name ending in a slash), else
+    `<card>.<DTYPE>.gguf` inside the folder `out`. A folder that could not be made, or an existing file
+    that is not a GGUF (which would be lost), is said here, before the weights are read; nothing is made
+    until they are."""
     path = Path(out).expanduser()
-    is_file = not path.is_dir() and (path.suffix.lower() == ".gguf" or path.is_file())
+    folder = os.fspath(out).endswith(("/", os.sep))  # `-o new.gguf/`: a folder, as the shell's `mkdir` reads it
+    is_file = not folder and not path.is_dir() and (path.suffix.lower() == ".gguf" or path.is_file())
     file = path if is_file else path / f"{card}.{dtype.upper()}.gguf"
     if file.is_file() and file.stat().st_size > 0:  # an earlier export there is replaced; anything else is kept
         with open(file, "rb") as f:
@@ -243,6 +259,7 @@ def write_gguf(bound, out, dtype: str | None = None) -> str:
     if bound.tokenizer is None:
         raise ExportError(f"{bound.card}: llama.cpp needs a tokenizer in the GGUF, and these weights "
                           f"({bound.source}) came without one")
+    check_phi3_name(bound.tokenizer, bound.card)
     b = spec.bindings
     dtype = dtype or b["T"]
     path = gguf_path(out, bound.card, dtype)

@@ -62,28 +62,38 @@ def config_pbtxt(name: str, parameters: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+TRITON_MAX_SEQ = 4096  # positions per row, where the card learns no fewer
+
+
 def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str | None = None, batch: int = 32,
-                     max_seq: int = 4096, backend: str = "torch", tokenizer=None, seed: int | None = None) -> str:
-    """Writes the repository at `out`, holding one model (`name`, default the card's name); returns
-    the model's directory. Nothing is loaded now: the card is checked, and the paths given as
+                     max_seq: int | None = None, backend: str = "torch", tokenizer=None, seed: int | None = None) -> str:
+    """Writes the repository at `out`, holding one model (`name`, default the card's name) serving `batch`
+    rows of `max_seq` positions (default 4096, or the positions a learned table holds where fewer: GPT-2's
+    1024); returns the model's directory. Nothing is loaded now: the card is checked, and the paths given as
     `weights` and `tokenizer` (a model directory or GGUF whose tokenizer to serve with) are checked
     and made absolute, since Triton loads the model from its own working directory."""
     from linnet.export import ExportError, check_folder, check_own_tokenizer, check_seed
-    from linnet.ir.specialize import specialize
+    from linnet.ir.specialize import learned_positions, specialize
     from linnet.nest.checkpoint import open_checkpoint
     from linnet.nest.load import check_headers, find_card_weights, past_context, resolve_card, tokenizer_of
 
     check_seed(seed, weights)
     module, card_name, ckpt = resolve_card(card, weights)  # an unknown card, a bad .linnet file or checkpoint fails here
+    table = learned_positions(module)
+    if max_seq is None:
+        max_seq = TRITON_MAX_SEQ if table is None else min(TRITON_MAX_SEQ, table)
     for flag, value, least in (("batch", batch, 1), ("max_seq", max_seq, 2)):  # only the one out of range named
         if value < least:
             raise ExportError(f"{flag} must be at least {least}, not {value}")
+    if table is not None and max_seq > table:  # (said here in one line: specialize's error names other commands)
+        raise ExportError(f"max_seq {max_seq} is past the {table} positions {card_name} learns (its position "
+                          f"table): at most {table}")
     # as the model will be loaded: a row longer than the card holds (learned positions) is said now, not in Triton
     spec = specialize(module, {"Batch": batch, "MaxSeq": max_seq, "T": dtype}, "fast")
     past = past_context(module, card_name, max_seq, flag="max_seq")
     if past:  # said now, as the model's load will say it in the server's log
         warnings.warn(f"{past}; --max-seq {module.meta['max_context']} keeps to it", stacklevel=2)
-    name = name or card_name  # a registry card's whole name: llama-3.1-8b-instruct, not llama-3
+    name = card_name if name is None else name  # a registry card's whole name: llama-3.1-8b-instruct, not llama-3
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name in (".", ".."):
         raise ExportError(f"{name!r} cannot name a Triton model: it is a folder of the repository "
                           f"(letters, digits, '_', '-' and '.')")

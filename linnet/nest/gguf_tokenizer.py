@@ -92,6 +92,8 @@ def llama_cpp_types(tokens: list, types: list) -> list:
 RSTRIP_NAMES = (b"phi-3", b"phi3")  # (bytes: C's tolower lowers ASCII alone)
 # of those models' added tokens, the ones it leaves be
 RSTRIP_KEPT = frozenset(("<unk>", "<s>", "<|endoftext|>"))
+# the tokens it sets those rules of by their text: a file so named whose vocabulary lacks one does not load
+RSTRIP_LOOKED_UP = ("</s>", "<unk>", "<s>", "<|endoftext|>")
 # what llama.cpp strips (C's isspace): ASCII whitespace, not U+00A0 and the rest `tokenizers` strips too
 ASCII_SPACE = " \t\n\v\f\r"
 
@@ -103,10 +105,14 @@ def rstripped(meta, tokens: list, types: list) -> frozenset:
     which llama.cpp names too, only where it is one of those: a normal token is never matched whole).
     None for any other model. (llama.cpp refuses to load a Phi-3 file lacking one of </s>, <unk>, <s>
     and <|endoftext|>; Linnet takes it.)"""
-    name = meta("general.name")
-    if not isinstance(name, str) or not any(n in name.encode().lower() for n in RSTRIP_NAMES):
+    if not named_phi3(meta("general.name")):
         return frozenset()
     return frozenset(t for t, k in zip(tokens, types) if k in (CONTROL, USER_DEFINED, UNKNOWN) and t not in RSTRIP_KEPT)
+
+
+def named_phi3(name) -> bool:
+    """Whether llama.cpp takes a GGUF whose general.name is `name` for a Phi-3's (`RSTRIP_NAMES`)."""
+    return isinstance(name, str) and any(n in name.encode().lower() for n in RSTRIP_NAMES)
 
 
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"

@@ -502,6 +502,22 @@ def test_llama_cpp_computes_olmo2_granite_and_phi3_as_linnet_does(tmp_path, arch
     llama_cpp_agrees(llama_cpp, path, card, arch)
 
 
+def test_a_gguf_llama_cpp_would_take_for_a_phi3_without_its_tokens_is_refused(tmp_path, spm_gguf, spm_vocabulary):
+    """Named "phi3", a file whose vocabulary has no <|endoftext|> does not load in llama.cpp (it looks
+    the token up by its text, for the whitespace rules of a Phi-3): the export is refused, naming it,
+    and writes nothing; named otherwise, the same export loads (above)."""
+    card = tmp_path / "small-phi3.linnet"
+    card.write_text(NEWER.format(name="phi3", arch="phi3", extra=""))
+    out = tmp_path / "out"
+    out.mkdir()
+    vocabulary = spm_vocabulary[0]
+    assert "<|endoftext|>" not in vocabulary and {"</s>", "<unk>", "<s>"} <= set(vocabulary)
+    with pytest.raises(ExportError, match=r"'small-phi3': llama.cpp would not load this GGUF: .* and this tokenizer "
+                                          r"has no <\|endoftext\|>; export it under a card name without 'phi3'"):
+        export(card, "llama.cpp", out, weights="random", seed=5, dtype="f32", tokenizer=spm_gguf)
+    assert list(out.iterdir()) == []
+
+
 def test_llama_cpp_computes_smollm3_as_linnet_does_and_a_nope_interval_it_lacks_is_refused(tmp_path, spm_gguf):
     """SmolLM3 as llama.cpp's smollm3 (q and k in its rope order, as its llama's): four layers, the last
     NoPE. llama.cpp reads no NoPE layers from the file and leaves rope out of every fourth, and computes
@@ -931,12 +947,13 @@ def test_gemmas_tokenizer_json_is_converted(spm_gguf, tmp_path):
 
 def test_a_gguf_goes_where_a_user_would_look_for_it(cards, tmp_path):
     """A path ending in .gguf (or an existing file), not an existing folder, is the file, its folders made; any other path
-    is a folder (a dot in its name too: models-v1.5), the file named inside it by card and type.
-    A folder that cannot be made is said at once, before the weights are read."""
+    is a folder (a dot in its name too: models-v1.5; one ending in .gguf/, which had been written as a file),
+    the file named inside it by card and type. A folder that cannot be made is said at once, before the
+    weights are read."""
     card, tok = cards / "small-none.linnet", embedded_gguf_path()
     for out, want in (("a/b/x.gguf", "a/b/x.gguf"), ("models-v1.5", "models-v1.5/small-llama.F16.gguf"),
-                      ("plain", "plain/small-llama.F16.gguf")):
-        got = export(card, "llama.cpp", tmp_path / out, weights="random", dtype="f16", tokenizer=tok)
+                      ("plain", "plain/small-llama.F16.gguf"), ("new.gguf/", "new.gguf/small-llama.F16.gguf")):
+        got = export(card, "llama.cpp", f"{tmp_path}/{out}", weights="random", dtype="f16", tokenizer=tok)
         assert Path(got) == tmp_path / want and Path(got).is_file()
     (tmp_path / "exports.gguf").mkdir()  # an existing folder is a folder, whatever its name
     got = export(card, "llama.cpp", tmp_path / "exports.gguf", weights="random", dtype="f16", tokenizer=tok)

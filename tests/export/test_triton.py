@@ -373,7 +373,7 @@ def test_the_repository_checks_the_card_when_written(tmp_path):
         write_repository("no-such-card", tmp_path)
     with pytest.raises(ExportError, match="tiny-llama has no weights to serve"):
         write_repository("tiny-llama", tmp_path)  # a test card: no weights anywhere, nor a repository to fetch
-    for bad in ("../escape", "a/b", ".."):
+    for bad in ("../escape", "a/b", "..", ""):  # ("" was taken as no name: the card's)
         with pytest.raises(ExportError, match="cannot name a Triton model"):
             write_repository("tiny-llama", tmp_path, weights="random", name=bad)
     for sizes, says in (({"batch": 0}, "^batch must be at least 1, not 0$"),
@@ -473,16 +473,18 @@ def test_a_model_of_the_users_by_that_name_is_not_replaced(tmp_path, capsys, the
 @pytest.mark.filterwarnings("ignore:random weights take the tokenizer")
 def test_a_max_seq_past_what_the_card_holds_is_said_when_written(tmp_path):
     """GPT-2 in .linnet (tests/compiler/from_the_doc) has 64 learned positions: a repository serving
-    4096 a row would fail in Triton's initialize, so it is refused when written, with the flag that
-    fixes it, and nothing written; at 64 it is written."""
-    from linnet.errors import LinnetError
+    4096 a row would fail in Triton's initialize, so it is refused when written, in one line, and
+    nothing written; by default it serves the 64 (the default 4096 refused every GPT-2)."""
+    from linnet.export import ExportError
 
     gpt2 = pathlib.Path(__file__).parents[1] / "compiler" / "from_the_doc" / "gpt2.linnet"
-    with pytest.raises(LinnetError, match="past the end of a dim of size 64") as caught:
-        write_repository(gpt2, tmp_path, weights="random")
-    assert "--max-seq 64" in caught.value.render()
+    with pytest.raises(ExportError, match=r"^max_seq 4096 is past the 64 positions gpt2 learns \(its position "
+                                          r"table\): at most 64$"):
+        write_repository(gpt2, tmp_path, weights="random", max_seq=4096)
     assert list(tmp_path.iterdir()) == []
-    assert pathlib.Path(write_repository(gpt2, tmp_path, weights="random", max_seq=64)).name == "gpt2"
+    model_dir = pathlib.Path(write_repository(gpt2, tmp_path, weights="random"))
+    assert model_dir.name == "gpt2"
+    assert 'key: "max_seq" value: { string_value: "64" }' in (model_dir / "config.pbtxt").read_text()
 
 
 def test_a_max_seq_past_the_cards_context_is_warned_of_when_written(tmp_path):

@@ -102,7 +102,9 @@ def test_an_empty_prompt_is_refused(capsys, gguf_path):
 @pytest.mark.parametrize("argv", [["generate", "tiny-llama", "hi", "--weights", ""],
                                   ["generate", "tiny-llama", "hi", "--weights", "random", "--device", ""],
                                   ["serve", "tiny-llama", "--tokenizer", ""],
-                                  ["export", "tiny-llama", "--to", "vllm", "--weights", "random", "-o", ""]])
+                                  ["export", "tiny-llama", "--to", "vllm", "--weights", "random", "-o", ""],
+                                  ["export", "tiny-llama", "--to", "triton", "--weights", "random", "-o", "r",
+                                   "--name", ""]])
 def test_an_empty_path_or_device_is_its_flags_error(capsys, argv):
     # "" named the current folder (an export written into it, a checkpoint looked for there) or the default device
     assert "needs a path or a name, not an empty string" in usage_error_of(capsys, argv)
