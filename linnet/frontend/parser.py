@@ -239,6 +239,13 @@ def _syntax_error(err: lark.exceptions.UnexpectedInput, source: str, path: str) 
         last = len(lines)
         end_col = len(lines[-1]) + 1
         return LinnetError(Loc(path, last, end_col, last, end_col + 1, source), f"unexpected end of file{hint}", notes)
+    attribute = _attribute_before(source, err.pos_in_stream)
+    if attribute is not None and str(token) != "(" and "\n" in source[attribute.end(1):err.pos_in_stream]:
+        # `x.T` ending its line: refused at the next line's first token, which says nothing; said at the name
+        start = attribute.start(1)
+        at_line, at_col = source.count("\n", 0, start) + 1, start - source.rfind("\n", 0, start)
+        return LinnetError(Loc(path, at_line, at_col, at_line, at_col + len(attribute[1]), source),
+                           f"unexpected end of line after `.{attribute[1]}`; expected '('", notes)
     width = max(1, len(str(token)))
     return LinnetError(Loc(path, line, col, line, col + width, source), f"unexpected {str(token)!r}{hint}", notes)
 
@@ -287,13 +294,21 @@ def _character_note(char: str, after: str) -> list[str]:
     return [f"{named}: the language's characters are ASCII, outside strings and comments"]
 
 
+def _attribute_before(source: str, pos: int):
+    """The match of a `.name` that ends the code before offset `pos` (its group 1 the name), outside a
+    comment; else None."""
+    attribute = re.search(r"\.[ \t]*([A-Za-z_][A-Za-z0-9_]*)\s*$", source[:pos])
+    if attribute is None or "#" in source[source.rfind("\n", 0, attribute.start()) + 1:attribute.start()]:
+        return None
+    return attribute
+
+
 def _python_habit(source: str, pos: int, token) -> list[str]:
     """A note where Python's or NumPy's syntax, which Linnet lacks, is the likely cause: an
     attribute (`x.shape`, `x.T`: after `.name` only a call goes on), an ellipsis (`x[..., 0]`), an
     augmented assignment (`x += y`) or a walrus (`x := y`); or `without` with no base before it."""
-    attribute = re.search(r"\.[ \t]*([A-Za-z_][A-Za-z0-9_]*)\s*$", source[:pos])
-    in_comment = attribute is not None and "#" in source[source.rfind("\n", 0, attribute.start()) + 1:attribute.start()]
-    if attribute is not None and not in_comment and str(token) != "(":
+    attribute = _attribute_before(source, pos)
+    if attribute is not None and str(token) != "(":
         name = attribute[1]
         instead = {"T": "`x.transpose(1, 0)` swaps two dims", "shape": "a tensor's sizes are the dims of its type, "
                    "written by name", "dtype": "a tensor's element type is its type's: convert with `x as f32`"}

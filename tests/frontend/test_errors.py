@@ -719,7 +719,7 @@ params {
   w: T[dim, dim]
     from hf "w" .transpose
 }
-""", 8, 1, "expected '('"),
+""", 7, 18, "unexpected end of line after `.transpose`; expected '('"),  # (it was said at the `}` below)
     arch("stacked-transpose-counts-stored-dims", """\
 arch mini
 config {
@@ -1142,7 +1142,8 @@ entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
 entry decode(tokens: i32[Batch]) -> T[Batch, vocab] {
   return embed[tokens] @ embed.T
 }
-""", 22, 1, "unexpected '}'", note="`x.transpose(1, 0)` swaps two dims"),
+""", 21, 32, "unexpected end of line after `.T`; expected '('", note="`x.transpose(1, 0)` swaps two dims"),
+
     arch("ellipsis-index", HEAD + """\
 entry decode(tokens: i32[Batch]) -> T[Batch] {
   return embed[tokens][..., 0]
