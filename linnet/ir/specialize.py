@@ -157,7 +157,10 @@ def config_values(module: ir.Module) -> dict:
         if name in module.config_values:
             values[name] = module.config_values[name]
         elif c.default is not None:
-            values[name] = evaluate(c.default, values)
+            try:
+                values[name] = evaluate(c.default, values)
+            except LinnetError as err:
+                raise _with_card_values(err, module, c.default) from None
             if c.type.kind == "float":
                 values[name] = float(values[name])
             elif c.type.kind == "int" and not _is_int(values[name]):
@@ -173,6 +176,17 @@ def config_values(module: ir.Module) -> dict:
         if isinstance(c.type, ListType):
             _check_list_length(module, c, values)
     return values
+
+
+def _with_card_values(err: LinnetError, module: ir.Module, v: ir.Value) -> LinnetError:
+    """`err`, raised computing the default `v`, with a note for each value of the card's that `v` reads,
+    where the card sets it: the error points into the architecture, whose lines the card's writer did not
+    write (llama's `head_dim = dim / heads` with a card's dim 30 and heads 4)."""
+    read = dict.fromkeys(x.name for x in tree_values(v) if isinstance(x, ir.Var) and x.name in module.config_locs
+                         and x.name in module.config_values)
+    notes = [f"`{n}` = {module.config_values[n]!r}, set at {module.config_locs[n]}"
+             for n in sorted(read, key=lambda n: (module.config_locs[n].line, module.config_locs[n].col))]
+    return LinnetError(err.loc, err.message, err.notes + notes)
 
 
 def _check_list_length(module: ir.Module, c: ir.ConfigValue, values: dict) -> None:

@@ -153,6 +153,11 @@ CASES = [
     llama("division-by-a-card-value-of-zero", "head_dim: int = dim / heads", "head_dim: int = dim / heads",
           "dim / heads", "cannot evaluate 64 / 0: integer division or modulo by zero", "`heads` is 0",
           card=("heads = 4", "heads = 0")),
+    # a card's value that breaks an architecture's default: the error is in the architecture, the notes say
+    # where the card sets what it read
+    llama("a-card-value-a-default-divides-with-a-remainder", "head_dim: int = dim / heads",
+          "head_dim: int = dim / heads", "dim / heads", "30 / 4 is not a whole number",
+          "`dim` = 30, set at ", card=("dim = 64", "dim = 30")),
     bigram("a-product-past-64-bits", "z = 2 ** 40 * 2 ** 40", "2 ** 40",
            "1099511627776 * 1099511627776 is too large for a static int", "less than 2 ** 63"),
     # a list config's item past its end, read by a default; a dim that divides with a remainder
