@@ -294,6 +294,9 @@ def _character_note(char: str, after: str) -> list[str]:
     return [f"{named}: the language's characters are ASCII, outside strings and comments"]
 
 
+_COMPARISONS = ("<", ">", "<=", ">=", "==", "!=")
+
+
 def _attribute_before(source: str, pos: int):
     """The match of a `.name` that ends the code before offset `pos` (its group 1 the name), outside a
     comment; else None."""
@@ -323,6 +326,9 @@ def _python_habit(source: str, pos: int, token) -> list[str]:
         return [f"Linnet has no `{augmented[0]}`: write `{name} = {name} {augmented[1]} ...`"]
     if source.startswith(":=", pos):
         return ["a local is bound with `=` (Linnet has no `:=`)"]
+    line_so_far = source[source.rfind("\n", 0, pos) + 1:pos]
+    if str(token) in _COMPARISONS and re.search(r"(?:[<>]=?|[=!]=)[^<>=!\n]*$", line_so_far):
+        return [f"comparisons do not chain as Python's do: join them with `and` (`a < b and b {token} c`)"]
     if str(token) == "without":
         return ["`without` follows the base an architecture extends: `arch NAME extends BASE without a, b`"]
     return []

@@ -189,7 +189,9 @@ class Dim:
             if power == 1 and not isinstance(atom, str):
                 return str(atom)  # a quotient alone: `dim / 3`, not `(dim / 3)`
         parts = []
-        for i, (m, c) in enumerate(self.terms):
+        # the number last, as it is written (`dim - 40`, not `-40 + dim`)
+        terms = sorted(self.terms, key=lambda t: not t[0]) if len(self.terms) > 1 else self.terms
+        for i, (m, c) in enumerate(terms):
             factors = []
             for a, p in m:
                 s = a if isinstance(a, str) else f"({a})"

@@ -95,7 +95,8 @@ def specialize(module: ir.Module, generics: dict | None = None, numerics: str = 
                 raise LinnetError(where, f"{what}: {q} is not a whole number ({n} / {den})")
             try:
                 if d.evaluate(sizes) < 0:
-                    raise LinnetError(where, f"{what}: dim {d} is negative ({d.evaluate(sizes)})")
+                    shown = str(d) if d.is_const() else f"`{d}`"  # (`dim - 40`, not "dim dim - 40")
+                    raise LinnetError(where, f"{what}: dim {shown} is negative ({d.evaluate(sizes)})")
             except KeyError:
                 pass  # a per-call size such as N
 

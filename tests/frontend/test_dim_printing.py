@@ -15,7 +15,8 @@ DIM, HEADS = Dim.name("dim"), Dim.name("heads")
 
 @pytest.mark.parametrize("dim, text", [
     (DIM // 3, "dim / 3"),
-    ((DIM - 3) // 3, "(-3 + dim) / 3"),
+    ((DIM - 3) // 3, "(dim - 3) / 3"),  # the number last, as written (it printed `-3 + dim`)
+    (3 - DIM, "-dim + 3"),
     (DIM // (2 * HEADS), "dim / (2 * heads)"),
     (DIM // (HEADS * HEADS), "dim / (heads * heads)"),
     (2 * (DIM // 3), "2 * (dim / 3)"),

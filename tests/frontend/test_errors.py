@@ -1144,6 +1144,11 @@ entry decode(tokens: i32[Batch]) -> T[Batch, vocab] {
 }
 """, 21, 32, "unexpected end of line after `.T`; expected '('", note="`x.transpose(1, 0)` swaps two dims"),
 
+    arch("chained-comparison", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return if 1 < heads < 8 then embed[tokens] else embed[tokens]
+}
+""", 21, 23, "unexpected '<'", note="comparisons do not chain as Python's do"),
     arch("ellipsis-index", HEAD + """\
 entry decode(tokens: i32[Batch]) -> T[Batch] {
   return embed[tokens][..., 0]
