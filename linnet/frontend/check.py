@@ -33,6 +33,9 @@ HABITS = {"view": "reshape", "permute": "transpose", "cat": "concat", "concatena
           "gather": "take", "index_select": "take", "dim": "axis", "keepdims": "keepdim", "float": "x as f32",
           "to": "x as f32", "astype": "x as f32", "type": "x as f32", "layernorm": "layer_norm",
           "LayerNorm": "layer_norm"}
+# Habits with no word of Linnet's for them, and why none is needed (rather than a near name's spelling).
+HABIT_NOTES = {"repeat_interleave": "Linnet has no `repeat_interleave`: `attention` takes fewer key/value heads than "
+                                    "query heads itself (grouped-query), so a cache needs no repeating"}
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
 
 
@@ -914,7 +917,9 @@ def _dim_spelling(e: ast.Node) -> str:
 
 
 def _habit(name: str) -> list[str]:
-    """A note for a name PyTorch or NumPy would take (`view`, `dim=`): Linnet's for it."""
+    """A note for a name PyTorch or NumPy would take (`view`, `dim=`): Linnet's for it, or why it needs none."""
+    if name in HABIT_NOTES:
+        return [HABIT_NOTES[name]]
     if name not in HABITS:
         return []
     word = HABITS[name]

@@ -1118,6 +1118,11 @@ entry decode(tokens: i32[Batch]) -> T[Batch] {
   return embed[tokens].sum(dim=-1)
 }
 """, 21, 28, "`sum` has no argument `dim`", note="Linnet calls this `axis`"),
+    arch("torch-repeat-interleave", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, MaxSeq, dim] {
+  return cache.repeat_interleave(2, axis=1)
+}
+""", 21, 16, "unknown function `repeat_interleave`", note="so a cache needs no repeating"),
     arch("torch-view", HEAD + """\
 entry decode(tokens: i32[Batch]) -> T[Batch, heads, head_dim] {
   return linear(embed[tokens], wq).view(Batch, heads, head_dim)
