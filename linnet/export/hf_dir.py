@@ -88,8 +88,13 @@ def _swap_in(stage: Path, out: Path) -> None:
             (old / name).rename(out / name)
         shutil.rmtree(old, ignore_errors=True)
         raise
-    shutil.rmtree(old, ignore_errors=True)
-    stage.rmdir()
+    try:
+        shutil.rmtree(old, ignore_errors=True)
+    except KeyboardInterrupt:  # the new export is in place: the earlier one's files go all the same
+        shutil.rmtree(old, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 def _write_files(bound, out: Path, final: Path) -> None:

@@ -420,6 +420,23 @@ def test_an_earlier_export_stays_whole_until_the_new_one_is(tmp_path, monkeypatc
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]
     assert type(AutoModelForCausalLM.from_pretrained(out)).__name__ == "LlamaForCausalLM"
 
+    real_rmtree, interrupted = hf_dir.shutil.rmtree, []
+
+    def rmtree_interrupted(path, *args, **kwargs):  # Ctrl-C as the earlier export's files are removed
+        if str(path).endswith(".old") and not interrupted:
+            interrupted.append(path)
+            raise KeyboardInterrupt
+        return real_rmtree(path, *args, **kwargs)
+    done = _files(out)
+    with monkeypatch.context() as m:
+        m.setattr(hf_dir.shutil, "rmtree", rmtree_interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            export("tiny-qwen3", "vllm", out, weights="random", dtype="bf16")
+    assert interrupted
+    # the new export was in place: it stays, and nothing of the earlier one is left beside it (a hidden folder)
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert _files(out) != done and type(AutoModelForCausalLM.from_pretrained(out)).__name__ == "Qwen3ForCausalLM"
+
 
 @pytest.mark.filterwarnings("ignore:.*no tokenizer written")
 def test_a_folder_that_cannot_be_made_is_named_and_the_ones_made_go(tmp_path, monkeypatch):
