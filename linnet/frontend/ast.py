@@ -243,3 +243,5 @@ class File:
     bases: dict = field(default_factory=dict)  # path -> text of the architectures this one extends
     left_out: dict = field(default_factory=dict)  # name -> Loc in `without`: the bases' declarations left out
     replaced: dict = field(default_factory=dict)  # fn name -> {path: FnDef}: each base's own fn that one replaced
+    # param or state name -> the base's declaration one replaced (a base's line written for the one it declared)
+    replaced_values: dict = field(default_factory=dict)

@@ -499,17 +499,30 @@ class _Checker:
     def _block(self, stmts: list, scope: "_Scope", top: bool = False) -> list:
         out = []
         for i, s in enumerate(stmts):
-            if isinstance(s, ast.Return):
-                if not top or i != len(stmts) - 1:
-                    raise LinnetError(s.loc, "`return` must be the last statement of a fn or entry")
-                out.append(self._return(s, scope))
-            elif isinstance(s, ast.Assign):
-                out.append(self._assign(s, scope))
-            elif isinstance(s, ast.Store):
-                out.append(self._store(s, scope))
-            elif isinstance(s, ast.For):
+            if isinstance(s, ast.Return) and (not top or i != len(stmts) - 1):
+                raise LinnetError(s.loc, "`return` must be the last statement of a fn or entry")
+            if isinstance(s, ast.For):
                 out.append(self._for(s, scope))
+                continue
+            try:
+                out.append(self._return(s, scope) if isinstance(s, ast.Return) else
+                           self._assign(s, scope) if isinstance(s, ast.Assign) else self._store(s, scope))
+            except LinnetError as err:
+                raise self._with_replaced_values(err, s) from None
         return out
+
+    def _with_replaced_values(self, err: LinnetError, s: ast.Node) -> LinnetError:
+        """`err`, raised at a statement a base wrote, with a note for each param or state buffer it reads
+        that an extension declared again: the line was written for the base's own (an extension's `norm:
+        T[2 * dim]` read by llama's `rmsnorm(x, norm)`)."""
+        replaced = self.arch.replaced_values
+        if s.loc.path == self.arch.path or not replaced:
+            return err
+        read = sorted({n.id for n in _walk([s]) if isinstance(n, ast.Name) and n.id in replaced})
+        notes = [f"`{name}` is declared again at {(self.params.get(name) or self.state[name]).loc}; this line was "
+                 f"written for the one declared at {replaced[name].loc}" for name in read
+                 if name in self.params or name in self.state]
+        return LinnetError(err.loc, err.message, err.notes + notes) if notes else err
 
     def _return(self, s: ast.Return, scope: "_Scope") -> ir.Return:
         want = self.signatures[scope.fn.name].ret

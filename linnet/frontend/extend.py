@@ -28,7 +28,13 @@ def extend(base: ast.File, derived: ast.File) -> ast.File:
     merged = ast.File(derived.path, derived.source, arch=derived.arch,
                       bases={**base.bases, base.path: base.source},
                       left_out={**base.left_out, **{name: loc for name, (loc, _) in left_out.items()}},
-                      replaced={name: dict(by_path) for name, by_path in base.replaced.items()})
+                      replaced={name: dict(by_path) for name, by_path in base.replaced.items()},
+                      replaced_values=dict(base.replaced_values))
+    for section in ("params", "state"):
+        redeclared = {item.name for item in getattr(derived, section)}
+        for item in getattr(base, section):
+            if item.name in redeclared:
+                merged.replaced_values.setdefault(item.name, item)
     again = {f.name for f in derived.fns}
     for f in base.fns:  # kept so that a call the base wrote is checked against the fn it was written for
         if f.name in again:

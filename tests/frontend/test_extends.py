@@ -126,6 +126,23 @@ def test_an_override_the_base_calls_wrongly_is_named_where_it_is_defined(tmp_pat
     assert f"calls it at {tmp_path / 'base.linnet'}:" in text
 
 
+def test_a_param_declared_again_of_another_type_is_named_at_the_bases_line(tmp_path):
+    """The base's line that reads a param the extension declared again in another shape is where the
+    error is (its op refuses the new shape); a note names both declarations, and one for each param
+    the line reads that was not replaced is not made."""
+    (tmp_path / "base.linnet").write_text(BASE)
+    (tmp_path / "wide.linnet").write_text('arch wide extends base\n\nparams {\n  w: T[2 * dim, dim]\n'
+                                          '    from hf "w.weight"\n}\n')
+    from linnet.errors import LinnetError
+
+    with pytest.raises(LinnetError) as err:
+        check_file(tmp_path / "wide.linnet")
+    assert err.value.loc.path == str(tmp_path / "base.linnet")
+    assert err.value.notes[-1] == (f"`w` is declared again at {tmp_path / 'wide.linnet'}:4:3; this line was written "
+                                   f"for the one declared at {tmp_path / 'base.linnet'}:12:3")
+    assert not any("`embed`" in note for note in err.value.notes)
+
+
 # Leaves out the base's `w` and `seen`, and declares `mix` again, reading `u` where it read `w`.
 WITHOUT = """\
 arch narrowed extends base
