@@ -9,6 +9,7 @@ kv_heads. The module's dims stay symbolic; codegen names them.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 
 from linnet.errors import LinnetError, Loc
@@ -77,6 +78,28 @@ def bind(module: ir.Module, generics: dict | None = None, numerics: str = "exact
 
 
 def specialize(module: ir.Module, generics: dict | None = None, numerics: str = "exact") -> ir.Module:
+    try:
+        return _specialize(module, generics, numerics)
+    except LinnetError as err:
+        raise _where_the_card_sets(err, module) from None
+
+
+_NAMED_VALUE = re.compile(r"`(\w+)` is .*")
+
+
+def _where_the_card_sets(err: LinnetError, module: ir.Module) -> LinnetError:
+    """`err` with where the card sets it after each note naming a value the card gave (`` `sliding_window` is
+    -4 ``): the error is at the architecture's line that reads it, which the card's writer did not write."""
+    notes = []
+    for note in err.notes:
+        named = _NAMED_VALUE.fullmatch(note)
+        name = named[1] if named else None
+        given = name in module.config_values and module.config_locs.get(name)
+        notes.append(f"{note}, set at {given}" if given else note)
+    return err if notes == err.notes else LinnetError(err.loc, err.message, notes)
+
+
+def _specialize(module: ir.Module, generics: dict | None, numerics: str) -> ir.Module:
     bound = bind(module, generics, numerics)
     g = bound.bindings
     values = {name: g[name] for name in module.config}
@@ -183,8 +206,9 @@ def _with_card_values(err: LinnetError, module: ir.Module, v: ir.Value) -> Linne
     """`err`, raised computing the default `v`, with a note for each value of the card's that `v` reads,
     where the card sets it: the error points into the architecture, whose lines the card's writer did not
     write (llama's `head_dim = dim / heads` with a card's dim 30 and heads 4)."""
+    named = {m[1] for m in map(_NAMED_VALUE.fullmatch, err.notes) if m}  # (said where set, by specialize)
     read = dict.fromkeys(x.name for x in tree_values(v) if isinstance(x, ir.Var) and x.name in module.config_locs
-                         and x.name in module.config_values)
+                         and x.name in module.config_values and x.name not in named)
     notes = [f"`{n}` = {module.config_values[n]!r}, set at {module.config_locs[n]}"
              for n in sorted(read, key=lambda n: (module.config_locs[n].line, module.config_locs[n].col))]
     return LinnetError(err.loc, err.message, err.notes + notes)

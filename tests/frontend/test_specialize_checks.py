@@ -158,6 +158,10 @@ CASES = [
     llama("a-card-value-a-default-divides-with-a-remainder", "head_dim: int = dim / heads",
           "head_dim: int = dim / heads", "dim / heads", "30 / 4 is not a whole number",
           "`dim` = 30, set at ", card=("dim = 64", "dim = 30")),
+    # a card's value an op of the architecture refuses: the note says where the card sets it
+    llama("a-card-value-an-op-refuses", "window=sliding_window)", "window=sliding_window)", "sliding_window)",
+          "window of `attention` must be at least 0", "`sliding_window` is -4, set at ",
+          card=("ffn = 96", "ffn = 96\n  sliding_window = -4")),
     bigram("a-product-past-64-bits", "z = 2 ** 40 * 2 ** 40", "2 ** 40",
            "1099511627776 * 1099511627776 is too large for a static int", "less than 2 ** 63"),
     # a list config's item past its end, read by a default; a dim that divides with a remainder
