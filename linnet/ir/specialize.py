@@ -53,6 +53,13 @@ def bind(module: ir.Module, generics: dict | None = None, numerics: str = "exact
     """The module with its generics and config values bound as `specialize` binds them, after the
     checks that read no type (each generic's value, numerics, every size positive): what sizes
     alone need, such as `memory.footprint` weighing a MaxSeq before it is chosen (`nest.context`)."""
+    try:
+        return _bind(module, generics, numerics)
+    except LinnetError as err:
+        raise _where_the_card_sets(err, module) from None
+
+
+def _bind(module: ir.Module, generics: dict | None, numerics: str) -> ir.Module:
     card_loc = module_loc(module)
     g = dict(DEFAULT_GENERICS)
     for key, value in (generics or {}).items():
@@ -93,7 +100,7 @@ def _where_the_card_sets(err: LinnetError, module: ir.Module) -> LinnetError:
     notes = []
     for note in err.notes:
         named = _NAMED_VALUE.fullmatch(note)
-        name = named[1] if named else None
+        name = named[1] if named and ", set at " not in note else None  # (bind's, within specialize: said once)
         given = name in module.config_values and module.config_locs.get(name)
         notes.append(f"{note}, set at {given}" if given else note)
     return err if notes == err.notes else LinnetError(err.loc, err.message, notes)
