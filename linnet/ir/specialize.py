@@ -100,14 +100,13 @@ def _where_the_card_sets(err: LinnetError, module: ir.Module) -> LinnetError:
     notes = []
     for note in err.notes:
         named = _NAMED_VALUE.fullmatch(note)
-        name = named[1] if named and ", set at " not in note else None  # (bind's, within specialize: said once)
-        given = name in module.config_values and module.config_locs.get(name)
+        given = named and named[1] in module.config_values and module.config_locs.get(named[1])
         notes.append(f"{note}, set at {given}" if given else note)
     return err if notes == err.notes else LinnetError(err.loc, err.message, notes)
 
 
 def _specialize(module: ir.Module, generics: dict | None, numerics: str) -> ir.Module:
-    bound = bind(module, generics, numerics)
+    bound = _bind(module, generics, numerics)  # (not `bind`: its errors pass `_where_the_card_sets` once, below)
     g = bound.bindings
     values = {name: g[name] for name in module.config}
     sizes = _sizes(values, g)
@@ -213,7 +212,7 @@ def _with_card_values(err: LinnetError, module: ir.Module, v: ir.Value) -> Linne
     """`err`, raised computing the default `v`, with a note for each value of the card's that `v` reads,
     where the card sets it: the error points into the architecture, whose lines the card's writer did not
     write (llama's `head_dim = dim / heads` with a card's dim 30 and heads 4)."""
-    named = {m[1] for m in map(_NAMED_VALUE.fullmatch, err.notes) if m}  # (said where set, by specialize)
+    named = {m[1] for m in map(_NAMED_VALUE.fullmatch, err.notes) if m}  # (said where set by `_where_the_card_sets`)
     read = dict.fromkeys(x.name for x in tree_values(v) if isinstance(x, ir.Var) and x.name in module.config_locs
                          and x.name in module.config_values and x.name not in named)
     notes = [f"`{n}` = {module.config_values[n]!r}, set at {module.config_locs[n]}"

@@ -196,6 +196,7 @@ def _assert_rendered(err: str, case: Case, at: Path):
     assert set(lines[2].strip()) == {"^"} and lines[2].index("^") == 4 + col - 1, err
     if case.note:
         assert any(case.note in note for note in lines[3:]), err
+    assert all(note.count(", set at ") <= 1 for note in lines[3:]), err  # where the card sets a value: said once
 
 
 def test_the_ids_are_unique_and_the_bases_valid(tmp_path, capsys):
