@@ -136,6 +136,12 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
                          framework=framework, runs_on=runs_on, room=room, resolved=resolved, context_free=context_free,
                          cache_space=space, quantization=quantization)
     spec, card_name, params = bound.module, bound.card, bound.params
+    if spec.bindings["T"] == "f16" and bound.checkpoint is not None:  # (a cast past f16's range: as vLLM, loaded)
+        from linnet.nest.bind import past_f16
+
+        past = past_f16(bound)
+        if past:
+            warnings.warn(f"{past}; the logits it reaches are NaN: load with T='bf16' or 'f32'", stacklevel=2)
 
     note = _slow_type_note(kind, device, spec.bindings["T"])
     if note:

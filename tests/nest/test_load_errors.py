@@ -13,6 +13,7 @@ import shutil
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
@@ -221,6 +222,30 @@ def test_dtype_mismatch_needs_cast_dtype(tiny_hf, tmp_path):
         load(path, numerics="fast")  # (T: f32, the default)
     model = load(path, cast_dtype=True)
     assert model.runner.embed.dtype == torch.float32
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax_model"])
+def test_a_weight_cast_past_f16s_range_is_warned_of_by_name(ckpt_dir, backend):
+    """An f32 weight past f16's largest (65504) loaded with T='f16': cast, it is inf, and every logit it
+    reaches NaN (as the model's own logits show). Loaded, as vLLM's --dtype float16 would, with one
+    warning naming the param, its layer, the tensor and what holds it; numpy's own overflow warning
+    (the JAX binding's cast, the CPU copy's) is not said beside it."""
+    shard = rewrite(ckpt_dir, "model.layers.1.mlp.down_proj.weight",
+                    load_file(shard_of(ckpt_dir, "model.layers.1.mlp.down_proj.weight"))[
+                        "model.layers.1.mlp.down_proj.weight"].index_put_((torch.tensor(3), torch.tensor(5)),
+                                                                           torch.tensor(1e5)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = nest.load(ckpt_dir, backend=backend, generics={**GENERICS, "T": "f16"}, numerics="fast",
+                          cast_dtype=True, tokenizer=False)
+    said = [str(w.message) for w in caught if issubclass(w.category, (UserWarning, RuntimeWarning))]
+    assert said == [f"w_down[1] (model.layers.1.mlp.down_proj.weight in {ckpt_dir}): 1 value past f16's range "
+                    f"(+-65504), which f16 holds as inf; the logits it reaches are NaN: load with T='bf16' or "
+                    f"'f32'"], said
+    assert shard.exists()
+    i32 = lambda *xs: np.array(xs, np.int32)  # noqa: E731
+    logits = model.prefill(i32(1, 2, 3), i32(0, 1, 2), i32(0, 0, 0), i32(2, 0))
+    assert not torch.isfinite(torch.as_tensor(np.asarray(logits, np.float32))[0]).any()
 
 
 def test_unused_tensors_reported_once(ckpt_dir):
