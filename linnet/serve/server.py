@@ -259,10 +259,7 @@ class OpenAIServer:
             ids = await self._prepared(body, chat_prompt, body, self.tokenizer,  # (as `_generate`'s, off the loop)
                                        self.own_templates)
         elif isinstance(body.get("prompt"), str):
-            special = body.get("add_special_tokens", True)
-            if not isinstance(special, bool):
-                raise ApiError(400, f"'add_special_tokens' must be true or false, not {shown(special)}",
-                               "add_special_tokens")
+            special = _boolean(body, "add_special_tokens", True)
             ids = await asyncio.to_thread(encode_text, self.tokenizer, body["prompt"], "prompt", special)
         else:
             raise ApiError(400, "send 'prompt' (a string) or 'messages'", "prompt")
