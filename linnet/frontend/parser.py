@@ -521,7 +521,12 @@ class _ToAst(Transformer):
         var, first, stop, *items = c
         # `for l in a:b` stacks layers a .. b - 1 (say the MoE layers after a dense first one):
         # b - a of them, the pattern's `{l}` counting from a
-        start, count = (None, first) if stop is None else (first, ast.Binary(first.loc, "-", stop, first))
+        if stop is None:
+            start, count = None, first
+        elif isinstance(first, ast.Number) and first.value == 0:  # `for l in b` (counted `b` where shown, not `b - 0`)
+            start, count = None, stop
+        else:
+            start, count = first, ast.Binary(first.loc, "-", stop, first)
         decls = [d for item in items for d in (item if isinstance(item, list) else [item])]
         for d in decls:  # an inner loop's params were declared first: this loop goes outside
             d.loops.insert(0, (str(var), count, self._tok(var)))

@@ -361,6 +361,22 @@ def test_comments_follow_the_source_when_it_moves(kit, tmp_path):
     assert after == re.sub(r"llama\.linnet:(\d+)", lambda m: f"llama.linnet:{int(m.group(1)) + 3}", before)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_loop_written_from_0_is_the_plain_loop(backend, kit, tmp_path):
+    """`for l in 0:layers` stacks the layers `for l in layers` does: the same module, its shapes `layers`
+    (not `layers - 0`), and its names counted from 0 (no "starts past 0" demand on the pattern)."""
+    arch = tmp_path / "arch"
+    arch.mkdir()
+    text = kit.ARCH.read_text()
+    assert text.count("  for l in layers {\n    attn_norm") == 1
+    (arch / "llama.linnet").write_text(text.replace("  for l in layers {\n    attn_norm", "  for l in 0:layers {\n    attn_norm"))
+    card = tmp_path / "tiny-llama.linnet"
+    card.write_text((kit.CARDS / "tiny-llama.linnet").read_text())
+    plain = generate(check_file(kit.CARDS / "tiny-llama.linnet"), backend, GENERICS)
+    assert generate(check_file(card), backend, GENERICS) == plain
+    assert "'wq': ((layers, heads * head_dim, dim), 'f32')" in plain
+
+
 @pytest.mark.parametrize("backend", ["torch", "jax"])
 def test_names_with_quotes_and_backslashes_stay_inside_the_docstring(tmp_path, backend):
     """A card's file name goes into the module's docstring, escaped: the module imports and its
