@@ -171,9 +171,22 @@ def config_differences(config: dict, module, name: str) -> list[str]:
         values = SUPPORTED[arch][1](config, name)
     except (KeyError, TypeError, ValueError, WeightsError):  # a config the card's own reading refuses: the tensors decide
         return []
+    # the card written from the config: the architecture's default where the config says nothing (no rope
+    # scaling, no window), which a card's own value would otherwise run over without a word
+    from dataclasses import replace
+
+    from linnet.errors import LinnetError
+    from linnet.ir.specialize import config_values
+
+    try:
+        own = config_values(replace(module, config_values={k: v for k, v in values.items() if k in module.config}))
+    except LinnetError:  # (a default the config's values cannot compute: the tensors decide)
+        own = values
     card = module.bindings
-    return [f"{key}: the card says {card[key]!r}, the checkpoint's config {value!r}"
-            for key, value in values.items() if key in card and not _same(card[key], value)]
+    keys = [*values, *(k for k in module.config_values if k not in values)]  # the config's, then the card's own
+    return [f"{key}: the card says {card[key]!r}, the checkpoint's config "
+            + (f"{own[key]!r}" if key in values else f"sets none (the {module.name} architecture's default, {own[key]!r})")
+            for key in keys if key in card and key in own and not _same(card[key], own[key])]
 
 
 # The type of each config.json key a family's reading takes, as transformers' config classes annotate

@@ -441,6 +441,37 @@ def test_a_checkpoint_whose_config_says_otherwise_is_named(card, tmp_path):
         assert f"rope_theta: the card says {theta!r}, the checkpoint's config {theta / 10!r}" in said
 
 
+@pytest.mark.parametrize("card, unset, said", [
+    # Llama 3's config under a Llama 3.1 card: the same shapes and rope base, and no rope scaling
+    ("tiny-llama", {"rope_scaling": None}, "rope_scaling: the card says 'llama3', the checkpoint's config sets none "
+                                           "(the llama architecture's default, 'none')"),
+    ("tiny-qwen2", {"rope_scaling": "absent"}, "rope_scaling: the card says 'yarn', the checkpoint's config sets none"),
+    # Mistral v0.2's config under a v0.1 card: no window
+    ("tiny-mistral", {"sliding_window": None}, "sliding_window: the card says 6, the checkpoint's config sets none "
+                                               "(the llama architecture's default, 0)"),
+])
+def test_a_value_the_card_sets_that_the_checkpoints_config_leaves_out_is_named(card, unset, said, tmp_path):
+    """A config that leaves out what the card sets (a rope scaling, a window) is a card written with the
+    architecture's default there: the card's own value runs over the checkpoint, so it is said, as a
+    value set otherwise is (the logits differ from transformers' on the checkpoint)."""
+    from linnet.export import export
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (random weights: no tokenizer written)
+        out = Path(export(card, "vllm", tmp_path / "hf", weights="random", dtype="f32"))
+    config = json.loads((out / "config.json").read_text())
+    for key, value in unset.items():
+        assert key in config
+        if value == "absent":
+            del config[key]
+        else:
+            config[key] = value
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.warns(UserWarning, match="its config sets what .* otherwise") as caught:
+        nest.load(card, weights=out, generics=GENERICS, tokenizer=False)
+    assert said in str(caught[0].message)
+
+
 def test_a_checkpoint_of_another_architecture_is_refused_before_its_tensors_are_read(tmp_path):
     # a Qwen3's tensors hold a Llama's (and two norms more, which would only be reported unused)
     from linnet.export import export
