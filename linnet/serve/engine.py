@@ -175,7 +175,7 @@ class Engine:
         asked, req = req, req.validate(self.vocab, self.max_seq)  # the engine runs its plain copy
         prompt = req.prompt
         if req.allowed_token_ids is not None and req.min_tokens and set(req.allowed_token_ids) <= self._enders(req):
-            raise RequestError(f"{req.id}: every token allowed_token_ids allows would end the request, and min_tokens "
+            raise RequestError(f"{req.id}: every token allowed_token_ids allows is an end or stop token, and min_tokens "
                                f"({req.min_tokens}) keeps those out until then: nothing could be drawn",
                                "allowed_token_ids")
         if req.stop and self.tokenizer is None:
@@ -780,8 +780,9 @@ class Engine:
         return histories
 
     def _enders(self, req: Request) -> set:
-        """The tokens that would end `req`, which min_tokens keeps out until then."""
-        return set(req.stop_token_ids) | (set() if req.ignore_eos else self.eos)
+        """The tokens min_tokens keeps from being drawn until then: `req`'s stop token ids and the end tokens,
+        even under ignore_eos (as vLLM's min_tokens, which bans the end tokens whatever ignore_eos)."""
+        return set(req.stop_token_ids) | self.eos
 
     def _bias(self, x: _Live, ahead: int) -> dict | None:
         """x's logit bias for its next draw: its own; the tokens that would complete a bad word banned
@@ -831,7 +832,7 @@ class Engine:
 
     def _finished(self, x: _Live, token: int) -> str | None:
         req = x.req
-        held = len(x.generated) < req.min_tokens  # its enders were banned from the draw; stop strings wait too
+        held = len(x.generated) < req.min_tokens  # its enders were banned from the draw
         if not held and (token in req.stop_token_ids or (not req.ignore_eos and token in self.eos)):
             # As vLLM: the text ends before the stop token, special or not, unless include_stop_str_in_output
             # (or, for an end token, keeps_end_token: harmony's parser reads its markers)
@@ -852,7 +853,8 @@ class Engine:
         if req.stop:
             # Only a stop string that ends in the new text was not there before: each is looked for from
             # its own length before the new text (as vLLM's), so that one held back by min_tokens stays
-            # passed, whatever other, longer stop strings the request has.
+            # passed, whatever other, longer stop strings the request has. As vLLM's, one counts from the
+            # token after the min_tokens-th: that token's text is the request's too, whole.
             if x.decoder is None:
                 x.decoder = self.tokenizer.incremental_decoder(skip_special_tokens=req.skip_special_tokens,
                                                                context=x.prompt)
@@ -860,7 +862,7 @@ class Engine:
             x.text += x.decoder.push(token)
             found = [(at, -len(s)) for at, s in ((x.text.find(s, max(0, seen - len(s) + 1)), s) for s in req.stop)
                      if at >= 0]
-            if found and not held:
+            if found and len(x.generated) > req.min_tokens:
                 at, minus_length = min(found)  # the first to begin; of those, the longest
                 x.comp.text = x.text[:at - minus_length if req.include_stop else at]
                 x.comp.stop_reason = x.text[at:at - minus_length]

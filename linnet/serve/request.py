@@ -85,7 +85,8 @@ class Request:
     stop_token_ids: list = field(default_factory=list)
     stop: list = field(default_factory=list)  # stop strings (needs the model's tokenizer)
     ignore_eos: bool = False
-    min_tokens: int = 0  # end tokens and stop token ids are kept from being drawn, and stop strings ignored, before this many
+    min_tokens: int = 0  # end tokens (under ignore_eos too) and stop token ids are kept from being drawn before this
+    #                      many, and stop strings count from the token after them (vLLM's)
     logprobs: int | None = None  # None: none; k: the chosen token's logprob and the top k alternatives, raw
     #                              (the model's, before bias, penalties, temperature and masks, as vLLM's)
     prompt_logprobs: int | None = None  # None: none; k: each prompt token's logprob (past the first), rank, top k

@@ -747,6 +747,25 @@ def test_a_stop_string_passed_while_min_tokens_held_stays_passed(model):
         model.tokenizer = None
 
 
+def test_a_stop_string_counts_from_the_token_after_min_tokens(model):
+    """As vLLM's: a stop string the min_tokens-th token completes does not stop the request (that token's
+    text is the request's, whole); one the token after completes does."""
+    for seed in range(40, 80):  # a prompt whose greedy text's third word occurs once
+        p = prompts(1, 9, 9, seed=seed)[0]
+        ref = reference_greedy(model, p, 8)
+        words = [f"t{t}" for t in ref]
+        if words.count(words[2]) == 1:
+            break
+    model.tokenizer = word_tokenizer(model.vocab)
+    try:
+        held, passed = Engine(model).run([Request(prompt=p, max_new_tokens=8, min_tokens=3, stop=[words[2]]),
+                                          Request(prompt=p, max_new_tokens=8, min_tokens=2, stop=[words[2]])])[0]
+    finally:
+        model.tokenizer = None
+    assert held.finish_reason == "length" and held.tokens == ref
+    assert passed.finish_reason == "stop" and passed.tokens == ref[:3] and passed.stop_reason == words[2]
+
+
 def test_jax_walking_keys_through_the_engine_matches_exact_numerics():
     """Past two key chunks, fast JAX on the CPU walks the cache in chunks: prompts packed in
     blocks, chunked after a cached prefix, sharing a long prefix, with idle rows padded. Greedy

@@ -60,11 +60,12 @@ def hf_logits(hf, tokens: list) -> np.ndarray:
 def hf_greedy(hf, r: Request, eos=(EOS,)) -> tuple[list, str]:
     """r's tokens as transformers' logits and the reference's adjustments give them, greedy, and
     its finish reason: an end token (eos unless ignore_eos, or a stop token id) ends it once
-    min_tokens are out, and is banned before."""
+    min_tokens are out; before, eos and the stop token ids are banned, eos under ignore_eos too (vLLM's
+    MinTokensLogitsProcessor bans all its stop token ids, the model's eos among them whatever ignore_eos)."""
     enders = set(r.stop_token_ids) | (set() if r.ignore_eos else set(eos))
     out = []
     while len(out) < r.max_new_tokens:
-        bans = enders if len(out) < r.min_tokens else ()
+        bans = set(r.stop_token_ids) | set(eos) if len(out) < r.min_tokens else ()
         token = int(reference(hf_logits(hf, list(r.prompt) + out), list(r.prompt), out, r, sorted(bans)).argmax())
         out.append(token)
         if token in enders and len(out) > r.min_tokens:
@@ -92,6 +93,7 @@ GREEDY_MIXES = [
     dict(logit_bias={EOS: 2.0}),
     dict(ignore_eos=True, logit_bias={EOS: 2.0}),
     dict(logit_bias={EOS: 6.0}, min_tokens=3),
+    dict(ignore_eos=True, logit_bias={EOS: 6.0}, min_tokens=3),  # eos kept out until then, and drawn after
     dict(temperature=0.0, top_k=2, top_p=0.1, min_p=0.9, repetition_penalty=1.2),  # greedy: the limits draw nothing
 ]
 
