@@ -476,7 +476,6 @@ def _add_compile_cache(parser) -> None:
 
 def cmd_serve(args) -> int:
     from linnet import nest
-    from linnet.nest.load import is_repo_id
     from linnet.serve.cors import CorsPolicy
     from linnet.serve.server import serve
     from linnet.serve.tool_parsers import parser_for_template
@@ -514,8 +513,9 @@ def cmd_serve(args) -> int:
         if name is not None and name not in known:  # only a card's meta can name one the flags would refuse
             raise _UsageError(f"{model.card}: its meta names the {kind} parser {name!r}, which Linnet does not "
                               f"have; there are {', '.join(sorted(known))}")
-    # a repository id given for the card (as `vllm serve` takes one) is the name clients send, as vLLM's
-    typed = [args.card] if is_repo_id(args.card) and args.card != model.card else []
+    # the card as typed where it is a repository id or a checkpoint's path (as `vllm serve` takes either) is the
+    # name clients send, as vLLM's; the card's own name is taken too (a .linnet file's path is only the card's)
+    typed = [args.card] if args.card != model.card and not args.card.lower().endswith(".linnet") else []
     names = args.name or typed + [model.card]
     serve(model, names[0], other_names=tuple(names[1:]), host=args.host, port=args.port, api_key=api_key,
           tool_parser=parser, reasoning_parser=reasoning,

