@@ -817,8 +817,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--ssl-keyfile", default=None, help="serve HTTPS: the private key's PEM file (with --ssl-certfile)")
     sv.add_argument("--ssl-certfile", default=None, help="serve HTTPS: the certificate chain's PEM file")
     sv.add_argument("--name", "--served-model-name", nargs="+", default=None,
-                    help="the model name clients send (default: the card's); more than one, as vLLM takes them: "
-                         "any is taken, and replies give the first")
+                    help="the model name clients send (default: the card as typed, where it is a repository id or a "
+                         "checkpoint's path, and the card's name); more than one, as vLLM takes them: any is taken, "
+                         "and replies give the first")
     sv.add_argument("--api-key", default=None,
                     help="require 'Authorization: Bearer KEY' on /v1/ routes (default: $LINNET_API_KEY, else vLLM's "
                          "$VLLM_API_KEY, else none)")
