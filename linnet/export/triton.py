@@ -76,6 +76,7 @@ def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str 
     from linnet.ir.specialize import learned_positions, specialize
     from linnet.nest.checkpoint import open_checkpoint
     from linnet.nest.load import check_headers, find_card_weights, past_context, resolve_card, tokenizer_of
+    from linnet.nest.locate import shown_places
 
     check_seed(seed, weights)
     module, card_name, ckpt = resolve_card(card, weights)  # an unknown card, a bad .linnet file or checkpoint fails here
@@ -105,7 +106,7 @@ def write_repository(card, out, *, weights=None, dtype: str = "bf16", name: str 
             raise ExportError(f"{card_name} has no weights to serve: pass weights (a model directory or GGUF, "
                               f"or 'random' with a seed)")
         if found is None:  # the server may have them in its own Hugging Face cache: said, not refused
-            warnings.warn(f"{card_name}'s weights are not on this machine (looked in {', '.join(looked)}): "
+            warnings.warn(f"{card_name}'s weights are not on this machine (looked in {', '.join(shown_places(looked))}): "
                           f"the Triton server must find them in its own cache, or pass weights", stacklevel=2)
     if weights == "random" and tokenizer is None and find_card_weights(card_name, module)[0] is None:
         # the model reads text_input; random weights take the tokenizer of the card's own, not here

@@ -61,7 +61,7 @@ from linnet.nest.checkpoint import Checkpoint, GGUFCheckpoint, open_checkpoint, 
 from linnet.nest.context import Context, choose_max_seq, cpu_cache_space
 from linnet.nest.embedded import EMBEDDED_INSTALL, embedded_gguf_path
 from linnet.nest.errors import DeviceError, TokenizerError, WeightsError
-from linnet.nest.locate import download_command, find_weights, is_model_dir, weights_not_found_message
+from linnet.nest.locate import download_command, find_weights, is_model_dir, shown_places, weights_not_found_message
 from linnet.nest.memory import check_fits, free_jax_bytes, free_torch_bytes
 from linnet.nest.model import LoadedModel
 from linnet.nest.progress import Progress
@@ -512,7 +512,7 @@ def resolve_card(name, weights) -> tuple[Module, str, Checkpoint | None]:
         if found is not None:
             return _card_from_checkpoint(Path(found), text.split("/")[1], weights)
         raise WeightsError(f"{text}: no such file or directory, nor the hf_repo of a card (`linnet cards` lists "
-                           f"them), nor in the Hugging Face cache (looked in {', '.join(looked)}); fetch it with "
+                           f"them), nor in the Hugging Face cache (looked in {', '.join(shown_places(looked))}); fetch it with "
                            f"`{download_command(text)}`, or give a model directory, a .gguf file or a .linnet card")
     if os.sep in text or text.lower().endswith(".gguf"):  # meant as a path: card names hold no separator
         raise WeightsError(f"{p}: no such file or directory (a model directory, a .gguf file, a .linnet card, "
@@ -587,7 +587,7 @@ def find_card_weights(card_name: str, module: Module, raise_missing: bool = Fals
         if repo:
             message = weights_not_found_message(repo, looked) + ', or random ones (weights="random"; --weights random)'
         else:
-            places = "\n".join(f"  {p}" for p in looked) or "  (nowhere: $LINNET_WEIGHTS is not set)"
+            places = "\n".join(f"  {p}" for p in shown_places(looked)) or "  (nowhere: $LINNET_WEIGHTS is not set)"
             message = (f"weights for card {card_name!r} not found; looked in:\n{places}\n"
                        f"the card names no Hugging Face repository to fetch them from: give the path of a model "
                        f"directory or .gguf file (weights=PATH; --weights PATH on the command line), set "

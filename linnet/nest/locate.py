@@ -46,6 +46,28 @@ def is_model_dir(path: Path) -> bool:
     )
 
 
+def shown_places(looked: list[str]) -> list[str]:
+    """Each place looked, as an error lists it: a folder there that holds no model says what it lacks (a
+    snapshot a download stopped short in holds config.json and not the weights, or a link to a blob that
+    was never finished)."""
+    return [f"{p} ({lacks})" if (lacks := _lacks(Path(p))) else p for p in looked]
+
+
+def _lacks(path: Path) -> str | None:
+    if not path.is_dir() or is_model_dir(path):
+        return None
+    said = [] if (path / CONFIG_FILE).is_file() else [f"no {CONFIG_FILE}"]
+    weights = path / SAFETENSORS_FILE
+    if weights.is_symlink() and not weights.exists():  # (the hub links a file to its blob once it is whole)
+        said.append(f"{SAFETENSORS_FILE} links to {os.readlink(weights)}, which is not there")
+    elif not weights.is_file() and not (path / SAFETENSORS_INDEX).is_file():
+        ggufs = sorted(p.name for p in path.glob("*.gguf"))
+        said.append(f"no {SAFETENSORS_FILE} nor {SAFETENSORS_INDEX}"
+                    + (f"; it holds {', '.join(ggufs[:3])}{' ...' if len(ggufs) > 3 else ''}: give a .gguf file's "
+                       f"path" if ggufs else ""))
+    return ", ".join(said)
+
+
 def _repo_folder(repo_id: str) -> str:
     # the hub cache's own naming: "HuggingFaceTB/SmolLM2-135M" -> "models--HuggingFaceTB--SmolLM2-135M"
     return "models--" + repo_id.replace("/", "--")
@@ -101,7 +123,7 @@ def download_command(hf_repo_id: str) -> str:
 
 def weights_not_found_message(hf_repo_id: str, looked: list[str]) -> str:
     """The text of a "weights not found" error: where we looked, how to fetch."""
-    places = "\n".join(f"  {p}" for p in looked) or "  (nowhere)"
+    places = "\n".join(f"  {p}" for p in shown_places(looked)) or "  (nowhere)"
     return (
         f"weights for {hf_repo_id} not found; looked in:\n{places}\n"
         f"fetch them with:\n  {download_command(hf_repo_id)}\n"

