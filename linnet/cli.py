@@ -36,20 +36,28 @@ def _generics(pairs: list | None) -> dict:
     return generics
 
 
-def _source_file(name: str) -> str:
-    """The .linnet file a source command reads: a path, or else a card's name in the Nest registry
-    (`linnet compile tiny-llama`), as `generate` and `serve` take it."""
-    if Path(name).exists() or "/" in name or name.endswith(".linnet"):
-        return name  # (a path that is not there is reported as the file it names)
+def _source_module(name: str):
+    """The checked module a source command reads: a .linnet file; a card's name in the Nest registry
+    (`linnet compile tiny-llama`); or a checkpoint (a model directory, a .gguf file, a repository id in
+    the Hugging Face cache), the card written from its config, as `generate` and `serve` take them."""
+    from linnet.compiler import check_file
+    from linnet.ir.verify import verify
+    from linnet.nest.load import is_repo_id, resolve_card
+
+    p = Path(name)
+    if not name.endswith(".linnet") and (p.is_dir() or p.suffix.lower() == ".gguf" and p.is_file() or is_repo_id(name)):
+        module = resolve_card(name, None)[0]
+        verify(module)
+        return module
+    if p.exists() or "/" in name or name.endswith(".linnet"):
+        return check_file(name)  # (a path that is not there is reported as the file it names)
     from linnet.nest.registry import card
 
-    return str(card(name, also_looked=f" (nor a file {name} here)").path)
+    return check_file(card(name, also_looked=f" (nor a file {name} here)").path)
 
 
 def cmd_check(args) -> int:
-    from linnet.compiler import check_file
-
-    module = check_file(_source_file(args.file))
+    module = _source_module(args.file)
     missing = [name for name, c in module.config.items() if name not in module.config_values and c.default is None]
     if args.generic and module.card is None and missing:
         raise _FlagError(f"{args.file} is an architecture whose config value `{missing[0]}` has no default: its "
@@ -66,10 +74,9 @@ def cmd_check(args) -> int:
 
 
 def cmd_ir(args) -> int:
-    from linnet.compiler import check_file
     from linnet.ir.printer import print_module
 
-    sys.stdout.write(print_module(check_file(_source_file(args.file))))
+    sys.stdout.write(print_module(_source_module(args.file)))
     return 0
 
 
@@ -81,13 +88,13 @@ def _note_exact_numerics(numerics: str, dtype: str | None) -> None:
 
 
 def cmd_compile(args) -> int:
-    from linnet.compiler import check_file, generate
+    from linnet.compiler import generate
 
     generics = _generics(args.generic)
     _note_exact_numerics(args.numerics, generics.get("T"))
     if args.output == "":
         raise _FlagError("-o/--output needs a file name (or - for standard output)")
-    module = check_file(_source_file(args.file))
+    module = _source_module(args.file)
     if args.output not in (None, "-"):
         _not_a_source(Path(args.output), module)
     source = generate(module, args.backend, generics, args.numerics)
@@ -702,7 +709,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     def source_cmd(name, help_text, specializes=True):
         s = sub.add_parser(name, help=help_text)
-        s.add_argument("file", help="a .linnet card or architecture, or a card's name (see `linnet cards`)")
+        s.add_argument("file", help="a .linnet card or architecture, a card's name (see `linnet cards`), or a "
+                                    "checkpoint (a model directory, a .gguf file, a repository id), whose card is "
+                                    "written from its config")
         if not specializes:  # (the checked IR is printed before any number is bound: no generic to take)
             return s
         s.add_argument("--generic", action="append", metavar="NAME=VALUE", type=_generic,
