@@ -165,14 +165,17 @@ def cmd_generate(args) -> int:
     generics = _load_generics(1, args.max_seq, (args.dtype or "bf16") if args.numerics == "fast" else "f32")
     _use_compile_cache(args)
     try:
-        model = nest.load(args.card, backend=args.backend, device=args.device, numerics=args.numerics, compile=True,
-                          generics=generics, cast_dtype=True, weights=args.weights, tokenizer=args.tokenizer or True,
-                          quantization=args.quantization)
+        with warnings.catch_warnings():  # (without one, the error below says why, once)
+            warnings.filterwarnings("ignore", "no tokenizer loaded from ")
+            model = nest.load(args.card, backend=args.backend, device=args.device, numerics=args.numerics,
+                              compile=True, generics=generics, cast_dtype=True, weights=args.weights,
+                              tokenizer=args.tokenizer or True, quantization=args.quantization)
     except ValueError as err:  # what was asked cannot be had (as serve's): --quantization gguf with --backend jax
         raise _UsageError(_as_flags(str(err))) from None
     tok = model.tokenizer
     if tok is None:
-        whose = f"{model.weights}: no tokenizer found with these weights"
+        whose = f"no tokenizer loaded from {model.info['no_tokenizer']}" if "no_tokenizer" in model.info else \
+            f"{model.weights}: no tokenizer found with these weights"
         if model.weights == "random":  # they take the tokenizer of the card's own weights
             from linnet.nest.load import find_card_weights
 

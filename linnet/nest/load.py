@@ -237,7 +237,7 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
     if tok is not None:
         bound.tokenizer, bound.tokenizer_from = tok, tok_from
     elif tokenizer and bound.checkpoint is not None:
-        bound.tokenizer = _tokenizer(bound.checkpoint)  # none, with a warning, where it has none
+        bound.tokenizer = _tokenizer(bound.checkpoint, bound.info)  # none, with a warning, where it has none
         bound.tokenizer_from = Path(bound.checkpoint.path) if bound.tokenizer is not None else None
     return bound
 
@@ -724,13 +724,15 @@ def tokenizer_of(ckpt: Checkpoint | Path):
     return Tokenizer.from_dir(ckpt if isinstance(ckpt, Path) else Path(ckpt.path))
 
 
-def _tokenizer(ckpt: Checkpoint):
+def _tokenizer(ckpt: Checkpoint, info: dict):
+    """The checkpoint's tokenizer, else None with a warning saying why, kept as `info["no_tokenizer"]` (for
+    a command that needs one to say: a tokenizer.json cut short is not a checkpoint without one)."""
     try:
         return tokenizer_of(ckpt)
     except Exception as err:  # a model without tokenizer files still runs on token ids
         why = str(err)  # a TokenizerError names its file first: not the checkpoint's path twice over
-        warnings.warn(f"no tokenizer loaded from {why}" if why.startswith(ckpt.path)
-                      else f"no tokenizer loaded from {ckpt.path}: {why}", stacklevel=4)
+        info["no_tokenizer"] = why if why.startswith(ckpt.path) else f"{ckpt.path}: {why}"
+        warnings.warn(f"no tokenizer loaded from {info['no_tokenizer']}", stacklevel=4)
         return None
 
 

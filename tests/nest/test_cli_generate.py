@@ -7,6 +7,7 @@ generate runs as users run it, in a fresh process, on the embedded default model
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -278,6 +279,24 @@ def test_generate_random_weights_without_a_tokenizer_say_where_they_take_one(cap
     monkeypatch.setenv("LINNET_WEIGHTS", str(tmp_path))
     assert main(["generate", "tiny-llama", "hi", "--weights", "random"]) == 1
     assert f"tiny-llama's own weights, and {tmp_path / 'tiny-llama'} holds none" in capsys.readouterr().err
+
+
+def test_a_tokenizer_file_that_cannot_be_read_is_what_generate_says(capsys, tmp_path):
+    """A model directory whose tokenizer.json is cut short: `generate` says that file and why, once, not
+    "no tokenizer found with these weights" after a warning that it could not be read."""
+    import warnings
+
+    from linnet.export import export
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (no tokenizer written: one is put there below)
+        folder = Path(export("tiny-llama", "vllm", tmp_path / "tiny", weights="random", dtype="f32"))
+    (folder / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "BPE", "vocab": {"a')
+    assert main(["generate", str(folder), "hi"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("linnet: ") == 1 and "no tokenizer found" not in err, err
+    assert err.startswith(f"linnet: error: no tokenizer loaded from {folder / 'tokenizer.json'}: cannot load (EOF "), err
+    assert "`generate` needs one (--tokenizer names a model directory or GGUF" in err
 
 
 def test_a_chat_template_given_on_the_command_line(tmp_path, gguf_path, capsys):
