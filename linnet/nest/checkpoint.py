@@ -281,8 +281,8 @@ class SafetensorsCheckpoint(Checkpoint):
                 self._handles[key] = safe_open(str(file), framework="pt" if framework == "torch" else "numpy")
             except Exception as e:  # SafetensorError, OSError: truncated, corrupt, unreadable
                 detail = _safetensors_overrun(file)
-                raise WeightsError(f"{file}: cannot read safetensors file ({e}){detail}; "
-                                   "it may be truncated or corrupt") from None
+                raise WeightsError(lfs_pointer(file) or f"{file}: cannot read safetensors file ({e}){detail}; "
+                                                         "it may be truncated or corrupt") from None
         return self._handles[key]
 
     def file_of(self, name: str) -> str:
@@ -469,7 +469,26 @@ def _open_gguf(path: str):
     try:
         return gguf_file.GGUFFile(path)
     except gguf_file.GGUFFormatError as e:  # truncated, not GGUF, unsupported version
-        raise WeightsError(f"{path}: cannot read GGUF file ({e}); it may be truncated or corrupt") from None
+        raise WeightsError(lfs_pointer(Path(path)) or f"{path}: cannot read GGUF file ({e}); it may be truncated "
+                                                       f"or corrupt") from None
+
+
+# the first line of a file Git LFS stands in for the real one (a clone made without `git lfs`)
+LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+
+
+def lfs_pointer(file: Path) -> str | None:
+    """What to say of `file` where it is a Git LFS pointer (a repository cloned without its LFS files holds
+    these, some hundred bytes, in place of the weights), else None."""
+    try:
+        with open(file, "rb") as f:
+            if f.read(len(LFS_POINTER)) != LFS_POINTER:
+                return None
+        size = file.stat().st_size
+    except OSError:
+        return None
+    return (f"{file}: a Git LFS pointer ({size} bytes), not the file it stands for: the repository was cloned "
+            f"without its LFS files; fetch them (`git lfs pull` in the clone), or download the model (`hf download`)")
 
 
 # keys (`<arch>.key`) every GGUF file holds, and those every file of some architectures does

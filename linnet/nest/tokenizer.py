@@ -311,7 +311,9 @@ class Tokenizer:
             try:
                 backend = Backend.from_file(str(path))
             except Exception as e:
-                raise TokenizerError(f"{path}: cannot load ({e})") from None
+                from .checkpoint import lfs_pointer
+
+                raise TokenizerError(lfs_pointer(path) or f"{path}: cannot load ({e})") from None
         elif (d / SENTENCEPIECE_FILE).is_file():
             backend, model_specials, merger = _sentencepiece_backend(d / SENTENCEPIECE_FILE, tc, stm)
         else:

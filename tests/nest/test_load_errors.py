@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from linnet import nest
-from linnet.nest.errors import CardError, WeightsError
+from linnet.nest.errors import CardError, TokenizerError, WeightsError
 
 GENERICS = {"Batch": 2, "MaxSeq": 16}
 
@@ -205,6 +205,31 @@ def test_corrupt_header(ckpt_dir):
     shard.write_bytes(bytes(data))
     with pytest.raises(WeightsError, match=f"{shard}: cannot read safetensors file .*truncated or corrupt"):
         load(ckpt_dir)
+
+
+LFS_POINTER = ("version https://git-lfs.github.com/spec/v1\n"
+               "oid sha256:4d7a214614ab2935c943f9e0ff69d22eadbb8f32b1258daaa5e2ca24d17e2393\nsize 1234567\n")
+
+
+def test_a_git_lfs_pointer_in_place_of_a_file_is_named_so(ckpt_dir, tmp_path):
+    """A repository cloned without `git lfs` holds pointers of some hundred bytes in place of its
+    safetensors, GGUF and tokenizer.json: each is said to be one, with how to fetch the file (the
+    safetensors reader said "header too large: 2336927755350992246 bytes")."""
+    from linnet.nest.tokenizer import Tokenizer
+
+    shard = sorted(ckpt_dir.glob("*.safetensors"))[0]
+    shard.write_text(LFS_POINTER)
+    said = f"{shard}: a Git LFS pointer ({len(LFS_POINTER)} bytes), not the file it stands for: the repository was " \
+           f"cloned without its LFS files; fetch them (`git lfs pull` in the clone)"
+    with pytest.raises(WeightsError, match=re.escape(said)):
+        load(ckpt_dir)
+    gguf = tmp_path / "model.gguf"
+    gguf.write_text(LFS_POINTER)
+    with pytest.raises(WeightsError, match=re.escape(f"{gguf}: a Git LFS pointer")):
+        load(gguf)
+    (tmp_path / "tokenizer.json").write_text(LFS_POINTER)
+    with pytest.raises(TokenizerError, match=re.escape(f"{tmp_path / 'tokenizer.json'}: a Git LFS pointer")):
+        Tokenizer.from_dir(tmp_path)
 
 
 def test_dtype_mismatch_needs_cast_dtype(tiny_hf, tmp_path):
