@@ -248,6 +248,10 @@ class Tokenizer:
         if eos_token is not None:
             eos.append(backend.token_to_id(eos_token))
         self.eos_token_ids: list[int] = _unique(eos)
+        # the model's own end token (transformers' eos_token_id): the others among eos_token_ids (a generation
+        # config's <|eom_id|> beside Llama 3's <|eot_id|>) are vLLM's stop token ids, which a reply names
+        self.eos_token_id: int | None = backend.token_to_id(eos_token) if eos_token is not None else \
+            next(iter(self.eos_token_ids), None)
         self.chat_template = chat_template
         # the weights' other templates by name ("tool_use", "rag", ...): a model may write its tools'
         # prompt in a template of its own, which transformers, vLLM and llama.cpp take when tools are given

@@ -839,7 +839,10 @@ class Engine:
             if self.tokenizer is not None and not req.include_stop and (token in req.stop_token_ids
                                                                         or not req.keeps_end_token):
                 x.comp.text = self._text(x, x.generated[:-1])
-            x.comp.stop_reason = token if token in req.stop_token_ids else None  # an end token: None, as vLLM's
+            # the model's own end token: None, as vLLM's; another end token (a generation config's), its id, as
+            # vLLM makes those stop token ids
+            own = token == getattr(self.tokenizer, "eos_token_id", None) and token not in req.stop_token_ids
+            x.comp.stop_reason = None if own else token
             return "stop"
         if x.masked:
             x.matcher.consume_token(token)

@@ -636,6 +636,34 @@ def word_tokenizer(vocab: int):
     return Tokenizer(backend, eos_token_ids=[])
 
 
+def test_an_end_token_other_than_the_models_own_is_named_as_the_stop_reason(model):
+    """As vLLM's: the model's own end token (the tokenizer's eos_token) ends a reply with stop_reason None;
+    another its generation config lists (Llama 3's <|eom_id|> beside <|eot_id|>), which vLLM makes a stop
+    token id, ends it with stop_reason that id."""
+    from tokenizers import Tokenizer as Backend, models, pre_tokenizers
+
+    from linnet.nest.tokenizer import Tokenizer
+
+    for seed in range(23, 60):  # a prompt whose greedy third token is not among the first two, nor is one token
+        p = prompts(1, 12, 12, seed=seed)[0]
+        ref = reference_greedy(model, p, 6)
+        if ref[2] not in ref[:2] and len(set(ref)) < model.vocab:
+            break
+    unused = next(t for t in range(model.vocab) if t not in ref)
+    backend = Backend(models.WordLevel({f"t{i}": i for i in range(model.vocab)}, unk_token="t0"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    reasons = []
+    for own in (ref[2], unused):
+        model.tokenizer = Tokenizer(backend, eos_token=f"t{own}", eos_token_ids=[ref[2], unused])
+        try:
+            (done,), _ = Engine(model).run([Request(prompt=p, max_new_tokens=6)])
+        finally:
+            model.tokenizer = None
+        assert done.finish_reason == "stop" and done.tokens == ref[:3]
+        reasons.append(done.stop_reason)
+    assert reasons == [None, ref[2]]
+
+
 @pytest.mark.parametrize("include_stop", [False, True])
 def test_stop_strings_end_the_text_before_them_or_after_when_asked(model, include_stop):
     p = prompts(1, 12, 12, seed=23)[0]
