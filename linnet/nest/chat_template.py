@@ -100,9 +100,10 @@ def takes_content_parts(source: str) -> bool:
 
 def template_variables(messages, add_generation_prompt, special_tokens, extra) -> dict[str, Any]:
     """What a template sees: transformers' variables (tools and documents always defined, as none
-    when not given), the special tokens, and `extra` ones."""
+    when not given), the special tokens the tokenizer has, and `extra` ones. One it has not (Qwen's BOS)
+    is undefined, as transformers leaves it: `{{ bos_token }}` writes nothing, not "None"."""
     variables: dict[str, Any] = {"tools": None, "documents": None}
-    variables.update(special_tokens or {})
+    variables.update((name, text) for name, text in (special_tokens or {}).items() if text is not None)
     variables.update(extra)
     variables["messages"] = messages
     variables["add_generation_prompt"] = add_generation_prompt

@@ -318,6 +318,27 @@ def hf_dir(hf_gguf_tokenizer, tmp_path_factory):
     return d
 
 
+def test_a_special_token_the_tokenizer_has_not_is_undefined_in_its_template(hf_dir, tmp_path):
+    """A tokenizer without a BOS or a pad token (Qwen's): transformers leaves the template's variable
+    undefined, so `{{ bos_token }}` writes nothing; it wrote "None" into the prompt."""
+    import shutil
+
+    transformers = pytest.importorskip("transformers")
+    d = shutil.copytree(hf_dir, tmp_path / "t")
+    (d / "chat_template.jinja").write_text(
+        "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{{ 'pad:' ~ pad_token if pad_token is defined else 'no pad' }}")
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps({**cfg, "bos_token": None, "pad_token": None}))
+    (d / "special_tokens_map.json").unlink(missing_ok=True)
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
+    reference = transformers.AutoTokenizer.from_pretrained(d)
+    assert reference.bos_token is None and reference.pad_token is None
+    for messages in CHATS:
+        expected = reference.apply_chat_template(messages, tokenize=False)
+        assert "None" not in expected and Tokenizer.from_dir(d).apply_chat_template(messages) == expected
+
+
 def test_from_dir_matches_transformers(hf_dir, hf_gguf_tokenizer, gguf_tokenizer):
     tok = Tokenizer.from_dir(hf_dir)
     for text in TEXTS + DIGIT_AFTER_SPACE:
