@@ -715,6 +715,8 @@ def chat_prompt(body: dict, tokenizer, own_templates=None, most: int | None = No
     if extend and clean[-1]["role"] != "assistant":
         raise ApiError(400, f"'continue_final_message' continues a final assistant message; the last message "
                             f"here is a {clean[-1]['role']} message", "continue_final_message")
+    if extend:
+        clean[-1], final = _tagged_final(clean[-1])
     try:
         if template is None:
             text = tokenizer.apply_chat_template(clean, add_generation_prompt=generation_prompt, **extra)
@@ -732,23 +734,41 @@ def chat_prompt(body: dict, tokenizer, own_templates=None, most: int | None = No
             raise ApiError(500, f"the request's 'chat_template' could not be rendered: {err}",
                            kind="server_error") from None
         raise ApiError(400, f"the chat template rejected the messages: {err}", "messages") from None
-    if extend:  # (of a final message in parts, its last, as transformers cuts it)
-        final = clean[-1]["content"]
-        text = _cut_after_final(text, final if isinstance(final, str) else (final[-1]["text"] if final else ""))
+    if extend:
+        text = _cut_at_tag(text, final)
     return encode_text(tokenizer, text, "messages", add_special_tokens=False,
                        what="the chat template's text of 'messages'", most=most)
 
 
-def _cut_after_final(text: str, final: str) -> str:
-    """The rendered chat cut where the final message's text ends, as transformers cuts it: the
-    template's end-of-turn marks after it go; its trailing spaces stay if the template kept them."""
-    start = text.rfind(final.strip()) if final.strip() else -1
-    if start < 0:
+# transformers' mark at the end of the final message's text, where a prompt that continues it is cut
+FINAL_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+def _tagged_final(message: dict) -> tuple[dict, str]:
+    """(the final message with FINAL_TAG after its text, that text; of a message in parts, its last text part's),
+    as transformers' continue_final_message marks it: the prompt is cut where the template put the mark, not
+    where the text is last found, which the template's marks after it may hold too (an "e" in <|eot_id|>)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return {**message, "content": content + FINAL_TAG}, content
+    parts = list(content or [])
+    at = next((i for i in reversed(range(len(parts))) if isinstance(parts[i], dict) and "text" in parts[i]), None)
+    if at is None:
+        raise ApiError(400, "'continue_final_message': the final message has no text to continue",
+                       "continue_final_message")
+    text = parts[at]["text"]
+    parts[at] = {**parts[at], "text": text + FINAL_TAG}
+    return {**message, "content": parts}, text
+
+
+def _cut_at_tag(text: str, final: str) -> str:
+    """The rendered chat cut where the `final` message's text ends (at FINAL_TAG), as transformers cuts it:
+    the template's end-of-turn marks after it go; the text's trailing spaces stay if the template kept them."""
+    at = text.rfind(FINAL_TAG.strip())
+    if at < 0 or final.strip() not in text:
         raise ApiError(400, "'continue_final_message': the chat template does not keep the final message's "
                             "text as it is", "continue_final_message")
-    whole = final.lstrip()
-    kept = text.startswith(whole, start)
-    return text[:start + len(whole if kept else final.strip())]
+    return text[:at] if text.startswith(FINAL_TAG, at) else text[:at].rstrip()
 
 
 def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=None,

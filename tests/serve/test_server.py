@@ -1256,15 +1256,21 @@ THINKING_TEMPLATE = (
     "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}")
 
 
-@pytest.mark.parametrize("body", [
-    {"chat_template_kwargs": {"enable_thinking": False}},
-    {"chat_template_kwargs": {"enable_thinking": True}},
-    {"continue_final_message": True, "add_generation_prompt": False},
-    {"continue_final_message": True},
+@pytest.mark.parametrize("body, final", [
+    ({"chat_template_kwargs": {"enable_thinking": False}}, None),
+    ({"chat_template_kwargs": {"enable_thinking": True}}, None),
+    ({"continue_final_message": True, "add_generation_prompt": False}, "I would say "),
+    ({"continue_final_message": True}, "I would say "),
+    # a final text the template's own end-of-turn mark holds too (<|im_end|>), or none at all
+    ({"continue_final_message": True}, "e"),
+    ({"continue_final_message": True}, "end"),
+    ({"continue_final_message": True}, ""),
+    ({"continue_final_message": True}, "  "),
 ])
-def test_chat_template_kwargs_and_continuing_the_final_message_render_as_transformers_does(body):
+def test_chat_template_kwargs_and_continuing_the_final_message_render_as_transformers_does(body, final):
     """vLLM's chat_template_kwargs reach the template; continue_final_message ends the prompt inside
-    the last assistant message. transformers' apply_chat_template, given the same template, is the
+    the last assistant message, where its text ends (the prompt was cut inside <|im_end|> after a final
+    "e"; an empty one was a 400). transformers' apply_chat_template, given the same template, is the
     reference."""
     from transformers import PreTrainedTokenizerFast
 
@@ -1278,7 +1284,7 @@ def test_chat_template_kwargs_and_continuing_the_final_message_render_as_transfo
                 {"role": "assistant", "content": "Red.", "reasoning_content": "Any will do."},
                 {"role": "user", "content": "Another?"}]
     if body.get("continue_final_message"):
-        messages = messages + [{"role": "assistant", "content": "I would say "}]
+        messages = messages + [{"role": "assistant", "content": final}]
     reference = PreTrainedTokenizerFast(tokenizer_object=tok.backend)
     reference.chat_template = THINKING_TEMPLATE
     extend = body.get("continue_final_message", False)
