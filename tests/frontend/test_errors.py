@@ -1780,9 +1780,9 @@ def test_a_long_line_is_quoted_around_the_place(before, after):
 
 @pytest.mark.parametrize("command", ["check", "compile"])
 def test_a_file_far_larger_than_a_model_is_refused_unread(command: str, tmp_path, capsys):
-    """A checkpoint named by mistake (here a sparse file of zeros) is refused after 16 MiB, not read
-    whole; a device that never ends (/dev/zero) too."""
-    big = tmp_path / "model.gguf"
+    """A checkpoint named by mistake (here a sparse file of zeros; a .gguf or a folder is read as the
+    checkpoint it is) is refused after 16 MiB, not read whole; a device that never ends (/dev/zero) too."""
+    big = tmp_path / "model.bin"
     with open(big, "wb") as f:
         f.truncate(2 ** 34)  # 16 GiB that take no room on disk
     for path in (big, Path("/dev/zero")):
