@@ -534,7 +534,7 @@ def cmd_serve(args) -> int:
           log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
           cors=CorsPolicy(args.allowed_origins, args.allowed_methods, args.allowed_headers, args.allow_credentials),
           ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile, token_budget=args.token_budget, seed=args.seed,
-          max_logprobs=args.max_logprobs)
+          max_logprobs=args.max_logprobs, shutdown_timeout=args.shutdown_timeout)
     return 0
 
 
@@ -640,6 +640,7 @@ _max_seq = _context_flag(("auto",))  # --max-seq, vLLM's --max-model-len (its au
 _ctx_size = _context_flag(("auto", "0"))  # llama-cli's -c, --ctx-size: 0 is the model's
 _port = _number(0, 65535, "a port is 0 to 65535, not {}", what="a port number")
 _fraction = _number(0, 1, "must be from 0 to 1, not {}", "a number", float)  # --gpu-memory-utilization
+_seconds = _number(0, None, "must be 0 or more seconds (inf: no limit), not {}", "a number", float)
 
 
 def _sampling_flag(name: str, note: str = ""):
@@ -871,6 +872,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-logprobs", type=_max_logprobs, default=MAX_LOGPROBS,
                     help="the most logprobs a request may ask for with each token (logprobs, top_logprobs, "
                          "prompt_logprobs); more is a 400, as vLLM's (%(default)s)")
+    sv.add_argument("--shutdown-timeout", type=_seconds, default=0.0, metavar="SECONDS",
+                    help="on SIGTERM or Ctrl-C, how long the requests in flight may go on before each is ended with "
+                         "a 503 (0, as vLLM's: at once; a second signal ends them too); no new request is taken")
     _add_compile_cache(sv)
     sv.add_argument("--enforce-eager", action="store_true",
                     help="run every step eagerly: no CUDA graph, no CPU graph replay, no compiled model")

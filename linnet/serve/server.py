@@ -93,6 +93,10 @@ class OpenAIServer:
         # without the spaces around it, which no header value keeps
         self._key_bytes = None if api_key is None else api_key.strip().encode("utf-8", "surrogateescape")
         self.created = int(time.time())  # /v1/models' created: when the model was loaded to serve
+        # Shutdown (shutdown.py): once `closing`, a request is refused with a 503; once `ending`, those
+        # still answered (`_answering`, their tasks) are cancelled, each answering with a 503 as it goes.
+        self.closing = self.ending = False
+        self._answering: set = set()
         self.routes = {"/v1/models": ("GET", self._models), "/health": ("GET", self._health),
                        "/ping": ("GET", self._health), "/version": ("GET", self._version),
                        "/metrics": ("GET", self._metrics), "/v1/completions": ("POST", self._generate),
@@ -127,10 +131,15 @@ class OpenAIServer:
             await self._preflight(origin, headers, send_named)
             return
 
+        task = asyncio.current_task()
+        self._answering.add(task)
         try:
+            if self.closing:  # (a request on a connection opened before the server began to shut down)
+                raise _shutting_down()
             await self._route(scope, headers, receive, send_named)
-        except Exception as err:  # the client's error, or a bug of ours: a 500 for this request only
-            failure = err if isinstance(err, ApiError) else _internal(err)
+        except (Exception, asyncio.CancelledError) as err:  # the client's error, or a bug of ours: a 500 for this
+            # request only; or the server's end: a 503
+            failure = err if isinstance(err, ApiError) else self._cut_short(err)
             if started:  # past a stream's own error event (its writer's failure): end what was begun
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
             elif failure.status == 413:  # its client may be sending the body still: read and dropped before the close
@@ -139,6 +148,35 @@ class OpenAIServer:
                 await send_named({"type": "http.response.body", "body": b"", "more_body": False})
             else:
                 await _json(send_named, failure.status, failure.body, failure.headers)
+        finally:
+            self._answering.discard(task)
+
+    def close(self) -> None:
+        """The server shuts down: no request is taken from now on."""
+        self.closing = True
+
+    def busy(self) -> int:
+        """How many requests are being answered."""
+        return len(self._answering)
+
+    def end_requests(self) -> None:
+        """Ends every request being answered, each with a 503 (`_cut_short`); their engine requests
+        are cancelled as they go, their rows freed."""
+        self.ending = True
+        for task in self._answering:
+            task.cancel()
+
+    def _cut_short(self, err: BaseException) -> ApiError:
+        """The error a request answers with where `err` stopped it: a bug of ours (500), or the
+        server's end (503, a cancel from `end_requests`). Any other cancel goes on up."""
+        if not isinstance(err, asyncio.CancelledError):
+            return _internal(err)
+        if not self.ending:
+            raise err
+        uncancel = getattr(asyncio.current_task(), "uncancel", None)  # (Python 3.11's: the cancel is answered)
+        if uncancel is not None:
+            uncancel()
+        return _shutting_down()
 
     async def _preflight(self, origin: str, headers: dict, send):
         """A browser's question before a cross-origin request: may this origin send this method with
@@ -458,9 +496,10 @@ class OpenAIServer:
                 await event(writer.usage(job, comps))
             if responses is not None and not any(c.finish_reason == "error" for c in comps):
                 self._keep(responses, writer.final, comps)
-        except Exception as err:  # a bug of ours once the response has started: the error goes in the stream,
-            # as a failed choice's (a Responses stream then ends with "response.failed"), the rows freed
-            await event(writer.failure(_internal(err)))
+        except (Exception, asyncio.CancelledError) as err:  # a bug of ours, or the server's end, once the response
+            # has started: the error goes in the stream, as a failed choice's (a Responses stream then ends with
+            # "response.failed"), the rows freed
+            await event(writer.failure(self._cut_short(err)))
             if responses is not None and writer.final is None:
                 await event(writer.usage(job, comps))
         finally:
@@ -483,6 +522,11 @@ def _internal(err: Exception) -> ApiError:
     server's log (called where `err` is being handled)."""
     log.error("internal error answering a request", exc_info=err)
     return ApiError(500, f"internal error: {err}", kind="server_error")
+
+
+def _shutting_down() -> ApiError:
+    return ApiError(503, "the server is shutting down", code="server_shutting_down", kind="server_error",
+                    headers=((b"connection", b"close"),))
 
 
 def _failure(comp, fields: dict) -> ApiError:
@@ -583,8 +627,12 @@ def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: 
           stored_responses: int = 1024, trust_request_chat_template: bool = False, log_level: str = "info",
           access_log: bool = True, cors: CorsPolicy | None = None, ssl_certfile: str | None = None,
           ssl_keyfile: str | None = None, other_names: tuple = (), max_logprobs: int = MAX_LOGPROBS,
-          **engine_options) -> None:
+          shutdown_timeout: float = 0.0, **engine_options) -> None:
+    """Serves `model` until SIGTERM or Ctrl-C, then lets the requests in flight finish for up to
+    `shutdown_timeout` seconds (shutdown.py)."""
     import uvicorn
+
+    from linnet.serve.shutdown import DrainingServer
 
     engine = Engine(model, **engine_options)
     start = time.perf_counter()
@@ -602,5 +650,9 @@ def serve(model, name: str, host: str = "127.0.0.1", port: int = 8000, api_key: 
                        structure_in_reasoning=structure_in_reasoning, stored_responses=stored_responses,
                        trust_request_chat_template=trust_request_chat_template, cors=cors, other_names=other_names,
                        max_logprobs=max_logprobs)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=access_log, ssl_certfile=ssl_certfile,
-                ssl_keyfile=ssl_keyfile)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=access_log,
+                            ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
+    server = DrainingServer(config, app, shutdown_timeout)
+    server.run()
+    if not server.started:  # (as uvicorn.run: the address could not be had, said in uvicorn's log)
+        raise SystemExit(3)

