@@ -500,8 +500,7 @@ def _experts_stored_mxfp4(bound) -> bool:
     ckpt = bound.checkpoint
     if ckpt is None:
         return False
-    fmt = "gguf" if ckpt.format == "gguf" else "hf"
-    name = checkpoint_names(bound.module, fmt)["w_gate_up"][0]
+    name = checkpoint_names(bound.module, ckpt.source_format)["w_gate_up"][0]
     return ckpt.stored_dtype(name) == "mxfp4"
 
 

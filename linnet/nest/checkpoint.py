@@ -74,6 +74,11 @@ class Checkpoint(ABC):
     def config(self) -> dict:
         """A config.json-style dict (hidden_size, num_hidden_layers, ...)."""
 
+    @property
+    def source_format(self) -> str:
+        """Which of a card param's sources names its tensors here: "gguf", or "hf" (a Hugging Face model's)."""
+        return "gguf" if self.format == "gguf" else "hf"
+
     def __contains__(self, name: str) -> bool:
         return name in set(self.names())
 

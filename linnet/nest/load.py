@@ -639,7 +639,7 @@ def check_headers(module: Module, ckpt: Checkpoint, cast_dtype: bool,
     `layers_said`: what gave the card its layer count where the checkpoint's own config did (`own_layer_count`)."""
     from linnet.nest.bind import check_checkpoint, checkpoint_names
 
-    fmt = "gguf" if ckpt.format == "gguf" else "hf"
+    fmt = ckpt.source_format
     if fmt == "hf":  # a base model's checkpoint (GPT-2's on the hub) under the names of the model around it
         ckpt = under_base_prefix(ckpt, [n for names in checkpoint_names(module, fmt).values() for n in names])
     return ckpt, fmt, check_checkpoint(module, ckpt, fmt, cast_dtype, layers_said)

@@ -300,3 +300,22 @@ def test_a_param_declared_f32_reads_16_bit_weights_without_a_cast(tmp_path):
     with pytest.raises(WeightsError, match="pass cast_dtype=True"):
         bind_weights(spec, {f"layers.{l}.router.weight": torch.randn(4, 4) for l in (1, 2)}.__getitem__,
                      cast_dtype=False)
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=st.lists(st.integers(1, 9), min_size=0, max_size=3), block=st.integers(1, 40),
+       seed=st.integers(0, 2**31), use_torch=st.booleans())
+def test_infinities_in_f16_are_counted_block_by_block(shape, block, seed, use_torch):
+    """`bind._infinities`, which reads a param a block of rows at a time, counts its +-inf as
+    numpy's isinf does, whatever the shape and block (NaN is not inf)."""
+    from linnet.nest.bind import _infinities
+
+    rng = np.random.default_rng(seed)
+    values = rng.normal(0, 1e4, size=shape).astype(np.float16)
+    values[rng.random(size=shape) < 0.2] = np.inf
+    values[rng.random(size=shape) < 0.1] = -np.inf
+    values[rng.random(size=shape) < 0.1] = np.nan
+    want = int(np.isinf(values).sum())
+    got = _infinities(torch.from_numpy(values), torch.int16, block) if use_torch else \
+        _infinities(values, np.int16, block)
+    assert got == want
