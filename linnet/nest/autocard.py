@@ -80,6 +80,12 @@ def architectures_of(config: dict) -> list:
         if isinstance(archs, list) else []
 
 
+class ConfigRead(dict):
+    """config.json with transformers' defaults filled in; `filled`: the keys the file left out."""
+
+    filled: frozenset = frozenset()
+
+
 def with_transformers_defaults(config: dict) -> dict:
     """config.json as transformers reads it: each key it leaves out at its architecture's default
     (`TRANSFORMERS_DEFAULTS`; a key present, null included, is the file's). A rope base comes from
@@ -93,7 +99,8 @@ def with_transformers_defaults(config: dict) -> dict:
         defaults.pop("rope_theta", None)
     if any(key in config for key in EXPERT_COUNTS):  # the file's count, under either name
         defaults.pop("num_local_experts", None)
-    read = {**defaults, **config}
+    read = ConfigRead({**defaults, **config})
+    read.filled = frozenset(defaults) - set(config)
     if arch == "GptOssForCausalLM" and not config.get("rope_scaling") and config.get("rope_parameters") is None:
         read["rope_parameters"] = dict(GPT_OSS_ROPE)  # (over a null too, as GptOssConfig takes one)
     return read
@@ -216,6 +223,10 @@ NUMBERS = (
     # a rope's own (rope_scaling's, rope_parameters')
     "factor", "low_freq_factor", "high_freq_factor", "beta_fast", "beta_slow", "attention_factor", "mscale",
     "mscale_all_dim")
+# Of those, the ones a model divides by or takes the log of (a rope's base: 0 is a division by zero in its
+# frequencies) and the norms' epsilons, added under a root (a negative one is a NaN on a flat row)
+ABOVE_ZERO = ("rope_theta", "rope_local_base_freq")
+NOT_NEGATIVE = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
 FLAGS = (
     "tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window", "norm_topk_prob", "qk_layernorm",
     "scale_attn_weights", "scale_attn_by_inverse_layer_idx", "add_cross_attention", "use_bidirectional_attention",
@@ -234,6 +245,10 @@ def _takes(key: str, value) -> str | None:
         return "a whole number of at least 1"
     if key in NUMBERS and not number:
         return "a number"
+    if key in ABOVE_ZERO and not value > 0:
+        return "a number above 0"
+    if key in NOT_NEGATIVE and not value >= 0:
+        return "a number of at least 0"
     if key in FLAGS and not isinstance(value, bool):
         return "true or false"
     if key in OBJECTS and not isinstance(value, dict):
@@ -263,11 +278,15 @@ def check_value_types(config: dict, name: str) -> None:
             if wrong:
                 raise WeightsError(f"{name}: config.json's {where}{key} is {value!r}, and {key} takes {wrong}; "
                                    f"the checkpoint's config is malformed")
-    # query heads that cannot share their key/value heads evenly (5 and 2). More kv heads than heads is
-    # left to the card's own check: a config that leaves the key out has transformers' default filled in
-    # (Qwen2's 32), which a tiny config's 4 heads are read beside before its tensors are
+    # query heads that cannot share their key/value heads evenly (5 and 2, or 4 and 8); where the file leaves
+    # the kv heads out, transformers' default is what was read (Qwen2's 32, beside a tiny config's 4 heads)
     heads, kv_heads = config.get("num_attention_heads"), config.get("num_key_value_heads")
-    if isinstance(heads, int) and isinstance(kv_heads, int) and kv_heads <= heads and heads % kv_heads:
+    if isinstance(heads, int) and isinstance(kv_heads, int) and heads % kv_heads:
+        if "num_key_value_heads" in getattr(config, "filled", ()):
+            arch = next(a for a in architectures_of(config) if a in TRANSFORMERS_DEFAULTS)
+            raise WeightsError(f"{name}: config.json leaves out num_key_value_heads, which transformers reads as "
+                               f"{arch}'s default, {kv_heads}, and its num_attention_heads ({heads}) is no multiple "
+                               f"of that: set num_key_value_heads in config.json")
         raise WeightsError(f"{name}: config.json's num_attention_heads ({heads}) is no multiple of its "
                            f"num_key_value_heads ({kv_heads}): the query heads cannot share the key/value heads "
                            f"evenly; the checkpoint's config is malformed")

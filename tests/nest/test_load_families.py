@@ -756,6 +756,15 @@ OWN_REQUIRED = {"MixtralForCausalLM": dict(num_local_experts=4, num_experts_per_
                 "Qwen3MoeForCausalLM": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)}
 
 
+def heads_sharing_the_default_kv_heads(config_class: str, own: dict) -> dict:
+    """`own` with as many query heads as the config class's default key/value heads where 4 cannot share
+    them (Qwen2's 32, Mistral's 8): a config the card is written for, not one refused for its heads."""
+    import transformers
+
+    kv_heads = getattr(transformers, config_class)(**own).num_key_value_heads
+    return own if own["num_attention_heads"] % kv_heads == 0 else {**own, "num_attention_heads": kv_heads}
+
+
 @pytest.mark.parametrize("arch", list(ARCHITECTURES))
 def test_keys_a_config_leaves_out_are_transformers_defaults(arch, tmp_path):
     """A config.json of the keys every config has: the card's values are those transformers' config
@@ -766,7 +775,7 @@ def test_keys_a_config_leaves_out_are_transformers_defaults(arch, tmp_path):
 
     from linnet.nest.checkpoint import SafetensorsCheckpoint
 
-    own = {**REQUIRED, **OWN_REQUIRED.get(arch, {})}
+    own = heads_sharing_the_default_kv_heads(ARCHITECTURES[arch], {**REQUIRED, **OWN_REQUIRED.get(arch, {})})
     (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch], **own}))
     save_file({"x": np.zeros(1, np.float32)}, str(tmp_path / "model.safetensors"))
     config = SafetensorsCheckpoint(tmp_path).config()
@@ -914,10 +923,11 @@ def test_architectures_as_one_name_is_that_architecture(tmp_path):
 
     from linnet.nest.checkpoint import SafetensorsCheckpoint
 
-    (tmp_path / "config.json").write_text(json.dumps({"architectures": "MistralForCausalLM", **REQUIRED}))
+    required = heads_sharing_the_default_kv_heads("MistralConfig", REQUIRED)
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": "MistralForCausalLM", **required}))
     save_file({"x": np.zeros(1, np.float32)}, str(tmp_path / "model.safetensors"))
     source = card_source_from_config(SafetensorsCheckpoint(tmp_path).config(), "tiny")
-    reference = transformers.MistralConfig(**REQUIRED)
+    reference = transformers.MistralConfig(**required)
     assert "import llama\n" in source and f"  sliding_window = {reference.sliding_window}\n" in source
     with pytest.raises(nest.WeightsError, match=r"""config.json's "architectures" is 'FalconForCausalLM', an """
                                                 r"architecture not supported"):
@@ -971,7 +981,8 @@ def test_a_qwen_window_a_config_sets_without_its_length_is_transformers_default(
 
     from linnet.nest.checkpoint import SafetensorsCheckpoint
 
-    own = {**REQUIRED, **OWN_REQUIRED.get(arch, {}), "use_sliding_window": True, "max_window_layers": 0}
+    own = heads_sharing_the_default_kv_heads(ARCHITECTURES[arch], {**REQUIRED, **OWN_REQUIRED.get(arch, {}),
+                                                                    "use_sliding_window": True, "max_window_layers": 0})
     (tmp_path / "config.json").write_text(json.dumps({"architectures": [arch], **own}))
     save_file({"x": np.zeros(1, np.float32)}, str(tmp_path / "model.safetensors"))
     reference = getattr(transformers, ARCHITECTURES[arch])(**own)
@@ -1007,8 +1018,9 @@ def test_expert_counts_a_config_leaves_out_are_transformers_defaults(arch):
     from linnet.nest.autocard import EXPERT_COUNTS, with_transformers_defaults
 
     rope = {"rope_scaling": {"rope_type": "yarn", "factor": 32.0}} if arch == "GptOssForCausalLM" else {}
-    reference = getattr(transformers, arch.replace("ForCausalLM", "Config"))(**REQUIRED)
-    source = card_source_from_config(with_transformers_defaults({"architectures": [arch], **REQUIRED, **rope}), "t")
+    required = heads_sharing_the_default_kv_heads(arch.replace("ForCausalLM", "Config"), REQUIRED)
+    reference = getattr(transformers, arch.replace("ForCausalLM", "Config"))(**required)
+    source = card_source_from_config(with_transformers_defaults({"architectures": [arch], **required, **rope}), "t")
     want = {"experts": getattr(reference, "num_experts", None) or reference.num_local_experts,
             "experts_per_token": reference.num_experts_per_tok, "kv_heads": reference.num_key_value_heads}
     if arch == "Qwen3MoeForCausalLM":
@@ -1019,8 +1031,8 @@ def test_expert_counts_a_config_leaves_out_are_transformers_defaults(arch):
         assert f"  {key} = {value}\n" in source, (key, value, source)
     # either of transformers' names of the count (its attribute_map), not the default, where the file has one
     for count in EXPERT_COUNTS:
-        config = with_transformers_defaults({"architectures": [arch], **REQUIRED, **rope, count: 4})
-        assert getattr(transformers, arch.replace("ForCausalLM", "Config"))(**REQUIRED, **{count: 4}).num_experts == 4
+        config = with_transformers_defaults({"architectures": [arch], **required, **rope, count: 4})
+        assert getattr(transformers, arch.replace("ForCausalLM", "Config"))(**required, **{count: 4}).num_experts == 4
         assert "  experts = 4\n" in card_source_from_config(config, "t")
 
 
@@ -1060,6 +1072,47 @@ def test_a_count_of_0_is_refused_naming_its_key(family, key):
     with pytest.raises(nest.WeightsError, match=f"config.json's {key} is 0, and {key} takes a whole number of at "
                                                 f"least 1"):
         card_source_from_config(config, "tiny")
+
+
+@pytest.mark.parametrize("family, key, value, takes", [
+    ("qwen3", "rope_theta", 0, "a number above 0"), ("qwen2", "rope_theta", -5.0, "a number above 0"),
+    ("mistral", "rms_norm_eps", -1e-5, "a number of at least 0"),
+])
+def test_a_rope_base_or_norm_epsilon_out_of_its_range_is_refused_naming_its_key(family, key, value, takes):
+    """A rope base of 0 or under (transformers' frequencies divide by its powers: NaN logits) or a negative
+    norm epsilon (added under a root): config.json's key named, where the card's own check had named a line
+    of Linnet's architecture file, or (a base of 0) the model had loaded and answered NaN."""
+    prefix, own = FAMILIES[family]
+    if key == "rope_theta" and value == 0:
+        with torch.no_grad():
+            logits = random_model(family, rope_theta=value)(input_ids=torch.tensor([PROMPTS[0]])).logits
+        assert not torch.isfinite(logits).all()
+    config = {"architectures": [MODELS.get(family, prefix + "ForCausalLM")], **COMMON, **own, key: value}
+    with pytest.raises(nest.WeightsError, match=f"config.json's {key} is {value}, and {key} takes {takes}; the "
+                                                f"checkpoint's config is malformed"):
+        card_source_from_config(config, "tiny")
+
+
+def test_more_kv_heads_than_heads_is_the_configs_fault_and_a_default_is_said_to_be_one():
+    """4 query heads beside 8 key/value heads cannot share them (transformers' model fails on it): named as
+    config.json's; where the file leaves the kv heads out, the number is transformers' default (Qwen2's
+    32), which the message says, rather than a line of the card's attention."""
+    import transformers
+
+    from linnet.nest.autocard import with_transformers_defaults
+
+    with pytest.raises(Exception), torch.no_grad():
+        random_model("mistral", num_key_value_heads=8)(input_ids=torch.tensor([PROMPTS[0]]))
+    config = {"architectures": ["MistralForCausalLM"], **COMMON, **FAMILIES["mistral"][1], "num_key_value_heads": 8}
+    with pytest.raises(nest.WeightsError, match=r"tiny: config.json's num_attention_heads \(4\) is no multiple of "
+                                                r"its num_key_value_heads \(8\)"):
+        card_source_from_config(with_transformers_defaults(config), "tiny")
+    left_out = {k: v for k, v in COMMON.items() if k != "num_key_value_heads"}
+    assert transformers.Qwen2Config(**left_out).num_key_value_heads == 32
+    with pytest.raises(nest.WeightsError, match=r"tiny: config.json leaves out num_key_value_heads, which transformers "
+                                                r"reads as Qwen2ForCausalLM's default, 32, and its num_attention_heads "
+                                                r"\(4\) is no multiple of that: set num_key_value_heads in config.json"):
+        card_source_from_config(with_transformers_defaults({"architectures": ["Qwen2ForCausalLM"], **left_out}), "tiny")
 
 
 @pytest.mark.parametrize("family", ["gemma2", "gemma3", "qwen2", "smollm3"])
