@@ -41,7 +41,7 @@ parser.add_argument("--weights", default=None,
 parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"], help="the element type T (bf16)")
 parser.add_argument("--token-budget", type=positive, default=None, help="most tokens in one pass (default: 2048 on a GPU, 512 on a CPU)")
 parser.add_argument("--shards", type=positive, default=None, help="jax: spread the model over this many devices")
-parser.add_argument("--quantization", choices=["gguf"], default=None,
+parser.add_argument("--quantization", "-q", choices=["gguf"], default=None,
                     help="gguf: a .gguf's Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS "
                          "linears run in their blocks (torch on the CPU)")
 args = parser.parse_args()

@@ -2,7 +2,7 @@
 CPU's counterpart of the CUDA graph the torch runner captures on a GPU.
 
 Eager, a SmolLM2 one-row step spends about 4 ms of its 12 in Python and torch's dispatch around
-241 small kernel calls and the aten ops between them. Captured, the step is a list of kernel
+423 small kernel calls and the aten ops between them. Captured, the step is a list of kernel
 calls with their arguments; replayed, it is those calls in a C loop, and the Python is gone.
 
 `with capture() as graph:` runs what it holds (a decode step) once, for real, while it records:
