@@ -159,8 +159,12 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     del params
     bound.params = None
     bar.close()
+    from linnet.nest.tokenizer import end_token_ids
+
+    ends = () if bound.tokenizer is not None or bound.checkpoint is None else tuple(end_token_ids(bound.checkpoint))
     return LoadedModel(runner=runner, module=spec, backend=kind, device=device, tokenizer=bound.tokenizer,
-                       card=card_name, numerics=numerics, compile=compile, weights=bound.source, info=bound.info)
+                       card=card_name, numerics=numerics, compile=compile, weights=bound.source, info=bound.info,
+                       end_tokens=ends)
 
 
 @dataclass

@@ -26,6 +26,9 @@ class LoadedModel:
     compile: bool = False
     weights: str = ""
     info: dict = field(default_factory=dict)
+    # where no tokenizer was loaded (tokenizer=False), the tokens its checkpoint says the model ends on
+    # (`tokenizer.end_token_ids`), which the engine stops at as it would at the tokenizer's
+    end_tokens: tuple = ()
     # a weakref to the engine that last ran a pass on it; None once the cache is emptied (`reset`)
     holder: Any = field(default=None, repr=False, compare=False)
 

@@ -137,6 +137,30 @@ def _as_id_list(value, path: Path, key: str) -> list[int]:
     return ids
 
 
+def _config_eos_ids(d: Path, gen: dict, model_cfg: dict) -> list[int]:
+    """The end tokens of the model in directory `d`: its generation config's eos_token_id (one or a list),
+    else its config.json's."""
+    return (_as_id_list(gen.get("eos_token_id"), d / "generation_config.json", "eos_token_id")
+            or _as_id_list(model_cfg.get("eos_token_id"), d / "config.json", "eos_token_id"))
+
+
+def end_token_ids(ckpt) -> list[int]:
+    """The tokens a checkpoint's model ends generation on, read without its tokenizer (loaded with
+    tokenizer=False): those its tokenizer's `eos_token_ids` would be, as vLLM's skip_tokenizer_init
+    still stops on the generation config's. A GGUF's are llama.cpp's end-of-generation tokens."""
+    from .checkpoint import GGUFCheckpoint
+
+    if isinstance(ckpt, GGUFCheckpoint):
+        from .gguf_tokenizer import END_KEYS, end_of_generation
+
+        meta = ckpt.metadata
+        return end_of_generation(meta("tokenizer.ggml.tokens") or [],
+                                 [meta(f"tokenizer.ggml.{key}_token_id") for key in END_KEYS])
+    d = Path(ckpt.path)
+    d = d if d.is_dir() else d.parent
+    return _config_eos_ids(d, _read_json(d / "generation_config.json"), _read_json(d / "config.json"))
+
+
 def _as_id(value, path: Path, key: str) -> int | None:
     ids = _as_id_list(value, path, key)  # (a list of one id is that id: it names one token all the same)
     if len(ids) > 1:
@@ -343,8 +367,7 @@ class Tokenizer:
         named = {name: t for name, t in named.items() if isinstance(name, str) and isinstance(t, str)}
         template = named.pop("default", None) or next(iter(named.values()), None)
         gen_path, cfg_path = d / "generation_config.json", d / "config.json"
-        eos_ids = (_as_id_list(gen.get("eos_token_id"), gen_path, "eos_token_id")
-                   or _as_id_list(model_cfg.get("eos_token_id"), cfg_path, "eos_token_id"))
+        eos_ids = _config_eos_ids(d, gen, model_cfg)
         bos_id = None
         if special("bos_token") is None:
             bos_id = (_as_id(gen["bos_token_id"], gen_path, "bos_token_id") if "bos_token_id" in gen
@@ -367,8 +390,7 @@ class Tokenizer:
     def from_gguf(cls, gguf) -> "Tokenizer":
         """From a GGUF file path or an open `GGUFCheckpoint` (to read the file once)."""
         from .checkpoint import GGUFCheckpoint
-        from .gguf_tokenizer import (END_KEYS, build_gguf_tokenizer, end_of_generation, rstripped, sentencepiece_merger,
-                                      special_splitter)
+        from .gguf_tokenizer import build_gguf_tokenizer, rstripped, sentencepiece_merger, special_splitter
 
         ckpt = gguf if isinstance(gguf, GGUFCheckpoint) else GGUFCheckpoint(gguf)
         meta = ckpt.metadata
@@ -384,7 +406,7 @@ class Tokenizer:
 
         # llama.cpp ends generation on EOS, on EOT / EOM (and its FIM padding and separators) where the
         # file names them, and on the tokens it knows by their text
-        stops = end_of_generation(tokens, [meta(f"tokenizer.ggml.{key}_token_id") for key in END_KEYS])
+        stops = end_token_ids(ckpt)
         tok = cls(
             backend,
             bos_token=text("bos"),

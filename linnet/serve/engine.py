@@ -133,7 +133,8 @@ class Engine:
         self.prefix_min = prefix_min
         self.rng = random.Random(seed)
         self.tokenizer = getattr(model, "tokenizer", None)
-        self.eos = set(self.tokenizer.eos_token_ids) if self.tokenizer is not None else set()
+        self.eos = set(self.tokenizer.eos_token_ids) if self.tokenizer is not None else \
+            set(getattr(model, "end_tokens", ()))  # (a model loaded without its tokenizer: its checkpoint's)
         self.free_rows = list(range(self.rows))
         self.row_tokens: list = [[] for _ in range(self.rows)]  # tokens whose k/v each row holds, from 0
         self.row_salt: list = [None] * self.rows  # the cache_salt of the request that wrote each row's tokens

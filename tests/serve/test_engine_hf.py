@@ -57,3 +57,25 @@ def test_chunked_shared_and_windowed_prompts_equal_transformers(twin, backend):
     done, stats = engine.run([Request(prompt=p, max_new_tokens=NEW) for p in prompts])
     assert [c.tokens for c in done] == expected
     assert stats.copied_tokens > 0 and stats.passes["mixed"] > 0  # prefixes shared; prompts beside decoding rows
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_a_model_loaded_without_its_tokenizer_stops_at_its_checkpoints_end_tokens(twin, backend, tmp_path):
+    """tokenizer=False: the engine still ends a request at the end tokens generation_config.json names
+    (as vLLM's skip_tokenizer_init and transformers' generate do), here two tokens transformers' greedy
+    reply reaches; before, it had none and ran on to max_new_tokens."""
+    import json
+    import shutil
+
+    card, directory, prompts, expected = twin
+    ends = [expected[3][2], expected[5][4]]
+    checkpoint = tmp_path / "checkpoint"
+    shutil.copytree(directory, checkpoint)
+    (checkpoint / "generation_config.json").write_text(json.dumps({"eos_token_id": ends}))
+    model = nest.load(card, backend=backend, weights=checkpoint, tokenizer=False, generics={**GENERICS, "T": "f32"})
+    assert model.tokenizer is None and list(model.end_tokens) == ends
+    done, _ = Engine(model).run([Request(prompt=p, max_new_tokens=NEW) for p in prompts])
+    for comp, want in zip(done, expected):
+        cut = next((i + 1 for i, t in enumerate(want) if t in ends), len(want))
+        assert comp.tokens == want[:cut]
+        assert comp.finish_reason == ("stop" if cut < len(want) or want[-1] in ends else "length")
