@@ -110,6 +110,9 @@ class Engine:
     def __init__(self, model, token_budget: int | None = None, prefix_min: int = 64, seed: int = 0):
         """`token_budget`: most tokens in one pass (default: 2048 on a GPU, 512 on a CPU).
         `prefix_min`: shortest shared prefix worth copying from another row (equal prompts always are)."""
+        if not all(hasattr(model, attr) for attr in ("runner", "module", "backend")):  # (vLLM's LLM takes a name)
+            raise TypeError(f"Engine takes a model that linnet.nest.load gave, not {model!r}: "
+                            f"Engine(nest.load(card, ...))")
         self.model = model
         self.runner = make_runner(model)
         self.rows = model.batch
@@ -263,6 +266,8 @@ class Engine:
             raise RuntimeError(f"Engine.warmup() while {len(self.live)} request(s) hold cache rows: the warmup empties "
                                f"the cache, and they went on from rows that no longer held their tokens; step them "
                                f"to their end, or cancel them, first")
+        if is_int(prompt_lengths):
+            raise TypeError(f"warmup takes a list of prompt lengths, not one: warmup([{prompt_lengths}])")
         lengths = list(prompt_lengths)
         bad = [n for n in lengths if not is_int(n) or n < 1]
         if bad:
@@ -369,6 +374,8 @@ class Engine:
         as a copy under its id and "#2", "#3", ... (its completion's `request`). Requests submitted
         before and still in flight run with them: their own completions end, and the stats count them.
         """
+        if isinstance(requests, Request):
+            raise TypeError("run takes a list of linnet.serve.Request, not one: run([request])")
         requests = list(requests)
         odd = [r for r in requests if not isinstance(r, Request)]
         if odd:

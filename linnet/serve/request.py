@@ -156,6 +156,9 @@ class Request:
                                "max_new_tokens")
         plain["max_new_tokens"] = int(self.max_new_tokens)
         need = len(plain["prompt"]) + plain["max_new_tokens"]
+        if len(plain["prompt"]) > max_seq:  # (the prompt's fault: no max_new_tokens would fit it)
+            raise RequestError(f"{self.id}: the prompt ({tokens(len(self.prompt))}) is longer than a cache row "
+                               f"holds (MaxSeq = {max_seq})", "prompt")
         if need > max_seq:
             raise RequestError(f"{self.id}: the prompt ({tokens(len(self.prompt))}) plus max_new_tokens "
                                f"({self.max_new_tokens}) is {need} positions, more than a cache row holds "

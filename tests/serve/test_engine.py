@@ -288,8 +288,14 @@ def test_bad_requests_are_rejected_and_others_run(model):
     assert "MaxSeq" in done[3].error
     assert "max_new_tokens" in done[4].error
     assert "the prompt must be a list of token ids, not str" in done[5].error
-    with pytest.raises(RequestError, match="MaxSeq = 96"):
+    with pytest.raises(RequestError, match="MaxSeq = 96") as caught:
         Engine(model).submit(Request(prompt=[1] * 90, max_new_tokens=10))
+    assert caught.value.field == "max_new_tokens"
+    # a prompt no max_new_tokens would fit, even 0, is the prompt's fault (vLLM: "longer than the maximum model length")
+    with pytest.raises(RequestError, match=r"the prompt \(97 tokens\) is longer than a cache row holds \(MaxSeq = 96\)") \
+            as caught:
+        Engine(model).submit(Request(prompt=[1] * 97, max_new_tokens=0))
+    assert caught.value.field == "prompt"
 
 
 def test_allowed_token_ids_as_a_tuple_hold_the_draws_as_a_list_does(model):

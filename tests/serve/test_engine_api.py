@@ -110,6 +110,13 @@ def test_run_refuses_what_is_no_request_up_front(model):
     assert not engine.has_work()  # the good one was not left queued
     with pytest.raises(TypeError, match="submit takes a linnet.serve.Request, not dict"):
         engine.submit({"prompt": [1, 2]})
+    with pytest.raises(TypeError, match=r"run takes a list of linnet.serve.Request, not one: run\(\[request\]\)"):
+        engine.run(Request(prompt=[1, 2]))
+    with pytest.raises(TypeError, match=r"warmup takes a list of prompt lengths, not one: warmup\(\[5\]\)"):
+        engine.warmup(5)
+    for given in (None, "smollm2-135m-instruct"):  # (vLLM's LLM takes a model's name)
+        with pytest.raises(TypeError, match=r"Engine takes a model that linnet.nest.load gave, not "):
+            Engine(given)
     assert not engine.has_work() and not engine.in_flight
 
 
