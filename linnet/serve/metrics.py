@@ -14,7 +14,7 @@ from linnet.serve.stats import percentiles
 
 def _line(name: str, value, labels: dict | None = None) -> str:
     tags = "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else ""
-    return f"{name}{tags} {value}"
+    return f"{name}{tags} {'NaN' if value is None else value}"  # (a quantile of no samples: Prometheus' NaN)
 
 
 # vLLM's finished_reason for an engine's finish reason (an "error" has none of vLLM's)

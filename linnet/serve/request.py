@@ -166,15 +166,16 @@ class Request:
         # past LARGEST_SCALE a banned token's logit over the temperature is NaN, and the draw ignores every
         # mask; a repetition penalty under its reciprocal (0 in f32) makes a seen token's logit infinite
         for name, (lo, hi, whole) in SAMPLING_RANGES.items():
-            if whole:  # (top_k, below: the engine's "no limit" is 0 alone, the API's -1 mapped to it)
+            if whole:  # (top_k, below: vLLM's -1 taken as the engine's "no limit", 0)
                 continue
             value = getattr(self, name)
             if not _is_number(value) or not lo <= value <= hi:
                 raise RequestError(f"{self.id}: {name} must be a number in [{lo:g}, {hi:g}], not {value!r}", name)
             plain[name] = float(value)
-        if not is_int(self.top_k) or self.top_k < 0:
-            raise RequestError(f"{self.id}: top_k must be an integer >= 0 (0: no limit), not {self.top_k!r}", "top_k")
-        plain["top_k"] = int(self.top_k)
+        if not is_int(self.top_k) or self.top_k < -1:
+            raise RequestError(f"{self.id}: top_k must be an integer >= -1 (-1 or 0: no limit), not {self.top_k!r}",
+                               "top_k")
+        plain["top_k"] = max(0, int(self.top_k))  # (vLLM's -1, the engine's 0)
         if self.seed is not None and not is_int(self.seed):
             raise RequestError(f"{self.id}: seed must be an integer, not {self.seed!r}", "seed")
         plain["seed"] = None if self.seed is None else int(self.seed)
@@ -198,7 +199,9 @@ class Request:
             raise RequestError(f"{self.id}: logit_bias must be a dict of token id -> bias, not {self.logit_bias!r}",
                                "logit_bias")
         for t, v in (self.logit_bias or {}).items():
-            if not is_int(t) or not 0 <= t < vocab:
+            if not is_int(t):  # (a JSON object's keys, strings, are the server's to read as ids)
+                raise RequestError(f"{self.id}: logit_bias's keys are token ids, integers, not {t!r}", "logit_bias")
+            if not 0 <= t < vocab:
                 raise RequestError(f"{self.id}: logit_bias token id {t!r} is outside the vocabulary [0, {vocab})",
                                    "logit_bias")
             if not _is_number(v) or not -100 <= v <= 100:

@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 
 
 def percentiles(values: list, qs=(50, 90, 99)) -> dict:
+    """{"p50": ..., ...} of `values`; each None where there are none (no request has had a token yet)."""
     if not values:
-        return {f"p{q}": 0.0 for q in qs}
+        return {f"p{q}": None for q in qs}
     s = sorted(values)
     return {f"p{q}": s[min(len(s) - 1, int(round(q / 100 * (len(s) - 1))))] for q in qs}
 

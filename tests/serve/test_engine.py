@@ -298,6 +298,12 @@ def test_bad_requests_are_rejected_and_others_run(model):
     assert caught.value.field == "prompt"
 
 
+def test_top_k_minus_1_is_vllms_no_limit_as_0_is(model):
+    p = prompts(1, 5, 5, seed=13)[0]
+    done, _ = Engine(model).run([Request(prompt=p, max_new_tokens=8, temperature=1.0, seed=5, top_k=k) for k in (-1, 0)])
+    assert done[0].finish_reason == "length" and done[0].tokens == done[1].tokens
+
+
 def test_allowed_token_ids_as_a_tuple_hold_the_draws_as_a_list_does(model):
     p = prompts(1, 5, 5, seed=13)[0]
     done, _ = Engine(model).run([Request(prompt=p, max_new_tokens=6, temperature=1.0, seed=s, allowed_token_ids=kind)
@@ -386,6 +392,8 @@ def test_an_engine_stepped_by_hand_counts_its_time_and_compiles(model):
 @pytest.mark.parametrize("field, value, needle", [
     ("temperature", None, "temperature must be a number"), ("temperature", float("nan"), "temperature"),
     ("top_k", None, "top_k must be an integer"), ("top_k", 2.5, "top_k"), ("seed", "7", "seed must be an integer"),
+    ("top_k", -2, "top_k must be an integer >= -1 (-1 or 0: no limit)"),
+    ("logit_bias", {"5": 1.0}, "logit_bias's keys are token ids, integers, not '5'"),
     ("presence_penalty", float("inf"), "presence_penalty"), ("frequency_penalty", 3.0, "frequency_penalty"),
     ("repetition_penalty", float("nan"), "repetition_penalty"), ("stop", "t5", "stop must be a list"),
     ("stop", [""], "non-empty strings"), ("stop_token_ids", None, "stop_token_ids must be a list"),

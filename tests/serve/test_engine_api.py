@@ -202,6 +202,17 @@ def test_a_prompt_of_other_numbers_or_shapes_is_refused(model, prompt, needle):
     assert err.value.field == "prompt"
 
 
+def test_latency_quantiles_of_no_samples_are_none_not_zero(model):
+    """A run whose requests drew no token (max_new_tokens 0) has no latency: its quantiles are None,
+    and /metrics gives Prometheus' NaN for them, not a latency of 0 s."""
+    from linnet.serve.metrics import prometheus_text
+
+    engine = Engine(model)
+    _, stats = engine.run([Request(prompt=[1, 2, 3], max_new_tokens=0)])
+    assert stats.summary()["ttft_s"] == stats.summary()["token_latency_s"] == {"p50": None, "p90": None, "p99": None}
+    assert 'linnet_time_to_first_token_seconds{quantile="0.50"} NaN' in prometheus_text(engine)
+
+
 def test_an_engine_stepped_by_hand_keeps_a_window_of_samples(model, monkeypatch):
     """Stepped by hand (submit, step), as a server's loop steps it, the engine keeps the latest
     SERVING_WINDOW latency samples, not every one (about 100 bytes a request, without end); run()
