@@ -201,8 +201,6 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
     module, card_name, ckpt = resolved or resolve_card(name, weights)
     free = room[1] if room is not None and room[1] is not None else context_free
     spec, context = _specialize(module, dict(generics or {}), numerics, free, cache_space)
-    if room is not None:
-        check_fits(spec, card_name, *room)
     past = past_context(module, card_name, spec.bindings.get("MaxSeq", 0))
     if past:  # as llama.cpp, a warning: the user may know better
         warnings.warn(past, stacklevel=3)
@@ -222,6 +220,8 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
         from linnet.nest.random_weights import random_weights
 
         check_source(quantization, None)
+        if room is not None:
+            check_fits(spec, card_name, *room)
         bound = BoundWeights(spec, card_name, random_weights(spec, seed=seed, device=device, runs_on=runs_on), None,
                              "random", info=info)
     else:
@@ -233,8 +233,12 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
         else:  # the card was written from this checkpoint's config: its layer count is the tensors' to hold
             said = own_layer_count(ckpt)
         check_source(quantization, ckpt)
-        params, info["unused_tensors"] = _read(spec, ckpt, cast_dtype, device, progress, framework, quantization,
-                                               said)
+        # its headers first: a config whose sizes are not its tensors' (a vocab_size of a billion) is told as
+        # that, rather than as the memory such a model would need
+        headers = check_headers(spec, ckpt, cast_dtype, said)
+        if room is not None:
+            check_fits(spec, card_name, *room)
+        params, info["unused_tensors"] = _read(spec, headers, cast_dtype, device, progress, framework, quantization)
         bound = BoundWeights(spec, card_name, params, None, ckpt.path, ckpt, info)
     if tok is None and tokenizer is True and bound.checkpoint is None:  # random weights: the card's own
         tok, tok_from = _card_tokenizer(card_name, module, spec)
@@ -649,14 +653,14 @@ def check_headers(module: Module, ckpt: Checkpoint, cast_dtype: bool,
     return ckpt, fmt, check_checkpoint(module, ckpt, fmt, cast_dtype, layers_said)
 
 
-def _read(module: Module, ckpt: Checkpoint, cast_dtype: bool, device: str, progress: bool | None, framework: str,
-          quantization: str | None = None, layers_said: str | None = None):
-    """({param: array}, unused checkpoint tensors), after checking every header against the card;
-    with `quantization`, a GGUF's params of the types `cpu_qlinear.READS` lists as their blocks
+def _read(module: Module, headers: tuple, cast_dtype: bool, device: str, progress: bool | None, framework: str,
+          quantization: str | None = None):
+    """({param: array}, unused checkpoint tensors) of the checkpoint `check_headers` checked (`headers`, what
+    it gave); with `quantization`, a GGUF's params of the types `cpu_qlinear.READS` lists as their blocks
     (`nest.quantized.QuantBlocks`)."""
     from linnet.nest.bind import bind_weights, checkpoint_names
 
-    ckpt, fmt, unused = check_headers(module, ckpt, cast_dtype, layers_said)
+    ckpt, fmt, unused = headers
     unused = _tied_head(module, ckpt, fmt, unused)
     # a bias the card does not add changes every logit (a Mistral config saying attention_bias, whose
     # checkpoint holds q/k/v biases that transformers' Mistral drops and vLLM's adds): refused, not warned of

@@ -320,6 +320,17 @@ def test_a_config_without_its_familys_keys(ckpt_dir):
         load(ckpt_dir)
 
 
+def test_a_config_size_the_tensors_do_not_have_is_told_before_the_memory_it_would_need(ckpt_dir):
+    """config.json's vocab_size a billion, its tensors the tiny vocabulary's: the headers' mismatch is
+    named, not "needs 256 GB" of a model no one has."""
+    cfg = json.loads((ckpt_dir / "config.json").read_text())
+    vocab, cfg["vocab_size"] = cfg["vocab_size"], 10**9
+    (ckpt_dir / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(WeightsError, match=rf"tensor 'model.embed_tokens.weight' is \[{vocab}, \d+\], but param "
+                                           rf"`embed` declares \[1000000000, \d+\]"):
+        nest.load(ckpt_dir, generics={"Batch": 1, "MaxSeq": 16})
+
+
 def test_query_heads_that_cannot_share_their_key_value_heads_are_the_configs_fault(ckpt_dir):
     """An error inside the card's attention (its architecture's file and line), before: the config's keys."""
     cfg = json.loads((ckpt_dir / "config.json").read_text())
