@@ -139,6 +139,11 @@ def card_source_from_config(config: dict, name: str, rope_scaled_context: bool =
     try:
         values = values_of(config, name)
     except KeyError as missing:  # a config.json without a key its family always has
+        if missing.args[0] == "rope_type":  # (`_rope_scaling`: what the factor scales is not said)
+            where = "rope_scaling" if config.get("rope_scaling") else "rope_parameters"
+            raise WeightsError(f"{name}: config.json's {where} has a factor but no 'rope_type' (or 'type') saying "
+                               f"which scaling it is (linear, dynamic, yarn, llama3, ...); the checkpoint's config "
+                               f"is incomplete") from None
         raise WeightsError(f"{name}: config.json has no {missing.args[0]!r}, which a {arch} config holds; "
                            f"the checkpoint's config is incomplete") from None
     except (TypeError, ValueError) as bad:  # a null, or a word, where a number belongs (`"rms_norm_eps": null`)

@@ -394,7 +394,9 @@ def test_a_hub_config_gives_its_registry_card(card, tmp_path):
      "config.json has no 'original_max_position_embeddings', which a Qwen2ForCausalLM config holds"),
     # a null where a number belongs: named, not a TypeError
     # a rope scaled by a factor, of no kind (rope_type null): named, not read as plain rope
-    ("mistral", {"rope_scaling": {"rope_type": None, "factor": 2.0}}, "config.json has no 'rope_type'"),
+    ("mistral", {"rope_scaling": {"rope_type": None, "factor": 2.0}},
+     r"config.json's rope_scaling has a factor but no 'rope_type' \(or 'type'\) saying which scaling it is"),
+    ("mistral", {"rope_scaling": {"factor": 2.0}}, r"rope_scaling has a factor but no 'rope_type' \(or 'type'\)"),
     ("mistral", {"rms_norm_eps": None}, r"config.json holds a value a MistralForCausalLM config cannot have \(float\(\) "
                                         r".*; its keys that are null or text: .*rms_norm_eps$"),
 ])
