@@ -15,7 +15,6 @@ import re
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from linnet.serve.request import SAMPLING_RANGES
 
 from .chat_template import render_chat_template
 from .errors import TokenizerError
@@ -37,12 +36,13 @@ _UNICODE_TO_BYTE = _gpt2_bytes()
 
 def _byte_kind(backend) -> str:
     """"byte_level" where the decoder maps GPT-2's characters back to bytes, "sentencepiece" where
-    it reads <0xNN> byte tokens (byte fallback), "" otherwise (a token's bytes are its text's)."""
+    it reads <0xNN> byte tokens (byte fallback) or turns SentencePiece's "▁" into spaces (Metaspace,
+    whose decoding of one token drops its leading space), "" otherwise (a token's bytes are its text's)."""
     decoder = json.loads(backend.to_str()).get("decoder") or {}
     kinds = [d.get("type") for d in decoder.get("decoders", [decoder])] if isinstance(decoder, dict) else []
     if "ByteLevel" in kinds:
         return "byte_level"
-    return "sentencepiece" if "ByteFallback" in kinds else ""
+    return "sentencepiece" if "ByteFallback" in kinds or "Metaspace" in kinds else ""
 
 
 _REPLACEMENT = "\ufffd"  # what a decoder yields for an incomplete UTF-8 sequence
@@ -85,14 +85,14 @@ SAMPLING_DEFAULTS = {"temperature": "temperature", "top_p": "top_p", "top_k": "t
                      "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
 
 
-# what a request takes in each of those fields: the engine's ranges, and max_tokens any count
-_DEFAULT_RANGES = {**SAMPLING_RANGES, "max_new_tokens": (1, None, True)}
-
-
 def sampling_problem(key: str, value) -> str | None:
     """Why generation config `key`'s `value` is no default a request can take ("a number", "between
     0 and 1"), or None where it is one."""
-    least, most, whole = _DEFAULT_RANGES[key]
+    # what a request takes in each of those fields: the engine's ranges, and max_tokens any count (imported
+    # here: linnet.serve brings the engine, which a model loaded without its tokenizer need not hold)
+    from linnet.serve.request import SAMPLING_RANGES
+
+    least, most, whole = {**SAMPLING_RANGES, "max_new_tokens": (1, None, True)}[key]
     if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value or value in (
             float("inf"), float("-inf")):
         return "a number"

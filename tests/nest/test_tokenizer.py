@@ -232,6 +232,23 @@ def test_a_sentencepiece_tokens_bytes(spm_gguf):
     assert spm.token_bytes(spm.token_to_id("<0xF0>")) == b"\xf0"
 
 
+def test_a_metaspace_tokens_bytes_keep_its_spaces():
+    """A tokenizer.json whose decoder is Metaspace alone (no byte fallback): each token's bytes hold its
+    word's space, which decoding it alone drops; a text's tokens' bytes add up to it, after the space
+    Metaspace puts before it."""
+    from tokenizers import Tokenizer as Backend, decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "\u2581The": 1, "\u2581capital": 2, "\u2581is": 3, "\u2581Paris": 4, ".": 5}
+    backend = Backend(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.decoder = decoders.Metaspace()
+    tok = Tokenizer(backend)
+    text = "The capital is Paris"
+    ids = tok.encode(text, add_special_tokens=False)
+    assert ids == [1, 2, 3, 4] and tok.decode(ids) == text and tok.decode([4]) == "Paris"
+    assert b"".join(tok.token_bytes(i) for i in ids) == b" " + text.encode()
+
+
 def test_emoji_split_across_tokens_is_held_back(gguf_tokenizer):
     ids = gguf_tokenizer.encode("ok 🫠!")
     alone = [gguf_tokenizer.decode([i]) for i in ids]
