@@ -158,7 +158,9 @@ def cmd_generate(args) -> int:
     if args.system is not None and not args.chat:
         raise _FlagError("--system needs --chat")
     if args.prompt == "-":  # (before the model loads: a pipe that fails says so at once)
-        args.prompt = sys.stdin.read()
+        # less the newline that ends a file or an echo, as llama-cli's -f drops it: a prompt typed as an
+        # argument has none, and the newline's token changed the reply
+        args.prompt = sys.stdin.read().removesuffix("\n")
     structure = _structure(args)  # (the request's numbers are the flags' types: checked as they are parsed)
     _note_exact_numerics(args.numerics, args.dtype)  # (asked for: the default is None, bf16 with fast)
     # exact numerics compute in f32 whatever T: the note above says so where a 16-bit T was asked for
@@ -201,14 +203,15 @@ def cmd_generate(args) -> int:
     room = model.max_seq - len(ids)
     if room < 1:
         raise _UsageError(f"the prompt is {tokens(len(ids))}; --max-seq {model.max_seq} leaves no room to generate")
-    max_new = min(args.max_new_tokens, room)
-    if max_new < args.max_new_tokens:
+    max_new = room if args.max_new_tokens == -1 else min(args.max_new_tokens, room)  # (-1: llama-cli's "until full")
+    if args.max_new_tokens != -1 and max_new < args.max_new_tokens:
         print(f"linnet: note: generating at most {max_new} tokens (--max-seq {model.max_seq})", file=sys.stderr)
 
     engine = Engine(model, seed=args.seed or 0)
     req = Request(prompt=ids, max_new_tokens=max_new, temperature=args.temperature, top_p=args.top_p,
                   top_k=args.top_k, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-                  seed=args.seed, structure=structure, stop=args.stop or [])
+                  presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty,
+                  ignore_eos=args.ignore_eos, seed=args.seed, structure=structure, stop=args.stop or [])
     if model.backend == "jax" or model.compile:  # compile (XLA) or capture (CUDA graphs) before the clock starts
         bar = Progress(f"compiling {model.card} ({model.backend})")
         _warm_up(engine, req)
@@ -625,6 +628,21 @@ def _number(lo: float, hi: float | None, out_of_range: str, what: str = "a whole
 _seed = _number(0, (1 << 63) - 1, "must be from 0 to 2**63 - 1, not {}")
 _positive = _number(1, None, "must be 1 or more, not {}")
 _nonnegative = _number(0, None, "must be 0 or more, not {}")
+_top_k = _number(-1, None, "must be 0 or more, or -1 (0 and -1: all, as vLLM's), not {}")
+
+
+def _new_tokens(text: str) -> int:
+    """generate's --max-new-tokens: a count, or llama-cli's -1 (until the context is full)."""
+    return -1 if text.strip() == "-1" else _positive(text)
+
+
+def _run_seed(text: str) -> int:
+    """generate's --seed: a seed, or llama-cli's -1, a random one (its default)."""
+    if text.strip() == "-1":
+        import secrets
+
+        return secrets.randbits(63)
+    return _seed(text)
 
 
 def _context_flag(model_own: tuple):
@@ -745,12 +763,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--system", help="a system message (with --chat; llama-cli's -sys, --system-prompt)")
     g.add_argument("--chat-template", default=None,
                    help="a Jinja chat template (a file, or the template itself) in place of the tokenizer's")
-    g.add_argument("--max-new-tokens", type=_positive, default=256,
-                   help="most tokens to generate (256; llama-cli's -n, --n-predict; vLLM's max_tokens, --max-tokens)")
+    g.add_argument("--max-new-tokens", type=_new_tokens, default=256,
+                   help="most tokens to generate (256; -1: until the context is full; llama-cli's -n, --n-predict; "
+                        "vLLM's max_tokens, --max-tokens)")
     g.add_argument("--temperature", type=_temperature, default=0.0, help="0 (the default) is greedy (llama-cli's --temp)")
     g.add_argument("--top-p", type=_top_p, default=1.0, help="sample from the likeliest tokens whose probabilities "
                    "add up to this (1, the default: from all)")
-    g.add_argument("--top-k", type=_nonnegative, default=0,
+    g.add_argument("--top-k", type=_top_k, default=0,
                    help="sample from this many likeliest tokens (0, the default, as vLLM's: from all; llama-cli's is 40)")
     g.add_argument("--min-p", type=_min_p, default=0.0,
                    help="drop tokens less likely than this fraction of the likeliest one's probability (0: none)")
@@ -758,9 +777,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="divide the positive logits (multiply the negative) of tokens already in the prompt or "
                         "output by this, as vLLM's and transformers' (1, the default: none; llama-cli's "
                         "--repeat-penalty)")
-    g.add_argument("--seed", type=_seed, default=None,
+    g.add_argument("--presence-penalty", type=_sampling_flag("presence_penalty"), default=0.0,
+                   help="subtract this from the logits of tokens already in the output (0, the default: none)")
+    g.add_argument("--frequency-penalty", type=_sampling_flag("frequency_penalty"), default=0.0,
+                   help="subtract this times each token's count in the output from its logit (0, the default: none)")
+    g.add_argument("--ignore-eos", action="store_true", help="go on past the model's end token, to --max-new-tokens")
+    g.add_argument("--seed", type=_run_seed, default=None,
                    help="seeds the draws of a sampled run (default: a fixed seed, so that a run repeats, as vLLM's "
-                        "default seed 0 has it; llama-cli's -s)")
+                        "default seed 0 has it; -1: a random one; llama-cli's -s)")
     g.add_argument("--stop", action="append", type=_stop_text, metavar="TEXT",
                    help="end the output before this text where it appears (repeatable; vLLM's stop)")
     g.add_argument("--backend", choices=["torch", "jax"], default="torch", help="(torch)")
@@ -788,11 +812,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compile_cache(g)
     # llama-cli's spellings (and vLLM's max_tokens), each its own flag so that an error names the one typed
     for dest, kind, flags in (("system", str, ["-sys", "--system-prompt"]),
-                              ("max_new_tokens", _positive, ["-n", "--n-predict", "--max-tokens"]),
+                              ("max_new_tokens", _new_tokens, ["-n", "--n-predict", "--max-tokens"]),
                               ("temperature", _temperature, ["--temp"]), ("repetition_penalty", _penalty, ["--repeat-penalty"]),
-                              ("seed", _seed, ["-s"]), ("max_seq", _ctx_size, ["-c", "--ctx-size"])):
+                              ("seed", _run_seed, ["-s"]), ("max_seq", _ctx_size, ["-c", "--ctx-size"])):
         for flag in flags:
             g.add_argument(flag, dest=dest, type=kind, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    # llama-cli's one-shot modes: what generate does anyway
+    g.add_argument("--no-conversation", "-no-cnv", "--single-turn", "-st", action="store_true", help=argparse.SUPPRESS)
     add_refusals(g, GENERATE_REFUSED)
     g.set_defaults(run=cmd_generate)
     sv = sub.add_parser("serve", help="an OpenAI-compatible server (completions, chat completions, responses)",
@@ -955,7 +981,10 @@ def _warning_line(message, category, filename, lineno, line=None) -> str:
 def main(argv: list[str] | None = None) -> int:
     import warnings
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # told by the subcommand's parser, whose usage it is (argparse's own names only `linnet`)
+        getattr(args, "parser", parser).error(f"unrecognized arguments: {' '.join(unknown)}")
     shown = warnings.formatwarning
     warnings.formatwarning = _warning_line
     try:
@@ -985,6 +1014,9 @@ def _run(args) -> int:
             KernelSettingError, _UsageError) as err:
         print(f"linnet: error: {err}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader went away (`| head`): quiet, as coreutils end then
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (Python's flush at exit would fail again)
+        return 141  # 128 + SIGPIPE, what a shell reports for them
     except OSError as err:  # a file the user named that cannot be written or read (-o into no folder, say)
         where = f"{err.filename}: " if err.filename else ""
         print(f"linnet: error: {where}{err.strerror or err}", file=sys.stderr)

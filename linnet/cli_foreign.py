@@ -35,6 +35,11 @@ GENERATE = {
     ("--conversation", "-cnv", "--interactive", "-i"): "linnet generate answers one prompt; --chat wraps it in "
                                                       "the model's chat template, and `linnet serve` holds a chat",
     ("--n-gpu-layers", "-ngl", "--gpu-layers"): _ON_DEVICE,
+    ("--flash-attn", "-fa"): "Linnet picks its attention kernels itself (fused ones with --numerics fast, the default)",
+    ("--cache-type-k", "-ctk", "--cache-type-v", "-ctv"): "the cache holds the model's type (--dtype); a quantized "
+                                                         "cache is not built",
+    ("--threads", "-t"): "the CPU kernels use every core this process may run on (taskset -c limits them)",
+    ("--reverse-prompt", "-r"): "use --stop TEXT: the output ends before it",
 }
 
 EXPORT = {  # llama.cpp's convert_hf_to_gguf.py

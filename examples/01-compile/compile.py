@@ -29,7 +29,10 @@ try:
 except nest.CardError as err:
     parser.exit(1, f"{parser.prog}: error: {err}\n")
 out = Path(args.out)
-out.mkdir(parents=True, exist_ok=True)
+try:
+    out.mkdir(parents=True, exist_ok=True)
+except OSError as err:  # a file there, or a folder that cannot be made
+    parser.exit(1, f"{parser.prog}: error: --out {out}: {err.strerror or err}\n")
 weights = random_weights(specialize(module, generics), seed=0)
 
 logits = {}

@@ -16,7 +16,7 @@ import sys
 import time
 
 from linnet import nest
-from linnet.serve import Engine, Request
+from linnet.serve import Engine, EngineSettingError, Request
 
 
 def positive(text: str) -> int:
@@ -75,7 +75,10 @@ prompts = [
     [rng.randrange(min(100, top // 2), top) for _ in range(rng.randint(args.min_prompt, args.max_prompt))]
     for _ in range(args.requests)
 ]
-engine = Engine(model, token_budget=args.token_budget)
+try:
+    engine = Engine(model, token_budget=args.token_budget)
+except EngineSettingError as err:  # a token budget too small for the rows
+    parser.exit(1, f"{parser.prog}: error: {err}\n")
 start = time.perf_counter()
 engine.warmup(len(prompt) for prompt in prompts)
 print(f"compiled in {time.perf_counter() - start:.0f} s", flush=True)

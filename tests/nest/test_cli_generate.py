@@ -188,15 +188,45 @@ def test_llama_cli_spellings_and_sampling_flags_hold_as_transformers_does(monkey
 
 def test_a_prompt_of_dash_is_read_from_standard_input(monkeypatch, hf_gguf_tokenizer):
     """`linnet generate CARD - < FILE`: the prompt is all of standard input, lines and all (it was the
-    text "-"), as transformers' chat template and tokenizer make it."""
+    text "-"), less the newline that ends the file, as llama-cli's -f drops it (an echoed prompt's
+    newline had changed the reply), as transformers' chat template and tokenizer make it."""
     import io
 
-    text = "Translate to French:\nGood morning.\nGood night.\n"
-    monkeypatch.setattr("sys.stdin", io.StringIO(text))
-    prompt, _ = generated(monkeypatch, ["smollm2-135m-instruct", "-", "--chat", "-n", "1", "-c", "96"])
-    expected = hf_gguf_tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                     tokenize=True, return_dict=False)
-    assert prompt == list(expected)
+    text = "Translate to French:\nGood morning.\nGood night."
+    for given in (text + "\n", text + "\n\n"):
+        monkeypatch.setattr("sys.stdin", io.StringIO(given))
+        prompt, _ = generated(monkeypatch, ["smollm2-135m-instruct", "-", "--chat", "-n", "1", "-c", "96"])
+        monkeypatch.undo()
+        content = given.removesuffix("\n")
+        expected = hf_gguf_tokenizer.apply_chat_template([{"role": "user", "content": content}],
+                                                         add_generation_prompt=True, tokenize=True, return_dict=False)
+        assert prompt == list(expected)
+
+
+def test_llama_clis_sentinels_and_one_shot_flags(monkeypatch):
+    """llama-cli's -n -1 (until the context is full), -s -1 (a random seed) and -no-cnv / -st (one
+    prompt, which generate answers anyway); vLLM's --top-k -1 (no limit); --ignore-eos and the
+    presence and frequency penalties reach the request."""
+    from linnet.cli import build_parser
+    from linnet.serve.engine import Engine
+
+    prompt, out = generated(monkeypatch, ["smollm2-135m-instruct", "Count:", "-n", "-1", "-c", "24", "--ignore-eos",
+                                          "-no-cnv", "-st"])
+    assert len(prompt) + len(out) == 24
+    parse = build_parser().parse_args
+    seeds = {parse(["generate", "card", "hi", "-s", "-1"]).seed for _ in range(3)}
+    assert len(seeds) == 3 and all(0 <= s < 2**63 for s in seeds)
+    assert parse(["generate", "card", "hi", "--top-k", "-1"]).top_k == -1
+    seen = []
+
+    def stopped(self, req):  # the request as generate makes it, then the run ends (Ctrl-C's way)
+        seen.append(req)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Engine, "submit", stopped)
+    main(["generate", "smollm2-135m-instruct", "hi", "-n", "2", "-c", "24", "--presence-penalty", "0.5",
+          "--frequency-penalty", "-0.25", "--top-k", "-1"])
+    assert (seen[0].presence_penalty, seen[0].frequency_penalty, seen[0].top_k) == (0.5, -0.25, -1)
 
 def test_llama_cli_and_vllm_spellings_are_linnets_flags():
     """llama-cli's -n/--n-predict, -c/--ctx-size, -s, -sys/--system-prompt, --temp, --repeat-penalty
@@ -222,10 +252,15 @@ def test_llama_cli_and_vllm_spellings_are_linnets_flags():
                                        "or a .gguf) is the command's first argument: linnet generate CARD PROMPT"),
     (["card", "hi", "-ngl", "99"], "-ngl is not taken here: the whole model runs on --device"),
     (["card", "hi", "-cnv"], "-cnv is not taken here: linnet generate answers one prompt; --chat wraps it"),
-    (["card", "hi", "-n", "-1"], "argument -n: must be 1 or more, not -1"),
+    (["card", "hi", "-n", "-2"], "argument -n: must be 1 or more, not -2"),
+    (["card", "hi", "-fa", "on"], "-fa is not taken here: Linnet picks its attention kernels itself"),
+    (["card", "hi", "-ctk", "q8_0"], "-ctk is not taken here: the cache holds the model's type (--dtype)"),
+    (["card", "hi", "-t", "4"], "-t is not taken here: the CPU kernels use every core this process may run on"),
+    (["card", "hi", "-r", "User:"], "-r is not taken here: use --stop TEXT"),
+    (["card", "hi", "--bogus", "1"], "unrecognized arguments: --bogus 1"),
     (["card", "hi", "--repeat-penalty", "0"], "argument --repeat-penalty: must be from 1e-30 to 1e+30 (1: none), not 0"),
     (["card", "hi", "--temp", "hot"], "argument --temp: not a number: 'hot'"),
-    (["card", "hi", "--top-k", "-1"], "argument --top-k: must be 0 or more, not -1"),
+    (["card", "hi", "--top-k", "-2"], "argument --top-k: must be 0 or more, or -1 (0 and -1: all, as vLLM's), not -2"),
     (["card", "hi", "--min-p", "1.5"], "argument --min-p: must be from 0 to 1, not 1.5"),
 ])
 def test_llama_clis_other_flags_are_refused_with_linnets_way(capsys, argv, says):
@@ -379,3 +414,16 @@ def test_a_16_bit_type_asked_for_with_exact_numerics_is_noted(capsys, gguf_path)
         assert "exact numerics compute in f32" not in capsys.readouterr().err
     # nor does nest.load warn of a 16-bit T: said once where asked, none asked for where not (bf16 was taken)
     assert not [w for w in warned if "takes effect" in str(w.message)]
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly():
+    """`linnet cards | head -1`: a pipe closed before the list is written ends the command without a
+    word, as coreutils end (it printed "linnet: error: Broken pipe"), with a SIGPIPE's status (141)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "linnet.cli", "cards"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # (before the command has written anything: its first write meets a closed pipe)
+    said = proc.stderr.read()
+    assert proc.wait(timeout=300) == 141 and said == "", said
