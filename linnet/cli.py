@@ -101,7 +101,11 @@ def cmd_compile(args) -> int:
     if args.output in (None, "-"):  # `-`: standard output, as argparse.FileType and `generate`'s prompt take it
         sys.stdout.write(source)
     else:
-        Path(args.output).write_text(source)
+        try:
+            Path(args.output).write_text(source)
+        except OSError as err:  # (a write that fails once the file is open names no file: /proc/version's EIO)
+            err.filename = err.filename or args.output
+            raise
     return 0
 
 
@@ -157,6 +161,8 @@ def cmd_generate(args) -> int:
 
     if args.system is not None and not args.chat:
         raise _FlagError("--system needs --chat")
+    if args.chat_template is not None and not args.chat:  # (it would be read, and go unused)
+        raise _FlagError("--chat-template needs --chat")
     if args.prompt == "-":  # (before the model loads: a pipe that fails says so at once)
         # less the newline that ends a file or an echo, as llama-cli's -f drops it: a prompt typed as an
         # argument has none, and the newline's token changed the reply
@@ -648,8 +654,11 @@ def _run_seed(text: str) -> int:
 def _context_flag(model_own: tuple):
     """An argparse type for positions per cache row: a count, or one of `model_own` (vLLM's "auto",
     llama.cpp's "0"), None: the model's own context, fit to memory (`nest.context`)."""
+    own = " or ".join(model_own)
+    counted = _number(1, None, f"must be 1 or more ({own}: the model's own context), not {{}}")
+
     def parse(text: str):
-        return None if text.strip().lower() in model_own else _positive(text)
+        return None if text.strip().lower() in model_own else counted(text)
 
     return parse
 
@@ -758,7 +767,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate text from a prompt, printed as it comes",
                        formatter_class=argparse.RawDescriptionHelpFormatter, epilog=GENERATE_EXAMPLES)
     g.add_argument("card", help="a card name (see `linnet cards`), a .linnet file, or a local HF dir or .gguf file")
-    g.add_argument("prompt", help="the prompt; - reads it from standard input (linnet generate CARD - < FILE)")
+    g.add_argument("prompt", help="the prompt; - reads it from standard input (linnet generate CARD - < FILE), less "
+                                  "its final newline")
     g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     g.add_argument("--system", help="a system message (with --chat; llama-cli's -sys, --system-prompt)")
     g.add_argument("--chat-template", default=None,
@@ -817,8 +827,8 @@ def build_parser() -> argparse.ArgumentParser:
                               ("seed", _run_seed, ["-s"]), ("max_seq", _ctx_size, ["-c", "--ctx-size"])):
         for flag in flags:
             g.add_argument(flag, dest=dest, type=kind, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    # llama-cli's one-shot modes: what generate does anyway
-    g.add_argument("--no-conversation", "-no-cnv", "--single-turn", "-st", action="store_true", help=argparse.SUPPRESS)
+    g.add_argument("--no-conversation", "-no-cnv", "--single-turn", "-st", action="store_true",
+                   help="taken as it is: llama-cli's one-shot modes, what generate does (one prompt, one answer)")
     add_refusals(g, GENERATE_REFUSED)
     g.set_defaults(run=cmd_generate)
     sv = sub.add_parser("serve", help="an OpenAI-compatible server (completions, chat completions, responses)",

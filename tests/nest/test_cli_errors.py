@@ -85,6 +85,10 @@ def test_request_values_are_checked_before_the_model_loads(capsys):
         assert f"argument {flag}: {says}" in usage_error_of(capsys, base + [flag, value])
     # and what argparse cannot see alone: flags that do not go together
     assert "linnet generate: error: --system needs --chat" in usage_error_of(capsys, base + ["--system", "be brief"])
+    assert "linnet generate: error: --chat-template needs --chat" in usage_error_of(
+        capsys, base + ["--chat-template", "{{ messages[0]['content'] }}"])
+    assert "argument -c: must be 1 or more (auto or 0: the model's own context), not -5" in usage_error_of(
+        capsys, base + ["-c", "-5"])
     assert "give one of --json-schema, --regex, --grammar" in usage_error_of(
         capsys, base + ["--regex", "a", "--grammar", 'root ::= "a"'])
     assert "--shards 2 spreads a JAX model over devices" in usage_error_of(capsys, ["serve", "tiny-llama", "--shards", "2"])
@@ -205,7 +209,7 @@ def test_counts_below_one_are_flag_errors(capsys, argv):
 
 @pytest.mark.parametrize("argv", [["export", "tiny-llama", "--to", "vllm", "-o", "out", "--weights", "random",
                                    "--seed", "99999999999999999999"],
-                                  ["generate", "tiny-llama", "hi", "--seed", "-1"],
+                                  ["generate", "tiny-llama", "hi", "--seed", "-2"],  # (-1: llama-cli's random one)
                                   ["serve", "tiny-llama", "--seed", "1.5"]])
 def test_a_seed_the_generators_cannot_take_is_a_flag_error(capsys, argv):
     """torch's generator takes a signed 64-bit seed: past it, a flag error, not an overflow traceback."""
@@ -246,9 +250,9 @@ def test_ir_takes_no_generics(capsys):
     """It prints the checked IR, which no number is bound in: --generic and --numerics were taken and
     changed nothing."""
     for flag in (["--generic", "Batch=8"], ["--numerics", "fast"]):
-        with pytest.raises(SystemExit, match="2"):  # (argparse names the unknown flags at the top command)
+        with pytest.raises(SystemExit, match="2"):  # (named by the command they were given to)
             main(["ir", TINY, *flag])
-        assert f"linnet: error: unrecognized arguments: {' '.join(flag)}" in capsys.readouterr().err
+        assert f"linnet ir: error: unrecognized arguments: {' '.join(flag)}" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["check", "compile"])
@@ -395,3 +399,17 @@ def test_a_device_that_cannot_be_had_is_named_by_its_flag(capsys, monkeypatch, a
 
     monkeypatch.setattr(cli, "_check_address", lambda host, port: None)
     assert says in error_of(capsys, argv)
+
+
+def test_a_write_that_fails_once_the_file_is_open_names_the_file(capsys, tmp_path, monkeypatch):
+    """`linnet compile -o FILE` where the write itself fails (/proc/version's EIO: the open succeeds):
+    the error names the file, as it does where the open fails."""
+    from pathlib import Path
+
+    def failing(self, text, *args, **kwargs):
+        raise OSError(5, "Input/output error")  # (what Python raises there: no filename)
+
+    monkeypatch.setattr(Path, "write_text", failing)
+    target = tmp_path / "out.py"
+    assert main(["compile", "tiny-llama", "-o", str(target)]) == 1
+    assert f"linnet: error: {target}: Input/output error" in capsys.readouterr().err
