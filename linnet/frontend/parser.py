@@ -361,6 +361,11 @@ def _other_language(source: str, pos: int, token, expected: set) -> list[str]:
         return ["a fn's result type follows `->`"]
     if str(token) == "[" and "LESSTHAN" in expected:
         return ["a fn's sizes are written in angle brackets: `fn f<n>(x: T[n, dim])`"]
+    # `f<n, heads>(x)`: sizes written at a call (a fn's own declaration writes them so), read as `f < n` then `,`
+    called = re.search(r"(\w+)[ \t]*<[^<>()\n]*$", line_so_far)
+    if (str(token) == "," and called and not re.search(r"(?:^|\W)fn[ \t]+\w+[ \t]*<[^<>()\n]*$", line_so_far)
+            and re.match(r"[^\n]*>[ \t]*\(", source[pos:])):
+        return [f"a call does not write its sizes: `{called[1]}(...)` takes them from its arguments' types"]
     if token.type == "NAME" and re.search(r"(?:^|[^\w.])(let|var|const|val)\s+$", before):
         return [f"a local is bound with `{token} = ...`: Linnet has no `let`"]
     name = re.search(r"(\w+)\s*:?\s*$", before)

@@ -1341,6 +1341,16 @@ fn double[n](x: T[n, dim]) -> T[n, dim] {
   return x + x
 }
 """, 20, 10, "unexpected '['", note="a fn's sizes are written in angle brackets"),
+    arch("sizes-written-at-a-call", HEAD + """\
+fn double<n>(x: T[n, dim]) -> T[n, dim] {
+  return x + x
+}
+
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return double<Batch, dim>(embed[tokens])
+}
+""", 25, 22, "unexpected ','", note="a call does not write its sizes: `double(...)` takes them from its arguments' "
+                                    "types"),
     arch("stacked-weight-read-whole", HEAD.replace("  wq:", "  for h in heads {\n    norm: T[dim]\n"
                                                             "      from hf \"layers.{h}.norm.weight\"\n"
                                                             "  }\n  wq:") + """\
