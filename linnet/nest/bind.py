@@ -79,11 +79,8 @@ def past_f16(bound) -> str | None:
         else:  # another type, or quantized blocks
             continue
         for index, tensor in pieces:
-            try:
-                if ckpt is not None and ckpt.stored_dtype(tensor) == "f16":
-                    continue
-            except WeightsError:  # (a name the card's view of the checkpoint maps: `load.under_base_prefix`)
-                pass
+            if ckpt is not None and ckpt.stored_dtype(tensor) == "f16":
+                continue
             count = _infinities(p[index], bits)
             if count:
                 return (f"{name}{list(index) if index else ''} ({tensor} in {bound.source}): {count} "

@@ -176,7 +176,7 @@ class BoundWeights:
     params: dict | None  # {param: array in T}: torch tensors, or numpy arrays where read for JAX
     tokenizer: object | None
     source: str  # the checkpoint's path, or "random"
-    checkpoint: Checkpoint | None = None
+    checkpoint: Checkpoint | None = None  # as the card reads it (`check_headers`)
     info: dict = field(default_factory=dict)
     tokenizer_from: Path | None = None  # where the tokenizer was read: a model directory or a GGUF file
 
@@ -239,7 +239,9 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
         if room is not None:
             check_fits(spec, card_name, *room)
         params, info["unused_tensors"] = _read(spec, headers, cast_dtype, device, progress, framework, quantization)
-        bound = BoundWeights(spec, card_name, params, None, ckpt.path, ckpt, info)
+        # the checkpoint as the card reads it (`check_headers`: a base model's under its prefix), whose tensors
+        # the card's own names find
+        bound = BoundWeights(spec, card_name, params, None, ckpt.path, headers[0], info)
     if tok is None and tokenizer is True and bound.checkpoint is None:  # random weights: the card's own
         tok, tok_from = _card_tokenizer(card_name, module, spec)
     if tok is not None:
