@@ -209,8 +209,9 @@ def cmd_generate(args) -> int:
     room = model.max_seq - len(ids)
     if room < 1:
         raise _UsageError(f"the prompt is {tokens(len(ids))}; --max-seq {model.max_seq} leaves no room to generate")
-    max_new = room if args.max_new_tokens == -1 else min(args.max_new_tokens, room)  # (-1: llama-cli's "until full")
-    if args.max_new_tokens != -1 and max_new < args.max_new_tokens:
+    asked = room if args.max_new_tokens == -1 else args.max_new_tokens  # (-1: llama-cli's "until the context is full")
+    max_new = min(asked, room)
+    if max_new < asked:
         print(f"linnet: note: generating at most {max_new} tokens (--max-seq {model.max_seq})", file=sys.stderr)
 
     engine = Engine(model, seed=args.seed or 0)
