@@ -29,7 +29,7 @@ import numpy as np
 from linnet.kernels.pages import aligned_empty
 from linnet.ir.nodes import Module
 from linnet.ir.specialize import concrete_dtype, evaluate, param_shape
-from linnet.ir.types import FLOAT_DTYPES
+from linnet.ir.types import FLOAT_DTYPES, GENERIC_DTYPE
 from linnet.nest.errors import WeightsError
 from linnet.nest.transforms import permute_rope, split_heads, unpermute_rope
 
@@ -209,15 +209,16 @@ def _check_stored_types(module: Module, ckpt, expected: dict, cast_dtype: bool) 
         return
     target = module.bindings.get("T")
     for n, (p, stored, want) in types.items():
-        if stored in FLOAT_DTYPES and stored != want and not _widens(stored, module.params[p].type.dtype):
+        if stored in FLOAT_DTYPES and stored != want and not _widens(stored, want):
             others = sum(1 for _, have, own in types.values() if have != own)
             more = f" (and {others - 1} more tensors)" if others > 1 else ""
-            # (exact numerics hold every weight in f32 whatever T: only fast numerics hold T)
-            instead = "numerics='fast' with generics T=" if module.bindings.get("numerics") == "exact" else \
-                "generics T="
+            # (a param of T's own type could take the stored one instead; exact numerics hold f32 whatever T,
+            # so there only a widening, which is taken above, would reach this)
+            generic = module.params[p].type.dtype == GENERIC_DTYPE
+            instead = f", or load with generics T={stored!r}" if generic else ""
             raise WeightsError(f"{_file_of(ckpt, n)}: tensor {n!r} is stored as {stored}, but param `{p}` is "
-                               f"{want}{' (T = ' + target + ')' if target else ''}{more}; pass cast_dtype=True "
-                               f"to convert it, or load with {instead}{stored!r}")
+                               f"{want}{' (T = ' + target + ')' if target and generic else ''}{more}; "
+                               f"pass cast_dtype=True to convert it{instead}")
 
 
 _READABLE = ("Linnet reads unquantized safetensors (f32, bf16, f16), gpt-oss's MXFP4 experts and GGUF files; "
@@ -314,7 +315,7 @@ def bind_weights(module: Module, get: Callable[[str], object], fmt: str = "hf", 
                 raise WeightsError(f"{file_of(ckpt)}: tensor {ckpt!r} is {list(t.shape)}{after}, but param `{name}` "
                                    f"declares {list(stored)} ({module.path})")
             have = arrays.type_name(t)
-            if have != dtype and not cast_dtype and arrays.is_float(t) and not _widens(have, p.type.dtype):
+            if have != dtype and not cast_dtype and arrays.is_float(t) and not _widens(have, dtype):
                 raise WeightsError(f"{file_of(ckpt)}: tensor {ckpt!r} is {have}, but param `{name}` is "
                                    f"{dtype}; pass cast_dtype=True to convert it")
             arrays.put(target, index, t)
@@ -325,11 +326,11 @@ def bind_weights(module: Module, get: Callable[[str], object], fmt: str = "hf", 
     return out
 
 
-def _widens(stored: str, declared: str) -> bool:
-    """A 16-bit float read into a param declared f32 whatever T (DeepSeek's router, which transformers
-    keeps in f32 too; `declared` is the type as written, not T's binding): exact, so no cast_dtype is
-    asked for it."""
-    return declared == "f32" and stored in ("bf16", "f16")
+def _widens(stored: str, want: str) -> bool:
+    """A 16-bit float read into an f32 param (`want`: its type with T bound): exact, so no cast_dtype is
+    asked for it. A bf16 checkpoint loads in f32 as transformers' default loads it (and DeepSeek's router,
+    declared f32 whatever T, reads a bf16 one); only a cast that rounds (f32 to bf16, bf16 to f16) asks."""
+    return want == "f32" and stored in ("bf16", "f16")
 
 
 def _quantized(module: Module, src, pieces: list, shape: tuple, get_blocks: Callable[[str], tuple | None]):

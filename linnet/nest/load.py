@@ -25,7 +25,8 @@ fetches them.
 
 Loading streams: the checkpoint's headers are checked against the card first
 (every tensor present, every shape as declared, every stored dtype T unless
-`cast_dtype`), then each tensor is read (memory-mapped for safetensors,
+`cast_dtype`, but for a 16-bit float read into f32, which is exact: a bf16 checkpoint loads
+in f32 by default, as transformers' default loads it), then each tensor is read (memory-mapped for safetensors,
 dequantized for GGUF), transformed and copied straight into its place in the
 target dtype on the target device, one at a time. Peak memory is the model in
 T plus one tensor. GGUF tensors are dequantized to f32 and always converted to

@@ -188,10 +188,19 @@ def test_torch_on_the_cpu_binds_what_torch_converts(tmp_path_factory, monkeypatc
                     stored_name
 
 
-def test_numpy_names_a_type_it_may_not_cast(spec):
+def test_numpy_names_a_type_it_may_not_cast(spec, tmp_path):
+    """Without cast_dtype, numpy arrays in f16 widen into an f32 module exactly; f32 ones into bf16 round, and
+    are refused by name."""
     arrays = {name: t.numpy().astype(np.float16) for name, t in per_expert_checkpoint().items()}
-    with pytest.raises(WeightsError, match=r"'layers.0.experts.0.up.weight' is f16, but param `w_up` is f32"):
-        bind_weights(spec, arrays.__getitem__, "hf", cast_dtype=False, framework="numpy")
+    widened = bind_weights(spec, arrays.__getitem__, "hf", cast_dtype=False, framework="numpy")
+    assert widened["w_up"].dtype == np.float32
+    assert np.array_equal(widened["w_up"][0, 0], arrays["layers.0.experts.0.up.weight"].astype(np.float32))
+    path = tmp_path / "experts_only.linnet"
+    path.write_text(SOURCE)
+    spec_bf16 = specialize(check_file(path), {"T": "bf16"}, "fast")
+    arrays = {name: t.numpy() for name, t in per_expert_checkpoint().items()}
+    with pytest.raises(WeightsError, match=r"'layers.0.experts.0.up.weight' is f32, but param `w_up` is bf16"):
+        bind_weights(spec_bf16, arrays.__getitem__, "hf", cast_dtype=False, framework="numpy")
 
 
 RANGED = """\

@@ -56,7 +56,7 @@ def rewrite(path, name, value=None, extra=None):
 
 
 def load(path, **kw):
-    return nest.load(path, backend="torch", generics=GENERICS, tokenizer=False, **kw)
+    return nest.load(path, **{"backend": "torch", "generics": GENERICS, "tokenizer": False, **kw})
 
 
 def test_unknown_card_suggests_close_names():
@@ -232,21 +232,29 @@ def test_a_git_lfs_pointer_in_place_of_a_file_is_named_so(ckpt_dir, tmp_path):
         Tokenizer.from_dir(tmp_path)
 
 
-def test_dtype_mismatch_needs_cast_dtype(tiny_hf, tmp_path):
+def test_a_rounding_cast_needs_cast_dtype_and_a_widening_does_not(tiny_hf, tmp_path, prefill_error):
+    """A bf16 checkpoint loads by default, widened to f32 exactly, as transformers' default f32 load of the
+    same files (its logits match to f32 rounding); a cast that rounds (bf16 to f16, f32 to bf16) is
+    refused without cast_dtype, naming the tensor, its shard and both types."""
     hf_model, _ = tiny_hf
     path = tmp_path / "bf16"
     copy.deepcopy(hf_model).to(torch.bfloat16).save_pretrained(path, max_shard_size="150KB")
-    with pytest.raises(WeightsError) as e:
-        load(path)
-    msg = str(e.value)
-    assert "tensor 'model.embed_tokens.weight' is stored as bf16, but param `embed` is f32 (T = f32)" in msg
-    assert str(shard_of(path, "model.embed_tokens.weight")) in msg and "pass cast_dtype=True" in msg
-    # exact numerics (the default) hold f32 whatever T: the other way is fast numerics in the stored type
-    assert msg.endswith("or load with numerics='fast' with generics T='bf16'")
-    with pytest.raises(WeightsError, match=r"or load with generics T='bf16'$"):
-        load(path, numerics="fast")  # (T: f32, the default)
-    model = load(path, cast_dtype=True)
+    transformers = pytest.importorskip("transformers")
+    reference = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = load(path)
     assert model.runner.embed.dtype == torch.float32
+    assert max(prefill_error(model, reference, [[1, 5, 9, 2], [7, 3]])) <= 1e-5
+    with pytest.raises(WeightsError) as e:
+        load(path, numerics="fast", generics={**GENERICS, "T": "f16"})
+    msg = str(e.value)
+    assert "tensor 'model.embed_tokens.weight' is stored as bf16, but param `embed` is f16 (T = f16)" in msg
+    assert str(shard_of(path, "model.embed_tokens.weight")) in msg
+    assert msg.endswith("pass cast_dtype=True to convert it, or load with generics T='bf16'")
+    _, f32_path = tiny_hf
+    with pytest.raises(WeightsError, match=r"is stored as f32, but param `embed` is bf16 \(T = bf16\).*"
+                                           r"or load with generics T='f32'$"):
+        load(f32_path, numerics="fast", generics={**GENERICS, "T": "bf16"})
+    assert load(path, numerics="fast", generics={**GENERICS, "T": "f16"}, cast_dtype=True).runner.embed.dtype == torch.float16
 
 
 @pytest.mark.parametrize("backend", ["torch", "jax_model"])
@@ -270,7 +278,7 @@ def test_a_weight_cast_past_f16s_range_is_warned_of_by_name(ckpt_dir, backend):
     assert shard.exists()
     i32 = lambda *xs: np.array(xs, np.int32)  # noqa: E731
     logits = model.prefill(i32(1, 2, 3), i32(0, 1, 2), i32(0, 0, 0), i32(2, 0))
-    assert not torch.isfinite(torch.as_tensor(np.asarray(logits, np.float32))[0]).any()
+    assert not torch.isfinite(torch.from_numpy(np.array(logits, np.float32))[0]).any()
 
 
 def test_unused_tensors_reported_once(ckpt_dir):
