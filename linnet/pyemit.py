@@ -61,14 +61,16 @@ def _paren_dim(d: Dim) -> str:
 
 
 def _value_lines(value: ir.Value, loc) -> list:
-    """The source lines, other than `loc`'s, of the operations computing `value`, outermost first:
-    where the functions inlined into a statement wrote them."""
+    """The source lines, other than `loc`'s, of the `return` statements of the fns inlined into a
+    statement whose results make its value, outermost first; not those of the arguments a call passes
+    in, nor a statement's own continuation lines."""
     seen, out, stack = {(loc.path, loc.line)}, [], [value]
     while stack:
         v = stack.pop()
-        if isinstance(v, ir.Op) and (v.loc.path, v.loc.line) not in seen:
-            seen.add((v.loc.path, v.loc.line))
-            out.append(v.loc)
+        for at in v.returned_at if isinstance(v, ir.Op) else ():
+            if (at.path, at.line) not in seen:
+                seen.add((at.path, at.line))
+                out.append(at)
         stack.extend(reversed(children(v)))
     return out
 

@@ -52,6 +52,9 @@ class Op(Value):
     kwargs: dict = field(default_factory=dict)  # every named parameter given, by name
     dims: tuple = ()  # sizes for ops that take them: reshape, iota, zeros, topk
     attrs: dict = field(default_factory=dict)  # static facts: a called fn's name, a cast's dtype
+    # the `return` statements of the fns inlined whose result this op is, outermost first (layers_forward's
+    # `return rmsnorm(x, norm)`): what the generated code's comment names as where a value comes from
+    returned_at: tuple = ()
 
 
 # ---------------------------------------------------------------- statements

@@ -89,7 +89,7 @@ class _Inliner:
             # Evaluated once, into a local of its own (the callee may also reassign it).
             fresh = self.fresh(name)
             self.taken.add(fresh)
-            out.append(ir.Assign([fresh], arg, arg.loc))
+            out.append(ir.Assign([fresh], arg, call.loc))  # (where the call binds it, whatever computes it)
             bound[name] = ir.Var(arg.type, arg.loc, fresh, "local")
             renames[name] = fresh
         for name in sorted(reassigned - set(bound)):
@@ -116,7 +116,10 @@ class _Inliner:
         if len(stmts) > 1:  # the generated code says where an inlined body begins, and whose it is
             stmts[0] = replace(stmts[0], via=(fn.name, call.loc))
         out.extend(self.block(stmts[:-1]))
-        return self.expr(stmts[-1].value, out)
+        result = self.expr(stmts[-1].value, out)
+        if isinstance(result, ir.Op):
+            return replace(result, returned_at=(stmts[-1].loc, *result.returned_at))
+        return result
 
     def fresh(self, name: str) -> str:
         if name not in self.taken:

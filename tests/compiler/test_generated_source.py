@@ -289,6 +289,9 @@ def test_every_architectures_comments_name_their_source_lines(card, backend):
     files = {name: (CARDS_DIR / "arch" / name).read_text().splitlines() for name in names}
     for (name, line, values), stmt in pairs:
         assert_names_its_line(files[name], name, line, stmt, [(files[f], n) for f, n in values])
+        for f, n in values:  # where a value comes from is an inlined fn's return, not an argument's line
+            assert files[f][n - 1].lstrip().startswith("return "), (f"`{stmt}`'s value is said to come from "
+                                                                    f"{f}:{n}: `{files[f][n - 1].strip()}`")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -472,3 +475,28 @@ def test_a_product_widened_to_f32_keeps_its_f32_sums_in_a_16_bit_t(backend, kit)
         assert product.format(head=head, router=router, f32=f32) in bf16, card
         exact = generate(check_file(kit.CARDS / f"{card}.linnet"), backend, GENERICS)
         assert "out_dtype" not in exact
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_an_argument_bound_to_a_local_names_the_call_that_passes_it(backend, kit):
+    """gemma3's `q = rotate(head_norm(linear(h, wq[l])...), positions, full)`: rotate reads its x twice, so
+    head_norm's result is bound to a local first; that line's comment names the call's line (123), and the
+    value's, head_norm's `return` (100), not the other way round; the final norm names both returns it passes
+    through (layers_forward's, then gemma_norm's)."""
+    source = generate(check_file(kit.CARDS / "tiny-gemma3.linnet"), backend, GENERICS).splitlines()
+    arch = (kit.ARCH.parent / "gemma3.linnet").read_text().splitlines()
+    bound = [i for i, text in enumerate(source) if re.match(r"\s*x_\d+ = rt\.rmsnorm\(rt\.linear\(h, ", text)]
+    assert len(bound) == 4, bound  # q's and k's, in prefill and decode
+    for i in bound:
+        m = ANY_COMMENT.match(source[i - 1])
+        assert m and m.group(1) == "gemma3.linnet", source[i - 1]
+        assert re.search(r"[qk] = rotate\(head_norm\(", arch[int(m.group(2)) - 1]), source[i - 1]
+        (place,) = m.group(3).split(", ")
+        assert arch[int(place.split(":")[1]) - 1].strip().startswith("return rmsnorm("), source[i - 1]
+    final = [i for i, text in enumerate(source) if re.search(r"x = rt\.rmsnorm\(x.*(self\.norm|params\[.norm.\])", text)]
+    assert final
+    for i in final:
+        m = ANY_COMMENT.match(source[i - 1])
+        places = [int(p.split(":")[1]) for p in m.group(3).split(", ")]
+        assert [arch[n - 1].strip() for n in places] == ["return gemma_norm(x, norm)",
+                                                         "return rmsnorm(x as f32, 1.0 + w as f32, eps=norm_eps) as T"]
