@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from linnet.ir import nodes as ir
 from linnet.ir.dims import Dim
+from linnet.ir.ops import ROPE_SCALING_READS
 from linnet.ir.specialize import concrete_dtype, evaluate
 from linnet.ir.types import TensorType
 from linnet.ir.walk import all_values, assigned_names, stmt_values, values
@@ -13,8 +16,17 @@ ROPE_ARGS = ("theta", "scaling", "factor", "low_freq_factor", "high_freq_factor"
              "truncate", "attention_factor")
 
 
+@dataclass(frozen=True)
+class RopeTable:
+    """One rotary table the generated code computes once: its name, and the first rope op that reads it
+    (where its arguments are spelled, and the line its comment names)."""
+
+    name: str
+    op: ir.Op
+
+
 def rope_tables(module: ir.Module) -> dict:
-    """Each distinct rope configuration in the entries -> (table name, table arguments)."""
+    """Each distinct rope configuration in the entries (`rope_key`) -> its `RopeTable`."""
     tables: dict = {}
     # named apart from the model's own names: torch holds a table as `self.rope_0` beside the params
     # and state, JAX as a module constant `ROPE_0`, which no config value, entry or local may hide
@@ -29,7 +41,7 @@ def rope_tables(module: ir.Module) -> dict:
                 if key not in tables:
                     while f"rope_{count}" in taken:
                         count += 1
-                    tables[key] = f"rope_{count}"
+                    tables[key] = RopeTable(f"rope_{count}", v)
                     count += 1
     return tables
 
@@ -40,9 +52,21 @@ def rope_key(v: ir.Op, module: ir.Module) -> tuple:
     return (head_dim,) + args
 
 
-def rope_table_args(key: tuple, module: ir.Module) -> str:
-    head_dim, *named = key
-    return ", ".join([str(head_dim), "MaxSeq"] + [f"{k}={v!r}" for k, v in named])
+def rope_table_args(table: RopeTable, module: ir.Module, spell) -> str:
+    """A table's arguments as the card spells them where a config value or a number gives one (`theta=rope_theta`),
+    else its value (DeepSeek's attention factor, folded from mscales); only those its scaling reads.
+    `spell`: the emitter's source of a value."""
+    v = table.op
+    values = dict(rope_key(v, module)[1:])
+    reads = {"theta", "attention_factor", "scaling", *ROPE_SCALING_READS[values.get("scaling", "none")]}
+    if values.get("scaling", "none") == "none":
+        reads.discard("scaling")
+    args = [dim_py(v.kwargs["x"].type.shape[2]), "MaxSeq"]
+    for name in ROPE_ARGS:
+        if name in values and name in reads:
+            given = v.kwargs[name]
+            args.append(f"{name}={spell(given) if isinstance(given, (ir.Var, ir.Const)) else repr(values[name])}")
+    return ", ".join(args)
 
 
 def _sizes(module: ir.Module) -> dict:

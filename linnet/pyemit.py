@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import ast
 import os
+import textwrap
 
 from linnet.ir import nodes as ir
 from linnet.ir.dims import Dim
-from linnet.ir.types import GENERIC_DTYPE, ScalarType, TensorType
+from linnet.ir.types import GENERIC_DTYPE, NoneType, ScalarType, TensorType
 from linnet.ir.walk import children
 
 ATOM, POSTFIX, POWER, UNARY, MUL, ADD, CMP, NOT, AND, OR, IF = 100, 90, 80, 70, 60, 50, 40, 30, 20, 10, 5
@@ -352,7 +353,9 @@ class PythonEmitter:
     def op_topk(self, v, k):
         return f"rt.topk({self.expr(k['x'])}, {self.dims(v.dims)})"
 
-    def header(self, what: str):
+    def header(self, what: str, use: list):
+        """The module's docstring: what it is, from which files, as specialized; `use`, the backend's lines on
+        how to call it."""
         m = self.module
         # (a card written from a checkpoint's config is named as a whole, `<card for ./Llama-3.2-1B>`)
         files = [p if p.startswith("<") else os.path.basename(p) for p in (m.card_path, m.path, *reversed(m.bases)) if p]
@@ -361,8 +364,46 @@ class PythonEmitter:
         self.line(f'"""{named}')
         self.line("")
         self.line(f"Generics: Batch={b['Batch']}, MaxSeq={b['MaxSeq']}, T={b['T']}; numerics: {b['numerics']}.")
+        self.line("")
+        for text in use:
+            self.line(_in_docstring(text))
+        self.line("")
         self.line("Regenerate with `linnet compile` rather than editing by hand.")
         self.line('"""')
+
+    def example_call(self) -> str:
+        """The first entry's call, as a use line shows it: `prefill(tokens, positions, rows, last)`."""
+        fn = next(iter(self.module.entries.values()))
+        return f"{fn.name}({', '.join(n for n, _ in fn.args)})"
+
+    def entry_docstring(self, fn: ir.Function, result: str = ""):
+        """An entry's docstring: the comment the card writes above it, where it says what the entry does,
+        and its arguments' and result's types (`result`: how the backend returns it, where it wraps it)."""
+        said = _comment_above(fn.loc)
+        ret = "None" if isinstance(fn.ret, NoneType) else str(fn.ret)
+        typed = f"({', '.join(f'{n}: {t}' for n, t in fn.args)}) -> {result.format(ret) if result else ret}"
+        first, *rest = textwrap.wrap(f"{self.where(fn.loc)}: {said}" if said else self.where(fn.loc), 100)
+        self.line(f'"""{_in_docstring(first)}')
+        for text in rest:
+            self.line(_in_docstring(text))
+        self.line("")
+        self.line(_in_docstring(typed))
+        self.line('"""')
+
+
+def _comment_above(loc) -> str:
+    """The comment lines written just above a source line, joined ("" where there are none, or the source
+    is no file: a card made from a checkpoint's config)."""
+    try:
+        with open(loc.path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return ""
+    said, i = [], loc.line - 2
+    while i >= 0 and lines[i].lstrip().startswith("#"):
+        said.insert(0, lines[i].lstrip()[1:].strip())
+        i -= 1
+    return " ".join(said)
 
 
 def gathers_param_rows(v: ir.Op) -> bool:

@@ -38,7 +38,12 @@ class _JaxEmitter(PythonEmitter):
 
     def module_source(self) -> str:
         m = self.module
-        self.header("JAX functions")
+        self.header("JAX functions", [
+            "Use: `model = Model(weights)`, `weights` a dict {param: array} named, shaped and typed as PARAMS says;",
+            "then `model." + self.example_call() + "` returns the entry's result and keeps the new cache",
+            "(STATE) for the next call, each entry jitted once. The functions below are the entries as pure",
+            "functions of (params, state, arguments), returning (result, new state). The code needs jax and",
+            "Linnet's runtime (`linnet.codegen_jax.runtime`)."])
         self.imports({"import math": "math"}, {"import jax": "jax", "import jax.numpy as jnp": "jnp"},
                      {"from linnet.codegen_jax import runtime as rt": "rt"})
         self.config_lines()
@@ -48,8 +53,9 @@ class _JaxEmitter(PythonEmitter):
         if self.ropes:
             self.line("")
             self.line("# Rotary tables (cos, sin) for every position, computed once.")
-        for key, name in self.ropes.items():
-            self.line(f"{name.upper()} = rt.rope_table({rope_table_args(key, m)})")
+        for table in self.ropes.values():
+            self.comment_for(table.op.loc)
+            self.line(f"{table.name.upper()} = rt.rope_table({rope_table_args(table, m, self.expr)})")
         for fn in m.entries.values():
             self.entry(fn)
         self.line("")
@@ -78,6 +84,7 @@ class _JaxEmitter(PythonEmitter):
         self.line("")
         self.line(f"def {fn.name}(params, state, {', '.join(n for n, _ in fn.args)}):")
         self.depth += 1
+        self.entry_docstring(fn, "({}, new state)")
         self.last_comment = None
         self.iota_rows = set()
         self.fn = fn
@@ -186,7 +193,7 @@ class _JaxEmitter(PythonEmitter):
         return self._reduce(v, k, "jnp.argmax") + ".astype(jnp.int32)"
 
     def rope_table(self, v) -> str:
-        return self.ropes[rope_key(v, self.module)].upper()
+        return self.ropes[rope_key(v, self.module)].name.upper()
 
     def op_transpose(self, v, k):
         axes = [str(a.value) for a in v.args]

@@ -32,7 +32,11 @@ class _TorchEmitter(PythonEmitter):
 
     def module_source(self) -> str:
         m = self.module
-        self.header("PyTorch module")
+        self.header("PyTorch module", [
+            "Use: `model = Model(weights, device=\"cpu\")`, `weights` a dict {param: tensor or numpy array} named,",
+            "shaped and typed as PARAMS says; then one method per entry, `model." + self.example_call() + "`,",
+            "tensors or numpy arrays in. The cache (STATE) lives in the model from call to call. The code needs",
+            "torch and Linnet's runtime (`linnet.codegen_torch.runtime`)."])
         self.imports({"import math": "math"}, {"import torch": "torch", "import torch.nn.functional as F": "F"},
                      {"from linnet.codegen_torch import runtime as rt": "rt"})
         self.config_lines()
@@ -60,8 +64,9 @@ class _TorchEmitter(PythonEmitter):
         self.depth += 1
         if not self.ropes:
             self.line("pass")
-        for key, name in self.ropes.items():
-            self.line(f"self.{name} = rt.rope_table({rope_table_args(key, m)}).to(self.device)")
+        for table in self.ropes.values():
+            self.comment_for(table.op.loc)
+            self.line(f"self.{table.name} = rt.rope_table({rope_table_args(table, m, self.expr)}).to(self.device)")
         self.depth -= 1
         for fn in m.entries.values():
             self.entry(fn)
@@ -74,6 +79,7 @@ class _TorchEmitter(PythonEmitter):
         self.line("@torch.inference_mode()")
         self.line(f"def {fn.name}(self, {', '.join(n for n, _ in fn.args)}):")
         self.depth += 1
+        self.entry_docstring(fn)
         self.last_comment = None
         self.iota_rows = set()
         tensors = [n for n, t in fn.args if isinstance(t, TensorType)]
@@ -193,7 +199,7 @@ class _TorchEmitter(PythonEmitter):
         return self._reduce(v, k, "argmax") + ".to(torch.int32)"
 
     def rope_table(self, v) -> str:
-        return f"self.{self.ropes[rope_key(v, self.module)]}"
+        return f"self.{self.ropes[rope_key(v, self.module)].name}"
 
     def op_transpose(self, v, k):
         return f"{self.paren(k['x'], 89)}.permute({', '.join(str(a.value) for a in v.args)})"

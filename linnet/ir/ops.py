@@ -403,7 +403,12 @@ def _layer_norm(x: Value, weight: Value | None = None, bias: Value | None = None
 
 # ---------------------------------------------------------------- positions and attention
 
-ROPE_SCALINGS = ("none", "llama3", "yarn", "linear")
+# Each scaling rope takes, and the arguments it reads beside theta (`attention_factor` too, where given,
+# whatever the scaling): `rope_tables.inv_frequencies` computes them. The generated code passes a table
+# only these, and `specialize` checks their floors only where they are read.
+ROPE_SCALING_READS = {"none": (), "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max"),
+                      "yarn": ("factor", "original_max", "beta_fast", "beta_slow", "truncate"), "linear": ("factor",)}
+ROPE_SCALINGS = tuple(ROPE_SCALING_READS)
 
 
 @op("rope", ("x", "positions", "theta", "scaling", "factor", "low_freq_factor", "high_freq_factor",

@@ -16,7 +16,7 @@ from linnet.errors import LinnetError, Loc
 from linnet.ir import nodes as ir
 from linnet.ir.dims import Dim
 from linnet.ir.index_ranges import check_index_ranges, position_ceiling
-from linnet.ir.ops import ROPE_SCALINGS
+from linnet.ir.ops import ROPE_SCALING_READS, ROPE_SCALINGS
 from linnet.ir.types import (FLOAT_DTYPES, GENERIC_DTYPE, SIZE_GENERICS, ListType, ScalarType, TensorType, TupleType,
                              is_float)
 from linnet.ir.walk import all_values, assigned_names, children as walk_children, stmt_values, values as tree_values
@@ -259,8 +259,8 @@ STATIC_FLOORS = {("attention", "window"): (0, True), ("rope", "theta"): (0, Fals
 # rope's arguments that only some scalings read (`rope_tables`): each floor holds under those only, so
 # that an architecture's unused default of 0 is no error. Under them a 0 divides or takes a log of it
 # as the model is built.
-ROPE_ARGS_OF_SCALING = {"low_freq_factor": ("llama3",), "high_freq_factor": ("llama3",),
-                        "original_max": ("llama3", "yarn"), "beta_fast": ("yarn",), "beta_slow": ("yarn",)}
+ROPE_ARGS_OF_SCALING = {arg: tuple(s for s, reads in ROPE_SCALING_READS.items() if arg in reads)
+                        for arg in ("low_freq_factor", "high_freq_factor", "original_max", "beta_fast", "beta_slow")}
 
 
 def _check_bounds(v: ir.Op, values: dict, running: "_Running | None" = None) -> None:

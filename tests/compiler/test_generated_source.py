@@ -232,7 +232,7 @@ def commented_statements(source: str, comment: re.Pattern = COMMENT) -> list:
             continue  # code's own plumbing (an entry without a result; a compiled loop's carry), no source
         if current is not None and text.strip() and indent >= depth:
             out.append((current, text.strip()))
-        elif text.strip():
+        else:  # a line less indented, or a blank one (a module-level table's comment ends with its line)
             current = None
     return out
 
@@ -500,3 +500,43 @@ def test_an_argument_bound_to_a_local_names_the_call_that_passes_it(backend, kit
         places = [int(p.split(":")[1]) for p in m.group(3).split(", ")]
         assert [arch[n - 1].strip() for n in places] == ["return gemma_norm(x, norm)",
                                                          "return rmsnorm(x as f32, 1.0 + w as f32, eps=norm_eps) as T"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rope_tables_are_spelled_as_the_card_gives_them(backend, kit):
+    """Each rotary table is computed from the card's names, not numbers (gemma3's local table from
+    `rope_local_theta`, its global one from `rope_theta`), passed only the arguments its scaling reads (none of
+    llama3's or YaRN's where the scaling is none), under a comment naming the rope call's line."""
+    source = generate(check_file(kit.CARDS / "tiny-gemma3.linnet"), backend, GENERICS).splitlines()
+    arch = (kit.ARCH.parent / "gemma3.linnet").read_text().splitlines()
+    tables = {i: text.strip() for i, text in enumerate(source) if "rt.rope_table(" in text}
+    calls = [re.search(r"rt\.rope_table\((.*?)\)(\.to\(self\.device\))?$", text).group(1) for text in tables.values()]
+    assert sorted(calls) == ["head_dim, MaxSeq, theta=rope_local_theta", "head_dim, MaxSeq, theta=rope_theta"]
+    for i, text in tables.items():
+        m = ANY_COMMENT.match(source[i - 1])
+        assert m and m.group(1) == "gemma3.linnet", source[i - 1]
+        theta = re.search(r"theta=(\w+)", text).group(1)
+        assert f"theta={theta}" in arch[int(m.group(2)) - 1], (source[i - 1], text)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_module_says_how_to_call_it(backend, kit, sources):
+    """The header names the constructor and an entry's call as a user writes them, and each entry's docstring
+    carries the card's comment above its `entry` line and its arguments' and result's types (as the card
+    writes them, sizes named; the JAX function's result paired with the new state)."""
+    mod = import_source(sources[backend])
+    assert "`model = Model(weights" in mod.__doc__ and "`model.prefill(tokens, positions, rows, last)`" in mod.__doc__
+    arch = kit.ARCH.read_text().splitlines()
+    for name in ("prefill", "decode", "copy_rows"):
+        at = next(i for i, text in enumerate(arch) if text.startswith(f"entry {name}<") or
+                  text.startswith(f"entry {name}("))
+        comment = arch[at - 1]
+        assert comment.startswith("# ")
+        doc = (getattr(mod.Model, name) if backend == "torch" else getattr(mod, name)).__doc__
+        said, _, typed = doc.partition("\n\n")
+        assert " ".join(said.split()) == f"llama.linnet:{at + 1}: {comment[2:]}"
+        signature = arch[at][arch[at].index("(") + 1:arch[at].rindex("{")].strip()
+        args, arrow, ret = signature.partition(") -> ")
+        args, ret = (args, ret.strip()) if arrow else (signature[:-1], "None")
+        assert typed.strip() == (f"({args}) -> ({ret}, new state)" if backend == "jax" else
+                                 f"({args}) -> {ret}"), (doc, signature)
