@@ -540,3 +540,17 @@ def test_the_module_says_how_to_call_it(backend, kit, sources):
         args, ret = (args, ret.strip()) if arrow else (signature[:-1], "None")
         assert typed.strip() == (f"({args}) -> ({ret}, new state)" if backend == "jax" else
                                  f"({args}) -> {ret}"), (doc, signature)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_condition_on_config_values_alone_leaves_only_its_branch(backend, tmp_path):
+    """gemma2's `if final_softcap > 0.0 then tanh(...) * final_softcap else logits` is known once the card is
+    specialized: the code is the branch it takes (the cap with 3.0, plain logits with 0.0; test_parity_hf holds
+    the capped one to transformers); a condition on a layer's own value (`full`) stays in the code."""
+    card = (CARDS_DIR / "tiny-gemma2.linnet").read_text()
+    for cap, expected in (("3.0", "* final_softcap"), ("0.0", "return logits")):
+        path = tmp_path / f"cap{cap}.linnet"
+        path.write_text(card.replace("final_softcap = 3.0", f"final_softcap = {cap}"))
+        source = generate(check_file(path), backend, GENERICS)
+        assert "if final_softcap" not in source and expected in source
+        assert "window=0 if full else sliding_window" in source
