@@ -175,8 +175,11 @@ def _specialize(module: ir.Module, generics: dict | None, numerics: str) -> ir.M
                 except KeyError:
                     continue
                 if kv == 0 or hv % kv:
+                    # (each count the card sets is named as `_where_the_card_sets` says where it sets it)
+                    given = [f"`{n}` is {sizes[n]!r}" for n in dict.fromkeys([*sorted(h.names()), *sorted(kvh.names())])
+                             if n in bound.config_values]
                     raise LinnetError(v.loc, f"{hv} query heads cannot share {kv} key/value heads evenly",
-                                      [f"{_named(h, hv)} must be a multiple of {_named(kvh, kv)}"])
+                                      [f"{_named(h, hv)} must be a multiple of {_named(kvh, kv)}", *given])
     return bound
 
 

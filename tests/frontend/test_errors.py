@@ -546,7 +546,8 @@ params {
          arch_source=MINI, at="mini.linnet"),
     card("heads-not-multiple-of-kv-heads", with_config(CARD.replace("dim = 8", "dim = 16").replace("heads = 2", "heads = 4"),
                                                        "kv_heads = 3"),
-         29, 10, "4 query heads cannot share 3 key/value heads evenly", arch_source=MINI, at="mini.linnet"),
+         29, 10, "4 query heads cannot share 3 key/value heads evenly", arch_source=MINI, at="mini.linnet",
+         note="card.linnet:8:14"),  # `kv_heads` is 3, set at the card's own line, beside the arch's
     card("unknown-rope-scaling", with_config(CARD, 'rope_scaling = "yarnn"'), 27, 89,
          "unknown rope scaling 'yarnn'", arch_source=MINI, at="mini.linnet"),
     card("rope-odd-head-dim", CARD.replace("dim = 8", "dim = 6"), 27, 7, "head_dim must be even, not 3",
