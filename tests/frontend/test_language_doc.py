@@ -93,7 +93,8 @@ def test_the_error_example_is_the_compilers(tmp_path, capsys):
     assert main(["check", str(card)]) == 1
     printed = capsys.readouterr().err.rstrip("\n").splitlines()
     assert printed[0].startswith(str(LLAMA) + ":")
-    assert [printed[0].replace(str(LLAMA), LLAMA.name)] + printed[1:] == shown
+    assert [printed[0].replace(str(LLAMA), LLAMA.name)] + [line.replace(str(card), card.name)
+                                                          for line in printed[1:]] == shown
 
 
 def test_the_open_bracket_example_is_the_compilers(tmp_path, capsys):
