@@ -11,6 +11,7 @@ import warnings
 from pathlib import Path
 
 from linnet.errors import LinnetError
+from linnet.ir.types import FLOAT_DTYPE_NAMES
 from linnet.serve.request import MAX_LOGPROBS, SAMPLING_RANGES
 
 
@@ -326,7 +327,7 @@ class _FlagError(_UsageError):
 
 # vLLM's names of the types; its default "auto" (the checkpoint's type) is bf16 here, the type the
 # cards' models are trained and published in
-_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "f16", "half": "f16", "float32": "f32", "float": "f32", "auto": "bf16"}
+_DTYPE_NAMES = {**FLOAT_DTYPE_NAMES, "auto": "bf16"}
 
 
 def _quantization(text: str) -> str:

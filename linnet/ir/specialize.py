@@ -17,8 +17,8 @@ from linnet.ir import nodes as ir
 from linnet.ir.dims import Dim
 from linnet.ir.index_ranges import check_index_ranges, position_ceiling
 from linnet.ir.ops import ROPE_SCALING_READS, ROPE_SCALINGS
-from linnet.ir.types import (FLOAT_DTYPES, GENERIC_DTYPE, SIZE_GENERICS, ListType, ScalarType, TensorType, TupleType,
-                             is_float)
+from linnet.ir.types import (FLOAT_DTYPE_NAMES, FLOAT_DTYPES, GENERIC_DTYPE, SIZE_GENERICS, ListType, ScalarType,
+                             TensorType, TupleType, is_float)
 from linnet.ir.walk import all_values, assigned_names, children as walk_children, stmt_values, values as tree_values
 
 DEFAULT_GENERICS = {"Batch": 1, "MaxSeq": 256, "T": "f32"}
@@ -44,9 +44,13 @@ def generic_value(key: str, value):
             raise ValueError(f"generic `{key}` must be at most 2 ** 31 - 1 = {MAX_SIZE_GENERIC}, not {v}: "
                              f"the entries take rows and positions as i32")
         return v
-    if value not in FLOAT_DTYPES:
-        raise ValueError(f"generic `T` must be a float type ({', '.join(FLOAT_DTYPES)}), not {value!r}")
-    return value
+    # (torch.bfloat16 and numpy's dtype("float16") too, by their names)
+    named = str(value).removeprefix("torch.") if not isinstance(value, str) and hasattr(value, "itemsize") else value
+    named = FLOAT_DTYPE_NAMES.get(named, named) if isinstance(named, str) else named
+    if named not in FLOAT_DTYPES:
+        raise ValueError(f"generic `T` must be a float type ({', '.join(FLOAT_DTYPES)}; or as torch names them: "
+                         f"{', '.join(FLOAT_DTYPE_NAMES)}), not {value!r}")
+    return named
 
 
 def bind(module: ir.Module, generics: dict | None = None, numerics: str = "exact") -> ir.Module:

@@ -8,6 +8,8 @@ from linnet.ir.dims import Dim
 
 GENERIC_DTYPE = "T"
 FLOAT_DTYPES = ("f32", "bf16", "f16")
+# The float types as torch, numpy and vLLM's --dtype name them, which T takes too (`generics={"T": "bfloat16"}`)
+FLOAT_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "f16", "half": "f16", "float32": "f32", "float": "f32"}
 INT_DTYPES = ("i32", "i64")
 DTYPES = FLOAT_DTYPES + INT_DTYPES + ("bool",)
 SCALAR_KINDS = ("int", "float", "bool", "str")

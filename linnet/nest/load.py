@@ -55,7 +55,7 @@ from linnet.frontend import load_file, load_source
 from linnet.ir import walk
 from linnet.ir.dims import Dim
 from linnet.ir.nodes import Module
-from linnet.ir.specialize import bind, specialize
+from linnet.ir.specialize import bind, generic_value, specialize
 from linnet.ir.types import NoneType, TensorType, tensor
 from linnet.nest import registry
 from linnet.nest.checkpoint import Checkpoint, GGUFCheckpoint, open_checkpoint, under_base_prefix
@@ -81,7 +81,8 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
 
     `compile` (torch): the engine captures the decode step once and replays it, as a CUDA graph on
     CUDA, and on the CPU, with fast numerics, as one call of Linnet's kernels (`kernels.cpu_graph`).
-    `generics`: Batch, MaxSeq and T (specialize's defaults: 1, -, f32); without MaxSeq, a row holds the
+    `generics`: Batch, MaxSeq and T (specialize's defaults: 1, -, f32; T also as torch and vLLM name the
+    types: "bfloat16", torch.bfloat16, "half", ...); without MaxSeq, a row holds the
     model's own context, cut to what memory holds and, on a CPU, to the cache vLLM's CPU backend
     reserves (4 GiB, or VLLM_CPU_KVCACHE_SPACE's GiB) (`nest.context`; `model.info["context"]` says how).
     `progress`: draw a progress bar on standard error while loading and compiling;
@@ -107,6 +108,10 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     if tokenizer is None:  # as transformers' callers mean it: the default
         tokenizer = True
     asked = (generics or {}).get("T")
+    try:  # (as specialize reads it: "bfloat16" and torch.bfloat16 are bf16)
+        asked = generic_value("T", asked) if asked is not None else None
+    except ValueError:  # specialize says so, at the card
+        pass
     if numerics == "exact" and asked in ("bf16", "f16"):  # (specialize makes it f32: the memory is f32's too)
         warnings.warn(f"numerics='exact' computes and stores in f32, whatever T; T={asked!r} takes effect with "
                       f"numerics='fast'", stacklevel=2)

@@ -1651,6 +1651,25 @@ def test_a_bad_generic_from_python_is_the_cards_error(generics, message, numeric
     _assert_rendered(str(err.value).rstrip("\n") + "\n", case, at)
 
 
+def test_t_takes_the_names_torch_numpy_and_vllm_give_the_float_types(tmp_path):
+    """generics={"T": "bfloat16"} (vLLM's --dtype word), torch.float16 and numpy's float32 are T's own
+    bf16, f16 and f32; a type that is not a float is still refused."""
+    import numpy as np
+    import torch
+
+    from linnet.ir.specialize import specialize
+
+    case = card("generic", CARD, 2, 1, "", arch_source=MINI)
+    target, _ = _write(case, tmp_path)
+    module = load_file(target)
+    for given, want in (("bfloat16", "bf16"), ("half", "f16"), ("float", "f32"), (torch.float16, "f16"),
+                        (torch.bfloat16, "bf16"), (np.dtype("float32"), "f32"), ("f16", "f16")):
+        assert specialize(module, {"T": given}, "fast").bindings["T"] == want, given
+    for bad in (torch.int32, np.dtype("float64"), "float64"):
+        with pytest.raises(LinnetError, match="generic `T` must be a float type"):
+            specialize(module, {"T": bad}, "fast")
+
+
 _BY_ID = {c.id: c for c in CASES}
 
 

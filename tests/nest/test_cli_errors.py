@@ -228,7 +228,8 @@ def test_a_token_budget_too_small_for_the_rows_is_one_line(capsys):
 @pytest.mark.parametrize("command", ["check", "compile"])
 @pytest.mark.parametrize("generic, needle", [("Batch=0", "generic `Batch` must be a positive integer, not '0'"),
                                              ("MaxSeq=abc", "generic `MaxSeq` must be a positive integer, not 'abc'"),
-                                             ("T=f64", "generic `T` must be a float type (f32, bf16, f16), not 'f64'"),
+                                             ("T=f64", "generic `T` must be a float type (f32, bf16, f16; or as torch names them: "
+                                                       "bfloat16, float16, half, float32, float), not 'f64'"),
                                              ("Seq=4", "unknown generic `Seq`"), ("T", "takes NAME=VALUE"),
                                              # a digit outside ASCII, which str.isdigit takes and int() may not
                                              ("Batch=\u00b3", "generic `Batch` must be a positive integer"),
