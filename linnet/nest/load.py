@@ -103,7 +103,7 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     kind = BACKENDS[backend]
     if shards is not None and kind != "jax":
         raise ValueError("shards= spreads a JAX model over devices; the torch backend runs on one")
-    seed = _check_arguments(name, compile, cast_dtype, weights, seed, tokenizer, shards)
+    seed = _check_arguments(name, compile, cast_dtype, weights, seed, tokenizer, shards, progress)
     _check_kinds(generics, device)
     if tokenizer is None:  # as transformers' callers mean it: the default
         tokenizer = True
@@ -366,7 +366,7 @@ def _integer(value) -> bool:
     return not isinstance(value, bool) and hasattr(value, "__index__")  # numpy's integers too
 
 
-def _check_arguments(name, compile, cast_dtype, weights, seed, tokenizer, shards) -> int:
+def _check_arguments(name, compile, cast_dtype, weights, seed, tokenizer, shards, progress) -> int:
     """A clear error for an argument of the wrong kind, before anything is read (where each would
     fail deep inside, or worse, pass: cast_dtype="no" is true); returns the seed as an int."""
     if not isinstance(name, (str, os.PathLike)) or not str(name):
@@ -378,6 +378,9 @@ def _check_arguments(name, compile, cast_dtype, weights, seed, tokenizer, shards
         raise TypeError(f"weights must be a path, \"random\" or None, not {weights!r}")
     if isinstance(weights, (str, os.PathLike)) and not str(weights):  # ("" would name the current folder)
         raise ValueError("weights must be a path, \"random\" or None, not ''")
+    if progress is not None and not isinstance(progress, bool):  # ("no" drew the bar, as a true value)
+        raise TypeError(f"progress must be True, False or None (drawn where standard error is a terminal), "
+                        f"not {progress!r}")
     if tokenizer is not None and not isinstance(tokenizer, (bool, str, os.PathLike)):
         raise TypeError(f"tokenizer must be True, False or a path, not {tokenizer!r}")
     if shards is not None and not _integer(shards):

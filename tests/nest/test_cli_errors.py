@@ -159,6 +159,7 @@ def test_arguments_of_the_wrong_kind_are_named_before_anything_is_read():
             (dict(compile=1), TypeError, "compile must be True or False, not 1"),
             (dict(weights=123), TypeError, "weights must be a path"),
             (dict(tokenizer=3), TypeError, "tokenizer must be True, False or a path"),
+            (dict(progress="no"), TypeError, "progress must be True, False or None .*, not 'no'"),
             (dict(backend="jax", shards="2"), TypeError, "shards must be an integer, not '2'"),
             (dict(generics=[("Batch", 1)]), TypeError, "generics must be a dict such as"),
             (dict(generics="Batch=8"), TypeError, "generics must be a dict such as"),
