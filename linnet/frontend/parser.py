@@ -327,10 +327,24 @@ def _python_habit(source: str, pos: int, token) -> list[str]:
     if source.startswith(":=", pos):
         return ["a local is bound with `=` (Linnet has no `:=`)"]
     line_so_far = source[source.rfind("\n", 0, pos) + 1:pos]
+    sizes = _sizes_at_a_call(source, pos, token, line_so_far)
+    if sizes:
+        return sizes
     if str(token) in _COMPARISONS and re.search(r"(?:[<>]=?|[=!]=)[^<>=!\n]*$", line_so_far):
         return [f"comparisons do not chain as Python's do: join them with `and` (`a < b and b {token} c`)"]
     if str(token) == "without":
         return ["`without` follows the base an architecture extends: `arch NAME extends BASE without a, b`"]
+    return []
+
+
+def _sizes_at_a_call(source: str, pos: int, token, line_so_far: str) -> list[str]:
+    """A note for sizes written at a call, as a fn's own declaration writes them: `f<n, heads>(x)` is read
+    as `f < n` then a `,`, and `f<n>(x)` as `f < n > (x)`, a chained comparison."""
+    # (a `>` only where written as a call is, `f<n>(`: `a < b > (c)`, spaced, is the comparison it reads as)
+    called = re.search(r"(\w+)[ \t]*<[^<>()\n]*$" if str(token) == "," else r"(\w+)<\w+$", line_so_far)
+    if (str(token) in (",", ">") and called and not re.search(r"(?:^|\W)fn[ \t]+\w+[ \t]*<[^<>()\n]*$", line_so_far)
+            and re.match(r"[^\n]*>[ \t]*\(", source[pos:])):
+        return [f"a call does not write its sizes: `{called[1]}(...)` takes them from its arguments' types"]
     return []
 
 
@@ -361,11 +375,9 @@ def _other_language(source: str, pos: int, token, expected: set) -> list[str]:
         return ["a fn's result type follows `->`"]
     if str(token) == "[" and "LESSTHAN" in expected:
         return ["a fn's sizes are written in angle brackets: `fn f<n>(x: T[n, dim])`"]
-    # `f<n, heads>(x)`: sizes written at a call (a fn's own declaration writes them so), read as `f < n` then `,`
-    called = re.search(r"(\w+)[ \t]*<[^<>()\n]*$", line_so_far)
-    if (str(token) == "," and called and not re.search(r"(?:^|\W)fn[ \t]+\w+[ \t]*<[^<>()\n]*$", line_so_far)
-            and re.match(r"[^\n]*>[ \t]*\(", source[pos:])):
-        return [f"a call does not write its sizes: `{called[1]}(...)` takes them from its arguments' types"]
+    sizes = _sizes_at_a_call(source, pos, token, line_so_far)
+    if sizes:
+        return sizes
     if token.type == "NAME" and re.search(r"(?:^|[^\w.])(let|var|const|val)\s+$", before):
         return [f"a local is bound with `{token} = ...`: Linnet has no `let`"]
     name = re.search(r"(\w+)\s*:?\s*$", before)

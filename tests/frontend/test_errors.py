@@ -1352,6 +1352,22 @@ entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
 }
 """, 25, 22, "unexpected ','", note="a call does not write its sizes: `double(...)` takes them from its arguments' "
                                     "types"),
+    arch("one-size-written-at-a-call", HEAD + """\
+fn double<n>(x: T[n, dim]) -> T[n, dim] {
+  return x + x
+}
+
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  return double<Batch>(embed[tokens])
+}
+""", 25, 22, "unexpected '>'", note="a call does not write its sizes: `double(...)` takes them from its arguments' "
+                                    "types"),
+    arch("a-spaced-chained-comparison-is-one", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  y = if vocab < dim > (heads) then 1.0 else 2.0
+  return embed[tokens] * y
+}
+""", 21, 22, "unexpected '>'", note="comparisons do not chain"),
     arch("stacked-weight-read-whole", HEAD.replace("  wq:", "  for h in heads {\n    norm: T[dim]\n"
                                                             "      from hf \"layers.{h}.norm.weight\"\n"
                                                             "  }\n  wq:") + """\
