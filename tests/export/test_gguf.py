@@ -798,7 +798,7 @@ def test_every_family_in_16_bits_reads_alike_in_gguf_llama_cpp_and_nest(tmp_path
             # llama3's divisors, from the config; DeepSeek's router and its bias, f32 in the card whatever the type
             assert np.array_equal(values, full[tensor][1])
             continue
-        rounded = torch.from_numpy(full[tensor][1]).to(getattr(torch, {"f16": "float16", "bf16": "bfloat16"}[dtype]))
+        rounded = torch.from_numpy(np.array(full[tensor][1])).to(getattr(torch, {"f16": "float16", "bf16": "bfloat16"}[dtype]))
         if plus_one and tensor.endswith(plus_one):  # 1 + w of the rounded w: within the type's rounding
             np.testing.assert_allclose(values, rounded.float().numpy(), rtol=2 ** -7, err_msg=tensor)
         else:
