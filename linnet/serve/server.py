@@ -345,8 +345,13 @@ class OpenAIServer:
             fields["structure"] = "text.format"
         try:
             if any(req.structure is not None for req in job.requests):
-                loop = asyncio.get_running_loop()
-                streams = await loop.run_in_executor(self._structure_threads, self._submit, job.requests, loop)
+                submitted = self._structure_threads.submit(self._submit, job.requests, asyncio.get_running_loop())
+                try:
+                    streams = await asyncio.wrap_future(submitted)
+                except asyncio.CancelledError:  # ended while its matcher compiles (the server's end): the thread
+                    # goes on, and what it submits is cancelled once it has (one not begun never runs)
+                    submitted.add_done_callback(self._cancel_submitted)
+                    raise
             else:  # (at once: nothing of a plain request's submission takes long)
                 streams = self._submit(job.requests, None)
         except RequestError as err:  # checked above; whatever still slips through (a structure) is the client's
@@ -381,6 +386,12 @@ class OpenAIServer:
                     err.request = req
                 raise
         return streams
+
+    def _cancel_submitted(self, submitted) -> None:
+        """Cancels the streams a `_submit` on a structure's thread made after its request was ended."""
+        if not submitted.cancelled() and submitted.exception() is None:
+            for s in submitted.result():
+                self.engine.cancel(s.completion.id)
 
     async def _prepared(self, body: dict, prepare, *args):
         """`prepare(*args)` on a thread: the request templates' own where `body` brings one."""

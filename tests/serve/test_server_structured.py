@@ -4,6 +4,7 @@ and held to what the body asked; OpenAI's client reads the tool calls."""
 
 import json
 import re
+import time
 
 import pytest
 
@@ -710,3 +711,44 @@ def test_special_tokens_kept_in_the_text_when_asked(base):
         assert (choice["text"], choice["finish_reason"]) == (text, "stop")
         streamed = sse(call(base, "/v1/completions", dict(ended, stream=True, **extra))[1])
         assert "".join(c["choices"][0]["text"] for c in streamed) == text
+
+
+def test_a_structured_request_ended_while_its_matcher_compiles_is_cancelled_once_submitted():
+    """A structure's request is submitted on a thread of its own (its matcher compiled there). Ended
+    meanwhile (the server shutting down: `end_requests`), it answers with its 503 at once; what the thread
+    then submits is cancelled, its row freed, rather than run for every token it asked with nobody to read
+    them. The engine's submission is held on an event here, as a large matcher's compile holds it."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from linnet.serve.server import OpenAIServer
+
+    model = make_model("torch", rows=2, max_seq=128)
+    model.tokenizer = byte_tokenizer(model.vocab)
+    engine = Engine(model)
+    app = OpenAIServer(engine, "tiny")
+    entered, gate, made = threading.Event(), threading.Event(), []
+    submit = engine.stream
+
+    def held(req, loop=None):
+        entered.set()
+        gate.wait(60)
+        made.append(submit(req, loop))
+        return made[-1]
+
+    engine.stream = held
+    body = {"prompt": "Say:", "max_tokens": 100, "ignore_eos": True, "structured_outputs": {"regex": "[ab]{100}"}}
+    with running(engine, app=app) as url, ThreadPoolExecutor(1) as pool:
+        reply = pool.submit(call, url, "/v1/completions", body)
+        assert entered.wait(60)
+        (task,) = app._answering
+        task.get_loop().call_soon_threadsafe(app.end_requests)
+        status, text = reply.result(60)
+        assert status == 503 and json.loads(text)["error"]["code"] == "server_shutting_down"
+        gate.set()
+        for _ in range(600):
+            if made and made[0].completion.finish_reason is not None:
+                break
+            time.sleep(0.05)
+        assert made[0].completion.finish_reason == "cancelled"
+        assert len(made[0].completion.tokens) < 100
