@@ -86,14 +86,15 @@ class _Inliner:
             if direct and name not in reassigned:
                 bound[name] = arg
                 continue
-            # Evaluated once, into a local of its own (the callee may also reassign it).
-            fresh = self.fresh(name)
+            # Evaluated once, into a local of its own (the callee may also reassign it): named as the fn's
+            # argument, or where that name is taken, as whose it is (`rotate_x`, not `x_1`)
+            fresh = self.fresh(name if name not in self.taken else f"{fn.name}_{name}")
             self.taken.add(fresh)
             out.append(ir.Assign([fresh], arg, call.loc))  # (where the call binds it, whatever computes it)
             bound[name] = ir.Var(arg.type, arg.loc, fresh, "local")
             renames[name] = fresh
         for name in sorted(reassigned - set(bound)):
-            renames[name] = self.fresh(name)
+            renames[name] = self.fresh(name if name not in self.taken else f"{fn.name}_{name}")
             self.taken.add(renames[name])
 
         def subst(node):

@@ -480,12 +480,12 @@ def test_a_product_widened_to_f32_keeps_its_f32_sums_in_a_16_bit_t(backend, kit)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_an_argument_bound_to_a_local_names_the_call_that_passes_it(backend, kit):
     """gemma3's `q = rotate(head_norm(linear(h, wq[l])...), positions, full)`: rotate reads its x twice, so
-    head_norm's result is bound to a local first; that line's comment names the call's line (123), and the
-    value's, head_norm's `return` (100), not the other way round; the final norm names both returns it passes
-    through (layers_forward's, then gemma_norm's)."""
+    head_norm's result is bound to a local first, named as rotate's x (`rotate_x`, the name x being taken); that
+    line's comment names the call's line (123), and the value's, head_norm's `return` (100), not the other way
+    round; the final norm names both returns it passes through (layers_forward's, then gemma_norm's)."""
     source = generate(check_file(kit.CARDS / "tiny-gemma3.linnet"), backend, GENERICS).splitlines()
     arch = (kit.ARCH.parent / "gemma3.linnet").read_text().splitlines()
-    bound = [i for i, text in enumerate(source) if re.match(r"\s*x_\d+ = rt\.rmsnorm\(rt\.linear\(h, ", text)]
+    bound = [i for i, text in enumerate(source) if re.match(r"\s*rotate_x(_\d+)? = rt\.rmsnorm\(rt\.linear\(h, ", text)]
     assert len(bound) == 4, bound  # q's and k's, in prefill and decode
     for i in bound:
         m = ANY_COMMENT.match(source[i - 1])
