@@ -232,13 +232,22 @@ class _HeaderReader:
             if offset + nbytes > file.size:
                 raise GGUFFormatError(f"tensor {name!r} {list(shape)} needs bytes up to {offset + nbytes}, "
                                       f"but the file has {file.size}")
-        # One tensor's bytes running into the next's: a damaged header (a type or a shape changed), whose
-        # weights would read another's bytes. llama.cpp refuses it too (each offset where the last ended).
-        ordered = sorted((p for p in placed if p[4]), key=lambda p: p[3])
-        for (name, shape, ttype, offset, nbytes, _), after in zip(ordered, ordered[1:]):
-            if offset + nbytes > after[3]:
-                raise GGUFFormatError(f"tensor {name!r} ({ttype.name} {list(shape)}, {nbytes} bytes at {offset}) runs "
-                                      f"into tensor {after[0]!r} at {after[3]}: the file is damaged")
+        # Each tensor where the one before it in the header ends, padded to the alignment, as llama.cpp
+        # requires: a type or a shape changed in a damaged header moves where a tensor's bytes would be,
+        # and its weights would read another's (or a gap's) bytes. The last one ends where the file does.
+        end, before = 0, None
+        for name, shape, ttype, offset, nbytes, _ in placed:
+            if offset - data_start != end:
+                after = f" ({before})" if before else ""
+                raise GGUFFormatError(f"tensor {name!r} ({ttype.name} {list(shape)}) is at byte {offset - data_start} "
+                                      f"of the data, but the tensors before it end at byte {end}{after}: a type or "
+                                      f"shape in the header is not the one its bytes were written in")
+            end += -(-nbytes // file.alignment) * file.alignment
+            before = f"{name!r}, {ttype.name} {list(shape)}: {nbytes} bytes"
+        if file.size - (data_start + end) >= file.alignment:
+            raise GGUFFormatError(f"the tensors end at byte {data_start + end}, but the file has {file.size} bytes: "
+                                  f"a type or shape in the header (the last tensor's, {before}) is not the one "
+                                  f"its bytes were written in")
         for name, shape, ttype, offset, nbytes, (dtype, view_shape) in placed:
             data = np.frombuffer(self.buf, dtype, nbytes // dtype.itemsize, offset).reshape(view_shape)
             file.tensors[name] = Tensor(name, ttype, shape, offset, nbytes, data)

@@ -174,6 +174,12 @@ def test_damaged_headers_are_named(tmp_path):
                                                 for name in ("ua", "ub", "uc")}).read_bytes()
     at = three.index(b"ua") + 2
     overlapping = three[:at + 4] + struct.pack("<QQ", 32, 3) + three[at + 20:]
+    # the first's dims made [32, 1]: 128 bytes, leaving a gap before the second (as a type changed from F32 to
+    # F16 would: its weights would be the first half of its bytes, the second's of the gap's); the last's made
+    # [32, 1]: the file goes on past it
+    shrunk = three[:at + 4] + struct.pack("<QQ", 32, 1) + three[at + 20:]
+    last = three.index(b"uc") + 2
+    shrunk_last = three[:last + 4] + struct.pack("<QQ", 32, 1) + three[last + 20:]
     info = pair.index(b"tb", info) + 2  # tb's dims [32, 2] made [16, 4]: half a Q8_0 block a row
     half_blocks = pair[:info + 4] + struct.pack("<QQ", 16, 4) + pair[info + 20:]
     nested = struct.pack("<IQ", 4, 1) + struct.pack("<I", 7)  # an array of one uint32, in 10 arrays
@@ -192,7 +198,12 @@ def test_damaged_headers_are_named(tmp_path):
         pair.replace(b"tb", b"ta"): "tensor 'ta' appears twice",
         unknown_type: "tensor 'ta' has the unknown type 99",
         half_blocks: r"tensor 'tb' \[4, 16\]: a row of 16 is not whole Q8_0 blocks of 32",
-        overlapping: r"tensor 'ua' \(F32 \[3, 32\], 384 bytes at \d+\) runs into tensor 'ub' at \d+: the file is damaged",
+        overlapping: r"tensor 'ub' \(F32 \[2, 32\]\) is at byte 256 of the data, but the tensors before it end at "
+                     r"byte 384 \('ua', F32 \[3, 32\]: 384 bytes\): a type or shape in the header is not the one",
+        shrunk: r"tensor 'ub' \(F32 \[2, 32\]\) is at byte 256 of the data, but the tensors before it end at byte 128 "
+                r"\('ua', F32 \[1, 32\]: 128 bytes\)",
+        shrunk_last: r"the tensors end at byte \d+, but the file has \d+ bytes: a type or shape in the header \(the "
+                     r"last tensor's, 'uc', F32 \[1, 32\]: 128 bytes\) is not the one its bytes were written in",
         aligned_48: r"general.alignment is 48, not a power of two",
         too_deep: "arrays nested more than 8 deep at byte",
     }
