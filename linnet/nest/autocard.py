@@ -248,8 +248,8 @@ def _takes(key: str, value) -> str | None:
         return "a whole number"
     if key in COUNTS and value < 1:
         return "a whole number of at least 1"
-    if key in NUMBERS and not number:
-        return "a number"
+    if key in NUMBERS and not (number and math.isfinite(value)):  # (json reads Infinity and NaN as floats)
+        return "a finite number"
     if key in ABOVE_ZERO and not value > 0:
         return "a number above 0"
     if key in NOT_NEGATIVE and not value >= 0:

@@ -1079,6 +1079,9 @@ def test_a_count_of_0_is_refused_naming_its_key(family, key):
 @pytest.mark.parametrize("family, key, value, takes", [
     ("qwen3", "rope_theta", 0, "a number above 0"), ("qwen2", "rope_theta", -5.0, "a number above 0"),
     ("mistral", "rms_norm_eps", -1e-5, "a number of at least 0"),
+    # json's Infinity and NaN, which Python's json reads as floats (the card's own check named its line)
+    ("qwen3", "rope_theta", float("inf"), "a finite number"), ("mistral", "rms_norm_eps", float("inf"), "a finite number"),
+    ("qwen2", "rms_norm_eps", float("nan"), "a finite number"),
 ])
 def test_a_rope_base_or_norm_epsilon_out_of_its_range_is_refused_naming_its_key(family, key, value, takes):
     """A rope base of 0 or under (transformers' frequencies divide by its powers: NaN logits) or a negative
