@@ -189,6 +189,8 @@ class SafetensorsCheckpoint(Checkpoint):
                 dtype = sl.get_dtype()
                 if name in self._where and self._index is None:  # (an index says which of the two is meant)
                     raise WeightsError(f"{file}: holds tensor {name!r}, which {self._where[name]} holds too")
+                if name in self._where and self._where[name] == self.dir / self._index.get(name, ""):
+                    continue  # the index names the one read first: that is the tensor
                 self._meta[name] = (_ST_DTYPES.get(dtype, dtype.lower()), tuple(sl.get_shape()))
                 self._where[name] = file
         # gpt-oss's experts on the hub are MXFP4: each `X_blocks` + `X_scales` pair reads as `X`, in bf16

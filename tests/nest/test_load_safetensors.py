@@ -243,3 +243,21 @@ def test_shards_without_their_index_load_as_vllm_loads_them(tiny_hf, tmp_path, a
     with pytest.raises(WeightsError, match=rf"{shards[1]}: missing; shard 2 of {len(shards)} \(and no "
                                            r"model.safetensors.index.json"):
         nest.load(d, tokenizer=False)
+
+
+def test_a_tensor_in_two_shards_is_read_from_the_one_the_index_names(tiny_hf, tmp_path, assert_matches):
+    """Where model.safetensors.index.json is there, it says which shard holds a tensor, as transformers reads it:
+    a copy of a tensor in another shard, earlier or later in the order read, holding other numbers, is not it."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    hf_model, path = tiny_hf
+    for other_first in (False, True):
+        d = shutil.copytree(path, tmp_path / f"twice-{other_first}")
+        weight_map = json.loads((d / "model.safetensors.index.json").read_text())["weight_map"]
+        shards = sorted(d.glob("model-*-of-*.safetensors"))
+        named = next(n for n, shard in weight_map.items() if d / shard == shards[1])
+        other = shards[0] if other_first else shards[-1]
+        save_file({**load_file(other), named: load_file(shards[1])[named] + 1.0}, other)
+        assert_matches(nest.load(d, backend="torch", generics=GENERICS, tokenizer=False), hf_model)
