@@ -241,6 +241,8 @@ class SafetensorsCheckpoint(Checkpoint):
         single = self.dir / SAFETENSORS_FILE
         if single.is_file():
             return [single]
+        if single.is_dir():
+            raise WeightsError(f"{single}: is a directory, not a file")
         shards = self._unindexed_shards()
         if shards:
             return shards
@@ -284,6 +286,11 @@ class SafetensorsCheckpoint(Checkpoint):
             except UnicodeEncodeError:  # (Python's stand-ins for the bytes; was "may be truncated or corrupt")
                 raise WeightsError(f"{file}: its path holds bytes that are not UTF-8, which the safetensors library "
                                    "cannot open; rename the folder or file") from None
+            try:  # (safetensors says "No such file or directory" of a file it may not read)
+                with open(file, "rb"):
+                    pass
+            except OSError as e:
+                raise WeightsError(f"{file}: cannot be read ({e.strerror or e})") from None
             try:
                 self._handles[key] = safe_open(str(file), framework="pt" if framework == "torch" else "numpy")
             except Exception as e:  # SafetensorError, OSError: truncated, corrupt, unreadable

@@ -5,6 +5,7 @@ transformers' logits on both backends."""
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -261,3 +262,39 @@ def test_a_tensor_in_two_shards_is_read_from_the_one_the_index_names(tiny_hf, tm
         other = shards[0] if other_first else shards[-1]
         save_file({**load_file(other), named: load_file(shards[1])[named] + 1.0}, other)
         assert_matches(nest.load(d, backend="torch", generics=GENERICS, tokenizer=False), hf_model)
+
+
+def test_a_weights_file_that_cannot_be_read_is_named_as_such(tiny_hf, tmp_path):
+    """model.safetensors that is a directory, or a file this user may not read: each named with what is wrong
+    with it (the safetensors library said "No such file or directory" of the second; the first was listed
+    among the files found, beside "no model.safetensors")."""
+    import subprocess
+    import sys
+    import tempfile
+
+    from linnet.nest.errors import WeightsError
+
+    hf_model, _ = tiny_hf
+    d = tmp_path / "dir"
+    hf_model.save_pretrained(d)
+    (d / "model.safetensors").unlink()
+    (d / "model.safetensors").mkdir()
+    with pytest.raises(WeightsError, match=rf"{d / 'model.safetensors'}: is a directory, not a file"):
+        nest.load(d, tokenizer=False)
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        pytest.skip("root reads any file, and setpriv is not here to drop to another user")
+    # (another user reaches none of pytest's own folders: the system's temporary folder, removed after)
+    d = Path(tempfile.mkdtemp(dir=None if os.geteuid() == 0 else tmp_path))
+    try:
+        d.chmod(0o755)
+        hf_model.save_pretrained(d)
+        (d / "model.safetensors").chmod(0o000)
+        as_user = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"] if os.geteuid() == 0 else []
+        script = ("from linnet import nest\ntry:\n    nest.load(%r, tokenizer=False)\nexcept Exception as e:\n"
+                  "    print(type(e).__name__, e)\n" % str(d))
+        out = subprocess.run([*as_user, sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                             cwd="/", env={**os.environ, "HOME": "/tmp", "PYTHONPATH": str(Path(__file__).parents[2])})
+        assert out.stdout.strip() == f"WeightsError {d / 'model.safetensors'}: cannot be read (Permission denied)", \
+            out.stdout + out.stderr[-2000:]
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
