@@ -212,9 +212,13 @@ class SafetensorsCheckpoint(Checkpoint):
         self._index: dict[str, str] | None = None
         if index_path.is_file():
             try:
-                self._index = json.loads(index_path.read_text())["weight_map"]
-            except (ValueError, KeyError, TypeError, RecursionError) as e:
+                index = json.loads(index_path.read_text())
+            except (ValueError, RecursionError) as e:
                 raise WeightsError(f"{index_path}: not a valid safetensors index ({e})") from None
+            if not isinstance(index, dict) or "weight_map" not in index:
+                raise WeightsError(f"{index_path}: not a valid safetensors index (an object whose weight_map names "
+                                   f"each tensor's shard file; it holds {json.dumps(index)[:80]})")
+            self._index = index["weight_map"]
             if not isinstance(self._index, dict) or not all(isinstance(v, str) for v in self._index.values()):
                 # (a list of pairs read as the map, a number or null as a shard: a TypeError sorting them)
                 held = self._index if not isinstance(self._index, dict) else \

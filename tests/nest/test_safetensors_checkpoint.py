@@ -186,7 +186,11 @@ def test_a_float8_tensor_reads_as_numpy_as_torch_reads_it(tmp_path, dtype):
 @pytest.mark.parametrize("file, content, says", [
     ("model.safetensors.index.json", "{", r"index\.json: not a valid safetensors index \(Expecting"),
     ("model.safetensors.index.json", '{"metadata": {}}',
-     r"index\.json: not a valid safetensors index \('weight_map'\)"),
+     r"index\.json: not a valid safetensors index \(an object whose weight_map names each tensor's shard file; it "
+     r"holds \{\"metadata\": \{\}\}\)"),
+    # a list: was Python's "list indices must be integers or slices, not str"
+    ("model.safetensors.index.json", '[["lm_head.weight", "model.safetensors"]]',
+     r"index\.json: not a valid safetensors index \(an object whose weight_map .* it holds \[\[\"lm_head"),
     ("config.json", "{", r"config\.json: not valid JSON \(Expecting"),
     # a shard that is a number, or pairs for the map: were TypeErrors (sorting the shards' names)
     ("model.safetensors.index.json", '{"weight_map": {"lm_head.weight": 3}}',
