@@ -220,7 +220,9 @@ COUNTS = (
     "num_key_value_heads", "head_dim", "num_local_experts", "num_experts",
     "num_experts_per_tok", "moe_intermediate_size", "decoder_sparse_step", "query_pre_attn_scalar",
     "sliding_window_pattern", "_sliding_window_pattern", "no_rope_layer_interval", "kv_lora_rank", "v_head_dim",
-    "n_routed_experts", "n_group", "topk_group", "n_embd", "n_layer", "n_head", "n_inner", "n_positions")
+    "n_routed_experts", "n_group", "topk_group", "n_embd", "n_layer", "n_head", "n_inner", "n_positions",
+    # the positions a model was trained over, its context (0 was read as none said, and the default taken)
+    "max_position_embeddings")
 NUMBERS = (
     "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta", "rope_local_base_freq", "partial_rotary_factor",
     "embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling", "routed_scaling_factor",

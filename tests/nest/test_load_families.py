@@ -1058,6 +1058,16 @@ def test_a_gemma_window_null_or_under_1_is_refused_as_transformers_runs_none(fam
             card_source_from_config(config, "tiny")
 
 
+def test_a_context_of_0_is_refused_naming_its_key():
+    """max_position_embeddings 0: no context a model attends over (vLLM's max_model_len would be 0); it had been
+    read as none given, and the card's default context taken silently."""
+    prefix, own = FAMILIES["qwen3"]
+    config = {"architectures": [prefix + "ForCausalLM"], **COMMON, **own, "max_position_embeddings": 0}
+    with pytest.raises(nest.WeightsError, match="config.json's max_position_embeddings is 0, and "
+                                                "max_position_embeddings takes a whole number of at least 1"):
+        card_source_from_config(config, "tiny")
+
+
 @pytest.mark.parametrize("family, key", [
     ("mistral", "num_attention_heads"), ("mistral", "num_key_value_heads"), ("qwen2", "vocab_size"),
     ("gemma2", "query_pre_attn_scalar"), ("qwen3_moe", "decoder_sparse_step"), ("smollm3", "no_rope_layer_interval"),
