@@ -44,8 +44,9 @@ def generic_value(key: str, value):
             raise ValueError(f"generic `{key}` must be at most 2 ** 31 - 1 = {MAX_SIZE_GENERIC}, not {v}: "
                              f"the entries take rows and positions as i32")
         return v
-    # (torch.bfloat16 and numpy's dtype("float16") too, by their names)
-    named = str(value).removeprefix("torch.") if not isinstance(value, str) and hasattr(value, "itemsize") else value
+    # (torch.bfloat16, numpy's dtype("float16") and its np.float32 too, by their names)
+    named = value.__name__ if isinstance(value, type) else \
+        str(value).removeprefix("torch.") if not isinstance(value, str) and hasattr(value, "itemsize") else value
     named = FLOAT_DTYPE_NAMES.get(named, named) if isinstance(named, str) else named
     if named not in FLOAT_DTYPES:
         raise ValueError(f"generic `T` must be a float type ({', '.join(FLOAT_DTYPES)}; or as torch names them: "

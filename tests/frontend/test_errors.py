@@ -1679,9 +1679,9 @@ def test_t_takes_the_names_torch_numpy_and_vllm_give_the_float_types(tmp_path):
     target, _ = _write(case, tmp_path)
     module = load_file(target)
     for given, want in (("bfloat16", "bf16"), ("half", "f16"), ("float", "f32"), (torch.float16, "f16"),
-                        (torch.bfloat16, "bf16"), (np.dtype("float32"), "f32"), ("f16", "f16")):
+                        (torch.bfloat16, "bf16"), (np.dtype("float32"), "f32"), (np.float16, "f16"), ("f16", "f16")):
         assert specialize(module, {"T": given}, "fast").bindings["T"] == want, given
-    for bad in (torch.int32, np.dtype("float64"), "float64"):
+    for bad in (torch.int32, np.dtype("float64"), np.int32, "float64"):
         with pytest.raises(LinnetError, match="generic `T` must be a float type"):
             specialize(module, {"T": bad}, "fast")
 
