@@ -396,7 +396,7 @@ class PythonEmitter:
     def entry_docstring(self, fn: ir.Function, result: str = ""):
         """An entry's docstring: the comment the card writes above it, where it says what the entry does,
         and its arguments' and result's types (`result`: how the backend returns it, where it wraps it)."""
-        said = _comment_above(fn.loc)
+        said = _comment_above(fn.loc, self.module.sources.get(fn.loc.path))
         ret = "None" if isinstance(fn.ret, NoneType) else str(fn.ret)
         typed = f"({', '.join(f'{n}: {t}' for n, t in fn.args)}) -> {result.format(ret) if result else ret}"
         first, *rest = textwrap.wrap(f"{self.where(fn.loc)}: {said}" if said else self.where(fn.loc), 100)
@@ -408,14 +408,16 @@ class PythonEmitter:
         self.line('"""')
 
 
-def _comment_above(loc) -> str:
-    """The comment lines written just above a source line, joined ("" where there are none, or the source
-    is no file: a card made from a checkpoint's config)."""
-    try:
-        with open(loc.path, encoding="utf-8") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return ""
+def _comment_above(loc, text: str | None) -> str:
+    """The comment lines written just above a source line, joined ("" where there are none); `text`: the
+    source as it was parsed, else read from its file ("" where it is none: a card made from a config)."""
+    if text is None:
+        try:
+            with open(loc.path, encoding="utf-8") as f:
+                text = f.read()
+        except OSError:
+            return ""
+    lines = text.splitlines()
     said, i = [], loc.line - 2
     while i >= 0 and lines[i].lstrip().startswith("#"):
         said.insert(0, lines[i].lstrip()[1:].strip())
