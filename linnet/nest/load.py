@@ -167,7 +167,12 @@ def load(name: str | os.PathLike, backend: str = "torch", device: str | None = N
     bar.close()
     from linnet.nest.tokenizer import end_token_ids
 
-    ends = () if bound.tokenizer is not None or bound.checkpoint is None else tuple(end_token_ids(bound.checkpoint))
+    ends = ()
+    if bound.tokenizer is None and bound.checkpoint is not None:
+        try:
+            ends = tuple(end_token_ids(bound.checkpoint))
+        except TokenizerError as err:  # (as a tokenizer's own broken file is: told, and the model served)
+            warnings.warn(f"no end tokens read: {err}; generation stops at its length or a stop", stacklevel=2)
     return LoadedModel(runner=runner, module=spec, backend=kind, device=device, tokenizer=bound.tokenizer,
                        card=card_name, numerics=numerics, compile=compile, weights=bound.source, info=bound.info,
                        end_tokens=ends)

@@ -630,3 +630,16 @@ def test_a_checkpoint_named_with_characters_a_card_name_cannot_hold_loads(tiny_h
     bytes_name = shutil.copytree(path, tmp_path / "llama-\udcff")
     with pytest.raises(WeightsError, match=r"its path holds bytes that are not UTF-8, which the safetensors library"):
         load(bytes_name)
+
+
+def test_a_broken_generation_config_without_a_tokenizer_is_told_and_the_model_loads(tiny_hf, tmp_path):
+    """tokenizer=False reads the end tokens from generation_config.json: one that is no JSON is named in a
+    warning and the model loads without them, as a tokenizer's own broken file is told and the model served
+    (vLLM leaves a generation config it cannot read out); the load had failed, as a TokenizerError."""
+    _, path = tiny_hf
+    d = shutil.copytree(path, tmp_path / "broken-gen")
+    (d / "generation_config.json").write_text("{")
+    with pytest.warns(UserWarning, match=re.escape(f"no end tokens read: {d / 'generation_config.json'}: not valid "
+                                                   f"JSON")):
+        model = load(d)
+    assert model.end_tokens == ()
