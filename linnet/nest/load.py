@@ -223,10 +223,9 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
             tok_from = tok_from.parent  # tokenizer.json (or a SentencePiece tokenizer.model) named: its directory
         # a directory needs only the tokenizer's files (vLLM's --tokenizer takes such), a file is a GGUF
         tok = tokenizer_of(tok_from if tok_from.is_dir() else open_checkpoint(tok_from))
-        vocab = spec.bindings.get("vocab")
-        if vocab is not None and tok.vocab_size > vocab:
-            raise TokenizerError(f"{tok_from}: its tokenizer has {tok.vocab_size} tokens, more than "
-                                 f"the {vocab} of {card_name}'s vocabulary")
+        unrowed = _past_the_vocab(tok, spec, card_name)
+        if unrowed:
+            raise TokenizerError(f"{tok_from}: {unrowed}")
     if isinstance(weights, str) and weights == "random":
         from linnet.nest.random_weights import random_weights
 
@@ -259,6 +258,9 @@ def read_weights(name: str | os.PathLike, generics: dict | None = None, numerics
         bound.tokenizer, bound.tokenizer_from = tok, tok_from
     elif tokenizer and bound.checkpoint is not None:
         bound.tokenizer = _tokenizer(bound.checkpoint, bound.info)  # none, with a warning, where it has none
+        unrowed = bound.tokenizer is not None and _past_the_vocab(bound.tokenizer, spec, card_name)
+        if unrowed:  # (the weights' own: served all the same, each prompt holding such a token refused)
+            warnings.warn(f"{bound.checkpoint.path}: {unrowed}: a prompt holding one is refused", stacklevel=3)
         bound.tokenizer_from = Path(bound.checkpoint.path) if bound.tokenizer is not None else None
     return bound
 
@@ -296,7 +298,7 @@ def _card_tokenizer(card_name: str, module: Module, spec: Module):
         tok = tokenizer_of(open_checkpoint(found))
     except Exception:  # (a checkpoint without tokenizer files: random weights then run on token ids)
         return None, None
-    if tok.vocab_size > spec.bindings.get("vocab", tok.vocab_size):
+    if _past_the_vocab(tok, spec, card_name):
         return None, None
     return tok, Path(found)
 
@@ -736,6 +738,16 @@ def _quantization(quantization: str | None, kind: str, device: str, numerics: st
                       "LINNET_CPU_KERNELS not 0); the GGUF's blocks are decoded to T", stacklevel=3)
         return None
     return quantization
+
+
+def _past_the_vocab(tok, spec: Module, card_name: str) -> str:
+    """What is wrong where a tokenizer gives ids past the model's vocabulary (they have no row), else ""."""
+    vocab = spec.bindings.get("vocab")
+    if vocab is None or tok.id_end <= vocab:
+        return ""
+    if tok.vocab_size > vocab:
+        return f"its tokenizer has {tok.vocab_size} tokens, more than the {vocab} of {card_name}'s vocabulary"
+    return f"its tokenizer gives ids up to {tok.id_end - 1}, past the {vocab} of {card_name}'s vocabulary"
 
 
 def tokenizer_of(ckpt: Checkpoint | Path):

@@ -433,6 +433,12 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
+    @property
+    def id_end(self) -> int:
+        """One past the largest id the tokenizer gives: its count, or more where its ids leave gaps (what a
+        model's vocabulary must reach for every token to have its row)."""
+        return max(self.backend.get_vocab(with_added_tokens=True).values(), default=-1) + 1
+
     def token_to_id(self, token: str) -> int | None:
         return self.backend.token_to_id(token)
 

@@ -643,3 +643,26 @@ def test_a_broken_generation_config_without_a_tokenizer_is_told_and_the_model_lo
                                                    f"JSON")):
         model = load(d)
     assert model.end_tokens == ()
+
+
+def test_a_weights_own_tokenizer_with_ids_past_the_vocabulary_is_told(tiny_hf, tmp_path):
+    """A checkpoint's tokenizer.json with a token whose id lies past the model's vocabulary (no embedding row
+    for it), or more tokens than it: the model loads, with a warning naming the id or the count, as each prompt
+    holding such a token is refused; a tokenizer passed by path so is refused before the weights are read."""
+    from tokenizers import Tokenizer as Backend, models, pre_tokenizers
+
+    hf_model, path = tiny_hf
+    vocab = hf_model.config.vocab_size
+    d = shutil.copytree(path, tmp_path / "sparse-ids")
+    for words, says in (({"<unk>": 0, "a": 1, "<|end|>": vocab + 5}, f"its tokenizer gives ids up to {vocab + 5}, "
+                                                                       f"past the "),
+                        ({f"w{i}": i for i in range(1, vocab + 3)}, f"its tokenizer has {vocab + 3} tokens, more than "
+                                                                 f"the ")):
+        backend = Backend(models.WordLevel({**words, "<unk>": 0}, unk_token="<unk>"))
+        backend.pre_tokenizer = pre_tokenizers.Whitespace()
+        (d / "tokenizer.json").write_text(backend.to_str())
+        with pytest.warns(UserWarning, match=re.escape(f"{d}: {says}{vocab} of ")):
+            model = nest.load(d, generics=GENERICS)
+        assert model.tokenizer.vocab_size == len({**words, "<unk>": 0})
+        with pytest.raises(nest.TokenizerError, match=re.escape(f"{d}: {says}")):
+            nest.load("tiny-llama", weights="random", tokenizer=d, generics=GENERICS)
