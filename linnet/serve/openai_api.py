@@ -256,6 +256,9 @@ def _check_parameters(schema: dict, where: str) -> None:
     if not all(k in _SCHEMA_TYPES for k in kinds):
         raise ApiError(400, f"{where}.type must be one of {', '.join(_SCHEMA_TYPES)} (or a list of them), not "
                             f"{shown(kind)}", f"{where}.type")
+    if kinds and "object" not in kinds:  # (an array's or a string's: a call of it had empty arguments, or none)
+        raise ApiError(400, f"{where}.type must be \"object\": a function's arguments are an object's fields, as "
+                            f"OpenAI's API takes them, not {shown(kind)}", f"{where}.type")
     properties = schema.get("properties", {})
     if not isinstance(properties, dict) or not all(isinstance(v, (dict, bool)) for v in properties.values()):
         raise ApiError(400, f"{where}.properties must be an object of JSON schemas, not {shown(properties)}",

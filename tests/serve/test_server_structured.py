@@ -261,6 +261,8 @@ def _tool(parameters) -> dict:
     ({"type": "object", "required": [1]}, "required"),
     ({"type": "nonsense"}, "type"),
     ({"type": ["object", 3]}, "type"),
+    # a schema, but not an object's: a call's arguments were empty, or "required" gave no call at all
+    ({"type": "array", "items": {"type": "integer"}}, "type"), ({"type": "string"}, "type"),
 ])
 @pytest.mark.parametrize("tool_choice", ["none", "required", {"type": "function", "function": {"name": "broken"}}])
 def test_a_tool_whose_parameters_are_no_schema_is_a_400_naming_its_field(base, parameters, field, tool_choice):
