@@ -60,6 +60,8 @@ class ChoiceDeltas:
         else:
             stream.finish(reply_text(job, comp, self.tokenizer) if self.chat else comp.text)  # as parsed
             thought, text = divide_reply(job, stream.text, before, stream.sent)
+            if message is not None and message["content"] is None:  # (a forced call cut before it reads)
+                text = ""
             out = stream.sent
         return self._delta(thought, text, self.calls.finish(made or []), offsets, out, why)
 

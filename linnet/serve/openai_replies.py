@@ -269,6 +269,8 @@ def chat_message(job: Job, comp, tokenizer) -> tuple:
             content, calls = read_tool_calls(job, source)
         if calls is None and source is not None:  # cut short in a call, or one that does not read
             content, calls, finish = _calls_so_far(job, source) + (finish_reason(comp),)
+        if calls is None and source is not None and _forced_call_begun(job, source):
+            return dict(message, content=None), finish_reason(comp)
     if calls is None:
         return message, finish_reason(comp)
     if job.tool_call not in ("auto", "required"):  # a named function's call ends as "stop", as OpenAI's and vLLM's
@@ -276,6 +278,16 @@ def chat_message(job: Job, comp, tokenizer) -> tuple:
     elif job.tool_call == "required" and finish_reason(comp) != "stop":
         finish = finish_reason(comp)  # vLLM's: "required" says "tool_calls" only for a reply that ended by itself
     return dict(message, content=content, tool_calls=calls), finish
+
+
+def _forced_call_begun(job: Job, text: str) -> bool:
+    """Whether a reply tool_choice forced ("required": a JSON list of calls; a named function: its arguments)
+    is that structure's text, cut before a call could be read from it (`[{"name": "get_w`): no answer of the
+    model's, so no content, as its stream sent none; not where the structure never held (a reasoning model's
+    reply that did not close its thinking)."""
+    if job.tool_call in (None, "auto") or getattr(job.tool_parser, "reads_whole_reply", False):
+        return False
+    return text.lstrip()[:1] in ("", "[" if job.tool_call == "required" else "{")
 
 
 def _calls_so_far(job: Job, text: str) -> tuple:

@@ -754,3 +754,27 @@ def test_a_structured_request_ended_while_its_matcher_compiles_is_cancelled_once
             time.sleep(0.05)
         assert made[0].completion.finish_reason == "cancelled"
         assert len(made[0].completion.tokens) < 100
+
+
+@pytest.mark.parametrize("max_tokens", [1, 8, 30])
+def test_a_required_call_cut_before_it_reads_sends_no_content(base, max_tokens):
+    """tool_choice "required" holds the reply to a JSON list of calls; cut by max_tokens before a call is read
+    from it (`[{"name": "get_ti`), it has no answer of the model's: no content, streamed or whole, and no call
+    (the forced JSON's opening had been sent as the assistant's text); a named call so cut is its arguments so
+    far, as before. The Responses API's output likewise holds no text."""
+    body = {"messages": USER, "max_tokens": max_tokens, "seed": 1, "tools": [WEATHER, TIME], "tool_choice": "required"}
+    out = chat(base, **{k: v for k, v in body.items() if k != "messages"})
+    assert out["choices"][0]["message"]["content"] is None and not out["choices"][0]["message"].get("tool_calls")
+    assert out["choices"][0]["finish_reason"] == "length"
+    status, streamed = call(base, "/v1/chat/completions", dict(body, stream=True))
+    deltas = [c["choices"][0]["delta"] for c in sse(streamed) if c.get("choices")]
+    assert status == 200 and not any(d.get("content") or d.get("tool_calls") for d in deltas)
+    named = chat(base, max_tokens=max_tokens, tools=[WEATHER, TIME],
+                 tool_choice={"type": "function", "function": {"name": "get_time"}})["choices"][0]["message"]
+    assert named["content"] is None and named["tool_calls"][0]["function"]["arguments"].startswith("{")
+    status, text = call(base, "/v1/responses", {"input": "Weather?", "max_output_tokens": max_tokens, "tools": [
+        {"type": "function", **TIME["function"]}], "tool_choice": "required"})
+    assert status == 200, text
+    reply = json.loads(text)
+    assert not [part for item in reply["output"] if item["type"] == "message" for part in item["content"]
+                if part.get("text")], reply["output"]
