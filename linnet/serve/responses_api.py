@@ -90,7 +90,7 @@ def chat_body(call: ResponsesCall) -> dict:
         chat["tools"] = [_tool(i, t) for i, t in enumerate(body["tools"] if isinstance(body["tools"], list)
                                                               else [None])]
     if body.get("tool_choice") is not None:
-        chat["tool_choice"] = _tool_choice(body["tool_choice"])
+        chat["tool_choice"] = _tool_choice(body["tool_choice"], [t["function"]["name"] for t in chat.get("tools", [])])
     text = body.get("text")
     if text is not None and not isinstance(text, dict):
         raise ApiError(400, "'text' must be an object, as {'format': {'type': 'text'}}", "text")
@@ -203,10 +203,15 @@ def _tool(i: int, tool) -> dict:
     return {"type": "function", "function": fn}
 
 
-def _tool_choice(choice):
-    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+def _tool_choice(choice, names: list):
+    """The Responses API's tool_choice in chat's form: a named function is {"type": "function", "name": ...}
+    here, and is refused in that form where it names none of the tools (chat's message shows its own)."""
+    if choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and choice.get("name") in names:
         return {"type": "function", "function": {"name": choice["name"]}}
-    return choice  # "auto", "none", "required"; chat's reading refuses anything else
+    raise ApiError(400, "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'name': ...} naming "
+                        "one of the tools", "tool_choice")
 
 
 def _response_format(fmt) -> dict:

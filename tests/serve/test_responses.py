@@ -94,6 +94,11 @@ def test_earlier_calls_and_their_outputs_are_the_chat_turns_they_mean(server):
     ({"input": "t1", "model": "gpt-5"}, "does not exist"),
     ({"input": "t1", "reasoning": 5}, "'reasoning' must be an object"),
     ({"input": "t1", "reasoning": {"effort": "max"}}, "'reasoning.effort' must be one of"),
+    # a named function in the Responses API's own form, told in that form (chat's was shown)
+    ({"input": "t1", "tools": [{"type": "function", "name": "f", "parameters": {}}],
+      "tool_choice": {"type": "function", "name": "g"}}, "{'type': 'function', 'name': ...} naming one of the tools"),
+    ({"input": "t1", "tools": [{"type": "function", "name": "f", "parameters": {}}], "tool_choice": "any"},
+     "{'type': 'function', 'name': ...}"),
 ])
 def test_bad_bodies_are_refused_and_the_server_goes_on(server, body, needle):
     base, _, _ = server
