@@ -596,8 +596,9 @@ def _message(i: int, m, roles: frozenset | None = None, parts: bool = False) -> 
     if content is None and m["role"] != "assistant":  # only an assistant's turn may be calls alone
         raise ApiError(400, f"messages[{i}].content is required in a {m['role']} message", f"messages[{i}].content")
     if m["role"] == "tool" and not isinstance(m.get("tool_call_id"), str):
+        given = "" if m.get("tool_call_id") is None else f", a string, not {shown(m['tool_call_id'])}"
         raise ApiError(400, f"messages[{i}].tool_call_id is required in a tool message: the id of the call it "
-                            f"answers", f"messages[{i}].tool_call_id")
+                            f"answers{given}", f"messages[{i}].tool_call_id")
     if content is None:
         content = ""
     if isinstance(content, list):  # content parts: text only, a line each (as vLLM and llama.cpp's server join them)

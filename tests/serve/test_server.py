@@ -186,6 +186,8 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
      "content is required in a system message"),
     ("/v1/chat/completions", {"messages": [*USER, {"role": "tool", "content": "t2"}]}, "messages[1].tool_call_id",
      "tool_call_id is required"),
+    ("/v1/chat/completions", {"messages": [*USER, {"role": "tool", "content": "t2", "tool_call_id": 5}]},
+     "messages[1].tool_call_id", "the id of the call it answers, a string, not 5"),
     ("/v1/chat/completions", {"messages": USER, "logprobs": 5}, "logprobs", "'logprobs' must be true or false"),
     ("/v1/chat/completions", {"messages": USER, "modalities": ["text", "audio"]}, "modalities", "text only"),
     ("/v1/chat/completions", {"messages": USER, "seed": 2**63}, "seed", "'seed' must be between"),
