@@ -380,6 +380,8 @@ class SafetensorsCheckpoint(Checkpoint):
             config = json.loads(path.read_text())
         except (ValueError, RecursionError) as e:  # (RecursionError: arrays nested thousands deep)
             raise WeightsError(f"{path}: not valid JSON ({e})") from None
+        except OSError as e:  # (one this user may not read: a bare PermissionError)
+            raise WeightsError(f"{path}: cannot be read ({e.strerror or e})") from None
         if not isinstance(config, dict):
             raise WeightsError(f"{path}: holds a JSON {type(config).__name__}, not a config object")
         return with_transformers_defaults(config)
@@ -489,6 +491,8 @@ def _open_gguf(path: str):
     except gguf_file.GGUFFormatError as e:  # truncated, not GGUF, unsupported version
         raise WeightsError(lfs_pointer(Path(path)) or f"{path}: cannot read GGUF file ({e}); it may be truncated "
                                                        f"or corrupt") from None
+    except OSError as e:  # (one this user may not read: a bare PermissionError)
+        raise WeightsError(f"{path}: cannot be read ({e.strerror or e})") from None
 
 
 # the first line of a file Git LFS stands in for the real one (a clone made without `git lfs`)

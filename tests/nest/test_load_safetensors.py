@@ -265,8 +265,8 @@ def test_a_tensor_in_two_shards_is_read_from_the_one_the_index_names(tiny_hf, tm
 
 
 def test_a_weights_file_that_cannot_be_read_is_named_as_such(tiny_hf, tmp_path):
-    """model.safetensors that is a directory, or a file this user may not read: each named with what is wrong
-    with it (the safetensors library said "No such file or directory" of the second; the first was listed
+    """model.safetensors that is a directory, or a file this user may not read (the weights, config.json, a GGUF):
+    each named with what is wrong with it (the safetensors library said "No such file or directory" of the second; the first was listed
     among the files found, beside "no model.safetensors")."""
     import subprocess
     import sys
@@ -287,14 +287,25 @@ def test_a_weights_file_that_cannot_be_read_is_named_as_such(tiny_hf, tmp_path):
     d = Path(tempfile.mkdtemp(dir=None if os.geteuid() == 0 else tmp_path))
     try:
         d.chmod(0o755)
-        hf_model.save_pretrained(d)
-        (d / "model.safetensors").chmod(0o000)
+        (weights := d / "weights").mkdir(mode=0o755)
+        (config := d / "config").mkdir(mode=0o755)
+        hf_model.save_pretrained(weights)
+        hf_model.save_pretrained(config)
+        for file in [*weights.iterdir(), *config.iterdir()]:  # (saved for its owner alone)
+            file.chmod(0o644)
+        (weights / "model.safetensors").chmod(0o000)
+        (config / "config.json").chmod(0o000)
+        (gguf := d / "model.gguf").write_bytes(b"GGUF")  # (what it holds is never read)
+        gguf.chmod(0o000)
         as_user = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"] if os.geteuid() == 0 else []
-        script = ("from linnet import nest\ntry:\n    nest.load(%r, tokenizer=False)\nexcept Exception as e:\n"
-                  "    print(type(e).__name__, e)\n" % str(d))
-        out = subprocess.run([*as_user, sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                             cwd="/", env={**os.environ, "HOME": "/tmp", "PYTHONPATH": str(Path(__file__).parents[2])})
-        assert out.stdout.strip() == f"WeightsError {d / 'model.safetensors'}: cannot be read (Permission denied)", \
+        script = ("import sys\nfrom linnet import nest\nfor path in sys.argv[1:]:\n    try:\n"
+                  "        nest.load(path, tokenizer=False)\n    except Exception as e:\n"
+                  "        print(type(e).__name__, e)\n")
+        out = subprocess.run([*as_user, sys.executable, "-c", script, str(weights), str(config), str(gguf)],
+                             capture_output=True, text=True, timeout=300, cwd="/",
+                             env={**os.environ, "HOME": "/tmp", "PYTHONPATH": str(Path(__file__).parents[2])})
+        assert out.stdout.splitlines() == [f"WeightsError {file}: cannot be read (Permission denied)" for file in
+                                           (weights / "model.safetensors", config / "config.json", gguf)], \
             out.stdout + out.stderr[-2000:]
     finally:
         shutil.rmtree(d, ignore_errors=True)
