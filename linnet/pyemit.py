@@ -11,12 +11,11 @@ import ast
 import os
 import textwrap
 
-from linnet.errors import LinnetError
 from linnet.ir import nodes as ir
 from linnet.ir.dims import Dim
-from linnet.ir.specialize import evaluate
+from linnet.ir.specialize import taken_branch
 from linnet.ir.types import GENERIC_DTYPE, NoneType, ScalarType, TensorType
-from linnet.ir.walk import children, values as tree_values
+from linnet.ir.walk import children
 
 ATOM, POSTFIX, POWER, UNARY, MUL, ADD, CMP, NOT, AND, OR, IF = 100, 90, 80, 70, 60, 50, 40, 30, 20, 10, 5
 
@@ -179,8 +178,10 @@ class PythonEmitter:
         if v.op == "not" and isinstance(v.type, ScalarType):
             return f"not {self.paren(k['x'], NOT - 1)}", NOT
         if v.op == "if":
-            taken = self.static_branch(v)
-            if taken is not None:  # a condition on config values alone: the code is its one branch
+            # a condition on config values alone (Gemma 2's `if final_softcap > 0.0 then ... else logits`) is
+            # known as the module is specialized: the code is its one branch
+            taken = taken_branch(v, self.module.bindings)
+            if taken is not None:
                 return self.emit(taken)
             return f"{self.paren(k['then'], IF)} if {self.paren(k['cond'], IF)} else {self.paren(k['orelse'], IF - 1)}", IF
         if v.op == "dim_expr":
@@ -240,18 +241,6 @@ class PythonEmitter:
                 self.dtype_of(x.type) in ("bf16", "f16"):
             return x
         return None
-
-    def static_branch(self, v: ir.Op) -> ir.Value | None:
-        """The branch an `if` takes where its condition reads config values alone (Gemma 2's
-        `if final_softcap > 0.0 then ... else logits`, DeepSeek's YaRN mscale): known as the module is
-        specialized, so the code says only what runs; None where it reads a local or a loop's index."""
-        cond = v.kwargs["cond"]
-        if any(isinstance(x, ir.Var) and x.kind != "config" for x in tree_values(cond)):
-            return None
-        try:
-            return v.kwargs["then"] if evaluate(cond, self.module.bindings) else v.kwargs["orelse"]
-        except LinnetError:
-            return None
 
     def is_iota_rows(self, v: ir.Value | None) -> bool:
         return isinstance(v, ir.Var) and v.name in self.iota_rows

@@ -418,9 +418,10 @@ def _bind_static(s: ir.Assign, env: dict) -> None:
             env.pop(name, None)
 
 
-def _taken_branch(x: ir.Value, env: dict) -> ir.Value | None:
+def taken_branch(x: ir.Value, env: dict) -> ir.Value | None:
     """Of an `if` whose condition `env` knows, the branch it takes; else None (a condition that cannot
-    be computed too: the checks of its own values say why, naming the loop's values)."""
+    be computed too: the checks of its own values say why, naming the loop's values). The code
+    generators emit that branch alone where `env` is the specialized module's bindings."""
     if not (isinstance(x, ir.Op) and x.op == "if" and _known(x.kwargs["cond"], env)):
         return None
     try:
@@ -438,7 +439,7 @@ def _values_run(v: ir.Value, env: dict) -> list:
     while stack:
         x = stack.pop()
         out.append(x)
-        taken = _taken_branch(x, env)
+        taken = taken_branch(x, env)
         stack.extend(walk_children(x) if taken is None else (x.kwargs["cond"], taken))
     return out
 
@@ -454,7 +455,7 @@ def _check_static_values(v: ir.Value, env: dict, running: _Running) -> None:
             evaluate(x, env)  # (an `if` computes the branch it takes only, as the generated code does)
             continue
         if isinstance(x, ir.Op) and x.op == "if":  # a tensor's: the branch it takes; not known here, neither
-            taken = _taken_branch(x, env)
+            taken = taken_branch(x, env)
             stack.extend([x.kwargs["cond"]] + ([] if taken is None else [taken]))
             continue
         if isinstance(x, ir.Op) and isinstance(x.type, TensorType) and (x.op in STATIC_BINARY or x.op == "where"):
