@@ -86,15 +86,14 @@ class _Inliner:
             if direct and name not in reassigned:
                 bound[name] = arg
                 continue
-            # Evaluated once, into a local of its own (the callee may also reassign it): named as the fn's
-            # argument, or where that name is taken, as whose it is (`rotate_x`, not `x_1`)
-            fresh = self.fresh(name if name not in self.taken else f"{fn.name}_{name}")
+            # Evaluated once, into a local of its own (the callee may also reassign it).
+            fresh = self.local_of(fn, name)
             self.taken.add(fresh)
             out.append(ir.Assign([fresh], arg, call.loc))  # (where the call binds it, whatever computes it)
             bound[name] = ir.Var(arg.type, arg.loc, fresh, "local")
             renames[name] = fresh
         for name in sorted(reassigned - set(bound)):
-            renames[name] = self.fresh(name if name not in self.taken else f"{fn.name}_{name}")
+            renames[name] = self.local_of(fn, name)
             self.taken.add(renames[name])
 
         def subst(node):
@@ -121,6 +120,11 @@ class _Inliner:
         if isinstance(result, ir.Op):
             return replace(result, returned_at=(stmts[-1].loc, *result.returned_at))
         return result
+
+    def local_of(self, fn: ir.Function, name: str) -> str:
+        """The local an inlined fn's argument or local `name` becomes: its own name, or where that is taken,
+        named as whose it is (`rotate_x`, not `x_1`)."""
+        return self.fresh(name if name not in self.taken else f"{fn.name}_{name}")
 
     def fresh(self, name: str) -> str:
         if name not in self.taken:
