@@ -23,6 +23,7 @@ class RopeTable:
 
     name: str
     op: ir.Op
+    key: tuple  # `rope_key`: the head width, then (argument, value) of each argument given
 
 
 def rope_tables(module: ir.Module) -> dict:
@@ -41,7 +42,7 @@ def rope_tables(module: ir.Module) -> dict:
                 if key not in tables:
                     while f"rope_{count}" in taken:
                         count += 1
-                    tables[key] = RopeTable(f"rope_{count}", v)
+                    tables[key] = RopeTable(f"rope_{count}", v, key)
                     count += 1
     return tables
 
@@ -52,15 +53,13 @@ def rope_key(v: ir.Op, module: ir.Module) -> tuple:
     return (head_dim,) + args
 
 
-def rope_table_args(table: RopeTable, module: ir.Module, spell) -> str:
+def rope_table_args(table: RopeTable, spell) -> str:
     """A table's arguments as the card spells them where a config value or a number gives one (`theta=rope_theta`),
     else its value (DeepSeek's attention factor, folded from mscales); only those its scaling reads.
     `spell`: the emitter's source of a value."""
-    v = table.op
-    values = dict(rope_key(v, module)[1:])
-    reads = {"theta", "attention_factor", "scaling", *ROPE_SCALING_READS[values.get("scaling", "none")]}
-    if values.get("scaling", "none") == "none":
-        reads.discard("scaling")
+    v, values = table.op, dict(table.key[1:])
+    scaling = values.get("scaling", "none")
+    reads = {"theta", "attention_factor", *ROPE_SCALING_READS[scaling], *(("scaling",) if scaling != "none" else ())}
     args = [dim_py(v.kwargs["x"].type.shape[2]), "MaxSeq"]
     for name in ROPE_ARGS:
         if name in values and name in reads:

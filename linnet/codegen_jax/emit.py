@@ -55,7 +55,7 @@ class _JaxEmitter(PythonEmitter):
             self.line("# Rotary tables (cos, sin) for every position, computed once.")
         for table in self.ropes.values():
             self.comment_for(table.op.loc)
-            self.line(f"{table.name.upper()} = rt.rope_table({rope_table_args(table, m, self.expr)})")
+            self.line(f"{table.name.upper()} = rt.rope_table({rope_table_args(table, self.expr)})")
         for fn in m.entries.values():
             self.entry(fn)
         self.line("")

@@ -66,7 +66,7 @@ class _TorchEmitter(PythonEmitter):
             self.line("pass")
         for table in self.ropes.values():
             self.comment_for(table.op.loc)
-            self.line(f"self.{table.name} = rt.rope_table({rope_table_args(table, m, self.expr)}).to(self.device)")
+            self.line(f"self.{table.name} = rt.rope_table({rope_table_args(table, self.expr)}).to(self.device)")
         self.depth -= 1
         for fn in m.entries.values():
             self.entry(fn)
