@@ -294,7 +294,7 @@ class SafetensorsCheckpoint(Checkpoint):
                 with open(file, "rb"):
                     pass
             except OSError as e:
-                raise WeightsError(f"{file}: cannot be read ({e.strerror or e})") from None
+                raise _unreadable(file, e) from None
             try:
                 self._handles[key] = safe_open(str(file), framework="pt" if framework == "torch" else "numpy")
             except Exception as e:  # SafetensorError, OSError: truncated, corrupt, unreadable
@@ -381,7 +381,7 @@ class SafetensorsCheckpoint(Checkpoint):
         except (ValueError, RecursionError) as e:  # (RecursionError: arrays nested thousands deep)
             raise WeightsError(f"{path}: not valid JSON ({e})") from None
         except OSError as e:  # (one this user may not read: a bare PermissionError)
-            raise WeightsError(f"{path}: cannot be read ({e.strerror or e})") from None
+            raise _unreadable(path, e) from None
         if not isinstance(config, dict):
             raise WeightsError(f"{path}: holds a JSON {type(config).__name__}, not a config object")
         return with_transformers_defaults(config)
@@ -492,11 +492,17 @@ def _open_gguf(path: str):
         raise WeightsError(lfs_pointer(Path(path)) or f"{path}: cannot read GGUF file ({e}); it may be truncated "
                                                        f"or corrupt") from None
     except OSError as e:  # (one this user may not read: a bare PermissionError)
-        raise WeightsError(f"{path}: cannot be read ({e.strerror or e})") from None
+        raise _unreadable(path, e) from None
 
 
 # the first line of a file Git LFS stands in for the real one (a clone made without `git lfs`)
 LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+
+
+def _unreadable(file, err: OSError) -> WeightsError:
+    """The error for a file of the checkpoint that cannot be opened (one this user may not read): named, with
+    the system's reason, where Python's own (a bare PermissionError) or a library's ("No such file") was raised."""
+    return WeightsError(f"{file}: cannot be read ({err.strerror or err})")
 
 
 def lfs_pointer(file: Path) -> str | None:
