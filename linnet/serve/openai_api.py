@@ -791,6 +791,9 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=No
     asked = logprob_count(body, "prompt_logprobs")
     tool_call, structure = _tool_call(body, tool_parser)
     requests = _copies(body, ids, max_seq, None, n, logprobs, asked, tokenizer=tokenizer)
+    prompt = None if reasoning is None or tokenizer is None else tokenizer.decode(ids)
+    if prompt is not None:
+        reasoning = reasoning.for_prompt(prompt)
     if reasoning is not None and reasoning.keeps_special:
         for r in requests:  # harmony's markers are special tokens: the engine's text, cut at a stop string, keeps them
             r.skip_special_tokens, r.keeps_end_token = False, True
@@ -799,11 +802,11 @@ def chat_job(body: dict, tokenizer, max_seq: int, tool_parser=None, reasoning=No
             raise ApiError(400, "a tool call's output is its arguments: send no other structure with it", "tool_choice")
         for r in requests:
             r.structure = structure
-    if reasoning is not None and requests[0].structure is not None and tokenizer is not None \
+    if reasoning is not None and requests[0].structure is not None and prompt is not None \
             and not structure_in_reasoning \
             and not (structure is not None and reasoning.reads_whole_reply):  # harmony's call: thinking and all
         # A reasoning model thinks freely first: the structure holds its answer (as vLLM's reasoning-aware outputs).
-        marker = reasoning.structure_after(tokenizer.decode(ids))
+        marker = reasoning.structure_after(prompt)
         for r in requests:
             r.structure_after = None if marker is None else tokenizer.encode(marker, add_special_tokens=False)
     call_id = call_ids(tool_parser)  # the model's template's form of ids, however the call is read

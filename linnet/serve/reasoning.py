@@ -7,8 +7,9 @@ apart, as vLLM does: the thinking as the message's `reasoning_content`, the answ
 - "deepseek_r1" (DeepSeek-R1 and its distills): the chat template opens the thinking, so the
   reply starts inside it (a leading <think> is dropped) and it runs to </think>, or to the end
   of a reply cut short.
-- "qwen3" (Qwen3, QwQ): a reply that opens with <think> thinks until </think>; one that does not
-  is all answer.
+- "qwen3" (Qwen3, QwQ): a reply that opens with <think> thinks until </think>, as does one whose
+  prompt the template ended with <think> (Qwen3's Thinking-2507 models: their replies hold only
+  </think>); any other is all answer.
 - "openai_gptoss" (gpt-oss): harmony's channels, analysis the thinking, final the answer; it
   reads the tool calls too (`Harmony`).
 
@@ -81,6 +82,12 @@ class ThinkTags:
         """Where the answer begins (None while the reply is still thinking)."""
         return self.regions(text)[2]
 
+    def for_prompt(self, prompt: str) -> ThinkTags:
+        """This reader for a reply to `prompt`: one whose template opened the thinking starts inside it."""
+        if self.starts_inside or not prompt.rstrip().endswith(self.OPEN):
+            return self
+        return ThinkTags(self.name, starts_inside=True)
+
     def structure_after(self, prompt: str) -> str | None:
         """The text after which a structured answer begins: the end of the thinking, unless the
         prompt has closed it already (a template told not to think)."""
@@ -149,6 +156,9 @@ class Harmony:
 
     def content_start(self, text: str) -> int | None:
         return None  # calls are read here, from the whole reply: no answer for a tool parser to search
+
+    def for_prompt(self, prompt: str) -> Harmony:
+        return self  # (a reply's every message has its own header)
 
     def structure_after(self, prompt: str) -> str | None:
         return "<|channel|>final<|message|>"  # the answer's header

@@ -47,6 +47,21 @@ def test_without_tags_r1_is_all_thinking_and_qwen3_all_answer(text, data):
     assert qwen3.split(text) == streamed(qwen3, text, cuts) == (None, text or None)
 
 
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(thought=plain, answer=plain, data=st.data())
+def test_a_qwen3_reply_whose_template_opened_the_thinking_thinks_until_its_end(thought, answer, data):
+    """Qwen3's Thinking-2507 templates end the prompt with <think>: the reply holds only </think>
+    (vLLM's qwen3 reader reads it so). A template that opened and closed it (thinking off) leaves all answer."""
+    opened = reasoning_parser("qwen3").for_prompt("<|im_start|>assistant\n<think>\n")
+    reply = f"{thought}</think>\n\n{answer}"
+    want = (thought or None, f"\n\n{answer}")
+    cuts = data.draw(st.lists(st.integers(0, len(reply)), max_size=8))
+    assert opened.split(reply) == streamed(opened, reply, cuts) == want
+    assert opened.split(thought) == (thought or None, None)  # cut short while thinking
+    closed = reasoning_parser("qwen3").for_prompt("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert closed.split(answer) == streamed(closed, answer, cuts) == (None, answer or None)
+
+
 def test_edges():
     r1, qwen3 = reasoning_parser("deepseek_r1"), reasoning_parser("qwen3")
     assert r1.split("hmm</think>\n\nFour.") == ("hmm", "\n\nFour.")
@@ -132,6 +147,9 @@ def test_a_reasoning_models_structured_answer_waits_for_the_end_of_its_thinking(
     tok.chat_template = "{{ messages[0]['content'] }}\n<think>\n"
     job = chat_job(body, tok, 96, reasoning=reasoning_parser("deepseek_r1"))
     assert job.requests[0].structure_after == tok.encode("</think>", add_special_tokens=False)
+    job = chat_job(body, tok, 96, reasoning=reasoning_parser("qwen3"))  # (Qwen3's Thinking-2507 templates')
+    assert job.requests[0].structure_after == tok.encode("</think>", add_special_tokens=False)
+    assert job.reasoning.split('Hmm.</think>{"a": 1}') == ("Hmm.", '{"a": 1}')  # its reply starts thinking
     tok.chat_template = "{{ messages[0]['content'] }}\n<think>\n\n</think>\n\n"  # thinking switched off
     assert chat_job(body, tok, 96, reasoning=reasoning_parser("qwen3")).requests[0].structure_after is None
     assert chat_job(body, tok, 96).requests[0].structure_after is None  # no reasoning parser: from the first token
