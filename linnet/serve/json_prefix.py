@@ -53,10 +53,12 @@ class _Scan:
         self.text, self.at, self.resume = "", at, at
         self.fields, self.end = {}, None
         self.depth, self.key, self.start, self.expect_key, self.colon = 0, None, None, True, None
+        self.value_end = None  # where the field being read ends, once its string or container has closed
+        self.broken = False  # something other than "," or "}" came after a value: the object never closes
         self.open_string, self.string_read = None, 0  # a string being written: where it opens, read up to
 
     def advance(self, text: str) -> Fields:
-        if self.end is None:
+        if self.end is None and not self.broken:
             if not self.expect_key and self.start is None and self.colon is not None:
                 self.start = _scalar_start(text, self.colon + 1)  # a number may have come since
             self._read(text)
@@ -64,7 +66,7 @@ class _Scan:
         out = Fields(self.fields)
         out.end = self.end
         if self.end is None and self.key is not None and self.start is not None:
-            out[self.key] = (self.start, None)
+            out[self.key] = (self.start, self.value_end)
         return out
 
     def _read(self, text: str) -> None:
@@ -76,7 +78,7 @@ class _Scan:
             self._token(text, text[self.open_string:stop + 1], self.open_string)
             self.open_string, self.resume = None, stop + 1
         for token in _TOKENS.finditer(text, self.resume):
-            if self.end is not None:
+            if self.end is not None or self.broken:
                 return
             mark, where = token.group(), token.start()
             if mark[0] == '"' and not _closed(mark):  # a string still being written
@@ -89,15 +91,22 @@ class _Scan:
 
     def _token(self, text: str, mark: str, where: int) -> None:
         """One token read: a whole string, or a structural character."""
+        if self.depth == 1 and self.value_end is not None and (mark not in ",}" or text[self.value_end:where].strip()):
+            self.broken = True  # (a call's "}" left out, say: what follows is not its arguments')
+            return
         if self.depth == 1 and not self.expect_key and self.start is None and mark[0] in '"{[':
             self.start = where  # a value that is a string or a container
         if mark[0] == '"':
             if self.depth == 1 and self.expect_key:
                 self.key = _key(mark)
+            elif self.depth == 1:
+                self.value_end = where + len(mark)
         elif mark in "{[":
             self.depth += 1
         elif mark in "}]":
             self.depth -= 1
+            if self.depth == 1:
+                self.value_end = where + 1
             if self.depth == 0:
                 _record(self.fields, text, self.key, self.start, where)
                 self.end = where + 1
@@ -106,7 +115,7 @@ class _Scan:
             self.start = _scalar_start(text, where + 1)
         elif self.depth == 1 and mark == ",":
             _record(self.fields, text, self.key, self.start, where)
-            self.key, self.start, self.expect_key, self.colon = None, None, True, None
+            self.key, self.start, self.expect_key, self.colon, self.value_end = None, None, True, None, None
 
 
 def _key(mark: str) -> str:

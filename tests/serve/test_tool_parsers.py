@@ -526,6 +526,27 @@ def test_a_kept_scan_resumed_after_a_colon_and_one_dropped_read_what_json_reads(
     assert fields.end == len(text) and {k: json.loads(text[a:b]) for k, (a, b) in fields.items()} == value
 
 
+@settings(max_examples=60, deadline=None, derandomize=True, database=None)
+@given(value=st.dictionaries(st.text(max_size=6), long_values, min_size=1, max_size=4), data=st.data())
+def test_an_open_objects_last_string_or_container_ends_where_json_says(value, data):
+    """A field whose string or container has closed ends there, though the object is still open: its
+    text is json's for it, and what follows ("</tool_call>" where a model left out the call's "}") is
+    not read as more of it, nor as more fields."""
+    from linnet.serve.json_prefix import object_fields, value_text
+
+    text = json.dumps(value)[:-1]  # the object's "}" left out
+    last = list(value)[-1]
+    fields = object_fields(text, 0)
+    if isinstance(value[last], (str, list, dict)):
+        assert json.loads(value_text(text, fields[last])) == value[last]
+    junk = data.draw(st.sampled_from(["\n</tool_call>", " Done.", '\n<tool_call>\n{"name": "g", "arguments": {}}']))
+    for cut in range(len(text), len(text + junk) + 1):
+        later = object_fields((text + junk)[:cut], 0)
+        assert later.end is None and later.keys() == fields.keys()
+        if isinstance(value[last], (str, list, dict)):
+            assert value_text((text + junk)[:cut], later[last]) == value_text(text, fields[last])
+
+
 @settings(max_examples=200, deadline=None, derandomize=True, database=None)
 @given(text=st.text(alphabet='{}[]:,"\\u0a1 x', max_size=40))
 def test_a_scan_of_anything_a_model_writes_never_raises(text):
