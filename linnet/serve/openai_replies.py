@@ -267,7 +267,7 @@ def chat_message(job: Job, comp, tokenizer) -> tuple:
         source = text if getattr(job.tool_parser, "reads_whole_reply", False) else message["content"]
         if source is not None:
             content, calls = read_tool_calls(job, source)
-        if calls is None and source is not None:  # cut short in a call, or one that does not read
+        if calls is None and source is not None and _cut_short(comp):  # in a call: as far as it was written
             content, calls, finish = _calls_so_far(job, source) + (finish_reason(comp),)
         if calls is None and source is not None and _forced_call_begun(job, source):
             return dict(message, content=None), finish_reason(comp)
@@ -278,6 +278,13 @@ def chat_message(job: Job, comp, tokenizer) -> tuple:
     elif job.tool_call == "required" and finish_reason(comp) != "stop":
         finish = finish_reason(comp)  # vLLM's: "required" says "tool_calls" only for a reply that ended by itself
     return dict(message, content=content, tool_calls=calls), finish
+
+
+def _cut_short(comp) -> bool:
+    """Whether a reply was cut before it ended by itself: by its token limit, its client, or a stop
+    string or token it asked for. A reply that ended by itself with calls that do not read is its
+    text, as vLLM gives it: calls whose arguments are no JSON are no calls to make."""
+    return comp.finish_reason != "stop" or comp.stop_reason is not None
 
 
 def _forced_call_begun(job: Job, text: str) -> bool:

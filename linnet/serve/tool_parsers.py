@@ -320,7 +320,6 @@ class Hermes:
     name = "hermes"
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
     markers = (OPEN, CLOSE)  # special tokens in some models' tokenizers (vLLM keeps them for this parser too)
-    CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
     def call_start(self, text: str) -> int | None:
         at = text.find(self.OPEN)
@@ -332,19 +331,23 @@ class Hermes:
         return len(text) - len(_without_tail(text, self.OPEN))
 
     def parse(self, text: str) -> tuple:
-        at = text.find(self.OPEN)
-        if at < 0:
+        """Each <tool_call> opens one call's object, closed by </tool_call> or the reply's end; the
+        object is read as JSON, so a "</tool_call>" in one of its strings is the string's."""
+        first = text.find(self.OPEN)
+        if first < 0:
             return text, []
-        calls = []
-        for match in self.CALL.finditer(text, at):
+        calls, at = [], first
+        while at >= 0:
             try:
-                call, end = _call_at(match.group(1), 0)
+                call, end = _call_at(text, _spaces_after(text, at + len(self.OPEN)))
             except ValueError:
-                call = None
-            if call is None or end != len(match.group(1)):
+                return text, []
+            after = _spaces_after(text, end)
+            if call is None or not (after == len(text) or text.startswith(self.CLOSE, after)):
                 return text, []
             calls.append(call)
-        return text[:at] or None, calls  # the text before the calls as written, as vLLM gives it
+            at = text.find(self.OPEN, end)
+        return text[:first] or None, calls  # the text before the calls as written, as vLLM gives it
 
     def partial(self, text: str) -> list:
         calls, at = [], text.find(self.OPEN)
@@ -399,7 +402,9 @@ class Mistral:
         """v11's NAME[ARGS]{...} (or NAME[CALL_ID]ID[ARGS]{...}): the arguments one JSON object."""
         head, arguments = part.split(self.ARGS, 1)
         name = head.split(self.CALL_ID, 1)[0].strip()
-        return [_call({"name": name, "arguments": _json_read(json.loads, arguments)}, arguments) if name else None]
+        start = _spaces_after(arguments, 0)
+        value, end = _json_read(_DECODER.raw_decode, arguments, start)  # (text after them dropped, as vLLM's reads it)
+        return [_call({"name": name, "arguments": value}, arguments[start:end]) if name else None]
 
     def partial(self, text: str) -> list:
         at = text.find(self.marker)

@@ -334,3 +334,27 @@ def test_a_pythonic_list_of_calls_with_text_after_it_is_text_whole_and_streamed(
         made = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []]
         assert made == calls == [(n, json.loads(a)) for _, n, a in called]
         assert why == finish == ("tool_calls" if calls else "stop")
+
+
+GET_TIME = ("get_time", {"zone": "CET"})
+
+
+@pytest.mark.parametrize("family,reply,calls", [
+    # a "</tool_call>" inside a string is the string's: the object is read as JSON (vLLM's regex cut it there)
+    ("hermes", '<tool_call>\n{"name": "get_time", "arguments": {"zone": "</tool_call>"}}\n</tool_call>',
+     [("get_time", {"zone": "</tool_call>"})]),
+    # v11's NAME[ARGS]{...} and text after it: the call (vLLM's reads it so), the text dropped as after others'
+    ("mistral", '[TOOL_CALLS]get_time[ARGS]{"zone": "CET"}\n\nI called the tool.', [GET_TIME]),
+    # calls that ended by themselves but do not read are text, as vLLM gives them, not calls of no JSON
+    ("pythonic", '[get_time(zone="a\nb")]', []),
+    ("hermes", '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}\n</tool_call>', []),
+    ("llama3_json", '{"name": "get_time", "parameters": {"zone": "CET"}\nLet me know.', []),
+])
+def test_calls_that_ended_by_themselves_are_read_whole_or_are_text(family, reply, calls):
+    message, finish, (content, _, called, why), _ = read_whole_and_streamed(family, None, reply, [], None)
+    made = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []]
+    assert made == calls and finish == why == ("tool_calls" if calls else "stop")
+    assert message["content"] == (None if calls else reply) == (content or None)
+    for cuts in ([], list(range(len(reply)))):  # a call's "}" left out: streamed, it is the call as far as it read
+        _, _, (_, _, called, _), _ = read_whole_and_streamed(family, None, reply, cuts, None)
+        assert all(json.loads(a) == GET_TIME[1] for _, _, a in called) if not calls else called
