@@ -497,10 +497,12 @@ class Pythonic:
         return depth > 1 or (not rest.strip() if called else self.NAME_SO_FAR.fullmatch(rest) is not None)
 
     def _body(self, text: str) -> str:
+        """The reply less its spaces and wrappers, and less the closing one arriving a piece at a time
+        (where they stay as text: a request that keeps special tokens)."""
         body = text.strip()
         for wrapper in self.WRAPPERS:
             body = body.replace(wrapper, "")
-        return body.strip()
+        return _without_tail(body, self.WRAPPERS[1]).strip()
 
     def partial(self, text: str) -> list:
         """The calls written so far: each named once its "(" is written, its arguments given whole

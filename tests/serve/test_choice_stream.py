@@ -323,6 +323,8 @@ def test_text_that_cannot_be_a_tag_arriving_is_not_held(family):
     ("[get_time(zone='UTC')] then some text", "[get_time(zone='UTC')] then some text", []),
     ("[get_time(zone='UTC'), get_weather(city='Oslo')]", None,
      [("get_time", {"zone": "UTC"}), ("get_weather", {"city": "Oslo"})]),
+    # Llama 4's wrappers kept as text (a request that keeps special tokens): its closing one arriving is the calls'
+    ("<|python_start|>[get_time(zone='UTC')]<|python_end|>", None, [("get_time", {"zone": "UTC"})]),
 ])
 def test_a_pythonic_list_of_calls_with_text_after_it_is_text_whole_and_streamed(reply, content, calls):
     """vLLM reads a pythonic list of calls followed by text as text: the stream sent each call at its
