@@ -16,9 +16,10 @@ Each model family writes its calls its own way; a parser reads one way, by vLLM'
 - "pythonic" (Llama 3.2 and 4 with their pythonic templates, ToolACE): the whole reply is a
   Python list of calls, [get_weather(city="Paris"), get_time()], arguments as literals (streamed
   once the reply ends: text after the list makes it no call).
-- "qwen3_coder" (Qwen3-Coder): text, then calls each written <tool_call><function=NAME>
-  <parameter=KEY>VALUE</parameter>...</function></tool_call>, each value bare text, read as the
-  type the request's schema gives the parameter (`for_tools` binds a parser to the schemas).
+- "qwen3_coder" (Qwen3-Coder): text, then calls written <tool_call><function=NAME>
+  <parameter=KEY>VALUE</parameter>...</function></tool_call> (one or more functions a block, or
+  one of the request's functions without the tag), each value bare text, read as the type the
+  request's schema gives the parameter (`for_tools` binds a parser to the schemas).
 
 `parse` reads a whole reply into its text and its calls. A streamed reply is sent as text until
 `call_start` finds where a call may begin; from there `partial` reads the calls written so far,
@@ -636,8 +637,8 @@ class Qwen3Coder:
     name = "qwen3_coder"
     OPEN, CLOSE = "<tool_call>", "</tool_call>"
     FUNCTION, PARAMETER = re.compile(r"<function=([^>\n]*)>"), re.compile(r"<parameter=([^>\n]*)>")
-    VALUE_END, FUNCTION_END = "</parameter>", "</function>"
-    held, call_start, markers = Hermes.held, Hermes.call_start, Hermes.markers  # a call opens with Hermes' tag
+    VALUE_END, FUNCTION_OPEN, FUNCTION_END = "</parameter>", "<function=", "</function>"
+    markers = Hermes.markers  # a block of calls opens with Hermes' tag
 
     def __init__(self, schemas: dict | None = None):
         self.schemas = schemas or {}  # {function name: its parameters' JSON schema}
@@ -646,11 +647,34 @@ class Qwen3Coder:
         """The parser for one request: its functions' parameter schemas type the values."""
         return Qwen3Coder(schemas)
 
+    def call_start(self, text: str, at: int = 0) -> int | None:
+        """Where a call opens in text[at:]: its <tool_call>, or a <function=NAME> written without one."""
+        found = [k for k in (text.find(self.OPEN, at), self._bare_function(text, at)) if k is not None and k >= 0]
+        return min(found) if found else None
+
+    def _bare_function(self, text: str, at: int) -> int | None:
+        """Where a <function=NAME> the model wrote without its <tool_call> opens in text[at:] (vLLM's
+        reads it): only one of the request's functions, while its name may still be one, as prose may
+        write the tag too."""
+        k = text.find(self.FUNCTION_OPEN, at)
+        while k >= 0:
+            name, closed, _ = text[k + len(self.FUNCTION_OPEN):].partition(">")
+            if name.strip() in self.schemas if closed else any(n.startswith(name) for n in self.schemas):
+                return k
+            k = text.find(self.FUNCTION_OPEN, k + 1)
+        return None
+
+    def held(self, text: str) -> int:
+        """How much of the end of `text` may be an opening arriving a piece at a time (the tag, or
+        a <function= where the request offers functions)."""
+        tags = (self.OPEN, self.FUNCTION_OPEN) if self.schemas else (self.OPEN,)
+        return len(text) - min(len(_without_tail(text, tag)) for tag in tags)
+
     def parse(self, text: str) -> tuple:
         """The calls; the last one may end with the reply, its </function> unwritten (vLLM's reads
         it so), where the reply ends past a whole tag and its parameters are all closed."""
-        at = text.find(self.OPEN)
-        if at < 0:
+        at = self.call_start(text)
+        if at is None:
             return text, []
         calls = self.partial(text + self.FUNCTION_END if text.rstrip().endswith(">") else text)
         if not calls or not all(name and closed for name, _, closed in calls):
@@ -658,23 +682,31 @@ class Qwen3Coder:
         return text[:at] or None, [{"name": n, "arguments": a} for n, a, _ in calls]
 
     def partial(self, text: str) -> list:
-        calls, at = [], text.find(self.OPEN)
-        while at >= 0:
-            body_end = text.find(self.CLOSE, at)
-            body = text[at + len(self.OPEN):] if body_end < 0 else text[at + len(self.OPEN):body_end]
-            name, arguments, closed = self._call(body)
-            calls.append((name, arguments, closed))
-            if not closed or body_end < 0:  # the next call opens after this one's </tool_call>
+        """The calls of each <tool_call> block (one or more functions) in turn, as far as written."""
+        calls, at = [], self.call_start(text)
+        while at is not None:
+            start = at + len(self.OPEN) if text.startswith(self.OPEN, at) else at
+            body_end = text.find(self.CLOSE, start)
+            body = text[start:] if body_end < 0 else text[start:body_end]
+            read = 0
+            while True:
+                name, arguments, closed, read = self._call(body, read)
+                if name is None and read > 0:  # no more functions in the block
+                    break
+                calls.append((name, arguments, closed))
+                if not closed:
+                    return calls
+            if body_end < 0:
                 break
-            at = text.find(self.OPEN, body_end)
+            at = self.call_start(text, body_end + len(self.CLOSE))  # the next call opens after this one's </tool_call>
         return calls
 
-    def _call(self, body: str) -> tuple:
-        """(name or None, arguments' JSON text so far, closed) of one call's body: the arguments
-        written a parameter at a time, a string's value as it comes."""
-        function = self.FUNCTION.search(body)
+    def _call(self, body: str, at: int) -> tuple:
+        """(name or None, arguments' JSON text so far, closed, where it ends) of the function written
+        in body[at:]: the arguments a parameter at a time, a string's value as it comes."""
+        function = self.FUNCTION.search(body, at)
         if function is None:
-            return None, None, False
+            return None, None, False, at
         name, at, items = function.group(1).strip(), function.end(), []
         properties = (self.schemas.get(name) or {}).get("properties") or {}
         while (found := self.PARAMETER.search(body, at)) is not None and not self._ended(body, at, found.start()):
@@ -685,11 +717,13 @@ class Qwen3Coder:
                 if kind == "string":
                     written = _without_tail(_trimmed_start(body[start:]), "\n" + self.VALUE_END)
                     items.append(f"{_json(key)}: {_json(written)[:-1]}")
-                return name, "{" + ", ".join(items), False
+                return name, "{" + ", ".join(items), False, len(body)
             items.append(f"{_json(key)}: {_json(_typed(_trimmed(body[start:end]), kind))}")
             at = end + len(self.VALUE_END)
-        closed = self.FUNCTION_END in body[at:]
-        return name, "{" + ", ".join(items) + ("}" if closed else ""), closed
+        end = body.find(self.FUNCTION_END, at)
+        if end < 0:
+            return name, "{" + ", ".join(items), False, len(body)
+        return name, "{" + ", ".join(items) + "}", True, end + len(self.FUNCTION_END)
 
     def _ended(self, body: str, at: int, parameter: int) -> bool:
         end = body.find(self.FUNCTION_END, at)

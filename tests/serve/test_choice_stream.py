@@ -360,3 +360,24 @@ def test_calls_that_ended_by_themselves_are_read_whole_or_are_text(family, reply
     for cuts in ([], list(range(len(reply)))):  # a call's "}" left out: streamed, it is the call as far as it read
         _, _, (_, _, called, _), _ = read_whole_and_streamed(family, None, reply, cuts, None)
         assert all(json.loads(a) == GET_TIME[1] for _, _, a in called) if not calls else called
+
+
+WEATHER_XML = "<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n"
+
+
+@pytest.mark.parametrize("reply,content,calls", [
+    # several functions in one block: each a call (vLLM's reads them all)
+    ("<tool_call>\n" + WEATHER_XML + "<function=get_time>\n</function>\n</tool_call>", None,
+     [("get_weather", {"city": "Oslo"}), ("get_time", {})]),
+    # a function the model wrote without its <tool_call> (vLLM's reads it), where the request offers it
+    ("Let me check.\n" + WEATHER_XML, "Let me check.\n", [("get_weather", {"city": "Oslo"})]),
+    # prose that writes the tag of a function not offered is text
+    ("Write <function=f> then </function>.", "Write <function=f> then </function>.", []),
+])
+def test_qwen3_coder_reads_every_function_of_a_block_and_one_without_its_tag(reply, content, calls):
+    for cuts in ([], list(range(len(reply)))):
+        message, finish, (got, _, called, why), _ = read_whole_and_streamed("qwen3_coder", None, reply, cuts, None)
+        made = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []]
+        assert made == calls == [(n, json.loads(a)) for _, n, a in called]
+        assert message["content"] == content and got == (content or "")
+        assert why == finish == ("tool_calls" if calls else "stop")
