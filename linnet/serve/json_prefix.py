@@ -20,8 +20,11 @@ _STRING_REST = re.compile(r'(?:[^"\\]|\\.)*', re.DOTALL)  # a string's character
 
 class Fields(dict):
     """{key: (value start, value end or None while it is being written)} of an object's top level,
-    its keys decoded; `end`: just past the object's closing brace, None while it is open."""
+    its keys decoded; `end`: just past the object's closing brace, None while it is open; `broken`:
+    the object is found to be no JSON (a key with no ":" after it, something other than "," or "}"
+    after a value), so it never closes."""
     end: int | None = None
+    broken: bool = False
 
 
 def object_fields(text: str, at: int) -> Fields:
@@ -54,6 +57,8 @@ class _Scan:
         self.fields, self.end = {}, None
         self.depth, self.key, self.start, self.expect_key, self.colon = 0, None, None, True, None
         self.value_end = None  # where the field being read ends, once its string or container has closed
+        self.key_end = None  # where the key being read ends, until its ":"
+        self.is_list = False  # (a list's items are values: no keys, no fields)
         self.broken = False  # something other than "," or "}" came after a value: the object never closes
         self.open_string, self.string_read = None, 0  # a string being written: where it opens, read up to
 
@@ -64,7 +69,7 @@ class _Scan:
             self._read(text)
         self.text = text
         out = Fields(self.fields)
-        out.end = self.end
+        out.end, out.broken = self.end, self.broken
         if self.end is None and self.key is not None and self.start is not None:
             out[self.key] = (self.start, self.value_end)
         return out
@@ -91,17 +96,20 @@ class _Scan:
 
     def _token(self, text: str, mark: str, where: int) -> None:
         """One token read: a whole string, or a structural character."""
-        if self.depth == 1 and self.value_end is not None and (mark not in ",}" or text[self.value_end:where].strip()):
-            self.broken = True  # (a call's "}" left out, say: what follows is not its arguments')
-            return
+        if self.depth == 1 and not self.is_list:
+            follows = (self.value_end, ",}") if self.value_end is not None else (self.key_end, ":")
+            if follows[0] is not None and (mark not in follows[1] or text[follows[0]:where].strip()):
+                self.broken = True  # (a call's "}" left out, say: what follows is not its arguments')
+                return
         if self.depth == 1 and not self.expect_key and self.start is None and mark[0] in '"{[':
             self.start = where  # a value that is a string or a container
         if mark[0] == '"':
             if self.depth == 1 and self.expect_key:
-                self.key = _key(mark)
+                self.key, self.key_end = _key(mark), where + len(mark)
             elif self.depth == 1:
                 self.value_end = where + len(mark)
         elif mark in "{[":
+            self.is_list = self.is_list or self.depth == 0 and mark == "["
             self.depth += 1
         elif mark in "}]":
             self.depth -= 1
@@ -111,7 +119,7 @@ class _Scan:
                 _record(self.fields, text, self.key, self.start, where)
                 self.end = where + 1
         elif self.depth == 1 and mark == ":":
-            self.expect_key, self.colon = False, where
+            self.expect_key, self.colon, self.key_end = False, where, None
             self.start = _scalar_start(text, where + 1)
         elif self.depth == 1 and mark == ",":
             _record(self.fields, text, self.key, self.start, where)

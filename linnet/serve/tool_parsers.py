@@ -213,6 +213,7 @@ class Llama3Json:
             body = self._body(text, 0)
             if self.PYTHON_TAG.startswith(text[body:]) or text.startswith("{", body) and self._may_be_call(text, body):
                 return 0  # nothing past the spaces yet, the tag arriving, or an object that may be a call
+        dead = max(dead, self._answer_end(text))
         for found in self.NAMED.finditer(text, dead):
             if self._may_be_call(text, found.start()):
                 _remember_dead(text, found.start())
@@ -220,6 +221,19 @@ class Llama3Json:
         arriving = self.NAMED_ARRIVING.search(text, dead)
         _remember_dead(text, len(text) if arriving is None else arriving.start())  # not what may yet be one
         return None if arriving is None else arriving.start()
+
+    def _answer_end(self, text: str) -> int:
+        """Where the JSON the reply opens with ends (the text's end while it is open), once it is no
+        call: an object shaped as a call inside an answer's JSON is the answer's (vLLM's reads the
+        outer value first); 0 for a reply that opens with no JSON."""
+        at = _spaces_after(text, 0)
+        at = _spaces_after(text, at + len(self.PYTHON_TAG)) if text.startswith(self.PYTHON_TAG, at) else at
+        if not text.startswith(("{", "["), at):
+            return 0
+        fields = object_fields(text, at)  # (a list's end too: the scan counts its brackets)
+        if fields.broken:
+            return 0  # no JSON after all: text, where calls may follow
+        return len(text) if fields.end is None else fields.end
 
     @staticmethod
     def held(text: str) -> int:
@@ -231,8 +245,8 @@ class Llama3Json:
         name a string and its arguments an object (or JSON text); once closed, it reads as a call
         (as vLLM's parser reads one: "name" and "parameters" or "arguments")."""
         fields = object_fields(text, at)
-        if fields.end is not None:
-            return self._closed_call(text, at, fields) is not None
+        if fields.end is not None or fields.broken:
+            return fields.end is not None and self._closed_call(text, at, fields) is not None
         head, last = self._head(text, fields)
         if head is not None:
             return head != "no"

@@ -381,3 +381,24 @@ def test_qwen3_coder_reads_every_function_of_a_block_and_one_without_its_tag(rep
         assert made == calls == [(n, json.loads(a)) for _, n, a in called]
         assert message["content"] == content and got == (content or "")
         assert why == finish == ("tool_calls" if calls else "stop")
+
+
+TIME_CALL = '{"name": "get_time", "parameters": {"zone": "CET"}}'
+
+
+@pytest.mark.parametrize("reply,content,calls", [
+    # an object shaped as a call inside the answer's JSON is the answer's (vLLM's reads the outer value first)
+    ('{"plan": [' + TIME_CALL + '], "note": "done"}', '{"plan": [' + TIME_CALL + '], "note": "done"}', []),
+    ('[{"x": 1}, ' + TIME_CALL + "]", '[{"x": 1}, ' + TIME_CALL + "]", []),
+    # after the answer's JSON closes, a call may follow
+    ('{"answer": 42} then ' + TIME_CALL, '{"answer": 42} then ', [GET_TIME]),
+    # text that only looks like JSON at first ("{" then a key with no ":") is text, and a call may follow it
+    ('{"nam" ' + TIME_CALL, '{"nam" ', [GET_TIME]),
+])
+def test_a_llama3_call_is_not_looked_for_inside_the_answers_json(reply, content, calls):
+    for cuts in ([], list(range(len(reply)))):
+        message, finish, (got, _, called, why), _ = read_whole_and_streamed("llama3_json", None, reply, cuts, None)
+        made = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []]
+        assert made == calls == [(n, json.loads(a)) for _, n, a in called]
+        assert message["content"] == content and got == (content or "")
+        assert why == finish == ("tool_calls" if calls else "stop")

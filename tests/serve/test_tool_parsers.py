@@ -547,6 +547,20 @@ def test_an_open_objects_last_string_or_container_ends_where_json_says(value, da
             assert value_text((text + junk)[:cut], later[last]) == value_text(text, fields[last])
 
 
+@settings(max_examples=80, deadline=None, derandomize=True, database=None)
+@given(value=st.dictionaries(st.text(max_size=6), long_values, max_size=4) | st.lists(long_values, max_size=4),
+       indent=st.sampled_from([None, 0, 2]), junk=st.text(alphabet='{}[]:,"\\a1 x', max_size=12))
+def test_a_scan_calls_no_json_broken_and_json_closes_where_it_ends(value, indent, junk):
+    """JSON, at every point of being written, is never found broken (the scan's "broken" is sound:
+    of any text, see the test below), and closes where it ends, whatever text follows it."""
+    from linnet.serve.json_prefix import object_fields
+
+    text = json.dumps(value, indent=indent)
+    for cut in range(1, len(text) + 1):
+        assert not object_fields(text[:cut], 0).broken, text[:cut]
+    assert object_fields(text + junk, 0).end == len(text)
+
+
 @settings(max_examples=200, deadline=None, derandomize=True, database=None)
 @given(text=st.text(alphabet='{}[]:,"\\u0a1 x', max_size=40))
 def test_a_scan_of_anything_a_model_writes_never_raises(text):
@@ -560,7 +574,9 @@ def test_a_scan_of_anything_a_model_writes_never_raises(text):
         parser.partial('<tool_call>{"name": "f", "arguments": {' + text)
         parser.partial("<|channel|>commentary to=functions.f <|constrain|>json<|message|>{" + text)
         parser.parse("[TOOL_CALLS]f[ARGS]{" + text)
-    object_fields("{" + text, 0)
+    if object_fields("{" + text, 0).broken:  # (never said of JSON)
+        with pytest.raises(ValueError):
+            json.JSONDecoder().raw_decode("{" + text)
 
 
 def test_qwen3_coder_partial_call_closed_before_its_tool_call_closes():
