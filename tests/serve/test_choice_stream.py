@@ -168,6 +168,17 @@ def read_whole_and_streamed(family, reasoning, reply, cuts, cut_at, tool_choice=
     return message, finish, (content, thinking, [called[k] for k in sorted(called)], last.why), seen
 
 
+def assert_reads(family: str, reply: str, content, calls: list) -> None:
+    """That `reply` reads as `content` and `calls` [(name, arguments)], whole and streamed (at once,
+    and a character at a time), with the finish_reason those make."""
+    for cuts in ([], list(range(len(reply)))):
+        message, finish, (got, _, called, why), _ = read_whole_and_streamed(family, None, reply, cuts, None)
+        made = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []]
+        assert made == calls == [(n, json.loads(a)) for _, n, a in called]
+        assert message["content"] == content and got == (content or "")
+        assert why == finish == ("tool_calls" if calls else "stop")
+
+
 @settings(max_examples=300, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(drawn=replies(), cuts=st.lists(st.integers(0, 10**4), max_size=12), cut_at=st.none() | st.integers(1, 400))
@@ -330,12 +341,7 @@ def test_a_pythonic_list_of_calls_with_text_after_it_is_text_whole_and_streamed(
     """vLLM reads a pythonic list of calls followed by text as text: the stream sent each call at its
     ")", then the whole reply as its content as well. Now its calls go once the reply is whole, so
     a client gets the text alone, or the calls alone, as the whole response says."""
-    for cuts in ([], list(range(len(reply)))):
-        message, finish, (got, _, called, why), _ = read_whole_and_streamed("pythonic", None, reply, cuts, None)
-        assert message["content"] == content and got == (content or "")
-        made = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []]
-        assert made == calls == [(n, json.loads(a)) for _, n, a in called]
-        assert why == finish == ("tool_calls" if calls else "stop")
+    assert_reads("pythonic", reply, content, calls)
 
 
 GET_TIME = ("get_time", {"zone": "CET"})
@@ -375,12 +381,7 @@ WEATHER_XML = "<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</f
     ("Write <function=f> then </function>.", "Write <function=f> then </function>.", []),
 ])
 def test_qwen3_coder_reads_every_function_of_a_block_and_one_without_its_tag(reply, content, calls):
-    for cuts in ([], list(range(len(reply)))):
-        message, finish, (got, _, called, why), _ = read_whole_and_streamed("qwen3_coder", None, reply, cuts, None)
-        made = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []]
-        assert made == calls == [(n, json.loads(a)) for _, n, a in called]
-        assert message["content"] == content and got == (content or "")
-        assert why == finish == ("tool_calls" if calls else "stop")
+    assert_reads("qwen3_coder", reply, content, calls)
 
 
 TIME_CALL = '{"name": "get_time", "parameters": {"zone": "CET"}}'
@@ -396,9 +397,4 @@ TIME_CALL = '{"name": "get_time", "parameters": {"zone": "CET"}}'
     ('{"nam" ' + TIME_CALL, '{"nam" ', [GET_TIME]),
 ])
 def test_a_llama3_call_is_not_looked_for_inside_the_answers_json(reply, content, calls):
-    for cuts in ([], list(range(len(reply)))):
-        message, finish, (got, _, called, why), _ = read_whole_and_streamed("llama3_json", None, reply, cuts, None)
-        made = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in message.get("tool_calls") or []]
-        assert made == calls == [(n, json.loads(a)) for _, n, a in called]
-        assert message["content"] == content and got == (content or "")
-        assert why == finish == ("tool_calls" if calls else "stop")
+    assert_reads("llama3_json", reply, content, calls)
