@@ -334,10 +334,11 @@ def reply_text(job: Job, comp, tokenizer) -> str:
         return text
     out, seen, start = "", list(comp.request.prompt), 0
     left = len(text)  # the text may have been cut at a stop string: the marked text is cut where it is
+    cut = isinstance(comp.stop_reason, str)
     for at in [i for i, t in enumerate(tokens) if t in markers] + [len(tokens)]:
         piece = tokenizer.decode_after(seen, tokens[start:at], skip_special_tokens=True)[:left]
         out, left = out + piece, left - len(piece)
-        if at == len(tokens) or left == 0:  # the end, or a stop string's cut before this marker
+        if at == len(tokens) or cut and left == 0:  # the end, or a stop string's cut before this marker
             return out
         out += markers[tokens[at]]
         seen, start = seen + tokens[start:at + 1], at + 1
