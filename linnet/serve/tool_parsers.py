@@ -672,8 +672,9 @@ class Qwen3Coder:
         write the tag too."""
         k = text.find(self.FUNCTION_OPEN, at)
         while k >= 0:
-            name, closed, _ = text[k + len(self.FUNCTION_OPEN):].partition(">")
-            if name.strip() in self.schemas if closed else any(n.startswith(name) for n in self.schemas):
+            close = text.find(">", k)
+            name = text[k + len(self.FUNCTION_OPEN):close if close >= 0 else len(text)]
+            if name.strip() in self.schemas if close >= 0 else any(n.startswith(name) for n in self.schemas):
                 return k
             k = text.find(self.FUNCTION_OPEN, k + 1)
         return None
