@@ -259,7 +259,8 @@ def write_gguf(bound, out, dtype: str | None = None) -> str:
     if bound.tokenizer is None:
         raise ExportError(f"{bound.card}: llama.cpp needs a tokenizer in the GGUF, and these weights "
                           f"({bound.source}) came without one")
-    check_phi3_name(bound.tokenizer, bound.card)
+    name = model_name(bound)
+    check_phi3_name(bound.tokenizer, name)
     b = spec.bindings
     dtype = dtype or b["T"]
     path = gguf_path(out, bound.card, dtype)
@@ -270,7 +271,7 @@ def write_gguf(bound, out, dtype: str | None = None) -> str:
     partial = path.with_name(path.name + ".partial")  # renamed when whole: an earlier file there stays till then
     writer = gguf.GGUFWriter(str(partial), ARCHITECTURES[spec.name])
     writer.add_type(gguf.GGUFType.MODEL)  # (with the quantization version: in every file llama.cpp's converter writes)
-    writer.add_name(bound.card)
+    writer.add_name(name)
     writer.add_string(MARK, f"linnet {linnet.__version__}")  # (llama.cpp reads past keys it does not know)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     writer.add_file_type(int({"f32": gguf.LlamaFileType.ALL_F32, "f16": gguf.LlamaFileType.MOSTLY_F16,
@@ -314,7 +315,9 @@ def write_gguf(bound, out, dtype: str | None = None) -> str:
             writer.add_attn_logit_softcapping(b["attn_softcap"])
             writer.add_final_logit_softcapping(b["final_softcap"])
         if spec.name == "phi3":  # 0 for none, as llama.cpp's converter writes a Phi-4's
-            writer.add_sliding_window(b["sliding_window"])
+            # a Phi-3 GGUF is read as llama.cpp runs it, its window off: its file's window is written back as it was
+            source = bound.checkpoint if isinstance(bound.checkpoint, GGUFCheckpoint) else None
+            writer.add_sliding_window(b["sliding_window"] or (source and source.metadata(PHI3_WINDOW)) or 0)
             said = phi3_window_warning(b, bound.card)
             if said:
                 warnings.warn(said)
@@ -329,7 +332,7 @@ def write_gguf(bound, out, dtype: str | None = None) -> str:
         _write_tokenizer_keys(bound.tokenizer, writer, b["vocab"])
     if isinstance(bound.checkpoint, GGUFCheckpoint):
         _copy_provenance_keys(bound.checkpoint, writer)
-    said = strip_warning(bound.tokenizer, bound.card)
+    said = strip_warning(bound.tokenizer, name)
     if said:
         warnings.warn(said)
 
@@ -502,6 +505,19 @@ def _experts_stored_mxfp4(bound) -> bool:
         return False
     name = checkpoint_names(bound.module, ckpt.source_format)["w_gate_up"][0]
     return ckpt.stored_dtype(name) == "mxfp4"
+
+
+PHI3_WINDOW = "phi3.attention.sliding_window"
+
+
+def model_name(bound) -> str:
+    """The GGUF's `general.name` (which llama.cpp reads a Phi-3's whitespace rules from): a GGUF
+    source's own, as llama-quantize keeps it, else the card's."""
+    if isinstance(bound.checkpoint, GGUFCheckpoint):
+        name = bound.checkpoint.metadata("general.name")
+        if isinstance(name, str) and name:
+            return name
+    return bound.card
 
 
 # general.* keys each export writes for itself: what the file is, not where the model came from

