@@ -77,8 +77,9 @@ def _call(value, written: str | None = None) -> dict | None:
 
 def _json(value) -> str:
     """Arguments this parser writes as JSON (read as Python, say): characters as they are, not
-    \\u escapes, as vLLM's parsers write them (json.dumps with ensure_ascii False)."""
-    return json.dumps(value, ensure_ascii=False)
+    \\u escapes, as vLLM's parsers write them (json.dumps with ensure_ascii False). A ValueError for
+    a value JSON has no number for (Python's 1e400 is inf): no call, where vLLM's wrote "Infinity"."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False)
 
 
 def _arguments_span(fields) -> tuple | None:

@@ -355,6 +355,7 @@ GET_TIME = ("get_time", {"zone": "CET"})
     ("mistral", '[TOOL_CALLS]get_time[ARGS]{"zone": "CET"}\n\nI called the tool.', [GET_TIME]),
     # calls that ended by themselves but do not read are text, as vLLM gives them, not calls of no JSON
     ("pythonic", '[get_time(zone="a\nb")]', []),
+    ("pythonic", "[get_time(zone=1e400)]", []),  # Python's inf, which JSON has no number for (vLLM's: Infinity)
     ("hermes", '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}\n</tool_call>', []),
     ("llama3_json", '{"name": "get_time", "parameters": {"zone": "CET"}\nLet me know.', []),
     # a marker the model drew last is in the text, as the stream sent it (no stop string cut it off)
