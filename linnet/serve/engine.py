@@ -34,6 +34,7 @@ from linnet.serve.request import Completion, EngineSettingError, Request, Reques
 from linnet.serve.runners import make_runner, packed_mask
 from linnet.serve.sampling import SamplingBatch
 from linnet.serve.stats import Stats
+from linnet.serve.structured import Guide, readable_error
 
 log = logging.getLogger(__name__)  # a bug's traceback, for whoever runs the server (its clients get the message)
 
@@ -209,8 +210,6 @@ class Engine:
         if self._guide is None:
             if self.tokenizer is None:
                 raise RequestError("structured outputs need a tokenizer, and this model has none", "structure")
-            from linnet.serve.structured import Guide
-
             try:
                 self._guide = Guide(self.tokenizer, self.vocab, sorted(self.eos))
             except ImportError:
@@ -842,6 +841,13 @@ class Engine:
         req = x.req
         held = len(x.generated) < req.min_tokens  # its enders were banned from the draw
         if not held and (token in req.stop_token_ids or (not req.ignore_eos and token in self.eos)):
+            if x.masked and token not in req.stop_token_ids and not x.matcher.is_accepting():
+                # the matcher allows the end token where no text could go on (a grammar with a rule no
+                # text matches): the output is not what was asked for, and no "stop"
+                x.comp.error = (f"structured output: after {tokens(len(x.generated) - 1)} no text could follow "
+                                f"that the {req.structure.kind} matches")
+                x.comp.error_field = "structure"
+                return "error"
             # As vLLM: the text ends before the stop token, special or not, unless include_stop_str_in_output
             # (or, for an end token, keeps_end_token: harmony's parser reads its markers)
             if self.tokenizer is not None and not req.include_stop and (token in req.stop_token_ids
@@ -855,7 +861,8 @@ class Engine:
         if x.masked:
             x.matcher.consume_token(token)
             if x.matcher.is_error():
-                x.comp.error, x.comp.error_field = f"structured output: {x.matcher.get_error()}", "structure"
+                error = readable_error(req.structure.kind, x.matcher.get_error())
+                x.comp.error, x.comp.error_field = f"structured output: {error}", "structure"
                 return "error"
             if x.matcher.is_stopped():  # the output is complete: nothing but an end token may follow
                 return "stop"

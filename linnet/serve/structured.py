@@ -62,12 +62,18 @@ class Structure:
                                  f"alternatives), not {len(self.spec)}")
             return llguidance.grammar_from("choice", self.spec)
         if self.kind == "json":
-            schema = json.loads(self.spec) if isinstance(self.spec, str) else self.spec
-            if not isinstance(schema, dict):
-                raise ValueError("a JSON schema must be an object")
-            return llguidance.LLMatcher.grammar_from_json_schema(closed_objects(schema), defaults=JSON_LAYOUT)
+            try:
+                schema = json.loads(self.spec) if isinstance(self.spec, str) else self.spec
+                if not isinstance(schema, dict):
+                    raise ValueError("a JSON schema must be an object")
+                return llguidance.LLMatcher.grammar_from_json_schema(closed_objects(schema), defaults=JSON_LAYOUT)
+            except RecursionError:  # (read and copied by recursion, as llguidance's own reader refuses it)
+                raise ValueError("the JSON schema is nested too deeply to be read") from None
         if not isinstance(self.spec, str) or not self.spec:
             raise ValueError(f"a {self.kind} must be a non-empty string")
+        if self.kind == "regex" and (len(self.spec) - len(self.spec.rstrip("\\"))) % 2:
+            # (llguidance reads the lone backslash as itself; Python's re and vLLM's refuse it)
+            raise ValueError("the regex ends with a lone backslash: it escapes nothing")
         return llguidance.grammar_from("regex" if self.kind == "regex" else "grammar", self.spec)
 
     def problem(self) -> str | None:
@@ -88,8 +94,9 @@ def closed_objects(schema: dict) -> dict:
     the letter of JSON Schema, where such an object may hold any other key, a model spends its tokens
     on keys nobody asked for. Left as written: where the schema says (additionalProperties,
     unevaluatedProperties), and what combines with other schemas (allOf's several branches, not,
-    if / then / else, and the $defs of a schema that has such; an object whose anyOf or oneOf branches
-    may list more properties), where closing one would refuse the others' properties."""
+    if / then / else, a $ref beside properties, and the $defs of a schema that has such; an object
+    whose anyOf or oneOf branches, or $ref, may list more properties), where closing one would refuse
+    the others' properties."""
     schema = copy.deepcopy(schema)
     combines = _combines(schema)
 
@@ -102,7 +109,8 @@ def closed_objects(schema: dict) -> dict:
             return
         listed = "properties" in node or "patternProperties" in node
         # an object's properties beside branches that may list more (anyOf, oneOf, dependencies) join theirs
-        joined = listed and any(key in node for key in ("anyOf", "oneOf", "allOf", "dependentSchemas", "dependencies"))
+        joined = listed and any(key in node for key in ("anyOf", "oneOf", "allOf", "$ref", "dependentSchemas",
+                                                        "dependencies"))
         if listed and not joined and "additionalProperties" not in node and "unevaluatedProperties" not in node:
             node["additionalProperties"] = False
         for key in ("properties", "patternProperties") + (("$defs", "definitions") if not combines else ()):
@@ -119,19 +127,24 @@ def closed_objects(schema: dict) -> dict:
 
 
 def _combines(node) -> bool:
-    """Whether a schema anywhere combines schemas whose properties join (allOf of several, not, if)."""
+    """Whether a schema anywhere combines schemas whose properties join (allOf of several, not, if, a
+    $ref beside properties of its own)."""
     if isinstance(node, list):
         return any(_combines(item) for item in node)
     if not isinstance(node, dict):
         return False
     if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1 or "not" in node or "if" in node:
         return True
+    if "$ref" in node and ("properties" in node or "patternProperties" in node):
+        return True
     return any(_combines(value) for value in node.values())
 
 
 def readable_error(kind: str, error: str) -> str:
     """llguidance's error for a structure of `kind`, without the grammar it wrapped a regex, a
-    schema or a choice in (the user wrote none): a grammar's own lines are kept."""
+    schema or a choice in (the user wrote none): a grammar's own lines are kept. Its matcher's
+    state and grammar, which llguidance dumps after an error met while drawing, are left out."""
+    error = error.split("\n<state>")[0]
     if kind != "grammar":
         error = error.split("\n   1 | ")[0]  # the wrapping grammar, echoed with a caret
         if error.startswith("at ") and "): " in error:
@@ -180,6 +193,13 @@ class Guide:
         if compiled.is_error():
             raise RequestError(f"{request_id}: the {structure.kind} cannot be used: "
                                f"{readable_error(structure.kind, compiled.get_error())}", "structure")
+        # Its first mask, made here for its copies to share: a structure that no text matches (a regex
+        # of `[^\s\S]`) errs there, where it would allow nothing but the end token, and end the output
+        # empty, as if it were complete (one stuck later ends with an error: `Engine._finished`).
+        self.allowed([compiled])
+        if compiled.is_error():
+            raise RequestError(f"{request_id}: no text this model can write matches the {structure.kind} "
+                               f"({readable_error(structure.kind, compiled.get_error())})", "structure")
         with self._compiled_lock:
             self._compiled[grammar] = compiled
             while len(self._compiled) > COMPILED_KEPT:

@@ -12,7 +12,7 @@ from linnet.serve import Engine
 
 from .conftest import make_model, running
 from .test_server import call, sse, streamed_calls
-from .test_structured import byte_tokenizer
+from .test_structured import byte_tokenizer, nested
 
 pytest.importorskip("llguidance")
 
@@ -237,6 +237,9 @@ def test_openais_client_reads_the_tool_calls(base):
     ({"tool_choice": "required"}, "needs 'tools'"),
     ({"tools": [WEATHER], "tool_choice": "required", "guided_regex": "a"}, "no other structure"),
     ({"guided_regex": ""}, "a regex must be a non-empty string"),
+    ({"guided_regex": "abc\\"}, "lone backslash"),
+    ({"guided_regex": "[^\\s\\S]"}, "no text this model can write matches the regex"),
+    ({"guided_json": nested({"type": "integer"}, 400)}, "nested too deeply"),
     # every token allowed is an end token, which min_tokens keeps out: the engine's refusal, as a 400
     ({"allowed_token_ids": [0], "min_tokens": 1}, "nothing could be drawn"),
 ])

@@ -159,6 +159,9 @@ def test_greedy_structured_tokens_are_those_llguidance_masks_give_step_by_step(e
                 {"type": "object", "properties": {"b": {"type": "integer"}}}]}, '{"a": 1, "b": 2}', True),
     ({"type": "object", "properties": {"a": {"type": "integer"}},
       "anyOf": [{"properties": {"b": {"type": "integer"}}, "required": ["b"]}]}, '{"a": 1, "b": 2}', True),
+    # a $ref beside properties: both hold, so neither the object nor the one it refers to is closed
+    ({"$defs": {"B": {"type": "object", "properties": {"x": {"type": "integer"}}}}, "$ref": "#/$defs/B",
+      "properties": {"y": {"type": "integer"}}}, '{"x": 1, "y": 2}', True),
 ])
 def test_an_object_that_lists_its_properties_takes_no_others_as_vllm_and_llama_cpp_hold_it(schema, text, taken):
     """As xgrammar's strict mode (vLLM's default) and llama.cpp's grammars read a schema, an object
@@ -281,6 +284,12 @@ def test_a_structure_with_the_same_seed_draws_the_same_whatever_shares_the_batch
     assert crowded[-1].tokens == alone[0].tokens and crowded[-1].text == alone[0].text
 
 
+def nested(schema: dict, depth: int) -> dict:
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
 @pytest.mark.parametrize("structure,needle", [
     (Structure("regex", "(unclosed"), "cannot be used"),
     (Structure("json", ["not", "a", "schema"]), "JSON schema"),
@@ -288,6 +297,8 @@ def test_a_structure_with_the_same_seed_draws_the_same_whatever_shares_the_batch
     (Structure("choice", [f"c{i}" for i in range(2000)]), "at most 1999 strings"),
     (Structure("grammar", "start: undefined_rule"), "cannot be used"),
     (Structure("yaml", "a: b"), "kind"),
+    (Structure("regex", "abc\\"), "lone backslash"),  # (Python's re refuses it too)
+    (Structure("json", nested({"type": "integer"}, 3000)), "nested too deeply"),
 ])
 def test_a_bad_structure_is_refused_at_submission(engine, structure, needle):
     with pytest.raises(RequestError, match=needle) as err:
@@ -297,6 +308,35 @@ def test_a_bad_structure_is_refused_at_submission(engine, structure, needle):
     done, _ = engine.run([Request(prompt=[1, 2], max_new_tokens=4, structure=structure),
                           Request(prompt=[1, 2], max_new_tokens=4)])
     assert done[0].finish_reason == "error" and done[1].finish_reason == "length"
+
+
+def test_a_structure_no_text_matches_is_refused_or_ends_its_request_with_an_error(engine, model):
+    """A regex no text matches allowed nothing but the end token, whose draw ended the output empty
+    with a "stop", as if it were complete: it is refused at submission (with a tokenizer: its
+    matcher finds it in its first mask). A grammar that lets one token be drawn and then nothing
+    ends its request with an error there, the others running on."""
+    assert re.fullmatch(r"[^\s\S]", "") is None
+    with pytest.raises(RequestError, match="no text this model can write matches the regex"):
+        engine.submit(Request(prompt=[1, 2], max_new_tokens=4, structure=Structure("regex", r"[^\s\S]")))
+    stuck = Structure("grammar", 'start: "x" /[^\\s\\S]/')
+    done, _ = engine.run([Request(prompt=[5, 6], max_new_tokens=6, structure=stuck), Request(prompt=[7, 8], max_new_tokens=6)])
+    assert done[0].finish_reason == "error" and done[0].text == "x" and done[0].error_field == "structure"
+    assert "after 1 token no text could follow that the grammar matches" in done[0].error
+    assert done[1].finish_reason == "length" and done[1].tokens == reference_greedy(model, [7, 8], 6)
+
+
+def test_an_error_a_matcher_meets_while_drawing_is_told_without_its_state():
+    """llguidance's error for a matcher that meets one after some tokens ends with a dump of its
+    state and grammar (kilobytes): the request's error is its first line."""
+    from linnet.serve.structured import Guide, readable_error
+
+    tokenizer = byte_tokenizer(128)
+    guide = Guide(tokenizer, 128, [EOS])
+    matcher = guide.matcher(Structure("grammar", 'start: "x" /[^\\s\\S]/'), "r")
+    assert matcher.consume_tokens(tokenizer.encode("x", False))
+    guide.allowed([matcher])
+    assert matcher.is_error() and "<state>" in matcher.get_error()
+    assert readable_error("grammar", matcher.get_error()) == matcher.get_error().split("\n")[0]
 
 
 def test_a_choice_of_as_many_strings_as_llguidances_parser_takes_is_drawn_from(engine):
