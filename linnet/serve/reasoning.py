@@ -111,12 +111,18 @@ class Harmony:
     keeps_special = True
     reads_whole_reply = True
     MESSAGE, ENDS = "<|message|>", ("<|end|>", "<|return|>", "<|call|>")
+    HEADS = ("<|start|>", "<|channel|>", "<|message|>")  # what may open a message
     MARKS = ("<|start|>", "<|end|>", "<|message|>", "<|channel|>", "<|constrain|>", "<|return|>", "<|call|>")
     CHANNEL, RECIPIENT = re.compile(r"<\|channel\|>\s*(\w+)"), re.compile(r"\bto=([^\s<]+)")
 
     def messages(self, text: str) -> list:
-        """[(kind, body start, body end, recipient, closed)]: kind "reasoning", "content" or "call"."""
-        out, at = [], 0
+        """[(kind, body start, body end, recipient, closed)]: kind "reasoning", "content" or "call".
+        Text before the first marker is content: a reply the model began without a header (where
+        the prompt ended with one, or the model strayed from its format) is kept, not dropped."""
+        out = []
+        at = min([i for i in (text.find(m) for m in self.HEADS) if i >= 0], default=len(text))
+        if at:
+            out.append(("content", 0, at, None, at < len(text)))
         while (head := text.find(self.MESSAGE, at)) >= 0:
             header, start = text[at:head], head + len(self.MESSAGE)
             ends = [(i, mark) for i, mark in ((text.find(m, start), m) for m in self.ENDS) if i >= 0]

@@ -95,6 +95,19 @@ def test_harmony_channels_whole_and_streamed(thought, answer, data):
     assert streamed(parser, reply, cuts) == (thought or None, answer or None)
 
 
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(lead=plain.filter(bool), answer=plain, data=st.data())
+def test_a_harmony_reply_begun_without_a_header_keeps_that_text_as_content(lead, answer, data):
+    """Text before the first marker (a reply written with no header: the model strayed from its
+    format) is content, read whole and streamed alike; it was dropped, the reply empty."""
+    parser = reasoning_parser("openai_gptoss")
+    assert parser.split(lead) == streamed(parser, lead, data.draw(st.lists(st.integers(0, len(lead))))) == (None, lead)
+    reply = lead + f"<|channel|>final<|message|>{answer}<|return|>"
+    cuts = data.draw(st.lists(st.integers(0, len(reply)), max_size=8))
+    assert parser.split(reply) == streamed(parser, reply, cuts) == (None, lead + answer)
+    assert parser.parse(lead) == (lead, [])
+
+
 def test_harmony_calls_are_read_from_the_whole_reply_and_never_streamed_as_text():
     parser = reasoning_parser("openai_gptoss")
     reply = harmony_reply("Need the time.", "", call='{"zone": "UTC"}')
