@@ -292,16 +292,22 @@ class Llama3Json:
         at = _spaces_after(text, at + len(self.PYTHON_TAG)) if text.startswith(self.PYTHON_TAG, at) else at
         return _spaces_after(text, at + 1) if text.startswith("[", at) else at
 
-    @staticmethod
-    def _next(text: str, end: int) -> int:
-        """Past the spaces and the ";" (or a list's ",") that may follow a call's object."""
+    def _next(self, text: str, end: int) -> int:
+        """Where the next call may begin after a call's object ending at `end`: past the spaces and
+        the ";" (or a list's ",") that may follow it; past text, the next object that is or may yet
+        be a call (as vLLM's, which reads calls with text between them); else the text's end."""
         at = _spaces_after(text, end)
-        return _spaces_after(text, at + 1) if text.startswith((";", ","), at) else at
+        at = _spaces_after(text, at + 1) if text.startswith((";", ","), at) else at
+        if text.startswith("{", at):
+            return at
+        return next((found.start() for found in self.NAMED.finditer(text, at) if self._may_be_call(text, found.start())),
+                    len(text))
 
     def parse(self, text: str) -> tuple:
         """The calls from `call_start` on, objects one after another, ";" between them (or a list's
-        ","); text after them (a list's "]") is dropped (as vLLM drops it), but not one more object that does not read (a call cut
-        short: the reply is then not all read). The text before the calls is the content."""
+        ","), or text (`_next`); other text after them (a list's "]") is dropped (as vLLM drops it),
+        but not one more object that does not read (a call cut short: the reply is then not all
+        read). The text before the calls is the content."""
         start = self.call_start(text)
         if start is None:
             return text, []

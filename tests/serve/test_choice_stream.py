@@ -398,6 +398,10 @@ TIME_CALL = '{"name": "get_time", "parameters": {"zone": "CET"}}'
     ('{"answer": 42} then ' + TIME_CALL, '{"answer": 42} then ', [GET_TIME]),
     # text that only looks like JSON at first ("{" then a key with no ":") is text, and a call may follow it
     ('{"nam" ' + TIME_CALL, '{"nam" ', [GET_TIME]),
+    # calls with text between them are each a call (as vLLM's reads them), the text between dropped, as after
+    # the last; an object after the text that is no call is the text's
+    (TIME_CALL + "\nAnd for Oslo:\n" + TIME_CALL.replace("CET", "UTC"), None, [GET_TIME, ("get_time", {"zone": "UTC"})]),
+    (TIME_CALL + ' as {"name": "Bob", "age": 3} says', None, [GET_TIME]),
 ])
 def test_a_llama3_call_is_not_looked_for_inside_the_answers_json(reply, content, calls):
     assert_reads("llama3_json", reply, content, calls)
