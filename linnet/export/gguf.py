@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -207,16 +208,21 @@ def _flags(flags: list) -> str:
     return "[" + ", ".join("true" if f else "false" for f in flags) + "]"
 
 
+# a GGUF file's type as its name ends in llama.cpp's convention (`.F16`, `.BF16`, `.Q8_0`, `.Q4_K_M`, `.IQ2_XS`)
+FILE_TYPE_SUFFIX = re.compile(r"\.(?:B?F(?:16|32)|I?Q\d\w*)$", re.IGNORECASE)
+
+
 def gguf_path(out, card: str, dtype: str) -> Path:
     """The file `write_gguf` writes for `out`: `out` itself where it names a .gguf file or an
     existing file (not an existing folder, whatever its name, nor a name ending in a slash), else
-    `<card>.<DTYPE>.gguf` inside the folder `out`. A folder that could not be made, or an existing file
+    `<card>.<DTYPE>.gguf` inside the folder `out` (a GGUF source's card is its file's stem, whose own
+    type is left out: `X.Q4_1` exported as Q8_0 is `X.Q8_0.gguf`, not `X.Q4_1.Q8_0.gguf`). A folder that could not be made, or an existing file
     that is not a GGUF (which would be lost), is said here, before the weights are read; nothing is made
     until they are."""
     path = Path(out).expanduser()
     folder = os.fspath(out).endswith(("/", os.sep))  # `-o new.gguf/`: a folder, as the shell's `mkdir` reads it
     is_file = not folder and not path.is_dir() and (path.suffix.lower() == ".gguf" or path.is_file())
-    file = path if is_file else path / f"{card}.{dtype.upper()}.gguf"
+    file = path if is_file else path / f"{FILE_TYPE_SUFFIX.sub('', card)}.{dtype.upper()}.gguf"
     if file.is_file() and file.stat().st_size > 0:  # an earlier export there is replaced; anything else is kept
         with open(file, "rb") as f:
             if f.read(4) != b"GGUF":

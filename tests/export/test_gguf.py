@@ -262,6 +262,19 @@ def test_an_export_replaces_its_own_gguf_and_never_another(cards, tmp_path):
         assert out.read_bytes() == data, name
 
 
+@pytest.mark.parametrize("card, dtype, name", [
+    ("SmolLM2-135M-Instruct.Q4_1", "q8_0", "SmolLM2-135M-Instruct.Q8_0.gguf"),  # (the embedded GGUF's stem)
+    ("m.BF16", "f32", "m.F32.gguf"), ("m.q4_k_m", "f16", "m.F16.gguf"), ("m.IQ2_XS", "f16", "m.F16.gguf"),
+    ("llama-3.1-8b-instruct", "f16", "llama-3.1-8b-instruct.F16.gguf"), ("qwen2.5-7b", "f16", "qwen2.5-7b.F16.gguf"),
+])
+def test_a_files_default_name_is_its_cards_with_the_new_type_in_place_of_the_old(tmp_path, card, dtype, name):
+    """A GGUF exported into a folder is named `<card>.<TYPE>.gguf`, as llama.cpp names its files; a
+    GGUF source's card is its file's stem, which says its own type: that one is replaced."""
+    from linnet.export.gguf import gguf_path
+
+    assert gguf_path(tmp_path, card, dtype) == tmp_path / name
+
+
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_16_bit_files_hold_the_rounded_weights(cards, tmp_path, dtype):
     path = export(cards / "small-llama3.linnet", "llama.cpp", tmp_path, weights="random", seed=5, dtype=dtype,
