@@ -24,11 +24,13 @@ BINARY_SYNTAX = {"add": ("+", ADD), "sub": ("-", ADD), "mul": ("*", MUL), "div":
                  "gt": (">", CMP), "ge": (">=", CMP), "eq": ("==", CMP), "ne": ("!=", CMP)}
 
 
+# sigmoid taking exp of a number no larger than 0 only, which cannot overflow (sigmoid(-800.0) is 0.0)
+SIGMOID = "(1 / (1 + math.exp(-{x})) if {x} >= 0 else math.exp({x}) / (1 + math.exp({x})))"
 # The float ops on a static number (a config value), in Python's math rather than the tensor
 # library's; `specialize.STATIC_UNARY` computes the same where a config default uses one.
 STATIC_UNARY = {
     "exp": "math.exp({x})", "log": "math.log({x})", "sqrt": "math.sqrt({x})", "rsqrt": "(1 / math.sqrt({x}))",
-    "tanh": "math.tanh({x})", "sigmoid": "(1 / (1 + math.exp(-{x})))", "silu": "({x} / (1 + math.exp(-{x})))",
+    "tanh": "math.tanh({x})", "sigmoid": SIGMOID, "silu": "({x} * " + SIGMOID + ")",
     "gelu": "({x} * (1 + math.erf({x} / math.sqrt(2))) / 2)", "relu": "max({x}, 0.0)", "sin": "math.sin({x})",
     "cos": "math.cos({x})", "erf": "math.erf({x})", "abs": "abs({x})",
 }
@@ -169,6 +171,8 @@ class PythonEmitter:
                 sym = "//"  # static ints divide exactly (checked when specialized)
             if prec == POWER:  # right-associative
                 return f"{self.paren(k['a'], prec)} {sym} {self.paren(k['b'], prec - 1)}", prec
+            if prec == CMP:  # Python chains comparisons (`a > b == c` is `a > b and b == c`): none goes bare
+                return f"{self.paren(k['a'], prec)} {sym} {self.paren(k['b'], prec)}", prec
             return f"{self.paren(k['a'], prec - 1)} {sym} {self.paren(k['b'], prec)}", prec
         if v.op in ("and", "or") and isinstance(v.type, ScalarType):
             prec = AND if v.op == "and" else OR

@@ -8,7 +8,7 @@ from linnet.codegen_common import (entry_dim_sources, expert_weights, gathered_t
 from linnet.ir import nodes as ir
 from linnet.ir.passes import inline_calls
 from linnet.ir.types import NoneType, ScalarType, TensorType
-from linnet.pyemit import POSTFIX, PythonEmitter
+from linnet.pyemit import CMP, POSTFIX, PythonEmitter
 
 TORCH_DTYPES = {"f32": "torch.float32", "bf16": "torch.bfloat16", "f16": "torch.float16", "i32": "torch.int32",
                 "i64": "torch.int64", "bool": "torch.bool"}
@@ -171,20 +171,27 @@ class _TorchEmitter(PythonEmitter):
         return f"torch.{tensors}({self.expr(a)}, {self.expr(b)})"
 
     def op_and(self, v, k):
-        return f"torch.logical_and({self.expr(k['a'])}, {self.expr(k['b'])})"
+        return self._logical(k, "logical_and", "&")
 
     def op_or(self, v, k):
-        return f"torch.logical_or({self.expr(k['a'])}, {self.expr(k['b'])})"
+        return self._logical(k, "logical_or", "|")
+
+    def _logical(self, k, function, operator):
+        a, b = k["a"], k["b"]
+        if isinstance(a.type, ScalarType) or isinstance(b.type, ScalarType):  # torch.logical_* takes tensors only
+            return f"({self.paren(a, CMP)} {operator} {self.paren(b, CMP)})"  # (& binds tighter than a comparison)
+        return f"torch.{function}({self.expr(a)}, {self.expr(b)})"
 
     def op_not(self, v, k):
         return f"torch.logical_not({self.expr(k['x'])})"
 
-    def _reduce(self, v, k, method):
+    def _reduce(self, v, k, method, more=""):
         keep = ", keepdim=True" if "keepdim" in k and k["keepdim"].value else ""
-        return f"{self.paren(k['x'], 89)}.{method}(dim={self.axis(k.get('axis'))}{keep})"
+        return f"{self.paren(k['x'], 89)}.{method}(dim={self.axis(k.get('axis'))}{keep}{more})"
 
     def op_sum(self, v, k):
-        return self._reduce(v, k, "sum")
+        # (torch sums an i32 tensor into an i64 one; JAX, and the type, keep i32)
+        return self._reduce(v, k, "sum", ", dtype=torch.int32" if v.type.dtype == "i32" else "")
 
     def op_mean(self, v, k):
         return self._reduce(v, k, "mean")

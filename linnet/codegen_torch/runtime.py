@@ -878,8 +878,11 @@ def _grouped_mm(rows: torch.Tensor, w: torch.Tensor, counts: torch.Tensor) -> to
 
 
 def topk(x: torch.Tensor, k: int):
-    values, indices = torch.topk(x, k, dim=-1)
-    return values, indices.to(torch.int32)
+    """The k largest along the last dim, ties lower index first, as XLA's top_k gives them: torch.topk
+    leaves which tie it takes open (a router whose scores tie chose other experts than under JAX).
+    A stable sort of each row, which a router's few experts make cheap."""
+    values, indices = torch.sort(x, dim=-1, descending=True, stable=True)
+    return values[..., :k], indices[..., :k].to(torch.int32)
 
 
 class TorchModel:

@@ -74,7 +74,7 @@ class _Checker:
             self.state[s.name] = ir.State(s.name, self._tensor_type(s.type, {}), s.loc)
         for f in a.fns + a.entries:
             if f.name in self.fns or f.name in self.signatures:
-                raise LinnetError(f.loc, f"`{f.name}` is defined twice")
+                raise LinnetError(f.loc, f"`{f.name}` is defined twice", [f"first defined at {self.fns[f.name].loc}"])
             self._declare(f.name, f.loc, "entry" if f.kind == "entry" else "")
             if f.kind == "fn" and f.name in OPS:
                 raise LinnetError(f.loc, f"`{f.name}` is a built-in op; choose another name")

@@ -106,6 +106,7 @@ _ARITH_VERBS = {"add": "add", "sub": "subtract", "mul": "multiply", "div": "divi
                 "gt": "compare", "ge": "compare", "eq": "compare", "ne": "compare", "and": "combine",
                 "or": "combine", "maximum": "take the maximum of", "minimum": "take the minimum of"}
 COMPARISONS = ("lt", "le", "gt", "ge", "eq", "ne")
+_ARITHMETIC = ("add", "sub", "mul", "div", "floordiv", "mod", "pow")
 _ORDERS = {"lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 
@@ -129,9 +130,16 @@ def _binary(name):
                 raise _err(loc, f"cannot {verb} {t} and a string")
             if s.kind == "float" and not is_float(t.dtype):
                 raise _err(loc, f"cannot {verb} {t} and a float: convert with `as`")
+            if s.kind == "bool" and name in _ARITHMETIC:
+                raise _err(loc, f"cannot {verb} {t} and a bool")
             shape, dtype = t.shape, t.dtype
         if name in ("and", "or") and dtype != "bool":
             raise _err(loc, f"`{name}` needs bool tensors, not {ta} and {tb}")
+        if name in _ARITHMETIC and dtype == "bool":  # (torch and JAX would count them as ints, or refuse)
+            raise _err(loc, f"cannot {verb} bool tensors: convert them with `as` first (`mask as i32`)")
+        if name == "div" and is_int(dtype):  # (the backends divide into floats, which the type would not say)
+            raise _err(loc, "`/` of integer tensors makes fractions: divide whole numbers with `//`, or convert "
+                            "with `as` first")
         if name in ("floordiv", "mod") and not is_int(dtype):
             raise _err(loc, f"`{'//' if name == 'floordiv' else '%'}` needs integer tensors, not {dtype}")
         return TensorType("bool" if name in COMPARISONS else dtype, shape)
@@ -187,6 +195,8 @@ def _unary(name: str, float_only: bool):
         t = _tensor(x, f"the argument of `{shown}`", loc)
         if name == "not" and t.dtype != "bool":
             raise _err(loc, f"`not` needs a bool tensor, not {t}")
+        if name in ("neg", "abs") and t.dtype == "bool":
+            raise _err(loc, f"`{shown}` needs a number tensor, not {t}: convert it with `as` first")
         if float_only and not is_float(t.dtype):
             raise _err(loc, f"`{name}` needs a float tensor, not {t}", "convert it first: `x as f32`")
         return t
@@ -349,6 +359,9 @@ def _einsum(spec: Value, *operands: Value, loc: Loc):
 def _reduction(name):
     def infer(x: Value, axis: Value | None = None, keepdim: Value | None = None, *, loc: Loc):
         t = _tensor(x, f"the argument of `{name}`", loc)
+        if name in ("sum", "mean") and (t.dtype == "bool" or name == "mean" and is_int(t.dtype)):
+            # (a bool's sum is a count, an int's mean a fraction: neither the type the argument has)
+            raise _err(loc, f"`{name}` of {t} is no {t.dtype}: convert it with `as` first (`x as f32`)")
         ax = _axis(axis, t.rank, loc)
         if keepdim is not None and not (isinstance(keepdim, Const) and isinstance(keepdim.value, bool)):
             raise _err(keepdim.loc or loc, "keepdim must be true or false, written as such")

@@ -64,8 +64,8 @@ def _v(v) -> str:
         return f"{_v(v.start) if v.start else ''}:{_v(v.stop) if v.stop else ''}"
     if v.op == "list_comp":  # a list config's default
         return f"[{_v(v.kwargs['item'])} for {v.attrs['var']} in {_v(v.kwargs['count'])}]"
-    if v.op == "list_item":
-        return f"{_v(v.kwargs['x'])}[{_v(v.args[0])}]"
+    if v.op in ("list_item", "index"):  # as the source writes it: `wq[l]`, not `index(l, x=wq)`
+        return f"{_v(v.kwargs['x'])}[{', '.join(_v(i) for i in v.args)}]"
     args = [_v(a) for a in v.args] + [f"{k}={_v(a)}" for k, a in v.kwargs.items()]
     if v.dims:
         args.append("dims=[" + ", ".join(dim_py(d) for d in v.dims) + "]")

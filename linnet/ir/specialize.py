@@ -18,7 +18,7 @@ from linnet.ir.dims import Dim
 from linnet.ir.index_ranges import check_index_ranges, position_ceiling
 from linnet.ir.ops import ROPE_SCALING_READS, ROPE_SCALINGS
 from linnet.ir.types import (FLOAT_DTYPE_NAMES, FLOAT_DTYPES, GENERIC_DTYPE, SIZE_GENERICS, ListType, ScalarType,
-                             TensorType, TupleType, is_float)
+                             TensorType, TupleType, is_float, is_int)
 from linnet.ir.walk import all_values, assigned_names, children as walk_children, stmt_values, values as tree_values
 
 DEFAULT_GENERICS = {"Batch": 1, "MaxSeq": 256, "T": "f32"}
@@ -462,7 +462,24 @@ def _check_static_values(v: ir.Value, env: dict, running: _Running) -> None:
             for a in x.kwargs.values():
                 if isinstance(a.type, ScalarType) and a.type.kind == "int" and _known(a, env):
                     _check_i32(a, evaluate(a, env), x, running)
+            _check_integer_tensor_operand(x, env, running)
         stack.extend(walk_children(x))
+
+
+def _check_integer_tensor_operand(x: ir.Op, env: dict, running: _Running) -> None:
+    """An integer tensor `// 0` or `% 0`, or to a negative power, by a static int known here: torch
+    raises as the model runs, and JAX computes garbage."""
+    b = x.kwargs.get("b")
+    if x.op not in ("floordiv", "mod", "pow") or not isinstance(x.type, TensorType) or not is_int(x.type.dtype) \
+            or b is None or not isinstance(b.type, ScalarType) or not _known(b, env):
+        return
+    value = evaluate(b, env)
+    notes = running.notes(b) + ([f"`{b.name}` is {value}"] if isinstance(b, ir.Var) else [])
+    if x.op != "pow" and value == 0:
+        raise LinnetError(x.loc, f"an integer tensor {_SYMBOL[x.op]} 0: division by zero", notes)
+    if x.op == "pow" and value < 0:
+        raise LinnetError(x.loc, f"an integer tensor ** {value} is not a whole number: an int to a negative power",
+                          notes + ["convert it with `as` first (`x as f32`)"])
 
 
 def _check_i32(a: ir.Value, value: int, op: ir.Op, running: _Running) -> None:
@@ -631,10 +648,15 @@ STATIC_BINARY = {
 # The float ops on a static number, as the generated code computes them (`pyemit.STATIC_UNARY`).
 STATIC_UNARY = {
     "exp": math.exp, "log": math.log, "sqrt": math.sqrt, "rsqrt": lambda x: 1 / math.sqrt(x), "tanh": math.tanh,
-    "sigmoid": lambda x: 1 / (1 + math.exp(-x)), "silu": lambda x: x / (1 + math.exp(-x)),
+    "sigmoid": lambda x: _sigmoid(x), "silu": lambda x: x * _sigmoid(x),
     "gelu": lambda x: x * (1 + math.erf(x / math.sqrt(2))) / 2, "relu": lambda x: max(x, 0.0), "sin": math.sin,
     "cos": math.cos, "erf": math.erf, "abs": abs,
 }
+
+def _sigmoid(x: float) -> float:
+    """exp of a number no larger than 0 only: 1 / (1 + exp(-x)) overflows for x below about -709."""
+    return 1 / (1 + math.exp(-x)) if x >= 0 else math.exp(x) / (1 + math.exp(x))
+
 
 _SYMBOL = {"add": "+", "sub": "-", "mul": "*", "div": "/", "floordiv": "//", "mod": "%", "pow": "**"}
 

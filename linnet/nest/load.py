@@ -61,7 +61,7 @@ from linnet.nest import registry
 from linnet.nest.checkpoint import Checkpoint, GGUFCheckpoint, open_checkpoint, under_base_prefix
 from linnet.nest.context import Context, choose_max_seq, cpu_cache_space
 from linnet.nest.embedded import EMBEDDED_INSTALL, embedded_gguf_path
-from linnet.nest.errors import DeviceError, TokenizerError, WeightsError
+from linnet.nest.errors import CardError, DeviceError, TokenizerError, WeightsError
 from linnet.nest.locate import download_command, find_weights, is_model_dir, shown_places, weights_not_found_message
 from linnet.nest.memory import check_fits, free_jax_bytes, free_torch_bytes
 from linnet.nest.model import LoadedModel
@@ -524,6 +524,8 @@ def _result(t) -> str:
 def resolve_card(name, weights) -> tuple[Module, str, Checkpoint | None]:
     """(checked module, card name, the open checkpoint if `name` itself was one)."""
     text = str(name)
+    if not text:  # (as a path, the current folder)
+        raise CardError("a card's name or a path is needed, not ''")
     p = Path(text).expanduser()
     if text.endswith(".linnet"):  # named as its `card` line says (its weights are looked for by that name)
         module = load_file(p)

@@ -485,6 +485,54 @@ entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
   return x % x
 }
 """, 22, 10, "`%` needs integer tensors"),
+    arch("int-tensor-true-division", """\
+arch mini
+entry decode(tokens: i32[Batch]) -> i32[Batch] {
+  return tokens / 2
+}
+""", 3, 10, "`/` of integer tensors makes fractions: divide whole numbers with `//`"),
+    arch("bool-tensor-arithmetic", """\
+arch mini
+entry decode(tokens: i32[Batch]) -> bool[Batch] {
+  return (tokens > 3) * (tokens > 4)
+}
+""", 3, 10, "cannot multiply bool tensors: convert them with `as` first"),
+    arch("bool-tensor-negated", """\
+arch mini
+entry decode(tokens: i32[Batch]) -> bool[Batch] {
+  return -(tokens > 3)
+}
+""", 3, 10, "`-` needs a number tensor, not bool[Batch]"),
+    arch("float-tensor-plus-bool", HEAD + """\
+entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
+  x = embed[tokens]
+  return x + true
+}
+""", 22, 10, "cannot add T[Batch, dim] and a bool"),
+    arch("sum-of-bools", """\
+arch mini
+entry decode(tokens: i32[Batch]) -> bool[Batch] {
+  return sum((tokens > 3).unsqueeze(1), axis=1)
+}
+""", 3, 10, "`sum` of bool[Batch, 1] is no bool"),
+    arch("mean-of-ints", """\
+arch mini
+entry decode(tokens: i32[Batch]) -> i32[Batch] {
+  return mean(tokens.unsqueeze(1), axis=1)
+}
+""", 3, 10, "`mean` of i32[Batch, 1] is no i32"),
+    arch("int-tensor-floordiv-by-a-zero-config", HEAD + """\
+entry decode(tokens: i32[Batch]) -> i32[Batch] {
+  x = embed[tokens]
+  return tokens // (heads - 2)
+}
+""", 22, 10, "an integer tensor // 0: division by zero"),
+    arch("int-tensor-to-a-negative-power", """\
+arch mini
+entry decode(tokens: i32[Batch]) -> i32[Batch] {
+  return tokens ** -1
+}
+""", 3, 10, "an integer tensor ** -1 is not a whole number"),
     arch("if-non-bool-condition", HEAD + """\
 entry decode(tokens: i32[Batch]) -> T[Batch, dim] {
   return if dim then embed[tokens] else embed[tokens]
@@ -813,7 +861,7 @@ fn f(x: T[dim]) -> T[dim] {
 fn f(x: T[dim]) -> T[dim] {
   return x
 }
-""", 24, 1, "`f` is defined twice"),
+""", 24, 1, "`f` is defined twice", note="model.linnet:20:1"),
     arch("duplicate-param", HEAD.replace("  wq: T[heads", "  embed: T[heads"), 13, 3, "`embed` is already defined"),
     arch("fn-without-result", HEAD + """\
 fn write<n>(x: T[n, dim], rows: i32[n]) {

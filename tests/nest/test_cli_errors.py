@@ -55,6 +55,12 @@ def test_compile_output_dash_is_standard_output_and_an_empty_name_is_refused(cap
     assert "-o/--output needs a file name" in usage_error_of(capsys, ["compile", TINY, "-o", ""])
 
 
+@pytest.mark.parametrize("argv", [["compile", ""], ["check", ""], ["ir", ""], ["export", "", "--to", "vllm", "-o", "x"]])
+def test_an_empty_card_name_is_refused_not_read_as_the_current_folder(capsys, argv):
+    assert main(argv) == 1
+    assert capsys.readouterr().err == "linnet: error: a card's name or a path is needed, not ''\n"
+
+
 def test_compile_does_not_write_over_the_models_own_source(capsys, tmp_path):
     # as gcc refuses `gcc a.c -o a.c`: the card, and the architecture it imports, are left as they were
     (tmp_path / "arch").mkdir()
