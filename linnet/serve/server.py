@@ -97,12 +97,12 @@ class OpenAIServer:
         # still answered (`_answering`, their tasks) are cancelled, each answering with a 503 as it goes.
         self.closing = self.ending = False
         self._answering: set = set()
-        self.routes = {"/v1/models": ("GET", self._models), "/health": ("GET", self._health),
-                       "/ping": ("GET", self._health), "/version": ("GET", self._version),
-                       "/metrics": ("GET", self._metrics), "/v1/completions": ("POST", self._generate),
-                       "/v1/chat/completions": ("POST", self._generate), "/v1/responses": ("POST", self._generate),
-                       "/tokenize": ("POST", self._tokenize),
-                       "/detokenize": ("POST", self._detokenize)}
+        # (vLLM's /ping takes a POST too, as SageMaker's health checks send one)
+        self.routes = {"/v1/models": {"GET": self._models}, "/health": {"GET": self._health},
+                       "/ping": {"GET": self._health, "POST": self._health}, "/version": {"GET": self._version},
+                       "/metrics": {"GET": self._metrics}, "/v1/completions": {"POST": self._generate},
+                       "/v1/chat/completions": {"POST": self._generate}, "/v1/responses": {"POST": self._generate},
+                       "/tokenize": {"POST": self._tokenize}, "/detokenize": {"POST": self._detokenize}}
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "lifespan":
@@ -226,7 +226,7 @@ class OpenAIServer:
             if not path.endswith("/input_items"):
                 methods["DELETE"] = self._forget_response
         elif path in self.routes:
-            methods = dict((self.routes[path],))
+            methods = self.routes[path]
         else:
             raise ApiError(404, f"no route {path}", code="not_found")
         if method == "HEAD" and "GET" in methods:  # a GET's headers alone (load balancers' probes send HEAD)
@@ -235,7 +235,7 @@ class OpenAIServer:
             allow = ", ".join([*methods, *(["HEAD"] if "GET" in methods else [])])
             raise ApiError(405, f"{path} takes {' or '.join(methods)}, not {method}", code="method_not_allowed",
                            headers=((b"allow", allow.encode()),))
-        if method == "POST":  # every POST route reads a JSON body
+        if method == "POST" and methods[method] != self._health:  # every other POST route reads a JSON body
             _check_upload(headers)
         await methods[method](path, receive, send)
 

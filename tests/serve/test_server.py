@@ -43,6 +43,9 @@ def test_models_and_health(server):
     status, body = call(base, "/v1/models")
     assert status == 200 and json.loads(body)["data"][0]["id"] == "tiny"
     assert call(base, "/health")[0] == 200 and call(base, "/ping")[0] == 200
+    # vLLM's /ping takes a POST too (SageMaker's health check), whatever body and content type it sends
+    with urllib.request.urlopen(urllib.request.Request(base + "/ping", data=b"", method="POST"), timeout=60) as resp:
+        assert resp.status == 200 and json.loads(resp.read()) == {"status": "ok"}
     from linnet import __version__
 
     assert json.loads(call(base, "/version")[1]) == {"version": __version__}
