@@ -31,7 +31,7 @@ import numpy as np
 
 from linnet.kernels.openmp import release_pool
 from linnet.serve.request import Completion, EngineSettingError, Request, RequestError, TokenLogprob, is_int, tokens
-from linnet.serve.runners import make_runner, packed_mask
+from linnet.serve.runners import make_runner, packed_mask, unpack_mask
 from linnet.serve.sampling import SamplingBatch
 from linnet.serve.stats import Stats
 from linnet.serve.structured import Guide, readable_error
@@ -67,7 +67,9 @@ class _Live:
     matcher: object = None  # a structured output's llguidance matcher, following the tokens drawn
     structuring: bool = False  # whether the structure holds yet (from the start, or once structure_after was drawn)
     allowed: np.ndarray | None = None  # its allowed_token_ids as a packed mask (`runners.packed_mask`)
-    cornered: bool = False  # its last draw's mask allowed no token (a structure and allowed_token_ids disjoint)
+    # why its last draw could take no token (every logit -inf), or None: "mask" (a structure and
+    # allowed_token_ids disjoint), "bans" (every token they allow, or any, banned: bad_words, min_tokens)
+    cornered: str | None = None
     listeners: list = field(default_factory=list)
 
     @property
@@ -183,13 +185,20 @@ class Engine:
             raise RequestError(f"{req.id}: every token allowed_token_ids allows is an end or stop token, and min_tokens "
                                f"({req.min_tokens}) keeps those out until then: nothing could be drawn",
                                "allowed_token_ids")
+        allowed = None if req.allowed_token_ids is None else packed_mask(req.allowed_token_ids, self.vocab)
+        first = (req.banned_words([]) if req.bad_words else set()) | (self._enders(req) if req.min_tokens else set())
+        if req.bad_words and self._all_banned(allowed, first):
+            allowing = "allowed_token_ids" if req.allowed_token_ids is not None else "the vocabulary"
+            raise RequestError(f"{req.id}: every token {allowing} allows is banned from the first draw by bad_words"
+                               f"{' and min_tokens (its end tokens)' if req.min_tokens else ''}: nothing could be "
+                               f"drawn", "bad_words")
         if req.stop and self.tokenizer is None:
             raise RequestError(f"{req.id}: stop strings need a tokenizer, and this model has none", "stop")
         matcher = None if req.structure is None else self.guide().matcher(req.structure, req.id)
         comp = Completion(asked, submitted_at=time.perf_counter())  # (the caller's request, as given)
         seed = req.seed if req.seed is not None else self.rng.getrandbits(31)
         item = _Live(req, comp, -1, seed, prompt, list(prompt), matcher=matcher, structuring=req.structure_after is None,
-                     allowed=None if req.allowed_token_ids is None else packed_mask(req.allowed_token_ids, self.vocab),
+                     allowed=allowed,
                      listeners=[listener] if listener else [])
         if item.masked and item.allowed is not None and not item.mask(self._guide.allowed([matcher])[0]).any():
             raise RequestError(f"{req.id}: no token of allowed_token_ids can begin the structure asked for",
@@ -267,6 +276,8 @@ class Engine:
                                f"to their end, or cancel them, first")
         if is_int(prompt_lengths):
             raise TypeError(f"warmup takes a list of prompt lengths, not one: warmup([{prompt_lengths}])")
+        if isinstance(prompt_lengths, (str, bytes)):  # (iterated, its characters would be called the lengths)
+            raise TypeError(f"warmup takes a list of prompt lengths, not a string: {prompt_lengths!r}")
         lengths = list(prompt_lengths)
         bad = [n for n in lengths if not is_int(n) or n < 1]
         if bad:
@@ -514,7 +525,6 @@ class Engine:
             if self._held(item):
                 held.append(item)
                 continue
-            prompt = item.prompt
             scored = item.req.prompt_logprobs is not None
             if scored:
                 # Scoring its prompt needs every prompt position's logits, so it reuses no cached prefix;
@@ -522,10 +532,12 @@ class Engine:
                 row = min(self.free_rows, key=lambda r: len(self.row_tokens[r]))
                 item.comp.prompt_logprobs = [None]  # the first token has nothing before it
             else:
-                # Prefer a free row that still holds this prompt's prefix: it is reused in place.
-                row = max(self.free_rows, key=lambda r: (self._held_prefix(r, item), -len(self.row_tokens[r])))
-                reuse = min(self._held_prefix(row, item), len(prompt) - 1)
-                if reuse >= self._worth(prompt):
+                # Prefer a free row that still holds a prefix of this prompt worth reusing: it is reused in
+                # place. Else the free row holding the least: a prefix too short to reuse (a chat's system
+                # prompt alone) is no reason to cut another prompt's cached tokens short.
+                row = max(self.free_rows, key=lambda r: (self._reusable(r, item), -len(self.row_tokens[r])))
+                reuse = self._reusable(row, item)
+                if reuse:
                     item.cached = item.comp.cached_tokens = reuse
                     self.stats.copied_tokens += reuse
             self.free_rows.remove(row)
@@ -542,6 +554,12 @@ class Engine:
         cache_salt wrote. Every reuse of a row's tokens reads them through this."""
         return common_prefix(self.row_tokens[row], item.prompt) if self.row_salt[row] == item.req.cache_salt else 0
 
+    def _reusable(self, row: int, item: _Live) -> int:
+        """How many of `item`'s prompt tokens it would reuse from `row`: its held prefix (but the
+        prompt's last token, whose logits the pass computes), where that is worth reusing, else 0."""
+        n = min(self._held_prefix(row, item), len(item.prompt) - 1)
+        return n if n >= self._worth(item.prompt) else 0
+
     def _worth(self, prompt: list) -> int:
         """The shortest prefix worth reusing: prefix_min, or the whole prompt but its last token."""
         return max(1, min(self.prefix_min, len(prompt) - 1))
@@ -553,8 +571,8 @@ class Engine:
         for r in range(self.rows):
             if r == item.row:
                 continue
-            n = min(self._held_prefix(r, item), len(prompt) - 1)
-            if n > best and n >= self._worth(prompt):
+            n = self._reusable(r, item)
+            if n > best:
                 best_row, best = r, n
         leader = None
         for other in self.live:
@@ -782,26 +800,57 @@ class Engine:
         histories = []
         for x in items:
             mask = x.mask(next(masks) if x.masked else None)
-            x.cornered = mask is not None and not mask.any()
-            histories.append((x.prompt, x.generated, self._bias(x, ahead), mask))
+            banned = self._banned(x, ahead)
+            x.cornered = "mask" if mask is not None and not mask.any() else "bans" if self._all_banned(mask, banned) \
+                else None
+            histories.append((x.prompt, x.generated, self._bias(x.req, banned), mask))
         return histories
+
+    def _all_banned(self, mask: np.ndarray | None, banned: set) -> bool:
+        """Whether `banned` holds every token `mask` allows (every token of the vocabulary, where None)."""
+        if not banned:
+            return False
+        if mask is None:
+            return len(banned) >= self.vocab and set(range(self.vocab)) <= banned
+        allowed = unpack_mask(mask, self.vocab)
+        allowed[[t for t in banned if 0 <= t < self.vocab]] = False
+        return not allowed.any()
 
     def _enders(self, req: Request) -> set:
         """The tokens min_tokens keeps from being drawn until then: `req`'s stop token ids and the end tokens,
         even under ignore_eos (as vLLM's min_tokens, which bans the end tokens whatever ignore_eos)."""
         return set(req.stop_token_ids) | self.eos
 
-    def _bias(self, x: _Live, ahead: int) -> dict | None:
-        """x's logit bias for its next draw: its own; the tokens that would complete a bad word banned
-        (`ahead` > 0 only where no ban follows the output: `_may_look_ahead`); and before min_tokens,
-        the tokens that would end it banned."""
+    def _banned(self, x: _Live, ahead: int) -> set:
+        """The tokens x's next draw may not take: those that would complete a bad word (`ahead` > 0
+        only where no ban follows the output: `_may_look_ahead`); and before min_tokens, those that
+        would end it."""
         req = x.req
         banned = req.banned_words(x.generated) if req.bad_words else set()
         if len(x.generated) + ahead < req.min_tokens:
             banned |= self._enders(req)
+        return banned
+
+    @staticmethod
+    def _bias(req: Request, banned: set) -> dict | None:
+        """A request's logit bias for a draw: its own, and -inf for the tokens `banned`."""
         if not banned:
             return req.logit_bias
         return {**(req.logit_bias or {}), **dict.fromkeys(banned, float("-inf"))}
+
+    @staticmethod
+    def _cornered_error(x: _Live) -> tuple:
+        """(field, message) of a request whose draw could take no token."""
+        after = tokens(len(x.generated))
+        if x.cornered == "mask":
+            return "allowed_token_ids", f"no token of allowed_token_ids fits the structure after {after}: nothing could be drawn"
+        req = x.req
+        allowing = " and ".join([*(["allowed_token_ids"] if req.allowed_token_ids is not None else []),
+                                 *(["the structure"] if x.masked else [])]) or "the vocabulary"
+        why = " and ".join([*(["bad_words"] if req.banned_words(x.generated) else []),
+                            *(["min_tokens (its end tokens)"] if len(x.generated) < req.min_tokens else [])])
+        return ("bad_words" if req.bad_words else "min_tokens",
+                f"every token {allowing} allows after {after} is banned by {why}: nothing could be drawn")
 
     def _sample(self, logits, items: list, logit_rows: list):
         batch, histories = self._sampling(items)
@@ -812,9 +861,7 @@ class Engine:
         now = time.perf_counter()
         for i, x in zip(at, items):
             if x.cornered:  # what was drawn for it is no token it may take (every logit was -inf)
-                x.comp.error_field = "allowed_token_ids"
-                x.comp.error = (f"no token of allowed_token_ids fits the structure after "
-                                f"{tokens(len(x.generated))}: nothing could be drawn")
+                x.comp.error_field, x.comp.error = self._cornered_error(x)
                 self._finish(x, "error")
                 continue
             token = int(out.tokens[i])

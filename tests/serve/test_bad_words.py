@@ -82,6 +82,31 @@ def test_a_bad_word_that_shares_its_start_with_the_output_bans_only_its_end(mode
     assert done[0].tokens == free
 
 
+def test_bans_that_leave_no_token_are_refused_or_end_the_request_with_an_error(model):
+    """Bans (bad_words, and min_tokens' end tokens) beside allowed_token_ids, or over the whole
+    vocabulary, may leave a draw no token: it drew token 0 (an end token on most models), one that
+    allowed_token_ids forbids, with no error. Where that holds from the first draw, the request is
+    refused at submission; where it comes later (a two-token bad word), it ends with an error
+    there, the request beside it drawing on."""
+    p, engine = prompts(1, 8, 8, seed=95)[0], Engine(model)
+    for fields in (dict(allowed_token_ids=[5], bad_words=[[5]]),
+                   dict(allowed_token_ids=[5, 7], stop_token_ids=[7], min_tokens=2, bad_words=[[5]]),
+                   dict(bad_words=[[t] for t in range(model.vocab)])):
+        with pytest.raises(RequestError, match="banned from the first draw by bad_words") as err:
+            engine.submit(Request(prompt=p, max_new_tokens=4, **fields))
+        assert err.value.field == "bad_words"
+    cornered = [Request(prompt=p, max_new_tokens=4, allowed_token_ids=[5], bad_words=[[5, 5]]),
+                Request(prompt=p, max_new_tokens=4, allowed_token_ids=[5, 7], stop_token_ids=[7], min_tokens=3,
+                        bad_words=[[5, 5]], temperature=1.0, seed=1),
+                Request(prompt=p, max_new_tokens=4)]
+    done, _ = engine.run(cornered)
+    for c, why in zip(done, ["bad_words", "bad_words and min_tokens (its end tokens)"]):
+        assert c.finish_reason == "error" and c.tokens == [5] and c.error_field == "bad_words"
+        assert c.error.endswith(f"every token allowed_token_ids allows after 1 token is banned by {why}: nothing "
+                                f"could be drawn")
+    assert done[2].finish_reason == "length" and done[2].tokens == reference_greedy(model, p, 4)
+
+
 @pytest.mark.parametrize("bad_words", [[[]], [[5, -1]], [["t5"]], [5], "t5", [[1.5]], [[True]]])
 def test_malformed_bad_words_are_refused_naming_the_field(bad_words):
     with pytest.raises(RequestError) as err:

@@ -70,6 +70,20 @@ def test_shared_prompts_prefill_once(model):
     assert stats.prefill_tokens <= len(base[0]) + len(base[1]) + len(base[2]) + 3 + 4
 
 
+def test_a_prefix_too_short_to_reuse_leaves_the_row_holding_it_alone(model):
+    """A prompt sharing only a short prefix with a cached one (a chat's system prompt, under
+    prefix_min) reuses nothing, so it takes the free row holding the least: it took the cached
+    prompt's row, for the prefix, and cut it short, so that the prompt asked again was computed anew."""
+    system = prompts(1, 20, 20, seed=7)[0]
+    x, b = system + prompts(1, 40, 40, seed=8)[0], system + prompts(1, 10, 10, seed=9)[0]
+    engine = Engine(model, token_budget=256, prefix_min=32)
+    engine.run([Request(prompt=x, max_new_tokens=2)])
+    shorter, _ = engine.run([Request(prompt=b, max_new_tokens=2)])
+    again, _ = engine.run([Request(prompt=x, max_new_tokens=2)])
+    assert shorter[0].cached_tokens == 0 and again[0].cached_tokens == len(x) - 1
+    assert again[0].tokens == reference_greedy(model, x, 2)
+
+
 def test_prompts_share_cached_tokens_only_within_their_cache_salt(model):
     """vLLM's cache_salt: a prompt is copied from a row or a request of its own salt only (None is
     one salt too), whether they run together or one after the other; the tokens are the same."""

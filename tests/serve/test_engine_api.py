@@ -114,6 +114,8 @@ def test_run_refuses_what_is_no_request_up_front(model):
         engine.run(Request(prompt=[1, 2]))
     with pytest.raises(TypeError, match=r"warmup takes a list of prompt lengths, not one: warmup\(\[5\]\)"):
         engine.warmup(5)
+    with pytest.raises(TypeError, match="warmup takes a list of prompt lengths, not a string: '12'"):
+        engine.warmup("12")  # (its characters were read as the lengths: "'1' is no length")
     for given in (None, "smollm2-135m-instruct"):  # (vLLM's LLM takes a model's name)
         with pytest.raises(TypeError, match=r"Engine takes a model that linnet.nest.load gave, not "):
             Engine(given)
