@@ -232,7 +232,7 @@ NUMBERS = (
     "mscale_all_dim")
 # Of those, the ones a model divides by or takes the log of (a rope's base: 0 is a division by zero in its
 # frequencies) and the norms' epsilons, added under a root (a negative one is a NaN on a flat row)
-ABOVE_ZERO = ("rope_theta", "rope_local_base_freq")
+ABOVE_ZERO = ("rope_theta", "rope_local_base_freq", "factor")
 NOT_NEGATIVE = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon")
 FLAGS = (
     "tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window", "norm_topk_prob", "qk_layernorm",
@@ -297,6 +297,14 @@ def check_value_types(config: dict, name: str) -> None:
         raise WeightsError(f"{name}: config.json's num_attention_heads ({heads}) is no multiple of its "
                            f"num_key_value_heads ({kv_heads}): the query heads cannot share the key/value heads "
                            f"evenly; the checkpoint's config is malformed")
+    # each token's experts chosen among the layer's: no more of them than there are
+    chosen = config.get("num_experts_per_tok")
+    experts = next(((key, config[key]) for key in ("num_local_experts", "num_experts", "n_routed_experts")
+                    if isinstance(config.get(key), int)), None)
+    if isinstance(chosen, int) and experts and chosen > experts[1]:
+        raise WeightsError(f"{name}: config.json's num_experts_per_tok ({chosen}) is more than its {experts[0]} "
+                           f"({experts[1]}): each token cannot take that many experts; the checkpoint's config is "
+                           f"malformed")
 
 
 def layer_count_key(config: dict) -> str:
@@ -382,13 +390,19 @@ def _dense_values(config: dict, name: str) -> dict:
         raise WeightsError(f"{name}: hidden_act {act!r}; this architecture's MLP is SwiGLU (silu)")
     heads = int(config["num_attention_heads"])
     dim = int(config["hidden_size"])
+    head_dim = int(config.get("head_dim") or dim // heads)
+    if head_dim % 2:  # (found only as the card is specialized, it was told at the architecture's line)
+        said = f"head_dim ({head_dim})" if config.get("head_dim") else \
+            f"hidden_size / num_attention_heads ({dim} / {heads} = {head_dim})"
+        raise WeightsError(f"{name}: config.json's {said} is odd, and rope turns a head's dims in pairs; the "
+                           f"checkpoint's config is malformed")
     return {
         "vocab": int(config["vocab_size"]),
         "dim": dim,
         "layers": int(config["num_hidden_layers"]),
         "heads": heads,
         "kv_heads": int(config.get("num_key_value_heads") or heads),
-        "head_dim": int(config.get("head_dim") or dim // heads),
+        "head_dim": head_dim,
         "ffn": int(config["intermediate_size"]),
         "norm_eps": float(config.get("rms_norm_eps", 1e-6)),
         "rope_theta": _rope_theta(config, 10000.0),
@@ -420,9 +434,10 @@ def _rope_values(config: dict, name: str, family: str, kinds: tuple) -> dict:
     if kind == "linear":
         return {"rope_scaling": "linear", "rope_factor": factor}
     if kind == "llama3":
+        # (both said: transformers refuses a llama3 scaling without them, and a guess is another model)
         return {"rope_scaling": "llama3", "rope_factor": factor,
-                "rope_low_freq_factor": float(scaling.get("low_freq_factor", 1.0)),
-                "rope_high_freq_factor": float(scaling.get("high_freq_factor", 4.0)),
+                "rope_low_freq_factor": float(scaling["low_freq_factor"]),
+                "rope_high_freq_factor": float(scaling["high_freq_factor"]),
                 "rope_original_max": _original_context(config, scaling)}
     if scaling.get("truncate") is False:  # (gpt-oss's; its architecture reads it)
         raise WeightsError(f"{name}: YaRN with truncate false is not supported for {family} checkpoints; their "

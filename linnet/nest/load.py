@@ -531,7 +531,9 @@ def resolve_card(name, weights) -> tuple[Module, str, Checkpoint | None]:
         module = load_file(p)
         return module, module.card or p.stem, None
     if p.exists():
-        return _card_from_checkpoint(p, p.stem if p.is_file() else p.name, weights)
+        # named as the folder it is, or a GGUF file; a model folder's own file (config.json) reads the folder
+        named = p.name if p.is_dir() else p.stem if p.suffix.lower() == ".gguf" else p.resolve().parent.name
+        return _card_from_checkpoint(p, named, weights)
     if is_repo_id(text):  # as vLLM takes a model: a card that names this repository, else the hub cache's copy
         by_repo = registry.card_for_repo(text)
         if by_repo is not None:

@@ -618,11 +618,15 @@ class Tokenizer:
         return whole[len(before):] if whole.startswith(before) else self.decode(ids, skip_special_tokens)
 
     def _context(self, context: Iterable[int], skip_special_tokens: bool) -> list[int]:
-        """The last few ids of `context`, or none where their text ends inside a character."""
+        """The last few ids of `context`, but those of a character it ends inside (their text is the
+        reply's to complete or not): the rest still shows a decoder the reply's first token mid-text
+        (all of them left out, SentencePiece's strip took the reply's leading space)."""
         tail = [int(t) for t in list(context)[-_CONTEXT_IDS:]]
-        if tail and self.decode(tail, skip_special_tokens).endswith(_REPLACEMENT):
-            return []
-        return tail
+        for _ in range(4):  # (a character is at most 4 bytes of UTF-8: 4 byte tokens, at most)
+            if not tail or not self.decode(tail, skip_special_tokens).endswith(_REPLACEMENT):
+                return tail
+            tail = tail[:-1]
+        return []
 
     def incremental_decoder(self, skip_special_tokens: bool = False, context: Iterable[int] = ()) -> "IncrementalDecoder":
         """Pieces of text as ids come; with `context` (the prompt) they add up to `decode_after`."""

@@ -349,6 +349,36 @@ def test_query_heads_that_cannot_share_their_key_value_heads_are_the_configs_fau
         load(ckpt_dir)
 
 
+@pytest.mark.parametrize("change, message", [
+    # transformers refuses a llama3 scaling without both; they were guessed (1 and 4), another model's rope
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "config.json has no 'low_freq_factor'"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 0.0}},
+     r"config.json's rope_scaling.factor is 0.0, and factor takes a number above 0"),
+    ({"head_dim": 15}, r"config.json's head_dim \(15\) is odd, and rope turns a head's dims in pairs"),
+])
+def test_a_config_value_found_bad_only_in_the_cards_architecture_is_named_in_config_json(ckpt_dir, change, message):
+    """Each was told at the architecture's .linnet line (`factor of rope must be greater than 0`, set
+    at a card no file holds), or filled with a guess: now, at config.json's key."""
+    cfg = json.loads((ckpt_dir / "config.json").read_text())
+    (ckpt_dir / "config.json").write_text(json.dumps({**cfg, **change}))
+    with pytest.raises(WeightsError, match=f"^{ckpt_dir.name}: {message}"):
+        load(ckpt_dir)
+
+
+def test_more_experts_a_token_than_a_layer_has_are_the_configs_fault():
+    from linnet.nest.autocard import check_value_types
+
+    config = {"architectures": ["MixtralForCausalLM"], "num_local_experts": 4, "num_experts_per_tok": 9}
+    with pytest.raises(WeightsError, match=r"^m: config.json's num_experts_per_tok \(9\) is more than its "
+                                           r"num_local_experts \(4\)"):
+        check_value_types(config, "m")
+
+
+def test_a_model_folders_own_file_names_the_card_after_the_folder(ckpt_dir):
+    # (they were named "config" and "model": the name the model is served by)
+    assert load(ckpt_dir / "config.json").card == load(ckpt_dir).card == "Tiny-Llama"
+
+
 @pytest.mark.parametrize("key, value, message", [("attention_bias", True, "has attention_bias set"),
                                                  ("mlp_bias", True, "has mlp_bias set"),
                                                  ("hidden_act", "gelu", "hidden_act 'gelu'")])

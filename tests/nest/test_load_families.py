@@ -1032,10 +1032,11 @@ def test_expert_counts_a_config_leaves_out_are_transformers_defaults(arch):
     for key, value in want.items():
         assert f"  {key} = {value}\n" in source, (key, value, source)
     # either of transformers' names of the count (its attribute_map), not the default, where the file has one
+    # (16: no fewer than the experts a token takes by default, Qwen3-MoE's 8)
     for count in EXPERT_COUNTS:
-        config = with_transformers_defaults({"architectures": [arch], **required, **rope, count: 4})
-        assert getattr(transformers, arch.replace("ForCausalLM", "Config"))(**required, **{count: 4}).num_experts == 4
-        assert "  experts = 4\n" in card_source_from_config(config, "t")
+        config = with_transformers_defaults({"architectures": [arch], **required, **rope, count: 16})
+        assert getattr(transformers, arch.replace("ForCausalLM", "Config"))(**required, **{count: 16}).num_experts == 16
+        assert "  experts = 16\n" in card_source_from_config(config, "t")
 
 
 @pytest.mark.parametrize("family", ["gemma2", "gemma3"])

@@ -323,6 +323,25 @@ def test_a_sentencepiece_completion_keeps_its_leading_space():
     assert [dec.push(t) for t in gen] == [" Paris", "."]
 
 
+def test_a_completion_after_a_prompt_ending_inside_a_character_keeps_its_leading_space():
+    """A byte-fallback SentencePiece tokenizer (Llama 2's decoders): a prompt whose last token is the
+    first byte of a character. The context was dropped whole, so the decoder's strip took the reply's
+    leading space ("x" where the whole text reads "Hello\ufffd x"); now only that byte is left out."""
+    from tokenizers import Tokenizer as Backend, decoders, models
+
+    vocab = {"<unk>": 0, "\u2581Hello": 1, "\u2581x": 2, "<0xE4>": 3, "<0xB8>": 4, "<0xAD>": 5}
+    backend = Backend(models.BPE(vocab, [], unk_token="<unk>", byte_fallback=True))
+    backend.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                         decoders.Strip(" ", 1, 0)])
+    tok = Tokenizer(backend)
+    prompt = [1, 3]
+    assert tok.decode(prompt + [2]) == "Hello\ufffd x" and tok.decode([2]) == "x"
+    assert tok.decode_after(prompt, [2]) == " x"
+    for gen in ([2], [4, 5, 2]):  # the reply that leaves the character cut, or completes it
+        dec = tok.incremental_decoder(context=prompt)
+        assert "".join(dec.push(t) for t in gen) + dec.flush() == tok.decode_after(prompt, gen)
+
+
 # ------------------------------------------------------------ from a directory
 
 
