@@ -295,7 +295,10 @@ def response_object(body: dict, job: Job, comps: list, model: str, output: list,
         "output": output, "error": None,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
-        "temperature": body.get("temperature"), "top_p": body.get("top_p"), "top_logprobs": body.get("top_logprobs"),
+        # the sampling the request ran with (its body's, else the model's generation config's or 1), as
+        # OpenAI's and vLLM's Response say it, not a null where the body left it out
+        "temperature": job.requests[0].temperature, "top_p": job.requests[0].top_p,
+        "top_logprobs": body.get("top_logprobs"),
         "tools": body.get("tools") or [], "tool_choice": body.get("tool_choice", "auto"),
         "parallel_tool_calls": body.get("parallel_tool_calls", True),
         "text": body.get("text") or {"format": {"type": "text"}}, "reasoning": body.get("reasoning"),

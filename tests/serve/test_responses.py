@@ -38,6 +38,10 @@ def test_a_reply_is_the_chat_reply_for_the_same_conversation(server):
     assert out.status == "incomplete" and out.incomplete_details.reason == "max_output_tokens"
     assert out.usage.input_tokens == chat["usage"]["prompt_tokens"] and out.usage.output_tokens == 6
     assert out.usage.total_tokens == out.usage.input_tokens + 6 and out.usage.output_tokens_details.reasoning_tokens == 0
+    assert (out.temperature, out.top_p) == (0.0, 1.0)
+    # a body that leaves them out: the sampling it ran with, OpenAI's defaults here (no generation config)
+    free = client(base).responses.create(model="tiny", input="t5 t6", max_output_tokens=2)
+    assert (free.temperature, free.top_p) == (1.0, 1.0)
 
 
 def test_streamed_as_typed_events_the_clients_helper_accepts(server):
