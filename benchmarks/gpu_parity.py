@@ -23,16 +23,20 @@ import tempfile
 import time
 from unittest import mock
 
+from bench_args import count  # this folder's
 from cuda_needed import require_cuda  # this folder's
 from linnet import nest
+from linnet.cli import _number  # the command line's own bounded number
 from linnet.serve import Engine, Request
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--card", default=None, help="a card with random weights (default: a small Llama saved by "
                     "transformers, with weights large enough that attention moves the logits)")
-parser.add_argument("--requests", type=int, default=16, help="requests run (16)")
-parser.add_argument("--rows", type=int, default=6, help="cache rows: requests in flight (6)")
-parser.add_argument("--new", type=int, default=24, help="tokens each request generates (24)")
+# (at least 6: the load asks prompt 1 again as prompt 3, and prompt 5 is a prefix of it and more)
+parser.add_argument("--requests", type=_number(6, None, "must be at least 6, not {}"), default=16,
+                    help="requests run (16; at least 6)")
+parser.add_argument("--rows", type=count, default=6, help="cache rows: requests in flight (6)")
+parser.add_argument("--new", type=count, default=24, help="tokens each request generates (24)")
 parser.add_argument("--device", default="cuda", help="torch's device (cpu: to try the check itself)")
 args = parser.parse_args()
 require_cuda("gpu_parity.py", args.device)

@@ -27,6 +27,7 @@ from unittest import mock
 import numpy as np
 import torch
 
+from bench_args import count  # this folder's
 from cuda_needed import require_cuda, require_jax_gpu  # this folder's
 from linnet import nest
 from linnet.codegen_torch import runtime as rt
@@ -37,15 +38,15 @@ from linnet.serve import Request
 
 parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
 parser.add_argument("--card", default="llama-3.1-8b-instruct", help="the card, with random weights (%(default)s)")
-parser.add_argument("--rows", type=int, default=64, help="cache rows, each decoded in a step (64)")
-parser.add_argument("--max-seq", type=int, default=640, help="positions per row (640)")
-parser.add_argument("--pack", type=int, default=2048, help="tokens in the packed-prompt pass")
-parser.add_argument("--prompt", type=int, default=512, help="tokens in each of its prompts")
-parser.add_argument("--steps", type=int, default=20, help="steps timed (20)")
+parser.add_argument("--rows", type=count, default=64, help="cache rows, each decoded in a step (64)")
+parser.add_argument("--max-seq", type=count, default=640, help="positions per row (640)")
+parser.add_argument("--pack", type=count, default=2048, help="tokens in the packed-prompt pass")
+parser.add_argument("--prompt", type=count, default=512, help="tokens in each of its prompts")
+parser.add_argument("--steps", type=count, default=20, help="steps timed (20)")
 parser.add_argument("--dtype", default="bf16", choices=["bf16", "f16", "f32"], help="the element type T (bf16)")
 parser.add_argument("--device", default="cuda",
                     help="torch's device (cuda; cpu: to try the script itself, with a small card)")
-parser.add_argument("--kernels", type=int, default=12, help="kernels listed per profile")
+parser.add_argument("--kernels", type=count, default=12, help="kernels listed per profile")
 parser.add_argument("--backend", default="torch", choices=["torch", "jax"], help="(torch)")
 args = parser.parse_args()
 (require_jax_gpu if args.backend == "jax" else require_cuda)("gpu_profile.py", args.device)  # the GPU it runs on

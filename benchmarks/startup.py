@@ -23,8 +23,7 @@ page cache of the GGUF) are warm for every kind alike; then `--runs` runs, and m
 - `--cold`: the JAX kinds with no persistent compilation cache (`--compile-cache none`,
   JAX_COMPILATION_CACHE_DIR unset), so that every start compiles all it runs, as a user's first does.
 - `llama.cpp`: llama-cpp-python's `Llama(model_path=GGUF)` + a one-token greedy completion, GGUF
-  the same weights in F16 (`llamacpp_peer.cached_gguf`, written once): llama-cpp-python 0.3.36
-  here dies of a segmentation fault at the first decode of the embedded Q4_1 file itself.
+  the same weights in F16 (`llamacpp_peer.cached_gguf`, written once).
 - `transformers`: AutoTokenizer and AutoModelForCausalLM.from_pretrained of a bf16 safetensors
   directory (written once by `linnet export --to vllm` from the same GGUF: transformers' own GGUF
   reader needs `accelerate`, and dequantizes in numpy) + generate(max_new_tokens=1), greedy.

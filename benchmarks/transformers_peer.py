@@ -11,12 +11,13 @@ import time
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from bench_args import count  # this folder's
 from cuda_needed import require_cuda  # this folder's
 
 parser = argparse.ArgumentParser(description=__doc__)
-parser.add_argument("--requests", type=int, default=256, help="requests in the load (256)")
-parser.add_argument("--rows", type=int, default=64, help="requests generated together (64)")
-parser.add_argument("--new", type=int, default=128, help="tokens each request generates (128)")
+parser.add_argument("--requests", type=count, default=256, help="requests in the load (256)")
+parser.add_argument("--rows", type=count, default=64, help="requests generated together (64)")
+parser.add_argument("--new", type=count, default=128, help="tokens each request generates (128)")
 args = parser.parse_args()
 require_cuda("transformers_peer.py", cpu_flag=None)
 

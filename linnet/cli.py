@@ -250,8 +250,10 @@ def cmd_generate(args) -> int:
     print(f"[{tokens(n)} in {seconds:.2f} s: {n / seconds if seconds else 0.0:.1f} tokens/s; prompt {tokens(len(ids))}, "
           f"first token after {first:.2f} s; {model.backend}, {model.dtype}]", file=sys.stderr)
     if comp.finish_reason == "length" and n == max_new:  # not the model's end: the reply may be cut mid-way
-        print(f"[cut at {tokens(n)}: --max-new-tokens{' (or --max-seq)' if max_new < args.max_new_tokens else ''} "
-              f"ended it before the model did]", file=sys.stderr)
+        # (-1 asks for as many as the row holds: --max-seq's room ended it, not a count)
+        ended = "--max-seq" if args.max_new_tokens == -1 else \
+            "--max-new-tokens (or --max-seq)" if max_new < args.max_new_tokens else "--max-new-tokens"
+        print(f"[cut at {tokens(n)}: {ended} ended it before the model did]", file=sys.stderr)
     return 0
 
 

@@ -236,6 +236,21 @@ def test_a_gpu_script_stops_at_once_without_a_gpu(capsys, monkeypatch, script):
     assert exit_.value.code == 2 and err.startswith(f"{script}: no CUDA GPU here (torch ") and err.count("\n") == 1
 
 
+@pytest.mark.parametrize("script, argv, error", [
+    # (gpu_parity's load asks prompt 1 again as prompt 3, and a prefix of it as prompt 5: an IndexError below 6)
+    ("gpu_parity.py", ["--requests", "4"], "argument --requests: must be at least 6, not 4"),
+    ("gpu_parity.py", ["--rows", "0"], "argument --rows: must be at least 1, not 0"),
+    ("gpu_profile.py", ["--rows", "0"], "argument --rows: must be at least 1, not 0"),
+    ("transformers_peer.py", ["--new", "0"], "argument --new: must be at least 1, not 0"),
+])
+def test_a_gpu_scripts_bad_count_is_its_flags_error(capsys, monkeypatch, script, argv, error):
+    monkeypatch.setattr(sys, "argv", [script, *argv])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(BENCH / script), run_name="__main__")
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"{script}: error: {error}"
+
+
 def test_gpu_profile_on_jax_stops_at_once_without_a_jax_gpu(capsys, monkeypatch):
     """With --backend jax the GPU the script needs is JAX's, not torch's: where JAX has none, one line and
     exit 2 before any model is built (whether torch has CUDA or not)."""

@@ -33,6 +33,9 @@ def test_a_reply_cut_by_the_token_limit_says_so(capsys, gguf_path):
                  "--max-new-tokens", "3", "--max-seq", "128"]) == 0
     err = capsys.readouterr().err
     assert "[3 tokens in" in err and "[cut at 3 tokens: --max-new-tokens ended it before the model did]" in err
+    # -n -1 (llama-cli's "until the context is full"): the row's room ended it, whatever the count said
+    assert main(["generate", "smollm2-135m-instruct", "Count:", "-n", "-1", "-c", "24", "--ignore-eos"]) == 0
+    assert re.search(r"\[cut at \d+ tokens: --max-seq ended it before the model did\]", capsys.readouterr().err)
 
 
 def test_generate_held_to_a_schema_a_regex_or_a_grammar(capsys, gguf_path, tmp_path):
