@@ -133,6 +133,14 @@ def _specialize(module: ir.Module, generics: dict | None, numerics: str) -> ir.M
                     raise LinnetError(where, f"{what}: dim {shown} is negative ({d.evaluate(sizes)})")
             except KeyError:
                 pass  # a per-call size such as N
+        try:
+            count = math.prod(d.evaluate(sizes) for d in t.shape)
+        except KeyError:
+            return
+        if count >= 2 ** INT_BITS:  # (it would fail only as the weights are laid out, an overflow in torch)
+            named = sorted({n for d in t.shape for n in d.names() if n in module.config_values})
+            raise LinnetError(where, f"{what}: {t} holds {count} elements, more than a tensor can (2 ** {INT_BITS})",
+                              [f"`{n}` is {sizes[n]}" for n in named])
 
     for p in module.params.values():
         check_type(p.type, p.loc, f"param `{p.name}`")

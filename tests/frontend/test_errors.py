@@ -602,6 +602,10 @@ params {
          arch_source=MINI, at="mini.linnet"),
     card("size-not-positive", CARD.replace("vocab = 16", "vocab = 0"), 5, 11, "`vocab` is a size and must be positive",
          arch_source=MINI, note="`vocab` sizes dims of the model (declared at"),  # the card's line to change
+    # (a vocabulary of 2 ** 63 - 1 rows of 8: it failed only as the weights were laid out)
+    card("param-too-large", CARD.replace("vocab = 16", "vocab = 9223372036854775807"), 13, 3,
+         "param `embed`: T[vocab, dim] holds 73786976294838206456 elements, more than a tensor can (2 ** 63)",
+         arch_source=MINI, at="mini.linnet", note="card.linnet:5:11"),
     arch("config-division-by-zero", """\
 arch mini
 config {
