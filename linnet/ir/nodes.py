@@ -173,6 +173,3 @@ class Module:
     card_path: str | None = None  # the card's file, when a card filled the config
     bases: tuple = ()  # the files of the architectures `path` extends, the nearest last
     loc: Loc | None = None  # where errors about the whole module point: the card's `card` line, else `arch`
-
-    def entry_names(self) -> list:
-        return list(self.entries)

@@ -29,8 +29,8 @@ Loading streams: the checkpoint's headers are checked against the card first
 in f32 by default, as transformers' default loads it), then each tensor is read (memory-mapped for safetensors,
 dequantized for GGUF), transformed and copied straight into its place in the
 target dtype on the target device, one at a time. Peak memory is the model in
-T plus one tensor. GGUF tensors are dequantized to f32 and always converted to
-T: a quantized tensor has no dtype of its own to match (but, with
+T plus one tensor. GGUF tensors are decoded (to f32, or straight to bf16 where bound
+to a bf16 param) and always converted to T: a quantized tensor has no dtype of its own to match (but, with
 quantization="gguf", Q4_0 / Q4_1 / Q5_0 / Q5_1 / Q8_0 / Q3_K / Q4_K / Q5_K / Q6_K / IQ4_NL / IQ4_XS
 linears, kept in their blocks: `nest.quantized`). Tensors in the
 checkpoint that the card does not use are reported once (a warning; but for the
