@@ -57,10 +57,23 @@ def test_special_tokens_are_single_ids(gguf_tokenizer):
     assert gguf_tokenizer.decode(ids, skip_special_tokens=True) == "user"
 
 
+@pytest.fixture(scope="module")
+def llama_cpp_vocab(gguf_path):
+    """llama.cpp's own tokenizer of the embedded GGUF, where llama-cpp-python is installed; else None."""
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    return llama_cpp.Llama(model_path=str(gguf_path), vocab_only=True, verbose=False)
+
+
 @pytest.mark.parametrize("text", DIGIT_AFTER_SPACE + TEXTS[:-4])
-def test_gguf_pretokenizer_is_llama_cpps(gguf_tokenizer, hf_gguf_tokenizer, text):
-    assert gguf_tokenizer.encode(text) == llama_cpp_smollm_ids(hf_gguf_tokenizer, text)
-    assert gguf_tokenizer.decode(gguf_tokenizer.encode(text)) == text
+def test_gguf_pretokenizer_is_llama_cpps(gguf_tokenizer, hf_gguf_tokenizer, llama_cpp_vocab, text):
+    ids = gguf_tokenizer.encode(text)
+    assert ids == llama_cpp_smollm_ids(hf_gguf_tokenizer, text)  # (llama.cpp's rule, written out)
+    if llama_cpp_vocab is not None:  # and llama.cpp itself
+        assert ids == llama_cpp_vocab.tokenize(text.encode(), add_bos=False, special=True)
+    assert gguf_tokenizer.decode(ids) == text
 
 
 def test_digits_split_one_by_one(gguf_tokenizer):
