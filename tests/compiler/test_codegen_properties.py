@@ -2,7 +2,8 @@
 
 Each example is a card written as source text (random heads, kv_heads that
 divide them, even head_dim, 1-2 layers, vocab, ffn, rope scaling, tying) with
-random generics and random weights. The checker must accept it, the torch
+random generics and the weights of a seeded transformers Llama of its config. The checker must
+accept it, each prompt's logits must be transformers' for it alone, the torch
 and JAX code must compute the same logits on a random pack (as it comes or
 laid out in JAX's blocks) and a decode step, and every output's shape must be the one the entry's declared return
 type gives under the specialized bindings.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -74,7 +76,12 @@ def test_random_cards_check_and_both_backends_agree(numerics, card, data, kit):
     b = spec.bindings
     assert b["head_dim"] == config.get("head_dim", config["dim"] // config["heads"])
 
-    weights = bind_weights(spec, kit.random_checkpoint(spec, seed).__getitem__)
+    # the weights of a seeded transformers Llama of the same config, the independent reference, where
+    # transformers takes the config (it refuses a width no multiple of the heads, head_dim given or not)
+    reference = kit.hf_reference(spec, seed, max_seq=generics["MaxSeq"]) if b["dim"] % b["heads"] == 0 else None
+    state = kit.random_checkpoint(spec, seed) if reference is None else \
+        {name: t.detach() for name, t in reference.state_dict().items()}
+    weights = bind_weights(spec, state.__getitem__)
     models = {backend: kit.compiled(module, backend, generics, numerics).Model(weights) for backend in ("torch", "jax")}
     assert models["jax"].compiles_loops == (numerics == "fast" and xla_kernels.available(np.float32, "cpu"))
 
@@ -102,6 +109,14 @@ def test_random_cards_check_and_both_backends_agree(numerics, card, data, kit):
         assert decode.shape == declared_shape(module.entries["decode"], spec, {}) == (batch, vocab)
         assert np.isfinite(prefill).all() and np.isfinite(decode).all()
         out[backend] = prefill, decode
+    with torch.no_grad():  # each prompt alone through transformers: its last position's logits
+        want = None if reference is None else \
+            np.stack([reference(torch.tensor([p.tolist()])).logits[0, -1].numpy() for p in prompts])
+    for backend in models if want is not None else ():
+        err = kit.rel_err(out[backend][0], want)
+        key = f"random cards  {backend} vs transformers  {numerics}  prefill (worst)"
+        kit.PARITY[key] = max(err, kit.PARITY.get(key, 0.0))
+        assert err <= 1e-4, f"{backend} and transformers differ by {err:.2e}\n{card_source(config)}{generics}"
     for what, a, j in zip(("prefill", "decode"), out["torch"], out["jax"]):
         err = kit.rel_err(j, a)
         key = f"random cards  torch vs jax  {numerics}  {what} (worst)"
