@@ -3,6 +3,7 @@ named, where they would take the server's memory or time."""
 
 import re
 import time
+import tracemalloc
 
 import pytest
 
@@ -58,10 +59,16 @@ def test_a_requests_template_renders_as_transformers_does(sandbox, generation_pr
     ("{{ (2 ** 60000) * (2 ** 60000) }}", "'*' would make an integer of more than 65536 bits"),
 ])
 def test_sizes_past_a_bound_are_refused_before_they_are_made(source, needle):
-    start = time.monotonic()
-    with pytest.raises(TemplateLimitError, match=re.escape(needle)):
-        render_bounded(source, MESSAGES)
-    assert time.monotonic() - start < 2
+    # made, `a + a` would have taken 20 MB beside the 10 MB of `a`, and 2 ** (10 ** 9) 125 MB (and hours); the
+    # text a template may write is 16 Mi characters
+    tracemalloc.start()
+    try:
+        with pytest.raises(TemplateLimitError, match=re.escape(needle)):
+            render_bounded(source, MESSAGES)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 24 * 2**20, peak
 
 
 @pytest.mark.parametrize("source, in_python, needle", [
