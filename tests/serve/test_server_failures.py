@@ -39,11 +39,11 @@ def ids(base, text: str) -> list:
 def settled(engine) -> dict:
     """The engine's requests ended, by finish reason, once none is in flight (a cancel is taken
     before its next pass)."""
-    for _ in range(400):
+    for _ in range(3000):
         if not engine.live and not engine.waiting:
-            break
+            return dict(engine.stats.finished)
         time.sleep(0.01)
-    return dict(engine.stats.finished)
+    raise AssertionError(f"requests still in flight after 30 s: {len(engine.live)} live, {len(engine.waiting)} waiting")
 
 
 @pytest.fixture(scope="module")
