@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import linnet
 from linnet import nest
@@ -96,7 +97,9 @@ def test_nest_reads_the_file_back(exported, cards):
 
 def test_a_llama_with_yarn_is_read_back_from_both_exports(tmp_path):
     """llama.linnet's YaRN rope: written to a GGUF and to a vLLM directory (whose context is YaRN's,
-    factor times the original, as transformers checks), each read back by Nest to the same logits."""
+    factor times the original, as transformers checks), each read back by Nest to the same logits, which
+    transformers computes from the directory and llama.cpp from the file (the exporter and Nest's reader
+    agreeing on a wrong YaRN key would pass the read-back alone)."""
     card = tmp_path / "small-yarn.linnet"
     card.write_text(small_card("llama", "yarn"))
     want = linnet_logits(card)
@@ -108,6 +111,16 @@ def test_a_llama_with_yarn_is_read_back_from_both_exports(tmp_path):
     for exported in (hf_dir, path):
         got = prefill_all(nest.load(str(exported), generics={"Batch": 1, "MaxSeq": 64}), PROMPT)
         np.testing.assert_array_equal(got, want)
+    # and by the peers themselves: transformers from the vLLM directory, llama.cpp from the GGUF
+    err = lambda ref: float((np.abs(want - ref).max(axis=1) / np.abs(ref).max(axis=1)).max())
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert err(hf(torch.tensor([PROMPT])).logits[0].numpy()) <= 1e-4
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(model_path=path, n_ctx=128, logits_all=True, verbose=False, n_threads=2)
+    llm.eval(PROMPT)
+    assert err(np.array(llm.scores[:len(PROMPT)])) <= 1e-3
 
 
 def test_the_tokenizer_from_a_gguf_is_copied(exported):
