@@ -106,11 +106,26 @@ def test_throughput_vs_peers_jax_over_torch(capsys, transformers):
 
 def test_throughput_vs_peers_transformers_of_another_layout(capsys):
     """tiny-mixtral: transformers 5 fuses Mixtral's experts (mlp.experts.gate_up_proj), so the peer is read
-    by transformers' own loader from the card's export (load_state_dict of Linnet's names raised)."""
-    bench("throughput_vs_peers").main(["--card", "tiny-mixtral", "--requests", "2", "--rows", "2", "--new", "2",
-                                       "--no-single", *SMALL, "--only", "transformers"])
+    by transformers' own loader from the card's export (load_state_dict of Linnet's names raised), holding
+    Linnet's weights: its logits are Linnet's."""
+    import numpy as np
+    import torch
+
+    peers = bench("throughput_vs_peers")
+    peers.main(["--card", "tiny-mixtral", "--requests", "2", "--rows", "2", "--new", "2", "--no-single", *SMALL,
+                "--only", "transformers"])
     load, ratios, _ = throughput_lines(capsys.readouterr().out)
-    assert set(load) == set(ratios) == {"transformers f32"} and ratios["transformers f32"] == 1.0
+    assert set(load) == set(ratios) == {"transformers f32"}
+    # the peer holds the very weights Linnet loads: its logits are Linnet's
+    reference = peers.transformers_model(peers.Chosen.card, peers.Chosen.weights)
+    ours = peers.Chosen.load("f32", {"Batch": 1, "MaxSeq": 16}, backend="torch", cast_dtype=True)
+    prompt = np.array([1, 5, 9, 2, 7], np.int32)
+    n = len(prompt)
+    got = np.asarray(ours.prefill(prompt, np.arange(n, dtype=np.int32), np.zeros(n, np.int32),
+                                  np.array([n - 1], np.int32)))[0]
+    with torch.no_grad():
+        want = reference(torch.tensor([prompt.tolist()])).logits[0, -1].numpy()
+    assert float(np.abs(got - want).max() / np.abs(want).max()) <= 1e-4
 
 
 def test_throughput_vs_peers_against_llamacpp(capsys):
