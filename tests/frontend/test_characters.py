@@ -51,7 +51,9 @@ def test_not_equal_is_no_logical_not():
 
 
 def test_outside_ascii_is_taken_in_strings_and_comments():
-    parse(HEAD + '  s = "ü − “名”"  # ü − “名”' + TAIL, "model.linnet")
+    assign, returned = parse(HEAD + '  s = "ü − “名”"  # ü − “名”' + TAIL, "model.linnet").entries[0].body
+    assert assign.value.value == "ü − “名”"  # the string as written; the comment leaves nothing
+    assert (returned.loc.line, returned.value.id) == (4, "tokens")
 
 
 @pytest.mark.parametrize("op", ["+", "-", "*", "/", "//", "%", "**"])
