@@ -946,8 +946,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex = sub.add_parser("export", help="write a card with its weights for vLLM, llama.cpp or Triton Inference Server",
                         description="vllm: a Hugging Face model directory (config.json, safetensors, tokenizer). "
                                     "llama.cpp: one GGUF file (Llama, Mistral without a window, Mixtral, Qwen2, Qwen3, "
-                                    "Qwen3-MoE, gpt-oss, Gemma 3, OLMo 2, Granite, Phi-3 (its window written, with a warning: "
-                                    "llama.cpp runs it off), SmolLM3, "
+                                    "Qwen3-MoE, gpt-oss, Gemma 3, OLMo 2, Granite, Phi-3 (its window written, with a "
+                                    "warning: llama.cpp runs it off), SmolLM3, "
                                     "Gemma 2, Phi-2, GPT-2, DeepSeek-V2 or DeepSeek-V3). "
                                     "triton: a model repository "
                                     "whose Python backend runs the card on Linnet's engine (the weights stay "

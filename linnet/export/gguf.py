@@ -216,9 +216,9 @@ def gguf_path(out, card: str, dtype: str) -> Path:
     """The file `write_gguf` writes for `out`: `out` itself where it names a .gguf file or an
     existing file (not an existing folder, whatever its name, nor a name ending in a slash), else
     `<card>.<DTYPE>.gguf` inside the folder `out` (a GGUF source's card is its file's stem, whose own
-    type is left out: `X.Q4_1` exported as Q8_0 is `X.Q8_0.gguf`, not `X.Q4_1.Q8_0.gguf`). A folder that could not be made, or an existing file
-    that is not a GGUF (which would be lost), is said here, before the weights are read; nothing is made
-    until they are."""
+    type is left out: `X.Q4_1` exported as Q8_0 is `X.Q8_0.gguf`, not `X.Q4_1.Q8_0.gguf`). A folder
+    that could not be made, or an existing file that is not a GGUF (which would be lost), is said here,
+    before the weights are read; nothing is made until they are."""
     path = Path(out).expanduser()
     folder = os.fspath(out).endswith(("/", os.sep))  # `-o new.gguf/`: a folder, as the shell's `mkdir` reads it
     is_file = not folder and not path.is_dir() and (path.suffix.lower() == ".gguf" or path.is_file())

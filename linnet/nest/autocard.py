@@ -299,7 +299,7 @@ def check_value_types(config: dict, name: str) -> None:
                            f"evenly; the checkpoint's config is malformed")
     # each token's experts chosen among the layer's: no more of them than there are
     chosen = config.get("num_experts_per_tok")
-    experts = next(((key, config[key]) for key in ("num_local_experts", "num_experts", "n_routed_experts")
+    experts = next(((key, config[key]) for key in (*EXPERT_COUNTS, "n_routed_experts")
                     if isinstance(config.get(key), int)), None)
     if isinstance(chosen, int) and experts and chosen > experts[1]:
         raise WeightsError(f"{name}: config.json's num_experts_per_tok ({chosen}) is more than its {experts[0]} "

@@ -31,7 +31,7 @@ import numpy as np
 
 from linnet.kernels.openmp import release_pool
 from linnet.serve.request import Completion, EngineSettingError, Request, RequestError, TokenLogprob, is_int, tokens
-from linnet.serve.runners import make_runner, packed_mask, unpack_mask
+from linnet.serve.runners import make_runner, packed_mask
 from linnet.serve.sampling import SamplingBatch
 from linnet.serve.stats import Stats
 from linnet.serve.structured import Guide, readable_error
@@ -181,14 +181,16 @@ class Engine:
             raise TypeError(f"a listener is an (event loop, asyncio.Queue) pair, not {listener!r}")
         asked, req = req, req.validate(self.vocab, self.max_seq)  # the engine runs its plain copy
         prompt = req.prompt
-        if req.allowed_token_ids is not None and req.min_tokens and set(req.allowed_token_ids) <= self._enders(req):
-            raise RequestError(f"{req.id}: every token allowed_token_ids allows is an end or stop token, and min_tokens "
-                               f"({req.min_tokens}) keeps those out until then: nothing could be drawn",
-                               "allowed_token_ids")
+        # a draw no token is left to: every token allowed (or any) banned from the first by one-token bad words
+        # and, under min_tokens, the end and stop tokens
         allowed = None if req.allowed_token_ids is None else packed_mask(req.allowed_token_ids, self.vocab)
         first = (req.banned_words([]) if req.bad_words else set()) | (self._enders(req) if req.min_tokens else set())
-        if req.bad_words and self._all_banned(allowed, first):
-            allowing = "allowed_token_ids" if req.allowed_token_ids is not None else "the vocabulary"
+        if (allowed is not None or req.bad_words) and self._all_banned(allowed, first):
+            if allowed is not None and req.min_tokens and set(req.allowed_token_ids) <= self._enders(req):
+                raise RequestError(f"{req.id}: every token allowed_token_ids allows is an end or stop token, and "
+                                   f"min_tokens ({req.min_tokens}) keeps those out until then: nothing could be drawn",
+                                   "allowed_token_ids")
+            allowing = "allowed_token_ids" if allowed is not None else "the vocabulary"
             raise RequestError(f"{req.id}: every token {allowing} allows is banned from the first draw by bad_words"
                                f"{' and min_tokens (its end tokens)' if req.min_tokens else ''}: nothing could be "
                                f"drawn", "bad_words")
@@ -812,9 +814,12 @@ class Engine:
             return False
         if mask is None:
             return len(banned) >= self.vocab and set(range(self.vocab)) <= banned
-        allowed = unpack_mask(mask, self.vocab)
-        allowed[[t for t in banned if 0 <= t < self.vocab]] = False
-        return not allowed.any()
+        # the banned tokens' bits cleared from the packed mask itself: a few words touched, where unpacking
+        # it made a bool a token of the vocabulary, each draw of such a request
+        ids = np.fromiter((t for t in banned if 0 <= t < self.vocab), np.int64)
+        left = mask.astype(np.int32).view(np.uint32)  # (a copy)
+        np.bitwise_and.at(left, ids >> 5, ~(np.uint32(1) << (ids & 31).astype(np.uint32)))
+        return not left.any()
 
     def _enders(self, req: Request) -> set:
         """The tokens min_tokens keeps from being drawn until then: `req`'s stop token ids and the end tokens,
@@ -843,7 +848,8 @@ class Engine:
         """(field, message) of a request whose draw could take no token."""
         after = tokens(len(x.generated))
         if x.cornered == "mask":
-            return "allowed_token_ids", f"no token of allowed_token_ids fits the structure after {after}: nothing could be drawn"
+            return "allowed_token_ids", (f"no token of allowed_token_ids fits the structure after {after}: nothing "
+                                         f"could be drawn")
         req = x.req
         allowing = " and ".join([*(["allowed_token_ids"] if req.allowed_token_ids is not None else []),
                                  *(["the structure"] if x.masked else [])]) or "the vocabulary"
