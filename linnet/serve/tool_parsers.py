@@ -215,10 +215,10 @@ class Llama3Json:
             if self.PYTHON_TAG.startswith(text[body:]) or text.startswith("{", body) and self._may_be_call(text, body):
                 return 0  # nothing past the spaces yet, the tag arriving, or an object that may be a call
         dead = max(dead, self._answer_end(text))
-        for found in self.NAMED.finditer(text, dead):
-            if self._may_be_call(text, found.start()):
-                _remember_dead(text, found.start())
-                return found.start()
+        found = self._named_call(text, dead)
+        if found is not None:
+            _remember_dead(text, found)
+            return found
         arriving = self.NAMED_ARRIVING.search(text, dead)
         _remember_dead(text, len(text) if arriving is None else arriving.start())  # not what may yet be one
         return None if arriving is None else arriving.start()
@@ -300,8 +300,13 @@ class Llama3Json:
         at = _spaces_after(text, at + 1) if text.startswith((";", ","), at) else at
         if text.startswith("{", at):
             return at
+        found = self._named_call(text, at)
+        return len(text) if found is None else found
+
+    def _named_call(self, text: str, at: int) -> int | None:
+        """Where the first object from `at` on opens that says its "name" first and is or may yet be a call."""
         return next((found.start() for found in self.NAMED.finditer(text, at) if self._may_be_call(text, found.start())),
-                    len(text))
+                    None)
 
     def parse(self, text: str) -> tuple:
         """The calls from `call_start` on, objects one after another, ";" between them (or a list's
